@@ -1,0 +1,1 @@
+//! lksadmin node agent.

@@ -1,0 +1,17 @@
+//! Compiles the wire contract in `lks/v1/*.proto` with tonic-prost-build.
+//! protoc comes from Debian's `protobuf-compiler` (installed by scripts/setup.sh).
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protos = ["lks/v1/bundle.proto", "lks/v1/agent.proto", "lks/v1/admin.proto"];
+    for p in &protos {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    tonic_prost_build::configure()
+        // The `Connect` RPC would clash with the generated `connect` constructor;
+        // clients build their own TLS channel anyway.
+        .build_transport(false)
+        .file_descriptor_set_path(out.join("lks_v1_descriptor.bin"))
+        .compile_protos(&protos, &["."])?;
+    Ok(())
+}

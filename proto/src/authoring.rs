@@ -1,0 +1,582 @@
+//! The `bundle.toml` authoring format (DESIGN §4) and loading a bundle
+//! directory into a validated [`Manifest`] plus the local source of each file.
+//!
+//! Every error names the file and the field (`bundle.toml: file[2].mode: …`)
+//! or, for TOML syntax errors, the file and line.
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::digest::Digest;
+use crate::duration::parse_duration;
+use crate::limits::*;
+use crate::manifest::{FileSpec, HealthCheck, Manifest, ManifestError, Step};
+use crate::path::BundlePath;
+
+/// Name of the manifest file in a bundle directory.
+pub const BUNDLE_TOML: &str = "bundle.toml";
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBundle {
+    name: String,
+    version: String,
+    #[serde(default, rename = "file")]
+    files: Vec<RawFile>,
+    #[serde(default, rename = "step")]
+    steps: Vec<RawStep>,
+    health: Option<RawHealth>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    path: String,
+    source: Option<String>,
+    url: Option<String>,
+    sha256: Option<String>,
+    size: Option<u64>,
+    mode: Option<RawMode>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawMode {
+    Text(String),
+    Number(i64),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStep {
+    name: String,
+    run: Vec<String>,
+    timeout: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHealth {
+    run: Vec<String>,
+    timeout: Option<String>,
+    retries: Option<u32>,
+    interval: Option<String>,
+}
+
+/// Where the bytes of one file come from when publishing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FileSource {
+    /// A file in the bundle directory, uploaded to the control server.
+    Local(PathBuf),
+    /// A mirror; nothing is uploaded.
+    Url,
+}
+
+/// A bundle directory, loaded and validated.
+#[derive(Clone, Debug)]
+pub struct AuthoredBundle {
+    pub manifest: Manifest,
+    /// Parallel to `manifest.files`.
+    pub sources: Vec<FileSource>,
+}
+
+impl AuthoredBundle {
+    /// Local files to upload, one per distinct digest, in manifest order.
+    pub fn uploads(&self) -> Vec<(Digest, u64, PathBuf)> {
+        let mut seen = std::collections::HashSet::new();
+        self.manifest
+            .files
+            .iter()
+            .zip(&self.sources)
+            .filter_map(|(f, s)| match s {
+                FileSource::Local(p) if seen.insert(f.digest) => Some((f.digest, f.size, p.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// Error loading a bundle directory: one line naming file and field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}: {message}")]
+pub struct AuthoringError {
+    pub file: String,
+    pub message: String,
+}
+
+/// Finds the size of a mirrored file whose `bundle.toml` entry gives no
+/// `size` (lksctl downloads it and checks the sha256 on the way).
+pub trait UrlSizer {
+    fn size_of(&mut self, url: &str, digest: &Digest) -> Result<u64, String>;
+}
+
+/// A [`UrlSizer`] for callers that require `size` to be written out.
+pub struct RequireSize;
+
+impl UrlSizer for RequireSize {
+    fn size_of(&mut self, _url: &str, _digest: &Digest) -> Result<u64, String> {
+        Err("missing `size` (required with url here)".into())
+    }
+}
+
+/// Loads `dir/bundle.toml`, hashes every local source file and validates the
+/// result.
+pub fn load_bundle_dir(dir: &Path, sizer: &mut dyn UrlSizer) -> Result<AuthoredBundle, AuthoringError> {
+    let toml_path = dir.join(BUNDLE_TOML);
+    let file = toml_path.display().to_string();
+    let err = |message: String| AuthoringError {
+        file: file.clone(),
+        message,
+    };
+    let meta = std::fs::metadata(&toml_path).map_err(|e| err(format!("cannot read: {e}")))?;
+    if meta.len() > MAX_BUNDLE_TOML_SIZE {
+        return Err(err(format!(
+            "{} bytes; the limit is {MAX_BUNDLE_TOML_SIZE}",
+            meta.len()
+        )));
+    }
+    let text = std::fs::read_to_string(&toml_path).map_err(|e| err(format!("cannot read: {e}")))?;
+    parse_bundle_toml(&text, dir, sizer).map_err(|e| AuthoringError { file, message: e })
+}
+
+/// Parses `bundle.toml` text; source files are resolved relative to `dir`.
+pub fn parse_bundle_toml(text: &str, dir: &Path, sizer: &mut dyn UrlSizer) -> Result<AuthoredBundle, String> {
+    let raw: RawBundle = toml::from_str(text).map_err(|e| toml_error(text, &e))?;
+    let mut files = Vec::with_capacity(raw.files.len());
+    let mut sources = Vec::with_capacity(raw.files.len());
+    if raw.files.len() > MAX_FILES {
+        return Err(format!(
+            "file: {} entries; the limit is {MAX_FILES}",
+            raw.files.len()
+        ));
+    }
+    let mut hashed: BTreeMap<PathBuf, (Digest, u64)> = BTreeMap::new();
+    for (i, f) in raw.files.into_iter().enumerate() {
+        let field = |n: &str| format!("file[{i}].{n}");
+        let fail = |n: &str, why: String| format!("{}: {why}", field(n));
+        let path = BundlePath::new(&f.path).map_err(|e| fail("path", e.to_string()))?;
+        let mode = match f.mode {
+            None => 0o644,
+            Some(m) => parse_mode(m).map_err(|e| fail("mode", e))?,
+        };
+        let declared = f
+            .sha256
+            .as_deref()
+            .map(Digest::from_hex)
+            .transpose()
+            .map_err(|_| fail("sha256", "must be 64 lowercase hex digits".into()))?;
+        let (digest, size, source, url) = match (f.source, f.url) {
+            (Some(_), Some(_)) => return Err(fail("source", "give either source or url, not both".into())),
+            (None, None) => {
+                return Err(fail(
+                    "source",
+                    "missing: give source (a file in the bundle directory) or url".into(),
+                ));
+            }
+            (Some(src), None) => {
+                let local = source_path(dir, &src).map_err(|e| fail("source", e))?;
+                let (digest, size) = match hashed.get(&local) {
+                    Some(v) => *v,
+                    None => {
+                        let meta = std::fs::metadata(&local)
+                            .map_err(|e| fail("source", format!("{}: {e}", local.display())))?;
+                        if !meta.is_file() {
+                            return Err(fail(
+                                "source",
+                                format!("{} is not a regular file", local.display()),
+                            ));
+                        }
+                        let v = Digest::of_file(&local)
+                            .map_err(|e| fail("source", format!("{}: {e}", local.display())))?;
+                        hashed.insert(local.clone(), v);
+                        v
+                    }
+                };
+                if let Some(d) = declared
+                    && d != digest
+                {
+                    return Err(fail("sha256", format!("does not match {src} ({digest})")));
+                }
+                if let Some(s) = f.size
+                    && s != size
+                {
+                    return Err(fail("size", format!("{s} does not match {src} ({size} bytes)")));
+                }
+                (digest, size, FileSource::Local(local), None)
+            }
+            (None, Some(url)) => {
+                let digest = declared.ok_or_else(|| fail("sha256", "missing (required with url)".into()))?;
+                let size = match f.size {
+                    Some(s) => s,
+                    None => sizer.size_of(&url, &digest).map_err(|e| fail("size", e))?,
+                };
+                (digest, size, FileSource::Url, Some(url))
+            }
+        };
+        files.push(FileSpec {
+            path,
+            digest,
+            size,
+            mode,
+            url,
+        });
+        sources.push(source);
+    }
+    let steps = raw
+        .steps
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            Ok(Step {
+                name: s.name,
+                run: s.run,
+                timeout: opt_duration(s.timeout, DEFAULT_STEP_TIMEOUT)
+                    .map_err(|e| format!("step[{i}].timeout: {e}"))?,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let health = raw
+        .health
+        .map(|h| {
+            Ok::<_, String>(HealthCheck {
+                run: h.run,
+                timeout: opt_duration(h.timeout, DEFAULT_HEALTH_TIMEOUT)
+                    .map_err(|e| format!("health.timeout: {e}"))?,
+                retries: h.retries.unwrap_or(DEFAULT_HEALTH_RETRIES),
+                interval: opt_duration(h.interval, DEFAULT_HEALTH_INTERVAL)
+                    .map_err(|e| format!("health.interval: {e}"))?,
+            })
+        })
+        .transpose()?;
+    let manifest = Manifest {
+        name: raw.name,
+        version: raw.version,
+        files,
+        steps,
+        health,
+    };
+    manifest.validate().map_err(|e: ManifestError| e.to_string())?;
+    Ok(AuthoredBundle { manifest, sources })
+}
+
+fn opt_duration(s: Option<String>, default: Duration) -> Result<Duration, String> {
+    s.map_or(Ok(default), |s| parse_duration(&s))
+}
+
+fn parse_mode(m: RawMode) -> Result<u32, String> {
+    let v = match m {
+        RawMode::Text(s) => {
+            let digits = s.strip_prefix("0o").unwrap_or(&s);
+            if digits.is_empty() || digits.len() > 5 || !digits.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
+                return Err(format!("{s:?} is not an octal mode such as \"0644\""));
+            }
+            u32::from_str_radix(digits, 8).map_err(|_| format!("{s:?} is not an octal mode"))?
+        }
+        // `mode = 0o644` in TOML arrives as the integer 420.
+        RawMode::Number(n) => u32::try_from(n).map_err(|_| format!("{n} is not a mode"))?,
+    };
+    if v > 0o7777 {
+        return Err(format!("{v:o} is more than 7777"));
+    }
+    Ok(v)
+}
+
+/// A source must be a relative path inside the bundle directory.
+fn source_path(dir: &Path, src: &str) -> Result<PathBuf, String> {
+    let p = Path::new(src);
+    if src.is_empty() || p.is_absolute() {
+        return Err(format!("{src:?} must be a path relative to the bundle directory"));
+    }
+    if p.components()
+        .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+    {
+        return Err(format!(
+            "{src:?} must stay inside the bundle directory (no \"..\")"
+        ));
+    }
+    Ok(dir.join(p))
+}
+
+/// `line N: message` for a TOML syntax or type error.
+fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    let msg = e.message().trim().replace('\n', " ");
+    match e.span() {
+        Some(span) => {
+            let line = text[..span.start.min(text.len())]
+                .bytes()
+                .filter(|&b| b == b'\n')
+                .count()
+                + 1;
+            format!("line {line}: {msg}")
+        }
+        None => msg,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pb;
+    use proptest::prelude::*;
+
+    const GOOD: &str = r#"
+name = "kubelet"
+version = "1.29.3-1"
+
+[[file]]
+path = "/etc/kubernetes/kubelet.conf"
+source = "kubelet.conf"
+mode = "0600"
+
+[[file]]
+path = "/usr/local/bin/kubelet"
+url = "https://mirror.internal/kubelet-1.29.3"
+sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+size = 4
+mode = "0755"
+
+[[step]]
+name = "restart kubelet"
+run = ["systemctl", "restart", "kubelet"]
+timeout = "60s"
+
+[health]
+run = ["/usr/local/bin/kubelet-healthy"]
+timeout = "10s"
+retries = 5
+interval = "2s"
+"#;
+
+    fn dir_with(files: &[(&str, &[u8])]) -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        for (name, bytes) in files {
+            std::fs::write(d.path().join(name), bytes).unwrap();
+        }
+        d
+    }
+
+    #[test]
+    fn loads_the_design_example() {
+        let d = dir_with(&[("kubelet.conf", b"conf"), (BUNDLE_TOML, GOOD.as_bytes())]);
+        let b = load_bundle_dir(d.path(), &mut RequireSize).unwrap();
+        let m = &b.manifest;
+        assert_eq!(m.id(), "kubelet@1.29.3-1");
+        assert_eq!(m.files[0].digest, Digest::of(b"conf"));
+        assert_eq!(m.files[0].mode, 0o600);
+        assert_eq!(
+            m.files[1].url.as_deref(),
+            Some("https://mirror.internal/kubelet-1.29.3")
+        );
+        assert_eq!(m.steps[0].timeout, Duration::from_secs(60));
+        assert_eq!(m.health.as_ref().unwrap().retries, 5);
+        assert_eq!(b.sources[1], FileSource::Url);
+        assert_eq!(b.uploads().len(), 1);
+    }
+
+    #[test]
+    fn toml_to_manifest_to_protobuf_and_back() {
+        let d = dir_with(&[("kubelet.conf", b"conf")]);
+        let b = parse_bundle_toml(GOOD, d.path(), &mut RequireSize).unwrap();
+        let back: Manifest = pb::Manifest::from(&b.manifest).try_into().unwrap();
+        assert_eq!(back, b.manifest);
+    }
+
+    #[test]
+    fn field_order_in_toml_does_not_change_the_canonical_bytes() {
+        let d = dir_with(&[("kubelet.conf", b"conf")]);
+        let reordered = r#"
+version = "1.29.3-1"
+name = "kubelet"
+
+[health]
+interval = "2s"
+retries = 5
+timeout = "10s"
+run = ["/usr/local/bin/kubelet-healthy"]
+
+[[file]]
+mode = "0755"
+size = 4
+sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+url = "https://mirror.internal/kubelet-1.29.3"
+path = "/usr/local/bin/kubelet"
+
+[[file]]
+mode = "0600"
+source = "kubelet.conf"
+path = "/etc/kubernetes/kubelet.conf"
+
+[[step]]
+timeout = "60s"
+run = ["systemctl", "restart", "kubelet"]
+name = "restart kubelet"
+"#;
+        let a = parse_bundle_toml(GOOD, d.path(), &mut RequireSize).unwrap();
+        let b = parse_bundle_toml(reordered, d.path(), &mut RequireSize).unwrap();
+        assert_eq!(
+            crate::canonical::encode(&a.manifest),
+            crate::canonical::encode(&b.manifest)
+        );
+    }
+
+    #[test]
+    fn every_error_names_the_field() {
+        let d = dir_with(&[("kubelet.conf", b"conf")]);
+        let cases = [
+            (
+                GOOD.replace("source = \"kubelet.conf\"", "source = \"missing.conf\""),
+                "file[0].source",
+            ),
+            (
+                GOOD.replace("source = \"kubelet.conf\"", "source = \"../etc/passwd\""),
+                "file[0].source",
+            ),
+            (
+                GOOD.replace("source = \"kubelet.conf\"", "source = \"/etc/passwd\""),
+                "file[0].source",
+            ),
+            (
+                GOOD.replace("\"/etc/kubernetes/kubelet.conf\"", "\"/etc/../kubelet.conf\""),
+                "file[0].path",
+            ),
+            (
+                GOOD.replace("\"/etc/kubernetes/kubelet.conf\"", "\"etc/kubelet.conf\""),
+                "file[0].path",
+            ),
+            (GOOD.replace("mode = \"0600\"", "mode = \"0999\""), "file[0].mode"),
+            (GOOD.replace("mode = \"0600\"", "mode = \"rw\""), "file[0].mode"),
+            (
+                GOOD.replace("sha256 = \"9f86", "sha256 = \"XX86"),
+                "file[1].sha256",
+            ),
+            (GOOD.replace("size = 4\n", ""), "file[1].size"),
+            (
+                GOOD.replace("timeout = \"60s\"", "timeout = \"60\""),
+                "step[0].timeout",
+            ),
+            (GOOD.replace("retries = 5", "retries = 0"), "health.retries"),
+            (GOOD.replace("name = \"kubelet\"", "name = \"Kubelet\""), "name"),
+            (
+                GOOD.replace("version = \"1.29.3-1\"", "version = \"\""),
+                "version",
+            ),
+            (
+                GOOD.replace("run = [\"systemctl\", \"restart\", \"kubelet\"]", "run = []"),
+                "step[0].run",
+            ),
+            (
+                GOOD.replace(
+                    "url = \"https://mirror.internal/kubelet-1.29.3\"",
+                    "source = \"kubelet.conf\"\nurl = \"https://x/y\"",
+                ),
+                "file[1].source",
+            ),
+        ];
+        for (text, field) in cases {
+            let e = parse_bundle_toml(&text, d.path(), &mut RequireSize).expect_err(field);
+            assert!(e.starts_with(&format!("{field}: ")), "expected {field}, got {e}");
+        }
+    }
+
+    #[test]
+    fn syntax_and_unknown_fields_report_a_line() {
+        let d = dir_with(&[]);
+        let e = parse_bundle_toml(
+            "name = \"x\"\nversion = \"1\"\nbogus = 3\n",
+            d.path(),
+            &mut RequireSize,
+        )
+        .unwrap_err();
+        assert!(e.starts_with("line 3:") && e.contains("bogus"), "{e}");
+        let e = parse_bundle_toml("name = \n", d.path(), &mut RequireSize).unwrap_err();
+        assert!(e.starts_with("line 1:"), "{e}");
+        let e = parse_bundle_toml("version = \"1\"\n", d.path(), &mut RequireSize).unwrap_err();
+        assert!(e.contains("name"), "{e}");
+    }
+
+    #[test]
+    fn load_error_names_the_file() {
+        let d = dir_with(&[(
+            BUNDLE_TOML,
+            b"name = \"x\"\nversion = \"1\"\n[[file]]\npath = \"/a/../b\"\nsource = \"s\"\n",
+        )]);
+        let e = load_bundle_dir(d.path(), &mut RequireSize)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bundle.toml: file[0].path:"), "{e}");
+        let e = load_bundle_dir(&d.path().join("nope"), &mut RequireSize)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bundle.toml: cannot read"), "{e}");
+    }
+
+    #[test]
+    fn declared_sha_of_a_local_file_must_match() {
+        let d = dir_with(&[("kubelet.conf", b"other")]);
+        let text = GOOD.replace(
+            "mode = \"0600\"",
+            "mode = \"0600\"\nsha256 = \"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\"",
+        );
+        let e = parse_bundle_toml(&text, d.path(), &mut RequireSize).unwrap_err();
+        assert!(e.starts_with("file[0].sha256:"), "{e}");
+    }
+
+    #[test]
+    fn integer_modes_and_sizer() {
+        struct Four;
+        impl UrlSizer for Four {
+            fn size_of(&mut self, _: &str, _: &Digest) -> Result<u64, String> {
+                Ok(4)
+            }
+        }
+        let d = dir_with(&[("kubelet.conf", b"conf")]);
+        let text = GOOD
+            .replace("mode = \"0600\"", "mode = 0o640")
+            .replace("size = 4\n", "");
+        let b = parse_bundle_toml(&text, d.path(), &mut Four).unwrap();
+        assert_eq!(b.manifest.files[0].mode, 0o640);
+        assert_eq!(b.manifest.files[1].size, 4);
+    }
+
+    proptest! {
+        #[test]
+        fn parser_never_panics(s in "\\PC{0,200}") {
+            let d = std::env::temp_dir();
+            let _ = parse_bundle_toml(&s, &d, &mut RequireSize);
+        }
+
+        /// Manifest → protobuf bytes → manifest is the identity for any valid manifest.
+        #[test]
+        fn protobuf_round_trip(
+            name in "[a-z][a-z0-9-]{0,20}",
+            version in "[0-9a-z.+-]{1,20}",
+            paths in prop::collection::btree_set("(/[a-z0-9_]{1,8}){1,4}", 0..6),
+            mode in 0u32..0o7777,
+            size in 0u64..1_000_000,
+            steps in prop::collection::vec(prop::collection::vec("[ -~]{1,10}", 1..4), 0..4),
+        ) {
+            use prost::Message;
+            let paths: Vec<BundlePath> = paths.iter().map(|p| BundlePath::new(p).unwrap()).collect();
+            prop_assume!(crate::manifest::check_paths_disjoint(paths.iter()).is_ok());
+            let m = Manifest {
+                name, version,
+                files: paths.into_iter().enumerate().map(|(i, path)| FileSpec {
+                    path, digest: Digest::of(&[i as u8]), size, mode,
+                    url: (i % 2 == 1).then(|| format!("https://m/{i}")),
+                }).collect(),
+                steps: steps.into_iter().enumerate().map(|(i, run)| Step {
+                    name: format!("s{i}"), run, timeout: Duration::from_millis(1 + i as u64),
+                }).collect(),
+                health: None,
+            };
+            prop_assume!(m.validate().is_ok());
+            let bytes = pb::Manifest::from(&m).encode_to_vec();
+            let back: Manifest = pb::Manifest::decode(bytes.as_slice()).unwrap().try_into().unwrap();
+            prop_assert_eq!(crate::canonical::encode(&back), crate::canonical::encode(&m));
+            prop_assert_eq!(back, m);
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! The canonical byte encoding of a manifest: what is hashed and signed.
+//!
+//! Length-prefixed big-endian fields in a fixed order, after a domain
+//! separator, with files sorted by path (their order carries no meaning) and
+//! steps in their given order (it does). Two manifests that mean the same
+//! thing encode to the same bytes, whatever the field or file order of the
+//! `bundle.toml` or protobuf they came from; any difference in meaning gives
+//! different bytes, since every variable-length field carries its length.
+
+use crate::digest::Digest;
+use crate::manifest::Manifest;
+
+/// Domain separator; bump the version if the encoding ever changes.
+pub const DOMAIN: &[u8] = b"lks.bundle.manifest.v1\0";
+
+/// The canonical encoding of `m`.
+pub fn encode(m: &Manifest) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256 + m.files.len() * 128);
+    out.extend_from_slice(DOMAIN);
+    put_str(&mut out, &m.name);
+    put_str(&mut out, &m.version);
+
+    let mut files: Vec<_> = m.files.iter().collect();
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    put_u32(&mut out, files.len() as u32);
+    for f in files {
+        put_str(&mut out, f.path.as_str());
+        out.extend_from_slice(f.digest.as_bytes());
+        out.extend_from_slice(&f.size.to_be_bytes());
+        put_u32(&mut out, f.mode);
+        match &f.url {
+            None => out.push(0),
+            Some(u) => {
+                out.push(1);
+                put_str(&mut out, u);
+            }
+        }
+    }
+
+    put_u32(&mut out, m.steps.len() as u32);
+    for s in &m.steps {
+        put_str(&mut out, &s.name);
+        put_argv(&mut out, &s.run);
+        out.extend_from_slice(&(s.timeout.as_millis() as u64).to_be_bytes());
+    }
+
+    match &m.health {
+        None => out.push(0),
+        Some(h) => {
+            out.push(1);
+            put_argv(&mut out, &h.run);
+            out.extend_from_slice(&(h.timeout.as_millis() as u64).to_be_bytes());
+            put_u32(&mut out, h.retries);
+            out.extend_from_slice(&(h.interval.as_millis() as u64).to_be_bytes());
+        }
+    }
+    out
+}
+
+/// SHA-256 of the canonical encoding: the identity of a bundle's content.
+pub fn manifest_digest(m: &Manifest) -> Digest {
+    Digest::of(&encode(m))
+}
+
+fn put_u32(out: &mut Vec<u8>, v: u32) {
+    out.extend_from_slice(&v.to_be_bytes());
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    put_u32(out, s.len() as u32);
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn put_argv(out: &mut Vec<u8>, argv: &[String]) {
+    put_u32(out, argv.len() as u32);
+    for a in argv {
+        put_str(out, a);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::tests::sample;
+    use std::time::Duration;
+
+    #[test]
+    fn file_order_does_not_matter() {
+        let a = sample();
+        let mut b = sample();
+        b.files.reverse();
+        assert_eq!(encode(&a), encode(&b));
+        assert_eq!(manifest_digest(&a), manifest_digest(&b));
+    }
+
+    #[test]
+    fn step_order_matters() {
+        let mut a = sample();
+        a.steps.push(crate::manifest::Step {
+            name: "second".into(),
+            run: vec!["true".into()],
+            timeout: Duration::from_secs(1),
+        });
+        let mut b = a.clone();
+        b.steps.reverse();
+        assert_ne!(encode(&a), encode(&b));
+    }
+
+    #[test]
+    fn every_field_changes_the_encoding() {
+        let base = encode(&sample());
+        let mutations: Vec<fn(&mut Manifest)> = vec![
+            |m| m.name.push('x'),
+            |m| m.version.push('x'),
+            |m| m.files[0].mode = 0o644,
+            |m| m.files[0].size += 1,
+            |m| m.files[0].digest = Digest::of(b"other"),
+            |m| m.files[0].url = Some("https://x/y".into()),
+            |m| m.files[1].url = None,
+            |m| m.steps[0].run.push("--now".into()),
+            |m| m.steps[0].timeout += Duration::from_millis(1),
+            |m| m.health = None,
+            |m| m.health.as_mut().unwrap().retries += 1,
+            // Moving a character between adjacent strings must not collide.
+            |m| {
+                m.steps[0].run[0] = "systemctlr".into();
+                m.steps[0].run[1] = "estart".into();
+            },
+        ];
+        for (i, f) in mutations.into_iter().enumerate() {
+            let mut m = sample();
+            f(&mut m);
+            assert_ne!(encode(&m), base, "mutation {i} left the encoding unchanged");
+        }
+    }
+}

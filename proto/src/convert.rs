@@ -1,0 +1,262 @@
+//! Conversions between the generated protobuf types and the domain types.
+//!
+//! Protobuf → domain is `TryFrom` and applies every bundle rule, so a server
+//! or agent never acts on a message it has not validated. The error names the
+//! field (`file[3].digest: …`) and maps to `Status::invalid_argument`.
+
+use std::time::Duration;
+
+use crate::digest::Digest;
+use crate::limits::{
+    DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_RETRIES, DEFAULT_HEALTH_TIMEOUT, DEFAULT_STEP_TIMEOUT,
+};
+use crate::manifest::{
+    BundleState, FileSpec, HealthCheck, Manifest, ManifestError, Signature, SignedBundle, Step,
+};
+use crate::path::BundlePath;
+use crate::pb;
+
+impl TryFrom<pb::Manifest> for Manifest {
+    type Error = ManifestError;
+
+    fn try_from(m: pb::Manifest) -> Result<Self, Self::Error> {
+        let files = m
+            .files
+            .into_iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let field = |n: &str| format!("file[{i}].{n}");
+                Ok(FileSpec {
+                    path: BundlePath::new(&f.path).map_err(|e| ManifestError::new(field("path"), e))?,
+                    digest: f
+                        .digest
+                        .parse::<Digest>()
+                        .map_err(|e| ManifestError::new(field("digest"), e))?,
+                    size: f.size,
+                    mode: f.mode,
+                    url: (!f.url.is_empty()).then_some(f.url),
+                })
+            })
+            .collect::<Result<Vec<_>, ManifestError>>()?;
+        let steps = m
+            .steps
+            .into_iter()
+            .map(|s| Step {
+                name: s.name,
+                run: s.run,
+                timeout: ms_or(s.timeout_ms, DEFAULT_STEP_TIMEOUT),
+            })
+            .collect();
+        let health = m.health.map(|h| HealthCheck {
+            run: h.run,
+            timeout: ms_or(h.timeout_ms, DEFAULT_HEALTH_TIMEOUT),
+            retries: if h.retries == 0 {
+                DEFAULT_HEALTH_RETRIES
+            } else {
+                h.retries
+            },
+            interval: ms_or(h.interval_ms, DEFAULT_HEALTH_INTERVAL),
+        });
+        let manifest = Manifest {
+            name: m.name,
+            version: m.version,
+            files,
+            steps,
+            health,
+        };
+        manifest.validate()?;
+        Ok(manifest)
+    }
+}
+
+fn ms_or(ms: u64, default: Duration) -> Duration {
+    if ms == 0 {
+        default
+    } else {
+        Duration::from_millis(ms)
+    }
+}
+
+impl From<&Manifest> for pb::Manifest {
+    fn from(m: &Manifest) -> Self {
+        pb::Manifest {
+            name: m.name.clone(),
+            version: m.version.clone(),
+            files: m
+                .files
+                .iter()
+                .map(|f| pb::FileEntry {
+                    path: f.path.to_string(),
+                    digest: f.digest.to_string(),
+                    size: f.size,
+                    mode: f.mode,
+                    url: f.url.clone().unwrap_or_default(),
+                })
+                .collect(),
+            steps: m
+                .steps
+                .iter()
+                .map(|s| pb::Step {
+                    name: s.name.clone(),
+                    run: s.run.clone(),
+                    timeout_ms: s.timeout.as_millis() as u64,
+                })
+                .collect(),
+            health: m.health.as_ref().map(|h| pb::HealthCheck {
+                run: h.run.clone(),
+                timeout_ms: h.timeout.as_millis() as u64,
+                retries: h.retries,
+                interval_ms: h.interval.as_millis() as u64,
+            }),
+        }
+    }
+}
+
+impl TryFrom<pb::SignedBundle> for SignedBundle {
+    type Error = ManifestError;
+
+    fn try_from(b: pb::SignedBundle) -> Result<Self, Self::Error> {
+        let manifest: Manifest = b
+            .manifest
+            .ok_or_else(|| ManifestError::new("manifest", "missing"))?
+            .try_into()?;
+        let signature = match (b.signature.len(), b.signer_public_key.len()) {
+            (0, 0) => None,
+            (64, 32) => {
+                let mut signature = [0u8; 64];
+                signature.copy_from_slice(&b.signature);
+                let mut public_key = [0u8; 32];
+                public_key.copy_from_slice(&b.signer_public_key);
+                Some(Signature {
+                    public_key,
+                    signature,
+                })
+            }
+            (s, k) => {
+                return Err(ManifestError::new(
+                    "signature",
+                    format!("expected a 64-byte signature and a 32-byte key, got {s} and {k} bytes"),
+                ));
+            }
+        };
+        Ok(SignedBundle { manifest, signature })
+    }
+}
+
+impl From<&SignedBundle> for pb::SignedBundle {
+    fn from(b: &SignedBundle) -> Self {
+        pb::SignedBundle {
+            manifest: Some((&b.manifest).into()),
+            signature: b
+                .signature
+                .as_ref()
+                .map(|s| s.signature.to_vec())
+                .unwrap_or_default(),
+            signer_public_key: b
+                .signature
+                .as_ref()
+                .map(|s| s.public_key.to_vec())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+impl TryFrom<pb::BundleState> for BundleState {
+    type Error = ManifestError;
+
+    fn try_from(s: pb::BundleState) -> Result<Self, Self::Error> {
+        Ok(match s {
+            pb::BundleState::Pending => BundleState::Pending,
+            pb::BundleState::Applying => BundleState::Applying,
+            pb::BundleState::Applied => BundleState::Applied,
+            pb::BundleState::Failed => BundleState::Failed,
+            pb::BundleState::RolledBack => BundleState::RolledBack,
+            pb::BundleState::Unspecified => return Err(ManifestError::new("state", "unspecified")),
+        })
+    }
+}
+
+impl From<BundleState> for pb::BundleState {
+    fn from(s: BundleState) -> Self {
+        match s {
+            BundleState::Pending => pb::BundleState::Pending,
+            BundleState::Applying => pb::BundleState::Applying,
+            BundleState::Applied => pb::BundleState::Applied,
+            BundleState::Failed => pb::BundleState::Failed,
+            BundleState::RolledBack => pb::BundleState::RolledBack,
+        }
+    }
+}
+
+/// Decodes the `state` field of a `BundleStatus` (an `i32` on the wire).
+pub fn bundle_state_from_i32(v: i32) -> Result<BundleState, ManifestError> {
+    pb::BundleState::try_from(v)
+        .map_err(|_| ManifestError::new("state", format!("unknown value {v}")))?
+        .try_into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::tests::sample;
+    use prost::Message;
+
+    #[test]
+    fn manifest_round_trips_through_protobuf_bytes() {
+        let m = sample();
+        let bytes = pb::Manifest::from(&m).encode_to_vec();
+        let back: Manifest = pb::Manifest::decode(bytes.as_slice())
+            .unwrap()
+            .try_into()
+            .unwrap();
+        assert_eq!(back, m);
+    }
+
+    #[test]
+    fn invalid_messages_name_the_field() {
+        let mut p = pb::Manifest::from(&sample());
+        p.files[1].path = "/etc/../shadow".into();
+        assert_eq!(Manifest::try_from(p).unwrap_err().field, "file[1].path");
+
+        let mut p = pb::Manifest::from(&sample());
+        p.files[0].digest = "md5:abc".into();
+        assert_eq!(Manifest::try_from(p).unwrap_err().field, "file[0].digest");
+
+        let mut p = pb::Manifest::from(&sample());
+        p.name = "UPPER".into();
+        assert_eq!(Manifest::try_from(p).unwrap_err().field, "name");
+
+        let b = pb::SignedBundle {
+            manifest: None,
+            ..Default::default()
+        };
+        assert_eq!(SignedBundle::try_from(b).unwrap_err().field, "manifest");
+
+        let b = pb::SignedBundle {
+            manifest: Some(pb::Manifest::from(&sample())),
+            signature: vec![0; 10],
+            signer_public_key: vec![0; 32],
+        };
+        assert_eq!(SignedBundle::try_from(b).unwrap_err().field, "signature");
+    }
+
+    #[test]
+    fn zero_timeouts_mean_defaults() {
+        let mut p = pb::Manifest::from(&sample());
+        p.steps[0].timeout_ms = 0;
+        p.health.as_mut().unwrap().retries = 0;
+        let m = Manifest::try_from(p).unwrap();
+        assert_eq!(m.steps[0].timeout, DEFAULT_STEP_TIMEOUT);
+        assert_eq!(m.health.unwrap().retries, DEFAULT_HEALTH_RETRIES);
+    }
+
+    #[test]
+    fn states() {
+        assert_eq!(
+            bundle_state_from_i32(pb::BundleState::RolledBack as i32).unwrap(),
+            BundleState::RolledBack
+        );
+        assert!(bundle_state_from_i32(0).is_err());
+        assert!(bundle_state_from_i32(99).is_err());
+    }
+}

@@ -1,0 +1,80 @@
+//! Durations as operators write them: `500ms`, `60s`, `5m`, `1h30m`, `7d`.
+
+use std::time::Duration;
+
+/// Parses a duration made of one or more `<integer><unit>` parts, units
+/// `ms`, `s`, `m`, `h`, `d`. A bare number is refused: the unit is never guessed.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad =
+        || format!("invalid duration {s:?}: expected e.g. \"500ms\", \"60s\", \"5m\", \"1h30m\", \"7d\"");
+    if s.is_empty() {
+        return Err(bad());
+    }
+    let mut total: u128 = 0;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 || digits > 12 {
+            return Err(bad());
+        }
+        let n: u128 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let (unit_ms, len) = if rest.starts_with("ms") {
+            (1, 2)
+        } else if rest.starts_with('s') {
+            (1_000, 1)
+        } else if rest.starts_with('m') {
+            (60_000, 1)
+        } else if rest.starts_with('h') {
+            (3_600_000, 1)
+        } else if rest.starts_with('d') {
+            (86_400_000, 1)
+        } else {
+            return Err(bad());
+        };
+        rest = &rest[len..];
+        total += n * unit_ms;
+    }
+    u64::try_from(total).map(Duration::from_millis).map_err(|_| bad())
+}
+
+/// Formats a duration in the largest exact units (`90s` → `1m30s`).
+pub fn format_duration(d: Duration) -> String {
+    let mut ms = d.as_millis();
+    if ms == 0 {
+        return "0s".into();
+    }
+    let mut out = String::new();
+    for (unit, name) in [
+        (86_400_000, "d"),
+        (3_600_000, "h"),
+        (60_000, "m"),
+        (1_000, "s"),
+        (1, "ms"),
+    ] {
+        if ms >= unit {
+            out.push_str(&format!("{}{name}", ms / unit));
+            ms %= unit;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_formats() {
+        assert_eq!(parse_duration("60s").unwrap(), Duration::from_secs(60));
+        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("7d").unwrap(), Duration::from_secs(7 * 86400));
+        for bad in ["", "60", "s", "1x", "1h 2m", "-1s", "1.5s", "99999999999999s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+        assert_eq!(format_duration(Duration::from_secs(90)), "1m30s");
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1s500ms");
+        assert_eq!(format_duration(Duration::ZERO), "0s");
+    }
+}

@@ -1,0 +1,37 @@
+//! The lksadmin wire contract and the bundle rules every layer shares.
+//!
+//! Agent, control server and `lksctl` all link this crate so they can never
+//! disagree about what a bundle is: the generated gRPC types live in [`pb`];
+//! everything else is plain Rust that the generated types convert into with
+//! `TryFrom` (see [`convert`]), so an invalid message is refused at the edge
+//! with an error naming the field.
+
+#![forbid(unsafe_code)]
+
+pub mod authoring;
+pub mod canonical;
+pub mod convert;
+pub mod digest;
+pub mod duration;
+pub mod identity;
+pub mod labels;
+pub mod limits;
+pub mod manifest;
+pub mod names;
+pub mod path;
+pub mod root;
+pub mod sign;
+pub mod token;
+
+pub use digest::Digest;
+pub use manifest::{BundleState, FileSpec, HealthCheck, Manifest, SignedBundle, Step};
+pub use path::BundlePath;
+
+/// Generated protobuf and gRPC code for package `lks.v1`.
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod pb {
+    tonic::include_proto!("lks.v1");
+
+    /// Encoded `FileDescriptorSet` of the contract, for gRPC server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/lks_v1_descriptor.bin"));
+}

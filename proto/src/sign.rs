@@ -1,0 +1,294 @@
+//! ed25519 publisher keys and bundle signatures.
+//!
+//! Keys are stored as standard PEM: PKCS#8 for the private key (`PREFIX.key`,
+//! mode 0600) and SubjectPublicKeyInfo for the public key (`PREFIX.pub`), so
+//! `openssl pkey` can read both. A signature covers the canonical manifest
+//! encoding ([`crate::canonical`]), which in turn covers every file digest.
+
+use std::fmt;
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey};
+use ed25519_dalek::{Signer, Verifier};
+
+use crate::canonical;
+use crate::digest::Digest;
+use crate::manifest::{Manifest, Signature, SignedBundle};
+
+/// Why a key could not be used or a signature was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SignError {
+    #[error("read key {path}: {source}")]
+    ReadKey { path: PathBuf, source: std::io::Error },
+    #[error("{path}: not an ed25519 {kind} key in PEM form")]
+    BadKey { path: PathBuf, kind: &'static str },
+    #[error("write key {path}: {source}")]
+    WriteKey { path: PathBuf, source: std::io::Error },
+    #[error("bundle {bundle} is not signed, but this node trusts only signed bundles")]
+    Unsigned { bundle: String },
+    #[error("bundle {bundle} is signed by {signer}, which is not a trusted publisher key")]
+    UntrustedSigner { bundle: String, signer: String },
+    #[error("bundle {bundle}: the signature does not match its content")]
+    BadSignature { bundle: String },
+}
+
+/// A publisher's public key, as trusted by agents (`--trust-key`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct PublisherKey(ed25519_dalek::VerifyingKey);
+
+impl PublisherKey {
+    pub fn from_pem(pem: &str) -> Option<Self> {
+        ed25519_dalek::VerifyingKey::from_public_key_pem(pem.trim())
+            .ok()
+            .map(PublisherKey)
+    }
+
+    pub fn from_file(path: &Path) -> Result<Self, SignError> {
+        let pem = std::fs::read_to_string(path).map_err(|source| SignError::ReadKey {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_pem(&pem).ok_or_else(|| SignError::BadKey {
+            path: path.to_path_buf(),
+            kind: "public",
+        })
+    }
+
+    pub fn from_bytes(bytes: &[u8; 32]) -> Option<Self> {
+        ed25519_dalek::VerifyingKey::from_bytes(bytes)
+            .ok()
+            .map(PublisherKey)
+    }
+
+    pub fn to_bytes(&self) -> [u8; 32] {
+        self.0.to_bytes()
+    }
+
+    pub fn to_pem(&self) -> String {
+        // Encoding a valid 32-byte key into SPKI cannot fail.
+        self.0.to_public_key_pem(Default::default()).unwrap_or_default()
+    }
+
+    /// `ed25519:` + hex SHA-256 of the raw key, to name a key in messages.
+    pub fn fingerprint(&self) -> String {
+        fingerprint(&self.to_bytes())
+    }
+}
+
+impl fmt::Debug for PublisherKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PublisherKey({})", self.fingerprint())
+    }
+}
+
+fn fingerprint(raw: &[u8; 32]) -> String {
+    format!("ed25519:{}", &Digest::of(raw).hex()[..16])
+}
+
+/// A publisher's private key (`lksctl bundle publish --sign-key`).
+pub struct SigningKey(ed25519_dalek::SigningKey);
+
+impl SigningKey {
+    /// A fresh key from the operating system's CSPRNG.
+    pub fn generate() -> Self {
+        SigningKey(ed25519_dalek::SigningKey::generate(&mut rand_core::OsRng))
+    }
+
+    pub fn from_file(path: &Path) -> Result<Self, SignError> {
+        let pem = std::fs::read_to_string(path).map_err(|source| SignError::ReadKey {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        ed25519_dalek::SigningKey::from_pkcs8_pem(pem.trim())
+            .map(SigningKey)
+            .map_err(|_| SignError::BadKey {
+                path: path.to_path_buf(),
+                kind: "private",
+            })
+    }
+
+    pub fn public(&self) -> PublisherKey {
+        PublisherKey(self.0.verifying_key())
+    }
+
+    /// Writes `PREFIX.key` (0600) and `PREFIX.pub`. Refuses to overwrite
+    /// either file, and removes the private key again if the public one
+    /// cannot be written, so nothing half-made is left.
+    pub fn write_pair(&self, prefix: &Path) -> Result<(PathBuf, PathBuf), SignError> {
+        let key_path = with_suffix(prefix, "key");
+        let pub_path = with_suffix(prefix, "pub");
+        let key_pem = self
+            .0
+            .to_pkcs8_pem(Default::default())
+            .map_err(|e| SignError::WriteKey {
+                path: key_path.clone(),
+                source: std::io::Error::other(e),
+            })?;
+        if pub_path.exists() {
+            return Err(SignError::WriteKey {
+                path: pub_path,
+                source: std::io::Error::new(std::io::ErrorKind::AlreadyExists, "file exists"),
+            });
+        }
+        write_new(&key_path, key_pem.as_bytes(), 0o600)?;
+        if let Err(e) = write_new(&pub_path, self.public().to_pem().as_bytes(), 0o644) {
+            let _ = std::fs::remove_file(&key_path);
+            return Err(e);
+        }
+        Ok((key_path, pub_path))
+    }
+
+    /// Signs the canonical encoding of `m`.
+    pub fn sign(&self, m: &Manifest) -> Signature {
+        Signature {
+            public_key: self.0.verifying_key().to_bytes(),
+            signature: self.0.sign(&canonical::encode(m)).to_bytes(),
+        }
+    }
+}
+
+fn with_suffix(prefix: &Path, ext: &str) -> PathBuf {
+    let mut s = prefix.as_os_str().to_owned();
+    s.push(".");
+    s.push(ext);
+    PathBuf::from(s)
+}
+
+fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), SignError> {
+    let err = |source| SignError::WriteKey {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)
+        .map_err(err)?;
+    f.write_all(bytes).and_then(|()| f.sync_all()).map_err(err)
+}
+
+/// Checks that `b`'s signature is valid (if present) and, when `trusted` is
+/// not empty, that it was made by one of the trusted keys. A node with no
+/// trusted key accepts unsigned bundles but still refuses a broken signature.
+pub fn verify(b: &SignedBundle, trusted: &[PublisherKey]) -> Result<(), SignError> {
+    let bundle = b.manifest.id();
+    let Some(sig) = &b.signature else {
+        return if trusted.is_empty() {
+            Ok(())
+        } else {
+            Err(SignError::Unsigned { bundle })
+        };
+    };
+    let key =
+        ed25519_dalek::VerifyingKey::from_bytes(&sig.public_key).map_err(|_| SignError::BadSignature {
+            bundle: bundle.clone(),
+        })?;
+    if !trusted.is_empty() && !trusted.iter().any(|t| t.0 == key) {
+        return Err(SignError::UntrustedSigner {
+            bundle,
+            signer: fingerprint(&sig.public_key),
+        });
+    }
+    let signature = ed25519_dalek::Signature::from_bytes(&sig.signature);
+    key.verify(&canonical::encode(&b.manifest), &signature)
+        .map_err(|_| SignError::BadSignature { bundle })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::tests::sample;
+
+    fn signed(key: &SigningKey) -> SignedBundle {
+        let m = sample();
+        SignedBundle {
+            signature: Some(key.sign(&m)),
+            manifest: m,
+        }
+    }
+
+    #[test]
+    fn good_signature_verifies() {
+        let key = SigningKey::generate();
+        verify(&signed(&key), &[key.public()]).unwrap();
+        verify(&signed(&key), &[]).unwrap();
+    }
+
+    #[test]
+    fn unsigned_and_foreign_keys_are_refused_when_a_key_is_trusted() {
+        let key = SigningKey::generate();
+        let other = SigningKey::generate();
+        let unsigned = SignedBundle {
+            manifest: sample(),
+            signature: None,
+        };
+        verify(&unsigned, &[]).unwrap();
+        assert!(matches!(
+            verify(&unsigned, &[key.public()]),
+            Err(SignError::Unsigned { .. })
+        ));
+        assert!(matches!(
+            verify(&signed(&other), &[key.public()]),
+            Err(SignError::UntrustedSigner { .. })
+        ));
+    }
+
+    #[test]
+    fn any_changed_byte_breaks_the_signature() {
+        let key = SigningKey::generate();
+        let trusted = [key.public()];
+        let mutations: Vec<fn(&mut Manifest)> = vec![
+            |m| m.name = "kubelex".into(),
+            |m| m.version.push('1'),
+            |m| m.files[0].mode ^= 1,
+            |m| m.files[0].size += 1,
+            |m| m.steps[0].run[2] = "kubelez".into(),
+            |m| m.health = None,
+        ];
+        for (i, f) in mutations.into_iter().enumerate() {
+            let mut b = signed(&key);
+            f(&mut b.manifest);
+            assert!(
+                matches!(verify(&b, &trusted), Err(SignError::BadSignature { .. })),
+                "mutation {i}"
+            );
+        }
+        // Every bit of every file digest is covered.
+        for file in 0..2 {
+            for byte in 0..32 {
+                let mut b = signed(&key);
+                let mut raw = *b.manifest.files[file].digest.as_bytes();
+                raw[byte] ^= 0x01;
+                b.manifest.files[file].digest = Digest::from_bytes(raw);
+                assert!(verify(&b, &trusted).is_err(), "file {file} digest byte {byte}");
+            }
+        }
+        // And every bit of the signature itself.
+        for byte in 0..64 {
+            let mut b = signed(&key);
+            b.signature.as_mut().unwrap().signature[byte] ^= 0x80;
+            assert!(verify(&b, &trusted).is_err(), "signature byte {byte}");
+        }
+    }
+
+    #[test]
+    fn key_files_round_trip_and_never_overwrite() {
+        let dir = tempfile::tempdir().unwrap();
+        let prefix = dir.path().join("publisher");
+        let key = SigningKey::generate();
+        let (k, p) = key.write_pair(&prefix).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&k).unwrap().permissions().mode() & 0o777, 0o600);
+        let loaded = SigningKey::from_file(&k).unwrap();
+        assert_eq!(loaded.public(), PublisherKey::from_file(&p).unwrap());
+        assert!(SigningKey::generate().write_pair(&prefix).is_err());
+        assert!(matches!(
+            PublisherKey::from_file(&k),
+            Err(SignError::BadKey { .. })
+        ));
+    }
+}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what building and testing lksadmin needs on Debian 12, if missing.
+# Safe to run again. Needs root (or sudo) only when something is missing.
+set -euo pipefail
+
+need=()
+command -v protoc >/dev/null || need+=(protobuf-compiler)
+pkg-config --exists libsystemd 2>/dev/null || need+=(libsystemd-dev)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+command -v cc >/dev/null || need+=(build-essential)
+command -v ip >/dev/null || need+=(iproute2)
+
+if ((${#need[@]})); then
+  echo "setup: installing ${need[*]}" >&2
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null; then
+  echo "setup: cargo not found; install Rust (https://rustup.rs) and run again" >&2
+  exit 1
+fi
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "setup: installing cargo-nextest" >&2
+  cargo install --locked cargo-nextest >/dev/null
+fi

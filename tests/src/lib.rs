@@ -1,0 +1,186 @@
+//! End-to-end test harness: finds the real binaries, picks free loopback
+//! ports, and owns every process a test starts so it is killed (and its
+//! files removed) when the test ends, pass or fail.
+//!
+//! The binaries come from the workspace's target directory; the README's test
+//! command builds them (`cargo build --workspace --bins`) before running the
+//! suite. `LKS_BIN_DIR` overrides the location.
+
+#![forbid(unsafe_code)]
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// Directory holding the workspace binaries.
+pub fn bin_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("LKS_BIN_DIR") {
+        return PathBuf::from(d);
+    }
+    // target/debug/deps/<test-binary> → target/debug
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut dir = exe.parent().expect("test binary has a parent").to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir
+}
+
+/// Path of a workspace binary; panics with the fix if it was not built.
+pub fn bin(name: &str) -> PathBuf {
+    let p = bin_dir().join(name);
+    assert!(
+        p.exists(),
+        "{} not found: run `cargo build --workspace --bins` first (or set LKS_BIN_DIR)",
+        p.display()
+    );
+    p
+}
+
+/// A loopback address with a port that was free a moment ago.
+pub fn free_addr() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("local_addr")
+}
+
+/// Polls `cond` every 50 ms until it holds or `timeout` passes.
+pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits until something accepts TCP connections on `addr`.
+pub fn wait_for_port(addr: SocketAddr, timeout: Duration) {
+    wait_until(timeout, &format!("{addr} to accept connections"), || {
+        TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+    });
+}
+
+/// A child process that is killed when dropped. stdout/stderr go to files in
+/// `log_dir` so a failing test can print them.
+pub struct Proc {
+    name: String,
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    /// Spawns `cmd`, logging to `log_dir/<name>.log`.
+    pub fn spawn(name: &str, mut cmd: Command, log_dir: &Path) -> Proc {
+        let log = log_dir.join(format!("{name}.log"));
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("open log file");
+        cmd.stdin(Stdio::null())
+            .stdout(f.try_clone().expect("clone log fd"))
+            .stderr(f)
+            .env("RUST_BACKTRACE", "1");
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {name}: {e}"));
+        Proc {
+            name: name.to_string(),
+            child: Some(child),
+            log,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// The process's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// True while the process runs.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    /// SIGKILL, then reap.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait up to `grace` for a clean exit; returns the exit code
+    /// (None if it had to be killed).
+    pub fn terminate(&mut self, grace: Duration) -> Option<i32> {
+        let mut c = self.child.take()?;
+        let _ = kill(Pid::from_raw(c.id() as i32), Signal::SIGTERM);
+        let start = Instant::now();
+        while start.elapsed() < grace {
+            if let Ok(Some(status)) = c.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        eprintln!(
+            "{} did not stop within {grace:?} of SIGTERM; killing it",
+            self.name
+        );
+        let _ = c.kill();
+        let _ = c.wait();
+        None
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+            if std::thread::panicking() {
+                eprintln!("---- log of {} ----\n{}", self.name, self.log_text());
+            }
+        }
+    }
+}
+
+/// Runs a command to completion and returns its output.
+pub fn run(mut cmd: Command) -> Output {
+    cmd.stdin(Stdio::null());
+    cmd.output().expect("run command")
+}
+
+/// Asserts success and returns stdout as text.
+pub fn ok_stdout(out: &Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Asserts failure with exactly one line on stderr and returns that line.
+pub fn one_line_error(out: &Output, what: &str) -> String {
+    assert!(
+        !out.status.success(),
+        "{what} unexpectedly succeeded: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert_eq!(
+        err.lines().count(),
+        1,
+        "{what}: expected one error line, got:\n{err}"
+    );
+    err
+}
