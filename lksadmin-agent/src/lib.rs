@@ -1,1 +1,21 @@
-//! lksadmin node agent.
+//! lksadmin node agent: joins a tenant cluster, keeps one outward gRPC
+//! stream to the control server, applies signed bundles through a
+//! journalled state machine, and heals drift — also while the server is
+//! unreachable.
+//!
+//! `main.rs` only parses the command line, builds the runtime and wires
+//! signals; everything else lives here so tests can drive it.
+
+#![forbid(unsafe_code)]
+
+pub mod backoff;
+pub mod cache;
+pub mod clock;
+pub mod config;
+pub mod engine;
+pub mod fault;
+pub mod fsutil;
+pub mod journal;
+pub mod runner;
+pub mod source;
+pub mod state;

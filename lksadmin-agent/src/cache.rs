@@ -1,0 +1,185 @@
+//! The local content-addressed blob cache (`cache/sha256/<hex>`).
+//!
+//! Downloads land in `cache/partial/<hex>` and resume from its length; every
+//! byte passes a [`Verifier`] on the way in, so a blob is only ever renamed
+//! into `sha256/` after its size and digest matched. Readers verify again
+//! while copying out, so a cache corrupted on disk is caught too.
+
+use std::collections::BTreeSet;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use futures::StreamExt;
+use lks_proto::digest::{Verifier, VerifyError};
+use lks_proto::{Digest, FileSpec};
+
+use crate::fsutil::{self, FsError};
+use crate::source::{self, BlobSource};
+
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// The source could not deliver now; try again later.
+    #[error("{path}: fetch from {origin}: {reason}")]
+    Unavailable {
+        path: String,
+        origin: String,
+        reason: String,
+    },
+    /// The bytes were not what the manifest promised.
+    #[error("{path} from {origin}: {source}")]
+    Verify {
+        path: String,
+        origin: String,
+        source: VerifyError,
+    },
+    #[error(transparent)]
+    Fs(#[from] FsError),
+}
+
+#[derive(Clone, Debug)]
+pub struct Cache {
+    dir: PathBuf,
+}
+
+impl Cache {
+    pub fn new(dir: PathBuf) -> Self {
+        Cache { dir }
+    }
+
+    fn blobs(&self) -> PathBuf {
+        self.dir.join("sha256")
+    }
+
+    fn partials(&self) -> PathBuf {
+        self.dir.join("partial")
+    }
+
+    pub fn blob_path(&self, d: &Digest) -> PathBuf {
+        self.blobs().join(d.hex())
+    }
+
+    pub fn contains(&self, d: &Digest) -> bool {
+        self.blob_path(d).is_file()
+    }
+
+    /// Opens a cached blob; `Ok(None)` if it is not cached.
+    pub fn open(&self, d: &Digest) -> Result<Option<File>, FsError> {
+        let p = self.blob_path(d);
+        match File::open(&p) {
+            Ok(f) => Ok(Some(f)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(FsError::new("open cached blob", &p, e)),
+        }
+    }
+
+    /// Drops a blob (found corrupt).
+    pub fn remove(&self, d: &Digest) -> Result<(), FsError> {
+        fsutil::remove_file_durable(&self.blob_path(d))
+    }
+
+    /// Stores bytes already in memory (tests, originals).
+    pub fn insert(&self, bytes: &[u8]) -> Result<Digest, FsError> {
+        let d = Digest::of(bytes);
+        fsutil::create_dir(&self.blobs(), 0o700)?;
+        fsutil::write_atomic(&self.blob_path(&d), bytes, 0o600)?;
+        Ok(d)
+    }
+
+    /// Makes sure `file`'s blob is cached, fetching (and resuming) it from
+    /// `src` and verifying size and digest while it streams.
+    pub async fn ensure(&self, file: &FileSpec, src: &dyn BlobSource) -> Result<(), FetchError> {
+        if self.contains(&file.digest) {
+            return Ok(());
+        }
+        fsutil::create_dir(&self.blobs(), 0o700)?;
+        fsutil::create_dir(&self.partials(), 0o700)?;
+        let part = self.partials().join(file.digest.hex());
+        let (mut verifier, mut have) = resume_partial(&part, file)?;
+        let path = file.path.to_string();
+        let origin = source::origin(file);
+        let unavailable = |reason: String| FetchError::Unavailable {
+            path: path.clone(),
+            origin: origin.clone(),
+            reason,
+        };
+        let mut stream = src.open(file, have).await.map_err(|e| unavailable(e.0))?;
+        if stream.offset != have {
+            if stream.offset != 0 {
+                return Err(unavailable(format!(
+                    "asked to resume at byte {have}, got a stream from byte {}",
+                    stream.offset
+                )));
+            }
+            verifier = Verifier::new(file.digest, file.size);
+            have = 0;
+        }
+        let mut out = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(have == 0)
+            .append(have > 0)
+            .open(&part)
+            .map_err(|e| FsError::new("open", &part, e))?;
+        let verify_failed = |source: VerifyError| {
+            let _ = fs::remove_file(&part);
+            FetchError::Verify {
+                path: path.clone(),
+                origin: origin.clone(),
+                source,
+            }
+        };
+        while let Some(chunk) = stream.chunks.next().await {
+            let chunk = chunk.map_err(|e| unavailable(e.0))?;
+            verifier.update(&chunk).map_err(verify_failed)?;
+            out.write_all(&chunk)
+                .map_err(|e| FsError::new("write", &part, e))?;
+        }
+        verifier.finish().map_err(verify_failed)?;
+        out.sync_all().map_err(|e| FsError::new("fsync", &part, e))?;
+        drop(out);
+        let blob = self.blob_path(&file.digest);
+        fs::rename(&part, &blob).map_err(|e| FsError::new("rename into cache", &blob, e))?;
+        fsutil::sync_dir(&self.blobs())?;
+        Ok(())
+    }
+
+    /// Removes every cached blob not in `keep`, and stale partial downloads.
+    pub fn gc(&self, keep: &BTreeSet<Digest>) -> Result<usize, FsError> {
+        let mut removed = 0;
+        for dir in [self.blobs(), self.partials()] {
+            let Ok(rd) = fs::read_dir(&dir) else { continue };
+            for e in rd.filter_map(Result::ok) {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let keep_it = Digest::from_hex(&name).is_ok_and(|d| keep.contains(&d));
+                if !keep_it {
+                    let _ = fs::remove_file(e.path());
+                    removed += 1;
+                }
+            }
+        }
+        Ok(removed)
+    }
+}
+
+/// Picks up a partial download: its verifier and length, or a fresh start
+/// if it is missing, too long or unreadable.
+fn resume_partial(part: &Path, file: &FileSpec) -> Result<(Verifier, u64), FsError> {
+    let fresh = (Verifier::new(file.digest, file.size), 0);
+    let len = match fs::metadata(part) {
+        Ok(m) => m.len(),
+        Err(_) => return Ok(fresh),
+    };
+    if len == 0 || len > file.size {
+        let _ = fs::remove_file(part);
+        return Ok(fresh);
+    }
+    let f = File::open(part).map_err(|e| FsError::new("open", part, e))?;
+    match Verifier::resume(file.digest, file.size, f) {
+        Ok(v) => Ok((v, len)),
+        Err(_) => {
+            let _ = fs::remove_file(part);
+            Ok(fresh)
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! The agent's configuration (`agent.toml`, written by `join`) and the layout
+//! of the state dir.
+//!
+//! ```text
+//! STATE_DIR/agent.toml          servers, node, cluster, root, labels, CA pin
+//! STATE_DIR/pki/{node.key,node.crt,ca.crt}
+//! STATE_DIR/trusted/*.pub       publisher keys (copies of --trust-key)
+//! STATE_DIR/desired.pb          last desired state from the server (protobuf)
+//! STATE_DIR/state.json          what is installed, bundle states, originals
+//! STATE_DIR/journal.json        the transaction in progress, if any
+//! STATE_DIR/txn/<seq>/          backups of the transaction in progress
+//! STATE_DIR/originals/<hex>     files that existed before a bundle took them over
+//! STATE_DIR/cache/sha256/<hex>  content-addressed blob cache (+ cache/partial)
+//! STATE_DIR/status.json         connection status, written by `run`
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use lks_proto::sign::PublisherKey;
+
+use crate::fsutil::FsError;
+
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/lksadmin";
+pub const DEFAULT_ROOT: &str = "/";
+
+/// `agent.toml`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AgentConfig {
+    pub servers: Vec<String>,
+    pub node_name: String,
+    pub cluster: String,
+    pub root: PathBuf,
+    /// `sha256:<hex>` of the CA's SubjectPublicKeyInfo, as given to `join`.
+    pub ca_cert_hash: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path} not found: this node has not joined a cluster yet (run `lksadmin-agent join`)")]
+    NotJoined { path: PathBuf },
+    #[error("read {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+    #[error(transparent)]
+    Fs(#[from] FsError),
+    #[error("trusted key {path}: not an ed25519 public key in PEM form")]
+    BadTrustedKey { path: PathBuf },
+}
+
+/// Paths inside the state dir.
+#[derive(Clone, Debug)]
+pub struct StateDir {
+    dir: PathBuf,
+}
+
+impl StateDir {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        StateDir { dir: dir.into() }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+    pub fn config(&self) -> PathBuf {
+        self.dir.join("agent.toml")
+    }
+    pub fn pki(&self) -> PathBuf {
+        self.dir.join("pki")
+    }
+    pub fn node_key(&self) -> PathBuf {
+        self.pki().join("node.key")
+    }
+    pub fn node_cert(&self) -> PathBuf {
+        self.pki().join("node.crt")
+    }
+    pub fn ca_cert(&self) -> PathBuf {
+        self.pki().join("ca.crt")
+    }
+    pub fn trusted(&self) -> PathBuf {
+        self.dir.join("trusted")
+    }
+    pub fn desired(&self) -> PathBuf {
+        self.dir.join("desired.pb")
+    }
+    pub fn state(&self) -> PathBuf {
+        self.dir.join("state.json")
+    }
+    pub fn journal(&self) -> PathBuf {
+        self.dir.join("journal.json")
+    }
+    pub fn txn(&self, seq: u64) -> PathBuf {
+        self.dir.join("txn").join(seq.to_string())
+    }
+    pub fn originals(&self) -> PathBuf {
+        self.dir.join("originals")
+    }
+    pub fn cache(&self) -> PathBuf {
+        self.dir.join("cache")
+    }
+    pub fn status(&self) -> PathBuf {
+        self.dir.join("status.json")
+    }
+
+    /// True once `join` has committed (agent.toml is its commit marker).
+    pub fn is_joined(&self) -> bool {
+        self.config().exists()
+    }
+
+    pub fn load_config(&self) -> Result<AgentConfig, ConfigError> {
+        let path = self.config();
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(ConfigError::NotJoined { path });
+            }
+            Err(source) => return Err(ConfigError::Read { path, source }),
+        };
+        let cfg: AgentConfig = toml::from_str(&text).map_err(|e| ConfigError::Invalid {
+            path: path.clone(),
+            reason: e.message().to_string(),
+        })?;
+        if cfg.servers.is_empty() {
+            return Err(ConfigError::Invalid {
+                path,
+                reason: "no server URL".into(),
+            });
+        }
+        Ok(cfg)
+    }
+
+    /// The trusted publisher keys (`trusted/*.pub`), sorted by file name.
+    pub fn trusted_keys(&self) -> Result<Vec<PublisherKey>, ConfigError> {
+        let dir = self.trusted();
+        let mut paths = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|e| e == "pub"))
+                .collect::<Vec<_>>(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(source) => return Err(ConfigError::Read { path: dir, source }),
+        };
+        paths.sort();
+        paths
+            .into_iter()
+            .map(|path| {
+                let pem = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                PublisherKey::from_pem(&pem).ok_or(ConfigError::BadTrustedKey { path })
+            })
+            .collect()
+    }
+}
+
+impl AgentConfig {
+    pub fn to_toml(&self) -> String {
+        // Serialising plain strings, paths and a string map cannot fail.
+        toml::to_string_pretty(self).unwrap_or_default()
+    }
+}

@@ -1,0 +1,1273 @@
+//! The apply engine: converges the node root on the desired state, one
+//! journalled transaction per bundle change, and heals drift.
+//!
+//! An apply: fetch missing blobs into the cache (verified while streaming)
+//! → stage a temp entry next to each target (verified again, mode set,
+//! fsynced) → back up what is there into the state dir → switch by rename
+//! (fsync file and directory) → run the steps → health check → commit. A
+//! failure after the switch restores the backups exactly, removes files the
+//! new version added, re-runs the previous version's steps and reports
+//! `rolled_back`. Every phase change goes through [`crate::journal`] and is
+//! durable before it takes effect; [`Engine::recover`] finishes or undoes an
+//! interrupted transaction after a crash.
+//!
+//! The engine runs on one task and applies one bundle at a time; it does
+//! plain blocking file I/O, so `run` gives it a thread of its own.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lks_proto::digest::{Hasher, Verifier};
+use lks_proto::root::{NodeRoot, ParentDir, RootError};
+use lks_proto::sign::{self, PublisherKey};
+use lks_proto::{BundlePath, BundleState, Digest, FileSpec, Manifest, SignedBundle, pb};
+use tokio::sync::{mpsc, watch};
+
+use crate::cache::{Cache, FetchError};
+use crate::clock::Clock;
+use crate::config::StateDir;
+use crate::fault;
+use crate::fsutil::{self, FsError};
+use crate::journal::{Event, IllegalTransition, Journal, Next, PathPlan, Phase, Txn, Want};
+use crate::runner::{CommandRunner, CommandSpec, Outcome};
+use crate::source::BlobSource;
+use crate::state::{
+    Activity, BundleRecord, Content, FileRec, LocalState, ManifestRec, OriginalRec, StatusRec,
+};
+
+/// An apply interrupted this many times in a row is given up.
+const MAX_INTERRUPTED: u32 = 3;
+
+/// Errors that stop the engine from making progress at all (the state dir
+/// or the journal cannot be written). Failures of a bundle are not errors:
+/// they become its `failed` / `rolled_back` state.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Fs(#[from] FsError),
+    #[error(transparent)]
+    Root(#[from] RootError),
+    #[error(transparent)]
+    Transition(#[from] IllegalTransition),
+    #[error("restore {path} during rollback: {reason}")]
+    Restore { path: String, reason: String },
+    #[error("journal of {bundle} is in phase {phase}, which cannot be rolled back")]
+    NotRollingBack { bundle: String, phase: &'static str },
+}
+
+/// What the node holds, as sent in status reports.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StatusSnapshot {
+    pub generation: u64,
+    pub bundles: Vec<pb::BundleStatus>,
+}
+
+/// Where the engine announces state changes and events.
+#[derive(Default)]
+pub struct Reporter {
+    pub status: Option<watch::Sender<StatusSnapshot>>,
+    pub events: Option<mpsc::Sender<pb::NodeEvent>>,
+    dropped: u64,
+}
+
+impl Reporter {
+    pub fn new(status: watch::Sender<StatusSnapshot>, events: mpsc::Sender<pb::NodeEvent>) -> Self {
+        Reporter {
+            status: Some(status),
+            events: Some(events),
+            dropped: 0,
+        }
+    }
+}
+
+/// Static facts the engine needs.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub state_dir: StateDir,
+    /// The node root (`/` in production).
+    pub root: PathBuf,
+    pub node: String,
+    pub trusted: Vec<PublisherKey>,
+}
+
+/// Result of one self-heal pass.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HealReport {
+    /// `path (why)` for every file restored.
+    pub repaired: Vec<String>,
+    /// Files that drifted and could not be restored.
+    pub failed: Vec<String>,
+}
+
+pub struct Engine {
+    dirs: StateDir,
+    root_path: PathBuf,
+    root: NodeRoot,
+    node: String,
+    trusted: Vec<PublisherKey>,
+    source: Arc<dyn BlobSource>,
+    runner: Arc<dyn CommandRunner>,
+    clock: Arc<dyn Clock>,
+    cache: Cache,
+    journal: Journal,
+    state: LocalState,
+    reporter: Reporter,
+}
+
+/// How an attempt ended, before it is written into the bundle's record.
+struct Verdict {
+    state: BundleState,
+    message: String,
+    sticky: bool,
+}
+
+impl Engine {
+    /// Opens the node root and loads the local state. Does not touch any
+    /// managed file: call [`Engine::recover`] next.
+    pub fn open(
+        cfg: EngineConfig,
+        source: Arc<dyn BlobSource>,
+        runner: Arc<dyn CommandRunner>,
+        clock: Arc<dyn Clock>,
+        reporter: Reporter,
+    ) -> Result<Self, EngineError> {
+        let root_path = std::path::absolute(&cfg.root).map_err(|e| FsError::new("resolve", &cfg.root, e))?;
+        let root = NodeRoot::open(&root_path)?;
+        let dirs = cfg.state_dir;
+        fsutil::create_dir(dirs.path(), 0o700)?;
+        let state = LocalState::load(&dirs.state())?;
+        Ok(Engine {
+            cache: Cache::new(dirs.cache()),
+            journal: Journal::new(dirs.journal()),
+            root_path,
+            root,
+            node: cfg.node,
+            trusted: cfg.trusted,
+            source,
+            runner,
+            clock,
+            state,
+            reporter,
+            dirs,
+        })
+    }
+
+    pub fn state(&self) -> &LocalState {
+        &self.state
+    }
+
+    pub fn cache(&self) -> &Cache {
+        &self.cache
+    }
+
+    pub fn snapshot(&self) -> StatusSnapshot {
+        StatusSnapshot {
+            generation: self.state.generation,
+            bundles: self.state.statuses(),
+        }
+    }
+
+    /// Events that could not be queued because the queue was full.
+    pub fn dropped_events(&self) -> u64 {
+        self.reporter.dropped
+    }
+
+    fn publish(&self) {
+        if let Some(tx) = &self.reporter.status {
+            tx.send_replace(self.snapshot());
+        }
+    }
+
+    fn event(&mut self, kind: &str, bundle: &str, version: &str, message: &str) {
+        tracing::info!(kind, bundle, version, "{message}");
+        let ev = pb::NodeEvent {
+            kind: kind.into(),
+            bundle: bundle.into(),
+            version: version.into(),
+            message: message.into(),
+            at_ms: self.clock.now_ms(),
+        };
+        if let Some(tx) = &self.reporter.events
+            && tx.try_send(ev).is_err()
+        {
+            // Status reports carry the state anyway; an event lost to a full
+            // queue (long offline) is counted, never waited for.
+            self.reporter.dropped += 1;
+        }
+    }
+
+    fn save_state(&self) -> Result<(), EngineError> {
+        self.state.save(&self.dirs.state())?;
+        Ok(())
+    }
+
+    fn set_status(&mut self, bundle: &str, version: &str, v: Verdict) -> Result<(), EngineError> {
+        let now = self.clock.now_ms();
+        let rec = self
+            .state
+            .bundles
+            .entry(bundle.to_string())
+            .or_insert_with(|| BundleRecord {
+                installed: None,
+                originals: Vec::new(),
+                status: StatusRec {
+                    version: version.to_string(),
+                    state: v.state,
+                    message: String::new(),
+                    updated_at_ms: now,
+                },
+                sticky: false,
+                interrupted: 0,
+            });
+        let changed =
+            rec.status.version != version || rec.status.state != v.state || rec.status.message != v.message;
+        if rec.status.version != version {
+            rec.interrupted = 0;
+        }
+        if changed {
+            rec.status = StatusRec {
+                version: version.to_string(),
+                state: v.state,
+                message: v.message,
+                updated_at_ms: now,
+            };
+        }
+        rec.sticky = v.sticky;
+        self.save_state()?;
+        if changed {
+            self.publish();
+        }
+        Ok(())
+    }
+
+    fn record_apply(&mut self, bundle: &str, version: &str, outcome: &str, message: &str) {
+        self.state.last_apply = Some(Activity {
+            at_ms: self.clock.now_ms(),
+            bundle: bundle.into(),
+            version: version.into(),
+            outcome: outcome.into(),
+            message: message.into(),
+        });
+    }
+
+    // ---- recovery -------------------------------------------------------
+
+    /// Finishes (after the commit record) or undoes (before it) a
+    /// transaction a crash interrupted.
+    pub async fn recover(&mut self) -> Result<(), EngineError> {
+        let Some(mut txn) = self.journal.load()? else {
+            return Ok(());
+        };
+        tracing::warn!(bundle = %txn.bundle, phase = %txn.phase, "finishing a transaction interrupted by a restart");
+        match txn.phase.clone() {
+            Phase::Committed => self.finish_commit(txn).await,
+            Phase::RollingBack { .. } => self.finish_rollback(txn).await,
+            p => {
+                let reason = format!("the agent stopped during {} of {}", p.name(), txn.describe());
+                self.advance(&mut txn, Event::Failed { reason, retry: true })?;
+                self.finish_rollback(txn).await
+            }
+        }
+    }
+
+    // ---- reconcile ------------------------------------------------------
+
+    /// Stores `desired` durably, then converges on it.
+    pub async fn accept_desired(&mut self, desired: &pb::DesiredState) -> Result<(), EngineError> {
+        crate::state::save_desired(&self.dirs.desired(), desired)?;
+        self.reconcile(desired).await
+    }
+
+    /// Converges the node on `desired`: removes bundles no longer listed,
+    /// applies new versions, one bundle at a time.
+    pub async fn reconcile(&mut self, desired: &pb::DesiredState) -> Result<(), EngineError> {
+        self.recover().await?;
+        if desired.generation < self.state.generation {
+            tracing::warn!(
+                got = desired.generation,
+                had = self.state.generation,
+                "desired state generation went backwards; following the server"
+            );
+        }
+        self.state.generation = desired.generation;
+        let mut wanted: Vec<SignedBundle> = Vec::new();
+        let mut names: BTreeSet<String> = BTreeSet::new();
+        for b in &desired.bundles {
+            let (name, version) = b
+                .manifest
+                .as_ref()
+                .map(|m| (m.name.clone(), m.version.clone()))
+                .unwrap_or_default();
+            if !names.insert(name.clone()) {
+                tracing::warn!(bundle = %name, "bundle listed twice in the desired state; using the first");
+                continue;
+            }
+            match SignedBundle::try_from(b.clone()) {
+                Ok(sb) => wanted.push(sb),
+                Err(e) if lks_proto::names::validate_bundle_name(&name).is_ok() => {
+                    let message = format!("invalid bundle {name}@{version}: {e}");
+                    self.fail_once(&name, &version, message, true)?;
+                }
+                Err(e) => tracing::warn!("ignoring an invalid bundle in the desired state: {e}"),
+            }
+        }
+        let gone: Vec<String> = self
+            .state
+            .bundles
+            .keys()
+            .filter(|n| !names.contains(*n))
+            .cloned()
+            .collect();
+        for name in gone {
+            self.remove_bundle(&name).await?;
+        }
+        for sb in &wanted {
+            self.converge(sb).await?;
+        }
+        self.save_state()?;
+        self.publish();
+        self.gc();
+        Ok(())
+    }
+
+    /// Sets a failure state and emits an event only when it is news.
+    fn fail_once(
+        &mut self,
+        bundle: &str,
+        version: &str,
+        message: String,
+        sticky: bool,
+    ) -> Result<(), EngineError> {
+        let news = self.state.bundles.get(bundle).is_none_or(|r| {
+            r.status.version != version
+                || r.status.state != BundleState::Failed
+                || r.status.message != message
+        });
+        self.set_status(
+            bundle,
+            version,
+            Verdict {
+                state: BundleState::Failed,
+                message: message.clone(),
+                sticky,
+            },
+        )?;
+        if news {
+            tracing::warn!(bundle, version, "{message}");
+            self.record_apply(bundle, version, "failed", &message);
+            self.save_state()?;
+            self.event("failed", bundle, version, &message);
+        }
+        Ok(())
+    }
+
+    async fn converge(&mut self, sb: &SignedBundle) -> Result<(), EngineError> {
+        let m = &sb.manifest;
+        let want = ManifestRec::from(m);
+        let rec = self.state.bundles.get(&m.name).cloned();
+        if let Some(r) = &rec {
+            if r.installed.as_ref() == Some(&want) {
+                if r.status.version != m.version || r.status.state != BundleState::Applied {
+                    self.set_status(
+                        &m.name,
+                        &m.version,
+                        Verdict {
+                            state: BundleState::Applied,
+                            message: String::new(),
+                            sticky: false,
+                        },
+                    )?;
+                }
+                return Ok(());
+            }
+            if r.sticky
+                && r.status.version == m.version
+                && matches!(r.status.state, BundleState::Failed | BundleState::RolledBack)
+            {
+                return Ok(());
+            }
+        }
+        if let Err(e) = sign::verify(sb, &self.trusted) {
+            return self.fail_once(&m.name, &m.version, e.to_string(), true);
+        }
+        if let Some(reason) = self.conflict(m) {
+            return self.fail_once(&m.name, &m.version, reason, false);
+        }
+        self.apply(m, rec).await
+    }
+
+    /// A reason if `m` would own a path (or a parent/child of one) that
+    /// another bundle on this node owns.
+    fn conflict(&self, m: &Manifest) -> Option<String> {
+        for (other, r) in &self.state.bundles {
+            if *other == m.name {
+                continue;
+            }
+            let Some(inst) = &r.installed else { continue };
+            for f in &m.files {
+                for g in &inst.files {
+                    let pair = [&f.path, &g.path];
+                    if lks_proto::manifest::check_paths_disjoint(pair.into_iter()).is_err() {
+                        return Some(format!(
+                            "bundle {}@{} refused: its file {} collides with {} of bundle {}@{} on this node",
+                            m.name, m.version, f.path, g.path, other, inst.version
+                        ));
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    async fn apply(&mut self, m: &Manifest, rec: Option<BundleRecord>) -> Result<(), EngineError> {
+        let (name, version) = (m.name.as_str(), m.version.as_str());
+        self.set_status(
+            name,
+            version,
+            Verdict {
+                state: BundleState::Applying,
+                message: String::new(),
+                sticky: false,
+            },
+        )?;
+        tracing::info!(bundle = name, version, "applying");
+        for f in &m.files {
+            match self.cache.ensure(f, &*self.source).await {
+                Ok(()) => {}
+                Err(e @ FetchError::Unavailable { .. }) => {
+                    let message = format!("waiting for blobs: {e}");
+                    tracing::warn!(bundle = name, version, "{message}");
+                    return self.set_status(
+                        name,
+                        version,
+                        Verdict {
+                            state: BundleState::Pending,
+                            message,
+                            sticky: false,
+                        },
+                    );
+                }
+                Err(e @ FetchError::Verify { .. }) => {
+                    return self.fail_once(name, version, e.to_string(), true);
+                }
+                Err(FetchError::Fs(e)) => {
+                    return self.fail_once(name, version, format!("cache: {e}"), false);
+                }
+            }
+        }
+        if let Err(reason) = self.precheck(m) {
+            return self.fail_once(name, version, reason, false);
+        }
+        let from = rec.as_ref().and_then(|r| r.installed.clone());
+        let originals = rec.map(|r| r.originals).unwrap_or_default();
+        let txn = self.plan(name, from, Some(ManifestRec::from(m)), &originals)?;
+        self.run_txn(txn).await
+    }
+
+    /// Checks, before anything is written, that every target can be reached
+    /// beneath the root and is a regular file (or absent).
+    fn precheck(&self, m: &Manifest) -> Result<(), String> {
+        for f in &m.files {
+            match self.root.parent(&f.path, false) {
+                Ok(parent) => match parent.stat_target() {
+                    Ok(Some(st)) if !is_regular(&st) => {
+                        return Err(format!(
+                            "{}: the target exists and is not a regular file; refusing to replace it",
+                            f.path
+                        ));
+                    }
+                    Ok(_) => {}
+                    Err(e) => return Err(e.to_string()),
+                },
+                Err(RootError::MissingParent { .. }) => {}
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        Ok(())
+    }
+
+    async fn remove_bundle(&mut self, name: &str) -> Result<(), EngineError> {
+        let Some(rec) = self.state.bundles.get(name).cloned() else {
+            return Ok(());
+        };
+        let Some(from) = rec.installed.clone() else {
+            self.state.bundles.remove(name);
+            self.save_state()?;
+            self.publish();
+            return Ok(());
+        };
+        tracing::info!(bundle = name, version = %from.version, "removing");
+        let txn = self.plan(name, Some(from), None, &rec.originals)?;
+        self.run_txn(txn).await
+    }
+
+    /// Builds the per-path plan of a transaction from `from` to `to`.
+    fn plan(
+        &mut self,
+        bundle: &str,
+        from: Option<ManifestRec>,
+        to: Option<ManifestRec>,
+        originals: &[OriginalRec],
+    ) -> Result<Txn, EngineError> {
+        self.state.txn_seq += 1;
+        let seq = self.state.txn_seq;
+        self.save_state()?;
+        let old: BTreeSet<&BundlePath> = from
+            .iter()
+            .flat_map(|m| m.files.iter().map(|f| &f.path))
+            .collect();
+        let new: BTreeSet<&BundlePath> = to.iter().flat_map(|m| m.files.iter().map(|f| &f.path)).collect();
+        let mut plans = Vec::new();
+        for f in to.iter().flat_map(|m| m.files.iter()) {
+            plans.push(PathPlan {
+                path: f.path.clone(),
+                temp: String::new(),
+                want: Want::Blob {
+                    digest: f.digest,
+                    size: f.size,
+                    mode: f.mode,
+                },
+                backup: None,
+                newly_owned: !old.contains(&f.path),
+            });
+        }
+        for f in from.iter().flat_map(|m| m.files.iter()) {
+            if new.contains(&f.path) {
+                continue;
+            }
+            let want = match originals.iter().find(|o| o.path == f.path).map(|o| &o.content) {
+                Some(Content::File {
+                    digest,
+                    size,
+                    mode,
+                    stored,
+                }) => Want::Original {
+                    digest: *digest,
+                    size: *size,
+                    mode: *mode,
+                    stored: stored.clone(),
+                },
+                _ => Want::Absent,
+            };
+            plans.push(PathPlan {
+                path: f.path.clone(),
+                temp: String::new(),
+                want,
+                backup: None,
+                newly_owned: false,
+            });
+        }
+        for (i, p) in plans.iter_mut().enumerate() {
+            p.temp = format!(".lks.{seq}.{i}.tmp");
+        }
+        let kept_originals = originals
+            .iter()
+            .filter(|o| new.contains(&o.path))
+            .cloned()
+            .collect();
+        Ok(Txn {
+            seq,
+            bundle: bundle.to_string(),
+            from,
+            to,
+            plans,
+            kept_originals,
+            phase: Phase::Staging,
+        })
+    }
+
+    /// Moves `txn` to its next phase: in memory, then one durable journal
+    /// write, then the fault point of the new phase.
+    fn advance(&self, txn: &mut Txn, event: Event) -> Result<(), EngineError> {
+        match txn.phase.next(event)? {
+            Next::Phase(p) => {
+                txn.phase = p;
+                self.journal.write(txn)?;
+                fault::point(txn.phase.name());
+            }
+            Next::Done => self.journal.clear()?,
+        }
+        Ok(())
+    }
+
+    async fn run_txn(&mut self, mut txn: Txn) -> Result<(), EngineError> {
+        self.journal.write(&txn)?;
+        fault::point("staging");
+
+        for (i, plan) in txn.plans.iter().enumerate() {
+            if let Err(reason) = self.stage(plan) {
+                return self.fail_txn(txn, reason).await;
+            }
+            if i == 0 {
+                fault::point("staged-partial");
+            }
+        }
+        self.advance(&mut txn, Event::Staged)?;
+
+        let backup_dir = self.dirs.txn(txn.seq);
+        if let Err(e) = fsutil::create_dir(&backup_dir, 0o700) {
+            return self.fail_txn(txn, e.to_string()).await;
+        }
+        for i in 0..txn.plans.len() {
+            match self.backup(&backup_dir, i, &txn.plans[i]) {
+                Ok(content) => txn.plans[i].backup = Some(content),
+                Err(reason) => return self.fail_txn(txn, reason).await,
+            }
+        }
+        if let Err(e) = fsutil::sync_dir(&backup_dir) {
+            return self.fail_txn(txn, e.to_string()).await;
+        }
+        self.advance(&mut txn, Event::BackedUp)?;
+
+        for (i, plan) in txn.plans.iter().enumerate() {
+            if let Err(reason) = self.switch(plan) {
+                return self.fail_txn(txn, reason).await;
+            }
+            if i == 0 {
+                fault::point("switch-partial");
+            }
+        }
+        self.advance(&mut txn, Event::Switched)?;
+
+        if let Some(to) = txn.to.clone() {
+            if let Err(reason) = self.run_steps(&to).await {
+                return self.fail_txn(txn, reason).await;
+            }
+            self.advance(&mut txn, Event::StepsPassed)?;
+            if let Err(reason) = self.health_check(&to).await {
+                return self.fail_txn(txn, reason).await;
+            }
+        } else {
+            self.advance(&mut txn, Event::StepsPassed)?;
+        }
+        self.advance(&mut txn, Event::Healthy)?;
+        self.finish_commit(txn).await
+    }
+
+    async fn fail_txn(&mut self, mut txn: Txn, reason: String) -> Result<(), EngineError> {
+        tracing::warn!(bundle = %txn.bundle, "{}: {reason}", txn.describe());
+        self.advance(&mut txn, Event::Failed { reason, retry: false })?;
+        self.finish_rollback(txn).await
+    }
+
+    /// Restores every backed-up target, removes staged temps, re-runs the
+    /// previous version's steps if targets were touched, records the
+    /// outcome and closes the journal. Idempotent: recovery calls it again
+    /// after a crash in the middle.
+    async fn finish_rollback(&mut self, mut txn: Txn) -> Result<(), EngineError> {
+        let Phase::RollingBack {
+            reason,
+            touched,
+            retry,
+        } = txn.phase.clone()
+        else {
+            return Err(EngineError::NotRollingBack {
+                bundle: txn.bundle.clone(),
+                phase: txn.phase.name(),
+            });
+        };
+        let backup_dir = self.dirs.txn(txn.seq);
+        if touched {
+            let mut first = true;
+            for plan in &txn.plans {
+                let Some(content) = &plan.backup else { continue };
+                self.restore(&backup_dir, plan, content)
+                    .map_err(|reason| EngineError::Restore {
+                        path: plan.path.to_string(),
+                        reason,
+                    })?;
+                if first {
+                    fault::point("rollback-partial");
+                    first = false;
+                }
+            }
+        }
+        self.remove_temps(&txn);
+        let mut message = reason;
+        if touched && let Some(from) = &txn.from {
+            if let Err(e) = self.run_steps(from).await {
+                message = format!(
+                    "{message}; re-running the steps of {}@{} also failed: {e}",
+                    from.name, from.version
+                );
+            }
+        }
+        let (version, verdict, kind) = match (&txn.to, &txn.from) {
+            (Some(to), _) if retry => {
+                let n = self.state.bundles.get(&txn.bundle).map_or(0, |r| r.interrupted) + 1;
+                let v = if n >= MAX_INTERRUPTED {
+                    Verdict {
+                        state: BundleState::Failed,
+                        message: format!("gave up after {n} interrupted attempts: {message}"),
+                        sticky: true,
+                    }
+                } else {
+                    Verdict {
+                        state: BundleState::Pending,
+                        message: format!("{message}; rolled back, will retry"),
+                        sticky: false,
+                    }
+                };
+                if let Some(r) = self.state.bundles.get_mut(&txn.bundle) {
+                    r.interrupted = n;
+                }
+                (to.version.clone(), v, "interrupted")
+            }
+            (Some(to), _) if touched => (
+                to.version.clone(),
+                Verdict {
+                    state: BundleState::RolledBack,
+                    message,
+                    sticky: true,
+                },
+                "rolled_back",
+            ),
+            (Some(to), _) => (
+                to.version.clone(),
+                Verdict {
+                    state: BundleState::Failed,
+                    message,
+                    sticky: false,
+                },
+                "failed",
+            ),
+            (None, Some(from)) => (
+                from.version.clone(),
+                Verdict {
+                    state: BundleState::Failed,
+                    message: format!("removal failed: {message}"),
+                    sticky: false,
+                },
+                "failed",
+            ),
+            (None, None) => (
+                String::new(),
+                Verdict {
+                    state: BundleState::Failed,
+                    message,
+                    sticky: false,
+                },
+                "failed",
+            ),
+        };
+        let message = verdict.message.clone();
+        let interrupted = self.state.bundles.get(&txn.bundle).map_or(0, |r| r.interrupted);
+        self.set_status(&txn.bundle, &version, verdict)?;
+        if let Some(r) = self.state.bundles.get_mut(&txn.bundle) {
+            r.interrupted = if kind == "interrupted" { interrupted } else { 0 };
+        }
+        self.record_apply(&txn.bundle, &version, kind, &message);
+        self.save_state()?;
+        fault::point("state-saved");
+        self.advance(&mut txn, Event::Finished)?;
+        let _ = fsutil::remove_dir_all(&backup_dir);
+        self.event(kind, &txn.bundle.clone(), &version, &message);
+        self.publish();
+        Ok(())
+    }
+
+    /// Records the new version (and the originals it took over), closes the
+    /// journal and drops the backups. Idempotent, like `finish_rollback`.
+    async fn finish_commit(&mut self, mut txn: Txn) -> Result<(), EngineError> {
+        let backup_dir = self.dirs.txn(txn.seq);
+        self.remove_temps(&txn);
+        let now = self.clock.now_ms();
+        let (kind, version) = match &txn.to {
+            Some(to) => {
+                let mut originals = txn.kept_originals.clone();
+                for plan in txn.plans.iter().filter(|p| p.newly_owned) {
+                    let content = match &plan.backup {
+                        Some(Content::File {
+                            digest,
+                            size,
+                            mode,
+                            stored,
+                        }) => {
+                            let keep = self.keep_original(&backup_dir.join(stored), digest)?;
+                            Content::File {
+                                digest: *digest,
+                                size: *size,
+                                mode: *mode,
+                                stored: keep,
+                            }
+                        }
+                        _ => Content::Absent,
+                    };
+                    originals.push(OriginalRec {
+                        path: plan.path.clone(),
+                        content,
+                    });
+                }
+                let rec = self
+                    .state
+                    .bundles
+                    .entry(txn.bundle.clone())
+                    .or_insert_with(|| BundleRecord {
+                        installed: None,
+                        originals: Vec::new(),
+                        status: StatusRec {
+                            version: to.version.clone(),
+                            state: BundleState::Applied,
+                            message: String::new(),
+                            updated_at_ms: now,
+                        },
+                        sticky: false,
+                        interrupted: 0,
+                    });
+                rec.installed = Some(to.clone());
+                rec.originals = originals;
+                rec.status = StatusRec {
+                    version: to.version.clone(),
+                    state: BundleState::Applied,
+                    message: String::new(),
+                    updated_at_ms: now,
+                };
+                rec.sticky = false;
+                rec.interrupted = 0;
+                ("applied", to.version.clone())
+            }
+            None => {
+                self.state.bundles.remove(&txn.bundle);
+                (
+                    "removed",
+                    txn.from.as_ref().map(|f| f.version.clone()).unwrap_or_default(),
+                )
+            }
+        };
+        self.record_apply(&txn.bundle, &version, kind, "");
+        self.save_state()?;
+        fault::point("state-saved");
+        self.advance(&mut txn, Event::Finished)?;
+        let _ = fsutil::remove_dir_all(&backup_dir);
+        let bundle = txn.bundle.clone();
+        self.event(kind, &bundle, &version, &format!("{kind} {bundle}@{version}"));
+        self.publish();
+        Ok(())
+    }
+
+    /// Copies a backup into the originals store (content-addressed).
+    fn keep_original(&self, backup: &Path, digest: &Digest) -> Result<String, EngineError> {
+        let dir = self.dirs.originals();
+        fsutil::create_dir(&dir, 0o700)?;
+        let name = digest.hex();
+        let dst = dir.join(&name);
+        if dst.is_file() {
+            return Ok(name);
+        }
+        let bytes = fs::read(backup).map_err(|e| FsError::new("read backup", backup, e))?;
+        fsutil::write_atomic(&dst, &bytes, 0o600)?;
+        Ok(name)
+    }
+
+    // ---- the file operations of a transaction ---------------------------
+
+    /// Writes the wanted bytes into the plan's temp entry, verified, with
+    /// its mode, fsynced.
+    fn stage(&self, plan: &PathPlan) -> Result<(), String> {
+        let Some((digest, size, mode)) = plan.want.digest_mode() else {
+            return Ok(());
+        };
+        let src = match &plan.want {
+            Want::Original { stored, .. } => {
+                let p = self.dirs.originals().join(stored);
+                File::open(&p)
+                    .map_err(|e| format!("{}: open original copy {}: {e}", plan.path, p.display()))?
+            }
+            _ => self
+                .cache
+                .open(&digest)
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("{}: blob {digest} is not in the cache", plan.path))?,
+        };
+        let parent = self.root.parent(&plan.path, true).map_err(|e| e.to_string())?;
+        let res = write_entry(&parent, &plan.temp, src, digest, size, mode);
+        if res.is_err() {
+            let _ = parent.remove_entry(&plan.temp.clone().into());
+            if matches!(plan.want, Want::Blob { .. }) {
+                // A corrupt cache entry is fetched again next time.
+                let _ = self.cache.remove(&digest);
+            }
+        }
+        res.map_err(|e| format!("{}: stage: {e}", plan.path))
+    }
+
+    /// Copies what the target holds now into the backup directory.
+    fn backup(&self, dir: &Path, i: usize, plan: &PathPlan) -> Result<Content, String> {
+        let parent = match self.root.parent(&plan.path, false) {
+            Ok(p) => p,
+            Err(RootError::MissingParent { .. }) => return Ok(Content::Absent),
+            Err(e) => return Err(e.to_string()),
+        };
+        let Some(st) = parent.stat_target().map_err(|e| e.to_string())? else {
+            return Ok(Content::Absent);
+        };
+        if !is_regular(&st) {
+            return Err(format!(
+                "{}: not a regular file; refusing to replace it",
+                plan.path
+            ));
+        }
+        let mut src = parent
+            .open_target()
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("{}: vanished while backing it up", plan.path))?;
+        let stored = i.to_string();
+        let dst_path = dir.join(&stored);
+        let mut copy = || -> io::Result<(Digest, u64)> {
+            let mut dst = File::create(&dst_path)?;
+            let mut h = Hasher::new();
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = src.read(&mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                h.update(&buf[..n]);
+                dst.write_all(&buf[..n])?;
+            }
+            dst.sync_all()?;
+            Ok(h.finish())
+        };
+        let (digest, size) =
+            copy().map_err(|e| format!("{}: back up to {}: {e}", plan.path, dst_path.display()))?;
+        Ok(Content::File {
+            digest,
+            size,
+            mode: st.st_mode & 0o7777,
+            stored,
+        })
+    }
+
+    /// Puts the staged entry in place (or removes the target), durably.
+    fn switch(&self, plan: &PathPlan) -> Result<(), String> {
+        let parent = match self.root.parent(&plan.path, false) {
+            Ok(p) => p,
+            Err(RootError::MissingParent { .. }) if plan.want == Want::Absent => return Ok(()),
+            Err(e) => return Err(e.to_string()),
+        };
+        let name = parent.name().clone();
+        match plan.want {
+            Want::Absent => parent.remove_entry(&name),
+            _ => parent.rename_entry(&plan.temp.clone().into(), &name),
+        }
+        .and_then(|()| parent.sync())
+        .map_err(|e| e.to_string())
+    }
+
+    /// Puts a backed-up content back at the plan's path.
+    fn restore(&self, dir: &Path, plan: &PathPlan, content: &Content) -> Result<(), String> {
+        match content {
+            Content::Absent => {
+                let parent = match self.root.parent(&plan.path, false) {
+                    Ok(p) => p,
+                    Err(RootError::MissingParent { .. }) => return Ok(()),
+                    Err(e) => return Err(e.to_string()),
+                };
+                let name = parent.name().clone();
+                parent
+                    .remove_entry(&name)
+                    .and_then(|()| parent.sync())
+                    .map_err(|e| e.to_string())
+            }
+            Content::File {
+                digest,
+                size,
+                mode,
+                stored,
+            } => {
+                let src_path = dir.join(stored);
+                let src =
+                    File::open(&src_path).map_err(|e| format!("open backup {}: {e}", src_path.display()))?;
+                let parent = self.root.parent(&plan.path, true).map_err(|e| e.to_string())?;
+                let temp: std::ffi::OsString = format!("{}.restore", plan.temp).into();
+                write_entry(
+                    &parent,
+                    &format!("{}.restore", plan.temp),
+                    src,
+                    *digest,
+                    *size,
+                    *mode,
+                )
+                .map_err(|e| format!("stage backup: {e}"))?;
+                let name = parent.name().clone();
+                parent
+                    .rename_entry(&temp, &name)
+                    .and_then(|()| parent.sync())
+                    .map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    fn remove_temps(&self, txn: &Txn) {
+        for plan in &txn.plans {
+            if let Ok(parent) = self.root.parent(&plan.path, false) {
+                let _ = parent.remove_entry(&plan.temp.clone().into());
+                let _ = parent.remove_entry(&format!("{}.restore", plan.temp).into());
+            }
+        }
+    }
+
+    // ---- steps and health -----------------------------------------------
+
+    fn env(&self, m: &ManifestRec) -> Vec<(String, String)> {
+        vec![
+            ("LKS_ROOT".into(), self.root_path.to_string_lossy().into_owned()),
+            ("LKS_BUNDLE".into(), m.name.clone()),
+            ("LKS_VERSION".into(), m.version.clone()),
+            ("LKS_NODE".into(), self.node.clone()),
+        ]
+    }
+
+    async fn run_steps(&self, m: &ManifestRec) -> Result<(), String> {
+        for s in &m.steps {
+            let out = self
+                .runner
+                .run(&CommandSpec {
+                    argv: s.run.clone(),
+                    env: self.env(m),
+                    timeout: Duration::from_millis(s.timeout_ms),
+                })
+                .await;
+            if !out.success() {
+                return Err(format!("step {:?} {}", s.name, out.describe()));
+            }
+        }
+        Ok(())
+    }
+
+    async fn health_check(&self, m: &ManifestRec) -> Result<(), String> {
+        let Some(h) = &m.health else { return Ok(()) };
+        let spec = CommandSpec {
+            argv: h.run.clone(),
+            env: self.env(m),
+            timeout: Duration::from_millis(h.timeout_ms),
+        };
+        let tries = h.retries.max(1);
+        let mut last = Outcome::SpawnFailed {
+            reason: "not run".into(),
+        };
+        for attempt in 1..=tries {
+            last = self.runner.run(&spec).await;
+            if last.success() {
+                return Ok(());
+            }
+            if attempt < tries {
+                tokio::time::sleep(Duration::from_millis(h.interval_ms)).await;
+            }
+        }
+        Err(format!(
+            "health check failed {tries} time(s); last try {}",
+            last.describe()
+        ))
+    }
+
+    // ---- self-heal ------------------------------------------------------
+
+    /// Re-verifies every managed file by size, mode and hash; restores the
+    /// drifted ones from the cache (fetching again if needed), re-runs the
+    /// health check of each bundle that needed repair, and reports.
+    pub async fn heal(&mut self) -> Result<HealReport, EngineError> {
+        self.recover().await?;
+        let mut report = HealReport::default();
+        let bundles: Vec<(String, ManifestRec)> = self
+            .state
+            .bundles
+            .iter()
+            .filter_map(|(n, r)| r.installed.clone().map(|m| (n.clone(), m)))
+            .collect();
+        for (name, m) in bundles {
+            let mut repaired = Vec::new();
+            let mut failed = Vec::new();
+            for f in &m.files {
+                match self.check_file(f) {
+                    Ok(None) => {}
+                    Ok(Some(why)) => match self.repair_file(f).await {
+                        Ok(()) => repaired.push(format!("{} ({why})", f.path)),
+                        Err(e) => failed.push(format!("{} ({why}): {e}", f.path)),
+                    },
+                    Err(e) => failed.push(format!("{}: {e}", f.path)),
+                }
+            }
+            if repaired.is_empty() && failed.is_empty() {
+                continue;
+            }
+            let mut message = String::new();
+            if !repaired.is_empty() {
+                message = format!("restored {}", repaired.join(", "));
+                match self.health_check(&m).await {
+                    Ok(()) if m.health.is_some() => message.push_str("; health check passed"),
+                    Ok(()) => {}
+                    Err(e) => message.push_str(&format!("; {e}")),
+                }
+                self.event("repaired", &name, &m.version, &message);
+            }
+            if !failed.is_empty() {
+                let f = format!("could not restore {}", failed.join(", "));
+                self.event("repair_failed", &name, &m.version, &f);
+                message = if message.is_empty() {
+                    f
+                } else {
+                    format!("{message}; {f}")
+                };
+            }
+            self.state.last_repair = Some(Activity {
+                at_ms: self.clock.now_ms(),
+                bundle: name.clone(),
+                version: m.version.clone(),
+                outcome: if failed.is_empty() {
+                    "repaired"
+                } else {
+                    "repair_failed"
+                }
+                .into(),
+                message,
+            });
+            self.save_state()?;
+            report.repaired.extend(repaired);
+            report.failed.extend(failed);
+        }
+        Ok(report)
+    }
+
+    /// Why a managed file differs from its manifest entry, if it does.
+    fn check_file(&self, f: &FileRec) -> Result<Option<&'static str>, String> {
+        let parent = match self.root.parent(&f.path, false) {
+            Ok(p) => p,
+            Err(RootError::MissingParent { .. }) => return Ok(Some("missing")),
+            Err(e) => return Err(e.to_string()),
+        };
+        let Some(st) = parent.stat_target().map_err(|e| e.to_string())? else {
+            return Ok(Some("missing"));
+        };
+        if !is_regular(&st) {
+            return Ok(Some("replaced by something that is not a regular file"));
+        }
+        if st.st_size as u64 != f.size {
+            return Ok(Some("content changed"));
+        }
+        let Some(file) = parent.open_target().map_err(|e| e.to_string())? else {
+            return Ok(Some("missing"));
+        };
+        let (digest, _) = Digest::of_reader(file).map_err(|e| format!("read: {e}"))?;
+        if digest != f.digest {
+            return Ok(Some("content changed"));
+        }
+        if st.st_mode & 0o7777 != f.mode {
+            return Ok(Some("mode changed"));
+        }
+        Ok(None)
+    }
+
+    async fn repair_file(&self, f: &FileRec) -> Result<(), String> {
+        let spec = FileSpec {
+            path: f.path.clone(),
+            digest: f.digest,
+            size: f.size,
+            mode: f.mode,
+            url: f.url.clone(),
+        };
+        self.cache
+            .ensure(&spec, &*self.source)
+            .await
+            .map_err(|e| e.to_string())?;
+        let src = self
+            .cache
+            .open(&f.digest)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "blob not in the cache".to_string())?;
+        let parent = self.root.parent(&f.path, true).map_err(|e| e.to_string())?;
+        let temp = ".lks.heal.tmp";
+        if let Err(e) = write_entry(&parent, temp, src, f.digest, f.size, f.mode) {
+            let _ = parent.remove_entry(&temp.into());
+            let _ = self.cache.remove(&f.digest);
+            return Err(e);
+        }
+        let name = parent.name().clone();
+        parent
+            .rename_entry(&temp.into(), &name)
+            .and_then(|()| parent.sync())
+            .map_err(|e| e.to_string())
+    }
+
+    // ---- housekeeping ---------------------------------------------------
+
+    /// Drops cached blobs and originals nothing refers to any more.
+    fn gc(&self) {
+        let mut keep = BTreeSet::new();
+        let mut originals = BTreeSet::new();
+        for r in self.state.bundles.values() {
+            for f in r.installed.iter().flat_map(|m| m.files.iter()) {
+                keep.insert(f.digest);
+            }
+            for o in &r.originals {
+                if let Content::File { stored, .. } = &o.content {
+                    originals.insert(stored.clone());
+                }
+            }
+        }
+        if let Ok(Some(d)) = crate::state::load_desired(&self.dirs.desired()) {
+            for b in d.bundles {
+                for f in b.manifest.into_iter().flat_map(|m| m.files) {
+                    if let Ok(dg) = f.digest.parse() {
+                        keep.insert(dg);
+                    }
+                }
+            }
+        }
+        if let Err(e) = self.cache.gc(&keep) {
+            tracing::warn!("clean the blob cache: {e}");
+        }
+        if let Ok(rd) = fs::read_dir(self.dirs.originals()) {
+            for e in rd.filter_map(Result::ok) {
+                if !originals.contains(&e.file_name().to_string_lossy().into_owned()) {
+                    let _ = fs::remove_file(e.path());
+                }
+            }
+        }
+    }
+
+    /// Bundle name → installed version, for tests and `status`.
+    pub fn installed(&self) -> BTreeMap<String, String> {
+        self.state
+            .bundles
+            .iter()
+            .filter_map(|(n, r)| r.installed.as_ref().map(|m| (n.clone(), m.version.clone())))
+            .collect()
+    }
+}
+
+fn is_regular(st: &nix::sys::stat::FileStat) -> bool {
+    st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFREG
+}
+
+/// Creates entry `name` in `parent` and copies `src` into it, verifying size
+/// and digest on the way, then sets `mode` and fsyncs.
+fn write_entry(
+    parent: &ParentDir,
+    name: &str,
+    mut src: File,
+    digest: Digest,
+    size: u64,
+    mode: u32,
+) -> Result<(), String> {
+    let mut dst = parent.create_entry(&name.into()).map_err(|e| e.to_string())?;
+    let mut v = Verifier::new(digest, size);
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = src.read(&mut buf).map_err(|e| format!("read: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        v.update(&buf[..n]).map_err(|e| e.to_string())?;
+        dst.write_all(&buf[..n]).map_err(|e| format!("write: {e}"))?;
+    }
+    v.finish().map_err(|e| e.to_string())?;
+    dst.set_permissions(fs::Permissions::from_mode(mode))
+        .map_err(|e| format!("set mode: {e}"))?;
+    dst.sync_all().map_err(|e| format!("fsync: {e}"))
+}

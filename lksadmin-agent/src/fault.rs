@@ -1,0 +1,57 @@
+//! Test-only fault injection: `LKS_AGENT_FAULT=<name>` makes the process
+//! abort (`std::process::abort`, like a `kill -9` at that instant) when the
+//! apply engine reaches the named point. Crash tests use it to prove that a
+//! restart finishes or undoes every interrupted transition.
+//!
+//! Every point sits right after a durable journal record, or in the middle
+//! of an effect that a crash must never leave half-done:
+//!
+//! | name               | where                                                                 |
+//! |--------------------|-----------------------------------------------------------------------|
+//! | `staging`          | intent journalled; no temp entry staged yet                           |
+//! | `staged-partial`   | first temp entry staged next to its target, others not yet            |
+//! | `backing-up`       | every temp entry staged and fsynced; backups not taken yet            |
+//! | `switching`        | backups durable in the state dir; no target switched yet              |
+//! | `switch-partial`   | first target switched by rename, the others still old                 |
+//! | `activating`       | every target switched and its directory fsynced; steps not run yet    |
+//! | `checking`         | steps passed; health check not run yet                                |
+//! | `committed`        | commit record durable; state and backups not yet updated              |
+//! | `rolling-back`     | rollback record durable; nothing restored yet                         |
+//! | `rollback-partial` | first target restored from its backup, the others not yet             |
+//! | `state-saved`      | state file updated after commit or rollback; journal not yet removed  |
+
+use std::sync::OnceLock;
+
+/// Every fault point, in the order an apply reaches them.
+pub const POINTS: &[&str] = &[
+    "staging",
+    "staged-partial",
+    "backing-up",
+    "switching",
+    "switch-partial",
+    "activating",
+    "checking",
+    "committed",
+    "rolling-back",
+    "rollback-partial",
+    "state-saved",
+];
+
+/// The environment variable that arms a fault point.
+pub const ENV: &str = "LKS_AGENT_FAULT";
+
+fn armed() -> Option<&'static str> {
+    static ARMED: OnceLock<Option<String>> = OnceLock::new();
+    ARMED
+        .get_or_init(|| std::env::var(ENV).ok().filter(|s| !s.is_empty()))
+        .as_deref()
+}
+
+/// Aborts the process if `name` is the armed fault point.
+pub fn point(name: &'static str) {
+    debug_assert!(POINTS.contains(&name), "unknown fault point {name}");
+    if armed() == Some(name) {
+        eprintln!("{ENV}={name}: aborting here");
+        std::process::abort();
+    }
+}

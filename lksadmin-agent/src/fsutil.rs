@@ -1,0 +1,149 @@
+//! Durable file writes for the state dir: temp file in the same directory →
+//! fsync → rename → fsync the directory, so a reader (or a restart after a
+//! crash) sees either the old or the new file, never a torn one.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// An I/O failure with the path it concerns.
+#[derive(Debug, thiserror::Error)]
+#[error("{op} {path}: {source}")]
+pub struct FsError {
+    pub op: &'static str,
+    pub path: PathBuf,
+    #[source]
+    pub source: io::Error,
+}
+
+impl FsError {
+    pub fn new(op: &'static str, path: &Path, source: io::Error) -> Self {
+        FsError {
+            op,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// Writes `bytes` to `path` atomically and durably with permission `mode`.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FsError> {
+    let dir = parent_of(path);
+    let tmp = temp_sibling(path);
+    let write = || -> io::Result<()> {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .custom_flags(nix::libc::O_CLOEXEC | nix::libc::O_NOFOLLOW)
+            .open(&tmp)?;
+        // The umask may have narrowed the mode at creation.
+        f.set_permissions(fs::Permissions::from_mode(mode))?;
+        f.write_all(bytes)?;
+        f.sync_all()
+    };
+    if let Err(e) = write() {
+        let _ = fs::remove_file(&tmp);
+        return Err(FsError::new("write", &tmp, e));
+    }
+    if let Err(e) = fs::rename(&tmp, path) {
+        let _ = fs::remove_file(&tmp);
+        return Err(FsError::new("rename into place", path, e));
+    }
+    sync_dir(dir)
+}
+
+/// Serialises `value` as pretty JSON and writes it with [`write_atomic`].
+pub fn write_json<T: serde::Serialize>(path: &Path, value: &T, mode: u32) -> Result<(), FsError> {
+    let bytes =
+        serde_json::to_vec_pretty(value).map_err(|e| FsError::new("encode", path, io::Error::other(e)))?;
+    write_atomic(path, &bytes, mode)
+}
+
+/// Reads a JSON file; `Ok(None)` if it does not exist.
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, FsError> {
+    match fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| FsError::new("parse", path, io::Error::other(e))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(FsError::new("read", path, e)),
+    }
+}
+
+/// fsync of a directory, so renames and removals in it survive a crash.
+pub fn sync_dir(dir: &Path) -> Result<(), FsError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| FsError::new("fsync directory", dir, e))
+}
+
+/// Removes a file durably; a missing file is fine.
+pub fn remove_file_durable(path: &Path) -> Result<(), FsError> {
+    match fs::remove_file(path) {
+        Ok(()) => sync_dir(parent_of(path)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(FsError::new("remove", path, e)),
+    }
+}
+
+/// Removes a directory tree; a missing one is fine.
+pub fn remove_dir_all(path: &Path) -> Result<(), FsError> {
+    match fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(FsError::new("remove directory", path, e)),
+    }
+}
+
+/// Creates a directory (and parents) with `mode` for the last component.
+pub fn create_dir(path: &Path, mode: u32) -> Result<(), FsError> {
+    match fs::create_dir_all(path) {
+        Ok(()) => fs::set_permissions(path, fs::Permissions::from_mode(mode))
+            .map_err(|e| FsError::new("set mode of", path, e)),
+        Err(e) => Err(FsError::new("create directory", path, e)),
+    }
+}
+
+fn parent_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+fn temp_sibling(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    parent_of(path).join(format!(".{name}.tmp-{}", std::process::id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn atomic_write_replaces_and_sets_mode() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("f");
+        write_atomic(&p, b"one", 0o600).unwrap();
+        write_atomic(&p, b"two", 0o640).unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"two");
+        assert_eq!(fs::metadata(&p).unwrap().mode() & 0o7777, 0o640);
+        assert_eq!(fs::read_dir(d.path()).unwrap().count(), 1, "no temp left");
+    }
+
+    #[test]
+    fn json_round_trip_and_missing() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("x.json");
+        assert_eq!(read_json::<Vec<u32>>(&p).unwrap(), None);
+        write_json(&p, &vec![1u32, 2], 0o600).unwrap();
+        assert_eq!(read_json::<Vec<u32>>(&p).unwrap(), Some(vec![1, 2]));
+    }
+}
