@@ -26,6 +26,7 @@ use lks_proto::digest::{Hasher, Verifier};
 use lks_proto::root::{NodeRoot, ParentDir, RootError};
 use lks_proto::sign::{self, PublisherKey};
 use lks_proto::{BundlePath, BundleState, Digest, FileSpec, Manifest, SignedBundle, pb};
+use prost::Message;
 use tokio::sync::{mpsc, watch};
 
 use crate::cache::{Cache, FetchError};
@@ -123,7 +124,7 @@ pub struct Engine {
 struct Verdict {
     state: BundleState,
     message: String,
-    sticky: bool,
+    sticky: Option<String>,
 }
 
 impl Engine {
@@ -221,7 +222,7 @@ impl Engine {
                     message: String::new(),
                     updated_at_ms: now,
                 },
-                sticky: false,
+                sticky: None,
                 interrupted: 0,
             });
         let changed =
@@ -311,7 +312,8 @@ impl Engine {
                 Ok(sb) => wanted.push(sb),
                 Err(e) if lks_proto::names::validate_bundle_name(&name).is_ok() => {
                     let message = format!("invalid bundle {name}@{version}: {e}");
-                    self.fail_once(&name, &version, message, true)?;
+                    let key = Digest::of(&b.encode_to_vec()).to_string();
+                    self.fail_once(&name, &version, message, Some(key))?;
                 }
                 Err(e) => tracing::warn!("ignoring an invalid bundle in the desired state: {e}"),
             }
@@ -341,7 +343,7 @@ impl Engine {
         bundle: &str,
         version: &str,
         message: String,
-        sticky: bool,
+        sticky: Option<String>,
     ) -> Result<(), EngineError> {
         let news = self.state.bundles.get(bundle).is_none_or(|r| {
             r.status.version != version
@@ -369,6 +371,7 @@ impl Engine {
     async fn converge(&mut self, sb: &SignedBundle) -> Result<(), EngineError> {
         let m = &sb.manifest;
         let want = ManifestRec::from(m);
+        let key = bundle_key(sb);
         let rec = self.state.bundles.get(&m.name).cloned();
         if let Some(r) = &rec {
             if r.installed.as_ref() == Some(&want) {
@@ -379,13 +382,13 @@ impl Engine {
                         Verdict {
                             state: BundleState::Applied,
                             message: String::new(),
-                            sticky: false,
+                            sticky: None,
                         },
                     )?;
                 }
                 return Ok(());
             }
-            if r.sticky
+            if r.sticky.as_deref() == Some(key.as_str())
                 && r.status.version == m.version
                 && matches!(r.status.state, BundleState::Failed | BundleState::RolledBack)
             {
@@ -393,12 +396,12 @@ impl Engine {
             }
         }
         if let Err(e) = sign::verify(sb, &self.trusted) {
-            return self.fail_once(&m.name, &m.version, e.to_string(), true);
+            return self.fail_once(&m.name, &m.version, e.to_string(), Some(key));
         }
         if let Some(reason) = self.conflict(m) {
-            return self.fail_once(&m.name, &m.version, reason, false);
+            return self.fail_once(&m.name, &m.version, reason, None);
         }
-        self.apply(m, rec).await
+        self.apply(m, rec, key).await
     }
 
     /// A reason if `m` would own a path (or a parent/child of one) that
@@ -424,7 +427,12 @@ impl Engine {
         None
     }
 
-    async fn apply(&mut self, m: &Manifest, rec: Option<BundleRecord>) -> Result<(), EngineError> {
+    async fn apply(
+        &mut self,
+        m: &Manifest,
+        rec: Option<BundleRecord>,
+        key: String,
+    ) -> Result<(), EngineError> {
         let (name, version) = (m.name.as_str(), m.version.as_str());
         self.set_status(
             name,
@@ -432,7 +440,7 @@ impl Engine {
             Verdict {
                 state: BundleState::Applying,
                 message: String::new(),
-                sticky: false,
+                sticky: None,
             },
         )?;
         tracing::info!(bundle = name, version, "applying");
@@ -448,24 +456,25 @@ impl Engine {
                         Verdict {
                             state: BundleState::Pending,
                             message,
-                            sticky: false,
+                            sticky: None,
                         },
                     );
                 }
                 Err(e @ FetchError::Verify { .. }) => {
-                    return self.fail_once(name, version, e.to_string(), true);
+                    return self.fail_once(name, version, e.to_string(), Some(key));
                 }
                 Err(FetchError::Fs(e)) => {
-                    return self.fail_once(name, version, format!("cache: {e}"), false);
+                    return self.fail_once(name, version, format!("cache: {e}"), None);
                 }
             }
         }
         if let Err(reason) = self.precheck(m) {
-            return self.fail_once(name, version, reason, false);
+            return self.fail_once(name, version, reason, None);
         }
         let from = rec.as_ref().and_then(|r| r.installed.clone());
         let originals = rec.map(|r| r.originals).unwrap_or_default();
-        let txn = self.plan(name, from, Some(ManifestRec::from(m)), &originals)?;
+        let mut txn = self.plan(name, from, Some(ManifestRec::from(m)), &originals)?;
+        txn.key = key;
         self.run_txn(txn).await
     }
 
@@ -577,6 +586,7 @@ impl Engine {
             to,
             plans,
             kept_originals,
+            key: String::new(),
             phase: Phase::Staging,
         })
     }
@@ -704,13 +714,13 @@ impl Engine {
                     Verdict {
                         state: BundleState::Failed,
                         message: format!("gave up after {n} interrupted attempts: {message}"),
-                        sticky: true,
+                        sticky: Some(txn.key.clone()),
                     }
                 } else {
                     Verdict {
                         state: BundleState::Pending,
                         message: format!("{message}; rolled back, will retry"),
-                        sticky: false,
+                        sticky: None,
                     }
                 };
                 if let Some(r) = self.state.bundles.get_mut(&txn.bundle) {
@@ -723,7 +733,7 @@ impl Engine {
                 Verdict {
                     state: BundleState::RolledBack,
                     message,
-                    sticky: true,
+                    sticky: Some(txn.key.clone()),
                 },
                 "rolled_back",
             ),
@@ -732,7 +742,7 @@ impl Engine {
                 Verdict {
                     state: BundleState::Failed,
                     message,
-                    sticky: false,
+                    sticky: None,
                 },
                 "failed",
             ),
@@ -741,7 +751,7 @@ impl Engine {
                 Verdict {
                     state: BundleState::Failed,
                     message: format!("removal failed: {message}"),
-                    sticky: false,
+                    sticky: None,
                 },
                 "failed",
             ),
@@ -750,7 +760,7 @@ impl Engine {
                 Verdict {
                     state: BundleState::Failed,
                     message,
-                    sticky: false,
+                    sticky: None,
                 },
                 "failed",
             ),
@@ -816,7 +826,7 @@ impl Engine {
                             message: String::new(),
                             updated_at_ms: now,
                         },
-                        sticky: false,
+                        sticky: None,
                         interrupted: 0,
                     });
                 rec.installed = Some(to.clone());
@@ -827,7 +837,7 @@ impl Engine {
                     message: String::new(),
                     updated_at_ms: now,
                 };
-                rec.sticky = false;
+                rec.sticky = None;
                 rec.interrupted = 0;
                 ("applied", to.version.clone())
             }
@@ -1239,6 +1249,17 @@ impl Engine {
             .filter_map(|(n, r)| r.installed.as_ref().map(|m| (n.clone(), m.version.clone())))
             .collect()
     }
+}
+
+/// Identifies one bundle content: canonical manifest digest plus signature,
+/// so a re-signed or changed bundle of the same version is tried again.
+pub fn bundle_key(sb: &SignedBundle) -> String {
+    let mut key = lks_proto::canonical::manifest_digest(&sb.manifest).to_string();
+    if let Some(sig) = &sb.signature {
+        key.push(':');
+        key.push_str(&hex::encode(sig.signature));
+    }
+    key
 }
 
 fn is_regular(st: &nix::sys::stat::FileStat) -> bool {

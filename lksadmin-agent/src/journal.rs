@@ -192,6 +192,9 @@ pub struct Txn {
     /// it owned before and still owns.
     #[serde(default)]
     pub kept_originals: Vec<OriginalRec>,
+    /// Identity of the target bundle content (manifest and signature).
+    #[serde(default)]
+    pub key: String,
     pub phase: Phase,
 }
 
@@ -319,6 +322,7 @@ mod tests {
                 newly_owned: true,
             }],
             kept_originals: vec![],
+            key: String::new(),
             phase: Phase::RollingBack {
                 reason: "r".into(),
                 touched: true,

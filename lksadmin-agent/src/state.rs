@@ -169,11 +169,12 @@ pub struct BundleRecord {
     #[serde(default)]
     pub originals: Vec<OriginalRec>,
     pub status: StatusRec,
-    /// A failure that must not be retried for the same version (a failed
-    /// step, a bad signature, a checksum mismatch), as opposed to one that
-    /// may go away (server unreachable, a path conflict).
+    /// Set after a failure that must not be retried for the same bundle
+    /// content (a failed step, a bad signature, a checksum mismatch): the
+    /// key of that content (see `engine::bundle_key`). Failures that may go
+    /// away (server unreachable, a path conflict) leave it `None`.
     #[serde(default)]
-    pub sticky: bool,
+    pub sticky: Option<String>,
     /// How many times an apply of `status.version` was interrupted by a crash.
     #[serde(default)]
     pub interrupted: u32,

@@ -1,0 +1,648 @@
+//! The apply engine against real files in a temp root, with a fake blob
+//! source and real processes (`sh -c` scripts) for steps and health checks.
+
+use std::collections::HashMap;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use lks_proto::manifest::{HealthCheck, Signature, Step};
+use lks_proto::sign::SigningKey;
+use lks_proto::{BundlePath, BundleState, Digest, FileSpec, Manifest, SignedBundle, pb};
+use lksadmin_agent::clock::SystemClock;
+use lksadmin_agent::config::StateDir;
+use lksadmin_agent::engine::{Engine, EngineConfig, Reporter, StatusSnapshot};
+use lksadmin_agent::runner::ProcessRunner;
+use lksadmin_agent::source::{BlobSource, BlobStream, BoxFuture, SourceError};
+use tokio::sync::{mpsc, watch};
+
+/// Serves blobs from memory by digest, or by URL for mirror files.
+#[derive(Default, Clone)]
+struct FakeSource {
+    by_digest: Arc<Mutex<HashMap<Digest, Vec<u8>>>>,
+    by_url: Arc<Mutex<HashMap<String, Vec<u8>>>>,
+    offsets: Arc<Mutex<Vec<u64>>>,
+}
+
+impl FakeSource {
+    fn add(&self, bytes: &[u8]) {
+        self.by_digest
+            .lock()
+            .unwrap()
+            .insert(Digest::of(bytes), bytes.to_vec());
+    }
+    fn clear(&self) {
+        self.by_digest.lock().unwrap().clear();
+        self.by_url.lock().unwrap().clear();
+    }
+}
+
+impl BlobSource for FakeSource {
+    fn open<'a>(&'a self, file: &'a FileSpec, offset: u64) -> BoxFuture<'a, Result<BlobStream, SourceError>> {
+        Box::pin(async move {
+            self.offsets.lock().unwrap().push(offset);
+            let bytes = match &file.url {
+                Some(u) => self.by_url.lock().unwrap().get(u).cloned(),
+                None => self.by_digest.lock().unwrap().get(&file.digest).cloned(),
+            }
+            .ok_or_else(|| SourceError("offline".into()))?;
+            let rest = bytes[(offset as usize).min(bytes.len())..].to_vec();
+            // Two chunks, to exercise streaming verification.
+            let mid = rest.len() / 2;
+            let chunks = vec![Ok(rest[..mid].to_vec()), Ok(rest[mid..].to_vec())];
+            Ok(BlobStream {
+                offset,
+                chunks: futures::stream::iter(chunks).boxed(),
+            })
+        })
+    }
+}
+
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    state: PathBuf,
+    log: PathBuf,
+    source: FakeSource,
+    events: mpsc::Receiver<pb::NodeEvent>,
+    engine: Engine,
+    generation: u64,
+    _status: watch::Receiver<StatusSnapshot>,
+}
+
+fn fixture_with_keys(trusted: Vec<lks_proto::sign::PublisherKey>) -> Fixture {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&root).unwrap();
+    let log = tmp.path().join("steps.log");
+    let source = FakeSource::default();
+    let (stx, srx) = watch::channel(StatusSnapshot::default());
+    let (etx, erx) = mpsc::channel(64);
+    let engine = Engine::open(
+        EngineConfig {
+            state_dir: StateDir::new(&state),
+            root: root.clone(),
+            node: "node-1".into(),
+            trusted,
+        },
+        Arc::new(source.clone()),
+        Arc::new(ProcessRunner),
+        Arc::new(SystemClock),
+        Reporter::new(stx, etx),
+    )
+    .unwrap();
+    Fixture {
+        _tmp: tmp,
+        root,
+        state,
+        log,
+        source,
+        events: erx,
+        engine,
+        generation: 0,
+        _status: srx,
+    }
+}
+
+fn fixture() -> Fixture {
+    fixture_with_keys(vec![])
+}
+
+fn sh(name: &str, script: &str) -> Step {
+    Step {
+        name: name.into(),
+        run: vec!["sh".into(), "-c".into(), script.into()],
+        timeout: Duration::from_secs(10),
+    }
+}
+
+fn health(script: &str, retries: u32) -> Option<HealthCheck> {
+    Some(HealthCheck {
+        run: vec!["sh".into(), "-c".into(), script.into()],
+        timeout: Duration::from_secs(5),
+        retries,
+        interval: Duration::from_millis(10),
+    })
+}
+
+impl Fixture {
+    fn manifest(&self, name: &str, version: &str, files: &[(&str, &[u8], u32)]) -> Manifest {
+        for (_, bytes, _) in files {
+            self.source.add(bytes);
+        }
+        Manifest {
+            name: name.into(),
+            version: version.into(),
+            files: files
+                .iter()
+                .map(|(p, b, mode)| FileSpec {
+                    path: BundlePath::new(p).unwrap(),
+                    digest: Digest::of(b),
+                    size: b.len() as u64,
+                    mode: *mode,
+                    url: None,
+                })
+                .collect(),
+            steps: vec![],
+            health: None,
+        }
+    }
+
+    /// A step that appends "<version> <env>" to the step log.
+    fn logging_step(&self) -> Step {
+        sh(
+            "log",
+            &format!(
+                "echo \"$LKS_VERSION root=$LKS_ROOT bundle=$LKS_BUNDLE node=$LKS_NODE\" >> {}",
+                self.log.display()
+            ),
+        )
+    }
+
+    fn log_lines(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(String::from)
+            .collect()
+    }
+
+    async fn desire(&mut self, bundles: Vec<SignedBundle>) {
+        self.generation += 1;
+        let d = pb::DesiredState {
+            generation: self.generation,
+            bundles: bundles.iter().map(pb::SignedBundle::from).collect(),
+        };
+        self.engine.accept_desired(&d).await.unwrap();
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.root.join(p.trim_start_matches('/'))
+    }
+
+    fn read(&self, p: &str) -> Option<(Vec<u8>, u32)> {
+        let path = self.path(p);
+        let bytes = std::fs::read(&path).ok()?;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
+        Some((bytes, mode))
+    }
+
+    fn status(&self, name: &str) -> (String, BundleState, String) {
+        let r = &self.engine.state().bundles[name];
+        (r.status.version.clone(), r.status.state, r.status.message.clone())
+    }
+
+    fn event_kinds(&mut self) -> Vec<String> {
+        let mut out = vec![];
+        while let Ok(e) = self.events.try_recv() {
+            out.push(e.kind);
+        }
+        out
+    }
+
+    /// Every entry under the root, relative, sorted (to catch stray temps).
+    fn tree(&self) -> Vec<String> {
+        fn walk(base: &Path, dir: &Path, out: &mut Vec<String>) {
+            for e in std::fs::read_dir(dir).unwrap() {
+                let e = e.unwrap();
+                let p = e.path();
+                out.push(p.strip_prefix(base).unwrap().display().to_string());
+                if e.file_type().unwrap().is_dir() {
+                    walk(base, &p, out);
+                }
+            }
+        }
+        let mut out = vec![];
+        walk(&self.root, &self.root, &mut out);
+        out.sort();
+        out
+    }
+}
+
+fn unsigned(m: Manifest) -> SignedBundle {
+    SignedBundle {
+        manifest: m,
+        signature: None,
+    }
+}
+
+fn write_file(path: &Path, bytes: &[u8], mode: u32) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, bytes).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+#[tokio::test]
+async fn apply_writes_exact_bytes_and_modes_and_runs_steps_with_env() {
+    let mut f = fixture();
+    let mut m = f.manifest(
+        "kubelet",
+        "1.0",
+        &[
+            ("/etc/kubernetes/kubelet.conf", b"conf-v1\n", 0o600),
+            ("/usr/local/bin/kubelet", b"\x7fELF-bin", 0o755),
+        ],
+    );
+    m.steps = vec![f.logging_step()];
+    m.health = health("exit 0", 1);
+    f.desire(vec![unsigned(m)]).await;
+
+    assert_eq!(
+        f.read("/etc/kubernetes/kubelet.conf"),
+        Some((b"conf-v1\n".to_vec(), 0o600))
+    );
+    assert_eq!(
+        f.read("/usr/local/bin/kubelet"),
+        Some((b"\x7fELF-bin".to_vec(), 0o755))
+    );
+    assert_eq!(f.status("kubelet").1, BundleState::Applied);
+    let root = std::path::absolute(&f.root).unwrap();
+    assert_eq!(
+        f.log_lines(),
+        vec![format!("1.0 root={} bundle=kubelet node=node-1", root.display())]
+    );
+    assert!(f.event_kinds().contains(&"applied".to_string()));
+    assert!(
+        !f.tree().iter().any(|p| p.contains(".lks.")),
+        "no temp entries left: {:?}",
+        f.tree()
+    );
+    assert!(!f.state.join("journal.json").exists());
+
+    // Same desired state again: nothing to do, steps do not run again.
+    let m = f.engine.state().bundles["kubelet"].installed.clone().unwrap();
+    let again: Manifest = (&m).try_into().unwrap();
+    f.desire(vec![unsigned(again)]).await;
+    assert_eq!(f.log_lines().len(), 1);
+}
+
+#[tokio::test]
+async fn failing_step_rolls_back_to_exact_previous_bytes_and_modes() {
+    let mut f = fixture();
+    write_file(&f.path("/etc/app/keep.conf"), b"pre-existing", 0o640);
+    let mut v1 = f.manifest(
+        "app",
+        "1",
+        &[
+            ("/etc/app/keep.conf", b"v1 keep", 0o600),
+            ("/etc/app/old.conf", b"v1 old", 0o644),
+        ],
+    );
+    v1.steps = vec![f.logging_step()];
+    f.desire(vec![unsigned(v1)]).await;
+    assert_eq!(f.status("app").1, BundleState::Applied);
+    // Someone changed the mode since: the rollback restores what was there.
+    std::fs::set_permissions(
+        f.path("/etc/app/old.conf"),
+        std::fs::Permissions::from_mode(0o604),
+    )
+    .unwrap();
+
+    let mut v2 = f.manifest(
+        "app",
+        "2",
+        &[
+            ("/etc/app/keep.conf", b"v2 keep", 0o644),
+            ("/etc/app/new.conf", b"v2 new", 0o600),
+        ],
+    );
+    v2.steps = vec![
+        f.logging_step(),
+        sh(
+            "restart app",
+            "echo first >&2; echo 'app failed to start' >&2; exit 3",
+        ),
+    ];
+    f.desire(vec![unsigned(v2)]).await;
+
+    assert_eq!(f.read("/etc/app/keep.conf"), Some((b"v1 keep".to_vec(), 0o600)));
+    assert_eq!(f.read("/etc/app/old.conf"), Some((b"v1 old".to_vec(), 0o604)));
+    assert_eq!(f.read("/etc/app/new.conf"), None, "file added by v2 removed");
+    let (version, state, message) = f.status("app");
+    assert_eq!((version.as_str(), state), ("2", BundleState::RolledBack));
+    assert!(message.contains("\"restart app\""), "{message}");
+    assert!(message.contains("status 3"), "{message}");
+    assert!(message.contains("app failed to start"), "{message}");
+    // v1's step ran on install and again after the rollback; v2's log step ran once.
+    let versions: Vec<String> = f
+        .log_lines()
+        .iter()
+        .map(|l| l.split(' ').next().unwrap().to_string())
+        .collect();
+    assert_eq!(versions, ["1", "2", "1"]);
+    assert_eq!(f.engine.installed()["app"], "1");
+    assert!(f.event_kinds().contains(&"rolled_back".to_string()));
+    assert!(!f.tree().iter().any(|p| p.contains(".lks.")), "{:?}", f.tree());
+
+    // The failed version is not retried for the same desired state ...
+    let before = f.log_lines().len();
+    f.engine.reconcile(&state_of(&f)).await.unwrap();
+    assert_eq!(f.log_lines().len(), before);
+}
+
+fn state_of(f: &Fixture) -> pb::DesiredState {
+    lksadmin_agent::state::load_desired(&f.state.join("desired.pb"))
+        .unwrap()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn failing_health_check_rolls_back_first_install_to_nothing() {
+    let mut f = fixture();
+    write_file(&f.path("/etc/pre"), b"was here", 0o600);
+    let mut m = f.manifest(
+        "svc",
+        "1",
+        &[("/etc/pre", b"new", 0o644), ("/etc/added", b"added", 0o644)],
+    );
+    m.health = health("echo not healthy >&2; exit 1", 3);
+    f.desire(vec![unsigned(m)]).await;
+    assert_eq!(f.read("/etc/pre"), Some((b"was here".to_vec(), 0o600)));
+    assert_eq!(f.read("/etc/added"), None);
+    let (_, state, message) = f.status("svc");
+    assert_eq!(state, BundleState::RolledBack);
+    assert!(message.contains("health check failed 3 time(s)"), "{message}");
+    assert!(message.contains("not healthy"), "{message}");
+}
+
+#[tokio::test]
+async fn removal_restores_the_file_that_existed_before() {
+    let mut f = fixture();
+    write_file(&f.path("/etc/motd"), b"original motd", 0o640);
+    let v1 = f.manifest(
+        "motd",
+        "1",
+        &[
+            ("/etc/motd", b"managed v1", 0o644),
+            ("/etc/motd.d/extra", b"x", 0o644),
+        ],
+    );
+    f.desire(vec![unsigned(v1)]).await;
+    // An upgrade keeps the original for the bundle's lifetime.
+    let v2 = f.manifest("motd", "2", &[("/etc/motd", b"managed v2", 0o644)]);
+    f.desire(vec![unsigned(v2)]).await;
+    assert_eq!(f.read("/etc/motd"), Some((b"managed v2".to_vec(), 0o644)));
+    assert_eq!(f.read("/etc/motd.d/extra"), None, "file dropped by v2 removed");
+    f.desire(vec![]).await;
+    assert_eq!(f.read("/etc/motd"), Some((b"original motd".to_vec(), 0o640)));
+    assert!(f.engine.state().bundles.is_empty());
+    assert!(f.event_kinds().contains(&"removed".to_string()));
+    // Originals are dropped with the bundle.
+    let left = std::fs::read_dir(f.state.join("originals"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(left, 0);
+}
+
+#[tokio::test]
+async fn several_bundles_and_a_path_conflict_refuses_the_newcomer() {
+    let mut f = fixture();
+    let a = f.manifest("a", "1", &[("/etc/shared/conf", b"a", 0o644)]);
+    let b = f.manifest("b", "1", &[("/etc/b", b"b", 0o644)]);
+    f.desire(vec![unsigned(a.clone()), unsigned(b.clone())]).await;
+    assert_eq!(f.status("a").1, BundleState::Applied);
+    assert_eq!(f.status("b").1, BundleState::Applied);
+
+    let same = f.manifest("c", "1", &[("/etc/shared/conf", b"c", 0o600)]);
+    let nested = f.manifest("d", "1", &[("/etc/shared/conf/inner", b"d", 0o600)]);
+    f.desire(vec![
+        unsigned(a.clone()),
+        unsigned(b.clone()),
+        unsigned(same),
+        unsigned(nested),
+    ])
+    .await;
+    let (_, state, message) = f.status("c");
+    assert_eq!(state, BundleState::Failed);
+    assert!(
+        message.contains("/etc/shared/conf") && message.contains("bundle a@1"),
+        "{message}"
+    );
+    assert_eq!(f.status("d").1, BundleState::Failed);
+    assert_eq!(f.read("/etc/shared/conf"), Some((b"a".to_vec(), 0o644)));
+}
+
+#[tokio::test]
+async fn unsigned_or_foreign_signed_bundles_are_refused_when_a_key_is_trusted() {
+    let key = SigningKey::generate();
+    let other = SigningKey::generate();
+    let mut f = fixture_with_keys(vec![key.public()]);
+    let m = f.manifest("sec", "1", &[("/etc/sec", b"secret", 0o600)]);
+    f.desire(vec![unsigned(m.clone())]).await;
+    let (_, state, message) = f.status("sec");
+    assert_eq!(state, BundleState::Failed);
+    assert!(message.contains("not signed"), "{message}");
+    assert!(f.tree().is_empty(), "nothing written: {:?}", f.tree());
+
+    let foreign = SignedBundle {
+        signature: Some(other.sign(&m)),
+        manifest: m.clone(),
+    };
+    f.desire(vec![foreign]).await;
+    let (_, state, message) = f.status("sec");
+    assert_eq!(state, BundleState::Failed);
+    assert!(message.contains("not a trusted publisher key"), "{message}");
+    assert!(f.tree().is_empty());
+
+    let mut tampered_sig: Signature = key.sign(&m);
+    tampered_sig.signature[0] ^= 1;
+    f.desire(vec![SignedBundle {
+        signature: Some(tampered_sig),
+        manifest: m.clone(),
+    }])
+    .await;
+    assert_eq!(f.status("sec").1, BundleState::Failed);
+    assert!(f.tree().is_empty());
+
+    let mut m2 = m.clone();
+    m2.version = "2".into();
+    f.desire(vec![SignedBundle {
+        signature: Some(key.sign(&m2)),
+        manifest: m2,
+    }])
+    .await;
+    assert_eq!(f.status("sec").1, BundleState::Applied);
+    assert_eq!(f.read("/etc/sec"), Some((b"secret".to_vec(), 0o600)));
+}
+
+#[tokio::test]
+async fn symlink_planted_in_root_pointing_outside_fails_and_writes_nothing_outside() {
+    let mut f = fixture();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(f.path("/etc")).unwrap();
+    symlink(outside.path(), f.path("/etc/kubernetes")).unwrap();
+    let m = f.manifest(
+        "kube",
+        "1",
+        &[
+            ("/etc/ok.conf", b"fine", 0o644),
+            ("/etc/kubernetes/pki/ca.crt", b"ca", 0o644),
+        ],
+    );
+    f.desire(vec![unsigned(m)]).await;
+    let (_, state, message) = f.status("kube");
+    assert_eq!(state, BundleState::Failed);
+    assert!(message.contains("leave the node root"), "{message}");
+    assert_eq!(
+        std::fs::read_dir(outside.path()).unwrap().count(),
+        0,
+        "nothing written outside"
+    );
+    assert_eq!(f.read("/etc/ok.conf"), None, "nothing written inside either");
+}
+
+#[tokio::test]
+async fn checksum_mismatch_from_a_mirror_fails_naming_file_and_url() {
+    let mut f = fixture();
+    let good = b"the real binary";
+    let mut m = f.manifest("bin", "1", &[]);
+    m.files.push(FileSpec {
+        path: BundlePath::new("/usr/bin/tool").unwrap(),
+        digest: Digest::of(good),
+        size: good.len() as u64,
+        mode: 0o755,
+        url: Some("http://mirror.test/tool".into()),
+    });
+    f.source
+        .by_url
+        .lock()
+        .unwrap()
+        .insert("http://mirror.test/tool".into(), b"the evil binary".to_vec());
+    f.desire(vec![unsigned(m.clone())]).await;
+    let (_, state, message) = f.status("bin");
+    assert_eq!(state, BundleState::Failed);
+    assert!(message.contains("/usr/bin/tool"), "{message}");
+    assert!(message.contains("http://mirror.test/tool"), "{message}");
+    assert!(message.contains("checksum mismatch"), "{message}");
+    assert!(f.tree().is_empty(), "{:?}", f.tree());
+    assert!(!f.engine.cache().contains(&Digest::of(good)));
+
+    // A longer body is cut off as soon as it passes the declared size.
+    let mut m2 = m.clone();
+    m2.version = "2".into();
+    f.source.by_url.lock().unwrap().insert(
+        "http://mirror.test/tool".into(),
+        b"the real binary plus more".to_vec(),
+    );
+    f.desire(vec![unsigned(m2)]).await;
+    let (_, state, message) = f.status("bin");
+    assert_eq!(state, BundleState::Failed);
+    assert!(message.contains("more than the declared"), "{message}");
+}
+
+#[tokio::test]
+async fn blob_source_offline_leaves_bundle_pending_then_applies() {
+    let mut f = fixture();
+    let m = f.manifest("late", "1", &[("/etc/late", b"late bytes", 0o644)]);
+    f.source.clear();
+    f.desire(vec![unsigned(m)]).await;
+    let (_, state, message) = f.status("late");
+    assert_eq!(state, BundleState::Pending);
+    assert!(message.contains("offline"), "{message}");
+    assert!(f.tree().is_empty());
+    f.source.add(b"late bytes");
+    f.engine.reconcile(&state_of(&f)).await.unwrap();
+    assert_eq!(f.status("late").1, BundleState::Applied);
+}
+
+#[tokio::test]
+async fn partial_download_resumes_at_its_offset() {
+    let f = fixture();
+    let bytes = b"0123456789abcdef".to_vec();
+    f.source.add(&bytes);
+    let d = Digest::of(&bytes);
+    let partial = f.state.join("cache/partial");
+    std::fs::create_dir_all(&partial).unwrap();
+    std::fs::write(partial.join(d.hex()), &bytes[..6]).unwrap();
+    let spec = FileSpec {
+        path: BundlePath::new("/x").unwrap(),
+        digest: d,
+        size: bytes.len() as u64,
+        mode: 0o644,
+        url: None,
+    };
+    f.engine.cache().ensure(&spec, &f.source).await.unwrap();
+    assert_eq!(*f.source.offsets.lock().unwrap(), vec![6]);
+    assert_eq!(
+        std::fs::read(f.state.join("cache/sha256").join(d.hex())).unwrap(),
+        bytes
+    );
+}
+
+#[tokio::test]
+async fn heal_restores_drifted_and_deleted_files_offline_and_reports() {
+    let mut f = fixture();
+    let mut m = f.manifest(
+        "h",
+        "1",
+        &[
+            ("/etc/h/a", b"alpha", 0o600),
+            ("/etc/h/b", b"beta", 0o755),
+            ("/etc/h/c", b"gamma", 0o644),
+        ],
+    );
+    m.health = health(&format!("echo healthy >> {}", f.log.display()), 1);
+    f.desire(vec![unsigned(m)]).await;
+    assert_eq!(f.status("h").1, BundleState::Applied);
+    f.event_kinds();
+    assert_eq!(
+        f.engine.heal().await.unwrap().repaired.len(),
+        0,
+        "nothing drifted yet"
+    );
+
+    f.source.clear(); // offline: the cache is enough
+    std::fs::write(f.path("/etc/h/a"), b"edited").unwrap();
+    std::fs::set_permissions(f.path("/etc/h/b"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::remove_file(f.path("/etc/h/c")).unwrap();
+    let report = f.engine.heal().await.unwrap();
+    assert_eq!(report.repaired.len(), 3, "{report:?}");
+    assert!(report.failed.is_empty(), "{report:?}");
+    assert_eq!(f.read("/etc/h/a"), Some((b"alpha".to_vec(), 0o600)));
+    assert_eq!(f.read("/etc/h/b"), Some((b"beta".to_vec(), 0o755)));
+    assert_eq!(f.read("/etc/h/c"), Some((b"gamma".to_vec(), 0o644)));
+    assert_eq!(f.event_kinds(), vec!["repaired"]);
+    let last = f.engine.state().last_repair.clone().unwrap();
+    assert!(
+        last.message.contains("/etc/h/a (content changed)"),
+        "{}",
+        last.message
+    );
+    assert!(
+        last.message.contains("/etc/h/b (mode changed)"),
+        "{}",
+        last.message
+    );
+    assert!(last.message.contains("/etc/h/c (missing)"), "{}", last.message);
+    assert!(last.message.contains("health check passed"), "{}", last.message);
+    assert_eq!(
+        f.log_lines().len(),
+        2,
+        "health check ran on apply and after the repair"
+    );
+}
+
+#[tokio::test]
+async fn state_survives_reopening_the_engine() {
+    let mut f = fixture();
+    let m = f.manifest("p", "1", &[("/etc/p", b"persist", 0o644)]);
+    f.desire(vec![unsigned(m)]).await;
+    let reopened = Engine::open(
+        EngineConfig {
+            state_dir: StateDir::new(&f.state),
+            root: f.root.clone(),
+            node: "node-1".into(),
+            trusted: vec![],
+        },
+        Arc::new(FakeSource::default()),
+        Arc::new(ProcessRunner),
+        Arc::new(SystemClock),
+        Reporter::default(),
+    )
+    .unwrap();
+    assert_eq!(reopened.installed()["p"], "1");
+    assert_eq!(reopened.snapshot().generation, 1);
+}
