@@ -1,1 +1,23 @@
-//! lksadmin control server.
+//! lksadmin control server: the gRPC agent and admin APIs, its PKI, the
+//! SQLite store and blob store, and `lksctl`, the operator CLI.
+//!
+//! `main.rs` and `bin/lksctl.rs` only parse arguments and wire signals; all
+//! behaviour lives here so tests can drive it.
+
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod adminconf;
+pub mod agent;
+pub mod authz;
+pub mod blobs;
+pub mod fsutil;
+pub mod hub;
+pub mod metrics;
+pub mod pki;
+pub mod ratelimit;
+pub mod rollout;
+pub mod server;
+pub mod store;
+
+pub use server::{Config, ServerError, run};

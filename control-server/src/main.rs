@@ -1,1 +1,77 @@
-fn main() {}
+//! `lks-control-server`: parses flags, sets up logging and signals, runs the
+//! server.
+
+#![forbid(unsafe_code)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use lks_control_server::{Config, run, server::raise_nofile_limit};
+use lks_proto::duration::parse_duration;
+use tokio_util::sync::CancellationToken;
+
+/// lksadmin control server: enrols nodes, stores bundles, drives rollouts.
+#[derive(Parser)]
+#[command(name = "lks-control-server", version)]
+struct Args {
+    /// Directory for the CA, admin.conf, the database and blobs.
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// Address of the gRPC (TLS) port for agents and lksctl.
+    #[arg(long, default_value = "0.0.0.0:7443")]
+    listen: SocketAddr,
+    /// Address for /metrics and /healthz (plain HTTP); off if not given.
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
+    /// Host name or IP address agents dial; goes into the serving
+    /// certificate, admin.conf and join commands.
+    #[arg(long)]
+    advertise_address: Option<String>,
+    /// Validity of node certificates.
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    node_cert_ttl: Duration,
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    raise_nofile_limit();
+
+    let shutdown = CancellationToken::new();
+    let signals = shutdown.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+        else {
+            tracing::error!("cannot install signal handlers");
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = int.recv() => tracing::info!("SIGINT received"),
+        }
+        signals.cancel();
+    });
+
+    let mut cfg = Config::new(args.data_dir, args.listen);
+    cfg.metrics_listen = args.metrics_listen;
+    cfg.advertise_address = args.advertise_address;
+    cfg.node_cert_ttl = args.node_cert_ttl;
+    match run(cfg, shutdown).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

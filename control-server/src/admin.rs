@@ -1,0 +1,861 @@
+//! `AdminService`: the operator API behind `lksctl`. Every call requires the
+//! admin certificate.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::Stream;
+use lks_proto::labels::{Labels, validate_label};
+use lks_proto::limits::MAX_LABELS;
+use lks_proto::manifest::check_paths_disjoint;
+use lks_proto::names::{validate_bundle_name, validate_cluster_name, validate_node_name, validate_version};
+use lks_proto::pb::admin_service_server::AdminService;
+use lks_proto::pb::publish_bundle_request::Msg as PublishMsg;
+use lks_proto::pb::{self};
+use lks_proto::token::BootstrapToken;
+use lks_proto::{Digest, Manifest, SignedBundle, canonical, labels::selector_matches, sign};
+use prost::Message as _;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::authz::{require_admin, store_status};
+use crate::blobs::BlobWriter;
+use crate::rollout::{self, counts};
+use crate::server::Shared;
+use crate::store::{
+    BundleRow, EventFilter, EventRow, NewBundle, NewRollout, NodeRow, PutOutcome, RolloutRow, RolloutState,
+    TokenRow, sqlite::now_ms,
+};
+
+const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
+const MAX_TOKEN_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+const MAX_EVENT_LIMIT: u32 = 10_000;
+
+pub struct AdminApi {
+    s: Arc<Shared>,
+}
+
+impl AdminApi {
+    pub fn new(s: Arc<Shared>) -> Self {
+        AdminApi { s }
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+fn invalid(e: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(e.to_string())
+}
+
+fn check_labels(what: &str, l: &HashMap<String, String>) -> Result<Labels, Status> {
+    if l.len() > MAX_LABELS {
+        return Err(invalid(format!(
+            "{what}: {} labels; the limit is {MAX_LABELS}",
+            l.len()
+        )));
+    }
+    for (k, v) in l {
+        validate_label(k, v).map_err(|e| invalid(format!("{what}: {e}")))?;
+    }
+    Ok(l.clone().into_iter().collect())
+}
+
+fn random_id() -> String {
+    let mut b = [0u8; 6];
+    let _ = getrandom::getrandom(&mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[tonic::async_trait]
+impl AdminService for AdminApi {
+    async fn create_cluster(
+        &self,
+        req: Request<pb::CreateClusterRequest>,
+    ) -> Result<Response<pb::Cluster>, Status> {
+        let _t = self.s.metrics.timer("CreateCluster");
+        let who = require_admin(&req)?;
+        let name = req.into_inner().name;
+        validate_cluster_name(&name).map_err(invalid)?;
+        let c = self
+            .s
+            .store
+            .create_cluster(&name, now_ms())
+            .await
+            .map_err(store_status)?;
+        tracing::info!(cluster = %name, admin = %who, "cluster created");
+        Ok(Response::new(pb::Cluster {
+            name: c.name,
+            created_at_ms: c.created_at_ms,
+            node_count: c.node_count,
+        }))
+    }
+
+    async fn list_clusters(
+        &self,
+        req: Request<pb::ListClustersRequest>,
+    ) -> Result<Response<pb::ListClustersResponse>, Status> {
+        let _t = self.s.metrics.timer("ListClusters");
+        require_admin(&req)?;
+        let clusters = self.s.store.list_clusters().await.map_err(store_status)?;
+        Ok(Response::new(pb::ListClustersResponse {
+            clusters: clusters
+                .into_iter()
+                .map(|c| pb::Cluster {
+                    name: c.name,
+                    created_at_ms: c.created_at_ms,
+                    node_count: c.node_count,
+                })
+                .collect(),
+        }))
+    }
+
+    async fn create_token(
+        &self,
+        req: Request<pb::CreateTokenRequest>,
+    ) -> Result<Response<pb::CreateTokenResponse>, Status> {
+        let _t = self.s.metrics.timer("CreateToken");
+        require_admin(&req)?;
+        let r = req.into_inner();
+        validate_cluster_name(&r.cluster).map_err(invalid)?;
+        let ttl = if r.ttl_seconds == 0 {
+            DEFAULT_TOKEN_TTL
+        } else {
+            Duration::from_secs(r.ttl_seconds)
+        };
+        if ttl > MAX_TOKEN_TTL {
+            return Err(invalid("token TTL is longer than the limit of 365 days"));
+        }
+        let labels = check_labels("labels", &r.labels)?;
+        let token = BootstrapToken::generate();
+        let now = now_ms();
+        let expires_at_ms = now.saturating_add(ttl.as_millis() as i64);
+        self.s
+            .store
+            .create_token(TokenRow {
+                id: token.id().to_string(),
+                secret_hash: *token.secret_hash().as_bytes(),
+                cluster: r.cluster.clone(),
+                expires_at_ms,
+                remaining_uses: (r.uses > 0).then_some(r.uses),
+                labels,
+                created_at_ms: now,
+            })
+            .await
+            .map_err(store_status)?;
+        let ca_hash = self.s.pki.ca_hash().to_string();
+        let join_command = format!(
+            "lksadmin-agent join --server {} --token {token} --ca-cert-hash {ca_hash}",
+            self.s.server_url
+        );
+        tracing::info!(cluster = %r.cluster, token_id = %token.id(), "bootstrap token created");
+        Ok(Response::new(pb::CreateTokenResponse {
+            token: token.to_string(),
+            ca_cert_hash: ca_hash,
+            server: self.s.server_url.clone(),
+            join_command,
+            expires_at: expires_at_ms / 1000,
+        }))
+    }
+
+    async fn publish_bundle(
+        &self,
+        req: Request<Streaming<pb::PublishBundleRequest>>,
+    ) -> Result<Response<pb::PublishBundleResponse>, Status> {
+        let _t = self.s.metrics.timer("PublishBundle");
+        require_admin(&req)?;
+        let mut inbound = req.into_inner();
+        let header = match inbound.message().await? {
+            Some(pb::PublishBundleRequest {
+                msg: Some(PublishMsg::Header(h)),
+            }) => h,
+            Some(_) => {
+                return Err(invalid(
+                    "the first message of a publish must be the bundle header",
+                ));
+            }
+            None => return Err(invalid("empty publish stream")),
+        };
+        let signed =
+            SignedBundle::try_from(header).map_err(|e| invalid(format!("invalid bundle manifest: {e}")))?;
+        if signed.signature.is_some() {
+            sign::verify(&signed, &[]).map_err(invalid)?;
+        }
+        let m = &signed.manifest;
+        let id = m.id();
+        let manifest_digest = canonical::manifest_digest(m).to_string();
+        if let Some(existing) = self
+            .s
+            .store
+            .get_bundle(&m.name, &m.version)
+            .await
+            .map_err(store_status)?
+        {
+            if existing.manifest_digest != manifest_digest {
+                return Err(Status::already_exists(format!(
+                    "bundle {id} already exists with other content; versions are immutable, publish a new version"
+                )));
+            }
+            // Identical: read the rest so the client sees a clean close.
+            while inbound.message().await?.is_some() {}
+            return Ok(Response::new(pb::PublishBundleResponse {
+                name: m.name.clone(),
+                version: m.version.clone(),
+                created: false,
+            }));
+        }
+
+        // The bytes the server must hold: files without a mirror URL.
+        let mut expected: BTreeMap<Digest, u64> = BTreeMap::new();
+        for (i, f) in m.files.iter().enumerate().filter(|(_, f)| f.url.is_none()) {
+            if let Some(size) = expected.insert(f.digest, f.size)
+                && size != f.size
+            {
+                return Err(invalid(format!(
+                    "file[{i}]: digest {} is listed with two different sizes",
+                    f.digest
+                )));
+            }
+        }
+        let mut done: HashSet<Digest> = HashSet::new();
+        let mut current: Option<BlobWriter> = None;
+        while let Some(msg) = inbound.message().await? {
+            let chunk = match msg.msg {
+                Some(PublishMsg::Chunk(c)) => c,
+                Some(PublishMsg::Header(_)) => return Err(invalid("a publish carries exactly one header")),
+                None => return Err(invalid("empty message in publish stream")),
+            };
+            let d: Digest = chunk
+                .digest
+                .parse()
+                .map_err(|e| invalid(format!("chunk digest: {e}")))?;
+            if current.as_ref().map(BlobWriter::digest) != Some(d) {
+                if let Some(w) = current.take() {
+                    let wd = w.digest();
+                    w.finish()
+                        .await
+                        .map_err(|e| invalid(format!("upload rejected: {e}")))?;
+                    done.insert(wd);
+                }
+                if done.contains(&d) {
+                    return Err(invalid(format!("chunks of {d} are not contiguous")));
+                }
+                let size = *expected.get(&d).ok_or_else(|| {
+                    invalid(format!(
+                        "upload of {d}, which is not a file of {id} (or is fetched from a mirror URL)"
+                    ))
+                })?;
+                current = Some(
+                    self.s
+                        .blobs
+                        .writer(d, size)
+                        .await
+                        .map_err(|e| Status::internal(e.to_string()))?,
+                );
+            }
+            if let Some(w) = current.as_mut() {
+                w.write(&chunk.data)
+                    .await
+                    .map_err(|e| invalid(format!("upload rejected: {e}")))?;
+            }
+        }
+        if let Some(w) = current.take() {
+            let wd = w.digest();
+            w.finish()
+                .await
+                .map_err(|e| invalid(format!("upload rejected: {e}")))?;
+            done.insert(wd);
+        }
+        for (d, size) in &expected {
+            if done.contains(d) || self.s.blobs.contains(d) {
+                continue;
+            }
+            if *size == 0 {
+                let w = self
+                    .s
+                    .blobs
+                    .writer(*d, 0)
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))?;
+                w.finish()
+                    .await
+                    .map_err(|e| invalid(format!("upload rejected: {e}")))?;
+                continue;
+            }
+            let path = m
+                .files
+                .iter()
+                .find(|f| f.digest == *d)
+                .map(|f| f.path.to_string());
+            return Err(invalid(format!(
+                "the bytes of {} ({d}) were not uploaded",
+                path.unwrap_or_default()
+            )));
+        }
+
+        let outcome = self
+            .s
+            .store
+            .put_bundle(NewBundle {
+                name: m.name.clone(),
+                version: m.version.clone(),
+                signed_bundle: pb::SignedBundle::from(&signed).encode_to_vec(),
+                manifest_digest,
+                signed: signed.signature.is_some(),
+                files: m.files.len() as u32,
+                total_size: m.total_size(),
+                blob_digests: expected.keys().map(ToString::to_string).collect(),
+                now_ms: now_ms(),
+            })
+            .await
+            .map_err(store_status)?;
+        let created = outcome == PutOutcome::Created;
+        if created {
+            self.s
+                .store
+                .add_event(EventRow {
+                    id: 0,
+                    at_ms: now_ms(),
+                    cluster: String::new(),
+                    node: String::new(),
+                    rollout_id: String::new(),
+                    kind: "bundle_published".into(),
+                    bundle: m.name.clone(),
+                    version: m.version.clone(),
+                    message: format!("{} file(s), {} bytes", m.files.len(), m.total_size()),
+                })
+                .await
+                .map_err(store_status)?;
+            tracing::info!(bundle = %id, signed = signed.signature.is_some(), "bundle published");
+        }
+        Ok(Response::new(pb::PublishBundleResponse {
+            name: m.name.clone(),
+            version: m.version.clone(),
+            created,
+        }))
+    }
+
+    async fn list_bundles(
+        &self,
+        req: Request<pb::ListBundlesRequest>,
+    ) -> Result<Response<pb::ListBundlesResponse>, Status> {
+        let _t = self.s.metrics.timer("ListBundles");
+        require_admin(&req)?;
+        let name = req.into_inner().name;
+        let rows = self
+            .s
+            .store
+            .list_bundles((!name.is_empty()).then_some(name.as_str()))
+            .await
+            .map_err(store_status)?;
+        Ok(Response::new(pb::ListBundlesResponse {
+            bundles: rows.into_iter().map(bundle_info).collect(),
+        }))
+    }
+
+    async fn start_rollout(
+        &self,
+        req: Request<pb::StartRolloutRequest>,
+    ) -> Result<Response<pb::Rollout>, Status> {
+        let _t = self.s.metrics.timer("StartRollout");
+        require_admin(&req)?;
+        let r = req.into_inner();
+        validate_cluster_name(&r.cluster).map_err(invalid)?;
+        validate_bundle_name(&r.bundle).map_err(invalid)?;
+        validate_version(&r.version).map_err(invalid)?;
+        let selector = check_labels("selector", &r.selector)?;
+        let bundle = self
+            .s
+            .store
+            .get_bundle(&r.bundle, &r.version)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| {
+                Status::not_found(format!(
+                    "bundle {}@{} is not published; publish it with `lksctl bundle publish DIR`",
+                    r.bundle, r.version
+                ))
+            })?;
+        if !self
+            .s
+            .store
+            .cluster_exists(&r.cluster)
+            .await
+            .map_err(store_status)?
+        {
+            return Err(Status::not_found(format!("cluster {} does not exist", r.cluster)));
+        }
+        self.check_path_conflicts(&r.cluster, &selector, &bundle).await?;
+        let (row, changed) = self
+            .s
+            .store
+            .start_rollout(NewRollout {
+                id: random_id(),
+                cluster: r.cluster,
+                bundle: r.bundle,
+                version: r.version,
+                selector,
+                batch_size: r.batch_size,
+                failure_threshold: r.failure_threshold,
+                now_ms: now_ms(),
+            })
+            .await
+            .map_err(store_status)?;
+        for n in &changed {
+            self.s.hub.notify(n);
+        }
+        tracing::info!(rollout = %row.id, bundle = %row.bundle, version = %row.version, nodes = row.nodes.len(), "rollout started");
+        let row = refresh(&self.s, row).await?;
+        Ok(Response::new(rollout_pb(&row)))
+    }
+
+    async fn get_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
+        let _t = self.s.metrics.timer("GetRollout");
+        require_admin(&req)?;
+        let row = self.load_rollout(&req.into_inner().id).await?;
+        Ok(Response::new(rollout_pb(&refresh(&self.s, row).await?)))
+    }
+
+    type WatchRolloutStream = BoxStream<pb::Rollout>;
+
+    async fn watch_rollout(
+        &self,
+        req: Request<pb::RolloutRef>,
+    ) -> Result<Response<Self::WatchRolloutStream>, Status> {
+        let _t = self.s.metrics.timer("WatchRollout");
+        require_admin(&req)?;
+        let id = req.into_inner().id;
+        let first = self.load_rollout(&id).await?;
+        let (tx, rx) = mpsc::channel(4);
+        let s = self.s.clone();
+        let mut updates = s.rollout_updates.subscribe();
+        self.s.tasks.spawn(async move {
+            let mut last: Option<pb::Rollout> = None;
+            let mut row = first;
+            loop {
+                row = match refresh(&s, row).await {
+                    Ok(r) => r,
+                    Err(st) => {
+                        let _ = tx.send(Err(st)).await;
+                        return;
+                    }
+                };
+                let p = rollout_pb(&row);
+                if last.as_ref() != Some(&p) {
+                    if tx.send(Ok(p.clone())).await.is_err() {
+                        return;
+                    }
+                    last = Some(p);
+                }
+                if row.state.is_terminal() {
+                    return;
+                }
+                tokio::select! {
+                    _ = s.cancel.cancelled() => return,
+                    _ = tx.closed() => return,
+                    _ = updates.changed() => {}
+                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                }
+                row = match s.store.get_rollout(&row.id).await {
+                    Ok(Some(r)) => r,
+                    Ok(None) => return,
+                    Err(e) => {
+                        let _ = tx.send(Err(store_status(e))).await;
+                        return;
+                    }
+                };
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn list_rollouts(
+        &self,
+        req: Request<pb::ListRolloutsRequest>,
+    ) -> Result<Response<pb::ListRolloutsResponse>, Status> {
+        let _t = self.s.metrics.timer("ListRollouts");
+        require_admin(&req)?;
+        let cluster = req.into_inner().cluster;
+        let rows = self
+            .s
+            .store
+            .list_rollouts((!cluster.is_empty()).then_some(cluster.as_str()), false)
+            .await
+            .map_err(store_status)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            out.push(rollout_pb(&refresh(&self.s, r).await?));
+        }
+        Ok(Response::new(pb::ListRolloutsResponse { rollouts: out }))
+    }
+
+    async fn pause_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
+        let _t = self.s.metrics.timer("PauseRollout");
+        require_admin(&req)?;
+        Err(Status::unimplemented(
+            "pausing a rollout needs batched rollouts, which this control server does not support yet (every matching node is assigned at once)",
+        ))
+    }
+
+    async fn resume_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
+        let _t = self.s.metrics.timer("ResumeRollout");
+        require_admin(&req)?;
+        Err(Status::unimplemented(
+            "resuming a rollout needs batched rollouts, which this control server does not support yet",
+        ))
+    }
+
+    async fn abort_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
+        let _t = self.s.metrics.timer("AbortRollout");
+        require_admin(&req)?;
+        let row = self.load_rollout(&req.into_inner().id).await?;
+        let mut row = refresh(&self.s, row).await?;
+        if row.state.is_terminal() {
+            return Err(Status::failed_precondition(format!(
+                "rollout {} has already ended ({})",
+                row.id,
+                row.state.as_str()
+            )));
+        }
+        row.state = RolloutState::Aborted;
+        row.message = "aborted by operator; nodes keep what they were assigned".into();
+        row.updated_at_ms = now_ms();
+        self.s.store.update_rollout(&row).await.map_err(store_status)?;
+        self.s.rollout_updates.send_modify(|v| *v += 1);
+        Ok(Response::new(rollout_pb(&row)))
+    }
+
+    async fn rollback_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
+        let _t = self.s.metrics.timer("RollbackRollout");
+        require_admin(&req)?;
+        let id = req.into_inner().id;
+        self.load_rollout(&id).await?;
+        let (row, changed) = self
+            .s
+            .store
+            .rollback_rollout(&id, now_ms())
+            .await
+            .map_err(store_status)?;
+        for n in &changed {
+            self.s.hub.notify(n);
+        }
+        self.s.rollout_updates.send_modify(|v| *v += 1);
+        tracing::info!(rollout = %id, nodes = changed.len(), "rollout rolled back");
+        Ok(Response::new(rollout_pb(&row)))
+    }
+
+    async fn list_nodes(
+        &self,
+        req: Request<pb::ListNodesRequest>,
+    ) -> Result<Response<pb::ListNodesResponse>, Status> {
+        let _t = self.s.metrics.timer("ListNodes");
+        require_admin(&req)?;
+        let cluster = req.into_inner().cluster;
+        if !cluster.is_empty()
+            && !self
+                .s
+                .store
+                .cluster_exists(&cluster)
+                .await
+                .map_err(store_status)?
+        {
+            return Err(Status::not_found(format!("cluster {cluster} does not exist")));
+        }
+        let rows = self
+            .s
+            .store
+            .list_nodes((!cluster.is_empty()).then_some(cluster.as_str()))
+            .await
+            .map_err(store_status)?;
+        Ok(Response::new(pb::ListNodesResponse {
+            nodes: rows.into_iter().map(|n| node_pb(&self.s, n)).collect(),
+        }))
+    }
+
+    async fn get_node(&self, req: Request<pb::GetNodeRequest>) -> Result<Response<pb::Node>, Status> {
+        let _t = self.s.metrics.timer("GetNode");
+        require_admin(&req)?;
+        let name = req.into_inner().name;
+        validate_node_name(&name).map_err(invalid)?;
+        let row = self
+            .s
+            .store
+            .get_node(&name)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("node {name} does not exist")))?;
+        Ok(Response::new(node_pb(&self.s, row)))
+    }
+
+    async fn delete_node(
+        &self,
+        req: Request<pb::DeleteNodeRequest>,
+    ) -> Result<Response<pb::DeleteNodeResponse>, Status> {
+        let _t = self.s.metrics.timer("DeleteNode");
+        require_admin(&req)?;
+        let name = req.into_inner().name;
+        validate_node_name(&name).map_err(invalid)?;
+        if !self.s.store.delete_node(&name).await.map_err(store_status)? {
+            return Err(Status::not_found(format!("node {name} does not exist")));
+        }
+        self.s.hub.kick(&name);
+        self.s.rollouts_changed.notify_one();
+        tracing::info!(node = %name, "node deleted; its certificate no longer works");
+        Ok(Response::new(pb::DeleteNodeResponse {}))
+    }
+
+    async fn list_events(
+        &self,
+        req: Request<pb::ListEventsRequest>,
+    ) -> Result<Response<pb::ListEventsResponse>, Status> {
+        let _t = self.s.metrics.timer("ListEvents");
+        require_admin(&req)?;
+        let r = req.into_inner();
+        let opt = |s: String| (!s.is_empty()).then_some(s);
+        let rows = self
+            .s
+            .store
+            .list_events(EventFilter {
+                cluster: opt(r.cluster),
+                node: opt(r.node),
+                rollout_id: opt(r.rollout_id),
+                limit: r.limit.min(MAX_EVENT_LIMIT),
+            })
+            .await
+            .map_err(store_status)?;
+        Ok(Response::new(pb::ListEventsResponse {
+            events: rows
+                .into_iter()
+                .map(|e| pb::Event {
+                    id: e.id,
+                    at_ms: e.at_ms,
+                    cluster: e.cluster,
+                    node: e.node,
+                    rollout_id: e.rollout_id,
+                    kind: e.kind,
+                    bundle: e.bundle,
+                    version: e.version,
+                    message: e.message,
+                })
+                .collect(),
+        }))
+    }
+}
+
+impl AdminApi {
+    async fn load_rollout(&self, id: &str) -> Result<RolloutRow, Status> {
+        if id.is_empty() || id.len() > 64 {
+            return Err(invalid("rollout ID is empty or too long"));
+        }
+        self.s
+            .store
+            .get_rollout(id)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("rollout {id} does not exist")))
+    }
+
+    /// Two bundles on one node may not own the same path (DESIGN §4): the
+    /// new version is checked against every other bundle of each target node.
+    async fn check_path_conflicts(
+        &self,
+        cluster: &str,
+        selector: &Labels,
+        bundle: &BundleRow,
+    ) -> Result<(), Status> {
+        let new = decode_manifest(&bundle.signed_bundle)?;
+        let mut cache: HashMap<(String, String), Manifest> = HashMap::new();
+        let nodes = self
+            .s
+            .store
+            .list_nodes(Some(cluster))
+            .await
+            .map_err(store_status)?;
+        for n in nodes.iter().filter(|n| selector_matches(selector, &n.labels)) {
+            let mut paths: Vec<(&str, &lks_proto::BundlePath)> =
+                new.files.iter().map(|f| (new.name.as_str(), &f.path)).collect();
+            for (b, v) in n.desired.iter().filter(|(b, _)| **b != new.name) {
+                let key = (b.clone(), v.clone());
+                if !cache.contains_key(&key) {
+                    let row = self
+                        .s
+                        .store
+                        .get_bundle(b, v)
+                        .await
+                        .map_err(store_status)?
+                        .ok_or_else(|| Status::internal(format!("assigned bundle {b}@{v} is missing")))?;
+                    cache.insert(key.clone(), decode_manifest(&row.signed_bundle)?);
+                }
+            }
+            for (b, v) in n.desired.iter().filter(|(b, _)| **b != new.name) {
+                if let Some(m) = cache.get(&(b.clone(), v.clone())) {
+                    paths.extend(m.files.iter().map(|f| (m.name.as_str(), &f.path)));
+                }
+            }
+            if let Err((i, why)) = check_paths_disjoint(paths.iter().map(|(_, p)| *p)) {
+                return Err(Status::failed_precondition(format!(
+                    "node {}: bundle {} conflicts with bundle {}: {why}",
+                    n.name, new.name, paths[i].0
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn decode_manifest(bytes: &[u8]) -> Result<Manifest, Status> {
+    let pb = pb::SignedBundle::decode(bytes).map_err(|e| Status::internal(format!("stored bundle: {e}")))?;
+    SignedBundle::try_from(pb)
+        .map(|b| b.manifest)
+        .map_err(|e| Status::internal(format!("stored bundle: {e}")))
+}
+
+/// Re-evaluates a running rollout against what its nodes report and
+/// persists any change.
+pub async fn refresh(s: &Shared, row: RolloutRow) -> Result<RolloutRow, Status> {
+    if row.state != RolloutState::Running {
+        return Ok(row);
+    }
+    let names: Vec<String> = row.nodes.iter().map(|n| n.name.clone()).collect();
+    let statuses = s
+        .store
+        .bundle_statuses(&row.bundle, &names)
+        .await
+        .map_err(store_status)?;
+    match rollout::evaluate(&row, &statuses, now_ms()) {
+        None => Ok(row),
+        Some(next) => {
+            s.store.update_rollout(&next).await.map_err(store_status)?;
+            if next.state != row.state {
+                tracing::info!(rollout = %next.id, state = next.state.as_str(), message = %next.message, "rollout state changed");
+            }
+            s.rollout_updates.send_modify(|v| *v += 1);
+            Ok(next)
+        }
+    }
+}
+
+fn bundle_info(b: BundleRow) -> pb::BundleInfo {
+    pb::BundleInfo {
+        name: b.name,
+        version: b.version,
+        files: b.files,
+        total_size: b.total_size,
+        signed: b.signed,
+        published_at_ms: b.published_at_ms,
+        manifest_digest: b.manifest_digest,
+    }
+}
+
+fn rollout_state_pb(s: RolloutState) -> pb::RolloutState {
+    match s {
+        RolloutState::Running => pb::RolloutState::Running,
+        RolloutState::Paused => pb::RolloutState::Paused,
+        RolloutState::Completed => pb::RolloutState::Completed,
+        RolloutState::Failed => pb::RolloutState::Failed,
+        RolloutState::Aborted => pb::RolloutState::Aborted,
+        RolloutState::RolledBack => pb::RolloutState::RolledBack,
+        RolloutState::RollingBack => pb::RolloutState::RollingBack,
+    }
+}
+
+pub fn rollout_pb(r: &RolloutRow) -> pb::Rollout {
+    let c = counts(r);
+    pb::Rollout {
+        id: r.id.clone(),
+        cluster: r.cluster.clone(),
+        bundle: r.bundle.clone(),
+        version: r.version.clone(),
+        selector: r.selector.clone().into_iter().collect(),
+        batch_size: r.batch_size,
+        failure_threshold: r.failure_threshold,
+        state: rollout_state_pb(r.state) as i32,
+        total: c.total,
+        updated: c.updated,
+        failed: c.failed,
+        pending: c.pending,
+        applying: c.applying,
+        nodes: r
+            .nodes
+            .iter()
+            .map(|n| pb::RolloutNode {
+                name: n.name.clone(),
+                previous_version: n.previous_version.clone(),
+                state: n.state.clone(),
+                message: n.message.clone(),
+            })
+            .collect(),
+        created_at_ms: r.created_at_ms,
+        updated_at_ms: r.updated_at_ms,
+        message: r.message.clone(),
+    }
+}
+
+fn node_pb(s: &Shared, n: NodeRow) -> pb::Node {
+    let mut bundles = Vec::new();
+    for (name, version) in &n.desired {
+        match n.actual.get(name) {
+            Some(a) if a.version == *version => bundles.push(pb::BundleStatus {
+                name: name.clone(),
+                version: version.clone(),
+                state: pb::BundleState::from(a.state) as i32,
+                message: a.message.clone(),
+                updated_at_ms: a.updated_at_ms,
+            }),
+            _ => bundles.push(pb::BundleStatus {
+                name: name.clone(),
+                version: version.clone(),
+                state: pb::BundleState::Pending as i32,
+                message: String::new(),
+                updated_at_ms: 0,
+            }),
+        }
+    }
+    // Held but no longer desired: shown as reported until the node removes it.
+    for (name, a) in n.actual.iter().filter(|(name, _)| !n.desired.contains_key(*name)) {
+        bundles.push(pb::BundleStatus {
+            name: name.clone(),
+            version: a.version.clone(),
+            state: pb::BundleState::from(a.state) as i32,
+            message: a.message.clone(),
+            updated_at_ms: a.updated_at_ms,
+        });
+    }
+    let facts: serde_json::Value = serde_json::from_str(&n.facts_json).unwrap_or_default();
+    let text = |k: &str| {
+        facts
+            .get(k)
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let num = |k: &str| {
+        facts
+            .get(k)
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or_default()
+    };
+    let connected = s.hub.is_connected(&n.name);
+    let last_seen_ms = n.last_seen_ms.max(s.hub.last_heard(&n.name).unwrap_or(0));
+    pb::Node {
+        name: n.name,
+        cluster: n.cluster,
+        labels: n.labels.into_iter().collect(),
+        connected,
+        last_seen_ms,
+        bundles,
+        facts: (!n.facts_json.is_empty()).then(|| pb::NodeFactsView {
+            hostname: text("hostname"),
+            os: text("os"),
+            kernel: text("kernel"),
+            arch: text("arch"),
+            cpus: num("cpus") as u32,
+            memory_bytes: num("memory_bytes"),
+            agent_version: text("agent_version"),
+        }),
+        certificate_serial: n.cert_serial,
+        enrolled_at_ms: n.enrolled_at_ms,
+    }
+}

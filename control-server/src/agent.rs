@@ -1,0 +1,637 @@
+//! `AgentService`: enrolment, the long-lived `Connect` stream, certificate
+//! renewal and blob download — the only API tenant nodes can reach.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::Stream;
+use lks_proto::Digest;
+use lks_proto::convert::bundle_state_from_i32;
+use lks_proto::identity::NodeIdentity;
+use lks_proto::labels::{Labels, validate_label};
+use lks_proto::limits::MAX_LABELS;
+use lks_proto::names::{validate_bundle_name, validate_node_name, validate_version};
+use lks_proto::pb::agent_message::Msg as AgentMsg;
+use lks_proto::pb::agent_service_server::AgentService;
+use lks_proto::pb::server_message::Msg as ServerMsg;
+use lks_proto::pb::{self, AgentMessage, ServerMessage};
+use lks_proto::token::BootstrapToken;
+use prost::Message as _;
+use subtle::ConstantTimeEq;
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
+
+use crate::authz::{NodeCaller, require_node, store_status, token_status};
+use crate::server::Shared;
+use crate::store::{BundleStatusRow, EventRow, NewNode, StoreError, TokenRefusal, sqlite::now_ms};
+
+/// How long a new stream may take to send its `Hello`.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
+/// Messages queued towards one agent; beyond this the agent is slow and
+/// pings are skipped while desired states wait (coalesced) for room.
+const OUTBOUND_QUEUE: usize = 8;
+const BLOB_CHUNK: usize = 64 * 1024;
+/// Longest free-text field (messages, facts) kept from an agent.
+const MAX_TEXT: usize = 4096;
+const MAX_STATUSES: usize = 1024;
+
+pub struct AgentApi {
+    s: Arc<Shared>,
+}
+
+impl AgentApi {
+    pub fn new(s: Arc<Shared>) -> Self {
+        AgentApi { s }
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl AgentService for AgentApi {
+    async fn enroll(&self, req: Request<pb::EnrollRequest>) -> Result<Response<pb::EnrollResponse>, Status> {
+        let _t = self.s.metrics.timer("Enroll");
+        if let Some(addr) = req.remote_addr()
+            && !self.s.limiter.allow(addr.ip())
+        {
+            self.s.metrics.enrollment("rate_limited");
+            return Err(Status::resource_exhausted(format!(
+                "too many enrolment attempts from {}; retry in a few seconds",
+                addr.ip()
+            )));
+        }
+        let r = req.into_inner();
+        let node_name = r.node_name.clone();
+        match self.enroll_inner(r).await {
+            Ok(resp) => {
+                self.s.metrics.enrollment("ok");
+                tracing::info!(node = %resp.node_name, cluster = %resp.cluster, "node enrolled");
+                Ok(Response::new(resp))
+            }
+            Err((result, status)) => {
+                self.s.metrics.enrollment(result);
+                tracing::warn!(node = %node_name, result, error = %status.message(), "enrolment refused");
+                Err(status)
+            }
+        }
+    }
+
+    type ConnectStream = BoxStream<ServerMessage>;
+
+    async fn connect(
+        &self,
+        req: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<Self::ConnectStream>, Status> {
+        let _t = self.s.metrics.timer("Connect");
+        let caller = require_node(&req, &*self.s.store).await?;
+        let inbound = req.into_inner();
+        let (tx, rx) = mpsc::channel(OUTBOUND_QUEUE);
+        let reg = self.s.hub.register(&caller.id.node);
+        self.s.metrics.set_connected(self.s.hub.connected());
+        let span = tracing::info_span!("stream", node = %caller.id.node, cluster = %caller.id.cluster);
+        let s = self.s.clone();
+        self.s.tasks.spawn(
+            async move {
+                let node = caller.id.node.clone();
+                let id = reg.id;
+                let ended = Session {
+                    s: s.clone(),
+                    caller,
+                    tx,
+                    last_generation: None,
+                }
+                .run(inbound, reg)
+                .await;
+                if s.hub.unregister(&node, id)
+                    && let Err(e) = s.store.node_disconnected(&node, now_ms()).await
+                {
+                    tracing::warn!(error = %e, "record disconnect");
+                }
+                s.metrics.set_connected(s.hub.connected());
+                tracing::info!(reason = %ended, "stream ended");
+            }
+            .instrument(span),
+        );
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn renew_certificate(
+        &self,
+        req: Request<pb::RenewCertificateRequest>,
+    ) -> Result<Response<pb::RenewCertificateResponse>, Status> {
+        let _t = self.s.metrics.timer("RenewCertificate");
+        let caller = require_node(&req, &*self.s.store).await?;
+        let r = req.into_inner();
+        let cert = self
+            .s
+            .pki
+            .issue_node_cert(&r.csr_pem, &caller.id, self.s.node_cert_ttl)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        self.s
+            .store
+            .replace_cert_serial(&caller.id.node, &caller.serial, &cert.serial)
+            .await
+            .map_err(store_status)?;
+        self.event(
+            &caller.id,
+            "certificate_renewed",
+            "",
+            "",
+            format!("new serial {}", cert.serial),
+        )
+        .await;
+        tracing::info!(node = %caller.id.node, "certificate renewed");
+        Ok(Response::new(pb::RenewCertificateResponse {
+            certificate_pem: cert.pem,
+            expires_at: cert.not_after,
+        }))
+    }
+
+    type FetchBlobStream = BoxStream<pb::BlobChunk>;
+
+    async fn fetch_blob(
+        &self,
+        req: Request<pb::FetchBlobRequest>,
+    ) -> Result<Response<Self::FetchBlobStream>, Status> {
+        let _t = self.s.metrics.timer("FetchBlob");
+        let caller = require_node(&req, &*self.s.store).await?;
+        let r = req.into_inner();
+        let digest: Digest = r
+            .digest
+            .parse()
+            .map_err(|e| Status::invalid_argument(format!("digest: {e}")))?;
+        let allowed = self
+            .s
+            .store
+            .blob_allowed(&caller.id.node, &digest.to_string())
+            .await
+            .map_err(store_status)?;
+        if !allowed {
+            return Err(Status::permission_denied(format!(
+                "blob {digest} is not part of any bundle assigned to node {}",
+                caller.id.node
+            )));
+        }
+        let path = self.s.blobs.path(&digest);
+        let mut file = match tokio::fs::File::open(&path).await {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Status::not_found(format!(
+                    "blob {digest} is not in the control server's blob store (its bundle lists a mirror URL)"
+                )));
+            }
+            Err(e) => return Err(Status::internal(format!("open blob {digest}: {e}"))),
+        };
+        let size = file
+            .metadata()
+            .await
+            .map_err(|e| Status::internal(format!("stat blob {digest}: {e}")))?
+            .len();
+        if r.offset > size {
+            return Err(Status::out_of_range(format!(
+                "offset {} is past the end of blob {digest} ({size} bytes)",
+                r.offset
+            )));
+        }
+        file.seek(std::io::SeekFrom::Start(r.offset))
+            .await
+            .map_err(|e| Status::internal(format!("seek blob {digest}: {e}")))?;
+        let (tx, rx) = mpsc::channel(4);
+        let metrics = self.s.metrics.clone();
+        let cancel = self.s.cancel.clone();
+        self.s.tasks.spawn(async move {
+            let mut remaining = size - r.offset;
+            let mut buf = vec![0u8; BLOB_CHUNK];
+            if remaining == 0 {
+                let _ = tx
+                    .send(Ok(pb::BlobChunk {
+                        data: Vec::new(),
+                        total_size: size,
+                    }))
+                    .await;
+                return;
+            }
+            while remaining > 0 {
+                let n = match file.read(&mut buf).await {
+                    Ok(0) => {
+                        let _ = tx
+                            .send(Err(Status::internal(format!(
+                                "blob {digest} is shorter than expected"
+                            ))))
+                            .await;
+                        return;
+                    }
+                    Ok(n) => n.min(remaining as usize),
+                    Err(e) => {
+                        let _ = tx
+                            .send(Err(Status::internal(format!("read blob {digest}: {e}"))))
+                            .await;
+                        return;
+                    }
+                };
+                remaining -= n as u64;
+                let chunk = pb::BlobChunk {
+                    data: buf[..n].to_vec(),
+                    total_size: size,
+                };
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    r = tx.send(Ok(chunk)) => if r.is_err() { return },
+                }
+                metrics.blob_bytes_served(n as u64);
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+impl AgentApi {
+    /// The enrolment steps; the error carries the metrics label.
+    async fn enroll_inner(&self, r: pb::EnrollRequest) -> Result<pb::EnrollResponse, (&'static str, Status)> {
+        let token: BootstrapToken = r
+            .token
+            .parse()
+            .map_err(|e: String| ("invalid_token", Status::invalid_argument(e)))?;
+        validate_node_name(&r.node_name).map_err(|e| ("invalid_argument", Status::invalid_argument(e)))?;
+        if r.labels.len() > MAX_LABELS {
+            return Err((
+                "invalid_argument",
+                Status::invalid_argument(format!("{} labels; the limit is {MAX_LABELS}", r.labels.len())),
+            ));
+        }
+        for (k, v) in &r.labels {
+            validate_label(k, v).map_err(|e| ("invalid_argument", Status::invalid_argument(e)))?;
+        }
+        let refused = |t: TokenRefusal| {
+            let label = match t {
+                TokenRefusal::Unknown => "invalid_token",
+                TokenRefusal::Expired => "expired_token",
+                TokenRefusal::UsedUp => "used_up_token",
+            };
+            (label, token_status(t))
+        };
+        let stored = self
+            .s
+            .store
+            .get_token(token.id())
+            .await
+            .map_err(|e| ("error", store_status(e)))?
+            .ok_or_else(|| refused(TokenRefusal::Unknown))?;
+        // Constant time, so response timing does not reveal how much of a
+        // guessed secret was right. A wrong secret looks like an unknown id.
+        if !bool::from(stored.secret_hash.ct_eq(token.secret_hash().as_bytes())) {
+            return Err(refused(TokenRefusal::Unknown));
+        }
+        let now = now_ms();
+        if stored.expires_at_ms <= now {
+            return Err(refused(TokenRefusal::Expired));
+        }
+        if stored.remaining_uses == Some(0) {
+            return Err(refused(TokenRefusal::UsedUp));
+        }
+        let id = NodeIdentity::new(&stored.cluster, &r.node_name)
+            .map_err(|e| ("invalid_argument", Status::invalid_argument(e)))?;
+        let cert = self
+            .s
+            .pki
+            .issue_node_cert(&r.csr_pem, &id, self.s.node_cert_ttl)
+            .map_err(|e| ("invalid_csr", Status::invalid_argument(e.to_string())))?;
+        // The node's own labels first; the token's labels win on conflict.
+        let mut labels: Labels = r.labels.into_iter().collect();
+        labels.extend(stored.labels.clone());
+        self.s
+            .store
+            .enroll_node(NewNode {
+                name: id.node.clone(),
+                cluster: id.cluster.clone(),
+                labels,
+                cert_serial: cert.serial.clone(),
+                token_id: stored.id.clone(),
+                now_ms: now,
+            })
+            .await
+            .map_err(|e| match e {
+                StoreError::Token(t) => refused(t),
+                StoreError::AlreadyExists(m) => ("already_exists", Status::already_exists(m)),
+                e => ("error", store_status(e)),
+            })?;
+        Ok(pb::EnrollResponse {
+            certificate_pem: cert.pem,
+            ca_pem: self.s.pki.ca_pem().to_string(),
+            node_name: id.node,
+            cluster: id.cluster,
+            expires_at: cert.not_after,
+        })
+    }
+
+    async fn event(&self, id: &NodeIdentity, kind: &str, bundle: &str, version: &str, message: String) {
+        record_event(&self.s, id, kind, bundle, version, message, now_ms()).await;
+    }
+}
+
+async fn record_event(
+    s: &Shared,
+    id: &NodeIdentity,
+    kind: &str,
+    bundle: &str,
+    version: &str,
+    message: String,
+    at_ms: i64,
+) {
+    let e = EventRow {
+        id: 0,
+        at_ms,
+        cluster: id.cluster.clone(),
+        node: id.node.clone(),
+        rollout_id: String::new(),
+        kind: clip(kind, 64),
+        bundle: clip(bundle, 64),
+        version: clip(version, 128),
+        message: clip(&message, MAX_TEXT),
+    };
+    if let Err(e) = s.store.add_event(e).await {
+        tracing::warn!(error = %e, "record event");
+    }
+}
+
+fn clip(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+/// Validates reported bundle statuses.
+fn statuses(list: Vec<pb::BundleStatus>) -> Result<Vec<BundleStatusRow>, Status> {
+    if list.len() > MAX_STATUSES {
+        return Err(Status::invalid_argument(format!(
+            "{} bundle statuses; the limit is {MAX_STATUSES}",
+            list.len()
+        )));
+    }
+    list.into_iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let bad = |e: String| Status::invalid_argument(format!("bundles[{i}]: {e}"));
+            validate_bundle_name(&b.name).map_err(bad)?;
+            validate_version(&b.version).map_err(bad)?;
+            let state = bundle_state_from_i32(b.state).map_err(|e| bad(e.to_string()))?;
+            Ok(BundleStatusRow {
+                name: b.name,
+                version: b.version,
+                state,
+                message: clip(&b.message, MAX_TEXT),
+                updated_at_ms: if b.updated_at_ms > 0 {
+                    b.updated_at_ms
+                } else {
+                    now_ms()
+                },
+            })
+        })
+        .collect()
+}
+
+fn facts_json(h: &pb::Hello) -> String {
+    let f = h.facts.clone().unwrap_or_default();
+    let agent_version = if h.agent_version.is_empty() {
+        f.agent_version.clone()
+    } else {
+        h.agent_version.clone()
+    };
+    serde_json::json!({
+        "hostname": clip(&f.hostname, 256),
+        "os": clip(&f.os, 256),
+        "kernel": clip(&f.kernel, 256),
+        "arch": clip(&f.arch, 64),
+        "cpus": f.cpus,
+        "memory_bytes": f.memory_bytes,
+        "agent_version": clip(&agent_version, 128),
+        "boot_id": clip(&f.boot_id, 128),
+        "disks": f.disks.iter().take(64).map(|d| serde_json::json!({
+            "mount_point": clip(&d.mount_point, 1024),
+            "total_bytes": d.total_bytes,
+            "available_bytes": d.available_bytes,
+        })).collect::<Vec<_>>(),
+    })
+    .to_string()
+}
+
+/// One agent's `Connect` stream.
+struct Session {
+    s: Arc<Shared>,
+    caller: NodeCaller,
+    tx: mpsc::Sender<Result<ServerMessage, Status>>,
+    last_generation: Option<u64>,
+}
+
+impl Session {
+    /// Serves the stream until it ends; returns why.
+    async fn run(
+        mut self,
+        mut inbound: Streaming<AgentMessage>,
+        mut reg: crate::hub::Registration,
+    ) -> String {
+        let hello = tokio::select! {
+            _ = reg.cancel.cancelled() => return "replaced before Hello".into(),
+            r = tokio::time::timeout(HELLO_TIMEOUT, inbound.message()) => r,
+        };
+        let hello = match hello {
+            Err(_) => {
+                return self
+                    .fail(Status::deadline_exceeded(
+                        "no Hello within 30s of opening the stream",
+                    ))
+                    .await;
+            }
+            Ok(Err(st)) => return format!("receive: {}", st.message()),
+            Ok(Ok(None)) => return "closed by agent before Hello".into(),
+            Ok(Ok(Some(AgentMessage {
+                msg: Some(AgentMsg::Hello(h)),
+            }))) => h,
+            Ok(Ok(Some(_))) => {
+                return self
+                    .fail(Status::invalid_argument(
+                        "the first message on a Connect stream must be Hello",
+                    ))
+                    .await;
+            }
+        };
+        if let Err(st) = self.hello(hello).await {
+            return self.fail(st).await;
+        }
+        if let Err(why) = self.push_desired(&reg).await {
+            return why;
+        }
+        let mut ping = tokio::time::interval_at(
+            tokio::time::Instant::now() + self.s.ping_interval,
+            self.s.ping_interval,
+        );
+        let mut nonce = 0u64;
+        loop {
+            tokio::select! {
+                _ = self.s.cancel.cancelled() => {
+                    return self.fail(Status::unavailable("control server is shutting down; reconnect")).await;
+                }
+                _ = reg.cancel.cancelled() => {
+                    return self.fail(Status::unauthenticated(
+                        "stream closed by the control server: the node was deleted or opened a newer stream",
+                    )).await;
+                }
+                r = reg.changed.changed() => {
+                    if r.is_err() {
+                        return "hub closed".into();
+                    }
+                    if let Err(why) = self.push_desired(&reg).await {
+                        return why;
+                    }
+                }
+                _ = ping.tick() => {
+                    nonce += 1;
+                    // A full queue means the agent is behind; a skipped ping is harmless.
+                    let _ = self.tx.try_send(Ok(ServerMessage { msg: Some(ServerMsg::Ping(pb::Ping { nonce })) }));
+                }
+                _ = self.tx.closed() => return "agent went away".into(),
+                m = inbound.message() => match m {
+                    Ok(Some(m)) => {
+                        if let Err(st) = self.handle(m).await {
+                            return self.fail(st).await;
+                        }
+                    }
+                    Ok(None) => return "closed by agent".into(),
+                    Err(st) => return format!("receive: {}", st.message()),
+                },
+            }
+        }
+    }
+
+    async fn fail(&self, st: Status) -> String {
+        let why = st.message().to_string();
+        let _ = self.tx.try_send(Err(st));
+        why
+    }
+
+    async fn hello(&mut self, h: pb::Hello) -> Result<(), Status> {
+        let held = statuses(h.bundles.clone())?;
+        let facts = facts_json(&h);
+        let now = now_ms();
+        self.s.hub.heard(&self.caller.id.node, now);
+        self.s
+            .store
+            .node_connected(&self.caller.id.node, &facts, held, now)
+            .await
+            .map_err(store_status)?;
+        self.s.rollouts_changed.notify_one();
+        tracing::info!(agent_version = %h.agent_version, have_generation = h.desired_generation, "agent connected");
+        Ok(())
+    }
+
+    async fn handle(&mut self, m: AgentMessage) -> Result<(), Status> {
+        let node = &self.caller.id.node;
+        self.s.hub.heard(node, now_ms());
+        match m.msg {
+            None | Some(AgentMsg::Heartbeat(_)) | Some(AgentMsg::Pong(_)) => Ok(()),
+            Some(AgentMsg::Hello(h)) => self.hello(h).await,
+            Some(AgentMsg::Status(r)) => {
+                let rows = statuses(r.bundles)?;
+                for row in &rows {
+                    tracing::debug!(bundle = %row.name, version = %row.version, state = %row.state, "status");
+                }
+                self.s
+                    .store
+                    .record_status(node, rows)
+                    .await
+                    .map_err(store_status)?;
+                self.s.rollouts_changed.notify_one();
+                Ok(())
+            }
+            Some(AgentMsg::Event(e)) => {
+                let at = if e.at_ms > 0 { e.at_ms } else { now_ms() };
+                record_event(
+                    &self.s,
+                    &self.caller.id,
+                    &e.kind,
+                    &e.bundle,
+                    &e.version,
+                    e.message,
+                    at,
+                )
+                .await;
+                Ok(())
+            }
+        }
+    }
+
+    /// Sends the node's current desired state unless it was already sent.
+    async fn push_desired(&mut self, reg: &crate::hub::Registration) -> Result<(), String> {
+        let d = self
+            .s
+            .store
+            .desired_state(&self.caller.id.node)
+            .await
+            .map_err(|e| format!("read desired state: {e}"))?;
+        if self.last_generation == Some(d.generation) {
+            return Ok(());
+        }
+        let mut bundles = Vec::with_capacity(d.bundles.len());
+        for b in &d.bundles {
+            bundles.push(
+                pb::SignedBundle::decode(b.as_slice()).map_err(|e| format!("decode stored bundle: {e}"))?,
+            );
+        }
+        let msg = ServerMessage {
+            msg: Some(ServerMsg::Desired(pb::DesiredState {
+                generation: d.generation,
+                bundles,
+            })),
+        };
+        tokio::select! {
+            _ = reg.cancel.cancelled() => return Err("cancelled while sending desired state".into()),
+            _ = self.s.cancel.cancelled() => return Err("shutdown".into()),
+            r = self.tx.send(Ok(msg)) => r.map_err(|_| "agent went away".to_string())?,
+        }
+        self.last_generation = Some(d.generation);
+        self.s.metrics.desired_state_pushed();
+        tracing::debug!(generation = d.generation, "desired state sent");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_are_validated() {
+        let ok = pb::BundleStatus {
+            name: "kubelet".into(),
+            version: "1".into(),
+            state: pb::BundleState::Applied as i32,
+            message: String::new(),
+            updated_at_ms: 5,
+        };
+        assert_eq!(statuses(vec![ok.clone()]).unwrap()[0].updated_at_ms, 5);
+        let mut bad = ok.clone();
+        bad.state = 0;
+        assert_eq!(
+            statuses(vec![bad]).unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+        let mut bad = ok;
+        bad.name = "../x".into();
+        assert!(statuses(vec![bad]).unwrap_err().message().contains("bundles[0]"));
+    }
+
+    #[test]
+    fn clip_respects_char_boundaries() {
+        assert_eq!(clip("héllo", 2), "h");
+        assert_eq!(clip("abc", 5), "abc");
+    }
+}

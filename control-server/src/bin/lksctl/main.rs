@@ -1,0 +1,759 @@
+//! `lksctl`: the operator CLI for the lksadmin control server.
+//!
+//! Every error is one line on stderr (`error: …`) and a non-zero exit.
+
+#![forbid(unsafe_code)]
+
+mod client;
+mod output;
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, anyhow, bail};
+use clap::{Parser, Subcommand};
+use lks_proto::authoring::{RequireSize, load_bundle_dir};
+use lks_proto::duration::parse_duration;
+use lks_proto::labels::{Labels, parse_labels};
+use lks_proto::names::{parse_bundle_ref, validate_cluster_name, validate_node_name};
+use lks_proto::pb::{self, publish_bundle_request::Msg as PublishMsg};
+use lks_proto::sign::SigningKey;
+use lks_proto::{SignedBundle, pb::RolloutState};
+use tokio::io::AsyncReadExt;
+use tokio_stream::StreamExt;
+
+use client::{Client, status};
+use output::Format;
+
+/// Upload chunk size for bundle files.
+const CHUNK: usize = 1 << 20;
+
+/// Operator CLI for the lksadmin control server.
+#[derive(Parser)]
+#[command(name = "lksctl", version)]
+struct Cli {
+    /// admin.conf written by lks-control-server [default: $LKSCTL_CONFIG, then ./admin.conf]
+    #[arg(long, global = true, env = "LKSCTL_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Tenant clusters.
+    Cluster {
+        #[command(subcommand)]
+        cmd: ClusterCmd,
+    },
+    /// Bootstrap tokens that enrol nodes.
+    Token {
+        #[command(subcommand)]
+        cmd: TokenCmd,
+    },
+    /// Signed, versioned file bundles.
+    Bundle {
+        #[command(subcommand)]
+        cmd: BundleCmd,
+    },
+    /// Moving a bundle version onto a cluster's nodes.
+    Rollout {
+        #[command(subcommand)]
+        cmd: RolloutCmd,
+    },
+    /// Enrolled nodes.
+    Node {
+        #[command(subcommand)]
+        cmd: NodeCmd,
+    },
+    /// What happened: enrolments, rollouts, node reports.
+    Event {
+        #[command(subcommand)]
+        cmd: EventCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCmd {
+    /// Create a tenant cluster.
+    Create { name: String },
+    /// List clusters.
+    List {
+        #[arg(short = 'o', long = "output", value_enum, default_value_t)]
+        output: Format,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenCmd {
+    /// Create a bootstrap token and print the join command.
+    Create {
+        #[arg(long)]
+        cluster: String,
+        /// How long the token is valid.
+        #[arg(long, default_value = "24h", value_parser = parse_duration)]
+        ttl: Duration,
+        /// How many nodes may join with it (0: unlimited).
+        #[arg(long, default_value_t = 0)]
+        uses: u32,
+        /// Labels given to every node enrolled with this token (k=v,…).
+        #[arg(long, default_value = "")]
+        labels: String,
+        /// Print #cloud-config user-data that installs and joins the agent.
+        #[arg(long)]
+        cloud_init: bool,
+        #[arg(short = 'o', long = "output", value_enum, default_value_t)]
+        output: Format,
+    },
+}
+
+#[derive(Subcommand)]
+enum BundleCmd {
+    /// Write a new ed25519 publisher key pair: PREFIX.key and PREFIX.pub.
+    Keygen {
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Publish the bundle in DIR (its bundle.toml and files).
+    Publish {
+        dir: PathBuf,
+        /// Sign the manifest with this ed25519 private key (PREFIX.key).
+        #[arg(long)]
+        sign_key: Option<PathBuf>,
+    },
+    /// List published bundles.
+    List {
+        #[arg(short = 'o', long = "output", value_enum, default_value_t)]
+        output: Format,
+    },
+}
+
+#[derive(Subcommand)]
+enum RolloutCmd {
+    /// Start moving a cluster's matching nodes to NAME@VERSION.
+    Start {
+        #[arg(long)]
+        cluster: String,
+        /// NAME@VERSION of a published bundle.
+        #[arg(long)]
+        bundle: String,
+        /// Only nodes with these labels (k=v,…).
+        #[arg(long, default_value = "")]
+        selector: String,
+        #[arg(long, default_value_t = 0)]
+        batch_size: u32,
+        #[arg(long, default_value_t = 0)]
+        failure_threshold: u32,
+        /// Wait until the rollout ends; exit non-zero unless it completed.
+        #[arg(long)]
+        wait: bool,
+        #[arg(short = 'o', long = "output", value_enum, default_value_t)]
+        output: Format,
+    },
+    /// Show a rollout.
+    Status {
+        id: String,
+        /// Follow the rollout until it ends.
+        #[arg(long)]
+        watch: bool,
+        #[arg(short = 'o', long = "output", value_enum, default_value_t)]
+        output: Format,
+    },
+    /// List rollouts.
+    List {
+        #[arg(long, default_value = "")]
+        cluster: String,
+        #[arg(short = 'o', long = "output", value_enum, default_value_t)]
+        output: Format,
+    },
+    /// Pause a rollout.
+    Pause { id: String },
+    /// Resume a paused rollout.
+    Resume { id: String },
+    /// Stop a rollout; nodes keep what they were assigned.
+    Abort { id: String },
+    /// Return every node the rollout touched to its previous version.
+    Rollback { id: String },
+}
+
+#[derive(Subcommand)]
+enum NodeCmd {
+    /// List nodes.
+    List {
+        #[arg(long, default_value = "")]
+        cluster: String,
+        #[arg(short = 'o', long = "output", value_enum, default_value_t)]
+        output: Format,
+    },
+    /// Show one node.
+    Get {
+        name: String,
+        #[arg(short = 'o', long = "output", value_enum, default_value_t)]
+        output: Format,
+    },
+    /// Delete a node and revoke its certificate (the name may join again).
+    Delete { name: String },
+}
+
+#[derive(Subcommand)]
+enum EventCmd {
+    /// List recent events, oldest first.
+    List {
+        #[arg(long, default_value = "")]
+        node: String,
+        #[arg(long, default_value = "")]
+        cluster: String,
+        #[arg(long, default_value = "")]
+        rollout: String,
+        /// At most this many events (0: server default).
+        #[arg(long, default_value_t = 0)]
+        limit: u32,
+        #[arg(short = 'o', long = "output", value_enum, default_value_t)]
+        output: Format,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print();
+            return std::process::ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // clap adds usage and hints on further lines; keep the first.
+            let text = e.to_string();
+            let first = text
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("invalid arguments");
+            let first = first.trim_start_matches("error: ");
+            eprintln!("error: {first} (see `lksctl --help`)");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: start async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let config = cli.config.unwrap_or_else(|| PathBuf::from("admin.conf"));
+    match cli.cmd {
+        // Commands that need no server.
+        Cmd::Bundle {
+            cmd: BundleCmd::Keygen { out },
+        } => keygen(&out),
+        cmd => {
+            // Arguments are checked before dialling, so a typo fails fast.
+            precheck(&cmd)?;
+            let (mut c, url) = client::connect(&config).await?;
+            dispatch(&mut c, &url, cmd).await
+        }
+    }
+}
+
+fn keygen(out: &Path) -> anyhow::Result<()> {
+    let (k, p) = SigningKey::generate()
+        .write_pair(out)
+        .map_err(|e| anyhow!("{e}"))
+        .context("write publisher key pair")?;
+    println!(
+        "wrote {} (private, keep it secret) and {}",
+        k.display(),
+        p.display()
+    );
+    Ok(())
+}
+
+fn labels(flag: &str, s: &str) -> anyhow::Result<Labels> {
+    parse_labels(s).map_err(|e| anyhow!("{flag}: {e}"))
+}
+
+fn precheck(cmd: &Cmd) -> anyhow::Result<()> {
+    match cmd {
+        Cmd::Cluster {
+            cmd: ClusterCmd::Create { name },
+        } => validate_cluster_name(name).map_err(|e| anyhow!("{e}")),
+        Cmd::Token {
+            cmd: TokenCmd::Create {
+                cluster, labels: l, ..
+            },
+        } => {
+            validate_cluster_name(cluster).map_err(|e| anyhow!("--cluster: {e}"))?;
+            labels("--labels", l).map(|_| ())
+        }
+        Cmd::Rollout {
+            cmd:
+                RolloutCmd::Start {
+                    cluster,
+                    bundle,
+                    selector,
+                    ..
+                },
+        } => {
+            validate_cluster_name(cluster).map_err(|e| anyhow!("--cluster: {e}"))?;
+            parse_bundle_ref(bundle).map_err(|e| anyhow!("--bundle: {e}"))?;
+            labels("--selector", selector).map(|_| ())
+        }
+        Cmd::Node {
+            cmd: NodeCmd::Get { name, .. } | NodeCmd::Delete { name },
+        } => validate_node_name(name).map_err(|e| anyhow!("{e}")),
+        _ => Ok(()),
+    }
+}
+
+fn print_json(v: &serde_json::Value) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
+    let st = |s: tonic::Status| status(url, s);
+    match cmd {
+        Cmd::Cluster { cmd } => match cmd {
+            ClusterCmd::Create { name } => {
+                c.create_cluster(pb::CreateClusterRequest { name: name.clone() })
+                    .await
+                    .map_err(st)
+                    .with_context(|| format!("create cluster {name}"))?;
+                println!("cluster {name} created");
+            }
+            ClusterCmd::List { output } => {
+                let r = c
+                    .list_clusters(pb::ListClustersRequest {})
+                    .await
+                    .map_err(st)
+                    .context("list clusters")?
+                    .into_inner();
+                if output == Format::Json {
+                    print_json(&serde_json::json!(
+                        r.clusters
+                            .iter()
+                            .map(|c| serde_json::json!({
+                                "name": c.name,
+                                "nodes": c.node_count,
+                                "created_at": output::rfc3339_ms(c.created_at_ms),
+                            }))
+                            .collect::<Vec<_>>()
+                    ))?;
+                } else {
+                    let rows: Vec<Vec<String>> = r
+                        .clusters
+                        .iter()
+                        .map(|c| {
+                            vec![
+                                c.name.clone(),
+                                c.node_count.to_string(),
+                                output::rfc3339_ms(c.created_at_ms).unwrap_or_default(),
+                            ]
+                        })
+                        .collect();
+                    print!("{}", output::table(&["NAME", "NODES", "CREATED"], &rows));
+                }
+            }
+        },
+        Cmd::Token {
+            cmd:
+                TokenCmd::Create {
+                    cluster,
+                    ttl,
+                    uses,
+                    labels: l,
+                    cloud_init,
+                    output,
+                },
+        } => {
+            if ttl.as_secs() == 0 {
+                bail!("--ttl must be at least 1s");
+            }
+            let r = c
+                .create_token(pb::CreateTokenRequest {
+                    cluster: cluster.clone(),
+                    ttl_seconds: ttl.as_secs(),
+                    uses,
+                    labels: labels("--labels", &l)?.into_iter().collect(),
+                })
+                .await
+                .map_err(st)
+                .with_context(|| format!("create token for cluster {cluster}"))?
+                .into_inner();
+            if output == Format::Json {
+                print_json(&serde_json::json!({
+                    "token": r.token,
+                    "ca_cert_hash": r.ca_cert_hash,
+                    "server": r.server,
+                    "join_command": r.join_command,
+                    "expires_at": output::rfc3339_s(r.expires_at),
+                }))?;
+            } else if cloud_init {
+                print!("{}", cloud_init_text(&r, &cluster));
+            } else {
+                println!("{}", r.join_command);
+            }
+        }
+        Cmd::Bundle { cmd } => match cmd {
+            BundleCmd::Keygen { out } => keygen(&out)?,
+            BundleCmd::Publish { dir, sign_key } => publish(c, url, &dir, sign_key.as_deref()).await?,
+            BundleCmd::List { output } => {
+                let r = c
+                    .list_bundles(pb::ListBundlesRequest::default())
+                    .await
+                    .map_err(st)
+                    .context("list bundles")?
+                    .into_inner();
+                if output == Format::Json {
+                    print_json(&serde_json::json!(
+                        r.bundles.iter().map(output::bundle_json).collect::<Vec<_>>()
+                    ))?;
+                } else {
+                    print!("{}", output::bundles_table(&r.bundles));
+                }
+            }
+        },
+        Cmd::Rollout { cmd } => rollout(c, url, cmd).await?,
+        Cmd::Node { cmd } => match cmd {
+            NodeCmd::List { cluster, output } => {
+                let r = c
+                    .list_nodes(pb::ListNodesRequest { cluster })
+                    .await
+                    .map_err(st)
+                    .context("list nodes")?
+                    .into_inner();
+                if output == Format::Json {
+                    print_json(&serde_json::json!(
+                        r.nodes.iter().map(output::node_json).collect::<Vec<_>>()
+                    ))?;
+                } else {
+                    print!("{}", output::nodes_table(&r.nodes));
+                }
+            }
+            NodeCmd::Get { name, output } => {
+                let n = c
+                    .get_node(pb::GetNodeRequest { name: name.clone() })
+                    .await
+                    .map_err(st)
+                    .with_context(|| format!("get node {name}"))?
+                    .into_inner();
+                if output == Format::Json {
+                    print_json(&output::node_json(&n))?;
+                } else {
+                    print!("{}", output::node_text(&n));
+                }
+            }
+            NodeCmd::Delete { name } => {
+                c.delete_node(pb::DeleteNodeRequest { name: name.clone() })
+                    .await
+                    .map_err(st)
+                    .with_context(|| format!("delete node {name}"))?;
+                println!("node {name} deleted; its certificate no longer works");
+            }
+        },
+        Cmd::Event {
+            cmd:
+                EventCmd::List {
+                    node,
+                    cluster,
+                    rollout,
+                    limit,
+                    output,
+                },
+        } => {
+            let r = c
+                .list_events(pb::ListEventsRequest {
+                    cluster,
+                    node,
+                    rollout_id: rollout,
+                    limit,
+                })
+                .await
+                .map_err(st)
+                .context("list events")?
+                .into_inner();
+            if output == Format::Json {
+                print_json(&serde_json::json!(
+                    r.events.iter().map(output::event_json).collect::<Vec<_>>()
+                ))?;
+            } else {
+                print!("{}", output::events_table(&r.events));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn cloud_init_text(r: &pb::CreateTokenResponse, cluster: &str) -> String {
+    let expires = output::rfc3339_s(r.expires_at).unwrap_or_default();
+    format!(
+        "#cloud-config\n\
+         # Enrols this VM into lksadmin cluster {cluster}. The token expires at {expires}.\n\
+         packages:\n  - lksadmin-agent\n\
+         runcmd:\n  - [lksadmin-agent, join, --server, \"{}\", --token, \"{}\", --ca-cert-hash, \"{}\"]\n  - [systemctl, enable, --now, lksadmin-agent]\n",
+        r.server, r.token, r.ca_cert_hash
+    )
+}
+
+async fn publish(c: &mut Client, url: &str, dir: &Path, sign_key: Option<&Path>) -> anyhow::Result<()> {
+    let authored = load_bundle_dir(dir, &mut RequireSize)
+        .map_err(|e| anyhow!("{e}"))
+        .with_context(|| format!("load bundle {}", dir.display()))?;
+    let key = sign_key
+        .map(SigningKey::from_file)
+        .transpose()
+        .map_err(|e| anyhow!("{e}"))
+        .context("load signing key")?;
+    let manifest = authored.manifest.clone();
+    let id = manifest.id();
+    let signed = SignedBundle {
+        signature: key.as_ref().map(|k| k.sign(&manifest)),
+        manifest,
+    };
+    let header = pb::PublishBundleRequest {
+        msg: Some(PublishMsg::Header(pb::SignedBundle::from(&signed))),
+    };
+    let uploads = authored.uploads();
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::PublishBundleRequest>(4);
+    // Files are read while the upload runs, so memory stays at a few chunks.
+    let reader = tokio::spawn(async move {
+        if tx.send(header).await.is_err() {
+            return Ok(());
+        }
+        for (digest, _size, path) in uploads {
+            let mut f = tokio::fs::File::open(&path)
+                .await
+                .with_context(|| format!("open {}", path.display()))?;
+            let mut buf = vec![0u8; CHUNK];
+            let mut sent_any = false;
+            loop {
+                let n = f
+                    .read(&mut buf)
+                    .await
+                    .with_context(|| format!("read {}", path.display()))?;
+                if n == 0 && sent_any {
+                    break;
+                }
+                let msg = pb::PublishBundleRequest {
+                    msg: Some(PublishMsg::Chunk(pb::FileChunk {
+                        digest: digest.to_string(),
+                        data: buf[..n].to_vec(),
+                    })),
+                };
+                if tx.send(msg).await.is_err() {
+                    return Ok(());
+                }
+                sent_any = true;
+                if n == 0 {
+                    break;
+                }
+            }
+        }
+        Ok::<(), anyhow::Error>(())
+    });
+    let result = c
+        .publish_bundle(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await;
+    let read = reader.await.map_err(|e| anyhow!("upload task: {e}"))?;
+    let r = match result {
+        Ok(r) => r.into_inner(),
+        Err(s) => {
+            read.with_context(|| format!("publish {id}"))?;
+            return Err(status(url, s)).with_context(|| format!("publish {id}"));
+        }
+    };
+    read.with_context(|| format!("publish {id}"))?;
+    if !r.created {
+        eprintln!("{id} was already published with identical content; nothing changed");
+    }
+    println!("{}@{}", r.name, r.version);
+    Ok(())
+}
+
+async fn rollout(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<()> {
+    let st = |s: tonic::Status| status(url, s);
+    match cmd {
+        RolloutCmd::Start {
+            cluster,
+            bundle,
+            selector,
+            batch_size,
+            failure_threshold,
+            wait,
+            output,
+        } => {
+            let (name, version) = parse_bundle_ref(&bundle).map_err(|e| anyhow!("--bundle: {e}"))?;
+            let r = c
+                .start_rollout(pb::StartRolloutRequest {
+                    cluster: cluster.clone(),
+                    bundle: name,
+                    version,
+                    selector: labels("--selector", &selector)?.into_iter().collect(),
+                    batch_size,
+                    failure_threshold,
+                    offline_deadline_seconds: 0,
+                })
+                .await
+                .map_err(st)
+                .with_context(|| format!("start rollout of {bundle} on cluster {cluster}"))?
+                .into_inner();
+            if !wait {
+                if output == Format::Json {
+                    print_json(&output::rollout_json(&r))?;
+                } else {
+                    println!("{}", r.id);
+                }
+                return Ok(());
+            }
+            if output != Format::Json {
+                println!("{}", r.id);
+            }
+            let last = watch(c, url, &r.id, false, output).await?;
+            if output == Format::Json {
+                print_json(&output::rollout_json(&last))?;
+            }
+            ended_ok(&last)
+        }
+        RolloutCmd::Status { id, watch: w, output } => {
+            if w {
+                let last = watch(c, url, &id, true, output).await?;
+                if output == Format::Json {
+                    print_json(&output::rollout_json(&last))?;
+                } else {
+                    print!("{}", output::rollout_text(&last));
+                }
+                return Ok(());
+            }
+            let r = c
+                .get_rollout(pb::RolloutRef { id: id.clone() })
+                .await
+                .map_err(st)
+                .with_context(|| format!("get rollout {id}"))?
+                .into_inner();
+            if output == Format::Json {
+                print_json(&output::rollout_json(&r))?;
+            } else {
+                print!("{}", output::rollout_text(&r));
+            }
+            Ok(())
+        }
+        RolloutCmd::List { cluster, output } => {
+            let r = c
+                .list_rollouts(pb::ListRolloutsRequest { cluster })
+                .await
+                .map_err(st)
+                .context("list rollouts")?
+                .into_inner();
+            if output == Format::Json {
+                print_json(&serde_json::json!(
+                    r.rollouts.iter().map(output::rollout_json).collect::<Vec<_>>()
+                ))?;
+            } else {
+                print!("{}", output::rollouts_table(&r.rollouts));
+            }
+            Ok(())
+        }
+        RolloutCmd::Pause { id } => {
+            let r = c.pause_rollout(pb::RolloutRef { id: id.clone() }).await;
+            let r = r.map_err(st).with_context(|| format!("pause rollout {id}"))?;
+            println!("{}", output::rollout_line(r.get_ref()));
+            Ok(())
+        }
+        RolloutCmd::Resume { id } => {
+            let r = c.resume_rollout(pb::RolloutRef { id: id.clone() }).await;
+            let r = r.map_err(st).with_context(|| format!("resume rollout {id}"))?;
+            println!("{}", output::rollout_line(r.get_ref()));
+            Ok(())
+        }
+        RolloutCmd::Abort { id } => {
+            let r = c.abort_rollout(pb::RolloutRef { id: id.clone() }).await;
+            let r = r.map_err(st).with_context(|| format!("abort rollout {id}"))?;
+            println!("{}", output::rollout_line(r.get_ref()));
+            Ok(())
+        }
+        RolloutCmd::Rollback { id } => {
+            let r = c.rollback_rollout(pb::RolloutRef { id: id.clone() }).await;
+            let r = r.map_err(st).with_context(|| format!("roll back rollout {id}"))?;
+            println!("{}", output::rollout_line(r.get_ref()));
+            Ok(())
+        }
+    }
+}
+
+/// Follows a rollout until it ends and returns its final state. Progress
+/// lines go to stdout when `progress` is set, else to a terminal's stderr.
+async fn watch(
+    c: &mut Client,
+    url: &str,
+    id: &str,
+    progress: bool,
+    output: Format,
+) -> anyhow::Result<pb::Rollout> {
+    let mut stream = c
+        .watch_rollout(pb::RolloutRef { id: id.to_string() })
+        .await
+        .map_err(|s| status(url, s))
+        .with_context(|| format!("watch rollout {id}"))?
+        .into_inner();
+    let tty = std::io::stderr().is_terminal();
+    let mut last = None;
+    while let Some(r) = stream.next().await {
+        let r = r
+            .map_err(|s| status(url, s))
+            .with_context(|| format!("watch rollout {id}"))?;
+        if progress && output != Format::Json {
+            println!("{}", output::rollout_line(&r));
+        } else if tty {
+            eprintln!("{}", output::rollout_line(&r));
+        }
+        last = Some(r);
+    }
+    let last = last.ok_or_else(|| anyhow!("watch rollout {id}: the server sent nothing"))?;
+    if !is_terminal_state(last.state) {
+        bail!(
+            "watch rollout {id}: the stream ended while the rollout was still {}",
+            output::rollout_state_str(last.state)
+        );
+    }
+    Ok(last)
+}
+
+fn is_terminal_state(s: i32) -> bool {
+    matches!(
+        RolloutState::try_from(s),
+        Ok(RolloutState::Completed | RolloutState::Failed | RolloutState::Aborted | RolloutState::RolledBack)
+    )
+}
+
+fn ended_ok(r: &pb::Rollout) -> anyhow::Result<()> {
+    if r.state == RolloutState::Completed as i32 {
+        return Ok(());
+    }
+    let why = if r.message.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", r.message)
+    };
+    bail!(
+        "rollout {} ended {} ({}/{} updated, {} failed){why}",
+        r.id,
+        output::rollout_state_str(r.state),
+        r.updated,
+        r.total,
+        r.failed
+    )
+}

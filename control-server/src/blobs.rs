@@ -1,0 +1,179 @@
+//! The content-addressed blob store: `DATA_DIR/blobs/sha256/ab/<hex>`.
+//!
+//! A blob reaches its final name only after its bytes were verified against
+//! the declared digest and size while streaming in, then fsynced, renamed
+//! and the directory fsynced: a crash leaves a whole verified blob or none.
+
+use std::path::{Path, PathBuf};
+
+use lks_proto::Digest;
+use lks_proto::digest::{Verifier, VerifyError};
+use tokio::io::AsyncWriteExt;
+
+use crate::fsutil::fsync_dir;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BlobError {
+    #[error("blob {digest}: {source}")]
+    Verify { digest: Digest, source: VerifyError },
+    #[error("blob store {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BlobError + '_ {
+    move |source| BlobError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct BlobStore {
+    root: PathBuf,
+}
+
+impl BlobStore {
+    /// Opens the store under `root`, removing temp files a crash left behind.
+    pub fn open(root: &Path) -> Result<Self, BlobError> {
+        let tmp = root.join("tmp");
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+        }
+        std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+        std::fs::create_dir_all(root.join("sha256")).map_err(io(root))?;
+        Ok(BlobStore {
+            root: root.to_path_buf(),
+        })
+    }
+
+    /// Where the blob `d` lives.
+    pub fn path(&self, d: &Digest) -> PathBuf {
+        let hex = d.hex();
+        self.root.join("sha256").join(&hex[..2]).join(hex)
+    }
+
+    pub fn contains(&self, d: &Digest) -> bool {
+        self.path(d).is_file()
+    }
+
+    /// Starts writing a blob that must match `digest` and `size`.
+    pub async fn writer(&self, digest: Digest, size: u64) -> Result<BlobWriter, BlobError> {
+        let mut nonce = [0u8; 8];
+        let _ = getrandom::getrandom(&mut nonce);
+        let tmp = self
+            .root
+            .join("tmp")
+            .join(format!("{}.{}", digest.hex(), hex_nonce(&nonce)));
+        let file = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .await
+            .map_err(io(&tmp))?;
+        Ok(BlobWriter {
+            file: Some(file),
+            tmp,
+            dest: self.path(&digest),
+            digest,
+            verifier: Verifier::new(digest, size),
+        })
+    }
+}
+
+fn hex_nonce(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// A blob being written. Dropping it unfinished removes the temp file.
+pub struct BlobWriter {
+    file: Option<tokio::fs::File>,
+    tmp: PathBuf,
+    dest: PathBuf,
+    digest: Digest,
+    verifier: Verifier,
+}
+
+impl BlobWriter {
+    pub fn digest(&self) -> Digest {
+        self.digest
+    }
+
+    /// Appends bytes; fails as soon as the stream passes the declared size.
+    pub async fn write(&mut self, bytes: &[u8]) -> Result<(), BlobError> {
+        self.verifier.update(bytes).map_err(|source| BlobError::Verify {
+            digest: self.digest,
+            source,
+        })?;
+        if let Some(f) = self.file.as_mut() {
+            f.write_all(bytes).await.map_err(io(&self.tmp))?;
+        }
+        Ok(())
+    }
+
+    /// Verifies the whole blob and moves it to its final name durably.
+    pub async fn finish(mut self) -> Result<(), BlobError> {
+        let verifier = self.verifier.clone();
+        verifier.finish().map_err(|source| BlobError::Verify {
+            digest: self.digest,
+            source,
+        })?;
+        let Some(mut file) = self.file.take() else {
+            return Ok(());
+        };
+        file.flush().await.map_err(io(&self.tmp))?;
+        file.sync_all().await.map_err(io(&self.tmp))?;
+        drop(file);
+        let (tmp, dest) = (self.tmp.clone(), self.dest.clone());
+        tokio::task::spawn_blocking(move || -> Result<(), BlobError> {
+            let dir = dest.parent().unwrap_or(Path::new("."));
+            std::fs::create_dir_all(dir).map_err(io(dir))?;
+            std::fs::rename(&tmp, &dest).map_err(io(&dest))?;
+            fsync_dir(dir).map_err(io(dir))
+        })
+        .await
+        .map_err(|e| BlobError::Io {
+            path: self.dest.clone(),
+            source: std::io::Error::other(e),
+        })??;
+        // Renamed: nothing left for Drop to clean.
+        self.tmp = PathBuf::new();
+        Ok(())
+    }
+}
+
+impl Drop for BlobWriter {
+    fn drop(&mut self) {
+        if !self.tmp.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn verified_blobs_land_and_bad_ones_leave_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = BlobStore::open(dir.path()).unwrap();
+        let data = b"hello blob";
+        let d = Digest::of(data);
+        let mut w = store.writer(d, data.len() as u64).await.unwrap();
+        w.write(&data[..4]).await.unwrap();
+        w.write(&data[4..]).await.unwrap();
+        w.finish().await.unwrap();
+        assert_eq!(std::fs::read(store.path(&d)).unwrap(), data);
+
+        let bad = Digest::of(b"other");
+        let mut w = store.writer(bad, data.len() as u64).await.unwrap();
+        w.write(data).await.unwrap();
+        assert!(matches!(w.finish().await, Err(BlobError::Verify { .. })));
+        assert!(!store.contains(&bad));
+
+        let mut w = store.writer(d, 3).await.unwrap();
+        assert!(w.write(data).await.is_err(), "longer than declared fails at once");
+        drop(w);
+        assert_eq!(std::fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+    }
+}

@@ -1,0 +1,170 @@
+//! Who is connected, and how a change reaches them.
+//!
+//! Each node with an open `Connect` stream has a `watch` channel: a change to
+//! its desired state bumps the value, and the stream's task re-reads the
+//! store and sends the newest state. Notifying never blocks and never queues
+//! — a slow agent simply sees one coalesced change — so fan-out to thousands
+//! of streams cannot be held up by the slowest one. Heartbeats only touch an
+//! in-memory map that a background task flushes to the store in batches.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+struct Conn {
+    id: u64,
+    changed: watch::Sender<u64>,
+    cancel: CancellationToken,
+}
+
+/// What a stream task holds while it serves one node.
+pub struct Registration {
+    pub id: u64,
+    pub changed: watch::Receiver<u64>,
+    /// Fires when the node is deleted or a newer stream of the same node
+    /// replaces this one.
+    pub cancel: CancellationToken,
+}
+
+#[derive(Default)]
+pub struct Hub {
+    next_id: AtomicU64,
+    conns: Mutex<HashMap<String, Conn>>,
+    seen: Mutex<HashMap<String, i64>>,
+}
+
+impl Hub {
+    /// Registers a new stream for `node`, ending any older one.
+    pub fn register(&self, node: &str) -> Registration {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let (tx, rx) = watch::channel(0);
+        let cancel = CancellationToken::new();
+        if let Ok(mut c) = self.conns.lock()
+            && let Some(old) = c.insert(
+                node.to_string(),
+                Conn {
+                    id,
+                    changed: tx,
+                    cancel: cancel.clone(),
+                },
+            )
+        {
+            old.cancel.cancel();
+        }
+        Registration {
+            id,
+            changed: rx,
+            cancel,
+        }
+    }
+
+    /// Removes the stream `id` of `node`; true if it was still the current one.
+    pub fn unregister(&self, node: &str, id: u64) -> bool {
+        let Ok(mut c) = self.conns.lock() else {
+            return false;
+        };
+        if c.get(node).is_some_and(|conn| conn.id == id) {
+            c.remove(node);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Tells `node`'s stream (if any) that its desired state changed.
+    pub fn notify(&self, node: &str) {
+        if let Ok(c) = self.conns.lock()
+            && let Some(conn) = c.get(node)
+        {
+            conn.changed.send_modify(|v| *v += 1);
+        }
+    }
+
+    /// Ends `node`'s stream (if any), e.g. because the node was deleted.
+    pub fn kick(&self, node: &str) {
+        if let Ok(mut c) = self.conns.lock()
+            && let Some(conn) = c.remove(node)
+        {
+            conn.cancel.cancel();
+        }
+    }
+
+    pub fn is_connected(&self, node: &str) -> bool {
+        self.conns.lock().is_ok_and(|c| c.contains_key(node))
+    }
+
+    pub fn connected(&self) -> usize {
+        self.conns.lock().map_or(0, |c| c.len())
+    }
+
+    /// Notes that `node` was heard from at `now_ms`.
+    pub fn heard(&self, node: &str, now_ms: i64) {
+        if let Ok(mut s) = self.seen.lock() {
+            s.insert(node.to_string(), now_ms);
+        }
+    }
+
+    /// Last time `node` was heard from that is not flushed yet.
+    pub fn last_heard(&self, node: &str) -> Option<i64> {
+        self.seen.lock().ok().and_then(|s| s.get(node).copied())
+    }
+
+    /// Takes the heartbeats gathered since the last flush.
+    pub fn take_heard(&self) -> Vec<(String, i64)> {
+        self.seen
+            .lock()
+            .map(|mut s| s.drain().collect())
+            .unwrap_or_default()
+    }
+
+    /// Ends every stream (shutdown).
+    pub fn close_all(&self) {
+        if let Ok(mut c) = self.conns.lock() {
+            for (_, conn) in c.drain() {
+                conn.cancel.cancel();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn newest_stream_wins_and_notifications_coalesce() {
+        let hub = Hub::default();
+        let old = hub.register("n1");
+        let mut new = hub.register("n1");
+        assert!(old.cancel.is_cancelled(), "a second stream replaces the first");
+        assert!(
+            !hub.unregister("n1", old.id),
+            "the old stream must not unregister the new one"
+        );
+        for _ in 0..100 {
+            hub.notify("n1");
+        }
+        new.changed.changed().await.unwrap();
+        assert_eq!(*new.changed.borrow_and_update(), 100);
+        assert!(!new.changed.has_changed().unwrap());
+        hub.kick("n1");
+        assert!(new.cancel.is_cancelled());
+        assert_eq!(hub.connected(), 0);
+        hub.notify("nobody");
+    }
+
+    #[test]
+    fn heartbeats_batch() {
+        let hub = Hub::default();
+        hub.heard("a", 1);
+        hub.heard("a", 2);
+        hub.heard("b", 3);
+        let mut v = hub.take_heard();
+        v.sort();
+        assert_eq!(v, vec![("a".to_string(), 2), ("b".to_string(), 3)]);
+        assert!(hub.take_heard().is_empty());
+    }
+}

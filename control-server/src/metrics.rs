@@ -1,0 +1,239 @@
+//! Prometheus metrics (text exposition format) and the `/metrics` +
+//! `/healthz` HTTP endpoint.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+const BUCKETS: [f64; 12] = [
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+#[derive(Default)]
+struct Histogram {
+    counts: [u64; BUCKETS.len()],
+    sum: f64,
+    count: u64,
+}
+
+/// The server's counters, shared by every handler.
+#[derive(Default)]
+pub struct Metrics {
+    connected: AtomicI64,
+    pushes: AtomicU64,
+    blob_bytes: AtomicU64,
+    enrollments: Mutex<BTreeMap<&'static str, u64>>,
+    rpc: Mutex<BTreeMap<&'static str, Histogram>>,
+}
+
+impl Metrics {
+    pub fn set_connected(&self, n: usize) {
+        self.connected.store(n as i64, Ordering::Relaxed);
+    }
+
+    pub fn desired_state_pushed(&self) {
+        self.pushes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn blob_bytes_served(&self, n: u64) {
+        self.blob_bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts one enrolment attempt by outcome (`ok`, `invalid_token`, …).
+    pub fn enrollment(&self, result: &'static str) {
+        if let Ok(mut m) = self.enrollments.lock() {
+            *m.entry(result).or_default() += 1;
+        }
+    }
+
+    pub fn observe_rpc(&self, method: &'static str, secs: f64) {
+        if let Ok(mut m) = self.rpc.lock() {
+            let h = m.entry(method).or_default();
+            for (i, b) in BUCKETS.iter().enumerate() {
+                if secs <= *b {
+                    h.counts[i] += 1;
+                }
+            }
+            h.sum += secs;
+            h.count += 1;
+        }
+    }
+
+    /// Observes the time until the returned guard is dropped.
+    pub fn timer(self: &Arc<Self>, method: &'static str) -> RpcTimer {
+        RpcTimer {
+            metrics: self.clone(),
+            method,
+            start: Instant::now(),
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "# HELP lks_connected_agents Agents with an open Connect stream."
+        );
+        let _ = writeln!(s, "# TYPE lks_connected_agents gauge");
+        let _ = writeln!(
+            s,
+            "lks_connected_agents {}",
+            self.connected.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(s, "# HELP lks_enrollments_total Enrolment attempts by result.");
+        let _ = writeln!(s, "# TYPE lks_enrollments_total counter");
+        if let Ok(m) = self.enrollments.lock() {
+            for (result, n) in m.iter() {
+                let _ = writeln!(s, "lks_enrollments_total{{result=\"{result}\"}} {n}");
+            }
+        }
+        let _ = writeln!(
+            s,
+            "# HELP lks_desired_state_pushes_total Desired states sent to agents."
+        );
+        let _ = writeln!(s, "# TYPE lks_desired_state_pushes_total counter");
+        let _ = writeln!(
+            s,
+            "lks_desired_state_pushes_total {}",
+            self.pushes.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(s, "# HELP lks_blob_bytes_served_total Blob bytes sent to agents.");
+        let _ = writeln!(s, "# TYPE lks_blob_bytes_served_total counter");
+        let _ = writeln!(
+            s,
+            "lks_blob_bytes_served_total {}",
+            self.blob_bytes.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            s,
+            "# HELP lks_rpc_duration_seconds gRPC handler duration by method."
+        );
+        let _ = writeln!(s, "# TYPE lks_rpc_duration_seconds histogram");
+        if let Ok(m) = self.rpc.lock() {
+            for (method, h) in m.iter() {
+                for (i, b) in BUCKETS.iter().enumerate() {
+                    let _ = writeln!(
+                        s,
+                        "lks_rpc_duration_seconds_bucket{{method=\"{method}\",le=\"{b}\"}} {}",
+                        h.counts[i]
+                    );
+                }
+                let _ = writeln!(
+                    s,
+                    "lks_rpc_duration_seconds_bucket{{method=\"{method}\",le=\"+Inf\"}} {}",
+                    h.count
+                );
+                let _ = writeln!(s, "lks_rpc_duration_seconds_sum{{method=\"{method}\"}} {}", h.sum);
+                let _ = writeln!(
+                    s,
+                    "lks_rpc_duration_seconds_count{{method=\"{method}\"}} {}",
+                    h.count
+                );
+            }
+        }
+        s
+    }
+}
+
+/// Records an RPC's duration when dropped.
+pub struct RpcTimer {
+    metrics: Arc<Metrics>,
+    method: &'static str,
+    start: Instant,
+}
+
+impl Drop for RpcTimer {
+    fn drop(&mut self) {
+        self.metrics
+            .observe_rpc(self.method, self.start.elapsed().as_secs_f64());
+    }
+}
+
+/// Serves `/metrics` and `/healthz` on `listener` until `cancel` fires.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, cancel: CancellationToken) {
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics listener accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let m = metrics.clone();
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
+                let m = m.clone();
+                async move { Ok::<_, Infallible>(respond(req.uri().path(), &m)) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
+            tokio::select! {
+                _ = cancel.cancelled() => {}
+                r = conn => if let Err(e) = r {
+                    tracing::debug!(error = %e, "metrics connection ended");
+                },
+            }
+        });
+    }
+}
+
+fn respond(path: &str, m: &Metrics) -> Response<Full<Bytes>> {
+    let (status, ctype, body) = match path {
+        "/metrics" => (StatusCode::OK, "text/plain; version=0.0.4", m.render()),
+        "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_string()),
+        _ => (StatusCode::NOT_FOUND, "text/plain", "not found\n".to_string()),
+    };
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    if let Ok(v) = hyper::header::HeaderValue::from_str(ctype) {
+        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+/// Binds the metrics listener (done before serving so a bad address fails start-up).
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_family() {
+        let m = Metrics::default();
+        m.set_connected(3);
+        m.enrollment("ok");
+        m.enrollment("ok");
+        m.enrollment("invalid_token");
+        m.desired_state_pushed();
+        m.blob_bytes_served(10);
+        m.observe_rpc("Enroll", 0.02);
+        let t = m.render();
+        assert!(t.contains("lks_connected_agents 3"));
+        assert!(t.contains("lks_enrollments_total{result=\"ok\"} 2"));
+        assert!(t.contains("lks_desired_state_pushes_total 1"));
+        assert!(t.contains("lks_blob_bytes_served_total 10"));
+        assert!(t.contains("lks_rpc_duration_seconds_bucket{method=\"Enroll\",le=\"0.025\"} 1"));
+        assert!(t.contains("lks_rpc_duration_seconds_bucket{method=\"Enroll\",le=\"0.01\"} 0"));
+        assert!(t.contains("lks_rpc_duration_seconds_count{method=\"Enroll\"} 1"));
+    }
+}

@@ -1,0 +1,69 @@
+//! A token bucket per peer IP, to slow down token guessing on `Enroll`.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// Buckets beyond this many peers trigger a sweep of the full ones.
+const SWEEP_AT: usize = 10_000;
+
+pub struct RateLimiter {
+    rate: f64,
+    burst: f64,
+    buckets: Mutex<HashMap<IpAddr, (f64, Instant)>>,
+}
+
+impl RateLimiter {
+    /// `rate` tokens per second, at most `burst` saved up.
+    pub fn new(rate: f64, burst: f64) -> Self {
+        RateLimiter {
+            rate,
+            burst,
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes one token for `ip`; false if none is left.
+    pub fn allow(&self, ip: IpAddr) -> bool {
+        self.allow_at(ip, Instant::now())
+    }
+
+    fn allow_at(&self, ip: IpAddr, now: Instant) -> bool {
+        let Ok(mut b) = self.buckets.lock() else {
+            return true;
+        };
+        if b.len() >= SWEEP_AT {
+            let (rate, burst) = (self.rate, self.burst);
+            b.retain(|_, (tokens, at)| *tokens + now.duration_since(*at).as_secs_f64() * rate < burst);
+        }
+        let (tokens, at) = b.entry(ip).or_insert((self.burst, now));
+        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * self.rate).min(self.burst);
+        *at = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn burst_then_rate() {
+        let l = RateLimiter::new(5.0, 3.0);
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let other: IpAddr = "10.0.0.2".parse().unwrap();
+        let t = Instant::now();
+        assert!((0..3).all(|_| l.allow_at(ip, t)));
+        assert!(!l.allow_at(ip, t));
+        assert!(l.allow_at(other, t), "buckets are per peer");
+        assert!(l.allow_at(ip, t + Duration::from_millis(250)));
+        assert!(!l.allow_at(ip, t + Duration::from_millis(250)));
+    }
+}

@@ -1,0 +1,337 @@
+//! Wiring: data dir, PKI, store, blob store, the gRPC server (agent and admin
+//! APIs, health, reflection) on one TLS port, metrics, background tasks, and
+//! graceful shutdown.
+
+use std::net::{IpAddr, SocketAddr};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lks_proto::pb;
+use lks_proto::pb::admin_service_server::AdminServiceServer;
+use lks_proto::pb::agent_service_server::AgentServiceServer;
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+
+use crate::admin::{AdminApi, refresh};
+use crate::adminconf::{AdminConf, AdminConfError};
+use crate::agent::AgentApi;
+use crate::blobs::{BlobError, BlobStore};
+use crate::hub::Hub;
+use crate::metrics::{self, Metrics};
+use crate::pki::{Pki, PkiError};
+use crate::ratelimit::RateLimiter;
+use crate::store::{SqliteStore, Store, StoreError};
+
+/// How often buffered heartbeats are written to the store.
+const HEARTBEAT_FLUSH: Duration = Duration::from_secs(5);
+/// How often running rollouts are re-evaluated without a trigger.
+const ROLLOUT_TICK: Duration = Duration::from_secs(2);
+/// Enrolment rate per peer IP: tokens per second and burst.
+const ENROLL_RATE: f64 = 5.0;
+const ENROLL_BURST: f64 = 20.0;
+
+/// Everything `lks-control-server` is told on its command line.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub metrics_listen: Option<SocketAddr>,
+    pub advertise_address: Option<String>,
+    pub node_cert_ttl: Duration,
+    /// How long shutdown waits for streams and tasks to finish.
+    pub shutdown_grace: Duration,
+    /// How often the server pings each agent stream.
+    pub ping_interval: Duration,
+}
+
+impl Config {
+    pub fn new(data_dir: PathBuf, listen: SocketAddr) -> Self {
+        Config {
+            data_dir,
+            listen,
+            metrics_listen: None,
+            advertise_address: None,
+            node_cert_ttl: Duration::from_secs(24 * 3600),
+            shutdown_grace: Duration::from_secs(10),
+            ping_interval: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("create data dir {path}: {source}")]
+    DataDir { path: PathBuf, source: std::io::Error },
+    #[error("listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("set up PKI: {0}")]
+    Pki(#[from] PkiError),
+    #[error("open store: {0}")]
+    Store(#[from] StoreError),
+    #[error("open blob store: {0}")]
+    Blobs(#[from] BlobError),
+    #[error("write admin.conf: {0}")]
+    AdminConf(#[from] AdminConfError),
+    #[error("configure TLS: {0}")]
+    Tls(String),
+    #[error("gRPC server: {0}")]
+    Serve(String),
+}
+
+/// State shared by every handler and background task.
+pub struct Shared {
+    pub store: Arc<dyn Store>,
+    pub blobs: BlobStore,
+    pub pki: Pki,
+    pub hub: Hub,
+    pub metrics: Arc<Metrics>,
+    pub limiter: RateLimiter,
+    /// Poked when a node reports, so running rollouts are re-evaluated.
+    pub rollouts_changed: Notify,
+    /// Bumped whenever a rollout changed, for `WatchRollout` streams.
+    pub rollout_updates: watch::Sender<u64>,
+    /// `https://HOST:PORT` that agents and lksctl dial.
+    pub server_url: String,
+    pub node_cert_ttl: Duration,
+    pub ping_interval: Duration,
+    /// Fires at shutdown.
+    pub cancel: CancellationToken,
+    /// Every per-stream and background task, so shutdown can wait for them.
+    pub tasks: TaskTracker,
+}
+
+/// Raises the soft open-file limit to the hard one: every agent stream is a
+/// socket.
+pub fn raise_nofile_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::info!(from = soft, to = hard, "raised open-file limit"),
+            Err(e) => tracing::warn!(error = %e, "could not raise open-file limit"),
+        },
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "could not read open-file limit"),
+    }
+}
+
+/// The host name agents are told to dial.
+fn advertise_host(cfg: &Config, local: SocketAddr) -> String {
+    if let Some(a) = &cfg.advertise_address {
+        return a.trim_start_matches('[').trim_end_matches(']').to_string();
+    }
+    if !local.ip().is_unspecified() {
+        return local.ip().to_string();
+    }
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+fn url_host(host: &str) -> String {
+    match host.parse::<IpAddr>() {
+        Ok(IpAddr::V6(_)) => format!("[{host}]"),
+        _ => host.to_string(),
+    }
+}
+
+/// Runs the control server until `shutdown` fires.
+pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerError> {
+    // Only ring is compiled in; installing it explicitly keeps rustls from
+    // guessing. An error means a provider is already installed, which is fine.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+
+    let data_dir = cfg.data_dir.clone();
+    // The data dir holds the CA key and admin credentials: owner only.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&data_dir)
+        .map_err(|source| ServerError::DataDir {
+            path: data_dir.clone(),
+            source,
+        })?;
+    let listener = TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: cfg.listen,
+            source,
+        })?;
+    let local = listener.local_addr().map_err(|source| ServerError::Bind {
+        addr: cfg.listen,
+        source,
+    })?;
+    let host = advertise_host(&cfg, local);
+    let mut names = vec![host.clone()];
+    for n in ["localhost", "127.0.0.1"] {
+        if !names.iter().any(|x| x == n) {
+            names.push(n.to_string());
+        }
+    }
+    let pki = Pki::load_or_create(&data_dir.join("pki"), &names)?;
+    let server_url = format!("https://{}:{}", url_host(&host), local.port());
+    let conf = AdminConf {
+        server: server_url.clone(),
+        ca_cert: pki.ca_pem().to_string(),
+        client_cert: pki.admin_cert_pem.clone(),
+        client_key: pki.admin_key_pem.clone(),
+    };
+    let conf_path = data_dir.join("admin.conf");
+    if AdminConf::load(&conf_path).ok().as_ref() != Some(&conf) {
+        conf.save(&conf_path)?;
+        tracing::info!(path = %conf_path.display(), "wrote admin.conf");
+    }
+    tracing::info!(ca_cert_hash = %pki.ca_hash(), server = %server_url, "control server identity");
+
+    let store = SqliteStore::open(&data_dir.join("state.db"))?;
+    store.mark_all_disconnected().await?;
+    let blobs = BlobStore::open(&data_dir.join("blobs"))?;
+
+    let cancel = shutdown.child_token();
+    let (rollout_updates, _) = watch::channel(0);
+    let shared = Arc::new(Shared {
+        store: Arc::new(store),
+        blobs,
+        pki,
+        hub: Hub::default(),
+        metrics: Arc::new(Metrics::default()),
+        limiter: RateLimiter::new(ENROLL_RATE, ENROLL_BURST),
+        rollouts_changed: Notify::new(),
+        rollout_updates,
+        server_url,
+        node_cert_ttl: cfg.node_cert_ttl,
+        ping_interval: cfg.ping_interval,
+        cancel: cancel.clone(),
+        tasks: TaskTracker::new(),
+    });
+
+    if let Some(addr) = cfg.metrics_listen {
+        let l = metrics::bind(addr)
+            .await
+            .map_err(|source| ServerError::Bind { addr, source })?;
+        tracing::info!(addr = %l.local_addr().unwrap_or(addr), "serving /metrics and /healthz");
+        shared
+            .tasks
+            .spawn(metrics::serve(l, shared.metrics.clone(), cancel.clone()));
+    }
+    shared.tasks.spawn(flush_heartbeats(shared.clone()));
+    shared.tasks.spawn(drive_rollouts(shared.clone()));
+
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(
+            &shared.pki.server_chain_pem,
+            &shared.pki.server_key_pem,
+        ))
+        .client_ca_root(Certificate::from_pem(shared.pki.ca_pem()))
+        // Enroll is the one call without a client certificate; every other
+        // handler checks the peer certificate itself.
+        .client_auth_optional(true);
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<AgentServiceServer<AgentApi>>()
+        .await;
+    health_reporter
+        .set_serving::<AdminServiceServer<AdminApi>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| ServerError::Serve(e.to_string()))?;
+
+    let router = Server::builder()
+        .tls_config(tls)
+        .map_err(|e| ServerError::Tls(e.to_string()))?
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(AgentServiceServer::new(AgentApi::new(shared.clone())))
+        .add_service(AdminServiceServer::new(AdminApi::new(shared.clone())));
+    tracing::info!(addr = %local, "serving gRPC");
+
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let server_cancel = cancel.clone();
+    let serve = router.serve_with_incoming_shutdown(incoming, async move { server_cancel.cancelled().await });
+    tokio::pin!(serve);
+    let result = tokio::select! {
+        r = &mut serve => r.map_err(|e| ServerError::Serve(e.to_string())),
+        _ = cancel.cancelled() => {
+            tracing::info!("shutting down");
+            shared.hub.close_all();
+            match tokio::time::timeout(cfg.shutdown_grace, &mut serve).await {
+                Ok(r) => r.map_err(|e| ServerError::Serve(e.to_string())),
+                Err(_) => {
+                    tracing::warn!(grace = ?cfg.shutdown_grace, "connections still open after the grace period; closing them");
+                    Ok(())
+                }
+            }
+        }
+    };
+    cancel.cancel();
+    shared.tasks.close();
+    if tokio::time::timeout(cfg.shutdown_grace, shared.tasks.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("background tasks still running after the grace period");
+    }
+    let seen = shared.hub.take_heard();
+    if let Err(e) = shared.store.touch_nodes(seen).await {
+        tracing::warn!(error = %e, "flush heartbeats at shutdown");
+    }
+    if let Err(e) = shared.store.mark_all_disconnected().await {
+        tracing::warn!(error = %e, "mark nodes disconnected at shutdown");
+    }
+    tracing::info!("stopped");
+    result
+}
+
+/// Writes buffered last-seen times every few seconds instead of once per
+/// heartbeat.
+async fn flush_heartbeats(s: Arc<Shared>) {
+    let mut tick = tokio::time::interval(HEARTBEAT_FLUSH);
+    loop {
+        tokio::select! {
+            _ = s.cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let seen = s.hub.take_heard();
+        if let Err(e) = s.store.touch_nodes(seen).await {
+            tracing::warn!(error = %e, "flush heartbeats");
+        }
+    }
+}
+
+/// Re-evaluates running rollouts whenever a node reports (and on a timer).
+async fn drive_rollouts(s: Arc<Shared>) {
+    loop {
+        tokio::select! {
+            _ = s.cancel.cancelled() => return,
+            _ = s.rollouts_changed.notified() => {}
+            _ = tokio::time::sleep(ROLLOUT_TICK) => {}
+        }
+        let rows = match s.store.list_rollouts(None, true).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "list running rollouts");
+                continue;
+            }
+        };
+        for r in rows {
+            if let Err(st) = refresh(&s, r).await {
+                tracing::warn!(error = %st.message(), "evaluate rollout");
+            }
+        }
+    }
+}

@@ -1,0 +1,327 @@
+//! The control server's state, behind a narrow trait so that an etcd store
+//! can stand beside the embedded SQLite one.
+//!
+//! Every method is one atomic unit: a caller never sees half of an
+//! enrolment, a publish or a rollout start. Rows are plain Rust; protobuf
+//! appears only as the opaque bytes of a stored `SignedBundle`.
+
+pub mod sqlite;
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use lks_proto::BundleState;
+use lks_proto::labels::Labels;
+
+pub use sqlite::SqliteStore;
+
+/// Why a store operation failed. The variants that describe the caller's
+/// request (`NotFound`, `AlreadyExists`, `Conflict`, `Token`) map to gRPC
+/// status codes; `Backend` is an internal failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    AlreadyExists(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Token(TokenRefusal),
+    #[error("store: {0}")]
+    Backend(String),
+}
+
+/// Why a bootstrap token could not be used, decided inside the enrolment
+/// transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TokenRefusal {
+    #[error("bootstrap token is unknown or was deleted")]
+    Unknown,
+    #[error("bootstrap token has expired; create a new one with `lksctl token create`")]
+    Expired,
+    #[error("bootstrap token has no uses left; create a new one with `lksctl token create`")]
+    UsedUp,
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterRow {
+    pub name: String,
+    pub created_at_ms: i64,
+    pub node_count: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenRow {
+    pub id: String,
+    /// SHA-256 of the secret ([`lks_proto::token::BootstrapToken::secret_hash`]).
+    pub secret_hash: [u8; 32],
+    pub cluster: String,
+    pub expires_at_ms: i64,
+    /// `None`: unlimited.
+    pub remaining_uses: Option<u32>,
+    pub labels: Labels,
+    pub created_at_ms: i64,
+}
+
+/// A node to create by consuming one use of a token.
+#[derive(Clone, Debug)]
+pub struct NewNode {
+    pub name: String,
+    pub cluster: String,
+    pub labels: Labels,
+    pub cert_serial: String,
+    pub token_id: String,
+    pub now_ms: i64,
+}
+
+/// What an agent reported about one bundle.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BundleStatusRow {
+    pub name: String,
+    pub version: String,
+    pub state: BundleState,
+    pub message: String,
+    pub updated_at_ms: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeRow {
+    pub name: String,
+    pub cluster: String,
+    pub labels: Labels,
+    pub cert_serial: String,
+    /// Facts as JSON (the agent's last `Hello`), empty if never connected.
+    pub facts_json: String,
+    /// Unix ms; 0 if never seen.
+    pub last_seen_ms: i64,
+    pub connected: bool,
+    pub enrolled_at_ms: i64,
+    /// Generation of the node's current desired state.
+    pub generation: u64,
+    /// bundle name → desired version.
+    pub desired: BTreeMap<String, String>,
+    /// What the node last reported, by bundle name.
+    pub actual: BTreeMap<String, BundleStatusRow>,
+}
+
+/// A bundle version to store. `signed_bundle` is the encoded protobuf
+/// `SignedBundle` exactly as it will be sent to agents.
+#[derive(Clone, Debug)]
+pub struct NewBundle {
+    pub name: String,
+    pub version: String,
+    pub signed_bundle: Vec<u8>,
+    /// `sha256:<hex>` of the canonical manifest.
+    pub manifest_digest: String,
+    pub signed: bool,
+    pub files: u32,
+    pub total_size: u64,
+    /// Digests served by the control server (files without a mirror URL).
+    pub blob_digests: Vec<String>,
+    pub now_ms: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BundleRow {
+    pub name: String,
+    pub version: String,
+    pub signed_bundle: Vec<u8>,
+    pub manifest_digest: String,
+    pub signed: bool,
+    pub files: u32,
+    pub total_size: u64,
+    pub published_at_ms: i64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PutOutcome {
+    Created,
+    /// The same name@version was already stored with identical content.
+    Unchanged,
+}
+
+/// The desired state of one node: generation and the stored bundles.
+#[derive(Clone, Debug, Default)]
+pub struct DesiredState {
+    pub generation: u64,
+    /// Encoded `SignedBundle`s, ordered by bundle name.
+    pub bundles: Vec<Vec<u8>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RolloutState {
+    Running,
+    Paused,
+    Completed,
+    Failed,
+    Aborted,
+    RolledBack,
+    RollingBack,
+}
+
+impl RolloutState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RolloutState::Running => "running",
+            RolloutState::Paused => "paused",
+            RolloutState::Completed => "completed",
+            RolloutState::Failed => "failed",
+            RolloutState::Aborted => "aborted",
+            RolloutState::RolledBack => "rolled_back",
+            RolloutState::RollingBack => "rolling_back",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "running" => RolloutState::Running,
+            "paused" => RolloutState::Paused,
+            "completed" => RolloutState::Completed,
+            "failed" => RolloutState::Failed,
+            "aborted" => RolloutState::Aborted,
+            "rolled_back" => RolloutState::RolledBack,
+            "rolling_back" => RolloutState::RollingBack,
+            _ => return None,
+        })
+    }
+
+    /// True once the rollout can no longer change on its own.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            RolloutState::Completed | RolloutState::Failed | RolloutState::Aborted | RolloutState::RolledBack
+        )
+    }
+}
+
+/// One node's part in a rollout.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RolloutNodeRow {
+    pub name: String,
+    /// Version the node was assigned before ("" if none).
+    pub previous_version: String,
+    /// "waiting", "applying", "updated", "failed", "skipped", "rolled_back"
+    pub state: String,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RolloutRow {
+    pub id: String,
+    pub cluster: String,
+    pub bundle: String,
+    pub version: String,
+    pub selector: Labels,
+    pub batch_size: u32,
+    pub failure_threshold: u32,
+    pub state: RolloutState,
+    pub nodes: Vec<RolloutNodeRow>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    pub message: String,
+}
+
+/// A rollout to start: assigns `bundle@version` to every node of `cluster`
+/// matching `selector`, and records it as the cluster's target for new nodes.
+#[derive(Clone, Debug)]
+pub struct NewRollout {
+    pub id: String,
+    pub cluster: String,
+    pub bundle: String,
+    pub version: String,
+    pub selector: Labels,
+    pub batch_size: u32,
+    pub failure_threshold: u32,
+    pub now_ms: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventRow {
+    pub id: u64,
+    pub at_ms: i64,
+    pub cluster: String,
+    pub node: String,
+    pub rollout_id: String,
+    pub kind: String,
+    pub bundle: String,
+    pub version: String,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct EventFilter {
+    pub cluster: Option<String>,
+    pub node: Option<String>,
+    pub rollout_id: Option<String>,
+    pub limit: u32,
+}
+
+/// The control server's persistent state.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    async fn create_cluster(&self, name: &str, now_ms: i64) -> Result<ClusterRow>;
+    async fn list_clusters(&self) -> Result<Vec<ClusterRow>>;
+    async fn cluster_exists(&self, name: &str) -> Result<bool>;
+
+    async fn create_token(&self, token: TokenRow) -> Result<()>;
+    async fn get_token(&self, id: &str) -> Result<Option<TokenRow>>;
+
+    /// In one transaction: checks the token is still usable at `now_ms`,
+    /// takes one use, creates the node (refusing a name in use), and gives it
+    /// the cluster's target bundles. Returns the node's generation.
+    async fn enroll_node(&self, node: NewNode) -> Result<u64>;
+    async fn get_node(&self, name: &str) -> Result<Option<NodeRow>>;
+    async fn list_nodes(&self, cluster: Option<&str>) -> Result<Vec<NodeRow>>;
+    /// Removes the node with its desired and reported state. False if absent.
+    async fn delete_node(&self, name: &str) -> Result<bool>;
+    /// Replaces the node's certificate serial if it is still `old`.
+    async fn replace_cert_serial(&self, name: &str, old: &str, new: &str) -> Result<()>;
+    /// Records a `Hello`: facts, what the node holds, connected.
+    async fn node_connected(
+        &self,
+        name: &str,
+        facts_json: &str,
+        held: Vec<BundleStatusRow>,
+        now_ms: i64,
+    ) -> Result<()>;
+    async fn node_disconnected(&self, name: &str, now_ms: i64) -> Result<()>;
+    /// Upserts reported bundle states.
+    async fn record_status(&self, name: &str, statuses: Vec<BundleStatusRow>) -> Result<()>;
+    /// Batched heartbeat flush: last-seen times by node.
+    async fn touch_nodes(&self, seen: Vec<(String, i64)>) -> Result<()>;
+    /// At start: no agent is connected to a server that was not running.
+    async fn mark_all_disconnected(&self) -> Result<()>;
+
+    async fn put_bundle(&self, bundle: NewBundle) -> Result<PutOutcome>;
+    async fn get_bundle(&self, name: &str, version: &str) -> Result<Option<BundleRow>>;
+    async fn list_bundles(&self, name: Option<&str>) -> Result<Vec<BundleRow>>;
+
+    async fn desired_state(&self, node: &str) -> Result<DesiredState>;
+    /// True if `digest` belongs to a bundle version desired for, or reported
+    /// held by, `node`.
+    async fn blob_allowed(&self, node: &str, digest: &str) -> Result<bool>;
+
+    /// Starts a rollout atomically; returns it and the nodes whose desired
+    /// state changed.
+    async fn start_rollout(&self, rollout: NewRollout) -> Result<(RolloutRow, Vec<String>)>;
+    async fn get_rollout(&self, id: &str) -> Result<Option<RolloutRow>>;
+    async fn list_rollouts(&self, cluster: Option<&str>, only_active: bool) -> Result<Vec<RolloutRow>>;
+    /// Persists a rollout's state, message and node states.
+    async fn update_rollout(&self, rollout: &RolloutRow) -> Result<()>;
+    /// Returns each rollout node to its previous version (removing the bundle
+    /// where there was none) and marks the rollout rolled back; returns the
+    /// nodes whose desired state changed.
+    async fn rollback_rollout(&self, id: &str, now_ms: i64) -> Result<(RolloutRow, Vec<String>)>;
+    /// Reported state of `bundle` on each of `nodes` that still exists.
+    async fn bundle_statuses(
+        &self,
+        bundle: &str,
+        nodes: &[String],
+    ) -> Result<BTreeMap<String, Option<BundleStatusRow>>>;
+
+    async fn add_event(&self, event: EventRow) -> Result<()>;
+    async fn list_events(&self, filter: EventFilter) -> Result<Vec<EventRow>>;
+}

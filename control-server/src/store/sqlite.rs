@@ -1,0 +1,1487 @@
+//! The embedded store: one SQLite database in the data dir (WAL,
+//! `synchronous=FULL`, so an acknowledged change survives a crash or power
+//! loss), schema migrations keyed by `PRAGMA user_version`.
+//!
+//! SQLite is blocking; every call runs on tokio's blocking pool holding the
+//! single connection, which also serialises writers.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use lks_proto::BundleState;
+use lks_proto::labels::{Labels, selector_matches};
+use rusqlite::{Connection, OptionalExtension, Transaction, params};
+
+use super::*;
+
+/// Schema versions in order; `user_version` counts how many are applied.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+INSERT INTO meta (key, value) VALUES ('generation', 0);
+CREATE TABLE clusters (name TEXT PRIMARY KEY, created_at_ms INTEGER NOT NULL);
+CREATE TABLE tokens (
+    id TEXT PRIMARY KEY,
+    secret_hash BLOB NOT NULL,
+    cluster TEXT NOT NULL REFERENCES clusters(name),
+    expires_at_ms INTEGER NOT NULL,
+    remaining_uses INTEGER,
+    labels TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL
+);
+CREATE TABLE nodes (
+    name TEXT PRIMARY KEY,
+    cluster TEXT NOT NULL REFERENCES clusters(name),
+    labels TEXT NOT NULL,
+    cert_serial TEXT NOT NULL,
+    facts TEXT NOT NULL DEFAULT '',
+    last_seen_ms INTEGER NOT NULL DEFAULT 0,
+    connected INTEGER NOT NULL DEFAULT 0,
+    enrolled_at_ms INTEGER NOT NULL,
+    generation INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX nodes_cluster ON nodes(cluster);
+CREATE TABLE bundles (
+    name TEXT NOT NULL,
+    version TEXT NOT NULL,
+    signed_bundle BLOB NOT NULL,
+    manifest_digest TEXT NOT NULL,
+    signed INTEGER NOT NULL,
+    files INTEGER NOT NULL,
+    total_size INTEGER NOT NULL,
+    published_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (name, version)
+);
+CREATE TABLE bundle_blobs (
+    name TEXT NOT NULL,
+    version TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    PRIMARY KEY (name, version, digest),
+    FOREIGN KEY (name, version) REFERENCES bundles(name, version)
+);
+CREATE INDEX bundle_blobs_digest ON bundle_blobs(digest);
+CREATE TABLE desired (
+    node TEXT NOT NULL REFERENCES nodes(name) ON DELETE CASCADE,
+    bundle TEXT NOT NULL,
+    version TEXT NOT NULL,
+    PRIMARY KEY (node, bundle),
+    FOREIGN KEY (bundle, version) REFERENCES bundles(name, version)
+);
+CREATE TABLE actual (
+    node TEXT NOT NULL REFERENCES nodes(name) ON DELETE CASCADE,
+    bundle TEXT NOT NULL,
+    version TEXT NOT NULL,
+    state TEXT NOT NULL,
+    message TEXT NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (node, bundle)
+);
+CREATE TABLE cluster_targets (
+    cluster TEXT NOT NULL REFERENCES clusters(name),
+    bundle TEXT NOT NULL,
+    version TEXT NOT NULL,
+    selector TEXT NOT NULL,
+    rollout_id TEXT NOT NULL,
+    PRIMARY KEY (cluster, bundle)
+);
+CREATE TABLE rollouts (
+    id TEXT PRIMARY KEY,
+    cluster TEXT NOT NULL,
+    bundle TEXT NOT NULL,
+    version TEXT NOT NULL,
+    selector TEXT NOT NULL,
+    batch_size INTEGER NOT NULL,
+    failure_threshold INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    message TEXT NOT NULL
+);
+CREATE INDEX rollouts_cluster ON rollouts(cluster, bundle);
+CREATE TABLE rollout_nodes (
+    rollout_id TEXT NOT NULL REFERENCES rollouts(id),
+    node TEXT NOT NULL,
+    previous_version TEXT NOT NULL,
+    state TEXT NOT NULL,
+    message TEXT NOT NULL,
+    PRIMARY KEY (rollout_id, node)
+);
+CREATE TABLE events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at_ms INTEGER NOT NULL,
+    cluster TEXT NOT NULL,
+    node TEXT NOT NULL,
+    rollout_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    bundle TEXT NOT NULL,
+    version TEXT NOT NULL,
+    message TEXT NOT NULL
+);
+CREATE INDEX events_node ON events(node);
+"#];
+
+/// Events kept; older ones are pruned as new ones arrive.
+const MAX_EVENTS: i64 = 100_000;
+const DEFAULT_EVENT_LIMIT: u32 = 100;
+
+/// The SQLite [`Store`].
+#[derive(Clone)]
+pub struct SqliteStore {
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Backend(e.to_string())
+    }
+}
+
+impl From<serde_json::Error> for StoreError {
+    fn from(e: serde_json::Error) -> Self {
+        StoreError::Backend(format!("stored JSON: {e}"))
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating and migrating) the database at `path`.
+    pub fn open(path: &Path) -> Result<Self> {
+        let conn = Connection::open(path)
+            .map_err(|e| StoreError::Backend(format!("open {}: {e}", path.display())))?;
+        Self::init(conn)
+    }
+
+    /// A private in-memory database, for tests.
+    pub fn open_in_memory() -> Result<Self> {
+        Self::init(Connection::open_in_memory()?)
+    }
+
+    fn init(mut conn: Connection) -> Result<Self> {
+        // WAL lets readers proceed during a write; FULL makes each commit
+        // durable, which an operator's acknowledged publish or rollout needs.
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        let version = usize::try_from(version).unwrap_or(0);
+        if version > MIGRATIONS.len() {
+            return Err(StoreError::Backend(format!(
+                "database schema version {version} is newer than this server ({}); upgrade lks-control-server",
+                MIGRATIONS.len()
+            )));
+        }
+        for (i, m) in MIGRATIONS.iter().enumerate().skip(version) {
+            let tx = conn.transaction()?;
+            tx.execute_batch(m)?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+            tx.commit()?;
+        }
+        Ok(SqliteStore {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    async fn call<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut c = conn
+                .lock()
+                .map_err(|_| StoreError::Backend("store lock poisoned".into()))?;
+            f(&mut c)
+        })
+        .await
+        .map_err(|e| StoreError::Backend(format!("store task: {e}")))?
+    }
+
+    /// Runs `f` in a transaction that commits only if `f` succeeds.
+    async fn tx<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Transaction<'_>) -> Result<T> + Send + 'static,
+    {
+        self.call(move |c| {
+            let tx = c.transaction()?;
+            let v = f(&tx)?;
+            tx.commit()?;
+            Ok(v)
+        })
+        .await
+    }
+}
+
+fn labels_to_json(l: &Labels) -> Result<String> {
+    Ok(serde_json::to_string(l)?)
+}
+
+fn labels_from_json(s: &str) -> Result<Labels> {
+    Ok(serde_json::from_str(s)?)
+}
+
+fn next_generation(tx: &Transaction<'_>) -> Result<u64> {
+    let g: i64 = tx.query_row(
+        "UPDATE meta SET value = value + 1 WHERE key = 'generation' RETURNING value",
+        [],
+        |r| r.get(0),
+    )?;
+    Ok(g as u64)
+}
+
+fn bump_node(tx: &Transaction<'_>, node: &str) -> Result<()> {
+    let g = next_generation(tx)?;
+    tx.execute(
+        "UPDATE nodes SET generation = ?1 WHERE name = ?2",
+        params![g as i64, node],
+    )?;
+    Ok(())
+}
+
+fn state_from_str(s: &str) -> Result<BundleState> {
+    s.parse().map_err(StoreError::Backend)
+}
+
+fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
+    let row = tx
+        .query_row(
+            "SELECT name, cluster, labels, cert_serial, facts, last_seen_ms, connected, enrolled_at_ms, generation
+             FROM nodes WHERE name = ?1",
+            [name],
+            |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, String>(4)?,
+                    r.get::<_, i64>(5)?,
+                    r.get::<_, bool>(6)?,
+                    r.get::<_, i64>(7)?,
+                    r.get::<_, i64>(8)?,
+                ))
+            },
+        )
+        .optional()?;
+    let Some((
+        name,
+        cluster,
+        labels,
+        cert_serial,
+        facts_json,
+        last_seen_ms,
+        connected,
+        enrolled_at_ms,
+        generation,
+    )) = row
+    else {
+        return Ok(None);
+    };
+    let mut desired = BTreeMap::new();
+    let mut stmt = tx.prepare_cached("SELECT bundle, version FROM desired WHERE node = ?1")?;
+    for r in stmt.query_map([&name], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))? {
+        let (b, v) = r?;
+        desired.insert(b, v);
+    }
+    let mut actual = BTreeMap::new();
+    let mut stmt = tx.prepare_cached(
+        "SELECT bundle, version, state, message, updated_at_ms FROM actual WHERE node = ?1",
+    )?;
+    let rows = stmt.query_map([&name], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, String>(2)?,
+            r.get::<_, String>(3)?,
+            r.get::<_, i64>(4)?,
+        ))
+    })?;
+    for r in rows {
+        let (b, version, state, message, updated_at_ms) = r?;
+        actual.insert(
+            b.clone(),
+            BundleStatusRow {
+                name: b,
+                version,
+                state: state_from_str(&state)?,
+                message,
+                updated_at_ms,
+            },
+        );
+    }
+    Ok(Some(NodeRow {
+        name,
+        cluster,
+        labels: labels_from_json(&labels)?,
+        cert_serial,
+        facts_json,
+        last_seen_ms,
+        connected,
+        enrolled_at_ms,
+        generation: generation as u64,
+        desired,
+        actual,
+    }))
+}
+
+fn read_rollout(c: &Connection, id: &str) -> Result<Option<RolloutRow>> {
+    let row = c
+        .query_row(
+            "SELECT id, cluster, bundle, version, selector, batch_size, failure_threshold, state,
+                    created_at_ms, updated_at_ms, message
+             FROM rollouts WHERE id = ?1",
+            [id],
+            |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, String>(4)?,
+                    r.get::<_, u32>(5)?,
+                    r.get::<_, u32>(6)?,
+                    r.get::<_, String>(7)?,
+                    r.get::<_, i64>(8)?,
+                    r.get::<_, i64>(9)?,
+                    r.get::<_, String>(10)?,
+                ))
+            },
+        )
+        .optional()?;
+    let Some((
+        id,
+        cluster,
+        bundle,
+        version,
+        selector,
+        batch_size,
+        failure_threshold,
+        state,
+        created,
+        updated,
+        message,
+    )) = row
+    else {
+        return Ok(None);
+    };
+    let mut stmt = c.prepare_cached(
+        "SELECT node, previous_version, state, message FROM rollout_nodes WHERE rollout_id = ?1 ORDER BY node",
+    )?;
+    let nodes = stmt
+        .query_map([&id], |r| {
+            Ok(RolloutNodeRow {
+                name: r.get(0)?,
+                previous_version: r.get(1)?,
+                state: r.get(2)?,
+                message: r.get(3)?,
+            })
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(RolloutRow {
+        id,
+        cluster,
+        bundle,
+        version,
+        selector: labels_from_json(&selector)?,
+        batch_size,
+        failure_threshold,
+        state: RolloutState::parse(&state)
+            .ok_or_else(|| StoreError::Backend(format!("stored rollout state {state:?} is unknown")))?,
+        nodes,
+        created_at_ms: created,
+        updated_at_ms: updated,
+        message,
+    }))
+}
+
+fn insert_event(tx: &Connection, e: &EventRow) -> Result<()> {
+    tx.execute(
+        "INSERT INTO events (at_ms, cluster, node, rollout_id, kind, bundle, version, message)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        params![
+            e.at_ms,
+            e.cluster,
+            e.node,
+            e.rollout_id,
+            e.kind,
+            e.bundle,
+            e.version,
+            e.message
+        ],
+    )?;
+    tx.execute(
+        "DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?1",
+        [MAX_EVENTS],
+    )?;
+    Ok(())
+}
+
+fn upsert_actual(tx: &Transaction<'_>, node: &str, s: &BundleStatusRow) -> Result<()> {
+    tx.execute(
+        "INSERT INTO actual (node, bundle, version, state, message, updated_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+         ON CONFLICT (node, bundle) DO UPDATE SET version = excluded.version, state = excluded.state,
+             message = excluded.message, updated_at_ms = excluded.updated_at_ms",
+        params![node, s.name, s.version, s.state.as_str(), s.message, s.updated_at_ms],
+    )?;
+    Ok(())
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn create_cluster(&self, name: &str, now_ms: i64) -> Result<ClusterRow> {
+        let name = name.to_string();
+        self.tx(move |tx| {
+            let n = tx.execute(
+                "INSERT INTO clusters (name, created_at_ms) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+                params![name, now_ms],
+            )?;
+            if n == 0 {
+                return Err(StoreError::AlreadyExists(format!(
+                    "cluster {name} already exists"
+                )));
+            }
+            Ok(ClusterRow {
+                name,
+                created_at_ms: now_ms,
+                node_count: 0,
+            })
+        })
+        .await
+    }
+
+    async fn list_clusters(&self) -> Result<Vec<ClusterRow>> {
+        self.call(|c| {
+            let mut stmt = c.prepare(
+                "SELECT c.name, c.created_at_ms, (SELECT COUNT(*) FROM nodes n WHERE n.cluster = c.name)
+                 FROM clusters c ORDER BY c.name",
+            )?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok(ClusterRow {
+                        name: r.get(0)?,
+                        created_at_ms: r.get(1)?,
+                        node_count: r.get(2)?,
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        })
+        .await
+    }
+
+    async fn cluster_exists(&self, name: &str) -> Result<bool> {
+        let name = name.to_string();
+        self.call(move |c| {
+            Ok(
+                c.query_row("SELECT 1 FROM clusters WHERE name = ?1", [name], |_| Ok(()))
+                    .optional()?
+                    .is_some(),
+            )
+        })
+        .await
+    }
+
+    async fn create_token(&self, t: TokenRow) -> Result<()> {
+        self.tx(move |tx| {
+            let exists = tx
+                .query_row("SELECT 1 FROM clusters WHERE name = ?1", [&t.cluster], |_| Ok(()))
+                .optional()?
+                .is_some();
+            if !exists {
+                return Err(StoreError::NotFound(format!(
+                    "cluster {} does not exist; create it with `lksctl cluster create {}`",
+                    t.cluster, t.cluster
+                )));
+            }
+            tx.execute(
+                "INSERT INTO tokens (id, secret_hash, cluster, expires_at_ms, remaining_uses, labels, created_at_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    t.id,
+                    t.secret_hash.as_slice(),
+                    t.cluster,
+                    t.expires_at_ms,
+                    t.remaining_uses,
+                    labels_to_json(&t.labels)?,
+                    t.created_at_ms
+                ],
+            )
+            .map_err(|e| match e {
+                rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::ConstraintViolation => {
+                    StoreError::AlreadyExists("token id collision; try again".into())
+                }
+                e => e.into(),
+            })?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_token(&self, id: &str) -> Result<Option<TokenRow>> {
+        let id = id.to_string();
+        self.call(move |c| {
+            let row = c
+                .query_row(
+                    "SELECT id, secret_hash, cluster, expires_at_ms, remaining_uses, labels, created_at_ms
+                     FROM tokens WHERE id = ?1",
+                    [id],
+                    |r| {
+                        Ok((
+                            r.get::<_, String>(0)?,
+                            r.get::<_, Vec<u8>>(1)?,
+                            r.get::<_, String>(2)?,
+                            r.get::<_, i64>(3)?,
+                            r.get::<_, Option<u32>>(4)?,
+                            r.get::<_, String>(5)?,
+                            r.get::<_, i64>(6)?,
+                        ))
+                    },
+                )
+                .optional()?;
+            let Some((id, hash, cluster, expires_at_ms, remaining_uses, labels, created_at_ms)) = row else {
+                return Ok(None);
+            };
+            let secret_hash: [u8; 32] = hash
+                .try_into()
+                .map_err(|_| StoreError::Backend(format!("token {id}: stored hash is not 32 bytes")))?;
+            Ok(Some(TokenRow {
+                id,
+                secret_hash,
+                cluster,
+                expires_at_ms,
+                remaining_uses,
+                labels: labels_from_json(&labels)?,
+                created_at_ms,
+            }))
+        })
+        .await
+    }
+
+    async fn enroll_node(&self, n: NewNode) -> Result<u64> {
+        self.tx(move |tx| {
+            let tok = tx
+                .query_row(
+                    "SELECT cluster, expires_at_ms, remaining_uses FROM tokens WHERE id = ?1",
+                    [&n.token_id],
+                    |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, Option<u32>>(2)?)),
+                )
+                .optional()?;
+            let Some((cluster, expires_at_ms, remaining)) = tok else {
+                return Err(StoreError::Token(TokenRefusal::Unknown));
+            };
+            if expires_at_ms <= n.now_ms {
+                return Err(StoreError::Token(TokenRefusal::Expired));
+            }
+            if remaining == Some(0) {
+                return Err(StoreError::Token(TokenRefusal::UsedUp));
+            }
+            if cluster != n.cluster {
+                return Err(StoreError::Conflict(format!(
+                    "token belongs to cluster {cluster}, not {}",
+                    n.cluster
+                )));
+            }
+            if let Some(existing) = tx
+                .query_row("SELECT cluster FROM nodes WHERE name = ?1", [&n.name], |r| r.get::<_, String>(0))
+                .optional()?
+            {
+                return Err(StoreError::AlreadyExists(format!(
+                    "node {} is already enrolled in cluster {existing}; to replace it, run `lksctl node delete {}` first",
+                    n.name, n.name
+                )));
+            }
+            if remaining.is_some() {
+                tx.execute(
+                    "UPDATE tokens SET remaining_uses = remaining_uses - 1 WHERE id = ?1",
+                    [&n.token_id],
+                )?;
+            }
+            let generation = next_generation(tx)?;
+            tx.execute(
+                "INSERT INTO nodes (name, cluster, labels, cert_serial, enrolled_at_ms, generation)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![n.name, n.cluster, labels_to_json(&n.labels)?, n.cert_serial, n.now_ms, generation as i64],
+            )?;
+            let targets = {
+                let mut stmt = tx.prepare("SELECT bundle, version, selector FROM cluster_targets WHERE cluster = ?1")?;
+                stmt.query_map([&n.cluster], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
+                })?
+                .collect::<Result<Vec<_>, _>>()?
+            };
+            for (bundle, version, selector) in targets {
+                if selector_matches(&labels_from_json(&selector)?, &n.labels) {
+                    tx.execute(
+                        "INSERT INTO desired (node, bundle, version) VALUES (?1, ?2, ?3)",
+                        params![n.name, bundle, version],
+                    )?;
+                }
+            }
+            insert_event(
+                tx,
+                &EventRow {
+                    id: 0,
+                    at_ms: n.now_ms,
+                    cluster: n.cluster.clone(),
+                    node: n.name.clone(),
+                    rollout_id: String::new(),
+                    kind: "enrolled".into(),
+                    bundle: String::new(),
+                    version: String::new(),
+                    message: format!("enrolled with token {}", n.token_id),
+                },
+            )?;
+            Ok(generation)
+        })
+        .await
+    }
+
+    async fn get_node(&self, name: &str) -> Result<Option<NodeRow>> {
+        let name = name.to_string();
+        self.call(move |c| read_node(c, &name)).await
+    }
+
+    async fn list_nodes(&self, cluster: Option<&str>) -> Result<Vec<NodeRow>> {
+        let cluster = cluster.map(str::to_string);
+        self.call(move |c| {
+            let names = {
+                let mut stmt =
+                    c.prepare("SELECT name FROM nodes WHERE ?1 IS NULL OR cluster = ?1 ORDER BY name")?;
+                stmt.query_map([&cluster], |r| r.get::<_, String>(0))?
+                    .collect::<Result<Vec<_>, _>>()?
+            };
+            let mut out = Vec::with_capacity(names.len());
+            for n in names {
+                if let Some(row) = read_node(c, &n)? {
+                    out.push(row);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn delete_node(&self, name: &str) -> Result<bool> {
+        let name = name.to_string();
+        self.tx(move |tx| {
+            let cluster: Option<String> = tx
+                .query_row("SELECT cluster FROM nodes WHERE name = ?1", [&name], |r| r.get(0))
+                .optional()?;
+            let Some(cluster) = cluster else {
+                return Ok(false);
+            };
+            tx.execute("DELETE FROM nodes WHERE name = ?1", [&name])?;
+            insert_event(
+                tx,
+                &EventRow {
+                    id: 0,
+                    at_ms: now_ms(),
+                    cluster,
+                    node: name.clone(),
+                    rollout_id: String::new(),
+                    kind: "deleted".into(),
+                    bundle: String::new(),
+                    version: String::new(),
+                    message: "node deleted; its certificate is revoked".into(),
+                },
+            )?;
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn replace_cert_serial(&self, name: &str, old: &str, new: &str) -> Result<()> {
+        let (name, old, new) = (name.to_string(), old.to_string(), new.to_string());
+        self.tx(move |tx| {
+            let n = tx.execute(
+                "UPDATE nodes SET cert_serial = ?3 WHERE name = ?1 AND cert_serial = ?2",
+                params![name, old, new],
+            )?;
+            if n == 0 {
+                return Err(StoreError::Conflict(format!(
+                    "the certificate of node {name} was replaced or revoked meanwhile"
+                )));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn node_connected(
+        &self,
+        name: &str,
+        facts_json: &str,
+        held: Vec<BundleStatusRow>,
+        now_ms: i64,
+    ) -> Result<()> {
+        let (name, facts) = (name.to_string(), facts_json.to_string());
+        self.tx(move |tx| {
+            tx.execute(
+                "UPDATE nodes SET facts = ?2, connected = 1, last_seen_ms = ?3 WHERE name = ?1",
+                params![name, facts, now_ms],
+            )?;
+            // The Hello lists everything the node holds; anything else it
+            // reported earlier is gone.
+            tx.execute("DELETE FROM actual WHERE node = ?1", [&name])?;
+            for s in &held {
+                upsert_actual(tx, &name, s)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn node_disconnected(&self, name: &str, now_ms: i64) -> Result<()> {
+        let name = name.to_string();
+        self.tx(move |tx| {
+            tx.execute(
+                "UPDATE nodes SET connected = 0, last_seen_ms = MAX(last_seen_ms, ?2) WHERE name = ?1",
+                params![name, now_ms],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn record_status(&self, name: &str, statuses: Vec<BundleStatusRow>) -> Result<()> {
+        let name = name.to_string();
+        self.tx(move |tx| {
+            let exists = tx
+                .query_row("SELECT 1 FROM nodes WHERE name = ?1", [&name], |_| Ok(()))
+                .optional()?
+                .is_some();
+            if exists {
+                for s in &statuses {
+                    upsert_actual(tx, &name, s)?;
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn touch_nodes(&self, seen: Vec<(String, i64)>) -> Result<()> {
+        if seen.is_empty() {
+            return Ok(());
+        }
+        self.tx(move |tx| {
+            let mut stmt =
+                tx.prepare_cached("UPDATE nodes SET last_seen_ms = MAX(last_seen_ms, ?2) WHERE name = ?1")?;
+            for (n, t) in &seen {
+                stmt.execute(params![n, t])?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn mark_all_disconnected(&self) -> Result<()> {
+        self.tx(|tx| {
+            tx.execute("UPDATE nodes SET connected = 0 WHERE connected != 0", [])?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn put_bundle(&self, b: NewBundle) -> Result<PutOutcome> {
+        self.tx(move |tx| {
+            let existing: Option<String> = tx
+                .query_row(
+                    "SELECT manifest_digest FROM bundles WHERE name = ?1 AND version = ?2",
+                    params![b.name, b.version],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            if let Some(d) = existing {
+                return if d == b.manifest_digest {
+                    Ok(PutOutcome::Unchanged)
+                } else {
+                    Err(StoreError::AlreadyExists(format!(
+                        "bundle {}@{} already exists with other content ({d}); versions are immutable, publish a new version",
+                        b.name, b.version
+                    )))
+                };
+            }
+            tx.execute(
+                "INSERT INTO bundles (name, version, signed_bundle, manifest_digest, signed, files, total_size, published_at_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    b.name,
+                    b.version,
+                    b.signed_bundle,
+                    b.manifest_digest,
+                    b.signed,
+                    b.files,
+                    b.total_size as i64,
+                    b.now_ms
+                ],
+            )?;
+            let mut stmt = tx.prepare_cached(
+                "INSERT INTO bundle_blobs (name, version, digest) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
+            )?;
+            for d in &b.blob_digests {
+                stmt.execute(params![b.name, b.version, d])?;
+            }
+            Ok(PutOutcome::Created)
+        })
+        .await
+    }
+
+    async fn get_bundle(&self, name: &str, version: &str) -> Result<Option<BundleRow>> {
+        let (name, version) = (name.to_string(), version.to_string());
+        self.call(move |c| {
+            Ok(c.query_row(
+                "SELECT name, version, signed_bundle, manifest_digest, signed, files, total_size, published_at_ms
+                 FROM bundles WHERE name = ?1 AND version = ?2",
+                params![name, version],
+                bundle_row,
+            )
+            .optional()?)
+        })
+        .await
+    }
+
+    async fn list_bundles(&self, name: Option<&str>) -> Result<Vec<BundleRow>> {
+        let name = name.map(str::to_string);
+        self.call(move |c| {
+            let mut stmt = c.prepare(
+                "SELECT name, version, signed_bundle, manifest_digest, signed, files, total_size, published_at_ms
+                 FROM bundles WHERE ?1 IS NULL OR name = ?1 ORDER BY name, published_at_ms, version",
+            )?;
+            Ok(stmt.query_map([&name], bundle_row)?.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    async fn desired_state(&self, node: &str) -> Result<DesiredState> {
+        let node = node.to_string();
+        self.call(move |c| {
+            let generation: Option<i64> = c
+                .query_row("SELECT generation FROM nodes WHERE name = ?1", [&node], |r| r.get(0))
+                .optional()?;
+            let Some(generation) = generation else {
+                return Err(StoreError::NotFound(format!("node {node} is not enrolled")));
+            };
+            let mut stmt = c.prepare_cached(
+                "SELECT b.signed_bundle FROM desired d JOIN bundles b ON b.name = d.bundle AND b.version = d.version
+                 WHERE d.node = ?1 ORDER BY d.bundle",
+            )?;
+            let bundles = stmt
+                .query_map([&node], |r| r.get::<_, Vec<u8>>(0))?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(DesiredState {
+                generation: generation as u64,
+                bundles,
+            })
+        })
+        .await
+    }
+
+    async fn blob_allowed(&self, node: &str, digest: &str) -> Result<bool> {
+        let (node, digest) = (node.to_string(), digest.to_string());
+        self.call(move |c| {
+            Ok(c.query_row(
+                "SELECT 1 FROM bundle_blobs bb WHERE bb.digest = ?2 AND (
+                    EXISTS (SELECT 1 FROM desired d WHERE d.node = ?1 AND d.bundle = bb.name AND d.version = bb.version)
+                    OR EXISTS (SELECT 1 FROM actual a WHERE a.node = ?1 AND a.bundle = bb.name AND a.version = bb.version))
+                 LIMIT 1",
+                params![node, digest],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some())
+        })
+        .await
+    }
+
+    async fn start_rollout(&self, r: NewRollout) -> Result<(RolloutRow, Vec<String>)> {
+        self.tx(move |tx| {
+            let cluster_ok = tx
+                .query_row("SELECT 1 FROM clusters WHERE name = ?1", [&r.cluster], |_| Ok(()))
+                .optional()?
+                .is_some();
+            if !cluster_ok {
+                return Err(StoreError::NotFound(format!("cluster {} does not exist", r.cluster)));
+            }
+            let bundle_ok = tx
+                .query_row(
+                    "SELECT 1 FROM bundles WHERE name = ?1 AND version = ?2",
+                    params![r.bundle, r.version],
+                    |_| Ok(()),
+                )
+                .optional()?
+                .is_some();
+            if !bundle_ok {
+                return Err(StoreError::NotFound(format!(
+                    "bundle {}@{} is not published; publish it with `lksctl bundle publish DIR`",
+                    r.bundle, r.version
+                )));
+            }
+            let nodes = {
+                let mut stmt = tx.prepare(
+                    "SELECT n.name, n.labels, d.version FROM nodes n
+                     LEFT JOIN desired d ON d.node = n.name AND d.bundle = ?2
+                     WHERE n.cluster = ?1 ORDER BY n.name",
+                )?;
+                stmt.query_map(params![r.cluster, r.bundle], |row| {
+                    Ok((
+                        row.get::<_, String>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, Option<String>>(2)?,
+                    ))
+                })?
+                .collect::<Result<Vec<_>, _>>()?
+            };
+            let superseded = format!("superseded by rollout {}", r.id);
+            tx.execute(
+                "UPDATE rollouts SET state = 'aborted', message = ?3, updated_at_ms = ?4
+                 WHERE cluster = ?1 AND bundle = ?2 AND state IN ('running', 'paused', 'rolling_back')",
+                params![r.cluster, r.bundle, superseded, r.now_ms],
+            )?;
+            let selector = labels_to_json(&r.selector)?;
+            tx.execute(
+                "INSERT INTO rollouts (id, cluster, bundle, version, selector, batch_size, failure_threshold, state,
+                     created_at_ms, updated_at_ms, message)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', ?8, ?8, '')",
+                params![
+                    r.id,
+                    r.cluster,
+                    r.bundle,
+                    r.version,
+                    selector,
+                    r.batch_size,
+                    r.failure_threshold,
+                    r.now_ms
+                ],
+            )?;
+            let mut changed = Vec::new();
+            for (node, labels, previous) in nodes {
+                if !selector_matches(&r.selector, &labels_from_json(&labels)?) {
+                    continue;
+                }
+                let previous = previous.unwrap_or_default();
+                if previous != r.version {
+                    tx.execute(
+                        "INSERT INTO desired (node, bundle, version) VALUES (?1, ?2, ?3)
+                         ON CONFLICT (node, bundle) DO UPDATE SET version = excluded.version",
+                        params![node, r.bundle, r.version],
+                    )?;
+                    bump_node(tx, &node)?;
+                    changed.push(node.clone());
+                }
+                tx.execute(
+                    "INSERT INTO rollout_nodes (rollout_id, node, previous_version, state, message)
+                     VALUES (?1, ?2, ?3, 'waiting', '')",
+                    params![r.id, node, previous],
+                )?;
+            }
+            tx.execute(
+                "INSERT INTO cluster_targets (cluster, bundle, version, selector, rollout_id) VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (cluster, bundle) DO UPDATE SET version = excluded.version,
+                     selector = excluded.selector, rollout_id = excluded.rollout_id",
+                params![r.cluster, r.bundle, r.version, selector, r.id],
+            )?;
+            insert_event(
+                tx,
+                &EventRow {
+                    id: 0,
+                    at_ms: r.now_ms,
+                    cluster: r.cluster.clone(),
+                    node: String::new(),
+                    rollout_id: r.id.clone(),
+                    kind: "rollout_started".into(),
+                    bundle: r.bundle.clone(),
+                    version: r.version.clone(),
+                    message: String::new(),
+                },
+            )?;
+            let row = read_rollout(tx, &r.id)?
+                .ok_or_else(|| StoreError::Backend(format!("rollout {} vanished in its own transaction", r.id)))?;
+            Ok((row, changed))
+        })
+        .await
+    }
+
+    async fn get_rollout(&self, id: &str) -> Result<Option<RolloutRow>> {
+        let id = id.to_string();
+        self.call(move |c| read_rollout(c, &id)).await
+    }
+
+    async fn list_rollouts(&self, cluster: Option<&str>, only_active: bool) -> Result<Vec<RolloutRow>> {
+        let cluster = cluster.map(str::to_string);
+        self.call(move |c| {
+            let ids = {
+                let mut stmt = c.prepare(
+                    "SELECT id FROM rollouts WHERE (?1 IS NULL OR cluster = ?1)
+                       AND (?2 = 0 OR state IN ('running', 'paused', 'rolling_back'))
+                     ORDER BY created_at_ms, id",
+                )?;
+                stmt.query_map(params![cluster, only_active], |r| r.get::<_, String>(0))?
+                    .collect::<Result<Vec<_>, _>>()?
+            };
+            let mut out = Vec::new();
+            for id in ids {
+                if let Some(r) = read_rollout(c, &id)? {
+                    out.push(r);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn update_rollout(&self, r: &RolloutRow) -> Result<()> {
+        let r = r.clone();
+        self.tx(move |tx| {
+            let before: Option<String> = tx
+                .query_row("SELECT state FROM rollouts WHERE id = ?1", [&r.id], |row| {
+                    row.get(0)
+                })
+                .optional()?;
+            let Some(before) = before else {
+                return Err(StoreError::NotFound(format!("rollout {} does not exist", r.id)));
+            };
+            tx.execute(
+                "UPDATE rollouts SET state = ?2, message = ?3, updated_at_ms = ?4 WHERE id = ?1",
+                params![r.id, r.state.as_str(), r.message, r.updated_at_ms],
+            )?;
+            let mut stmt = tx.prepare_cached(
+                "UPDATE rollout_nodes SET state = ?3, message = ?4 WHERE rollout_id = ?1 AND node = ?2",
+            )?;
+            for n in &r.nodes {
+                stmt.execute(params![r.id, n.name, n.state, n.message])?;
+            }
+            if before != r.state.as_str() {
+                insert_event(
+                    tx,
+                    &EventRow {
+                        id: 0,
+                        at_ms: r.updated_at_ms,
+                        cluster: r.cluster.clone(),
+                        node: String::new(),
+                        rollout_id: r.id.clone(),
+                        kind: format!("rollout_{}", r.state.as_str()),
+                        bundle: r.bundle.clone(),
+                        version: r.version.clone(),
+                        message: r.message.clone(),
+                    },
+                )?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn rollback_rollout(&self, id: &str, now_ms: i64) -> Result<(RolloutRow, Vec<String>)> {
+        let id = id.to_string();
+        self.tx(move |tx| {
+            let Some(mut r) = read_rollout(tx, &id)? else {
+                return Err(StoreError::NotFound(format!("rollout {id} does not exist")));
+            };
+            if r.state == RolloutState::RolledBack {
+                return Ok((r, Vec::new()));
+            }
+            let mut changed = Vec::new();
+            for n in &mut r.nodes {
+                let current: Option<String> = tx
+                    .query_row(
+                        "SELECT version FROM desired WHERE node = ?1 AND bundle = ?2",
+                        params![n.name, r.bundle],
+                        |row| row.get(0),
+                    )
+                    .optional()?;
+                // Only nodes still on this rollout's version are moved back:
+                // a later rollout's assignment is not undone.
+                if current.as_deref() != Some(r.version.as_str()) {
+                    continue;
+                }
+                if n.previous_version.is_empty() {
+                    tx.execute(
+                        "DELETE FROM desired WHERE node = ?1 AND bundle = ?2",
+                        params![n.name, r.bundle],
+                    )?;
+                } else {
+                    tx.execute(
+                        "UPDATE desired SET version = ?3 WHERE node = ?1 AND bundle = ?2",
+                        params![n.name, r.bundle, n.previous_version],
+                    )?;
+                }
+                bump_node(tx, &n.name)?;
+                n.state = "rolled_back".into();
+                changed.push(n.name.clone());
+            }
+            tx.execute(
+                "DELETE FROM cluster_targets WHERE cluster = ?1 AND bundle = ?2 AND rollout_id = ?3",
+                params![r.cluster, r.bundle, r.id],
+            )?;
+            r.state = RolloutState::RolledBack;
+            r.message = "rolled back by operator".into();
+            r.updated_at_ms = now_ms;
+            tx.execute(
+                "UPDATE rollouts SET state = ?2, message = ?3, updated_at_ms = ?4 WHERE id = ?1",
+                params![r.id, r.state.as_str(), r.message, now_ms],
+            )?;
+            for n in &r.nodes {
+                tx.execute(
+                    "UPDATE rollout_nodes SET state = ?3 WHERE rollout_id = ?1 AND node = ?2",
+                    params![r.id, n.name, n.state],
+                )?;
+            }
+            insert_event(
+                tx,
+                &EventRow {
+                    id: 0,
+                    at_ms: now_ms,
+                    cluster: r.cluster.clone(),
+                    node: String::new(),
+                    rollout_id: r.id.clone(),
+                    kind: "rollout_rolled_back".into(),
+                    bundle: r.bundle.clone(),
+                    version: r.version.clone(),
+                    message: String::new(),
+                },
+            )?;
+            Ok((r, changed))
+        })
+        .await
+    }
+
+    async fn bundle_statuses(
+        &self,
+        bundle: &str,
+        nodes: &[String],
+    ) -> Result<BTreeMap<String, Option<BundleStatusRow>>> {
+        let (bundle, nodes) = (bundle.to_string(), nodes.to_vec());
+        self.call(move |c| {
+            let mut out = BTreeMap::new();
+            let mut exists = c.prepare_cached("SELECT 1 FROM nodes WHERE name = ?1")?;
+            let mut stmt = c.prepare_cached(
+                "SELECT version, state, message, updated_at_ms FROM actual WHERE node = ?1 AND bundle = ?2",
+            )?;
+            for n in nodes {
+                if exists.query_row([&n], |_| Ok(())).optional()?.is_none() {
+                    continue;
+                }
+                let row = stmt
+                    .query_row(params![n, bundle], |r| {
+                        Ok((
+                            r.get::<_, String>(0)?,
+                            r.get::<_, String>(1)?,
+                            r.get::<_, String>(2)?,
+                            r.get::<_, i64>(3)?,
+                        ))
+                    })
+                    .optional()?;
+                let status = match row {
+                    Some((version, state, message, updated_at_ms)) => Some(BundleStatusRow {
+                        name: bundle.clone(),
+                        version,
+                        state: state_from_str(&state)?,
+                        message,
+                        updated_at_ms,
+                    }),
+                    None => None,
+                };
+                out.insert(n, status);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn add_event(&self, e: EventRow) -> Result<()> {
+        self.tx(move |tx| insert_event(tx, &e)).await
+    }
+
+    async fn list_events(&self, f: EventFilter) -> Result<Vec<EventRow>> {
+        self.call(move |c| {
+            let limit = if f.limit == 0 { DEFAULT_EVENT_LIMIT } else { f.limit };
+            let mut stmt = c.prepare(
+                "SELECT id, at_ms, cluster, node, rollout_id, kind, bundle, version, message FROM (
+                    SELECT * FROM events
+                    WHERE (?1 IS NULL OR cluster = ?1) AND (?2 IS NULL OR node = ?2) AND (?3 IS NULL OR rollout_id = ?3)
+                    ORDER BY id DESC LIMIT ?4)
+                 ORDER BY id",
+            )?;
+            let rows = stmt
+                .query_map(params![f.cluster, f.node, f.rollout_id, limit], |r| {
+                    Ok(EventRow {
+                        id: r.get::<_, i64>(0)? as u64,
+                        at_ms: r.get(1)?,
+                        cluster: r.get(2)?,
+                        node: r.get(3)?,
+                        rollout_id: r.get(4)?,
+                        kind: r.get(5)?,
+                        bundle: r.get(6)?,
+                        version: r.get(7)?,
+                        message: r.get(8)?,
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        })
+        .await
+    }
+}
+
+fn bundle_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<BundleRow> {
+    Ok(BundleRow {
+        name: r.get(0)?,
+        version: r.get(1)?,
+        signed_bundle: r.get(2)?,
+        manifest_digest: r.get(3)?,
+        signed: r.get(4)?,
+        files: r.get(5)?,
+        total_size: r.get::<_, i64>(6)? as u64,
+        published_at_ms: r.get(7)?,
+    })
+}
+
+/// Wall clock in Unix milliseconds.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token(id: &str, cluster: &str, uses: Option<u32>, expires_at_ms: i64) -> TokenRow {
+        TokenRow {
+            id: id.into(),
+            secret_hash: [7; 32],
+            cluster: cluster.into(),
+            expires_at_ms,
+            remaining_uses: uses,
+            labels: Labels::new(),
+            created_at_ms: 0,
+        }
+    }
+
+    fn node(name: &str, cluster: &str, token: &str, labels: &[(&str, &str)]) -> NewNode {
+        NewNode {
+            name: name.into(),
+            cluster: cluster.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            cert_serial: format!("serial-{name}"),
+            token_id: token.into(),
+            now_ms: 1000,
+        }
+    }
+
+    fn bundle(name: &str, version: &str, digest: &str) -> NewBundle {
+        NewBundle {
+            name: name.into(),
+            version: version.into(),
+            signed_bundle: format!("{name}@{version}").into_bytes(),
+            manifest_digest: digest.into(),
+            signed: false,
+            files: 1,
+            total_size: 3,
+            blob_digests: vec![format!("blob-{name}-{version}")],
+            now_ms: 5,
+        }
+    }
+
+    fn rollout(id: &str, cluster: &str, b: &str, v: &str, selector: &[(&str, &str)]) -> NewRollout {
+        NewRollout {
+            id: id.into(),
+            cluster: cluster.into(),
+            bundle: b.into(),
+            version: v.into(),
+            selector: selector
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            batch_size: 0,
+            failure_threshold: 1,
+            now_ms: 10,
+        }
+    }
+
+    #[tokio::test]
+    async fn clusters_and_tokens() {
+        let s = SqliteStore::open_in_memory().unwrap();
+        s.create_cluster("a", 1).await.unwrap();
+        assert!(matches!(
+            s.create_cluster("a", 2).await,
+            Err(StoreError::AlreadyExists(_))
+        ));
+        assert!(matches!(
+            s.create_token(token("tok001", "nope", None, 10)).await,
+            Err(StoreError::NotFound(_))
+        ));
+        s.create_token(token("tok001", "a", Some(1), 10_000))
+            .await
+            .unwrap();
+        assert_eq!(
+            s.get_token("tok001").await.unwrap().unwrap().remaining_uses,
+            Some(1)
+        );
+        assert!(s.get_token("zzz").await.unwrap().is_none());
+        assert_eq!(s.list_clusters().await.unwrap()[0].name, "a");
+    }
+
+    #[tokio::test]
+    async fn enrolment_consumes_uses_atomically_and_names_are_unique() {
+        let s = SqliteStore::open_in_memory().unwrap();
+        s.create_cluster("a", 1).await.unwrap();
+        s.create_token(token("once00", "a", Some(1), 10_000))
+            .await
+            .unwrap();
+        s.create_token(token("old000", "a", None, 500)).await.unwrap();
+        s.create_token(token("many00", "a", None, 10_000)).await.unwrap();
+        s.enroll_node(node("w1", "a", "once00", &[])).await.unwrap();
+        assert!(matches!(
+            s.enroll_node(node("w2", "a", "once00", &[])).await,
+            Err(StoreError::Token(TokenRefusal::UsedUp))
+        ));
+        assert!(matches!(
+            s.enroll_node(node("w2", "a", "old000", &[])).await,
+            Err(StoreError::Token(TokenRefusal::Expired))
+        ));
+        assert!(matches!(
+            s.enroll_node(node("w2", "a", "gone00", &[])).await,
+            Err(StoreError::Token(TokenRefusal::Unknown))
+        ));
+        let dup = s.enroll_node(node("w1", "a", "many00", &[])).await.unwrap_err();
+        assert!(matches!(&dup, StoreError::AlreadyExists(m) if m.contains("lksctl node delete w1")));
+        assert!(
+            s.get_node("w2").await.unwrap().is_none(),
+            "nothing stored for refused joins"
+        );
+        assert!(s.delete_node("w1").await.unwrap());
+        assert!(!s.delete_node("w1").await.unwrap());
+        s.enroll_node(node("w1", "a", "many00", &[])).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn bundles_are_immutable() {
+        let s = SqliteStore::open_in_memory().unwrap();
+        assert_eq!(
+            s.put_bundle(bundle("k", "1", "d1")).await.unwrap(),
+            PutOutcome::Created
+        );
+        assert_eq!(
+            s.put_bundle(bundle("k", "1", "d1")).await.unwrap(),
+            PutOutcome::Unchanged
+        );
+        assert!(matches!(
+            s.put_bundle(bundle("k", "1", "d2")).await,
+            Err(StoreError::AlreadyExists(_))
+        ));
+        assert_eq!(s.list_bundles(None).await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn rollouts_assign_matching_nodes_and_later_joiners() {
+        let s = SqliteStore::open_in_memory().unwrap();
+        for c in ["a", "b"] {
+            s.create_cluster(c, 1).await.unwrap();
+        }
+        s.create_token(token("toka00", "a", None, 10_000)).await.unwrap();
+        s.create_token(token("tokb00", "b", None, 10_000)).await.unwrap();
+        s.enroll_node(node("a1", "a", "toka00", &[("role", "w")]))
+            .await
+            .unwrap();
+        s.enroll_node(node("a2", "a", "toka00", &[("role", "db")]))
+            .await
+            .unwrap();
+        s.enroll_node(node("b1", "b", "tokb00", &[("role", "w")]))
+            .await
+            .unwrap();
+        s.put_bundle(bundle("k", "1", "d1")).await.unwrap();
+        assert!(matches!(
+            s.start_rollout(rollout("r0", "a", "k", "9", &[])).await,
+            Err(StoreError::NotFound(_))
+        ));
+        let g0 = s.desired_state("a1").await.unwrap().generation;
+        let (r, changed) = s
+            .start_rollout(rollout("r1", "a", "k", "1", &[("role", "w")]))
+            .await
+            .unwrap();
+        assert_eq!(changed, vec!["a1".to_string()]);
+        assert_eq!(r.nodes.len(), 1);
+        let d = s.desired_state("a1").await.unwrap();
+        assert!(d.generation > g0);
+        assert_eq!(d.bundles, vec![b"k@1".to_vec()]);
+        assert!(s.desired_state("a2").await.unwrap().bundles.is_empty());
+        assert!(s.desired_state("b1").await.unwrap().bundles.is_empty());
+        assert!(s.blob_allowed("a1", "blob-k-1").await.unwrap());
+        assert!(!s.blob_allowed("b1", "blob-k-1").await.unwrap());
+        assert!(!s.blob_allowed("a2", "blob-k-1").await.unwrap());
+
+        s.enroll_node(node("a3", "a", "toka00", &[("role", "w")]))
+            .await
+            .unwrap();
+        assert_eq!(
+            s.desired_state("a3").await.unwrap().bundles.len(),
+            1,
+            "joiner gets the target"
+        );
+
+        s.put_bundle(bundle("k", "2", "d2")).await.unwrap();
+        let (_, changed) = s.start_rollout(rollout("r2", "a", "k", "2", &[])).await.unwrap();
+        assert_eq!(changed.len(), 3);
+        let r1 = s.get_rollout("r1").await.unwrap().unwrap();
+        assert_eq!(r1.state, RolloutState::Aborted, "superseded");
+        let (r2, changed) = s.rollback_rollout("r2", 20).await.unwrap();
+        assert_eq!(r2.state, RolloutState::RolledBack);
+        assert_eq!(changed.len(), 3);
+        assert_eq!(s.get_node("a1").await.unwrap().unwrap().desired["k"], "1");
+        assert!(s.get_node("a2").await.unwrap().unwrap().desired.is_empty());
+    }
+
+    #[tokio::test]
+    async fn status_and_events() {
+        let s = SqliteStore::open_in_memory().unwrap();
+        s.create_cluster("a", 1).await.unwrap();
+        s.create_token(token("toka00", "a", None, 10_000)).await.unwrap();
+        s.enroll_node(node("a1", "a", "toka00", &[])).await.unwrap();
+        let st = BundleStatusRow {
+            name: "k".into(),
+            version: "1".into(),
+            state: BundleState::Applied,
+            message: String::new(),
+            updated_at_ms: 3,
+        };
+        s.node_connected("a1", "{}", vec![st.clone()], 50).await.unwrap();
+        let n = s.get_node("a1").await.unwrap().unwrap();
+        assert!(n.connected);
+        assert_eq!(n.actual["k"], st);
+        s.touch_nodes(vec![("a1".into(), 60)]).await.unwrap();
+        s.node_disconnected("a1", 55).await.unwrap();
+        let n = s.get_node("a1").await.unwrap().unwrap();
+        assert!(!n.connected);
+        assert_eq!(n.last_seen_ms, 60);
+        let st = s.bundle_statuses("k", &["a1".into(), "zz".into()]).await.unwrap();
+        assert_eq!(st.len(), 1);
+        let ev = s
+            .list_events(EventFilter {
+                node: Some("a1".into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(ev[0].kind, "enrolled");
+    }
+
+    #[tokio::test]
+    async fn reopening_keeps_state_and_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("state.db");
+        {
+            let s = SqliteStore::open(&p).unwrap();
+            s.create_cluster("a", 1).await.unwrap();
+        }
+        let s = SqliteStore::open(&p).unwrap();
+        assert_eq!(s.list_clusters().await.unwrap().len(), 1);
+    }
+}
