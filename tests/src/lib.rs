@@ -184,3 +184,5 @@ pub fn one_line_error(out: &Output, what: &str) -> String {
     );
     err
 }
+
+pub mod server;

@@ -14,7 +14,7 @@ pub type Client = AdminServiceClient<Channel>;
 /// Connects to the server named in the config file.
 pub async fn connect(config: &Path) -> anyhow::Result<(Client, String)> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let conf = AdminConf::load(config).with_context(|| {
+    let conf = AdminConf::load(config).map_err(|e| anyhow!("{e}")).with_context(|| {
         "load lksctl config (give --config FILE or set LKSCTL_CONFIG; the server writes admin.conf in its data dir)"
             .to_string()
     })?;

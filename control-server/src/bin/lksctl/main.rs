@@ -222,14 +222,18 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::SUCCESS;
         }
         Err(e) => {
-            // clap adds usage and hints on further lines; keep the first.
+            // clap adds usage and hints after a blank line; keep the message
+            // (which may span lines, e.g. a list of missing flags) on one line.
             let text = e.to_string();
-            let first = text
+            let msg = text
                 .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("invalid arguments");
-            let first = first.trim_start_matches("error: ");
-            eprintln!("error: {first} (see `lksctl --help`)");
+                .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect::<Vec<_>>()
+                .join(" ");
+            let msg = msg.trim_start_matches("error: ");
+            eprintln!("error: {msg} (see `lksctl --help`)");
             return std::process::ExitCode::from(2);
         }
     };

@@ -1,0 +1,333 @@
+//! `lksctl` against a real control server: every command, its output
+//! contract, and one-line errors.
+
+use std::process::Command;
+
+use lks_e2e::server::Server;
+use lks_e2e::{bin, one_line_error, run};
+
+#[test]
+fn clusters_and_tokens() {
+    let s = Server::start();
+    assert_eq!(
+        s.lksctl_ok(&["cluster", "create", "tenant-a"]).trim(),
+        "cluster tenant-a created"
+    );
+    let e = one_line_error(&s.lksctl(&["cluster", "create", "tenant-a"]), "duplicate cluster");
+    assert!(e.starts_with("error: ") && e.contains("already exists"), "{e}");
+    let e = one_line_error(&s.lksctl(&["cluster", "create", "Bad_Name"]), "bad cluster name");
+    assert!(e.contains("invalid cluster name"), "{e}");
+    s.create_cluster("tenant-b");
+    let list = s.lksctl_ok(&["cluster", "list"]);
+    assert!(list.starts_with("NAME"), "{list}");
+    assert!(list.contains("tenant-a") && list.contains("tenant-b"));
+    let j = s.lksctl_json(&["cluster", "list"]);
+    assert_eq!(j.as_array().unwrap().len(), 2);
+
+    // The join line is complete and copy-pasteable.
+    let line = s.lksctl_ok(&["token", "create", "--cluster", "tenant-a"]);
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(&words[..3], ["lksadmin-agent", "join", "--server"]);
+    assert_eq!(words[3], s.url());
+    assert_eq!(words[4], "--token");
+    assert!(
+        words[5].parse::<lks_proto::token::BootstrapToken>().is_ok(),
+        "{line}"
+    );
+    assert_eq!(words[6], "--ca-cert-hash");
+    assert!(words[7].starts_with("sha256:") && words[7].len() == 71, "{line}");
+    assert_eq!(words.len(), 8, "{line}");
+
+    let j = s.lksctl_json(&[
+        "token",
+        "create",
+        "--cluster",
+        "tenant-a",
+        "--ttl",
+        "1h",
+        "--uses",
+        "3",
+        "--labels",
+        "role=worker",
+    ]);
+    for k in ["token", "ca_cert_hash", "server", "join_command", "expires_at"] {
+        assert!(j[k].is_string(), "{k} missing in {j}");
+    }
+    assert_eq!(j["server"], s.url());
+    let exp = j["expires_at"].as_str().unwrap();
+    assert!(exp.ends_with('Z') && exp.contains('T'), "RFC 3339: {exp}");
+    assert!(
+        j["join_command"]
+            .as_str()
+            .unwrap()
+            .contains(j["token"].as_str().unwrap())
+    );
+    // The pin printed is the CA the server really serves.
+    let ca = s.admin_conf().ca_cert;
+    let der = &lks_proto::identity::pem_certs(&ca).unwrap()[0];
+    assert_eq!(
+        j["ca_cert_hash"],
+        lks_proto::identity::ca_cert_hash(der).unwrap().to_string()
+    );
+
+    let ci = s.lksctl_ok(&["token", "create", "--cluster", "tenant-a", "--cloud-init"]);
+    assert!(ci.starts_with("#cloud-config\n"), "{ci}");
+    assert!(ci.contains("lksadmin-agent, join"), "{ci}");
+
+    let e = one_line_error(
+        &s.lksctl(&["token", "create", "--cluster", "nope"]),
+        "unknown cluster",
+    );
+    assert!(e.contains("cluster nope does not exist"), "{e}");
+    let e = one_line_error(
+        &s.lksctl(&[
+            "token",
+            "create",
+            "--cluster",
+            "tenant-a",
+            "--labels",
+            "bad label",
+        ]),
+        "bad labels",
+    );
+    assert!(e.contains("--labels"), "{e}");
+    let e = one_line_error(
+        &s.lksctl(&["token", "create", "--cluster", "tenant-a", "--ttl", "10"]),
+        "bad ttl",
+    );
+    assert!(e.contains("invalid duration"), "{e}");
+}
+
+#[test]
+fn config_errors_are_one_line() {
+    let s = Server::start();
+    let dir = s.work_dir();
+    // No --config, no $LKSCTL_CONFIG, no ./admin.conf.
+    let mut cmd = Command::new(bin("lksctl"));
+    cmd.args(["cluster", "list"])
+        .current_dir(dir)
+        .env_remove("LKSCTL_CONFIG");
+    let e = one_line_error(&run(cmd), "missing config");
+    assert!(e.contains("admin.conf") && e.contains("LKSCTL_CONFIG"), "{e}");
+
+    // $LKSCTL_CONFIG is honoured.
+    let mut cmd = Command::new(bin("lksctl"));
+    cmd.args(["cluster", "list"])
+        .current_dir(dir)
+        .env("LKSCTL_CONFIG", s.admin_conf_path());
+    assert!(run(cmd).status.success());
+
+    // ./admin.conf is the last fallback.
+    std::fs::copy(s.admin_conf_path(), dir.join("admin.conf")).unwrap();
+    let mut cmd = Command::new(bin("lksctl"));
+    cmd.args(["cluster", "list"])
+        .current_dir(dir)
+        .env_remove("LKSCTL_CONFIG");
+    assert!(run(cmd).status.success());
+
+    let e = one_line_error(&s.lksctl(&["cluster", "frobnicate"]), "unknown subcommand");
+    assert!(e.starts_with("error: "), "{e}");
+}
+
+#[test]
+fn unreachable_server_is_a_clear_error() {
+    let mut s = Server::start();
+    s.stop();
+    let e = one_line_error(&s.lksctl(&["cluster", "list"]), "server down");
+    assert!(e.contains("cannot reach control server at https://"), "{e}");
+}
+
+#[test]
+fn bundles_publish_list_and_keys() {
+    let s = Server::start();
+    let prefix = s.work_dir().join("publisher");
+    let out = s.lksctl_ok(&["bundle", "keygen", "--out", prefix.to_str().unwrap()]);
+    assert!(
+        out.contains("publisher.key") && out.contains("publisher.pub"),
+        "{out}"
+    );
+    let e = one_line_error(
+        &s.lksctl(&["bundle", "keygen", "--out", prefix.to_str().unwrap()]),
+        "keygen over existing keys",
+    );
+    assert!(e.contains("exists"), "{e}");
+    let key = format!("{}.key", prefix.display());
+
+    let dir = s.write_bundle(
+        "b1",
+        "kubelet",
+        "1.29.3-1",
+        &[
+            ("/etc/kubernetes/kubelet.conf", b"conf", "0600"),
+            ("/usr/local/bin/kubelet", b"#!/bin/sh\necho kubelet\n", "0755"),
+            ("/usr/local/bin/copy", b"#!/bin/sh\necho kubelet\n", "0755"),
+        ],
+    );
+    let out = s.lksctl_ok(&["bundle", "publish", dir.to_str().unwrap(), "--sign-key", &key]);
+    assert_eq!(out.trim(), "kubelet@1.29.3-1");
+    // Identical content: success, nothing changes.
+    let o = s.lksctl(&["bundle", "publish", dir.to_str().unwrap(), "--sign-key", &key]);
+    assert!(o.status.success());
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "kubelet@1.29.3-1");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("nothing changed"));
+
+    // Other bytes under the same name@version are refused.
+    std::fs::write(dir.join("f0"), b"other conf").unwrap();
+    let e = one_line_error(
+        &s.lksctl(&["bundle", "publish", dir.to_str().unwrap()]),
+        "re-publish",
+    );
+    assert!(e.contains("already exists with other content"), "{e}");
+
+    let unsigned = s.write_bundle("b2", "empty-file", "1", &[("/etc/empty", b"", "0644")]);
+    assert_eq!(s.publish(&unsigned), "empty-file@1");
+
+    let list = s.lksctl_json(&["bundle", "list"]);
+    let arr = list.as_array().unwrap();
+    assert_eq!(arr.len(), 2, "{list}");
+    let k = arr.iter().find(|b| b["name"] == "kubelet").unwrap();
+    assert_eq!(k["version"], "1.29.3-1");
+    assert_eq!(k["files"], 3);
+    assert_eq!(k["signed"], true);
+    assert!(k["manifest_digest"].as_str().unwrap().starts_with("sha256:"));
+    let e = arr.iter().find(|b| b["name"] == "empty-file").unwrap();
+    assert_eq!(e["signed"], false);
+    let table = s.lksctl_ok(&["bundle", "list"]);
+    assert!(table.starts_with("NAME") && table.contains("kubelet"), "{table}");
+
+    // A missing or broken bundle dir is one clear line.
+    let e = one_line_error(&s.lksctl(&["bundle", "publish", "/nonexistent"]), "missing dir");
+    assert!(e.contains("bundle.toml"), "{e}");
+    let e = one_line_error(
+        &s.lksctl(&[
+            "bundle",
+            "publish",
+            dir.to_str().unwrap(),
+            "--sign-key",
+            "/nonexistent.key",
+        ]),
+        "missing key",
+    );
+    assert!(e.contains("nonexistent.key"), "{e}");
+}
+
+#[test]
+fn path_escape_in_bundle_toml_is_refused_before_upload() {
+    let s = Server::start();
+    let d = s.work_dir().join("evil");
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(d.join("x"), b"x").unwrap();
+    std::fs::write(
+        d.join("bundle.toml"),
+        "name = \"evil\"\nversion = \"1\"\n[[file]]\npath = \"/etc/../x\"\nsource = \"x\"\n",
+    )
+    .unwrap();
+    let e = one_line_error(
+        &s.lksctl(&["bundle", "publish", d.to_str().unwrap()]),
+        "path escape",
+    );
+    assert!(e.contains("file[0].path") && e.contains(".."), "{e}");
+    std::fs::write(
+        d.join("bundle.toml"),
+        "name = \"evil\"\nversion = \"1\"\n[[file]]\npath = \"/etc/x\"\nsource = \"../../etc/passwd\"\n",
+    )
+    .unwrap();
+    let e = one_line_error(
+        &s.lksctl(&["bundle", "publish", d.to_str().unwrap()]),
+        "source escape",
+    );
+    assert!(e.contains("file[0].source"), "{e}");
+    assert_eq!(s.lksctl_json(&["bundle", "list"]), serde_json::json!([]));
+}
+
+#[test]
+fn rollouts_nodes_and_events_without_agents() {
+    let s = Server::start();
+    s.create_cluster("tenant-a");
+    let dir = s.write_bundle("b", "demo", "1", &[("/etc/demo", b"demo", "0644")]);
+    s.publish(&dir);
+
+    let e = one_line_error(
+        &s.lksctl(&["rollout", "start", "--cluster", "tenant-a", "--bundle", "demo@2"]),
+        "unknown version",
+    );
+    assert!(e.contains("demo@2 is not published"), "{e}");
+    let e = one_line_error(
+        &s.lksctl(&["rollout", "start", "--cluster", "nope", "--bundle", "demo@1"]),
+        "unknown cluster",
+    );
+    assert!(e.contains("cluster nope does not exist"), "{e}");
+    let e = one_line_error(
+        &s.lksctl(&["rollout", "start", "--cluster", "tenant-a", "--bundle", "demo"]),
+        "bad ref",
+    );
+    assert!(e.contains("NAME@VERSION"), "{e}");
+
+    // No node matches: the rollout completes at once; --wait exits 0.
+    let id = s.lksctl_ok(&[
+        "rollout",
+        "start",
+        "--cluster",
+        "tenant-a",
+        "--bundle",
+        "demo@1",
+        "--wait",
+    ]);
+    let id = id.lines().next().unwrap().trim().to_string();
+    let st = s.lksctl_json(&["rollout", "status", &id]);
+    assert_eq!(st["id"], id.as_str());
+    assert_eq!(st["state"], "completed");
+    for k in ["total", "updated", "failed", "pending"] {
+        assert_eq!(st[k], 0, "{k}");
+    }
+    let j = s.lksctl_json(&[
+        "rollout",
+        "start",
+        "--cluster",
+        "tenant-a",
+        "--bundle",
+        "demo@1",
+        "--selector",
+        "role=db",
+    ]);
+    assert!(j["id"].is_string(), "{j}");
+    let list = s.lksctl_ok(&["rollout", "list"]);
+    assert!(list.starts_with("ID") && list.contains(&id), "{list}");
+    let watched = s.lksctl_ok(&["rollout", "status", &id, "--watch"]);
+    assert!(watched.contains("completed"), "{watched}");
+    let text = s.lksctl_ok(&["rollout", "status", &id]);
+    assert!(text.contains("State:") && text.contains("completed"), "{text}");
+
+    let e = one_line_error(&s.lksctl(&["rollout", "status", "nope"]), "unknown rollout");
+    assert!(e.contains("rollout nope does not exist"), "{e}");
+    let e = one_line_error(&s.lksctl(&["rollout", "pause", &id]), "pause");
+    assert!(e.contains("not support"), "{e}");
+    let e = one_line_error(&s.lksctl(&["rollout", "resume", &id]), "resume");
+    assert!(e.contains("not support"), "{e}");
+    let e = one_line_error(&s.lksctl(&["rollout", "abort", &id]), "abort ended");
+    assert!(e.contains("already ended"), "{e}");
+    let rb = s.lksctl_ok(&["rollout", "rollback", &id]);
+    assert!(rb.contains("rolled_back"), "{rb}");
+
+    assert_eq!(s.lksctl_json(&["node", "list"]), serde_json::json!([]));
+    let e = one_line_error(&s.lksctl(&["node", "get", "ghost"]), "unknown node");
+    assert!(e.contains("node ghost does not exist"), "{e}");
+    let e = one_line_error(&s.lksctl(&["node", "delete", "ghost"]), "delete unknown node");
+    assert!(e.contains("node ghost does not exist"), "{e}");
+    let e = one_line_error(
+        &s.lksctl(&["node", "list", "--cluster", "nope"]),
+        "unknown cluster",
+    );
+    assert!(e.contains("does not exist"), "{e}");
+
+    let ev = s.lksctl_ok(&["event", "list"]);
+    assert!(
+        ev.contains("bundle_published") && ev.contains("rollout_started"),
+        "{ev}"
+    );
+    let evj = s.lksctl_json(&["event", "list", "--cluster", "tenant-a"]);
+    assert!(
+        evj.as_array().unwrap().iter().all(|e| e["cluster"] == "tenant-a"),
+        "{evj}"
+    );
+}
