@@ -178,6 +178,11 @@ impl Engine {
         self.reporter.dropped
     }
 
+    /// Announces the current state even if nothing changed (at start-up).
+    pub fn publish_now(&self) {
+        self.publish();
+    }
+
     fn publish(&self) {
         if let Some(tx) = &self.reporter.status {
             tx.send_replace(self.snapshot());

@@ -10,12 +10,22 @@
 
 pub mod backoff;
 pub mod cache;
+pub mod client;
 pub mod clock;
 pub mod config;
+pub mod connection;
 pub mod engine;
+pub mod facts;
 pub mod fault;
 pub mod fsutil;
+pub mod join;
 pub mod journal;
+pub mod logging;
+pub mod notify;
+pub mod pin;
+pub mod renew;
+pub mod run;
 pub mod runner;
 pub mod source;
 pub mod state;
+pub mod status;

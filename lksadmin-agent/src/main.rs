@@ -1,1 +1,210 @@
-fn main() {}
+//! `lksadmin-agent`: parses the command line, builds the runtime, wires
+//! SIGTERM/SIGINT to a cancellation token and calls into the library.
+
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use lksadmin_agent::config::{DEFAULT_ROOT, DEFAULT_STATE_DIR, StateDir};
+use lksadmin_agent::join::{JoinOutcome, JoinRequest};
+use lksadmin_agent::run::RunOptions;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(name = "lksadmin-agent", version, about = "lksadmin node agent")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Output {
+    Json,
+    Text,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Enrol this node into a tenant cluster.
+    Join {
+        /// Control server URL, or several separated by commas.
+        #[arg(long, value_name = "URL[,URL...]")]
+        server: String,
+        /// Bootstrap token (abcdef.0123456789abcdef).
+        #[arg(long)]
+        token: String,
+        /// Pin of the cluster CA: sha256 of its SubjectPublicKeyInfo.
+        #[arg(long, value_name = "sha256:HEX")]
+        ca_cert_hash: String,
+        /// Node name (default: the hostname).
+        #[arg(long)]
+        node_name: Option<String>,
+        /// Labels for this node: k=v,k2=v2.
+        #[arg(long)]
+        labels: Option<String>,
+        #[arg(long, default_value = DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
+        /// Directory treated as / for every bundle path.
+        #[arg(long, default_value = DEFAULT_ROOT)]
+        root: PathBuf,
+        /// Publisher key to trust (repeatable); then unsigned bundles are refused.
+        #[arg(long = "trust-key", value_name = "FILE.pub")]
+        trust_key: Vec<PathBuf>,
+    },
+    /// Run the agent (the systemd service).
+    Run {
+        #[arg(long, default_value = DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
+        /// Directory treated as / (default: the one given to join).
+        #[arg(long)]
+        root: Option<PathBuf>,
+        /// How often managed files are re-verified.
+        #[arg(long, default_value = "60s", value_parser = parse_interval)]
+        heal_interval: Duration,
+    },
+    /// Show this node's local view.
+    Status {
+        #[arg(long, default_value = DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
+        #[arg(short = 'o', long = "output", value_enum)]
+        output: Option<Output>,
+    },
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let d = lks_proto::duration::parse_duration(s)?;
+    if d < Duration::from_millis(100) {
+        return Err(format!("{s:?} is too short; use at least 100ms"));
+    }
+    Ok(d)
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            let msg = match e.kind() {
+                ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand => {
+                    "error: a command is required: join, run or status (see --help)".to_string()
+                }
+                _ => e
+                    .to_string()
+                    .lines()
+                    .next()
+                    .unwrap_or("error: invalid arguments")
+                    .to_string(),
+            };
+            eprintln!("{msg}");
+            return ExitCode::from(2);
+        }
+    };
+    // reqwest and tonic share rustls; one process-wide provider (ring).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    lksadmin_agent::logging::init(match cli.cmd {
+        Cmd::Run { .. } => "info",
+        _ => "warn",
+    });
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(dispatch(cli.cmd)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let msg = format!("{e:#}");
+            eprintln!("error: {}", msg.split_whitespace().collect::<Vec<_>>().join(" "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
+    match cmd {
+        Cmd::Join {
+            server,
+            token,
+            ca_cert_hash,
+            node_name,
+            labels,
+            state_dir,
+            root,
+            trust_key,
+        } => {
+            let req = JoinRequest {
+                servers: server,
+                token,
+                ca_cert_hash,
+                node_name,
+                labels,
+                state_dir,
+                root,
+                trust_keys: trust_key,
+            };
+            match lksadmin_agent::join::join(&req)
+                .await
+                .context("join the cluster")?
+            {
+                JoinOutcome::Joined {
+                    node,
+                    cluster,
+                    expires_at,
+                } => println!(
+                    "node {node} joined cluster {cluster} (certificate valid until {})",
+                    lksadmin_agent::status::when(expires_at * 1000)
+                ),
+                JoinOutcome::AlreadyJoined { node, cluster } => {
+                    println!("node {node} is already joined to cluster {cluster}; nothing to do")
+                }
+            }
+            Ok(())
+        }
+        Cmd::Run {
+            state_dir,
+            root,
+            heal_interval,
+        } => {
+            let cancel = CancellationToken::new();
+            let on_signal = cancel.clone();
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .context("install the SIGTERM handler")?;
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+                on_signal.cancel();
+            });
+            lksadmin_agent::run::run(
+                RunOptions {
+                    state_dir,
+                    root,
+                    heal_interval,
+                },
+                cancel,
+            )
+            .await
+            .context("run the agent")
+        }
+        Cmd::Status { state_dir, output } => {
+            let text = lksadmin_agent::status::render(
+                &StateDir::new(state_dir),
+                matches!(output, Some(Output::Json)),
+            )
+            .context("read the local state")?;
+            println!("{text}");
+            Ok(())
+        }
+    }
+}

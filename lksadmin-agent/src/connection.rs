@@ -1,0 +1,211 @@
+//! The one outward stream to the control server (`Connect`): Hello with
+//! facts and actual state, heartbeats, Pong for every Ping, a status report
+//! after every state change, node events; desired state and commands flow
+//! back to the engine. Reconnects with jittered exponential backoff,
+//! failing over between the configured server URLs.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lks_proto::pb;
+use lks_proto::pb::agent_message::Msg as Out;
+use lks_proto::pb::server_message::Msg as In;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::backoff::Backoff;
+use crate::client::{NodeCredentials, connect_node};
+use crate::clock::now_ms;
+use crate::config::StateDir;
+use crate::engine::StatusSnapshot;
+use crate::facts;
+use crate::notify;
+use crate::source::SharedChannel;
+use crate::status::ConnStatusFile;
+
+/// What the connection asks of the engine besides desired state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineCmd {
+    /// The server asked for an immediate self-heal pass.
+    HealNow,
+    /// A connection came up: blobs may be fetchable again.
+    Connected,
+}
+
+/// Everything the connection task owns.
+pub struct Connection {
+    pub dirs: StateDir,
+    pub servers: Vec<String>,
+    pub channel: SharedChannel,
+    pub status: watch::Receiver<StatusSnapshot>,
+    pub events: mpsc::Receiver<pb::NodeEvent>,
+    pub desired: watch::Sender<Option<pb::DesiredState>>,
+    pub commands: mpsc::Sender<EngineCmd>,
+    pub conn_file: Arc<ConnStatusFile>,
+    pub heartbeat: Duration,
+}
+
+enum End {
+    Cancelled,
+    Closed,
+}
+
+/// A connection that lasted this long resets the backoff.
+const HEALTHY_SESSION: Duration = Duration::from_secs(30);
+
+fn out(m: Out) -> pb::AgentMessage {
+    pb::AgentMessage { msg: Some(m) }
+}
+
+impl Connection {
+    /// Keeps a stream up until cancelled.
+    pub async fn run(mut self, cancel: CancellationToken) {
+        let mut backoff = Backoff::default();
+        let n = self.servers.len().max(1);
+        let mut attempt = 0usize;
+        loop {
+            let url = self.servers[attempt % n].clone();
+            let started = Instant::now();
+            let mut connected = false;
+            let res = self.session(&url, &cancel, &mut connected).await;
+            self.channel.set(None);
+            let reason = match res {
+                Ok(End::Cancelled) => break,
+                Ok(End::Closed) => format!("{url}: the server closed the stream"),
+                Err(e) => e,
+            };
+            tracing::warn!("{reason}");
+            self.conn_file.update(|c| {
+                c.connected = false;
+                c.last_error = reason.clone();
+            });
+            notify::status(&format!("disconnected: {reason}"));
+            if connected && started.elapsed() >= HEALTHY_SESSION {
+                backoff.reset();
+            }
+            attempt += 1;
+            // Try the next replica at once; back off after a full round.
+            if (attempt % n == 0 || connected) && !backoff.wait(&cancel).await {
+                break;
+            }
+            if cancel.is_cancelled() {
+                break;
+            }
+        }
+        self.conn_file.update(|c| c.connected = false);
+    }
+
+    async fn session(
+        &mut self,
+        url: &str,
+        cancel: &CancellationToken,
+        connected: &mut bool,
+    ) -> Result<End, String> {
+        let creds = NodeCredentials::load(&self.dirs).map_err(|e| e.to_string())?;
+        let channel = tokio::select! {
+            _ = cancel.cancelled() => return Ok(End::Cancelled),
+            r = connect_node(url, &creds) => r.map_err(|e| e.to_string())?,
+        };
+        let mut client = pb::agent_service_client::AgentServiceClient::new(channel.clone());
+        let (tx, rx) = mpsc::channel::<pb::AgentMessage>(64);
+        let snap = self.status.borrow_and_update().clone();
+        let hello = pb::Hello {
+            agent_version: facts::AGENT_VERSION.into(),
+            facts: Some(facts::collect()),
+            bundles: snap.bundles,
+            desired_generation: snap.generation,
+        };
+        tx.send(out(Out::Hello(hello)))
+            .await
+            .map_err(|_| format!("{url}: stream closed"))?;
+        let resp = tokio::select! {
+            _ = cancel.cancelled() => return Ok(End::Cancelled),
+            r = client.connect(ReceiverStream::new(rx)) => r.map_err(|s| format!("{url}: Connect: {}", s.message()))?,
+        };
+        let mut inbound = resp.into_inner();
+        *connected = true;
+        self.channel.set(Some(channel));
+        let now = now_ms();
+        self.conn_file.update(|c| {
+            c.connected = true;
+            c.server = url.to_string();
+            c.since_ms = now;
+            c.last_contact_ms = now;
+            c.last_error.clear();
+        });
+        tracing::info!(server = url, "connected");
+        notify::status(&format!("connected to {url}"));
+        let _ = self.commands.try_send(EngineCmd::Connected);
+
+        let mut heartbeat = tokio::time::interval(self.heartbeat);
+        heartbeat.tick().await;
+        let mut seq = 0u64;
+        let closed = |_| format!("{url}: stream closed");
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return Ok(End::Cancelled),
+                m = inbound.message() => match m {
+                    Ok(Some(m)) => {
+                        let now = now_ms();
+                        self.conn_file.update(|c| c.last_contact_ms = now);
+                        self.handle(m, &tx).await.map_err(closed)?;
+                    }
+                    Ok(None) => return Ok(End::Closed),
+                    Err(s) => return Err(format!("{url}: stream: {}", s.message())),
+                },
+                _ = heartbeat.tick() => {
+                    seq += 1;
+                    tx.send(out(Out::Heartbeat(pb::Heartbeat { seq }))).await.map_err(closed)?;
+                }
+                r = self.status.changed() => {
+                    if r.is_err() {
+                        return Ok(End::Cancelled);
+                    }
+                    let snap = self.status.borrow_and_update().clone();
+                    tx.send(report(snap)).await.map_err(closed)?;
+                }
+                Some(ev) = self.events.recv() => {
+                    tx.send(out(Out::Event(ev))).await.map_err(closed)?;
+                }
+            }
+        }
+    }
+
+    async fn handle(
+        &mut self,
+        m: pb::ServerMessage,
+        tx: &mpsc::Sender<pb::AgentMessage>,
+    ) -> Result<(), mpsc::error::SendError<pb::AgentMessage>> {
+        match m.msg {
+            Some(In::Desired(d)) => {
+                tracing::info!(
+                    generation = d.generation,
+                    bundles = d.bundles.len(),
+                    "desired state received"
+                );
+                self.desired.send_replace(Some(d));
+            }
+            Some(In::Ping(p)) => tx.send(out(Out::Pong(pb::Pong { nonce: p.nonce }))).await?,
+            Some(In::Command(c)) => match c.cmd {
+                Some(pb::command::Cmd::HealNow(_)) => {
+                    let _ = self.commands.try_send(EngineCmd::HealNow);
+                }
+                Some(pb::command::Cmd::ReportStatus(_)) => {
+                    let snap = self.status.borrow().clone();
+                    tx.send(report(snap)).await?;
+                }
+                None => {}
+            },
+            None => {}
+        }
+        Ok(())
+    }
+}
+
+fn report(snap: StatusSnapshot) -> pb::AgentMessage {
+    out(Out::Status(pb::StatusReport {
+        generation: snap.generation,
+        bundles: snap.bundles,
+    }))
+}

@@ -1,0 +1,50 @@
+//! Facts about this machine for the `Hello` message.
+
+use lks_proto::pb;
+use sysinfo::{Disks, MemoryRefreshKind, RefreshKind, System};
+
+pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Collects hostname, OS, kernel, architecture, CPUs, memory, disks and the
+/// boot id. Anything unavailable is left empty rather than failing.
+pub fn collect() -> pb::NodeFacts {
+    let memory_bytes =
+        System::new_with_specifics(RefreshKind::nothing().with_memory(MemoryRefreshKind::everything()))
+            .map(|s| s.total_memory())
+            .unwrap_or(0);
+    let disks = Disks::new_with_refreshed_list()
+        .map(|d| {
+            d.iter()
+                .map(|d| pb::Disk {
+                    mount_point: d.mount_point().to_string_lossy().into_owned(),
+                    total_bytes: d.total_space(),
+                    available_bytes: d.available_space(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    pb::NodeFacts {
+        hostname: System::host_name().unwrap_or_default(),
+        os: System::long_os_version().unwrap_or_default(),
+        kernel: System::kernel_version().unwrap_or_default(),
+        arch: System::cpu_arch(),
+        cpus: std::thread::available_parallelism().map_or(0, |n| n.get() as u32),
+        memory_bytes,
+        disks,
+        agent_version: AGENT_VERSION.into(),
+        boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn collects_something() {
+        let f = super::collect();
+        assert!(f.cpus >= 1);
+        assert!(!f.arch.is_empty());
+        assert_eq!(f.agent_version, super::AGENT_VERSION);
+    }
+}

@@ -1,0 +1,360 @@
+//! `lksadmin-agent join`: enrol this node into a tenant cluster.
+//!
+//! Everything given on the command line is validated first; then the
+//! server's CA is checked against the pin ([`crate::pin`]) before the token
+//! is sent; the node key is made here and never leaves the node (only a CSR
+//! goes out). The identity is written into a temp directory inside the state
+//! dir and moved into place piece by piece, `agent.toml` last: it is the
+//! commit marker, so a join that fails at any point leaves no identity (and
+//! leftovers of a crashed join are cleared by the next one).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use lks_proto::identity::{ca_cert_hash, pem_certs};
+use lks_proto::sign::PublisherKey;
+use lks_proto::token::BootstrapToken;
+use lks_proto::{Digest, pb};
+use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, PublicKeyData};
+use x509_parser::prelude::{FromDer, X509Certificate};
+
+use crate::client;
+use crate::config::{AgentConfig, StateDir};
+use crate::fsutil::{self, FsError};
+use crate::pin::{self, PinError};
+
+const PIN_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The parsed command line of `join`.
+#[derive(Clone, Debug)]
+pub struct JoinRequest {
+    pub servers: String,
+    pub token: String,
+    pub ca_cert_hash: String,
+    pub node_name: Option<String>,
+    pub labels: Option<String>,
+    pub state_dir: PathBuf,
+    pub root: PathBuf,
+    pub trust_keys: Vec<PathBuf>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JoinOutcome {
+    Joined {
+        node: String,
+        cluster: String,
+        expires_at: i64,
+    },
+    AlreadyJoined {
+        node: String,
+        cluster: String,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    #[error("invalid --server: {0}")]
+    BadServer(String),
+    #[error("{0}")]
+    BadToken(String),
+    #[error("invalid --ca-cert-hash {0:?}: expected sha256:<64 lowercase hex digits>")]
+    BadPin(String),
+    #[error("invalid --node-name: {0}")]
+    BadNodeName(String),
+    #[error("cannot use the hostname as node name: {0}; pass --node-name")]
+    NoHostname(String),
+    #[error("invalid --labels: {0}")]
+    BadLabels(String),
+    #[error("--trust-key {path}: {reason}")]
+    BadTrustKey { path: PathBuf, reason: String },
+    #[error("--root {path}: {reason}")]
+    BadRoot { path: PathBuf, reason: String },
+    #[error(
+        "{dir} already holds the identity of node {node} in cluster {cluster}, joined with other parameters; remove {dir} to join again"
+    )]
+    JoinedDifferently {
+        dir: PathBuf,
+        node: String,
+        cluster: String,
+    },
+    #[error(transparent)]
+    Pin(#[from] PinError),
+    #[error("could not reach any server: {0}")]
+    Unreachable(String),
+    #[error("generate the node key: {0}")]
+    KeyGen(String),
+    #[error("{server} refused the join: {message}")]
+    Refused { server: String, message: String },
+    #[error("{server}: {reason}")]
+    BadResponse { server: String, reason: String },
+    #[error("write the node identity: {0}")]
+    Write(#[from] FsError),
+    #[error("read the existing identity: {0}")]
+    Existing(String),
+}
+
+/// Everything `join` will store, validated.
+struct Plan {
+    servers: Vec<String>,
+    token: BootstrapToken,
+    pin: Digest,
+    node_name: String,
+    labels: BTreeMap<String, String>,
+    root: PathBuf,
+    trusted: Vec<String>,
+    dirs: StateDir,
+}
+
+fn validate(req: &JoinRequest) -> Result<Plan, JoinError> {
+    let servers: Vec<String> = req
+        .servers
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(client::normalize_url)
+        .collect();
+    if servers.is_empty() {
+        return Err(JoinError::BadServer("no URL given".into()));
+    }
+    for s in &servers {
+        pin::host_port(s).map_err(|e| JoinError::BadServer(e.to_string()))?;
+    }
+    let token = BootstrapToken::from_str(req.token.trim()).map_err(JoinError::BadToken)?;
+    let pin =
+        Digest::from_str(req.ca_cert_hash.trim()).map_err(|_| JoinError::BadPin(req.ca_cert_hash.clone()))?;
+    let node_name = match &req.node_name {
+        Some(n) => {
+            lks_proto::names::validate_node_name(n).map_err(JoinError::BadNodeName)?;
+            n.clone()
+        }
+        None => {
+            let host = nix::unistd::gethostname()
+                .map_err(|e| JoinError::NoHostname(e.to_string()))?
+                .to_string_lossy()
+                .to_lowercase();
+            lks_proto::names::validate_node_name(&host).map_err(JoinError::NoHostname)?;
+            host
+        }
+    };
+    let labels =
+        lks_proto::labels::parse_labels(req.labels.as_deref().unwrap_or("")).map_err(JoinError::BadLabels)?;
+    let root = std::path::absolute(&req.root).map_err(|e| JoinError::BadRoot {
+        path: req.root.clone(),
+        reason: e.to_string(),
+    })?;
+    if !root.is_dir() {
+        return Err(JoinError::BadRoot {
+            path: req.root.clone(),
+            reason: "not an existing directory".into(),
+        });
+    }
+    let mut trusted = Vec::new();
+    for path in &req.trust_keys {
+        let key = PublisherKey::from_file(path).map_err(|e| JoinError::BadTrustKey {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        trusted.push(key.to_pem());
+    }
+    trusted.sort();
+    trusted.dedup();
+    Ok(Plan {
+        servers,
+        token,
+        pin,
+        node_name,
+        labels,
+        root,
+        trusted,
+        dirs: StateDir::new(&req.state_dir),
+    })
+}
+
+/// Runs `join`.
+pub async fn join(req: &JoinRequest) -> Result<JoinOutcome, JoinError> {
+    let plan = validate(req)?;
+    if plan.dirs.is_joined() {
+        return already_joined(&plan);
+    }
+    let (server, ca_der) = check_pin(&plan).await?;
+
+    let key = KeyPair::generate().map_err(|e| JoinError::KeyGen(e.to_string()))?;
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, plan.node_name.as_str());
+    params.distinguished_name = dn;
+    let csr_pem = params
+        .serialize_request(&key)
+        .and_then(|csr| csr.pem())
+        .map_err(|e| JoinError::KeyGen(format!("make the CSR: {e}")))?;
+
+    let refused = |message: String| JoinError::Refused {
+        server: server.clone(),
+        message,
+    };
+    let ca_der = rustls_pki_types::CertificateDer::from(ca_der);
+    let anchor = webpki::anchor_from_trusted_cert(&ca_der)
+        .map_err(|e| refused(format!("the pinned CA is not usable: {e}")))?
+        .to_owned();
+    let tls = tonic::transport::ClientTlsConfig::new().trust_anchor(anchor);
+    let channel = client::endpoint(&server, tls)
+        .map_err(|e| refused(e.to_string()))?
+        .connect()
+        .await
+        .map_err(|e| JoinError::Unreachable(format!("{server}: {}", crate::source::error_chain(&e))))?;
+    let mut api = pb::agent_service_client::AgentServiceClient::new(channel);
+    let resp = api
+        .enroll(pb::EnrollRequest {
+            token: plan.token.to_string(),
+            node_name: plan.node_name.clone(),
+            csr_pem,
+            labels: plan.labels.clone().into_iter().collect(),
+        })
+        .await
+        .map_err(|s| refused(one_line(s.message())))?
+        .into_inner();
+
+    let bad = |reason: &str| JoinError::BadResponse {
+        server: server.clone(),
+        reason: reason.into(),
+    };
+    let ca = pem_certs(&resp.ca_pem).map_err(|_| bad("no CA certificate in the response"))?;
+    if ca.first().map(|c| ca_cert_hash(c)) != Some(Ok(plan.pin)) {
+        return Err(bad("the CA in the response does not match --ca-cert-hash"));
+    }
+    let certs = pem_certs(&resp.certificate_pem).map_err(|_| bad("no node certificate in the response"))?;
+    let leaf = certs
+        .first()
+        .ok_or_else(|| bad("no node certificate in the response"))?;
+    let (_, parsed) =
+        X509Certificate::from_der(leaf).map_err(|_| bad("the node certificate is not valid X.509"))?;
+    if parsed.public_key().raw != key.subject_public_key_info().as_slice() {
+        return Err(bad("the node certificate is not for the key in our CSR"));
+    }
+    lks_proto::names::validate_cluster_name(&resp.cluster).map_err(|e| bad(&e))?;
+    lks_proto::names::validate_node_name(&resp.node_name).map_err(|e| bad(&e))?;
+
+    let cfg = AgentConfig {
+        servers: plan.servers.clone(),
+        node_name: resp.node_name.clone(),
+        cluster: resp.cluster.clone(),
+        root: plan.root.clone(),
+        ca_cert_hash: plan.pin.to_string(),
+        labels: plan.labels.clone(),
+    };
+    store(
+        &plan.dirs,
+        &cfg,
+        &key.serialize_pem(),
+        &resp.certificate_pem,
+        &resp.ca_pem,
+        &plan.trusted,
+    )?;
+    Ok(JoinOutcome::Joined {
+        node: resp.node_name,
+        cluster: resp.cluster,
+        expires_at: resp.expires_at,
+    })
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Tries the servers in order until one passes the pin check. A server that
+/// is reached and fails the pin stops the join at once.
+async fn check_pin(plan: &Plan) -> Result<(String, Vec<u8>), JoinError> {
+    let mut errors = Vec::new();
+    for url in &plan.servers {
+        match pin::fetch_pinned_ca(url, &plan.pin, PIN_TIMEOUT).await {
+            Ok(ca) => return Ok((url.clone(), ca)),
+            Err(e) if e.is_refusal() => return Err(e.into()),
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    Err(JoinError::Unreachable(errors.join("; ")))
+}
+
+fn already_joined(plan: &Plan) -> Result<JoinOutcome, JoinError> {
+    let cfg = plan
+        .dirs
+        .load_config()
+        .map_err(|e| JoinError::Existing(e.to_string()))?;
+    let trusted = {
+        let mut v: Vec<String> = plan
+            .dirs
+            .trusted_keys()
+            .map_err(|e| JoinError::Existing(e.to_string()))?
+            .iter()
+            .map(PublisherKey::to_pem)
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let same = cfg.servers == plan.servers
+        && cfg.node_name == plan.node_name
+        && cfg.ca_cert_hash == plan.pin.to_string()
+        && cfg.root == plan.root
+        && cfg.labels == plan.labels
+        && trusted == plan.trusted;
+    if same {
+        Ok(JoinOutcome::AlreadyJoined {
+            node: cfg.node_name,
+            cluster: cfg.cluster,
+        })
+    } else {
+        Err(JoinError::JoinedDifferently {
+            dir: plan.dirs.path().to_path_buf(),
+            node: cfg.node_name,
+            cluster: cfg.cluster,
+        })
+    }
+}
+
+/// Writes the identity: everything into `.join-tmp`, fsynced, then moved
+/// into place with `agent.toml` last.
+fn store(
+    dirs: &StateDir,
+    cfg: &AgentConfig,
+    key_pem: &str,
+    cert_pem: &str,
+    ca_pem: &str,
+    trusted: &[String],
+) -> Result<(), JoinError> {
+    fsutil::create_dir(dirs.path(), 0o700)?;
+    // Leftovers of an earlier join that never committed.
+    for p in [dirs.pki(), dirs.trusted()] {
+        fsutil::remove_dir_all(&p)?;
+    }
+    let tmp = dirs.path().join(".join-tmp");
+    fsutil::remove_dir_all(&tmp)?;
+    let result = (|| -> Result<(), FsError> {
+        fsutil::create_dir(&tmp.join("pki"), 0o700)?;
+        fsutil::create_dir(&tmp.join("trusted"), 0o755)?;
+        fsutil::write_atomic(&tmp.join("pki/node.key"), key_pem.as_bytes(), 0o600)?;
+        fsutil::write_atomic(&tmp.join("pki/node.crt"), cert_pem.as_bytes(), 0o644)?;
+        fsutil::write_atomic(&tmp.join("pki/ca.crt"), ca_pem.as_bytes(), 0o644)?;
+        for (i, pem) in trusted.iter().enumerate() {
+            fsutil::write_atomic(&tmp.join(format!("trusted/key-{i}.pub")), pem.as_bytes(), 0o644)?;
+        }
+        fsutil::write_atomic(&tmp.join("agent.toml"), cfg.to_toml().as_bytes(), 0o600)?;
+        fsutil::sync_dir(&tmp)?;
+        rename(&tmp.join("pki"), &dirs.pki())?;
+        rename(&tmp.join("trusted"), &dirs.trusted())?;
+        rename(&tmp.join("agent.toml"), &dirs.config())?;
+        fsutil::sync_dir(dirs.path())
+    })();
+    if result.is_err() && !dirs.is_joined() {
+        let _ = fsutil::remove_dir_all(&dirs.pki());
+        let _ = fsutil::remove_dir_all(&dirs.trusted());
+    }
+    let _ = fsutil::remove_dir_all(&tmp);
+    result.map_err(JoinError::Write)
+}
+
+fn rename(from: &Path, to: &Path) -> Result<(), FsError> {
+    std::fs::rename(from, to).map_err(|e| FsError::new("move into place", to, e))
+}

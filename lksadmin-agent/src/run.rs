@@ -1,0 +1,274 @@
+//! `lksadmin-agent run`: the daemon.
+//!
+//! The engine gets a thread (and a current-thread runtime) of its own, since
+//! it does blocking file I/O and may run long steps; the connection, the
+//! certificate renewal and the systemd watchdog run as tasks of the main
+//! runtime. They talk over bounded channels: desired state as a `watch`
+//! (only the latest matters), status snapshots as a `watch`, events and
+//! commands as bounded `mpsc`s. `READY=1` goes out as soon as the local
+//! state is loaded and any interrupted transaction is settled — the server
+//! is never waited for, and the last known desired state keeps being
+//! enforced while it is unreachable.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lks_proto::{BundleState, pb};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::SystemClock;
+use crate::config::{ConfigError, StateDir};
+use crate::connection::{Connection, EngineCmd};
+use crate::engine::{Engine, EngineConfig, EngineError, Reporter, StatusSnapshot};
+use crate::notify;
+use crate::renew;
+use crate::runner::ProcessRunner;
+use crate::source::{NetSource, SharedChannel, SourceError};
+use crate::state;
+use crate::status::ConnStatusFile;
+
+pub const DEFAULT_HEAL_INTERVAL: Duration = Duration::from_secs(60);
+const HEARTBEAT: Duration = Duration::from_secs(10);
+/// How often bundles waiting for blobs (or a transient failure) are retried.
+const RETRY_INTERVAL: Duration = Duration::from_secs(15);
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub state_dir: PathBuf,
+    /// Overrides the root stored by `join`.
+    pub root: Option<PathBuf>,
+    pub heal_interval: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("build the blob source: {0}")]
+    Source(#[from] SourceError),
+    #[error("start the engine: {0}")]
+    Thread(String),
+}
+
+/// Runs the agent until `cancel` fires.
+pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<(), RunError> {
+    let dirs = StateDir::new(&opts.state_dir);
+    let cfg = dirs.load_config()?;
+    let trusted = dirs.trusted_keys()?;
+    let root = opts.root.clone().unwrap_or_else(|| cfg.root.clone());
+    let channel = SharedChannel::default();
+    let source = Arc::new(NetSource::new(channel.clone())?);
+    let (status_tx, status_rx) = watch::channel(StatusSnapshot::default());
+    let (events_tx, events_rx) = mpsc::channel(256);
+    let (desired_tx, desired_rx) = watch::channel(None);
+    let (cmd_tx, cmd_rx) = mpsc::channel(16);
+    let engine = Engine::open(
+        EngineConfig {
+            state_dir: dirs.clone(),
+            root,
+            node: cfg.node_name.clone(),
+            trusted,
+        },
+        source,
+        Arc::new(ProcessRunner),
+        Arc::new(SystemClock),
+        Reporter::new(status_tx, events_tx),
+    )?;
+
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let engine_cancel = cancel.clone();
+    let engine_dirs = dirs.clone();
+    let heal_interval = opts.heal_interval;
+    let engine_thread = std::thread::Builder::new()
+        .name("lks-engine".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!("start the engine runtime: {e}");
+                    return;
+                }
+            };
+            rt.block_on(engine_loop(
+                engine,
+                engine_dirs,
+                desired_rx,
+                cmd_rx,
+                heal_interval,
+                engine_cancel,
+                ready_tx,
+            ));
+        })
+        .map_err(|e| RunError::Thread(e.to_string()))?;
+
+    tokio::select! {
+        r = ready_rx => if r.is_err() {
+            return Err(RunError::Thread("the engine stopped while loading the local state".into()));
+        },
+        _ = cancel.cancelled() => {}
+    }
+    notify::ready(&format!(
+        "node {} of cluster {}: local state loaded",
+        cfg.node_name, cfg.cluster
+    ));
+    tracing::info!(node = %cfg.node_name, cluster = %cfg.cluster, "agent started");
+
+    let conn_file = Arc::new(ConnStatusFile::new(dirs.clone()));
+    conn_file.update(|c| c.connected = false);
+    let mut tasks = JoinSet::new();
+    tasks.spawn(
+        Connection {
+            dirs: dirs.clone(),
+            servers: cfg.servers.clone(),
+            channel: channel.clone(),
+            status: status_rx,
+            events: events_rx,
+            desired: desired_tx,
+            commands: cmd_tx,
+            conn_file: conn_file.clone(),
+            heartbeat: HEARTBEAT,
+        }
+        .run(cancel.clone()),
+    );
+    tasks.spawn(renew::renewal_loop(dirs.clone(), channel, cancel.clone()));
+
+    // The main loop: the watchdog proves it keeps turning; the status file
+    // is refreshed so `status` can tell a live agent from a dead one.
+    let watchdog = notify::watchdog_interval();
+    let mut wd = tokio::time::interval(
+        watchdog
+            .unwrap_or(Duration::from_secs(5))
+            .min(Duration::from_secs(5)),
+    );
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = wd.tick() => {
+                if watchdog.is_some() {
+                    notify::watchdog();
+                }
+                conn_file.update(|_| {});
+            }
+        }
+    }
+    notify::stopping();
+    tracing::info!("stopping");
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    tasks.abort_all();
+    // The engine finishes the step it is in; a transaction cut short by the
+    // grace period is settled from the journal on the next start.
+    let joined = tokio::task::spawn_blocking(move || engine_thread.join());
+    if tokio::time::timeout(SHUTDOWN_GRACE, joined).await.is_err() {
+        tracing::warn!("the engine did not stop in time; its journal settles the rest on the next start");
+    }
+    conn_file.update(|c| {
+        c.connected = false;
+        c.pid = 0;
+    });
+    Ok(())
+}
+
+async fn engine_loop(
+    mut engine: Engine,
+    dirs: StateDir,
+    mut desired_rx: watch::Receiver<Option<pb::DesiredState>>,
+    mut cmd_rx: mpsc::Receiver<EngineCmd>,
+    heal_interval: Duration,
+    cancel: CancellationToken,
+    ready: oneshot::Sender<()>,
+) {
+    if let Err(e) = engine.recover().await {
+        tracing::error!("settle the interrupted transaction: {e}");
+    }
+    engine.publish_now();
+    let _ = ready.send(());
+    let mut desired = match state::load_desired(&dirs.desired()) {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::error!("load the last desired state: {e}");
+            None
+        }
+    };
+    if let Some(d) = &desired {
+        reconcile(&mut engine, d, false).await;
+    }
+    let start = tokio::time::Instant::now();
+    let mut heal_tick = tokio::time::interval_at(start + heal_interval, heal_interval);
+    let mut retry = tokio::time::interval_at(start + RETRY_INTERVAL, RETRY_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            r = desired_rx.changed() => {
+                if r.is_err() {
+                    break;
+                }
+                let Some(d) = desired_rx.borrow_and_update().clone() else { continue };
+                reconcile(&mut engine, &d, true).await;
+                desired = Some(d);
+            }
+            Some(cmd) = cmd_rx.recv() => match cmd {
+                EngineCmd::HealNow => heal(&mut engine).await,
+                EngineCmd::Connected => if let Some(d) = &desired && needs_retry(&engine) {
+                    reconcile(&mut engine, d, false).await;
+                },
+            },
+            _ = heal_tick.tick() => {
+                heal(&mut engine).await;
+                if let Some(d) = &desired {
+                    reconcile(&mut engine, d, false).await;
+                }
+            }
+            _ = retry.tick() => if let Some(d) = &desired && needs_retry(&engine) {
+                reconcile(&mut engine, d, false).await;
+            },
+        }
+    }
+}
+
+async fn reconcile(engine: &mut Engine, d: &pb::DesiredState, store: bool) {
+    let r = if store {
+        engine.accept_desired(d).await
+    } else {
+        engine.reconcile(d).await
+    };
+    if let Err(e) = r {
+        tracing::error!("apply desired state generation {}: {e}", d.generation);
+    }
+    notify::status(&summary(engine));
+}
+
+async fn heal(engine: &mut Engine) {
+    match engine.heal().await {
+        Ok(r) if !r.repaired.is_empty() => tracing::info!("self-heal restored {}", r.repaired.join(", ")),
+        Ok(_) => tracing::debug!("self-heal: every managed file is intact"),
+        Err(e) => tracing::error!("self-heal: {e}"),
+    }
+}
+
+fn needs_retry(engine: &Engine) -> bool {
+    engine.state().bundles.values().any(|r| {
+        matches!(r.status.state, BundleState::Pending | BundleState::Applying)
+            || (r.status.state == BundleState::Failed && r.sticky.is_none())
+    })
+}
+
+fn summary(engine: &Engine) -> String {
+    let mut counts: std::collections::BTreeMap<&str, usize> = Default::default();
+    for r in engine.state().bundles.values() {
+        *counts.entry(r.status.state.as_str()).or_default() += 1;
+    }
+    if counts.is_empty() {
+        return "no bundles".into();
+    }
+    let parts: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    format!("bundles: {}", parts.join(", "))
+}

@@ -1,0 +1,237 @@
+//! The connection status file `run` keeps up to date, and the local view
+//! printed by `lksadmin-agent status`.
+
+use std::sync::Mutex;
+
+use lks_proto::BundleState;
+
+use crate::clock::now_ms;
+use crate::config::{ConfigError, StateDir};
+use crate::fsutil::{self, FsError};
+use crate::journal::Journal;
+use crate::state::{Activity, LocalState};
+
+/// A `run` that has not refreshed the status file for this long is
+/// considered gone (heartbeats refresh it every few seconds).
+const STALE_MS: i64 = 45_000;
+
+/// `status.json`, written by `run`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ConnStatus {
+    pub pid: u32,
+    pub connected: bool,
+    #[serde(default)]
+    pub server: String,
+    /// When the current connection was established (ms).
+    #[serde(default)]
+    pub since_ms: i64,
+    /// Last message from a server (ms; 0: never).
+    #[serde(default)]
+    pub last_contact_ms: i64,
+    #[serde(default)]
+    pub last_error: String,
+    pub updated_at_ms: i64,
+}
+
+/// Owner of `status.json` inside `run`.
+pub struct ConnStatusFile {
+    dirs: StateDir,
+    cur: Mutex<ConnStatus>,
+}
+
+impl ConnStatusFile {
+    pub fn new(dirs: StateDir) -> Self {
+        let last_contact_ms = fsutil::read_json::<ConnStatus>(&dirs.status())
+            .ok()
+            .flatten()
+            .map_or(0, |s| s.last_contact_ms);
+        ConnStatusFile {
+            dirs,
+            cur: Mutex::new(ConnStatus {
+                pid: std::process::id(),
+                last_contact_ms,
+                ..ConnStatus::default()
+            }),
+        }
+    }
+
+    /// Applies `f` and writes the file.
+    pub fn update(&self, f: impl FnOnce(&mut ConnStatus)) {
+        let Ok(mut cur) = self.cur.lock() else { return };
+        f(&mut cur);
+        cur.updated_at_ms = now_ms();
+        if let Err(e) = fsutil::write_json(&self.dirs.status(), &*cur, 0o644) {
+            tracing::warn!("write status file: {e}");
+        }
+    }
+
+    pub fn get(&self) -> ConnStatus {
+        self.cur.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Fs(#[from] FsError),
+}
+
+#[derive(serde::Serialize)]
+struct BundleView {
+    name: String,
+    version: String,
+    state: BundleState,
+    message: String,
+    updated_at_ms: i64,
+}
+
+#[derive(serde::Serialize)]
+struct ConnectionView {
+    agent_running: bool,
+    connected: bool,
+    server: String,
+    since_ms: i64,
+    last_contact_ms: i64,
+    last_error: String,
+}
+
+#[derive(serde::Serialize)]
+struct InProgress {
+    bundle: String,
+    target: String,
+    phase: &'static str,
+}
+
+#[derive(serde::Serialize)]
+struct StatusView {
+    node: String,
+    cluster: String,
+    servers: Vec<String>,
+    root: String,
+    desired_generation: u64,
+    bundles: Vec<BundleView>,
+    in_progress: Option<InProgress>,
+    last_apply: Option<Activity>,
+    last_repair: Option<Activity>,
+    connection: ConnectionView,
+}
+
+fn gather(dirs: &StateDir) -> Result<StatusView, StatusError> {
+    let cfg = dirs.load_config()?;
+    let state = LocalState::load(&dirs.state())?;
+    let conn: ConnStatus = fsutil::read_json(&dirs.status())?.unwrap_or_default();
+    let now = now_ms();
+    let alive = conn.pid != 0
+        && now - conn.updated_at_ms < STALE_MS
+        && nix::sys::signal::kill(nix::unistd::Pid::from_raw(conn.pid as i32), None).is_ok();
+    let in_progress = Journal::new(dirs.journal()).load()?.map(|t| InProgress {
+        bundle: t.bundle.clone(),
+        target: t.describe(),
+        phase: t.phase.name(),
+    });
+    Ok(StatusView {
+        node: cfg.node_name,
+        cluster: cfg.cluster,
+        servers: cfg.servers,
+        root: cfg.root.display().to_string(),
+        desired_generation: state.generation,
+        bundles: state
+            .bundles
+            .iter()
+            .map(|(name, r)| BundleView {
+                name: name.clone(),
+                version: r.status.version.clone(),
+                state: r.status.state,
+                message: r.status.message.clone(),
+                updated_at_ms: r.status.updated_at_ms,
+            })
+            .collect(),
+        in_progress,
+        last_apply: state.last_apply,
+        last_repair: state.last_repair,
+        connection: ConnectionView {
+            agent_running: alive,
+            connected: alive && conn.connected,
+            server: conn.server,
+            since_ms: conn.since_ms,
+            last_contact_ms: conn.last_contact_ms,
+            last_error: conn.last_error,
+        },
+    })
+}
+
+/// The text `status` prints: JSON or a human summary.
+pub fn render(dirs: &StateDir, json: bool) -> Result<String, StatusError> {
+    let v = gather(dirs)?;
+    if json {
+        return Ok(serde_json::to_string_pretty(&v).unwrap_or_default());
+    }
+    let mut out = String::new();
+    let line = |out: &mut String, k: &str, v: &str| out.push_str(&format!("{k:<12} {v}\n"));
+    line(&mut out, "node:", &format!("{} (cluster {})", v.node, v.cluster));
+    line(&mut out, "servers:", &v.servers.join(", "));
+    line(&mut out, "root:", &v.root);
+    let c = &v.connection;
+    let conn = if !c.agent_running {
+        "agent not running".to_string()
+    } else if c.connected {
+        format!("connected to {} since {}", c.server, when(c.since_ms))
+    } else if c.last_error.is_empty() {
+        "not connected".to_string()
+    } else {
+        format!("not connected ({})", c.last_error)
+    };
+    line(&mut out, "connection:", &conn);
+    line(&mut out, "last contact:", &when(c.last_contact_ms));
+    if let Some(p) = &v.in_progress {
+        line(&mut out, "in progress:", &format!("{} ({})", p.target, p.phase));
+    }
+    let activity = |a: &Option<Activity>| match a {
+        Some(a) if a.message.is_empty() => {
+            format!("{}@{} {} at {}", a.bundle, a.version, a.outcome, when(a.at_ms))
+        }
+        Some(a) => format!(
+            "{}@{} {} at {}: {}",
+            a.bundle,
+            a.version,
+            a.outcome,
+            when(a.at_ms),
+            a.message
+        ),
+        None => "never".into(),
+    };
+    line(&mut out, "last apply:", &activity(&v.last_apply));
+    line(&mut out, "last repair:", &activity(&v.last_repair));
+    if v.bundles.is_empty() {
+        out.push_str("bundles:     none\n");
+    } else {
+        out.push_str("bundles:\n");
+        out.push_str(&format!(
+            "  {:<24} {:<20} {:<12} MESSAGE\n",
+            "NAME", "VERSION", "STATE"
+        ));
+        for b in &v.bundles {
+            out.push_str(&format!(
+                "  {:<24} {:<20} {:<12} {}\n",
+                b.name,
+                b.version,
+                b.state.as_str(),
+                b.message
+            ));
+        }
+    }
+    Ok(out.trim_end().to_string())
+}
+
+/// RFC 3339 of a Unix-milliseconds time; "never" for 0.
+pub fn when(ms: i64) -> String {
+    if ms <= 0 {
+        return "never".into();
+    }
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_else(|| ms.to_string())
+}
