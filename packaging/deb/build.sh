@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Builds the Debian packages of lksadmin into target/debian/:
+#   lksadmin-agent_<version>_<arch>.deb       agent, its unit, /etc/lksadmin/agent.toml
+#   lks-control-server_<version>_<arch>.deb   server, lksctl, its unit, /etc/default file
+#
+#   packaging/deb/build.sh [--no-lint]
+#
+# Release binaries are built first with cargo (so a compile error reads as
+# one), then packed by cargo-deb with --no-build; the package metadata is in
+# [package.metadata.deb] of lksadmin-agent/Cargo.toml and
+# control-server/Cargo.toml. Each package is then checked with lintian, and
+# any error fails the build (--no-lint skips that). Installs what it needs
+# (cargo-deb, dpkg-dev, lintian) when missing.
+set -euo pipefail
+
+lint=1
+for arg in "$@"; do
+  case "$arg" in
+  --no-lint) lint=0 ;;
+  *)
+    echo "build.sh: unknown argument '$arg' (usage: packaging/deb/build.sh [--no-lint])" >&2
+    exit 2
+    ;;
+  esac
+done
+
+log() { printf 'build.sh: %s\n' "$*" >&2; }
+die() { printf 'build.sh: FAIL: %s\n' "$*" >&2; exit 1; }
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+cd "$repo"
+out=$repo/target/debian
+
+apt_need=()
+# dpkg-shlibdeps turns the binaries' shared libraries into Depends ($auto);
+# strip and objcopy (binutils) strip the binaries.
+command -v dpkg-shlibdeps >/dev/null || apt_need+=(dpkg-dev)
+command -v strip >/dev/null || apt_need+=(binutils)
+# What compiling the workspace needs (as scripts/setup.sh, without its test tools).
+command -v protoc >/dev/null || apt_need+=(protobuf-compiler)
+command -v pkg-config >/dev/null || apt_need+=(pkg-config)
+pkg-config --exists libsystemd 2>/dev/null || apt_need+=(libsystemd-dev)
+command -v cc >/dev/null || apt_need+=(build-essential)
+if [ "$lint" = 1 ] && ! command -v lintian >/dev/null; then apt_need+=(lintian); fi
+if ((${#apt_need[@]})); then
+  log "installing ${apt_need[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${apt_need[@]}" >/dev/null
+fi
+if ! cargo deb --version >/dev/null 2>&1; then
+  log "installing cargo-deb"
+  cargo install --locked cargo-deb >/dev/null
+fi
+
+# package name -> the binaries it ships
+declare -A bins=(
+  [lksadmin-agent]="lksadmin-agent"
+  [lks-control-server]="lks-control-server lksctl"
+)
+packages=(lksadmin-agent lks-control-server)
+
+version=$(cargo pkgid -p lksadmin-agent | sed 's/.*[#@]//')
+if ! head -n 1 "$here/changelog" | grep -qF "($version-"; then
+  log "warning: packaging/deb/changelog has no entry for $version yet (lintian will say so too)"
+fi
+
+build_args=(build --release)
+for pkg in "${packages[@]}"; do
+  for bin in ${bins[$pkg]}; do build_args+=(--bin "$bin"); done
+  build_args+=(-p "$pkg")
+done
+log "cargo ${build_args[*]}"
+cargo "${build_args[@]}" || die "release build failed (cargo output above)"
+
+mkdir -p "$out"
+debs=()
+for pkg in "${packages[@]}"; do
+  # cargo-deb prints the path of the package it wrote on stdout.
+  deb=$(cargo deb --no-build -p "$pkg" --output "$out" --quiet) ||
+    die "cargo deb -p $pkg failed (output above)"
+  debs+=("$deb")
+  log "built $deb"
+done
+
+if [ "$lint" = 1 ]; then
+  failed=0
+  for deb in "${debs[@]}"; do
+    # Warnings are shown but accepted; errors fail the build.
+    lintian --fail-on error "$deb" >&2 || failed=1
+  done
+  [ "$failed" = 0 ] || die "lintian reported errors (above)"
+  log "lintian: no errors"
+fi
+
+printf '%s\n' "${debs[@]}"

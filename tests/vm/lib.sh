@@ -1,0 +1,189 @@
+# shellcheck shell=bash
+# Boots the cached Debian 12 root (build-root.sh) as a throw-away "VM": a
+# systemd-nspawn container running real systemd and cloud-init, seeded with
+# NoCloud user-data, as a tenant VM would be. Source this file, then:
+#
+#   vm_start USER_DATA [NSPAWN_ARG...]  boot a copy-on-write copy of the root
+#   vm_wait_boot [TIMEOUT_SECS]         wait until boot and cloud-init are done
+#   vm_exec CMD [ARG...]                run a command inside the VM
+#   vm_stop                             power off and delete the VM (idempotent;
+#                                       the EXIT trap this file sets calls it)
+#   vm_die MESSAGE                      fail: console tail, cleanup, one FAIL line
+#
+# After vm_start: VM_ROOT is the VM's / seen from the host (read files there,
+# but mind absolute symlinks: they resolve on the host), VM_CONSOLE its console
+# log, VM_NAME its hostname. The container shares the host's network, so
+# servers the test starts on the host's loopback are reachable from inside.
+#
+# Environment: LKS_VM_CACHE (see build-root.sh), LKS_VM_KEEP=1 keeps the VM's
+# directory after vm_stop for debugging.
+#
+# Needs root. Call the functions directly, not in $(…): they keep the VM's
+# state in global variables of the calling shell.
+
+VM_LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+VM_T0=$SECONDS
+
+vm_log() { printf 'vm: [%3ds] %s\n' "$((SECONDS - VM_T0))" "$*" >&2; }
+
+# The last lines of the console, then (after cleanup, so that it is the last
+# line) one line saying what failed.
+vm_die() {
+  if [ -n "${VM_CONSOLE:-}" ] && [ -s "$VM_CONSOLE" ]; then
+    printf -- '--- last lines of the VM console (%s) ---\n' "$VM_CONSOLE" >&2
+    tail -n 25 "$VM_CONSOLE" | sed 's/\x1b\[[0-9;]*m//g' >&2
+    printf -- '---\n' >&2
+  fi
+  VM_FAILURE=$*
+  exit 1
+}
+
+vm__on_exit() {
+  local status=$?
+  vm_stop
+  if [ -n "${VM_FAILURE:-}" ]; then
+    printf 'vm: FAIL: %s\n' "$VM_FAILURE" >&2
+  elif [ "$status" -ne 0 ]; then
+    printf 'vm: FAIL: exit status %s\n' "$status" >&2
+  fi
+}
+trap vm__on_exit EXIT
+trap 'VM_FAILURE=${VM_FAILURE:-interrupted}; exit 130' INT
+trap 'VM_FAILURE=${VM_FAILURE:-terminated}; exit 143' TERM
+
+vm_start() {
+  local user_data=$1
+  shift
+  [ "$(id -u)" -eq 0 ] || vm_die "must run as root (systemd-nspawn needs it)"
+  [ -r "$user_data" ] || vm_die "user-data file '$user_data' not readable"
+
+  local base
+  base=$("$VM_LIB_DIR/build-root.sh") || vm_die "could not build the VM root (see above)"
+
+  VM_DIR=$(mktemp -d "${TMPDIR:-/tmp}/lks-vm.XXXXXX")
+  # Machine name and hostname: unique, so VMs can run side by side.
+  VM_NAME=lks-vm-$(od -An -N4 -tx4 /dev/urandom | tr -d ' ')
+  VM_ROOT=$VM_DIR/root
+  VM_CONSOLE=$VM_DIR/console.log
+  mkdir -p "$VM_ROOT" "$VM_DIR/upper" "$VM_DIR/work"
+
+  # Copy-on-write over the cached root: instant, and the cache stays pristine.
+  # Where overlayfs is unavailable (e.g. TMPDIR itself on overlayfs), copy.
+  if mount -t overlay overlay \
+    -o "lowerdir=$base,upperdir=$VM_DIR/upper,workdir=$VM_DIR/work" "$VM_ROOT" 2>/dev/null; then
+    VM_OVERLAY=1
+  else
+    VM_OVERLAY=0
+    vm_log "overlayfs unavailable, copying the root"
+    cp -a --reflink=auto "$base/." "$VM_ROOT/"
+  fi
+
+  # NoCloud seed: cloud-init's ds-identify finds it in this directory.
+  local seed=$VM_ROOT/var/lib/cloud/seed/nocloud
+  mkdir -p "$seed"
+  printf 'instance-id: %s\nlocal-hostname: %s\n' "$VM_NAME" "$VM_NAME" >"$seed/meta-data"
+  cp "$user_data" "$seed/user-data"
+
+  vm_log "booting $VM_NAME from $base"
+  # --register=no --keep-unit: no machined or host systemd needed.
+  # --console=read-only: the VM's console goes to the log, nothing reads stdin.
+  systemd-nspawn --boot --register=no --keep-unit --machine="$VM_NAME" \
+    --directory="$VM_ROOT" --console=read-only "$@" \
+    >"$VM_CONSOLE" 2>&1 </dev/null &
+  VM_PID=$!
+
+  # The VM's init: the child of systemd-nspawn that is PID 1 in its namespace.
+  VM_LEADER=""
+  local i child
+  for ((i = 0; i < 100; i++)); do
+    for child in $(pgrep -P "$VM_PID" 2>/dev/null || true); do
+      if grep -qE '^NSpid:.*[[:space:]]1$' "/proc/$child/status" 2>/dev/null; then
+        VM_LEADER=$child
+        break 2
+      fi
+    done
+    kill -0 "$VM_PID" 2>/dev/null || vm_die "systemd-nspawn exited at start"
+    sleep 0.1
+  done
+  [ -n "$VM_LEADER" ] || vm_die "systemd-nspawn started no init within 10s"
+}
+
+# Runs a command inside the VM (its mount, UTS, IPC and PID namespaces; the
+# network is shared anyway) with a clean environment.
+vm_exec() {
+  nsenter --target "$VM_LEADER" --mount --uts --ipc --pid --root --wd -- \
+    env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    HOME=/root LANG=C.UTF-8 TERM=dumb "$@"
+}
+
+# Waits until systemd has finished the boot transaction. cloud-final.service
+# is part of it (multi-user.target wants cloud-init.target), so this also
+# waits for cloud-init. Fails on a timeout, a VM that died, failed units
+# (unless LKS_VM_ALLOW_DEGRADED=1) or cloud-init errors.
+vm_wait_boot() {
+  local timeout=${1:-300}
+  local deadline=$((SECONDS + timeout)) state=""
+  while :; do
+    kill -0 "$VM_PID" 2>/dev/null || vm_die "the VM stopped while booting"
+    # "offline" until systemd's socket exists, then initializing/starting.
+    state=$(vm_exec systemctl is-system-running 2>/dev/null) || true
+    case "$state" in
+    running | degraded) break ;;
+    stopping) vm_die "the VM is stopping instead of booting" ;;
+    esac
+    ((SECONDS < deadline)) || vm_die "boot not finished after ${timeout}s (system state: ${state:-unknown})"
+    sleep 0.5
+  done
+  vm_exec systemctl is-active --quiet multi-user.target ||
+    vm_die "boot finished without reaching multi-user.target"
+  vm_log "booted: multi-user.target reached (system $state)"
+
+  if [ "$state" = degraded ] && [ "${LKS_VM_ALLOW_DEGRADED:-0}" != 1 ]; then
+    vm_exec systemctl --failed --no-legend --no-pager >&2 || true
+    vm_die "units failed during boot: $(vm_exec systemctl --failed --no-legend --plain | awk '{print $1}' | paste -sd ' ')"
+  fi
+
+  local ci
+  if ! ci=$(vm_exec cloud-init status --long 2>&1); then
+    printf '%s\n' "$ci" >&2
+    vm_die "cloud-init finished with errors (above)"
+  fi
+  vm_log "cloud-init: $(printf '%s\n' "$ci" | sed -n 's/^status: //p')"
+}
+
+vm_stop() {
+  if [ -n "${VM_PID:-}" ]; then
+    if kill -0 "$VM_PID" 2>/dev/null; then
+      # systemd-nspawn turns SIGTERM into SIGRTMIN+3 for the VM's systemd: an
+      # orderly poweroff (it takes about a second).
+      kill -TERM "$VM_PID" 2>/dev/null || true
+      local i
+      for ((i = 0; i < 300; i++)); do
+        kill -0 "$VM_PID" 2>/dev/null || break
+        sleep 0.1
+      done
+      if kill -0 "$VM_PID" 2>/dev/null; then
+        vm_log "no poweroff after 30s; killing the VM"
+        # Killing the namespace's init kills every process in it.
+        kill -KILL "$VM_LEADER" 2>/dev/null || true
+        kill -KILL "$VM_PID" 2>/dev/null || true
+      fi
+    fi
+    wait "$VM_PID" 2>/dev/null || true
+    VM_PID=""
+    vm_log "stopped $VM_NAME"
+  fi
+  if [ -n "${VM_DIR:-}" ]; then
+    if [ "${VM_OVERLAY:-0}" = 1 ] && mountpoint -q "$VM_ROOT"; then
+      umount "$VM_ROOT" 2>/dev/null || umount --lazy "$VM_ROOT"
+    fi
+    # systemd-nspawn leaves its (empty) mount propagation directory behind.
+    rmdir "/run/systemd/nspawn/propagate/$VM_NAME" 2>/dev/null || true
+    if [ "${LKS_VM_KEEP:-0}" = 1 ]; then
+      vm_log "kept $VM_DIR (LKS_VM_KEEP=1)"
+    else
+      rm -rf --one-file-system "$VM_DIR"
+    fi
+    VM_DIR=""
+  fi
+}
