@@ -185,4 +185,5 @@ pub fn one_line_error(out: &Output, what: &str) -> String {
     err
 }
 
+pub mod agent;
 pub mod server;

@@ -1,0 +1,168 @@
+//! Applying bundles with the real server, lksctl and agent: exact bytes and
+//! modes, steps with their environment, a health-gated rollback to the exact
+//! previous files, and drift repaired by self-heal.
+
+use lks_e2e::agent::{Agent, BundleFile, node_events, publish_and_roll_out, wait_node_bundle, write_bundle};
+use lks_e2e::server::Server;
+use lks_e2e::wait_until;
+
+fn step_logging_env(name: &str) -> String {
+    format!(
+        "[[step]]\nname = \"{name}\"\nrun = [\"sh\", \"-c\", \"echo $LKS_BUNDLE $LKS_VERSION $LKS_NODE $LKS_ROOT >> $LKS_ROOT/steps.log\"]\n"
+    )
+}
+
+#[test]
+fn apply_then_health_gated_rollback_restores_exact_previous_files() {
+    let server = Server::start();
+    server.create_cluster("c1");
+    let mut agent = Agent::new("worker-1");
+    agent.join(&server, "c1", &[]);
+    agent.start();
+
+    let v1 = write_bundle(
+        server.work_dir(),
+        "kubelet",
+        "1.0",
+        &[
+            BundleFile {
+                path: "/etc/kubernetes/kubelet.conf",
+                content: b"kubelet config v1\n",
+                mode: "0600",
+            },
+            BundleFile {
+                path: "/usr/local/bin/kubelet",
+                content: b"\x7fELF kubelet v1",
+                mode: "0755",
+            },
+        ],
+        &format!(
+            "{}\n[health]\nrun = [\"sh\", \"-c\", \"test -x $LKS_ROOT/usr/local/bin/kubelet\"]\nretries = 2\ninterval = \"100ms\"\n",
+            step_logging_env("restart kubelet")
+        ),
+    );
+    publish_and_roll_out(&server, "c1", &v1, None);
+    agent.wait_bundle("kubelet", "1.0", "applied");
+    wait_node_bundle(&server, "worker-1", "kubelet", "1.0", "applied");
+    assert_eq!(
+        agent.read("/etc/kubernetes/kubelet.conf"),
+        Some((b"kubelet config v1\n".to_vec(), 0o600))
+    );
+    assert_eq!(
+        agent.read("/usr/local/bin/kubelet"),
+        Some((b"\x7fELF kubelet v1".to_vec(), 0o755))
+    );
+    let root = agent.root.display().to_string();
+    let log = std::fs::read_to_string(agent.path("/steps.log")).unwrap();
+    assert_eq!(log, format!("kubelet 1.0 worker-1 {root}\n"));
+
+    // v2 changes a file, adds one, and fails its health check.
+    let v2 = write_bundle(
+        server.work_dir(),
+        "kubelet",
+        "2.0",
+        &[
+            BundleFile {
+                path: "/etc/kubernetes/kubelet.conf",
+                content: b"kubelet config v2 (broken)\n",
+                mode: "0644",
+            },
+            BundleFile {
+                path: "/usr/local/bin/kubelet",
+                content: b"\x7fELF kubelet v2",
+                mode: "0755",
+            },
+            BundleFile {
+                path: "/etc/kubernetes/extra.conf",
+                content: b"new in v2",
+                mode: "0644",
+            },
+        ],
+        &format!(
+            "{}\n[health]\nrun = [\"sh\", \"-c\", \"echo kubelet is not ready >&2; exit 1\"]\nretries = 2\ninterval = \"100ms\"\n",
+            step_logging_env("restart kubelet")
+        ),
+    );
+    publish_and_roll_out(&server, "c1", &v2, None);
+    let msg = wait_node_bundle(&server, "worker-1", "kubelet", "2.0", "rolled_back");
+    assert!(msg.contains("health check failed"), "{msg}");
+    assert!(msg.contains("kubelet is not ready"), "{msg}");
+    assert_eq!(
+        agent.read("/etc/kubernetes/kubelet.conf"),
+        Some((b"kubelet config v1\n".to_vec(), 0o600)),
+        "exact previous bytes and mode"
+    );
+    assert_eq!(
+        agent.read("/usr/local/bin/kubelet"),
+        Some((b"\x7fELF kubelet v1".to_vec(), 0o755))
+    );
+    assert_eq!(
+        agent.read("/etc/kubernetes/extra.conf"),
+        None,
+        "file added by v2 removed"
+    );
+    let log = std::fs::read_to_string(agent.path("/steps.log")).unwrap();
+    assert_eq!(
+        log.lines()
+            .map(|l| l.split(' ').nth(1).unwrap())
+            .collect::<Vec<_>>(),
+        ["1.0", "2.0", "1.0"],
+        "v2's steps ran, then v1's again after the rollback"
+    );
+    let events = node_events(&server, "worker-1");
+    assert!(events.iter().any(|(k, _)| k == "rolled_back"), "{events:?}");
+    assert_eq!(agent.stop(), Some(0));
+}
+
+#[test]
+fn drift_is_repaired_and_reported() {
+    let server = Server::start();
+    server.create_cluster("c1");
+    let mut agent = Agent::new("worker-2");
+    agent.heal_interval = "500ms".into();
+    agent.join(&server, "c1", &[]);
+    agent.start();
+    let dir = write_bundle(
+        server.work_dir(),
+        "conf",
+        "1",
+        &[
+            BundleFile {
+                path: "/etc/app/a.conf",
+                content: b"alpha\n",
+                mode: "0640",
+            },
+            BundleFile {
+                path: "/etc/app/b.conf",
+                content: b"beta\n",
+                mode: "0600",
+            },
+        ],
+        "",
+    );
+    publish_and_roll_out(&server, "c1", &dir, None);
+    agent.wait_bundle("conf", "1", "applied");
+
+    std::fs::write(agent.path("/etc/app/a.conf"), b"edited by hand\n").unwrap();
+    std::fs::remove_file(agent.path("/etc/app/b.conf")).unwrap();
+    wait_until(lks_e2e::agent::CONVERGE, "drift repaired", || {
+        agent.read("/etc/app/a.conf") == Some((b"alpha\n".to_vec(), 0o640))
+            && agent.read("/etc/app/b.conf") == Some((b"beta\n".to_vec(), 0o600))
+    });
+    wait_until(lks_e2e::agent::CONVERGE, "repair reported", || {
+        agent.status()["last_repair"]["outcome"] == "repaired"
+    });
+    wait_until(lks_e2e::agent::CONVERGE, "repair event on the server", || {
+        node_events(&server, "worker-2")
+            .iter()
+            .any(|(k, _)| k == "repaired")
+    });
+
+    // Offline too: with the server gone the agent still repairs from its cache.
+    drop(server);
+    std::fs::write(agent.path("/etc/app/a.conf"), b"edited while offline\n").unwrap();
+    wait_until(lks_e2e::agent::CONVERGE, "drift repaired offline", || {
+        agent.read("/etc/app/a.conf") == Some((b"alpha\n".to_vec(), 0o640))
+    });
+    assert_eq!(agent.stop(), Some(0));
+}

@@ -1,0 +1,110 @@
+//! Enrolment with the real agent: join, re-join, and bad input refused with
+//! nothing written.
+
+use std::os::unix::fs::PermissionsExt;
+
+use lks_e2e::agent::{Agent, join_info, node_connected};
+use lks_e2e::server::Server;
+use lks_e2e::{ok_stdout, one_line_error, wait_until};
+
+#[test]
+fn join_stores_an_identity_and_the_node_connects() {
+    let server = Server::start();
+    server.create_cluster("c1");
+    let mut agent = Agent::new("node-a");
+    let j = join_info(&server, "c1", &[]);
+    let out = ok_stdout(
+        &agent.join_raw(&j.server, &j.token, &j.ca_cert_hash, &["--labels", "zone=a"]),
+        "join",
+    );
+    assert!(out.contains("node-a joined cluster c1"), "{out}");
+    let key = agent.state_dir.join("pki/node.key");
+    assert_eq!(
+        std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let cfg = std::fs::read_to_string(agent.state_dir.join("agent.toml")).unwrap();
+    assert!(
+        cfg.contains("cluster = \"c1\"") && cfg.contains("zone = \"a\""),
+        "{cfg}"
+    );
+    // The private key never left the node: the server has no copy of it.
+    let key_pem = std::fs::read_to_string(&key).unwrap();
+    let body: String = key_pem.lines().filter(|l| !l.starts_with("-----")).collect();
+    assert!(!server.log().contains(&body[..40]));
+
+    // Re-running the same join is harmless.
+    let again = ok_stdout(
+        &agent.join_raw(&j.server, &j.token, &j.ca_cert_hash, &["--labels", "zone=a"]),
+        "join again",
+    );
+    assert!(again.contains("already joined"), "{again}");
+    assert_eq!(
+        std::fs::read_to_string(&key).unwrap(),
+        key_pem,
+        "identity unchanged"
+    );
+    // With other parameters it refuses, in one line.
+    let err = one_line_error(
+        &agent.join_raw(&j.server, &j.token, &j.ca_cert_hash, &["--labels", "zone=b"]),
+        "join with other labels",
+    );
+    assert!(err.contains("already holds the identity of node node-a"), "{err}");
+
+    agent.start();
+    agent.wait_connected();
+    wait_until(lks_e2e::agent::CONVERGE, "server sees node-a connected", || {
+        node_connected(&server, "node-a")
+    });
+    let list = server.lksctl_json(&["node", "list"]);
+    let n = &list.as_array().unwrap()[0];
+    assert_eq!(n["cluster"], "c1");
+    assert_eq!(n["labels"]["zone"], "a");
+    assert_eq!(n["facts"]["agent_version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(agent.stop(), Some(0), "clean exit on SIGTERM");
+}
+
+#[test]
+fn wrong_token_is_refused_and_leaves_no_identity() {
+    let server = Server::start();
+    server.create_cluster("c1");
+    let agent = Agent::new("node-b");
+    let j = join_info(&server, "c1", &[]);
+    let err = one_line_error(
+        &agent.join_raw(&j.server, "abcdef.0123456789abcdef", &j.ca_cert_hash, &[]),
+        "join with an unknown token",
+    );
+    assert!(err.contains("refused the join"), "{err}");
+    assert!(!agent.has_identity(), "a failed join leaves no identity");
+
+    let err = one_line_error(
+        &agent.join_raw(&j.server, "not-a-token", &j.ca_cert_hash, &[]),
+        "join with a malformed token",
+    );
+    assert!(err.contains("invalid bootstrap token"), "{err}");
+    assert!(!agent.has_identity());
+}
+
+#[test]
+fn wrong_ca_pin_is_refused_before_the_token_is_sent() {
+    let server = Server::start();
+    server.create_cluster("c1");
+    let agent = Agent::new("node-c");
+    // A single-use token: if the refused join had sent it, the good join
+    // below could not use it any more.
+    let j = join_info(&server, "c1", &["--uses", "1"]);
+    let wrong = format!("sha256:{}", "ab".repeat(32));
+    let err = one_line_error(
+        &agent.join_raw(&j.server, &j.token, &wrong, &[]),
+        "join with a wrong pin",
+    );
+    assert!(err.contains("no CA matching --ca-cert-hash"), "{err}");
+    assert!(err.contains("refusing to send the token"), "{err}");
+    assert!(!agent.has_identity());
+
+    let out = ok_stdout(
+        &agent.join_raw(&j.server, &j.token, &j.ca_cert_hash, &[]),
+        "join with the right pin",
+    );
+    assert!(out.contains("joined cluster c1"), "{out}");
+}
