@@ -522,7 +522,7 @@ impl AdminService for AdminApi {
         row.state = RolloutState::Aborted;
         row.message = "aborted by operator; nodes keep what they were assigned".into();
         row.updated_at_ms = now_ms();
-        self.s.store.update_rollout(&row).await.map_err(store_status)?;
+        let row = self.s.store.update_rollout(&row).await.map_err(store_status)?;
         self.s.rollout_updates.send_modify(|v| *v += 1);
         Ok(Response::new(rollout_pb(&row)))
     }
@@ -727,7 +727,7 @@ pub async fn refresh(s: &Shared, row: RolloutRow) -> Result<RolloutRow, Status> 
     match rollout::evaluate(&row, &statuses, now_ms()) {
         None => Ok(row),
         Some(next) => {
-            s.store.update_rollout(&next).await.map_err(store_status)?;
+            let next = s.store.update_rollout(&next).await.map_err(store_status)?;
             if next.state != row.state {
                 tracing::info!(rollout = %next.id, state = next.state.as_str(), message = %next.message, "rollout state changed");
             }

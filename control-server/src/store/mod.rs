@@ -309,8 +309,10 @@ pub trait Store: Send + Sync + 'static {
     async fn start_rollout(&self, rollout: NewRollout) -> Result<(RolloutRow, Vec<String>)>;
     async fn get_rollout(&self, id: &str) -> Result<Option<RolloutRow>>;
     async fn list_rollouts(&self, cluster: Option<&str>, only_active: bool) -> Result<Vec<RolloutRow>>;
-    /// Persists a rollout's state, message and node states.
-    async fn update_rollout(&self, rollout: &RolloutRow) -> Result<()>;
+    /// Persists a rollout's state, message and node states, unless the stored
+    /// rollout has already ended (an ended rollout never changes again, so a
+    /// stale evaluation cannot revive it). Returns the rollout as stored.
+    async fn update_rollout(&self, rollout: &RolloutRow) -> Result<RolloutRow>;
     /// Returns each rollout node to its previous version (removing the bundle
     /// where there was none) and marks the rollout rolled back; returns the
     /// nodes whose desired state changed.

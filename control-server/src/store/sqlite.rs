@@ -1032,17 +1032,16 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn update_rollout(&self, r: &RolloutRow) -> Result<()> {
+    async fn update_rollout(&self, r: &RolloutRow) -> Result<RolloutRow> {
         let r = r.clone();
         self.tx(move |tx| {
-            let before: Option<String> = tx
-                .query_row("SELECT state FROM rollouts WHERE id = ?1", [&r.id], |row| {
-                    row.get(0)
-                })
-                .optional()?;
-            let Some(before) = before else {
+            let Some(stored) = read_rollout(tx, &r.id)? else {
                 return Err(StoreError::NotFound(format!("rollout {} does not exist", r.id)));
             };
+            if stored.state.is_terminal() {
+                return Ok(stored);
+            }
+            let before = stored.state;
             tx.execute(
                 "UPDATE rollouts SET state = ?2, message = ?3, updated_at_ms = ?4 WHERE id = ?1",
                 params![r.id, r.state.as_str(), r.message, r.updated_at_ms],
@@ -1053,7 +1052,7 @@ impl Store for SqliteStore {
             for n in &r.nodes {
                 stmt.execute(params![r.id, n.name, n.state, n.message])?;
             }
-            if before != r.state.as_str() {
+            if before != r.state {
                 insert_event(
                     tx,
                     &EventRow {
@@ -1069,7 +1068,9 @@ impl Store for SqliteStore {
                     },
                 )?;
             }
-            Ok(())
+            read_rollout(tx, &r.id)?.ok_or_else(|| {
+                StoreError::Backend(format!("rollout {} vanished in its own transaction", r.id))
+            })
         })
         .await
     }
@@ -1432,6 +1433,13 @@ mod tests {
         assert_eq!(changed.len(), 3);
         let r1 = s.get_rollout("r1").await.unwrap().unwrap();
         assert_eq!(r1.state, RolloutState::Aborted, "superseded");
+        let mut stale = r1.clone();
+        stale.state = RolloutState::Completed;
+        assert_eq!(
+            s.update_rollout(&stale).await.unwrap().state,
+            RolloutState::Aborted,
+            "an ended rollout never changes again"
+        );
         let (r2, changed) = s.rollback_rollout("r2", 20).await.unwrap();
         assert_eq!(r2.state, RolloutState::RolledBack);
         assert_eq!(changed.len(), 3);
