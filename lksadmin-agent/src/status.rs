@@ -169,7 +169,7 @@ pub fn render(dirs: &StateDir, json: bool) -> Result<String, StatusError> {
         return Ok(serde_json::to_string_pretty(&v).unwrap_or_default());
     }
     let mut out = String::new();
-    let line = |out: &mut String, k: &str, v: &str| out.push_str(&format!("{k:<12} {v}\n"));
+    let line = |out: &mut String, k: &str, v: &str| out.push_str(&format!("{k:<13} {v}\n"));
     line(&mut out, "node:", &format!("{} (cluster {})", v.node, v.cluster));
     line(&mut out, "servers:", &v.servers.join(", "));
     line(&mut out, "root:", &v.root);
@@ -205,7 +205,7 @@ pub fn render(dirs: &StateDir, json: bool) -> Result<String, StatusError> {
     line(&mut out, "last apply:", &activity(&v.last_apply));
     line(&mut out, "last repair:", &activity(&v.last_repair));
     if v.bundles.is_empty() {
-        out.push_str("bundles:     none\n");
+        out.push_str("bundles:      none\n");
     } else {
         out.push_str("bundles:\n");
         out.push_str(&format!(

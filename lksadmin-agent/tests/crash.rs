@@ -169,6 +169,10 @@ impl Node {
     }
 
     fn spawn(&self, fault_point: Option<&str>) -> Child {
+        self.spawn_env(fault_point, &[])
+    }
+
+    fn spawn_env(&self, fault_point: Option<&str>, env: &[(&str, &str)]) -> Child {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -189,6 +193,7 @@ impl Node {
         if let Some(p) = fault_point {
             cmd.env(fault::ENV, p);
         }
+        cmd.envs(env.iter().copied());
         cmd.spawn().unwrap()
     }
 
@@ -493,4 +498,40 @@ fn status_shows_the_local_view_offline() {
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains("crash-node (cluster c1)"), "{text}");
     assert!(text.contains("agent not running"), "{text}");
+}
+
+#[test]
+fn ready_status_and_watchdog_reach_systemd_without_a_server() {
+    let n = baseline();
+    let sock_path = n.state.parent().unwrap().join("notify.sock");
+    let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut child = n.spawn_env(
+        None,
+        &[
+            ("NOTIFY_SOCKET", sock_path.to_str().unwrap()),
+            ("WATCHDOG_USEC", "400000"),
+        ],
+    );
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        let Ok(len) = sock.recv(&mut buf) else { break };
+        let msg = String::from_utf8_lossy(&buf[..len]).into_owned();
+        seen.push(msg);
+        let all = seen.join("\n");
+        if all.contains("READY=1") && all.matches("WATCHDOG=1").count() >= 2 {
+            break;
+        }
+    }
+    terminate(&mut child);
+    let all = seen.join("\n");
+    // The server (127.0.0.1:1) is unreachable: readiness never waits for it.
+    assert!(all.contains("READY=1"), "{all}");
+    assert!(
+        all.contains("STATUS=node crash-node of cluster c1: local state loaded"),
+        "{all}"
+    );
+    assert!(all.matches("WATCHDOG=1").count() >= 2, "{all}");
 }
