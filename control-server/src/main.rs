@@ -32,11 +32,40 @@ struct Args {
     /// Validity of node certificates.
     #[arg(long, default_value = "24h", value_parser = parse_duration)]
     node_cert_ttl: Duration,
+    /// Where state lives.
+    #[arg(long, value_enum, default_value = "sqlite")]
+    store: StoreKind,
+    /// etcd endpoints, comma-separated (with --store etcd).
+    #[arg(long, value_delimiter = ',')]
+    etcd_endpoints: Vec<String>,
+    /// How often each agent stream is pinged.
+    #[arg(long, default_value = "30s", value_parser = parse_duration, hide = true)]
+    ping_interval: Duration,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum StoreKind {
+    /// SQLite in the data dir (one server).
+    Sqlite,
+    /// etcd shared by several servers.
+    Etcd,
 }
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    if args.store == StoreKind::Etcd {
+        eprintln!("error: --store etcd is not supported by this build yet; use --store sqlite (the default)");
+        return std::process::ExitCode::from(2);
+    }
+    if !args.etcd_endpoints.is_empty() {
+        eprintln!("error: --etcd-endpoints needs --store etcd");
+        return std::process::ExitCode::from(2);
+    }
+    if args.ping_interval.is_zero() {
+        eprintln!("error: --ping-interval must be longer than zero");
+        return std::process::ExitCode::from(2);
+    }
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -67,6 +96,7 @@ async fn main() -> std::process::ExitCode {
     cfg.metrics_listen = args.metrics_listen;
     cfg.advertise_address = args.advertise_address;
     cfg.node_cert_ttl = args.node_cert_ttl;
+    cfg.ping_interval = args.ping_interval;
     match run(cfg, shutdown).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -151,6 +151,16 @@ fn bad_flags_and_busy_ports_fail_clearly() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid duration"));
 
+    let mut cmd = Command::new(bin("lks-control-server"));
+    cmd.args(["--data-dir"]).arg(dir.path()).args(["--store", "etcd"]);
+    let out = run(cmd);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not supported"));
+    assert!(
+        !dir.path().join("admin.conf").exists(),
+        "nothing created for a refused start"
+    );
+
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let mut cmd = Command::new(bin("lks-control-server"));
     cmd.args(["--data-dir"])
@@ -222,4 +232,23 @@ async fn health_reflection_and_metrics() {
         text.contains("lks.v1.AgentService") && text.contains("lks.v1.AdminService"),
         "{text}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_are_pinged() {
+    let s = Server::start_with(&["--ping-interval", "200ms"]);
+    s.create_cluster("tenant-a");
+    let n = TestNode::enroll(&s, &s.token("tenant-a", &[]), "w1", &[]).await;
+    let (_tx, mut st) = n.connect(vec![]).await.unwrap();
+    let ping = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let m = st.message().await.unwrap().unwrap();
+            if let Some(lks_proto::pb::server_message::Msg::Ping(p)) = m.msg {
+                return p;
+            }
+        }
+    })
+    .await
+    .expect("a ping within 10s");
+    assert!(ping.nonce > 0);
 }
