@@ -51,8 +51,15 @@ pub fn renewal_point(not_before: i64, not_after: i64) -> i64 {
 
 /// Renews the certificate whenever it is due, until cancelled.
 pub async fn renewal_loop(dirs: StateDir, channel: SharedChannel, cancel: CancellationToken) {
+    let mut renewed = false;
     loop {
         let due = match validity(&dirs) {
+            // Right after a renewal, a certificate whose 70–90 % point is
+            // already past (a lifetime short against the issuer's backdating)
+            // is renewed halfway through what is left, never in a tight loop.
+            Ok((nb, na)) if renewed => {
+                renewal_point(nb, na).max(now_ms() + (na * 1000 - now_ms()).max(2000) / 2)
+            }
             Ok((nb, na)) => renewal_point(nb, na),
             Err(e) => {
                 tracing::warn!("certificate renewal: {e}");
@@ -76,6 +83,7 @@ pub async fn renewal_loop(dirs: StateDir, channel: SharedChannel, cancel: Cancel
             match renew_once(&dirs, &channel).await {
                 Ok(not_after) => {
                     tracing::info!(valid_until = %crate::status::when(not_after * 1000), "renewed the node certificate");
+                    renewed = true;
                     break;
                 }
                 Err(e) => {

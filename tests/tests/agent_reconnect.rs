@@ -77,3 +77,40 @@ fn reconnects_after_agent_restart_and_server_restart() {
     assert!(agent.running());
     assert_eq!(agent.stop(), Some(0));
 }
+
+#[test]
+fn renews_its_certificate_before_expiry_and_stays_connected() {
+    // Short-lived certificates put the 70–90 % renewal point within seconds.
+    let server = Server::start_with(&["--node-cert-ttl", "10s"]);
+    server.create_cluster("c1");
+    let mut agent = Agent::new("renewer");
+    agent.join(&server, "c1", &[]);
+    let cert = agent.state_dir.join("pki/node.crt");
+    let key = agent.state_dir.join("pki/node.key");
+    let first_cert = std::fs::read_to_string(&cert).unwrap();
+    let first_key = std::fs::read_to_string(&key).unwrap();
+    agent.start();
+    agent.wait_connected();
+    wait_until(lks_e2e::agent::CONVERGE, "certificate renewed", || {
+        std::fs::read_to_string(&cert).unwrap_or_default() != first_cert
+    });
+    assert_ne!(
+        std::fs::read_to_string(&key).unwrap(),
+        first_key,
+        "a new key with the new certificate"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    // The renewed identity works: a restarted agent connects with it.
+    assert_eq!(agent.stop(), Some(0));
+    agent.start();
+    agent.wait_connected();
+    wait_until(lks_e2e::agent::CONVERGE, "server sees the node", || {
+        node_connected(&server, "renewer")
+    });
+    assert!(agent.log().contains("renewed the node certificate"));
+    assert_eq!(agent.stop(), Some(0));
+}
