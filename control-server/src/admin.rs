@@ -22,7 +22,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::authz::{require_admin, store_status};
-use crate::blobs::BlobWriter;
+use crate::blobs::{BlobWriter, StagedBlob};
 use crate::rollout::{self, counts};
 use crate::server::Shared;
 use crate::store::{
@@ -221,6 +221,7 @@ impl AdminService for AdminApi {
         }
         let mut done: HashSet<Digest> = HashSet::new();
         let mut current: Option<BlobWriter> = None;
+        let mut staged: Vec<StagedBlob> = Vec::new();
         while let Some(msg) = inbound.message().await? {
             let chunk = match msg.msg {
                 Some(PublishMsg::Chunk(c)) => c,
@@ -233,11 +234,12 @@ impl AdminService for AdminApi {
                 .map_err(|e| invalid(format!("chunk digest: {e}")))?;
             if current.as_ref().map(BlobWriter::digest) != Some(d) {
                 if let Some(w) = current.take() {
-                    let wd = w.digest();
-                    w.finish()
-                        .await
-                        .map_err(|e| invalid(format!("upload rejected: {e}")))?;
-                    done.insert(wd);
+                    done.insert(w.digest());
+                    staged.push(
+                        w.stage()
+                            .await
+                            .map_err(|e| invalid(format!("upload rejected: {e}")))?,
+                    );
                 }
                 if done.contains(&d) {
                     return Err(invalid(format!("chunks of {d} are not contiguous")));
@@ -262,11 +264,12 @@ impl AdminService for AdminApi {
             }
         }
         if let Some(w) = current.take() {
-            let wd = w.digest();
-            w.finish()
-                .await
-                .map_err(|e| invalid(format!("upload rejected: {e}")))?;
-            done.insert(wd);
+            done.insert(w.digest());
+            staged.push(
+                w.stage()
+                    .await
+                    .map_err(|e| invalid(format!("upload rejected: {e}")))?,
+            );
         }
         for (d, size) in &expected {
             if done.contains(d) || self.s.blobs.contains(d) {
@@ -279,9 +282,11 @@ impl AdminService for AdminApi {
                     .writer(*d, 0)
                     .await
                     .map_err(|e| Status::internal(e.to_string()))?;
-                w.finish()
-                    .await
-                    .map_err(|e| invalid(format!("upload rejected: {e}")))?;
+                staged.push(
+                    w.stage()
+                        .await
+                        .map_err(|e| invalid(format!("upload rejected: {e}")))?,
+                );
                 continue;
             }
             let path = m
@@ -295,6 +300,13 @@ impl AdminService for AdminApi {
             )));
         }
 
+        // Every byte is verified: only now do the blobs enter the store, so
+        // a publish refused halfway leaves none behind.
+        for b in staged {
+            b.commit()
+                .await
+                .map_err(|e| Status::internal(format!("store blob: {e}")))?;
+        }
         let outcome = self
             .s
             .store

@@ -110,34 +110,68 @@ impl BlobWriter {
         Ok(())
     }
 
-    /// Verifies the whole blob and moves it to its final name durably.
-    pub async fn finish(mut self) -> Result<(), BlobError> {
+    /// Verifies the whole blob and makes its bytes durable under the temp
+    /// name. Nothing is visible in the store until [`StagedBlob::commit`].
+    pub async fn stage(mut self) -> Result<StagedBlob, BlobError> {
         let verifier = self.verifier.clone();
         verifier.finish().map_err(|source| BlobError::Verify {
             digest: self.digest,
             source,
         })?;
-        let Some(mut file) = self.file.take() else {
-            return Ok(());
-        };
-        file.flush().await.map_err(io(&self.tmp))?;
-        file.sync_all().await.map_err(io(&self.tmp))?;
-        drop(file);
-        let (tmp, dest) = (self.tmp.clone(), self.dest.clone());
-        tokio::task::spawn_blocking(move || -> Result<(), BlobError> {
+        if let Some(mut file) = self.file.take() {
+            file.flush().await.map_err(io(&self.tmp))?;
+            file.sync_all().await.map_err(io(&self.tmp))?;
+        }
+        // The temp file now belongs to the staged blob.
+        let tmp = std::mem::take(&mut self.tmp);
+        Ok(StagedBlob {
+            tmp,
+            dest: self.dest.clone(),
+        })
+    }
+
+    /// [`BlobWriter::stage`] then [`StagedBlob::commit`].
+    pub async fn finish(self) -> Result<(), BlobError> {
+        self.stage().await?.commit().await
+    }
+}
+
+/// A verified, fsynced blob not yet in the store. Dropping it uncommitted
+/// removes it, so a publish that fails halfway leaves no blob behind.
+pub struct StagedBlob {
+    tmp: PathBuf,
+    dest: PathBuf,
+}
+
+impl StagedBlob {
+    /// Moves the blob to its content-addressed name, durably.
+    pub async fn commit(mut self) -> Result<(), BlobError> {
+        let (tmp, dest) = (std::mem::take(&mut self.tmp), self.dest.clone());
+        let result = tokio::task::spawn_blocking(move || -> Result<(), BlobError> {
             let dir = dest.parent().unwrap_or(Path::new("."));
             std::fs::create_dir_all(dir).map_err(io(dir))?;
-            std::fs::rename(&tmp, &dest).map_err(io(&dest))?;
+            if let Err(e) = std::fs::rename(&tmp, &dest) {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(BlobError::Io {
+                    path: dest,
+                    source: e,
+                });
+            }
             fsync_dir(dir).map_err(io(dir))
         })
-        .await
-        .map_err(|e| BlobError::Io {
+        .await;
+        result.map_err(|e| BlobError::Io {
             path: self.dest.clone(),
             source: std::io::Error::other(e),
-        })??;
-        // Renamed: nothing left for Drop to clean.
-        self.tmp = PathBuf::new();
-        Ok(())
+        })?
+    }
+}
+
+impl Drop for StagedBlob {
+    fn drop(&mut self) {
+        if !self.tmp.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
     }
 }
 
@@ -174,6 +208,14 @@ mod tests {
         let mut w = store.writer(d, 3).await.unwrap();
         assert!(w.write(data).await.is_err(), "longer than declared fails at once");
         drop(w);
+
+        let other = b"staged";
+        let od = Digest::of(other);
+        let mut w = store.writer(od, other.len() as u64).await.unwrap();
+        w.write(other).await.unwrap();
+        let staged = w.stage().await.unwrap();
+        assert!(!store.contains(&od), "invisible until committed");
+        drop(staged);
         assert_eq!(std::fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
     }
 }

@@ -160,6 +160,20 @@ async fn bad_uploads_store_nothing() {
     let e = publish(&s, vec![]).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
 
+    // The first file's bytes are fine, the second's are not: neither is kept.
+    let second = b"second";
+    let msgs = vec![
+        header(manifest(
+            "a",
+            "1",
+            vec![file("/etc/a", good), file("/etc/b", second)],
+        )),
+        chunk(&d, good),
+        chunk(&Digest::of(second).to_string(), b"SECOND"),
+    ];
+    let e = publish(&s, msgs).await.unwrap_err();
+    assert!(e.message().contains("checksum mismatch"), "{e:?}");
+
     assert_nothing_stored(&s);
 }
 
