@@ -128,6 +128,12 @@ async fn desired_state_out_status_back_and_rollouts_follow() {
     });
     let d2 = next_desired(&mut stream).await;
     assert_eq!(bundle_ids(&d2), ["demo@2"]);
+    // While moving to demo@2 the node still holds demo@1 and may re-fetch it.
+    let (old, _) = w1
+        .fetch_blob(&Digest::of(b"one").to_string(), 0)
+        .await
+        .expect("held version");
+    assert_eq!(old, b"one");
     tx.send(status_msg(
         d2.generation,
         "demo",
@@ -268,6 +274,18 @@ async fn blobs_are_served_only_to_nodes_they_are_assigned_to() {
         e.message().contains("not part of any bundle assigned to node a1"),
         "{e:?}"
     );
+    // Claiming to hold cluster B's bundle does not open its blobs either.
+    let claim = pb::BundleStatus {
+        name: "secret".into(),
+        version: "1".into(),
+        state: BundleState::Applied as i32,
+        message: String::new(),
+        updated_at_ms: 0,
+    };
+    let (_tx, mut st) = a1.connect(vec![claim]).await.unwrap();
+    next_desired(&mut st).await;
+    let e = a1.fetch_blob(&small, 0).await.unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
     let e = a1
         .fetch_blob(&Digest::of(b"nothing").to_string(), 0)
         .await

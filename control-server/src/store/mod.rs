@@ -300,8 +300,8 @@ pub trait Store: Send + Sync + 'static {
     async fn list_bundles(&self, name: Option<&str>) -> Result<Vec<BundleRow>>;
 
     async fn desired_state(&self, node: &str) -> Result<DesiredState>;
-    /// True if `digest` belongs to a bundle version desired for, or reported
-    /// held by, `node`.
+    /// True if `digest` belongs to a bundle version desired for `node`, or
+    /// reported held by it after a rollout of its cluster assigned it.
     async fn blob_allowed(&self, node: &str, digest: &str) -> Result<bool>;
 
     /// Starts a rollout atomically; returns it and the nodes whose desired

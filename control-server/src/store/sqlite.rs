@@ -883,9 +883,19 @@ impl Store for SqliteStore {
         let (node, digest) = (node.to_string(), digest.to_string());
         self.call(move |c| {
             Ok(c.query_row(
+                // A reported bundle counts only if a rollout of the node's
+                // cluster ever assigned that version to it (as its target or
+                // as the version it replaced): a node cannot read another
+                // tenant's blobs by claiming to hold their bundle.
                 "SELECT 1 FROM bundle_blobs bb WHERE bb.digest = ?2 AND (
                     EXISTS (SELECT 1 FROM desired d WHERE d.node = ?1 AND d.bundle = bb.name AND d.version = bb.version)
-                    OR EXISTS (SELECT 1 FROM actual a WHERE a.node = ?1 AND a.bundle = bb.name AND a.version = bb.version))
+                    OR EXISTS (
+                        SELECT 1 FROM actual a
+                        JOIN nodes n ON n.name = a.node
+                        JOIN rollout_nodes rn ON rn.node = a.node
+                        JOIN rollouts r ON r.id = rn.rollout_id AND r.cluster = n.cluster AND r.bundle = a.bundle
+                        WHERE a.node = ?1 AND a.bundle = bb.name AND a.version = bb.version
+                          AND (r.version = a.version OR rn.previous_version = a.version)))
                  LIMIT 1",
                 params![node, digest],
                 |_| Ok(()),
@@ -1418,6 +1428,16 @@ mod tests {
         assert!(s.blob_allowed("a1", "blob-k-1").await.unwrap());
         assert!(!s.blob_allowed("b1", "blob-k-1").await.unwrap());
         assert!(!s.blob_allowed("a2", "blob-k-1").await.unwrap());
+        // Claiming to hold a bundle that was never assigned grants nothing.
+        let held = BundleStatusRow {
+            name: "k".into(),
+            version: "1".into(),
+            state: BundleState::Applied,
+            message: String::new(),
+            updated_at_ms: 1,
+        };
+        s.node_connected("b1", "{}", vec![held.clone()], 1).await.unwrap();
+        assert!(!s.blob_allowed("b1", "blob-k-1").await.unwrap());
 
         s.enroll_node(node("a3", "a", "toka00", &[("role", "w")]))
             .await
@@ -1429,8 +1449,13 @@ mod tests {
         );
 
         s.put_bundle(bundle("k", "2", "d2")).await.unwrap();
+        s.node_connected("a1", "{}", vec![held], 1).await.unwrap();
         let (_, changed) = s.start_rollout(rollout("r2", "a", "k", "2", &[])).await.unwrap();
         assert_eq!(changed.len(), 3);
+        assert!(
+            s.blob_allowed("a1", "blob-k-1").await.unwrap(),
+            "the version a node held before a rollout stays readable"
+        );
         let r1 = s.get_rollout("r1").await.unwrap().unwrap();
         assert_eq!(r1.state, RolloutState::Aborted, "superseded");
         let mut stale = r1.clone();
