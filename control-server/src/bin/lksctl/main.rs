@@ -80,6 +80,7 @@ enum ClusterCmd {
     Create { name: String },
     /// List clusters.
     List {
+        /// Output format.
         #[arg(short = 'o', long = "output", value_enum, default_value_t)]
         output: Format,
     },
@@ -89,6 +90,7 @@ enum ClusterCmd {
 enum TokenCmd {
     /// Create a bootstrap token and print the join command.
     Create {
+        /// Tenant cluster.
         #[arg(long)]
         cluster: String,
         /// How long the token is valid.
@@ -103,6 +105,7 @@ enum TokenCmd {
         /// Print #cloud-config user-data that installs and joins the agent.
         #[arg(long)]
         cloud_init: bool,
+        /// Output format.
         #[arg(short = 'o', long = "output", value_enum, default_value_t)]
         output: Format,
     },
@@ -124,6 +127,7 @@ enum BundleCmd {
     },
     /// List published bundles.
     List {
+        /// Output format.
         #[arg(short = 'o', long = "output", value_enum, default_value_t)]
         output: Format,
     },
@@ -133,6 +137,7 @@ enum BundleCmd {
 enum RolloutCmd {
     /// Start moving a cluster's matching nodes to NAME@VERSION.
     Start {
+        /// Tenant cluster.
         #[arg(long)]
         cluster: String,
         /// NAME@VERSION of a published bundle.
@@ -141,13 +146,16 @@ enum RolloutCmd {
         /// Only nodes with these labels (k=v,…).
         #[arg(long, default_value = "")]
         selector: String,
+        /// Nodes updated at a time (0: server default; batching is not implemented yet: all at once).
         #[arg(long, default_value_t = 0)]
         batch_size: u32,
+        /// Failed nodes that stop the rollout (0: server default, 1).
         #[arg(long, default_value_t = 0)]
         failure_threshold: u32,
         /// Wait until the rollout ends; exit non-zero unless it completed.
         #[arg(long)]
         wait: bool,
+        /// Output format.
         #[arg(short = 'o', long = "output", value_enum, default_value_t)]
         output: Format,
     },
@@ -157,13 +165,16 @@ enum RolloutCmd {
         /// Follow the rollout until it ends.
         #[arg(long)]
         watch: bool,
+        /// Output format.
         #[arg(short = 'o', long = "output", value_enum, default_value_t)]
         output: Format,
     },
     /// List rollouts.
     List {
+        /// Only this tenant cluster.
         #[arg(long, default_value = "")]
         cluster: String,
+        /// Output format.
         #[arg(short = 'o', long = "output", value_enum, default_value_t)]
         output: Format,
     },
@@ -181,14 +192,17 @@ enum RolloutCmd {
 enum NodeCmd {
     /// List nodes.
     List {
+        /// Only this tenant cluster.
         #[arg(long, default_value = "")]
         cluster: String,
+        /// Output format.
         #[arg(short = 'o', long = "output", value_enum, default_value_t)]
         output: Format,
     },
     /// Show one node.
     Get {
         name: String,
+        /// Output format.
         #[arg(short = 'o', long = "output", value_enum, default_value_t)]
         output: Format,
     },
@@ -200,15 +214,19 @@ enum NodeCmd {
 enum EventCmd {
     /// List recent events, oldest first.
     List {
+        /// Only this node.
         #[arg(long, default_value = "")]
         node: String,
+        /// Only this tenant cluster.
         #[arg(long, default_value = "")]
         cluster: String,
+        /// Only this rollout.
         #[arg(long, default_value = "")]
         rollout: String,
         /// At most this many events (0: server default).
         #[arg(long, default_value_t = 0)]
         limit: u32,
+        /// Output format.
         #[arg(short = 'o', long = "output", value_enum, default_value_t)]
         output: Format,
     },
