@@ -52,7 +52,8 @@ if ((${#apt_need[@]})); then
 fi
 if ! cargo deb --version >/dev/null 2>&1; then
   log "installing cargo-deb"
-  cargo install --locked cargo-deb >/dev/null
+  # Major version pinned: the metadata and flags used here are cargo-deb 3.x.
+  cargo install --locked cargo-deb --version "^3.8" >/dev/null
 fi
 
 # package name -> the binaries it ships
