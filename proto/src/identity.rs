@@ -167,7 +167,9 @@ mod tests {
     fn cert_with_uris(uris: &[&str], ca: bool) -> Vec<u8> {
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         for u in uris {
-            params.subject_alt_names.push(rcgen::SanType::URI((*u).try_into().unwrap()));
+            params
+                .subject_alt_names
+                .push(rcgen::SanType::URI((*u).try_into().unwrap()));
         }
         if ca {
             params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -184,12 +186,21 @@ mod tests {
             Identity::Node(NodeIdentity::new("tenant-a", "worker-1").unwrap())
         );
         let admin = cert_with_uris(&["https://example.com", &admin_uri("admin")], false);
-        assert_eq!(Identity::from_cert_der(&admin).unwrap(), Identity::Admin { name: "admin".into() });
-        assert_eq!(Identity::from_cert_der(&cert_with_uris(&[], false)), Err(CertError::NoIdentity));
+        assert_eq!(
+            Identity::from_cert_der(&admin).unwrap(),
+            Identity::Admin { name: "admin".into() }
+        );
+        assert_eq!(
+            Identity::from_cert_der(&cert_with_uris(&[], false)),
+            Err(CertError::NoIdentity)
+        );
         let two = cert_with_uris(&["urn:lks:node:a:b", "urn:lks:admin:x"], false);
         assert_eq!(Identity::from_cert_der(&two), Err(CertError::AmbiguousIdentity));
         let forged = cert_with_uris(&["urn:lks:node:a:../../b"], false);
-        assert!(matches!(Identity::from_cert_der(&forged), Err(CertError::BadIdentity(_))));
+        assert!(matches!(
+            Identity::from_cert_der(&forged),
+            Err(CertError::BadIdentity(_))
+        ));
     }
 
     #[test]
@@ -198,7 +209,11 @@ mod tests {
         let info = cert_info(&ca).unwrap();
         assert!(info.is_ca && info.not_after > info.not_before);
         let h = ca_cert_hash(&ca).unwrap();
-        assert_ne!(h, ca_cert_hash(&cert_with_uris(&[], true)).unwrap(), "different keys, different pins");
+        assert_ne!(
+            h,
+            ca_cert_hash(&cert_with_uris(&[], true)).unwrap(),
+            "different keys, different pins"
+        );
         let (_, cert) = X509Certificate::from_der(&ca).unwrap();
         assert_eq!(h, Digest::of(cert.public_key().raw));
     }
