@@ -26,6 +26,7 @@ pub mod pin;
 pub mod renew;
 pub mod run;
 pub mod runner;
+pub mod settings;
 pub mod source;
 pub mod state;
 pub mod status;

@@ -11,7 +11,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use lksadmin_agent::config::{DEFAULT_ROOT, DEFAULT_STATE_DIR, StateDir};
 use lksadmin_agent::join::{JoinOutcome, JoinRequest};
-use lksadmin_agent::run::RunOptions;
+use lksadmin_agent::settings::{DEFAULT_SETTINGS_FILE, RunFlags, Settings, parse_heal_interval};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -56,15 +56,22 @@ enum Cmd {
         trust_key: Vec<PathBuf>,
     },
     /// Run the agent (the systemd service).
+    ///
+    /// Settings come from the flags, then the settings file, then the defaults.
     Run {
-        #[arg(long, default_value = DEFAULT_STATE_DIR)]
-        state_dir: PathBuf,
-        /// Directory treated as / (default: the one given to join).
+        /// Settings file (keys: state_dir, root, heal_interval); a missing
+        /// default file is fine [default: /etc/lksadmin/agent.toml]
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// State dir written by join [default: /var/lib/lksadmin]
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Directory treated as / [default: the one given to join]
         #[arg(long)]
         root: Option<PathBuf>,
-        /// How often managed files are re-verified.
-        #[arg(long, default_value = "60s", value_parser = parse_interval)]
-        heal_interval: Duration,
+        /// How often managed files are re-verified [default: 60s]
+        #[arg(long, value_parser = parse_heal_interval)]
+        heal_interval: Option<Duration>,
     },
     /// Show this node's local view.
     Status {
@@ -73,14 +80,6 @@ enum Cmd {
         #[arg(short = 'o', long = "output", value_enum)]
         output: Option<Output>,
     },
-}
-
-fn parse_interval(s: &str) -> Result<Duration, String> {
-    let d = lks_proto::duration::parse_duration(s)?;
-    if d < Duration::from_millis(100) {
-        return Err(format!("{s:?} is too short; use at least 100ms"));
-    }
-    Ok(d)
 }
 
 fn main() -> ExitCode {
@@ -171,10 +170,23 @@ async fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Run {
+            config,
             state_dir,
             root,
             heal_interval,
         } => {
+            // Read before anything starts, so a bad file stops the agent with
+            // one line instead of running it on the wrong settings.
+            let settings = match &config {
+                Some(path) => Settings::load(path, true),
+                None => Settings::load(DEFAULT_SETTINGS_FILE.as_ref(), false),
+            }
+            .context("load the agent settings")?;
+            let opts = settings.resolve(RunFlags {
+                state_dir,
+                root,
+                heal_interval,
+            });
             let cancel = CancellationToken::new();
             let on_signal = cancel.clone();
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -186,16 +198,9 @@ async fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
                 }
                 on_signal.cancel();
             });
-            lksadmin_agent::run::run(
-                RunOptions {
-                    state_dir,
-                    root,
-                    heal_interval,
-                },
-                cancel,
-            )
-            .await
-            .context("run the agent")
+            lksadmin_agent::run::run(opts, cancel)
+                .await
+                .context("run the agent")
         }
         Cmd::Status { state_dir, output } => {
             let text = lksadmin_agent::status::render(
