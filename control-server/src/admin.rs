@@ -23,7 +23,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::authz::{require_admin, store_status};
 use crate::blobs::{BlobWriter, StagedBlob};
-use crate::rollout::{self, counts};
+use crate::rollout::{self, Verb, counts};
 use crate::server::Shared;
 use crate::store::{
     BundleRow, EventFilter, EventRow, NewBundle, NewRollout, NodeRow, PutOutcome, RolloutRow, RolloutState,
@@ -33,6 +33,8 @@ use crate::store::{
 const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
 const MAX_TOKEN_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 const MAX_EVENT_LIMIT: u32 = 10_000;
+const MAX_BATCH_SIZE: u32 = 100_000;
+const MAX_OFFLINE_DEADLINE: Duration = Duration::from_secs(7 * 24 * 3600);
 
 pub struct AdminApi {
     s: Arc<Shared>,
@@ -399,27 +401,40 @@ impl AdminService for AdminApi {
         {
             return Err(Status::not_found(format!("cluster {} does not exist", r.cluster)));
         }
+        if r.batch_size > MAX_BATCH_SIZE {
+            return Err(invalid(format!(
+                "batch size {} is larger than the limit of {MAX_BATCH_SIZE}",
+                r.batch_size
+            )));
+        }
+        let offline_deadline = if r.offline_deadline_seconds == 0 {
+            rollout::DEFAULT_OFFLINE_DEADLINE
+        } else {
+            Duration::from_secs(r.offline_deadline_seconds)
+        };
+        if offline_deadline > MAX_OFFLINE_DEADLINE {
+            return Err(invalid("offline deadline is longer than the limit of 7 days"));
+        }
         self.check_path_conflicts(&r.cluster, &selector, &bundle).await?;
-        let (row, changed) = self
+        let row = self
             .s
-            .store
-            .start_rollout(NewRollout {
+            .rollouts
+            .start(NewRollout {
                 id: random_id(),
                 cluster: r.cluster,
                 bundle: r.bundle,
                 version: r.version,
                 selector,
                 batch_size: r.batch_size,
-                failure_threshold: r.failure_threshold,
+                failure_threshold: if r.failure_threshold == 0 {
+                    rollout::DEFAULT_FAILURE_THRESHOLD
+                } else {
+                    r.failure_threshold
+                },
+                offline_deadline_ms: offline_deadline.as_millis() as u64,
                 now_ms: now_ms(),
             })
-            .await
-            .map_err(store_status)?;
-        for n in &changed {
-            self.s.hub.notify(n);
-        }
-        tracing::info!(rollout = %row.id, bundle = %row.bundle, version = %row.version, nodes = row.nodes.len(), "rollout started");
-        let row = refresh(&self.s, row).await?;
+            .await?;
         Ok(Response::new(rollout_pb(&row)))
     }
 
@@ -427,7 +442,7 @@ impl AdminService for AdminApi {
         let _t = self.s.metrics.timer("GetRollout");
         require_admin(&req)?;
         let row = self.load_rollout(&req.into_inner().id).await?;
-        Ok(Response::new(rollout_pb(&refresh(&self.s, row).await?)))
+        Ok(Response::new(rollout_pb(&row)))
     }
 
     type WatchRolloutStream = BoxStream<pb::Rollout>;
@@ -447,13 +462,6 @@ impl AdminService for AdminApi {
             let mut last: Option<pb::Rollout> = None;
             let mut row = first;
             loop {
-                row = match refresh(&s, row).await {
-                    Ok(r) => r,
-                    Err(st) => {
-                        let _ = tx.send(Err(st)).await;
-                        return;
-                    }
-                };
                 let p = rollout_pb(&row);
                 if last.as_ref() != Some(&p) {
                     if tx.send(Ok(p.clone())).await.is_err() {
@@ -461,7 +469,9 @@ impl AdminService for AdminApi {
                     }
                     last = Some(p);
                 }
-                if row.state.is_terminal() {
+                // An ended rollout may still have nodes finishing their
+                // apply; the watch ends once none is left.
+                if row.state.is_terminal() && counts(&row).applying == 0 {
                     return;
                 }
                 tokio::select! {
@@ -498,7 +508,7 @@ impl AdminService for AdminApi {
             .map_err(store_status)?;
         let mut out = Vec::with_capacity(rows.len());
         for r in rows {
-            out.push(rollout_pb(&refresh(&self.s, r).await?));
+            out.push(rollout_pb(&r));
         }
         Ok(Response::new(pb::ListRolloutsResponse { rollouts: out }))
     }
@@ -506,56 +516,25 @@ impl AdminService for AdminApi {
     async fn pause_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
         let _t = self.s.metrics.timer("PauseRollout");
         require_admin(&req)?;
-        Err(Status::unimplemented(
-            "pausing a rollout needs batched rollouts, which this control server does not support yet (every matching node is assigned at once)",
-        ))
+        self.verb(req.into_inner().id, Verb::Pause).await
     }
 
     async fn resume_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
         let _t = self.s.metrics.timer("ResumeRollout");
         require_admin(&req)?;
-        Err(Status::unimplemented(
-            "resuming a rollout needs batched rollouts, which this control server does not support yet",
-        ))
+        self.verb(req.into_inner().id, Verb::Resume).await
     }
 
     async fn abort_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
         let _t = self.s.metrics.timer("AbortRollout");
         require_admin(&req)?;
-        let row = self.load_rollout(&req.into_inner().id).await?;
-        let mut row = refresh(&self.s, row).await?;
-        if row.state.is_terminal() {
-            return Err(Status::failed_precondition(format!(
-                "rollout {} has already ended ({})",
-                row.id,
-                row.state.as_str()
-            )));
-        }
-        row.state = RolloutState::Aborted;
-        row.message = "aborted by operator; nodes keep what they were assigned".into();
-        row.updated_at_ms = now_ms();
-        let row = self.s.store.update_rollout(&row).await.map_err(store_status)?;
-        self.s.rollout_updates.send_modify(|v| *v += 1);
-        Ok(Response::new(rollout_pb(&row)))
+        self.verb(req.into_inner().id, Verb::Abort).await
     }
 
     async fn rollback_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
         let _t = self.s.metrics.timer("RollbackRollout");
         require_admin(&req)?;
-        let id = req.into_inner().id;
-        self.load_rollout(&id).await?;
-        let (row, changed) = self
-            .s
-            .store
-            .rollback_rollout(&id, now_ms())
-            .await
-            .map_err(store_status)?;
-        for n in &changed {
-            self.s.hub.notify(n);
-        }
-        self.s.rollout_updates.send_modify(|v| *v += 1);
-        tracing::info!(rollout = %id, nodes = changed.len(), "rollout rolled back");
-        Ok(Response::new(rollout_pb(&row)))
+        self.verb(req.into_inner().id, Verb::Rollback).await
     }
 
     async fn list_nodes(
@@ -657,6 +636,15 @@ impl AdminService for AdminApi {
 }
 
 impl AdminApi {
+    async fn verb(&self, id: String, verb: Verb) -> Result<Response<pb::Rollout>, Status> {
+        if id.is_empty() || id.len() > 64 {
+            return Err(invalid("rollout ID is empty or too long"));
+        }
+        let row = self.s.rollouts.verb(&id, verb).await?;
+        tracing::info!(rollout = %id, ?verb, state = row.state.as_str(), "operator verb applied");
+        Ok(Response::new(rollout_pb(&row)))
+    }
+
     async fn load_rollout(&self, id: &str) -> Result<RolloutRow, Status> {
         if id.is_empty() || id.len() > 64 {
             return Err(invalid("rollout ID is empty or too long"));
@@ -724,31 +712,6 @@ fn decode_manifest(bytes: &[u8]) -> Result<Manifest, Status> {
         .map_err(|e| Status::internal(format!("stored bundle: {e}")))
 }
 
-/// Re-evaluates a running rollout against what its nodes report and
-/// persists any change.
-pub async fn refresh(s: &Shared, row: RolloutRow) -> Result<RolloutRow, Status> {
-    if row.state != RolloutState::Running {
-        return Ok(row);
-    }
-    let names: Vec<String> = row.nodes.iter().map(|n| n.name.clone()).collect();
-    let statuses = s
-        .store
-        .bundle_statuses(&row.bundle, &names)
-        .await
-        .map_err(store_status)?;
-    match rollout::evaluate(&row, &statuses, now_ms()) {
-        None => Ok(row),
-        Some(next) => {
-            let next = s.store.update_rollout(&next).await.map_err(store_status)?;
-            if next.state != row.state {
-                tracing::info!(rollout = %next.id, state = next.state.as_str(), message = %next.message, "rollout state changed");
-            }
-            s.rollout_updates.send_modify(|v| *v += 1);
-            Ok(next)
-        }
-    }
-}
-
 fn bundle_info(b: BundleRow) -> pb::BundleInfo {
     pb::BundleInfo {
         name: b.name,
@@ -795,7 +758,7 @@ pub fn rollout_pb(r: &RolloutRow) -> pb::Rollout {
             .map(|n| pb::RolloutNode {
                 name: n.name.clone(),
                 previous_version: n.previous_version.clone(),
-                state: n.state.clone(),
+                state: n.state.as_str().to_string(),
                 message: n.message.clone(),
             })
             .collect(),

@@ -369,8 +369,9 @@ fn clip(s: &str, max: usize) -> String {
     s[..end].to_string()
 }
 
-/// Validates reported bundle statuses.
-fn statuses(list: Vec<pb::BundleStatus>) -> Result<Vec<BundleStatusRow>, Status> {
+/// Validates reported bundle statuses; `generation` is the desired state
+/// they answer.
+fn statuses(list: Vec<pb::BundleStatus>, generation: u64) -> Result<Vec<BundleStatusRow>, Status> {
     if list.len() > MAX_STATUSES {
         return Err(Status::invalid_argument(format!(
             "{} bundle statuses; the limit is {MAX_STATUSES}",
@@ -394,6 +395,7 @@ fn statuses(list: Vec<pb::BundleStatus>) -> Result<Vec<BundleStatusRow>, Status>
                 } else {
                     now_ms()
                 },
+                generation,
             })
         })
         .collect()
@@ -519,7 +521,7 @@ impl Session {
     }
 
     async fn hello(&mut self, h: pb::Hello) -> Result<(), Status> {
-        let held = statuses(h.bundles.clone())?;
+        let held = statuses(h.bundles.clone(), h.desired_generation)?;
         let facts = facts_json(&h);
         let now = now_ms();
         self.s.hub.heard(&self.caller.id.node, now);
@@ -540,7 +542,7 @@ impl Session {
             None | Some(AgentMsg::Heartbeat(_)) | Some(AgentMsg::Pong(_)) => Ok(()),
             Some(AgentMsg::Hello(h)) => self.hello(h).await,
             Some(AgentMsg::Status(r)) => {
-                let rows = statuses(r.bundles)?;
+                let rows = statuses(r.bundles, r.generation)?;
                 for row in &rows {
                     tracing::debug!(bundle = %row.name, version = %row.version, state = %row.state, "status");
                 }
@@ -617,16 +619,21 @@ mod tests {
             message: String::new(),
             updated_at_ms: 5,
         };
-        assert_eq!(statuses(vec![ok.clone()]).unwrap()[0].updated_at_ms, 5);
+        assert_eq!(statuses(vec![ok.clone()], 3).unwrap()[0].updated_at_ms, 5);
         let mut bad = ok.clone();
         bad.state = 0;
         assert_eq!(
-            statuses(vec![bad]).unwrap_err().code(),
+            statuses(vec![bad], 0).unwrap_err().code(),
             tonic::Code::InvalidArgument
         );
         let mut bad = ok;
         bad.name = "../x".into();
-        assert!(statuses(vec![bad]).unwrap_err().message().contains("bundles[0]"));
+        assert!(
+            statuses(vec![bad], 0)
+                .unwrap_err()
+                .message()
+                .contains("bundles[0]")
+        );
     }
 
     #[test]

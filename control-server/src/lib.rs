@@ -11,6 +11,7 @@ pub mod adminconf;
 pub mod agent;
 pub mod authz;
 pub mod blobs;
+pub mod controller;
 pub mod fsutil;
 pub mod hub;
 pub mod metrics;

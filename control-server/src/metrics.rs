@@ -36,6 +36,8 @@ pub struct Metrics {
     blob_bytes: AtomicU64,
     enrollments: Mutex<BTreeMap<&'static str, u64>>,
     rpc: Mutex<BTreeMap<&'static str, Histogram>>,
+    rollout_events: Mutex<BTreeMap<String, u64>>,
+    active_rollouts: AtomicI64,
 }
 
 impl Metrics {
@@ -56,6 +58,18 @@ impl Metrics {
         if let Ok(mut m) = self.enrollments.lock() {
             *m.entry(result).or_default() += 1;
         }
+    }
+
+    /// Counts one rollout event (`node_started`, `applied`, `rollout_failed`, …).
+    pub fn rollout_event(&self, kind: &str) {
+        if let Ok(mut m) = self.rollout_events.lock() {
+            *m.entry(kind.to_string()).or_default() += 1;
+        }
+    }
+
+    /// Rollouts running, paused or rolling back.
+    pub fn set_active_rollouts(&self, n: usize) {
+        self.active_rollouts.store(n as i64, Ordering::Relaxed);
     }
 
     pub fn observe_rpc(&self, method: &'static str, secs: f64) {
@@ -117,6 +131,23 @@ impl Metrics {
             "lks_blob_bytes_served_total {}",
             self.blob_bytes.load(Ordering::Relaxed)
         );
+        let _ = writeln!(
+            s,
+            "# HELP lks_active_rollouts Rollouts running, paused or rolling back."
+        );
+        let _ = writeln!(s, "# TYPE lks_active_rollouts gauge");
+        let _ = writeln!(
+            s,
+            "lks_active_rollouts {}",
+            self.active_rollouts.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(s, "# HELP lks_rollout_events_total Rollout events by kind.");
+        let _ = writeln!(s, "# TYPE lks_rollout_events_total counter");
+        if let Ok(m) = self.rollout_events.lock() {
+            for (kind, n) in m.iter() {
+                let _ = writeln!(s, "lks_rollout_events_total{{kind=\"{kind}\"}} {n}");
+            }
+        }
         let _ = writeln!(
             s,
             "# HELP lks_rpc_duration_seconds gRPC handler duration by method."
@@ -227,7 +258,12 @@ mod tests {
         m.desired_state_pushed();
         m.blob_bytes_served(10);
         m.observe_rpc("Enroll", 0.02);
+        m.rollout_event("applied");
+        m.rollout_event("applied");
+        m.set_active_rollouts(2);
         let t = m.render();
+        assert!(t.contains("lks_rollout_events_total{kind=\"applied\"} 2"));
+        assert!(t.contains("lks_active_rollouts 2"));
         assert!(t.contains("lks_connected_agents 3"));
         assert!(t.contains("lks_enrollments_total{result=\"ok\"} 2"));
         assert!(t.contains("lks_desired_state_pushes_total 1"));

@@ -18,10 +18,11 @@ use tokio_util::task::TaskTracker;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
-use crate::admin::{AdminApi, refresh};
+use crate::admin::AdminApi;
 use crate::adminconf::{AdminConf, AdminConfError};
 use crate::agent::AgentApi;
 use crate::blobs::{BlobError, BlobStore};
+use crate::controller;
 use crate::hub::Hub;
 use crate::metrics::{self, Metrics};
 use crate::pki::{Pki, PkiError};
@@ -30,8 +31,6 @@ use crate::store::{SqliteStore, Store, StoreError};
 
 /// How often buffered heartbeats are written to the store.
 const HEARTBEAT_FLUSH: Duration = Duration::from_secs(5);
-/// How often running rollouts are re-evaluated without a trigger.
-const ROLLOUT_TICK: Duration = Duration::from_secs(2);
 /// Enrolment rate per peer IP: tokens per second and burst.
 const ENROLL_RATE: f64 = 5.0;
 const ENROLL_BURST: f64 = 20.0;
@@ -95,8 +94,11 @@ pub struct Shared {
     pub hub: Hub,
     pub metrics: Arc<Metrics>,
     pub limiter: RateLimiter,
-    /// Poked when a node reports, so running rollouts are re-evaluated.
+    /// Poked when a node reports, connects or is deleted, so the rollout
+    /// controller looks again.
     pub rollouts_changed: Notify,
+    /// Operator commands to the rollout controller.
+    pub rollouts: controller::Handle,
     /// Bumped whenever a rollout changed, for `WatchRollout` streams.
     pub rollout_updates: watch::Sender<u64>,
     /// `https://HOST:PORT` that agents and lksctl dial.
@@ -199,6 +201,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
 
     let cancel = shutdown.child_token();
     let (rollout_updates, _) = watch::channel(0);
+    let (rollouts, rollout_inbox) = controller::channel();
     let shared = Arc::new(Shared {
         store: Arc::new(store),
         blobs,
@@ -207,6 +210,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         metrics: Arc::new(Metrics::default()),
         limiter: RateLimiter::new(ENROLL_RATE, ENROLL_BURST),
         rollouts_changed: Notify::new(),
+        rollouts,
         rollout_updates,
         server_url,
         node_cert_ttl: cfg.node_cert_ttl,
@@ -225,7 +229,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
             .spawn(metrics::serve(l, shared.metrics.clone(), cancel.clone()));
     }
     shared.tasks.spawn(flush_heartbeats(shared.clone()));
-    shared.tasks.spawn(drive_rollouts(shared.clone()));
+    shared.tasks.spawn(controller::run(shared.clone(), rollout_inbox));
 
     let tls = ServerTlsConfig::new()
         .identity(Identity::from_pem(
@@ -309,29 +313,6 @@ async fn flush_heartbeats(s: Arc<Shared>) {
         let seen = s.hub.take_heard();
         if let Err(e) = s.store.touch_nodes(seen).await {
             tracing::warn!(error = %e, "flush heartbeats");
-        }
-    }
-}
-
-/// Re-evaluates running rollouts whenever a node reports (and on a timer).
-async fn drive_rollouts(s: Arc<Shared>) {
-    loop {
-        tokio::select! {
-            _ = s.cancel.cancelled() => return,
-            _ = s.rollouts_changed.notified() => {}
-            _ = tokio::time::sleep(ROLLOUT_TICK) => {}
-        }
-        let rows = match s.store.list_rollouts(None, true).await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(error = %e, "list running rollouts");
-                continue;
-            }
-        };
-        for r in rows {
-            if let Err(st) = refresh(&s, r).await {
-                tracing::warn!(error = %st.message(), "evaluate rollout");
-            }
         }
     }
 }

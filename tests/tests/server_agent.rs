@@ -149,19 +149,32 @@ async fn desired_state_out_status_back_and_rollouts_follow() {
         e.contains("ended failed") && e.contains("health check failed"),
         "{e}"
     );
-    let id2 = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    // stdout: the ID, then one progress line per change.
+    let id2 = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap()
+        .trim()
+        .to_string();
     let st = rollout_state(&s, &id2);
     assert_eq!(st["state"], "failed");
     assert_eq!(st["failed"], 1);
     assert_eq!(st["nodes"][0]["previous_version"], "1");
     assert_eq!(node_bundles(&s, "w1")[0]["state"], "rolled_back");
 
-    // Rolling back returns the node to demo@1.
+    // Rolling back returns the node to demo@1; the rollback ends when the
+    // node reports it applied.
     let out = s.lksctl_ok(&["rollout", "rollback", &id2]);
-    assert!(out.contains("rolled_back"), "{out}");
+    assert!(out.contains("rolling_back"), "{out}");
     let d3 = next_desired(&mut stream).await;
     assert_eq!(bundle_ids(&d3), ["demo@1"]);
-    assert_eq!(rollout_state(&s, &id2)["state"], "rolled_back");
+    assert_eq!(rollout_state(&s, &id2)["state"], "rolling_back");
+    tx.send(status_msg(d3.generation, "demo", "1", BundleState::Applied, ""))
+        .await
+        .unwrap();
+    wait_until(WAIT, "rolled back", || {
+        rollout_state(&s, &id2)["state"] == "rolled_back"
+    });
 
     // Node events are recorded.
     tx.send(pb::AgentMessage {

@@ -301,9 +301,9 @@ fn rollouts_nodes_and_events_without_agents() {
     let e = one_line_error(&s.lksctl(&["rollout", "status", "nope"]), "unknown rollout");
     assert!(e.contains("rollout nope does not exist"), "{e}");
     let e = one_line_error(&s.lksctl(&["rollout", "pause", &id]), "pause");
-    assert!(e.contains("not support"), "{e}");
+    assert!(e.contains("only a running rollout can be paused"), "{e}");
     let e = one_line_error(&s.lksctl(&["rollout", "resume", &id]), "resume");
-    assert!(e.contains("not support"), "{e}");
+    assert!(e.contains("only a paused rollout can be resumed"), "{e}");
     let e = one_line_error(&s.lksctl(&["rollout", "abort", &id]), "abort ended");
     assert!(e.contains("already ended"), "{e}");
     let rb = s.lksctl_ok(&["rollout", "rollback", &id]);

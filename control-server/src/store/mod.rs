@@ -85,6 +85,10 @@ pub struct BundleStatusRow {
     pub state: BundleState,
     pub message: String,
     pub updated_at_ms: i64,
+    /// Generation of the desired state the report answered (0: unknown),
+    /// so a rollout can tell a fresh verdict from one given before the
+    /// node was assigned its version.
+    pub generation: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -195,6 +199,53 @@ impl RolloutState {
             RolloutState::Completed | RolloutState::Failed | RolloutState::Aborted | RolloutState::RolledBack
         )
     }
+
+    /// Running, paused or rolling back: at most one such rollout exists per
+    /// cluster and bundle name.
+    pub fn is_active(self) -> bool {
+        !self.is_terminal()
+    }
+}
+
+/// A node's part in a rollout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NodeState {
+    /// Its turn has not come (or it is offline and waited for).
+    Waiting,
+    /// Its desired state was changed; it holds a batch slot until it reports.
+    Applying,
+    /// It committed the rollout's version.
+    Updated,
+    Failed,
+    /// Never started: deleted, or the rollout ended before its turn.
+    Skipped,
+    /// Returned to the version it had before.
+    RolledBack,
+}
+
+impl NodeState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeState::Waiting => "waiting",
+            NodeState::Applying => "applying",
+            NodeState::Updated => "updated",
+            NodeState::Failed => "failed",
+            NodeState::Skipped => "skipped",
+            NodeState::RolledBack => "rolled_back",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "waiting" => NodeState::Waiting,
+            "applying" => NodeState::Applying,
+            "updated" => NodeState::Updated,
+            "failed" => NodeState::Failed,
+            "skipped" => NodeState::Skipped,
+            "rolled_back" => NodeState::RolledBack,
+            _ => return None,
+        })
+    }
 }
 
 /// One node's part in a rollout.
@@ -203,9 +254,47 @@ pub struct RolloutNodeRow {
     pub name: String,
     /// Version the node was assigned before ("" if none).
     pub previous_version: String,
-    /// "waiting", "applying", "updated", "failed", "skipped", "rolled_back"
-    pub state: String,
+    pub state: NodeState,
     pub message: String,
+    /// Generation of the desired state this rollout last gave the node (0:
+    /// never); only reports answering it or a later one count.
+    pub generation: u64,
+    /// When the node's turn came (Unix ms, 0: not yet); offline deadlines
+    /// run from here.
+    pub turn_at_ms: i64,
+    /// This rollout changed the node's desired state to its version, so a
+    /// rollback returns the node to `previous_version`.
+    pub touched: bool,
+    /// The node is in the rollback phase: its target is `previous_version`.
+    pub reverting: bool,
+    /// It was offline when it was assigned and has not connected since.
+    pub unreached: bool,
+}
+
+impl RolloutNodeRow {
+    /// A node whose turn has not come yet.
+    pub fn waiting(name: &str, previous_version: &str) -> Self {
+        RolloutNodeRow {
+            name: name.to_string(),
+            previous_version: previous_version.to_string(),
+            state: NodeState::Waiting,
+            message: String::new(),
+            generation: 0,
+            turn_at_ms: 0,
+            touched: false,
+            reverting: false,
+            unreached: false,
+        }
+    }
+}
+
+/// What a cluster's joining nodes receive for one bundle name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub version: String,
+    pub selector: Labels,
+    /// The rollout that made it the target.
+    pub rollout_id: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -217,15 +306,26 @@ pub struct RolloutRow {
     pub selector: Labels,
     pub batch_size: u32,
     pub failure_threshold: u32,
+    /// How long a node may be offline at its turn (or while applying)
+    /// before it counts as failed.
+    pub offline_deadline_ms: u64,
     pub state: RolloutState,
+    /// Ordered by node name: the order nodes are started in.
     pub nodes: Vec<RolloutNodeRow>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
     pub message: String,
+    /// Bumped by every stored decision; a decision based on an older
+    /// revision is refused.
+    pub revision: u64,
+    /// The cluster's target for this bundle when the rollout started,
+    /// restored by a rollback of a completed rollout.
+    pub previous_target: Option<Target>,
 }
 
-/// A rollout to start: assigns `bundle@version` to every node of `cluster`
-/// matching `selector`, and records it as the cluster's target for new nodes.
+/// A rollout to start. Nothing is assigned yet: the rollout controller
+/// starts nodes batch by batch. `batch_size`, `failure_threshold` and
+/// `offline_deadline_ms` are already resolved (no zero "defaults").
 #[derive(Clone, Debug)]
 pub struct NewRollout {
     pub id: String,
@@ -233,9 +333,47 @@ pub struct NewRollout {
     pub bundle: String,
     pub version: String,
     pub selector: Labels,
+    /// 0: decided by the store from the number of target nodes
+    /// ([`crate::rollout::default_batch_size`]).
     pub batch_size: u32,
     pub failure_threshold: u32,
+    pub offline_deadline_ms: u64,
     pub now_ms: i64,
+}
+
+/// How a decision changes the cluster's target for the rollout's bundle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TargetChange {
+    Keep,
+    /// The rollout completed: joining nodes get its version.
+    SetToRollout,
+    /// The rollout was rolled back: joining nodes get what they got before
+    /// it (if it is still the target).
+    RestorePrevious,
+}
+
+/// One decision of the rollout controller, stored in one transaction.
+#[derive(Clone, Debug)]
+pub struct RolloutCommit {
+    /// The rollout as it is to be stored; its `revision` is the one the
+    /// decision was based on.
+    pub rollout: RolloutRow,
+    /// Nodes whose desired state changes: the version to assign, or `None`
+    /// to remove the bundle. Each gets a new generation, recorded in its
+    /// rollout node row.
+    pub assign: Vec<(String, Option<String>)>,
+    pub target: TargetChange,
+    pub events: Vec<EventRow>,
+}
+
+/// What the store knows about one node of a rollout.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeBundleView {
+    /// The bundle's desired version on the node.
+    pub desired: Option<String>,
+    /// What the node last reported about the bundle.
+    pub actual: Option<BundleStatusRow>,
+    pub last_seen_ms: i64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -288,7 +426,8 @@ pub trait Store: Send + Sync + 'static {
         now_ms: i64,
     ) -> Result<()>;
     async fn node_disconnected(&self, name: &str, now_ms: i64) -> Result<()>;
-    /// Upserts reported bundle states.
+    /// Upserts reported bundle states. A bundle the report leaves out that
+    /// is no longer desired for the node is forgotten: the node removed it.
     async fn record_status(&self, name: &str, statuses: Vec<BundleStatusRow>) -> Result<()>;
     /// Batched heartbeat flush: last-seen times by node.
     async fn touch_nodes(&self, seen: Vec<(String, i64)>) -> Result<()>;
@@ -304,25 +443,25 @@ pub trait Store: Send + Sync + 'static {
     /// reported held by it after a rollout of its cluster assigned it.
     async fn blob_allowed(&self, node: &str, digest: &str) -> Result<bool>;
 
-    /// Starts a rollout atomically; returns it and the nodes whose desired
-    /// state changed.
-    async fn start_rollout(&self, rollout: NewRollout) -> Result<(RolloutRow, Vec<String>)>;
+    /// Records a new running rollout with every matching node of the
+    /// cluster waiting (nothing is assigned yet). Refused with `Conflict`
+    /// while another rollout of the same cluster and bundle is active.
+    async fn start_rollout(&self, rollout: NewRollout) -> Result<RolloutRow>;
     async fn get_rollout(&self, id: &str) -> Result<Option<RolloutRow>>;
     async fn list_rollouts(&self, cluster: Option<&str>, only_active: bool) -> Result<Vec<RolloutRow>>;
-    /// Persists a rollout's state, message and node states, unless the stored
-    /// rollout has already ended (an ended rollout never changes again, so a
-    /// stale evaluation cannot revive it). Returns the rollout as stored.
-    async fn update_rollout(&self, rollout: &RolloutRow) -> Result<RolloutRow>;
-    /// Returns each rollout node to its previous version (removing the bundle
-    /// where there was none) and marks the rollout rolled back; returns the
-    /// nodes whose desired state changed.
-    async fn rollback_rollout(&self, id: &str, now_ms: i64) -> Result<(RolloutRow, Vec<String>)>;
-    /// Reported state of `bundle` on each of `nodes` that still exists.
-    async fn bundle_statuses(
-        &self,
-        bundle: &str,
-        nodes: &[String],
-    ) -> Result<BTreeMap<String, Option<BundleStatusRow>>>;
+    /// The rollouts the controller still drives: active ones, and ended
+    /// ones with nodes still applying.
+    async fn rollouts_to_drive(&self) -> Result<Vec<RolloutRow>>;
+    /// Stores one controller decision atomically: rollout and node states,
+    /// desired-state changes (each with a new generation), target change and
+    /// events. Refused with `Conflict` if the rollout's revision moved, or if
+    /// it would make a second rollout of the cluster and bundle active.
+    /// Returns the rollout as stored and the nodes whose desired state changed.
+    async fn commit_rollout(&self, commit: RolloutCommit) -> Result<(RolloutRow, Vec<String>)>;
+    /// Desired version, last report and last-seen time of `bundle` on each
+    /// of `nodes` that still exists (a deleted node has no entry).
+    async fn rollout_views(&self, bundle: &str, nodes: &[String])
+    -> Result<BTreeMap<String, NodeBundleView>>;
 
     async fn add_event(&self, event: EventRow) -> Result<()>;
     async fn list_events(&self, filter: EventFilter) -> Result<Vec<EventRow>>;

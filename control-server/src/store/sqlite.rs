@@ -17,7 +17,8 @@ use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use super::*;
 
 /// Schema versions in order; `user_version` counts how many are applied.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT INTO meta (key, value) VALUES ('generation', 0);
 CREATE TABLE clusters (name TEXT PRIMARY KEY, created_at_ms INTEGER NOT NULL);
@@ -119,7 +120,31 @@ CREATE TABLE events (
     message TEXT NOT NULL
 );
 CREATE INDEX events_node ON events(node);
-"#];
+"#,
+    // Batched rollouts: nodes are started by the rollout controller, so each
+    // rollout node remembers its turn, the generation it was given, and
+    // whether the rollout changed it; reports remember the generation they
+    // answered. Rollouts stored before this assigned every node at once.
+    r#"
+ALTER TABLE rollouts ADD COLUMN offline_deadline_ms INTEGER NOT NULL DEFAULT 600000;
+ALTER TABLE rollouts ADD COLUMN revision INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE rollouts ADD COLUMN prev_target_version TEXT;
+ALTER TABLE rollouts ADD COLUMN prev_target_selector TEXT;
+ALTER TABLE rollouts ADD COLUMN prev_target_rollout TEXT;
+ALTER TABLE rollout_nodes ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE rollout_nodes ADD COLUMN turn_at_ms INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE rollout_nodes ADD COLUMN touched INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE rollout_nodes ADD COLUMN reverting INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE rollout_nodes ADD COLUMN unreached INTEGER NOT NULL DEFAULT 0;
+UPDATE rollout_nodes SET touched = 1
+    WHERE previous_version != (SELECT r.version FROM rollouts r WHERE r.id = rollout_id);
+UPDATE rollout_nodes SET state = 'applying'
+    WHERE state = 'waiting' AND rollout_id IN (SELECT id FROM rollouts WHERE state = 'running');
+ALTER TABLE actual ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX events_rollout ON events(rollout_id);
+CREATE INDEX rollout_nodes_node ON rollout_nodes(node);
+"#,
+];
 
 /// Events kept; older ones are pruned as new ones arrive.
 const MAX_EVENTS: i64 = 100_000;
@@ -231,15 +256,6 @@ fn next_generation(tx: &Transaction<'_>) -> Result<u64> {
     Ok(g as u64)
 }
 
-fn bump_node(tx: &Transaction<'_>, node: &str) -> Result<()> {
-    let g = next_generation(tx)?;
-    tx.execute(
-        "UPDATE nodes SET generation = ?1 WHERE name = ?2",
-        params![g as i64, node],
-    )?;
-    Ok(())
-}
-
 fn state_from_str(s: &str) -> Result<BundleState> {
     s.parse().map_err(StoreError::Backend)
 }
@@ -287,7 +303,7 @@ fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
     }
     let mut actual = BTreeMap::new();
     let mut stmt = tx.prepare_cached(
-        "SELECT bundle, version, state, message, updated_at_ms FROM actual WHERE node = ?1",
+        "SELECT bundle, version, state, message, updated_at_ms, generation FROM actual WHERE node = ?1",
     )?;
     let rows = stmt.query_map([&name], |r| {
         Ok((
@@ -296,10 +312,11 @@ fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
             r.get::<_, String>(2)?,
             r.get::<_, String>(3)?,
             r.get::<_, i64>(4)?,
+            r.get::<_, i64>(5)?,
         ))
     })?;
     for r in rows {
-        let (b, version, state, message, updated_at_ms) = r?;
+        let (b, version, state, message, updated_at_ms, generation) = r?;
         actual.insert(
             b.clone(),
             BundleStatusRow {
@@ -308,6 +325,7 @@ fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
                 state: state_from_str(&state)?,
                 message,
                 updated_at_ms,
+                generation: generation as u64,
             },
         );
     }
@@ -330,55 +348,86 @@ fn read_rollout(c: &Connection, id: &str) -> Result<Option<RolloutRow>> {
     let row = c
         .query_row(
             "SELECT id, cluster, bundle, version, selector, batch_size, failure_threshold, state,
-                    created_at_ms, updated_at_ms, message
+                    created_at_ms, updated_at_ms, message, offline_deadline_ms, revision,
+                    prev_target_version, prev_target_selector, prev_target_rollout
              FROM rollouts WHERE id = ?1",
             [id],
             |r| {
                 Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, String>(2)?,
-                    r.get::<_, String>(3)?,
-                    r.get::<_, String>(4)?,
-                    r.get::<_, u32>(5)?,
-                    r.get::<_, u32>(6)?,
-                    r.get::<_, String>(7)?,
-                    r.get::<_, i64>(8)?,
-                    r.get::<_, i64>(9)?,
-                    r.get::<_, String>(10)?,
+                    (
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, String>(3)?,
+                        r.get::<_, String>(4)?,
+                        r.get::<_, u32>(5)?,
+                        r.get::<_, u32>(6)?,
+                        r.get::<_, String>(7)?,
+                    ),
+                    (
+                        r.get::<_, i64>(8)?,
+                        r.get::<_, i64>(9)?,
+                        r.get::<_, String>(10)?,
+                        r.get::<_, i64>(11)?,
+                        r.get::<_, i64>(12)?,
+                        r.get::<_, Option<String>>(13)?,
+                        r.get::<_, Option<String>>(14)?,
+                        r.get::<_, Option<String>>(15)?,
+                    ),
                 ))
             },
         )
         .optional()?;
     let Some((
-        id,
-        cluster,
-        bundle,
-        version,
-        selector,
-        batch_size,
-        failure_threshold,
-        state,
-        created,
-        updated,
-        message,
+        (id, cluster, bundle, version, selector, batch_size, failure_threshold, state),
+        (created, updated, message, deadline, revision, pt_version, pt_selector, pt_rollout),
     )) = row
     else {
         return Ok(None);
     };
     let mut stmt = c.prepare_cached(
-        "SELECT node, previous_version, state, message FROM rollout_nodes WHERE rollout_id = ?1 ORDER BY node",
+        "SELECT node, previous_version, state, message, generation, turn_at_ms, touched, reverting, unreached
+         FROM rollout_nodes WHERE rollout_id = ?1 ORDER BY node",
     )?;
-    let nodes = stmt
+    let raw = stmt
         .query_map([&id], |r| {
-            Ok(RolloutNodeRow {
-                name: r.get(0)?,
-                previous_version: r.get(1)?,
-                state: r.get(2)?,
-                message: r.get(3)?,
-            })
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, i64>(4)?,
+                r.get::<_, i64>(5)?,
+                r.get::<_, bool>(6)?,
+                r.get::<_, bool>(7)?,
+                r.get::<_, bool>(8)?,
+            ))
         })?
         .collect::<Result<Vec<_>, _>>()?;
+    let mut nodes = Vec::with_capacity(raw.len());
+    for (name, previous_version, st, message, generation, turn_at_ms, touched, reverting, unreached) in raw {
+        let state = NodeState::parse(&st)
+            .ok_or_else(|| StoreError::Backend(format!("stored rollout node state {st:?} is unknown")))?;
+        nodes.push(RolloutNodeRow {
+            name,
+            previous_version,
+            state,
+            message,
+            generation: generation as u64,
+            turn_at_ms,
+            touched,
+            reverting,
+            unreached,
+        });
+    }
+    let previous_target = match (pt_version, pt_selector, pt_rollout) {
+        (Some(version), Some(selector), Some(rollout_id)) => Some(Target {
+            version,
+            selector: labels_from_json(&selector)?,
+            rollout_id,
+        }),
+        _ => None,
+    };
     Ok(Some(RolloutRow {
         id,
         cluster,
@@ -387,13 +436,45 @@ fn read_rollout(c: &Connection, id: &str) -> Result<Option<RolloutRow>> {
         selector: labels_from_json(&selector)?,
         batch_size,
         failure_threshold,
+        offline_deadline_ms: deadline.max(0) as u64,
         state: RolloutState::parse(&state)
             .ok_or_else(|| StoreError::Backend(format!("stored rollout state {state:?} is unknown")))?,
         nodes,
         created_at_ms: created,
         updated_at_ms: updated,
         message,
+        revision: revision as u64,
+        previous_target,
     }))
+}
+
+/// The active rollout of `bundle` in `cluster` other than `except`, if any.
+fn active_rollout(
+    tx: &Connection,
+    cluster: &str,
+    bundle: &str,
+    except: &str,
+) -> Result<Option<(String, String)>> {
+    Ok(tx
+        .query_row(
+            "SELECT id, state FROM rollouts WHERE cluster = ?1 AND bundle = ?2 AND id != ?3
+               AND state IN ('running', 'paused', 'rolling_back')
+             ORDER BY created_at_ms LIMIT 1",
+            params![cluster, bundle, except],
+            |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+        )
+        .optional()?)
+}
+
+fn still_active(cluster: &str, bundle: &str, id: &str, state: &str) -> StoreError {
+    let hint = match state {
+        "paused" => "resume or abort it first",
+        "rolling_back" => "wait for its rollback to finish",
+        _ => "abort it or wait for it to end",
+    };
+    StoreError::Conflict(format!(
+        "rollout {id} of {bundle} in cluster {cluster} is still {state}; {hint}"
+    ))
 }
 
 fn insert_event(tx: &Connection, e: &EventRow) -> Result<()> {
@@ -420,10 +501,19 @@ fn insert_event(tx: &Connection, e: &EventRow) -> Result<()> {
 
 fn upsert_actual(tx: &Transaction<'_>, node: &str, s: &BundleStatusRow) -> Result<()> {
     tx.execute(
-        "INSERT INTO actual (node, bundle, version, state, message, updated_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+        "INSERT INTO actual (node, bundle, version, state, message, updated_at_ms, generation)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
          ON CONFLICT (node, bundle) DO UPDATE SET version = excluded.version, state = excluded.state,
-             message = excluded.message, updated_at_ms = excluded.updated_at_ms",
-        params![node, s.name, s.version, s.state.as_str(), s.message, s.updated_at_ms],
+             message = excluded.message, updated_at_ms = excluded.updated_at_ms, generation = excluded.generation",
+        params![
+            node,
+            s.name,
+            s.version,
+            s.state.as_str(),
+            s.message,
+            s.updated_at_ms,
+            s.generation as i64
+        ],
     )?;
     Ok(())
 }
@@ -611,11 +701,34 @@ impl Store for SqliteStore {
                 })?
                 .collect::<Result<Vec<_>, _>>()?
             };
+            let mut given: BTreeMap<String, String> = BTreeMap::new();
             for (bundle, version, selector) in targets {
                 if selector_matches(&labels_from_json(&selector)?, &n.labels) {
                     tx.execute(
                         "INSERT INTO desired (node, bundle, version) VALUES (?1, ?2, ?3)",
                         params![n.name, bundle, version],
+                    )?;
+                    given.insert(bundle, version);
+                }
+            }
+            // A running or paused rollout of the cluster takes the joiner in
+            // too: it starts on the current target and waits for its turn.
+            let running = {
+                let mut stmt = tx.prepare(
+                    "SELECT id, bundle, selector FROM rollouts WHERE cluster = ?1 AND state IN ('running', 'paused')",
+                )?;
+                stmt.query_map([&n.cluster], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
+                })?
+                .collect::<Result<Vec<_>, _>>()?
+            };
+            for (id, bundle, selector) in running {
+                if selector_matches(&labels_from_json(&selector)?, &n.labels) {
+                    let previous = given.get(&bundle).cloned().unwrap_or_default();
+                    tx.execute(
+                        "INSERT INTO rollout_nodes (rollout_id, node, previous_version, state, message)
+                         VALUES (?1, ?2, ?3, 'waiting', '') ON CONFLICT DO NOTHING",
+                        params![id, n.name, previous],
                     )?;
                 }
             }
@@ -756,6 +869,17 @@ impl Store for SqliteStore {
                 for s in &statuses {
                     upsert_actual(tx, &name, s)?;
                 }
+                // Left out of the report and no longer desired: removed.
+                let mut stmt = tx.prepare_cached(
+                    "SELECT a.bundle FROM actual a WHERE a.node = ?1
+                       AND NOT EXISTS (SELECT 1 FROM desired d WHERE d.node = a.node AND d.bundle = a.bundle)",
+                )?;
+                let undesired = stmt
+                    .query_map([&name], |r| r.get::<_, String>(0))?
+                    .collect::<Result<Vec<_>, _>>()?;
+                for b in undesired.iter().filter(|b| !statuses.iter().any(|s| s.name == **b)) {
+                    tx.execute("DELETE FROM actual WHERE node = ?1 AND bundle = ?2", params![name, b])?;
+                }
             }
             Ok(())
         })
@@ -884,8 +1008,8 @@ impl Store for SqliteStore {
         self.call(move |c| {
             Ok(c.query_row(
                 // A reported bundle counts only if a rollout of the node's
-                // cluster ever assigned that version to it (as its target or
-                // as the version it replaced): a node cannot read another
+                // cluster assigned that version to it (as its target or as
+                // the version it replaced): a node cannot read another
                 // tenant's blobs by claiming to hold their bundle.
                 "SELECT 1 FROM bundle_blobs bb WHERE bb.digest = ?2 AND (
                     EXISTS (SELECT 1 FROM desired d WHERE d.node = ?1 AND d.bundle = bb.name AND d.version = bb.version)
@@ -895,7 +1019,7 @@ impl Store for SqliteStore {
                         JOIN rollout_nodes rn ON rn.node = a.node
                         JOIN rollouts r ON r.id = rn.rollout_id AND r.cluster = n.cluster AND r.bundle = a.bundle
                         WHERE a.node = ?1 AND a.bundle = bb.name AND a.version = bb.version
-                          AND (r.version = a.version OR rn.previous_version = a.version)))
+                          AND ((rn.touched = 1 AND r.version = a.version) OR rn.previous_version = a.version)))
                  LIMIT 1",
                 params![node, digest],
                 |_| Ok(()),
@@ -906,7 +1030,7 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn start_rollout(&self, r: NewRollout) -> Result<(RolloutRow, Vec<String>)> {
+    async fn start_rollout(&self, r: NewRollout) -> Result<RolloutRow> {
         self.tx(move |tx| {
             let cluster_ok = tx
                 .query_row("SELECT 1 FROM clusters WHERE name = ?1", [&r.cluster], |_| Ok(()))
@@ -929,7 +1053,10 @@ impl Store for SqliteStore {
                     r.bundle, r.version
                 )));
             }
-            let nodes = {
+            if let Some((id, state)) = active_rollout(tx, &r.cluster, &r.bundle, &r.id)? {
+                return Err(still_active(&r.cluster, &r.bundle, &id, &state));
+            }
+            let candidates = {
                 let mut stmt = tx.prepare(
                     "SELECT n.name, n.labels, d.version FROM nodes n
                      LEFT JOIN desired d ON d.node = n.name AND d.bundle = ?2
@@ -944,55 +1071,62 @@ impl Store for SqliteStore {
                 })?
                 .collect::<Result<Vec<_>, _>>()?
             };
-            let superseded = format!("superseded by rollout {}", r.id);
-            tx.execute(
-                "UPDATE rollouts SET state = 'aborted', message = ?3, updated_at_ms = ?4
-                 WHERE cluster = ?1 AND bundle = ?2 AND state IN ('running', 'paused', 'rolling_back')",
-                params![r.cluster, r.bundle, superseded, r.now_ms],
-            )?;
+            let mut nodes = Vec::new();
+            for (node, labels, previous) in candidates {
+                if selector_matches(&r.selector, &labels_from_json(&labels)?) {
+                    nodes.push((node, previous.unwrap_or_default()));
+                }
+            }
+            let batch_size = if r.batch_size == 0 {
+                crate::rollout::default_batch_size(nodes.len())
+            } else {
+                r.batch_size
+            };
+            let previous_target = tx
+                .query_row(
+                    "SELECT version, selector, rollout_id FROM cluster_targets WHERE cluster = ?1 AND bundle = ?2",
+                    params![r.cluster, r.bundle],
+                    |row| {
+                        Ok((
+                            row.get::<_, String>(0)?,
+                            row.get::<_, String>(1)?,
+                            row.get::<_, String>(2)?,
+                        ))
+                    },
+                )
+                .optional()?;
+            let (ptv, pts, ptr) = match previous_target {
+                Some((v, s, id)) => (Some(v), Some(s), Some(id)),
+                None => (None, None, None),
+            };
             let selector = labels_to_json(&r.selector)?;
             tx.execute(
                 "INSERT INTO rollouts (id, cluster, bundle, version, selector, batch_size, failure_threshold, state,
-                     created_at_ms, updated_at_ms, message)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', ?8, ?8, '')",
+                     created_at_ms, updated_at_ms, message, offline_deadline_ms, revision,
+                     prev_target_version, prev_target_selector, prev_target_rollout)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', ?8, ?8, '', ?9, 0, ?10, ?11, ?12)",
                 params![
                     r.id,
                     r.cluster,
                     r.bundle,
                     r.version,
                     selector,
-                    r.batch_size,
+                    batch_size,
                     r.failure_threshold,
-                    r.now_ms
+                    r.now_ms,
+                    r.offline_deadline_ms as i64,
+                    ptv,
+                    pts,
+                    ptr
                 ],
             )?;
-            let mut changed = Vec::new();
-            for (node, labels, previous) in nodes {
-                if !selector_matches(&r.selector, &labels_from_json(&labels)?) {
-                    continue;
-                }
-                let previous = previous.unwrap_or_default();
-                if previous != r.version {
-                    tx.execute(
-                        "INSERT INTO desired (node, bundle, version) VALUES (?1, ?2, ?3)
-                         ON CONFLICT (node, bundle) DO UPDATE SET version = excluded.version",
-                        params![node, r.bundle, r.version],
-                    )?;
-                    bump_node(tx, &node)?;
-                    changed.push(node.clone());
-                }
+            for (node, previous) in &nodes {
                 tx.execute(
                     "INSERT INTO rollout_nodes (rollout_id, node, previous_version, state, message)
                      VALUES (?1, ?2, ?3, 'waiting', '')",
                     params![r.id, node, previous],
                 )?;
             }
-            tx.execute(
-                "INSERT INTO cluster_targets (cluster, bundle, version, selector, rollout_id) VALUES (?1, ?2, ?3, ?4, ?5)
-                 ON CONFLICT (cluster, bundle) DO UPDATE SET version = excluded.version,
-                     selector = excluded.selector, rollout_id = excluded.rollout_id",
-                params![r.cluster, r.bundle, r.version, selector, r.id],
-            )?;
             insert_event(
                 tx,
                 &EventRow {
@@ -1004,12 +1138,16 @@ impl Store for SqliteStore {
                     kind: "rollout_started".into(),
                     bundle: r.bundle.clone(),
                     version: r.version.clone(),
-                    message: String::new(),
+                    message: format!(
+                        "{} node(s), batch size {batch_size}, failure threshold {}, offline deadline {}",
+                        nodes.len(),
+                        r.failure_threshold,
+                        lks_proto::duration::format_duration(std::time::Duration::from_millis(r.offline_deadline_ms))
+                    ),
                 },
             )?;
-            let row = read_rollout(tx, &r.id)?
-                .ok_or_else(|| StoreError::Backend(format!("rollout {} vanished in its own transaction", r.id)))?;
-            Ok((row, changed))
+            read_rollout(tx, &r.id)?
+                .ok_or_else(|| StoreError::Backend(format!("rollout {} vanished in its own transaction", r.id)))
         })
         .await
     }
@@ -1042,160 +1180,209 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn update_rollout(&self, r: &RolloutRow) -> Result<RolloutRow> {
-        let r = r.clone();
+    async fn rollouts_to_drive(&self) -> Result<Vec<RolloutRow>> {
+        self.call(move |c| {
+            let ids = {
+                let mut stmt = c.prepare(
+                    "SELECT id FROM rollouts r WHERE state IN ('running', 'paused', 'rolling_back')
+                        OR EXISTS (SELECT 1 FROM rollout_nodes rn WHERE rn.rollout_id = r.id AND rn.state = 'applying')
+                     ORDER BY created_at_ms, id",
+                )?;
+                stmt.query_map([], |r| r.get::<_, String>(0))?
+                    .collect::<Result<Vec<_>, _>>()?
+            };
+            let mut out = Vec::new();
+            for id in ids {
+                if let Some(r) = read_rollout(c, &id)? {
+                    out.push(r);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn commit_rollout(&self, c: RolloutCommit) -> Result<(RolloutRow, Vec<String>)> {
         self.tx(move |tx| {
+            let mut r = c.rollout;
             let Some(stored) = read_rollout(tx, &r.id)? else {
                 return Err(StoreError::NotFound(format!("rollout {} does not exist", r.id)));
             };
-            if stored.state.is_terminal() {
-                return Ok(stored);
+            if stored.revision != r.revision {
+                return Err(StoreError::Conflict(format!(
+                    "rollout {} changed meanwhile (revision {} is stored, the decision was based on {}); try again",
+                    r.id, stored.revision, r.revision
+                )));
             }
-            let before = stored.state;
-            tx.execute(
-                "UPDATE rollouts SET state = ?2, message = ?3, updated_at_ms = ?4 WHERE id = ?1",
-                params![r.id, r.state.as_str(), r.message, r.updated_at_ms],
-            )?;
-            let mut stmt = tx.prepare_cached(
-                "UPDATE rollout_nodes SET state = ?3, message = ?4 WHERE rollout_id = ?1 AND node = ?2",
-            )?;
-            for n in &r.nodes {
-                stmt.execute(params![r.id, n.name, n.state, n.message])?;
-            }
-            if before != r.state {
-                insert_event(
-                    tx,
-                    &EventRow {
-                        id: 0,
-                        at_ms: r.updated_at_ms,
-                        cluster: r.cluster.clone(),
-                        node: String::new(),
-                        rollout_id: r.id.clone(),
-                        kind: format!("rollout_{}", r.state.as_str()),
-                        bundle: r.bundle.clone(),
-                        version: r.version.clone(),
-                        message: r.message.clone(),
-                    },
-                )?;
-            }
-            read_rollout(tx, &r.id)?.ok_or_else(|| {
-                StoreError::Backend(format!("rollout {} vanished in its own transaction", r.id))
-            })
-        })
-        .await
-    }
-
-    async fn rollback_rollout(&self, id: &str, now_ms: i64) -> Result<(RolloutRow, Vec<String>)> {
-        let id = id.to_string();
-        self.tx(move |tx| {
-            let Some(mut r) = read_rollout(tx, &id)? else {
-                return Err(StoreError::NotFound(format!("rollout {id} does not exist")));
-            };
-            if r.state == RolloutState::RolledBack {
-                return Ok((r, Vec::new()));
+            if r.state.is_active()
+                && !stored.state.is_active()
+                && let Some((id, state)) = active_rollout(tx, &r.cluster, &r.bundle, &r.id)?
+            {
+                return Err(still_active(&r.cluster, &r.bundle, &id, &state));
             }
             let mut changed = Vec::new();
-            for n in &mut r.nodes {
-                let current: Option<String> = tx
+            for (node, version) in &c.assign {
+                let Some(n) = r.nodes.iter_mut().find(|n| n.name == *node) else {
+                    return Err(StoreError::Backend(format!(
+                        "rollout {}: node {node} to assign is not part of it",
+                        r.id
+                    )));
+                };
+                let current: Option<Option<String>> = tx
                     .query_row(
-                        "SELECT version FROM desired WHERE node = ?1 AND bundle = ?2",
-                        params![n.name, r.bundle],
+                        "SELECT (SELECT version FROM desired WHERE node = ?1 AND bundle = ?2) FROM nodes WHERE name = ?1",
+                        params![node, r.bundle],
                         |row| row.get(0),
                     )
                     .optional()?;
-                // Only nodes still on this rollout's version are moved back:
-                // a later rollout's assignment is not undone.
-                if current.as_deref() != Some(r.version.as_str()) {
+                let Some(current) = current else {
+                    n.state = NodeState::Skipped;
+                    n.message = "node was deleted".into();
                     continue;
+                };
+                let was_touched = stored.nodes.iter().any(|s| s.name == *node && s.touched);
+                if !n.reverting && !was_touched {
+                    n.previous_version = current.unwrap_or_default();
                 }
-                if n.previous_version.is_empty() {
-                    tx.execute(
+                match version {
+                    Some(v) => tx.execute(
+                        "INSERT INTO desired (node, bundle, version) VALUES (?1, ?2, ?3)
+                         ON CONFLICT (node, bundle) DO UPDATE SET version = excluded.version",
+                        params![node, r.bundle, v],
+                    )?,
+                    None => tx.execute(
                         "DELETE FROM desired WHERE node = ?1 AND bundle = ?2",
-                        params![n.name, r.bundle],
-                    )?;
-                } else {
+                        params![node, r.bundle],
+                    )?,
+                };
+                let g = next_generation(tx)?;
+                tx.execute(
+                    "UPDATE nodes SET generation = ?1 WHERE name = ?2",
+                    params![g as i64, node],
+                )?;
+                n.generation = g;
+                changed.push(node.clone());
+            }
+            r.revision = stored.revision + 1;
+            tx.execute(
+                "UPDATE rollouts SET state = ?2, message = ?3, updated_at_ms = ?4, revision = ?5 WHERE id = ?1",
+                params![r.id, r.state.as_str(), r.message, r.updated_at_ms, r.revision as i64],
+            )?;
+            {
+                let mut stmt = tx.prepare_cached(
+                    "UPDATE rollout_nodes SET previous_version = ?3, state = ?4, message = ?5, generation = ?6,
+                         turn_at_ms = ?7, touched = ?8, reverting = ?9, unreached = ?10
+                     WHERE rollout_id = ?1 AND node = ?2",
+                )?;
+                for n in &r.nodes {
+                    stmt.execute(params![
+                        r.id,
+                        n.name,
+                        n.previous_version,
+                        n.state.as_str(),
+                        n.message,
+                        n.generation as i64,
+                        n.turn_at_ms,
+                        n.touched,
+                        n.reverting,
+                        n.unreached
+                    ])?;
+                }
+            }
+            match c.target {
+                TargetChange::Keep => {}
+                TargetChange::SetToRollout => {
                     tx.execute(
-                        "UPDATE desired SET version = ?3 WHERE node = ?1 AND bundle = ?2",
-                        params![n.name, r.bundle, n.previous_version],
+                        "INSERT INTO cluster_targets (cluster, bundle, version, selector, rollout_id)
+                         VALUES (?1, ?2, ?3, ?4, ?5)
+                         ON CONFLICT (cluster, bundle) DO UPDATE SET version = excluded.version,
+                             selector = excluded.selector, rollout_id = excluded.rollout_id",
+                        params![r.cluster, r.bundle, r.version, labels_to_json(&r.selector)?, r.id],
                     )?;
                 }
-                bump_node(tx, &n.name)?;
-                n.state = "rolled_back".into();
-                changed.push(n.name.clone());
+                TargetChange::RestorePrevious => {
+                    // Only if this rollout is still what set the target.
+                    let ours = tx
+                        .query_row(
+                            "SELECT 1 FROM cluster_targets WHERE cluster = ?1 AND bundle = ?2 AND rollout_id = ?3",
+                            params![r.cluster, r.bundle, r.id],
+                            |_| Ok(()),
+                        )
+                        .optional()?
+                        .is_some();
+                    if ours {
+                        match &r.previous_target {
+                            Some(t) => tx.execute(
+                                "UPDATE cluster_targets SET version = ?3, selector = ?4, rollout_id = ?5
+                                 WHERE cluster = ?1 AND bundle = ?2",
+                                params![r.cluster, r.bundle, t.version, labels_to_json(&t.selector)?, t.rollout_id],
+                            )?,
+                            None => tx.execute(
+                                "DELETE FROM cluster_targets WHERE cluster = ?1 AND bundle = ?2",
+                                params![r.cluster, r.bundle],
+                            )?,
+                        };
+                    }
+                }
             }
-            tx.execute(
-                "DELETE FROM cluster_targets WHERE cluster = ?1 AND bundle = ?2 AND rollout_id = ?3",
-                params![r.cluster, r.bundle, r.id],
-            )?;
-            r.state = RolloutState::RolledBack;
-            r.message = "rolled back by operator".into();
-            r.updated_at_ms = now_ms;
-            tx.execute(
-                "UPDATE rollouts SET state = ?2, message = ?3, updated_at_ms = ?4 WHERE id = ?1",
-                params![r.id, r.state.as_str(), r.message, now_ms],
-            )?;
-            for n in &r.nodes {
-                tx.execute(
-                    "UPDATE rollout_nodes SET state = ?3 WHERE rollout_id = ?1 AND node = ?2",
-                    params![r.id, n.name, n.state],
-                )?;
+            for e in &c.events {
+                insert_event(tx, e)?;
             }
-            insert_event(
-                tx,
-                &EventRow {
-                    id: 0,
-                    at_ms: now_ms,
-                    cluster: r.cluster.clone(),
-                    node: String::new(),
-                    rollout_id: r.id.clone(),
-                    kind: "rollout_rolled_back".into(),
-                    bundle: r.bundle.clone(),
-                    version: r.version.clone(),
-                    message: String::new(),
-                },
-            )?;
-            Ok((r, changed))
+            let row = read_rollout(tx, &r.id)?
+                .ok_or_else(|| StoreError::Backend(format!("rollout {} vanished in its own transaction", r.id)))?;
+            Ok((row, changed))
         })
         .await
     }
 
-    async fn bundle_statuses(
+    async fn rollout_views(
         &self,
         bundle: &str,
         nodes: &[String],
-    ) -> Result<BTreeMap<String, Option<BundleStatusRow>>> {
+    ) -> Result<BTreeMap<String, NodeBundleView>> {
         let (bundle, nodes) = (bundle.to_string(), nodes.to_vec());
         self.call(move |c| {
             let mut out = BTreeMap::new();
-            let mut exists = c.prepare_cached("SELECT 1 FROM nodes WHERE name = ?1")?;
-            let mut stmt = c.prepare_cached(
-                "SELECT version, state, message, updated_at_ms FROM actual WHERE node = ?1 AND bundle = ?2",
+            let mut seen = c.prepare_cached("SELECT last_seen_ms FROM nodes WHERE name = ?1")?;
+            let mut desired = c.prepare_cached("SELECT version FROM desired WHERE node = ?1 AND bundle = ?2")?;
+            let mut actual = c.prepare_cached(
+                "SELECT version, state, message, updated_at_ms, generation FROM actual WHERE node = ?1 AND bundle = ?2",
             )?;
             for n in nodes {
-                if exists.query_row([&n], |_| Ok(())).optional()?.is_none() {
+                let Some(last_seen_ms) = seen.query_row([&n], |r| r.get::<_, i64>(0)).optional()? else {
                     continue;
-                }
-                let row = stmt
+                };
+                let d: Option<String> = desired.query_row(params![n, bundle], |r| r.get(0)).optional()?;
+                let a = actual
                     .query_row(params![n, bundle], |r| {
                         Ok((
                             r.get::<_, String>(0)?,
                             r.get::<_, String>(1)?,
                             r.get::<_, String>(2)?,
                             r.get::<_, i64>(3)?,
+                            r.get::<_, i64>(4)?,
                         ))
                     })
                     .optional()?;
-                let status = match row {
-                    Some((version, state, message, updated_at_ms)) => Some(BundleStatusRow {
+                let actual = match a {
+                    Some((version, state, message, updated_at_ms, generation)) => Some(BundleStatusRow {
                         name: bundle.clone(),
                         version,
                         state: state_from_str(&state)?,
                         message,
                         updated_at_ms,
+                        generation: generation as u64,
                     }),
                     None => None,
                 };
-                out.insert(n, status);
+                out.insert(
+                    n,
+                    NodeBundleView {
+                        desired: d,
+                        actual,
+                        last_seen_ms,
+                    },
+                );
             }
             Ok(out)
         })
@@ -1313,6 +1500,7 @@ mod tests {
                 .collect(),
             batch_size: 0,
             failure_threshold: 1,
+            offline_deadline_ms: 600_000,
             now_ms: 10,
         }
     }
@@ -1391,8 +1579,31 @@ mod tests {
         assert_eq!(s.list_bundles(None).await.unwrap().len(), 1);
     }
 
+    fn commit(r: &RolloutRow, assign: &[(&str, Option<&str>)], target: TargetChange) -> RolloutCommit {
+        RolloutCommit {
+            rollout: r.clone(),
+            assign: assign
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.map(str::to_string)))
+                .collect(),
+            target,
+            events: Vec::new(),
+        }
+    }
+
+    fn held(version: &str, generation: u64) -> BundleStatusRow {
+        BundleStatusRow {
+            name: "k".into(),
+            version: version.into(),
+            state: BundleState::Applied,
+            message: String::new(),
+            updated_at_ms: 1,
+            generation,
+        }
+    }
+
     #[tokio::test]
-    async fn rollouts_assign_matching_nodes_and_later_joiners() {
+    async fn rollouts_assign_only_what_the_controller_decides() {
         let s = SqliteStore::open_in_memory().unwrap();
         for c in ["a", "b"] {
             s.create_cluster(c, 1).await.unwrap();
@@ -1414,62 +1625,146 @@ mod tests {
             Err(StoreError::NotFound(_))
         ));
         let g0 = s.desired_state("a1").await.unwrap().generation;
-        let (r, changed) = s
+        let r = s
             .start_rollout(rollout("r1", "a", "k", "1", &[("role", "w")]))
             .await
             .unwrap();
-        assert_eq!(changed, vec!["a1".to_string()]);
         assert_eq!(r.nodes.len(), 1);
-        let d = s.desired_state("a1").await.unwrap();
-        assert!(d.generation > g0);
-        assert_eq!(d.bundles, vec![b"k@1".to_vec()]);
-        assert!(s.desired_state("a2").await.unwrap().bundles.is_empty());
-        assert!(s.desired_state("b1").await.unwrap().bundles.is_empty());
-        assert!(s.blob_allowed("a1", "blob-k-1").await.unwrap());
-        assert!(!s.blob_allowed("b1", "blob-k-1").await.unwrap());
-        assert!(!s.blob_allowed("a2", "blob-k-1").await.unwrap());
-        // Claiming to hold a bundle that was never assigned grants nothing.
-        let held = BundleStatusRow {
-            name: "k".into(),
-            version: "1".into(),
-            state: BundleState::Applied,
-            message: String::new(),
-            updated_at_ms: 1,
-        };
-        s.node_connected("b1", "{}", vec![held.clone()], 1).await.unwrap();
-        assert!(!s.blob_allowed("b1", "blob-k-1").await.unwrap());
+        assert_eq!(r.batch_size, 1, "default batch for one node");
+        assert_eq!(r.offline_deadline_ms, 600_000);
+        assert_eq!(r.nodes[0].state, NodeState::Waiting);
+        assert!(
+            s.desired_state("a1").await.unwrap().bundles.is_empty(),
+            "starting assigns nothing by itself"
+        );
+        let e = s
+            .start_rollout(rollout("r1b", "a", "k", "1", &[]))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Conflict(m) if m == "rollout r1 of k in cluster a is still running; abort it or wait for it to end"),
+            "{e}"
+        );
+        // Another cluster is independent.
+        s.start_rollout(rollout("rb", "b", "k", "1", &[])).await.unwrap();
 
+        // A joiner while r1 runs is taken into it, with nothing assigned yet.
         s.enroll_node(node("a3", "a", "toka00", &[("role", "w")]))
             .await
             .unwrap();
+        let r = s.get_rollout("r1").await.unwrap().unwrap();
         assert_eq!(
-            s.desired_state("a3").await.unwrap().bundles.len(),
+            r.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
+            ["a1", "a3"]
+        );
+        assert!(s.desired_state("a3").await.unwrap().bundles.is_empty());
+
+        let mut next = r.clone();
+        next.nodes[0].state = NodeState::Applying;
+        next.nodes[0].touched = true;
+        let (r1, changed) = s
+            .commit_rollout(commit(&next, &[("a1", Some("1"))], TargetChange::Keep))
+            .await
+            .unwrap();
+        assert_eq!(changed, ["a1"]);
+        assert_eq!(r1.revision, 1);
+        let d = s.desired_state("a1").await.unwrap();
+        assert!(d.generation > g0);
+        assert_eq!(r1.nodes[0].generation, d.generation);
+        assert_eq!(d.bundles, vec![b"k@1".to_vec()]);
+        assert!(s.blob_allowed("a1", "blob-k-1").await.unwrap());
+        assert!(!s.blob_allowed("a2", "blob-k-1").await.unwrap());
+        assert!(!s.blob_allowed("b1", "blob-k-1").await.unwrap());
+        // Claiming to hold a bundle that was never assigned grants nothing.
+        s.node_connected("b1", "{}", vec![held("1", 0)], 1).await.unwrap();
+        assert!(!s.blob_allowed("b1", "blob-k-1").await.unwrap());
+
+        // A decision based on an old revision is refused.
+        assert!(matches!(
+            s.commit_rollout(commit(&next, &[], TargetChange::Keep)).await,
+            Err(StoreError::Conflict(_))
+        ));
+
+        let views = s
+            .rollout_views("k", &["a1".into(), "a3".into(), "zz".into()])
+            .await
+            .unwrap();
+        assert_eq!(views.len(), 2, "unknown nodes have no view");
+        assert_eq!(views["a1"].desired.as_deref(), Some("1"));
+        assert_eq!(views["a3"].desired, None);
+
+        // Completion makes the version the cluster's target.
+        let mut done = r1.clone();
+        done.state = RolloutState::Completed;
+        for n in &mut done.nodes {
+            n.state = NodeState::Updated;
+        }
+        let (done, _) = s
+            .commit_rollout(commit(&done, &[], TargetChange::SetToRollout))
+            .await
+            .unwrap();
+        s.enroll_node(node("a4", "a", "toka00", &[("role", "w")]))
+            .await
+            .unwrap();
+        assert_eq!(
+            s.desired_state("a4").await.unwrap().bundles.len(),
             1,
             "joiner gets the target"
         );
-
-        s.put_bundle(bundle("k", "2", "d2")).await.unwrap();
-        s.node_connected("a1", "{}", vec![held], 1).await.unwrap();
-        let (_, changed) = s.start_rollout(rollout("r2", "a", "k", "2", &[])).await.unwrap();
-        assert_eq!(changed.len(), 3);
-        assert!(
-            s.blob_allowed("a1", "blob-k-1").await.unwrap(),
-            "the version a node held before a rollout stays readable"
-        );
-        let r1 = s.get_rollout("r1").await.unwrap().unwrap();
-        assert_eq!(r1.state, RolloutState::Aborted, "superseded");
-        let mut stale = r1.clone();
-        stale.state = RolloutState::Completed;
         assert_eq!(
-            s.update_rollout(&stale).await.unwrap().state,
-            RolloutState::Aborted,
-            "an ended rollout never changes again"
+            s.get_rollout("r1").await.unwrap().unwrap().nodes.len(),
+            2,
+            "ended: no joiners"
         );
-        let (r2, changed) = s.rollback_rollout("r2", 20).await.unwrap();
-        assert_eq!(r2.state, RolloutState::RolledBack);
-        assert_eq!(changed.len(), 3);
-        assert_eq!(s.get_node("a1").await.unwrap().unwrap().desired["k"], "1");
-        assert!(s.get_node("a2").await.unwrap().unwrap().desired.is_empty());
+
+        // Rolling back from an ended state is refused while another rollout
+        // of the bundle is active; restoring the target removes it.
+        s.put_bundle(bundle("k", "2", "d2")).await.unwrap();
+        s.start_rollout(rollout("r2", "a", "k", "2", &[])).await.unwrap();
+        let mut back = done.clone();
+        back.state = RolloutState::RollingBack;
+        assert!(matches!(
+            s.commit_rollout(commit(&back, &[], TargetChange::Keep)).await,
+            Err(StoreError::Conflict(m)) if m.contains("rollout r2")
+        ));
+        let r2 = s.get_rollout("r2").await.unwrap().unwrap();
+        let mut aborted = r2.clone();
+        aborted.state = RolloutState::Aborted;
+        s.commit_rollout(commit(&aborted, &[], TargetChange::Keep))
+            .await
+            .unwrap();
+        let (back, changed) = s
+            .commit_rollout(commit(&back, &[("a1", None)], TargetChange::RestorePrevious))
+            .await
+            .unwrap();
+        assert_eq!(changed, ["a1"]);
+        assert_eq!(back.state, RolloutState::RollingBack);
+        assert!(s.get_node("a1").await.unwrap().unwrap().desired.is_empty());
+        s.enroll_node(node("a5", "a", "toka00", &[("role", "w")]))
+            .await
+            .unwrap();
+        assert!(
+            s.desired_state("a5").await.unwrap().bundles.is_empty(),
+            "target restored to none"
+        );
+        // The version a node held before stays readable while it moves.
+        s.node_connected("a1", "{}", vec![held("1", 0)], 1).await.unwrap();
+        assert!(s.blob_allowed("a1", "blob-k-1").await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_report_that_leaves_out_an_undesired_bundle_means_it_was_removed() {
+        let s = SqliteStore::open_in_memory().unwrap();
+        s.create_cluster("a", 1).await.unwrap();
+        s.create_token(token("toka00", "a", None, 10_000)).await.unwrap();
+        s.enroll_node(node("a1", "a", "toka00", &[])).await.unwrap();
+        s.node_connected("a1", "{}", vec![held("1", 4)], 1).await.unwrap();
+        let mut other = held("3", 4);
+        other.name = "other".into();
+        s.record_status("a1", vec![other.clone()]).await.unwrap();
+        let n = s.get_node("a1").await.unwrap().unwrap();
+        assert_eq!(n.actual.keys().collect::<Vec<_>>(), ["other"]);
+        assert_eq!(n.actual["other"].generation, 4);
     }
 
     #[tokio::test]
@@ -1484,6 +1779,7 @@ mod tests {
             state: BundleState::Applied,
             message: String::new(),
             updated_at_ms: 3,
+            generation: 2,
         };
         s.node_connected("a1", "{}", vec![st.clone()], 50).await.unwrap();
         let n = s.get_node("a1").await.unwrap().unwrap();
@@ -1494,8 +1790,9 @@ mod tests {
         let n = s.get_node("a1").await.unwrap().unwrap();
         assert!(!n.connected);
         assert_eq!(n.last_seen_ms, 60);
-        let st = s.bundle_statuses("k", &["a1".into(), "zz".into()]).await.unwrap();
+        let st = s.rollout_views("k", &["a1".into(), "zz".into()]).await.unwrap();
         assert_eq!(st.len(), 1);
+        assert_eq!(st["a1"].actual.as_ref().map(|a| a.generation), Some(2));
         let ev = s
             .list_events(EventFilter {
                 node: Some("a1".into()),

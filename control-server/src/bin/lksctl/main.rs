@@ -146,13 +146,16 @@ enum RolloutCmd {
         /// Only nodes with these labels (k=v,…).
         #[arg(long, default_value = "")]
         selector: String,
-        /// Nodes updated at a time (0: server default; batching is not implemented yet: all at once).
+        /// Most nodes applying at once (0: server default, 10% of the target nodes rounded up).
         #[arg(long, default_value_t = 0)]
         batch_size: u32,
         /// Failed nodes that stop the rollout (0: server default, 1).
         #[arg(long, default_value_t = 0)]
         failure_threshold: u32,
-        /// Wait until the rollout ends; exit non-zero unless it completed.
+        /// How long a node offline at its turn is waited for before it counts as failed [server default: 10m].
+        #[arg(long, value_parser = parse_duration)]
+        offline_deadline: Option<Duration>,
+        /// Wait until the rollout ends, showing progress; exit non-zero unless it completed.
         #[arg(long)]
         wait: bool,
         /// Output format.
@@ -178,13 +181,13 @@ enum RolloutCmd {
         #[arg(short = 'o', long = "output", value_enum, default_value_t)]
         output: Format,
     },
-    /// Pause a rollout.
+    /// Pause a running rollout: no new node is started; nodes mid-apply finish.
     Pause { id: String },
     /// Resume a paused rollout.
     Resume { id: String },
-    /// Stop a rollout; nodes keep what they were assigned.
+    /// Stop a rollout for good: no new node is started; nodes mid-apply finish and keep the new version.
     Abort { id: String },
-    /// Return every node the rollout touched to its previous version.
+    /// Return every node the rollout changed to its previous version, in batches (stops the rollout first).
     Rollback { id: String },
 }
 
@@ -615,10 +618,16 @@ async fn rollout(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
             selector,
             batch_size,
             failure_threshold,
+            offline_deadline,
             wait,
             output,
         } => {
             let (name, version) = parse_bundle_ref(&bundle).map_err(|e| anyhow!("--bundle: {e}"))?;
+            let offline_deadline_seconds = match offline_deadline {
+                None => 0,
+                Some(d) if d.as_secs() == 0 => bail!("--offline-deadline must be at least 1s"),
+                Some(d) => d.as_secs(),
+            };
             let r = c
                 .start_rollout(pb::StartRolloutRequest {
                     cluster: cluster.clone(),
@@ -627,7 +636,7 @@ async fn rollout(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
                     selector: labels("--selector", &selector)?.into_iter().collect(),
                     batch_size,
                     failure_threshold,
-                    offline_deadline_seconds: 0,
+                    offline_deadline_seconds,
                 })
                 .await
                 .map_err(st)
@@ -644,7 +653,14 @@ async fn rollout(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
             if output != Format::Json {
                 println!("{}", r.id);
             }
-            let last = watch(c, url, &r.id, false, output).await?;
+            let progress = if std::io::stderr().is_terminal() {
+                Progress::bar()
+            } else if output == Format::Json {
+                Progress::Quiet
+            } else {
+                Progress::Lines
+            };
+            let last = watch(c, url, &r.id, progress).await?;
             if output == Format::Json {
                 print_json(&output::rollout_json(&last))?;
             }
@@ -652,7 +668,14 @@ async fn rollout(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
         }
         RolloutCmd::Status { id, watch: w, output } => {
             if w {
-                let last = watch(c, url, &id, true, output).await?;
+                let progress = if output != Format::Json {
+                    Progress::Lines
+                } else if std::io::stderr().is_terminal() {
+                    Progress::bar()
+                } else {
+                    Progress::Quiet
+                };
+                let last = watch(c, url, &id, progress).await?;
                 if output == Format::Json {
                     print_json(&output::rollout_json(&last))?;
                 } else {
@@ -716,34 +739,72 @@ async fn rollout(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
     }
 }
 
-/// Follows a rollout until it ends and returns its final state. Progress
-/// lines go to stdout when `progress` is set, else to a terminal's stderr.
-async fn watch(
-    c: &mut Client,
-    url: &str,
-    id: &str,
-    progress: bool,
-    output: Format,
-) -> anyhow::Result<pb::Rollout> {
+/// How `--wait` and `--watch` show progress.
+enum Progress {
+    /// One line on stdout per change (not a terminal, or `status --watch`).
+    Lines,
+    /// A bar on stderr (a terminal).
+    Bar(indicatif::ProgressBar),
+    Quiet,
+}
+
+impl Progress {
+    fn bar() -> Self {
+        let style = indicatif::ProgressStyle::with_template("{spinner} [{bar:30}] {pos}/{len} {msg}")
+            .map(|s| s.progress_chars("=> "))
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+        let bar = indicatif::ProgressBar::new(0).with_style(style);
+        bar.enable_steady_tick(Duration::from_millis(200));
+        Progress::Bar(bar)
+    }
+
+    fn show(&self, r: &pb::Rollout) {
+        match self {
+            Progress::Lines => println!("{}", output::rollout_line(r)),
+            Progress::Bar(b) => {
+                b.set_length(u64::from(r.total));
+                b.set_position(u64::from(r.updated + r.failed));
+                b.set_message(format!(
+                    "{} — {} updated, {} failed, {} applying, {} pending",
+                    output::rollout_state_str(r.state),
+                    r.updated,
+                    r.failed,
+                    r.applying,
+                    r.pending
+                ));
+            }
+            Progress::Quiet => {}
+        }
+    }
+
+    fn finish(&self) {
+        if let Progress::Bar(b) = self {
+            b.finish();
+        }
+    }
+}
+
+/// Follows a rollout until it ends and returns its final state.
+async fn watch(c: &mut Client, url: &str, id: &str, progress: Progress) -> anyhow::Result<pb::Rollout> {
     let mut stream = c
         .watch_rollout(pb::RolloutRef { id: id.to_string() })
         .await
         .map_err(|s| status(url, s))
         .with_context(|| format!("watch rollout {id}"))?
         .into_inner();
-    let tty = std::io::stderr().is_terminal();
     let mut last = None;
     while let Some(r) = stream.next().await {
-        let r = r
-            .map_err(|s| status(url, s))
-            .with_context(|| format!("watch rollout {id}"))?;
-        if progress && output != Format::Json {
-            println!("{}", output::rollout_line(&r));
-        } else if tty {
-            eprintln!("{}", output::rollout_line(&r));
-        }
+        let r = match r {
+            Ok(r) => r,
+            Err(s) => {
+                progress.finish();
+                return Err(status(url, s)).with_context(|| format!("watch rollout {id}"));
+            }
+        };
+        progress.show(&r);
         last = Some(r);
     }
+    progress.finish();
     let last = last.ok_or_else(|| anyhow!("watch rollout {id}: the server sent nothing"))?;
     if !is_terminal_state(last.state) {
         bail!(

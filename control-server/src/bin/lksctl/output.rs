@@ -247,8 +247,16 @@ pub fn rollout_text(r: &pb::Rollout) -> String {
         &mut s,
         "Progress:",
         format!(
-            "{}/{} updated, {} failed, {} pending",
-            r.updated, r.total, r.failed, r.pending
+            "{}/{} updated, {} failed, {} pending ({} applying)",
+            r.updated, r.total, r.failed, r.pending, r.applying
+        ),
+    );
+    kv(
+        &mut s,
+        "Batch:",
+        format!(
+            "{} node(s) at a time, stops at {} failure(s)",
+            r.batch_size, r.failure_threshold
         ),
     );
     if !r.message.is_empty() {

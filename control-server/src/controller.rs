@@ -1,0 +1,255 @@
+//! The rollout controller: the one task that moves rollouts.
+//!
+//! Every change to a rollout goes through it — operator verbs arrive as
+//! commands, node reports, connections and deletions as pokes, offline
+//! deadlines on a tick — so decisions are serialised. Each decision
+//! ([`rollout::step`], [`rollout::apply_verb`]) is stored in one store
+//! transaction (node desired states, generations, rollout and node states,
+//! events) before any agent hears of it; the changed nodes are then told
+//! through the hub. All progression state is in the store, so after a
+//! restart — even a kill -9 — the controller carries on from the stored
+//! rollouts: a node assigned before the crash is not assigned again, and
+//! the batch limit counts it until it reports.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::MissedTickBehavior;
+use tonic::Status;
+
+use crate::authz::store_status;
+use crate::rollout::{self, Clock, Decision, NodeView, Verb};
+use crate::server::Shared;
+use crate::store::{NewRollout, RolloutCommit, RolloutRow, StoreError, sqlite::now_ms};
+
+/// How often rollouts are re-examined without a trigger (offline deadlines).
+const TICK: Duration = Duration::from_secs(1);
+/// Operator commands queued for the controller.
+const QUEUE: usize = 64;
+/// Steps taken for one rollout per trigger; one normally reaches a fixed point.
+const MAX_STEPS: usize = 3;
+
+type Reply = oneshot::Sender<Result<RolloutRow, Status>>;
+
+enum Command {
+    Start { rollout: NewRollout, reply: Reply },
+    Verb { id: String, verb: Verb, reply: Reply },
+}
+
+/// How handlers talk to the controller.
+#[derive(Clone)]
+pub struct Handle {
+    tx: mpsc::Sender<Command>,
+}
+
+/// The controller's end of the command queue, handed to [`run`].
+pub struct Inbox(mpsc::Receiver<Command>);
+
+pub fn channel() -> (Handle, Inbox) {
+    let (tx, rx) = mpsc::channel(QUEUE);
+    (Handle { tx }, Inbox(rx))
+}
+
+fn gone() -> Status {
+    Status::unavailable("the rollout controller is not running (the server is shutting down); retry")
+}
+
+impl Handle {
+    async fn ask(
+        &self,
+        cmd: Command,
+        rx: oneshot::Receiver<Result<RolloutRow, Status>>,
+    ) -> Result<RolloutRow, Status> {
+        self.tx.send(cmd).await.map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?
+    }
+
+    /// Records a new rollout and starts its first batch; returns it as it
+    /// stands after that first decision.
+    pub async fn start(&self, rollout: NewRollout) -> Result<RolloutRow, Status> {
+        let (reply, rx) = oneshot::channel();
+        self.ask(Command::Start { rollout, reply }, rx).await
+    }
+
+    /// Applies an operator verb; returns the rollout after it took effect.
+    pub async fn verb(&self, id: &str, verb: Verb) -> Result<RolloutRow, Status> {
+        let (reply, rx) = oneshot::channel();
+        self.ask(
+            Command::Verb {
+                id: id.to_string(),
+                verb,
+                reply,
+            },
+            rx,
+        )
+        .await
+    }
+}
+
+struct Controller {
+    s: Arc<Shared>,
+    since_ms: i64,
+}
+
+/// Runs the controller until shutdown.
+pub async fn run(s: Arc<Shared>, inbox: Inbox) {
+    let c = Controller {
+        s: s.clone(),
+        since_ms: now_ms(),
+    };
+    let mut rx = inbox.0;
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = s.cancel.cancelled() => return,
+            cmd = rx.recv() => match cmd {
+                Some(cmd) => c.handle(cmd).await,
+                None => return,
+            },
+            _ = s.rollouts_changed.notified() => c.drive_all().await,
+            // The first tick is immediate: rollouts stored before a restart
+            // carry on at once.
+            _ = tick.tick() => c.drive_all().await,
+        }
+    }
+}
+
+impl Controller {
+    fn clock(&self) -> Clock {
+        Clock {
+            now_ms: now_ms(),
+            since_ms: self.since_ms,
+        }
+    }
+
+    async fn handle(&self, cmd: Command) {
+        match cmd {
+            Command::Start { rollout, reply } => {
+                let r = self.start(rollout).await;
+                let _ = reply.send(r);
+            }
+            Command::Verb { id, verb, reply } => {
+                let r = self.verb(&id, verb).await;
+                let _ = reply.send(r);
+            }
+        }
+    }
+
+    async fn start(&self, new: NewRollout) -> Result<RolloutRow, Status> {
+        let row = self.s.store.start_rollout(new).await.map_err(store_status)?;
+        self.s.metrics.rollout_event("rollout_started");
+        tracing::info!(
+            rollout = %row.id, cluster = %row.cluster, bundle = %row.bundle, version = %row.version,
+            nodes = row.nodes.len(), batch_size = row.batch_size, "rollout started"
+        );
+        self.s.rollout_updates.send_modify(|v| *v += 1);
+        let row = self.drive(row).await.map_err(store_status)?;
+        self.count_active().await;
+        Ok(row)
+    }
+
+    async fn verb(&self, id: &str, verb: Verb) -> Result<RolloutRow, Status> {
+        let row = self
+            .s
+            .store
+            .get_rollout(id)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("rollout {id} does not exist")))?;
+        let d = rollout::apply_verb(&row, verb, now_ms())
+            .map_err(|e| Status::failed_precondition(e.to_string()))?;
+        let row = self.commit(&row, d).await.map_err(store_status)?;
+        let row = self.drive(row).await.map_err(store_status)?;
+        self.count_active().await;
+        Ok(row)
+    }
+
+    async fn views(&self, r: &RolloutRow) -> Result<BTreeMap<String, NodeView>, StoreError> {
+        let names: Vec<String> = r.nodes.iter().map(|n| n.name.clone()).collect();
+        let stored = self.s.store.rollout_views(&r.bundle, &names).await?;
+        Ok(stored
+            .into_iter()
+            .map(|(name, v)| {
+                let view = NodeView {
+                    desired: v.desired,
+                    actual: v.actual,
+                    connected: self.s.hub.is_connected(&name),
+                    last_seen_ms: v.last_seen_ms.max(self.s.hub.last_heard(&name).unwrap_or(0)),
+                };
+                (name, view)
+            })
+            .collect())
+    }
+
+    /// Stores one decision, then tells the nodes whose desired state changed.
+    async fn commit(&self, before: &RolloutRow, d: Decision) -> Result<RolloutRow, StoreError> {
+        let events = d.events(d.rollout.updated_at_ms);
+        let kinds: Vec<String> = events.iter().map(|e| e.kind.clone()).collect();
+        let (row, changed) = self
+            .s
+            .store
+            .commit_rollout(RolloutCommit {
+                rollout: d.rollout,
+                assign: d.assign,
+                target: d.target,
+                events,
+            })
+            .await?;
+        for n in &changed {
+            self.s.hub.notify(n);
+        }
+        for k in &kinds {
+            self.s.metrics.rollout_event(k);
+        }
+        if row.state != before.state {
+            tracing::info!(rollout = %row.id, state = row.state.as_str(), message = %row.message, "rollout state changed");
+        }
+        if !changed.is_empty() {
+            tracing::info!(rollout = %row.id, nodes = ?changed, "desired state changed");
+        }
+        self.s.rollout_updates.send_modify(|v| *v += 1);
+        Ok(row)
+    }
+
+    /// Steps `r` until nothing changes.
+    async fn drive(&self, mut r: RolloutRow) -> Result<RolloutRow, StoreError> {
+        for _ in 0..MAX_STEPS {
+            let views = self.views(&r).await?;
+            match rollout::step(&r, &views, self.clock()) {
+                None => break,
+                Some(d) => r = self.commit(&r, d).await?,
+            }
+        }
+        Ok(r)
+    }
+
+    async fn drive_all(&self) {
+        let rows = match self.s.store.rollouts_to_drive().await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "list rollouts to drive");
+                return;
+            }
+        };
+        let mut active = 0;
+        for r in rows {
+            let id = r.id.clone();
+            match self.drive(r).await {
+                Ok(r) if r.state.is_active() => active += 1,
+                Ok(_) => {}
+                Err(e) => tracing::warn!(rollout = %id, error = %e, "drive rollout"),
+            }
+        }
+        self.s.metrics.set_active_rollouts(active);
+    }
+
+    async fn count_active(&self) {
+        match self.s.store.list_rollouts(None, true).await {
+            Ok(r) => self.s.metrics.set_active_rollouts(r.len()),
+            Err(e) => tracing::warn!(error = %e, "count active rollouts"),
+        }
+    }
+}
