@@ -3,26 +3,47 @@
 #   lksadmin-agent_<version>_<arch>.deb       agent, its unit, /etc/lksadmin/agent.toml
 #   lks-control-server_<version>_<arch>.deb   server, lksctl, its unit, /etc/default file
 #
-#   packaging/deb/build.sh [--no-lint]
+#   packaging/deb/build.sh [--no-lint] [--profile release|dev]
 #
-# Release binaries are built first with cargo (so a compile error reads as
-# one), then packed by cargo-deb with --no-build; the package metadata is in
+# Binaries are built first with cargo (so a compile error reads as one), then
+# packed by cargo-deb with --no-build; the package metadata is in
 # [package.metadata.deb] of lksadmin-agent/Cargo.toml and
 # control-server/Cargo.toml. Each package is then checked with lintian, and
 # any error fails the build (--no-lint skips that). Installs what it needs
-# (cargo-deb, dpkg-dev, lintian) when missing.
+# (cargo-deb, dpkg-dev, lintian, the compile dependencies) when missing.
+#
+# --profile dev (or LKS_DEB_PROFILE=dev) packs the debug binaries of
+# target/debug instead of an optimised release build: CI's VM test uses it,
+# because `scripts/test.sh` has built them already, while a release build
+# would cost minutes more. Such packages are for tests only, never to ship.
 set -euo pipefail
 
+usage="usage: packaging/deb/build.sh [--no-lint] [--profile release|dev]"
 lint=1
-for arg in "$@"; do
-  case "$arg" in
+profile=${LKS_DEB_PROFILE:-release}
+while (($#)); do
+  case "$1" in
   --no-lint) lint=0 ;;
+  --profile)
+    (($# >= 2)) || { echo "build.sh: --profile needs a value ($usage)" >&2; exit 2; }
+    profile=$2
+    shift
+    ;;
+  --profile=*) profile=${1#--profile=} ;;
   *)
-    echo "build.sh: unknown argument '$arg' (usage: packaging/deb/build.sh [--no-lint])" >&2
+    echo "build.sh: unknown argument '$1' ($usage)" >&2
     exit 2
     ;;
   esac
+  shift
 done
+case "$profile" in
+release | dev) ;;
+*)
+  echo "build.sh: --profile must be release or dev, not '$profile'" >&2
+  exit 2
+  ;;
+esac
 
 log() { printf 'build.sh: %s\n' "$*" >&2; }
 die() { printf 'build.sh: FAIL: %s\n' "$*" >&2; exit 1; }
@@ -68,19 +89,20 @@ if ! head -n 1 "$here/changelog" | grep -qF "($version-"; then
   log "warning: packaging/deb/changelog has no entry for $version yet (lintian will say so too)"
 fi
 
-build_args=(build --release)
+build_args=(build --profile "$profile")
 for pkg in "${packages[@]}"; do
   for bin in ${bins[$pkg]}; do build_args+=(--bin "$bin"); done
   build_args+=(-p "$pkg")
 done
 log "cargo ${build_args[*]}"
-cargo "${build_args[@]}" || die "release build failed (cargo output above)"
+cargo "${build_args[@]}" || die "$profile build failed (cargo output above)"
 
 mkdir -p "$out"
 debs=()
 for pkg in "${packages[@]}"; do
   # cargo-deb prints the path of the package it wrote on stdout.
-  deb=$(cargo deb --no-build -p "$pkg" --output "$out" --quiet) ||
+  # --profile maps the assets' target/release/ to that profile's directory.
+  deb=$(cargo deb --no-build --profile "$profile" -p "$pkg" --output "$out" --quiet) ||
     die "cargo deb -p $pkg failed (output above)"
   debs+=("$deb")
   log "built $deb"
