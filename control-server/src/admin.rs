@@ -26,8 +26,8 @@ use crate::blobs::{BlobWriter, StagedBlob};
 use crate::rollout::{self, Verb, counts};
 use crate::server::Shared;
 use crate::store::{
-    BundleRow, EventFilter, EventRow, NewBundle, NewRollout, NodeRow, PutOutcome, RolloutRow, RolloutState,
-    TokenRow, sqlite::now_ms,
+    BundleRow, EventFilter, EventRow, NewBundle, NewRollout, NodeRow, NodeState, PutOutcome, RolloutRow,
+    RolloutState, TokenRow, sqlite::now_ms,
 };
 
 const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -673,12 +673,39 @@ impl AdminApi {
             .list_nodes(Some(cluster))
             .await
             .map_err(store_status)?;
+        // Versions an active rollout of another bundle will still give a
+        // node count as if they were assigned already.
+        let mut coming: HashMap<&str, Vec<(String, String)>> = HashMap::new();
+        let active = self
+            .s
+            .store
+            .list_rollouts(Some(cluster), true)
+            .await
+            .map_err(store_status)?;
+        for r in active
+            .iter()
+            .filter(|r| r.bundle != new.name && r.state != RolloutState::RollingBack)
+        {
+            for rn in r.nodes.iter().filter(|rn| rn.state == NodeState::Waiting) {
+                coming
+                    .entry(rn.name.as_str())
+                    .or_default()
+                    .push((r.bundle.clone(), r.version.clone()));
+            }
+        }
         for n in nodes.iter().filter(|n| selector_matches(selector, &n.labels)) {
             let mut paths: Vec<(&str, &lks_proto::BundlePath)> =
                 new.files.iter().map(|f| (new.name.as_str(), &f.path)).collect();
-            for (b, v) in n.desired.iter().filter(|(b, _)| **b != new.name) {
-                let key = (b.clone(), v.clone());
-                if !cache.contains_key(&key) {
+            let mut others: Vec<(String, String)> = n
+                .desired
+                .iter()
+                .filter(|(b, _)| **b != new.name)
+                .map(|(b, v)| (b.clone(), v.clone()))
+                .collect();
+            others.extend(coming.get(n.name.as_str()).into_iter().flatten().cloned());
+            for key in &others {
+                if !cache.contains_key(key) {
+                    let (b, v) = key;
                     let row = self
                         .s
                         .store
@@ -689,8 +716,8 @@ impl AdminApi {
                     cache.insert(key.clone(), decode_manifest(&row.signed_bundle)?);
                 }
             }
-            for (b, v) in n.desired.iter().filter(|(b, _)| **b != new.name) {
-                if let Some(m) = cache.get(&(b.clone(), v.clone())) {
+            for key in &others {
+                if let Some(m) = cache.get(key) {
                     paths.extend(m.files.iter().map(|f| (m.name.as_str(), &f.path)));
                 }
             }

@@ -186,4 +186,5 @@ pub fn one_line_error(out: &Output, what: &str) -> String {
 }
 
 pub mod agent;
+pub mod rollout;
 pub mod server;
