@@ -72,7 +72,35 @@ fn clusters_and_tokens() {
 
     let ci = s.lksctl_ok(&["token", "create", "--cluster", "tenant-a", "--cloud-init"]);
     assert!(ci.starts_with("#cloud-config\n"), "{ci}");
-    assert!(ci.contains("lksadmin-agent, join"), "{ci}");
+    assert!(ci.contains("\npackages:\n  - \"lksadmin-agent\"\n"), "{ci}");
+    assert!(ci.contains("  - \"lksadmin-agent join --server "), "{ci}");
+    let url = "http://127.0.0.1:8080/lksadmin-agent_0.1.0-1_amd64.deb";
+    let ci = s.lksctl_ok(&[
+        "token",
+        "create",
+        "--cluster",
+        "tenant-a",
+        "--cloud-init",
+        "--package-url",
+        url,
+    ]);
+    assert!(!ci.contains("packages:"), "{ci}");
+    assert!(
+        ci.contains(&format!("\"/run/lksadmin-agent.deb\", \"{url}\"]")),
+        "{ci}"
+    );
+    for (args, what) in [
+        (
+            vec!["--cloud-init", "--package-url", "ftp://x/a.deb"],
+            "must be an http:// or https:// URL",
+        ),
+        (vec!["--package-url", url], "--cloud-init"),
+    ] {
+        let mut argv = vec!["token", "create", "--cluster", "tenant-a"];
+        argv.extend(args);
+        let e = one_line_error(&s.lksctl(&argv), "bad --package-url");
+        assert!(e.contains(what), "{e}");
+    }
 
     let e = one_line_error(
         &s.lksctl(&["token", "create", "--cluster", "nope"]),

@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 mod client;
+mod cloudinit;
 mod output;
 
 use std::io::IsTerminal;
@@ -102,9 +103,13 @@ enum TokenCmd {
         /// Labels given to every node enrolled with this token (k=v,…).
         #[arg(long, default_value = "")]
         labels: String,
-        /// Print #cloud-config user-data that installs and joins the agent.
+        /// Print #cloud-config user-data that installs the agent, joins and starts it.
         #[arg(long)]
         cloud_init: bool,
+        /// With --cloud-init: download the agent .deb from this http(s) URL and
+        /// install it [default: `packages: [lksadmin-agent]` from the image's apt repositories]
+        #[arg(long, value_name = "URL", requires = "cloud_init")]
+        package_url: Option<String>,
         /// Output format.
         #[arg(short = 'o', long = "output", value_enum, default_value_t)]
         output: Format,
@@ -402,12 +407,21 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
                     uses,
                     labels: l,
                     cloud_init,
+                    package_url,
                     output,
                 },
         } => {
             if ttl.as_secs() == 0 {
                 bail!("--ttl must be at least 1s");
             }
+            // Checked before the token exists, so a typo leaves no token behind.
+            let package = match package_url.as_deref() {
+                Some(url) => {
+                    cloudinit::check_package_url(url)?;
+                    cloudinit::PackageSource::Url(url)
+                }
+                None => cloudinit::PackageSource::Apt,
+            };
             let r = c
                 .create_token(pb::CreateTokenRequest {
                     cluster: cluster.clone(),
@@ -428,7 +442,13 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
                     "expires_at": output::rfc3339_s(r.expires_at),
                 }))?;
             } else if cloud_init {
-                print!("{}", cloud_init_text(&r, &cluster));
+                let text = cloudinit::render(&cloudinit::UserData {
+                    cluster: &cluster,
+                    join_command: &r.join_command,
+                    expires_at: &output::rfc3339_s(r.expires_at).unwrap_or_default(),
+                    package,
+                })?;
+                print!("{text}");
             } else {
                 println!("{}", r.join_command);
             }
@@ -521,17 +541,6 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-fn cloud_init_text(r: &pb::CreateTokenResponse, cluster: &str) -> String {
-    let expires = output::rfc3339_s(r.expires_at).unwrap_or_default();
-    format!(
-        "#cloud-config\n\
-         # Enrols this VM into lksadmin cluster {cluster}. The token expires at {expires}.\n\
-         packages:\n  - lksadmin-agent\n\
-         runcmd:\n  - [lksadmin-agent, join, --server, \"{}\", --token, \"{}\", --ca-cert-hash, \"{}\"]\n  - [systemctl, enable, --now, lksadmin-agent]\n",
-        r.server, r.token, r.ca_cert_hash
-    )
 }
 
 async fn publish(c: &mut Client, url: &str, dir: &Path, sign_key: Option<&Path>) -> anyhow::Result<()> {
