@@ -1,0 +1,184 @@
+//! The example bundles under `examples/bundles/` are publishable as they are:
+//! each loads with the same loader `lksctl bundle publish` uses (sizes
+//! required, no download), the kubeadm and kubelet bundles have the shape
+//! their READMEs promise and can be assigned to one node together, and the
+//! kubeadm-join step renders its JoinConfiguration under a sandbox root.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use lks_proto::authoring::{AuthoredBundle, FileSource, RequireSize, load_bundle_dir};
+use lks_proto::manifest::check_paths_disjoint;
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/bundles")
+}
+
+fn load(name: &str) -> AuthoredBundle {
+    let dir = examples().join(name);
+    load_bundle_dir(&dir, &mut RequireSize).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+}
+
+/// path -> mode, for every file of a bundle.
+fn modes(b: &AuthoredBundle) -> BTreeMap<&str, u32> {
+    b.manifest
+        .files
+        .iter()
+        .map(|f| (f.path.as_str(), f.mode))
+        .collect()
+}
+
+#[test]
+fn every_example_bundle_loads() {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(examples()).unwrap() {
+        let dir = entry.unwrap().path();
+        if !dir.join("bundle.toml").is_file() {
+            continue;
+        }
+        let b = load_bundle_dir(&dir, &mut RequireSize).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            dir.join("README.md").is_file(),
+            "{} has no README.md",
+            dir.display()
+        );
+        names.push(b.manifest.name);
+    }
+    names.sort();
+    for want in ["hello", "kubeadm-join", "kubelet"] {
+        assert!(
+            names.iter().any(|n| n == want),
+            "bundle {want} missing: {names:?}"
+        );
+    }
+}
+
+#[test]
+fn kubeadm_join_bundle_shape() {
+    let b = load("kubeadm-join");
+    assert_eq!(
+        modes(&b),
+        BTreeMap::from([
+            ("/etc/kubernetes/lks/kubeadm-join.env", 0o600),
+            ("/usr/local/bin/lks-kubeadm-join", 0o755),
+        ])
+    );
+    assert!(b.sources.iter().all(|s| matches!(s, FileSource::Local(_))));
+    assert_eq!(b.manifest.steps.len(), 1);
+    assert!(b.manifest.steps[0].run.join(" ").contains("lks-kubeadm-join"));
+    let health = b.manifest.health.as_ref().expect("a health check");
+    assert_eq!(
+        health.run,
+        ["curl", "-sf", "--max-time", "3", "http://127.0.0.1:10248/healthz"]
+    );
+}
+
+#[test]
+fn kubelet_bundle_mirrors_the_binary_and_restarts_the_kubelet() {
+    let b = load("kubelet-upgrade");
+    assert_eq!(b.manifest.name, "kubelet");
+    let kubelet = b
+        .manifest
+        .files
+        .iter()
+        .zip(&b.sources)
+        .find(|(f, _)| f.path.as_str() == "/usr/local/bin/kubelet")
+        .expect("/usr/local/bin/kubelet");
+    assert_eq!(kubelet.1, &FileSource::Url, "the binary comes from a mirror");
+    let url = kubelet.0.url.as_deref().unwrap_or_default();
+    assert!(
+        url.starts_with("https://") && url.ends_with("/bin/linux/amd64/kubelet"),
+        "{url}"
+    );
+    assert_eq!(kubelet.0.mode, 0o755);
+    assert!(
+        modes(&b).contains_key("/etc/systemd/system/kubelet.service.d/20-lksadmin-kubelet.conf"),
+        "the drop-in"
+    );
+    let steps: Vec<Vec<&str>> = b
+        .manifest
+        .steps
+        .iter()
+        .map(|s| s.run.iter().map(String::as_str).collect())
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            vec!["systemctl", "daemon-reload"],
+            vec!["systemctl", "restart", "kubelet"]
+        ]
+    );
+    let probe = std::fs::read_to_string(examples().join("kubelet-upgrade/lks-kubelet-healthy")).unwrap();
+    assert!(probe.contains("curl -sf") && probe.contains("http://127.0.0.1:10248/healthz"));
+}
+
+#[test]
+fn kubeadm_and_kubelet_bundles_fit_on_one_node() {
+    let join = load("kubeadm-join");
+    let kubelet = load("kubelet-upgrade");
+    let paths = join
+        .manifest
+        .files
+        .iter()
+        .chain(&kubelet.manifest.files)
+        .map(|f| &f.path);
+    check_paths_disjoint(paths).unwrap_or_else(|(i, e)| panic!("file {i}: {e}"));
+}
+
+/// Installs the bundle's local files below `root` as the agent would, then
+/// runs the step exactly as bundle.toml states it, with the agent's
+/// environment.
+#[test]
+fn kubeadm_join_step_renders_the_join_configuration_under_a_sandbox_root() {
+    let b = load("kubeadm-join");
+    let root = tempfile::tempdir().unwrap();
+    for (f, src) in b.manifest.files.iter().zip(&b.sources) {
+        let FileSource::Local(src) = src else { continue };
+        let dst = root.path().join(f.path.relative());
+        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+        std::fs::copy(src, &dst).unwrap();
+        std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(f.mode)).unwrap();
+    }
+    let step = &b.manifest.steps[0].run;
+    let out = Command::new(&step[0])
+        .args(&step[1..])
+        .env("LKS_ROOT", root.path())
+        .env("LKS_BUNDLE", &b.manifest.name)
+        .env("LKS_VERSION", &b.manifest.version)
+        .env("LKS_NODE", "Worker-7")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "step failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("not running kubeadm join"));
+
+    let rendered = root.path().join("etc/kubernetes/kubeadm-join.yaml");
+    let text = std::fs::read_to_string(&rendered).unwrap();
+    for want in [
+        "apiVersion: kubeadm.k8s.io/v1beta3",
+        "kind: JoinConfiguration",
+        "apiServerEndpoint: \"tenant-a.kube0.example:6443\"",
+        "token: \"abcdef.0123456789abcdef\"",
+        "- \"sha256:0000000000000000000000000000000000000000000000000000000000000000\"",
+        // $LKS_NODE, lowercased as the kubelet requires.
+        "name: \"worker-7\"",
+        "criSocket: \"unix:///run/containerd/containerd.sock\"",
+        "node-labels: \"lksadmin.io/managed=true\"",
+    ] {
+        assert!(text.contains(want), "{want:?} not in:\n{text}");
+    }
+    let mode = std::fs::metadata(&rendered).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "it holds the bootstrap token");
+    let leftovers: Vec<_> = std::fs::read_dir(rendered.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().contains(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
