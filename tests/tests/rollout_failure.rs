@@ -35,7 +35,8 @@ fn the_failure_threshold_stops_the_rollout_and_untouched_nodes_keep_v1() {
         "0.5",
         "\n[health]\nrun = [\"sh\", \"-c\", \"echo not healthy >&2; exit 1\"]\nretries = 1\ninterval = \"100ms\"\n",
     );
-    let out = f.start_rollout(&b2, &["--batch-size", "2", "--failure-threshold", "2", "--wait"]);
+    // One at a time, so exactly two nodes fail before the rollout stops.
+    let out = f.start_rollout(&b2, &["--batch-size", "1", "--failure-threshold", "2", "--wait"]);
     let e = one_line_error(&out, "rollout --wait of a failing bundle");
     assert!(e.contains("ended failed"), "{e}");
     assert!(e.contains("not healthy"), "{e}");
