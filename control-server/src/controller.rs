@@ -168,8 +168,7 @@ impl Controller {
     }
 
     async fn views(&self, r: &RolloutRow) -> Result<BTreeMap<String, NodeView>, StoreError> {
-        let names: Vec<String> = r.nodes.iter().map(|n| n.name.clone()).collect();
-        let stored = self.s.store.rollout_views(&r.bundle, &names).await?;
+        let stored = self.s.store.rollout_views(&r.id).await?;
         Ok(stored
             .into_iter()
             .map(|(name, v)| {

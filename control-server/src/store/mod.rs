@@ -458,10 +458,10 @@ pub trait Store: Send + Sync + 'static {
     /// it would make a second rollout of the cluster and bundle active.
     /// Returns the rollout as stored and the nodes whose desired state changed.
     async fn commit_rollout(&self, commit: RolloutCommit) -> Result<(RolloutRow, Vec<String>)>;
-    /// Desired version, last report and last-seen time of `bundle` on each
-    /// of `nodes` that still exists (a deleted node has no entry).
-    async fn rollout_views(&self, bundle: &str, nodes: &[String])
-    -> Result<BTreeMap<String, NodeBundleView>>;
+    /// Desired version, last report and last-seen time of the rollout's
+    /// bundle on each of its nodes that still exists (a deleted node has no
+    /// entry), in one read.
+    async fn rollout_views(&self, rollout_id: &str) -> Result<BTreeMap<String, NodeBundleView>>;
 
     async fn add_event(&self, event: EventRow) -> Result<()>;
     async fn list_events(&self, filter: EventFilter) -> Result<Vec<EventRow>>;

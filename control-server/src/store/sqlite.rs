@@ -1335,50 +1335,59 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn rollout_views(
-        &self,
-        bundle: &str,
-        nodes: &[String],
-    ) -> Result<BTreeMap<String, NodeBundleView>> {
-        let (bundle, nodes) = (bundle.to_string(), nodes.to_vec());
+    async fn rollout_views(&self, rollout_id: &str) -> Result<BTreeMap<String, NodeBundleView>> {
+        let id = rollout_id.to_string();
         self.call(move |c| {
-            let mut out = BTreeMap::new();
-            let mut seen = c.prepare_cached("SELECT last_seen_ms FROM nodes WHERE name = ?1")?;
-            let mut desired = c.prepare_cached("SELECT version FROM desired WHERE node = ?1 AND bundle = ?2")?;
-            let mut actual = c.prepare_cached(
-                "SELECT version, state, message, updated_at_ms, generation FROM actual WHERE node = ?1 AND bundle = ?2",
+            let mut stmt = c.prepare_cached(
+                "SELECT rn.node, n.last_seen_ms, d.version, a.version, a.state, a.message, a.updated_at_ms,
+                        a.generation, r.bundle
+                 FROM rollout_nodes rn
+                 JOIN rollouts r ON r.id = rn.rollout_id
+                 JOIN nodes n ON n.name = rn.node
+                 LEFT JOIN desired d ON d.node = rn.node AND d.bundle = r.bundle
+                 LEFT JOIN actual a ON a.node = rn.node AND a.bundle = r.bundle
+                 WHERE rn.rollout_id = ?1",
             )?;
-            for n in nodes {
-                let Some(last_seen_ms) = seen.query_row([&n], |r| r.get::<_, i64>(0)).optional()? else {
-                    continue;
-                };
-                let d: Option<String> = desired.query_row(params![n, bundle], |r| r.get(0)).optional()?;
-                let a = actual
-                    .query_row(params![n, bundle], |r| {
-                        Ok((
+            let rows = stmt
+                .query_map([&id], |r| {
+                    Ok((
+                        (
                             r.get::<_, String>(0)?,
-                            r.get::<_, String>(1)?,
-                            r.get::<_, String>(2)?,
-                            r.get::<_, i64>(3)?,
-                            r.get::<_, i64>(4)?,
-                        ))
-                    })
-                    .optional()?;
-                let actual = match a {
-                    Some((version, state, message, updated_at_ms, generation)) => Some(BundleStatusRow {
-                        name: bundle.clone(),
+                            r.get::<_, i64>(1)?,
+                            r.get::<_, Option<String>>(2)?,
+                        ),
+                        (
+                            r.get::<_, Option<String>>(3)?,
+                            r.get::<_, Option<String>>(4)?,
+                            r.get::<_, Option<String>>(5)?,
+                            r.get::<_, Option<i64>>(6)?,
+                            r.get::<_, Option<i64>>(7)?,
+                            r.get::<_, String>(8)?,
+                        ),
+                    ))
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut out = BTreeMap::new();
+            for (
+                (node, last_seen_ms, desired),
+                (version, state, message, updated_at_ms, generation, bundle),
+            ) in rows
+            {
+                let actual = match (version, state) {
+                    (Some(version), Some(state)) => Some(BundleStatusRow {
+                        name: bundle,
                         version,
                         state: state_from_str(&state)?,
-                        message,
-                        updated_at_ms,
-                        generation: generation as u64,
+                        message: message.unwrap_or_default(),
+                        updated_at_ms: updated_at_ms.unwrap_or_default(),
+                        generation: generation.unwrap_or_default() as u64,
                     }),
-                    None => None,
+                    _ => None,
                 };
                 out.insert(
-                    n,
+                    node,
                     NodeBundleView {
-                        desired: d,
+                        desired,
                         actual,
                         last_seen_ms,
                     },
@@ -1685,11 +1694,8 @@ mod tests {
             Err(StoreError::Conflict(_))
         ));
 
-        let views = s
-            .rollout_views("k", &["a1".into(), "a3".into(), "zz".into()])
-            .await
-            .unwrap();
-        assert_eq!(views.len(), 2, "unknown nodes have no view");
+        let views = s.rollout_views("r1").await.unwrap();
+        assert_eq!(views.len(), 2);
         assert_eq!(views["a1"].desired.as_deref(), Some("1"));
         assert_eq!(views["a3"].desired, None);
 
@@ -1790,9 +1796,7 @@ mod tests {
         let n = s.get_node("a1").await.unwrap().unwrap();
         assert!(!n.connected);
         assert_eq!(n.last_seen_ms, 60);
-        let st = s.rollout_views("k", &["a1".into(), "zz".into()]).await.unwrap();
-        assert_eq!(st.len(), 1);
-        assert_eq!(st["a1"].actual.as_ref().map(|a| a.generation), Some(2));
+        assert_eq!(n.actual["k"].generation, 2);
         let ev = s
             .list_events(EventFilter {
                 node: Some("a1".into()),
