@@ -72,7 +72,8 @@ fn pause_resume_abort_and_one_active_rollout_per_bundle() {
             content: b"v2",
             mode: "0644",
         }],
-        "1",
+        // Long enough that the abort lands while node-1 is still applying.
+        "2",
         "",
     );
     let id2 = f.roll_out(&b2, &["--batch-size", "1"]);
