@@ -17,7 +17,7 @@ set -euo pipefail
 
 # Bump when the recipe below changes: a cached root with another version is
 # rebuilt. (Not a hash of this file, so editing a comment costs no rebuild.)
-ROOT_VERSION=2
+ROOT_VERSION=3
 STAMP=.lksadmin-vm-root
 SUITE=bookworm
 
@@ -152,13 +152,15 @@ datasource_list: [ NoCloud, None ]
 network:
   config: disabled
 # No disk to grow, no clock of its own to set, and no locales package to
-# generate a locale with.
+# generate a locale with. locale is a string in the schema; "false" is one
+# cc_locale reads as "skip" (a YAML false would make every boot log
+# "Invalid cloud-config provided").
 growpart:
   mode: "off"
 resize_rootfs: false
 ntp:
   enabled: false
-locale: false
+locale: "false"
 CFG
 
 # Units that cannot work in a container sharing the host's network, and would

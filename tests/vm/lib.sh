@@ -8,7 +8,16 @@
 #   vm_exec CMD [ARG...]                run a command inside the VM
 #   vm_stop                             power off and delete the VM (idempotent;
 #                                       the EXIT trap this file sets calls it)
-#   vm_die MESSAGE                      fail: console tail, cleanup, one FAIL line
+#   vm_die MESSAGE                      fail: diagnostics, console tail, cleanup,
+#                                       one FAIL line
+#
+# Hooks (function names, set before vm_start):
+#   VM_PREBOOT_HOOK   called with the VM's root after the seed is written and
+#                     before systemd starts: files the image would carry
+#   VM_DIAG_HOOK      called on failure while the VM still runs: print what
+#                     helps (logs of the test's own processes, journals)
+#   VM_EXIT_HOOK      called at exit after the VM is gone: stop the test's own
+#                     processes, remove its files
 #
 # After vm_start: VM_ROOT is the VM's / seen from the host (read files there,
 # but mind absolute symlinks: they resolve on the host), VM_CONSOLE its console
@@ -26,21 +35,37 @@ VM_T0=$SECONDS
 
 vm_log() { printf 'vm: [%3ds] %s\n' "$((SECONDS - VM_T0))" "$*" >&2; }
 
-# The last lines of the console, then (after cleanup, so that it is the last
-# line) one line saying what failed.
+# The caller's diagnostics and the last lines of the console, then (after
+# cleanup, so that it is the last line) one line saying what failed.
 vm_die() {
+  VM_FAILURE=$*
+  vm__diagnose
+  exit 1
+}
+
+# Once per run: a failure seen by vm_die and then by the EXIT trap prints
+# its diagnostics only once.
+vm__diagnose() {
+  [ -z "${VM_DIAGNOSED:-}" ] || return 0
+  VM_DIAGNOSED=1
+  if [ -n "${VM_DIAG_HOOK:-}" ]; then
+    "$VM_DIAG_HOOK" || true
+  fi
   if [ -n "${VM_CONSOLE:-}" ] && [ -s "$VM_CONSOLE" ]; then
     printf -- '--- last lines of the VM console (%s) ---\n' "$VM_CONSOLE" >&2
     tail -n 25 "$VM_CONSOLE" | sed 's/\x1b\[[0-9;]*m//g' >&2
     printf -- '---\n' >&2
   fi
-  VM_FAILURE=$*
-  exit 1
 }
 
 vm__on_exit() {
   local status=$?
+  # A command that failed under `set -e` did not go through vm_die.
+  [ "$status" -eq 0 ] || vm__diagnose
   vm_stop
+  if [ -n "${VM_EXIT_HOOK:-}" ]; then
+    "$VM_EXIT_HOOK" || true
+  fi
   if [ -n "${VM_FAILURE:-}" ]; then
     printf 'vm: FAIL: %s\n' "$VM_FAILURE" >&2
   elif [ "$status" -ne 0 ]; then
@@ -83,6 +108,9 @@ vm_start() {
   mkdir -p "$seed"
   printf 'instance-id: %s\nlocal-hostname: %s\n' "$VM_NAME" "$VM_NAME" >"$seed/meta-data"
   cp "$user_data" "$seed/user-data"
+  if [ -n "${VM_PREBOOT_HOOK:-}" ]; then
+    "$VM_PREBOOT_HOOK" "$VM_ROOT" || vm_die "the pre-boot hook $VM_PREBOOT_HOOK failed"
+  fi
 
   vm_log "booting $VM_NAME from $base"
   # --register=no --keep-unit: no machined or host systemd needed.

@@ -1,0 +1,327 @@
+#!/usr/bin/env bash
+# End-to-end: a tenant VM's life with lksadmin, with the real packages, the
+# real server and lksctl, and a booted Debian 12 "VM" (lib.sh: real systemd
+# and cloud-init in systemd-nspawn, sharing the host's network):
+#
+#   1. build the .debs (packaging/deb/build.sh) and serve the agent's over
+#      HTTP on loopback;
+#   2. start lks-control-server on loopback (free port, temporary data dir),
+#      `lksctl cluster create`, `lksctl token create --cloud-init
+#      --package-url http://127.0.0.1:PORT/lksadmin-agent_….deb`;
+#   3. boot a VM whose NoCloud user-data is that output, exactly as printed;
+#      check that cloud-init accepted its schema, downloaded and installed the
+#      package, ran the join line and started the agent, that systemd got
+#      READY=1 (the Type=notify unit is active) and watchdog pings, and that
+#      the server sees the node connected;
+#   4. publish and roll out tests/vm/bundles/lks-demo, whose steps run
+#      `systemctl daemon-reload` and `systemctl restart lks-demo` on a unit it
+#      installs: the unit runs and the node reports the bundle `applied`;
+#   5. kill -9 the agent's main process: systemd restarts it, it reconnects,
+#      the bundle stays applied and is not activated again.
+#
+#   tests/vm/cloud-init-join.sh [--profile release|dev] [--no-lint] [--no-build]
+#
+#   --profile dev   pack the debug binaries (also LKS_DEB_PROFILE=dev). CI
+#                   does this: scripts/test.sh has built them already, and a
+#                   release build would cost minutes. The packages are then
+#                   test-only; the behaviour checked here is the same.
+#   --no-lint       skip lintian in build.sh
+#   --no-build      use the packages in target/debian and the binaries of the
+#                   profile as they are
+#
+# Environment: LKS_VM_TIMEOUT (boot, default 300 s), LKS_VM_KEEP=1 (keep the
+# VM directory and the server's data), LKS_VM_CACHE (see build-root.sh).
+# Needs root. Progress goes to stderr; on failure the logs of the server, the
+# agent and cloud-init, then one last line `vm: FAIL: …`.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$here/lib.sh"
+
+usage="usage: tests/vm/cloud-init-join.sh [--profile release|dev] [--no-lint] [--no-build]"
+profile=${LKS_DEB_PROFILE:-release}
+build=1
+build_args=()
+while (($#)); do
+  case "$1" in
+  --profile)
+    (($# >= 2)) || vm_die "--profile needs a value ($usage)"
+    profile=$2
+    shift
+    ;;
+  --profile=*) profile=${1#--profile=} ;;
+  --no-lint) build_args+=(--no-lint) ;;
+  --no-build) build=0 ;;
+  *) vm_die "unknown argument '$1' ($usage)" ;;
+  esac
+  shift
+done
+case "$profile" in
+release) bin=$repo/target/release ;;
+dev) bin=$repo/target/debug ;;
+*) vm_die "--profile must be release or dev, not '$profile'" ;;
+esac
+
+CLUSTER=vm-test
+# Seconds instead of the shipped 30 s and 5 s, so that "no restart over more
+# than one watchdog period" and "restarted after kill -9" take seconds. The
+# agent derives its ping interval from WATCHDOG_USEC, whatever the value.
+WATCHDOG_SEC=3
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/lks-cloud-init-join.XXXXXX")
+SERVER_PID=""
+HTTP_PID=""
+
+stop_pid() {
+  local pid=$1
+  [ -n "$pid" ] || return 0
+  kill "$pid" 2>/dev/null || true
+  local i
+  for ((i = 0; i < 50; i++)); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -9 "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+
+on_exit() {
+  stop_pid "$SERVER_PID"
+  stop_pid "$HTTP_PID"
+  if [ "${LKS_VM_KEEP:-0}" = 1 ]; then
+    vm_log "kept $work (LKS_VM_KEEP=1)"
+  else
+    rm -rf "$work"
+  fi
+}
+VM_EXIT_HOOK=on_exit
+
+section() { printf -- '--- %s ---\n' "$1" >&2; }
+
+diagnose() {
+  if [ -s "$work/server.log" ]; then
+    section "lks-control-server log (last 30 lines)"
+    tail -n 30 "$work/server.log" >&2
+  fi
+  if [ -s "$work/http.log" ]; then
+    section "HTTP server log (last 10 lines)"
+    tail -n 10 "$work/http.log" >&2
+  fi
+  if [ -n "${VM_PID:-}" ] && kill -0 "$VM_PID" 2>/dev/null; then
+    section "cloud-init-output.log in the VM (last 30 lines)"
+    vm_exec tail -n 30 /var/log/cloud-init-output.log >&2 || true
+    section "journalctl -u lksadmin-agent in the VM (last 40 lines)"
+    vm_exec journalctl -u lksadmin-agent --no-pager -n 40 >&2 || true
+  fi
+}
+VM_DIAG_HOOK=diagnose
+
+# The drop-in a test image carries for the short watchdog (see WATCHDOG_SEC).
+preboot() {
+  local d=$1/etc/systemd/system/lksadmin-agent.service.d
+  mkdir -p "$d"
+  printf '# cloud-init-join.sh: short periods for the test\n[Service]\nWatchdogSec=%s\nRestartSec=1s\n' \
+    "$WATCHDOG_SEC" >"$d/50-vm-test.conf"
+}
+VM_PREBOOT_HOOK=preboot
+
+# check DESCRIPTION COMMAND...: one progress line, or fail with DESCRIPTION.
+check() {
+  local what=$1
+  shift
+  "$@" || vm_die "$what"
+  vm_log "ok: $what"
+}
+
+# wait_for DESCRIPTION SECONDS COMMAND...: polls until COMMAND succeeds.
+wait_for() {
+  local what=$1 timeout=$2
+  shift 2
+  local deadline=$((SECONDS + timeout))
+  until "$@"; do
+    ((SECONDS < deadline)) || vm_die "$what: not within ${timeout}s"
+    sleep 0.5
+  done
+  vm_log "ok: $what"
+}
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# A random free port: several runs (and other tests) may share the host.
+free_port() {
+  local p i
+  for ((i = 0; i < 100; i++)); do
+    p=$((20000 + RANDOM % 40000))
+    if port_free "$p"; then
+      echo "$p"
+      return 0
+    fi
+  done
+  return 1
+}
+
+apt_install() {
+  vm_log "installing $*"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+[ "$(id -u)" -eq 0 ] || vm_die "must run as root (systemd-nspawn needs it)"
+command -v jq >/dev/null || apt_install jq
+command -v curl >/dev/null || apt_install curl ca-certificates
+# A static file server for the package: python3's when there is one, else
+# busybox's httpd (both a few MB; CI machines have python3).
+if python3 -c 'import http.server' 2>/dev/null; then
+  httpd=python3
+else
+  command -v busybox >/dev/null || apt_install busybox
+  httpd=busybox
+fi
+
+# --- 1. packages ------------------------------------------------------------
+if [ "$build" = 1 ]; then
+  vm_log "building the packages ($profile profile): packaging/deb/build.sh"
+  bash "$repo/packaging/deb/build.sh" --profile "$profile" "${build_args[@]}" >"$work/debs.txt" ||
+    vm_die "packaging/deb/build.sh failed (output above)"
+fi
+agent_deb=$(find "$repo/target/debian" -maxdepth 1 -name 'lksadmin-agent_*.deb' 2>/dev/null | sort -V | tail -n 1)
+[ -n "$agent_deb" ] || vm_die "no target/debian/lksadmin-agent_*.deb: run without --no-build"
+for b in lks-control-server lksctl; do
+  [ -x "$bin/$b" ] || vm_die "$bin/$b missing: run without --no-build"
+done
+deb_name=$(basename "$agent_deb")
+vm_log "package: $deb_name ($(du -h "$agent_deb" | cut -f1))"
+
+# Built before the server starts, so a cold cache (a minute or two) does not
+# eat into anything that has a timeout.
+"$here/build-root.sh" >/dev/null || vm_die "could not build the VM root (see above)"
+
+mkdir -p "$work/www"
+cp "$agent_deb" "$work/www/"
+http_port=$(free_port) || vm_die "no free port for the HTTP server"
+if [ "$httpd" = python3 ]; then
+  python3 -m http.server --bind 127.0.0.1 --directory "$work/www" "$http_port" >"$work/http.log" 2>&1 &
+else
+  busybox httpd -f -p "127.0.0.1:$http_port" -h "$work/www" >"$work/http.log" 2>&1 &
+fi
+HTTP_PID=$!
+package_url=http://127.0.0.1:$http_port/$deb_name
+http_up() {
+  kill -0 "$HTTP_PID" 2>/dev/null || vm_die "the HTTP server ($httpd) exited"
+  curl -fsS -o /dev/null "$package_url" 2>/dev/null
+}
+wait_for "serving $package_url ($httpd)" 20 http_up
+
+# --- 2. control server, cluster, token ---------------------------------------
+grpc_port=$(free_port) || vm_die "no free port for the control server"
+metrics_port=$(free_port) || vm_die "no free port for the metrics endpoint"
+"$bin/lks-control-server" --data-dir "$work/server" --listen "127.0.0.1:$grpc_port" \
+  --metrics-listen "127.0.0.1:$metrics_port" --advertise-address 127.0.0.1 \
+  >"$work/server.log" 2>&1 &
+SERVER_PID=$!
+server_up() {
+  kill -0 "$SERVER_PID" 2>/dev/null || vm_die "lks-control-server exited at start"
+  [ -f "$work/server/admin.conf" ] && ! port_free "$grpc_port"
+}
+wait_for "lks-control-server listening on 127.0.0.1:$grpc_port" 30 server_up
+lksctl() { "$bin/lksctl" --config "$work/server/admin.conf" "$@"; }
+
+lksctl cluster create "$CLUSTER" >/dev/null || vm_die "lksctl cluster create failed"
+lksctl token create --cluster "$CLUSTER" --ttl 1h --uses 1 --cloud-init \
+  --package-url "$package_url" >"$work/user-data" || vm_die "lksctl token create --cloud-init failed"
+# The one shell line of the user-data (a JSON string item of runcmd).
+join_line=$(sed -n 's/^  - "\(lksadmin-agent join .*\)"$/\1/p' "$work/user-data")
+[ -n "$join_line" ] || vm_die "no join line in the user-data lksctl printed"
+section "user-data from lksctl token create --cloud-init"
+cat "$work/user-data" >&2
+
+# --- 3. boot, cloud-init, agent ----------------------------------------------
+vm_start "$work/user-data"
+# Validated by the cloud-init inside the image, as the VM received it.
+if ! out=$(vm_exec cloud-init schema --config-file /var/lib/cloud/seed/nocloud/user-data 2>&1); then
+  printf '%s\n' "$out" >&2
+  vm_die "cloud-init schema rejects the user-data (above)"
+fi
+vm_log "ok: cloud-init schema: $out"
+vm_wait_boot "${LKS_VM_TIMEOUT:-300}"
+# And at boot: cloud-init logs a schema warning (not an error) for any key it
+# finds invalid in the user-data or the image's own configuration.
+check "cloud-init logged no schema warning at boot" \
+  vm_exec sh -c '! grep "Invalid cloud-config" /var/log/cloud-init.log >&2'
+
+prop() { vm_exec systemctl show -P "$1" lksadmin-agent.service; }
+agent_status() { vm_exec cat /var/lib/lksadmin/status.json; }
+node_json() { lksctl node list --cluster "$CLUSTER" -o json | jq -c --arg n "$VM_NAME" '.[] | select(.name == $n)'; }
+
+# shellcheck disable=SC2016 # ${Status} is dpkg-query's field, not the shell's
+pkg_status=$(vm_exec dpkg-query -W -f='${Status}' lksadmin-agent 2>/dev/null) || true
+check "cloud-init downloaded and installed $deb_name" test "$pkg_status" = "install ok installed"
+check "cloud-init ran the join line exactly as printed" \
+  vm_exec grep -qxF "$join_line" /var/lib/cloud/instance/scripts/runcmd
+check "the join enrolled node $VM_NAME into cluster $CLUSTER" \
+  vm_exec grep -q "^node $VM_NAME joined cluster $CLUSTER " /var/log/cloud-init-output.log
+check "systemctl is-active lksadmin-agent" vm_exec systemctl is-active --quiet lksadmin-agent
+check "lksadmin-agent is enabled" vm_exec systemctl is-enabled --quiet lksadmin-agent
+# A Type=notify unit turns active only on READY=1; STATUS= shows the agent's
+# own messages reached systemd.
+check "READY=1 received (Type=$(prop Type), status: $(prop StatusText))" \
+  test "$(prop Type)/$(prop ActiveState)/$(prop SubState)" = notify/active/running
+check "the agent's watchdog is armed (WatchdogUSec=$(prop WatchdogUSec))" \
+  test "$(prop WatchdogUSec)" != 0
+
+pid0=$(prop MainPID)
+ping0=$(prop WatchdogTimestampMonotonic)
+# Longer than one watchdog period: a missing ping would have restarted it.
+sleep $((WATCHDOG_SEC + 2))
+ping1=$(prop WatchdogTimestampMonotonic)
+check "watchdog pings arrive (last ping moved ${ping0}us -> ${ping1}us)" test "$ping1" -gt "$ping0"
+check "no restart over $((WATCHDOG_SEC + 2))s: NRestarts=$(prop NRestarts), same MainPID" \
+  test "$(prop NRestarts)/$(prop MainPID)" = "0/$pid0"
+
+connected() { [ "$(node_json | jq -r .connected)" = true ]; }
+wait_for "the server lists $VM_NAME as connected" 30 connected
+
+# --- 4. a bundle that restarts a unit it installs ----------------------------
+bundle_ref=$(lksctl bundle publish "$here/bundles/lks-demo") || vm_die "lksctl bundle publish failed"
+vm_log "published $bundle_ref"
+if ! timeout 180 "$bin/lksctl" --config "$work/server/admin.conf" rollout start --cluster "$CLUSTER" \
+  --bundle "$bundle_ref" --wait >"$work/rollout.out" 2>&1; then
+  cat "$work/rollout.out" >&2
+  lksctl node list --cluster "$CLUSTER" -o json >&2 || true
+  vm_die "rollout of $bundle_ref did not complete"
+fi
+vm_log "ok: rollout of $bundle_ref completed"
+bundle_state() { node_json | jq -r '.bundles[] | select(.name == "lks-demo") | .state'; }
+check "lksctl node list shows lks-demo applied on $VM_NAME" test "$(bundle_state)" = applied
+check "the bundle's unit is installed and active (systemctl is-active lks-demo)" \
+  vm_exec systemctl is-active --quiet lks-demo
+demo_pid=$(vm_exec systemctl show -P MainPID lks-demo)
+check "the unit runs the bundle's script (pid $demo_pid)" \
+  test "$(vm_exec cat /run/lks-demo/pid)" = "$demo_pid"
+
+# --- 5. kill -9 ---------------------------------------------------------------
+restarts=$(prop NRestarts)
+pid1=$(prop MainPID)
+vm_exec kill -9 "$pid1"
+vm_log "killed the agent (pid $pid1 in the VM) with SIGKILL"
+restarted() {
+  local pid
+  pid=$(prop MainPID)
+  [ "$(prop NRestarts)" -gt "$restarts" ] && [ "$(prop ActiveState)" = active ] &&
+    [ "$pid" != 0 ] && [ "$pid" != "$pid1" ]
+}
+wait_for "systemd restarted the agent (NRestarts $restarts -> more, READY=1 again)" 30 restarted
+pid2=$(prop MainPID)
+reconnected() {
+  local s
+  s=$(agent_status) || return 1
+  [ "$(jq -r '"\(.pid) \(.connected)"' <<<"$s")" = "$pid2 true" ] && connected
+}
+wait_for "the new agent (pid $pid2) reconnected; the server lists the node connected" 30 reconnected
+check "lks-demo still applied after the restart" test "$(bundle_state)" = applied
+check "lks-demo still active and not activated again (same pid $demo_pid)" \
+  test "$(vm_exec systemctl show -P MainPID lks-demo)" = "$demo_pid"
+
+vm_stop
+vm_log "cloud-init-join: OK"
