@@ -106,6 +106,12 @@ impl Manifest {
                     format!("{} bytes; the limit is {MAX_FILE_SIZE}", f.size),
                 ));
             }
+            if f.size == 0 && f.digest != Digest::of(b"") {
+                return Err(ManifestError::new(
+                    field("size"),
+                    format!("0 bytes, but {} is not the digest of an empty file", f.digest),
+                ));
+            }
             total = total.saturating_add(f.size);
             if let Some(url) = &f.url {
                 validate_url(url).map_err(|e| ManifestError::new(field("url"), e))?;
@@ -330,6 +336,7 @@ pub(crate) mod tests {
             (|m| m.version = String::new(), "version"),
             (|m| m.files[1].mode = 0o10000, "file[1].mode"),
             (|m| m.files[0].size = MAX_FILE_SIZE + 1, "file[0].size"),
+            (|m| m.files[0].size = 0, "file[0].size"),
             (|m| m.files[1].url = Some("ftp://x".into()), "file[1].url"),
             (|m| m.files[1].path = m.files[0].path.clone(), "file[1].path"),
             (

@@ -1,6 +1,6 @@
 //! The example bundles under `examples/bundles/` are publishable as they are:
-//! each loads with the same loader `lksctl bundle publish` uses (sizes
-//! required, no download), the kubeadm and kubelet bundles have the shape
+//! each loads with the same loader `lksctl bundle publish` uses (a mirrored
+//! file without `size` is sized by a stand-in here: tests have no mirror), the kubeadm and kubelet bundles have the shape
 //! their READMEs promise and can be assigned to one node together, and the
 //! kubeadm-join step renders its JoinConfiguration under a sandbox root.
 
@@ -9,16 +9,28 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use lks_proto::authoring::{AuthoredBundle, FileSource, RequireSize, load_bundle_dir};
+use lks_proto::Digest;
+use lks_proto::authoring::{AuthoredBundle, FileSource, UrlSizer, load_bundle_dir};
 use lks_proto::manifest::check_paths_disjoint;
 
 fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/bundles")
 }
 
+/// Stands in for lksctl's mirror download: records which URLs needed a size.
+#[derive(Default)]
+struct OfflineSizer(Vec<String>);
+
+impl UrlSizer for OfflineSizer {
+    fn size_of(&mut self, url: &str, _digest: &Digest) -> Result<u64, String> {
+        self.0.push(url.to_string());
+        Ok(1)
+    }
+}
+
 fn load(name: &str) -> AuthoredBundle {
     let dir = examples().join(name);
-    load_bundle_dir(&dir, &mut RequireSize).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+    load_bundle_dir(&dir, &mut OfflineSizer::default()).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
 
 /// path -> mode, for every file of a bundle.
@@ -38,7 +50,7 @@ fn every_example_bundle_loads() {
         if !dir.join("bundle.toml").is_file() {
             continue;
         }
-        let b = load_bundle_dir(&dir, &mut RequireSize).unwrap_or_else(|e| panic!("{e}"));
+        let b = load_bundle_dir(&dir, &mut OfflineSizer::default()).unwrap_or_else(|e| panic!("{e}"));
         assert!(
             dir.join("README.md").is_file(),
             "{} has no README.md",
@@ -77,7 +89,14 @@ fn kubeadm_join_bundle_shape() {
 
 #[test]
 fn kubelet_bundle_mirrors_the_binary_and_restarts_the_kubelet() {
-    let b = load("kubelet-upgrade");
+    let dir = examples().join("kubelet-upgrade");
+    let mut sizer = OfflineSizer::default();
+    let b = load_bundle_dir(&dir, &mut sizer).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        sizer.0,
+        ["https://dl.k8s.io/release/v1.33.3/bin/linux/amd64/kubelet"],
+        "publish learns the binary's size from the mirror"
+    );
     assert_eq!(b.manifest.name, "kubelet");
     let kubelet = b
         .manifest

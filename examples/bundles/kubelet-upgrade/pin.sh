@@ -41,8 +41,8 @@ sed -i \
   -e "s|^version = .*|version = \"$version-1\"|" \
   -e "s|^url = .*|url = \"$url\"|" \
   -e "s|^sha256 = .*|sha256 = \"$sha\"|" \
-  -e "s|^size = .*|size = $size|" \
+  -e '/^size = /d' \
+  -e "/^sha256 = /a size = $size" \
   -e "/^# The upstream release's kubelet.sha256/s|.*|# The upstream release's kubelet.sha256 for v$version linux/$arch.|" \
-  -e '/^# PLACEHOLDER until/,/^# agent refuse the download/d' \
   "$here/bundle.toml"
 echo "pinned kubelet $version ($arch): $url, $size bytes, sha256 $sha"

@@ -6,6 +6,7 @@
 
 mod client;
 mod cloudinit;
+mod mirror;
 mod output;
 
 use std::io::IsTerminal;
@@ -14,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
 use clap::{Parser, Subcommand};
-use lks_proto::authoring::{RequireSize, load_bundle_dir};
+use lks_proto::authoring::load_bundle_dir;
 use lks_proto::duration::parse_duration;
 use lks_proto::labels::{Labels, parse_labels};
 use lks_proto::names::{parse_bundle_ref, validate_cluster_name, validate_node_name};
@@ -544,9 +545,17 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
 }
 
 async fn publish(c: &mut Client, url: &str, dir: &Path, sign_key: Option<&Path>) -> anyhow::Result<()> {
-    let authored = load_bundle_dir(dir, &mut RequireSize)
-        .map_err(|e| anyhow!("{e}"))
-        .with_context(|| format!("load bundle {}", dir.display()))?;
+    // Loading hashes every local file and may download mirrored ones whose
+    // size is not given: blocking work, off the async threads.
+    let handle = tokio::runtime::Handle::current();
+    let bundle_dir = dir.to_path_buf();
+    let authored = tokio::task::spawn_blocking(move || {
+        let mut sizer = mirror::MirrorSizer::new(handle).map_err(|e| anyhow!("{e}"))?;
+        load_bundle_dir(&bundle_dir, &mut sizer).map_err(|e| anyhow!("{e}"))
+    })
+    .await
+    .context("load bundle")?
+    .with_context(|| format!("load bundle {}", dir.display()))?;
     let key = sign_key
         .map(SigningKey::from_file)
         .transpose()
