@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use lks_proto::authoring::toml_error;
 use serde::Deserialize;
 
 use crate::config::DEFAULT_STATE_DIR;
@@ -123,22 +124,6 @@ impl Settings {
                 .or(self.heal_interval)
                 .unwrap_or(DEFAULT_HEAL_INTERVAL),
         }
-    }
-}
-
-/// `line N: message` for a TOML syntax or type error.
-fn toml_error(text: &str, e: &toml::de::Error) -> String {
-    let msg = e.message().trim().replace('\n', " ");
-    match e.span() {
-        Some(span) => {
-            let line = text[..span.start.min(text.len())]
-                .bytes()
-                .filter(|&b| b == b'\n')
-                .count()
-                + 1;
-            format!("line {line}: {msg}")
-        }
-        None => msg,
     }
 }
 

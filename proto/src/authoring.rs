@@ -300,8 +300,9 @@ fn source_path(dir: &Path, src: &str) -> Result<PathBuf, String> {
     Ok(dir.join(p))
 }
 
-/// `line N: message` for a TOML syntax or type error.
-fn toml_error(text: &str, e: &toml::de::Error) -> String {
+/// `line N: message` for a TOML syntax or type error: one line, for any
+/// TOML file we read (`bundle.toml`, the agent's settings).
+pub fn toml_error(text: &str, e: &toml::de::Error) -> String {
     let msg = e.message().trim().replace('\n', " ");
     match e.span() {
         Some(span) => {
