@@ -344,6 +344,17 @@ fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
     }))
 }
 
+/// The rollouts with these ids, in the given order (a vanished id is skipped).
+fn read_rollouts(c: &Connection, ids: Vec<String>) -> Result<Vec<RolloutRow>> {
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        if let Some(r) = read_rollout(c, &id)? {
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
 fn read_rollout(c: &Connection, id: &str) -> Result<Option<RolloutRow>> {
     let row = c
         .query_row(
@@ -1169,13 +1180,7 @@ impl Store for SqliteStore {
                 stmt.query_map(params![cluster, only_active], |r| r.get::<_, String>(0))?
                     .collect::<Result<Vec<_>, _>>()?
             };
-            let mut out = Vec::new();
-            for id in ids {
-                if let Some(r) = read_rollout(c, &id)? {
-                    out.push(r);
-                }
-            }
-            Ok(out)
+            read_rollouts(c, ids)
         })
         .await
     }
@@ -1191,13 +1196,7 @@ impl Store for SqliteStore {
                 stmt.query_map([], |r| r.get::<_, String>(0))?
                     .collect::<Result<Vec<_>, _>>()?
             };
-            let mut out = Vec::new();
-            for id in ids {
-                if let Some(r) = read_rollout(c, &id)? {
-                    out.push(r);
-                }
-            }
-            Ok(out)
+            read_rollouts(c, ids)
         })
         .await
     }
