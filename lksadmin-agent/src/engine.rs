@@ -20,7 +20,6 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use lks_proto::digest::{Hasher, Verifier};
 use lks_proto::root::{NodeRoot, ParentDir, RootError};
@@ -37,9 +36,7 @@ use crate::fsutil::{self, FsError};
 use crate::journal::{Event, IllegalTransition, Journal, Next, PathPlan, Phase, Txn, Want};
 use crate::runner::{CommandRunner, CommandSpec, Outcome};
 use crate::source::BlobSource;
-use crate::state::{
-    Activity, BundleRecord, Content, FileRec, LocalState, ManifestRec, OriginalRec, StatusRec,
-};
+use crate::state::{Activity, BundleRecord, Content, LocalState, OriginalRec, StatusRec};
 
 /// An apply interrupted this many times in a row is given up.
 const MAX_INTERRUPTED: u32 = 3;
@@ -375,7 +372,7 @@ impl Engine {
 
     async fn converge(&mut self, sb: &SignedBundle) -> Result<(), EngineError> {
         let m = &sb.manifest;
-        let want = ManifestRec::from(m);
+        let want = m.clone();
         let key = bundle_key(sb);
         let rec = self.state.bundles.get(&m.name).cloned();
         if let Some(r) = &rec {
@@ -478,7 +475,7 @@ impl Engine {
         }
         let from = rec.as_ref().and_then(|r| r.installed.clone());
         let originals = rec.map(|r| r.originals).unwrap_or_default();
-        let mut txn = self.plan(name, from, Some(ManifestRec::from(m)), &originals)?;
+        let mut txn = self.plan(name, from, Some(m.clone()), &originals)?;
         txn.key = key;
         self.run_txn(txn).await
     }
@@ -524,8 +521,8 @@ impl Engine {
     fn plan(
         &mut self,
         bundle: &str,
-        from: Option<ManifestRec>,
-        to: Option<ManifestRec>,
+        from: Option<Manifest>,
+        to: Option<Manifest>,
         originals: &[OriginalRec],
     ) -> Result<Txn, EngineError> {
         self.state.txn_seq += 1;
@@ -1029,7 +1026,7 @@ impl Engine {
 
     // ---- steps and health -----------------------------------------------
 
-    fn env(&self, m: &ManifestRec) -> Vec<(String, String)> {
+    fn env(&self, m: &Manifest) -> Vec<(String, String)> {
         vec![
             ("LKS_ROOT".into(), self.root_path.to_string_lossy().into_owned()),
             ("LKS_BUNDLE".into(), m.name.clone()),
@@ -1038,14 +1035,14 @@ impl Engine {
         ]
     }
 
-    async fn run_steps(&self, m: &ManifestRec) -> Result<(), String> {
+    async fn run_steps(&self, m: &Manifest) -> Result<(), String> {
         for s in &m.steps {
             let out = self
                 .runner
                 .run(&CommandSpec {
                     argv: s.run.clone(),
                     env: self.env(m),
-                    timeout: Duration::from_millis(s.timeout_ms),
+                    timeout: s.timeout,
                 })
                 .await;
             if !out.success() {
@@ -1055,12 +1052,12 @@ impl Engine {
         Ok(())
     }
 
-    async fn health_check(&self, m: &ManifestRec) -> Result<(), String> {
+    async fn health_check(&self, m: &Manifest) -> Result<(), String> {
         let Some(h) = &m.health else { return Ok(()) };
         let spec = CommandSpec {
             argv: h.run.clone(),
             env: self.env(m),
-            timeout: Duration::from_millis(h.timeout_ms),
+            timeout: h.timeout,
         };
         let tries = h.retries.max(1);
         let mut last = Outcome::SpawnFailed {
@@ -1072,7 +1069,7 @@ impl Engine {
                 return Ok(());
             }
             if attempt < tries {
-                tokio::time::sleep(Duration::from_millis(h.interval_ms)).await;
+                tokio::time::sleep(h.interval).await;
             }
         }
         Err(format!(
@@ -1089,7 +1086,7 @@ impl Engine {
     pub async fn heal(&mut self) -> Result<HealReport, EngineError> {
         self.recover().await?;
         let mut report = HealReport::default();
-        let bundles: Vec<(String, ManifestRec)> = self
+        let bundles: Vec<(String, Manifest)> = self
             .state
             .bundles
             .iter()
@@ -1150,7 +1147,7 @@ impl Engine {
     }
 
     /// Why a managed file differs from its manifest entry, if it does.
-    fn check_file(&self, f: &FileRec) -> Result<Option<&'static str>, String> {
+    fn check_file(&self, f: &FileSpec) -> Result<Option<&'static str>, String> {
         let parent = match self.root.parent(&f.path, false) {
             Ok(p) => p,
             Err(RootError::MissingParent { .. }) => return Ok(Some("missing")),
@@ -1178,7 +1175,7 @@ impl Engine {
         Ok(None)
     }
 
-    async fn repair_file(&self, f: &FileRec) -> Result<(), String> {
+    async fn repair_file(&self, f: &FileSpec) -> Result<(), String> {
         let spec = FileSpec {
             path: f.path.clone(),
             digest: f.digest,

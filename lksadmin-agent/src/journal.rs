@@ -14,7 +14,9 @@ use std::path::PathBuf;
 use lks_proto::{BundlePath, Digest};
 
 use crate::fsutil::{self, FsError};
-use crate::state::{Content, ManifestRec, OriginalRec};
+use lks_proto::Manifest;
+
+use crate::state::{Content, OriginalRec};
 
 /// Where a transaction is.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -185,8 +187,8 @@ pub struct PathPlan {
 pub struct Txn {
     pub seq: u64,
     pub bundle: String,
-    pub from: Option<ManifestRec>,
-    pub to: Option<ManifestRec>,
+    pub from: Option<Manifest>,
+    pub to: Option<Manifest>,
     pub plans: Vec<PathPlan>,
     /// Originals the bundle keeps after this transaction commits, for paths
     /// it owned before and still owns.

@@ -2,130 +2,17 @@
 //! what each bundle's state is, the files that existed before a bundle took
 //! them over, and the last desired state received from the server.
 //!
-//! The records are plain serde types (`state.json`); manifests are stored in
-//! their own record type and converted back through the shared protobuf
-//! conversion, so a reloaded manifest is validated by the same rules as one
-//! that arrived over the wire.
+//! The records are plain serde types (`state.json`); manifests are stored as
+//! the shared `lks_proto::Manifest`, whose deserialisation applies the same
+//! validation as a manifest that arrived over the wire.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use lks_proto::manifest::ManifestError;
 use lks_proto::{BundlePath, BundleState, Digest, Manifest, pb};
 use prost::Message;
 
 use crate::fsutil::{self, FsError};
-
-/// One file of a stored manifest.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct FileRec {
-    pub path: BundlePath,
-    pub digest: Digest,
-    pub size: u64,
-    pub mode: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub url: Option<String>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct StepRec {
-    pub name: String,
-    pub run: Vec<String>,
-    pub timeout_ms: u64,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct HealthRec {
-    pub run: Vec<String>,
-    pub timeout_ms: u64,
-    pub retries: u32,
-    pub interval_ms: u64,
-}
-
-/// A manifest as stored in `state.json` and the journal.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ManifestRec {
-    pub name: String,
-    pub version: String,
-    pub files: Vec<FileRec>,
-    #[serde(default)]
-    pub steps: Vec<StepRec>,
-    #[serde(default)]
-    pub health: Option<HealthRec>,
-}
-
-impl From<&Manifest> for ManifestRec {
-    fn from(m: &Manifest) -> Self {
-        ManifestRec {
-            name: m.name.clone(),
-            version: m.version.clone(),
-            files: m
-                .files
-                .iter()
-                .map(|f| FileRec {
-                    path: f.path.clone(),
-                    digest: f.digest,
-                    size: f.size,
-                    mode: f.mode,
-                    url: f.url.clone(),
-                })
-                .collect(),
-            steps: m
-                .steps
-                .iter()
-                .map(|s| StepRec {
-                    name: s.name.clone(),
-                    run: s.run.clone(),
-                    timeout_ms: s.timeout.as_millis() as u64,
-                })
-                .collect(),
-            health: m.health.as_ref().map(|h| HealthRec {
-                run: h.run.clone(),
-                timeout_ms: h.timeout.as_millis() as u64,
-                retries: h.retries,
-                interval_ms: h.interval.as_millis() as u64,
-            }),
-        }
-    }
-}
-
-impl TryFrom<&ManifestRec> for Manifest {
-    type Error = ManifestError;
-
-    fn try_from(r: &ManifestRec) -> Result<Self, Self::Error> {
-        pb::Manifest {
-            name: r.name.clone(),
-            version: r.version.clone(),
-            files: r
-                .files
-                .iter()
-                .map(|f| pb::FileEntry {
-                    path: f.path.to_string(),
-                    digest: f.digest.to_string(),
-                    size: f.size,
-                    mode: f.mode,
-                    url: f.url.clone().unwrap_or_default(),
-                })
-                .collect(),
-            steps: r
-                .steps
-                .iter()
-                .map(|s| pb::Step {
-                    name: s.name.clone(),
-                    run: s.run.clone(),
-                    timeout_ms: s.timeout_ms,
-                })
-                .collect(),
-            health: r.health.as_ref().map(|h| pb::HealthCheck {
-                run: h.run.clone(),
-                timeout_ms: h.timeout_ms,
-                retries: h.retries,
-                interval_ms: h.interval_ms,
-            }),
-        }
-        .try_into()
-    }
-}
 
 /// What a path held: nothing, or a regular file with these bytes and mode.
 /// `stored` names the copy of the bytes (a file name in the backup or
@@ -165,7 +52,7 @@ pub struct StatusRec {
 pub struct BundleRecord {
     /// The committed version on disk, if any.
     #[serde(default)]
-    pub installed: Option<ManifestRec>,
+    pub installed: Option<Manifest>,
     #[serde(default)]
     pub originals: Vec<OriginalRec>,
     pub status: StatusRec,

@@ -273,8 +273,7 @@ async fn apply_writes_exact_bytes_and_modes_and_runs_steps_with_env() {
     assert!(!f.state.join("journal.json").exists());
 
     // Same desired state again: nothing to do, steps do not run again.
-    let m = f.engine.state().bundles["kubelet"].installed.clone().unwrap();
-    let again: Manifest = (&m).try_into().unwrap();
+    let again = f.engine.state().bundles["kubelet"].installed.clone().unwrap();
     f.desire(vec![unsigned(again)]).await;
     assert_eq!(f.log_lines().len(), 1);
 }

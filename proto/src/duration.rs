@@ -60,6 +60,20 @@ pub fn format_duration(d: Duration) -> String {
     out
 }
 
+/// `#[serde(with = "lks_proto::duration::millis")]`: a duration stored as
+/// whole milliseconds, the unit the wire contract uses.
+pub mod millis {
+    use std::time::Duration;
+
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis() as u64)
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        <u64 as serde::Deserialize>::deserialize(d).map(Duration::from_millis)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,7 +15,7 @@ use crate::names::{validate_bundle_name, validate_version};
 use crate::path::BundlePath;
 
 /// One file of a bundle.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FileSpec {
     pub path: BundlePath,
     pub digest: Digest,
@@ -23,34 +23,70 @@ pub struct FileSpec {
     /// Permission bits, at most `0o7777`.
     pub mode: u32,
     /// Mirror to fetch the bytes from instead of the control server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
 }
 
 /// A command run after the files are in place.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Step {
     pub name: String,
     pub run: Vec<String>,
+    #[serde(rename = "timeout_ms", with = "crate::duration::millis")]
     pub timeout: Duration,
 }
 
 /// The check that must pass before a bundle version is committed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HealthCheck {
     pub run: Vec<String>,
+    #[serde(rename = "timeout_ms", with = "crate::duration::millis")]
     pub timeout: Duration,
     pub retries: u32,
+    #[serde(rename = "interval_ms", with = "crate::duration::millis")]
     pub interval: Duration,
 }
 
 /// One version of one bundle.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// Serialisable for local records (the agent's state and journal); reading
+/// one back applies [`Manifest::validate`], like every other way in.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "UncheckedManifest")]
 pub struct Manifest {
     pub name: String,
     pub version: String,
     pub files: Vec<FileSpec>,
     pub steps: Vec<Step>,
     pub health: Option<HealthCheck>,
+}
+
+/// The serde form of a [`Manifest`] before validation.
+#[derive(serde::Deserialize)]
+struct UncheckedManifest {
+    name: String,
+    version: String,
+    files: Vec<FileSpec>,
+    #[serde(default)]
+    steps: Vec<Step>,
+    #[serde(default)]
+    health: Option<HealthCheck>,
+}
+
+impl TryFrom<UncheckedManifest> for Manifest {
+    type Error = ManifestError;
+
+    fn try_from(u: UncheckedManifest) -> Result<Self, Self::Error> {
+        let m = Manifest {
+            name: u.name,
+            version: u.version,
+            files: u.files,
+            steps: u.steps,
+            health: u.health,
+        };
+        m.validate()?;
+        Ok(m)
+    }
 }
 
 /// A rule a manifest broke: `field` is a path such as `file[2].mode`.
@@ -359,6 +395,17 @@ pub(crate) mod tests {
             let err = m.validate().expect_err(field);
             assert_eq!(err.field, field, "{err}");
         }
+    }
+
+    #[test]
+    fn serde_round_trip_validates_on_the_way_in() {
+        let m = sample();
+        let text = toml::to_string(&m).unwrap();
+        assert!(text.contains("timeout_ms = 60000"), "{text}");
+        assert_eq!(toml::from_str::<Manifest>(&text).unwrap(), m);
+        let bad = text.replace("name = \"kubelet\"", "name = \"Kubelet\"");
+        let err = toml::from_str::<Manifest>(&bad).unwrap_err().to_string();
+        assert!(err.contains("name"), "{err}");
     }
 
     #[test]
