@@ -324,8 +324,9 @@ pub struct RolloutRow {
 }
 
 /// A rollout to start. Nothing is assigned yet: the rollout controller
-/// starts nodes batch by batch. `batch_size`, `failure_threshold` and
-/// `offline_deadline_ms` are already resolved (no zero "defaults").
+/// starts nodes batch by batch. `failure_threshold` and
+/// `offline_deadline_ms` are already resolved; `batch_size` may be 0, since
+/// its default depends on the target nodes, which the store counts.
 #[derive(Clone, Debug)]
 pub struct NewRollout {
     pub id: String,
