@@ -159,6 +159,14 @@ impl AdminService for AdminApi {
             server: self.s.server_url.clone(),
             join_command,
             expires_at: expires_at_ms / 1000,
+            ca_cert_pem: self.s.pki.ca_pem().to_string(),
+            agent_packages: self
+                .s
+                .agent_packages
+                .list()
+                .iter()
+                .map(|p| p.to_pb(&self.s.server_url))
+                .collect(),
         }))
     }
 

@@ -15,6 +15,7 @@ pub mod controller;
 pub mod fsutil;
 pub mod hub;
 pub mod metrics;
+pub mod packages;
 pub mod pki;
 pub mod ratelimit;
 pub mod rollout;

@@ -38,6 +38,11 @@ struct Args {
     /// etcd endpoints, comma-separated (with --store etcd).
     #[arg(long, value_delimiter = ',')]
     etcd_endpoints: Vec<String>,
+    /// An agent .deb (lksadmin-agent_<version>_<arch>.deb) to offer new VMs
+    /// at https://HOST:PORT/v1/agent-package/<arch>, where `lksctl token
+    /// create --cloud-init` user-data downloads it; once per architecture.
+    #[arg(long, value_name = "FILE")]
+    agent_package: Vec<PathBuf>,
     /// How often each agent stream is pinged.
     #[arg(long, default_value = "30s", value_parser = parse_duration, hide = true)]
     ping_interval: Duration,
@@ -97,6 +102,7 @@ async fn main() -> std::process::ExitCode {
     cfg.advertise_address = args.advertise_address;
     cfg.node_cert_ttl = args.node_cert_ttl;
     cfg.ping_interval = args.ping_interval;
+    cfg.agent_packages = args.agent_package;
     match run(cfg, shutdown).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -35,6 +35,8 @@ pub struct Metrics {
     pushes: AtomicU64,
     blob_bytes: AtomicU64,
     enrollments: Mutex<BTreeMap<&'static str, u64>>,
+    package_requests: Mutex<BTreeMap<&'static str, u64>>,
+    package_bytes: AtomicU64,
     rpc: Mutex<BTreeMap<&'static str, Histogram>>,
     rollout_events: Mutex<BTreeMap<String, u64>>,
     active_rollouts: AtomicI64,
@@ -58,6 +60,18 @@ impl Metrics {
         if let Ok(mut m) = self.enrollments.lock() {
             *m.entry(result).or_default() += 1;
         }
+    }
+
+    /// Counts one request for an agent package by outcome (`ok`,
+    /// `not_found`, `rate_limited`, `busy`, `bad_method`, `error`).
+    pub fn agent_package_request(&self, result: &'static str) {
+        if let Ok(mut m) = self.package_requests.lock() {
+            *m.entry(result).or_default() += 1;
+        }
+    }
+
+    pub fn agent_package_bytes(&self, n: u64) {
+        self.package_bytes.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Counts one rollout event (`node_started`, `applied`, `rollout_failed`, …).
@@ -114,6 +128,26 @@ impl Metrics {
                 let _ = writeln!(s, "lks_enrollments_total{{result=\"{result}\"}} {n}");
             }
         }
+        let _ = writeln!(
+            s,
+            "# HELP lks_agent_package_requests_total Requests for the agent package by result."
+        );
+        let _ = writeln!(s, "# TYPE lks_agent_package_requests_total counter");
+        if let Ok(m) = self.package_requests.lock() {
+            for (result, n) in m.iter() {
+                let _ = writeln!(s, "lks_agent_package_requests_total{{result=\"{result}\"}} {n}");
+            }
+        }
+        let _ = writeln!(
+            s,
+            "# HELP lks_agent_package_bytes_served_total Agent package bytes sent."
+        );
+        let _ = writeln!(s, "# TYPE lks_agent_package_bytes_served_total counter");
+        let _ = writeln!(
+            s,
+            "lks_agent_package_bytes_served_total {}",
+            self.package_bytes.load(Ordering::Relaxed)
+        );
         let _ = writeln!(
             s,
             "# HELP lks_desired_state_pushes_total Desired states sent to agents."

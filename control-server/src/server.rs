@@ -25,6 +25,7 @@ use crate::blobs::{BlobError, BlobStore};
 use crate::controller;
 use crate::hub::Hub;
 use crate::metrics::{self, Metrics};
+use crate::packages::{AgentPackages, PackageError, PackageLayer};
 use crate::pki::{Pki, PkiError};
 use crate::ratelimit::RateLimiter;
 use crate::store::{SqliteStore, Store, StoreError};
@@ -47,6 +48,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// How often the server pings each agent stream.
     pub ping_interval: Duration,
+    /// Agent `.deb` files offered to new VMs over HTTPS (one per architecture).
+    pub agent_packages: Vec<PathBuf>,
 }
 
 impl Config {
@@ -59,6 +62,7 @@ impl Config {
             node_cert_ttl: Duration::from_secs(24 * 3600),
             shutdown_grace: Duration::from_secs(10),
             ping_interval: Duration::from_secs(30),
+            agent_packages: Vec::new(),
         }
     }
 }
@@ -80,6 +84,8 @@ pub enum ServerError {
     Blobs(#[from] BlobError),
     #[error("write admin.conf: {0}")]
     AdminConf(#[from] AdminConfError),
+    #[error("{0}")]
+    AgentPackage(#[from] PackageError),
     #[error("configure TLS: {0}")]
     Tls(String),
     #[error("gRPC server: {0}")]
@@ -90,6 +96,8 @@ pub enum ServerError {
 pub struct Shared {
     pub store: Arc<dyn Store>,
     pub blobs: BlobStore,
+    /// What `GET /v1/agent-package/ARCH` serves.
+    pub agent_packages: Arc<AgentPackages>,
     pub pki: Pki,
     pub hub: Hub,
     pub metrics: Arc<Metrics>,
@@ -153,6 +161,8 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
     // guessing. An error means a provider is already installed, which is fine.
     let _ = rustls::crypto::ring::default_provider().install_default();
 
+    // Bad --agent-package files are refused before anything is created.
+    let package_candidates = crate::packages::inspect_all(&cfg.agent_packages)?;
     let data_dir = cfg.data_dir.clone();
     // The data dir holds the CA key and admin credentials: owner only.
     std::fs::DirBuilder::new()
@@ -198,6 +208,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
     let store = SqliteStore::open(&data_dir.join("state.db"))?;
     store.mark_all_disconnected().await?;
     let blobs = BlobStore::open(&data_dir.join("blobs"))?;
+    let agent_packages = Arc::new(AgentPackages::import(package_candidates, &blobs).await?);
 
     let cancel = shutdown.child_token();
     let (rollout_updates, _) = watch::channel(0);
@@ -205,6 +216,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
     let shared = Arc::new(Shared {
         store: Arc::new(store),
         blobs,
+        agent_packages,
         pki,
         hub: Hub::default(),
         metrics: Arc::new(Metrics::default()),
@@ -258,6 +270,11 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         .map_err(|e| ServerError::Tls(e.to_string()))?
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        // GET /v1/agent-package/ARCH (packages.rs); everything else is gRPC.
+        .layer(PackageLayer::new(
+            shared.agent_packages.clone(),
+            shared.metrics.clone(),
+        ))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(AgentServiceServer::new(AgentApi::new(shared.clone())))

@@ -108,9 +108,15 @@ enum TokenCmd {
         #[arg(long)]
         cloud_init: bool,
         /// With --cloud-init: download the agent .deb from this http(s) URL and
-        /// install it [default: `packages: [lksadmin-agent]` from the image's apt repositories]
-        #[arg(long, value_name = "URL", requires = "cloud_init")]
+        /// install it [default: the server's own package, downloaded over
+        /// HTTPS and checked against the cluster CA; if the server offers
+        /// none, --apt]
+        #[arg(long, value_name = "URL", requires = "cloud_init", conflicts_with = "apt")]
         package_url: Option<String>,
+        /// With --cloud-init: install lksadmin-agent from the apt repositories
+        /// the image has configured (`packages:`)
+        #[arg(long, requires = "cloud_init")]
+        apt: bool,
         /// Output format.
         #[arg(short = 'o', long = "output", value_enum, default_value_t)]
         output: Format,
@@ -317,6 +323,21 @@ fn labels(flag: &str, s: &str) -> anyhow::Result<Labels> {
     parse_labels(s).map_err(|e| anyhow!("{flag}: {e}"))
 }
 
+/// The CA PEM the user-data hands to curl must be the CA the join line pins:
+/// the first certificate's key hashes to `ca_cert_hash`.
+fn check_ca_pem(pem: &str, ca_cert_hash: &str) -> anyhow::Result<()> {
+    let hash = lks_proto::identity::pem_certs(pem).ok().and_then(|certs| {
+        certs
+            .first()
+            .and_then(|der| lks_proto::identity::ca_cert_hash(der).ok())
+    });
+    match hash {
+        Some(h) if h.to_string() == ca_cert_hash => Ok(()),
+        Some(h) => bail!("the server's CA certificate hashes to {h}, not to its join line's {ca_cert_hash}"),
+        None => bail!("the server returned no usable CA certificate to download its agent package with"),
+    }
+}
+
 fn precheck(cmd: &Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Cluster {
@@ -409,6 +430,7 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
                     labels: l,
                     cloud_init,
                     package_url,
+                    apt,
                     output,
                 },
         } => {
@@ -416,13 +438,9 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
                 bail!("--ttl must be at least 1s");
             }
             // Checked before the token exists, so a typo leaves no token behind.
-            let package = match package_url.as_deref() {
-                Some(url) => {
-                    cloudinit::check_package_url(url)?;
-                    cloudinit::PackageSource::Url(url)
-                }
-                None => cloudinit::PackageSource::Apt,
-            };
+            if let Some(url) = package_url.as_deref() {
+                cloudinit::check_package_url(url)?;
+            }
             let r = c
                 .create_token(pb::CreateTokenRequest {
                     cluster: cluster.clone(),
@@ -441,8 +459,41 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
                     "server": r.server,
                     "join_command": r.join_command,
                     "expires_at": output::rfc3339_s(r.expires_at),
+                    "ca_cert_pem": r.ca_cert_pem,
+                    "agent_packages": r.agent_packages.iter().map(|p| serde_json::json!({
+                        "arch": p.arch,
+                        "version": p.version,
+                        "url": p.url,
+                        "digest": p.digest,
+                        "size": p.size,
+                        "file_name": p.file_name,
+                    })).collect::<Vec<_>>(),
                 }))?;
             } else if cloud_init {
+                let offered = r
+                    .agent_packages
+                    .iter()
+                    .map(|p| format!("{} {}", p.arch, p.version))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let package = if let Some(url) = package_url.as_deref() {
+                    cloudinit::PackageSource::Url(url)
+                } else if apt {
+                    cloudinit::PackageSource::Apt
+                } else if r.agent_packages.is_empty() {
+                    eprintln!(
+                        "note: the server offers no agent package (lks-control-server --agent-package); \
+                         the user-data installs lksadmin-agent from the image's apt repositories"
+                    );
+                    cloudinit::PackageSource::Apt
+                } else {
+                    check_ca_pem(&r.ca_cert_pem, &r.ca_cert_hash)?;
+                    cloudinit::PackageSource::Server {
+                        servers: &r.server,
+                        ca_pem: &r.ca_cert_pem,
+                        offered: &offered,
+                    }
+                };
                 let text = cloudinit::render(&cloudinit::UserData {
                     cluster: &cluster,
                     join_command: &r.join_command,
