@@ -70,7 +70,17 @@ fn clusters_and_tokens() {
         lks_proto::identity::ca_cert_hash(der).unwrap().to_string()
     );
 
-    let ci = s.lksctl_ok(&["token", "create", "--cluster", "tenant-a", "--cloud-init"]);
+    assert_eq!(j["agent_packages"], serde_json::json!([]), "no --agent-package");
+
+    // A server without --agent-package: the package comes from apt, and
+    // lksctl says so on stderr.
+    let out = s.lksctl(&["token", "create", "--cluster", "tenant-a", "--cloud-init"]);
+    let ci = lks_e2e::ok_stdout(&out, "token create --cloud-init");
+    let note = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        note.starts_with("note: the server offers no agent package") && note.lines().count() == 1,
+        "{note}"
+    );
     assert!(ci.starts_with("#cloud-config\n"), "{ci}");
     assert!(ci.contains("\npackages:\n  - \"lksadmin-agent\"\n"), "{ci}");
     assert!(ci.contains("  - \"lksadmin-agent join --server "), "{ci}");
