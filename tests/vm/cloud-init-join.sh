@@ -9,8 +9,8 @@
 #      `lksctl cluster create`, `lksctl token create --cloud-init
 #      --package-url http://127.0.0.1:PORT/lksadmin-agent_….deb`;
 #   3. boot a VM whose NoCloud user-data is that output, exactly as printed;
-#      check that cloud-init accepts its schema (and that of the form without
-#      --package-url), downloaded and installed the package, ran the join
+#      check that cloud-init accepts its schema (and that of the --apt
+#      form), downloaded and installed the package, ran the join
 #      line and started the agent, that systemd got READY=1 (the Type=notify
 #      unit is active) and watchdog pings, and that the server sees the node
 #      connected;
@@ -18,7 +18,13 @@
 #      `systemctl daemon-reload` and `systemctl restart lks-demo` on a unit it
 #      installs: the unit runs and the node reports the bundle `applied`;
 #   5. kill -9 the agent's main process: systemd restarts it, it reconnects,
-#      the bundle stays applied and is not activated again.
+#      the bundle stays applied and is not activated again;
+#   6. boot a second VM from `lksctl token create --cloud-init` without
+#      --package-url: its user-data downloads the package from the control
+#      server itself (started with --agent-package) over HTTPS, curl checking
+#      the server against the CA the user-data carries; the VM installs,
+#      joins, starts the agent, and gets the cluster's lks-demo applied
+#      without a new rollout.
 #
 #   tests/vm/cloud-init-join.sh [--profile release|dev] [--no-lint] [--no-build]
 #
@@ -223,7 +229,7 @@ grpc_port=$(free_port) || vm_die "no free port for the control server"
 metrics_port=$(free_port) || vm_die "no free port for the metrics endpoint"
 "$bin/lks-control-server" --data-dir "$work/server" --listen "127.0.0.1:$grpc_port" \
   --metrics-listen "127.0.0.1:$metrics_port" --advertise-address 127.0.0.1 \
-  >"$work/server.log" 2>&1 &
+  --agent-package "$agent_deb" >"$work/server.log" 2>&1 &
 SERVER_PID=$!
 server_up() {
   kill -0 "$SERVER_PID" 2>/dev/null || vm_die "lks-control-server exited at start"
@@ -240,10 +246,10 @@ join_line=$(sed -n 's/^  - "\(lksadmin-agent join .*\)"$/\1/p' "$work/user-data"
 [ -n "$join_line" ] || vm_die "no join line in the user-data lksctl printed"
 section "user-data from lksctl token create --cloud-init"
 cat "$work/user-data" >&2
-# The other form (package from the image's apt repositories) is only
+# The --apt form (package from the image's apt repositories) is only
 # schema-checked below: this image has no repository that serves the agent.
-lksctl token create --cluster "$CLUSTER" --ttl 1h --uses 1 --cloud-init >"$work/user-data-apt" ||
-  vm_die "lksctl token create --cloud-init (without --package-url) failed"
+lksctl token create --cluster "$CLUSTER" --ttl 1h --uses 1 --cloud-init --apt >"$work/user-data-apt" ||
+  vm_die "lksctl token create --cloud-init --apt failed"
 
 # --- 3. boot, cloud-init, agent ----------------------------------------------
 vm_start "$work/user-data"
@@ -257,7 +263,7 @@ vm_exec sh -c 'cat >/run/user-data-apt.yaml' <"$work/user-data-apt"
 if ! out=$(vm_exec cloud-init schema --config-file /run/user-data-apt.yaml 2>&1); then
   printf '%s\n' "$out" "--- the user-data:" >&2
   cat "$work/user-data-apt" >&2
-  vm_die "cloud-init schema rejects the user-data of --cloud-init without --package-url (above)"
+  vm_die "cloud-init schema rejects the user-data of --cloud-init --apt (above)"
 fi
 vm_log "ok: cloud-init schema of the apt form: $out"
 vm_wait_boot "${LKS_VM_TIMEOUT:-300}"
@@ -338,6 +344,44 @@ wait_for "the new agent (pid $pid2) reconnected; the server lists the node conne
 check "lks-demo still applied after the restart" test "$(bundle_state)" = applied
 check "lks-demo still active and not activated again (same pid $demo_pid)" \
   test "$(vm_exec systemctl show -P MainPID lks-demo)" = "$demo_pid"
+
+# --- 6. a second VM: the package from the control server itself --------------
+vm_stop
+lksctl token create --cluster "$CLUSTER" --ttl 1h --uses 1 --cloud-init >"$work/user-data-server" ||
+  vm_die "lksctl token create --cloud-init (package from the server) failed"
+check "the user-data writes the cluster CA for curl (write_files)" grep -q '^write_files:' "$work/user-data-server"
+section "user-data from lksctl token create --cloud-init (no --package-url)"
+cat "$work/user-data-server" >&2
+package_requests() {
+  curl -fsS "http://127.0.0.1:$metrics_port/metrics" |
+    sed -n 's/^lks_agent_package_requests_total{result="ok"} //p'
+}
+served_before=$(package_requests)
+vm_start "$work/user-data-server"
+if ! out=$(vm_exec cloud-init schema --config-file /var/lib/cloud/seed/nocloud/user-data 2>&1); then
+  printf '%s\n' "$out" >&2
+  vm_die "cloud-init schema rejects the user-data without --package-url (above)"
+fi
+vm_log "ok: cloud-init schema: $out"
+vm_wait_boot "${LKS_VM_TIMEOUT:-300}"
+check "cloud-init logged no schema warning at boot" \
+  vm_exec sh -c '! grep "Invalid cloud-config" /var/log/cloud-init.log >&2'
+served_after=$(package_requests)
+check "the VM downloaded the package from the control server (downloads: ${served_before:-0} -> $served_after)" \
+  test "${served_after:-0}" -gt "${served_before:-0}"
+# shellcheck disable=SC2016 # ${Status} is dpkg-query's field, not the shell's
+pkg_status=$(vm_exec dpkg-query -W -f='${Status}' lksadmin-agent 2>/dev/null) || true
+check "cloud-init installed $deb_name from the server" test "$pkg_status" = "install ok installed"
+check "the bootstrap CA and the .deb were removed from /run" \
+  vm_exec sh -c 'test ! -e /run/lksadmin-bootstrap-ca.pem && test ! -e /run/lksadmin-agent.deb'
+check "the join enrolled node $VM_NAME into cluster $CLUSTER" \
+  vm_exec grep -q "^node $VM_NAME joined cluster $CLUSTER " /var/log/cloud-init-output.log
+check "READY=1 received: lksadmin-agent is active" \
+  test "$(prop Type)/$(prop ActiveState)/$(prop SubState)" = notify/active/running
+wait_for "the server lists $VM_NAME as connected" 30 connected
+applied() { [ "$(bundle_state)" = applied ]; }
+wait_for "the new node got the cluster's $bundle_ref applied without a rollout" 60 applied
+check "its lks-demo unit is active" vm_exec systemctl is-active --quiet lks-demo
 
 vm_stop
 vm_log "cloud-init-join: OK"
