@@ -159,6 +159,18 @@ impl Engine {
         &self.state
     }
 
+    /// Where every installed managed file is, seen from this process (the
+    /// node root joined with the bundle path): what drift watching covers.
+    pub fn managed_files(&self) -> Vec<PathBuf> {
+        self.state
+            .bundles
+            .values()
+            .filter_map(|r| r.installed.as_ref())
+            .flat_map(|m| m.files.iter())
+            .map(|f| self.root_path.join(f.path.relative()))
+            .collect()
+    }
+
     pub fn cache(&self) -> &Cache {
         &self.cache
     }

@@ -14,6 +14,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod connection;
+pub mod drift;
 pub mod engine;
 pub mod facts;
 pub mod fault;

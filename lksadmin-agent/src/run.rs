@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::SystemClock;
 use crate::config::{ConfigError, StateDir};
 use crate::connection::{Connection, EngineCmd};
+use crate::drift::DriftWatcher;
 use crate::engine::{Engine, EngineConfig, EngineError, Reporter, StatusSnapshot};
 use crate::notify;
 use crate::renew;
@@ -35,6 +36,13 @@ const HEARTBEAT: Duration = Duration::from_secs(10);
 /// How often bundles waiting for blobs (or a transient failure) are retried.
 const RETRY_INTERVAL: Duration = Duration::from_secs(15);
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+/// After a drift notification, how long to wait for the burst of writes
+/// (an editor's save, a package upgrade) to end before healing once.
+const DRIFT_SETTLE: Duration = Duration::from_millis(500);
+/// Least time between two heals woken by inotify, so that a process that
+/// keeps rewriting a managed file is answered at a bounded rate (each
+/// repair is an event sent to the server).
+const DRIFT_MIN_GAP: Duration = Duration::from_secs(2);
 
 #[derive(Clone, Debug)]
 pub struct RunOptions {
@@ -201,6 +209,16 @@ async fn engine_loop(
     if let Some(d) = &desired {
         reconcile(&mut engine, d, false).await;
     }
+    // Heals on inotify where it works; the periodic pass runs either way.
+    let mut drift = match DriftWatcher::new() {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::warn!("inotify unavailable ({e}): drift is repaired by the periodic pass only");
+            None
+        }
+    };
+    watch_managed(&mut drift, &engine);
+    let mut last_drift_heal: Option<tokio::time::Instant> = None;
     let start = tokio::time::Instant::now();
     let mut heal_tick = tokio::time::interval_at(start + heal_interval, heal_interval);
     let mut retry = tokio::time::interval_at(start + RETRY_INTERVAL, RETRY_INTERVAL);
@@ -216,7 +234,9 @@ async fn engine_loop(
                 desired = Some(d);
             }
             Some(cmd) = cmd_rx.recv() => match cmd {
-                EngineCmd::HealNow => heal(&mut engine).await,
+                EngineCmd::HealNow => {
+                    heal(&mut engine).await;
+                }
                 EngineCmd::Connected => if let Some(d) = &desired && needs_retry(&engine) {
                     reconcile(&mut engine, d, false).await;
                 },
@@ -230,7 +250,47 @@ async fn engine_loop(
             _ = retry.tick() => if let Some(d) = &desired && needs_retry(&engine) {
                 reconcile(&mut engine, d, false).await;
             },
+            r = drift_changed(&mut drift) => {
+                match r {
+                    Ok(()) => {
+                        let settled = tokio::time::Instant::now() + DRIFT_SETTLE;
+                        let gap = last_drift_heal.map_or(settled, |t| t + DRIFT_MIN_GAP);
+                        tokio::time::sleep_until(settled.max(gap)).await;
+                        if let Some(w) = drift.as_mut() {
+                            w.drain();
+                        }
+                        tracing::debug!("a managed file changed on disk: healing now");
+                        // Only a pass that repaired something counts for the
+                        // gap: the wake-up our own repair causes is free.
+                        if heal(&mut engine).await {
+                            last_drift_heal = Some(tokio::time::Instant::now());
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!("inotify failed ({e}): drift is repaired by the periodic pass only");
+                        drift = None;
+                    }
+                }
+            }
         }
+        // Applies, removals and repairs change which directories matter.
+        watch_managed(&mut drift, &engine);
+    }
+}
+
+/// Never resolves without a watcher.
+async fn drift_changed(drift: &mut Option<DriftWatcher>) -> std::io::Result<()> {
+    match drift {
+        Some(w) => w.changed().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn watch_managed(drift: &mut Option<DriftWatcher>, engine: &Engine) {
+    let Some(w) = drift.as_mut() else { return };
+    for (dir, e) in w.set_files(engine.managed_files()) {
+        // A missing directory is drift itself; the heal pass recreates it.
+        tracing::debug!(dir = %dir.display(), "cannot watch for drift ({e}); the periodic pass covers it");
     }
 }
 
@@ -246,11 +306,21 @@ async fn reconcile(engine: &mut Engine, d: &pb::DesiredState, store: bool) {
     notify::status(&summary(engine));
 }
 
-async fn heal(engine: &mut Engine) {
+/// One heal pass; true if it repaired (or tried to repair) something.
+async fn heal(engine: &mut Engine) -> bool {
     match engine.heal().await {
-        Ok(r) if !r.repaired.is_empty() => tracing::info!("self-heal restored {}", r.repaired.join(", ")),
-        Ok(_) => tracing::debug!("self-heal: every managed file is intact"),
-        Err(e) => tracing::error!("self-heal: {e}"),
+        Ok(r) if !r.repaired.is_empty() => {
+            tracing::info!("self-heal restored {}", r.repaired.join(", "));
+            true
+        }
+        Ok(r) => {
+            tracing::debug!("self-heal: every managed file is intact");
+            !r.failed.is_empty()
+        }
+        Err(e) => {
+            tracing::error!("self-heal: {e}");
+            true
+        }
     }
 }
 

@@ -166,3 +166,51 @@ fn drift_is_repaired_and_reported() {
     });
     assert_eq!(agent.stop(), Some(0));
 }
+
+/// With the periodic pass an hour away, drift is still repaired within
+/// seconds: inotify on the managed files' directories wakes the agent for
+/// an in-place edit, a replacement by rename, a chmod, and the removal of
+/// the whole directory.
+#[test]
+fn drift_is_repaired_at_once_on_inotify() {
+    let server = Server::start();
+    server.create_cluster("c1");
+    let mut agent = Agent::new("worker-3");
+    agent.heal_interval = "1h".into();
+    agent.join(&server, "c1", &[]);
+    agent.start();
+    let dir = write_bundle(
+        server.work_dir(),
+        "watched",
+        "1",
+        &[BundleFile {
+            path: "/etc/watched/app.conf",
+            content: b"managed\n",
+            mode: "0644",
+        }],
+        "",
+    );
+    publish_and_roll_out(&server, "c1", &dir, None);
+    agent.wait_bundle("watched", "1", "applied");
+    let conf = agent.path("/etc/watched/app.conf");
+    let intact = || agent.read("/etc/watched/app.conf") == Some((b"managed\n".to_vec(), 0o644));
+    let soon = std::time::Duration::from_secs(10);
+
+    std::fs::write(&conf, b"edited in place\n").unwrap();
+    wait_until(soon, "an in-place edit repaired", intact);
+
+    let tmp = agent.path("/etc/watched/app.conf.dpkg-new");
+    std::fs::write(&tmp, b"replaced by rename\n").unwrap();
+    std::fs::rename(&tmp, &conf).unwrap();
+    wait_until(soon, "a replacement by rename repaired", intact);
+
+    std::fs::set_permissions(&conf, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    wait_until(soon, "a chmod repaired", intact);
+
+    std::fs::remove_dir_all(agent.path("/etc/watched")).unwrap();
+    wait_until(soon, "the removed directory and file restored", intact);
+    // Watched again after the directory came back.
+    std::fs::write(&conf, b"edited again\n").unwrap();
+    wait_until(soon, "an edit after the restore repaired", intact);
+    assert_eq!(agent.stop(), Some(0));
+}
