@@ -368,6 +368,9 @@ where
     type Error = S::Error;
     type Future = BoxFuture<'static, Result<Response<Body>, S::Error>>;
 
+    // Readiness is the inner router's. A package request answered here
+    // leaves that readiness unused, which is harmless for tonic's routes:
+    // they are always ready and reserve nothing.
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
