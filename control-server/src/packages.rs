@@ -221,14 +221,6 @@ impl AgentPackages {
         })
     }
 
-    /// No package on offer.
-    pub fn none(blobs: &BlobStore) -> Self {
-        AgentPackages {
-            list: Vec::new(),
-            blobs: blobs.clone(),
-        }
-    }
-
     pub fn list(&self) -> &[AgentPackage] {
         &self.list
     }
