@@ -34,11 +34,11 @@ pub struct Metrics {
     connected: AtomicI64,
     pushes: AtomicU64,
     blob_bytes: AtomicU64,
-    enrollments: Mutex<BTreeMap<&'static str, u64>>,
-    package_requests: Mutex<BTreeMap<&'static str, u64>>,
+    enrollments: Labelled,
+    package_requests: Labelled,
     package_bytes: AtomicU64,
     rpc: Mutex<BTreeMap<&'static str, Histogram>>,
-    rollout_events: Mutex<BTreeMap<String, u64>>,
+    rollout_events: Labelled,
     active_rollouts: AtomicI64,
 }
 
@@ -57,17 +57,13 @@ impl Metrics {
 
     /// Counts one enrolment attempt by outcome (`ok`, `invalid_token`, …).
     pub fn enrollment(&self, result: &'static str) {
-        if let Ok(mut m) = self.enrollments.lock() {
-            *m.entry(result).or_default() += 1;
-        }
+        self.enrollments.inc(result);
     }
 
     /// Counts one request for an agent package by outcome (`ok`,
     /// `not_found`, `rate_limited`, `busy`, `bad_method`, `error`).
     pub fn agent_package_request(&self, result: &'static str) {
-        if let Ok(mut m) = self.package_requests.lock() {
-            *m.entry(result).or_default() += 1;
-        }
+        self.package_requests.inc(result);
     }
 
     pub fn agent_package_bytes(&self, n: u64) {
@@ -76,9 +72,7 @@ impl Metrics {
 
     /// Counts one rollout event (`node_started`, `applied`, `rollout_failed`, …).
     pub fn rollout_event(&self, kind: &str) {
-        if let Ok(mut m) = self.rollout_events.lock() {
-            *m.entry(kind.to_string()).or_default() += 1;
-        }
+        self.rollout_events.inc(kind);
     }
 
     /// Rollouts running, paused or rolling back.
@@ -111,77 +105,60 @@ impl Metrics {
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut s = String::new();
-        let _ = writeln!(
-            s,
-            "# HELP lks_connected_agents Agents with an open Connect stream."
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        scalar(
+            &mut s,
+            "lks_connected_agents",
+            "gauge",
+            "Agents with an open Connect stream.",
+            self.connected.load(Ordering::Relaxed),
         );
-        let _ = writeln!(s, "# TYPE lks_connected_agents gauge");
-        let _ = writeln!(
-            s,
-            "lks_connected_agents {}",
-            self.connected.load(Ordering::Relaxed)
+        self.enrollments.render(
+            &mut s,
+            "lks_enrollments_total",
+            "Enrolment attempts by result.",
+            "result",
         );
-        let _ = writeln!(s, "# HELP lks_enrollments_total Enrolment attempts by result.");
-        let _ = writeln!(s, "# TYPE lks_enrollments_total counter");
-        if let Ok(m) = self.enrollments.lock() {
-            for (result, n) in m.iter() {
-                let _ = writeln!(s, "lks_enrollments_total{{result=\"{result}\"}} {n}");
-            }
-        }
-        let _ = writeln!(
-            s,
-            "# HELP lks_agent_package_requests_total Requests for the agent package by result."
+        self.package_requests.render(
+            &mut s,
+            "lks_agent_package_requests_total",
+            "Requests for the agent package by result.",
+            "result",
         );
-        let _ = writeln!(s, "# TYPE lks_agent_package_requests_total counter");
-        if let Ok(m) = self.package_requests.lock() {
-            for (result, n) in m.iter() {
-                let _ = writeln!(s, "lks_agent_package_requests_total{{result=\"{result}\"}} {n}");
-            }
-        }
-        let _ = writeln!(
-            s,
-            "# HELP lks_agent_package_bytes_served_total Agent package bytes sent."
+        scalar(
+            &mut s,
+            "lks_agent_package_bytes_served_total",
+            "counter",
+            "Agent package bytes sent.",
+            load(&self.package_bytes),
         );
-        let _ = writeln!(s, "# TYPE lks_agent_package_bytes_served_total counter");
-        let _ = writeln!(
-            s,
-            "lks_agent_package_bytes_served_total {}",
-            self.package_bytes.load(Ordering::Relaxed)
+        scalar(
+            &mut s,
+            "lks_desired_state_pushes_total",
+            "counter",
+            "Desired states sent to agents.",
+            load(&self.pushes),
         );
-        let _ = writeln!(
-            s,
-            "# HELP lks_desired_state_pushes_total Desired states sent to agents."
+        scalar(
+            &mut s,
+            "lks_blob_bytes_served_total",
+            "counter",
+            "Blob bytes sent to agents.",
+            load(&self.blob_bytes),
         );
-        let _ = writeln!(s, "# TYPE lks_desired_state_pushes_total counter");
-        let _ = writeln!(
-            s,
-            "lks_desired_state_pushes_total {}",
-            self.pushes.load(Ordering::Relaxed)
+        scalar(
+            &mut s,
+            "lks_active_rollouts",
+            "gauge",
+            "Rollouts running, paused or rolling back.",
+            self.active_rollouts.load(Ordering::Relaxed),
         );
-        let _ = writeln!(s, "# HELP lks_blob_bytes_served_total Blob bytes sent to agents.");
-        let _ = writeln!(s, "# TYPE lks_blob_bytes_served_total counter");
-        let _ = writeln!(
-            s,
-            "lks_blob_bytes_served_total {}",
-            self.blob_bytes.load(Ordering::Relaxed)
+        self.rollout_events.render(
+            &mut s,
+            "lks_rollout_events_total",
+            "Rollout events by kind.",
+            "kind",
         );
-        let _ = writeln!(
-            s,
-            "# HELP lks_active_rollouts Rollouts running, paused or rolling back."
-        );
-        let _ = writeln!(s, "# TYPE lks_active_rollouts gauge");
-        let _ = writeln!(
-            s,
-            "lks_active_rollouts {}",
-            self.active_rollouts.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(s, "# HELP lks_rollout_events_total Rollout events by kind.");
-        let _ = writeln!(s, "# TYPE lks_rollout_events_total counter");
-        if let Ok(m) = self.rollout_events.lock() {
-            for (kind, n) in m.iter() {
-                let _ = writeln!(s, "lks_rollout_events_total{{kind=\"{kind}\"}} {n}");
-            }
-        }
         let _ = writeln!(
             s,
             "# HELP lks_rpc_duration_seconds gRPC handler duration by method."
@@ -211,6 +188,35 @@ impl Metrics {
         }
         s
     }
+}
+
+/// A counter with one label, one series per label value.
+#[derive(Default)]
+struct Labelled(Mutex<BTreeMap<String, u64>>);
+
+impl Labelled {
+    fn inc(&self, value: &str) {
+        if let Ok(mut m) = self.0.lock() {
+            *m.entry(value.to_string()).or_default() += 1;
+        }
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str, label: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} counter");
+        if let Ok(m) = self.0.lock() {
+            for (value, n) in m.iter() {
+                let _ = writeln!(out, "{name}{{{label}=\"{value}\"}} {n}");
+            }
+        }
+    }
+}
+
+/// One unlabelled counter or gauge.
+fn scalar(out: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    let _ = writeln!(out, "{name} {value}");
 }
 
 /// Records an RPC's duration when dropped.
