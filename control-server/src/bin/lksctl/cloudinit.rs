@@ -10,6 +10,10 @@
 
 use std::fmt::Write as _;
 
+// The server's package endpoint, followed by the architecture: one
+// definition for the server that serves it and the user-data that fetches it.
+use lks_control_server::packages::PATH_PREFIX;
+
 /// Where the VM gets the `lksadmin-agent` package from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PackageSource<'a> {
@@ -64,8 +68,6 @@ pub enum CloudInitError {
 const DEB_PATH: &str = "/run/lksadmin-agent.deb";
 /// Where the cluster CA is written for curl, on the same tmpfs.
 const CA_PATH: &str = "/run/lksadmin-bootstrap-ca.pem";
-/// The server's package endpoint, followed by the architecture.
-const PACKAGE_PATH: &str = "/v1/agent-package/";
 
 /// Renders the user-data.
 pub fn render(u: &UserData<'_>) -> Result<String, CloudInitError> {
@@ -114,7 +116,7 @@ pub fn render(u: &UserData<'_>) -> Result<String, CloudInitError> {
             // quoted. Each server is tried in turn.
             runcmd.push(Entry::Shell(format!(
                 "ok=no; for s in {}; do if curl -fsSL --proto =https --retry 5 --retry-connrefused \
-                 --cacert {CA_PATH} -o {DEB_PATH} \"$s{PACKAGE_PATH}$arch\"; then ok=yes; break; fi; done",
+                 --cacert {CA_PATH} -o {DEB_PATH} \"$s{PATH_PREFIX}$arch\"; then ok=yes; break; fi; done",
                 servers.split(',').collect::<Vec<_>>().join(" ")
             )));
             runcmd.push(Entry::Shell(
