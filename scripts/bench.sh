@@ -56,13 +56,18 @@ echo "- $(rustc --version); release profile; date $(date -u +%F)"
 echo
 
 # The package the download section serves: 20 MiB, a .deb's first bytes.
+# Only that section has the server import it.
 pkg=$work/pkg/lksadmin-agent_0.0.0-bench_amd64.deb
-mkdir -p "$work/pkg"
-{ printf '!<arch>\ndebian-binary   '; head -c $((20 << 20)) /dev/urandom; } >"$pkg"
+pkg_args=()
+if want packages; then
+  mkdir -p "$work/pkg"
+  { printf '!<arch>\ndebian-binary   '; head -c $((20 << 20)) /dev/urandom; } >"$pkg"
+  pkg_args=(--agent-package "$pkg")
+fi
 
 port=$((20000 + RANDOM % 20000))
 "$bin/lks-control-server" --data-dir "$work/server" --listen "127.0.0.1:$port" \
-  --advertise-address 127.0.0.1 --agent-package "$pkg" >"$work/server.log" 2>&1 &
+  --advertise-address 127.0.0.1 "${pkg_args[@]}" >"$work/server.log" 2>&1 &
 server_pid=$!
 for _ in $(seq 100); do [ -f "$work/server/admin.conf" ] && break; sleep 0.1; done
 sleep 0.5
