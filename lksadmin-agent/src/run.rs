@@ -219,6 +219,7 @@ async fn engine_loop(
     };
     watch_managed(&mut drift, &engine);
     let mut last_drift_heal: Option<tokio::time::Instant> = None;
+    let mut drift_heal_at: Option<tokio::time::Instant> = None;
     let start = tokio::time::Instant::now();
     let mut heal_tick = tokio::time::interval_at(start + heal_interval, heal_interval);
     let mut retry = tokio::time::interval_at(start + RETRY_INTERVAL, RETRY_INTERVAL);
@@ -250,31 +251,42 @@ async fn engine_loop(
             _ = retry.tick() => if let Some(d) = &desired && needs_retry(&engine) {
                 reconcile(&mut engine, d, false).await;
             },
-            r = drift_changed(&mut drift) => {
-                match r {
-                    Ok(()) => {
-                        let settled = tokio::time::Instant::now() + DRIFT_SETTLE;
-                        let gap = last_drift_heal.map_or(settled, |t| t + DRIFT_MIN_GAP);
-                        tokio::time::sleep_until(settled.max(gap)).await;
-                        if let Some(w) = drift.as_mut() {
-                            w.drain();
-                        }
-                        tracing::debug!("a managed file changed on disk: healing now");
-                        // Only a pass that repaired something counts for the
-                        // gap: the wake-up our own repair causes is free.
-                        if heal(&mut engine).await {
-                            last_drift_heal = Some(tokio::time::Instant::now());
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!("inotify failed ({e}): drift is repaired by the periodic pass only");
-                        drift = None;
-                    }
+            // A change schedules a heal instead of waiting here, so new
+            // desired states are not held up meanwhile.
+            r = drift_changed(&mut drift), if drift_heal_at.is_none() => match r {
+                Ok(()) => {
+                    let settled = tokio::time::Instant::now() + DRIFT_SETTLE;
+                    let gap = last_drift_heal.map_or(settled, |t| t + DRIFT_MIN_GAP);
+                    drift_heal_at = Some(settled.max(gap));
+                }
+                Err(e) => {
+                    tracing::warn!("inotify failed ({e}): drift is repaired by the periodic pass only");
+                    drift = None;
+                }
+            },
+            _ = sleep_until_some(drift_heal_at) => {
+                drift_heal_at = None;
+                if let Some(w) = drift.as_mut() {
+                    w.drain();
+                }
+                tracing::debug!("a managed file changed on disk: healing now");
+                // Only a pass that repaired something counts for the gap:
+                // the wake-up our own repair causes is free.
+                if heal(&mut engine).await {
+                    last_drift_heal = Some(tokio::time::Instant::now());
                 }
             }
         }
         // Applies, removals and repairs change which directories matter.
         watch_managed(&mut drift, &engine);
+    }
+}
+
+/// Never resolves for `None`.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
     }
 }
 
