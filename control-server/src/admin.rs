@@ -148,15 +148,15 @@ impl AdminService for AdminApi {
             .await
             .map_err(store_status)?;
         let ca_hash = self.s.pki.ca_hash().to_string();
-        let join_command = format!(
-            "lksadmin-agent join --server {} --token {token} --ca-cert-hash {ca_hash}",
-            self.s.server_url
-        );
+        // Every replica, so the agent can fail over between them.
+        let servers = self.s.join_servers();
+        let join_command =
+            format!("lksadmin-agent join --server {servers} --token {token} --ca-cert-hash {ca_hash}");
         tracing::info!(cluster = %r.cluster, token_id = %token.id(), "bootstrap token created");
         Ok(Response::new(pb::CreateTokenResponse {
             token: token.to_string(),
             ca_cert_hash: ca_hash,
-            server: self.s.server_url.clone(),
+            server: servers,
             join_command,
             expires_at: expires_at_ms / 1000,
             ca_cert_pem: self.s.pki.ca_pem().to_string(),
@@ -228,6 +228,24 @@ impl AdminService for AdminApi {
                     f.digest
                 )));
             }
+        }
+        if self.s.etcd.is_some()
+            && let Some((d, size)) = expected.iter().find(|(_, size)| **size > self.s.etcd_max_blob)
+        {
+            let path = m
+                .files
+                .iter()
+                .find(|f| f.digest == *d)
+                .map(|f| f.path.to_string());
+            return Err(invalid(format!(
+                "{}: {}",
+                path.unwrap_or_default(),
+                crate::blobsync::SyncError::TooLarge {
+                    digest: *d,
+                    size: *size,
+                    max: self.s.etcd_max_blob
+                }
+            )));
         }
         let mut done: HashSet<Digest> = HashSet::new();
         let mut current: Option<BlobWriter> = None;
@@ -316,6 +334,19 @@ impl AdminService for AdminApi {
             b.commit()
                 .await
                 .map_err(|e| Status::internal(format!("store blob: {e}")))?;
+        }
+        // On etcd the blobs go there too before the bundle is recorded, so
+        // any replica can serve them once publish answers (blobsync.rs).
+        if let Some(e) = &self.s.etcd {
+            for d in expected.keys() {
+                crate::blobsync::upload(e, &self.s.blobs, d, self.s.etcd_max_blob)
+                    .await
+                    .map_err(|err| match err {
+                        crate::blobsync::SyncError::TooLarge { .. } => invalid(err.to_string()),
+                        crate::blobsync::SyncError::Store(se) => store_status(se),
+                        other => Status::internal(other.to_string()),
+                    })?;
+            }
         }
         let outcome = self
             .s
@@ -847,7 +878,8 @@ fn node_pb(s: &Shared, n: NodeRow) -> pb::Node {
             .and_then(serde_json::Value::as_u64)
             .unwrap_or_default()
     };
-    let connected = s.hub.is_connected(&n.name);
+    // Here, or (on etcd) on a live replica.
+    let connected = n.connected || s.hub.is_connected(&n.name);
     let last_seen_ms = n.last_seen_ms.max(s.hub.last_heard(&n.name).unwrap_or(0));
     pb::Node {
         name: n.name,

@@ -176,6 +176,20 @@ impl AgentService for AgentApi {
                 caller.id.node
             )));
         }
+        if !self.s.blobs.contains(&digest)
+            && let Some(e) = &self.s.etcd
+        {
+            // Published through another replica: fetch it once from etcd.
+            let _one = self.s.blob_fetch.lock().await;
+            if !self.s.blobs.contains(&digest) {
+                match crate::blobsync::fetch(e, &self.s.blobs, &digest).await {
+                    Ok(true) => tracing::info!(%digest, "blob fetched from etcd"),
+                    Ok(false) => {}
+                    Err(crate::blobsync::SyncError::Store(err)) => return Err(store_status(err)),
+                    Err(err) => return Err(Status::internal(err.to_string())),
+                }
+            }
+        }
         let path = self.s.blobs.path(&digest);
         let mut file = match tokio::fs::File::open(&path).await {
             Ok(f) => f,

@@ -87,6 +87,9 @@ pub fn store_status(e: StoreError) -> Status {
         StoreError::AlreadyExists(m) => Status::already_exists(m),
         StoreError::Conflict(m) => Status::failed_precondition(m),
         StoreError::Token(r) => token_status(r),
+        StoreError::Unavailable(m) => {
+            Status::unavailable(format!("control server storage is unavailable: {m}; retry"))
+        }
         StoreError::Backend(m) => {
             tracing::error!(error = %m, "store failure");
             Status::internal(format!("control server storage error: {m}"))

@@ -30,6 +30,8 @@ const TICK: Duration = Duration::from_secs(1);
 const QUEUE: usize = 64;
 /// Steps taken for one rollout per trigger; one normally reaches a fixed point.
 const MAX_STEPS: usize = 3;
+/// Tries of an operator verb that lost a race with another replica.
+const VERB_ATTEMPTS: usize = 5;
 
 type Reply = oneshot::Sender<Result<RolloutRow, Status>>;
 
@@ -95,10 +97,13 @@ struct Controller {
 
 /// Runs the controller until shutdown.
 pub async fn run(s: Arc<Shared>, inbox: Inbox) {
-    let c = Controller {
+    let mut c = Controller {
         s: s.clone(),
         since_ms: now_ms(),
     };
+    let mut leader = s.leader.clone();
+    // On SQLite nobody sends: this server always leads.
+    let mut leader_fixed = false;
     let mut rx = inbox.0;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -113,6 +118,17 @@ pub async fn run(s: Arc<Shared>, inbox: Inbox) {
             // The first tick is immediate: rollouts stored before a restart
             // carry on at once.
             _ = tick.tick() => c.drive_all().await,
+            r = leader.changed(), if !leader_fixed => {
+                if r.is_err() {
+                    leader_fixed = true;
+                    continue;
+                }
+                if *leader.borrow_and_update() {
+                    // Offline deadlines count from when this replica took over.
+                    c.since_ms = now_ms();
+                    c.drive_all().await;
+                }
+            }
         }
     }
 }
@@ -138,6 +154,12 @@ impl Controller {
         }
     }
 
+    /// Only the elected replica advances rollouts; the others store
+    /// operator commands and leave the driving to it (etcd tells it).
+    fn leads(&self) -> bool {
+        self.s.is_leader()
+    }
+
     async fn start(&self, new: NewRollout) -> Result<RolloutRow, Status> {
         let row = self.s.store.start_rollout(new).await.map_err(store_status)?;
         self.s.metrics.rollout_event("rollout_started");
@@ -146,23 +168,41 @@ impl Controller {
             nodes = row.nodes.len(), batch_size = row.batch_size, "rollout started"
         );
         self.s.rollout_updates.send_modify(|v| *v += 1);
-        let row = self.drive(row).await.map_err(store_status)?;
+        let row = if self.leads() {
+            self.drive(row).await.map_err(store_status)?
+        } else {
+            row
+        };
         self.count_active().await;
         Ok(row)
     }
 
     async fn verb(&self, id: &str, verb: Verb) -> Result<RolloutRow, Status> {
-        let row = self
-            .s
-            .store
-            .get_rollout(id)
-            .await
-            .map_err(store_status)?
-            .ok_or_else(|| Status::not_found(format!("rollout {id} does not exist")))?;
-        let d = rollout::apply_verb(&row, verb, now_ms())
-            .map_err(|e| Status::failed_precondition(e.to_string()))?;
-        let row = self.commit(&row, d).await.map_err(store_status)?;
-        let row = self.drive(row).await.map_err(store_status)?;
+        // Another replica (the leader) may commit between our read and our
+        // write; the store refuses the stale decision and we decide again.
+        let mut attempt = 0;
+        let row = loop {
+            attempt += 1;
+            let row = self
+                .s
+                .store
+                .get_rollout(id)
+                .await
+                .map_err(store_status)?
+                .ok_or_else(|| Status::not_found(format!("rollout {id} does not exist")))?;
+            let d = rollout::apply_verb(&row, verb, now_ms())
+                .map_err(|e| Status::failed_precondition(e.to_string()))?;
+            match self.commit(&row, d).await {
+                Ok(row) => break row,
+                Err(StoreError::Conflict(_)) if attempt < VERB_ATTEMPTS => continue,
+                Err(e) => return Err(store_status(e)),
+            }
+        };
+        let row = if self.leads() {
+            self.drive(row).await.map_err(store_status)?
+        } else {
+            row
+        };
         self.count_active().await;
         Ok(row)
     }
@@ -175,7 +215,7 @@ impl Controller {
                 let view = NodeView {
                     desired: v.desired,
                     actual: v.actual,
-                    connected: self.s.hub.is_connected(&name),
+                    connected: v.connected || self.s.hub.is_connected(&name),
                     last_seen_ms: v.last_seen_ms.max(self.s.hub.last_heard(&name).unwrap_or(0)),
                 };
                 (name, view)
@@ -226,6 +266,9 @@ impl Controller {
     }
 
     async fn drive_all(&self) {
+        if !self.leads() {
+            return;
+        }
         let rows = match self.s.store.rollouts_to_drive().await {
             Ok(r) => r,
             Err(e) => {

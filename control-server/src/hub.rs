@@ -83,6 +83,16 @@ impl Hub {
         }
     }
 
+    /// Tells every stream to re-read its desired state (after a gap in the
+    /// etcd watch); each sends only if its generation moved.
+    pub fn notify_all(&self) {
+        if let Ok(c) = self.conns.lock() {
+            for conn in c.values() {
+                conn.changed.send_modify(|v| *v += 1);
+            }
+        }
+    }
+
     /// Ends `node`'s stream (if any), e.g. because the node was deleted.
     pub fn kick(&self, node: &str) {
         if let Ok(mut c) = self.conns.lock()

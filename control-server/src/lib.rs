@@ -1,5 +1,5 @@
 //! lksadmin control server: the gRPC agent and admin APIs, its PKI, the
-//! SQLite store and blob store, and `lksctl`, the operator CLI.
+//! SQLite and etcd stores, the blob store, replication between replicas, and `lksctl`, the operator CLI.
 //!
 //! `main.rs` and `bin/lksctl.rs` only parse arguments and wire signals; all
 //! behaviour lives here so tests can drive it.
@@ -11,6 +11,7 @@ pub mod adminconf;
 pub mod agent;
 pub mod authz;
 pub mod blobs;
+pub mod blobsync;
 pub mod controller;
 pub mod fsutil;
 pub mod hub;
@@ -18,6 +19,7 @@ pub mod metrics;
 pub mod packages;
 pub mod pki;
 pub mod ratelimit;
+pub mod replicas;
 pub mod rollout;
 pub mod seal;
 pub mod server;

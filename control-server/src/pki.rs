@@ -59,6 +59,47 @@ pub struct IssuedCert {
     pub not_after: i64,
 }
 
+/// What every replica of a control plane shares: the CA and the admin
+/// credential, as PEM. Private keys are sealed before they are stored when
+/// the server has an encryption key (see `identity.rs`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedIdentity {
+    pub ca_cert: String,
+    pub ca_key: String,
+    pub admin_cert: String,
+    pub admin_key: String,
+}
+
+impl SharedIdentity {
+    /// A new CA and an admin credential signed by it.
+    pub fn generate() -> Result<SharedIdentity, PkiError> {
+        let now = OffsetDateTime::now_utc();
+        let (ca_cert, key) = new_ca(now)?;
+        let ca_key = key.serialize_pem();
+        let issuer = Issuer::from_ca_cert_pem(&ca_cert, key).map_err(|e| PkiError::Invalid {
+            path: PathBuf::from("(new CA)"),
+            message: e.to_string(),
+        })?;
+        let (admin_cert, admin_key) = new_admin_cert(&issuer, now)?;
+        Ok(SharedIdentity {
+            ca_cert,
+            ca_key,
+            admin_cert,
+            admin_key,
+        })
+    }
+
+    /// Reads a single server's PKI directory (`DATA_DIR/pki`), for `migrate`.
+    pub fn from_dir(dir: &Path) -> Result<SharedIdentity, PkiError> {
+        Ok(SharedIdentity {
+            ca_cert: read(&dir.join("ca.crt"))?,
+            ca_key: read(&dir.join("ca.key"))?,
+            admin_cert: read(&dir.join("admin.crt"))?,
+            admin_key: read(&dir.join("admin.key"))?,
+        })
+    }
+}
+
 /// The CA and the material the server needs to serve TLS.
 pub struct Pki {
     issuer: Issuer<'static, KeyPair>,
@@ -86,29 +127,11 @@ impl Pki {
         let (ca_pem, ca_key_pair) = if ca_crt.exists() && ca_key.exists() {
             (read(&ca_crt)?, parse_key(&ca_key)?)
         } else {
-            let key = KeyPair::generate().map_err(|source| PkiError::Generate {
-                what: "CA key",
-                source,
-            })?;
-            let mut p = CertificateParams::default();
-            p.distinguished_name = dn("lksadmin CA");
-            p.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-            p.key_usages = vec![
-                KeyUsagePurpose::KeyCertSign,
-                KeyUsagePurpose::CrlSign,
-                KeyUsagePurpose::DigitalSignature,
-            ];
-            p.not_before = now - BACKDATE;
-            p.not_after = now + CA_VALIDITY;
-            p.serial_number = Some(random_serial());
-            let cert = p.self_signed(&key).map_err(|source| PkiError::Generate {
-                what: "CA certificate",
-                source,
-            })?;
+            let (cert_pem, key) = new_ca(now)?;
             // Key first: a CA certificate without its key would be useless.
             write(&ca_key, key.serialize_pem().as_bytes(), 0o600)?;
-            write(&ca_crt, cert.pem().as_bytes(), 0o644)?;
-            (cert.pem(), key)
+            write(&ca_crt, cert_pem.as_bytes(), 0o644)?;
+            (cert_pem, key)
         };
         let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_key_pair).map_err(|e| PkiError::Invalid {
             path: ca_crt.clone(),
@@ -131,28 +154,10 @@ impl Pki {
         let (server_pem, server_key_pem) = if keep_server {
             (read(&server_crt)?, read(&server_key)?)
         } else {
-            let key = KeyPair::generate().map_err(|source| PkiError::Generate {
-                what: "serving key",
-                source,
-            })?;
-            let mut p = CertificateParams::new(names.to_vec()).map_err(|source| PkiError::Generate {
-                what: "serving certificate",
-                source,
-            })?;
-            p.distinguished_name = dn("lks-control-server");
-            p.is_ca = IsCa::ExplicitNoCa;
-            p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-            p.not_before = now - BACKDATE;
-            p.not_after = now + SERVER_VALIDITY;
-            p.serial_number = Some(random_serial());
-            let cert = p.signed_by(&key, &issuer).map_err(|source| PkiError::Generate {
-                what: "serving certificate",
-                source,
-            })?;
-            write(&server_key, key.serialize_pem().as_bytes(), 0o600)?;
-            write(&server_crt, cert.pem().as_bytes(), 0o644)?;
-            (cert.pem(), key.serialize_pem())
+            let (cert_pem, key_pem) = new_server_cert(names, &issuer, now)?;
+            write(&server_key, key_pem.as_bytes(), 0o600)?;
+            write(&server_crt, cert_pem.as_bytes(), 0o644)?;
+            (cert_pem, key_pem)
         };
 
         let admin_crt = dir.join("admin.crt");
@@ -166,26 +171,10 @@ impl Pki {
         let (admin_cert_pem, admin_key_pem) = if keep_admin {
             (read(&admin_crt)?, read(&admin_key)?)
         } else {
-            let key = KeyPair::generate().map_err(|source| PkiError::Generate {
-                what: "admin key",
-                source,
-            })?;
-            let mut p = CertificateParams::default();
-            p.distinguished_name = dn("admin");
-            p.subject_alt_names = vec![SanType::URI(ia5(admin_uri("admin"))?)];
-            p.is_ca = IsCa::ExplicitNoCa;
-            p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-            p.not_before = now - BACKDATE;
-            p.not_after = now + ADMIN_VALIDITY;
-            p.serial_number = Some(random_serial());
-            let cert = p.signed_by(&key, &issuer).map_err(|source| PkiError::Generate {
-                what: "admin certificate",
-                source,
-            })?;
-            write(&admin_key, key.serialize_pem().as_bytes(), 0o600)?;
-            write(&admin_crt, cert.pem().as_bytes(), 0o644)?;
-            (cert.pem(), key.serialize_pem())
+            let (cert_pem, key_pem) = new_admin_cert(&issuer, now)?;
+            write(&admin_key, key_pem.as_bytes(), 0o600)?;
+            write(&admin_crt, cert_pem.as_bytes(), 0o644)?;
+            (cert_pem, key_pem)
         };
 
         Ok(Pki {
@@ -196,6 +185,31 @@ impl Pki {
             server_key_pem,
             admin_cert_pem,
             admin_key_pem,
+        })
+    }
+
+    /// The PKI of one replica of a shared control plane: CA and admin
+    /// credential from `id` (kept in etcd), and a serving certificate of
+    /// its own for `names`, made now and kept in memory only.
+    pub fn from_shared(id: &SharedIdentity, names: &[String]) -> Result<Pki, PkiError> {
+        let shared = Path::new("etcd:identity");
+        let invalid = |message: String| PkiError::Invalid {
+            path: shared.to_path_buf(),
+            message,
+        };
+        let key = KeyPair::from_pem(&id.ca_key).map_err(|e| invalid(format!("CA key: {e}")))?;
+        let issuer = Issuer::from_ca_cert_pem(&id.ca_cert, key).map_err(|e| invalid(format!("CA: {e}")))?;
+        let ca_der = first_der(shared, &id.ca_cert)?;
+        let ca_hash = ca_cert_hash(&ca_der).map_err(|e| invalid(e.to_string()))?;
+        let (server_pem, server_key_pem) = new_server_cert(names, &issuer, OffsetDateTime::now_utc())?;
+        Ok(Pki {
+            issuer,
+            server_chain_pem: format!("{}{}", ensure_newline(&server_pem), ensure_newline(&id.ca_cert)),
+            ca_pem: id.ca_cert.clone(),
+            ca_hash,
+            server_key_pem,
+            admin_cert_pem: id.admin_cert.clone(),
+            admin_key_pem: id.admin_key.clone(),
         })
     }
 
@@ -244,6 +258,80 @@ impl Pki {
             not_after: info.not_after,
         })
     }
+}
+
+fn new_ca(now: OffsetDateTime) -> Result<(String, KeyPair), PkiError> {
+    let key = KeyPair::generate().map_err(|source| PkiError::Generate {
+        what: "CA key",
+        source,
+    })?;
+    let mut p = CertificateParams::default();
+    p.distinguished_name = dn("lksadmin CA");
+    p.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    p.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    p.not_before = now - BACKDATE;
+    p.not_after = now + CA_VALIDITY;
+    p.serial_number = Some(random_serial());
+    let cert = p.self_signed(&key).map_err(|source| PkiError::Generate {
+        what: "CA certificate",
+        source,
+    })?;
+    Ok((cert.pem(), key))
+}
+
+fn new_server_cert(
+    names: &[String],
+    issuer: &Issuer<'static, KeyPair>,
+    now: OffsetDateTime,
+) -> Result<(String, String), PkiError> {
+    let key = KeyPair::generate().map_err(|source| PkiError::Generate {
+        what: "serving key",
+        source,
+    })?;
+    let mut p = CertificateParams::new(names.to_vec()).map_err(|source| PkiError::Generate {
+        what: "serving certificate",
+        source,
+    })?;
+    p.distinguished_name = dn("lks-control-server");
+    p.is_ca = IsCa::ExplicitNoCa;
+    p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    p.not_before = now - BACKDATE;
+    p.not_after = now + SERVER_VALIDITY;
+    p.serial_number = Some(random_serial());
+    let cert = p.signed_by(&key, issuer).map_err(|source| PkiError::Generate {
+        what: "serving certificate",
+        source,
+    })?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+fn new_admin_cert(
+    issuer: &Issuer<'static, KeyPair>,
+    now: OffsetDateTime,
+) -> Result<(String, String), PkiError> {
+    let key = KeyPair::generate().map_err(|source| PkiError::Generate {
+        what: "admin key",
+        source,
+    })?;
+    let mut p = CertificateParams::default();
+    p.distinguished_name = dn("admin");
+    p.subject_alt_names = vec![SanType::URI(ia5(admin_uri("admin"))?)];
+    p.is_ca = IsCa::ExplicitNoCa;
+    p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    p.not_before = now - BACKDATE;
+    p.not_after = now + ADMIN_VALIDITY;
+    p.serial_number = Some(random_serial());
+    let cert = p.signed_by(&key, issuer).map_err(|source| PkiError::Generate {
+        what: "admin certificate",
+        source,
+    })?;
+    Ok((cert.pem(), key.serialize_pem()))
 }
 
 fn dn(cn: &str) -> DistinguishedName {

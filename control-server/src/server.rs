@@ -28,7 +28,9 @@ use crate::metrics::{self, Metrics};
 use crate::packages::{AgentPackages, PackageError, PackageLayer};
 use crate::pki::{Pki, PkiError};
 use crate::ratelimit::RateLimiter;
-use crate::store::{SqliteStore, Store, StoreError};
+use crate::replicas;
+use crate::seal::{SealError, SealKey};
+use crate::store::{EtcdConfig, EtcdStore, SqliteStore, Store, StoreError};
 
 /// How often buffered heartbeats are written to the store.
 const HEARTBEAT_FLUSH: Duration = Duration::from_secs(5);
@@ -50,6 +52,26 @@ pub struct Config {
     pub ping_interval: Duration,
     /// Agent `.deb` files offered to new VMs over HTTPS (one per architecture).
     pub agent_packages: Vec<PathBuf>,
+    /// Where state lives.
+    pub store: StoreChoice,
+    /// Key that seals private keys kept in etcd.
+    pub encryption_key_file: Option<PathBuf>,
+    /// Extra DNS names or IP addresses for this replica's serving certificate.
+    pub tls_sans: Vec<String>,
+    /// TTL of this replica's etcd lease: how long a dead replica's nodes
+    /// still show connected and how long until another replica leads.
+    pub lease_ttl: Duration,
+    /// Largest blob kept in etcd (`--store etcd`).
+    pub etcd_max_blob: u64,
+}
+
+/// The store behind the server.
+#[derive(Clone, Debug)]
+pub enum StoreChoice {
+    /// SQLite in the data dir: one server.
+    Sqlite,
+    /// etcd shared by several replicas.
+    Etcd(EtcdConfig),
 }
 
 impl Config {
@@ -63,6 +85,11 @@ impl Config {
             shutdown_grace: Duration::from_secs(10),
             ping_interval: Duration::from_secs(30),
             agent_packages: Vec::new(),
+            store: StoreChoice::Sqlite,
+            encryption_key_file: None,
+            tls_sans: Vec::new(),
+            lease_ttl: Duration::from_secs(10),
+            etcd_max_blob: crate::blobsync::DEFAULT_MAX_BLOB,
         }
     }
 }
@@ -86,6 +113,12 @@ pub enum ServerError {
     AdminConf(#[from] AdminConfError),
     #[error("{0}")]
     AgentPackage(#[from] PackageError),
+    #[error("{0}")]
+    Seal(#[from] SealError),
+    #[error("shared identity in etcd: {0}")]
+    Identity(#[from] replicas::IdentityError),
+    #[error("{0}")]
+    Usage(String),
     #[error("configure TLS: {0}")]
     Tls(String),
     #[error("gRPC server: {0}")]
@@ -109,14 +142,36 @@ pub struct Shared {
     pub rollouts: controller::Handle,
     /// Bumped whenever a rollout changed, for `WatchRollout` streams.
     pub rollout_updates: watch::Sender<u64>,
-    /// `https://HOST:PORT` that agents and lksctl dial.
+    /// `https://HOST:PORT` that agents and lksctl dial to reach this replica.
     pub server_url: String,
+    /// The replicated store's own handle (blob replication, identity), when
+    /// the server runs on etcd.
+    pub etcd: Option<EtcdStore>,
+    /// True while this replica drives rollouts (always, on SQLite).
+    pub leader: watch::Receiver<bool>,
+    /// Every replica's URL, this one's first (only this one, on SQLite).
+    pub servers: watch::Receiver<Vec<String>>,
+    /// Serialises fetching blobs this replica lacks from etcd.
+    pub blob_fetch: tokio::sync::Mutex<()>,
+    /// Largest blob kept in etcd.
+    pub etcd_max_blob: u64,
     pub node_cert_ttl: Duration,
     pub ping_interval: Duration,
     /// Fires at shutdown.
     pub cancel: CancellationToken,
     /// Every per-stream and background task, so shutdown can wait for them.
     pub tasks: TaskTracker,
+}
+
+impl Shared {
+    /// The `--server` value of join commands: every replica, comma-separated.
+    pub fn join_servers(&self) -> String {
+        self.servers.borrow().join(",")
+    }
+
+    pub fn is_leader(&self) -> bool {
+        *self.leader.borrow()
+    }
 }
 
 /// Raises the soft open-file limit to the hard one: every agent stream is a
@@ -190,8 +245,42 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
             names.push(n.to_string());
         }
     }
-    let pki = Pki::load_or_create(&data_dir.join("pki"), &names)?;
+    for n in &cfg.tls_sans {
+        if !names.iter().any(|x| x == n) {
+            names.push(n.clone());
+        }
+    }
     let server_url = format!("https://{}:{}", url_host(&host), local.port());
+    let (store, etcd, pki): (Arc<dyn Store>, Option<EtcdStore>, Pki) = match &cfg.store {
+        StoreChoice::Sqlite => {
+            if cfg.encryption_key_file.is_some() {
+                return Err(ServerError::Usage(
+                    "--encryption-key-file applies to keys kept in etcd (--store etcd); \
+                     with SQLite the keys stay in the data dir, readable by its owner only"
+                        .into(),
+                ));
+            }
+            let pki = Pki::load_or_create(&data_dir.join("pki"), &names)?;
+            let store = SqliteStore::open(&data_dir.join("state.db"))?;
+            store.mark_all_disconnected().await?;
+            (Arc::new(store), None, pki)
+        }
+        StoreChoice::Etcd(ecfg) => {
+            let seal = cfg
+                .encryption_key_file
+                .as_deref()
+                .map(SealKey::load)
+                .transpose()?;
+            let mut id = [0u8; 8];
+            let _ = getrandom::getrandom(&mut id);
+            let replica = hex::encode(id);
+            let store = EtcdStore::connect(ecfg, &replica).await?;
+            let identity = replicas::load_or_create_identity(&store, seal.as_ref()).await?;
+            let pki = Pki::from_shared(&identity, &names)?;
+            tracing::info!(replica = %replica, prefix = store.prefix(), endpoints = %ecfg.endpoints.join(","), "store: etcd");
+            (Arc::new(store.clone()), Some(store), pki)
+        }
+    };
     let conf = AdminConf {
         server: server_url.clone(),
         ca_cert: pki.ca_pem().to_string(),
@@ -205,16 +294,21 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
     }
     tracing::info!(ca_cert_hash = %pki.ca_hash(), server = %server_url, "control server identity");
 
-    let store = SqliteStore::open(&data_dir.join("state.db"))?;
-    store.mark_all_disconnected().await?;
     let blobs = BlobStore::open(&data_dir.join("blobs"))?;
     let agent_packages = Arc::new(AgentPackages::import(package_candidates, &blobs).await?);
 
     let cancel = shutdown.child_token();
     let (rollout_updates, _) = watch::channel(0);
     let (rollouts, rollout_inbox) = controller::channel();
+    let (leader_tx, leader) = watch::channel(etcd.is_none());
+    let (servers_tx, servers) = watch::channel(vec![server_url.clone()]);
     let shared = Arc::new(Shared {
-        store: Arc::new(store),
+        store,
+        etcd: etcd.clone(),
+        leader,
+        servers,
+        blob_fetch: tokio::sync::Mutex::new(()),
+        etcd_max_blob: cfg.etcd_max_blob,
         blobs,
         agent_packages,
         pki,
@@ -242,6 +336,20 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
     }
     shared.tasks.spawn(flush_heartbeats(shared.clone()));
     shared.tasks.spawn(controller::run(shared.clone(), rollout_inbox));
+    if let Some(e) = &etcd {
+        shared.tasks.spawn(replicas::run_lease(
+            shared.clone(),
+            e.clone(),
+            shared.server_url.clone(),
+            cfg.lease_ttl,
+            leader_tx,
+        ));
+        shared
+            .tasks
+            .spawn(replicas::run_watch(shared.clone(), e.clone(), servers_tx));
+    } else {
+        drop((leader_tx, servers_tx));
+    }
 
     let tls = ServerTlsConfig::new()
         .identity(Identity::from_pem(

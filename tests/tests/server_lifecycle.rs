@@ -155,10 +155,45 @@ fn bad_flags_and_busy_ports_fail_clearly() {
     cmd.args(["--data-dir"]).arg(dir.path()).args(["--store", "etcd"]);
     let out = run(cmd);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not supported"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--store etcd needs --etcd-endpoints"));
     assert!(
         !dir.path().join("admin.conf").exists(),
         "nothing created for a refused start"
+    );
+
+    // An etcd nobody answers at: one line, non-zero exit, no credentials.
+    let dead = lks_e2e::free_addr();
+    let mut cmd = Command::new(bin("lks-control-server"));
+    cmd.args(["--data-dir"])
+        .arg(dir.path())
+        .args(["--listen", "127.0.0.1:0", "--store", "etcd", "--etcd-endpoints"])
+        .arg(format!("http://{dead}"));
+    let out = run(cmd);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("error: open store: store unavailable: etcd at http://127.0.0.1:"),
+        "{err}"
+    );
+    assert!(!dir.path().join("admin.conf").exists());
+
+    let mut cmd = Command::new(bin("lks-control-server"));
+    cmd.args(["--data-dir"])
+        .arg(dir.path())
+        .args(["--etcd-endpoints", "http://127.0.0.1:2379"]);
+    let out = run(cmd);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("need --store etcd"));
+
+    let mut cmd = Command::new(bin("lks-control-server"));
+    cmd.args(["--data-dir"])
+        .arg(dir.path())
+        .args(["--encryption-key-file", "/nonexistent"]);
+    let out = run(cmd);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--encryption-key-file applies to keys kept in etcd")
     );
 
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -5,6 +5,7 @@
 //! enrolment, a publish or a rollout start. Rows are plain Rust; protobuf
 //! appears only as the opaque bytes of a stored `SignedBundle`.
 
+pub mod etcd;
 pub mod sqlite;
 
 use std::collections::BTreeMap;
@@ -13,6 +14,7 @@ use async_trait::async_trait;
 use lks_proto::BundleState;
 use lks_proto::labels::Labels;
 
+pub use etcd::{EtcdConfig, EtcdStore};
 pub use sqlite::SqliteStore;
 
 /// Why a store operation failed. The variants that describe the caller's
@@ -28,6 +30,10 @@ pub enum StoreError {
     Conflict(String),
     #[error("{0}")]
     Token(TokenRefusal),
+    /// The backing store cannot be reached now (etcd down or without
+    /// quorum); the request may be retried.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
     #[error("store: {0}")]
     Backend(String),
 }
@@ -375,6 +381,8 @@ pub struct NodeBundleView {
     /// What the node last reported about the bundle.
     pub actual: Option<BundleStatusRow>,
     pub last_seen_ms: i64,
+    /// Its stream is open on this server or (with etcd) on a live replica.
+    pub connected: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -466,4 +474,16 @@ pub trait Store: Send + Sync + 'static {
 
     async fn add_event(&self, event: EventRow) -> Result<()>;
     async fn list_events(&self, filter: EventFilter) -> Result<Vec<EventRow>>;
+}
+
+/// The refusal of a second active rollout of one cluster and bundle.
+pub fn still_active(cluster: &str, bundle: &str, id: &str, state: &str) -> StoreError {
+    let hint = match state {
+        "paused" => "resume or abort it first",
+        "rolling_back" => "wait for its rollback to finish",
+        _ => "abort it or wait for it to end",
+    };
+    StoreError::Conflict(format!(
+        "rollout {id} of {bundle} in cluster {cluster} is still {state}; {hint}"
+    ))
 }

@@ -477,17 +477,6 @@ fn active_rollout(
         .optional()?)
 }
 
-fn still_active(cluster: &str, bundle: &str, id: &str, state: &str) -> StoreError {
-    let hint = match state {
-        "paused" => "resume or abort it first",
-        "rolling_back" => "wait for its rollback to finish",
-        _ => "abort it or wait for it to end",
-    };
-    StoreError::Conflict(format!(
-        "rollout {id} of {bundle} in cluster {cluster} is still {state}; {hint}"
-    ))
-}
-
 fn insert_event(tx: &Connection, e: &EventRow) -> Result<()> {
     tx.execute(
         "INSERT INTO events (at_ms, cluster, node, rollout_id, kind, bundle, version, message)
@@ -1339,7 +1328,7 @@ impl Store for SqliteStore {
         self.call(move |c| {
             let mut stmt = c.prepare_cached(
                 "SELECT rn.node, n.last_seen_ms, d.version, a.version, a.state, a.message, a.updated_at_ms,
-                        a.generation, r.bundle
+                        a.generation, r.bundle, n.connected
                  FROM rollout_nodes rn
                  JOIN rollouts r ON r.id = rn.rollout_id
                  JOIN nodes n ON n.name = rn.node
@@ -1354,6 +1343,7 @@ impl Store for SqliteStore {
                             r.get::<_, String>(0)?,
                             r.get::<_, i64>(1)?,
                             r.get::<_, Option<String>>(2)?,
+                            r.get::<_, bool>(9)?,
                         ),
                         (
                             r.get::<_, Option<String>>(3)?,
@@ -1368,7 +1358,7 @@ impl Store for SqliteStore {
                 .collect::<Result<Vec<_>, _>>()?;
             let mut out = BTreeMap::new();
             for (
-                (node, last_seen_ms, desired),
+                (node, last_seen_ms, desired, connected),
                 (version, state, message, updated_at_ms, generation, bundle),
             ) in rows
             {
@@ -1389,6 +1379,7 @@ impl Store for SqliteStore {
                         desired,
                         actual,
                         last_seen_ms,
+                        connected,
                     },
                 );
             }

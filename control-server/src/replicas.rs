@@ -1,0 +1,456 @@
+//! What makes several `lks-control-server` processes on one etcd one
+//! control plane: the shared identity, each replica's lease, the election
+//! of the one replica that drives rollouts, and the watch that carries
+//! changes made by any replica to the agents connected to this one.
+//!
+//! - **Lease**: each replica holds an etcd lease (`--lease-ttl`, 10 s by
+//!   default) and keeps it alive; `replicas/ID` (its URL) and `seen/ID`
+//!   (last-seen times) are bound to it. If the replica dies, etcd deletes
+//!   both when the lease runs out, so its nodes show `connected: false`
+//!   within the TTL. If etcd loses the lease while the replica lives (etcd
+//!   was down for longer than the TTL), the replica takes a new one and
+//!   registers again under the same id; its streams never dropped.
+//! - **Election**: the leader key `leader` is created with a transaction
+//!   that succeeds only while it does not exist, bound to the winner's
+//!   lease. Only the leader's controller advances rollouts; a replica that
+//!   cannot keep its lease alive stops leading at once. When the leader
+//!   dies, its key goes with its lease and another replica creates it on
+//!   its next check (every second). Two leaders can never both advance a
+//!   rollout: every decision is a transaction on the rollout's revision.
+//! - **Watch**: one watch over the keys that matter to agents and operators
+//!   (desired states, nodes, rollouts, replicas, the leader); a desired
+//!   state changed by any replica reaches the stream on this one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::pki::SharedIdentity;
+use crate::server::Shared;
+use crate::store::{EtcdStore, StoreError};
+
+/// How often the election and the replica list are checked.
+const CHECK: Duration = Duration::from_secs(1);
+
+/// The identity document as stored in etcd (`identity`).
+#[derive(Serialize, Deserialize)]
+struct IdentityDoc {
+    ca_cert: String,
+    admin_cert: String,
+    /// PEM, or a sealed envelope in hex when `sealed_with` is set.
+    ca_key: String,
+    admin_key: String,
+    /// Key id of the encryption key that sealed the private keys.
+    #[serde(default)]
+    sealed_with: Option<String>,
+}
+
+/// This replica's entry in `replicas/ID`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaInfo {
+    pub url: String,
+    pub started_at_ms: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Pki(#[from] crate::pki::PkiError),
+    #[error("stored identity is unreadable: {0}")]
+    Corrupt(String),
+    #[error("{0}")]
+    Seal(String),
+}
+
+/// Loads the control plane's identity from etcd, creating it if this is
+/// the first replica ever (compare-and-swap: if two replicas start at once,
+/// one identity wins and both use it).
+pub async fn load_or_create_identity(
+    store: &EtcdStore,
+    seal: Option<&crate::seal::SealKey>,
+) -> Result<SharedIdentity, IdentityError> {
+    let fresh = SharedIdentity::generate()?;
+    let doc = seal_identity(store, &fresh, seal)?;
+    let bytes = serde_json::to_vec(&doc).map_err(|e| IdentityError::Corrupt(e.to_string()))?;
+    let stored = store.create_once("identity", bytes.clone()).await?;
+    let created = stored == bytes;
+    let doc: IdentityDoc =
+        serde_json::from_slice(&stored).map_err(|e| IdentityError::Corrupt(e.to_string()))?;
+    let id = open_identity(store, &doc, seal)?;
+    if created {
+        tracing::info!("created the control plane's CA and admin credential in etcd");
+    } else if doc.sealed_with.is_none()
+        && let Some(key) = seal
+    {
+        // Stored before an encryption key was given: seal it now.
+        let resealed = serde_json::to_vec(&seal_identity(store, &id, Some(key))?)
+            .map_err(|e| IdentityError::Corrupt(e.to_string()))?;
+        if let Some((_, rev)) = store.get_bytes("identity").await?
+            && store.replace("identity", rev, resealed).await?
+        {
+            tracing::info!(key = %key.key_id(), "sealed the private keys stored in etcd with the encryption key");
+        }
+    }
+    if doc.sealed_with.is_none() && seal.is_none() {
+        tracing::warn!(
+            "private keys in etcd are not encrypted (as Kubernetes keeps Secrets by default); \
+             give --encryption-key-file to encrypt them at rest"
+        );
+    }
+    Ok(id)
+}
+
+fn aad(store: &EtcdStore, which: &str) -> Vec<u8> {
+    store.key(&format!("identity#{which}")).into_bytes()
+}
+
+fn seal_identity(
+    store: &EtcdStore,
+    id: &SharedIdentity,
+    seal: Option<&crate::seal::SealKey>,
+) -> Result<IdentityDoc, IdentityError> {
+    Ok(match seal {
+        None => IdentityDoc {
+            ca_cert: id.ca_cert.clone(),
+            admin_cert: id.admin_cert.clone(),
+            ca_key: id.ca_key.clone(),
+            admin_key: id.admin_key.clone(),
+            sealed_with: None,
+        },
+        Some(k) => IdentityDoc {
+            ca_cert: id.ca_cert.clone(),
+            admin_cert: id.admin_cert.clone(),
+            ca_key: hex::encode(
+                k.seal(id.ca_key.as_bytes(), &aad(store, "ca_key"))
+                    .map_err(|e| IdentityError::Seal(e.to_string()))?,
+            ),
+            admin_key: hex::encode(
+                k.seal(id.admin_key.as_bytes(), &aad(store, "admin_key"))
+                    .map_err(|e| IdentityError::Seal(e.to_string()))?,
+            ),
+            sealed_with: Some(k.key_id()),
+        },
+    })
+}
+
+fn open_identity(
+    store: &EtcdStore,
+    doc: &IdentityDoc,
+    seal: Option<&crate::seal::SealKey>,
+) -> Result<SharedIdentity, IdentityError> {
+    let open = |which: &str, v: &str| -> Result<String, IdentityError> {
+        let Some(key_id) = &doc.sealed_with else {
+            return Ok(v.to_string());
+        };
+        let Some(k) = seal else {
+            return Err(IdentityError::Seal(format!(
+                "the private keys in etcd are encrypted (key {key_id}); give --encryption-key-file with that key"
+            )));
+        };
+        let sealed = hex::decode(v).map_err(|e| IdentityError::Corrupt(format!("{which}: {e}")))?;
+        let plain = k
+            .open(&sealed, &aad(store, which))
+            .map_err(|e| IdentityError::Seal(format!("{which}: {e}")))?;
+        String::from_utf8(plain).map_err(|e| IdentityError::Corrupt(format!("{which}: {e}")))
+    };
+    Ok(SharedIdentity {
+        ca_cert: doc.ca_cert.clone(),
+        admin_cert: doc.admin_cert.clone(),
+        ca_key: open("ca_key", &doc.ca_key)?,
+        admin_key: open("admin_key", &doc.admin_key)?,
+    })
+}
+
+/// Replica URLs (this replica's first) as the watch last saw them.
+pub async fn replica_urls(store: &EtcdStore, own: &str) -> Result<Vec<String>, StoreError> {
+    let prefix = store.key("replicas/");
+    let mut kv = store.client().kv_client();
+    let resp = kv
+        .get(prefix, Some(GetOptions::new().with_prefix()))
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("etcd: {e}")))?;
+    let mut urls = vec![own.to_string()];
+    let mut others: Vec<String> = resp
+        .kvs()
+        .iter()
+        .filter_map(|kv| serde_json::from_slice::<ReplicaInfo>(kv.value()).ok())
+        .map(|r| r.url)
+        .filter(|u| u != own)
+        .collect();
+    others.sort();
+    others.dedup();
+    urls.extend(others);
+    Ok(urls)
+}
+
+/// Holds this replica's lease, its registration and (when elected) the
+/// leader key, until shutdown; then revokes the lease so that its nodes
+/// show disconnected and another replica leads at once.
+pub async fn run_lease(
+    s: Arc<Shared>,
+    store: EtcdStore,
+    url: String,
+    ttl: Duration,
+    leader: watch::Sender<bool>,
+) {
+    let ttl_s = ttl.as_secs().max(2) as i64;
+    let info = serde_json::to_vec(&ReplicaInfo {
+        url,
+        started_at_ms: crate::store::sqlite::now_ms(),
+    })
+    .unwrap_or_default();
+    let mut lease_client = store.client().lease_client();
+    let mut logged_down = false;
+    'lease: loop {
+        if s.cancel.is_cancelled() {
+            return;
+        }
+        leader.send_if_modified(|l| std::mem::replace(l, false));
+        let lease = match lease_client.grant(ttl_s, None).await {
+            Ok(r) => r.id(),
+            Err(e) => {
+                if !logged_down {
+                    tracing::warn!(error = %e, "etcd: cannot take a lease; retrying");
+                    logged_down = true;
+                }
+                tokio::select! {
+                    _ = s.cancel.cancelled() => return,
+                    _ = tokio::time::sleep(CHECK) => continue 'lease,
+                }
+            }
+        };
+        let mut kv = store.client().kv_client();
+        let reg = kv
+            .put(
+                store.key(&format!("replicas/{}", store.replica())),
+                info.clone(),
+                Some(PutOptions::new().with_lease(lease)),
+            )
+            .await;
+        if let Err(e) = reg {
+            tracing::warn!(error = %e, "etcd: cannot register this replica; retrying");
+            continue 'lease;
+        }
+        store.set_lease(lease);
+        let (mut keeper, mut acks) = match lease_client.keep_alive(lease).await {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::warn!(error = %e, "etcd: cannot keep the lease alive; retrying");
+                continue 'lease;
+            }
+        };
+        if logged_down {
+            tracing::info!("etcd: reachable again; lease renewed");
+            logged_down = false;
+        }
+        tracing::info!(replica = store.replica(), lease, ttl_s, "registered this replica");
+        let keep_every = Duration::from_secs((ttl_s as u64 / 3).max(1));
+        let mut last_kept = tokio::time::Instant::now();
+        let mut tick = tokio::time::interval(CHECK);
+        loop {
+            tokio::select! {
+                _ = s.cancel.cancelled() => {
+                    leader.send_if_modified(|l| std::mem::replace(l, false));
+                    // Give the leader key and the connection state up now
+                    // instead of letting them time out.
+                    let _ = tokio::time::timeout(Duration::from_secs(2), lease_client.revoke(lease)).await;
+                    return;
+                }
+                _ = tick.tick() => {}
+            }
+            if last_kept.elapsed() >= keep_every {
+                let alive = match keeper.keep_alive().await {
+                    Ok(()) => matches!(
+                        tokio::time::timeout(Duration::from_secs(3), acks.message()).await,
+                        Ok(Ok(Some(r))) if r.ttl() > 0
+                    ),
+                    Err(_) => false,
+                };
+                if !alive {
+                    tracing::warn!(
+                        replica = store.replica(),
+                        "etcd: lease lost; stepping down and taking a new one"
+                    );
+                    continue 'lease;
+                }
+                last_kept = tokio::time::Instant::now();
+            }
+            match campaign(&store, lease).await {
+                Ok(is_leader) => {
+                    let changed = leader.send_if_modified(|l| std::mem::replace(l, is_leader) != is_leader);
+                    if changed {
+                        if is_leader {
+                            tracing::info!(
+                                replica = store.replica(),
+                                "elected: this replica drives rollouts"
+                            );
+                            s.rollouts_changed.notify_one();
+                        } else {
+                            tracing::info!(replica = store.replica(), "no longer the leader");
+                        }
+                    }
+                }
+                Err(e) => {
+                    // Without etcd no one can commit a decision anyway.
+                    leader.send_if_modified(|l| std::mem::replace(l, false));
+                    tracing::debug!(error = %e, "election check");
+                }
+            }
+        }
+    }
+}
+
+/// Becomes leader if nobody is; true if this replica leads now.
+async fn campaign(store: &EtcdStore, lease: i64) -> Result<bool, etcd_client::Error> {
+    let key = store.key("leader");
+    let me = store.replica().as_bytes().to_vec();
+    let mut kv = store.client().kv_client();
+    let resp = kv
+        .txn(
+            Txn::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(
+                    key.clone(),
+                    me.clone(),
+                    Some(PutOptions::new().with_lease(lease)),
+                )])
+                .or_else([TxnOp::get(key.clone(), None)]),
+        )
+        .await?;
+    if resp.succeeded() {
+        return Ok(true);
+    }
+    for r in resp.op_responses() {
+        if let etcd_client::TxnOpResponse::Get(g) = r
+            && let Some(kv) = g.kvs().first()
+        {
+            return Ok(kv.value() == me.as_slice() && kv.lease() == lease);
+        }
+    }
+    Ok(false)
+}
+
+/// Carries changes made through any replica to this one: agents' desired
+/// states, deleted nodes, rollout progress, the replica list.
+pub async fn run_watch(s: Arc<Shared>, store: EtcdStore, servers: watch::Sender<Vec<String>>) {
+    let own = s.server_url.clone();
+    let from = store.key("desired/");
+    // Everything from `desired/` up to and including `rollouts/`: desired,
+    // drive, events, identity, leader, meta, nodes, replicas, rollouts —
+    // but not blob chunks or the per-replica last-seen documents.
+    let to = store.key("rollouts0");
+    let mut next_rev: i64 = 0;
+    let mut warned = false;
+    loop {
+        if s.cancel.is_cancelled() {
+            return;
+        }
+        // (Re)start: everything may have changed while we were not looking.
+        if let Ok(urls) = replica_urls(&store, &own).await {
+            servers.send_if_modified(|v| std::mem::replace(v, urls.clone()) != urls);
+        }
+        let mut opts = WatchOptions::new().with_range(to.clone());
+        if next_rev > 0 {
+            opts = opts.with_start_revision(next_rev);
+        }
+        let mut wc = store.client().watch_client();
+        let mut stream = match wc.watch(from.clone(), Some(opts)).await {
+            Ok(w) => {
+                if warned {
+                    tracing::info!("etcd watch re-established");
+                    warned = false;
+                }
+                w
+            }
+            Err(e) => {
+                if !warned {
+                    tracing::warn!(error = %e, "etcd watch failed; retrying");
+                    warned = true;
+                }
+                tokio::select! {
+                    _ = s.cancel.cancelled() => return,
+                    _ = tokio::time::sleep(CHECK) => continue,
+                }
+            }
+        };
+        if next_rev > 0 {
+            // Changes between the old watch and this one are replayed from
+            // next_rev; nothing else to do.
+        } else {
+            resync(&s);
+        }
+        loop {
+            let msg = tokio::select! {
+                _ = s.cancel.cancelled() => return,
+                m = stream.message() => m,
+            };
+            let resp = match msg {
+                Ok(Some(r)) => r,
+                Ok(None) | Err(_) => {
+                    if !warned {
+                        tracing::warn!("etcd watch ended; re-establishing");
+                        warned = true;
+                    }
+                    break;
+                }
+            };
+            if resp.compact_revision() > 0 {
+                // History we needed is gone: start over from now.
+                next_rev = 0;
+                break;
+            }
+            if resp.canceled() {
+                break;
+            }
+            let mut replicas_changed = false;
+            for ev in resp.events() {
+                let Some(kv) = ev.kv() else { continue };
+                next_rev = next_rev.max(kv.mod_revision() + 1);
+                let key = String::from_utf8_lossy(kv.key());
+                let Some(rest) = key.strip_prefix(store.prefix()) else {
+                    continue;
+                };
+                let deleted = ev.event_type() == EventType::Delete;
+                if let Some(node) = rest.strip_prefix("desired/") {
+                    if !deleted {
+                        s.hub.notify(node);
+                    }
+                } else if let Some(node) = rest.strip_prefix("nodes/") {
+                    if deleted {
+                        s.hub.kick(node);
+                    }
+                    s.rollouts_changed.notify_one();
+                } else if rest.starts_with("rollouts/") {
+                    s.rollout_updates.send_modify(|v| *v += 1);
+                    s.rollouts_changed.notify_one();
+                } else if rest.starts_with("replicas/") {
+                    replicas_changed = true;
+                    s.rollouts_changed.notify_one();
+                }
+            }
+            if let Some(h) = resp.header() {
+                next_rev = next_rev.max(h.revision() + 1);
+            }
+            if replicas_changed && let Ok(urls) = replica_urls(&store, &own).await {
+                servers.send_if_modified(|v| std::mem::replace(v, urls.clone()) != urls);
+            }
+        }
+        tokio::select! {
+            _ = s.cancel.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
+}
+
+/// After a gap in the watch: every stream re-reads its desired state (it
+/// sends only if the generation moved) and every rollout watcher looks again.
+fn resync(s: &Shared) {
+    s.hub.notify_all();
+    s.rollout_updates.send_modify(|v| *v += 1);
+    s.rollouts_changed.notify_one();
+}

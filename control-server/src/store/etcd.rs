@@ -1,0 +1,1746 @@
+//! The replicated store: every piece of state in etcd under one versioned
+//! key prefix (`--etcd-prefix`, default `/lksadmin/v1/`), so several
+//! `lks-control-server` replicas share it.
+//!
+//! Each record is one JSON document under its own key:
+//!
+//! | key (after the prefix)            | what                                          |
+//! |-----------------------------------|-----------------------------------------------|
+//! | `meta/generation`                 | the last desired-state generation handed out  |
+//! | `clusters/NAME`                   | a cluster                                     |
+//! | `tokens/ID`                       | a bootstrap token (secret hashed)             |
+//! | `nodes/NAME`                      | a node: labels, serial, facts, reports, replica |
+//! | `desired/NAME`                    | a node's desired bundles and generation       |
+//! | `bundles/NAME/VERSION`            | a published bundle version                    |
+//! | `targets/CLUSTER/BUNDLE`          | what joining nodes of a cluster receive       |
+//! | `rollouts/ID`                     | a rollout with its node rows                  |
+//! | `active/CLUSTER/BUNDLE`           | the id of the one active rollout, if any      |
+//! | `drive/ID`                        | present while the rollout needs driving       |
+//! | `events/MS-NONCE`                 | the events one change recorded                |
+//! | `blobs/DIGEST/meta`, `…/c/N`      | blob bytes in chunks ([`super::super::blobsync`]) |
+//! | `identity`                        | CA and admin credential (keys sealed if asked) |
+//! | `replicas/ID`, `seen/ID`, `leader`| per-replica state under the replica's lease   |
+//!
+//! Every change is one etcd transaction whose compares name the
+//! `mod_revision` of each document it was computed from (absent documents:
+//! `create_revision == 0`). If another replica wrote any of them in between,
+//! the transaction does nothing and the change is computed again from fresh
+//! reads — optimistic concurrency as Kubernetes' own storage layer does it,
+//! never a blind read-then-write. Token uses, node names, name@version
+//! immutability, "one active rollout per cluster and bundle" and rollout
+//! revisions are all settled this way.
+//!
+//! Connection state is not written per heartbeat: a node document names the
+//! replica its stream is on, and it counts as connected while that
+//! replica's lease-bound key `replicas/ID` exists. Last-seen times are
+//! gathered per replica and written as one document (`seen/ID`, bound to
+//! the lease) per flush interval.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+};
+use lks_proto::BundleState;
+use lks_proto::labels::{Labels, selector_matches};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::sqlite::now_ms;
+use super::*;
+
+/// Optimistic transactions retried before giving up with `Conflict`.
+const MAX_ATTEMPTS: usize = 16;
+/// Node assignments written per transaction; a larger decision is stored in
+/// several transactions, each leaving a consistent rollout (etcd refuses
+/// transactions with more than `--max-txn-ops`, 128 by default).
+const MAX_ASSIGN_PER_TXN: usize = 100;
+const DEFAULT_EVENT_LIMIT: u32 = 100;
+/// Event documents kept; older ones are pruned by the leader.
+pub const MAX_EVENT_DOCS: usize = 20_000;
+/// Deadline of one etcd call: a call that cannot finish in this time fails
+/// with `Unavailable` instead of hanging a handler.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where and how to reach etcd.
+#[derive(Clone, Debug, Default)]
+pub struct EtcdConfig {
+    pub endpoints: Vec<String>,
+    /// Key prefix; normalised to end with `/`.
+    pub prefix: String,
+    /// PEM of the CA that signed etcd's serving certificates (https endpoints).
+    pub ca_pem: Option<String>,
+    /// Client certificate and key (PEM) for etcd's client-certificate auth.
+    pub client_cert_pem: Option<(String, String)>,
+}
+
+/// The etcd [`Store`].
+#[derive(Clone)]
+pub struct EtcdStore {
+    client: Client,
+    prefix: String,
+    /// This replica's id: what node documents name while their stream is here.
+    replica: String,
+    /// Last-seen times of the nodes heard on this replica (for `seen/ID`).
+    seen: Arc<Mutex<HashMap<String, i64>>>,
+    /// The lease `seen/ID` is written under (0: none yet).
+    lease: Arc<Mutex<i64>>,
+}
+
+fn unavailable(e: etcd_client::Error) -> StoreError {
+    StoreError::Unavailable(format!("etcd: {e}"))
+}
+
+fn corrupt(key: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(format!("stored document {key} is unreadable: {e}"))
+}
+
+fn busy(what: &str) -> StoreError {
+    StoreError::Conflict(format!(
+        "{what}: other replicas kept changing the same records; try again"
+    ))
+}
+
+/// A document as read, with the revision its write must compare against
+/// (0: absent).
+struct Doc<T> {
+    value: Option<T>,
+    rev: i64,
+}
+
+impl<T> Doc<T> {
+    fn compare(&self, key: &str) -> Compare {
+        if self.rev == 0 {
+            Compare::create_revision(key, CompareOp::Equal, 0)
+        } else {
+            Compare::mod_revision(key, CompareOp::Equal, self.rev)
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone)]
+struct ClusterDoc {
+    created_at_ms: i64,
+}
+
+#[derive(Serialize, Deserialize, Clone)]
+struct TokenDoc {
+    secret_hash: String,
+    cluster: String,
+    expires_at_ms: i64,
+    remaining_uses: Option<u32>,
+    labels: Labels,
+    created_at_ms: i64,
+}
+
+#[derive(Serialize, Deserialize, Clone)]
+struct ActualDoc {
+    version: String,
+    state: BundleState,
+    message: String,
+    updated_at_ms: i64,
+    generation: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone)]
+struct NodeDoc {
+    cluster: String,
+    labels: Labels,
+    cert_serial: String,
+    facts_json: String,
+    last_seen_ms: i64,
+    enrolled_at_ms: i64,
+    /// The replica holding the node's stream ("" if none).
+    replica: String,
+    actual: BTreeMap<String, ActualDoc>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Default)]
+struct DesiredDoc {
+    generation: u64,
+    bundles: BTreeMap<String, String>,
+}
+
+#[derive(Serialize, Deserialize, Clone)]
+struct BundleDoc {
+    signed_bundle: String,
+    manifest_digest: String,
+    signed: bool,
+    files: u32,
+    total_size: u64,
+    published_at_ms: i64,
+    blob_digests: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone)]
+struct TargetDoc {
+    version: String,
+    selector: Labels,
+    rollout_id: String,
+}
+
+#[derive(Serialize, Deserialize, Clone)]
+struct RolloutNodeDoc {
+    #[serde(rename = "n")]
+    name: String,
+    #[serde(rename = "p")]
+    previous_version: String,
+    #[serde(rename = "s")]
+    state: String,
+    #[serde(rename = "m", default, skip_serializing_if = "String::is_empty")]
+    message: String,
+    #[serde(rename = "g", default)]
+    generation: u64,
+    #[serde(rename = "t", default)]
+    turn_at_ms: i64,
+    #[serde(rename = "f", default)]
+    flags: u8,
+}
+
+const TOUCHED: u8 = 1;
+const REVERTING: u8 = 2;
+const UNREACHED: u8 = 4;
+
+#[derive(Serialize, Deserialize, Clone)]
+struct RolloutDoc {
+    cluster: String,
+    bundle: String,
+    version: String,
+    selector: Labels,
+    batch_size: u32,
+    failure_threshold: u32,
+    offline_deadline_ms: u64,
+    state: String,
+    nodes: Vec<RolloutNodeDoc>,
+    created_at_ms: i64,
+    updated_at_ms: i64,
+    message: String,
+    revision: u64,
+    previous_target: Option<TargetDoc>,
+}
+
+impl RolloutDoc {
+    fn from_row(r: &RolloutRow) -> Self {
+        RolloutDoc {
+            cluster: r.cluster.clone(),
+            bundle: r.bundle.clone(),
+            version: r.version.clone(),
+            selector: r.selector.clone(),
+            batch_size: r.batch_size,
+            failure_threshold: r.failure_threshold,
+            offline_deadline_ms: r.offline_deadline_ms,
+            state: r.state.as_str().to_string(),
+            nodes: r
+                .nodes
+                .iter()
+                .map(|n| RolloutNodeDoc {
+                    name: n.name.clone(),
+                    previous_version: n.previous_version.clone(),
+                    state: n.state.as_str().to_string(),
+                    message: n.message.clone(),
+                    generation: n.generation,
+                    turn_at_ms: n.turn_at_ms,
+                    flags: (if n.touched { TOUCHED } else { 0 })
+                        | (if n.reverting { REVERTING } else { 0 })
+                        | (if n.unreached { UNREACHED } else { 0 }),
+                })
+                .collect(),
+            created_at_ms: r.created_at_ms,
+            updated_at_ms: r.updated_at_ms,
+            message: r.message.clone(),
+            revision: r.revision,
+            previous_target: r.previous_target.as_ref().map(|t| TargetDoc {
+                version: t.version.clone(),
+                selector: t.selector.clone(),
+                rollout_id: t.rollout_id.clone(),
+            }),
+        }
+    }
+
+    fn into_row(self, id: &str) -> Result<RolloutRow> {
+        let state = RolloutState::parse(&self.state).ok_or_else(|| {
+            StoreError::Backend(format!("stored rollout state {:?} is unknown", self.state))
+        })?;
+        let mut nodes = Vec::with_capacity(self.nodes.len());
+        for n in self.nodes {
+            nodes.push(RolloutNodeRow {
+                state: NodeState::parse(&n.state).ok_or_else(|| {
+                    StoreError::Backend(format!("stored rollout node state {:?} is unknown", n.state))
+                })?,
+                name: n.name,
+                previous_version: n.previous_version,
+                message: n.message,
+                generation: n.generation,
+                turn_at_ms: n.turn_at_ms,
+                touched: n.flags & TOUCHED != 0,
+                reverting: n.flags & REVERTING != 0,
+                unreached: n.flags & UNREACHED != 0,
+            });
+        }
+        Ok(RolloutRow {
+            id: id.to_string(),
+            cluster: self.cluster,
+            bundle: self.bundle,
+            version: self.version,
+            selector: self.selector,
+            batch_size: self.batch_size,
+            failure_threshold: self.failure_threshold,
+            offline_deadline_ms: self.offline_deadline_ms,
+            state,
+            nodes,
+            created_at_ms: self.created_at_ms,
+            updated_at_ms: self.updated_at_ms,
+            message: self.message,
+            revision: self.revision,
+            previous_target: self.previous_target.map(|t| Target {
+                version: t.version,
+                selector: t.selector,
+                rollout_id: t.rollout_id,
+            }),
+        })
+    }
+
+    /// Active, or ended with nodes still applying.
+    fn needs_driving(&self) -> bool {
+        RolloutState::parse(&self.state).is_some_and(RolloutState::is_active)
+            || self.nodes.iter().any(|n| n.state == NodeState::Applying.as_str())
+    }
+}
+
+fn actual_row(name: &str, a: &ActualDoc) -> BundleStatusRow {
+    BundleStatusRow {
+        name: name.to_string(),
+        version: a.version.clone(),
+        state: a.state,
+        message: a.message.clone(),
+        updated_at_ms: a.updated_at_ms,
+        generation: a.generation,
+    }
+}
+
+fn actual_doc(s: &BundleStatusRow) -> ActualDoc {
+    ActualDoc {
+        version: s.version.clone(),
+        state: s.state,
+        message: s.message.clone(),
+        updated_at_ms: s.updated_at_ms,
+        generation: s.generation,
+    }
+}
+
+fn json<T: Serialize>(v: &T) -> Result<Vec<u8>> {
+    serde_json::to_vec(v).map_err(|e| StoreError::Backend(format!("encode: {e}")))
+}
+
+/// A random 16-hex-digit nonce.
+fn nonce() -> String {
+    let mut b = [0u8; 8];
+    let _ = getrandom::getrandom(&mut b);
+    hex::encode(b)
+}
+
+/// Live replicas and what each last heard, read in one go.
+struct Liveness {
+    replicas: BTreeSet<String>,
+    seen: HashMap<String, i64>,
+}
+
+impl Liveness {
+    fn connected(&self, doc: &NodeDoc) -> bool {
+        !doc.replica.is_empty() && self.replicas.contains(&doc.replica)
+    }
+
+    fn last_seen(&self, name: &str, doc: &NodeDoc) -> i64 {
+        doc.last_seen_ms.max(self.seen.get(name).copied().unwrap_or(0))
+    }
+}
+
+impl EtcdStore {
+    /// Connects to etcd and checks that it answers; `replica` is this
+    /// server's id for connection state.
+    pub async fn connect(cfg: &EtcdConfig, replica: &str) -> Result<Self> {
+        if cfg.endpoints.is_empty() {
+            return Err(StoreError::Backend("--etcd-endpoints is empty".into()));
+        }
+        let mut opts = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(5))
+            .with_timeout(CALL_TIMEOUT)
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+            .with_keep_alive_while_idle(true);
+        if cfg.ca_pem.is_some() || cfg.client_cert_pem.is_some() {
+            let mut tls = etcd_client::TlsOptions::new();
+            if let Some(ca) = &cfg.ca_pem {
+                tls = tls.ca_certificate(etcd_client::Certificate::from_pem(ca));
+            }
+            if let Some((cert, key)) = &cfg.client_cert_pem {
+                tls = tls.identity(etcd_client::Identity::from_pem(cert, key));
+            }
+            opts = opts.with_tls(tls);
+        }
+        let client = Client::connect(&cfg.endpoints, Some(opts))
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("etcd at {}: {e}", cfg.endpoints.join(","))))?;
+        let mut prefix = cfg.prefix.clone();
+        if !prefix.ends_with('/') {
+            prefix.push('/');
+        }
+        let store = EtcdStore {
+            client,
+            prefix,
+            replica: replica.to_string(),
+            seen: Arc::default(),
+            lease: Arc::default(),
+        };
+        // A get proves etcd answers (a dial alone is lazy).
+        let mut kv = store.client.kv_client();
+        tokio::time::timeout(CALL_TIMEOUT, kv.get(store.key("meta/generation"), None))
+            .await
+            .map_err(|_| {
+                StoreError::Unavailable(format!(
+                    "etcd at {} did not answer within {}s",
+                    cfg.endpoints.join(","),
+                    CALL_TIMEOUT.as_secs()
+                ))
+            })?
+            .map_err(|e| StoreError::Unavailable(format!("etcd at {}: {e}", cfg.endpoints.join(","))))?;
+        Ok(store)
+    }
+
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub fn replica(&self) -> &str {
+        &self.replica
+    }
+
+    /// The lease `seen/ID` is written under; set by the replica's lease keeper.
+    pub fn set_lease(&self, lease: i64) {
+        if let Ok(mut l) = self.lease.lock() {
+            *l = lease;
+        }
+    }
+
+    pub fn key(&self, rest: &str) -> String {
+        format!("{}{rest}", self.prefix)
+    }
+
+    async fn get_raw(&self, key: &str) -> Result<Option<(Vec<u8>, i64)>> {
+        let mut kv = self.client.kv_client();
+        let resp = kv.get(key, None).await.map_err(unavailable)?;
+        Ok(resp
+            .kvs()
+            .first()
+            .map(|kv| (kv.value().to_vec(), kv.mod_revision())))
+    }
+
+    async fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Doc<T>> {
+        match self.get_raw(key).await? {
+            None => Ok(Doc { value: None, rev: 0 }),
+            Some((v, rev)) => Ok(Doc {
+                value: Some(serde_json::from_slice(&v).map_err(|e| corrupt(key, e))?),
+                rev,
+            }),
+        }
+    }
+
+    /// Every document under `prefix` (a full key prefix), by key suffix.
+    async fn range<T: DeserializeOwned>(&self, prefix: &str) -> Result<Vec<(String, T, i64)>> {
+        let mut kv = self.client.kv_client();
+        let resp = kv
+            .get(prefix, Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(unavailable)?;
+        let mut out = Vec::with_capacity(resp.kvs().len());
+        for item in resp.kvs() {
+            let key = String::from_utf8_lossy(item.key()).into_owned();
+            let v = serde_json::from_slice(item.value()).map_err(|e| corrupt(&key, e))?;
+            out.push((key[prefix.len()..].to_string(), v, item.mod_revision()));
+        }
+        Ok(out)
+    }
+
+    async fn keys(&self, prefix: &str) -> Result<Vec<String>> {
+        let mut kv = self.client.kv_client();
+        let resp = kv
+            .get(prefix, Some(GetOptions::new().with_prefix().with_keys_only()))
+            .await
+            .map_err(unavailable)?;
+        Ok(resp
+            .kvs()
+            .iter()
+            .map(|kv| String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned())
+            .collect())
+    }
+
+    /// Runs one transaction; true if its compares held.
+    async fn txn(&self, compares: Vec<Compare>, ops: Vec<TxnOp>) -> Result<bool> {
+        let mut kv = self.client.kv_client();
+        let resp = kv
+            .txn(Txn::new().when(compares).and_then(ops))
+            .await
+            .map_err(unavailable)?;
+        Ok(resp.succeeded())
+    }
+
+    fn put(&self, rest: &str, bytes: Vec<u8>) -> TxnOp {
+        TxnOp::put(self.key(rest), bytes, None)
+    }
+
+    async fn liveness(&self) -> Result<Liveness> {
+        let replicas = self.keys(&self.key("replicas/")).await?.into_iter().collect();
+        let mut seen: HashMap<String, i64> = HashMap::new();
+        for (_, map, _) in self.range::<HashMap<String, i64>>(&self.key("seen/")).await? {
+            for (n, t) in map {
+                let e = seen.entry(n).or_default();
+                *e = (*e).max(t);
+            }
+        }
+        Ok(Liveness { replicas, seen })
+    }
+
+    fn node_row(name: &str, doc: NodeDoc, desired: Option<DesiredDoc>, live: &Liveness) -> NodeRow {
+        let desired = desired.unwrap_or_default();
+        NodeRow {
+            name: name.to_string(),
+            connected: live.connected(&doc),
+            last_seen_ms: live.last_seen(name, &doc),
+            actual: doc
+                .actual
+                .iter()
+                .map(|(b, a)| (b.clone(), actual_row(b, a)))
+                .collect(),
+            cluster: doc.cluster,
+            labels: doc.labels,
+            cert_serial: doc.cert_serial,
+            facts_json: doc.facts_json,
+            enrolled_at_ms: doc.enrolled_at_ms,
+            generation: desired.generation,
+            desired: desired.bundles,
+        }
+    }
+
+    fn event_op(&self, events: &[EventRow]) -> Result<Option<TxnOp>> {
+        if events.is_empty() {
+            return Ok(None);
+        }
+        let at = events.iter().map(|e| e.at_ms).max().unwrap_or_default().max(0);
+        let docs: Vec<EventDoc> = events.iter().map(EventDoc::from_row).collect();
+        Ok(Some(
+            self.put(&format!("events/{at:016}-{}", nonce()), json(&docs)?),
+        ))
+    }
+
+    /// Drops the oldest event documents beyond [`MAX_EVENT_DOCS`].
+    pub async fn prune_events(&self) -> Result<usize> {
+        let prefix = self.key("events/");
+        let keys = self.keys(&prefix).await?;
+        if keys.len() <= MAX_EVENT_DOCS {
+            return Ok(0);
+        }
+        let drop = keys.len() - MAX_EVENT_DOCS;
+        // Keys sort by time: delete [first, the first one kept).
+        let end = format!("{prefix}{}", keys[drop]);
+        let mut kv = self.client.kv_client();
+        kv.delete(
+            format!("{prefix}{}", keys[0]),
+            Some(etcd_client::DeleteOptions::new().with_range(end)),
+        )
+        .await
+        .map_err(unavailable)?;
+        Ok(drop)
+    }
+
+    /// Writes this replica's gathered last-seen times as one document.
+    async fn flush_seen(&self) -> Result<()> {
+        let (map, lease) = {
+            let seen = self
+                .seen
+                .lock()
+                .map_err(|_| StoreError::Backend("seen map poisoned".into()))?;
+            let lease = *self
+                .lease
+                .lock()
+                .map_err(|_| StoreError::Backend("lease poisoned".into()))?;
+            (json(&*seen)?, lease)
+        };
+        if lease == 0 {
+            return Ok(());
+        }
+        let mut kv = self.client.kv_client();
+        kv.put(
+            self.key(&format!("seen/{}", self.replica)),
+            map,
+            Some(PutOptions::new().with_lease(lease)),
+        )
+        .await
+        .map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// Reads a value stored by [`Self::create_once`] or anything else.
+    pub async fn get_bytes(&self, rest: &str) -> Result<Option<(Vec<u8>, i64)>> {
+        self.get_raw(&self.key(rest)).await
+    }
+
+    /// Stores `value` at `rest` if the key does not exist; returns what is
+    /// stored afterwards (ours, or the one another replica stored first).
+    pub async fn create_once(&self, rest: &str, value: Vec<u8>) -> Result<Vec<u8>> {
+        let key = self.key(rest);
+        let mut kv = self.client.kv_client();
+        let resp = kv
+            .txn(
+                Txn::new()
+                    .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(key.clone(), value.clone(), None)])
+                    .or_else([TxnOp::get(key.clone(), None)]),
+            )
+            .await
+            .map_err(unavailable)?;
+        if resp.succeeded() {
+            return Ok(value);
+        }
+        for r in resp.op_responses() {
+            if let etcd_client::TxnOpResponse::Get(g) = r
+                && let Some(kv) = g.kvs().first()
+            {
+                return Ok(kv.value().to_vec());
+            }
+        }
+        Err(StoreError::Backend(format!("{key} vanished while it was read")))
+    }
+
+    /// Replaces `rest` if it still has revision `rev`.
+    pub async fn replace(&self, rest: &str, rev: i64, value: Vec<u8>) -> Result<bool> {
+        let key = self.key(rest);
+        self.txn(
+            vec![Compare::mod_revision(key.clone(), CompareOp::Equal, rev)],
+            vec![TxnOp::put(key, value, None)],
+        )
+        .await
+    }
+
+    /// Puts raw bytes (content-addressed data that needs no compare).
+    pub async fn put_bytes(&self, rest: &str, value: Vec<u8>) -> Result<()> {
+        let mut kv = self.client.kv_client();
+        kv.put(self.key(rest), value, None).await.map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// Takes `n` generations; the compare on the counter's revision makes
+    /// every desired-state write in etcd strictly ordered.
+    async fn generation(&self) -> Result<(Doc<u64>, u64)> {
+        let d: Doc<u64> = self.get(&self.key("meta/generation")).await?;
+        let next = d.value.unwrap_or(0) + 1;
+        Ok((d, next))
+    }
+
+    async fn commit_once(
+        &self,
+        c: &RolloutCommit,
+        assign: &[(String, Option<String>)],
+        whole: bool,
+    ) -> Result<Option<(RolloutRow, Vec<String>)>> {
+        let id = &c.rollout.id;
+        let rkey = self.key(&format!("rollouts/{id}"));
+        let stored_doc: Doc<RolloutDoc> = self.get(&rkey).await?;
+        let Some(stored_raw) = stored_doc.value.clone() else {
+            return Err(StoreError::NotFound(format!("rollout {id} does not exist")));
+        };
+        let stored = stored_raw.into_row(id)?;
+        if stored.revision != c.rollout.revision {
+            return Err(StoreError::Conflict(format!(
+                "rollout {} changed meanwhile (revision {} is stored, the decision was based on {}); try again",
+                id, stored.revision, c.rollout.revision
+            )));
+        }
+        // The rollout to store: the whole decision, or (for a partial
+        // commit) the stored rollout with just the assigned nodes' rows.
+        let mut r = if whole {
+            let mut r = c.rollout.clone();
+            // Nodes that joined since the decision was made stay in.
+            for n in &stored.nodes {
+                if !r.nodes.iter().any(|x| x.name == n.name) {
+                    r.nodes.push(n.clone());
+                }
+            }
+            r.nodes.sort_by(|a, b| a.name.cmp(&b.name));
+            r
+        } else {
+            let mut r = stored.clone();
+            for (node, _) in assign {
+                if let (Some(dst), Some(src)) = (
+                    r.nodes.iter_mut().find(|n| n.name == *node),
+                    c.rollout.nodes.iter().find(|n| n.name == *node),
+                ) {
+                    *dst = src.clone();
+                }
+            }
+            r
+        };
+        let mut compares = vec![stored_doc.compare(&rkey)];
+        let mut ops = Vec::new();
+        let active_key = self.key(&format!("active/{}/{}", r.cluster, r.bundle));
+        if r.state.is_active() && !stored.state.is_active() {
+            let active = self.get_raw(&active_key).await?;
+            match active {
+                Some((other, _)) if other != id.as_bytes() => {
+                    let other = String::from_utf8_lossy(&other).into_owned();
+                    let state = match self
+                        .get::<RolloutDoc>(&self.key(&format!("rollouts/{other}")))
+                        .await?
+                        .value
+                    {
+                        Some(d) => d.state,
+                        None => "running".into(),
+                    };
+                    return Err(super::still_active(&r.cluster, &r.bundle, &other, &state));
+                }
+                Some((_, rev)) => {
+                    compares.push(Compare::mod_revision(active_key.clone(), CompareOp::Equal, rev))
+                }
+                None => {
+                    compares.push(Compare::create_revision(active_key.clone(), CompareOp::Equal, 0));
+                    ops.push(TxnOp::put(active_key.clone(), id.as_bytes().to_vec(), None));
+                }
+            }
+        } else if !r.state.is_active() && stored.state.is_active() {
+            compares.push(Compare::value(
+                active_key.clone(),
+                CompareOp::Equal,
+                id.as_bytes().to_vec(),
+            ));
+            ops.push(TxnOp::delete(active_key.clone(), None));
+        }
+        let mut changed = Vec::new();
+        if !assign.is_empty() {
+            let (gen_doc, g) = self.generation().await?;
+            let gkey = self.key("meta/generation");
+            compares.push(gen_doc.compare(&gkey));
+            ops.push(TxnOp::put(gkey, g.to_string(), None));
+            for (node, version) in assign {
+                let Some(n) = r.nodes.iter_mut().find(|n| n.name == *node) else {
+                    return Err(StoreError::Backend(format!(
+                        "rollout {id}: node {node} to assign is not part of it"
+                    )));
+                };
+                let nkey = self.key(&format!("nodes/{node}"));
+                let dkey = self.key(&format!("desired/{node}"));
+                let exists = self.get_raw(&nkey).await?;
+                let desired: Doc<DesiredDoc> = self.get(&dkey).await?;
+                if exists.is_none() {
+                    compares.push(Compare::create_revision(nkey, CompareOp::Equal, 0));
+                    n.state = NodeState::Skipped;
+                    n.message = "node was deleted".into();
+                    continue;
+                }
+                compares.push(Compare::mod_revision(nkey, CompareOp::Greater, 0));
+                compares.push(desired.compare(&dkey));
+                let mut d = desired.value.unwrap_or_default();
+                let current = d.bundles.get(&r.bundle).cloned();
+                let was_touched = stored.nodes.iter().any(|s| s.name == *node && s.touched);
+                if !n.reverting && !was_touched {
+                    n.previous_version = current.unwrap_or_default();
+                }
+                match version {
+                    Some(v) => {
+                        d.bundles.insert(r.bundle.clone(), v.clone());
+                    }
+                    None => {
+                        d.bundles.remove(&r.bundle);
+                    }
+                }
+                d.generation = g;
+                ops.push(TxnOp::put(dkey, json(&d)?, None));
+                n.generation = g;
+                changed.push(node.clone());
+            }
+        }
+        r.revision = stored.revision + 1;
+        if whole {
+            match c.target {
+                TargetChange::Keep => {}
+                TargetChange::SetToRollout => {
+                    ops.push(self.put(
+                        &format!("targets/{}/{}", r.cluster, r.bundle),
+                        json(&TargetDoc {
+                            version: r.version.clone(),
+                            selector: r.selector.clone(),
+                            rollout_id: r.id.clone(),
+                        })?,
+                    ));
+                }
+                TargetChange::RestorePrevious => {
+                    let tkey = self.key(&format!("targets/{}/{}", r.cluster, r.bundle));
+                    let current: Doc<TargetDoc> = self.get(&tkey).await?;
+                    compares.push(current.compare(&tkey));
+                    if current.value.as_ref().is_some_and(|t| t.rollout_id == r.id) {
+                        match &r.previous_target {
+                            Some(t) => ops.push(TxnOp::put(
+                                tkey,
+                                json(&TargetDoc {
+                                    version: t.version.clone(),
+                                    selector: t.selector.clone(),
+                                    rollout_id: t.rollout_id.clone(),
+                                })?,
+                                None,
+                            )),
+                            None => ops.push(TxnOp::delete(tkey, None)),
+                        }
+                    }
+                }
+            }
+            if let Some(op) = self.event_op(&c.events)? {
+                ops.push(op);
+            }
+        }
+        let doc = RolloutDoc::from_row(&r);
+        let drive_key = self.key(&format!("drive/{id}"));
+        if doc.needs_driving() {
+            ops.push(TxnOp::put(drive_key, Vec::new(), None));
+        } else {
+            ops.push(TxnOp::delete(drive_key, None));
+        }
+        ops.push(TxnOp::put(rkey, json(&doc)?, None));
+        if !self.txn(compares, ops).await? {
+            return Ok(None);
+        }
+        Ok(Some((r, changed)))
+    }
+}
+
+#[async_trait]
+impl Store for EtcdStore {
+    async fn create_cluster(&self, name: &str, now_ms: i64) -> Result<ClusterRow> {
+        let key = self.key(&format!("clusters/{name}"));
+        let ok = self
+            .txn(
+                vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)],
+                vec![TxnOp::put(
+                    key,
+                    json(&ClusterDoc {
+                        created_at_ms: now_ms,
+                    })?,
+                    None,
+                )],
+            )
+            .await?;
+        if !ok {
+            return Err(StoreError::AlreadyExists(format!(
+                "cluster {name} already exists"
+            )));
+        }
+        Ok(ClusterRow {
+            name: name.to_string(),
+            created_at_ms: now_ms,
+            node_count: 0,
+        })
+    }
+
+    async fn list_clusters(&self) -> Result<Vec<ClusterRow>> {
+        let clusters = self.range::<ClusterDoc>(&self.key("clusters/")).await?;
+        let nodes = self.range::<NodeDoc>(&self.key("nodes/")).await?;
+        let mut counts: HashMap<&str, u32> = HashMap::new();
+        for (_, n, _) in &nodes {
+            *counts.entry(n.cluster.as_str()).or_default() += 1;
+        }
+        Ok(clusters
+            .into_iter()
+            .map(|(name, c, _)| ClusterRow {
+                node_count: counts.get(name.as_str()).copied().unwrap_or(0),
+                name,
+                created_at_ms: c.created_at_ms,
+            })
+            .collect())
+    }
+
+    async fn cluster_exists(&self, name: &str) -> Result<bool> {
+        Ok(self
+            .get_raw(&self.key(&format!("clusters/{name}")))
+            .await?
+            .is_some())
+    }
+
+    async fn create_token(&self, t: TokenRow) -> Result<()> {
+        let ckey = self.key(&format!("clusters/{}", t.cluster));
+        let tkey = self.key(&format!("tokens/{}", t.id));
+        let doc = TokenDoc {
+            secret_hash: hex::encode(t.secret_hash),
+            cluster: t.cluster.clone(),
+            expires_at_ms: t.expires_at_ms,
+            remaining_uses: t.remaining_uses,
+            labels: t.labels.clone(),
+            created_at_ms: t.created_at_ms,
+        };
+        let ok = self
+            .txn(
+                vec![
+                    Compare::create_revision(ckey, CompareOp::Greater, 0),
+                    Compare::create_revision(tkey.clone(), CompareOp::Equal, 0),
+                ],
+                vec![TxnOp::put(tkey.clone(), json(&doc)?, None)],
+            )
+            .await?;
+        if ok {
+            return Ok(());
+        }
+        if !self.cluster_exists(&t.cluster).await? {
+            return Err(StoreError::NotFound(format!(
+                "cluster {} does not exist; create it with `lksctl cluster create {}`",
+                t.cluster, t.cluster
+            )));
+        }
+        Err(StoreError::AlreadyExists("token id collision; try again".into()))
+    }
+
+    async fn get_token(&self, id: &str) -> Result<Option<TokenRow>> {
+        let key = self.key(&format!("tokens/{id}"));
+        let Some(t) = self.get::<TokenDoc>(&key).await?.value else {
+            return Ok(None);
+        };
+        let secret_hash: [u8; 32] = hex::decode(&t.secret_hash)
+            .ok()
+            .and_then(|v| v.try_into().ok())
+            .ok_or_else(|| StoreError::Backend(format!("token {id}: stored hash is not 32 bytes")))?;
+        Ok(Some(TokenRow {
+            id: id.to_string(),
+            secret_hash,
+            cluster: t.cluster,
+            expires_at_ms: t.expires_at_ms,
+            remaining_uses: t.remaining_uses,
+            labels: t.labels,
+            created_at_ms: t.created_at_ms,
+        }))
+    }
+
+    async fn enroll_node(&self, n: NewNode) -> Result<u64> {
+        for _ in 0..MAX_ATTEMPTS {
+            let tkey = self.key(&format!("tokens/{}", n.token_id));
+            let token: Doc<TokenDoc> = self.get(&tkey).await?;
+            let Some(mut tok) = token.value.clone() else {
+                return Err(StoreError::Token(TokenRefusal::Unknown));
+            };
+            if tok.expires_at_ms <= n.now_ms {
+                return Err(StoreError::Token(TokenRefusal::Expired));
+            }
+            if tok.remaining_uses == Some(0) {
+                return Err(StoreError::Token(TokenRefusal::UsedUp));
+            }
+            if tok.cluster != n.cluster {
+                return Err(StoreError::Conflict(format!(
+                    "token belongs to cluster {}, not {}",
+                    tok.cluster, n.cluster
+                )));
+            }
+            let nkey = self.key(&format!("nodes/{}", n.name));
+            if let Some(existing) = self.get::<NodeDoc>(&nkey).await?.value {
+                return Err(StoreError::AlreadyExists(format!(
+                    "node {} is already enrolled in cluster {}; to replace it, run `lksctl node delete {}` first",
+                    n.name, existing.cluster, n.name
+                )));
+            }
+            let mut compares = vec![
+                token.compare(&tkey),
+                Compare::create_revision(nkey.clone(), CompareOp::Equal, 0),
+            ];
+            let mut ops = Vec::new();
+            if let Some(u) = tok.remaining_uses.as_mut() {
+                *u -= 1;
+                ops.push(TxnOp::put(tkey.clone(), json(&tok)?, None));
+            }
+            let (gen_doc, g) = self.generation().await?;
+            let gkey = self.key("meta/generation");
+            compares.push(gen_doc.compare(&gkey));
+            ops.push(TxnOp::put(gkey, g.to_string(), None));
+            // The cluster's targets, compared as a range: a target set or
+            // changed meanwhile makes the enrolment read again.
+            let tprefix = self.key(&format!("targets/{}/", n.cluster));
+            let targets = self.range::<TargetDoc>(&tprefix).await?;
+            let max_rev = targets.iter().map(|t| t.2).max().unwrap_or(0);
+            compares.push(Compare::mod_revision(tprefix.clone(), CompareOp::Less, max_rev + 1).with_prefix());
+            let mut given = BTreeMap::new();
+            for (bundle, t, _) in targets {
+                if selector_matches(&t.selector, &n.labels) {
+                    given.insert(bundle, t.version);
+                }
+            }
+            ops.push(TxnOp::put(
+                nkey,
+                json(&NodeDoc {
+                    cluster: n.cluster.clone(),
+                    labels: n.labels.clone(),
+                    cert_serial: n.cert_serial.clone(),
+                    facts_json: String::new(),
+                    last_seen_ms: 0,
+                    enrolled_at_ms: n.now_ms,
+                    replica: String::new(),
+                    actual: BTreeMap::new(),
+                })?,
+                None,
+            ));
+            // A running or paused rollout of the cluster takes the joiner in
+            // too: it starts on the current target and waits for its turn.
+            let aprefix = self.key(&format!("active/{}/", n.cluster));
+            let mut kv = self.client.kv_client();
+            let active = kv
+                .get(aprefix.clone(), Some(GetOptions::new().with_prefix()))
+                .await
+                .map_err(unavailable)?;
+            for a in active.kvs() {
+                let id = String::from_utf8_lossy(a.value()).into_owned();
+                let rkey = self.key(&format!("rollouts/{id}"));
+                let rdoc: Doc<RolloutDoc> = self.get(&rkey).await?;
+                compares.push(rdoc.compare(&rkey));
+                let Some(mut r) = rdoc.value else { continue };
+                if !matches!(r.state.as_str(), "running" | "paused")
+                    || !selector_matches(&r.selector, &n.labels)
+                {
+                    continue;
+                }
+                if !r.nodes.iter().any(|x| x.name == n.name) {
+                    let previous = given.get(&r.bundle).cloned().unwrap_or_default();
+                    r.nodes.push(RolloutNodeDoc {
+                        name: n.name.clone(),
+                        previous_version: previous,
+                        state: NodeState::Waiting.as_str().into(),
+                        message: String::new(),
+                        generation: 0,
+                        turn_at_ms: 0,
+                        flags: 0,
+                    });
+                    r.nodes.sort_by(|a, b| a.name.cmp(&b.name));
+                    ops.push(TxnOp::put(rkey, json(&r)?, None));
+                }
+            }
+            ops.push(self.put(
+                &format!("desired/{}", n.name),
+                json(&DesiredDoc {
+                    generation: g,
+                    bundles: given,
+                })?,
+            ));
+            if let Some(op) = self.event_op(&[EventRow {
+                id: 0,
+                at_ms: n.now_ms,
+                cluster: n.cluster.clone(),
+                node: n.name.clone(),
+                rollout_id: String::new(),
+                kind: "enrolled".into(),
+                bundle: String::new(),
+                version: String::new(),
+                message: format!("enrolled with token {}", n.token_id),
+            }])? {
+                ops.push(op);
+            }
+            if self.txn(compares, ops).await? {
+                return Ok(g);
+            }
+        }
+        Err(busy("enrol node"))
+    }
+
+    async fn get_node(&self, name: &str) -> Result<Option<NodeRow>> {
+        let Some(doc) = self
+            .get::<NodeDoc>(&self.key(&format!("nodes/{name}")))
+            .await?
+            .value
+        else {
+            return Ok(None);
+        };
+        let desired = self
+            .get::<DesiredDoc>(&self.key(&format!("desired/{name}")))
+            .await?
+            .value;
+        let live = self.liveness().await?;
+        Ok(Some(Self::node_row(name, doc, desired, &live)))
+    }
+
+    async fn list_nodes(&self, cluster: Option<&str>) -> Result<Vec<NodeRow>> {
+        let nodes = self.range::<NodeDoc>(&self.key("nodes/")).await?;
+        let mut desired: HashMap<String, DesiredDoc> = self
+            .range::<DesiredDoc>(&self.key("desired/"))
+            .await?
+            .into_iter()
+            .map(|(k, v, _)| (k, v))
+            .collect();
+        let live = self.liveness().await?;
+        Ok(nodes
+            .into_iter()
+            .filter(|(_, d, _)| cluster.is_none_or(|c| d.cluster == c))
+            .map(|(name, d, _)| {
+                let des = desired.remove(&name);
+                Self::node_row(&name, d, des, &live)
+            })
+            .collect())
+    }
+
+    async fn delete_node(&self, name: &str) -> Result<bool> {
+        for _ in 0..MAX_ATTEMPTS {
+            let nkey = self.key(&format!("nodes/{name}"));
+            let doc: Doc<NodeDoc> = self.get(&nkey).await?;
+            let Some(d) = doc.value.as_ref() else {
+                return Ok(false);
+            };
+            let mut ops = vec![
+                TxnOp::delete(nkey.clone(), None),
+                TxnOp::delete(self.key(&format!("desired/{name}")), None),
+            ];
+            if let Some(op) = self.event_op(&[EventRow {
+                id: 0,
+                at_ms: now_ms(),
+                cluster: d.cluster.clone(),
+                node: name.to_string(),
+                rollout_id: String::new(),
+                kind: "deleted".into(),
+                bundle: String::new(),
+                version: String::new(),
+                message: "node deleted; its certificate is revoked".into(),
+            }])? {
+                ops.push(op);
+            }
+            if self.txn(vec![doc.compare(&nkey)], ops).await? {
+                return Ok(true);
+            }
+        }
+        Err(busy("delete node"))
+    }
+
+    async fn replace_cert_serial(&self, name: &str, old: &str, new: &str) -> Result<()> {
+        for _ in 0..MAX_ATTEMPTS {
+            let nkey = self.key(&format!("nodes/{name}"));
+            let doc: Doc<NodeDoc> = self.get(&nkey).await?;
+            let Some(mut d) = doc.value.clone().filter(|d| d.cert_serial == old) else {
+                return Err(StoreError::Conflict(format!(
+                    "the certificate of node {name} was replaced or revoked meanwhile"
+                )));
+            };
+            d.cert_serial = new.to_string();
+            if self
+                .txn(vec![doc.compare(&nkey)], vec![TxnOp::put(nkey, json(&d)?, None)])
+                .await?
+            {
+                return Ok(());
+            }
+        }
+        Err(busy("replace certificate serial"))
+    }
+
+    async fn node_connected(
+        &self,
+        name: &str,
+        facts_json: &str,
+        held: Vec<BundleStatusRow>,
+        now_ms: i64,
+    ) -> Result<()> {
+        if let Ok(mut s) = self.seen.lock() {
+            s.insert(name.to_string(), now_ms);
+        }
+        self.update_node(name, |d| {
+            d.facts_json = facts_json.to_string();
+            d.replica = self.replica.clone();
+            d.last_seen_ms = d.last_seen_ms.max(now_ms);
+            // The Hello lists everything the node holds.
+            d.actual = held.iter().map(|s| (s.name.clone(), actual_doc(s))).collect();
+            true
+        })
+        .await
+    }
+
+    async fn node_disconnected(&self, name: &str, now_ms: i64) -> Result<()> {
+        if let Ok(mut s) = self.seen.lock() {
+            s.remove(name);
+        }
+        self.update_node(name, |d| {
+            // Another replica may hold the node's newer stream.
+            if d.replica != self.replica {
+                return false;
+            }
+            d.replica.clear();
+            d.last_seen_ms = d.last_seen_ms.max(now_ms);
+            true
+        })
+        .await
+    }
+
+    async fn record_status(&self, name: &str, statuses: Vec<BundleStatusRow>) -> Result<()> {
+        for _ in 0..MAX_ATTEMPTS {
+            let nkey = self.key(&format!("nodes/{name}"));
+            let dkey = self.key(&format!("desired/{name}"));
+            let doc: Doc<NodeDoc> = self.get(&nkey).await?;
+            let Some(mut d) = doc.value.clone() else {
+                return Ok(());
+            };
+            let desired: Doc<DesiredDoc> = self.get(&dkey).await?;
+            let wanted = desired.value.clone().unwrap_or_default().bundles;
+            for s in &statuses {
+                d.actual.insert(s.name.clone(), actual_doc(s));
+            }
+            // Left out of the report and no longer desired: removed.
+            d.actual
+                .retain(|b, _| wanted.contains_key(b) || statuses.iter().any(|s| s.name == *b));
+            if self
+                .txn(
+                    vec![doc.compare(&nkey), desired.compare(&dkey)],
+                    vec![TxnOp::put(nkey, json(&d)?, None)],
+                )
+                .await?
+            {
+                return Ok(());
+            }
+        }
+        Err(busy("record status"))
+    }
+
+    async fn touch_nodes(&self, seen: Vec<(String, i64)>) -> Result<()> {
+        if let Ok(mut s) = self.seen.lock() {
+            for (n, t) in seen {
+                let e = s.entry(n).or_default();
+                *e = (*e).max(t);
+            }
+        }
+        self.flush_seen().await
+    }
+
+    /// Connection state is tied to each replica's lease, and a replica's id
+    /// is new at every start, so there is nothing to reset: a node shows
+    /// connected only while the replica holding its stream is alive.
+    async fn mark_all_disconnected(&self) -> Result<()> {
+        Ok(())
+    }
+
+    async fn put_bundle(&self, b: NewBundle) -> Result<PutOutcome> {
+        let key = self.key(&format!("bundles/{}/{}", b.name, b.version));
+        let doc = BundleDoc {
+            signed_bundle: hex::encode(&b.signed_bundle),
+            manifest_digest: b.manifest_digest.clone(),
+            signed: b.signed,
+            files: b.files,
+            total_size: b.total_size,
+            published_at_ms: b.now_ms,
+            blob_digests: b.blob_digests.clone(),
+        };
+        let created = self
+            .txn(
+                vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)],
+                vec![TxnOp::put(key.clone(), json(&doc)?, None)],
+            )
+            .await?;
+        if created {
+            return Ok(PutOutcome::Created);
+        }
+        match self.get::<BundleDoc>(&key).await?.value {
+            Some(d) if d.manifest_digest == b.manifest_digest => Ok(PutOutcome::Unchanged),
+            Some(d) => Err(StoreError::AlreadyExists(format!(
+                "bundle {}@{} already exists with other content ({}); versions are immutable, publish a new version",
+                b.name, b.version, d.manifest_digest
+            ))),
+            None => Err(busy("publish bundle")),
+        }
+    }
+
+    async fn get_bundle(&self, name: &str, version: &str) -> Result<Option<BundleRow>> {
+        let key = self.key(&format!("bundles/{name}/{version}"));
+        self.get::<BundleDoc>(&key)
+            .await?
+            .value
+            .map(|d| bundle_row(name, version, d))
+            .transpose()
+    }
+
+    async fn list_bundles(&self, name: Option<&str>) -> Result<Vec<BundleRow>> {
+        let prefix = match name {
+            Some(n) => self.key(&format!("bundles/{n}/")),
+            None => self.key("bundles/"),
+        };
+        let mut out = Vec::new();
+        for (rest, d, _) in self.range::<BundleDoc>(&prefix).await? {
+            let (n, v) = match name {
+                Some(n) => (n.to_string(), rest),
+                None => match rest.split_once('/') {
+                    Some((n, v)) => (n.to_string(), v.to_string()),
+                    None => continue,
+                },
+            };
+            out.push(bundle_row(&n, &v, d)?);
+        }
+        out.sort_by(|a, b| {
+            (a.name.as_str(), a.published_at_ms, a.version.as_str()).cmp(&(
+                b.name.as_str(),
+                b.published_at_ms,
+                b.version.as_str(),
+            ))
+        });
+        Ok(out)
+    }
+
+    async fn desired_state(&self, node: &str) -> Result<DesiredState> {
+        let Some(d) = self
+            .get::<DesiredDoc>(&self.key(&format!("desired/{node}")))
+            .await?
+            .value
+        else {
+            return Err(StoreError::NotFound(format!("node {node} is not enrolled")));
+        };
+        let mut bundles = Vec::with_capacity(d.bundles.len());
+        for (b, v) in &d.bundles {
+            let key = self.key(&format!("bundles/{b}/{v}"));
+            let Some(doc) = self.get::<BundleDoc>(&key).await?.value else {
+                return Err(StoreError::Backend(format!(
+                    "desired bundle {b}@{v} of node {node} is missing"
+                )));
+            };
+            bundles.push(hex::decode(&doc.signed_bundle).map_err(|e| corrupt(&key, e))?);
+        }
+        Ok(DesiredState {
+            generation: d.generation,
+            bundles,
+        })
+    }
+
+    async fn blob_allowed(&self, node: &str, digest: &str) -> Result<bool> {
+        let Some(n) = self
+            .get::<NodeDoc>(&self.key(&format!("nodes/{node}")))
+            .await?
+            .value
+        else {
+            return Ok(false);
+        };
+        let desired = self
+            .get::<DesiredDoc>(&self.key(&format!("desired/{node}")))
+            .await?
+            .value
+            .unwrap_or_default();
+        let holds = |b: &str, v: &str| {
+            let key = self.key(&format!("bundles/{b}/{v}"));
+            async move {
+                Ok::<bool, StoreError>(
+                    self.get::<BundleDoc>(&key)
+                        .await?
+                        .value
+                        .is_some_and(|d| d.blob_digests.iter().any(|x| x == digest)),
+                )
+            }
+        };
+        for (b, v) in &desired.bundles {
+            if holds(b, v).await? {
+                return Ok(true);
+            }
+        }
+        // A reported bundle counts only if a rollout of the node's cluster
+        // assigned that version to it (as its target or the version it
+        // replaced): a node cannot read another tenant's blobs by claiming
+        // to hold their bundle.
+        let reported: Vec<(&String, &ActualDoc)> = n
+            .actual
+            .iter()
+            .filter(|(b, a)| desired.bundles.get(*b) != Some(&a.version))
+            .collect();
+        if reported.is_empty() {
+            return Ok(false);
+        }
+        let rollouts = self.range::<RolloutDoc>(&self.key("rollouts/")).await?;
+        for (b, a) in reported {
+            let assigned = rollouts.iter().any(|(_, r, _)| {
+                r.cluster == n.cluster
+                    && r.bundle == *b
+                    && r.nodes.iter().any(|rn| {
+                        rn.name == node
+                            && ((rn.flags & TOUCHED != 0 && r.version == a.version)
+                                || rn.previous_version == a.version)
+                    })
+            });
+            if assigned && holds(b, &a.version).await? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    async fn start_rollout(&self, r: NewRollout) -> Result<RolloutRow> {
+        for _ in 0..MAX_ATTEMPTS {
+            if !self.cluster_exists(&r.cluster).await? {
+                return Err(StoreError::NotFound(format!(
+                    "cluster {} does not exist",
+                    r.cluster
+                )));
+            }
+            if self.get_bundle(&r.bundle, &r.version).await?.is_none() {
+                return Err(StoreError::NotFound(format!(
+                    "bundle {}@{} is not published; publish it with `lksctl bundle publish DIR`",
+                    r.bundle, r.version
+                )));
+            }
+            let akey = self.key(&format!("active/{}/{}", r.cluster, r.bundle));
+            if let Some((other, _)) = self.get_raw(&akey).await? {
+                let other = String::from_utf8_lossy(&other).into_owned();
+                let state = self
+                    .get::<RolloutDoc>(&self.key(&format!("rollouts/{other}")))
+                    .await?
+                    .value
+                    .map_or_else(|| "running".to_string(), |d| d.state);
+                return Err(super::still_active(&r.cluster, &r.bundle, &other, &state));
+            }
+            // Node membership is compared as a range: a node enrolled
+            // meanwhile makes the start read again (or the enrolment adds
+            // it, since the active marker is written here).
+            let nprefix = self.key("nodes/");
+            let mut kv = self.client.kv_client();
+            let resp = kv
+                .get(nprefix.clone(), Some(GetOptions::new().with_prefix()))
+                .await
+                .map_err(unavailable)?;
+            let read_rev = resp.header().map_or(0, |h| h.revision());
+            let desired: HashMap<String, DesiredDoc> = self
+                .range::<DesiredDoc>(&self.key("desired/"))
+                .await?
+                .into_iter()
+                .map(|(k, v, _)| (k, v))
+                .collect();
+            let mut nodes = Vec::new();
+            for item in resp.kvs() {
+                let key = String::from_utf8_lossy(item.key()).into_owned();
+                let name = key[nprefix.len()..].to_string();
+                let d: NodeDoc = serde_json::from_slice(item.value()).map_err(|e| corrupt(&key, e))?;
+                if d.cluster == r.cluster && selector_matches(&r.selector, &d.labels) {
+                    let previous = desired
+                        .get(&name)
+                        .and_then(|x| x.bundles.get(&r.bundle).cloned())
+                        .unwrap_or_default();
+                    nodes.push(RolloutNodeRow::waiting(&name, &previous));
+                }
+            }
+            nodes.sort_by(|a, b| a.name.cmp(&b.name));
+            let batch_size = if r.batch_size == 0 {
+                crate::rollout::default_batch_size(nodes.len())
+            } else {
+                r.batch_size
+            };
+            let tkey = self.key(&format!("targets/{}/{}", r.cluster, r.bundle));
+            let target: Doc<TargetDoc> = self.get(&tkey).await?;
+            let row = RolloutRow {
+                id: r.id.clone(),
+                cluster: r.cluster.clone(),
+                bundle: r.bundle.clone(),
+                version: r.version.clone(),
+                selector: r.selector.clone(),
+                batch_size,
+                failure_threshold: r.failure_threshold,
+                offline_deadline_ms: r.offline_deadline_ms,
+                state: RolloutState::Running,
+                created_at_ms: r.now_ms,
+                updated_at_ms: r.now_ms,
+                message: String::new(),
+                revision: 0,
+                previous_target: target.value.clone().map(|t| Target {
+                    version: t.version,
+                    selector: t.selector,
+                    rollout_id: t.rollout_id,
+                }),
+                nodes,
+            };
+            let rkey = self.key(&format!("rollouts/{}", r.id));
+            let mut ops = vec![
+                TxnOp::put(akey.clone(), r.id.as_bytes().to_vec(), None),
+                TxnOp::put(rkey.clone(), json(&RolloutDoc::from_row(&row))?, None),
+                self.put(&format!("drive/{}", r.id), Vec::new()),
+            ];
+            if let Some(op) = self.event_op(&[EventRow {
+                id: 0,
+                at_ms: r.now_ms,
+                cluster: r.cluster.clone(),
+                node: String::new(),
+                rollout_id: r.id.clone(),
+                kind: "rollout_started".into(),
+                bundle: r.bundle.clone(),
+                version: r.version.clone(),
+                message: format!(
+                    "{} node(s), batch size {batch_size}, failure threshold {}, offline deadline {}",
+                    row.nodes.len(),
+                    r.failure_threshold,
+                    lks_proto::duration::format_duration(Duration::from_millis(r.offline_deadline_ms))
+                ),
+            }])? {
+                ops.push(op);
+            }
+            let compares = vec![
+                Compare::create_revision(akey, CompareOp::Equal, 0),
+                Compare::create_revision(rkey, CompareOp::Equal, 0),
+                Compare::mod_revision(nprefix, CompareOp::Less, read_rev + 1).with_prefix(),
+                target.compare(&tkey),
+            ];
+            if self.txn(compares, ops).await? {
+                return Ok(row);
+            }
+        }
+        Err(busy("start rollout"))
+    }
+
+    async fn get_rollout(&self, id: &str) -> Result<Option<RolloutRow>> {
+        self.get::<RolloutDoc>(&self.key(&format!("rollouts/{id}")))
+            .await?
+            .value
+            .map(|d| d.into_row(id))
+            .transpose()
+    }
+
+    async fn list_rollouts(&self, cluster: Option<&str>, only_active: bool) -> Result<Vec<RolloutRow>> {
+        let mut out = Vec::new();
+        if only_active {
+            let mut kv = self.client.kv_client();
+            let resp = kv
+                .get(self.key("active/"), Some(GetOptions::new().with_prefix()))
+                .await
+                .map_err(unavailable)?;
+            for a in resp.kvs() {
+                let id = String::from_utf8_lossy(a.value()).into_owned();
+                if let Some(r) = self.get_rollout(&id).await? {
+                    out.push(r);
+                }
+            }
+        } else {
+            for (id, d, _) in self.range::<RolloutDoc>(&self.key("rollouts/")).await? {
+                out.push(d.into_row(&id)?);
+            }
+        }
+        out.retain(|r| cluster.is_none_or(|c| r.cluster == c) && (!only_active || r.state.is_active()));
+        out.sort_by(|a, b| (a.created_at_ms, a.id.as_str()).cmp(&(b.created_at_ms, b.id.as_str())));
+        Ok(out)
+    }
+
+    async fn rollouts_to_drive(&self) -> Result<Vec<RolloutRow>> {
+        let mut out = Vec::new();
+        for id in self.keys(&self.key("drive/")).await? {
+            if let Some(r) = self.get_rollout(&id).await? {
+                out.push(r);
+            }
+        }
+        out.sort_by(|a, b| (a.created_at_ms, a.id.as_str()).cmp(&(b.created_at_ms, b.id.as_str())));
+        Ok(out)
+    }
+
+    async fn commit_rollout(&self, c: RolloutCommit) -> Result<(RolloutRow, Vec<String>)> {
+        let mut c = c;
+        let mut changed_all = Vec::new();
+        // Large decisions: the first assignments are stored in chunks, each
+        // a consistent rollout (those nodes started, nothing else yet).
+        while c.assign.len() > MAX_ASSIGN_PER_TXN {
+            let chunk: Vec<_> = c.assign.drain(..MAX_ASSIGN_PER_TXN).collect();
+            let mut done = None;
+            for _ in 0..MAX_ATTEMPTS {
+                if let Some(x) = self.commit_once(&c, &chunk, false).await? {
+                    done = Some(x);
+                    break;
+                }
+            }
+            let Some((stored, changed)) = done else {
+                return Err(busy("commit rollout decision"));
+            };
+            // The rest of the decision builds on what was just stored.
+            c.rollout.revision = stored.revision;
+            for n in &mut c.rollout.nodes {
+                if let Some(s) = stored.nodes.iter().find(|s| s.name == n.name)
+                    && changed.contains(&n.name)
+                {
+                    *n = s.clone();
+                }
+            }
+            changed_all.extend(changed);
+        }
+        for _ in 0..MAX_ATTEMPTS {
+            let assign = c.assign.clone();
+            if let Some((row, changed)) = self.commit_once(&c, &assign, true).await? {
+                changed_all.extend(changed);
+                return Ok((row, changed_all));
+            }
+        }
+        Err(busy("commit rollout decision"))
+    }
+
+    async fn rollout_views(&self, rollout_id: &str) -> Result<BTreeMap<String, NodeBundleView>> {
+        let Some(r) = self.get_rollout(rollout_id).await? else {
+            return Ok(BTreeMap::new());
+        };
+        let names: BTreeSet<&str> = r.nodes.iter().map(|n| n.name.as_str()).collect();
+        let nodes = self.range::<NodeDoc>(&self.key("nodes/")).await?;
+        let desired: HashMap<String, DesiredDoc> = self
+            .range::<DesiredDoc>(&self.key("desired/"))
+            .await?
+            .into_iter()
+            .filter(|(k, _, _)| names.contains(k.as_str()))
+            .map(|(k, v, _)| (k, v))
+            .collect();
+        let live = self.liveness().await?;
+        let mut out = BTreeMap::new();
+        for (name, doc, _) in nodes {
+            if !names.contains(name.as_str()) {
+                continue;
+            }
+            out.insert(
+                name.clone(),
+                NodeBundleView {
+                    desired: desired.get(&name).and_then(|d| d.bundles.get(&r.bundle).cloned()),
+                    actual: doc.actual.get(&r.bundle).map(|a| actual_row(&r.bundle, a)),
+                    last_seen_ms: live.last_seen(&name, &doc),
+                    connected: live.connected(&doc),
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    async fn add_event(&self, e: EventRow) -> Result<()> {
+        if let Some(op) = self.event_op(&[e])? {
+            self.txn(Vec::new(), vec![op]).await?;
+        }
+        Ok(())
+    }
+
+    async fn list_events(&self, f: EventFilter) -> Result<Vec<EventRow>> {
+        let limit = if f.limit == 0 {
+            DEFAULT_EVENT_LIMIT
+        } else {
+            f.limit
+        } as usize;
+        let prefix = self.key("events/");
+        let mut kv = self.client.kv_client();
+        // Newest documents first, a page at a time, until enough match.
+        let mut out: Vec<EventRow> = Vec::new();
+        let mut end: Option<Vec<u8>> = None;
+        loop {
+            let mut opts = GetOptions::new()
+                .with_sort(SortTarget::Key, SortOrder::Descend)
+                .with_limit(256);
+            opts = match &end {
+                Some(e) => opts.with_range(e.clone()),
+                None => opts.with_prefix(),
+            };
+            let resp = kv.get(prefix.clone(), Some(opts)).await.map_err(unavailable)?;
+            if resp.kvs().is_empty() {
+                break;
+            }
+            for item in resp.kvs() {
+                let key = String::from_utf8_lossy(item.key()).into_owned();
+                let batch: Vec<EventRow> = serde_json::from_slice::<Vec<EventDoc>>(item.value())
+                    .map_err(|e| corrupt(&key, e))?
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, e)| e.into_row(item.create_revision() as u64 * 1000 + i as u64))
+                    .collect();
+                for e in batch.into_iter().rev() {
+                    let keep = f.cluster.as_ref().is_none_or(|c| e.cluster == *c)
+                        && f.node.as_ref().is_none_or(|n| e.node == *n)
+                        && f.rollout_id.as_ref().is_none_or(|r| e.rollout_id == *r);
+                    if keep {
+                        out.push(e);
+                    }
+                }
+                if out.len() >= limit {
+                    break;
+                }
+            }
+            if out.len() >= limit || resp.kvs().len() < 256 {
+                break;
+            }
+            end = resp.kvs().last().map(|kv| kv.key().to_vec());
+        }
+        out.truncate(limit);
+        out.sort_by_key(|e| e.id);
+        Ok(out)
+    }
+}
+
+/// An event as stored (its id comes from the etcd revision that stored it).
+#[derive(Serialize, Deserialize)]
+struct EventDoc {
+    at_ms: i64,
+    #[serde(default)]
+    cluster: String,
+    #[serde(default)]
+    node: String,
+    #[serde(default)]
+    rollout_id: String,
+    kind: String,
+    #[serde(default)]
+    bundle: String,
+    #[serde(default)]
+    version: String,
+    #[serde(default)]
+    message: String,
+}
+
+impl EventDoc {
+    fn from_row(e: &EventRow) -> Self {
+        EventDoc {
+            at_ms: e.at_ms,
+            cluster: e.cluster.clone(),
+            node: e.node.clone(),
+            rollout_id: e.rollout_id.clone(),
+            kind: e.kind.clone(),
+            bundle: e.bundle.clone(),
+            version: e.version.clone(),
+            message: e.message.clone(),
+        }
+    }
+
+    fn into_row(self, id: u64) -> EventRow {
+        EventRow {
+            id,
+            at_ms: self.at_ms,
+            cluster: self.cluster,
+            node: self.node,
+            rollout_id: self.rollout_id,
+            kind: self.kind,
+            bundle: self.bundle,
+            version: self.version,
+            message: self.message,
+        }
+    }
+}
+
+fn bundle_row(name: &str, version: &str, d: BundleDoc) -> Result<BundleRow> {
+    Ok(BundleRow {
+        name: name.to_string(),
+        version: version.to_string(),
+        signed_bundle: hex::decode(&d.signed_bundle)
+            .map_err(|e| corrupt(&format!("bundles/{name}/{version}"), e))?,
+        manifest_digest: d.manifest_digest,
+        signed: d.signed,
+        files: d.files,
+        total_size: d.total_size,
+        published_at_ms: d.published_at_ms,
+    })
+}
+
+impl EtcdStore {
+    /// Read-modify-write of one node document; `f` returns false to leave
+    /// it unchanged. A missing node is not an error (it was deleted).
+    async fn update_node(&self, name: &str, f: impl Fn(&mut NodeDoc) -> bool) -> Result<()> {
+        let nkey = self.key(&format!("nodes/{name}"));
+        for _ in 0..MAX_ATTEMPTS {
+            let doc: Doc<NodeDoc> = self.get(&nkey).await?;
+            let Some(mut d) = doc.value.clone() else {
+                return Ok(());
+            };
+            if !f(&mut d) {
+                return Ok(());
+            }
+            if self
+                .txn(
+                    vec![doc.compare(&nkey)],
+                    vec![TxnOp::put(nkey.clone(), json(&d)?, None)],
+                )
+                .await?
+            {
+                return Ok(());
+            }
+        }
+        Err(busy("update node"))
+    }
+}
