@@ -27,6 +27,10 @@ pub const DEFAULT_ROOT: &str = "/";
 /// `agent.toml`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct AgentConfig {
+    /// Every replica `join` was given, in the order given; `run` starts with
+    /// the first. A state dir with a single `server = "URL"` (or `servers`
+    /// as a plain string) loads as a list of one.
+    #[serde(alias = "server", deserialize_with = "one_or_many")]
     pub servers: Vec<String>,
     pub node_name: String,
     pub cluster: String,
@@ -158,9 +162,77 @@ impl StateDir {
     }
 }
 
+/// A string or a list of strings, as a list.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match serde::Deserialize::deserialize(d)? {
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
+    })
+}
+
 impl AgentConfig {
     pub fn to_toml(&self) -> String {
         // Serialising plain strings, paths and a string map cannot fail.
         toml::to_string_pretty(self).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REST: &str = "node_name = \"n1\"\ncluster = \"c1\"\nroot = \"/\"\nca_cert_hash = \"sha256:00\"\n";
+
+    fn load(text: &str) -> Result<AgentConfig, ConfigError> {
+        let d = tempfile::tempdir().unwrap();
+        let dirs = StateDir::new(d.path());
+        std::fs::write(dirs.config(), text).unwrap();
+        dirs.load_config()
+    }
+
+    #[test]
+    fn a_single_server_loads_as_a_list_of_one() {
+        for head in [
+            "server = \"https://a:7443\"\n",
+            "servers = \"https://a:7443\"\n",
+            "servers = [\"https://a:7443\"]\n",
+        ] {
+            let cfg = load(&format!("{head}{REST}")).unwrap();
+            assert_eq!(cfg.servers, vec!["https://a:7443".to_string()], "{head}");
+            assert!(cfg.labels.is_empty());
+        }
+    }
+
+    #[test]
+    fn a_list_keeps_its_order_and_round_trips() {
+        let cfg = load(&format!(
+            "servers = [\"https://b:7443\", \"https://a:7443\"]\n{REST}"
+        ))
+        .unwrap();
+        assert_eq!(cfg.servers, ["https://b:7443", "https://a:7443"]);
+        let text = cfg.to_toml();
+        assert!(text.contains("servers = ["), "{text}");
+        assert_eq!(load(&text).unwrap(), cfg);
+    }
+
+    #[test]
+    fn no_server_at_all_is_invalid() {
+        for head in ["servers = []\n", ""] {
+            let err = load(&format!("{head}{REST}")).unwrap_err();
+            assert!(matches!(err, ConfigError::Invalid { .. }), "{head:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn not_joined_says_so() {
+        let d = tempfile::tempdir().unwrap();
+        let err = StateDir::new(d.path()).load_config().unwrap_err();
+        assert!(matches!(err, ConfigError::NotJoined { .. }), "{err}");
     }
 }

@@ -54,6 +54,49 @@ enum End {
 /// A connection that lasted this long resets the backoff.
 const HEALTHY_SESSION: Duration = Duration::from_secs(30);
 
+/// Which server to try next, and when to back off: the next replica is
+/// tried at once after a failed attempt, and the backoff is waited only once
+/// every server has failed in turn, or after a session that was up (so a
+/// server that accepts and then drops the stream is not hammered). With one
+/// server this is plain reconnect-with-backoff.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Rotation {
+    len: usize,
+    current: usize,
+    /// Failed attempts since the last backoff.
+    failed: usize,
+}
+
+impl Rotation {
+    fn new(len: usize) -> Self {
+        Rotation {
+            len: len.max(1),
+            current: 0,
+            failed: 0,
+        }
+    }
+
+    fn current(&self) -> usize {
+        self.current
+    }
+
+    /// Moves on after the attempt at the current server ended; true if the
+    /// backoff is due before the next attempt.
+    fn advance(&mut self, was_connected: bool) -> bool {
+        self.current = (self.current + 1) % self.len;
+        if was_connected {
+            self.failed = 0;
+            return true;
+        }
+        self.failed += 1;
+        if self.failed >= self.len {
+            self.failed = 0;
+            return true;
+        }
+        false
+    }
+}
+
 fn out(m: Out) -> pb::AgentMessage {
     pb::AgentMessage { msg: Some(m) }
 }
@@ -61,11 +104,15 @@ fn out(m: Out) -> pb::AgentMessage {
 impl Connection {
     /// Keeps a stream up until cancelled.
     pub async fn run(mut self, cancel: CancellationToken) {
+        if self.servers.is_empty() {
+            tracing::error!("no server URL configured: nothing to connect to");
+            return;
+        }
         let mut backoff = Backoff::default();
-        let n = self.servers.len().max(1);
-        let mut attempt = 0usize;
+        let mut rotation = Rotation::new(self.servers.len());
         loop {
-            let url = self.servers[attempt % n].clone();
+            let url = self.servers[rotation.current()].clone();
+            tracing::debug!(server = %url, "connecting");
             let started = Instant::now();
             let mut connected = false;
             let res = self.session(&url, &cancel, &mut connected).await;
@@ -84,9 +131,7 @@ impl Connection {
             if connected && started.elapsed() >= HEALTHY_SESSION {
                 backoff.reset();
             }
-            attempt += 1;
-            // Try the next replica at once; back off after a full round.
-            if (attempt % n == 0 || connected) && !backoff.wait(&cancel).await {
+            if rotation.advance(connected) && !backoff.wait(&cancel).await {
                 break;
             }
             if cancel.is_cancelled() {
@@ -208,4 +253,54 @@ fn report(snap: StatusSnapshot) -> pb::AgentMessage {
         generation: snap.generation,
         bundles: snap.bundles,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `(server tried, backoff before the next)` for each outcome.
+    fn trace(len: usize, outcomes: &[bool]) -> Vec<(usize, bool)> {
+        let mut r = Rotation::new(len);
+        outcomes
+            .iter()
+            .map(|&connected| {
+                let at = r.current();
+                (at, r.advance(connected))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_server_backs_off_after_every_attempt() {
+        assert_eq!(
+            trace(1, &[false, false, true, false]),
+            [(0, true), (0, true), (0, true), (0, true)]
+        );
+    }
+
+    #[test]
+    fn failures_go_round_the_list_then_back_off() {
+        assert_eq!(
+            trace(3, &[false, false, false, false, false, false]),
+            [
+                (0, false),
+                (1, false),
+                (2, true),
+                (0, false),
+                (1, false),
+                (2, true)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_dropped_session_moves_on_and_starts_a_new_round() {
+        // Up on 1, dropped: back off, then 2, 0 and 1 each get a try before
+        // the next backoff.
+        assert_eq!(
+            trace(3, &[false, true, false, false, false]),
+            [(0, false), (1, true), (2, false), (0, false), (1, true)]
+        );
+    }
 }

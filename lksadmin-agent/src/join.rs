@@ -1,8 +1,10 @@
 //! `lksadmin-agent join`: enrol this node into a tenant cluster.
 //!
 //! Everything given on the command line is validated first; then the
-//! server's CA is checked against the pin ([`crate::pin`]) before the token
-//! is sent; the node key is made here and never leaves the node (only a CSR
+//! servers (`--server` may list several replicas) are tried in turn: each
+//! one's CA is checked against the pin ([`crate::pin`]) before the token is
+//! sent to it, and only a server that cannot be reached passes the turn to
+//! the next; the node key is made here and never leaves the node (only a CSR
 //! goes out). The identity is written into a temp directory inside the state
 //! dir and moved into place piece by piece, `agent.toml` last: it is the
 //! commit marker, so a join that fails at any point leaves no identity (and
@@ -107,20 +109,33 @@ struct Plan {
     dirs: StateDir,
 }
 
+/// Parses `--server`: one URL or several separated by commas, each
+/// `https://HOST[:PORT]` (a bare `HOST:PORT` means https). An empty item or
+/// a URL given twice is refused rather than skipped: it is a typo in a line
+/// that is usually pasted into many machines.
+pub fn parse_servers(arg: &str) -> Result<Vec<String>, JoinError> {
+    let mut servers: Vec<String> = Vec::new();
+    for (i, item) in arg.split(',').enumerate() {
+        let item = item.trim();
+        if item.is_empty() {
+            return Err(JoinError::BadServer(if arg.trim().is_empty() {
+                "no URL given".into()
+            } else {
+                format!("item {} of {arg:?} is empty", i + 1)
+            }));
+        }
+        let url = client::normalize_url(item);
+        pin::host_port(&url).map_err(|e| JoinError::BadServer(e.to_string()))?;
+        if servers.contains(&url) {
+            return Err(JoinError::BadServer(format!("{url} is listed twice")));
+        }
+        servers.push(url);
+    }
+    Ok(servers)
+}
+
 fn validate(req: &JoinRequest) -> Result<Plan, JoinError> {
-    let servers: Vec<String> = req
-        .servers
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(client::normalize_url)
-        .collect();
-    if servers.is_empty() {
-        return Err(JoinError::BadServer("no URL given".into()));
-    }
-    for s in &servers {
-        pin::host_port(s).map_err(|e| JoinError::BadServer(e.to_string()))?;
-    }
+    let servers = parse_servers(&req.servers)?;
     let token = BootstrapToken::from_str(req.token.trim()).map_err(JoinError::BadToken)?;
     let pin =
         Digest::from_str(req.ca_cert_hash.trim()).map_err(|_| JoinError::BadPin(req.ca_cert_hash.clone()))?;
@@ -178,7 +193,6 @@ pub async fn join(req: &JoinRequest) -> Result<JoinOutcome, JoinError> {
     if plan.dirs.is_joined() {
         return already_joined(&plan);
     }
-    let (server, ca_der) = check_pin(&plan).await?;
 
     let key = KeyPair::generate().map_err(|e| JoinError::KeyGen(e.to_string()))?;
     let mut params = CertificateParams::default();
@@ -190,31 +204,7 @@ pub async fn join(req: &JoinRequest) -> Result<JoinOutcome, JoinError> {
         .and_then(|csr| csr.pem())
         .map_err(|e| JoinError::KeyGen(format!("make the CSR: {e}")))?;
 
-    let refused = |message: String| JoinError::Refused {
-        server: server.clone(),
-        message,
-    };
-    let ca_der = rustls_pki_types::CertificateDer::from(ca_der);
-    let anchor = webpki::anchor_from_trusted_cert(&ca_der)
-        .map_err(|e| refused(format!("the pinned CA is not usable: {e}")))?
-        .to_owned();
-    let tls = tonic::transport::ClientTlsConfig::new().trust_anchor(anchor);
-    let channel = client::endpoint(&server, tls)
-        .map_err(|e| refused(e.to_string()))?
-        .connect()
-        .await
-        .map_err(|e| JoinError::Unreachable(format!("{server}: {}", crate::source::error_chain(&e))))?;
-    let mut api = pb::agent_service_client::AgentServiceClient::new(channel);
-    let resp = api
-        .enroll(pb::EnrollRequest {
-            token: plan.token.to_string(),
-            node_name: plan.node_name.clone(),
-            csr_pem,
-            labels: plan.labels.clone().into_iter().collect(),
-        })
-        .await
-        .map_err(|s| refused(one_line(s.message())))?
-        .into_inner();
+    let (server, resp) = enroll_any(&plan, &csr_pem).await?;
 
     let bad = |reason: &str| JoinError::BadResponse {
         server: server.clone(),
@@ -263,18 +253,69 @@ fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// Tries the servers in order until one passes the pin check. A server that
-/// is reached and fails the pin stops the join at once.
-async fn check_pin(plan: &Plan) -> Result<(String, Vec<u8>), JoinError> {
-    let mut errors = Vec::new();
+/// How one server's enrolment attempt ended, if not with a certificate.
+enum Attempt {
+    /// Not reached, or reached but unavailable: the next server may answer.
+    Unreachable(String),
+    /// The server answered and said no (bad token, CA pin mismatch, …):
+    /// another replica of the same cluster would say the same, so stop.
+    Final(JoinError),
+}
+
+/// Enrols with the servers in order until one answers. Only a server that
+/// cannot be reached passes the turn to the next; an answer, yes or no, ends
+/// the join.
+async fn enroll_any(plan: &Plan, csr_pem: &str) -> Result<(String, pb::EnrollResponse), JoinError> {
+    let mut unreachable = Vec::new();
     for url in &plan.servers {
-        match pin::fetch_pinned_ca(url, &plan.pin, PIN_TIMEOUT).await {
-            Ok(ca) => return Ok((url.clone(), ca)),
-            Err(e) if e.is_refusal() => return Err(e.into()),
-            Err(e) => errors.push(e.to_string()),
+        match enroll_at(plan, url, csr_pem).await {
+            Ok(resp) => return Ok((url.clone(), resp)),
+            Err(Attempt::Final(e)) => return Err(e),
+            Err(Attempt::Unreachable(e)) => {
+                tracing::info!("{e}; trying the next server");
+                unreachable.push(e);
+            }
         }
     }
-    Err(JoinError::Unreachable(errors.join("; ")))
+    Err(JoinError::Unreachable(unreachable.join("; ")))
+}
+
+/// Checks `url` against the CA pin, and only then sends it the token.
+async fn enroll_at(plan: &Plan, url: &str, csr_pem: &str) -> Result<pb::EnrollResponse, Attempt> {
+    let ca_der = match pin::fetch_pinned_ca(url, &plan.pin, PIN_TIMEOUT).await {
+        Ok(ca) => ca,
+        Err(e) if e.is_refusal() => return Err(Attempt::Final(e.into())),
+        Err(e) => return Err(Attempt::Unreachable(e.to_string())),
+    };
+    let refused = |message: String| {
+        Attempt::Final(JoinError::Refused {
+            server: url.to_string(),
+            message,
+        })
+    };
+    let ca_der = rustls_pki_types::CertificateDer::from(ca_der);
+    let anchor = webpki::anchor_from_trusted_cert(&ca_der)
+        .map_err(|e| refused(format!("the pinned CA is not usable: {e}")))?
+        .to_owned();
+    let tls = tonic::transport::ClientTlsConfig::new().trust_anchor(anchor);
+    let channel = client::endpoint(url, tls)
+        .map_err(|e| refused(e.to_string()))?
+        .connect()
+        .await
+        .map_err(|e| Attempt::Unreachable(format!("{url}: {}", crate::source::error_chain(&e))))?;
+    let mut api = pb::agent_service_client::AgentServiceClient::new(channel);
+    api.enroll(pb::EnrollRequest {
+        token: plan.token.to_string(),
+        node_name: plan.node_name.clone(),
+        csr_pem: csr_pem.to_string(),
+        labels: plan.labels.clone().into_iter().collect(),
+    })
+    .await
+    .map(tonic::Response::into_inner)
+    .map_err(|s| match s.code() {
+        tonic::Code::Unavailable => Attempt::Unreachable(format!("{url}: {}", one_line(s.message()))),
+        _ => refused(one_line(s.message())),
+    })
 }
 
 fn already_joined(plan: &Plan) -> Result<JoinOutcome, JoinError> {
@@ -357,4 +398,86 @@ fn store(
 
 fn rename(from: &Path, to: &Path) -> Result<(), FsError> {
     std::fs::rename(from, to).map_err(|e| FsError::new("move into place", to, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_url_or_a_list_in_order() {
+        assert_eq!(parse_servers("https://a:7443").unwrap(), ["https://a:7443"]);
+        assert_eq!(
+            parse_servers(" https://b:7443/ , a:7443,https://[::1]:7443").unwrap(),
+            ["https://b:7443", "https://a:7443", "https://[::1]:7443"]
+        );
+    }
+
+    #[test]
+    fn empty_items_duplicates_and_other_schemes_are_refused() {
+        for (arg, want) in [
+            ("", "no URL given"),
+            (" ", "no URL given"),
+            ("https://a:1,", "item 2 of \"https://a:1,\" is empty"),
+            (",https://a:1", "item 1 of"),
+            ("https://a:1,,https://b:1", "item 2 of"),
+            ("https://a:1,https://b:1,a:1", "https://a:1 is listed twice"),
+            ("https://a:1,https://a:1/", "https://a:1 is listed twice"),
+            (
+                "https://a:1,http://b:1",
+                "http://b:1: invalid server URL: expected https://HOST[:PORT]",
+            ),
+        ] {
+            let err = parse_servers(arg).unwrap_err().to_string();
+            assert!(err.starts_with("invalid --server: "), "{arg:?}: {err}");
+            assert!(err.contains(want), "{arg:?}: {err} lacks {want:?}");
+            assert!(!err.contains('\n'), "{arg:?}: {err}");
+        }
+    }
+
+    fn request(servers: &str, state: &Path, root: &Path) -> JoinRequest {
+        JoinRequest {
+            servers: servers.into(),
+            token: "abcdef.0123456789abcdef".into(),
+            ca_cert_hash: format!("sha256:{}", "ab".repeat(32)),
+            node_name: Some("node-1".into()),
+            labels: None,
+            state_dir: state.to_path_buf(),
+            root: root.to_path_buf(),
+            trust_keys: Vec::new(),
+        }
+    }
+
+    /// A loopback URL nothing listens on (the port was free a moment ago).
+    fn dead_url() -> String {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("https://{}", l.local_addr().unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_bad_list_writes_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let state = d.path().join("state");
+        let err = join(&request("https://a:1,https://a:1", &state, d.path()))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, JoinError::BadServer(_)), "{err}");
+        assert!(!state.exists());
+    }
+
+    #[tokio::test]
+    async fn every_server_unreachable_is_one_error_naming_each() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let d = tempfile::tempdir().unwrap();
+        let state = d.path().join("state");
+        let (a, b) = (dead_url(), dead_url());
+        let err = join(&request(&format!("{a},{b}"), &state, d.path()))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, JoinError::Unreachable(_)), "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains(&a) && msg.contains(&b), "{msg}");
+        assert!(!msg.contains('\n'), "{msg}");
+        assert!(!state.exists());
+    }
 }

@@ -65,6 +65,30 @@ impl Server {
         s
     }
 
+    /// Starts a server on `addr` with a copy of `from`'s data dir (same CA,
+    /// admin identity, clusters and nodes), `from` being stopped: a stand-in
+    /// for another replica of the same control plane, to test failover
+    /// without a shared store. It rewrites its copy of `admin.conf` with its
+    /// own URL.
+    pub fn start_copy_of(from: &Server, addr: SocketAddr) -> Server {
+        let dir = tempfile::tempdir().expect("create temp dir");
+        let data_dir = dir.path().join("data");
+        copy_dir(&from.data_dir, &data_dir);
+        let mut s = Server {
+            data_dir,
+            dir,
+            addr,
+            metrics_addr: free_addr(),
+            args: from.args.clone(),
+            proc: None,
+            starts: 0,
+        };
+        // The copied admin.conf names `from`: wait for this server's own.
+        std::fs::remove_file(s.admin_conf_path()).expect("remove the copied admin.conf");
+        s.spawn();
+        s
+    }
+
     fn spawn(&mut self) {
         self.starts += 1;
         let mut cmd = Command::new(bin("lks-control-server"));
@@ -244,6 +268,20 @@ impl Drop for Server {
     fn drop(&mut self) {
         // Kill first, while the log files still exist for a failing test to print.
         drop(self.proc.take());
+    }
+}
+
+/// Copies a directory tree (regular files and directories only).
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap_or_else(|e| panic!("create {}: {e}", to.display()));
+    for entry in std::fs::read_dir(from).unwrap_or_else(|e| panic!("read {}: {e}", from.display())) {
+        let entry = entry.expect("read dir entry");
+        let (src, dst) = (entry.path(), to.join(entry.file_name()));
+        if entry.file_type().expect("file type").is_dir() {
+            copy_dir(&src, &dst);
+        } else {
+            std::fs::copy(&src, &dst).unwrap_or_else(|e| panic!("copy {}: {e}", src.display()));
+        }
     }
 }
 

@@ -1,40 +1,102 @@
 //! Reaching the admin API: `admin.conf` → mTLS channel, and gRPC statuses
 //! turned into one-line errors a person can act on.
+//!
+//! With several replicas (`server` plus `servers` in `admin.conf`) the URLs
+//! are tried in turn until one can be reached; a replica that answers is
+//! used even if the command then fails, so an application error (not found,
+//! invalid argument, …) is never retried elsewhere.
 
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow};
-use lks_control_server::adminconf::AdminConf;
+use lks_control_server::adminconf::AdminConfFile;
 use lks_proto::pb::admin_service_client::AdminServiceClient;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
 
 pub type Client = AdminServiceClient<Channel>;
 
-/// Connects to the server named in the config file.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a reached replica may take to say whether it serves.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connects to the first server in the config file that can be reached;
+/// returns the client and that server's URL.
 pub async fn connect(config: &Path) -> anyhow::Result<(Client, String)> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let conf = AdminConf::load(config).map_err(|e| anyhow!("{e}")).with_context(|| {
+    let file = AdminConfFile::load(config).map_err(|e| anyhow!("{e}")).with_context(|| {
         "load lksctl config (give --config FILE or set LKSCTL_CONFIG; the server writes admin.conf in its data dir)"
             .to_string()
     })?;
-    let url = conf.server.clone();
+    let conf = &file.conf;
     let tls = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(&conf.ca_cert))
         .identity(Identity::from_pem(&conf.client_cert, &conf.client_key));
-    let channel = Channel::from_shared(url.clone())
-        .map_err(|e| anyhow!("{}: invalid server URL {url:?}: {e}", config.display()))?
-        .tls_config(tls)
-        .map_err(|e| anyhow!("configure TLS from {}: {}", config.display(), chain(&e)))?
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .map_err(|e| anyhow!("cannot reach control server at {url}: {}", chain(&e)))?;
-    // Bundle lists and rollouts of a large fleet exceed tonic's 4 MiB default.
-    Ok((
-        AdminServiceClient::new(channel).max_decoding_message_size(256 << 20),
-        url,
-    ))
+    // Every URL is checked before any is dialled: a typo in the file is a
+    // config error, not an unreachable replica.
+    let mut endpoints = Vec::new();
+    for url in file.endpoints() {
+        let ep = Channel::from_shared(url.clone())
+            .map_err(|e| anyhow!("{}: invalid server URL {url:?}: {e}", config.display()))?
+            .tls_config(tls.clone())
+            .map_err(|e| anyhow!("configure TLS from {}: {}", config.display(), chain(&e)))?
+            .connect_timeout(CONNECT_TIMEOUT);
+        endpoints.push((url, ep));
+    }
+    let several = endpoints.len() > 1;
+    let mut tried = Vec::new();
+    let mut last = anyhow!("{}: no server URL", config.display());
+    for (url, ep) in endpoints {
+        match reach(&ep, several).await {
+            // Bundle lists and rollouts of a large fleet exceed tonic's 4 MiB default.
+            Ok(channel) => {
+                return Ok((
+                    AdminServiceClient::new(channel).max_decoding_message_size(256 << 20),
+                    url,
+                ));
+            }
+            Err(reason) => {
+                last = anyhow!("cannot reach control server at {url}: {reason}");
+                tried.push(url);
+            }
+        }
+    }
+    if several {
+        Err(last.context(format!(
+            "no control server listed in {} could be reached (tried {})",
+            config.display(),
+            tried.join(", ")
+        )))
+    } else {
+        Err(last)
+    }
+}
+
+/// Opens a channel. With other replicas to fall back on, the replica must
+/// also say it serves the admin API: one that is up but cannot serve (say,
+/// cut off from its store) answers UNAVAILABLE or NOT_SERVING and is passed
+/// over before any command is sent to it.
+async fn reach(ep: &Endpoint, probe: bool) -> Result<Channel, String> {
+    let channel = ep.connect().await.map_err(|e| chain(&e))?;
+    if !probe {
+        return Ok(channel);
+    }
+    let mut health = HealthClient::new(channel.clone());
+    let check = health.check(tonic_health::pb::HealthCheckRequest {
+        service: lks_proto::pb::admin_service_server::SERVICE_NAME.into(),
+    });
+    match tokio::time::timeout(PROBE_TIMEOUT, check).await {
+        Err(_) => Err(format!("no health answer within {PROBE_TIMEOUT:?}")),
+        Ok(Ok(resp)) => match resp.into_inner().status() {
+            ServingStatus::Serving => Ok(channel),
+            other => Err(format!("the admin API is {}", other.as_str_name())),
+        },
+        Ok(Err(st)) if st.code() == tonic::Code::Unavailable => Err(st.message().replace('\n', " ")),
+        // It answered, just not this question (no health service): use it.
+        Ok(Err(_)) => Ok(channel),
+    }
 }
 
 /// An error and all its sources on one line.
