@@ -19,6 +19,7 @@ pub mod packages;
 pub mod pki;
 pub mod ratelimit;
 pub mod rollout;
+pub mod seal;
 pub mod server;
 pub mod store;
 
