@@ -9,6 +9,8 @@ pkg-config --exists libsystemd 2>/dev/null || need+=(libsystemd-dev)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v cc >/dev/null || need+=(build-essential)
 command -v ip >/dev/null || need+=(iproute2)
+# The replicated-store tests start a throwaway etcd (tests/src/etcd.rs).
+command -v etcd >/dev/null || need+=(etcd-server)
 
 if ((${#need[@]})); then
   echo "setup: installing ${need[*]}" >&2

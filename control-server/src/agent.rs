@@ -103,6 +103,7 @@ impl AgentService for AgentApi {
                     caller,
                     tx,
                     last_generation: None,
+                    unrecorded: None,
                 }
                 .run(inbound, reg)
                 .await;
@@ -446,6 +447,9 @@ struct Session {
     caller: NodeCaller,
     tx: mpsc::Sender<Result<ServerMessage, Status>>,
     last_generation: Option<u64>,
+    /// A status report the store could not take (etcd unreachable), kept
+    /// and stored with the next message instead of ending the stream.
+    unrecorded: Option<Vec<BundleStatusRow>>,
 }
 
 impl Session {
@@ -552,6 +556,9 @@ impl Session {
     async fn handle(&mut self, m: AgentMessage) -> Result<(), Status> {
         let node = &self.caller.id.node;
         self.s.hub.heard(node, now_ms());
+        if let Some(rows) = self.unrecorded.take() {
+            self.record(rows).await?;
+        }
         match m.msg {
             None | Some(AgentMsg::Heartbeat(_)) | Some(AgentMsg::Pong(_)) => Ok(()),
             Some(AgentMsg::Hello(h)) => self.hello(h).await,
@@ -560,13 +567,7 @@ impl Session {
                 for row in &rows {
                     tracing::debug!(bundle = %row.name, version = %row.version, state = %row.state, "status");
                 }
-                self.s
-                    .store
-                    .record_status(node, rows)
-                    .await
-                    .map_err(store_status)?;
-                self.s.rollouts_changed.notify_one();
-                Ok(())
+                self.record(rows).await
             }
             Some(AgentMsg::Event(e)) => {
                 let at = if e.at_ms > 0 { e.at_ms } else { now_ms() };
@@ -582,6 +583,32 @@ impl Session {
                 .await;
                 Ok(())
             }
+        }
+    }
+
+    /// Stores a status report. While the store is unavailable (etcd down)
+    /// the stream stays up — the node keeps its desired state — and the
+    /// report is kept for the next message; a newer report replaces it.
+    async fn record(&mut self, rows: Vec<BundleStatusRow>) -> Result<(), Status> {
+        match self
+            .s
+            .store
+            .record_status(&self.caller.id.node, rows.clone())
+            .await
+        {
+            Ok(()) => {
+                self.s.rollouts_changed.notify_one();
+                Ok(())
+            }
+            Err(StoreError::Unavailable(e)) => {
+                tracing::warn!(error = %e, "status report kept until the store is back");
+                let mut merged = self.unrecorded.take().unwrap_or_default();
+                merged.retain(|old| !rows.iter().any(|r| r.name == old.name));
+                merged.extend(rows);
+                self.unrecorded = Some(merged);
+                Ok(())
+            }
+            Err(e) => Err(store_status(e)),
         }
     }
 

@@ -19,7 +19,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::admin::AdminApi;
-use crate::adminconf::{AdminConf, AdminConfError};
+use crate::adminconf::{AdminConf, AdminConfError, AdminConfFile};
 use crate::agent::AgentApi;
 use crate::blobs::{BlobError, BlobStore};
 use crate::controller;
@@ -288,10 +288,12 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         client_key: pki.admin_key_pem.clone(),
     };
     let conf_path = data_dir.join("admin.conf");
-    if AdminConf::load(&conf_path).ok().as_ref() != Some(&conf) {
-        conf.save(&conf_path)?;
-        tracing::info!(path = %conf_path.display(), "wrote admin.conf");
-    }
+    // Every replica known now; rewritten as replicas come and go.
+    let known = match &etcd {
+        Some(e) => replicas::replica_urls(e, &server_url).await?,
+        None => vec![server_url.clone()],
+    };
+    write_admin_conf(&conf_path, &conf, &known)?;
     tracing::info!(ca_cert_hash = %pki.ca_hash(), server = %server_url, "control server identity");
 
     let blobs = BlobStore::open(&data_dir.join("blobs"))?;
@@ -301,7 +303,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
     let (rollout_updates, _) = watch::channel(0);
     let (rollouts, rollout_inbox) = controller::channel();
     let (leader_tx, leader) = watch::channel(etcd.is_none());
-    let (servers_tx, servers) = watch::channel(vec![server_url.clone()]);
+    let (servers_tx, servers) = watch::channel(known);
     let shared = Arc::new(Shared {
         store,
         etcd: etcd.clone(),
@@ -424,6 +426,19 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
     }
     tracing::info!("stopped");
     result
+}
+
+/// Writes `admin.conf` (server, every replica, credentials) if it differs.
+fn write_admin_conf(path: &std::path::Path, conf: &AdminConf, urls: &[String]) -> Result<(), AdminConfError> {
+    let file = AdminConfFile {
+        conf: conf.clone(),
+        servers: if urls.len() > 1 { urls.to_vec() } else { Vec::new() },
+    };
+    if AdminConfFile::load(path).ok().as_ref() != Some(&file) {
+        file.save(path)?;
+        tracing::info!(path = %path.display(), replicas = urls.len(), "wrote admin.conf");
+    }
+    Ok(())
 }
 
 /// Writes buffered last-seen times every few seconds instead of once per

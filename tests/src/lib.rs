@@ -186,5 +186,6 @@ pub fn one_line_error(out: &Output, what: &str) -> String {
 }
 
 pub mod agent;
+pub mod etcd;
 pub mod rollout;
 pub mod server;

@@ -1,0 +1,308 @@
+//! Several control-server replicas on one etcd (DESIGN §8): a throwaway etcd
+//! on loopback, replicas with separate data dirs, real agents that join with
+//! every replica's URL, real lksctl against any replica.
+//!
+//! - The kill test: publish through one replica, start a batched rollout
+//!   through another, kill -9 the leader and the publisher mid-rollout; the
+//!   survivor finishes it, every agent reconnects to it and every file
+//!   arrives, and no node is started twice.
+//! - Two replicas race for the last use of a token: exactly one node enrols.
+//! - etcd killed and restarted under load: streams stay up, writes fail
+//!   with `unavailable`, and the replicas recover without a restart.
+
+use std::time::Duration;
+
+use lks_e2e::agent::{Agent, BundleFile, CONVERGE, write_bundle};
+use lks_e2e::etcd::Etcd;
+use lks_e2e::server::{Server, enroll_raw, make_csr};
+use lks_e2e::wait_until;
+
+/// Short leases keep the test quick; the logic is the same at 10 s.
+const LEASE: &str = "3s";
+
+fn replica(etcd: &Etcd, prefix: &str) -> Server {
+    Server::start_with(&[
+        "--store",
+        "etcd",
+        "--etcd-endpoints",
+        &etcd.url(),
+        "--etcd-prefix",
+        prefix,
+        "--lease-ttl",
+        LEASE,
+    ])
+}
+
+fn is_leader(s: &Server) -> bool {
+    s.log().contains("elected: this replica drives rollouts")
+}
+
+/// The join line's server list, rotated so that agents spread over replicas.
+fn rotated(list: &str, by: usize) -> String {
+    let mut v: Vec<&str> = list.split(',').collect();
+    let n = v.len();
+    v.rotate_left(by % n);
+    v.join(",")
+}
+
+fn node_list(via: &Server) -> serde_json::Value {
+    via.lksctl_json(&["node", "list"])
+}
+
+fn all_connected(via: &Server, n: usize) -> bool {
+    let v = node_list(via);
+    let nodes = v.as_array().cloned().unwrap_or_default();
+    nodes.len() == n && nodes.iter().all(|x| x["connected"] == true)
+}
+
+#[test]
+fn survivor_finishes_the_rollout_after_the_leader_and_the_publisher_die() {
+    let etcd = Etcd::start();
+    let prefix = "/lks-test-kill/";
+    let mut r1 = replica(&etcd, prefix);
+    wait_until(Duration::from_secs(15), "r1 elected", || is_leader(&r1));
+    let mut r2 = replica(&etcd, prefix);
+    let r3 = replica(&etcd, prefix);
+    // Every replica shares one CA: the pin works with any of them.
+    assert_eq!(r1.admin_conf().ca_cert, r3.admin_conf().ca_cert);
+
+    r1.lksctl_ok(&["cluster", "create", "c1"]);
+    let tok = r3.lksctl_json(&["token", "create", "--cluster", "c1", "--uses", "4"]);
+    let servers = tok["server"].as_str().unwrap().to_string();
+    assert_eq!(
+        servers.split(',').count(),
+        3,
+        "the join line lists every replica: {servers}"
+    );
+    let mut agents = Vec::new();
+    for i in 0..4 {
+        let mut a = Agent::new(&format!("n{i}"));
+        let out = a.join_raw(
+            &rotated(&servers, i),
+            tok["token"].as_str().unwrap(),
+            tok["ca_cert_hash"].as_str().unwrap(),
+            &[],
+        );
+        assert!(
+            out.status.success(),
+            "join n{i}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        a.start();
+        agents.push(a);
+    }
+    wait_until(CONVERGE, "4 agents connected", || all_connected(&r2, 4));
+
+    // Published through r2: 3 files, one of 2.5 MiB (three chunks in etcd).
+    let big: Vec<u8> = (0..(5 << 19)).map(|i: u32| (i % 251) as u8).collect();
+    let dir = write_bundle(
+        r2.work_dir(),
+        "app",
+        "2",
+        &[
+            BundleFile {
+                path: "/etc/app/a.conf",
+                content: b"a=2\n",
+                mode: "0644",
+            },
+            BundleFile {
+                path: "/etc/app/b.conf",
+                content: b"b=2\n",
+                mode: "0600",
+            },
+            BundleFile {
+                path: "/opt/app/blob",
+                content: &big,
+                mode: "0755",
+            },
+        ],
+        // Each node takes a moment, and counts how often its step ran.
+        "[[step]]\nname = \"count\"\nrun = [\"sh\", \"-c\", \"echo x >> \\\"$LKS_ROOT/ran\\\"; sleep 1\"]\n",
+    );
+    assert_eq!(
+        r2.lksctl_ok(&["bundle", "publish", &dir.display().to_string()])
+            .trim(),
+        "app@2"
+    );
+    // Started through r3, which does not lead: the leader drives it.
+    let id = r3
+        .lksctl_ok(&[
+            "rollout",
+            "start",
+            "--cluster",
+            "c1",
+            "--bundle",
+            "app@2",
+            "--batch-size",
+            "1",
+        ])
+        .trim()
+        .to_string();
+    wait_until(CONVERGE, "the first node updated", || {
+        r3.lksctl_json(&["rollout", "status", &id])["updated"].as_u64() >= Some(1)
+    });
+    let before = r3.lksctl_json(&["rollout", "status", &id]);
+    assert!(
+        before["updated"].as_u64() < Some(4),
+        "still mid-rollout: {before}"
+    );
+
+    r1.kill9(); // the leader
+    r2.kill9(); // the publisher
+    let done = |s: &serde_json::Value| s["state"] == "completed";
+    wait_until(
+        Duration::from_secs(90),
+        "the survivor completes the rollout",
+        || done(&r3.lksctl_json(&["rollout", "status", &id])),
+    );
+    assert!(is_leader(&r3), "r3 took over:\n{}", r3.log());
+    let st = r3.lksctl_json(&["rollout", "status", &id]);
+    assert_eq!(st["updated"], 4, "{st}");
+    assert_eq!(st["failed"], 0, "{st}");
+    wait_until(CONVERGE, "every agent on the survivor", || all_connected(&r3, 4));
+    for a in &agents {
+        a.wait_bundle("app", "2", "applied");
+        assert_eq!(a.read("/etc/app/a.conf").unwrap(), (b"a=2\n".to_vec(), 0o644));
+        assert_eq!(a.read("/etc/app/b.conf").unwrap(), (b"b=2\n".to_vec(), 0o600));
+        assert_eq!(a.read("/opt/app/blob").unwrap(), (big.clone(), 0o755));
+        let ran = std::fs::read_to_string(a.root.join("ran")).unwrap();
+        assert_eq!(ran.lines().count(), 1, "{}: its step ran once", a.name);
+    }
+    // No node was started twice by the two leaders.
+    let events = r3.lksctl_json(&["event", "list", "--rollout", &id, "--limit", "1000"]);
+    for a in &agents {
+        let starts = events
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["kind"] == "node_started" && e["node"] == a.name.as_str())
+            .count();
+        assert_eq!(starts, 1, "{} started once: {events}", a.name);
+    }
+    // The survivor's admin.conf works alone.
+    assert!(r3.lksctl_ok(&["cluster", "list"]).contains("c1"));
+}
+
+#[test]
+fn two_replicas_race_for_the_last_use_of_a_token() {
+    let etcd = Etcd::start();
+    let prefix = "/lks-test-race/";
+    let r1 = replica(&etcd, prefix);
+    let r2 = replica(&etcd, prefix);
+    r1.lksctl_ok(&["cluster", "create", "c1"]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for round in 0..5 {
+        let tok = r1.lksctl_json(&["token", "create", "--cluster", "c1", "--uses", "1"]);
+        let token = tok["token"].as_str().unwrap().to_string();
+        let (csr_a, _) = make_csr(&[]);
+        let (csr_b, _) = make_csr(&[]);
+        let (name_a, name_b) = (format!("a{round}"), format!("b{round}"));
+        let (a, b) = rt.block_on(async {
+            tokio::join!(
+                enroll_raw(&r1, &token, &name_a, &csr_a, &[]),
+                enroll_raw(&r2, &token, &name_b, &csr_b, &[]),
+            )
+        });
+        assert_eq!(
+            a.is_ok() as u32 + b.is_ok() as u32,
+            1,
+            "round {round}: exactly one enrolment wins: {a:?} / {b:?}"
+        );
+        let loser = match (a, b) {
+            (Err(e), Ok(_)) | (Ok(_), Err(e)) => e,
+            _ => unreachable!("checked above"),
+        };
+        assert_eq!(loser.code(), tonic::Code::Unauthenticated, "{loser:?}");
+        assert!(loser.message().contains("no uses left"), "{loser:?}");
+    }
+    let nodes = node_list(&r2);
+    assert_eq!(nodes.as_array().unwrap().len(), 5, "{nodes}");
+
+    // Same name through two replicas at once: one node.
+    let tok = r1.lksctl_json(&["token", "create", "--cluster", "c1"]);
+    let token = tok["token"].as_str().unwrap().to_string();
+    let (csr_a, _) = make_csr(&[]);
+    let (csr_b, _) = make_csr(&[]);
+    let (a, b) = rt.block_on(async {
+        tokio::join!(
+            enroll_raw(&r1, &token, "same", &csr_a, &[]),
+            enroll_raw(&r2, &token, "same", &csr_b, &[]),
+        )
+    });
+    assert_eq!(a.is_ok() as u32 + b.is_ok() as u32, 1, "{a:?} / {b:?}");
+}
+
+#[test]
+fn replicas_ride_out_an_etcd_restart() {
+    let mut etcd = Etcd::start();
+    let prefix = "/lks-test-etcd-restart/";
+    let mut r1 = replica(&etcd, prefix);
+    let mut r2 = replica(&etcd, prefix);
+    r1.lksctl_ok(&["cluster", "create", "c1"]);
+    let tok = r1.lksctl_json(&["token", "create", "--cluster", "c1"]);
+    let servers = tok["server"].as_str().unwrap().to_string();
+    let mut agents = Vec::new();
+    for i in 0..3 {
+        let mut a = Agent::new(&format!("e{i}"));
+        let out = a.join_raw(
+            &rotated(&servers, i),
+            tok["token"].as_str().unwrap(),
+            tok["ca_cert_hash"].as_str().unwrap(),
+            &[],
+        );
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        a.start();
+        agents.push(a);
+    }
+    wait_until(CONVERGE, "agents connected", || all_connected(&r1, 3));
+
+    etcd.kill9();
+    // Writes are refused with one clear line while etcd is gone.
+    let out = r2.lksctl(&["cluster", "create", "c2"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unavailable"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    // Longer than the lease: the replicas lose their leases meanwhile.
+    std::thread::sleep(Duration::from_secs(5));
+    for a in &agents {
+        assert_eq!(
+            a.status()["connection"]["connected"],
+            true,
+            "{}: stream kept",
+            a.name
+        );
+    }
+    etcd.start_again();
+
+    wait_until(CONVERGE, "writes work again", || {
+        r2.lksctl(&["cluster", "create", "c2"]).status.success()
+    });
+    wait_until(CONVERGE, "connection state back", || all_connected(&r2, 3));
+    let dir = write_bundle(
+        r2.work_dir(),
+        "cfg",
+        "1",
+        &[BundleFile {
+            path: "/etc/cfg",
+            content: b"v1\n",
+            mode: "0644",
+        }],
+        "",
+    );
+    r2.lksctl_ok(&["bundle", "publish", &dir.display().to_string()]);
+    let out = r2.lksctl(&[
+        "rollout",
+        "start",
+        "--cluster",
+        "c1",
+        "--bundle",
+        "cfg@1",
+        "--wait",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for a in &agents {
+        a.wait_bundle("cfg", "1", "applied");
+    }
+    assert!(r1.running() && r2.running(), "no replica restarted");
+}
