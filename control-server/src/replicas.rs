@@ -74,11 +74,19 @@ pub async fn load_or_create_identity(
     store: &EtcdStore,
     seal: Option<&crate::seal::SealKey>,
 ) -> Result<SharedIdentity, IdentityError> {
-    let fresh = SharedIdentity::generate()?;
-    let doc = seal_identity(store, &fresh, seal)?;
-    let bytes = serde_json::to_vec(&doc).map_err(|e| IdentityError::Corrupt(e.to_string()))?;
-    let stored = store.create_once("identity", bytes.clone()).await?;
-    let created = stored == bytes;
+    // Read first: a new identity is made (and sent to etcd) only when there
+    // is none, so no unused key material ever reaches etcd's log.
+    let (stored, created) = match store.get_bytes("identity").await? {
+        Some((v, _)) => (v, false),
+        None => {
+            let fresh = SharedIdentity::generate()?;
+            let doc = seal_identity(store, &fresh, seal)?;
+            let bytes = serde_json::to_vec(&doc).map_err(|e| IdentityError::Corrupt(e.to_string()))?;
+            let stored = store.create_once("identity", bytes.clone()).await?;
+            let created = stored == bytes;
+            (stored, created)
+        }
+    };
     let doc: IdentityDoc =
         serde_json::from_slice(&stored).map_err(|e| IdentityError::Corrupt(e.to_string()))?;
     let id = open_identity(store, &doc, seal)?;

@@ -91,6 +91,11 @@ impl Etcd {
         self.spawn();
     }
 
+    /// etcd's data dir (WAL and bbolt database).
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
     pub fn log(&self) -> String {
         self.proc.as_ref().map(Proc::log_text).unwrap_or_default()
     }
