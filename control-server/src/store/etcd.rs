@@ -90,8 +90,26 @@ pub struct EtcdStore {
     lease: Arc<Mutex<i64>>,
 }
 
+/// etcd could not be reached or had no quorum: `Unavailable`, which the
+/// caller may retry; anything else etcd refused is a `Backend` failure.
 fn unavailable(e: etcd_client::Error) -> StoreError {
-    StoreError::Unavailable(format!("etcd: {e}"))
+    use etcd_client::Error as E;
+    let transient = match &e {
+        E::TransportError(_) | E::IoError(_) => true,
+        E::GRpcStatus(st) => matches!(
+            st.code(),
+            tonic::Code::Unavailable
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Cancelled
+                | tonic::Code::Unknown
+        ),
+        _ => false,
+    };
+    if transient {
+        StoreError::Unavailable(format!("etcd: {e}"))
+    } else {
+        StoreError::Backend(format!("etcd: {e}"))
+    }
 }
 
 fn corrupt(key: &str, e: impl std::fmt::Display) -> StoreError {
@@ -731,18 +749,17 @@ impl EtcdStore {
                         "rollout {id}: node {node} to assign is not part of it"
                     )));
                 };
-                let nkey = self.key(&format!("nodes/{node}"));
+                // A node and its desired document are created and deleted
+                // together, so one compare per node covers both (and keeps
+                // a chunk within etcd's 128 operations per transaction).
                 let dkey = self.key(&format!("desired/{node}"));
-                let exists = self.get_raw(&nkey).await?;
                 let desired: Doc<DesiredDoc> = self.get(&dkey).await?;
-                if exists.is_none() {
-                    compares.push(Compare::create_revision(nkey, CompareOp::Equal, 0));
+                compares.push(desired.compare(&dkey));
+                if desired.value.is_none() {
                     n.state = NodeState::Skipped;
                     n.message = "node was deleted".into();
                     continue;
                 }
-                compares.push(Compare::mod_revision(nkey, CompareOp::Greater, 0));
-                compares.push(desired.compare(&dkey));
                 let mut d = desired.value.unwrap_or_default();
                 let current = d.bundles.get(&r.bundle).cloned();
                 let was_touched = stored.nodes.iter().any(|s| s.name == *node && s.touched);
@@ -1154,16 +1171,21 @@ impl Store for EtcdStore {
     }
 
     async fn node_disconnected(&self, name: &str, now_ms: i64) -> Result<()> {
-        if let Ok(mut s) = self.seen.lock() {
-            s.remove(name);
-        }
+        // What this replica heard last goes into the node document, since
+        // the replica's last-seen document forgets the node now.
+        let heard = self
+            .seen
+            .lock()
+            .ok()
+            .and_then(|mut s| s.remove(name))
+            .unwrap_or(0);
         self.update_node(name, |d| {
             // Another replica may hold the node's newer stream.
             if d.replica != self.replica {
                 return false;
             }
             d.replica.clear();
-            d.last_seen_ms = d.last_seen_ms.max(now_ms);
+            d.last_seen_ms = d.last_seen_ms.max(now_ms).max(heard);
             true
         })
         .await
@@ -1742,5 +1764,243 @@ impl EtcdStore {
             }
         }
         Err(busy("update node"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::conformance;
+
+    /// A throwaway etcd on loopback (Debian's etcd-server), killed on drop.
+    struct TestEtcd {
+        child: std::process::Child,
+        url: String,
+        _dir: tempfile::TempDir,
+    }
+
+    impl TestEtcd {
+        fn start() -> TestEtcd {
+            let port = || {
+                std::net::TcpListener::bind("127.0.0.1:0")
+                    .unwrap()
+                    .local_addr()
+                    .unwrap()
+                    .port()
+            };
+            let (client, peer) = (port(), port());
+            let dir = tempfile::tempdir().unwrap();
+            let url = format!("http://127.0.0.1:{client}");
+            let peer_url = format!("http://127.0.0.1:{peer}");
+            let child =
+                std::process::Command::new(std::env::var("LKS_ETCD").unwrap_or_else(|_| "etcd".into()))
+                    .arg("--data-dir")
+                    .arg(dir.path().join("data"))
+                    .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
+                    .args([
+                        "--listen-peer-urls",
+                        &peer_url,
+                        "--initial-advertise-peer-urls",
+                        &peer_url,
+                    ])
+                    .args(["--name", "t", "--initial-cluster", &format!("t={peer_url}")])
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                    .expect("start etcd (Debian's etcd-server; bash scripts/setup.sh installs it)");
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while std::net::TcpStream::connect(("127.0.0.1", client)).is_err() {
+                assert!(std::time::Instant::now() < deadline, "etcd did not start");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            TestEtcd {
+                child,
+                url,
+                _dir: dir,
+            }
+        }
+
+        /// A store for `replica`, registered as a live replica (as
+        /// `replicas::run_lease` does) so that its streams count as connected.
+        async fn store(&self, replica: &str) -> EtcdStore {
+            let cfg = EtcdConfig {
+                endpoints: vec![self.url.clone()],
+                prefix: "/test/".into(),
+                ..Default::default()
+            };
+            let s = EtcdStore::connect(&cfg, replica).await.unwrap();
+            let id = s.client().lease_client().grant(60, None).await.unwrap().id();
+            s.client()
+                .kv_client()
+                .put(
+                    s.key(&format!("replicas/{replica}")),
+                    "{}",
+                    Some(PutOptions::new().with_lease(id)),
+                )
+                .await
+                .unwrap();
+            s.set_lease(id);
+            s
+        }
+    }
+
+    impl Drop for TestEtcd {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    macro_rules! conformance {
+        ($($name:ident),* $(,)?) => {$(
+            #[tokio::test]
+            async fn $name() {
+                let etcd = TestEtcd::start();
+                conformance::$name(&etcd.store("r1").await).await;
+            }
+        )*};
+    }
+
+    conformance!(
+        clusters_and_tokens,
+        enrolment_consumes_uses_atomically_and_names_are_unique,
+        bundles_are_immutable,
+        rollouts_assign_only_what_the_controller_decides,
+        a_report_that_leaves_out_an_undesired_bundle_means_it_was_removed,
+        status_and_events,
+    );
+
+    fn token(id: &str, uses: Option<u32>) -> TokenRow {
+        TokenRow {
+            id: id.into(),
+            secret_hash: [7; 32],
+            cluster: "c".into(),
+            expires_at_ms: i64::MAX,
+            remaining_uses: uses,
+            labels: Labels::new(),
+            created_at_ms: 0,
+        }
+    }
+
+    fn new_node(name: &str, tok: &str) -> NewNode {
+        NewNode {
+            name: name.into(),
+            cluster: "c".into(),
+            labels: Labels::new(),
+            cert_serial: format!("s-{name}"),
+            token_id: tok.into(),
+            now_ms: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_decision_larger_than_one_transaction_is_stored_in_consistent_steps() {
+        let etcd = TestEtcd::start();
+        let s = etcd.store("r1").await;
+        s.create_cluster("c", 1).await.unwrap();
+        s.create_token(token("tok000", None)).await.unwrap();
+        let n = MAX_ASSIGN_PER_TXN * 2 + 30;
+        for i in 0..n {
+            s.enroll_node(new_node(&format!("n{i:04}"), "tok000"))
+                .await
+                .unwrap();
+        }
+        s.put_bundle(NewBundle {
+            name: "b".into(),
+            version: "1".into(),
+            signed_bundle: b"b@1".to_vec(),
+            manifest_digest: "d1".into(),
+            signed: false,
+            files: 1,
+            total_size: 1,
+            blob_digests: vec!["blob1".into()],
+            now_ms: 2,
+        })
+        .await
+        .unwrap();
+        let r = s
+            .start_rollout(NewRollout {
+                id: "r".into(),
+                cluster: "c".into(),
+                bundle: "b".into(),
+                version: "1".into(),
+                selector: Labels::new(),
+                batch_size: n as u32,
+                failure_threshold: 1,
+                offline_deadline_ms: 1000,
+                now_ms: 3,
+            })
+            .await
+            .unwrap();
+        assert_eq!(r.nodes.len(), n);
+        let mut next = r.clone();
+        for x in &mut next.nodes {
+            x.state = NodeState::Applying;
+            x.touched = true;
+        }
+        let assign = next
+            .nodes
+            .iter()
+            .map(|x| (x.name.clone(), Some("1".to_string())))
+            .collect();
+        let (stored, changed) = s
+            .commit_rollout(RolloutCommit {
+                rollout: next,
+                assign,
+                target: TargetChange::Keep,
+                events: Vec::new(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(changed.len(), n);
+        assert_eq!(stored.revision, 3, "three transactions: 100 + 100 + the rest");
+        assert!(
+            stored
+                .nodes
+                .iter()
+                .all(|x| x.state == NodeState::Applying && x.generation > 0)
+        );
+        for x in &stored.nodes {
+            let d = s.desired_state(&x.name).await.unwrap();
+            assert_eq!(d.generation, x.generation);
+            assert_eq!(d.bundles, vec![b"b@1".to_vec()]);
+        }
+        // A decision based on the old revision is refused.
+        let e = s
+            .commit_rollout(RolloutCommit {
+                rollout: r,
+                assign: Vec::new(),
+                target: TargetChange::Keep,
+                events: Vec::new(),
+            })
+            .await
+            .unwrap_err();
+        assert!(matches!(e, StoreError::Conflict(_)), "{e}");
+    }
+
+    #[tokio::test]
+    async fn connection_state_follows_the_replica_lease() {
+        let etcd = TestEtcd::start();
+        let a = etcd.store("ra").await;
+        a.create_cluster("c", 1).await.unwrap();
+        a.create_token(token("tok000", None)).await.unwrap();
+        a.enroll_node(new_node("n1", "tok000")).await.unwrap();
+        // Replica ra (registered under its lease) holds n1's stream.
+        let id = *a.lease.lock().unwrap();
+        let mut lease = a.client().lease_client();
+        a.node_connected("n1", "{}", Vec::new(), 500).await.unwrap();
+        a.touch_nodes(vec![("n1".into(), 900)]).await.unwrap();
+        let b = etcd.store("rb").await;
+        let n = b.get_node("n1").await.unwrap().unwrap();
+        assert!(n.connected, "seen from another replica");
+        assert_eq!(n.last_seen_ms, 900, "batched last-seen");
+        // A disconnect reported by another replica does not touch ra's stream.
+        b.node_disconnected("n1", 950).await.unwrap();
+        assert!(b.get_node("n1").await.unwrap().unwrap().connected);
+        // ra dies: its lease goes, and with it the node's connection.
+        lease.revoke(id).await.unwrap();
+        let n = b.get_node("n1").await.unwrap().unwrap();
+        assert!(!n.connected);
+        assert_eq!(n.last_seen_ms, 500, "last-seen falls back to the connect time");
     }
 }

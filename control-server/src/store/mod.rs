@@ -5,6 +5,8 @@
 //! enrolment, a publish or a rollout start. Rows are plain Rust; protobuf
 //! appears only as the opaque bytes of a stored `SignedBundle`.
 
+#[cfg(test)]
+pub(crate) mod conformance;
 pub mod etcd;
 pub mod sqlite;
 

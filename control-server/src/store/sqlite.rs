@@ -1446,355 +1446,45 @@ pub fn now_ms() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn token(id: &str, cluster: &str, uses: Option<u32>, expires_at_ms: i64) -> TokenRow {
-        TokenRow {
-            id: id.into(),
-            secret_hash: [7; 32],
-            cluster: cluster.into(),
-            expires_at_ms,
-            remaining_uses: uses,
-            labels: Labels::new(),
-            created_at_ms: 0,
-        }
-    }
-
-    fn node(name: &str, cluster: &str, token: &str, labels: &[(&str, &str)]) -> NewNode {
-        NewNode {
-            name: name.into(),
-            cluster: cluster.into(),
-            labels: labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            cert_serial: format!("serial-{name}"),
-            token_id: token.into(),
-            now_ms: 1000,
-        }
-    }
-
-    fn bundle(name: &str, version: &str, digest: &str) -> NewBundle {
-        NewBundle {
-            name: name.into(),
-            version: version.into(),
-            signed_bundle: format!("{name}@{version}").into_bytes(),
-            manifest_digest: digest.into(),
-            signed: false,
-            files: 1,
-            total_size: 3,
-            blob_digests: vec![format!("blob-{name}-{version}")],
-            now_ms: 5,
-        }
-    }
-
-    fn rollout(id: &str, cluster: &str, b: &str, v: &str, selector: &[(&str, &str)]) -> NewRollout {
-        NewRollout {
-            id: id.into(),
-            cluster: cluster.into(),
-            bundle: b.into(),
-            version: v.into(),
-            selector: selector
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            batch_size: 0,
-            failure_threshold: 1,
-            offline_deadline_ms: 600_000,
-            now_ms: 10,
-        }
-    }
+    use crate::store::conformance;
 
     #[tokio::test]
     async fn clusters_and_tokens() {
-        let s = SqliteStore::open_in_memory().unwrap();
-        s.create_cluster("a", 1).await.unwrap();
-        assert!(matches!(
-            s.create_cluster("a", 2).await,
-            Err(StoreError::AlreadyExists(_))
-        ));
-        assert!(matches!(
-            s.create_token(token("tok001", "nope", None, 10)).await,
-            Err(StoreError::NotFound(_))
-        ));
-        s.create_token(token("tok001", "a", Some(1), 10_000))
-            .await
-            .unwrap();
-        assert_eq!(
-            s.get_token("tok001").await.unwrap().unwrap().remaining_uses,
-            Some(1)
-        );
-        assert!(s.get_token("zzz").await.unwrap().is_none());
-        assert_eq!(s.list_clusters().await.unwrap()[0].name, "a");
+        conformance::clusters_and_tokens(&SqliteStore::open_in_memory().unwrap()).await;
     }
 
     #[tokio::test]
     async fn enrolment_consumes_uses_atomically_and_names_are_unique() {
-        let s = SqliteStore::open_in_memory().unwrap();
-        s.create_cluster("a", 1).await.unwrap();
-        s.create_token(token("once00", "a", Some(1), 10_000))
-            .await
-            .unwrap();
-        s.create_token(token("old000", "a", None, 500)).await.unwrap();
-        s.create_token(token("many00", "a", None, 10_000)).await.unwrap();
-        s.enroll_node(node("w1", "a", "once00", &[])).await.unwrap();
-        assert!(matches!(
-            s.enroll_node(node("w2", "a", "once00", &[])).await,
-            Err(StoreError::Token(TokenRefusal::UsedUp))
-        ));
-        assert!(matches!(
-            s.enroll_node(node("w2", "a", "old000", &[])).await,
-            Err(StoreError::Token(TokenRefusal::Expired))
-        ));
-        assert!(matches!(
-            s.enroll_node(node("w2", "a", "gone00", &[])).await,
-            Err(StoreError::Token(TokenRefusal::Unknown))
-        ));
-        let dup = s.enroll_node(node("w1", "a", "many00", &[])).await.unwrap_err();
-        assert!(matches!(&dup, StoreError::AlreadyExists(m) if m.contains("lksctl node delete w1")));
-        assert!(
-            s.get_node("w2").await.unwrap().is_none(),
-            "nothing stored for refused joins"
-        );
-        assert!(s.delete_node("w1").await.unwrap());
-        assert!(!s.delete_node("w1").await.unwrap());
-        s.enroll_node(node("w1", "a", "many00", &[])).await.unwrap();
+        conformance::enrolment_consumes_uses_atomically_and_names_are_unique(
+            &SqliteStore::open_in_memory().unwrap(),
+        )
+        .await;
     }
 
     #[tokio::test]
     async fn bundles_are_immutable() {
-        let s = SqliteStore::open_in_memory().unwrap();
-        assert_eq!(
-            s.put_bundle(bundle("k", "1", "d1")).await.unwrap(),
-            PutOutcome::Created
-        );
-        assert_eq!(
-            s.put_bundle(bundle("k", "1", "d1")).await.unwrap(),
-            PutOutcome::Unchanged
-        );
-        assert!(matches!(
-            s.put_bundle(bundle("k", "1", "d2")).await,
-            Err(StoreError::AlreadyExists(_))
-        ));
-        assert_eq!(s.list_bundles(None).await.unwrap().len(), 1);
-    }
-
-    fn commit(r: &RolloutRow, assign: &[(&str, Option<&str>)], target: TargetChange) -> RolloutCommit {
-        RolloutCommit {
-            rollout: r.clone(),
-            assign: assign
-                .iter()
-                .map(|(n, v)| (n.to_string(), v.map(str::to_string)))
-                .collect(),
-            target,
-            events: Vec::new(),
-        }
-    }
-
-    fn held(version: &str, generation: u64) -> BundleStatusRow {
-        BundleStatusRow {
-            name: "k".into(),
-            version: version.into(),
-            state: BundleState::Applied,
-            message: String::new(),
-            updated_at_ms: 1,
-            generation,
-        }
+        conformance::bundles_are_immutable(&SqliteStore::open_in_memory().unwrap()).await;
     }
 
     #[tokio::test]
     async fn rollouts_assign_only_what_the_controller_decides() {
-        let s = SqliteStore::open_in_memory().unwrap();
-        for c in ["a", "b"] {
-            s.create_cluster(c, 1).await.unwrap();
-        }
-        s.create_token(token("toka00", "a", None, 10_000)).await.unwrap();
-        s.create_token(token("tokb00", "b", None, 10_000)).await.unwrap();
-        s.enroll_node(node("a1", "a", "toka00", &[("role", "w")]))
-            .await
-            .unwrap();
-        s.enroll_node(node("a2", "a", "toka00", &[("role", "db")]))
-            .await
-            .unwrap();
-        s.enroll_node(node("b1", "b", "tokb00", &[("role", "w")]))
-            .await
-            .unwrap();
-        s.put_bundle(bundle("k", "1", "d1")).await.unwrap();
-        assert!(matches!(
-            s.start_rollout(rollout("r0", "a", "k", "9", &[])).await,
-            Err(StoreError::NotFound(_))
-        ));
-        let g0 = s.desired_state("a1").await.unwrap().generation;
-        let r = s
-            .start_rollout(rollout("r1", "a", "k", "1", &[("role", "w")]))
-            .await
-            .unwrap();
-        assert_eq!(r.nodes.len(), 1);
-        assert_eq!(r.batch_size, 1, "default batch for one node");
-        assert_eq!(r.offline_deadline_ms, 600_000);
-        assert_eq!(r.nodes[0].state, NodeState::Waiting);
-        assert!(
-            s.desired_state("a1").await.unwrap().bundles.is_empty(),
-            "starting assigns nothing by itself"
-        );
-        let e = s
-            .start_rollout(rollout("r1b", "a", "k", "1", &[]))
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(&e, StoreError::Conflict(m) if m == "rollout r1 of k in cluster a is still running; abort it or wait for it to end"),
-            "{e}"
-        );
-        // Another cluster is independent.
-        s.start_rollout(rollout("rb", "b", "k", "1", &[])).await.unwrap();
-
-        // A joiner while r1 runs is taken into it, with nothing assigned yet.
-        s.enroll_node(node("a3", "a", "toka00", &[("role", "w")]))
-            .await
-            .unwrap();
-        let r = s.get_rollout("r1").await.unwrap().unwrap();
-        assert_eq!(
-            r.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
-            ["a1", "a3"]
-        );
-        assert!(s.desired_state("a3").await.unwrap().bundles.is_empty());
-
-        let mut next = r.clone();
-        next.nodes[0].state = NodeState::Applying;
-        next.nodes[0].touched = true;
-        let (r1, changed) = s
-            .commit_rollout(commit(&next, &[("a1", Some("1"))], TargetChange::Keep))
-            .await
-            .unwrap();
-        assert_eq!(changed, ["a1"]);
-        assert_eq!(r1.revision, 1);
-        let d = s.desired_state("a1").await.unwrap();
-        assert!(d.generation > g0);
-        assert_eq!(r1.nodes[0].generation, d.generation);
-        assert_eq!(d.bundles, vec![b"k@1".to_vec()]);
-        assert!(s.blob_allowed("a1", "blob-k-1").await.unwrap());
-        assert!(!s.blob_allowed("a2", "blob-k-1").await.unwrap());
-        assert!(!s.blob_allowed("b1", "blob-k-1").await.unwrap());
-        // Claiming to hold a bundle that was never assigned grants nothing.
-        s.node_connected("b1", "{}", vec![held("1", 0)], 1).await.unwrap();
-        assert!(!s.blob_allowed("b1", "blob-k-1").await.unwrap());
-
-        // A decision based on an old revision is refused.
-        assert!(matches!(
-            s.commit_rollout(commit(&next, &[], TargetChange::Keep)).await,
-            Err(StoreError::Conflict(_))
-        ));
-
-        let views = s.rollout_views("r1").await.unwrap();
-        assert_eq!(views.len(), 2);
-        assert_eq!(views["a1"].desired.as_deref(), Some("1"));
-        assert_eq!(views["a3"].desired, None);
-
-        // Completion makes the version the cluster's target.
-        let mut done = r1.clone();
-        done.state = RolloutState::Completed;
-        for n in &mut done.nodes {
-            n.state = NodeState::Updated;
-        }
-        let (done, _) = s
-            .commit_rollout(commit(&done, &[], TargetChange::SetToRollout))
-            .await
-            .unwrap();
-        s.enroll_node(node("a4", "a", "toka00", &[("role", "w")]))
-            .await
-            .unwrap();
-        assert_eq!(
-            s.desired_state("a4").await.unwrap().bundles.len(),
-            1,
-            "joiner gets the target"
-        );
-        assert_eq!(
-            s.get_rollout("r1").await.unwrap().unwrap().nodes.len(),
-            2,
-            "ended: no joiners"
-        );
-
-        // Rolling back from an ended state is refused while another rollout
-        // of the bundle is active; restoring the target removes it.
-        s.put_bundle(bundle("k", "2", "d2")).await.unwrap();
-        s.start_rollout(rollout("r2", "a", "k", "2", &[])).await.unwrap();
-        let mut back = done.clone();
-        back.state = RolloutState::RollingBack;
-        assert!(matches!(
-            s.commit_rollout(commit(&back, &[], TargetChange::Keep)).await,
-            Err(StoreError::Conflict(m)) if m.contains("rollout r2")
-        ));
-        let r2 = s.get_rollout("r2").await.unwrap().unwrap();
-        let mut aborted = r2.clone();
-        aborted.state = RolloutState::Aborted;
-        s.commit_rollout(commit(&aborted, &[], TargetChange::Keep))
-            .await
-            .unwrap();
-        let (back, changed) = s
-            .commit_rollout(commit(&back, &[("a1", None)], TargetChange::RestorePrevious))
-            .await
-            .unwrap();
-        assert_eq!(changed, ["a1"]);
-        assert_eq!(back.state, RolloutState::RollingBack);
-        assert!(s.get_node("a1").await.unwrap().unwrap().desired.is_empty());
-        s.enroll_node(node("a5", "a", "toka00", &[("role", "w")]))
-            .await
-            .unwrap();
-        assert!(
-            s.desired_state("a5").await.unwrap().bundles.is_empty(),
-            "target restored to none"
-        );
-        // The version a node held before stays readable while it moves.
-        s.node_connected("a1", "{}", vec![held("1", 0)], 1).await.unwrap();
-        assert!(s.blob_allowed("a1", "blob-k-1").await.unwrap());
+        conformance::rollouts_assign_only_what_the_controller_decides(
+            &SqliteStore::open_in_memory().unwrap(),
+        )
+        .await;
     }
 
     #[tokio::test]
     async fn a_report_that_leaves_out_an_undesired_bundle_means_it_was_removed() {
-        let s = SqliteStore::open_in_memory().unwrap();
-        s.create_cluster("a", 1).await.unwrap();
-        s.create_token(token("toka00", "a", None, 10_000)).await.unwrap();
-        s.enroll_node(node("a1", "a", "toka00", &[])).await.unwrap();
-        s.node_connected("a1", "{}", vec![held("1", 4)], 1).await.unwrap();
-        let mut other = held("3", 4);
-        other.name = "other".into();
-        s.record_status("a1", vec![other.clone()]).await.unwrap();
-        let n = s.get_node("a1").await.unwrap().unwrap();
-        assert_eq!(n.actual.keys().collect::<Vec<_>>(), ["other"]);
-        assert_eq!(n.actual["other"].generation, 4);
+        conformance::a_report_that_leaves_out_an_undesired_bundle_means_it_was_removed(
+            &SqliteStore::open_in_memory().unwrap(),
+        )
+        .await;
     }
 
     #[tokio::test]
     async fn status_and_events() {
-        let s = SqliteStore::open_in_memory().unwrap();
-        s.create_cluster("a", 1).await.unwrap();
-        s.create_token(token("toka00", "a", None, 10_000)).await.unwrap();
-        s.enroll_node(node("a1", "a", "toka00", &[])).await.unwrap();
-        let st = BundleStatusRow {
-            name: "k".into(),
-            version: "1".into(),
-            state: BundleState::Applied,
-            message: String::new(),
-            updated_at_ms: 3,
-            generation: 2,
-        };
-        s.node_connected("a1", "{}", vec![st.clone()], 50).await.unwrap();
-        let n = s.get_node("a1").await.unwrap().unwrap();
-        assert!(n.connected);
-        assert_eq!(n.actual["k"], st);
-        s.touch_nodes(vec![("a1".into(), 60)]).await.unwrap();
-        s.node_disconnected("a1", 55).await.unwrap();
-        let n = s.get_node("a1").await.unwrap().unwrap();
-        assert!(!n.connected);
-        assert_eq!(n.last_seen_ms, 60);
-        assert_eq!(n.actual["k"].generation, 2);
-        let ev = s
-            .list_events(EventFilter {
-                node: Some("a1".into()),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        assert_eq!(ev[0].kind, "enrolled");
+        conformance::status_and_events(&SqliteStore::open_in_memory().unwrap()).await;
     }
 
     #[tokio::test]
