@@ -70,6 +70,11 @@ struct Args {
     /// balancer or Service name in front of the replicas); repeatable.
     #[arg(long, value_name = "NAME")]
     tls_san: Vec<String>,
+    /// URL join lines name instead of the replicas' own addresses, e.g. a
+    /// load balancer in front of the replicas that tenant VMs can reach
+    /// (its name belongs in --tls-san); repeatable, in order.
+    #[arg(long, value_name = "URL")]
+    join_url: Vec<String>,
     /// An agent .deb (lksadmin-agent_<version>_<arch>.deb) to offer new VMs
     /// at https://HOST:PORT/v1/agent-package/<arch>, where `lksctl token
     /// create --cloud-init` user-data downloads it; once per architecture.
@@ -142,6 +147,14 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
+    if let Some(u) = args
+        .join_url
+        .iter()
+        .find(|u| !u.starts_with("https://") || u.contains(',') || u.len() < 9)
+    {
+        eprintln!("error: --join-url {u:?} is not one https:// URL");
+        return std::process::ExitCode::from(2);
+    }
     if args.lease_ttl < Duration::from_secs(2) {
         eprintln!("error: --lease-ttl must be at least 2s");
         return std::process::ExitCode::from(2);
@@ -187,6 +200,7 @@ async fn main() -> std::process::ExitCode {
     cfg.tls_sans = args.tls_san;
     cfg.lease_ttl = args.lease_ttl;
     cfg.etcd_max_blob = args.etcd_max_blob_size;
+    cfg.join_urls = args.join_url;
     match run(cfg, shutdown).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -63,6 +63,9 @@ pub struct Config {
     pub lease_ttl: Duration,
     /// Largest blob kept in etcd (`--store etcd`).
     pub etcd_max_blob: u64,
+    /// URLs join lines name instead of the replicas' own addresses (a load
+    /// balancer agents outside kube0 can reach).
+    pub join_urls: Vec<String>,
 }
 
 /// The store behind the server.
@@ -90,6 +93,7 @@ impl Config {
             tls_sans: Vec::new(),
             lease_ttl: Duration::from_secs(10),
             etcd_max_blob: crate::blobsync::DEFAULT_MAX_BLOB,
+            join_urls: Vec::new(),
         }
     }
 }
@@ -155,6 +159,8 @@ pub struct Shared {
     pub blob_fetch: tokio::sync::Mutex<()>,
     /// Largest blob kept in etcd.
     pub etcd_max_blob: u64,
+    /// `--join-url`: what join lines name, if given.
+    pub join_urls: Vec<String>,
     pub node_cert_ttl: Duration,
     pub ping_interval: Duration,
     /// Fires at shutdown.
@@ -164,8 +170,12 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// The `--server` value of join commands: every replica, comma-separated.
+    /// The `--server` value of join commands: the `--join-url`s if given,
+    /// else every replica, comma-separated.
     pub fn join_servers(&self) -> String {
+        if !self.join_urls.is_empty() {
+            return self.join_urls.join(",");
+        }
         self.servers.borrow().join(",")
     }
 
@@ -311,6 +321,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         servers,
         blob_fetch: tokio::sync::Mutex::new(()),
         etcd_max_blob: cfg.etcd_max_blob,
+        join_urls: cfg.join_urls.clone(),
         blobs,
         agent_packages,
         pki,

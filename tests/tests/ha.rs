@@ -400,3 +400,32 @@ fn private_keys_in_etcd_are_sealed_with_the_encryption_key() {
         etcd_files_contain(&plain.data_dir(), b"PRIVATE KEY")
     });
 }
+
+#[test]
+fn join_lines_name_the_join_url_when_one_is_given() {
+    let etcd = Etcd::start();
+    let r1 = Server::start_with(&[
+        "--store",
+        "etcd",
+        "--etcd-endpoints",
+        &etcd.url(),
+        "--lease-ttl",
+        LEASE,
+        "--tls-san",
+        "lks.example.test",
+        "--join-url",
+        "https://lks.example.test:7443",
+    ]);
+    r1.lksctl_ok(&["cluster", "create", "c1"]);
+    let tok = r1.lksctl_json(&["token", "create", "--cluster", "c1"]);
+    assert_eq!(tok["server"], "https://lks.example.test:7443");
+    assert!(
+        tok["join_command"]
+            .as_str()
+            .unwrap()
+            .starts_with("lksadmin-agent join --server https://lks.example.test:7443 --token "),
+        "{tok}"
+    );
+    // admin.conf still names the replica itself: operators reach it directly.
+    assert_eq!(r1.admin_conf().server, r1.url());
+}
