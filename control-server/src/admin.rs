@@ -156,7 +156,7 @@ impl AdminService for AdminApi {
         Ok(Response::new(pb::CreateTokenResponse {
             token: token.to_string(),
             ca_cert_hash: ca_hash,
-            server: servers,
+            server: servers.clone(),
             join_command,
             expires_at: expires_at_ms / 1000,
             ca_cert_pem: self.s.pki.ca_pem().to_string(),
@@ -165,7 +165,9 @@ impl AdminService for AdminApi {
                 .agent_packages
                 .list()
                 .iter()
-                .map(|p| p.to_pb(&self.s.server_url))
+                // Where VMs can reach: the first join URL (this replica's
+                // own unless --join-url names a load balancer).
+                .map(|p| p.to_pb(servers.split(',').next().unwrap_or(&self.s.server_url)))
                 .collect(),
         }))
     }
