@@ -81,8 +81,8 @@ pub enum MigrateError {
     #[error("cannot reach etcd: {0}; check --etcd-endpoints and that etcd is up")]
     Etcd(StoreError),
     #[error(
-        "etcd already holds {key}: the prefix {prefix} is in use by another installation; \
-         migrate only into an empty prefix (another --etcd-prefix)"
+        "etcd already holds {key}: the prefix {prefix} is in use (by this installation, moved already, \
+         or another); migrate only into an empty prefix, e.g. another --etcd-prefix"
     )]
     NotEmpty { key: String, prefix: String },
     #[error("write to etcd: {cause}; {cleanup}")]
