@@ -246,6 +246,116 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_dump_holds_every_kind_with_generations_revisions_and_targets() {
+        let s = SqliteStore::open_in_memory().unwrap();
+        s.create_cluster("a", 1).await.unwrap();
+        s.create_token(TokenRow {
+            id: "tok001".into(),
+            secret_hash: [7; 32],
+            cluster: "a".into(),
+            expires_at_ms: i64::MAX,
+            remaining_uses: Some(3),
+            labels: Labels::new(),
+            created_at_ms: 2,
+        })
+        .await
+        .unwrap();
+        for n in ["n1", "n2"] {
+            s.enroll_node(NewNode {
+                name: n.into(),
+                cluster: "a".into(),
+                labels: Labels::new(),
+                cert_serial: format!("serial-{n}"),
+                token_id: "tok001".into(),
+                now_ms: 3,
+            })
+            .await
+            .unwrap();
+        }
+        s.put_bundle(NewBundle {
+            name: "k".into(),
+            version: "1".into(),
+            signed_bundle: b"k@1".to_vec(),
+            manifest_digest: "d1".into(),
+            signed: false,
+            files: 2,
+            total_size: 6,
+            blob_digests: vec!["blob-b".into(), "blob-a".into()],
+            now_ms: 4,
+        })
+        .await
+        .unwrap();
+        let r = s
+            .start_rollout(NewRollout {
+                id: "r1".into(),
+                cluster: "a".into(),
+                bundle: "k".into(),
+                version: "1".into(),
+                selector: Labels::new(),
+                batch_size: 0,
+                failure_threshold: 1,
+                offline_deadline_ms: 600_000,
+                now_ms: 5,
+            })
+            .await
+            .unwrap();
+        let mut done = r.clone();
+        done.state = RolloutState::Completed;
+        for n in &mut done.nodes {
+            n.state = NodeState::Updated;
+            n.touched = true;
+        }
+        s.commit_rollout(RolloutCommit {
+            rollout: done,
+            assign: vec![("n1".into(), Some("1".into())), ("n2".into(), Some("1".into()))],
+            target: TargetChange::SetToRollout,
+            events: Vec::new(),
+        })
+        .await
+        .unwrap();
+        s.node_connected(
+            "n1",
+            "{}",
+            vec![BundleStatusRow {
+                name: "k".into(),
+                version: "1".into(),
+                state: BundleState::Applied,
+                message: String::new(),
+                updated_at_ms: 6,
+                generation: 3,
+            }],
+            6,
+        )
+        .await
+        .unwrap();
+
+        let d = s.dump().await.unwrap();
+        assert_eq!(d.clusters.len(), 1);
+        assert_eq!(d.clusters[0].node_count, 2);
+        assert_eq!(d.tokens.len(), 1);
+        assert_eq!(d.tokens[0].remaining_uses, Some(1));
+        assert_eq!(d.nodes.len(), 2);
+        assert!(d.nodes.iter().all(|n| !n.connected), "no connection state moves");
+        assert_eq!(d.nodes[0].desired["k"], "1");
+        assert_eq!(d.nodes[0].actual["k"].generation, 3);
+        assert_eq!(d.nodes[0].cert_serial, "serial-n1");
+        assert_eq!(d.bundles[0].blob_digests, ["blob-a", "blob-b"]);
+        assert_eq!(d.targets.len(), 1);
+        assert_eq!(d.targets[0].target.rollout_id, "r1");
+        assert_eq!(d.rollouts.len(), 1);
+        assert_eq!(d.rollouts[0].revision, 1);
+        assert_eq!(d.rollouts[0].state, RolloutState::Completed);
+        assert!(d.events.windows(2).all(|w| w[0].id < w[1].id), "oldest first");
+        assert!(d.events.iter().any(|e| e.kind == "enrolled"));
+        // Two enrolments and two assignments handed out generations 1..=4.
+        assert_eq!(d.generation, 4);
+        assert_eq!(d.max_generation(), 4);
+        let mut ahead = d.clone();
+        ahead.rollouts[0].nodes[0].generation = 9;
+        assert_eq!(ahead.max_generation(), 9);
+    }
+
+    #[tokio::test]
     async fn a_missing_database_is_not_created() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("state.db");
