@@ -46,6 +46,14 @@ impl BlobStore {
         })
     }
 
+    /// The store under `root` as it is, for reading only: nothing is
+    /// created or cleaned up (`migrate` reads another server's blobs).
+    pub fn read_only(root: &Path) -> Self {
+        BlobStore {
+            root: root.to_path_buf(),
+        }
+    }
+
     /// Where the blob `d` lives.
     pub fn path(&self, d: &Digest) -> PathBuf {
         let hex = d.hex();

@@ -16,6 +16,7 @@ pub mod controller;
 pub mod fsutil;
 pub mod hub;
 pub mod metrics;
+pub mod migrate;
 pub mod packages;
 pub mod pki;
 pub mod ratelimit;

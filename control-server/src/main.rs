@@ -1,13 +1,15 @@
 //! `lks-control-server`: parses flags, sets up logging and signals, runs the
-//! server.
+//! server — or, with `migrate`, moves a single server's data dir onto etcd.
 
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use lks_control_server::migrate::MigrateConfig;
 use lks_control_server::server::{StoreChoice, raise_nofile_limit};
 use lks_control_server::store::EtcdConfig;
 use lks_control_server::{Config, run};
@@ -16,11 +18,32 @@ use tokio_util::sync::CancellationToken;
 
 /// lksadmin control server: enrols nodes, stores bundles, drives rollouts.
 #[derive(Parser)]
-#[command(name = "lks-control-server", version)]
+#[command(
+    name = "lks-control-server",
+    version,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: Args,
+}
+
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Moves a single server's data dir (SQLite) onto etcd, so that it can
+    /// run as replicas without re-enrolling a node. Stop the server first.
+    Migrate(MigrateArgs),
+}
+
+/// Running the server (no subcommand).
+#[derive(clap::Args)]
 struct Args {
     /// Directory for the CA, admin.conf, the database and blobs.
-    #[arg(long)]
-    data_dir: PathBuf,
+    #[arg(long, required = true)]
+    data_dir: Option<PathBuf>,
     /// Address of the gRPC (TLS) port for agents and lksctl.
     #[arg(long, default_value = "0.0.0.0:7443")]
     listen: SocketAddr,
@@ -37,22 +60,8 @@ struct Args {
     /// Where state lives.
     #[arg(long, value_enum, default_value = "sqlite")]
     store: StoreKind,
-    /// etcd endpoints, comma-separated (with --store etcd), e.g.
-    /// https://etcd-0:2379,https://etcd-1:2379.
-    #[arg(long, value_delimiter = ',')]
-    etcd_endpoints: Vec<String>,
-    /// Key prefix every piece of state lives under in etcd.
-    #[arg(long, default_value = "/lksadmin/v1/")]
-    etcd_prefix: String,
-    /// CA certificate (PEM) that signed etcd's serving certificates.
-    #[arg(long, value_name = "FILE")]
-    etcd_cacert: Option<PathBuf>,
-    /// Client certificate (PEM) for etcd (with --etcd-key).
-    #[arg(long, value_name = "FILE", requires = "etcd_key")]
-    etcd_cert: Option<PathBuf>,
-    /// Client key (PEM) for etcd (with --etcd-cert).
-    #[arg(long, value_name = "FILE", requires = "etcd_cert")]
-    etcd_key: Option<PathBuf>,
+    #[command(flatten)]
+    etcd: EtcdFlags,
     /// 32 random bytes, base64: private keys kept in etcd are encrypted with
     /// it (AES-256-GCM). Create one with `head -c 32 /dev/urandom | base64`.
     #[arg(long, value_name = "FILE")]
@@ -85,6 +94,48 @@ struct Args {
     ping_interval: Duration,
 }
 
+/// Where etcd is and how to reach it.
+#[derive(clap::Args)]
+struct EtcdFlags {
+    /// etcd endpoints, comma-separated (with --store etcd), e.g.
+    /// https://etcd-0:2379,https://etcd-1:2379.
+    #[arg(long, value_delimiter = ',')]
+    etcd_endpoints: Vec<String>,
+    /// Key prefix every piece of state lives under in etcd.
+    #[arg(long, default_value = "/lksadmin/v1/")]
+    etcd_prefix: String,
+    /// CA certificate (PEM) that signed etcd's serving certificates.
+    #[arg(long, value_name = "FILE")]
+    etcd_cacert: Option<PathBuf>,
+    /// Client certificate (PEM) for etcd (with --etcd-key).
+    #[arg(long, value_name = "FILE", requires = "etcd_key")]
+    etcd_cert: Option<PathBuf>,
+    /// Client key (PEM) for etcd (with --etcd-cert).
+    #[arg(long, value_name = "FILE", requires = "etcd_cert")]
+    etcd_key: Option<PathBuf>,
+}
+
+/// `migrate`: the single server's data dir and where it goes.
+#[derive(clap::Args)]
+struct MigrateArgs {
+    /// The stopped SQLite server's --data-dir; only read.
+    #[arg(long, value_name = "DIR")]
+    from_sqlite: PathBuf,
+    /// Where the installation goes (only etcd).
+    #[arg(long, value_enum)]
+    store: StoreKind,
+    #[command(flatten)]
+    etcd: EtcdFlags,
+    /// Encrypts the private keys stored in etcd (give the replicas the same
+    /// file); see the server's flag of the same name.
+    #[arg(long, value_name = "FILE")]
+    encryption_key_file: Option<PathBuf>,
+    /// Largest served file copied into etcd, in bytes; give the replicas
+    /// the same value.
+    #[arg(long, default_value_t = lks_control_server::blobsync::DEFAULT_MAX_BLOB)]
+    etcd_max_blob_size: u64,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum StoreKind {
     /// SQLite in the data dir (one server).
@@ -94,12 +145,12 @@ enum StoreKind {
 }
 
 /// The store the flags ask for, with etcd's TLS material read.
-fn store_choice(args: &Args) -> Result<StoreChoice, String> {
-    let etcd_flags = !args.etcd_endpoints.is_empty()
-        || args.etcd_cacert.is_some()
-        || args.etcd_cert.is_some()
-        || args.etcd_prefix != "/lksadmin/v1/";
-    if args.store == StoreKind::Sqlite {
+fn store_choice(store: StoreKind, etcd: &EtcdFlags) -> Result<StoreChoice, String> {
+    let etcd_flags = !etcd.etcd_endpoints.is_empty()
+        || etcd.etcd_cacert.is_some()
+        || etcd.etcd_cert.is_some()
+        || etcd.etcd_prefix != "/lksadmin/v1/";
+    if store == StoreKind::Sqlite {
         if etcd_flags {
             return Err(
                 "--etcd-endpoints, --etcd-prefix, --etcd-cacert and --etcd-cert need --store etcd".into(),
@@ -107,44 +158,86 @@ fn store_choice(args: &Args) -> Result<StoreChoice, String> {
         }
         return Ok(StoreChoice::Sqlite);
     }
-    if args.etcd_endpoints.is_empty() {
+    if etcd.etcd_endpoints.is_empty() {
         return Err("--store etcd needs --etcd-endpoints URL[,URL…]".into());
     }
-    for e in &args.etcd_endpoints {
+    for e in &etcd.etcd_endpoints {
         if !(e.starts_with("http://") || e.starts_with("https://")) || e.len() < 10 {
             return Err(format!(
                 "--etcd-endpoints: {e:?} is not an http:// or https:// URL"
             ));
         }
     }
-    if !args.etcd_prefix.starts_with('/') || args.etcd_prefix.contains("//") || args.etcd_prefix.len() < 2 {
+    if !etcd.etcd_prefix.starts_with('/') || etcd.etcd_prefix.contains("//") || etcd.etcd_prefix.len() < 2 {
         return Err(format!(
             "--etcd-prefix {:?} must be an absolute key prefix such as /lksadmin/v1/",
-            args.etcd_prefix
+            etcd.etcd_prefix
         ));
     }
     let read = |p: &PathBuf| std::fs::read_to_string(p).map_err(|e| format!("read {}: {e}", p.display()));
-    let ca_pem = args.etcd_cacert.as_ref().map(read).transpose()?;
-    let client_cert_pem = match (&args.etcd_cert, &args.etcd_key) {
+    let ca_pem = etcd.etcd_cacert.as_ref().map(read).transpose()?;
+    let client_cert_pem = match (&etcd.etcd_cert, &etcd.etcd_key) {
         (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
         _ => None,
     };
     Ok(StoreChoice::Etcd(EtcdConfig {
-        endpoints: args.etcd_endpoints.clone(),
-        prefix: args.etcd_prefix.clone(),
+        endpoints: etcd.etcd_endpoints.clone(),
+        prefix: etcd.etcd_prefix.clone(),
         ca_pem,
         client_cert_pem,
     }))
 }
 
+/// `migrate`: prints the summary, or one error line.
+async fn migrate(args: MigrateArgs) -> ExitCode {
+    if args.store != StoreKind::Etcd {
+        eprintln!("error: migrate moves a SQLite data dir onto etcd: give --store etcd");
+        return ExitCode::from(2);
+    }
+    let etcd = match store_choice(args.store, &args.etcd) {
+        Ok(StoreChoice::Etcd(e)) => e,
+        Ok(StoreChoice::Sqlite) => return ExitCode::from(2),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cfg = MigrateConfig {
+        from: args.from_sqlite,
+        etcd,
+        encryption_key_file: args.encryption_key_file,
+        max_blob: args.etcd_max_blob_size,
+    };
+    match lks_control_server::migrate::migrate(&cfg).await {
+        Ok(summary) => {
+            println!("{summary}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            // One line, whatever the layers below put in their messages.
+            eprintln!("error: {}", e.to_string().replace('\n', "; "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
 #[tokio::main]
-async fn main() -> std::process::ExitCode {
-    let args = Args::parse();
-    let store = match store_choice(&args) {
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Some(Command::Migrate(m)) = cli.command {
+        return migrate(m).await;
+    }
+    let args = cli.run;
+    let Some(data_dir) = args.data_dir else {
+        eprintln!("error: --data-dir is required");
+        return ExitCode::from(2);
+    };
+    let store = match store_choice(args.store, &args.etcd) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: {e}");
-            return std::process::ExitCode::from(2);
+            return ExitCode::from(2);
         }
     };
     if let Some(u) = args
@@ -157,11 +250,11 @@ async fn main() -> std::process::ExitCode {
     }
     if args.lease_ttl < Duration::from_secs(2) {
         eprintln!("error: --lease-ttl must be at least 2s");
-        return std::process::ExitCode::from(2);
+        return ExitCode::from(2);
     }
     if args.ping_interval.is_zero() {
         eprintln!("error: --ping-interval must be longer than zero");
-        return std::process::ExitCode::from(2);
+        return ExitCode::from(2);
     }
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -189,7 +282,7 @@ async fn main() -> std::process::ExitCode {
         signals.cancel();
     });
 
-    let mut cfg = Config::new(args.data_dir, args.listen);
+    let mut cfg = Config::new(data_dir, args.listen);
     cfg.metrics_listen = args.metrics_listen;
     cfg.advertise_address = args.advertise_address;
     cfg.node_cert_ttl = args.node_cert_ttl;
@@ -202,10 +295,10 @@ async fn main() -> std::process::ExitCode {
     cfg.etcd_max_blob = args.etcd_max_blob_size;
     cfg.join_urls = args.join_url;
     match run(cfg, shutdown).await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
-            std::process::ExitCode::FAILURE
+            ExitCode::FAILURE
         }
     }
 }

@@ -65,6 +65,8 @@ pub enum IdentityError {
     Corrupt(String),
     #[error("{0}")]
     Seal(String),
+    #[error("{0} already holds a control plane's identity")]
+    Exists(String),
 }
 
 /// Loads the control plane's identity from etcd, creating it if this is
@@ -111,6 +113,24 @@ pub async fn load_or_create_identity(
         );
     }
     Ok(id)
+}
+
+/// Stores an existing identity (a single server's, moved by `migrate`) as
+/// the control plane's, in the same document [`load_or_create_identity`]
+/// reads, sealed with `seal` if given. Refused if an identity is stored
+/// already: two control planes are never merged.
+pub async fn store_identity(
+    store: &EtcdStore,
+    id: &SharedIdentity,
+    seal: Option<&crate::seal::SealKey>,
+) -> Result<(), IdentityError> {
+    let doc = seal_identity(store, id, seal)?;
+    let bytes = serde_json::to_vec(&doc).map_err(|e| IdentityError::Corrupt(e.to_string()))?;
+    let stored = store.create_once("identity", bytes.clone()).await?;
+    if stored != bytes {
+        return Err(IdentityError::Exists(store.key("identity")));
+    }
+    Ok(())
 }
 
 fn aad(store: &EtcdStore, which: &str) -> Vec<u8> {

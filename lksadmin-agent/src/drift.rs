@@ -15,7 +15,10 @@
 //! periodic pass still runs, and it covers what inotify cannot see. That
 //! includes directories that do not exist yet, filesystems without inotify
 //! and a watch limit reached. The agent's own writes wake the watcher too;
-//! the pass that follows finds everything intact, so it converges.
+//! the pass that follows finds everything intact, so it converges. A watch
+//! that is new (a directory that appeared, or that a heal recreated) signals
+//! once too: an edit made before the watch existed has no event, so one
+//! more pass looks after the watch is in place.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{OsStr, OsString};
@@ -90,6 +93,8 @@ struct Shared {
 pub struct DriftWatcher {
     shared: Arc<Shared>,
     rx: mpsc::Receiver<()>,
+    /// The channel's own sender, to signal a watch that was (re)made.
+    tx: mpsc::Sender<()>,
 }
 
 impl DriftWatcher {
@@ -102,11 +107,12 @@ impl DriftWatcher {
             stop: AtomicBool::new(false),
         });
         let (tx, rx) = mpsc::channel(1);
+        let own = tx.clone();
         let reader = shared.clone();
         std::thread::Builder::new()
             .name("lks-drift".into())
             .spawn(move || read_loop(&reader, &tx))?;
-        Ok(DriftWatcher { shared, rx })
+        Ok(DriftWatcher { shared, rx, tx: own })
     }
 
     /// Watches exactly the parent directories of `files`, for their names.
@@ -146,11 +152,19 @@ impl DriftWatcher {
             // returns the same descriptor for the same inode.
             match ino.add_watch(&dir, mask()) {
                 Ok(wd) => {
-                    if let Some(old) = w.by_dir.insert(dir, wd)
+                    let old = w.by_dir.insert(dir, wd);
+                    if let Some(old) = old
                         && old != wd
                     {
                         w.by_wd.remove(&old);
                         let _ = ino.rm_watch(old);
+                    }
+                    if old != Some(wd) {
+                        // A new watch (a directory that appeared or was
+                        // recreated, e.g. by a heal): a change made before
+                        // the watch existed has no event, so one more heal
+                        // looks now that it does.
+                        let _ = self.tx.try_send(());
                     }
                     w.by_wd.insert(wd, names);
                 }
@@ -255,7 +269,12 @@ mod tests {
         let mut w = DriftWatcher::new().unwrap();
         assert!(w.set_files([managed.clone()]).is_empty());
         assert_eq!(w.watched_dirs(), 1);
-        assert!(!fires(&mut w).await, "nothing happened yet");
+        // A new watch asks for one look: a change made before it existed
+        // has no event of its own.
+        assert!(fires(&mut w).await, "a new watch");
+        w.drain();
+        assert!(w.set_files([managed.clone()]).is_empty());
+        assert!(!fires(&mut w).await, "the same watch again: nothing happened");
 
         std::fs::write(etc.join("unrelated"), "x").unwrap();
         assert!(!fires(&mut w).await, "another file in the same directory");

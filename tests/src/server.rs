@@ -65,6 +65,25 @@ impl Server {
         s
     }
 
+    /// Starts a server on `addr` (one a stopped server used, say) with a
+    /// fresh data dir and `args`: a replica taking over an old server's
+    /// address, which its agents have stored.
+    pub fn start_at(addr: SocketAddr, args: &[&str]) -> Server {
+        let dir = tempfile::tempdir().expect("create temp dir");
+        let data_dir = dir.path().join("data");
+        let mut s = Server {
+            data_dir,
+            dir,
+            addr,
+            metrics_addr: free_addr(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            proc: None,
+            starts: 0,
+        };
+        s.spawn();
+        s
+    }
+
     /// Starts a server on `addr` with a copy of `from`'s data dir (same CA,
     /// admin identity, clusters and nodes), `from` being stopped: a stand-in
     /// for another replica of the same control plane, to test failover

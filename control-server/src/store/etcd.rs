@@ -49,6 +49,8 @@ use lks_proto::labels::{Labels, selector_matches};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+mod import;
+
 use super::sqlite::now_ms;
 use super::*;
 

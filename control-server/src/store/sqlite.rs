@@ -14,6 +14,8 @@ use lks_proto::BundleState;
 use lks_proto::labels::{Labels, selector_matches};
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
+mod dump;
+
 use super::*;
 
 /// Schema versions in order; `user_version` counts how many are applied.

@@ -1,0 +1,396 @@
+//! `lks-control-server migrate --from-sqlite DIR --store etcd …`: moves a
+//! single server's installation onto etcd, so that it grows into replicas
+//! without re-enrolling a node (DESIGN §8).
+//!
+//! What moves: the CA and admin credential (`DIR/pki`), every row of
+//! `DIR/state.db` (clusters, tokens, nodes with desired and reported state
+//! and generation, bundles, cluster targets, rollouts with their node rows
+//! and revisions, events), and every blob in `DIR/blobs` a bundle serves.
+//! Agents keep their pinned CA hash and node certificates: the replicas
+//! serve with the same CA and know the same certificate serials.
+//!
+//! Order, so that a refusal writes nothing and a failure leaves nothing:
+//! everything that can be checked locally is checked first (data dir, the
+//! server stopped — SQLite's exclusive lock, held until the end so none
+//! starts meanwhile —, identity readable, every blob present and small
+//! enough for etcd), then that the etcd prefix is empty. The identity is
+//! written first, with a create-only compare, so a second migrate racing
+//! this one is refused; a failure after it removes what was written. The
+//! SQLite data dir is only read.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use lks_proto::Digest;
+use lks_proto::manifest::SignedBundle;
+use lks_proto::pb;
+use prost::Message as _;
+
+use crate::blobs::BlobStore;
+use crate::blobsync::{self, SyncError};
+use crate::pki::{Pki, PkiError, SharedIdentity};
+use crate::replicas::{self, IdentityError};
+use crate::seal::{SealError, SealKey};
+use crate::store::{Dump, EtcdConfig, EtcdStore, SqliteStore, StoreError};
+
+/// What `migrate` is told.
+#[derive(Clone, Debug)]
+pub struct MigrateConfig {
+    /// The single server's `--data-dir`.
+    pub from: PathBuf,
+    pub etcd: EtcdConfig,
+    /// Seals the private keys stored in etcd.
+    pub encryption_key_file: Option<PathBuf>,
+    /// `--etcd-max-blob-size`.
+    pub max_blob: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    #[error(
+        "{dir} is not a control server's data dir (it has no {missing}); give the --data-dir of the SQLite server"
+    )]
+    NotADataDir { dir: PathBuf, missing: &'static str },
+    #[error("read the CA and admin credential: {0}")]
+    Identity(#[from] PkiError),
+    #[error("{0}")]
+    Seal(#[from] SealError),
+    #[error("{0}")]
+    ServerRunning(String),
+    #[error("read {path}: {source}")]
+    ReadState { path: PathBuf, source: StoreError },
+    #[error(
+        "bundle {bundle}: {file} ({digest}) is not in {dir}; the data dir is incomplete, restore its blobs first"
+    )]
+    MissingBlob {
+        bundle: String,
+        file: String,
+        digest: String,
+        dir: PathBuf,
+    },
+    #[error(
+        "bundle {bundle}: {file} is {size} bytes, more than the {max} bytes a control server on etcd keeps per file; \
+         give --etcd-max-blob-size {size} (and the same to every replica)"
+    )]
+    BlobTooLarge {
+        bundle: String,
+        file: String,
+        size: u64,
+        max: u64,
+    },
+    #[error("cannot reach etcd: {0}; check --etcd-endpoints and that etcd is up")]
+    Etcd(StoreError),
+    #[error(
+        "etcd already holds {key}: the prefix {prefix} is in use (by this installation, moved already, \
+         or another); migrate only into an empty prefix, e.g. another --etcd-prefix"
+    )]
+    NotEmpty { key: String, prefix: String },
+    #[error("write to etcd: {cause}; {cleanup}")]
+    Write { cause: String, cleanup: String },
+}
+
+/// What was moved.
+#[derive(Clone, Debug)]
+pub struct Summary {
+    pub from: PathBuf,
+    pub endpoints: String,
+    pub prefix: String,
+    pub ca_cert_hash: Digest,
+    /// Key id that sealed the private keys, if any.
+    pub sealed_with: Option<String>,
+    pub clusters: usize,
+    pub tokens: usize,
+    pub nodes: usize,
+    pub bundles: usize,
+    pub blobs: usize,
+    pub blob_bytes: u64,
+    pub targets: usize,
+    pub rollouts: usize,
+    pub events: usize,
+    pub generation: u64,
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "migrated {} to etcd {} under {}",
+            self.from.display(),
+            self.endpoints,
+            self.prefix
+        )?;
+        let keys = match &self.sealed_with {
+            Some(k) => format!("private keys sealed with {k}"),
+            None => "private keys not encrypted; --encryption-key-file encrypts them".into(),
+        };
+        writeln!(
+            f,
+            "  identity    CA {} and admin credential ({keys})",
+            self.ca_cert_hash
+        )?;
+        writeln!(f, "  clusters    {}", self.clusters)?;
+        writeln!(f, "  tokens      {}", self.tokens)?;
+        writeln!(f, "  nodes       {}", self.nodes)?;
+        writeln!(
+            f,
+            "  bundles     {} ({} blobs, {} bytes)",
+            self.bundles, self.blobs, self.blob_bytes
+        )?;
+        writeln!(f, "  targets     {}", self.targets)?;
+        writeln!(f, "  rollouts    {}", self.rollouts)?;
+        writeln!(f, "  events      {}", self.events)?;
+        writeln!(f, "  generation  {}", self.generation)?;
+        writeln!(
+            f,
+            "{} was left untouched (only read); do not start the SQLite server on it again.",
+            self.from.display()
+        )?;
+        write!(
+            f,
+            "Next: start replicas with --store etcd on the address the agents dial; nodes keep their certificates and state."
+        )
+    }
+}
+
+/// A blob a bundle serves, checked locally before anything is written.
+struct Blob {
+    digest: Digest,
+    size: u64,
+}
+
+/// Moves the installation in `cfg.from` into the empty etcd prefix.
+pub async fn migrate(cfg: &MigrateConfig) -> Result<Summary, MigrateError> {
+    let dir = &cfg.from;
+    for (path, missing) in [(dir.join("state.db"), "state.db"), (dir.join("pki"), "pki/")] {
+        if !path.exists() {
+            return Err(MigrateError::NotADataDir {
+                dir: dir.clone(),
+                missing,
+            });
+        }
+    }
+    let identity = SharedIdentity::from_dir(&dir.join("pki"))?;
+    // Proves the CA key and certificate are usable before they are copied.
+    let ca_cert_hash = Pki::from_shared(&identity, &["localhost".to_string()])?.ca_hash();
+    let seal = cfg
+        .encryption_key_file
+        .as_deref()
+        .map(SealKey::load)
+        .transpose()?;
+
+    let db = dir.join("state.db");
+    // Held until the end: no server starts on the data dir meanwhile.
+    let sqlite = SqliteStore::open_exclusive(&db).map_err(|e| match e {
+        StoreError::Conflict(m) => MigrateError::ServerRunning(m),
+        source => MigrateError::ReadState {
+            path: db.clone(),
+            source,
+        },
+    })?;
+    let dump = sqlite.dump().await.map_err(|source| MigrateError::ReadState {
+        path: db.clone(),
+        source,
+    })?;
+    let blob_dir = dir.join("blobs");
+    let blobs = BlobStore::read_only(&blob_dir);
+    let served = served_blobs(&dump, &blobs, &blob_dir, cfg.max_blob)?;
+
+    let store = EtcdStore::connect(&cfg.etcd, "migrate")
+        .await
+        .map_err(MigrateError::Etcd)?;
+    let not_empty = |key: String| MigrateError::NotEmpty {
+        key,
+        prefix: store.prefix().to_string(),
+    };
+    if store
+        .get_bytes("identity")
+        .await
+        .map_err(MigrateError::Etcd)?
+        .is_some()
+    {
+        return Err(not_empty(store.key("identity")));
+    }
+    if let Some(key) = store.first_key().await.map_err(MigrateError::Etcd)? {
+        return Err(not_empty(key));
+    }
+    match replicas::store_identity(&store, &identity, seal.as_ref()).await {
+        Ok(()) => {}
+        Err(IdentityError::Exists(key)) => return Err(not_empty(key)),
+        Err(e) => {
+            return Err(MigrateError::Write {
+                cause: format!("store the identity: {e}"),
+                cleanup: "nothing was written".into(),
+            });
+        }
+    }
+    if let Err(cause) = write_data(&store, &dump, &blobs, &served, cfg.max_blob).await {
+        let cleanup = match store.remove_import().await {
+            Ok(()) => format!("removed what was written under {}", store.prefix()),
+            Err(e) => format!(
+                "could not remove what was written ({e}); remove it with `etcdctl del --prefix {}` before trying again",
+                store.prefix()
+            ),
+        };
+        return Err(MigrateError::Write { cause, cleanup });
+    }
+    drop(sqlite);
+    Ok(Summary {
+        from: dir.clone(),
+        endpoints: cfg.etcd.endpoints.join(","),
+        prefix: store.prefix().to_string(),
+        ca_cert_hash,
+        sealed_with: seal.as_ref().map(SealKey::key_id),
+        clusters: dump.clusters.len(),
+        tokens: dump.tokens.len(),
+        nodes: dump.nodes.len(),
+        bundles: dump.bundles.len(),
+        blobs: served.len(),
+        blob_bytes: served.iter().map(|b| b.size).sum(),
+        targets: dump.targets.len(),
+        rollouts: dump.rollouts.len(),
+        events: dump.events.len(),
+        generation: dump.max_generation(),
+    })
+}
+
+/// Blobs first: once a bundle is in etcd, its blobs are.
+async fn write_data(
+    store: &EtcdStore,
+    dump: &Dump,
+    blobs: &BlobStore,
+    served: &[Blob],
+    max_blob: u64,
+) -> Result<(), String> {
+    for b in served {
+        blobsync::upload(store, blobs, &b.digest, max_blob)
+            .await
+            .map_err(|e: SyncError| format!("copy blob {}: {e}", b.digest))?;
+    }
+    store
+        .import(dump)
+        .await
+        .map_err(|e| format!("import the store: {e}"))
+}
+
+/// Every distinct blob the dumped bundles serve, each present in `blobs`
+/// and no larger than `max`.
+fn served_blobs(dump: &Dump, blobs: &BlobStore, dir: &Path, max: u64) -> Result<Vec<Blob>, MigrateError> {
+    let mut out: Vec<Blob> = Vec::new();
+    for b in &dump.bundles {
+        let bundle = format!("{}@{}", b.row.name, b.row.version);
+        for d in &b.blob_digests {
+            let file = || file_of(&b.row.signed_bundle, d);
+            let Ok(digest) = d.parse::<Digest>() else {
+                return Err(MigrateError::MissingBlob {
+                    bundle,
+                    file: file(),
+                    digest: d.clone(),
+                    dir: dir.to_path_buf(),
+                });
+            };
+            if out.iter().any(|x| x.digest == digest) {
+                continue;
+            }
+            let size = match std::fs::metadata(blobs.path(&digest)) {
+                Ok(m) if m.is_file() => m.len(),
+                _ => {
+                    return Err(MigrateError::MissingBlob {
+                        bundle,
+                        file: file(),
+                        digest: d.clone(),
+                        dir: dir.to_path_buf(),
+                    });
+                }
+            };
+            if size > max {
+                return Err(MigrateError::BlobTooLarge {
+                    bundle,
+                    file: file(),
+                    size,
+                    max,
+                });
+            }
+            out.push(Blob { digest, size });
+        }
+    }
+    Ok(out)
+}
+
+/// The bundle path of the file with `digest`, for messages; the digest if
+/// the stored bundle cannot be read.
+fn file_of(signed_bundle: &[u8], digest: &str) -> String {
+    pb::SignedBundle::decode(signed_bundle)
+        .ok()
+        .and_then(|p| SignedBundle::try_from(p).ok())
+        .and_then(|b| {
+            b.manifest
+                .files
+                .into_iter()
+                .find(|f| f.digest.to_string() == digest)
+                .map(|f| f.path.to_string())
+        })
+        .unwrap_or_else(|| digest.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{BundleRow, DumpedBundle};
+
+    fn dump_with_blob(digest: &Digest) -> Dump {
+        Dump {
+            bundles: vec![DumpedBundle {
+                row: BundleRow {
+                    name: "app".into(),
+                    version: "1".into(),
+                    signed_bundle: Vec::new(),
+                    manifest_digest: String::new(),
+                    signed: false,
+                    files: 1,
+                    total_size: 5,
+                    published_at_ms: 0,
+                },
+                blob_digests: vec![digest.to_string(), digest.to_string()],
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn served_blobs_are_checked_before_anything_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = BlobStore::open(dir.path()).unwrap();
+        let d = Digest::of(b"hello");
+        let dump = dump_with_blob(&d);
+        let e = served_blobs(&dump, &blobs, dir.path(), 100).err().unwrap();
+        assert!(matches!(e, MigrateError::MissingBlob { .. }), "{e}");
+
+        let mut w = blobs.writer(d, 5).await.unwrap();
+        w.write(b"hello").await.unwrap();
+        w.finish().await.unwrap();
+        let ok = served_blobs(&dump, &blobs, dir.path(), 100).unwrap();
+        assert_eq!(ok.len(), 1, "a blob two files share is copied once");
+        let e = served_blobs(&dump, &blobs, dir.path(), 4).err().unwrap();
+        assert!(
+            e.to_string().starts_with("bundle app@1: sha256:")
+                && e.to_string().contains("give --etcd-max-blob-size 5"),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_dir_without_state_or_pki_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = MigrateConfig {
+            from: dir.path().to_path_buf(),
+            etcd: EtcdConfig::default(),
+            encryption_key_file: None,
+            max_blob: 1,
+        };
+        let e = migrate(&cfg).await.err().unwrap();
+        assert!(e.to_string().contains("has no state.db"), "{e}");
+        std::fs::write(dir.path().join("state.db"), b"").unwrap();
+        let e = migrate(&cfg).await.err().unwrap();
+        assert!(e.to_string().contains("has no pki/"), "{e}");
+    }
+}

@@ -1,0 +1,189 @@
+//! Writing a [`Dump`] into an empty prefix, for `lks-control-server
+//! migrate`: the same documents, keys and indexes the store writes itself
+//! (`active/` for active rollouts, `drive/` for rollouts to drive, the
+//! generation counter), every key created with a `create_revision == 0`
+//! compare, at most [`MAX_IMPORT_OPS`] keys per transaction.
+
+use super::*;
+
+/// Keys written per transaction (etcd allows 128 by default).
+const MAX_IMPORT_OPS: usize = 100;
+/// Bytes of documents per transaction, below etcd's 1.5 MiB request limit.
+const MAX_IMPORT_BYTES: usize = 1 << 20;
+/// Events per event document; ids are derived from the document's revision
+/// times 1000 plus the index, so a document holds fewer than 1000.
+const EVENTS_PER_DOC: usize = 500;
+
+impl EtcdStore {
+    /// The first key under the prefix, if any: an import goes only into an
+    /// empty prefix.
+    pub async fn first_key(&self) -> Result<Option<String>> {
+        let mut kv = self.client.kv_client();
+        let resp = kv
+            .get(
+                self.prefix.clone(),
+                Some(GetOptions::new().with_prefix().with_keys_only().with_limit(1)),
+            )
+            .await
+            .map_err(unavailable)?;
+        Ok(resp
+            .kvs()
+            .first()
+            .map(|kv| String::from_utf8_lossy(kv.key()).into_owned()))
+    }
+
+    /// Deletes every key under the prefix: undoes an import that failed
+    /// half-way, into a prefix that was empty before it.
+    pub async fn remove_import(&self) -> Result<()> {
+        let mut kv = self.client.kv_client();
+        kv.delete(
+            self.prefix.clone(),
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// Writes everything in `d` as new documents. Refused with `Conflict`
+    /// if any of the keys exists (nothing of two installations is merged);
+    /// the transactions before that one stay written.
+    pub async fn import(&self, d: &Dump) -> Result<()> {
+        let mut docs: Vec<(String, Vec<u8>)> = Vec::new();
+        docs.push((
+            "meta/generation".into(),
+            d.max_generation().to_string().into_bytes(),
+        ));
+        for c in &d.clusters {
+            docs.push((
+                format!("clusters/{}", c.name),
+                json(&ClusterDoc {
+                    created_at_ms: c.created_at_ms,
+                })?,
+            ));
+        }
+        for t in &d.tokens {
+            docs.push((
+                format!("tokens/{}", t.id),
+                json(&TokenDoc {
+                    secret_hash: hex::encode(t.secret_hash),
+                    cluster: t.cluster.clone(),
+                    expires_at_ms: t.expires_at_ms,
+                    remaining_uses: t.remaining_uses,
+                    labels: t.labels.clone(),
+                    created_at_ms: t.created_at_ms,
+                })?,
+            ));
+        }
+        for b in &d.bundles {
+            let r = &b.row;
+            docs.push((
+                format!("bundles/{}/{}", r.name, r.version),
+                json(&BundleDoc {
+                    signed_bundle: hex::encode(&r.signed_bundle),
+                    manifest_digest: r.manifest_digest.clone(),
+                    signed: r.signed,
+                    files: r.files,
+                    total_size: r.total_size,
+                    published_at_ms: r.published_at_ms,
+                    blob_digests: b.blob_digests.clone(),
+                })?,
+            ));
+        }
+        for n in &d.nodes {
+            docs.push((
+                format!("nodes/{}", n.name),
+                json(&NodeDoc {
+                    cluster: n.cluster.clone(),
+                    labels: n.labels.clone(),
+                    cert_serial: n.cert_serial.clone(),
+                    facts_json: n.facts_json.clone(),
+                    last_seen_ms: n.last_seen_ms,
+                    enrolled_at_ms: n.enrolled_at_ms,
+                    replica: String::new(),
+                    actual: n.actual.iter().map(|(b, a)| (b.clone(), actual_doc(a))).collect(),
+                })?,
+            ));
+            docs.push((
+                format!("desired/{}", n.name),
+                json(&DesiredDoc {
+                    generation: n.generation,
+                    bundles: n.desired.clone(),
+                })?,
+            ));
+        }
+        for t in &d.targets {
+            docs.push((
+                format!("targets/{}/{}", t.cluster, t.bundle),
+                json(&TargetDoc {
+                    version: t.target.version.clone(),
+                    selector: t.target.selector.clone(),
+                    rollout_id: t.target.rollout_id.clone(),
+                })?,
+            ));
+        }
+        for r in &d.rollouts {
+            let doc = RolloutDoc::from_row(r);
+            if r.state.is_active() {
+                docs.push((
+                    format!("active/{}/{}", r.cluster, r.bundle),
+                    r.id.as_bytes().to_vec(),
+                ));
+            }
+            if doc.needs_driving() {
+                docs.push((format!("drive/{}", r.id), Vec::new()));
+            }
+            docs.push((format!("rollouts/{}", r.id), json(&doc)?));
+        }
+        let mut batch: Vec<(String, Vec<u8>)> = Vec::new();
+        let mut bytes = 0;
+        for (rest, value) in docs {
+            if batch.len() == MAX_IMPORT_OPS || (!batch.is_empty() && bytes + value.len() > MAX_IMPORT_BYTES)
+            {
+                self.create_all(std::mem::take(&mut batch)).await?;
+                bytes = 0;
+            }
+            bytes += value.len();
+            batch.push((rest, value));
+        }
+        if !batch.is_empty() {
+            self.create_all(batch).await?;
+        }
+        // One document per transaction: ids come from its revision, so the
+        // events keep their order.
+        for chunk in d.events.chunks(EVENTS_PER_DOC) {
+            let at = chunk.iter().map(|e| e.at_ms).max().unwrap_or_default().max(0);
+            let docs: Vec<EventDoc> = chunk.iter().map(EventDoc::from_row).collect();
+            self.create_all(vec![(format!("events/{at:016}-{}", nonce()), json(&docs)?)])
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Creates every key in one transaction, or none if any exists.
+    async fn create_all(&self, docs: Vec<(String, Vec<u8>)>) -> Result<()> {
+        let mut compares = Vec::with_capacity(docs.len());
+        let mut ops = Vec::with_capacity(docs.len());
+        for (rest, value) in &docs {
+            let key = self.key(rest);
+            compares.push(Compare::create_revision(key.clone(), CompareOp::Equal, 0));
+            ops.push(TxnOp::put(key, value.clone(), None));
+        }
+        if self.txn(compares, ops).await? {
+            return Ok(());
+        }
+        for (rest, _) in &docs {
+            if self.get_bytes(rest).await?.is_some() {
+                return Err(StoreError::Conflict(format!(
+                    "{} already exists in etcd; something else writes under {}",
+                    self.key(rest),
+                    self.prefix
+                )));
+            }
+        }
+        Err(StoreError::Conflict(format!(
+            "keys under {} changed while they were written",
+            self.prefix
+        )))
+    }
+}

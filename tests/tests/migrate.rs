@@ -1,0 +1,279 @@
+//! `lks-control-server migrate --from-sqlite` (DESIGN §6, §8): a single
+//! SQLite server with real enrolled agents holding a bundle is stopped and
+//! moved onto a throwaway etcd; a replica on the old address takes over.
+//! The agents reconnect with the certificates they have — no re-join — and
+//! keep their state; the CA pin, the operator's admin.conf and unused
+//! bootstrap tokens still work; a new rollout reaches the agents.
+//! Refusals write nothing: a second migrate into the same prefix, and a
+//! migrate of a running server's data dir.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use lks_e2e::agent::{
+    Agent, BundleFile, CONVERGE, join_info, node_bundle, node_connected, node_events, write_bundle,
+};
+use lks_e2e::etcd::Etcd;
+use lks_e2e::server::Server;
+use lks_e2e::{bin, ok_stdout, one_line_error, run, wait_until};
+
+const PREFIX: &str = "/lks-migrated/";
+
+fn migrate(from: &Path, etcd: &Etcd, prefix: &str) -> Output {
+    let mut cmd = Command::new(bin("lks-control-server"));
+    cmd.arg("migrate")
+        .arg("--from-sqlite")
+        .arg(from)
+        .args(["--store", "etcd", "--etcd-endpoints", &etcd.url()])
+        .args(["--etcd-prefix", prefix]);
+    run(cmd)
+}
+
+/// Every file under `dir` with its bytes.
+fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.insert(p.display().to_string(), std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    out
+}
+
+fn app(parent: &Path, version: &str) -> std::path::PathBuf {
+    let content = format!("v={version}\n");
+    write_bundle(
+        parent,
+        "app",
+        version,
+        &[BundleFile {
+            path: "/etc/app.conf",
+            content: content.as_bytes(),
+            mode: "0644",
+        }],
+        "",
+    )
+}
+
+fn roll_out(server: &Server, bundle: &str) -> String {
+    let id = server
+        .lksctl_ok(&["rollout", "start", "--cluster", "c1", "--bundle", bundle])
+        .trim()
+        .to_string();
+    wait_until(CONVERGE, "rollout completed", || {
+        server.lksctl_json(&["rollout", "status", &id])["state"] == "completed"
+    });
+    id
+}
+
+#[test]
+fn a_single_server_moves_onto_etcd_and_its_agents_follow_without_rejoining() {
+    let etcd = Etcd::start();
+    let mut old = Server::start();
+    old.create_cluster("c1");
+    let mut agents = Vec::new();
+    for name in ["n1", "n2"] {
+        let mut a = Agent::new(name);
+        a.join(&old, "c1", &[]);
+        a.start();
+        agents.push(a);
+    }
+    for a in &agents {
+        a.wait_connected();
+    }
+    assert_eq!(old.publish(&app(old.work_dir(), "1")), "app@1");
+    let first = roll_out(&old, "app@1");
+    for a in &agents {
+        a.wait_bundle("app", "1", "applied");
+    }
+    // A token made before the move, used after it.
+    let spare = join_info(&old, "c1", &["--uses", "1"]);
+    let pin = spare.ca_cert_hash.clone();
+
+    // While the server runs: refused, nothing written.
+    let before = etcd.revision_and_keys();
+    let err = one_line_error(
+        &migrate(&old.data_dir, &etcd, PREFIX),
+        "migrate of a running server",
+    );
+    assert!(err.contains("stop the server first"), "{err}");
+    assert_eq!(etcd.revision_and_keys(), before, "nothing written");
+
+    let identities: Vec<Vec<u8>> = agents
+        .iter()
+        .map(|a| std::fs::read(a.state_dir.join("pki/node.crt")).unwrap())
+        .collect();
+    assert_eq!(old.stop(), Some(0));
+    let untouched = snapshot(&old.data_dir);
+    let out = migrate(&old.data_dir, &etcd, PREFIX);
+    let summary = ok_stdout(&out, "migrate");
+    eprintln!("{summary}\n{}", String::from_utf8_lossy(&out.stderr));
+    for line in [
+        "clusters    1",
+        "nodes       2",
+        "bundles     1 (1 blobs",
+        "rollouts    1",
+    ] {
+        assert!(summary.contains(line), "{line:?} in:\n{summary}");
+    }
+    assert!(summary.contains(&pin), "{summary}");
+    assert!(summary.contains("left untouched"), "{summary}");
+    assert_eq!(
+        snapshot(&old.data_dir),
+        untouched,
+        "the SQLite data dir is only read"
+    );
+
+    // A second migrate into the same prefix is refused and writes nothing.
+    let after = etcd.revision_and_keys();
+    let err = one_line_error(&migrate(&old.data_dir, &etcd, PREFIX), "second migrate");
+    assert!(err.contains(&format!("{PREFIX}identity")), "{err}");
+    assert_eq!(etcd.revision_and_keys(), after, "nothing written");
+
+    // A replica on the address the agents have stored.
+    let replica = Server::start_at(
+        old.addr,
+        &[
+            "--store",
+            "etcd",
+            "--etcd-endpoints",
+            &etcd.url(),
+            "--etcd-prefix",
+            PREFIX,
+            "--lease-ttl",
+            "3s",
+        ],
+    );
+    assert_eq!(replica.admin_conf().ca_cert, old.admin_conf().ca_cert);
+    let tok = replica.lksctl_json(&["token", "create", "--cluster", "c1"]);
+    assert_eq!(tok["ca_cert_hash"], pin.as_str(), "the CA pin is unchanged");
+    // The state came along, before any agent is back.
+    for a in &agents {
+        let (v, st, _) = node_bundle(&replica, &a.name, "app").expect("bundle state migrated");
+        assert_eq!((v.as_str(), st.as_str()), ("1", "applied"), "{}", a.name);
+    }
+    let st = replica.lksctl_json(&["rollout", "status", &first]);
+    assert_eq!(st["state"], "completed", "{st}");
+    assert_eq!(st["updated"], 2, "{st}");
+
+    wait_until(Duration::from_secs(90), "both agents reconnected", || {
+        agents.iter().all(|a| node_connected(&replica, &a.name))
+    });
+    let list = replica.lksctl_json(&["node", "list"]);
+    assert_eq!(list.as_array().unwrap().len(), 2, "{list}");
+    for (a, cert) in agents.iter().zip(&identities) {
+        let enrolments = node_events(&replica, &a.name)
+            .iter()
+            .filter(|(kind, _)| kind == "enrolled")
+            .count();
+        assert_eq!(enrolments, 1, "{} enrolled once, before the move", a.name);
+        let now = std::fs::read(a.state_dir.join("pki/node.crt")).unwrap();
+        assert_eq!(&now, cert, "{} kept its certificate", a.name);
+        a.wait_bundle("app", "1", "applied");
+    }
+
+    // A new version reaches the agents through the replica.
+    assert_eq!(replica.publish(&app(replica.work_dir(), "2")), "app@2");
+    roll_out(&replica, "app@2");
+    for a in &agents {
+        a.wait_bundle("app", "2", "applied");
+        assert_eq!(a.read("/etc/app.conf").unwrap().0, b"v=2\n");
+    }
+    // The operator's old admin.conf works against the replica too.
+    assert!(old.lksctl_ok(&["cluster", "list"]).contains("c1"));
+
+    // The token made before the move enrols a new node, which gets the
+    // cluster's target at once.
+    let mut late = Agent::new("n3");
+    ok_stdout(
+        &late.join_raw(&spare.server, &spare.token, &spare.ca_cert_hash, &[]),
+        "join with a migrated token",
+    );
+    late.start();
+    late.wait_bundle("app", "2", "applied");
+}
+
+#[test]
+fn sealed_keys_need_the_key_and_an_unreachable_etcd_is_one_line() {
+    let etcd = Etcd::start();
+    let mut old = Server::start();
+    old.create_cluster("c1");
+    let pin = join_info(&old, "c1", &[]).ca_cert_hash;
+    assert_eq!(old.stop(), Some(0));
+
+    let down = lks_e2e::free_addr();
+    let mut cmd = Command::new(bin("lks-control-server"));
+    cmd.arg("migrate").arg("--from-sqlite").arg(&old.data_dir).args([
+        "--store",
+        "etcd",
+        "--etcd-endpoints",
+        &format!("http://{down}"),
+    ]);
+    let err = one_line_error(&run(cmd), "migrate to an etcd that is down");
+    assert!(err.contains("cannot reach etcd"), "{err}");
+
+    let key = old.work_dir().join("etcd.key");
+    std::fs::write(&key, "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\n").unwrap();
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let key = key.display().to_string();
+    let mut cmd = Command::new(bin("lks-control-server"));
+    cmd.arg("migrate")
+        .arg("--from-sqlite")
+        .arg(&old.data_dir)
+        .args(["--store", "etcd", "--etcd-endpoints", &etcd.url()])
+        .args(["--etcd-prefix", PREFIX, "--encryption-key-file", &key]);
+    let summary = ok_stdout(&run(cmd), "sealed migrate");
+    assert!(summary.contains("private keys sealed with k1:"), "{summary}");
+
+    let url = etcd.url();
+    let replica = |extra: &[&str]| {
+        let mut args = vec![
+            "--store",
+            "etcd",
+            "--etcd-endpoints",
+            &url,
+            "--etcd-prefix",
+            PREFIX,
+        ];
+        args.extend_from_slice(extra);
+        // Bounded, should it wrongly start serving.
+        let mut cmd = Command::new("timeout");
+        cmd.arg("30")
+            .arg(bin("lks-control-server"))
+            .arg("--data-dir")
+            .arg(old.work_dir().join("replica"))
+            .args(["--listen", "127.0.0.1:0"])
+            .args(&args);
+        cmd
+    };
+    // Without the key a replica cannot open the CA, and says why.
+    let out = run(replica(&[]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--encryption-key-file"),
+        "{err}"
+    );
+    let r = Server::start_at(
+        lks_e2e::free_addr(),
+        &[
+            "--store",
+            "etcd",
+            "--etcd-endpoints",
+            &url,
+            "--etcd-prefix",
+            PREFIX,
+            "--encryption-key-file",
+            &key,
+        ],
+    );
+    let tok = r.lksctl_json(&["token", "create", "--cluster", "c1"]);
+    assert_eq!(tok["ca_cert_hash"], pin.as_str(), "the CA pin is unchanged");
+}
