@@ -34,6 +34,8 @@ use crate::store::{EtcdStore, StoreError};
 
 /// How often the election and the replica list are checked.
 const CHECK: Duration = Duration::from_secs(1);
+/// How often the leader trims the event log to its limit.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
 /// The identity document as stored in etcd (`identity`).
 #[derive(Serialize, Deserialize)]
@@ -280,6 +282,7 @@ pub async fn run_lease(
         let keep_every = Duration::from_secs((ttl_s as u64 / 3).max(1));
         let mut last_kept = tokio::time::Instant::now();
         let mut tick = tokio::time::interval(CHECK);
+        let mut last_prune = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 _ = s.cancel.cancelled() => {
@@ -310,6 +313,15 @@ pub async fn run_lease(
             }
             match campaign(&store, lease).await {
                 Ok(is_leader) => {
+                    // The leader keeps the event log bounded.
+                    if is_leader && last_prune.elapsed() >= PRUNE_EVERY {
+                        last_prune = tokio::time::Instant::now();
+                        match store.prune_events().await {
+                            Ok(0) => {}
+                            Ok(n) => tracing::info!(documents = n, "pruned the oldest events"),
+                            Err(e) => tracing::warn!(error = %e, "prune events"),
+                        }
+                    }
                     let changed = leader.send_if_modified(|l| std::mem::replace(l, is_leader) != is_leader);
                     if changed {
                         if is_leader {

@@ -560,12 +560,17 @@ impl EtcdStore {
 
     /// Drops the oldest event documents beyond [`MAX_EVENT_DOCS`].
     pub async fn prune_events(&self) -> Result<usize> {
+        self.prune_events_to(MAX_EVENT_DOCS).await
+    }
+
+    /// Keeps the newest `keep` event documents.
+    async fn prune_events_to(&self, keep: usize) -> Result<usize> {
         let prefix = self.key("events/");
         let keys = self.keys(&prefix).await?;
-        if keys.len() <= MAX_EVENT_DOCS {
+        if keys.len() <= keep {
             return Ok(0);
         }
-        let drop = keys.len() - MAX_EVENT_DOCS;
+        let drop = keys.len() - keep;
         // Keys sort by time: delete [first, the first one kept).
         let end = format!("{prefix}{}", keys[drop]);
         let mut kv = self.client.kv_client();
@@ -2004,5 +2009,42 @@ mod tests {
         let n = b.get_node("n1").await.unwrap().unwrap();
         assert!(!n.connected);
         assert_eq!(n.last_seen_ms, 500, "last-seen falls back to the connect time");
+    }
+
+    #[tokio::test]
+    async fn the_oldest_events_are_pruned_and_the_newest_kept() {
+        let etcd = TestEtcd::start();
+        let s = etcd.store("r1").await;
+        for i in 0..5 {
+            s.add_event(EventRow {
+                id: 0,
+                at_ms: 1000 + i,
+                cluster: "c".into(),
+                node: String::new(),
+                rollout_id: String::new(),
+                kind: "k".into(),
+                bundle: String::new(),
+                version: String::new(),
+                message: format!("e{i}"),
+            })
+            .await
+            .unwrap();
+        }
+        assert_eq!(s.prune_events_to(3).await.unwrap(), 2);
+        assert_eq!(s.prune_events_to(3).await.unwrap(), 0);
+        let left = s.list_events(EventFilter::default()).await.unwrap();
+        let msgs: Vec<&str> = left.iter().map(|e| e.message.as_str()).collect();
+        assert_eq!(msgs, ["e2", "e3", "e4"], "oldest first, the newest three kept");
+        let two = s
+            .list_events(EventFilter {
+                limit: 2,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            two.iter().map(|e| e.message.as_str()).collect::<Vec<_>>(),
+            ["e3", "e4"]
+        );
     }
 }
