@@ -56,6 +56,8 @@ use super::*;
 
 /// Optimistic transactions retried before giving up with `Conflict`.
 const MAX_ATTEMPTS: usize = 16;
+/// Enrolments contend on their token's use count; they retry longer.
+const ENROL_ATTEMPTS: usize = 100;
 /// Node assignments written per transaction; a larger decision is stored in
 /// several transactions, each leaving a consistent rollout (etcd refuses
 /// transactions with more than `--max-txn-ops`, 128 by default).
@@ -353,6 +355,16 @@ fn actual_doc(s: &BundleStatusRow) -> ActualDoc {
 
 fn json<T: Serialize>(v: &T) -> Result<Vec<u8>> {
     serde_json::to_vec(v).map_err(|e| StoreError::Backend(format!("encode: {e}")))
+}
+
+/// Sleeps a random 1..=2^min(attempt, 7) ms before another try of a
+/// transaction that lost a race.
+async fn backoff(attempt: usize) {
+    let mut b = [0u8; 2];
+    let _ = getrandom::getrandom(&mut b);
+    let cap = 1u64 << attempt.min(7);
+    let ms = 1 + u64::from(u16::from_le_bytes(b)) % cap;
+    tokio::time::sleep(Duration::from_millis(ms)).await;
 }
 
 /// A random 16-hex-digit nonce.
@@ -659,12 +671,30 @@ impl EtcdStore {
         Ok(())
     }
 
-    /// Takes `n` generations; the compare on the counter's revision makes
-    /// every desired-state write in etcd strictly ordered.
-    async fn generation(&self) -> Result<(Doc<u64>, u64)> {
-        let d: Doc<u64> = self.get(&self.key("meta/generation")).await?;
-        let next = d.value.unwrap_or(0) + 1;
-        Ok((d, next))
+    /// The least generation a desired state written now may take: the
+    /// floor `meta/generation` (set by `migrate` to the highest generation
+    /// it brought along, else 0) plus etcd's current revision, read after
+    /// everything the write is based on, plus one.
+    ///
+    /// No counter is written: a node's previous desired state was written
+    /// at a revision its generation does not exceed, and that write was
+    /// read before this call, so a generation from here is larger than any
+    /// the node had. Concurrent enrolments and rollouts therefore never
+    /// contend on a shared key.
+    async fn next_generation(&self) -> Result<u64> {
+        let mut kv = self.client.kv_client();
+        let resp = kv
+            .get(self.key("meta/generation"), None)
+            .await
+            .map_err(unavailable)?;
+        let rev = resp.header().map_or(0, |h| h.revision()).max(0) as u64;
+        let floor = resp
+            .kvs()
+            .first()
+            .and_then(|kv| std::str::from_utf8(kv.value()).ok()?.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        // floor is fixed once data exists, so this rises with the revision.
+        Ok(floor + rev + 1)
     }
 
     async fn commit_once(
@@ -746,11 +776,15 @@ impl EtcdStore {
         }
         let mut changed = Vec::new();
         if !assign.is_empty() {
-            let (gen_doc, g) = self.generation().await?;
-            let gkey = self.key("meta/generation");
-            compares.push(gen_doc.compare(&gkey));
-            ops.push(TxnOp::put(gkey, g.to_string(), None));
-            for (node, version) in assign {
+            // Read every node's desired state first, then the generation.
+            let mut docs = Vec::with_capacity(assign.len());
+            for (node, _) in assign {
+                let dkey = self.key(&format!("desired/{node}"));
+                let desired: Doc<DesiredDoc> = self.get(&dkey).await?;
+                docs.push((dkey, desired));
+            }
+            let base = self.next_generation().await?;
+            for ((node, version), (dkey, desired)) in assign.iter().zip(docs) {
                 let Some(n) = r.nodes.iter_mut().find(|n| n.name == *node) else {
                     return Err(StoreError::Backend(format!(
                         "rollout {id}: node {node} to assign is not part of it"
@@ -759,8 +793,6 @@ impl EtcdStore {
                 // A node and its desired document are created and deleted
                 // together, so one compare per node covers both (and keeps
                 // a chunk within etcd's 128 operations per transaction).
-                let dkey = self.key(&format!("desired/{node}"));
-                let desired: Doc<DesiredDoc> = self.get(&dkey).await?;
                 compares.push(desired.compare(&dkey));
                 if desired.value.is_none() {
                     n.state = NodeState::Skipped;
@@ -781,6 +813,7 @@ impl EtcdStore {
                         d.bundles.remove(&r.bundle);
                     }
                 }
+                let g = base.max(d.generation + 1);
                 d.generation = g;
                 ops.push(TxnOp::put(dkey, json(&d)?, None));
                 n.generation = g;
@@ -945,7 +978,12 @@ impl Store for EtcdStore {
     }
 
     async fn enroll_node(&self, n: NewNode) -> Result<u64> {
-        for _ in 0..MAX_ATTEMPTS {
+        // A boot storm enrols many nodes with one token at once, and each
+        // takes a use of it: lost races back off with jitter and try again.
+        for attempt in 0..ENROL_ATTEMPTS {
+            if attempt > 0 {
+                backoff(attempt).await;
+            }
             let tkey = self.key(&format!("tokens/{}", n.token_id));
             let token: Doc<TokenDoc> = self.get(&tkey).await?;
             let Some(mut tok) = token.value.clone() else {
@@ -979,10 +1017,6 @@ impl Store for EtcdStore {
                 *u -= 1;
                 ops.push(TxnOp::put(tkey.clone(), json(&tok)?, None));
             }
-            let (gen_doc, g) = self.generation().await?;
-            let gkey = self.key("meta/generation");
-            compares.push(gen_doc.compare(&gkey));
-            ops.push(TxnOp::put(gkey, g.to_string(), None));
             // The cluster's targets, compared as a range: a target set or
             // changed meanwhile makes the enrolment read again.
             let tprefix = self.key(&format!("targets/{}/", n.cluster));
@@ -1043,6 +1077,7 @@ impl Store for EtcdStore {
                     ops.push(TxnOp::put(rkey, json(&r)?, None));
                 }
             }
+            let g = self.next_generation().await?;
             ops.push(self.put(
                 &format!("desired/{}", n.name),
                 json(&DesiredDoc {
@@ -2046,5 +2081,55 @@ mod tests {
             two.iter().map(|e| e.message.as_str()).collect::<Vec<_>>(),
             ["e3", "e4"]
         );
+    }
+
+    #[tokio::test]
+    async fn a_boot_storm_on_one_token_enrols_every_node_once() {
+        let etcd = TestEtcd::start();
+        let s = etcd.store("r1").await;
+        s.create_cluster("c", 1).await.unwrap();
+        s.create_token(token("tok064", Some(64))).await.unwrap();
+        let tasks: Vec<_> = (0..72)
+            .map(|i| {
+                let s = s.clone();
+                tokio::spawn(async move { s.enroll_node(new_node(&format!("n{i:02}"), "tok064")).await })
+            })
+            .collect();
+        let mut ok = 0;
+        let mut used_up = 0;
+        let mut generations = BTreeSet::new();
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(g) => {
+                    ok += 1;
+                    generations.insert(g);
+                }
+                Err(StoreError::Token(TokenRefusal::UsedUp)) => used_up += 1,
+                Err(e) => panic!("unexpected refusal: {e}"),
+            }
+        }
+        assert_eq!((ok, used_up), (64, 8), "every use taken exactly once");
+        assert_eq!(s.list_nodes(Some("c")).await.unwrap().len(), 64);
+        assert_eq!(
+            s.get_token("tok064").await.unwrap().unwrap().remaining_uses,
+            Some(0)
+        );
+        assert!(generations.iter().all(|g| *g > 0));
+    }
+
+    #[tokio::test]
+    async fn generations_rise_per_node_and_respect_a_migrated_floor() {
+        let etcd = TestEtcd::start();
+        let s = etcd.store("r1").await;
+        // As migrate leaves it: generations up to 5000 were handed out.
+        s.put_bytes("meta/generation", b"5000".to_vec()).await.unwrap();
+        s.create_cluster("c", 1).await.unwrap();
+        s.create_token(token("tok000", None)).await.unwrap();
+        let g1 = s.enroll_node(new_node("n1", "tok000")).await.unwrap();
+        assert!(g1 > 5000, "{g1}");
+        // Deleted and enrolled again: still higher than before.
+        assert!(s.delete_node("n1").await.unwrap());
+        let g2 = s.enroll_node(new_node("n1", "tok000")).await.unwrap();
+        assert!(g2 > g1, "{g2} > {g1}");
     }
 }
