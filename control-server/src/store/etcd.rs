@@ -55,9 +55,11 @@ use super::*;
 /// Optimistic transactions retried before giving up with `Conflict`.
 const MAX_ATTEMPTS: usize = 16;
 /// Node assignments written per transaction; a larger decision is stored in
-/// several transactions, each leaving a consistent rollout (etcd refuses
-/// transactions with more than `--max-txn-ops`, 128 by default).
-const MAX_ASSIGN_PER_TXN: usize = 100;
+/// several transactions, each leaving a consistent rollout. etcd refuses a
+/// transaction with more than `--max-txn-ops` (128 by default) compares or
+/// ops, and each assignment compares two documents (node and desired
+/// state) next to the rollout, active and generation keys: 3 + 2 × 60.
+const MAX_ASSIGN_PER_TXN: usize = 60;
 const DEFAULT_EVENT_LIMIT: u32 = 100;
 /// Event documents kept; older ones are pruned by the leader.
 pub const MAX_EVENT_DOCS: usize = 20_000;
