@@ -46,7 +46,9 @@ etcd_pid=
 cleanup() {
   # Replicas before etcd: they give their leases back on the way out.
   for p in $server_pid $http_pid "${replica_pids[@]}" $etcd_pid; do
-    kill "$p" 2>/dev/null && wait "$p" 2>/dev/null
+    # A killed process's status is not a failure here (set -e would stop
+    # the cleanup at the first one).
+    kill "$p" 2>/dev/null && { wait "$p" 2>/dev/null || true; }
   done
   rm -rf "$work"
 }
