@@ -12,15 +12,21 @@
 #     HTTP/2 over TLS from lks-control-server --agent-package), one VM and a
 #     boot storm of parallel VMs; baseline: the same file with the same curl
 #     from python3's http.server (plain HTTP, the simplest static server).
-# Usage: bash scripts/bench.sh [--only agents|sha|packages] [AGENTS...]
-#        (default: every section, agents 1000 2000)
-# Needs python3 (medians) and curl. Not run by CI.
+#   - HA: 3 replicas (--store etcd) on a throwaway etcd next to the one
+#     SQLite server: agents held, rollout to HA_AGENTS agents (spread over
+#     the replicas, started through a replica that is not the leader), and
+#     what an idle control plane with those agents writes (etcd revisions,
+#     keys, bytes; disk bytes of etcd and of the SQLite server).
+# Usage: bash scripts/bench.sh [--only agents|sha|packages|ha] [AGENTS...]
+#        (default: every section, agents 1000 2000; HA_AGENTS=1000,
+#        IDLE_SECONDS=60)
+# Needs python3 (medians), curl and, for the HA section, etcd. Not run by CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
 only=""
 if [ "${1:-}" = --only ]; then
-  only=${2:?--only needs agents, sha or packages}
+  only=${2:?--only needs agents, sha, packages or ha}
   shift 2
 fi
 want() { [ -z "$only" ] || [ "$only" = "$1" ]; }
@@ -35,9 +41,14 @@ bin=target/release
 work=$(mktemp -d)
 server_pid=
 http_pid=
+replica_pids=()
+etcd_pid=
 cleanup() {
-  for p in $server_pid $http_pid; do
-    kill "$p" 2>/dev/null && wait "$p" 2>/dev/null
+  # Replicas before etcd: they give their leases back on the way out.
+  for p in $server_pid $http_pid "${replica_pids[@]}" $etcd_pid; do
+    # A killed process's status is not a failure here (set -e would stop
+    # the cleanup at the first one).
+    kill "$p" 2>/dev/null && { wait "$p" 2>/dev/null || true; }
   done
   rm -rf "$work"
 }
@@ -66,13 +77,17 @@ if want packages; then
 fi
 
 port=$((20000 + RANDOM % 20000))
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+metrics_port=$(free_port)
 "$bin/lks-control-server" --data-dir "$work/server" --listen "127.0.0.1:$port" \
+  --metrics-listen "127.0.0.1:$metrics_port" \
   --advertise-address 127.0.0.1 "${pkg_args[@]}" >"$work/server.log" 2>&1 &
 server_pid=$!
 for _ in $(seq 100); do [ -f "$work/server/admin.conf" ] && break; sleep 0.1; done
 sleep 0.5
 
-rss_kib() { awk '/VmRSS/{print $2}' "/proc/$server_pid/status"; }
+rss_of() { awk '/VmRSS/{print $2}' "/proc/$1/status"; }
+rss_kib() { rss_of "$server_pid"; }
 
 if want agents; then
 echo "## Agents (median of $RUNS runs)"
@@ -169,5 +184,188 @@ if want packages; then
     done
     echo "| $par | $(median "${base[@]}") | $(median "${ours[@]}") |"
   done
+  echo
+fi
+if want ha; then
+  ha_n=${HA_AGENTS:-1000}
+  idle_s=${IDLE_SECONDS:-60}
+  # A throwaway single-member etcd on loopback, as tests/src/etcd.rs starts
+  # one: temp data dir, free ports, an hour of history at most.
+  ecp=$(free_port) epp=$(free_port)
+  etcd_url=http://127.0.0.1:$ecp
+  ETCD_UNSUPPORTED_ARCH=$(uname -m) etcd --name bench --data-dir "$work/etcd" \
+    --listen-client-urls "$etcd_url" --advertise-client-urls "$etcd_url" \
+    --listen-peer-urls "http://127.0.0.1:$epp" --initial-advertise-peer-urls "http://127.0.0.1:$epp" \
+    --initial-cluster "bench=http://127.0.0.1:$epp" --auto-compaction-retention 1 >"$work/etcd.log" 2>&1 &
+  etcd_pid=$!
+  for _ in $(seq 100); do curl -fs "$etcd_url/health" >/dev/null && break; sleep 0.2; done
+  urls=() mports=()
+  for k in 1 2 3; do
+    p=$(free_port) mp=$(free_port)
+    "$bin/lks-control-server" --data-dir "$work/r$k" --listen "127.0.0.1:$p" \
+      --metrics-listen "127.0.0.1:$mp" --advertise-address 127.0.0.1 \
+      --store etcd --etcd-endpoints "$etcd_url" --etcd-prefix /lksadmin-bench/ >"$work/r$k.log" 2>&1 &
+    replica_pids+=($!)
+    urls+=("https://127.0.0.1:$p") mports+=("$mp")
+  done
+  leader=
+  for _ in $(seq 150); do
+    for k in 1 2 3; do
+      grep -q 'elected: this replica drives rollouts' "$work/r$k.log" 2>/dev/null && leader=$k
+    done
+    [ -n "$leader" ] && [ -f "$work/r1/admin.conf" ] && [ -f "$work/r2/admin.conf" ] && [ -f "$work/r3/admin.conf" ] && break
+    sleep 0.2
+  done
+  [ -n "$leader" ] || { echo "no replica was elected" >&2; exit 1; }
+  # Admin calls (publish, StartRollout) go through a replica that does not
+  # lead: the leader's controller drives the rollout, every replica's etcd
+  # watch carries the desired states to the agents on it.
+  via=$((leader % 3 + 1))
+  servers=$(IFS=,; echo "${urls[*]}")
+
+  # Agents with an open stream, per server: lks_connected_agents.
+  connected() { curl -fs "http://127.0.0.1:$1/metrics" | awk '$1 == "lks_connected_agents" {print $2}'; }
+  ha_connected() { local k out=(); for k in 0 1 2; do out+=("$(connected "${mports[$k]}")"); done; echo "${out[*]}"; }
+  sum() { local t=0 x; for x in "$@"; do t=$((t + x)); done; echo "$t"; }
+  write_bytes() { awk '/^write_bytes/{print $2}' "/proc/$1/io"; }
+  # One load generator run in the background; records the peak number of
+  # agents held (all servers together) while it runs.
+  held_peak() {
+    local lg=$1 peak=0 now
+    shift
+    while kill -0 "$lg" 2>/dev/null; do
+      # shellcheck disable=SC2046
+      now=$(sum $("$@" 2>/dev/null || echo 0)); [ "$now" -gt "$peak" ] && peak=$now
+      sleep 0.5
+    done
+    echo "$peak"
+  }
+
+  echo "## HA: 3 replicas on etcd next to 1 server on SQLite ($ha_n agents, median of $RUNS runs)"
+  echo
+  echo "etcd $(etcd --version | awk '/etcd Version/{print $3}'), one member on loopback; replica $leader leads, rollouts are started through replica $via. Load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo
+  declare -A ha=()
+  for r in $(seq "$RUNS"); do
+    "$bin/lks-loadgen" --config "$work/server/admin.conf" --cluster "ha-sq$r" --agents "$ha_n" \
+      --spread-source-ips --rollout --hold 4 -o json >"$work/ha-sq.json" &
+    ha[sq_held]+=" $(held_peak $! connected "$metrics_port")"
+    wait $!
+    "$bin/lks-loadgen" --config "$work/r$via/admin.conf" --servers "$servers" --cluster "ha-etcd$r" \
+      --agents "$ha_n" --spread-source-ips --rollout --hold 4 -o json >"$work/ha-etcd.json" &
+    ha[etcd_held]+=" $(held_peak $! ha_connected)"
+    wait $!
+    for w in sq etcd; do
+      j=$work/ha-$w.json
+      [ "$(field "$j" errors)" = 0 ] || { echo "loadgen ($w) reported errors" >&2; exit 1; }
+      ha[${w}_e]+=" $(field "$j" enrol_per_second)"
+      ha[${w}_retry]+=" $(field "$j" enrol_retries)"
+      ha[${w}_f50]+=" $(field "$j" first_message.p50_ms)"
+      ha[${w}_f99]+=" $(field "$j" first_message.p99_ms)"
+      ha[${w}_o50]+=" $(field "$j" fanout.p50_ms)"
+      ha[${w}_o99]+=" $(field "$j" fanout.p99_ms)"
+      ha[${w}_done]+=" $(field "$j" rollout_seconds)"
+    done
+  done
+  echo "| store | servers | agents held (peak) | enrol/s | enrolments retried (\"try again\") | first message p50 / p99 (ms) | rollout fan-out p50 / p99 (ms) | rollout done (s) |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+  for w in sq etcd; do
+    if [ $w = sq ]; then what="SQLite (baseline)" nsrv=1; else what="etcd" nsrv=3; fi
+    # shellcheck disable=SC2086
+    echo "| $what | $nsrv | $(median ${ha[${w}_held]}) | $(median ${ha[${w}_e]}) | $(median ${ha[${w}_retry]}) | $(median ${ha[${w}_f50]}) / $(median ${ha[${w}_f99]}) | $(median ${ha[${w}_o50]}) / $(median ${ha[${w}_o99]}) | $(median ${ha[${w}_done]}) |"
+  done
+  echo
+
+  # Idle: what each control plane writes in IDLE_SECONDS with nothing
+  # going on but the agents' heartbeats and the replicas' own upkeep
+  # (lease, election, the last-seen document every 5 s).
+  etcd_metrics() { curl -fs "$etcd_url/metrics" >"$1"; }
+  etcd_rates() {
+    python3 - "$1" "$2" "$3" <<'PY'
+import sys
+def load(p):
+    m = {}
+    for line in open(p):
+        if line and not line.startswith("#"):
+            k, _, v = line.rpartition(" ")
+            m[k] = float(v)
+    return m
+a, b, s = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
+d = lambda k: (b[k] - a[k]) / s
+print("%.2f %.2f %.2f %.2f" % (
+    d("etcd_debugging_mvcc_current_revision"),
+    d("etcd_mvcc_put_total") + d("etcd_mvcc_delete_total"),
+    d("etcd_debugging_mvcc_total_put_size_in_bytes") / 1024,
+    d("etcd_server_proposals_committed_total")))
+PY
+  }
+  # Prints: held, RSS per server (MiB), then the rates over the window.
+  idle_window() {
+    local kind=$1 t0 t1 wb0 wb1 held rss=() p
+    sleep 5
+    etcd_metrics "$work/m0"
+    if [ "$kind" = sq ]; then wb0=$(write_bytes "$server_pid"); else wb0=$(write_bytes "$etcd_pid"); fi
+    t0=$(date +%s%N)
+    sleep "$idle_s"
+    etcd_metrics "$work/m1"
+    if [ "$kind" = sq ]; then wb1=$(write_bytes "$server_pid"); else wb1=$(write_bytes "$etcd_pid"); fi
+    t1=$(date +%s%N)
+    if [ "$kind" = sq ]; then
+      held=$(connected "$metrics_port")
+      rss=("$(( $(rss_of "$server_pid") / 1024 ))")
+    else
+      held=$(ha_connected | tr ' ' /)
+      for p in "${replica_pids[@]}"; do rss+=("$(( $(rss_of "$p") / 1024 ))"); done
+    fi
+    local secs
+    secs=$(python3 -c "print(($t1 - $t0) / 1e9)")
+    echo "$held $(IFS=/; echo "${rss[*]}") $(etcd_rates "$work/m0" "$work/m1" "$secs") $(python3 -c "print(round(($wb1 - $wb0) / 1024 / $secs, 1))") $(( $(rss_of "$etcd_pid") / 1024 ))"
+  }
+  # Starts a load generator (pid in $lg) that holds N agents well past the
+  # window, and waits until every agent is held.
+  hold_agents() {
+    local n=$1 now
+    shift
+    "$bin/lks-loadgen" "$@" --agents "$n" --spread-source-ips --hold $((idle_s + 20)) -o json >"$work/idle.json" &
+    lg=$!
+    for _ in $(seq 600); do
+      kill -0 "$lg" 2>/dev/null || break
+      if [ "$1" = --servers ]; then now=$(ha_connected); else now=$(connected "$metrics_port"); fi
+      # shellcheck disable=SC2086
+      [ "$(sum $now)" -ge "$n" ] && break
+      sleep 0.5
+    done
+  }
+  # label kind, then idle_window's fields: held rss revs keys KiB props disk etcd-RSS
+  idle_row() {
+    local label=$1 kind=$2
+    shift 2
+    if [ "$kind" = sq ]; then
+      echo "| $label | $1 | $2 | – | – | – | – | $7 (server) |"
+    else
+      echo "| $label | $1 | $2 (etcd $8) | $3 | $4 | $5 | $6 | $7 (etcd) |"
+    fi
+  }
+
+  echo "## HA: idle for ${idle_s} s with agents held (one window each, same run)"
+  echo
+  echo "| control plane | agents held (per server) | RSS per server (MiB) | etcd revisions/s (write txns) | keys written/s | KiB put/s | raft proposals/s | disk KiB/s written |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+  # shellcheck disable=SC2046
+  idle_row "SQLite, 1 server, no agents" sq $(idle_window sq)
+  # shellcheck disable=SC2046
+  idle_row "etcd, 3 replicas, no agents" etcd $(idle_window etcd)
+  hold_agents "$ha_n" --config "$work/server/admin.conf" --cluster ha-idle-sq
+  # shellcheck disable=SC2046
+  idle_row "SQLite, 1 server (baseline)" sq $(idle_window sq)
+  wait "$lg"
+  [ "$(field "$work/idle.json" errors)" = 0 ] || { echo "loadgen (idle, SQLite) reported errors" >&2; exit 1; }
+  hold_agents "$ha_n" --servers "$servers" --config "$work/r$via/admin.conf" --cluster ha-idle-etcd
+  # shellcheck disable=SC2046
+  idle_row "etcd, 3 replicas" etcd $(idle_window etcd)
+  wait "$lg"
+  [ "$(field "$work/idle.json" errors)" = 0 ] || { echo "loadgen (idle, etcd) reported errors" >&2; exit 1; }
+  echo
+  echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
   echo
 fi

@@ -12,6 +12,14 @@
 //! in-process tonic server (tonic-health `Watch`, mTLS), so a report always
 //! comes with the cost of TLS + HTTP/2 + one stream and nothing of ours.
 //!
+//! `--servers` spreads the agents over several replicas of one control
+//! plane (agent i enrols with and connects to the (i mod n)-th), while the
+//! admin calls (cluster, token, publish, rollout) go to admin.conf's server.
+//!
+//! An enrolment the server refuses with "try again" (`FailedPrecondition`:
+//! on etcd, concurrent enrolments conflict on shared documents) is retried
+//! up to [`ENROL_ATTEMPTS`] times; the retries are counted in the report.
+//!
 //! On loopback, `--spread-source-ips` gives each agent its own 127.x.y.z
 //! source address, as a fleet of VMs would have; without it the per-IP
 //! enrolment rate limit of the server dominates the measurement.
@@ -34,6 +42,9 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
+/// Attempts per agent at an enrolment refused with "try again".
+const ENROL_ATTEMPTS: u32 = 20;
+
 #[derive(Parser, Debug)]
 #[command(
     version,
@@ -49,6 +60,10 @@ struct Args {
     /// Number of simulated agents.
     #[arg(long)]
     agents: usize,
+    /// Replicas to spread the agents over, comma-separated (agent i uses
+    /// the (i mod n)-th); default: admin.conf's server.
+    #[arg(long, value_delimiter = ',', value_name = "URL")]
+    servers: Vec<String>,
     /// Seconds to keep every stream open after all agents connected.
     #[arg(long, default_value_t = 0)]
     hold: u64,
@@ -122,6 +137,8 @@ struct Report {
     enrol_seconds: f64,
     enrol_per_second: f64,
     enrol: Summary,
+    /// Enrolments refused with "try again" and retried.
+    enrol_retries: u64,
     connect_seconds: f64,
     /// Connection start → first desired state (baseline: first Watch message).
     first_message: Summary,
@@ -136,6 +153,11 @@ struct Creds {
     name: String,
     cert_pem: String,
     key_pem: String,
+}
+
+/// The server agent `i` enrols with and connects to.
+fn server_for(servers: &[String], i: usize) -> &str {
+    &servers[i % servers.len()]
 }
 
 fn source_ip(spread: bool, i: usize) -> Option<IpAddr> {
@@ -227,17 +249,24 @@ async fn against_server(args: &Args) -> Result<Report> {
         .into_inner()
         .token;
     let run_id = &lks_proto::token::BootstrapToken::generate().id().to_string();
+    let servers = if args.servers.is_empty() {
+        vec![conf.server.clone()]
+    } else {
+        args.servers.clone()
+    };
 
     // Enrol.
     let sem = Arc::new(Semaphore::new(args.concurrency.max(1)));
     let start = Instant::now();
+    let retries = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let results: Vec<Result<(Creds, f64)>> = futures::stream::iter(0..args.agents)
         .map(|i| {
-            let (sem, token, url, ca) = (
+            let (sem, token, url, ca, retries) = (
                 sem.clone(),
                 token.clone(),
-                conf.server.clone(),
+                server_for(&servers, i).to_string(),
                 conf.ca_cert.clone(),
+                retries.clone(),
             );
             let name = format!("lg-{run_id}-{i}");
             let local = source_ip(args.spread_source_ips, i);
@@ -246,16 +275,28 @@ async fn against_server(args: &Args) -> Result<Report> {
                 let t = Instant::now();
                 let (csr_pem, key_pem) = csr()?;
                 let mut c = AgentServiceClient::new(tls_channel(&url, &ca, None, local).await?);
-                let resp = c
-                    .enroll(pb::EnrollRequest {
-                        token,
-                        node_name: name.clone(),
-                        csr_pem,
-                        labels: Default::default(),
-                    })
-                    .await
-                    .map_err(|s| anyhow!("enrol {name}: {}", s.message()))?
-                    .into_inner();
+                let mut attempt = 1;
+                let resp = loop {
+                    let r = c
+                        .enroll(pb::EnrollRequest {
+                            token: token.clone(),
+                            node_name: name.clone(),
+                            csr_pem: csr_pem.clone(),
+                            labels: Default::default(),
+                        })
+                        .await;
+                    match r {
+                        Ok(r) => break r.into_inner(),
+                        Err(s) if is_try_again(&s) && attempt < ENROL_ATTEMPTS => {
+                            retries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            // Spread the retries out: 10–40 ms, growing.
+                            let ms = 10 * u64::from(attempt.min(4)) + (i % 7) as u64 * 5;
+                            tokio::time::sleep(Duration::from_millis(ms)).await;
+                            attempt += 1;
+                        }
+                        Err(s) => bail!("enrol {name}: {}", s.message()),
+                    }
+                };
                 Ok((
                     Creds {
                         name,
@@ -295,7 +336,11 @@ async fn against_server(args: &Args) -> Result<Report> {
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for (i, c) in creds.iter().enumerate() {
-        let (sem, url, ca) = (sem.clone(), conf.server.clone(), conf.ca_cert.clone());
+        let (sem, url, ca) = (
+            sem.clone(),
+            server_for(&servers, i).to_string(),
+            conf.ca_cert.clone(),
+        );
         let (cert, key) = (c.cert_pem.clone(), c.key_pem.clone());
         let (first_tx, desired_tx, stop) = (first_tx.clone(), desired_tx.clone(), stop.clone());
         let local = source_ip(args.spread_source_ips, i);
@@ -414,12 +459,18 @@ async fn against_server(args: &Args) -> Result<Report> {
         enrol_seconds,
         enrol_per_second: enrol_ms.len() as f64 / enrol_seconds.max(1e-9),
         enrol: summarise(enrol_ms),
+        enrol_retries: retries.load(std::sync::atomic::Ordering::Relaxed),
         connect_seconds,
         first_message: summarise(first_ms),
         rollout_seconds,
         fanout,
         errors,
     })
+}
+
+/// The server's "conflict, try again" refusal (not a refused token).
+fn is_try_again(s: &tonic::Status) -> bool {
+    s.code() == tonic::Code::FailedPrecondition && s.message().contains("try again")
 }
 
 /// One agent's stream: Hello, then answer pings, acknowledge desired states
@@ -578,6 +629,7 @@ async fn baseline(args: &Args) -> Result<Report> {
         enrol_seconds: 0.0,
         enrol_per_second: 0.0,
         enrol: Summary::default(),
+        enrol_retries: 0,
         connect_seconds,
         first_message: summarise(first_ms),
         rollout_seconds: None,
@@ -597,10 +649,11 @@ fn print_text(r: &Report) {
     println!("agents:          {}", r.agents);
     if r.mode == "control-server" {
         println!(
-            "enrolment:       {:.2} s, {:.0}/s; {}",
+            "enrolment:       {:.2} s, {:.0}/s; {} ({} retried)",
             r.enrol_seconds,
             r.enrol_per_second,
-            s(&r.enrol)
+            s(&r.enrol),
+            r.enrol_retries
         );
     }
     println!("connect (all):   {:.2} s", r.connect_seconds);
@@ -616,5 +669,32 @@ fn raise_nofile() {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
         let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agents_spread_round_robin_over_the_servers() {
+        let servers: Vec<String> = ["https://a:1", "https://b:2", "https://c:3"]
+            .map(String::from)
+            .into();
+        let got: Vec<&str> = (0..7).map(|i| server_for(&servers, i)).collect();
+        assert_eq!(
+            got,
+            [
+                "https://a:1",
+                "https://b:2",
+                "https://c:3",
+                "https://a:1",
+                "https://b:2",
+                "https://c:3",
+                "https://a:1"
+            ]
+        );
+        let one = vec!["https://only:1".to_string()];
+        assert!((0..5).all(|i| server_for(&one, i) == "https://only:1"));
     }
 }
