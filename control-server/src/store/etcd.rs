@@ -61,9 +61,11 @@ const ENROL_ATTEMPTS: usize = 100;
 /// Node assignments written per transaction; a larger decision is stored in
 /// several transactions, each leaving a consistent rollout. etcd refuses a
 /// transaction with more than `--max-txn-ops` (128 by default) compares or
-/// ops, and each assignment compares two documents (node and desired
-/// state) next to the rollout, active and generation keys: 3 + 2 × 60.
-const MAX_ASSIGN_PER_TXN: usize = 60;
+/// ops: each assignment compares and writes one document (the node's
+/// desired state), next to at most three compares (rollout, active marker,
+/// target) and five writes (rollout, drive marker, active marker, target,
+/// events).
+const MAX_ASSIGN_PER_TXN: usize = 100;
 const DEFAULT_EVENT_LIMIT: u32 = 100;
 /// Event documents kept; older ones are pruned by the leader.
 pub const MAX_EVENT_DOCS: usize = 20_000;
