@@ -357,6 +357,17 @@ fn actual_doc(s: &BundleStatusRow) -> ActualDoc {
     }
 }
 
+/// A document read as JSON, as its type.
+fn typed<T: DeserializeOwned>(key: &str, d: Option<Doc<serde_json::Value>>) -> Result<Doc<T>> {
+    match d {
+        Some(Doc { value: Some(v), rev }) => Ok(Doc {
+            value: Some(serde_json::from_value(v).map_err(|e| corrupt(key, e))?),
+            rev,
+        }),
+        _ => Ok(Doc { value: None, rev: 0 }),
+    }
+}
+
 fn json<T: Serialize>(v: &T) -> Result<Vec<u8>> {
     serde_json::to_vec(v).map_err(|e| StoreError::Backend(format!("encode: {e}")))
 }
@@ -485,6 +496,40 @@ impl EtcdStore {
                 rev,
             }),
         }
+    }
+
+    /// Several documents in one round trip (a transaction of reads; at most
+    /// 128, etcd's `--max-txn-ops`), in the order of `keys`.
+    async fn get_many<T: DeserializeOwned>(&self, keys: &[String]) -> Result<Vec<Doc<T>>> {
+        let mut out = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(128) {
+            let ops: Vec<TxnOp> = chunk.iter().map(|k| TxnOp::get(k.clone(), None)).collect();
+            let mut kv = self.client.kv_client();
+            let resp = kv.txn(Txn::new().and_then(ops)).await.map_err(unavailable)?;
+            let answers = resp.op_responses();
+            if answers.len() != chunk.len() {
+                return Err(StoreError::Backend(format!(
+                    "etcd answered {} of {} reads",
+                    answers.len(),
+                    chunk.len()
+                )));
+            }
+            for (key, r) in chunk.iter().zip(answers) {
+                let etcd_client::TxnOpResponse::Get(g) = r else {
+                    return Err(StoreError::Backend(
+                        "etcd answered a read with something else".into(),
+                    ));
+                };
+                out.push(match g.kvs().first() {
+                    None => Doc { value: None, rev: 0 },
+                    Some(kv) => Doc {
+                        value: Some(serde_json::from_slice(kv.value()).map_err(|e| corrupt(key, e))?),
+                        rev: kv.mod_revision(),
+                    },
+                });
+            }
+        }
+        Ok(out)
     }
 
     /// Every document under `prefix` (a full key prefix), by key suffix.
@@ -781,12 +826,12 @@ impl EtcdStore {
         let mut changed = Vec::new();
         if !assign.is_empty() {
             // Read every node's desired state first, then the generation.
-            let mut docs = Vec::with_capacity(assign.len());
-            for (node, _) in assign {
-                let dkey = self.key(&format!("desired/{node}"));
-                let desired: Doc<DesiredDoc> = self.get(&dkey).await?;
-                docs.push((dkey, desired));
-            }
+            let keys: Vec<String> = assign
+                .iter()
+                .map(|(node, _)| self.key(&format!("desired/{node}")))
+                .collect();
+            let docs: Vec<(String, Doc<DesiredDoc>)> =
+                keys.iter().cloned().zip(self.get_many(&keys).await?).collect();
             let base = self.next_generation().await?;
             for ((node, version), (dkey, desired)) in assign.iter().zip(docs) {
                 let Some(n) = r.nodes.iter_mut().find(|n| n.name == *node) else {
@@ -1241,11 +1286,17 @@ impl Store for EtcdStore {
         for _ in 0..MAX_ATTEMPTS {
             let nkey = self.key(&format!("nodes/{name}"));
             let dkey = self.key(&format!("desired/{name}"));
-            let doc: Doc<NodeDoc> = self.get(&nkey).await?;
+            // Both documents in one round trip.
+            let pair = self
+                .get_many::<serde_json::Value>(&[nkey.clone(), dkey.clone()])
+                .await?;
+            let mut it = pair.into_iter();
+            let (n_raw, d_raw) = (it.next(), it.next());
+            let doc: Doc<NodeDoc> = typed(&nkey, n_raw)?;
+            let desired: Doc<DesiredDoc> = typed(&dkey, d_raw)?;
             let Some(mut d) = doc.value.clone() else {
                 return Ok(());
             };
-            let desired: Doc<DesiredDoc> = self.get(&dkey).await?;
             let wanted = desired.value.clone().unwrap_or_default().bundles;
             for s in &statuses {
                 d.actual.insert(s.name.clone(), actual_doc(s));
@@ -1356,15 +1407,20 @@ impl Store for EtcdStore {
         else {
             return Err(StoreError::NotFound(format!("node {node} is not enrolled")));
         };
+        let keys: Vec<String> = d
+            .bundles
+            .iter()
+            .map(|(b, v)| self.key(&format!("bundles/{b}/{v}")))
+            .collect();
+        let docs = self.get_many::<BundleDoc>(&keys).await?;
         let mut bundles = Vec::with_capacity(d.bundles.len());
-        for (b, v) in &d.bundles {
-            let key = self.key(&format!("bundles/{b}/{v}"));
-            let Some(doc) = self.get::<BundleDoc>(&key).await?.value else {
+        for ((key, doc), (b, v)) in keys.iter().zip(docs).zip(&d.bundles) {
+            let Some(doc) = doc.value else {
                 return Err(StoreError::Backend(format!(
                     "desired bundle {b}@{v} of node {node} is missing"
                 )));
             };
-            bundles.push(hex::decode(&doc.signed_bundle).map_err(|e| corrupt(&key, e))?);
+            bundles.push(hex::decode(&doc.signed_bundle).map_err(|e| corrupt(key, e))?);
         }
         Ok(DesiredState {
             generation: d.generation,
