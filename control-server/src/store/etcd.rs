@@ -1134,17 +1134,7 @@ impl Store for EtcdStore {
                     bundles: given,
                 })?,
             ));
-            if let Some(op) = self.event_op(&[EventRow {
-                id: 0,
-                at_ms: n.now_ms,
-                cluster: n.cluster.clone(),
-                node: n.name.clone(),
-                rollout_id: String::new(),
-                kind: "enrolled".into(),
-                bundle: String::new(),
-                version: String::new(),
-                message: format!("enrolled with token {}", n.token_id),
-            }])? {
+            if let Some(op) = self.event_op(&[EventRow::enrolled(&n)])? {
                 ops.push(op);
             }
             if self.txn(compares, ops).await? {
@@ -1200,17 +1190,7 @@ impl Store for EtcdStore {
                 TxnOp::delete(nkey.clone(), None),
                 TxnOp::delete(self.key(&format!("desired/{name}")), None),
             ];
-            if let Some(op) = self.event_op(&[EventRow {
-                id: 0,
-                at_ms: now_ms(),
-                cluster: d.cluster.clone(),
-                node: name.to_string(),
-                rollout_id: String::new(),
-                kind: "deleted".into(),
-                bundle: String::new(),
-                version: String::new(),
-                message: "node deleted; its certificate is revoked".into(),
-            }])? {
+            if let Some(op) = self.event_op(&[EventRow::deleted(&d.cluster, name, now_ms())])? {
                 ops.push(op);
             }
             if self.txn(vec![doc.compare(&nkey)], ops).await? {
@@ -1575,22 +1555,7 @@ impl Store for EtcdStore {
                 TxnOp::put(rkey.clone(), json(&RolloutDoc::from_row(&row))?, None),
                 self.put(&format!("drive/{}", r.id), Vec::new()),
             ];
-            if let Some(op) = self.event_op(&[EventRow {
-                id: 0,
-                at_ms: r.now_ms,
-                cluster: r.cluster.clone(),
-                node: String::new(),
-                rollout_id: r.id.clone(),
-                kind: "rollout_started".into(),
-                bundle: r.bundle.clone(),
-                version: r.version.clone(),
-                message: format!(
-                    "{} node(s), batch size {batch_size}, failure threshold {}, offline deadline {}",
-                    row.nodes.len(),
-                    r.failure_threshold,
-                    lks_proto::duration::format_duration(Duration::from_millis(r.offline_deadline_ms))
-                ),
-            }])? {
+            if let Some(op) = self.event_op(&[EventRow::rollout_started(&r, batch_size, row.nodes.len())])? {
                 ops.push(op);
             }
             let compares = vec![

@@ -400,6 +400,57 @@ pub struct EventRow {
     pub message: String,
 }
 
+impl EventRow {
+    /// What every store records when a node enrols.
+    pub fn enrolled(n: &NewNode) -> EventRow {
+        EventRow {
+            id: 0,
+            at_ms: n.now_ms,
+            cluster: n.cluster.clone(),
+            node: n.name.clone(),
+            rollout_id: String::new(),
+            kind: "enrolled".into(),
+            bundle: String::new(),
+            version: String::new(),
+            message: format!("enrolled with token {}", n.token_id),
+        }
+    }
+
+    /// What every store records when a node is deleted.
+    pub fn deleted(cluster: &str, node: &str, at_ms: i64) -> EventRow {
+        EventRow {
+            id: 0,
+            at_ms,
+            cluster: cluster.to_string(),
+            node: node.to_string(),
+            rollout_id: String::new(),
+            kind: "deleted".into(),
+            bundle: String::new(),
+            version: String::new(),
+            message: "node deleted; its certificate is revoked".into(),
+        }
+    }
+
+    /// What every store records when a rollout of `nodes` nodes starts.
+    pub fn rollout_started(r: &NewRollout, batch_size: u32, nodes: usize) -> EventRow {
+        EventRow {
+            id: 0,
+            at_ms: r.now_ms,
+            cluster: r.cluster.clone(),
+            node: String::new(),
+            rollout_id: r.id.clone(),
+            kind: "rollout_started".into(),
+            bundle: r.bundle.clone(),
+            version: r.version.clone(),
+            message: format!(
+                "{nodes} node(s), batch size {batch_size}, failure threshold {}, offline deadline {}",
+                r.failure_threshold,
+                lks_proto::duration::format_duration(std::time::Duration::from_millis(r.offline_deadline_ms))
+            ),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct EventFilter {
     pub cluster: Option<String>,

@@ -736,17 +736,7 @@ impl Store for SqliteStore {
             }
             insert_event(
                 tx,
-                &EventRow {
-                    id: 0,
-                    at_ms: n.now_ms,
-                    cluster: n.cluster.clone(),
-                    node: n.name.clone(),
-                    rollout_id: String::new(),
-                    kind: "enrolled".into(),
-                    bundle: String::new(),
-                    version: String::new(),
-                    message: format!("enrolled with token {}", n.token_id),
-                },
+                &EventRow::enrolled(&n),
             )?;
             Ok(generation)
         })
@@ -788,20 +778,7 @@ impl Store for SqliteStore {
                 return Ok(false);
             };
             tx.execute("DELETE FROM nodes WHERE name = ?1", [&name])?;
-            insert_event(
-                tx,
-                &EventRow {
-                    id: 0,
-                    at_ms: now_ms(),
-                    cluster,
-                    node: name.clone(),
-                    rollout_id: String::new(),
-                    kind: "deleted".into(),
-                    bundle: String::new(),
-                    version: String::new(),
-                    message: "node deleted; its certificate is revoked".into(),
-                },
-            )?;
+            insert_event(tx, &EventRow::deleted(&cluster, &name, now_ms()))?;
             Ok(true)
         })
         .await
@@ -1131,22 +1108,7 @@ impl Store for SqliteStore {
             }
             insert_event(
                 tx,
-                &EventRow {
-                    id: 0,
-                    at_ms: r.now_ms,
-                    cluster: r.cluster.clone(),
-                    node: String::new(),
-                    rollout_id: r.id.clone(),
-                    kind: "rollout_started".into(),
-                    bundle: r.bundle.clone(),
-                    version: r.version.clone(),
-                    message: format!(
-                        "{} node(s), batch size {batch_size}, failure threshold {}, offline deadline {}",
-                        nodes.len(),
-                        r.failure_threshold,
-                        lks_proto::duration::format_duration(std::time::Duration::from_millis(r.offline_deadline_ms))
-                    ),
-                },
+                &EventRow::rollout_started(&r, batch_size, nodes.len()),
             )?;
             read_rollout(tx, &r.id)?
                 .ok_or_else(|| StoreError::Backend(format!("rollout {} vanished in its own transaction", r.id)))
@@ -1405,24 +1367,28 @@ impl Store for SqliteStore {
                  ORDER BY id",
             )?;
             let rows = stmt
-                .query_map(params![f.cluster, f.node, f.rollout_id, limit], |r| {
-                    Ok(EventRow {
-                        id: r.get::<_, i64>(0)? as u64,
-                        at_ms: r.get(1)?,
-                        cluster: r.get(2)?,
-                        node: r.get(3)?,
-                        rollout_id: r.get(4)?,
-                        kind: r.get(5)?,
-                        bundle: r.get(6)?,
-                        version: r.get(7)?,
-                        message: r.get(8)?,
-                    })
-                })?
+                .query_map(params![f.cluster, f.node, f.rollout_id, limit], event_row)?
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(rows)
         })
         .await
     }
+}
+
+/// An `events` row selected as `id, at_ms, cluster, node, rollout_id, kind,
+/// bundle, version, message`.
+pub(crate) fn event_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<EventRow> {
+    Ok(EventRow {
+        id: r.get::<_, i64>(0)? as u64,
+        at_ms: r.get(1)?,
+        cluster: r.get(2)?,
+        node: r.get(3)?,
+        rollout_id: r.get(4)?,
+        kind: r.get(5)?,
+        bundle: r.get(6)?,
+        version: r.get(7)?,
+        message: r.get(8)?,
+    })
 }
 
 fn bundle_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<BundleRow> {

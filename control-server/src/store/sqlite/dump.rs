@@ -191,19 +191,7 @@ fn read_dump(c: &Connection) -> Result<Dump> {
         .prepare(
             "SELECT id, at_ms, cluster, node, rollout_id, kind, bundle, version, message FROM events ORDER BY id",
         )?
-        .query_map([], |r| {
-            Ok(EventRow {
-                id: r.get::<_, i64>(0)? as u64,
-                at_ms: r.get(1)?,
-                cluster: r.get(2)?,
-                node: r.get(3)?,
-                rollout_id: r.get(4)?,
-                kind: r.get(5)?,
-                bundle: r.get(6)?,
-                version: r.get(7)?,
-                message: r.get(8)?,
-            })
-        })?
+        .query_map([], event_row)?
         .collect::<Result<Vec<_>, _>>()?;
 
     Ok(Dump {
