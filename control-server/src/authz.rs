@@ -55,8 +55,8 @@ pub async fn require_node<T>(req: &Request<T>, store: &dyn Store) -> Result<Node
             "the agent API requires a node certificate; the admin certificate is not a node",
         ));
     };
-    let node = store
-        .get_node(&id.node)
+    let (cluster, cert_serial) = store
+        .node_identity(&id.node)
         .await
         .map_err(store_status)?
         .ok_or_else(|| {
@@ -65,13 +65,13 @@ pub async fn require_node<T>(req: &Request<T>, store: &dyn Store) -> Result<Node
                 id.node
             ))
         })?;
-    if node.cluster != id.cluster {
+    if cluster != id.cluster {
         return Err(Status::unauthenticated(format!(
             "certificate names node {} in cluster {}, but that node belongs to cluster {}",
-            id.node, id.cluster, node.cluster
+            id.node, id.cluster, cluster
         )));
     }
-    if node.cert_serial != serial {
+    if cert_serial != serial {
         return Err(Status::unauthenticated(format!(
             "the certificate of node {} (serial {serial}) was revoked or superseded; join again",
             id.node

@@ -321,6 +321,11 @@ pub async fn status_and_events(s: &dyn Store) {
     s.create_cluster("a", 1).await.unwrap();
     s.create_token(token("toka00", "a", None, 10_000)).await.unwrap();
     s.enroll_node(node("a1", "a", "toka00", &[])).await.unwrap();
+    assert_eq!(
+        s.node_identity("a1").await.unwrap(),
+        Some(("a".to_string(), "serial-a1".to_string()))
+    );
+    assert_eq!(s.node_identity("nope").await.unwrap(), None);
     let st = BundleStatusRow {
         name: "k".into(),
         version: "1".into(),

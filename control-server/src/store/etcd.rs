@@ -1160,6 +1160,15 @@ impl Store for EtcdStore {
         Ok(Some(Self::node_row(name, doc, desired, &live)))
     }
 
+    /// One document read: no desired state, no replica liveness.
+    async fn node_identity(&self, name: &str) -> Result<Option<(String, String)>> {
+        Ok(self
+            .get::<NodeDoc>(&self.key(&format!("nodes/{name}")))
+            .await?
+            .value
+            .map(|d| (d.cluster, d.cert_serial)))
+    }
+
     async fn list_nodes(&self, cluster: Option<&str>) -> Result<Vec<NodeRow>> {
         let nodes = self.range::<NodeDoc>(&self.key("nodes/")).await?;
         let mut desired: HashMap<String, DesiredDoc> = self

@@ -526,6 +526,9 @@ pub trait Store: Send + Sync + 'static {
     /// the cluster's target bundles. Returns the node's generation.
     async fn enroll_node(&self, node: NewNode) -> Result<u64>;
     async fn get_node(&self, name: &str) -> Result<Option<NodeRow>>;
+    /// Cluster and current certificate serial of a node: what every agent
+    /// call is authorised by, read without the rest of the node.
+    async fn node_identity(&self, name: &str) -> Result<Option<(String, String)>>;
     async fn list_nodes(&self, cluster: Option<&str>) -> Result<Vec<NodeRow>>;
     /// Removes the node with its desired and reported state. False if absent.
     async fn delete_node(&self, name: &str) -> Result<bool>;

@@ -748,6 +748,19 @@ impl Store for SqliteStore {
         self.call(move |c| read_node(c, &name)).await
     }
 
+    async fn node_identity(&self, name: &str) -> Result<Option<(String, String)>> {
+        let name = name.to_string();
+        self.call(move |c| {
+            Ok(c.query_row(
+                "SELECT cluster, cert_serial FROM nodes WHERE name = ?1",
+                [name],
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+            )
+            .optional()?)
+        })
+        .await
+    }
+
     async fn list_nodes(&self, cluster: Option<&str>) -> Result<Vec<NodeRow>> {
         let cluster = cluster.map(str::to_string);
         self.call(move |c| {
