@@ -231,17 +231,20 @@ impl AdminService for AdminApi {
                 )));
             }
         }
+        // The target path of a served blob, for error messages.
+        let path_of = |d: &Digest| {
+            m.files
+                .iter()
+                .find(|f| f.digest == *d)
+                .map(|f| f.path.to_string())
+                .unwrap_or_default()
+        };
         if self.s.etcd.is_some()
             && let Some((d, size)) = expected.iter().find(|(_, size)| **size > self.s.etcd_max_blob)
         {
-            let path = m
-                .files
-                .iter()
-                .find(|f| f.digest == *d)
-                .map(|f| f.path.to_string());
             return Err(invalid(format!(
                 "{}: {}",
-                path.unwrap_or_default(),
+                path_of(d),
                 crate::blobsync::SyncError::TooLarge {
                     digest: *d,
                     size: *size,
@@ -319,14 +322,9 @@ impl AdminService for AdminApi {
                 );
                 continue;
             }
-            let path = m
-                .files
-                .iter()
-                .find(|f| f.digest == *d)
-                .map(|f| f.path.to_string());
             return Err(invalid(format!(
                 "the bytes of {} ({d}) were not uploaded",
-                path.unwrap_or_default()
+                path_of(d)
             )));
         }
 

@@ -59,14 +59,7 @@ impl SqliteStore {
 
     /// Everything the store holds, read in one transaction.
     pub async fn dump(&self) -> Result<Dump> {
-        self.call(|c| {
-            let tx = c.transaction()?;
-            let d = read_dump(&tx)?;
-            // Read only: nothing to commit.
-            tx.rollback()?;
-            Ok(d)
-        })
-        .await
+        self.tx(|tx| read_dump(tx)).await
     }
 }
 
