@@ -79,6 +79,24 @@ impl Etcd {
         wait_for_port(self.client, Duration::from_secs(20));
     }
 
+    /// A control-server replica on this etcd under `prefix`, with a short
+    /// lease (3 s) so that tests see failover quickly; `extra` is appended.
+    pub fn replica(&self, prefix: &str, extra: &[&str]) -> crate::server::Server {
+        let url = self.url();
+        let mut args = vec![
+            "--store",
+            "etcd",
+            "--etcd-endpoints",
+            &url,
+            "--etcd-prefix",
+            prefix,
+            "--lease-ttl",
+            "3s",
+        ];
+        args.extend_from_slice(extra);
+        crate::server::Server::start_with(&args)
+    }
+
     /// SIGKILL: etcd lost without warning.
     pub fn kill9(&mut self) {
         if let Some(p) = self.proc.as_mut() {

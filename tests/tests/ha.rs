@@ -21,16 +21,7 @@ use lks_e2e::wait_until;
 const LEASE: &str = "3s";
 
 fn replica(etcd: &Etcd, prefix: &str) -> Server {
-    Server::start_with(&[
-        "--store",
-        "etcd",
-        "--etcd-endpoints",
-        &etcd.url(),
-        "--etcd-prefix",
-        prefix,
-        "--lease-ttl",
-        LEASE,
-    ])
+    etcd.replica(prefix, &[])
 }
 
 fn is_leader(s: &Server) -> bool {

@@ -10,16 +10,7 @@ use lks_e2e::server::Server;
 use lks_e2e::{bin, ok_stdout, run};
 
 fn replica(etcd: &Etcd) -> Server {
-    Server::start_with(&[
-        "--store",
-        "etcd",
-        "--etcd-endpoints",
-        &etcd.url(),
-        "--etcd-prefix",
-        "/lks-test-loadgen/",
-        "--lease-ttl",
-        "3s",
-    ])
+    etcd.replica("/lks-test-loadgen/", &[])
 }
 
 fn enrolled_ok(s: &Server) -> String {

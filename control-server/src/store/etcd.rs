@@ -162,6 +162,19 @@ struct TokenDoc {
     created_at_ms: i64,
 }
 
+impl TokenDoc {
+    fn from_row(t: &TokenRow) -> Self {
+        TokenDoc {
+            secret_hash: hex::encode(t.secret_hash),
+            cluster: t.cluster.clone(),
+            expires_at_ms: t.expires_at_ms,
+            remaining_uses: t.remaining_uses,
+            labels: t.labels.clone(),
+            created_at_ms: t.created_at_ms,
+        }
+    }
+}
+
 #[derive(Serialize, Deserialize, Clone)]
 struct ActualDoc {
     version: String,
@@ -977,14 +990,7 @@ impl Store for EtcdStore {
     async fn create_token(&self, t: TokenRow) -> Result<()> {
         let ckey = self.key(&format!("clusters/{}", t.cluster));
         let tkey = self.key(&format!("tokens/{}", t.id));
-        let doc = TokenDoc {
-            secret_hash: hex::encode(t.secret_hash),
-            cluster: t.cluster.clone(),
-            expires_at_ms: t.expires_at_ms,
-            remaining_uses: t.remaining_uses,
-            labels: t.labels.clone(),
-            created_at_ms: t.created_at_ms,
-        };
+        let doc = TokenDoc::from_row(&t);
         let ok = self
             .txn(
                 vec![

@@ -63,17 +63,7 @@ impl EtcdStore {
             ));
         }
         for t in &d.tokens {
-            docs.push((
-                format!("tokens/{}", t.id),
-                json(&TokenDoc {
-                    secret_hash: hex::encode(t.secret_hash),
-                    cluster: t.cluster.clone(),
-                    expires_at_ms: t.expires_at_ms,
-                    remaining_uses: t.remaining_uses,
-                    labels: t.labels.clone(),
-                    created_at_ms: t.created_at_ms,
-                })?,
-            ));
+            docs.push((format!("tokens/{}", t.id), json(&TokenDoc::from_row(t))?));
         }
         for b in &d.bundles {
             let r = &b.row;
