@@ -84,6 +84,13 @@ read -r -a join_argv <<<"$join"
 "$bin/lksadmin-agent" run --state-dir "$qs/agent-state" --heal-interval 5s \
   >"$qs/agent.log" 2>&1 &
 echo $! >"$qs/agent.pid"
+# A node offline at its turn is deferred (it catches up later); wait until
+# the agent's stream is up so the rollout below reaches it at once.
+for _ in $(seq 300); do
+  lksctl node get demo-node-1 -o json | grep -q '"connected": true' && break
+  kill -0 "$(cat "$qs/agent.pid")" 2>/dev/null || fail "agent exited; see $qs/agent.log"
+  sleep 0.1
+done
 
 say "Publishing the signed example bundle examples/bundles/hello"
 lksctl bundle publish examples/bundles/hello --sign-key "$qs/publisher.key"

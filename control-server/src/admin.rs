@@ -1,6 +1,10 @@
 //! `AdminService`: the operator API behind `lksctl`. Every call requires the
 //! admin certificate.
 
+mod policy;
+
+pub use policy::rollout_pb;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -26,8 +30,8 @@ use crate::blobs::{BlobWriter, StagedBlob};
 use crate::rollout::{self, Verb, counts};
 use crate::server::Shared;
 use crate::store::{
-    BundleRow, EventFilter, EventRow, NewBundle, NewRollout, NodeRow, NodeState, PutOutcome, RolloutRow,
-    RolloutState, TokenRow, sqlite::now_ms,
+    BundleRow, EventFilter, EventRow, NewBundle, NewRollout, NodeRow, PutOutcome, RolloutRow, RolloutState,
+    TokenRow, sqlite::now_ms,
 };
 
 const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -88,11 +92,23 @@ impl AdminService for AdminApi {
             .await
             .map_err(store_status)?;
         tracing::info!(cluster = %name, admin = %who, "cluster created");
-        Ok(Response::new(pb::Cluster {
-            name: c.name,
-            created_at_ms: c.created_at_ms,
-            node_count: c.node_count,
-        }))
+        Ok(Response::new(policy::cluster_pb(c, now_ms())))
+    }
+
+    async fn set_cluster(
+        &self,
+        req: Request<pb::SetClusterRequest>,
+    ) -> Result<Response<pb::Cluster>, Status> {
+        let _t = self.s.metrics.timer("SetCluster");
+        let who = require_admin(&req)?;
+        let r = req.into_inner();
+        validate_cluster_name(&r.name).map_err(invalid)?;
+        let name = r.name.clone();
+        let c = policy::set_windows(self.s.store.as_ref(), r, &who, now_ms()).await?;
+        tracing::info!(cluster = %name, admin = %who, windows = ?c.maintenance_windows, "maintenance windows set");
+        // Rollouts waiting for a window may start at once, or must stop starting.
+        self.s.rollouts_changed.notify_one();
+        Ok(Response::new(policy::cluster_pb(c, now_ms())))
     }
 
     async fn list_clusters(
@@ -102,15 +118,9 @@ impl AdminService for AdminApi {
         let _t = self.s.metrics.timer("ListClusters");
         require_admin(&req)?;
         let clusters = self.s.store.list_clusters().await.map_err(store_status)?;
+        let now = now_ms();
         Ok(Response::new(pb::ListClustersResponse {
-            clusters: clusters
-                .into_iter()
-                .map(|c| pb::Cluster {
-                    name: c.name,
-                    created_at_ms: c.created_at_ms,
-                    node_count: c.node_count,
-                })
-                .collect(),
+            clusters: clusters.into_iter().map(|c| policy::cluster_pb(c, now)).collect(),
         }))
     }
 
@@ -413,7 +423,7 @@ impl AdminService for AdminApi {
         req: Request<pb::StartRolloutRequest>,
     ) -> Result<Response<pb::Rollout>, Status> {
         let _t = self.s.metrics.timer("StartRollout");
-        require_admin(&req)?;
+        let who = require_admin(&req)?;
         let r = req.into_inner();
         validate_cluster_name(&r.cluster).map_err(invalid)?;
         validate_bundle_name(&r.bundle).map_err(invalid)?;
@@ -455,6 +465,11 @@ impl AdminService for AdminApi {
             return Err(invalid("offline deadline is longer than the limit of 7 days"));
         }
         self.check_path_conflicts(&r.cluster, &selector, &bundle).await?;
+        let matched = policy::matched_nodes(self.s.store.as_ref(), &r.cluster, &selector).await?;
+        let policy = policy::policy(&r, matched)?;
+        if policy.ignore_windows {
+            tracing::warn!(cluster = %r.cluster, bundle = %r.bundle, admin = %who, "rollout ignores maintenance windows");
+        }
         let row = self
             .s
             .rollouts
@@ -471,6 +486,8 @@ impl AdminService for AdminApi {
                     r.failure_threshold
                 },
                 offline_deadline_ms: offline_deadline.as_millis() as u64,
+                policy,
+                started_by: who,
                 now_ms: now_ms(),
             })
             .await?;
@@ -636,6 +653,23 @@ impl AdminService for AdminApi {
         Ok(Response::new(pb::DeleteNodeResponse {}))
     }
 
+    async fn hold_node(&self, req: Request<pb::HoldNodeRequest>) -> Result<Response<pb::Node>, Status> {
+        let _t = self.s.metrics.timer("HoldNode");
+        let who = require_admin(&req)?;
+        let r = req.into_inner();
+        validate_node_name(&r.name).map_err(invalid)?;
+        policy::check_reason(&r.reason)?;
+        self.set_hold(&r.name, Some(r.reason), &who).await
+    }
+
+    async fn unhold_node(&self, req: Request<pb::UnholdNodeRequest>) -> Result<Response<pb::Node>, Status> {
+        let _t = self.s.metrics.timer("UnholdNode");
+        let who = require_admin(&req)?;
+        let name = req.into_inner().name;
+        validate_node_name(&name).map_err(invalid)?;
+        self.set_hold(&name, None, &who).await
+    }
+
     async fn list_events(
         &self,
         req: Request<pb::ListEventsRequest>,
@@ -675,6 +709,36 @@ impl AdminService for AdminApi {
 }
 
 impl AdminApi {
+    async fn set_hold(
+        &self,
+        name: &str,
+        hold: Option<String>,
+        who: &str,
+    ) -> Result<Response<pb::Node>, Status> {
+        let event = EventRow::hold("", name, hold.as_deref(), who, now_ms());
+        let held = hold.is_some();
+        if !self
+            .s
+            .store
+            .set_node_hold(name, hold, event)
+            .await
+            .map_err(store_status)?
+        {
+            return Err(Status::not_found(format!("node {name} does not exist")));
+        }
+        tracing::info!(node = %name, admin = %who, held, "node hold changed");
+        // A released node may catch up now.
+        self.s.rollouts_changed.notify_one();
+        let row = self
+            .s
+            .store
+            .get_node(name)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("node {name} does not exist")))?;
+        Ok(Response::new(node_pb(&self.s, row)))
+    }
+
     async fn verb(&self, id: String, verb: Verb) -> Result<Response<pb::Rollout>, Status> {
         if id.is_empty() || id.len() > 64 {
             return Err(invalid("rollout ID is empty or too long"));
@@ -712,20 +776,22 @@ impl AdminApi {
             .list_nodes(Some(cluster))
             .await
             .map_err(store_status)?;
-        // Versions an active rollout of another bundle will still give a
-        // node count as if they were assigned already.
+        // Versions a rollout of another bundle will still give a node count
+        // as if they were assigned already: nodes an active rollout has not
+        // started, and the deferred or held nodes a completed one may still
+        // catch up.
         let mut coming: HashMap<&str, Vec<(String, String)>> = HashMap::new();
-        let active = self
+        let driven = self
             .s
             .store
-            .list_rollouts(Some(cluster), true)
+            .list_rollouts(Some(cluster), false)
             .await
             .map_err(store_status)?;
-        for r in active
+        for r in driven
             .iter()
-            .filter(|r| r.bundle != new.name && r.state != RolloutState::RollingBack)
+            .filter(|r| r.bundle != new.name && r.state != RolloutState::RollingBack && r.needs_driving())
         {
-            for rn in r.nodes.iter().filter(|rn| rn.state == NodeState::Waiting) {
+            for rn in r.nodes.iter().filter(|rn| rn.startable()) {
                 coming
                     .entry(rn.name.as_str())
                     .or_default()
@@ -787,50 +853,6 @@ fn bundle_info(b: BundleRow) -> pb::BundleInfo {
         signed: b.signed,
         published_at_ms: b.published_at_ms,
         manifest_digest: b.manifest_digest,
-    }
-}
-
-fn rollout_state_pb(s: RolloutState) -> pb::RolloutState {
-    match s {
-        RolloutState::Running => pb::RolloutState::Running,
-        RolloutState::Paused => pb::RolloutState::Paused,
-        RolloutState::Completed => pb::RolloutState::Completed,
-        RolloutState::Failed => pb::RolloutState::Failed,
-        RolloutState::Aborted => pb::RolloutState::Aborted,
-        RolloutState::RolledBack => pb::RolloutState::RolledBack,
-        RolloutState::RollingBack => pb::RolloutState::RollingBack,
-    }
-}
-
-pub fn rollout_pb(r: &RolloutRow) -> pb::Rollout {
-    let c = counts(r);
-    pb::Rollout {
-        id: r.id.clone(),
-        cluster: r.cluster.clone(),
-        bundle: r.bundle.clone(),
-        version: r.version.clone(),
-        selector: r.selector.clone().into_iter().collect(),
-        batch_size: r.batch_size,
-        failure_threshold: r.failure_threshold,
-        state: rollout_state_pb(r.state) as i32,
-        total: c.total,
-        updated: c.updated,
-        failed: c.failed,
-        pending: c.pending,
-        applying: c.applying,
-        nodes: r
-            .nodes
-            .iter()
-            .map(|n| pb::RolloutNode {
-                name: n.name.clone(),
-                previous_version: n.previous_version.clone(),
-                state: n.state.as_str().to_string(),
-                message: n.message.clone(),
-            })
-            .collect(),
-        created_at_ms: r.created_at_ms,
-        updated_at_ms: r.updated_at_ms,
-        message: r.message.clone(),
     }
 }
 
@@ -899,5 +921,7 @@ fn node_pb(s: &Shared, n: NodeRow) -> pb::Node {
         }),
         certificate_serial: n.cert_serial,
         enrolled_at_ms: n.enrolled_at_ms,
+        held: n.hold.is_some(),
+        hold_reason: n.hold.unwrap_or_default(),
     }
 }

@@ -11,7 +11,7 @@
 //! rollouts: a node assigned before the crash is not assigned again, and
 //! the batch limit counts it until it reports.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +23,7 @@ use crate::authz::store_status;
 use crate::rollout::{self, Clock, Decision, NodeView, Verb};
 use crate::server::Shared;
 use crate::store::{NewRollout, RolloutCommit, RolloutRow, StoreError, sqlite::now_ms};
+use crate::windows;
 
 /// How often rollouts are re-examined without a trigger (offline deadlines).
 const TICK: Duration = Duration::from_secs(1);
@@ -133,12 +134,50 @@ pub async fn run(s: Arc<Shared>, inbox: Inbox) {
     }
 }
 
+/// Nodes of a rollout that a newer rollout of the same cluster and bundle
+/// includes, by the newest such rollout: they are that rollout's business.
+type Claims = HashMap<String, String>;
+
+/// For each rollout of `rows` (oldest first), the nodes newer rollouts of
+/// its cluster and bundle include.
+fn claims(rows: &[RolloutRow]) -> Vec<Claims> {
+    let mut out = vec![Claims::new(); rows.len()];
+    let mut newer: HashMap<(&str, &str), Claims> = HashMap::new();
+    for (i, r) in rows.iter().enumerate().rev() {
+        let seen = newer.entry((r.cluster.as_str(), r.bundle.as_str())).or_default();
+        out[i] = seen.clone();
+        for n in &r.nodes {
+            seen.entry(n.name.clone()).or_insert_with(|| r.id.clone());
+        }
+    }
+    out
+}
+
 impl Controller {
-    fn clock(&self) -> Clock {
-        Clock {
+    /// Now, and the maintenance windows of `cluster`. Windows were checked
+    /// when they were set; one that no longer parses (a time zone this
+    /// build lacks) closes the cluster rather than open it.
+    async fn clock(&self, cluster: &str) -> Result<Clock, StoreError> {
+        let specs = self
+            .s
+            .store
+            .get_cluster(cluster)
+            .await?
+            .map(|c| c.maintenance_windows)
+            .unwrap_or_default();
+        let (windows, windows_unreadable) = match windows::parse_all(&specs) {
+            Ok(w) => (w, false),
+            Err(e) => {
+                tracing::warn!(cluster, error = %e, "maintenance window no longer valid; no node starts");
+                (Vec::new(), true)
+            }
+        };
+        Ok(Clock {
             now_ms: now_ms(),
             since_ms: self.since_ms,
-        }
+            windows,
+            windows_unreadable,
+        })
     }
 
     async fn handle(&self, cmd: Command) {
@@ -169,7 +208,7 @@ impl Controller {
         );
         self.s.rollout_updates.send_modify(|v| *v += 1);
         let row = if self.leads() {
-            self.drive(row).await.map_err(store_status)?
+            self.drive(row, &Claims::new()).await.map_err(store_status)?
         } else {
             row
         };
@@ -198,8 +237,11 @@ impl Controller {
                 Err(e) => return Err(store_status(e)),
             }
         };
+        // An operator verb acts on an active rollout, the newest of its
+        // bundle in its cluster, or rolls one back (which starts no
+        // deferred node): no newer rollout claims its nodes.
         let row = if self.leads() {
-            self.drive(row).await.map_err(store_status)?
+            self.drive(row, &Claims::new()).await.map_err(store_status)?
         } else {
             row
         };
@@ -207,7 +249,7 @@ impl Controller {
         Ok(row)
     }
 
-    async fn views(&self, r: &RolloutRow) -> Result<BTreeMap<String, NodeView>, StoreError> {
+    async fn views(&self, r: &RolloutRow, claims: &Claims) -> Result<BTreeMap<String, NodeView>, StoreError> {
         let stored = self.s.store.rollout_views(&r.id).await?;
         Ok(stored
             .into_iter()
@@ -217,6 +259,8 @@ impl Controller {
                     actual: v.actual,
                     connected: v.connected || self.s.hub.is_connected(&name),
                     last_seen_ms: v.last_seen_ms.max(self.s.hub.last_heard(&name).unwrap_or(0)),
+                    held: v.held,
+                    claimed_by: claims.get(&name).cloned(),
                 };
                 (name, view)
             })
@@ -254,10 +298,11 @@ impl Controller {
     }
 
     /// Steps `r` until nothing changes.
-    async fn drive(&self, mut r: RolloutRow) -> Result<RolloutRow, StoreError> {
+    async fn drive(&self, mut r: RolloutRow, claims: &Claims) -> Result<RolloutRow, StoreError> {
         for _ in 0..MAX_STEPS {
-            let views = self.views(&r).await?;
-            match rollout::step(&r, &views, self.clock()) {
+            let views = self.views(&r, claims).await?;
+            let clock = self.clock(&r.cluster).await?;
+            match rollout::step(&r, &views, clock) {
                 None => break,
                 Some(d) => r = self.commit(&r, d).await?,
             }
@@ -277,9 +322,10 @@ impl Controller {
             }
         };
         let mut active = 0;
-        for r in rows {
+        let claims = claims(&rows);
+        for (r, claims) in rows.into_iter().zip(claims) {
             let id = r.id.clone();
-            match self.drive(r).await {
+            match self.drive(r, &claims).await {
                 Ok(r) if r.state.is_active() => active += 1,
                 Ok(_) => {}
                 Err(e) => tracing::warn!(rollout = %id, error = %e, "drive rollout"),

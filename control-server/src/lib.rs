@@ -25,5 +25,6 @@ pub mod rollout;
 pub mod seal;
 pub mod server;
 pub mod store;
+pub mod windows;
 
 pub use server::{Config, ServerError, run};

@@ -1,6 +1,6 @@
 //! Failures in rollouts with real agents: the failure threshold stops a
 //! rollout and the nodes it never started keep their old files; a node that
-//! is offline past the offline deadline counts as failed and is left on its
+//! is offline past the offline deadline (`--offline wait`) counts as failed and is left on its
 //! old version.
 
 use lks_e2e::agent::{BundleFile, CONVERGE};
@@ -90,6 +90,8 @@ fn a_node_offline_past_its_deadline_counts_as_failed_and_stays_on_its_version() 
             "1",
             "--failure-threshold",
             "2",
+            "--offline",
+            "wait",
             "--offline-deadline",
             "2s",
             "--wait",

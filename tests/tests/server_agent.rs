@@ -255,6 +255,7 @@ async fn blobs_are_served_only_to_nodes_they_are_assigned_to() {
         ],
     );
     s.publish(&dir);
+    // b1 never opens a stream: it is assigned while offline (`wait`).
     s.lksctl_ok(&[
         "rollout",
         "start",
@@ -262,6 +263,8 @@ async fn blobs_are_served_only_to_nodes_they_are_assigned_to() {
         "tenant-b",
         "--bundle",
         "secret@1",
+        "--offline",
+        "wait",
     ]);
     let small = Digest::of(b"cluster-b-only").to_string();
     let big_d = Digest::of(&big).to_string();
@@ -424,6 +427,8 @@ async fn two_bundles_on_one_node_may_not_share_a_path() {
     let y = s.write_bundle("y", "y", "1", &[("/etc/shared.conf", b"y", "0644")]);
     s.publish(&x);
     s.publish(&y);
+    // w1 never connects: x is deferred on it, and the version it will
+    // catch up to counts as much as an assigned one.
     s.lksctl_ok(&["rollout", "start", "--cluster", "tenant-a", "--bundle", "x@1"]);
     let e = one_line_error(
         &s.lksctl(&["rollout", "start", "--cluster", "tenant-a", "--bundle", "y@1"]),
@@ -431,9 +436,34 @@ async fn two_bundles_on_one_node_may_not_share_a_path() {
     );
     assert!(e.contains("w1") && e.contains("conflicts with bundle x"), "{e}");
     let list = s.lksctl_json(&["node", "list"]);
+    assert!(
+        node_json(&list, "w1")["bundles"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|b| b["name"] != "y"),
+        "y assigned: {list:#}"
+    );
+    // Assigned for real (`wait`), x conflicts just the same.
+    s.lksctl_ok(&[
+        "rollout",
+        "start",
+        "--cluster",
+        "tenant-a",
+        "--bundle",
+        "x@1",
+        "--offline",
+        "wait",
+    ]);
+    let e = one_line_error(
+        &s.lksctl(&["rollout", "start", "--cluster", "tenant-a", "--bundle", "y@1"]),
+        "path conflict with an assigned bundle",
+    );
+    assert!(e.contains("conflicts with bundle x"), "{e}");
+    let list = s.lksctl_json(&["node", "list"]);
     assert_eq!(
         node_json(&list, "w1")["bundles"].as_array().unwrap().len(),
         1,
-        "nothing assigned"
+        "only x assigned"
     );
 }

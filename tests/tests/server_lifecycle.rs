@@ -22,7 +22,17 @@ async fn populate(s: &Server) -> (TestNode, String) {
     let n = TestNode::enroll(s, &s.token("tenant-a", &[]), "w1", &[]).await;
     let b = s.write_bundle("b", "demo", "1", &[("/etc/demo", b"demo", "0644")]);
     s.publish(&b);
-    let id = s.lksctl_ok(&["rollout", "start", "--cluster", "tenant-a", "--bundle", "demo@1"]);
+    // w1 has no stream open: it is assigned while offline (`wait`).
+    let id = s.lksctl_ok(&[
+        "rollout",
+        "start",
+        "--cluster",
+        "tenant-a",
+        "--bundle",
+        "demo@1",
+        "--offline",
+        "wait",
+    ]);
     (n, id.trim().to_string())
 }
 

@@ -58,6 +58,8 @@ fn rollout(id: &str, cluster: &str, b: &str, v: &str, selector: &[(&str, &str)])
         batch_size: 0,
         failure_threshold: 1,
         offline_deadline_ms: 600_000,
+        policy: Default::default(),
+        started_by: String::new(),
         now_ms: 10,
     }
 }
@@ -352,4 +354,140 @@ pub async fn status_and_events(s: &dyn Store) {
         .await
         .unwrap();
     assert_eq!(ev[0].kind, "enrolled");
+}
+
+/// Windows, holds, and a rollout's policy, pacing, canaries and deferred
+/// nodes survive the store; a completed rollout with a deferred node is
+/// still driven.
+#[allow(clippy::too_many_lines)]
+pub async fn rollout_policies_are_stored(s: &dyn Store) {
+    s.create_cluster("a", 1).await.unwrap();
+    let w = vec![
+        "Sat,Sun 02:00-06:00 Europe/Berlin".to_string(),
+        "daily 23:00-01:00 UTC".to_string(),
+    ];
+    let c = s
+        .set_cluster_windows("a", w.clone(), EventRow::windows_set("a", &w, "admin", 2))
+        .await
+        .unwrap();
+    assert_eq!(c.maintenance_windows, w);
+    assert_eq!(s.get_cluster("a").await.unwrap().unwrap().maintenance_windows, w);
+    assert_eq!(s.list_clusters().await.unwrap()[0].maintenance_windows, w);
+    assert!(s.get_cluster("zz").await.unwrap().is_none());
+    assert!(matches!(
+        s.set_cluster_windows("zz", Vec::new(), EventRow::windows_set("zz", &[], "admin", 2))
+            .await,
+        Err(StoreError::NotFound(_))
+    ));
+    s.set_cluster_windows("a", Vec::new(), EventRow::windows_set("a", &[], "admin", 3))
+        .await
+        .unwrap();
+    assert!(
+        s.get_cluster("a")
+            .await
+            .unwrap()
+            .unwrap()
+            .maintenance_windows
+            .is_empty()
+    );
+
+    s.create_token(token("toka00", "a", None, 10_000)).await.unwrap();
+    for n in ["a1", "a2"] {
+        s.enroll_node(node(n, "a", "toka00", &[])).await.unwrap();
+    }
+    assert!(
+        s.set_node_hold(
+            "a1",
+            Some("disk swap".into()),
+            EventRow::hold("", "a1", Some("disk swap"), "admin", 4)
+        )
+        .await
+        .unwrap()
+    );
+    assert!(
+        !s.set_node_hold("zz", None, EventRow::hold("", "zz", None, "admin", 4))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        s.get_node("a1").await.unwrap().unwrap().hold.as_deref(),
+        Some("disk swap")
+    );
+    assert_eq!(s.get_node("a2").await.unwrap().unwrap().hold, None);
+    // A report rewrites the node: the hold stays.
+    s.record_status("a1", vec![held("1", 0)]).await.unwrap();
+    assert_eq!(
+        s.get_node("a1").await.unwrap().unwrap().hold.as_deref(),
+        Some("disk swap")
+    );
+    let events = s
+        .list_events(EventFilter {
+            node: Some("a1".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let e = events.iter().find(|e| e.kind == "held").unwrap();
+    assert_eq!(
+        (e.cluster.as_str(), e.message.as_str()),
+        ("a", "held by admin: disk swap")
+    );
+
+    s.put_bundle(bundle("k", "1", "d1")).await.unwrap();
+    let mut new = rollout("r1", "a", "k", "1", &[]);
+    new.policy = RolloutPolicy {
+        offline: OfflinePolicy::Defer,
+        canary: 1,
+        canary_soak_ms: 60_000,
+        canary_seed: 7,
+        batch_interval_ms: 5_000,
+        ignore_windows: true,
+    };
+    let r = s.start_rollout(new.clone()).await.unwrap();
+    assert_eq!(r.policy, new.policy);
+    let views = s.rollout_views("r1").await.unwrap();
+    assert!(views["a1"].held && !views["a2"].held);
+
+    // a1 held, a2 deferred (offline): the rollout completes and is still
+    // driven for them.
+    let mut next = r.clone();
+    next.state = RolloutState::Completed;
+    next.nodes[0].state = NodeState::Held;
+    next.nodes[1].state = NodeState::Deferred;
+    next.nodes[1].canary = true;
+    next.pacing = RolloutPacing {
+        next_batch_at_ms: 11,
+        canaries_committed_at_ms: 12,
+        canaries_passed: true,
+        waiting_for_window: true,
+        next_window_ms: 13,
+    };
+    let (stored, _) = s
+        .commit_rollout(commit(&next, &[], TargetChange::SetToRollout))
+        .await
+        .unwrap();
+    let got = s.get_rollout("r1").await.unwrap().unwrap();
+    assert_eq!(got.pacing, next.pacing);
+    assert_eq!(got.policy, new.policy);
+    assert!(got.nodes[1].canary && !got.nodes[0].canary);
+    assert_eq!(
+        got.nodes.iter().map(|n| n.state).collect::<Vec<_>>(),
+        [NodeState::Held, NodeState::Deferred]
+    );
+    assert!(got.needs_driving());
+    let drive = s.rollouts_to_drive().await.unwrap();
+    assert_eq!(drive.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["r1"]);
+    assert!(
+        s.list_rollouts(None, true).await.unwrap().is_empty(),
+        "completed is not active"
+    );
+
+    // Once they are settled, it is no longer driven.
+    let mut done = stored.clone();
+    done.nodes[0].state = NodeState::Skipped;
+    done.nodes[1].state = NodeState::Skipped;
+    s.commit_rollout(commit(&done, &[], TargetChange::Keep))
+        .await
+        .unwrap();
+    assert!(s.rollouts_to_drive().await.unwrap().is_empty());
 }

@@ -150,6 +150,8 @@ impl<T> Doc<T> {
 #[derive(Serialize, Deserialize, Clone)]
 struct ClusterDoc {
     created_at_ms: i64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    maintenance_windows: Vec<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone)]
@@ -195,6 +197,9 @@ struct NodeDoc {
     /// The replica holding the node's stream ("" if none).
     replica: String,
     actual: BTreeMap<String, ActualDoc>,
+    /// Held by the operator, with the reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    hold: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Default)]
@@ -242,6 +247,7 @@ struct RolloutNodeDoc {
 const TOUCHED: u8 = 1;
 const REVERTING: u8 = 2;
 const UNREACHED: u8 = 4;
+const CANARY: u8 = 8;
 
 #[derive(Serialize, Deserialize, Clone)]
 struct RolloutDoc {
@@ -259,6 +265,11 @@ struct RolloutDoc {
     message: String,
     revision: u64,
     previous_target: Option<TargetDoc>,
+    /// Rollouts stored before policies existed waited for offline nodes.
+    #[serde(default = "RolloutPolicy::legacy")]
+    policy: RolloutPolicy,
+    #[serde(default)]
+    pacing: RolloutPacing,
 }
 
 impl RolloutDoc {
@@ -284,7 +295,8 @@ impl RolloutDoc {
                     turn_at_ms: n.turn_at_ms,
                     flags: (if n.touched { TOUCHED } else { 0 })
                         | (if n.reverting { REVERTING } else { 0 })
-                        | (if n.unreached { UNREACHED } else { 0 }),
+                        | (if n.unreached { UNREACHED } else { 0 })
+                        | (if n.canary { CANARY } else { 0 }),
                 })
                 .collect(),
             created_at_ms: r.created_at_ms,
@@ -296,6 +308,8 @@ impl RolloutDoc {
                 selector: t.selector.clone(),
                 rollout_id: t.rollout_id.clone(),
             }),
+            policy: r.policy.clone(),
+            pacing: r.pacing.clone(),
         }
     }
 
@@ -317,6 +331,7 @@ impl RolloutDoc {
                 touched: n.flags & TOUCHED != 0,
                 reverting: n.flags & REVERTING != 0,
                 unreached: n.flags & UNREACHED != 0,
+                canary: n.flags & CANARY != 0,
             });
         }
         Ok(RolloutRow {
@@ -339,13 +354,20 @@ impl RolloutDoc {
                 selector: t.selector,
                 rollout_id: t.rollout_id,
             }),
+            policy: self.policy,
+            pacing: self.pacing,
         })
     }
 
-    /// Active, or ended with nodes still applying.
+    /// See [`RolloutRow::needs_driving`].
     fn needs_driving(&self) -> bool {
-        RolloutState::parse(&self.state).is_some_and(RolloutState::is_active)
-            || self.nodes.iter().any(|n| n.state == NodeState::Applying.as_str())
+        let state = RolloutState::parse(&self.state);
+        state.is_some_and(RolloutState::is_active)
+            || self.nodes.iter().any(|n| {
+                n.state == NodeState::Applying.as_str()
+                    || (state == Some(RolloutState::Completed)
+                        && (n.state == NodeState::Deferred.as_str() || n.state == NodeState::Held.as_str()))
+            })
     }
 }
 
@@ -618,6 +640,7 @@ impl EtcdStore {
             enrolled_at_ms: doc.enrolled_at_ms,
             generation: desired.generation,
             desired: desired.bundles,
+            hold: doc.hold,
         }
     }
 
@@ -946,6 +969,7 @@ impl Store for EtcdStore {
                     key,
                     json(&ClusterDoc {
                         created_at_ms: now_ms,
+                        maintenance_windows: Vec::new(),
                     })?,
                     None,
                 )],
@@ -960,6 +984,7 @@ impl Store for EtcdStore {
             name: name.to_string(),
             created_at_ms: now_ms,
             node_count: 0,
+            maintenance_windows: Vec::new(),
         })
     }
 
@@ -976,8 +1001,48 @@ impl Store for EtcdStore {
                 node_count: counts.get(name.as_str()).copied().unwrap_or(0),
                 name,
                 created_at_ms: c.created_at_ms,
+                maintenance_windows: c.maintenance_windows,
             })
             .collect())
+    }
+
+    async fn get_cluster(&self, name: &str) -> Result<Option<ClusterRow>> {
+        let doc: Doc<ClusterDoc> = self.get(&self.key(&format!("clusters/{name}"))).await?;
+        Ok(doc.value.map(|c| ClusterRow {
+            name: name.to_string(),
+            created_at_ms: c.created_at_ms,
+            node_count: 0,
+            maintenance_windows: c.maintenance_windows,
+        }))
+    }
+
+    async fn set_cluster_windows(
+        &self,
+        name: &str,
+        windows: Vec<String>,
+        event: EventRow,
+    ) -> Result<ClusterRow> {
+        let key = self.key(&format!("clusters/{name}"));
+        for _ in 0..MAX_ATTEMPTS {
+            let doc: Doc<ClusterDoc> = self.get(&key).await?;
+            let Some(mut c) = doc.value.clone() else {
+                return Err(StoreError::NotFound(format!("cluster {name} does not exist")));
+            };
+            c.maintenance_windows = windows.clone();
+            let mut ops = vec![TxnOp::put(key.clone(), json(&c)?, None)];
+            if let Some(op) = self.event_op(std::slice::from_ref(&event))? {
+                ops.push(op);
+            }
+            if self.txn(vec![doc.compare(&key)], ops).await? {
+                return Ok(ClusterRow {
+                    name: name.to_string(),
+                    created_at_ms: c.created_at_ms,
+                    node_count: 0,
+                    maintenance_windows: c.maintenance_windows,
+                });
+            }
+        }
+        Err(busy("set maintenance windows"))
     }
 
     async fn cluster_exists(&self, name: &str) -> Result<bool> {
@@ -1095,6 +1160,7 @@ impl Store for EtcdStore {
                     enrolled_at_ms: n.now_ms,
                     replica: String::new(),
                     actual: BTreeMap::new(),
+                    hold: None,
                 })?,
                 None,
             ));
@@ -1192,6 +1258,26 @@ impl Store for EtcdStore {
                 Self::node_row(&name, d, des, &live)
             })
             .collect())
+    }
+
+    async fn set_node_hold(&self, name: &str, hold: Option<String>, mut event: EventRow) -> Result<bool> {
+        let nkey = self.key(&format!("nodes/{name}"));
+        for _ in 0..MAX_ATTEMPTS {
+            let doc: Doc<NodeDoc> = self.get(&nkey).await?;
+            let Some(mut d) = doc.value.clone() else {
+                return Ok(false);
+            };
+            d.hold = hold.clone();
+            event.cluster = d.cluster.clone();
+            let mut ops = vec![TxnOp::put(nkey.clone(), json(&d)?, None)];
+            if let Some(op) = self.event_op(std::slice::from_ref(&event))? {
+                ops.push(op);
+            }
+            if self.txn(vec![doc.compare(&nkey)], ops).await? {
+                return Ok(true);
+            }
+        }
+        Err(busy("hold node"))
     }
 
     async fn delete_node(&self, name: &str) -> Result<bool> {
@@ -1563,6 +1649,8 @@ impl Store for EtcdStore {
                     rollout_id: t.rollout_id,
                 }),
                 nodes,
+                policy: r.policy.clone(),
+                pacing: RolloutPacing::default(),
             };
             let rkey = self.key(&format!("rollouts/{}", r.id));
             let mut ops = vec![
@@ -1693,6 +1781,7 @@ impl Store for EtcdStore {
                     actual: doc.actual.get(&r.bundle).map(|a| actual_row(&r.bundle, a)),
                     last_seen_ms: live.last_seen(&name, &doc),
                     connected: live.connected(&doc),
+                    held: doc.hold.is_some(),
                 },
             );
         }
@@ -1950,6 +2039,7 @@ mod tests {
         rollouts_assign_only_what_the_controller_decides,
         a_report_that_leaves_out_an_undesired_bundle_means_it_was_removed,
         status_and_events,
+        rollout_policies_are_stored,
     );
 
     fn token(id: &str, uses: Option<u32>) -> TokenRow {
@@ -2010,6 +2100,8 @@ mod tests {
                 batch_size: n as u32,
                 failure_threshold: 1,
                 offline_deadline_ms: 1000,
+                policy: Default::default(),
+                started_by: String::new(),
                 now_ms: 3,
             })
             .await

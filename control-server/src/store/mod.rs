@@ -59,6 +59,9 @@ pub struct ClusterRow {
     pub name: String,
     pub created_at_ms: i64,
     pub node_count: u32,
+    /// Maintenance windows as the operator wrote them (validated by
+    /// [`crate::windows`] before they are stored); empty: always open.
+    pub maintenance_windows: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -117,6 +120,9 @@ pub struct NodeRow {
     pub desired: BTreeMap<String, String>,
     /// What the node last reported, by bundle name.
     pub actual: BTreeMap<String, BundleStatusRow>,
+    /// Set by `lksctl node hold`: no rollout gives the node a new desired
+    /// state. The reason ("" if none was given).
+    pub hold: Option<String>,
 }
 
 /// A bundle version to store. `signed_bundle` is the encoded protobuf
@@ -229,6 +235,11 @@ pub enum NodeState {
     Skipped,
     /// Returned to the version it had before.
     RolledBack,
+    /// Offline at its turn (`--offline defer`): holds no slot, is no
+    /// failure, and starts when it is back.
+    Deferred,
+    /// Held (`lksctl node hold`) at its turn: starts after `unhold`.
+    Held,
 }
 
 impl NodeState {
@@ -240,6 +251,8 @@ impl NodeState {
             NodeState::Failed => "failed",
             NodeState::Skipped => "skipped",
             NodeState::RolledBack => "rolled_back",
+            NodeState::Deferred => "deferred",
+            NodeState::Held => "held",
         }
     }
 
@@ -251,6 +264,8 @@ impl NodeState {
             "failed" => NodeState::Failed,
             "skipped" => NodeState::Skipped,
             "rolled_back" => NodeState::RolledBack,
+            "deferred" => NodeState::Deferred,
+            "held" => NodeState::Held,
             _ => return None,
         })
     }
@@ -277,6 +292,8 @@ pub struct RolloutNodeRow {
     pub reverting: bool,
     /// It was offline when it was assigned and has not connected since.
     pub unreached: bool,
+    /// Picked as a canary (`--canary`): it goes first.
+    pub canary: bool,
 }
 
 impl RolloutNodeRow {
@@ -292,8 +309,93 @@ impl RolloutNodeRow {
             touched: false,
             reverting: false,
             unreached: false,
+            canary: false,
         }
     }
+
+    /// Not started yet, and waiting for nothing but a chance: its turn, its
+    /// return (deferred) or its release (held).
+    pub fn startable(&self) -> bool {
+        matches!(
+            self.state,
+            NodeState::Waiting | NodeState::Deferred | NodeState::Held
+        )
+    }
+}
+
+/// How a rollout treats a node that is offline when its turn comes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OfflinePolicy {
+    /// Skip it for now (no slot, no failure); it applies when it is back.
+    #[default]
+    Defer,
+    /// Give it its slot and wait up to the offline deadline.
+    Wait,
+}
+
+impl OfflinePolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OfflinePolicy::Defer => "defer",
+            OfflinePolicy::Wait => "wait",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "defer" => Some(OfflinePolicy::Defer),
+            "wait" => Some(OfflinePolicy::Wait),
+            _ => None,
+        }
+    }
+}
+
+/// What the operator chose when starting a rollout; fixed for its life.
+/// Stored as one JSON document, so options can be added without a schema
+/// change; rollouts stored before it existed read as [`Self::legacy`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct RolloutPolicy {
+    pub offline: OfflinePolicy,
+    /// Nodes that go first (`--canary`); 0: none.
+    pub canary: u32,
+    /// How long every canary must stay committed before others start.
+    pub canary_soak_ms: u64,
+    /// Seed of the canary pick, so the pick can be explained and repeated.
+    pub canary_seed: u64,
+    /// Pause between batches (`--batch-interval`); 0: a freed slot is
+    /// refilled at once.
+    pub batch_interval_ms: u64,
+    /// `--ignore-windows`: start nodes outside the cluster's windows.
+    pub ignore_windows: bool,
+}
+
+impl RolloutPolicy {
+    /// Rollouts stored before policies existed waited for offline nodes.
+    pub fn legacy() -> Self {
+        RolloutPolicy {
+            offline: OfflinePolicy::Wait,
+            ..Default::default()
+        }
+    }
+}
+
+/// Where a rollout stands beyond its node rows: pacing, canary phase and
+/// window wait. Changed only by the controller's decisions.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct RolloutPacing {
+    /// No node starts before this (Unix ms; `--batch-interval`).
+    pub next_batch_at_ms: i64,
+    /// When the last canary committed (0: not yet); the soak runs from here.
+    pub canaries_committed_at_ms: i64,
+    /// The canary phase is over: other nodes may start.
+    pub canaries_passed: bool,
+    /// Nodes wait because every maintenance window of the cluster is closed.
+    pub waiting_for_window: bool,
+    /// The next opening while waiting (Unix ms, 0: none known).
+    pub next_window_ms: i64,
 }
 
 /// What a cluster's joining nodes receive for one bundle name.
@@ -329,6 +431,22 @@ pub struct RolloutRow {
     /// The cluster's target for this bundle when the rollout started,
     /// restored by a rollback of a completed rollout.
     pub previous_target: Option<Target>,
+    pub policy: RolloutPolicy,
+    pub pacing: RolloutPacing,
+}
+
+impl RolloutRow {
+    /// The controller still has something to do: the rollout is active, a
+    /// node is mid-apply, or (completed) a deferred or held node may still
+    /// catch up.
+    pub fn needs_driving(&self) -> bool {
+        self.state.is_active()
+            || self.nodes.iter().any(|n| {
+                n.state == NodeState::Applying
+                    || (self.state == RolloutState::Completed
+                        && matches!(n.state, NodeState::Deferred | NodeState::Held))
+            })
+    }
 }
 
 /// A rollout to start. Nothing is assigned yet: the rollout controller
@@ -347,6 +465,9 @@ pub struct NewRollout {
     pub batch_size: u32,
     pub failure_threshold: u32,
     pub offline_deadline_ms: u64,
+    pub policy: RolloutPolicy,
+    /// The admin credential that started it (recorded in its first event).
+    pub started_by: String,
     pub now_ms: i64,
 }
 
@@ -385,6 +506,8 @@ pub struct NodeBundleView {
     pub last_seen_ms: i64,
     /// Its stream is open on this server or (with etcd) on a live replica.
     pub connected: bool,
+    /// Held by the operator: no rollout starts it.
+    pub held: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -431,6 +554,45 @@ impl EventRow {
         }
     }
 
+    /// What every store records when a node is held or released.
+    pub fn hold(cluster: &str, node: &str, hold: Option<&str>, admin: &str, at_ms: i64) -> EventRow {
+        let (kind, message) = match hold {
+            Some("") => ("held", format!("held by {admin}")),
+            Some(why) => ("held", format!("held by {admin}: {why}")),
+            None => ("unheld", format!("released by {admin}")),
+        };
+        EventRow {
+            id: 0,
+            at_ms,
+            cluster: cluster.to_string(),
+            node: node.to_string(),
+            rollout_id: String::new(),
+            kind: kind.into(),
+            bundle: String::new(),
+            version: String::new(),
+            message,
+        }
+    }
+
+    /// What every store records when a cluster's windows change.
+    pub fn windows_set(cluster: &str, windows: &[String], admin: &str, at_ms: i64) -> EventRow {
+        EventRow {
+            id: 0,
+            at_ms,
+            cluster: cluster.to_string(),
+            node: String::new(),
+            rollout_id: String::new(),
+            kind: "maintenance_windows".into(),
+            bundle: String::new(),
+            version: String::new(),
+            message: if windows.is_empty() {
+                format!("maintenance windows cleared by {admin}: nodes may start at any time")
+            } else {
+                format!("maintenance windows set by {admin}: {}", windows.join("; "))
+            },
+        }
+    }
+
     /// What every store records when a rollout of `nodes` nodes starts.
     pub fn rollout_started(r: &NewRollout, batch_size: u32, nodes: usize) -> EventRow {
         EventRow {
@@ -442,11 +604,35 @@ impl EventRow {
             kind: "rollout_started".into(),
             bundle: r.bundle.clone(),
             version: r.version.clone(),
-            message: format!(
-                "{nodes} node(s), batch size {batch_size}, failure threshold {}, offline deadline {}",
-                r.failure_threshold,
-                lks_proto::duration::format_duration(std::time::Duration::from_millis(r.offline_deadline_ms))
-            ),
+            message: {
+                let d = |ms: u64| lks_proto::duration::format_duration(std::time::Duration::from_millis(ms));
+                let p = &r.policy;
+                let mut m = format!(
+                    "{nodes} node(s), batch size {batch_size}, failure threshold {}, offline {}",
+                    r.failure_threshold,
+                    p.offline.as_str(),
+                );
+                if p.offline == OfflinePolicy::Wait {
+                    m.push_str(&format!(" (deadline {})", d(r.offline_deadline_ms)));
+                }
+                if p.canary > 0 {
+                    m.push_str(&format!(
+                        ", {} canary node(s) soaking {}",
+                        p.canary,
+                        d(p.canary_soak_ms)
+                    ));
+                }
+                if p.batch_interval_ms > 0 {
+                    m.push_str(&format!(", {} between batches", d(p.batch_interval_ms)));
+                }
+                if p.ignore_windows {
+                    m.push_str(", ignoring maintenance windows");
+                }
+                if !r.started_by.is_empty() {
+                    m.push_str(&format!("; started by {}", r.started_by));
+                }
+                m
+            },
         }
     }
 }
@@ -517,6 +703,16 @@ pub trait Store: Send + Sync + 'static {
     async fn create_cluster(&self, name: &str, now_ms: i64) -> Result<ClusterRow>;
     async fn list_clusters(&self) -> Result<Vec<ClusterRow>>;
     async fn cluster_exists(&self, name: &str) -> Result<bool>;
+    /// One cluster (its node count may be 0: only `list_clusters` counts).
+    async fn get_cluster(&self, name: &str) -> Result<Option<ClusterRow>>;
+    /// Replaces the cluster's maintenance windows and records `event`.
+    /// `NotFound` if the cluster does not exist.
+    async fn set_cluster_windows(
+        &self,
+        name: &str,
+        windows: Vec<String>,
+        event: EventRow,
+    ) -> Result<ClusterRow>;
 
     async fn create_token(&self, token: TokenRow) -> Result<()>;
     async fn get_token(&self, id: &str) -> Result<Option<TokenRow>>;
@@ -530,6 +726,9 @@ pub trait Store: Send + Sync + 'static {
     /// call is authorised by, read without the rest of the node.
     async fn node_identity(&self, name: &str) -> Result<Option<(String, String)>>;
     async fn list_nodes(&self, cluster: Option<&str>) -> Result<Vec<NodeRow>>;
+    /// Holds (`Some(reason)`) or releases (`None`) a node and records
+    /// `event` (its cluster is filled in). False if the node is absent.
+    async fn set_node_hold(&self, name: &str, hold: Option<String>, event: EventRow) -> Result<bool>;
     /// Removes the node with its desired and reported state. False if absent.
     async fn delete_node(&self, name: &str) -> Result<bool>;
     /// Replaces the node's certificate serial if it is still `old`.

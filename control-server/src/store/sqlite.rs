@@ -146,6 +146,16 @@ ALTER TABLE actual ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX events_rollout ON events(rollout_id);
 CREATE INDEX rollout_nodes_node ON rollout_nodes(node);
 "#,
+    // Rollout policies: maintenance windows per cluster, holds per node,
+    // the policy and pacing of each rollout (JSON), canary nodes. Rollouts
+    // stored before this waited for offline nodes, so they keep doing so.
+    r#"
+ALTER TABLE clusters ADD COLUMN maintenance_windows TEXT NOT NULL DEFAULT '[]';
+ALTER TABLE nodes ADD COLUMN hold_reason TEXT;
+ALTER TABLE rollouts ADD COLUMN policy TEXT NOT NULL DEFAULT '{"offline":"wait"}';
+ALTER TABLE rollouts ADD COLUMN pacing TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE rollout_nodes ADD COLUMN canary INTEGER NOT NULL DEFAULT 0;
+"#,
 ];
 
 /// Events kept; older ones are pruned as new ones arrive.
@@ -262,10 +272,39 @@ fn state_from_str(s: &str) -> Result<BundleState> {
     s.parse().map_err(StoreError::Backend)
 }
 
+fn read_cluster(c: &Connection, name: &str) -> Result<Option<ClusterRow>> {
+    let row = c
+        .query_row(
+            "SELECT c.name, c.created_at_ms, (SELECT COUNT(*) FROM nodes n WHERE n.cluster = c.name),
+                    c.maintenance_windows
+             FROM clusters c WHERE c.name = ?1",
+            [name],
+            |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, u32>(2)?,
+                    r.get::<_, String>(3)?,
+                ))
+            },
+        )
+        .optional()?;
+    row.map(|(name, created_at_ms, node_count, windows)| {
+        Ok(ClusterRow {
+            name,
+            created_at_ms,
+            node_count,
+            maintenance_windows: serde_json::from_str(&windows)?,
+        })
+    })
+    .transpose()
+}
+
 fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
     let row = tx
         .query_row(
-            "SELECT name, cluster, labels, cert_serial, facts, last_seen_ms, connected, enrolled_at_ms, generation
+            "SELECT name, cluster, labels, cert_serial, facts, last_seen_ms, connected, enrolled_at_ms, generation,
+                    hold_reason
              FROM nodes WHERE name = ?1",
             [name],
             |r| {
@@ -279,6 +318,7 @@ fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
                     r.get::<_, bool>(6)?,
                     r.get::<_, i64>(7)?,
                     r.get::<_, i64>(8)?,
+                    r.get::<_, Option<String>>(9)?,
                 ))
             },
         )
@@ -293,6 +333,7 @@ fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
         connected,
         enrolled_at_ms,
         generation,
+        hold,
     )) = row
     else {
         return Ok(None);
@@ -343,6 +384,7 @@ fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
         generation: generation as u64,
         desired,
         actual,
+        hold,
     }))
 }
 
@@ -362,7 +404,7 @@ fn read_rollout(c: &Connection, id: &str) -> Result<Option<RolloutRow>> {
         .query_row(
             "SELECT id, cluster, bundle, version, selector, batch_size, failure_threshold, state,
                     created_at_ms, updated_at_ms, message, offline_deadline_ms, revision,
-                    prev_target_version, prev_target_selector, prev_target_rollout
+                    prev_target_version, prev_target_selector, prev_target_rollout, policy, pacing
              FROM rollouts WHERE id = ?1",
             [id],
             |r| {
@@ -387,6 +429,7 @@ fn read_rollout(c: &Connection, id: &str) -> Result<Option<RolloutRow>> {
                         r.get::<_, Option<String>>(14)?,
                         r.get::<_, Option<String>>(15)?,
                     ),
+                    (r.get::<_, String>(16)?, r.get::<_, String>(17)?),
                 ))
             },
         )
@@ -394,12 +437,14 @@ fn read_rollout(c: &Connection, id: &str) -> Result<Option<RolloutRow>> {
     let Some((
         (id, cluster, bundle, version, selector, batch_size, failure_threshold, state),
         (created, updated, message, deadline, revision, pt_version, pt_selector, pt_rollout),
+        (policy, pacing),
     )) = row
     else {
         return Ok(None);
     };
     let mut stmt = c.prepare_cached(
-        "SELECT node, previous_version, state, message, generation, turn_at_ms, touched, reverting, unreached
+        "SELECT node, previous_version, state, message, generation, turn_at_ms, touched, reverting, unreached,
+                canary
          FROM rollout_nodes WHERE rollout_id = ?1 ORDER BY node",
     )?;
     let raw = stmt
@@ -414,11 +459,24 @@ fn read_rollout(c: &Connection, id: &str) -> Result<Option<RolloutRow>> {
                 r.get::<_, bool>(6)?,
                 r.get::<_, bool>(7)?,
                 r.get::<_, bool>(8)?,
+                r.get::<_, bool>(9)?,
             ))
         })?
         .collect::<Result<Vec<_>, _>>()?;
     let mut nodes = Vec::with_capacity(raw.len());
-    for (name, previous_version, st, message, generation, turn_at_ms, touched, reverting, unreached) in raw {
+    for (
+        name,
+        previous_version,
+        st,
+        message,
+        generation,
+        turn_at_ms,
+        touched,
+        reverting,
+        unreached,
+        canary,
+    ) in raw
+    {
         let state = NodeState::parse(&st)
             .ok_or_else(|| StoreError::Backend(format!("stored rollout node state {st:?} is unknown")))?;
         nodes.push(RolloutNodeRow {
@@ -431,6 +489,7 @@ fn read_rollout(c: &Connection, id: &str) -> Result<Option<RolloutRow>> {
             touched,
             reverting,
             unreached,
+            canary,
         });
     }
     let previous_target = match (pt_version, pt_selector, pt_rollout) {
@@ -458,6 +517,8 @@ fn read_rollout(c: &Connection, id: &str) -> Result<Option<RolloutRow>> {
         message,
         revision: revision as u64,
         previous_target,
+        policy: serde_json::from_str(&policy)?,
+        pacing: serde_json::from_str(&pacing)?,
     }))
 }
 
@@ -538,6 +599,7 @@ impl Store for SqliteStore {
                 name,
                 created_at_ms: now_ms,
                 node_count: 0,
+                maintenance_windows: Vec::new(),
             })
         })
         .await
@@ -546,19 +608,57 @@ impl Store for SqliteStore {
     async fn list_clusters(&self) -> Result<Vec<ClusterRow>> {
         self.call(|c| {
             let mut stmt = c.prepare(
-                "SELECT c.name, c.created_at_ms, (SELECT COUNT(*) FROM nodes n WHERE n.cluster = c.name)
+                "SELECT c.name, c.created_at_ms, (SELECT COUNT(*) FROM nodes n WHERE n.cluster = c.name),
+                        c.maintenance_windows
                  FROM clusters c ORDER BY c.name",
             )?;
             let rows = stmt
                 .query_map([], |r| {
-                    Ok(ClusterRow {
-                        name: r.get(0)?,
-                        created_at_ms: r.get(1)?,
-                        node_count: r.get(2)?,
-                    })
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, u32>(2)?,
+                        r.get::<_, String>(3)?,
+                    ))
                 })?
                 .collect::<Result<Vec<_>, _>>()?;
-            Ok(rows)
+            rows.into_iter()
+                .map(|(name, created_at_ms, node_count, windows)| {
+                    Ok(ClusterRow {
+                        name,
+                        created_at_ms,
+                        node_count,
+                        maintenance_windows: serde_json::from_str(&windows)?,
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn get_cluster(&self, name: &str) -> Result<Option<ClusterRow>> {
+        let name = name.to_string();
+        self.call(move |c| read_cluster(c, &name)).await
+    }
+
+    async fn set_cluster_windows(
+        &self,
+        name: &str,
+        windows: Vec<String>,
+        event: EventRow,
+    ) -> Result<ClusterRow> {
+        let name = name.to_string();
+        self.tx(move |tx| {
+            let n = tx.execute(
+                "UPDATE clusters SET maintenance_windows = ?2 WHERE name = ?1",
+                params![name, serde_json::to_string(&windows)?],
+            )?;
+            if n == 0 {
+                return Err(StoreError::NotFound(format!("cluster {name} does not exist")));
+            }
+            insert_event(tx, &event)?;
+            read_cluster(tx, &name)?
+                .ok_or_else(|| StoreError::Backend(format!("cluster {name} vanished in its own transaction")))
         })
         .await
     }
@@ -777,6 +877,26 @@ impl Store for SqliteStore {
                 }
             }
             Ok(out)
+        })
+        .await
+    }
+
+    async fn set_node_hold(&self, name: &str, hold: Option<String>, mut event: EventRow) -> Result<bool> {
+        let name = name.to_string();
+        self.tx(move |tx| {
+            let cluster: Option<String> = tx
+                .query_row("SELECT cluster FROM nodes WHERE name = ?1", [&name], |r| r.get(0))
+                .optional()?;
+            let Some(cluster) = cluster else {
+                return Ok(false);
+            };
+            tx.execute(
+                "UPDATE nodes SET hold_reason = ?2 WHERE name = ?1",
+                params![name, hold],
+            )?;
+            event.cluster = cluster;
+            insert_event(tx, &event)?;
+            Ok(true)
         })
         .await
     }
@@ -1095,8 +1215,8 @@ impl Store for SqliteStore {
             tx.execute(
                 "INSERT INTO rollouts (id, cluster, bundle, version, selector, batch_size, failure_threshold, state,
                      created_at_ms, updated_at_ms, message, offline_deadline_ms, revision,
-                     prev_target_version, prev_target_selector, prev_target_rollout)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', ?8, ?8, '', ?9, 0, ?10, ?11, ?12)",
+                     prev_target_version, prev_target_selector, prev_target_rollout, policy, pacing)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', ?8, ?8, '', ?9, 0, ?10, ?11, ?12, ?13, '{}')",
                 params![
                     r.id,
                     r.cluster,
@@ -1109,7 +1229,8 @@ impl Store for SqliteStore {
                     r.offline_deadline_ms as i64,
                     ptv,
                     pts,
-                    ptr
+                    ptr,
+                    serde_json::to_string(&r.policy)?
                 ],
             )?;
             for (node, previous) in &nodes {
@@ -1157,6 +1278,8 @@ impl Store for SqliteStore {
                 let mut stmt = c.prepare(
                     "SELECT id FROM rollouts r WHERE state IN ('running', 'paused', 'rolling_back')
                         OR EXISTS (SELECT 1 FROM rollout_nodes rn WHERE rn.rollout_id = r.id AND rn.state = 'applying')
+                        OR (state = 'completed' AND EXISTS (SELECT 1 FROM rollout_nodes rn
+                              WHERE rn.rollout_id = r.id AND rn.state IN ('deferred', 'held')))
                      ORDER BY created_at_ms, id",
                 )?;
                 stmt.query_map([], |r| r.get::<_, String>(0))?
@@ -1230,13 +1353,21 @@ impl Store for SqliteStore {
             }
             r.revision = stored.revision + 1;
             tx.execute(
-                "UPDATE rollouts SET state = ?2, message = ?3, updated_at_ms = ?4, revision = ?5 WHERE id = ?1",
-                params![r.id, r.state.as_str(), r.message, r.updated_at_ms, r.revision as i64],
+                "UPDATE rollouts SET state = ?2, message = ?3, updated_at_ms = ?4, revision = ?5, pacing = ?6
+                 WHERE id = ?1",
+                params![
+                    r.id,
+                    r.state.as_str(),
+                    r.message,
+                    r.updated_at_ms,
+                    r.revision as i64,
+                    serde_json::to_string(&r.pacing)?
+                ],
             )?;
             {
                 let mut stmt = tx.prepare_cached(
                     "UPDATE rollout_nodes SET previous_version = ?3, state = ?4, message = ?5, generation = ?6,
-                         turn_at_ms = ?7, touched = ?8, reverting = ?9, unreached = ?10
+                         turn_at_ms = ?7, touched = ?8, reverting = ?9, unreached = ?10, canary = ?11
                      WHERE rollout_id = ?1 AND node = ?2",
                 )?;
                 for n in &r.nodes {
@@ -1250,7 +1381,8 @@ impl Store for SqliteStore {
                         n.turn_at_ms,
                         n.touched,
                         n.reverting,
-                        n.unreached
+                        n.unreached,
+                        n.canary
                     ])?;
                 }
             }
@@ -1305,7 +1437,7 @@ impl Store for SqliteStore {
         self.call(move |c| {
             let mut stmt = c.prepare_cached(
                 "SELECT rn.node, n.last_seen_ms, d.version, a.version, a.state, a.message, a.updated_at_ms,
-                        a.generation, r.bundle, n.connected
+                        a.generation, r.bundle, n.connected, n.hold_reason IS NOT NULL
                  FROM rollout_nodes rn
                  JOIN rollouts r ON r.id = rn.rollout_id
                  JOIN nodes n ON n.name = rn.node
@@ -1321,6 +1453,7 @@ impl Store for SqliteStore {
                             r.get::<_, i64>(1)?,
                             r.get::<_, Option<String>>(2)?,
                             r.get::<_, bool>(9)?,
+                            r.get::<_, bool>(10)?,
                         ),
                         (
                             r.get::<_, Option<String>>(3)?,
@@ -1335,7 +1468,7 @@ impl Store for SqliteStore {
                 .collect::<Result<Vec<_>, _>>()?;
             let mut out = BTreeMap::new();
             for (
-                (node, last_seen_ms, desired, connected),
+                (node, last_seen_ms, desired, connected, held),
                 (version, state, message, updated_at_ms, generation, bundle),
             ) in rows
             {
@@ -1357,6 +1490,7 @@ impl Store for SqliteStore {
                         actual,
                         last_seen_ms,
                         connected,
+                        held,
                     },
                 );
             }
@@ -1466,6 +1600,11 @@ mod tests {
     #[tokio::test]
     async fn status_and_events() {
         conformance::status_and_events(&SqliteStore::open_in_memory().unwrap()).await;
+    }
+
+    #[tokio::test]
+    async fn rollout_policies_are_stored() {
+        conformance::rollout_policies_are_stored(&SqliteStore::open_in_memory().unwrap()).await;
     }
 
     #[tokio::test]

@@ -8,24 +8,24 @@ mod client;
 mod cloudinit;
 mod mirror;
 mod output;
+mod rollout;
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
 use clap::{Parser, Subcommand};
+use lks_proto::SignedBundle;
 use lks_proto::authoring::load_bundle_dir;
 use lks_proto::duration::parse_duration;
 use lks_proto::labels::{Labels, parse_labels};
 use lks_proto::names::{parse_bundle_ref, validate_cluster_name, validate_node_name};
 use lks_proto::pb::{self, publish_bundle_request::Msg as PublishMsg};
 use lks_proto::sign::SigningKey;
-use lks_proto::{SignedBundle, pb::RolloutState};
 use tokio::io::AsyncReadExt;
-use tokio_stream::StreamExt;
 
 use client::{Client, status};
+use lks_control_server::windows;
 use output::Format;
 
 /// Upload chunk size for bundle files.
@@ -62,7 +62,7 @@ enum Cmd {
     /// Moving a bundle version onto a cluster's nodes.
     Rollout {
         #[command(subcommand)]
-        cmd: RolloutCmd,
+        cmd: rollout::RolloutCmd,
     },
     /// Enrolled nodes.
     Node {
@@ -80,6 +80,22 @@ enum Cmd {
 enum ClusterCmd {
     /// Create a tenant cluster.
     Create { name: String },
+    /// Set a cluster's maintenance windows: outside every window no rollout starts a node.
+    Set {
+        name: String,
+        /// A window, e.g. "Sat,Sun 02:00-06:00 Europe/Berlin" (days Mon..Sun, ranges
+        /// like Mon-Fri, or daily; an end before the start runs past midnight);
+        /// repeatable, replaces every window.
+        #[arg(
+            long = "maintenance-window",
+            value_name = "WINDOW",
+            required_unless_present = "no_maintenance_window"
+        )]
+        maintenance_window: Vec<String>,
+        /// Remove every window: nodes may start at any time.
+        #[arg(long, conflicts_with = "maintenance_window")]
+        no_maintenance_window: bool,
+    },
     /// List clusters.
     List {
         /// Output format.
@@ -146,64 +162,6 @@ enum BundleCmd {
 }
 
 #[derive(Subcommand)]
-enum RolloutCmd {
-    /// Start moving a cluster's matching nodes to NAME@VERSION.
-    Start {
-        /// Tenant cluster.
-        #[arg(long)]
-        cluster: String,
-        /// NAME@VERSION of a published bundle.
-        #[arg(long)]
-        bundle: String,
-        /// Only nodes with these labels (k=v,…).
-        #[arg(long, default_value = "")]
-        selector: String,
-        /// Most nodes applying at once (0: server default, 10% of the target nodes rounded up).
-        #[arg(long, default_value_t = 0)]
-        batch_size: u32,
-        /// Failed nodes that stop the rollout (0: server default, 1).
-        #[arg(long, default_value_t = 0)]
-        failure_threshold: u32,
-        /// How long a node offline at its turn is waited for before it counts as failed [server default: 10m].
-        #[arg(long, value_parser = parse_duration)]
-        offline_deadline: Option<Duration>,
-        /// Wait until the rollout ends, showing progress; exit non-zero unless it completed.
-        #[arg(long)]
-        wait: bool,
-        /// Output format.
-        #[arg(short = 'o', long = "output", value_enum, default_value_t)]
-        output: Format,
-    },
-    /// Show a rollout.
-    Status {
-        id: String,
-        /// Follow the rollout until it ends.
-        #[arg(long)]
-        watch: bool,
-        /// Output format.
-        #[arg(short = 'o', long = "output", value_enum, default_value_t)]
-        output: Format,
-    },
-    /// List rollouts.
-    List {
-        /// Only this tenant cluster.
-        #[arg(long, default_value = "")]
-        cluster: String,
-        /// Output format.
-        #[arg(short = 'o', long = "output", value_enum, default_value_t)]
-        output: Format,
-    },
-    /// Pause a running rollout: no new node is started; nodes mid-apply finish.
-    Pause { id: String },
-    /// Resume a paused rollout.
-    Resume { id: String },
-    /// Stop a rollout for good: no new node is started; nodes mid-apply finish and keep the new version.
-    Abort { id: String },
-    /// Return every node the rollout changed to its previous version, in batches (stops the rollout first).
-    Rollback { id: String },
-}
-
-#[derive(Subcommand)]
 enum NodeCmd {
     /// List nodes.
     List {
@@ -223,6 +181,15 @@ enum NodeCmd {
     },
     /// Delete a node and revoke its certificate (the name may join again).
     Delete { name: String },
+    /// Hold a node: no rollout gives it a new desired state (it keeps repairing drift).
+    Hold {
+        name: String,
+        /// Why, shown in `node get` and the event log.
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Release a held node: it catches up with the rollouts it missed.
+    Unhold { name: String },
 }
 
 #[derive(Subcommand)]
@@ -343,6 +310,18 @@ fn precheck(cmd: &Cmd) -> anyhow::Result<()> {
         Cmd::Cluster {
             cmd: ClusterCmd::Create { name },
         } => validate_cluster_name(name).map_err(|e| anyhow!("{e}")),
+        Cmd::Cluster {
+            cmd:
+                ClusterCmd::Set {
+                    name,
+                    maintenance_window,
+                    ..
+                },
+        } => {
+            validate_cluster_name(name).map_err(|e| anyhow!("{e}"))?;
+            windows::parse_all(maintenance_window).map_err(|e| anyhow!("--maintenance-window: {e}"))?;
+            Ok(())
+        }
         Cmd::Token {
             cmd: TokenCmd::Create {
                 cluster, labels: l, ..
@@ -353,7 +332,7 @@ fn precheck(cmd: &Cmd) -> anyhow::Result<()> {
         }
         Cmd::Rollout {
             cmd:
-                RolloutCmd::Start {
+                rollout::RolloutCmd::Start {
                     cluster,
                     bundle,
                     selector,
@@ -365,7 +344,11 @@ fn precheck(cmd: &Cmd) -> anyhow::Result<()> {
             labels("--selector", selector).map(|_| ())
         }
         Cmd::Node {
-            cmd: NodeCmd::Get { name, .. } | NodeCmd::Delete { name },
+            cmd:
+                NodeCmd::Get { name, .. }
+                | NodeCmd::Delete { name }
+                | NodeCmd::Hold { name, .. }
+                | NodeCmd::Unhold { name },
         } => validate_node_name(name).map_err(|e| anyhow!("{e}")),
         _ => Ok(()),
     }
@@ -387,6 +370,23 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
                     .with_context(|| format!("create cluster {name}"))?;
                 println!("cluster {name} created");
             }
+            ClusterCmd::Set {
+                name,
+                maintenance_window,
+                no_maintenance_window,
+            } => {
+                let r = c
+                    .set_cluster(pb::SetClusterRequest {
+                        name: name.clone(),
+                        maintenance_windows: maintenance_window,
+                        clear_maintenance_windows: no_maintenance_window,
+                    })
+                    .await
+                    .map_err(st)
+                    .with_context(|| format!("set cluster {name}"))?
+                    .into_inner();
+                println!("{}", output::cluster_windows_line(&r));
+            }
             ClusterCmd::List { output } => {
                 let r = c
                     .list_clusters(pb::ListClustersRequest {})
@@ -396,14 +396,7 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
                     .into_inner();
                 if output == Format::Json {
                     print_json(&serde_json::json!(
-                        r.clusters
-                            .iter()
-                            .map(|c| serde_json::json!({
-                                "name": c.name,
-                                "nodes": c.node_count,
-                                "created_at": output::rfc3339_ms(c.created_at_ms),
-                            }))
-                            .collect::<Vec<_>>()
+                        r.clusters.iter().map(output::cluster_json).collect::<Vec<_>>()
                     ))?;
                 } else {
                     let rows: Vec<Vec<String>> = r
@@ -414,10 +407,14 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
                                 c.name.clone(),
                                 c.node_count.to_string(),
                                 output::rfc3339_ms(c.created_at_ms).unwrap_or_default(),
+                                output::windows_text(c),
                             ]
                         })
                         .collect();
-                    print!("{}", output::table(&["NAME", "NODES", "CREATED"], &rows));
+                    print!(
+                        "{}",
+                        output::table(&["NAME", "NODES", "CREATED", "MAINTENANCE WINDOWS"], &rows)
+                    );
                 }
             }
         },
@@ -524,7 +521,7 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
                 }
             }
         },
-        Cmd::Rollout { cmd } => rollout(c, url, cmd).await?,
+        Cmd::Rollout { cmd } => rollout::run(c, url, cmd).await?,
         Cmd::Node { cmd } => match cmd {
             NodeCmd::List { cluster, output } => {
                 let r = c
@@ -560,6 +557,25 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
                     .map_err(st)
                     .with_context(|| format!("delete node {name}"))?;
                 println!("node {name} deleted; its certificate no longer works");
+            }
+            NodeCmd::Hold { name, reason } => {
+                c.hold_node(pb::HoldNodeRequest {
+                    name: name.clone(),
+                    reason,
+                })
+                .await
+                .map_err(st)
+                .with_context(|| format!("hold node {name}"))?;
+                println!(
+                    "node {name} held: no rollout gives it a new version until `lksctl node unhold {name}`"
+                );
+            }
+            NodeCmd::Unhold { name } => {
+                c.unhold_node(pb::UnholdNodeRequest { name: name.clone() })
+                    .await
+                    .map_err(st)
+                    .with_context(|| format!("unhold node {name}"))?;
+                println!("node {name} released: it catches up with the rollouts it missed");
             }
         },
         Cmd::Event {
@@ -676,236 +692,4 @@ async fn publish(c: &mut Client, url: &str, dir: &Path, sign_key: Option<&Path>)
     }
     println!("{}@{}", r.name, r.version);
     Ok(())
-}
-
-async fn rollout(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<()> {
-    let st = |s: tonic::Status| status(url, s);
-    match cmd {
-        RolloutCmd::Start {
-            cluster,
-            bundle,
-            selector,
-            batch_size,
-            failure_threshold,
-            offline_deadline,
-            wait,
-            output,
-        } => {
-            let (name, version) = parse_bundle_ref(&bundle).map_err(|e| anyhow!("--bundle: {e}"))?;
-            let offline_deadline_seconds = match offline_deadline {
-                None => 0,
-                Some(d) if d.as_secs() == 0 => bail!("--offline-deadline must be at least 1s"),
-                Some(d) => d.as_secs(),
-            };
-            let r = c
-                .start_rollout(pb::StartRolloutRequest {
-                    cluster: cluster.clone(),
-                    bundle: name,
-                    version,
-                    selector: labels("--selector", &selector)?.into_iter().collect(),
-                    batch_size,
-                    failure_threshold,
-                    offline_deadline_seconds,
-                })
-                .await
-                .map_err(st)
-                .with_context(|| format!("start rollout of {bundle} on cluster {cluster}"))?
-                .into_inner();
-            if !wait {
-                if output == Format::Json {
-                    print_json(&output::rollout_json(&r))?;
-                } else {
-                    println!("{}", r.id);
-                }
-                return Ok(());
-            }
-            if output != Format::Json {
-                println!("{}", r.id);
-            }
-            let progress = if std::io::stderr().is_terminal() {
-                Progress::bar()
-            } else if output == Format::Json {
-                Progress::Quiet
-            } else {
-                Progress::Lines
-            };
-            let last = watch(c, url, &r.id, progress).await?;
-            if output == Format::Json {
-                print_json(&output::rollout_json(&last))?;
-            }
-            ended_ok(&last)
-        }
-        RolloutCmd::Status { id, watch: w, output } => {
-            if w {
-                let progress = if output != Format::Json {
-                    Progress::Lines
-                } else if std::io::stderr().is_terminal() {
-                    Progress::bar()
-                } else {
-                    Progress::Quiet
-                };
-                let last = watch(c, url, &id, progress).await?;
-                if output == Format::Json {
-                    print_json(&output::rollout_json(&last))?;
-                } else {
-                    print!("{}", output::rollout_text(&last));
-                }
-                return Ok(());
-            }
-            let r = c
-                .get_rollout(pb::RolloutRef { id: id.clone() })
-                .await
-                .map_err(st)
-                .with_context(|| format!("get rollout {id}"))?
-                .into_inner();
-            if output == Format::Json {
-                print_json(&output::rollout_json(&r))?;
-            } else {
-                print!("{}", output::rollout_text(&r));
-            }
-            Ok(())
-        }
-        RolloutCmd::List { cluster, output } => {
-            let r = c
-                .list_rollouts(pb::ListRolloutsRequest { cluster })
-                .await
-                .map_err(st)
-                .context("list rollouts")?
-                .into_inner();
-            if output == Format::Json {
-                print_json(&serde_json::json!(
-                    r.rollouts.iter().map(output::rollout_json).collect::<Vec<_>>()
-                ))?;
-            } else {
-                print!("{}", output::rollouts_table(&r.rollouts));
-            }
-            Ok(())
-        }
-        RolloutCmd::Pause { id } => {
-            let r = c.pause_rollout(pb::RolloutRef { id: id.clone() }).await;
-            let r = r.map_err(st).with_context(|| format!("pause rollout {id}"))?;
-            println!("{}", output::rollout_line(r.get_ref()));
-            Ok(())
-        }
-        RolloutCmd::Resume { id } => {
-            let r = c.resume_rollout(pb::RolloutRef { id: id.clone() }).await;
-            let r = r.map_err(st).with_context(|| format!("resume rollout {id}"))?;
-            println!("{}", output::rollout_line(r.get_ref()));
-            Ok(())
-        }
-        RolloutCmd::Abort { id } => {
-            let r = c.abort_rollout(pb::RolloutRef { id: id.clone() }).await;
-            let r = r.map_err(st).with_context(|| format!("abort rollout {id}"))?;
-            println!("{}", output::rollout_line(r.get_ref()));
-            Ok(())
-        }
-        RolloutCmd::Rollback { id } => {
-            let r = c.rollback_rollout(pb::RolloutRef { id: id.clone() }).await;
-            let r = r.map_err(st).with_context(|| format!("roll back rollout {id}"))?;
-            println!("{}", output::rollout_line(r.get_ref()));
-            Ok(())
-        }
-    }
-}
-
-/// How `--wait` and `--watch` show progress.
-enum Progress {
-    /// One line on stdout per change (not a terminal, or `status --watch`).
-    Lines,
-    /// A bar on stderr (a terminal).
-    Bar(indicatif::ProgressBar),
-    Quiet,
-}
-
-impl Progress {
-    fn bar() -> Self {
-        let style = indicatif::ProgressStyle::with_template("{spinner} [{bar:30}] {pos}/{len} {msg}")
-            .map(|s| s.progress_chars("=> "))
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
-        let bar = indicatif::ProgressBar::new(0).with_style(style);
-        bar.enable_steady_tick(Duration::from_millis(200));
-        Progress::Bar(bar)
-    }
-
-    fn show(&self, r: &pb::Rollout) {
-        match self {
-            Progress::Lines => println!("{}", output::rollout_line(r)),
-            Progress::Bar(b) => {
-                b.set_length(u64::from(r.total));
-                b.set_position(u64::from(r.updated + r.failed));
-                b.set_message(format!(
-                    "{} — {} updated, {} failed, {} applying, {} pending",
-                    output::rollout_state_str(r.state),
-                    r.updated,
-                    r.failed,
-                    r.applying,
-                    r.pending
-                ));
-            }
-            Progress::Quiet => {}
-        }
-    }
-
-    fn finish(&self) {
-        if let Progress::Bar(b) = self {
-            b.finish();
-        }
-    }
-}
-
-/// Follows a rollout until it ends and returns its final state.
-async fn watch(c: &mut Client, url: &str, id: &str, progress: Progress) -> anyhow::Result<pb::Rollout> {
-    let mut stream = c
-        .watch_rollout(pb::RolloutRef { id: id.to_string() })
-        .await
-        .map_err(|s| status(url, s))
-        .with_context(|| format!("watch rollout {id}"))?
-        .into_inner();
-    let mut last = None;
-    while let Some(r) = stream.next().await {
-        let r = match r {
-            Ok(r) => r,
-            Err(s) => {
-                progress.finish();
-                return Err(status(url, s)).with_context(|| format!("watch rollout {id}"));
-            }
-        };
-        progress.show(&r);
-        last = Some(r);
-    }
-    progress.finish();
-    let last = last.ok_or_else(|| anyhow!("watch rollout {id}: the server sent nothing"))?;
-    if !is_terminal_state(last.state) {
-        bail!(
-            "watch rollout {id}: the stream ended while the rollout was still {}",
-            output::rollout_state_str(last.state)
-        );
-    }
-    Ok(last)
-}
-
-fn is_terminal_state(s: i32) -> bool {
-    matches!(
-        RolloutState::try_from(s),
-        Ok(RolloutState::Completed | RolloutState::Failed | RolloutState::Aborted | RolloutState::RolledBack)
-    )
-}
-
-fn ended_ok(r: &pb::Rollout) -> anyhow::Result<()> {
-    if r.state == RolloutState::Completed as i32 {
-        return Ok(());
-    }
-    let why = if r.message.is_empty() {
-        String::new()
-    } else {
-        format!(": {}", r.message)
-    };
-    bail!(
-        "rollout {} ended {} ({}/{} updated, {} failed){why}",
-        r.id,
-        output::rollout_state_str(r.state),
-        r.updated,
-        r.total,
-        r.failed
-    )
 }

@@ -116,7 +116,45 @@ pub fn node_json(n: &pb::Node) -> Value {
         })),
         "certificate_serial": n.certificate_serial,
         "enrolled_at": rfc3339_ms(n.enrolled_at_ms),
+        "held": n.held,
+        "hold_reason": n.held.then_some(&n.hold_reason),
     })
+}
+
+pub fn cluster_json(c: &pb::Cluster) -> Value {
+    json!({
+        "name": c.name,
+        "nodes": c.node_count,
+        "created_at": rfc3339_ms(c.created_at_ms),
+        "maintenance_windows": c.maintenance_windows,
+        "window_open": c.window_open,
+        "next_window": (c.next_window_ms > 0).then(|| rfc3339_ms(c.next_window_ms)).flatten(),
+    })
+}
+
+/// A cluster's windows for a table cell: "-" when none.
+pub fn windows_text(c: &pb::Cluster) -> String {
+    if c.maintenance_windows.is_empty() {
+        return "-".into();
+    }
+    let state = if c.window_open {
+        "open now".to_string()
+    } else {
+        format!("closed; next {}", or_dash(rfc3339_ms(c.next_window_ms)))
+    };
+    format!("{} ({state})", c.maintenance_windows.join("; "))
+}
+
+/// What `cluster set` prints.
+pub fn cluster_windows_line(c: &pb::Cluster) -> String {
+    if c.maintenance_windows.is_empty() {
+        format!(
+            "cluster {}: no maintenance windows; nodes may start at any time",
+            c.name
+        )
+    } else {
+        format!("cluster {}: maintenance windows {}", c.name, windows_text(c))
+    }
 }
 
 pub fn nodes_table(nodes: &[pb::Node]) -> String {
@@ -163,6 +201,14 @@ pub fn node_text(n: &pb::Node) -> String {
     kv(&mut s, "Last seen:", or_dash(rfc3339_ms(n.last_seen_ms)));
     kv(&mut s, "Enrolled:", or_dash(rfc3339_ms(n.enrolled_at_ms)));
     kv(&mut s, "Certificate:", n.certificate_serial.clone());
+    if n.held {
+        let why = if n.hold_reason.is_empty() {
+            "yes".to_string()
+        } else {
+            format!("yes: {}", n.hold_reason)
+        };
+        kv(&mut s, "Held:", why);
+    }
     if let Some(f) = &n.facts {
         kv(
             &mut s,
@@ -207,11 +253,29 @@ pub fn rollout_json(r: &pb::Rollout) -> Value {
         "failed": r.failed,
         "pending": r.pending,
         "applying": r.applying,
+        "deferred": r.deferred,
+        "held": r.held,
+        "skipped": r.skipped,
+        "rolled_back": r.rolled_back,
+        "waiting_for_window": r.waiting_for_window,
+        "next_window": (r.waiting_for_window && r.next_window_ms > 0)
+            .then(|| rfc3339_ms(r.next_window_ms))
+            .flatten(),
+        "offline": r.offline,
+        "canary": r.canary,
+        "canary_soak": (r.canary > 0).then(|| format_secs(r.canary_soak_seconds)),
+        "canary_phase": (!r.canary_phase.is_empty()).then_some(&r.canary_phase),
+        "canary_soak_until": (r.canary_soak_until_ms > 0).then(|| rfc3339_ms(r.canary_soak_until_ms)).flatten(),
+        "canaries": r.nodes.iter().filter(|n| n.canary).map(|n| &n.name).collect::<Vec<_>>(),
+        "batch_interval": (r.batch_interval_seconds > 0).then(|| format_secs(r.batch_interval_seconds)),
+        "next_batch_at": (r.next_batch_at_ms > 0).then(|| rfc3339_ms(r.next_batch_at_ms)).flatten(),
+        "ignore_windows": r.ignore_windows,
         "nodes": r.nodes.iter().map(|n| json!({
             "name": n.name,
             "previous_version": n.previous_version,
             "state": n.state,
             "message": n.message,
+            "canary": n.canary,
         })).collect::<Vec<_>>(),
         "created_at": rfc3339_ms(r.created_at_ms),
         "updated_at": rfc3339_ms(r.updated_at_ms),
@@ -219,10 +283,65 @@ pub fn rollout_json(r: &pb::Rollout) -> Value {
     })
 }
 
+fn format_secs(s: u64) -> String {
+    lks_proto::duration::format_duration(std::time::Duration::from_secs(s))
+}
+
+/// Counts beyond updated/failed/pending that are not zero, e.g. ", 2 deferred".
+fn extra_counts(r: &pb::Rollout) -> String {
+    let mut s = String::new();
+    for (n, what) in [(r.deferred, "deferred"), (r.held, "held"), (r.skipped, "skipped")] {
+        if n > 0 {
+            s.push_str(&format!(", {n} {what}"));
+        }
+    }
+    s
+}
+
+/// What the rollout waits for, if anything: a window, the canaries, the
+/// batch interval.
+fn waiting_for(r: &pb::Rollout) -> Option<String> {
+    if r.waiting_for_window {
+        return Some(format!(
+            "waiting for a maintenance window (next opens {})",
+            or_dash(rfc3339_ms(r.next_window_ms))
+        ));
+    }
+    match r.canary_phase.as_str() {
+        "applying" => return Some("canaries applying".into()),
+        "soaking" => {
+            return Some(format!(
+                "canaries soaking until {}",
+                or_dash(rfc3339_ms(r.canary_soak_until_ms))
+            ));
+        }
+        _ => {}
+    }
+    (r.next_batch_at_ms > 0 && r.applying == 0)
+        .then(|| format!("next batch at {}", or_dash(rfc3339_ms(r.next_batch_at_ms))))
+}
+
+/// The progress bar's message.
+pub fn rollout_progress(r: &pb::Rollout) -> String {
+    let mut m = format!(
+        "{} — {} updated, {} failed, {} applying, {} pending{}",
+        rollout_state_str(r.state),
+        r.updated,
+        r.failed,
+        r.applying,
+        r.pending,
+        extra_counts(r)
+    );
+    if let Some(w) = waiting_for(r) {
+        m.push_str(&format!("; {w}"));
+    }
+    m
+}
+
 /// One line summing up a rollout's progress.
 pub fn rollout_line(r: &pb::Rollout) -> String {
-    format!(
-        "rollout {} {}@{} on {}: {} — {}/{} updated, {} failed, {} pending",
+    let mut line = format!(
+        "rollout {} {}@{} on {}: {} — {}/{} updated, {} failed, {} pending{}",
         r.id,
         r.bundle,
         r.version,
@@ -231,8 +350,13 @@ pub fn rollout_line(r: &pb::Rollout) -> String {
         r.updated,
         r.total,
         r.failed,
-        r.pending
-    )
+        r.pending,
+        extra_counts(r)
+    );
+    if let Some(w) = waiting_for(r) {
+        line.push_str(&format!("; {w}"));
+    }
+    line
 }
 
 pub fn rollout_text(r: &pb::Rollout) -> String {
@@ -247,10 +371,36 @@ pub fn rollout_text(r: &pb::Rollout) -> String {
         &mut s,
         "Progress:",
         format!(
-            "{}/{} updated, {} failed, {} pending ({} applying)",
-            r.updated, r.total, r.failed, r.pending, r.applying
+            "{}/{} updated, {} failed, {} pending ({} applying){}",
+            r.updated,
+            r.total,
+            r.failed,
+            r.pending,
+            r.applying,
+            extra_counts(r)
         ),
     );
+    let mut policy = format!("offline nodes: {}", r.offline);
+    if r.canary > 0 {
+        policy.push_str(&format!(
+            "; {} canary node(s), soak {}",
+            r.canary,
+            format_secs(r.canary_soak_seconds)
+        ));
+    }
+    if r.batch_interval_seconds > 0 {
+        policy.push_str(&format!(
+            "; {} between batches",
+            format_secs(r.batch_interval_seconds)
+        ));
+    }
+    if r.ignore_windows {
+        policy.push_str("; ignores maintenance windows");
+    }
+    kv(&mut s, "Policy:", policy);
+    if let Some(w) = waiting_for(r) {
+        kv(&mut s, "Waiting:", w);
+    }
     kv(
         &mut s,
         "Batch:",
@@ -276,7 +426,11 @@ pub fn rollout_text(r: &pb::Rollout) -> String {
                     } else {
                         n.previous_version.clone()
                     },
-                    n.state.clone(),
+                    if n.canary {
+                        format!("{} (canary)", n.state)
+                    } else {
+                        n.state.clone()
+                    },
                     n.message.clone(),
                 ]
             })
@@ -301,12 +455,17 @@ pub fn rollouts_table(rs: &[pb::Rollout]) -> String {
                 rollout_state_str(r.state).into(),
                 format!("{}/{}", r.updated, r.total),
                 r.failed.to_string(),
+                r.deferred.to_string(),
+                r.held.to_string(),
+                waiting_for(r).unwrap_or_else(|| "-".into()),
                 or_dash(rfc3339_ms(r.created_at_ms)),
             ]
         })
         .collect();
     table(
-        &["ID", "CLUSTER", "BUNDLE", "STATE", "UPDATED", "FAILED", "STARTED"],
+        &[
+            "ID", "CLUSTER", "BUNDLE", "STATE", "UPDATED", "FAILED", "DEFERRED", "HELD", "WAITING", "STARTED",
+        ],
         &rows,
     )
 }

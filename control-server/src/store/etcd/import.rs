@@ -59,6 +59,7 @@ impl EtcdStore {
                 format!("clusters/{}", c.name),
                 json(&ClusterDoc {
                     created_at_ms: c.created_at_ms,
+                    maintenance_windows: c.maintenance_windows.clone(),
                 })?,
             ));
         }
@@ -92,6 +93,7 @@ impl EtcdStore {
                     enrolled_at_ms: n.enrolled_at_ms,
                     replica: String::new(),
                     actual: n.actual.iter().map(|(b, a)| (b.clone(), actual_doc(a))).collect(),
+                    hold: n.hold.clone(),
                 })?,
             ));
             docs.push((

@@ -70,16 +70,14 @@ fn read_dump(c: &Connection) -> Result<Dump> {
         })
         .optional()?
         .unwrap_or(0);
-    let clusters = c
-        .prepare("SELECT name, created_at_ms FROM clusters ORDER BY name")?
-        .query_map([], |r| {
-            Ok(ClusterRow {
-                name: r.get(0)?,
-                created_at_ms: r.get(1)?,
-                node_count: 0,
-            })
-        })?
+    let names = c
+        .prepare("SELECT name FROM clusters ORDER BY name")?
+        .query_map([], |r| r.get::<_, String>(0))?
         .collect::<Result<Vec<_>, _>>()?;
+    let mut clusters = Vec::with_capacity(names.len());
+    for n in names {
+        clusters.extend(read_cluster(c, &n)?);
+    }
 
     let mut tokens = Vec::new();
     let raw = c
@@ -125,7 +123,6 @@ fn read_dump(c: &Connection) -> Result<Dump> {
             nodes.push(row);
         }
     }
-    let mut clusters = clusters;
     for cl in &mut clusters {
         cl.node_count = nodes.iter().filter(|n| n.cluster == cl.name).count() as u32;
     }
@@ -276,6 +273,8 @@ mod tests {
                 batch_size: 0,
                 failure_threshold: 1,
                 offline_deadline_ms: 600_000,
+                policy: Default::default(),
+                started_by: String::new(),
                 now_ms: 5,
             })
             .await

@@ -1,0 +1,344 @@
+//! `lksctl rollout …`: starting rollouts with their policy, following them,
+//! and the operator verbs.
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow, bail};
+use clap::{Subcommand, ValueEnum};
+use lks_proto::duration::parse_duration;
+use lks_proto::names::parse_bundle_ref;
+use lks_proto::pb::{self, RolloutState};
+use tokio_stream::StreamExt;
+
+use crate::client::{Client, status};
+use crate::output::{self, Format};
+use crate::{labels, print_json};
+
+/// `--offline`: what a node offline at its turn does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Offline {
+    Defer,
+    Wait,
+}
+
+impl Offline {
+    fn as_str(self) -> &'static str {
+        match self {
+            Offline::Defer => "defer",
+            Offline::Wait => "wait",
+        }
+    }
+}
+
+#[derive(Subcommand)]
+pub enum RolloutCmd {
+    /// Start moving a cluster's matching nodes to NAME@VERSION.
+    Start {
+        /// Tenant cluster.
+        #[arg(long)]
+        cluster: String,
+        /// NAME@VERSION of a published bundle.
+        #[arg(long)]
+        bundle: String,
+        /// Only nodes with these labels (k=v,…).
+        #[arg(long, default_value = "")]
+        selector: String,
+        /// Most nodes applying at once (0: server default, 10% of the target nodes rounded up).
+        #[arg(long, default_value_t = 0)]
+        batch_size: u32,
+        /// Failed nodes that stop the rollout (0: server default, 1).
+        #[arg(long, default_value_t = 0)]
+        failure_threshold: u32,
+        /// What a node offline at its turn does: `defer` (no slot, no failure; it applies
+        /// the version when it is back) or `wait` (it holds its slot up to --offline-deadline).
+        #[arg(long, value_enum, default_value_t = Offline::Defer)]
+        offline: Offline,
+        /// How long a node offline at its turn (--offline wait) or gone mid-apply is
+        /// waited for before it counts as failed [server default: 10m].
+        #[arg(long, value_parser = parse_duration)]
+        offline_deadline: Option<Duration>,
+        /// Nodes picked at random that go first; no other node starts until they all
+        /// stayed committed for --canary-soak. A canary failure fails the rollout.
+        #[arg(long, default_value_t = 0)]
+        canary: u32,
+        /// How long every canary must stay committed and healthy.
+        #[arg(long, value_parser = parse_duration, default_value = "10m", requires = "canary")]
+        canary_soak: Duration,
+        /// Pause between batches: the next batch starts this long after the last one settled.
+        #[arg(long, value_parser = parse_duration)]
+        batch_interval: Option<Duration>,
+        /// Start nodes even while every maintenance window of the cluster is closed
+        /// (recorded in the event log with your admin credential).
+        #[arg(long)]
+        ignore_windows: bool,
+        /// Wait until the rollout ends, showing progress; exit non-zero unless it completed.
+        #[arg(long)]
+        wait: bool,
+        /// Output format.
+        #[arg(short = 'o', long = "output", value_enum, default_value_t)]
+        output: Format,
+    },
+    /// Show a rollout.
+    Status {
+        id: String,
+        /// Follow the rollout until it ends.
+        #[arg(long)]
+        watch: bool,
+        /// Output format.
+        #[arg(short = 'o', long = "output", value_enum, default_value_t)]
+        output: Format,
+    },
+    /// List rollouts.
+    List {
+        /// Only this tenant cluster.
+        #[arg(long, default_value = "")]
+        cluster: String,
+        /// Output format.
+        #[arg(short = 'o', long = "output", value_enum, default_value_t)]
+        output: Format,
+    },
+    /// Pause a running rollout: no new node is started; nodes mid-apply finish.
+    Pause { id: String },
+    /// Resume a paused rollout.
+    Resume { id: String },
+    /// Stop a rollout for good: no new node is started; nodes mid-apply finish and keep the new version.
+    Abort { id: String },
+    /// Return every node the rollout changed to its previous version, in batches (stops the rollout first).
+    Rollback { id: String },
+}
+
+pub async fn run(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<()> {
+    let st = |s: tonic::Status| status(url, s);
+    match cmd {
+        RolloutCmd::Start {
+            cluster,
+            bundle,
+            selector,
+            batch_size,
+            failure_threshold,
+            offline,
+            offline_deadline,
+            canary,
+            canary_soak,
+            batch_interval,
+            ignore_windows,
+            wait,
+            output,
+        } => {
+            let (name, version) = parse_bundle_ref(&bundle).map_err(|e| anyhow!("--bundle: {e}"))?;
+            let offline_deadline_seconds = match offline_deadline {
+                None => 0,
+                Some(d) if d.as_secs() == 0 => bail!("--offline-deadline must be at least 1s"),
+                Some(d) => d.as_secs(),
+            };
+            let r = c
+                .start_rollout(pb::StartRolloutRequest {
+                    cluster: cluster.clone(),
+                    bundle: name,
+                    version,
+                    selector: labels("--selector", &selector)?.into_iter().collect(),
+                    batch_size,
+                    failure_threshold,
+                    offline_deadline_seconds,
+                    offline: offline.as_str().to_string(),
+                    canary,
+                    canary_soak_seconds: if canary > 0 { canary_soak.as_secs() } else { 0 },
+                    batch_interval_seconds: batch_interval.map_or(0, |d| d.as_secs()),
+                    ignore_windows,
+                })
+                .await
+                .map_err(st)
+                .with_context(|| format!("start rollout of {bundle} on cluster {cluster}"))?
+                .into_inner();
+            if !wait {
+                if output == Format::Json {
+                    print_json(&output::rollout_json(&r))?;
+                } else {
+                    println!("{}", r.id);
+                }
+                return Ok(());
+            }
+            if output != Format::Json {
+                println!("{}", r.id);
+            }
+            let progress = if std::io::stderr().is_terminal() {
+                Progress::bar()
+            } else if output == Format::Json {
+                Progress::Quiet
+            } else {
+                Progress::Lines
+            };
+            let last = watch(c, url, &r.id, progress).await?;
+            if output == Format::Json {
+                print_json(&output::rollout_json(&last))?;
+            }
+            ended_ok(&last)
+        }
+        RolloutCmd::Status { id, watch: w, output } => {
+            if w {
+                let progress = if output != Format::Json {
+                    Progress::Lines
+                } else if std::io::stderr().is_terminal() {
+                    Progress::bar()
+                } else {
+                    Progress::Quiet
+                };
+                let last = watch(c, url, &id, progress).await?;
+                if output == Format::Json {
+                    print_json(&output::rollout_json(&last))?;
+                } else {
+                    print!("{}", output::rollout_text(&last));
+                }
+                return Ok(());
+            }
+            let r = c
+                .get_rollout(pb::RolloutRef { id: id.clone() })
+                .await
+                .map_err(st)
+                .with_context(|| format!("get rollout {id}"))?
+                .into_inner();
+            if output == Format::Json {
+                print_json(&output::rollout_json(&r))?;
+            } else {
+                print!("{}", output::rollout_text(&r));
+            }
+            Ok(())
+        }
+        RolloutCmd::List { cluster, output } => {
+            let r = c
+                .list_rollouts(pb::ListRolloutsRequest { cluster })
+                .await
+                .map_err(st)
+                .context("list rollouts")?
+                .into_inner();
+            if output == Format::Json {
+                print_json(&serde_json::json!(
+                    r.rollouts.iter().map(output::rollout_json).collect::<Vec<_>>()
+                ))?;
+            } else {
+                print!("{}", output::rollouts_table(&r.rollouts));
+            }
+            Ok(())
+        }
+        RolloutCmd::Pause { id } => {
+            let r = c.pause_rollout(pb::RolloutRef { id: id.clone() }).await;
+            let r = r.map_err(st).with_context(|| format!("pause rollout {id}"))?;
+            println!("{}", output::rollout_line(r.get_ref()));
+            Ok(())
+        }
+        RolloutCmd::Resume { id } => {
+            let r = c.resume_rollout(pb::RolloutRef { id: id.clone() }).await;
+            let r = r.map_err(st).with_context(|| format!("resume rollout {id}"))?;
+            println!("{}", output::rollout_line(r.get_ref()));
+            Ok(())
+        }
+        RolloutCmd::Abort { id } => {
+            let r = c.abort_rollout(pb::RolloutRef { id: id.clone() }).await;
+            let r = r.map_err(st).with_context(|| format!("abort rollout {id}"))?;
+            println!("{}", output::rollout_line(r.get_ref()));
+            Ok(())
+        }
+        RolloutCmd::Rollback { id } => {
+            let r = c.rollback_rollout(pb::RolloutRef { id: id.clone() }).await;
+            let r = r.map_err(st).with_context(|| format!("roll back rollout {id}"))?;
+            println!("{}", output::rollout_line(r.get_ref()));
+            Ok(())
+        }
+    }
+}
+
+/// How `--wait` and `--watch` show progress.
+enum Progress {
+    /// One line on stdout per change (not a terminal, or `status --watch`).
+    Lines,
+    /// A bar on stderr (a terminal).
+    Bar(indicatif::ProgressBar),
+    Quiet,
+}
+
+impl Progress {
+    fn bar() -> Self {
+        let style = indicatif::ProgressStyle::with_template("{spinner} [{bar:30}] {pos}/{len} {msg}")
+            .map(|s| s.progress_chars("=> "))
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+        let bar = indicatif::ProgressBar::new(0).with_style(style);
+        bar.enable_steady_tick(Duration::from_millis(200));
+        Progress::Bar(bar)
+    }
+
+    fn show(&self, r: &pb::Rollout) {
+        match self {
+            Progress::Lines => println!("{}", output::rollout_line(r)),
+            Progress::Bar(b) => {
+                b.set_length(u64::from(r.total));
+                b.set_position(u64::from(r.updated + r.failed));
+                b.set_message(output::rollout_progress(r));
+            }
+            Progress::Quiet => {}
+        }
+    }
+
+    fn finish(&self) {
+        if let Progress::Bar(b) = self {
+            b.finish();
+        }
+    }
+}
+
+/// Follows a rollout until it ends and returns its final state.
+async fn watch(c: &mut Client, url: &str, id: &str, progress: Progress) -> anyhow::Result<pb::Rollout> {
+    let mut stream = c
+        .watch_rollout(pb::RolloutRef { id: id.to_string() })
+        .await
+        .map_err(|s| status(url, s))
+        .with_context(|| format!("watch rollout {id}"))?
+        .into_inner();
+    let mut last = None;
+    while let Some(r) = stream.next().await {
+        let r = match r {
+            Ok(r) => r,
+            Err(s) => {
+                progress.finish();
+                return Err(status(url, s)).with_context(|| format!("watch rollout {id}"));
+            }
+        };
+        progress.show(&r);
+        last = Some(r);
+    }
+    progress.finish();
+    let last = last.ok_or_else(|| anyhow!("watch rollout {id}: the server sent nothing"))?;
+    if !is_terminal_state(last.state) {
+        bail!(
+            "watch rollout {id}: the stream ended while the rollout was still {}",
+            output::rollout_state_str(last.state)
+        );
+    }
+    Ok(last)
+}
+
+fn is_terminal_state(s: i32) -> bool {
+    matches!(
+        RolloutState::try_from(s),
+        Ok(RolloutState::Completed | RolloutState::Failed | RolloutState::Aborted | RolloutState::RolledBack)
+    )
+}
+
+fn ended_ok(r: &pb::Rollout) -> anyhow::Result<()> {
+    if r.state == RolloutState::Completed as i32 {
+        return Ok(());
+    }
+    let why = if r.message.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", r.message)
+    };
+    bail!(
+        "rollout {} ended {} ({}/{} updated, {} failed){why}",
+        r.id,
+        output::rollout_state_str(r.state),
+        r.updated,
+        r.total,
+        r.failed
+    )
+}
