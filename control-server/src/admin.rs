@@ -662,6 +662,40 @@ impl AdminService for AdminApi {
         self.set_hold(&r.name, Some(r.reason), &who).await
     }
 
+    async fn retry_node(
+        &self,
+        req: Request<pb::RetryNodeRequest>,
+    ) -> Result<Response<pb::RetryNodeResponse>, Status> {
+        let _t = self.s.metrics.timer("RetryNode");
+        let who = require_admin(&req)?;
+        let r = req.into_inner();
+        validate_node_name(&r.name).map_err(invalid)?;
+        if !r.bundle.is_empty() {
+            validate_bundle_name(&r.bundle).map_err(invalid)?;
+        }
+        let bundles = self
+            .s
+            .store
+            .retry_node(
+                &r.name,
+                (!r.bundle.is_empty()).then_some(r.bundle.as_str()),
+                &who,
+                now_ms(),
+            )
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("node {} does not exist", r.name)))?;
+        if bundles.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "node {} has no bundle to retry",
+                r.name
+            )));
+        }
+        self.s.hub.notify(&r.name);
+        tracing::info!(node = %r.name, admin = %who, ?bundles, "retry requested");
+        Ok(Response::new(pb::RetryNodeResponse { bundles }))
+    }
+
     async fn unhold_node(&self, req: Request<pb::UnholdNodeRequest>) -> Result<Response<pb::Node>, Status> {
         let _t = self.s.metrics.timer("UnholdNode");
         let who = require_admin(&req)?;

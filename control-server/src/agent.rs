@@ -633,6 +633,7 @@ impl Session {
             msg: Some(ServerMsg::Desired(pb::DesiredState {
                 generation: d.generation,
                 bundles,
+                retry: d.retry.into_iter().collect(),
             })),
         };
         tokio::select! {

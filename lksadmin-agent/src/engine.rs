@@ -38,8 +38,21 @@ use crate::runner::{CommandRunner, CommandSpec, Outcome};
 use crate::source::BlobSource;
 use crate::state::{Activity, BundleRecord, Content, LocalState, OriginalRec, StatusRec};
 
-/// An apply interrupted this many times in a row is given up.
+/// An apply interrupted this many times in a row while its steps or health
+/// check ran is given up (the crash-loop guard).
 const MAX_INTERRUPTED: u32 = 3;
+/// The first wait before a version given up on is tried again; it doubles
+/// with each give-up, up to [`MAX_GIVE_UP_BACKOFF_MS`].
+const GIVE_UP_BACKOFF_MS: i64 = 60_000;
+const MAX_GIVE_UP_BACKOFF_MS: i64 = 3_600_000;
+
+/// How long to wait after the `n`th give-up (1-based).
+pub fn give_up_backoff_ms(n: u32) -> i64 {
+    let doublings = n.saturating_sub(1).min(16);
+    GIVE_UP_BACKOFF_MS
+        .saturating_mul(1 << doublings)
+        .min(MAX_GIVE_UP_BACKOFF_MS)
+}
 
 /// Errors that stop the engine from making progress at all (the state dir
 /// or the journal cannot be written). Failures of a bundle are not errors:
@@ -223,26 +236,20 @@ impl Engine {
 
     fn set_status(&mut self, bundle: &str, version: &str, v: Verdict) -> Result<(), EngineError> {
         let now = self.clock.now_ms();
-        let rec = self
-            .state
-            .bundles
-            .entry(bundle.to_string())
-            .or_insert_with(|| BundleRecord {
-                installed: None,
-                originals: Vec::new(),
-                status: StatusRec {
-                    version: version.to_string(),
-                    state: v.state,
-                    message: String::new(),
-                    updated_at_ms: now,
-                },
-                sticky: None,
-                interrupted: 0,
-            });
+        let rec = self.state.bundles.entry(bundle.to_string()).or_insert_with(|| {
+            BundleRecord::new(StatusRec {
+                version: version.to_string(),
+                state: v.state,
+                message: String::new(),
+                updated_at_ms: now,
+            })
+        });
         let changed =
             rec.status.version != version || rec.status.state != v.state || rec.status.message != v.message;
         if rec.status.version != version {
             rec.interrupted = 0;
+            rec.gave_up = 0;
+            rec.retry_at_ms = 0;
         }
         if changed {
             rec.status = StatusRec {
@@ -321,6 +328,20 @@ impl Engine {
             if !names.insert(name.clone()) {
                 tracing::warn!(bundle = %name, "bundle listed twice in the desired state; using the first");
                 continue;
+            }
+            if let Some(&seq) = desired.retry.get(&name)
+                && let Some(r) = self.state.bundles.get_mut(&name)
+                && seq > r.retry_seen
+            {
+                // The operator asked for another try (`lksctl node retry`).
+                r.retry_seen = seq;
+                if r.sticky.is_some() || r.interrupted > 0 || r.retry_at_ms > 0 {
+                    r.clear_failures();
+                    r.gave_up = 0;
+                    tracing::info!(bundle = %name, version = %version, "retrying at the operator's request");
+                    self.event("retry", &name, &version, "retry requested by the operator");
+                }
+                self.save_state()?;
             }
             match SignedBundle::try_from(b.clone()) {
                 Ok(sb) => wanted.push(sb),
@@ -406,7 +427,14 @@ impl Engine {
                 && r.status.version == m.version
                 && matches!(r.status.state, BundleState::Failed | BundleState::RolledBack)
             {
-                return Ok(());
+                if r.retry_at_ms == 0 || self.clock.now_ms() < r.retry_at_ms {
+                    return Ok(());
+                }
+                // The crash-loop guard's wait is over: try once more.
+                tracing::info!(bundle = %m.name, version = %m.version, "trying again after giving up");
+                if let Some(r) = self.state.bundles.get_mut(&m.name) {
+                    r.clear_failures();
+                }
             }
         }
         if let Err(e) = sign::verify(sb, &self.trusted) {
@@ -688,6 +716,7 @@ impl Engine {
             reason,
             touched,
             retry,
+            guarded,
         } = txn.phase.clone()
         else {
             return Err(EngineError::NotRollingBack {
@@ -721,13 +750,35 @@ impl Engine {
                 );
             }
         }
+        let mut retry_at_ms = 0;
         let (version, verdict, kind) = match (&txn.to, &txn.from) {
+            // A crash in the agent's own phases says nothing about the
+            // bundle: try again, however often it happens.
+            (Some(to), _) if retry && !guarded => (
+                to.version.clone(),
+                Verdict {
+                    state: BundleState::Pending,
+                    message: format!("{message}; rolled back, will retry"),
+                    sticky: None,
+                },
+                "interrupted",
+            ),
             (Some(to), _) if retry => {
                 let n = self.state.bundles.get(&txn.bundle).map_or(0, |r| r.interrupted) + 1;
                 let v = if n >= MAX_INTERRUPTED {
+                    let gave_up = self.state.bundles.get(&txn.bundle).map_or(0, |r| r.gave_up) + 1;
+                    retry_at_ms = self.clock.now_ms().saturating_add(give_up_backoff_ms(gave_up));
+                    if let Some(r) = self.state.bundles.get_mut(&txn.bundle) {
+                        r.gave_up = gave_up;
+                    }
                     Verdict {
                         state: BundleState::Failed,
-                        message: format!("gave up after {n} interrupted attempts: {message}"),
+                        message: format!(
+                            "gave up after {n} interrupted attempts: {message}; trying again at {} \
+                             (or now with `lksctl node retry {}`)",
+                            rfc3339(retry_at_ms),
+                            self.node
+                        ),
                         sticky: Some(txn.key.clone()),
                     }
                 } else {
@@ -784,6 +835,7 @@ impl Engine {
         self.set_status(&txn.bundle, &version, verdict)?;
         if let Some(r) = self.state.bundles.get_mut(&txn.bundle) {
             r.interrupted = if kind == "interrupted" { interrupted } else { 0 };
+            r.retry_at_ms = retry_at_ms;
         }
         self.record_apply(&txn.bundle, &version, kind, &message);
         self.save_state()?;
@@ -827,22 +879,14 @@ impl Engine {
                         content,
                     });
                 }
-                let rec = self
-                    .state
-                    .bundles
-                    .entry(txn.bundle.clone())
-                    .or_insert_with(|| BundleRecord {
-                        installed: None,
-                        originals: Vec::new(),
-                        status: StatusRec {
-                            version: to.version.clone(),
-                            state: BundleState::Applied,
-                            message: String::new(),
-                            updated_at_ms: now,
-                        },
-                        sticky: None,
-                        interrupted: 0,
-                    });
+                let rec = self.state.bundles.entry(txn.bundle.clone()).or_insert_with(|| {
+                    BundleRecord::new(StatusRec {
+                        version: to.version.clone(),
+                        state: BundleState::Applied,
+                        message: String::new(),
+                        updated_at_ms: now,
+                    })
+                });
                 rec.installed = Some(to.clone());
                 rec.originals = originals;
                 rec.status = StatusRec {
@@ -851,8 +895,8 @@ impl Engine {
                     message: String::new(),
                     updated_at_ms: now,
                 };
-                rec.sticky = None;
-                rec.interrupted = 0;
+                rec.clear_failures();
+                rec.gave_up = 0;
                 ("applied", to.version.clone())
             }
             None => {
@@ -1305,4 +1349,11 @@ fn write_entry(
     dst.set_permissions(fs::Permissions::from_mode(mode))
         .map_err(|e| format!("set mode: {e}"))?;
     dst.sync_all().map_err(|e| format!("fsync: {e}"))
+}
+
+fn rfc3339(ms: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_else(|| format!("{ms} ms"))
 }

@@ -41,6 +41,12 @@ pub enum Phase {
         touched: bool,
         /// The failure was a crash, not the bundle's fault: try again.
         retry: bool,
+        /// The crash came while the bundle's own steps or health check ran
+        /// (`Activating`, `Checking`): it counts toward the crash-loop
+        /// guard. A crash in the agent's own phases (staging, backing up,
+        /// switching) never does: the agent just tries again.
+        #[serde(default)]
+        guarded: bool,
     },
 }
 
@@ -84,6 +90,7 @@ impl Phase {
                 reason,
                 touched: p.touched_targets(),
                 retry,
+                guarded: retry && matches!(p, P::Activating | P::Checking),
             }),
             (E::Finished, P::Committed | P::RollingBack { .. }) => Next::Done,
             (event, phase) => {
@@ -302,6 +309,7 @@ mod tests {
             reason: String::new(),
             touched: true,
             retry: false,
+            guarded: false,
         };
         assert!(rb.next(Event::Staged).is_err());
     }
@@ -328,7 +336,8 @@ mod tests {
             phase: Phase::RollingBack {
                 reason: "r".into(),
                 touched: true,
-                retry: false,
+                retry: true,
+                guarded: true,
             },
         };
         j.write(&t).unwrap();

@@ -337,9 +337,12 @@ async fn heal(engine: &mut Engine) -> bool {
 }
 
 fn needs_retry(engine: &Engine) -> bool {
+    let now = crate::clock::now_ms();
     engine.state().bundles.values().any(|r| {
         matches!(r.status.state, BundleState::Pending | BundleState::Applying)
             || (r.status.state == BundleState::Failed && r.sticky.is_none())
+            // The crash-loop guard's wait is over.
+            || (r.retry_at_ms > 0 && now >= r.retry_at_ms)
     })
 }
 

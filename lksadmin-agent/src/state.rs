@@ -62,9 +62,44 @@ pub struct BundleRecord {
     /// away (server unreachable, a path conflict) leave it `None`.
     #[serde(default)]
     pub sticky: Option<String>,
-    /// How many times an apply of `status.version` was interrupted by a crash.
+    /// How many times in a row an apply of `status.version` was
+    /// interrupted by a crash while the bundle's steps or health check ran.
     #[serde(default)]
     pub interrupted: u32,
+    /// How many times the crash-loop guard gave up on `status.version`;
+    /// each time the next try waits twice as long.
+    #[serde(default)]
+    pub gave_up: u32,
+    /// When a version given up on is tried again (Unix ms; 0: not waiting).
+    #[serde(default)]
+    pub retry_at_ms: i64,
+    /// The highest retry request of the server (`lksctl node retry`) this
+    /// record honoured.
+    #[serde(default)]
+    pub retry_seen: u64,
+}
+
+impl BundleRecord {
+    /// A record for a bundle seen for the first time.
+    pub fn new(status: StatusRec) -> Self {
+        BundleRecord {
+            installed: None,
+            originals: Vec::new(),
+            status,
+            sticky: None,
+            interrupted: 0,
+            gave_up: 0,
+            retry_at_ms: 0,
+            retry_seen: 0,
+        }
+    }
+
+    /// Forgets every failure, so the version is tried again.
+    pub fn clear_failures(&mut self) {
+        self.sticky = None;
+        self.interrupted = 0;
+        self.retry_at_ms = 0;
+    }
 }
 
 /// A notable thing the engine did, for `status`.

@@ -164,6 +164,7 @@ impl Node {
                     })
                 })
                 .collect(),
+            ..Default::default()
         };
         save_desired(&StateDir::new(&self.state).desired(), &d).unwrap();
     }
@@ -441,6 +442,124 @@ fn crash_during_a_failing_upgrade_always_ends_all_old_and_rolled_back() {
             "{point}: v1's steps re-run after the rollback"
         );
     }
+}
+
+/// Agent-owned phases: staging, backing up, switching.
+const AGENT_POINTS: &[&str] = &[
+    "staging",
+    "staged-partial",
+    "backing-up",
+    "switching",
+    "switch-partial",
+];
+
+#[test]
+fn crashes_in_the_agents_own_phases_never_give_up() {
+    let n = baseline();
+    n.desire(2, vec![manifest("2", &v2_files(), false)]);
+    // Twice at every agent-owned point: ten crashes in a row, far past the
+    // crash-loop guard's three.
+    for point in AGENT_POINTS.iter().chain(AGENT_POINTS) {
+        n.crash_at(point);
+        n.assert_each_file_old_or_new(&v1_files(), &v2_files(), point);
+        let st = n.local_state();
+        let r = &st.bundles["app"];
+        assert_ne!(
+            r.status.state,
+            BundleState::Failed,
+            "{point}: {}",
+            r.status.message
+        );
+        assert_eq!(
+            (r.interrupted, r.gave_up),
+            (0, 0),
+            "{point}: counted toward the guard"
+        );
+    }
+    n.run_until("v2 applied after ten crashes", |n| {
+        n.bundle_state() == Some(("2".into(), BundleState::Applied))
+    });
+    assert!(n.matches(&v2_files()));
+    n.assert_clean("after the crashes");
+}
+
+#[test]
+fn crashes_while_steps_run_give_up_after_three_then_retry_after_a_backoff_or_on_request() {
+    let n = baseline();
+    n.desire(2, vec![manifest("2", &v2_files(), false)]);
+    for point in ["activating", "checking", "activating"] {
+        n.crash_at(point);
+    }
+    let before = now_ms();
+    n.run_until("v2 given up on", |n| {
+        n.bundle_state() == Some(("2".into(), BundleState::Failed))
+    });
+    assert!(n.matches(&v1_files()), "v1 restored after giving up");
+    let st = n.local_state();
+    let r = &st.bundles["app"];
+    assert!(
+        r.status
+            .message
+            .starts_with("gave up after 3 interrupted attempts: the agent stopped during")
+            && r.status.message.contains("trying again at")
+            && r.status.message.contains("lksctl node retry crash-node"),
+        "{}",
+        r.status.message
+    );
+    assert_eq!(r.gave_up, 1);
+    let wait = r.retry_at_ms - before;
+    assert!((55_000..=70_000).contains(&wait), "first backoff {wait} ms");
+
+    // Still within the backoff: a restart does not try again.
+    let steps = std::fs::read_to_string(n.root.join("steps.log")).unwrap_or_default();
+    let mut child = n.spawn(None);
+    std::thread::sleep(Duration::from_secs(2));
+    terminate(&mut child);
+    assert_eq!(n.bundle_state(), Some(("2".into(), BundleState::Failed)));
+    assert!(n.matches(&v1_files()));
+    assert_eq!(
+        std::fs::read_to_string(n.root.join("steps.log")).unwrap_or_default(),
+        steps,
+        "no step ran during the backoff"
+    );
+
+    // The operator asks for a retry (`lksctl node retry`): it applies.
+    let d = StateDir::new(&n.state);
+    let mut desired = lksadmin_agent::state::load_desired(&d.desired())
+        .unwrap()
+        .unwrap();
+    desired.generation += 1;
+    desired.retry.insert("app".into(), desired.generation);
+    save_desired(&d.desired(), &desired).unwrap();
+    n.run_until("v2 applied on request", |n| {
+        n.bundle_state() == Some(("2".into(), BundleState::Applied))
+    });
+    let r = &n.local_state().bundles["app"];
+    assert_eq!(
+        (r.retry_seen, r.gave_up, r.retry_at_ms),
+        (desired.generation, 0, 0)
+    );
+    assert!(n.matches(&v2_files()));
+
+    // Give up again, then let the backoff run out (the clock moved on).
+    let base = baseline();
+    base.desire(2, vec![manifest("2", &v2_files(), false)]);
+    for _ in 0..3 {
+        base.crash_at("checking");
+    }
+    base.run_until("given up", |n| {
+        n.bundle_state() == Some(("2".into(), BundleState::Failed))
+    });
+    let mut st = base.local_state();
+    st.bundles.get_mut("app").unwrap().retry_at_ms = now_ms() - 1;
+    st.save(&StateDir::new(&base.state).state()).unwrap();
+    base.run_until("v2 applied after the backoff", |n| {
+        n.bundle_state() == Some(("2".into(), BundleState::Applied))
+    });
+}
+
+fn now_ms() -> i64 {
+    lksadmin_agent::clock::now_ms()
 }
 
 #[test]

@@ -175,6 +175,7 @@ impl Fixture {
         let d = pb::DesiredState {
             generation: self.generation,
             bundles: bundles.iter().map(pb::SignedBundle::from).collect(),
+            ..Default::default()
         };
         self.engine.accept_desired(&d).await.unwrap();
     }

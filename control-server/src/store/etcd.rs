@@ -206,6 +206,9 @@ struct NodeDoc {
 struct DesiredDoc {
     generation: u64,
     bundles: BTreeMap<String, String>,
+    /// Bundle → generation of the operator's last retry request.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    retry: BTreeMap<String, u64>,
 }
 
 #[derive(Serialize, Deserialize, Clone)]
@@ -896,6 +899,7 @@ impl EtcdStore {
                     }
                     None => {
                         d.bundles.remove(&r.bundle);
+                        d.retry.remove(&r.bundle);
                     }
                 }
                 let g = base.max(d.generation + 1);
@@ -1204,6 +1208,7 @@ impl Store for EtcdStore {
                 json(&DesiredDoc {
                     generation: g,
                     bundles: given,
+                    retry: BTreeMap::new(),
                 })?,
             ));
             if let Some(op) = self.event_op(&[EventRow::enrolled(&n)])? {
@@ -1258,6 +1263,52 @@ impl Store for EtcdStore {
                 Self::node_row(&name, d, des, &live)
             })
             .collect())
+    }
+
+    async fn retry_node(
+        &self,
+        name: &str,
+        bundle: Option<&str>,
+        admin: &str,
+        now_ms: i64,
+    ) -> Result<Option<Vec<String>>> {
+        let nkey = self.key(&format!("nodes/{name}"));
+        let dkey = self.key(&format!("desired/{name}"));
+        for _ in 0..MAX_ATTEMPTS {
+            let node: Doc<NodeDoc> = self.get(&nkey).await?;
+            let desired: Doc<DesiredDoc> = self.get(&dkey).await?;
+            let (Some(n), Some(mut d)) = (node.value.as_ref(), desired.value.clone()) else {
+                return Ok(None);
+            };
+            let bundles: Vec<String> = match bundle {
+                Some(b) if !d.bundles.contains_key(b) => {
+                    return Err(StoreError::NotFound(format!(
+                        "bundle {b} is not desired for node {name}"
+                    )));
+                }
+                Some(b) => vec![b.to_string()],
+                None => d.bundles.keys().cloned().collect(),
+            };
+            if bundles.is_empty() {
+                return Ok(Some(bundles));
+            }
+            let g = self.next_generation().await?.max(d.generation + 1);
+            d.generation = g;
+            for b in &bundles {
+                d.retry.insert(b.clone(), g);
+            }
+            let mut ops = vec![TxnOp::put(dkey.clone(), json(&d)?, None)];
+            if let Some(op) = self.event_op(&[EventRow::retry(&n.cluster, name, &bundles, admin, now_ms)])? {
+                ops.push(op);
+            }
+            if self
+                .txn(vec![node.compare(&nkey), desired.compare(&dkey)], ops)
+                .await?
+            {
+                return Ok(Some(bundles));
+            }
+        }
+        Err(busy("retry node"))
     }
 
     async fn set_node_hold(&self, name: &str, hold: Option<String>, mut event: EventRow) -> Result<bool> {
@@ -1506,6 +1557,7 @@ impl Store for EtcdStore {
         Ok(DesiredState {
             generation: d.generation,
             bundles,
+            retry: d.retry,
         })
     }
 

@@ -167,6 +167,9 @@ pub struct DesiredState {
     pub generation: u64,
     /// Encoded `SignedBundle`s, ordered by bundle name.
     pub bundles: Vec<Vec<u8>>,
+    /// Bundle name → the generation of the operator's last retry request
+    /// (`lksctl node retry`); absent: none.
+    pub retry: BTreeMap<String, u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -554,6 +557,25 @@ impl EventRow {
         }
     }
 
+    /// What every store records when an operator asks a node to retry.
+    pub fn retry(cluster: &str, node: &str, bundles: &[String], admin: &str, at_ms: i64) -> EventRow {
+        EventRow {
+            id: 0,
+            at_ms,
+            cluster: cluster.to_string(),
+            node: node.to_string(),
+            rollout_id: String::new(),
+            kind: "retry_requested".into(),
+            bundle: if bundles.len() == 1 {
+                bundles[0].clone()
+            } else {
+                String::new()
+            },
+            version: String::new(),
+            message: format!("retry of {} requested by {admin}", bundles.join(", ")),
+        }
+    }
+
     /// What every store records when a node is held or released.
     pub fn hold(cluster: &str, node: &str, hold: Option<&str>, admin: &str, at_ms: i64) -> EventRow {
         let (kind, message) = match hold {
@@ -729,6 +751,18 @@ pub trait Store: Send + Sync + 'static {
     /// Holds (`Some(reason)`) or releases (`None`) a node and records
     /// `event` (its cluster is filled in). False if the node is absent.
     async fn set_node_hold(&self, name: &str, hold: Option<String>, event: EventRow) -> Result<bool>;
+    /// Asks the node to try its desired version of `bundle` (`None`: every
+    /// desired bundle) again: stamps those bundles with a new generation
+    /// and gives the node that generation, so its desired state is pushed.
+    /// Returns the bundles stamped, or `None` if the node does not exist;
+    /// `NotFound` if `bundle` is not desired for it.
+    async fn retry_node(
+        &self,
+        name: &str,
+        bundle: Option<&str>,
+        admin: &str,
+        now_ms: i64,
+    ) -> Result<Option<Vec<String>>>;
     /// Removes the node with its desired and reported state. False if absent.
     async fn delete_node(&self, name: &str) -> Result<bool>;
     /// Replaces the node's certificate serial if it is still `old`.

@@ -155,6 +155,7 @@ ALTER TABLE nodes ADD COLUMN hold_reason TEXT;
 ALTER TABLE rollouts ADD COLUMN policy TEXT NOT NULL DEFAULT '{"offline":"wait"}';
 ALTER TABLE rollouts ADD COLUMN pacing TEXT NOT NULL DEFAULT '{}';
 ALTER TABLE rollout_nodes ADD COLUMN canary INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE desired ADD COLUMN retry INTEGER NOT NULL DEFAULT 0;
 "#,
 ];
 
@@ -881,6 +882,55 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn retry_node(
+        &self,
+        name: &str,
+        bundle: Option<&str>,
+        admin: &str,
+        now_ms: i64,
+    ) -> Result<Option<Vec<String>>> {
+        let (name, bundle, admin) = (name.to_string(), bundle.map(str::to_string), admin.to_string());
+        self.tx(move |tx| {
+            let cluster: Option<String> = tx
+                .query_row("SELECT cluster FROM nodes WHERE name = ?1", [&name], |r| r.get(0))
+                .optional()?;
+            let Some(cluster) = cluster else {
+                return Ok(None);
+            };
+            let desired = {
+                let mut stmt = tx.prepare("SELECT bundle FROM desired WHERE node = ?1 ORDER BY bundle")?;
+                stmt.query_map([&name], |r| r.get::<_, String>(0))?
+                    .collect::<Result<Vec<_>, _>>()?
+            };
+            let bundles: Vec<String> = match &bundle {
+                Some(b) if !desired.contains(b) => {
+                    return Err(StoreError::NotFound(format!(
+                        "bundle {b} is not desired for node {name}"
+                    )));
+                }
+                Some(b) => vec![b.clone()],
+                None => desired,
+            };
+            if bundles.is_empty() {
+                return Ok(Some(bundles));
+            }
+            let g = next_generation(tx)?;
+            for b in &bundles {
+                tx.execute(
+                    "UPDATE desired SET retry = ?3 WHERE node = ?1 AND bundle = ?2",
+                    params![name, b, g as i64],
+                )?;
+            }
+            tx.execute(
+                "UPDATE nodes SET generation = ?1 WHERE name = ?2",
+                params![g as i64, name],
+            )?;
+            insert_event(tx, &EventRow::retry(&cluster, &name, &bundles, &admin, now_ms))?;
+            Ok(Some(bundles))
+        })
+        .await
+    }
+
     async fn set_node_hold(&self, name: &str, hold: Option<String>, mut event: EventRow) -> Result<bool> {
         let name = name.to_string();
         self.tx(move |tx| {
@@ -1095,22 +1145,38 @@ impl Store for SqliteStore {
         let node = node.to_string();
         self.call(move |c| {
             let generation: Option<i64> = c
-                .query_row("SELECT generation FROM nodes WHERE name = ?1", [&node], |r| r.get(0))
+                .query_row("SELECT generation FROM nodes WHERE name = ?1", [&node], |r| {
+                    r.get(0)
+                })
                 .optional()?;
             let Some(generation) = generation else {
                 return Err(StoreError::NotFound(format!("node {node} is not enrolled")));
             };
             let mut stmt = c.prepare_cached(
-                "SELECT b.signed_bundle FROM desired d JOIN bundles b ON b.name = d.bundle AND b.version = d.version
+                "SELECT b.signed_bundle, d.bundle, d.retry FROM desired d
+                 JOIN bundles b ON b.name = d.bundle AND b.version = d.version
                  WHERE d.node = ?1 ORDER BY d.bundle",
             )?;
-            let bundles = stmt
-                .query_map([&node], |r| r.get::<_, Vec<u8>>(0))?
+            let rows = stmt
+                .query_map([&node], |r| {
+                    Ok((
+                        r.get::<_, Vec<u8>>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, i64>(2)?,
+                    ))
+                })?
                 .collect::<Result<Vec<_>, _>>()?;
-            Ok(DesiredState {
+            let mut out = DesiredState {
                 generation: generation as u64,
-                bundles,
-            })
+                ..Default::default()
+            };
+            for (bytes, bundle, retry) in rows {
+                out.bundles.push(bytes);
+                if retry > 0 {
+                    out.retry.insert(bundle, retry as u64);
+                }
+            }
+            Ok(out)
         })
         .await
     }

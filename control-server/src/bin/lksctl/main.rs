@@ -190,6 +190,14 @@ enum NodeCmd {
     },
     /// Release a held node: it catches up with the rollouts it missed.
     Unhold { name: String },
+    /// Make a node try its desired version again: one it gave up on after
+    /// crashing in a loop (or waits to retry with a backoff), or rolled back.
+    Retry {
+        name: String,
+        /// Only this bundle [default: every bundle of the node].
+        #[arg(long)]
+        bundle: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -348,6 +356,7 @@ fn precheck(cmd: &Cmd) -> anyhow::Result<()> {
                 NodeCmd::Get { name, .. }
                 | NodeCmd::Delete { name }
                 | NodeCmd::Hold { name, .. }
+                | NodeCmd::Retry { name, .. }
                 | NodeCmd::Unhold { name },
         } => validate_node_name(name).map_err(|e| anyhow!("{e}")),
         _ => Ok(()),
@@ -569,6 +578,18 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
                 println!(
                     "node {name} held: no rollout gives it a new version until `lksctl node unhold {name}`"
                 );
+            }
+            NodeCmd::Retry { name, bundle } => {
+                let r = c
+                    .retry_node(pb::RetryNodeRequest {
+                        name: name.clone(),
+                        bundle: bundle.unwrap_or_default(),
+                    })
+                    .await
+                    .map_err(st)
+                    .with_context(|| format!("retry node {name}"))?
+                    .into_inner();
+                println!("node {name}: retry of {} requested", r.bundles.join(", "));
             }
             NodeCmd::Unhold { name } => {
                 c.unhold_node(pb::UnholdNodeRequest { name: name.clone() })

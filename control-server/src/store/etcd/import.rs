@@ -101,6 +101,9 @@ impl EtcdStore {
                 json(&DesiredDoc {
                     generation: n.generation,
                     bundles: n.desired.clone(),
+                    // A pending retry request is not moved: the operator
+                    // can ask again.
+                    retry: BTreeMap::new(),
                 })?,
             ));
         }
