@@ -12,12 +12,17 @@
 #     HTTP/2 over TLS from lks-control-server --agent-package), one VM and a
 #     boot storm of parallel VMs; baseline: the same file with the same curl
 #     from python3's http.server (plain HTTP, the simplest static server).
+#   - one agent installing a 256 MiB file (fresh) and replacing it with
+#     another 256 MiB version (upgrade), each a `rollout start --wait`;
+#     baseline: curl over HTTPS (the server's own agent-package endpoint,
+#     pinned CA) + openssl dgst -sha256 of the same size, which is the
+#     transfer and hashing floor.
 #   - HA: 3 replicas (--store etcd) on a throwaway etcd next to the one
 #     SQLite server: agents held, rollout to HA_AGENTS agents (spread over
 #     the replicas, started through a replica that is not the leader), and
 #     what an idle control plane with those agents writes (etcd revisions,
 #     keys, bytes; disk bytes of etcd and of the SQLite server).
-# Usage: bash scripts/bench.sh [--only agents|sha|packages|ha] [AGENTS...]
+# Usage: bash scripts/bench.sh [--only agents|sha|packages|upgrade|ha] [AGENTS...]
 #        (default: every section, agents 1000 2000; HA_AGENTS=1000,
 #        IDLE_SECONDS=60)
 # Needs python3 (medians), curl and, for the HA section, etcd. Not run by CI.
@@ -26,7 +31,7 @@ cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
 only=""
 if [ "${1:-}" = --only ]; then
-  only=${2:?--only needs agents, sha, packages or ha}
+  only=${2:?--only needs agents, sha, packages, upgrade or ha}
   shift 2
 fi
 want() { [ -z "$only" ] || [ "$only" = "$1" ]; }
@@ -34,7 +39,7 @@ agents=("$@")
 [ ${#agents[@]} -gt 0 ] || agents=(1000 2000)
 
 bash scripts/setup.sh
-cargo build --release -p lks-control-server --bins >&2
+cargo build --release -p lks-control-server -p lksadmin-agent --bins >&2
 cargo build --release -p lks-proto --example sha256_file >&2
 bin=target/release
 
@@ -42,10 +47,11 @@ work=$(mktemp -d)
 server_pid=
 http_pid=
 replica_pids=()
+up_pids=()
 etcd_pid=
 cleanup() {
   # Replicas before etcd: they give their leases back on the way out.
-  for p in $server_pid $http_pid "${replica_pids[@]}" $etcd_pid; do
+  for p in $server_pid $http_pid "${up_pids[@]}" "${replica_pids[@]}" $etcd_pid; do
     # A killed process's status is not a failure here (set -e would stop
     # the cleanup at the first one).
     kill "$p" 2>/dev/null && { wait "$p" 2>/dev/null || true; }
@@ -186,6 +192,75 @@ if want packages; then
   done
   echo
 fi
+if want upgrade; then
+  # Its own server, so that the baseline's 256 MiB file is served by the
+  # same HTTPS stack (--agent-package), and one release agent in a sandbox.
+  big=$((256 << 20))
+  up=$work/up
+  mkdir -p "$up/pkg" "$up/root"
+  deb=$up/pkg/lksadmin-agent_0.0.0-big_amd64.deb
+  { printf '!<arch>\ndebian-binary   '; head -c $((big - 24)) /dev/urandom; } >"$deb"
+  up_port=$(free_port) up_mport=$(free_port)
+  "$bin/lks-control-server" --data-dir "$up/server" --listen "127.0.0.1:$up_port" \
+    --metrics-listen "127.0.0.1:$up_mport" --advertise-address 127.0.0.1 --agent-package "$deb" \
+    >"$up/server.log" 2>&1 &
+  up_pids+=($!)
+  for _ in $(seq 100); do [ -f "$up/server/admin.conf" ] && break; sleep 0.1; done
+  lk() { "$bin/lksctl" --config "$up/server/admin.conf" "$@"; }
+  lk cluster create up >/dev/null
+  read -r -a joinv <<<"$(lk token create --cluster up --uses 1)"
+  "$bin/lksadmin-agent" "${joinv[@]:1}" --node-name up-1 --state-dir "$up/state" --root "$up/root" >/dev/null
+  "$bin/lksadmin-agent" run --state-dir "$up/state" >"$up/agent.log" 2>&1 &
+  up_pids+=($!)
+  for _ in $(seq 100); do lk node get up-1 -o json | grep -q '"connected": true' && break; sleep 0.1; done
+  python3 -c 'import tomllib,sys; print(tomllib.load(open(sys.argv[1],"rb"))["ca_cert"], end="")' \
+    "$up/server/admin.conf" >"$up/ca.pem"
+  # A bundle NAME@VERSION holding one fresh 256 MiB file at PATH.
+  mkbundle() {
+    local d=$up/src-$1-$2
+    mkdir -p "$d"
+    head -c "$big" /dev/urandom >"$d/blob"
+    printf 'name = "%s"\nversion = "%s"\n\n[[file]]\npath = "%s"\nsource = "blob"\nmode = "0755"\n' \
+      "$1" "$2" "$3" >"$d/bundle.toml"
+    lk bundle publish "$d" >/dev/null
+    rm -rf "$d"
+  }
+  # Publishing just wrote 256 MiB on the server's side: flush it first, so
+  # its writeback does not land inside the measured apply.
+  roll() {
+    local s
+    sync
+    s=$(date +%s%N)
+    lk rollout start --cluster up --bundle "$1" --wait >/dev/null
+    echo $(( ($(date +%s%N) - s) / 1000000 ))
+  }
+  fetch_and_hash() {
+    curl -fsS --cacert "$up/ca.pem" -o "$up/dl" "https://127.0.0.1:$up_port/v1/agent-package/amd64"
+    openssl dgst -sha256 "$up/dl" >/dev/null
+    rm -f "$up/dl"
+  }
+  ms() { local s; s=$(date +%s%N); "$@" >/dev/null; echo $(( ($(date +%s%N) - s) / 1000000 )); }
+  fetch_and_hash
+  base=() fresh=() upgr=()
+  for r in $(seq "$RUNS"); do
+    sync
+    base+=("$(ms fetch_and_hash)")
+    mkbundle "fresh$r" 1 "/opt/fresh$r/kubelet"
+    fresh+=("$(roll "fresh$r@1")")
+    mkbundle fresh1 $((r + 1)) /opt/fresh1/kubelet
+    upgr+=("$(roll "fresh1@$((r + 1))")")
+  done
+  b=$(median "${base[@]}") f=$(median "${fresh[@]}") u=$(median "${upgr[@]}")
+  echo "## One 256 MiB file on one agent (median of $RUNS runs, \`rollout start --wait\`)"
+  echo
+  echo "| what | time (ms) | vs baseline | vs fresh install |"
+  echo "| --- | --- | --- | --- |"
+  echo "| curl HTTPS + openssl dgst -sha256 (baseline) | $b | 1.00 | – |"
+  echo "| fresh install (empty target) | $f | $(python3 -c "print(round($f/$b, 2))") | 1.00 |"
+  echo "| upgrade (replace the previous version) | $u | $(python3 -c "print(round($u/$b, 2))") | $(python3 -c "print(round($u/$f, 2))") |"
+  echo
+fi
+
 if want ha; then
   ha_n=${HA_AGENTS:-1000}
   idle_s=${IDLE_SECONDS:-60}

@@ -666,7 +666,7 @@ impl Engine {
             return self.fail_txn(txn, e.to_string()).await;
         }
         for i in 0..txn.plans.len() {
-            match self.backup(&backup_dir, i, &txn.plans[i]) {
+            match self.backup(&backup_dir, i, &txn.plans[i], txn.from.as_ref()) {
                 Ok(content) => txn.plans[i].backup = Some(content),
                 Err(reason) => return self.fail_txn(txn, reason).await,
             }
@@ -965,7 +965,13 @@ impl Engine {
     }
 
     /// Copies what the target holds now into the backup directory.
-    fn backup(&self, dir: &Path, i: usize, plan: &PathPlan) -> Result<Content, String> {
+    fn backup(
+        &self,
+        dir: &Path,
+        i: usize,
+        plan: &PathPlan,
+        from: Option<&Manifest>,
+    ) -> Result<Content, String> {
         let parent = match self.root.parent(&plan.path, false) {
             Ok(p) => p,
             Err(RootError::MissingParent { .. }) => return Ok(Content::Absent),
@@ -979,6 +985,31 @@ impl Engine {
                 "{}: not a regular file; refusing to replace it",
                 plan.path
             ));
+        }
+        // A file the installed version manages usually still holds that
+        // version's blob, which the cache keeps (verified): then reading it
+        // once to prove it is enough — no copy, no fsync of a second
+        // 256 MiB — and a rollback restores the bytes from the cache. A
+        // file that drifted is copied like any other, so a rollback still
+        // puts back exactly what was there.
+        if !plan.newly_owned
+            && let Some(f) = from.and_then(|m| m.files.iter().find(|f| f.path == plan.path))
+            && f.size == st.st_size as u64
+            && self.cache.contains(&f.digest)
+        {
+            let mut src = parent
+                .open_target()
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("{}: vanished while backing it up", plan.path))?;
+            let (digest, size) =
+                hash_reader(&mut src).map_err(|e| format!("{}: read to back it up: {e}", plan.path))?;
+            if digest == f.digest && size == f.size {
+                return Ok(Content::Cached {
+                    digest,
+                    size,
+                    mode: st.st_mode & 0o7777,
+                });
+            }
         }
         let mut src = parent
             .open_target()
@@ -1042,15 +1073,29 @@ impl Engine {
                     .and_then(|()| parent.sync())
                     .map_err(|e| e.to_string())
             }
-            Content::File {
-                digest,
-                size,
-                mode,
-                stored,
-            } => {
-                let src_path = dir.join(stored);
-                let src =
-                    File::open(&src_path).map_err(|e| format!("open backup {}: {e}", src_path.display()))?;
+            Content::File { .. } | Content::Cached { .. } => {
+                let (src, digest, size, mode) = match content {
+                    Content::File {
+                        digest,
+                        size,
+                        mode,
+                        stored,
+                    } => {
+                        let src_path = dir.join(stored);
+                        let src = File::open(&src_path)
+                            .map_err(|e| format!("open backup {}: {e}", src_path.display()))?;
+                        (src, digest, size, mode)
+                    }
+                    Content::Cached { digest, size, mode } => {
+                        let src = self
+                            .cache
+                            .open(digest)
+                            .map_err(|e| format!("open cached blob {digest}: {e}"))?
+                            .ok_or_else(|| format!("blob {digest} left the cache; cannot restore it"))?;
+                        (src, digest, size, mode)
+                    }
+                    Content::Absent => return Ok(()),
+                };
                 let parent = self.root.parent(&plan.path, true).map_err(|e| e.to_string())?;
                 let temp: std::ffi::OsString = format!("{}.restore", plan.temp).into();
                 write_entry(
@@ -1356,4 +1401,17 @@ fn rfc3339(ms: i64) -> String {
         .ok()
         .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
         .unwrap_or_else(|| format!("{ms} ms"))
+}
+
+/// SHA-256 and length of everything `r` yields.
+fn hash_reader(r: &mut impl Read) -> io::Result<(Digest, u64)> {
+    let mut h = Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = r.read(&mut buf)?;
+        if n == 0 {
+            return Ok(h.finish());
+        }
+        h.update(&buf[..n]);
+    }
 }

@@ -27,6 +27,14 @@ pub enum Content {
         mode: u32,
         stored: String,
     },
+    /// A file the installed version manages: its bytes are the verified
+    /// blob `digest` in the cache, so a backup needs no copy. Only ever a
+    /// transaction's backup, never an original.
+    Cached {
+        digest: Digest,
+        size: u64,
+        mode: u32,
+    },
 }
 
 /// A file that existed before a bundle first replaced it; put back when the

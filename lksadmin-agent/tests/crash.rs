@@ -444,6 +444,46 @@ fn crash_during_a_failing_upgrade_always_ends_all_old_and_rolled_back() {
     }
 }
 
+#[test]
+fn an_unchanged_managed_file_is_backed_up_by_the_cache_and_a_drifted_one_by_a_copy() {
+    let n = baseline();
+    // b.conf drifted since v1 was applied (same size, other bytes); a.conf
+    // still holds v1's blob.
+    std::fs::write(n.root.join("etc/app/b.conf"), b"VERSION ONE OF B\n").unwrap();
+    n.desire(2, vec![manifest("2", &v2_files(), true)]);
+    n.crash_at("switching");
+    let journal: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(StateDir::new(&n.state).journal()).unwrap()).unwrap();
+    let backup = |path: &str| {
+        journal["plans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["path"] == path)
+            .unwrap_or_else(|| panic!("no plan for {path}: {journal:#}"))["backup"]
+            .clone()
+    };
+    assert_eq!(backup("/etc/app/a.conf")["kind"], "cached", "{journal:#}");
+    assert_eq!(backup("/etc/app/b.conf")["kind"], "file", "{journal:#}");
+    assert_eq!(backup("/usr/bin/c")["kind"], "absent", "{journal:#}");
+    let seq = journal["seq"].as_u64().unwrap();
+    let stored: Vec<String> = std::fs::read_dir(StateDir::new(&n.state).txn(seq))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(stored.len(), 1, "only the drifted file was copied: {stored:?}");
+
+    // v2 fails its health check: both come back exactly, the drifted bytes
+    // included.
+    n.run_until("v2 rolled back", |n| {
+        n.bundle_state() == Some(("2".into(), BundleState::RolledBack))
+    });
+    let mut want = v1_files();
+    want.insert("/etc/app/b.conf", Some((&b"VERSION ONE OF B\n"[..], 0o600)));
+    assert!(n.matches(&want), "exact restore");
+    n.assert_clean("after the rollback");
+}
+
 /// Agent-owned phases: staging, backing up, switching.
 const AGENT_POINTS: &[&str] = &[
     "staging",
