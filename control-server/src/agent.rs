@@ -501,6 +501,11 @@ impl Session {
                     return self.fail(Status::unavailable("control server is shutting down; reconnect")).await;
                 }
                 _ = reg.cancel.cancelled() => {
+                    // Shutdown ends every registration too; both branches may be
+                    // ready, and select! picks one at random.
+                    if self.s.cancel.is_cancelled() {
+                        return self.fail(Status::unavailable("control server is shutting down; reconnect")).await;
+                    }
                     return self.fail(Status::unauthenticated(
                         "stream closed by the control server: the node was deleted or opened a newer stream",
                     )).await;

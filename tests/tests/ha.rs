@@ -40,6 +40,34 @@ fn node_list(via: &Server) -> serde_json::Value {
     via.lksctl_json(&["node", "list"])
 }
 
+/// Joins and starts `n` agents named PREFIX0…, agent `i` dialling
+/// `servers(i)` with the token `tok` (`token create -o json`).
+fn join_agents(
+    prefix: &str,
+    n: usize,
+    tok: &serde_json::Value,
+    servers: impl Fn(usize) -> String,
+) -> Vec<Agent> {
+    (0..n)
+        .map(|i| {
+            let mut a = Agent::new(&format!("{prefix}{i}"));
+            let out = a.join_raw(
+                &servers(i),
+                tok["token"].as_str().unwrap(),
+                tok["ca_cert_hash"].as_str().unwrap(),
+                &[],
+            );
+            assert!(
+                out.status.success(),
+                "join {prefix}{i}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            a.start();
+            a
+        })
+        .collect()
+}
+
 fn all_connected(via: &Server, n: usize) -> bool {
     let v = node_list(via);
     let nodes = v.as_array().cloned().unwrap_or_default();
@@ -65,23 +93,7 @@ fn survivor_finishes_the_rollout_after_the_leader_and_the_publisher_die() {
         3,
         "the join line lists every replica: {servers}"
     );
-    let mut agents = Vec::new();
-    for i in 0..4 {
-        let mut a = Agent::new(&format!("n{i}"));
-        let out = a.join_raw(
-            &rotated(&servers, i),
-            tok["token"].as_str().unwrap(),
-            tok["ca_cert_hash"].as_str().unwrap(),
-            &[],
-        );
-        assert!(
-            out.status.success(),
-            "join n{i}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        a.start();
-        agents.push(a);
-    }
+    let agents = join_agents("n", 4, &tok, |i| rotated(&servers, i));
     wait_until(CONVERGE, "4 agents connected", || all_connected(&r2, 4));
 
     // Published through r2: 3 files, one of 2.5 MiB (three chunks in etcd).
@@ -232,19 +244,7 @@ fn replicas_ride_out_an_etcd_restart() {
     r1.lksctl_ok(&["cluster", "create", "c1"]);
     let tok = r1.lksctl_json(&["token", "create", "--cluster", "c1"]);
     let servers = tok["server"].as_str().unwrap().to_string();
-    let mut agents = Vec::new();
-    for i in 0..3 {
-        let mut a = Agent::new(&format!("e{i}"));
-        let out = a.join_raw(
-            &rotated(&servers, i),
-            tok["token"].as_str().unwrap(),
-            tok["ca_cert_hash"].as_str().unwrap(),
-            &[],
-        );
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        a.start();
-        agents.push(a);
-    }
+    let agents = join_agents("e", 3, &tok, |i| rotated(&servers, i));
     wait_until(CONVERGE, "agents connected", || all_connected(&r1, 3));
 
     etcd.kill9();
@@ -419,4 +419,99 @@ fn join_lines_name_the_join_url_when_one_is_given() {
     );
     // admin.conf still names the replica itself: operators reach it directly.
     assert_eq!(r1.admin_conf().server, r1.url());
+}
+
+/// Rollout policies across replicas: a node offline at its turn is deferred
+/// by the leader, comes back on the other replica and catches up there; a
+/// hold and a maintenance window set through one replica hold on the leader.
+#[test]
+fn a_deferred_node_catches_up_through_another_replica_and_holds_and_windows_are_shared() {
+    let etcd = Etcd::start();
+    let prefix = "/lks-test-policy/";
+    let r1 = replica(&etcd, prefix);
+    wait_until(Duration::from_secs(15), "r1 elected", || is_leader(&r1));
+    let r2 = replica(&etcd, prefix);
+    r2.lksctl_ok(&["cluster", "create", "c1"]);
+    let tok = r2.lksctl_json(&["token", "create", "--cluster", "c1", "--uses", "3"]);
+    // Every agent dials r2, which does not lead.
+    let mut agents = join_agents("p", 3, &tok, |_| r2.url());
+    wait_until(CONVERGE, "3 agents connected", || all_connected(&r1, 3));
+    assert_eq!(agents[2].stop(), Some(0));
+    wait_until(CONVERGE, "p2 seen offline by the leader", || {
+        let v = node_list(&r1);
+        v.as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["name"] == "p2" && n["connected"] == false)
+    });
+    let conf = |v: &'static [u8]| {
+        [BundleFile {
+            path: "/etc/p.conf",
+            content: v,
+            mode: "0644",
+        }]
+    };
+    let dir = write_bundle(r2.work_dir(), "p", "1", &conf(b"p1\n"), "");
+    r2.lksctl_ok(&["bundle", "publish", &dir.display().to_string()]);
+    let st = r2.lksctl_json(&[
+        "rollout",
+        "start",
+        "--cluster",
+        "c1",
+        "--bundle",
+        "p@1",
+        "--batch-size",
+        "1",
+        "--wait",
+    ]);
+    assert_eq!(
+        (&st["state"], &st["updated"], &st["deferred"]),
+        (&"completed".into(), &2.into(), &1.into()),
+        "{st:#}"
+    );
+    let id = st["id"].as_str().unwrap().to_string();
+
+    // Back, on r2: the leader sees it through etcd and starts it.
+    agents[2].start();
+    agents[2].wait_bundle("p", "1", "applied");
+    wait_until(CONVERGE, "the catch-up is recorded on the rollout", || {
+        r1.lksctl_json(&["rollout", "status", &id])["updated"] == 3
+    });
+
+    // A hold through r2 and a closed window through r1, both seen by the
+    // leader's controller.
+    r2.lksctl_ok(&["node", "hold", "p0", "--reason", "ha test"]);
+    assert_eq!(node_list(&r1).as_array().unwrap()[0]["held"], true);
+    let dir = write_bundle(r2.work_dir(), "p", "2", &conf(b"p2\n"), "");
+    r2.lksctl_ok(&["bundle", "publish", &dir.display().to_string()]);
+    let st = r1.lksctl_json(&["rollout", "start", "--cluster", "c1", "--bundle", "p@2", "--wait"]);
+    assert_eq!((&st["updated"], &st["held"]), (&2.into(), &1.into()), "{st:#}");
+    assert_eq!(
+        agents[0].read("/etc/p.conf"),
+        Some((b"p1\n".to_vec(), 0o644)),
+        "held node kept p@1"
+    );
+    // A one-minute window three days from now: closed for certain.
+    let days = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / 86_400;
+    // 1970-01-01 was a Thursday.
+    let day = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"][((days + 3) % 7) as usize];
+    r1.lksctl_ok(&[
+        "cluster",
+        "set",
+        "c1",
+        "--maintenance-window",
+        &format!("{day} 00:00-00:01 UTC"),
+    ]);
+    r2.lksctl_ok(&["node", "unhold", "p0"]);
+    std::thread::sleep(Duration::from_secs(3));
+    let st = r2.lksctl_json(&["rollout", "status", st["id"].as_str().unwrap()]);
+    assert_eq!(st["held"], 1, "released, but every window is closed: {st:#}");
+    assert_eq!(st["waiting_for_window"], true, "{st:#}");
+    assert_eq!(agents[0].read("/etc/p.conf"), Some((b"p1\n".to_vec(), 0o644)));
+    r2.lksctl_ok(&["cluster", "set", "c1", "--no-maintenance-window"]);
+    agents[0].wait_bundle("p", "2", "applied");
 }

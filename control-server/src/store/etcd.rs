@@ -1280,15 +1280,7 @@ impl Store for EtcdStore {
             let (Some(n), Some(mut d)) = (node.value.as_ref(), desired.value.clone()) else {
                 return Ok(None);
             };
-            let bundles: Vec<String> = match bundle {
-                Some(b) if !d.bundles.contains_key(b) => {
-                    return Err(StoreError::NotFound(format!(
-                        "bundle {b} is not desired for node {name}"
-                    )));
-                }
-                Some(b) => vec![b.to_string()],
-                None => d.bundles.keys().cloned().collect(),
-            };
+            let bundles = retry_targets(name, d.bundles.keys().cloned().collect(), bundle)?;
             if bundles.is_empty() {
                 return Ok(Some(bundles));
             }

@@ -544,36 +544,38 @@ impl EventRow {
 
     /// What every store records when a node is deleted.
     pub fn deleted(cluster: &str, node: &str, at_ms: i64) -> EventRow {
+        Self::about(
+            cluster,
+            node,
+            "deleted",
+            at_ms,
+            "node deleted; its certificate is revoked".into(),
+        )
+    }
+
+    /// An event about a cluster or one of its nodes, outside any rollout.
+    fn about(cluster: &str, node: &str, kind: &str, at_ms: i64, message: String) -> EventRow {
         EventRow {
             id: 0,
             at_ms,
             cluster: cluster.to_string(),
             node: node.to_string(),
             rollout_id: String::new(),
-            kind: "deleted".into(),
+            kind: kind.to_string(),
             bundle: String::new(),
             version: String::new(),
-            message: "node deleted; its certificate is revoked".into(),
+            message,
         }
     }
 
     /// What every store records when an operator asks a node to retry.
     pub fn retry(cluster: &str, node: &str, bundles: &[String], admin: &str, at_ms: i64) -> EventRow {
-        EventRow {
-            id: 0,
-            at_ms,
-            cluster: cluster.to_string(),
-            node: node.to_string(),
-            rollout_id: String::new(),
-            kind: "retry_requested".into(),
-            bundle: if bundles.len() == 1 {
-                bundles[0].clone()
-            } else {
-                String::new()
-            },
-            version: String::new(),
-            message: format!("retry of {} requested by {admin}", bundles.join(", ")),
+        let message = format!("retry of {} requested by {admin}", bundles.join(", "));
+        let mut e = Self::about(cluster, node, "retry_requested", at_ms, message);
+        if let [one] = bundles {
+            e.bundle = one.clone();
         }
+        e
     }
 
     /// What every store records when a node is held or released.
@@ -583,36 +585,17 @@ impl EventRow {
             Some(why) => ("held", format!("held by {admin}: {why}")),
             None => ("unheld", format!("released by {admin}")),
         };
-        EventRow {
-            id: 0,
-            at_ms,
-            cluster: cluster.to_string(),
-            node: node.to_string(),
-            rollout_id: String::new(),
-            kind: kind.into(),
-            bundle: String::new(),
-            version: String::new(),
-            message,
-        }
+        Self::about(cluster, node, kind, at_ms, message)
     }
 
     /// What every store records when a cluster's windows change.
     pub fn windows_set(cluster: &str, windows: &[String], admin: &str, at_ms: i64) -> EventRow {
-        EventRow {
-            id: 0,
-            at_ms,
-            cluster: cluster.to_string(),
-            node: String::new(),
-            rollout_id: String::new(),
-            kind: "maintenance_windows".into(),
-            bundle: String::new(),
-            version: String::new(),
-            message: if windows.is_empty() {
-                format!("maintenance windows cleared by {admin}: nodes may start at any time")
-            } else {
-                format!("maintenance windows set by {admin}: {}", windows.join("; "))
-            },
-        }
+        let message = if windows.is_empty() {
+            format!("maintenance windows cleared by {admin}: nodes may start at any time")
+        } else {
+            format!("maintenance windows set by {admin}: {}", windows.join("; "))
+        };
+        Self::about(cluster, "", "maintenance_windows", at_ms, message)
     }
 
     /// What every store records when a rollout of `nodes` nodes starts.
@@ -815,6 +798,18 @@ pub trait Store: Send + Sync + 'static {
 
     async fn add_event(&self, event: EventRow) -> Result<()>;
     async fn list_events(&self, filter: EventFilter) -> Result<Vec<EventRow>>;
+}
+
+/// The bundles a retry request of `node` stamps: `bundle` if it is one of
+/// the node's `desired` bundles, or all of them.
+pub fn retry_targets(node: &str, desired: Vec<String>, bundle: Option<&str>) -> Result<Vec<String>> {
+    match bundle {
+        Some(b) if !desired.iter().any(|d| d == b) => Err(StoreError::NotFound(format!(
+            "bundle {b} is not desired for node {node}"
+        ))),
+        Some(b) => Ok(vec![b.to_string()]),
+        None => Ok(desired),
+    }
 }
 
 /// The refusal of a second active rollout of one cluster and bundle.

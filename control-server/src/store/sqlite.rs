@@ -273,6 +273,19 @@ fn state_from_str(s: &str) -> Result<BundleState> {
     s.parse().map_err(StoreError::Backend)
 }
 
+/// Every cluster, by name, with its node count.
+fn read_clusters(c: &Connection) -> Result<Vec<ClusterRow>> {
+    let names = c
+        .prepare("SELECT name FROM clusters ORDER BY name")?
+        .query_map([], |r| r.get::<_, String>(0))?
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut out = Vec::with_capacity(names.len());
+    for n in names {
+        out.extend(read_cluster(c, &n)?);
+    }
+    Ok(out)
+}
+
 fn read_cluster(c: &Connection, name: &str) -> Result<Option<ClusterRow>> {
     let row = c
         .query_row(
@@ -607,34 +620,7 @@ impl Store for SqliteStore {
     }
 
     async fn list_clusters(&self) -> Result<Vec<ClusterRow>> {
-        self.call(|c| {
-            let mut stmt = c.prepare(
-                "SELECT c.name, c.created_at_ms, (SELECT COUNT(*) FROM nodes n WHERE n.cluster = c.name),
-                        c.maintenance_windows
-                 FROM clusters c ORDER BY c.name",
-            )?;
-            let rows = stmt
-                .query_map([], |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, i64>(1)?,
-                        r.get::<_, u32>(2)?,
-                        r.get::<_, String>(3)?,
-                    ))
-                })?
-                .collect::<Result<Vec<_>, _>>()?;
-            rows.into_iter()
-                .map(|(name, created_at_ms, node_count, windows)| {
-                    Ok(ClusterRow {
-                        name,
-                        created_at_ms,
-                        node_count,
-                        maintenance_windows: serde_json::from_str(&windows)?,
-                    })
-                })
-                .collect()
-        })
-        .await
+        self.call(|c| read_clusters(c)).await
     }
 
     async fn get_cluster(&self, name: &str) -> Result<Option<ClusterRow>> {
@@ -902,15 +888,7 @@ impl Store for SqliteStore {
                 stmt.query_map([&name], |r| r.get::<_, String>(0))?
                     .collect::<Result<Vec<_>, _>>()?
             };
-            let bundles: Vec<String> = match &bundle {
-                Some(b) if !desired.contains(b) => {
-                    return Err(StoreError::NotFound(format!(
-                        "bundle {b} is not desired for node {name}"
-                    )));
-                }
-                Some(b) => vec![b.clone()],
-                None => desired,
-            };
+            let bundles = retry_targets(&name, desired, bundle.as_deref())?;
             if bundles.is_empty() {
                 return Ok(Some(bundles));
             }

@@ -70,14 +70,7 @@ fn read_dump(c: &Connection) -> Result<Dump> {
         })
         .optional()?
         .unwrap_or(0);
-    let names = c
-        .prepare("SELECT name FROM clusters ORDER BY name")?
-        .query_map([], |r| r.get::<_, String>(0))?
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut clusters = Vec::with_capacity(names.len());
-    for n in names {
-        clusters.extend(read_cluster(c, &n)?);
-    }
+    let clusters = read_clusters(c)?;
 
     let mut tokens = Vec::new();
     let raw = c
@@ -122,9 +115,6 @@ fn read_dump(c: &Connection) -> Result<Dump> {
             row.connected = false;
             nodes.push(row);
         }
-    }
-    for cl in &mut clusters {
-        cl.node_count = nodes.iter().filter(|n| n.cluster == cl.name).count() as u32;
     }
 
     let rows = c
