@@ -815,16 +815,14 @@ impl AdminApi {
         // started, and the deferred or held nodes a completed one may still
         // catch up.
         let mut coming: HashMap<&str, Vec<(String, String)>> = HashMap::new();
-        let driven = self
-            .s
-            .store
-            .list_rollouts(Some(cluster), false)
-            .await
-            .map_err(store_status)?;
-        for r in driven
-            .iter()
-            .filter(|r| r.bundle != new.name && r.state != RolloutState::RollingBack && r.needs_driving())
-        {
+        // The rollouts still driven are the ones that may yet assign.
+        let driven = self.s.store.rollouts_to_drive().await.map_err(store_status)?;
+        for r in driven.iter().filter(|r| {
+            r.cluster == cluster
+                && r.bundle != new.name
+                && r.state != RolloutState::RollingBack
+                && r.needs_driving()
+        }) {
             for rn in r.nodes.iter().filter(|rn| rn.startable()) {
                 coming
                     .entry(rn.name.as_str())

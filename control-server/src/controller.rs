@@ -299,9 +299,14 @@ impl Controller {
 
     /// Steps `r` until nothing changes.
     async fn drive(&self, mut r: RolloutRow, claims: &Claims) -> Result<RolloutRow, StoreError> {
+        // The cluster's windows, read once per drive; the time, per step.
+        let base = self.clock(&r.cluster).await?;
         for _ in 0..MAX_STEPS {
             let views = self.views(&r, claims).await?;
-            let clock = self.clock(&r.cluster).await?;
+            let clock = Clock {
+                now_ms: now_ms(),
+                ..base.clone()
+            };
             match rollout::step(&r, &views, clock) {
                 None => break,
                 Some(d) => r = self.commit(&r, d).await?,
