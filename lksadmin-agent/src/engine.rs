@@ -764,10 +764,20 @@ impl Engine {
                 "interrupted",
             ),
             (Some(to), _) if retry => {
-                let n = self.state.bundles.get(&txn.bundle).map_or(0, |r| r.interrupted) + 1;
+                // Finishing this rollback again after a crash must not count
+                // its interruption twice.
+                let rec = self.state.bundles.get(&txn.bundle);
+                let fresh = u32::from(rec.is_none_or(|r| r.counted_txn != Some(txn.seq)));
+                let n = rec.map_or(0, |r| r.interrupted) + fresh;
                 let v = if n >= MAX_INTERRUPTED {
-                    let gave_up = self.state.bundles.get(&txn.bundle).map_or(0, |r| r.gave_up) + 1;
-                    retry_at_ms = self.clock.now_ms().saturating_add(give_up_backoff_ms(gave_up));
+                    let gave_up = rec.map_or(0, |r| r.gave_up) + fresh;
+                    retry_at_ms = match rec.map_or(0, |r| r.retry_at_ms) {
+                        at if fresh == 0 && at > 0 => at,
+                        _ => self
+                            .clock
+                            .now_ms()
+                            .saturating_add(give_up_backoff_ms(gave_up.max(1))),
+                    };
                     if let Some(r) = self.state.bundles.get_mut(&txn.bundle) {
                         r.gave_up = gave_up;
                     }
@@ -790,6 +800,7 @@ impl Engine {
                 };
                 if let Some(r) = self.state.bundles.get_mut(&txn.bundle) {
                     r.interrupted = n;
+                    r.counted_txn = Some(txn.seq);
                 }
                 (to.version.clone(), v, "interrupted")
             }

@@ -85,6 +85,10 @@ pub struct BundleRecord {
     /// record honoured.
     #[serde(default)]
     pub retry_seen: u64,
+    /// The transaction whose interruption `interrupted` last counted: a
+    /// rollback finished again after a crash does not count it twice.
+    #[serde(default)]
+    pub counted_txn: Option<u64>,
 }
 
 impl BundleRecord {
@@ -99,6 +103,7 @@ impl BundleRecord {
             gave_up: 0,
             retry_at_ms: 0,
             retry_seen: 0,
+            counted_txn: None,
         }
     }
 

@@ -598,6 +598,23 @@ fn crashes_while_steps_run_give_up_after_three_then_retry_after_a_backoff_or_on_
     });
 }
 
+#[test]
+fn a_rollback_finished_again_after_a_crash_counts_its_interruption_once() {
+    let n = baseline();
+    n.desire(2, vec![manifest("2", &v2_files(), false)]);
+    n.crash_at("activating");
+    // The rollback of that interruption is finished, and the agent dies
+    // right after recording it, twice.
+    for _ in 0..2 {
+        n.crash_at("state-saved");
+        assert_eq!(n.local_state().bundles["app"].interrupted, 1);
+    }
+    n.run_until("v2 applied", |n| {
+        n.bundle_state() == Some(("2".into(), BundleState::Applied))
+    });
+    assert!(n.matches(&v2_files()));
+}
+
 fn now_ms() -> i64 {
     lksadmin_agent::clock::now_ms()
 }
