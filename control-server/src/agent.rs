@@ -305,9 +305,8 @@ impl AgentApi {
         if stored.expires_at_ms <= now {
             return Err(refused(TokenRefusal::Expired));
         }
-        if stored.remaining_uses == Some(0) {
-            return Err(refused(TokenRefusal::UsedUp));
-        }
+        // A token with no use left may still repeat an enrolment whose
+        // answer was lost: the store decides, in its transaction.
         let id = NodeIdentity::new(&stored.cluster, &r.node_name)
             .map_err(|e| ("invalid_argument", Status::invalid_argument(e)))?;
         let cert = self
@@ -325,6 +324,7 @@ impl AgentApi {
                 cluster: id.cluster.clone(),
                 labels,
                 cert_serial: cert.serial.clone(),
+                key_hash: cert.key_hash.clone(),
                 token_id: stored.id.clone(),
                 now_ms: now,
             })

@@ -157,6 +157,7 @@ mod tests {
                 cluster: "a".into(),
                 labels: Default::default(),
                 cert_serial: cert.serial.clone(),
+                key_hash: cert.key_hash.clone(),
                 token_id: "abcdef".into(),
                 now_ms: 1,
             })

@@ -57,6 +57,8 @@ pub struct IssuedCert {
     pub serial: String,
     /// Unix seconds.
     pub not_after: i64,
+    /// `sha256:` + hex SHA-256 of the certified key's SubjectPublicKeyInfo.
+    pub key_hash: String,
 }
 
 /// What every replica of a control plane shares: the CA and the admin
@@ -252,10 +254,14 @@ impl Pki {
                 source,
             })?;
         let info = cert_info(cert.der()).map_err(|e| PkiError::BadCsr(e.to_string()))?;
+        let key_hash = lks_proto::identity::ca_cert_hash(cert.der())
+            .map_err(|e| PkiError::BadCsr(e.to_string()))?
+            .to_string();
         Ok(IssuedCert {
             pem: cert.pem(),
             serial: info.serial,
             not_after: info.not_after,
+            key_hash,
         })
     }
 }

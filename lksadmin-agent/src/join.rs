@@ -194,7 +194,7 @@ pub async fn join(req: &JoinRequest) -> Result<JoinOutcome, JoinError> {
         return already_joined(&plan);
     }
 
-    let key = KeyPair::generate().map_err(|e| JoinError::KeyGen(e.to_string()))?;
+    let key = join_key(&plan.dirs)?;
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, plan.node_name.as_str());
@@ -204,7 +204,23 @@ pub async fn join(req: &JoinRequest) -> Result<JoinOutcome, JoinError> {
         .and_then(|csr| csr.pem())
         .map_err(|e| JoinError::KeyGen(format!("make the CSR: {e}")))?;
 
-    let (server, resp) = enroll_any(&plan, &csr_pem).await?;
+    let key_pem = key.serialize_pem();
+    let dir_existed = plan.dirs.path().exists();
+    let (server, resp) = match enroll_any(&plan, &csr_pem, &key_pem).await {
+        Ok(r) => r,
+        // Keep the key only while the outcome is unknown: a server that
+        // answered no enrolled nothing with it, and a refused join leaves
+        // nothing behind.
+        Err(e) => {
+            if !matches!(e, JoinError::Unreachable(_)) {
+                let _ = std::fs::remove_file(join_key_path(&plan.dirs));
+                if !dir_existed {
+                    let _ = std::fs::remove_dir(plan.dirs.path());
+                }
+            }
+            return Err(e);
+        }
+    };
 
     let bad = |reason: &str| JoinError::BadResponse {
         server: server.clone(),
@@ -242,11 +258,50 @@ pub async fn join(req: &JoinRequest) -> Result<JoinOutcome, JoinError> {
         &resp.ca_pem,
         &plan.trusted,
     )?;
+    let _ = std::fs::remove_file(join_key_path(&plan.dirs));
     Ok(JoinOutcome::Joined {
         node: resp.node_name,
         cluster: resp.cluster,
         expires_at: resp.expires_at,
     })
+}
+
+fn join_key_path(dirs: &StateDir) -> PathBuf {
+    dirs.path().join(".join.key")
+}
+
+/// The key this join enrols with: the one an earlier join of this state
+/// dir sent without learning the outcome, or a new one. If the server
+/// enrolled the node but its answer was lost (the server killed, the link
+/// cut), the next `join` sends the same key, and the server gives that
+/// enrolment back instead of refusing the name as taken.
+fn join_key(dirs: &StateDir) -> Result<KeyPair, JoinError> {
+    let path = join_key_path(dirs);
+    match std::fs::read_to_string(&path) {
+        Ok(pem) => KeyPair::from_pem(&pem).map_err(|e| {
+            JoinError::KeyGen(format!(
+                "{}: {e}; remove it to join with a new key",
+                path.display()
+            ))
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            KeyPair::generate().map_err(|e| JoinError::KeyGen(e.to_string()))
+        }
+        Err(e) => Err(JoinError::KeyGen(format!("read {}: {e}", path.display()))),
+    }
+}
+
+/// Writes the key down (0600) once a server was reached and the request is
+/// about to be sent: from here on its outcome may be lost. A join that
+/// reaches no server writes nothing.
+fn keep_join_key(dirs: &StateDir, key_pem: &str) -> Result<(), JoinError> {
+    let path = join_key_path(dirs);
+    if path.exists() {
+        return Ok(());
+    }
+    fsutil::create_dir(dirs.path(), 0o700)?;
+    fsutil::write_atomic(&path, key_pem.as_bytes(), 0o600)?;
+    Ok(())
 }
 
 fn one_line(s: &str) -> String {
@@ -265,10 +320,14 @@ enum Attempt {
 /// Enrols with the servers in order until one answers. Only a server that
 /// cannot be reached passes the turn to the next; an answer, yes or no, ends
 /// the join.
-async fn enroll_any(plan: &Plan, csr_pem: &str) -> Result<(String, pb::EnrollResponse), JoinError> {
+async fn enroll_any(
+    plan: &Plan,
+    csr_pem: &str,
+    key_pem: &str,
+) -> Result<(String, pb::EnrollResponse), JoinError> {
     let mut unreachable = Vec::new();
     for url in &plan.servers {
-        match enroll_at(plan, url, csr_pem).await {
+        match enroll_at(plan, url, csr_pem, key_pem).await {
             Ok(resp) => return Ok((url.clone(), resp)),
             Err(Attempt::Final(e)) => return Err(e),
             Err(Attempt::Unreachable(e)) => {
@@ -281,7 +340,12 @@ async fn enroll_any(plan: &Plan, csr_pem: &str) -> Result<(String, pb::EnrollRes
 }
 
 /// Checks `url` against the CA pin, and only then sends it the token.
-async fn enroll_at(plan: &Plan, url: &str, csr_pem: &str) -> Result<pb::EnrollResponse, Attempt> {
+async fn enroll_at(
+    plan: &Plan,
+    url: &str,
+    csr_pem: &str,
+    key_pem: &str,
+) -> Result<pb::EnrollResponse, Attempt> {
     let ca_der = match pin::fetch_pinned_ca(url, &plan.pin, PIN_TIMEOUT).await {
         Ok(ca) => ca,
         Err(e) if e.is_refusal() => return Err(Attempt::Final(e.into())),
@@ -304,6 +368,7 @@ async fn enroll_at(plan: &Plan, url: &str, csr_pem: &str) -> Result<pb::EnrollRe
         .await
         .map_err(|e| Attempt::Unreachable(format!("{url}: {}", crate::source::error_chain(&e))))?;
     let mut api = pb::agent_service_client::AgentServiceClient::new(channel);
+    keep_join_key(&plan.dirs, key_pem).map_err(Attempt::Final)?;
     api.enroll(pb::EnrollRequest {
         token: plan.token.to_string(),
         node_name: plan.node_name.clone(),

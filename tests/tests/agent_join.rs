@@ -108,3 +108,79 @@ fn wrong_ca_pin_is_refused_before_the_token_is_sent() {
     );
     assert!(out.contains("joined cluster c1"), "{out}");
 }
+
+/// The server enrolled the node but its answer never reached the agent (the
+/// server was killed, the link cut): the next `join` of that VM sends the
+/// same key, kept in the state dir, and gets the enrolment back — with a
+/// token that has no use left — instead of "already enrolled".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_whose_answer_was_lost_succeeds_when_run_again() {
+    let server = Server::start();
+    server.create_cluster("c1");
+    let j = join_info(&server, "c1", &["--uses", "1"]);
+    let mut agent = Agent::new("node-l");
+
+    // A join that reaches no server writes nothing.
+    one_line_error(
+        &agent.join_raw("https://127.0.0.1:1", &j.token, &j.ca_cert_hash, &[]),
+        "join with no server reachable",
+    );
+    assert!(!agent.state_dir.exists());
+    // A join whose request went out keeps its key in the state dir until it
+    // knows the outcome: here, as such a join left it.
+    let key_path = agent.state_dir.join(".join.key");
+    std::fs::create_dir_all(&agent.state_dir).unwrap();
+    let key_pem = rcgen::KeyPair::generate().unwrap().serialize_pem();
+    std::fs::write(&key_path, &key_pem).unwrap();
+
+    // The server takes the enrolment with that key; the answer is dropped.
+    let key = rcgen::KeyPair::from_pem(&key_pem).unwrap();
+    let mut p = rcgen::CertificateParams::default();
+    p.distinguished_name.push(rcgen::DnType::CommonName, "node-l");
+    let csr = p.serialize_request(&key).unwrap().pem().unwrap();
+    lks_e2e::server::enroll_raw(&server, &j.token, "node-l", &csr, &[])
+        .await
+        .expect("enrolled");
+    let nodes = || server.lksctl_json(&["node", "list"]).as_array().unwrap().len();
+    assert_eq!(nodes(), 1);
+
+    // Run again (cloud-init re-run, an operator): it gets the node back.
+    let out = ok_stdout(
+        &agent.join_raw(&j.server, &j.token, &j.ca_cert_hash, &[]),
+        "join again after the lost answer",
+    );
+    assert!(out.contains("node-l joined cluster c1"), "{out}");
+    assert!(
+        !key_path.exists(),
+        "the pending key is gone once the identity is stored"
+    );
+    assert_eq!(
+        std::fs::read_to_string(agent.state_dir.join("pki/node.key")).unwrap(),
+        key_pem,
+        "the identity uses the key the server enrolled"
+    );
+    assert_eq!(nodes(), 1, "still one node");
+    agent.start();
+    agent.wait_connected();
+    wait_until(lks_e2e::agent::CONVERGE, "server sees node-l", || {
+        node_connected(&server, "node-l")
+    });
+    let ev = lks_e2e::agent::node_events(&server, "node-l");
+    assert!(
+        ev.iter()
+            .any(|(k, m)| k == "enrolled" && m.contains("enrolment repeated")),
+        "{ev:?}"
+    );
+
+    // Another VM with that name (another key) is still refused.
+    let other = Agent::new("node-l");
+    let e = one_line_error(
+        &other.join_raw(&j.server, &server.token("c1", &[]), &j.ca_cert_hash, &[]),
+        "another key with the name",
+    );
+    assert!(e.contains("already enrolled"), "{e}");
+    assert!(
+        !other.state_dir.join(".join.key").exists(),
+        "a refusal keeps no key"
+    );
+}

@@ -26,6 +26,7 @@ fn node(name: &str, cluster: &str, token: &str, labels: &[(&str, &str)]) -> NewN
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
         cert_serial: format!("serial-{name}"),
+        key_hash: format!("sha256:key-{name}"),
         token_id: token.into(),
         now_ms: 1000,
     }
@@ -130,7 +131,12 @@ pub async fn enrolment_consumes_uses_atomically_and_names_are_unique(s: &dyn Sto
         s.enroll_node(node("w2", "a", "gone00", &[])).await,
         Err(StoreError::Token(TokenRefusal::Unknown))
     ));
-    let dup = s.enroll_node(node("w1", "a", "many00", &[])).await.unwrap_err();
+    // Another node (another key) with a name in use.
+    let other = NewNode {
+        key_hash: "sha256:another-key".into(),
+        ..node("w1", "a", "many00", &[])
+    };
+    let dup = s.enroll_node(other).await.unwrap_err();
     assert!(matches!(&dup, StoreError::AlreadyExists(m) if m.contains("lksctl node delete w1")));
     assert!(
         s.get_node("w2").await.unwrap().is_none(),
@@ -490,4 +496,67 @@ pub async fn rollout_policies_are_stored(s: &dyn Store) {
         .await
         .unwrap();
     assert!(s.rollouts_to_drive().await.unwrap().is_empty());
+}
+
+/// An enrolment repeated with the same key, before the node ever connected
+/// (its first answer was lost), gets the node back without another token
+/// use; any other enrolment of the name is refused.
+pub async fn a_lost_enrolment_answer_can_be_repeated_with_the_same_key(s: &dyn Store) {
+    s.create_cluster("a", 1).await.unwrap();
+    s.create_cluster("b", 1).await.unwrap();
+    s.create_token(token("toka01", "a", Some(1), 10_000))
+        .await
+        .unwrap();
+    s.create_token(token("tokb01", "b", None, 10_000)).await.unwrap();
+    let first = node("n1", "a", "toka01", &[]);
+    let g = s.enroll_node(first.clone()).await.unwrap();
+    assert_eq!(
+        s.get_token("toka01").await.unwrap().unwrap().remaining_uses,
+        Some(0)
+    );
+    assert_eq!(s.get_node("n1").await.unwrap().unwrap().key_hash, "sha256:key-n1");
+
+    // The same key again: the node is kept, with the new certificate.
+    let again = NewNode {
+        cert_serial: "serial-n1-again".into(),
+        ..first.clone()
+    };
+    assert_eq!(s.enroll_node(again.clone()).await.unwrap(), g);
+    let n = s.get_node("n1").await.unwrap().unwrap();
+    assert_eq!(n.cert_serial, "serial-n1-again");
+    assert_eq!(
+        s.get_token("toka01").await.unwrap().unwrap().remaining_uses,
+        Some(0)
+    );
+    assert_eq!(s.list_nodes(None).await.unwrap().len(), 1);
+
+    // Another key, or another cluster's token, is another node.
+    let other_key = NewNode {
+        key_hash: "sha256:thief".into(),
+        ..first.clone()
+    };
+    assert!(matches!(
+        s.enroll_node(other_key).await,
+        Err(StoreError::AlreadyExists(_))
+    ));
+    let other_cluster = NewNode {
+        cluster: "b".into(),
+        token_id: "tokb01".into(),
+        ..first.clone()
+    };
+    assert!(matches!(
+        s.enroll_node(other_cluster).await,
+        Err(StoreError::AlreadyExists(_))
+    ));
+    // Once it has connected, the identity is in use: no repeat.
+    s.node_connected("n1", "{}", Vec::new(), 5).await.unwrap();
+    s.node_disconnected("n1", 6).await.unwrap();
+    assert!(matches!(
+        s.enroll_node(again).await,
+        Err(StoreError::AlreadyExists(_))
+    ));
+    assert_eq!(
+        s.get_node("n1").await.unwrap().unwrap().cert_serial,
+        "serial-n1-again"
+    );
 }

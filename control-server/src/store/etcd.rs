@@ -200,6 +200,9 @@ struct NodeDoc {
     /// Held by the operator, with the reason.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     hold: Option<String>,
+    /// Hash of the key the node enrolled with.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    key_hash: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Default)]
@@ -644,6 +647,7 @@ impl EtcdStore {
             generation: desired.generation,
             desired: desired.bundles,
             hold: doc.hold,
+            key_hash: doc.key_hash,
         }
     }
 
@@ -1116,9 +1120,6 @@ impl Store for EtcdStore {
             if tok.expires_at_ms <= n.now_ms {
                 return Err(StoreError::Token(TokenRefusal::Expired));
             }
-            if tok.remaining_uses == Some(0) {
-                return Err(StoreError::Token(TokenRefusal::UsedUp));
-            }
             if tok.cluster != n.cluster {
                 return Err(StoreError::Conflict(format!(
                     "token belongs to cluster {}, not {}",
@@ -1126,11 +1127,34 @@ impl Store for EtcdStore {
                 )));
             }
             let nkey = self.key(&format!("nodes/{}", n.name));
-            if let Some(existing) = self.get::<NodeDoc>(&nkey).await?.value {
-                return Err(StoreError::AlreadyExists(format!(
-                    "node {} is already enrolled in cluster {}; to replace it, run `lksctl node delete {}` first",
-                    n.name, existing.cluster, n.name
-                )));
+            let node: Doc<NodeDoc> = self.get(&nkey).await?;
+            if let Some(mut existing) = node.value.clone() {
+                let never = existing.facts_json.is_empty()
+                    && existing.last_seen_ms == 0
+                    && existing.replica.is_empty();
+                if !n.repeats(&existing.cluster, &existing.key_hash, never) {
+                    return Err(StoreError::AlreadyExists(format!(
+                        "node {} is already enrolled in cluster {}; to replace it, run `lksctl node delete {}` first",
+                        n.name, existing.cluster, n.name
+                    )));
+                }
+                let dkey = self.key(&format!("desired/{}", n.name));
+                let desired: Doc<DesiredDoc> = self.get(&dkey).await?;
+                existing.cert_serial = n.cert_serial.clone();
+                let mut ops = vec![TxnOp::put(nkey.clone(), json(&existing)?, None)];
+                if let Some(op) = self.event_op(&[EventRow::reenrolled(&n)])? {
+                    ops.push(op);
+                }
+                if self
+                    .txn(vec![node.compare(&nkey), desired.compare(&dkey)], ops)
+                    .await?
+                {
+                    return Ok(desired.value.map_or(0, |d| d.generation));
+                }
+                continue;
+            }
+            if tok.remaining_uses == Some(0) {
+                return Err(StoreError::Token(TokenRefusal::UsedUp));
             }
             let mut compares = vec![
                 token.compare(&tkey),
@@ -1165,6 +1189,7 @@ impl Store for EtcdStore {
                     replica: String::new(),
                     actual: BTreeMap::new(),
                     hold: None,
+                    key_hash: n.key_hash.clone(),
                 })?,
                 None,
             ));
@@ -2084,6 +2109,7 @@ mod tests {
         a_report_that_leaves_out_an_undesired_bundle_means_it_was_removed,
         status_and_events,
         rollout_policies_are_stored,
+        a_lost_enrolment_answer_can_be_repeated_with_the_same_key,
     );
 
     fn token(id: &str, uses: Option<u32>) -> TokenRow {
@@ -2104,6 +2130,7 @@ mod tests {
             cluster: "c".into(),
             labels: Labels::new(),
             cert_serial: format!("s-{name}"),
+            key_hash: String::new(),
             token_id: tok.into(),
             now_ms: 1,
         }

@@ -84,8 +84,21 @@ pub struct NewNode {
     pub cluster: String,
     pub labels: Labels,
     pub cert_serial: String,
+    /// `sha256:` + hex SHA-256 of the node key's SubjectPublicKeyInfo.
+    pub key_hash: String,
     pub token_id: String,
     pub now_ms: i64,
+}
+
+impl NewNode {
+    /// An enrolment may take over a node of that name only when it is the
+    /// same enrolment again: same cluster, same key (the agent keeps its
+    /// key until its identity is written), and the node never connected —
+    /// the answer to the first attempt was lost (a server killed, a link
+    /// cut) before the agent got its certificate.
+    pub fn repeats(&self, cluster: &str, key_hash: &str, never_connected: bool) -> bool {
+        never_connected && cluster == self.cluster && !self.key_hash.is_empty() && key_hash == self.key_hash
+    }
 }
 
 /// What an agent reported about one bundle.
@@ -123,6 +136,9 @@ pub struct NodeRow {
     /// Set by `lksctl node hold`: no rollout gives the node a new desired
     /// state. The reason ("" if none was given).
     pub hold: Option<String>,
+    /// Hash of the node key it enrolled with ("" for nodes enrolled before
+    /// it was recorded).
+    pub key_hash: String,
 }
 
 /// A bundle version to store. `signed_bundle` is the encoded protobuf
@@ -540,6 +556,21 @@ impl EventRow {
             version: String::new(),
             message: format!("enrolled with token {}", n.token_id),
         }
+    }
+
+    /// What every store records when an enrolment is repeated (its first
+    /// answer was lost): the node gets a new certificate, no token use.
+    pub fn reenrolled(n: &NewNode) -> EventRow {
+        Self::about(
+            &n.cluster,
+            &n.name,
+            "enrolled",
+            n.now_ms,
+            format!(
+                "enrolment repeated with token {} and the same key (the first answer was lost); new certificate",
+                n.token_id
+            ),
+        )
     }
 
     /// What every store records when a node is deleted.

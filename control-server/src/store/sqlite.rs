@@ -156,6 +156,7 @@ ALTER TABLE rollouts ADD COLUMN policy TEXT NOT NULL DEFAULT '{"offline":"wait"}
 ALTER TABLE rollouts ADD COLUMN pacing TEXT NOT NULL DEFAULT '{}';
 ALTER TABLE rollout_nodes ADD COLUMN canary INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE desired ADD COLUMN retry INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE nodes ADD COLUMN key_hash TEXT NOT NULL DEFAULT '';
 "#,
 ];
 
@@ -318,7 +319,7 @@ fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
     let row = tx
         .query_row(
             "SELECT name, cluster, labels, cert_serial, facts, last_seen_ms, connected, enrolled_at_ms, generation,
-                    hold_reason
+                    hold_reason, key_hash
              FROM nodes WHERE name = ?1",
             [name],
             |r| {
@@ -333,6 +334,7 @@ fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
                     r.get::<_, i64>(7)?,
                     r.get::<_, i64>(8)?,
                     r.get::<_, Option<String>>(9)?,
+                    r.get::<_, String>(10)?,
                 ))
             },
         )
@@ -348,6 +350,7 @@ fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
         enrolled_at_ms,
         generation,
         hold,
+        key_hash,
     )) = row
     else {
         return Ok(None);
@@ -399,6 +402,7 @@ fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
         desired,
         actual,
         hold,
+        key_hash,
     }))
 }
 
@@ -753,23 +757,43 @@ impl Store for SqliteStore {
             if expires_at_ms <= n.now_ms {
                 return Err(StoreError::Token(TokenRefusal::Expired));
             }
-            if remaining == Some(0) {
-                return Err(StoreError::Token(TokenRefusal::UsedUp));
-            }
             if cluster != n.cluster {
                 return Err(StoreError::Conflict(format!(
                     "token belongs to cluster {cluster}, not {}",
                     n.cluster
                 )));
             }
-            if let Some(existing) = tx
-                .query_row("SELECT cluster FROM nodes WHERE name = ?1", [&n.name], |r| r.get::<_, String>(0))
+            if let Some((existing, key_hash, facts, last_seen, generation)) = tx
+                .query_row(
+                    "SELECT cluster, key_hash, facts, last_seen_ms, generation FROM nodes WHERE name = ?1",
+                    [&n.name],
+                    |r| {
+                        Ok((
+                            r.get::<_, String>(0)?,
+                            r.get::<_, String>(1)?,
+                            r.get::<_, String>(2)?,
+                            r.get::<_, i64>(3)?,
+                            r.get::<_, i64>(4)?,
+                        ))
+                    },
+                )
                 .optional()?
             {
+                if n.repeats(&existing, &key_hash, facts.is_empty() && last_seen == 0) {
+                    tx.execute(
+                        "UPDATE nodes SET cert_serial = ?2 WHERE name = ?1",
+                        params![n.name, n.cert_serial],
+                    )?;
+                    insert_event(tx, &EventRow::reenrolled(&n))?;
+                    return Ok(generation as u64);
+                }
                 return Err(StoreError::AlreadyExists(format!(
                     "node {} is already enrolled in cluster {existing}; to replace it, run `lksctl node delete {}` first",
                     n.name, n.name
                 )));
+            }
+            if remaining == Some(0) {
+                return Err(StoreError::Token(TokenRefusal::UsedUp));
             }
             if remaining.is_some() {
                 tx.execute(
@@ -779,9 +803,17 @@ impl Store for SqliteStore {
             }
             let generation = next_generation(tx)?;
             tx.execute(
-                "INSERT INTO nodes (name, cluster, labels, cert_serial, enrolled_at_ms, generation)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                params![n.name, n.cluster, labels_to_json(&n.labels)?, n.cert_serial, n.now_ms, generation as i64],
+                "INSERT INTO nodes (name, cluster, labels, cert_serial, enrolled_at_ms, generation, key_hash)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    n.name,
+                    n.cluster,
+                    labels_to_json(&n.labels)?,
+                    n.cert_serial,
+                    n.now_ms,
+                    generation as i64,
+                    n.key_hash
+                ],
             )?;
             let targets = {
                 let mut stmt = tx.prepare("SELECT bundle, version, selector FROM cluster_targets WHERE cluster = ?1")?;
@@ -1644,6 +1676,14 @@ mod tests {
     #[tokio::test]
     async fn status_and_events() {
         conformance::status_and_events(&SqliteStore::open_in_memory().unwrap()).await;
+    }
+
+    #[tokio::test]
+    async fn a_lost_enrolment_answer_can_be_repeated_with_the_same_key() {
+        conformance::a_lost_enrolment_answer_can_be_repeated_with_the_same_key(
+            &SqliteStore::open_in_memory().unwrap(),
+        )
+        .await;
     }
 
     #[tokio::test]

@@ -94,6 +94,7 @@ impl EtcdStore {
                     replica: String::new(),
                     actual: n.actual.iter().map(|(b, a)| (b.clone(), actual_doc(a))).collect(),
                     hold: n.hold.clone(),
+                    key_hash: n.key_hash.clone(),
                 })?,
             ));
             docs.push((

@@ -234,6 +234,7 @@ mod tests {
                 cluster: "a".into(),
                 labels: Labels::new(),
                 cert_serial: format!("serial-{n}"),
+                key_hash: String::new(),
                 token_id: "tok001".into(),
                 now_ms: 3,
             })
