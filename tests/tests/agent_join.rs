@@ -61,6 +61,14 @@ fn join_stores_an_identity_and_the_node_connects() {
     assert_eq!(n["cluster"], "c1");
     assert_eq!(n["labels"]["zone"], "a");
     assert_eq!(n["facts"]["agent_version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(
+        n["agent_version"],
+        env!("CARGO_PKG_VERSION"),
+        "DESIGN §6: node list carries agent_version"
+    );
+    let table = server.lksctl_ok(&["node", "list"]);
+    assert!(table.lines().next().unwrap().contains("AGENT"), "{table}");
+    assert!(table.contains(env!("CARGO_PKG_VERSION")), "{table}");
     assert_eq!(agent.stop(), Some(0), "clean exit on SIGTERM");
 }
 

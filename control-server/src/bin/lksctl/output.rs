@@ -118,7 +118,16 @@ pub fn node_json(n: &pb::Node) -> Value {
         "enrolled_at": rfc3339_ms(n.enrolled_at_ms),
         "held": n.held,
         "hold_reason": n.held.then_some(&n.hold_reason),
+        // DESIGN §6: the agent version the node last reported (its Hello).
+        "agent_version": agent_version(n),
     })
+}
+
+fn agent_version(n: &pb::Node) -> Option<&str> {
+    n.facts
+        .as_ref()
+        .map(|f| f.agent_version.as_str())
+        .filter(|v| !v.is_empty())
 }
 
 pub fn cluster_json(c: &pb::Cluster) -> Value {
@@ -166,13 +175,22 @@ pub fn nodes_table(nodes: &[pb::Node]) -> String {
                 n.cluster.clone(),
                 if n.connected { "yes" } else { "no" }.into(),
                 or_dash(rfc3339_ms(n.last_seen_ms)),
+                agent_version(n).unwrap_or("-").to_string(),
                 labels_text(&n.labels),
                 bundles_text(&n.bundles),
             ]
         })
         .collect();
     table(
-        &["NAME", "CLUSTER", "CONNECTED", "LAST SEEN", "LABELS", "BUNDLES"],
+        &[
+            "NAME",
+            "CLUSTER",
+            "CONNECTED",
+            "LAST SEEN",
+            "AGENT",
+            "LABELS",
+            "BUNDLES",
+        ],
         &rows,
     )
 }
@@ -586,10 +604,28 @@ mod tests {
             ..Default::default()
         };
         let v = node_json(&n);
-        for k in ["name", "cluster", "labels", "connected", "last_seen", "bundles"] {
+        for k in [
+            "name",
+            "cluster",
+            "labels",
+            "connected",
+            "last_seen",
+            "bundles",
+            "agent_version",
+        ] {
             assert!(v.get(k).is_some(), "{k}");
         }
         assert!(v["last_seen"].is_null());
+        assert!(v["agent_version"].is_null(), "never connected: no version");
+        let n = pb::Node {
+            facts: Some(pb::NodeFactsView {
+                agent_version: "0.1.0".into(),
+                ..Default::default()
+            }),
+            ..n
+        };
+        assert_eq!(node_json(&n)["agent_version"], "0.1.0");
+        assert!(nodes_table(&[n]).lines().nth(1).unwrap().contains("0.1.0"));
         assert!(v["labels"].is_object());
         assert_eq!(v["bundles"][0]["state"], "rolled_back");
     }
