@@ -724,6 +724,13 @@ impl Engine {
                 phase: txn.phase.name(),
             });
         };
+        // A bundle without steps or health check runs no code of its own:
+        // a crash in those phases was the agent's, not the bundle's.
+        let guarded = guarded
+            && txn
+                .to
+                .as_ref()
+                .is_some_and(|m| !m.steps.is_empty() || m.health.is_some());
         let backup_dir = self.dirs.txn(txn.seq);
         if touched {
             let mut first = true;
