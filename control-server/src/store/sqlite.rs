@@ -1639,57 +1639,27 @@ mod tests {
     use super::*;
     use crate::store::conformance;
 
-    #[tokio::test]
-    async fn clusters_and_tokens() {
-        conformance::clusters_and_tokens(&SqliteStore::open_in_memory().unwrap()).await;
+    /// Each conformance case against a fresh in-memory database (the etcd
+    /// store runs the same list against a throwaway etcd).
+    macro_rules! conformance {
+        ($($name:ident),* $(,)?) => {$(
+            #[tokio::test]
+            async fn $name() {
+                conformance::$name(&SqliteStore::open_in_memory().unwrap()).await;
+            }
+        )*};
     }
 
-    #[tokio::test]
-    async fn enrolment_consumes_uses_atomically_and_names_are_unique() {
-        conformance::enrolment_consumes_uses_atomically_and_names_are_unique(
-            &SqliteStore::open_in_memory().unwrap(),
-        )
-        .await;
-    }
-
-    #[tokio::test]
-    async fn bundles_are_immutable() {
-        conformance::bundles_are_immutable(&SqliteStore::open_in_memory().unwrap()).await;
-    }
-
-    #[tokio::test]
-    async fn rollouts_assign_only_what_the_controller_decides() {
-        conformance::rollouts_assign_only_what_the_controller_decides(
-            &SqliteStore::open_in_memory().unwrap(),
-        )
-        .await;
-    }
-
-    #[tokio::test]
-    async fn a_report_that_leaves_out_an_undesired_bundle_means_it_was_removed() {
-        conformance::a_report_that_leaves_out_an_undesired_bundle_means_it_was_removed(
-            &SqliteStore::open_in_memory().unwrap(),
-        )
-        .await;
-    }
-
-    #[tokio::test]
-    async fn status_and_events() {
-        conformance::status_and_events(&SqliteStore::open_in_memory().unwrap()).await;
-    }
-
-    #[tokio::test]
-    async fn a_lost_enrolment_answer_can_be_repeated_with_the_same_key() {
-        conformance::a_lost_enrolment_answer_can_be_repeated_with_the_same_key(
-            &SqliteStore::open_in_memory().unwrap(),
-        )
-        .await;
-    }
-
-    #[tokio::test]
-    async fn rollout_policies_are_stored() {
-        conformance::rollout_policies_are_stored(&SqliteStore::open_in_memory().unwrap()).await;
-    }
+    conformance!(
+        clusters_and_tokens,
+        enrolment_consumes_uses_atomically_and_names_are_unique,
+        bundles_are_immutable,
+        rollouts_assign_only_what_the_controller_decides,
+        a_report_that_leaves_out_an_undesired_bundle_means_it_was_removed,
+        status_and_events,
+        rollout_policies_are_stored,
+        a_lost_enrolment_answer_can_be_repeated_with_the_same_key,
+    );
 
     #[tokio::test]
     async fn reopening_keeps_state_and_schema() {
