@@ -22,7 +22,7 @@ use tonic::Status;
 use crate::authz::store_status;
 use crate::rollout::{self, Clock, Decision, NodeView, Verb};
 use crate::server::Shared;
-use crate::store::{NewRollout, RolloutCommit, RolloutRow, StoreError, sqlite::now_ms};
+use crate::store::{NewRollout, RolloutCommit, RolloutRow, RolloutState, StoreError, sqlite::now_ms};
 use crate::windows;
 
 /// How often rollouts are re-examined without a trigger (offline deadlines).
@@ -139,13 +139,17 @@ pub async fn run(s: Arc<Shared>, inbox: Inbox) {
 type Claims = HashMap<String, String>;
 
 /// For each rollout of `rows` (oldest first), the nodes newer rollouts of
-/// its cluster and bundle include.
+/// its cluster and bundle include. Only a completed rollout catching up
+/// deferred or held nodes can have newer ones (an active rollout is the
+/// newest of its bundle), so only those get a copy — once per tick.
 fn claims(rows: &[RolloutRow]) -> Vec<Claims> {
     let mut out = vec![Claims::new(); rows.len()];
     let mut newer: HashMap<(&str, &str), Claims> = HashMap::new();
     for (i, r) in rows.iter().enumerate().rev() {
         let seen = newer.entry((r.cluster.as_str(), r.bundle.as_str())).or_default();
-        out[i] = seen.clone();
+        if r.state == RolloutState::Completed && !seen.is_empty() {
+            out[i] = seen.clone();
+        }
         for n in &r.nodes {
             seen.entry(n.name.clone()).or_insert_with(|| r.id.clone());
         }
@@ -344,5 +348,50 @@ impl Controller {
             Ok(r) => self.s.metrics.set_active_rollouts(r.len()),
             Err(e) => tracing::warn!(error = %e, "count active rollouts"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::RolloutNodeRow;
+
+    fn row(id: &str, bundle: &str, state: RolloutState, nodes: &[&str]) -> RolloutRow {
+        RolloutRow {
+            id: id.into(),
+            cluster: "c".into(),
+            bundle: bundle.into(),
+            version: "1".into(),
+            selector: Default::default(),
+            batch_size: 1,
+            failure_threshold: 1,
+            offline_deadline_ms: 1,
+            state,
+            nodes: nodes.iter().map(|n| RolloutNodeRow::waiting(n, "")).collect(),
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            message: String::new(),
+            revision: 0,
+            previous_target: None,
+            policy: Default::default(),
+            pacing: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_completed_rollout_sees_the_nodes_newer_rollouts_of_its_bundle_took() {
+        let rows = [
+            row("old", "k", RolloutState::Completed, &["a", "b"]),
+            row("other", "z", RolloutState::Completed, &["a"]),
+            row("mid", "k", RolloutState::Completed, &["b"]),
+            row("new", "k", RolloutState::Running, &["a"]),
+        ];
+        let c = claims(&rows);
+        assert_eq!(c[0].get("a").map(String::as_str), Some("new"));
+        assert_eq!(c[0].get("b").map(String::as_str), Some("mid"));
+        assert!(c[1].is_empty(), "another bundle claims nothing");
+        assert_eq!(c[2].get("a").map(String::as_str), Some("new"));
+        assert!(!c[2].contains_key("b"), "a rollout does not claim its own nodes");
+        assert!(c[3].is_empty(), "the newest rollout has no claims");
     }
 }
