@@ -25,7 +25,8 @@
 # Usage: bash scripts/bench.sh [--only agents|sha|packages|upgrade|ha] [AGENTS...]
 #        (default: every section, agents 1000 2000; HA_AGENTS=1000,
 #        IDLE_SECONDS=60)
-# Needs python3 (medians), curl and, for the HA section, etcd. Not run by CI.
+# Needs python3 (medians), curl, openssl (the upgrade baseline) and, for the HA
+# section, etcd. Not run by CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}

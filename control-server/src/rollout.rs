@@ -1332,6 +1332,18 @@ mod tests {
         panic!("the rollout never settled: {r:?}");
     }
 
+    /// A deferring rollout of `nodes` started at t=1 and settled (every
+    /// reachable node replies "applied").
+    fn run_deferring(
+        nodes: &[&str],
+        batch: u32,
+        v: &mut BTreeMap<String, NodeView>,
+        g: &mut u64,
+    ) -> RolloutRow {
+        let r = commit(step(&deferring(nodes, batch, 1), v, at(1)).unwrap(), v, g);
+        settle(r, v, g, &at(1))
+    }
+
     fn windowed(ms: i64, specs: &[&str]) -> Clock {
         let specs: Vec<String> = specs.iter().map(|s| s.to_string()).collect();
         Clock {
@@ -1403,12 +1415,7 @@ mod tests {
             offline(&mut v, n);
         }
         let mut g = 0;
-        let r = settle(
-            commit(step(&deferring(&nodes, 2, 1), &v, at(1)).unwrap(), &mut v, &mut g),
-            &mut v,
-            &mut g,
-            &at(1),
-        );
+        let r = run_deferring(&nodes, 2, &mut v, &mut g);
         assert_eq!(r.state, RolloutState::Completed);
         assert_eq!(counts(&r).deferred, 3);
         for n in ["a", "b", "c"] {
@@ -1455,12 +1462,7 @@ mod tests {
         let mut v = views(&nodes);
         v.get_mut("b").unwrap().held = true;
         let mut g = 0;
-        let r = settle(
-            commit(step(&deferring(&nodes, 3, 1), &v, at(1)).unwrap(), &mut v, &mut g),
-            &mut v,
-            &mut g,
-            &at(1),
-        );
+        let r = run_deferring(&nodes, 3, &mut v, &mut g);
         assert_eq!(states(&r), ["updated", "held", "updated"]);
         assert_eq!(r.state, RolloutState::Completed);
         assert_eq!(r.message, "2 of 3 node(s) updated, 1 held");
@@ -1479,12 +1481,7 @@ mod tests {
         let nodes = ["a", "b"];
         let mut v = views(&nodes);
         let mut g = 0;
-        let r = settle(
-            commit(step(&deferring(&nodes, 2, 1), &v, at(1)).unwrap(), &mut v, &mut g),
-            &mut v,
-            &mut g,
-            &at(1),
-        );
+        let r = run_deferring(&nodes, 2, &mut v, &mut g);
         v.get_mut("a").unwrap().held = true;
         let r = commit(apply_verb(&r, Verb::Rollback, 2).unwrap(), &mut v, &mut g);
         let d = step(&r, &v, at(3)).unwrap();
@@ -1503,12 +1500,7 @@ mod tests {
         let mut v = views(&nodes);
         offline(&mut v, "a");
         let mut g = 0;
-        let r = settle(
-            commit(step(&deferring(&nodes, 1, 1), &v, at(1)).unwrap(), &mut v, &mut g),
-            &mut v,
-            &mut g,
-            &at(1),
-        );
+        let r = run_deferring(&nodes, 1, &mut v, &mut g);
         assert_eq!(states(&r), ["deferred", "updated"]);
         let a = v.get_mut("a").unwrap();
         a.connected = true;
@@ -1591,12 +1583,7 @@ mod tests {
         let nodes = ["a"];
         let mut v = views(&nodes);
         let mut g = 0;
-        let r = settle(
-            commit(step(&deferring(&nodes, 1, 1), &v, at(1)).unwrap(), &mut v, &mut g),
-            &mut v,
-            &mut g,
-            &at(1),
-        );
+        let r = run_deferring(&nodes, 1, &mut v, &mut g);
         let r = commit(apply_verb(&r, Verb::Rollback, 2).unwrap(), &mut v, &mut g);
         let d = step(
             &r,
