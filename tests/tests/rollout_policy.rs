@@ -307,7 +307,14 @@ fn closed_windows_start_nothing_until_one_opens_even_across_a_restart() {
         "--maintenance-window",
         "daily 00:00-24:00 UTC",
     ]);
-    lks_e2e::ok_stdout(&out, "cluster set with an open window");
+    let said = lks_e2e::ok_stdout(&out, "cluster set with an open window");
+    assert!(said.contains("open now, until "), "{said}");
+    let cl = f.server.lksctl_json(&["cluster", "list"]);
+    assert_eq!(cl[0]["window_open"], true);
+    assert!(
+        cl[0]["window_closes"].as_str().unwrap().ends_with("T00:00:00Z"),
+        "{cl:#}"
+    );
     let st = f.wait_state(&id, "completed");
     assert_eq!(st["updated"], 2, "{st:#}");
     assert_eq!(st["waiting_for_window"], false);

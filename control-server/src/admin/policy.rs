@@ -38,6 +38,7 @@ pub fn cluster_pb(c: ClusterRow, now_ms: i64) -> pb::Cluster {
         maintenance_windows: c.maintenance_windows,
         window_open: open,
         next_window_ms: next,
+        window_closes_ms: windows::closes_at(&parsed, now_ms).unwrap_or(0),
     }
 }
 

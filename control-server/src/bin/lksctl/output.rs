@@ -138,6 +138,7 @@ pub fn cluster_json(c: &pb::Cluster) -> Value {
         "maintenance_windows": c.maintenance_windows,
         "window_open": c.window_open,
         "next_window": (c.next_window_ms > 0).then(|| rfc3339_ms(c.next_window_ms)).flatten(),
+        "window_closes": (c.window_closes_ms > 0).then(|| rfc3339_ms(c.window_closes_ms)).flatten(),
     })
 }
 
@@ -147,7 +148,7 @@ pub fn windows_text(c: &pb::Cluster) -> String {
         return "-".into();
     }
     let state = if c.window_open {
-        "open now".to_string()
+        format!("open now, until {}", or_dash(rfc3339_ms(c.window_closes_ms)))
     } else {
         format!("closed; next {}", or_dash(rfc3339_ms(c.next_window_ms)))
     };
