@@ -1,7 +1,10 @@
 //! `AdminService`: the operator API behind `lksctl`. Every call requires the
 //! admin certificate.
 
+mod clusters;
 mod policy;
+
+pub use clusters::check_api_server;
 
 pub use policy::rollout_pb;
 
@@ -83,15 +86,7 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::Cluster>, Status> {
         let _t = self.s.metrics.timer("CreateCluster");
         let who = require_admin(&req)?;
-        let name = req.into_inner().name;
-        validate_cluster_name(&name).map_err(invalid)?;
-        let c = self
-            .s
-            .store
-            .create_cluster(&name, now_ms())
-            .await
-            .map_err(store_status)?;
-        tracing::info!(cluster = %name, admin = %who, "cluster created");
+        let c = clusters::create(&self.s, req.into_inner(), &who, now_ms()).await?;
         Ok(Response::new(policy::cluster_pb(c, now_ms())))
     }
 
@@ -104,11 +99,53 @@ impl AdminService for AdminApi {
         let r = req.into_inner();
         validate_cluster_name(&r.name).map_err(invalid)?;
         let name = r.name.clone();
-        let c = policy::set_windows(self.s.store.as_ref(), r, &who, now_ms()).await?;
-        tracing::info!(cluster = %name, admin = %who, windows = ?c.maintenance_windows, "maintenance windows set");
-        // Rollouts waiting for a window may start at once, or must stop starting.
-        self.s.rollouts_changed.notify_one();
+        let wants_windows = r.clear_maintenance_windows || !r.maintenance_windows.is_empty();
+        let change = clusters::check_change(&self.s, &r).await?;
+        if !wants_windows && change.is_empty() {
+            return Err(invalid(
+                "nothing to set: give --maintenance-window (repeatable), --no-maintenance-window, \
+                 --api-server, --no-api-server, --ca-cert with --ca-key, or --generate-ca",
+            ));
+        }
+        // Windows are checked before anything is stored.
+        let windows = if wants_windows {
+            Some(policy::check_windows(&r)?)
+        } else {
+            None
+        };
+        let mut row = clusters::apply_change(&self.s, &name, change, &who, now_ms()).await?;
+        if let Some(w) = windows {
+            let c = policy::set_windows(self.s.store.as_ref(), &name, w, &who, now_ms()).await?;
+            tracing::info!(cluster = %name, admin = %who, windows = ?c.maintenance_windows, "maintenance windows set");
+            // Rollouts waiting for a window may start at once, or must stop starting.
+            self.s.rollouts_changed.notify_one();
+            row = Some(c);
+        }
+        let c = row.ok_or_else(|| Status::internal("set cluster: nothing was changed"))?;
         Ok(Response::new(policy::cluster_pb(c, now_ms())))
+    }
+
+    async fn get_cluster_ca(
+        &self,
+        req: Request<pb::GetClusterCaRequest>,
+    ) -> Result<Response<pb::GetClusterCaResponse>, Status> {
+        let _t = self.s.metrics.timer("GetClusterCa");
+        require_admin(&req)?;
+        let name = req.into_inner().name;
+        Ok(Response::new(pb::GetClusterCaResponse {
+            ca_cert_pem: clusters::ca_pem(&self.s, &name).await?,
+        }))
+    }
+
+    async fn list_certificates(
+        &self,
+        req: Request<pb::ListCertificatesRequest>,
+    ) -> Result<Response<pb::ListCertificatesResponse>, Status> {
+        let _t = self.s.metrics.timer("ListCertificates");
+        require_admin(&req)?;
+        Ok(Response::new(pb::ListCertificatesResponse {
+            certificates: clusters::list(&self.s, req.into_inner(), now_ms()).await?,
+        }))
     }
 
     async fn list_clusters(
@@ -633,7 +670,11 @@ impl AdminService for AdminApi {
             .await
             .map_err(store_status)?
             .ok_or_else(|| Status::not_found(format!("node {name} does not exist")))?;
-        Ok(Response::new(node_pb(&self.s, row)))
+        let certificates = clusters::node_certs(&self.s, &row.cluster, &row.name, now_ms()).await?;
+        Ok(Response::new(pb::Node {
+            certificates,
+            ..node_pb(&self.s, row)
+        }))
     }
 
     async fn delete_node(
@@ -955,5 +996,6 @@ fn node_pb(s: &Shared, n: NodeRow) -> pb::Node {
         enrolled_at_ms: n.enrolled_at_ms,
         held: n.hold.is_some(),
         hold_reason: n.hold.unwrap_or_default(),
+        certificates: Vec::new(),
     }
 }

@@ -130,7 +130,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pki = Pki::load_or_create(dir.path(), &["127.0.0.1".into()]).unwrap();
         let store = Arc::new(SqliteStore::open_in_memory().unwrap());
-        store.create_cluster("a", 0).await.unwrap();
+        store
+            .create_cluster(crate::store::NewCluster::new("a", 0))
+            .await
+            .unwrap();
         store
             .create_token(TokenRow {
                 id: "abcdef".into(),

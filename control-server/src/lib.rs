@@ -12,6 +12,7 @@ pub mod agent;
 pub mod authz;
 pub mod blobs;
 pub mod blobsync;
+pub mod clusterca;
 pub mod controller;
 pub mod fsutil;
 pub mod hub;

@@ -30,7 +30,7 @@ const ADMIN_VALIDITY: Duration = Duration::from_secs(2 * 365 * 86400);
 /// A certificate with less validity left than this is re-issued at start.
 const RENEW_BEFORE: Duration = Duration::from_secs(30 * 86400);
 /// Tolerated clock skew between server and nodes.
-const BACKDATE: Duration = Duration::from_secs(300);
+pub(crate) const BACKDATE: Duration = Duration::from_secs(300);
 
 #[derive(Debug, thiserror::Error)]
 pub enum PkiError {
@@ -352,7 +352,7 @@ fn ia5(s: String) -> Result<Ia5String, PkiError> {
 
 /// 16 random bytes with the top bit clear: positive, and unique enough that
 /// the serial can name a certificate in the store.
-fn random_serial() -> SerialNumber {
+pub(crate) fn random_serial() -> SerialNumber {
     let mut b = [0u8; 16];
     // getrandom only fails when the OS has no entropy source at all; a fixed
     // serial would then still be caught by the revocation check.

@@ -22,6 +22,7 @@ use crate::admin::AdminApi;
 use crate::adminconf::{AdminConf, AdminConfError, AdminConfFile};
 use crate::agent::AgentApi;
 use crate::blobs::{BlobError, BlobStore};
+use crate::clusterca::ClusterCas;
 use crate::controller;
 use crate::hub::Hub;
 use crate::metrics::{self, Metrics};
@@ -136,6 +137,9 @@ pub struct Shared {
     /// What `GET /v1/agent-package/ARCH` serves.
     pub agent_packages: Arc<AgentPackages>,
     pub pki: Pki,
+    /// Tenant cluster CAs: `cluster_cas.load(name)` gives a cluster's CA
+    /// ready to sign, its key opened with the encryption key if sealed.
+    pub cluster_cas: ClusterCas,
     pub hub: Hub,
     pub metrics: Arc<Metrics>,
     pub limiter: RateLimiter,
@@ -261,7 +265,9 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         }
     }
     let server_url = format!("https://{}:{}", url_host(&host), local.port());
-    let (store, etcd, pki): (Arc<dyn Store>, Option<EtcdStore>, Pki) = match &cfg.store {
+    #[allow(clippy::type_complexity)]
+    let (store, etcd, pki, seal): (Arc<dyn Store>, Option<EtcdStore>, Pki, Option<SealKey>) = match &cfg.store
+    {
         StoreChoice::Sqlite => {
             if cfg.encryption_key_file.is_some() {
                 return Err(ServerError::Usage(
@@ -273,7 +279,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
             let pki = Pki::load_or_create(&data_dir.join("pki"), &names)?;
             let store = SqliteStore::open(&data_dir.join("state.db"))?;
             store.mark_all_disconnected().await?;
-            (Arc::new(store), None, pki)
+            (Arc::new(store), None, pki, None)
         }
         StoreChoice::Etcd(ecfg) => {
             let seal = cfg
@@ -288,7 +294,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
             let identity = replicas::load_or_create_identity(&store, seal.as_ref()).await?;
             let pki = Pki::from_shared(&identity, &names)?;
             tracing::info!(replica = %replica, prefix = store.prefix(), endpoints = %ecfg.endpoints.join(","), "store: etcd");
-            (Arc::new(store.clone()), Some(store), pki)
+            (Arc::new(store.clone()), Some(store), pki, seal)
         }
     };
     let conf = AdminConf {
@@ -314,7 +320,13 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
     let (rollouts, rollout_inbox) = controller::channel();
     let (leader_tx, leader) = watch::channel(etcd.is_none());
     let (servers_tx, servers) = watch::channel(known);
+    let cluster_cas = ClusterCas::new(
+        store.clone(),
+        seal.map(Arc::new),
+        etcd.as_ref().map_or("", |e| e.prefix()),
+    );
     let shared = Arc::new(Shared {
+        cluster_cas,
         store,
         etcd: etcd.clone(),
         leader,

@@ -109,7 +109,10 @@ async fn enrolment_issues_a_server_chosen_identity() {
     node.connect(vec![]).await.expect("node certificate accepted");
     let mut admin = pb::admin_service_client::AdminServiceClient::new(node.channel().await);
     let e = admin
-        .create_cluster(pb::CreateClusterRequest { name: "x".into() })
+        .create_cluster(pb::CreateClusterRequest {
+            name: "x".into(),
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");

@@ -301,6 +301,7 @@ async fn malformed_protobuf_on_the_wire_is_refused() {
     // Well-formed protobuf with an invalid field value.
     let body = pb::CreateClusterRequest {
         name: "../etc".into(),
+        ..Default::default()
     }
     .encode_to_vec();
     let e = raw_unary(admin.clone(), "/lks.v1.AdminService/CreateCluster", body)

@@ -39,6 +39,15 @@ pub fn cluster_pb(c: ClusterRow, now_ms: i64) -> pb::Cluster {
         window_open: open,
         next_window_ms: next,
         window_closes_ms: windows::closes_at(&parsed, now_ms).unwrap_or(0),
+        has_ca: c.ca_cert_pem.is_some(),
+        ca_cert_hash: c
+            .ca_cert_pem
+            .as_deref()
+            .and_then(|p| lks_proto::identity::pem_certs(p).ok())
+            .and_then(|d| d.first().and_then(|d| lks_proto::identity::ca_cert_hash(d).ok()))
+            .map(|h| h.to_string())
+            .unwrap_or_default(),
+        api_server: c.api_server.unwrap_or_default(),
     }
 }
 
@@ -62,17 +71,18 @@ pub fn check_windows(r: &pb::SetClusterRequest) -> Result<Vec<String>, Status> {
     Ok(parsed.iter().map(|w| w.to_string()).collect())
 }
 
-/// Sets or clears the windows of a cluster, recorded with the admin's name.
+/// Sets or clears the (checked) windows of a cluster, recorded with the
+/// admin's name.
 pub async fn set_windows(
     store: &dyn Store,
-    r: pb::SetClusterRequest,
+    name: &str,
+    windows: Vec<String>,
     admin: &str,
     now_ms: i64,
 ) -> Result<ClusterRow, Status> {
-    let windows = check_windows(&r)?;
-    let event = EventRow::windows_set(&r.name, &windows, admin, now_ms);
+    let event = EventRow::windows_set(name, &windows, admin, now_ms);
     store
-        .set_cluster_windows(&r.name, windows, event)
+        .set_cluster_windows(name, windows, event)
         .await
         .map_err(crate::authz::store_status)
 }

@@ -230,6 +230,7 @@ async fn against_server(args: &Args) -> Result<Report> {
     match admin
         .create_cluster(pb::CreateClusterRequest {
             name: args.cluster.clone(),
+            ..Default::default()
         })
         .await
     {

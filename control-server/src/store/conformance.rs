@@ -90,9 +90,9 @@ fn held(version: &str, generation: u64) -> BundleStatusRow {
 
 #[allow(clippy::too_many_lines)]
 pub async fn clusters_and_tokens(s: &dyn Store) {
-    s.create_cluster("a", 1).await.unwrap();
+    s.create_cluster(NewCluster::new("a", 1)).await.unwrap();
     assert!(matches!(
-        s.create_cluster("a", 2).await,
+        s.create_cluster(NewCluster::new("a", 2)).await,
         Err(StoreError::AlreadyExists(_))
     ));
     assert!(matches!(
@@ -112,7 +112,7 @@ pub async fn clusters_and_tokens(s: &dyn Store) {
 
 #[allow(clippy::too_many_lines)]
 pub async fn enrolment_consumes_uses_atomically_and_names_are_unique(s: &dyn Store) {
-    s.create_cluster("a", 1).await.unwrap();
+    s.create_cluster(NewCluster::new("a", 1)).await.unwrap();
     s.create_token(token("once00", "a", Some(1), 10_000))
         .await
         .unwrap();
@@ -167,7 +167,7 @@ pub async fn bundles_are_immutable(s: &dyn Store) {
 #[allow(clippy::too_many_lines)]
 pub async fn rollouts_assign_only_what_the_controller_decides(s: &dyn Store) {
     for c in ["a", "b"] {
-        s.create_cluster(c, 1).await.unwrap();
+        s.create_cluster(NewCluster::new(c, 1)).await.unwrap();
     }
     s.create_token(token("toka00", "a", None, 10_000)).await.unwrap();
     s.create_token(token("tokb00", "b", None, 10_000)).await.unwrap();
@@ -312,7 +312,7 @@ pub async fn rollouts_assign_only_what_the_controller_decides(s: &dyn Store) {
 
 #[allow(clippy::too_many_lines)]
 pub async fn a_report_that_leaves_out_an_undesired_bundle_means_it_was_removed(s: &dyn Store) {
-    s.create_cluster("a", 1).await.unwrap();
+    s.create_cluster(NewCluster::new("a", 1)).await.unwrap();
     s.create_token(token("toka00", "a", None, 10_000)).await.unwrap();
     s.enroll_node(node("a1", "a", "toka00", &[])).await.unwrap();
     s.node_connected("a1", "{}", vec![held("1", 4)], 1).await.unwrap();
@@ -326,7 +326,7 @@ pub async fn a_report_that_leaves_out_an_undesired_bundle_means_it_was_removed(s
 
 #[allow(clippy::too_many_lines)]
 pub async fn status_and_events(s: &dyn Store) {
-    s.create_cluster("a", 1).await.unwrap();
+    s.create_cluster(NewCluster::new("a", 1)).await.unwrap();
     s.create_token(token("toka00", "a", None, 10_000)).await.unwrap();
     s.enroll_node(node("a1", "a", "toka00", &[])).await.unwrap();
     assert_eq!(
@@ -367,7 +367,7 @@ pub async fn status_and_events(s: &dyn Store) {
 /// still driven.
 #[allow(clippy::too_many_lines)]
 pub async fn rollout_policies_are_stored(s: &dyn Store) {
-    s.create_cluster("a", 1).await.unwrap();
+    s.create_cluster(NewCluster::new("a", 1)).await.unwrap();
     let w = vec![
         "Sat,Sun 02:00-06:00 Europe/Berlin".to_string(),
         "daily 23:00-01:00 UTC".to_string(),
@@ -502,8 +502,8 @@ pub async fn rollout_policies_are_stored(s: &dyn Store) {
 /// (its first answer was lost), gets the node back without another token
 /// use; any other enrolment of the name is refused.
 pub async fn a_lost_enrolment_answer_can_be_repeated_with_the_same_key(s: &dyn Store) {
-    s.create_cluster("a", 1).await.unwrap();
-    s.create_cluster("b", 1).await.unwrap();
+    s.create_cluster(NewCluster::new("a", 1)).await.unwrap();
+    s.create_cluster(NewCluster::new("b", 1)).await.unwrap();
     s.create_token(token("toka01", "a", Some(1), 10_000))
         .await
         .unwrap();
@@ -559,4 +559,199 @@ pub async fn a_lost_enrolment_answer_can_be_repeated_with_the_same_key(s: &dyn S
         s.get_node("n1").await.unwrap().unwrap().cert_serial,
         "serial-n1-again"
     );
+}
+
+fn cert(cluster: &str, node: &str, serial: &str, path: &str, issued_at_ms: i64) -> IssuedCertRow {
+    IssuedCertRow {
+        cluster: cluster.into(),
+        node: node.into(),
+        serial: serial.into(),
+        profile: "kubelet-client".into(),
+        bundle: "kubelet".into(),
+        version: "1".into(),
+        path: path.into(),
+        not_before_ms: issued_at_ms - 300_000,
+        not_after_ms: issued_at_ms + 3_600_000,
+        issued_at_ms,
+    }
+}
+
+#[allow(clippy::too_many_lines)]
+pub async fn cluster_cas_and_issued_certificates(s: &dyn Store) {
+    let ca = StoredCa {
+        cert_pem: "-----BEGIN CERTIFICATE-----\nA\n-----END CERTIFICATE-----\n".into(),
+        key: "sealed-or-pem".into(),
+    };
+    let c = s
+        .create_cluster(NewCluster {
+            ca: Some(ca.clone()),
+            api_server: Some("https://10.0.0.1:6443".into()),
+            ..NewCluster::new("a", 1)
+        })
+        .await
+        .unwrap();
+    assert_eq!(c.ca_cert_pem.as_deref(), Some(ca.cert_pem.as_str()));
+    assert_eq!(c.api_server.as_deref(), Some("https://10.0.0.1:6443"));
+    // A refused create changes nothing: the first CA stays.
+    assert!(matches!(
+        s.create_cluster(NewCluster {
+            ca: Some(StoredCa {
+                cert_pem: "other".into(),
+                key: "other".into()
+            }),
+            ..NewCluster::new("a", 2)
+        })
+        .await,
+        Err(StoreError::AlreadyExists(_))
+    ));
+    assert_eq!(s.cluster_ca("a").await.unwrap(), Some(ca.clone()));
+    let listed = s.list_clusters().await.unwrap();
+    assert_eq!(listed[0].ca_cert_pem.as_deref(), Some(ca.cert_pem.as_str()));
+    assert_eq!(listed[0].api_server.as_deref(), Some("https://10.0.0.1:6443"));
+    let got = s.get_cluster("a").await.unwrap().unwrap();
+    assert_eq!(got.api_server.as_deref(), Some("https://10.0.0.1:6443"));
+
+    // A cluster made before CAs: none, until one is set, once.
+    s.create_cluster(NewCluster::new("old", 1)).await.unwrap();
+    let old = s.get_cluster("old").await.unwrap().unwrap();
+    assert_eq!((old.ca_cert_pem, old.api_server), (None, None));
+    assert_eq!(s.cluster_ca("old").await.unwrap(), None);
+    assert_eq!(s.cluster_ca("nope").await.unwrap(), None);
+    let ev = |kind: &str| EventRow {
+        id: 0,
+        at_ms: 5,
+        cluster: "old".into(),
+        node: String::new(),
+        rollout_id: String::new(),
+        kind: kind.into(),
+        bundle: String::new(),
+        version: String::new(),
+        message: kind.into(),
+    };
+    let set = s
+        .set_cluster_ca("old", ca.clone(), ev("cluster_ca"))
+        .await
+        .unwrap();
+    assert_eq!(set.ca_cert_pem.as_deref(), Some(ca.cert_pem.as_str()));
+    assert_eq!(s.cluster_ca("old").await.unwrap(), Some(ca.clone()));
+    let again = StoredCa {
+        cert_pem: "x".into(),
+        key: "y".into(),
+    };
+    assert!(matches!(
+        s.set_cluster_ca("old", again.clone(), ev("cluster_ca")).await,
+        Err(StoreError::Conflict(m)) if m.contains("already has a CA")
+    ));
+    assert_eq!(s.cluster_ca("old").await.unwrap(), Some(ca.clone()));
+    assert!(matches!(
+        s.set_cluster_ca("nope", again, ev("cluster_ca")).await,
+        Err(StoreError::NotFound(_))
+    ));
+
+    // The API server is set and cleared; windows stay as they were.
+    s.set_cluster_windows(
+        "old",
+        vec!["Sat 02:00-06:00 UTC".into()],
+        ev("maintenance_windows"),
+    )
+    .await
+    .unwrap();
+    let set = s
+        .set_cluster_api_server("old", Some("https://k.example:6443".into()), ev("api_server"))
+        .await
+        .unwrap();
+    assert_eq!(set.api_server.as_deref(), Some("https://k.example:6443"));
+    assert_eq!(set.maintenance_windows, ["Sat 02:00-06:00 UTC"]);
+    assert_eq!(set.ca_cert_pem.as_deref(), Some(ca.cert_pem.as_str()));
+    let cleared = s
+        .set_cluster_api_server("old", None, ev("api_server"))
+        .await
+        .unwrap();
+    assert_eq!(cleared.api_server, None);
+    assert_eq!(
+        s.cluster_ca("old").await.unwrap(),
+        Some(ca.clone()),
+        "the CA survives"
+    );
+    assert!(matches!(
+        s.set_cluster_api_server("nope", None, ev("api_server")).await,
+        Err(StoreError::NotFound(_))
+    ));
+    let kinds: Vec<String> = s
+        .list_events(EventFilter {
+            cluster: Some("old".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert!(kinds.iter().any(|k| k == "cluster_ca"), "{kinds:?}");
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "api_server").count(),
+        2,
+        "{kinds:?}"
+    );
+
+    // Issued certificates: ordered by node, path, issue time; filtered.
+    s.record_certificate(cert("a", "n2", "03", "/b", 30))
+        .await
+        .unwrap();
+    s.record_certificate(cert("a", "n1", "02", "/b", 20))
+        .await
+        .unwrap();
+    s.record_certificate(cert("a", "n1", "01", "/a", 40))
+        .await
+        .unwrap();
+    s.record_certificate(cert("a", "n1", "04", "/a", 10))
+        .await
+        .unwrap();
+    s.record_certificate(cert("old", "n1", "05", "/a", 50))
+        .await
+        .unwrap();
+    assert!(matches!(
+        s.record_certificate(cert("a", "n1", "01", "/z", 60)).await,
+        Err(StoreError::AlreadyExists(_))
+    ));
+    assert!(matches!(
+        s.record_certificate(cert("nope", "n1", "09", "/a", 60)).await,
+        Err(StoreError::NotFound(_))
+    ));
+    let serials = |rows: Vec<IssuedCertRow>| rows.into_iter().map(|r| r.serial).collect::<Vec<_>>();
+    assert_eq!(
+        serials(s.list_certificates(Some("a"), None).await.unwrap()),
+        ["04", "01", "02", "03"]
+    );
+    assert_eq!(
+        serials(s.list_certificates(Some("a"), Some("n1")).await.unwrap()),
+        ["04", "01", "02"]
+    );
+    assert_eq!(
+        serials(s.list_certificates(None, Some("n1")).await.unwrap()),
+        ["04", "01", "05", "02"]
+    );
+    assert_eq!(s.list_certificates(None, None).await.unwrap().len(), 5);
+    assert!(
+        s.list_certificates(Some("a"), Some("n"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let one = &s.list_certificates(Some("a"), Some("n2")).await.unwrap()[0];
+    assert_eq!(one, &cert("a", "n2", "03", "/b", 30));
+}
+
+/// Deleting a node keeps the record of its certificates (audit).
+pub async fn certificate_records_outlive_their_node(s: &dyn Store) {
+    s.create_cluster(NewCluster::new("a", 1)).await.unwrap();
+    s.create_token(token("tok001", "a", None, i64::MAX))
+        .await
+        .unwrap();
+    s.enroll_node(node("n1", "a", "tok001", &[])).await.unwrap();
+    s.record_certificate(cert("a", "n1", "0a", "/a", 10))
+        .await
+        .unwrap();
+    assert!(s.delete_node("n1").await.unwrap());
+    assert_eq!(s.list_certificates(Some("a"), Some("n1")).await.unwrap().len(), 1);
 }

@@ -7,7 +7,8 @@
 //! | key (after the prefix)            | what                                          |
 //! |-----------------------------------|-----------------------------------------------|
 //! | `meta/generation`                 | the last desired-state generation handed out  |
-//! | `clusters/NAME`                   | a cluster                                     |
+//! | `clusters/NAME`                   | a cluster, with its CA (key sealed if asked)  |
+//! | `certs/CLUSTER/NODE/SERIAL`       | a certificate issued with the cluster's CA    |
 //! | `tokens/ID`                       | a bootstrap token (secret hashed)             |
 //! | `nodes/NAME`                      | a node: labels, serial, facts, reports, replica |
 //! | `desired/NAME`                    | a node's desired bundles and generation       |
@@ -49,6 +50,7 @@ use lks_proto::labels::{Labels, selector_matches};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+mod clusters;
 mod import;
 
 use super::sqlite::now_ms;
@@ -152,6 +154,36 @@ struct ClusterDoc {
     created_at_ms: i64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     maintenance_windows: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ca_cert_pem: Option<String>,
+    /// As the server handed it over: PEM, or a sealed envelope in hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ca_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    api_server: Option<String>,
+}
+
+impl ClusterDoc {
+    fn new(c: &NewCluster) -> Self {
+        ClusterDoc {
+            created_at_ms: c.now_ms,
+            maintenance_windows: Vec::new(),
+            ca_cert_pem: c.ca.as_ref().map(|a| a.cert_pem.clone()),
+            ca_key: c.ca.as_ref().map(|a| a.key.clone()),
+            api_server: c.api_server.clone(),
+        }
+    }
+
+    fn into_row(self, name: &str, node_count: u32) -> ClusterRow {
+        ClusterRow {
+            name: name.to_string(),
+            created_at_ms: self.created_at_ms,
+            node_count,
+            maintenance_windows: self.maintenance_windows,
+            ca_cert_pem: self.ca_cert_pem,
+            api_server: self.api_server,
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone)]
@@ -968,32 +1000,66 @@ impl EtcdStore {
 
 #[async_trait]
 impl Store for EtcdStore {
-    async fn create_cluster(&self, name: &str, now_ms: i64) -> Result<ClusterRow> {
-        let key = self.key(&format!("clusters/{name}"));
+    async fn create_cluster(&self, c: NewCluster) -> Result<ClusterRow> {
+        let key = self.key(&format!("clusters/{}", c.name));
         let ok = self
             .txn(
                 vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)],
-                vec![TxnOp::put(
-                    key,
-                    json(&ClusterDoc {
-                        created_at_ms: now_ms,
-                        maintenance_windows: Vec::new(),
-                    })?,
-                    None,
-                )],
+                vec![TxnOp::put(key, json(&ClusterDoc::new(&c))?, None)],
             )
             .await?;
         if !ok {
             return Err(StoreError::AlreadyExists(format!(
-                "cluster {name} already exists"
+                "cluster {} already exists",
+                c.name
             )));
         }
-        Ok(ClusterRow {
-            name: name.to_string(),
-            created_at_ms: now_ms,
-            node_count: 0,
-            maintenance_windows: Vec::new(),
+        Ok(c.row())
+    }
+
+    async fn set_cluster_api_server(
+        &self,
+        name: &str,
+        api_server: Option<String>,
+        event: EventRow,
+    ) -> Result<ClusterRow> {
+        self.update_cluster(name, "set the API server", event, |c| {
+            c.api_server = api_server.clone();
+            Ok(())
         })
+        .await
+    }
+
+    async fn set_cluster_ca(&self, name: &str, ca: StoredCa, event: EventRow) -> Result<ClusterRow> {
+        self.update_cluster(name, "set the cluster CA", event, |c| {
+            if c.ca_cert_pem.is_some() {
+                return Err(ca_already_set(name));
+            }
+            c.ca_cert_pem = Some(ca.cert_pem.clone());
+            c.ca_key = Some(ca.key.clone());
+            Ok(())
+        })
+        .await
+    }
+
+    async fn cluster_ca(&self, name: &str) -> Result<Option<StoredCa>> {
+        let doc: Doc<ClusterDoc> = self.get(&self.key(&format!("clusters/{name}"))).await?;
+        Ok(doc.value.and_then(|c| match (c.ca_cert_pem, c.ca_key) {
+            (Some(cert_pem), Some(key)) => Some(StoredCa { cert_pem, key }),
+            _ => None,
+        }))
+    }
+
+    async fn record_certificate(&self, row: IssuedCertRow) -> Result<()> {
+        self.put_certificate(row).await
+    }
+
+    async fn list_certificates(
+        &self,
+        cluster: Option<&str>,
+        node: Option<&str>,
+    ) -> Result<Vec<IssuedCertRow>> {
+        self.read_certificates(cluster, node).await
     }
 
     async fn list_clusters(&self) -> Result<Vec<ClusterRow>> {
@@ -1005,23 +1071,16 @@ impl Store for EtcdStore {
         }
         Ok(clusters
             .into_iter()
-            .map(|(name, c, _)| ClusterRow {
-                node_count: counts.get(name.as_str()).copied().unwrap_or(0),
-                name,
-                created_at_ms: c.created_at_ms,
-                maintenance_windows: c.maintenance_windows,
+            .map(|(name, c, _)| {
+                let count = counts.get(name.as_str()).copied().unwrap_or(0);
+                c.into_row(&name, count)
             })
             .collect())
     }
 
     async fn get_cluster(&self, name: &str) -> Result<Option<ClusterRow>> {
         let doc: Doc<ClusterDoc> = self.get(&self.key(&format!("clusters/{name}"))).await?;
-        Ok(doc.value.map(|c| ClusterRow {
-            name: name.to_string(),
-            created_at_ms: c.created_at_ms,
-            node_count: 0,
-            maintenance_windows: c.maintenance_windows,
-        }))
+        Ok(doc.value.map(|c| c.into_row(name, 0)))
     }
 
     async fn set_cluster_windows(
@@ -1030,27 +1089,11 @@ impl Store for EtcdStore {
         windows: Vec<String>,
         event: EventRow,
     ) -> Result<ClusterRow> {
-        let key = self.key(&format!("clusters/{name}"));
-        for _ in 0..MAX_ATTEMPTS {
-            let doc: Doc<ClusterDoc> = self.get(&key).await?;
-            let Some(mut c) = doc.value.clone() else {
-                return Err(StoreError::NotFound(format!("cluster {name} does not exist")));
-            };
+        self.update_cluster(name, "set maintenance windows", event, |c| {
             c.maintenance_windows = windows.clone();
-            let mut ops = vec![TxnOp::put(key.clone(), json(&c)?, None)];
-            if let Some(op) = self.event_op(std::slice::from_ref(&event))? {
-                ops.push(op);
-            }
-            if self.txn(vec![doc.compare(&key)], ops).await? {
-                return Ok(ClusterRow {
-                    name: name.to_string(),
-                    created_at_ms: c.created_at_ms,
-                    node_count: 0,
-                    maintenance_windows: c.maintenance_windows,
-                });
-            }
-        }
-        Err(busy("set maintenance windows"))
+            Ok(())
+        })
+        .await
     }
 
     async fn cluster_exists(&self, name: &str) -> Result<bool> {
@@ -2110,6 +2153,8 @@ mod tests {
         status_and_events,
         rollout_policies_are_stored,
         a_lost_enrolment_answer_can_be_repeated_with_the_same_key,
+        cluster_cas_and_issued_certificates,
+        certificate_records_outlive_their_node,
     );
 
     fn token(id: &str, uses: Option<u32>) -> TokenRow {
@@ -2140,7 +2185,7 @@ mod tests {
     async fn a_decision_larger_than_one_transaction_is_stored_in_consistent_steps() {
         let etcd = TestEtcd::start();
         let s = etcd.store("r1").await;
-        s.create_cluster("c", 1).await.unwrap();
+        s.create_cluster(NewCluster::new("c", 1)).await.unwrap();
         s.create_token(token("tok000", None)).await.unwrap();
         let n = MAX_ASSIGN_PER_TXN * 2 + 30;
         for i in 0..n {
@@ -2227,7 +2272,7 @@ mod tests {
     async fn connection_state_follows_the_replica_lease() {
         let etcd = TestEtcd::start();
         let a = etcd.store("ra").await;
-        a.create_cluster("c", 1).await.unwrap();
+        a.create_cluster(NewCluster::new("c", 1)).await.unwrap();
         a.create_token(token("tok000", None)).await.unwrap();
         a.enroll_node(new_node("n1", "tok000")).await.unwrap();
         // Replica ra (registered under its lease) holds n1's stream.
@@ -2290,7 +2335,7 @@ mod tests {
     async fn a_boot_storm_on_one_token_enrols_every_node_once() {
         let etcd = TestEtcd::start();
         let s = etcd.store("r1").await;
-        s.create_cluster("c", 1).await.unwrap();
+        s.create_cluster(NewCluster::new("c", 1)).await.unwrap();
         s.create_token(token("tok064", Some(64))).await.unwrap();
         let tasks: Vec<_> = (0..72)
             .map(|i| {
@@ -2326,7 +2371,7 @@ mod tests {
         let s = etcd.store("r1").await;
         // As migrate leaves it: generations up to 5000 were handed out.
         s.put_bytes("meta/generation", b"5000".to_vec()).await.unwrap();
-        s.create_cluster("c", 1).await.unwrap();
+        s.create_cluster(NewCluster::new("c", 1)).await.unwrap();
         s.create_token(token("tok000", None)).await.unwrap();
         let g1 = s.enroll_node(new_node("n1", "tok000")).await.unwrap();
         assert!(g1 > 5000, "{g1}");

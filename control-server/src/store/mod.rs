@@ -62,6 +62,95 @@ pub struct ClusterRow {
     /// Maintenance windows as the operator wrote them (validated by
     /// [`crate::windows`] before they are stored); empty: always open.
     pub maintenance_windows: Vec<String>,
+    /// The cluster CA certificate (PEM); `None` for clusters created before
+    /// clusters had CAs, until one is set. Its key is read only through
+    /// [`Store::cluster_ca`].
+    pub ca_cert_pem: Option<String>,
+    /// The tenant cluster's API server URL (`https://…`), for kubeconfigs.
+    pub api_server: Option<String>,
+}
+
+/// A cluster CA as the store keeps it. `key` is opaque to the store: PEM, or
+/// a sealed envelope in hex (the server seals it, see `crate::clusterca`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct StoredCa {
+    pub cert_pem: String,
+    pub key: String,
+}
+
+impl std::fmt::Debug for StoredCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print key material, sealed or not.
+        f.debug_struct("StoredCa")
+            .field("cert_pem", &self.cert_pem)
+            .field("key", &"<redacted>")
+            .finish()
+    }
+}
+
+/// A cluster to create, with its CA and API server in the same write.
+#[derive(Clone, Debug)]
+pub struct NewCluster {
+    pub name: String,
+    pub now_ms: i64,
+    pub ca: Option<StoredCa>,
+    pub api_server: Option<String>,
+}
+
+impl NewCluster {
+    /// A cluster without CA or API server.
+    pub fn new(name: &str, now_ms: i64) -> Self {
+        NewCluster {
+            name: name.to_string(),
+            now_ms,
+            ca: None,
+            api_server: None,
+        }
+    }
+
+    /// The row the store returns for it once created.
+    pub fn row(&self) -> ClusterRow {
+        ClusterRow {
+            name: self.name.clone(),
+            created_at_ms: self.now_ms,
+            node_count: 0,
+            maintenance_windows: Vec::new(),
+            ca_cert_pem: self.ca.as_ref().map(|c| c.cert_pem.clone()),
+            api_server: self.api_server.clone(),
+        }
+    }
+}
+
+/// A certificate the server signed with a cluster CA for a node's bundle
+/// (`[[certificate]]`). Kept after the node is deleted, for audit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IssuedCertRow {
+    pub cluster: String,
+    pub node: String,
+    /// Lowercase hex, no separators.
+    pub serial: String,
+    pub profile: String,
+    pub bundle: String,
+    pub version: String,
+    /// The certificate's path on the node.
+    pub path: String,
+    pub not_before_ms: i64,
+    pub not_after_ms: i64,
+    pub issued_at_ms: i64,
+}
+
+/// The refusal of a second CA for a cluster.
+pub fn ca_already_set(cluster: &str) -> StoreError {
+    StoreError::Conflict(format!(
+        "cluster {cluster} already has a CA; replacing it would orphan every certificate issued with it"
+    ))
+}
+
+/// Orders certificate records as `list_certificates` returns them.
+pub fn sort_certificates(rows: &mut [IssuedCertRow]) {
+    rows.sort_by(|a, b| {
+        (&a.node, &a.path, a.issued_at_ms, &a.serial).cmp(&(&b.node, &b.path, b.issued_at_ms, &b.serial))
+    });
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -619,6 +708,32 @@ impl EventRow {
         Self::about(cluster, node, kind, at_ms, message)
     }
 
+    /// What every store records when a cluster's API server changes.
+    pub fn api_server_set(cluster: &str, api_server: Option<&str>, admin: &str, at_ms: i64) -> EventRow {
+        let message = match api_server {
+            Some(u) => format!("API server set to {u} by {admin}"),
+            None => format!("API server cleared by {admin}"),
+        };
+        Self::about(cluster, "", "api_server", at_ms, message)
+    }
+
+    /// What every store records when a cluster gets its CA (`how`:
+    /// "imported" or "generated"); `hash` is the CA's `sha256:` pin.
+    pub fn ca_set(cluster: &str, how: &str, hash: &str, admin: &str, at_ms: i64) -> EventRow {
+        Self::about(
+            cluster,
+            "",
+            "cluster_ca",
+            at_ms,
+            format!("cluster CA {how} by {admin} ({hash})"),
+        )
+    }
+
+    /// What the admin API records when a cluster is created.
+    pub fn cluster_created(cluster: &str, message: String, at_ms: i64) -> EventRow {
+        Self::about(cluster, "", "cluster_created", at_ms, message)
+    }
+
     /// What every store records when a cluster's windows change.
     pub fn windows_set(cluster: &str, windows: &[String], admin: &str, at_ms: i64) -> EventRow {
         let message = if windows.is_empty() {
@@ -706,6 +821,10 @@ pub struct Dump {
     /// The last desired-state generation handed out.
     pub generation: u64,
     pub clusters: Vec<ClusterRow>,
+    /// Cluster CAs by cluster name, keys as stored.
+    pub cluster_cas: Vec<(String, StoredCa)>,
+    /// Every issued-certificate record.
+    pub certificates: Vec<IssuedCertRow>,
     pub tokens: Vec<TokenRow>,
     /// With desired state, generation and reports.
     pub nodes: Vec<NodeRow>,
@@ -736,7 +855,9 @@ impl Dump {
 /// The control server's persistent state.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
-    async fn create_cluster(&self, name: &str, now_ms: i64) -> Result<ClusterRow>;
+    /// Creates the cluster with its CA and API server in one write;
+    /// `AlreadyExists` if the name is taken.
+    async fn create_cluster(&self, cluster: NewCluster) -> Result<ClusterRow>;
     async fn list_clusters(&self) -> Result<Vec<ClusterRow>>;
     async fn cluster_exists(&self, name: &str) -> Result<bool>;
     /// One cluster (its node count may be 0: only `list_clusters` counts).
@@ -749,6 +870,32 @@ pub trait Store: Send + Sync + 'static {
         windows: Vec<String>,
         event: EventRow,
     ) -> Result<ClusterRow>;
+    /// Sets or clears the cluster's API server and records `event`.
+    /// `NotFound` if the cluster does not exist.
+    async fn set_cluster_api_server(
+        &self,
+        name: &str,
+        api_server: Option<String>,
+        event: EventRow,
+    ) -> Result<ClusterRow>;
+    /// Gives a cluster without a CA its CA and records `event`. `Conflict`
+    /// ([`ca_already_set`]) if it has one: a CA is never replaced.
+    async fn set_cluster_ca(&self, name: &str, ca: StoredCa, event: EventRow) -> Result<ClusterRow>;
+    /// The cluster's CA with its key as stored; `None` if the cluster does
+    /// not exist or has no CA.
+    async fn cluster_ca(&self, name: &str) -> Result<Option<StoredCa>>;
+
+    /// Records a certificate issued with a cluster CA. `AlreadyExists` if
+    /// the node already has a record of that serial; `NotFound` if the
+    /// cluster does not exist.
+    async fn record_certificate(&self, row: IssuedCertRow) -> Result<()>;
+    /// Issued-certificate records, optionally of one cluster and/or node,
+    /// ordered by node, path and issue time ([`sort_certificates`]).
+    async fn list_certificates(
+        &self,
+        cluster: Option<&str>,
+        node: Option<&str>,
+    ) -> Result<Vec<IssuedCertRow>>;
 
     async fn create_token(&self, token: TokenRow) -> Result<()>;
     async fn get_token(&self, id: &str) -> Result<Option<TokenRow>>;

@@ -14,6 +14,7 @@ use lks_proto::BundleState;
 use lks_proto::labels::{Labels, selector_matches};
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
+mod clusters;
 mod dump;
 
 use super::*;
@@ -158,6 +159,27 @@ ALTER TABLE rollout_nodes ADD COLUMN canary INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE desired ADD COLUMN retry INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE nodes ADD COLUMN key_hash TEXT NOT NULL DEFAULT '';
 "#,
+    // Cluster CAs (key as the server hands it over: PEM in this 0700 data
+    // dir), API servers, and the record of certificates issued with the CAs.
+    r#"
+ALTER TABLE clusters ADD COLUMN ca_cert_pem TEXT;
+ALTER TABLE clusters ADD COLUMN ca_key TEXT;
+ALTER TABLE clusters ADD COLUMN api_server TEXT;
+CREATE TABLE issued_certs (
+    cluster TEXT NOT NULL REFERENCES clusters(name),
+    node TEXT NOT NULL,
+    serial TEXT NOT NULL,
+    profile TEXT NOT NULL,
+    bundle TEXT NOT NULL,
+    version TEXT NOT NULL,
+    path TEXT NOT NULL,
+    not_before_ms INTEGER NOT NULL,
+    not_after_ms INTEGER NOT NULL,
+    issued_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (cluster, node, serial)
+);
+CREATE INDEX issued_certs_node ON issued_certs(node, path, issued_at_ms);
+"#,
 ];
 
 /// Events kept; older ones are pruned as new ones arrive.
@@ -291,7 +313,7 @@ fn read_cluster(c: &Connection, name: &str) -> Result<Option<ClusterRow>> {
     let row = c
         .query_row(
             "SELECT c.name, c.created_at_ms, (SELECT COUNT(*) FROM nodes n WHERE n.cluster = c.name),
-                    c.maintenance_windows
+                    c.maintenance_windows, c.ca_cert_pem, c.api_server
              FROM clusters c WHERE c.name = ?1",
             [name],
             |r| {
@@ -300,18 +322,24 @@ fn read_cluster(c: &Connection, name: &str) -> Result<Option<ClusterRow>> {
                     r.get::<_, i64>(1)?,
                     r.get::<_, u32>(2)?,
                     r.get::<_, String>(3)?,
+                    r.get::<_, Option<String>>(4)?,
+                    r.get::<_, Option<String>>(5)?,
                 ))
             },
         )
         .optional()?;
-    row.map(|(name, created_at_ms, node_count, windows)| {
-        Ok(ClusterRow {
-            name,
-            created_at_ms,
-            node_count,
-            maintenance_windows: serde_json::from_str(&windows)?,
-        })
-    })
+    row.map(
+        |(name, created_at_ms, node_count, windows, ca_cert_pem, api_server)| {
+            Ok(ClusterRow {
+                name,
+                created_at_ms,
+                node_count,
+                maintenance_windows: serde_json::from_str(&windows)?,
+                ca_cert_pem,
+                api_server,
+            })
+        },
+    )
     .transpose()
 }
 
@@ -601,26 +629,37 @@ fn upsert_actual(tx: &Transaction<'_>, node: &str, s: &BundleStatusRow) -> Resul
 
 #[async_trait]
 impl Store for SqliteStore {
-    async fn create_cluster(&self, name: &str, now_ms: i64) -> Result<ClusterRow> {
-        let name = name.to_string();
-        self.tx(move |tx| {
-            let n = tx.execute(
-                "INSERT INTO clusters (name, created_at_ms) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
-                params![name, now_ms],
-            )?;
-            if n == 0 {
-                return Err(StoreError::AlreadyExists(format!(
-                    "cluster {name} already exists"
-                )));
-            }
-            Ok(ClusterRow {
-                name,
-                created_at_ms: now_ms,
-                node_count: 0,
-                maintenance_windows: Vec::new(),
-            })
-        })
-        .await
+    async fn create_cluster(&self, c: NewCluster) -> Result<ClusterRow> {
+        self.create_cluster_row(c).await
+    }
+
+    async fn set_cluster_api_server(
+        &self,
+        name: &str,
+        api_server: Option<String>,
+        event: EventRow,
+    ) -> Result<ClusterRow> {
+        self.update_cluster_api_server(name, api_server, event).await
+    }
+
+    async fn set_cluster_ca(&self, name: &str, ca: StoredCa, event: EventRow) -> Result<ClusterRow> {
+        self.update_cluster_ca(name, ca, event).await
+    }
+
+    async fn cluster_ca(&self, name: &str) -> Result<Option<StoredCa>> {
+        self.read_cluster_ca(name).await
+    }
+
+    async fn record_certificate(&self, row: IssuedCertRow) -> Result<()> {
+        self.insert_certificate(row).await
+    }
+
+    async fn list_certificates(
+        &self,
+        cluster: Option<&str>,
+        node: Option<&str>,
+    ) -> Result<Vec<IssuedCertRow>> {
+        self.read_certificates(cluster, node).await
     }
 
     async fn list_clusters(&self) -> Result<Vec<ClusterRow>> {
@@ -1659,6 +1698,8 @@ mod tests {
         status_and_events,
         rollout_policies_are_stored,
         a_lost_enrolment_answer_can_be_repeated_with_the_same_key,
+        cluster_cas_and_issued_certificates,
+        certificate_records_outlive_their_node,
     );
 
     #[tokio::test]
@@ -1667,7 +1708,7 @@ mod tests {
         let p = dir.path().join("state.db");
         {
             let s = SqliteStore::open(&p).unwrap();
-            s.create_cluster("a", 1).await.unwrap();
+            s.create_cluster(NewCluster::new("a", 1)).await.unwrap();
         }
         let s = SqliteStore::open(&p).unwrap();
         assert_eq!(s.list_clusters().await.unwrap().len(), 1);

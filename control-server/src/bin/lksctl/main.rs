@@ -6,6 +6,7 @@
 
 mod client;
 mod cloudinit;
+mod cluster;
 mod mirror;
 mod output;
 mod rollout;
@@ -47,7 +48,7 @@ enum Cmd {
     /// Tenant clusters.
     Cluster {
         #[command(subcommand)]
-        cmd: ClusterCmd,
+        cmd: cluster::ClusterCmd,
     },
     /// Bootstrap tokens that enrol nodes.
     Token {
@@ -73,34 +74,6 @@ enum Cmd {
     Event {
         #[command(subcommand)]
         cmd: EventCmd,
-    },
-}
-
-#[derive(Subcommand)]
-enum ClusterCmd {
-    /// Create a tenant cluster.
-    Create { name: String },
-    /// Set a cluster's maintenance windows: outside every window no rollout starts a node.
-    Set {
-        name: String,
-        /// A window, e.g. "Sat,Sun 02:00-06:00 Europe/Berlin" (days Mon..Sun, ranges
-        /// like Mon-Fri, or daily; an end before the start runs past midnight);
-        /// repeatable, replaces every window.
-        #[arg(
-            long = "maintenance-window",
-            value_name = "WINDOW",
-            required_unless_present = "no_maintenance_window"
-        )]
-        maintenance_window: Vec<String>,
-        /// Remove every window: nodes may start at any time.
-        #[arg(long, conflicts_with = "maintenance_window")]
-        no_maintenance_window: bool,
-    },
-    /// List clusters.
-    List {
-        /// Output format.
-        #[arg(short = 'o', long = "output", value_enum, default_value_t)]
-        output: Format,
     },
 }
 
@@ -315,20 +288,17 @@ fn check_ca_pem(pem: &str, ca_cert_hash: &str) -> anyhow::Result<()> {
 
 fn precheck(cmd: &Cmd) -> anyhow::Result<()> {
     match cmd {
-        Cmd::Cluster {
-            cmd: ClusterCmd::Create { name },
-        } => validate_cluster_name(name).map_err(|e| anyhow!("{e}")),
-        Cmd::Cluster {
-            cmd:
-                ClusterCmd::Set {
-                    name,
-                    maintenance_window,
-                    ..
-                },
-        } => {
-            validate_cluster_name(name).map_err(|e| anyhow!("{e}"))?;
-            windows::parse_all(maintenance_window).map_err(|e| anyhow!("--maintenance-window: {e}"))?;
-            Ok(())
+        Cmd::Cluster { cmd } => {
+            if let Some(name) = cmd.name() {
+                validate_cluster_name(name).map_err(|e| anyhow!("{e}"))?;
+            }
+            if let cluster::ClusterCmd::Set {
+                maintenance_window, ..
+            } = cmd
+            {
+                windows::parse_all(maintenance_window).map_err(|e| anyhow!("--maintenance-window: {e}"))?;
+            }
+            cmd.check()
         }
         Cmd::Token {
             cmd: TokenCmd::Create {
@@ -371,62 +341,7 @@ fn print_json(v: &serde_json::Value) -> anyhow::Result<()> {
 async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
     let st = |s: tonic::Status| status(url, s);
     match cmd {
-        Cmd::Cluster { cmd } => match cmd {
-            ClusterCmd::Create { name } => {
-                c.create_cluster(pb::CreateClusterRequest { name: name.clone() })
-                    .await
-                    .map_err(st)
-                    .with_context(|| format!("create cluster {name}"))?;
-                println!("cluster {name} created");
-            }
-            ClusterCmd::Set {
-                name,
-                maintenance_window,
-                no_maintenance_window,
-            } => {
-                let r = c
-                    .set_cluster(pb::SetClusterRequest {
-                        name: name.clone(),
-                        maintenance_windows: maintenance_window,
-                        clear_maintenance_windows: no_maintenance_window,
-                    })
-                    .await
-                    .map_err(st)
-                    .with_context(|| format!("set cluster {name}"))?
-                    .into_inner();
-                println!("{}", output::cluster_windows_line(&r));
-            }
-            ClusterCmd::List { output } => {
-                let r = c
-                    .list_clusters(pb::ListClustersRequest {})
-                    .await
-                    .map_err(st)
-                    .context("list clusters")?
-                    .into_inner();
-                if output == Format::Json {
-                    print_json(&serde_json::json!(
-                        r.clusters.iter().map(output::cluster_json).collect::<Vec<_>>()
-                    ))?;
-                } else {
-                    let rows: Vec<Vec<String>> = r
-                        .clusters
-                        .iter()
-                        .map(|c| {
-                            vec![
-                                c.name.clone(),
-                                c.node_count.to_string(),
-                                output::rfc3339_ms(c.created_at_ms).unwrap_or_default(),
-                                output::windows_text(c),
-                            ]
-                        })
-                        .collect();
-                    print!(
-                        "{}",
-                        output::table(&["NAME", "NODES", "CREATED", "MAINTENANCE WINDOWS"], &rows)
-                    );
-                }
-            }
-        },
+        Cmd::Cluster { cmd } => cluster::run(c, url, cmd).await?,
         Cmd::Token {
             cmd:
                 TokenCmd::Create {

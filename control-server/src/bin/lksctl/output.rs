@@ -120,7 +120,76 @@ pub fn node_json(n: &pb::Node) -> Value {
         "hold_reason": n.held.then_some(&n.hold_reason),
         // DESIGN §6: the agent version the node last reported (its Hello).
         "agent_version": agent_version(n),
+        "certificates": n.certificates.iter().map(|c| json!({
+            "profile": c.profile,
+            "path": c.path,
+            "serial": c.serial,
+            "not_after": rfc3339_ms(c.not_after_ms),
+            "not_after_ms": c.not_after_ms,
+            "bundle": c.bundle,
+            "version": c.version,
+            "state": cert_state(c, now_ms(), std::time::Duration::ZERO),
+        })).collect::<Vec<_>>(),
     })
+}
+
+fn now_ms() -> i64 {
+    lks_control_server::store::sqlite::now_ms()
+}
+
+/// `valid`, `expiring` (less than a third of its life left, when the agent
+/// should have renewed it, or within `within`), or `expired`.
+pub fn cert_state(c: &pb::IssuedCertificate, now_ms: i64, within: std::time::Duration) -> &'static str {
+    let left = c.not_after_ms - now_ms;
+    if c.expired || left <= 0 {
+        return "expired";
+    }
+    let third = (c.not_after_ms - c.not_before_ms) / 3;
+    let within = i64::try_from(within.as_millis()).unwrap_or(i64::MAX);
+    if left < third || left <= within {
+        "expiring"
+    } else {
+        "valid"
+    }
+}
+
+/// `cluster certs -o json`: the API's fields plus `state`.
+pub fn cert_json(c: &pb::IssuedCertificate, now_ms: i64, within: std::time::Duration) -> Value {
+    json!({
+        "cluster": c.cluster,
+        "node": c.node,
+        "serial": c.serial,
+        "profile": c.profile,
+        "bundle": c.bundle,
+        "version": c.version,
+        "path": c.path,
+        "not_before_ms": c.not_before_ms,
+        "not_after_ms": c.not_after_ms,
+        "issued_at_ms": c.issued_at_ms,
+        "expired": c.expired,
+        "not_after": rfc3339_ms(c.not_after_ms),
+        "state": cert_state(c, now_ms, within),
+    })
+}
+
+pub fn certs_table(certs: &[pb::IssuedCertificate], now_ms: i64, within: std::time::Duration) -> String {
+    let rows: Vec<Vec<String>> = certs
+        .iter()
+        .map(|c| {
+            vec![
+                c.node.clone(),
+                c.profile.clone(),
+                c.path.clone(),
+                c.serial.clone(),
+                or_dash(rfc3339_ms(c.not_after_ms)),
+                cert_state(c, now_ms, within).into(),
+            ]
+        })
+        .collect();
+    table(
+        &["NODE", "PROFILE", "PATH", "SERIAL", "NOT-AFTER", "STATE"],
+        &rows,
+    )
 }
 
 fn agent_version(n: &pb::Node) -> Option<&str> {
@@ -139,6 +208,9 @@ pub fn cluster_json(c: &pb::Cluster) -> Value {
         "window_open": c.window_open,
         "next_window": (c.next_window_ms > 0).then(|| rfc3339_ms(c.next_window_ms)).flatten(),
         "window_closes": (c.window_closes_ms > 0).then(|| rfc3339_ms(c.window_closes_ms)).flatten(),
+        "api_server": (!c.api_server.is_empty()).then_some(&c.api_server),
+        "has_ca": c.has_ca,
+        "ca_cert_hash": (!c.ca_cert_hash.is_empty()).then_some(&c.ca_cert_hash),
     })
 }
 
@@ -253,6 +325,28 @@ pub fn node_text(n: &pb::Node) -> String {
         s.push_str("  ");
         s.push_str(l);
         s.push('\n');
+    }
+    if !n.certificates.is_empty() {
+        s.push_str("Certificates:\n");
+        let now = now_ms();
+        let rows: Vec<Vec<String>> = n
+            .certificates
+            .iter()
+            .map(|c| {
+                vec![
+                    c.profile.clone(),
+                    c.path.clone(),
+                    c.serial.clone(),
+                    or_dash(rfc3339_ms(c.not_after_ms)),
+                    cert_state(c, now, std::time::Duration::ZERO).into(),
+                ]
+            })
+            .collect();
+        for l in table(&["PROFILE", "PATH", "SERIAL", "NOT-AFTER", "STATE"], &rows).lines() {
+            s.push_str("  ");
+            s.push_str(l);
+            s.push('\n');
+        }
     }
     s
 }

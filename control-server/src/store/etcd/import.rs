@@ -55,13 +55,20 @@ impl EtcdStore {
             d.max_generation().to_string().into_bytes(),
         ));
         for c in &d.clusters {
+            let ca = d.cluster_cas.iter().find(|(n, _)| *n == c.name).map(|(_, ca)| ca);
             docs.push((
                 format!("clusters/{}", c.name),
                 json(&ClusterDoc {
                     created_at_ms: c.created_at_ms,
                     maintenance_windows: c.maintenance_windows.clone(),
+                    ca_cert_pem: ca.map(|a| a.cert_pem.clone()),
+                    ca_key: ca.map(|a| a.key.clone()),
+                    api_server: c.api_server.clone(),
                 })?,
             ));
+        }
+        for r in &d.certificates {
+            docs.push((clusters::cert_key(r), json(&clusters::CertDoc::from_row(r))?));
         }
         for t in &d.tokens {
             docs.push((format!("tokens/{}", t.id), json(&TokenDoc::from_row(t))?));

@@ -71,6 +71,13 @@ fn read_dump(c: &Connection) -> Result<Dump> {
         .optional()?
         .unwrap_or(0);
     let clusters = read_clusters(c)?;
+    let mut cluster_cas = Vec::new();
+    for cl in &clusters {
+        if let Some(ca) = clusters::read_ca(c, &cl.name)? {
+            cluster_cas.push((cl.name.clone(), ca));
+        }
+    }
+    let certificates = clusters::read_certs(c, None, None)?;
 
     let mut tokens = Vec::new();
     let raw = c
@@ -177,6 +184,8 @@ fn read_dump(c: &Connection) -> Result<Dump> {
     Ok(Dump {
         generation: generation.max(0) as u64,
         clusters,
+        cluster_cas,
+        certificates,
         tokens,
         nodes,
         bundles,
@@ -195,7 +204,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("state.db");
         let server = SqliteStore::open(&p).unwrap();
-        server.create_cluster("a", 1).await.unwrap();
+        server.create_cluster(NewCluster::new("a", 1)).await.unwrap();
         server.list_clusters().await.unwrap();
         let e = SqliteStore::open_exclusive(&p).err().unwrap();
         assert!(
@@ -216,7 +225,31 @@ mod tests {
     #[tokio::test]
     async fn the_dump_holds_every_kind_with_generations_revisions_and_targets() {
         let s = SqliteStore::open_in_memory().unwrap();
-        s.create_cluster("a", 1).await.unwrap();
+        s.create_cluster(NewCluster {
+            ca: Some(StoredCa {
+                cert_pem: "cert".into(),
+                key: "key".into(),
+            }),
+            api_server: Some("https://a.example:6443".into()),
+            ..NewCluster::new("a", 1)
+        })
+        .await
+        .unwrap();
+        s.create_cluster(NewCluster::new("b", 1)).await.unwrap();
+        s.record_certificate(IssuedCertRow {
+            cluster: "a".into(),
+            node: "n1".into(),
+            serial: "0a".into(),
+            profile: "kubelet-client".into(),
+            bundle: "k".into(),
+            version: "1".into(),
+            path: "/p".into(),
+            not_before_ms: 1,
+            not_after_ms: 2,
+            issued_at_ms: 1,
+        })
+        .await
+        .unwrap();
         s.create_token(TokenRow {
             id: "tok001".into(),
             secret_hash: [7; 32],
@@ -301,8 +334,17 @@ mod tests {
         .unwrap();
 
         let d = s.dump().await.unwrap();
-        assert_eq!(d.clusters.len(), 1);
+        assert_eq!(d.clusters.len(), 2);
         assert_eq!(d.clusters[0].node_count, 2);
+        assert_eq!(
+            d.clusters[0].api_server.as_deref(),
+            Some("https://a.example:6443")
+        );
+        assert_eq!(d.cluster_cas.len(), 1, "only a's CA");
+        assert_eq!(d.cluster_cas[0].0, "a");
+        assert_eq!(d.cluster_cas[0].1.key, "key");
+        assert_eq!(d.certificates.len(), 1);
+        assert_eq!(d.certificates[0].serial, "0a");
         assert_eq!(d.tokens.len(), 1);
         assert_eq!(d.tokens[0].remaining_uses, Some(1));
         assert_eq!(d.nodes.len(), 2);

@@ -1,0 +1,371 @@
+//! The admin API's cluster half: creating clusters with their CA (imported
+//! or generated) and API server, changing them, handing out the CA
+//! certificate, and the record of certificates issued with the CAs. Every
+//! request is checked whole before anything is stored.
+
+use std::collections::HashMap;
+
+use lks_proto::names::{validate_cluster_name, validate_node_name};
+use lks_proto::pb;
+use time::OffsetDateTime;
+use tonic::Status;
+
+use super::invalid;
+use crate::authz::store_status;
+use crate::clusterca::{ClusterCa, ClusterCas};
+use crate::server::Shared;
+use crate::store::{ClusterRow, EventRow, IssuedCertRow, NewCluster};
+
+/// Largest CA certificate or key PEM accepted; kubeadm's are ~1–2 KiB.
+const MAX_PEM: usize = 64 * 1024;
+const MAX_URL: usize = 2048;
+
+/// Checks an API server URL: `https://HOST[:PORT][/PATH]`, one token.
+pub fn check_api_server(url: &str) -> Result<String, Status> {
+    let bad = |why: &str| invalid(format!("API server {url:?}: {why}"));
+    if url.len() > MAX_URL {
+        return Err(bad("longer than 2048 bytes"));
+    }
+    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(bad("contains whitespace"));
+    }
+    let uri: tonic::codegen::http::Uri = url.parse().map_err(|e| bad(&format!("not a URL ({e})")))?;
+    if uri.scheme_str() != Some("https") {
+        return Err(bad("must be an https:// URL"));
+    }
+    let Some(auth) = uri.authority() else {
+        return Err(bad("has no host"));
+    };
+    if auth.as_str().contains('@') {
+        return Err(bad("must not carry user information"));
+    }
+    if auth.host().is_empty() {
+        return Err(bad("has no host"));
+    }
+    Ok(url.to_string())
+}
+
+/// The CA to import from a request's PEM pair: both or neither.
+fn import_pair<'a>(cert: &'a str, key: &'a str) -> Result<Option<(&'a str, &'a str)>, Status> {
+    if cert.len() > MAX_PEM || key.len() > MAX_PEM {
+        return Err(invalid("CA certificate or key is larger than 64 KiB"));
+    }
+    match (cert.is_empty(), key.is_empty()) {
+        (true, true) => Ok(None),
+        (false, false) => Ok(Some((cert, key))),
+        (false, true) => Err(invalid("a CA certificate needs its key: give --ca-key too")),
+        (true, false) => Err(invalid("a CA key needs its certificate: give --ca-cert too")),
+    }
+}
+
+fn internal(e: impl std::fmt::Display) -> Status {
+    Status::internal(e.to_string())
+}
+
+fn how(imported: bool) -> &'static str {
+    if imported { "imported" } else { "generated" }
+}
+
+/// Creates a cluster with its CA (imported, or generated when none is
+/// given) and API server, in one store write.
+pub async fn create(
+    s: &Shared,
+    r: pb::CreateClusterRequest,
+    admin: &str,
+    now_ms: i64,
+) -> Result<ClusterRow, Status> {
+    validate_cluster_name(&r.name).map_err(invalid)?;
+    let api_server = match r.api_server.as_str() {
+        "" => None,
+        u => Some(check_api_server(u)?),
+    };
+    let import = import_pair(&r.ca_cert_pem, &r.ca_key_pem)?;
+    if s.store.cluster_exists(&r.name).await.map_err(store_status)? {
+        return Err(Status::already_exists(format!(
+            "cluster {} already exists",
+            r.name
+        )));
+    }
+    let ca = ClusterCas::make(&r.name, import, OffsetDateTime::now_utc()).map_err(invalid)?;
+    let stored = s.cluster_cas.to_stored(&ca, &r.name).map_err(internal)?;
+    let row = s
+        .store
+        .create_cluster(NewCluster {
+            name: r.name.clone(),
+            now_ms,
+            ca: Some(stored),
+            api_server: api_server.clone(),
+        })
+        .await
+        .map_err(store_status)?;
+    let mut message = format!(
+        "cluster created by {admin} with a CA {} ({})",
+        how(import.is_some()),
+        ca.hash()
+    );
+    if let Some(u) = &api_server {
+        message.push_str(&format!("; API server {u}"));
+    }
+    record(s, EventRow::cluster_created(&r.name, message, now_ms)).await;
+    tracing::info!(cluster = %r.name, admin = %admin, ca = how(import.is_some()), ca_cert_hash = %ca.hash(), "cluster created");
+    Ok(row)
+}
+
+/// An event outside a store transaction; a failure to record it is logged,
+/// the change it describes stands.
+async fn record(s: &Shared, e: EventRow) {
+    if let Err(err) = s.store.add_event(e).await {
+        tracing::warn!(error = %err, "record event");
+    }
+}
+
+/// What a `SetCluster` request asks besides windows.
+pub struct ClusterChange {
+    pub api_server: Option<Option<String>>,
+    pub ca: Option<ClusterCa>,
+    pub ca_imported: bool,
+}
+
+impl ClusterChange {
+    pub fn is_empty(&self) -> bool {
+        self.api_server.is_none() && self.ca.is_none()
+    }
+}
+
+/// Checks the API-server and CA part of a `SetCluster` request; a CA is
+/// made (imported or generated) only for an existing cluster without one.
+pub async fn check_change(s: &Shared, r: &pb::SetClusterRequest) -> Result<ClusterChange, Status> {
+    let api_server = match (&r.api_server, r.clear_api_server) {
+        (Some(_), true) => return Err(invalid("give an API server or clear it, not both")),
+        (Some(u), false) => Some(Some(check_api_server(u)?)),
+        (None, true) => Some(None),
+        (None, false) => None,
+    };
+    let import = import_pair(&r.ca_cert_pem, &r.ca_key_pem)?;
+    if import.is_some() && r.generate_ca {
+        return Err(invalid(
+            "import a CA (--ca-cert/--ca-key) or generate one (--generate-ca), not both",
+        ));
+    }
+    let mut ca = None;
+    if import.is_some() || r.generate_ca {
+        let c = s
+            .store
+            .get_cluster(&r.name)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("cluster {} does not exist", r.name)))?;
+        if c.ca_cert_pem.is_some() {
+            return Err(Status::failed_precondition(format!(
+                "cluster {} already has a CA; replacing it would orphan every certificate issued with it",
+                r.name
+            )));
+        }
+        ca = Some(ClusterCas::make(&r.name, import, OffsetDateTime::now_utc()).map_err(invalid)?);
+    }
+    Ok(ClusterChange {
+        api_server,
+        ca,
+        ca_imported: import.is_some(),
+    })
+}
+
+/// Stores a checked change: the CA first (the one part the store may
+/// still refuse, if another request gave the cluster a CA meanwhile).
+pub async fn apply_change(
+    s: &Shared,
+    name: &str,
+    c: ClusterChange,
+    admin: &str,
+    now_ms: i64,
+) -> Result<Option<ClusterRow>, Status> {
+    let mut row = None;
+    if let Some(ca) = &c.ca {
+        let stored = s.cluster_cas.to_stored(ca, name).map_err(internal)?;
+        let hash = ca.hash().to_string();
+        let event = EventRow::ca_set(name, how(c.ca_imported), &hash, admin, now_ms);
+        row = Some(
+            s.store
+                .set_cluster_ca(name, stored, event)
+                .await
+                .map_err(store_status)?,
+        );
+        tracing::info!(cluster = %name, admin = %admin, ca = how(c.ca_imported), ca_cert_hash = %hash, "cluster CA set");
+    }
+    if let Some(api) = c.api_server {
+        let event = EventRow::api_server_set(name, api.as_deref(), admin, now_ms);
+        row = Some(
+            s.store
+                .set_cluster_api_server(name, api.clone(), event)
+                .await
+                .map_err(store_status)?,
+        );
+        tracing::info!(cluster = %name, admin = %admin, api_server = ?api, "cluster API server set");
+    }
+    Ok(row)
+}
+
+/// The CA certificate of a cluster.
+pub async fn ca_pem(s: &Shared, name: &str) -> Result<String, Status> {
+    validate_cluster_name(name).map_err(invalid)?;
+    let c = s
+        .store
+        .get_cluster(name)
+        .await
+        .map_err(store_status)?
+        .ok_or_else(|| Status::not_found(format!("cluster {name} does not exist")))?;
+    c.ca_cert_pem.ok_or_else(|| {
+        Status::failed_precondition(format!(
+            "cluster {name} has no CA; give it one with `lksctl cluster set {name} --generate-ca` or --ca-cert/--ca-key"
+        ))
+    })
+}
+
+pub fn cert_pb(r: IssuedCertRow, now_ms: i64) -> pb::IssuedCertificate {
+    pb::IssuedCertificate {
+        expired: r.not_after_ms <= now_ms,
+        cluster: r.cluster,
+        node: r.node,
+        serial: r.serial,
+        profile: r.profile,
+        bundle: r.bundle,
+        version: r.version,
+        path: r.path,
+        not_before_ms: r.not_before_ms,
+        not_after_ms: r.not_after_ms,
+        issued_at_ms: r.issued_at_ms,
+    }
+}
+
+/// Only the newest record of each node, bundle and path, in the store's
+/// order.
+pub fn newest_only(rows: Vec<IssuedCertRow>) -> Vec<IssuedCertRow> {
+    let mut newest: HashMap<(String, String, String), (i64, String)> = HashMap::new();
+    for r in &rows {
+        let k = (r.node.clone(), r.bundle.clone(), r.path.clone());
+        let v = (r.issued_at_ms, r.serial.clone());
+        let e = newest.entry(k).or_insert_with(|| v.clone());
+        if v > *e {
+            *e = v;
+        }
+    }
+    rows.into_iter()
+        .filter(|r| {
+            newest
+                .get(&(r.node.clone(), r.bundle.clone(), r.path.clone()))
+                .is_some_and(|(_, serial)| *serial == r.serial)
+        })
+        .collect()
+}
+
+/// The certificates a `ListCertificates` request asks for.
+pub async fn list(
+    s: &Shared,
+    r: pb::ListCertificatesRequest,
+    now_ms: i64,
+) -> Result<Vec<pb::IssuedCertificate>, Status> {
+    if !r.cluster.is_empty() {
+        validate_cluster_name(&r.cluster).map_err(invalid)?;
+        if !s.store.cluster_exists(&r.cluster).await.map_err(store_status)? {
+            return Err(Status::not_found(format!("cluster {} does not exist", r.cluster)));
+        }
+    }
+    if !r.node.is_empty() {
+        validate_node_name(&r.node).map_err(invalid)?;
+    }
+    if r.expiring_within_ms < 0 {
+        return Err(invalid("expiring_within_ms must not be negative"));
+    }
+    let rows = s
+        .store
+        .list_certificates(
+            (!r.cluster.is_empty()).then_some(r.cluster.as_str()),
+            (!r.node.is_empty()).then_some(r.node.as_str()),
+        )
+        .await
+        .map_err(store_status)?;
+    let rows = if r.all { rows } else { newest_only(rows) };
+    let horizon = now_ms.saturating_add(r.expiring_within_ms);
+    Ok(rows
+        .into_iter()
+        .filter(|c| r.expiring_within_ms == 0 || c.not_after_ms <= horizon)
+        .map(|c| cert_pb(c, now_ms))
+        .collect())
+}
+
+/// The newest certificate of each bundle and path of one node.
+pub async fn node_certs(
+    s: &Shared,
+    cluster: &str,
+    node: &str,
+    now_ms: i64,
+) -> Result<Vec<pb::IssuedCertificate>, Status> {
+    let rows = s
+        .store
+        .list_certificates(Some(cluster), Some(node))
+        .await
+        .map_err(store_status)?;
+    Ok(newest_only(rows)
+        .into_iter()
+        .map(|c| cert_pb(c, now_ms))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_server_urls_are_https_with_a_host() {
+        for ok in [
+            "https://10.0.0.1:6443",
+            "https://k.example",
+            "https://[fd00::1]:6443/",
+            "https://k.example/path",
+        ] {
+            assert_eq!(check_api_server(ok).unwrap(), ok);
+        }
+        for bad in [
+            "http://k.example",
+            "k.example:6443",
+            "https://",
+            "https:///x",
+            "https://a b",
+            "https://k.example\n",
+            "https://user@k.example",
+            "",
+        ] {
+            let e = check_api_server(bad).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bad}");
+        }
+    }
+
+    fn row(node: &str, path: &str, serial: &str, at: i64) -> IssuedCertRow {
+        IssuedCertRow {
+            cluster: "c".into(),
+            node: node.into(),
+            serial: serial.into(),
+            profile: "client".into(),
+            bundle: "b".into(),
+            version: "1".into(),
+            path: path.into(),
+            not_before_ms: 0,
+            not_after_ms: at + 10,
+            issued_at_ms: at,
+        }
+    }
+
+    #[test]
+    fn only_the_newest_of_each_node_bundle_and_path_is_shown() {
+        let rows = vec![
+            row("n1", "/a", "01", 1),
+            row("n1", "/a", "02", 5),
+            row("n1", "/b", "03", 2),
+            row("n2", "/a", "04", 1),
+        ];
+        let serials: Vec<String> = newest_only(rows).into_iter().map(|r| r.serial).collect();
+        assert_eq!(serials, ["02", "03", "04"]);
+        assert!(cert_pb(row("n", "/a", "1", 5), 15).expired);
+        assert!(!cert_pb(row("n", "/a", "1", 5), 14).expired);
+    }
+}

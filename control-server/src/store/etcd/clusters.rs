@@ -1,0 +1,129 @@
+//! Cluster documents changed in place (windows, API server, CA) and the
+//! record of certificates issued with cluster CAs (`certs/CLUSTER/NODE/SERIAL`).
+
+use super::*;
+
+/// An issued certificate as stored under `certs/CLUSTER/NODE/SERIAL`.
+#[derive(Serialize, Deserialize, Clone)]
+pub(super) struct CertDoc {
+    profile: String,
+    bundle: String,
+    version: String,
+    path: String,
+    not_before_ms: i64,
+    not_after_ms: i64,
+    issued_at_ms: i64,
+}
+
+impl CertDoc {
+    pub(super) fn from_row(r: &IssuedCertRow) -> Self {
+        CertDoc {
+            profile: r.profile.clone(),
+            bundle: r.bundle.clone(),
+            version: r.version.clone(),
+            path: r.path.clone(),
+            not_before_ms: r.not_before_ms,
+            not_after_ms: r.not_after_ms,
+            issued_at_ms: r.issued_at_ms,
+        }
+    }
+}
+
+/// The key (after the prefix) of a certificate record.
+pub(super) fn cert_key(r: &IssuedCertRow) -> String {
+    format!("certs/{}/{}/{}", r.cluster, r.node, r.serial)
+}
+
+impl EtcdStore {
+    /// Changes a cluster document with `f` and records `event`, retried
+    /// while other replicas write the same document.
+    pub(super) async fn update_cluster(
+        &self,
+        name: &str,
+        what: &str,
+        event: EventRow,
+        f: impl Fn(&mut ClusterDoc) -> Result<()>,
+    ) -> Result<ClusterRow> {
+        let key = self.key(&format!("clusters/{name}"));
+        for _ in 0..MAX_ATTEMPTS {
+            let doc: Doc<ClusterDoc> = self.get(&key).await?;
+            let Some(mut c) = doc.value.clone() else {
+                return Err(StoreError::NotFound(format!("cluster {name} does not exist")));
+            };
+            f(&mut c)?;
+            let mut ops = vec![TxnOp::put(key.clone(), json(&c)?, None)];
+            if let Some(op) = self.event_op(std::slice::from_ref(&event))? {
+                ops.push(op);
+            }
+            if self.txn(vec![doc.compare(&key)], ops).await? {
+                return Ok(c.into_row(name, 0));
+            }
+        }
+        Err(busy(what))
+    }
+
+    pub(super) async fn put_certificate(&self, r: IssuedCertRow) -> Result<()> {
+        let ckey = self.key(&format!("clusters/{}", r.cluster));
+        let key = self.key(&cert_key(&r));
+        // The cluster must exist (it is never deleted) and the serial be new.
+        let ok = self
+            .txn(
+                vec![
+                    Compare::create_revision(ckey, CompareOp::Greater, 0),
+                    Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+                ],
+                vec![TxnOp::put(key, json(&CertDoc::from_row(&r))?, None)],
+            )
+            .await?;
+        if ok {
+            return Ok(());
+        }
+        if !self.cluster_exists(&r.cluster).await? {
+            return Err(StoreError::NotFound(format!(
+                "cluster {} does not exist",
+                r.cluster
+            )));
+        }
+        Err(StoreError::AlreadyExists(format!(
+            "node {} of cluster {} already has a certificate with serial {}",
+            r.node, r.cluster, r.serial
+        )))
+    }
+
+    pub(super) async fn read_certificates(
+        &self,
+        cluster: Option<&str>,
+        node: Option<&str>,
+    ) -> Result<Vec<IssuedCertRow>> {
+        let prefix = match (cluster, node) {
+            (Some(c), Some(n)) => format!("certs/{c}/{n}/"),
+            (Some(c), None) => format!("certs/{c}/"),
+            _ => "certs/".to_string(),
+        };
+        let mut out = Vec::new();
+        for (rest, d, _) in self.range::<CertDoc>(&self.key(&prefix)).await? {
+            let full = format!("{prefix}{rest}");
+            let mut parts = full.splitn(4, '/').skip(1);
+            let (Some(c), Some(n), Some(serial)) = (parts.next(), parts.next(), parts.next()) else {
+                return Err(corrupt(&self.key(&full), "not certs/CLUSTER/NODE/SERIAL"));
+            };
+            if node.is_some_and(|want| want != n) {
+                continue;
+            }
+            out.push(IssuedCertRow {
+                cluster: c.to_string(),
+                node: n.to_string(),
+                serial: serial.to_string(),
+                profile: d.profile,
+                bundle: d.bundle,
+                version: d.version,
+                path: d.path,
+                not_before_ms: d.not_before_ms,
+                not_after_ms: d.not_after_ms,
+                issued_at_ms: d.issued_at_ms,
+            });
+        }
+        sort_certificates(&mut out);
+        Ok(out)
+    }
+}

@@ -1,0 +1,182 @@
+//! Cluster CAs, API servers and the record of issued certificates in the
+//! SQLite store.
+
+use super::*;
+
+impl SqliteStore {
+    pub(super) async fn create_cluster_row(&self, c: NewCluster) -> Result<ClusterRow> {
+        self.tx(move |tx| {
+            let n = tx.execute(
+                "INSERT INTO clusters (name, created_at_ms, ca_cert_pem, ca_key, api_server)
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
+                params![
+                    c.name,
+                    c.now_ms,
+                    c.ca.as_ref().map(|a| &a.cert_pem),
+                    c.ca.as_ref().map(|a| &a.key),
+                    c.api_server
+                ],
+            )?;
+            if n == 0 {
+                return Err(StoreError::AlreadyExists(format!(
+                    "cluster {} already exists",
+                    c.name
+                )));
+            }
+            Ok(c.row())
+        })
+        .await
+    }
+
+    pub(super) async fn update_cluster_api_server(
+        &self,
+        name: &str,
+        api_server: Option<String>,
+        event: EventRow,
+    ) -> Result<ClusterRow> {
+        let name = name.to_string();
+        self.tx(move |tx| {
+            let n = tx.execute(
+                "UPDATE clusters SET api_server = ?2 WHERE name = ?1",
+                params![name, api_server],
+            )?;
+            if n == 0 {
+                return Err(StoreError::NotFound(format!("cluster {name} does not exist")));
+            }
+            insert_event(tx, &event)?;
+            read_cluster(tx, &name)?
+                .ok_or_else(|| StoreError::Backend(format!("cluster {name} vanished in its own transaction")))
+        })
+        .await
+    }
+
+    pub(super) async fn update_cluster_ca(
+        &self,
+        name: &str,
+        ca: StoredCa,
+        event: EventRow,
+    ) -> Result<ClusterRow> {
+        let name = name.to_string();
+        self.tx(move |tx| {
+            let has: Option<bool> = tx
+                .query_row(
+                    "SELECT ca_cert_pem IS NOT NULL FROM clusters WHERE name = ?1",
+                    [&name],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            match has {
+                None => return Err(StoreError::NotFound(format!("cluster {name} does not exist"))),
+                Some(true) => return Err(ca_already_set(&name)),
+                Some(false) => {}
+            }
+            tx.execute(
+                "UPDATE clusters SET ca_cert_pem = ?2, ca_key = ?3 WHERE name = ?1",
+                params![name, ca.cert_pem, ca.key],
+            )?;
+            insert_event(tx, &event)?;
+            read_cluster(tx, &name)?
+                .ok_or_else(|| StoreError::Backend(format!("cluster {name} vanished in its own transaction")))
+        })
+        .await
+    }
+
+    pub(super) async fn read_cluster_ca(&self, name: &str) -> Result<Option<StoredCa>> {
+        let name = name.to_string();
+        self.call(move |c| read_ca(c, &name)).await
+    }
+
+    pub(super) async fn insert_certificate(&self, r: IssuedCertRow) -> Result<()> {
+        self.tx(move |tx| {
+            let exists = tx
+                .query_row("SELECT 1 FROM clusters WHERE name = ?1", [&r.cluster], |_| Ok(()))
+                .optional()?
+                .is_some();
+            if !exists {
+                return Err(StoreError::NotFound(format!(
+                    "cluster {} does not exist",
+                    r.cluster
+                )));
+            }
+            let n = tx.execute(
+                "INSERT INTO issued_certs (cluster, node, serial, profile, bundle, version, path,
+                                           not_before_ms, not_after_ms, issued_at_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT DO NOTHING",
+                params![
+                    r.cluster,
+                    r.node,
+                    r.serial,
+                    r.profile,
+                    r.bundle,
+                    r.version,
+                    r.path,
+                    r.not_before_ms,
+                    r.not_after_ms,
+                    r.issued_at_ms
+                ],
+            )?;
+            if n == 0 {
+                return Err(StoreError::AlreadyExists(format!(
+                    "node {} of cluster {} already has a certificate with serial {}",
+                    r.node, r.cluster, r.serial
+                )));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    pub(super) async fn read_certificates(
+        &self,
+        cluster: Option<&str>,
+        node: Option<&str>,
+    ) -> Result<Vec<IssuedCertRow>> {
+        let cluster = cluster.map(str::to_string);
+        let node = node.map(str::to_string);
+        self.call(move |c| read_certs(c, cluster.as_deref(), node.as_deref()))
+            .await
+    }
+}
+
+pub(super) fn read_ca(c: &Connection, name: &str) -> Result<Option<StoredCa>> {
+    let row: Option<(Option<String>, Option<String>)> = c
+        .query_row(
+            "SELECT ca_cert_pem, ca_key FROM clusters WHERE name = ?1",
+            [name],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    Ok(match row {
+        Some((Some(cert_pem), Some(key))) => Some(StoredCa { cert_pem, key }),
+        _ => None,
+    })
+}
+
+pub(super) fn read_certs(
+    c: &Connection,
+    cluster: Option<&str>,
+    node: Option<&str>,
+) -> Result<Vec<IssuedCertRow>> {
+    let mut stmt = c.prepare(
+        "SELECT cluster, node, serial, profile, bundle, version, path, not_before_ms, not_after_ms, issued_at_ms
+         FROM issued_certs WHERE (?1 IS NULL OR cluster = ?1) AND (?2 IS NULL OR node = ?2)",
+    )?;
+    let mut rows = stmt
+        .query_map(params![cluster, node], |r| {
+            Ok(IssuedCertRow {
+                cluster: r.get(0)?,
+                node: r.get(1)?,
+                serial: r.get(2)?,
+                profile: r.get(3)?,
+                bundle: r.get(4)?,
+                version: r.get(5)?,
+                path: r.get(6)?,
+                not_before_ms: r.get(7)?,
+                not_after_ms: r.get(8)?,
+                issued_at_ms: r.get(9)?,
+            })
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    sort_certificates(&mut rows);
+    Ok(rows)
+}
