@@ -28,6 +28,7 @@ use prost::Message as _;
 
 use crate::blobs::BlobStore;
 use crate::blobsync::{self, SyncError};
+use crate::clusterca;
 use crate::pki::{Pki, PkiError, SharedIdentity};
 use crate::replicas::{self, IdentityError};
 use crate::seal::{SealError, SealKey};
@@ -57,6 +58,8 @@ pub enum MigrateError {
     Seal(#[from] SealError),
     #[error("{0}")]
     ServerRunning(String),
+    #[error("{0}")]
+    ClusterCa(String),
     #[error("read {path}: {source}")]
     ReadState { path: PathBuf, source: StoreError },
     #[error(
@@ -99,6 +102,10 @@ pub struct Summary {
     /// Key id that sealed the private keys, if any.
     pub sealed_with: Option<String>,
     pub clusters: usize,
+    /// Clusters with a CA (keys sealed like the identity's).
+    pub cluster_cas: usize,
+    /// Records of certificates issued with cluster CAs.
+    pub certificates: usize,
     pub tokens: usize,
     pub nodes: usize,
     pub bundles: usize,
@@ -128,7 +135,11 @@ impl fmt::Display for Summary {
             "  identity    CA {} and admin credential ({keys})",
             self.ca_cert_hash
         )?;
-        writeln!(f, "  clusters    {}", self.clusters)?;
+        writeln!(
+            f,
+            "  clusters    {} ({} with a CA; {} issued certificates recorded)",
+            self.clusters, self.cluster_cas, self.certificates
+        )?;
         writeln!(f, "  tokens      {}", self.tokens)?;
         writeln!(f, "  nodes       {}", self.nodes)?;
         writeln!(
@@ -187,7 +198,7 @@ pub async fn migrate(cfg: &MigrateConfig) -> Result<Summary, MigrateError> {
             source,
         },
     })?;
-    let dump = sqlite.dump().await.map_err(|source| MigrateError::ReadState {
+    let mut dump = sqlite.dump().await.map_err(|source| MigrateError::ReadState {
         path: db.clone(),
         source,
     })?;
@@ -213,6 +224,7 @@ pub async fn migrate(cfg: &MigrateConfig) -> Result<Summary, MigrateError> {
     if let Some(key) = store.first_key().await.map_err(MigrateError::Etcd)? {
         return Err(not_empty(key));
     }
+    reseal_cluster_cas(&mut dump, seal.as_ref(), store.prefix())?;
     match replicas::store_identity(&store, &identity, seal.as_ref()).await {
         Ok(()) => {}
         Err(IdentityError::Exists(key)) => return Err(not_empty(key)),
@@ -241,6 +253,8 @@ pub async fn migrate(cfg: &MigrateConfig) -> Result<Summary, MigrateError> {
         ca_cert_hash,
         sealed_with: seal.as_ref().map(SealKey::key_id),
         clusters: dump.clusters.len(),
+        cluster_cas: dump.cluster_cas.len(),
+        certificates: dump.certificates.len(),
         tokens: dump.tokens.len(),
         nodes: dump.nodes.len(),
         bundles: dump.bundles.len(),
@@ -251,6 +265,18 @@ pub async fn migrate(cfg: &MigrateConfig) -> Result<Summary, MigrateError> {
         events: dump.events.len(),
         generation: dump.max_generation(),
     })
+}
+
+/// Checks each cluster CA of the dump loads, and seals its key for its
+/// etcd name when an encryption key is given (as the server would).
+fn reseal_cluster_cas(dump: &mut Dump, seal: Option<&SealKey>, prefix: &str) -> Result<(), MigrateError> {
+    for (name, ca) in &mut dump.cluster_cas {
+        let fail = |e: String| MigrateError::ClusterCa(format!("cluster {name}: {e}"));
+        let pem = clusterca::keys::open_key(None, "", name, &ca.key).map_err(|e| fail(e.to_string()))?;
+        clusterca::ClusterCa::load(&ca.cert_pem, &pem).map_err(|e| fail(format!("stored CA: {e}")))?;
+        ca.key = clusterca::keys::seal_key(seal, prefix, name, &pem).map_err(|e| fail(e.to_string()))?;
+    }
+    Ok(())
 }
 
 /// Blobs first: once a bundle is in etcd, its blobs are.

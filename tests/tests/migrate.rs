@@ -78,7 +78,14 @@ fn roll_out(server: &Server, bundle: &str) -> String {
 fn a_single_server_moves_onto_etcd_and_its_agents_follow_without_rejoining() {
     let etcd = Etcd::start();
     let mut old = Server::start();
-    old.create_cluster("c1");
+    old.lksctl_ok(&[
+        "cluster",
+        "create",
+        "c1",
+        "--api-server",
+        "https://c1.example:6443",
+    ]);
+    let cluster_ca = old.lksctl_ok(&["cluster", "ca", "c1"]);
     let mut agents = Vec::new();
     for name in ["n1", "n2"] {
         let mut a = Agent::new(name);
@@ -117,7 +124,7 @@ fn a_single_server_moves_onto_etcd_and_its_agents_follow_without_rejoining() {
     let summary = ok_stdout(&out, "migrate");
     eprintln!("{summary}\n{}", String::from_utf8_lossy(&out.stderr));
     for line in [
-        "clusters    1",
+        "clusters    1 (1 with a CA",
         "nodes       2",
         "bundles     1 (1 blobs",
         "rollouts    1",
@@ -153,6 +160,11 @@ fn a_single_server_moves_onto_etcd_and_its_agents_follow_without_rejoining() {
         ],
     );
     assert_eq!(replica.admin_conf().ca_cert, old.admin_conf().ca_cert);
+    // The cluster CA and API server came along.
+    assert_eq!(replica.lksctl_ok(&["cluster", "ca", "c1"]), cluster_ca);
+    let c1 = replica.lksctl_json(&["cluster", "list"]);
+    assert_eq!(c1[0]["api_server"], "https://c1.example:6443", "{c1}");
+    assert_eq!(c1[0]["has_ca"], true, "{c1}");
     let tok = replica.lksctl_json(&["token", "create", "--cluster", "c1"]);
     assert_eq!(tok["ca_cert_hash"], pin.as_str(), "the CA pin is unchanged");
     // The state came along, before any agent is back.

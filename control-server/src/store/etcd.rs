@@ -2380,4 +2380,46 @@ mod tests {
         let g2 = s.enroll_node(new_node("n1", "tok000")).await.unwrap();
         assert!(g2 > g1, "{g2} > {g1}");
     }
+
+    #[tokio::test]
+    async fn an_imported_dump_carries_cluster_cas_api_servers_and_certificates() {
+        let etcd = TestEtcd::start();
+        let s = etcd.store("r1").await;
+        let ca = StoredCa {
+            cert_pem: "cert".into(),
+            key: "sealed".into(),
+        };
+        let cert = IssuedCertRow {
+            cluster: "a".into(),
+            node: "n1".into(),
+            serial: "0a".into(),
+            profile: "kubelet-client".into(),
+            bundle: "k".into(),
+            version: "1".into(),
+            path: "/p".into(),
+            not_before_ms: 1,
+            not_after_ms: 2,
+            issued_at_ms: 1,
+        };
+        let d = Dump {
+            clusters: vec![
+                NewCluster {
+                    api_server: Some("https://a.example:6443".into()),
+                    ..NewCluster::new("a", 1)
+                }
+                .row(),
+                NewCluster::new("b", 1).row(),
+            ],
+            cluster_cas: vec![("a".into(), ca.clone())],
+            certificates: vec![cert.clone()],
+            ..Default::default()
+        };
+        s.import(&d).await.unwrap();
+        assert_eq!(s.cluster_ca("a").await.unwrap(), Some(ca));
+        assert_eq!(s.cluster_ca("b").await.unwrap(), None);
+        let a = s.get_cluster("a").await.unwrap().unwrap();
+        assert_eq!(a.api_server.as_deref(), Some("https://a.example:6443"));
+        assert_eq!(a.ca_cert_pem.as_deref(), Some("cert"));
+        assert_eq!(s.list_certificates(Some("a"), None).await.unwrap(), [cert]);
+    }
 }
