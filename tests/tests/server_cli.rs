@@ -9,9 +9,11 @@ use lks_e2e::{bin, one_line_error, run};
 #[test]
 fn clusters_and_tokens() {
     let s = Server::start();
-    assert_eq!(
-        s.lksctl_ok(&["cluster", "create", "tenant-a"]).trim(),
-        "cluster tenant-a created"
+    let out = s.lksctl_ok(&["cluster", "create", "tenant-a"]);
+    assert!(
+        out.trim()
+            .starts_with("cluster tenant-a created (CA generated, sha256:"),
+        "{out}"
     );
     let e = one_line_error(&s.lksctl(&["cluster", "create", "tenant-a"]), "duplicate cluster");
     assert!(e.starts_with("error: ") && e.contains("already exists"), "{e}");
