@@ -11,6 +11,10 @@ command -v cc >/dev/null || need+=(build-essential)
 command -v ip >/dev/null || need+=(iproute2)
 # The replicated-store tests start a throwaway etcd (tests/src/etcd.rs).
 command -v etcd >/dev/null || need+=(etcd-server)
+# The node-identity tests check issued certificates with openssl and the
+# kubeconfigs with kubectl.
+command -v openssl >/dev/null || need+=(openssl)
+command -v kubectl >/dev/null || need+=(kubernetes-client)
 
 if ((${#need[@]})); then
   echo "setup: installing ${need[*]}" >&2

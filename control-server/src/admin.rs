@@ -33,8 +33,8 @@ use crate::blobs::{BlobWriter, StagedBlob};
 use crate::rollout::{self, Verb, counts};
 use crate::server::Shared;
 use crate::store::{
-    BundleRow, EventFilter, EventRow, NewBundle, NewRollout, NodeRow, PutOutcome, RolloutRow, RolloutState,
-    TokenRow, sqlite::now_ms,
+    BundleRow, ClusterRow, EventFilter, EventRow, NewBundle, NewRollout, NodeRow, PutOutcome, RolloutRow,
+    RolloutState, TokenRow, sqlite::now_ms,
 };
 
 const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -478,15 +478,14 @@ impl AdminService for AdminApi {
                     r.bundle, r.version
                 ))
             })?;
-        if !self
+        let cluster = self
             .s
             .store
-            .cluster_exists(&r.cluster)
+            .get_cluster(&r.cluster)
             .await
             .map_err(store_status)?
-        {
-            return Err(Status::not_found(format!("cluster {} does not exist", r.cluster)));
-        }
+            .ok_or_else(|| Status::not_found(format!("cluster {} does not exist", r.cluster)))?;
+        identity_preconditions(&cluster, &decode_manifest(&bundle.signed_bundle)?)?;
         if r.batch_size > MAX_BATCH_SIZE {
             return Err(invalid(format!(
                 "batch size {} is larger than the limit of {MAX_BATCH_SIZE}",
@@ -872,8 +871,11 @@ impl AdminApi {
             }
         }
         for n in nodes.iter().filter(|n| selector_matches(selector, &n.labels)) {
-            let mut paths: Vec<(&str, &lks_proto::BundlePath)> =
-                new.files.iter().map(|f| (new.name.as_str(), &f.path)).collect();
+            let mut paths: Vec<(&str, &lks_proto::BundlePath)> = new
+                .owned_paths()
+                .into_iter()
+                .map(|p| (new.name.as_str(), p))
+                .collect();
             let mut others: Vec<(String, String)> = n
                 .desired
                 .iter()
@@ -896,7 +898,7 @@ impl AdminApi {
             }
             for key in &others {
                 if let Some(m) = cache.get(key) {
-                    paths.extend(m.files.iter().map(|f| (m.name.as_str(), &f.path)));
+                    paths.extend(m.owned_paths().into_iter().map(|p| (m.name.as_str(), p)));
                 }
             }
             if let Err((i, why)) = check_paths_disjoint(paths.iter().map(|(_, p)| *p)) {
@@ -908,6 +910,28 @@ impl AdminApi {
         }
         Ok(())
     }
+}
+
+/// A bundle with `[[certificate]]` needs a cluster CA to sign them, and
+/// one with `[[kubeconfig]]` the tenant API server's address: refused
+/// before any node is asked, rather than failing on every node.
+fn identity_preconditions(cluster: &ClusterRow, m: &Manifest) -> Result<(), Status> {
+    let c = &cluster.name;
+    if !m.certificates.is_empty() && cluster.ca_cert_pem.is_none() {
+        return Err(Status::failed_precondition(format!(
+            "bundle {} has [[certificate]] entries but cluster {c} has no CA to sign them; \
+             give it one with `lksctl cluster set {c} --generate-ca` (or --ca-cert and --ca-key)",
+            m.id()
+        )));
+    }
+    if !m.kubeconfigs.is_empty() && cluster.api_server.is_none() {
+        return Err(Status::failed_precondition(format!(
+            "bundle {} has [[kubeconfig]] entries but cluster {c} has no API server address; \
+             set one with `lksctl cluster set {c} --api-server URL`",
+            m.id()
+        )));
+    }
+    Ok(())
 }
 
 fn decode_manifest(bytes: &[u8]) -> Result<Manifest, Status> {

@@ -152,6 +152,38 @@ impl AgentService for AgentApi {
         }))
     }
 
+    async fn issue_certificate(
+        &self,
+        req: Request<pb::IssueCertificateRequest>,
+    ) -> Result<Response<pb::IssueCertificateResponse>, Status> {
+        let _t = self.s.metrics.timer("IssueCertificate");
+        let caller = require_node(&req, &*self.s.store).await?;
+        let r = req.into_inner();
+        let what = format!("{}@{} {}", r.bundle, r.version, r.path);
+        match crate::issue::issue(&self.s, &caller.id, r).await {
+            Ok((resp, bundle, version)) => {
+                tracing::info!(node = %caller.id.node, %what, serial = %resp.serial, "certificate issued");
+                self.event(
+                    &caller.id,
+                    "certificate_issued",
+                    &bundle,
+                    &version,
+                    format!(
+                        "{what}: serial {}, valid until {}",
+                        resp.serial,
+                        crate::issue::rfc3339(resp.not_after_ms)
+                    ),
+                )
+                .await;
+                Ok(Response::new(resp))
+            }
+            Err(status) => {
+                tracing::warn!(node = %caller.id.node, %what, error = %status.message(), "certificate refused");
+                Err(status)
+            }
+        }
+    }
+
     type FetchBlobStream = BoxStream<pb::BlobChunk>;
 
     async fn fetch_blob(
@@ -432,6 +464,13 @@ fn facts_json(h: &pb::Hello) -> String {
         "memory_bytes": f.memory_bytes,
         "agent_version": clip(&agent_version, 128),
         "boot_id": clip(&f.boot_id, 128),
+        // Only addresses that parse, at most as many as a serving
+        // certificate takes: they become its IP SANs.
+        "addresses": f.addresses.iter()
+            .filter_map(|a| a.parse::<std::net::IpAddr>().ok())
+            .take(lks_proto::certs::MAX_ADDRESSES)
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>(),
         "disks": f.disks.iter().take(64).map(|d| serde_json::json!({
             "mount_point": clip(&d.mount_point, 1024),
             "total_bytes": d.total_bytes,

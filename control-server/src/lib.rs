@@ -16,6 +16,7 @@ pub mod clusterca;
 pub mod controller;
 pub mod fsutil;
 pub mod hub;
+pub mod issue;
 pub mod metrics;
 pub mod migrate;
 pub mod packages;

@@ -29,6 +29,7 @@ use prost::Message;
 use tokio::sync::{mpsc, watch};
 
 use crate::cache::{Cache, FetchError};
+use crate::certs::{self, CertIssuer, IssueError, Issued, NoIssuer};
 use crate::clock::Clock;
 use crate::config::StateDir;
 use crate::fault;
@@ -45,6 +46,11 @@ const MAX_INTERRUPTED: u32 = 3;
 /// with each give-up, up to [`MAX_GIVE_UP_BACKOFF_MS`].
 const GIVE_UP_BACKOFF_MS: i64 = 60_000;
 const MAX_GIVE_UP_BACKOFF_MS: i64 = 3_600_000;
+/// Wait before asking again for a certificate the server refused (the
+/// operator may give the cluster a CA or an API server meanwhile).
+const ISSUE_RETRY_MS: i64 = 60_000;
+/// Wait before trying a failed certificate renewal again.
+const RENEW_RETRY_MS: i64 = 60_000;
 
 /// How long to wait after the `n`th give-up (1-based).
 pub fn give_up_backoff_ms(n: u32) -> i64 {
@@ -122,6 +128,7 @@ pub struct Engine {
     node: String,
     trusted: Vec<PublisherKey>,
     source: Arc<dyn BlobSource>,
+    issuer: Arc<dyn CertIssuer>,
     runner: Arc<dyn CommandRunner>,
     clock: Arc<dyn Clock>,
     cache: Cache,
@@ -160,12 +167,19 @@ impl Engine {
             node: cfg.node,
             trusted: cfg.trusted,
             source,
+            issuer: Arc::new(NoIssuer),
             runner,
             clock,
             state,
             reporter,
             dirs,
         })
+    }
+
+    /// Where certificates of `[[certificate]]` entries come from.
+    pub fn with_issuer(mut self, issuer: Arc<dyn CertIssuer>) -> Self {
+        self.issuer = issuer;
+        self
     }
 
     pub fn state(&self) -> &LocalState {
@@ -179,7 +193,7 @@ impl Engine {
             .bundles
             .values()
             .filter_map(|r| r.installed.as_ref())
-            .flat_map(|m| m.files.iter())
+            .flat_map(|m| m.all_files())
             .map(|f| self.root_path.join(f.path.relative()))
             .collect()
     }
@@ -409,7 +423,7 @@ impl Engine {
         let key = bundle_key(sb);
         let rec = self.state.bundles.get(&m.name).cloned();
         if let Some(r) = &rec {
-            if r.installed.as_ref() == Some(&want) {
+            if r.installed.as_ref().is_some_and(|i| i.same_request(&want)) {
                 if r.status.version != m.version || r.status.state != BundleState::Applied {
                     self.set_status(
                         &m.name,
@@ -443,7 +457,7 @@ impl Engine {
         if let Some(reason) = self.conflict(m) {
             return self.fail_once(&m.name, &m.version, reason, None);
         }
-        self.apply(m, rec, key).await
+        self.apply(m, rec, key, false).await
     }
 
     /// A reason if `m` would own a path (or a parent/child of one) that
@@ -454,13 +468,13 @@ impl Engine {
                 continue;
             }
             let Some(inst) = &r.installed else { continue };
-            for f in &m.files {
-                for g in &inst.files {
-                    let pair = [&f.path, &g.path];
+            for f in m.owned_paths() {
+                for g in inst.owned_paths() {
+                    let pair = [f, g];
                     if lks_proto::manifest::check_paths_disjoint(pair.into_iter()).is_err() {
                         return Some(format!(
                             "bundle {}@{} refused: its file {} collides with {} of bundle {}@{} on this node",
-                            m.name, m.version, f.path, g.path, other, inst.version
+                            m.name, m.version, f, g, other, inst.version
                         ));
                     }
                 }
@@ -469,23 +483,29 @@ impl Engine {
         None
     }
 
+    /// Installs `m` (a published manifest). A `renewal` installs the same
+    /// version again with newly issued certificates; it keeps the bundle
+    /// `applied` whatever happens, and a failure keeps the current pair.
     async fn apply(
         &mut self,
         m: &Manifest,
         rec: Option<BundleRecord>,
         key: String,
+        renewal: bool,
     ) -> Result<(), EngineError> {
         let (name, version) = (m.name.as_str(), m.version.as_str());
-        self.set_status(
-            name,
-            version,
-            Verdict {
-                state: BundleState::Applying,
-                message: String::new(),
-                sticky: None,
-            },
-        )?;
-        tracing::info!(bundle = name, version, "applying");
+        if !renewal {
+            self.set_status(
+                name,
+                version,
+                Verdict {
+                    state: BundleState::Applying,
+                    message: String::new(),
+                    sticky: None,
+                },
+            )?;
+            tracing::info!(bundle = name, version, "applying");
+        }
         for f in &m.files {
             match self.cache.ensure(f, &*self.source).await {
                 Ok(()) => {}
@@ -510,20 +530,235 @@ impl Engine {
                 }
             }
         }
+        let made = match self.make_identity_files(m).await {
+            Ok(made) => made,
+            Err(e) if renewal => return self.renewal_failed(name, version, &e.to_string()),
+            Err(IssueError::Unavailable(e)) => {
+                let message = format!("waiting for a certificate: {e}");
+                tracing::warn!(bundle = name, version, "{message}");
+                return self.set_status(
+                    name,
+                    version,
+                    Verdict {
+                        state: BundleState::Pending,
+                        message,
+                        sticky: None,
+                    },
+                );
+            }
+            Err(IssueError::Refused(e)) => {
+                // Asked again after a while: the operator may fix the cause
+                // (a cluster CA, an API server) without a new bundle.
+                let retry_at = self.clock.now_ms().saturating_add(ISSUE_RETRY_MS);
+                self.fail_once(
+                    name,
+                    version,
+                    format!("certificate refused: {e}; asking again at {}", rfc3339(retry_at)),
+                    Some(key),
+                )?;
+                if let Some(r) = self.state.bundles.get_mut(name) {
+                    r.retry_at_ms = retry_at;
+                }
+                return self.save_state();
+            }
+        };
+        let m = &made;
         if let Err(reason) = self.precheck(m) {
+            if renewal {
+                return self.renewal_failed(name, version, &reason);
+            }
             return self.fail_once(name, version, reason, None);
         }
         let from = rec.as_ref().and_then(|r| r.installed.clone());
         let originals = rec.map(|r| r.originals).unwrap_or_default();
         let mut txn = self.plan(name, from, Some(m.clone()), &originals)?;
         txn.key = key;
+        txn.renewal = renewal;
         self.run_txn(txn).await
+    }
+
+    /// Makes the node's own files for `m`'s `[[certificate]]` and
+    /// `[[kubeconfig]]` entries — a fresh key each, a certificate the
+    /// cluster CA signs for it, the CA, the kubeconfigs — into the cache,
+    /// and returns `m` with them as `issued`. The keys stay in the state
+    /// dir (mode 0600) and the node root; nothing but CSRs leaves the node.
+    async fn make_identity_files(&self, m: &Manifest) -> Result<Manifest, IssueError> {
+        let mut out = m.requested();
+        if m.certificates.is_empty() {
+            return Ok(out);
+        }
+        let now = self.clock.now_ms();
+        let mut answers: BTreeMap<BundlePath, (pb::IssueCertificateResponse, String)> = BTreeMap::new();
+        for c in &m.certificates {
+            let names = certs::names_for(c, &self.node)
+                .map_err(|e| IssueError::Refused(format!("{}: {e}", c.path)))?;
+            let k =
+                certs::key_and_csr(&names).map_err(|e| IssueError::Refused(format!("{}: {e}", c.path)))?;
+            let resp = self
+                .issuer
+                .issue(pb::IssueCertificateRequest {
+                    bundle: m.name.clone(),
+                    version: m.version.clone(),
+                    path: c.path.to_string(),
+                    csr_pem: k.csr_pem,
+                })
+                .await?;
+            let issued = certs::check_issued(&resp.certificate_pem, &k.spki, now)
+                .map_err(|e| IssueError::Refused(format!("{}: {e}", c.path)))?;
+            if lks_proto::identity::pem_certs(&resp.ca_pem).is_err() {
+                return Err(IssueError::Refused(format!(
+                    "{}: the server sent no cluster CA",
+                    c.path
+                )));
+            }
+            self.put_made(&mut out, &c.path, resp.certificate_pem.as_bytes(), 0o644)?;
+            self.put_made(&mut out, &c.key_path, k.key_pem.as_bytes(), 0o600)?;
+            if let Some(ca) = &c.ca_path
+                && !out.issued.iter().any(|f| &f.path == ca)
+            {
+                self.put_made(&mut out, ca, resp.ca_pem.as_bytes(), 0o644)?;
+            }
+            tracing::info!(
+                bundle = %m.name,
+                path = %c.path,
+                serial = %issued.serial,
+                not_after = %rfc3339(issued.not_after_ms),
+                "certificate issued by cluster {}", resp.cluster
+            );
+            answers.insert(c.path.clone(), (resp, names.common_name));
+        }
+        for k in &m.kubeconfigs {
+            let (Some(c), Some((resp, user))) = (m.certificate(&k.certificate), answers.get(&k.certificate))
+            else {
+                return Err(IssueError::Refused(format!(
+                    "{}: no certificate {}",
+                    k.path, k.certificate
+                )));
+            };
+            if resp.api_server.is_empty() {
+                return Err(IssueError::Refused(format!(
+                    "{}: cluster {} has no API server address; set one with `lksctl cluster set {} --api-server URL`",
+                    k.path, resp.cluster, resp.cluster
+                )));
+            }
+            let text = certs::kubeconfig(
+                &resp.cluster,
+                &resp.api_server,
+                &resp.ca_pem,
+                user,
+                c.path.as_str(),
+                c.key_path.as_str(),
+            );
+            self.put_made(&mut out, &k.path, text.as_bytes(), 0o600)?;
+        }
+        out.validate()
+            .map_err(|e| IssueError::Refused(format!("the files made for {}: {e}", m.id())))?;
+        Ok(out)
+    }
+
+    fn put_made(
+        &self,
+        m: &mut Manifest,
+        path: &BundlePath,
+        bytes: &[u8],
+        mode: u32,
+    ) -> Result<(), IssueError> {
+        let digest = self
+            .cache
+            .insert(bytes)
+            .map_err(|e| IssueError::Unavailable(format!("cache: {e}")))?;
+        m.issued.push(FileSpec {
+            path: path.clone(),
+            digest,
+            size: bytes.len() as u64,
+            mode,
+            url: None,
+        });
+        Ok(())
+    }
+
+    /// A renewal that could not even start: the bundle stays applied with
+    /// its current certificates; tried again after [`RENEW_RETRY_MS`].
+    fn renewal_failed(&mut self, name: &str, version: &str, why: &str) -> Result<(), EngineError> {
+        let retry_at = self.clock.now_ms().saturating_add(RENEW_RETRY_MS);
+        let message = format!(
+            "certificate renewal failed: {why}; keeping the current certificates, trying again at {}",
+            rfc3339(retry_at)
+        );
+        tracing::warn!(bundle = name, version, "{message}");
+        self.set_status(
+            name,
+            version,
+            Verdict {
+                state: BundleState::Applied,
+                message: message.clone(),
+                sticky: None,
+            },
+        )?;
+        if let Some(r) = self.state.bundles.get_mut(name) {
+            r.renew_retry_at_ms = retry_at;
+        }
+        self.save_state()?;
+        self.event("renewal_failed", name, version, &message);
+        Ok(())
+    }
+
+    /// Validity of each installed certificate of `m`, read from the cache.
+    pub fn certificate_validity(&self, m: &Manifest) -> Vec<(BundlePath, Issued)> {
+        m.certificates
+            .iter()
+            .filter_map(|c| {
+                let f = m.issued.iter().find(|f| f.path == c.path)?;
+                let bytes = fs::read(self.cache.blob_path(&f.digest)).ok()?;
+                Some((c.path.clone(), certs::validity(&bytes)?))
+            })
+            .collect()
+    }
+
+    /// Renews the certificates of every applied bundle one of whose
+    /// certificates has passed its renewal point: a transaction like any
+    /// apply (steps, health check), that keeps the current pair if it fails.
+    pub async fn renew_due(&mut self) -> Result<(), EngineError> {
+        self.recover().await?;
+        let now = self.clock.now_ms();
+        let mut due = Vec::new();
+        for (name, r) in &self.state.bundles {
+            let Some(inst) = &r.installed else { continue };
+            if inst.certificates.is_empty()
+                || r.status.state != BundleState::Applied
+                || r.status.version != inst.version
+                || now < r.renew_retry_at_ms
+            {
+                continue;
+            }
+            let validity = self.certificate_validity(inst);
+            let missing = validity.len() < inst.certificates.len();
+            if missing
+                || validity
+                    .iter()
+                    .any(|(_, c)| now >= certs::renew_at_ms(&self.node, c))
+            {
+                due.push(name.clone());
+            }
+        }
+        for name in due {
+            let Some(rec) = self.state.bundles.get(&name).cloned() else {
+                continue;
+            };
+            let Some(inst) = rec.installed.clone() else {
+                continue;
+            };
+            tracing::info!(bundle = %name, version = %inst.version, "renewing certificates");
+            self.apply(&inst.requested(), Some(rec), String::new(), true)
+                .await?;
+        }
+        Ok(())
     }
 
     /// Checks, before anything is written, that every target can be reached
     /// beneath the root and is a regular file (or absent).
     fn precheck(&self, m: &Manifest) -> Result<(), String> {
-        for f in &m.files {
+        for f in m.all_files() {
             match self.root.parent(&f.path, false) {
                 Ok(parent) => match parent.stat_target() {
                     Ok(Some(st)) if !is_regular(&st) => {
@@ -568,13 +803,10 @@ impl Engine {
         self.state.txn_seq += 1;
         let seq = self.state.txn_seq;
         self.save_state()?;
-        let old: BTreeSet<&BundlePath> = from
-            .iter()
-            .flat_map(|m| m.files.iter().map(|f| &f.path))
-            .collect();
-        let new: BTreeSet<&BundlePath> = to.iter().flat_map(|m| m.files.iter().map(|f| &f.path)).collect();
+        let old: BTreeSet<&BundlePath> = from.iter().flat_map(|m| m.all_files().map(|f| &f.path)).collect();
+        let new: BTreeSet<&BundlePath> = to.iter().flat_map(|m| m.all_files().map(|f| &f.path)).collect();
         let mut plans = Vec::new();
-        for f in to.iter().flat_map(|m| m.files.iter()) {
+        for f in to.iter().flat_map(|m| m.all_files()) {
             plans.push(PathPlan {
                 path: f.path.clone(),
                 temp: String::new(),
@@ -587,7 +819,7 @@ impl Engine {
                 newly_owned: !old.contains(&f.path),
             });
         }
-        for f in from.iter().flat_map(|m| m.files.iter()) {
+        for f in from.iter().flat_map(|m| m.all_files()) {
             if new.contains(&f.path) {
                 continue;
             }
@@ -629,6 +861,7 @@ impl Engine {
             plans,
             kept_originals,
             key: String::new(),
+            renewal: false,
             phase: Phase::Staging,
         })
     }
@@ -758,7 +991,25 @@ impl Engine {
             }
         }
         let mut retry_at_ms = 0;
+        let renewal_retry = txn
+            .renewal
+            .then(|| self.clock.now_ms().saturating_add(RENEW_RETRY_MS));
         let (version, verdict, kind) = match (&txn.to, &txn.from) {
+            // A renewal that failed leaves the version applied, with the
+            // pair it had: tried again later.
+            (Some(to), _) if txn.renewal => (
+                to.version.clone(),
+                Verdict {
+                    state: BundleState::Applied,
+                    message: format!(
+                        "certificate renewal rolled back: {message}; keeping the current certificates, \
+                         trying again at {}",
+                        rfc3339(renewal_retry.unwrap_or_default())
+                    ),
+                    sticky: None,
+                },
+                "renewal_failed",
+            ),
             // A crash in the agent's own phases says nothing about the
             // bundle: try again, however often it happens.
             (Some(to), _) if retry && !guarded => (
@@ -854,6 +1105,9 @@ impl Engine {
         if let Some(r) = self.state.bundles.get_mut(&txn.bundle) {
             r.interrupted = if kind == "interrupted" { interrupted } else { 0 };
             r.retry_at_ms = retry_at_ms;
+            if let Some(at) = renewal_retry {
+                r.renew_retry_at_ms = at;
+            }
         }
         self.record_apply(&txn.bundle, &version, kind, &message);
         self.save_state()?;
@@ -915,7 +1169,11 @@ impl Engine {
                 };
                 rec.clear_failures();
                 rec.gave_up = 0;
-                ("applied", to.version.clone())
+                rec.renew_retry_at_ms = 0;
+                (
+                    if txn.renewal { "renewed" } else { "applied" },
+                    to.version.clone(),
+                )
             }
             None => {
                 self.state.bundles.remove(&txn.bundle);
@@ -1011,7 +1269,7 @@ impl Engine {
         // file that drifted is copied like any other, so a rollback still
         // puts back exactly what was there.
         if !plan.newly_owned
-            && let Some(f) = from.and_then(|m| m.files.iter().find(|f| f.path == plan.path))
+            && let Some(f) = from.and_then(|m| m.all_files().find(|f| f.path == plan.path))
             && f.size == st.st_size as u64
             && self.cache.contains(&f.digest)
         {
@@ -1214,7 +1472,7 @@ impl Engine {
         for (name, m) in bundles {
             let mut repaired = Vec::new();
             let mut failed = Vec::new();
-            for f in &m.files {
+            for f in m.all_files() {
                 match self.check_file(f) {
                     Ok(None) => {}
                     Ok(Some(why)) => match self.repair_file(f).await {
@@ -1332,7 +1590,7 @@ impl Engine {
         let mut keep = BTreeSet::new();
         let mut originals = BTreeSet::new();
         for r in self.state.bundles.values() {
-            for f in r.installed.iter().flat_map(|m| m.files.iter()) {
+            for f in r.installed.iter().flat_map(|m| m.all_files()) {
                 keep.insert(f.digest);
             }
             for o in &r.originals {

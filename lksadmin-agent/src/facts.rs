@@ -35,6 +35,10 @@ pub fn collect() -> pb::NodeFacts {
         boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
             .map(|s| s.trim().to_string())
             .unwrap_or_default(),
+        addresses: crate::certs::addresses()
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
     }
 }
 

@@ -204,6 +204,9 @@ pub struct Txn {
     /// Identity of the target bundle content (manifest and signature).
     #[serde(default)]
     pub key: String,
+    /// The same version again with newly issued certificates.
+    #[serde(default)]
+    pub renewal: bool,
     pub phase: Phase,
 }
 
@@ -333,6 +336,7 @@ mod tests {
             }],
             kept_originals: vec![],
             key: String::new(),
+            renewal: false,
             phase: Phase::RollingBack {
                 reason: "r".into(),
                 touched: true,

@@ -10,6 +10,7 @@
 
 pub mod backoff;
 pub mod cache;
+pub mod certs;
 pub mod client;
 pub mod clock;
 pub mod config;

@@ -87,7 +87,8 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<(), RunE
         Arc::new(ProcessRunner),
         Arc::new(SystemClock),
         Reporter::new(status_tx, events_tx),
-    )?;
+    )?
+    .with_issuer(crate::certs::NetIssuer::new(channel.clone()));
 
     let (ready_tx, ready_rx) = oneshot::channel();
     let engine_cancel = cancel.clone();
@@ -248,9 +249,14 @@ async fn engine_loop(
                     reconcile(&mut engine, d, false).await;
                 }
             }
-            _ = retry.tick() => if let Some(d) = &desired && needs_retry(&engine) {
-                reconcile(&mut engine, d, false).await;
-            },
+            _ = retry.tick() => {
+                if let Some(d) = &desired && needs_retry(&engine) {
+                    reconcile(&mut engine, d, false).await;
+                }
+                if let Err(e) = engine.renew_due().await {
+                    tracing::error!("renew certificates: {e}");
+                }
+            }
             // A change schedules a heal instead of waiting here, so new
             // desired states are not held up meanwhile.
             r = drift_changed(&mut drift), if drift_heal_at.is_none() => match r {

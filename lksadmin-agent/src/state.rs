@@ -89,6 +89,10 @@ pub struct BundleRecord {
     /// rollback finished again after a crash does not count it twice.
     #[serde(default)]
     pub counted_txn: Option<u64>,
+    /// When a failed certificate renewal is tried again (Unix ms; 0: as
+    /// soon as one is due).
+    #[serde(default)]
+    pub renew_retry_at_ms: i64,
 }
 
 impl BundleRecord {
@@ -104,6 +108,7 @@ impl BundleRecord {
             retry_at_ms: 0,
             retry_seen: 0,
             counted_txn: None,
+            renew_retry_at_ms: 0,
         }
     }
 

@@ -90,6 +90,7 @@ fn manifest(version: &str, files: &Files, fail_health: bool) -> Manifest {
             retries: 2,
             interval: Duration::from_millis(10),
         }),
+        ..Default::default()
     }
 }
 

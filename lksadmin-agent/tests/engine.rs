@@ -148,6 +148,7 @@ impl Fixture {
                 .collect(),
             steps: vec![],
             health: None,
+            ..Default::default()
         }
     }
 

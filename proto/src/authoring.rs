@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::certs::{CertificateSpec, DEFAULT_TTL, KubeconfigSpec, MAX_CERTIFICATES, MAX_KUBECONFIGS};
 use crate::digest::Digest;
 use crate::duration::parse_duration;
 use crate::limits::*;
@@ -29,6 +30,35 @@ struct RawBundle {
     #[serde(default, rename = "step")]
     steps: Vec<RawStep>,
     health: Option<RawHealth>,
+    #[serde(default, rename = "certificate")]
+    certificates: Vec<RawCertificate>,
+    #[serde(default, rename = "kubeconfig")]
+    kubeconfigs: Vec<RawKubeconfig>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCertificate {
+    path: String,
+    key_path: String,
+    profile: String,
+    #[serde(default)]
+    common_name: String,
+    #[serde(default)]
+    organizations: Vec<String>,
+    #[serde(default)]
+    dns_names: Vec<String>,
+    #[serde(default)]
+    ip_addresses: Vec<String>,
+    ttl: Option<String>,
+    ca_path: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKubeconfig {
+    path: String,
+    certificate: String,
 }
 
 #[derive(Deserialize)]
@@ -251,12 +281,59 @@ pub fn parse_bundle_toml(text: &str, dir: &Path, sizer: &mut dyn UrlSizer) -> Re
             })
         })
         .transpose()?;
+    if raw.certificates.len() > MAX_CERTIFICATES {
+        return Err(format!(
+            "certificate: {} entries; the limit is {MAX_CERTIFICATES}",
+            raw.certificates.len()
+        ));
+    }
+    let certificates = raw
+        .certificates
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let fail = |n: &str, why: String| format!("certificate[{i}].{n}: {why}");
+            let path = |n: &str, v: &str| BundlePath::new(v).map_err(|e| fail(n, e.to_string()));
+            Ok(CertificateSpec {
+                path: path("path", &c.path)?,
+                key_path: path("key_path", &c.key_path)?,
+                profile: c.profile.parse().map_err(|e| fail("profile", e))?,
+                common_name: c.common_name,
+                organizations: c.organizations,
+                dns_names: c.dns_names,
+                ip_addresses: c.ip_addresses,
+                ttl: opt_duration(c.ttl, DEFAULT_TTL).map_err(|e| fail("ttl", e))?,
+                ca_path: c.ca_path.map(|p| path("ca_path", &p)).transpose()?,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    if raw.kubeconfigs.len() > MAX_KUBECONFIGS {
+        return Err(format!(
+            "kubeconfig: {} entries; the limit is {MAX_KUBECONFIGS}",
+            raw.kubeconfigs.len()
+        ));
+    }
+    let kubeconfigs = raw
+        .kubeconfigs
+        .into_iter()
+        .enumerate()
+        .map(|(i, k)| {
+            let path = |n: &str, v: &str| BundlePath::new(v).map_err(|e| format!("kubeconfig[{i}].{n}: {e}"));
+            Ok(KubeconfigSpec {
+                path: path("path", &k.path)?,
+                certificate: path("certificate", &k.certificate)?,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
     let manifest = Manifest {
         name: raw.name,
         version: raw.version,
         files,
         steps,
         health,
+        certificates,
+        kubeconfigs,
+        issued: Vec::new(),
     };
     manifest.validate().map_err(|e: ManifestError| e.to_string())?;
     Ok(AuthoredBundle { manifest, sources })
@@ -482,6 +559,84 @@ name = "restart kubelet"
         }
     }
 
+    const IDENTITY: &str = r#"
+name = "kubelet-identity"
+version = "1"
+
+[[certificate]]
+path = "/var/lib/kubelet/pki/kubelet-client.crt"
+key_path = "/var/lib/kubelet/pki/kubelet-client.key"
+profile = "kubelet-client"
+ca_path = "/etc/kubernetes/pki/ca.crt"
+
+[[certificate]]
+path = "/var/lib/kubelet/pki/kubelet.crt"
+key_path = "/var/lib/kubelet/pki/kubelet.key"
+profile = "kubelet-serving"
+ttl = "24h"
+ca_path = "/etc/kubernetes/pki/ca.crt"
+
+[[kubeconfig]]
+path = "/etc/kubernetes/kubelet.conf"
+certificate = "/var/lib/kubelet/pki/kubelet-client.crt"
+"#;
+
+    #[test]
+    fn certificates_and_kubeconfigs() {
+        let d = dir_with(&[]);
+        let b = parse_bundle_toml(IDENTITY, d.path(), &mut RequireSize).unwrap();
+        let m = &b.manifest;
+        assert!(m.files.is_empty());
+        assert_eq!(m.certificates.len(), 2);
+        assert_eq!(m.certificates[0].ttl, DEFAULT_TTL);
+        assert_eq!(m.certificates[1].ttl, Duration::from_secs(86400));
+        assert_eq!(m.kubeconfigs[0].certificate, m.certificates[0].path);
+        let back = Manifest::try_from(pb::Manifest::from(m)).unwrap();
+        assert_eq!(&back, m);
+        let cases = [
+            (
+                "profile = \"kubelet-client\"",
+                "profile = \"kubelet\"",
+                "certificate[0].profile: unknown profile",
+            ),
+            (
+                "ttl = \"24h\"",
+                "ttl = \"24\"",
+                "certificate[1].ttl: invalid duration",
+            ),
+            (
+                "ttl = \"24h\"",
+                "ttl = \"1s\"",
+                "certificate[1].ttl: 1s is outside",
+            ),
+            (
+                "profile = \"kubelet-client\"",
+                "profile = \"client\"\ncommon_name = \"{hostname}\"",
+                "certificate[0].common_name: \"{hostname}\" uses {hostname}",
+            ),
+            (
+                "certificate = \"/var/lib/kubelet/pki/kubelet-client.crt\"",
+                "certificate = \"/var/lib/kubelet/pki/kubelet.crt\"",
+                "kubeconfig[0].certificate: /var/lib/kubelet/pki/kubelet.crt has profile kubelet-serving",
+            ),
+            (
+                "path = \"/etc/kubernetes/kubelet.conf\"",
+                "path = \"/var/lib/kubelet/pki/kubelet.key\"",
+                "kubeconfig[0].path: /var/lib/kubelet/pki/kubelet.key is listed twice",
+            ),
+            (
+                "ttl = \"24h\"",
+                "ttl = \"24h\"\nserial = 3",
+                "unknown field `serial`",
+            ),
+        ];
+        for (from, to, want) in cases {
+            let text = IDENTITY.replacen(from, to, 1);
+            let e = parse_bundle_toml(&text, d.path(), &mut RequireSize).unwrap_err();
+            assert!(e.contains(want), "{to}: expected {want:?}, got {e}");
+        }
+    }
+
     #[test]
     fn syntax_and_unknown_fields_report_a_line() {
         let d = dir_with(&[]);
@@ -572,6 +727,7 @@ name = "restart kubelet"
                     name: format!("s{i}"), run, timeout: Duration::from_millis(1 + i as u64),
                 }).collect(),
                 health: None,
+                ..Default::default()
             };
             prop_assume!(m.validate().is_ok());
             let bytes = pb::Manifest::from(&m).encode_to_vec();

@@ -54,6 +54,33 @@ pub fn encode(m: &Manifest) -> Vec<u8> {
             out.extend_from_slice(&(h.interval.as_millis() as u64).to_be_bytes());
         }
     }
+
+    // Added with `[[certificate]]`: present only when used, so manifests
+    // without them keep the bytes (and signatures) they always had.
+    if !m.certificates.is_empty() || !m.kubeconfigs.is_empty() {
+        out.push(b'C');
+        let mut certs: Vec<_> = m.certificates.iter().collect();
+        certs.sort_by(|a, b| a.path.cmp(&b.path));
+        put_u32(&mut out, certs.len() as u32);
+        for c in certs {
+            put_str(&mut out, c.path.as_str());
+            put_str(&mut out, c.key_path.as_str());
+            put_str(&mut out, c.profile.as_str());
+            put_str(&mut out, &c.common_name);
+            put_argv(&mut out, &c.organizations);
+            put_argv(&mut out, &c.dns_names);
+            put_argv(&mut out, &c.ip_addresses);
+            out.extend_from_slice(&(c.ttl.as_millis() as u64).to_be_bytes());
+            put_str(&mut out, c.ca_path.as_ref().map_or("", |p| p.as_str()));
+        }
+        let mut kcs: Vec<_> = m.kubeconfigs.iter().collect();
+        kcs.sort_by(|a, b| a.path.cmp(&b.path));
+        put_u32(&mut out, kcs.len() as u32);
+        for k in kcs {
+            put_str(&mut out, k.path.as_str());
+            put_str(&mut out, k.certificate.as_str());
+        }
+    }
     out
 }
 
@@ -132,5 +159,45 @@ mod tests {
             f(&mut m);
             assert_ne!(encode(&m), base, "mutation {i} left the encoding unchanged");
         }
+    }
+
+    /// The digest of a manifest without certificates, as published before
+    /// `[[certificate]]` existed: its signatures must keep verifying.
+    #[test]
+    fn manifests_without_certificates_keep_their_bytes() {
+        assert_eq!(
+            manifest_digest(&sample()).to_string(),
+            "sha256:f88e9353c8bea42043baf34c1074661cc489f7b46a238922925413ac128a5c06",
+        );
+    }
+
+    #[test]
+    fn every_certificate_field_changes_the_encoding() {
+        let base = encode(&crate::manifest::tests::sample_with_identity());
+        let mutations: Vec<fn(&mut Manifest)> = vec![
+            |m| m.certificates[0].key_path = "/k2".parse().unwrap(),
+            |m| m.certificates[0].profile = crate::certs::Profile::Client,
+            |m| m.certificates[1].common_name.push('x'),
+            |m| m.certificates[1].organizations.push("o".into()),
+            |m| m.certificates[1].dns_names.push("d".into()),
+            |m| m.certificates[1].ip_addresses.clear(),
+            |m| m.certificates[0].ttl += Duration::from_millis(1),
+            |m| m.certificates[0].ca_path = None,
+            |m| m.kubeconfigs[0].path = "/etc/other.conf".parse().unwrap(),
+            |m| m.kubeconfigs.clear(),
+            |m| m.certificates.reverse(),
+        ];
+        for (i, f) in mutations.into_iter().enumerate() {
+            let mut m = crate::manifest::tests::sample_with_identity();
+            f(&mut m);
+            if i == 10 {
+                assert_eq!(encode(&m), base, "certificate order carries no meaning");
+            } else {
+                assert_ne!(encode(&m), base, "mutation {i} left the encoding unchanged");
+            }
+        }
+        let mut issued = crate::manifest::tests::sample_with_identity();
+        issued.issued.push(issued.files[0].clone());
+        assert_eq!(encode(&issued), base, "what the node made is not signed");
     }
 }

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use crate::certs::{CertificateSpec, KubeconfigSpec};
 use crate::digest::Digest;
 use crate::limits::{
     DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_RETRIES, DEFAULT_HEALTH_TIMEOUT, DEFAULT_STEP_TIMEOUT,
@@ -57,12 +58,54 @@ impl TryFrom<pb::Manifest> for Manifest {
             },
             interval: ms_or(h.interval_ms, DEFAULT_HEALTH_INTERVAL),
         });
+        let certificates = m
+            .certificates
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let field = |n: &str| format!("certificate[{i}].{n}");
+                let path = |n: &str, v: &str| BundlePath::new(v).map_err(|e| ManifestError::new(field(n), e));
+                Ok(CertificateSpec {
+                    path: path("path", &c.path)?,
+                    key_path: path("key_path", &c.key_path)?,
+                    profile: c
+                        .profile
+                        .parse()
+                        .map_err(|e| ManifestError::new(field("profile"), e))?,
+                    common_name: c.common_name,
+                    organizations: c.organizations,
+                    dns_names: c.dns_names,
+                    ip_addresses: c.ip_addresses,
+                    ttl: ms_or(c.ttl_ms, crate::certs::DEFAULT_TTL),
+                    ca_path: (!c.ca_path.is_empty())
+                        .then(|| path("ca_path", &c.ca_path))
+                        .transpose()?,
+                })
+            })
+            .collect::<Result<Vec<_>, ManifestError>>()?;
+        let kubeconfigs = m
+            .kubeconfigs
+            .into_iter()
+            .enumerate()
+            .map(|(i, k)| {
+                let path = |n: &str, v: &str| {
+                    BundlePath::new(v).map_err(|e| ManifestError::new(format!("kubeconfig[{i}].{n}"), e))
+                };
+                Ok(KubeconfigSpec {
+                    path: path("path", &k.path)?,
+                    certificate: path("certificate", &k.certificate)?,
+                })
+            })
+            .collect::<Result<Vec<_>, ManifestError>>()?;
         let manifest = Manifest {
             name: m.name,
             version: m.version,
             files,
             steps,
             health,
+            certificates,
+            kubeconfigs,
+            issued: Vec::new(),
         };
         manifest.validate()?;
         Ok(manifest)
@@ -108,6 +151,29 @@ impl From<&Manifest> for pb::Manifest {
                 retries: h.retries,
                 interval_ms: h.interval.as_millis() as u64,
             }),
+            certificates: m
+                .certificates
+                .iter()
+                .map(|c| pb::CertificateRequest {
+                    path: c.path.to_string(),
+                    key_path: c.key_path.to_string(),
+                    profile: c.profile.as_str().into(),
+                    common_name: c.common_name.clone(),
+                    organizations: c.organizations.clone(),
+                    dns_names: c.dns_names.clone(),
+                    ip_addresses: c.ip_addresses.clone(),
+                    ttl_ms: c.ttl.as_millis() as u64,
+                    ca_path: c.ca_path.as_ref().map(ToString::to_string).unwrap_or_default(),
+                })
+                .collect(),
+            kubeconfigs: m
+                .kubeconfigs
+                .iter()
+                .map(|k| pb::Kubeconfig {
+                    path: k.path.to_string(),
+                    certificate: k.certificate.to_string(),
+                })
+                .collect(),
         }
     }
 }

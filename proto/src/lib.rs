@@ -10,6 +10,7 @@
 
 pub mod authoring;
 pub mod canonical;
+pub mod certs;
 pub mod convert;
 pub mod digest;
 pub mod duration;

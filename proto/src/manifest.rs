@@ -9,6 +9,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use crate::certs::{CertificateSpec, KubeconfigSpec, MAX_CERTIFICATES, MAX_KUBECONFIGS};
 use crate::digest::Digest;
 use crate::limits::*;
 use crate::names::{validate_bundle_name, validate_version};
@@ -51,7 +52,7 @@ pub struct HealthCheck {
 ///
 /// Serialisable for local records (the agent's state and journal); reading
 /// one back applies [`Manifest::validate`], like every other way in.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(try_from = "UncheckedManifest")]
 pub struct Manifest {
     pub name: String,
@@ -59,6 +60,20 @@ pub struct Manifest {
     pub files: Vec<FileSpec>,
     pub steps: Vec<Step>,
     pub health: Option<HealthCheck>,
+    /// `[[certificate]]`: keys made on the node, certificates signed by the
+    /// cluster CA. The manifest carries the request only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub certificates: Vec<CertificateSpec>,
+    /// `[[kubeconfig]]`: kubeconfigs for the tenant cluster.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kubeconfigs: Vec<KubeconfigSpec>,
+    /// The files a node made for `certificates` and `kubeconfigs`
+    /// (certificate, key, CA, kubeconfig), once it has made them. Local to
+    /// the node: never on the wire, never signed — the agent records what
+    /// it installed here so that switching, rollback and drift repair treat
+    /// them like any other file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub issued: Vec<FileSpec>,
 }
 
 /// The serde form of a [`Manifest`] before validation.
@@ -71,6 +86,12 @@ struct UncheckedManifest {
     steps: Vec<Step>,
     #[serde(default)]
     health: Option<HealthCheck>,
+    #[serde(default)]
+    certificates: Vec<CertificateSpec>,
+    #[serde(default)]
+    kubeconfigs: Vec<KubeconfigSpec>,
+    #[serde(default)]
+    issued: Vec<FileSpec>,
 }
 
 impl TryFrom<UncheckedManifest> for Manifest {
@@ -83,6 +104,9 @@ impl TryFrom<UncheckedManifest> for Manifest {
             files: u.files,
             steps: u.steps,
             health: u.health,
+            certificates: u.certificates,
+            kubeconfigs: u.kubeconfigs,
+            issued: u.issued,
         };
         m.validate()?;
         Ok(m)
@@ -115,6 +139,52 @@ impl Manifest {
     /// Sum of all file sizes.
     pub fn total_size(&self) -> u64 {
         self.files.iter().map(|f| f.size).sum()
+    }
+
+    /// The files to install: the bundle's own and those the node made.
+    pub fn all_files(&self) -> impl Iterator<Item = &FileSpec> {
+        self.files.iter().chain(&self.issued)
+    }
+
+    /// The paths the node makes the bytes of: every certificate, key, CA
+    /// and kubeconfig path (a CA path shared by several certificates once).
+    pub fn generated_paths(&self) -> BTreeSet<&BundlePath> {
+        self.certificates
+            .iter()
+            .flat_map(|c| c.paths())
+            .chain(self.kubeconfigs.iter().map(|k| &k.path))
+            .collect()
+    }
+
+    /// Every path this bundle owns on a node: its files and the generated ones.
+    pub fn owned_paths(&self) -> Vec<&BundlePath> {
+        let mut v: Vec<&BundlePath> = self.files.iter().map(|f| &f.path).collect();
+        v.extend(self.generated_paths());
+        v
+    }
+
+    /// The manifest as published: without what a node made.
+    pub fn requested(&self) -> Manifest {
+        Manifest {
+            issued: Vec::new(),
+            ..self.clone()
+        }
+    }
+
+    /// The same bundle version as `published`, ignoring what the node made.
+    pub fn same_request(&self, published: &Manifest) -> bool {
+        self.name == published.name
+            && self.version == published.version
+            && self.files == published.files
+            && self.steps == published.steps
+            && self.health == published.health
+            && self.certificates == published.certificates
+            && self.kubeconfigs == published.kubeconfigs
+    }
+
+    /// The certificate entry whose certificate is at `path`.
+    pub fn certificate(&self, path: &BundlePath) -> Option<&CertificateSpec> {
+        self.certificates.iter().find(|c| &c.path == path)
     }
 
     /// Checks every rule of DESIGN §4 and the limits of [`crate::limits`].
@@ -159,8 +229,7 @@ impl Manifest {
                 format!("{total} bytes in all; the limit is {MAX_BUNDLE_SIZE}"),
             ));
         }
-        check_paths_disjoint(self.files.iter().map(|f| &f.path))
-            .map_err(|(i, reason)| ManifestError::new(format!("file[{i}].path"), reason))?;
+        self.validate_identity_files()?;
         if self.steps.len() > MAX_STEPS {
             return Err(ManifestError::new(
                 "step",
@@ -188,6 +257,92 @@ impl Manifest {
             }
             if h.interval > MAX_TIMEOUT {
                 return Err(ManifestError::new("health.interval", "longer than 1h"));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Manifest {
+    /// `[[certificate]]`, `[[kubeconfig]]` and the paths of everything.
+    fn validate_identity_files(&self) -> Result<(), ManifestError> {
+        if self.certificates.len() > MAX_CERTIFICATES {
+            return Err(ManifestError::new(
+                "certificate",
+                format!(
+                    "{} entries; the limit is {MAX_CERTIFICATES}",
+                    self.certificates.len()
+                ),
+            ));
+        }
+        if self.kubeconfigs.len() > MAX_KUBECONFIGS {
+            return Err(ManifestError::new(
+                "kubeconfig",
+                format!(
+                    "{} entries; the limit is {MAX_KUBECONFIGS}",
+                    self.kubeconfigs.len()
+                ),
+            ));
+        }
+        for (i, c) in self.certificates.iter().enumerate() {
+            c.validate(&format!("certificate[{i}]"))?;
+        }
+        for (i, k) in self.kubeconfigs.iter().enumerate() {
+            let Some(c) = self.certificate(&k.certificate) else {
+                return Err(ManifestError::new(
+                    format!("kubeconfig[{i}].certificate"),
+                    format!(
+                        "{} is not the path of a [[certificate]] of this bundle",
+                        k.certificate
+                    ),
+                ));
+            };
+            if !c.profile.is_client() {
+                return Err(ManifestError::new(
+                    format!("kubeconfig[{i}].certificate"),
+                    format!(
+                        "{} has profile {}; a kubeconfig needs a client certificate",
+                        k.certificate, c.profile
+                    ),
+                ));
+            }
+        }
+        // Every path once: files, then each certificate's paths, then the
+        // kubeconfigs. A CA path may be shared by several certificates (one
+        // cluster, one CA), nothing else.
+        let mut names: Vec<(String, &BundlePath)> = Vec::new();
+        for (i, f) in self.files.iter().enumerate() {
+            names.push((format!("file[{i}].path"), &f.path));
+        }
+        let mut cas: BTreeSet<&BundlePath> = BTreeSet::new();
+        for (i, c) in self.certificates.iter().enumerate() {
+            names.push((format!("certificate[{i}].path"), &c.path));
+            names.push((format!("certificate[{i}].key_path"), &c.key_path));
+            if let Some(ca) = &c.ca_path
+                && cas.insert(ca)
+            {
+                names.push((format!("certificate[{i}].ca_path"), ca));
+            }
+        }
+        for (i, k) in self.kubeconfigs.iter().enumerate() {
+            names.push((format!("kubeconfig[{i}].path"), &k.path));
+        }
+        check_paths_disjoint(names.iter().map(|(_, p)| *p))
+            .map_err(|(i, reason)| ManifestError::new(names[i].0.clone(), reason))?;
+        let generated = self.generated_paths();
+        let mut seen = BTreeSet::new();
+        for (i, f) in self.issued.iter().enumerate() {
+            if !generated.contains(&f.path) || !seen.insert(&f.path) {
+                return Err(ManifestError::new(
+                    format!("issued[{i}].path"),
+                    format!(
+                        "{} is not a certificate, key, CA or kubeconfig path of this bundle",
+                        f.path
+                    ),
+                ));
+            }
+            if f.mode > 0o7777 || f.url.is_some() {
+                return Err(ManifestError::new(format!("issued[{i}]"), "bad mode or a url"));
             }
         }
         Ok(())
@@ -354,7 +509,98 @@ pub(crate) mod tests {
                 retries: 5,
                 interval: Duration::from_secs(2),
             }),
+            ..Default::default()
         }
+    }
+
+    /// `sample()` with a kubelet client and a named server certificate and
+    /// a kubeconfig.
+    pub fn sample_with_identity() -> Manifest {
+        use crate::certs::{CertificateSpec, KubeconfigSpec, Profile};
+        let p = |s: &str| BundlePath::new(s).unwrap();
+        Manifest {
+            certificates: vec![
+                CertificateSpec {
+                    path: p("/var/lib/kubelet/pki/kubelet-client.crt"),
+                    key_path: p("/var/lib/kubelet/pki/kubelet-client.key"),
+                    profile: Profile::KubeletClient,
+                    common_name: String::new(),
+                    organizations: Vec::new(),
+                    dns_names: Vec::new(),
+                    ip_addresses: Vec::new(),
+                    ttl: crate::certs::DEFAULT_TTL,
+                    ca_path: Some(p("/etc/kubernetes/pki/ca.crt")),
+                },
+                CertificateSpec {
+                    path: p("/etc/proxy/tls.crt"),
+                    key_path: p("/etc/proxy/tls.key"),
+                    profile: Profile::Server,
+                    common_name: "{node}".into(),
+                    organizations: Vec::new(),
+                    dns_names: vec!["{node}.proxy".into()],
+                    ip_addresses: vec!["10.0.0.1".into()],
+                    ttl: Duration::from_secs(3600),
+                    ca_path: Some(p("/etc/kubernetes/pki/ca.crt")),
+                },
+            ],
+            kubeconfigs: vec![KubeconfigSpec {
+                path: p("/etc/kubernetes/kubelet.conf.d/node.conf"),
+                certificate: p("/var/lib/kubelet/pki/kubelet-client.crt"),
+            }],
+            ..sample()
+        }
+    }
+
+    #[test]
+    fn identity_files_are_validated_with_every_path() {
+        let m = sample_with_identity();
+        m.validate().unwrap();
+        assert_eq!(m.generated_paths().len(), 6, "the shared CA path counts once");
+        assert_eq!(m.owned_paths().len(), 8);
+        type Case = (fn(&mut Manifest), &'static str);
+        let cases: Vec<Case> = vec![
+            (
+                |m| m.certificates[1].path = m.files[0].path.clone(),
+                "certificate[1].path",
+            ),
+            (
+                |m| m.kubeconfigs[0].path = m.certificates[0].key_path.clone(),
+                "kubeconfig[0].path",
+            ),
+            (
+                |m| m.certificates[1].ca_path = Some(BundlePath::new("/etc/proxy/tls.crt/ca").unwrap()),
+                "certificate[1].ca_path",
+            ),
+            (
+                |m| m.kubeconfigs[0].certificate = BundlePath::new("/nope").unwrap(),
+                "kubeconfig[0].certificate",
+            ),
+            (
+                |m| m.kubeconfigs[0].certificate = m.certificates[1].path.clone(),
+                "kubeconfig[0].certificate",
+            ),
+            (
+                |m| m.certificates[0].common_name = "x".into(),
+                "certificate[0].common_name",
+            ),
+            (|m| m.issued.push(m.files[0].clone()), "issued[0].path"),
+        ];
+        for (mutate, field) in cases {
+            let mut m = sample_with_identity();
+            mutate(&mut m);
+            let err = m.validate().expect_err(field);
+            assert_eq!(err.field, field, "{err}");
+        }
+        let mut made = sample_with_identity();
+        let mut f = made.files[0].clone();
+        f.path = made.certificates[0].key_path.clone();
+        made.issued.push(f);
+        made.validate().unwrap();
+        assert!(made.same_request(&sample_with_identity()));
+        assert_eq!(made.requested(), sample_with_identity());
+        assert_eq!(made.all_files().count(), 3);
+        let text = toml::to_string(&made).unwrap();
+        assert_eq!(toml::from_str::<Manifest>(&text).unwrap(), made);
     }
 
     #[test]

@@ -28,6 +28,7 @@ fn manifest(name: &str, version: &str, files: Vec<pb::FileEntry>) -> pb::SignedB
             files,
             steps: vec![],
             health: None,
+            ..Default::default()
         }),
         signature: vec![],
         signer_public_key: vec![],

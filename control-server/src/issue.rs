@@ -1,0 +1,179 @@
+//! `IssueCertificate`: a node's CSR for a `[[certificate]]` of a bundle
+//! assigned to it, signed with its tenant cluster's CA.
+//!
+//! What may be signed is decided here and nowhere else: the bundle version
+//! must be in the calling node's desired state, the entry must be one of
+//! its `[[certificate]]`s, and the CSR must ask for exactly the names
+//! `lks_proto::certs` gives that entry for *this* node (its name from the
+//! mTLS certificate, its addresses from its last `Hello`). The certificate
+//! is then built from those names, not from the CSR — only the CSR's key
+//! is used — and its serial is recorded before it is returned.
+
+use std::net::IpAddr;
+
+use lks_proto::certs::check_csr;
+use lks_proto::identity::NodeIdentity;
+use lks_proto::names::{validate_bundle_name, validate_version};
+use lks_proto::{BundlePath, Manifest, SignedBundle, pb};
+use prost::Message as _;
+use tonic::Status;
+
+use crate::authz::store_status;
+use crate::clusterca::{CertTemplate, Usage};
+use crate::server::Shared;
+use crate::store::{IssuedCertRow, sqlite::now_ms};
+
+/// Largest CSR accepted (a P-256 CSR with 32 SANs is about 2 KiB).
+const MAX_CSR: usize = 16 * 1024;
+
+/// Signs `r` for `id`; returns the answer and the bundle name and version.
+pub async fn issue(
+    s: &Shared,
+    id: &NodeIdentity,
+    r: pb::IssueCertificateRequest,
+) -> Result<(pb::IssueCertificateResponse, String, String), Status> {
+    validate_bundle_name(&r.bundle).map_err(|e| Status::invalid_argument(format!("bundle: {e}")))?;
+    validate_version(&r.version).map_err(|e| Status::invalid_argument(format!("version: {e}")))?;
+    let path = BundlePath::new(&r.path).map_err(|e| Status::invalid_argument(format!("path: {e}")))?;
+    if r.csr_pem.len() > MAX_CSR {
+        return Err(Status::invalid_argument(format!(
+            "the CSR is {} bytes; the limit is {MAX_CSR}",
+            r.csr_pem.len()
+        )));
+    }
+    let manifest = assigned(s, &id.node, &r.bundle, &r.version).await?;
+    let spec = manifest.certificate(&path).ok_or_else(|| {
+        Status::invalid_argument(format!(
+            "{} is not a [[certificate]] of bundle {}@{}",
+            path, r.bundle, r.version
+        ))
+    })?;
+    let node = s
+        .store
+        .get_node(&id.node)
+        .await
+        .map_err(store_status)?
+        .ok_or_else(|| Status::permission_denied(format!("node {} was deleted", id.node)))?;
+    let names = spec
+        .names_for(&id.node, &reported_addresses(&node.facts_json))
+        .map_err(Status::invalid_argument)?;
+    check_csr(&r.csr_pem, &names).map_err(|e| Status::permission_denied(format!("{path}: {e}")))?;
+    let ca = s
+        .cluster_cas
+        .load(&id.cluster)
+        .await
+        .map_err(|e| Status::internal(format!("cluster {} CA: {e}", id.cluster)))?
+        .ok_or_else(|| {
+            Status::failed_precondition(format!(
+                "cluster {c} has no CA to sign node certificates; give it one with \
+                 `lksctl cluster set {c} --generate-ca` (or --ca-cert and --ca-key)",
+                c = id.cluster
+            ))
+        })?;
+    let template = CertTemplate {
+        common_name: names.common_name.clone(),
+        organizations: names.organizations.clone(),
+        dns_names: names.dns_names.clone(),
+        ip_addresses: names.ip_addresses.clone(),
+        usage: if names.client {
+            Usage::Client
+        } else {
+            Usage::Server
+        },
+        ttl: spec.ttl,
+    };
+    let signed = ca
+        .sign(&r.csr_pem, &template, time::OffsetDateTime::now_utc())
+        .map_err(|e| Status::invalid_argument(format!("{path}: {e}")))?;
+    let cluster = s
+        .store
+        .get_cluster(&id.cluster)
+        .await
+        .map_err(store_status)?
+        .ok_or_else(|| Status::failed_precondition(format!("cluster {} no longer exists", id.cluster)))?;
+    // Recorded before it is handed out: no certificate exists that the
+    // store does not know of.
+    s.store
+        .record_certificate(IssuedCertRow {
+            cluster: id.cluster.clone(),
+            node: id.node.clone(),
+            serial: signed.serial.clone(),
+            profile: spec.profile.as_str().into(),
+            bundle: r.bundle.clone(),
+            version: r.version.clone(),
+            path: path.to_string(),
+            not_before_ms: signed.not_before_ms,
+            not_after_ms: signed.not_after_ms,
+            issued_at_ms: now_ms(),
+        })
+        .await
+        .map_err(store_status)?;
+    Ok((
+        pb::IssueCertificateResponse {
+            certificate_pem: signed.pem,
+            ca_pem: ca.cert_pem().to_string(),
+            api_server: cluster.api_server.unwrap_or_default(),
+            cluster: id.cluster.clone(),
+            serial: signed.serial,
+            not_after_ms: signed.not_after_ms,
+        },
+        r.bundle,
+        r.version,
+    ))
+}
+
+/// The manifest of `bundle@version` if the node's desired state holds it.
+async fn assigned(s: &Shared, node: &str, bundle: &str, version: &str) -> Result<Manifest, Status> {
+    let desired = s.store.desired_state(node).await.map_err(store_status)?;
+    for bytes in &desired.bundles {
+        let Ok(b) = pb::SignedBundle::decode(bytes.as_slice()) else {
+            continue;
+        };
+        let Some(m) = &b.manifest else { continue };
+        if m.name == bundle && m.version == version {
+            let sb = SignedBundle::try_from(b)
+                .map_err(|e| Status::internal(format!("stored bundle {bundle}@{version}: {e}")))?;
+            return Ok(sb.manifest);
+        }
+    }
+    Err(Status::permission_denied(format!(
+        "bundle {bundle}@{version} is not assigned to node {node}"
+    )))
+}
+
+/// The addresses of the node's last `Hello` (none if it never sent any).
+fn reported_addresses(facts_json: &str) -> Vec<IpAddr> {
+    serde_json::from_str::<serde_json::Value>(facts_json)
+        .ok()
+        .and_then(|v| v.get("addresses").cloned())
+        .and_then(|a| serde_json::from_value::<Vec<String>>(a).ok())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|a| a.parse().ok())
+        .collect()
+}
+
+pub fn rfc3339(ms: i64) -> String {
+    jiff::Timestamp::from_millisecond(ms)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| format!("{ms} ms"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_come_from_the_facts_and_only_parse() {
+        let f = r#"{"hostname":"w1","addresses":["192.0.2.1","nonsense","2001:db8::1"]}"#;
+        assert_eq!(
+            reported_addresses(f),
+            vec![
+                "192.0.2.1".parse::<IpAddr>().unwrap(),
+                "2001:db8::1".parse().unwrap()
+            ]
+        );
+        assert!(reported_addresses("").is_empty());
+        assert!(reported_addresses(r#"{"hostname":"w1"}"#).is_empty());
+    }
+}

@@ -1,0 +1,329 @@
+//! The files a node makes for a bundle's `[[certificate]]` and
+//! `[[kubeconfig]]` entries: a key made here (it never leaves the node), a
+//! CSR for exactly the names the entry's profile gives this node, the
+//! certificate the cluster CA signs for it (`IssueCertificate` over the
+//! node's own mTLS channel), the CA, and kubeconfigs that point at the pair.
+//!
+//! The engine installs the results like any other file of the bundle; this
+//! module only makes the bytes and decides when a certificate is due for
+//! renewal.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use lks_proto::certs::{CertNames, CertificateSpec};
+use lks_proto::identity::{cert_info, pem_certs};
+use lks_proto::pb;
+use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, PublicKeyData, SanType};
+use sha2::Digest as _;
+
+use crate::source::{BoxFuture, SharedChannel};
+
+/// Why a certificate could not be had.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum IssueError {
+    /// The server could not be asked (not connected, overloaded): try later.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The server (or this node) refused: waiting will not help until
+    /// something changes (the bundle, the cluster's CA or API server).
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// Signs CSRs: the control server in production, a fake in tests.
+pub trait CertIssuer: Send + Sync {
+    fn issue(
+        &self,
+        req: pb::IssueCertificateRequest,
+    ) -> BoxFuture<'_, Result<pb::IssueCertificateResponse, IssueError>>;
+}
+
+/// For an engine that is never asked for certificates (tests).
+pub struct NoIssuer;
+
+impl CertIssuer for NoIssuer {
+    fn issue(
+        &self,
+        _req: pb::IssueCertificateRequest,
+    ) -> BoxFuture<'_, Result<pb::IssueCertificateResponse, IssueError>> {
+        Box::pin(async {
+            Err(IssueError::Unavailable(
+                "this agent has no certificate issuer".into(),
+            ))
+        })
+    }
+}
+
+/// `IssueCertificate` on the channel of the current server connection.
+pub struct NetIssuer {
+    server: SharedChannel,
+}
+
+impl NetIssuer {
+    pub fn new(server: SharedChannel) -> Arc<Self> {
+        Arc::new(NetIssuer { server })
+    }
+}
+
+impl CertIssuer for NetIssuer {
+    fn issue(
+        &self,
+        req: pb::IssueCertificateRequest,
+    ) -> BoxFuture<'_, Result<pb::IssueCertificateResponse, IssueError>> {
+        Box::pin(async move {
+            let channel = self
+                .server
+                .get()
+                .ok_or_else(|| IssueError::Unavailable("not connected to the control server".into()))?;
+            let mut client = pb::agent_service_client::AgentServiceClient::new(channel);
+            let mut request = tonic::Request::new(req);
+            request.set_timeout(Duration::from_secs(30));
+            match client.issue_certificate(request).await {
+                Ok(r) => Ok(r.into_inner()),
+                Err(s) => {
+                    let msg = format!("IssueCertificate: {}", s.message());
+                    Err(match s.code() {
+                        tonic::Code::InvalidArgument
+                        | tonic::Code::FailedPrecondition
+                        | tonic::Code::PermissionDenied
+                        | tonic::Code::NotFound => IssueError::Refused(msg),
+                        _ => IssueError::Unavailable(msg),
+                    })
+                }
+            }
+        })
+    }
+}
+
+/// A key made here and the CSR for it.
+pub struct KeyAndCsr {
+    pub key_pem: String,
+    pub csr_pem: String,
+    /// DER SubjectPublicKeyInfo of the key, to check the certificate.
+    pub spki: Vec<u8>,
+}
+
+/// Makes a fresh ECDSA P-256 key and a CSR asking for exactly `names`.
+pub fn key_and_csr(names: &CertNames) -> Result<KeyAndCsr, String> {
+    let key = KeyPair::generate().map_err(|e| format!("generate a key: {e}"))?;
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, names.common_name.as_str());
+    if let Some(o) = names.organizations.first() {
+        dn.push(DnType::OrganizationName, o.as_str());
+    }
+    params.distinguished_name = dn;
+    for d in &names.dns_names {
+        let name = d.clone().try_into().map_err(|e| format!("DNS name {d:?}: {e}"))?;
+        params.subject_alt_names.push(SanType::DnsName(name));
+    }
+    for ip in &names.ip_addresses {
+        params.subject_alt_names.push(SanType::IpAddress(*ip));
+    }
+    let csr = params
+        .serialize_request(&key)
+        .and_then(|c| c.pem())
+        .map_err(|e| format!("make a CSR: {e}"))?;
+    Ok(KeyAndCsr {
+        key_pem: key.serialize_pem(),
+        csr_pem: csr,
+        spki: key.subject_public_key_info(),
+    })
+}
+
+/// What the engine needs to know of an issued certificate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Issued {
+    pub serial: String,
+    pub not_before_ms: i64,
+    pub not_after_ms: i64,
+}
+
+/// Checks a certificate the server returned: one certificate, for our key,
+/// valid now. Returns its validity.
+pub fn check_issued(cert_pem: &str, spki: &[u8], now_ms: i64) -> Result<Issued, String> {
+    let ders = pem_certs(cert_pem).map_err(|e| format!("the issued certificate: {e}"))?;
+    let [der] = ders.as_slice() else {
+        return Err(format!("expected one certificate, got {}", ders.len()));
+    };
+    let (_, cert) = x509_parser::parse_x509_certificate(der)
+        .map_err(|e| format!("the issued certificate does not parse: {e}"))?;
+    if cert.public_key().raw != spki {
+        return Err("the issued certificate is not for the key made here".into());
+    }
+    let info = cert_info(der).map_err(|e| format!("the issued certificate: {e}"))?;
+    if info.not_after * 1000 <= now_ms {
+        return Err("the issued certificate has already expired".into());
+    }
+    Ok(Issued {
+        serial: info.serial,
+        not_before_ms: info.not_before * 1000,
+        not_after_ms: info.not_after * 1000,
+    })
+}
+
+/// Validity of a certificate PEM (a cached blob), if it parses.
+pub fn validity(cert_pem: &[u8]) -> Option<Issued> {
+    let text = std::str::from_utf8(cert_pem).ok()?;
+    let der = pem_certs(text).ok()?.into_iter().next()?;
+    let info = cert_info(&der).ok()?;
+    Some(Issued {
+        serial: info.serial,
+        not_before_ms: info.not_before * 1000,
+        not_after_ms: info.not_after * 1000,
+    })
+}
+
+/// When to renew: at 60–70 % of the lifetime ("about 2/3"), the exact
+/// point fixed per node and certificate so a fleet issued at once spreads
+/// its renewals over a tenth of the lifetime instead of renewing together.
+pub fn renew_at_ms(node: &str, c: &Issued) -> i64 {
+    let life = (c.not_after_ms - c.not_before_ms).max(0);
+    let h = sha2::Sha256::digest(format!("{node}\0{}", c.serial).as_bytes());
+    let u = f64::from(u16::from_be_bytes([h[0], h[1]])) / 65536.0;
+    c.not_before_ms + (life as f64 * (0.6 + 0.1 * u)) as i64
+}
+
+/// A kubeconfig for the tenant cluster: the server and CA inline, the
+/// user's certificate and key by path (as kubeadm writes `kubelet.conf`),
+/// so a renewed pair needs no new kubeconfig.
+pub fn kubeconfig(
+    cluster: &str,
+    api_server: &str,
+    ca_pem: &str,
+    user: &str,
+    cert_path: &str,
+    key_path: &str,
+) -> String {
+    // Every scalar is written as a JSON string, which YAML reads as the
+    // same double-quoted scalar: nothing a name contains can break out.
+    let q = |s: &str| serde_json::Value::String(s.to_string()).to_string();
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem.as_bytes());
+    let (cluster, server, ca, context) = (q(cluster), q(api_server), q(&ca), q(&format!("{user}@{cluster}")));
+    let (user, cert, key) = (q(user), q(cert_path), q(key_path));
+    [
+        "apiVersion: v1".to_string(),
+        "kind: Config".into(),
+        "clusters:".into(),
+        format!("- name: {cluster}"),
+        "  cluster:".into(),
+        format!("    server: {server}"),
+        format!("    certificate-authority-data: {ca}"),
+        "users:".into(),
+        format!("- name: {user}"),
+        "  user:".into(),
+        format!("    client-certificate: {cert}"),
+        format!("    client-key: {key}"),
+        "contexts:".into(),
+        format!("- name: {context}"),
+        "  context:".into(),
+        format!("    cluster: {cluster}"),
+        format!("    user: {user}"),
+        format!("current-context: {context}"),
+        "preferences: {}".into(),
+        String::new(),
+    ]
+    .join("\n")
+}
+
+/// The node's addresses for a kubelet-serving certificate: every address
+/// of an interface that is up, except loopback and link-local, sorted.
+pub fn addresses() -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = match nix::ifaddrs::getifaddrs() {
+        Ok(it) => it
+            .filter(|i| i.flags.contains(nix::net::if_::InterfaceFlags::IFF_UP))
+            .filter_map(|i| {
+                let a = i.address?;
+                if let Some(v4) = a.as_sockaddr_in() {
+                    Some(IpAddr::V4(v4.ip()))
+                } else {
+                    a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
+                }
+            })
+            .filter(|ip| match ip {
+                IpAddr::V4(v4) => !v4.is_loopback() && !v4.is_link_local() && !v4.is_unspecified(),
+                IpAddr::V6(v6) => {
+                    !v6.is_loopback() && !v6.is_unspecified() && (v6.segments()[0] & 0xffc0) != 0xfe80
+                }
+            })
+            .collect(),
+        Err(e) => {
+            tracing::warn!("list the node's addresses: {e}");
+            Vec::new()
+        }
+    };
+    out.sort();
+    out.dedup();
+    out.truncate(lks_proto::certs::MAX_ADDRESSES);
+    out
+}
+
+/// The names `spec` gives this node now.
+pub fn names_for(spec: &CertificateSpec, node: &str) -> Result<CertNames, String> {
+    spec.names_for(node, &addresses())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lks_proto::certs::Profile;
+
+    #[test]
+    fn csr_asks_for_exactly_the_profile_names() {
+        let spec = CertificateSpec {
+            path: "/a.crt".parse().unwrap(),
+            key_path: "/a.key".parse().unwrap(),
+            profile: Profile::KubeletServing,
+            common_name: String::new(),
+            organizations: Vec::new(),
+            dns_names: Vec::new(),
+            ip_addresses: Vec::new(),
+            ttl: lks_proto::certs::DEFAULT_TTL,
+            ca_path: None,
+        };
+        let names = spec.names_for("w1", &["192.0.2.1".parse().unwrap()]).unwrap();
+        let k = key_and_csr(&names).unwrap();
+        lks_proto::certs::check_csr(&k.csr_pem, &names).unwrap();
+        assert!(k.key_pem.contains("PRIVATE KEY"));
+        // A certificate for another key is refused.
+        let other = rcgen::generate_simple_self_signed(vec!["w1".into()]).unwrap();
+        let e = check_issued(&other.cert.pem(), &k.spki, 0).unwrap_err();
+        assert!(e.contains("not for the key"), "{e}");
+    }
+
+    #[test]
+    fn renewal_is_spread_between_60_and_70_percent() {
+        let mut points = std::collections::BTreeSet::new();
+        for i in 0..200 {
+            let c = Issued {
+                serial: format!("{i:x}"),
+                not_before_ms: 0,
+                not_after_ms: 1_000_000,
+            };
+            let at = renew_at_ms("node", &c);
+            assert!((600_000..=700_000).contains(&at), "{at}");
+            points.insert(at / 10_000);
+        }
+        assert!(points.len() >= 8, "renewals cluster: {points:?}");
+    }
+
+    #[test]
+    fn kubeconfig_quotes_every_value() {
+        let k = kubeconfig(
+            "c1",
+            "https://api.c1:6443",
+            "PEM",
+            "system:node:w1",
+            "/var/lib/kubelet/pki/kubelet-client.crt",
+            "/var/lib/kubelet/pki/kubelet-client.key",
+        );
+        assert!(k.contains("    server: \"https://api.c1:6443\"\n"), "{k}");
+        assert!(k.contains("certificate-authority-data: \"UEVN\""), "{k}");
+        assert!(k.contains("current-context: \"system:node:w1@c1\""), "{k}");
+        let odd = kubeconfig("c\"1", "https://x", "", "u\nx", "/a", "/b");
+        assert!(odd.contains("\"c\\\"1\"") && odd.contains("\"u\\nx\""), "{odd}");
+    }
+}
