@@ -652,8 +652,33 @@ impl AdminService for AdminApi {
             .list_nodes((!cluster.is_empty()).then_some(cluster.as_str()))
             .await
             .map_err(store_status)?;
+        // Each node's newest certificate per bundle and path, so `node
+        // list` can say which nodes hold expired ones.
+        let now = now_ms();
+        let mut certs: HashMap<String, Vec<pb::IssuedCertificate>> = HashMap::new();
+        let issued = self
+            .s
+            .store
+            .list_certificates((!cluster.is_empty()).then_some(cluster.as_str()), None)
+            .await
+            .map_err(store_status)?;
+        for c in clusters::newest_only(issued) {
+            certs
+                .entry(c.node.clone())
+                .or_default()
+                .push(clusters::cert_pb(c, now));
+        }
         Ok(Response::new(pb::ListNodesResponse {
-            nodes: rows.into_iter().map(|n| node_pb(&self.s, n)).collect(),
+            nodes: rows
+                .into_iter()
+                .map(|n| {
+                    let mine = certs.remove(&n.name).unwrap_or_default();
+                    pb::Node {
+                        certificates: mine,
+                        ..node_pb(&self.s, n)
+                    }
+                })
+                .collect(),
         }))
     }
 

@@ -158,6 +158,12 @@ impl AgentService for AgentApi {
     ) -> Result<Response<pb::IssueCertificateResponse>, Status> {
         let _t = self.s.metrics.timer("IssueCertificate");
         let caller = require_node(&req, &*self.s.store).await?;
+        if !self.s.issue_limiter.allow(caller.id.node.clone()) {
+            return Err(Status::resource_exhausted(format!(
+                "node {} asked for too many certificates; retry in a minute",
+                caller.id.node
+            )));
+        }
         let r = req.into_inner();
         let what = format!("{}@{} {}", r.bundle, r.version, r.path);
         match crate::issue::issue(&self.s, &caller.id, r).await {

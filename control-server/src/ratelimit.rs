@@ -1,6 +1,8 @@
-//! A token bucket per peer IP, to slow down token guessing on `Enroll`.
+//! A token bucket per peer IP, to slow down token guessing on `Enroll`, and
+//! per node, to bound what one node can make the CA sign.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -8,13 +10,13 @@ use std::time::Instant;
 /// Buckets beyond this many peers trigger a sweep of the full ones.
 const SWEEP_AT: usize = 10_000;
 
-pub struct RateLimiter {
+pub struct RateLimiter<K = IpAddr> {
     rate: f64,
     burst: f64,
-    buckets: Mutex<HashMap<IpAddr, (f64, Instant)>>,
+    buckets: Mutex<HashMap<K, (f64, Instant)>>,
 }
 
-impl RateLimiter {
+impl<K: Eq + Hash> RateLimiter<K> {
     /// `rate` tokens per second, at most `burst` saved up.
     pub fn new(rate: f64, burst: f64) -> Self {
         RateLimiter {
@@ -25,11 +27,11 @@ impl RateLimiter {
     }
 
     /// Takes one token for `ip`; false if none is left.
-    pub fn allow(&self, ip: IpAddr) -> bool {
+    pub fn allow(&self, ip: K) -> bool {
         self.allow_at(ip, Instant::now())
     }
 
-    fn allow_at(&self, ip: IpAddr, now: Instant) -> bool {
+    fn allow_at(&self, ip: K, now: Instant) -> bool {
         let Ok(mut b) = self.buckets.lock() else {
             return true;
         };

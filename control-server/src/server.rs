@@ -143,6 +143,9 @@ pub struct Shared {
     pub hub: Hub,
     pub metrics: Arc<Metrics>,
     pub limiter: RateLimiter,
+    /// Certificates each node may have signed: a burst for a bundle's
+    /// worth, then one per ten seconds.
+    pub issue_limiter: RateLimiter<String>,
     /// Poked when a node reports, connects or is deleted, so the rollout
     /// controller looks again.
     pub rollouts_changed: Notify,
@@ -340,6 +343,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         hub: Hub::default(),
         metrics: Arc::new(Metrics::default()),
         limiter: RateLimiter::new(ENROLL_RATE, ENROLL_BURST),
+        issue_limiter: RateLimiter::new(0.1, 64.0),
         rollouts_changed: Notify::new(),
         rollouts,
         rollout_updates,

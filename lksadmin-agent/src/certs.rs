@@ -180,11 +180,15 @@ pub fn validity(cert_pem: &[u8]) -> Option<Issued> {
 /// When to renew: at 60–70 % of the lifetime ("about 2/3"), the exact
 /// point fixed per node and certificate so a fleet issued at once spreads
 /// its renewals over a tenth of the lifetime instead of renewing together.
-pub fn renew_at_ms(node: &str, c: &Issued) -> i64 {
-    let life = (c.not_after_ms - c.not_before_ms).max(0);
+/// The lifetime is the entry's `ttl` (the issuer backdates `not_before` a
+/// few minutes for clock skew, which must not count), or less when the
+/// CA's own expiry cut it short.
+pub fn renew_at_ms(node: &str, c: &Issued, ttl: Duration) -> i64 {
+    let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+    let life = (c.not_after_ms - c.not_before_ms).clamp(0, ttl_ms);
     let h = sha2::Sha256::digest(format!("{node}\0{}", c.serial).as_bytes());
     let u = f64::from(u16::from_be_bytes([h[0], h[1]])) / 65536.0;
-    c.not_before_ms + (life as f64 * (0.6 + 0.1 * u)) as i64
+    c.not_after_ms - (life as f64 * (0.4 - 0.1 * u)) as i64
 }
 
 /// A kubeconfig for the tenant cluster: the server and CA inline, the
@@ -303,11 +307,20 @@ mod tests {
                 not_before_ms: 0,
                 not_after_ms: 1_000_000,
             };
-            let at = renew_at_ms("node", &c);
+            let at = renew_at_ms("node", &c, Duration::from_secs(3600));
             assert!((600_000..=700_000).contains(&at), "{at}");
             points.insert(at / 10_000);
         }
         assert!(points.len() >= 8, "renewals cluster: {points:?}");
+        // Backdating does not count: a 30 s certificate backdated by five
+        // minutes is renewed 18–21 s after it was issued.
+        let backdated = Issued {
+            serial: "1".into(),
+            not_before_ms: 0,
+            not_after_ms: 330_000,
+        };
+        let at = renew_at_ms("node", &backdated, Duration::from_secs(30));
+        assert!((318_000..=321_000).contains(&at), "{at}");
     }
 
     #[test]

@@ -703,14 +703,15 @@ impl Engine {
         Ok(())
     }
 
-    /// Validity of each installed certificate of `m`, read from the cache.
-    pub fn certificate_validity(&self, m: &Manifest) -> Vec<(BundlePath, Issued)> {
+    /// Validity of each installed certificate of `m`, read from the cache,
+    /// with the `ttl` its entry asked for.
+    pub fn certificate_validity(&self, m: &Manifest) -> Vec<(BundlePath, std::time::Duration, Issued)> {
         m.certificates
             .iter()
             .filter_map(|c| {
                 let f = m.issued.iter().find(|f| f.path == c.path)?;
                 let bytes = fs::read(self.cache.blob_path(&f.digest)).ok()?;
-                Some((c.path.clone(), certs::validity(&bytes)?))
+                Some((c.path.clone(), c.ttl, certs::validity(&bytes)?))
             })
             .collect()
     }
@@ -736,7 +737,7 @@ impl Engine {
             if missing
                 || validity
                     .iter()
-                    .any(|(_, c)| now >= certs::renew_at_ms(&self.node, c))
+                    .any(|(_, ttl, c)| now >= certs::renew_at_ms(&self.node, c, *ttl))
             {
                 due.push(name.clone());
             }

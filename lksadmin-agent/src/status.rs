@@ -87,6 +87,19 @@ struct BundleView {
     updated_at_ms: i64,
 }
 
+/// A certificate this node made for a bundle (`[[certificate]]`).
+#[derive(serde::Serialize)]
+struct CertView {
+    bundle: String,
+    path: String,
+    profile: String,
+    serial: String,
+    not_after: String,
+    not_after_ms: i64,
+    /// `valid`; `renewing` once past its renewal point; `expired`.
+    state: &'static str,
+}
+
 #[derive(serde::Serialize)]
 struct ConnectionView {
     agent_running: bool,
@@ -112,6 +125,7 @@ struct StatusView {
     root: String,
     desired_generation: u64,
     bundles: Vec<BundleView>,
+    certificates: Vec<CertView>,
     in_progress: Option<InProgress>,
     last_apply: Option<Activity>,
     last_repair: Option<Activity>,
@@ -131,7 +145,40 @@ fn gather(dirs: &StateDir) -> Result<StatusView, StatusError> {
         target: t.describe(),
         phase: t.phase.name(),
     });
+    let cache = crate::cache::Cache::new(dirs.cache());
+    let mut certificates = Vec::new();
+    for (name, r) in &state.bundles {
+        let Some(m) = &r.installed else { continue };
+        for c in &m.certificates {
+            let Some(f) = m.issued.iter().find(|f| f.path == c.path) else {
+                continue;
+            };
+            let Some(v) = std::fs::read(cache.blob_path(&f.digest))
+                .ok()
+                .and_then(|b| crate::certs::validity(&b))
+            else {
+                continue;
+            };
+            let state = if now >= v.not_after_ms {
+                "expired"
+            } else if now >= crate::certs::renew_at_ms(&cfg.node_name, &v, c.ttl) {
+                "renewing"
+            } else {
+                "valid"
+            };
+            certificates.push(CertView {
+                bundle: name.clone(),
+                path: c.path.to_string(),
+                profile: c.profile.as_str().into(),
+                serial: v.serial.clone(),
+                not_after: when(v.not_after_ms),
+                not_after_ms: v.not_after_ms,
+                state,
+            });
+        }
+    }
     Ok(StatusView {
+        certificates,
         node: cfg.node_name,
         cluster: cfg.cluster,
         servers: cfg.servers,
@@ -219,6 +266,19 @@ pub fn render(dirs: &StateDir, json: bool) -> Result<String, StatusError> {
                 b.version,
                 b.state.as_str(),
                 b.message
+            ));
+        }
+    }
+    if !v.certificates.is_empty() {
+        out.push_str("certificates:\n");
+        out.push_str(&format!(
+            "  {:<44} {:<16} {:<26} STATE\n",
+            "PATH", "PROFILE", "NOT-AFTER"
+        ));
+        for c in &v.certificates {
+            out.push_str(&format!(
+                "  {:<44} {:<16} {:<26} {}\n",
+                c.path, c.profile, c.not_after, c.state
             ));
         }
     }

@@ -118,6 +118,8 @@ fn each_node_gets_its_own_certificates_and_kubeconfig_and_they_rotate() {
         wait_node_bundle(&f.server, n, "kubelet-identity", "1", "applied");
     }
 
+    // node-2's renewals will fail their health check.
+    std::fs::write(f.agent("node-2").path("/unhealthy"), b"").unwrap();
     let work = f.server.work_dir().to_path_buf();
     let ca = work.join("tenant-a-ca.crt");
     std::fs::write(&ca, f.server.lksctl_ok(&["cluster", "ca", "tenant-a"])).unwrap();
@@ -253,8 +255,8 @@ fn each_node_gets_its_own_certificates_and_kubeconfig_and_they_rotate() {
             >= 2
     });
 
-    // A renewal whose health check fails keeps the pair in use.
-    std::fs::write(f.agent("node-2").path("/unhealthy"), b"").unwrap();
+    // A renewal whose health check fails keeps the pair in use (the
+    // marker was planted right after the first apply).
     let kept = f
         .agent("node-2")
         .read("/var/lib/kubelet/pki/kubelet-client.key")
@@ -461,4 +463,72 @@ async fn a_node_cannot_have_another_nodes_name_or_extra_names_signed() {
         "kubeconfigs for a cluster without an API server",
     );
     assert!(e.contains("cluster tenant-b has no API server address"), "{e}");
+}
+
+#[test]
+fn a_node_offline_past_the_lifetime_reports_expired_and_renews_when_back() {
+    let mut f = Fleet::start("tenant-a", 1);
+    f.server
+        .lksctl_ok(&["cluster", "set", "tenant-a", "--api-server", API]);
+    let log = f.log.clone();
+    let dir = write_bundle(
+        f.server.work_dir(),
+        "kubelet-identity",
+        "1",
+        &[],
+        &identity_toml("1", Some("30s"), &log),
+    );
+    let b = f.server.publish(&dir);
+    f.roll_out(&b, &[]);
+    wait_node_bundle(&f.server, "node-1", "kubelet-identity", "1", "applied");
+    let local = f.agent("node-1").status();
+    let certs = local["certificates"].as_array().unwrap();
+    assert_eq!(certs.len(), 2, "{local}");
+    assert!(certs.iter().all(|c| c["state"] == "valid"), "{local}");
+    let listed = f.server.lksctl_json(&["node", "list"]);
+    assert_eq!(listed[0]["certificates"].as_array().unwrap().len(), 2, "{listed}");
+
+    // Offline for longer than the lifetime: both views say expired.
+    f.agent_mut("node-1").stop();
+    let not_after = certs
+        .iter()
+        .map(|c| c["not_after_ms"].as_i64().unwrap())
+        .max()
+        .unwrap();
+    let wait = not_after
+        - std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+        + 1000;
+    std::thread::sleep(Duration::from_millis(wait.max(0) as u64));
+    let local = f.agent("node-1").status();
+    assert!(
+        local["certificates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["state"] == "expired"),
+        "{local}"
+    );
+    let listed = f.server.lksctl_json(&["node", "list"]);
+    assert!(
+        listed[0]["certificates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["state"] == "expired"),
+        "{listed}"
+    );
+    let table = f.server.lksctl_ok(&["node", "list"]);
+    assert!(table.lines().next().unwrap().contains("CERTS"), "{table}");
+    assert!(table.contains("2 (2 expired)"), "{table}");
+
+    // Back: it renews at once and says valid again.
+    f.agent_mut("node-1").start();
+    wait_until(CONVERGE, "node-1 renews its expired certificates", || {
+        f.agent("node-1").status()["certificates"]
+            .as_array()
+            .is_some_and(|c| c.len() == 2 && c.iter().all(|c| c["state"] == "valid"))
+    });
 }

@@ -251,6 +251,7 @@ pub fn nodes_table(nodes: &[pb::Node]) -> String {
                 agent_version(n).unwrap_or("-").to_string(),
                 labels_text(&n.labels),
                 bundles_text(&n.bundles),
+                certs_text(&n.certificates),
             ]
         })
         .collect();
@@ -263,9 +264,31 @@ pub fn nodes_table(nodes: &[pb::Node]) -> String {
             "AGENT",
             "LABELS",
             "BUNDLES",
+            "CERTS",
         ],
         &rows,
     )
+}
+
+/// `-`, or how many certificates the node holds and how many of them are
+/// expired or expiring (`2`, `2 (1 expired)`).
+fn certs_text(c: &[pb::IssuedCertificate]) -> String {
+    if c.is_empty() {
+        return "-".into();
+    }
+    let now = now_ms();
+    let mut bad: std::collections::BTreeMap<&str, usize> = Default::default();
+    for cert in c {
+        let st = cert_state(cert, now, std::time::Duration::ZERO);
+        if st != "valid" {
+            *bad.entry(st).or_default() += 1;
+        }
+    }
+    if bad.is_empty() {
+        return c.len().to_string();
+    }
+    let parts: Vec<String> = bad.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    format!("{} ({})", c.len(), parts.join(", "))
 }
 
 fn bundles_text(b: &[pb::BundleStatus]) -> String {
