@@ -59,7 +59,7 @@ fn every_example_bundle_loads() {
         names.push(b.manifest.name);
     }
     names.sort();
-    for want in ["hello", "kubeadm-join", "kubelet"] {
+    for want in ["hello", "kubeadm-join", "kubelet", "kubelet-node-identity"] {
         assert!(
             names.iter().any(|n| n == want),
             "bundle {want} missing: {names:?}"
@@ -144,6 +144,44 @@ fn kubeadm_and_kubelet_bundles_fit_on_one_node() {
         .chain(&kubelet.manifest.files)
         .map(|f| &f.path);
     check_paths_disjoint(paths).unwrap_or_else(|(i, e)| panic!("file {i}: {e}"));
+}
+
+/// The node-identity bundle asks for the kubelet's two certificates and a
+/// kubeconfig, and fits on a node with the kubelet-upgrade bundle (it leaves
+/// ExecStart to that bundle's drop-in).
+#[test]
+fn kubelet_node_identity_bundle_shape() {
+    use lks_proto::certs::Profile;
+    let b = load("kubelet-node-identity");
+    let m = &b.manifest;
+    let profiles: Vec<Profile> = m.certificates.iter().map(|c| c.profile).collect();
+    assert_eq!(profiles, [Profile::KubeletClient, Profile::KubeletServing]);
+    assert_eq!(m.kubeconfigs.len(), 1);
+    assert_eq!(m.kubeconfigs[0].path.as_str(), "/etc/kubernetes/kubelet.conf");
+    assert_eq!(m.kubeconfigs[0].certificate, m.certificates[0].path);
+    let dropin =
+        std::fs::read_to_string(examples().join("kubelet-node-identity/30-lks-node-identity.conf")).unwrap();
+    for flag in [
+        "--kubeconfig=/etc/kubernetes/kubelet.conf",
+        &format!("--tls-cert-file={}", m.certificates[1].path),
+        &format!("--tls-private-key-file={}", m.certificates[1].key_path),
+    ] {
+        assert!(dropin.contains(flag), "the drop-in lacks {flag}");
+    }
+    assert!(
+        !dropin.contains("ExecStart"),
+        "ExecStart is the kubelet-upgrade bundle's"
+    );
+    let kubelet = load("kubelet-upgrade");
+    let paths = m.owned_paths().into_iter().chain(kubelet.manifest.owned_paths());
+    check_paths_disjoint(paths).unwrap_or_else(|(i, e)| panic!("path {i}: {e}"));
+    // The step leaves systemd alone under a sandbox root.
+    let out = Command::new(examples().join("kubelet-node-identity/lks-kubelet-restart"))
+        .env("LKS_ROOT", "/tmp/sandbox")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("not touching systemd"));
 }
 
 /// Installs the bundle's local files below `root` as the agent would, then
