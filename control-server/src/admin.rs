@@ -1048,3 +1048,45 @@ fn node_pb(s: &Shared, n: NodeRow) -> pb::Node {
         certificates: Vec::new(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(ca: bool, api: bool) -> ClusterRow {
+        ClusterRow {
+            name: "tenant-a".into(),
+            created_at_ms: 0,
+            node_count: 0,
+            maintenance_windows: Vec::new(),
+            ca_cert_pem: ca.then(|| "PEM".into()),
+            api_server: api.then(|| "https://api:6443".into()),
+        }
+    }
+
+    #[test]
+    fn identity_bundles_need_a_ca_and_kubeconfigs_an_api_server() {
+        let text = "name = \"id\"\nversion = \"1\"\n\
+            [[certificate]]\npath = \"/a.crt\"\nkey_path = \"/a.key\"\nprofile = \"kubelet-client\"\n\
+            [[kubeconfig]]\npath = \"/k.conf\"\ncertificate = \"/a.crt\"\n";
+        let m = lks_proto::authoring::parse_bundle_toml(
+            text,
+            std::path::Path::new("/"),
+            &mut lks_proto::authoring::RequireSize,
+        )
+        .unwrap()
+        .manifest;
+        identity_preconditions(&cluster(true, true), &m).unwrap();
+        let e = identity_preconditions(&cluster(false, true), &m).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+        assert!(e.message().contains("cluster tenant-a has no CA"), "{}", e.message());
+        let e = identity_preconditions(&cluster(true, false), &m).unwrap_err();
+        assert!(e.message().contains("has no API server address"), "{}", e.message());
+        let plain = Manifest {
+            name: "plain".into(),
+            version: "1".into(),
+            ..Default::default()
+        };
+        identity_preconditions(&cluster(false, false), &plain).unwrap();
+    }
+}
