@@ -1009,6 +1009,12 @@ fn node_pb(s: &Shared, n: NodeRow) -> pb::Node {
         });
     }
     let facts: serde_json::Value = serde_json::from_str(&n.facts_json).unwrap_or_default();
+    let strings = |k: &str| -> Vec<String> {
+        facts[k]
+            .as_array()
+            .map(|a| a.iter().filter_map(|v| v.as_str().map(String::from)).collect())
+            .unwrap_or_default()
+    };
     let text = |k: &str| {
         facts
             .get(k)
@@ -1040,6 +1046,8 @@ fn node_pb(s: &Shared, n: NodeRow) -> pb::Node {
             cpus: num("cpus") as u32,
             memory_bytes: num("memory_bytes"),
             agent_version: text("agent_version"),
+            addresses: strings("addresses"),
+            features: strings("features"),
         }),
         certificate_serial: n.cert_serial,
         enrolled_at_ms: n.enrolled_at_ms,
@@ -1079,9 +1087,17 @@ mod tests {
         identity_preconditions(&cluster(true, true), &m).unwrap();
         let e = identity_preconditions(&cluster(false, true), &m).unwrap_err();
         assert_eq!(e.code(), tonic::Code::FailedPrecondition);
-        assert!(e.message().contains("cluster tenant-a has no CA"), "{}", e.message());
+        assert!(
+            e.message().contains("cluster tenant-a has no CA"),
+            "{}",
+            e.message()
+        );
         let e = identity_preconditions(&cluster(true, false), &m).unwrap_err();
-        assert!(e.message().contains("has no API server address"), "{}", e.message());
+        assert!(
+            e.message().contains("has no API server address"),
+            "{}",
+            e.message()
+        );
         let plain = Manifest {
             name: "plain".into(),
             version: "1".into(),

@@ -470,6 +470,7 @@ fn facts_json(h: &pb::Hello) -> String {
         "memory_bytes": f.memory_bytes,
         "agent_version": clip(&agent_version, 128),
         "boot_id": clip(&f.boot_id, 128),
+        "features": h.features.iter().take(32).map(|x| clip(x, 64)).collect::<Vec<_>>(),
         // Only addresses that parse, at most as many as a serving
         // certificate takes: they become its IP SANs.
         "addresses": f.addresses.iter()

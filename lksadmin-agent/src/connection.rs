@@ -160,6 +160,7 @@ impl Connection {
             facts: Some(facts::collect()),
             bundles: snap.bundles,
             desired_generation: snap.generation,
+            features: facts::FEATURES.iter().map(|f| f.to_string()).collect(),
         };
         tx.send(out(Out::Hello(hello)))
             .await

@@ -5,6 +5,9 @@ use sysinfo::{Disks, MemoryRefreshKind, RefreshKind, System};
 
 pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// Bundle features this agent carries out (`Hello.features`).
+pub const FEATURES: &[&str] = &["certificates"];
+
 /// Collects hostname, OS, kernel, architecture, CPUs, memory, disks and the
 /// boot id. Anything unavailable is left empty rather than failing.
 pub fn collect() -> pb::NodeFacts {

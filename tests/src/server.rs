@@ -414,6 +414,7 @@ impl TestNode {
                 }),
                 bundles: held,
                 desired_generation: 0,
+                features: Vec::new(),
             })),
         })
         .await

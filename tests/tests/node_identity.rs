@@ -197,6 +197,11 @@ fn each_node_gets_its_own_certificates_and_kubeconfig_and_they_rotate() {
     let node = f.server.lksctl_json(&["node", "get", "node-1"]);
     let certs = node["certificates"].as_array().unwrap();
     assert_eq!(certs.len(), 2, "{node}");
+    assert_eq!(
+        node["facts"]["features"],
+        serde_json::json!(["certificates"]),
+        "{node}"
+    );
     let profiles: Vec<&str> = certs.iter().map(|c| c["profile"].as_str().unwrap()).collect();
     assert!(
         profiles.contains(&"kubelet-client") && profiles.contains(&"kubelet-serving"),

@@ -113,6 +113,8 @@ pub fn node_json(n: &pb::Node) -> Value {
             "cpus": f.cpus,
             "memory_bytes": f.memory_bytes,
             "agent_version": f.agent_version,
+            "addresses": f.addresses,
+            "features": f.features,
         })),
         "certificate_serial": n.certificate_serial,
         "enrolled_at": rfc3339_ms(n.enrolled_at_ms),
