@@ -17,14 +17,21 @@
 #   4. publish and roll out tests/vm/bundles/lks-demo, whose steps run
 #      `systemctl daemon-reload` and `systemctl restart lks-demo` on a unit it
 #      installs: the unit runs and the node reports the bundle `applied`;
-#   5. kill -9 the agent's main process: systemd restarts it, it reconnects,
+#   5. roll out examples/bundles/kubelet-node-identity (after `lksctl cluster
+#      set --api-server`): the VM makes its keys, gets its kubelet client and
+#      serving certificates signed by the cluster CA and a kubeconfig; checked
+#      with openssl in the VM (chain, subject, SAN, key mode and match),
+#      `kubectl config view` on a copy of the kubeconfig, `lksctl node get`
+#      (2 certificates), and the key's absence from the server's data and
+#      log; then the key is deleted and the agent restores the same bytes;
+#   6. kill -9 the agent's main process: systemd restarts it, it reconnects,
 #      the bundle stays applied and is not activated again;
-#   6. boot a second VM from `lksctl token create --cloud-init` without
+#   7. boot a second VM from `lksctl token create --cloud-init` without
 #      --package-url: its user-data downloads the package from the control
 #      server itself (started with --agent-package) over HTTPS, curl checking
 #      the server against the CA the user-data carries; the VM installs,
-#      joins, starts the agent, and gets the cluster's lks-demo applied
-#      without a new rollout.
+#      joins, starts the agent, and gets the cluster's lks-demo and its own
+#      kubelet identity applied without a new rollout.
 #
 #   tests/vm/cloud-init-join.sh [--profile release|dev] [--no-lint] [--no-build]
 #
@@ -181,6 +188,8 @@ apt_install() {
 [ "$(id -u)" -eq 0 ] || vm_die "must run as root (systemd-nspawn needs it)"
 command -v jq >/dev/null || apt_install jq
 command -v curl >/dev/null || apt_install curl ca-certificates
+# Reads the node's kubeconfig (the VM has no kubectl).
+command -v kubectl >/dev/null || apt_install kubernetes-client
 # A static file server for the package: python3's when there is one, else
 # busybox's httpd (both a few MB; CI machines have python3).
 if python3 -c 'import http.server' 2>/dev/null; then
@@ -322,7 +331,100 @@ demo_pid=$(vm_exec systemctl show -P MainPID lks-demo)
 check "the unit runs the bundle's script (pid $demo_pid)" \
   test "$(vm_exec cat /run/lks-demo/pid)" = "$demo_pid"
 
-# --- 5. kill -9 ---------------------------------------------------------------
+# --- 5. the node's kubelet identity -------------------------------------------
+# examples/bundles/kubelet-node-identity as a tenant would roll it out: keys
+# made in the VM, certificates signed by the cluster CA over IssueCertificate,
+# a kubeconfig for them. openssl runs in the VM (the root has it, as a
+# dependency of ca-certificates); kubectl on the host, on a copy of the
+# kubeconfig, since the VM has none.
+api_server=https://api.$CLUSTER.example:6443
+pki=/var/lib/kubelet/pki
+lksctl cluster set "$CLUSTER" --api-server "$api_server" >/dev/null ||
+  vm_die "lksctl cluster set $CLUSTER --api-server $api_server failed"
+identity_ref=$(lksctl bundle publish "$repo/examples/bundles/kubelet-node-identity") ||
+  vm_die "lksctl bundle publish examples/bundles/kubelet-node-identity failed"
+vm_log "published $identity_ref"
+if ! timeout 120 "$bin/lksctl" --config "$work/server/admin.conf" rollout start --cluster "$CLUSTER" \
+  --bundle "$identity_ref" --wait >"$work/rollout-identity.out" 2>&1; then
+  cat "$work/rollout-identity.out" >&2
+  lksctl node list --cluster "$CLUSTER" -o json >&2 || true
+  vm_die "rollout of $identity_ref did not complete"
+fi
+vm_log "ok: rollout of $identity_ref completed"
+identity_state() { node_json | jq -r '.bundles[] | select(.name == "kubelet-node-identity") | .state'; }
+check "lksctl node list shows kubelet-node-identity applied on $VM_NAME" test "$(identity_state)" = applied
+# The VM has no kubelet: the bundle's step only reloads systemd, and succeeds.
+check "the step lks-kubelet-restart succeeds on a node without kubelet.service" \
+  vm_exec sh -c '! systemctl cat kubelet.service >/dev/null 2>&1 &&
+    /usr/local/bin/lks-kubelet-restart | grep -qx "lks-kubelet-restart: no kubelet.service on this node yet"'
+
+lksctl cluster ca "$CLUSTER" >"$work/cluster-ca.crt" || vm_die "lksctl cluster ca $CLUSTER failed"
+vm_exec sh -c 'cat >/run/lks-test-cluster-ca.crt' <"$work/cluster-ca.crt"
+check "the node's /etc/kubernetes/pki/ca.crt is the cluster CA" \
+  cmp -s "$work/cluster-ca.crt" <(vm_exec cat /etc/kubernetes/pki/ca.crt)
+for cert in "$pki/kubelet-client.crt" "$pki/kubelet.crt"; do
+  check "openssl verify -CAfile <cluster CA> $cert" \
+    vm_exec openssl verify -CAfile /run/lks-test-cluster-ca.crt "$cert" >/dev/null
+done
+subject=$(vm_exec openssl x509 -noout -subject -in "$pki/kubelet-client.crt") || subject=""
+check "the client certificate is system:node:$VM_NAME in system:nodes ($subject)" \
+  grep -qE "^subject=(CN = system:node:$VM_NAME, O = system:nodes|O = system:nodes, CN = system:node:$VM_NAME)\$" <<<"$subject"
+check "the serving certificate names DNS:$VM_NAME" \
+  vm_exec sh -c "openssl x509 -noout -ext subjectAltName -in $pki/kubelet.crt | grep -qF 'DNS:$VM_NAME'"
+check "$pki/kubelet-client.key is mode 0600, owned by root" \
+  test "$(vm_exec stat -c %a:%U "$pki/kubelet-client.key")" = 600:root
+key_pub=$(vm_exec openssl pkey -pubout -in "$pki/kubelet-client.key") || key_pub=""
+cert_pub=$(vm_exec openssl x509 -noout -pubkey -in "$pki/kubelet-client.crt") || cert_pub=""
+check "the client key matches its certificate (openssl pkey -pubout = x509 -pubkey)" \
+  test -n "$key_pub" -a "$key_pub" = "$cert_pub"
+
+check "/etc/kubernetes/kubelet.conf is mode 0600" \
+  test "$(vm_exec stat -c %a /etc/kubernetes/kubelet.conf)" = 600
+vm_exec cat /etc/kubernetes/kubelet.conf >"$work/kubelet.conf"
+kubeconfig=$(kubectl config view --kubeconfig "$work/kubelet.conf" --raw -o json) ||
+  vm_die "kubectl config view rejects the node's /etc/kubernetes/kubelet.conf"
+check "kubelet.conf: server $api_server, user system:node:$VM_NAME with $pki/kubelet-client.crt" \
+  test "$(jq -r '[.clusters[0].cluster.server, .users[0].name, .users[0].user["client-certificate"],
+    .users[0].user["client-key"]] | join(" ")' <<<"$kubeconfig")" = \
+  "$api_server system:node:$VM_NAME $pki/kubelet-client.crt $pki/kubelet-client.key"
+check "kubelet.conf carries the cluster CA" \
+  cmp -s "$work/cluster-ca.crt" <(jq -r '.clusters[0].cluster["certificate-authority-data"]' <<<"$kubeconfig" | base64 -d)
+
+node_certs=$(lksctl node get "$VM_NAME" -o json | jq -r '[.certificates[] | .profile] | sort | join(" ")') ||
+  vm_die "lksctl node get $VM_NAME -o json failed"
+check "lksctl node get lists the node's 2 certificates ($node_certs)" \
+  test "$node_certs" = "kubelet-client kubelet-serving"
+# The key never leaves the node: no line of its body is on the server.
+key_pem=$(vm_exec cat "$pki/kubelet-client.key") || vm_die "cannot read $pki/kubelet-client.key in the VM"
+awk '!/^-----/ && length >= 40' <<<"$key_pem" >"$work/key-lines"
+check "read the client key's body ($(wc -l <"$work/key-lines") lines)" test -s "$work/key-lines"
+# grep: 1 is "no line found"; 2 (an unreadable file) is no proof.
+key_absent() {
+  local rc=0
+  grep -rqF -f "$work/key-lines" "$work/server" "$work/server.log" || rc=$?
+  [ "$rc" = 1 ]
+}
+check "the client key is nowhere in the server's data dir or log" key_absent
+
+# Drift: the agent heals on inotify (within about a second; its periodic pass
+# runs every 60 s, longer than this waits).
+key_sum=$(vm_exec sha256sum "$pki/kubelet-client.key" | cut -d' ' -f1)
+vm_exec rm "$pki/kubelet-client.key"
+vm_log "deleted $pki/kubelet-client.key in the VM"
+key_back() {
+  [ "$(vm_exec sha256sum "$pki/kubelet-client.key" 2>/dev/null | cut -d' ' -f1)" = "$key_sum" ] &&
+    [ "$(vm_exec stat -c %a "$pki/kubelet-client.key")" = 600 ]
+}
+wait_for "the agent restored $pki/kubelet-client.key, same bytes and mode 0600" 15 key_back
+key_repaired() {
+  lksctl event list --node "$VM_NAME" -o json |
+    jq -e --arg k "$pki/kubelet-client.key" \
+      'any(.[]; .kind == "repaired" and (.message | contains($k)))' >/dev/null
+}
+wait_for "the server got the node's event: repaired $pki/kubelet-client.key" 10 key_repaired
+check "kubelet-node-identity still applied after the repair" test "$(identity_state)" = applied
+
+# --- 6. kill -9 ---------------------------------------------------------------
 restarts=$(prop NRestarts)
 pid1=$(prop MainPID)
 vm_exec kill -9 "$pid1"
@@ -345,7 +447,7 @@ check "lks-demo still applied after the restart" test "$(bundle_state)" = applie
 check "lks-demo still active and not activated again (same pid $demo_pid)" \
   test "$(vm_exec systemctl show -P MainPID lks-demo)" = "$demo_pid"
 
-# --- 6. a second VM: the package from the control server itself --------------
+# --- 7. a second VM: the package from the control server itself --------------
 vm_stop
 lksctl token create --cluster "$CLUSTER" --ttl 1h --uses 1 --cloud-init >"$work/user-data-server" ||
   vm_die "lksctl token create --cloud-init (package from the server) failed"
@@ -382,6 +484,11 @@ wait_for "the server lists $VM_NAME as connected" 30 connected
 applied() { [ "$(bundle_state)" = applied ]; }
 wait_for "the new node got the cluster's $bundle_ref applied without a rollout" 60 applied
 check "its lks-demo unit is active" vm_exec systemctl is-active --quiet lks-demo
+identity_applied() { [ "$(identity_state)" = applied ]; }
+wait_for "the new node got $identity_ref applied without a rollout" 30 identity_applied
+subject=$(vm_exec openssl x509 -noout -subject -in "$pki/kubelet-client.crt") || subject=""
+check "its client certificate is its own: system:node:$VM_NAME ($subject)" \
+  grep -qF "CN = system:node:$VM_NAME" <<<"$subject"
 
 vm_stop
 vm_log "cloud-init-join: OK"
