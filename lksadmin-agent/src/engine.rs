@@ -28,6 +28,8 @@ use lks_proto::{BundlePath, BundleState, Digest, FileSpec, Manifest, SignedBundl
 use prost::Message;
 use tokio::sync::{mpsc, watch};
 
+mod handover;
+
 use crate::cache::{Cache, FetchError};
 use crate::certs::{self, CertIssuer, IssueError, Issued, NoIssuer};
 use crate::clock::Clock;
@@ -135,6 +137,12 @@ pub struct Engine {
     journal: Journal,
     state: LocalState,
     reporter: Reporter,
+    /// Set once a self-update is staged: the agent exits for the guard to
+    /// switch binaries ([`crate::selfupdate`]).
+    handover: bool,
+    /// This process is a new agent on trial: it commits its self-update
+    /// once it has reconnected and reported.
+    on_trial: Option<crate::selfupdate::Pending>,
 }
 
 /// How an attempt ended, before it is written into the bundle's record.
@@ -173,6 +181,8 @@ impl Engine {
             state,
             reporter,
             dirs,
+            handover: false,
+            on_trial: None,
         })
     }
 
@@ -193,6 +203,7 @@ impl Engine {
             .bundles
             .values()
             .filter_map(|r| r.installed.as_ref())
+            .filter(|m| !m.self_update)
             .flat_map(|m| m.all_files())
             .map(|f| self.root_path.join(f.path.relative()))
             .collect()
@@ -379,6 +390,10 @@ impl Engine {
         }
         for sb in &wanted {
             self.converge(sb).await?;
+            if self.handover {
+                // The process exits for the new agent: nothing more now.
+                return Ok(());
+            }
         }
         self.save_state()?;
         self.publish();
@@ -419,6 +434,10 @@ impl Engine {
 
     async fn converge(&mut self, sb: &SignedBundle) -> Result<(), EngineError> {
         let m = &sb.manifest;
+        if self.on_trial.as_ref().is_some_and(|p| p.get("BUNDLE") == m.name) {
+            // This process is that self-update; it commits once reported.
+            return Ok(());
+        }
         let want = m.clone();
         let key = bundle_key(sb);
         let rec = self.state.bundles.get(&m.name).cloned();
@@ -529,6 +548,9 @@ impl Engine {
                     return self.fail_once(name, version, format!("cache: {e}"), None);
                 }
             }
+        }
+        if m.self_update {
+            return self.hand_over(m, key).await;
         }
         let made = match self.make_identity_files(m).await {
             Ok(made) => made,
@@ -782,7 +804,9 @@ impl Engine {
         let Some(rec) = self.state.bundles.get(name).cloned() else {
             return Ok(());
         };
-        let Some(from) = rec.installed.clone() else {
+        let Some(from) = rec.installed.clone().filter(|m| !m.self_update) else {
+            // Never delete the agent's own binary: a self-update leaves the
+            // desired state by being forgotten (roll out another to move).
             self.state.bundles.remove(name);
             self.save_state()?;
             self.publish();
@@ -1469,6 +1493,9 @@ impl Engine {
             .bundles
             .iter()
             .filter_map(|(n, r)| r.installed.clone().map(|m| (n.clone(), m)))
+            // The agent's own binary is the package manager's as much as
+            // ours: a self-update is never "repaired" back.
+            .filter(|(_, m)| !m.self_update)
             .collect();
         for (name, m) in bundles {
             let mut repaired = Vec::new();
@@ -1591,7 +1618,12 @@ impl Engine {
         let mut keep = BTreeSet::new();
         let mut originals = BTreeSet::new();
         for r in self.state.bundles.values() {
-            for f in r.installed.iter().flat_map(|m| m.all_files()) {
+            for f in r
+                .installed
+                .iter()
+                .filter(|m| !m.self_update)
+                .flat_map(|m| m.all_files())
+            {
                 keep.insert(f.digest);
             }
             for o in &r.originals {

@@ -28,6 +28,7 @@ pub mod pin;
 pub mod renew;
 pub mod run;
 pub mod runner;
+pub mod selfupdate;
 pub mod settings;
 pub mod source;
 pub mod state;

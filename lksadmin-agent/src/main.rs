@@ -73,6 +73,9 @@ enum Cmd {
         #[arg(long, value_parser = parse_heal_interval)]
         heal_interval: Option<Duration>,
     },
+    /// Print `lksadmin-agent VERSION` (what a self-update checks a new
+    /// binary with before handing over to it).
+    Version,
     /// Show this node's local view.
     Status {
         #[arg(long, default_value = DEFAULT_STATE_DIR)]
@@ -120,7 +123,7 @@ fn main() -> ExitCode {
         }
     };
     match rt.block_on(dispatch(cli.cmd)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             let msg = format!("{e:#}");
             eprintln!("error: {}", msg.split_whitespace().collect::<Vec<_>>().join(" "));
@@ -129,7 +132,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
+async fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
     match cmd {
         Cmd::Join {
             server,
@@ -167,7 +170,7 @@ async fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
                     println!("node {node} is already joined to cluster {cluster}; nothing to do")
                 }
             }
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Run {
             config,
@@ -198,9 +201,21 @@ async fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
                 }
                 on_signal.cancel();
             });
-            lksadmin_agent::run::run(opts, cancel)
+            match lksadmin_agent::run::run(opts, cancel)
                 .await
-                .context("run the agent")
+                .context("run the agent")?
+            {
+                lksadmin_agent::run::RunEnd::Stopped => Ok(ExitCode::SUCCESS),
+                // systemd's ExecStopPost guard switches binaries on this
+                // status, then systemd starts the new one.
+                lksadmin_agent::run::RunEnd::HandOver => {
+                    Ok(ExitCode::from(lksadmin_agent::selfupdate::HANDOVER_EXIT))
+                }
+            }
+        }
+        Cmd::Version => {
+            println!("lksadmin-agent {}", lksadmin_agent::facts::AGENT_VERSION);
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Status { state_dir, output } => {
             let text = lksadmin_agent::status::render(
@@ -209,7 +224,7 @@ async fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             )
             .context("read the local state")?;
             println!("{text}");
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

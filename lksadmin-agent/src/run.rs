@@ -64,8 +64,18 @@ pub enum RunError {
     Thread(String),
 }
 
-/// Runs the agent until `cancel` fires.
-pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<(), RunError> {
+/// Why `run` returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunEnd {
+    /// Asked to stop (SIGTERM, Ctrl-C).
+    Stopped,
+    /// A self-update is staged: exit with [`crate::selfupdate::HANDOVER_EXIT`]
+    /// for the guard to switch binaries.
+    HandOver,
+}
+
+/// Runs the agent until `cancel` fires or it hands over to a new binary.
+pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<RunEnd, RunError> {
     let dirs = StateDir::new(&opts.state_dir);
     let cfg = dirs.load_config()?;
     let trusted = dirs.trusted_keys()?;
@@ -92,6 +102,8 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<(), RunE
 
     let (ready_tx, ready_rx) = oneshot::channel();
     let engine_cancel = cancel.clone();
+    let handover = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let engine_handover = handover.clone();
     let engine_dirs = dirs.clone();
     let heal_interval = opts.heal_interval;
     let engine_thread = std::thread::Builder::new()
@@ -110,7 +122,10 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<(), RunE
                 desired_rx,
                 cmd_rx,
                 heal_interval,
-                engine_cancel,
+                Stop {
+                    cancel: engine_cancel,
+                    handover: engine_handover,
+                },
                 ready_tx,
             ));
         })
@@ -183,7 +198,10 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<(), RunE
         c.connected = false;
         c.pid = 0;
     });
-    Ok(())
+    if handover.load(std::sync::atomic::Ordering::SeqCst) {
+        return Ok(RunEnd::HandOver);
+    }
+    Ok(RunEnd::Stopped)
 }
 
 async fn engine_loop(
@@ -192,11 +210,15 @@ async fn engine_loop(
     mut desired_rx: watch::Receiver<Option<pb::DesiredState>>,
     mut cmd_rx: mpsc::Receiver<EngineCmd>,
     heal_interval: Duration,
-    cancel: CancellationToken,
+    stop: Stop,
     ready: oneshot::Sender<()>,
 ) {
+    let Stop { cancel, handover } = stop;
     if let Err(e) = engine.recover().await {
         tracing::error!("settle the interrupted transaction: {e}");
+    }
+    if let Err(e) = engine.resume_self_update().await {
+        tracing::error!("pick up the self-update in progress: {e}");
     }
     engine.publish_now();
     let _ = ready.send(());
@@ -209,6 +231,9 @@ async fn engine_loop(
     };
     if let Some(d) = &desired {
         reconcile(&mut engine, d, false).await;
+    }
+    if handing_over(&engine, &handover, &cancel) {
+        return;
     }
     // Heals on inotify where it works; the periodic pass runs either way.
     let mut drift = match DriftWatcher::new() {
@@ -239,9 +264,18 @@ async fn engine_loop(
                 EngineCmd::HealNow => {
                     heal(&mut engine).await;
                 }
-                EngineCmd::Connected => if let Some(d) = &desired && needs_retry(&engine) {
-                    reconcile(&mut engine, d, false).await;
-                },
+                EngineCmd::Connected => {
+                    // A new agent on trial has now reconnected: its Hello
+                    // is in, and the status this commit publishes follows.
+                    if engine.on_trial()
+                        && let Err(e) = engine.commit_self_update()
+                    {
+                        tracing::error!("commit the self-update: {e}");
+                    }
+                    if let Some(d) = &desired && needs_retry(&engine) {
+                        reconcile(&mut engine, d, false).await;
+                    }
+                }
             },
             _ = heal_tick.tick() => {
                 heal(&mut engine).await;
@@ -285,7 +319,26 @@ async fn engine_loop(
         }
         // Applies, removals and repairs change which directories matter.
         watch_managed(&mut drift, &engine);
+        if handing_over(&engine, &handover, &cancel) {
+            break;
+        }
     }
+}
+
+/// How the engine stops the agent: when asked to, or to hand over.
+struct Stop {
+    cancel: CancellationToken,
+    handover: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// True (and the whole agent told to stop) once a self-update is staged.
+fn handing_over(engine: &Engine, flag: &std::sync::atomic::AtomicBool, cancel: &CancellationToken) -> bool {
+    if !engine.handover_requested() {
+        return false;
+    }
+    flag.store(true, std::sync::atomic::Ordering::SeqCst);
+    cancel.cancel();
+    true
 }
 
 /// Never resolves for `None`.

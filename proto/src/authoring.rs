@@ -34,6 +34,8 @@ struct RawBundle {
     certificates: Vec<RawCertificate>,
     #[serde(default, rename = "kubeconfig")]
     kubeconfigs: Vec<RawKubeconfig>,
+    #[serde(default)]
+    self_update: bool,
 }
 
 #[derive(Deserialize)]
@@ -334,8 +336,30 @@ pub fn parse_bundle_toml(text: &str, dir: &Path, sizer: &mut dyn UrlSizer) -> Re
         certificates,
         kubeconfigs,
         issued: Vec::new(),
+        self_update: raw.self_update,
     };
     manifest.validate().map_err(|e: ManifestError| e.to_string())?;
+    if manifest.self_update
+        && let Some(FileSource::Local(p)) = sources.first()
+    {
+        // The node checks the architecture; here it must at least be an
+        // executable, not a script or a tarball.
+        let mut head = Vec::with_capacity(64);
+        std::io::Read::read_to_end(
+            &mut std::io::Read::take(
+                std::fs::File::open(p).map_err(|e| format!("file[0].source: {}: {e}", p.display()))?,
+                64,
+            ),
+            &mut head,
+        )
+        .map_err(|e| format!("file[0].source: {}: {e}", p.display()))?;
+        crate::elf::parse_header(&head).map_err(|e| {
+            format!(
+                "file[0].source: {} is {e}; a self_update bundle carries the agent's binary",
+                p.display()
+            )
+        })?;
+    }
     Ok(AuthoredBundle { manifest, sources })
 }
 
@@ -634,6 +658,48 @@ certificate = "/var/lib/kubelet/pki/kubelet-client.crt"
             let text = IDENTITY.replacen(from, to, 1);
             let e = parse_bundle_toml(&text, d.path(), &mut RequireSize).unwrap_err();
             assert!(e.contains(want), "{to}: expected {want:?}, got {e}");
+        }
+    }
+
+    #[test]
+    fn self_update_bundles_carry_one_executable_and_nothing_else() {
+        let me = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let d = dir_with(&[
+            ("agent", &me[..4096]),
+            ("script", b"#!/bin/sh\n"),
+            ("other", b"x"),
+        ]);
+        let good = "name = \"lksadmin-agent\"\nversion = \"2\"\nself_update = true\n\
+                    [[file]]\npath = \"/usr/bin/lksadmin-agent\"\nsource = \"agent\"\nmode = \"0755\"\n";
+        let b = parse_bundle_toml(good, d.path(), &mut RequireSize).unwrap();
+        assert!(b.manifest.self_update);
+        let back = Manifest::try_from(pb::Manifest::from(&b.manifest)).unwrap();
+        assert!(back.self_update);
+        let cases = [
+            (
+                good.replace("source = \"agent\"", "source = \"script\""),
+                "no ELF header",
+            ),
+            (
+                good.replace("0755", "0644"),
+                "file[0].mode: the agent's binary must be executable",
+            ),
+            (
+                format!("{good}[[file]]\npath = \"/etc/x\"\nsource = \"other\"\n"),
+                "exactly one file",
+            ),
+            (
+                format!("{good}[[step]]\nname = \"x\"\nrun = [\"true\"]\n"),
+                "step: a self_update bundle has no steps",
+            ),
+            (
+                format!("{good}[health]\nrun = [\"true\"]\n"),
+                "health: a self_update bundle has no health check",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = parse_bundle_toml(&text, d.path(), &mut RequireSize).unwrap_err();
+            assert!(e.contains(want), "expected {want:?}, got {e}");
         }
     }
 

@@ -81,6 +81,10 @@ pub fn encode(m: &Manifest) -> Vec<u8> {
             put_str(&mut out, k.certificate.as_str());
         }
     }
+    // Added with self-updates, the same way.
+    if m.self_update {
+        out.push(b'S');
+    }
     out
 }
 
@@ -148,6 +152,7 @@ mod tests {
             |m| m.steps[0].timeout += Duration::from_millis(1),
             |m| m.health = None,
             |m| m.health.as_mut().unwrap().retries += 1,
+            |m| m.self_update = true,
             // Moving a character between adjacent strings must not collide.
             |m| {
                 m.steps[0].run[0] = "systemctlr".into();

@@ -106,6 +106,7 @@ impl TryFrom<pb::Manifest> for Manifest {
             certificates,
             kubeconfigs,
             issued: Vec::new(),
+            self_update: m.self_update,
         };
         manifest.validate()?;
         Ok(manifest)
@@ -174,6 +175,7 @@ impl From<&Manifest> for pb::Manifest {
                     certificate: k.certificate.to_string(),
                 })
                 .collect(),
+            self_update: m.self_update,
         }
     }
 }

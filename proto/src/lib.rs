@@ -14,6 +14,7 @@ pub mod certs;
 pub mod convert;
 pub mod digest;
 pub mod duration;
+pub mod elf;
 pub mod identity;
 pub mod labels;
 pub mod limits;

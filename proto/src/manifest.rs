@@ -74,6 +74,10 @@ pub struct Manifest {
     /// them like any other file.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub issued: Vec<FileSpec>,
+    /// `self_update = true`: the bundle's one file is the agent's own
+    /// binary (DESIGN §5).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub self_update: bool,
 }
 
 /// The serde form of a [`Manifest`] before validation.
@@ -92,6 +96,8 @@ struct UncheckedManifest {
     kubeconfigs: Vec<KubeconfigSpec>,
     #[serde(default)]
     issued: Vec<FileSpec>,
+    #[serde(default)]
+    self_update: bool,
 }
 
 impl TryFrom<UncheckedManifest> for Manifest {
@@ -107,6 +113,7 @@ impl TryFrom<UncheckedManifest> for Manifest {
             certificates: u.certificates,
             kubeconfigs: u.kubeconfigs,
             issued: u.issued,
+            self_update: u.self_update,
         };
         m.validate()?;
         Ok(m)
@@ -180,6 +187,7 @@ impl Manifest {
             && self.health == published.health
             && self.certificates == published.certificates
             && self.kubeconfigs == published.kubeconfigs
+            && self.self_update == published.self_update
     }
 
     /// The certificate entry whose certificate is at `path`.
@@ -230,6 +238,7 @@ impl Manifest {
             ));
         }
         self.validate_identity_files()?;
+        self.validate_self_update()?;
         if self.steps.len() > MAX_STEPS {
             return Err(ManifestError::new(
                 "step",
@@ -264,6 +273,50 @@ impl Manifest {
 }
 
 impl Manifest {
+    /// A self-update carries the agent's binary and nothing else: its
+    /// activation is the hand-over to the new agent, its health check that
+    /// agent coming back.
+    fn validate_self_update(&self) -> Result<(), ManifestError> {
+        if !self.self_update {
+            return Ok(());
+        }
+        let err = |field: &str, why: &str| Err(ManifestError::new(field, why));
+        if self.files.len() != 1 {
+            return err(
+                "file",
+                &format!(
+                    "a self_update bundle holds exactly one file, the agent's binary; this one has {}",
+                    self.files.len()
+                ),
+            );
+        }
+        if self.files[0].mode & 0o111 == 0 {
+            return err(
+                "file[0].mode",
+                "the agent's binary must be executable (e.g. \"0755\")",
+            );
+        }
+        if !self.certificates.is_empty() || !self.kubeconfigs.is_empty() {
+            return err(
+                "certificate",
+                "a self_update bundle holds no certificates or kubeconfigs",
+            );
+        }
+        if !self.steps.is_empty() {
+            return err(
+                "step",
+                "a self_update bundle has no steps: its activation is the hand-over",
+            );
+        }
+        if self.health.is_some() {
+            return err(
+                "health",
+                "a self_update bundle has no health check: the new agent must reconnect instead",
+            );
+        }
+        Ok(())
+    }
+
     /// `[[certificate]]`, `[[kubeconfig]]` and the paths of everything.
     fn validate_identity_files(&self) -> Result<(), ManifestError> {
         if self.certificates.len() > MAX_CERTIFICATES {

@@ -48,6 +48,9 @@ pub struct Agent {
     proc: Option<Proc>,
     starts: u32,
     pub heal_interval: String,
+    /// The binary `start` runs (the workspace's agent unless a test, like
+    /// the self-update one, runs a copy inside the root).
+    pub exe: PathBuf,
 }
 
 impl Agent {
@@ -63,6 +66,7 @@ impl Agent {
             proc: None,
             starts: 0,
             heal_interval: "60s".into(),
+            exe: bin("lksadmin-agent"),
         }
     }
 
@@ -110,7 +114,7 @@ impl Agent {
     /// Starts `run`.
     pub fn start(&mut self) {
         self.starts += 1;
-        let mut cmd = Command::new(bin("lksadmin-agent"));
+        let mut cmd = Command::new(&self.exe);
         cmd.arg("run")
             .arg("--state-dir")
             .arg(&self.state_dir)
@@ -128,6 +132,11 @@ impl Agent {
         self.proc
             .as_mut()
             .and_then(|p| p.terminate(Duration::from_secs(15)))
+    }
+
+    /// How the agent process ended, once it has (None while it runs).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.proc.as_mut()?.exited()
     }
 
     pub fn kill9(&mut self) {

@@ -104,6 +104,13 @@ impl Proc {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// How it ended, once it has (reaped); None while it runs.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        let st = self.child.as_mut()?.try_wait().ok()??;
+        self.child = None;
+        Some(st)
+    }
+
     /// True while the process runs.
     pub fn running(&mut self) -> bool {
         matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))

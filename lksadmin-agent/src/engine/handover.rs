@@ -1,0 +1,297 @@
+//! The engine's side of a self-update (see [`crate::selfupdate`]): stage
+//! and hand over, pick up a hand-over after a restart, commit.
+
+use lks_proto::{BundleState, Manifest};
+
+use super::{Engine, EngineError, Verdict};
+use crate::selfupdate::{self, HANDING_OVER, Paths, Pending, ROLLED_BACK, TRYING};
+use crate::state::{BundleRecord, StatusRec};
+
+impl Engine {
+    fn su_paths(&self) -> Paths {
+        Paths::new(self.dirs.path())
+    }
+
+    /// True once a self-update is staged and this process should exit with
+    /// [`selfupdate::HANDOVER_EXIT`].
+    pub fn handover_requested(&self) -> bool {
+        self.handover
+    }
+
+    /// True while this process is a new agent that has not committed yet.
+    pub fn on_trial(&self) -> bool {
+        self.on_trial.is_some()
+    }
+
+    /// Verifies and stages the new binary of a self-update bundle (its
+    /// blob is cached and verified), then asks for the hand-over.
+    pub(super) async fn hand_over(&mut self, m: &Manifest, key: String) -> Result<(), EngineError> {
+        let (name, version) = (m.name.as_str(), m.version.as_str());
+        let f = &m.files[0];
+        let target = self.root_path.join(f.path.relative());
+        let own = match selfupdate::own_exe() {
+            Ok(p) => p,
+            Err(e) => {
+                return self.fail_once(
+                    name,
+                    version,
+                    format!("self-update: find this agent's binary: {e}"),
+                    Some(key),
+                );
+            }
+        };
+        match target.canonicalize() {
+            Ok(t) if t == own => {}
+            _ => {
+                return self.fail_once(
+                    name,
+                    version,
+                    format!(
+                        "self-update refused: it would replace {} but this agent runs from {}",
+                        f.path,
+                        own.display()
+                    ),
+                    Some(key),
+                );
+            }
+        }
+        let blob = self.cache.blob_path(&f.digest);
+        let checked = selfupdate::head(&blob, 64)
+            .map_err(|e| e.to_string())
+            .and_then(|h| lks_proto::elf::check_for_host(&h));
+        if let Err(e) = checked {
+            return self.fail_once(
+                name,
+                version,
+                format!("self-update refused: {} is {e}", f.path),
+                Some(key),
+            );
+        }
+        let paths = self.su_paths();
+        crate::fsutil::create_dir(&paths.dir, 0o700)?;
+        // A verified copy, executable, synced: what the guard installs.
+        let staged = paths.new_binary();
+        let copied = std::fs::copy(&blob, &staged)
+            .and_then(|_| {
+                std::fs::set_permissions(&staged, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            })
+            .and_then(|()| std::fs::File::open(&staged)?.sync_all())
+            .map_err(|e| e.to_string())
+            .and_then(|()| match selfupdate::file_digest(&staged) {
+                Ok(d) if d == f.digest => Ok(()),
+                Ok(d) => Err(format!("staged copy has digest {d}, expected {}", f.digest)),
+                Err(e) => Err(e.to_string()),
+            });
+        if let Err(e) = copied {
+            paths.clear();
+            return self.fail_once(
+                name,
+                version,
+                format!("self-update: stage the new binary: {e}"),
+                None,
+            );
+        }
+        let new_version = match selfupdate::test_run(&staged).await {
+            Ok(v) => v,
+            Err(e) => {
+                paths.clear();
+                return self.fail_once(
+                    name,
+                    version,
+                    format!("self-update refused: the new agent binary {e}"),
+                    Some(key),
+                );
+            }
+        };
+        let own_digest = selfupdate::file_digest(&own).ok();
+        if own_digest == Some(f.digest) {
+            // Already running exactly this binary (installed by a package).
+            paths.clear();
+            return self.record_self_update(m, "this agent already runs that binary");
+        }
+        let mut p = Pending::default();
+        p.set("PHASE", HANDING_OVER);
+        p.set("BUNDLE", name);
+        p.set("VERSION", version);
+        p.set("KEY", key);
+        p.set("NEW_SHA256", f.digest.hex());
+        p.set("NEW_VERSION", new_version.clone());
+        p.set("OLD_VERSION", crate::facts::AGENT_VERSION);
+        p.set("OLD_SHA256", own_digest.map(|d| d.hex()).unwrap_or_default());
+        p.set("TARGET", own.display().to_string());
+        p.set("DEADLINE_S", selfupdate::DEFAULT_DEADLINE.as_secs().to_string());
+        p.set("STARTED_MS", self.clock.now_ms().to_string());
+        let manifest = serde_json::to_vec(m).map_err(|e| {
+            EngineError::Fs(crate::fsutil::FsError::new(
+                "encode",
+                &paths.manifest(),
+                std::io::Error::other(e),
+            ))
+        })?;
+        crate::fsutil::write_atomic(&paths.manifest(), &manifest, 0o600)?;
+        p.save(&paths.pending())?;
+        let message = format!(
+            "handing over from agent {} to {new_version}",
+            crate::facts::AGENT_VERSION
+        );
+        self.set_status(
+            name,
+            version,
+            Verdict {
+                state: BundleState::Applying,
+                message: message.clone(),
+                sticky: None,
+            },
+        )?;
+        self.event("self_update", name, version, &message);
+        tracing::warn!(
+            bundle = name,
+            version,
+            "{message}: exiting for the guard to switch binaries"
+        );
+        self.handover = true;
+        Ok(())
+    }
+
+    /// Picks up a hand-over after a restart: a new agent on trial waits to
+    /// commit; an old agent brought back by the guard reports the
+    /// rollback; a hand-over that never happened is reported.
+    pub async fn resume_self_update(&mut self) -> Result<(), EngineError> {
+        let paths = self.su_paths();
+        let Some(p) = Pending::load(&paths.pending())? else {
+            return Ok(());
+        };
+        let (name, version) = (p.get("BUNDLE").to_string(), p.get("VERSION").to_string());
+        let own = selfupdate::own_exe()
+            .and_then(|e| selfupdate::file_digest(&e))
+            .map(|d| d.hex())
+            .unwrap_or_default();
+        let running_new = !own.is_empty() && own == p.get("NEW_SHA256");
+        match p.get("PHASE") {
+            TRYING | HANDING_OVER if running_new => {
+                let message = format!(
+                    "agent {} started; committing once reconnected",
+                    p.get("NEW_VERSION")
+                );
+                tracing::info!(bundle = %name, version = %version, "{message}");
+                self.set_status(
+                    &name,
+                    &version,
+                    Verdict {
+                        state: BundleState::Applying,
+                        message,
+                        sticky: None,
+                    },
+                )?;
+                self.on_trial = Some(p);
+            }
+            ROLLED_BACK | TRYING => {
+                let why = Pending::load(&paths.result())?
+                    .map(|r| r.get("REASON").to_string())
+                    .filter(|r| !r.is_empty())
+                    .unwrap_or_else(|| "the previous agent binary is running again".into());
+                let message = format!(
+                    "self-update to agent {} rolled back to {}: {why}",
+                    p.get("NEW_VERSION"),
+                    crate::facts::AGENT_VERSION
+                );
+                self.set_status(
+                    &name,
+                    &version,
+                    Verdict {
+                        state: BundleState::RolledBack,
+                        message: message.clone(),
+                        sticky: Some(p.get("KEY").to_string()),
+                    },
+                )?;
+                self.record_apply(&name, &version, "rolled_back", &message);
+                self.save_state()?;
+                self.event("rolled_back", &name, &version, &message);
+                paths.clear();
+            }
+            _ => {
+                // Restarted without the guard switching binaries: the unit
+                // lacks the guard, or the agent was not run by systemd.
+                // Reported once, not retried in a loop.
+                let message = format!(
+                    "self-update to agent {} did not happen: the agent restarted with the old binary; \
+                     is lksadmin-agent.service's ExecStopPost=lksadmin-agent-guard in place? \
+                     (`lksctl node retry` tries again)",
+                    p.get("NEW_VERSION")
+                );
+                self.set_status(
+                    &name,
+                    &version,
+                    Verdict {
+                        state: BundleState::Failed,
+                        message: message.clone(),
+                        sticky: Some(p.get("KEY").to_string()),
+                    },
+                )?;
+                self.event("failed", &name, &version, &message);
+                paths.clear();
+            }
+        }
+        self.publish();
+        Ok(())
+    }
+
+    /// Commits the self-update this process is on trial for: it has
+    /// started, loaded the state, reconnected and is about to report.
+    pub fn commit_self_update(&mut self) -> Result<(), EngineError> {
+        let Some(p) = self.on_trial.take() else {
+            return Ok(());
+        };
+        let paths = self.su_paths();
+        let m: Manifest = match std::fs::read(paths.manifest())
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+        {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::error!("self-update record unreadable ({e}); keeping this agent");
+                paths.clear();
+                return Ok(());
+            }
+        };
+        // The record goes first: from here on the guard has nothing to undo.
+        let _ = crate::fsutil::remove_file_durable(&paths.pending());
+        let message = format!(
+            "agent updated from {} to {}",
+            p.get("OLD_VERSION"),
+            p.get("NEW_VERSION")
+        );
+        self.record_self_update(&m, &message)?;
+        paths.clear();
+        Ok(())
+    }
+
+    /// Records a self-update as installed and applied.
+    fn record_self_update(&mut self, m: &Manifest, message: &str) -> Result<(), EngineError> {
+        let now = self.clock.now_ms();
+        let rec = self.state.bundles.entry(m.name.clone()).or_insert_with(|| {
+            BundleRecord::new(StatusRec {
+                version: m.version.clone(),
+                state: BundleState::Applied,
+                message: String::new(),
+                updated_at_ms: now,
+            })
+        });
+        rec.installed = Some(m.clone());
+        rec.originals.clear();
+        rec.status = StatusRec {
+            version: m.version.clone(),
+            state: BundleState::Applied,
+            message: String::new(),
+            updated_at_ms: now,
+        };
+        rec.clear_failures();
+        rec.gave_up = 0;
+        self.record_apply(&m.name, &m.version, "applied", message);
+        self.save_state()?;
+        tracing::info!(bundle = %m.name, version = %m.version, "{message}");
+        self.event("applied", &m.name.clone(), &m.version.clone(), message);
+        self.publish();
+        Ok(())
+    }
+}
