@@ -15,6 +15,9 @@ command -v etcd >/dev/null || need+=(etcd-server)
 # kubeconfigs with kubectl.
 command -v openssl >/dev/null || need+=(openssl)
 command -v kubectl >/dev/null || need+=(kubernetes-client)
+# The console tests drive headless Chromium over WebDriver (tests/tests/console.rs).
+command -v chromium >/dev/null || need+=(chromium)
+command -v chromedriver >/dev/null || need+=(chromium-driver)
 
 if ((${#need[@]})); then
   echo "setup: installing ${need[*]}" >&2

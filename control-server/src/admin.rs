@@ -455,6 +455,27 @@ impl AdminService for AdminApi {
         }))
     }
 
+    async fn get_bundle(&self, req: Request<pb::GetBundleRequest>) -> Result<Response<pb::Bundle>, Status> {
+        let _t = self.s.metrics.timer("GetBundle");
+        require_admin(&req)?;
+        let r = req.into_inner();
+        validate_bundle_name(&r.name).map_err(invalid)?;
+        validate_version(&r.version).map_err(invalid)?;
+        let row = self
+            .s
+            .store
+            .get_bundle(&r.name, &r.version)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("bundle {}@{} is not published", r.name, r.version)))?;
+        let bundle = pb::SignedBundle::decode(row.signed_bundle.as_slice())
+            .map_err(|e| Status::internal(format!("stored bundle: {e}")))?;
+        Ok(Response::new(pb::Bundle {
+            info: Some(bundle_info(row)),
+            bundle: Some(bundle),
+        }))
+    }
+
     async fn start_rollout(
         &self,
         req: Request<pb::StartRolloutRequest>,

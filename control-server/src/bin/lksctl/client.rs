@@ -113,11 +113,28 @@ pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     parts.join(": ")
 }
 
+/// A failed admin call: the message `status` made, and the gRPC code, so a
+/// caller (the console) can tell an unreachable server from a refusal.
+#[derive(Debug)]
+pub struct RpcError {
+    pub code: tonic::Code,
+    msg: String,
+}
+
+impl std::fmt::Display for RpcError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.msg)
+    }
+}
+
+impl std::error::Error for RpcError {}
+
 /// Turns a gRPC status into an error message.
 pub fn status(url: &str, st: tonic::Status) -> anyhow::Error {
     use tonic::Code;
+    let code = st.code();
     let msg = st.message().replace('\n', " ");
-    match st.code() {
+    let msg = match code {
         Code::Unavailable => {
             let detail = std::error::Error::source(&st).map(chain).unwrap_or_default();
             let detail = if detail.is_empty() {
@@ -125,14 +142,15 @@ pub fn status(url: &str, st: tonic::Status) -> anyhow::Error {
             } else {
                 format!("{msg}: {detail}")
             };
-            anyhow!("cannot reach control server at {url}: {detail}")
+            format!("cannot reach control server at {url}: {detail}")
         }
-        Code::Unauthenticated | Code::PermissionDenied => anyhow!("not authorised by {url}: {msg}"),
+        Code::Unauthenticated | Code::PermissionDenied => format!("not authorised by {url}: {msg}"),
         Code::Unimplemented if msg.is_empty() => {
-            anyhow!("{url} does not implement this call (server too old?)")
+            format!("{url} does not implement this call (server too old?)")
         }
-        Code::DeadlineExceeded => anyhow!("control server at {url} did not answer in time: {msg}"),
-        _ if msg.is_empty() => anyhow!("control server answered {:?}", st.code()),
-        _ => anyhow!("{msg}"),
-    }
+        Code::DeadlineExceeded => format!("control server at {url} did not answer in time: {msg}"),
+        _ if msg.is_empty() => format!("control server answered {code:?}"),
+        _ => msg,
+    };
+    anyhow::Error::new(RpcError { code, msg })
 }

@@ -4,9 +4,11 @@
 
 #![forbid(unsafe_code)]
 
+mod bundle;
 mod client;
 mod cloudinit;
 mod cluster;
+mod console;
 mod mirror;
 mod output;
 mod rollout;
@@ -75,6 +77,17 @@ enum Cmd {
         #[command(subcommand)]
         cmd: EventCmd,
     },
+    /// Serve the operator console: live pages of the fleet in a browser,
+    /// through the admin API with this admin.conf.
+    Console {
+        /// Address to serve on; anything but loopback is reachable by others
+        /// (a warning says so).
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// Open the console in the desktop's browser (xdg-open).
+        #[arg(long)]
+        open: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -125,6 +138,14 @@ enum BundleCmd {
         /// Sign the manifest with this ed25519 private key (PREFIX.key).
         #[arg(long)]
         sign_key: Option<PathBuf>,
+    },
+    /// Show one published bundle: signer, files, steps, health check, certificates.
+    Get {
+        /// NAME@VERSION
+        bundle: String,
+        /// Output format.
+        #[arg(short = 'o', long = "output", value_enum, default_value_t)]
+        output: Format,
     },
     /// List published bundles.
     List {
@@ -245,6 +266,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Bundle {
             cmd: BundleCmd::Keygen { out },
         } => keygen(&out),
+        Cmd::Console { listen, open } => console::run(&config, listen, open).await,
         cmd => {
             // Arguments are checked before dialling, so a typo fails fast.
             precheck(&cmd)?;
@@ -316,11 +338,10 @@ fn precheck(cmd: &Cmd) -> anyhow::Result<()> {
                     selector,
                     ..
                 },
-        } => {
-            validate_cluster_name(cluster).map_err(|e| anyhow!("--cluster: {e}"))?;
-            parse_bundle_ref(bundle).map_err(|e| anyhow!("--bundle: {e}"))?;
-            labels("--selector", selector).map(|_| ())
-        }
+        } => rollout::check_start(cluster, bundle, selector),
+        Cmd::Bundle {
+            cmd: BundleCmd::Get { bundle, .. },
+        } => parse_bundle_ref(bundle).map(|_| ()).map_err(|e| anyhow!("{e}")),
         Cmd::Node {
             cmd:
                 NodeCmd::Get { name, .. }
@@ -341,6 +362,8 @@ fn print_json(v: &serde_json::Value) -> anyhow::Result<()> {
 async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
     let st = |s: tonic::Status| status(url, s);
     match cmd {
+        // `run` serves the console before anything is dialled.
+        Cmd::Console { .. } => bail!("lksctl console needs no connection made beforehand"),
         Cmd::Cluster { cmd } => cluster::run(c, url, cmd).await?,
         Cmd::Token {
             cmd:
@@ -429,6 +452,14 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Bundle { cmd } => match cmd {
             BundleCmd::Keygen { out } => keygen(&out)?,
             BundleCmd::Publish { dir, sign_key } => publish(c, url, &dir, sign_key.as_deref()).await?,
+            BundleCmd::Get { bundle, output } => {
+                let b = bundle::get(c, url, &bundle).await?;
+                if output == Format::Json {
+                    print_json(&bundle::detail_json(&b))?;
+                } else {
+                    print!("{}", bundle::detail_text(&b));
+                }
+            }
             BundleCmd::List { output } => {
                 let r = c
                     .list_bundles(pb::ListBundlesRequest::default())

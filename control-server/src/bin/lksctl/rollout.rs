@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, anyhow, bail};
 use clap::{Subcommand, ValueEnum};
 use lks_proto::duration::parse_duration;
-use lks_proto::names::parse_bundle_ref;
+use lks_proto::names::{parse_bundle_ref, validate_cluster_name};
 use lks_proto::pb::{self, RolloutState};
 use tokio_stream::StreamExt;
 
@@ -126,31 +126,24 @@ pub async fn run(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
             wait,
             output,
         } => {
-            let (name, version) = parse_bundle_ref(&bundle).map_err(|e| anyhow!("--bundle: {e}"))?;
-            let offline_deadline_seconds = match offline_deadline {
-                None => 0,
-                Some(d) if d.as_secs() == 0 => bail!("--offline-deadline must be at least 1s"),
-                Some(d) => d.as_secs(),
-            };
-            let r = c
-                .start_rollout(pb::StartRolloutRequest {
-                    cluster: cluster.clone(),
-                    bundle: name,
-                    version,
-                    selector: labels("--selector", &selector)?.into_iter().collect(),
+            let r = start(
+                c,
+                url,
+                &Start {
+                    cluster: &cluster,
+                    bundle: &bundle,
+                    selector: &selector,
                     batch_size,
                     failure_threshold,
-                    offline_deadline_seconds,
-                    offline: offline.as_str().to_string(),
+                    offline,
+                    offline_deadline,
                     canary,
-                    canary_soak_seconds: if canary > 0 { canary_soak.as_secs() } else { 0 },
-                    batch_interval_seconds: batch_interval.map_or(0, |d| d.as_secs()),
+                    canary_soak,
+                    batch_interval,
                     ignore_windows,
-                })
-                .await
-                .map_err(st)
-                .with_context(|| format!("start rollout of {bundle} on cluster {cluster}"))?
-                .into_inner();
+                },
+            )
+            .await?;
             if !wait {
                 if output == Format::Json {
                     print_json(&output::rollout_json(&r))?;
@@ -221,31 +214,103 @@ pub async fn run(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
             }
             Ok(())
         }
-        RolloutCmd::Pause { id } => {
-            let r = c.pause_rollout(pb::RolloutRef { id: id.clone() }).await;
-            let r = r.map_err(st).with_context(|| format!("pause rollout {id}"))?;
-            println!("{}", output::rollout_line(r.get_ref()));
-            Ok(())
-        }
-        RolloutCmd::Resume { id } => {
-            let r = c.resume_rollout(pb::RolloutRef { id: id.clone() }).await;
-            let r = r.map_err(st).with_context(|| format!("resume rollout {id}"))?;
-            println!("{}", output::rollout_line(r.get_ref()));
-            Ok(())
-        }
-        RolloutCmd::Abort { id } => {
-            let r = c.abort_rollout(pb::RolloutRef { id: id.clone() }).await;
-            let r = r.map_err(st).with_context(|| format!("abort rollout {id}"))?;
-            println!("{}", output::rollout_line(r.get_ref()));
-            Ok(())
-        }
-        RolloutCmd::Rollback { id } => {
-            let r = c.rollback_rollout(pb::RolloutRef { id: id.clone() }).await;
-            let r = r.map_err(st).with_context(|| format!("roll back rollout {id}"))?;
-            println!("{}", output::rollout_line(r.get_ref()));
-            Ok(())
-        }
+        RolloutCmd::Pause { id } => verb_line(c, url, Verb::Pause, &id).await,
+        RolloutCmd::Resume { id } => verb_line(c, url, Verb::Resume, &id).await,
+        RolloutCmd::Abort { id } => verb_line(c, url, Verb::Abort, &id).await,
+        RolloutCmd::Rollback { id } => verb_line(c, url, Verb::Rollback, &id).await,
     }
+}
+
+async fn verb_line(c: &mut Client, url: &str, verb: Verb, id: &str) -> anyhow::Result<()> {
+    let r = act(c, url, verb, id).await?;
+    println!("{}", output::rollout_line(&r));
+    Ok(())
+}
+
+/// What `rollout start` sends, flags as given.
+pub struct Start<'a> {
+    pub cluster: &'a str,
+    pub bundle: &'a str,
+    pub selector: &'a str,
+    pub batch_size: u32,
+    pub failure_threshold: u32,
+    pub offline: Offline,
+    pub offline_deadline: Option<Duration>,
+    pub canary: u32,
+    pub canary_soak: Duration,
+    pub batch_interval: Option<Duration>,
+    pub ignore_windows: bool,
+}
+
+/// Checks what `rollout start` can check before dialling.
+pub fn check_start(cluster: &str, bundle: &str, selector: &str) -> anyhow::Result<()> {
+    validate_cluster_name(cluster).map_err(|e| anyhow!("--cluster: {e}"))?;
+    parse_bundle_ref(bundle).map_err(|e| anyhow!("--bundle: {e}"))?;
+    labels("--selector", selector).map(|_| ())
+}
+
+/// `rollout start` (the CLI and the console): checks, then starts.
+pub async fn start(c: &mut Client, url: &str, s: &Start<'_>) -> anyhow::Result<pb::Rollout> {
+    check_start(s.cluster, s.bundle, s.selector)?;
+    let (name, version) = parse_bundle_ref(s.bundle).map_err(|e| anyhow!("--bundle: {e}"))?;
+    let offline_deadline_seconds = match s.offline_deadline {
+        None => 0,
+        Some(d) if d.as_secs() == 0 => bail!("--offline-deadline must be at least 1s"),
+        Some(d) => d.as_secs(),
+    };
+    c.start_rollout(pb::StartRolloutRequest {
+        cluster: s.cluster.to_string(),
+        bundle: name,
+        version,
+        selector: labels("--selector", s.selector)?.into_iter().collect(),
+        batch_size: s.batch_size,
+        failure_threshold: s.failure_threshold,
+        offline_deadline_seconds,
+        offline: s.offline.as_str().to_string(),
+        canary: s.canary,
+        canary_soak_seconds: if s.canary > 0 { s.canary_soak.as_secs() } else { 0 },
+        batch_interval_seconds: s.batch_interval.map_or(0, |d| d.as_secs()),
+        ignore_windows: s.ignore_windows,
+    })
+    .await
+    .map_err(|e| status(url, e))
+    .with_context(|| format!("start rollout of {} on cluster {}", s.bundle, s.cluster))
+    .map(tonic::Response::into_inner)
+}
+
+/// The operator verbs on a rollout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verb {
+    Pause,
+    Resume,
+    Abort,
+    Rollback,
+}
+
+impl Verb {
+    pub fn parse(s: &str) -> Option<Verb> {
+        Some(match s {
+            "pause" => Verb::Pause,
+            "resume" => Verb::Resume,
+            "abort" => Verb::Abort,
+            "rollback" => Verb::Rollback,
+            _ => return None,
+        })
+    }
+}
+
+/// `rollout pause|resume|abort|rollback ID` (the CLI and the console).
+pub async fn act(c: &mut Client, url: &str, verb: Verb, id: &str) -> anyhow::Result<pb::Rollout> {
+    let r = pb::RolloutRef { id: id.to_string() };
+    let (r, what) = match verb {
+        Verb::Pause => (c.pause_rollout(r).await, "pause"),
+        Verb::Resume => (c.resume_rollout(r).await, "resume"),
+        Verb::Abort => (c.abort_rollout(r).await, "abort"),
+        Verb::Rollback => (c.rollback_rollout(r).await, "roll back"),
+    };
+    r.map_err(|s| status(url, s))
+        .with_context(|| format!("{what} rollout {id}"))
+        .map(tonic::Response::into_inner)
 }
 
 /// How `--wait` and `--watch` show progress.

@@ -1,0 +1,239 @@
+//! `lksctl bundle get NAME@VERSION`: one published bundle with what its
+//! manifest holds — files, steps, health check, certificates, kubeconfigs —
+//! and who signed it.
+
+use std::time::Duration;
+
+use anyhow::{Context, anyhow};
+use lks_proto::duration::format_duration;
+use lks_proto::names::parse_bundle_ref;
+use lks_proto::pb;
+use lks_proto::sign::PublisherKey;
+use serde_json::{Value, json};
+
+use crate::client::{Client, status};
+use crate::output::{self, table};
+
+/// Fetches `NAME@VERSION`.
+pub async fn get(c: &mut Client, url: &str, reference: &str) -> anyhow::Result<pb::Bundle> {
+    let (name, version) = parse_bundle_ref(reference).map_err(|e| anyhow!("{e}"))?;
+    c.get_bundle(pb::GetBundleRequest { name, version })
+        .await
+        .map_err(|s| status(url, s))
+        .with_context(|| format!("get bundle {reference}"))
+        .map(tonic::Response::into_inner)
+}
+
+fn ms(v: u64) -> Option<String> {
+    (v > 0).then(|| format_duration(Duration::from_millis(v)))
+}
+
+/// `ed25519:…` fingerprint of the signer's key, as the agent names trusted keys.
+fn signer(b: &pb::SignedBundle) -> Option<String> {
+    let raw: [u8; 32] = b.signer_public_key.as_slice().try_into().ok()?;
+    PublisherKey::from_bytes(&raw).map(|k| k.fingerprint())
+}
+
+fn mode(m: u32) -> String {
+    format!("{m:04o}")
+}
+
+/// `bundle get -o json`: `bundle list -o json`'s fields, `signer`, and the
+/// manifest.
+pub fn detail_json(b: &pb::Bundle) -> Value {
+    let mut v = b
+        .info
+        .as_ref()
+        .map(output::bundle_json)
+        .unwrap_or_else(|| json!({}));
+    let sb = b.bundle.clone().unwrap_or_default();
+    let m = sb.manifest.clone().unwrap_or_default();
+    v["signer"] = json!(signer(&sb));
+    v["manifest"] = json!({
+        "files": m.files.iter().map(|f| json!({
+            "path": f.path,
+            "size": f.size,
+            "sha256": f.digest.strip_prefix("sha256:").unwrap_or(&f.digest),
+            "mode": mode(f.mode),
+            "url": (!f.url.is_empty()).then_some(&f.url),
+        })).collect::<Vec<_>>(),
+        "steps": m.steps.iter().map(|s| json!({
+            "name": s.name,
+            "run": s.run,
+            "timeout": ms(s.timeout_ms),
+        })).collect::<Vec<_>>(),
+        "health": m.health.as_ref().map(|h| json!({
+            "run": h.run,
+            "timeout": ms(h.timeout_ms),
+            "retries": h.retries,
+            "interval": ms(h.interval_ms),
+        })),
+        "certificates": m.certificates.iter().map(|c| json!({
+            "path": c.path,
+            "key_path": c.key_path,
+            "profile": c.profile,
+            "common_name": (!c.common_name.is_empty()).then_some(&c.common_name),
+            "organizations": c.organizations,
+            "dns_names": c.dns_names,
+            "ip_addresses": c.ip_addresses,
+            "ttl": ms(c.ttl_ms),
+            "ca_path": (!c.ca_path.is_empty()).then_some(&c.ca_path),
+        })).collect::<Vec<_>>(),
+        "kubeconfigs": m.kubeconfigs.iter().map(|k| json!({
+            "path": k.path,
+            "certificate": k.certificate,
+        })).collect::<Vec<_>>(),
+    });
+    v
+}
+
+fn indented(s: &mut String, t: String) {
+    for l in t.lines() {
+        s.push_str("  ");
+        s.push_str(l);
+        s.push('\n');
+    }
+}
+
+pub fn detail_text(b: &pb::Bundle) -> String {
+    let v = detail_json(b);
+    let str_of = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    };
+    let mut s = String::new();
+    let kv = |s: &mut String, k: &str, v: String| s.push_str(&format!("{k:<12}{v}\n"));
+    kv(
+        &mut s,
+        "Bundle:",
+        format!("{}@{}", str_of(&v["name"]), str_of(&v["version"])),
+    );
+    kv(&mut s, "Digest:", str_of(&v["manifest_digest"]));
+    kv(
+        &mut s,
+        "Signer:",
+        v["signer"].as_str().unwrap_or("unsigned").to_string(),
+    );
+    kv(&mut s, "Published:", str_of(&v["published_at"]));
+    let m = &v["manifest"];
+    let rows = |key: &str, cols: &[&str]| -> Vec<Vec<String>> {
+        m[key]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|e| cols.iter().map(|c| str_of(&e[*c])).collect())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    s.push_str("Files:\n");
+    indented(
+        &mut s,
+        table(
+            &["PATH", "SIZE", "MODE", "SHA256"],
+            &rows("files", &["path", "size", "mode", "sha256"]),
+        ),
+    );
+    if let Some(steps) = m["steps"].as_array().filter(|a| !a.is_empty()) {
+        s.push_str("Steps:\n");
+        let rows: Vec<Vec<String>> = steps
+            .iter()
+            .map(|st| vec![str_of(&st["name"]), run_text(&st["run"]), str_of(&st["timeout"])])
+            .collect();
+        indented(&mut s, table(&["NAME", "RUN", "TIMEOUT"], &rows));
+    }
+    if let Some(h) = m["health"].as_object() {
+        kv(
+            &mut s,
+            "Health:",
+            format!(
+                "{} (timeout {}, {} retries, every {})",
+                run_text(&h["run"]),
+                str_of(&h["timeout"]),
+                str_of(&h["retries"]),
+                str_of(&h["interval"])
+            ),
+        );
+    }
+    if m["certificates"].as_array().is_some_and(|a| !a.is_empty()) {
+        s.push_str("Certificates:\n");
+        indented(
+            &mut s,
+            table(
+                &["PATH", "PROFILE", "KEY", "TTL"],
+                &rows("certificates", &["path", "profile", "key_path", "ttl"]),
+            ),
+        );
+    }
+    if m["kubeconfigs"].as_array().is_some_and(|a| !a.is_empty()) {
+        s.push_str("Kubeconfigs:\n");
+        indented(
+            &mut s,
+            table(
+                &["PATH", "CERTIFICATE"],
+                &rows("kubeconfigs", &["path", "certificate"]),
+            ),
+        );
+    }
+    s
+}
+
+fn run_text(v: &Value) -> String {
+    v.as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detail_json_shows_the_manifest_and_the_signer() {
+        let key = lks_proto::sign::SigningKey::generate().public();
+        let b = pb::Bundle {
+            info: Some(pb::BundleInfo {
+                name: "k".into(),
+                version: "1".into(),
+                files: 1,
+                ..Default::default()
+            }),
+            bundle: Some(pb::SignedBundle {
+                manifest: Some(pb::Manifest {
+                    name: "k".into(),
+                    version: "1".into(),
+                    files: vec![pb::FileEntry {
+                        path: "/etc/k.conf".into(),
+                        digest: format!("sha256:{}", "ab".repeat(32)),
+                        size: 3,
+                        mode: 0o640,
+                        url: String::new(),
+                    }],
+                    steps: vec![pb::Step {
+                        name: "restart".into(),
+                        run: vec!["systemctl".into(), "restart".into(), "k".into()],
+                        timeout_ms: 30_000,
+                    }],
+                    ..Default::default()
+                }),
+                signature: vec![0; 64],
+                signer_public_key: key.to_bytes().to_vec(),
+            }),
+        };
+        let v = detail_json(&b);
+        assert_eq!(v["name"], "k");
+        assert_eq!(v["files"], 1, "the list's count stays");
+        assert_eq!(v["signer"], key.fingerprint());
+        let f = &v["manifest"]["files"][0];
+        assert_eq!(
+            (&f["mode"], &f["sha256"]),
+            (&json!("0640"), &json!("ab".repeat(32)))
+        );
+        assert_eq!(v["manifest"]["steps"][0]["timeout"], "30s");
+        assert!(v["manifest"]["health"].is_null());
+        let t = detail_text(&b);
+        assert!(t.contains("/etc/k.conf  3     0640"), "{t}");
+        assert!(t.contains("systemctl restart k"), "{t}");
+    }
+}

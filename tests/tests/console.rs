@@ -1,0 +1,322 @@
+//! `lksctl console` end to end: a real server and agents, the console
+//! process, its JSON endpoints compared with `lksctl … -o json`, its
+//! request checks (token, Origin, Host), and its pages in headless Chromium
+//! driven over WebDriver — live updates without a reload, the rollout
+//! buttons, the node page of a failed bundle and the unreachable banner.
+//! Screenshots of each page go to `target/console-screenshots/`.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use lks_e2e::agent::BundleFile;
+use lks_e2e::console::{Browser, Console, Http, page_token, screenshot_dir};
+use lks_e2e::rollout::Fleet;
+use lks_e2e::{free_addr, one_line_error, wait_until};
+use serde_json::{Value, json};
+
+const CONF: &str = "/etc/app/app.conf";
+
+fn files() -> [BundleFile<'static>; 1] {
+    [BundleFile {
+        path: CONF,
+        content: b"app\n",
+        mode: "0644",
+    }]
+}
+
+/// The console's `path` equals `lksctl ARGS -o json` (tried a few times:
+/// last-seen times and rollouts move between the two reads).
+fn same_as_lksctl(f: &Fleet, http: &Http, console: &Console, path: &str, args: &[&str]) {
+    let start = Instant::now();
+    loop {
+        let ours = http.get(&format!("{}api/{path}", console.url()));
+        assert_eq!(ours.status, 200, "GET /api/{path}: {}", ours.text);
+        let theirs = f.server.lksctl_json(args);
+        if ours.json == theirs {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "/api/{path} differs from lksctl {args:?}:\n{:#}\n---\n{theirs:#}",
+            ours.json
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn state(f: &Fleet, id: &str) -> String {
+    f.status(id)["state"].as_str().unwrap_or_default().to_string()
+}
+
+#[test]
+fn endpoints_mirror_lksctl_and_actions_need_the_token() {
+    let f = Fleet::start("c1", 2);
+    let b = f.publish("app", "1", &files(), "3", "");
+    let id = f.roll_out(&b, &["--batch-size", "1"]);
+    let mut console = Console::start(&f.server, None);
+    let http = Http::new();
+    let url = console.url();
+
+    for (path, args) in [
+        ("clusters", vec!["cluster", "list"]),
+        ("nodes", vec!["node", "list"]),
+        ("nodes?cluster=c1", vec!["node", "list", "--cluster", "c1"]),
+        ("nodes/node-1", vec!["node", "get", "node-1"]),
+        ("bundles", vec!["bundle", "list"]),
+        ("bundles/app/1", vec!["bundle", "get", "app@1"]),
+        ("rollouts", vec!["rollout", "list"]),
+        (&format!("rollouts/{id}"), vec!["rollout", "status", &id]),
+        (
+            &format!("events?rollout={id}&limit=1000"),
+            vec!["event", "list", "--rollout", &id, "--limit", "1000"],
+        ),
+    ] {
+        same_as_lksctl(&f, &http, &console, path, &args);
+    }
+    let bundle = http.get(&format!("{url}api/bundles/app/1")).json;
+    assert_eq!(bundle["manifest"]["files"][0]["path"], CONF, "{bundle:#}");
+    assert_eq!(bundle["manifest"]["steps"][0]["name"], "timed", "{bundle:#}");
+    let m = http.get(&format!("{url}api/selector?cluster=c1&selector=")).json;
+    assert_eq!((&m["matches"], &m["connected"]), (&json!(2), &json!(2)), "{m:#}");
+
+    let page = http.get(&url);
+    assert_eq!(page.status, 200);
+    let token = page_token(&page.text);
+    let origin = url.trim_end_matches('/').to_string();
+    let pause = format!("{url}api/rollouts/{id}/pause");
+
+    // Without the token, or from another origin, nothing changes.
+    let r = http.request("POST", &pause, &[("origin", &origin)], None);
+    assert_eq!(r.status, 403, "{}", r.text);
+    let r = http.request("POST", &pause, &[("x-console-token", "0123")], None);
+    assert_eq!(r.status, 403, "{}", r.text);
+    let r = http.request(
+        "POST",
+        &pause,
+        &[("x-console-token", &token), ("origin", "http://evil.example")],
+        None,
+    );
+    assert_eq!(r.status, 403, "{}", r.text);
+    let r = http.request(
+        "GET",
+        &format!("{url}api/clusters"),
+        &[("host", "evil.example")],
+        None,
+    );
+    assert_eq!(r.status, 421, "a rebound host name is refused: {}", r.text);
+    assert_eq!(state(&f, &id), "running");
+    let r = http.request("OPTIONS", &pause, &[("origin", "http://evil.example")], None);
+    assert!(r.status >= 400, "{}", r.text);
+
+    // With it, the verbs do what lksctl's do.
+    let post = |path: &str, body: Option<&Value>| {
+        http.request(
+            "POST",
+            &format!("{url}api/{path}"),
+            &[("x-console-token", &token), ("origin", &origin)],
+            body,
+        )
+    };
+    for (verb, want) in [("pause", "paused"), ("resume", "running"), ("abort", "aborted")] {
+        let r = post(&format!("rollouts/{id}/{verb}"), None);
+        assert_eq!(r.status, 200, "{verb}: {}", r.text);
+        assert_eq!(r.json["rollout"]["state"], want, "{}", r.text);
+        assert!(
+            r.json["message"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("rollout {id} "))
+        );
+        assert_eq!(state(&f, &id), want, "after {verb}");
+    }
+    // A verb the state does not allow: lksctl's own error line.
+    let r = post(&format!("rollouts/{id}/pause"), None);
+    assert_eq!(r.status, 409, "{}", r.text);
+    let cli = one_line_error(
+        &f.server.lksctl(&["rollout", "pause", &id]),
+        "pause an aborted rollout",
+    );
+    assert_eq!(format!("error: {}", r.json["error"].as_str().unwrap()), cli);
+    let r = post(&format!("rollouts/{id}/explode"), None);
+    assert_eq!(r.status, 404, "{}", r.text);
+
+    // The start form: bad input is lksctl's error, on its field, and starts nothing.
+    let before = f
+        .server
+        .lksctl_json(&["rollout", "list"])
+        .as_array()
+        .unwrap()
+        .len();
+    for (body, field, args) in [
+        (
+            json!({"cluster": "c1", "bundle": "app@1", "selector": "role"}),
+            "selector",
+            vec!["--bundle", "app@1", "--selector", "role"],
+        ),
+        (
+            json!({"cluster": "c1", "bundle": "nope@1"}),
+            "bundle",
+            vec!["--bundle", "nope@1"],
+        ),
+    ] {
+        let r = post("rollouts", Some(&body));
+        assert!(r.status >= 400, "{}", r.text);
+        assert_eq!(r.json["field"], field, "{}", r.text);
+        let mut a = vec!["rollout", "start", "--cluster", "c1"];
+        a.extend(args);
+        let cli = one_line_error(&f.server.lksctl(&a), "start with bad input");
+        assert_eq!(format!("error: {}", r.json["error"].as_str().unwrap()), cli);
+    }
+    assert_eq!(
+        f.server
+            .lksctl_json(&["rollout", "list"])
+            .as_array()
+            .unwrap()
+            .len(),
+        before
+    );
+    let r = post(
+        "rollouts",
+        Some(&json!({"cluster": "c1", "bundle": "app@1", "batch_size": 2})),
+    );
+    assert_eq!(r.status, 200, "{}", r.text);
+    let started = r.json["rollout"]["id"].as_str().unwrap().to_string();
+    assert_eq!(f.status(&started)["batch_size"], 2);
+
+    // Ctrl-C (SIGTERM) stops it cleanly.
+    assert_eq!(console.stop(), Some(0), "{}", console.log());
+
+    // Anything but loopback is served with a warning.
+    let port = free_addr().port();
+    let wide = Console::start(&f.server, Some(SocketAddr::from(([0, 0, 0, 0], port))));
+    wait_until(Duration::from_secs(5), "the warning", || {
+        wide.log().contains("warning:")
+    });
+    assert!(wide.log().contains("not a loopback address"), "{}", wide.log());
+    assert_eq!(http.get(&format!("{}api/clusters", wide.url())).status, 200);
+}
+
+#[test]
+fn pages_in_a_real_browser() {
+    let mut f = Fleet::start("c1", 3);
+    let b = f.publish("app", "1", &files(), "4", "");
+    let bad = f.publish(
+        "bad",
+        "1",
+        &[],
+        "0",
+        "[[step]]\nname = \"boom\"\nrun = [\"sh\", \"-c\", \"echo kaboom-from-step >&2; exit 3\"]\n",
+    );
+    let console = Console::start(&f.server, None);
+    let br = Browser::start();
+    let shots = screenshot_dir();
+    let url = console.url();
+
+    // Fleet: the cluster and its connected nodes.
+    br.goto(&format!("{url}#/fleet"));
+    br.wait_text("#clusters-table", "c1");
+    br.wait_text("#clusters-table", "3 / 3");
+    br.screenshot(&shots, "fleet");
+
+    // Nodes: the filters work and stay in the URL.
+    br.goto(&format!("{url}#/nodes"));
+    br.wait_text("#nodes-summary", "3 of 3 node(s)");
+    br.type_into("#filter-name", "node-2");
+    br.wait_text("#nodes-summary", "1 of 3 node(s)");
+    assert_eq!(
+        br.js(
+            "return document.querySelectorAll('#nodes-table tbody tr').length;",
+            json!([])
+        ),
+        1
+    );
+    assert!(br.text("#nodes-table").contains("node-2"));
+    assert!(br.hash().contains("q=node-2"), "{}", br.hash());
+    br.screenshot(&shots, "nodes");
+
+    // A rollout started from the form shows progress by itself.
+    br.goto(&format!("{url}#/rollouts"));
+    br.click("#start-box summary");
+    br.wait("the cluster choice", |b| b.text("#start-cluster").contains("c1"));
+    br.type_into("#start-selector", "");
+    br.wait_text("#start-matches", "matches 3 node(s)");
+    br.type_into("#start-bundle", &b);
+    br.type_into("#start-batch_size", "1");
+    br.screenshot(&shots, "rollout-start");
+    br.click("#start-submit");
+    br.wait("the rollout page", |b| b.hash().starts_with("#/rollouts/"));
+    let id = br.hash().trim_start_matches("#/rollouts/").to_string();
+    br.js("window.__sameDocument = true;", json!([]));
+    br.wait_text("#rollout-state", "running");
+    br.wait("an updated node", |b| {
+        b.text("#count-updated").parse::<u32>().unwrap_or(0) >= 1
+    });
+    assert_eq!(
+        br.js("return window.__sameDocument === true;", json!([])),
+        true,
+        "the page updated without a reload"
+    );
+    br.screenshot(&shots, "rollout");
+
+    // Pause and Resume; Abort asks first, and Cancel keeps it running.
+    br.click("#act-pause");
+    wait_until(Duration::from_secs(5), "paused", || state(&f, &id) == "paused");
+    br.wait_text("#rollout-state", "paused");
+    br.wait("Resume enabled", |b| {
+        b.js(
+            "return !document.getElementById('act-resume').disabled;",
+            json!([]),
+        ) == true
+    });
+    br.click("#act-resume");
+    wait_until(Duration::from_secs(5), "running", || state(&f, &id) == "running");
+    br.wait_text("#rollout-state", "running");
+    br.click("#act-abort");
+    br.wait("the confirmation", |b| {
+        b.js("return document.getElementById('confirm').open;", json!([])) == true
+    });
+    br.click("#confirm-no");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(state(&f, &id), "running", "cancelled abort changed nothing");
+    br.click("#act-abort");
+    br.wait("the confirmation", |b| {
+        b.js("return document.getElementById('confirm').open;", json!([])) == true
+    });
+    br.click("#confirm-yes");
+    wait_until(Duration::from_secs(5), "aborted", || state(&f, &id) == "aborted");
+    br.wait_text("#rollout-state", "aborted");
+    br.wait_text("#action-result", "aborted");
+
+    // A failing bundle: its message on the node page.
+    let out = f.start_rollout(&bad, &["--selector", "", "--batch-size", "1"]);
+    lks_e2e::ok_stdout(&out, "roll out the failing bundle");
+    br.goto(&format!("{url}#/nodes/node-1"));
+    br.wait_text("#node-bundles-table", "kaboom-from-step");
+    // The agent put the old state back after the failed step.
+    br.wait_text("#node-bundles-table", "rolled_back");
+    br.wait_text("#node-events-table", "failed");
+    br.screenshot(&shots, "node");
+    br.goto(&format!("{url}#/bundles/app/1"));
+    br.wait_text("#bundle-files-table", CONF);
+    br.screenshot(&shots, "bundle");
+    br.goto(&format!("{url}#/events?kind=failed"));
+    br.wait_text("#events-table", "kaboom-from-step");
+    br.screenshot(&shots, "events");
+
+    // The server goes away: the banner says so.
+    br.goto(&format!("{url}#/fleet"));
+    br.wait_text("#versions-table", "app@1");
+    br.wait_text("#failing-nodes-table", "kaboom-from-step");
+    br.screenshot(&shots, "fleet-busy");
+    f.server.stop();
+    br.wait("the unreachable banner", |b| {
+        b.js("return !document.getElementById('banner').hidden;", json!([])) == true
+    });
+    assert!(
+        br.text("#banner").contains("unreachable"),
+        "{}",
+        br.text("#banner")
+    );
+    br.screenshot(&shots, "unreachable");
+    f.agents.clear();
+}
