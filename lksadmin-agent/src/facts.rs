@@ -3,7 +3,13 @@
 use lks_proto::pb;
 use sysinfo::{Disks, MemoryRefreshKind, RefreshKind, System};
 
-pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The agent's version: the crate's, or what the build set in
+/// `LKS_AGENT_VERSION` (a packager's `0.1.0+deb12u1`; the self-update VM
+/// test builds a second agent that reports another version this way).
+pub const AGENT_VERSION: &str = match option_env!("LKS_AGENT_VERSION") {
+    Some(v) => v,
+    None => env!("CARGO_PKG_VERSION"),
+};
 
 /// Bundle features this agent carries out (`Hello.features`).
 pub const FEATURES: &[&str] = &["certificates"];
