@@ -113,6 +113,7 @@ Try next:
   $bin/lksadmin-agent status --state-dir $qs/agent-state
   LKSCTL_CONFIG=$LKSCTL_CONFIG $bin/lksctl node list -o json
   LKSCTL_CONFIG=$LKSCTL_CONFIG $bin/lksctl bundle list
+  LKSCTL_CONFIG=$LKSCTL_CONFIG $bin/lksctl console --open   # the fleet live in a browser (127.0.0.1:8080)
 Logs: $qs/server.log, $qs/agent.log
 Stop everything: bash scripts/quickstart.sh stop
 MSG
