@@ -529,17 +529,7 @@ impl Engine {
             match self.cache.ensure(f, &*self.source).await {
                 Ok(()) => {}
                 Err(e @ FetchError::Unavailable { .. }) => {
-                    let message = format!("waiting for blobs: {e}");
-                    tracing::warn!(bundle = name, version, "{message}");
-                    return self.set_status(
-                        name,
-                        version,
-                        Verdict {
-                            state: BundleState::Pending,
-                            message,
-                            sticky: None,
-                        },
-                    );
+                    return self.wait_for(name, version, format!("waiting for blobs: {e}"));
                 }
                 Err(e @ FetchError::Verify { .. }) => {
                     return self.fail_once(name, version, e.to_string(), Some(key));
@@ -556,17 +546,7 @@ impl Engine {
             Ok(made) => made,
             Err(e) if renewal => return self.renewal_failed(name, version, &e.to_string()),
             Err(IssueError::Unavailable(e)) => {
-                let message = format!("waiting for a certificate: {e}");
-                tracing::warn!(bundle = name, version, "{message}");
-                return self.set_status(
-                    name,
-                    version,
-                    Verdict {
-                        state: BundleState::Pending,
-                        message,
-                        sticky: None,
-                    },
-                );
+                return self.wait_for(name, version, format!("waiting for a certificate: {e}"));
             }
             Err(IssueError::Refused(e)) => {
                 // Asked again after a while: the operator may fix the cause
@@ -597,6 +577,21 @@ impl Engine {
         txn.key = key;
         txn.renewal = renewal;
         self.run_txn(txn).await
+    }
+
+    /// `pending` for something the node cannot have now (a blob, a
+    /// certificate): tried again on the next reconcile.
+    fn wait_for(&mut self, name: &str, version: &str, message: String) -> Result<(), EngineError> {
+        tracing::warn!(bundle = name, version, "{message}");
+        self.set_status(
+            name,
+            version,
+            Verdict {
+                state: BundleState::Pending,
+                message,
+                sticky: None,
+            },
+        )
     }
 
     /// Makes the node's own files for `m`'s `[[certificate]]` and

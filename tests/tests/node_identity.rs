@@ -97,26 +97,33 @@ fn files_containing(dir: &Path, needle: &str) -> Vec<String> {
     hits
 }
 
-#[test]
-fn each_node_gets_its_own_certificates_and_kubeconfig_and_they_rotate() {
-    let mut f = Fleet::start("tenant-a", 2);
+/// `n` agents of cluster tenant-a (API server set) holding the identity
+/// bundle with certificates of lifetime `ttl`.
+fn identity_fleet(n: usize, ttl: &str) -> Fleet {
+    let f = Fleet::start("tenant-a", n);
     let said = f
         .server
         .lksctl_ok(&["cluster", "set", "tenant-a", "--api-server", API]);
     assert!(said.contains(API), "{said}");
-    let log = f.log.clone();
     let dir = write_bundle(
         f.server.work_dir(),
         "kubelet-identity",
         "1",
         &[],
-        &identity_toml("1", Some("45s"), &log),
+        &identity_toml("1", Some(ttl), &f.log),
     );
     let b = f.server.publish(&dir);
     f.roll_out(&b, &[]);
-    for n in ["node-1", "node-2"] {
-        wait_node_bundle(&f.server, n, "kubelet-identity", "1", "applied");
+    for a in &f.agents {
+        wait_node_bundle(&f.server, &a.name, "kubelet-identity", "1", "applied");
     }
+    f
+}
+
+#[test]
+fn each_node_gets_its_own_certificates_and_kubeconfig_and_they_rotate() {
+    let mut f = identity_fleet(2, "45s");
+    let log = f.log.clone();
 
     // node-2's renewals will fail their health check.
     std::fs::write(f.agent("node-2").path("/unhealthy"), b"").unwrap();
@@ -472,20 +479,7 @@ async fn a_node_cannot_have_another_nodes_name_or_extra_names_signed() {
 
 #[test]
 fn a_node_offline_past_the_lifetime_reports_expired_and_renews_when_back() {
-    let mut f = Fleet::start("tenant-a", 1);
-    f.server
-        .lksctl_ok(&["cluster", "set", "tenant-a", "--api-server", API]);
-    let log = f.log.clone();
-    let dir = write_bundle(
-        f.server.work_dir(),
-        "kubelet-identity",
-        "1",
-        &[],
-        &identity_toml("1", Some("30s"), &log),
-    );
-    let b = f.server.publish(&dir);
-    f.roll_out(&b, &[]);
-    wait_node_bundle(&f.server, "node-1", "kubelet-identity", "1", "applied");
+    let mut f = identity_fleet(1, "30s");
     let local = f.agent("node-1").status();
     let certs = local["certificates"].as_array().unwrap();
     assert_eq!(certs.len(), 2, "{local}");
