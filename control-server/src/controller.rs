@@ -94,6 +94,9 @@ impl Handle {
 struct Controller {
     s: Arc<Shared>,
     since_ms: i64,
+    /// `bundle@version` → the agent features it needs (bundles are
+    /// immutable, so this never goes stale).
+    needs: std::sync::Mutex<HashMap<String, Vec<&'static str>>>,
 }
 
 /// Runs the controller until shutdown.
@@ -101,6 +104,7 @@ pub async fn run(s: Arc<Shared>, inbox: Inbox) {
     let mut c = Controller {
         s: s.clone(),
         since_ms: now_ms(),
+        needs: Default::default(),
     };
     let mut leader = s.leader.clone();
     // On SQLite nobody sends: this server always leads.
@@ -253,12 +257,45 @@ impl Controller {
         Ok(row)
     }
 
+    /// The agent features `r`'s bundle needs.
+    async fn needs(&self, r: &RolloutRow) -> Result<Vec<&'static str>, StoreError> {
+        let id = format!("{}@{}", r.bundle, r.version);
+        if let Some(n) = self.needs.lock().ok().and_then(|m| m.get(&id).cloned()) {
+            return Ok(n);
+        }
+        let Some(row) = self.s.store.get_bundle(&r.bundle, &r.version).await? else {
+            return Ok(Vec::new());
+        };
+        let needs = <lks_proto::pb::SignedBundle as prost::Message>::decode(row.signed_bundle.as_slice())
+            .ok()
+            .and_then(|b| lks_proto::SignedBundle::try_from(b).ok())
+            .map(|b| b.manifest.required_features())
+            .unwrap_or_default();
+        if let Ok(mut m) = self.needs.lock() {
+            m.insert(id, needs.clone());
+        }
+        Ok(needs)
+    }
+
     async fn views(&self, r: &RolloutRow, claims: &Claims) -> Result<BTreeMap<String, NodeView>, StoreError> {
         let stored = self.s.store.rollout_views(&r.id).await?;
+        let needs = self.needs(r).await?;
         Ok(stored
             .into_iter()
             .map(|(name, v)| {
+                // A node that never connected is not judged: it announces
+                // its features when it does, before its turn comes again.
+                let unsupported = v.features.as_ref().and_then(|have| {
+                    needs.iter().find(|f| !have.iter().any(|h| h == *f)).map(|f| {
+                        format!(
+                            "its agent does not announce the {f:?} feature {}@{} needs (an older agent \
+                             would drop those entries); update the agent first",
+                            r.bundle, r.version
+                        )
+                    })
+                });
                 let view = NodeView {
+                    unsupported,
                     desired: v.desired,
                     actual: v.actual,
                     connected: v.connected || self.s.hub.is_connected(&name),

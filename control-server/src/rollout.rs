@@ -145,6 +145,10 @@ pub struct NodeView {
     /// A newer rollout of the same cluster and bundle that includes the
     /// node and is still driven: a deferred or held node is its business now.
     pub claimed_by: Option<String>,
+    /// Why the node's agent cannot carry out this bundle (it did not
+    /// announce a feature the bundle needs): the node fails at its turn
+    /// instead of silently dropping part of the bundle.
+    pub unsupported: Option<String>,
 }
 
 /// The controller's clock: now, when it started (a node is never held
@@ -684,6 +688,12 @@ pub fn step(r: &RolloutRow, views: &BTreeMap<String, NodeView>, clock: Clock) ->
                 }
                 continue;
             }
+            if let Some(why) = &v.unsupported {
+                n.state = NodeState::Failed;
+                n.message = why.clone();
+                notes.push((n.name.clone(), "failed", n.message.clone()));
+                continue;
+            }
             if !v.connected && policy.offline == OfflinePolicy::Defer {
                 if n.state != NodeState::Deferred {
                     n.state = NodeState::Deferred;
@@ -856,6 +866,7 @@ mod tests {
             last_seen_ms: 0,
             held: false,
             claimed_by: None,
+            unsupported: None,
         }
     }
 
@@ -926,6 +937,19 @@ mod tests {
         assert_eq!(default_batch_size(10), 1);
         assert_eq!(default_batch_size(11), 2);
         assert_eq!(default_batch_size(250), 25);
+    }
+
+    #[test]
+    fn a_node_whose_agent_lacks_a_feature_fails_at_its_turn_and_gets_nothing() {
+        let nodes = ["a", "b"];
+        let mut v = views(&nodes);
+        v.get_mut("a").unwrap().unsupported = Some("its agent does not announce \"certificates\"".into());
+        let r = rollout(&nodes, 1, 5);
+        let d = step(&r, &v, at(1)).unwrap();
+        assert_eq!(d.assign, vec![("b".into(), Some(V.into()))], "a takes no slot");
+        let a = d.rollout.nodes.iter().find(|n| n.name == "a").unwrap();
+        assert_eq!(a.state, NodeState::Failed);
+        assert!(a.message.contains("certificates"), "{}", a.message);
     }
 
     #[test]

@@ -12,7 +12,10 @@ pub const AGENT_VERSION: &str = match option_env!("LKS_AGENT_VERSION") {
 };
 
 /// Bundle features this agent carries out (`Hello.features`).
-pub const FEATURES: &[&str] = &["certificates"];
+pub const FEATURES: &[&str] = &[
+    lks_proto::manifest::FEATURE_CERTIFICATES,
+    lks_proto::manifest::FEATURE_SELF_UPDATE,
+];
 
 /// Collects hostname, OS, kernel, architecture, CPUs, memory, disks and the
 /// boot id. Anything unavailable is left empty rather than failing.

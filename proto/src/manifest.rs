@@ -15,6 +15,12 @@ use crate::limits::*;
 use crate::names::{validate_bundle_name, validate_version};
 use crate::path::BundlePath;
 
+/// `Hello.features` of an agent that carries out `[[certificate]]` and
+/// `[[kubeconfig]]`.
+pub const FEATURE_CERTIFICATES: &str = "certificates";
+/// `Hello.features` of an agent that carries out `self_update` bundles.
+pub const FEATURE_SELF_UPDATE: &str = "self-update";
+
 /// One file of a bundle.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FileSpec {
@@ -188,6 +194,19 @@ impl Manifest {
             && self.certificates == published.certificates
             && self.kubeconfigs == published.kubeconfigs
             && self.self_update == published.self_update
+    }
+
+    /// The agent features (`Hello.features`) a node needs to carry out this
+    /// bundle whole: an older agent would drop the fields it does not know.
+    pub fn required_features(&self) -> Vec<&'static str> {
+        let mut f = Vec::new();
+        if !self.certificates.is_empty() || !self.kubeconfigs.is_empty() {
+            f.push(FEATURE_CERTIFICATES);
+        }
+        if self.self_update {
+            f.push(FEATURE_SELF_UPDATE);
+        }
+        f
     }
 
     /// The certificate entry whose certificate is at `path`.

@@ -365,6 +365,9 @@ pub struct TestNode {
     pub key_pem: String,
     pub ca_pem: String,
     pub url: String,
+    /// `Hello.features` it announces (today's agent's by default; empty
+    /// plays an agent older than them).
+    pub features: Vec<String>,
 }
 
 impl TestNode {
@@ -381,6 +384,12 @@ impl TestNode {
             key_pem: key,
             ca_pem: r.ca_pem,
             url: server.url(),
+            features: [
+                lks_proto::manifest::FEATURE_CERTIFICATES,
+                lks_proto::manifest::FEATURE_SELF_UPDATE,
+            ]
+            .map(String::from)
+            .to_vec(),
         }
     }
 
@@ -414,7 +423,7 @@ impl TestNode {
                 }),
                 bundles: held,
                 desired_generation: 0,
-                features: Vec::new(),
+                features: self.features.clone(),
             })),
         })
         .await

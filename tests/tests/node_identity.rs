@@ -206,7 +206,7 @@ fn each_node_gets_its_own_certificates_and_kubeconfig_and_they_rotate() {
     assert_eq!(certs.len(), 2, "{node}");
     assert_eq!(
         node["facts"]["features"],
-        serde_json::json!(["certificates"]),
+        serde_json::json!(["certificates", "self-update"]),
         "{node}"
     );
     let profiles: Vec<&str> = certs.iter().map(|c| c["profile"].as_str().unwrap()).collect();
@@ -317,16 +317,20 @@ async fn a_node_cannot_have_another_nodes_name_or_extra_names_signed() {
     let t = s.token("tenant-a", &[]);
     let w1 = TestNode::enroll(&s, &t, "w1", &[]).await;
     let w2 = TestNode::enroll(&s, &t, "w2", &[]).await;
+    // w3 plays an agent from before [[certificate]]: it would drop them.
+    let mut w3 = TestNode::enroll(&s, &t, "w3", &[]).await;
+    w3.features.clear();
     let (_tx1, _rx1) = w1.connect(vec![]).await.expect("connect w1");
     let (_tx2, _rx2) = w2.connect(vec![]).await.expect("connect w2");
-    wait_until(Duration::from_secs(15), "both connected", || {
+    let (_tx3, _rx3) = w3.connect(vec![]).await.expect("connect w3");
+    wait_until(Duration::from_secs(15), "all connected", || {
         let list = s.lksctl_json(&["node", "list"]);
         list.as_array()
             .unwrap()
             .iter()
             .filter(|n| n["connected"] == true)
             .count()
-            == 2
+            == 3
     });
     let log = s.work_dir().join("steps.log");
     let dir = write_bundle(
@@ -337,7 +341,7 @@ async fn a_node_cannot_have_another_nodes_name_or_extra_names_signed() {
         &identity_toml("1", None, &log),
     );
     let b = s.publish(&dir);
-    s.lksctl_ok(&[
+    let rollout = s.lksctl_ok(&[
         "rollout",
         "start",
         "--cluster",
@@ -345,8 +349,9 @@ async fn a_node_cannot_have_another_nodes_name_or_extra_names_signed() {
         "--bundle",
         &b,
         "--batch-size",
-        "2",
+        "3",
     ]);
+    let rollout = rollout.trim().to_string();
 
     let issue = |node: &TestNode, bundle: &str, path: &str, csr: String| {
         let node_url = node.url.clone();
@@ -454,6 +459,33 @@ async fn a_node_cannot_have_another_nodes_name_or_extra_names_signed() {
         assert!(e.message().contains(why), "expected {why:?} in {:?}", e.message());
         assert!(!e.message().contains('\n'), "one line: {:?}", e.message());
     }
+    // The old agent got nothing; it failed at its turn, saying why.
+    let status = s.lksctl_json(&["rollout", "status", &rollout]);
+    let w3_state = status["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "w3")
+        .cloned()
+        .unwrap();
+    assert_eq!(w3_state["state"], "failed", "{status}");
+    assert!(
+        w3_state["message"]
+            .as_str()
+            .unwrap()
+            .contains("does not announce the \"certificates\" feature"),
+        "{w3_state}"
+    );
+    let e = issue(
+        &w3,
+        "kubelet-identity",
+        client,
+        csr_for("system:node:w3", Some("system:nodes"), &[]),
+    )
+    .await
+    .expect_err("w3 was not assigned the bundle");
+    assert_eq!(e.code(), Code::PermissionDenied);
+
     // Nothing refused was recorded.
     assert_eq!(s.lksctl_json(&["cluster", "certs", "tenant-a", "--all"]), before);
 

@@ -1894,6 +1894,7 @@ impl Store for EtcdStore {
                     last_seen_ms: live.last_seen(&name, &doc),
                     connected: live.connected(&doc),
                     held: doc.hold.is_some(),
+                    features: super::facts_features(&doc.facts_json),
                 },
             );
         }

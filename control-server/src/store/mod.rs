@@ -616,6 +616,26 @@ pub struct NodeBundleView {
     pub connected: bool,
     /// Held by the operator: no rollout starts it.
     pub held: bool,
+    /// Bundle features its agent announced in its last `Hello`
+    /// (`Hello.features`); `None` if it never connected.
+    pub features: Option<Vec<String>>,
+}
+
+/// The `features` of a node's facts JSON; `None` when it has no facts yet.
+pub fn facts_features(facts_json: &str) -> Option<Vec<String>> {
+    #[derive(serde::Deserialize)]
+    struct Facts {
+        #[serde(default)]
+        features: Vec<String>,
+    }
+    if facts_json.is_empty() {
+        return None;
+    }
+    Some(
+        serde_json::from_str::<Facts>(facts_json)
+            .map(|f| f.features)
+            .unwrap_or_default(),
+    )
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1552,7 +1552,7 @@ impl Store for SqliteStore {
         self.call(move |c| {
             let mut stmt = c.prepare_cached(
                 "SELECT rn.node, n.last_seen_ms, d.version, a.version, a.state, a.message, a.updated_at_ms,
-                        a.generation, r.bundle, n.connected, n.hold_reason IS NOT NULL
+                        a.generation, r.bundle, n.connected, n.hold_reason IS NOT NULL, n.facts
                  FROM rollout_nodes rn
                  JOIN rollouts r ON r.id = rn.rollout_id
                  JOIN nodes n ON n.name = rn.node
@@ -1569,6 +1569,7 @@ impl Store for SqliteStore {
                             r.get::<_, Option<String>>(2)?,
                             r.get::<_, bool>(9)?,
                             r.get::<_, bool>(10)?,
+                            r.get::<_, String>(11)?,
                         ),
                         (
                             r.get::<_, Option<String>>(3)?,
@@ -1583,7 +1584,7 @@ impl Store for SqliteStore {
                 .collect::<Result<Vec<_>, _>>()?;
             let mut out = BTreeMap::new();
             for (
-                (node, last_seen_ms, desired, connected, held),
+                (node, last_seen_ms, desired, connected, held, facts_json),
                 (version, state, message, updated_at_ms, generation, bundle),
             ) in rows
             {
@@ -1606,6 +1607,7 @@ impl Store for SqliteStore {
                         last_seen_ms,
                         connected,
                         held,
+                        features: super::facts_features(&facts_json),
                     },
                 );
             }

@@ -146,7 +146,10 @@ pub fn cert_state(c: &pb::IssuedCertificate, now_ms: i64, within: std::time::Dur
     if c.expired || left <= 0 {
         return "expired";
     }
-    let third = (c.not_after_ms - c.not_before_ms) / 3;
+    // The lifetime the node asked for: from issue, not from the issuer's
+    // few minutes of backdating (which would make a short-lived
+    // certificate look due at once).
+    let third = (c.not_after_ms - c.not_before_ms.max(c.issued_at_ms)) / 3;
     let within = i64::try_from(within.as_millis()).unwrap_or(i64::MAX);
     if left < third || left <= within {
         "expiring"
