@@ -38,6 +38,12 @@ use crate::fsutil::{self, FsError};
 pub const HANDOVER_EXIT: u8 = 75;
 /// How long the new agent has to start, reconnect and report.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(120);
+/// Overrides [`DEFAULT_DEADLINE`]: whole seconds, 5 to 3600, set in the
+/// service's environment by a drop-in (`Environment=`). For tests that
+/// cannot wait two minutes (tests/vm/self-update.sh); the agent that hands
+/// over writes the deadline into the record (`DEADLINE_S`), the guard
+/// arms its timer from there.
+pub const DEADLINE_ENV: &str = "LKS_SELF_UPDATE_DEADLINE";
 /// How long `NEW version` may take.
 const TEST_RUN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -136,6 +142,28 @@ impl Pending {
     }
 }
 
+/// The deadline for a value of [`DEADLINE_ENV`]: the default when unset.
+pub fn deadline_from(value: Option<&str>) -> Result<Duration, String> {
+    let Some(v) = value else {
+        return Ok(DEFAULT_DEADLINE);
+    };
+    match v.trim().parse::<u64>() {
+        Ok(s) if (5..=3600).contains(&s) => Ok(Duration::from_secs(s)),
+        _ => Err(format!(
+            "{DEADLINE_ENV}={v:?} is not a number of seconds from 5 to 3600"
+        )),
+    }
+}
+
+/// The deadline of a hand-over this process starts (see [`DEADLINE_ENV`]).
+pub fn deadline() -> Duration {
+    let v = std::env::var(DEADLINE_ENV).ok();
+    deadline_from(v.as_deref()).unwrap_or_else(|e| {
+        tracing::warn!("{e}; using {}s", DEFAULT_DEADLINE.as_secs());
+        DEFAULT_DEADLINE
+    })
+}
+
 /// SHA-256 of a file.
 pub fn file_digest(path: &Path) -> std::io::Result<Digest> {
     Ok(Digest::of_reader(std::fs::File::open(path)?)?.0)
@@ -204,6 +232,17 @@ mod tests {
         let junk = Pending::parse("no equals\nlower=x\nPHASE=trying\n=x\n");
         assert_eq!(junk.get("PHASE"), TRYING);
         assert_eq!(junk.fields.len(), 1);
+    }
+
+    #[test]
+    fn deadline_defaults_and_accepts_only_sane_seconds() {
+        assert_eq!(deadline_from(None), Ok(DEFAULT_DEADLINE));
+        assert_eq!(deadline_from(Some("15")), Ok(Duration::from_secs(15)));
+        assert_eq!(deadline_from(Some(" 3600 ")), Ok(Duration::from_secs(3600)));
+        for bad in ["", "0", "4", "3601", "15s", "-1", "abc"] {
+            let e = deadline_from(Some(bad)).unwrap_err();
+            assert!(e.contains(DEADLINE_ENV) && e.contains("5 to 3600"), "{bad}: {e}");
+        }
     }
 
     #[tokio::test]

@@ -119,7 +119,7 @@ impl Engine {
         p.set("OLD_VERSION", crate::facts::AGENT_VERSION);
         p.set("OLD_SHA256", own_digest.map(|d| d.hex()).unwrap_or_default());
         p.set("TARGET", own.display().to_string());
-        p.set("DEADLINE_S", selfupdate::DEFAULT_DEADLINE.as_secs().to_string());
+        p.set("DEADLINE_S", selfupdate::deadline().as_secs().to_string());
         p.set("STARTED_MS", self.clock.now_ms().to_string());
         let manifest = serde_json::to_vec(m).map_err(|e| {
             EngineError::Fs(crate::fsutil::FsError::new(
