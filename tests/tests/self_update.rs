@@ -27,12 +27,16 @@ struct Node {
 
 impl Node {
     fn join(server: &Server) -> Node {
+        Node::join_with(server, &[])
+    }
+
+    fn join_with(server: &Server, extra: &[&str]) -> Node {
         let mut agent = Agent::new("node-1");
         let exe = agent.root.join("usr/bin/lksadmin-agent");
         std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
         std::fs::copy(bin("lksadmin-agent"), &exe).unwrap();
         agent.exe = exe.clone();
-        agent.join(server, "c1", &[]);
+        agent.join(server, "c1", extra);
         agent.start();
         agent.wait_connected();
         Node { agent, exe }
@@ -346,4 +350,29 @@ fn self_updates_for_another_machine_or_another_path_are_refused_on_the_node() {
         "a script as self-update",
     );
     assert!(e.contains("no ELF header"), "{e}");
+}
+
+#[test]
+fn an_unsigned_self_update_is_refused_where_publisher_keys_are_trusted() {
+    let server = Server::start();
+    server.create_cluster("c1");
+    let prefix = server.work_dir().join("publisher");
+    server.lksctl_ok(&["bundle", "keygen", "--out", prefix.to_str().unwrap()]);
+    let public = prefix.with_extension("pub");
+    let mut n = Node::join_with(&server, &["--trust-key", public.to_str().unwrap()]);
+    let original = sha(&n.exe);
+    let new = variant(server.work_dir(), "unsigned");
+    let b = publish(&server, "unsigned", &new);
+    roll_out(&server, &b);
+    n.until("refused", |_| {
+        node_bundle(&server, "node-1", "lksadmin-agent").is_some_and(|(_, s, _)| s == "failed")
+    });
+    let (_, _, msg) = node_bundle(&server, "node-1", "lksadmin-agent").unwrap();
+    assert!(msg.contains("unsigned"), "{msg}");
+    assert_eq!(sha(&n.exe), original, "nothing replaced");
+    assert!(
+        !n.self_update_dir().join("pending").exists(),
+        "no hand-over staged"
+    );
+    assert!(n.agent.running());
 }
