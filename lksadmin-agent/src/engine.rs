@@ -121,7 +121,44 @@ pub struct HealReport {
     pub repaired: Vec<String>,
     /// Files that drifted and could not be restored.
     pub failed: Vec<String>,
+    /// Files whose bytes were read and hashed (the others were proved
+    /// unchanged by their metadata).
+    pub hashed: usize,
 }
+
+/// What a managed file's inode said when its bytes were last hashed and
+/// matched: while all of it is the same, the bytes are too (any write,
+/// truncate, rename over or chmod changes `ctime`, which no user call can
+/// set back), so a heal pass need not read them again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct InodeMeta {
+    dev: u64,
+    ino: u64,
+    size: i64,
+    mode: u32,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl InodeMeta {
+    // `stat` field types differ between architectures: the casts are no-ops
+    // on x86_64 only.
+    #[allow(clippy::unnecessary_cast)]
+    fn of(st: &nix::sys::stat::FileStat) -> Self {
+        InodeMeta {
+            dev: st.st_dev as u64,
+            ino: st.st_ino as u64,
+            size: st.st_size as i64,
+            mode: st.st_mode as u32,
+            mtime: (st.st_mtime as i64, st.st_mtime_nsec as i64),
+            ctime: (st.st_ctime as i64, st.st_ctime_nsec as i64),
+        }
+    }
+}
+
+/// How often a heal pass hashes every managed file whatever its metadata
+/// says (bit rot, a change made behind the file system's back).
+const FULL_REHASH_MS: i64 = 3_600_000;
 
 pub struct Engine {
     dirs: StateDir,
@@ -143,6 +180,11 @@ pub struct Engine {
     /// This process is a new agent on trial: it commits its self-update
     /// once it has reconnected and reported.
     on_trial: Option<crate::selfupdate::Pending>,
+    /// Managed path → its inode's metadata and digest when last hashed and
+    /// found intact (in memory: the first pass after a start hashes all).
+    verified: BTreeMap<BundlePath, (InodeMeta, Digest)>,
+    /// When a heal pass last hashed every file (Unix ms; 0: never).
+    last_full_heal_ms: i64,
 }
 
 /// How an attempt ended, before it is written into the bundle's record.
@@ -183,6 +225,8 @@ impl Engine {
             dirs,
             handover: false,
             on_trial: None,
+            verified: BTreeMap::new(),
+            last_full_heal_ms: 0,
         })
     }
 
@@ -1479,10 +1523,19 @@ impl Engine {
 
     /// Re-verifies every managed file by size, mode and hash; restores the
     /// drifted ones from the cache (fetching again if needed), re-runs the
-    /// health check of each bundle that needed repair, and reports.
+    /// health check of each bundle that needed repair, and reports. A file
+    /// whose inode is unchanged since its bytes last matched is not read
+    /// again, except once every [`FULL_REHASH_MS`]: an idle node's pass
+    /// costs a `stat` per file, not a read of every byte it manages.
     pub async fn heal(&mut self) -> Result<HealReport, EngineError> {
         self.recover().await?;
         let mut report = HealReport::default();
+        let now = self.clock.now_ms();
+        let full =
+            now.saturating_sub(self.last_full_heal_ms) >= FULL_REHASH_MS || now < self.last_full_heal_ms;
+        if full {
+            self.last_full_heal_ms = now;
+        }
         let bundles: Vec<(String, Manifest)> = self
             .state
             .bundles
@@ -1496,7 +1549,7 @@ impl Engine {
             let mut repaired = Vec::new();
             let mut failed = Vec::new();
             for f in m.all_files() {
-                match self.check_file(f) {
+                match self.check_file(f, full, &mut report.hashed) {
                     Ok(None) => {}
                     Ok(Some(why)) => match self.repair_file(f).await {
                         Ok(()) => repaired.push(format!("{} ({why})", f.path)),
@@ -1547,7 +1600,14 @@ impl Engine {
     }
 
     /// Why a managed file differs from its manifest entry, if it does.
-    fn check_file(&self, f: &FileSpec) -> Result<Option<&'static str>, String> {
+    /// Unless `full`, a file whose inode is as it was when its bytes last
+    /// matched is not read again; `hashed` counts the files that were.
+    fn check_file(
+        &mut self,
+        f: &FileSpec,
+        full: bool,
+        hashed: &mut usize,
+    ) -> Result<Option<&'static str>, String> {
         let parent = match self.root.parent(&f.path, false) {
             Ok(p) => p,
             Err(RootError::MissingParent { .. }) => return Ok(Some("missing")),
@@ -1560,18 +1620,38 @@ impl Engine {
             return Ok(Some("replaced by something that is not a regular file"));
         }
         if st.st_size as u64 != f.size {
+            self.verified.remove(&f.path);
             return Ok(Some("content changed"));
+        }
+        if st.st_mode & 0o7777 != f.mode {
+            self.verified.remove(&f.path);
+            return Ok(Some("mode changed"));
+        }
+        if !full
+            && self
+                .verified
+                .get(&f.path)
+                .is_some_and(|(meta, d)| *meta == InodeMeta::of(&st) && *d == f.digest)
+        {
+            return Ok(None);
         }
         let Some(file) = parent.open_target().map_err(|e| e.to_string())? else {
             return Ok(Some("missing"));
         };
+        // The metadata of the very inode that is read: if the path is
+        // replaced meanwhile, the next pass sees another inode.
+        let st = nix::sys::stat::fstat(&file).map_err(|e| format!("stat: {e}"))?;
+        *hashed += 1;
         let (digest, _) = Digest::of_reader(file).map_err(|e| format!("read: {e}"))?;
         if digest != f.digest {
+            self.verified.remove(&f.path);
             return Ok(Some("content changed"));
         }
         if st.st_mode & 0o7777 != f.mode {
+            self.verified.remove(&f.path);
             return Ok(Some("mode changed"));
         }
+        self.verified.insert(f.path.clone(), (InodeMeta::of(&st), digest));
         Ok(None)
     }
 

@@ -73,6 +73,22 @@ struct Fixture {
 }
 
 fn fixture_with_keys(trusted: Vec<lks_proto::sign::PublisherKey>) -> Fixture {
+    fixture_full(trusted, Arc::new(SystemClock))
+}
+
+/// A clock the test moves.
+struct TestClock(std::sync::atomic::AtomicI64);
+
+impl lksadmin_agent::clock::Clock for TestClock {
+    fn now_ms(&self) -> i64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+fn fixture_full(
+    trusted: Vec<lks_proto::sign::PublisherKey>,
+    clock: Arc<dyn lksadmin_agent::clock::Clock>,
+) -> Fixture {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("root");
     let state = tmp.path().join("state");
@@ -90,7 +106,7 @@ fn fixture_with_keys(trusted: Vec<lks_proto::sign::PublisherKey>) -> Fixture {
         },
         Arc::new(source.clone()),
         Arc::new(ProcessRunner),
-        Arc::new(SystemClock),
+        clock,
         Reporter::new(stx, etx),
     )
     .unwrap();
@@ -624,6 +640,48 @@ async fn heal_restores_drifted_and_deleted_files_offline_and_reports() {
         2,
         "health check ran on apply and after the repair"
     );
+}
+
+/// An idle heal pass proves unchanged files by their inode (a stat), reads
+/// only what changed, and hashes everything once an hour regardless.
+#[tokio::test]
+async fn heal_reads_only_what_changed_and_everything_hourly() {
+    let clock = Arc::new(TestClock(std::sync::atomic::AtomicI64::new(1_000_000)));
+    let mut f = fixture_full(vec![], clock.clone());
+    let m = f.manifest(
+        "h",
+        "1",
+        &[
+            ("/etc/h/a", b"alpha", 0o644),
+            ("/etc/h/b", b"bravo", 0o644),
+            ("/etc/h/c", b"charl", 0o644),
+        ],
+    );
+    f.desire(vec![unsigned(m)]).await;
+    let first = f.engine.heal().await.unwrap();
+    assert_eq!(first.hashed, 3, "the first pass reads everything");
+    let idle = f.engine.heal().await.unwrap();
+    assert_eq!((idle.hashed, idle.repaired.len()), (0, 0), "{idle:?}");
+
+    // Same size, other bytes: the inode changed, so it is read and repaired.
+    std::fs::write(f.path("/etc/h/a"), b"ALPHA").unwrap();
+    let r = f.engine.heal().await.unwrap();
+    assert_eq!(r.repaired, vec!["/etc/h/a (content changed)".to_string()]);
+    assert_eq!(f.read("/etc/h/a"), Some((b"alpha".to_vec(), 0o644)));
+    // The same bytes written again: read once, nothing to repair.
+    std::fs::write(f.path("/etc/h/b"), b"bravo").unwrap();
+    let r = f.engine.heal().await.unwrap();
+    assert!(r.repaired.is_empty(), "{r:?}");
+    assert!(
+        r.hashed >= 1 && r.hashed <= 2,
+        "b (and the repaired a) read: {r:?}"
+    );
+    assert_eq!(f.engine.heal().await.unwrap().hashed, 0);
+
+    // An hour later every file is read again.
+    clock.0.fetch_add(3_600_000, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(f.engine.heal().await.unwrap().hashed, 3);
+    assert_eq!(f.engine.heal().await.unwrap().hashed, 0);
 }
 
 #[tokio::test]
