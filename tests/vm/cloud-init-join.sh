@@ -92,18 +92,6 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/lks-cloud-init-join.XXXXXX")
 SERVER_PID=""
 HTTP_PID=""
 
-stop_pid() {
-  local pid=$1
-  [ -n "$pid" ] || return 0
-  kill "$pid" 2>/dev/null || true
-  local i
-  for ((i = 0; i < 50; i++)); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  kill -9 "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
-}
 
 on_exit() {
   stop_pid "$SERVER_PID"
@@ -116,7 +104,6 @@ on_exit() {
 }
 VM_EXIT_HOOK=on_exit
 
-section() { printf -- '--- %s ---\n' "$1" >&2; }
 
 diagnose() {
   if [ -s "$work/server.log" ]; then
@@ -145,39 +132,8 @@ preboot() {
 }
 VM_PREBOOT_HOOK=preboot
 
-# check DESCRIPTION COMMAND...: one progress line, or fail with DESCRIPTION.
-check() {
-  local what=$1
-  shift
-  "$@" || vm_die "$what"
-  vm_log "ok: $what"
-}
 
-# wait_for DESCRIPTION SECONDS COMMAND...: polls until COMMAND succeeds.
-wait_for() {
-  local what=$1 timeout=$2
-  shift 2
-  local deadline=$((SECONDS + timeout))
-  until "$@"; do
-    ((SECONDS < deadline)) || vm_die "$what: not within ${timeout}s"
-    sleep 0.5
-  done
-  vm_log "ok: $what"
-}
 
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-# A random free port: several runs (and other tests) may share the host.
-free_port() {
-  local p i
-  for ((i = 0; i < 100; i++)); do
-    p=$((20000 + RANDOM % 40000))
-    if port_free "$p"; then
-      echo "$p"
-      return 0
-    fi
-  done
-  return 1
-}
 
 apt_install() {
   vm_log "installing $*"

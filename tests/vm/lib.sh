@@ -215,3 +215,55 @@ vm_stop() {
     VM_DIR=""
   fi
 }
+
+# --- helpers of the test scripts ---------------------------------------------
+
+# check DESCRIPTION COMMAND...: one progress line, or fail with DESCRIPTION.
+check() {
+  local what=$1
+  shift
+  "$@" || vm_die "$what"
+  vm_log "ok: $what"
+}
+
+# wait_for DESCRIPTION SECONDS COMMAND...: polls until COMMAND succeeds.
+wait_for() {
+  local what=$1 timeout=$2
+  shift 2
+  local deadline=$((SECONDS + timeout))
+  until "$@"; do
+    ((SECONDS < deadline)) || vm_die "$what: not within ${timeout}s"
+    sleep 0.5
+  done
+  vm_log "ok: $what"
+}
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# A random free port: several runs (and other tests) may share the host.
+free_port() {
+  local p i
+  for ((i = 0; i < 100; i++)); do
+    p=$((20000 + RANDOM % 40000))
+    if port_free "$p"; then
+      echo "$p"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# stop_pid PID: SIGTERM, up to 5 s, then SIGKILL; reaps it.
+stop_pid() {
+  local pid=$1
+  [ -n "$pid" ] || return 0
+  kill "$pid" 2>/dev/null || true
+  local i
+  for ((i = 0; i < 50; i++)); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -9 "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+
+section() { printf -- '--- %s ---\n' "$1" >&2; }

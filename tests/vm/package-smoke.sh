@@ -29,13 +29,6 @@ if [ -z "$agent_deb" ] || [ -z "$server_deb" ]; then
   vm_die "lksadmin-agent_*.deb or lks-control-server_*.deb missing in $debs: run packaging/deb/build.sh first"
 fi
 
-# check DESCRIPTION COMMAND...: one progress line, or fail with DESCRIPTION.
-check() {
-  local what=$1
-  shift
-  "$@" || vm_die "$what"
-  vm_log "ok: $what"
-}
 in_vm() { vm_exec sh -c "$1"; }
 prop() { vm_exec systemctl show -P "$2" "$1"; }
 
