@@ -69,6 +69,27 @@ impl Server {
         s
     }
 
+    /// Like [`Server::start_with`], calling `prepare` on the (created, empty)
+    /// data dir first: a test mounts a small filesystem there, say.
+    pub fn start_prepared(args: &[&str], prepare: impl FnOnce(&Path)) -> Server {
+        let dir = tempfile::tempdir().expect("create temp dir");
+        let data_dir = dir.path().join("data");
+        std::fs::create_dir_all(&data_dir).expect("create data dir");
+        prepare(&data_dir);
+        let mut s = Server {
+            data_dir,
+            dir,
+            addr: free_addr(),
+            metrics_addr: free_addr(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            proc: None,
+            starts: 0,
+            wrapper: Vec::new(),
+        };
+        s.spawn();
+        s
+    }
+
     /// Starts a server on `addr` (one a stopped server used, say) with a
     /// fresh data dir and `args`: a replica taking over an old server's
     /// address, which its agents have stored.

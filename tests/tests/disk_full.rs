@@ -1,14 +1,17 @@
 //! Resources (issue [reliability] item 4): the node root on a small tmpfs
 //! that fills while a new version is staged. One clear error, the old
 //! version intact, no staged leftovers (the space is given back), and the
-//! version applies once space is freed. Prints one `RESFAULT` line.
+//! version applies once space is freed. The server's data dir full: a
+//! publish is refused with one line, nothing half-stored, connected agents
+//! keep their streams. Each test prints one `RESFAULT` line.
 
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use lks_e2e::agent::{Agent, BundleFile, CONVERGE, write_bundle};
+use lks_e2e::agent::{Agent, BundleFile, CONVERGE, node_connected, write_bundle};
 use lks_e2e::rollout::Fleet;
+use lks_e2e::server::Server;
 use lks_e2e::wait_until;
 
 /// A tmpfs mounted on a directory, unmounted when dropped.
@@ -156,4 +159,66 @@ fn root_fills_mid_stage_one_error_old_version_intact_space_back_then_retry_appli
     a.stop();
     drop(disk);
     drop(a);
+}
+
+#[test]
+fn server_data_dir_full_refuses_publish_in_one_line_and_keeps_streams() {
+    let t0 = Instant::now();
+    let mut disk = None;
+    let server = Server::start_prepared(&[], |d| disk = Some(Tmpfs::mount(d, "12m")));
+    let disk = disk.expect("mounted");
+    server.create_cluster("c1");
+    let mut a = Agent::new("n1");
+    a.join(&server, "c1", &[]);
+    a.start();
+    a.wait_connected();
+    let connects = |a: &Agent| a.log().matches(" connected server=").count();
+    let before = connects(&a);
+    assert!(before >= 1, "the agent logs its connection:\n{}", a.log());
+    let big = vec![5u8; 16 << 20];
+    let dir = write_bundle(
+        server.work_dir(),
+        "huge",
+        "1",
+        &[BundleFile {
+            path: "/opt/huge",
+            content: &big,
+            mode: "0644",
+        }],
+        "",
+    );
+    let out = server.lksctl(&["bundle", "publish", dir.to_str().unwrap()]);
+    let err = lks_e2e::one_line_error(&out, "publish onto a full data dir");
+    let listed = server.lksctl_json(&["bundle", "list"]);
+    assert!(
+        !listed.as_array().unwrap().iter().any(|b| b["name"] == "huge"),
+        "nothing half-stored is listed: {listed}"
+    );
+    let tmp = server.data_dir.join("blobs/tmp");
+    let staged = std::fs::read_dir(&tmp).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(staged, 0, "staging left in {}", tmp.display());
+    // The agent kept its stream, and the server still serves it.
+    assert!(node_connected(&server, "n1"));
+    assert_eq!(a.status()["connection"]["connected"], true);
+    let small = write_bundle(
+        server.work_dir(),
+        "small",
+        "1",
+        &[BundleFile {
+            path: "/etc/small",
+            content: b"fits\n",
+            mode: "0644",
+        }],
+        "",
+    );
+    lks_e2e::agent::publish_and_roll_out(&server, "c1", &small, None);
+    a.wait_bundle("small", "1", "applied");
+    assert_eq!(connects(&a), before, "the stream was never re-established");
+    eprintln!(
+        "RESFAULT server-data-dir-full: publishes_refused=1/1 one_line=1 half_stored=0 streams_kept=1/1 \
+         later_publish_ok=1 secs={:.1} error={err:?}",
+        t0.elapsed().as_secs_f64()
+    );
+    a.stop();
+    drop(disk);
 }
