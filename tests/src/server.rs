@@ -230,6 +230,11 @@ impl Server {
         self.proc.as_mut().is_some_and(Proc::running)
     }
 
+    /// The server process's id (0 when it is not running).
+    pub fn pid(&self) -> u32 {
+        self.proc.as_ref().map_or(0, Proc::pid)
+    }
+
     /// All server logs so far (every start).
     pub fn log(&self) -> String {
         (1..=self.starts)
