@@ -1,7 +1,8 @@
 //! Resources (issue [reliability] item 4): the control server at its
 //! open-file limit. New connections cannot be accepted; the server must
 //! neither die nor spin on the failing accept, the agents already connected
-//! keep their streams and still receive work, and a node that could not get
+//! keep their streams and still receive work, `lksctl` says in one line
+//! that it cannot get in (instead of hanging), and a node that could not get
 //! in connects once descriptors are free again. Prints one `RESFAULT` line.
 
 use std::process::Command;
@@ -97,7 +98,6 @@ fn at_its_open_file_limit_the_server_keeps_old_streams_and_takes_new_ones_once_f
         false,
         "no descriptor, no new stream"
     );
-    // (No lksctl here: its connection would wait in the backlog too.)
     assert_eq!(
         old.status()["connection"]["connected"],
         true,
@@ -110,6 +110,11 @@ fn at_its_open_file_limit_the_server_keeps_old_streams_and_takes_new_ones_once_f
         "the server spins on the failing accept: {:.0} % of a core",
         busy * 100.0
     );
+    // An operator's command waits in the backlog like any new connection:
+    // it ends with one line instead of hanging.
+    let out = server.lksctl(&["node", "list"]);
+    let err = lks_e2e::one_line_error(&out, "lksctl while the server is at its limit");
+    assert!(err.contains("no TLS handshake"), "{err}");
     // Descriptors free again: the late node gets in, everyone takes work.
     set_nofile(pid, before);
     late.wait_connected();
@@ -127,7 +132,7 @@ fn at_its_open_file_limit_the_server_keeps_old_streams_and_takes_new_ones_once_f
         "said once:\n{log}"
     );
     eprintln!(
-        "RESFAULT server-open-file-limit: tries=1 server_alive=1 old_streams_kept=1/1 new_refused=1/1 \
+        "RESFAULT server-open-file-limit: tries=1 server_alive=1 old_streams_kept=1/1 new_refused=1/1 lksctl_one_line=1 \
          cpu_at_limit={:.0}% late_node_joined_after=1 secs={:.1}",
         busy * 100.0,
         t0.elapsed().as_secs_f64()
