@@ -9,6 +9,9 @@ pkg-config --exists libsystemd 2>/dev/null || need+=(libsystemd-dev)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v cc >/dev/null || need+=(build-essential)
 command -v ip >/dev/null || need+=(iproute2)
+# The network-fault tests (tests/tests/net_faults.rs) build a one-way
+# firewall between namespaces with nftables.
+command -v nft >/dev/null || need+=(nftables)
 # The replicated-store tests start a throwaway etcd (tests/src/etcd.rs).
 command -v etcd >/dev/null || need+=(etcd-server)
 # The node-identity tests check issued certificates with openssl and the

@@ -15,7 +15,6 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::admin::AdminApi;
@@ -227,6 +226,55 @@ fn url_host(host: &str) -> String {
     }
 }
 
+/// How long to wait before accepting again after an accept failed for lack
+/// of resources.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(200);
+
+/// True for accept errors that say the process or the system is out of
+/// descriptors or memory: they last until something is closed or freed.
+fn out_of_resources(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(nix::libc::EMFILE | nix::libc::ENFILE | nix::libc::ENOBUFS | nix::libc::ENOMEM)
+    )
+}
+
+/// Accepted connections (no Nagle). At its open-file limit the listener
+/// stays readable while every accept fails, so retrying at once would spin
+/// a core (tonic's `TcpIncoming` does): the loop waits [`ACCEPT_BACKOFF`]
+/// instead, says so once, and says again when it accepts. The connections
+/// already open are untouched, and the ones waiting in the backlog are
+/// taken as soon as descriptors are free. Other accept errors (a peer gone
+/// before it was accepted) only affect that peer.
+fn accept_loop(
+    listener: TcpListener,
+) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> + Send + 'static {
+    futures::stream::unfold((listener, false), |(listener, mut starved)| async move {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    if starved {
+                        tracing::info!("accepting connections again");
+                    }
+                    let _ = stream.set_nodelay(true);
+                    return Some((Ok(stream), (listener, false)));
+                }
+                Err(e) if out_of_resources(&e) => {
+                    if !starved {
+                        tracing::warn!(
+                            error = %e,
+                            "cannot accept new connections (raise the open-file limit?); keeping the open ones and retrying"
+                        );
+                        starved = true;
+                    }
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+                Err(e) => tracing::debug!(error = %e, "accept failed"),
+            }
+        }
+    })
+}
+
 /// Runs the control server until `shutdown` fires.
 pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerError> {
     // Only ring is compiled in; installing it explicitly keeps rustls from
@@ -418,7 +466,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         .add_service(AdminServiceServer::new(AdminApi::new(shared.clone())));
     tracing::info!(addr = %local, "serving gRPC");
 
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let incoming = Box::pin(accept_loop(listener));
     let server_cancel = cancel.clone();
     let serve = router.serve_with_incoming_shutdown(incoming, async move { server_cancel.cancelled().await });
     tokio::pin!(serve);

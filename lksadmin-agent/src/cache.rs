@@ -114,6 +114,9 @@ impl Cache {
             verifier = Verifier::new(file.digest, file.size);
             have = 0;
         }
+        if have > 0 {
+            tracing::info!(path = %path, offset = have, size = file.size, "resuming download at byte {have}");
+        }
         let mut out = OpenOptions::new()
             .create(true)
             .write(true)

@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -51,6 +51,9 @@ pub struct Agent {
     /// The binary `start` runs (the workspace's agent unless a test, like
     /// the self-update one, runs a copy inside the root).
     pub exe: PathBuf,
+    /// Prefix of every command this agent runs (`run`, `join`, `status`),
+    /// e.g. `ip netns exec NS`; empty on the host.
+    pub wrapper: Vec<String>,
 }
 
 impl Agent {
@@ -67,6 +70,7 @@ impl Agent {
             starts: 0,
             heal_interval: "60s".into(),
             exe: bin("lksadmin-agent"),
+            wrapper: Vec::new(),
         }
     }
 
@@ -77,7 +81,7 @@ impl Agent {
 
     /// Runs `lksadmin-agent ARGS`.
     pub fn cli(&self, args: &[&str]) -> Output {
-        let mut cmd = Command::new(bin("lksadmin-agent"));
+        let mut cmd = crate::wrapped(&self.wrapper, &bin("lksadmin-agent"));
         cmd.args(args);
         run(cmd)
     }
@@ -114,7 +118,7 @@ impl Agent {
     /// Starts `run`.
     pub fn start(&mut self) {
         self.starts += 1;
-        let mut cmd = Command::new(&self.exe);
+        let mut cmd = crate::wrapped(&self.wrapper, &self.exe);
         cmd.arg("run")
             .arg("--state-dir")
             .arg(&self.state_dir)

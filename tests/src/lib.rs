@@ -158,6 +158,34 @@ impl Drop for Proc {
     }
 }
 
+/// A command running `program` under `wrapper` (e.g. `ip netns exec NS`);
+/// just `program` when the wrapper is empty.
+pub fn wrapped(wrapper: &[String], program: &Path) -> Command {
+    match wrapper.split_first() {
+        None => Command::new(program),
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(program);
+            c
+        }
+    }
+}
+
+/// True if a TCP connection to `addr` opens within 2 s from where
+/// `wrapper` runs commands (bash's `/dev/tcp`).
+pub fn probe_tcp(wrapper: &[String], addr: SocketAddr) -> bool {
+    let mut c = wrapped(wrapper, Path::new("timeout"));
+    c.args([
+        "2",
+        "bash",
+        "-c",
+        &format!("exec 3<>/dev/tcp/{}/{}", addr.ip(), addr.port()),
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    run(c).status.success()
+}
+
 /// Runs a command to completion and returns its output.
 pub fn run(mut cmd: Command) -> Output {
     cmd.stdin(Stdio::null());
@@ -195,5 +223,6 @@ pub fn one_line_error(out: &Output, what: &str) -> String {
 pub mod agent;
 pub mod console;
 pub mod etcd;
+pub mod netns;
 pub mod rollout;
 pub mod server;

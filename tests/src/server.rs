@@ -31,6 +31,9 @@ pub struct Server {
     args: Vec<String>,
     proc: Option<Proc>,
     starts: u32,
+    /// Prefix of every command this server runs (the daemon, `lksctl`,
+    /// the port probe), e.g. `ip netns exec NS`; empty on the host.
+    pub wrapper: Vec<String>,
 }
 
 /// Parsed `admin.conf`.
@@ -60,6 +63,28 @@ impl Server {
             args: args.iter().map(|s| s.to_string()).collect(),
             proc: None,
             starts: 0,
+            wrapper: Vec::new(),
+        };
+        s.spawn();
+        s
+    }
+
+    /// Like [`Server::start_with`], calling `prepare` on the (created, empty)
+    /// data dir first: a test mounts a small filesystem there, say.
+    pub fn start_prepared(args: &[&str], prepare: impl FnOnce(&Path)) -> Server {
+        let dir = tempfile::tempdir().expect("create temp dir");
+        let data_dir = dir.path().join("data");
+        std::fs::create_dir_all(&data_dir).expect("create data dir");
+        prepare(&data_dir);
+        let mut s = Server {
+            data_dir,
+            dir,
+            addr: free_addr(),
+            metrics_addr: free_addr(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            proc: None,
+            starts: 0,
+            wrapper: Vec::new(),
         };
         s.spawn();
         s
@@ -79,6 +104,7 @@ impl Server {
             args: args.iter().map(|s| s.to_string()).collect(),
             proc: None,
             starts: 0,
+            wrapper: Vec::new(),
         };
         s.spawn();
         s
@@ -101,6 +127,7 @@ impl Server {
             args: from.args.clone(),
             proc: None,
             starts: 0,
+            wrapper: Vec::new(),
         };
         // The copied admin.conf names `from`: wait for this server's own.
         std::fs::remove_file(s.admin_conf_path()).expect("remove the copied admin.conf");
@@ -108,9 +135,48 @@ impl Server {
         s
     }
 
+    /// Starts a server whose commands run under `wrapper` (say `ip netns
+    /// exec NS`), listening on `addr` (an address inside that namespace).
+    pub fn start_wrapped(
+        wrapper: &[String],
+        addr: SocketAddr,
+        metrics_addr: SocketAddr,
+        args: &[&str],
+    ) -> Server {
+        let dir = tempfile::tempdir().expect("create temp dir");
+        let data_dir = dir.path().join("data");
+        let mut s = Server {
+            data_dir,
+            dir,
+            addr,
+            metrics_addr,
+            args: args.iter().map(|s| s.to_string()).collect(),
+            proc: None,
+            starts: 0,
+            wrapper: wrapper.to_vec(),
+        };
+        s.spawn();
+        s
+    }
+
+    /// `program` under this server's wrapper.
+    fn command(&self, program: &Path) -> Command {
+        crate::wrapped(&self.wrapper, program)
+    }
+
+    fn wait_port(&self, addr: SocketAddr) {
+        if self.wrapper.is_empty() {
+            wait_for_port(addr, START_TIMEOUT);
+        } else {
+            wait_until(START_TIMEOUT, &format!("{addr} to accept connections"), || {
+                crate::probe_tcp(&self.wrapper, addr)
+            });
+        }
+    }
+
     fn spawn(&mut self) {
         self.starts += 1;
-        let mut cmd = Command::new(bin("lks-control-server"));
+        let mut cmd = self.command(&bin("lks-control-server"));
         cmd.arg("--data-dir")
             .arg(&self.data_dir)
             .arg("--listen")
@@ -124,8 +190,8 @@ impl Server {
         self.proc = Some(p);
         let conf = self.admin_conf_path();
         wait_until(START_TIMEOUT, "admin.conf", || conf.exists());
-        wait_for_port(self.addr, START_TIMEOUT);
-        wait_for_port(self.metrics_addr, START_TIMEOUT);
+        self.wait_port(self.addr);
+        self.wait_port(self.metrics_addr);
     }
 
     /// Stops the server with SIGTERM (returns its exit code) and starts it
@@ -164,6 +230,11 @@ impl Server {
         self.proc.as_mut().is_some_and(Proc::running)
     }
 
+    /// The server process's id (0 when it is not running).
+    pub fn pid(&self) -> u32 {
+        self.proc.as_ref().map_or(0, Proc::pid)
+    }
+
     /// All server logs so far (every start).
     pub fn log(&self) -> String {
         (1..=self.starts)
@@ -190,12 +261,15 @@ impl Server {
     }
 
     pub fn url(&self) -> String {
-        format!("https://127.0.0.1:{}", self.addr.port())
+        match self.addr.ip() {
+            std::net::IpAddr::V6(ip) => format!("https://[{ip}]:{}", self.addr.port()),
+            ip => format!("https://{ip}:{}", self.addr.port()),
+        }
     }
 
     /// Runs `lksctl --config <admin.conf> ARGS`.
     pub fn lksctl(&self, args: &[&str]) -> Output {
-        let mut cmd = Command::new(bin("lksctl"));
+        let mut cmd = self.command(&bin("lksctl"));
         cmd.arg("--config")
             .arg(self.admin_conf_path())
             .args(args)

@@ -19,6 +19,11 @@ use tonic_health::pb::health_client::HealthClient;
 pub type Client = AdminServiceClient<Channel>;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long connecting may take in all, TLS and HTTP/2 handshakes included:
+/// `connect_timeout` covers only the TCP connect, which the kernel completes
+/// for a server that accepts nothing (at its open-file limit, say), and the
+/// handshake would then wait for ever.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a reached replica may take to say whether it serves.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -79,7 +84,12 @@ pub async fn connect(config: &Path) -> anyhow::Result<(Client, String)> {
 /// cut off from its store) answers UNAVAILABLE or NOT_SERVING and is passed
 /// over before any command is sent to it.
 async fn reach(ep: &Endpoint, probe: bool) -> Result<Channel, String> {
-    let channel = ep.connect().await.map_err(|e| chain(&e))?;
+    let channel = tokio::time::timeout(HANDSHAKE_TIMEOUT, ep.connect())
+        .await
+        .map_err(|_| {
+            format!("no TLS handshake within {HANDSHAKE_TIMEOUT:?} (the server accepts no connections)")
+        })?
+        .map_err(|e| chain(&e))?;
     if !probe {
         return Ok(channel);
     }
