@@ -352,6 +352,7 @@ impl Engine {
     /// transaction a crash interrupted.
     pub async fn recover(&mut self) -> Result<(), EngineError> {
         let Some(mut txn) = self.journal.load()? else {
+            self.remove_stale_backups();
             return Ok(());
         };
         tracing::warn!(bundle = %txn.bundle, phase = %txn.phase, "finishing a transaction interrupted by a restart");
@@ -362,6 +363,24 @@ impl Engine {
                 let reason = format!("the agent stopped during {} of {}", p.name(), txn.describe());
                 self.advance(&mut txn, Event::Failed { reason, retry: true })?;
                 self.finish_rollback(txn).await
+            }
+        }
+    }
+
+    /// Removes the backup dirs of transactions that are over. A kill
+    /// between closing the journal and deleting a transaction's backups
+    /// leaves them behind (up to a copy of every file it replaced); with no
+    /// journal open, no backup is needed any more.
+    fn remove_stale_backups(&self) {
+        let Ok(entries) = fs::read_dir(self.dirs.path().join("txn")) else {
+            return;
+        };
+        for e in entries.flatten() {
+            match fsutil::remove_dir_all(&e.path()) {
+                Ok(()) => {
+                    tracing::info!(dir = %e.path().display(), "removed the backups of a finished transaction")
+                }
+                Err(err) => tracing::warn!("remove stale backups: {err}"),
             }
         }
     }

@@ -684,6 +684,20 @@ async fn heal_reads_only_what_changed_and_everything_hourly() {
     assert_eq!(f.engine.heal().await.unwrap().hashed, 0);
 }
 
+/// A kill after the journal closed but before the backups were deleted
+/// leaves them; the next reconcile removes them.
+#[tokio::test]
+async fn backups_of_a_finished_transaction_left_by_a_kill_are_removed() {
+    let mut f = fixture();
+    let stale = f.state.join("txn/41");
+    std::fs::create_dir_all(&stale).unwrap();
+    std::fs::write(stale.join("0"), b"a copy of a replaced file").unwrap();
+    let m = f.manifest("s", "1", &[("/etc/s", b"s", 0o644)]);
+    f.desire(vec![unsigned(m)]).await;
+    assert_eq!(f.status("s").1, BundleState::Applied);
+    assert!(!stale.exists(), "stale backups still there");
+}
+
 #[tokio::test]
 async fn state_survives_reopening_the_engine() {
     let mut f = fixture();
