@@ -61,50 +61,36 @@ fn make_ca(dir: &Path, name: &str, kind: &str) -> (PathBuf, PathBuf) {
                 ],
             );
         }
-        "ec" => openssl(
-            dir,
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-nodes",
-                "-keyout",
-                &key,
-                "-days",
-                "365",
-                "-subj",
-                &subj,
-                "-addext",
-                "basicConstraints=critical,CA:TRUE",
-                "-out",
-                &crt,
-            ],
-        ),
-        _ => openssl(
-            dir,
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-nodes",
-                "-keyout",
-                &key,
-                "-days",
-                "365",
-                "-subj",
-                &subj,
-                "-addext",
-                "basicConstraints=critical,CA:FALSE",
-                "-out",
-                &crt,
-            ],
-        ),
+        // ec and leaf differ only in the basic constraints.
+        _ => {
+            let constraints = if kind == "ec" {
+                "basicConstraints=critical,CA:TRUE"
+            } else {
+                "basicConstraints=critical,CA:FALSE"
+            };
+            openssl(
+                dir,
+                &[
+                    "req",
+                    "-x509",
+                    "-newkey",
+                    "ec",
+                    "-pkeyopt",
+                    "ec_paramgen_curve:P-256",
+                    "-nodes",
+                    "-keyout",
+                    &key,
+                    "-days",
+                    "365",
+                    "-subj",
+                    &subj,
+                    "-addext",
+                    constraints,
+                    "-out",
+                    &crt,
+                ],
+            )
+        }
     }
     (dir.join(crt), dir.join(key))
 }
