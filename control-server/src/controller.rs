@@ -285,7 +285,12 @@ impl Controller {
             .map(|(name, v)| {
                 // A node that never connected is not judged: it announces
                 // its features when it does, before its turn comes again.
-                let unsupported = v.features.as_ref().and_then(|have| {
+                let features = if needs.is_empty() {
+                    None
+                } else {
+                    crate::store::facts_features(&v.facts_json)
+                };
+                let unsupported = features.as_ref().and_then(|have| {
                     needs.iter().find(|f| !have.iter().any(|h| h == *f)).map(|f| {
                         format!(
                             "its agent does not announce the {f:?} feature {}@{} needs (an older agent \

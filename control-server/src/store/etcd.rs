@@ -1894,7 +1894,7 @@ impl Store for EtcdStore {
                     last_seen_ms: live.last_seen(&name, &doc),
                     connected: live.connected(&doc),
                     held: doc.hold.is_some(),
-                    features: super::facts_features(&doc.facts_json),
+                    facts_json: doc.facts_json,
                 },
             );
         }

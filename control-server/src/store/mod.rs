@@ -616,9 +616,10 @@ pub struct NodeBundleView {
     pub connected: bool,
     /// Held by the operator: no rollout starts it.
     pub held: bool,
-    /// Bundle features its agent announced in its last `Hello`
-    /// (`Hello.features`); `None` if it never connected.
-    pub features: Option<Vec<String>>,
+    /// The facts of its last `Hello` as stored (JSON; empty if it never
+    /// connected). Read through [`facts_features`] only for the few bundles
+    /// that need an agent feature, not on every controller tick.
+    pub facts_json: String,
 }
 
 /// The `features` of a node's facts JSON; `None` when it has no facts yet.

@@ -1607,7 +1607,7 @@ impl Store for SqliteStore {
                         last_seen_ms,
                         connected,
                         held,
-                        features: super::facts_features(&facts_json),
+                        facts_json,
                     },
                 );
             }
