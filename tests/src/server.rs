@@ -53,10 +53,16 @@ impl Server {
 
     /// Like [`Server::start`], with extra command-line flags.
     pub fn start_with(args: &[&str]) -> Server {
+        let mut s = Server::unstarted(args);
+        s.spawn();
+        s
+    }
+
+    /// A server on ports picked now, with its own temp dir, not started.
+    fn unstarted(args: &[&str]) -> Server {
         let dir = tempfile::tempdir().expect("create temp dir");
-        let data_dir = dir.path().join("data");
-        let mut s = Server {
-            data_dir,
+        Server {
+            data_dir: dir.path().join("data"),
             dir,
             addr: free_addr(),
             metrics_addr: free_addr(),
@@ -64,28 +70,15 @@ impl Server {
             proc: None,
             starts: 0,
             wrapper: Vec::new(),
-        };
-        s.spawn();
-        s
+        }
     }
 
     /// Like [`Server::start_with`], calling `prepare` on the (created, empty)
     /// data dir first: a test mounts a small filesystem there, say.
     pub fn start_prepared(args: &[&str], prepare: impl FnOnce(&Path)) -> Server {
-        let dir = tempfile::tempdir().expect("create temp dir");
-        let data_dir = dir.path().join("data");
-        std::fs::create_dir_all(&data_dir).expect("create data dir");
-        prepare(&data_dir);
-        let mut s = Server {
-            data_dir,
-            dir,
-            addr: free_addr(),
-            metrics_addr: free_addr(),
-            args: args.iter().map(|s| s.to_string()).collect(),
-            proc: None,
-            starts: 0,
-            wrapper: Vec::new(),
-        };
+        let mut s = Server::unstarted(args);
+        std::fs::create_dir_all(&s.data_dir).expect("create data dir");
+        prepare(&s.data_dir);
         s.spawn();
         s
     }
