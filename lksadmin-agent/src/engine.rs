@@ -185,6 +185,8 @@ pub struct Engine {
     verified: BTreeMap<BundlePath, (InodeMeta, Digest)>,
     /// When a heal pass last hashed every file (Unix ms; 0: never).
     last_full_heal_ms: i64,
+    /// Stale transaction backups were looked for (once per process).
+    backups_checked: bool,
 }
 
 /// How an attempt ended, before it is written into the bundle's record.
@@ -227,6 +229,7 @@ impl Engine {
             on_trial: None,
             verified: BTreeMap::new(),
             last_full_heal_ms: 0,
+            backups_checked: false,
         })
     }
 
@@ -352,7 +355,13 @@ impl Engine {
     /// transaction a crash interrupted.
     pub async fn recover(&mut self) -> Result<(), EngineError> {
         let Some(mut txn) = self.journal.load()? else {
-            self.remove_stale_backups();
+            // Only a kill leaves stale backups, so the first recovery of a
+            // process finds them all; later ones (every reconcile, heal
+            // and renewal tick) need not look again.
+            if !self.backups_checked {
+                self.backups_checked = true;
+                self.remove_stale_backups();
+            }
             return Ok(());
         };
         tracing::warn!(bundle = %txn.bundle, phase = %txn.phase, "finishing a transaction interrupted by a restart");
