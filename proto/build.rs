@@ -11,6 +11,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // The `Connect` RPC would clash with the generated `connect` constructor;
         // clients build their own TLS channel anyway.
         .build_transport(false)
+        // prost's codec with 1 KiB stream buffers instead of 8 KiB (src/codec.rs).
+        .codec_path("crate::codec::LeanCodec")
         .file_descriptor_set_path(out.join("lks_v1_descriptor.bin"))
         .compile_protos(&protos, &["."])?;
     Ok(())

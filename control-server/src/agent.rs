@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::Stream;
+use futures::{Stream, StreamExt as _};
 use lks_proto::Digest;
 use lks_proto::convert::bundle_state_from_i32;
 use lks_proto::identity::NodeIdentity;
@@ -108,7 +108,7 @@ impl AgentService for AgentApi {
                 .run(inbound, reg)
                 .await;
                 if s.hub.unregister(&node, id)
-                    && let Err(e) = s.store.node_disconnected(&node, now_ms()).await
+                    && let Err(e) = Box::pin(s.store.node_disconnected(&node, now_ms())).await
                 {
                     tracing::warn!(error = %e, "record disconnect");
                 }
@@ -117,7 +117,7 @@ impl AgentService for AgentApi {
             }
             .instrument(span),
         );
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx).map(|m| *m))))
     }
 
     async fn renew_certificate(
@@ -491,7 +491,10 @@ fn facts_json(h: &pb::Hello) -> String {
 struct Session {
     s: Arc<Shared>,
     caller: NodeCaller,
-    tx: mpsc::Sender<Result<ServerMessage, Status>>,
+    /// Boxed: a tokio channel allocates its slots 32 at a time, and
+    /// `Result<ServerMessage, Status>` is ~200 bytes, held for as long as
+    /// the node is connected.
+    tx: mpsc::Sender<Box<Result<ServerMessage, Status>>>,
     last_generation: Option<u64>,
     /// A status report the store could not take (etcd unreachable), kept
     /// and stored with the next message instead of ending the stream.
@@ -530,10 +533,13 @@ impl Session {
                     .await;
             }
         };
-        if let Err(st) = self.hello(hello).await {
+        // The store calls are boxed, here and below: the task's future is
+        // as large as the largest state it can be in, and it is held for as
+        // long as the node is connected, mostly waiting in the select!.
+        if let Err(st) = Box::pin(self.hello(hello)).await {
             return self.fail(st).await;
         }
-        if let Err(why) = self.push_desired(&reg).await {
+        if let Err(why) = Box::pin(self.push_desired(&reg)).await {
             return why;
         }
         let mut ping = tokio::time::interval_at(
@@ -560,19 +566,19 @@ impl Session {
                     if r.is_err() {
                         return "hub closed".into();
                     }
-                    if let Err(why) = self.push_desired(&reg).await {
+                    if let Err(why) = Box::pin(self.push_desired(&reg)).await {
                         return why;
                     }
                 }
                 _ = ping.tick() => {
                     nonce += 1;
                     // A full queue means the agent is behind; a skipped ping is harmless.
-                    let _ = self.tx.try_send(Ok(ServerMessage { msg: Some(ServerMsg::Ping(pb::Ping { nonce })) }));
+                    let _ = self.tx.try_send(Box::new(Ok(ServerMessage { msg: Some(ServerMsg::Ping(pb::Ping { nonce })) })));
                 }
                 _ = self.tx.closed() => return "agent went away".into(),
                 m = inbound.message() => match m {
                     Ok(Some(m)) => {
-                        if let Err(st) = self.handle(m).await {
+                        if let Err(st) = Box::pin(self.handle(m)).await {
                             return self.fail(st).await;
                         }
                     }
@@ -585,7 +591,7 @@ impl Session {
 
     async fn fail(&self, st: Status) -> String {
         let why = st.message().to_string();
-        let _ = self.tx.try_send(Err(st));
+        let _ = self.tx.try_send(Box::new(Err(st)));
         why
     }
 
@@ -690,7 +696,7 @@ impl Session {
         tokio::select! {
             _ = reg.cancel.cancelled() => return Err("cancelled while sending desired state".into()),
             _ = self.s.cancel.cancelled() => return Err("shutdown".into()),
-            r = self.tx.send(Ok(msg)) => r.map_err(|_| "agent went away".to_string())?,
+            r = self.tx.send(Box::new(Ok(msg))) => r.map_err(|_| "agent went away".to_string())?,
         }
         self.last_generation = Some(d.generation);
         self.s.metrics.desired_state_pushed();

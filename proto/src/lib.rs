@@ -11,6 +11,7 @@
 pub mod authoring;
 pub mod canonical;
 pub mod certs;
+pub mod codec;
 pub mod convert;
 pub mod digest;
 pub mod duration;
