@@ -11,10 +11,13 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use lks_e2e::agent::{Agent, BundleFile, CONVERGE, publish_and_roll_out, wait_node_bundle, write_bundle};
+use lks_e2e::agent::{
+    Agent, BundleFile, CONVERGE, join_info, publish_and_roll_out, wait_node_bundle, write_bundle,
+};
 use lks_e2e::hostile::{
     Answer, EndlessMirror, admin_channel, admin_identity, channel_from, connect_with, forged_node_cert,
     frame, hello, largest_file, message, panics_in, raw_grpc, rpc_paths, serves_others, stored_beyond,
@@ -606,6 +609,44 @@ async fn an_enrolment_flood_is_rate_limited_and_stores_nothing() {
             Err(e) => other_codes.push(format!("{e:?}")),
         }
     }
+    // A real `lksadmin-agent join` from an address that keeps flooding, as
+    // the VMs of a tenant network behind one NAT address share it: it is
+    // rate-limited, waits and tries again once the flood is over.
+    let stop = Arc::new(AtomicBool::new(false));
+    let flooding = stop.clone();
+    let mut nat = AgentServiceClient::new(channel_from(&s, "127.0.0.1".parse().unwrap()).await);
+    let (csr_nat, _) = make_csr(&["n"]);
+    let flooder = tokio::spawn(async move {
+        let (mut tries, mut limited) = (0u32, 0u32);
+        while !flooding.load(Ordering::Relaxed) {
+            let r = nat
+                .enroll(pb::EnrollRequest {
+                    token: "abcdef.0123456789abcdef".into(),
+                    node_name: "nat-flood".into(),
+                    csr_pem: csr_nat.clone(),
+                    labels: Default::default(),
+                })
+                .await;
+            tries += 1;
+            limited += u32::from(r.is_err_and(|e| e.code() == Code::ResourceExhausted));
+        }
+        (tries, limited)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let j = join_info(&s, "tenant-a", &[]);
+    let joining = tokio::task::spawn_blocking(move || {
+        let agent = Agent::new("behind-nat");
+        let out = agent.join_raw(&j.server, &j.token, &j.ca_cert_hash, &[]);
+        (agent, out)
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (nat_tries, nat_limited) = flooder.await.expect("flooder");
+    let (nat_agent, nat_out) = joining.await.expect("join");
+    let nat_stderr = String::from_utf8_lossy(&nat_out.stderr).into_owned();
+    let nat_retried = nat_stderr.matches("too many enrolment attempts").count();
+    let nat_joined = nat_out.status.success() && nat_agent.has_identity();
+
     let stream_alive = tokio::time::timeout(Duration::from_millis(200), steady_stream.message())
         .await
         .map_or(true, |m| matches!(m, Ok(Some(_))));
@@ -623,10 +664,13 @@ async fn an_enrolment_flood_is_rate_limited_and_stores_nothing() {
     println!(
         "HOSTILE enrolment-flood: tried=400 refused={} rate_limited={limited} retry_hint={hinted} \
          bad_token={refused_token} accepted={ok} token_uses=3 written={} other_peer_enrolled={} \
-         steady_stream_kept={} steady_fetch_ok={} panics={panics} server_serving_others={} secs={:.1}",
+         nat_flood_tries={nat_tries} nat_flood_limited={nat_limited} nat_join_waits={nat_retried} \
+         nat_join_ok={} steady_stream_kept={} steady_fetch_ok={} panics={panics} server_serving_others={} \
+         secs={:.1}",
         limited + refused_token,
         flood_nodes.saturating_sub(ok),
         u8::from(other_enrol.is_ok()),
+        u8::from(nat_joined),
         u8::from(stream_alive),
         u8::from(fetched.is_ok()),
         u8::from(serving),
@@ -641,7 +685,19 @@ async fn an_enrolment_flood_is_rate_limited_and_stores_nothing() {
     assert_eq!(ok + limited + refused_token, 400);
     assert!(ok <= 3, "the valid token has 3 uses");
     assert_eq!(flood_nodes, ok, "only accepted enrolments are stored");
-    assert_eq!(stored, 2 + ok, "{nodes}");
+    assert_eq!(stored, 3 + ok, "{nodes}");
+    assert!(
+        nat_limited > 0 && nat_limited < nat_tries,
+        "{nat_limited} of {nat_tries}"
+    );
+    assert!(
+        nat_retried >= 1,
+        "the join behind the flood was rate-limited: {nat_stderr}"
+    );
+    assert!(
+        nat_joined,
+        "the join behind the flood waited and joined: {nat_stderr}"
+    );
     assert!(other_enrol.is_ok(), "another peer still enrols: {other_enrol:?}");
     assert!(fetched.is_ok() && stream_alive && serving);
     assert_eq!(panics, 0);
