@@ -520,7 +520,7 @@ impl Session {
                     ))
                     .await;
             }
-            Ok(Err(st)) => return format!("receive: {}", st.message()),
+            Ok(Err(st)) => return self.receive_failed(st),
             Ok(Ok(None)) => return "closed by agent before Hello".into(),
             Ok(Ok(Some(AgentMessage {
                 msg: Some(AgentMsg::Hello(h)),
@@ -583,15 +583,29 @@ impl Session {
                         }
                     }
                     Ok(None) => return "closed by agent".into(),
-                    Err(st) => return format!("receive: {}", st.message()),
+                    Err(st) => return self.receive_failed(st),
                 },
             }
         }
     }
 
+    /// The agent's side of the stream failed: a message over the size
+    /// limit or one that does not decode is answered with its status
+    /// (`invalid_argument` for garbage), not with a clean end of stream
+    /// the agent would take for success. A vanished agent reads nothing.
+    fn receive_failed(&self, st: Status) -> String {
+        let why = format!("receive: {}", st.message());
+        let _ = self
+            .tx
+            .try_send(Box::new(Err(crate::wire::bounded(crate::wire::client_status(
+                st,
+            )))));
+        why
+    }
+
     async fn fail(&self, st: Status) -> String {
         let why = st.message().to_string();
-        let _ = self.tx.try_send(Box::new(Err(st)));
+        let _ = self.tx.try_send(Box::new(Err(crate::wire::bounded(st))));
         why
     }
 

@@ -28,5 +28,6 @@ pub mod seal;
 pub mod server;
 pub mod store;
 pub mod windows;
+pub mod wire;
 
 pub use server::{Config, ServerError, run};

@@ -1057,10 +1057,20 @@ impl Engine {
                 .as_ref()
                 .is_some_and(|m| !m.steps.is_empty() || m.health.is_some());
         let backup_dir = self.dirs.txn(txn.seq);
+        let mut unrestorable = Vec::new();
         if touched {
             let mut first = true;
             for plan in &txn.plans {
                 let Some(content) = &plan.backup else { continue };
+                // A parent swapped since the switch for a symlink out of the
+                // root (or for a file) can never be restored through: writing
+                // there would leave the root, and failing here would keep the
+                // journal open and wedge every later apply, heal and renewal.
+                if let Some(why) = self.unreachable(&plan.path) {
+                    tracing::warn!(path = %plan.path, "not restored during rollback: {why}");
+                    unrestorable.push(why);
+                    continue;
+                }
                 self.restore(&backup_dir, plan, content)
                     .map_err(|reason| EngineError::Restore {
                         path: plan.path.to_string(),
@@ -1074,6 +1084,12 @@ impl Engine {
         }
         self.remove_temps(&txn);
         let mut message = reason;
+        if !unrestorable.is_empty() {
+            message = format!(
+                "{message}; not restored, left as found: {}",
+                unrestorable.join("; ")
+            );
+        }
         if touched && let Some(from) = &txn.from {
             if let Err(e) = self.run_steps(from).await {
                 message = format!(
@@ -1424,6 +1440,15 @@ impl Engine {
         }
         .and_then(|()| parent.sync())
         .map_err(|e| e.to_string())
+    }
+
+    /// Why `path` can no longer be reached inside the root, if its parent
+    /// chain now leaves it or holds a non-directory.
+    fn unreachable(&self, path: &BundlePath) -> Option<String> {
+        match self.root.parent(path, false) {
+            Err(e @ (RootError::Escape { .. } | RootError::NotADirectory { .. })) => Some(e.to_string()),
+            _ => None,
+        }
     }
 
     /// Puts a backed-up content back at the plan's path.

@@ -9,6 +9,12 @@
 //! dir and moved into place piece by piece, `agent.toml` last: it is the
 //! commit marker, so a join that fails at any point leaves no identity (and
 //! leftovers of a crashed join are cleared by the next one).
+//!
+//! A server that rate-limits enrolment (`resource_exhausted`) is not a
+//! refusal: the VMs of a tenant network often reach kube0 through one NAT
+//! address and share its enrolment budget, and a cloud-init join runs once.
+//! Such a join waits (backoff with jitter) and tries again, for up to
+//! [`BUSY_DEADLINE`].
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -22,12 +28,15 @@ use lks_proto::{Digest, pb};
 use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, PublicKeyData};
 use x509_parser::prelude::{FromDer, X509Certificate};
 
+use crate::backoff::Backoff;
 use crate::client;
 use crate::config::{AgentConfig, StateDir};
 use crate::fsutil::{self, FsError};
 use crate::pin::{self, PinError};
 
 const PIN_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a join keeps trying servers that rate-limit enrolment.
+pub const BUSY_DEADLINE: Duration = Duration::from_secs(300);
 
 /// The parsed command line of `join`.
 #[derive(Clone, Debug)]
@@ -85,6 +94,8 @@ pub enum JoinError {
     Pin(#[from] PinError),
     #[error("could not reach any server: {0}")]
     Unreachable(String),
+    #[error("still rate-limited after {waited:?} of retrying: {last}; try again later")]
+    Busy { waited: Duration, last: String },
     #[error("generate the node key: {0}")]
     KeyGen(String),
     #[error("{server} refused the join: {message}")]
@@ -312,31 +323,87 @@ fn one_line(s: &str) -> String {
 enum Attempt {
     /// Not reached, or reached but unavailable: the next server may answer.
     Unreachable(String),
+    /// Too many enrolments from this address just now: worth a later try.
+    Busy(String),
     /// The server answered and said no (bad token, CA pin mismatch, …):
     /// another replica of the same cluster would say the same, so stop.
     Final(JoinError),
 }
 
 /// Enrols with the servers in order until one answers. Only a server that
-/// cannot be reached passes the turn to the next; an answer, yes or no, ends
-/// the join.
+/// cannot be reached, or is rate-limiting, passes the turn to the next; an
+/// answer, yes or no, ends the join. A round in which some server was only
+/// rate-limiting is tried again after a pause, until [`BUSY_DEADLINE`].
 async fn enroll_any(
     plan: &Plan,
     csr_pem: &str,
     key_pem: &str,
 ) -> Result<(String, pb::EnrollResponse), JoinError> {
+    retry_while_busy(
+        BUSY_DEADLINE,
+        Backoff::new(Duration::from_secs(1), Duration::from_secs(30)),
+        || enroll_round(plan, csr_pem, key_pem),
+    )
+    .await
+}
+
+/// One pass over the servers: `Err(Ok(busy))` if none answered but some
+/// were rate-limiting.
+async fn enroll_round(
+    plan: &Plan,
+    csr_pem: &str,
+    key_pem: &str,
+) -> Result<(String, pb::EnrollResponse), Result<Vec<String>, JoinError>> {
     let mut unreachable = Vec::new();
+    let mut busy = Vec::new();
     for url in &plan.servers {
         match enroll_at(plan, url, csr_pem, key_pem).await {
             Ok(resp) => return Ok((url.clone(), resp)),
-            Err(Attempt::Final(e)) => return Err(e),
+            Err(Attempt::Final(e)) => return Err(Err(e)),
             Err(Attempt::Unreachable(e)) => {
                 tracing::info!("{e}; trying the next server");
                 unreachable.push(e);
             }
+            Err(Attempt::Busy(e)) => {
+                tracing::info!("{e}; trying the next server");
+                busy.push(e);
+            }
         }
     }
-    Err(JoinError::Unreachable(unreachable.join("; ")))
+    if busy.is_empty() {
+        Err(Err(JoinError::Unreachable(unreachable.join("; "))))
+    } else {
+        Err(Ok(busy))
+    }
+}
+
+/// Runs `round` until it succeeds or fails for good; a round that was
+/// only rate-limited is repeated after the next backoff delay, as long as
+/// that stays within `deadline`.
+async fn retry_while_busy<T, F, Fut>(
+    deadline: Duration,
+    mut backoff: Backoff,
+    mut round: F,
+) -> Result<T, JoinError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Result<Vec<String>, JoinError>>>,
+{
+    let started = tokio::time::Instant::now();
+    loop {
+        let busy = match round().await {
+            Ok(v) => return Ok(v),
+            Err(Err(e)) => return Err(e),
+            Err(Ok(busy)) => busy.join("; "),
+        };
+        let delay = backoff.next_delay();
+        let waited = started.elapsed();
+        if waited + delay > deadline {
+            return Err(JoinError::Busy { waited, last: busy });
+        }
+        tracing::warn!("{busy}; retrying in {:.1}s", delay.as_secs_f64());
+        tokio::time::sleep(delay).await;
+    }
 }
 
 /// Checks `url` against the CA pin, and only then sends it the token.
@@ -379,6 +446,7 @@ async fn enroll_at(
     .map(tonic::Response::into_inner)
     .map_err(|s| match s.code() {
         tonic::Code::Unavailable => Attempt::Unreachable(format!("{url}: {}", one_line(s.message()))),
+        tonic::Code::ResourceExhausted => Attempt::Busy(format!("{url}: {}", one_line(s.message()))),
         _ => refused(one_line(s.message())),
     })
 }
@@ -468,6 +536,56 @@ fn rename(from: &Path, to: &Path) -> Result<(), FsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    type Round = Result<u32, Result<Vec<String>, JoinError>>;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rate_limited_round_is_retried_until_it_passes() {
+        let mut n = 0;
+        let r = retry_while_busy(
+            Duration::from_secs(300),
+            Backoff::new(Duration::from_secs(1), Duration::from_secs(30)),
+            || {
+                n += 1;
+                let out: Round = if n < 4 {
+                    Err(Ok(vec!["busy".into()]))
+                } else {
+                    Ok(n)
+                };
+                async move { out }
+            },
+        )
+        .await;
+        assert_eq!(r.unwrap(), 4, "three busy rounds, then the fourth passes");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn rate_limiting_ends_at_the_deadline_and_refusals_at_once() {
+        let started = tokio::time::Instant::now();
+        let r = retry_while_busy(
+            Duration::from_secs(60),
+            Backoff::new(Duration::from_secs(1), Duration::from_secs(30)),
+            || async { Err::<u32, _>(Ok(vec!["https://a:1: too many enrolment attempts".to_string()])) },
+        )
+        .await;
+        let e = r.unwrap_err().to_string();
+        assert!(e.starts_with("still rate-limited after"), "{e}");
+        assert!(e.contains("too many enrolment attempts"), "{e}");
+        assert!(started.elapsed() <= Duration::from_secs(60));
+
+        let mut n = 0;
+        let r = retry_while_busy(
+            Duration::from_secs(60),
+            Backoff::new(Duration::from_secs(1), Duration::from_secs(30)),
+            || {
+                n += 1;
+                async { Err::<u32, _>(Err(JoinError::BadToken("no uses left".into()))) }
+            },
+        )
+        .await;
+        assert!(matches!(r, Err(JoinError::BadToken(_))));
+        assert_eq!(n, 1, "a refusal is not retried");
+    }
 
     #[test]
     fn one_url_or_a_list_in_order() {

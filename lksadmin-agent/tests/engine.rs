@@ -512,6 +512,47 @@ async fn symlink_planted_in_root_pointing_outside_fails_and_writes_nothing_outsi
 }
 
 #[tokio::test]
+async fn a_parent_swapped_for_an_outside_symlink_before_rollback_does_not_wedge_the_engine() {
+    let mut f = fixture();
+    let outside = tempfile::tempdir().unwrap();
+    let moved = tempfile::tempdir().unwrap();
+    let mut m = f.manifest(
+        "sw",
+        "1",
+        &[("/etc/ok.conf", b"fine", 0o644), ("/etc/sw/x", b"x", 0o644)],
+    );
+    // Between the switch and the rollback the directory of a switched file
+    // becomes a symlink to a directory outside the root.
+    m.steps = vec![sh(
+        "swap and fail",
+        &format!(
+            "mv \"$LKS_ROOT/etc/sw\" {moved}/sw && ln -s {outside} \"$LKS_ROOT/etc/sw\" && exit 1",
+            moved = moved.path().display(),
+            outside = outside.path().display()
+        ),
+    )];
+    f.desire(vec![unsigned(m)]).await;
+    let (_, state, message) = f.status("sw");
+    assert_eq!(state, BundleState::RolledBack, "{message}");
+    assert!(
+        message.contains("not restored, left as found: /etc/sw/x") && message.contains("leave the node root"),
+        "{message}"
+    );
+    assert_eq!(f.read("/etc/ok.conf"), None, "the reachable file is rolled back");
+    assert_eq!(
+        std::fs::read_dir(outside.path()).unwrap().count(),
+        0,
+        "nothing removed or written outside"
+    );
+
+    // The journal is closed: the next bundle applies.
+    let other = f.manifest("other", "1", &[("/etc/other.conf", b"other", 0o644)]);
+    f.desire(vec![unsigned(other)]).await;
+    assert_eq!(f.status("other").1, BundleState::Applied);
+    assert_eq!(f.read("/etc/other.conf"), Some((b"other".to_vec(), 0o644)));
+}
+
+#[tokio::test]
 async fn checksum_mismatch_from_a_mirror_fails_naming_file_and_url() {
     let mut f = fixture();
     let good = b"the real binary";

@@ -223,6 +223,7 @@ pub fn one_line_error(out: &Output, what: &str) -> String {
 pub mod agent;
 pub mod console;
 pub mod etcd;
+pub mod hostile;
 pub mod netns;
 pub mod rollout;
 pub mod server;
