@@ -14,7 +14,10 @@
 //! refusal: the VMs of a tenant network often reach kube0 through one NAT
 //! address and share its enrolment budget, and a cloud-init join runs once.
 //! Such a join waits (backoff with jitter) and tries again, for up to
-//! [`BUSY_DEADLINE`].
+//! [`BUSY_DEADLINE`]. So does a join whose request got no answer (the
+//! server died or restarted with it in flight): it sends the same key
+//! again, which gets back an enrolment the server stored before its answer
+//! was lost.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -94,7 +97,9 @@ pub enum JoinError {
     Pin(#[from] PinError),
     #[error("could not reach any server: {0}")]
     Unreachable(String),
-    #[error("still rate-limited after {waited:?} of retrying: {last}; try again later")]
+    #[error(
+        "no enrolment after {waited:?} of retrying: {last}; run join again (it sends the same key, so an enrolment the server stored is given back)"
+    )]
     Busy { waited: Duration, last: String },
     #[error("generate the node key: {0}")]
     KeyGen(String),
@@ -221,9 +226,10 @@ pub async fn join(req: &JoinRequest) -> Result<JoinOutcome, JoinError> {
         Ok(r) => r,
         // Keep the key only while the outcome is unknown: a server that
         // answered no enrolled nothing with it, and a refused join leaves
-        // nothing behind.
+        // nothing behind. A join that gave up retrying may have been
+        // enrolled by a server whose answer was lost.
         Err(e) => {
-            if !matches!(e, JoinError::Unreachable(_)) {
+            if !matches!(e, JoinError::Unreachable(_) | JoinError::Busy { .. }) {
                 let _ = std::fs::remove_file(join_key_path(&plan.dirs));
                 if !dir_existed {
                     let _ = std::fs::remove_dir(plan.dirs.path());
@@ -323,7 +329,8 @@ fn one_line(s: &str) -> String {
 enum Attempt {
     /// Not reached, or reached but unavailable: the next server may answer.
     Unreachable(String),
-    /// Too many enrolments from this address just now: worth a later try.
+    /// Too many enrolments from this address just now, or no answer to
+    /// the request: worth a later try, with the same key.
     Busy(String),
     /// The server answered and said no (bad token, CA pin mismatch, …):
     /// another replica of the same cluster would say the same, so stop.
@@ -444,11 +451,36 @@ async fn enroll_at(
     })
     .await
     .map(tonic::Response::into_inner)
-    .map_err(|s| match s.code() {
-        tonic::Code::Unavailable => Attempt::Unreachable(format!("{url}: {}", one_line(s.message()))),
-        tonic::Code::ResourceExhausted => Attempt::Busy(format!("{url}: {}", one_line(s.message()))),
-        _ => refused(one_line(s.message())),
-    })
+    .map_err(|s| enrol_failed(url, &s))
+}
+
+/// How an `Enroll` call sent to `url` ended without a certificate: a
+/// refusal is final; everything else is tried again after a pause, with
+/// the same key (the `.join.key` file stays).
+///
+/// That includes a call that got no answer: the connection dropped with
+/// the request in flight, the server died or restarted, or failed while
+/// serving it. It may have stored the enrolment before its answer was
+/// lost; the repeat, with the same key, gets that enrolment back, where a
+/// new key would find the name taken and the node could never join.
+fn enrol_failed(url: &str, s: &tonic::Status) -> Attempt {
+    use std::error::Error as _;
+    let msg = format!("{url}: {}", one_line(s.message()));
+    match s.code() {
+        tonic::Code::ResourceExhausted => Attempt::Busy(msg),
+        // Made on this side from a transport error: no answer came.
+        _ if s.source().is_some() => Attempt::Busy(format!("{msg} (no answer)")),
+        tonic::Code::Unavailable
+        | tonic::Code::Unknown
+        | tonic::Code::Internal
+        | tonic::Code::Cancelled
+        | tonic::Code::DeadlineExceeded
+        | tonic::Code::Aborted => Attempt::Busy(format!("{msg} (no answer)")),
+        _ => Attempt::Final(JoinError::Refused {
+            server: url.to_string(),
+            message: one_line(s.message()),
+        }),
+    }
 }
 
 fn already_joined(plan: &Plan) -> Result<JoinOutcome, JoinError> {
@@ -569,7 +601,7 @@ mod tests {
         )
         .await;
         let e = r.unwrap_err().to_string();
-        assert!(e.starts_with("still rate-limited after"), "{e}");
+        assert!(e.starts_with("no enrolment after"), "{e}");
         assert!(e.contains("too many enrolment attempts"), "{e}");
         assert!(started.elapsed() <= Duration::from_secs(60));
 
@@ -585,6 +617,39 @@ mod tests {
         .await;
         assert!(matches!(r, Err(JoinError::BadToken(_))));
         assert_eq!(n, 1, "a refusal is not retried");
+    }
+
+    #[test]
+    fn an_enrolment_without_an_answer_is_retried_and_a_refusal_is_not() {
+        let retried = |s: tonic::Status| matches!(enrol_failed("https://a:1", &s), Attempt::Busy(_));
+        // The server killed mid-call: tonic makes the status from the
+        // transport error, so it has a source.
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset");
+        assert!(retried(tonic::Status::from_error(Box::new(io))));
+        for code in [
+            tonic::Code::Unavailable,
+            tonic::Code::Unknown,
+            tonic::Code::Internal,
+            tonic::Code::DeadlineExceeded,
+            tonic::Code::ResourceExhausted,
+        ] {
+            assert!(retried(tonic::Status::new(code, "x")), "{code:?}");
+        }
+        for code in [
+            tonic::Code::InvalidArgument,
+            tonic::Code::PermissionDenied,
+            tonic::Code::Unauthenticated,
+            tonic::Code::AlreadyExists,
+            tonic::Code::FailedPrecondition,
+        ] {
+            assert!(
+                matches!(
+                    enrol_failed("https://a:1", &tonic::Status::new(code, "no")),
+                    Attempt::Final(JoinError::Refused { .. })
+                ),
+                "{code:?}"
+            );
+        }
     }
 
     #[test]

@@ -390,7 +390,9 @@ fn every_fault_point_is_documented() {
 #[test]
 fn crash_during_a_successful_upgrade_rolls_back_or_forward_then_converges() {
     let base = baseline();
+    let mut crashes = 0;
     for point in APPLY_POINTS.iter().chain(["committed", "state-saved"].iter()) {
+        crashes += 1;
         let n = base.clone_dirs();
         n.desire(2, vec![manifest("2", &v2_files(), false)]);
         n.crash_at(point);
@@ -414,15 +416,22 @@ fn crash_during_a_successful_upgrade_rolls_back_or_forward_then_converges() {
             "{point}: the last steps run are v2's"
         );
     }
+    // Every count below is asserted above, per fault point.
+    eprintln!(
+        "CRASH agent-upgrade-at-each-fault-point: points={crashes} crashes={crashes} mixed_files=0 \
+         converged={crashes} left_over=0"
+    );
 }
 
 #[test]
 fn crash_during_a_failing_upgrade_always_ends_all_old_and_rolled_back() {
     let base = baseline();
+    let mut crashes = 0;
     for point in APPLY_POINTS
         .iter()
         .chain(["rolling-back", "rollback-partial", "state-saved"].iter())
     {
+        crashes += 1;
         let n = base.clone_dirs();
         n.desire(2, vec![manifest("2", &v2_files(), true)]);
         n.crash_at(point);
@@ -445,6 +454,10 @@ fn crash_during_a_failing_upgrade_always_ends_all_old_and_rolled_back() {
             "{point}: v1's steps re-run after the rollback"
         );
     }
+    eprintln!(
+        "CRASH agent-failing-upgrade-at-each-fault-point: points={crashes} crashes={crashes} mixed_files=0 \
+         rolled_back={crashes} left_over=0"
+    );
 }
 
 #[test]
@@ -733,8 +746,8 @@ fn kill9_at_random_instants_of_a_40_file_upgrade_and_downgrade() {
         }
     }
     eprintln!(
-        "{kills} kills: {mid_transaction} in the middle of a transaction, {switched} after a version was \
-         committed (seed {seed})"
+        "CRASH agent-kill9-at-random-40-files-40MiB: kills={kills} mid_transaction={mid_transaction} \
+         after_commit={switched} mixed_files=0 counted_against_bundle=0 failed=0 converged=1 seed={seed}"
     );
     assert!(
         mid_transaction >= 3 && switched >= 1,

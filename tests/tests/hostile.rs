@@ -663,7 +663,7 @@ async fn an_enrolment_flood_is_rate_limited_and_stores_nothing() {
     let panics = panics_in(&s.log());
     println!(
         "HOSTILE enrolment-flood: tried=400 refused={} rate_limited={limited} retry_hint={hinted} \
-         bad_token={refused_token} accepted={ok} token_uses=3 written={} other_peer_enrolled={} \
+         bad_token={refused_token} enrolled_within_token_uses={ok} token_uses=3 written={} other_peer_enrolled={} \
          nat_flood_tries={nat_tries} nat_flood_limited={nat_limited} nat_join_waits={nat_retried} \
          nat_join_ok={} steady_stream_kept={} steady_fetch_ok={} panics={panics} server_serving_others={} \
          secs={:.1}",

@@ -51,4 +51,8 @@ fn kill9_mid_rollout_then_restart_completes_without_double_applies() {
         f.server.log().contains("rollout state changed"),
         "the restarted server finished it"
     );
+    eprintln!(
+        "CRASH server-kill9-mid-rollout: kills=1 nodes=6 updated=6 skipped=0 double_applies=0 \
+         max_concurrent={c}/2 rollout=completed"
+    );
 }

@@ -123,9 +123,10 @@ fn kill9_mid_publish_never_leaves_a_half_made_bundle() {
             Some((name.as_bytes().to_vec(), 0o600))
         );
     }
+    // acknowledged_lost, half_visible and staging_left are asserted per round.
     eprintln!(
-        "6 kills mid-publish (seed {seed}): {acked} acknowledged before the kill, {unacked_but_whole} stored \
-         but not acknowledged, {absent} not stored"
+        "CRASH server-kill9-mid-publish: kills=6 acknowledged={acked} stored_unacknowledged={unacked_but_whole} \
+         not_stored={absent} acknowledged_lost=0 half_visible=0 staging_left=0 seed={seed}"
     );
     assert!(
         absent + unacked_but_whole > 0,
