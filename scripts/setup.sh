@@ -8,6 +8,9 @@ command -v protoc >/dev/null || need+=(protobuf-compiler)
 pkg-config --exists libsystemd 2>/dev/null || need+=(libsystemd-dev)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v cc >/dev/null || need+=(build-essential)
+# The fuzz targets (scripts/fuzz.sh) link libFuzzer, which libfuzzer-sys
+# compiles from C++.
+command -v c++ >/dev/null || need+=(g++)
 command -v ip >/dev/null || need+=(iproute2)
 # The network-fault tests (tests/tests/net_faults.rs) build a one-way
 # firewall between namespaces with nftables.

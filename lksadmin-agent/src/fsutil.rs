@@ -57,17 +57,32 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FsError>
 
 /// Serialises `value` as pretty JSON and writes it with [`write_atomic`].
 pub fn write_json<T: serde::Serialize>(path: &Path, value: &T, mode: u32) -> Result<(), FsError> {
-    let bytes =
-        serde_json::to_vec_pretty(value).map_err(|e| FsError::new("encode", path, io::Error::other(e)))?;
-    write_atomic(path, &bytes, mode)
+    write_atomic(path, &encode_json(path, value)?, mode)
 }
 
 /// Reads a JSON file; `Ok(None)` if it does not exist.
 pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, FsError> {
+    read_optional(path)?
+        .map(|bytes| parse_json(path, &bytes))
+        .transpose()
+}
+
+/// The bytes [`write_json`] writes for `value` (`path` names the file in
+/// the error).
+pub fn encode_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<Vec<u8>, FsError> {
+    serde_json::to_vec_pretty(value).map_err(|e| FsError::new("encode", path, io::Error::other(e)))
+}
+
+/// Parses what [`read_json`] read from `path` (named in the error only), so
+/// a fuzzer or test can feed the bytes without a file.
+pub fn parse_json<T: serde::de::DeserializeOwned>(path: &Path, bytes: &[u8]) -> Result<T, FsError> {
+    serde_json::from_slice(bytes).map_err(|e| FsError::new("parse", path, io::Error::other(e)))
+}
+
+/// Reads a whole file; `Ok(None)` if it does not exist.
+pub fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, FsError> {
     match fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| FsError::new("parse", path, io::Error::other(e))),
+        Ok(bytes) => Ok(Some(bytes)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(FsError::new("read", path, e)),
     }

@@ -239,12 +239,25 @@ impl Journal {
     }
 
     pub fn load(&self) -> Result<Option<Txn>, FsError> {
-        fsutil::read_json(&self.path)
+        fsutil::read_optional(&self.path)?
+            .map(|bytes| self.parse(&bytes))
+            .transpose()
+    }
+
+    /// The transaction in `bytes`, as [`Journal::load`] reads it from this
+    /// journal's file.
+    pub fn parse(&self, bytes: &[u8]) -> Result<Txn, FsError> {
+        fsutil::parse_json(&self.path, bytes)
+    }
+
+    /// The bytes [`Journal::write`] stores for `txn`.
+    pub fn encode(&self, txn: &Txn) -> Result<Vec<u8>, FsError> {
+        fsutil::encode_json(&self.path, txn)
     }
 
     /// Durably records `txn` (temp → fsync → rename → fsync dir).
     pub fn write(&self, txn: &Txn) -> Result<(), FsError> {
-        fsutil::write_json(&self.path, txn, 0o600)
+        fsutil::write_atomic(&self.path, &self.encode(txn)?, 0o600)
     }
 
     pub fn clear(&self) -> Result<(), FsError> {

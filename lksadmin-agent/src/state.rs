@@ -149,12 +149,27 @@ pub struct LocalState {
 }
 
 impl LocalState {
+    /// Reads `state.json`; a missing file is a fresh state.
     pub fn load(path: &Path) -> Result<Self, FsError> {
-        Ok(fsutil::read_json(path)?.unwrap_or_default())
+        Ok(fsutil::read_optional(path)?
+            .map(|bytes| Self::parse(path, &bytes))
+            .transpose()?
+            .unwrap_or_default())
+    }
+
+    /// The state in `bytes`, as [`LocalState::load`] reads it from `path`
+    /// (which only names the file in the error).
+    pub fn parse(path: &Path, bytes: &[u8]) -> Result<Self, FsError> {
+        fsutil::parse_json(path, bytes)
+    }
+
+    /// The bytes [`LocalState::save`] stores.
+    pub fn encode(&self, path: &Path) -> Result<Vec<u8>, FsError> {
+        fsutil::encode_json(path, self)
     }
 
     pub fn save(&self, path: &Path) -> Result<(), FsError> {
-        fsutil::write_json(path, self, 0o600)
+        fsutil::write_atomic(path, &self.encode(path)?, 0o600)
     }
 
     /// The bundle states as the wire wants them.
@@ -174,13 +189,15 @@ impl LocalState {
 
 /// Loads the last desired state (`desired.pb`); `None` if never received.
 pub fn load_desired(path: &Path) -> Result<Option<pb::DesiredState>, FsError> {
-    match std::fs::read(path) {
-        Ok(bytes) => pb::DesiredState::decode(bytes.as_slice())
-            .map(Some)
-            .map_err(|e| FsError::new("decode", path, std::io::Error::other(e))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(FsError::new("read", path, e)),
-    }
+    fsutil::read_optional(path)?
+        .map(|bytes| parse_desired(path, &bytes))
+        .transpose()
+}
+
+/// The desired state in `bytes`, as [`load_desired`] reads it from `path`
+/// (which only names the file in the error).
+pub fn parse_desired(path: &Path, bytes: &[u8]) -> Result<pb::DesiredState, FsError> {
+    pb::DesiredState::decode(bytes).map_err(|e| FsError::new("decode", path, std::io::Error::other(e)))
 }
 
 /// Stores a desired state durably before the agent acts on it.

@@ -863,3 +863,71 @@ fn ready_status_and_watchdog_reach_systemd_without_a_server() {
     );
     assert!(all.matches("WATCHDOG=1").count() >= 2, "{all}");
 }
+
+/// Not a check: `LKS_FUZZ_SEEDS=<dir>` collects the journal, state and
+/// desired-state files the real agent leaves at a few crash points (an
+/// upgrade, a failing upgrade, a removal) as seeds for the fuzz corpus:
+/// `<dir>/journal/` and `<dir>/state/` (state.json and desired.pb alike),
+/// and the example bundles, signed and encoded as on the wire, in
+/// `<dir>/pb_manifest/`. `bash scripts/fuzz.sh --seed` runs it.
+#[test]
+#[ignore = "writes fuzz seeds; run by scripts/fuzz.sh --seed"]
+fn write_fuzz_seeds() {
+    let out = PathBuf::from(std::env::var_os("LKS_FUZZ_SEEDS").expect("LKS_FUZZ_SEEDS names the seed dir"));
+    for sub in ["journal", "state", "pb_manifest"] {
+        std::fs::create_dir_all(out.join(sub)).unwrap();
+    }
+    let keep = |n: &Node, case: &str| {
+        let dirs = StateDir::new(&n.state);
+        for (from, to) in [
+            (dirs.journal(), out.join("journal").join(format!("{case}.json"))),
+            (dirs.state(), out.join("state").join(format!("{case}.state.json"))),
+            (
+                dirs.desired(),
+                out.join("state").join(format!("{case}.desired.pb")),
+            ),
+        ] {
+            if from.exists() {
+                std::fs::copy(from, to).unwrap();
+            }
+        }
+    };
+    let base = baseline();
+    keep(&base, "baseline");
+    let cases: [(&str, Vec<Manifest>, &[&str]); 3] = [
+        (
+            "upgrade",
+            vec![manifest("2", &v2_files(), false)],
+            &["switching", "committed"],
+        ),
+        (
+            "failing",
+            vec![manifest("2", &v2_files(), true)],
+            &["checking", "rolling-back"],
+        ),
+        ("removal", vec![], &["switch-partial"]),
+    ];
+    for (case, bundles, points) in cases {
+        for point in points {
+            let n = base.clone_dirs();
+            n.desire(2, bundles.clone());
+            n.crash_at(point);
+            keep(&n, &format!("{case}-{point}"));
+        }
+    }
+    let key = lks_proto::sign::SigningKey::generate();
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/bundles");
+    for e in std::fs::read_dir(examples).unwrap().flatten() {
+        let Ok(b) = lks_proto::authoring::load_bundle_dir(&e.path(), &mut lks_proto::authoring::RequireSize)
+        else {
+            continue;
+        };
+        let signed = SignedBundle {
+            signature: Some(key.sign(&b.manifest)),
+            manifest: b.manifest,
+        };
+        let name = format!("{}.pb", e.file_name().to_string_lossy());
+        let bytes = prost::Message::encode_to_vec(&pb::SignedBundle::from(&signed));
+        std::fs::write(out.join("pb_manifest").join(name), bytes).unwrap();
+    }
+}
