@@ -89,6 +89,11 @@ struct Args {
     /// create --cloud-init` user-data downloads it; once per architecture.
     #[arg(long, value_name = "FILE")]
     agent_package: Vec<PathBuf>,
+    /// How long one agent package download may take; a slower client is
+    /// cut off, so that slow or stalled clients cannot hold every download
+    /// slot (64).
+    #[arg(long, default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
+    agent_package_deadline: Duration,
     /// How often each agent stream is pinged.
     #[arg(long, default_value = "30s", value_parser = parse_duration, hide = true)]
     ping_interval: Duration,
@@ -288,6 +293,7 @@ async fn main() -> ExitCode {
     cfg.node_cert_ttl = args.node_cert_ttl;
     cfg.ping_interval = args.ping_interval;
     cfg.agent_packages = args.agent_package;
+    cfg.agent_package_deadline = args.agent_package_deadline;
     cfg.store = store;
     cfg.encryption_key_file = args.encryption_key_file;
     cfg.tls_sans = args.tls_san;

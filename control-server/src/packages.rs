@@ -34,6 +34,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures::StreamExt as _;
 use futures::future::BoxFuture;
@@ -60,6 +61,11 @@ const RATE: f64 = 5.0;
 const BURST: f64 = 50.0;
 /// Bytes per body frame.
 const CHUNK: usize = 64 * 1024;
+/// How long one download may take by default: a 20 MiB package in 10 min
+/// needs 35 KB/s. A client slower than that (or one that stops reading)
+/// would hold one of the [`MAX_DOWNLOADS`] slots for as long as it likes;
+/// 64 of them would keep every new VM from its agent.
+pub const DOWNLOAD_DEADLINE: Duration = Duration::from_secs(600);
 /// `ar` archive magic, then the first member of every .deb.
 const DEB_MAGIC: &[u8] = b"!<arch>\ndebian-binary";
 
@@ -310,11 +316,19 @@ struct State {
     limiter: RateLimiter,
     slots: Arc<Semaphore>,
     metrics: Arc<Metrics>,
+    deadline: Duration,
 }
 
 impl PackageLayer {
-    pub fn new(packages: Arc<AgentPackages>, metrics: Arc<Metrics>) -> Self {
-        Self::with_limits(packages, metrics, RateLimiter::new(RATE, BURST), MAX_DOWNLOADS)
+    /// `deadline`: how long one download may take before it is cut.
+    pub fn new(packages: Arc<AgentPackages>, metrics: Arc<Metrics>, deadline: Duration) -> Self {
+        Self::with_limits(
+            packages,
+            metrics,
+            RateLimiter::new(RATE, BURST),
+            MAX_DOWNLOADS,
+            deadline,
+        )
     }
 
     fn with_limits(
@@ -322,6 +336,7 @@ impl PackageLayer {
         metrics: Arc<Metrics>,
         limiter: RateLimiter,
         max_downloads: usize,
+        deadline: Duration,
     ) -> Self {
         PackageLayer {
             state: Arc::new(State {
@@ -329,6 +344,7 @@ impl PackageLayer {
                 limiter,
                 slots: Arc::new(Semaphore::new(max_downloads)),
                 metrics,
+                deadline,
             }),
         }
     }
@@ -447,10 +463,47 @@ impl State {
         };
         self.metrics.agent_package_request("ok");
         tracing::info!(arch = %pkg.arch, version = %pkg.version, peer = ?peer, "serving the agent package");
+        // The slot is given back when the body is done or dropped, and at
+        // the deadline at the latest: a client that stops reading is no
+        // longer polled for its body (HTTP/2 flow control), so the body's
+        // own deadline below would never fire for it.
+        let slot = Arc::new(std::sync::Mutex::new(Some(permit)));
+        let held = Arc::downgrade(&slot);
+        let deadline = tokio::time::Instant::now() + self.deadline;
+        let stalled_metrics = self.metrics.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(deadline).await;
+            if let Some(slot) = held.upgrade()
+                && let Some(p) = slot.lock().unwrap_or_else(|e| e.into_inner()).take()
+            {
+                drop(p);
+                stalled_metrics.agent_package_request("slot_reclaimed");
+                tracing::warn!(peer = ?peer, "agent package download still running at its deadline: its slot is given back");
+            }
+        });
         let metrics = self.metrics.clone();
-        let stream = tokio_util::io::ReaderStream::with_capacity(file, CHUNK).map(move |chunk| {
+        // Past the deadline the body ends with an error: the client sees
+        // the download broken off (HTTP/2 RST_STREAM, or the HTTP/1.1
+        // connection closed short of Content-Length), never a short file
+        // that looks whole, and the slot is free again.
+        let (limit, cut_metrics) = (self.deadline, self.metrics.clone());
+        let cut = futures::stream::once(async move {
+            (tokio::time::Instant::now() >= deadline).then(|| {
+                cut_metrics.agent_package_request("deadline");
+                tracing::warn!(peer = ?peer, "agent package download cut: not done within {limit:?}");
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("download not done within {limit:?}"),
+                ))
+            })
+        })
+        .filter_map(std::future::ready);
+        let file = tokio_util::io::ReaderStream::with_capacity(file, CHUNK)
+            .take_until(tokio::time::sleep_until(deadline))
+            .chain(cut);
+        let stream = file.map(move |chunk| {
             // The download slot is held until the body is done or dropped.
-            let _held = &permit;
+            let _held = &slot;
             chunk.map(|b| {
                 metrics.agent_package_bytes(b.len() as u64);
                 Frame::data(b)
@@ -658,7 +711,13 @@ mod tests {
                 .unwrap(),
         );
         let metrics = Arc::new(Metrics::default());
-        let layer = PackageLayer::with_limits(pkgs.clone(), metrics.clone(), RateLimiter::new(0.0, 2.0), 1);
+        let layer = PackageLayer::with_limits(
+            pkgs.clone(),
+            metrics.clone(),
+            RateLimiter::new(0.0, 2.0),
+            1,
+            DOWNLOAD_DEADLINE,
+        );
         let s = &layer.state;
         let ip: IpAddr = "192.0.2.1".parse().unwrap();
 
@@ -696,5 +755,82 @@ mod tests {
         ] {
             assert!(m.contains(line), "{line} in\n{m}");
         }
+    }
+
+    async fn one_slot_layer(deadline: Duration) -> (tempfile::TempDir, PackageLayer, Arc<Metrics>) {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = BlobStore::open(&dir.path().join("blobs")).unwrap();
+        let body = vec![7u8; 4 * CHUNK];
+        let p = deb(dir.path(), "lksadmin-agent_0.1.0-1_amd64.deb", &body);
+        let pkgs = Arc::new(
+            AgentPackages::import(inspect_all(&[p]).unwrap(), &blobs)
+                .await
+                .unwrap(),
+        );
+        let metrics = Arc::new(Metrics::default());
+        let layer =
+            PackageLayer::with_limits(pkgs, metrics.clone(), RateLimiter::new(0.0, 100.0), 1, deadline);
+        (dir, layer, metrics)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_stops_reading_gives_its_slot_back_at_the_deadline() {
+        let (_dir, layer, metrics) = one_slot_layer(Duration::from_secs(5)).await;
+        let s = &layer.state;
+        // Served, and then never read: the body is alive and never polled.
+        let stalled = s.serve("amd64", None).await;
+        assert_eq!(stalled.status(), StatusCode::OK);
+        assert_eq!(
+            s.serve("amd64", None).await.status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        assert_eq!(
+            s.serve("amd64", None).await.status(),
+            StatusCode::OK,
+            "the stalled client's slot is free again"
+        );
+        assert!(
+            metrics
+                .render()
+                .contains("lks_agent_package_requests_total{result=\"slot_reclaimed\"} 1")
+        );
+        drop(stalled);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_reader_is_cut_at_the_deadline_with_an_error_not_a_short_file() {
+        use http_body_util::BodyExt as _;
+        let (_dir, layer, metrics) = one_slot_layer(Duration::from_secs(5)).await;
+        let s = &layer.state;
+        let mut body = s.serve("amd64", None).await.into_body();
+        let mut got = 0;
+        let end = loop {
+            match body.frame().await {
+                Some(Ok(f)) => {
+                    got += f.into_data().map(|d| d.len()).unwrap_or(0);
+                    // One 64 KiB frame every 2 s: the file needs 8 s.
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                Some(Err(e)) => break Some(e.to_string()),
+                None => break None,
+            }
+        };
+        let e = end.expect("the download ends with an error, not a clean end");
+        assert!(e.contains("not done within"), "{e}");
+        assert!(got < 4 * CHUNK, "cut before the end: {got} bytes");
+        assert!(
+            metrics
+                .render()
+                .contains("lks_agent_package_requests_total{result=\"deadline\"} 1")
+        );
+        // A reader at full speed gets the whole file.
+        drop(body);
+        let mut body = s.serve("amd64", None).await.into_body();
+        let mut n = 0;
+        while let Some(f) = body.frame().await {
+            n += f.unwrap().into_data().map(|d| d.len()).unwrap_or(0);
+        }
+        assert!(n >= 4 * CHUNK, "{n}");
     }
 }

@@ -52,6 +52,8 @@ pub struct Config {
     pub ping_interval: Duration,
     /// Agent `.deb` files offered to new VMs over HTTPS (one per architecture).
     pub agent_packages: Vec<PathBuf>,
+    /// How long one agent package download may take (then it is cut).
+    pub agent_package_deadline: Duration,
     /// Where state lives.
     pub store: StoreChoice,
     /// Key that seals private keys kept in etcd.
@@ -88,6 +90,7 @@ impl Config {
             shutdown_grace: Duration::from_secs(10),
             ping_interval: Duration::from_secs(30),
             agent_packages: Vec::new(),
+            agent_package_deadline: crate::packages::DOWNLOAD_DEADLINE,
             store: StoreChoice::Sqlite,
             encryption_key_file: None,
             tls_sans: Vec::new(),
@@ -460,6 +463,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         .layer(PackageLayer::new(
             shared.agent_packages.clone(),
             shared.metrics.clone(),
+            cfg.agent_package_deadline,
         ))
         // A request that does not decode is the client's fault (wire.rs).
         .layer(crate::wire::MalformedRequestLayer)
