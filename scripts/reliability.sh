@@ -55,7 +55,7 @@ fi
 # Outcomes that must be 0 wherever a line reports them.
 must_be_zero="mixed_files corrupt_files_seen accepted written panics internal other half_stored half_visible \
 acknowledged_lost duplicate_applies double_applies skipped leaked staging_left left_over leftover_files \
-counted_against_bundle failed outside_entries claim_counted"
+counted_against_bundle failed outside_entries claim_counted unrecorded duplicate_nodes uses_over_granted"
 
 awk -v zero="$must_be_zero" -v expect="$expect_lines" -v table="$out/table.md" '
 BEGIN {
