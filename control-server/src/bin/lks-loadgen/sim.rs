@@ -33,7 +33,12 @@ pub enum Class {
     Unauthenticated,
     PermissionDenied,
     DeadlineExceeded,
-    /// No gRPC answer: connection refused or reset, TLS failed, timed out.
+    /// Nothing listening (the server is down or not yet up).
+    Refused,
+    /// No connection within the agent's 20 s connect timeout (TCP + TLS):
+    /// the server is too busy to finish the handshake.
+    ConnectTimeout,
+    /// Any other failure below gRPC: reset, TLS, h2.
     Transport,
     /// The server ended the stream without a status.
     Closed,
@@ -41,12 +46,14 @@ pub enum Class {
 }
 
 impl Class {
-    pub const ALL: [Class; 8] = [
+    pub const ALL: [Class; CLASSES] = [
         Class::Unavailable,
         Class::ResourceExhausted,
         Class::Unauthenticated,
         Class::PermissionDenied,
         Class::DeadlineExceeded,
+        Class::Refused,
+        Class::ConnectTimeout,
         Class::Transport,
         Class::Closed,
         Class::Other,
@@ -59,6 +66,8 @@ impl Class {
             Class::Unauthenticated => "unauthenticated",
             Class::PermissionDenied => "permission_denied",
             Class::DeadlineExceeded => "deadline_exceeded",
+            Class::Refused => "refused",
+            Class::ConnectTimeout => "connect_timeout",
             Class::Transport => "transport",
             Class::Closed => "closed",
             Class::Other => "other",
@@ -81,10 +90,28 @@ impl Class {
         }
     }
 
+    /// A channel that could not be opened.
+    pub fn of_connect(e: &anyhow::Error) -> Class {
+        for cause in e.chain() {
+            if let Some(io) = cause.downcast_ref::<std::io::Error>()
+                && io.kind() == std::io::ErrorKind::ConnectionRefused
+            {
+                return Class::Refused;
+            }
+            let text = cause.to_string();
+            if text.contains("timed out") || text.contains("timeout expired") {
+                return Class::ConnectTimeout;
+            }
+        }
+        Class::Transport
+    }
+
     fn index(self) -> usize {
         self as usize
     }
 }
+
+const CLASSES: usize = 10;
 
 /// Before the storm, and from the storm on.
 pub const PHASES: usize = 2;
@@ -95,9 +122,9 @@ pub struct Stats {
     /// 0 until the storm starts, then 1.
     pub phase: AtomicUsize,
     /// Attempts that never got a desired state, by phase and class.
-    pub failed: [[AtomicU64; 8]; PHASES],
+    pub failed: [[AtomicU64; CLASSES]; PHASES],
     /// Streams that were up and ended, by phase and class.
-    pub dropped: [[AtomicU64; 8]; PHASES],
+    pub dropped: [[AtomicU64; CLASSES]; PHASES],
     /// Refusals that carried a retry hint, by phase.
     pub hinted: [AtomicU64; PHASES],
     /// Attempts refused `unavailable`/`resource_exhausted` without a hint.
@@ -226,7 +253,7 @@ impl Agent {
             Ok(ch) => ch,
             Err(e) => {
                 return End::Failed {
-                    class: Class::Transport,
+                    class: Class::of_connect(&e),
                     hint: None,
                     why: format!("{e:#}"),
                 };
@@ -313,6 +340,15 @@ mod tests {
         assert_eq!(
             Class::of(&tonic::Status::from_error(Box::new(io))),
             Class::Transport
+        );
+        let refused = anyhow::Error::new(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert_eq!(
+            Class::of_connect(&refused.context("connect to x")),
+            Class::Refused
+        );
+        assert_eq!(
+            Class::of_connect(&anyhow::anyhow!("timeout expired").context("connect to x")),
+            Class::ConnectTimeout
         );
     }
 
