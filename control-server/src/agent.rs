@@ -62,7 +62,7 @@ impl AgentService for AgentApi {
             self.s.metrics.enrollment("rate_limited");
             // The human text for people, the hint for clients (agents and
             // lks-loadgen wait at least that long).
-            let wait = wait.max(Duration::from_millis(100));
+            let wait = wait.clamp(Duration::from_millis(100), Duration::from_secs(60));
             return Err(with_retry_hint(
                 Status::resource_exhausted(format!(
                     "too many enrolment attempts from {}; retry in {:.1} s",

@@ -51,7 +51,8 @@ impl<K: Eq + Hash> RateLimiter<K> {
             *tokens -= 1.0;
             Ok(())
         } else {
-            Err(Duration::from_secs_f64((1.0 - *tokens) / self.rate))
+            // A rate of 0 never refills: "forever".
+            Err(Duration::try_from_secs_f64((1.0 - *tokens) / self.rate).unwrap_or(Duration::MAX))
         }
     }
 }
@@ -75,5 +76,12 @@ mod tests {
         assert!(l.allow_at(other, t).is_ok(), "buckets are per peer");
         assert!(l.allow_at(ip, t + Duration::from_millis(250)).is_ok());
         assert!(l.allow_at(ip, t + Duration::from_millis(250)).is_err());
+        let never = RateLimiter::new(0.0, 1.0);
+        assert!(never.allow_at(ip, t).is_ok());
+        assert_eq!(
+            never.allow_at(ip, t),
+            Err(Duration::MAX),
+            "a rate of 0 never refills"
+        );
     }
 }

@@ -54,11 +54,13 @@ impl Backoff {
 
     /// The next delay, but at least the server's hint when there is one;
     /// a hint is stretched by up to the jitter, so clients that were all
-    /// told the same number do not come back at the same instant.
+    /// told the same number do not come back at the same instant. A hint
+    /// beyond the cap counts as the cap: a server cannot park a client
+    /// for longer than its own backoff would.
     pub fn next_delay_with(&mut self, hint: Option<Duration>) -> Duration {
         let d = self.next_delay();
         match hint {
-            Some(h) => d.max(h.mul_f64(1.0 + self.jitter * unit_random())),
+            Some(h) => d.max(h.min(self.max).mul_f64(1.0 + self.jitter * unit_random())),
             None => d,
         }
     }
@@ -128,6 +130,8 @@ mod tests {
         }
         b.reset();
         assert!(b.next_delay_with(None) <= Duration::from_millis(1200));
+        let huge = b.next_delay_with(Some(Duration::MAX));
+        assert!(huge <= Duration::from_secs(144), "capped: {huge:?}");
     }
 
     #[test]
