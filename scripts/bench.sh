@@ -22,7 +22,11 @@
 #     the replicas, started through a replica that is not the leader), and
 #     what an idle control plane with those agents writes (etcd revisions,
 #     keys, bytes; disk bytes of etcd and of the SQLite server).
-# Usage: bash scripts/bench.sh [--only agents|sha|packages|upgrade|ha|footprint] [AGENTS...]
+#   - reconnect storm: lks-loadgen --storm starts its own server, connects
+#     N agents, restarts the server (SIGTERM) and times until every agent
+#     has its desired state again, with errors by class; baseline: the
+#     same N agents' first connection in the same run.
+# Usage: bash scripts/bench.sh [--only agents|sha|packages|upgrade|ha|footprint|storm] [AGENTS...]
 #        (default: every section, agents 1000 2000; HA_AGENTS=1000,
 #        IDLE_SECONDS=60)
 # Needs python3 (medians), curl, openssl (the upgrade baseline) and, for the HA
@@ -32,7 +36,7 @@ cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
 only=""
 if [ "${1:-}" = --only ]; then
-  only=${2:?--only needs agents, sha, packages, upgrade, ha or footprint}
+  only=${2:?--only needs agents, sha, packages, upgrade, ha, footprint or storm}
   shift 2
 fi
 want() { [ -z "$only" ] || [ "$only" = "$1" ]; }
@@ -509,5 +513,53 @@ PY
   [ "$(field "$work/idle.json" errors)" = 0 ] || { echo "loadgen (idle, etcd) reported errors" >&2; exit 1; }
   echo
   echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo
+fi
+
+if want storm; then
+  # Each run: a fresh server (own data dir and port) that lks-loadgen
+  # starts, stops with SIGTERM under N connected agents and starts again.
+  echo "## Reconnect storm: server restarted (SIGTERM) under N agents (median of $RUNS runs)"
+  echo
+  echo "Load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo
+  echo "| agents | first connection of all agents (s) (baseline) | server exit (s) | all back after the signal (s) | back p50 / p99 (ms) | attempts p50 / p99 / max | streams dropped, by class (all runs) | failed attempts, by class (all runs) | auth errors (all runs) |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  for n in "${agents[@]}"; do
+    declare -A st=()
+    jsons=()
+    for r in $(seq "$RUNS"); do
+      d=$work/storm-$n-$r
+      mkdir -p "$d"
+      "$bin/lks-loadgen" --config "$d/data/admin.conf" --cluster storm --agents "$n" --storm \
+        --server-log "$d/server.log" -o json -- \
+        "$bin/lks-control-server" --data-dir "$d/data" --listen "127.0.0.1:$(free_port)" \
+        --metrics-listen "127.0.0.1:$(free_port)" --advertise-address 127.0.0.1 >"$d/storm.json"
+      jsons+=("$d/storm.json")
+      [ "$(field "$d/storm.json" storm.back)" = "$n" ] || echo "storm: only $(field "$d/storm.json" storm.back)/$n agents back in run $r" >&2
+      st[base]+=" $(field "$d/storm.json" connect_seconds)"
+      st[exit]+=" $(field "$d/storm.json" storm.exit_seconds)"
+      st[all]+=" $(python3 -c 'import json,sys; v=json.load(open(sys.argv[1]))["storm"]["all_back_seconds"]; print(v if v is not None else "inf")' "$d/storm.json")"
+      st[b50]+=" $(field "$d/storm.json" storm.back_after.p50_ms)"
+      st[b99]+=" $(field "$d/storm.json" storm.back_after.p99_ms)"
+      st[a50]+=" $(field "$d/storm.json" storm.attempts_p50)"
+      st[a99]+=" $(field "$d/storm.json" storm.attempts_p99)"
+      st[amax]+=" $(field "$d/storm.json" storm.attempts_max)"
+    done
+    classes=$(python3 - "${jsons[@]}" <<'PY'
+import json, sys
+from collections import Counter
+dropped, failed, auth = Counter(), Counter(), 0
+for p in sys.argv[1:]:
+    s = json.load(open(p))["storm"]
+    dropped.update(s["dropped"]); failed.update(s["errors"]); auth += s["auth_errors"]
+fmt = lambda c: ", ".join(f"{k} {v}" for k, v in sorted(c.items())) or "none"
+print(f"{fmt(dropped)} | {fmt(failed)} | {auth}")
+PY
+)
+    # shellcheck disable=SC2086
+    echo "| $n | $(median ${st[base]}) | $(median ${st[exit]}) | $(median ${st[all]}) | $(median ${st[b50]}) / $(median ${st[b99]}) | $(median ${st[a50]}) / $(median ${st[a99]}) / $(median ${st[amax]}) | $classes |"
+    unset st
+  done
   echo
 fi

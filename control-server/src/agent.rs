@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt as _};
 use lks_proto::Digest;
+use lks_proto::backoff::with_retry_hint;
 use lks_proto::convert::bundle_state_from_i32;
 use lks_proto::identity::NodeIdentity;
 use lks_proto::labels::{Labels, validate_label};
@@ -56,13 +57,20 @@ impl AgentService for AgentApi {
     async fn enroll(&self, req: Request<pb::EnrollRequest>) -> Result<Response<pb::EnrollResponse>, Status> {
         let _t = self.s.metrics.timer("Enroll");
         if let Some(addr) = req.remote_addr()
-            && !self.s.limiter.allow(addr.ip())
+            && let Err(wait) = self.s.limiter.check(addr.ip())
         {
             self.s.metrics.enrollment("rate_limited");
-            return Err(Status::resource_exhausted(format!(
-                "too many enrolment attempts from {}; retry in a few seconds",
-                addr.ip()
-            )));
+            // The human text for people, the hint for clients (agents and
+            // lks-loadgen wait at least that long).
+            let wait = wait.clamp(Duration::from_millis(100), Duration::from_secs(60));
+            return Err(with_retry_hint(
+                Status::resource_exhausted(format!(
+                    "too many enrolment attempts from {}; retry in {:.1} s",
+                    addr.ip(),
+                    wait.as_secs_f64()
+                )),
+                wait,
+            ));
         }
         let r = req.into_inner();
         let node_name = r.node_name.clone();

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::hash::Hash;
 use std::net::IpAddr;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Buckets beyond this many peers trigger a sweep of the full ones.
 const SWEEP_AT: usize = 10_000;
@@ -28,12 +28,17 @@ impl<K: Eq + Hash> RateLimiter<K> {
 
     /// Takes one token for `ip`; false if none is left.
     pub fn allow(&self, ip: K) -> bool {
+        self.allow_at(ip, Instant::now()).is_ok()
+    }
+
+    /// Takes one token for `ip`, or says how long until the next one.
+    pub fn check(&self, ip: K) -> Result<(), Duration> {
         self.allow_at(ip, Instant::now())
     }
 
-    fn allow_at(&self, ip: K, now: Instant) -> bool {
+    fn allow_at(&self, ip: K, now: Instant) -> Result<(), Duration> {
         let Ok(mut b) = self.buckets.lock() else {
-            return true;
+            return Ok(());
         };
         if b.len() >= SWEEP_AT {
             let (rate, burst) = (self.rate, self.burst);
@@ -44,9 +49,10 @@ impl<K: Eq + Hash> RateLimiter<K> {
         *at = now;
         if *tokens >= 1.0 {
             *tokens -= 1.0;
-            true
+            Ok(())
         } else {
-            false
+            // A rate of 0 never refills: "forever".
+            Err(Duration::try_from_secs_f64((1.0 - *tokens) / self.rate).unwrap_or(Duration::MAX))
         }
     }
 }
@@ -54,7 +60,6 @@ impl<K: Eq + Hash> RateLimiter<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn burst_then_rate() {
@@ -62,10 +67,21 @@ mod tests {
         let ip: IpAddr = "10.0.0.1".parse().unwrap();
         let other: IpAddr = "10.0.0.2".parse().unwrap();
         let t = Instant::now();
-        assert!((0..3).all(|_| l.allow_at(ip, t)));
-        assert!(!l.allow_at(ip, t));
-        assert!(l.allow_at(other, t), "buckets are per peer");
-        assert!(l.allow_at(ip, t + Duration::from_millis(250)));
-        assert!(!l.allow_at(ip, t + Duration::from_millis(250)));
+        assert!((0..3).all(|_| l.allow_at(ip, t).is_ok()));
+        assert_eq!(
+            l.allow_at(ip, t),
+            Err(Duration::from_millis(200)),
+            "the wait for one token"
+        );
+        assert!(l.allow_at(other, t).is_ok(), "buckets are per peer");
+        assert!(l.allow_at(ip, t + Duration::from_millis(250)).is_ok());
+        assert!(l.allow_at(ip, t + Duration::from_millis(250)).is_err());
+        let never = RateLimiter::new(0.0, 1.0);
+        assert!(never.allow_at(ip, t).is_ok());
+        assert_eq!(
+            never.allow_at(ip, t),
+            Err(Duration::MAX),
+            "a rate of 0 never refills"
+        );
     }
 }

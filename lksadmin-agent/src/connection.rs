@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::backoff::Backoff;
+use crate::backoff::{self, Backoff, retry_hint};
 use crate::client::{NodeCredentials, connect_node};
 use crate::clock::now_ms;
 use crate::config::StateDir;
@@ -49,6 +49,31 @@ pub struct Connection {
 enum End {
     Cancelled,
     Closed,
+}
+
+/// Why a session ended early, and how long the server asked us to stay
+/// away (its `grpc-retry-pushback-ms` when it sheds load).
+struct Failed {
+    reason: String,
+    retry_after: Option<Duration>,
+}
+
+impl From<String> for Failed {
+    fn from(reason: String) -> Self {
+        Failed {
+            reason,
+            retry_after: None,
+        }
+    }
+}
+
+impl Failed {
+    fn status(url: &str, what: &str, s: &tonic::Status) -> Self {
+        Failed {
+            reason: format!("{url}: {what}: {}", s.message()),
+            retry_after: retry_hint(s),
+        }
+    }
 }
 
 /// A connection that lasted this long resets the backoff.
@@ -117,10 +142,10 @@ impl Connection {
             let mut connected = false;
             let res = self.session(&url, &cancel, &mut connected).await;
             self.channel.set(None);
-            let reason = match res {
+            let (reason, hint) = match res {
                 Ok(End::Cancelled) => break,
-                Ok(End::Closed) => format!("{url}: the server closed the stream"),
-                Err(e) => e,
+                Ok(End::Closed) => (format!("{url}: the server closed the stream"), None),
+                Err(f) => (f.reason, f.retry_after),
             };
             tracing::warn!("{reason}");
             self.conn_file.update(|c| {
@@ -131,7 +156,9 @@ impl Connection {
             if connected && started.elapsed() >= HEALTHY_SESSION {
                 backoff.reset();
             }
-            if rotation.advance(connected) && !backoff.wait(&cancel).await {
+            // A server that shed us names the wait; the other replicas are
+            // still worth a try at once.
+            if rotation.advance(connected) && !backoff::wait(&mut backoff, hint, &cancel).await {
                 break;
             }
             if cancel.is_cancelled() {
@@ -146,7 +173,7 @@ impl Connection {
         url: &str,
         cancel: &CancellationToken,
         connected: &mut bool,
-    ) -> Result<End, String> {
+    ) -> Result<End, Failed> {
         let creds = NodeCredentials::load(&self.dirs).map_err(|e| e.to_string())?;
         let channel = tokio::select! {
             _ = cancel.cancelled() => return Ok(End::Cancelled),
@@ -167,7 +194,7 @@ impl Connection {
             .map_err(|_| format!("{url}: stream closed"))?;
         let resp = tokio::select! {
             _ = cancel.cancelled() => return Ok(End::Cancelled),
-            r = client.connect(ReceiverStream::new(rx)) => r.map_err(|s| format!("{url}: Connect: {}", s.message()))?,
+            r = client.connect(ReceiverStream::new(rx)) => r.map_err(|s| Failed::status(url, "Connect", &s))?,
         };
         let mut inbound = resp.into_inner();
         *connected = true;
@@ -187,7 +214,7 @@ impl Connection {
         let mut heartbeat = tokio::time::interval(self.heartbeat);
         heartbeat.tick().await;
         let mut seq = 0u64;
-        let closed = |_| format!("{url}: stream closed");
+        let closed = |_| Failed::from(format!("{url}: stream closed"));
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return Ok(End::Cancelled),
@@ -198,7 +225,7 @@ impl Connection {
                         self.handle(m, &tx).await.map_err(closed)?;
                     }
                     Ok(None) => return Ok(End::Closed),
-                    Err(s) => return Err(format!("{url}: stream: {}", s.message())),
+                    Err(s) => return Err(Failed::status(url, "stream", &s)),
                 },
                 _ = heartbeat.tick() => {
                     seq += 1;

@@ -13,7 +13,7 @@ use rcgen::{CertificateParams, KeyPair, PublicKeyData};
 use tokio_util::sync::CancellationToken;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use crate::backoff::{Backoff, unit_random};
+use crate::backoff::{self, Backoff, unit_random};
 use crate::clock::now_ms;
 use crate::config::StateDir;
 use crate::fsutil::{self, FsError};
@@ -88,7 +88,7 @@ pub async fn renewal_loop(dirs: StateDir, channel: SharedChannel, cancel: Cancel
                 }
                 Err(e) => {
                     tracing::warn!("renew the node certificate: {e}");
-                    if !backoff.wait(&cancel).await {
+                    if !backoff::wait(&mut backoff, None, &cancel).await {
                         return;
                     }
                 }

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod authoring;
+pub mod backoff;
 pub mod canonical;
 pub mod certs;
 pub mod codec;

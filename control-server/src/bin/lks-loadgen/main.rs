@@ -16,30 +16,45 @@
 //! plane (agent i enrols with and connects to the (i mod n)-th), while the
 //! admin calls (cluster, token, publish, rollout) go to admin.conf's server.
 //!
-//! An enrolment the server refuses with "try again" (`FailedPrecondition`:
-//! on etcd, concurrent enrolments conflict on shared documents) is retried
-//! up to [`ENROL_ATTEMPTS`] times; the retries are counted in the report.
+//! `--storm` (issue [perf] item 2) starts the server itself from the
+//! command after `--`, connects the agents, stops the server (SIGTERM, or
+//! SIGKILL with `--storm-kill`) and starts it again on the same data dir
+//! and port. Every agent reconnects as `lksadmin-agent` does (sim.rs); the
+//! report has the time until all have their desired state again, attempts
+//! per agent and every error by class.
 //!
-//! On loopback, `--spread-source-ips` gives each agent its own 127.x.y.z
-//! source address, as a fleet of VMs would have; without it the per-IP
-//! enrolment rate limit of the server dominates the measurement.
+//! An enrolment the server refuses with "try again" (`FailedPrecondition`:
+//! on etcd, concurrent enrolments conflict on shared documents), or
+//! rate-limits (`ResourceExhausted`, after the server's retry hint and the
+//! agent's join backoff), is retried up to [`ENROL_ATTEMPTS`] times; the
+//! retries are counted in the report. A progress line goes to stderr every
+//! second.
+//!
+//! On loopback each agent gets its own 127.x.y.z source address by default,
+//! as a fleet of VMs has (`--no-spread-source-ips` turns it off); from one
+//! address the per-IP enrolment rate limit of the server would dominate
+//! the measurement.
 
 #![forbid(unsafe_code)]
+
+mod sim;
+mod storm;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Parser;
 use futures::StreamExt;
 use lks_control_server::adminconf::AdminConf;
+use lks_proto::backoff::{Backoff, retry_hint};
+use lks_proto::pb;
 use lks_proto::pb::admin_service_client::AdminServiceClient;
 use lks_proto::pb::agent_service_client::AgentServiceClient;
-use lks_proto::pb::{self, agent_message, server_message};
 use tokio::sync::{Semaphore, mpsc};
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 /// Attempts per agent at an enrolment refused with "try again".
@@ -70,9 +85,30 @@ struct Args {
     /// Agents enrolling or connecting at the same time.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
-    /// Give each agent its own 127.x.y.z source address (loopback servers only).
+    /// Give each agent its own 127.x.y.z source address (the default when
+    /// the server is on IPv4 loopback).
     #[arg(long)]
     spread_source_ips: bool,
+    /// Connect every agent from the one default source address.
+    #[arg(long, conflicts_with = "spread_source_ips")]
+    no_spread_source_ips: bool,
+    /// Reconnect storm: start the server from the command after `--`,
+    /// connect the agents, restart the server and measure until every agent
+    /// has its desired state again.
+    #[arg(long)]
+    storm: bool,
+    /// Stop the server with SIGKILL instead of SIGTERM.
+    #[arg(long, requires = "storm")]
+    storm_kill: bool,
+    /// Seconds to wait for every agent to be back after the restart.
+    #[arg(long, default_value_t = 300, requires = "storm")]
+    storm_timeout: u64,
+    /// Append the started server's output to this file (default: discard).
+    #[arg(long, requires = "storm")]
+    server_log: Option<PathBuf>,
+    /// The server command line (storm mode).
+    #[arg(last = true, value_name = "SERVER_CMD")]
+    server_cmd: Vec<String>,
     /// Publish a file-less bundle and roll it out to all simulated agents.
     #[arg(long)]
     rollout: bool,
@@ -146,6 +182,40 @@ struct Report {
     /// Rollout start → agent holds the new desired state.
     fanout: Option<Summary>,
     errors: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    storm: Option<StormReport>,
+}
+
+/// What a server restart under N connected agents did.
+#[derive(serde::Serialize)]
+struct StormReport {
+    signal: &'static str,
+    /// Signal → the old server exited (its graceful shutdown, if SIGTERM).
+    exit_seconds: f64,
+    /// Signal → the first agent had its desired state again.
+    first_back_seconds: Option<f64>,
+    /// Signal → every agent had its desired state again (None: not all
+    /// came back within --storm-timeout).
+    all_back_seconds: Option<f64>,
+    /// Agents back.
+    back: usize,
+    /// Per agent: signal → desired state on a new stream.
+    back_after: Summary,
+    /// Per agent: connection attempts until back (1: the first one held).
+    attempts_p50: u32,
+    attempts_p99: u32,
+    attempts_max: u32,
+    /// Streams ended by the restart, by class.
+    dropped: std::collections::BTreeMap<&'static str, u64>,
+    /// Reconnection attempts that failed, by class.
+    errors: std::collections::BTreeMap<&'static str, u64>,
+    /// unauthenticated + permission_denied, dropped or failed: must be 0.
+    auth_errors: u64,
+    /// Refusals that carried a retry hint (each waited at least that long).
+    retry_hints: u64,
+    /// unavailable / resource_exhausted refusals without a hint.
+    refusals_without_hint: u64,
+    max_retry_hint_ms: u64,
 }
 
 /// One simulated agent's credentials.
@@ -158,6 +228,22 @@ struct Creds {
 /// The server agent `i` enrols with and connects to.
 fn server_for(servers: &[String], i: usize) -> &str {
     &servers[i % servers.len()]
+}
+
+/// True for a URL whose host is IPv4 loopback (or `localhost`): the only
+/// servers the 127.x.y.z source addresses can reach.
+fn on_loopback(url: &str) -> bool {
+    let host = url
+        .split_once("://")
+        .map_or(url, |(_, rest)| rest)
+        .split(['/', ':'])
+        .next()
+        .unwrap_or_default();
+    host == "localhost" || host.parse::<Ipv4Addr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+fn spread(args: &Args, servers: &[String]) -> bool {
+    !args.no_spread_source_ips && (args.spread_source_ips || servers.iter().all(|u| on_loopback(u)))
 }
 
 fn source_ip(spread: bool, i: usize) -> Option<IpAddr> {
@@ -185,7 +271,8 @@ async fn tls_channel(
     Endpoint::from_shared(url.to_string())?
         .tls_config(tls)?
         .local_address(local)
-        .connect_timeout(Duration::from_secs(10))
+        // lksadmin-agent's CONNECT_TIMEOUT (client.rs).
+        .connect_timeout(Duration::from_secs(20))
         .http2_keep_alive_interval(Duration::from_secs(30))
         .connect()
         .await
@@ -217,16 +304,40 @@ async fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+/// The admin channel; right after the server was started it may not
+/// listen yet, so that is retried for a while.
+async fn admin_channel(conf: &AdminConf, just_started: bool) -> Result<Channel> {
+    let t = Instant::now();
+    loop {
+        let r = tls_channel(
+            &conf.server,
+            &conf.ca_cert,
+            Some((&conf.client_cert, &conf.client_key)),
+            None,
+        )
+        .await;
+        match r {
+            Err(_) if just_started && t.elapsed() < Duration::from_secs(60) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            r => return r,
+        }
+    }
+}
+
 async fn against_server(args: &Args) -> Result<Report> {
+    let mut server = if args.storm {
+        let mut p = storm::ServerProc::start(&args.server_cmd, args.server_log.as_deref())?;
+        p.wait_ready(&args.config).await?;
+        Some(p)
+    } else {
+        if !args.server_cmd.is_empty() {
+            bail!("a server command after `--` is only taken with --storm");
+        }
+        None
+    };
     let conf = AdminConf::load(&args.config).map_err(|e| anyhow!("read admin.conf: {e}"))?;
-    let admin_ch = tls_channel(
-        &conf.server,
-        &conf.ca_cert,
-        Some((&conf.client_cert, &conf.client_key)),
-        None,
-    )
-    .await?;
-    let mut admin = AdminServiceClient::new(admin_ch);
+    let mut admin = AdminServiceClient::new(admin_channel(&conf, server.is_some()).await?);
     match admin
         .create_cluster(pb::CreateClusterRequest {
             name: args.cluster.clone(),
@@ -255,27 +366,44 @@ async fn against_server(args: &Args) -> Result<Report> {
     } else {
         args.servers.clone()
     };
+    let spread = spread(args, &servers);
 
     // Enrol.
     let sem = Arc::new(Semaphore::new(args.concurrency.max(1)));
     let start = Instant::now();
-    let retries = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let retries = Arc::new(AtomicU64::new(0));
+    let enrolled = Arc::new(AtomicU64::new(0));
+    let progress_stop = tokio_util::sync::CancellationToken::new();
+    let progress = storm::progress(
+        "enrolled",
+        args.agents,
+        enrolled.clone(),
+        progress_stop.clone(),
+        {
+            let retries = retries.clone();
+            move || retries.load(Ordering::Relaxed)
+        },
+    );
     let results: Vec<Result<(Creds, f64)>> = futures::stream::iter(0..args.agents)
         .map(|i| {
-            let (sem, token, url, ca, retries) = (
+            let (sem, token, url, ca, retries, enrolled) = (
                 sem.clone(),
                 token.clone(),
                 server_for(&servers, i).to_string(),
                 conf.ca_cert.clone(),
                 retries.clone(),
+                enrolled.clone(),
             );
             let name = format!("lg-{run_id}-{i}");
-            let local = source_ip(args.spread_source_ips, i);
+            let local = source_ip(spread, i);
             async move {
                 let _permit = sem.acquire_owned().await?;
                 let t = Instant::now();
                 let (csr_pem, key_pem) = csr()?;
                 let mut c = AgentServiceClient::new(tls_channel(&url, &ca, None, local).await?);
+                // `lksadmin-agent join`'s policy for a rate-limited
+                // enrolment (join.rs), at least the server's hint.
+                let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
                 let mut attempt = 1;
                 let resp = loop {
                     let r = c
@@ -289,15 +417,21 @@ async fn against_server(args: &Args) -> Result<Report> {
                     match r {
                         Ok(r) => break r.into_inner(),
                         Err(s) if is_try_again(&s) && attempt < ENROL_ATTEMPTS => {
-                            retries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            retries.fetch_add(1, Ordering::Relaxed);
                             // Spread the retries out: 10–40 ms, growing.
                             let ms = 10 * u64::from(attempt.min(4)) + (i % 7) as u64 * 5;
                             tokio::time::sleep(Duration::from_millis(ms)).await;
                             attempt += 1;
                         }
+                        Err(s) if s.code() == tonic::Code::ResourceExhausted && attempt < ENROL_ATTEMPTS => {
+                            retries.fetch_add(1, Ordering::Relaxed);
+                            tokio::time::sleep(backoff.next_delay_with(retry_hint(&s))).await;
+                            attempt += 1;
+                        }
                         Err(s) => bail!("enrol {name}: {}", s.message()),
                     }
                 };
+                enrolled.fetch_add(1, Ordering::Relaxed);
                 Ok((
                     Creds {
                         name,
@@ -312,6 +446,8 @@ async fn against_server(args: &Args) -> Result<Report> {
         .collect()
         .await;
     let enrol_seconds = start.elapsed().as_secs_f64();
+    progress_stop.cancel();
+    let _ = progress.await;
     let mut errors = 0;
     let mut creds = Vec::new();
     let mut enrol_ms = Vec::new();
@@ -331,42 +467,76 @@ async fn against_server(args: &Args) -> Result<Report> {
     }
 
     // Connect every agent and wait for its first desired state.
-    let (first_tx, mut first_rx) = mpsc::channel::<(usize, f64)>(creds.len().max(1));
+    let stats = Arc::new(sim::Stats::default());
+    let (back_tx, mut back_rx) = mpsc::unbounded_channel::<sim::Back>();
     let (desired_tx, mut desired_rx) = mpsc::channel::<(usize, Instant, Vec<String>)>(creds.len().max(1) * 4);
     let stop = tokio_util::sync::CancellationToken::new();
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for (i, c) in creds.iter().enumerate() {
-        let (sem, url, ca) = (
-            sem.clone(),
-            server_for(&servers, i).to_string(),
-            conf.ca_cert.clone(),
-        );
-        let (cert, key) = (c.cert_pem.clone(), c.key_pem.clone());
-        let (first_tx, desired_tx, stop) = (first_tx.clone(), desired_tx.clone(), stop.clone());
-        let local = source_ip(args.spread_source_ips, i);
+        let agent = sim::Agent {
+            i,
+            url: server_for(&servers, i).to_string(),
+            ca: conf.ca_cert.clone(),
+            cert: c.cert_pem.clone(),
+            key: c.key_pem.clone(),
+            local: source_ip(spread, i),
+            reconnect: args.storm,
+            stats: stats.clone(),
+            back: back_tx.clone(),
+            desired: desired_tx.clone(),
+            stop: stop.clone(),
+        };
+        let sem = sem.clone();
         tasks.spawn(async move {
             let permit = sem.acquire_owned().await?;
-            let t = Instant::now();
-            let ch = tls_channel(&url, &ca, Some((&cert, &key)), local).await?;
-            simulate_agent(i, ch, t, permit, first_tx, desired_tx, stop).await
+            agent.run(permit).await
         });
     }
-    drop((first_tx, desired_tx));
+    drop((back_tx, desired_tx));
+    let connected = Arc::new(AtomicU64::new(0));
+    let progress_stop = tokio_util::sync::CancellationToken::new();
+    let progress = storm::progress(
+        "connected",
+        creds.len(),
+        connected.clone(),
+        progress_stop.clone(),
+        {
+            let stats = stats.clone();
+            move || stats.failed_total(0)
+        },
+    );
     let mut first_ms = Vec::new();
+    let mut seen = vec![false; creds.len()];
     let deadline = tokio::time::sleep(Duration::from_secs(120 + creds.len() as u64 / 10));
     tokio::pin!(deadline);
     while first_ms.len() < creds.len() {
         tokio::select! {
-            got = first_rx.recv() => match got {
-                Some((_, ms)) => first_ms.push(ms),
+            got = back_rx.recv() => match got {
+                Some(b) => if !std::mem::replace(&mut seen[b.agent], true) {
+                    first_ms.push(b.at.duration_since(b.session_started).as_secs_f64() * 1e3);
+                    connected.fetch_add(1, Ordering::Relaxed);
+                },
                 None => break,
             },
             _ = &mut deadline => break,
         }
     }
     let connect_seconds = start.elapsed().as_secs_f64();
+    progress_stop.cancel();
+    let _ = progress.await;
     errors += creds.len() - first_ms.len();
+    // With reconnects, a failed first attempt is retried, not lost: count it.
+    errors += stats.failed_total(0) as usize;
+
+    let storm_report = match server.as_mut() {
+        Some(srv) => Some(storm_restart(args, srv, &stats, &mut back_rx, creds.len()).await?),
+        None => None,
+    };
+    if server.is_some() {
+        // The old admin connection went with the old process.
+        admin = AdminServiceClient::new(admin_channel(&conf, true).await?);
+    }
 
     // Optional rollout: fan-out and completion time.
     let (mut rollout_seconds, mut fanout) = (None, None);
@@ -454,6 +624,9 @@ async fn against_server(args: &Args) -> Result<Report> {
             .await;
         errors += deletes.iter().filter(|r| r.is_err()).count();
     }
+    if let Some(mut srv) = server {
+        srv.stop(false).await?;
+    }
     Ok(Report {
         mode: "control-server",
         agents: args.agents,
@@ -466,78 +639,88 @@ async fn against_server(args: &Args) -> Result<Report> {
         rollout_seconds,
         fanout,
         errors,
+        storm: storm_report,
+    })
+}
+
+/// Stops the server under `n` connected agents, starts it again, and
+/// waits until every agent has its desired state on a new stream.
+async fn storm_restart(
+    args: &Args,
+    srv: &mut storm::ServerProc,
+    stats: &Arc<sim::Stats>,
+    back_rx: &mut mpsc::UnboundedReceiver<sim::Back>,
+    n: usize,
+) -> Result<StormReport> {
+    while back_rx.try_recv().is_ok() {}
+    stats.phase.store(1, Ordering::Relaxed);
+    let t0 = Instant::now();
+    srv.stop(args.storm_kill).await?;
+    let exit_seconds = t0.elapsed().as_secs_f64();
+    srv.restart()?;
+    let back_n = Arc::new(AtomicU64::new(0));
+    let progress_stop = tokio_util::sync::CancellationToken::new();
+    let progress = storm::progress("back", n, back_n.clone(), progress_stop.clone(), {
+        let stats = stats.clone();
+        move || stats.failed_total(1)
+    });
+    let mut back: Vec<Option<(f64, u32)>> = vec![None; n];
+    let mut count = 0;
+    let deadline = tokio::time::sleep(Duration::from_secs(args.storm_timeout));
+    tokio::pin!(deadline);
+    while count < n {
+        tokio::select! {
+            got = back_rx.recv() => match got {
+                Some(b) if b.session_started >= t0 && back[b.agent].is_none() => {
+                    back[b.agent] = Some((b.at.duration_since(t0).as_secs_f64() * 1e3, b.attempts));
+                    count += 1;
+                    back_n.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(_) => {}
+                None => break,
+            },
+            _ = &mut deadline => break,
+        }
+    }
+    progress_stop.cancel();
+    let _ = progress.await;
+    let ms: Vec<f64> = back.iter().flatten().map(|(ms, _)| *ms).collect();
+    let mut attempts: Vec<u32> = back.iter().flatten().map(|(_, a)| *a).collect();
+    attempts.sort_unstable();
+    let at = |q: f64| {
+        attempts
+            .get(((attempts.len().max(1) - 1) as f64 * q).round() as usize)
+            .copied()
+            .unwrap_or(0)
+    };
+    let first = ms.iter().copied().min_by(f64::total_cmp);
+    let last = ms.iter().copied().max_by(f64::total_cmp);
+    let (dropped, errors) = (stats.counts(1, true), stats.counts(1, false));
+    let auth = |m: &std::collections::BTreeMap<&str, u64>| {
+        m.get("unauthenticated").copied().unwrap_or(0) + m.get("permission_denied").copied().unwrap_or(0)
+    };
+    Ok(StormReport {
+        signal: if args.storm_kill { "SIGKILL" } else { "SIGTERM" },
+        exit_seconds,
+        first_back_seconds: first.map(|ms| ms / 1e3),
+        all_back_seconds: if count == n { last.map(|ms| ms / 1e3) } else { None },
+        back: count,
+        back_after: summarise(ms),
+        attempts_p50: at(0.5),
+        attempts_p99: at(0.99),
+        attempts_max: attempts.last().copied().unwrap_or(0),
+        auth_errors: auth(&dropped) + auth(&errors),
+        dropped,
+        errors,
+        retry_hints: stats.hinted[1].load(Ordering::Relaxed),
+        refusals_without_hint: stats.unhinted[1].load(Ordering::Relaxed),
+        max_retry_hint_ms: stats.max_hint_ms[1].load(Ordering::Relaxed),
     })
 }
 
 /// The server's "conflict, try again" refusal (not a refused token).
 fn is_try_again(s: &tonic::Status) -> bool {
     s.code() == tonic::Code::FailedPrecondition && s.message().contains("try again")
-}
-
-/// One agent's stream: Hello, then answer pings, acknowledge desired states
-/// as applied, heartbeat every 10 s, until `stop`.
-async fn simulate_agent(
-    i: usize,
-    ch: Channel,
-    started: Instant,
-    permit: tokio::sync::OwnedSemaphorePermit,
-    first_tx: mpsc::Sender<(usize, f64)>,
-    desired_tx: mpsc::Sender<(usize, Instant, Vec<String>)>,
-    stop: tokio_util::sync::CancellationToken,
-) -> Result<()> {
-    let (tx, rx) = mpsc::channel::<pb::AgentMessage>(8);
-    let send = |m| pb::AgentMessage { msg: Some(m) };
-    tx.send(send(agent_message::Msg::Hello(pb::Hello {
-        agent_version: "lks-loadgen".into(),
-        facts: Some(pb::NodeFacts {
-            hostname: format!("loadgen-{i}"),
-            ..Default::default()
-        }),
-        ..Default::default()
-    })))
-    .await?;
-    let mut inbound = AgentServiceClient::new(ch)
-        .connect(ReceiverStream::new(rx))
-        .await?
-        .into_inner();
-    // Taken on the first desired state; dropping the sender tells the
-    // collector this agent is done connecting.
-    let mut first_tx = Some(first_tx);
-    let mut permit = Some(permit);
-    let mut heartbeat = tokio::time::interval(Duration::from_secs(10));
-    let mut seq = 0;
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return Ok(()),
-            _ = heartbeat.tick() => {
-                seq += 1;
-                let _ = tx.try_send(send(agent_message::Msg::Heartbeat(pb::Heartbeat { seq })));
-            }
-            msg = inbound.message() => match msg?.and_then(|m| m.msg) {
-                None => return Ok(()),
-                Some(server_message::Msg::Desired(d)) => {
-                    let at = Instant::now();
-                    if let Some(first) = first_tx.take() {
-                        permit.take();
-                        let _ = first.send((i, at.duration_since(started).as_secs_f64() * 1e3)).await;
-                    }
-                    let names: Vec<String> = d.bundles.iter().filter_map(|b| b.manifest.as_ref().map(|m| m.name.clone())).collect();
-                    let statuses = d.bundles.iter().filter_map(|b| b.manifest.as_ref()).map(|m| pb::BundleStatus {
-                        name: m.name.clone(),
-                        version: m.version.clone(),
-                        state: pb::BundleState::Applied as i32,
-                        ..Default::default()
-                    }).collect();
-                    let _ = desired_tx.try_send((i, at, names));
-                    tx.send(send(agent_message::Msg::Status(pb::StatusReport { generation: d.generation, bundles: statuses }))).await?;
-                }
-                Some(server_message::Msg::Ping(p)) => {
-                    let _ = tx.try_send(send(agent_message::Msg::Pong(pb::Pong { nonce: p.nonce })));
-                }
-                Some(server_message::Msg::Command(_)) => {}
-            }
-        }
-    }
 }
 
 /// The same connection pattern against an idle tonic server: mTLS, one
@@ -574,6 +757,7 @@ async fn baseline(args: &Args) -> Result<Report> {
         clients.push((cert.pem(), key.serialize_pem()));
     }
     let url = format!("https://localhost:{}", addr.port());
+    let spread = spread(args, std::slice::from_ref(&url));
     let sem = Arc::new(Semaphore::new(args.concurrency.max(1)));
     let stop = tokio_util::sync::CancellationToken::new();
     let (first_tx, mut first_rx) = mpsc::channel::<f64>(args.agents);
@@ -587,7 +771,7 @@ async fn baseline(args: &Args) -> Result<Report> {
             stop.clone(),
             first_tx.clone(),
         );
-        let local = source_ip(args.spread_source_ips, i);
+        let local = source_ip(spread, i);
         tasks.spawn(async move {
             let permit = sem.acquire_owned().await?;
             let t = Instant::now();
@@ -636,6 +820,7 @@ async fn baseline(args: &Args) -> Result<Report> {
         rollout_seconds: None,
         fanout: None,
         errors,
+        storm: None,
     })
 }
 
@@ -663,6 +848,27 @@ fn print_text(r: &Report) {
         println!("rollout:         completed in {t:.2} s; fan-out {}", s(f));
     }
     println!("errors:          {}", r.errors);
+    if let Some(st) = &r.storm {
+        let all = st.all_back_seconds.map_or_else(
+            || format!("NOT all back ({}/{})", st.back, r.agents),
+            |t| format!("{t:.2} s"),
+        );
+        println!(
+            "storm:           {} → exited in {:.2} s; all back {all}",
+            st.signal, st.exit_seconds
+        );
+        println!("back after:      {}", s(&st.back_after));
+        println!(
+            "attempts:        p50 {}, p99 {}, max {}",
+            st.attempts_p50, st.attempts_p99, st.attempts_max
+        );
+        println!("streams dropped: {:?}", st.dropped);
+        println!("failed attempts: {:?}", st.errors);
+        println!(
+            "auth errors:     {}; retry hints {} (max {} ms), refusals without a hint {}",
+            st.auth_errors, st.retry_hints, st.max_retry_hint_ms, st.refusals_without_hint
+        );
+    }
 }
 
 /// Each simulated agent holds a socket; lift the soft limit to the hard one.

@@ -1,0 +1,370 @@
+//! One simulated agent: its mTLS channel and `Connect` stream (Hello,
+//! heartbeats, pongs, a status report acknowledging each desired state),
+//! and — in storm mode — reconnecting the way `lksadmin-agent` does: a new
+//! channel per attempt, the shared backoff policy (`lks_proto::backoff`:
+//! 1 s, ×1.6, cap 120 s, ±20 %, reset after a 30 s session) and at least
+//! the server's retry hint. Every failed attempt and dropped stream is
+//! counted by error class.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use lks_proto::backoff::{Backoff, retry_hint};
+use lks_proto::pb::agent_service_client::AgentServiceClient;
+use lks_proto::pb::{self, agent_message, server_message};
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::tls_channel;
+
+/// `lksadmin-agent`'s `HEALTHY_SESSION` (connection.rs): a session that
+/// lasted this long resets the backoff.
+const HEALTHY_SESSION: Duration = Duration::from_secs(30);
+
+/// Why an attempt failed or a stream ended, as the report counts them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    /// The server said `unavailable` (shutting down, shedding load).
+    Unavailable,
+    ResourceExhausted,
+    Unauthenticated,
+    PermissionDenied,
+    DeadlineExceeded,
+    /// Nothing listening (the server is down or not yet up).
+    Refused,
+    /// No connection within the agent's 20 s connect timeout (TCP + TLS):
+    /// the server is too busy to finish the handshake.
+    ConnectTimeout,
+    /// Any other failure below gRPC: reset, TLS, h2.
+    Transport,
+    /// The server ended the stream without a status.
+    Closed,
+    Other,
+}
+
+impl Class {
+    pub const ALL: [Class; CLASSES] = [
+        Class::Unavailable,
+        Class::ResourceExhausted,
+        Class::Unauthenticated,
+        Class::PermissionDenied,
+        Class::DeadlineExceeded,
+        Class::Refused,
+        Class::ConnectTimeout,
+        Class::Transport,
+        Class::Closed,
+        Class::Other,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::Unavailable => "unavailable",
+            Class::ResourceExhausted => "resource_exhausted",
+            Class::Unauthenticated => "unauthenticated",
+            Class::PermissionDenied => "permission_denied",
+            Class::DeadlineExceeded => "deadline_exceeded",
+            Class::Refused => "refused",
+            Class::ConnectTimeout => "connect_timeout",
+            Class::Transport => "transport",
+            Class::Closed => "closed",
+            Class::Other => "other",
+        }
+    }
+
+    /// A status that wraps an error of the connection itself (h2, I/O)
+    /// was made on this side; only one without a source came from the server.
+    pub fn of(s: &tonic::Status) -> Class {
+        if std::error::Error::source(s).is_some() {
+            return Class::Transport;
+        }
+        match s.code() {
+            tonic::Code::Unavailable => Class::Unavailable,
+            tonic::Code::ResourceExhausted => Class::ResourceExhausted,
+            tonic::Code::Unauthenticated => Class::Unauthenticated,
+            tonic::Code::PermissionDenied => Class::PermissionDenied,
+            tonic::Code::DeadlineExceeded => Class::DeadlineExceeded,
+            _ => Class::Other,
+        }
+    }
+
+    /// A channel that could not be opened.
+    pub fn of_connect(e: &anyhow::Error) -> Class {
+        for cause in e.chain() {
+            if let Some(io) = cause.downcast_ref::<std::io::Error>()
+                && io.kind() == std::io::ErrorKind::ConnectionRefused
+            {
+                return Class::Refused;
+            }
+            let text = cause.to_string();
+            if text.contains("timed out") || text.contains("timeout expired") {
+                return Class::ConnectTimeout;
+            }
+        }
+        Class::Transport
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+const CLASSES: usize = 10;
+
+/// Before the storm, and from the storm on.
+pub const PHASES: usize = 2;
+
+/// Counters every simulated agent adds to.
+#[derive(Default)]
+pub struct Stats {
+    /// 0 until the storm starts, then 1.
+    pub phase: AtomicUsize,
+    /// Attempts that never got a desired state, by phase and class.
+    pub failed: [[AtomicU64; CLASSES]; PHASES],
+    /// Streams that were up and ended, by phase and class.
+    pub dropped: [[AtomicU64; CLASSES]; PHASES],
+    /// Refusals that carried a retry hint, by phase.
+    pub hinted: [AtomicU64; PHASES],
+    /// Attempts refused `unavailable`/`resource_exhausted` without a hint.
+    pub unhinted: [AtomicU64; PHASES],
+    /// Longest hint seen, ms.
+    pub max_hint_ms: [AtomicU64; PHASES],
+}
+
+impl Stats {
+    fn record(&self, up: bool, class: Class, hint: Option<Duration>) {
+        let p = self.phase.load(Ordering::Relaxed).min(PHASES - 1);
+        let table = if up { &self.dropped } else { &self.failed };
+        table[p][class.index()].fetch_add(1, Ordering::Relaxed);
+        match hint {
+            Some(h) => {
+                self.hinted[p].fetch_add(1, Ordering::Relaxed);
+                self.max_hint_ms[p].fetch_max(h.as_millis() as u64, Ordering::Relaxed);
+            }
+            None if !up && matches!(class, Class::Unavailable | Class::ResourceExhausted) => {
+                self.unhinted[p].fetch_add(1, Ordering::Relaxed);
+            }
+            None => {}
+        }
+    }
+
+    pub fn counts(&self, phase: usize, up: bool) -> std::collections::BTreeMap<&'static str, u64> {
+        let table = if up { &self.dropped } else { &self.failed };
+        Class::ALL
+            .iter()
+            .map(|c| (c.name(), table[phase][c.index()].load(Ordering::Relaxed)))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+
+    pub fn failed_total(&self, phase: usize) -> u64 {
+        self.failed[phase].iter().map(|n| n.load(Ordering::Relaxed)).sum()
+    }
+}
+
+/// A session got its first desired state.
+pub struct Back {
+    pub agent: usize,
+    pub session_started: Instant,
+    pub at: Instant,
+    /// Attempts it took since the previous session was up (1: at once).
+    pub attempts: u32,
+}
+
+/// What one simulated agent needs.
+pub struct Agent {
+    pub i: usize,
+    pub url: String,
+    pub ca: String,
+    pub cert: String,
+    pub key: String,
+    pub local: Option<IpAddr>,
+    /// Reconnect after a failure (storm mode) instead of giving up.
+    pub reconnect: bool,
+    pub stats: Arc<Stats>,
+    pub back: mpsc::UnboundedSender<Back>,
+    pub desired: mpsc::Sender<(usize, Instant, Vec<String>)>,
+    pub stop: CancellationToken,
+}
+
+enum End {
+    Stopped,
+    Failed {
+        class: Class,
+        hint: Option<Duration>,
+        why: String,
+    },
+}
+
+impl Agent {
+    /// Runs sessions until `stop`; `permit` (the first connection's
+    /// concurrency slot) is given back once the first one is up or failed.
+    pub async fn run(self, permit: OwnedSemaphorePermit) -> anyhow::Result<()> {
+        let mut permit = Some(permit);
+        let mut backoff = Backoff::default();
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            let started = Instant::now();
+            let mut up = false;
+            let end = self.session(started, attempts, &mut up, &mut permit).await;
+            permit.take();
+            let (class, hint, why) = match end {
+                End::Stopped => return Ok(()),
+                End::Failed { class, hint, why } => (class, hint, why),
+            };
+            self.stats.record(up, class, hint);
+            if !self.reconnect {
+                anyhow::bail!("agent {}: {why}", self.i);
+            }
+            if up {
+                attempts = 0;
+                if started.elapsed() >= HEALTHY_SESSION {
+                    backoff.reset();
+                }
+            }
+            let delay = backoff.next_delay_with(hint);
+            tokio::select! {
+                _ = self.stop.cancelled() => return Ok(()),
+                _ = tokio::time::sleep(delay) => {}
+            }
+        }
+    }
+
+    async fn session(
+        &self,
+        started: Instant,
+        attempts: u32,
+        up: &mut bool,
+        permit: &mut Option<OwnedSemaphorePermit>,
+    ) -> End {
+        let failed = |s: tonic::Status| End::Failed {
+            class: Class::of(&s),
+            hint: retry_hint(&s),
+            why: format!("{:?}: {}", s.code(), s.message()),
+        };
+        let ch = tokio::select! {
+            _ = self.stop.cancelled() => return End::Stopped,
+            r = tls_channel(&self.url, &self.ca, Some((&self.cert, &self.key)), self.local) => r,
+        };
+        let ch = match ch {
+            Ok(ch) => ch,
+            Err(e) => {
+                return End::Failed {
+                    class: Class::of_connect(&e),
+                    hint: None,
+                    why: format!("{e:#}"),
+                };
+            }
+        };
+        let (tx, rx) = mpsc::channel::<pb::AgentMessage>(8);
+        let send = |m| pb::AgentMessage { msg: Some(m) };
+        let _ = tx.try_send(send(agent_message::Msg::Hello(pb::Hello {
+            agent_version: "lks-loadgen".into(),
+            facts: Some(pb::NodeFacts {
+                hostname: format!("loadgen-{}", self.i),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })));
+        let mut client = AgentServiceClient::new(ch);
+        let resp = tokio::select! {
+            _ = self.stop.cancelled() => return End::Stopped,
+            r = client.connect(ReceiverStream::new(rx)) => r,
+        };
+        let mut inbound = match resp {
+            Ok(r) => r.into_inner(),
+            Err(s) => return failed(s),
+        };
+        let mut heartbeat = tokio::time::interval(Duration::from_secs(10));
+        let mut seq = 0;
+        loop {
+            tokio::select! {
+                _ = self.stop.cancelled() => return End::Stopped,
+                _ = heartbeat.tick() => {
+                    seq += 1;
+                    let _ = tx.try_send(send(agent_message::Msg::Heartbeat(pb::Heartbeat { seq })));
+                }
+                msg = inbound.message() => match msg {
+                    Err(s) => return failed(s),
+                    Ok(None) => return End::Failed { class: Class::Closed, hint: None, why: "stream closed".into() },
+                    Ok(Some(m)) => match m.msg {
+                        Some(server_message::Msg::Desired(d)) => {
+                            let at = Instant::now();
+                            if !*up {
+                                *up = true;
+                                permit.take();
+                                let _ = self.back.send(Back { agent: self.i, session_started: started, at, attempts });
+                            }
+                            let names: Vec<String> = d.bundles.iter().filter_map(|b| b.manifest.as_ref().map(|m| m.name.clone())).collect();
+                            let statuses = d.bundles.iter().filter_map(|b| b.manifest.as_ref()).map(|m| pb::BundleStatus {
+                                name: m.name.clone(),
+                                version: m.version.clone(),
+                                state: pb::BundleState::Applied as i32,
+                                ..Default::default()
+                            }).collect();
+                            let _ = self.desired.try_send((self.i, at, names));
+                            if tx.send(send(agent_message::Msg::Status(pb::StatusReport { generation: d.generation, bundles: statuses }))).await.is_err() {
+                                return End::Failed { class: Class::Closed, hint: None, why: "stream closed".into() };
+                            }
+                        }
+                        Some(server_message::Msg::Ping(p)) => {
+                            let _ = tx.try_send(send(agent_message::Msg::Pong(pb::Pong { nonce: p.nonce })));
+                        }
+                        Some(server_message::Msg::Command(_)) | None => {}
+                    },
+                },
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_from_the_server_are_classed_by_code() {
+        assert_eq!(Class::of(&tonic::Status::unavailable("busy")), Class::Unavailable);
+        assert_eq!(
+            Class::of(&tonic::Status::unauthenticated("revoked")),
+            Class::Unauthenticated
+        );
+        assert_eq!(
+            Class::of(&tonic::Status::resource_exhausted("slow down")),
+            Class::ResourceExhausted
+        );
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        assert_eq!(
+            Class::of(&tonic::Status::from_error(Box::new(io))),
+            Class::Transport
+        );
+        let refused = anyhow::Error::new(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert_eq!(
+            Class::of_connect(&refused.context("connect to x")),
+            Class::Refused
+        );
+        assert_eq!(
+            Class::of_connect(&anyhow::anyhow!("timeout expired").context("connect to x")),
+            Class::ConnectTimeout
+        );
+    }
+
+    #[test]
+    fn counts_go_to_the_current_phase() {
+        let s = Stats::default();
+        s.record(false, Class::Transport, None);
+        s.phase.store(1, Ordering::Relaxed);
+        s.record(true, Class::Unavailable, None);
+        s.record(false, Class::Unavailable, Some(Duration::from_millis(700)));
+        s.record(false, Class::Unavailable, None);
+        assert_eq!(s.failed_total(0), 1);
+        assert_eq!(s.counts(1, true).get("unavailable"), Some(&1));
+        assert_eq!(s.counts(1, false).get("unavailable"), Some(&2));
+        assert_eq!(s.hinted[1].load(Ordering::Relaxed), 1);
+        assert_eq!(s.unhinted[1].load(Ordering::Relaxed), 1);
+        assert_eq!(s.max_hint_ms[1].load(Ordering::Relaxed), 700);
+    }
+}
