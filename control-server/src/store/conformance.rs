@@ -742,6 +742,41 @@ pub async fn cluster_cas_and_issued_certificates(s: &dyn Store) {
     assert_eq!(one, &cert("a", "n2", "03", "/b", 30));
 }
 
+/// A new certificate drops its node's records of the same path that
+/// expired more than the retention before it; nothing else.
+pub async fn certificate_records_expire_with_renewals(s: &dyn Store) {
+    use crate::store::CERT_RECORD_RETENTION_MS as KEEP;
+    s.create_cluster(NewCluster::new("a", 1)).await.unwrap();
+    // cert(): valid for an hour from its issue time.
+    s.record_certificate(cert("a", "n1", "01", "/a", 0))
+        .await
+        .unwrap();
+    s.record_certificate(cert("a", "n1", "02", "/b", 0))
+        .await
+        .unwrap();
+    s.record_certificate(cert("a", "n2", "03", "/a", 0))
+        .await
+        .unwrap();
+    // Issued just within the retention of 01's expiry: 01 stays.
+    let hour = 3_600_000;
+    s.record_certificate(cert("a", "n1", "04", "/a", hour + KEEP))
+        .await
+        .unwrap();
+    let serials = |rows: Vec<IssuedCertRow>| rows.into_iter().map(|r| r.serial).collect::<Vec<_>>();
+    assert_eq!(
+        serials(s.list_certificates(Some("a"), None).await.unwrap()),
+        ["01", "04", "02", "03"]
+    );
+    // Past it: 01 goes; n1's /b and n2's /a are not this node and path.
+    s.record_certificate(cert("a", "n1", "05", "/a", hour + KEEP + 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        serials(s.list_certificates(Some("a"), None).await.unwrap()),
+        ["04", "05", "02", "03"]
+    );
+}
+
 /// Deleting a node keeps the record of its certificates (audit).
 pub async fn certificate_records_outlive_their_node(s: &dyn Store) {
     s.create_cluster(NewCluster::new("a", 1)).await.unwrap();

@@ -2156,6 +2156,7 @@ mod tests {
         a_lost_enrolment_answer_can_be_repeated_with_the_same_key,
         cluster_cas_and_issued_certificates,
         certificate_records_outlive_their_node,
+        certificate_records_expire_with_renewals,
     );
 
     fn token(id: &str, uses: Option<u32>) -> TokenRow {

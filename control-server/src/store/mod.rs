@@ -147,6 +147,10 @@ pub fn ca_already_set(cluster: &str) -> StoreError {
 }
 
 /// Orders certificate records as `list_certificates` returns them.
+/// How long the record of an expired certificate is kept once the same
+/// node has a newer one for the same path: 30 days.
+pub const CERT_RECORD_RETENTION_MS: i64 = 30 * 24 * 3600 * 1000;
+
 pub fn sort_certificates(rows: &mut [IssuedCertRow]) {
     rows.sort_by(|a, b| {
         (&a.node, &a.path, a.issued_at_ms, &a.serial).cmp(&(&b.node, &b.path, b.issued_at_ms, &b.serial))
@@ -908,7 +912,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Records a certificate issued with a cluster CA. `AlreadyExists` if
     /// the node already has a record of that serial; `NotFound` if the
-    /// cluster does not exist.
+    /// cluster does not exist. Then drops the records of the same node and
+    /// path that expired more than [`CERT_RECORD_RETENTION_MS`] before this
+    /// one was issued: each renewal adds a record, and without this a
+    /// node's records (read by every `node list`) would grow for ever. A
+    /// deleted node's records, and those of a node that stopped renewing,
+    /// stay (audit).
     async fn record_certificate(&self, row: IssuedCertRow) -> Result<()>;
     /// Issued-certificate records, optionally of one cluster and/or node,
     /// ordered by node, path and issue time ([`sort_certificates`]).

@@ -76,6 +76,7 @@ impl EtcdStore {
             )
             .await?;
         if ok {
+            self.prune_certificates(&r).await?;
             return Ok(());
         }
         if !self.cluster_exists(&r.cluster).await? {
@@ -88,6 +89,28 @@ impl EtcdStore {
             "node {} of cluster {} already has a certificate with serial {}",
             r.node, r.cluster, r.serial
         )))
+    }
+
+    /// Drops the records of `r`'s node and path that expired more than
+    /// [`CERT_RECORD_RETENTION_MS`] before `r` was issued. Not in the put's
+    /// transaction: a record dropped late is harmless, and a repeat drops it.
+    async fn prune_certificates(&self, r: &IssuedCertRow) -> Result<()> {
+        let cutoff = r.issued_at_ms - CERT_RECORD_RETENTION_MS;
+        let old: Vec<IssuedCertRow> = self
+            .read_certificates(Some(&r.cluster), Some(&r.node))
+            .await?
+            .into_iter()
+            .filter(|c| c.path == r.path && c.not_after_ms < cutoff)
+            .collect();
+        if old.is_empty() {
+            return Ok(());
+        }
+        let ops = old
+            .iter()
+            .map(|c| TxnOp::delete(self.key(&cert_key(c)), None))
+            .collect();
+        self.txn(Vec::new(), ops).await?;
+        Ok(())
     }
 
     pub(super) async fn read_certificates(

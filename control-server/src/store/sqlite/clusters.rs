@@ -121,6 +121,15 @@ impl SqliteStore {
                     r.node, r.cluster, r.serial
                 )));
             }
+            tx.execute(
+                "DELETE FROM issued_certs WHERE cluster = ?1 AND node = ?2 AND path = ?3 AND not_after_ms < ?4",
+                params![
+                    r.cluster,
+                    r.node,
+                    r.path,
+                    r.issued_at_ms - super::super::CERT_RECORD_RETENTION_MS
+                ],
+            )?;
             Ok(())
         })
         .await
