@@ -227,3 +227,37 @@ pub mod hostile;
 pub mod netns;
 pub mod rollout;
 pub mod server;
+
+/// Random instants for the crash tests: xorshift64 seeded from the clock,
+/// reproducible from the seed a test prints.
+pub struct KillTimer {
+    x: u64,
+    /// The seed, for the test's summary line and failure messages.
+    pub seed: u64,
+}
+
+impl KillTimer {
+    pub fn new() -> KillTimer {
+        let seed = u64::from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .subsec_nanos(),
+        ) | 1;
+        KillTimer { x: seed, seed }
+    }
+
+    /// A duration in `[0, window_ms)` milliseconds.
+    pub fn within(&mut self, window_ms: u64) -> Duration {
+        self.x ^= self.x << 13;
+        self.x ^= self.x >> 7;
+        self.x ^= self.x << 17;
+        Duration::from_millis(self.x % window_ms.max(1))
+    }
+}
+
+impl Default for KillTimer {
+    fn default() -> Self {
+        Self::new()
+    }
+}

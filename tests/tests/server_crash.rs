@@ -6,11 +6,11 @@
 //! empty; and publishing again works.
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use lks_e2e::agent::{BundleFile, write_bundle};
-use lks_e2e::bin;
 use lks_e2e::rollout::Fleet;
+use lks_e2e::{KillTimer, bin};
 
 const SIZE: usize = 12 << 20;
 
@@ -56,13 +56,8 @@ fn kill9_mid_publish_never_leaves_a_half_made_bundle() {
     f.server.publish(&warm);
     let window_ms = (t.elapsed().as_millis() as u64).max(20);
 
-    let mut x = u64::from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos(),
-    ) | 1;
-    let seed = x;
+    let mut timer = KillTimer::new();
+    let seed = timer.seed;
     let (mut acked, mut absent, mut unacked_but_whole) = (0, 0, 0);
     for round in 1..=6u32 {
         let bytes = content(round);
@@ -77,10 +72,7 @@ fn kill9_mid_publish_never_leaves_a_half_made_bundle() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        std::thread::sleep(Duration::from_millis(x % window_ms));
+        std::thread::sleep(timer.within(window_ms));
         f.server.kill9();
         let out = child.wait_with_output().unwrap();
         f.server.start_again();

@@ -18,8 +18,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use lks_e2e::agent::{Agent, JoinInfo, join_info};
-use lks_e2e::bin;
 use lks_e2e::server::Server;
+use lks_e2e::{KillTimer, bin};
 
 const NODES: usize = 8;
 const ROUNDS: usize = 3;
@@ -75,13 +75,8 @@ fn kill9_mid_enrolment_loses_no_acknowledged_node_and_a_repeated_join_gets_in() 
     probe.join(&s, "c1", &[]);
     let window_ms = (t.elapsed().as_millis() as u64 * 2).max(30);
 
-    let mut x = u64::from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos(),
-    ) | 1;
-    let seed = x;
+    let mut timer = KillTimer::new();
+    let seed = timer.seed;
     let (mut acked, mut stored_unacked, mut not_stored, mut repeated_ok) = (0, 0, 0, 0);
     let (mut connected, mut no_answer) = (0, 0);
     for round in 0..ROUNDS {
@@ -90,10 +85,7 @@ fn kill9_mid_enrolment_loses_no_acknowledged_node_and_a_repeated_join_gets_in() 
             .map(|i| Agent::new(&format!("r{round}-n{i}")))
             .collect();
         let joins: Vec<Child> = agents.iter().map(|a| spawn_join(a, &j)).collect();
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        std::thread::sleep(Duration::from_millis(x % window_ms));
+        std::thread::sleep(timer.within(window_ms));
         s.kill9();
         s.start_again();
         let outs: Vec<Output> = joins.into_iter().map(|c| c.wait_with_output().unwrap()).collect();

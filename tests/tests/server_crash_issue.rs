@@ -9,8 +9,9 @@
 //! asked again.
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use lks_e2e::KillTimer;
 use lks_e2e::agent::{wait_node_bundle, write_bundle};
 use lks_e2e::rollout::Fleet;
 
@@ -44,13 +45,8 @@ fn recorded(f: &Fleet) -> BTreeSet<String> {
 #[test]
 fn kill9_mid_certificate_issue_leaves_no_certificate_unrecorded_and_nodes_converge() {
     let mut f = Fleet::start("tenant-a", NODES);
-    let mut x = u64::from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos(),
-    ) | 1;
-    let seed = x;
+    let mut timer = KillTimer::new();
+    let seed = timer.seed;
     // The first version without a kill: how long a rollout of it takes here.
     let mut window_ms = 0;
     let (mut held_total, mut kills, mut caught) = (0, 0, 0);
@@ -67,10 +63,7 @@ fn kill9_mid_certificate_issue_leaves_no_certificate_unrecorded_and_nodes_conver
         let t = Instant::now();
         f.roll_out(&b, &[]);
         if version > 1 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            std::thread::sleep(Duration::from_millis(x % window_ms));
+            std::thread::sleep(timer.within(window_ms));
             f.server.kill9();
             kills += 1;
             // With the server down no node can move on: those that have not
