@@ -6,7 +6,7 @@
 # and prints the table as markdown.
 #
 #   bash scripts/reliability.sh          # everything (root: network namespaces, tmpfs, nftables)
-#   bash scripts/reliability.sh --fast   # without the network tests (~2 min; CI runs this)
+#   bash scripts/reliability.sh --fast   # without the network tests (~3 min; CI runs this)
 #   bash scripts/reliability.sh --table LINES   # only render and check summary lines kept earlier
 #
 # The table also goes to target/reliability/table.md, the raw lines to
