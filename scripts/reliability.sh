@@ -30,8 +30,8 @@ log=$out/run.log
 : >"$log"
 
 # Each suite, with the number of summary lines it prints.
-e2e=(--test hostile --test disk_full --test fd_limit --test server_crash --test server_crash_enrol --test server_crash_issue --test rollout_crash --test slow_client)
-expect_lines=$((6 + 2 + 1 + 1 + 1 + 1 + 1 + 1))
+e2e=(--test hostile --test disk_full --test fd_limit --test server_crash --test server_crash_enrol --test server_crash_issue --test rollout_crash --test slow_client --test agent_retry)
+expect_lines=$((6 + 2 + 1 + 1 + 1 + 1 + 1 + 1 + 1))
 if [ "$fast" = 0 ]; then
   e2e+=(--test net_faults)
   expect_lines=$((expect_lines + 3))
@@ -55,7 +55,7 @@ fi
 # Outcomes that must be 0 wherever a line reports them.
 must_be_zero="mixed_files corrupt_files_seen accepted written panics internal other half_stored half_visible \
 acknowledged_lost duplicate_applies double_applies skipped leaked staging_left left_over leftover_files \
-counted_against_bundle failed outside_entries claim_counted unrecorded duplicate_nodes uses_over_granted short_file_ended_clean"
+counted_against_bundle failed outside_entries claim_counted unrecorded duplicate_nodes uses_over_granted short_file_ended_clean given_up_for_ever"
 
 awk -v zero="$must_be_zero" -v expect="$expect_lines" -v table="$out/table.md" '
 BEGIN {
