@@ -471,8 +471,13 @@ impl State {
         let held = Arc::downgrade(&slot);
         let deadline = tokio::time::Instant::now() + self.deadline;
         let stalled_metrics = self.metrics.clone();
+        // Dropped with the body: the timer ends with the download.
+        let (body_alive, body_gone) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(async move {
-            tokio::time::sleep_until(deadline).await;
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => {}
+                _ = body_gone => return,
+            }
             if let Some(slot) = held.upgrade()
                 && let Some(p) = slot.lock().unwrap_or_else(|e| e.into_inner()).take()
             {
@@ -503,7 +508,7 @@ impl State {
             .chain(cut);
         let stream = file.map(move |chunk| {
             // The download slot is held until the body is done or dropped.
-            let _held = &slot;
+            let _held = (&slot, &body_alive);
             chunk.map(|b| {
                 metrics.agent_package_bytes(b.len() as u64);
                 Frame::data(b)

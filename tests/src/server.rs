@@ -87,18 +87,8 @@ impl Server {
     /// fresh data dir and `args`: a replica taking over an old server's
     /// address, which its agents have stored.
     pub fn start_at(addr: SocketAddr, args: &[&str]) -> Server {
-        let dir = tempfile::tempdir().expect("create temp dir");
-        let data_dir = dir.path().join("data");
-        let mut s = Server {
-            data_dir,
-            dir,
-            addr,
-            metrics_addr: free_addr(),
-            args: args.iter().map(|s| s.to_string()).collect(),
-            proc: None,
-            starts: 0,
-            wrapper: Vec::new(),
-        };
+        let mut s = Server::unstarted(args);
+        s.addr = addr;
         s.spawn();
         s
     }
@@ -109,19 +99,10 @@ impl Server {
     /// without a shared store. It rewrites its copy of `admin.conf` with its
     /// own URL.
     pub fn start_copy_of(from: &Server, addr: SocketAddr) -> Server {
-        let dir = tempfile::tempdir().expect("create temp dir");
-        let data_dir = dir.path().join("data");
-        copy_dir(&from.data_dir, &data_dir);
-        let mut s = Server {
-            data_dir,
-            dir,
-            addr,
-            metrics_addr: free_addr(),
-            args: from.args.clone(),
-            proc: None,
-            starts: 0,
-            wrapper: Vec::new(),
-        };
+        let mut s = Server::unstarted(&[]);
+        s.addr = addr;
+        s.args = from.args.clone();
+        copy_dir(&from.data_dir, &s.data_dir);
         // The copied admin.conf names `from`: wait for this server's own.
         std::fs::remove_file(s.admin_conf_path()).expect("remove the copied admin.conf");
         s.spawn();
@@ -136,18 +117,8 @@ impl Server {
         metrics_addr: SocketAddr,
         args: &[&str],
     ) -> Server {
-        let dir = tempfile::tempdir().expect("create temp dir");
-        let data_dir = dir.path().join("data");
-        let mut s = Server {
-            data_dir,
-            dir,
-            addr,
-            metrics_addr,
-            args: args.iter().map(|s| s.to_string()).collect(),
-            proc: None,
-            starts: 0,
-            wrapper: wrapper.to_vec(),
-        };
+        let mut s = Server::unstarted(args);
+        (s.addr, s.metrics_addr, s.wrapper) = (addr, metrics_addr, wrapper.to_vec());
         s.spawn();
         s
     }

@@ -35,6 +35,39 @@ VM_T0=$SECONDS
 
 vm_log() { printf 'vm: [%3ds] %s\n' "$((SECONDS - VM_T0))" "$*" >&2; }
 
+# The options of a VM test that packs the agent: [--profile release|dev]
+# [--no-lint] [--no-build]; USAGE is the one-line usage for errors. Sets
+# VM_PROFILE, VM_BUILD (1/0), VM_BUILD_ARGS (for packaging/deb/build.sh) and
+# VM_BIN (target/release or target/debug). LKS_DEB_PROFILE is the default.
+# shellcheck disable=SC2034 # VM_* are the outputs, read by the caller
+vm_parse_args() {
+  local usage=$1 repo
+  shift
+  repo=$(cd "$VM_LIB_DIR/../.." && pwd)
+  VM_PROFILE=${LKS_DEB_PROFILE:-release}
+  VM_BUILD=1
+  VM_BUILD_ARGS=()
+  while (($#)); do
+    case "$1" in
+    --profile)
+      (($# >= 2)) || vm_die "--profile needs a value ($usage)"
+      VM_PROFILE=$2
+      shift
+      ;;
+    --profile=*) VM_PROFILE=${1#--profile=} ;;
+    --no-lint) VM_BUILD_ARGS+=(--no-lint) ;;
+    --no-build) VM_BUILD=0 ;;
+    *) vm_die "unknown argument '$1' ($usage)" ;;
+    esac
+    shift
+  done
+  case "$VM_PROFILE" in
+  release) VM_BIN=$repo/target/release ;;
+  dev) VM_BIN=$repo/target/debug ;;
+  *) vm_die "--profile must be release or dev, not '$VM_PROFILE'" ;;
+  esac
+}
+
 # The caller's diagnostics and the last lines of the console, then (after
 # cleanup, so that it is the last line) one line saying what failed.
 vm_die() {

@@ -54,28 +54,9 @@ repo=$(cd "$here/../.." && pwd)
 . "$here/lib.sh"
 
 usage="usage: tests/vm/self-update.sh [--profile release|dev] [--no-lint] [--no-build]"
-profile=${LKS_DEB_PROFILE:-release}
-build=1
-build_args=()
-while (($#)); do
-  case "$1" in
-  --profile)
-    (($# >= 2)) || vm_die "--profile needs a value ($usage)"
-    profile=$2
-    shift
-    ;;
-  --profile=*) profile=${1#--profile=} ;;
-  --no-lint) build_args+=(--no-lint) ;;
-  --no-build) build=0 ;;
-  *) vm_die "unknown argument '$1' ($usage)" ;;
-  esac
-  shift
-done
-case "$profile" in
-release) bin=$repo/target/release ;;
-dev) bin=$repo/target/debug ;;
-*) vm_die "--profile must be release or dev, not '$profile'" ;;
-esac
+vm_parse_args "$usage" "$@"
+profile=$VM_PROFILE build=$VM_BUILD bin=$VM_BIN
+build_args=("${VM_BUILD_ARGS[@]}")
 
 CLUSTER=vm-self-update
 AGENT=/usr/bin/lksadmin-agent
