@@ -18,6 +18,9 @@ use tokio::io::AsyncRead;
 use tokio_util::codec::FramedRead as InnerFramedRead;
 use tokio_util::codec::{LengthDelimitedCodec, LengthDelimitedCodecError};
 
+/// lksadmin patch: what tokio-util's `FramedRead` starts with.
+const READ_BUFFER_CAPACITY: usize = 8 * 1024;
+
 // 16 MB "sane default" taken from golang http2
 const DEFAULT_SETTINGS_MAX_HEADER_LIST_SIZE: usize = 16 << 20;
 
@@ -70,6 +73,12 @@ impl<T> FramedRead<T> {
 
     pub fn get_mut(&mut self) -> &mut T {
         self.inner.get_mut()
+    }
+
+    /// lksadmin patch: what the read buffer holds allocated.
+    #[cfg(test)]
+    pub(crate) fn read_buf_capacity(&self) -> usize {
+        self.inner.read_buffer().capacity()
     }
 
     /// Returns the current max frame size setting
@@ -421,7 +430,18 @@ where
         let _e = span.enter();
         loop {
             tracing::trace!("poll");
-            let bytes = match ready!(Pin::new(&mut self.inner).poll_next(cx)) {
+            // lksadmin patch: the read buffer is given back whenever the
+            // connection waits with nothing buffered (below); read into a
+            // buffer of the usual initial size again, not into the few
+            // bytes `reserve(1)` of an empty one would give.
+            if self.inner.read_buffer().capacity() == 0 {
+                self.inner.read_buffer_mut().reserve(READ_BUFFER_CAPACITY);
+            }
+            let polled = Pin::new(&mut self.inner).poll_next(cx);
+            if polled.is_pending() && self.inner.read_buffer().is_empty() {
+                *self.inner.read_buffer_mut() = BytesMut::new();
+            }
+            let bytes = match ready!(polled) {
                 Some(Ok(bytes)) => bytes,
                 Some(Err(e)) => return Poll::Ready(Some(Err(map_err(e)))),
                 None => return Poll::Ready(None),

@@ -93,7 +93,10 @@ where
             final_flush_done: false,
             encoder: Encoder {
                 hpack: hpack::Encoder::default(),
-                buf: Cursor::new(BytesMut::with_capacity(DEFAULT_BUFFER_CAPACITY)),
+                // lksadmin patch: allocated when a frame is buffered and given
+                // back once everything buffered was written (see `unset_frame`),
+                // so an idle connection holds no write buffer.
+                buf: Cursor::new(BytesMut::new()),
                 next: None,
                 last_data_frame: None,
                 max_frame_size: frame::DEFAULT_MAX_FRAME_SIZE,
@@ -206,6 +209,7 @@ where
             Some(Next::Data(frame)) => {
                 self.last_data_frame = Some(frame);
                 debug_assert!(self.is_empty());
+                self.release_buf();
                 ControlFlow::Break
             }
             Some(Next::Continuation(frame)) => {
@@ -216,13 +220,27 @@ where
                 }
                 ControlFlow::Continue
             }
-            None => ControlFlow::Break,
+            None => {
+                self.release_buf();
+                ControlFlow::Break
+            }
+        }
+    }
+
+    /// lksadmin patch: gives the (empty) write buffer back to the allocator.
+    fn release_buf(&mut self) {
+        debug_assert!(self.buf.get_ref().is_empty());
+        if self.buf.get_ref().capacity() > 0 {
+            *self.buf.get_mut() = BytesMut::new();
         }
     }
 
     fn buffer(&mut self, item: Frame<B>) -> Result<(), UserError> {
         // Ensure that we have enough capacity to accept the write.
         assert!(self.has_capacity());
+        if self.buf.get_ref().capacity() == 0 {
+            self.buf.get_mut().reserve(DEFAULT_BUFFER_CAPACITY);
+        }
         let span = tracing::trace_span!("FramedWrite::buffer", frame = ?item);
         let _e = span.enter();
 
@@ -307,9 +325,12 @@ where
     }
 
     fn has_capacity(&self) -> bool {
+        // lksadmin patch: a released buffer (capacity 0) is allocated anew
+        // by `buffer`, so it has room.
         self.next.is_none()
-            && (self.buf.get_ref().capacity() - self.buf.get_ref().len()
-                >= self.min_buffer_capacity)
+            && (self.buf.get_ref().capacity() == 0
+                || self.buf.get_ref().capacity() - self.buf.get_ref().len()
+                    >= self.min_buffer_capacity)
     }
 
     fn is_empty(&self) -> bool {
@@ -350,6 +371,12 @@ impl<T, B> FramedWrite<T, B> {
 
     pub fn get_mut(&mut self) -> &mut T {
         &mut self.inner
+    }
+
+    /// lksadmin patch: what the write buffer holds allocated.
+    #[cfg(test)]
+    pub(crate) fn write_buf_capacity(&self) -> usize {
+        self.encoder.buf.get_ref().capacity()
     }
 }
 

@@ -210,3 +210,139 @@ where
         Self::new(src)
     }
 }
+
+/// lksadmin patch: the codec's buffers are given back while it waits, and
+/// frames still pass intact, in pieces and in bursts, after each release.
+#[cfg(test)]
+mod lksadmin_patch_tests {
+    use super::*;
+    use crate::frame::{Ping, StreamId};
+    use bytes::Bytes;
+    use std::task::Waker;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+    fn cx() -> Context<'static> {
+        Context::from_waker(Waker::noop())
+    }
+
+    fn at_once<F: std::future::Future>(f: F) -> F::Output {
+        match std::pin::pin!(f).poll(&mut cx()) {
+            Poll::Ready(v) => v,
+            Poll::Pending => panic!("the pipe is big enough for every test"),
+        }
+    }
+
+    fn flush_all(codec: &mut Codec<DuplexStream, Bytes>) {
+        match codec.flush(&mut cx()) {
+            Poll::Ready(r) => r.unwrap(),
+            Poll::Pending => panic!("the pipe is big enough for every test frame"),
+        }
+    }
+
+    fn send(codec: &mut Codec<DuplexStream, Bytes>, frame: Frame<Bytes>) {
+        assert!(codec.poll_ready(&mut cx()).is_ready());
+        codec.buffer(frame).unwrap();
+    }
+
+    fn next(codec: &mut Codec<DuplexStream, Bytes>) -> Poll<Frame> {
+        Pin::new(codec)
+            .poll_next(&mut cx())
+            .map(|f| f.expect("open").expect("valid frame"))
+    }
+
+    fn data(n: usize, seed: u8) -> Bytes {
+        (0..n)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
+    }
+
+    fn assert_data(frame: Frame, want: &Bytes) {
+        match frame {
+            Frame::Data(d) => assert_eq!(d.payload(), want),
+            other => panic!("expected DATA, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn write_buffer_is_given_back_once_written() {
+        let (a, mut b) = tokio::io::duplex(1 << 20);
+        let mut codec: Codec<_, Bytes> = Codec::new(a);
+        assert_eq!(codec.inner.get_ref().write_buf_capacity(), 0);
+
+        // Small frames are copied into the buffer, a big one is chained.
+        let small = data(100, 1);
+        let big = data(12_000, 2);
+        send(&mut codec, Ping::new(Ping::USER).into());
+        send(&mut codec, Data::new(StreamId::from(1), small.clone()).into());
+        assert!(codec.inner.get_ref().write_buf_capacity() > 0);
+        flush_all(&mut codec);
+        assert_eq!(codec.inner.get_ref().write_buf_capacity(), 0);
+        send(&mut codec, Data::new(StreamId::from(3), big.clone()).into());
+        flush_all(&mut codec);
+        assert_eq!(codec.inner.get_ref().write_buf_capacity(), 0);
+        assert!(codec.take_last_data_frame().is_some());
+
+        // What went out is exactly the three frames.
+        drop(codec);
+        let mut got = Vec::new();
+        at_once(b.read_to_end(&mut got)).unwrap();
+        let mut want = Vec::new();
+        want.extend_from_slice(&[0, 0, 8, 6, 0, 0, 0, 0, 0]);
+        want.extend_from_slice(&Ping::USER);
+        want.extend_from_slice(&[0, 0, 100, 0, 0, 0, 0, 0, 1]);
+        want.extend_from_slice(&small);
+        want.extend_from_slice(&[0, 0x2e, 0xe0, 0, 0, 0, 0, 0, 3]);
+        want.extend_from_slice(&big);
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn read_buffer_is_given_back_while_waiting() {
+        let (a, b) = tokio::io::duplex(1 << 20);
+        let mut reader: Codec<_, Bytes> = Codec::new(a);
+        let mut writer: Codec<_, Bytes> = Codec::new(b);
+
+        assert!(next(&mut reader).is_pending());
+        assert_eq!(reader.inner.read_buf_capacity(), 0);
+
+        // A burst: several frames, one bigger than the initial read buffer.
+        let frames: Vec<Bytes> = (0..4u8).map(|i| data(100 + 5000 * i as usize, i)).collect();
+        for (i, f) in frames.iter().enumerate() {
+            send(&mut writer, Data::new(StreamId::from(2 * i as u32 + 1), f.clone()).into());
+        }
+        flush_all(&mut writer);
+        for f in &frames {
+            match next(&mut reader) {
+                Poll::Ready(frame) => assert_data(frame, f),
+                Poll::Pending => panic!("a buffered frame did not come"),
+            }
+        }
+        assert!(next(&mut reader).is_pending());
+        assert_eq!(reader.inner.read_buf_capacity(), 0);
+
+        // A frame that arrives in pieces, with the reader waiting between them.
+        let piece = data(9000, 7);
+        let mut wire = vec![0, 0x23, 0x28, 0, 0, 0, 0, 0, 9];
+        wire.extend_from_slice(&piece);
+        let raw = writer.get_mut();
+        for chunk in wire.chunks(4000) {
+            at_once(raw.write_all(chunk)).unwrap();
+            if chunk.len() == 4000 {
+                assert!(next(&mut reader).is_pending());
+                assert!(reader.inner.read_buf_capacity() > 0, "bytes are held");
+            }
+        }
+        match next(&mut reader) {
+            Poll::Ready(frame) => assert_data(frame, &piece),
+            Poll::Pending => panic!("the whole frame is there"),
+        }
+        assert!(next(&mut reader).is_pending());
+        assert_eq!(reader.inner.read_buf_capacity(), 0);
+    }
+
+    #[test]
+    fn hpack_decoder_starts_without_scratch_buffer() {
+        let decoder = crate::hpack::Decoder::new(4096);
+        assert_eq!(decoder.scratch_capacity(), 0);
+    }
+}

@@ -153,12 +153,20 @@ struct StringMarker {
 
 impl Decoder {
     /// Creates a new `Decoder` with all settings set to default values.
+    /// lksadmin patch: what the Huffman scratch buffer holds allocated.
+    #[cfg(test)]
+    pub(crate) fn scratch_capacity(&self) -> usize {
+        self.buffer.capacity()
+    }
+
     pub fn new(size: usize) -> Decoder {
         Decoder {
             max_size_update: None,
             last_max_update: size,
             table: Table::new(size),
-            buffer: BytesMut::with_capacity(4096),
+            // lksadmin patch: grown by the first Huffman-coded string instead
+            // of 4 KiB up front for every connection.
+            buffer: BytesMut::new(),
         }
     }
 
