@@ -82,6 +82,13 @@ impl Deque {
         match self.indices {
             Some(mut idxs) => {
                 let mut slot = buf.slab.remove(idxs.head);
+                // lksadmin patch: a connection's frame buffer grows to the
+                // most frames ever queued at once and kept that storage for
+                // the connection's life; give it back once the last frame
+                // of every stream is out. No key is outstanding then.
+                if buf.slab.is_empty() && buf.slab.capacity() > 0 {
+                    buf.slab = Slab::new();
+                }
 
                 if idxs.head == idxs.tail {
                     assert!(slot.next.is_none());
@@ -94,6 +101,39 @@ impl Deque {
                 Some(slot.value)
             }
             None => None,
+        }
+    }
+}
+
+/// lksadmin patch: an emptied buffer holds no storage; frames still come out
+/// in order per deque, interleaved or not.
+#[cfg(test)]
+mod lksadmin_patch_tests {
+    use super::*;
+
+    #[test]
+    fn storage_is_given_back_when_the_last_frame_is_out() {
+        let mut buf = Buffer::new();
+        let (mut a, mut b) = (Deque::new(), Deque::new());
+        for round in 0..3u32 {
+            for i in 0..10 {
+                a.push_back(&mut buf, (round, 'a', i));
+                b.push_back(&mut buf, (round, 'b', i));
+            }
+            b.push_front(&mut buf, (round, 'b', 99));
+            assert!(buf.slab.capacity() >= 21);
+            for i in 0..10 {
+                assert_eq!(a.pop_front(&mut buf), Some((round, 'a', i)));
+            }
+            assert!(a.is_empty());
+            assert!(buf.slab.capacity() >= 11, "b's frames are still held");
+            assert_eq!(b.pop_front(&mut buf), Some((round, 'b', 99)));
+            for i in 0..10 {
+                assert_eq!(b.pop_front(&mut buf), Some((round, 'b', i)));
+            }
+            assert_eq!(b.pop_front(&mut buf), None);
+            assert!(buf.is_empty());
+            assert_eq!(buf.slab.capacity(), 0);
         }
     }
 }
