@@ -1819,8 +1819,6 @@ fn write_entry(
 ) -> Result<(), String> {
     const CHUNK: usize = 1 << 20;
     let dst = parent.create_entry(&name.into()).map_err(|e| e.to_string())?;
-    dst.set_permissions(fs::Permissions::from_mode(mode))
-        .map_err(|e| format!("set mode: {e}"))?;
     // Hashing here overlaps with the disk write on the writer's thread.
     let mut dst = FlushingWriter::new(dst, CHUNK).map_err(|e| format!("write: {e}"))?;
     let mut v = Verifier::new(digest, size);
@@ -1837,9 +1835,9 @@ fn write_entry(
         dst.write(buf).map_err(|e| format!("write: {e}"))?;
     }
     v.finish().map_err(|e| e.to_string())?;
-    dst.finish()
+    dst.finish(Some(fs::Permissions::from_mode(mode)))
         .map(drop)
-        .map_err(|e| format!("write and fsync: {e}"))
+        .map_err(|e| format!("write, set mode and fsync: {e}"))
 }
 
 fn rfc3339(ms: i64) -> String {

@@ -11,7 +11,7 @@
 //! full. Not used for downloads: there the disk measured slower competing
 //! with the transfer than one fsync at the end.
 
-use std::fs::File;
+use std::fs::{File, Permissions};
 use std::io::{self, Write};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
@@ -22,13 +22,14 @@ use std::thread::JoinHandle;
 pub const FLUSH_EVERY: u64 = 64 << 20;
 /// Bytes the caller may be ahead of the writer thread, for writes of the
 /// size given to [`FlushingWriter::new`].
-pub const QUEUE_BYTES: usize = 32 << 20;
+pub const QUEUE_BYTES: usize = 8 << 20;
 
 enum Msg {
     Data(Vec<u8>),
-    /// Every byte is sent: fsync and hand the file back. A writer dropped
-    /// without it (a failed verify) is abandoned with no fsync.
-    Finish,
+    /// Every byte is sent: set the permissions (if any), fsync and hand
+    /// the file back. A writer dropped without it (a failed verify) is
+    /// abandoned with no fsync.
+    Finish(Option<Permissions>),
 }
 
 /// A file being written by a background thread; see the module docs.
@@ -70,12 +71,13 @@ impl FlushingWriter {
             .unwrap_or_else(|| io::Error::other("the writer thread stopped")))
     }
 
-    /// Waits until every byte is written and the file fsynced (data and
-    /// metadata, `sync_all`), and returns the file.
-    pub fn finish(mut self) -> io::Result<File> {
+    /// Waits until every byte is written, `perm` set (only now: a file's
+    /// mode, setuid say, never applies to unverified bytes) and the file
+    /// fsynced (data and metadata, `sync_all`), and returns the file.
+    pub fn finish(mut self, perm: Option<Permissions>) -> io::Result<File> {
         if let Some(tx) = &self.tx {
             // A failed send means the thread already ended: join says why.
-            let _ = tx.send(Msg::Finish);
+            let _ = tx.send(Msg::Finish(perm));
         }
         self.join()
     }
@@ -115,7 +117,10 @@ fn write_loop(mut file: File, rx: Receiver<Msg>, every: u64) -> io::Result<File>
                     unflushed = 0;
                 }
             }
-            Msg::Finish => {
+            Msg::Finish(perm) => {
+                if let Some(perm) = perm {
+                    file.set_permissions(perm)?;
+                }
                 file.sync_all()?;
                 return Ok(file);
             }
@@ -127,6 +132,7 @@ fn write_loop(mut file: File, rx: Receiver<Msg>, every: u64) -> io::Result<File>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn writes_every_byte_in_order() {
@@ -141,8 +147,9 @@ mod tests {
             w.write(chunk).unwrap();
         }
         w.write(Vec::new()).unwrap();
-        let f = w.finish().unwrap();
+        let f = w.finish(Some(Permissions::from_mode(0o751))).unwrap();
         assert_eq!(f.metadata().unwrap().len(), want.len() as u64);
+        assert_eq!(f.metadata().unwrap().permissions().mode() & 0o7777, 0o751);
         assert_eq!(std::fs::read(&p).unwrap(), want);
     }
 
@@ -162,7 +169,7 @@ mod tests {
         }
         let err = match err {
             Some(e) => e,
-            None => w.finish().unwrap_err(),
+            None => w.finish(None).unwrap_err(),
         };
         assert_eq!(err.raw_os_error(), Some(nix::libc::EBADF), "{err}");
     }
