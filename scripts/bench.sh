@@ -17,6 +17,11 @@
 #     baseline: curl over HTTPS (the server's own agent-package endpoint,
 #     pinned CA) + openssl dgst -sha256 of the same size, which is the
 #     transfer and hashing floor.
+#   - blob download and verify: one agent fetching a 256 MiB blob through
+#     FetchBlob, and 100 agents (BLOB_AGENTS) a 64 MiB one at once, timed
+#     by the agent's "blob fetched and verified" log line; baseline: curl
+#     over HTTPS of the same bytes from the same server (--agent-package)
+#     + openssl dgst -sha256, one and 100 at once (at most 64 running).
 #   - HA: 3 replicas (--store etcd) on a throwaway etcd next to the one
 #     SQLite server: agents held, rollout to HA_AGENTS agents (spread over
 #     the replicas, started through a replica that is not the leader), and
