@@ -17,6 +17,11 @@
 #     baseline: curl over HTTPS (the server's own agent-package endpoint,
 #     pinned CA) + openssl dgst -sha256 of the same size, which is the
 #     transfer and hashing floor.
+#   - blob download and verify: one agent fetching a 256 MiB blob through
+#     FetchBlob, and 100 agents (BLOB_AGENTS) a 64 MiB one at once, timed
+#     by the agent's "blob fetched and verified" log line; baseline: curl
+#     over HTTPS of the same bytes from the same server (--agent-package)
+#     + openssl dgst -sha256, one and 100 at once (at most 64 running).
 #   - HA: 3 replicas (--store etcd) on a throwaway etcd next to the one
 #     SQLite server: agents held, rollout to HA_AGENTS agents (spread over
 #     the replicas, started through a replica that is not the leader), and
@@ -26,7 +31,7 @@
 #     N agents, restarts the server (SIGTERM) and times until every agent
 #     has its desired state again, with errors by class; baseline: the
 #     same N agents' first connection in the same run.
-# Usage: bash scripts/bench.sh [--only agents|sha|packages|upgrade|ha|footprint|storm] [AGENTS...]
+# Usage: bash scripts/bench.sh [--only agents|sha|packages|upgrade|blob|ha|footprint|storm] [AGENTS...]
 #        (default: every section, agents 1000 2000; HA_AGENTS=1000,
 #        IDLE_SECONDS=60)
 # Needs python3 (medians), curl, openssl (the upgrade baseline) and, for the HA
@@ -36,7 +41,7 @@ cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
 only=""
 if [ "${1:-}" = --only ]; then
-  only=${2:?--only needs agents, sha, packages, upgrade, ha, footprint or storm}
+  only=${2:?--only needs agents, sha, packages, upgrade, blob, ha, footprint or storm}
   shift 2
 fi
 want() { [ -z "$only" ] || [ "$only" = "$1" ]; }
@@ -54,10 +59,11 @@ http_pid=
 replica_pids=()
 up_pids=()
 fp_pids=()
+bl_agents=()
 etcd_pid=
 cleanup() {
   # Replicas before etcd: they give their leases back on the way out.
-  for p in $server_pid $http_pid "${up_pids[@]}" "${fp_pids[@]}" "${replica_pids[@]}" $etcd_pid; do
+  for p in $server_pid $http_pid "${bl_agents[@]}" "${up_pids[@]}" "${fp_pids[@]}" "${replica_pids[@]}" $etcd_pid; do
     # A killed process's status is not a failure here (set -e would stop
     # the cleanup at the first one).
     kill "$p" 2>/dev/null && { wait "$p" 2>/dev/null || true; }
@@ -264,6 +270,142 @@ if want upgrade; then
   echo "| curl HTTPS + openssl dgst -sha256 (baseline) | $b | 1.00 | – |"
   echo "| fresh install (empty target) | $f | $(python3 -c "print(round($f/$b, 2))") | 1.00 |"
   echo "| upgrade (replace the previous version) | $u | $(python3 -c "print(round($u/$b, 2))") | $(python3 -c "print(round($u/$f, 2))") |"
+  echo
+fi
+
+if want blob; then
+  # FetchBlob next to curl + openssl on the same bytes from the same server:
+  # its own server imports two agent packages (a 256 MiB amd64 one, a
+  # 64 MiB arm64 one, served over HTTPS by --agent-package) and publishes
+  # each file again as a bundle, so both paths read one blob file.
+  # Every run enrols fresh agents (a new cluster), so the blob is never in
+  # an agent's cache yet. The agent's figure is its "blob fetched and
+  # verified" log line: FetchBlob request to the last byte verified,
+  # written and fsynced into the cache (ms), and without the fsync
+  # (stream_ms). The baseline never fsyncs.
+  bl=$work/bl
+  mkdir -p "$bl/pkg"
+  par=${BLOB_AGENTS:-100}
+  big_deb=$bl/pkg/lksadmin-agent_0.0.0-big_amd64.deb
+  mid_deb=$bl/pkg/lksadmin-agent_0.0.0-mid_arm64.deb
+  { printf '!<arch>\ndebian-binary   '; head -c $(((256 << 20) - 24)) /dev/urandom; } >"$big_deb"
+  { printf '!<arch>\ndebian-binary   '; head -c $(((64 << 20) - 24)) /dev/urandom; } >"$mid_deb"
+  bl_port=$(free_port) bl_mport=$(free_port)
+  "$bin/lks-control-server" --data-dir "$bl/server" --listen "127.0.0.1:$bl_port" \
+    --metrics-listen "127.0.0.1:$bl_mport" --advertise-address 127.0.0.1 \
+    --agent-package "$big_deb" --agent-package "$mid_deb" >"$bl/server.log" 2>&1 &
+  up_pids+=($!)
+  for _ in $(seq 100); do [ -f "$bl/server/admin.conf" ] && break; sleep 0.1; done
+  blk() { "$bin/lksctl" --config "$bl/server/admin.conf" "$@"; }
+  python3 -c 'import tomllib,sys; print(tomllib.load(open(sys.argv[1],"rb"))["ca_cert"], end="")' \
+    "$bl/server/admin.conf" >"$bl/ca.pem"
+  for b in big:"$big_deb" mid:"$mid_deb"; do
+    d=$bl/src-${b%%:*}
+    mkdir -p "$d"
+    cp "${b#*:}" "$d/blob"
+    printf 'name = "%s"\nversion = "1"\n\n[[file]]\npath = "/opt/%s/blob"\nsource = "blob"\nmode = "0755"\n' \
+      "${b%%:*}" "${b%%:*}" >"$d/bundle.toml"
+    blk bundle publish "$d" >/dev/null
+    rm -rf "$d"
+  done
+  # Enrols and starts N agents in cluster C; their pids go to bl_agents.
+  agents_up() {
+    local c=$1 n=$2 i
+    blk cluster create "$c" >/dev/null
+    read -r -a joinv <<<"$(blk token create --cluster "$c" --uses "$n")"
+    for i in $(seq "$n"); do
+      mkdir -p "$bl/$c/$i/root"
+      "$bin/lksadmin-agent" "${joinv[@]:1}" --node-name "$c-$i" --state-dir "$bl/$c/$i/state" \
+        --root "$bl/$c/$i/root" >/dev/null
+    done
+    for i in $(seq "$n"); do
+      "$bin/lksadmin-agent" run --state-dir "$bl/$c/$i/state" >"$bl/$c/$i/agent.log" 2>&1 &
+      bl_agents+=($!)
+    done
+    for _ in $(seq 600); do
+      [ "$(blk node list --cluster "$c" -o json | grep -c '"connected": true')" = "$n" ] && return
+      sleep 0.1
+    done
+    echo "not every agent of $c connected" >&2
+    exit 1
+  }
+  agents_down() {
+    local p
+    for p in "${bl_agents[@]}"; do kill "$p" && { wait "$p" || true; }; done
+    bl_agents=()
+    rm -rf "${bl:?}/$1"
+  }
+  # The fetch lines of cluster C's agent logs: "MS STREAM_MS", median over
+  # agents; with --span, first fetch start to last fetch end (ms).
+  fetched() {
+    python3 - "$@" <<'PY'
+import datetime, glob, re, statistics, sys
+c, span = sys.argv[1], len(sys.argv) > 2
+rows = []
+for f in glob.glob(c + "/*/agent.log"):
+    for line in open(f):
+        if "blob fetched and verified" in line:
+            ts = datetime.datetime.fromisoformat(line.split()[0].replace("Z", "+00:00")).timestamp() * 1000
+            ms = int(re.search(r"\bms=(\d+)", line).group(1))
+            st = int(re.search(r"\bstream_ms=(\d+)", line).group(1))
+            rows.append((ts, ms, st))
+if span:
+    print(round(max(t for t, _, _ in rows) - min(t - m for t, m, _ in rows)), len(rows))
+else:
+    print(statistics.median(m for _, m, _ in rows), statistics.median(s for _, _, s in rows))
+PY
+  }
+  ms() { local s; s=$(date +%s%N); "$@" >/dev/null; echo $(( ($(date +%s%N) - s) / 1000000 )); }
+  get_hash() {
+    curl -fsS --cacert "$bl/ca.pem" ${3:+--interface "$3"} -o "$2" "https://127.0.0.1:$bl_port/v1/agent-package/$1"
+    openssl dgst -sha256 "$2" >/dev/null
+  }
+  # PAR curl + openssl at once, each from its own 127.1.R.x address (the
+  # endpoint rate-limits per IP). The endpoint serves at most 64 downloads
+  # at once (MAX_DOWNLOADS in packages.rs): more are turned away, so at most
+  # 64 run at a time here.
+  curl_storm() {
+    local r=$1 i
+    for i in $(seq "$par"); do echo "$i"; done |
+      xargs -P 64 -I{} bash -c "$(declare -f get_hash); bl=$bl bl_port=$bl_port get_hash arm64 $bl/dl.{} 127.1.$r.{}"
+    rm -f "$bl"/dl.*
+  }
+  get_hash amd64 "$bl/dl" && rm -f "$bl/dl"
+  base=() ours=() stream=() apply=() mbase=() mspan=() mapply=()
+  for r in $(seq "$RUNS"); do
+    sync
+    base+=("$(ms get_hash amd64 "$bl/dl")")
+    rm -f "$bl/dl"
+    agents_up "one$r" 1
+    sync
+    s=$(date +%s%N)
+    blk rollout start --cluster "one$r" --bundle big@1 --wait >/dev/null
+    apply+=("$(( ($(date +%s%N) - s) / 1000000 ))")
+    read -r m st <<<"$(fetched "$bl/one$r")"
+    ours+=("$m") stream+=("$st")
+    agents_down "one$r"
+
+    sync
+    mbase+=("$(ms curl_storm "$r")")
+    agents_up "many$r" "$par"
+    sync
+    s=$(date +%s%N)
+    blk rollout start --cluster "many$r" --bundle mid@1 --batch-size "$par" --wait >/dev/null
+    mapply+=("$(( ($(date +%s%N) - s) / 1000000 ))")
+    read -r sp n <<<"$(fetched "$bl/many$r" --span)"
+    [ "$n" = "$par" ] || { echo "$n of $par agents logged their fetch" >&2; exit 1; }
+    mspan+=("$sp")
+    agents_down "many$r"
+  done
+  b=$(median "${base[@]}") o=$(median "${ours[@]}") st=$(median "${stream[@]}") a=$(median "${apply[@]}")
+  mb=$(median "${mbase[@]}") ms_=$(median "${mspan[@]}") ma=$(median "${mapply[@]}")
+  ratio() { python3 -c "print(round($1/$2, 2))"; }
+  echo "## Blob download and verify (median of $RUNS runs)"
+  echo
+  echo "| what | baseline: curl HTTPS + openssl dgst -sha256 (ms) | FetchBlob + verify into the cache (ms) | speed vs baseline | without the fsync (ms) | whole \`rollout start --wait\` (ms) |"
+  echo "| --- | --- | --- | --- | --- | --- |"
+  echo "| 1 agent, 256 MiB | $b | $o | $(ratio "$b" "$o") | $st | $a |"
+  echo "| $par agents at once, 64 MiB each (first fetch start to last fetch end) | $mb | $ms_ | $(ratio "$mb" "$ms_") | – | $ma |"
   echo
 fi
 

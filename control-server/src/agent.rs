@@ -35,7 +35,10 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
 /// Messages queued towards one agent; beyond this the agent is slow and
 /// pings are skipped while desired states wait (coalesced) for room.
 const OUTBOUND_QUEUE: usize = 8;
-const BLOB_CHUNK: usize = 64 * 1024;
+/// Bytes per `FetchBlob` message. 256 KiB measured faster than 64 KiB
+/// (fewer messages to frame, encode and decode); a fetch holds at most six
+/// of them (the read, four queued, one being encoded).
+const BLOB_CHUNK: usize = 256 * 1024;
 /// Longest free-text field (messages, facts) kept from an agent.
 const MAX_TEXT: usize = 4096;
 const MAX_STATUSES: usize = 1024;
@@ -265,7 +268,6 @@ impl AgentService for AgentApi {
         let cancel = self.s.cancel.clone();
         self.s.tasks.spawn(async move {
             let mut remaining = size - r.offset;
-            let mut buf = vec![0u8; BLOB_CHUNK];
             if remaining == 0 {
                 let _ = tx
                     .send(Ok(pb::BlobChunk {
@@ -276,6 +278,8 @@ impl AgentService for AgentApi {
                 return;
             }
             while remaining > 0 {
+                // Read straight into the message's buffer: no copy.
+                let mut buf = vec![0u8; BLOB_CHUNK.min(remaining as usize)];
                 let n = match file.read(&mut buf).await {
                     Ok(0) => {
                         let _ = tx
@@ -294,8 +298,9 @@ impl AgentService for AgentApi {
                     }
                 };
                 remaining -= n as u64;
+                buf.truncate(n);
                 let chunk = pb::BlobChunk {
-                    data: buf[..n].to_vec(),
+                    data: buf,
                     total_size: size,
                 };
                 tokio::select! {

@@ -35,6 +35,7 @@ use crate::certs::{self, CertIssuer, IssueError, Issued, NoIssuer};
 use crate::clock::Clock;
 use crate::config::StateDir;
 use crate::fault;
+use crate::flushwriter::FlushingWriter;
 use crate::fsutil::{self, FsError};
 use crate::journal::{Event, IllegalTransition, Journal, Next, PathPlan, Phase, Txn, Want};
 use crate::runner::{CommandRunner, CommandSpec, Outcome};
@@ -1816,21 +1817,27 @@ fn write_entry(
     size: u64,
     mode: u32,
 ) -> Result<(), String> {
-    let mut dst = parent.create_entry(&name.into()).map_err(|e| e.to_string())?;
+    const CHUNK: usize = 1 << 20;
+    let dst = parent.create_entry(&name.into()).map_err(|e| e.to_string())?;
+    // Hashing here overlaps with the disk write on the writer's thread.
+    let mut dst = FlushingWriter::new(dst, CHUNK).map_err(|e| format!("write: {e}"))?;
     let mut v = Verifier::new(digest, size);
-    let mut buf = vec![0u8; 64 * 1024];
     loop {
-        let n = src.read(&mut buf).map_err(|e| format!("read: {e}"))?;
+        let mut buf = Vec::with_capacity(CHUNK);
+        let n = (&mut src)
+            .take(CHUNK as u64)
+            .read_to_end(&mut buf)
+            .map_err(|e| format!("read: {e}"))?;
         if n == 0 {
             break;
         }
-        v.update(&buf[..n]).map_err(|e| e.to_string())?;
-        dst.write_all(&buf[..n]).map_err(|e| format!("write: {e}"))?;
+        v.update(&buf).map_err(|e| e.to_string())?;
+        dst.write(buf).map_err(|e| format!("write: {e}"))?;
     }
     v.finish().map_err(|e| e.to_string())?;
-    dst.set_permissions(fs::Permissions::from_mode(mode))
-        .map_err(|e| format!("set mode: {e}"))?;
-    dst.sync_all().map_err(|e| format!("fsync: {e}"))
+    dst.finish(Some(fs::Permissions::from_mode(mode)))
+        .map(drop)
+        .map_err(|e| format!("write, set mode and fsync: {e}"))
 }
 
 fn rfc3339(ms: i64) -> String {

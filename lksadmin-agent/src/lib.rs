@@ -19,6 +19,7 @@ pub mod drift;
 pub mod engine;
 pub mod facts;
 pub mod fault;
+pub mod flushwriter;
 pub mod fsutil;
 pub mod join;
 pub mod journal;

@@ -592,6 +592,38 @@ async fn checksum_mismatch_from_a_mirror_fails_naming_file_and_url() {
 }
 
 #[tokio::test]
+async fn a_cached_blob_corrupted_on_disk_never_reaches_the_target() {
+    let mut f = fixture();
+    let good = b"kubelet, the real one".to_vec();
+    let m = f.manifest("k", "1", &[("/usr/bin/kubelet", &good, 0o755)]);
+    // Verified once, then changed on disk (same size): staging hashes it
+    // again while its writer thread writes the staged copy.
+    let d = Digest::of(&good);
+    let cache = f.state.join("cache/sha256");
+    std::fs::create_dir_all(&cache).unwrap();
+    std::fs::write(cache.join(d.hex()), b"kubelet, the evil one").unwrap();
+    f.desire(vec![unsigned(m.clone())]).await;
+    let (_, state, message) = f.status("k");
+    assert_ne!(state, BundleState::Applied, "{message}");
+    assert!(message.contains("/usr/bin/kubelet"), "{message}");
+    assert!(
+        !f.tree()
+            .iter()
+            .any(|p| p.ends_with("kubelet") || p.contains(".lks.")),
+        "nothing written beside the target: {:?}",
+        f.tree()
+    );
+    assert!(!f.engine.cache().contains(&d), "the corrupt entry is dropped");
+
+    // The next version with the same bytes fetches them again and applies.
+    let mut m2 = m;
+    m2.version = "2".into();
+    f.desire(vec![unsigned(m2)]).await;
+    assert_eq!(f.status("k").1, BundleState::Applied);
+    assert_eq!(f.read("/usr/bin/kubelet"), Some((good, 0o755)));
+}
+
+#[tokio::test]
 async fn blob_source_offline_leaves_bundle_pending_then_applies() {
     let mut f = fixture();
     let m = f.manifest("late", "1", &[("/etc/late", b"late bytes", 0o644)]);
