@@ -84,13 +84,35 @@ echo "- memory: $(free -g | awk '/Mem:/{print $2}') GiB; kernel $(uname -r); $(.
 echo "- $(rustc --version); release profile; date $(date -u +%F)"
 echo
 
+# A file --agent-package takes: SIZE bytes, a .deb's first bytes then random.
+fake_deb() { { printf '!<arch>\ndebian-binary   '; head -c $(($2 - 24)) /dev/urandom; } >"$1"; }
+# The CA a client pins, from an admin.conf.
+ca_pem() {
+  python3 -c 'import tomllib,sys; print(tomllib.load(open(sys.argv[1],"rb"))["ca_cert"], end="")' "$1"
+}
+
+# Starts a release server of a section's own, data in DIR/server, log in
+# DIR/server.log, the other arguments passed on; waits for its admin.conf,
+# writes its CA to DIR/ca.pem and sets srv_port. Cleanup stops it.
+start_server() {
+  local dir=$1
+  shift
+  srv_port=$(free_port)
+  "$bin/lks-control-server" --data-dir "$dir/server" --listen "127.0.0.1:$srv_port" \
+    --metrics-listen "127.0.0.1:$(free_port)" --advertise-address 127.0.0.1 "$@" \
+    >"$dir/server.log" 2>&1 &
+  up_pids+=($!)
+  for _ in $(seq 100); do [ -f "$dir/server/admin.conf" ] && break; sleep 0.1; done
+  ca_pem "$dir/server/admin.conf" >"$dir/ca.pem"
+}
+
 # The package the download section serves: 20 MiB, a .deb's first bytes.
 # Only that section has the server import it.
 pkg=$work/pkg/lksadmin-agent_0.0.0-bench_amd64.deb
 pkg_args=()
 if want packages; then
   mkdir -p "$work/pkg"
-  { printf '!<arch>\ndebian-binary   '; head -c $((20 << 20)) /dev/urandom; } >"$pkg"
+  fake_deb "$pkg" $((20 << 20))
   pkg_args=(--agent-package "$pkg")
 fi
 
@@ -180,8 +202,7 @@ fi
 if want packages; then
   python3 -m http.server --bind 127.0.0.1 --directory "$work/pkg" $((port + 1)) >"$work/http.log" 2>&1 &
   http_pid=$!
-  python3 -c 'import tomllib,sys; print(tomllib.load(open(sys.argv[1],"rb"))["ca_cert"], end="")' \
-    "$work/server/admin.conf" >"$work/ca.pem"
+  ca_pem "$work/server/admin.conf" >"$work/ca.pem"
   ours_url="https://127.0.0.1:$port/v1/agent-package/amd64"
   base_url="http://127.0.0.1:$((port + 1))/$(basename "$pkg")"
   for _ in $(seq 50); do curl -fs -o /dev/null "$base_url" && break; sleep 0.1; done
@@ -221,13 +242,9 @@ if want upgrade; then
   up=$work/up
   mkdir -p "$up/pkg" "$up/root"
   deb=$up/pkg/lksadmin-agent_0.0.0-big_amd64.deb
-  { printf '!<arch>\ndebian-binary   '; head -c $((big - 24)) /dev/urandom; } >"$deb"
-  up_port=$(free_port) up_mport=$(free_port)
-  "$bin/lks-control-server" --data-dir "$up/server" --listen "127.0.0.1:$up_port" \
-    --metrics-listen "127.0.0.1:$up_mport" --advertise-address 127.0.0.1 --agent-package "$deb" \
-    >"$up/server.log" 2>&1 &
-  up_pids+=($!)
-  for _ in $(seq 100); do [ -f "$up/server/admin.conf" ] && break; sleep 0.1; done
+  fake_deb "$deb" "$big"
+  start_server "$up" --agent-package "$deb"
+  up_port=$srv_port
   lk() { "$bin/lksctl" --config "$up/server/admin.conf" "$@"; }
   lk cluster create up >/dev/null
   read -r -a joinv <<<"$(lk token create --cluster up --uses 1)"
@@ -235,8 +252,6 @@ if want upgrade; then
   "$bin/lksadmin-agent" run --state-dir "$up/state" >"$up/agent.log" 2>&1 &
   up_pids+=($!)
   for _ in $(seq 100); do lk node get up-1 -o json | grep -q '"connected": true' && break; sleep 0.1; done
-  python3 -c 'import tomllib,sys; print(tomllib.load(open(sys.argv[1],"rb"))["ca_cert"], end="")' \
-    "$up/server/admin.conf" >"$up/ca.pem"
   # A bundle NAME@VERSION holding one fresh 256 MiB file at PATH.
   mkbundle() {
     local d=$up/src-$1-$2
@@ -298,17 +313,11 @@ if want blob; then
   par=${BLOB_AGENTS:-100}
   big_deb=$bl/pkg/lksadmin-agent_0.0.0-big_amd64.deb
   mid_deb=$bl/pkg/lksadmin-agent_0.0.0-mid_arm64.deb
-  { printf '!<arch>\ndebian-binary   '; head -c $(((256 << 20) - 24)) /dev/urandom; } >"$big_deb"
-  { printf '!<arch>\ndebian-binary   '; head -c $(((64 << 20) - 24)) /dev/urandom; } >"$mid_deb"
-  bl_port=$(free_port) bl_mport=$(free_port)
-  "$bin/lks-control-server" --data-dir "$bl/server" --listen "127.0.0.1:$bl_port" \
-    --metrics-listen "127.0.0.1:$bl_mport" --advertise-address 127.0.0.1 \
-    --agent-package "$big_deb" --agent-package "$mid_deb" >"$bl/server.log" 2>&1 &
-  up_pids+=($!)
-  for _ in $(seq 100); do [ -f "$bl/server/admin.conf" ] && break; sleep 0.1; done
+  fake_deb "$big_deb" $((256 << 20))
+  fake_deb "$mid_deb" $((64 << 20))
+  start_server "$bl" --agent-package "$big_deb" --agent-package "$mid_deb"
+  bl_port=$srv_port
   blk() { "$bin/lksctl" --config "$bl/server/admin.conf" "$@"; }
-  python3 -c 'import tomllib,sys; print(tomllib.load(open(sys.argv[1],"rb"))["ca_cert"], end="")' \
-    "$bl/server/admin.conf" >"$bl/ca.pem"
   for b in big:"$big_deb" mid:"$mid_deb"; do
     d=$bl/src-${b%%:*}
     mkdir -p "$d"
@@ -428,11 +437,7 @@ if want footprint; then
   idle_s=${IDLE_SECONDS:-60}
   fp=$work/fp
   mkdir -p "$fp/root" "$fp/src"
-  fp_port=$(free_port) fp_mport=$(free_port)
-  "$bin/lks-control-server" --data-dir "$fp/server" --listen "127.0.0.1:$fp_port" \
-    --metrics-listen "127.0.0.1:$fp_mport" --advertise-address 127.0.0.1 >"$fp/server.log" 2>&1 &
-  fp_pids+=($!)
-  for _ in $(seq 100); do [ -f "$fp/server/admin.conf" ] && break; sleep 0.1; done
+  start_server "$fp"
   lf() { "$bin/lksctl" --config "$fp/server/admin.conf" "$@"; }
   lf cluster create fp >/dev/null
   read -r -a joinv <<<"$(lf token create --cluster fp --uses 1)"

@@ -1398,11 +1398,7 @@ impl Engine {
             // Not even read when its inode is as it was when the engine
             // wrote it or a heal pass last hashed it (the trust a heal pass
             // gives it; see `InodeMeta`).
-            if self
-                .verified
-                .get(&plan.path)
-                .is_some_and(|(meta, d)| *meta == InodeMeta::of(&st) && *d == f.digest)
-            {
+            if self.unchanged_since_verified(&plan.path, &st, &f.digest) {
                 return Ok(Content::Cached {
                     digest: f.digest,
                     size: f.size,
@@ -1707,6 +1703,19 @@ impl Engine {
         Ok(report)
     }
 
+    /// Whether `path`'s inode is as it was when its bytes were last found
+    /// (or written) to be `digest`: then they still are (see [`InodeMeta`]).
+    fn unchanged_since_verified(
+        &self,
+        path: &BundlePath,
+        st: &nix::sys::stat::FileStat,
+        digest: &Digest,
+    ) -> bool {
+        self.verified
+            .get(path)
+            .is_some_and(|(meta, d)| *meta == InodeMeta::of(st) && d == digest)
+    }
+
     /// Why a managed file differs from its manifest entry, if it does.
     /// Unless `full`, a file whose inode is as it was when its bytes last
     /// matched is not read again; `hashed` counts the files that were.
@@ -1735,12 +1744,7 @@ impl Engine {
             self.verified.remove(&f.path);
             return Ok(Some("mode changed"));
         }
-        if !full
-            && self
-                .verified
-                .get(&f.path)
-                .is_some_and(|(meta, d)| *meta == InodeMeta::of(&st) && *d == f.digest)
-        {
+        if !full && self.unchanged_since_verified(&f.path, &st, &f.digest) {
             return Ok(None);
         }
         let Some(file) = parent.open_target().map_err(|e| e.to_string())? else {
