@@ -586,7 +586,8 @@ pub mod client {
     mod ech;
     pub(super) mod handy;
     mod hs;
-    #[cfg(test)]
+    // lksadmin patch: needs the repository's test-ca/, which crates.io does not ship.
+    #[cfg(all(test, not(lksadmin_no_test_ca)))]
     mod test;
     #[cfg(feature = "tls12")]
     mod tls12;
@@ -629,7 +630,8 @@ pub mod server {
     pub(crate) mod handy;
     mod hs;
     mod server_conn;
-    #[cfg(test)]
+    // lksadmin patch: needs the repository's test-ca/, which crates.io does not ship.
+    #[cfg(all(test, not(lksadmin_no_test_ca)))]
     mod test;
     #[cfg(feature = "tls12")]
     mod tls12;

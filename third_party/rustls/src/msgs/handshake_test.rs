@@ -733,6 +733,7 @@ fn cannot_decode_huge_certificate() {
     );
 }
 
+#[cfg(not(lksadmin_no_test_ca))] // lksadmin patch: its test data is not on crates.io
 #[test]
 fn can_decode_server_hello_from_api_devicecheck_apple_com() {
     let data = include_bytes!("../testdata/hello-api.devicecheck.apple.com.bin");

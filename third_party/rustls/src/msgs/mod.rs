@@ -57,6 +57,7 @@ mod tests {
     use super::codec::Reader;
     use super::message::{Message, OutboundOpaqueMessage};
 
+    #[cfg(not(lksadmin_no_test_ca))] // lksadmin patch: its test data is not on crates.io
     #[test]
     fn smoketest() {
         let bytes = include_bytes!("../testdata/handshake-test.1.bin");

@@ -439,6 +439,7 @@ mod tests {
 
     use super::*;
 
+    #[cfg(not(lksadmin_no_test_ca))] // lksadmin patch: its test data is not on crates.io
     #[test]
     fn can_load_ecdsa_nistp256_pkcs8() {
         let key =
@@ -449,6 +450,7 @@ mod tests {
         assert!(any_ecdsa_type(&key).is_ok());
     }
 
+    #[cfg(not(lksadmin_no_test_ca))] // lksadmin patch: its test data is not on crates.io
     #[test]
     fn can_load_ecdsa_nistp256_sec1() {
         let key = PrivateKeyDer::Sec1(PrivateSec1KeyDer::from(
@@ -458,6 +460,7 @@ mod tests {
         assert!(any_ecdsa_type(&key).is_ok());
     }
 
+    #[cfg(not(lksadmin_no_test_ca))] // lksadmin patch: its test data is not on crates.io
     #[test]
     fn can_sign_ecdsa_nistp256() {
         let key = PrivateKeyDer::Sec1(PrivateSec1KeyDer::from(
@@ -492,6 +495,7 @@ mod tests {
         );
     }
 
+    #[cfg(not(lksadmin_no_test_ca))] // lksadmin patch: its test data is not on crates.io
     #[test]
     fn can_load_ecdsa_nistp384_pkcs8() {
         let key =
@@ -502,6 +506,7 @@ mod tests {
         assert!(any_ecdsa_type(&key).is_ok());
     }
 
+    #[cfg(not(lksadmin_no_test_ca))] // lksadmin patch: its test data is not on crates.io
     #[test]
     fn can_load_ecdsa_nistp384_sec1() {
         let key = PrivateKeyDer::Sec1(PrivateSec1KeyDer::from(
@@ -511,6 +516,7 @@ mod tests {
         assert!(any_ecdsa_type(&key).is_ok());
     }
 
+    #[cfg(not(lksadmin_no_test_ca))] // lksadmin patch: its test data is not on crates.io
     #[test]
     fn can_sign_ecdsa_nistp384() {
         let key = PrivateKeyDer::Sec1(PrivateSec1KeyDer::from(
@@ -545,6 +551,7 @@ mod tests {
         );
     }
 
+    #[cfg(not(lksadmin_no_test_ca))] // lksadmin patch: its test data is not on crates.io
     #[test]
     fn can_load_eddsa_pkcs8() {
         let key = PrivatePkcs8KeyDer::from(&include_bytes!("../../testdata/eddsakey.der")[..]);
@@ -554,6 +561,7 @@ mod tests {
         assert!(any_ecdsa_type(&key).is_err());
     }
 
+    #[cfg(not(lksadmin_no_test_ca))] // lksadmin patch: its test data is not on crates.io
     #[test]
     fn can_sign_eddsa() {
         let key = PrivatePkcs8KeyDer::from(&include_bytes!("../../testdata/eddsakey.der")[..]);
@@ -578,6 +586,7 @@ mod tests {
         assert_eq!(s.sign(b"hello").unwrap().len(), 64);
     }
 
+    #[cfg(not(lksadmin_no_test_ca))] // lksadmin patch: its test data is not on crates.io
     #[test]
     fn can_load_rsa2048_pkcs8() {
         let key =
@@ -588,6 +597,7 @@ mod tests {
         assert!(any_ecdsa_type(&key).is_err());
     }
 
+    #[cfg(not(lksadmin_no_test_ca))] // lksadmin patch: its test data is not on crates.io
     #[test]
     fn can_load_rsa2048_pkcs1() {
         let key = PrivateKeyDer::Pkcs1(PrivatePkcs1KeyDer::from(
@@ -597,6 +607,7 @@ mod tests {
         assert!(any_ecdsa_type(&key).is_err());
     }
 
+    #[cfg(not(lksadmin_no_test_ca))] // lksadmin patch: its test data is not on crates.io
     #[test]
     fn can_sign_rsa2048() {
         let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(

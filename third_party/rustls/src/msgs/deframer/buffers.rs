@@ -205,7 +205,18 @@ impl DeframerVecBuffer {
         // we get a message with a length field out of range here,
         // we do a zero length read.  That looks like an EOF to
         // the next layer up, which is fine.
-        let new_bytes = rd.read(&mut self.buf[self.used..])?;
+        let new_bytes = match rd.read(&mut self.buf[self.used..]) {
+            Ok(n) => n,
+            Err(err) => {
+                // lksadmin patch: a connection waiting for its peer with
+                // nothing buffered holds no read buffer; `prepare_read`
+                // allocates it again (4 KiB) when bytes are next read.
+                if self.used == 0 && err.kind() == io::ErrorKind::WouldBlock {
+                    self.buf = Vec::new();
+                }
+                return Err(err);
+            }
+        };
         self.used += new_bytes;
         Ok(new_bytes)
     }
@@ -292,5 +303,93 @@ impl<'a> DeframerSliceBuffer<'a> {
 
     pub(crate) fn filled_mut(&mut self) -> &mut [u8] {
         &mut self.buf[self.discard..]
+    }
+}
+
+#[cfg(all(test, feature = "std"))]
+mod lksadmin_patch_tests {
+    //! lksadmin patch: `DeframerVecBuffer::read` gives the buffer back when
+    //! the peer has nothing to send and nothing is buffered.
+    use std::collections::VecDeque;
+    use std::io;
+    use std::vec;
+    use std::vec::Vec;
+
+    use super::DeframerVecBuffer;
+
+    /// A socket that answers each read with the next scripted result.
+    struct Script(VecDeque<Result<Vec<u8>, io::ErrorKind>>);
+
+    impl Script {
+        fn new(steps: Vec<Result<Vec<u8>, io::ErrorKind>>) -> Self {
+            Self(steps.into())
+        }
+    }
+
+    impl io::Read for Script {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            match self.0.pop_front().expect("read beyond the script") {
+                Ok(bytes) => {
+                    buf[..bytes.len()].copy_from_slice(&bytes);
+                    Ok(bytes.len())
+                }
+                Err(kind) => Err(kind.into()),
+            }
+        }
+    }
+
+    #[test]
+    fn a_connection_waiting_with_nothing_buffered_holds_no_buffer() {
+        let mut d = DeframerVecBuffer::default();
+        let mut sock = Script::new(vec![
+            Ok(vec![1, 2, 3]),
+            Err(io::ErrorKind::WouldBlock),
+            Ok(vec![4, 5]),
+        ]);
+        assert_eq!(d.read(&mut sock, false).unwrap(), 3);
+        assert!(d.buf.capacity() >= 4096, "a read has its 4 KiB");
+        d.discard(3); // the record was processed
+        let err = d.read(&mut sock, false).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+        assert_eq!(d.buf.capacity(), 0, "given back while waiting");
+        assert!(d.filled().is_empty());
+        // The next bytes are read into a new buffer, intact.
+        assert_eq!(d.read(&mut sock, false).unwrap(), 2);
+        assert_eq!(d.filled(), &[4, 5]);
+    }
+
+    #[test]
+    fn a_partial_record_is_kept_while_waiting_for_the_rest() {
+        let mut d = DeframerVecBuffer::default();
+        let mut sock = Script::new(vec![
+            Ok(vec![1, 2, 3]),
+            Err(io::ErrorKind::WouldBlock),
+            Ok(vec![4, 5]),
+        ]);
+        assert_eq!(d.read(&mut sock, false).unwrap(), 3);
+        let err = d.read(&mut sock, false).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::WouldBlock);
+        assert!(d.buf.capacity() >= 4096, "bytes are buffered: kept");
+        assert_eq!(d.read(&mut sock, false).unwrap(), 2);
+        assert_eq!(d.filled(), &[1, 2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn other_read_errors_leave_the_buffer_as_it_was() {
+        let mut d = DeframerVecBuffer::default();
+        let mut sock = Script::new(vec![
+            Ok(vec![1]),
+            Err(io::ErrorKind::Interrupted),
+            Ok(vec![2]),
+        ]);
+        assert_eq!(d.read(&mut sock, false).unwrap(), 1);
+        d.discard(1);
+        assert_eq!(
+            d.read(&mut sock, false).unwrap_err().kind(),
+            io::ErrorKind::Interrupted
+        );
+        assert!(d.buf.capacity() >= 4096);
+        assert_eq!(d.read(&mut sock, false).unwrap(), 1);
+        assert_eq!(d.filled(), &[2]);
     }
 }

@@ -476,6 +476,7 @@ mod tests {
         assert_eq!(discard, 0);
     }
 
+    #[cfg(not(lksadmin_no_test_ca))] // lksadmin patch: its test data is not on crates.io
     #[test]
     fn handshake_flight() {
         // intended to be a realistic example
