@@ -76,6 +76,17 @@ pub(super) trait Resolve {
     fn resolve(&mut self, key: Key) -> Ptr<'_>;
 }
 
+/// lksadmin patch: the first stream of a connection gets a slab of one
+/// slot. Growing from empty, `Vec` would allocate four (a `Stream` is
+/// ~330 bytes), and a gRPC connection that holds one long-lived stream
+/// would keep three empty ones for its life. A second stream grows the
+/// slab as before.
+fn reserve_first(slab: &mut slab::Slab<Stream>) {
+    if slab.capacity() == 0 {
+        slab.reserve_exact(1);
+    }
+}
+
 // ===== impl Store =====
 
 impl Store {
@@ -102,6 +113,7 @@ impl Store {
     }
 
     pub fn insert(&mut self, id: StreamId, val: Stream) -> Ptr<'_> {
+        reserve_first(&mut self.slab); // lksadmin patch
         let index = SlabIndex(self.slab.insert(val) as u32);
         assert!(self.ids.insert(id, index).is_none());
 
@@ -406,6 +418,12 @@ impl<'a> Ptr<'a> {
         // Remove the stream state
         let stream = self.store.slab.remove(self.key.index.0 as usize);
         assert_eq!(stream.id, self.key.stream_id);
+        // lksadmin patch: a connection back to one stream (or none) gives
+        // back the slots its busiest moment grew (see `reserve_first`).
+        // Only vacant slots after the last stream go, so no key moves.
+        if self.store.slab.len() <= 1 && self.store.slab.capacity() > 1 {
+            self.store.slab.shrink_to_fit();
+        }
         stream.id
     }
 
@@ -464,11 +482,75 @@ impl<'a> VacantEntry<'a> {
     pub fn insert(self, value: Stream) -> Key {
         // Insert the value in the slab
         let stream_id = value.id;
+        reserve_first(self.slab); // lksadmin patch
         let index = SlabIndex(self.slab.insert(value) as u32);
 
         // Insert the handle in the ID map
         self.ids.insert(index);
 
         Key { index, stream_id }
+    }
+}
+
+#[cfg(test)]
+mod lksadmin_patch_tests {
+    use super::*;
+
+    fn stream(id: u32) -> Stream {
+        Stream::new(StreamId::from(id), 65_535, 65_535)
+    }
+
+    /// Removes a stream the way `Recv`/`Send` do: unlink, then remove.
+    fn remove(store: &mut Store, id: u32) {
+        let key = store.find_mut(&StreamId::from(id)).unwrap().key();
+        let mut ptr = store.resolve(key);
+        ptr.unlink();
+        assert_eq!(ptr.remove(), StreamId::from(id));
+    }
+
+    #[test]
+    fn one_stream_takes_one_slot() {
+        let mut store = Store::new();
+        assert_eq!(store.slab.capacity(), 0);
+        store.insert(StreamId::from(1), stream(1));
+        assert_eq!(store.slab.capacity(), 1);
+    }
+
+    #[test]
+    fn the_slots_of_a_busy_moment_are_given_back_and_streams_stay_found() {
+        let mut store = Store::new();
+        for id in [1, 3, 5, 7, 9] {
+            store.insert(StreamId::from(id), stream(id));
+        }
+        assert!(store.slab.capacity() >= 5);
+        for id in [9, 5, 7] {
+            remove(&mut store, id);
+            // two streams left after the first removal: nothing given back yet
+        }
+        assert!(store.slab.capacity() >= 2, "two streams still live");
+        remove(&mut store, 3);
+        assert_eq!(store.slab.capacity(), 1, "one stream left, at slot 0");
+        let left = store.find_mut(&StreamId::from(1)).expect("stream 1 still found");
+        assert_eq!(left.id, StreamId::from(1));
+        // A new stream after the shrink gets a fresh slot, and both resolve.
+        store.insert(StreamId::from(11), stream(11));
+        assert_eq!(store.find_mut(&StreamId::from(11)).unwrap().id, StreamId::from(11));
+        assert_eq!(store.find_mut(&StreamId::from(1)).unwrap().id, StreamId::from(1));
+        remove(&mut store, 1);
+        remove(&mut store, 11);
+        assert_eq!(store.slab.capacity(), 0, "an idle connection keeps no slots");
+    }
+
+    #[test]
+    fn a_live_stream_after_vacant_slots_keeps_its_key() {
+        let mut store = Store::new();
+        for id in [1, 3, 5] {
+            store.insert(StreamId::from(id), stream(id));
+        }
+        remove(&mut store, 1);
+        remove(&mut store, 3);
+        // Stream 5 is at slot 2: the slab cannot shrink below it.
+        assert!(store.slab.capacity() >= 3);
+        assert_eq!(store.find_mut(&StreamId::from(5)).unwrap().id, StreamId::from(5));
     }
 }
