@@ -16,8 +16,9 @@ use tonic::codec::{BufferSettings, Codec};
 use tonic_prost::ProstCodec;
 
 /// Initial size of a stream's encode and decode buffer. A heartbeat, a
-/// ping, a status report or a desired state of a few bundles fits.
-pub const STREAM_BUFFER_BYTES: usize = 1024;
+/// ping or a pong fits; the first larger message (a status report, a
+/// desired state) grows the buffer to its size.
+pub const STREAM_BUFFER_BYTES: usize = 256;
 
 /// Encoded bytes gathered before a response stream yields to HTTP/2;
 /// tonic's default.
@@ -67,7 +68,7 @@ mod tests {
     fn encoder_and_decoder_use_the_small_buffers() {
         // BufferSettings has no getters; its Debug output names the fields.
         let want = format!("{:?}", buffer_settings());
-        assert!(want.contains("buffer_size: 1024"), "{want}");
+        assert!(want.contains("buffer_size: 256"), "{want}");
         let mut c = LeanCodec::<crate::pb::Ping, crate::pb::Ping>::default();
         assert_eq!(format!("{:?}", c.encoder().buffer_settings()), want);
         assert_eq!(format!("{:?}", c.decoder().buffer_settings()), want);
