@@ -73,4 +73,31 @@ mod tests {
         assert_eq!(format!("{:?}", c.encoder().buffer_settings()), want);
         assert_eq!(format!("{:?}", c.decoder().buffer_settings()), want);
     }
+
+    #[test]
+    fn the_messages_of_an_idle_stream_fit_the_initial_buffer() {
+        use crate::pb::{AgentMessage, ServerMessage, agent_message, server_message};
+        use prost::Message;
+        // Largest values: a stream up for centuries still fits.
+        let idle = [
+            AgentMessage {
+                msg: Some(agent_message::Msg::Heartbeat(crate::pb::Heartbeat {
+                    seq: u64::MAX,
+                })),
+            }
+            .encoded_len(),
+            AgentMessage {
+                msg: Some(agent_message::Msg::Pong(crate::pb::Pong { nonce: u64::MAX })),
+            }
+            .encoded_len(),
+            ServerMessage {
+                msg: Some(server_message::Msg::Ping(crate::pb::Ping { nonce: u64::MAX })),
+            }
+            .encoded_len(),
+        ];
+        for len in idle {
+            // gRPC frames each message with a 5-byte prefix.
+            assert!(len + 5 <= STREAM_BUFFER_BYTES, "{len}");
+        }
+    }
 }
