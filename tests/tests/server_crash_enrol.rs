@@ -23,6 +23,11 @@ use lks_e2e::{KillTimer, bin};
 
 const NODES: usize = 8;
 const ROUNDS: usize = 3;
+/// A kill can land before any request is sent or after every join is
+/// answered (both test nothing); more rounds are run, up to this many,
+/// until one landed inside an enrolment. On a loaded machine all of the
+/// first three sometimes missed.
+const MAX_ROUNDS: usize = 8;
 
 fn spawn_join(a: &Agent, j: &JoinInfo) -> Child {
     Command::new(bin("lksadmin-agent"))
@@ -79,7 +84,12 @@ fn kill9_mid_enrolment_loses_no_acknowledged_node_and_a_repeated_join_gets_in() 
     let seed = timer.seed;
     let (mut acked, mut stored_unacked, mut not_stored, mut repeated_ok) = (0, 0, 0, 0);
     let (mut connected, mut no_answer) = (0, 0);
-    for round in 0..ROUNDS {
+    let mut rounds = 0;
+    for round in 0..MAX_ROUNDS {
+        if round >= ROUNDS && no_answer + stored_unacked + not_stored > 0 {
+            break;
+        }
+        rounds += 1;
         let j = join_info(&s, "c1", &["--uses", &NODES.to_string()]);
         let agents: Vec<Agent> = (0..NODES)
             .map(|i| Agent::new(&format!("r{round}-n{i}")))
@@ -165,14 +175,14 @@ fn kill9_mid_enrolment_loses_no_acknowledged_node_and_a_repeated_join_gets_in() 
             a.stop();
         }
     }
-    let tried = ROUNDS * NODES;
+    let tried = rounds * NODES;
     assert_eq!(acked + stored_unacked + not_stored, tried);
     assert!(
         no_answer + stored_unacked + not_stored > 0,
         "no kill landed inside an enrolment (seed {seed}): nothing was tested"
     );
     eprintln!(
-        "CRASH server-kill9-mid-enrolment: kills={ROUNDS} joins={tried} acknowledged={acked} \
+        "CRASH server-kill9-mid-enrolment: kills={rounds} joins={tried} acknowledged={acked} \
          retried_after_no_answer={no_answer} stored_unacknowledged={stored_unacked} not_stored={not_stored} repeated_ok={repeated_ok} \
          acknowledged_lost=0 duplicate_nodes=0 uses_over_granted=0 agents_connected={connected} seed={seed}"
     );
