@@ -371,3 +371,28 @@ fn rollouts_nodes_and_events_without_agents() {
         "{evj}"
     );
 }
+
+/// A reader that stops early (`lksctl … | head -1`, `| grep -q`) ends
+/// lksctl quietly: status 0, no panic on the closed pipe.
+#[test]
+fn a_closed_output_pipe_ends_lksctl_quietly() {
+    let s = Server::start();
+    s.create_cluster("pipe");
+    for args in [&["cluster", "list", "-o", "json"][..], &["cluster", "list"][..]] {
+        let mut child = Command::new(bin("lksctl"))
+            .arg("--config")
+            .arg(s.admin_conf_path())
+            .args(args)
+            .env_remove("LKSCTL_CONFIG")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn lksctl");
+        // The reader goes away before lksctl has dialled the server.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("wait for lksctl");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "lksctl {args:?}: {:?}: {err}", out.status);
+        assert!(!err.contains("panicked"), "lksctl {args:?}: {err}");
+    }
+}

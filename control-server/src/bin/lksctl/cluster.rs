@@ -144,7 +144,7 @@ pub async fn run(c: &mut Client, url: &str, cmd: ClusterCmd) -> anyhow::Result<(
                 .with_context(|| format!("create cluster {name}"))?
                 .into_inner();
             let how = if imported { "CA imported" } else { "CA generated" };
-            println!("cluster {name} created ({how}, {})", r.ca_cert_hash);
+            outln!("cluster {name} created ({how}, {})", r.ca_cert_hash);
         }
         ClusterCmd::Ca { name } => {
             let r = c
@@ -153,9 +153,9 @@ pub async fn run(c: &mut Client, url: &str, cmd: ClusterCmd) -> anyhow::Result<(
                 .map_err(st)
                 .with_context(|| format!("get the CA of cluster {name}"))?
                 .into_inner();
-            print!("{}", r.ca_cert_pem);
+            out!("{}", r.ca_cert_pem);
             if !r.ca_cert_pem.ends_with('\n') {
-                println!();
+                outln!();
             }
         }
         ClusterCmd::Certs {
@@ -185,7 +185,7 @@ pub async fn run(c: &mut Client, url: &str, cmd: ClusterCmd) -> anyhow::Result<(
                         .collect::<Vec<_>>()
                 ))?;
             } else {
-                print!("{}", output::certs_table(&r.certificates, now, within));
+                out!("{}", output::certs_table(&r.certificates, now, within));
             }
         }
         ClusterCmd::Set {
@@ -218,16 +218,16 @@ pub async fn run(c: &mut Client, url: &str, cmd: ClusterCmd) -> anyhow::Result<(
                 .into_inner();
             if ca.is_some() || generate_ca {
                 let how = if ca.is_some() { "imported" } else { "generated" };
-                println!("cluster {name}: CA {how} ({})", r.ca_cert_hash);
+                outln!("cluster {name}: CA {how} ({})", r.ca_cert_hash);
             }
             if api_server.is_some() || no_api_server {
                 match r.api_server.as_str() {
-                    "" => println!("cluster {name}: no API server"),
-                    u => println!("cluster {name}: API server {u}"),
+                    "" => outln!("cluster {name}: no API server"),
+                    u => outln!("cluster {name}: API server {u}"),
                 }
             }
             if windows {
-                println!("{}", output::cluster_windows_line(&r));
+                outln!("{}", output::cluster_windows_line(&r));
             }
         }
         ClusterCmd::List { output } => {
@@ -264,7 +264,7 @@ pub async fn run(c: &mut Client, url: &str, cmd: ClusterCmd) -> anyhow::Result<(
                         ]
                     })
                     .collect();
-                print!(
+                out!(
                     "{}",
                     output::table(
                         &[

@@ -4,6 +4,19 @@
 
 #![forbid(unsafe_code)]
 
+/// `print!` for lksctl's output: a reader that stops reading (`lksctl node
+/// list | head -1`, `| grep -q`) ends lksctl quietly with status 0 instead
+/// of a panic.
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::write_stdout(format_args!($($arg)*)) };
+}
+
+/// `println!` for lksctl's output; see [`out!`].
+macro_rules! outln {
+    () => { $crate::write_stdout(format_args!("\n")) };
+    ($($arg:tt)*) => { $crate::write_stdout(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
 mod bundle;
 mod client;
 mod cloudinit;
@@ -281,7 +294,7 @@ fn keygen(out: &Path) -> anyhow::Result<()> {
         .write_pair(out)
         .map_err(|e| anyhow!("{e}"))
         .context("write publisher key pair")?;
-    println!(
+    outln!(
         "wrote {} (private, keep it secret) and {}",
         k.display(),
         p.display()
@@ -355,7 +368,7 @@ fn precheck(cmd: &Cmd) -> anyhow::Result<()> {
 }
 
 fn print_json(v: &serde_json::Value) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(v)?);
+    outln!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }
 
@@ -444,9 +457,9 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
                     expires_at: &output::rfc3339_s(r.expires_at).unwrap_or_default(),
                     package,
                 })?;
-                print!("{text}");
+                out!("{text}");
             } else {
-                println!("{}", r.join_command);
+                outln!("{}", r.join_command);
             }
         }
         Cmd::Bundle { cmd } => match cmd {
@@ -457,7 +470,7 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
                 if output == Format::Json {
                     print_json(&bundle::detail_json(&b))?;
                 } else {
-                    print!("{}", bundle::detail_text(&b));
+                    out!("{}", bundle::detail_text(&b));
                 }
             }
             BundleCmd::List { output } => {
@@ -472,7 +485,7 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
                         r.bundles.iter().map(output::bundle_json).collect::<Vec<_>>()
                     ))?;
                 } else {
-                    print!("{}", output::bundles_table(&r.bundles));
+                    out!("{}", output::bundles_table(&r.bundles));
                 }
             }
         },
@@ -490,7 +503,7 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
                         r.nodes.iter().map(output::node_json).collect::<Vec<_>>()
                     ))?;
                 } else {
-                    print!("{}", output::nodes_table(&r.nodes));
+                    out!("{}", output::nodes_table(&r.nodes));
                 }
             }
             NodeCmd::Get { name, output } => {
@@ -503,7 +516,7 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
                 if output == Format::Json {
                     print_json(&output::node_json(&n))?;
                 } else {
-                    print!("{}", output::node_text(&n));
+                    out!("{}", output::node_text(&n));
                 }
             }
             NodeCmd::Delete { name } => {
@@ -511,7 +524,7 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
                     .await
                     .map_err(st)
                     .with_context(|| format!("delete node {name}"))?;
-                println!("node {name} deleted; its certificate no longer works");
+                outln!("node {name} deleted; its certificate no longer works");
             }
             NodeCmd::Hold { name, reason } => {
                 c.hold_node(pb::HoldNodeRequest {
@@ -521,7 +534,7 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
                 .await
                 .map_err(st)
                 .with_context(|| format!("hold node {name}"))?;
-                println!(
+                outln!(
                     "node {name} held: no rollout gives it a new version until `lksctl node unhold {name}`"
                 );
             }
@@ -535,14 +548,14 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
                     .map_err(st)
                     .with_context(|| format!("retry node {name}"))?
                     .into_inner();
-                println!("node {name}: retry of {} requested", r.bundles.join(", "));
+                outln!("node {name}: retry of {} requested", r.bundles.join(", "));
             }
             NodeCmd::Unhold { name } => {
                 c.unhold_node(pb::UnholdNodeRequest { name: name.clone() })
                     .await
                     .map_err(st)
                     .with_context(|| format!("unhold node {name}"))?;
-                println!("node {name} released: it catches up with the rollouts it missed");
+                outln!("node {name} released: it catches up with the rollouts it missed");
             }
         },
         Cmd::Event {
@@ -571,7 +584,7 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
                     r.events.iter().map(output::event_json).collect::<Vec<_>>()
                 ))?;
             } else {
-                print!("{}", output::events_table(&r.events));
+                out!("{}", output::events_table(&r.events));
             }
         }
     }
@@ -657,6 +670,20 @@ async fn publish(c: &mut Client, url: &str, dir: &Path, sign_key: Option<&Path>)
     if !r.created {
         eprintln!("{id} was already published with identical content; nothing changed");
     }
-    println!("{}@{}", r.name, r.version);
+    outln!("{}@{}", r.name, r.version);
     Ok(())
+}
+
+/// Writes lksctl's output. A closed pipe means the reader has what it
+/// wanted: exit 0 at once. Any other write error is one line and status 1.
+fn write_stdout(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(args).and_then(|()| out.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("lksctl: cannot write the output: {e}");
+        std::process::exit(1);
+    }
 }

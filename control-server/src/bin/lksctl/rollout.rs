@@ -148,12 +148,12 @@ pub async fn run(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
                 if output == Format::Json {
                     print_json(&output::rollout_json(&r))?;
                 } else {
-                    println!("{}", r.id);
+                    outln!("{}", r.id);
                 }
                 return Ok(());
             }
             if output != Format::Json {
-                println!("{}", r.id);
+                outln!("{}", r.id);
             }
             let progress = if std::io::stderr().is_terminal() {
                 Progress::bar()
@@ -181,7 +181,7 @@ pub async fn run(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
                 if output == Format::Json {
                     print_json(&output::rollout_json(&last))?;
                 } else {
-                    print!("{}", output::rollout_text(&last));
+                    out!("{}", output::rollout_text(&last));
                 }
                 return Ok(());
             }
@@ -194,7 +194,7 @@ pub async fn run(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
             if output == Format::Json {
                 print_json(&output::rollout_json(&r))?;
             } else {
-                print!("{}", output::rollout_text(&r));
+                out!("{}", output::rollout_text(&r));
             }
             Ok(())
         }
@@ -210,7 +210,7 @@ pub async fn run(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
                     r.rollouts.iter().map(output::rollout_json).collect::<Vec<_>>()
                 ))?;
             } else {
-                print!("{}", output::rollouts_table(&r.rollouts));
+                out!("{}", output::rollouts_table(&r.rollouts));
             }
             Ok(())
         }
@@ -223,7 +223,7 @@ pub async fn run(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
 
 async fn verb_line(c: &mut Client, url: &str, verb: Verb, id: &str) -> anyhow::Result<()> {
     let r = act(c, url, verb, id).await?;
-    println!("{}", output::rollout_line(&r));
+    outln!("{}", output::rollout_line(&r));
     Ok(())
 }
 
@@ -334,7 +334,7 @@ impl Progress {
 
     fn show(&self, r: &pb::Rollout) {
         match self {
-            Progress::Lines => println!("{}", output::rollout_line(r)),
+            Progress::Lines => outln!("{}", output::rollout_line(r)),
             Progress::Bar(b) => {
                 b.set_length(u64::from(r.total));
                 b.set_position(u64::from(r.updated + r.failed));

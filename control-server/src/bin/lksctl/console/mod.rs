@@ -54,7 +54,7 @@ pub async fn run(config: &Path, listen: SocketAddr, open: bool) -> anyhow::Resul
     }
     let console = Arc::new(http::Console::new(config.to_path_buf(), local)?);
     let url = console.url();
-    println!("lksctl console: serving {url} (Ctrl-C stops it)");
+    outln!("lksctl console: serving {url} (Ctrl-C stops it)");
     if open {
         open_browser(&url);
     }
