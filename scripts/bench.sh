@@ -16,7 +16,9 @@
 #     another 256 MiB version (upgrade), each a `rollout start --wait`;
 #     baseline: curl over HTTPS (the server's own agent-package endpoint,
 #     pinned CA) + openssl dgst -sha256 of the same size, which is the
-#     transfer and hashing floor.
+#     transfer and hashing floor. The server's data dir is on tmpfs
+#     (UPGRADE_SERVER_DIR, default /dev/shm; "same" for the agent's disk),
+#     standing in for kube0's own disk.
 #   - blob download and verify: one agent fetching a 256 MiB blob through
 #     FetchBlob, and 100 agents (BLOB_AGENTS) a 64 MiB one at once, timed
 #     by the agent's "blob fetched and verified" log line; baseline: curl
@@ -61,6 +63,7 @@ up_pids=()
 fp_pids=()
 bl_agents=()
 etcd_pid=
+elsewhere=()
 cleanup() {
   # Replicas before etcd: they give their leases back on the way out.
   for p in $server_pid $http_pid "${bl_agents[@]}" "${up_pids[@]}" "${fp_pids[@]}" "${replica_pids[@]}" $etcd_pid; do
@@ -68,7 +71,7 @@ cleanup() {
     # the cleanup at the first one).
     kill "$p" 2>/dev/null && { wait "$p" 2>/dev/null || true; }
   done
-  rm -rf "$work"
+  rm -rf "$work" "${elsewhere[@]}"
 }
 trap cleanup EXIT
 
@@ -243,6 +246,16 @@ if want upgrade; then
   mkdir -p "$up/pkg" "$up/root"
   deb=$up/pkg/lksadmin-agent_0.0.0-big_amd64.deb
   fake_deb "$deb" "$big"
+  # In production the control server runs on kube0, never on the node's
+  # disk. Here both share one disk, and the server's fsyncs (each status
+  # report it stores) would queue behind the node's writes and the trims of
+  # what an upgrade frees. So its data dir is on tmpfs (UPGRADE_SERVER_DIR,
+  # default /dev/shm; UPGRADE_SERVER_DIR=same keeps it on the agent's disk).
+  srv_on=${UPGRADE_SERVER_DIR:-/dev/shm}
+  if [ "$srv_on" != same ]; then
+    elsewhere+=("$(mktemp -d "$srv_on/lks-bench-server.XXXXXX")")
+    ln -s "${elsewhere[-1]}" "$up/server"
+  fi
   start_server "$up" --agent-package "$deb"
   up_port=$srv_port
   lk() { "$bin/lksctl" --config "$up/server/admin.conf" "$@"; }
@@ -289,6 +302,8 @@ if want upgrade; then
   done
   b=$(median "${base[@]}") f=$(median "${fresh[@]}") u=$(median "${upgr[@]}")
   echo "## One 256 MiB file on one agent (median of $RUNS runs, \`rollout start --wait\`)"
+  echo
+  echo "Server data dir: $srv_on ($(stat -f -c %T "$(readlink -f "$up/server")")); agent state and root: $(stat -f -c %T "$up") $(findmnt -n -o OPTIONS -T "$up" | grep -o discard || true)"
   echo
   echo "| what | time (ms) | vs baseline | vs fresh install |"
   echo "| --- | --- | --- | --- |"
