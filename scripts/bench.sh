@@ -134,7 +134,6 @@ rss_of() { awk '/VmRSS/{print $2}' "/proc/$1/status"; }
 # sockets per agent. Without that many open files (10,000 agents here: the
 # hard limit is 20,000) it is left out rather than spinning on EMFILE.
 baseline_fits() { [ $((2 * $1 + 256)) -le "$(ulimit -Hn)" ]; }
-rss_kib() { rss_of "$server_pid"; }
 
 if want agents; then
 echo "## Agents (median of $RUNS runs)"
@@ -150,17 +149,26 @@ for n in "${agents[@]}"; do
       acc[b99]+=" $(field "$work/base.json" first_message.p99_ms)"
     fi
 
-    idle=$(rss_kib)
-    "$bin/lks-loadgen" --config "$work/server/admin.conf" --cluster "bench$r" --agents "$n" \
+    # A fresh server for each run: one that served the run before keeps
+    # the memory it freed (glibc reuses it), and the next run's growth
+    # would read as a fraction of what an agent costs.
+    mkdir -p "$work/agents-$n-$r"
+    start_server "$work/agents-$n-$r"
+    ag_pid=${up_pids[-1]}
+    sleep 0.5
+    idle=$(rss_of "$ag_pid")
+    "$bin/lks-loadgen" --config "$work/agents-$n-$r/server/admin.conf" --cluster bench --agents "$n" \
       --spread-source-ips --rollout --hold 4 -o json >"$work/run.json" &
     lg=$!
     # Sample the server while every agent is connected (during --hold).
     peak=$idle
     while kill -0 "$lg" 2>/dev/null; do
-      cur=$(rss_kib); [ "$cur" -gt "$peak" ] && peak=$cur
+      cur=$(rss_of "$ag_pid"); [ "$cur" -gt "$peak" ] && peak=$cur
       sleep 0.5
     done
     wait "$lg"
+    kill "$ag_pid" && { wait "$ag_pid" 2>/dev/null || true; }
+    rm -rf "$work/agents-$n-$r"
     [ "$(field "$work/run.json" errors)" = 0 ] || { echo "loadgen reported errors" >&2; exit 1; }
     acc[e]+=" $(field "$work/run.json" enrol_per_second)"
     acc[f50]+=" $(field "$work/run.json" first_message.p50_ms)"
