@@ -61,7 +61,6 @@ command -v strip >/dev/null || apt_need+=(binutils)
 # What compiling the workspace needs (as scripts/setup.sh, without its test tools).
 command -v protoc >/dev/null || apt_need+=(protobuf-compiler)
 command -v pkg-config >/dev/null || apt_need+=(pkg-config)
-pkg-config --exists libsystemd 2>/dev/null || apt_need+=(libsystemd-dev)
 command -v cc >/dev/null || apt_need+=(build-essential)
 if [ "$lint" = 1 ] && ! command -v lintian >/dev/null; then apt_need+=(lintian); fi
 if ((${#apt_need[@]})); then
