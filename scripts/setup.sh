@@ -5,7 +5,6 @@ set -euo pipefail
 
 need=()
 command -v protoc >/dev/null || need+=(protobuf-compiler)
-pkg-config --exists libsystemd 2>/dev/null || need+=(libsystemd-dev)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v cc >/dev/null || need+=(build-essential)
 # The fuzz targets (scripts/fuzz.sh) link libFuzzer, which libfuzzer-sys

@@ -12,6 +12,10 @@
 # any error fails the build (--no-lint skips that). Installs what it needs
 # (cargo-deb, dpkg-dev, lintian, the compile dependencies) when missing.
 #
+# A release build ships the agent from its own cargo profile, `agent`
+# (size-optimised, panic = abort: Cargo.toml), and the server and lksctl
+# from `release`.
+#
 # --profile dev (or LKS_DEB_PROFILE=dev) packs the debug binaries of
 # target/debug instead of an optimised release build: CI's VM test uses it,
 # because `scripts/test.sh` has built them already, while a release build
@@ -61,7 +65,6 @@ command -v strip >/dev/null || apt_need+=(binutils)
 # What compiling the workspace needs (as scripts/setup.sh, without its test tools).
 command -v protoc >/dev/null || apt_need+=(protobuf-compiler)
 command -v pkg-config >/dev/null || apt_need+=(pkg-config)
-pkg-config --exists libsystemd 2>/dev/null || apt_need+=(libsystemd-dev)
 command -v cc >/dev/null || apt_need+=(build-essential)
 if [ "$lint" = 1 ] && ! command -v lintian >/dev/null; then apt_need+=(lintian); fi
 if ((${#apt_need[@]})); then
@@ -89,22 +92,24 @@ if ! head -n 1 "$here/changelog" | grep -qF "($version-"; then
   log "warning: packaging/deb/changelog has no entry for $version yet (lintian will say so too)"
 fi
 
-build_args=(build --profile "$profile")
-for pkg in "${packages[@]}"; do
-  for bin in ${bins[$pkg]}; do build_args+=(--bin "$bin"); done
-  build_args+=(-p "$pkg")
-done
-log "cargo ${build_args[*]}"
-cargo "${build_args[@]}" || die "$profile build failed (cargo output above)"
+# package -> the cargo profile its binaries are built with
+declare -A pkg_profile=([lksadmin-agent]=dev [lks-control-server]=dev)
+[ "$profile" = dev ] || pkg_profile=([lksadmin-agent]=agent [lks-control-server]=release)
 
-# Test packages need no small download: xz at its fastest level takes a
-# fifth of the time on debug binaries.
-deb_args=(--no-build --profile "$profile")
-[ "$profile" = release ] || deb_args+=(--fast)
+for pkg in "${packages[@]}"; do
+  build_args=(build --profile "${pkg_profile[$pkg]}" -p "$pkg")
+  for bin in ${bins[$pkg]}; do build_args+=(--bin "$bin"); done
+  log "cargo ${build_args[*]}"
+  cargo "${build_args[@]}" || die "${pkg_profile[$pkg]} build of $pkg failed (cargo output above)"
+done
 
 mkdir -p "$out"
 debs=()
 for pkg in "${packages[@]}"; do
+  deb_args=(--no-build --profile "${pkg_profile[$pkg]}")
+  # Test packages need no small download: xz at its fastest level takes a
+  # fifth of the time on debug binaries.
+  [ "$profile" = release ] || deb_args+=(--fast)
   # cargo-deb prints the path of the package it wrote on stdout.
   # --profile maps the assets' target/release/ to that profile's directory.
   deb=$(cargo deb "${deb_args[@]}" -p "$pkg" --output "$out" --quiet) ||

@@ -37,8 +37,11 @@ vm_log() { printf 'vm: [%3ds] %s\n' "$((SECONDS - VM_T0))" "$*" >&2; }
 
 # The options of a VM test that packs the agent: [--profile release|dev]
 # [--no-lint] [--no-build]; USAGE is the one-line usage for errors. Sets
-# VM_PROFILE, VM_BUILD (1/0), VM_BUILD_ARGS (for packaging/deb/build.sh) and
-# VM_BIN (target/release or target/debug). LKS_DEB_PROFILE is the default.
+# VM_PROFILE, VM_BUILD (1/0), VM_BUILD_ARGS (for packaging/deb/build.sh),
+# VM_BIN (target/release or target/debug) and, for the agent, which ships
+# from its own profile in a release build, VM_AGENT_PROFILE (agent or dev)
+# and VM_AGENT_BIN (target/agent or target/debug). LKS_DEB_PROFILE is the
+# default.
 # shellcheck disable=SC2034 # VM_* are the outputs, read by the caller
 vm_parse_args() {
   local usage=$1 repo
@@ -62,8 +65,8 @@ vm_parse_args() {
     shift
   done
   case "$VM_PROFILE" in
-  release) VM_BIN=$repo/target/release ;;
-  dev) VM_BIN=$repo/target/debug ;;
+  release) VM_BIN=$repo/target/release VM_AGENT_PROFILE=agent VM_AGENT_BIN=$repo/target/agent ;;
+  dev) VM_BIN=$repo/target/debug VM_AGENT_PROFILE=dev VM_AGENT_BIN=$repo/target/debug ;;
   *) vm_die "--profile must be release or dev, not '$VM_PROFILE'" ;;
   esac
 }

@@ -114,12 +114,12 @@ command -v cc >/dev/null || vm_die "no C compiler for fake-agent.c (apt-get inst
 # --- packages and the second agent ---------------------------------------------
 base=$(cd "$repo" && cargo pkgid -p lksadmin-agent | sed 's/.*[#@]//')
 v2=$base+vm2
-vm_log "building agent $v2 (LKS_AGENT_VERSION, $profile profile)"
-(cd "$repo" && LKS_AGENT_VERSION=$v2 cargo build --quiet --profile "$profile" -p lksadmin-agent --bin lksadmin-agent) ||
+vm_log "building agent $v2 (LKS_AGENT_VERSION, $VM_AGENT_PROFILE profile)"
+(cd "$repo" && LKS_AGENT_VERSION=$v2 cargo build --quiet --profile "$VM_AGENT_PROFILE" -p lksadmin-agent --bin lksadmin-agent) ||
   vm_die "cargo build of agent $v2 failed (output above)"
 mkdir -p "$work/agent-vm2"
 # Without its debug info: a smaller blob to publish and download, the same program.
-strip --strip-debug -o "$work/agent-vm2/lksadmin-agent" "$bin/lksadmin-agent"
+strip --strip-debug -o "$work/agent-vm2/lksadmin-agent" "$VM_AGENT_BIN/lksadmin-agent"
 check "the second agent says it is $v2" \
   test "$("$work/agent-vm2/lksadmin-agent" version)" = "lksadmin-agent $v2"
 # And back: target/ holds the agent without LKS_AGENT_VERSION again.
@@ -128,10 +128,10 @@ if [ "$build" = 1 ]; then
   bash "$repo/packaging/deb/build.sh" --profile "$profile" "${build_args[@]}" >"$work/debs.txt" ||
     vm_die "packaging/deb/build.sh failed (output above)"
 else
-  (cd "$repo" && cargo build --quiet --profile "$profile" -p lksadmin-agent --bin lksadmin-agent) ||
+  (cd "$repo" && cargo build --quiet --profile "$VM_AGENT_PROFILE" -p lksadmin-agent --bin lksadmin-agent) ||
     vm_die "cargo build of the agent failed (output above)"
 fi
-check "target/ holds agent $base again" test "$("$bin/lksadmin-agent" version)" = "lksadmin-agent $base"
+check "target/ holds agent $base again" test "$("$VM_AGENT_BIN/lksadmin-agent" version)" = "lksadmin-agent $base"
 agent_deb=$(find "$repo/target/debian" -maxdepth 1 -name 'lksadmin-agent_*.deb' 2>/dev/null | sort -V | tail -n 1)
 [ -n "$agent_deb" ] || vm_die "no target/debian/lksadmin-agent_*.deb: run without --no-build"
 for b in lks-control-server lksctl; do

@@ -34,8 +34,8 @@ pub enum PackageSource<'a> {
     /// `apt:` section added to the user-data) already knows.
     Apt,
     /// The `.deb` at this http(s) URL, downloaded with curl and installed
-    /// with `apt-get install` (its dependencies, libc6, libsystemd0 and
-    /// systemd, are on every systemd-based Debian or Ubuntu image).
+    /// with `apt-get install` (its dependencies, libc6 and systemd, are on
+    /// every systemd-based Debian or Ubuntu image).
     Url(&'a str),
 }
 
@@ -161,8 +161,8 @@ pub fn render(u: &UserData<'_>) -> Result<String, CloudInitError> {
     Ok(out)
 }
 
-/// `apt-get install` of the downloaded package (its dependencies, libc6,
-/// libsystemd0 and systemd, are on every systemd-based Debian or Ubuntu
+/// `apt-get install` of the downloaded package (its dependencies, libc6
+/// and systemd, are on every systemd-based Debian or Ubuntu
 /// image).
 fn install_deb() -> Entry<'static> {
     Entry::Argv(vec![
