@@ -81,6 +81,22 @@ impl CommandRunner for ProcessRunner {
     }
 }
 
+/// Variables the agent's unit sets for the agent alone, not for the
+/// programs its steps run: `MALLOC_ARENA_MAX=1` keeps the mostly idle agent
+/// small, and would slow a multi-threaded step (kubeadm, a container
+/// runtime's restart) for nothing.
+const AGENT_ONLY_ENV: &[&str] = &["MALLOC_ARENA_MAX"];
+
+/// The step's environment on top of the agent's: the agent-only variables
+/// removed, then the spec's own (`LKS_*`; a spec naming an agent-only one
+/// sets it).
+fn set_step_env(cmd: &mut tokio::process::Command, spec: &CommandSpec) {
+    for k in AGENT_ONLY_ENV {
+        cmd.env_remove(k);
+    }
+    cmd.envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+}
+
 async fn run_process(spec: &CommandSpec) -> Outcome {
     let Some((prog, args)) = spec.argv.split_first() else {
         return Outcome::SpawnFailed {
@@ -88,8 +104,8 @@ async fn run_process(spec: &CommandSpec) -> Outcome {
         };
     };
     let mut cmd = tokio::process::Command::new(prog);
+    set_step_env(&mut cmd, spec);
     cmd.args(args)
-        .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .current_dir("/")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -169,6 +185,33 @@ mod tests {
             env: vec![("LKS_TEST".into(), "yes".into())],
             timeout: Duration::from_millis(timeout_ms),
         }
+    }
+
+    #[test]
+    fn steps_do_not_inherit_the_agents_malloc_setting_unless_they_ask() {
+        let envs = |spec: &CommandSpec| {
+            let mut cmd = tokio::process::Command::new("true");
+            set_step_env(&mut cmd, spec);
+            cmd.as_std()
+                .get_envs()
+                .map(|(k, v)| {
+                    (
+                        k.to_string_lossy().into_owned(),
+                        v.map(|v| v.to_string_lossy().into_owned()),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        let got = envs(&sh("true", 1000));
+        assert!(got.contains(&("MALLOC_ARENA_MAX".into(), None)), "{got:?}");
+        assert!(got.contains(&("LKS_TEST".into(), Some("yes".into()))), "{got:?}");
+        let mut spec = sh("true", 1000);
+        spec.env.push(("MALLOC_ARENA_MAX".into(), "4".into()));
+        let got = envs(&spec);
+        assert!(
+            got.contains(&("MALLOC_ARENA_MAX".into(), Some("4".into()))),
+            "{got:?}"
+        );
     }
 
     #[tokio::test]
