@@ -105,6 +105,13 @@ impl Metrics {
         self.connect_shed.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The admission counters so far, for the log line at shutdown:
+    /// handshakes by result, then Connects shed.
+    pub fn admission_totals(&self) -> ([u64; 4], u64) {
+        let tls = ["ok", "shed", "timeout", "failed"].map(|r| self.tls_handshakes.get(r));
+        (tls, self.connect_shed.load(Ordering::Relaxed))
+    }
+
     /// Adds a gauge whose value is read from `read` at every scrape.
     pub fn gauge(
         &self,
@@ -263,6 +270,10 @@ impl Labelled {
         }
     }
 
+    fn get(&self, value: &str) -> u64 {
+        self.0.lock().map_or(0, |m| m.get(value).copied().unwrap_or(0))
+    }
+
     fn render(&self, out: &mut String, name: &str, help: &str, label: &str) {
         let _ = writeln!(out, "# HELP {name} {help}");
         let _ = writeln!(out, "# TYPE {name} counter");
@@ -371,6 +382,7 @@ mod tests {
         m.tls_handshake_queued(false);
         m.connect_shed();
         m.gauge("lks_tls_handshakes_in_progress", "Handshakes running.", || 4);
+        assert_eq!(m.admission_totals(), ([1, 2, 0, 0], 1));
         let t = m.render();
         assert!(t.contains("lks_tls_handshakes_total{result=\"shed\"} 2"));
         assert!(t.contains("lks_tls_handshakes_total{result=\"ok\"} 1"));

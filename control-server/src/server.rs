@@ -544,7 +544,15 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
     if let Err(e) = shared.store.mark_all_disconnected().await {
         tracing::warn!(error = %e, "mark nodes disconnected at shutdown");
     }
-    tracing::info!("stopped");
+    let ([ok, shed, timeout, failed], connect_shed) = shared.metrics.admission_totals();
+    tracing::info!(
+        tls_ok = ok,
+        tls_shed = shed,
+        tls_timeout = timeout,
+        tls_failed = failed,
+        connect_shed,
+        "stopped"
+    );
     result
 }
 
