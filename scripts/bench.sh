@@ -719,8 +719,8 @@ if want storm; then
   echo
   echo "Load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)."
   echo
-  echo "| agents | first connection of all agents (s) (baseline) | server exit (s) | all back after the signal (s) | back p50 / p99 (ms) | attempts p50 / p99 / max | streams dropped, by class (all runs) | failed attempts, by class (all runs) | auth errors (all runs) |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  echo "| agents | first connection of all agents (s) (baseline) | server exit (s) | all back after the signal (s) | back p50 / p99 (ms) | attempts p50 / p99 / max | streams dropped, by class (all runs) | failed attempts, by class (all runs) | auth errors (all runs) | restarted server: TLS handshakes ok / shed / timeout / failed, Connect shed (all runs) |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   for n in "${agents[@]}"; do
     declare -A st=()
     jsons=()
@@ -745,12 +745,20 @@ if want storm; then
     classes=$(python3 - "${jsons[@]}" <<'PY'
 import json, sys
 from collections import Counter
+import os, re
 dropped, failed, auth = Counter(), Counter(), 0
+adm = Counter()
 for p in sys.argv[1:]:
     s = json.load(open(p))["storm"]
     dropped.update(s["dropped"]); failed.update(s["errors"]); auth += s["auth_errors"]
+    # The restarted server's counters: its "stopped" line, the log's last.
+    log = os.path.join(os.path.dirname(p), "server.log")
+    last = [l for l in open(log, errors="replace") if "tls_ok=" in l][-1:]
+    for l in last:
+        adm.update({k: int(v) for k, v in re.findall(r"(tls_ok|tls_shed|tls_timeout|tls_failed|connect_shed)=(\d+)", l)})
 fmt = lambda c: ", ".join(f"{k} {v}" for k, v in sorted(c.items())) or "none"
-print(f"{fmt(dropped)} | {fmt(failed)} | {auth}")
+a = " / ".join(str(adm[k]) for k in ("tls_ok", "tls_shed", "tls_timeout", "tls_failed"))
+print(f"{fmt(dropped)} | {fmt(failed)} | {auth} | {a}, {adm['connect_shed']}")
 PY
 )
     # shellcheck disable=SC2086

@@ -98,6 +98,20 @@ impl AgentService for AgentApi {
         req: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
         let _t = self.s.metrics.timer("Connect");
+        // Held until the first desired state is sent: the store work of a
+        // stream's opening. Over capacity the agent is told when to retry
+        // rather than left to time out.
+        let Some(opening) = self.s.opening.enter().await else {
+            self.s.metrics.connect_shed();
+            let wait = crate::admission::STREAM_OPEN_RETRY;
+            return Err(with_retry_hint(
+                Status::unavailable(format!(
+                    "control server is busy opening other streams; retry in {} s",
+                    wait.as_secs()
+                )),
+                wait,
+            ));
+        };
         let caller = require_node(&req, &*self.s.store).await?;
         let mut inbound = req.into_inner();
         let (tx, rx) = mpsc::channel(OUTBOUND_QUEUE);
@@ -116,7 +130,7 @@ impl AgentService for AgentApi {
                     last_generation: None,
                     unrecorded: None,
                 };
-                let ended = session.run(&mut inbound, &mut reg).await;
+                let ended = session.run(&mut inbound, &mut reg, opening).await;
                 if s.hub.unregister(&node, id)
                     && let Err(e) = Box::pin(s.store.node_disconnected(&node, now_ms())).await
                 {
@@ -538,8 +552,11 @@ impl Session {
         &mut self,
         inbound: &mut Streaming<AgentMessage>,
         reg: &mut crate::hub::Registration,
+        opening: tokio::sync::OwnedSemaphorePermit,
     ) -> String {
-        if let Err(why) = Box::pin(self.open(inbound, reg)).await {
+        let opened = Box::pin(self.open(inbound, reg)).await;
+        drop(opening);
+        if let Err(why) = opened {
             return why;
         }
         self.serve(inbound, reg).await

@@ -8,6 +8,7 @@
 
 pub mod admin;
 pub mod adminconf;
+pub mod admission;
 pub mod agent;
 pub mod authz;
 pub mod blobs;
@@ -27,6 +28,7 @@ pub mod rollout;
 pub mod seal;
 pub mod server;
 pub mod store;
+pub mod tlsaccept;
 pub mod windows;
 pub mod wire;
 

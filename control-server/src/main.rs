@@ -94,6 +94,25 @@ struct Args {
     /// slot (64).
     #[arg(long, default_value = "10m", value_parser = parse_duration, value_name = "DURATION")]
     agent_package_deadline: Duration,
+    /// TLS handshakes the server runs at once; further accepted
+    /// connections wait their turn, first come first served [default: 64
+    /// per core].
+    #[arg(long, value_name = "N")]
+    max_tls_handshakes: Option<usize>,
+    /// How long an accepted connection may wait for its TLS handshake to
+    /// start; one that waited longer is closed unhandshaken (its client has
+    /// likely given up). Keep it under the clients' connect timeout (20 s).
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    tls_handshake_queue_timeout: Duration,
+    /// How long one TLS handshake may take once started; a slower or
+    /// silent client is cut off.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    tls_handshake_timeout: Duration,
+    /// Connect streams being opened (authorised, Hello stored, first
+    /// desired state sent) at once; a Connect that finds no room within 2 s
+    /// is refused with `unavailable` and a retry hint.
+    #[arg(long, default_value_t = lks_control_server::admission::MAX_STREAMS_OPENING, value_name = "N", hide = true)]
+    max_streams_opening: usize,
     /// How often each agent stream is pinged.
     #[arg(long, default_value = "30s", value_parser = parse_duration, hide = true)]
     ping_interval: Duration,
@@ -257,6 +276,16 @@ async fn main() -> ExitCode {
         eprintln!("error: --lease-ttl must be at least 2s");
         return ExitCode::from(2);
     }
+    if args.max_tls_handshakes == Some(0) || args.max_streams_opening == 0 {
+        eprintln!("error: --max-tls-handshakes and --max-streams-opening must be at least 1");
+        return ExitCode::from(2);
+    }
+    if args.tls_handshake_queue_timeout.is_zero() || args.tls_handshake_timeout.is_zero() {
+        eprintln!(
+            "error: --tls-handshake-queue-timeout and --tls-handshake-timeout must be longer than zero"
+        );
+        return ExitCode::from(2);
+    }
     if args.ping_interval.is_zero() {
         eprintln!("error: --ping-interval must be longer than zero");
         return ExitCode::from(2);
@@ -300,6 +329,14 @@ async fn main() -> ExitCode {
     cfg.lease_ttl = args.lease_ttl;
     cfg.etcd_max_blob = args.etcd_max_blob_size;
     cfg.join_urls = args.join_url;
+    cfg.handshakes = lks_control_server::admission::HandshakeLimits {
+        max_in_progress: args
+            .max_tls_handshakes
+            .unwrap_or_else(lks_control_server::admission::default_max_handshakes),
+        handshake_timeout: args.tls_handshake_timeout,
+        queue_timeout: args.tls_handshake_queue_timeout,
+    };
+    cfg.max_streams_opening = args.max_streams_opening;
     match run(cfg, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -40,7 +40,14 @@ pub struct Metrics {
     rpc: Mutex<BTreeMap<&'static str, Histogram>>,
     rollout_events: Labelled,
     active_rollouts: AtomicI64,
+    tls_handshakes: Labelled,
+    tls_queued: AtomicI64,
+    connect_shed: AtomicU64,
+    /// Gauges read when rendered (`name`, help, read).
+    gauges: Mutex<Vec<(&'static str, &'static str, Gauge)>>,
 }
+
+type Gauge = Box<dyn Fn() -> i64 + Send + Sync>;
 
 impl Metrics {
     pub fn set_connected(&self, n: usize) {
@@ -78,6 +85,43 @@ impl Metrics {
     /// Rollouts running, paused or rolling back.
     pub fn set_active_rollouts(&self, n: usize) {
         self.active_rollouts.store(n as i64, Ordering::Relaxed);
+    }
+
+    /// Counts one accepted connection's TLS handshake by outcome (`ok`,
+    /// `shed`, `timeout`, `failed`).
+    pub fn tls_handshake(&self, result: &'static str) {
+        self.tls_handshakes.inc(result);
+    }
+
+    /// A connection starts (`true`) or stops waiting for a handshake slot.
+    pub fn tls_handshake_queued(&self, waiting: bool) {
+        self.tls_queued
+            .fetch_add(if waiting { 1 } else { -1 }, Ordering::Relaxed);
+    }
+
+    /// Counts one `Connect` refused with `unavailable` and a retry hint
+    /// because too many streams were being opened.
+    pub fn connect_shed(&self) {
+        self.connect_shed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The admission counters so far, for the log line at shutdown:
+    /// handshakes by result, then Connects shed.
+    pub fn admission_totals(&self) -> ([u64; 4], u64) {
+        let tls = ["ok", "shed", "timeout", "failed"].map(|r| self.tls_handshakes.get(r));
+        (tls, self.connect_shed.load(Ordering::Relaxed))
+    }
+
+    /// Adds a gauge whose value is read from `read` at every scrape.
+    pub fn gauge(
+        &self,
+        name: &'static str,
+        help: &'static str,
+        read: impl Fn() -> i64 + Send + Sync + 'static,
+    ) {
+        if let Ok(mut g) = self.gauges.lock() {
+            g.push((name, help, Box::new(read)));
+        }
     }
 
     pub fn observe_rpc(&self, method: &'static str, secs: f64) {
@@ -159,6 +203,31 @@ impl Metrics {
             "Rollout events by kind.",
             "kind",
         );
+        self.tls_handshakes.render(
+            &mut s,
+            "lks_tls_handshakes_total",
+            "TLS handshakes of accepted connections by result (shed: closed unhandshaken after waiting too long for a slot).",
+            "result",
+        );
+        scalar(
+            &mut s,
+            "lks_tls_handshakes_queued",
+            "gauge",
+            "Accepted connections waiting for a TLS handshake slot.",
+            self.tls_queued.load(Ordering::Relaxed),
+        );
+        scalar(
+            &mut s,
+            "lks_connect_shed_total",
+            "counter",
+            "Connect calls refused with unavailable and a retry hint: too many streams being opened.",
+            load(&self.connect_shed),
+        );
+        if let Ok(g) = self.gauges.lock() {
+            for (name, help, read) in g.iter() {
+                scalar(&mut s, name, "gauge", help, read());
+            }
+        }
         let _ = writeln!(
             s,
             "# HELP lks_rpc_duration_seconds gRPC handler duration by method."
@@ -199,6 +268,10 @@ impl Labelled {
         if let Ok(mut m) = self.0.lock() {
             *m.entry(value.to_string()).or_default() += 1;
         }
+    }
+
+    fn get(&self, value: &str) -> u64 {
+        self.0.lock().map_or(0, |m| m.get(value).copied().unwrap_or(0))
     }
 
     fn render(&self, out: &mut String, name: &str, help: &str, label: &str) {
@@ -301,7 +374,21 @@ mod tests {
         m.rollout_event("applied");
         m.rollout_event("applied");
         m.set_active_rollouts(2);
+        m.tls_handshake("ok");
+        m.tls_handshake("shed");
+        m.tls_handshake("shed");
+        m.tls_handshake_queued(true);
+        m.tls_handshake_queued(true);
+        m.tls_handshake_queued(false);
+        m.connect_shed();
+        m.gauge("lks_tls_handshakes_in_progress", "Handshakes running.", || 4);
+        assert_eq!(m.admission_totals(), ([1, 2, 0, 0], 1));
         let t = m.render();
+        assert!(t.contains("lks_tls_handshakes_total{result=\"shed\"} 2"));
+        assert!(t.contains("lks_tls_handshakes_total{result=\"ok\"} 1"));
+        assert!(t.contains("lks_tls_handshakes_queued 1"));
+        assert!(t.contains("lks_connect_shed_total 1"));
+        assert!(t.contains("# TYPE lks_tls_handshakes_in_progress gauge\nlks_tls_handshakes_in_progress 4"));
         assert!(t.contains("lks_rollout_events_total{kind=\"applied\"} 2"));
         assert!(t.contains("lks_active_rollouts 2"));
         assert!(t.contains("lks_connected_agents 3"));

@@ -15,10 +15,11 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic::transport::Server;
 
 use crate::admin::AdminApi;
 use crate::adminconf::{AdminConf, AdminConfError, AdminConfFile};
+use crate::admission::{HandshakeLimits, Handshakes, OpenGate};
 use crate::agent::AgentApi;
 use crate::blobs::{BlobError, BlobStore};
 use crate::clusterca::ClusterCas;
@@ -68,6 +69,11 @@ pub struct Config {
     /// URLs join lines name instead of the replicas' own addresses (a load
     /// balancer agents outside kube0 can reach).
     pub join_urls: Vec<String>,
+    /// TLS handshakes at once, and how long a connection may wait for one.
+    pub handshakes: HandshakeLimits,
+    /// `Connect` streams being opened at once before more are refused
+    /// with a retry hint.
+    pub max_streams_opening: usize,
 }
 
 /// The store behind the server.
@@ -97,6 +103,8 @@ impl Config {
             lease_ttl: Duration::from_secs(10),
             etcd_max_blob: crate::blobsync::DEFAULT_MAX_BLOB,
             join_urls: Vec::new(),
+            handshakes: HandshakeLimits::default(),
+            max_streams_opening: crate::admission::MAX_STREAMS_OPENING,
         }
     }
 }
@@ -145,6 +153,9 @@ pub struct Shared {
     pub hub: Hub,
     pub metrics: Arc<Metrics>,
     pub limiter: RateLimiter,
+    /// Room for `Connect` streams being opened (store work before the
+    /// first desired state); beyond it a `Connect` is shed.
+    pub opening: OpenGate,
     /// Certificates each node may have signed: a burst for a bundle's
     /// worth, then one per ten seconds.
     pub issue_limiter: RateLimiter<String>,
@@ -394,6 +405,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         hub: Hub::default(),
         metrics: Arc::new(Metrics::default()),
         limiter: RateLimiter::new(ENROLL_RATE, ENROLL_BURST),
+        opening: OpenGate::new(cfg.max_streams_opening, crate::admission::STREAM_OPEN_WAIT),
         issue_limiter: RateLimiter::new(0.1, 64.0),
         rollouts_changed: Notify::new(),
         rollouts,
@@ -431,15 +443,27 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         drop((leader_tx, servers_tx));
     }
 
-    let tls = ServerTlsConfig::new()
-        .identity(Identity::from_pem(
-            &shared.pki.server_chain_pem,
-            &shared.pki.server_key_pem,
-        ))
-        .client_ca_root(Certificate::from_pem(shared.pki.ca_pem()))
-        // Enroll is the one call without a client certificate; every other
-        // handler checks the peer certificate itself.
-        .client_auth_optional(true);
+    let tls = crate::tlsaccept::server_config(
+        &shared.pki.server_chain_pem,
+        &shared.pki.server_key_pem,
+        shared.pki.ca_pem(),
+    )
+    .map_err(ServerError::Tls)?;
+    let handshakes = Handshakes::new(cfg.handshakes);
+    {
+        let h = handshakes.clone();
+        shared.metrics.gauge(
+            "lks_tls_handshakes_in_progress",
+            "TLS handshakes running (at most --max-tls-handshakes).",
+            move || h.in_progress() as i64,
+        );
+        let s = Arc::downgrade(&shared);
+        shared.metrics.gauge(
+            "lks_streams_opening",
+            "Connect streams between the call and their first desired state.",
+            move || s.upgrade().map_or(0, |s| s.opening.opening() as i64),
+        );
+    }
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<AgentServiceServer<AgentApi>>()
@@ -454,8 +478,6 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         .map_err(|e| ServerError::Serve(e.to_string()))?;
 
     let router = Server::builder()
-        .tls_config(tls)
-        .map_err(|e| ServerError::Tls(e.to_string()))?
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .http2_max_header_list_size(crate::wire::MAX_HEADER_LIST)
@@ -477,9 +499,19 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
             AdminServiceServer::new(AdminApi::new(shared.clone()))
                 .max_decoding_message_size(crate::wire::MAX_MESSAGE),
         );
-    tracing::info!(addr = %local, "serving gRPC");
+    tracing::info!(
+        addr = %local,
+        max_tls_handshakes = cfg.handshakes.max_in_progress,
+        "serving gRPC"
+    );
 
-    let incoming = Box::pin(accept_loop(listener));
+    let incoming = Box::pin(crate::tlsaccept::incoming(
+        accept_loop(listener),
+        tls,
+        handshakes,
+        shared.metrics.clone(),
+        cancel.clone(),
+    ));
     let server_cancel = cancel.clone();
     let serve = router.serve_with_incoming_shutdown(incoming, async move { server_cancel.cancelled().await });
     tokio::pin!(serve);
@@ -512,7 +544,15 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
     if let Err(e) = shared.store.mark_all_disconnected().await {
         tracing::warn!(error = %e, "mark nodes disconnected at shutdown");
     }
-    tracing::info!("stopped");
+    let ([ok, shed, timeout, failed], connect_shed) = shared.metrics.admission_totals();
+    tracing::info!(
+        tls_ok = ok,
+        tls_shed = shed,
+        tls_timeout = timeout,
+        tls_failed = failed,
+        connect_shed,
+        "stopped"
+    );
     result
 }
 

@@ -31,7 +31,7 @@ use lks_proto::{Digest, pb};
 use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, PublicKeyData};
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use crate::backoff::Backoff;
+use crate::backoff::{Backoff, retry_hint};
 use crate::client;
 use crate::config::{AgentConfig, StateDir};
 use crate::fsutil::{self, FsError};
@@ -330,8 +330,9 @@ enum Attempt {
     /// Not reached, or reached but unavailable: the next server may answer.
     Unreachable(String),
     /// Too many enrolments from this address just now, or no answer to
-    /// the request: worth a later try, with the same key.
-    Busy(String),
+    /// the request: worth a later try, with the same key, no sooner than
+    /// the server's retry hint if it gave one.
+    Busy(String, Option<Duration>),
     /// The server answered and said no (bad token, CA pin mismatch, …):
     /// another replica of the same cluster would say the same, so stop.
     Final(JoinError),
@@ -354,15 +355,24 @@ async fn enroll_any(
     .await
 }
 
+/// A round in which no server enrolled the node but some were busy.
+#[derive(Debug, Default)]
+struct BusyRound {
+    reasons: Vec<String>,
+    /// The shortest retry hint a busy server gave: the soonest one of them
+    /// expects to have room.
+    retry_after: Option<Duration>,
+}
+
 /// One pass over the servers: `Err(Ok(busy))` if none answered but some
 /// were rate-limiting.
 async fn enroll_round(
     plan: &Plan,
     csr_pem: &str,
     key_pem: &str,
-) -> Result<(String, pb::EnrollResponse), Result<Vec<String>, JoinError>> {
+) -> Result<(String, pb::EnrollResponse), Result<BusyRound, JoinError>> {
     let mut unreachable = Vec::new();
-    let mut busy = Vec::new();
+    let mut busy = BusyRound::default();
     for url in &plan.servers {
         match enroll_at(plan, url, csr_pem, key_pem).await {
             Ok(resp) => return Ok((url.clone(), resp)),
@@ -371,13 +381,17 @@ async fn enroll_round(
                 tracing::info!("{e}; trying the next server");
                 unreachable.push(e);
             }
-            Err(Attempt::Busy(e)) => {
+            Err(Attempt::Busy(e, hint)) => {
                 tracing::info!("{e}; trying the next server");
-                busy.push(e);
+                busy.reasons.push(e);
+                busy.retry_after = match (busy.retry_after, hint) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
             }
         }
     }
-    if busy.is_empty() {
+    if busy.reasons.is_empty() {
         Err(Err(JoinError::Unreachable(unreachable.join("; "))))
     } else {
         Err(Ok(busy))
@@ -385,8 +399,8 @@ async fn enroll_round(
 }
 
 /// Runs `round` until it succeeds or fails for good; a round that was
-/// only rate-limited is repeated after the next backoff delay, as long as
-/// that stays within `deadline`.
+/// only rate-limited is repeated after the next backoff delay (at least
+/// the servers' retry hint), as long as that stays within `deadline`.
 async fn retry_while_busy<T, F, Fut>(
     deadline: Duration,
     mut backoff: Backoff,
@@ -394,16 +408,16 @@ async fn retry_while_busy<T, F, Fut>(
 ) -> Result<T, JoinError>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, Result<Vec<String>, JoinError>>>,
+    Fut: std::future::Future<Output = Result<T, Result<BusyRound, JoinError>>>,
 {
     let started = tokio::time::Instant::now();
     loop {
-        let busy = match round().await {
+        let (busy, hint) = match round().await {
             Ok(v) => return Ok(v),
             Err(Err(e)) => return Err(e),
-            Err(Ok(busy)) => busy.join("; "),
+            Err(Ok(b)) => (b.reasons.join("; "), b.retry_after),
         };
-        let delay = backoff.next_delay();
+        let delay = backoff.next_delay_with(hint);
         let waited = started.elapsed();
         if waited + delay > deadline {
             return Err(JoinError::Busy { waited, last: busy });
@@ -467,15 +481,15 @@ fn enrol_failed(url: &str, s: &tonic::Status) -> Attempt {
     use std::error::Error as _;
     let msg = format!("{url}: {}", one_line(s.message()));
     match s.code() {
-        tonic::Code::ResourceExhausted => Attempt::Busy(msg),
+        tonic::Code::ResourceExhausted => Attempt::Busy(msg, retry_hint(s)),
         // Made on this side from a transport error: no answer came.
-        _ if s.source().is_some() => Attempt::Busy(format!("{msg} (no answer)")),
+        _ if s.source().is_some() => Attempt::Busy(format!("{msg} (no answer)"), None),
         tonic::Code::Unavailable
         | tonic::Code::Unknown
         | tonic::Code::Internal
         | tonic::Code::Cancelled
         | tonic::Code::DeadlineExceeded
-        | tonic::Code::Aborted => Attempt::Busy(format!("{msg} (no answer)")),
+        | tonic::Code::Aborted => Attempt::Busy(format!("{msg} (no answer)"), retry_hint(s)),
         _ => Attempt::Final(JoinError::Refused {
             server: url.to_string(),
             message: one_line(s.message()),
@@ -569,7 +583,14 @@ fn rename(from: &Path, to: &Path) -> Result<(), FsError> {
 mod tests {
     use super::*;
 
-    type Round = Result<u32, Result<Vec<String>, JoinError>>;
+    type Round = Result<u32, Result<BusyRound, JoinError>>;
+
+    fn busy(reason: &str, retry_after: Option<Duration>) -> BusyRound {
+        BusyRound {
+            reasons: vec![reason.to_string()],
+            retry_after,
+        }
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_rate_limited_round_is_retried_until_it_passes() {
@@ -579,11 +600,7 @@ mod tests {
             Backoff::new(Duration::from_secs(1), Duration::from_secs(30)),
             || {
                 n += 1;
-                let out: Round = if n < 4 {
-                    Err(Ok(vec!["busy".into()]))
-                } else {
-                    Ok(n)
-                };
+                let out: Round = if n < 4 { Err(Ok(busy("busy", None))) } else { Ok(n) };
                 async move { out }
             },
         )
@@ -592,12 +609,49 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_busy_servers_retry_hint_is_waited_at_least() {
+        let hinted = lks_proto::backoff::with_retry_hint(
+            tonic::Status::resource_exhausted("too many enrolment attempts"),
+            Duration::from_secs(7),
+        );
+        let Attempt::Busy(_, hint) = enrol_failed("https://a:1", &hinted) else {
+            panic!("rate limiting is retried");
+        };
+        assert_eq!(hint, Some(Duration::from_secs(7)));
+        let mut at = Vec::new();
+        let started = tokio::time::Instant::now();
+        let r = retry_while_busy(
+            Duration::from_secs(300),
+            Backoff::new(Duration::from_secs(1), Duration::from_secs(30)),
+            || {
+                at.push(started.elapsed());
+                let out: Round = if at.len() < 3 {
+                    Err(Ok(busy("busy", hint)))
+                } else {
+                    Ok(0)
+                };
+                async move { out }
+            },
+        )
+        .await;
+        assert!(r.is_ok());
+        for w in at.windows(2) {
+            let gap = w[1] - w[0];
+            // The backoff alone would be 1 s and 1.6 s (±20 %).
+            assert!(
+                gap >= Duration::from_secs(7) && gap <= Duration::from_secs(9),
+                "waited {gap:?}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn rate_limiting_ends_at_the_deadline_and_refusals_at_once() {
         let started = tokio::time::Instant::now();
         let r = retry_while_busy(
             Duration::from_secs(60),
             Backoff::new(Duration::from_secs(1), Duration::from_secs(30)),
-            || async { Err::<u32, _>(Ok(vec!["https://a:1: too many enrolment attempts".to_string()])) },
+            || async { Err::<u32, _>(Ok(busy("https://a:1: too many enrolment attempts", None))) },
         )
         .await;
         let e = r.unwrap_err().to_string();
@@ -621,7 +675,7 @@ mod tests {
 
     #[test]
     fn an_enrolment_without_an_answer_is_retried_and_a_refusal_is_not() {
-        let retried = |s: tonic::Status| matches!(enrol_failed("https://a:1", &s), Attempt::Busy(_));
+        let retried = |s: tonic::Status| matches!(enrol_failed("https://a:1", &s), Attempt::Busy(..));
         // The server killed mid-call: tonic makes the status from the
         // transport error, so it has a source.
         let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset");

@@ -1,0 +1,130 @@
+//! TLS on the agent/admin port, done here rather than by tonic: every
+//! accepted connection is handshaken in its own task, at most
+//! `--max-tls-handshakes` at a time in arrival order ([`crate::admission`]),
+//! and handed to the gRPC server through a bounded channel once it is done.
+//!
+//! tonic's own TLS starts a handshake for every accepted connection at
+//! once: under thousands of reconnecting agents they all share the CPU and
+//! all finish late, past the clients' connect timeout. Here the admitted
+//! ones finish quickly and the rest wait their turn (or are closed, if
+//! they waited longer than a client would).
+//!
+//! The TLS configuration is the one tonic built from the same material:
+//! the serving chain and key, client certificates optional (`Enroll` has
+//! none) but verified against the CA when sent, ALPN `h2`. Handlers see
+//! the peer certificates as before: tonic reads them from the
+//! [`TlsStream`]'s connect info.
+
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt as _};
+use rustls::RootCertStore;
+use rustls::server::{ServerConfig, WebPkiClientVerifier};
+use rustls_pki_types::pem::PemObject as _;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::admission::{Admitted, Handshakes};
+use crate::metrics::Metrics;
+
+/// The server side of TLS: `chain_pem` (serving certificate first), its
+/// key, and the CA that client certificates must chain to.
+pub fn server_config(chain_pem: &str, key_pem: &str, ca_pem: &str) -> Result<Arc<ServerConfig>, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let chain = CertificateDer::pem_slice_iter(chain_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("serving certificate: {e}"))?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| format!("serving key: {e}"))?;
+    let mut roots = RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        let ca = ca.map_err(|e| format!("CA certificate: {e}"))?;
+        roots.add(ca).map_err(|e| format!("CA certificate: {e}"))?;
+    }
+    // Enroll is the one call without a client certificate; every other
+    // handler checks the peer certificate itself.
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| format!("client certificate verifier: {e}"))?;
+    let mut cfg = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(|e| format!("serving certificate and key: {e}"))?;
+    // gRPC and the agent package endpoint (curl, cloud-init) are HTTP/2.
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// Handshakes the connections `accepted` yields and yields the finished
+/// ones, until `cancel` fires. A slow client never holds up accepting:
+/// each connection gets its own task.
+pub fn incoming(
+    accepted: impl Stream<Item = std::io::Result<TcpStream>> + Send + 'static,
+    config: Arc<ServerConfig>,
+    handshakes: Handshakes,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
+) -> impl Stream<Item = std::io::Result<TlsStream<TcpStream>>> + Send + 'static {
+    // Room for every connection holding a slot: a finished handshake never
+    // waits long to be handed on.
+    let (tx, rx) = mpsc::channel(handshakes.in_progress_bound());
+    let acceptor = TlsAcceptor::from(config);
+    tokio::spawn(async move {
+        let mut accepted = std::pin::pin!(accepted);
+        loop {
+            let stream = tokio::select! {
+                _ = cancel.cancelled() => return,
+                s = accepted.next() => match s {
+                    Some(Ok(s)) => s,
+                    Some(Err(e)) => {
+                        tracing::debug!(error = %e, "accept failed");
+                        continue;
+                    }
+                    None => return,
+                },
+            };
+            let accepted_at = Instant::now();
+            let (tx, acceptor, handshakes, metrics, cancel) = (
+                tx.clone(),
+                acceptor.clone(),
+                handshakes.clone(),
+                metrics.clone(),
+                cancel.clone(),
+            );
+            tokio::spawn(async move {
+                let peer = stream.peer_addr().ok();
+                let queued = |q: bool| metrics.tls_handshake_queued(q);
+                let admitted = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    a = handshakes.admit(accepted_at, acceptor.accept(stream), queued) => a,
+                };
+                metrics.tls_handshake(admitted.label());
+                match admitted {
+                    Admitted::Done(tls, permit) => {
+                        tokio::select! {
+                            _ = cancel.cancelled() => {}
+                            _ = tx.send(Ok(tls)) => {}
+                        }
+                        drop(permit);
+                    }
+                    Admitted::Shed => {
+                        tracing::debug!(
+                            ?peer,
+                            "closed a connection that waited too long for its TLS handshake"
+                        )
+                    }
+                    Admitted::TimedOut => tracing::debug!(?peer, "TLS handshake timed out"),
+                    Admitted::Failed(e) => tracing::debug!(?peer, error = %e, "TLS handshake failed"),
+                }
+            });
+        }
+    });
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|s| (s, rx)) })
+}
