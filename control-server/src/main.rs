@@ -109,7 +109,7 @@ struct Args {
     #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
     tls_handshake_timeout: Duration,
     /// Connect streams being opened (authorised, Hello stored, first
-    /// desired state sent) at once; a Connect that finds no room within 2 s
+    /// desired state sent) at once; a Connect that finds no room within 10 s
     /// is refused with `unavailable` and a retry hint.
     #[arg(long, default_value_t = lks_control_server::admission::MAX_STREAMS_OPENING, value_name = "N", hide = true)]
     max_streams_opening: usize,
