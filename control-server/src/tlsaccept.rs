@@ -14,20 +14,29 @@
 //! none) but verified against the CA when sent, ALPN `h2`. Handlers see
 //! the peer certificates as before: tonic reads them from the
 //! [`TlsStream`]'s connect info.
+//!
+//! Each finished connection is handed on boxed ([`TlsConn`]), as tonic's
+//! own TLS did: the connection task then holds a pointer rather than the
+//! whole TLS state inline in its future, which the async state machine
+//! may lay out more than once (BENCHMARKS.md, server memory per agent).
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use futures::{Stream, StreamExt as _};
 use rustls::RootCertStore;
 use rustls::server::{ServerConfig, WebPkiClientVerifier};
 use rustls_pki_types::pem::PemObject as _;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
+use tonic::transport::server::{Connected, TcpConnectInfo, TlsConnectInfo};
 
 use crate::admission::{Admitted, Handshakes};
 use crate::metrics::Metrics;
@@ -71,7 +80,7 @@ pub fn incoming(
     handshakes: Handshakes,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
-) -> impl Stream<Item = std::io::Result<TlsStream<TcpStream>>> + Send + 'static {
+) -> impl Stream<Item = std::io::Result<TlsConn>> + Send + 'static {
     // Room for every connection holding a slot: a finished handshake never
     // waits long to be handed on.
     let (tx, rx) = mpsc::channel(handshakes.in_progress_bound());
@@ -110,7 +119,7 @@ pub fn incoming(
                     Admitted::Done(tls, permit) => {
                         tokio::select! {
                             _ = cancel.cancelled() => {}
-                            _ = tx.send(Ok(tls)) => {}
+                            _ = tx.send(Ok(TlsConn(Box::new(tls)))) => {}
                         }
                         drop(permit);
                     }
@@ -127,4 +136,56 @@ pub fn incoming(
         }
     });
     futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|s| (s, rx)) })
+}
+
+/// A finished server-side TLS connection, boxed. Reads, writes and the
+/// connect info (peer address and certificates) are the inner stream's.
+pub struct TlsConn(Box<TlsStream<TcpStream>>);
+
+impl Connected for TlsConn {
+    type ConnectInfo = TlsConnectInfo<TcpConnectInfo>;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.0.connect_info()
+    }
+}
+
+impl AsyncRead for TlsConn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TlsConn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut *self.0).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut *self.0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.0).poll_shutdown(cx)
+    }
 }
