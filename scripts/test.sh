@@ -18,3 +18,6 @@ cargo test --manifest-path third_party/h2/Cargo.toml --target-dir target/h2-test
 RUSTFLAGS="--cfg lksadmin_no_test_ca" cargo test --manifest-path third_party/rustls/Cargo.toml \
   --target-dir target/rustls-tests --no-default-features --features ring,std,tls12,logging \
   --lib -q -- --skip msgs::message_test::test_read_fuzz_corpus
+# The vendored tonic (third_party/tonic/LKSADMIN-PATCH.md): its own unit
+# tests (default features) and the patch's.
+cargo test --manifest-path third_party/tonic/Cargo.toml --target-dir target/tonic-tests --lib -q

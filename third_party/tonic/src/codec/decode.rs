@@ -29,6 +29,9 @@ struct StreamingInner {
     state: State,
     direction: Direction,
     buf: BytesMut,
+    /// lksadmin patch: `buf` may have grown past its initial size since it
+    /// was last released ([`StreamingInner::release_buf`]).
+    grown: bool,
     trailers: Option<HeaderMap>,
     decompress_buf: BytesMut,
     encoding: Option<CompressionEncoding>,
@@ -135,6 +138,7 @@ impl<T> Streaming<T> {
                 state: State::ReadHeader,
                 direction,
                 buf: BytesMut::with_capacity(buffer_size),
+                grown: false,
                 trailers: None,
                 decompress_buf: BytesMut::new(),
                 encoding,
@@ -194,6 +198,8 @@ impl StreamingInner {
                 ));
             }
 
+            // lksadmin patch
+            self.grown |= self.buf.len() + len > self.buf.capacity();
             self.buf.reserve(len);
 
             self.state = State::ReadBody {
@@ -251,6 +257,19 @@ impl StreamingInner {
         Ok(None)
     }
 
+    /// lksadmin patch: once a message is decoded and nothing is left in
+    /// `buf`, a buffer that grew past `buffer_size` is replaced by a fresh
+    /// one of that size. Upstream keeps it (a `BytesMut` takes its whole
+    /// allocation back when emptied), so a long-lived stream holds the
+    /// largest message or DATA frame it ever received for its whole life;
+    /// a server holding thousands of idle streams holds that per stream.
+    fn release_buf(&mut self, buffer_size: usize) {
+        if self.grown && !self.buf.has_remaining() {
+            self.buf = BytesMut::with_capacity(buffer_size);
+            self.grown = false;
+        }
+    }
+
     // Returns Some(()) if data was found or None if the loop in `poll_next` should break
     fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<()>, Status>> {
         let frame = match ready!(Pin::new(self.body.get_mut()).poll_frame(cx)) {
@@ -276,7 +295,10 @@ impl StreamingInner {
         };
 
         Poll::Ready(if frame.is_data() {
-            self.buf.put(frame.into_data().unwrap());
+            let data = frame.into_data().unwrap();
+            // lksadmin patch
+            self.grown |= self.buf.len() + data.len() > self.buf.capacity();
+            self.buf.put(data);
             Ok(Some(()))
         } else if frame.is_trailers() {
             if let Some(trailers) = &mut self.trailers {
@@ -384,6 +406,9 @@ impl<T> Streaming<T> {
             Some(mut decode_buf) => match self.decoder.get_mut().decode(&mut decode_buf)? {
                 Some(msg) => {
                     self.inner.state = State::ReadHeader;
+                    // lksadmin patch
+                    let buffer_size = self.decoder.get_mut().buffer_settings().buffer_size;
+                    self.inner.release_buf(buffer_size);
                     Ok(Some(msg))
                 }
                 None => Ok(None),
@@ -427,3 +452,90 @@ impl<T> fmt::Debug for Streaming<T> {
 
 #[cfg(test)]
 static_assertions::assert_impl_all!(Streaming<()>: Send, Sync);
+
+// lksadmin patch: tests of `StreamingInner::release_buf`.
+#[cfg(test)]
+mod lksadmin_patch_tests {
+    use super::*;
+    use crate::codec::{BufferSettings, DecodeBuf, Decoder};
+    use http_body_util::StreamBody;
+
+    /// Yields each message's bytes as they are.
+    #[derive(Debug)]
+    struct RawDecoder;
+
+    impl Decoder for RawDecoder {
+        type Item = Vec<u8>;
+        type Error = Status;
+
+        fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, Status> {
+            Ok(Some(src.copy_to_bytes(src.remaining()).to_vec()))
+        }
+
+        fn buffer_settings(&self) -> BufferSettings {
+            BufferSettings::new(256, 32 * 1024)
+        }
+    }
+
+    fn framed(msg: &[u8]) -> Vec<u8> {
+        let mut v = vec![0u8];
+        v.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+        v.extend_from_slice(msg);
+        v
+    }
+
+    /// A request body of these DATA frames.
+    fn streaming(frames: Vec<Vec<u8>>) -> Streaming<Vec<u8>> {
+        let frames = frames
+            .into_iter()
+            .map(|f| Ok::<_, Status>(http_body::Frame::data(bytes::Bytes::from(f))));
+        Streaming::new_request(RawDecoder, StreamBody::new(tokio_stream::iter(frames)), None, None)
+    }
+
+    #[tokio::test]
+    async fn a_large_message_does_not_stay_in_the_decode_buffer() {
+        let mut s = streaming(vec![framed(&[9u8; 4096]), framed(b"small")]);
+        assert_eq!(s.message().await.unwrap().unwrap(), vec![9u8; 4096]);
+        // Upstream, the emptied buffer keeps the 4 KiB it grew to.
+        s.inner.buf.reserve(1);
+        assert_eq!(s.inner.buf.capacity(), 256);
+        assert_eq!(s.message().await.unwrap().unwrap(), b"small".to_vec());
+        assert_eq!(s.message().await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn a_large_message_split_over_frames_is_decoded_whole() {
+        let whole = framed(&(0..5000u32).map(|i| i as u8).collect::<Vec<_>>());
+        let frames = whole.chunks(700).map(<[u8]>::to_vec).collect();
+        let mut s = streaming(frames);
+        let got = s.message().await.unwrap().unwrap();
+        assert_eq!(got, (0..5000u32).map(|i| i as u8).collect::<Vec<_>>());
+        assert_eq!(s.inner.buf.capacity(), 256);
+        assert_eq!(s.message().await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn messages_sharing_a_frame_are_all_decoded() {
+        // One large frame holding three messages: the buffer is released
+        // only once the last of them is out.
+        let mut frame = framed(&[1u8; 3000]);
+        frame.extend(framed(&[2u8; 10]));
+        frame.extend(framed(&[3u8; 2000]));
+        let mut s = streaming(vec![frame]);
+        assert_eq!(s.message().await.unwrap().unwrap(), vec![1u8; 3000]);
+        assert_eq!(s.message().await.unwrap().unwrap(), vec![2u8; 10]);
+        assert_eq!(s.message().await.unwrap().unwrap(), vec![3u8; 2000]);
+        s.inner.buf.reserve(1);
+        assert_eq!(s.inner.buf.capacity(), 256);
+        assert_eq!(s.message().await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn small_messages_keep_the_initial_buffer() {
+        let mut s = streaming(vec![framed(b"a"), framed(b"bc")]);
+        assert_eq!(s.message().await.unwrap().unwrap(), b"a".to_vec());
+        assert!(!s.inner.grown);
+        assert_eq!(s.message().await.unwrap().unwrap(), b"bc".to_vec());
+        assert_eq!(s.message().await.unwrap(), None);
+    }
+}

@@ -99,7 +99,7 @@ where
                     return Poll::Ready(None);
                 }
                 Poll::Pending | Poll::Ready(None) => {
-                    return Poll::Ready(Some(Ok(buf.split_to(buf.len()).freeze())));
+                    return Poll::Ready(Some(Ok(take_encoded(buf, buffer_settings.buffer_size))));
                 }
                 Poll::Ready(Some(Ok(item))) => {
                     if let Err(status) = encode_item(
@@ -115,7 +115,7 @@ where
                     }
 
                     if buf.len() >= buffer_settings.yield_threshold {
-                        return Poll::Ready(Some(Ok(buf.split_to(buf.len()).freeze())));
+                        return Poll::Ready(Some(Ok(take_encoded(buf, buffer_settings.buffer_size))));
                     }
                 }
                 Poll::Ready(Some(Err(status))) => {
@@ -123,11 +123,29 @@ where
                         return Poll::Ready(Some(Err(status)));
                     }
                     *error = Some(status);
-                    return Poll::Ready(Some(Ok(buf.split_to(buf.len()).freeze())));
+                    return Poll::Ready(Some(Ok(take_encoded(buf, buffer_settings.buffer_size))));
                 }
             }
         }
     }
+}
+
+/// Takes what `buf` holds as one frozen chunk for the body.
+///
+/// lksadmin patch: after a chunk larger than the initial buffer, `buf` is
+/// replaced by a fresh buffer of the initial size. Upstream keeps it as it
+/// is: a view on the chunk's allocation, which it takes back whole (a
+/// `reserve` on a unique `BytesMut`) once the body has written the chunk,
+/// so a long-lived stream holds the largest message it ever sent for its
+/// whole life. A server holding thousands of idle streams, each of which
+/// once carried a message of a few KiB, holds those KiB per stream.
+fn take_encoded(buf: &mut BytesMut, buffer_size: usize) -> Bytes {
+    let chunk = buf.split_to(buf.len()).freeze();
+    if chunk.len() > buffer_size {
+        // lksadmin patch
+        *buf = BytesMut::with_capacity(buffer_size);
+    }
+    chunk
 }
 
 fn encode_item<T>(
@@ -331,5 +349,89 @@ where
                 .map(|t| t.map(Frame::trailers))
                 .into(),
         }
+    }
+}
+
+// lksadmin patch: tests of `take_encoded`.
+#[cfg(test)]
+mod lksadmin_patch_tests {
+    use super::*;
+    use crate::codec::EncodeBuf;
+
+    /// Writes each item's bytes as they are.
+    #[derive(Debug)]
+    struct RawEncoder(BufferSettings);
+
+    impl Encoder for RawEncoder {
+        type Item = Vec<u8>;
+        type Error = Status;
+
+        fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+            dst.put_slice(&item);
+            Ok(())
+        }
+
+        fn buffer_settings(&self) -> BufferSettings {
+            self.0
+        }
+    }
+
+    fn encoded(items: Vec<Vec<u8>>) -> Pin<Box<EncodedBytes<RawEncoder, impl Stream<Item = Result<Vec<u8>, Status>>>>> {
+        Box::pin(EncodedBytes::new(
+            RawEncoder(BufferSettings::new(256, 32 * 1024)),
+            tokio_stream::iter(items.into_iter().map(Ok)),
+            None,
+            SingleMessageCompressionOverride::default(),
+            None,
+        ))
+    }
+
+    fn next_chunk<S: Stream<Item = Result<Bytes, Status>> + ?Sized>(s: Pin<&mut S>) -> Option<Bytes> {
+        let waker = std::task::Waker::noop();
+        match s.poll_next(&mut Context::from_waker(waker)) {
+            Poll::Ready(Some(Ok(b))) => Some(b),
+            Poll::Ready(None) => None,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_large_message_does_not_stay_in_the_encode_buffer() {
+        let mut s = encoded(vec![vec![7u8; 4096], vec![1u8; 10]]);
+        let chunk = next_chunk(s.as_mut()).unwrap();
+        // Both messages, each behind its 5-byte header, in one chunk.
+        assert_eq!(chunk.len(), 4096 + 5 + 10 + 5);
+        assert_eq!(&chunk[..5], &[0, 0, 0, 16, 0]);
+        assert!(chunk[5..4101].iter().all(|b| *b == 7));
+        drop(chunk);
+        // Upstream, the emptied buffer takes the chunk's allocation back.
+        let mut buf = std::mem::take(s.as_mut().project().buf);
+        buf.reserve(1);
+        assert!(buf.capacity() < 4096, "kept {} bytes", buf.capacity());
+        assert_eq!(buf.capacity(), 256);
+    }
+
+    #[test]
+    fn a_small_message_keeps_the_initial_buffer() {
+        let mut buf = BytesMut::with_capacity(256);
+        buf.put_slice(&[1u8; 100]);
+        let chunk = take_encoded(&mut buf, 256);
+        assert_eq!(chunk.len(), 100);
+        assert_eq!(buf.capacity(), 156);
+        drop(chunk);
+        // The same allocation, taken back whole once it is needed.
+        buf.reserve(200);
+        assert_eq!(buf.capacity(), 256);
+    }
+
+    #[test]
+    fn a_large_chunk_is_handed_on_whole() {
+        let mut buf = BytesMut::with_capacity(256);
+        buf.put_slice(&[3u8; 1000]);
+        let chunk = take_encoded(&mut buf, 256);
+        assert_eq!(chunk.len(), 1000);
+        assert!(chunk.iter().all(|b| *b == 3));
+        assert!(buf.is_empty());
+        assert_eq!(buf.capacity(), 256);
     }
 }
