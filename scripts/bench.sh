@@ -35,7 +35,9 @@
 #     same N agents' first connection in the same run.
 # Usage: bash scripts/bench.sh [--only agents|sha|packages|upgrade|blob|ha|footprint|storm] [AGENTS...]
 #        (default: every section, agents 1000 2000; HA_AGENTS=1000,
-#        IDLE_SECONDS=60)
+#        IDLE_SECONDS=60, FOOTPRINT_SECONDS=IDLE_SECONDS)
+# The issue's whole set in one run (BENCHMARKS.md, "Every figure in one run"):
+#        FOOTPRINT_SECONDS=600 bash scripts/bench.sh 1000 10000
 # Needs python3 (medians), curl, openssl (the upgrade baseline) and, for the HA
 # section, etcd. Not run by CI.
 set -euo pipefail
@@ -387,7 +389,9 @@ if want blob; then
     rm -rf "${bl:?}/$1"
   }
   # The fetch lines of cluster C's agent logs: "MS STREAM_MS", median over
-  # agents; with --span, first fetch start to last fetch end (ms).
+  # agents; with --span, first fetch start to last fetch end (ms), the same
+# to the last fetch's last byte verified and written (before its fsync),
+# and how many agents logged a fetch.
   fetched() {
     python3 - "$@" <<'PY'
 import datetime, glob, re, statistics, sys
@@ -401,7 +405,8 @@ for f in glob.glob(c + "/*/agent.log"):
             st = int(re.search(r"\bstream_ms=(\d+)", line).group(1))
             rows.append((ts, ms, st))
 if span:
-    print(round(max(t for t, _, _ in rows) - min(t - m for t, m, _ in rows)), len(rows))
+    start = min(t - m for t, m, _ in rows)
+    print(round(max(t for t, _, _ in rows) - start), round(max(t - m + st for t, m, st in rows) - start), len(rows))
 else:
     print(statistics.median(m for _, m, _ in rows), statistics.median(s for _, _, s in rows))
 PY
@@ -422,7 +427,7 @@ PY
     rm -f "$bl"/dl.*
   }
   get_hash amd64 "$bl/dl" && rm -f "$bl/dl"
-  base=() ours=() stream=() apply=() mbase=() mspan=() mapply=()
+  base=() ours=() stream=() apply=() mbase=() mspan=() mstream=() mapply=()
   for r in $(seq "$RUNS"); do
     sync
     base+=("$(ms get_hash amd64 "$bl/dl")")
@@ -443,20 +448,20 @@ PY
     s=$(date +%s%N)
     blk rollout start --cluster "many$r" --bundle mid@1 --batch-size "$par" --wait >/dev/null
     mapply+=("$(( ($(date +%s%N) - s) / 1000000 ))")
-    read -r sp n <<<"$(fetched "$bl/many$r" --span)"
+    read -r sp sst n <<<"$(fetched "$bl/many$r" --span)"
     [ "$n" = "$par" ] || { echo "$n of $par agents logged their fetch" >&2; exit 1; }
-    mspan+=("$sp")
+    mspan+=("$sp") mstream+=("$sst")
     agents_down "many$r"
   done
   b=$(median "${base[@]}") o=$(median "${ours[@]}") st=$(median "${stream[@]}") a=$(median "${apply[@]}")
-  mb=$(median "${mbase[@]}") ms_=$(median "${mspan[@]}") ma=$(median "${mapply[@]}")
+  mb=$(median "${mbase[@]}") ms_=$(median "${mspan[@]}") ma=$(median "${mapply[@]}") mst=$(median "${mstream[@]}")
   ratio() { python3 -c "print(round($1/$2, 2))"; }
   echo "## Blob download and verify (median of $RUNS runs)"
   echo
   echo "| what | baseline: curl HTTPS + openssl dgst -sha256 (ms) | FetchBlob + verify into the cache (ms) | speed vs baseline | without the fsync (ms) | whole \`rollout start --wait\` (ms) |"
   echo "| --- | --- | --- | --- | --- | --- |"
   echo "| 1 agent, 256 MiB | $b | $o | $(ratio "$b" "$o") | $st | $a |"
-  echo "| $par agents at once, 64 MiB each (first fetch start to last fetch end) | $mb | $ms_ | $(ratio "$mb" "$ms_") | – | $ma |"
+  echo "| $par agents at once, 64 MiB each (first fetch start to last fetch end) | $mb | $ms_ | $(ratio "$mb" "$ms_") | $mst | $ma |"
   echo
 fi
 
@@ -464,9 +469,10 @@ if want footprint; then
   # One release agent holding what a real node holds — 512 MiB of binaries
   # (8 x 64 MiB: kubelet-, containerd-, kubectl-sized) and 40 small config
   # files — healing every HEAL_SECONDS (default 10 s, six times the
-  # default's rate): its CPU over IDLE_SECONDS, its RSS and its binary.
+  # default's rate): its CPU over FOOTPRINT_SECONDS (default IDLE_SECONDS),
+  # its RSS and its binary.
   heal_s=${HEAL_SECONDS:-10}
-  idle_s=${IDLE_SECONDS:-60}
+  idle_s=${FOOTPRINT_SECONDS:-${IDLE_SECONDS:-60}}
   fp=$work/fp
   mkdir -p "$fp/root" "$fp/src"
   start_server "$fp"
