@@ -3,12 +3,18 @@
 //! Downloads land in `cache/partial/<hex>` and resume from its length; every
 //! byte passes a [`Verifier`] on the way in, so a blob is only ever renamed
 //! into `sha256/` after its size and digest matched. Readers verify again
-//! while copying out, so a cache corrupted on disk is caught too.
+//! while copying out, so a cache corrupted on disk is caught too; except
+//! right after this process stored a blob itself: while its inode is as it
+//! was then ([`Cache::open_checked`]), staging copies it without hashing it
+//! a second time (the trust a heal pass gives a managed file's inode).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use lks_proto::digest::{Verifier, VerifyError};
@@ -37,14 +43,51 @@ pub enum FetchError {
     Fs(#[from] FsError),
 }
 
+/// How long the inode of a blob this process stored vouches for its
+/// bytes; the engine's full re-hash of managed files comes as often.
+const STORED_TRUST: Duration = Duration::from_secs(3600);
+
+/// A blob's inode right after this process verified and stored it: while
+/// all of it is the same, so are the bytes (any write, truncate, rename
+/// over or chmod changes `ctime`, which no user call can set back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct StoredInode {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl StoredInode {
+    fn of(m: &fs::Metadata) -> Self {
+        StoredInode {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Cache {
     dir: PathBuf,
+    /// Blobs this process fetched, verified and stored, by digest.
+    stored: Arc<Mutex<HashMap<Digest, (StoredInode, Instant)>>>,
 }
 
 impl Cache {
     pub fn new(dir: PathBuf) -> Self {
-        Cache { dir }
+        Cache {
+            dir,
+            stored: Arc::default(),
+        }
+    }
+
+    fn stored(&self) -> std::sync::MutexGuard<'_, HashMap<Digest, (StoredInode, Instant)>> {
+        self.stored.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn blobs(&self) -> PathBuf {
@@ -73,8 +116,27 @@ impl Cache {
         }
     }
 
+    /// Opens a cached blob for copying out, and says whether its bytes are
+    /// known good without hashing them again: true only while its inode is
+    /// as it was when this process verified and stored it, for at most an
+    /// hour. `Ok(None)` if it is not cached.
+    pub fn open_checked(&self, d: &Digest) -> Result<Option<(File, bool)>, FsError> {
+        let Some(f) = self.open(d)? else { return Ok(None) };
+        let p = self.blob_path(d);
+        let now = StoredInode::of(
+            &f.metadata()
+                .map_err(|e| FsError::new("stat cached blob", &p, e))?,
+        );
+        let known = self
+            .stored()
+            .get(d)
+            .is_some_and(|(was, at)| *was == now && at.elapsed() < STORED_TRUST);
+        Ok(Some((f, known)))
+    }
+
     /// Drops a blob (found corrupt).
     pub fn remove(&self, d: &Digest) -> Result<(), FsError> {
+        self.stored().remove(d);
         fsutil::remove_file_durable(&self.blob_path(d))
     }
 
@@ -148,6 +210,12 @@ impl Cache {
         let blob = self.blob_path(&file.digest);
         fs::rename(&part, &blob).map_err(|e| FsError::new("rename into cache", &blob, e))?;
         fsutil::sync_dir(&self.blobs())?;
+        // After the rename, which changes ctime. A blob it cannot stat is
+        // simply hashed again when staged.
+        if let Ok(m) = fs::metadata(&blob) {
+            self.stored()
+                .insert(file.digest, (StoredInode::of(&m), Instant::now()));
+        }
         // The figure behind BENCHMARKS.md "Blob download and verify":
         // stream_ms is request to last byte verified and written, ms adds
         // the fsync and the rename into the cache.
@@ -164,6 +232,7 @@ impl Cache {
 
     /// Removes every cached blob not in `keep`, and stale partial downloads.
     pub fn gc(&self, keep: &BTreeSet<Digest>) -> Result<usize, FsError> {
+        self.stored().retain(|d, _| keep.contains(d));
         let mut removed = 0;
         for dir in [self.blobs(), self.partials()] {
             let Ok(rd) = fs::read_dir(&dir) else { continue };

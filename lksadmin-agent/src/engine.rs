@@ -189,6 +189,9 @@ pub struct Engine {
     /// Old files read and hashed to back them up (the others were proved
     /// unchanged since the engine wrote or last hashed them by their inode).
     backups_read: u64,
+    /// Files staged from a blob this process had just verified, not hashed
+    /// again (tests).
+    stages_unhashed: std::sync::atomic::AtomicU64,
     /// Stale transaction backups were looked for (once per process).
     backups_checked: bool,
 }
@@ -234,6 +237,7 @@ impl Engine {
             verified: BTreeMap::new(),
             last_full_heal_ms: 0,
             backups_read: 0,
+            stages_unhashed: Default::default(),
             backups_checked: false,
         })
     }
@@ -243,6 +247,12 @@ impl Engine {
     /// pass, whose inode is unchanged since is not read again.
     pub fn backups_read(&self) -> u64 {
         self.backups_read
+    }
+
+    /// How many files were staged from a blob this process had just fetched
+    /// and verified, copied without hashing them again.
+    pub fn stages_unhashed(&self) -> u64 {
+        self.stages_unhashed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Where certificates of `[[certificate]]` entries come from.
@@ -1338,20 +1348,27 @@ impl Engine {
         let Some((digest, size, mode)) = plan.want.digest_mode() else {
             return Ok(());
         };
-        let src = match &plan.want {
+        // A blob this process has just verified is not hashed again while
+        // its inode is unchanged (`Cache::open_checked`); the rest is.
+        let (src, known_good) = match &plan.want {
             Want::Original { stored, .. } => {
                 let p = self.dirs.originals().join(stored);
-                File::open(&p)
-                    .map_err(|e| format!("{}: open original copy {}: {e}", plan.path, p.display()))?
+                let f = File::open(&p)
+                    .map_err(|e| format!("{}: open original copy {}: {e}", plan.path, p.display()))?;
+                (f, false)
             }
             _ => self
                 .cache
-                .open(&digest)
+                .open_checked(&digest)
                 .map_err(|e| e.to_string())?
                 .ok_or_else(|| format!("{}: blob {digest} is not in the cache", plan.path))?,
         };
+        if known_good {
+            self.stages_unhashed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let parent = self.root.parent(&plan.path, true).map_err(|e| e.to_string())?;
-        let res = write_entry(&parent, &plan.temp, src, digest, size, mode);
+        let res = write_entry(&parent, &plan.temp, src, digest, size, mode, known_good);
         if res.is_err() {
             let _ = parent.remove_entry(&plan.temp.clone().into());
             if matches!(plan.want, Want::Blob { .. }) {
@@ -1549,6 +1566,7 @@ impl Engine {
                     *digest,
                     *size,
                     *mode,
+                    false,
                 )
                 .map_err(|e| format!("stage backup: {e}"))?;
                 let name = parent.name().clone();
@@ -1786,7 +1804,7 @@ impl Engine {
             .ok_or_else(|| "blob not in the cache".to_string())?;
         let parent = self.root.parent(&f.path, true).map_err(|e| e.to_string())?;
         let temp = ".lks.heal.tmp";
-        if let Err(e) = write_entry(&parent, temp, src, f.digest, f.size, f.mode) {
+        if let Err(e) = write_entry(&parent, temp, src, f.digest, f.size, f.mode, false) {
             let _ = parent.remove_entry(&temp.into());
             let _ = self.cache.remove(&f.digest);
             return Err(e);
@@ -1867,6 +1885,11 @@ fn is_regular(st: &nix::sys::stat::FileStat) -> bool {
 
 /// Creates entry `name` in `parent` and copies `src` into it, verifying size
 /// and digest on the way, then sets `mode` and fsyncs.
+/// Copies `src` into a new entry `name` of `parent` with `mode`, fsynced,
+/// verifying its size and digest as it reads; `known_good` (a blob this
+/// process just verified, its inode unchanged: [`Cache::open_checked`])
+/// checks only the size.
+#[allow(clippy::too_many_arguments)]
 fn write_entry(
     parent: &ParentDir,
     name: &str,
@@ -1874,12 +1897,14 @@ fn write_entry(
     digest: Digest,
     size: u64,
     mode: u32,
+    known_good: bool,
 ) -> Result<(), String> {
     const CHUNK: usize = 1 << 20;
     let dst = parent.create_entry(&name.into()).map_err(|e| e.to_string())?;
     // Hashing here overlaps with the disk write on the writer's thread.
     let mut dst = FlushingWriter::new(dst, CHUNK).map_err(|e| format!("write: {e}"))?;
-    let mut v = Verifier::new(digest, size);
+    let mut v = (!known_good).then(|| Verifier::new(digest, size));
+    let mut copied = 0u64;
     loop {
         let mut buf = Vec::with_capacity(CHUNK);
         let n = (&mut src)
@@ -1889,10 +1914,19 @@ fn write_entry(
         if n == 0 {
             break;
         }
-        v.update(&buf).map_err(|e| e.to_string())?;
+        copied += n as u64;
+        if let Some(v) = v.as_mut() {
+            v.update(&buf).map_err(|e| e.to_string())?;
+        } else if copied > size {
+            return Err(format!("read more than the blob's {size} bytes"));
+        }
         dst.write(buf).map_err(|e| format!("write: {e}"))?;
     }
-    v.finish().map_err(|e| e.to_string())?;
+    match v {
+        Some(v) => v.finish().map_err(|e| e.to_string())?,
+        None if copied != size => return Err(format!("read {copied} of the blob's {size} bytes")),
+        None => {}
+    }
     dst.finish(Some(fs::Permissions::from_mode(mode)))
         .map(drop)
         .map_err(|e| format!("write, set mode and fsync: {e}"))

@@ -826,3 +826,32 @@ async fn state_survives_reopening_the_engine() {
     assert_eq!(reopened.installed()["p"], "1");
     assert_eq!(reopened.snapshot().generation, 1);
 }
+
+#[tokio::test]
+async fn a_blob_just_fetched_is_staged_without_hashing_it_again_unless_its_inode_changed() {
+    let mut f = fixture();
+    let good = b"kubelet, fetched and verified".to_vec();
+    let d = Digest::of(&good);
+    // Fetched (verified as it streamed), stored, then staged: the staging
+    // copy does not hash it a second time.
+    let m = f.manifest("k", "1", &[("/usr/bin/kubelet", &good, 0o755)]);
+    f.desire(vec![unsigned(m.clone())]).await;
+    assert_eq!(f.status("k").1, BundleState::Applied);
+    assert_eq!(f.read("/usr/bin/kubelet"), Some((good.clone(), 0o755)));
+    assert_eq!(f.engine.stages_unhashed(), 1);
+
+    // The cached blob changed on disk after that (same size, new ctime):
+    // another bundle wanting the same bytes stages it hashing it, and the
+    // corruption is caught before anything reaches its target.
+    let blob = f.state.join("cache/sha256").join(d.hex());
+    std::fs::write(&blob, b"kubelet, changed on the disk!").unwrap();
+    assert_eq!(std::fs::metadata(&blob).unwrap().len(), good.len() as u64);
+    let m2 = f.manifest("k2", "1", &[("/opt/k2/kubelet", &good, 0o755)]);
+    f.desire(vec![unsigned(m.clone()), unsigned(m2)]).await;
+    let (_, state, message) = f.status("k2");
+    assert_ne!(state, BundleState::Applied, "{message}");
+    assert!(message.contains("/opt/k2/kubelet"), "{message}");
+    assert_eq!(f.engine.stages_unhashed(), 1);
+    assert!(f.read("/opt/k2/kubelet").is_none());
+    assert!(!f.engine.cache().contains(&d), "the corrupt entry is dropped");
+}
