@@ -306,20 +306,26 @@ if want upgrade; then
   fetch_and_hash() {
     curl -fsS --cacert "$up/ca.pem" -o "$up/dl" "https://127.0.0.1:$up_port/v1/agent-package/amd64"
     openssl dgst -sha256 "$up/dl" >/dev/null
+    # The durable variant: the same, then the file's data on the disk
+    # (coreutils sync --data FILE: one fdatasync), as an agent must have
+    # it before it may switch a target to it.
+    [ "${1:-}" != durable ] || sync --data "$up/dl"
     rm -f "$up/dl"
   }
   ms() { local s; s=$(date +%s%N); "$@" >/dev/null; echo $(( ($(date +%s%N) - s) / 1000000 )); }
   fetch_and_hash
-  base=() fresh=() upgr=()
+  base=() durable=() fresh=() upgr=()
   for r in $(seq "$RUNS"); do
     sync
     base+=("$(ms fetch_and_hash)")
+    sync
+    durable+=("$(ms fetch_and_hash durable)")
     mkbundle "fresh$r" 1 "/opt/fresh$r/kubelet"
     fresh+=("$(roll "fresh$r@1")")
     mkbundle fresh1 $((r + 1)) /opt/fresh1/kubelet
     upgr+=("$(roll "fresh1@$((r + 1))")")
   done
-  b=$(median "${base[@]}") f=$(median "${fresh[@]}") u=$(median "${upgr[@]}")
+  b=$(median "${base[@]}") d=$(median "${durable[@]}") f=$(median "${fresh[@]}") u=$(median "${upgr[@]}")
   echo "## One 256 MiB file on one agent (median of $RUNS runs, \`rollout start --wait\`)"
   echo
   echo "Server data dir: $srv_on ($(stat -f -c %T "$(readlink -f "$up/server")")); agent state and root: $(stat -f -c %T "$up") $(findmnt -n -o OPTIONS -T "$up" | grep -o discard || true)"
@@ -327,6 +333,7 @@ if want upgrade; then
   echo "| what | time (ms) | vs baseline | vs fresh install |"
   echo "| --- | --- | --- | --- |"
   echo "| curl HTTPS + openssl dgst -sha256 (baseline) | $b | 1.00 | – |"
+  echo "| the same + \`sync --data\` of the file (one durable write) | $d | $(python3 -c "print(round($d/$b, 2))") | – |"
   echo "| fresh install (empty target) | $f | $(python3 -c "print(round($f/$b, 2))") | 1.00 |"
   echo "| upgrade (replace the previous version) | $u | $(python3 -c "print(round($u/$b, 2))") | $(python3 -c "print(round($u/$f, 2))") |"
   echo
