@@ -11,7 +11,6 @@
 use std::collections::{BTreeSet, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,7 +19,7 @@ use futures::StreamExt;
 use lks_proto::digest::{Verifier, VerifyError};
 use lks_proto::{Digest, FileSpec};
 
-use crate::fsutil::{self, FsError};
+use crate::fsutil::{self, FsError, InodeMeta};
 use crate::source::{self, BlobSource};
 
 #[derive(Debug, thiserror::Error)]
@@ -47,35 +46,11 @@ pub enum FetchError {
 /// bytes; the engine's full re-hash of managed files comes as often.
 const STORED_TRUST: Duration = Duration::from_secs(3600);
 
-/// A blob's inode right after this process verified and stored it: while
-/// all of it is the same, so are the bytes (any write, truncate, rename
-/// over or chmod changes `ctime`, which no user call can set back).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct StoredInode {
-    dev: u64,
-    ino: u64,
-    size: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
-}
-
-impl StoredInode {
-    fn of(m: &fs::Metadata) -> Self {
-        StoredInode {
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.size(),
-            mtime: (m.mtime(), m.mtime_nsec()),
-            ctime: (m.ctime(), m.ctime_nsec()),
-        }
-    }
-}
-
 #[derive(Clone, Debug)]
 pub struct Cache {
     dir: PathBuf,
     /// Blobs this process fetched, verified and stored, by digest.
-    stored: Arc<Mutex<HashMap<Digest, (StoredInode, Instant)>>>,
+    stored: Arc<Mutex<HashMap<Digest, (InodeMeta, Instant)>>>,
 }
 
 impl Cache {
@@ -86,7 +61,7 @@ impl Cache {
         }
     }
 
-    fn stored(&self) -> std::sync::MutexGuard<'_, HashMap<Digest, (StoredInode, Instant)>> {
+    fn stored(&self) -> std::sync::MutexGuard<'_, HashMap<Digest, (InodeMeta, Instant)>> {
         self.stored.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -123,7 +98,7 @@ impl Cache {
     pub fn open_checked(&self, d: &Digest) -> Result<Option<(File, bool)>, FsError> {
         let Some(f) = self.open(d)? else { return Ok(None) };
         let p = self.blob_path(d);
-        let now = StoredInode::of(
+        let now = InodeMeta::of_metadata(
             &f.metadata()
                 .map_err(|e| FsError::new("stat cached blob", &p, e))?,
         );
@@ -214,7 +189,7 @@ impl Cache {
         // simply hashed again when staged.
         if let Ok(m) = fs::metadata(&blob) {
             self.stored()
-                .insert(file.digest, (StoredInode::of(&m), Instant::now()));
+                .insert(file.digest, (InodeMeta::of_metadata(&m), Instant::now()));
         }
         // The figure behind BENCHMARKS.md "Blob download and verify":
         // stream_ms is request to last byte verified and written, ms adds

@@ -36,6 +36,7 @@ use crate::clock::Clock;
 use crate::config::StateDir;
 use crate::fault;
 use crate::flushwriter::FlushingWriter;
+use crate::fsutil::InodeMeta;
 use crate::fsutil::{self, FsError};
 use crate::journal::{Event, IllegalTransition, Journal, Next, PathPlan, Phase, Txn, Want};
 use crate::runner::{CommandRunner, CommandSpec, Outcome};
@@ -125,36 +126,6 @@ pub struct HealReport {
     /// Files whose bytes were read and hashed (the others were proved
     /// unchanged by their metadata).
     pub hashed: usize,
-}
-
-/// What a managed file's inode said when its bytes were last hashed and
-/// matched: while all of it is the same, the bytes are too (any write,
-/// truncate, rename over or chmod changes `ctime`, which no user call can
-/// set back), so a heal pass need not read them again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct InodeMeta {
-    dev: u64,
-    ino: u64,
-    size: i64,
-    mode: u32,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
-}
-
-impl InodeMeta {
-    // `stat` field types differ between architectures: the casts are no-ops
-    // on x86_64 only.
-    #[allow(clippy::unnecessary_cast)]
-    fn of(st: &nix::sys::stat::FileStat) -> Self {
-        InodeMeta {
-            dev: st.st_dev as u64,
-            ino: st.st_ino as u64,
-            size: st.st_size as i64,
-            mode: st.st_mode as u32,
-            mtime: (st.st_mtime as i64, st.st_mtime_nsec as i64),
-            ctime: (st.st_ctime as i64, st.st_ctime_nsec as i64),
-        }
-    }
 }
 
 /// How often a heal pass hashes every managed file whatever its metadata
