@@ -52,10 +52,13 @@ fn agents_come_back_after_a_server_restart() {
     let r = storm(&[]);
     assert_all_back(&r);
     assert_eq!(r["storm"]["signal"], "SIGTERM");
-    assert!(
-        r["storm"]["dropped"]["unavailable"].as_u64().unwrap_or(0) > 0,
-        "a graceful shutdown tells the agents: {r}"
+    // A graceful shutdown tells every agent to come back: no stream ends
+    // without a status (which an agent would read as a clean end).
+    assert_eq!(
+        r["storm"]["dropped"]["unavailable"], 50,
+        "every stream ends with unavailable: {r}"
     );
+    assert!(r["storm"]["dropped"].get("closed").is_none(), "{r}");
 }
 
 #[test]
