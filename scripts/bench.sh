@@ -397,8 +397,8 @@ if want blob; then
   }
   # The fetch lines of cluster C's agent logs: "MS STREAM_MS", median over
   # agents; with --span, first fetch start to last fetch end (ms), the same
-# to the last fetch's last byte verified and written (before its fsync),
-# and how many agents logged a fetch.
+  # to the last fetch's last byte verified and written (before its fsync),
+  # and how many agents logged a fetch.
   fetched() {
     python3 - "$@" <<'PY'
 import datetime, glob, re, statistics, sys

@@ -636,14 +636,9 @@ impl Session {
                         .fail(Status::unavailable("control server is shutting down; reconnect"))
                         .await;
                 }
+                // Shutdown ends every registration too, but it cancels
+                // `self.s.cancel` first, which the biased select! sees first.
                 Step::Replaced => {
-                    // Shutdown ends every registration too; both branches may be
-                    // ready, and select! picks one at random.
-                    if self.s.cancel.is_cancelled() {
-                        return self
-                            .fail(Status::unavailable("control server is shutting down; reconnect"))
-                            .await;
-                    }
                     return self
                         .fail(Status::unauthenticated(
                             "stream closed by the control server: the node was deleted or opened a newer stream",

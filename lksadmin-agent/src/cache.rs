@@ -13,7 +13,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures::StreamExt;
 use lks_proto::digest::{Verifier, VerifyError};
@@ -41,10 +41,6 @@ pub enum FetchError {
     #[error(transparent)]
     Fs(#[from] FsError),
 }
-
-/// How long the inode of a blob this process stored vouches for its
-/// bytes; the engine's full re-hash of managed files comes as often.
-const STORED_TRUST: Duration = Duration::from_secs(3600);
 
 #[derive(Clone, Debug)]
 pub struct Cache {
@@ -105,7 +101,7 @@ impl Cache {
         let known = self
             .stored()
             .get(d)
-            .is_some_and(|(was, at)| *was == now && at.elapsed() < STORED_TRUST);
+            .is_some_and(|(was, at)| *was == now && at.elapsed() < fsutil::INODE_TRUST);
         Ok(Some((f, known)))
     }
 

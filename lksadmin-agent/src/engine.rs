@@ -36,8 +36,7 @@ use crate::clock::Clock;
 use crate::config::StateDir;
 use crate::fault;
 use crate::flushwriter::FlushingWriter;
-use crate::fsutil::InodeMeta;
-use crate::fsutil::{self, FsError};
+use crate::fsutil::{self, FsError, InodeMeta};
 use crate::journal::{Event, IllegalTransition, Journal, Next, PathPlan, Phase, Txn, Want};
 use crate::runner::{CommandRunner, CommandSpec, Outcome};
 use crate::source::BlobSource;
@@ -130,7 +129,7 @@ pub struct HealReport {
 
 /// How often a heal pass hashes every managed file whatever its metadata
 /// says (bit rot, a change made behind the file system's back).
-const FULL_REHASH_MS: i64 = 3_600_000;
+const FULL_REHASH_MS: i64 = fsutil::INODE_TRUST.as_millis() as i64;
 
 pub struct Engine {
     dirs: StateDir,
@@ -1854,8 +1853,6 @@ fn is_regular(st: &nix::sys::stat::FileStat) -> bool {
     st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFREG
 }
 
-/// Creates entry `name` in `parent` and copies `src` into it, verifying size
-/// and digest on the way, then sets `mode` and fsyncs.
 /// Copies `src` into a new entry `name` of `parent` with `mode`, fsynced,
 /// verifying its size and digest as it reads; `known_good` (a blob this
 /// process just verified, its inode unchanged: [`Cache::open_checked`])

@@ -27,6 +27,11 @@ impl FsError {
     }
 }
 
+/// How long an unchanged [`InodeMeta`] vouches for a file's bytes: after
+/// that they are read again (bit rot, a change behind the file system's
+/// back). The engine's full heal pass and the cache's just-stored blobs.
+pub const INODE_TRUST: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// What a file's inode said when its bytes were last hashed and matched
 /// (or written from verified bytes): while all of it is the same, the
 /// bytes are too (any write, truncate, rename over or chmod changes
