@@ -24,6 +24,17 @@
 #     by the agent's "blob fetched and verified" log line; baseline: curl
 #     over HTTPS of the same bytes from the same server (--agent-package)
 #     + openssl dgst -sha256, one and 100 at once (at most 64 running).
+#   - blob store on S3 (--blob-store s3://…, against s3s-fs): publishing
+#     a 256 MiB file through a server on S3 and through one on the local
+#     store, baseline: boto3's multipart upload_file (16 MiB parts, 4
+#     threads, as the server uploads) and one curl --aws-sigv4 PUT of the
+#     same file to the same s3s-fs; one agent installing it (`rollout start
+#     --wait` and its FetchBlob log line) from the local store, from the S3
+#     server lacking its local copy (first fetch from the bucket) and from
+#     it again once cached, baseline: curl GET of the object from s3s-fs and
+#     curl HTTPS from the server, each + openssl dgst -sha256. s3s-fs's
+#     root, the servers' data dirs and the agents on S3_BENCH_DIR (default
+#     /dev/shm; S3_AGENT_DIR puts the agents elsewhere).
 #   - HA: 3 replicas (--store etcd) on a throwaway etcd next to the one
 #     SQLite server: agents held, rollout to HA_AGENTS agents (spread over
 #     the replicas, started through a replica that is not the leader), and
@@ -33,19 +44,28 @@
 #     N agents, restarts the server (SIGTERM) and times until every agent
 #     has its desired state again, with errors by class; baseline: the
 #     same N agents' first connection in the same run.
-# Usage: bash scripts/bench.sh [--only agents|sha|packages|upgrade|blob|ha|footprint|storm] [AGENTS...]
+#   - scale-out: for each of SCALE_AGENTS (default 10000 20000 30000), a
+#     fresh region (three etcd members and three replicas on loopback), the
+#     agents in as many lks-loadgen processes as the open-file limit needs,
+#     in clusters of CLUSTER_NODES (1000) nodes, one rollout per cluster,
+#     a 20-file rollout to all and an idle window (etcd write rate and DB
+#     size, RSS per replica and per agent), then a fresh region again with
+#     the leading replica killed mid-rollout; baseline: one SQLite server
+#     with 10,000 agents and the same rollout.
+# Usage: bash scripts/bench.sh [--only agents|sha|packages|upgrade|blob|s3|ha|footprint|storm|scale-out] [AGENTS...]
 #        (default: every section, agents 1000 2000; HA_AGENTS=1000,
 #        IDLE_SECONDS=60, FOOTPRINT_SECONDS=IDLE_SECONDS)
 # The issue's whole set in one run (BENCHMARKS.md, "Every figure in one run"):
 #        FOOTPRINT_SECONDS=600 bash scripts/bench.sh 1000 10000
-# Needs python3 (medians), curl, openssl (the upgrade baseline) and, for the HA
-# section, etcd. Not run by CI.
+# Needs python3 (medians), curl, openssl (the upgrade baseline), for the HA
+# section etcd, for the s3 section s3s-fs (scripts/setup.sh installs it),
+# python3-venv and PyPI (boto3, into a throwaway venv). Not run by CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
 only=""
 if [ "${1:-}" = --only ]; then
-  only=${2:?--only needs agents, sha, packages, upgrade, blob, ha, footprint or storm}
+  only=${2:?--only needs agents, sha, packages, upgrade, blob, s3, ha, footprint, storm or scale-out}
   shift 2
 fi
 want() { [ -z "$only" ] || [ "$only" = "$1" ]; }
@@ -69,12 +89,14 @@ http_pid=
 replica_pids=()
 up_pids=()
 fp_pids=()
+s3_pids=()
 bl_agents=()
+sc_pids=()
 etcd_pid=
 elsewhere=()
 cleanup() {
   # Replicas before etcd: they give their leases back on the way out.
-  for p in $server_pid $http_pid "${bl_agents[@]}" "${up_pids[@]}" "${fp_pids[@]}" "${replica_pids[@]}" $etcd_pid; do
+  for p in $server_pid $http_pid "${bl_agents[@]}" "${up_pids[@]}" "${fp_pids[@]}" "${s3_pids[@]}" "${sc_pids[@]}" "${replica_pids[@]}" $etcd_pid; do
     # A killed process's status is not a failure here (set -e would stop
     # the cleanup at the first one).
     kill "$p" 2>/dev/null && { wait "$p" 2>/dev/null || true; }
@@ -83,6 +105,30 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Two snapshots of etcd's /metrics ($1, $2) taken $3 seconds apart: per
+# second, revisions (one per committed write transaction), keys written,
+# KiB put and raft proposals; then the DB size and the part in use (MiB).
+etcd_diff() {
+  python3 - "$1" "$2" "$3" <<'PY'
+import sys
+def load(p):
+    m = {}
+    for line in open(p):
+        if line and not line.startswith("#"):
+            k, _, v = line.rpartition(" ")
+            m[k] = float(v)
+    return m
+a, b, s = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
+d = lambda k: (b[k] - a[k]) / s
+print("%.2f %.2f %.2f %.2f %.1f %.1f" % (
+    d("etcd_debugging_mvcc_current_revision"),
+    d("etcd_mvcc_put_total") + d("etcd_mvcc_delete_total"),
+    d("etcd_debugging_mvcc_total_put_size_in_bytes") / 1024,
+    d("etcd_server_proposals_committed_total"),
+    b["etcd_mvcc_db_total_size_in_bytes"] / 2**20,
+    b["etcd_mvcc_db_total_size_in_use_in_bytes"] / 2**20))
+PY
+}
 median() { python3 -c 'import sys,statistics; print(round(statistics.median(float(x) for x in sys.argv[1:]), 1))' "$@"; }
 field() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); v=d
 for k in sys.argv[2].split("."): v=v[k]
@@ -303,6 +349,7 @@ if want upgrade; then
     lk rollout start --cluster up --bundle "$1" --wait >/dev/null
     echo $(( ($(date +%s%N) - s) / 1000000 ))
   }
+  # shellcheck disable=SC2120 # "durable" comes through ms below
   fetch_and_hash() {
     curl -fsS --cacert "$up/ca.pem" -o "$up/dl" "https://127.0.0.1:$up_port/v1/agent-package/amd64"
     openssl dgst -sha256 "$up/dl" >/dev/null
@@ -472,6 +519,203 @@ PY
   echo
 fi
 
+if want s3; then
+  # One 256 MiB file of random bytes through --blob-store s3://… against
+  # s3s-fs (the S3 server the e2e tests use), next to the local store and
+  # to plain S3 clients on the same s3s-fs. Publish: lksctl bundle publish
+  # to a server on the local store and to one on S3 (which verifies the
+  # file into its data dir, then uploads it: 16 MiB parts, 4 in flight);
+  # baseline: boto3's upload_file with the same part size and concurrency
+  # (timed inside Python, without its start and imports) and one curl PUT.
+  # Fetch: one fresh agent's `rollout start --wait` and its "blob fetched
+  # and verified" line from (a) the local-store server, (b) the S3 server
+  # with its local copy deleted (stopped, the file removed, started again:
+  # the first FetchBlob makes it download the blob from the bucket) and
+  # (c) the S3 server again, now holding its copy; baseline: curl GET of
+  # the object from s3s-fs, and curl over HTTPS from the server
+  # (--agent-package), each + openssl dgst -sha256. s3s-fs's root, both
+  # servers' data dirs and the source file share one place (S3_BENCH_DIR,
+  # default /dev/shm: tmpfs, so neither side's fsyncs nor a disk decide),
+  # and so do the agents' state and root and the baselines' downloads
+  # unless S3_AGENT_DIR names another (e.g. /var/tmp, this VM's disk): the
+  # cases differ only on the server's side, and the agent's own writes and
+  # fsyncs, the same in each, would only add the disk's noise.
+  big=$((256 << 20))
+  s3on=${S3_BENCH_DIR:-/dev/shm}
+  elsewhere+=("$(mktemp -d "$s3on/lks-bench-s3.XXXXXX")")
+  s3w=${elsewhere[-1]}
+  elsewhere+=("$(mktemp -d "${S3_AGENT_DIR:-$s3on}/lks-bench-s3-agents.XXXXXX")")
+  s3a=${elsewhere[-1]}
+  mkdir -p "$s3w/root/bench" "$s3w/local" "$s3w/s3srv"
+  s3s=$(command -v s3s-fs || echo "$HOME/.cargo/bin/s3s-fs")
+  ak=lks-bench sk=lks-bench-secret
+  s3_port=$(free_port)
+  s3_url=http://127.0.0.1:$s3_port
+  "$s3s" --host 127.0.0.1 --port "$s3_port" --access-key "$ak" --secret-key "$sk" "$s3w/root" \
+    >"$s3w/s3s-fs.log" 2>&1 &
+  s3_pids+=($!)
+  for _ in $(seq 100); do curl -s -o /dev/null "$s3_url/" && break; sleep 0.1; done
+  # curl 7.88 signs with SigV4 but sends no payload hash; s3s-fs wants one.
+  s3curl() { curl -fsS --aws-sigv4 aws:amz:us-east-1:s3 --user "$ak:$sk" -H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' "$@"; }
+  # The baseline client, from PyPI in a throwaway venv.
+  python3 -m venv "$s3a/venv"
+  "$s3a/venv/bin/pip" install -q boto3 >&2
+  cat >"$s3a/upload.py" <<'PY'
+import os, sys, time
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+endpoint, bucket, key, path = sys.argv[1:5]
+c = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                 aws_access_key_id=os.environ["AK"], aws_secret_access_key=os.environ["SK"],
+                 config=Config(s3={"addressing_style": "path"}))
+tc = TransferConfig(multipart_threshold=16 << 20, multipart_chunksize=16 << 20, max_concurrency=4)
+s = time.monotonic()
+c.upload_file(path, bucket, key, Config=tc)
+print(round((time.monotonic() - s) * 1000))
+PY
+  boto_v=$("$s3a/venv/bin/python" -c 'import boto3; print(boto3.__version__)')
+
+  deb=$s3w/lksadmin-agent_0.0.0-s3_amd64.deb
+  fake_deb "$deb" "$big"
+  start_server "$s3w/local" --agent-package "$deb"
+  s3_pids+=("${up_pids[-1]}")
+  l_port=$srv_port
+  l_conf=$s3w/local/server/admin.conf
+  # The S3 server: fixed ports, so that it can be started again on its
+  # data; the credentials by environment, as an operator gives them.
+  s_port=$(free_port) s_mport=$(free_port)
+  s_conf=$s3w/s3srv/server/admin.conf
+  s3_server() {
+    AWS_ACCESS_KEY_ID=$ak AWS_SECRET_ACCESS_KEY=$sk "$bin/lks-control-server" \
+      --data-dir "$s3w/s3srv/server" --listen "127.0.0.1:$s_port" \
+      --metrics-listen "127.0.0.1:$s_mport" --advertise-address 127.0.0.1 \
+      --blob-store s3://bench/kube0 --s3-endpoint "$s3_url" >>"$s3w/s3srv/server.log" 2>&1 &
+    s_pid=$!
+    s3_pids+=("$s_pid")
+    for _ in $(seq 200); do
+      [ -f "$s_conf" ] && "$bin/lksctl" --config "$s_conf" bundle list >/dev/null 2>&1 && return
+      sleep 0.1
+    done
+    echo "the server on S3 did not start (see $s3w/s3srv/server.log)" >&2
+    exit 1
+  }
+  s3_server
+  # One agent enrolled in a new cluster C of the server whose admin.conf is
+  # CONF, running (pid in ag_pid), connected.
+  s3_agent() {
+    local conf=$1 c=$2 d=$s3a/$2
+    mkdir -p "$d/root"
+    "$bin/lksctl" --config "$conf" cluster create "$c" >/dev/null
+    read -r -a joinv <<<"$("$bin/lksctl" --config "$conf" token create --cluster "$c" --uses 1)"
+    "$agent_bin" "${joinv[@]:1}" --node-name "$c-1" --state-dir "$d/state" --root "$d/root" >/dev/null
+    env "${agent_env[@]}" "$agent_bin" run --state-dir "$d/state" >"$d/agent.log" 2>&1 &
+    ag_pid=$!
+    s3_pids+=("$ag_pid")
+    for _ in $(seq 100); do
+      "$bin/lksctl" --config "$conf" node get "$c-1" -o json | grep -q '"connected": true' && return
+      sleep 0.1
+    done
+    echo "agent $c-1 did not connect" >&2
+    exit 1
+  }
+  # A fresh agent in cluster C installs bundle B: the whole `rollout start
+  # --wait` (ms) into roll_ms, the agent's FetchBlob + verify into its
+  # cache (ms, its log line) into fetch_ms; then the agent stops and its
+  # files go. (No command substitution: set -e stops the bench on a failure.)
+  s3_roll() {
+    local conf=$1 c=$2 b=$3 s
+    s3_agent "$conf" "$c"
+    sync
+    s=$(date +%s%N)
+    "$bin/lksctl" --config "$conf" rollout start --cluster "$c" --bundle "$b" --wait >/dev/null
+    roll_ms=$(( ($(date +%s%N) - s) / 1000000 ))
+    fetch_ms=$(grep 'blob fetched and verified' "$s3a/$c/agent.log" | grep -oE '(^| )ms=[0-9]+' | cut -d= -f2)
+    kill "$ag_pid" && { wait "$ag_pid" || true; }
+    rm -rf "${s3a:?}/$c"
+    [ -n "$fetch_ms" ] || { echo "agent $c logged no fetch" >&2; exit 1; }
+  }
+  # The time of a command (ms); nothing if it failed, which stops the bench.
+  ms() { local s; s=$(date +%s%N); "$@" >/dev/null || return; echo $(( ($(date +%s%N) - s) / 1000000 )); }
+  get_s3() {
+    s3curl -o "$s3a/dl" "$s3_url/bench/$1" && openssl dgst -sha256 "$s3a/dl" >/dev/null && rm "$s3a/dl"
+  }
+  get_https() {
+    curl -fsS --cacert "$s3w/local/ca.pem" -o "$s3a/dl" "https://127.0.0.1:$l_port/v1/agent-package/amd64" &&
+      openssl dgst -sha256 "$s3a/dl" >/dev/null && rm "$s3a/dl"
+  }
+  load0=$(cut -d' ' -f1-3 /proc/loadavg)
+  get_https
+  declare -A s3r=()
+  for r in $(seq "$RUNS"); do
+    src=$s3w/src$r
+    mkdir -p "$src"
+    head -c "$big" /dev/urandom >"$src/blob"
+    printf 'name = "s3big%s"\nversion = "1"\n\n[[file]]\npath = "/opt/s3big%s/blob"\nsource = "blob"\nmode = "0755"\n' \
+      "$r" "$r" >"$src/bundle.toml"
+    hex=$(sha256sum "$src/blob" | cut -d' ' -f1)
+    # Publish: the two baselines, then each server.
+    sync
+    s3r[mp]+=" $(AK=$ak SK=$sk "$s3a/venv/bin/python" "$s3a/upload.py" "$s3_url" bench "base/mp$r" "$src/blob")"
+    rm -f "$s3w/root/bench/base/mp$r"
+    sync
+    s3r[put]+=" $(ms s3curl -o /dev/null -T "$src/blob" "$s3_url/bench/base/put$r")"
+    rm -f "$s3w/root/bench/base/put$r"
+    sync
+    s3r[pl]+=" $(ms "$bin/lksctl" --config "$l_conf" bundle publish "$src")"
+    sync
+    s3r[ps]+=" $(ms "$bin/lksctl" --config "$s_conf" bundle publish "$src")"
+    [ -f "$s3w/root/bench/kube0/sha256/${hex:0:2}/$hex" ] || { echo "no object for $hex in the bucket" >&2; exit 1; }
+    rm -rf "$src"
+    # Fetch: the two baselines, then (a), (b), (c).
+    sync
+    s3r[get]+=" $(ms get_s3 "kube0/sha256/${hex:0:2}/$hex")"
+    sync
+    s3r[https]+=" $(ms get_https)"
+    s3_roll "$l_conf" "la$r" "s3big$r@1"
+    s3r[aw]+=" $roll_ms" s3r[af]+=" $fetch_ms"
+    kill "$s_pid" && { wait "$s_pid" || true; }
+    rm "$s3w/s3srv/server/blobs/sha256/${hex:0:2}/$hex"
+    s3_server
+    s3_roll "$s_conf" "sb$r" "s3big$r@1"
+    s3r[bw]+=" $roll_ms" s3r[bf]+=" $fetch_ms"
+    [ -f "$s3w/s3srv/server/blobs/sha256/${hex:0:2}/$hex" ] || { echo "the S3 server did not keep its copy of $hex" >&2; exit 1; }
+    s3_roll "$s_conf" "sc$r" "s3big$r@1"
+    s3r[cw]+=" $roll_ms" s3r[cf]+=" $fetch_ms"
+    echo "s3 run $r (ms): boto3 ${s3r[mp]##* }, PUT ${s3r[put]##* }, publish local ${s3r[pl]##* } s3 ${s3r[ps]##* };" \
+      "GET ${s3r[get]##* }, HTTPS ${s3r[https]##* }; fetch/rollout (a) ${s3r[af]##* }/${s3r[aw]##* }" \
+      "(b) ${s3r[bf]##* }/${s3r[bw]##* } (c) ${s3r[cf]##* }/${s3r[cw]##* }" >&2
+  done
+  declare -A s3m=()
+  # shellcheck disable=SC2086
+  for k in "${!s3r[@]}"; do s3m[$k]=$(median ${s3r[$k]}); done
+  ratio() { python3 -c "print(round($1/$2, 2))"; }
+  fs_of() { stat -f -c %T "$1"; }
+  echo "## Blob store on S3: one 256 MiB file (median of $RUNS runs)"
+  echo
+  echo "$("$s3s" --version) on loopback; its root, both servers' data dirs and the published file on $s3on ($(fs_of "$s3w")); agent state and root, and the baselines' downloads, on ${S3_AGENT_DIR:-$s3on} ($(fs_of "$s3a")$(findmnt -n -o OPTIONS -T "$s3a" | grep -o ',discard' || true)). boto3 $boto_v. Load average at the start: $load0; at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo
+  echo "| publish | time (ms) | vs boto3 multipart |"
+  echo "| --- | --- | --- |"
+  echo "| boto3 upload_file, 16 MiB parts, 4 threads (baseline) | ${s3m[mp]} | 1.00 |"
+  echo "| curl --aws-sigv4 -T, one PUT | ${s3m[put]} | $(ratio "${s3m[put]}" "${s3m[mp]}") |"
+  echo "| lksctl bundle publish, --blob-store local | ${s3m[pl]} | $(ratio "${s3m[pl]}" "${s3m[mp]}") |"
+  echo "| lksctl bundle publish, --blob-store s3:// (goal ≤ 1.5) | ${s3m[ps]} | **$(ratio "${s3m[ps]}" "${s3m[mp]}")** |"
+  echo
+  echo "| a node's fetch | FetchBlob + verify into the agent's cache (ms) | vs local store | whole \`rollout start --wait\` (ms) | vs local store |"
+  echo "| --- | --- | --- | --- | --- |"
+  echo "| curl --aws-sigv4 GET from s3s-fs + openssl dgst -sha256 (baseline) | ${s3m[get]} | $(ratio "${s3m[get]}" "${s3m[af]}") | – | – |"
+  echo "| curl HTTPS from the server (--agent-package) + openssl dgst -sha256 (baseline) | ${s3m[https]} | $(ratio "${s3m[https]}" "${s3m[af]}") | – | – |"
+  echo "| (a) server on the local store | ${s3m[af]} | 1.00 | ${s3m[aw]} | 1.00 |"
+  echo "| (b) server on S3, first fetch (the replica downloads it from the bucket) | ${s3m[bf]} | $(ratio "${s3m[bf]}" "${s3m[af]}") | ${s3m[bw]} | $(ratio "${s3m[bw]}" "${s3m[aw]}") |"
+  echo "| (c) server on S3, its copy cached (goal ≤ 1.3) | ${s3m[cf]} | **$(ratio "${s3m[cf]}" "${s3m[af]}")** | ${s3m[cw]} | **$(ratio "${s3m[cw]}" "${s3m[aw]}")** |"
+  echo
+  # Frees the tmpfs for the sections after this one.
+  for p in "${s3_pids[@]}"; do kill "$p" 2>/dev/null && { wait "$p" 2>/dev/null || true; }; done
+  s3_pids=()
+  rm -rf "$s3w" "$s3a"
+fi
+
 if want footprint; then
   # One release agent holding what a real node holds — 512 MiB of binaries
   # (8 x 64 MiB: kubelet-, containerd-, kubectl-sized) and 40 small config
@@ -635,25 +879,7 @@ if want ha; then
   # going on but the agents' heartbeats and the replicas' own upkeep
   # (lease, election, the last-seen document every 5 s).
   etcd_metrics() { curl -fs "$etcd_url/metrics" >"$1"; }
-  etcd_rates() {
-    python3 - "$1" "$2" "$3" <<'PY'
-import sys
-def load(p):
-    m = {}
-    for line in open(p):
-        if line and not line.startswith("#"):
-            k, _, v = line.rpartition(" ")
-            m[k] = float(v)
-    return m
-a, b, s = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
-d = lambda k: (b[k] - a[k]) / s
-print("%.2f %.2f %.2f %.2f" % (
-    d("etcd_debugging_mvcc_current_revision"),
-    d("etcd_mvcc_put_total") + d("etcd_mvcc_delete_total"),
-    d("etcd_debugging_mvcc_total_put_size_in_bytes") / 1024,
-    d("etcd_server_proposals_committed_total")))
-PY
-  }
+  etcd_rates() { etcd_diff "$@" | cut -d' ' -f1-4; }
   # Prints: held, RSS per server (MiB), then the rates over the window.
   idle_window() {
     local kind=$1 t0 t1 wb0 wb1 held rss=() p
@@ -778,5 +1004,347 @@ PY
     echo "| $n | $(median ${st[base]}) | $(median ${st[exit]}) | $(median ${st[all]}) | $(median ${st[b50]}) / $(median ${st[b99]}) | $(median ${st[a50]}) / $(median ${st[a99]}) / $(median ${st[amax]}) | $classes |"
     unset st
   done
+  echo
+fi
+
+if want scale-out; then
+  # Issue [scale-out]: a region on replicas. For each N: a fresh
+  # three-member etcd cluster (three etcd processes on loopback ports, data
+  # on this disk) and three release replicas on it; N simulated agents
+  # spread over them, in as many lks-loadgen processes as the open-file
+  # limit needs (one socket per agent; the hard limit here is 20,000 and
+  # cannot be raised); a rollout of a 20-file bundle to all N, then an idle
+  # window. Then the same again on a fresh region with the leading replica
+  # killed (SIGKILL) once 30 % of the first process's agents have the
+  # rollout. Baseline in the same run: one SQLite server with 10,000
+  # agents, the same bundle.
+  read -r -a scale_ns <<<"${SCALE_AGENTS:-10000 20000 30000}"
+  # Which runs: the steady state (with the SQLite baseline), the failover.
+  scale_parts=${SCALE_PARTS:-steady failover}
+  part() { [[ " $scale_parts " == *" $1 "* ]]; }
+  idle_s=${IDLE_SECONDS:-60}
+  per_proc=${AGENTS_PER_LOADGEN:-$(( $(ulimit -Hn) - 1000 ))}
+  # A region holds many tenant clusters; each gets its own rollout. One
+  # rollout's document lists its nodes and must fit etcd's 1.5 MiB request
+  # limit (BENCHMARKS.md: a 10,000-node rollout did not).
+  per_cluster=${CLUSTER_NODES:-1000}
+  # A JSON number rounded to $3 decimals.
+  fnum() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); v=d
+for k in sys.argv[2].split("."): v=v[k]
+print("–" if v is None else round(float(v), int(sys.argv[3])))' "$1" "$2" "$3"; }
+  connected_on() { curl -fs "http://127.0.0.1:$1/metrics" | awk '$1 == "lks_connected_agents" {print $2}'; }
+  # Starts the region in $1: sets sc_urls, sc_mports, sc_rpids, sc_epids,
+  # sc_eclient (member 0's client URL), leader (1-3) and via (another).
+  region_up() {
+    local d=$1 k init="" eps=""
+    mkdir -p "$d"
+    local ec=() ep=()
+    for k in 0 1 2; do ec+=("$(free_port)"); ep+=("$(free_port)"); done
+    for k in 0 1 2; do init+="${init:+,}m$k=http://127.0.0.1:${ep[$k]}"; eps+="${eps:+,}http://127.0.0.1:${ec[$k]}"; done
+    sc_epids=() sc_rpids=() sc_urls=() sc_mports=()
+    for k in 0 1 2; do
+      ETCD_UNSUPPORTED_ARCH=$(uname -m) etcd --name "m$k" --data-dir "$d/etcd$k" \
+        --listen-client-urls "http://127.0.0.1:${ec[$k]}" --advertise-client-urls "http://127.0.0.1:${ec[$k]}" \
+        --listen-peer-urls "http://127.0.0.1:${ep[$k]}" --initial-advertise-peer-urls "http://127.0.0.1:${ep[$k]}" \
+        --initial-cluster "$init" --initial-cluster-state new --initial-cluster-token lks-bench \
+        --auto-compaction-retention 1 >"$d/etcd$k.log" 2>&1 &
+      sc_epids+=($!) sc_pids+=($!)
+    done
+    sc_eclient=http://127.0.0.1:${ec[0]} sc_mports_etcd=("${ec[@]}")
+    for k in 0 1 2; do
+      for _ in $(seq 150); do curl -fs "http://127.0.0.1:${ec[$k]}/health" | grep -q '"health":"true"' && break; sleep 0.2; done
+    done
+    for k in 1 2 3; do
+      local p mp
+      p=$(free_port) mp=$(free_port)
+      "$bin/lks-control-server" --data-dir "$d/r$k" --listen "127.0.0.1:$p" \
+        --metrics-listen "127.0.0.1:$mp" --advertise-address 127.0.0.1 \
+        --store etcd --etcd-endpoints "$eps" --etcd-prefix /lksadmin-scale/ >"$d/r$k.log" 2>&1 &
+      sc_rpids+=($!) sc_pids+=($!)
+      sc_urls+=("https://127.0.0.1:$p") sc_mports+=("$mp")
+      # The first is elected: start the others once it is.
+      if [ "$k" = 1 ]; then
+        for _ in $(seq 150); do grep -q 'elected: this replica drives rollouts' "$d/r1.log" 2>/dev/null && break; sleep 0.2; done
+      fi
+    done
+    leader=
+    for k in 1 2 3; do grep -q 'elected: this replica drives rollouts' "$d/r$k.log" && leader=$k; done
+    [ -n "$leader" ] || { echo "scale-out: no replica was elected" >&2; exit 1; }
+    for k in 1 2 3; do
+      for _ in $(seq 150); do [ -f "$d/r$k/admin.conf" ] && break; sleep 0.2; done
+    done
+    via=$((leader % 3 + 1))
+  }
+  region_down() {
+    local p
+    for p in "${sc_rpids[@]}" "${sc_epids[@]}"; do kill "$p" 2>/dev/null && { wait "$p" 2>/dev/null || true; }; done
+    sc_pids=()
+    rm -rf "$1"
+  }
+  # Agents held per replica (0 for one that is gone).
+  held_now() { local k out=(); for k in 0 1 2; do out+=("$(connected_on "${sc_mports[$k]}" 2>/dev/null || echo 0)"); done; echo "${out[*]}"; }
+  sc_sum() { local t=0 x; for x in "$@"; do t=$((t + ${x:-0})); done; echo "$t"; }
+  # Starts the load generators for N agents on the region in $1: helper
+  # processes in the background (pids in sc_helpers), the first process's
+  # arguments in $@ (it is started in the background too; pid in sc_first).
+  fleet_up() {
+    local d=$1 n=$2 procs share p
+    shift 2
+    procs=$(( (n + per_proc - 1) / per_proc ))
+    share=$(( n / procs ))
+    sc_clusters=$(( (n + per_cluster - 1) / per_cluster ))
+    sc_helpers=()
+    local servers
+    servers=$(IFS=,; echo "${sc_urls[*]}")
+    for p in $(seq 1 $((procs - 1))); do
+      "$bin/lks-loadgen" --config "$d/r$via/admin.conf" --servers "$servers" --cluster scale \
+        --clusters "$sc_clusters" --agents "$share" --first-agent $((p * share)) --hold 100000 --keep-nodes -o json \
+        >"$d/lg$p.json" 2>"$d/lg$p.err" &
+      sc_helpers+=($!) sc_pids+=($!)
+    done
+    local notify=()
+    [ ${#sc_helpers[@]} -gt 0 ] && notify=(--notify-at-kill "$(IFS=,; echo "${sc_helpers[*]}")")
+    if [ "$1" != --kill-mid-rollout ]; then notify=(); fi
+    "$bin/lks-loadgen" --config "$d/r$via/admin.conf" --servers "$servers" --cluster scale \
+      --clusters "$sc_clusters" --agents $((n - share * (procs - 1))) --rollout --files 20 --rollout-after-nodes "$n" \
+      --rollout-timeout 900 --keep-nodes -o json "$@" "${notify[@]}" >"$d/lg0.json" 2>"$d/lg0.err" &
+    sc_first=$! sc_pids+=($!)
+    sc_procs=$procs
+  }
+  # Errors over the reports in $1 (failed connection attempts, which the
+  # agents retried, by class), for the tables; each report's stderr tail
+  # goes to stderr when it has any.
+  sc_check() {
+    local j
+    for j in "$1"/lg*.json; do
+      [ "$(field "$j" errors)" = 0 ] && continue
+      echo "scale-out: $j reports $(field "$j" errors) errors; its stderr ends:" >&2
+      tail -5 "${j%.json}.err" >&2
+    done
+    python3 - "$1"/lg*.json <<'PY'
+import json, sys
+from collections import Counter
+c, n = Counter(), 0
+for p in sys.argv[1:]:
+    r = json.load(open(p))
+    n += r["errors"]
+    c.update(r["failed_attempts"])
+print(f"{n}" + (" (" + ", ".join(f"{k} {v}" for k, v in sorted(c.items())) + ")" if c else ""))
+PY
+  }
+  # Ends the helpers (SIGTERM: they write their reports) and checks every
+  # report for errors.
+  fleet_down() {
+    local d=$1 p j
+    wait "$sc_first" || { echo "scale-out: the first lks-loadgen failed:" >&2; tail -5 "$d/lg0.err" >&2; exit 1; }
+    for p in "${sc_helpers[@]}"; do kill -TERM "$p"; wait "$p" || { echo "scale-out: a helper lks-loadgen failed" >&2; exit 1; }; done
+  }
+  # Sums over the processes' reports: auth errors, assigned twice, and the
+  # failover's held_before / held_after per replica, reconnected, the
+  # slowest all_back_seconds.
+  fleet_sums() {
+    python3 - "$@" <<'PY'
+import json, sys
+rs = [json.load(open(p)) for p in sys.argv[1:]]
+auth = sum(r["auth_errors"] for r in rs)
+twice = sum(r["assigned_twice"] for r in rs)
+fo = [r["failover"] for r in rs if r.get("failover")]
+if not fo:
+    print(auth, twice); sys.exit()
+hb = [sum(f["held_before"][k] for f in fo) for k in range(3)]
+ha = [sum(f["held_after"][k] for f in fo) for k in range(3)]
+rec = sum(f["reconnected"] for f in fo)
+backs = [f["all_back_seconds"] for f in fo]
+back = "not all" if any(b is None for b in backs) else "%.1f" % max(backs)
+from collections import Counter
+dr, er = Counter(), Counter()
+for f in fo:
+    dr.update(f["dropped"]); er.update(f["errors"])
+fmt = lambda c: ", ".join(f"{k} {v}" for k, v in sorted(c.items())) or "none"
+print(auth, twice, "/".join(map(str, hb)), "/".join(map(str, ha)), rec, back, fmt(dr).replace(" ", "_"), fmt(er).replace(" ", "_"))
+PY
+  }
+  etcd_snap() { curl -fs "$sc_eclient/metrics" >"$1"; }
+  # CPU seconds (user + system) of the processes given, summed.
+  cpu_s() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0))); done; echo "$t"; }
+  # What the rollout cost, for the table: each member's metrics and the
+  # CPU of each process group, into the file $1.
+  rollout_mark() {
+    local k
+    {
+      for k in "${sc_mports_etcd[@]}"; do curl -fs "http://127.0.0.1:$k/metrics"; done
+      echo "cpu_etcd $(cpu_s "${sc_epids[@]}")"
+      echo "cpu_replicas $(cpu_s "${sc_rpids[@]}")"
+      echo "cpu_loadgen $(cpu_s "$sc_first" "${sc_helpers[@]}")"
+    } >"$1"
+  }
+  # Between two marks, per node of the fleet ($3): etcd requests by method
+  # over the three members (Range, Txn, Put), revisions (writes committed),
+  # and the CPU seconds of etcd, the replicas and the load generators.
+  rollout_cost() {
+    python3 - "$1" "$2" "$3" "$(getconf CLK_TCK)" <<'PY'
+import re, sys
+def load(p):
+    m = {}
+    for line in open(p):
+        if line.startswith("#") or not line.strip():
+            continue
+        k, _, v = line.rpartition(" ")
+        g = re.match(r'grpc_server_handled_total\{.*grpc_method="(\w+)"', k)
+        if g:
+            m["rpc_" + g.group(1)] = m.get("rpc_" + g.group(1), 0) + float(v)
+        elif k in ("etcd_debugging_mvcc_current_revision", "etcd_debugging_mvcc_total_put_size_in_bytes"):
+            m[k] = max(m.get(k, 0), float(v))
+        elif k.startswith("etcd_network_client_grpc_sent_bytes_total"):
+            m["sent"] = m.get("sent", 0) + float(v)
+        elif k.startswith("cpu_"):
+            m[k] = float(v)
+    return m
+a, b, n, hz = load(sys.argv[1]), load(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+d = lambda k: b.get(k, 0) - a.get(k, 0)
+print("%.1f / %.1f / %.1f | %.2f / %.0f / %.0f | %.0f / %.0f / %.0f" % (
+    d("rpc_Range") / n, d("rpc_Txn") / n, d("rpc_Put") / n,
+    d("etcd_debugging_mvcc_current_revision") / n,
+    d("etcd_debugging_mvcc_total_put_size_in_bytes") / 2**20, d("sent") / 2**20,
+    d("cpu_etcd") / hz, d("cpu_replicas") / hz, d("cpu_loadgen") / hz))
+PY
+  }
+  etcd_window() { etcd_diff "$@" | cut -d' ' -f1-3,5-6; }
+
+  echo "## Scale-out: a region of 3 replicas on a 3-member etcd (one run each)"
+  echo
+  echo "etcd $(etcd --version | awk '/etcd Version/{print $3}'), three members on loopback (data dirs on this machine's disk), three release replicas on them, all on the same $(nproc) cores as the load generators; at most $per_proc agents per lks-loadgen process; the agents in clusters of $per_cluster nodes, one rollout per cluster started at once (\"rollout to all\": until the last completes). Load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo
+
+  # Baseline: one SQLite server, 10,000 agents (or the smallest N), the
+  # same 20-file rollout, RSS per agent as the agents section measures it.
+  steady=() fover=()
+  if part steady; then
+  bn=${scale_ns[0]}
+  [ "$bn" -le "$per_proc" ] || bn=$per_proc
+  mkdir -p "$work/scale-base"
+  start_server "$work/scale-base"
+  b_pid=${up_pids[-1]}
+  sleep 0.5
+  b_idle=$(rss_of "$b_pid")
+  "$bin/lks-loadgen" --config "$work/scale-base/server/admin.conf" --cluster scale \
+    --clusters $(( (bn + per_cluster - 1) / per_cluster )) --agents "$bn" \
+    --rollout --files 20 --hold 8 --keep-nodes -o json >"$work/scale-base.json" 2>"$work/scale-base.err" &
+  lg=$!
+  b_peak=$b_idle
+  while kill -0 "$lg" 2>/dev/null; do
+    cur=$(rss_of "$b_pid"); [ "$cur" -gt "$b_peak" ] && b_peak=$cur
+    sleep 0.5
+  done
+  wait "$lg"
+  [ "$(field "$work/scale-base.json" errors)" = 0 ] || { echo "scale-out: baseline loadgen reported errors" >&2; exit 1; }
+  kill "$b_pid" && { wait "$b_pid" 2>/dev/null || true; }
+  rm -rf "$work/scale-base"
+  base_row="| $bn (baseline: 1 server on SQLite) | 1 | $bn | $(fnum "$work/scale-base.json" enrol_per_second 0) | $(fnum "$work/scale-base.json" rollout_seconds 2) | – | – | – | $(fnum "$work/scale-base.json" fanout.p50_ms 0) / $(fnum "$work/scale-base.json" fanout.p99_ms 0) | – | – | $(field "$work/scale-base.json" errors) | – | – | $(( b_peak / 1024 )) | $(( (b_peak - b_idle) / bn )) |"
+
+  fi
+  for n in "${scale_ns[@]}"; do
+    if part steady; then
+    # Steady state: connect, roll out, idle.
+    d=$work/scale-$n
+    region_up "$d"
+    sleep 2
+    rss0=()
+    for p in "${sc_rpids[@]}"; do rss0+=("$(rss_of "$p")"); done
+    fleet_up "$d" "$n" --hold $((idle_s + 30))
+    # Mark when the load generator starts the rollouts (all N connected
+    # and the bundle published), and when they are done: what they cost.
+    for _ in $(seq 36000); do
+      grep -q '^starting [0-9]* rollouts' "$d/lg0.err" 2>/dev/null && break
+      kill -0 "$sc_first" 2>/dev/null || break
+      sleep 0.05
+    done
+    rollout_mark "$work/sc-r0"
+    for _ in $(seq 3600); do
+      grep -q 'rollout completed' "$d/lg0.err" 2>/dev/null && break
+      kill -0 "$sc_first" 2>/dev/null || break
+      sleep 0.2
+    done
+    grep -q 'rollout completed' "$d/lg0.err" || { echo "scale-out: no rollout at $n:" >&2; tail -5 "$d/lg0.err" >&2; exit 1; }
+    rollout_mark "$work/sc-r1"
+    cost=$(rollout_cost "$work/sc-r0" "$work/sc-r1" "$n")
+    sleep 5
+    held=$(held_now)
+    etcd_snap "$work/sc-m0"
+    t0=$(date +%s%N)
+    sleep "$idle_s"
+    etcd_snap "$work/sc-m1"
+    t1=$(date +%s%N)
+    win=$(etcd_window "$work/sc-m0" "$work/sc-m1" "$(python3 -c "print(($t1 - $t0) / 1e9)")")
+    rss=() per=()
+    read -r -a held_a <<<"$held"
+    for k in 0 1 2; do
+      r=$(rss_of "${sc_rpids[$k]}")
+      rss+=("$(( r / 1024 ))")
+      per+=("$(( (r - rss0[k]) / (held_a[k] > 0 ? held_a[k] : 1) ))")
+    done
+    fleet_down "$d"
+    errs=$(sc_check "$d")
+    read -r revs keys kput dbmb dbuse <<<"$win"
+    read -r auth twice <<<"$(fleet_sums "$d"/lg*.json)"
+    steady+=("| $n | $sc_procs | ${held// //} | $(fnum "$d/lg0.json" enrol_per_second 0) (first process) | $(fnum "$d/lg0.json" rollout_seconds 2) | $cost | $(fnum "$d/lg0.json" fanout.p50_ms 0) / $(fnum "$d/lg0.json" fanout.p99_ms 0) | $revs / $keys / $kput | $dbmb ($dbuse in use) | $errs | $auth | $twice | $(IFS=/; echo "${rss[*]}") | $(IFS=/; echo "${per[*]}") |")
+    region_down "$d"
+    fi
+
+    part failover || continue
+    # Failover: the leading replica killed mid-rollout.
+    d=$work/scale-fo-$n
+    region_up "$d"
+    sleep 2
+    fleet_up "$d" "$n" --kill-mid-rollout "${sc_rpids[$((leader - 1))]}" --kill-at 0.3
+    # What each replica holds once all are connected (the rollout starts
+    # then, and the kill follows within seconds).
+    hb=
+    for _ in $(seq 3600); do
+      now=$(held_now)
+      # shellcheck disable=SC2086
+      [ "$(sc_sum $now)" -ge "$n" ] && { hb=${now// //}; break; }
+      kill -0 "$sc_first" 2>/dev/null || break
+      sleep 0.5
+    done
+    if ! wait "$sc_first"; then
+      # A row that says so, and on to the next N.
+      fover+=("| $n | r$leader | ${hb:-?} | failed: $(grep '^error:' "$d/lg0.err" | tail -1 | tr '|' '/') |")
+      for p in "${sc_helpers[@]}"; do kill -TERM "$p"; wait "$p" || true; done
+      region_down "$d"
+      continue
+    fi
+    # The helpers' agents back on the survivors, then their reports.
+    want_held=$(( n - $(field "$d/lg0.json" agents) ))
+    for _ in $(seq 600); do
+      # shellcheck disable=SC2046
+      [ "$(sc_sum $(held_now))" -ge "$want_held" ] && break
+      sleep 0.5
+    done
+    for p in "${sc_helpers[@]}"; do kill -TERM "$p"; wait "$p" || { echo "scale-out: a helper lks-loadgen failed" >&2; exit 1; }; done
+    errs=$(sc_check "$d")
+    read -r auth twice _ ha rec back dr er <<<"$(fleet_sums "$d"/lg*.json)"
+    fover+=("| $n | r$leader | $hb | $(fnum "$d/lg0.json" failover.killed_after_seconds 2) ($(field "$d/lg0.json" failover.had_it_at_kill) of the first process's $(field "$d/lg0.json" agents) had it) | $ha | $rec | $back | $(fnum "$d/lg0.json" failover.back_after.p50_ms 0) / $(fnum "$d/lg0.json" failover.back_after.p99_ms 0) | $(fnum "$d/lg0.json" failover.rollout_done_after_kill_seconds 2) | $errs | $auth | $twice | ${dr//_/ } | ${er//_/ } |")
+    region_down "$d"
+  done
+
+  if part steady; then
+  echo "### Steady state: all connected, a 20-file rollout to all, then idle ${idle_s} s"
+  echo
+  echo "| agents | lks-loadgen processes | held per replica | enrol/s | rollout to all done (s) | rollout: etcd Range / Txn / Put requests per node (3 members) | rollout: etcd revisions per node / MiB put / MiB sent to clients (3 members) | rollout: CPU s etcd / replicas / loadgen | fan-out p50 / p99 (ms, first process's agents) | etcd idle: revisions / keys written / KiB put per s | etcd DB MiB | connection errors (retried) | auth errors | assigned twice | RSS per replica (MiB) | RSS per agent per replica (KiB) |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  echo "$base_row"
+  printf '%s\n' "${steady[@]}"
+  echo
+  fi
+  if part failover; then
+  echo "### The leading replica killed (SIGKILL) mid-rollout"
+  echo
+  echo "| agents | killed | held once all connected (r1/r2/r3) | killed after (s) | held after | agents reconnected | all back after the kill (s) | back p50 / p99 (ms, first process) | rollout done after the kill (s) | connection errors before the kill (retried) | auth errors | assigned twice | streams dropped after the kill | failed attempts after the kill |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  printf '%s\n' "${fover[@]}"
+  echo
+  fi
+  echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
   echo
 fi

@@ -36,6 +36,13 @@ if ! command -v cargo >/dev/null; then
   echo "setup: cargo not found; install Rust (https://rustup.rs) and run again" >&2
   exit 1
 fi
+# The blob-store tests run against a real S3 server: s3s-fs, an S3 server
+# on a directory, from crates.io (control-server/README.md, "Blob store",
+# says why this one). 0.14.1 is the newest that builds with Rust 1.95.
+if ! command -v s3s-fs >/dev/null && [ ! -x "$HOME/.cargo/bin/s3s-fs" ]; then
+  echo "setup: installing s3s-fs (S3 server for the blob-store tests)" >&2
+  cargo install --locked s3s-fs --version 0.14.1 --features binary >/dev/null
+fi
 if ! cargo nextest --version >/dev/null 2>&1; then
   echo "setup: installing cargo-nextest" >&2
   cargo install --locked cargo-nextest >/dev/null

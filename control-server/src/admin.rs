@@ -28,13 +28,13 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::authz::{require_admin, store_status};
-use crate::blobs::{BlobWriter, StagedBlob};
+use crate::authz::{blob_status, require_admin, store_status};
+use crate::blobs::{BlobError, BlobWriter, StagedBlob, Upload};
 use crate::rollout::{self, Verb, counts};
 use crate::server::Shared;
 use crate::store::{
     BundleRow, ClusterRow, EventFilter, EventRow, NewBundle, NewRollout, NodeRow, PutOutcome, RolloutRow,
-    RolloutState, TokenRow, sqlite::now_ms,
+    RolloutState, StoreError, TokenRow, sqlite::now_ms,
 };
 
 const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -286,113 +286,175 @@ impl AdminService for AdminApi {
                 .map(|f| f.path.to_string())
                 .unwrap_or_default()
         };
-        if self.s.etcd.is_some()
-            && let Some((d, size)) = expected.iter().find(|(_, size)| **size > self.s.etcd_max_blob)
+        if let Some(max) = self.s.blobs.store().max_blob_size()
+            && let Some((d, size)) = expected.iter().find(|(_, size)| **size > max)
         {
             return Err(invalid(format!(
                 "{}: {}",
                 path_of(d),
-                crate::blobsync::SyncError::TooLarge {
+                BlobError::TooLarge {
                     digest: *d,
                     size: *size,
-                    max: self.s.etcd_max_blob
+                    max
                 }
             )));
         }
         let mut done: HashSet<Digest> = HashSet::new();
         let mut current: Option<BlobWriter> = None;
         let mut staged: Vec<StagedBlob> = Vec::new();
-        while let Some(msg) = inbound.message().await? {
-            let chunk = match msg.msg {
-                Some(PublishMsg::Chunk(c)) => c,
-                Some(PublishMsg::Header(_)) => return Err(invalid("a publish carries exactly one header")),
-                None => return Err(invalid("empty message in publish stream")),
-            };
-            let d: Digest = chunk
-                .digest
-                .parse()
-                .map_err(|e| invalid(format!("chunk digest: {e}")))?;
-            if current.as_ref().map(BlobWriter::digest) != Some(d) {
-                if let Some(w) = current.take() {
-                    done.insert(w.digest());
+        // Large blobs also stream into the blob store as they arrive
+        // (visible there only once verified and claimed, below).
+        let mut uploads = Uploads::default();
+        let mut streaming: Option<Box<dyn Upload>> = None;
+        let received: Result<(), Status> = async {
+            while let Some(msg) = inbound.message().await? {
+                let chunk = match msg.msg {
+                    Some(PublishMsg::Chunk(c)) => c,
+                    Some(PublishMsg::Header(_)) => {
+                        return Err(invalid("a publish carries exactly one header"));
+                    }
+                    None => return Err(invalid("empty message in publish stream")),
+                };
+                let d: Digest = chunk
+                    .digest
+                    .parse()
+                    .map_err(|e| invalid(format!("chunk digest: {e}")))?;
+                if current.as_ref().map(BlobWriter::digest) != Some(d) {
+                    if let Some(w) = current.take() {
+                        end_blob(w, streaming.take(), &mut done, &mut staged, &mut uploads).await?;
+                    }
+                    if done.contains(&d) {
+                        return Err(invalid(format!("chunks of {d} are not contiguous")));
+                    }
+                    let size = *expected.get(&d).ok_or_else(|| {
+                        invalid(format!(
+                            "upload of {d}, which is not a file of {id} (or is fetched from a mirror URL)"
+                        ))
+                    })?;
+                    current = Some(
+                        self.s
+                            .blobs
+                            .local
+                            .writer(d, size)
+                            .await
+                            .map_err(|e| Status::internal(e.to_string()))?,
+                    );
+                    streaming = self
+                        .s
+                        .blobs
+                        .store()
+                        .start_upload(&d, size)
+                        .await
+                        .map_err(|e| blob_status(&path_of(&d), e))?;
+                }
+                if let Some(w) = current.as_mut() {
+                    w.write(&chunk.data)
+                        .await
+                        .map_err(|e| invalid(format!("upload rejected: {e}")))?;
+                }
+                if let Some(up) = streaming.as_mut() {
+                    up.write(&chunk.data)
+                        .await
+                        .map_err(|e| blob_status(&path_of(&d), e))?;
+                }
+            }
+            if let Some(w) = current.take() {
+                end_blob(w, streaming.take(), &mut done, &mut staged, &mut uploads).await?;
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(st) = received {
+            if let Some(up) = streaming.take() {
+                up.abort().await;
+            }
+            uploads.abort_all().await;
+            return Err(st);
+        }
+        let prepared: Result<(), Status> = async {
+            for (d, size) in &expected {
+                if done.contains(d) || self.s.blobs.local.contains(d) {
+                    continue;
+                }
+                if *size == 0 {
+                    let w = self
+                        .s
+                        .blobs
+                        .local
+                        .writer(*d, 0)
+                        .await
+                        .map_err(|e| Status::internal(e.to_string()))?;
                     staged.push(
                         w.stage()
                             .await
                             .map_err(|e| invalid(format!("upload rejected: {e}")))?,
                     );
+                    continue;
                 }
-                if done.contains(&d) {
-                    return Err(invalid(format!("chunks of {d} are not contiguous")));
-                }
-                let size = *expected.get(&d).ok_or_else(|| {
-                    invalid(format!(
-                        "upload of {d}, which is not a file of {id} (or is fetched from a mirror URL)"
-                    ))
-                })?;
-                current = Some(
-                    self.s
-                        .blobs
-                        .writer(d, size)
-                        .await
-                        .map_err(|e| Status::internal(e.to_string()))?,
-                );
+                return Err(invalid(format!(
+                    "the bytes of {} ({d}) were not uploaded",
+                    path_of(d)
+                )));
             }
-            if let Some(w) = current.as_mut() {
-                w.write(&chunk.data)
-                    .await
-                    .map_err(|e| invalid(format!("upload rejected: {e}")))?;
-            }
-        }
-        if let Some(w) = current.take() {
-            done.insert(w.digest());
-            staged.push(
-                w.stage()
-                    .await
-                    .map_err(|e| invalid(format!("upload rejected: {e}")))?,
-            );
-        }
-        for (d, size) in &expected {
-            if done.contains(d) || self.s.blobs.contains(d) {
-                continue;
-            }
-            if *size == 0 {
-                let w = self
-                    .s
-                    .blobs
-                    .writer(*d, 0)
-                    .await
-                    .map_err(|e| Status::internal(e.to_string()))?;
-                staged.push(
-                    w.stage()
-                        .await
-                        .map_err(|e| invalid(format!("upload rejected: {e}")))?,
-                );
-                continue;
-            }
-            return Err(invalid(format!(
-                "the bytes of {} ({d}) were not uploaded",
-                path_of(d)
-            )));
-        }
 
-        // Every byte is verified: only now do the blobs enter the store, so
-        // a publish refused halfway leaves none behind.
-        for b in staged {
-            b.commit()
-                .await
-                .map_err(|e| Status::internal(format!("store blob: {e}")))?;
-        }
-        // On etcd the blobs go there too before the bundle is recorded, so
-        // any replica can serve them once publish answers (blobsync.rs).
-        if let Some(e) = &self.s.etcd {
-            for d in expected.keys() {
-                crate::blobsync::upload(e, &self.s.blobs, d, self.s.etcd_max_blob)
+            // Claimed before they take their local names: from here on no
+            // garbage collector deletes them (blobs/gc.rs).
+            let store_name = self.s.blobs.store().describe();
+            for (d, size) in &expected {
+                crate::blobs::gc::claim(&*self.s.store, &store_name, d, *size, now_ms)
                     .await
-                    .map_err(|err| match err {
-                        crate::blobsync::SyncError::TooLarge { .. } => invalid(err.to_string()),
-                        crate::blobsync::SyncError::Store(se) => store_status(se),
-                        other => Status::internal(other.to_string()),
-                    })?;
+                    .map_err(|e| blob_status(&path_of(d), e))?;
+            }
+            // Every byte is verified: only now do the blobs enter the store, so
+            // a publish refused halfway leaves none behind.
+            for b in staged {
+                b.commit()
+                    .await
+                    .map_err(|e| Status::internal(format!("store blob: {e}")))?;
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(st) = prepared {
+            uploads.abort_all().await;
+            return Err(st);
+        }
+        // Streamed uploads complete now that their blobs are verified and
+        // claimed (or are dropped if another publish stored the blob).
+        let mut in_store: HashSet<Digest> = HashSet::new();
+        while let Some((d, up)) = uploads.0.pop() {
+            in_store.insert(d);
+            let done = match self.s.blobs.store().contains(&d).await {
+                Ok(true) => {
+                    up.abort().await;
+                    Ok(())
+                }
+                Ok(false) => up.finish().await.map(|()| {
+                    self.s
+                        .metrics
+                        .blob_bytes_stored(expected.get(&d).copied().unwrap_or(0));
+                }),
+                Err(e) => {
+                    up.abort().await;
+                    Err(e)
+                }
+            };
+            if let Err(e) = done {
+                uploads.abort_all().await;
+                return Err(blob_status(&path_of(&d), e));
+            }
+        }
+        // The rest into the blob store before the bundle is recorded, so
+        // any replica can serve them once publish answers (blobs/mod.rs).
+        for (d, size) in expected.iter().filter(|(d, _)| !in_store.contains(*d)) {
+            let uploaded = self
+                .s
+                .blobs
+                .persist(d, *size)
+                .await
+                .map_err(|e| blob_status(&path_of(d), e))?;
+            if uploaded {
+                self.s.metrics.blob_bytes_stored(*size);
             }
         }
         let outcome = self
@@ -415,17 +477,13 @@ impl AdminService for AdminApi {
         if created {
             self.s
                 .store
-                .add_event(EventRow {
-                    id: 0,
-                    at_ms: now_ms(),
-                    cluster: String::new(),
-                    node: String::new(),
-                    rollout_id: String::new(),
-                    kind: "bundle_published".into(),
-                    bundle: m.name.clone(),
-                    version: m.version.clone(),
-                    message: format!("{} file(s), {} bytes", m.files.len(), m.total_size()),
-                })
+                .add_event(EventRow::bundle(
+                    "bundle_published",
+                    &m.name,
+                    &m.version,
+                    format!("{} file(s), {} bytes", m.files.len(), m.total_size()),
+                    now_ms(),
+                ))
                 .await
                 .map_err(store_status)?;
             tracing::info!(bundle = %id, signed = signed.signature.is_some(), "bundle published");
@@ -458,21 +516,54 @@ impl AdminService for AdminApi {
     async fn get_bundle(&self, req: Request<pb::GetBundleRequest>) -> Result<Response<pb::Bundle>, Status> {
         let _t = self.s.metrics.timer("GetBundle");
         require_admin(&req)?;
-        let r = req.into_inner();
-        validate_bundle_name(&r.name).map_err(invalid)?;
-        validate_version(&r.version).map_err(invalid)?;
-        let row = self
-            .s
-            .store
-            .get_bundle(&r.name, &r.version)
-            .await
-            .map_err(store_status)?
-            .ok_or_else(|| Status::not_found(format!("bundle {}@{} is not published", r.name, r.version)))?;
+        let row = self.published(&req.into_inner()).await?;
         let bundle = pb::SignedBundle::decode(row.signed_bundle.as_slice())
             .map_err(|e| Status::internal(format!("stored bundle: {e}")))?;
         Ok(Response::new(pb::Bundle {
             info: Some(bundle_info(row)),
             bundle: Some(bundle),
+        }))
+    }
+
+    async fn delete_bundle(
+        &self,
+        req: Request<pb::GetBundleRequest>,
+    ) -> Result<Response<pb::DeleteBundleResponse>, Status> {
+        let _t = self.s.metrics.timer("DeleteBundle");
+        let who = require_admin(&req)?;
+        let r = req.into_inner();
+        let row = self.published(&r).await?;
+        let id = format!("{}@{}", r.name, r.version);
+        self.s
+            .store
+            .delete_bundle(&r.name, &r.version)
+            .await
+            .map_err(|e| match e {
+                StoreError::NotFound(_) => Status::not_found(format!("bundle {id} is not published")),
+                e => store_status(e),
+            })?;
+        let (still, _) = self.s.store.referenced_blobs().await.map_err(store_status)?;
+        let reclaimable_bytes = held_blobs(&row.signed_bundle)
+            .iter()
+            .filter(|(d, _)| !still.contains(d))
+            .map(|(_, size)| size)
+            .sum();
+        self.s
+            .store
+            .add_event(EventRow::bundle(
+                "bundle_deleted",
+                &r.name,
+                &r.version,
+                format!("by {who}; {reclaimable_bytes} bytes to reclaim"),
+                now_ms(),
+            ))
+            .await
+            .map_err(store_status)?;
+        tracing::info!(bundle = %id, by = %who, reclaimable_bytes, "bundle deleted");
+        Ok(Response::new(pb::DeleteBundleResponse {
+            name: r.name,
+            version: r.version,
+            reclaimable_bytes,
         }))
     }
 
@@ -647,7 +738,34 @@ impl AdminService for AdminApi {
     async fn rollback_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
         let _t = self.s.metrics.timer("RollbackRollout");
         require_admin(&req)?;
-        self.verb(req.into_inner().id, Verb::Rollback).await
+        let id = req.into_inner().id;
+        // The versions a rollback returns nodes to must still exist: a
+        // deleted one (`bundle delete`, allowed once the rollout finished)
+        // is named rather than assigned.
+        let r = self.load_rollout(&id).await?;
+        let previous: HashSet<&str> = r
+            .nodes
+            .iter()
+            .filter(|n| n.touched && !n.previous_version.is_empty())
+            .map(|n| n.previous_version.as_str())
+            .collect();
+        for v in previous {
+            if self
+                .s
+                .store
+                .get_bundle(&r.bundle, v)
+                .await
+                .map_err(store_status)?
+                .is_none()
+            {
+                return Err(Status::failed_precondition(format!(
+                    "rollout {id} cannot be rolled back: it would return nodes to {}@{v}, which was deleted; \
+                     publish that version again, or roll the nodes forward with a new rollout",
+                    r.bundle
+                )));
+            }
+        }
+        self.verb(id, Verb::Rollback).await
     }
 
     async fn list_nodes(
@@ -868,6 +986,18 @@ impl AdminApi {
         Ok(Response::new(rollout_pb(&row)))
     }
 
+    /// The published version a request names; `not_found` if there is none.
+    async fn published(&self, r: &pb::GetBundleRequest) -> Result<BundleRow, Status> {
+        validate_bundle_name(&r.name).map_err(invalid)?;
+        validate_version(&r.version).map_err(invalid)?;
+        self.s
+            .store
+            .get_bundle(&r.name, &r.version)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("bundle {}@{} is not published", r.name, r.version)))
+    }
+
     async fn load_rollout(&self, id: &str) -> Result<RolloutRow, Status> {
         if id.is_empty() || id.len() > 64 {
             return Err(invalid("rollout ID is empty or too long"));
@@ -987,8 +1117,66 @@ fn decode_manifest(bytes: &[u8]) -> Result<Manifest, Status> {
         .map_err(|e| Status::internal(format!("stored bundle: {e}")))
 }
 
+/// The last chunk of a blob of a publish arrived: it is verified and
+/// staged, and its streamed upload (if any) waits for the claim.
+async fn end_blob(
+    w: BlobWriter,
+    streaming: Option<Box<dyn Upload>>,
+    done: &mut HashSet<Digest>,
+    staged: &mut Vec<StagedBlob>,
+    uploads: &mut Uploads,
+) -> Result<(), Status> {
+    let digest = w.digest();
+    done.insert(digest);
+    match w.stage().await {
+        Ok(b) => staged.push(b),
+        Err(e) => {
+            // Not the blob: its upload never completes.
+            if let Some(up) = streaming {
+                up.abort().await;
+            }
+            return Err(invalid(format!("upload rejected: {e}")));
+        }
+    }
+    if let Some(up) = streaming {
+        uploads.0.push((digest, up));
+    }
+    Ok(())
+}
+
+/// Uploads a publish streamed into the blob store, not yet completed.
+#[derive(Default)]
+struct Uploads(Vec<(Digest, Box<dyn Upload>)>);
+
+impl Uploads {
+    /// A publish that fails leaves none of them behind in the store.
+    async fn abort_all(&mut self) {
+        for (_, up) in self.0.drain(..) {
+            up.abort().await;
+        }
+    }
+}
+
+/// The distinct blobs a stored bundle version has the server hold, with
+/// their sizes (files without a mirror URL).
+fn held_blobs(signed_bundle: &[u8]) -> BTreeMap<Digest, u64> {
+    pb::SignedBundle::decode(signed_bundle)
+        .ok()
+        .and_then(|p| SignedBundle::try_from(p).ok())
+        .map(|b| {
+            b.manifest
+                .files
+                .iter()
+                .filter(|f| f.url.is_none())
+                .map(|f| (f.digest, f.size))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn bundle_info(b: BundleRow) -> pb::BundleInfo {
     pb::BundleInfo {
+        held_bytes: held_blobs(&b.signed_bundle).values().sum(),
         name: b.name,
         version: b.version,
         files: b.files,

@@ -26,7 +26,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
-use crate::authz::{NodeCaller, require_node, store_status, token_status};
+use crate::authz::{NodeCaller, blob_status, require_node, store_status, token_status};
 use crate::server::Shared;
 use crate::store::{BundleStatusRow, EventRow, NewNode, StoreError, TokenRefusal, sqlite::now_ms};
 
@@ -239,21 +239,14 @@ impl AgentService for AgentApi {
                 caller.id.node
             )));
         }
-        if !self.s.blobs.contains(&digest)
-            && let Some(e) = &self.s.etcd
-        {
-            // Published through another replica: fetch it once from etcd.
-            let _one = self.s.blob_fetch.lock().await;
-            if !self.s.blobs.contains(&digest) {
-                match crate::blobsync::fetch(e, &self.s.blobs, &digest).await {
-                    Ok(true) => tracing::info!(%digest, "blob fetched from etcd"),
-                    Ok(false) => {}
-                    Err(crate::blobsync::SyncError::Store(err)) => return Err(store_status(err)),
-                    Err(err) => return Err(Status::internal(err.to_string())),
-                }
-            }
-        }
-        let path = self.s.blobs.path(&digest);
+        // Published through another replica: fetched once from the blob
+        // store, verified, then served from this replica's own copy.
+        self.s
+            .blobs
+            .ensure_local(&digest)
+            .await
+            .map_err(|e| blob_status("", e))?;
+        let path = self.s.blobs.local.path(&digest);
         let mut file = match tokio::fs::File::open(&path).await {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -638,6 +631,22 @@ impl Session {
                 }
                 // Shutdown ends every registration too, but it cancels
                 // `self.s.cancel` first, which the biased select! sees first.
+                Step::Replaced if reg.moved_to().is_some() => {
+                    let to = reg.moved_to().unwrap_or_default();
+                    let status = Status::unavailable(
+                        "this replica holds more than its share of agents; reconnect to another replica",
+                    );
+                    // Spread over two seconds, so the movers do not all
+                    // arrive at one instant.
+                    let wait = Duration::from_millis((lks_proto::backoff::unit_random() * 2000.0) as u64);
+                    let status = lks_proto::backoff::with_retry_hint(status, wait);
+                    let status = if to.is_empty() {
+                        status
+                    } else {
+                        lks_proto::backoff::with_reconnect_hint(status, &to)
+                    };
+                    return self.fail(status).await;
+                }
                 Step::Replaced => {
                     return self
                         .fail(Status::unauthenticated(

@@ -10,6 +10,7 @@
 use lks_proto::identity::{Identity, NodeIdentity, cert_info};
 use tonic::{Request, Status};
 
+use crate::blobs::BlobError;
 use crate::store::{Store, StoreError, TokenRefusal};
 
 /// The identity and serial of the caller's certificate, if it sent one.
@@ -93,6 +94,25 @@ pub fn store_status(e: StoreError) -> Status {
         StoreError::Backend(m) => {
             tracing::error!(error = %m, "store failure");
             Status::internal(format!("control server storage error: {m}"))
+        }
+    }
+}
+
+/// A blob store failure as the status a client sees; `what` names the
+/// file or blob it concerns.
+pub fn blob_status(what: &str, e: BlobError) -> Status {
+    let msg = if what.is_empty() {
+        e.to_string()
+    } else {
+        format!("{what}: {e}")
+    };
+    match e {
+        BlobError::TooLarge { .. } | BlobError::Verify { .. } => Status::invalid_argument(msg),
+        BlobError::Meta(se) => store_status(se),
+        e if e.is_unavailable() => Status::unavailable(format!("{msg}; retry")),
+        _ => {
+            tracing::error!(error = %msg, "blob store failure");
+            Status::internal(msg)
         }
     }
 }

@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::MissedTickBehavior;
 use tonic::Status;
@@ -31,6 +32,8 @@ const TICK: Duration = Duration::from_secs(1);
 const QUEUE: usize = 64;
 /// Steps taken for one rollout per trigger; one normally reaches a fixed point.
 const MAX_STEPS: usize = 3;
+/// Rollouts driven side by side in one pass.
+const DRIVEN_AT_ONCE: usize = 16;
 /// Tries of an operator verb that lost a race with another replica.
 const VERB_ATTEMPTS: usize = 5;
 
@@ -372,17 +375,28 @@ impl Controller {
                 return;
             }
         };
-        let mut active = 0;
         let claims = claims(&rows);
-        for (r, claims) in rows.into_iter().zip(claims) {
-            let id = r.id.clone();
-            match self.drive(r, &claims).await {
-                Ok(r) if r.state.is_active() => active += 1,
-                Ok(_) => {}
-                Err(e) => tracing::warn!(rollout = %id, error = %e, "drive rollout"),
-            }
-        }
-        self.s.metrics.set_active_rollouts(active);
+        // Rollouts are independent decisions (each commit is checked
+        // against what it read, a node in two rollouts included), so they
+        // are driven side by side: a region's many clusters each rolling
+        // out do not wait for each other's store round trips.
+        let driven: Vec<bool> = futures::stream::iter(rows.into_iter().zip(claims))
+            .map(|(r, claims)| async move {
+                let id = r.id.clone();
+                match self.drive(r, &claims).await {
+                    Ok(r) => r.state.is_active(),
+                    Err(e) => {
+                        tracing::warn!(rollout = %id, error = %e, "drive rollout");
+                        false
+                    }
+                }
+            })
+            .buffer_unordered(DRIVEN_AT_ONCE)
+            .collect()
+            .await;
+        self.s
+            .metrics
+            .set_active_rollouts(driven.iter().filter(|a| **a).count());
     }
 
     async fn count_active(&self) {

@@ -8,8 +8,8 @@
 //! in-memory map that a background task flushes to the store in batches.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -18,15 +18,25 @@ struct Conn {
     id: u64,
     changed: watch::Sender<u64>,
     cancel: CancellationToken,
+    moved: Arc<Mutex<Option<String>>>,
 }
 
 /// What a stream task holds while it serves one node.
 pub struct Registration {
     pub id: u64,
     pub changed: watch::Receiver<u64>,
-    /// Fires when the node is deleted or a newer stream of the same node
-    /// replaces this one.
+    /// Fires when the node is deleted, a newer stream of the same node
+    /// replaces this one, or the replica asks it to move ([`Hub::ask_to_move`]).
     pub cancel: CancellationToken,
+    moved: Arc<Mutex<Option<String>>>,
+}
+
+impl Registration {
+    /// The replica URL this stream was asked to move to ("" if none was
+    /// named), when its cancellation was a move.
+    pub fn moved_to(&self) -> Option<String> {
+        self.moved.lock().ok().and_then(|m| m.clone())
+    }
 }
 
 #[derive(Default)]
@@ -42,6 +52,7 @@ impl Hub {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let (tx, rx) = watch::channel(0);
         let cancel = CancellationToken::new();
+        let moved = Arc::new(Mutex::new(None));
         if let Ok(mut c) = self.conns.lock()
             && let Some(old) = c.insert(
                 node.to_string(),
@@ -49,6 +60,7 @@ impl Hub {
                     id,
                     changed: tx,
                     cancel: cancel.clone(),
+                    moved: moved.clone(),
                 },
             )
         {
@@ -58,6 +70,7 @@ impl Hub {
             id,
             changed: rx,
             cancel,
+            moved,
         }
     }
 
@@ -100,6 +113,31 @@ impl Hub {
         {
             conn.cancel.cancel();
         }
+    }
+
+    /// Ends `node`'s stream asking the agent to reconnect to `to` (a
+    /// replica URL; "" lets it pick): this replica holds more than its
+    /// share. False if it has no stream here.
+    pub fn ask_to_move(&self, node: &str, to: &str) -> bool {
+        let Ok(mut c) = self.conns.lock() else {
+            return false;
+        };
+        let Some(conn) = c.remove(node) else {
+            return false;
+        };
+        if let Ok(mut m) = conn.moved.lock() {
+            *m = Some(to.to_string());
+        }
+        conn.cancel.cancel();
+        true
+    }
+
+    /// Up to `n` connected nodes, in no particular order.
+    pub fn some_connected(&self, n: usize) -> Vec<String> {
+        self.conns
+            .lock()
+            .map(|c| c.keys().take(n).cloned().collect())
+            .unwrap_or_default()
     }
 
     pub fn is_connected(&self, node: &str) -> bool {
@@ -160,10 +198,25 @@ mod tests {
         new.changed.changed().await.unwrap();
         assert_eq!(*new.changed.borrow_and_update(), 100);
         assert!(!new.changed.has_changed().unwrap());
+        assert_eq!(new.moved_to(), None);
         hub.kick("n1");
         assert!(new.cancel.is_cancelled());
+        assert_eq!(new.moved_to(), None, "a kick is no move");
         assert_eq!(hub.connected(), 0);
         hub.notify("nobody");
+    }
+
+    #[test]
+    fn a_move_names_where_to() {
+        let hub = Hub::default();
+        let a = hub.register("a");
+        let _b = hub.register("b");
+        assert_eq!(hub.some_connected(5).len(), 2);
+        assert!(hub.ask_to_move("a", "https://r2:7443"));
+        assert!(a.cancel.is_cancelled());
+        assert_eq!(a.moved_to().as_deref(), Some("https://r2:7443"));
+        assert!(!hub.ask_to_move("a", ""), "gone already");
+        assert_eq!(hub.some_connected(5), ["b"]);
     }
 
     #[test]

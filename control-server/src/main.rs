@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use lks_control_server::blobs::{BlobChoice, S3Config, s3};
 use lks_control_server::migrate::MigrateConfig;
 use lks_control_server::server::{StoreChoice, raise_nofile_limit};
 use lks_control_server::store::EtcdConfig;
@@ -71,9 +72,24 @@ struct Args {
     /// rollouts, after at most this long.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     lease_ttl: Duration,
-    /// Largest file a bundle may carry without a mirror URL when the server
-    /// runs on etcd (its bytes are kept in etcd), in bytes.
-    #[arg(long, default_value_t = lks_control_server::blobsync::DEFAULT_MAX_BLOB)]
+    #[command(flatten)]
+    blobs: BlobFlags,
+    /// How often the leading replica deletes blobs no bundle version
+    /// references (after `lksctl bundle delete`); `off` never does.
+    #[arg(long, default_value = "10m", value_name = "DURATION|off")]
+    blob_gc_interval: String,
+    /// How often a replica (--store etcd) compares how many agents it holds
+    /// with the others and, when clearly above its share, asks a few to
+    /// reconnect to the least loaded replica; `off` never does.
+    #[arg(long, default_value = "10s", value_name = "DURATION|off")]
+    rebalance_interval: String,
+    /// How long a blob no bundle references is kept after a publish last
+    /// relied on it; must exceed the longest publish.
+    #[arg(long, default_value = "1h", value_parser = parse_duration, value_name = "DURATION")]
+    blob_gc_grace: Duration,
+    /// Largest file a bundle may carry without a mirror URL when its bytes
+    /// are kept in etcd (--blob-store etcd), in bytes.
+    #[arg(long, default_value_t = lks_control_server::blobs::DEFAULT_MAX_BLOB)]
     etcd_max_blob_size: u64,
     /// Extra DNS name or IP address for the serving certificate (a load
     /// balancer or Service name in front of the replicas); repeatable.
@@ -139,12 +155,22 @@ struct EtcdFlags {
     etcd_key: Option<PathBuf>,
 }
 
-/// `migrate`: the single server's data dir and where it goes.
+/// `migrate`: the single server's data dir and where it goes, or the
+/// blobs of an etcd installation and the bucket they go to.
 #[derive(clap::Args)]
+#[command(group = clap::ArgGroup::new("from").required(true).args(["from_sqlite", "blobs_from_etcd"]))]
 struct MigrateArgs {
     /// The stopped SQLite server's --data-dir; only read.
     #[arg(long, value_name = "DIR")]
-    from_sqlite: PathBuf,
+    from_sqlite: Option<PathBuf>,
+    /// Copy the blobs an etcd installation keeps in etcd into the bucket
+    /// of --blob-store s3://… (replicas may keep running).
+    #[arg(long)]
+    blobs_from_etcd: bool,
+    /// With --blobs-from-etcd, once every replica runs with --blob-store
+    /// s3://…: delete the copied blobs from etcd.
+    #[arg(long, requires = "blobs_from_etcd")]
+    delete_from_etcd: bool,
     /// Where the installation goes (only etcd).
     #[arg(long, value_enum)]
     store: StoreKind,
@@ -154,10 +180,94 @@ struct MigrateArgs {
     /// file); see the server's flag of the same name.
     #[arg(long, value_name = "FILE")]
     encryption_key_file: Option<PathBuf>,
-    /// Largest served file copied into etcd, in bytes; give the replicas
-    /// the same value.
-    #[arg(long, default_value_t = lks_control_server::blobsync::DEFAULT_MAX_BLOB)]
+    #[command(flatten)]
+    blobs: BlobFlags,
+    /// Largest served file copied into etcd (--blob-store etcd), in bytes;
+    /// give the replicas the same value.
+    #[arg(long, default_value_t = lks_control_server::blobs::DEFAULT_MAX_BLOB)]
     etcd_max_blob_size: u64,
+}
+
+/// Where blob bytes are durable, and how to reach an S3 bucket.
+#[derive(clap::Args)]
+struct BlobFlags {
+    /// Where the bytes of served files are durable: `local` (the data dir;
+    /// the default with --store sqlite), `etcd` (in chunks, at most
+    /// --etcd-max-blob-size each; the default with --store etcd) or
+    /// `s3://BUCKET[/PREFIX]` (an S3-compatible object store, no size cap).
+    #[arg(long, value_name = "local|etcd|s3://BUCKET/PREFIX")]
+    blob_store: Option<String>,
+    /// URL of the S3-compatible endpoint (Ceph RGW, MinIO, …); AWS itself
+    /// if not given.
+    #[arg(long, value_name = "URL")]
+    s3_endpoint: Option<String>,
+    /// Region the requests are signed for.
+    #[arg(long, value_name = "REGION", default_value = "us-east-1")]
+    s3_region: String,
+    /// `path` (ENDPOINT/BUCKET/KEY, what most S3-compatible servers
+    /// expect) or `virtual` (BUCKET.ENDPOINT/KEY).
+    #[arg(long, value_enum, default_value = "path")]
+    s3_addressing: Addressing,
+    /// An AWS shared-credentials file (`[default]` with
+    /// aws_access_key_id and aws_secret_access_key), mode 0600; without
+    /// it, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY from the environment.
+    #[arg(long, value_name = "FILE")]
+    s3_credentials_file: Option<PathBuf>,
+    /// CA certificate(s) (PEM) to trust for --s3-endpoint besides the
+    /// system's.
+    #[arg(long, value_name = "FILE")]
+    s3_ca_cert: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Addressing {
+    Path,
+    Virtual,
+}
+
+/// `--blob-store` and the `--s3-*` flags, with credentials and CA read.
+fn blob_choice(f: &BlobFlags) -> Result<BlobChoice, String> {
+    let s3_flags = f.s3_endpoint.is_some()
+        || f.s3_credentials_file.is_some()
+        || f.s3_ca_cert.is_some()
+        || f.s3_region != "us-east-1"
+        || f.s3_addressing != Addressing::Path;
+    let url = match f.blob_store.as_deref() {
+        None | Some("local") | Some("etcd") if s3_flags => {
+            return Err(
+                "--s3-endpoint, --s3-region, --s3-addressing, --s3-credentials-file and \
+                        --s3-ca-cert need --blob-store s3://BUCKET/PREFIX"
+                    .into(),
+            );
+        }
+        None => return Ok(BlobChoice::Default),
+        Some("local") => return Ok(BlobChoice::Local),
+        Some("etcd") => return Ok(BlobChoice::Etcd),
+        Some(url) => url,
+    };
+    let (bucket, prefix) = s3::parse_url(url).map_err(|e| e.to_string())?;
+    if let Some(e) = &f.s3_endpoint {
+        S3Config::check_endpoint(e).map_err(|e| e.to_string())?;
+    }
+    let (access_key_id, secret_access_key, session_token) =
+        s3::credentials(f.s3_credentials_file.as_deref()).map_err(|e| e.to_string())?;
+    let ca_cert_pem = f
+        .s3_ca_cert
+        .as_deref()
+        .map(S3Config::read_ca)
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    Ok(BlobChoice::S3(S3Config {
+        bucket,
+        prefix,
+        endpoint: f.s3_endpoint.clone(),
+        region: f.s3_region.clone(),
+        virtual_hosted: f.s3_addressing == Addressing::Virtual,
+        access_key_id,
+        secret_access_key,
+        session_token,
+        ca_cert_pem,
+    }))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -226,14 +336,54 @@ async fn migrate(args: MigrateArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let blob_store = match blob_choice(&args.blobs) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let _ = rustls::crypto::ring::default_provider().install_default();
+    let Some(from) = args.from_sqlite else {
+        let BlobChoice::S3(s3) = blob_store else {
+            eprintln!(
+                "error: --blobs-from-etcd moves blobs into a bucket: give --blob-store s3://BUCKET/PREFIX"
+            );
+            return ExitCode::from(2);
+        };
+        let now = lks_control_server::store::sqlite::now_ms();
+        return summary_or_error(
+            lks_control_server::migrate::blobs::migrate_blobs(&etcd, &s3, args.delete_from_etcd, now).await,
+        );
+    };
     let cfg = MigrateConfig {
-        from: args.from_sqlite,
+        blob_store,
+        from,
         etcd,
         encryption_key_file: args.encryption_key_file,
         max_blob: args.etcd_max_blob_size,
     };
-    match lks_control_server::migrate::migrate(&cfg).await {
+    summary_or_error(lks_control_server::migrate::migrate(&cfg).await)
+}
+
+/// A `DURATION|off` flag: `Some(None)` for off; `None` (the error said) if
+/// it is neither.
+fn interval_or_off(flag: &str, v: &str) -> Option<Option<Duration>> {
+    match v {
+        "off" => Some(None),
+        d => match parse_duration(d) {
+            Ok(d) if !d.is_zero() => Some(Some(d)),
+            _ => {
+                eprintln!("error: {flag} {d:?}: expected a duration such as 10s, or off");
+                None
+            }
+        },
+    }
+}
+
+/// A migration's summary on stdout, or its error as one line.
+fn summary_or_error<T: std::fmt::Display, E: std::fmt::Display>(r: Result<T, E>) -> ExitCode {
+    match r {
         Ok(summary) => {
             println!("{summary}");
             ExitCode::SUCCESS
@@ -264,6 +414,13 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let blob_store = match blob_choice(&args.blobs) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     if let Some(u) = args
         .join_url
         .iter()
@@ -286,6 +443,12 @@ async fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     }
+    let (Some(blob_gc_interval), Some(rebalance_interval)) = (
+        interval_or_off("--blob-gc-interval", &args.blob_gc_interval),
+        interval_or_off("--rebalance-interval", &args.rebalance_interval),
+    ) else {
+        return ExitCode::from(2);
+    };
     if args.ping_interval.is_zero() {
         eprintln!("error: --ping-interval must be longer than zero");
         return ExitCode::from(2);
@@ -294,8 +457,11 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
+            // object_store logs each retry of a request at info: a start
+            // refused for an unreachable --s3-endpoint would print three
+            // such lines before its one error line.
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,object_store=warn")),
         )
         .init();
     raise_nofile_limit();
@@ -328,6 +494,10 @@ async fn main() -> ExitCode {
     cfg.tls_sans = args.tls_san;
     cfg.lease_ttl = args.lease_ttl;
     cfg.etcd_max_blob = args.etcd_max_blob_size;
+    cfg.blob_store = blob_store;
+    cfg.blob_gc_interval = blob_gc_interval;
+    cfg.blob_gc_grace = args.blob_gc_grace;
+    cfg.rebalance_interval = rebalance_interval;
     cfg.join_urls = args.join_url;
     cfg.handshakes = lks_control_server::admission::HandshakeLimits {
         max_in_progress: args

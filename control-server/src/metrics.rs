@@ -43,6 +43,13 @@ pub struct Metrics {
     tls_handshakes: Labelled,
     tls_queued: AtomicI64,
     connect_shed: AtomicU64,
+    blob_stored_bytes: AtomicU64,
+    agents_moved: AtomicU64,
+    blob_reclaimed: AtomicU64,
+    blob_reclaimed_bytes: AtomicU64,
+    /// What the blob store held after the last collector pass (None: no
+    /// pass on this replica yet).
+    blob_store_held: Mutex<Option<(u64, u64)>>,
     /// Gauges read when rendered (`name`, help, read).
     gauges: Mutex<Vec<(&'static str, &'static str, Gauge)>>,
 }
@@ -60,6 +67,26 @@ impl Metrics {
 
     pub fn blob_bytes_served(&self, n: u64) {
         self.blob_bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Agents this replica asked to reconnect elsewhere (rebalancing).
+    pub fn agents_moved(&self, n: u64) {
+        self.agents_moved.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Bytes a publish uploaded into the blob store.
+    pub fn blob_bytes_stored(&self, n: u64) {
+        self.blob_stored_bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// One collector pass: what it reclaimed and what the store holds.
+    pub fn blob_collected(&self, pass: &crate::blobs::gc::Pass) {
+        self.blob_reclaimed.fetch_add(pass.reclaimed, Ordering::Relaxed);
+        self.blob_reclaimed_bytes
+            .fetch_add(pass.reclaimed_bytes, Ordering::Relaxed);
+        if let Ok(mut h) = self.blob_store_held.lock() {
+            *h = Some((pass.held, pass.held_bytes));
+        }
     }
 
     /// Counts one enrolment attempt by outcome (`ok`, `invalid_token`, …).
@@ -190,6 +217,50 @@ impl Metrics {
             "Blob bytes sent to agents.",
             load(&self.blob_bytes),
         );
+        scalar(
+            &mut s,
+            "lks_agents_moved_total",
+            "counter",
+            "Agents this replica asked to reconnect to another replica (it held more than its share).",
+            load(&self.agents_moved),
+        );
+        scalar(
+            &mut s,
+            "lks_blob_store_bytes_stored_total",
+            "counter",
+            "Bytes publishes uploaded into the blob store.",
+            load(&self.blob_stored_bytes),
+        );
+        scalar(
+            &mut s,
+            "lks_blob_store_reclaimed_total",
+            "counter",
+            "Blobs the garbage collector deleted (no bundle version referenced them).",
+            load(&self.blob_reclaimed),
+        );
+        scalar(
+            &mut s,
+            "lks_blob_store_reclaimed_bytes_total",
+            "counter",
+            "Bytes the garbage collector deleted.",
+            load(&self.blob_reclaimed_bytes),
+        );
+        if let Some((blobs, bytes)) = self.blob_store_held.lock().ok().and_then(|h| *h) {
+            scalar(
+                &mut s,
+                "lks_blob_store_blobs",
+                "gauge",
+                "Blobs in the blob store at this replica's last collector pass.",
+                blobs,
+            );
+            scalar(
+                &mut s,
+                "lks_blob_store_bytes",
+                "gauge",
+                "Bytes in the blob store at this replica's last collector pass.",
+                bytes,
+            );
+        }
         scalar(
             &mut s,
             "lks_active_rollouts",

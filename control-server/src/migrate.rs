@@ -5,7 +5,9 @@
 //! What moves: the CA and admin credential (`DIR/pki`), every row of
 //! `DIR/state.db` (clusters, tokens, nodes with desired and reported state
 //! and generation, bundles, cluster targets, rollouts with their node rows
-//! and revisions, events), and every blob in `DIR/blobs` a bundle serves.
+//! and revisions, events), and every blob in `DIR/blobs` a bundle serves,
+//! into etcd (`--blob-store etcd`, the default) or an S3 bucket
+//! (`--blob-store s3://…`, checked before anything is written).
 //! Agents keep their pinned CA hash and node certificates: the replicas
 //! serve with the same CA and know the same certificate serials.
 //!
@@ -26,8 +28,11 @@ use lks_proto::manifest::SignedBundle;
 use lks_proto::pb;
 use prost::Message as _;
 
-use crate::blobs::BlobStore;
-use crate::blobsync::{self, SyncError};
+use std::sync::Arc;
+
+pub mod blobs;
+
+use crate::blobs::{BlobChoice, BlobError, BlobStore, EtcdChunks, LocalBlobs, S3Store};
 use crate::clusterca;
 use crate::pki::{Pki, PkiError, SharedIdentity};
 use crate::replicas::{self, IdentityError};
@@ -44,6 +49,8 @@ pub struct MigrateConfig {
     pub encryption_key_file: Option<PathBuf>,
     /// `--etcd-max-blob-size`.
     pub max_blob: u64,
+    /// Where the blobs go (`--blob-store`): etcd unless a bucket is named.
+    pub blob_store: BlobChoice,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -73,7 +80,8 @@ pub enum MigrateError {
     },
     #[error(
         "bundle {bundle}: {file} is {size} bytes, more than the {max} bytes a control server on etcd keeps per file; \
-         give --etcd-max-blob-size {size} (and the same to every replica)"
+         give --etcd-max-blob-size {size} (and the same to every replica), or keep blobs in an object store \
+         (--blob-store s3://BUCKET/PREFIX)"
     )]
     BlobTooLarge {
         bundle: String,
@@ -88,6 +96,12 @@ pub enum MigrateError {
          or another); migrate only into an empty prefix, e.g. another --etcd-prefix"
     )]
     NotEmpty { key: String, prefix: String },
+    #[error("{0}")]
+    BlobStore(BlobError),
+    #[error(
+        "--blob-store local keeps blobs on one server's disk; migrate onto replicas with --blob-store etcd or s3://BUCKET/PREFIX"
+    )]
+    LocalBlobStore,
     #[error("write to etcd: {cause}; {cleanup}")]
     Write { cause: String, cleanup: String },
 }
@@ -203,12 +217,26 @@ pub async fn migrate(cfg: &MigrateConfig) -> Result<Summary, MigrateError> {
         source,
     })?;
     let blob_dir = dir.join("blobs");
-    let blobs = BlobStore::read_only(&blob_dir);
-    let served = served_blobs(&dump, &blobs, &blob_dir, cfg.max_blob)?;
+    let blobs = LocalBlobs::read_only(&blob_dir);
+    let s3 = match &cfg.blob_store {
+        BlobChoice::S3(c) => {
+            let s = S3Store::new(c).map_err(MigrateError::BlobStore)?;
+            s.check().await.map_err(MigrateError::BlobStore)?;
+            Some(s)
+        }
+        BlobChoice::Local => return Err(MigrateError::LocalBlobStore),
+        BlobChoice::Default | BlobChoice::Etcd => None,
+    };
+    let max = s3.is_none().then_some(cfg.max_blob);
+    let served = served_blobs(&dump, &blobs, &blob_dir, max)?;
 
     let store = EtcdStore::connect(&cfg.etcd, "migrate")
         .await
         .map_err(MigrateError::Etcd)?;
+    let durable: Arc<dyn BlobStore> = match s3 {
+        Some(s) => Arc::new(s),
+        None => Arc::new(EtcdChunks::new(store.clone(), cfg.max_blob)),
+    };
     let not_empty = |key: String| MigrateError::NotEmpty {
         key,
         prefix: store.prefix().to_string(),
@@ -235,7 +263,7 @@ pub async fn migrate(cfg: &MigrateConfig) -> Result<Summary, MigrateError> {
             });
         }
     }
-    if let Err(cause) = write_data(&store, &dump, &blobs, &served, cfg.max_blob).await {
+    if let Err(cause) = write_data(&store, &dump, &blobs, &*durable, &served).await {
         let cleanup = match store.remove_import().await {
             Ok(()) => format!("removed what was written under {}", store.prefix()),
             Err(e) => format!(
@@ -279,18 +307,21 @@ fn reseal_cluster_cas(dump: &mut Dump, seal: Option<&SealKey>, prefix: &str) -> 
     Ok(())
 }
 
-/// Blobs first: once a bundle is in etcd, its blobs are.
+/// Blobs first: once a bundle is in etcd, its blobs are in the blob store.
 async fn write_data(
     store: &EtcdStore,
     dump: &Dump,
-    blobs: &BlobStore,
+    blobs: &LocalBlobs,
+    durable: &dyn BlobStore,
     served: &[Blob],
-    max_blob: u64,
 ) -> Result<(), String> {
     for b in served {
-        blobsync::upload(store, blobs, &b.digest, max_blob)
-            .await
-            .map_err(|e: SyncError| format!("copy blob {}: {e}", b.digest))?;
+        let copied = match durable.contains(&b.digest).await {
+            Ok(true) => Ok(()),
+            Ok(false) => durable.put(&b.digest, b.size, &blobs.path(&b.digest)).await,
+            Err(e) => Err(e),
+        };
+        copied.map_err(|e| format!("copy blob {} to {}: {e}", b.digest, durable.describe()))?;
     }
     store
         .import(dump)
@@ -299,8 +330,13 @@ async fn write_data(
 }
 
 /// Every distinct blob the dumped bundles serve, each present in `blobs`
-/// and no larger than `max`.
-fn served_blobs(dump: &Dump, blobs: &BlobStore, dir: &Path, max: u64) -> Result<Vec<Blob>, MigrateError> {
+/// and no larger than `max` (if the blob store has a limit).
+fn served_blobs(
+    dump: &Dump,
+    blobs: &LocalBlobs,
+    dir: &Path,
+    max: Option<u64>,
+) -> Result<Vec<Blob>, MigrateError> {
     let mut out: Vec<Blob> = Vec::new();
     for b in &dump.bundles {
         let bundle = format!("{}@{}", b.row.name, b.row.version);
@@ -328,7 +364,9 @@ fn served_blobs(dump: &Dump, blobs: &BlobStore, dir: &Path, max: u64) -> Result<
                     });
                 }
             };
-            if size > max {
+            if let Some(max) = max
+                && size > max
+            {
                 return Err(MigrateError::BlobTooLarge {
                     bundle,
                     file: file(),
@@ -385,18 +423,23 @@ mod tests {
     #[tokio::test]
     async fn served_blobs_are_checked_before_anything_is_written() {
         let dir = tempfile::tempdir().unwrap();
-        let blobs = BlobStore::open(dir.path()).unwrap();
+        let blobs = LocalBlobs::open(dir.path()).unwrap();
         let d = Digest::of(b"hello");
         let dump = dump_with_blob(&d);
-        let e = served_blobs(&dump, &blobs, dir.path(), 100).err().unwrap();
+        let e = served_blobs(&dump, &blobs, dir.path(), Some(100)).err().unwrap();
         assert!(matches!(e, MigrateError::MissingBlob { .. }), "{e}");
 
         let mut w = blobs.writer(d, 5).await.unwrap();
         w.write(b"hello").await.unwrap();
         w.finish().await.unwrap();
-        let ok = served_blobs(&dump, &blobs, dir.path(), 100).unwrap();
+        let ok = served_blobs(&dump, &blobs, dir.path(), Some(100)).unwrap();
         assert_eq!(ok.len(), 1, "a blob two files share is copied once");
-        let e = served_blobs(&dump, &blobs, dir.path(), 4).err().unwrap();
+        assert_eq!(
+            served_blobs(&dump, &blobs, dir.path(), None).unwrap().len(),
+            1,
+            "no cap on S3"
+        );
+        let e = served_blobs(&dump, &blobs, dir.path(), Some(4)).err().unwrap();
         assert!(
             e.to_string().starts_with("bundle app@1: sha256:")
                 && e.to_string().contains("give --etcd-max-blob-size 5"),
@@ -412,6 +455,7 @@ mod tests {
             etcd: EtcdConfig::default(),
             encryption_key_file: None,
             max_blob: 1,
+            blob_store: BlobChoice::Default,
         };
         let e = migrate(&cfg).await.err().unwrap();
         assert!(e.to_string().contains("has no state.db"), "{e}");

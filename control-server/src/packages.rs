@@ -46,7 +46,7 @@ use tonic::body::Body;
 use tonic::codegen::http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
-use crate::blobs::{BlobError, BlobStore};
+use crate::blobs::{BlobError, LocalBlobs};
 use crate::metrics::Metrics;
 use crate::ratelimit::RateLimiter;
 
@@ -204,13 +204,13 @@ pub fn inspect_all(paths: &[PathBuf]) -> Result<Vec<Candidate>, PackageError> {
 pub struct AgentPackages {
     /// Sorted by architecture.
     list: Vec<AgentPackage>,
-    blobs: BlobStore,
+    blobs: LocalBlobs,
 }
 
 impl AgentPackages {
     /// Copies each candidate into the blob store (unless its bytes are
     /// there already), verifying the copy against the digest of the file.
-    pub async fn import(candidates: Vec<Candidate>, blobs: &BlobStore) -> Result<Self, PackageError> {
+    pub async fn import(candidates: Vec<Candidate>, blobs: &LocalBlobs) -> Result<Self, PackageError> {
         let mut list = Vec::with_capacity(candidates.len());
         for c in candidates {
             let pkg = import_one(&c, blobs).await?;
@@ -244,7 +244,7 @@ impl AgentPackages {
     }
 }
 
-async fn import_one(c: &Candidate, blobs: &BlobStore) -> Result<AgentPackage, PackageError> {
+async fn import_one(c: &Candidate, blobs: &LocalBlobs) -> Result<AgentPackage, PackageError> {
     let io = |source| PackageError::Io {
         path: c.path.clone(),
         source,
@@ -661,7 +661,7 @@ mod tests {
     #[tokio::test]
     async fn import_copies_into_the_blob_store_once() {
         let dir = tempfile::tempdir().unwrap();
-        let blobs = BlobStore::open(&dir.path().join("blobs")).unwrap();
+        let blobs = LocalBlobs::open(&dir.path().join("blobs")).unwrap();
         let p = deb(dir.path(), "lksadmin-agent_0.1.0-1_amd64.deb", &[7u8; 200_000]);
         let (digest, size) = Digest::of_file(&p).unwrap();
         let pkgs = AgentPackages::import(inspect_all(std::slice::from_ref(&p)).unwrap(), &blobs)
@@ -708,7 +708,7 @@ mod tests {
     #[tokio::test]
     async fn answers_without_the_file_and_limits() {
         let dir = tempfile::tempdir().unwrap();
-        let blobs = BlobStore::open(&dir.path().join("blobs")).unwrap();
+        let blobs = LocalBlobs::open(&dir.path().join("blobs")).unwrap();
         let p = deb(dir.path(), "lksadmin-agent_0.1.0-1_amd64.deb", b"payload");
         let pkgs = Arc::new(
             AgentPackages::import(inspect_all(&[p]).unwrap(), &blobs)
@@ -764,7 +764,7 @@ mod tests {
 
     async fn one_slot_layer(deadline: Duration) -> (tempfile::TempDir, PackageLayer, Arc<Metrics>) {
         let dir = tempfile::tempdir().unwrap();
-        let blobs = BlobStore::open(&dir.path().join("blobs")).unwrap();
+        let blobs = LocalBlobs::open(&dir.path().join("blobs")).unwrap();
         let body = vec![7u8; 4 * CHUNK];
         let p = deb(dir.path(), "lksadmin-agent_0.1.0-1_amd64.deb", &body);
         let pkgs = Arc::new(

@@ -24,12 +24,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::pki::SharedIdentity;
 use crate::server::Shared;
+use crate::store::etcd::Change;
 use crate::store::{EtcdStore, StoreError};
 
 /// How often the election and the replica list are checked.
@@ -55,6 +56,10 @@ struct IdentityDoc {
 pub struct ReplicaInfo {
     pub url: String,
     pub started_at_ms: i64,
+    /// Where it keeps blobs (`etcd`, `s3://…`; empty: a replica older
+    /// than the blob store, which keeps them in etcd).
+    #[serde(default)]
+    pub blob_store: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -199,7 +204,7 @@ fn open_identity(
 /// Replica URLs (this replica's first) as the watch last saw them.
 pub async fn replica_urls(store: &EtcdStore, own: &str) -> Result<Vec<String>, StoreError> {
     let prefix = store.key("replicas/");
-    let mut kv = store.client().kv_client();
+    let mut kv = crate::store::etcd::kv_of(&store.client());
     let resp = kv
         .get(prefix, Some(GetOptions::new().with_prefix()))
         .await
@@ -232,6 +237,7 @@ pub async fn run_lease(
     let info = serde_json::to_vec(&ReplicaInfo {
         url,
         started_at_ms: crate::store::sqlite::now_ms(),
+        blob_store: s.blobs.store().describe(),
     })
     .unwrap_or_default();
     let mut lease_client = store.client().lease_client();
@@ -254,7 +260,7 @@ pub async fn run_lease(
                 }
             }
         };
-        let mut kv = store.client().kv_client();
+        let mut kv = crate::store::etcd::kv_of(&store.client());
         let reg = kv
             .put(
                 store.key(&format!("replicas/{}", store.replica())),
@@ -321,6 +327,10 @@ pub async fn run_lease(
                             Ok(n) => tracing::info!(documents = n, "pruned the oldest events"),
                             Err(e) => tracing::warn!(error = %e, "prune events"),
                         }
+                        // And the last-seen documents of replicas that are gone.
+                        if let Err(e) = store.prune_seen().await {
+                            tracing::warn!(error = %e, "prune last-seen documents");
+                        }
                     }
                     let changed = leader.send_if_modified(|l| std::mem::replace(l, is_leader) != is_leader);
                     if changed {
@@ -349,7 +359,7 @@ pub async fn run_lease(
 async fn campaign(store: &EtcdStore, lease: i64) -> Result<bool, etcd_client::Error> {
     let key = store.key("leader");
     let me = store.replica().as_bytes().to_vec();
-    let mut kv = store.client().kv_client();
+    let mut kv = crate::store::etcd::kv_of(&store.client());
     let resp = kv
         .txn(
             Txn::new()
@@ -376,115 +386,52 @@ async fn campaign(store: &EtcdStore, lease: i64) -> Result<bool, etcd_client::Er
 }
 
 /// Carries changes made through any replica to this one: agents' desired
-/// states, deleted nodes, rollout progress, the replica list.
+/// states, deleted nodes, rollout progress, the replica list. The watch
+/// itself (and the view copy it feeds) is the store's
+/// ([`EtcdStore::watch_changes`]); this wires what it reports to the agent
+/// streams, the rollout controller and the replica list.
 pub async fn run_watch(s: Arc<Shared>, store: EtcdStore, servers: watch::Sender<Vec<String>>) {
-    let own = s.server_url.clone();
-    let from = store.key("desired/");
-    // Everything from `desired/` up to and including `rollouts/`: desired,
-    // drive, events, identity, leader, meta, nodes, replicas, rollouts —
-    // but not blob chunks or the per-replica last-seen documents.
-    let to = store.key("rollouts0");
-    let mut next_rev: i64 = 0;
-    let mut warned = false;
-    loop {
-        if s.cancel.is_cancelled() {
-            return;
-        }
-        // (Re)start: everything may have changed while we were not looking.
-        if let Ok(urls) = replica_urls(&store, &own).await {
-            servers.send_if_modified(|v| std::mem::replace(v, urls.clone()) != urls);
-        }
-        let mut opts = WatchOptions::new().with_range(to.clone());
-        if next_rev > 0 {
-            opts = opts.with_start_revision(next_rev);
-        }
-        let mut wc = store.client().watch_client();
-        let mut stream = match wc.watch(from.clone(), Some(opts)).await {
-            Ok(w) => {
-                if warned {
-                    tracing::info!("etcd watch re-established");
-                    warned = false;
-                }
-                w
-            }
-            Err(e) => {
-                if !warned {
-                    tracing::warn!(error = %e, "etcd watch failed; retrying");
-                    warned = true;
+    let refresh = Arc::new(tokio::sync::Notify::new());
+    // The replica list is read on its own task: the watch's callback must
+    // not wait on etcd.
+    {
+        let (s, store, refresh) = (s.clone(), store.clone(), refresh.clone());
+        let own = s.server_url.clone();
+        s.tasks.clone().spawn(async move {
+            loop {
+                if let Ok(urls) = replica_urls(&store, &own).await {
+                    servers.send_if_modified(|v| std::mem::replace(v, urls.clone()) != urls);
                 }
                 tokio::select! {
                     _ = s.cancel.cancelled() => return,
-                    _ = tokio::time::sleep(CHECK) => continue,
+                    _ = refresh.notified() => {}
                 }
             }
-        };
-        if next_rev > 0 {
-            // Changes between the old watch and this one are replayed from
-            // next_rev; nothing else to do.
-        } else {
-            resync(&s);
-        }
-        loop {
-            let msg = tokio::select! {
-                _ = s.cancel.cancelled() => return,
-                m = stream.message() => m,
-            };
-            let resp = match msg {
-                Ok(Some(r)) => r,
-                Ok(None) | Err(_) => {
-                    if !warned {
-                        tracing::warn!("etcd watch ended; re-establishing");
-                        warned = true;
-                    }
-                    break;
-                }
-            };
-            if resp.compact_revision() > 0 {
-                // History we needed is gone: start over from now.
-                next_rev = 0;
-                break;
-            }
-            if resp.canceled() {
-                break;
-            }
-            let mut replicas_changed = false;
-            for ev in resp.events() {
-                let Some(kv) = ev.kv() else { continue };
-                next_rev = next_rev.max(kv.mod_revision() + 1);
-                let key = String::from_utf8_lossy(kv.key());
-                let Some(rest) = key.strip_prefix(store.prefix()) else {
-                    continue;
-                };
-                let deleted = ev.event_type() == EventType::Delete;
-                if let Some(node) = rest.strip_prefix("desired/") {
-                    if !deleted {
-                        s.hub.notify(node);
-                    }
-                } else if let Some(node) = rest.strip_prefix("nodes/") {
-                    if deleted {
-                        s.hub.kick(node);
-                    }
-                    s.rollouts_changed.notify_one();
-                } else if rest.starts_with("rollouts/") {
-                    s.rollout_updates.send_modify(|v| *v += 1);
-                    s.rollouts_changed.notify_one();
-                } else if rest.starts_with("replicas/") {
-                    replicas_changed = true;
-                    s.rollouts_changed.notify_one();
-                }
-            }
-            if let Some(h) = resp.header() {
-                next_rev = next_rev.max(h.revision() + 1);
-            }
-            if replicas_changed && let Ok(urls) = replica_urls(&store, &own).await {
-                servers.send_if_modified(|v| std::mem::replace(v, urls.clone()) != urls);
-            }
-        }
-        tokio::select! {
-            _ = s.cancel.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-        }
+        });
     }
+    store
+        .watch_changes(&s.cancel, |c| match c {
+            Change::Desired(node) => s.hub.notify(node),
+            Change::Node { name, deleted } => {
+                if deleted {
+                    s.hub.kick(name);
+                }
+                s.rollouts_changed.notify_one();
+            }
+            Change::Rollout => {
+                s.rollout_updates.send_modify(|v| *v += 1);
+                s.rollouts_changed.notify_one();
+            }
+            Change::Replicas => {
+                refresh.notify_one();
+                s.rollouts_changed.notify_one();
+            }
+            Change::Resync => {
+                refresh.notify_one();
+                resync(&s);
+            }
+        })
+        .await;
 }
 
 /// After a gap in the watch: every stream re-reads its desired state (it

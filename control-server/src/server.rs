@@ -21,7 +21,7 @@ use crate::admin::AdminApi;
 use crate::adminconf::{AdminConf, AdminConfError, AdminConfFile};
 use crate::admission::{HandshakeLimits, Handshakes, OpenGate};
 use crate::agent::AgentApi;
-use crate::blobs::{BlobError, BlobStore};
+use crate::blobs::{BlobChoice, BlobError, BlobStore, Blobs, EtcdChunks, LocalBlobs, LocalDirStore, S3Store};
 use crate::clusterca::ClusterCas;
 use crate::controller;
 use crate::hub::Hub;
@@ -64,8 +64,19 @@ pub struct Config {
     /// TTL of this replica's etcd lease: how long a dead replica's nodes
     /// still show connected and how long until another replica leads.
     pub lease_ttl: Duration,
-    /// Largest blob kept in etcd (`--store etcd`).
+    /// Where blobs are durable (`--blob-store`).
+    pub blob_store: BlobChoice,
+    /// Largest blob kept in etcd (`--blob-store etcd`).
     pub etcd_max_blob: u64,
+    /// How often the leader collects blobs no bundle version references
+    /// (`None`: never).
+    pub blob_gc_interval: Option<Duration>,
+    /// How long an unreferenced blob is kept after a publish claimed it
+    /// (longer than any publish takes).
+    pub blob_gc_grace: Duration,
+    /// How often a replica compares its load with the others' and moves
+    /// agents if it holds clearly more than its share (`None`: never).
+    pub rebalance_interval: Option<Duration>,
     /// URLs join lines name instead of the replicas' own addresses (a load
     /// balancer agents outside kube0 can reach).
     pub join_urls: Vec<String>,
@@ -101,7 +112,11 @@ impl Config {
             encryption_key_file: None,
             tls_sans: Vec::new(),
             lease_ttl: Duration::from_secs(10),
-            etcd_max_blob: crate::blobsync::DEFAULT_MAX_BLOB,
+            blob_store: BlobChoice::Default,
+            etcd_max_blob: crate::blobs::DEFAULT_MAX_BLOB,
+            blob_gc_interval: Some(crate::blobs::gc::DEFAULT_INTERVAL),
+            blob_gc_grace: crate::blobs::gc::DEFAULT_GRACE,
+            rebalance_interval: Some(crate::rebalance::DEFAULT_INTERVAL),
             join_urls: Vec::new(),
             handshakes: HandshakeLimits::default(),
             max_streams_opening: crate::admission::MAX_STREAMS_OPENING,
@@ -124,6 +139,9 @@ pub enum ServerError {
     Store(#[from] StoreError),
     #[error("open blob store: {0}")]
     Blobs(#[from] BlobError),
+    /// The blob store's check at start failed; the error names the store.
+    #[error("{0}")]
+    BlobStore(BlobError),
     #[error("write admin.conf: {0}")]
     AdminConf(#[from] AdminConfError),
     #[error("{0}")]
@@ -143,7 +161,8 @@ pub enum ServerError {
 /// State shared by every handler and background task.
 pub struct Shared {
     pub store: Arc<dyn Store>,
-    pub blobs: BlobStore,
+    /// Local blobs and the store where they are durable.
+    pub blobs: Blobs,
     /// What `GET /v1/agent-package/ARCH` serves.
     pub agent_packages: Arc<AgentPackages>,
     pub pki: Pki,
@@ -175,10 +194,6 @@ pub struct Shared {
     pub leader: watch::Receiver<bool>,
     /// Every replica's URL, this one's first (only this one, on SQLite).
     pub servers: watch::Receiver<Vec<String>>,
-    /// Serialises fetching blobs this replica lacks from etcd.
-    pub blob_fetch: tokio::sync::Mutex<()>,
-    /// Largest blob kept in etcd.
-    pub etcd_max_blob: u64,
     /// `--join-url`: what join lines name, if given.
     pub join_urls: Vec<String>,
     pub node_cert_ttl: Duration,
@@ -297,6 +312,12 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
 
     // Bad --agent-package files are refused before anything is created.
     let package_candidates = crate::packages::inspect_all(&cfg.agent_packages)?;
+    // So is a blob store that cannot be used: wrong endpoint, credentials
+    // or bucket. One line names it.
+    if let BlobChoice::S3(c) = &cfg.blob_store {
+        let s = S3Store::new(c).map_err(ServerError::BlobStore)?;
+        s.check().await.map_err(ServerError::BlobStore)?;
+    }
     let data_dir = cfg.data_dir.clone();
     // The data dir holds the CA key and admin credentials: owner only.
     std::fs::DirBuilder::new()
@@ -377,8 +398,27 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
     write_admin_conf(&conf_path, &conf, &known)?;
     tracing::info!(ca_cert_hash = %pki.ca_hash(), server = %server_url, "control server identity");
 
-    let blobs = BlobStore::open(&data_dir.join("blobs"))?;
-    let agent_packages = Arc::new(AgentPackages::import(package_candidates, &blobs).await?);
+    let local_blobs = LocalBlobs::open(&data_dir.join("blobs"))?;
+    let durable: Arc<dyn BlobStore> = match (&cfg.blob_store, &etcd) {
+        (BlobChoice::S3(c), _) => Arc::new(S3Store::new(c).map_err(ServerError::BlobStore)?),
+        (BlobChoice::Default | BlobChoice::Local, None) => Arc::new(LocalDirStore::new(local_blobs.clone())),
+        (BlobChoice::Default | BlobChoice::Etcd, Some(e)) => {
+            Arc::new(EtcdChunks::new(e.clone(), cfg.etcd_max_blob))
+        }
+        (BlobChoice::Local, Some(_)) => {
+            return Err(ServerError::Usage(
+                "--blob-store local keeps blobs on one replica's disk; with --store etcd use \
+                 --blob-store etcd or s3://BUCKET/PREFIX"
+                    .into(),
+            ));
+        }
+        (BlobChoice::Etcd, None) => {
+            return Err(ServerError::Usage("--blob-store etcd needs --store etcd".into()));
+        }
+    };
+    tracing::info!(blob_store = %durable.describe(), "blob store");
+    let agent_packages = Arc::new(AgentPackages::import(package_candidates, &local_blobs).await?);
+    let blobs = Blobs::new(local_blobs, durable);
 
     let cancel = shutdown.child_token();
     let (rollout_updates, _) = watch::channel(0);
@@ -396,8 +436,6 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         etcd: etcd.clone(),
         leader,
         servers,
-        blob_fetch: tokio::sync::Mutex::new(()),
-        etcd_max_blob: cfg.etcd_max_blob,
         join_urls: cfg.join_urls.clone(),
         blobs,
         agent_packages,
@@ -427,6 +465,20 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
             .spawn(metrics::serve(l, shared.metrics.clone(), cancel.clone()));
     }
     shared.tasks.spawn(flush_heartbeats(shared.clone()));
+    if let Some(interval) = cfg.blob_gc_interval {
+        let owner = etcd.as_ref().map(|e| e.replica().to_string()).unwrap_or_default();
+        let local_is_store = matches!(
+            (&cfg.blob_store, &etcd),
+            (BlobChoice::Default | BlobChoice::Local, None)
+        );
+        shared.tasks.spawn(collect_blobs(
+            shared.clone(),
+            owner,
+            interval,
+            cfg.blob_gc_grace,
+            local_is_store,
+        ));
+    }
     shared.tasks.spawn(controller::run(shared.clone(), rollout_inbox));
     if let Some(e) = &etcd {
         shared.tasks.spawn(replicas::run_lease(
@@ -439,6 +491,11 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         shared
             .tasks
             .spawn(replicas::run_watch(shared.clone(), e.clone(), servers_tx));
+        if let Some(every) = cfg.rebalance_interval {
+            shared
+                .tasks
+                .spawn(crate::rebalance::run(shared.clone(), e.clone(), every));
+        }
     } else {
         drop((leader_tx, servers_tx));
     }
@@ -571,6 +628,59 @@ fn write_admin_conf(path: &std::path::Path, conf: &AdminConf, urls: &[String]) -
 
 /// Writes buffered last-seen times every few seconds instead of once per
 /// heartbeat.
+/// Every `interval`: on the leading replica, one garbage-collector pass
+/// over the blob store (blobs/gc.rs); on every replica, its local copies
+/// that nothing references. The first pass runs soon after start, so a
+/// pass a crash interrupted is finished.
+async fn collect_blobs(
+    s: Arc<Shared>,
+    owner: String,
+    interval: Duration,
+    grace: Duration,
+    local_is_store: bool,
+) {
+    let mut next = tokio::time::Instant::now() + interval.min(Duration::from_secs(30));
+    loop {
+        tokio::select! {
+            _ = s.cancel.cancelled() => return,
+            _ = tokio::time::sleep_until(next) => {}
+        }
+        next = tokio::time::Instant::now() + interval;
+        let keep = s.agent_packages.list().iter().map(|p| p.digest).collect();
+        if *s.leader.borrow() {
+            match crate::blobs::gc::collect(
+                &s.blobs,
+                &*s.store,
+                &owner,
+                grace,
+                crate::store::sqlite::now_ms(),
+                &keep,
+            )
+            .await
+            {
+                Ok(pass) => {
+                    s.metrics.blob_collected(&pass);
+                    if pass.reclaimed > 0 {
+                        tracing::info!(
+                            reclaimed = pass.reclaimed,
+                            reclaimed_bytes = pass.reclaimed_bytes,
+                            held = pass.held,
+                            held_bytes = pass.held_bytes,
+                            "blob garbage collection"
+                        );
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "blob garbage collection failed; retrying next pass"),
+            }
+        }
+        if !local_is_store {
+            if let Err(e) = crate::blobs::gc::sweep_local(&s.blobs, &*s.store, &keep, grace).await {
+                tracing::warn!(error = %e, "sweep of local blob copies failed");
+            }
+        }
+    }
+}
+
 async fn flush_heartbeats(s: Arc<Shared>) {
     let mut tick = tokio::time::interval(HEARTBEAT_FLUSH);
     loop {

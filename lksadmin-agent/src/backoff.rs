@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-pub use lks_proto::backoff::{Backoff, retry_hint, unit_random};
+pub use lks_proto::backoff::{Backoff, Rotation, retry_hint, unit_random};
 use tokio_util::sync::CancellationToken;
 
 /// Sleeps for the next delay of `backoff`, at least `hint` if the server

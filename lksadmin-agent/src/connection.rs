@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::backoff::{self, Backoff, retry_hint};
+use crate::backoff::{self, Backoff, Rotation, retry_hint};
 use crate::client::{NodeCredentials, connect_node};
 use crate::clock::now_ms;
 use crate::config::StateDir;
@@ -56,6 +56,8 @@ enum End {
 struct Failed {
     reason: String,
     retry_after: Option<Duration>,
+    /// The replica a server that is rebalancing asked us to move to.
+    reconnect_to: Option<String>,
 }
 
 impl From<String> for Failed {
@@ -63,6 +65,7 @@ impl From<String> for Failed {
         Failed {
             reason,
             retry_after: None,
+            reconnect_to: None,
         }
     }
 }
@@ -72,55 +75,13 @@ impl Failed {
         Failed {
             reason: format!("{url}: {what}: {}", s.message()),
             retry_after: retry_hint(s),
+            reconnect_to: lks_proto::backoff::reconnect_hint(s),
         }
     }
 }
 
 /// A connection that lasted this long resets the backoff.
 const HEALTHY_SESSION: Duration = Duration::from_secs(30);
-
-/// Which server to try next, and when to back off: the next replica is
-/// tried at once after a failed attempt, and the backoff is waited only once
-/// every server has failed in turn, or after a session that was up (so a
-/// server that accepts and then drops the stream is not hammered). With one
-/// server this is plain reconnect-with-backoff.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Rotation {
-    len: usize,
-    current: usize,
-    /// Failed attempts since the last backoff.
-    failed: usize,
-}
-
-impl Rotation {
-    fn new(len: usize) -> Self {
-        Rotation {
-            len: len.max(1),
-            current: 0,
-            failed: 0,
-        }
-    }
-
-    fn current(&self) -> usize {
-        self.current
-    }
-
-    /// Moves on after the attempt at the current server ended; true if the
-    /// backoff is due before the next attempt.
-    fn advance(&mut self, was_connected: bool) -> bool {
-        self.current = (self.current + 1) % self.len;
-        if was_connected {
-            self.failed = 0;
-            return true;
-        }
-        self.failed += 1;
-        if self.failed >= self.len {
-            self.failed = 0;
-            return true;
-        }
-        false
-    }
-}
 
 fn out(m: Out) -> pb::AgentMessage {
     pb::AgentMessage { msg: Some(m) }
@@ -142,10 +103,10 @@ impl Connection {
             let mut connected = false;
             let res = self.session(&url, &cancel, &mut connected).await;
             self.channel.set(None);
-            let (reason, hint) = match res {
+            let (reason, hint, to) = match res {
                 Ok(End::Cancelled) => break,
-                Ok(End::Closed) => (format!("{url}: the server closed the stream"), None),
-                Err(f) => (f.reason, f.retry_after),
+                Ok(End::Closed) => (format!("{url}: the server closed the stream"), None, None),
+                Err(f) => (f.reason, f.retry_after, f.reconnect_to),
             };
             tracing::warn!("{reason}");
             self.conn_file.update(|c| {
@@ -157,8 +118,18 @@ impl Connection {
                 backoff.reset();
             }
             // A server that shed us names the wait; the other replicas are
-            // still worth a try at once.
-            if rotation.advance(connected) && !backoff::wait(&mut backoff, hint, &cancel).await {
+            // still worth a try at once. A replica that holds more than its
+            // share may name the one to go to: if it is in our list, that
+            // one is next (else the next in the list, as after any end).
+            let due = match to.and_then(|u| self.servers.iter().position(|s| *s == u)) {
+                Some(i) if connected => {
+                    tracing::info!(server = %self.servers[i], "moving to another replica, as the server asked");
+                    rotation.jump(i);
+                    true
+                }
+                _ => rotation.advance(connected),
+            };
+            if due && !backoff::wait(&mut backoff, hint, &cancel).await {
                 break;
             }
             if cancel.is_cancelled() {
@@ -281,54 +252,4 @@ fn report(snap: StatusSnapshot) -> pb::AgentMessage {
         generation: snap.generation,
         bundles: snap.bundles,
     }))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// `(server tried, backoff before the next)` for each outcome.
-    fn trace(len: usize, outcomes: &[bool]) -> Vec<(usize, bool)> {
-        let mut r = Rotation::new(len);
-        outcomes
-            .iter()
-            .map(|&connected| {
-                let at = r.current();
-                (at, r.advance(connected))
-            })
-            .collect()
-    }
-
-    #[test]
-    fn one_server_backs_off_after_every_attempt() {
-        assert_eq!(
-            trace(1, &[false, false, true, false]),
-            [(0, true), (0, true), (0, true), (0, true)]
-        );
-    }
-
-    #[test]
-    fn failures_go_round_the_list_then_back_off() {
-        assert_eq!(
-            trace(3, &[false, false, false, false, false, false]),
-            [
-                (0, false),
-                (1, false),
-                (2, true),
-                (0, false),
-                (1, false),
-                (2, true)
-            ]
-        );
-    }
-
-    #[test]
-    fn a_dropped_session_moves_on_and_starts_a_new_round() {
-        // Up on 1, dropped: back off, then 2, 0 and 1 each get a try before
-        // the next backoff.
-        assert_eq!(
-            trace(3, &[false, true, false, false, false]),
-            [(0, false), (1, true), (2, false), (0, false), (1, true)]
-        );
-    }
 }

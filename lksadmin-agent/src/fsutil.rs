@@ -126,7 +126,23 @@ pub fn encode_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<Vec<u8
 /// Parses what [`read_json`] read from `path` (named in the error only), so
 /// a fuzzer or test can feed the bytes without a file.
 pub fn parse_json<T: serde::de::DeserializeOwned>(path: &Path, bytes: &[u8]) -> Result<T, FsError> {
-    serde_json::from_slice(bytes).map_err(|e| FsError::new("parse", path, io::Error::other(e)))
+    serde_json::from_slice(bytes)
+        .map_err(|e| FsError::new("parse", path, io::Error::other(escape_controls(&e.to_string()))))
+}
+
+/// serde_json quotes the input in some errors (an unknown variant or field,
+/// a wrong string): control characters in it would break the one-line error
+/// into several, so they are shown escaped (`\n`, `\u{1b}`).
+fn escape_controls(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Reads a whole file; `Ok(None)` if it does not exist.
@@ -191,6 +207,25 @@ fn temp_sibling(path: &Path) -> PathBuf {
 mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
+
+    /// The fuzzer's find: an unknown variant quoted with a newline in it.
+    #[test]
+    fn a_parse_error_quoting_the_input_stays_on_one_line() {
+        let path = Path::new("/var/lib/lksadmin/state.json");
+        let err = parse_json::<serde_json::Value>(path, b"[1, 2").unwrap_err();
+        assert!(err.to_string().contains("/var/lib/lksadmin/state.json"));
+        #[derive(Debug, serde::Deserialize)]
+        #[serde(rename_all = "lowercase")]
+        enum Kind {
+            Absent,
+        }
+        let err = parse_json::<Kind>(path, br#""abs\nt\u001b""#)
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains(['\n', '\r', '\x1b']), "{err:?}");
+        assert!(err.contains("abs\\nt\\u{1b}"), "{err:?}");
+        assert!(err.contains("/var/lib/lksadmin/state.json"), "{err:?}");
+    }
 
     #[test]
     fn atomic_write_replaces_and_sets_mode() {

@@ -13,6 +13,10 @@ use std::time::Duration;
 /// milliseconds before it tries again (the gRPC retry-pushback name).
 pub const RETRY_PUSHBACK: &str = "grpc-retry-pushback-ms";
 
+/// Trailer with which a replica that holds more than its share of agents
+/// names the replica (one of the agent's own server URLs) to reconnect to.
+pub const RECONNECT_TO: &str = "lks-reconnect-to";
+
 #[derive(Clone, Debug)]
 pub struct Backoff {
     initial: Duration,
@@ -87,6 +91,20 @@ pub fn with_retry_hint(mut status: tonic::Status, after: Duration) -> tonic::Sta
     status
 }
 
+/// The replica a status asks the client to reconnect to, if any.
+pub fn reconnect_hint(status: &tonic::Status) -> Option<String> {
+    let url = status.metadata().get(RECONNECT_TO)?.to_str().ok()?.trim();
+    (!url.is_empty()).then(|| url.to_string())
+}
+
+/// `status` naming `url` as the replica to reconnect to.
+pub fn with_reconnect_hint(mut status: tonic::Status, url: &str) -> tonic::Status {
+    if let Ok(v) = url.parse() {
+        status.metadata_mut().insert(RECONNECT_TO, v);
+    }
+    status
+}
+
 /// A uniform random number in [0, 1) from the OS.
 pub fn unit_random() -> f64 {
     let mut b = [0u8; 8];
@@ -95,6 +113,63 @@ pub fn unit_random() -> f64 {
         return 0.5;
     }
     (u64::from_le_bytes(b) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Which server to try next, and when to back off: the next replica is
+/// tried at once after a failed attempt, and the backoff is waited only once
+/// every server has failed in turn, or after a session that was up (so a
+/// server that accepts and then drops the stream is not hammered). With one
+/// server this is plain reconnect-with-backoff.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rotation {
+    len: usize,
+    current: usize,
+    /// Failed attempts since the last backoff.
+    failed: usize,
+}
+
+impl Rotation {
+    pub fn new(len: usize) -> Self {
+        Rotation::starting_at(len, 0)
+    }
+
+    /// Server `start` first (a fleet that does not all try the first
+    /// server of the same list first).
+    pub fn starting_at(len: usize, start: usize) -> Self {
+        let len = len.max(1);
+        Rotation {
+            len,
+            current: start % len,
+            failed: 0,
+        }
+    }
+
+    pub fn current(&self) -> usize {
+        self.current
+    }
+
+    /// Goes to server `i` next (a replica the last one sent us to), as
+    /// after a session that was up.
+    pub fn jump(&mut self, i: usize) {
+        self.current = i % self.len;
+        self.failed = 0;
+    }
+
+    /// Moves on after the attempt at the current server ended; true if the
+    /// backoff is due before the next attempt.
+    pub fn advance(&mut self, was_connected: bool) -> bool {
+        self.current = (self.current + 1) % self.len;
+        if was_connected {
+            self.failed = 0;
+            return true;
+        }
+        self.failed += 1;
+        if self.failed >= self.len {
+            self.failed = 0;
+            return true;
+        }
+        false
+    }
 }
 
 #[cfg(test)]
@@ -135,10 +210,76 @@ mod tests {
     }
 
     #[test]
+    fn the_reconnect_hint_round_trips_through_a_status() {
+        let st = with_reconnect_hint(tonic::Status::unavailable("move"), "https://b:7443");
+        assert_eq!(reconnect_hint(&st).as_deref(), Some("https://b:7443"));
+        assert_eq!(reconnect_hint(&tonic::Status::unavailable("x")), None);
+    }
+
+    #[test]
     fn the_hint_round_trips_through_a_status() {
         let st = with_retry_hint(tonic::Status::unavailable("busy"), Duration::from_millis(2500));
         assert_eq!(retry_hint(&st), Some(Duration::from_millis(2500)));
         assert_eq!(st.message(), "busy");
         assert_eq!(retry_hint(&tonic::Status::unavailable("busy")), None);
+    }
+
+    /// `(server tried, backoff before the next)` for each outcome.
+    fn trace(len: usize, outcomes: &[bool]) -> Vec<(usize, bool)> {
+        let mut r = Rotation::new(len);
+        outcomes
+            .iter()
+            .map(|&connected| {
+                let at = r.current();
+                (at, r.advance(connected))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_server_backs_off_after_every_attempt() {
+        assert_eq!(
+            trace(1, &[false, false, true, false]),
+            [(0, true), (0, true), (0, true), (0, true)]
+        );
+    }
+
+    #[test]
+    fn failures_go_round_the_list_then_back_off() {
+        assert_eq!(
+            trace(3, &[false, false, false, false, false, false]),
+            [
+                (0, false),
+                (1, false),
+                (2, true),
+                (0, false),
+                (1, false),
+                (2, true)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_dropped_session_moves_on_and_starts_a_new_round() {
+        // Up on 1, dropped: back off, then 2, 0 and 1 each get a try before
+        // the next backoff.
+        assert_eq!(
+            trace(3, &[false, true, false, false, false]),
+            [(0, false), (1, true), (2, false), (0, false), (1, true)]
+        );
+    }
+
+    #[test]
+    fn a_move_goes_to_the_named_server_then_round_the_list() {
+        let mut r = Rotation::new(3);
+        r.advance(true);
+        assert_eq!(r.current(), 1);
+        // Told to move to 0: 0 is next; if it fails, 1 and 2 get a try.
+        r.jump(0);
+        assert_eq!(r.current(), 0);
+        assert!(!r.advance(false));
+        assert_eq!(r.current(), 1);
+        assert!(!r.advance(false));
+        assert!(r.advance(false), "every server failed in turn: back off");
     }
 }

@@ -246,6 +246,12 @@ impl Drop for Agent {
         if std::thread::panicking() {
             eprintln!("---- agent {} log ----\n{}", self.name, self.log());
         }
+        // Killed before the temp dir goes (fields drop in order, the dir
+        // first): a running agent writing into it made its removal fail
+        // and left the dir behind. Its log was printed above.
+        if let Some(p) = self.proc.as_mut() {
+            p.kill9();
+        }
     }
 }
 

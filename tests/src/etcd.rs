@@ -50,30 +50,14 @@ impl Etcd {
 
     fn spawn(&mut self) {
         self.starts += 1;
-        let mut cmd = Command::new(etcd_bin());
-        let client = self.url();
         let peer = format!("http://{}", self.peer);
-        cmd.arg("--name")
-            .arg("test")
-            .arg("--data-dir")
-            .arg(self.dir.path().join("data"))
-            .args([
-                "--listen-client-urls",
-                &client,
-                "--advertise-client-urls",
-                &client,
-            ])
-            .args([
-                "--listen-peer-urls",
-                &peer,
-                "--initial-advertise-peer-urls",
-                &peer,
-            ])
-            .arg("--initial-cluster")
-            .arg(format!("test={peer}"))
-            // Like a production etcd: keep an hour of history at most.
-            .args(["--auto-compaction-retention", "1"])
-            .env("ETCD_UNSUPPORTED_ARCH", std::env::consts::ARCH);
+        let cmd = member_command(
+            "test",
+            &self.dir.path().join("data"),
+            &self.url(),
+            &peer,
+            &format!("test={peer}"),
+        );
         let p = Proc::spawn(&format!("etcd-{}", self.starts), cmd, self.dir.path());
         self.proc = Some(p);
         wait_for_port(self.client, Duration::from_secs(20));
@@ -82,19 +66,18 @@ impl Etcd {
     /// A control-server replica on this etcd under `prefix`, with a short
     /// lease (3 s) so that tests see failover quickly; `extra` is appended.
     pub fn replica(&self, prefix: &str, extra: &[&str]) -> crate::server::Server {
-        let url = self.url();
-        let mut args = vec![
-            "--store",
-            "etcd",
-            "--etcd-endpoints",
-            &url,
-            "--etcd-prefix",
-            prefix,
-            "--lease-ttl",
-            "3s",
-        ];
-        args.extend_from_slice(extra);
-        crate::server::Server::start_with(&args)
+        self.replica_with_env(prefix, extra, &[])
+    }
+
+    /// Like [`Etcd::replica`], the server process getting `env` on top of
+    /// the test's environment.
+    pub fn replica_with_env(
+        &self,
+        prefix: &str,
+        extra: &[&str],
+        env: &[(String, String)],
+    ) -> crate::server::Server {
+        replica_on(&self.url(), prefix, extra, env)
     }
 
     /// SIGKILL: etcd lost without warning.
@@ -118,9 +101,29 @@ impl Etcd {
     /// JSON gateway (no etcdctl needed): an unchanged revision proves that
     /// nothing was written.
     pub fn revision_and_keys(&self) -> (u64, u64) {
-        use std::io::{Read, Write};
         // key = range_end = "\0": every key.
-        let body = r#"{"key":"AA==","range_end":"AA==","count_only":true}"#;
+        self.count_range(b"\0", b"\0")
+    }
+
+    /// How many keys start with `prefix` (`/lks/blobs/`, say).
+    pub fn keys_under(&self, prefix: &str) -> u64 {
+        let mut end = prefix.as_bytes().to_vec();
+        // The range end: the prefix with its last byte incremented.
+        let last = end.pop().expect("a non-empty prefix");
+        end.push(last + 1);
+        self.count_range(prefix.as_bytes(), &end).1
+    }
+
+    /// Revision and key count of the range `[key, range_end)`.
+    fn count_range(&self, key: &[u8], range_end: &[u8]) -> (u64, u64) {
+        use base64::Engine;
+        use std::io::{Read, Write};
+        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+        let body = format!(
+            r#"{{"key":"{}","range_end":"{}","count_only":true}}"#,
+            b64(key),
+            b64(range_end)
+        );
         let mut s = std::net::TcpStream::connect(self.client).expect("connect to etcd");
         s.set_read_timeout(Some(Duration::from_secs(5))).ok();
         write!(
@@ -141,4 +144,140 @@ impl Etcd {
     pub fn log(&self) -> String {
         self.proc.as_ref().map(Proc::log_text).unwrap_or_default()
     }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        // Killed (its log printed if the test failed) before the temp dir
+        // goes: fields drop in order, the dir first, and a running etcd
+        // may still write into it.
+        drop(self.proc.take());
+    }
+}
+
+/// One etcd member on loopback: its name, data dir, client and peer URLs,
+/// and `--initial-cluster`; an hour of history at most, like a production
+/// etcd.
+fn member_command(name: &str, data: &std::path::Path, client: &str, peer: &str, initial: &str) -> Command {
+    let mut cmd = Command::new(etcd_bin());
+    cmd.arg("--name")
+        .arg(name)
+        .arg("--data-dir")
+        .arg(data)
+        .args(["--listen-client-urls", client, "--advertise-client-urls", client])
+        .args(["--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer])
+        .args(["--initial-cluster", initial])
+        .args(["--auto-compaction-retention", "1"])
+        .env("ETCD_UNSUPPORTED_ARCH", std::env::consts::ARCH);
+    cmd
+}
+
+/// A throwaway etcd cluster of `n` members on loopback (Debian's
+/// etcd-server), as kube0 runs it: each member its own process, data dir
+/// and ports; killed and removed when dropped.
+pub struct EtcdCluster {
+    dir: tempfile::TempDir,
+    clients: Vec<SocketAddr>,
+    peers: Vec<SocketAddr>,
+    procs: Vec<Option<Proc>>,
+}
+
+impl EtcdCluster {
+    pub fn start(n: usize) -> EtcdCluster {
+        let mut c = EtcdCluster {
+            dir: tempfile::tempdir().expect("temp dir"),
+            clients: (0..n).map(|_| free_addr()).collect(),
+            peers: (0..n).map(|_| free_addr()).collect(),
+            procs: (0..n).map(|_| None).collect(),
+        };
+        for i in 0..n {
+            c.spawn(i);
+        }
+        for a in &c.clients {
+            wait_for_port(*a, Duration::from_secs(20));
+        }
+        c
+    }
+
+    fn spawn(&mut self, i: usize) {
+        let initial: Vec<String> = self
+            .peers
+            .iter()
+            .enumerate()
+            .map(|(k, p)| format!("m{k}=http://{p}"))
+            .collect();
+        let mut cmd = member_command(
+            &format!("m{i}"),
+            &self.dir.path().join(format!("m{i}")),
+            &format!("http://{}", self.clients[i]),
+            &format!("http://{}", self.peers[i]),
+            &initial.join(","),
+        );
+        cmd.args([
+            "--initial-cluster-state",
+            "new",
+            "--initial-cluster-token",
+            "lks-test",
+        ]);
+        self.procs[i] = Some(Proc::spawn(&format!("etcd-m{i}"), cmd, self.dir.path()));
+    }
+
+    /// Every member's client URL, comma-separated (`--etcd-endpoints`).
+    pub fn endpoints(&self) -> String {
+        self.clients
+            .iter()
+            .map(|a| format!("http://{a}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Member `i`'s process id (0 when it is not running).
+    pub fn pid(&self, i: usize) -> u32 {
+        self.procs[i].as_ref().map_or(0, Proc::pid)
+    }
+
+    /// SIGKILL member `i`: the cluster keeps its quorum with the others.
+    pub fn kill9(&mut self, i: usize) {
+        if let Some(p) = self.procs[i].as_mut() {
+            p.kill9();
+        }
+    }
+
+    /// A control-server replica on this cluster under `prefix` (short
+    /// lease, as [`Etcd::replica`]).
+    pub fn replica(&self, prefix: &str, extra: &[&str]) -> crate::server::Server {
+        replica_on(&self.endpoints(), prefix, extra, &[])
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        // The processes before their data dirs.
+        for p in &mut self.procs {
+            drop(p.take());
+        }
+    }
+}
+
+/// A control-server replica on the etcd at `endpoints` under `prefix`, with
+/// a short lease (3 s) so that tests see failover quickly; `extra` is
+/// appended and `env` added to the process's environment.
+fn replica_on(
+    endpoints: &str,
+    prefix: &str,
+    extra: &[&str],
+    env: &[(String, String)],
+) -> crate::server::Server {
+    let mut args = vec![
+        "--store",
+        "etcd",
+        "--etcd-endpoints",
+        endpoints,
+        "--etcd-prefix",
+        prefix,
+        "--lease-ttl",
+        "3s",
+    ];
+    args.extend_from_slice(extra);
+    crate::server::Server::start_with_env(&args, env)
 }

@@ -226,6 +226,7 @@ pub mod etcd;
 pub mod hostile;
 pub mod netns;
 pub mod rollout;
+pub mod s3;
 pub mod server;
 
 /// Random instants for the crash tests: xorshift64 seeded from the clock,
@@ -260,4 +261,19 @@ impl Default for KillTimer {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// `len` bytes that never repeat in a way a misplaced chunk could hide
+/// behind (xorshift64 from `seed`), unlike zeros or a short cycle.
+pub fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
 }

@@ -29,6 +29,9 @@ pub struct Server {
     pub addr: SocketAddr,
     pub metrics_addr: SocketAddr,
     args: Vec<String>,
+    /// Extra environment variables of the server process (credentials the
+    /// command line must not carry, say).
+    env: Vec<(String, String)>,
     proc: Option<Proc>,
     starts: u32,
     /// Prefix of every command this server runs (the daemon, `lksctl`,
@@ -58,6 +61,15 @@ impl Server {
         s
     }
 
+    /// Like [`Server::start_with`], the server process getting `env` on
+    /// top of the test's environment.
+    pub fn start_with_env(args: &[&str], env: &[(String, String)]) -> Server {
+        let mut s = Server::unstarted(args);
+        s.env = env.to_vec();
+        s.spawn();
+        s
+    }
+
     /// A server on ports picked now, with its own temp dir, not started.
     fn unstarted(args: &[&str]) -> Server {
         let dir = tempfile::tempdir().expect("create temp dir");
@@ -67,6 +79,7 @@ impl Server {
             addr: free_addr(),
             metrics_addr: free_addr(),
             args: args.iter().map(|s| s.to_string()).collect(),
+            env: Vec::new(),
             proc: None,
             starts: 0,
             wrapper: Vec::new(),
@@ -102,6 +115,7 @@ impl Server {
         let mut s = Server::unstarted(&[]);
         s.addr = addr;
         s.args = from.args.clone();
+        s.env = from.env.clone();
         copy_dir(&from.data_dir, &s.data_dir);
         // The copied admin.conf names `from`: wait for this server's own.
         std::fs::remove_file(s.admin_conf_path()).expect("remove the copied admin.conf");
@@ -148,6 +162,7 @@ impl Server {
             .arg("--metrics-listen")
             .arg(self.metrics_addr.to_string())
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("RUST_LOG", "info,lks_control_server=debug");
         let name = format!("lks-control-server-{}", self.starts);
         let p = Proc::spawn(&name, cmd, self.dir.path());

@@ -1,13 +1,17 @@
 //! `lks-loadgen --servers` (the HA rows of BENCHMARKS.md): simulated agents
 //! spread over two replicas on one throwaway etcd, a rollout started
 //! through the first reaches the agents on both, and each replica enrolled
-//! its share.
+//! its share; and the region shape of issue [scale-out] at CI size: a few
+//! hundred agents over three replicas on a three-member etcd, with the
+//! leading replica and an etcd member killed mid-rollout.
 
 use std::process::Command;
 
-use lks_e2e::etcd::Etcd;
+use std::time::Duration;
+
+use lks_e2e::etcd::{Etcd, EtcdCluster};
 use lks_e2e::server::Server;
-use lks_e2e::{bin, ok_stdout, run};
+use lks_e2e::{bin, ok_stdout, run, wait_until};
 
 fn replica(etcd: &Etcd) -> Server {
     etcd.replica("/lks-test-loadgen/", &[])
@@ -47,6 +51,182 @@ fn loadgen_spreads_agents_over_the_replicas() {
             enrolled_ok(s),
             "lks_enrollments_total{result=\"ok\"} 3",
             "each replica enrolled half the agents"
+        );
+    }
+}
+
+/// A child process killed if the test fails before it is waited for.
+struct KillOnDrop(Option<std::process::Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Agents held, per /metrics (`lks_connected_agents`).
+fn connected(s: &Server) -> u64 {
+    s.http_get("/metrics")
+        .lines()
+        .find_map(|l| l.strip_prefix("lks_connected_agents "))
+        .map_or(0, |v| v.trim().parse().expect("a number"))
+}
+
+/// The failover part of a load generator's report, checked: `n` agents,
+/// every one back on a survivor (`dead` is the killed replica's index),
+/// no auth errors, none sent the version twice.
+fn check_failover(report: &serde_json::Value, n: i64, dead: usize) {
+    let f = &report["failover"];
+    assert_eq!(report["errors"], 0, "{report}");
+    assert_eq!(report["auth_errors"], 0, "{report}");
+    assert_eq!(report["assigned_twice"], 0, "{report}");
+    let before: Vec<i64> = serde_json::from_value(f["held_before"].clone()).unwrap();
+    let after: Vec<i64> = serde_json::from_value(f["held_after"].clone()).unwrap();
+    assert_eq!(before.iter().sum::<i64>(), n, "{report}");
+    assert!(before[dead] > 0, "the killed replica held agents: {report}");
+    assert_eq!(after[dead], 0, "nobody is on the dead replica: {report}");
+    assert_eq!(after.iter().sum::<i64>(), n, "every agent is back: {report}");
+    assert!(
+        f["reconnected"].as_i64() >= Some(before[dead]),
+        "the dead replica's agents reconnected: {report}"
+    );
+    assert!(f["all_back_seconds"].is_number(), "{report}");
+    assert_eq!(f["auth_errors"], 0, "{report}");
+}
+
+/// [scale-out] item 6, in two load generator processes as the benchmark
+/// runs a fleet larger than one process may hold: 2 × 150 simulated agents
+/// in three clusters over three replicas on a three-member etcd; a rollout
+/// of a 20-file bundle in each cluster, in batches of 50; once 30 % of its agents have it, the
+/// first process SIGKILLs the leading replica and one etcd member and tells
+/// the second. The rollout completes on the survivors, every agent of the
+/// dead replica is back on a survivor, none was refused for its
+/// credentials and none was sent the version twice.
+#[test]
+fn three_hundred_agents_ride_out_the_leader_and_an_etcd_member_dying_mid_rollout() {
+    let etcd = EtcdCluster::start(3);
+    let prefix = "/lks-test-region-lg/";
+    let r1 = etcd.replica(prefix, &[]);
+    wait_until(Duration::from_secs(15), "r1 elected", || {
+        r1.log().contains("elected: this replica drives rollouts")
+    });
+    let r2 = etcd.replica(prefix, &[]);
+    let r3 = etcd.replica(prefix, &[]);
+    let servers = format!("{},{},{}", r1.url(), r2.url(), r3.url());
+    let loadgen = |agents: &str| {
+        let mut cmd = Command::new(bin("lks-loadgen"));
+        cmd.arg("--config")
+            .arg(r2.admin_conf_path())
+            .args([
+                "--cluster",
+                "region",
+                "--clusters",
+                "3",
+                "--agents",
+                agents,
+                "-o",
+                "json",
+            ])
+            .args(["--keep-nodes", "--servers", &servers]);
+        cmd
+    };
+    // The second process: holds its agents until told to stop.
+    let mut other = loadgen("150");
+    let mut other = KillOnDrop(Some(
+        other
+            .args(["--hold", "600"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("start the second lks-loadgen"),
+    ));
+    let other_pid = other.0.as_ref().unwrap().id();
+    let victims = format!("{},{}", r1.pid(), etcd.pid(0));
+    let mut first = loadgen("150");
+    first
+        .args([
+            "--rollout",
+            "--files",
+            "20",
+            "--batch-size",
+            "50",
+            "--rollout-after-nodes",
+            "300",
+        ])
+        .args(["--kill-mid-rollout", &victims, "--kill-at", "0.3"])
+        .args([
+            "--notify-at-kill",
+            &other_pid.to_string(),
+            "--rollout-timeout",
+            "180",
+        ]);
+    let out = ok_stdout(&run(first), "lks-loadgen --kill-mid-rollout");
+    let report: serde_json::Value = serde_json::from_str(&out).expect("loadgen JSON");
+    eprintln!("{}", report["failover"]);
+    assert_eq!(
+        report["fanout"]["count"], 150,
+        "every agent got the version: {report}"
+    );
+    assert!(
+        report["failover"]["rollout_done_after_kill_seconds"].is_number(),
+        "{report}"
+    );
+    check_failover(&report, 150, 0);
+
+    // The first has ended its agents' streams; the second's are all on
+    // the survivors.
+    let mut held = (0, 0);
+    let t = std::time::Instant::now();
+    while held.0 + held.1 != 150 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "150 agents on the survivors: {held:?}\n{}",
+            r2.http_get("/metrics")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        held = (connected(&r2), connected(&r3));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(other_pid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM the second lks-loadgen");
+    let out = other
+        .0
+        .take()
+        .unwrap()
+        .wait_with_output()
+        .expect("the second lks-loadgen");
+    assert!(out.status.success(), "second lks-loadgen: {:?}", out.status);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("loadgen JSON");
+    eprintln!("{}", report["failover"]);
+    assert_eq!(
+        report["failover"]["killed_pids"],
+        serde_json::json!([]),
+        "{report}"
+    );
+    check_failover(&report, 150, 0);
+
+    // A survivor says so too (the load generators have ended the streams):
+    // every node has the version applied and nothing else.
+    let nodes = r3.lksctl_json(&["node", "list"]);
+    let nodes = nodes.as_array().expect("a JSON array");
+    assert_eq!(nodes.len(), 300);
+    for k in 0..3 {
+        let cluster = format!("region-{k}");
+        let in_it = nodes.iter().filter(|n| n["cluster"] == cluster.as_str()).count();
+        assert_eq!(in_it, 100, "agents spread over the clusters");
+    }
+    for node in nodes {
+        let b = node["bundles"].as_array().expect("bundles");
+        assert_eq!(b.len(), 1, "{node}");
+        assert_eq!(
+            (&b[0]["version"], &b[0]["state"]),
+            (&"1".into(), &"applied".into()),
+            "{node}"
         );
     }
 }

@@ -18,9 +18,11 @@
 //! | `active/CLUSTER/BUNDLE`           | the id of the one active rollout, if any      |
 //! | `drive/ID`                        | present while the rollout needs driving       |
 //! | `events/MS-NONCE`                 | the events one change recorded                |
-//! | `blobs/DIGEST/meta`, `…/c/N`      | blob bytes in chunks ([`super::super::blobsync`]) |
+//! | `blobs/DIGEST/meta`, `…/c/N`      | blob bytes in chunks (`--blob-store etcd`, [`crate::blobs::EtcdChunks`]) |
+//! | `blobrecs/DIGEST`                 | a blob in the blob store: size, last claim, a collector's `deleting` mark (under its lease) |
 //! | `identity`                        | CA and admin credential (keys sealed if asked) |
-//! | `replicas/ID`, `seen/ID`, `leader`| per-replica state under the replica's lease   |
+//! | `replicas/ID`, `load/ID`, `leader`| per-replica state under the replica's lease (`load/ID`: agents held, [`crate::rebalance`]) |
+//! | `seen/ID`                         | last-seen times of the nodes heard on replica ID |
 //!
 //! Every change is one etcd transaction whose compares name the
 //! `mod_revision` of each document it was computed from (absent documents:
@@ -34,8 +36,11 @@
 //! Connection state is not written per heartbeat: a node document names the
 //! replica its stream is on, and it counts as connected while that
 //! replica's lease-bound key `replicas/ID` exists. Last-seen times are
-//! gathered per replica and written as one document (`seen/ID`, bound to
-//! the lease) per flush interval.
+//! gathered per replica and written as one document (`seen/ID`) per flush
+//! interval. That document outlives its replica, so a hard kill loses no
+//! last-seen time; the leader trims a dead replica's document to the nodes
+//! no live replica has heard since, and deletes it once none is left
+//! ([`EtcdStore::prune_seen`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -50,8 +55,19 @@ use lks_proto::labels::{Labels, selector_matches};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+mod blobrecs;
+mod bundledocs;
+mod cache;
 mod clusters;
 mod import;
+mod limits;
+mod start;
+mod status;
+
+use limits::{MAX_DECISION_BYTES, worst_decision_bytes};
+pub use limits::{MAX_RESPONSE_BYTES, kv_of, watch_of};
+
+pub use cache::Change;
 
 use super::sqlite::now_ms;
 use super::*;
@@ -96,8 +112,17 @@ pub struct EtcdStore {
     replica: String,
     /// Last-seen times of the nodes heard on this replica (for `seen/ID`).
     seen: Arc<Mutex<HashMap<String, i64>>>,
-    /// The lease `seen/ID` is written under (0: none yet).
+    /// The lease this replica's keys are written under (0: none yet).
     lease: Arc<Mutex<i64>>,
+    /// The watch-fed copy rollout views are read from (`cache.rs`).
+    cache: Arc<cache::ViewCache>,
+    /// The newest revision this replica's own transactions wrote: a view
+    /// read from the copy waits for it (read-your-writes).
+    written: Arc<std::sync::atomic::AtomicI64>,
+    /// Status reports waiting for their batch (`status.rs`).
+    statuses: Arc<status::StatusQueue>,
+    /// Signed bundles as last read (`bundledocs.rs`).
+    bundle_docs: Arc<bundledocs::BundleDocs>,
 }
 
 /// etcd could not be reached or had no quorum: `Unavailable`, which the
@@ -119,6 +144,68 @@ fn unavailable(e: etcd_client::Error) -> StoreError {
         StoreError::Unavailable(format!("etcd: {e}"))
     } else {
         StoreError::Backend(format!("etcd: {e}"))
+    }
+}
+
+/// How often the etcd members' client ports are probed.
+const ENDPOINT_PROBE: Duration = Duration::from_secs(1);
+
+/// Takes an etcd member whose client port refuses connections out of the
+/// client's balanced channel, and puts it back once it answers again. The
+/// channel alone keeps sending a share of requests to a dead member, each
+/// failing `unavailable` (the region test in `tests/tests/ha.rs`). The last
+/// member standing is never taken out. Ends when the store is dropped
+/// (`alive` is its view copy).
+async fn watch_endpoints(client: Client, endpoints: Vec<String>, alive: std::sync::Weak<cache::ViewCache>) {
+    let mut out: BTreeSet<String> = BTreeSet::new();
+    loop {
+        tokio::time::sleep(ENDPOINT_PROBE).await;
+        if alive.upgrade().is_none() {
+            return;
+        }
+        for e in &endpoints {
+            let hostport = e
+                .split("://")
+                .nth(1)
+                .unwrap_or(e)
+                .trim_end_matches('/')
+                .to_string();
+            let up = matches!(
+                tokio::time::timeout(
+                    Duration::from_millis(500),
+                    tokio::net::TcpStream::connect(&hostport)
+                )
+                .await,
+                Ok(Ok(_))
+            );
+            if !up && !out.contains(e) && out.len() + 1 < endpoints.len() {
+                if client.remove_endpoint(e).await.is_ok() {
+                    tracing::warn!(endpoint = %e, "etcd member unreachable: no requests go there until it answers");
+                    out.insert(e.clone());
+                }
+            } else if up && out.contains(e) && client.add_endpoint(e).await.is_ok() {
+                tracing::info!(endpoint = %e, "etcd member answers again");
+                out.remove(e);
+            }
+        }
+    }
+}
+
+/// What a rollout of `bundle` needs to know of node `name`.
+fn node_view(
+    bundle: &str,
+    name: &str,
+    doc: &NodeDoc,
+    desired: Option<&DesiredDoc>,
+    live: &Liveness,
+) -> NodeBundleView {
+    NodeBundleView {
+        desired: desired.and_then(|d| d.bundles.get(bundle).cloned()),
+        actual: doc.actual.get(bundle).map(|a| actual_row(bundle, a)),
+        last_seen_ms: live.last_seen(name, doc),
+        connected: live.connected(doc),
+        held: doc.hold.is_some(),
+        facts_json: doc.facts_json.clone(),
     }
 }
 
@@ -430,6 +517,27 @@ fn actual_doc(s: &BundleStatusRow) -> ActualDoc {
     }
 }
 
+/// The answers of a transaction of `wanted` reads, in order; an error if
+/// etcd answered anything else.
+fn read_answers(resp: etcd_client::TxnResponse, wanted: usize) -> Result<Vec<etcd_client::GetResponse>> {
+    let answers = resp.op_responses();
+    if answers.len() != wanted {
+        return Err(StoreError::Backend(format!(
+            "etcd answered {} of {wanted} reads",
+            answers.len()
+        )));
+    }
+    answers
+        .into_iter()
+        .map(|r| match r {
+            etcd_client::TxnOpResponse::Get(g) => Ok(g),
+            _ => Err(StoreError::Backend(
+                "etcd answered a read with something else".into(),
+            )),
+        })
+        .collect()
+}
+
 /// A document read as JSON, as its type.
 fn typed<T: DeserializeOwned>(key: &str, d: Option<Doc<serde_json::Value>>) -> Result<Doc<T>> {
     match d {
@@ -513,9 +621,13 @@ impl EtcdStore {
             replica: replica.to_string(),
             seen: Arc::default(),
             lease: Arc::default(),
+            cache: Arc::default(),
+            written: Arc::default(),
+            statuses: Arc::default(),
+            bundle_docs: Arc::default(),
         };
         // A get proves etcd answers (a dial alone is lazy).
-        let mut kv = store.client.kv_client();
+        let mut kv = crate::store::etcd::kv_of(&store.client);
         tokio::time::timeout(CALL_TIMEOUT, kv.get(store.key("meta/generation"), None))
             .await
             .map_err(|_| {
@@ -526,6 +638,13 @@ impl EtcdStore {
                 ))
             })?
             .map_err(|e| StoreError::Unavailable(format!("etcd at {}: {e}", cfg.endpoints.join(","))))?;
+        if cfg.endpoints.len() > 1 {
+            tokio::spawn(watch_endpoints(
+                store.client.clone(),
+                cfg.endpoints.clone(),
+                Arc::downgrade(&store.cache),
+            ));
+        }
         Ok(store)
     }
 
@@ -553,7 +672,7 @@ impl EtcdStore {
     }
 
     async fn get_raw(&self, key: &str) -> Result<Option<(Vec<u8>, i64)>> {
-        let mut kv = self.client.kv_client();
+        let mut kv = crate::store::etcd::kv_of(&self.client);
         let resp = kv.get(key, None).await.map_err(unavailable)?;
         Ok(resp
             .kvs()
@@ -577,22 +696,9 @@ impl EtcdStore {
         let mut out = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(128) {
             let ops: Vec<TxnOp> = chunk.iter().map(|k| TxnOp::get(k.clone(), None)).collect();
-            let mut kv = self.client.kv_client();
+            let mut kv = crate::store::etcd::kv_of(&self.client);
             let resp = kv.txn(Txn::new().and_then(ops)).await.map_err(unavailable)?;
-            let answers = resp.op_responses();
-            if answers.len() != chunk.len() {
-                return Err(StoreError::Backend(format!(
-                    "etcd answered {} of {} reads",
-                    answers.len(),
-                    chunk.len()
-                )));
-            }
-            for (key, r) in chunk.iter().zip(answers) {
-                let etcd_client::TxnOpResponse::Get(g) = r else {
-                    return Err(StoreError::Backend(
-                        "etcd answered a read with something else".into(),
-                    ));
-                };
+            for (key, g) in chunk.iter().zip(read_answers(resp, chunk.len())?) {
                 out.push(match g.kvs().first() {
                     None => Doc { value: None, rev: 0 },
                     Some(kv) => Doc {
@@ -607,7 +713,7 @@ impl EtcdStore {
 
     /// Every document under `prefix` (a full key prefix), by key suffix.
     async fn range<T: DeserializeOwned>(&self, prefix: &str) -> Result<Vec<(String, T, i64)>> {
-        let mut kv = self.client.kv_client();
+        let mut kv = crate::store::etcd::kv_of(&self.client);
         let resp = kv
             .get(prefix, Some(GetOptions::new().with_prefix()))
             .await
@@ -622,7 +728,7 @@ impl EtcdStore {
     }
 
     async fn keys(&self, prefix: &str) -> Result<Vec<String>> {
-        let mut kv = self.client.kv_client();
+        let mut kv = crate::store::etcd::kv_of(&self.client);
         let resp = kv
             .get(prefix, Some(GetOptions::new().with_prefix().with_keys_only()))
             .await
@@ -636,11 +742,16 @@ impl EtcdStore {
 
     /// Runs one transaction; true if its compares held.
     async fn txn(&self, compares: Vec<Compare>, ops: Vec<TxnOp>) -> Result<bool> {
-        let mut kv = self.client.kv_client();
+        let mut kv = crate::store::etcd::kv_of(&self.client);
         let resp = kv
             .txn(Txn::new().when(compares).and_then(ops))
             .await
             .map_err(unavailable)?;
+        if resp.succeeded()
+            && let Some(h) = resp.header()
+        {
+            self.wrote(h.revision());
+        }
         Ok(resp.succeeded())
     }
 
@@ -709,7 +820,7 @@ impl EtcdStore {
         let drop = keys.len() - keep;
         // Keys sort by time: delete [first, the first one kept).
         let end = format!("{prefix}{}", keys[drop]);
-        let mut kv = self.client.kv_client();
+        let mut kv = crate::store::etcd::kv_of(&self.client);
         kv.delete(
             format!("{prefix}{}", keys[0]),
             Some(etcd_client::DeleteOptions::new().with_range(end)),
@@ -719,7 +830,46 @@ impl EtcdStore {
         Ok(drop)
     }
 
-    /// Writes this replica's gathered last-seen times as one document.
+    /// Trims the `seen/ID` documents of replicas that are gone (no
+    /// `replicas/ID`) to the nodes that still exist and that no live
+    /// replica has heard from since, deleting a document left empty.
+    /// Returns how many documents were deleted.
+    pub async fn prune_seen(&self) -> Result<usize> {
+        let live: BTreeSet<String> = self.keys(&self.key("replicas/")).await?.into_iter().collect();
+        let nodes: BTreeSet<String> = self.keys(&self.key("nodes/")).await?.into_iter().collect();
+        let docs = self.range::<HashMap<String, i64>>(&self.key("seen/")).await?;
+        let mut heard: HashMap<&str, i64> = HashMap::new();
+        for (_, map, _) in docs.iter().filter(|(id, _, _)| live.contains(id)) {
+            for (n, t) in map {
+                let e = heard.entry(n.as_str()).or_default();
+                *e = (*e).max(*t);
+            }
+        }
+        let mut deleted = 0;
+        for (id, map, rev) in docs.iter().filter(|(id, _, _)| !live.contains(id)) {
+            let kept: HashMap<&String, &i64> = map
+                .iter()
+                .filter(|(n, t)| nodes.contains(*n) && heard.get(n.as_str()).is_none_or(|h| h < *t))
+                .collect();
+            if kept.len() == map.len() {
+                continue;
+            }
+            let key = self.key(&format!("seen/{id}"));
+            let at = Compare::mod_revision(key.clone(), CompareOp::Equal, *rev);
+            let op = if kept.is_empty() {
+                deleted += 1;
+                TxnOp::delete(key, None)
+            } else {
+                TxnOp::put(key, json(&kept)?, None)
+            };
+            // Lost to a concurrent trim: the next pass looks again.
+            self.txn(vec![at], vec![op]).await?;
+        }
+        Ok(deleted)
+    }
+
+    /// Writes this replica's gathered last-seen times as one document,
+    /// not under the lease: it outlives a replica killed hard.
     async fn flush_seen(&self) -> Result<()> {
         let (map, lease) = {
             let seen = self
@@ -735,14 +885,10 @@ impl EtcdStore {
         if lease == 0 {
             return Ok(());
         }
-        let mut kv = self.client.kv_client();
-        kv.put(
-            self.key(&format!("seen/{}", self.replica)),
-            map,
-            Some(PutOptions::new().with_lease(lease)),
-        )
-        .await
-        .map_err(unavailable)?;
+        let mut kv = crate::store::etcd::kv_of(&self.client);
+        kv.put(self.key(&format!("seen/{}", self.replica)), map, None)
+            .await
+            .map_err(unavailable)?;
         Ok(())
     }
 
@@ -755,7 +901,7 @@ impl EtcdStore {
     /// stored afterwards (ours, or the one another replica stored first).
     pub async fn create_once(&self, rest: &str, value: Vec<u8>) -> Result<Vec<u8>> {
         let key = self.key(rest);
-        let mut kv = self.client.kv_client();
+        let mut kv = crate::store::etcd::kv_of(&self.client);
         let resp = kv
             .txn(
                 Txn::new()
@@ -790,7 +936,7 @@ impl EtcdStore {
 
     /// Puts raw bytes (content-addressed data that needs no compare).
     pub async fn put_bytes(&self, rest: &str, value: Vec<u8>) -> Result<()> {
-        let mut kv = self.client.kv_client();
+        let mut kv = crate::store::etcd::kv_of(&self.client);
         kv.put(self.key(rest), value, None).await.map_err(unavailable)?;
         Ok(())
     }
@@ -806,7 +952,7 @@ impl EtcdStore {
     /// the node had. Concurrent enrolments and rollouts therefore never
     /// contend on a shared key.
     async fn next_generation(&self) -> Result<u64> {
-        let mut kv = self.client.kv_client();
+        let mut kv = crate::store::etcd::kv_of(&self.client);
         let resp = kv
             .get(self.key("meta/generation"), None)
             .await
@@ -1239,7 +1385,7 @@ impl Store for EtcdStore {
             // A running or paused rollout of the cluster takes the joiner in
             // too: it starts on the current target and waits for its turn.
             let aprefix = self.key(&format!("active/{}/", n.cluster));
-            let mut kv = self.client.kv_client();
+            let mut kv = crate::store::etcd::kv_of(&self.client);
             let active = kv
                 .get(aprefix.clone(), Some(GetOptions::new().with_prefix()))
                 .await
@@ -1475,38 +1621,7 @@ impl Store for EtcdStore {
     }
 
     async fn record_status(&self, name: &str, statuses: Vec<BundleStatusRow>) -> Result<()> {
-        for _ in 0..MAX_ATTEMPTS {
-            let nkey = self.key(&format!("nodes/{name}"));
-            let dkey = self.key(&format!("desired/{name}"));
-            // Both documents in one round trip.
-            let pair = self
-                .get_many::<serde_json::Value>(&[nkey.clone(), dkey.clone()])
-                .await?;
-            let mut it = pair.into_iter();
-            let (n_raw, d_raw) = (it.next(), it.next());
-            let doc: Doc<NodeDoc> = typed(&nkey, n_raw)?;
-            let desired: Doc<DesiredDoc> = typed(&dkey, d_raw)?;
-            let Some(mut d) = doc.value.clone() else {
-                return Ok(());
-            };
-            let wanted = desired.value.clone().unwrap_or_default().bundles;
-            for s in &statuses {
-                d.actual.insert(s.name.clone(), actual_doc(s));
-            }
-            // Left out of the report and no longer desired: removed.
-            d.actual
-                .retain(|b, _| wanted.contains_key(b) || statuses.iter().any(|s| s.name == *b));
-            if self
-                .txn(
-                    vec![doc.compare(&nkey), desired.compare(&dkey)],
-                    vec![TxnOp::put(nkey, json(&d)?, None)],
-                )
-                .await?
-            {
-                return Ok(());
-            }
-        }
-        Err(busy("record status"))
+        self.record_status_batched(name, statuses).await
     }
 
     async fn touch_nodes(&self, seen: Vec<(String, i64)>) -> Result<()> {
@@ -1604,15 +1719,16 @@ impl Store for EtcdStore {
             .iter()
             .map(|(b, v)| self.key(&format!("bundles/{b}/{v}")))
             .collect();
-        let docs = self.get_many::<BundleDoc>(&keys).await?;
+        // Copies of the signed bundles when etcd still has those documents.
+        let signed = self.signed_bundles(&keys).await?;
         let mut bundles = Vec::with_capacity(d.bundles.len());
-        for ((key, doc), (b, v)) in keys.iter().zip(docs).zip(&d.bundles) {
-            let Some(doc) = doc.value else {
+        for (doc, (b, v)) in signed.into_iter().zip(&d.bundles) {
+            let Some(doc) = doc else {
                 return Err(StoreError::Backend(format!(
                     "desired bundle {b}@{v} of node {node} is missing"
                 )));
             };
-            bundles.push(hex::decode(&doc.signed_bundle).map_err(|e| corrupt(key, e))?);
+            bundles.push(Vec::clone(&doc));
         }
         Ok(DesiredState {
             generation: d.generation,
@@ -1681,109 +1797,7 @@ impl Store for EtcdStore {
     }
 
     async fn start_rollout(&self, r: NewRollout) -> Result<RolloutRow> {
-        for _ in 0..MAX_ATTEMPTS {
-            if !self.cluster_exists(&r.cluster).await? {
-                return Err(StoreError::NotFound(format!(
-                    "cluster {} does not exist",
-                    r.cluster
-                )));
-            }
-            if self.get_bundle(&r.bundle, &r.version).await?.is_none() {
-                return Err(StoreError::NotFound(format!(
-                    "bundle {}@{} is not published; publish it with `lksctl bundle publish DIR`",
-                    r.bundle, r.version
-                )));
-            }
-            let akey = self.key(&format!("active/{}/{}", r.cluster, r.bundle));
-            if let Some((other, _)) = self.get_raw(&akey).await? {
-                let other = String::from_utf8_lossy(&other).into_owned();
-                let state = self
-                    .get::<RolloutDoc>(&self.key(&format!("rollouts/{other}")))
-                    .await?
-                    .value
-                    .map_or_else(|| "running".to_string(), |d| d.state);
-                return Err(super::still_active(&r.cluster, &r.bundle, &other, &state));
-            }
-            // Node membership is compared as a range: a node enrolled
-            // meanwhile makes the start read again (or the enrolment adds
-            // it, since the active marker is written here).
-            let nprefix = self.key("nodes/");
-            let mut kv = self.client.kv_client();
-            let resp = kv
-                .get(nprefix.clone(), Some(GetOptions::new().with_prefix()))
-                .await
-                .map_err(unavailable)?;
-            let read_rev = resp.header().map_or(0, |h| h.revision());
-            let desired: HashMap<String, DesiredDoc> = self
-                .range::<DesiredDoc>(&self.key("desired/"))
-                .await?
-                .into_iter()
-                .map(|(k, v, _)| (k, v))
-                .collect();
-            let mut nodes = Vec::new();
-            for item in resp.kvs() {
-                let key = String::from_utf8_lossy(item.key()).into_owned();
-                let name = key[nprefix.len()..].to_string();
-                let d: NodeDoc = serde_json::from_slice(item.value()).map_err(|e| corrupt(&key, e))?;
-                if d.cluster == r.cluster && selector_matches(&r.selector, &d.labels) {
-                    let previous = desired
-                        .get(&name)
-                        .and_then(|x| x.bundles.get(&r.bundle).cloned())
-                        .unwrap_or_default();
-                    nodes.push(RolloutNodeRow::waiting(&name, &previous));
-                }
-            }
-            nodes.sort_by(|a, b| a.name.cmp(&b.name));
-            let batch_size = if r.batch_size == 0 {
-                crate::rollout::default_batch_size(nodes.len())
-            } else {
-                r.batch_size
-            };
-            let tkey = self.key(&format!("targets/{}/{}", r.cluster, r.bundle));
-            let target: Doc<TargetDoc> = self.get(&tkey).await?;
-            let row = RolloutRow {
-                id: r.id.clone(),
-                cluster: r.cluster.clone(),
-                bundle: r.bundle.clone(),
-                version: r.version.clone(),
-                selector: r.selector.clone(),
-                batch_size,
-                failure_threshold: r.failure_threshold,
-                offline_deadline_ms: r.offline_deadline_ms,
-                state: RolloutState::Running,
-                created_at_ms: r.now_ms,
-                updated_at_ms: r.now_ms,
-                message: String::new(),
-                revision: 0,
-                previous_target: target.value.clone().map(|t| Target {
-                    version: t.version,
-                    selector: t.selector,
-                    rollout_id: t.rollout_id,
-                }),
-                nodes,
-                policy: r.policy.clone(),
-                pacing: RolloutPacing::default(),
-            };
-            let rkey = self.key(&format!("rollouts/{}", r.id));
-            let mut ops = vec![
-                TxnOp::put(akey.clone(), r.id.as_bytes().to_vec(), None),
-                TxnOp::put(rkey.clone(), json(&RolloutDoc::from_row(&row))?, None),
-                self.put(&format!("drive/{}", r.id), Vec::new()),
-            ];
-            if let Some(op) = self.event_op(&[EventRow::rollout_started(&r, batch_size, row.nodes.len())])? {
-                ops.push(op);
-            }
-            let compares = vec![
-                Compare::create_revision(akey, CompareOp::Equal, 0),
-                Compare::create_revision(rkey, CompareOp::Equal, 0),
-                Compare::mod_revision(nprefix, CompareOp::Less, read_rev + 1).with_prefix(),
-                target.compare(&tkey),
-            ];
-            if self.txn(compares, ops).await? {
-                return Ok(row);
-            }
-        }
-        Err(busy("start rollout"))
+        self.start_rollout_in_etcd(r).await
     }
 
     async fn get_rollout(&self, id: &str) -> Result<Option<RolloutRow>> {
@@ -1797,7 +1811,7 @@ impl Store for EtcdStore {
     async fn list_rollouts(&self, cluster: Option<&str>, only_active: bool) -> Result<Vec<RolloutRow>> {
         let mut out = Vec::new();
         if only_active {
-            let mut kv = self.client.kv_client();
+            let mut kv = crate::store::etcd::kv_of(&self.client);
             let resp = kv
                 .get(self.key("active/"), Some(GetOptions::new().with_prefix()))
                 .await
@@ -1819,6 +1833,12 @@ impl Store for EtcdStore {
     }
 
     async fn rollouts_to_drive(&self) -> Result<Vec<RolloutRow>> {
+        // The leader asks at every step: from the watch-fed copy when it
+        // is fresh (a decision on a stale one is refused at commit, whose
+        // read is etcd's own).
+        if let Some(from_copy) = self.with_cache(|c, _| c.driven_rollouts()).await {
+            return from_copy;
+        }
         let mut out = Vec::new();
         for id in self.keys(&self.key("drive/")).await? {
             if let Some(r) = self.get_rollout(&id).await? {
@@ -1868,10 +1888,43 @@ impl Store for EtcdStore {
     }
 
     async fn rollout_views(&self, rollout_id: &str) -> Result<BTreeMap<String, NodeBundleView>> {
+        // A driven rollout and its nodes, all from the watch-fed copy when
+        // it is fresh: nothing read from etcd.
+        let views = |r: &RolloutRow, c: &cache::CacheState, live: &Liveness| {
+            r.nodes
+                .iter()
+                .filter_map(|n| {
+                    let doc = c.nodes.get(&n.name)?;
+                    Some((
+                        n.name.clone(),
+                        node_view(&r.bundle, &n.name, doc, c.desired.get(&n.name), live),
+                    ))
+                })
+                .collect::<BTreeMap<_, _>>()
+        };
+        let all_cached = self
+            .with_cache(|c, live| {
+                c.driven_rollout(rollout_id)
+                    .map(|r| r.map(|r| views(&r, c, live)))
+            })
+            .await
+            .flatten();
+        if let Some(out) = all_cached {
+            return out;
+        }
+        // Not driven (ended), or the copy is not fresh: the rollout from
+        // etcd, its nodes from the copy if it is fresh now.
         let Some(r) = self.get_rollout(rollout_id).await? else {
             return Ok(BTreeMap::new());
         };
         let names: BTreeSet<&str> = r.nodes.iter().map(|n| n.name.as_str()).collect();
+        if let Some(out) = self.with_cache(|c, live| views(&r, c, live)).await {
+            return Ok(out);
+        }
+        tracing::debug!(
+            rollout = rollout_id,
+            "rollout view read from etcd: the watch-fed copy is not fresh"
+        );
         let nodes = self.range::<NodeDoc>(&self.key("nodes/")).await?;
         let desired: HashMap<String, DesiredDoc> = self
             .range::<DesiredDoc>(&self.key("desired/"))
@@ -1886,17 +1939,8 @@ impl Store for EtcdStore {
             if !names.contains(name.as_str()) {
                 continue;
             }
-            out.insert(
-                name.clone(),
-                NodeBundleView {
-                    desired: desired.get(&name).and_then(|d| d.bundles.get(&r.bundle).cloned()),
-                    actual: doc.actual.get(&r.bundle).map(|a| actual_row(&r.bundle, a)),
-                    last_seen_ms: live.last_seen(&name, &doc),
-                    connected: live.connected(&doc),
-                    held: doc.hold.is_some(),
-                    facts_json: doc.facts_json,
-                },
-            );
+            let view = node_view(&r.bundle, &name, &doc, desired.get(&name), &live);
+            out.insert(name, view);
         }
         Ok(out)
     }
@@ -1915,7 +1959,7 @@ impl Store for EtcdStore {
             f.limit
         } as usize;
         let prefix = self.key("events/");
-        let mut kv = self.client.kv_client();
+        let mut kv = crate::store::etcd::kv_of(&self.client);
         // Newest documents first, a page at a time, until enough match.
         let mut out: Vec<EventRow> = Vec::new();
         let mut end: Option<Vec<u8>> = None;
@@ -2052,19 +2096,19 @@ impl EtcdStore {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::store::conformance;
 
     /// A throwaway etcd on loopback (Debian's etcd-server), killed on drop.
-    struct TestEtcd {
+    pub(crate) struct TestEtcd {
         child: std::process::Child,
         url: String,
         _dir: tempfile::TempDir,
     }
 
     impl TestEtcd {
-        fn start() -> TestEtcd {
+        pub(crate) fn start() -> TestEtcd {
             let port = || {
                 std::net::TcpListener::bind("127.0.0.1:0")
                     .unwrap()
@@ -2106,7 +2150,7 @@ mod tests {
 
         /// A store for `replica`, registered as a live replica (as
         /// `replicas::run_lease` does) so that its streams count as connected.
-        async fn store(&self, replica: &str) -> EtcdStore {
+        pub(crate) async fn store(&self, replica: &str) -> EtcdStore {
             let cfg = EtcdConfig {
                 endpoints: vec![self.url.clone()],
                 prefix: "/test/".into(),
@@ -2157,9 +2201,11 @@ mod tests {
         cluster_cas_and_issued_certificates,
         certificate_records_outlive_their_node,
         certificate_records_expire_with_renewals,
+        blob_records_are_compared_on_revisions,
+        bundle_versions_in_use_are_not_deleted,
     );
 
-    fn token(id: &str, uses: Option<u32>) -> TokenRow {
+    pub(crate) fn token(id: &str, uses: Option<u32>) -> TokenRow {
         TokenRow {
             id: id.into(),
             secret_hash: [7; 32],
@@ -2171,7 +2217,7 @@ mod tests {
         }
     }
 
-    fn new_node(name: &str, tok: &str) -> NewNode {
+    pub(crate) fn new_node(name: &str, tok: &str) -> NewNode {
         NewNode {
             name: name.into(),
             cluster: "c".into(),
@@ -2181,6 +2227,51 @@ mod tests {
             token_id: tok.into(),
             now_ms: 1,
         }
+    }
+
+    /// The bound on one rollout's size follows the measurement: 10,000
+    /// nodes with the benchmark's 14-character names are over it (that
+    /// rollout stood still), the benchmark's clusters of 1,000 well under,
+    /// and longer names leave room for fewer nodes.
+    #[test]
+    fn rollouts_whose_decisions_etcd_would_refuse_are_too_large() {
+        let nodes = |n: usize, name_len: usize| -> Vec<RolloutNodeRow> {
+            (0..n)
+                .map(|i| RolloutNodeRow::waiting(&format!("{i:0>name_len$}"), "1.0.0"))
+                .collect()
+        };
+        let bytes = |ns: &[RolloutNodeRow]| worst_decision_bytes("tenant-a", "kubelet", "1.31.4", ns);
+        assert!(bytes(&nodes(10_000, 14)) > MAX_DECISION_BYTES);
+        assert!(bytes(&nodes(1_000, 14)) < MAX_DECISION_BYTES / 4);
+        let fits = |name_len| {
+            (1..=20_000)
+                .step_by(100)
+                .take_while(|&n| bytes(&nodes(n, name_len)) <= MAX_DECISION_BYTES)
+                .last()
+        };
+        let (short, long) = (fits(14).unwrap(), fits(63).unwrap());
+        eprintln!("one rollout holds up to ~{short} nodes with 14-character names, ~{long} with 63");
+        assert!((3_000..10_000).contains(&short), "{short}");
+        assert!(long < short, "{long} vs {short}");
+    }
+
+    /// A range larger than gRPC's default 4 MiB message (every node
+    /// document of a 10,000-node fleet is ~5.5 MiB) is read whole.
+    #[tokio::test]
+    async fn ranges_larger_than_four_mib_are_read() {
+        let etcd = TestEtcd::start();
+        let s = etcd.store("r1").await;
+        // etcd takes requests up to 1.5 MiB: six documents of 1 MiB each.
+        let doc = serde_json::to_string(&"x".repeat(1 << 20)).unwrap();
+        for i in 0..6 {
+            kv_of(&s.client)
+                .put(s.key(&format!("big/{i}")), doc.clone(), None)
+                .await
+                .unwrap();
+        }
+        let got: Vec<(String, String, i64)> = s.range(&s.key("big/")).await.unwrap();
+        assert_eq!(got.len(), 6);
+        assert!(got.iter().all(|(_, v, _)| v.len() == 1 << 20));
     }
 
     #[tokio::test]
@@ -2289,11 +2380,33 @@ mod tests {
         // A disconnect reported by another replica does not touch ra's stream.
         b.node_disconnected("n1", 950).await.unwrap();
         assert!(b.get_node("n1").await.unwrap().unwrap().connected);
-        // ra dies: its lease goes, and with it the node's connection.
+        // ra dies: its lease goes, and with it the node's connection; its
+        // last-seen time stays.
         lease.revoke(id).await.unwrap();
         let n = b.get_node("n1").await.unwrap().unwrap();
         assert!(!n.connected);
-        assert_eq!(n.last_seen_ms, 500, "last-seen falls back to the connect time");
+        assert_eq!(n.last_seen_ms, 900, "last-seen survives its replica");
+        // The leader's trim keeps it while no live replica heard n1 since…
+        b.enroll_node(new_node("n2", "tok000")).await.unwrap();
+        a.touch_nodes(vec![("n2".into(), 700)]).await.unwrap();
+        assert_eq!(b.prune_seen().await.unwrap(), 0);
+        assert_eq!(b.get_node("n1").await.unwrap().unwrap().last_seen_ms, 900);
+        // …drops what a live replica heard later, and the document once empty.
+        b.touch_nodes(vec![("n1".into(), 1000), ("n2".into(), 1000)])
+            .await
+            .unwrap();
+        assert_eq!(b.prune_seen().await.unwrap(), 1);
+        assert!(b.get_bytes("seen/ra").await.unwrap().is_none());
+        assert_eq!(b.get_node("n1").await.unwrap().unwrap().last_seen_ms, 1000);
+        // A deleted node's entry goes too.
+        b.touch_nodes(vec![("n1".into(), 1100)]).await.unwrap();
+        let c = etcd.store("rc").await;
+        c.touch_nodes(vec![("n2".into(), 2000)]).await.unwrap();
+        let rc_lease = *c.lease.lock().unwrap();
+        let mut lease = c.client().lease_client();
+        lease.revoke(rc_lease).await.unwrap();
+        b.delete_node("n2").await.unwrap();
+        assert_eq!(b.prune_seen().await.unwrap(), 1, "rc's document named only n2");
     }
 
     #[tokio::test]

@@ -5,6 +5,7 @@
 //! enrolment, a publish or a rollout start. Rows are plain Rust; protobuf
 //! appears only as the opaque bytes of a stored `SignedBundle`.
 
+pub mod blobrecs;
 #[cfg(test)]
 pub(crate) mod conformance;
 pub mod etcd;
@@ -16,6 +17,7 @@ use async_trait::async_trait;
 use lks_proto::BundleState;
 use lks_proto::labels::Labels;
 
+pub use blobrecs::{BlobRecord, BlobRecords, BundleUsers, RecordAt};
 pub use etcd::{EtcdConfig, EtcdStore};
 pub use sqlite::SqliteStore;
 
@@ -657,6 +659,21 @@ pub struct EventRow {
 }
 
 impl EventRow {
+    /// An event about a bundle version itself (published, deleted).
+    pub fn bundle(kind: &str, name: &str, version: &str, message: String, at_ms: i64) -> EventRow {
+        EventRow {
+            id: 0,
+            at_ms,
+            cluster: String::new(),
+            node: String::new(),
+            rollout_id: String::new(),
+            kind: kind.into(),
+            bundle: name.into(),
+            version: version.into(),
+            message,
+        }
+    }
+
     /// What every store records when a node enrols.
     pub fn enrolled(n: &NewNode) -> EventRow {
         EventRow {
@@ -879,7 +896,7 @@ impl Dump {
 
 /// The control server's persistent state.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store: BlobRecords + Send + Sync + 'static {
     /// Creates the cluster with its CA and API server in one write;
     /// `AlreadyExists` if the name is taken.
     async fn create_cluster(&self, cluster: NewCluster) -> Result<ClusterRow>;

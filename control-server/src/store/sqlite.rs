@@ -14,6 +14,7 @@ use lks_proto::BundleState;
 use lks_proto::labels::{Labels, selector_matches};
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
+mod blobrecs;
 mod clusters;
 mod dump;
 
@@ -179,6 +180,19 @@ CREATE TABLE issued_certs (
     PRIMARY KEY (cluster, node, serial)
 );
 CREATE INDEX issued_certs_node ON issued_certs(node, path, issued_at_ms);
+"#,
+    // Blob garbage collection (store/blobrecs.rs): a record per blob in the
+    // blob store; `rev` comes from one counter in `meta`, so a record
+    // deleted and made again never repeats a revision.
+    r#"
+CREATE TABLE blob_records (
+    digest TEXT PRIMARY KEY,
+    size INTEGER NOT NULL,
+    claimed_at_ms INTEGER NOT NULL,
+    deleting INTEGER NOT NULL,
+    owner TEXT NOT NULL,
+    rev INTEGER NOT NULL
+);
 "#,
 ];
 
@@ -1703,6 +1717,8 @@ mod tests {
         cluster_cas_and_issued_certificates,
         certificate_records_outlive_their_node,
         certificate_records_expire_with_renewals,
+        blob_records_are_compared_on_revisions,
+        bundle_versions_in_use_are_not_deleted,
     );
 
     #[tokio::test]

@@ -16,6 +16,24 @@
 //! plane (agent i enrols with and connects to the (i mod n)-th), while the
 //! admin calls (cluster, token, publish, rollout) go to admin.conf's server.
 //!
+//! `--kill-mid-rollout PID,…` (issue [scale-out]) is failover under load:
+//! once `--kill-at` of the agents have the rollout's desired state, the
+//! processes named (the leading replica, an etcd member…) are killed with
+//! SIGKILL; the agents reconnect as `lksadmin-agent` does (the next server
+//! of `--servers`, or the one a replica names); admin calls move to the
+//! next server when theirs fails. The report has what each server held
+//! before and after, the time until every dropped agent was back, the time
+//! until the rollout completed, auth errors, and agents that were sent the
+//! new version in more than one generation (assigned twice).
+//!
+//! One process holds at most as many agents as it may open files (20,000
+//! on the benchmark machine, a hard limit it cannot raise), so a larger
+//! fleet is several processes on one cluster: the one that rolls out waits
+//! for `--rollout-after-nodes` connected nodes, and names the others with
+//! `--notify-at-kill`; they get SIGUSR1 at the kill and measure their
+//! agents' way back from then. SIGTERM ends a `--hold` early (the report
+//! is still written).
+//!
 //! `--storm` (issue [perf] item 2) starts the server itself from the
 //! command after `--`, connects the agents, stops the server (SIGTERM, or
 //! SIGKILL with `--storm-kill`) and starts it again on the same data dir
@@ -37,8 +55,11 @@
 
 #![forbid(unsafe_code)]
 
+mod rollout;
 mod sim;
 mod storm;
+
+use rollout::{Tracker, Watch, rollout};
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -72,6 +93,12 @@ struct Args {
     /// Cluster to enrol the simulated agents into (created if missing).
     #[arg(long)]
     cluster: String,
+    /// Spread the agents over this many clusters, CLUSTER-0 … CLUSTER-(K-1)
+    /// (agent i in the (i mod K)-th, numbered from --first-agent), as a
+    /// region holds many tenant clusters; --rollout then starts one rollout
+    /// per cluster at once.
+    #[arg(long, default_value_t = 1)]
+    clusters: usize,
     /// Number of simulated agents.
     #[arg(long)]
     agents: usize,
@@ -79,6 +106,11 @@ struct Args {
     /// the (i mod n)-th); default: admin.conf's server.
     #[arg(long, value_delimiter = ',', value_name = "URL")]
     servers: Vec<String>,
+    /// Number this process's agents from here: their source addresses and
+    /// first servers follow on from another process's (which had this
+    /// many).
+    #[arg(long, default_value_t = 0)]
+    first_agent: usize,
     /// Seconds to keep every stream open after all agents connected.
     #[arg(long, default_value_t = 0)]
     hold: u64,
@@ -109,9 +141,37 @@ struct Args {
     /// The server command line (storm mode).
     #[arg(last = true, value_name = "SERVER_CMD")]
     server_cmd: Vec<String>,
-    /// Publish a file-less bundle and roll it out to all simulated agents.
+    /// Publish a bundle and roll it out to all simulated agents.
     #[arg(long)]
     rollout: bool,
+    /// Files in that bundle (small, distinct; the simulated agents
+    /// acknowledge without downloading them).
+    #[arg(long, default_value_t = 0, requires = "rollout")]
+    files: usize,
+    /// Failover under load: SIGKILL these processes mid-rollout (once
+    /// --kill-at of the agents have the new desired state).
+    #[arg(long, value_delimiter = ',', value_name = "PID", requires = "rollout")]
+    kill_mid_rollout: Vec<i32>,
+    /// Fraction of the agents (0–1] holding the new desired state when
+    /// --kill-mid-rollout kills.
+    #[arg(long, default_value_t = 0.3)]
+    kill_at: f64,
+    /// Start the rollout once the cluster has this many connected nodes
+    /// (the agents of other load generator processes too).
+    #[arg(long, requires = "rollout")]
+    rollout_after_nodes: Option<usize>,
+    /// Other load generator processes to send SIGUSR1 at the kill.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "PID",
+        requires = "kill_mid_rollout"
+    )]
+    notify_at_kill: Vec<i32>,
+    /// Seconds the rollout may take, and (with --kill-mid-rollout) every
+    /// dropped agent to be back.
+    #[arg(long, default_value_t = 300)]
+    rollout_timeout: u64,
     /// Batch size of that rollout (default: all agents at once).
     #[arg(long)]
     batch_size: Option<u32>,
@@ -182,8 +242,52 @@ struct Report {
     /// Rollout start → agent holds the new desired state.
     fanout: Option<Summary>,
     errors: usize,
+    /// Agents sent a bundle version in more than one desired-state
+    /// generation (assigned twice): 0 unless the server repeats itself.
+    assigned_twice: usize,
+    /// unauthenticated + permission_denied over the whole run: must be 0.
+    auth_errors: u64,
+    /// Before any storm or kill: connection attempts that failed (each
+    /// also counted in `errors`) and streams that were up and ended, by
+    /// class.
+    failed_attempts: std::collections::BTreeMap<&'static str, u64>,
+    dropped_streams: std::collections::BTreeMap<&'static str, u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     storm: Option<StormReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    failover: Option<FailoverReport>,
+}
+
+/// What killing processes mid-rollout did.
+#[derive(serde::Serialize, Default)]
+struct FailoverReport {
+    /// Empty in a process told of the kill by SIGUSR1.
+    killed_pids: Vec<i32>,
+    /// Rollout start → the kill (the process that killed).
+    killed_after_seconds: Option<f64>,
+    /// Its agents that had the new desired state at the kill.
+    had_it_at_kill: Option<usize>,
+    /// Agents with a stream up, per server of --servers, just before the
+    /// kill and when the run ended.
+    held_before: Vec<i64>,
+    held_after: Vec<i64>,
+    /// Agents whose stream ended after the kill and that connected again.
+    reconnected: usize,
+    /// Kill → the last of them had its desired state again (None: not all
+    /// were back within --rollout-timeout).
+    all_back_seconds: Option<f64>,
+    back_after: Summary,
+    /// Kill → the rollout was no longer running.
+    rollout_done_after_kill_seconds: Option<f64>,
+    /// Streams ended and connection attempts failed after the kill, by class.
+    dropped: std::collections::BTreeMap<&'static str, u64>,
+    errors: std::collections::BTreeMap<&'static str, u64>,
+    /// unauthenticated + permission_denied after the kill: must be 0.
+    auth_errors: u64,
+    /// Agents a replica asked to move (rebalance) after the kill.
+    moved_by_server: u64,
+    /// Admin calls (rollout status) that failed and went to the next server.
+    admin_retries: u64,
 }
 
 /// What a server restart under N connected agents did.
@@ -223,6 +327,18 @@ struct Creds {
     name: String,
     cert_pem: String,
     key_pem: String,
+}
+
+/// The clusters the agents are enrolled in: `--cluster`, or with
+/// `--clusters K` CLUSTER-0 … CLUSTER-(K-1).
+fn cluster_names(args: &Args) -> Vec<String> {
+    if args.clusters <= 1 {
+        vec![args.cluster.clone()]
+    } else {
+        (0..args.clusters)
+            .map(|k| format!("{}-{k}", args.cluster))
+            .collect()
+    }
 }
 
 /// The server agent `i` enrols with and connects to.
@@ -291,10 +407,19 @@ async fn run(args: Args) -> Result<()> {
     if args.agents == 0 {
         bail!("--agents must be at least 1");
     }
+    if !(args.kill_at > 0.0 && args.kill_at <= 1.0) {
+        bail!("--kill-at must be more than 0 and at most 1");
+    }
+    if args.storm && !args.kill_mid_rollout.is_empty() {
+        bail!("--storm and --kill-mid-rollout do not go together");
+    }
+    // Before anything else: SIGUSR1 must never find the default action
+    // (terminate) in place.
+    let mut sig = Signals::install()?;
     let report = if args.baseline {
         baseline(&args).await?
     } else {
-        against_server(&args).await?
+        against_server(&args, &mut sig).await?
     };
     if args.output == "json" {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -325,7 +450,7 @@ async fn admin_channel(conf: &AdminConf, just_started: bool) -> Result<Channel> 
     }
 }
 
-async fn against_server(args: &Args) -> Result<Report> {
+async fn against_server(args: &Args, sig: &mut Signals) -> Result<Report> {
     let mut server = if args.storm {
         let mut p = storm::ServerProc::start(&args.server_cmd, args.server_log.as_deref())?;
         p.wait_ready(&args.config).await?;
@@ -338,28 +463,32 @@ async fn against_server(args: &Args) -> Result<Report> {
     };
     let conf = AdminConf::load(&args.config).map_err(|e| anyhow!("read admin.conf: {e}"))?;
     let mut admin = AdminServiceClient::new(admin_channel(&conf, server.is_some()).await?);
-    match admin
-        .create_cluster(pb::CreateClusterRequest {
-            name: args.cluster.clone(),
-            ..Default::default()
-        })
-        .await
-    {
-        Ok(_) => {}
-        Err(s) if s.code() == tonic::Code::AlreadyExists => {}
-        Err(s) => bail!("create cluster {}: {}", args.cluster, s.message()),
+    let mut tokens = Vec::new();
+    for cluster in cluster_names(args) {
+        match admin
+            .create_cluster(pb::CreateClusterRequest {
+                name: cluster.clone(),
+                ..Default::default()
+            })
+            .await
+        {
+            Ok(_) => {}
+            Err(s) if s.code() == tonic::Code::AlreadyExists => {}
+            Err(s) => bail!("create cluster {cluster}: {}", s.message()),
+        }
+        let token = admin
+            .create_token(pb::CreateTokenRequest {
+                cluster: cluster.clone(),
+                ttl_seconds: 3600,
+                uses: 0,
+                labels: Default::default(),
+            })
+            .await
+            .map_err(|s| anyhow!("create token for {cluster}: {}", s.message()))?
+            .into_inner()
+            .token;
+        tokens.push(token);
     }
-    let token = admin
-        .create_token(pb::CreateTokenRequest {
-            cluster: args.cluster.clone(),
-            ttl_seconds: 3600,
-            uses: 0,
-            labels: Default::default(),
-        })
-        .await
-        .map_err(|s| anyhow!("create token: {}", s.message()))?
-        .into_inner()
-        .token;
     let run_id = &lks_proto::token::BootstrapToken::generate().id().to_string();
     let servers = if args.servers.is_empty() {
         vec![conf.server.clone()]
@@ -388,14 +517,14 @@ async fn against_server(args: &Args) -> Result<Report> {
         .map(|i| {
             let (sem, token, url, ca, retries, enrolled) = (
                 sem.clone(),
-                token.clone(),
-                server_for(&servers, i).to_string(),
+                tokens[(args.first_agent + i) % tokens.len()].clone(),
+                server_for(&servers, args.first_agent + i).to_string(),
                 conf.ca_cert.clone(),
                 retries.clone(),
                 enrolled.clone(),
             );
             let name = format!("lg-{run_id}-{i}");
-            let local = source_ip(spread, i);
+            let local = source_ip(spread, args.first_agent + i);
             async move {
                 let _permit = sem.acquire_owned().await?;
                 let t = Instant::now();
@@ -468,21 +597,24 @@ async fn against_server(args: &Args) -> Result<Report> {
 
     // Connect every agent and wait for its first desired state.
     let stats = Arc::new(sim::Stats::default());
+    let held = Arc::new(sim::Held::new(servers.len()));
+    let urls = Arc::new(servers.clone());
     let (back_tx, mut back_rx) = mpsc::unbounded_channel::<sim::Back>();
-    let (desired_tx, mut desired_rx) = mpsc::channel::<(usize, Instant, Vec<String>)>(creds.len().max(1) * 4);
+    let (desired_tx, mut desired_rx) = mpsc::channel::<sim::Desired>(creds.len().max(1) * 4);
     let stop = tokio_util::sync::CancellationToken::new();
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for (i, c) in creds.iter().enumerate() {
         let agent = sim::Agent {
             i,
-            url: server_for(&servers, i).to_string(),
+            urls: urls.clone(),
             ca: conf.ca_cert.clone(),
             cert: c.cert_pem.clone(),
             key: c.key_pem.clone(),
-            local: source_ip(spread, i),
-            reconnect: args.storm,
+            first_server: args.first_agent + i,
+            local: source_ip(spread, args.first_agent + i),
             stats: stats.clone(),
+            held: held.clone(),
             back: back_tx.clone(),
             desired: desired_tx.clone(),
             stop: stop.clone(),
@@ -538,79 +670,39 @@ async fn against_server(args: &Args) -> Result<Report> {
         admin = AdminServiceClient::new(admin_channel(&conf, true).await?);
     }
 
-    // Optional rollout: fan-out and completion time.
+    // Optional rollout: fan-out and completion time (and, with
+    // --kill-mid-rollout, the failover under it).
+    let mut tracker = Tracker::new(creds.len());
+    let mut w = Watch {
+        stats: &stats,
+        held: &held,
+        desired_rx: &mut desired_rx,
+        back_rx: &mut back_rx,
+    };
     let (mut rollout_seconds, mut fanout) = (None, None);
     if args.rollout {
-        let bundle = format!("lg-{run_id}");
-        let manifest = pb::Manifest {
-            name: bundle.clone(),
-            version: "1".into(),
-            ..Default::default()
-        };
-        let header = pb::PublishBundleRequest {
-            msg: Some(pb::publish_bundle_request::Msg::Header(pb::SignedBundle {
-                manifest: Some(manifest),
-                ..Default::default()
-            })),
-        };
-        admin
-            .publish_bundle(futures::stream::iter([header]))
-            .await
-            .map_err(|s| anyhow!("publish {bundle}@1: {}", s.message()))?;
-        while desired_rx.try_recv().is_ok() {}
-        let t0 = Instant::now();
-        let id = admin
-            .start_rollout(pb::StartRolloutRequest {
-                cluster: args.cluster.clone(),
-                bundle: bundle.clone(),
-                version: "1".into(),
-                batch_size: args.batch_size.unwrap_or(creds.len() as u32),
-                failure_threshold: creds.len() as u32,
-                ..Default::default()
-            })
-            .await
-            .map_err(|s| anyhow!("start rollout: {}", s.message()))?
-            .into_inner()
-            .id;
-        let mut seen = vec![None::<f64>; creds.len()];
-        let mut done = None;
-        let limit = Instant::now() + Duration::from_secs(300);
-        while done.is_none() && Instant::now() < limit {
-            while let Ok((i, at, bundles)) = desired_rx.try_recv() {
-                if seen[i].is_none() && bundles.contains(&bundle) {
-                    seen[i] = Some(at.saturating_duration_since(t0).as_secs_f64() * 1e3);
-                }
-            }
-            let r = admin
-                .get_rollout(pb::RolloutRef { id: id.clone() })
-                .await
-                .map_err(|s| anyhow!("rollout status: {}", s.message()))?
-                .into_inner();
-            if !matches!(pb::RolloutState::try_from(r.state), Ok(pb::RolloutState::Running)) {
-                done = Some(t0.elapsed().as_secs_f64());
-                if !matches!(
-                    pb::RolloutState::try_from(r.state),
-                    Ok(pb::RolloutState::Completed)
-                ) {
-                    bail!(
-                        "rollout {id} ended {:?}: {}",
-                        pb::RolloutState::try_from(r.state),
-                        r.message
-                    );
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        while let Ok((i, at, bundles)) = desired_rx.try_recv() {
-            if seen[i].is_none() && bundles.contains(&bundle) {
-                seen[i] = Some(at.saturating_duration_since(t0).as_secs_f64() * 1e3);
-            }
-        }
-        rollout_seconds = done;
-        fanout = Some(summarise(seen.into_iter().flatten().collect()));
+        let r = rollout(args, &conf, &servers, &mut admin, run_id, &mut w, &mut tracker).await?;
+        rollout_seconds = r.seconds;
+        fanout = Some(r.fanout);
     }
 
-    tokio::time::sleep(Duration::from_secs(args.hold)).await;
+    // Hold: every agent keeps its stream; SIGUSR1 says another process
+    // killed something (measure the way back from now), SIGTERM ends the
+    // hold early.
+    let hold_end = Instant::now() + Duration::from_secs(args.hold);
+    while Instant::now() < hold_end {
+        tracker.drain(&mut w);
+        tokio::select! {
+            _ = sig.usr1.recv() => if tracker.killed_at.is_none() {
+                eprintln!("told of a kill (SIGUSR1)");
+                tracker.mark_kill(&w);
+            },
+            _ = sig.term.recv() => break,
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+    }
+    tracker.drain(&mut w);
+    let failover = tracker.killed_at.map(|k| tracker.failover(k, args, &w));
     stop.cancel();
     while tasks.join_next().await.is_some() {}
     if !args.keep_nodes {
@@ -639,8 +731,40 @@ async fn against_server(args: &Args) -> Result<Report> {
         rollout_seconds,
         fanout,
         errors,
+        assigned_twice: tracker.twice.iter().filter(|t| **t).count(),
+        auth_errors: auth_total(&stats),
+        failed_attempts: stats.counts(0, false),
+        dropped_streams: stats.counts(0, true),
         storm: storm_report,
+        failover,
     })
+}
+
+/// unauthenticated + permission_denied in these counts.
+fn auth(m: &std::collections::BTreeMap<&str, u64>) -> u64 {
+    m.get("unauthenticated").copied().unwrap_or(0) + m.get("permission_denied").copied().unwrap_or(0)
+}
+
+fn auth_total(stats: &sim::Stats) -> u64 {
+    (0..sim::PHASES)
+        .map(|p| auth(&stats.counts(p, true)) + auth(&stats.counts(p, false)))
+        .sum()
+}
+
+/// The signals a load generator process answers.
+struct Signals {
+    usr1: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals {
+            usr1: signal(SignalKind::user_defined1()).context("handle SIGUSR1")?,
+            term: signal(SignalKind::terminate()).context("handle SIGTERM")?,
+        })
+    }
 }
 
 /// Stops the server under `n` connected agents, starts it again, and
@@ -820,7 +944,12 @@ async fn baseline(args: &Args) -> Result<Report> {
         rollout_seconds: None,
         fanout: None,
         errors,
+        assigned_twice: 0,
+        auth_errors: 0,
+        failed_attempts: Default::default(),
+        dropped_streams: Default::default(),
         storm: None,
+        failover: None,
     })
 }
 
@@ -847,7 +976,10 @@ fn print_text(r: &Report) {
     if let (Some(t), Some(f)) = (r.rollout_seconds, &r.fanout) {
         println!("rollout:         completed in {t:.2} s; fan-out {}", s(f));
     }
-    println!("errors:          {}", r.errors);
+    println!(
+        "errors:          {}; auth errors {}; assigned twice {}",
+        r.errors, r.auth_errors, r.assigned_twice
+    );
     if let Some(st) = &r.storm {
         let all = st.all_back_seconds.map_or_else(
             || format!("NOT all back ({}/{})", st.back, r.agents),
@@ -867,6 +999,36 @@ fn print_text(r: &Report) {
         println!(
             "auth errors:     {}; retry hints {} (max {} ms), refusals without a hint {}",
             st.auth_errors, st.retry_hints, st.max_retry_hint_ms, st.refusals_without_hint
+        );
+    }
+    if let Some(f) = &r.failover {
+        let all = f.all_back_seconds.map_or_else(
+            || "NOT all back".to_string(),
+            |t| format!("all back {t:.2} s after the kill"),
+        );
+        let when = match (f.killed_after_seconds, f.had_it_at_kill) {
+            (Some(t), Some(had)) => format!(
+                "killed {:?} {t:.2} s into the rollout ({had} agents had it)",
+                f.killed_pids
+            ),
+            _ => "told of a kill (SIGUSR1)".to_string(),
+        };
+        println!("failover:        {when}; {} reconnected, {all}", f.reconnected);
+        println!(
+            "held per server: {:?} before, {:?} after",
+            f.held_before, f.held_after
+        );
+        println!("back after:      {}", s(&f.back_after));
+        println!(
+            "rollout done:    {} after the kill",
+            f.rollout_done_after_kill_seconds
+                .map_or_else(|| "not".to_string(), |t| format!("{t:.2} s"))
+        );
+        println!("streams dropped: {:?}", f.dropped);
+        println!("failed attempts: {:?}", f.errors);
+        println!(
+            "auth errors:     {}; moved by a replica {}; admin calls retried {}",
+            f.auth_errors, f.moved_by_server, f.admin_retries
         );
     }
 }

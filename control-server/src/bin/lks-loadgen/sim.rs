@@ -1,17 +1,18 @@
 //! One simulated agent: its mTLS channel and `Connect` stream (Hello,
 //! heartbeats, pongs, a status report acknowledging each desired state),
-//! and — in storm mode — reconnecting the way `lksadmin-agent` does: a new
-//! channel per attempt, the shared backoff policy (`lks_proto::backoff`:
-//! 1 s, ×1.6, cap 120 s, ±20 %, reset after a 30 s session) and at least
-//! the server's retry hint. Every failed attempt and dropped stream is
-//! counted by error class.
+//! reconnecting the way `lksadmin-agent` does: a new channel per attempt, the next server of its
+//! list after a failure (`lks_proto::backoff::Rotation`, the one the agent
+//! uses), the replica a server names when it asks the agent to move, the
+//! shared backoff policy (`lks_proto::backoff`: 1 s, ×1.6, cap 120 s,
+//! ±20 %, reset after a 30 s session) and at least the server's retry
+//! hint. Every failed attempt and dropped stream is counted by error class.
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use lks_proto::backoff::{Backoff, retry_hint};
+use lks_proto::backoff::{Backoff, Rotation, reconnect_hint, retry_hint};
 use lks_proto::pb::agent_service_client::AgentServiceClient;
 use lks_proto::pb::{self, agent_message, server_message};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
@@ -131,6 +132,48 @@ pub struct Stats {
     pub unhinted: [AtomicU64; PHASES],
     /// Longest hint seen, ms.
     pub max_hint_ms: [AtomicU64; PHASES],
+    /// Moves to the replica a server named, by phase.
+    pub moved: [AtomicU64; PHASES],
+    /// The first failure has been printed.
+    pub told: std::sync::atomic::AtomicBool,
+}
+
+/// Agents whose session is up (it has had its first desired state), per
+/// server of the list.
+pub struct Held {
+    per_server: Vec<AtomicI64>,
+}
+
+impl Held {
+    pub fn new(servers: usize) -> Self {
+        Held {
+            per_server: (0..servers.max(1)).map(|_| AtomicI64::new(0)).collect(),
+        }
+    }
+
+    pub fn snapshot(&self) -> Vec<i64> {
+        self.per_server
+            .iter()
+            .map(|n| n.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    pub fn total(&self) -> i64 {
+        self.snapshot().iter().sum()
+    }
+
+    fn add(&self, server: usize, d: i64) {
+        self.per_server[server].fetch_add(d, Ordering::Relaxed);
+    }
+}
+
+/// A desired state a simulated agent received.
+pub struct Desired {
+    pub agent: usize,
+    pub at: Instant,
+    pub generation: u64,
+    /// `NAME@VERSION` of each bundle in it.
+    pub bundles: Vec<String>,
 }
 
 impl Stats {
@@ -176,16 +219,18 @@ pub struct Back {
 /// What one simulated agent needs.
 pub struct Agent {
     pub i: usize,
-    pub url: String,
+    /// The servers, in the order of the agent's list.
+    pub urls: Arc<Vec<String>>,
+    /// The one it tries first (mod n).
+    pub first_server: usize,
     pub ca: String,
     pub cert: String,
     pub key: String,
     pub local: Option<IpAddr>,
-    /// Reconnect after a failure (storm mode) instead of giving up.
-    pub reconnect: bool,
     pub stats: Arc<Stats>,
+    pub held: Arc<Held>,
     pub back: mpsc::UnboundedSender<Back>,
-    pub desired: mpsc::Sender<(usize, Instant, Vec<String>)>,
+    pub desired: mpsc::Sender<Desired>,
     pub stop: CancellationToken,
 }
 
@@ -194,6 +239,8 @@ enum End {
     Failed {
         class: Class,
         hint: Option<Duration>,
+        /// The replica the server asked the agent to go to.
+        to: Option<String>,
         why: String,
     },
 }
@@ -204,26 +251,51 @@ impl Agent {
     pub async fn run(self, permit: OwnedSemaphorePermit) -> anyhow::Result<()> {
         let mut permit = Some(permit);
         let mut backoff = Backoff::default();
+        let mut rotation = Rotation::starting_at(self.urls.len(), self.first_server);
         let mut attempts = 0u32;
         loop {
             attempts += 1;
             let started = Instant::now();
             let mut up = false;
-            let end = self.session(started, attempts, &mut up, &mut permit).await;
+            let server = rotation.current();
+            let end = self
+                .session(server, started, attempts, &mut up, &mut permit)
+                .await;
             permit.take();
-            let (class, hint, why) = match end {
+            if up {
+                self.held.add(server, -1);
+            }
+            let (class, hint, to, why) = match end {
                 End::Stopped => return Ok(()),
-                End::Failed { class, hint, why } => (class, hint, why),
+                End::Failed { class, hint, to, why } => (class, hint, to, why),
             };
             self.stats.record(up, class, hint);
-            if !self.reconnect {
-                anyhow::bail!("agent {}: {why}", self.i);
+            if !self.stats.told.swap(true, Ordering::Relaxed) {
+                eprintln!(
+                    "agent {}: {why} (the first failure; agents reconnect, the report counts them)",
+                    self.i
+                );
             }
             if up {
                 attempts = 0;
                 if started.elapsed() >= HEALTHY_SESSION {
                     backoff.reset();
                 }
+            }
+            // As lksadmin-agent's connection loop: a replica that asks us
+            // to move names the next one; else the next in the list, at
+            // once unless the session was up or every server failed in turn.
+            let due = match to.and_then(|u| self.urls.iter().position(|s| *s == u)) {
+                Some(j) if up => {
+                    let p = self.stats.phase.load(Ordering::Relaxed).min(PHASES - 1);
+                    self.stats.moved[p].fetch_add(1, Ordering::Relaxed);
+                    rotation.jump(j);
+                    true
+                }
+                _ => rotation.advance(up),
+            };
+            if !due {
+                continue;
             }
             let delay = backoff.next_delay_with(hint);
             tokio::select! {
@@ -235,6 +307,7 @@ impl Agent {
 
     async fn session(
         &self,
+        server: usize,
         started: Instant,
         attempts: u32,
         up: &mut bool,
@@ -243,11 +316,18 @@ impl Agent {
         let failed = |s: tonic::Status| End::Failed {
             class: Class::of(&s),
             hint: retry_hint(&s),
+            to: reconnect_hint(&s),
             why: format!("{:?}: {}", s.code(), s.message()),
+        };
+        let closed = || End::Failed {
+            class: Class::Closed,
+            hint: None,
+            to: None,
+            why: "stream closed".into(),
         };
         let ch = tokio::select! {
             _ = self.stop.cancelled() => return End::Stopped,
-            r = tls_channel(&self.url, &self.ca, Some((&self.cert, &self.key)), self.local) => r,
+            r = tls_channel(&self.urls[server], &self.ca, Some((&self.cert, &self.key)), self.local) => r,
         };
         let ch = match ch {
             Ok(ch) => ch,
@@ -255,6 +335,7 @@ impl Agent {
                 return End::Failed {
                     class: Class::of_connect(&e),
                     hint: None,
+                    to: None,
                     why: format!("{e:#}"),
                 };
             }
@@ -289,25 +370,26 @@ impl Agent {
                 }
                 msg = inbound.message() => match msg {
                     Err(s) => return failed(s),
-                    Ok(None) => return End::Failed { class: Class::Closed, hint: None, why: "stream closed".into() },
+                    Ok(None) => return closed(),
                     Ok(Some(m)) => match m.msg {
                         Some(server_message::Msg::Desired(d)) => {
                             let at = Instant::now();
                             if !*up {
                                 *up = true;
                                 permit.take();
+                                self.held.add(server, 1);
                                 let _ = self.back.send(Back { agent: self.i, session_started: started, at, attempts });
                             }
-                            let names: Vec<String> = d.bundles.iter().filter_map(|b| b.manifest.as_ref().map(|m| m.name.clone())).collect();
+                            let bundles = d.bundles.iter().filter_map(|b| b.manifest.as_ref().map(|m| format!("{}@{}", m.name, m.version))).collect();
                             let statuses = d.bundles.iter().filter_map(|b| b.manifest.as_ref()).map(|m| pb::BundleStatus {
                                 name: m.name.clone(),
                                 version: m.version.clone(),
                                 state: pb::BundleState::Applied as i32,
                                 ..Default::default()
                             }).collect();
-                            let _ = self.desired.try_send((self.i, at, names));
+                            let _ = self.desired.try_send(Desired { agent: self.i, at, generation: d.generation, bundles });
                             if tx.send(send(agent_message::Msg::Status(pb::StatusReport { generation: d.generation, bundles: statuses }))).await.is_err() {
-                                return End::Failed { class: Class::Closed, hint: None, why: "stream closed".into() };
+                                return closed();
                             }
                         }
                         Some(server_message::Msg::Ping(p)) => {

@@ -24,6 +24,16 @@ pub async fn get(c: &mut Client, url: &str, reference: &str) -> anyhow::Result<p
         .map(tonic::Response::into_inner)
 }
 
+/// `bundle delete NAME@VERSION`.
+pub async fn delete(c: &mut Client, url: &str, reference: &str) -> anyhow::Result<pb::DeleteBundleResponse> {
+    let (name, version) = parse_bundle_ref(reference).map_err(|e| anyhow!("{e}"))?;
+    c.delete_bundle(pb::GetBundleRequest { name, version })
+        .await
+        .map_err(|s| status(url, s))
+        .with_context(|| format!("delete bundle {reference}"))
+        .map(tonic::Response::into_inner)
+}
+
 fn ms(v: u64) -> Option<String> {
     (v > 0).then(|| format_duration(Duration::from_millis(v)))
 }

@@ -145,6 +145,11 @@ pub fn status(url: &str, st: tonic::Status) -> anyhow::Error {
     let code = st.code();
     let msg = st.message().replace('\n', " ");
     let msg = match code {
+        // Answered by the server (no transport error underneath): the
+        // server is reached; what it depends on (etcd, the blob store) is not.
+        Code::Unavailable if std::error::Error::source(&st).is_none() && !msg.is_empty() => {
+            format!("control server at {url}: {msg}")
+        }
         Code::Unavailable => {
             let detail = std::error::Error::source(&st).map(chain).unwrap_or_default();
             let detail = if detail.is_empty() {

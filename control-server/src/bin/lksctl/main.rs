@@ -160,6 +160,16 @@ enum BundleCmd {
         #[arg(short = 'o', long = "output", value_enum, default_value_t)]
         output: Format,
     },
+    /// Delete one bundle version. Refused, naming them, while a rollout,
+    /// a node's desired state or a cluster's target uses it; the blob
+    /// garbage collector then reclaims the bytes no other version uses.
+    Delete {
+        /// NAME@VERSION
+        bundle: String,
+        /// Output format.
+        #[arg(short = 'o', long = "output", value_enum, default_value_t)]
+        output: Format,
+    },
     /// List published bundles.
     List {
         /// Output format.
@@ -353,7 +363,7 @@ fn precheck(cmd: &Cmd) -> anyhow::Result<()> {
                 },
         } => rollout::check_start(cluster, bundle, selector),
         Cmd::Bundle {
-            cmd: BundleCmd::Get { bundle, .. },
+            cmd: BundleCmd::Get { bundle, .. } | BundleCmd::Delete { bundle, .. },
         } => parse_bundle_ref(bundle).map(|_| ()).map_err(|e| anyhow!("{e}")),
         Cmd::Node {
             cmd:
@@ -471,6 +481,23 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
                     print_json(&bundle::detail_json(&b))?;
                 } else {
                     out!("{}", bundle::detail_text(&b));
+                }
+            }
+            BundleCmd::Delete { bundle, output } => {
+                let r = bundle::delete(c, url, &bundle).await?;
+                if output == Format::Json {
+                    print_json(&serde_json::json!({
+                        "name": r.name,
+                        "version": r.version,
+                        "reclaimable_bytes": r.reclaimable_bytes,
+                    }))?;
+                } else {
+                    outln!(
+                        "bundle {}@{} deleted; {} bytes no other version uses go at the next blob garbage collection",
+                        r.name,
+                        r.version,
+                        r.reclaimable_bytes
+                    );
                 }
             }
             BundleCmd::List { output } => {

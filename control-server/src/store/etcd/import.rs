@@ -18,7 +18,7 @@ impl EtcdStore {
     /// The first key under the prefix, if any: an import goes only into an
     /// empty prefix.
     pub async fn first_key(&self) -> Result<Option<String>> {
-        let mut kv = self.client.kv_client();
+        let mut kv = crate::store::etcd::kv_of(&self.client);
         let resp = kv
             .get(
                 self.prefix.clone(),
@@ -35,7 +35,7 @@ impl EtcdStore {
     /// Deletes every key under the prefix: undoes an import that failed
     /// half-way, into a prefix that was empty before it.
     pub async fn remove_import(&self) -> Result<()> {
-        let mut kv = self.client.kv_client();
+        let mut kv = crate::store::etcd::kv_of(&self.client);
         kv.delete(
             self.prefix.clone(),
             Some(etcd_client::DeleteOptions::new().with_prefix()),

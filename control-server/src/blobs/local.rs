@@ -1,4 +1,6 @@
-//! The content-addressed blob store: `DATA_DIR/blobs/sha256/ab/<hex>`.
+//! A replica's local blobs, content-addressed: `DATA_DIR/blobs/sha256/ab/<hex>`;
+//! and [`LocalDirStore`], the same directory as the durable store of a
+//! single server (`--blob-store local`).
 //!
 //! A blob reaches its final name only after its bytes were verified against
 //! the declared digest and size while streaming in, then fsynced, renamed
@@ -7,18 +9,11 @@
 use std::path::{Path, PathBuf};
 
 use lks_proto::Digest;
-use lks_proto::digest::{Verifier, VerifyError};
-use tokio::io::AsyncWriteExt;
+use lks_proto::digest::Verifier;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::{BlobError, BlobStore, StoredBlob};
 use crate::fsutil::fsync_dir;
-
-#[derive(Debug, thiserror::Error)]
-pub enum BlobError {
-    #[error("blob {digest}: {source}")]
-    Verify { digest: Digest, source: VerifyError },
-    #[error("blob store {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
-}
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BlobError + '_ {
     move |source| BlobError::Io {
@@ -28,11 +23,11 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BlobError + '_ {
 }
 
 #[derive(Clone, Debug)]
-pub struct BlobStore {
+pub struct LocalBlobs {
     root: PathBuf,
 }
 
-impl BlobStore {
+impl LocalBlobs {
     /// Opens the store under `root`, removing temp files a crash left behind.
     pub fn open(root: &Path) -> Result<Self, BlobError> {
         let tmp = root.join("tmp");
@@ -41,7 +36,7 @@ impl BlobStore {
         }
         std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
         std::fs::create_dir_all(root.join("sha256")).map_err(io(root))?;
-        Ok(BlobStore {
+        Ok(LocalBlobs {
             root: root.to_path_buf(),
         })
     }
@@ -49,7 +44,7 @@ impl BlobStore {
     /// The store under `root` as it is, for reading only: nothing is
     /// created or cleaned up (`migrate` reads another server's blobs).
     pub fn read_only(root: &Path) -> Self {
-        BlobStore {
+        LocalBlobs {
             root: root.to_path_buf(),
         }
     }
@@ -62,6 +57,68 @@ impl BlobStore {
 
     pub fn contains(&self, d: &Digest) -> bool {
         self.path(d).is_file()
+    }
+
+    /// Removes the blob `d`, durably; an absent blob is not an error.
+    pub async fn remove(&self, d: &Digest) -> Result<(), BlobError> {
+        let path = self.path(d);
+        tokio::task::spawn_blocking(move || -> Result<(), BlobError> {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(BlobError::Io { path, source: e }),
+            }
+            let dir = path.parent().unwrap_or(Path::new("."));
+            fsync_dir(dir).map_err(io(dir))
+        })
+        .await
+        .map_err(|e| BlobError::Io {
+            path: self.path(d),
+            source: std::io::Error::other(e),
+        })?
+    }
+
+    /// Every blob under its final name, with its size.
+    pub fn list(&self) -> Result<Vec<StoredBlob>, BlobError> {
+        self.list_older_than(std::time::Duration::ZERO)
+    }
+
+    /// The blobs last written more than `age` ago.
+    pub fn list_older_than(&self, age: std::time::Duration) -> Result<Vec<StoredBlob>, BlobError> {
+        let now = std::time::SystemTime::now();
+        let top = self.root.join("sha256");
+        let mut out = Vec::new();
+        let dirs = match std::fs::read_dir(&top) {
+            Ok(d) => d,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(BlobError::Io { path: top, source: e }),
+        };
+        for dir in dirs {
+            let dir = dir.map_err(io(&top))?.path();
+            if !dir.is_dir() {
+                continue;
+            }
+            for f in std::fs::read_dir(&dir).map_err(io(&dir))? {
+                let f = f.map_err(io(&dir))?;
+                let Some(digest) = f.file_name().to_str().and_then(|n| Digest::from_hex(n).ok()) else {
+                    continue;
+                };
+                let meta = f.metadata().map_err(io(&dir))?;
+                let old_enough = age.is_zero()
+                    || meta
+                        .modified()
+                        .ok()
+                        .and_then(|m| now.duration_since(m).ok())
+                        .is_some_and(|a| a >= age);
+                if meta.is_file() && old_enough {
+                    out.push(StoredBlob {
+                        digest,
+                        size: meta.len(),
+                    });
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Starts writing a blob that must match `digest` and `size`.
@@ -191,6 +248,91 @@ impl Drop for BlobWriter {
     }
 }
 
+/// The data dir as the durable store of a single server: a blob is durable
+/// once it has its local name, so `put` only copies what is not already
+/// this directory's own file.
+#[derive(Clone, Debug)]
+pub struct LocalDirStore {
+    dir: LocalBlobs,
+}
+
+impl LocalDirStore {
+    pub fn new(dir: LocalBlobs) -> Self {
+        LocalDirStore { dir }
+    }
+}
+
+/// Copies `from` into `to` through a verifying writer.
+async fn copy_verified(from: &Path, to: &LocalBlobs, d: &Digest, size: u64) -> Result<(), BlobError> {
+    let mut file = tokio::fs::File::open(from).await.map_err(io(from))?;
+    let mut w = to.writer(*d, size).await?;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).await.map_err(io(from))?;
+        if n == 0 {
+            break;
+        }
+        w.write(&buf[..n]).await?;
+    }
+    w.finish().await
+}
+
+#[async_trait::async_trait]
+impl BlobStore for LocalDirStore {
+    fn describe(&self) -> String {
+        "local".into()
+    }
+
+    async fn check(&self) -> Result<(), BlobError> {
+        Ok(())
+    }
+
+    async fn contains(&self, d: &Digest) -> Result<bool, BlobError> {
+        Ok(self.dir.contains(d))
+    }
+
+    async fn put(&self, d: &Digest, size: u64, from: &Path) -> Result<(), BlobError> {
+        if from == self.dir.path(d) {
+            // Its own file: durable already, if it is there.
+            return match tokio::fs::metadata(from).await {
+                Ok(_) => Ok(()),
+                Err(e) => Err(BlobError::Io {
+                    path: from.to_path_buf(),
+                    source: e,
+                }),
+            };
+        }
+        copy_verified(from, &self.dir, d, size).await
+    }
+
+    async fn fetch(&self, d: &Digest, into: &LocalBlobs) -> Result<bool, BlobError> {
+        let path = self.dir.path(d);
+        let size = match tokio::fs::metadata(&path).await {
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(BlobError::Io { path, source: e }),
+        };
+        if into.path(d) != path {
+            copy_verified(&path, into, d, size).await?;
+        }
+        Ok(true)
+    }
+
+    async fn delete(&self, d: &Digest) -> Result<(), BlobError> {
+        self.dir.remove(d).await
+    }
+
+    async fn list(&self) -> Result<Vec<StoredBlob>, BlobError> {
+        let dir = self.dir.clone();
+        tokio::task::spawn_blocking(move || dir.list())
+            .await
+            .map_err(|e| BlobError::Io {
+                path: PathBuf::new(),
+                source: std::io::Error::other(e),
+            })?
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,7 +340,7 @@ mod tests {
     #[tokio::test]
     async fn verified_blobs_land_and_bad_ones_leave_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let store = BlobStore::open(dir.path()).unwrap();
+        let store = LocalBlobs::open(dir.path()).unwrap();
         let data = b"hello blob";
         let d = Digest::of(data);
         let mut w = store.writer(d, data.len() as u64).await.unwrap();

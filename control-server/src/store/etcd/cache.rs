@@ -1,0 +1,817 @@
+//! A replica's watch-fed copy of what rollout steps read — node documents,
+//! desired states, the live replicas, the last-seen documents and the
+//! rollouts being driven — so that the leader's step
+//! ([`EtcdStore::rollouts_to_drive`], [`EtcdStore::rollout_views`]) reads
+//! nothing from etcd: not the whole `nodes/` and `desired/` ranges, and not
+//! every driven rollout's document (~100 KiB at 1,000 nodes, an estimate)
+//! at every step. During a rollout to 10,000 nodes etcd sent its clients
+//! 30 MiB/s before this, 17 times what was written; these re-reads were,
+//! by count, a large part of it (BENCHMARKS.md, "Where a rollout's time
+//! went"). A decision taken on the copy is checked at commit against
+//! etcd's own read of the rollout.
+//!
+//! Consistency with etcd's revisions:
+//! - the copy is loaded as one snapshot (every range read at one revision
+//!   R), and the watch starts at R + 1, so no change falls between them;
+//! - an event at a revision the copy already covers is skipped, so a
+//!   reload while the watch runs never goes back in time;
+//! - a read waits until the copy holds this replica's own newest write
+//!   (read-your-writes: the leader's next step sees its last decision).
+//!   If that write's revision does not show within [`SHORT_WAIT`] (it
+//!   touched no watched key), one transaction of compares, with no data,
+//!   proves that no watched key was written since the copy's revision; a
+//!   copy that is not loaded (start, a compacted watch) or does not catch
+//!   up within [`CATCH_UP`] is not used: the view is read from etcd (at
+//!   once when the copy is not loaded). What
+//!   other replicas wrote reaches the copy within the watch's delay
+//!   (milliseconds), the same window in which a direct read is stale by the
+//!   time its decision commits;
+//! - the copy is loaded again after a compaction that outran the watch,
+//!   and every [`RELOAD_EVERY`] anyway, which also mends a copy that missed
+//!   an event for any reason.
+//!
+//! [`EtcdStore::watch_changes`] runs the watch: it feeds the copy and tells
+//! its caller what changed (the replica wires that to agent streams and the
+//! rollout controller).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::RwLock;
+
+use etcd_client::{EventType, WatchOptions};
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+
+/// How long a read waits for the copy to hold this replica's own writes
+/// before it reads etcd instead.
+pub const CATCH_UP: Duration = Duration::from_secs(2);
+/// How long it waits before it checks with etcd whether it needs to.
+pub const SHORT_WAIT: Duration = Duration::from_millis(100);
+/// The copy is loaded afresh this often.
+pub const RELOAD_EVERY: Duration = Duration::from_secs(300);
+
+/// The documents a rollout step reads, as of `rev`.
+#[derive(Default)]
+pub(super) struct CacheState {
+    /// The revision the copy reflects (0: not loaded).
+    pub rev: i64,
+    pub nodes: HashMap<String, NodeDoc>,
+    pub desired: HashMap<String, DesiredDoc>,
+    pub replicas: BTreeSet<String>,
+    pub seen: HashMap<String, HashMap<String, i64>>,
+    /// The rollouts the leader drives (`drive/ID`).
+    pub drive: BTreeSet<String>,
+    /// The documents of those rollouts, as stored (parsed when read: only
+    /// the leader reads them often). A rollout document that arrives
+    /// without its drive key is dropped at the end of its watch answer
+    /// ([`CacheState::keep_driven`]); the history of ended rollouts is not
+    /// kept.
+    pub rollouts: HashMap<String, Vec<u8>>,
+}
+
+impl CacheState {
+    /// Applies one change of the key `rest` (below the store's prefix);
+    /// `value` is `None` for a deletion. Keys it does not keep are ignored.
+    fn apply(&mut self, rest: &str, value: Option<&[u8]>) -> std::result::Result<(), String> {
+        fn parse<T: DeserializeOwned>(rest: &str, v: &[u8]) -> std::result::Result<T, String> {
+            serde_json::from_slice(v).map_err(|e| format!("{rest}: {e}"))
+        }
+        if let Some(n) = rest.strip_prefix("nodes/") {
+            match value {
+                Some(v) => drop(self.nodes.insert(n.to_string(), parse(rest, v)?)),
+                None => drop(self.nodes.remove(n)),
+            }
+        } else if let Some(n) = rest.strip_prefix("desired/") {
+            match value {
+                Some(v) => drop(self.desired.insert(n.to_string(), parse(rest, v)?)),
+                None => drop(self.desired.remove(n)),
+            }
+        } else if let Some(r) = rest.strip_prefix("replicas/") {
+            match value {
+                Some(_) => drop(self.replicas.insert(r.to_string())),
+                None => drop(self.replicas.remove(r)),
+            }
+        } else if let Some(r) = rest.strip_prefix("seen/") {
+            match value {
+                Some(v) => drop(self.seen.insert(r.to_string(), parse(rest, v)?)),
+                None => drop(self.seen.remove(r)),
+            }
+        } else if let Some(id) = rest.strip_prefix("drive/") {
+            match value {
+                Some(_) => drop(self.drive.insert(id.to_string())),
+                None => {
+                    self.drive.remove(id);
+                    self.rollouts.remove(id);
+                }
+            }
+        } else if let Some(id) = rest.strip_prefix("rollouts/") {
+            match value {
+                Some(v) => drop(self.rollouts.insert(id.to_string(), v.to_vec())),
+                None => drop(self.rollouts.remove(id)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets rollout documents whose rollout is not driven (ended, or
+    /// never driven): called once a watch answer is applied, as a rollout
+    /// and its drive key are written in one transaction.
+    fn keep_driven(&mut self) {
+        let drive = &self.drive;
+        self.rollouts.retain(|id, _| drive.contains(id));
+    }
+
+    /// The driven rollouts, oldest first as the store lists them.
+    pub fn driven_rollouts(&self) -> Result<Vec<RolloutRow>> {
+        let mut out = Vec::with_capacity(self.drive.len());
+        for id in &self.drive {
+            // Driven, but its document is gone: as a direct read finds it.
+            let Some(bytes) = self.rollouts.get(id) else {
+                continue;
+            };
+            out.push(Self::parse_rollout(id, bytes)?);
+        }
+        out.sort_by(|a, b| (a.created_at_ms, a.id.as_str()).cmp(&(b.created_at_ms, b.id.as_str())));
+        Ok(out)
+    }
+
+    /// One driven rollout; `None` if it is not driven (the caller reads
+    /// etcd: an ended rollout is not kept here).
+    pub fn driven_rollout(&self, id: &str) -> Option<Result<RolloutRow>> {
+        let bytes = self.rollouts.get(id)?;
+        Some(Self::parse_rollout(id, bytes))
+    }
+
+    fn parse_rollout(id: &str, bytes: &[u8]) -> Result<RolloutRow> {
+        let key = format!("rollouts/{id}");
+        serde_json::from_slice::<RolloutDoc>(bytes)
+            .map_err(|e| corrupt(&key, e))?
+            .into_row(id)
+    }
+
+    fn liveness(&self) -> Liveness {
+        let mut seen: HashMap<String, i64> = HashMap::new();
+        for map in self.seen.values() {
+            for (n, t) in map {
+                let e = seen.entry(n.clone()).or_default();
+                *e = (*e).max(*t);
+            }
+        }
+        Liveness {
+            replicas: self.replicas.clone(),
+            seen,
+        }
+    }
+}
+
+/// The copy, and a channel that says which revision it reached.
+pub(super) struct ViewCache {
+    state: RwLock<CacheState>,
+    rev: tokio::sync::watch::Sender<i64>,
+}
+
+impl Default for ViewCache {
+    fn default() -> Self {
+        ViewCache {
+            state: RwLock::default(),
+            rev: tokio::sync::watch::channel(0).0,
+        }
+    }
+}
+
+/// What changed, as the watch tells its caller.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Change<'a> {
+    /// A node's desired state changed.
+    Desired(&'a str),
+    /// A node document changed (report, connection) or was deleted.
+    Node { name: &'a str, deleted: bool },
+    /// A rollout document changed.
+    Rollout,
+    /// A replica came or went.
+    Replicas,
+    /// The watch started afresh: anything may have changed.
+    Resync,
+}
+
+/// The keys the watch covers: `desired/` up to and including `seen/`
+/// (desired, drive, events, identity, leader, load, meta, nodes,
+/// replicas, rollouts, seen), not blob chunks or records.
+const WATCH_FROM: &str = "desired/";
+const WATCH_TO: &str = "seen0";
+
+impl EtcdStore {
+    /// Loads the copy as one snapshot; the revision it was read at.
+    pub async fn cache_load(&self) -> Result<i64> {
+        let mut kv = crate::store::etcd::kv_of(&self.client);
+        let first = kv
+            .get(self.key("nodes/"), Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(unavailable)?;
+        let rev = first.header().map_or(0, |h| h.revision());
+        let mut state = CacheState {
+            rev,
+            ..Default::default()
+        };
+        let load = |state: &mut CacheState, kvs: &[etcd_client::KeyValue]| -> Result<()> {
+            for item in kvs {
+                let key = String::from_utf8_lossy(item.key());
+                let rest = key.strip_prefix(&self.prefix).unwrap_or(&key).to_string();
+                state
+                    .apply(&rest, Some(item.value()))
+                    .map_err(|e| corrupt(&rest, e))?;
+            }
+            Ok(())
+        };
+        load(&mut state, first.kvs())?;
+        for p in ["desired/", "replicas/", "seen/", "drive/"] {
+            let resp = kv
+                .get(
+                    self.key(p),
+                    Some(GetOptions::new().with_prefix().with_revision(rev)),
+                )
+                .await
+                .map_err(unavailable)?;
+            load(&mut state, resp.kvs())?;
+        }
+        // The driven rollouts' documents, at the same revision (not the
+        // whole `rollouts/` history).
+        let driven: Vec<String> = state.drive.iter().cloned().collect();
+        for id in driven {
+            let resp = kv
+                .get(
+                    self.key(&format!("rollouts/{id}")),
+                    Some(GetOptions::new().with_revision(rev)),
+                )
+                .await
+                .map_err(unavailable)?;
+            load(&mut state, resp.kvs())?;
+        }
+        if let Ok(mut s) = self.cache.state.write() {
+            *s = state;
+        }
+        self.cache.rev.send_replace(rev);
+        Ok(rev)
+    }
+
+    /// Forgets the copy (reads go to etcd until it is loaded again).
+    pub fn cache_invalidate(&self) {
+        if let Ok(mut s) = self.cache.state.write() {
+            *s = CacheState::default();
+        }
+        self.cache.rev.send_replace(0);
+    }
+
+    /// Applies one watched event at `mod_rev`, unless the copy is not
+    /// loaded or already covers it.
+    fn cache_event(&self, rest: &str, value: Option<&[u8]>, mod_rev: i64) {
+        let Ok(mut s) = self.cache.state.write() else {
+            return;
+        };
+        if s.rev == 0 || mod_rev <= s.rev {
+            return;
+        }
+        if let Err(e) = s.apply(rest, value) {
+            tracing::warn!(error = %e, "etcd watch: an unreadable document; the view copy is reloaded");
+            *s = CacheState::default();
+            self.cache.rev.send_replace(0);
+        }
+    }
+
+    /// The copy reflects everything up to `rev` (the last event applied).
+    fn cache_advance(&self, rev: i64) {
+        let Ok(mut s) = self.cache.state.write() else {
+            return;
+        };
+        if s.rev > 0 && rev > s.rev {
+            s.keep_driven();
+            s.rev = rev;
+            drop(s);
+            self.cache.rev.send_replace(rev);
+        }
+    }
+
+    /// Notes a revision this replica wrote.
+    pub(super) fn wrote(&self, rev: i64) {
+        self.written.fetch_max(rev, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// True if no watched key was put after `rev` (one transaction of
+    /// compares on the prefixes, reading no data).
+    async fn nothing_watched_changed_since(&self, rev: i64) -> bool {
+        let compares: Vec<Compare> = ["nodes/", "desired/", "replicas/", "seen/", "drive/", "rollouts/"]
+            .iter()
+            .map(|p| Compare::mod_revision(self.key(p), CompareOp::Less, rev + 1).with_prefix())
+            .collect();
+        let mut kv = crate::store::etcd::kv_of(&self.client);
+        matches!(kv.txn(Txn::new().when(compares)).await, Ok(r) if r.succeeded())
+    }
+
+    /// Runs `f` on the copy once it holds this replica's own writes;
+    /// `None` if it is not loaded or does not catch up in time.
+    pub(super) async fn with_cache<T>(&self, f: impl FnOnce(&CacheState, &Liveness) -> T) -> Option<T> {
+        let want = self.written.load(std::sync::atomic::Ordering::Relaxed);
+        let mut rx = self.cache.rev.subscribe();
+        // Not loaded (no watch yet, or a reload under way): etcd at once.
+        if *rx.borrow() == 0 {
+            return None;
+        }
+        let reached = |r: &i64| *r > 0 && *r >= want;
+        if tokio::time::timeout(SHORT_WAIT, rx.wait_for(reached))
+            .await
+            .is_err()
+        {
+            let at = *rx.borrow();
+            let fresh = at > 0 && self.nothing_watched_changed_since(at).await;
+            if !fresh
+                && !matches!(
+                    tokio::time::timeout(CATCH_UP, rx.wait_for(reached)).await,
+                    Ok(Ok(_))
+                )
+            {
+                return None;
+            }
+        }
+        let s = self.cache.state.read().ok()?;
+        if s.rev == 0 {
+            return None;
+        }
+        let live = s.liveness();
+        Some(f(&s, &live))
+    }
+
+    /// Watches the keys that matter to a replica until `cancel` fires,
+    /// feeding the view copy and telling `on` what changed. Re-establishes
+    /// itself after errors, resuming where it was (or reloading the copy
+    /// and reporting [`Change::Resync`] when etcd compacted the history it
+    /// needed).
+    pub async fn watch_changes(&self, cancel: &CancellationToken, on: impl FnMut(Change<'_>)) {
+        self.watch_from(0, cancel, on).await;
+    }
+
+    /// [`Self::watch_changes`] resuming at `next_rev` (0: from a fresh
+    /// snapshot) with the copy as it is.
+    async fn watch_from(
+        &self,
+        mut next_rev: i64,
+        cancel: &CancellationToken,
+        mut on: impl FnMut(Change<'_>),
+    ) {
+        let from = self.key(WATCH_FROM);
+        let to = self.key(WATCH_TO);
+        let mut loaded_at = tokio::time::Instant::now();
+        let mut warned = false;
+        loop {
+            if cancel.is_cancelled() {
+                return;
+            }
+            if next_rev == 0 {
+                // A fresh start: the copy from one snapshot, the watch
+                // right after it; anything may have changed meanwhile.
+                match self.cache_load().await {
+                    Ok(rev) => {
+                        next_rev = rev + 1;
+                        loaded_at = tokio::time::Instant::now();
+                    }
+                    Err(e) => {
+                        self.cache_invalidate();
+                        tracing::debug!(error = %e, "load the view copy");
+                    }
+                }
+                on(Change::Resync);
+            }
+            let mut opts = WatchOptions::new().with_range(to.clone());
+            if next_rev > 0 {
+                opts = opts.with_start_revision(next_rev);
+            }
+            let mut wc = crate::store::etcd::watch_of(&self.client);
+            let mut stream = match wc.watch(from.clone(), Some(opts)).await {
+                Ok(w) => {
+                    if warned {
+                        tracing::info!("etcd watch re-established");
+                        warned = false;
+                    }
+                    w
+                }
+                Err(e) => {
+                    if !warned {
+                        tracing::warn!(error = %e, "etcd watch failed; retrying");
+                        warned = true;
+                    }
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    }
+                }
+            };
+            loop {
+                let msg = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    m = stream.message() => m,
+                };
+                let resp = match msg {
+                    Ok(Some(r)) => r,
+                    Ok(None) | Err(_) => {
+                        if !warned {
+                            tracing::warn!("etcd watch ended; re-establishing");
+                            warned = true;
+                        }
+                        break;
+                    }
+                };
+                if resp.compact_revision() > 0 {
+                    // History we needed is gone: start over from a snapshot.
+                    self.cache_invalidate();
+                    next_rev = 0;
+                    break;
+                }
+                if resp.canceled() {
+                    break;
+                }
+                for ev in resp.events() {
+                    let Some(kv) = ev.kv() else { continue };
+                    next_rev = next_rev.max(kv.mod_revision() + 1);
+                    let key = String::from_utf8_lossy(kv.key());
+                    let Some(rest) = key.strip_prefix(&self.prefix) else {
+                        continue;
+                    };
+                    let deleted = ev.event_type() == EventType::Delete;
+                    self.cache_event(rest, (!deleted).then(|| kv.value()), kv.mod_revision());
+                    if let Some(node) = rest.strip_prefix("desired/") {
+                        if !deleted {
+                            on(Change::Desired(node));
+                        }
+                    } else if let Some(name) = rest.strip_prefix("nodes/") {
+                        on(Change::Node { name, deleted });
+                    } else if rest.starts_with("rollouts/") {
+                        on(Change::Rollout);
+                    } else if rest.starts_with("replicas/") {
+                        on(Change::Replicas);
+                    }
+                }
+                // The copy reflects the last event applied: a header's
+                // revision would say more than was delivered (the `created`
+                // answer, or a batch of a watch still catching up).
+                if let Some(last) = resp
+                    .events()
+                    .iter()
+                    .filter_map(|e| e.kv())
+                    .map(|kv| kv.mod_revision())
+                    .max()
+                {
+                    self.cache_advance(last);
+                }
+                // The safety net: a fresh snapshot now and then. Events the
+                // watch then replays are older than it and skipped.
+                if loaded_at.elapsed() >= RELOAD_EVERY {
+                    loaded_at = tokio::time::Instant::now();
+                    if let Err(e) = self.cache_load().await {
+                        tracing::debug!(error = %e, "reload the view copy");
+                    }
+                }
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::etcd::tests::TestEtcd;
+
+    /// The copy's answer for every node next to etcd's own.
+    async fn same_as_etcd(s: &EtcdStore) {
+        let (cached, rev) = {
+            let c = s.cache.state.read().unwrap();
+            let mut v: Vec<(String, Option<String>, bool)> = c
+                .nodes
+                .iter()
+                .map(|(n, d)| {
+                    let desired = c.desired.get(n).and_then(|d| d.bundles.get("k").cloned());
+                    (n.clone(), desired, c.liveness().connected(d))
+                })
+                .collect();
+            v.sort();
+            (v, c.rev)
+        };
+        assert!(rev > 0, "loaded");
+        let mut direct: Vec<(String, Option<String>, bool)> = s
+            .list_nodes(None)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|n| (n.name.clone(), n.desired.get("k").cloned(), n.connected))
+            .collect();
+        direct.sort();
+        assert_eq!(cached, direct);
+    }
+
+    async fn wait_rev(s: &EtcdStore, at_least: i64) {
+        let mut rx = s.cache.rev.subscribe();
+        tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|&r| r >= at_least))
+            .await
+            .expect("the copy catches up")
+            .unwrap();
+    }
+
+    async fn current_rev(s: &EtcdStore) -> i64 {
+        let mut kv = crate::store::etcd::kv_of(&s.client());
+        kv.get("x", None).await.unwrap().header().unwrap().revision()
+    }
+
+    /// A store with cluster `c` and nodes n0 … n(count-1) enrolled.
+    async fn store_with_nodes(etcd: &TestEtcd, count: usize) -> EtcdStore {
+        let s = etcd.store("r1").await;
+        s.create_cluster(NewCluster::new("c", 1)).await.unwrap();
+        s.create_token(super::super::tests::token("tok000", None))
+            .await
+            .unwrap();
+        for i in 0..count {
+            s.enroll_node(super::super::tests::new_node(&format!("n{i}"), "tok000"))
+                .await
+                .unwrap();
+        }
+        s
+    }
+
+    /// [`store_with_nodes`] with bundle k@1 published and the watch running
+    /// with its copy loaded; cancel the token and await the task to stop it.
+    async fn watched_with_bundle(
+        etcd: &TestEtcd,
+        count: usize,
+    ) -> (EtcdStore, CancellationToken, tokio::task::JoinHandle<()>) {
+        let s = store_with_nodes(etcd, count).await;
+        s.put_bundle(crate::store::conformance::bundle("k", "1", "d1"))
+            .await
+            .unwrap();
+        let cancel = CancellationToken::new();
+        let task = {
+            let (s, cancel) = (s.clone(), cancel.clone());
+            tokio::spawn(async move { s.watch_changes(&cancel, |_| {}).await })
+        };
+        wait_rev(&s, 1).await;
+        (s, cancel, task)
+    }
+
+    /// The rollout's first decision, through `s`: n0 gets version 1.
+    async fn assign_n0(s: &EtcdStore, r: &RolloutRow) {
+        let mut next = r.clone();
+        next.nodes[0].state = NodeState::Applying;
+        next.nodes[0].touched = true;
+        s.commit_rollout(crate::store::conformance::commit(
+            &next,
+            &[("n0", Some("1"))],
+            TargetChange::Keep,
+        ))
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_copy_follows_etcd_through_a_compaction_and_mends_a_missed_event() {
+        let etcd = TestEtcd::start();
+        let s = store_with_nodes(&etcd, 5).await;
+        let cancel = CancellationToken::new();
+        let changes = Arc::new(Mutex::new(Vec::<String>::new()));
+        let task = {
+            let (s, cancel, changes) = (s.clone(), cancel.clone(), changes.clone());
+            tokio::spawn(async move {
+                s.watch_changes(&cancel, |c| changes.lock().unwrap().push(format!("{c:?}")))
+                    .await;
+            })
+        };
+        wait_rev(&s, 1).await;
+        same_as_etcd(&s).await;
+        assert_eq!(changes.lock().unwrap()[0], "Resync");
+
+        // Changes through another replica reach the copy.
+        let other = etcd.store("r2").await;
+        other.node_connected("n1", "{}", Vec::new(), 10).await.unwrap();
+        other.delete_node("n2").await.unwrap();
+        wait_rev(&s, current_rev(&s).await).await;
+        same_as_etcd(&s).await;
+        assert!(
+            changes
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|c| c.contains("\"n2\", deleted: true"))
+        );
+
+        // A view read holds this replica's own writes.
+        s.node_connected("n3", "{}", Vec::new(), 20).await.unwrap();
+        let connected = s.with_cache(|c, live| live.connected(&c.nodes["n3"])).await;
+        assert_eq!(connected, Some(true), "read-your-writes");
+
+        // The watch falls behind a compaction: the copy is loaded afresh.
+        cancel.cancel();
+        task.await.unwrap();
+        let resume_at = s.cache.state.read().unwrap().rev + 1;
+        for i in 0..3 {
+            other
+                .node_connected("n4", "{}", Vec::new(), 30 + i)
+                .await
+                .unwrap();
+        }
+        other.delete_node("n0").await.unwrap();
+        let now = current_rev(&s).await;
+        crate::store::etcd::kv_of(&s.client())
+            .compact(now, None)
+            .await
+            .unwrap();
+        // A copy that missed events (its watch was gone) and is behind.
+        assert!(s.cache.state.read().unwrap().nodes.contains_key("n0"), "stale");
+        s.node_connected("n1", "{}", Vec::new(), 40).await.unwrap();
+        assert!(
+            s.with_cache(|_, _| ()).await.is_none(),
+            "no watch: the copy misses this replica's own write and is not used"
+        );
+        let cancel = CancellationToken::new();
+        let task = {
+            let (s, cancel) = (s.clone(), cancel.clone());
+            // Resumes where the old watch stopped: etcd says that is compacted.
+            tokio::spawn(async move { s.watch_from(resume_at, &cancel, |_| {}).await })
+        };
+        wait_rev(&s, now).await;
+        same_as_etcd(&s).await;
+        assert!(!s.cache.state.read().unwrap().nodes.contains_key("n0"));
+        cancel.cancel();
+        task.await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rollout_step_reads_its_views_from_the_copy() {
+        use crate::store::conformance::rollout;
+        let etcd = TestEtcd::start();
+        let (s, cancel, task) = watched_with_bundle(&etcd, 3).await;
+        let r = s.start_rollout(rollout("r1", "c", "k", "1", &[])).await.unwrap();
+        assign_n0(&s, &r).await;
+        s.node_connected("n1", "{}", Vec::new(), 5).await.unwrap();
+        // The step right after its own decision: the copy holds it.
+        let cached = s
+            .with_cache(|c, _| c.desired.get("n0").and_then(|d| d.bundles.get("k").cloned()))
+            .await;
+        assert_eq!(cached, Some(Some("1".to_string())), "read-your-writes");
+        let via_copy = s.rollout_views("r1").await.unwrap();
+        // A replica without a watch reads the same from etcd.
+        let direct = etcd.store("r2").await.rollout_views("r1").await.unwrap();
+        assert_eq!(via_copy, direct);
+        assert_eq!(via_copy["n0"].desired.as_deref(), Some("1"));
+        assert!(via_copy["n1"].connected && !via_copy["n2"].connected);
+        cancel.cancel();
+        task.await.unwrap();
+    }
+
+    /// The leader's question at every step, "which rollouts do I drive?",
+    /// is answered from the copy as etcd answers it: through a start on
+    /// another replica, a decision, a reload of the copy, and the end.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn driven_rollouts_come_from_the_copy_as_etcd_has_them() {
+        use crate::store::conformance::{commit, rollout};
+        let etcd = TestEtcd::start();
+        let (s, cancel, task) = watched_with_bundle(&etcd, 3).await;
+        // r2 has no watch: it reads etcd.
+        let other = etcd.store("r2").await;
+        let same = |s: EtcdStore, other: EtcdStore| async move {
+            let (a, b) = (
+                s.rollouts_to_drive().await.unwrap(),
+                other.rollouts_to_drive().await.unwrap(),
+            );
+            assert_eq!(a, b);
+            let copy = s
+                .cache
+                .state
+                .read()
+                .unwrap()
+                .rollouts
+                .keys()
+                .cloned()
+                .collect::<BTreeSet<_>>();
+            assert_eq!(
+                copy,
+                a.iter().map(|r| r.id.clone()).collect(),
+                "only driven ones kept"
+            );
+            a
+        };
+
+        let r = other
+            .start_rollout(rollout("r1", "c", "k", "1", &[]))
+            .await
+            .unwrap();
+        wait_rev(&s, current_rev(&s).await).await;
+        let driven = same(s.clone(), other.clone()).await;
+        assert_eq!(driven.len(), 1);
+
+        assign_n0(&s, &r).await;
+        let driven = same(s.clone(), other.clone()).await;
+        assert_eq!(driven[0].nodes[0].state, NodeState::Applying, "read-your-writes");
+        assert_eq!(
+            s.rollout_views("r1").await.unwrap(),
+            other.rollout_views("r1").await.unwrap()
+        );
+
+        // A reload loads the driven rollouts' documents at its revision.
+        s.cache_load().await.unwrap();
+        same(s.clone(), other.clone()).await;
+
+        // Ended: no longer driven, forgotten by the copy; its views are
+        // still read (from etcd).
+        let mut done = driven[0].clone();
+        done.state = RolloutState::Aborted;
+        done.nodes[0].state = NodeState::Failed;
+        s.commit_rollout(commit(&done, &[], TargetChange::Keep))
+            .await
+            .unwrap();
+        assert!(same(s.clone(), other.clone()).await.is_empty());
+        assert_eq!(
+            s.rollout_views("r1").await.unwrap(),
+            other.rollout_views("r1").await.unwrap()
+        );
+        assert_eq!(s.rollout_views("r1").await.unwrap().len(), 3);
+        cancel.cancel();
+        task.await.unwrap();
+    }
+
+    /// A start takes its nodes from the copy, and no node enrolled through
+    /// another replica just before it is left out (the copy may not have it
+    /// yet: the start's compare of node creations fails, and it reads etcd).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_start_takes_its_nodes_from_the_copy_and_misses_none_enrolled_meanwhile() {
+        use crate::store::conformance::{bundle, rollout};
+        let etcd = TestEtcd::start();
+        let (s, cancel, task) = watched_with_bundle(&etcd, 3).await;
+        s.put_bundle(bundle("z", "1", "d1")).await.unwrap();
+        let other = etcd.store("r2").await;
+        for i in 0..20 {
+            let name = format!("late{i}");
+            other
+                .enroll_node(super::super::tests::new_node(&name, "tok000"))
+                .await
+                .unwrap();
+            let id = format!("r{i}");
+            let b = if i % 2 == 0 { "k" } else { "z" };
+            // Each start right after an enrolment elsewhere.
+            let r = s.start_rollout(rollout(&id, "c", b, "1", &[])).await.unwrap();
+            assert!(r.nodes.iter().any(|n| n.name == name), "{id} misses {name}");
+            assert_eq!(r.nodes.len(), 3 + i + 1, "{id}");
+            // Ended at once, so the next start of the bundle may begin.
+            let mut done = r.clone();
+            done.state = RolloutState::Aborted;
+            s.commit_rollout(crate::store::conformance::commit(&done, &[], TargetChange::Keep))
+                .await
+                .unwrap();
+        }
+        // A copy surely behind: its watch stopped before an enrolment
+        // elsewhere. The start taken on it loses its compare and reads etcd.
+        cancel.cancel();
+        task.await.unwrap();
+        other
+            .enroll_node(super::super::tests::new_node("unseen", "tok000"))
+            .await
+            .unwrap();
+        assert!(!s.cache.state.read().unwrap().nodes.contains_key("unseen"));
+        let r = s
+            .start_rollout(rollout("last", "c", "k", "1", &[]))
+            .await
+            .unwrap();
+        assert!(r.nodes.iter().any(|n| n.name == "unseen"), "{:?}", r.nodes);
+    }
+
+    #[test]
+    fn a_rollout_document_without_its_drive_key_is_not_kept() {
+        let mut c = CacheState {
+            rev: 1,
+            ..Default::default()
+        };
+        // A start: the rollout, then its drive key, in one answer.
+        c.apply("rollouts/a", Some(b"{}")).unwrap();
+        c.apply("drive/a", Some(b"")).unwrap();
+        // An ended one: its drive key deleted before its last document.
+        c.apply("rollouts/b", Some(b"{}")).unwrap();
+        c.apply("drive/b", Some(b"")).unwrap();
+        c.apply("drive/b", None).unwrap();
+        c.apply("rollouts/b", Some(b"{}")).unwrap();
+        c.keep_driven();
+        assert_eq!(c.rollouts.keys().collect::<Vec<_>>(), ["a"]);
+        assert_eq!(c.drive.iter().collect::<Vec<_>>(), ["a"]);
+    }
+
+    #[test]
+    fn events_the_snapshot_covers_are_skipped() {
+        let mut c = CacheState {
+            rev: 10,
+            ..Default::default()
+        };
+        c.apply("replicas/a", Some(b"{}")).unwrap();
+        assert!(c.replicas.contains("a"));
+        c.apply("replicas/a", None).unwrap();
+        assert!(c.replicas.is_empty());
+        assert!(c.apply("nodes/x", Some(b"not json")).is_err());
+        c.apply("events/1", Some(b"ignored")).unwrap();
+    }
+}

@@ -1,0 +1,504 @@
+//! Group commit of status reports.
+//!
+//! Every agent report changes its node's document. One etcd transaction per
+//! report made a rollout to 10,000 nodes cost about one raft proposal, one
+//! WAL fsync on every member and three read transactions per node, and the
+//! three etcd members used more CPU than the replicas (BENCHMARKS.md, "A
+//! region on replicas"). Here reports that arrive while another batch is
+//! being committed wait for the next one, and a batch is read in one
+//! transaction and written in one: the cost per report falls with the load,
+//! and a lone report still goes out at once (nothing waits for a timer).
+//!
+//! A batch holds each node once. Its write compares every document it read,
+//! as the single-report path does; if any of them changed meanwhile (the
+//! leader assigned one of the nodes a new desired state), the batch is not
+//! written and each report takes the single-report path, which retries on
+//! its own.
+//!
+//! A caller whose report was taken into another caller's batch waits for
+//! that batch's answer. The batch is committed on a task of its own, so a
+//! committing caller that is cancelled (its stream ended) does not take
+//! the other reports of its batch with it.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Mutex;
+
+use etcd_client::{Compare, Txn, TxnOp};
+use std::sync::Arc;
+
+use tokio::sync::{Semaphore, oneshot};
+
+use super::{
+    DesiredDoc, Doc, EtcdStore, MAX_ATTEMPTS, NodeDoc, actual_doc, backoff, busy, json, read_answers, typed,
+};
+use crate::store::{BundleStatusRow, Result, StoreError};
+
+/// Reports in one batch: two compares and one write each, under etcd's
+/// default `--max-txn-ops` of 128.
+const MAX_BATCH: usize = 60;
+/// Tries of one batch against concurrent changes of its documents, each
+/// with the documents its failed try read, before each report goes alone.
+const BATCH_ATTEMPTS: usize = 4;
+/// Batches committed at once by one replica.
+const COMMITTERS: usize = 2;
+
+/// One report waiting to be written.
+struct Pending {
+    id: u64,
+    node: String,
+    statuses: Vec<BundleStatusRow>,
+    done: oneshot::Sender<Result<()>>,
+}
+
+/// The queue of reports and the right to commit a batch of them.
+pub(super) struct StatusQueue {
+    queue: Mutex<VecDeque<Pending>>,
+    committers: Arc<Semaphore>,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+impl Default for StatusQueue {
+    fn default() -> Self {
+        StatusQueue {
+            queue: Mutex::default(),
+            committers: Arc::new(Semaphore::new(COMMITTERS)),
+            next_id: Default::default(),
+        }
+    }
+}
+
+impl StatusQueue {
+    fn push(&self, node: &str, statuses: Vec<BundleStatusRow>) -> (u64, oneshot::Receiver<Result<()>>) {
+        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (done, rx) = oneshot::channel();
+        self.lock().push_back(Pending {
+            id,
+            node: node.to_string(),
+            statuses,
+            done,
+        });
+        (id, rx)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Pending>> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn contains(&self, id: u64) -> bool {
+        self.lock().iter().any(|p| p.id == id)
+    }
+
+    /// Up to [`MAX_BATCH`] reports, each node once, oldest first; a second
+    /// report of a node stays queued for the next batch, after the first.
+    fn take_batch(&self) -> Vec<Pending> {
+        let mut q = self.lock();
+        let mut seen = HashSet::new();
+        let mut batch = Vec::new();
+        let mut rest = VecDeque::with_capacity(q.len());
+        while let Some(p) = q.pop_front() {
+            if batch.len() < MAX_BATCH && seen.insert(p.node.clone()) {
+                batch.push(p);
+            } else {
+                rest.push_back(p);
+            }
+        }
+        *q = rest;
+        batch
+    }
+}
+
+/// Removes a report from the queue when its caller goes, unless a batch
+/// took it already.
+struct Unqueue<'a> {
+    q: &'a StatusQueue,
+    id: u64,
+}
+
+impl Drop for Unqueue<'_> {
+    fn drop(&mut self) {
+        self.q.lock().retain(|p| p.id != self.id);
+    }
+}
+
+/// What one report makes of its node's documents: the compares its write
+/// needs and the write, or nothing when the node is gone.
+pub(super) fn status_update(
+    store: &EtcdStore,
+    name: &str,
+    statuses: &[BundleStatusRow],
+    node: Option<Doc<serde_json::Value>>,
+    desired: Option<Doc<serde_json::Value>>,
+) -> Result<Option<(Vec<Compare>, TxnOp)>> {
+    let nkey = store.key(&format!("nodes/{name}"));
+    let dkey = store.key(&format!("desired/{name}"));
+    let doc: Doc<NodeDoc> = typed(&nkey, node)?;
+    let desired: Doc<DesiredDoc> = typed(&dkey, desired)?;
+    let Some(mut d) = doc.value.clone() else {
+        return Ok(None);
+    };
+    let wanted = desired.value.clone().unwrap_or_default().bundles;
+    for s in statuses {
+        d.actual.insert(s.name.clone(), actual_doc(s));
+    }
+    // Left out of the report and no longer desired: removed.
+    d.actual
+        .retain(|b, _| wanted.contains_key(b) || statuses.iter().any(|s| s.name == *b));
+    Ok(Some((
+        vec![doc.compare(&nkey), desired.compare(&dkey)],
+        TxnOp::put(nkey, json(&d)?, None),
+    )))
+}
+
+impl EtcdStore {
+    /// Stores a report, in a batch with the others that arrive meanwhile.
+    pub(super) async fn record_status_batched(
+        &self,
+        name: &str,
+        statuses: Vec<BundleStatusRow>,
+    ) -> Result<()> {
+        let q = &self.statuses;
+        let (id, mut rx) = q.push(name, statuses);
+        // A caller that is cancelled while its report still waits takes
+        // the report back: written later, it could overwrite a newer one
+        // the node sent through another stream.
+        let _unqueue = Unqueue { q, id };
+        loop {
+            let permit = q
+                .committers
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| StoreError::Backend("status queue closed".into()))?;
+            // Another committer may have taken this report meanwhile: its
+            // answer is the one to wait for.
+            if !q.contains(id) {
+                drop(permit);
+                return rx.await.unwrap_or_else(|_| {
+                    Err(StoreError::Unavailable(
+                        "the batch holding this status report was abandoned".into(),
+                    ))
+                });
+            }
+            let batch = q.take_batch();
+            let store = self.clone();
+            let commit = tokio::spawn(async move {
+                store.commit_batch(batch).await;
+                drop(permit);
+            });
+            // A panic in it drops the batch's answers: as abandoned.
+            let _ = commit.await;
+            // Ours was in it, unless a report of the same node queued
+            // earlier kept it for the next batch.
+            if let Ok(r) = rx.try_recv() {
+                return r;
+            }
+        }
+    }
+
+    /// One status report on its own, retried while other writers change
+    /// the node's documents (the batch's fallback, `status.rs`).
+    pub(super) async fn record_status_one(&self, name: &str, statuses: &[BundleStatusRow]) -> Result<()> {
+        for attempt in 0..MAX_ATTEMPTS {
+            let nkey = self.key(&format!("nodes/{name}"));
+            let dkey = self.key(&format!("desired/{name}"));
+            // Both documents in one round trip.
+            let mut pair = self
+                .get_many::<serde_json::Value>(&[nkey, dkey])
+                .await?
+                .into_iter();
+            let Some((compares, op)) = status_update(self, name, statuses, pair.next(), pair.next())? else {
+                return Ok(());
+            };
+            if self.txn(compares, vec![op]).await? {
+                return Ok(());
+            }
+            backoff(attempt).await;
+        }
+        Err(busy("record status"))
+    }
+
+    /// Writes a batch and answers each of its callers.
+    async fn commit_batch(&self, batch: Vec<Pending>) {
+        if batch.is_empty() {
+            return;
+        }
+        let keys: Vec<String> = batch
+            .iter()
+            .flat_map(|p| {
+                [
+                    self.key(&format!("nodes/{}", p.node)),
+                    self.key(&format!("desired/{}", p.node)),
+                ]
+            })
+            .collect();
+        let mut docs = match self.get_many::<serde_json::Value>(&keys).await {
+            Ok(d) => d,
+            Err(e) => return answer_all(batch, &e),
+        };
+        let mut batch = batch;
+        for attempt in 0..BATCH_ATTEMPTS {
+            let mut compares = Vec::with_capacity(keys.len());
+            let mut ops = Vec::with_capacity(batch.len());
+            let mut written = Vec::with_capacity(batch.len());
+            let mut read = Vec::with_capacity(keys.len());
+            let mut it = docs.into_iter();
+            for p in batch {
+                let (n, d) = (it.next(), it.next());
+                match status_update(self, &p.node, &p.statuses, n, d) {
+                    Ok(Some((c, op))) => {
+                        compares.extend(c);
+                        ops.push(op);
+                        read.push(self.key(&format!("nodes/{}", p.node)));
+                        read.push(self.key(&format!("desired/{}", p.node)));
+                        written.push(p);
+                    }
+                    // The node is gone, or its document unreadable: that
+                    // answer does not depend on the write.
+                    Ok(None) => {
+                        let _ = p.done.send(Ok(()));
+                    }
+                    Err(e) => {
+                        let _ = p.done.send(Err(e));
+                    }
+                }
+            }
+            if written.is_empty() {
+                return;
+            }
+            // If a compare fails, the same round trip reads the documents
+            // again for the next attempt.
+            let on_failure = read.iter().map(|k| TxnOp::get(k.clone(), None)).collect();
+            match self.txn_or_read(compares, ops, on_failure).await {
+                Ok(Outcome::Written) => {
+                    for p in written {
+                        let _ = p.done.send(Ok(()));
+                    }
+                    return;
+                }
+                Ok(Outcome::Changed(fresh)) if attempt + 1 < BATCH_ATTEMPTS => {
+                    docs = fresh;
+                    batch = written;
+                }
+                // Still losing, or a document changed into something
+                // unreadable: each on its own, as a single report retries
+                // (and says which document).
+                Ok(Outcome::Changed(_) | Outcome::Unreadable) => {
+                    let each = written.into_iter().map(|p| async move {
+                        let r = self.record_status_one(&p.node, &p.statuses).await;
+                        let _ = p.done.send(r);
+                    });
+                    futures::future::join_all(each).await;
+                    return;
+                }
+                Err(e) => return answer_all(written, &e),
+            }
+        }
+    }
+
+    /// One transaction: `ops` if the compares hold, else the reads of
+    /// `on_failure`.
+    async fn txn_or_read(
+        &self,
+        compares: Vec<Compare>,
+        ops: Vec<TxnOp>,
+        on_failure: Vec<TxnOp>,
+    ) -> Result<Outcome> {
+        let wanted = on_failure.len();
+        let mut kv = super::kv_of(&self.client);
+        let resp = kv
+            .txn(Txn::new().when(compares).and_then(ops).or_else(on_failure))
+            .await
+            .map_err(super::unavailable)?;
+        if resp.succeeded() {
+            if let Some(h) = resp.header() {
+                self.wrote(h.revision());
+            }
+            return Ok(Outcome::Written);
+        }
+        let answers = read_answers(resp, wanted)?;
+        let mut out = Vec::with_capacity(wanted);
+        for g in answers {
+            out.push(match g.kvs().first() {
+                None => Doc { value: None, rev: 0 },
+                Some(kv) => match serde_json::from_slice(kv.value()) {
+                    Ok(v) => Doc {
+                        value: Some(v),
+                        rev: kv.mod_revision(),
+                    },
+                    Err(_) => return Ok(Outcome::Unreadable),
+                },
+            });
+        }
+        Ok(Outcome::Changed(out))
+    }
+}
+
+/// How a batch's transaction ended.
+enum Outcome {
+    Written,
+    /// A compare failed: the batch's documents as they are now, in order.
+    Changed(Vec<Doc<serde_json::Value>>),
+    /// A compare failed and a document no longer parses.
+    Unreadable,
+}
+
+/// The same failure for every report of a batch: `Unavailable` stays so
+/// (the agents keep their reports for later), anything else is a failure.
+fn answer_all(batch: Vec<Pending>, e: &StoreError) {
+    for p in batch {
+        let again = match e {
+            StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
+            other => StoreError::Backend(other.to_string()),
+        };
+        let _ = p.done.send(Err(again));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queued(q: &StatusQueue, node: &str) -> oneshot::Receiver<Result<()>> {
+        q.push(node, Vec::new()).1
+    }
+
+    #[test]
+    fn a_batch_holds_each_node_once_and_keeps_the_order() {
+        let q = StatusQueue::default();
+        let _a1 = queued(&q, "a");
+        let _b = queued(&q, "b");
+        let _a2 = queued(&q, "a");
+        let _c = queued(&q, "c");
+        let names = |v: &[Pending]| v.iter().map(|p| p.node.clone()).collect::<Vec<_>>();
+        let first = q.take_batch();
+        assert_eq!(names(&first), ["a", "b", "c"]);
+        // The second report of `a` waits for the next batch.
+        let second = q.take_batch();
+        assert_eq!(names(&second), ["a"]);
+        assert!(second[0].id > first[0].id);
+        assert!(q.take_batch().is_empty());
+    }
+
+    #[test]
+    fn a_batch_is_at_most_max_batch_reports() {
+        let q = StatusQueue::default();
+        let _rx: Vec<_> = (0..MAX_BATCH + 5).map(|i| queued(&q, &format!("n{i}"))).collect();
+        assert_eq!(q.take_batch().len(), MAX_BATCH);
+        assert_eq!(q.take_batch().len(), 5);
+    }
+
+    /// Many agents reporting at once, each twice in a row, while the leader
+    /// changes some of their documents: every node ends with its last
+    /// report, the writes went out in batches, and a batch that lost to a
+    /// concurrent change fell back without losing a report.
+    #[tokio::test]
+    async fn concurrent_reports_are_batched_and_none_is_lost() {
+        use crate::store::etcd::tests::{TestEtcd, new_node, token};
+        use crate::store::{EventRow, NewCluster, Store};
+        use lks_proto::BundleState;
+
+        let etcd = TestEtcd::start();
+        let s = etcd.store("r1").await;
+        s.create_cluster(NewCluster::new("c", 1)).await.unwrap();
+        s.create_token(token("tok000", None)).await.unwrap();
+        let nodes: Vec<String> = (0..150).map(|i| format!("n{i:03}")).collect();
+        for n in &nodes {
+            s.enroll_node(new_node(n, "tok000")).await.unwrap();
+        }
+        let report = |version: &str| {
+            vec![BundleStatusRow {
+                name: "b".into(),
+                version: version.into(),
+                state: BundleState::Applied,
+                message: String::new(),
+                updated_at_ms: 5,
+                generation: 0,
+            }]
+        };
+        let rev = |s: EtcdStore| async move {
+            let mut kv = crate::store::etcd::kv_of(&s.client);
+            kv.get("none", None).await.unwrap().header().unwrap().revision()
+        };
+        let before = rev(s.clone()).await;
+        let mut tasks = Vec::new();
+        for (i, n) in nodes.iter().enumerate() {
+            let (s, n) = (s.clone(), n.clone());
+            let (r1, r2) = (report("1"), report("2"));
+            tasks.push(tokio::spawn(async move {
+                s.record_status(&n, r1).await.unwrap();
+                // Every tenth node is held by the leader meanwhile.
+                if i % 10 == 0 {
+                    let ev = EventRow {
+                        id: 0,
+                        at_ms: 6,
+                        cluster: "c".into(),
+                        node: n.clone(),
+                        rollout_id: String::new(),
+                        kind: "node_held".into(),
+                        bundle: String::new(),
+                        version: String::new(),
+                        message: String::new(),
+                    };
+                    let hold = s.clone();
+                    let n2 = n.clone();
+                    let held =
+                        tokio::spawn(async move { hold.set_node_hold(&n2, Some("x".into()), ev).await });
+                    s.record_status(&n, r2).await.unwrap();
+                    assert!(held.await.unwrap().unwrap());
+                } else {
+                    s.record_status(&n, r2).await.unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let writes = rev(s.clone()).await - before;
+        for (i, n) in nodes.iter().enumerate() {
+            let row = s.get_node(n).await.unwrap().unwrap();
+            assert_eq!(row.actual["b"].version, "2", "{n}");
+            assert_eq!(row.hold.is_some(), i % 10 == 0, "{n}");
+        }
+        // 300 reports and 15 holds: one at a time would be 315 revisions
+        // (measured: 22 with batches).
+        assert!(writes < 80, "{writes} revisions for 300 reports: not batched");
+    }
+
+    /// A caller that goes while its report waits (its stream ended)
+    /// takes the report with it.
+    #[tokio::test]
+    async fn a_cancelled_caller_takes_its_waiting_report_back() {
+        use crate::store::etcd::tests::TestEtcd;
+        let etcd = TestEtcd::start();
+        let s = etcd.store("r1").await;
+        // Both committers busy: a report can only wait.
+        let held = s
+            .statuses
+            .committers
+            .clone()
+            .acquire_many_owned(COMMITTERS as u32)
+            .await
+            .unwrap();
+        let waiting = {
+            let s = s.clone();
+            tokio::spawn(async move { s.record_status_batched("n1", Vec::new()).await })
+        };
+        while s.statuses.lock().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        waiting.abort();
+        assert!(waiting.await.unwrap_err().is_cancelled());
+        assert!(s.statuses.lock().is_empty(), "the report left with its caller");
+        drop(held);
+    }
+
+    #[test]
+    fn a_failed_batch_answers_every_report() {
+        let q = StatusQueue::default();
+        let mut rx = [queued(&q, "a"), queued(&q, "b")];
+        answer_all(q.take_batch(), &StoreError::Unavailable("etcd: down".into()));
+        for r in &mut rx {
+            assert!(matches!(r.try_recv(), Ok(Err(StoreError::Unavailable(m))) if m == "etcd: down"));
+        }
+    }
+}
