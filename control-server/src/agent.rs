@@ -517,6 +517,29 @@ enum Step {
     Received(Box<Result<Option<AgentMessage>, Status>>),
 }
 
+/// What the agent is told when the hub ends its registration: asked to
+/// move (this replica holds more than its share), with a spread-out retry
+/// hint and the replica to go to; or replaced (the node was deleted or
+/// opened a newer stream).
+fn ended_by_hub(reg: &crate::hub::Registration) -> Status {
+    let Some(to) = reg.moved_to() else {
+        return Status::unauthenticated(
+            "stream closed by the control server: the node was deleted or opened a newer stream",
+        );
+    };
+    let status =
+        Status::unavailable("this replica holds more than its share of agents; reconnect to another replica");
+    // Spread over two seconds, so the movers do not all arrive at one
+    // instant.
+    let wait = Duration::from_millis((lks_proto::backoff::unit_random() * 2000.0) as u64);
+    let status = lks_proto::backoff::with_retry_hint(status, wait);
+    if to.is_empty() {
+        status
+    } else {
+        lks_proto::backoff::with_reconnect_hint(status, &to)
+    }
+}
+
 /// One agent's `Connect` stream.
 struct Session {
     s: Arc<Shared>,
@@ -552,6 +575,7 @@ impl Session {
         if let Err(why) = opened {
             return why;
         }
+        reg.serving();
         self.serve(inbound, reg).await
     }
 
@@ -562,7 +586,16 @@ impl Session {
         reg: &crate::hub::Registration,
     ) -> Result<(), String> {
         let hello = tokio::select! {
-            _ = reg.cancel.cancelled() => return Err("replaced before Hello".into()),
+            biased;
+            _ = self.s.cancel.cancelled() => {
+                return Err(self
+                    .fail(Status::unavailable("control server is shutting down; reconnect"))
+                    .await);
+            }
+            // Moved or replaced before its Hello arrived (a rebalance picks
+            // among all registered streams): the agent hears why, as in
+            // `serve`, not a clean end of stream it would count a failure.
+            _ = reg.cancel.cancelled() => return Err(self.fail(ended_by_hub(reg)).await),
             r = tokio::time::timeout(HELLO_TIMEOUT, inbound.message()) => r,
         };
         let hello = match hello {
@@ -631,29 +664,7 @@ impl Session {
                 }
                 // Shutdown ends every registration too, but it cancels
                 // `self.s.cancel` first, which the biased select! sees first.
-                Step::Replaced if reg.moved_to().is_some() => {
-                    let to = reg.moved_to().unwrap_or_default();
-                    let status = Status::unavailable(
-                        "this replica holds more than its share of agents; reconnect to another replica",
-                    );
-                    // Spread over two seconds, so the movers do not all
-                    // arrive at one instant.
-                    let wait = Duration::from_millis((lks_proto::backoff::unit_random() * 2000.0) as u64);
-                    let status = lks_proto::backoff::with_retry_hint(status, wait);
-                    let status = if to.is_empty() {
-                        status
-                    } else {
-                        lks_proto::backoff::with_reconnect_hint(status, &to)
-                    };
-                    return self.fail(status).await;
-                }
-                Step::Replaced => {
-                    return self
-                        .fail(Status::unauthenticated(
-                            "stream closed by the control server: the node was deleted or opened a newer stream",
-                        ))
-                        .await;
-                }
+                Step::Replaced => return self.fail(ended_by_hub(reg)).await,
                 // Not reached while the hub cancels before it drops (see
                 // above); if it is, the agent still gets a status to act
                 // on, not a clean end of stream.
@@ -846,6 +857,37 @@ mod tests {
                 .message()
                 .contains("bundles[0]")
         );
+    }
+
+    /// A stream the hub ends hears why, whether it is still waiting for
+    /// its Hello (`open`) or serving (`serve`): both answer with this. A
+    /// clean end of stream instead was counted a failure by the agent and
+    /// lost the replica to move to (loadgen_replicas, 1 in ~10 runs).
+    #[test]
+    fn a_stream_the_hub_ends_is_told_why() {
+        let hub = crate::hub::Hub::default();
+        let moved = hub.register("a");
+        assert!(hub.ask_to_move("a", "https://r2:7443"));
+        let st = ended_by_hub(&moved);
+        assert_eq!(st.code(), tonic::Code::Unavailable);
+        assert_eq!(
+            lks_proto::backoff::reconnect_hint(&st).as_deref(),
+            Some("https://r2:7443")
+        );
+        let hint = lks_proto::backoff::retry_hint(&st).expect("a retry hint");
+        assert!(hint <= Duration::from_secs(2), "{hint:?}");
+
+        let anywhere = hub.register("b");
+        assert!(hub.ask_to_move("b", ""));
+        let st = ended_by_hub(&anywhere);
+        assert_eq!(st.code(), tonic::Code::Unavailable);
+        assert_eq!(lks_proto::backoff::reconnect_hint(&st), None);
+
+        let kicked = hub.register("c");
+        hub.kick("c");
+        let st = ended_by_hub(&kicked);
+        assert_eq!(st.code(), tonic::Code::Unauthenticated);
+        assert_eq!(lks_proto::backoff::reconnect_hint(&st), None);
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! in-memory map that a background task flushes to the store in batches.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
@@ -18,7 +18,18 @@ struct Conn {
     id: u64,
     changed: watch::Sender<u64>,
     cancel: CancellationToken,
-    moved: Arc<Mutex<Option<String>>>,
+    state: Arc<ConnState>,
+}
+
+/// What the hub and the stream's task both see of one stream.
+#[derive(Default)]
+struct ConnState {
+    /// Set when the replica asks the stream to move.
+    moved: Mutex<Option<String>>,
+    /// The stream had its Hello and first desired state: it may be asked
+    /// to move. One still opening is not (it would count the move as a
+    /// failed attempt, not a move).
+    serving: AtomicBool,
 }
 
 /// What a stream task holds while it serves one node.
@@ -28,14 +39,20 @@ pub struct Registration {
     /// Fires when the node is deleted, a newer stream of the same node
     /// replaces this one, or the replica asks it to move ([`Hub::ask_to_move`]).
     pub cancel: CancellationToken,
-    moved: Arc<Mutex<Option<String>>>,
+    state: Arc<ConnState>,
 }
 
 impl Registration {
     /// The replica URL this stream was asked to move to ("" if none was
     /// named), when its cancellation was a move.
     pub fn moved_to(&self) -> Option<String> {
-        self.moved.lock().ok().and_then(|m| m.clone())
+        self.state.moved.lock().ok().and_then(|m| m.clone())
+    }
+
+    /// The stream is open (Hello taken, first desired state sent): from now
+    /// on a rebalance may pick it ([`Hub::some_serving`]).
+    pub fn serving(&self) {
+        self.state.serving.store(true, Ordering::Relaxed);
     }
 }
 
@@ -52,7 +69,7 @@ impl Hub {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let (tx, rx) = watch::channel(0);
         let cancel = CancellationToken::new();
-        let moved = Arc::new(Mutex::new(None));
+        let state = Arc::new(ConnState::default());
         if let Ok(mut c) = self.conns.lock()
             && let Some(old) = c.insert(
                 node.to_string(),
@@ -60,7 +77,7 @@ impl Hub {
                     id,
                     changed: tx,
                     cancel: cancel.clone(),
-                    moved: moved.clone(),
+                    state: state.clone(),
                 },
             )
         {
@@ -70,7 +87,7 @@ impl Hub {
             id,
             changed: rx,
             cancel,
-            moved,
+            state,
         }
     }
 
@@ -125,18 +142,25 @@ impl Hub {
         let Some(conn) = c.remove(node) else {
             return false;
         };
-        if let Ok(mut m) = conn.moved.lock() {
+        if let Ok(mut m) = conn.state.moved.lock() {
             *m = Some(to.to_string());
         }
         conn.cancel.cancel();
         true
     }
 
-    /// Up to `n` connected nodes, in no particular order.
-    pub fn some_connected(&self, n: usize) -> Vec<String> {
+    /// Up to `n` nodes whose streams are open ([`Registration::serving`]),
+    /// in no particular order.
+    pub fn some_serving(&self, n: usize) -> Vec<String> {
         self.conns
             .lock()
-            .map(|c| c.keys().take(n).cloned().collect())
+            .map(|c| {
+                c.iter()
+                    .filter(|(_, conn)| conn.state.serving.load(Ordering::Relaxed))
+                    .map(|(node, _)| node.clone())
+                    .take(n)
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -210,13 +234,19 @@ mod tests {
     fn a_move_names_where_to() {
         let hub = Hub::default();
         let a = hub.register("a");
-        let _b = hub.register("b");
-        assert_eq!(hub.some_connected(5).len(), 2);
+        let b = hub.register("b");
+        let _opening = hub.register("c");
+        assert!(hub.some_serving(5).is_empty(), "none is open yet");
+        a.serving();
+        b.serving();
+        let mut open = hub.some_serving(5);
+        open.sort();
+        assert_eq!(open, ["a", "b"], "c is still opening");
         assert!(hub.ask_to_move("a", "https://r2:7443"));
         assert!(a.cancel.is_cancelled());
         assert_eq!(a.moved_to().as_deref(), Some("https://r2:7443"));
         assert!(!hub.ask_to_move("a", ""), "gone already");
-        assert_eq!(hub.some_connected(5), ["b"]);
+        assert_eq!(hub.some_serving(5), ["b"]);
     }
 
     #[test]

@@ -128,7 +128,7 @@ pub async fn run(s: Arc<Shared>, store: EtcdStore, interval: Duration) {
             continue;
         }
         let mut moved = 0;
-        for node in s.hub.some_connected(p.moves) {
+        for node in s.hub.some_serving(p.moves) {
             moved += usize::from(s.hub.ask_to_move(&node, &p.to));
         }
         s.metrics.agents_moved(moved as u64);

@@ -41,8 +41,37 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
-/// A loopback address with a port that was free a moment ago.
+/// A loopback address with a port that was free a moment ago, for a
+/// process the test starts to listen on.
+///
+/// Taken at random below the kernel's ephemeral range
+/// (`ip_local_port_range`), not by binding port 0: a port from that range
+/// can be taken by an outgoing connection (a load generator opens hundreds)
+/// between this call and the server's bind, which then fails "Address
+/// already in use" (seen in loadgen_replicas on 2 cores). No outgoing
+/// connection uses a port below the range, and a port is handed out once
+/// per test process.
 pub fn free_addr() -> SocketAddr {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    const LOWEST: u16 = 10_000;
+    let below = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    if below > LOWEST {
+        for _ in 0..1_000 {
+            let span = f64::from(below - LOWEST);
+            let port = LOWEST + (lks_proto::backoff::unit_random() * span) as u16;
+            if given.contains(&port) {
+                continue;
+            }
+            if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+                given.push(port);
+                return l.local_addr().expect("local_addr");
+            }
+        }
+    }
     let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
     l.local_addr().expect("local_addr")
 }

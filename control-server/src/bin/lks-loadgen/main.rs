@@ -80,6 +80,9 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 /// Attempts per agent at an enrolment refused with "try again".
 const ENROL_ATTEMPTS: u32 = 20;
+/// How long the final count waits for agents still moving between
+/// replicas after a failover.
+const SETTLE: Duration = Duration::from_secs(10);
 
 #[derive(Parser, Debug)]
 #[command(
@@ -702,6 +705,17 @@ async fn against_server(args: &Args, sig: &mut Signals) -> Result<Report> {
         }
     }
     tracker.drain(&mut w);
+    // An agent a replica asked to move (it held more than its share) is
+    // held by nobody for up to its retry hint (≤ 2 s) and a connect: let
+    // those in flight land before the final count, or it reports agents
+    // missing that are merely moving.
+    if tracker.killed_at.is_some() {
+        let settle = Instant::now() + SETTLE;
+        while w.held.total() < creds.len() as i64 && Instant::now() < settle {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            tracker.drain(&mut w);
+        }
+    }
     let failover = tracker.killed_at.map(|k| tracker.failover(k, args, &w));
     stop.cancel();
     while tasks.join_next().await.is_some() {}
