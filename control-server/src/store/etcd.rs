@@ -975,7 +975,7 @@ impl EtcdStore {
     ) -> Result<Option<(RolloutRow, Vec<String>)>> {
         let id = &c.rollout.id;
         let rkey = self.key(&format!("rollouts/{id}"));
-        let stored_doc: Doc<RolloutDoc> = self.get(&rkey).await?;
+        let stored_doc = self.rollout_doc(id).await?;
         let Some(stored_raw) = stored_doc.value.clone() else {
             return Err(StoreError::NotFound(format!("rollout {id} does not exist")));
         };
@@ -1393,7 +1393,7 @@ impl Store for EtcdStore {
             for a in active.kvs() {
                 let id = String::from_utf8_lossy(a.value()).into_owned();
                 let rkey = self.key(&format!("rollouts/{id}"));
-                let rdoc: Doc<RolloutDoc> = self.get(&rkey).await?;
+                let rdoc = self.rollout_doc(&id).await?;
                 compares.push(rdoc.compare(&rkey));
                 let Some(mut r) = rdoc.value else { continue };
                 if !matches!(r.state.as_str(), "running" | "paused")
@@ -1801,7 +1801,7 @@ impl Store for EtcdStore {
     }
 
     async fn get_rollout(&self, id: &str) -> Result<Option<RolloutRow>> {
-        self.get::<RolloutDoc>(&self.key(&format!("rollouts/{id}")))
+        self.rollout_doc(id)
             .await?
             .value
             .map(|d| d.into_row(id))
@@ -2109,13 +2109,7 @@ pub(crate) mod tests {
 
     impl TestEtcd {
         pub(crate) fn start() -> TestEtcd {
-            let port = || {
-                std::net::TcpListener::bind("127.0.0.1:0")
-                    .unwrap()
-                    .local_addr()
-                    .unwrap()
-                    .port()
-            };
+            let port = crate::testport::free_port;
             let (client, peer) = (port(), port());
             let dir = tempfile::tempdir().unwrap();
             let url = format!("http://127.0.0.1:{client}");
