@@ -12,12 +12,6 @@ cargo nextest run --workspace --no-fail-fast "$@"
 # the patch's. The HPACK fixture tests need files crates.io does not ship.
 cargo test --manifest-path third_party/h2/Cargo.toml --target-dir target/h2-tests \
   --lib -q -- --skip hpack::test::fixture
-# The vendored rustls (third_party/rustls/LKSADMIN-PATCH.md): its own unit
-# tests and the patch's. Tests that need the repository's test data, which
-# crates.io does not ship, are compiled out (lksadmin_no_test_ca) or skipped.
-RUSTFLAGS="--cfg lksadmin_no_test_ca" cargo test --manifest-path third_party/rustls/Cargo.toml \
-  --target-dir target/rustls-tests --no-default-features --features ring,std,tls12,logging \
-  --lib -q -- --skip msgs::message_test::test_read_fuzz_corpus
 # The vendored tonic (third_party/tonic/LKSADMIN-PATCH.md): its own unit
 # tests (default features) and the patch's.
 cargo test --manifest-path third_party/tonic/Cargo.toml --target-dir target/tonic-tests --lib -q
