@@ -30,11 +30,12 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::authz::{blob_status, require_admin, store_status};
 use crate::blobs::{BlobError, BlobWriter, StagedBlob, Upload};
+use crate::clock::now_ms;
 use crate::rollout::{self, Verb, counts};
 use crate::server::Shared;
 use crate::store::{
     BundleRow, ClusterRow, EventFilter, EventRow, NewBundle, NewRollout, NodeRow, PutOutcome, RolloutRow,
-    RolloutState, StoreError, TokenRow, sqlite::now_ms,
+    RolloutState, StoreError, TokenRow,
 };
 
 const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);

@@ -27,8 +27,9 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
 use crate::authz::{NodeCaller, blob_status, require_node, store_status, token_status};
+use crate::clock::now_ms;
 use crate::server::Shared;
-use crate::store::{BundleStatusRow, EventRow, NewNode, StoreError, TokenRefusal, sqlite::now_ms};
+use crate::store::{BundleStatusRow, EventRow, NewNode, StoreError, TokenRefusal};
 
 /// How long a new stream may take to send its `Hello`.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(30);

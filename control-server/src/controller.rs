@@ -21,9 +21,10 @@ use tokio::time::MissedTickBehavior;
 use tonic::Status;
 
 use crate::authz::store_status;
+use crate::clock::now_ms;
 use crate::rollout::{self, Clock, Decision, NodeView, Verb};
 use crate::server::Shared;
-use crate::store::{NewRollout, RolloutCommit, RolloutRow, RolloutState, StoreError, sqlite::now_ms};
+use crate::store::{NewRollout, RolloutCommit, RolloutRow, RolloutState, StoreError};
 use crate::windows;
 
 /// How often rollouts are re-examined without a trigger (offline deadlines).

@@ -19,9 +19,10 @@ use prost::Message as _;
 use tonic::Status;
 
 use crate::authz::store_status;
+use crate::clock::now_ms;
 use crate::clusterca::{CertTemplate, Usage};
 use crate::server::Shared;
-use crate::store::{IssuedCertRow, sqlite::now_ms};
+use crate::store::IssuedCertRow;
 
 /// Largest CSR accepted (a P-256 CSR with 32 SANs is about 2 KiB).
 const MAX_CSR: usize = 16 * 1024;

@@ -12,6 +12,7 @@ pub mod admission;
 pub mod agent;
 pub mod authz;
 pub mod blobs;
+pub mod clock;
 pub mod clusterca;
 pub mod controller;
 pub mod fsutil;

@@ -351,7 +351,7 @@ async fn migrate(args: MigrateArgs) -> ExitCode {
             );
             return ExitCode::from(2);
         };
-        let now = lks_control_server::store::sqlite::now_ms();
+        let now = lks_control_server::clock::now_ms();
         return summary_or_error(
             lks_control_server::migrate::blobs::migrate_blobs(&etcd, &s3, args.delete_from_etcd, now).await,
         );

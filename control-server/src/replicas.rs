@@ -236,7 +236,7 @@ pub async fn run_lease(
     let ttl_s = ttl.as_secs().max(2) as i64;
     let info = serde_json::to_vec(&ReplicaInfo {
         url,
-        started_at_ms: crate::store::sqlite::now_ms(),
+        started_at_ms: crate::clock::now_ms(),
         blob_store: s.blobs.store().describe(),
     })
     .unwrap_or_default();

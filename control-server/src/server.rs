@@ -648,15 +648,8 @@ async fn collect_blobs(
         next = tokio::time::Instant::now() + interval;
         let keep = s.agent_packages.list().iter().map(|p| p.digest).collect();
         if *s.leader.borrow() {
-            match crate::blobs::gc::collect(
-                &s.blobs,
-                &*s.store,
-                &owner,
-                grace,
-                crate::store::sqlite::now_ms(),
-                &keep,
-            )
-            .await
+            match crate::blobs::gc::collect(&s.blobs, &*s.store, &owner, grace, crate::clock::now_ms(), &keep)
+                .await
             {
                 Ok(pass) => {
                     s.metrics.blob_collected(&pass);

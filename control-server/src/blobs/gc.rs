@@ -246,7 +246,7 @@ mod tests {
     }
 
     fn now() -> i64 {
-        crate::store::sqlite::now_ms()
+        crate::clock::now_ms()
     }
 
     /// Deleted versions' blobs are reclaimed; referenced and freshly

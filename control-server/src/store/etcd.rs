@@ -69,8 +69,8 @@ pub use limits::{MAX_RESPONSE_BYTES, kv_of, watch_of};
 
 pub use cache::Change;
 
-use super::sqlite::now_ms;
 use super::*;
+use crate::clock::now_ms;
 
 /// Optimistic transactions retried before giving up with `Conflict`.
 const MAX_ATTEMPTS: usize = 16;

@@ -14,6 +14,8 @@ use lks_proto::BundleState;
 use lks_proto::labels::{Labels, selector_matches};
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
+use crate::clock::now_ms;
+
 mod blobrecs;
 mod clusters;
 mod dump;
@@ -1680,13 +1682,6 @@ fn bundle_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<BundleRow> {
         total_size: r.get::<_, i64>(6)? as u64,
         published_at_ms: r.get(7)?,
     })
-}
-
-/// Wall clock in Unix milliseconds.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 #[cfg(test)]

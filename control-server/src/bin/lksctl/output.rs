@@ -136,7 +136,7 @@ pub fn node_json(n: &pb::Node) -> Value {
 }
 
 fn now_ms() -> i64 {
-    lks_control_server::store::sqlite::now_ms()
+    lks_control_server::clock::now_ms()
 }
 
 /// `valid`, `expiring` (less than a third of its life left, when the agent
