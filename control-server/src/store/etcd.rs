@@ -1588,15 +1588,15 @@ impl Store for EtcdStore {
         if let Ok(mut s) = self.seen.lock() {
             s.insert(name.to_string(), now_ms);
         }
-        self.update_node(name, |d| {
-            d.facts_json = facts_json.to_string();
-            d.replica = self.replica.clone();
-            d.last_seen_ms = d.last_seen_ms.max(now_ms);
-            // The Hello lists everything the node holds.
-            d.actual = held.iter().map(|s| (s.name.clone(), actual_doc(s))).collect();
-            true
-        })
-        .await
+        // In a batch with the reports and other connects of the moment
+        // (`status.rs`): a replica taking over a dead one's agents opens
+        // thousands of streams at once.
+        let update = status::Update::Connected {
+            facts_json: facts_json.to_string(),
+            held,
+            now_ms,
+        };
+        self.update_node_batched(name, update).await
     }
 
     async fn node_disconnected(&self, name: &str, now_ms: i64) -> Result<()> {
@@ -1621,7 +1621,8 @@ impl Store for EtcdStore {
     }
 
     async fn record_status(&self, name: &str, statuses: Vec<BundleStatusRow>) -> Result<()> {
-        self.record_status_batched(name, statuses).await
+        self.update_node_batched(name, status::Update::Status(statuses))
+            .await
     }
 
     async fn touch_nodes(&self, seen: Vec<(String, i64)>) -> Result<()> {

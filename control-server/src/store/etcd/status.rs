@@ -1,6 +1,9 @@
-//! Group commit of status reports.
+//! Group commit of status reports and connects.
 //!
-//! Every agent report changes its node's document. One etcd transaction per
+//! Every agent report changes its node's document, and so does every
+//! stream's opening (the Hello: facts, the replica holding it, what the
+//! node holds). After a replica dies its agents open streams on the
+//! survivors by the thousand, one read and one write each before this. One etcd transaction per
 //! report made a rollout to 10,000 nodes cost about one raft proposal, one
 //! WAL fsync on every member and three read transactions per node, and the
 //! three etcd members used more CPU than the replicas (BENCHMARKS.md, "A
@@ -42,11 +45,25 @@ const BATCH_ATTEMPTS: usize = 4;
 /// Batches committed at once by one replica.
 const COMMITTERS: usize = 2;
 
-/// One report waiting to be written.
+/// What one caller changes in its node's document.
+pub(super) enum Update {
+    /// A status report: its bundles' rows, and rows no longer desired
+    /// and left out of the report removed.
+    Status(Vec<BundleStatusRow>),
+    /// A stream's Hello: the node's facts, the replica holding its
+    /// stream, and everything it holds (its rows replaced).
+    Connected {
+        facts_json: String,
+        held: Vec<BundleStatusRow>,
+        now_ms: i64,
+    },
+}
+
+/// One update waiting to be written.
 struct Pending {
     id: u64,
     node: String,
-    statuses: Vec<BundleStatusRow>,
+    update: Update,
     done: oneshot::Sender<Result<()>>,
 }
 
@@ -68,13 +85,13 @@ impl Default for StatusQueue {
 }
 
 impl StatusQueue {
-    fn push(&self, node: &str, statuses: Vec<BundleStatusRow>) -> (u64, oneshot::Receiver<Result<()>>) {
+    fn push(&self, node: &str, update: Update) -> (u64, oneshot::Receiver<Result<()>>) {
         let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (done, rx) = oneshot::channel();
         self.lock().push_back(Pending {
             id,
             node: node.to_string(),
-            statuses,
+            update,
             done,
         });
         (id, rx)
@@ -120,12 +137,12 @@ impl Drop for Unqueue<'_> {
     }
 }
 
-/// What one report makes of its node's documents: the compares its write
+/// What one update makes of its node's documents: the compares its write
 /// needs and the write, or nothing when the node is gone.
-pub(super) fn status_update(
+pub(super) fn node_update(
     store: &EtcdStore,
     name: &str,
-    statuses: &[BundleStatusRow],
+    update: &Update,
     node: Option<Doc<serde_json::Value>>,
     desired: Option<Doc<serde_json::Value>>,
 ) -> Result<Option<(Vec<Compare>, TxnOp)>> {
@@ -136,28 +153,40 @@ pub(super) fn status_update(
     let Some(mut d) = doc.value.clone() else {
         return Ok(None);
     };
-    let wanted = desired.value.clone().unwrap_or_default().bundles;
-    for s in statuses {
-        d.actual.insert(s.name.clone(), actual_doc(s));
-    }
-    // Left out of the report and no longer desired: removed.
-    d.actual
-        .retain(|b, _| wanted.contains_key(b) || statuses.iter().any(|s| s.name == *b));
-    Ok(Some((
-        vec![doc.compare(&nkey), desired.compare(&dkey)],
-        TxnOp::put(nkey, json(&d)?, None),
-    )))
+    let compares = match update {
+        Update::Status(statuses) => {
+            let wanted = desired.value.clone().unwrap_or_default().bundles;
+            for s in statuses {
+                d.actual.insert(s.name.clone(), actual_doc(s));
+            }
+            // Left out of the report and no longer desired: removed.
+            d.actual
+                .retain(|b, _| wanted.contains_key(b) || statuses.iter().any(|s| s.name == *b));
+            vec![doc.compare(&nkey), desired.compare(&dkey)]
+        }
+        Update::Connected {
+            facts_json,
+            held,
+            now_ms,
+        } => {
+            d.facts_json = facts_json.clone();
+            d.replica = store.replica.clone();
+            d.last_seen_ms = d.last_seen_ms.max(*now_ms);
+            // The Hello lists everything the node holds.
+            d.actual = held.iter().map(|s| (s.name.clone(), actual_doc(s))).collect();
+            // The desired state does not enter into it.
+            vec![doc.compare(&nkey)]
+        }
+    };
+    Ok(Some((compares, TxnOp::put(nkey, json(&d)?, None))))
 }
 
 impl EtcdStore {
-    /// Stores a report, in a batch with the others that arrive meanwhile.
-    pub(super) async fn record_status_batched(
-        &self,
-        name: &str,
-        statuses: Vec<BundleStatusRow>,
-    ) -> Result<()> {
+    /// Stores an update of `name`'s document, in a batch with the others
+    /// that arrive meanwhile.
+    pub(super) async fn update_node_batched(&self, name: &str, update: Update) -> Result<()> {
         let q = &self.statuses;
-        let (id, mut rx) = q.push(name, statuses);
+        let (id, mut rx) = q.push(name, update);
         // A caller that is cancelled while its report still waits takes
         // the report back: written later, it could overwrite a newer one
         // the node sent through another stream.
@@ -195,9 +224,9 @@ impl EtcdStore {
         }
     }
 
-    /// One status report on its own, retried while other writers change
-    /// the node's documents (the batch's fallback, `status.rs`).
-    pub(super) async fn record_status_one(&self, name: &str, statuses: &[BundleStatusRow]) -> Result<()> {
+    /// One update on its own, retried while other writers change the
+    /// node's documents (the batch's fallback).
+    pub(super) async fn update_node_one(&self, name: &str, update: &Update) -> Result<()> {
         for attempt in 0..MAX_ATTEMPTS {
             let nkey = self.key(&format!("nodes/{name}"));
             let dkey = self.key(&format!("desired/{name}"));
@@ -206,7 +235,7 @@ impl EtcdStore {
                 .get_many::<serde_json::Value>(&[nkey, dkey])
                 .await?
                 .into_iter();
-            let Some((compares, op)) = status_update(self, name, statuses, pair.next(), pair.next())? else {
+            let Some((compares, op)) = node_update(self, name, update, pair.next(), pair.next())? else {
                 return Ok(());
             };
             if self.txn(compares, vec![op]).await? {
@@ -214,7 +243,10 @@ impl EtcdStore {
             }
             backoff(attempt).await;
         }
-        Err(busy("record status"))
+        Err(busy(match update {
+            Update::Status(_) => "record status",
+            Update::Connected { .. } => "update node",
+        }))
     }
 
     /// Writes a batch and answers each of its callers.
@@ -244,7 +276,7 @@ impl EtcdStore {
             let mut it = docs.into_iter();
             for p in batch {
                 let (n, d) = (it.next(), it.next());
-                match status_update(self, &p.node, &p.statuses, n, d) {
+                match node_update(self, &p.node, &p.update, n, d) {
                     Ok(Some((c, op))) => {
                         compares.extend(c);
                         ops.push(op);
@@ -284,7 +316,7 @@ impl EtcdStore {
                 // (and says which document).
                 Ok(Outcome::Changed(_) | Outcome::Unreadable) => {
                     let each = written.into_iter().map(|p| async move {
-                        let r = self.record_status_one(&p.node, &p.statuses).await;
+                        let r = self.update_node_one(&p.node, &p.update).await;
                         let _ = p.done.send(r);
                     });
                     futures::future::join_all(each).await;
@@ -359,7 +391,7 @@ mod tests {
     use super::*;
 
     fn queued(q: &StatusQueue, node: &str) -> oneshot::Receiver<Result<()>> {
-        q.push(node, Vec::new()).1
+        q.push(node, Update::Status(Vec::new())).1
     }
 
     #[test]
@@ -464,6 +496,87 @@ mod tests {
         assert!(writes < 80, "{writes} revisions for 300 reports: not batched");
     }
 
+    /// A replica taking over a dead one's agents: many streams open at
+    /// once, while the leader assigns some of those nodes a new desired
+    /// state. The connects go out in batches, none is lost, each node's
+    /// document says what its Hello said (facts, this replica, the rows it
+    /// holds replaced), and a desired-state change does not make a
+    /// connect fail or retry alone (it is not compared).
+    #[tokio::test]
+    async fn concurrent_connects_are_batched_and_each_node_says_what_its_hello_said() {
+        use crate::store::etcd::tests::{TestEtcd, new_node, token};
+        use crate::store::{NewCluster, Store};
+        use lks_proto::BundleState;
+
+        let etcd = TestEtcd::start();
+        let s = etcd.store("r2").await;
+        let leader = etcd.store("r1").await;
+        s.create_cluster(NewCluster::new("c", 1)).await.unwrap();
+        s.create_token(token("tok000", None)).await.unwrap();
+        let nodes: Vec<String> = (0..120).map(|i| format!("n{i:03}")).collect();
+        for n in &nodes {
+            s.enroll_node(new_node(n, "tok000")).await.unwrap();
+        }
+        let row = |name: &str| BundleStatusRow {
+            name: name.into(),
+            version: "1".into(),
+            state: BundleState::Applied,
+            message: String::new(),
+            updated_at_ms: 5,
+            generation: 0,
+        };
+        // Each node first reported a bundle its next Hello no longer lists.
+        for n in &nodes {
+            s.record_status(n, vec![row("old")]).await.unwrap();
+        }
+        let rev = |s: EtcdStore| async move {
+            let mut kv = crate::store::etcd::kv_of(&s.client);
+            kv.get("none", None).await.unwrap().header().unwrap().revision()
+        };
+        let before = rev(s.clone()).await;
+        let mut tasks = Vec::new();
+        for (i, n) in nodes.iter().enumerate() {
+            let (s, leader, n) = (s.clone(), leader.clone(), n.clone());
+            tasks.push(tokio::spawn(async move {
+                let facts = format!("{{\"hostname\":\"{n}\"}}");
+                let connect = s.node_connected(&n, &facts, vec![row("new")], 1_000 + i as i64);
+                if i % 10 == 0 {
+                    // The leader writes the node's desired state meanwhile.
+                    let assign = async {
+                        let dkey = leader.key(&format!("desired/{n}"));
+                        let mut d = leader.get::<DesiredDoc>(&dkey).await.unwrap().value.unwrap();
+                        d.bundles.insert("app".into(), "2".into());
+                        d.generation += 1;
+                        let mut kv = crate::store::etcd::kv_of(&leader.client);
+                        kv.put(dkey, json(&d).unwrap(), None).await.unwrap();
+                    };
+                    let (c, ()) = tokio::join!(connect, assign);
+                    c.unwrap();
+                } else {
+                    connect.await.unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let writes = rev(s.clone()).await - before;
+        for (i, n) in nodes.iter().enumerate() {
+            let node = s.get_node(n).await.unwrap().unwrap();
+            assert!(node.facts_json.contains(n.as_str()), "{n}: {}", node.facts_json);
+            assert_eq!(
+                node.actual.keys().collect::<Vec<_>>(),
+                ["new"],
+                "{n}: the Hello's rows replace the old ones"
+            );
+            assert!(node.connected, "{n}: held by a live replica");
+            assert!(node.last_seen_ms >= 1_000 + i as i64, "{n}");
+        }
+        // 120 connects and 12 assignments: one at a time would be 132
+        // revisions.
+        assert!(writes < 60, "{writes} revisions for 120 connects: not batched");
+    }
+
     /// A caller that goes while its report waits (its stream ended)
     /// takes the report with it.
     #[tokio::test]
@@ -481,7 +594,7 @@ mod tests {
             .unwrap();
         let waiting = {
             let s = s.clone();
-            tokio::spawn(async move { s.record_status_batched("n1", Vec::new()).await })
+            tokio::spawn(async move { s.update_node_batched("n1", Update::Status(Vec::new())).await })
         };
         while s.statuses.lock().is_empty() {
             tokio::task::yield_now().await;
