@@ -29,8 +29,6 @@ pub mod rollout;
 pub mod seal;
 pub mod server;
 pub mod store;
-#[cfg(test)]
-pub(crate) mod testport;
 pub mod tlsaccept;
 pub mod windows;
 pub mod wire;

@@ -150,7 +150,7 @@ pub fn s3s_fs_bin() -> PathBuf {
 impl TestS3 {
     /// Starts the server with one bucket, `bucket`.
     pub fn start(bucket: &str) -> TestS3 {
-        let port = crate::testport::free_port();
+        let port = lks_e2e::free_addr().port();
         let dir = tempfile::tempdir().unwrap();
         // s3s-fs keeps a bucket as a directory under its root.
         std::fs::create_dir(dir.path().join(bucket)).unwrap();

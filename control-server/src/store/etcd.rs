@@ -2110,7 +2110,7 @@ pub(crate) mod tests {
 
     impl TestEtcd {
         pub(crate) fn start() -> TestEtcd {
-            let port = crate::testport::free_port;
+            let port = || lks_e2e::free_addr().port();
             let (client, peer) = (port(), port());
             let dir = tempfile::tempdir().unwrap();
             let url = format!("http://127.0.0.1:{client}");

@@ -390,6 +390,24 @@ fn answer_all(batch: Vec<Pending>, e: &StoreError) {
 mod tests {
     use super::*;
 
+    /// A row saying `name@version` is applied.
+    fn applied(name: &str, version: &str) -> BundleStatusRow {
+        BundleStatusRow {
+            name: name.into(),
+            version: version.into(),
+            state: lks_proto::BundleState::Applied,
+            message: String::new(),
+            updated_at_ms: 5,
+            generation: 0,
+        }
+    }
+
+    /// etcd's current revision.
+    async fn rev(s: EtcdStore) -> i64 {
+        let mut kv = crate::store::etcd::kv_of(&s.client);
+        kv.get("none", None).await.unwrap().header().unwrap().revision()
+    }
+
     fn queued(q: &StatusQueue, node: &str) -> oneshot::Receiver<Result<()>> {
         q.push(node, Update::Status(Vec::new())).1
     }
@@ -427,7 +445,6 @@ mod tests {
     async fn concurrent_reports_are_batched_and_none_is_lost() {
         use crate::store::etcd::tests::{TestEtcd, new_node, token};
         use crate::store::{EventRow, NewCluster, Store};
-        use lks_proto::BundleState;
 
         let etcd = TestEtcd::start();
         let s = etcd.store("r1").await;
@@ -437,20 +454,7 @@ mod tests {
         for n in &nodes {
             s.enroll_node(new_node(n, "tok000")).await.unwrap();
         }
-        let report = |version: &str| {
-            vec![BundleStatusRow {
-                name: "b".into(),
-                version: version.into(),
-                state: BundleState::Applied,
-                message: String::new(),
-                updated_at_ms: 5,
-                generation: 0,
-            }]
-        };
-        let rev = |s: EtcdStore| async move {
-            let mut kv = crate::store::etcd::kv_of(&s.client);
-            kv.get("none", None).await.unwrap().header().unwrap().revision()
-        };
+        let report = |version: &str| vec![applied("b", version)];
         let before = rev(s.clone()).await;
         let mut tasks = Vec::new();
         for (i, n) in nodes.iter().enumerate() {
@@ -506,7 +510,6 @@ mod tests {
     async fn concurrent_connects_are_batched_and_each_node_says_what_its_hello_said() {
         use crate::store::etcd::tests::{TestEtcd, new_node, token};
         use crate::store::{NewCluster, Store};
-        use lks_proto::BundleState;
 
         let etcd = TestEtcd::start();
         let s = etcd.store("r2").await;
@@ -517,22 +520,11 @@ mod tests {
         for n in &nodes {
             s.enroll_node(new_node(n, "tok000")).await.unwrap();
         }
-        let row = |name: &str| BundleStatusRow {
-            name: name.into(),
-            version: "1".into(),
-            state: BundleState::Applied,
-            message: String::new(),
-            updated_at_ms: 5,
-            generation: 0,
-        };
+        let row = |name: &str| applied(name, "1");
         // Each node first reported a bundle its next Hello no longer lists.
         for n in &nodes {
             s.record_status(n, vec![row("old")]).await.unwrap();
         }
-        let rev = |s: EtcdStore| async move {
-            let mut kv = crate::store::etcd::kv_of(&s.client);
-            kv.get("none", None).await.unwrap().header().unwrap().revision()
-        };
         let before = rev(s.clone()).await;
         let mut tasks = Vec::new();
         for (i, n) in nodes.iter().enumerate() {
