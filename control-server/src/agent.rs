@@ -593,9 +593,10 @@ impl Session {
                     .fail(Status::unavailable("control server is shutting down; reconnect"))
                     .await);
             }
-            // Moved or replaced before its Hello arrived (a rebalance picks
-            // among all registered streams): the agent hears why, as in
-            // `serve`, not a clean end of stream it would count a failure.
+            // Ended before its Hello arrived (the node deleted, a newer
+            // stream of it; a rebalance moves only open streams): the
+            // agent hears why, as in `serve`, not a clean end of stream it
+            // would count a failure.
             _ = reg.cancel.cancelled() => return Err(self.fail(ended_by_hub(reg)).await),
             r = tokio::time::timeout(HELLO_TIMEOUT, inbound.message()) => r,
         };
