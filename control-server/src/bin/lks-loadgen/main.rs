@@ -81,7 +81,8 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 /// Attempts per agent at an enrolment refused with "try again".
 const ENROL_ATTEMPTS: u32 = 20;
 /// How long the final count waits for agents still moving between
-/// replicas after a failover.
+/// replicas after a failover, and the end of a rollout for the last agents
+/// to hold its version.
 const SETTLE: Duration = Duration::from_secs(10);
 
 #[derive(Parser, Debug)]
@@ -274,7 +275,11 @@ struct FailoverReport {
     /// kill and when the run ended.
     held_before: Vec<i64>,
     held_after: Vec<i64>,
-    /// Agents whose stream ended after the kill and that connected again.
+    /// Agents between servers at the kill: a replica had asked them to
+    /// move and they were not up on the next one yet (held by nobody).
+    moving_at_kill: i64,
+    /// Agents whose stream ended after the kill, not because a replica
+    /// asked them to move, and that connected again.
     reconnected: usize,
     /// Kill → the last of them had its desired state again (None: not all
     /// were back within --rollout-timeout).

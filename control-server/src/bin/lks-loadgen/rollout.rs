@@ -83,8 +83,11 @@ impl Tracker {
             }
         }
         while let Ok(b) = w.back_rx.try_recv() {
+            // An agent a survivor moved on (a rebalance) was not displaced
+            // by the kill: its way back is not the failover's.
             if let Some(k) = self.killed_at
                 && b.session_started >= k
+                && !b.after_move
                 && self.back_after[b.agent].is_none()
             {
                 self.back_after[b.agent] = Some(b.at.duration_since(k).as_secs_f64() * 1e3);
@@ -95,6 +98,7 @@ impl Tracker {
     /// From now on, failures count as the failover's.
     pub fn mark_kill(&mut self, w: &Watch<'_>) {
         self.fo.held_before = w.held.snapshot();
+        self.fo.moving_at_kill = w.held.moving();
         w.stats.phase.store(1, Ordering::Relaxed);
         self.killed_at = Some(Instant::now());
     }
@@ -309,7 +313,14 @@ pub async fn rollout(
                 Err(tokio::sync::oneshot::error::TryRecvError::Closed) => bail!("the rollout follower ended"),
             }
         }
-        if tracker.rollout_done.is_some() && (!failing_over || tracker.all_back(w)) {
+        // Done: the rollouts ended, the agents are back, and every agent
+        // of ours has said it holds the version. A rollout may end before
+        // an agent that was away (the failover) has its desired state, so
+        // that last part is waited for up to SETTLE after the end.
+        if let Some(done) = tracker.rollout_done
+            && (!failing_over || tracker.all_back(w))
+            && (tracker.have >= n || done.elapsed() >= crate::SETTLE)
+        {
             break;
         }
         if Instant::now() >= limit {

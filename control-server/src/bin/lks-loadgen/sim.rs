@@ -142,12 +142,15 @@ pub struct Stats {
 /// server of the list.
 pub struct Held {
     per_server: Vec<AtomicI64>,
+    /// Agents a server asked to move that are not up on the next one yet.
+    moving: AtomicI64,
 }
 
 impl Held {
     pub fn new(servers: usize) -> Self {
         Held {
             per_server: (0..servers.max(1)).map(|_| AtomicI64::new(0)).collect(),
+            moving: AtomicI64::new(0),
         }
     }
 
@@ -156,6 +159,10 @@ impl Held {
             .iter()
             .map(|n| n.load(Ordering::Relaxed))
             .collect()
+    }
+
+    pub fn moving(&self) -> i64 {
+        self.moving.load(Ordering::Relaxed)
     }
 
     pub fn total(&self) -> i64 {
@@ -214,6 +221,9 @@ pub struct Back {
     pub at: Instant,
     /// Attempts it took since the previous session was up (1: at once).
     pub attempts: u32,
+    /// The previous session ended because its server asked the agent to
+    /// move (a rebalance), not because the server or the stream failed.
+    pub after_move: bool,
 }
 
 /// What one simulated agent needs.
@@ -253,13 +263,14 @@ impl Agent {
         let mut backoff = Backoff::default();
         let mut rotation = Rotation::starting_at(self.urls.len(), self.first_server);
         let mut attempts = 0u32;
+        let mut after_move = false;
         loop {
             attempts += 1;
             let started = Instant::now();
             let mut up = false;
             let server = rotation.current();
             let end = self
-                .session(server, started, attempts, &mut up, &mut permit)
+                .session(server, started, attempts, after_move, &mut up, &mut permit)
                 .await;
             permit.take();
             if up {
@@ -285,6 +296,16 @@ impl Agent {
             // As lksadmin-agent's connection loop: a replica that asks us
             // to move names the next one; else the next in the list, at
             // once unless the session was up or every server failed in turn.
+            // A server that asks an up agent to move ends its session with
+            // the trailer (`to`, named or not): until the agent is up again
+            // it is moving, held by nobody, and its way back is not a
+            // failover's. A session up since the move and then lost makes
+            // it an agent like any other again.
+            let asked_to_move = up && to.is_some();
+            if asked_to_move && !after_move {
+                self.held.moving.fetch_add(1, Ordering::Relaxed);
+            }
+            after_move = asked_to_move || (after_move && !up);
             let due = match to.and_then(|u| self.urls.iter().position(|s| *s == u)) {
                 Some(j) if up => {
                     let p = self.stats.phase.load(Ordering::Relaxed).min(PHASES - 1);
@@ -310,6 +331,7 @@ impl Agent {
         server: usize,
         started: Instant,
         attempts: u32,
+        after_move: bool,
         up: &mut bool,
         permit: &mut Option<OwnedSemaphorePermit>,
     ) -> End {
@@ -378,7 +400,10 @@ impl Agent {
                                 *up = true;
                                 permit.take();
                                 self.held.add(server, 1);
-                                let _ = self.back.send(Back { agent: self.i, session_started: started, at, attempts });
+                                if after_move {
+                                    self.held.moving.fetch_sub(1, Ordering::Relaxed);
+                                }
+                                let _ = self.back.send(Back { agent: self.i, session_started: started, at, attempts, after_move });
                             }
                             let bundles = d.bundles.iter().filter_map(|b| b.manifest.as_ref().map(|m| format!("{}@{}", m.name, m.version))).collect();
                             let statuses = d.bundles.iter().filter_map(|b| b.manifest.as_ref()).map(|m| pb::BundleStatus {
