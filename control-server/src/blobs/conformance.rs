@@ -2,10 +2,6 @@
 //! bucket (a real S3 server, `s3s-fs`, which `scripts/setup.sh` installs)
 //! must behave alike, so the backends cannot drift apart.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
 use lks_proto::Digest;
 
 use super::{BlobError, BlobStore, Blobs, LocalBlobs, S3Config, S3Store};
@@ -120,72 +116,26 @@ pub async fn replicas_fetch_what_another_published(store: std::sync::Arc<dyn Blo
     assert!(!b.ensure_local(&Digest::of(b"absent")).await.unwrap());
 }
 
-/// A real S3 server on loopback (`s3s-fs`, from crates.io; `scripts/setup.sh`
-/// installs it), its data in a temp dir, killed on drop.
-pub struct TestS3 {
-    child: Child,
-    pub endpoint: String,
-    pub dir: tempfile::TempDir,
-    pub access_key: String,
-    pub secret_key: String,
-}
-
-/// `$LKS_S3S_FS`, else `s3s-fs` on PATH or in `~/.cargo/bin`.
-pub fn s3s_fs_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("LKS_S3S_FS") {
-        return PathBuf::from(p);
-    }
-    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect())
-        .unwrap_or_default();
-    if let Some(home) = std::env::var_os("HOME") {
-        dirs.push(PathBuf::from(home).join(".cargo/bin"));
-    }
-    dirs.into_iter()
-        .map(|d| d.join("s3s-fs"))
-        .find(|p| p.is_file())
-        .expect("s3s-fs not found: bash scripts/setup.sh installs it (or set LKS_S3S_FS)")
-}
+/// A real S3 server on loopback: the end-to-end harness's `s3s-fs`
+/// (`lks_e2e::s3`, which `scripts/setup.sh` installs), killed and removed
+/// on drop.
+pub struct TestS3(lks_e2e::s3::S3);
 
 impl TestS3 {
     /// Starts the server with one bucket, `bucket`.
     pub fn start(bucket: &str) -> TestS3 {
-        let port = lks_e2e::free_addr().port();
-        let dir = tempfile::tempdir().unwrap();
-        // s3s-fs keeps a bucket as a directory under its root.
-        std::fs::create_dir(dir.path().join(bucket)).unwrap();
-        let (access_key, secret_key) = ("lks-test".to_string(), "lks-test-secret".to_string());
-        let child = Command::new(s3s_fs_bin())
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--access-key", &access_key, "--secret-key", &secret_key])
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start s3s-fs");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "s3s-fs did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        TestS3 {
-            child,
-            endpoint: format!("http://127.0.0.1:{port}"),
-            dir,
-            access_key,
-            secret_key,
-        }
+        TestS3(lks_e2e::s3::S3::start(bucket))
     }
 
     pub fn config(&self, bucket: &str, prefix: &str) -> S3Config {
         S3Config {
             bucket: bucket.into(),
             prefix: prefix.into(),
-            endpoint: Some(self.endpoint.clone()),
+            endpoint: Some(format!("http://{}", self.0.addr)),
             region: "us-east-1".into(),
             virtual_hosted: false,
-            access_key_id: self.access_key.clone(),
-            secret_access_key: self.secret_key.clone(),
+            access_key_id: lks_e2e::s3::ACCESS_KEY.into(),
+            secret_access_key: lks_e2e::s3::SECRET_KEY.into(),
             session_token: None,
             ca_cert_pem: None,
         }
@@ -193,13 +143,6 @@ impl TestS3 {
 
     pub fn store(&self, bucket: &str, prefix: &str) -> S3Store {
         S3Store::new(&self.config(bucket, prefix)).unwrap()
-    }
-}
-
-impl Drop for TestS3 {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
