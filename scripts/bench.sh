@@ -184,6 +184,17 @@ for _ in $(seq 100); do [ -f "$work/server/admin.conf" ] && break; sleep 0.1; do
 sleep 0.5
 
 rss_of() { awk '/VmRSS/{print $2}' "/proc/$1/status"; }
+# The peak RSS (KiB) of process $2, sampled every 0.5 s from $3 (its RSS
+# before) while process $1 (a load generator) runs. Called in $(...), so
+# the caller waits for $1 (and gets its exit status) afterwards.
+rss_peak_while() {
+  local lg=$1 pid=$2 peak=$3 cur
+  while kill -0 "$lg" 2>/dev/null; do
+    cur=$(rss_of "$pid"); [ "$cur" -gt "$peak" ] && peak=$cur
+    sleep 0.5
+  done
+  echo "$peak"
+}
 # The baseline runs its clients and the tonic server in one process: two
 # sockets per agent. Without that many open files (10,000 agents here: the
 # hard limit is 20,000) it is left out rather than spinning on EMFILE.
@@ -215,11 +226,7 @@ for n in "${agents[@]}"; do
       --spread-source-ips --rollout --hold 4 -o json >"$work/run.json" &
     lg=$!
     # Sample the server while every agent is connected (during --hold).
-    peak=$idle
-    while kill -0 "$lg" 2>/dev/null; do
-      cur=$(rss_of "$ag_pid"); [ "$cur" -gt "$peak" ] && peak=$cur
-      sleep 0.5
-    done
+    peak=$(rss_peak_while "$lg" "$ag_pid" "$idle")
     wait "$lg"
     kill "$ag_pid" && { wait "$ag_pid" 2>/dev/null || true; }
     rm -rf "$work/agents-$n-$r"
@@ -1231,11 +1238,7 @@ PY
     --clusters $(( (bn + per_cluster - 1) / per_cluster )) --agents "$bn" \
     --rollout --files 20 --hold 8 --keep-nodes -o json >"$work/scale-base.json" 2>"$work/scale-base.err" &
   lg=$!
-  b_peak=$b_idle
-  while kill -0 "$lg" 2>/dev/null; do
-    cur=$(rss_of "$b_pid"); [ "$cur" -gt "$b_peak" ] && b_peak=$cur
-    sleep 0.5
-  done
+  b_peak=$(rss_peak_while "$lg" "$b_pid" "$b_idle")
   wait "$lg"
   [ "$(field "$work/scale-base.json" errors)" = 0 ] || { echo "scale-out: baseline loadgen reported errors" >&2; exit 1; }
   kill "$b_pid" && { wait "$b_pid" 2>/dev/null || true; }
