@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
+use lks_proto::chunks::ChunkHasher;
 use lks_proto::labels::{Labels, validate_label};
 use lks_proto::limits::MAX_LABELS;
 use lks_proto::manifest::check_paths_disjoint;
@@ -300,6 +301,22 @@ impl AdminService for AdminApi {
                 }
             )));
         }
+        // Chunk lists are checked against the bytes like the digests are:
+        // a list that does not describe its file would make every peer
+        // that serves it look like a liar.
+        let mut lists: BTreeMap<Digest, &lks_proto::chunks::Chunks> = BTreeMap::new();
+        for (i, f) in m.files.iter().enumerate() {
+            if let Some(c) = &f.chunks
+                && let Some(other) = lists.insert(f.digest, c)
+                && other != c
+            {
+                return Err(invalid(format!(
+                    "file[{i}]: digest {} is listed with two different chunk lists",
+                    f.digest
+                )));
+            }
+        }
+        let mut pieces: Option<ChunkHasher> = None;
         let mut done: HashSet<Digest> = HashSet::new();
         let mut current: Option<BlobWriter> = None;
         let mut staged: Vec<StagedBlob> = Vec::new();
@@ -322,6 +339,7 @@ impl AdminService for AdminApi {
                     .map_err(|e| invalid(format!("chunk digest: {e}")))?;
                 if current.as_ref().map(BlobWriter::digest) != Some(d) {
                     if let Some(w) = current.take() {
+                        check_pieces(&path_of(&w.digest()), lists.get(&w.digest()), pieces.take())?;
                         end_blob(w, streaming.take(), &mut done, &mut staged, &mut uploads).await?;
                     }
                     if done.contains(&d) {
@@ -340,6 +358,7 @@ impl AdminService for AdminApi {
                             .await
                             .map_err(|e| Status::internal(e.to_string()))?,
                     );
+                    pieces = lists.get(&d).map(|c| ChunkHasher::new(c.size));
                     streaming = self
                         .s
                         .blobs
@@ -347,6 +366,9 @@ impl AdminService for AdminApi {
                         .start_upload(&d, size)
                         .await
                         .map_err(|e| blob_status(&path_of(&d), e))?;
+                }
+                if let Some(p) = pieces.as_mut() {
+                    p.update(&chunk.data);
                 }
                 if let Some(w) = current.as_mut() {
                     w.write(&chunk.data)
@@ -360,6 +382,7 @@ impl AdminService for AdminApi {
                 }
             }
             if let Some(w) = current.take() {
+                check_pieces(&path_of(&w.digest()), lists.get(&w.digest()), pieces.take())?;
                 end_blob(w, streaming.take(), &mut done, &mut staged, &mut uploads).await?;
             }
             Ok(())
@@ -373,6 +396,21 @@ impl AdminService for AdminApi {
             return Err(st);
         }
         let prepared: Result<(), Status> = async {
+            // Blobs the server held already: their lists against the copy.
+            for (d, c) in lists.iter().filter(|(d, _)| !done.contains(*d)) {
+                let p = self.s.blobs.local.path(d);
+                if !p.is_file() {
+                    continue; // not uploaded: refused below
+                }
+                let size = c.size;
+                let read = tokio::task::spawn_blocking(move || {
+                    std::fs::File::open(&p).and_then(|f| lks_proto::chunks::Chunks::of_reader(f, size))
+                })
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?
+                .map_err(|e| Status::internal(format!("read blob {d}: {e}")))?;
+                check_list(&path_of(d), c, &read.2)?;
+            }
             for (d, size) in &expected {
                 if done.contains(d) || self.s.blobs.local.contains(d) {
                     continue;
@@ -1120,6 +1158,32 @@ fn decode_manifest(bytes: &[u8]) -> Result<Manifest, Status> {
 
 /// The last chunk of a blob of a publish arrived: it is verified and
 /// staged, and its streamed upload (if any) waits for the claim.
+/// Refuses an upload whose bytes do not match the chunk list of its file.
+fn check_pieces(
+    path: &str,
+    list: Option<&&lks_proto::chunks::Chunks>,
+    pieces: Option<ChunkHasher>,
+) -> Result<(), Status> {
+    match (list, pieces) {
+        (Some(list), Some(p)) => check_list(path, list, &p.finish()),
+        _ => Ok(()),
+    }
+}
+
+fn check_list(
+    path: &str,
+    list: &lks_proto::chunks::Chunks,
+    got: &lks_proto::chunks::Chunks,
+) -> Result<(), Status> {
+    match list.digests.iter().zip(&got.digests).position(|(a, b)| a != b) {
+        None if list.digests.len() == got.digests.len() => Ok(()),
+        i => Err(invalid(format!(
+            "upload rejected: {path}: chunk {} does not match the manifest's chunk list",
+            i.unwrap_or(list.digests.len().min(got.digests.len()))
+        ))),
+    }
+}
+
 async fn end_blob(
     w: BlobWriter,
     streaming: Option<Box<dyn Upload>>,

@@ -177,6 +177,17 @@ impl AgentService for AgentApi {
         }))
     }
 
+    async fn find_peers(
+        &self,
+        req: Request<pb::FindPeersRequest>,
+    ) -> Result<Response<pb::FindPeersResponse>, Status> {
+        let _t = self.s.metrics.timer("FindPeers");
+        let _caller = require_node(&req, &*self.s.store).await?;
+        // The tracker comes with peer sharing (issue 28); until then no
+        // node is named and agents fetch from the server, as before.
+        Ok(Response::new(pb::FindPeersResponse::default()))
+    }
+
     async fn issue_certificate(
         &self,
         req: Request<pb::IssueCertificateRequest>,
@@ -814,6 +825,7 @@ impl Session {
         }
         let msg = ServerMessage {
             msg: Some(ServerMsg::Desired(pb::DesiredState {
+                peer_sharing: None,
                 generation: d.generation,
                 bundles,
                 retry: d.retry.into_iter().collect(),

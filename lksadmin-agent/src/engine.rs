@@ -278,6 +278,7 @@ impl Engine {
     fn event(&mut self, kind: &str, bundle: &str, version: &str, message: &str) {
         tracing::info!(kind, bundle, version, "{message}");
         let ev = pb::NodeEvent {
+            peer: String::new(),
             kind: kind.into(),
             bundle: bundle.into(),
             version: version.into(),
@@ -749,6 +750,7 @@ impl Engine {
             .insert(bytes)
             .map_err(|e| IssueError::Unavailable(format!("cache: {e}")))?;
         m.issued.push(FileSpec {
+            chunks: None,
             path: path.clone(),
             digest,
             size: bytes.len() as u64,
@@ -1757,6 +1759,7 @@ impl Engine {
 
     async fn repair_file(&self, f: &FileSpec) -> Result<(), String> {
         let spec = FileSpec {
+            chunks: None,
             path: f.path.clone(),
             digest: f.digest,
             size: f.size,

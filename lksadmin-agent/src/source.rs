@@ -112,6 +112,7 @@ impl NetSource {
         let digest = file.digest.to_string();
         let resp = client
             .fetch_blob(pb::FetchBlobRequest {
+                length: 0,
                 digest: digest.clone(),
                 offset,
             })

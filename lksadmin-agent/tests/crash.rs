@@ -63,6 +63,7 @@ fn manifest(version: &str, files: &Files, fail_health: bool) -> Manifest {
             .iter()
             .filter_map(|(p, c)| {
                 c.map(|(bytes, mode)| FileSpec {
+                    chunks: None,
                     path: BundlePath::new(p).unwrap(),
                     digest: Digest::of(bytes),
                     size: bytes.len() as u64,
@@ -162,6 +163,7 @@ impl Node {
                 .into_iter()
                 .map(|m| {
                     pb::SignedBundle::from(&SignedBundle {
+                        chunks_signature: None,
                         manifest: m,
                         signature: None,
                     })
@@ -923,6 +925,7 @@ fn write_fuzz_seeds() {
             continue;
         };
         let signed = SignedBundle {
+            chunks_signature: None,
             signature: Some(key.sign(&b.manifest)),
             manifest: b.manifest,
         };

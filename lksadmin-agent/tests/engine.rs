@@ -155,6 +155,7 @@ impl Fixture {
             files: files
                 .iter()
                 .map(|(p, b, mode)| FileSpec {
+                    chunks: None,
                     path: BundlePath::new(p).unwrap(),
                     digest: Digest::of(b),
                     size: b.len() as u64,
@@ -242,6 +243,7 @@ impl Fixture {
 
 fn unsigned(m: Manifest) -> SignedBundle {
     SignedBundle {
+        chunks_signature: None,
         manifest: m,
         signature: None,
     }
@@ -455,6 +457,7 @@ async fn unsigned_or_foreign_signed_bundles_are_refused_when_a_key_is_trusted() 
     assert!(f.tree().is_empty(), "nothing written: {:?}", f.tree());
 
     let foreign = SignedBundle {
+        chunks_signature: None,
         signature: Some(other.sign(&m)),
         manifest: m.clone(),
     };
@@ -467,6 +470,7 @@ async fn unsigned_or_foreign_signed_bundles_are_refused_when_a_key_is_trusted() 
     let mut tampered_sig: Signature = key.sign(&m);
     tampered_sig.signature[0] ^= 1;
     f.desire(vec![SignedBundle {
+        chunks_signature: None,
         signature: Some(tampered_sig),
         manifest: m.clone(),
     }])
@@ -477,6 +481,7 @@ async fn unsigned_or_foreign_signed_bundles_are_refused_when_a_key_is_trusted() 
     let mut m2 = m.clone();
     m2.version = "2".into();
     f.desire(vec![SignedBundle {
+        chunks_signature: None,
         signature: Some(key.sign(&m2)),
         manifest: m2,
     }])
@@ -558,6 +563,7 @@ async fn checksum_mismatch_from_a_mirror_fails_naming_file_and_url() {
     let good = b"the real binary";
     let mut m = f.manifest("bin", "1", &[]);
     m.files.push(FileSpec {
+        chunks: None,
         path: BundlePath::new("/usr/bin/tool").unwrap(),
         digest: Digest::of(good),
         size: good.len() as u64,
@@ -648,6 +654,7 @@ async fn partial_download_resumes_at_its_offset() {
     std::fs::create_dir_all(&partial).unwrap();
     std::fs::write(partial.join(d.hex()), &bytes[..6]).unwrap();
     let spec = FileSpec {
+        chunks: None,
         path: BundlePath::new("/x").unwrap(),
         digest: d,
         size: bytes.len() as u64,

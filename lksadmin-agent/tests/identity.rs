@@ -233,6 +233,7 @@ impl Fixture {
             interval: Duration::from_millis(10),
         });
         SignedBundle {
+            chunks_signature: None,
             manifest: m,
             signature: None,
         }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::certs::{CertificateSpec, DEFAULT_TTL, KubeconfigSpec, MAX_CERTIFICATES, MAX_KUBECONFIGS};
+use crate::chunks::{Chunks, DEFAULT_CHUNK_SIZE};
 use crate::digest::Digest;
 use crate::duration::parse_duration;
 use crate::limits::*;
@@ -185,7 +186,7 @@ pub fn parse_bundle_toml(text: &str, dir: &Path, sizer: &mut dyn UrlSizer) -> Re
             raw.files.len()
         ));
     }
-    let mut hashed: BTreeMap<PathBuf, (Digest, u64)> = BTreeMap::new();
+    let mut hashed: BTreeMap<PathBuf, (Digest, u64, Option<Chunks>)> = BTreeMap::new();
     for (i, f) in raw.files.into_iter().enumerate() {
         let field = |n: &str| format!("file[{i}].{n}");
         let fail = |n: &str, why: String| format!("{}: {why}", field(n));
@@ -200,7 +201,7 @@ pub fn parse_bundle_toml(text: &str, dir: &Path, sizer: &mut dyn UrlSizer) -> Re
             .map(Digest::from_hex)
             .transpose()
             .map_err(|_| fail("sha256", "must be 64 lowercase hex digits".into()))?;
-        let (digest, size, source, url) = match (f.source, f.url) {
+        let (digest, size, source, url, chunks) = match (f.source, f.url) {
             (Some(_), Some(_)) => return Err(fail("source", "give either source or url, not both".into())),
             (None, None) => {
                 return Err(fail(
@@ -210,8 +211,8 @@ pub fn parse_bundle_toml(text: &str, dir: &Path, sizer: &mut dyn UrlSizer) -> Re
             }
             (Some(src), None) => {
                 let local = source_path(dir, &src).map_err(|e| fail("source", e))?;
-                let (digest, size) = match hashed.get(&local) {
-                    Some(v) => *v,
+                let (digest, size, chunks) = match hashed.get(&local) {
+                    Some(v) => v.clone(),
                     None => {
                         let meta = std::fs::metadata(&local)
                             .map_err(|e| fail("source", format!("{}: {e}", local.display())))?;
@@ -221,9 +222,14 @@ pub fn parse_bundle_toml(text: &str, dir: &Path, sizer: &mut dyn UrlSizer) -> Re
                                 format!("{} is not a regular file", local.display()),
                             ));
                         }
-                        let v = Digest::of_file(&local)
+                        // One read gives the digest and the chunk list; a
+                        // file of one chunk needs no list (its piece is
+                        // the file).
+                        let v = std::fs::File::open(&local)
+                            .and_then(|f| Chunks::of_reader(f, DEFAULT_CHUNK_SIZE))
+                            .map(|(d, n, c)| (d, n, (n > u64::from(DEFAULT_CHUNK_SIZE)).then_some(c)))
                             .map_err(|e| fail("source", format!("{}: {e}", local.display())))?;
-                        hashed.insert(local.clone(), v);
+                        hashed.insert(local.clone(), v.clone());
                         v
                     }
                 };
@@ -237,7 +243,7 @@ pub fn parse_bundle_toml(text: &str, dir: &Path, sizer: &mut dyn UrlSizer) -> Re
                 {
                     return Err(fail("size", format!("{s} does not match {src} ({size} bytes)")));
                 }
-                (digest, size, FileSource::Local(local), None)
+                (digest, size, FileSource::Local(local), None, chunks)
             }
             (None, Some(url)) => {
                 let digest = declared.ok_or_else(|| fail("sha256", "missing (required with url)".into()))?;
@@ -245,7 +251,7 @@ pub fn parse_bundle_toml(text: &str, dir: &Path, sizer: &mut dyn UrlSizer) -> Re
                     Some(s) => s,
                     None => sizer.size_of(&url, &digest).map_err(|e| fail("size", e))?,
                 };
-                (digest, size, FileSource::Url, Some(url))
+                (digest, size, FileSource::Url, Some(url), None)
             }
         };
         files.push(FileSpec {
@@ -254,6 +260,7 @@ pub fn parse_bundle_toml(text: &str, dir: &Path, sizer: &mut dyn UrlSizer) -> Re
             size,
             mode,
             url,
+            chunks,
         });
         sources.push(source);
     }
@@ -785,7 +792,7 @@ certificate = "/var/lib/kubelet/pki/kubelet-client.crt"
             prop_assume!(crate::manifest::check_paths_disjoint(paths.iter()).is_ok());
             let m = Manifest {
                 name, version,
-                files: paths.into_iter().enumerate().map(|(i, path)| FileSpec {
+                files: paths.into_iter().enumerate().map(|(i, path)| FileSpec { chunks: None,
                     path, digest: Digest::of(&[i as u8]), size, mode,
                     url: (i % 2 == 1).then(|| format!("https://m/{i}")),
                 }).collect(),

@@ -88,6 +88,39 @@ pub fn encode(m: &Manifest) -> Vec<u8> {
     out
 }
 
+/// Domain separator of [`encode_chunks`].
+pub const CHUNKS_DOMAIN: &[u8] = b"lks.bundle.chunks.v1\0";
+
+/// What `chunks_signature` signs: the canonical encoding of `m` (so the
+/// chunk lists are bound to exactly this manifest), then each file's chunk
+/// list in path order. Kept apart from [`encode`] so that agents from
+/// before chunk lists verify `signature` as they always did.
+pub fn encode_chunks(m: &Manifest) -> Vec<u8> {
+    let mut out = CHUNKS_DOMAIN.to_vec();
+    out.extend_from_slice(&encode(m));
+    let mut files: Vec<_> = m
+        .files
+        .iter()
+        .filter_map(|f| Some((f, f.chunks.as_ref()?)))
+        .collect();
+    files.sort_by(|a, b| a.0.path.cmp(&b.0.path));
+    put_u32(&mut out, files.len() as u32);
+    for (f, c) in files {
+        put_str(&mut out, f.path.as_str());
+        put_u32(&mut out, c.size);
+        put_u32(&mut out, c.digests.len() as u32);
+        for d in &c.digests {
+            out.extend_from_slice(d.as_bytes());
+        }
+    }
+    out
+}
+
+/// Whether any file of `m` has a chunk list.
+pub fn has_chunks(m: &Manifest) -> bool {
+    m.files.iter().any(|f| f.chunks.is_some())
+}
+
 /// SHA-256 of the canonical encoding: the identity of a bundle's content.
 pub fn manifest_digest(m: &Manifest) -> Digest {
     Digest::of(&encode(m))

@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use crate::certs::{CertificateSpec, KubeconfigSpec};
+use crate::chunks::Chunks;
 use crate::digest::Digest;
 use crate::limits::{
     DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_RETRIES, DEFAULT_HEALTH_TIMEOUT, DEFAULT_STEP_TIMEOUT,
@@ -36,6 +37,26 @@ impl TryFrom<pb::Manifest> for Manifest {
                     size: f.size,
                     mode: f.mode,
                     url: (!f.url.is_empty()).then_some(f.url),
+                    chunks: match (f.chunk_size, f.chunk_digests.len()) {
+                        (0, 0) => None,
+                        (size, _) => Some(Chunks {
+                            size,
+                            digests: f
+                                .chunk_digests
+                                .iter()
+                                .map(|d| {
+                                    <[u8; 32]>::try_from(d.as_slice())
+                                        .map(Digest::from_bytes)
+                                        .map_err(|_| {
+                                            ManifestError::new(
+                                                field("chunk_digests"),
+                                                "a digest is not 32 bytes",
+                                            )
+                                        })
+                                })
+                                .collect::<Result<_, _>>()?,
+                        }),
+                    },
                 })
             })
             .collect::<Result<Vec<_>, ManifestError>>()?;
@@ -135,6 +156,13 @@ impl From<&Manifest> for pb::Manifest {
                     size: f.size,
                     mode: f.mode,
                     url: f.url.clone().unwrap_or_default(),
+                    chunk_size: f.chunks.as_ref().map_or(0, |c| c.size),
+                    chunk_digests: f
+                        .chunks
+                        .iter()
+                        .flat_map(|c| &c.digests)
+                        .map(|d| d.as_bytes().to_vec())
+                        .collect(),
                 })
                 .collect(),
             steps: m
@@ -207,7 +235,31 @@ impl TryFrom<pb::SignedBundle> for SignedBundle {
                 ));
             }
         };
-        Ok(SignedBundle { manifest, signature })
+        let chunks_signature = match b.chunks_signature.len() {
+            0 => None,
+            _ if signature.is_none() => {
+                return Err(ManifestError::new(
+                    "chunks_signature",
+                    "set on an unsigned bundle",
+                ));
+            }
+            64 => {
+                let mut s = [0u8; 64];
+                s.copy_from_slice(&b.chunks_signature);
+                Some(s)
+            }
+            n => {
+                return Err(ManifestError::new(
+                    "chunks_signature",
+                    format!("expected 64 bytes, got {n}"),
+                ));
+            }
+        };
+        Ok(SignedBundle {
+            manifest,
+            signature,
+            chunks_signature,
+        })
     }
 }
 
@@ -225,6 +277,7 @@ impl From<&SignedBundle> for pb::SignedBundle {
                 .as_ref()
                 .map(|s| s.public_key.to_vec())
                 .unwrap_or_default(),
+            chunks_signature: b.chunks_signature.map(|s| s.to_vec()).unwrap_or_default(),
         }
     }
 }
@@ -301,6 +354,7 @@ mod tests {
         assert_eq!(SignedBundle::try_from(b).unwrap_err().field, "manifest");
 
         let b = pb::SignedBundle {
+            chunks_signature: Vec::new(),
             manifest: Some(pb::Manifest::from(&sample())),
             signature: vec![0; 10],
             signer_public_key: vec![0; 32],

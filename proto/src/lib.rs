@@ -12,6 +12,7 @@ pub mod authoring;
 pub mod backoff;
 pub mod canonical;
 pub mod certs;
+pub mod chunks;
 pub mod codec;
 pub mod convert;
 pub mod digest;

@@ -10,6 +10,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::certs::{CertificateSpec, KubeconfigSpec, MAX_CERTIFICATES, MAX_KUBECONFIGS};
+use crate::chunks::Chunks;
 use crate::digest::Digest;
 use crate::limits::*;
 use crate::names::{validate_bundle_name, validate_version};
@@ -32,6 +33,9 @@ pub struct FileSpec {
     /// Mirror to fetch the bytes from instead of the control server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
+    /// Chunk list, for fetching pieces from several sources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunks: Option<Chunks>,
 }
 
 /// A command run after the files are in place.
@@ -248,6 +252,10 @@ impl Manifest {
             total = total.saturating_add(f.size);
             if let Some(url) = &f.url {
                 validate_url(url).map_err(|e| ManifestError::new(field("url"), e))?;
+            }
+            if let Some(c) = &f.chunks {
+                c.validate(f.size, &f.digest)
+                    .map_err(|e| ManifestError::new(field("chunks"), e))?;
             }
         }
         if total > MAX_BUNDLE_SIZE {
@@ -500,6 +508,9 @@ pub struct Signature {
 pub struct SignedBundle {
     pub manifest: Manifest,
     pub signature: Option<Signature>,
+    /// By the same key over [`crate::canonical::encode_chunks`]; set when
+    /// the bundle is signed and a file has a chunk list.
+    pub chunks_signature: Option<[u8; 64]>,
 }
 
 /// State of one bundle on one node (the `state` field of `node list -o json`).
@@ -556,6 +567,7 @@ pub(crate) mod tests {
             version: "1.29.3-1".into(),
             files: vec![
                 FileSpec {
+                    chunks: None,
                     path: BundlePath::new("/etc/kubernetes/kubelet.conf").unwrap(),
                     digest: Digest::of(b"conf"),
                     size: 4,
@@ -563,6 +575,7 @@ pub(crate) mod tests {
                     url: None,
                 },
                 FileSpec {
+                    chunks: None,
                     path: BundlePath::new("/usr/local/bin/kubelet").unwrap(),
                     digest: Digest::of(b"binary"),
                     size: 6,

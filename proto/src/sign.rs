@@ -148,6 +148,18 @@ impl SigningKey {
             signature: self.0.sign(&canonical::encode(m)).to_bytes(),
         }
     }
+
+    /// Signs `m` whole: the manifest and, if a file has a chunk list, the
+    /// chunk lists too.
+    pub fn sign_bundle(&self, m: Manifest) -> SignedBundle {
+        let chunks_signature =
+            canonical::has_chunks(&m).then(|| self.0.sign(&canonical::encode_chunks(&m)).to_bytes());
+        SignedBundle {
+            signature: Some(self.sign(&m)),
+            chunks_signature,
+            manifest: m,
+        }
+    }
 }
 
 fn with_suffix(prefix: &Path, ext: &str) -> PathBuf {
@@ -195,7 +207,26 @@ pub fn verify(b: &SignedBundle, trusted: &[PublisherKey]) -> Result<(), SignErro
     }
     let signature = ed25519_dalek::Signature::from_bytes(&sig.signature);
     key.verify(&canonical::encode(&b.manifest), &signature)
-        .map_err(|_| SignError::BadSignature { bundle })
+        .map_err(|_| SignError::BadSignature {
+            bundle: bundle.clone(),
+        })?;
+    if let Some(cs) = &b.chunks_signature {
+        key.verify(
+            &canonical::encode_chunks(&b.manifest),
+            &ed25519_dalek::Signature::from_bytes(cs),
+        )
+        .map_err(|_| SignError::BadSignature { bundle })?;
+    }
+    Ok(())
+}
+
+/// Whether the chunk lists of `b` (which passed [`verify`]) may be used:
+/// always for an unsigned bundle (they are as good as the channel it came
+/// over), and for a signed one only when its signer signed them too. A
+/// signed bundle whose lists are not signed is fetched whole from the
+/// control server, as before chunk lists.
+pub fn chunks_usable(b: &SignedBundle) -> bool {
+    b.signature.is_none() || b.chunks_signature.is_some() || !canonical::has_chunks(&b.manifest)
 }
 
 #[cfg(test)]
@@ -206,6 +237,7 @@ mod tests {
     fn signed(key: &SigningKey) -> SignedBundle {
         let m = sample();
         SignedBundle {
+            chunks_signature: None,
             signature: Some(key.sign(&m)),
             manifest: m,
         }
@@ -223,6 +255,7 @@ mod tests {
         let key = SigningKey::generate();
         let other = SigningKey::generate();
         let unsigned = SignedBundle {
+            chunks_signature: None,
             manifest: sample(),
             signature: None,
         };
@@ -235,6 +268,49 @@ mod tests {
             verify(&signed(&other), &[key.public()]),
             Err(SignError::UntrustedSigner { .. })
         ));
+    }
+
+    fn chunked(key: &SigningKey) -> SignedBundle {
+        let mut m = sample();
+        let bytes = vec![3u8; 3 * crate::chunks::MIN_CHUNK_SIZE as usize];
+        let (d, n, c) = crate::chunks::Chunks::of_reader(&bytes[..], crate::chunks::MIN_CHUNK_SIZE).unwrap();
+        (m.files[0].digest, m.files[0].size, m.files[0].chunks) = (d, n, Some(c));
+        key.sign_bundle(m)
+    }
+
+    #[test]
+    fn chunk_lists_are_signed_apart_and_any_change_is_caught() {
+        let key = SigningKey::generate();
+        let trusted = [key.public()];
+        let b = chunked(&key);
+        verify(&b, &trusted).unwrap();
+        assert!(chunks_usable(&b));
+        // What an agent from before chunk lists sees (it drops the unknown
+        // fields) still verifies: the manifest signature leaves them out.
+        let mut old = b.clone();
+        old.chunks_signature = None;
+        old.manifest.files[0].chunks = None;
+        verify(&old, &trusted).unwrap();
+        // A changed chunk digest or size breaks the chunk signature.
+        let mut bad = b.clone();
+        let c = bad.manifest.files[0].chunks.as_mut().unwrap();
+        c.digests.swap(0, 1);
+        c.digests[0] = Digest::of(b"other");
+        assert!(matches!(
+            verify(&bad, &trusted),
+            Err(SignError::BadSignature { .. })
+        ));
+        // Lists stripped of their signature verify but are not used.
+        let mut stripped = b.clone();
+        stripped.chunks_signature = None;
+        verify(&stripped, &trusted).unwrap();
+        assert!(!chunks_usable(&stripped));
+        // Unsigned bundles' lists are as good as the channel.
+        let mut unsigned = b;
+        (unsigned.signature, unsigned.chunks_signature) = (None, None);
+        assert!(chunks_usable(&unsigned));
+        // No chunks: nothing extra to sign.
+        assert!(key.sign_bundle(sample()).chunks_signature.is_none());
     }
 
     #[test]

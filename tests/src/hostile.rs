@@ -270,6 +270,7 @@ pub async fn try_node_calls(url: &str, ca: &str, cert: &str, key: &str, digest: 
     };
     let fetch = c
         .fetch_blob(pb::FetchBlobRequest {
+            length: 0,
             digest: digest.to_string(),
             offset: 0,
         })

@@ -496,6 +496,7 @@ impl TestNode {
             .client()
             .await
             .fetch_blob(pb::FetchBlobRequest {
+                length: 0,
                 digest: digest.to_string(),
                 offset,
             })

@@ -200,6 +200,7 @@ async fn oversized_messages_fields_and_header_lists_are_refused() {
     results.push((
         "fetch-blob-digest-1MiB",
         rc.fetch_blob(pb::FetchBlobRequest {
+            length: 0,
             digest: format!("sha256:{}", "a".repeat(1 << 20)),
             offset: 0,
         })
@@ -222,6 +223,7 @@ async fn oversized_messages_fields_and_header_lists_are_refused() {
     let publish = |files: Vec<pb::FileEntry>, signature: Vec<u8>| {
         vec![pb::PublishBundleRequest {
             msg: Some(pb::publish_bundle_request::Msg::Header(pb::SignedBundle {
+                chunks_signature: Vec::new(),
                 manifest: Some(pb::Manifest {
                     name: "huge".into(),
                     version: "1".into(),
@@ -252,6 +254,7 @@ async fn oversized_messages_fields_and_header_lists_are_refused() {
     let agent_ch = rogue.channel().await;
     let base = s.url();
     let fetch = pb::FetchBlobRequest {
+        length: 0,
         digest: d.clone(),
         offset: 0,
     }

@@ -179,6 +179,7 @@ async fn desired_state_out_status_back_and_rollouts_follow() {
     // Node events are recorded.
     tx.send(pb::AgentMessage {
         msg: Some(pb::agent_message::Msg::Event(pb::NodeEvent {
+            peer: String::new(),
             kind: "repaired".into(),
             bundle: "demo".into(),
             version: "1".into(),
@@ -320,6 +321,7 @@ async fn blobs_are_served_only_to_nodes_they_are_assigned_to() {
     .await;
     let e = pb::agent_service_client::AgentServiceClient::new(admin_ch)
         .fetch_blob(pb::FetchBlobRequest {
+            length: 0,
             digest: small.clone(),
             offset: 0,
         })
@@ -328,6 +330,7 @@ async fn blobs_are_served_only_to_nodes_they_are_assigned_to() {
     assert_eq!(e.code(), Code::PermissionDenied);
     let e = pb::agent_service_client::AgentServiceClient::new(s.anonymous_channel().await)
         .fetch_blob(pb::FetchBlobRequest {
+            length: 0,
             digest: small.clone(),
             offset: 0,
         })

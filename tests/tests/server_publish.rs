@@ -12,6 +12,8 @@ use tonic::Code;
 
 fn file(path: &str, content: &[u8]) -> pb::FileEntry {
     pb::FileEntry {
+        chunk_size: 0,
+        chunk_digests: Vec::new(),
         path: path.into(),
         digest: Digest::of(content).to_string(),
         size: content.len() as u64,
@@ -22,6 +24,7 @@ fn file(path: &str, content: &[u8]) -> pb::FileEntry {
 
 fn manifest(name: &str, version: &str, files: Vec<pb::FileEntry>) -> pb::SignedBundle {
     pb::SignedBundle {
+        chunks_signature: Vec::new(),
         manifest: Some(pb::Manifest {
             name: name.into(),
             version: version.into(),

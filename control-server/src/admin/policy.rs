@@ -32,6 +32,7 @@ pub fn cluster_pb(c: ClusterRow, now_ms: i64) -> pb::Cluster {
         windows::next_open(&parsed, now_ms).unwrap_or(0)
     };
     pb::Cluster {
+        peer_sharing: None,
         name: c.name,
         created_at_ms: c.created_at_ms,
         node_count: c.node_count,

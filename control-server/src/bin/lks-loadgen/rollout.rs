@@ -141,6 +141,8 @@ fn rollout_bundle(name: &str, files: usize) -> Vec<pb::PublishBundleRequest> {
             .iter()
             .enumerate()
             .map(|(k, c)| pb::FileEntry {
+                chunk_size: 0,
+                chunk_digests: Vec::new(),
                 path: format!("/etc/lks-loadgen/{name}/f{k}.conf"),
                 digest: lks_proto::digest::Digest::of(c).to_string(),
                 size: c.len() as u64,

@@ -210,10 +210,13 @@ mod tests {
                 ..Default::default()
             }),
             bundle: Some(pb::SignedBundle {
+                chunks_signature: Vec::new(),
                 manifest: Some(pb::Manifest {
                     name: "k".into(),
                     version: "1".into(),
                     files: vec![pb::FileEntry {
+                        chunk_size: 0,
+                        chunk_digests: Vec::new(),
                         path: "/etc/k.conf".into(),
                         digest: format!("sha256:{}", "ab".repeat(32)),
                         size: 3,

@@ -203,6 +203,10 @@ pub async fn run(c: &mut Client, url: &str, cmd: ClusterCmd) -> anyhow::Result<(
             let (ca_cert_pem, ca_key_pem) = ca.clone().unwrap_or_default();
             let r = c
                 .set_cluster(pb::SetClusterRequest {
+                    peer_upload_rate: Default::default(),
+                    peer_max_uploads: Default::default(),
+                    peer_port: Default::default(),
+                    peer_sharing: None,
                     name: name.clone(),
                     maintenance_windows: maintenance_window,
                     clear_maintenance_windows: no_maintenance_window,

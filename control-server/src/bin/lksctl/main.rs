@@ -637,9 +637,13 @@ async fn publish(c: &mut Client, url: &str, dir: &Path, sign_key: Option<&Path>)
         .context("load signing key")?;
     let manifest = authored.manifest.clone();
     let id = manifest.id();
-    let signed = SignedBundle {
-        signature: key.as_ref().map(|k| k.sign(&manifest)),
-        manifest,
+    let signed = match &key {
+        Some(k) => k.sign_bundle(manifest),
+        None => SignedBundle {
+            chunks_signature: None,
+            signature: None,
+            manifest,
+        },
     };
     let header = pb::PublishBundleRequest {
         msg: Some(PublishMsg::Header(pb::SignedBundle::from(&signed))),
