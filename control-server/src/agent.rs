@@ -286,7 +286,12 @@ impl AgentService for AgentApi {
         let metrics = self.s.metrics.clone();
         let cancel = self.s.cancel.clone();
         self.s.tasks.spawn(async move {
-            let mut remaining = size - r.offset;
+            // `length` 0: to the end (and what a client from before the
+            // field asks for).
+            let mut remaining = match r.length {
+                0 => size - r.offset,
+                n => n.min(size - r.offset),
+            };
             if remaining == 0 {
                 let _ = tx
                     .send(Ok(pb::BlobChunk {
@@ -502,6 +507,8 @@ fn facts_json(h: &pb::Hello) -> String {
         "agent_version": clip(&agent_version, 128),
         "boot_id": clip(&f.boot_id, 128),
         "features": h.features.iter().take(32).map(|x| clip(x, 64)).collect::<Vec<_>>(),
+        // Where it listens for peers if it said (the tracker names it).
+        "peer_listen": f.peer_listen.parse::<std::net::SocketAddr>().map(|a| a.to_string()).unwrap_or_default(),
         // Only addresses that parse, at most as many as a serving
         // certificate takes: they become its IP SANs.
         "addresses": f.addresses.iter()
@@ -765,6 +772,11 @@ impl Session {
             }
             Some(AgentMsg::Event(e)) => {
                 let at = if e.at_ms > 0 { e.at_ms } else { now_ms() };
+                if e.kind == "bad_peer" && !e.peer.is_empty() {
+                    tracing::warn!(peer = %clip(&e.peer, 253), "a node reports a peer that served bytes not matching their digest");
+                    self.s.tracker.blame(&self.caller.id.cluster, &clip(&e.peer, 253));
+                    self.s.metrics.bad_peer_reported();
+                }
                 record_event(
                     &self.s,
                     &self.caller.id,

@@ -30,6 +30,7 @@ pub mod seal;
 pub mod server;
 pub mod store;
 pub mod tlsaccept;
+pub mod tracker;
 pub mod windows;
 pub mod wire;
 

@@ -34,6 +34,7 @@ pub struct Metrics {
     connected: AtomicI64,
     pushes: AtomicU64,
     blob_bytes: AtomicU64,
+    bad_peers: AtomicU64,
     enrollments: Labelled,
     package_requests: Labelled,
     package_bytes: AtomicU64,
@@ -67,6 +68,10 @@ impl Metrics {
 
     pub fn blob_bytes_served(&self, n: u64) {
         self.blob_bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn bad_peer_reported(&self) {
+        self.bad_peers.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Agents this replica asked to reconnect elsewhere (rebalancing).
@@ -216,6 +221,13 @@ impl Metrics {
             "counter",
             "Blob bytes sent to agents.",
             load(&self.blob_bytes),
+        );
+        scalar(
+            &mut s,
+            "lks_bad_peers_reported_total",
+            "counter",
+            "Reports of a peer that served a chunk not matching its digest (peer sharing).",
+            load(&self.bad_peers),
         );
         scalar(
             &mut s,

@@ -202,6 +202,8 @@ pub struct Shared {
     pub cancel: CancellationToken,
     /// Every per-stream and background task, so shutdown can wait for them.
     pub tasks: TaskTracker,
+    /// Peer sharing: who holds which blob (`FindPeers`).
+    pub tracker: crate::tracker::Tracker,
 }
 
 impl Shared {
@@ -453,6 +455,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         ping_interval: cfg.ping_interval,
         cancel: cancel.clone(),
         tasks: TaskTracker::new(),
+        tracker: crate::tracker::Tracker::default(),
     });
 
     if let Some(addr) = cfg.metrics_listen {

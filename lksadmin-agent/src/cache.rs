@@ -21,6 +21,10 @@ use lks_proto::{Digest, FileSpec};
 
 use crate::fsutil::{self, FsError, InodeMeta};
 use crate::source::{self, BlobSource};
+use crate::swarm::SwarmError;
+
+/// Marks a swarm fetch that cannot be done in pieces (fetched the old way).
+const UNSUPPORTED: &str = "unsupported: ";
 
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
@@ -127,6 +131,14 @@ impl Cache {
         }
         fsutil::create_dir(&self.blobs(), 0o700)?;
         fsutil::create_dir(&self.partials(), 0o700)?;
+        if file.url.is_none()
+            && let Some(swarm) = src.swarm()
+        {
+            match self.ensure_from_peers(file, swarm).await {
+                Err(FetchError::Unavailable { reason, .. }) if reason.starts_with(UNSUPPORTED) => {}
+                r => return r,
+            }
+        }
         let part = self.partials().join(file.digest.hex());
         let (mut verifier, mut have) = resume_partial(&part, file)?;
         let path = file.path.to_string();
@@ -195,6 +207,60 @@ impl Cache {
             digest = %file.digest,
             bytes = file.size - have,
             stream_ms = streamed.as_millis() as u64,
+            ms = started.elapsed().as_millis() as u64,
+            "blob fetched and verified"
+        );
+        Ok(())
+    }
+
+    /// [`Cache::ensure`] through peer sharing: pieces from peers and the
+    /// server, each checked, the file checked whole, then stored.
+    async fn ensure_from_peers(
+        &self,
+        file: &FileSpec,
+        swarm: &crate::swarm::Swarm,
+    ) -> Result<(), FetchError> {
+        let part = self.partials().join(format!("{}.pieces", file.digest.hex()));
+        let path = file.path.to_string();
+        let started = Instant::now();
+        let (from_server, from_peers) = match swarm.fetch(file, &part).await {
+            Ok(v) => v,
+            Err(SwarmError::Unsupported(why)) => {
+                return Err(FetchError::Unavailable {
+                    path,
+                    origin: "peers".into(),
+                    reason: format!("{UNSUPPORTED}{why}"),
+                });
+            }
+            Err(SwarmError::Unavailable(reason)) => {
+                return Err(FetchError::Unavailable {
+                    path,
+                    origin: "peers and the control server".into(),
+                    reason,
+                });
+            }
+            Err(SwarmError::Corrupt(source)) => {
+                let _ = fs::remove_file(&part);
+                return Err(FetchError::Verify {
+                    path,
+                    origin: "the control server".into(),
+                    source,
+                });
+            }
+        };
+        let blob = self.blob_path(&file.digest);
+        fs::rename(&part, &blob).map_err(|e| FsError::new("rename into cache", &blob, e))?;
+        fsutil::sync_dir(&self.blobs())?;
+        if let Ok(m) = fs::metadata(&blob) {
+            self.stored()
+                .insert(file.digest, (InodeMeta::of_metadata(&m), Instant::now()));
+        }
+        tracing::info!(
+            path = %path,
+            digest = %file.digest,
+            bytes = file.size,
+            from_server,
+            from_peers,
             ms = started.elapsed().as_millis() as u64,
             "blob fetched and verified"
         );

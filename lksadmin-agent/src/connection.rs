@@ -44,6 +44,7 @@ pub struct Connection {
     pub commands: mpsc::Sender<EngineCmd>,
     pub conn_file: Arc<ConnStatusFile>,
     pub heartbeat: Duration,
+    pub peer_listen: Option<std::net::SocketAddr>,
 }
 
 enum End {
@@ -155,7 +156,10 @@ impl Connection {
         let snap = self.status.borrow_and_update().clone();
         let hello = pb::Hello {
             agent_version: facts::AGENT_VERSION.into(),
-            facts: Some(facts::collect()),
+            facts: Some(pb::NodeFacts {
+                peer_listen: self.peer_listen.map(|a| a.to_string()).unwrap_or_default(),
+                ..facts::collect()
+            }),
             bundles: snap.bundles,
             desired_generation: snap.generation,
             features: facts::FEATURES.iter().map(|f| f.to_string()).collect(),

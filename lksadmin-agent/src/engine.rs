@@ -541,6 +541,13 @@ impl Engine {
         if let Some(reason) = self.conflict(m) {
             return self.fail_once(&m.name, &m.version, reason, None);
         }
+        if !sign::chunks_usable(sb) {
+            // Chunk lists its signer did not sign are not used: its files
+            // come from the control server whole, as before chunk lists.
+            let mut bare = m.clone();
+            bare.files.iter_mut().for_each(|f| f.chunks = None);
+            return self.apply(&bare, rec, key, false).await;
+        }
         self.apply(m, rec, key, false).await
     }
 

@@ -36,6 +36,7 @@ pub fn collect() -> pb::NodeFacts {
         })
         .unwrap_or_default();
     pb::NodeFacts {
+        peer_listen: String::new(),
         hostname: System::host_name().unwrap_or_default(),
         os: System::long_os_version().unwrap_or_default(),
         kernel: System::kernel_version().unwrap_or_default(),

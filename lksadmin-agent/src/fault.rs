@@ -55,3 +55,9 @@ pub fn point(name: &'static str) {
         std::process::abort();
     }
 }
+
+/// `LKS_AGENT_FAULT=peer-corrupt`: the peer listener flips a byte of every
+/// piece it serves (a lying peer, for the peer-sharing tests).
+pub fn peer_corrupt() -> bool {
+    armed() == Some("peer-corrupt")
+}

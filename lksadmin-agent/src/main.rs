@@ -59,7 +59,7 @@ enum Cmd {
     ///
     /// Settings come from the flags, then the settings file, then the defaults.
     Run {
-        /// Settings file (keys: state_dir, root, heal_interval); a missing
+        /// Settings file (keys: state_dir, root, heal_interval, peer_listen); a missing
         /// default file is fine [default: /etc/lksadmin/agent.toml]
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
@@ -72,6 +72,11 @@ enum Cmd {
         /// How often managed files are re-verified [default: 60s]
         #[arg(long, value_parser = parse_heal_interval)]
         heal_interval: Option<Duration>,
+        /// Where to listen for peers while the cluster shares blobs, as
+        /// IP:PORT; this address is what the server names to other nodes
+        /// [default: all addresses, the cluster's --peer-port]
+        #[arg(long, value_name = "IP:PORT")]
+        peer_listen: Option<std::net::SocketAddr>,
     },
     /// Print `lksadmin-agent VERSION` (what a self-update checks a new
     /// binary with before handing over to it).
@@ -177,6 +182,7 @@ async fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
             state_dir,
             root,
             heal_interval,
+            peer_listen,
         } => {
             // Read before anything starts, so a bad file stops the agent with
             // one line instead of running it on the wrong settings.
@@ -189,6 +195,7 @@ async fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 state_dir,
                 root,
                 heal_interval,
+                peer_listen,
             });
             let cancel = CancellationToken::new();
             let on_signal = cancel.clone();

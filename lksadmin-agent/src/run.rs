@@ -50,6 +50,9 @@ pub struct RunOptions {
     /// Overrides the root stored by `join`.
     pub root: Option<PathBuf>,
     pub heal_interval: Duration,
+    /// `--peer-listen`: where to listen for peers (and what to tell the
+    /// server) instead of all addresses on the cluster's peer port.
+    pub peer_listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -81,9 +84,17 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<RunEnd, 
     let trusted = dirs.trusted_keys()?;
     let root = opts.root.clone().unwrap_or_else(|| cfg.root.clone());
     let channel = SharedChannel::default();
-    let source = Arc::new(NetSource::new(channel.clone())?);
     let (status_tx, status_rx) = watch::channel(StatusSnapshot::default());
     let (events_tx, events_rx) = mpsc::channel(256);
+    let peers = Arc::new(crate::peer::Shared::default());
+    let swarm = Arc::new(crate::swarm::Swarm::new(
+        peers.clone(),
+        channel.clone(),
+        dirs.clone(),
+        cfg.cluster.clone(),
+        events_tx.clone(),
+    ));
+    let source = Arc::new(NetSource::new(channel.clone())?.with_swarm(swarm.clone()));
     let (desired_tx, desired_rx) = watch::channel(None);
     let (cmd_tx, cmd_rx) = mpsc::channel(16);
     let engine = Engine::open(
@@ -146,6 +157,12 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<RunEnd, 
     let conn_file = Arc::new(ConnStatusFile::new(dirs.clone()));
     conn_file.update(|c| c.connected = false);
     let mut tasks = JoinSet::new();
+    tasks.spawn(follow_peer_sharing(
+        crate::peer::PeerHost::new(dirs.clone(), cfg.cluster.clone(), peers, opts.peer_listen),
+        swarm,
+        desired_tx.subscribe(),
+        cancel.clone(),
+    ));
     tasks.spawn(
         Connection {
             dirs: dirs.clone(),
@@ -157,6 +174,7 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<RunEnd, 
             commands: cmd_tx,
             conn_file: conn_file.clone(),
             heartbeat: HEARTBEAT,
+            peer_listen: opts.peer_listen,
         }
         .run(cancel.clone()),
     );
@@ -202,6 +220,27 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<RunEnd, 
         return Ok(RunEnd::HandOver);
     }
     Ok(RunEnd::Stopped)
+}
+
+/// Starts and stops peer sharing as the desired states say.
+async fn follow_peer_sharing(
+    mut host: crate::peer::PeerHost,
+    swarm: Arc<crate::swarm::Swarm>,
+    mut desired: watch::Receiver<Option<pb::DesiredState>>,
+    cancel: CancellationToken,
+) {
+    loop {
+        let d = desired.borrow_and_update().clone();
+        if let Some(d) = d {
+            swarm.set_on(d.peer_sharing.is_some());
+            host.apply(&d).await;
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            r = desired.changed() => if r.is_err() { break },
+        }
+    }
+    host.stop();
 }
 
 async fn engine_loop(

@@ -29,6 +29,7 @@ pub struct Settings {
     pub state_dir: Option<PathBuf>,
     pub root: Option<PathBuf>,
     pub heal_interval: Option<Duration>,
+    pub peer_listen: Option<std::net::SocketAddr>,
 }
 
 /// What `run` was given on the command line. `None`: flag not given.
@@ -37,6 +38,7 @@ pub struct RunFlags {
     pub state_dir: Option<PathBuf>,
     pub root: Option<PathBuf>,
     pub heal_interval: Option<Duration>,
+    pub peer_listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +57,7 @@ struct RawSettings {
     state_dir: Option<PathBuf>,
     root: Option<PathBuf>,
     heal_interval: Option<String>,
+    peer_listen: Option<String>,
 }
 
 /// Parses a heal interval (`60s`, `5m`, …) as the flag and the file accept it.
@@ -103,10 +106,19 @@ impl Settings {
             .map(parse_heal_interval)
             .transpose()
             .map_err(|e| format!("heal_interval: {e}"))?;
+        let peer_listen = raw
+            .peer_listen
+            .as_deref()
+            .map(|s| {
+                s.parse::<std::net::SocketAddr>()
+                    .map_err(|_| format!("peer_listen: {s:?} is not IP:PORT"))
+            })
+            .transpose()?;
         Ok(Settings {
             state_dir: raw.state_dir,
             root: raw.root,
             heal_interval,
+            peer_listen,
         })
     }
 
@@ -123,6 +135,7 @@ impl Settings {
                 .heal_interval
                 .or(self.heal_interval)
                 .unwrap_or(DEFAULT_HEAL_INTERVAL),
+            peer_listen: flags.peer_listen.or(self.peer_listen),
         }
     }
 }
@@ -158,6 +171,7 @@ mod tests {
         assert_eq!(s.state_dir, Some(PathBuf::from("/var/lib/lksadmin")));
         assert_eq!(s.root, Some(PathBuf::from("/")));
         assert_eq!(s.heal_interval, Some(Duration::from_secs(60)));
+        assert_eq!(s.peer_listen, Some("10.0.0.5:7444".parse().unwrap()));
     }
 
     #[test]
@@ -173,11 +187,13 @@ mod tests {
             state_dir: Some("/tmp/state".into()),
             root: Some("/tmp/root".into()),
             heal_interval: Some(Duration::from_secs(2)),
+            peer_listen: Some("127.0.0.1:9".parse().unwrap()),
         };
         let from_flags = s.clone().resolve(flags.clone());
         assert_eq!(from_flags.state_dir, PathBuf::from("/tmp/state"));
         assert_eq!(from_flags.root, Some(PathBuf::from("/tmp/root")));
         assert_eq!(from_flags.heal_interval, Duration::from_secs(2));
+        assert_eq!(from_flags.peer_listen, Some("127.0.0.1:9".parse().unwrap()));
 
         // One flag given: only that one overrides.
         let mixed = s.resolve(RunFlags {
@@ -200,6 +216,7 @@ mod tests {
                 "state_dir: \"relative/dir\" must be an absolute path",
             ),
             ("root = \"node\"", "root:"),
+            ("peer_listen = \"7444\"", "peer_listen: \"7444\" is not IP:PORT"),
             (
                 "# comment\nservers = [\"https://x\"]\n",
                 "line 2: unknown field `servers`",

@@ -29,6 +29,11 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 pub trait BlobSource: Send + Sync {
     fn open<'a>(&'a self, file: &'a FileSpec, offset: u64) -> BoxFuture<'a, Result<BlobStream, SourceError>>;
+
+    /// Peer sharing, while the node's cluster has it on.
+    fn swarm(&self) -> Option<&crate::swarm::Swarm> {
+        None
+    }
 }
 
 /// Where a file's bytes come from, for messages.
@@ -60,6 +65,7 @@ impl SharedChannel {
 pub struct NetSource {
     http: reqwest::Client,
     server: SharedChannel,
+    swarm: Option<Arc<crate::swarm::Swarm>>,
 }
 
 impl NetSource {
@@ -69,7 +75,17 @@ impl NetSource {
             .read_timeout(std::time::Duration::from_secs(60))
             .build()
             .map_err(|e| SourceError(format!("build HTTP client: {}", error_chain(&e))))?;
-        Ok(NetSource { http, server })
+        Ok(NetSource {
+            http,
+            server,
+            swarm: None,
+        })
+    }
+
+    /// Fetches through peers while peer sharing is on.
+    pub fn with_swarm(mut self, swarm: Arc<crate::swarm::Swarm>) -> Self {
+        self.swarm = Some(swarm);
+        self
     }
 
     async fn open_url(&self, url: &str, offset: u64) -> Result<BlobStream, SourceError> {
@@ -142,6 +158,10 @@ impl BlobSource for NetSource {
                 None => self.open_server(file, offset).await,
             }
         })
+    }
+
+    fn swarm(&self) -> Option<&crate::swarm::Swarm> {
+        self.swarm.as_deref().filter(|s| s.is_on())
     }
 }
 

@@ -38,6 +38,18 @@ pub struct FileSpec {
     pub chunks: Option<Chunks>,
 }
 
+impl FileSpec {
+    /// The same file, whatever the chunk list it travels with (a transport
+    /// detail: a node that got it without one holds the same bytes).
+    pub fn same_content(&self, other: &FileSpec) -> bool {
+        self.path == other.path
+            && self.digest == other.digest
+            && self.size == other.size
+            && self.mode == other.mode
+            && self.url == other.url
+    }
+}
+
 /// A command run after the files are in place.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Step {
@@ -192,7 +204,12 @@ impl Manifest {
     pub fn same_request(&self, published: &Manifest) -> bool {
         self.name == published.name
             && self.version == published.version
-            && self.files == published.files
+            && self.files.len() == published.files.len()
+            && self
+                .files
+                .iter()
+                .zip(&published.files)
+                .all(|(a, b)| a.same_content(b))
             && self.steps == published.steps
             && self.health == published.health
             && self.certificates == published.certificates

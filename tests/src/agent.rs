@@ -54,6 +54,10 @@ pub struct Agent {
     /// Prefix of every command this agent runs (`run`, `join`, `status`),
     /// e.g. `ip netns exec NS`; empty on the host.
     pub wrapper: Vec<String>,
+    /// More arguments for `run` (e.g. `--peer-listen`).
+    pub run_args: Vec<String>,
+    /// More environment for `run` (e.g. `LKS_AGENT_FAULT`).
+    pub run_env: Vec<(String, String)>,
 }
 
 impl Agent {
@@ -71,6 +75,8 @@ impl Agent {
             heal_interval: "60s".into(),
             exe: bin("lksadmin-agent"),
             wrapper: Vec::new(),
+            run_args: Vec::new(),
+            run_env: Vec::new(),
         }
     }
 
@@ -126,7 +132,9 @@ impl Agent {
             .arg(&self.heal_interval)
             .env("RUST_LOG", "info,lksadmin_agent=debug")
             .env("LKS_LOG_STDERR", "1")
-            .env_remove("NOTIFY_SOCKET");
+            .env_remove("NOTIFY_SOCKET")
+            .args(&self.run_args)
+            .envs(self.run_env.iter().map(|(k, v)| (k, v)));
         let name = format!("agent-{}-{}", self.name, self.starts);
         self.proc = Some(Proc::spawn(&name, cmd, self.dir.path()));
     }

@@ -1,0 +1,484 @@
+//! The tracker of peer sharing (`FindPeers`): which nodes of a cluster can
+//! give a blob to a node that must fetch it.
+//!
+//! Two kinds of holders are named:
+//! - nodes whose last report has a bundle version containing the blob
+//!   applied (they hold it whole and verified in their cache);
+//! - nodes fetching it now (they asked in the last [`FETCHING_TTL`]); they
+//!   serve the chunks they have verified so far, which lets one copy from
+//!   the server spread through a batch that starts at once.
+//!
+//! The server stays the seed: a node may fetch from the server itself only
+//! while fewer than [`MAX_SEEDS`] nodes of its cluster do so for that blob
+//! and nobody holds it whole (or when the tracker has nobody to name). The
+//! agent falls back to the server on its own when no peer gives it
+//! anything for a while, so a wrong answer here costs time, never a
+//! rollout.
+//!
+//! Load is spread by counting how often each node was named lately (halved
+//! every [`LOAD_HALF_LIFE`]); nodes on a subnet of the caller come first,
+//! then the least named, random among equals. A node reported for serving
+//! a bad chunk is not named again for [`BLAME_TTL`].
+//!
+//! State is per replica and in memory: holders come from the store (the
+//! node reports), fetchers and load from this replica's own answers, which
+//! is all a replica needs to keep the server's share of the bytes small.
+
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lks_proto::{BundleState, Digest, pb};
+use prost::Message;
+
+use crate::store::{Store, StoreError};
+
+/// How many peers one answer names at most.
+pub const MAX_PEERS: usize = 8;
+/// How many nodes of a cluster fetch one blob from the server at once.
+pub const MAX_SEEDS: usize = 2;
+/// How long a node that asked counts as fetching (agents ask again while
+/// they fetch, every few seconds).
+pub const FETCHING_TTL: Duration = Duration::from_secs(30);
+/// How long a cluster's holders are read from the store again.
+const INDEX_TTL: Duration = Duration::from_secs(2);
+const LOAD_HALF_LIFE: Duration = Duration::from_secs(10);
+/// How long a node that served a bad chunk is not named.
+pub const BLAME_TTL: Duration = Duration::from_secs(600);
+
+/// One node the caller may fetch from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    pub node: String,
+    pub address: SocketAddr,
+    /// Holds the blob whole (false: fetching it now).
+    pub whole: bool,
+}
+
+/// The tracker's answer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Answer {
+    pub peers: Vec<Peer>,
+    /// The caller may fetch from the server now.
+    pub server: bool,
+}
+
+#[derive(Default)]
+pub struct Tracker {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    clusters: HashMap<String, Arc<ClusterIndex>>,
+    /// bundle@version → the digests of its files (versions are immutable).
+    contents: HashMap<(String, String), Arc<HashSet<Digest>>>,
+    /// (cluster, digest) → node → when it last asked, and whether it was
+    /// told to fetch from the server.
+    fetching: HashMap<(String, Digest), HashMap<String, (Instant, bool)>>,
+    load: HashMap<String, (f64, Instant)>,
+    /// (cluster, node) → when a node of that cluster reported it.
+    blamed: HashMap<(String, String), Instant>,
+}
+
+struct ClusterIndex {
+    at: Instant,
+    nodes: Vec<NodeInfo>,
+}
+
+struct NodeInfo {
+    name: String,
+    connected: bool,
+    /// Where its agent listens for peers, if it said (`--peer-listen`).
+    listen: Option<SocketAddr>,
+    addresses: Vec<IpAddr>,
+    /// Bundle versions it reported applied.
+    applied: Vec<(String, String)>,
+}
+
+impl Tracker {
+    /// Whom `node` of `cluster` may fetch `digest` from. `port`: the
+    /// cluster's peer port, for nodes that did not name their own address.
+    pub async fn find(
+        &self,
+        store: &dyn Store,
+        cluster: &str,
+        node: &str,
+        digest: Digest,
+        port: u16,
+    ) -> Result<Answer, StoreError> {
+        let index = self.index(store, cluster).await?;
+        // The bundle versions applied anywhere in the cluster whose content
+        // is not known yet.
+        let unknown: Vec<(String, String)> = {
+            let g = self.lock();
+            let mut seen = HashSet::new();
+            index
+                .nodes
+                .iter()
+                .flat_map(|n| n.applied.iter())
+                .filter(|bv| !g.contents.contains_key(*bv) && seen.insert((*bv).clone()))
+                .cloned()
+                .collect()
+        };
+        for (b, v) in unknown {
+            let digests = match store.get_bundle(&b, &v).await? {
+                Some(row) => digests_of(&row.signed_bundle),
+                None => HashSet::new(),
+            };
+            self.lock().contents.insert((b, v), Arc::new(digests));
+        }
+
+        let now = Instant::now();
+        let mut g = self.lock();
+        g.blamed.retain(|_, at| now.duration_since(*at) < BLAME_TTL);
+        let me = index.nodes.iter().find(|n| n.name == node);
+        let my_nets: Vec<IpAddr> = me.map(|n| n.addresses.clone()).unwrap_or_default();
+        let key = (cluster.to_string(), digest);
+        let fetching = g.fetching.entry(key.clone()).or_default();
+        fetching.retain(|_, (at, _)| now.duration_since(*at) < FETCHING_TTL);
+        let fetching = fetching.clone();
+
+        let holds = |n: &NodeInfo, g: &Inner| {
+            n.applied
+                .iter()
+                .any(|bv| g.contents.get(bv).is_some_and(|d| d.contains(&digest)))
+        };
+        let mut candidates: Vec<(bool, f64, u64, Peer)> = Vec::new();
+        let mut whole_holders = 0;
+        for n in index.nodes.iter().filter(|n| n.name != node && n.connected) {
+            if g.blamed.contains_key(&(cluster.to_string(), n.name.clone())) {
+                continue;
+            }
+            let whole = holds(n, &g);
+            if !whole && !fetching.contains_key(&n.name) {
+                continue;
+            }
+            let Some(address) = dial_address(n, &my_nets, port) else {
+                continue;
+            };
+            whole_holders += usize::from(whole);
+            let near = my_nets.iter().any(|m| same_subnet(*m, address.ip()));
+            let load = g.load_of(&n.name, now);
+            candidates.push((
+                !near,
+                load,
+                random_u64(),
+                Peer {
+                    node: n.name.clone(),
+                    address,
+                    whole,
+                },
+            ));
+        }
+        candidates.sort_by(|a, b| {
+            (a.0, a.1)
+                .partial_cmp(&(b.0, b.1))
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(a.2.cmp(&b.2))
+        });
+        let peers: Vec<Peer> = candidates.into_iter().take(MAX_PEERS).map(|c| c.3).collect();
+        for p in &peers {
+            g.add_load(&p.node, now);
+        }
+        let seeds = fetching
+            .iter()
+            .filter(|(n, (_, from_server))| *from_server && n.as_str() != node)
+            .count();
+        let was_seed = fetching.get(node).is_some_and(|(_, s)| *s);
+        let server = peers.is_empty() || was_seed || (whole_holders == 0 && seeds < MAX_SEEDS);
+        g.fetching
+            .entry(key)
+            .or_default()
+            .insert(node.to_string(), (now, server));
+        Ok(Answer { peers, server })
+    }
+
+    /// A node of `cluster` says `peer` served it a chunk that did not
+    /// match: `peer` is named to the nodes of that cluster no more for a
+    /// while (a node can only speak for its own cluster).
+    pub fn blame(&self, cluster: &str, peer: &str) {
+        self.lock()
+            .blamed
+            .insert((cluster.to_string(), peer.to_string()), Instant::now());
+    }
+
+    /// `node` has the blob (or gave up): no longer a fetcher of it.
+    pub fn done(&self, cluster: &str, node: &str, digest: Digest) {
+        if let Some(f) = self.lock().fetching.get_mut(&(cluster.to_string(), digest)) {
+            f.remove(node);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn index(&self, store: &dyn Store, cluster: &str) -> Result<Arc<ClusterIndex>, StoreError> {
+        if let Some(ix) = self.lock().clusters.get(cluster)
+            && ix.at.elapsed() < INDEX_TTL
+        {
+            return Ok(ix.clone());
+        }
+        let rows = store.list_nodes(Some(cluster)).await?;
+        let nodes = rows
+            .into_iter()
+            .map(|r| {
+                let facts: serde_json::Value = serde_json::from_str(&r.facts_json).unwrap_or_default();
+                NodeInfo {
+                    connected: r.connected,
+                    listen: facts["peer_listen"].as_str().and_then(|s| s.parse().ok()),
+                    addresses: facts["addresses"]
+                        .as_array()
+                        .map(|a| a.iter().filter_map(|x| x.as_str()?.parse().ok()).collect())
+                        .unwrap_or_default(),
+                    applied: r
+                        .actual
+                        .values()
+                        .filter(|s| s.state == BundleState::Applied)
+                        .map(|s| (s.name.clone(), s.version.clone()))
+                        .collect(),
+                    name: r.name,
+                }
+            })
+            .collect();
+        let ix = Arc::new(ClusterIndex {
+            at: Instant::now(),
+            nodes,
+        });
+        self.lock().clusters.insert(cluster.to_string(), ix.clone());
+        Ok(ix)
+    }
+}
+
+impl Inner {
+    fn load_of(&self, node: &str, now: Instant) -> f64 {
+        self.load.get(node).map_or(0.0, |(l, at)| decayed(*l, *at, now))
+    }
+
+    fn add_load(&mut self, node: &str, now: Instant) {
+        let l = self.load_of(node, now) + 1.0;
+        self.load.insert(node.to_string(), (l, now));
+    }
+}
+
+fn decayed(load: f64, at: Instant, now: Instant) -> f64 {
+    load * 0.5f64.powf(now.duration_since(at).as_secs_f64() / LOAD_HALF_LIFE.as_secs_f64())
+}
+
+/// The digests of the files of an encoded `SignedBundle`.
+fn digests_of(bytes: &[u8]) -> HashSet<Digest> {
+    pb::SignedBundle::decode(bytes)
+        .ok()
+        .and_then(|b| b.manifest)
+        .map(|m| m.files.iter().filter_map(|f| f.digest.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// Where to dial `n`: the address it listens on if it named one (unless
+/// that is a wildcard), else its address nearest the caller with the
+/// cluster's port.
+fn dial_address(n: &NodeInfo, near: &[IpAddr], port: u16) -> Option<SocketAddr> {
+    if let Some(l) = n.listen {
+        if !l.ip().is_unspecified() {
+            return Some(l);
+        }
+        return pick_ip(&n.addresses, near).map(|ip| SocketAddr::new(ip, l.port()));
+    }
+    pick_ip(&n.addresses, near).map(|ip| SocketAddr::new(ip, port))
+}
+
+fn pick_ip(addresses: &[IpAddr], near: &[IpAddr]) -> Option<IpAddr> {
+    addresses
+        .iter()
+        .find(|a| near.iter().any(|m| same_subnet(*m, **a)))
+        .or_else(|| addresses.first())
+        .copied()
+}
+
+/// Same /24 (IPv4) or /64 (IPv6): the "same tenant network" guess.
+fn same_subnet(a: IpAddr, b: IpAddr) -> bool {
+    match (a, b) {
+        (IpAddr::V4(a), IpAddr::V4(b)) => a.octets()[..3] == b.octets()[..3],
+        (IpAddr::V6(a), IpAddr::V6(b)) => a.octets()[..8] == b.octets()[..8],
+        _ => false,
+    }
+}
+
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    let _ = getrandom::getrandom(&mut b);
+    u64::from_le_bytes(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(name: &str, ip: &str, applied: &[(&str, &str)]) -> NodeInfo {
+        NodeInfo {
+            name: name.into(),
+            connected: true,
+            listen: None,
+            addresses: vec![ip.parse().unwrap()],
+            applied: applied
+                .iter()
+                .map(|(b, v)| (b.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn subnets_and_addresses() {
+        assert!(same_subnet(
+            "10.0.1.5".parse().unwrap(),
+            "10.0.1.200".parse().unwrap()
+        ));
+        assert!(!same_subnet(
+            "10.0.1.5".parse().unwrap(),
+            "10.0.2.5".parse().unwrap()
+        ));
+        assert!(same_subnet(
+            "fd00::1".parse().unwrap(),
+            "fd00::2".parse().unwrap()
+        ));
+        assert!(!same_subnet(
+            "fd00::1".parse().unwrap(),
+            "10.0.0.1".parse().unwrap()
+        ));
+        let mut n = info("a", "10.0.2.9", &[]);
+        n.addresses.push("10.0.1.9".parse().unwrap());
+        let near = ["10.0.1.1".parse().unwrap()];
+        assert_eq!(
+            dial_address(&n, &near, 7444),
+            Some("10.0.1.9:7444".parse().unwrap())
+        );
+        assert_eq!(
+            dial_address(&n, &[], 7444),
+            Some("10.0.2.9:7444".parse().unwrap())
+        );
+        n.listen = Some("127.0.0.1:9000".parse().unwrap());
+        assert_eq!(
+            dial_address(&n, &near, 7444),
+            Some("127.0.0.1:9000".parse().unwrap())
+        );
+        n.listen = Some("0.0.0.0:9001".parse().unwrap());
+        assert_eq!(
+            dial_address(&n, &near, 7444),
+            Some("10.0.1.9:9001".parse().unwrap())
+        );
+        n.addresses.clear();
+        assert_eq!(dial_address(&n, &near, 7444), None, "nowhere to dial");
+    }
+
+    #[test]
+    fn load_halves() {
+        let now = Instant::now();
+        let later = now + LOAD_HALF_LIFE;
+        assert!((decayed(8.0, now, later) - 4.0).abs() < 1e-9);
+    }
+
+    /// The part of `find` that needs no store: a tracker whose index is set.
+    fn tracker(nodes: Vec<NodeInfo>, contents: &[((&str, &str), Digest)]) -> Tracker {
+        let t = Tracker::default();
+        {
+            let mut g = t.lock();
+            g.clusters.insert(
+                "c".into(),
+                Arc::new(ClusterIndex {
+                    at: Instant::now() + Duration::from_secs(3600),
+                    nodes,
+                }),
+            );
+            for ((b, v), d) in contents {
+                g.contents
+                    .entry((b.to_string(), v.to_string()))
+                    .or_insert_with(|| Arc::new(HashSet::new()));
+                let set = g.contents.get_mut(&(b.to_string(), v.to_string())).unwrap();
+                Arc::get_mut(set).unwrap().insert(*d);
+            }
+        }
+        t
+    }
+
+    fn no_store() -> crate::store::sqlite::SqliteStore {
+        crate::store::sqlite::SqliteStore::open_in_memory().unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_batch_gets_two_seeds_then_peers_and_holders_come_first_near_and_least_loaded() {
+        let d = Digest::of(b"blob");
+        let store = no_store();
+        let nodes: Vec<NodeInfo> = (0..10)
+            .map(|i| info(&format!("n{i}"), &format!("10.0.0.{i}"), &[]))
+            .collect();
+        let t = tracker(nodes, &[]);
+        // Nobody holds it: the first two fetch from the server, the rest
+        // are named those two (fetching, so partial) and not the server.
+        let a0 = t.find(&store, "c", "n0", d, 7444).await.unwrap();
+        assert!(a0.server && a0.peers.is_empty(), "{a0:?}");
+        let a1 = t.find(&store, "c", "n1", d, 7444).await.unwrap();
+        assert!(a1.server, "{a1:?}");
+        assert_eq!(
+            a1.peers.iter().map(|p| p.node.as_str()).collect::<Vec<_>>(),
+            ["n0"]
+        );
+        let a2 = t.find(&store, "c", "n2", d, 7444).await.unwrap();
+        assert!(!a2.server, "a third seed: {a2:?}");
+        assert_eq!(a2.peers.len(), 2);
+        assert!(a2.peers.iter().all(|p| !p.whole));
+        // A seed asking again stays a seed.
+        assert!(t.find(&store, "c", "n0", d, 7444).await.unwrap().server);
+        // Load spreads: n3..n9 asking each get the least named first.
+        let mut firsts = HashSet::new();
+        for i in 3..10 {
+            let a = t.find(&store, "c", &format!("n{i}"), d, 7444).await.unwrap();
+            assert!(!a.server);
+            firsts.insert(a.peers[0].node.clone());
+        }
+        assert!(firsts.len() >= 3, "first choices spread: {firsts:?}");
+        // A blamed node is named to nobody.
+        t.blame("c", "n0");
+        let a = t.find(&store, "c", "n5", d, 7444).await.unwrap();
+        assert!(a.peers.iter().all(|p| p.node != "n0"), "{a:?}");
+    }
+
+    #[tokio::test]
+    async fn whole_holders_end_server_fetches_and_the_near_ones_come_first() {
+        let d = Digest::of(b"blob");
+        let store = no_store();
+        let mut nodes = vec![
+            info("far", "10.9.9.9", &[("k", "1")]),
+            info("near", "10.0.0.7", &[("k", "1")]),
+            info("me", "10.0.0.1", &[]),
+            info("other-version", "10.0.0.8", &[("k", "0")]),
+        ];
+        nodes.push(NodeInfo {
+            connected: false,
+            ..info("gone", "10.0.0.9", &[("k", "1")])
+        });
+        let t = tracker(nodes, &[(("k", "1"), d), (("k", "0"), Digest::of(b"old"))]);
+        let a = t.find(&store, "c", "me", d, 7444).await.unwrap();
+        assert!(!a.server, "someone holds it whole: {a:?}");
+        let names: Vec<_> = a.peers.iter().map(|p| p.node.as_str()).collect();
+        assert_eq!(
+            names,
+            ["near", "far"],
+            "near first; not the disconnected or the other version"
+        );
+        assert!(a.peers.iter().all(|p| p.whole));
+        assert_eq!(a.peers[0].address, "10.0.0.7:7444".parse().unwrap());
+        // A report from another cluster changes nothing here; one from
+        // this cluster does.
+        t.blame("other", "near");
+        let a = t.find(&store, "c", "me", d, 7444).await.unwrap();
+        assert_eq!(a.peers.len(), 2, "{a:?}");
+        t.blame("c", "near");
+        let a = t.find(&store, "c", "me", d, 7444).await.unwrap();
+        assert_eq!(
+            a.peers.iter().map(|p| p.node.as_str()).collect::<Vec<_>>(),
+            ["far"]
+        );
+    }
+}

@@ -1,0 +1,715 @@
+//! Peer sharing, the fetching side: a file is fetched in pieces (its chunk
+//! list, or one piece when it has none and is small) from the peers the
+//! control server names (`FindPeers`), several at once, each piece checked
+//! against its digest as it arrives; the server is a source too, when the
+//! tracker says so or when no peer has given anything for [`STALL`].
+//!
+//! - A peer whose piece does not match is dropped for this fetch, reported
+//!   to the server (`NodeEvent` kind `bad_peer`), and the piece fetched
+//!   again elsewhere.
+//! - A slow or dead peer costs a piece at most [`PIECE_DEADLINE`], then the
+//!   next source; one that fails [`MAX_FAILURES`] times in a row is dropped.
+//! - A peer is dialled over mTLS: it must present a node certificate of
+//!   this node's CA naming the node the tracker named, of this cluster.
+//! - Pieces land at their offsets in `cache/partial/HEX.pieces`; the pieces
+//!   verified so far are served to other peers meanwhile. At the end the
+//!   whole file is verified against the manifest's digest once more.
+//! - A server without a tracker (older): [`SwarmError::Unsupported`], and
+//!   the caller fetches from the server as before.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use lks_proto::identity::{Identity, NodeIdentity};
+use lks_proto::{Digest, FileSpec, pb};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::server::danger::ClientCertVerifier;
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls_pki_types::pem::PemObject as _;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use tokio::sync::mpsc;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::client::NodeCredentials;
+use crate::config::StateDir;
+use crate::peer::{BlobInfo, Partial, Shared};
+use crate::source::SharedChannel;
+
+/// Pieces in flight at once for one file.
+const WINDOW: usize = 4;
+/// Pieces in flight to one peer at once.
+const PER_PEER: usize = 2;
+/// Longest one piece may take from one source.
+pub const PIECE_DEADLINE: Duration = Duration::from_secs(30);
+/// Without a verified piece for this long, the server is used whatever the
+/// tracker said.
+pub const STALL: Duration = Duration::from_secs(15);
+/// How often the tracker is asked again while fetching.
+const ASK_EVERY: Duration = Duration::from_secs(3);
+/// Failures in a row after which a peer is dropped for this fetch.
+const MAX_FAILURES: u32 = 3;
+/// Largest file fetched as one piece when it has no chunk list.
+pub const MAX_WHOLE_PIECE: u64 = 8 << 20;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum SwarmError {
+    /// The server has no tracker, or the file cannot go in pieces: fetch it
+    /// the old way.
+    #[error("{0}")]
+    Unsupported(String),
+    /// Nothing could deliver now; try again later.
+    #[error("{0}")]
+    Unavailable(String),
+    /// Bytes that are not what the manifest says, from the server (or the
+    /// file assembled from checked pieces, which a right chunk list rules
+    /// out).
+    #[error("{0}")]
+    Corrupt(lks_proto::digest::VerifyError),
+}
+
+/// Where the bytes of the last fetches came from.
+#[derive(Default)]
+pub struct FetchStats {
+    pub from_server: AtomicU64,
+    pub from_peers: AtomicU64,
+    pub bad_peers: AtomicU64,
+}
+
+pub struct Swarm {
+    shared: Arc<Shared>,
+    server: SharedChannel,
+    dirs: StateDir,
+    cluster: String,
+    /// Peer sharing is on for this node's cluster.
+    on: AtomicBool,
+    events: mpsc::Sender<pb::NodeEvent>,
+    conns: Mutex<HashMap<(String, SocketAddr), Channel>>,
+    pub stats: FetchStats,
+}
+
+impl Swarm {
+    pub fn new(
+        shared: Arc<Shared>,
+        server: SharedChannel,
+        dirs: StateDir,
+        cluster: String,
+        events: mpsc::Sender<pb::NodeEvent>,
+    ) -> Self {
+        Swarm {
+            shared,
+            server,
+            dirs,
+            cluster,
+            on: AtomicBool::new(false),
+            events,
+            conns: Mutex::default(),
+            stats: FetchStats::default(),
+        }
+    }
+
+    pub fn set_on(&self, on: bool) {
+        self.on.store(on, Ordering::Relaxed);
+        if !on {
+            lock(&self.conns).clear();
+        }
+    }
+
+    pub fn is_on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Fetches `file` into `part` (created or resumed there), verified
+    /// whole. Returns the bytes that came from the server and from peers.
+    pub async fn fetch(&self, file: &FileSpec, part: &Path) -> Result<(u64, u64), SwarmError> {
+        let info = BlobInfo {
+            size: file.size,
+            chunks: file.chunks.clone(),
+        };
+        if info.chunks.is_none() && file.size > MAX_WHOLE_PIECE {
+            return Err(SwarmError::Unsupported("no chunk list".into()));
+        }
+        let digest = file.digest;
+        let pieces = info.pieces();
+        let partial = Arc::new(Partial {
+            path: part.to_path_buf(),
+            have: Mutex::new(resume(part, file.size, &info, &digest)),
+        });
+        self.shared.start_partial(digest, partial.clone());
+        let res = self.fetch_pieces(file, &info, &pieces, &partial).await;
+        self.shared.end_partial(&digest);
+        let (server, peers) = res?;
+        // The pieces were each checked; the file is checked whole too.
+        let p = part.to_path_buf();
+        let whole = tokio::task::spawn_blocking(move || Digest::of_file(&p))
+            .await
+            .map_err(|e| SwarmError::Unavailable(e.to_string()))?
+            .map_err(|e| SwarmError::Unavailable(format!("read {}: {e}", part.display())))?;
+        if whole != (digest, file.size) {
+            let _ = std::fs::remove_file(part);
+            return Err(SwarmError::Corrupt(
+                lks_proto::digest::VerifyError::DigestMismatch {
+                    expected: digest,
+                    got: whole.0,
+                },
+            ));
+        }
+        Ok((server, peers))
+    }
+
+    async fn fetch_pieces(
+        &self,
+        file: &FileSpec,
+        info: &BlobInfo,
+        pieces: &[(u64, u64)],
+        partial: &Partial,
+    ) -> Result<(u64, u64), SwarmError> {
+        let digest = file.digest;
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(false)
+            .open(&partial.path)
+            .map_err(|e| SwarmError::Unavailable(format!("open {}: {e}", partial.path.display())))?;
+        out.set_len(file.size)
+            .map_err(|e| SwarmError::Unavailable(format!("size {}: {e}", partial.path.display())))?;
+
+        let mut peers: Vec<PeerState> = Vec::new();
+        let mut server_ok = false;
+        let mut last_ask: Option<Instant> = None;
+        let mut last_progress = Instant::now();
+        let mut tried: HashMap<usize, HashSet<String>> = HashMap::new();
+        let mut in_flight: HashSet<usize> = HashSet::new();
+        let mut server_in_flight = 0usize;
+        let (mut from_server, mut from_peers) = (0u64, 0u64);
+        let mut running = FuturesUnordered::new();
+
+        loop {
+            let missing: Vec<usize> = {
+                let have = lock(&partial.have);
+                (0..pieces.len()).filter(|i| !have[*i]).collect()
+            };
+            if missing.is_empty() && running.is_empty() {
+                break;
+            }
+            if last_ask.is_none_or(|t| t.elapsed() >= ASK_EVERY) {
+                match self.ask(&digest).await {
+                    Ok((found, server)) => {
+                        server_ok = server;
+                        for p in found {
+                            if !peers.iter().any(|s| s.node == p.node) {
+                                peers.push(PeerState::new(p));
+                            }
+                        }
+                    }
+                    Err(AskError::Unsupported(why)) => {
+                        if from_peers == 0 && from_server == 0 {
+                            return Err(SwarmError::Unsupported(why));
+                        }
+                        server_ok = true;
+                    }
+                    Err(AskError::Failed(why)) => {
+                        tracing::debug!("peer sharing: ask the tracker: {why}");
+                    }
+                }
+                tried.clear();
+                last_ask = Some(Instant::now());
+            }
+            let stalled = last_progress.elapsed() >= STALL;
+            // Start what can start.
+            let todo: Vec<usize> = missing
+                .iter()
+                .copied()
+                .filter(|i| !in_flight.contains(i))
+                .collect();
+            for i in todo {
+                if running.len() >= WINDOW {
+                    break;
+                }
+                let t = tried.entry(i).or_default();
+                let pick = peers
+                    .iter_mut()
+                    .filter(|p| !p.dropped && p.in_flight < PER_PEER && !t.contains(&p.node))
+                    .min_by_key(|p| (p.in_flight, p.failures));
+                let source = match pick {
+                    Some(p) => {
+                        p.in_flight += 1;
+                        Source::Peer(p.node.clone(), p.address)
+                    }
+                    None if (server_ok || stalled) && server_in_flight < WINDOW => {
+                        server_in_flight += 1;
+                        Source::Server
+                    }
+                    None => continue,
+                };
+                in_flight.insert(i);
+                let (off, len) = pieces[i];
+                let want = info.piece_digest(i, &digest);
+                running.push(self.piece(source, digest, i, off, len, want));
+            }
+            if running.is_empty() {
+                // Nobody has what is missing yet: wait a little and ask again.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                if stalled || last_ask.is_some_and(|t| t.elapsed() >= Duration::from_secs(1)) {
+                    last_ask = None;
+                }
+                continue;
+            }
+            let Some((source, i, got)) = running.next().await else {
+                continue;
+            };
+            in_flight.remove(&i);
+            let peer = match &source {
+                Source::Server => {
+                    server_in_flight -= 1;
+                    None
+                }
+                Source::Peer(node, _) => peers.iter_mut().find(|p| &p.node == node),
+            };
+            match got {
+                Ok(bytes) => {
+                    let (off, _) = pieces[i];
+                    out.write_all_at(&bytes, off).map_err(|e| {
+                        SwarmError::Unavailable(format!("write {}: {e}", partial.path.display()))
+                    })?;
+                    lock(&partial.have)[i] = true;
+                    last_progress = Instant::now();
+                    let n = bytes.len() as u64;
+                    match peer {
+                        Some(p) => {
+                            p.in_flight -= 1;
+                            p.failures = 0;
+                            from_peers += n;
+                            self.stats.from_peers.fetch_add(n, Ordering::Relaxed);
+                        }
+                        None => {
+                            from_server += n;
+                            self.stats.from_server.fetch_add(n, Ordering::Relaxed);
+                        }
+                    }
+                }
+                Err(PieceError::NotYet(_)) => {
+                    if let Some(p) = peer {
+                        p.in_flight -= 1;
+                        tried.entry(i).or_default().insert(p.node.clone());
+                    }
+                }
+                Err(PieceError::Failed(why)) => match peer {
+                    Some(p) => {
+                        p.in_flight -= 1;
+                        p.failures += 1;
+                        tried.entry(i).or_default().insert(p.node.clone());
+                        if p.failures >= MAX_FAILURES {
+                            p.dropped = true;
+                            tracing::info!(peer = %p.node, "peer sharing: peer dropped for this fetch: {why}");
+                        }
+                    }
+                    None => {
+                        if peers.iter().all(|p| p.dropped) {
+                            return Err(SwarmError::Unavailable(why));
+                        }
+                    }
+                },
+                Err(PieceError::Bad(expected, got)) => match peer {
+                    Some(p) => {
+                        p.in_flight -= 1;
+                        p.dropped = true;
+                        self.stats.bad_peers.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(peer = %p.node, %digest, piece = i, "peer sharing: a piece does not match its digest; peer dropped and reported");
+                        let _ = self.events.try_send(pb::NodeEvent {
+                            kind: "bad_peer".into(),
+                            bundle: String::new(),
+                            version: String::new(),
+                            message: format!(
+                                "piece {i} of {digest} from node {} does not match its digest (got {got})",
+                                p.node
+                            ),
+                            at_ms: crate::clock::now_ms(),
+                            peer: p.node.clone(),
+                        });
+                    }
+                    None => {
+                        let _ = std::fs::remove_file(&partial.path);
+                        return Err(SwarmError::Corrupt(
+                            lks_proto::digest::VerifyError::DigestMismatch { expected, got },
+                        ));
+                    }
+                },
+            }
+        }
+        out.sync_all()
+            .map_err(|e| SwarmError::Unavailable(format!("fsync {}: {e}", partial.path.display())))?;
+        Ok((from_server, from_peers))
+    }
+
+    /// Asks the tracker.
+    async fn ask(&self, digest: &Digest) -> Result<(Vec<Found>, bool), AskError> {
+        let ch = self
+            .server
+            .get()
+            .ok_or_else(|| AskError::Failed("not connected to the control server".into()))?;
+        let mut c = pb::agent_service_client::AgentServiceClient::new(ch);
+        let r = tokio::time::timeout(
+            Duration::from_secs(10),
+            c.find_peers(pb::FindPeersRequest {
+                digest: digest.to_string(),
+            }),
+        )
+        .await
+        .map_err(|_| AskError::Failed("FindPeers timed out".into()))?;
+        let r = match r {
+            Ok(r) => r.into_inner(),
+            Err(s) if s.code() == tonic::Code::Unimplemented => {
+                return Err(AskError::Unsupported("the control server has no tracker".into()));
+            }
+            Err(s) => return Err(AskError::Failed(s.message().to_string())),
+        };
+        let found = r
+            .peers
+            .into_iter()
+            .filter_map(|p| {
+                Some(Found {
+                    address: p.address.parse().ok()?,
+                    node: p.node,
+                })
+            })
+            .collect();
+        Ok((found, r.server))
+    }
+
+    /// Fetches one piece from one source and checks it.
+    fn piece(
+        &self,
+        source: Source,
+        digest: Digest,
+        i: usize,
+        offset: u64,
+        len: u64,
+        want: Digest,
+    ) -> Pin<Box<dyn Future<Output = (Source, usize, Result<Vec<u8>, PieceError>)> + Send + '_>> {
+        Box::pin(async move {
+            let got =
+                tokio::time::timeout(PIECE_DEADLINE, self.piece_bytes(&source, digest, offset, len)).await;
+            let got = match got {
+                Err(_) => Err(PieceError::Failed(format!(
+                    "piece {i} took longer than {}s",
+                    PIECE_DEADLINE.as_secs()
+                ))),
+                Ok(Err(e)) => Err(e),
+                Ok(Ok(bytes)) if bytes.len() as u64 != len => Err(PieceError::Failed(format!(
+                    "piece {i}: {} bytes, expected {len}",
+                    bytes.len()
+                ))),
+                Ok(Ok(bytes)) if Digest::of(&bytes) != want => Err(PieceError::Bad(want, Digest::of(&bytes))),
+                Ok(Ok(bytes)) => Ok(bytes),
+            };
+            (source, i, got)
+        })
+    }
+
+    async fn piece_bytes(
+        &self,
+        source: &Source,
+        digest: Digest,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, PieceError> {
+        let mut stream = match source {
+            Source::Server => {
+                let ch = self
+                    .server
+                    .get()
+                    .ok_or_else(|| PieceError::Failed("not connected to the control server".into()))?;
+                let mut c = pb::agent_service_client::AgentServiceClient::new(ch);
+                c.fetch_blob(pb::FetchBlobRequest {
+                    digest: digest.to_string(),
+                    offset,
+                    length: len,
+                })
+                .await
+                .map_err(|s| PieceError::Failed(format!("FetchBlob: {}", s.message())))?
+                .into_inner()
+            }
+            Source::Peer(node, addr) => {
+                let ch = self.peer_channel(node, *addr).await.map_err(PieceError::Failed)?;
+                let mut c = pb::peer_service_client::PeerServiceClient::new(ch);
+                match c
+                    .fetch_chunk(pb::FetchChunkRequest {
+                        digest: digest.to_string(),
+                        offset,
+                        length: len,
+                    })
+                    .await
+                {
+                    Ok(r) => r.into_inner(),
+                    Err(s) if matches!(s.code(), tonic::Code::NotFound | tonic::Code::ResourceExhausted) => {
+                        return Err(PieceError::NotYet(s.message().to_string()));
+                    }
+                    Err(s) => {
+                        lock(&self.conns).remove(&(node.clone(), *addr));
+                        return Err(PieceError::Failed(format!("node {node}: {}", s.message())));
+                    }
+                }
+            }
+        };
+        let mut buf = Vec::with_capacity(len as usize);
+        while let Some(m) = stream.next().await {
+            let m = m.map_err(|s| PieceError::Failed(s.message().to_string()))?;
+            buf.extend_from_slice(&m.data);
+            if buf.len() as u64 >= len {
+                // A server from before `length` sends to the end.
+                buf.truncate(len as usize);
+                break;
+            }
+        }
+        Ok(buf)
+    }
+
+    async fn peer_channel(&self, node: &str, addr: SocketAddr) -> Result<Channel, String> {
+        let key = (node.to_string(), addr);
+        if let Some(c) = lock(&self.conns).get(&key) {
+            return Ok(c.clone());
+        }
+        let creds = NodeCredentials::load(&self.dirs).map_err(|e| e.to_string())?;
+        let ch = dial_peer(&creds, &self.cluster, node, addr).await?;
+        lock(&self.conns).insert(key, ch.clone());
+        Ok(ch)
+    }
+}
+
+/// An mTLS channel to the peer listener of `node` of `cluster` at `addr`,
+/// with `creds` as the client's identity.
+pub async fn dial_peer(
+    creds: &NodeCredentials,
+    cluster: &str,
+    node: &str,
+    addr: SocketAddr,
+) -> Result<Channel, String> {
+    let expect = NodeIdentity::new(cluster, node)?;
+    let tls = peer_client_config(creds, expect)?;
+    let connector = PeerConnector { addr, tls };
+    Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| e.to_string())?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .connect_with_connector(connector)
+        .await
+        .map_err(|e| {
+            format!(
+                "connect to node {node} at {addr}: {}",
+                crate::source::error_chain(&e)
+            )
+        })
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Which pieces of a partial file are already good (after a restart).
+fn resume(part: &Path, size: u64, info: &BlobInfo, whole: &Digest) -> Vec<bool> {
+    let pieces = info.pieces();
+    let Ok(f) = std::fs::File::open(part) else {
+        return vec![false; pieces.len()];
+    };
+    if f.metadata().map(|m| m.len()).unwrap_or(0) != size {
+        return vec![false; pieces.len()];
+    }
+    pieces
+        .iter()
+        .enumerate()
+        .map(|(i, &(off, len))| {
+            let mut buf = vec![0u8; len as usize];
+            f.read_exact_at(&mut buf, off).is_ok() && Digest::of(&buf) == info.piece_digest(i, whole)
+        })
+        .collect()
+}
+
+struct Found {
+    node: String,
+    address: SocketAddr,
+}
+
+struct PeerState {
+    node: String,
+    address: SocketAddr,
+    in_flight: usize,
+    failures: u32,
+    dropped: bool,
+}
+
+impl PeerState {
+    fn new(f: Found) -> Self {
+        PeerState {
+            node: f.node,
+            address: f.address,
+            in_flight: 0,
+            failures: 0,
+            dropped: false,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Source {
+    Server,
+    Peer(String, SocketAddr),
+}
+
+enum PieceError {
+    /// The peer has not got it (yet) or is busy: another source.
+    NotYet(#[allow(dead_code)] String),
+    Failed(String),
+    /// Bytes that do not match: the digest wanted, the one got.
+    Bad(Digest, Digest),
+}
+
+enum AskError {
+    Unsupported(String),
+    Failed(String),
+}
+
+/// TLS to a peer: this node's certificate as the client's, the peer's
+/// checked against the node CA and required to name `expect`.
+fn peer_client_config(creds: &NodeCredentials, expect: NodeIdentity) -> Result<Arc<ClientConfig>, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(creds.ca_pem.as_bytes()) {
+        roots
+            .add(ca.map_err(|e| format!("CA certificate: {e}"))?)
+            .map_err(|e| format!("CA certificate: {e}"))?;
+    }
+    let chain_verifier =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+            .build()
+            .map_err(|e| format!("peer certificate verifier: {e}"))?;
+    let verifier = Arc::new(PeerVerifier {
+        chain: chain_verifier,
+        provider: provider.clone(),
+        expect,
+    });
+    let chain = CertificateDer::pem_slice_iter(creds.cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("node certificate: {e}"))?;
+    let key =
+        PrivateKeyDer::from_pem_slice(creds.key_pem.as_bytes()).map_err(|e| format!("node key: {e}"))?;
+    let mut cfg = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_client_auth_cert(chain, key)
+        .map_err(|e| format!("node certificate and key: {e}"))?;
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// A peer's certificate is a node certificate (client-auth usage, issued by
+/// the node CA): its chain is checked by webpki as a client certificate
+/// would be, and its identity must be the node the tracker named. The DNS
+/// or IP name dialled plays no part: a node certificate names none.
+#[derive(Debug)]
+struct PeerVerifier {
+    chain: Arc<dyn ClientCertVerifier>,
+    provider: Arc<CryptoProvider>,
+    expect: NodeIdentity,
+}
+
+impl ServerCertVerifier for PeerVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        self.chain.verify_client_cert(end_entity, intermediates, now)?;
+        match Identity::from_cert_der(end_entity.as_ref()) {
+            Ok(Identity::Node(id)) if id == self.expect => Ok(ServerCertVerified::assertion()),
+            Ok(Identity::Node(id)) => Err(rustls::Error::General(format!(
+                "the peer is node {} of cluster {}, not {} of {}",
+                id.node, id.cluster, self.expect.node, self.expect.cluster
+            ))),
+            _ => Err(rustls::Error::General("the peer has no node certificate".into())),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// Dials a peer and does TLS; tonic then speaks HTTP/2 over it.
+#[derive(Clone)]
+struct PeerConnector {
+    addr: SocketAddr,
+    tls: Arc<ClientConfig>,
+}
+
+type Io = hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+
+impl tower_service::Service<Uri> for PeerConnector {
+    type Response = Io;
+    type Error = std::io::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Io, std::io::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Uri) -> Self::Future {
+        let (addr, tls) = (self.addr, self.tls.clone());
+        Box::pin(async move {
+            let tcp = tokio::net::TcpStream::connect(addr).await?;
+            tcp.set_nodelay(true)?;
+            let name = ServerName::IpAddress(addr.ip().into());
+            let tls = tokio_rustls::TlsConnector::from(tls).connect(name, tcp).await?;
+            Ok(hyper_util::rt::TokioIo::new(tls))
+        })
+    }
+}

@@ -1,0 +1,265 @@
+//! Peer sharing on loopback: real agents, each listening for peers on its
+//! own port (`--peer-listen`), one real server as tracker and seed.
+//!
+//! - a batch that starts at once pulls at most two copies from the server
+//!   (its own `lks_blob_bytes_served_total`), the rest from peers, and
+//!   every node ends with the right bytes;
+//! - a peer that flips a byte in what it serves is caught at the piece,
+//!   reported (`bad_peer`) and not used again; no node applies a bad byte;
+//! - sharing off: no listener; a node of another cluster is refused.
+//!
+//! The same in network namespaces behind a rate-limited link, with the
+//! benchmark, is `bash scripts/bench.sh --only swarm` (BENCHMARKS.md).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use lks_e2e::agent::{Agent, BundleFile, write_bundle};
+use lks_e2e::server::{Server, TestNode};
+use lks_e2e::{free_addr, noise, wait_until};
+use lks_proto::Digest;
+use lks_proto::pb;
+
+const FILE: &str = "/usr/local/bin/kubelet";
+/// Six 4 MiB pieces.
+const SIZE: usize = 24 << 20;
+
+struct Node {
+    agent: Agent,
+    peer: SocketAddr,
+}
+
+fn served_bytes(s: &Server) -> u64 {
+    let m = s.http_get("/metrics");
+    m.lines()
+        .find_map(|l| l.strip_prefix("lks_blob_bytes_served_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+        .unwrap_or_else(|| panic!("no lks_blob_bytes_served_total in\n{m}"))
+}
+
+fn start_nodes(s: &Server, cluster: &str, n: usize, fault_on: Option<usize>) -> Vec<Node> {
+    (1..=n)
+        .map(|i| {
+            let mut agent = Agent::new(&format!("{cluster}-n{i}"));
+            agent.join(s, cluster, &[]);
+            let peer = free_addr();
+            agent.run_args = vec!["--peer-listen".into(), peer.to_string()];
+            if fault_on == Some(i) {
+                agent.run_env = vec![("LKS_AGENT_FAULT".into(), "peer-corrupt".into())];
+            }
+            agent.start();
+            Node { agent, peer }
+        })
+        .collect()
+}
+
+fn listening(a: SocketAddr) -> bool {
+    std::net::TcpStream::connect_timeout(&a, Duration::from_millis(300)).is_ok()
+}
+
+fn sharing(s: &Server, cluster: &str, on: &str) {
+    s.lksctl_ok(&["cluster", "set", cluster, "--peer-sharing", on]);
+}
+
+fn publish(s: &Server, version: &str, bytes: &[u8]) -> String {
+    let dir = write_bundle(
+        s.work_dir(),
+        "kubelet",
+        version,
+        &[BundleFile {
+            path: FILE,
+            content: bytes,
+            mode: "0755",
+        }],
+        "",
+    );
+    s.publish(&dir)
+}
+
+fn roll_out(s: &Server, cluster: &str, bundle: &str, batch: &str) {
+    s.lksctl_ok(&[
+        "rollout",
+        "start",
+        "--cluster",
+        cluster,
+        "--bundle",
+        bundle,
+        "--batch-size",
+        batch,
+        "--wait",
+    ]);
+}
+
+/// "from_server=N from_peers=M" of the agent's "blob fetched" log lines.
+fn fetched(a: &Agent) -> (u64, u64) {
+    let log = a.log();
+    let field = |l: &str, k: &str| -> u64 {
+        l.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    log.lines()
+        .filter(|l| l.contains("blob fetched and verified"))
+        .fold((0, 0), |(s, p), l| {
+            (s + field(l, "from_server="), p + field(l, "from_peers="))
+        })
+}
+
+fn assert_holds(n: &Node, bytes: &[u8]) {
+    n.agent.wait_bundle("kubelet", "1", "applied");
+    let got = std::fs::read(n.agent.root.join(FILE.trim_start_matches('/'))).unwrap();
+    assert!(
+        got == bytes,
+        "{}: the file differs from what was published",
+        n.agent.name
+    );
+}
+
+#[test]
+fn a_batch_takes_two_copies_from_the_server_and_the_rest_from_peers() {
+    let s = Server::start();
+    s.create_cluster("c1");
+    let nodes = start_nodes(&s, "c1", 6, None);
+    sharing(&s, "c1", "on");
+    for n in &nodes {
+        wait_until(Duration::from_secs(20), "peer listener up", || listening(n.peer));
+    }
+    let bytes = noise(SIZE, 7);
+    let id = publish(&s, "1", &bytes);
+    let before = served_bytes(&s);
+    roll_out(&s, "c1", &id, "6");
+    for n in &nodes {
+        assert_holds(n, &bytes);
+    }
+    let egress = served_bytes(&s) - before;
+    let (mut from_server, mut from_peers) = (0, 0);
+    for n in &nodes {
+        let (a, b) = fetched(&n.agent);
+        from_server += a;
+        from_peers += b;
+    }
+    assert_eq!(
+        from_server + from_peers,
+        6 * SIZE as u64,
+        "every node fetched the file once, counted by source"
+    );
+    assert!(
+        egress <= 2 * SIZE as u64,
+        "server sent {egress} bytes for a {SIZE}-byte file to 6 nodes (at most 2 copies); agents: {from_server} from the server, {from_peers} from peers"
+    );
+    assert!(from_peers >= 4 * SIZE as u64, "peers gave {from_peers} bytes");
+}
+
+#[test]
+fn a_lying_peer_is_caught_reported_and_never_used_again() {
+    let s = Server::start();
+    s.create_cluster("c1");
+    // n1 flips a byte in every piece it serves.
+    let nodes = start_nodes(&s, "c1", 4, Some(1));
+    sharing(&s, "c1", "on");
+    for n in &nodes {
+        wait_until(Duration::from_secs(20), "peer listener up", || listening(n.peer));
+    }
+    let bytes = noise(SIZE, 11);
+    let id = publish(&s, "1", &bytes);
+    // One node at a time: n1 first (from the server), then each next node
+    // is named the nodes before it, n1 among them.
+    roll_out(&s, "c1", &id, "1");
+    for n in &nodes {
+        assert_holds(n, &bytes);
+    }
+    let events = s.lksctl_json(&["event", "list", "--limit", "1000"]);
+    let bad: Vec<&serde_json::Value> = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "bad_peer")
+        .collect();
+    assert!(!bad.is_empty(), "the lie was reported: {events:#}");
+    assert!(
+        bad.iter()
+            .all(|e| e["message"].as_str().unwrap_or_default().contains("c1-n1")),
+        "only n1 lied: {bad:#?}"
+    );
+    // Reported once: the tracker names it to nobody afterwards.
+    assert_eq!(bad.len(), 1, "{bad:#?}");
+    let lied_to: Vec<&str> = bad.iter().filter_map(|e| e["node"].as_str()).collect();
+    assert_eq!(lied_to, ["c1-n2"], "the first node after n1 met the lie");
+}
+
+#[test]
+fn no_listener_while_off_and_nodes_of_other_clusters_are_refused() {
+    let s = Server::start();
+    s.create_cluster("c1");
+    s.create_cluster("c2");
+    let nodes = start_nodes(&s, "c1", 1, None);
+    let n1 = &nodes[0];
+    wait_until(Duration::from_secs(20), "n1 connected", || {
+        n1.agent.log().contains("desired state received")
+    });
+    assert!(!listening(n1.peer), "peer sharing is off by default: no listener");
+    sharing(&s, "c1", "on");
+    wait_until(Duration::from_secs(20), "listener up once on", || {
+        listening(n1.peer)
+    });
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let ask = |ch| async move {
+            pb::peer_service_client::PeerServiceClient::new(ch)
+                .fetch_chunk(pb::FetchChunkRequest {
+                    digest: Digest::of(b"x").to_string(),
+                    offset: 0,
+                    length: 0,
+                })
+                .await
+                .map(|_| ())
+        };
+        // A node of cluster c2, with a certificate from the same server CA.
+        let token = s.token("c2", &[]);
+        let other = TestNode::enroll(&s, &token, "intruder", &[]).await;
+        let creds = lksadmin_agent::client::NodeCredentials {
+            ca_pem: other.ca_pem.clone(),
+            cert_pem: other.cert_pem.clone(),
+            key_pem: other.key_pem.clone(),
+        };
+        let ch = lksadmin_agent::swarm::dial_peer(&creds, "c1", "c1-n1", n1.peer)
+            .await
+            .expect("TLS with a valid node certificate works");
+        let e = ask(ch).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+        assert!(
+            e.message().contains("intruder") && e.message().contains("c2"),
+            "{e:?}"
+        );
+
+        // A node of c1 asking for a blob that is not in n1's bundles.
+        let token = s.token("c1", &[]);
+        let mate = TestNode::enroll(&s, &token, "mate", &[]).await;
+        let creds = lksadmin_agent::client::NodeCredentials {
+            ca_pem: mate.ca_pem.clone(),
+            cert_pem: mate.cert_pem.clone(),
+            key_pem: mate.key_pem.clone(),
+        };
+        let ch = lksadmin_agent::swarm::dial_peer(&creds, "c1", "c1-n1", n1.peer)
+            .await
+            .unwrap();
+        let e = ask(ch).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+
+        // The dialler checks who answers: n1 is not "someone-else".
+        let e = lksadmin_agent::swarm::dial_peer(&creds, "c1", "someone-else", n1.peer)
+            .await
+            .unwrap_err();
+        assert!(e.contains("not someone-else"), "{e}");
+    });
+
+    sharing(&s, "c1", "off");
+    wait_until(Duration::from_secs(20), "listener closed once off", || {
+        !listening(n1.peer)
+    });
+    let log = n1.agent.log();
+    assert!(log.contains("refused node intruder of cluster c2"), "{log}");
+}
