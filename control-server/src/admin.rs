@@ -1343,6 +1343,7 @@ mod tests {
             maintenance_windows: Vec::new(),
             ca_cert_pem: ca.then(|| "PEM".into()),
             api_server: api.then(|| "https://api:6443".into()),
+            peer: crate::store::PeerSettings::default(),
         }
     }
 
