@@ -106,7 +106,8 @@ impl AdminService for AdminApi {
         if !wants_windows && change.is_empty() {
             return Err(invalid(
                 "nothing to set: give --maintenance-window (repeatable), --no-maintenance-window, \
-                 --api-server, --no-api-server, --ca-cert with --ca-key, or --generate-ca",
+                 --api-server, --no-api-server, --ca-cert with --ca-key, --generate-ca, \
+                 --peer-sharing, --peer-port, --peer-upload-rate or --peer-max-uploads",
             ));
         }
         // Windows are checked before anything is stored.
@@ -1343,6 +1344,7 @@ mod tests {
             maintenance_windows: Vec::new(),
             ca_cert_pem: ca.then(|| "PEM".into()),
             api_server: api.then(|| "https://api:6443".into()),
+            peer: crate::store::PeerSettings::default(),
         }
     }
 

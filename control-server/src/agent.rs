@@ -129,6 +129,7 @@ impl AgentService for AgentApi {
                     caller,
                     tx,
                     last_generation: None,
+                    last_peer: None,
                     unrecorded: None,
                 };
                 let ended = session.run(&mut inbound, &mut reg, opening).await;
@@ -568,6 +569,8 @@ struct Session {
     /// the node is connected.
     tx: mpsc::Sender<Box<Result<ServerMessage, Status>>>,
     last_generation: Option<u64>,
+    /// The peer-sharing settings last sent (`None`: off, or nothing sent).
+    last_peer: Option<pb::PeerSharing>,
     /// A status report the store could not take (etcd unreachable), kept
     /// and stored with the next message instead of ending the stream.
     unrecorded: Option<Vec<BundleStatusRow>>,
@@ -818,7 +821,9 @@ impl Session {
         }
     }
 
-    /// Sends the node's current desired state unless it was already sent.
+    /// Sends the node's current desired state unless it was already sent:
+    /// again when its generation or its cluster's peer-sharing settings
+    /// changed.
     async fn push_desired(&mut self, reg: &crate::hub::Registration) -> Result<(), String> {
         let d = self
             .s
@@ -826,7 +831,13 @@ impl Session {
             .desired_state(&self.caller.id.node)
             .await
             .map_err(|e| format!("read desired state: {e}"))?;
-        if self.last_generation == Some(d.generation) {
+        let peer = self
+            .s
+            .peer_settings(&self.caller.id.cluster)
+            .await
+            .map_err(|e| format!("read peer-sharing settings: {e}"))?;
+        let peer = crate::peers::peer_pb(peer);
+        if self.last_generation == Some(d.generation) && self.last_peer == peer {
             return Ok(());
         }
         let mut bundles = Vec::with_capacity(d.bundles.len());
@@ -837,7 +848,7 @@ impl Session {
         }
         let msg = ServerMessage {
             msg: Some(ServerMsg::Desired(pb::DesiredState {
-                peer_sharing: None,
+                peer_sharing: peer,
                 generation: d.generation,
                 bundles,
                 retry: d.retry.into_iter().collect(),
@@ -849,6 +860,7 @@ impl Session {
             r = self.tx.send(Box::new(Ok(msg))) => r.map_err(|_| "agent went away".to_string())?,
         }
         self.last_generation = Some(d.generation);
+        self.last_peer = peer;
         self.s.metrics.desired_state_pushed();
         tracing::debug!(generation = d.generation, "desired state sent");
         Ok(())

@@ -21,6 +21,7 @@ pub mod issue;
 pub mod metrics;
 pub mod migrate;
 pub mod packages;
+pub mod peers;
 pub mod pki;
 pub mod ratelimit;
 pub mod rebalance;

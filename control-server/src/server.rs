@@ -170,6 +170,8 @@ pub struct Shared {
     /// ready to sign, its key opened with the encryption key if sealed.
     pub cluster_cas: ClusterCas,
     pub hub: Hub,
+    /// Peer-sharing settings by cluster, for the desired states sent.
+    pub peers: crate::peers::PeerCache,
     pub metrics: Arc<Metrics>,
     pub limiter: RateLimiter,
     /// Room for `Connect` streams being opened (store work before the
@@ -214,6 +216,12 @@ impl Shared {
             return self.join_urls.join(",");
         }
         self.servers.borrow().join(",")
+    }
+
+    /// The peer-sharing settings of `cluster`, read through
+    /// [`Shared::peers`].
+    pub async fn peer_settings(&self, cluster: &str) -> crate::store::Result<crate::store::PeerSettings> {
+        self.peers.get(&*self.store, &self.hub, cluster).await
     }
 
     pub fn is_leader(&self) -> bool {
@@ -443,6 +451,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         agent_packages,
         pki,
         hub: Hub::default(),
+        peers: crate::peers::PeerCache::default(),
         metrics: Arc::new(Metrics::default()),
         limiter: RateLimiter::new(ENROLL_RATE, ENROLL_BURST),
         opening: OpenGate::new(cfg.max_streams_opening, crate::admission::STREAM_OPEN_WAIT),
@@ -468,6 +477,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
             .spawn(metrics::serve(l, shared.metrics.clone(), cancel.clone()));
     }
     shared.tasks.spawn(flush_heartbeats(shared.clone()));
+    shared.tasks.spawn(crate::peers::run(shared.clone()));
     if let Some(interval) = cfg.blob_gc_interval {
         let owner = etcd.as_ref().map(|e| e.replica().to_string()).unwrap_or_default();
         let local_is_store = matches!(

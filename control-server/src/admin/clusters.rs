@@ -14,7 +14,10 @@ use super::invalid;
 use crate::authz::store_status;
 use crate::clusterca::{ClusterCa, ClusterCas};
 use crate::server::Shared;
-use crate::store::{ClusterRow, EventRow, IssuedCertRow, NewCluster};
+use crate::store::{ClusterRow, EventRow, IssuedCertRow, NewCluster, PeerSettings};
+
+/// Most concurrent uploads per node an operator may allow.
+pub const MAX_PEER_UPLOADS: u32 = 64;
 
 /// Largest CA certificate or key PEM accepted; kubeadm's are ~1–2 KiB.
 const MAX_PEM: usize = 64 * 1024;
@@ -119,22 +122,78 @@ async fn record(s: &Shared, e: EventRow) {
     }
 }
 
+/// The peer-sharing part of a `SetCluster` request, checked: each field
+/// replaces the stored one only when given.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerChange {
+    pub enabled: Option<bool>,
+    pub port: Option<u16>,
+    pub upload_rate: Option<u64>,
+    pub max_uploads: Option<u32>,
+}
+
+impl PeerChange {
+    /// Checks the request's peer fields: a port of 1 to 65535, 1 to
+    /// [`MAX_PEER_UPLOADS`] uploads. `None` if it gives none.
+    pub fn check(r: &pb::SetClusterRequest) -> Result<Option<PeerChange>, Status> {
+        let port = r
+            .peer_port
+            .map(|p| match u16::try_from(p) {
+                Ok(p) if p > 0 => Ok(p),
+                _ => Err(invalid(format!("peer port {p} is out of range: give 1 to 65535"))),
+            })
+            .transpose()?;
+        let max_uploads = r
+            .peer_max_uploads
+            .map(|n| {
+                if (1..=MAX_PEER_UPLOADS).contains(&n) {
+                    Ok(n)
+                } else {
+                    Err(invalid(format!(
+                        "peer max uploads {n} is out of range: give 1 to {MAX_PEER_UPLOADS}"
+                    )))
+                }
+            })
+            .transpose()?;
+        let c = PeerChange {
+            enabled: r.peer_sharing,
+            port,
+            upload_rate: r.peer_upload_rate,
+            max_uploads,
+        };
+        Ok((c != PeerChange::default()).then_some(c))
+    }
+
+    /// The settings `old` becomes.
+    pub fn merge(self, old: PeerSettings) -> PeerSettings {
+        PeerSettings {
+            enabled: self.enabled.unwrap_or(old.enabled),
+            port: self.port.unwrap_or(old.port),
+            upload_rate: self.upload_rate.unwrap_or(old.upload_rate),
+            max_uploads: self.max_uploads.unwrap_or(old.max_uploads),
+        }
+    }
+}
+
 /// What a `SetCluster` request asks besides windows.
 pub struct ClusterChange {
     pub api_server: Option<Option<String>>,
     pub ca: Option<ClusterCa>,
     pub ca_imported: bool,
+    pub peer: Option<PeerChange>,
 }
 
 impl ClusterChange {
     pub fn is_empty(&self) -> bool {
-        self.api_server.is_none() && self.ca.is_none()
+        self.api_server.is_none() && self.ca.is_none() && self.peer.is_none()
     }
 }
 
-/// Checks the API-server and CA part of a `SetCluster` request; a CA is
-/// made (imported or generated) only for an existing cluster without one.
+/// Checks the API-server, CA and peer-sharing part of a `SetCluster`
+/// request; a CA is made (imported or generated) only for an existing
+/// cluster without one.
 pub async fn check_change(s: &Shared, r: &pb::SetClusterRequest) -> Result<ClusterChange, Status> {
+    let peer = PeerChange::check(r)?;
     let api_server = match (&r.api_server, r.clear_api_server) {
         (Some(_), true) => return Err(invalid("give an API server or clear it, not both")),
         (Some(u), false) => Some(Some(check_api_server(u)?)),
@@ -167,6 +226,7 @@ pub async fn check_change(s: &Shared, r: &pb::SetClusterRequest) -> Result<Clust
         api_server,
         ca,
         ca_imported: import.is_some(),
+        peer,
     })
 }
 
@@ -202,6 +262,53 @@ pub async fn apply_change(
         );
         tracing::info!(cluster = %name, admin = %admin, api_server = ?api, "cluster API server set");
     }
+    if let Some(change) = c.peer {
+        row = Some(set_peer(s, name, change, admin, now_ms).await?);
+    }
+    Ok(row)
+}
+
+/// Stores the cluster's peer-sharing settings merged with `change`, and
+/// has every agent of this replica look again at once (other replicas see
+/// the change within [`crate::peers::TTL`]).
+///
+/// Read, merge, write: two requests changing different fields of one
+/// cluster at the same moment may lose one of the changes (the last write
+/// wins), as with any other cluster setting.
+async fn set_peer(
+    s: &Shared,
+    name: &str,
+    change: PeerChange,
+    admin: &str,
+    now_ms: i64,
+) -> Result<ClusterRow, Status> {
+    let old = s
+        .store
+        .get_cluster(name)
+        .await
+        .map_err(store_status)?
+        .ok_or_else(|| Status::not_found(format!("cluster {name} does not exist")))?
+        .peer;
+    let peer = change.merge(old);
+    let event = EventRow::peer_sharing_set(name, &peer, admin, now_ms);
+    let row = s
+        .store
+        .set_cluster_peer(name, peer, event)
+        .await
+        .map_err(store_status)?;
+    s.peers.invalidate(name);
+    if peer != old {
+        s.hub.notify_all();
+    }
+    tracing::info!(
+        cluster = %name,
+        admin = %admin,
+        enabled = peer.enabled,
+        port = peer.port,
+        upload_rate = peer.upload_rate,
+        max_uploads = peer.max_uploads,
+        "peer sharing set"
+    );
     Ok(row)
 }
 
@@ -367,5 +474,70 @@ mod tests {
         assert_eq!(serials, ["02", "03", "04"]);
         assert!(cert_pb(row("n", "/a", "1", 5), 15).expired);
         assert!(!cert_pb(row("n", "/a", "1", 5), 14).expired);
+    }
+
+    fn peer_request(port: Option<u32>, max_uploads: Option<u32>) -> pb::SetClusterRequest {
+        pb::SetClusterRequest {
+            name: "c".into(),
+            peer_port: port,
+            peer_max_uploads: max_uploads,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn peer_ports_and_upload_limits_are_checked() {
+        assert_eq!(PeerChange::check(&peer_request(None, None)).unwrap(), None);
+        for (port, uploads) in [(1, 1), (7444, 4), (65535, MAX_PEER_UPLOADS)] {
+            let c = PeerChange::check(&peer_request(Some(port), Some(uploads)))
+                .unwrap()
+                .unwrap();
+            assert_eq!((c.port, c.max_uploads), (Some(port as u16), Some(uploads)));
+        }
+        for port in [0, 65536, u32::MAX] {
+            let e = PeerChange::check(&peer_request(Some(port), None)).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument);
+            assert_eq!(
+                e.message(),
+                format!("peer port {port} is out of range: give 1 to 65535")
+            );
+        }
+        for n in [0, MAX_PEER_UPLOADS + 1] {
+            let e = PeerChange::check(&peer_request(None, Some(n))).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument);
+            assert!(!e.message().contains('\n'), "{}", e.message());
+            assert!(e.message().contains("give 1 to 64"), "{}", e.message());
+        }
+    }
+
+    #[test]
+    fn peer_fields_not_given_keep_their_value() {
+        let old = PeerSettings {
+            enabled: false,
+            port: 7555,
+            upload_rate: 1000,
+            max_uploads: 8,
+        };
+        let on = PeerChange::check(&pb::SetClusterRequest {
+            peer_sharing: Some(true),
+            ..Default::default()
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(on.merge(old), PeerSettings { enabled: true, ..old });
+        let rate = PeerChange::check(&pb::SetClusterRequest {
+            peer_upload_rate: Some(0),
+            ..Default::default()
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            rate.merge(old),
+            PeerSettings {
+                upload_rate: 0,
+                ..old
+            },
+            "set while off: stored, still off"
+        );
     }
 }

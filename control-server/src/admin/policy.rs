@@ -32,7 +32,7 @@ pub fn cluster_pb(c: ClusterRow, now_ms: i64) -> pb::Cluster {
         windows::next_open(&parsed, now_ms).unwrap_or(0)
     };
     pb::Cluster {
-        peer_sharing: None,
+        peer_sharing: crate::peers::peer_pb(c.peer),
         name: c.name,
         created_at_ms: c.created_at_ms,
         node_count: c.node_count,

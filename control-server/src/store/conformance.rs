@@ -576,6 +576,93 @@ fn cert(cluster: &str, node: &str, serial: &str, path: &str, issued_at_ms: i64) 
     }
 }
 
+pub async fn peer_settings_are_stored_per_cluster(s: &dyn Store) {
+    s.create_cluster(NewCluster::new("a", 1)).await.unwrap();
+    s.create_cluster(NewCluster::new("b", 1)).await.unwrap();
+    // A new cluster: off, with the defaults.
+    let a = s.get_cluster("a").await.unwrap().unwrap();
+    assert_eq!(a.peer, PeerSettings::default());
+    assert_eq!(
+        a.peer,
+        PeerSettings {
+            enabled: false,
+            port: 7444,
+            upload_rate: 0,
+            max_uploads: 4
+        }
+    );
+
+    s.set_cluster_windows(
+        "a",
+        vec!["Sat 02:00-06:00 UTC".into()],
+        EventRow::windows_set("a", &["Sat 02:00-06:00 UTC".into()], "admin", 2),
+    )
+    .await
+    .unwrap();
+    let on = PeerSettings {
+        enabled: true,
+        port: 7555,
+        // Above i64::MAX: the whole u64 range is kept.
+        upload_rate: u64::MAX - 1,
+        max_uploads: 64,
+    };
+    let set = s
+        .set_cluster_peer("a", on, EventRow::peer_sharing_set("a", &on, "admin", 3))
+        .await
+        .unwrap();
+    assert_eq!(set.peer, on);
+    assert_eq!(
+        set.maintenance_windows,
+        ["Sat 02:00-06:00 UTC"],
+        "other settings stay"
+    );
+    assert_eq!(s.get_cluster("a").await.unwrap().unwrap().peer, on);
+    let listed = s.list_clusters().await.unwrap();
+    assert_eq!(
+        listed.iter().map(|c| c.peer).collect::<Vec<_>>(),
+        [on, PeerSettings::default()]
+    );
+
+    // Off: the other settings keep their values.
+    let off = PeerSettings { enabled: false, ..on };
+    let set = s
+        .set_cluster_peer("a", off, EventRow::peer_sharing_set("a", &off, "admin", 4))
+        .await
+        .unwrap();
+    assert_eq!(set.peer, off);
+    assert_eq!(s.get_cluster("a").await.unwrap().unwrap().peer, off);
+    assert_eq!(
+        s.get_cluster("b").await.unwrap().unwrap().peer,
+        PeerSettings::default()
+    );
+
+    assert!(matches!(
+        s.set_cluster_peer("nope", on, EventRow::peer_sharing_set("nope", &on, "admin", 5))
+            .await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(s.get_cluster("nope").await.unwrap().is_none());
+    let events = s
+        .list_events(EventFilter {
+            cluster: Some("a".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let peer: Vec<&EventRow> = events.iter().filter(|e| e.kind == "peer_sharing").collect();
+    assert_eq!(peer.len(), 2, "{events:?}");
+    assert!(
+        peer.iter()
+            .any(|e| e.message.contains("peer sharing on by admin: port 7555")),
+        "{peer:?}"
+    );
+    assert!(
+        peer.iter()
+            .any(|e| e.message.contains("peer sharing off by admin")),
+        "{peer:?}"
+    );
+}
+
 #[allow(clippy::too_many_lines)]
 pub async fn cluster_cas_and_issued_certificates(s: &dyn Store) {
     let ca = StoredCa {

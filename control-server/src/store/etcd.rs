@@ -248,6 +248,9 @@ struct ClusterDoc {
     ca_key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     api_server: Option<String>,
+    /// Documents written before peer sharing read as the defaults (off).
+    #[serde(default)]
+    peer: PeerSettings,
 }
 
 impl ClusterDoc {
@@ -258,6 +261,7 @@ impl ClusterDoc {
             ca_cert_pem: c.ca.as_ref().map(|a| a.cert_pem.clone()),
             ca_key: c.ca.as_ref().map(|a| a.key.clone()),
             api_server: c.api_server.clone(),
+            peer: PeerSettings::default(),
         }
     }
 
@@ -269,6 +273,7 @@ impl ClusterDoc {
             maintenance_windows: self.maintenance_windows,
             ca_cert_pem: self.ca_cert_pem,
             api_server: self.api_server,
+            peer: self.peer,
         }
     }
 }
@@ -1171,6 +1176,14 @@ impl Store for EtcdStore {
     ) -> Result<ClusterRow> {
         self.update_cluster(name, "set the API server", event, |c| {
             c.api_server = api_server.clone();
+            Ok(())
+        })
+        .await
+    }
+
+    async fn set_cluster_peer(&self, name: &str, peer: PeerSettings, event: EventRow) -> Result<ClusterRow> {
+        self.update_cluster(name, "set peer sharing", event, |c| {
+            c.peer = peer;
             Ok(())
         })
         .await
@@ -2194,6 +2207,7 @@ pub(crate) mod tests {
         rollout_policies_are_stored,
         a_lost_enrolment_answer_can_be_repeated_with_the_same_key,
         cluster_cas_and_issued_certificates,
+        peer_settings_are_stored_per_cluster,
         certificate_records_outlive_their_node,
         certificate_records_expire_with_renewals,
         blob_records_are_compared_on_revisions,
@@ -2491,8 +2505,17 @@ pub(crate) mod tests {
         assert!(g2 > g1, "{g2} > {g1}");
     }
 
+    #[test]
+    fn a_cluster_document_from_before_peer_sharing_reads_the_defaults() {
+        let doc: ClusterDoc =
+            serde_json::from_str(r#"{"created_at_ms":1,"api_server":"https://k:6443"}"#).unwrap();
+        let row = doc.into_row("old", 0);
+        assert_eq!(row.peer, PeerSettings::default());
+        assert_eq!(row.api_server.as_deref(), Some("https://k:6443"));
+    }
+
     #[tokio::test]
-    async fn an_imported_dump_carries_cluster_cas_api_servers_and_certificates() {
+    async fn an_imported_dump_carries_cluster_cas_api_servers_peer_settings_and_certificates() {
         let etcd = TestEtcd::start();
         let s = etcd.store("r1").await;
         let ca = StoredCa {
@@ -2513,11 +2536,19 @@ pub(crate) mod tests {
         };
         let d = Dump {
             clusters: vec![
-                NewCluster {
-                    api_server: Some("https://a.example:6443".into()),
-                    ..NewCluster::new("a", 1)
-                }
-                .row(),
+                ClusterRow {
+                    peer: PeerSettings {
+                        enabled: true,
+                        port: 7555,
+                        upload_rate: 1 << 20,
+                        max_uploads: 8,
+                    },
+                    ..NewCluster {
+                        api_server: Some("https://a.example:6443".into()),
+                        ..NewCluster::new("a", 1)
+                    }
+                    .row()
+                },
                 NewCluster::new("b", 1).row(),
             ],
             cluster_cas: vec![("a".into(), ca.clone())],
@@ -2530,6 +2561,9 @@ pub(crate) mod tests {
         let a = s.get_cluster("a").await.unwrap().unwrap();
         assert_eq!(a.api_server.as_deref(), Some("https://a.example:6443"));
         assert_eq!(a.ca_cert_pem.as_deref(), Some("cert"));
+        assert_eq!((a.peer.enabled, a.peer.port, a.peer.max_uploads), (true, 7555, 8));
+        let b = s.get_cluster("b").await.unwrap().unwrap();
+        assert_eq!(b.peer, PeerSettings::default());
         assert_eq!(s.list_certificates(Some("a"), None).await.unwrap(), [cert]);
     }
 }

@@ -70,6 +70,46 @@ pub struct ClusterRow {
     pub ca_cert_pem: Option<String>,
     /// The tenant cluster's API server URL (`https://…`), for kubeconfigs.
     pub api_server: Option<String>,
+    /// Whether the cluster's nodes share blobs with each other, and how.
+    /// The port, rate and upload limit keep their values while sharing is
+    /// off.
+    pub peer: PeerSettings,
+}
+
+/// A cluster's peer-sharing settings (`lksctl cluster set NAME
+/// --peer-sharing on|off --peer-port … --peer-upload-rate …
+/// --peer-max-uploads …`). Nodes receive them in their desired state
+/// (`DesiredState.peer_sharing`) while `enabled`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct PeerSettings {
+    /// Whether the nodes share blobs; off for every cluster until turned on.
+    pub enabled: bool,
+    /// TCP port each agent listens on for its peers.
+    pub port: u16,
+    /// Upload cap per node, bytes per second; 0: none.
+    pub upload_rate: u64,
+    /// Concurrent uploads per node; more are refused.
+    pub max_uploads: u32,
+}
+
+impl PeerSettings {
+    /// The port agents listen on unless the operator chose another.
+    pub const DEFAULT_PORT: u16 = 7444;
+    /// Concurrent uploads per node unless the operator chose another.
+    pub const DEFAULT_MAX_UPLOADS: u32 = 4;
+}
+
+impl Default for PeerSettings {
+    /// Off, port 7444, no upload cap, 4 concurrent uploads.
+    fn default() -> Self {
+        PeerSettings {
+            enabled: false,
+            port: Self::DEFAULT_PORT,
+            upload_rate: 0,
+            max_uploads: Self::DEFAULT_MAX_UPLOADS,
+        }
+    }
 }
 
 /// A cluster CA as the store keeps it. `key` is opaque to the store: PEM, or
@@ -119,6 +159,7 @@ impl NewCluster {
             maintenance_windows: Vec::new(),
             ca_cert_pem: self.ca.as_ref().map(|c| c.cert_pem.clone()),
             api_server: self.api_server.clone(),
+            peer: PeerSettings::default(),
         }
     }
 }
@@ -759,6 +800,25 @@ impl EventRow {
         Self::about(cluster, "", "api_server", at_ms, message)
     }
 
+    /// What every store records when a cluster's peer-sharing settings
+    /// change.
+    pub fn peer_sharing_set(cluster: &str, peer: &PeerSettings, admin: &str, at_ms: i64) -> EventRow {
+        let rate = match peer.upload_rate {
+            0 => "no upload cap".to_string(),
+            r => format!("uploads capped at {r} bytes/s"),
+        };
+        let settings = format!(
+            "port {}, {rate}, at most {} concurrent uploads",
+            peer.port, peer.max_uploads
+        );
+        let message = if peer.enabled {
+            format!("peer sharing on by {admin}: {settings}")
+        } else {
+            format!("peer sharing off by {admin} (kept: {settings})")
+        };
+        Self::about(cluster, "", "peer_sharing", at_ms, message)
+    }
+
     /// What every store records when a cluster gets its CA (`how`:
     /// "imported" or "generated"); `hash` is the CA's `sha256:` pin.
     pub fn ca_set(cluster: &str, how: &str, hash: &str, admin: &str, at_ms: i64) -> EventRow {
@@ -920,6 +980,9 @@ pub trait Store: BlobRecords + Send + Sync + 'static {
         api_server: Option<String>,
         event: EventRow,
     ) -> Result<ClusterRow>;
+    /// Replaces the cluster's peer-sharing settings and records `event`.
+    /// `NotFound` if the cluster does not exist.
+    async fn set_cluster_peer(&self, name: &str, peer: PeerSettings, event: EventRow) -> Result<ClusterRow>;
     /// Gives a cluster without a CA its CA and records `event`. `Conflict`
     /// ([`ca_already_set`]) if it has one: a CA is never replaced.
     async fn set_cluster_ca(&self, name: &str, ca: StoredCa, event: EventRow) -> Result<ClusterRow>;

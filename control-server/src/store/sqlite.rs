@@ -196,6 +196,15 @@ CREATE TABLE blob_records (
     rev INTEGER NOT NULL
 );
 "#,
+    // Peer sharing per cluster: off, with the defaults of `PeerSettings`
+    // (port 7444, no upload cap, 4 uploads), for clusters made before.
+    // The upload rate is a u64 kept in SQLite's i64 (bits as they are).
+    r#"
+ALTER TABLE clusters ADD COLUMN peer_enabled INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE clusters ADD COLUMN peer_port INTEGER NOT NULL DEFAULT 7444;
+ALTER TABLE clusters ADD COLUMN peer_upload_rate INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE clusters ADD COLUMN peer_max_uploads INTEGER NOT NULL DEFAULT 4;
+"#,
 ];
 
 /// Events kept; older ones are pruned as new ones arrive.
@@ -329,23 +338,32 @@ fn read_cluster(c: &Connection, name: &str) -> Result<Option<ClusterRow>> {
     let row = c
         .query_row(
             "SELECT c.name, c.created_at_ms, (SELECT COUNT(*) FROM nodes n WHERE n.cluster = c.name),
-                    c.maintenance_windows, c.ca_cert_pem, c.api_server
+                    c.maintenance_windows, c.ca_cert_pem, c.api_server,
+                    c.peer_enabled, c.peer_port, c.peer_upload_rate, c.peer_max_uploads
              FROM clusters c WHERE c.name = ?1",
             [name],
             |r| {
                 Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, i64>(1)?,
-                    r.get::<_, u32>(2)?,
-                    r.get::<_, String>(3)?,
-                    r.get::<_, Option<String>>(4)?,
-                    r.get::<_, Option<String>>(5)?,
+                    (
+                        r.get::<_, String>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, u32>(2)?,
+                        r.get::<_, String>(3)?,
+                        r.get::<_, Option<String>>(4)?,
+                        r.get::<_, Option<String>>(5)?,
+                    ),
+                    PeerSettings {
+                        enabled: r.get(6)?,
+                        port: r.get(7)?,
+                        upload_rate: r.get::<_, i64>(8)? as u64,
+                        max_uploads: r.get(9)?,
+                    },
                 ))
             },
         )
         .optional()?;
     row.map(
-        |(name, created_at_ms, node_count, windows, ca_cert_pem, api_server)| {
+        |((name, created_at_ms, node_count, windows, ca_cert_pem, api_server), peer)| {
             Ok(ClusterRow {
                 name,
                 created_at_ms,
@@ -353,6 +371,7 @@ fn read_cluster(c: &Connection, name: &str) -> Result<Option<ClusterRow>> {
                 maintenance_windows: serde_json::from_str(&windows)?,
                 ca_cert_pem,
                 api_server,
+                peer,
             })
         },
     )
@@ -656,6 +675,10 @@ impl Store for SqliteStore {
         event: EventRow,
     ) -> Result<ClusterRow> {
         self.update_cluster_api_server(name, api_server, event).await
+    }
+
+    async fn set_cluster_peer(&self, name: &str, peer: PeerSettings, event: EventRow) -> Result<ClusterRow> {
+        self.update_cluster_peer(name, peer, event).await
     }
 
     async fn set_cluster_ca(&self, name: &str, ca: StoredCa, event: EventRow) -> Result<ClusterRow> {
@@ -1710,11 +1733,48 @@ mod tests {
         rollout_policies_are_stored,
         a_lost_enrolment_answer_can_be_repeated_with_the_same_key,
         cluster_cas_and_issued_certificates,
+        peer_settings_are_stored_per_cluster,
         certificate_records_outlive_their_node,
         certificate_records_expire_with_renewals,
         blob_records_are_compared_on_revisions,
         bundle_versions_in_use_are_not_deleted,
     );
+
+    #[tokio::test]
+    async fn a_database_from_before_peer_sharing_reads_the_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("state.db");
+        {
+            // The schema as the server before peer sharing left it.
+            let mut conn = Connection::open(&p).unwrap();
+            let before = MIGRATIONS.len() - 1;
+            for (i, m) in MIGRATIONS[..before].iter().enumerate() {
+                let tx = conn.transaction().unwrap();
+                tx.execute_batch(m).unwrap();
+                tx.pragma_update(None, "user_version", (i + 1) as i64).unwrap();
+                tx.commit().unwrap();
+            }
+            conn.execute(
+                "INSERT INTO clusters (name, created_at_ms, api_server) VALUES ('old', 1, 'https://k:6443')",
+                [],
+            )
+            .unwrap();
+        }
+        let s = SqliteStore::open(&p).unwrap();
+        let old = s.get_cluster("old").await.unwrap().unwrap();
+        assert_eq!(old.peer, PeerSettings::default());
+        assert_eq!(old.api_server.as_deref(), Some("https://k:6443"));
+        let on = PeerSettings {
+            enabled: true,
+            ..PeerSettings::default()
+        };
+        s.set_cluster_peer("old", on, EventRow::peer_sharing_set("old", &on, "admin", 2))
+            .await
+            .unwrap();
+        drop(s);
+        let s = SqliteStore::open(&p).unwrap();
+        assert_eq!(s.get_cluster("old").await.unwrap().unwrap().peer, on);
+    }
 
     #[tokio::test]
     async fn reopening_keeps_state_and_schema() {

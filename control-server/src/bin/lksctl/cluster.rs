@@ -1,5 +1,5 @@
-//! `lksctl cluster …`: tenant clusters, their CA, API server and
-//! maintenance windows, and the certificates issued with their CA.
+//! `lksctl cluster …`: tenant clusters, their CA, API server, maintenance
+//! windows and peer sharing, and the certificates issued with their CA.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -45,7 +45,8 @@ pub enum ClusterCmd {
         output: Format,
     },
     /// Change a cluster: its maintenance windows (outside every window no
-    /// rollout starts a node), its API server, or a CA if it has none.
+    /// rollout starts a node), its API server, a CA if it has none, or
+    /// whether and how its nodes share blobs with each other.
     Set {
         name: String,
         /// A window, e.g. "Sat,Sun 02:00-06:00 Europe/Berlin" (days Mon..Sun, ranges
@@ -54,7 +55,10 @@ pub enum ClusterCmd {
         #[arg(
             long = "maintenance-window",
             value_name = "WINDOW",
-            required_unless_present_any = ["no_maintenance_window", "api_server", "no_api_server", "ca_cert", "ca_key", "generate_ca"]
+            required_unless_present_any = [
+                "no_maintenance_window", "api_server", "no_api_server", "ca_cert", "ca_key", "generate_ca",
+                "peer_sharing", "peer_port", "peer_upload_rate", "peer_max_uploads"
+            ]
         )]
         maintenance_window: Vec<String>,
         /// Remove every window: nodes may start at any time.
@@ -75,6 +79,28 @@ pub enum ClusterCmd {
         /// Generate a CA for a cluster without one.
         #[arg(long)]
         generate_ca: bool,
+        /// Whether the cluster's nodes share blobs with each other (each
+        /// node fetches chunks from peers and serves what it holds).
+        #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+        peer_sharing: Option<bool>,
+        /// TCP port each node listens on for its peers [default: 7444].
+        /// Kept while sharing is off.
+        #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u32).range(1..=65535))]
+        peer_port: Option<u32>,
+        /// Upload cap per node: bytes per second, or with a unit, e.g.
+        /// 50MiB, 20MB, 200Mbit (bits per second); 0: no cap [default: 0].
+        #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+        peer_upload_rate: Option<u64>,
+        /// Concurrent uploads per node, 1 to 64 [default: 4].
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+        peer_max_uploads: Option<u32>,
+    },
+    /// Show one cluster.
+    Get {
+        name: String,
+        /// Output format.
+        #[arg(short = 'o', long = "output", value_enum, default_value_t)]
+        output: Format,
     },
     /// List clusters.
     List {
@@ -84,13 +110,90 @@ pub enum ClusterCmd {
     },
 }
 
+/// `on` or `off` (also `true`/`false`, `yes`/`no`).
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "on" | "true" | "yes" => Ok(true),
+        "off" | "false" | "no" => Ok(false),
+        _ => Err(format!("{s:?}: give on or off")),
+    }
+}
+
+/// A rate in bytes per second: a plain number of bytes, or a number
+/// (decimals allowed) with a unit of bytes (`B`, `KB` `MB` `GB` `TB`:
+/// powers of 1000; `KiB` `MiB` `GiB` `TiB`: powers of 1024) or bits (`bit`,
+/// `Kbit` `Mbit` `Gbit` `Tbit`: powers of 1000, divided by 8), with an
+/// optional `/s`. `0` is no cap. Units are matched ignoring case, but a
+/// lone `b` after a prefix (`Mb`) is refused: bytes or bits?
+pub fn parse_rate(s: &str) -> Result<u64, String> {
+    let bad = |why: &str| format!("{s:?}: {why}");
+    let t = s.trim();
+    let t = t.strip_suffix("/s").unwrap_or(t).trim_end();
+    let split = t
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(t.len());
+    let (num, unit) = (&t[..split], t[split..].trim_start());
+    if num.is_empty() || num.starts_with('.') || num.ends_with('.') || num.matches('.').count() > 1 {
+        return Err(bad(
+            "not a rate; give bytes per second, e.g. 52428800, 50MiB or 400Mbit",
+        ));
+    }
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    let lower = unit.to_ascii_lowercase();
+    let prefix_b = lower.len() == 2 && unit.ends_with('b') && !unit.ends_with("ib");
+    if prefix_b {
+        return Err(bad(&format!(
+            "{unit} is ambiguous: write {}B for bytes or {}bit for bits",
+            &unit[..1].to_ascii_uppercase(),
+            &unit[..1].to_ascii_uppercase()
+        )));
+    }
+    // Bytes per second = number × mul / div.
+    let (mul, div): (u128, u128) = match lower.as_str() {
+        "" | "b" => (1, 1),
+        "k" | "kb" => (1_000, 1),
+        "m" | "mb" => (1_000_000, 1),
+        "g" | "gb" => (1_000_000_000, 1),
+        "t" | "tb" => (1_000_000_000_000, 1),
+        "ki" | "kib" => (1 << 10, 1),
+        "mi" | "mib" => (1 << 20, 1),
+        "gi" | "gib" => (1 << 30, 1),
+        "ti" | "tib" => (1 << 40, 1),
+        "bit" => (1, 8),
+        "kbit" => (1_000, 8),
+        "mbit" => (1_000_000, 8),
+        "gbit" => (1_000_000_000, 8),
+        "tbit" => (1_000_000_000_000, 8),
+        _ => {
+            return Err(bad(&format!(
+                "unknown unit {unit:?}; use B, KB, MB, GB, KiB, MiB, GiB or bit, Kbit, Mbit, Gbit"
+            )));
+        }
+    };
+    if int.len() + frac.len() > 30 {
+        return Err(bad("too large"));
+    }
+    let digits: u128 = format!("{int}{frac}").parse().map_err(|_| bad("not a number"))?;
+    let scale = 10u128.pow(frac.len() as u32);
+    let bytes = digits
+        .checked_mul(mul)
+        .map(|n| n / (scale * div))
+        .ok_or_else(|| bad("too large"))?;
+    let bytes = u64::try_from(bytes).map_err(|_| bad("too large"))?;
+    if bytes == 0 && digits != 0 {
+        return Err(bad("less than 1 byte per second; give 0 for no cap"));
+    }
+    Ok(bytes)
+}
+
 impl ClusterCmd {
     pub fn name(&self) -> Option<&str> {
         match self {
             ClusterCmd::Create { name, .. }
             | ClusterCmd::Ca { name }
             | ClusterCmd::Certs { name, .. }
-            | ClusterCmd::Set { name, .. } => Some(name),
+            | ClusterCmd::Set { name, .. }
+            | ClusterCmd::Get { name, .. } => Some(name),
             ClusterCmd::List { .. } => None,
         }
     }
@@ -197,16 +300,24 @@ pub async fn run(c: &mut Client, url: &str, cmd: ClusterCmd) -> anyhow::Result<(
             ca_cert,
             ca_key,
             generate_ca,
+            peer_sharing,
+            peer_port,
+            peer_upload_rate,
+            peer_max_uploads,
         } => {
             let windows = no_maintenance_window || !maintenance_window.is_empty();
+            let peer = peer_sharing.is_some()
+                || peer_port.is_some()
+                || peer_upload_rate.is_some()
+                || peer_max_uploads.is_some();
             let ca = read_pair(ca_cert.as_deref(), ca_key.as_deref())?;
             let (ca_cert_pem, ca_key_pem) = ca.clone().unwrap_or_default();
             let r = c
                 .set_cluster(pb::SetClusterRequest {
-                    peer_upload_rate: Default::default(),
-                    peer_max_uploads: Default::default(),
-                    peer_port: Default::default(),
-                    peer_sharing: None,
+                    peer_sharing,
+                    peer_port,
+                    peer_upload_rate,
+                    peer_max_uploads,
                     name: name.clone(),
                     maintenance_windows: maintenance_window,
                     clear_maintenance_windows: no_maintenance_window,
@@ -232,6 +343,28 @@ pub async fn run(c: &mut Client, url: &str, cmd: ClusterCmd) -> anyhow::Result<(
             }
             if windows {
                 outln!("{}", output::cluster_windows_line(&r));
+            }
+            if peer {
+                outln!("cluster {name}: peer sharing {}", output::peer_text(&r));
+            }
+        }
+        ClusterCmd::Get { name, output } => {
+            // No call reads one cluster: the list has it.
+            let r = c
+                .list_clusters(pb::ListClustersRequest {})
+                .await
+                .map_err(st)
+                .with_context(|| format!("get cluster {name}"))?
+                .into_inner();
+            let cluster = r
+                .clusters
+                .into_iter()
+                .find(|c| c.name == name)
+                .ok_or_else(|| anyhow!("get cluster {name}: cluster {name} does not exist"))?;
+            if output == Format::Json {
+                print_json(&output::cluster_json(&cluster))?;
+            } else {
+                out!("{}", output::cluster_detail(&cluster));
             }
         }
         ClusterCmd::List { output } => {
@@ -265,6 +398,7 @@ pub async fn run(c: &mut Client, url: &str, cmd: ClusterCmd) -> anyhow::Result<(
                                 "none".into()
                             },
                             output::windows_text(c),
+                            output::peer_text(c),
                         ]
                     })
                     .collect();
@@ -277,7 +411,8 @@ pub async fn run(c: &mut Client, url: &str, cmd: ClusterCmd) -> anyhow::Result<(
                             "CREATED",
                             "API-SERVER",
                             "CA",
-                            "MAINTENANCE WINDOWS"
+                            "MAINTENANCE WINDOWS",
+                            "PEER SHARING"
                         ],
                         &rows
                     )
@@ -286,4 +421,62 @@ pub async fn run(c: &mut Client, url: &str, cmd: ClusterCmd) -> anyhow::Result<(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_are_bytes_per_second() {
+        for (s, want) in [
+            ("0", 0),
+            ("0MiB", 0),
+            ("1", 1),
+            ("52428800", 52_428_800),
+            ("50MiB", 50 << 20),
+            ("50 MiB/s", 50 << 20),
+            ("50mib", 50 << 20),
+            ("1.5GiB", 3 << 29),
+            ("10KiB", 10_240),
+            ("20MB", 20_000_000),
+            ("20M", 20_000_000),
+            ("200Mbit", 25_000_000),
+            ("1Gbit/s", 125_000_000),
+            ("8bit", 1),
+            ("100B", 100),
+            ("18446744073709551615", u64::MAX),
+        ] {
+            assert_eq!(parse_rate(s), Ok(want), "{s}");
+        }
+    }
+
+    #[test]
+    fn bad_rates_are_refused_in_one_line() {
+        for (s, why) in [
+            ("", "not a rate"),
+            ("MiB", "not a rate"),
+            ("-5", "not a rate"),
+            ("1.", "not a rate"),
+            ("1.2.3MiB", "not a rate"),
+            ("50Mb", "ambiguous: write MB for bytes or Mbit for bits"),
+            ("50kb", "ambiguous"),
+            ("50 parsecs", "unknown unit"),
+            ("1bit", "give 0 for no cap"),
+            ("18446744073709551616", "too large"),
+            ("20000000TiB", "too large"),
+            ("1234567890123456789012345678901", "too large"),
+        ] {
+            let e = parse_rate(s).unwrap_err();
+            assert!(e.contains(why), "{s}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
+    fn on_and_off() {
+        assert_eq!(parse_on_off("on"), Ok(true));
+        assert_eq!(parse_on_off("OFF"), Ok(false));
+        assert!(parse_on_off("maybe").is_err());
+    }
 }

@@ -216,7 +216,81 @@ pub fn cluster_json(c: &pb::Cluster) -> Value {
         "api_server": (!c.api_server.is_empty()).then_some(&c.api_server),
         "has_ca": c.has_ca,
         "ca_cert_hash": (!c.ca_cert_hash.is_empty()).then_some(&c.ca_cert_hash),
+        "peer_sharing": c.peer_sharing.map(|p| json!({
+            "port": p.port,
+            "upload_rate": p.upload_rate,
+            "max_uploads": p.max_uploads,
+        })),
     })
+}
+
+/// A rate in bytes per second as people read it: "50 MiB/s", "1.5 GiB/s",
+/// "800 B/s"; "unlimited" for 0.
+pub fn rate_text(bytes_per_s: u64) -> String {
+    if bytes_per_s == 0 {
+        return "unlimited".into();
+    }
+    let units = [
+        ("TiB", 1u64 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ];
+    for (name, size) in units {
+        if bytes_per_s >= size {
+            return if bytes_per_s % size == 0 {
+                format!("{} {name}/s", bytes_per_s / size)
+            } else {
+                format!("{:.1} {name}/s", bytes_per_s as f64 / size as f64)
+            };
+        }
+    }
+    format!("{bytes_per_s} B/s")
+}
+
+/// A cluster's peer sharing for a table cell: "off", or "on :PORT N
+/// uploads RATE".
+pub fn peer_text(c: &pb::Cluster) -> String {
+    match &c.peer_sharing {
+        None => "off".into(),
+        Some(p) => format!(
+            "on :{} {} upload{} {}",
+            p.port,
+            p.max_uploads,
+            if p.max_uploads == 1 { "" } else { "s" },
+            rate_text(p.upload_rate)
+        ),
+    }
+}
+
+/// What `cluster get` prints.
+pub fn cluster_detail(c: &pb::Cluster) -> String {
+    let mut s = String::new();
+    let kv = |s: &mut String, k: &str, v: String| s.push_str(&format!("{k:<22}{v}\n"));
+    kv(&mut s, "Name:", c.name.clone());
+    kv(&mut s, "Nodes:", c.node_count.to_string());
+    kv(&mut s, "Created:", or_dash(rfc3339_ms(c.created_at_ms)));
+    kv(
+        &mut s,
+        "API server:",
+        if c.api_server.is_empty() {
+            "-".into()
+        } else {
+            c.api_server.clone()
+        },
+    );
+    kv(
+        &mut s,
+        "CA:",
+        if c.has_ca {
+            c.ca_cert_hash.clone()
+        } else {
+            "none".into()
+        },
+    );
+    kv(&mut s, "Maintenance windows:", windows_text(c));
+    kv(&mut s, "Peer sharing:", peer_text(c));
+    s
 }
 
 /// A cluster's windows for a table cell: "-" when none.
@@ -714,6 +788,42 @@ mod tests {
     fn timestamps() {
         assert_eq!(rfc3339_ms(0), None);
         assert_eq!(rfc3339_ms(1_700_000_000_123).unwrap(), "2023-11-14T22:13:20Z");
+    }
+
+    #[test]
+    fn peer_sharing_is_shown_only_while_on() {
+        let mut c = pb::Cluster {
+            name: "a".into(),
+            ..Default::default()
+        };
+        assert_eq!(peer_text(&c), "off");
+        assert!(cluster_json(&c)["peer_sharing"].is_null());
+        assert!(cluster_detail(&c).contains("Peer sharing:         off\n"));
+        c.peer_sharing = Some(pb::PeerSharing {
+            port: 7444,
+            upload_rate: 50 << 20,
+            max_uploads: 4,
+        });
+        assert_eq!(peer_text(&c), "on :7444 4 uploads 50 MiB/s");
+        assert_eq!(
+            cluster_json(&c)["peer_sharing"],
+            json!({"port": 7444, "upload_rate": 52_428_800u64, "max_uploads": 4})
+        );
+        c.peer_sharing = Some(pb::PeerSharing {
+            port: 9000,
+            upload_rate: 0,
+            max_uploads: 1,
+        });
+        assert_eq!(peer_text(&c), "on :9000 1 upload unlimited");
+    }
+
+    #[test]
+    fn rates_read_as_people_write_them() {
+        assert_eq!(rate_text(0), "unlimited");
+        assert_eq!(rate_text(800), "800 B/s");
+        assert_eq!(rate_text(10 << 10), "10 KiB/s");
+        assert_eq!(rate_text(25_000_000), "23.8 MiB/s");
+        assert_eq!(rate_text(3 << 29), "1.5 GiB/s");
     }
 
     #[test]

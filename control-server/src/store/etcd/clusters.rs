@@ -1,5 +1,6 @@
-//! Cluster documents changed in place (windows, API server, CA) and the
-//! record of certificates issued with cluster CAs (`certs/CLUSTER/NODE/SERIAL`).
+//! Cluster documents changed in place (windows, API server, CA, peer
+//! sharing) and the record of certificates issued with cluster CAs
+//! (`certs/CLUSTER/NODE/SERIAL`).
 
 use super::*;
 

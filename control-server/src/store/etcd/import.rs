@@ -64,6 +64,7 @@ impl EtcdStore {
                     ca_cert_pem: ca.map(|a| a.cert_pem.clone()),
                     ca_key: ca.map(|a| a.key.clone()),
                     api_server: c.api_server.clone(),
+                    peer: c.peer,
                 })?,
             ));
         }

@@ -1,5 +1,5 @@
-//! Cluster CAs, API servers and the record of issued certificates in the
-//! SQLite store.
+//! Cluster CAs, API servers, peer-sharing settings and the record of
+//! issued certificates in the SQLite store.
 
 use super::*;
 
@@ -39,6 +39,36 @@ impl SqliteStore {
             let n = tx.execute(
                 "UPDATE clusters SET api_server = ?2 WHERE name = ?1",
                 params![name, api_server],
+            )?;
+            if n == 0 {
+                return Err(StoreError::NotFound(format!("cluster {name} does not exist")));
+            }
+            insert_event(tx, &event)?;
+            read_cluster(tx, &name)?
+                .ok_or_else(|| StoreError::Backend(format!("cluster {name} vanished in its own transaction")))
+        })
+        .await
+    }
+
+    pub(super) async fn update_cluster_peer(
+        &self,
+        name: &str,
+        peer: PeerSettings,
+        event: EventRow,
+    ) -> Result<ClusterRow> {
+        let name = name.to_string();
+        self.tx(move |tx| {
+            let n = tx.execute(
+                "UPDATE clusters SET peer_enabled = ?2, peer_port = ?3, peer_upload_rate = ?4,
+                                     peer_max_uploads = ?5
+                 WHERE name = ?1",
+                params![
+                    name,
+                    peer.enabled,
+                    peer.port,
+                    peer.upload_rate as i64,
+                    peer.max_uploads
+                ],
             )?;
             if n == 0 {
                 return Err(StoreError::NotFound(format!("cluster {name} does not exist")));
