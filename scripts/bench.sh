@@ -52,7 +52,7 @@
 #     size, RSS per replica and per agent), then a fresh region again with
 #     the leading replica killed mid-rollout; baseline: one SQLite server
 #     with 10,000 agents and the same rollout.
-# Usage: bash scripts/bench.sh [--only agents|sha|packages|upgrade|blob|s3|ha|footprint|storm|scale-out] [AGENTS...]
+# Usage: bash scripts/bench.sh [--only agents|sha|packages|upgrade|blob|s3|ha|footprint|storm|scale-out|swarm] [AGENTS...]
 #        (default: every section, agents 1000 2000; HA_AGENTS=1000,
 #        IDLE_SECONDS=60, FOOTPRINT_SECONDS=IDLE_SECONDS)
 # The issue's whole set in one run (BENCHMARKS.md, "Every figure in one run"):
@@ -65,7 +65,7 @@ cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
 only=""
 if [ "${1:-}" = --only ]; then
-  only=${2:?--only needs agents, sha, packages, upgrade, blob, s3, ha, footprint, storm or scale-out}
+  only=${2:?--only needs agents, sha, packages, upgrade, blob, s3, ha, footprint, storm, scale-out or swarm}
   shift 2
 fi
 want() { [ -z "$only" ] || [ "$only" = "$1" ]; }
@@ -1349,5 +1349,23 @@ PY
   echo
   fi
   echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo
+fi
+
+if want swarm; then
+  # Peer sharing (issue 28): N nodes in one tenant network (network
+  # namespaces on one bridge) behind a router whose link into it is capped,
+  # a file rolled out to all at once, sharing off and on. The harness is
+  # the e2e crate's (tests/tests/peer_sharing_netns.rs, swarm_bench); the
+  # server and agents are the release builds above. Needs root.
+  sw_bin=$work/swarm-bin
+  mkdir -p "$sw_bin"
+  ln -s "$PWD/$bin/lks-control-server" "$PWD/$bin/lksctl" "$PWD/$agent_bin" "$sw_bin/"
+  echo "## Peer sharing: one tenant network behind a ${SWARM_RATE:-200mbit} link, a ${SWARM_MIB:-64} MiB file to N nodes at once (one run each)"
+  echo
+  echo "Load average at the start: $(cut -d' ' -f1-3 /proc/loadavg). Server egress is the server's own lks_blob_bytes_served_total; link bytes the router's counter into the network (TLS, HTTP/2 and TCP/IP included); agents' CPU is user + system of all agent processes during the rollout; serving CPU is what sharing adds to it (on minus off), per file's worth of bytes served to peers."
+  echo
+  LKS_BIN_DIR=$sw_bin SWARM_NODES=${SWARM_NODES:-8 16 32 64} SWARM_RATE=${SWARM_RATE:-200mbit} SWARM_MIB=${SWARM_MIB:-64} \
+    cargo nextest run -p lks-e2e --test peer_sharing_netns --run-ignored only --no-capture swarm_bench 2>/dev/null | grep '^|'
   echo
 fi

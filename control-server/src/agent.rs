@@ -183,10 +183,56 @@ impl AgentService for AgentApi {
         req: Request<pb::FindPeersRequest>,
     ) -> Result<Response<pb::FindPeersResponse>, Status> {
         let _t = self.s.metrics.timer("FindPeers");
-        let _caller = require_node(&req, &*self.s.store).await?;
-        // The tracker comes with peer sharing (issue 28); until then no
-        // node is named and agents fetch from the server, as before.
-        Ok(Response::new(pb::FindPeersResponse::default()))
+        let caller = require_node(&req, &*self.s.store).await?;
+        let digest: Digest = req
+            .into_inner()
+            .digest
+            .parse()
+            .map_err(|e| Status::invalid_argument(format!("digest: {e}")))?;
+        let settings = self
+            .s
+            .peer_settings(&caller.id.cluster)
+            .await
+            .map_err(store_status)?;
+        // Sharing off, or a blob the caller may not have: nobody is named
+        // (FetchBlob then answers for the blob as it always did).
+        let allowed = settings.enabled
+            && self
+                .s
+                .store
+                .blob_allowed(&caller.id.node, &digest.to_string())
+                .await
+                .map_err(store_status)?;
+        if !allowed {
+            return Ok(Response::new(pb::FindPeersResponse {
+                peers: Vec::new(),
+                server: true,
+            }));
+        }
+        let a = self
+            .s
+            .tracker
+            .find(
+                &*self.s.store,
+                &caller.id.cluster,
+                &caller.id.node,
+                digest,
+                settings.port,
+            )
+            .await
+            .map_err(store_status)?;
+        tracing::debug!(%digest, peers = a.peers.len(), server = a.server, "peers named");
+        Ok(Response::new(pb::FindPeersResponse {
+            peers: a
+                .peers
+                .into_iter()
+                .map(|p| pb::PeerSource {
+                    node: p.node,
+                    address: p.address.to_string(),
+                })
+                .collect(),
+            server: a.server,
+        }))
     }
 
     async fn issue_certificate(
@@ -728,17 +774,15 @@ impl Session {
     /// the agent would take for success. A vanished agent reads nothing.
     fn receive_failed(&self, st: Status) -> String {
         let why = format!("receive: {}", st.message());
-        let _ = self
-            .tx
-            .try_send(Box::new(Err(crate::wire::bounded(crate::wire::client_status(
-                st,
-            )))));
+        let _ = self.tx.try_send(Box::new(Err(lks_proto::wire::bounded(
+            lks_proto::wire::client_status(st),
+        ))));
         why
     }
 
     async fn fail(&self, st: Status) -> String {
         let why = st.message().to_string();
-        let _ = self.tx.try_send(Box::new(Err(crate::wire::bounded(st))));
+        let _ = self.tx.try_send(Box::new(Err(lks_proto::wire::bounded(st))));
         why
     }
 

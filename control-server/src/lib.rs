@@ -33,6 +33,5 @@ pub mod store;
 pub mod tlsaccept;
 pub mod tracker;
 pub mod windows;
-pub mod wire;
 
 pub use server::{Config, ServerError, run};

@@ -550,7 +550,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
     let router = Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-        .http2_max_header_list_size(crate::wire::MAX_HEADER_LIST)
+        .http2_max_header_list_size(lks_proto::wire::MAX_HEADER_LIST)
         // GET /v1/agent-package/ARCH (packages.rs); everything else is gRPC.
         .layer(PackageLayer::new(
             shared.agent_packages.clone(),
@@ -558,16 +558,16 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
             cfg.agent_package_deadline,
         ))
         // A request that does not decode is the client's fault (wire.rs).
-        .layer(crate::wire::MalformedRequestLayer)
+        .layer(lks_proto::wire::MalformedRequestLayer)
         .add_service(health_service)
         .add_service(reflection)
         .add_service(
             AgentServiceServer::new(AgentApi::new(shared.clone()))
-                .max_decoding_message_size(crate::wire::MAX_MESSAGE),
+                .max_decoding_message_size(lks_proto::wire::MAX_MESSAGE),
         )
         .add_service(
             AdminServiceServer::new(AdminApi::new(shared.clone()))
-                .max_decoding_message_size(crate::wire::MAX_MESSAGE),
+                .max_decoding_message_size(lks_proto::wire::MAX_MESSAGE),
         );
     tracing::info!(
         addr = %local,

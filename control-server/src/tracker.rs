@@ -182,9 +182,11 @@ impl Tracker {
         for p in &peers {
             g.add_load(&p.node, now);
         }
+        // Seeds still connected: one that went away frees its place.
+        let connected = |n: &str| index.nodes.iter().any(|x| x.name == n && x.connected);
         let seeds = fetching
             .iter()
-            .filter(|(n, (_, from_server))| *from_server && n.as_str() != node)
+            .filter(|(n, (_, from_server))| *from_server && n.as_str() != node && connected(n))
             .count();
         let was_seed = fetching.get(node).is_some_and(|(_, s)| *s);
         let server = peers.is_empty() || was_seed || (whole_holders == 0 && seeds < MAX_SEEDS);

@@ -20,7 +20,9 @@ pub fn init(default_level: &str) {
             .with(JournalLayer)
             .try_init();
     } else {
+        // The fmt subscriber alone stops at INFO; `filter` decides.
         let _ = tracing_subscriber::fmt()
+            .with_max_level(tracing::level_filters::LevelFilter::TRACE)
             .with_writer(std::io::stderr)
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_target(false)

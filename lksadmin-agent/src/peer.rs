@@ -260,8 +260,15 @@ impl PeerHost {
         let incoming = incoming(listener, TlsAcceptor::from(tls), cancel.clone());
         let c = cancel.clone();
         tokio::spawn(async move {
+            // The control server's transport limits, and invalid_argument
+            // for a request that does not decode (lks_proto::wire).
             let res = tonic::transport::Server::builder()
-                .add_service(pb::peer_service_server::PeerServiceServer::new(svc))
+                .http2_max_header_list_size(lks_proto::wire::MAX_HEADER_LIST)
+                .layer(lks_proto::wire::MalformedRequestLayer)
+                .add_service(
+                    pb::peer_service_server::PeerServiceServer::new(svc)
+                        .max_decoding_message_size(lks_proto::wire::MAX_MESSAGE),
+                )
                 .serve_with_incoming_shutdown(incoming, c.cancelled_owned())
                 .await;
             if let Err(e) = res {

@@ -198,11 +198,23 @@ impl Swarm {
         let mut server_in_flight = 0usize;
         let (mut from_server, mut from_peers) = (0u64, 0u64);
         let mut running = FuturesUnordered::new();
+        // Each node goes through the pieces from its own random start: two
+        // nodes fetching from the server fetch different halves first and
+        // then take the rest from each other, and the nodes after them ask
+        // for different pieces at once.
+        let start = {
+            let mut b = [0u8; 8];
+            let _ = getrandom::getrandom(&mut b);
+            (u64::from_le_bytes(b) % pieces.len().max(1) as u64) as usize
+        };
 
         loop {
             let missing: Vec<usize> = {
                 let have = lock(&partial.have);
-                (0..pieces.len()).filter(|i| !have[*i]).collect()
+                (0..pieces.len())
+                    .map(|k| (k + start) % pieces.len().max(1))
+                    .filter(|i| !have[*i])
+                    .collect()
             };
             if missing.is_empty() && running.is_empty() {
                 break;
@@ -325,6 +337,13 @@ impl Swarm {
                         }
                     }
                 },
+                Err(PieceError::Bad(_, _)) if peer.as_ref().is_some_and(|p| p.dropped) => {
+                    // A second piece in flight from a peer already dropped
+                    // and reported.
+                    if let Some(p) = peer {
+                        p.in_flight -= 1;
+                    }
+                }
                 Err(PieceError::Bad(expected, got)) => match peer {
                     Some(p) => {
                         p.in_flight -= 1;
@@ -401,7 +420,7 @@ impl Swarm {
         offset: u64,
         len: u64,
         want: Digest,
-    ) -> Pin<Box<dyn Future<Output = (Source, usize, Result<Vec<u8>, PieceError>)> + Send + '_>> {
+    ) -> PieceFuture<'_> {
         Box::pin(async move {
             let got =
                 tokio::time::timeout(PIECE_DEADLINE, self.piece_bytes(&source, digest, offset, len)).await;
@@ -563,6 +582,10 @@ impl PeerState {
         }
     }
 }
+
+/// One piece being fetched: its source, its index, the bytes or why not.
+type PieceFuture<'a> =
+    Pin<Box<dyn Future<Output = (Source, usize, Result<Vec<u8>, PieceError>)> + Send + 'a>>;
 
 #[derive(Clone, Debug)]
 enum Source {

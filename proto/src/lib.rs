@@ -27,6 +27,7 @@ pub mod path;
 pub mod root;
 pub mod sign;
 pub mod token;
+pub mod wire;
 
 pub use digest::Digest;
 pub use manifest::{BundleState, FileSpec, HealthCheck, Manifest, SignedBundle, Step};

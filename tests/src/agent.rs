@@ -157,8 +157,30 @@ impl Agent {
         }
     }
 
+    /// The running agent's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.as_ref().map(Proc::pid)
+    }
+
     pub fn running(&mut self) -> bool {
         self.proc.as_mut().is_some_and(Proc::running)
+    }
+
+    /// Bytes this agent fetched through peer sharing so far, by source:
+    /// (from the server, from peers), from its `blob fetched` log lines.
+    pub fn fetched_bytes(&self) -> (u64, u64) {
+        let field = |l: &str, k: &str| -> u64 {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix(k))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        self.log()
+            .lines()
+            .filter(|l| l.contains("blob fetched and verified"))
+            .fold((0, 0), |(s, p), l| {
+                (s + field(l, "from_server="), p + field(l, "from_peers="))
+            })
     }
 
     /// Every log of every start so far.

@@ -61,6 +61,24 @@ impl Net {
     /// Builds the server, router and `agents` agent namespaces; `None` if
     /// they cannot be made and `LKS_SKIP_NETNS=1` says to skip.
     pub fn new(agents: usize) -> Option<Net> {
+        let mut net = Self::empty()?;
+        net.build(agents);
+        Some(net)
+    }
+
+    /// One tenant network: the agents' namespaces `a1`…`aN` on one bridge
+    /// (`lan`, in the router namespace; agent `i` is 10.231.1.`i+1`), so
+    /// they reach each other directly, and the server only through the
+    /// router, which still lets nothing in that the tenants did not open.
+    /// [`Net::limit_lan`] caps the router's link into the tenant network.
+    pub fn tenant_lan(agents: usize) -> Option<Net> {
+        assert!(agents <= 250, "one /24");
+        let mut net = Self::empty()?;
+        net.build_lan(agents);
+        Some(net)
+    }
+
+    fn empty() -> Option<Net> {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let id = format!("lks{}x{n}", std::process::id());
         let net = Net {
@@ -79,8 +97,6 @@ impl Net {
             }
             panic!("{why}; set LKS_SKIP_NETNS=1 to skip these tests explicitly");
         }
-        let mut net = net;
-        net.build(agents);
         Some(net)
     }
 
@@ -157,6 +173,85 @@ impl Net {
             self.agents = i;
             self.link(&format!("a{i}"), &format!("a{i}"), i as u8);
         }
+        self.firewall();
+    }
+
+    fn build_lan(&mut self, agents: usize) {
+        let r = self.ns("r");
+        must(&["ip", "-n", &r, "link", "set", "lo", "up"]);
+        must(&[
+            "ip",
+            "netns",
+            "exec",
+            &r,
+            "sh",
+            "-c",
+            "echo 1 > /proc/sys/net/ipv4/ip_forward",
+        ]);
+        self.link("s", "srv", 0);
+        must(&["ip", "-n", &r, "link", "add", "lan", "type", "bridge"]);
+        must(&["ip", "-n", &r, "addr", "add", "10.231.1.1/24", "dev", "lan"]);
+        must(&["ip", "-n", &r, "link", "set", "lan", "up"]);
+        for i in 1..=agents {
+            self.agents = i;
+            let (port, ns) = (format!("a{i}"), self.ns(&format!("a{i}")));
+            must(&["ip", "netns", "add", &ns]);
+            must(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
+            must(&[
+                "ip", "link", "add", &port, "netns", &r, "type", "veth", "peer", "name", "eth0", "netns", &ns,
+            ]);
+            must(&["ip", "-n", &r, "link", "set", &port, "master", "lan"]);
+            must(&["ip", "-n", &r, "link", "set", &port, "up"]);
+            let addr = format!("10.231.1.{}/24", i + 1);
+            must(&["ip", "-n", &ns, "addr", "add", &addr, "dev", "eth0"]);
+            must(&["ip", "-n", &ns, "link", "set", "eth0", "up"]);
+            must(&["ip", "-n", &ns, "route", "add", "default", "via", "10.231.1.1"]);
+        }
+        self.firewall();
+    }
+
+    /// Caps what the router sends into the tenant network (what comes from
+    /// the server; the nodes' traffic to each other stays on the bridge).
+    pub fn limit_lan(&self, rate: &str) {
+        must(&[
+            "tc",
+            "-n",
+            &self.ns("r"),
+            "qdisc",
+            "replace",
+            "dev",
+            "lan",
+            "root",
+            "tbf",
+            "rate",
+            rate,
+            "burst",
+            "64kb",
+            "latency",
+            "1s",
+        ]);
+    }
+
+    /// Bytes the router has sent into the tenant network.
+    pub fn lan_tx_bytes(&self) -> u64 {
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.ns("r"),
+                "cat",
+                "/sys/class/net/lan/statistics/tx_bytes",
+            ])
+            .output()
+            .expect("read the lan counters");
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("lan tx_bytes: {:?}", String::from_utf8_lossy(&out.stderr)))
+    }
+
+    fn firewall(&mut self) {
+        let r = self.ns("r");
         // Replies and what the agents open pass; the server side opens
         // nothing towards a tenant, and tenants do not reach each other.
         let rules = "table inet lks {\n\

@@ -325,6 +325,15 @@ impl Server {
     }
 
     /// Fetches `/metrics` or `/healthz` (plain HTTP/1.0, read to end).
+    /// The value of one series of `/metrics` (name with its labels, e.g.
+    /// `lks_blob_bytes_served_total`); 0 when absent.
+    pub fn metric(&self, series: &str) -> u64 {
+        let m = self.http_get("/metrics");
+        m.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .map_or(0, |v| v.trim().parse::<f64>().expect("a number") as u64)
+    }
+
     pub fn http_get(&self, path: &str) -> String {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(self.metrics_addr).expect("connect metrics port");

@@ -58,7 +58,12 @@ async fn malformed_and_truncated_protobuf_to_every_rpc_is_invalid_argument() {
         ("compressed-without-encoding", frame(1, 2, &[0x08, 0x01])),
         ("length-4GiB", frame(0, u32::MAX, &[0x08, 0x01])),
     ];
-    let rpcs = rpc_paths();
+    // PeerService is served by agents, to each other (peer_sharing.rs
+    // sends it the same bodies).
+    let rpcs: Vec<_> = rpc_paths()
+        .into_iter()
+        .filter(|(s, _)| s != "PeerService")
+        .collect();
     assert!(rpcs.len() >= 29, "{rpcs:?}");
     let (mut tried, mut invalid, mut too_large, mut internal, mut ok, mut other_codes) = (0, 0, 0, 0, 0, 0);
     let mut odd = Vec::new();

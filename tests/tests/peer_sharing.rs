@@ -15,6 +15,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use lks_e2e::agent::{Agent, BundleFile, write_bundle};
+use lks_e2e::hostile::{Answer, frame, message, raw_grpc};
 use lks_e2e::server::{Server, TestNode};
 use lks_e2e::{free_addr, noise, wait_until};
 use lks_proto::Digest;
@@ -30,12 +31,7 @@ struct Node {
 }
 
 fn served_bytes(s: &Server) -> u64 {
-    let m = s.http_get("/metrics");
-    m.lines()
-        .find_map(|l| l.strip_prefix("lks_blob_bytes_served_total "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map(|v| v as u64)
-        .unwrap_or_else(|| panic!("no lks_blob_bytes_served_total in\n{m}"))
+    s.metric("lks_blob_bytes_served_total")
 }
 
 fn start_nodes(s: &Server, cluster: &str, n: usize, fault_on: Option<usize>) -> Vec<Node> {
@@ -91,22 +87,6 @@ fn roll_out(s: &Server, cluster: &str, bundle: &str, batch: &str) {
     ]);
 }
 
-/// "from_server=N from_peers=M" of the agent's "blob fetched" log lines.
-fn fetched(a: &Agent) -> (u64, u64) {
-    let log = a.log();
-    let field = |l: &str, k: &str| -> u64 {
-        l.split_whitespace()
-            .find_map(|w| w.strip_prefix(k))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    log.lines()
-        .filter(|l| l.contains("blob fetched and verified"))
-        .fold((0, 0), |(s, p), l| {
-            (s + field(l, "from_server="), p + field(l, "from_peers="))
-        })
-}
-
 fn assert_holds(n: &Node, bytes: &[u8]) {
     n.agent.wait_bundle("kubelet", "1", "applied");
     let got = std::fs::read(n.agent.root.join(FILE.trim_start_matches('/'))).unwrap();
@@ -136,7 +116,7 @@ fn a_batch_takes_two_copies_from_the_server_and_the_rest_from_peers() {
     let egress = served_bytes(&s) - before;
     let (mut from_server, mut from_peers) = (0, 0);
     for n in &nodes {
-        let (a, b) = fetched(&n.agent);
+        let (a, b) = n.agent.fetched_bytes();
         from_server += a;
         from_peers += b;
     }
@@ -187,6 +167,92 @@ fn a_lying_peer_is_caught_reported_and_never_used_again() {
     assert_eq!(bad.len(), 1, "{bad:#?}");
     let lied_to: Vec<&str> = bad.iter().filter_map(|e| e["node"].as_str()).collect();
     assert_eq!(lied_to, ["c1-n2"], "the first node after n1 met the lie");
+}
+
+#[test]
+fn a_peer_killed_mid_transfer_only_sends_its_nodes_elsewhere() {
+    let s = Server::start();
+    s.create_cluster("c1");
+    let mut nodes = start_nodes(&s, "c1", 4, None);
+    // Slow uploads (the whole file takes the canary about 8 s to serve), so
+    // it dies in the middle of them.
+    s.lksctl_ok(&[
+        "cluster",
+        "set",
+        "c1",
+        "--peer-sharing",
+        "on",
+        "--peer-upload-rate",
+        "3MiB",
+    ]);
+    for n in &nodes {
+        wait_until(Duration::from_secs(20), "peer listener up", || listening(n.peer));
+    }
+    let bytes = noise(SIZE, 5);
+    let id = publish(&s, "1", &bytes);
+    // A canary first (from the server), then the other three at once,
+    // which the tracker sends to the canary, which holds it whole.
+    let rollout = s.lksctl_ok(&[
+        "rollout",
+        "start",
+        "--cluster",
+        "c1",
+        "--bundle",
+        &id,
+        "--canary",
+        "1",
+        "--canary-soak",
+        "1s",
+        "--batch-size",
+        "3",
+    ]);
+    let rollout = rollout.lines().next().unwrap_or_default().trim().to_string();
+    let mut canary = None;
+    wait_until(Duration::from_secs(60), "the canary applied", || {
+        canary = nodes.iter().position(|n| {
+            n.agent
+                .bundle("kubelet")
+                .is_some_and(|(v, st, _)| v == "1" && st == "applied")
+        });
+        canary.is_some()
+    });
+    let canary = canary.unwrap();
+    let t = std::time::Instant::now();
+    while !nodes[canary].agent.log().contains("serving a piece to a peer") {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the canary served nothing; logs:\n{}",
+            nodes
+                .iter()
+                .map(|n| n.agent.log())
+                .collect::<Vec<_>>()
+                .join("\n----\n")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    nodes[canary].agent.kill9();
+    let others: Vec<&Node> = nodes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != canary)
+        .map(|(_, n)| n)
+        .collect();
+    for n in &others {
+        assert_holds(n, &bytes);
+    }
+    let st = s.lksctl_json(&["rollout", "status", &rollout]);
+    assert_eq!(st["state"], "completed", "{st:#}");
+    let (mut from_server, mut from_peers) = (0, 0);
+    for n in &others {
+        let (a, b) = n.agent.fetched_bytes();
+        (from_server, from_peers) = (from_server + a, from_peers + b);
+    }
+    assert_eq!(from_server + from_peers, 3 * SIZE as u64);
+    assert!(
+        from_server > 0,
+        "the canary's nodes went to the server for what it no longer gave"
+    );
+    assert!(from_peers > 0, "the canary gave pieces before it died");
 }
 
 #[test]
@@ -246,8 +312,34 @@ fn no_listener_while_off_and_nodes_of_other_clusters_are_refused() {
         let ch = lksadmin_agent::swarm::dial_peer(&creds, "c1", "c1-n1", n1.peer)
             .await
             .unwrap();
-        let e = ask(ch).await.unwrap_err();
+        let e = ask(ch.clone()).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+
+        // Malformed requests from a node of the cluster: refused, and the
+        // listener goes on serving.
+        let base = format!("http://{}", n1.peer);
+        for (what, body) in [
+            ("bad-varint", message(&[0xff; 16])),
+            ("length-past-end", message(&[0x0a, 0x7f, b'x'])),
+            ("truncated-frame", frame(0, 100, &[0x0a, 0x02, b'h', b'i'])),
+            ("length-4GiB", frame(0, u32::MAX, &[0x08, 0x01])),
+        ] {
+            let a = raw_grpc(&ch, &base, "/lks.v1.PeerService/FetchChunk", body, &[]).await;
+            assert!(
+                matches!(
+                    a,
+                    Answer::Grpc(
+                        tonic::Code::InvalidArgument
+                            | tonic::Code::OutOfRange
+                            | tonic::Code::ResourceExhausted,
+                        _
+                    )
+                ),
+                "{what}: {a:?}"
+            );
+        }
+        let e = ask(ch).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::NotFound, "still serving: {e:?}");
 
         // The dialler checks who answers: n1 is not "someone-else".
         let e = lksadmin_agent::swarm::dial_peer(&creds, "c1", "someone-else", n1.peer)

@@ -36,11 +36,9 @@ fn client(ca_pem: &str, local: IpAddr) -> reqwest::Client {
 }
 
 fn metric(s: &Server, result: &str) -> u64 {
-    let m = s.http_get("/metrics");
-    let key = format!("lks_agent_package_requests_total{{result=\"{result}\"}} ");
-    m.lines()
-        .find_map(|l| l.strip_prefix(&key))
-        .map_or(0, |v| v.trim().parse().unwrap())
+    s.metric(&format!(
+        "lks_agent_package_requests_total{{result=\"{result}\"}}"
+    ))
 }
 
 #[tokio::test(flavor = "multi_thread")]

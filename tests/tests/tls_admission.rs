@@ -20,10 +20,7 @@ use lks_proto::pb;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 fn metric(s: &Server, series: &str) -> u64 {
-    let m = s.http_get("/metrics");
-    m.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .map_or(0, |v| v.trim().parse().expect("a number"))
+    s.metric(series)
 }
 
 /// Waits (briefly) for `series` to read `want`, and asserts it does.

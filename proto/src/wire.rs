@@ -1,4 +1,5 @@
-//! What the server answers to bytes that are not a valid request: the
+//! What a gRPC server of lksadmin (the control server, an agent's peer
+//! listener) answers to bytes that are not a valid request: the
 //! transport limits, and `invalid_argument` for a malformed message.
 //!
 //! tonic reports a request it cannot decode — protobuf that does not parse,

@@ -1,0 +1,244 @@
+//! Peer sharing in one tenant network (issue 28 item 5): 16 nodes on one
+//! bridge behind a router whose link into the network is capped, the
+//! server on the other side. A 64 MiB file rolled out to all of them at
+//! once crosses the link at most twice: counted by the server's own
+//! `lks_blob_bytes_served_total` and by the router's counters. Nodes find
+//! each other at the addresses they report and the cluster's peer port
+//! (no `--peer-listen`), as on real VMs.
+
+use std::time::Duration;
+
+use lks_e2e::agent::{BundleFile, write_bundle};
+use lks_e2e::netns::Net;
+use lks_e2e::{noise, wait_until};
+
+const FILE: &str = "/usr/local/bin/kubelet";
+const SIZE: usize = 64 << 20;
+const NODES: usize = 16;
+
+#[test]
+fn sixteen_nodes_behind_a_capped_link_take_two_copies_through_it() {
+    let Some(net) = Net::tenant_lan(NODES) else { return };
+    let s = net.server(&[]);
+    s.create_cluster("c1");
+    let mut agents = Vec::new();
+    for i in 1..=NODES {
+        let mut a = net.agent(i, &format!("n{i}"));
+        a.join(&s, "c1", &[]);
+        a.start();
+        agents.push(a);
+    }
+    s.lksctl_ok(&["cluster", "set", "c1", "--peer-sharing", "on"]);
+    for a in &agents {
+        wait_until(Duration::from_secs(30), "peer listener up", || {
+            a.log().contains("peer sharing on")
+        });
+    }
+    net.limit_lan("200mbit");
+    let bytes = noise(SIZE, 17);
+    let dir = write_bundle(
+        s.work_dir(),
+        "kubelet",
+        "1",
+        &[BundleFile {
+            path: FILE,
+            content: &bytes,
+            mode: "0755",
+        }],
+        "",
+    );
+    let id = s.publish(&dir);
+    let (served0, link0) = (s.metric("lks_blob_bytes_served_total"), net.lan_tx_bytes());
+    s.lksctl_ok(&[
+        "rollout",
+        "start",
+        "--cluster",
+        "c1",
+        "--bundle",
+        &id,
+        "--batch-size",
+        "16",
+        "--wait",
+    ]);
+    for a in &agents {
+        a.wait_bundle("kubelet", "1", "applied");
+        let got = std::fs::read(a.root.join(FILE.trim_start_matches('/'))).unwrap();
+        assert!(
+            got == bytes,
+            "{}: the file differs from what was published",
+            a.name
+        );
+    }
+    let served = s.metric("lks_blob_bytes_served_total") - served0;
+    let link = net.lan_tx_bytes() - link0;
+    let (mut from_server, mut from_peers) = (0, 0);
+    for a in &agents {
+        let (x, y) = a.fetched_bytes();
+        (from_server, from_peers) = (from_server + x, from_peers + y);
+    }
+    println!(
+        "SWARM nodes={NODES} file={SIZE} server_egress={served} link_bytes={link} agents_from_server={from_server} agents_from_peers={from_peers}"
+    );
+    assert_eq!(from_server + from_peers, (NODES * SIZE) as u64);
+    assert!(served <= 2 * SIZE as u64, "the server sent {served} bytes");
+    // TLS, HTTP/2 and TCP/IP framing on top of the bytes: a few percent.
+    assert!(link <= 2 * SIZE as u64 * 21 / 20, "the link carried {link} bytes");
+    drop(agents);
+    drop(s);
+    net.close();
+}
+
+/// User and system CPU seconds a process has used (`/proc/PID/stat`).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces), from field 3.
+    let rest = stat.rsplit_once(") ").map(|(_, r)| r).unwrap_or_default();
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0.0))
+        .collect();
+    // utime and stime, in USER_HZ ticks (100 a second on Linux).
+    (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) / 100.0
+}
+
+/// One rollout of a `size`-byte file to `n` nodes of one tenant network
+/// behind a link capped at `rate`, sharing on or off.
+struct Run {
+    secs: f64,
+    served: u64,
+    link: u64,
+    from_peers: u64,
+    agent_cpu: f64,
+}
+
+fn bench_run(n: usize, on: bool, rate: &str, size: usize) -> Run {
+    let net = Net::tenant_lan(n).expect("network namespaces");
+    let s = net.server(&[]);
+    s.create_cluster("c1");
+    let mut agents = Vec::new();
+    for i in 1..=n {
+        let mut a = net.agent(i, &format!("n{i}"));
+        a.join(&s, "c1", &[]);
+        a.start();
+        agents.push(a);
+    }
+    if on {
+        s.lksctl_ok(&["cluster", "set", "c1", "--peer-sharing", "on"]);
+        for a in &agents {
+            wait_until(Duration::from_secs(60), "peer listener up", || {
+                a.log().contains("peer sharing on")
+            });
+        }
+    }
+    for a in &agents {
+        wait_until(Duration::from_secs(60), "connected", || {
+            a.log().contains("desired state received")
+        });
+    }
+    net.limit_lan(rate);
+    let bytes = noise(size, 23);
+    let dir = write_bundle(
+        s.work_dir(),
+        "kubelet",
+        "1",
+        &[BundleFile {
+            path: FILE,
+            content: &bytes,
+            mode: "0755",
+        }],
+        "",
+    );
+    let id = s.publish(&dir);
+    let cpu0: f64 = agents.iter().filter_map(|a| a.pid()).map(cpu_seconds).sum();
+    let (served0, link0) = (s.metric("lks_blob_bytes_served_total"), net.lan_tx_bytes());
+    let t = std::time::Instant::now();
+    let batch = n.to_string();
+    s.lksctl_ok(&[
+        "rollout",
+        "start",
+        "--cluster",
+        "c1",
+        "--bundle",
+        &id,
+        "--batch-size",
+        &batch,
+        "--wait",
+    ]);
+    let secs = t.elapsed().as_secs_f64();
+    let agent_cpu: f64 = agents
+        .iter()
+        .filter_map(|a| a.pid())
+        .map(cpu_seconds)
+        .sum::<f64>()
+        - cpu0;
+    let served = s.metric("lks_blob_bytes_served_total") - served0;
+    let link = net.lan_tx_bytes() - link0;
+    let from_peers = agents.iter().map(|a| a.fetched_bytes().1).sum();
+    drop(agents);
+    drop(s);
+    net.close();
+    Run {
+        secs,
+        served,
+        link,
+        from_peers,
+        agent_cpu,
+    }
+}
+
+/// `bash scripts/bench.sh --only swarm` (BENCHMARKS.md, "Peer sharing"):
+/// N = `SWARM_NODES` (default 8 16 32 64) nodes, the link capped at
+/// `SWARM_RATE` (200mbit), a `SWARM_MIB` (64) MiB file; sharing off and on,
+/// and one node alone as the baseline. Binaries from `LKS_BIN_DIR`.
+#[test]
+#[ignore = "benchmark: bash scripts/bench.sh --only swarm"]
+fn swarm_bench() {
+    let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
+    let nodes: Vec<usize> = env("SWARM_NODES", "8 16 32 64")
+        .split_whitespace()
+        .map(|x| x.parse().expect("SWARM_NODES"))
+        .collect();
+    let rate = env("SWARM_RATE", "200mbit");
+    let mib: usize = env("SWARM_MIB", "64").parse().expect("SWARM_MIB");
+    let size = mib << 20;
+    let alone = bench_run(1, false, &rate, size);
+    println!(
+        "| nodes | sharing | rollout s | × one node alone | server egress MiB | × file | link MiB | from peers MiB | agents' CPU s | serving CPU s per {mib} MiB |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let mib_of = |b: u64| b as f64 / (1 << 20) as f64;
+    println!(
+        "| 1 | off | {:.1} | 1.0 | {:.0} | {:.2} | {:.0} | 0 | {:.1} | - |",
+        alone.secs,
+        mib_of(alone.served),
+        alone.served as f64 / size as f64,
+        mib_of(alone.link),
+        alone.agent_cpu
+    );
+    for n in nodes {
+        let off = bench_run(n, false, &rate, size);
+        let on = bench_run(n, true, &rate, size);
+        for (name, r) in [("off", &off), ("on", &on)] {
+            // What serving costs: the CPU sharing adds over fetching from
+            // the server, per file's worth of bytes served to peers.
+            let serving = if name == "on" && r.from_peers > 0 {
+                format!(
+                    "{:.2}",
+                    (on.agent_cpu - off.agent_cpu).max(0.0) / (r.from_peers as f64 / size as f64)
+                )
+            } else {
+                "-".into()
+            };
+            println!(
+                "| {n} | {name} | {:.1} | {:.1} | {:.0} | {:.2} | {:.0} | {:.0} | {:.1} | {serving} |",
+                r.secs,
+                r.secs / alone.secs,
+                mib_of(r.served),
+                r.served as f64 / size as f64,
+                mib_of(r.link),
+                mib_of(r.from_peers),
+                r.agent_cpu,
+            );
+        }
+    }
+}
