@@ -1263,6 +1263,8 @@ fn node_pb(s: &Shared, n: NodeRow) -> pb::Node {
                 state: pb::BundleState::from(a.state) as i32,
                 message: a.message.clone(),
                 updated_at_ms: a.updated_at_ms,
+                fetched_from_server: a.fetched_from_server,
+                fetched_from_peers: a.fetched_from_peers,
             }),
             _ => bundles.push(pb::BundleStatus {
                 name: name.clone(),
@@ -1270,6 +1272,8 @@ fn node_pb(s: &Shared, n: NodeRow) -> pb::Node {
                 state: pb::BundleState::Pending as i32,
                 message: String::new(),
                 updated_at_ms: 0,
+                fetched_from_server: 0,
+                fetched_from_peers: 0,
             }),
         }
     }
@@ -1281,6 +1285,8 @@ fn node_pb(s: &Shared, n: NodeRow) -> pb::Node {
             state: pb::BundleState::from(a.state) as i32,
             message: a.message.clone(),
             updated_at_ms: a.updated_at_ms,
+            fetched_from_server: a.fetched_from_server,
+            fetched_from_peers: a.fetched_from_peers,
         });
     }
     let facts: serde_json::Value = serde_json::from_str(&n.facts_json).unwrap_or_default();

@@ -532,6 +532,9 @@ fn statuses(list: Vec<pb::BundleStatus>, generation: u64) -> Result<Vec<BundleSt
                     now_ms()
                 },
                 generation,
+                // Reported by the node: kept within what the stores hold.
+                fetched_from_server: b.fetched_from_server.min(i64::MAX as u64),
+                fetched_from_peers: b.fetched_from_peers.min(i64::MAX as u64),
             })
         })
         .collect()
@@ -819,6 +822,9 @@ impl Session {
             }
             Some(AgentMsg::Event(e)) => {
                 let at = if e.at_ms > 0 { e.at_ms } else { now_ms() };
+                if e.kind == "applied" && e.fetched_from_peers > 0 {
+                    self.s.metrics.blob_bytes_from_peers(e.fetched_from_peers);
+                }
                 if e.kind == "bad_peer" && !e.peer.is_empty() {
                     tracing::warn!(peer = %clip(&e.peer, 253), "a node reports a peer that served bytes not matching their digest");
                     self.s.tracker.blame(&self.caller.id.cluster, &clip(&e.peer, 253));
@@ -918,6 +924,8 @@ mod tests {
     #[test]
     fn statuses_are_validated() {
         let ok = pb::BundleStatus {
+            fetched_from_server: 0,
+            fetched_from_peers: 0,
             name: "kubelet".into(),
             version: "1".into(),
             state: pb::BundleState::Applied as i32,

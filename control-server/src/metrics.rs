@@ -34,6 +34,7 @@ pub struct Metrics {
     connected: AtomicI64,
     pushes: AtomicU64,
     blob_bytes: AtomicU64,
+    peer_bytes: AtomicU64,
     bad_peers: AtomicU64,
     enrollments: Labelled,
     package_requests: Labelled,
@@ -68,6 +69,11 @@ impl Metrics {
 
     pub fn blob_bytes_served(&self, n: u64) {
         self.blob_bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Bytes a node reports it took from its peers for a version it applied.
+    pub fn blob_bytes_from_peers(&self, n: u64) {
+        self.peer_bytes.fetch_add(n, Ordering::Relaxed);
     }
 
     pub fn bad_peer_reported(&self) {
@@ -215,12 +221,23 @@ impl Metrics {
             "Desired states sent to agents.",
             load(&self.pushes),
         );
-        scalar(
-            &mut s,
-            "lks_blob_bytes_served_total",
-            "counter",
-            "Blob bytes sent to agents.",
-            load(&self.blob_bytes),
+        // Labelled by who sent the bytes: this server (counted as it sends
+        // them) or the nodes' peers (as the nodes report for each version
+        // they applied, peer sharing).
+        let _ = writeln!(
+            s,
+            "# HELP lks_blob_bytes_served_total Blob bytes nodes received, by source: this server, or their peers (as the nodes report)."
+        );
+        let _ = writeln!(s, "# TYPE lks_blob_bytes_served_total counter");
+        let _ = writeln!(
+            s,
+            "lks_blob_bytes_served_total{{source=\"server\"}} {}",
+            load(&self.blob_bytes)
+        );
+        let _ = writeln!(
+            s,
+            "lks_blob_bytes_served_total{{source=\"peer\"}} {}",
+            load(&self.peer_bytes)
         );
         scalar(
             &mut s,
@@ -477,7 +494,14 @@ mod tests {
         assert!(t.contains("lks_connected_agents 3"));
         assert!(t.contains("lks_enrollments_total{result=\"ok\"} 2"));
         assert!(t.contains("lks_desired_state_pushes_total 1"));
-        assert!(t.contains("lks_blob_bytes_served_total 10"));
+        assert!(
+            t.contains("lks_blob_bytes_served_total{source=\"server\"} 10"),
+            "{t}"
+        );
+        assert!(
+            t.contains("lks_blob_bytes_served_total{source=\"peer\"} 0"),
+            "{t}"
+        );
         assert!(t.contains("lks_rpc_duration_seconds_bucket{method=\"Enroll\",le=\"0.025\"} 1"));
         assert!(t.contains("lks_rpc_duration_seconds_bucket{method=\"Enroll\",le=\"0.01\"} 0"));
         assert!(t.contains("lks_rpc_duration_seconds_count{method=\"Enroll\"} 1"));

@@ -9,8 +9,9 @@
 //!   the server spread through a batch that starts at once.
 //!
 //! The server stays the seed: a node may fetch from the server itself only
-//! while fewer than [`MAX_SEEDS`] nodes of its cluster do so for that blob
-//! and nobody holds it whole (or when the tracker has nobody to name). The
+//! while fewer than [`MAX_SEEDS`] connected nodes of its cluster do so for
+//! that blob and nobody holds it whole (or when the tracker has nobody to
+//! name). The
 //! agent falls back to the server on its own when no peer gives it
 //! anything for a while, so a wrong answer here costs time, never a
 //! rollout.
@@ -36,8 +37,13 @@ use crate::store::{Store, StoreError};
 
 /// How many peers one answer names at most.
 pub const MAX_PEERS: usize = 8;
-/// How many nodes of a cluster fetch one blob from the server at once.
-pub const MAX_SEEDS: usize = 2;
+/// How many nodes of a cluster fetch one blob from the server at once: one
+/// copy crosses the link at its full rate and the others take it from that
+/// node as its pieces arrive (measured against two, which split the link
+/// and each fetched nearly all of it: BENCHMARKS.md, "Peer sharing"). A
+/// seed that goes away frees its place at once; a node that gets nothing
+/// for a while fetches from the server on its own (agent, `STALL`).
+pub const MAX_SEEDS: usize = 1;
 /// How long a node that asked counts as fetching (agents ask again while
 /// they fetch, every few seconds).
 pub const FETCHING_TTL: Duration = Duration::from_secs(30);
@@ -409,25 +415,25 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_batch_gets_two_seeds_then_peers_and_holders_come_first_near_and_least_loaded() {
+    async fn a_batch_gets_one_seed_then_peers_and_holders_come_first_near_and_least_loaded() {
         let d = Digest::of(b"blob");
         let store = no_store();
         let nodes: Vec<NodeInfo> = (0..10)
             .map(|i| info(&format!("n{i}"), &format!("10.0.0.{i}"), &[]))
             .collect();
         let t = tracker(nodes, &[]);
-        // Nobody holds it: the first two fetch from the server, the rest
-        // are named those two (fetching, so partial) and not the server.
+        // Nobody holds it: the first fetches from the server, the rest are
+        // named the nodes fetching before them (so partial), not the server.
         let a0 = t.find(&store, "c", "n0", d, 7444).await.unwrap();
         assert!(a0.server && a0.peers.is_empty(), "{a0:?}");
         let a1 = t.find(&store, "c", "n1", d, 7444).await.unwrap();
-        assert!(a1.server, "{a1:?}");
+        assert!(!a1.server, "a second seed: {a1:?}");
         assert_eq!(
             a1.peers.iter().map(|p| p.node.as_str()).collect::<Vec<_>>(),
             ["n0"]
         );
         let a2 = t.find(&store, "c", "n2", d, 7444).await.unwrap();
-        assert!(!a2.server, "a third seed: {a2:?}");
+        assert!(!a2.server, "a second seed: {a2:?}");
         assert_eq!(a2.peers.len(), 2);
         assert!(a2.peers.iter().all(|p| !p.whole));
         // A seed asking again stays a seed.
@@ -444,6 +450,20 @@ mod tests {
         t.blame("c", "n0");
         let a = t.find(&store, "c", "n5", d, 7444).await.unwrap();
         assert!(a.peers.iter().all(|p| p.node != "n0"), "{a:?}");
+        // The seed goes away: its place is free for the next to ask.
+        t.lock().clusters.insert(
+            "c".into(),
+            Arc::new(ClusterIndex {
+                at: Instant::now() + Duration::from_secs(3600),
+                nodes: (0..10)
+                    .map(|i| NodeInfo {
+                        connected: i != 0,
+                        ..info(&format!("n{i}"), &format!("10.0.0.{i}"), &[])
+                    })
+                    .collect(),
+            }),
+        );
+        assert!(t.find(&store, "c", "n7", d, 7444).await.unwrap().server);
     }
 
     #[tokio::test]

@@ -46,6 +46,13 @@ pub enum FetchError {
     Fs(#[from] FsError),
 }
 
+/// Bytes one fetch took from the control server and from peers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Fetched {
+    pub from_server: u64,
+    pub from_peers: u64,
+}
+
 #[derive(Clone, Debug)]
 pub struct Cache {
     dir: PathBuf,
@@ -124,10 +131,11 @@ impl Cache {
     }
 
     /// Makes sure `file`'s blob is cached, fetching (and resuming) it from
-    /// `src` and verifying size and digest while it streams.
-    pub async fn ensure(&self, file: &FileSpec, src: &dyn BlobSource) -> Result<(), FetchError> {
+    /// `src` and verifying size and digest while it streams. Says what it
+    /// fetched from where.
+    pub async fn ensure(&self, file: &FileSpec, src: &dyn BlobSource) -> Result<Fetched, FetchError> {
         if self.contains(&file.digest) {
-            return Ok(());
+            return Ok(Fetched::default());
         }
         fsutil::create_dir(&self.blobs(), 0o700)?;
         fsutil::create_dir(&self.partials(), 0o700)?;
@@ -210,7 +218,11 @@ impl Cache {
             ms = started.elapsed().as_millis() as u64,
             "blob fetched and verified"
         );
-        Ok(())
+        Ok(Fetched {
+            // A mirror is neither.
+            from_server: if file.url.is_none() { file.size - have } else { 0 },
+            from_peers: 0,
+        })
     }
 
     /// [`Cache::ensure`] through peer sharing: pieces from peers and the
@@ -219,7 +231,7 @@ impl Cache {
         &self,
         file: &FileSpec,
         swarm: &crate::swarm::Swarm,
-    ) -> Result<(), FetchError> {
+    ) -> Result<Fetched, FetchError> {
         let part = self.partials().join(format!("{}.pieces", file.digest.hex()));
         let path = file.path.to_string();
         let started = Instant::now();
@@ -264,7 +276,10 @@ impl Cache {
             ms = started.elapsed().as_millis() as u64,
             "blob fetched and verified"
         );
-        Ok(())
+        Ok(Fetched {
+            from_server,
+            from_peers,
+        })
     }
 
     /// Removes every cached blob not in `keep`, and stale partial downloads.

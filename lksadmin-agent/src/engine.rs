@@ -56,6 +56,8 @@ const ISSUE_RETRY_MS: i64 = 60_000;
 const RENEW_RETRY_MS: i64 = 60_000;
 
 /// How long to wait after the `n`th give-up (1-based).
+const MIB: f64 = (1u64 << 20) as f64;
+
 pub fn give_up_backoff_ms(n: u32) -> i64 {
     let doublings = n.saturating_sub(1).min(16);
     GIVE_UP_BACKOFF_MS
@@ -276,9 +278,16 @@ impl Engine {
     }
 
     fn event(&mut self, kind: &str, bundle: &str, version: &str, message: &str) {
+        self.event_with(kind, bundle, version, message, (0, 0));
+    }
+
+    /// An event with the bytes fetched for the version (server, peers).
+    fn event_with(&mut self, kind: &str, bundle: &str, version: &str, message: &str, fetched: (u64, u64)) {
         tracing::info!(kind, bundle, version, "{message}");
         let ev = pb::NodeEvent {
             peer: String::new(),
+            fetched_from_server: fetched.0,
+            fetched_from_peers: fetched.1,
             kind: kind.into(),
             bundle: bundle.into(),
             version: version.into(),
@@ -599,7 +608,13 @@ impl Engine {
         }
         for f in &m.files {
             match self.cache.ensure(f, &*self.source).await {
-                Ok(()) => {}
+                Ok(got) => {
+                    if (got.from_server, got.from_peers) != (0, 0)
+                        && let Some(r) = self.state.bundles.get_mut(name)
+                    {
+                        r.add_fetched(version, got.from_server, got.from_peers);
+                    }
+                }
                 Err(e @ FetchError::Unavailable { .. }) => {
                     return self.wait_for(name, version, format!("waiting for blobs: {e}"));
                 }
@@ -1300,7 +1315,21 @@ impl Engine {
         self.advance(&mut txn, Event::Finished)?;
         let _ = fsutil::remove_dir_all(&backup_dir);
         let bundle = txn.bundle.clone();
-        self.event(kind, &bundle, &version, &format!("{kind} {bundle}@{version}"));
+        let fetched = self
+            .state
+            .bundles
+            .get(&bundle)
+            .map_or((0, 0), |r| r.fetched_for(&version));
+        let message = match fetched {
+            (0, 0) => format!("{kind} {bundle}@{version}"),
+            (s, p) => format!(
+                "{kind} {bundle}@{version}; fetched {:.1} MiB: {:.1} MiB from the control server, {:.1} MiB from peers",
+                (s + p) as f64 / MIB,
+                s as f64 / MIB,
+                p as f64 / MIB
+            ),
+        };
+        self.event_with(kind, &bundle, &version, &message, fetched);
         self.publish();
         Ok(())
     }

@@ -93,9 +93,41 @@ pub struct BundleRecord {
     /// soon as one is due).
     #[serde(default)]
     pub renew_retry_at_ms: i64,
+    /// What was fetched for a version, by source (reported with its status).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fetched: Option<Fetched>,
+}
+
+/// Bytes fetched for one bundle version, by source.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Fetched {
+    pub version: String,
+    pub from_server: u64,
+    pub from_peers: u64,
 }
 
 impl BundleRecord {
+    /// Bytes fetched for `version` (from the server, from peers).
+    pub fn fetched_for(&self, version: &str) -> (u64, u64) {
+        self.fetched
+            .as_ref()
+            .filter(|f| f.version == version)
+            .map_or((0, 0), |f| (f.from_server, f.from_peers))
+    }
+
+    /// Counts bytes fetched for `version` (a new version starts at 0).
+    pub fn add_fetched(&mut self, version: &str, from_server: u64, from_peers: u64) {
+        let f = self.fetched.get_or_insert_with(Fetched::default);
+        if f.version != version {
+            *f = Fetched {
+                version: version.to_string(),
+                ..Fetched::default()
+            };
+        }
+        f.from_server += from_server;
+        f.from_peers += from_peers;
+    }
+
     /// A record for a bundle seen for the first time.
     pub fn new(status: StatusRec) -> Self {
         BundleRecord {
@@ -109,6 +141,7 @@ impl BundleRecord {
             retry_seen: 0,
             counted_txn: None,
             renew_retry_at_ms: 0,
+            fetched: None,
         }
     }
 
@@ -176,12 +209,17 @@ impl LocalState {
     pub fn statuses(&self) -> Vec<pb::BundleStatus> {
         self.bundles
             .iter()
-            .map(|(name, r)| pb::BundleStatus {
-                name: name.clone(),
-                version: r.status.version.clone(),
-                state: pb::BundleState::from(r.status.state) as i32,
-                message: r.status.message.clone(),
-                updated_at_ms: r.status.updated_at_ms,
+            .map(|(name, r)| {
+                let f = r.fetched_for(&r.status.version);
+                pb::BundleStatus {
+                    name: name.clone(),
+                    version: r.status.version.clone(),
+                    state: pb::BundleState::from(r.status.state) as i32,
+                    message: r.status.message.clone(),
+                    updated_at_ms: r.status.updated_at_ms,
+                    fetched_from_server: f.0,
+                    fetched_from_peers: f.1,
+                }
             })
             .collect()
     }
@@ -203,4 +241,31 @@ pub fn parse_desired(path: &Path, bytes: &[u8]) -> Result<pb::DesiredState, FsEr
 /// Stores a desired state durably before the agent acts on it.
 pub fn save_desired(path: &Path, d: &pb::DesiredState) -> Result<(), FsError> {
     fsutil::write_atomic(path, &d.encode_to_vec(), 0o600)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fetched_bytes_add_up_per_version_and_start_over_with_a_new_one() {
+        let mut r = BundleRecord::new(StatusRec {
+            version: "1".into(),
+            state: BundleState::Applying,
+            message: String::new(),
+            updated_at_ms: 0,
+        });
+        assert_eq!(r.fetched_for("1"), (0, 0));
+        r.add_fetched("1", 10, 0);
+        r.add_fetched("1", 5, 100);
+        assert_eq!(r.fetched_for("1"), (15, 100));
+        assert_eq!(r.fetched_for("2"), (0, 0), "another version fetched nothing");
+        r.add_fetched("2", 0, 7);
+        assert_eq!((r.fetched_for("1"), r.fetched_for("2")), ((0, 0), (0, 7)));
+        let mut st = LocalState::default();
+        r.status.version = "2".into();
+        st.bundles.insert("b".into(), r);
+        let s = &st.statuses()[0];
+        assert_eq!((s.fetched_from_server, s.fetched_from_peers), (0, 7));
+    }
 }

@@ -344,13 +344,14 @@ impl Swarm {
                         p.in_flight -= 1;
                     }
                 }
-                Err(PieceError::Bad(expected, got)) => match peer {
-                    Some(p) => {
-                        p.in_flight -= 1;
-                        p.dropped = true;
-                        self.stats.bad_peers.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(peer = %p.node, %digest, piece = i, "peer sharing: a piece does not match its digest; peer dropped and reported");
-                        let _ = self.events.try_send(pb::NodeEvent {
+                Err(PieceError::Bad(expected, got)) => {
+                    match peer {
+                        Some(p) => {
+                            p.in_flight -= 1;
+                            p.dropped = true;
+                            self.stats.bad_peers.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(peer = %p.node, %digest, piece = i, "peer sharing: a piece does not match its digest; peer dropped and reported");
+                            let _ = self.events.try_send(pb::NodeEvent { fetched_from_server: 0, fetched_from_peers: 0,
                             kind: "bad_peer".into(),
                             bundle: String::new(),
                             version: String::new(),
@@ -361,14 +362,15 @@ impl Swarm {
                             at_ms: crate::clock::now_ms(),
                             peer: p.node.clone(),
                         });
+                        }
+                        None => {
+                            let _ = std::fs::remove_file(&partial.path);
+                            return Err(SwarmError::Corrupt(
+                                lks_proto::digest::VerifyError::DigestMismatch { expected, got },
+                            ));
+                        }
                     }
-                    None => {
-                        let _ = std::fs::remove_file(&partial.path);
-                        return Err(SwarmError::Corrupt(
-                            lks_proto::digest::VerifyError::DigestMismatch { expected, got },
-                        ));
-                    }
-                },
+                }
             }
         }
         out.sync_all()

@@ -35,7 +35,15 @@ pub struct Net {
     agents: usize,
     /// Whether `tc netem` exists in this kernel (delay can be injected).
     pub has_netem: bool,
+    /// The neighbour-table thresholds to put back (see [`Net::tenant_lan`]).
+    neigh_restore: Option<[String; 3]>,
 }
+
+const GC_THRESH: [&str; 3] = [
+    "/proc/sys/net/ipv4/neigh/default/gc_thresh1",
+    "/proc/sys/net/ipv4/neigh/default/gc_thresh2",
+    "/proc/sys/net/ipv4/neigh/default/gc_thresh3",
+];
 
 fn sh(args: &[&str]) -> Result<(), String> {
     let out = Command::new(args[0])
@@ -74,8 +82,26 @@ impl Net {
     pub fn tenant_lan(agents: usize) -> Option<Net> {
         assert!(agents <= 250, "one /24");
         let mut net = Self::empty()?;
+        net.size_neighbour_table(agents);
         net.build_lan(agents);
         Some(net)
+    }
+
+    /// The kernel's ARP table is one for all namespaces: N nodes that all
+    /// talk to each other need about N² entries, past the default limit of
+    /// 1,024 from some 30 nodes on ("neighbor table overflow", connections
+    /// that never start). Raised for the test, put back when it ends.
+    fn size_neighbour_table(&mut self, agents: usize) {
+        let need = 2 * (agents + 2) * (agents + 2);
+        let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default().trim().to_string();
+        let now: [String; 3] = GC_THRESH.map(read);
+        if now[2].parse::<usize>().unwrap_or(0) >= need {
+            return;
+        }
+        for (p, v) in GC_THRESH.iter().zip([need / 4, need / 2, need]) {
+            std::fs::write(p, v.to_string()).unwrap_or_else(|e| panic!("raise {p}: {e}"));
+        }
+        self.neigh_restore = Some(now);
     }
 
     fn empty() -> Option<Net> {
@@ -85,6 +111,7 @@ impl Net {
             id,
             agents: 0,
             has_netem: false,
+            neigh_restore: None,
         };
         if let Err(e) = sh(&["ip", "netns", "add", &net.ns("r")]).and_then(|()| sh(&["nft", "--version"])) {
             let why = format!(
@@ -484,6 +511,11 @@ impl Drop for Net {
         // Deleting a namespace removes its veths (and so their peers),
         // qdiscs and nftables rules with it.
         self.remove();
+        if let Some(old) = self.neigh_restore.take() {
+            for (p, v) in GC_THRESH.iter().zip(old) {
+                let _ = std::fs::write(p, v);
+            }
+        }
     }
 }
 

@@ -324,9 +324,8 @@ impl Server {
         channel(&self.url(), &self.admin_conf().ca_cert, None).await
     }
 
-    /// Fetches `/metrics` or `/healthz` (plain HTTP/1.0, read to end).
     /// The value of one series of `/metrics` (name with its labels, e.g.
-    /// `lks_blob_bytes_served_total`); 0 when absent.
+    /// `lks_blob_bytes_served_total{source="server"}`); 0 when absent.
     pub fn metric(&self, series: &str) -> u64 {
         let m = self.http_get("/metrics");
         m.lines()
@@ -334,14 +333,26 @@ impl Server {
             .map_or(0, |v| v.trim().parse::<f64>().expect("a number") as u64)
     }
 
+    /// Fetches `/metrics` or `/healthz` (plain HTTP/1.0, read to end), from
+    /// inside the server's network namespace if it runs in one.
     pub fn http_get(&self, path: &str) -> String {
         use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(self.metrics_addr).expect("connect metrics port");
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok();
-        write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("send request");
-        let mut out = String::new();
-        s.read_to_string(&mut out).expect("read response");
-        out
+        let (addr, path) = (self.metrics_addr, path.to_string());
+        let get = move || {
+            let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+                .unwrap_or_else(|e| panic!("connect to the metrics port {addr}: {e}"));
+            s.set_read_timeout(Some(Duration::from_secs(5))).ok();
+            write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("send request");
+            let mut out = String::new();
+            s.read_to_string(&mut out).expect("read response");
+            out
+        };
+        match self.wrapper.as_slice() {
+            [ip, netns, exec, ns] if [ip, netns, exec] == ["ip", "netns", "exec"] => {
+                crate::netns::in_netns(ns, get)
+            }
+            _ => get(),
+        }
     }
 }
 
@@ -548,6 +559,8 @@ pub fn status_msg(
         msg: Some(pb::agent_message::Msg::Status(pb::StatusReport {
             generation,
             bundles: vec![pb::BundleStatus {
+                fetched_from_server: 0,
+                fetched_from_peers: 0,
                 name: bundle.into(),
                 version: version.into(),
                 state: state as i32,

@@ -464,6 +464,8 @@ async fn foreign_forged_expired_and_other_nodes_certificates_are_refused() {
         .map_err(|e| format!("{:?}", e.code()));
     outcomes.push(("a1-fetches-a2-blob", e));
     let claim = pb::BundleStatus {
+        fetched_from_server: 0,
+        fetched_from_peers: 0,
         name: "dbsecret".into(),
         version: "1".into(),
         state: pb::BundleState::Applied as i32,

@@ -74,7 +74,8 @@ async fn desired_state_out_status_back_and_rollouts_follow() {
     assert_eq!(conf.size, 3);
     assert_eq!(
         node_bundles(&s, "w1"),
-        serde_json::json!([{"name": "demo", "version": "1", "state": "pending", "message": ""}])
+        serde_json::json!([{"name": "demo", "version": "1", "state": "pending", "message": "",
+            "fetched_from_server": 0, "fetched_from_peers": 0}])
     );
     assert_eq!(
         node_bundles(&s, "w2"),
@@ -179,6 +180,8 @@ async fn desired_state_out_status_back_and_rollouts_follow() {
     // Node events are recorded.
     tx.send(pb::AgentMessage {
         msg: Some(pb::agent_message::Msg::Event(pb::NodeEvent {
+            fetched_from_server: 0,
+            fetched_from_peers: 0,
             peer: String::new(),
             kind: "repaired".into(),
             bundle: "demo".into(),
@@ -293,6 +296,8 @@ async fn blobs_are_served_only_to_nodes_they_are_assigned_to() {
     );
     // Claiming to hold cluster B's bundle does not open its blobs either.
     let claim = pb::BundleStatus {
+        fetched_from_server: 0,
+        fetched_from_peers: 0,
         name: "secret".into(),
         version: "1".into(),
         state: BundleState::Applied as i32,
@@ -345,7 +350,10 @@ async fn blobs_are_served_only_to_nodes_they_are_assigned_to() {
     assert_eq!(e.code(), Code::NotFound);
 
     let m = s.http_get("/metrics");
-    assert!(!m.contains("lks_blob_bytes_served_total 0\n"), "{m}");
+    assert!(
+        !m.contains("lks_blob_bytes_served_total{source=\"server\"} 0\n"),
+        "{m}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -79,6 +79,8 @@ pub(crate) fn commit(r: &RolloutRow, assign: &[(&str, Option<&str>)], target: Ta
 
 fn held(version: &str, generation: u64) -> BundleStatusRow {
     BundleStatusRow {
+        fetched_from_server: 0,
+        fetched_from_peers: 0,
         name: "k".into(),
         version: version.into(),
         state: BundleState::Applied,
@@ -335,6 +337,8 @@ pub async fn status_and_events(s: &dyn Store) {
     );
     assert_eq!(s.node_identity("nope").await.unwrap(), None);
     let st = BundleStatusRow {
+        fetched_from_server: 0,
+        fetched_from_peers: 0,
         name: "k".into(),
         version: "1".into(),
         state: BundleState::Applied,

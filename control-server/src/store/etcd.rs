@@ -308,6 +308,16 @@ struct ActualDoc {
     message: String,
     updated_at_ms: i64,
     generation: u64,
+    /// Bytes fetched for the version, by source; absent (0) in documents
+    /// written before peer sharing, and left out while 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    fetched_server: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    fetched_peers: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Serialize, Deserialize, Clone)]
@@ -509,6 +519,8 @@ fn actual_row(name: &str, a: &ActualDoc) -> BundleStatusRow {
         message: a.message.clone(),
         updated_at_ms: a.updated_at_ms,
         generation: a.generation,
+        fetched_from_server: a.fetched_server,
+        fetched_from_peers: a.fetched_peers,
     }
 }
 
@@ -519,6 +531,8 @@ fn actual_doc(s: &BundleStatusRow) -> ActualDoc {
         message: s.message.clone(),
         updated_at_ms: s.updated_at_ms,
         generation: s.generation,
+        fetched_server: s.fetched_from_server,
+        fetched_peers: s.fetched_from_peers,
     }
 }
 

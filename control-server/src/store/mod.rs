@@ -249,6 +249,10 @@ pub struct BundleStatusRow {
     /// so a rollout can tell a fresh verdict from one given before the
     /// node was assigned its version.
     pub generation: u64,
+    /// What the node fetched for this version: bytes from the server, from
+    /// peers (peer sharing).
+    pub fetched_from_server: u64,
+    pub fetched_from_peers: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

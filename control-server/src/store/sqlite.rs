@@ -205,6 +205,12 @@ ALTER TABLE clusters ADD COLUMN peer_port INTEGER NOT NULL DEFAULT 7444;
 ALTER TABLE clusters ADD COLUMN peer_upload_rate INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE clusters ADD COLUMN peer_max_uploads INTEGER NOT NULL DEFAULT 4;
 "#,
+    // What each node fetched for the version it reports, by source (peer
+    // sharing); 0 for reports from before.
+    r#"
+ALTER TABLE actual ADD COLUMN fetched_server INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE actual ADD COLUMN fetched_peers INTEGER NOT NULL DEFAULT 0;
+"#,
 ];
 
 /// Events kept; older ones are pruned as new ones arrive.
@@ -426,7 +432,8 @@ fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
     }
     let mut actual = BTreeMap::new();
     let mut stmt = tx.prepare_cached(
-        "SELECT bundle, version, state, message, updated_at_ms, generation FROM actual WHERE node = ?1",
+        "SELECT bundle, version, state, message, updated_at_ms, generation, fetched_server, fetched_peers
+         FROM actual WHERE node = ?1",
     )?;
     let rows = stmt.query_map([&name], |r| {
         Ok((
@@ -436,10 +443,11 @@ fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
             r.get::<_, String>(3)?,
             r.get::<_, i64>(4)?,
             r.get::<_, i64>(5)?,
+            (r.get::<_, i64>(6)?, r.get::<_, i64>(7)?),
         ))
     })?;
     for r in rows {
-        let (b, version, state, message, updated_at_ms, generation) = r?;
+        let (b, version, state, message, updated_at_ms, generation, fetched) = r?;
         actual.insert(
             b.clone(),
             BundleStatusRow {
@@ -449,6 +457,8 @@ fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
                 message,
                 updated_at_ms,
                 generation: generation as u64,
+                fetched_from_server: fetched.0 as u64,
+                fetched_from_peers: fetched.1 as u64,
             },
         );
     }
@@ -645,10 +655,12 @@ fn insert_event(tx: &Connection, e: &EventRow) -> Result<()> {
 
 fn upsert_actual(tx: &Transaction<'_>, node: &str, s: &BundleStatusRow) -> Result<()> {
     tx.execute(
-        "INSERT INTO actual (node, bundle, version, state, message, updated_at_ms, generation)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+        "INSERT INTO actual (node, bundle, version, state, message, updated_at_ms, generation,
+             fetched_server, fetched_peers)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
          ON CONFLICT (node, bundle) DO UPDATE SET version = excluded.version, state = excluded.state,
-             message = excluded.message, updated_at_ms = excluded.updated_at_ms, generation = excluded.generation",
+             message = excluded.message, updated_at_ms = excluded.updated_at_ms, generation = excluded.generation,
+             fetched_server = excluded.fetched_server, fetched_peers = excluded.fetched_peers",
         params![
             node,
             s.name,
@@ -656,7 +668,9 @@ fn upsert_actual(tx: &Transaction<'_>, node: &str, s: &BundleStatusRow) -> Resul
             s.state.as_str(),
             s.message,
             s.updated_at_ms,
-            s.generation as i64
+            s.generation as i64,
+            s.fetched_from_server as i64,
+            s.fetched_from_peers as i64
         ],
     )?;
     Ok(())
@@ -1629,6 +1643,8 @@ impl Store for SqliteStore {
             {
                 let actual = match (version, state) {
                     (Some(version), Some(state)) => Some(BundleStatusRow {
+                        fetched_from_server: 0,
+                        fetched_from_peers: 0,
                         name: bundle,
                         version,
                         state: state_from_str(&state)?,

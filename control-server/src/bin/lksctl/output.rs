@@ -104,6 +104,8 @@ pub fn node_json(n: &pb::Node) -> Value {
             "version": b.version,
             "state": bundle_state_str(b.state),
             "message": b.message,
+            "fetched_from_server": b.fetched_from_server,
+            "fetched_from_peers": b.fetched_from_peers,
         })).collect::<Vec<_>>(),
         "facts": n.facts.as_ref().map(|f| json!({
             "hostname": f.hostname,
@@ -380,6 +382,17 @@ fn bundles_text(b: &[pb::BundleStatus]) -> String {
         .join(",")
 }
 
+/// What a node fetched for a version: "-" for nothing, else the total and
+/// the part from peers, e.g. "64.0 MiB, 60.0 from peers".
+pub fn fetched_text(from_server: u64, from_peers: u64) -> String {
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    match (from_server, from_peers) {
+        (0, 0) => "-".into(),
+        (s, 0) => format!("{:.1} MiB", mib(s)),
+        (s, p) => format!("{:.1} MiB, {:.1} from peers", mib(s + p), mib(p)),
+    }
+}
+
 pub fn node_text(n: &pb::Node) -> String {
     let mut s = String::new();
     let kv = |s: &mut String, k: &str, v: String| s.push_str(&format!("{k:<14}{v}\n"));
@@ -419,11 +432,12 @@ pub fn node_text(n: &pb::Node) -> String {
                 b.name.clone(),
                 b.version.clone(),
                 bundle_state_str(b.state).into(),
+                fetched_text(b.fetched_from_server, b.fetched_from_peers),
                 b.message.clone(),
             ]
         })
         .collect();
-    for l in table(&["NAME", "VERSION", "STATE", "MESSAGE"], &rows).lines() {
+    for l in table(&["NAME", "VERSION", "STATE", "FETCHED", "MESSAGE"], &rows).lines() {
         s.push_str("  ");
         s.push_str(l);
         s.push('\n');
@@ -824,6 +838,29 @@ mod tests {
         assert_eq!(rate_text(10 << 10), "10 KiB/s");
         assert_eq!(rate_text(25_000_000), "23.8 MiB/s");
         assert_eq!(rate_text(3 << 29), "1.5 GiB/s");
+    }
+
+    #[test]
+    fn what_a_node_fetched_reads_by_source() {
+        assert_eq!(fetched_text(0, 0), "-");
+        assert_eq!(fetched_text(64 << 20, 0), "64.0 MiB");
+        assert_eq!(fetched_text(4 << 20, 60 << 20), "64.0 MiB, 60.0 from peers");
+        let n = pb::Node {
+            bundles: vec![pb::BundleStatus {
+                name: "k".into(),
+                version: "1".into(),
+                fetched_from_server: 4 << 20,
+                fetched_from_peers: 60 << 20,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert!(
+            node_text(&n).contains("64.0 MiB, 60.0 from peers"),
+            "{}",
+            node_text(&n)
+        );
+        assert_eq!(node_json(&n)["bundles"][0]["fetched_from_peers"], 60 << 20);
     }
 
     #[test]

@@ -393,6 +393,8 @@ mod tests {
     /// A row saying `name@version` is applied.
     fn applied(name: &str, version: &str) -> BundleStatusRow {
         BundleStatusRow {
+            fetched_from_server: 0,
+            fetched_from_peers: 0,
             name: name.into(),
             version: version.into(),
             state: lks_proto::BundleState::Applied,

@@ -321,6 +321,8 @@ mod tests {
             "n1",
             "{}",
             vec![BundleStatusRow {
+                fetched_from_server: 0,
+                fetched_from_peers: 0,
                 name: "k".into(),
                 version: "1".into(),
                 state: BundleState::Applied,

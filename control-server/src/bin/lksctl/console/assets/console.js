@@ -76,6 +76,14 @@ function bytes(n) {
   return (n / 1024 / 1024).toFixed(1) + " MiB";
 }
 
+// What a node fetched for a version (peer sharing): "-", or the total and
+// the part from peers.
+function fetchedText(b) {
+  const s = b.fetched_from_server || 0, p = b.fetched_from_peers || 0;
+  if (s + p === 0) return "-";
+  return p === 0 ? bytes(s) : bytes(s + p) + ", " + bytes(p) + " from peers";
+}
+
 function labelsText(l) {
   const s = Object.entries(l || {}).map(([k, v]) => k + "=" + v).join(",");
   return s || "-";
@@ -417,8 +425,8 @@ function nodePage(main, r) {
         ["Enrolled", time(n.enrolled_at)],
         ["Certificate serial", el("code", {}, n.certificate_serial || "-")],
       ]));
-      fill(bundles, el("h2", {}, "Bundles"), table("node-bundles-table", ["Bundle", "Version", "State", "Message"],
-        n.bundles.map((b) => [link("#/bundles/" + enc(b.name) + "/" + enc(b.version), b.name), b.version, chip(b.state), b.message || "-"]), "No bundle is desired for this node."));
+      fill(bundles, el("h2", {}, "Bundles"), table("node-bundles-table", ["Bundle", "Version", "State", "Fetched", "Message"],
+        n.bundles.map((b) => [link("#/bundles/" + enc(b.name) + "/" + enc(b.version), b.name), b.version, chip(b.state), fetchedText(b), b.message || "-"]), "No bundle is desired for this node."));
       fill(certs, el("h2", {}, "Certificates"), table("node-certs-table", ["Profile", "Path", "Serial", "Not after", "State", "Bundle"],
         n.certificates.map((c) => [c.profile, el("code", {}, c.path), el("code", {}, c.serial), time(c.not_after), chip(c.state), c.bundle + "@" + c.version]),
         "No certificate was issued for this node."));
