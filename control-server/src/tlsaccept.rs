@@ -25,10 +25,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::{Stream, StreamExt as _};
-use rustls::RootCertStore;
-use rustls::server::{ServerConfig, WebPkiClientVerifier};
-use rustls_pki_types::pem::PemObject as _;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::ServerConfig;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -42,33 +39,11 @@ use crate::admission::{Admitted, Handshakes};
 use crate::metrics::Metrics;
 
 /// The server side of TLS: `chain_pem` (serving certificate first), its
-/// key, and the CA that client certificates must chain to.
+/// key, and the CA that client certificates must chain to. Enroll is the
+/// one call without a client certificate; every other handler checks the
+/// peer certificate itself.
 pub fn server_config(chain_pem: &str, key_pem: &str, ca_pem: &str) -> Result<Arc<ServerConfig>, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let chain = CertificateDer::pem_slice_iter(chain_pem.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("serving certificate: {e}"))?;
-    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| format!("serving key: {e}"))?;
-    let mut roots = RootCertStore::empty();
-    for ca in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        let ca = ca.map_err(|e| format!("CA certificate: {e}"))?;
-        roots.add(ca).map_err(|e| format!("CA certificate: {e}"))?;
-    }
-    // Enroll is the one call without a client certificate; every other
-    // handler checks the peer certificate itself.
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-        .allow_unauthenticated()
-        .build()
-        .map_err(|e| format!("client certificate verifier: {e}"))?;
-    let mut cfg = ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(chain, key)
-        .map_err(|e| format!("serving certificate and key: {e}"))?;
-    // gRPC and the agent package endpoint (curl, cloud-init) are HTTP/2.
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(Arc::new(cfg))
+    lks_proto::tls::server_config(chain_pem, key_pem, ca_pem, lks_proto::tls::ClientCerts::Optional)
 }
 
 /// Handshakes the connections `accepted` yields and yields the finished

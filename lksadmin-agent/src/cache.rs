@@ -198,15 +198,7 @@ impl Cache {
         // measured slower here, the disk competing with the download.
         out.sync_all().map_err(|e| FsError::new("fsync", &part, e))?;
         drop(out);
-        let blob = self.blob_path(&file.digest);
-        fs::rename(&part, &blob).map_err(|e| FsError::new("rename into cache", &blob, e))?;
-        fsutil::sync_dir(&self.blobs())?;
-        // After the rename, which changes ctime. A blob it cannot stat is
-        // simply hashed again when staged.
-        if let Ok(m) = fs::metadata(&blob) {
-            self.stored()
-                .insert(file.digest, (InodeMeta::of_metadata(&m), Instant::now()));
-        }
+        self.store_verified(&part, &file.digest)?;
         // The figure behind BENCHMARKS.md "Blob download and verify":
         // stream_ms is request to last byte verified and written, ms adds
         // the fsync and the rename into the cache.
@@ -260,13 +252,7 @@ impl Cache {
                 });
             }
         };
-        let blob = self.blob_path(&file.digest);
-        fs::rename(&part, &blob).map_err(|e| FsError::new("rename into cache", &blob, e))?;
-        fsutil::sync_dir(&self.blobs())?;
-        if let Ok(m) = fs::metadata(&blob) {
-            self.stored()
-                .insert(file.digest, (InodeMeta::of_metadata(&m), Instant::now()));
-        }
+        self.store_verified(&part, &file.digest)?;
         tracing::info!(
             path = %path,
             digest = %file.digest,
@@ -280,6 +266,21 @@ impl Cache {
             from_server,
             from_peers,
         })
+    }
+
+    /// Moves a verified, fsynced download into the cache under its digest
+    /// and remembers its inode, so staging need not hash it again.
+    fn store_verified(&self, part: &Path, digest: &Digest) -> Result<(), FsError> {
+        let blob = self.blob_path(digest);
+        fs::rename(part, &blob).map_err(|e| FsError::new("rename into cache", &blob, e))?;
+        fsutil::sync_dir(&self.blobs())?;
+        // After the rename, which changes ctime. A blob it cannot stat is
+        // simply hashed again when staged.
+        if let Ok(m) = fs::metadata(&blob) {
+            self.stored()
+                .insert(*digest, (InodeMeta::of_metadata(&m), Instant::now()));
+        }
+        Ok(())
     }
 
     /// Removes every cached blob not in `keep`, and stale partial downloads.

@@ -29,10 +29,7 @@ use futures::{Stream, StreamExt};
 use lks_proto::chunks::Chunks;
 use lks_proto::identity::Identity;
 use lks_proto::{Digest, pb};
-use rustls::RootCertStore;
-use rustls::server::{ServerConfig, WebPkiClientVerifier};
-use rustls_pki_types::pem::PemObject as _;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::ServerConfig;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_rustls::TlsAcceptor;
@@ -288,29 +285,12 @@ impl Drop for PeerHost {
 /// TLS for the listener: the node certificate, client certificates
 /// required and checked against the node's CA, ALPN h2.
 fn server_config(creds: &NodeCredentials) -> Result<Arc<ServerConfig>, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let chain = CertificateDer::pem_slice_iter(creds.cert_pem.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("node certificate: {e}"))?;
-    let key =
-        PrivateKeyDer::from_pem_slice(creds.key_pem.as_bytes()).map_err(|e| format!("node key: {e}"))?;
-    let mut roots = RootCertStore::empty();
-    for ca in CertificateDer::pem_slice_iter(creds.ca_pem.as_bytes()) {
-        roots
-            .add(ca.map_err(|e| format!("CA certificate: {e}"))?)
-            .map_err(|e| format!("CA certificate: {e}"))?;
-    }
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-        .build()
-        .map_err(|e| format!("client certificate verifier: {e}"))?;
-    let mut cfg = ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(chain, key)
-        .map_err(|e| format!("node certificate and key: {e}"))?;
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(Arc::new(cfg))
+    lks_proto::tls::server_config(
+        &creds.cert_pem,
+        &creds.key_pem,
+        &creds.ca_pem,
+        lks_proto::tls::ClientCerts::Required,
+    )
 }
 
 /// Accepted connections, each handshaken in its own task (a peer that

@@ -26,6 +26,7 @@ pub mod names;
 pub mod path;
 pub mod root;
 pub mod sign;
+pub mod tls;
 pub mod token;
 pub mod wire;
 

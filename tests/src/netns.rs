@@ -183,7 +183,8 @@ impl Net {
         ]);
     }
 
-    fn build(&mut self, agents: usize) {
+    /// The router namespace, forwarding, and the server's link to it.
+    fn router_and_server(&mut self) -> String {
         let r = self.ns("r");
         must(&["ip", "-n", &r, "link", "set", "lo", "up"]);
         must(&[
@@ -196,6 +197,11 @@ impl Net {
             "echo 1 > /proc/sys/net/ipv4/ip_forward",
         ]);
         self.link("s", "srv", 0);
+        r
+    }
+
+    fn build(&mut self, agents: usize) {
+        self.router_and_server();
         for i in 1..=agents {
             self.agents = i;
             self.link(&format!("a{i}"), &format!("a{i}"), i as u8);
@@ -204,18 +210,7 @@ impl Net {
     }
 
     fn build_lan(&mut self, agents: usize) {
-        let r = self.ns("r");
-        must(&["ip", "-n", &r, "link", "set", "lo", "up"]);
-        must(&[
-            "ip",
-            "netns",
-            "exec",
-            &r,
-            "sh",
-            "-c",
-            "echo 1 > /proc/sys/net/ipv4/ip_forward",
-        ]);
-        self.link("s", "srv", 0);
+        let r = self.router_and_server();
         must(&["ip", "-n", &r, "link", "add", "lan", "type", "bridge"]);
         must(&["ip", "-n", &r, "addr", "add", "10.231.1.1/24", "dev", "lan"]);
         must(&["ip", "-n", &r, "link", "set", "lan", "up"]);

@@ -15,7 +15,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use lks_e2e::agent::{Agent, BundleFile, write_bundle};
+use lks_e2e::agent::Agent;
 use lks_e2e::hostile::{Answer, frame, message, raw_grpc};
 use lks_e2e::server::{Server, TestNode};
 use lks_e2e::{free_addr, noise, wait_until};
@@ -62,18 +62,12 @@ fn sharing(s: &Server, cluster: &str, on: &str) {
 }
 
 fn publish(s: &Server, version: &str, bytes: &[u8]) -> String {
-    let dir = write_bundle(
-        s.work_dir(),
+    s.publish(&s.write_bundle(
+        &format!("kubelet-{version}"),
         "kubelet",
         version,
-        &[BundleFile {
-            path: FILE,
-            content: bytes,
-            mode: "0755",
-        }],
-        "",
-    );
-    s.publish(&dir)
+        &[(FILE, bytes, "0755")],
+    ))
 }
 
 fn roll_out(s: &Server, cluster: &str, bundle: &str, batch: &str) {

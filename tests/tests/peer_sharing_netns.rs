@@ -8,7 +8,6 @@
 
 use std::time::Duration;
 
-use lks_e2e::agent::{BundleFile, write_bundle};
 use lks_e2e::netns::Net;
 use lks_e2e::{noise, wait_until};
 
@@ -20,78 +19,26 @@ const NODES: usize = 16;
 
 #[test]
 fn sixteen_nodes_behind_a_capped_link_take_the_file_through_it_at_most_twice() {
-    let Some(net) = Net::tenant_lan(NODES) else { return };
-    let s = net.server(&[]);
-    s.create_cluster("c1");
-    let mut agents = Vec::new();
-    for i in 1..=NODES {
-        let mut a = net.agent(i, &format!("n{i}"));
-        a.join(&s, "c1", &[]);
-        a.start();
-        agents.push(a);
-    }
-    s.lksctl_ok(&["cluster", "set", "c1", "--peer-sharing", "on"]);
-    for a in &agents {
-        wait_until(Duration::from_secs(30), "peer listener up", || {
-            a.log().contains("peer sharing on")
-        });
-    }
-    net.limit_lan("200mbit");
-    let bytes = noise(SIZE, 17);
-    let dir = write_bundle(
-        s.work_dir(),
-        "kubelet",
-        "1",
-        &[BundleFile {
-            path: FILE,
-            content: &bytes,
-            mode: "0755",
-        }],
-        "",
-    );
-    let id = s.publish(&dir);
-    let (served0, link0) = (s.metric(SERVED), net.lan_tx_bytes());
-    s.lksctl_ok(&[
-        "rollout",
-        "start",
-        "--cluster",
-        "c1",
-        "--bundle",
-        &id,
-        "--batch-size",
-        "16",
-        "--wait",
-    ]);
-    for a in &agents {
-        a.wait_bundle("kubelet", "1", "applied");
-        let got = std::fs::read(a.root.join(FILE.trim_start_matches('/'))).unwrap();
-        assert!(
-            got == bytes,
-            "{}: the file differs from what was published",
-            a.name
-        );
-    }
-    let served = s.metric(SERVED) - served0;
-    let link = net.lan_tx_bytes() - link0;
-    let (mut from_server, mut from_peers) = (0, 0);
-    for a in &agents {
-        let (x, y) = a.fetched_bytes();
-        (from_server, from_peers) = (from_server + x, from_peers + y);
-    }
+    let Some(r) = roll_out_to_tenant(NODES, true, "200mbit", SIZE) else {
+        return;
+    };
     println!(
-        "SWARM nodes={NODES} file={SIZE} server_egress={served} link_bytes={link} agents_from_server={from_server} agents_from_peers={from_peers}"
+        "SWARM nodes={NODES} file={SIZE} server_egress={} link_bytes={} agents_from_server={} agents_from_peers={}",
+        r.served, r.link, r.from_server, r.from_peers
     );
-    assert_eq!(from_server + from_peers, (NODES * SIZE) as u64);
+    assert_eq!(r.from_server + r.from_peers, (NODES * SIZE) as u64);
     // Nobody had it: one copy at least comes from the server.
     assert!(
-        (SIZE as u64..=2 * SIZE as u64).contains(&served),
-        "the server sent {served} bytes"
+        (SIZE as u64..=2 * SIZE as u64).contains(&r.served),
+        "the server sent {} bytes",
+        r.served
     );
     // TLS, HTTP/2 and TCP/IP framing on top of the bytes: a few percent.
-    assert!(link <= 2 * SIZE as u64 * 21 / 20, "the link carried {link} bytes");
-    drop(agents);
-    drop(s);
-    net.close();
+    assert!(
+        r.link <= 2 * SIZE as u64 * 21 / 20,
+        "the link carried {} bytes",
+        r.link
+    );
 }
 
 /// User and system CPU seconds a process has used (`/proc/PID/stat`).
@@ -108,17 +55,23 @@ fn cpu_seconds(pid: u32) -> f64 {
 }
 
 /// One rollout of a `size`-byte file to `n` nodes of one tenant network
-/// behind a link capped at `rate`, sharing on or off.
+/// behind a link capped at `rate`, sharing on or off; every node is checked
+/// to hold the exact bytes.
 struct Run {
     secs: f64,
+    /// What the server sent (its own counter).
     served: u64,
+    /// What the router sent into the network.
     link: u64,
+    /// What the agents took from the server and from peers (their logs).
+    from_server: u64,
     from_peers: u64,
     agent_cpu: f64,
 }
 
-fn bench_run(n: usize, on: bool, rate: &str, size: usize) -> Run {
-    let net = Net::tenant_lan(n).expect("network namespaces");
+/// `None`: namespaces cannot be made and `LKS_SKIP_NETNS=1` says to skip.
+fn roll_out_to_tenant(n: usize, on: bool, rate: &str, size: usize) -> Option<Run> {
+    let net = Net::tenant_lan(n)?;
     let s = net.server(&[]);
     s.create_cluster("c1");
     let mut agents = Vec::new();
@@ -143,18 +96,7 @@ fn bench_run(n: usize, on: bool, rate: &str, size: usize) -> Run {
     }
     net.limit_lan(rate);
     let bytes = noise(size, 23);
-    let dir = write_bundle(
-        s.work_dir(),
-        "kubelet",
-        "1",
-        &[BundleFile {
-            path: FILE,
-            content: &bytes,
-            mode: "0755",
-        }],
-        "",
-    );
-    let id = s.publish(&dir);
+    let id = s.publish(&s.write_bundle("kubelet-1", "kubelet", "1", &[(FILE, &bytes, "0755")]));
     let cpu0: f64 = agents.iter().filter_map(|a| a.pid()).map(cpu_seconds).sum();
     let (served0, link0) = (s.metric(SERVED), net.lan_tx_bytes());
     let t = std::time::Instant::now();
@@ -179,17 +121,29 @@ fn bench_run(n: usize, on: bool, rate: &str, size: usize) -> Run {
         - cpu0;
     let served = s.metric(SERVED) - served0;
     let link = net.lan_tx_bytes() - link0;
-    let from_peers = agents.iter().map(|a| a.fetched_bytes().1).sum();
+    let (mut from_server, mut from_peers) = (0, 0);
+    for a in &agents {
+        a.wait_bundle("kubelet", "1", "applied");
+        let got = std::fs::read(a.root.join(FILE.trim_start_matches('/'))).unwrap();
+        assert!(
+            got == bytes,
+            "{}: the file differs from what was published",
+            a.name
+        );
+        let (x, y) = a.fetched_bytes();
+        (from_server, from_peers) = (from_server + x, from_peers + y);
+    }
     drop(agents);
     drop(s);
     net.close();
-    Run {
+    Some(Run {
         secs,
         served,
         link,
+        from_server,
         from_peers,
         agent_cpu,
-    }
+    })
 }
 
 /// `bash scripts/bench.sh --only swarm` (BENCHMARKS.md, "Peer sharing"):
@@ -207,7 +161,7 @@ fn swarm_bench() {
     let rate = env("SWARM_RATE", "200mbit");
     let mib: usize = env("SWARM_MIB", "64").parse().expect("SWARM_MIB");
     let size = mib << 20;
-    let alone = bench_run(1, false, &rate, size);
+    let alone = roll_out_to_tenant(1, false, &rate, size).expect("network namespaces");
     println!(
         "| nodes | sharing | rollout s | × one node alone | server egress MiB | × file | link MiB | from peers MiB | agents' CPU s | serving CPU s per {mib} MiB |"
     );
@@ -222,8 +176,8 @@ fn swarm_bench() {
         alone.agent_cpu
     );
     for n in nodes {
-        let off = bench_run(n, false, &rate, size);
-        let on = bench_run(n, true, &rate, size);
+        let off = roll_out_to_tenant(n, false, &rate, size).expect("network namespaces");
+        let on = roll_out_to_tenant(n, true, &rate, size).expect("network namespaces");
         for (name, r) in [("off", &off), ("on", &on)] {
             // What serving costs: the CPU sharing adds over fetching from
             // the server, per file's worth of bytes served to peers.
