@@ -235,6 +235,11 @@ impl Net {
     /// Caps what the router sends into the tenant network (what comes from
     /// the server; the nodes' traffic to each other stays on the bridge).
     pub fn limit_lan(&self, rate: &str) {
+        self.tbf("lan", rate, "64kb", "1s");
+    }
+
+    /// A token bucket on the router's interface `dev`.
+    fn tbf(&self, dev: &str, rate: &str, burst: &str, latency: &str) {
         must(&[
             "tc",
             "-n",
@@ -242,15 +247,15 @@ impl Net {
             "qdisc",
             "replace",
             "dev",
-            "lan",
+            dev,
             "root",
             "tbf",
             "rate",
             rate,
             "burst",
-            "64kb",
+            burst,
             "latency",
-            "1s",
+            latency,
         ]);
     }
 
@@ -373,23 +378,7 @@ impl Net {
 
     /// Limits what the router sends to agent `i` to `rate` (e.g. `16mbit`).
     pub fn rate(&self, i: usize, rate: &str) {
-        must(&[
-            "tc",
-            "-n",
-            &self.ns("r"),
-            "qdisc",
-            "replace",
-            "dev",
-            &format!("a{i}"),
-            "root",
-            "tbf",
-            "rate",
-            rate,
-            "burst",
-            "32kb",
-            "latency",
-            "500ms",
-        ]);
+        self.tbf(&format!("a{i}"), rate, "32kb", "500ms");
     }
 
     /// Removes the rate limit (or delay) of agent `i`'s link.
