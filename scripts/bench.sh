@@ -1365,7 +1365,7 @@ if want swarm; then
   echo
   echo "Load average at the start: $(cut -d' ' -f1-3 /proc/loadavg). Server egress is the server's own lks_blob_bytes_served_total; link bytes the router's counter into the network (TLS, HTTP/2 and TCP/IP included); agents' CPU is user + system of all agent processes during the rollout; serving CPU is what sharing adds to it (on minus off), per file's worth of bytes served to peers."
   echo
-  LKS_BIN_DIR=$sw_bin SWARM_NODES=${SWARM_NODES:-8 16 32 64} SWARM_RATE=${SWARM_RATE:-200mbit} SWARM_MIB=${SWARM_MIB:-64} \
+  LKS_BIN_DIR=$sw_bin SWARM_NODES=${SWARM_NODES:-8 16 32 64} SWARM_RATE=${SWARM_RATE:-200mbit} SWARM_MIB=${SWARM_MIB:-64} SWARM_OFF=${SWARM_OFF:-1} \
     cargo nextest run -p lks-e2e --test peer_sharing_netns --run-ignored only --no-capture swarm_bench 2>/dev/null | grep '^|'
   echo
 fi

@@ -148,8 +148,9 @@ fn roll_out_to_tenant(n: usize, on: bool, rate: &str, size: usize) -> Option<Run
 
 /// `bash scripts/bench.sh --only swarm` (BENCHMARKS.md, "Peer sharing"):
 /// N = `SWARM_NODES` (default 8 16 32 64) nodes, the link capped at
-/// `SWARM_RATE` (200mbit), a `SWARM_MIB` (64) MiB file; sharing off and on,
-/// and one node alone as the baseline. Binaries from `LKS_BIN_DIR`.
+/// `SWARM_RATE` (200mbit), a `SWARM_MIB` (64) MiB file; sharing off (unless
+/// `SWARM_OFF=0`) and on, and one node alone as the baseline. Binaries from
+/// `LKS_BIN_DIR`.
 #[test]
 #[ignore = "benchmark: bash scripts/bench.sh --only swarm"]
 fn swarm_bench() {
@@ -175,19 +176,22 @@ fn swarm_bench() {
         mib_of(alone.link),
         alone.agent_cpu
     );
+    // SWARM_OFF=0 skips the runs without sharing (N copies through a slow
+    // link take long).
+    let with_off = env("SWARM_OFF", "1") != "0";
     for n in nodes {
-        let off = roll_out_to_tenant(n, false, &rate, size).expect("network namespaces");
+        let off = with_off.then(|| roll_out_to_tenant(n, false, &rate, size).expect("network namespaces"));
         let on = roll_out_to_tenant(n, true, &rate, size).expect("network namespaces");
-        for (name, r) in [("off", &off), ("on", &on)] {
+        for (name, r) in [("off", off.as_ref()), ("on", Some(&on))] {
+            let Some(r) = r else { continue };
             // What serving costs: the CPU sharing adds over fetching from
             // the server, per file's worth of bytes served to peers.
-            let serving = if name == "on" && r.from_peers > 0 {
-                format!(
+            let serving = match (&off, name) {
+                (Some(off), "on") if r.from_peers > 0 => format!(
                     "{:.2}",
                     (on.agent_cpu - off.agent_cpu).max(0.0) / (r.from_peers as f64 / size as f64)
-                )
-            } else {
-                "-".into()
+                ),
+                _ => "-".into(),
             };
             println!(
                 "| {n} | {name} | {:.1} | {:.1} | {:.0} | {:.2} | {:.0} | {:.0} | {:.1} | {serving} |",
