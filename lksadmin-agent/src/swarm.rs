@@ -153,6 +153,10 @@ impl Swarm {
         self.shared.start_partial(digest, partial.clone());
         let res = self.fetch_pieces(file, &info, &pieces, &partial).await;
         self.shared.end_partial(&digest);
+        if let Err(SwarmError::Unsupported(_)) = &res {
+            // Fetched the old way instead: no pieces file left behind.
+            let _ = std::fs::remove_file(part);
+        }
         let (server, peers) = res?;
         // The pieces were each checked; the file is checked whole too.
         let p = part.to_path_buf();
@@ -315,8 +319,9 @@ impl Swarm {
                         }
                     }
                 }
-                Err(PieceError::NotYet(_)) => {
+                Err(PieceError::NotYet(why)) => {
                     if let Some(p) = peer {
+                        tracing::debug!(peer = %p.node, piece = i, "peer sharing: not from this peer now: {why}");
                         p.in_flight -= 1;
                         tried.entry(i).or_default().insert(p.node.clone());
                     }
@@ -597,7 +602,7 @@ enum Source {
 
 enum PieceError {
     /// The peer has not got it (yet) or is busy: another source.
-    NotYet(#[allow(dead_code)] String),
+    NotYet(String),
     Failed(String),
     /// Bytes that do not match: the digest wanted, the one got.
     Bad(Digest, Digest),
