@@ -163,6 +163,8 @@ struct Running {
     listen: SocketAddr,
     upload_rate: u64,
     max_uploads: u32,
+    /// The node certificate it serves with: a renewed one restarts it.
+    cert_pem: String,
 }
 
 /// Starts, changes and stops the peer listener as the cluster's settings
@@ -199,7 +201,9 @@ impl PeerHost {
     /// listener runs.
     pub async fn apply(&mut self, desired: &pb::DesiredState) {
         self.shared.set_served(desired);
+        let cert_pem = std::fs::read_to_string(self.dirs.node_cert()).unwrap_or_default();
         let want = desired.peer_sharing.as_ref().map(|p| Running {
+            cert_pem,
             listen: self
                 .listen_override
                 .unwrap_or_else(|| SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), p.port as u16)),

@@ -222,13 +222,15 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<RunEnd, 
     Ok(RunEnd::Stopped)
 }
 
-/// Starts and stops peer sharing as the desired states say.
+/// Starts and stops peer sharing as the desired states say, and looks
+/// again every minute (a renewed node certificate restarts the listener).
 async fn follow_peer_sharing(
     mut host: crate::peer::PeerHost,
     swarm: Arc<crate::swarm::Swarm>,
     mut desired: watch::Receiver<Option<pb::DesiredState>>,
     cancel: CancellationToken,
 ) {
+    let mut again = tokio::time::interval(Duration::from_secs(60));
     loop {
         let d = desired.borrow_and_update().clone();
         if let Some(d) = d {
@@ -238,6 +240,7 @@ async fn follow_peer_sharing(
         tokio::select! {
             _ = cancel.cancelled() => break,
             r = desired.changed() => if r.is_err() { break },
+            _ = again.tick() => {}
         }
     }
     host.stop();
