@@ -14,7 +14,8 @@
 //! | `desired/NAME`                    | a node's desired bundles and generation       |
 //! | `bundles/NAME/VERSION`            | a published bundle version                    |
 //! | `targets/CLUSTER/BUNDLE`          | what joining nodes of a cluster receive       |
-//! | `rollouts/ID`                     | a rollout with its node rows                  |
+//! | `rollouts/ID`                     | a rollout's header (`rnodes/` holds its rows) |
+//! | `rnodes/ID/NODE`                  | one node's row of rollout ID ([`rollouts`])   |
 //! | `active/CLUSTER/BUNDLE`           | the id of the one active rollout, if any      |
 //! | `drive/ID`                        | present while the rollout needs driving       |
 //! | `events/MS-NONCE`                 | the events one change recorded                |
@@ -61,11 +62,12 @@ mod cache;
 mod clusters;
 mod import;
 mod limits;
+mod rollouts;
 mod start;
 mod status;
 
-use limits::{MAX_DECISION_BYTES, worst_decision_bytes};
 pub use limits::{MAX_RESPONSE_BYTES, kv_of, watch_of};
+use rollouts::{RolloutDoc, RolloutNodeDoc};
 
 pub use cache::Change;
 
@@ -76,14 +78,6 @@ use crate::clock::now_ms;
 const MAX_ATTEMPTS: usize = 16;
 /// Enrolments contend on their token's use count; they retry longer.
 const ENROL_ATTEMPTS: usize = 100;
-/// Node assignments written per transaction; a larger decision is stored in
-/// several transactions, each leaving a consistent rollout. etcd refuses a
-/// transaction with more than `--max-txn-ops` (128 by default) compares or
-/// ops: each assignment compares and writes one document (the node's
-/// desired state), next to at most three compares (rollout, active marker,
-/// target) and five writes (rollout, drive marker, active marker, target,
-/// events).
-const MAX_ASSIGN_PER_TXN: usize = 100;
 const DEFAULT_EVENT_LIMIT: u32 = 100;
 /// Event documents kept; older ones are pruned by the leader.
 pub const MAX_EVENT_DOCS: usize = 20_000;
@@ -361,154 +355,9 @@ struct BundleDoc {
 
 #[derive(Serialize, Deserialize, Clone)]
 struct TargetDoc {
-    version: String,
-    selector: Labels,
-    rollout_id: String,
-}
-
-#[derive(Serialize, Deserialize, Clone)]
-struct RolloutNodeDoc {
-    #[serde(rename = "n")]
-    name: String,
-    #[serde(rename = "p")]
-    previous_version: String,
-    #[serde(rename = "s")]
-    state: String,
-    #[serde(rename = "m", default, skip_serializing_if = "String::is_empty")]
-    message: String,
-    #[serde(rename = "g", default)]
-    generation: u64,
-    #[serde(rename = "t", default)]
-    turn_at_ms: i64,
-    #[serde(rename = "f", default)]
-    flags: u8,
-}
-
-const TOUCHED: u8 = 1;
-const REVERTING: u8 = 2;
-const UNREACHED: u8 = 4;
-const CANARY: u8 = 8;
-
-#[derive(Serialize, Deserialize, Clone)]
-struct RolloutDoc {
-    cluster: String,
-    bundle: String,
-    version: String,
-    selector: Labels,
-    batch_size: u32,
-    failure_threshold: u32,
-    offline_deadline_ms: u64,
-    state: String,
-    nodes: Vec<RolloutNodeDoc>,
-    created_at_ms: i64,
-    updated_at_ms: i64,
-    message: String,
-    revision: u64,
-    previous_target: Option<TargetDoc>,
-    /// Rollouts stored before policies existed waited for offline nodes.
-    #[serde(default = "RolloutPolicy::legacy")]
-    policy: RolloutPolicy,
-    #[serde(default)]
-    pacing: RolloutPacing,
-}
-
-impl RolloutDoc {
-    fn from_row(r: &RolloutRow) -> Self {
-        RolloutDoc {
-            cluster: r.cluster.clone(),
-            bundle: r.bundle.clone(),
-            version: r.version.clone(),
-            selector: r.selector.clone(),
-            batch_size: r.batch_size,
-            failure_threshold: r.failure_threshold,
-            offline_deadline_ms: r.offline_deadline_ms,
-            state: r.state.as_str().to_string(),
-            nodes: r
-                .nodes
-                .iter()
-                .map(|n| RolloutNodeDoc {
-                    name: n.name.clone(),
-                    previous_version: n.previous_version.clone(),
-                    state: n.state.as_str().to_string(),
-                    message: n.message.clone(),
-                    generation: n.generation,
-                    turn_at_ms: n.turn_at_ms,
-                    flags: (if n.touched { TOUCHED } else { 0 })
-                        | (if n.reverting { REVERTING } else { 0 })
-                        | (if n.unreached { UNREACHED } else { 0 })
-                        | (if n.canary { CANARY } else { 0 }),
-                })
-                .collect(),
-            created_at_ms: r.created_at_ms,
-            updated_at_ms: r.updated_at_ms,
-            message: r.message.clone(),
-            revision: r.revision,
-            previous_target: r.previous_target.as_ref().map(|t| TargetDoc {
-                version: t.version.clone(),
-                selector: t.selector.clone(),
-                rollout_id: t.rollout_id.clone(),
-            }),
-            policy: r.policy.clone(),
-            pacing: r.pacing.clone(),
-        }
-    }
-
-    fn into_row(self, id: &str) -> Result<RolloutRow> {
-        let state = RolloutState::parse(&self.state).ok_or_else(|| {
-            StoreError::Backend(format!("stored rollout state {:?} is unknown", self.state))
-        })?;
-        let mut nodes = Vec::with_capacity(self.nodes.len());
-        for n in self.nodes {
-            nodes.push(RolloutNodeRow {
-                state: NodeState::parse(&n.state).ok_or_else(|| {
-                    StoreError::Backend(format!("stored rollout node state {:?} is unknown", n.state))
-                })?,
-                name: n.name,
-                previous_version: n.previous_version,
-                message: n.message,
-                generation: n.generation,
-                turn_at_ms: n.turn_at_ms,
-                touched: n.flags & TOUCHED != 0,
-                reverting: n.flags & REVERTING != 0,
-                unreached: n.flags & UNREACHED != 0,
-                canary: n.flags & CANARY != 0,
-            });
-        }
-        Ok(RolloutRow {
-            id: id.to_string(),
-            cluster: self.cluster,
-            bundle: self.bundle,
-            version: self.version,
-            selector: self.selector,
-            batch_size: self.batch_size,
-            failure_threshold: self.failure_threshold,
-            offline_deadline_ms: self.offline_deadline_ms,
-            state,
-            nodes,
-            created_at_ms: self.created_at_ms,
-            updated_at_ms: self.updated_at_ms,
-            message: self.message,
-            revision: self.revision,
-            previous_target: self.previous_target.map(|t| Target {
-                version: t.version,
-                selector: t.selector,
-                rollout_id: t.rollout_id,
-            }),
-            policy: self.policy,
-            pacing: self.pacing,
-        })
-    }
-
-    /// See [`RolloutRow::needs_driving`].
-    fn needs_driving(&self) -> bool {
-        let state = RolloutState::parse(&self.state);
-        state.is_some_and(RolloutState::is_active)
-            || self.nodes.iter().any(|n| {
-                n.state == NodeState::Applying.as_str()
-                    || (state == Some(RolloutState::Completed)
-                        && (n.state == NodeState::Deferred.as_str() || n.state == NodeState::Held.as_str()))
-            })
-    }
+    pub version: String,
+    pub selector: Labels,
+    pub rollout_id: String,
 }
 
 fn actual_row(name: &str, a: &ActualDoc) -> BundleStatusRow {
@@ -985,182 +834,6 @@ impl EtcdStore {
         // floor is fixed once data exists, so this rises with the revision.
         Ok(floor + rev + 1)
     }
-
-    async fn commit_once(
-        &self,
-        c: &RolloutCommit,
-        assign: &[(String, Option<String>)],
-        whole: bool,
-    ) -> Result<Option<(RolloutRow, Vec<String>)>> {
-        let id = &c.rollout.id;
-        let rkey = self.key(&format!("rollouts/{id}"));
-        let stored_doc = self.rollout_doc(id).await?;
-        let Some(stored_raw) = stored_doc.value.clone() else {
-            return Err(StoreError::NotFound(format!("rollout {id} does not exist")));
-        };
-        let stored = stored_raw.into_row(id)?;
-        if stored.revision != c.rollout.revision {
-            return Err(StoreError::Conflict(format!(
-                "rollout {} changed meanwhile (revision {} is stored, the decision was based on {}); try again",
-                id, stored.revision, c.rollout.revision
-            )));
-        }
-        // The rollout to store: the whole decision, or (for a partial
-        // commit) the stored rollout with just the assigned nodes' rows.
-        let mut r = if whole {
-            let mut r = c.rollout.clone();
-            // Nodes that joined since the decision was made stay in.
-            for n in &stored.nodes {
-                if !r.nodes.iter().any(|x| x.name == n.name) {
-                    r.nodes.push(n.clone());
-                }
-            }
-            r.nodes.sort_by(|a, b| a.name.cmp(&b.name));
-            r
-        } else {
-            let mut r = stored.clone();
-            for (node, _) in assign {
-                if let (Some(dst), Some(src)) = (
-                    r.nodes.iter_mut().find(|n| n.name == *node),
-                    c.rollout.nodes.iter().find(|n| n.name == *node),
-                ) {
-                    *dst = src.clone();
-                }
-            }
-            r
-        };
-        let mut compares = vec![stored_doc.compare(&rkey)];
-        let mut ops = Vec::new();
-        let active_key = self.key(&format!("active/{}/{}", r.cluster, r.bundle));
-        if r.state.is_active() && !stored.state.is_active() {
-            let active = self.get_raw(&active_key).await?;
-            match active {
-                Some((other, _)) if other != id.as_bytes() => {
-                    let other = String::from_utf8_lossy(&other).into_owned();
-                    let state = match self
-                        .get::<RolloutDoc>(&self.key(&format!("rollouts/{other}")))
-                        .await?
-                        .value
-                    {
-                        Some(d) => d.state,
-                        None => "running".into(),
-                    };
-                    return Err(super::still_active(&r.cluster, &r.bundle, &other, &state));
-                }
-                Some((_, rev)) => {
-                    compares.push(Compare::mod_revision(active_key.clone(), CompareOp::Equal, rev))
-                }
-                None => {
-                    compares.push(Compare::create_revision(active_key.clone(), CompareOp::Equal, 0));
-                    ops.push(TxnOp::put(active_key.clone(), id.as_bytes().to_vec(), None));
-                }
-            }
-        } else if !r.state.is_active() && stored.state.is_active() {
-            compares.push(Compare::value(
-                active_key.clone(),
-                CompareOp::Equal,
-                id.as_bytes().to_vec(),
-            ));
-            ops.push(TxnOp::delete(active_key.clone(), None));
-        }
-        let mut changed = Vec::new();
-        if !assign.is_empty() {
-            // Read every node's desired state first, then the generation.
-            let keys: Vec<String> = assign
-                .iter()
-                .map(|(node, _)| self.key(&format!("desired/{node}")))
-                .collect();
-            let docs: Vec<(String, Doc<DesiredDoc>)> =
-                keys.iter().cloned().zip(self.get_many(&keys).await?).collect();
-            let base = self.next_generation().await?;
-            for ((node, version), (dkey, desired)) in assign.iter().zip(docs) {
-                let Some(n) = r.nodes.iter_mut().find(|n| n.name == *node) else {
-                    return Err(StoreError::Backend(format!(
-                        "rollout {id}: node {node} to assign is not part of it"
-                    )));
-                };
-                // A node and its desired document are created and deleted
-                // together, so one compare per node covers both (and keeps
-                // a chunk within etcd's 128 operations per transaction).
-                compares.push(desired.compare(&dkey));
-                if desired.value.is_none() {
-                    n.state = NodeState::Skipped;
-                    n.message = "node was deleted".into();
-                    continue;
-                }
-                let mut d = desired.value.unwrap_or_default();
-                let current = d.bundles.get(&r.bundle).cloned();
-                let was_touched = stored.nodes.iter().any(|s| s.name == *node && s.touched);
-                if !n.reverting && !was_touched {
-                    n.previous_version = current.unwrap_or_default();
-                }
-                match version {
-                    Some(v) => {
-                        d.bundles.insert(r.bundle.clone(), v.clone());
-                    }
-                    None => {
-                        d.bundles.remove(&r.bundle);
-                        d.retry.remove(&r.bundle);
-                    }
-                }
-                let g = base.max(d.generation + 1);
-                d.generation = g;
-                ops.push(TxnOp::put(dkey, json(&d)?, None));
-                n.generation = g;
-                changed.push(node.clone());
-            }
-        }
-        r.revision = stored.revision + 1;
-        if whole {
-            match c.target {
-                TargetChange::Keep => {}
-                TargetChange::SetToRollout => {
-                    ops.push(self.put(
-                        &format!("targets/{}/{}", r.cluster, r.bundle),
-                        json(&TargetDoc {
-                            version: r.version.clone(),
-                            selector: r.selector.clone(),
-                            rollout_id: r.id.clone(),
-                        })?,
-                    ));
-                }
-                TargetChange::RestorePrevious => {
-                    let tkey = self.key(&format!("targets/{}/{}", r.cluster, r.bundle));
-                    let current: Doc<TargetDoc> = self.get(&tkey).await?;
-                    compares.push(current.compare(&tkey));
-                    if current.value.as_ref().is_some_and(|t| t.rollout_id == r.id) {
-                        match &r.previous_target {
-                            Some(t) => ops.push(TxnOp::put(
-                                tkey,
-                                json(&TargetDoc {
-                                    version: t.version.clone(),
-                                    selector: t.selector.clone(),
-                                    rollout_id: t.rollout_id.clone(),
-                                })?,
-                                None,
-                            )),
-                            None => ops.push(TxnOp::delete(tkey, None)),
-                        }
-                    }
-                }
-            }
-            if let Some(op) = self.event_op(&c.events)? {
-                ops.push(op);
-            }
-        }
-        let doc = RolloutDoc::from_row(&r);
-        let drive_key = self.key(&format!("drive/{id}"));
-        if doc.needs_driving() {
-            ops.push(TxnOp::put(drive_key, Vec::new(), None));
-        } else {
-            ops.push(TxnOp::delete(drive_key, None));
-        }
-        ops.push(TxnOp::put(rkey, json(&doc)?, None));
-        if !self.txn(compares, ops).await? {
-            return Ok(None);
-        }
-        Ok(Some((r, changed)))
-    }
 }
 
 #[async_trait]
@@ -1419,28 +1092,28 @@ impl Store for EtcdStore {
                 .map_err(unavailable)?;
             for a in active.kvs() {
                 let id = String::from_utf8_lossy(a.value()).into_owned();
-                let rkey = self.key(&format!("rollouts/{id}"));
-                let rdoc = self.rollout_doc(&id).await?;
-                compares.push(rdoc.compare(&rkey));
-                let Some(mut r) = rdoc.value else { continue };
-                if !matches!(r.state.as_str(), "running" | "paused")
+                let rkey = self.key(&rollouts::header_key(&id));
+                self.convert_inline(&id).await?;
+                let Some((r, hrev)) = self.rollout(&id).await? else {
+                    compares.push(Compare::create_revision(rkey, CompareOp::Equal, 0));
+                    continue;
+                };
+                compares.push(Compare::mod_revision(rkey.clone(), CompareOp::Equal, hrev));
+                if !matches!(r.state, RolloutState::Running | RolloutState::Paused)
                     || !selector_matches(&r.selector, &n.labels)
                 {
                     continue;
                 }
                 if !r.nodes.iter().any(|x| x.name == n.name) {
                     let previous = given.get(&r.bundle).cloned().unwrap_or_default();
-                    r.nodes.push(RolloutNodeDoc {
-                        name: n.name.clone(),
-                        previous_version: previous,
-                        state: NodeState::Waiting.as_str().into(),
-                        message: String::new(),
-                        generation: 0,
-                        turn_at_ms: 0,
-                        flags: 0,
-                    });
-                    r.nodes.sort_by(|a, b| a.name.cmp(&b.name));
-                    ops.push(TxnOp::put(rkey, json(&r)?, None));
+                    let row = RolloutNodeRow::waiting(&n.name, &previous);
+                    ops.push(self.put(
+                        &rollouts::row_key(&id, &n.name),
+                        json(&RolloutNodeDoc::from_row(&row))?,
+                    ));
+                    // The header is written with every row (module
+                    // `rollouts`): its revision covers the rows.
+                    ops.push(TxnOp::put(rkey, json(&RolloutDoc::header(&r))?, None));
                 }
             }
             let g = self.next_generation().await?;
@@ -1808,15 +1481,19 @@ impl Store for EtcdStore {
         }
         let rollouts = self.range::<RolloutDoc>(&self.key("rollouts/")).await?;
         for (b, a) in reported {
-            let assigned = rollouts.iter().any(|(_, r, _)| {
-                r.cluster == n.cluster
-                    && r.bundle == *b
-                    && r.nodes.iter().any(|rn| {
-                        rn.name == node
-                            && ((rn.flags & TOUCHED != 0 && r.version == a.version)
-                                || rn.previous_version == a.version)
-                    })
-            });
+            let mut assigned = false;
+            for (id, r, _) in &rollouts {
+                if r.cluster != n.cluster || r.bundle != *b {
+                    continue;
+                }
+                if self.row_of(id, r, node).await?.is_some_and(|rn| {
+                    (rn.flags & rollouts::TOUCHED != 0 && r.version == a.version)
+                        || rn.previous_version == a.version
+                }) {
+                    assigned = true;
+                    break;
+                }
+            }
             if assigned && holds(b, &a.version).await? {
                 return Ok(true);
             }
@@ -1829,11 +1506,7 @@ impl Store for EtcdStore {
     }
 
     async fn get_rollout(&self, id: &str) -> Result<Option<RolloutRow>> {
-        self.rollout_doc(id)
-            .await?
-            .value
-            .map(|d| d.into_row(id))
-            .transpose()
+        Ok(self.rollout(id).await?.map(|(r, _)| r))
     }
 
     async fn list_rollouts(&self, cluster: Option<&str>, only_active: bool) -> Result<Vec<RolloutRow>> {
@@ -1851,9 +1524,7 @@ impl Store for EtcdStore {
                 }
             }
         } else {
-            for (id, d, _) in self.range::<RolloutDoc>(&self.key("rollouts/")).await? {
-                out.push(d.into_row(&id)?);
-            }
+            out = self.all_rollouts().await?;
         }
         out.retain(|r| cluster.is_none_or(|c| r.cluster == c) && (!only_active || r.state.is_active()));
         out.sort_by(|a, b| (a.created_at_ms, a.id.as_str()).cmp(&(b.created_at_ms, b.id.as_str())));
@@ -1864,7 +1535,7 @@ impl Store for EtcdStore {
         // The leader asks at every step: from the watch-fed copy when it
         // is fresh (a decision on a stale one is refused at commit, whose
         // read is etcd's own).
-        if let Some(from_copy) = self.with_cache(|c, _| c.driven_rollouts()).await {
+        if let Some(Some(from_copy)) = self.with_cache(|c, _| c.driven_rollouts()).await {
             return from_copy;
         }
         let mut out = Vec::new();
@@ -1878,41 +1549,7 @@ impl Store for EtcdStore {
     }
 
     async fn commit_rollout(&self, c: RolloutCommit) -> Result<(RolloutRow, Vec<String>)> {
-        let mut c = c;
-        let mut changed_all = Vec::new();
-        // Large decisions: the first assignments are stored in chunks, each
-        // a consistent rollout (those nodes started, nothing else yet).
-        while c.assign.len() > MAX_ASSIGN_PER_TXN {
-            let chunk: Vec<_> = c.assign.drain(..MAX_ASSIGN_PER_TXN).collect();
-            let mut done = None;
-            for _ in 0..MAX_ATTEMPTS {
-                if let Some(x) = self.commit_once(&c, &chunk, false).await? {
-                    done = Some(x);
-                    break;
-                }
-            }
-            let Some((stored, changed)) = done else {
-                return Err(busy("commit rollout decision"));
-            };
-            // The rest of the decision builds on what was just stored.
-            c.rollout.revision = stored.revision;
-            for n in &mut c.rollout.nodes {
-                if let Some(s) = stored.nodes.iter().find(|s| s.name == n.name)
-                    && changed.contains(&n.name)
-                {
-                    *n = s.clone();
-                }
-            }
-            changed_all.extend(changed);
-        }
-        for _ in 0..MAX_ATTEMPTS {
-            let assign = c.assign.clone();
-            if let Some((row, changed)) = self.commit_once(&c, &assign, true).await? {
-                changed_all.extend(changed);
-                return Ok((row, changed_all));
-            }
-        }
-        Err(busy("commit rollout decision"))
+        self.commit_decision(c).await
     }
 
     async fn rollout_views(&self, rollout_id: &str) -> Result<BTreeMap<String, NodeBundleView>> {
@@ -1933,7 +1570,7 @@ impl Store for EtcdStore {
         let all_cached = self
             .with_cache(|c, live| {
                 c.driven_rollout(rollout_id)
-                    .map(|r| r.map(|r| views(&r, c, live)))
+                    .map(|r| r.map(|(r, _)| views(&r, c, live)))
             })
             .await
             .flatten();
@@ -2252,32 +1889,6 @@ pub(crate) mod tests {
         }
     }
 
-    /// The bound on one rollout's size follows the measurement: 10,000
-    /// nodes with the benchmark's 14-character names are over it (that
-    /// rollout stood still), the benchmark's clusters of 1,000 well under,
-    /// and longer names leave room for fewer nodes.
-    #[test]
-    fn rollouts_whose_decisions_etcd_would_refuse_are_too_large() {
-        let nodes = |n: usize, name_len: usize| -> Vec<RolloutNodeRow> {
-            (0..n)
-                .map(|i| RolloutNodeRow::waiting(&format!("{i:0>name_len$}"), "1.0.0"))
-                .collect()
-        };
-        let bytes = |ns: &[RolloutNodeRow]| worst_decision_bytes("tenant-a", "kubelet", "1.31.4", ns);
-        assert!(bytes(&nodes(10_000, 14)) > MAX_DECISION_BYTES);
-        assert!(bytes(&nodes(1_000, 14)) < MAX_DECISION_BYTES / 4);
-        let fits = |name_len| {
-            (1..=20_000)
-                .step_by(100)
-                .take_while(|&n| bytes(&nodes(n, name_len)) <= MAX_DECISION_BYTES)
-                .last()
-        };
-        let (short, long) = (fits(14).unwrap(), fits(63).unwrap());
-        eprintln!("one rollout holds up to ~{short} nodes with 14-character names, ~{long} with 63");
-        assert!((3_000..10_000).contains(&short), "{short}");
-        assert!(long < short, "{long} vs {short}");
-    }
-
     /// A range larger than gRPC's default 4 MiB message (every node
     /// document of a 10,000-node fleet is ~5.5 MiB) is read whole.
     #[tokio::test]
@@ -2303,7 +1914,7 @@ pub(crate) mod tests {
         let s = etcd.store("r1").await;
         s.create_cluster(NewCluster::new("c", 1)).await.unwrap();
         s.create_token(token("tok000", None)).await.unwrap();
-        let n = MAX_ASSIGN_PER_TXN * 2 + 30;
+        let n = rollouts::ROWS_PER_TXN * 2 + 30;
         for i in 0..n {
             s.enroll_node(new_node(&format!("n{i:04}"), "tok000"))
                 .await
@@ -2359,7 +1970,7 @@ pub(crate) mod tests {
             .await
             .unwrap();
         assert_eq!(changed.len(), n);
-        assert_eq!(stored.revision, 3, "three transactions: 100 + 100 + the rest");
+        assert_eq!(stored.revision, 3, "three transactions: 60 + 60 + the rest");
         assert!(
             stored
                 .nodes

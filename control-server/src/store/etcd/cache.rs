@@ -61,14 +61,22 @@ pub(super) struct CacheState {
     pub seen: HashMap<String, HashMap<String, i64>>,
     /// The rollouts the leader drives (`drive/ID`).
     pub drive: BTreeSet<String>,
-    /// The documents of those rollouts, as stored (parsed when read: only
-    /// the leader reads them often). A rollout document that arrives
-    /// without its drive key is dropped at the end of its watch answer
+    /// The headers of those rollouts, as stored (parsed when read: only
+    /// the leader reads them often). A header that arrives without its
+    /// drive key is dropped at the end of its watch answer
     /// ([`CacheState::keep_driven`]); the history of ended rollouts is not
     /// kept. With each, the revision it was written at: admin reads and
     /// the leader's commits use a copy only while etcd says it is current
-    /// ([`EtcdStore::rollout_doc`]).
+    /// ([`EtcdStore::rollout`]).
     pub rollouts: HashMap<String, (i64, Arc<[u8]>)>,
+    /// The node rows of those rollouts (`rnodes/ID/NODE`), for each
+    /// rollout whose rows the copy holds whole: loaded with the copy, or
+    /// read once by the watch when a rollout becomes driven (`fill`); rows
+    /// of a rollout not held here are ignored.
+    pub rows: HashMap<String, BTreeMap<String, RolloutNodeDoc>>,
+    /// Driven rollouts whose rows the watch has yet to read: not used
+    /// until it has.
+    pub fill: BTreeSet<String>,
 }
 
 impl CacheState {
@@ -101,10 +109,24 @@ impl CacheState {
             }
         } else if let Some(id) = rest.strip_prefix("drive/") {
             match value {
-                Some(_) => drop(self.drive.insert(id.to_string())),
+                Some(_) => {
+                    self.drive.insert(id.to_string());
+                    if !self.rows.contains_key(id) {
+                        self.fill.insert(id.to_string());
+                    }
+                }
                 None => {
                     self.drive.remove(id);
                     self.rollouts.remove(id);
+                    self.rows.remove(id);
+                    self.fill.remove(id);
+                }
+            }
+        } else if let Some((id, node)) = rest.strip_prefix("rnodes/").and_then(|r| r.split_once('/')) {
+            if let Some(rows) = self.rows.get_mut(id) {
+                match value {
+                    Some(v) => drop(rows.insert(node.to_string(), parse(rest, v)?)),
+                    None => drop(rows.remove(node)),
                 }
             }
         } else if let Some(id) = rest.strip_prefix("rollouts/") {
@@ -122,34 +144,47 @@ impl CacheState {
     fn keep_driven(&mut self) {
         let drive = &self.drive;
         self.rollouts.retain(|id, _| drive.contains(id));
+        self.rows.retain(|id, _| drive.contains(id));
+        self.fill.retain(|id| drive.contains(id));
     }
 
-    /// The driven rollouts, oldest first as the store lists them.
-    pub fn driven_rollouts(&self) -> Result<Vec<RolloutRow>> {
+    /// The driven rollouts, oldest first as the store lists them; `None`
+    /// if the copy does not hold one of them whole yet.
+    pub fn driven_rollouts(&self) -> Option<Result<Vec<RolloutRow>>> {
         let mut out = Vec::with_capacity(self.drive.len());
         for id in &self.drive {
-            // Driven, but its document is gone: as a direct read finds it.
-            let Some((_, bytes)) = self.rollouts.get(id) else {
+            // Driven, but its header is gone: as a direct read finds it.
+            if !self.rollouts.contains_key(id) {
                 continue;
-            };
-            out.push(Self::parse_rollout(id, bytes)?);
+            }
+            match self.driven_rollout(id)? {
+                Ok((r, _)) => out.push(r),
+                Err(e) => return Some(Err(e)),
+            }
         }
         out.sort_by(|a, b| (a.created_at_ms, a.id.as_str()).cmp(&(b.created_at_ms, b.id.as_str())));
-        Ok(out)
+        Some(Ok(out))
     }
 
-    /// One driven rollout; `None` if it is not driven (the caller reads
-    /// etcd: an ended rollout is not kept here).
-    pub fn driven_rollout(&self, id: &str) -> Option<Result<RolloutRow>> {
-        let (_, bytes) = self.rollouts.get(id)?;
-        Some(Self::parse_rollout(id, bytes))
-    }
-
-    fn parse_rollout(id: &str, bytes: &[u8]) -> Result<RolloutRow> {
+    /// One driven rollout and its header's revision; `None` if the copy
+    /// does not hold it whole (not driven, as an ended rollout, or its
+    /// rows not read yet): the caller reads etcd.
+    pub fn driven_rollout(&self, id: &str) -> Option<Result<(RolloutRow, i64)>> {
+        let (rev, bytes) = self.rollouts.get(id)?;
+        if self.fill.contains(id) {
+            return None;
+        }
         let key = format!("rollouts/{id}");
-        serde_json::from_slice::<RolloutDoc>(bytes)
-            .map_err(|e| corrupt(&key, e))?
-            .into_row(id)
+        let doc = match serde_json::from_slice::<RolloutDoc>(bytes) {
+            Ok(d) => d,
+            Err(e) => return Some(Err(corrupt(&key, e))),
+        };
+        let rows = if doc.rows {
+            self.rows.get(id)?.values().cloned().collect()
+        } else {
+            Vec::new()
+        };
+        Some(doc.into_row(id, rows).map(|r| (r, *rev)))
     }
 
     fn liveness(&self) -> Liveness {
@@ -249,6 +284,11 @@ impl EtcdStore {
                 .await
                 .map_err(unavailable)?;
             load(&mut state, resp.kvs())?;
+            let rows = self.rows_at(&id, rev).await?;
+            state.fill.remove(&id);
+            state
+                .rows
+                .insert(id, rows.into_iter().map(|r| (r.name.clone(), r)).collect());
         }
         if let Ok(mut s) = self.cache.state.write() {
             *s = state;
@@ -302,48 +342,66 @@ impl EtcdStore {
     /// True if no watched key was put after `rev` (one transaction of
     /// compares on the prefixes, reading no data).
     async fn nothing_watched_changed_since(&self, rev: i64) -> bool {
-        let compares: Vec<Compare> = ["nodes/", "desired/", "replicas/", "seen/", "drive/", "rollouts/"]
-            .iter()
-            .map(|p| Compare::mod_revision(self.key(p), CompareOp::Less, rev + 1).with_prefix())
-            .collect();
+        let compares: Vec<Compare> = [
+            "nodes/",
+            "desired/",
+            "replicas/",
+            "seen/",
+            "drive/",
+            "rollouts/",
+            "rnodes/",
+        ]
+        .iter()
+        .map(|p| Compare::mod_revision(self.key(p), CompareOp::Less, rev + 1).with_prefix())
+        .collect();
         let mut kv = crate::store::etcd::kv_of(&self.client);
         matches!(kv.txn(Txn::new().when(compares)).await, Ok(r) if r.succeeded())
     }
 
-    /// A rollout's document as etcd holds it now, taken from the copy when
-    /// the copy has that revision: etcd is asked for the key's revision
-    /// alone (`keys_only`, still a linearizable read, ~100 bytes) and sends
-    /// the document (~100 KiB at 1,000 nodes) only when the copy's is not
-    /// current, e.g. an ended rollout, which the copy does not keep. So an
-    /// admin read (`rollout status`, a load generator polling its
-    /// rollouts) and the leader's commit get what a plain read would, for
-    /// a fraction of what etcd sends.
-    pub(super) async fn rollout_doc(&self, id: &str) -> Result<Doc<RolloutDoc>> {
-        let key = self.key(&format!("rollouts/{id}"));
-        let copied = self
-            .cache
-            .state
-            .read()
-            .ok()
-            .and_then(|s| s.rollouts.get(id).cloned());
-        if let Some((rev, bytes)) = copied {
+    /// A rollout as etcd holds it now, with its header's revision, taken
+    /// from the copy when the copy has that revision: etcd is asked for the
+    /// header's revision alone (`keys_only`, still a linearizable read,
+    /// ~100 bytes) and sends the rollout only when the copy's is not
+    /// current, e.g. an ended rollout, which the copy does not keep. Every
+    /// row is written with its header (module `rollouts`), so a current
+    /// header means current rows. An admin read (`rollout status`, a load
+    /// generator polling its rollouts) and the leader's commit get what a
+    /// plain read would, for a fraction of what etcd sends.
+    pub(super) async fn rollout(&self, id: &str) -> Result<Option<(RolloutRow, i64)>> {
+        let copied = self.cache.state.read().ok().and_then(|s| s.driven_rollout(id));
+        if let Some(Ok((row, rev))) = copied {
+            let key = self.key(&format!("rollouts/{id}"));
             let resp = kv_of(&self.client)
-                .get(key.clone(), Some(GetOptions::new().with_keys_only()))
+                .get(key, Some(GetOptions::new().with_keys_only()))
                 .await
                 .map_err(unavailable)?;
             match resp.kvs().first() {
-                None => return Ok(Doc { value: None, rev: 0 }),
-                Some(kv) if kv.mod_revision() == rev => {
-                    let doc = serde_json::from_slice(&bytes).map_err(|e| corrupt(&key, e))?;
-                    return Ok(Doc {
-                        value: Some(doc),
-                        rev,
-                    });
-                }
+                None => return Ok(None),
+                Some(kv) if kv.mod_revision() == rev => return Ok(Some((row, rev))),
                 Some(_) => {}
             }
         }
-        self.get(&key).await
+        self.rollout_from_etcd(id).await
+    }
+
+    /// Reads the rows of the rollouts that became driven in a watch answer
+    /// whose last event is at `rev`, as etcd held them at `rev`.
+    async fn cache_fill(&self, rev: i64) -> Result<()> {
+        let pending: Vec<String> = match self.cache.state.read() {
+            Ok(s) if s.rev > 0 => s.fill.iter().cloned().collect(),
+            _ => return Ok(()),
+        };
+        for id in pending {
+            let rows = self.rows_at(&id, rev).await?;
+            let Ok(mut s) = self.cache.state.write() else {
+                return Ok(());
+            };
+            if s.drive.contains(&id) && s.fill.remove(&id) {
+                s.rows
+                    .insert(id, rows.into_iter().map(|r| (r.name.clone(), r)).collect());
+            }
+        }
+        Ok(())
     }
 
     /// Runs `f` on the copy once it holds this replica's own writes;
@@ -498,6 +556,14 @@ impl EtcdStore {
                     .map(|kv| kv.mod_revision())
                     .max()
                 {
+                    // Rollouts driven from this answer on: their rows as
+                    // of it, before the copy says it reached it.
+                    if let Err(e) = self.cache_fill(last).await {
+                        tracing::debug!(error = %e, "read a driven rollout's rows; the view copy is reloaded");
+                        self.cache_invalidate();
+                        next_rev = 0;
+                        break;
+                    }
                     self.cache_advance(last);
                 }
                 // The safety net: a fresh snapshot now and then. Events the
@@ -791,32 +857,27 @@ mod tests {
             .await
             .unwrap();
         wait_rev(&s, current_rev(&s).await).await;
-        let plain = || async { s.get::<RolloutDoc>(&s.key("rollouts/r1")).await.unwrap() };
-        let stored = plain().await;
-        let read = s.rollout_doc("r1").await.unwrap();
-        assert_eq!(read.rev, stored.rev);
-        assert_eq!(
-            json(&read.value).unwrap(),
-            json(&stored.value).unwrap(),
-            "the copy is what etcd holds"
-        );
+        let plain = || async { s.rollout_from_etcd("r1").await.unwrap().unwrap() };
+        let (stored, stored_rev) = plain().await;
+        let (read, rev) = s.rollout("r1").await.unwrap().unwrap();
+        assert_eq!(rev, stored_rev);
+        assert_eq!(read, stored, "the copy is what etcd holds");
 
         // Proof that the copy is what was read: doctored at the current
-        // revision, the doctored one comes back.
+        // revision, the doctored one comes back (a header and a row).
         let doctor = |rev: i64| {
-            let mut d = stored.value.clone().unwrap();
+            let mut d = RolloutDoc::header(&stored);
             d.message = "from the copy".into();
             let bytes: Arc<[u8]> = Arc::from(json(&d).unwrap().as_slice());
-            s.cache
-                .state
-                .write()
-                .unwrap()
-                .rollouts
-                .insert("r1".into(), (rev, bytes));
+            let mut c = s.cache.state.write().unwrap();
+            c.rollouts.insert("r1".into(), (rev, bytes));
+            let row = c.rows.get_mut("r1").unwrap().get_mut("n0").unwrap();
+            row.message = "row from the copy".into();
         };
-        doctor(stored.rev);
-        let read = s.rollout_doc("r1").await.unwrap();
-        assert_eq!(read.value.unwrap().message, "from the copy");
+        doctor(stored_rev);
+        let (read, _) = s.rollout("r1").await.unwrap().unwrap();
+        assert_eq!(read.message, "from the copy");
+        assert_eq!(read.nodes[0].message, "row from the copy");
         assert_eq!(
             s.get_rollout("r1").await.unwrap().unwrap().message,
             "from the copy"
@@ -825,13 +886,13 @@ mod tests {
         // Stop the watch: the copy no longer follows etcd.
         cancel.cancel();
         task.await.unwrap();
-        doctor(stored.rev);
+        doctor(stored_rev);
         assign_n0(&other, &r).await;
-        let now = plain().await;
-        assert!(now.rev > stored.rev);
-        let read = s.rollout_doc("r1").await.unwrap();
-        assert_eq!(read.rev, now.rev, "a copy behind etcd is not used");
-        assert_eq!(read.value.unwrap().message, now.value.unwrap().message);
+        let (now, now_rev) = plain().await;
+        assert!(now_rev > stored_rev);
+        let (read, rev) = s.rollout("r1").await.unwrap().unwrap();
+        assert_eq!(rev, now_rev, "a copy behind etcd is not used");
+        assert_eq!(read, now);
         // The leader's commit on such a copy reads etcd too: its decision
         // (on the current revision) is stored.
         let mut row = s.get_rollout("r1").await.unwrap().unwrap();
@@ -841,16 +902,15 @@ mod tests {
         s.commit_rollout(commit(&row, &[], TargetChange::Keep))
             .await
             .unwrap();
-        assert_eq!(
-            other.get_rollout("r1").await.unwrap().unwrap().state,
-            RolloutState::Aborted
-        );
+        let ended = other.get_rollout("r1").await.unwrap().unwrap();
+        assert_eq!(ended.state, RolloutState::Aborted);
+        assert_eq!(ended.nodes[0].state, NodeState::Failed);
 
         // Deleted while the copy still has it: gone.
-        doctor(plain().await.rev);
+        doctor(plain().await.1);
         let mut kv = kv_of(&s.client);
         kv.delete(s.key("rollouts/r1"), None).await.unwrap();
-        assert!(s.rollout_doc("r1").await.unwrap().value.is_none());
+        assert!(s.rollout("r1").await.unwrap().is_none());
         assert!(s.get_rollout("r1").await.unwrap().is_none());
     }
 
@@ -916,6 +976,61 @@ mod tests {
         c.keep_driven();
         assert_eq!(c.rollouts.keys().collect::<Vec<_>>(), ["a"]);
         assert_eq!(c.drive.iter().collect::<Vec<_>>(), ["a"]);
+    }
+
+    /// Rows are kept only for a driven rollout the copy holds whole: one
+    /// that becomes driven is filled by the watch first, and rows that came
+    /// before its drive key (a start's) are not half a rollout.
+    #[test]
+    fn rows_are_kept_only_for_a_rollout_held_whole() {
+        let mut c = CacheState {
+            rev: 1,
+            ..Default::default()
+        };
+        let row = |n: &str| format!(r#"{{"n":"{n}","p":"","s":"waiting"}}"#);
+        let header = |rows: bool| {
+            let mut r = super::super::rollouts::test_row("a");
+            r.nodes.clear();
+            let mut d = serde_json::to_value(RolloutDoc::header(&r)).unwrap();
+            if !rows {
+                d.as_object_mut().unwrap().remove("rows");
+                d["nodes"] = serde_json::json!([{"n": "x", "p": "", "s": "waiting"}]);
+            }
+            serde_json::to_vec(&d).unwrap()
+        };
+        // A start: rows first, then header and drive key.
+        c.apply("rnodes/a/n1", Some(row("n1").as_bytes()), 2).unwrap();
+        c.apply("rollouts/a", Some(&header(true)), 3).unwrap();
+        c.apply("drive/a", Some(b""), 3).unwrap();
+        c.keep_driven();
+        assert!(!c.rows.contains_key("a"), "not held whole");
+        assert!(c.fill.contains("a"));
+        assert!(c.driven_rollout("a").is_none(), "not used until filled");
+        assert!(c.driven_rollouts().is_none());
+        // Filled (as the watch does), then a row changes.
+        c.fill.remove("a");
+        c.rows.insert("a".into(), BTreeMap::new());
+        c.apply("rnodes/a/n1", Some(row("n1").as_bytes()), 4).unwrap();
+        c.apply("rnodes/a/n2", Some(row("n2").as_bytes()), 4).unwrap();
+        c.apply("rnodes/a/n2", None, 5).unwrap();
+        let (r, rev) = c.driven_rollout("a").unwrap().unwrap();
+        assert_eq!(rev, 3);
+        assert_eq!(
+            r.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
+            ["n1"]
+        );
+        assert_eq!(c.driven_rollouts().unwrap().unwrap().len(), 1);
+        // Rows of a rollout not held are ignored.
+        c.apply("rnodes/b/n1", Some(row("n1").as_bytes()), 6).unwrap();
+        assert!(!c.rows.contains_key("b"));
+        // A document stored before reads its inline rows.
+        c.apply("rollouts/a", Some(&header(false)), 7).unwrap();
+        let (r, _) = c.driven_rollout("a").unwrap().unwrap();
+        assert_eq!(r.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["x"]);
+        // Ended: all forgotten.
+        c.apply("drive/a", None, 8).unwrap();
+        c.keep_driven();
+        assert!(c.rows.is_empty() && c.rollouts.is_empty() && c.fill.is_empty());
     }
 
     #[test]

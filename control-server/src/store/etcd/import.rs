@@ -127,17 +127,22 @@ impl EtcdStore {
             ));
         }
         for r in &d.rollouts {
-            let doc = RolloutDoc::from_row(r);
             if r.state.is_active() {
                 docs.push((
                     format!("active/{}/{}", r.cluster, r.bundle),
                     r.id.as_bytes().to_vec(),
                 ));
             }
-            if doc.needs_driving() {
+            if r.needs_driving() {
                 docs.push((format!("drive/{}", r.id), Vec::new()));
             }
-            docs.push((format!("rollouts/{}", r.id), json(&doc)?));
+            for n in &r.nodes {
+                docs.push((
+                    rollouts::row_key(&r.id, &n.name),
+                    json(&RolloutNodeDoc::from_row(n))?,
+                ));
+            }
+            docs.push((rollouts::header_key(&r.id), json(&RolloutDoc::header(r))?));
         }
         let mut batch: Vec<(String, Vec<u8>)> = Vec::new();
         let mut bytes = 0;

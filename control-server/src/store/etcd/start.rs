@@ -48,17 +48,6 @@ impl EtcdStore {
                 Some(x) => x,
                 None => self.members_from_etcd(&r).await?,
             };
-            let bytes = worst_decision_bytes(&r.cluster, &r.bundle, &r.version, &nodes);
-            if bytes > MAX_DECISION_BYTES {
-                return Err(StoreError::Conflict(format!(
-                    "a rollout of {} nodes is more than one rollout holds on the etcd store: a decision on it \
-                     may be a {:.1} MiB request and etcd takes 1.5 MiB; roll the bundle out in parts with --selector \
-                     (about {} nodes each)",
-                    nodes.len(),
-                    bytes as f64 / (1 << 20) as f64,
-                    nodes.len() * MAX_DECISION_BYTES / bytes
-                )));
-            }
             let batch_size = if r.batch_size == 0 {
                 crate::rollout::default_batch_size(nodes.len())
             } else {
@@ -89,12 +78,32 @@ impl EtcdStore {
                 policy: r.policy.clone(),
                 pacing: RolloutPacing::default(),
             };
-            let rkey = self.key(&format!("rollouts/{}", r.id));
-            let mut ops = vec![
+            let rkey = self.key(&rollouts::header_key(&r.id));
+            // The rows: with the header when they fit in its transaction,
+            // else before it (rows without a header are no rollout).
+            let mut ops = Vec::new();
+            let mut rows = Vec::with_capacity(row.nodes.len());
+            for n in &row.nodes {
+                rows.push(self.put(
+                    &rollouts::row_key(&r.id, &n.name),
+                    json(&RolloutNodeDoc::from_row(n))?,
+                ));
+            }
+            let pre_written = rows.len() > rollouts::ROWS_PER_TXN;
+            if pre_written {
+                let mut rows = rows.into_iter().peekable();
+                while rows.peek().is_some() {
+                    let chunk: Vec<TxnOp> = rows.by_ref().take(rollouts::ROWS_PER_TXN * 2).collect();
+                    self.txn(Vec::new(), chunk).await?;
+                }
+            } else {
+                ops.extend(rows);
+            }
+            ops.extend([
                 TxnOp::put(akey.clone(), r.id.as_bytes().to_vec(), None),
-                TxnOp::put(rkey.clone(), json(&RolloutDoc::from_row(&row))?, None),
                 self.put(&format!("drive/{}", r.id), Vec::new()),
-            ];
+                TxnOp::put(rkey.clone(), json(&RolloutDoc::header(&row))?, None),
+            ]);
             if let Some(op) = self.event_op(&[EventRow::rollout_started(&r, batch_size, row.nodes.len())])? {
                 ops.push(op);
             }
@@ -121,6 +130,17 @@ impl EtcdStore {
             ];
             if self.txn(compares, ops).await? {
                 return Ok(row);
+            }
+            if pre_written {
+                // The rows of a start that lost its race: the next try
+                // writes its own.
+                kv_of(&self.client)
+                    .delete(
+                        self.key(&rollouts::rows_prefix(&r.id)),
+                        Some(etcd_client::DeleteOptions::new().with_prefix()),
+                    )
+                    .await
+                    .map_err(unavailable)?;
             }
         }
         Err(busy("start rollout"))

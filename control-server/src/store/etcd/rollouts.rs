@@ -1,0 +1,1041 @@
+//! Rollouts on etcd: a small header document per rollout
+//! (`rollouts/ID`) and one key per node row (`rnodes/ID/NODE`).
+//!
+//! A rollout used to be one document listing its nodes, rewritten whole by
+//! every decision: ~100 KiB at 1,000 nodes, and at 30,000 agents in 30
+//! rollouts that rewriting was nearly all of the 74 MiB etcd stored during
+//! a rollout to all and, sent to every replica's watch and reader, most of
+//! the 1.5 GiB it sent (BENCHMARKS.md, "Where a rollout's time went"). It
+//! also capped a rollout at about 4,900 nodes: a decision changing every
+//! row passed etcd's 1.5 MiB request limit and was refused on every try.
+//! Now a decision writes the rows it changes and the header.
+//!
+//! Rules that keep the pieces one consistent rollout:
+//! - **Every write of a row also writes the header**, in the same
+//!   transaction. So the header's `mod_revision` covers its rows: a copy
+//!   whose header has etcd's current revision has every row as etcd has
+//!   them ([`EtcdStore::rollout`]), and a transaction that compares the
+//!   header's revision compares the whole rollout.
+//! - **A decision larger than one transaction is stored in steps**
+//!   ([`ROWS_PER_TXN`] rows each; etcd takes 128 operations per
+//!   transaction), each step a consistent rollout: its first assignments
+//!   (those nodes started, nothing else yet) or some of its nodes' new
+//!   states, as if those reports had come first. The rollout's own state,
+//!   its target and active marker, and the events not about one node go in
+//!   the last step. Each step compares the header as the step before left
+//!   it: a step that loses a race reads the rollout again and goes on with
+//!   what is left, unless another decision came in between (then the
+//!   caller decides again, as before).
+//! - **A start writes the rows first, the header last**: rows without a
+//!   header are no rollout (nothing reads a rollout's rows without its
+//!   header), and the start that lost its race deletes them before it tries
+//!   again. A replica killed between the two leaves rows that nothing
+//!   reads; the next `rollout start` of that id is impossible (ids are
+//!   random), and they are listed nowhere.
+//! - **Documents stored before** (rows inline, `nodes`) are read as they
+//!   are; the first write to one converts it ([`EtcdStore::convert_inline`]:
+//!   rows first, each step comparing the unchanged document, then the
+//!   header). A replica of an older build cannot read a new header (its
+//!   `nodes` field is missing): during an upgrade it fails a rollout call
+//!   with one error line rather than take a wrong decision.
+
+use std::collections::HashSet;
+
+use super::*;
+
+/// Node rows written per transaction: each may come with its node's
+/// desired-state document (a put and a compare), plus the header, the drive
+/// key, an event document, the active marker and the target, within etcd's
+/// default `--max-txn-ops` of 128.
+pub(super) const ROWS_PER_TXN: usize = 60;
+
+/// Rows written in one transaction where nothing else is (a start, a
+/// conversion).
+const ROWS_ALONE_PER_TXN: usize = 120;
+
+#[derive(Serialize, Deserialize, Clone, PartialEq)]
+pub(super) struct RolloutNodeDoc {
+    #[serde(rename = "n")]
+    pub name: String,
+    #[serde(rename = "p")]
+    pub previous_version: String,
+    #[serde(rename = "s")]
+    pub state: String,
+    #[serde(rename = "m", default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    #[serde(rename = "g", default)]
+    pub generation: u64,
+    #[serde(rename = "t", default)]
+    pub turn_at_ms: i64,
+    #[serde(rename = "f", default)]
+    pub flags: u8,
+}
+
+pub(super) const TOUCHED: u8 = 1;
+const REVERTING: u8 = 2;
+const UNREACHED: u8 = 4;
+const CANARY: u8 = 8;
+
+impl RolloutNodeDoc {
+    pub fn from_row(n: &RolloutNodeRow) -> Self {
+        RolloutNodeDoc {
+            name: n.name.clone(),
+            previous_version: n.previous_version.clone(),
+            state: n.state.as_str().to_string(),
+            message: n.message.clone(),
+            generation: n.generation,
+            turn_at_ms: n.turn_at_ms,
+            flags: (if n.touched { TOUCHED } else { 0 })
+                | (if n.reverting { REVERTING } else { 0 })
+                | (if n.unreached { UNREACHED } else { 0 })
+                | (if n.canary { CANARY } else { 0 }),
+        }
+    }
+
+    pub fn into_row(self) -> Result<RolloutNodeRow> {
+        Ok(RolloutNodeRow {
+            state: NodeState::parse(&self.state).ok_or_else(|| {
+                StoreError::Backend(format!("stored rollout node state {:?} is unknown", self.state))
+            })?,
+            name: self.name,
+            previous_version: self.previous_version,
+            message: self.message,
+            generation: self.generation,
+            turn_at_ms: self.turn_at_ms,
+            touched: self.flags & TOUCHED != 0,
+            reverting: self.flags & REVERTING != 0,
+            unreached: self.flags & UNREACHED != 0,
+            canary: self.flags & CANARY != 0,
+        })
+    }
+}
+
+/// A rollout's header (`rollouts/ID`).
+#[derive(Serialize, Deserialize, Clone)]
+pub(super) struct RolloutDoc {
+    pub cluster: String,
+    pub bundle: String,
+    pub version: String,
+    pub selector: Labels,
+    pub batch_size: u32,
+    pub failure_threshold: u32,
+    pub offline_deadline_ms: u64,
+    pub state: String,
+    /// The node rows of a document stored before rows were keys of their
+    /// own; empty (and not written) in a header.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<RolloutNodeDoc>,
+    /// The node rows are the keys `rnodes/ID/NODE`; false for a document
+    /// stored before, whose rows are `nodes`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rows: bool,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    pub message: String,
+    pub revision: u64,
+    pub previous_target: Option<TargetDoc>,
+    /// Rollouts stored before policies existed waited for offline nodes.
+    #[serde(default = "RolloutPolicy::legacy")]
+    pub policy: RolloutPolicy,
+    #[serde(default)]
+    pub pacing: RolloutPacing,
+}
+
+impl RolloutDoc {
+    /// The header of `r` (its rows are written as keys of their own).
+    pub fn header(r: &RolloutRow) -> Self {
+        RolloutDoc {
+            cluster: r.cluster.clone(),
+            bundle: r.bundle.clone(),
+            version: r.version.clone(),
+            selector: r.selector.clone(),
+            batch_size: r.batch_size,
+            failure_threshold: r.failure_threshold,
+            offline_deadline_ms: r.offline_deadline_ms,
+            state: r.state.as_str().to_string(),
+            nodes: Vec::new(),
+            rows: true,
+            created_at_ms: r.created_at_ms,
+            updated_at_ms: r.updated_at_ms,
+            message: r.message.clone(),
+            revision: r.revision,
+            previous_target: r.previous_target.as_ref().map(|t| TargetDoc {
+                version: t.version.clone(),
+                selector: t.selector.clone(),
+                rollout_id: t.rollout_id.clone(),
+            }),
+            policy: r.policy.clone(),
+            pacing: r.pacing.clone(),
+        }
+    }
+
+    /// The rollout of this header and `rows` (ignored for a document with
+    /// its rows inline), rows sorted by node name.
+    pub fn into_row(self, id: &str, rows: impl IntoIterator<Item = RolloutNodeDoc>) -> Result<RolloutRow> {
+        let state = RolloutState::parse(&self.state).ok_or_else(|| {
+            StoreError::Backend(format!("stored rollout state {:?} is unknown", self.state))
+        })?;
+        let docs: Vec<RolloutNodeDoc> = if self.rows {
+            rows.into_iter().collect()
+        } else {
+            self.nodes
+        };
+        let mut nodes = docs
+            .into_iter()
+            .map(RolloutNodeDoc::into_row)
+            .collect::<Result<Vec<_>>>()?;
+        nodes.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(RolloutRow {
+            id: id.to_string(),
+            cluster: self.cluster,
+            bundle: self.bundle,
+            version: self.version,
+            selector: self.selector,
+            batch_size: self.batch_size,
+            failure_threshold: self.failure_threshold,
+            offline_deadline_ms: self.offline_deadline_ms,
+            state,
+            nodes,
+            created_at_ms: self.created_at_ms,
+            updated_at_ms: self.updated_at_ms,
+            message: self.message,
+            revision: self.revision,
+            previous_target: self.previous_target.map(|t| Target {
+                version: t.version,
+                selector: t.selector,
+                rollout_id: t.rollout_id,
+            }),
+            policy: self.policy,
+            pacing: self.pacing,
+        })
+    }
+}
+
+/// The key of a rollout's header, below the prefix.
+pub(super) fn header_key(id: &str) -> String {
+    format!("rollouts/{id}")
+}
+
+/// The prefix of a rollout's row keys, below the store's prefix.
+pub(super) fn rows_prefix(id: &str) -> String {
+    format!("rnodes/{id}/")
+}
+
+/// The key of one node's row, below the prefix.
+pub(super) fn row_key(id: &str, node: &str) -> String {
+    format!("rnodes/{id}/{node}")
+}
+
+/// One piece of a decision: a node whose row changes, with the version to
+/// assign it (`Some(None)`: remove the bundle) if its desired state changes.
+type Item = (String, Option<Option<String>>);
+
+/// What is left of a decision once `stored` holds some of it: the nodes to
+/// assign (not yet `done`) first, in the decision's order, then the nodes
+/// whose row in the decision differs from the stored one.
+fn plan(c: &RolloutCommit, stored: &RolloutRow, done: &HashSet<String>) -> Vec<Item> {
+    let mut out: Vec<Item> = Vec::new();
+    let mut taken: HashSet<&str> = HashSet::new();
+    for (node, version) in &c.assign {
+        if !done.contains(node) && taken.insert(node.as_str()) {
+            out.push((node.clone(), Some(version.clone())));
+        }
+    }
+    let current: HashMap<&str, &RolloutNodeRow> = stored.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    for n in &c.rollout.nodes {
+        if done.contains(&n.name) || taken.contains(n.name.as_str()) {
+            continue;
+        }
+        // A row of a node that is not (or no longer) part of the stored
+        // rollout is not created by a decision.
+        if current.get(n.name.as_str()).is_some_and(|s| *s != n) {
+            taken.insert(n.name.as_str());
+            out.push((n.name.clone(), None));
+        }
+    }
+    out
+}
+
+/// The outcome of one step.
+enum Step {
+    /// Stored: the rollout as it now stands, its header's revision, the
+    /// nodes whose desired state changed.
+    Stored(Box<RolloutRow>, i64, Vec<String>),
+    /// The header or a desired state changed meanwhile.
+    Raced,
+}
+
+impl EtcdStore {
+    /// Runs one transaction; the revision it wrote at if its compares held.
+    pub(super) async fn txn_at(&self, compares: Vec<Compare>, ops: Vec<TxnOp>) -> Result<Option<i64>> {
+        let mut kv = kv_of(&self.client);
+        let resp = kv
+            .txn(Txn::new().when(compares).and_then(ops))
+            .await
+            .map_err(unavailable)?;
+        if !resp.succeeded() {
+            return Ok(None);
+        }
+        let rev = resp.header().map_or(0, |h| h.revision());
+        self.wrote(rev);
+        Ok(Some(rev))
+    }
+
+    /// A rollout's rows as etcd held them at `rev`.
+    pub(super) async fn rows_at(&self, id: &str, rev: i64) -> Result<Vec<RolloutNodeDoc>> {
+        let prefix = self.key(&rows_prefix(id));
+        let mut opts = GetOptions::new().with_prefix();
+        if rev > 0 {
+            opts = opts.with_revision(rev);
+        }
+        let resp = kv_of(&self.client)
+            .get(prefix.clone(), Some(opts))
+            .await
+            .map_err(unavailable)?;
+        resp.kvs()
+            .iter()
+            .map(|item| serde_json::from_slice(item.value()).map_err(|e| corrupt(&prefix, e)))
+            .collect()
+    }
+
+    /// A rollout as etcd holds it now (header, then its rows at the
+    /// header's read revision), with the header's `mod_revision`.
+    pub(super) async fn rollout_from_etcd(&self, id: &str) -> Result<Option<(RolloutRow, i64)>> {
+        let key = self.key(&header_key(id));
+        let resp = kv_of(&self.client)
+            .get(key.clone(), None)
+            .await
+            .map_err(unavailable)?;
+        let Some(item) = resp.kvs().first() else {
+            return Ok(None);
+        };
+        let at = resp.header().map_or(0, |h| h.revision());
+        let doc: RolloutDoc = serde_json::from_slice(item.value()).map_err(|e| corrupt(&key, e))?;
+        let rows = if doc.rows {
+            self.rows_at(id, at).await?
+        } else {
+            Vec::new()
+        };
+        Ok(Some((doc.into_row(id, rows)?, item.mod_revision())))
+    }
+
+    /// Every rollout, rows and all, as of one revision.
+    pub(super) async fn all_rollouts(&self) -> Result<Vec<RolloutRow>> {
+        let prefix = self.key("rollouts/");
+        let mut kv = kv_of(&self.client);
+        let headers = kv
+            .get(prefix.clone(), Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(unavailable)?;
+        let at = headers.header().map_or(0, |h| h.revision());
+        let rprefix = self.key("rnodes/");
+        let rows = kv
+            .get(
+                rprefix.clone(),
+                Some(GetOptions::new().with_prefix().with_revision(at)),
+            )
+            .await
+            .map_err(unavailable)?;
+        let mut by_id: HashMap<String, Vec<RolloutNodeDoc>> = HashMap::new();
+        for item in rows.kvs() {
+            let key = String::from_utf8_lossy(item.key()).into_owned();
+            let Some((id, _)) = key[rprefix.len()..].split_once('/') else {
+                continue;
+            };
+            let doc: RolloutNodeDoc = serde_json::from_slice(item.value()).map_err(|e| corrupt(&key, e))?;
+            by_id.entry(id.to_string()).or_default().push(doc);
+        }
+        let mut out = Vec::with_capacity(headers.kvs().len());
+        for item in headers.kvs() {
+            let key = String::from_utf8_lossy(item.key()).into_owned();
+            let id = &key[prefix.len()..];
+            let doc: RolloutDoc = serde_json::from_slice(item.value()).map_err(|e| corrupt(&key, e))?;
+            out.push(doc.into_row(id, by_id.remove(id).unwrap_or_default())?);
+        }
+        Ok(out)
+    }
+
+    /// One node's row of rollout `id` whose header is `doc`, from etcd.
+    pub(super) async fn row_of(
+        &self,
+        id: &str,
+        doc: &RolloutDoc,
+        node: &str,
+    ) -> Result<Option<RolloutNodeDoc>> {
+        if !doc.rows {
+            return Ok(doc.nodes.iter().find(|n| n.name == node).cloned());
+        }
+        Ok(self
+            .get::<RolloutNodeDoc>(&self.key(&row_key(id, node)))
+            .await?
+            .value)
+    }
+
+    /// Rewrites a document stored with its rows inline as a header and row
+    /// keys: the rows first, each transaction comparing the unchanged
+    /// document (so every row written is the document's), then the header.
+    /// Nothing if it has row keys already (or does not exist).
+    pub(super) async fn convert_inline(&self, id: &str) -> Result<()> {
+        let key = self.key(&header_key(id));
+        for _ in 0..MAX_ATTEMPTS {
+            let doc: Doc<RolloutDoc> = self.get(&key).await?;
+            let compare = doc.compare(&key);
+            let Some(d) = doc.value else { return Ok(()) };
+            if d.rows {
+                return Ok(());
+            }
+            let row = d.into_row(id, Vec::new())?;
+            let mut held = true;
+            for chunk in row.nodes.chunks(ROWS_ALONE_PER_TXN) {
+                let mut ops = Vec::with_capacity(chunk.len());
+                for n in chunk {
+                    ops.push(self.put(&row_key(id, &n.name), json(&RolloutNodeDoc::from_row(n))?));
+                }
+                if self.txn_at(vec![compare.clone()], ops).await?.is_none() {
+                    held = false;
+                    break;
+                }
+            }
+            if held
+                && self
+                    .txn_at(
+                        vec![compare],
+                        vec![TxnOp::put(key.clone(), json(&RolloutDoc::header(&row))?, None)],
+                    )
+                    .await?
+                    .is_some()
+            {
+                tracing::info!(
+                    rollout = id,
+                    nodes = row.nodes.len(),
+                    "rollout stored with its rows as keys"
+                );
+                return Ok(());
+            }
+        }
+        Err(busy("convert a stored rollout"))
+    }
+
+    /// [`Store::commit_rollout`] on etcd, in steps when the decision is
+    /// larger than one transaction (module docs).
+    pub(super) async fn commit_decision(&self, c: RolloutCommit) -> Result<(RolloutRow, Vec<String>)> {
+        let id = c.rollout.id.clone();
+        self.convert_inline(&id).await?;
+        let mut c = c;
+        let mut done: HashSet<String> = HashSet::new();
+        let mut changed_all = Vec::new();
+        let mut events_left = std::mem::take(&mut c.events);
+        let mut current: Option<(RolloutRow, i64)> = None;
+        for attempt in 0..MAX_ATTEMPTS {
+            let (mut stored, mut hrev) = match current.take() {
+                Some(x) => x,
+                None => {
+                    if attempt > 0 {
+                        backoff(attempt).await;
+                    }
+                    self.rollout(&id)
+                        .await?
+                        .ok_or_else(|| StoreError::NotFound(format!("rollout {id} does not exist")))?
+                }
+            };
+            if stored.revision != c.rollout.revision {
+                return Err(StoreError::Conflict(format!(
+                    "rollout {} changed meanwhile (revision {} is stored, the decision was based on {}); try again",
+                    id, stored.revision, c.rollout.revision
+                )));
+            }
+            let items = plan(&c, &stored, &done);
+            let mut steps: Vec<&[Item]> = items.chunks(ROWS_PER_TXN).collect();
+            if steps.is_empty() {
+                steps.push(&[]);
+            }
+            let last = steps.len() - 1;
+            let mut raced = false;
+            for (i, step) in steps.into_iter().enumerate() {
+                let fin = i == last;
+                let names: HashSet<&str> = step.iter().map(|(n, _)| n.as_str()).collect();
+                let (events, rest): (Vec<EventRow>, Vec<EventRow>) = std::mem::take(&mut events_left)
+                    .into_iter()
+                    .partition(|e| fin || names.contains(e.node.as_str()));
+                events_left = rest;
+                match self.commit_step(&c, &stored, hrev, step, &events, fin).await? {
+                    Step::Stored(row, rev, changed) => {
+                        for (n, v) in step {
+                            if v.is_some() {
+                                done.insert(n.clone());
+                            }
+                        }
+                        changed_all.extend(changed);
+                        if fin {
+                            return Ok((*row, changed_all));
+                        }
+                        c.rollout.revision = row.revision;
+                        stored = *row;
+                        hrev = rev;
+                    }
+                    Step::Raced => {
+                        // Read again and go on with what is left.
+                        events_left.extend(events);
+                        raced = true;
+                        break;
+                    }
+                }
+            }
+            if !raced {
+                current = Some((stored, hrev));
+            }
+        }
+        Err(busy("commit rollout decision"))
+    }
+
+    /// One transaction of a decision: the rows of `step` (assigning the
+    /// nodes that come with a version), `events`, the header; in the last
+    /// step also the rollout's own fields, its target and active marker.
+    async fn commit_step(
+        &self,
+        c: &RolloutCommit,
+        stored: &RolloutRow,
+        hrev: i64,
+        step: &[Item],
+        events: &[EventRow],
+        fin: bool,
+    ) -> Result<Step> {
+        let id = &stored.id;
+        let hkey = self.key(&header_key(id));
+        let decided: HashMap<&str, &RolloutNodeRow> =
+            c.rollout.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+        // The rollout as this step leaves it: the stored one with this
+        // step's rows as decided (and, at the end, the decision's own
+        // fields; nodes that joined since the decision stay in).
+        let mut r = if fin {
+            RolloutRow {
+                nodes: stored.nodes.clone(),
+                ..c.rollout.clone()
+            }
+        } else {
+            stored.clone()
+        };
+        for (name, _) in step {
+            let (Some(dst), Some(src)) = (
+                r.nodes.iter_mut().find(|n| n.name == *name),
+                decided.get(name.as_str()),
+            ) else {
+                return Err(StoreError::Backend(format!(
+                    "rollout {id}: node {name} of the decision is not part of it"
+                )));
+            };
+            *dst = (*src).clone();
+        }
+        let mut compares = vec![Compare::mod_revision(hkey.clone(), CompareOp::Equal, hrev)];
+        let mut ops = Vec::new();
+        let assign: Vec<(&String, &Option<String>)> = step
+            .iter()
+            .filter_map(|(n, v)| v.as_ref().map(|v| (n, v)))
+            .collect();
+        let mut changed = Vec::new();
+        if !assign.is_empty() {
+            // Every node's desired state first, then the generation.
+            let keys: Vec<String> = assign
+                .iter()
+                .map(|(n, _)| self.key(&format!("desired/{n}")))
+                .collect();
+            let docs: Vec<Doc<DesiredDoc>> = self.get_many(&keys).await?;
+            let base = self.next_generation().await?;
+            for (((node, version), dkey), desired) in assign.iter().zip(keys).zip(docs) {
+                let n = r.nodes.iter_mut().find(|n| n.name == **node).ok_or_else(|| {
+                    StoreError::Backend(format!("rollout {id}: node {node} to assign is not part of it"))
+                })?;
+                // A node and its desired document are created and deleted
+                // together, so one compare per node covers both.
+                compares.push(desired.compare(&dkey));
+                let Some(mut d) = desired.value else {
+                    n.state = NodeState::Skipped;
+                    n.message = "node was deleted".into();
+                    continue;
+                };
+                let current = d.bundles.get(&r.bundle).cloned();
+                let was_touched = stored.nodes.iter().any(|s| s.name == **node && s.touched);
+                if !n.reverting && !was_touched {
+                    n.previous_version = current.unwrap_or_default();
+                }
+                match version {
+                    Some(v) => {
+                        d.bundles.insert(r.bundle.clone(), v.clone());
+                    }
+                    None => {
+                        d.bundles.remove(&r.bundle);
+                        d.retry.remove(&r.bundle);
+                    }
+                }
+                let g = base.max(d.generation + 1);
+                d.generation = g;
+                ops.push(TxnOp::put(dkey, json(&d)?, None));
+                n.generation = g;
+                changed.push((*node).clone());
+            }
+        }
+        for (name, _) in step {
+            if let Some(n) = r.nodes.iter().find(|n| n.name == *name) {
+                ops.push(self.put(&row_key(id, name), json(&RolloutNodeDoc::from_row(n))?));
+            }
+        }
+        r.revision = stored.revision + 1;
+        if fin {
+            self.finish_ops(c, stored, &r, &mut compares, &mut ops).await?;
+        }
+        if let Some(op) = self.event_op(events)? {
+            ops.push(op);
+        }
+        let drive_key = self.key(&format!("drive/{id}"));
+        if r.needs_driving() {
+            ops.push(TxnOp::put(drive_key, Vec::new(), None));
+        } else {
+            ops.push(TxnOp::delete(drive_key, None));
+        }
+        ops.push(TxnOp::put(hkey, json(&RolloutDoc::header(&r))?, None));
+        match self.txn_at(compares, ops).await? {
+            Some(rev) => Ok(Step::Stored(Box::new(r), rev, changed)),
+            None => Ok(Step::Raced),
+        }
+    }
+
+    /// The last step's compares and writes beyond the rows: the active
+    /// marker when the rollout becomes active or ends, and its target.
+    async fn finish_ops(
+        &self,
+        c: &RolloutCommit,
+        stored: &RolloutRow,
+        r: &RolloutRow,
+        compares: &mut Vec<Compare>,
+        ops: &mut Vec<TxnOp>,
+    ) -> Result<()> {
+        let id = &r.id;
+        let active_key = self.key(&format!("active/{}/{}", r.cluster, r.bundle));
+        if r.state.is_active() && !stored.state.is_active() {
+            match self.get_raw(&active_key).await? {
+                Some((other, _)) if other != id.as_bytes() => {
+                    let other = String::from_utf8_lossy(&other).into_owned();
+                    let state = match self
+                        .get::<RolloutDoc>(&self.key(&header_key(&other)))
+                        .await?
+                        .value
+                    {
+                        Some(d) => d.state,
+                        None => "running".into(),
+                    };
+                    return Err(still_active(&r.cluster, &r.bundle, &other, &state));
+                }
+                Some((_, rev)) => {
+                    compares.push(Compare::mod_revision(active_key.clone(), CompareOp::Equal, rev))
+                }
+                None => {
+                    compares.push(Compare::create_revision(active_key.clone(), CompareOp::Equal, 0));
+                    ops.push(TxnOp::put(active_key.clone(), id.as_bytes().to_vec(), None));
+                }
+            }
+        } else if !r.state.is_active() && stored.state.is_active() {
+            compares.push(Compare::value(
+                active_key.clone(),
+                CompareOp::Equal,
+                id.as_bytes().to_vec(),
+            ));
+            ops.push(TxnOp::delete(active_key.clone(), None));
+        }
+        match c.target {
+            TargetChange::Keep => {}
+            TargetChange::SetToRollout => {
+                ops.push(self.put(
+                    &format!("targets/{}/{}", r.cluster, r.bundle),
+                    json(&TargetDoc {
+                        version: r.version.clone(),
+                        selector: r.selector.clone(),
+                        rollout_id: r.id.clone(),
+                    })?,
+                ));
+            }
+            TargetChange::RestorePrevious => {
+                let tkey = self.key(&format!("targets/{}/{}", r.cluster, r.bundle));
+                let current: Doc<TargetDoc> = self.get(&tkey).await?;
+                compares.push(current.compare(&tkey));
+                if current.value.as_ref().is_some_and(|t| t.rollout_id == r.id) {
+                    match &r.previous_target {
+                        Some(t) => ops.push(TxnOp::put(
+                            tkey,
+                            json(&TargetDoc {
+                                version: t.version.clone(),
+                                selector: t.selector.clone(),
+                                rollout_id: t.rollout_id.clone(),
+                            })?,
+                            None,
+                        )),
+                        None => ops.push(TxnOp::delete(tkey, None)),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A rollout with no nodes, for tests.
+#[cfg(test)]
+pub(super) fn test_row(id: &str) -> RolloutRow {
+    RolloutRow {
+        id: id.into(),
+        cluster: "c".into(),
+        bundle: "b".into(),
+        version: "2".into(),
+        selector: Labels::new(),
+        batch_size: 1,
+        failure_threshold: 1,
+        offline_deadline_ms: 1000,
+        state: RolloutState::Running,
+        nodes: Vec::new(),
+        created_at_ms: 1,
+        updated_at_ms: 1,
+        message: String::new(),
+        revision: 0,
+        previous_target: None,
+        policy: Default::default(),
+        pacing: Default::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn commit(nodes: Vec<RolloutNodeRow>, assign: &[&str]) -> RolloutCommit {
+        RolloutCommit {
+            rollout: RolloutRow {
+                nodes,
+                ..test_row("r")
+            },
+            assign: assign.iter().map(|n| (n.to_string(), Some("2".into()))).collect(),
+            target: TargetChange::Keep,
+            events: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_plan_takes_assignments_first_then_changed_rows_and_skips_what_is_done() {
+        let stored_nodes: Vec<RolloutNodeRow> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|n| RolloutNodeRow::waiting(n, "1"))
+            .collect();
+        let stored = RolloutRow {
+            nodes: stored_nodes.clone(),
+            ..test_row("r")
+        };
+        let mut decided = stored_nodes.clone();
+        decided[0].state = NodeState::Updated; // a: a report
+        decided[2].state = NodeState::Applying; // c: assigned
+        decided.push(RolloutNodeRow::waiting("z", "1")); // not stored: ignored
+        let c = commit(decided, &["c"]);
+        let got = plan(&c, &stored, &HashSet::new());
+        assert_eq!(
+            got,
+            vec![
+                ("c".to_string(), Some(Some("2".to_string()))),
+                ("a".to_string(), None)
+            ]
+        );
+        // Once c is assigned, only a is left.
+        let done: HashSet<String> = ["c".to_string()].into();
+        assert_eq!(plan(&c, &stored, &done), vec![("a".to_string(), None)]);
+        // Nothing changed: nothing to write but the header.
+        assert!(plan(&commit(stored_nodes, &[]), &stored, &HashSet::new()).is_empty());
+    }
+
+    #[test]
+    fn a_header_has_no_rows_and_an_inline_document_reads_its_own() {
+        let mut r = test_row("r");
+        r.nodes = vec![
+            RolloutNodeRow::waiting("b", "1"),
+            RolloutNodeRow::waiting("a", ""),
+        ];
+        let header = serde_json::to_value(RolloutDoc::header(&r)).unwrap();
+        assert!(
+            header.get("nodes").is_none(),
+            "an older replica must not read a header as a rollout"
+        );
+        assert_eq!(header["rows"], true);
+        let rows: Vec<RolloutNodeDoc> = r.nodes.iter().map(RolloutNodeDoc::from_row).collect();
+        let back = RolloutDoc::header(&r).into_row("r", rows.clone()).unwrap();
+        assert_eq!(
+            back.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        // A document stored before: rows inline, `rows` absent.
+        let mut inline = header;
+        inline.as_object_mut().unwrap().remove("rows");
+        inline["nodes"] = serde_json::to_value(&rows).unwrap();
+        let doc: RolloutDoc = serde_json::from_value(inline).unwrap();
+        assert!(!doc.rows);
+        let back = doc.into_row("r", Vec::new()).unwrap();
+        assert_eq!(back.nodes.len(), 2);
+        assert_eq!(back.nodes[0].name, "a");
+    }
+
+    use crate::store::etcd::tests::{TestEtcd, new_node, token};
+
+    /// `n` nodes of cluster `c` written straight into etcd (a node document
+    /// and a desired state each, 60 nodes per transaction), a bundle b@1
+    /// and b@2.
+    async fn region(s: &EtcdStore, n: usize) -> Vec<String> {
+        s.create_cluster(NewCluster::new("c", 1)).await.unwrap();
+        for v in ["1", "2"] {
+            s.put_bundle(NewBundle {
+                name: "b".into(),
+                version: v.into(),
+                signed_bundle: format!("b@{v}").into_bytes(),
+                manifest_digest: format!("d{v}"),
+                signed: false,
+                files: 1,
+                total_size: 1,
+                blob_digests: vec![format!("blob{v}")],
+                now_ms: 2,
+            })
+            .await
+            .unwrap();
+        }
+        let names: Vec<String> = (0..n).map(|i| format!("node-{i:05}")).collect();
+        for chunk in names.chunks(60) {
+            let mut ops = Vec::new();
+            for name in chunk {
+                let doc = NodeDoc {
+                    cluster: "c".into(),
+                    labels: Labels::new(),
+                    cert_serial: format!("s-{name}"),
+                    facts_json: String::new(),
+                    last_seen_ms: 0,
+                    enrolled_at_ms: 1,
+                    replica: String::new(),
+                    actual: BTreeMap::new(),
+                    hold: None,
+                    key_hash: String::new(),
+                };
+                ops.push(s.put(&format!("nodes/{name}"), json(&doc).unwrap()));
+                let d = DesiredDoc {
+                    generation: 1,
+                    bundles: [("b".to_string(), "1".to_string())].into(),
+                    retry: BTreeMap::new(),
+                };
+                ops.push(s.put(&format!("desired/{name}"), json(&d).unwrap()));
+            }
+            assert!(s.txn(Vec::new(), ops).await.unwrap());
+        }
+        names
+    }
+
+    fn new_rollout(id: &str) -> NewRollout {
+        NewRollout {
+            id: id.into(),
+            cluster: "c".into(),
+            bundle: "b".into(),
+            version: "2".into(),
+            selector: Labels::new(),
+            batch_size: 0,
+            failure_threshold: 1,
+            offline_deadline_ms: 1000,
+            policy: Default::default(),
+            started_by: String::new(),
+            now_ms: 3,
+        }
+    }
+
+    /// A rollout past the old bound of one document (about 4,900 nodes: a
+    /// decision on 10,000 was a 2.4 MB request etcd refused on every try):
+    /// started, every node assigned in one decision and every node's report
+    /// taken in another, each stored in steps within etcd's limits.
+    #[tokio::test]
+    async fn a_rollout_of_six_thousand_nodes_is_started_assigned_and_finished() {
+        let etcd = TestEtcd::start();
+        let s = etcd.store("r1").await;
+        let n = 6_000;
+        let names = region(&s, n).await;
+        let mut r = s.start_rollout(new_rollout("big")).await.unwrap();
+        assert_eq!(r.nodes.len(), n);
+        assert!(r.nodes.iter().all(|x| x.previous_version == "1"));
+        r.batch_size = n as u32;
+        for x in &mut r.nodes {
+            x.state = NodeState::Applying;
+            x.touched = true;
+        }
+        let assign = names.iter().map(|x| (x.clone(), Some("2".to_string()))).collect();
+        let events = names
+            .iter()
+            .map(|x| EventRow {
+                id: 0,
+                at_ms: 4,
+                cluster: "c".into(),
+                node: x.clone(),
+                rollout_id: "big".into(),
+                kind: "node_started".into(),
+                bundle: "b".into(),
+                version: "2".into(),
+                message: String::new(),
+            })
+            .collect();
+        let (stored, changed) = s
+            .commit_rollout(RolloutCommit {
+                rollout: r,
+                assign,
+                target: TargetChange::SetToRollout,
+                events,
+            })
+            .await
+            .unwrap();
+        assert_eq!(changed.len(), n);
+        assert_eq!(stored.revision, n.div_ceil(ROWS_PER_TXN) as u64);
+        let read = s.get_rollout("big").await.unwrap().unwrap();
+        assert_eq!(read, stored, "what a reader gets is what was stored");
+        assert_eq!(
+            read.batch_size, n as u32,
+            "the decision's own fields, in its last step"
+        );
+        assert!(
+            read.nodes
+                .iter()
+                .all(|x| x.state == NodeState::Applying && x.generation > 1)
+        );
+        for name in [&names[0], &names[n / 2], &names[n - 1]] {
+            let d = s.desired_state(name).await.unwrap();
+            assert_eq!(d.bundles, vec![b"b@2".to_vec()]);
+        }
+        // Every node's event, once.
+        let started = s
+            .list_events(EventFilter {
+                limit: 20_000,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind == "node_started")
+            .count();
+        assert_eq!(started, n);
+        // Every report in one decision: the rollout completes.
+        let mut done = read.clone();
+        for x in &mut done.nodes {
+            x.state = NodeState::Updated;
+        }
+        done.state = RolloutState::Completed;
+        let (stored, changed) = s
+            .commit_rollout(RolloutCommit {
+                rollout: done,
+                assign: Vec::new(),
+                target: TargetChange::Keep,
+                events: Vec::new(),
+            })
+            .await
+            .unwrap();
+        assert!(changed.is_empty());
+        assert_eq!(stored.state, RolloutState::Completed);
+        let read = s.get_rollout("big").await.unwrap().unwrap();
+        assert!(read.nodes.iter().all(|x| x.state == NodeState::Updated));
+        assert!(
+            s.list_rollouts(None, true).await.unwrap().is_empty(),
+            "no longer active"
+        );
+        assert!(s.rollouts_to_drive().await.unwrap().is_empty());
+        // A new rollout of the bundle may start.
+        s.start_rollout(new_rollout("next")).await.unwrap();
+    }
+
+    /// A node enrolled while a large decision is being stored: the step that
+    /// lost its race reads the rollout again and goes on; the new node is in
+    /// the rollout, waiting, and every decided node is stored as decided.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_enrolment_between_the_steps_of_a_decision_is_kept() {
+        let etcd = TestEtcd::start();
+        let s = etcd.store("r1").await;
+        let names = region(&s, 400).await;
+        s.create_token(token("tok000", None)).await.unwrap();
+        let mut r = s.start_rollout(new_rollout("r")).await.unwrap();
+        for x in &mut r.nodes {
+            x.state = NodeState::Applying;
+            x.touched = true;
+        }
+        let assign = names.iter().map(|x| (x.clone(), Some("2".to_string()))).collect();
+        let other = etcd.store("r2").await;
+        let joins = tokio::spawn(async move {
+            for i in 0..10 {
+                other
+                    .enroll_node(new_node(&format!("late{i}"), "tok000"))
+                    .await
+                    .unwrap();
+            }
+        });
+        let (stored, changed) = s
+            .commit_rollout(RolloutCommit {
+                rollout: r,
+                assign,
+                target: TargetChange::Keep,
+                events: Vec::new(),
+            })
+            .await
+            .unwrap();
+        joins.await.unwrap();
+        assert_eq!(changed.len(), 400);
+        let read = s.get_rollout("r").await.unwrap().unwrap();
+        assert_eq!(read.revision, stored.revision);
+        assert_eq!(read.nodes.len(), 410, "the late nodes joined the rollout");
+        for x in &read.nodes {
+            if x.name.starts_with("late") {
+                assert_eq!(x.state, NodeState::Waiting, "{}", x.name);
+            } else {
+                assert_eq!(x.state, NodeState::Applying, "{}", x.name);
+                assert!(x.generation > 1);
+            }
+        }
+    }
+
+    /// A rollout stored before rows were keys (its rows inline) reads as it
+    /// is, and its first write converts it: a header without rows and one
+    /// key per row, with the decision on top.
+    #[tokio::test]
+    async fn a_rollout_stored_with_its_rows_inline_is_read_and_converted_at_its_next_write() {
+        let etcd = TestEtcd::start();
+        let s = etcd.store("r1").await;
+        region(&s, 150).await;
+        let mut r = s.start_rollout(new_rollout("old")).await.unwrap();
+        // As an older build stored it.
+        kv_of(&s.client)
+            .delete(
+                s.key(&rows_prefix("old")),
+                Some(etcd_client::DeleteOptions::new().with_prefix()),
+            )
+            .await
+            .unwrap();
+        let mut doc = serde_json::to_value(RolloutDoc::header(&r)).unwrap();
+        doc.as_object_mut().unwrap().remove("rows");
+        doc["nodes"] =
+            serde_json::to_value(r.nodes.iter().map(RolloutNodeDoc::from_row).collect::<Vec<_>>()).unwrap();
+        s.put_bytes(&header_key("old"), serde_json::to_vec(&doc).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(s.get_rollout("old").await.unwrap().unwrap(), r);
+        assert_eq!(s.list_rollouts(None, false).await.unwrap(), vec![r.clone()]);
+        // The next decision converts it.
+        r.nodes[0].state = NodeState::Applying;
+        r.nodes[0].touched = true;
+        let (stored, _) = s
+            .commit_rollout(RolloutCommit {
+                rollout: r.clone(),
+                assign: vec![(r.nodes[0].name.clone(), Some("2".into()))],
+                target: TargetChange::Keep,
+                events: Vec::new(),
+            })
+            .await
+            .unwrap();
+        let header: serde_json::Value =
+            serde_json::from_slice(&s.get_bytes(&header_key("old")).await.unwrap().unwrap().0).unwrap();
+        assert_eq!(header["rows"], true);
+        assert!(header.get("nodes").is_none());
+        assert_eq!(s.keys(&s.key(&rows_prefix("old"))).await.unwrap().len(), 150);
+        assert_eq!(s.get_rollout("old").await.unwrap().unwrap(), stored);
+        assert_eq!(stored.nodes[0].state, NodeState::Applying);
+        assert!(stored.nodes[1..].iter().all(|x| x.state == NodeState::Waiting));
+    }
+}
