@@ -1184,6 +1184,29 @@ PY
       echo "cpu_replicas $(cpu_s "${sc_rpids[@]}")"
       echo "cpu_loadgen $(cpu_s "$sc_first" "${sc_helpers[@]}")"
     } >"$1"
+    # What the replicas read from etcd (lks_etcd_read_bytes_total).
+    for k in "${sc_mports[@]}"; do curl -fs "http://127.0.0.1:$k/metrics"; done >"$1.replicas"
+  }
+  # Between two marks: what the three replicas read from etcd, summed, the
+  # largest first: "range nodes 480.0 MiB in 30", … (value bytes).
+  replica_reads() {
+    python3 - "$1.replicas" "$2.replicas" <<'PY'
+import re, sys
+def load(p):
+    m = {}
+    for line in open(p):
+        g = re.match(r'lks_etcd_read(s|_bytes)_total\{read="(\w+)",prefix="(\w+)"\} (\d+)', line)
+        if g:
+            k = (g.group(2), g.group(3))
+            m.setdefault(k, [0, 0])[0 if g.group(1) == "s" else 1] += int(g.group(4))
+    return m
+a, b = load(sys.argv[1]), load(sys.argv[2])
+d = {k: (v[0] - a.get(k, [0, 0])[0], v[1] - a.get(k, [0, 0])[1]) for k, v in b.items()}
+top = sorted(d.items(), key=lambda kv: -kv[1][1])
+total = sum(v[1] for v in d.values())
+print("%.1f MiB in all; " % (total / 2**20) + ", ".join(
+    "%s %s %.1f MiB in %d" % (k[0], k[1], v[1] / 2**20, v[0]) for k, v in top[:8] if v[1] > 0))
+PY
   }
   # Between two marks, per node of the fleet ($3): etcd requests by method
   # over the three members (Range, Txn, Put), revisions (writes committed),
@@ -1225,7 +1248,7 @@ PY
 
   # Baseline: one SQLite server, 10,000 agents (or the smallest N), the
   # same 20-file rollout, RSS per agent as the agents section measures it.
-  steady=() fover=()
+  steady=() fover=() reads=()
   if part steady; then
   bn=${scale_ns[0]}
   [ "$bn" -le "$per_proc" ] || bn=$per_proc
@@ -1271,6 +1294,7 @@ PY
     grep -q 'rollout completed' "$d/lg0.err" || { echo "scale-out: no rollout at $n:" >&2; tail -5 "$d/lg0.err" >&2; exit 1; }
     rollout_mark "$work/sc-r1"
     cost=$(rollout_cost "$work/sc-r0" "$work/sc-r1" "$n")
+    reads+=("- $n agents: $(replica_reads "$work/sc-r0" "$work/sc-r1")")
     sleep 5
     held=$(held_now)
     etcd_snap "$work/sc-m0"
@@ -1338,6 +1362,10 @@ PY
   echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   echo "$base_row"
   printf '%s\n' "${steady[@]}"
+  echo
+  echo "What the three replicas read from etcd during the rollout (values, summed; by kind of read and key prefix, the largest first):"
+  echo
+  printf '%s\n' "${reads[@]}"
   echo
   fi
   if part failover; then

@@ -355,6 +355,32 @@ impl Metrics {
                 );
             }
         }
+        // What this replica read from etcd (nothing on SQLite).
+        let reads = crate::store::etcd::reads::snapshot();
+        if !reads.is_empty() {
+            let _ = writeln!(
+                s,
+                "# HELP lks_etcd_reads_total Reads from etcd by kind (get, range, watch event) and key prefix."
+            );
+            let _ = writeln!(s, "# TYPE lks_etcd_reads_total counter");
+            for (read, prefix, n, _) in &reads {
+                let _ = writeln!(
+                    s,
+                    "lks_etcd_reads_total{{read=\"{read}\",prefix=\"{prefix}\"}} {n}"
+                );
+            }
+            let _ = writeln!(
+                s,
+                "# HELP lks_etcd_read_bytes_total Bytes of values read from etcd by kind and key prefix."
+            );
+            let _ = writeln!(s, "# TYPE lks_etcd_read_bytes_total counter");
+            for (read, prefix, _, b) in &reads {
+                let _ = writeln!(
+                    s,
+                    "lks_etcd_read_bytes_total{{read=\"{read}\",prefix=\"{prefix}\"}} {b}"
+                );
+            }
+        }
         s
     }
 }

@@ -62,6 +62,7 @@ mod cache;
 mod clusters;
 mod import;
 mod limits;
+pub mod reads;
 mod rollouts;
 mod start;
 mod status;
@@ -542,6 +543,7 @@ impl EtcdStore {
     async fn get_raw(&self, key: &str) -> Result<Option<(Vec<u8>, i64)>> {
         let mut kv = crate::store::etcd::kv_of(&self.client);
         let resp = kv.get(key, None).await.map_err(unavailable)?;
+        self.note_read(reads::Read::Get, key, resp.kvs());
         Ok(resp
             .kvs()
             .first()
@@ -567,6 +569,7 @@ impl EtcdStore {
             let mut kv = crate::store::etcd::kv_of(&self.client);
             let resp = kv.txn(Txn::new().and_then(ops)).await.map_err(unavailable)?;
             for (key, g) in chunk.iter().zip(read_answers(resp, chunk.len())?) {
+                self.note_read(reads::Read::Get, key, g.kvs());
                 out.push(match g.kvs().first() {
                     None => Doc { value: None, rev: 0 },
                     Some(kv) => Doc {
@@ -586,6 +589,7 @@ impl EtcdStore {
             .get(prefix, Some(GetOptions::new().with_prefix()))
             .await
             .map_err(unavailable)?;
+        self.note_read(reads::Read::Range, prefix, resp.kvs());
         let mut out = Vec::with_capacity(resp.kvs().len());
         for item in resp.kvs() {
             let key = String::from_utf8_lossy(item.key()).into_owned();
@@ -621,6 +625,33 @@ impl EtcdStore {
             self.wrote(h.revision());
         }
         Ok(resp.succeeded())
+    }
+
+    /// [`Store::list_nodes`] read from etcd: every node document, desired
+    /// state and last-seen document of the region.
+    async fn nodes_from_etcd(&self, cluster: Option<&str>) -> Result<Vec<NodeRow>> {
+        let nodes = self.range::<NodeDoc>(&self.key("nodes/")).await?;
+        let mut desired: HashMap<String, DesiredDoc> = self
+            .range::<DesiredDoc>(&self.key("desired/"))
+            .await?
+            .into_iter()
+            .map(|(k, v, _)| (k, v))
+            .collect();
+        let live = self.liveness().await?;
+        Ok(nodes
+            .into_iter()
+            .filter(|(_, d, _)| cluster.is_none_or(|c| d.cluster == c))
+            .map(|(name, d, _)| {
+                let des = desired.remove(&name);
+                Self::node_row(&name, d, des, &live)
+            })
+            .collect())
+    }
+
+    /// Counts a read of `kvs` under `key` (a full key) in [`reads`].
+    fn note_read(&self, read: reads::Read, key: &str, kvs: &[etcd_client::KeyValue]) {
+        let rest = key.strip_prefix(self.prefix.as_str()).unwrap_or(key);
+        reads::note(read, rest, kvs.iter().map(|kv| kv.value().len()).sum());
     }
 
     fn put(&self, rest: &str, bytes: Vec<u8>) -> TxnOp {
@@ -1093,8 +1124,7 @@ impl Store for EtcdStore {
             for a in active.kvs() {
                 let id = String::from_utf8_lossy(a.value()).into_owned();
                 let rkey = self.key(&rollouts::header_key(&id));
-                self.convert_inline(&id).await?;
-                let Some((r, hrev)) = self.rollout(&id).await? else {
+                let Some((r, hrev)) = self.rollout_to_write(&id).await? else {
                     compares.push(Compare::create_revision(rkey, CompareOp::Equal, 0));
                     continue;
                 };
@@ -1161,22 +1191,28 @@ impl Store for EtcdStore {
     }
 
     async fn list_nodes(&self, cluster: Option<&str>) -> Result<Vec<NodeRow>> {
-        let nodes = self.range::<NodeDoc>(&self.key("nodes/")).await?;
-        let mut desired: HashMap<String, DesiredDoc> = self
-            .range::<DesiredDoc>(&self.key("desired/"))
-            .await?
-            .into_iter()
-            .map(|(k, v, _)| (k, v))
-            .collect();
-        let live = self.liveness().await?;
-        Ok(nodes
-            .into_iter()
-            .filter(|(_, d, _)| cluster.is_none_or(|c| d.cluster == c))
-            .map(|(name, d, _)| {
-                let des = desired.remove(&name);
-                Self::node_row(&name, d, des, &live)
+        // From the watch-fed copy when it is fresh: a listing of one
+        // cluster read every node document of the region from etcd (~17 MiB
+        // at 30,000 nodes), and every `rollout start` lists its cluster
+        // (the selector's count, the path-conflict check): at 30,000 agents
+        // in 30 clusters that was most of what etcd sent during a rollout
+        // to all (BENCHMARKS.md, "A region on replicas").
+        let from_copy = self
+            .with_cache(|c, live| {
+                let mut rows: Vec<NodeRow> = c
+                    .nodes
+                    .iter()
+                    .filter(|(_, d)| cluster.is_none_or(|want| d.cluster == want))
+                    .map(|(name, d)| Self::node_row(name, d.clone(), c.desired.get(name).cloned(), live))
+                    .collect();
+                rows.sort_by(|a, b| a.name.cmp(&b.name));
+                rows
             })
-            .collect())
+            .await;
+        match from_copy {
+            Some(rows) => Ok(rows),
+            None => self.nodes_from_etcd(cluster).await,
+        }
     }
 
     async fn retry_node(
@@ -1570,7 +1606,7 @@ impl Store for EtcdStore {
         let all_cached = self
             .with_cache(|c, live| {
                 c.driven_rollout(rollout_id)
-                    .map(|r| r.map(|(r, _)| views(&r, c, live)))
+                    .map(|r| r.map(|(r, _, _)| views(&r, c, live)))
             })
             .await
             .flatten();

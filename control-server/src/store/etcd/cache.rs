@@ -158,7 +158,7 @@ impl CacheState {
                 continue;
             }
             match self.driven_rollout(id)? {
-                Ok((r, _)) => out.push(r),
+                Ok((r, _, _)) => out.push(r),
                 Err(e) => return Some(Err(e)),
             }
         }
@@ -166,10 +166,11 @@ impl CacheState {
         Some(Ok(out))
     }
 
-    /// One driven rollout and its header's revision; `None` if the copy
-    /// does not hold it whole (not driven, as an ended rollout, or its
-    /// rows not read yet): the caller reads etcd.
-    pub fn driven_rollout(&self, id: &str) -> Option<Result<(RolloutRow, i64)>> {
+    /// One driven rollout, its header's revision and whether it is stored
+    /// with its rows inline; `None` if the copy does not hold it whole (not
+    /// driven, as an ended rollout, or its rows not read yet): the caller
+    /// reads etcd.
+    pub fn driven_rollout(&self, id: &str) -> Option<Result<(RolloutRow, i64, bool)>> {
         let (rev, bytes) = self.rollouts.get(id)?;
         if self.fill.contains(id) {
             return None;
@@ -179,12 +180,13 @@ impl CacheState {
             Ok(d) => d,
             Err(e) => return Some(Err(corrupt(&key, e))),
         };
-        let rows = if doc.rows {
-            self.rows.get(id)?.values().cloned().collect()
-        } else {
+        let inline = !doc.rows;
+        let rows = if inline {
             Vec::new()
+        } else {
+            self.rows.get(id)?.values().cloned().collect()
         };
-        Some(doc.into_row(id, rows).map(|r| (r, *rev)))
+        Some(doc.into_row(id, rows).map(|r| (r, *rev, inline)))
     }
 
     fn liveness(&self) -> Liveness {
@@ -252,6 +254,9 @@ impl EtcdStore {
             ..Default::default()
         };
         let load = |state: &mut CacheState, kvs: &[etcd_client::KeyValue]| -> Result<()> {
+            if let Some(first) = kvs.first() {
+                self.note_read(reads::Read::Range, &String::from_utf8_lossy(first.key()), kvs);
+            }
             for item in kvs {
                 let key = String::from_utf8_lossy(item.key());
                 let rest = key.strip_prefix(&self.prefix).unwrap_or(&key).to_string();
@@ -368,8 +373,13 @@ impl EtcdStore {
     /// generator polling its rollouts) and the leader's commit get what a
     /// plain read would, for a fraction of what etcd sends.
     pub(super) async fn rollout(&self, id: &str) -> Result<Option<(RolloutRow, i64)>> {
+        Ok(self.rollout_as_stored(id).await?.map(|(r, rev, _)| (r, rev)))
+    }
+
+    /// [`Self::rollout`], and whether it is stored with its rows inline.
+    pub(super) async fn rollout_as_stored(&self, id: &str) -> Result<Option<(RolloutRow, i64, bool)>> {
         let copied = self.cache.state.read().ok().and_then(|s| s.driven_rollout(id));
-        if let Some(Ok((row, rev))) = copied {
+        if let Some(Ok((row, rev, inline))) = copied {
             let key = self.key(&format!("rollouts/{id}"));
             let resp = kv_of(&self.client)
                 .get(key, Some(GetOptions::new().with_keys_only()))
@@ -377,11 +387,11 @@ impl EtcdStore {
                 .map_err(unavailable)?;
             match resp.kvs().first() {
                 None => return Ok(None),
-                Some(kv) if kv.mod_revision() == rev => return Ok(Some((row, rev))),
+                Some(kv) if kv.mod_revision() == rev => return Ok(Some((row, rev, inline))),
                 Some(_) => {}
             }
         }
-        self.rollout_from_etcd(id).await
+        self.rollout_from_etcd_as_stored(id).await
     }
 
     /// Reads the rows of the rollouts that became driven in a watch answer
@@ -533,6 +543,7 @@ impl EtcdStore {
                         continue;
                     };
                     let deleted = ev.event_type() == EventType::Delete;
+                    reads::note(reads::Read::Watch, rest, kv.value().len());
                     self.cache_event(rest, (!deleted).then(|| kv.value()), kv.mod_revision());
                     if let Some(node) = rest.strip_prefix("desired/") {
                         if !deleted {
@@ -605,7 +616,7 @@ mod tests {
         };
         assert!(rev > 0, "loaded");
         let mut direct: Vec<(String, Option<String>, bool)> = s
-            .list_nodes(None)
+            .nodes_from_etcd(None)
             .await
             .unwrap()
             .into_iter()
@@ -978,6 +989,69 @@ mod tests {
         assert_eq!(c.drive.iter().collect::<Vec<_>>(), ["a"]);
     }
 
+    /// A listing (`node list`, a `rollout start`'s count and path check,
+    /// the peer tracker) comes from the copy, without reading the region's
+    /// node documents from etcd, and is what etcd holds: another
+    /// cluster's nodes left out, another replica's enrolment included once
+    /// the copy has it, and this replica's own writes at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_listing_comes_from_the_copy_and_is_what_etcd_holds() {
+        let etcd = TestEtcd::start();
+        let (s, cancel, task) = watched_with_bundle(&etcd, 3).await;
+        let other = etcd.store("r2").await;
+        other.create_cluster(NewCluster::new("d", 1)).await.unwrap();
+        other
+            .create_token(TokenRow {
+                cluster: "d".into(),
+                ..super::super::tests::token("tokd00", None)
+            })
+            .await
+            .unwrap();
+        other
+            .enroll_node(NewNode {
+                cluster: "d".into(),
+                ..super::super::tests::new_node("elsewhere", "tokd00")
+            })
+            .await
+            .unwrap();
+        other
+            .enroll_node(super::super::tests::new_node("late", "tok000"))
+            .await
+            .unwrap();
+        wait_rev(&s, current_rev(&s).await).await;
+        s.node_connected("n1", "{}", Vec::new(), 5).await.unwrap();
+        let ranges = || {
+            reads::snapshot()
+                .iter()
+                .find(|r| r.0 == "range" && r.1 == "nodes")
+                .map_or(0, |r| r.2)
+        };
+        let before = ranges();
+        let listed = s.list_nodes(Some("c")).await.unwrap();
+        let all = s.list_nodes(None).await.unwrap();
+        assert_eq!(ranges(), before, "no node range read from etcd");
+        assert_eq!(listed, s.nodes_from_etcd(Some("c")).await.unwrap());
+        assert_eq!(all, s.nodes_from_etcd(None).await.unwrap());
+        assert_eq!(ranges(), before + 2);
+        assert_eq!(
+            listed.len(),
+            4,
+            "n0..n2 and the one enrolled through r2, not cluster d's"
+        );
+        assert!(
+            listed.iter().any(|n| n.name == "n1" && n.connected),
+            "this replica's own write"
+        );
+        assert_eq!(all.len(), 5);
+        assert!(all.windows(2).all(|w| w[0].name < w[1].name), "sorted by name");
+        // Without the copy: read from etcd.
+        cancel.cancel();
+        task.await.unwrap();
+        s.cache_invalidate();
+        assert_eq!(s.list_nodes(Some("c")).await.unwrap(), listed);
+        assert_eq!(ranges(), before + 3);
+    }
+
     /// Rows are kept only for a driven rollout the copy holds whole: one
     /// that becomes driven is filled by the watch first, and rows that came
     /// before its drive key (a start's) are not half a rollout.
@@ -1013,8 +1087,9 @@ mod tests {
         c.apply("rnodes/a/n1", Some(row("n1").as_bytes()), 4).unwrap();
         c.apply("rnodes/a/n2", Some(row("n2").as_bytes()), 4).unwrap();
         c.apply("rnodes/a/n2", None, 5).unwrap();
-        let (r, rev) = c.driven_rollout("a").unwrap().unwrap();
+        let (r, rev, inline) = c.driven_rollout("a").unwrap().unwrap();
         assert_eq!(rev, 3);
+        assert!(!inline);
         assert_eq!(
             r.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
             ["n1"]
@@ -1025,7 +1100,8 @@ mod tests {
         assert!(!c.rows.contains_key("b"));
         // A document stored before reads its inline rows.
         c.apply("rollouts/a", Some(&header(false)), 7).unwrap();
-        let (r, _) = c.driven_rollout("a").unwrap().unwrap();
+        let (r, _, inline) = c.driven_rollout("a").unwrap().unwrap();
+        assert!(inline);
         assert_eq!(r.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["x"]);
         // Ended: all forgotten.
         c.apply("drive/a", None, 8).unwrap();

@@ -292,6 +292,7 @@ impl EtcdStore {
             .get(prefix.clone(), Some(opts))
             .await
             .map_err(unavailable)?;
+        self.note_read(reads::Read::Range, &prefix, resp.kvs());
         resp.kvs()
             .iter()
             .map(|item| serde_json::from_slice(item.value()).map_err(|e| corrupt(&prefix, e)))
@@ -300,23 +301,38 @@ impl EtcdStore {
 
     /// A rollout as etcd holds it now (header, then its rows at the
     /// header's read revision), with the header's `mod_revision`.
+    #[cfg(test)]
     pub(super) async fn rollout_from_etcd(&self, id: &str) -> Result<Option<(RolloutRow, i64)>> {
+        Ok(self
+            .rollout_from_etcd_as_stored(id)
+            .await?
+            .map(|(r, rev, _)| (r, rev)))
+    }
+
+    /// [`Self::rollout_from_etcd`], and whether it is stored with its rows
+    /// inline.
+    pub(super) async fn rollout_from_etcd_as_stored(
+        &self,
+        id: &str,
+    ) -> Result<Option<(RolloutRow, i64, bool)>> {
         let key = self.key(&header_key(id));
         let resp = kv_of(&self.client)
             .get(key.clone(), None)
             .await
             .map_err(unavailable)?;
+        self.note_read(reads::Read::Get, &key, resp.kvs());
         let Some(item) = resp.kvs().first() else {
             return Ok(None);
         };
         let at = resp.header().map_or(0, |h| h.revision());
         let doc: RolloutDoc = serde_json::from_slice(item.value()).map_err(|e| corrupt(&key, e))?;
-        let rows = if doc.rows {
-            self.rows_at(id, at).await?
-        } else {
+        let inline = !doc.rows;
+        let rows = if inline {
             Vec::new()
+        } else {
+            self.rows_at(id, at).await?
         };
-        Ok(Some((doc.into_row(id, rows)?, item.mod_revision())))
+        Ok(Some((doc.into_row(id, rows)?, item.mod_revision(), inline)))
     }
 
     /// Every rollout, rows and all, as of one revision.
@@ -327,6 +343,7 @@ impl EtcdStore {
             .get(prefix.clone(), Some(GetOptions::new().with_prefix()))
             .await
             .map_err(unavailable)?;
+        self.note_read(reads::Read::Range, &prefix, headers.kvs());
         let at = headers.header().map_or(0, |h| h.revision());
         let rprefix = self.key("rnodes/");
         let rows = kv
@@ -336,6 +353,7 @@ impl EtcdStore {
             )
             .await
             .map_err(unavailable)?;
+        self.note_read(reads::Read::Range, &rprefix, rows.kvs());
         let mut by_id: HashMap<String, Vec<RolloutNodeDoc>> = HashMap::new();
         for item in rows.kvs() {
             let key = String::from_utf8_lossy(item.key()).into_owned();
@@ -369,6 +387,18 @@ impl EtcdStore {
             .get::<RolloutNodeDoc>(&self.key(&row_key(id, node)))
             .await?
             .value)
+    }
+
+    /// A rollout about to be written: as [`Self::rollout`], converted first
+    /// if it is stored with its rows inline.
+    pub(super) async fn rollout_to_write(&self, id: &str) -> Result<Option<(RolloutRow, i64)>> {
+        match self.rollout_as_stored(id).await? {
+            Some((_, _, true)) => {
+                self.convert_inline(id).await?;
+                self.rollout(id).await
+            }
+            other => Ok(other.map(|(r, rev, _)| (r, rev))),
+        }
     }
 
     /// Rewrites a document stored with its rows inline as a header and row
@@ -420,7 +450,6 @@ impl EtcdStore {
     /// larger than one transaction (module docs).
     pub(super) async fn commit_decision(&self, c: RolloutCommit) -> Result<(RolloutRow, Vec<String>)> {
         let id = c.rollout.id.clone();
-        self.convert_inline(&id).await?;
         let mut c = c;
         let mut done: HashSet<String> = HashSet::new();
         let mut changed_all = Vec::new();
@@ -433,7 +462,7 @@ impl EtcdStore {
                     if attempt > 0 {
                         backoff(attempt).await;
                     }
-                    self.rollout(&id)
+                    self.rollout_to_write(&id)
                         .await?
                         .ok_or_else(|| StoreError::NotFound(format!("rollout {id} does not exist")))?
                 }

@@ -154,6 +154,7 @@ impl EtcdStore {
             .get(nprefix.clone(), Some(GetOptions::new().with_prefix()))
             .await
             .map_err(unavailable)?;
+        self.note_read(reads::Read::Range, &nprefix, resp.kvs());
         let read_rev = resp.header().map_or(0, |h| h.revision());
         let desired: HashMap<String, DesiredDoc> = self
             .range::<DesiredDoc>(&self.key("desired/"))

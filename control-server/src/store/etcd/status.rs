@@ -348,6 +348,15 @@ impl EtcdStore {
             return Ok(Outcome::Written);
         }
         let answers = read_answers(resp, wanted)?;
+        for g in &answers {
+            if let Some(kv) = g.kvs().first() {
+                self.note_read(
+                    super::reads::Read::Get,
+                    &String::from_utf8_lossy(kv.key()),
+                    g.kvs(),
+                );
+            }
+        }
         let mut out = Vec::with_capacity(wanted);
         for g in answers {
             out.push(match g.kvs().first() {
