@@ -25,6 +25,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -227,6 +228,9 @@ impl Cache {
             .write(true)
             .truncate(have == 0)
             .append(have > 0)
+            // Moved beside a target later: not readable by others there
+            // before its mode is set.
+            .mode(0o600)
             .open(&part)
             .map_err(|e| FsError::new("open", &part, e))?;
         let verify_failed = |source: VerifyError| {
@@ -413,6 +417,7 @@ impl Cache {
                 .create(true)
                 .write(true)
                 .truncate(true)
+                .mode(0o600)
                 .open(&part)?;
             let mut v = Verifier::new(*digest, size);
             let mut buf = vec![0u8; CHUNK];

@@ -171,6 +171,12 @@ pub struct Engine {
     stages_unhashed: std::sync::atomic::AtomicU64,
     /// Stale transaction backups were looked for (once per process).
     backups_checked: bool,
+    /// Managed path → its inode when a copy of it into the cache did not
+    /// match its blob ([`Engine::fill_cache`]): not tried again until the
+    /// file changes.
+    uncacheable: BTreeMap<BundlePath, InodeMeta>,
+    /// Files copied (or tried) into the cache from their targets (tests).
+    cache_copies: u64,
 }
 
 /// How an attempt ended, before it is written into the bundle's record.
@@ -216,6 +222,8 @@ impl Engine {
             backups_read: 0,
             stages_unhashed: Default::default(),
             backups_checked: false,
+            uncacheable: BTreeMap::new(),
+            cache_copies: 0,
         })
     }
 
@@ -230,6 +238,12 @@ impl Engine {
     /// and verified, copied without hashing them again.
     pub fn stages_unhashed(&self) -> u64 {
         self.stages_unhashed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many files were copied (or tried) from their targets into the
+    /// cache after a commit ([`Engine::fill_cache`]).
+    pub fn cache_copies(&self) -> u64 {
+        self.cache_copies
     }
 
     /// Where certificates of `[[certificate]]` entries come from.

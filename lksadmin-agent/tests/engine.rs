@@ -928,7 +928,9 @@ async fn a_target_that_drifted_before_its_cache_copy_is_not_cached() {
     // (same size) before it ran again.
     std::fs::remove_file(f.state.join("cache/sha256").join(d.hex())).unwrap();
     std::fs::write(f.path("/etc/k.conf"), b"THE BYTES THE MANIFEST NAMES").unwrap();
+    assert_eq!(f.engine.cache_copies(), 1, "the copy after the commit");
     f.engine.fill_cache();
+    assert_eq!(f.engine.cache_copies(), 2);
     assert!(!f.engine.cache().contains(&d), "drifted bytes were cached");
     assert!(
         dir_names(&f.state.join("cache/partial")).is_empty(),
@@ -940,6 +942,11 @@ async fn a_target_that_drifted_before_its_cache_copy_is_not_cached() {
     assert_eq!(report.repaired.len(), 0, "{report:?}");
     assert_eq!(report.failed.len(), 1, "{report:?}");
     assert!(!f.engine.cache().contains(&d));
+    assert_eq!(
+        f.engine.cache_copies(),
+        2,
+        "a file whose copy did not match is not read again while unchanged"
+    );
     assert_eq!(
         f.read("/etc/k.conf"),
         Some((b"THE BYTES THE MANIFEST NAMES".to_vec(), 0o644)),

@@ -13,7 +13,7 @@ use lks_proto::{Digest, FileSpec};
 
 use super::{Engine, is_regular};
 use crate::fault;
-use crate::fsutil;
+use crate::fsutil::{self, InodeMeta};
 use crate::journal::{PathPlan, Txn, Want};
 
 impl Engine {
@@ -36,6 +36,11 @@ impl Engine {
         else {
             return Ok(false);
         };
+        // A staged entry is private until its mode is set (as
+        // `create_entry` makes one); a download given back by a rollback
+        // may carry another file's mode.
+        fs::set_permissions(&src, fs::Permissions::from_mode(0o600))
+            .map_err(|e| format!("{}: stage: set mode of {}: {e}", plan.path, src.display()))?;
         let parent = self.root.parent(&plan.path, true).map_err(|e| e.to_string())?;
         let temp: std::ffi::OsString = plan.temp.clone().into();
         match nix::fcntl::renameat(nix::fcntl::AT_FDCWD, &src, parent.as_fd(), temp.as_os_str()) {
@@ -166,10 +171,14 @@ impl Engine {
             .collect();
         for f in files {
             if self.cache.contains(&f.digest) {
+                self.uncacheable.remove(&f.path);
                 continue;
             }
             match self.cache_from_target(&f) {
-                Ok(true) => tracing::debug!(path = %f.path, digest = %f.digest, "blob copied into the cache"),
+                Ok(true) => {
+                    self.uncacheable.remove(&f.path);
+                    tracing::debug!(path = %f.path, digest = %f.digest, "blob copied into the cache");
+                }
                 Ok(false) => tracing::warn!(
                     path = %f.path,
                     digest = %f.digest,
@@ -182,7 +191,7 @@ impl Engine {
 
     /// One blob of [`Engine::fill_cache`]: from `fetched/` if a download is
     /// still there, else copied from the target.
-    fn cache_from_target(&self, f: &FileSpec) -> Result<bool, String> {
+    fn cache_from_target(&mut self, f: &FileSpec) -> Result<bool, String> {
         if self
             .cache
             .promote_fetched(&f.digest, f.size)
@@ -193,16 +202,28 @@ impl Engine {
         let Ok(parent) = self.root.parent(&f.path, false) else {
             return Ok(false);
         };
-        match parent.stat_target().map_err(|e| e.to_string())? {
-            Some(st) if is_regular(&st) && st.st_size as u64 == f.size => {}
+        let meta = match parent.stat_target().map_err(|e| e.to_string())? {
+            Some(st) if is_regular(&st) && st.st_size as u64 == f.size => InodeMeta::of(&st),
             _ => return Ok(false),
+        };
+        // A file whose copy did not match is not read again until it
+        // changes (a repair): an offline node with a drifted 256 MiB file
+        // would otherwise copy it at every heal pass.
+        if self.uncacheable.get(&f.path) == Some(&meta) {
+            return Ok(false);
         }
         let Some(src) = parent.open_target().map_err(|e| e.to_string())? else {
             return Ok(false);
         };
         fault::point("cache-copy");
-        self.cache
+        self.cache_copies += 1;
+        let cached = self
+            .cache
             .copy_in(src, &f.digest, f.size)
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        if !cached {
+            self.uncacheable.insert(f.path.clone(), meta);
+        }
+        Ok(cached)
     }
 }
