@@ -166,8 +166,8 @@ pub struct Engine {
     /// Old files read and hashed to back them up (the others were proved
     /// unchanged since the engine wrote or last hashed them by their inode).
     backups_read: u64,
-    /// Files staged from a blob this process had just verified, not hashed
-    /// again (tests).
+    /// Files staged from bytes this process had just verified, not hashed
+    /// again: downloads moved into place, known-good cache copies (tests).
     stages_unhashed: std::sync::atomic::AtomicU64,
     /// Stale transaction backups were looked for (once per process).
     backups_checked: bool,
@@ -234,8 +234,9 @@ impl Engine {
         self.backups_read
     }
 
-    /// How many files were staged from a blob this process had just fetched
-    /// and verified, copied without hashing them again.
+    /// How many files were staged from bytes this process had just fetched
+    /// and verified without hashing them again: downloads moved into place,
+    /// and cached blobs copied while their inode was unchanged.
     pub fn stages_unhashed(&self) -> u64 {
         self.stages_unhashed.load(std::sync::atomic::Ordering::Relaxed)
     }
@@ -1840,6 +1841,11 @@ impl Engine {
             mode: f.mode,
             url: f.url.clone(),
         };
+        // A download a rollback gave back is as good as a fetch, once it
+        // is verified.
+        self.cache
+            .promote_fetched(&f.digest, f.size)
+            .map_err(|e| e.to_string())?;
         self.cache
             .ensure(&spec, &*self.source)
             .await
