@@ -553,4 +553,64 @@ mod tests {
         assert_eq!(fs::read(cache.blob_path(&f.digest)).unwrap(), good);
         assert!(!cache.partials().join(f.digest.hex()).exists());
     }
+
+    #[tokio::test]
+    async fn an_apply_fetch_lands_in_fetched_and_is_known_good_there() {
+        let d = tempfile::tempdir().unwrap();
+        let cache = Cache::new(d.path().join("cache"));
+        let good: Vec<u8> = (0..5_000u32).map(|i| (i * 7) as u8).collect();
+        let f = spec(&good);
+        let got = cache.fetch(&f, &Serve(good.clone())).await.unwrap();
+        assert_eq!(got.from_server, good.len() as u64);
+        assert!(!cache.contains(&f.digest), "not in the cache yet");
+        let p = cache.verified_fetched(&f.digest, f.size).unwrap().unwrap();
+        assert!(
+            cache.known(&f.digest, &p),
+            "verified as it streamed, not hashed again"
+        );
+        assert_eq!(fs::read(&p).unwrap(), good);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+        // A second fetch finds it; promoting it makes the cache entry.
+        let again = cache.fetch(&f, &Serve(vec![])).await.unwrap();
+        assert_eq!(again, Fetched::default());
+        assert!(cache.promote_fetched(&f.digest, f.size).unwrap());
+        assert!(cache.contains(&f.digest) && !p.exists());
+    }
+
+    #[test]
+    fn a_fetched_file_changed_on_disk_is_hashed_and_dropped() {
+        let d = tempfile::tempdir().unwrap();
+        let cache = Cache::new(d.path().join("cache"));
+        let good = b"good bytes".to_vec();
+        let f = spec(&good);
+        cache.create_fetched_dir().unwrap();
+        fs::write(cache.fetched_path(&f.digest), b"evil bytes").unwrap();
+        assert_eq!(cache.verified_fetched(&f.digest, f.size).unwrap(), None);
+        assert!(!cache.fetched_path(&f.digest).exists());
+        assert!(!cache.promote_fetched(&f.digest, f.size).unwrap());
+    }
+
+    #[test]
+    fn a_copy_into_the_cache_is_kept_only_if_it_matches() {
+        let d = tempfile::tempdir().unwrap();
+        let cache = Cache::new(d.path().join("cache"));
+        let good = b"the bytes that were switched in".to_vec();
+        let f = spec(&good);
+        // A target that drifted (same size): nothing cached, nothing left.
+        let drifted = b"THE BYTES THAT WERE SWITCHED IN".to_vec();
+        assert!(!cache.copy_in(&drifted[..], &f.digest, f.size).unwrap());
+        assert!(!cache.contains(&f.digest));
+        assert_eq!(fs::read_dir(cache.partials()).unwrap().count(), 0);
+        // Longer than the manifest says: refused as soon as it passes.
+        let longer = [good.clone(), b"more".to_vec()].concat();
+        assert!(!cache.copy_in(&longer[..], &f.digest, f.size).unwrap());
+        assert!(!cache.contains(&f.digest));
+        // The right bytes: cached, and trusted by staging while unchanged.
+        assert!(cache.copy_in(&good[..], &f.digest, f.size).unwrap());
+        assert_eq!(fs::read(cache.blob_path(&f.digest)).unwrap(), good);
+        let (_, known) = cache.open_checked(&f.digest).unwrap().unwrap();
+        assert!(known);
+        assert_eq!(fs::read_dir(cache.partials()).unwrap().count(), 0);
+    }
 }
