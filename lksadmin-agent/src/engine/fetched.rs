@@ -166,7 +166,9 @@ impl Engine {
             .filter_map(|r| r.installed.as_ref())
             .filter(|m| !m.self_update)
             .flat_map(|m| m.all_files())
-            .filter(|f| seen.insert(f.digest))
+            // By path: of two paths with the same bytes, the second is
+            // tried when the first drifted (else its blob is cached by then).
+            .filter(|f| seen.insert(f.path.clone()))
             .cloned()
             .collect();
         for f in files {
