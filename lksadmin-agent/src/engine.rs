@@ -633,6 +633,7 @@ impl Engine {
             let got = if m.self_update {
                 self.cache.ensure(f, &*self.source).await
             } else {
+                self.cache_from_installed(&f.digest);
                 self.cache.fetch(f, &*self.source).await
             };
             match got {

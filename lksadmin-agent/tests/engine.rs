@@ -1047,3 +1047,20 @@ async fn a_damaged_fetched_blob_is_dropped_and_fetched_again() {
     assert_eq!(*f.source.offsets.lock().unwrap(), vec![0], "fetched again");
     assert_eq!(f.read("/etc/r"), Some((good, 0o644)));
 }
+
+/// Two bundles applied in one reconcile with the same bytes: the second
+/// copies them from the first's target (verified) instead of downloading
+/// them again, though the first's cache copy comes only after the reconcile.
+#[tokio::test]
+async fn a_second_bundle_with_the_same_bytes_takes_them_from_the_first_not_the_network() {
+    let mut f = fixture();
+    let same = b"bytes shared by two bundles".to_vec();
+    let a = f.manifest("a", "1", &[("/opt/a/bin", &same, 0o755)]);
+    let b = f.manifest("b", "1", &[("/opt/b/bin", &same, 0o755)]);
+    f.desire(vec![unsigned(a), unsigned(b)]).await;
+    assert_eq!(f.status("a").1, BundleState::Applied);
+    assert_eq!(f.status("b").1, BundleState::Applied, "{}", f.status("b").2);
+    assert_eq!(f.read("/opt/b/bin"), Some((same.clone(), 0o755)));
+    assert_eq!(*f.source.offsets.lock().unwrap(), vec![0], "downloaded once");
+    assert_eq!(f.engine.cache_copies(), 1, "copied once, from a's target");
+}

@@ -191,6 +191,30 @@ impl Engine {
         }
     }
 
+    /// Before downloading `digest`: if an installed file holds those bytes
+    /// but they are not cached yet (another bundle applied earlier in this
+    /// reconcile, before its cache copy), copies them from there instead.
+    pub(super) fn cache_from_installed(&mut self, digest: &Digest) {
+        if self.cache.contains(digest) {
+            return;
+        }
+        let holders: Vec<FileSpec> = self
+            .state
+            .bundles
+            .values()
+            .filter_map(|r| r.installed.as_ref())
+            .filter(|m| !m.self_update)
+            .flat_map(|m| m.all_files())
+            .filter(|f| f.digest == *digest)
+            .cloned()
+            .collect();
+        for f in holders {
+            if let Ok(true) = self.cache_from_target(&f) {
+                return;
+            }
+        }
+    }
+
     /// One blob of [`Engine::fill_cache`]: from `fetched/` if a download is
     /// still there, else copied from the target.
     fn cache_from_target(&mut self, f: &FileSpec) -> Result<bool, String> {
