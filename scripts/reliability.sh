@@ -36,7 +36,7 @@ if [ "$fast" = 0 ]; then
   e2e+=(--test net_faults)
   expect_lines=$((expect_lines + 3))
 fi
-expect_lines=$((expect_lines + 3)) # lksadmin-agent --test crash
+expect_lines=$((expect_lines + 4)) # lksadmin-agent --test crash
 
 status=0
 if [ -n "$lines_from" ]; then
@@ -55,7 +55,8 @@ fi
 # Outcomes that must be 0 wherever a line reports them.
 must_be_zero="mixed_files corrupt_files_seen accepted written panics internal other half_stored half_visible \
 acknowledged_lost duplicate_applies double_applies skipped leaked staging_left left_over leftover_files \
-counted_against_bundle failed outside_entries claim_counted unrecorded duplicate_nodes uses_over_granted short_file_ended_clean given_up_for_ever"
+counted_against_bundle failed outside_entries claim_counted unrecorded duplicate_nodes uses_over_granted short_file_ended_clean given_up_for_ever \
+unverified_cached unverified_restored"
 
 awk -v zero="$must_be_zero" -v expect="$expect_lines" -v table="$out/table.md" '
 BEGIN {

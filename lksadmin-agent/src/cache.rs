@@ -1,16 +1,31 @@
-//! The local content-addressed blob cache (`cache/sha256/<hex>`).
+//! The local content-addressed blob cache (`cache/sha256/<hex>`), and the
+//! verified downloads an apply moves into place (`cache/fetched/<hex>`).
 //!
 //! Downloads land in `cache/partial/<hex>` and resume from its length; every
 //! byte passes a [`Verifier`] on the way in, so a blob is only ever renamed
-//! into `sha256/` after its size and digest matched. Readers verify again
-//! while copying out, so a cache corrupted on disk is caught too; except
-//! right after this process stored a blob itself: while its inode is as it
-//! was then ([`Cache::open_checked`]), staging copies it without hashing it
-//! a second time (the trust a heal pass gives a managed file's inode).
+//! into `sha256/` or `fetched/` after its size and digest matched.
+//!
+//! - An apply fetches into `fetched/` ([`Cache::fetch`]); staging *moves*
+//!   that file beside its target (one write of the bytes, one hash, one
+//!   fsync on the rollout's path). The cache entry is made after the commit,
+//!   off the rollout's path, by [`Cache::copy_in`] from the switched-in
+//!   target, hashed while copying and promoted only if it matches: a target
+//!   that drifted meanwhile is not cached.
+//! - Drift repair and self-update fetch straight into `sha256/`
+//!   ([`Cache::ensure`]).
+//!
+//! Readers verify again while copying out, so a cache corrupted on disk is
+//! caught too; except right after this process stored a blob itself: while
+//! its inode is as it was then ([`Cache::open_checked`]), staging copies it
+//! without hashing it a second time (the trust a heal pass gives a managed
+//! file's inode). A `fetched/` file this process did not verify itself (one
+//! left by an earlier process, or given back by a rollback) is hashed before
+//! it is used ([`Cache::verified_fetched`]).
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -19,6 +34,7 @@ use futures::StreamExt;
 use lks_proto::digest::{Verifier, VerifyError};
 use lks_proto::{Digest, FileSpec};
 
+use crate::fault;
 use crate::fsutil::{self, FsError, InodeMeta};
 use crate::source::{self, BlobSource};
 use crate::swarm::SwarmError;
@@ -80,6 +96,22 @@ impl Cache {
         self.dir.join("partial")
     }
 
+    fn fetched_dir(&self) -> PathBuf {
+        self.dir.join("fetched")
+    }
+
+    /// Where a verified download waits to be moved beside its target.
+    pub fn fetched_path(&self, d: &Digest) -> PathBuf {
+        self.fetched_dir().join(d.hex())
+    }
+
+    /// Makes sure `fetched/` exists (a rollback gives downloads back there).
+    pub fn create_fetched_dir(&self) -> Result<PathBuf, FsError> {
+        let dir = self.fetched_dir();
+        fsutil::create_dir(&dir, 0o700)?;
+        Ok(dir)
+    }
+
     pub fn blob_path(&self, d: &Digest) -> PathBuf {
         self.blobs().join(d.hex())
     }
@@ -137,12 +169,32 @@ impl Cache {
         if self.contains(&file.digest) {
             return Ok(Fetched::default());
         }
-        fsutil::create_dir(&self.blobs(), 0o700)?;
+        self.download(file, src, &self.blobs()).await
+    }
+
+    /// Makes sure `file`'s bytes are on this node, verified: in the cache,
+    /// or fetched (and resumed) into `fetched/`, from where staging moves
+    /// them beside the target instead of copying them.
+    pub async fn fetch(&self, file: &FileSpec, src: &dyn BlobSource) -> Result<Fetched, FetchError> {
+        if self.contains(&file.digest) || self.verified_fetched(&file.digest, file.size)?.is_some() {
+            return Ok(Fetched::default());
+        }
+        self.download(file, src, &self.fetched_dir()).await
+    }
+
+    /// Downloads `file` into `dest` (`sha256/` or `fetched/`), verified.
+    async fn download(
+        &self,
+        file: &FileSpec,
+        src: &dyn BlobSource,
+        dest: &Path,
+    ) -> Result<Fetched, FetchError> {
+        fsutil::create_dir(dest, 0o700)?;
         fsutil::create_dir(&self.partials(), 0o700)?;
         if file.url.is_none()
             && let Some(swarm) = src.swarm()
         {
-            match self.ensure_from_peers(file, swarm).await {
+            match self.ensure_from_peers(file, swarm, dest).await {
                 Err(FetchError::Unavailable { reason, .. }) if reason.starts_with(UNSUPPORTED) => {}
                 r => return r,
             }
@@ -176,6 +228,9 @@ impl Cache {
             .write(true)
             .truncate(have == 0)
             .append(have > 0)
+            // Moved beside a target later: not readable by others there
+            // before its mode is set.
+            .mode(0o600)
             .open(&part)
             .map_err(|e| FsError::new("open", &part, e))?;
         let verify_failed = |source: VerifyError| {
@@ -198,7 +253,7 @@ impl Cache {
         // measured slower here, the disk competing with the download.
         out.sync_all().map_err(|e| FsError::new("fsync", &part, e))?;
         drop(out);
-        self.store_verified(&part, &file.digest)?;
+        self.store_verified(&part, &file.digest, dest)?;
         // The figure behind BENCHMARKS.md "Blob download and verify":
         // stream_ms is request to last byte verified and written, ms adds
         // the fsync and the rename into the cache.
@@ -223,6 +278,7 @@ impl Cache {
         &self,
         file: &FileSpec,
         swarm: &crate::swarm::Swarm,
+        dest: &Path,
     ) -> Result<Fetched, FetchError> {
         let part = self.partials().join(format!("{}.pieces", file.digest.hex()));
         let path = file.path.to_string();
@@ -252,7 +308,7 @@ impl Cache {
                 });
             }
         };
-        self.store_verified(&part, &file.digest)?;
+        self.store_verified(&part, &file.digest, dest)?;
         tracing::info!(
             path = %path,
             digest = %file.digest,
@@ -268,26 +324,145 @@ impl Cache {
         })
     }
 
-    /// Moves a verified, fsynced download into the cache under its digest
-    /// and remembers its inode, so staging need not hash it again.
-    fn store_verified(&self, part: &Path, digest: &Digest) -> Result<(), FsError> {
-        let blob = self.blob_path(digest);
+    /// Moves a verified, fsynced download into `dest` (`sha256/` or
+    /// `fetched/`) under its digest and remembers its inode, so staging
+    /// need not hash it again.
+    fn store_verified(&self, part: &Path, digest: &Digest, dest: &Path) -> Result<(), FsError> {
+        let blob = dest.join(digest.hex());
         fs::rename(part, &blob).map_err(|e| FsError::new("rename into cache", &blob, e))?;
-        fsutil::sync_dir(&self.blobs())?;
-        // After the rename, which changes ctime. A blob it cannot stat is
-        // simply hashed again when staged.
-        if let Ok(m) = fs::metadata(&blob) {
+        fsutil::sync_dir(dest)?;
+        self.remember(digest, &blob);
+        Ok(())
+    }
+
+    /// Records the inode of a file just verified; after any rename, which
+    /// changes ctime. A file it cannot stat is simply hashed again.
+    fn remember(&self, digest: &Digest, path: &Path) {
+        if let Ok(m) = fs::metadata(path) {
             self.stored()
                 .insert(*digest, (InodeMeta::of_metadata(&m), Instant::now()));
         }
-        Ok(())
+    }
+
+    /// Whether `path` is the very inode this process verified as `digest`.
+    fn known(&self, digest: &Digest, path: &Path) -> bool {
+        let Ok(m) = fs::symlink_metadata(path) else {
+            return false;
+        };
+        let now = InodeMeta::of_metadata(&m);
+        self.stored()
+            .get(digest)
+            .is_some_and(|(was, at)| *was == now && at.elapsed() < fsutil::INODE_TRUST)
+    }
+
+    /// The path of `digest`'s verified download in `fetched/`, if there is
+    /// one: known good when this process verified that very inode, else
+    /// hashed now (a file an earlier process left, or a rollback gave back)
+    /// and dropped if it does not match. Staging moves it beside a target.
+    pub fn verified_fetched(&self, digest: &Digest, size: u64) -> Result<Option<PathBuf>, FsError> {
+        let p = self.fetched_path(digest);
+        match fs::symlink_metadata(&p) {
+            Ok(m) if m.is_file() => {}
+            Ok(_) => {
+                let _ = fs::remove_file(&p);
+                return Ok(None);
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(FsError::new("stat fetched blob", &p, e)),
+        }
+        if self.known(digest, &p) {
+            return Ok(Some(p));
+        }
+        match Digest::of_file(&p) {
+            Ok(got) if got == (*digest, size) => {
+                self.remember(digest, &p);
+                Ok(Some(p))
+            }
+            Ok(_) => {
+                tracing::warn!(%digest, path = %p.display(), "a fetched blob does not match its digest; dropped");
+                fsutil::remove_file_durable(&p)?;
+                Ok(None)
+            }
+            Err(e) => Err(FsError::new("read fetched blob", &p, e)),
+        }
+    }
+
+    /// Promotes `digest`'s verified download from `fetched/` into the
+    /// cache (a rename in the state dir); false if there is none.
+    pub fn promote_fetched(&self, digest: &Digest, size: u64) -> Result<bool, FsError> {
+        let Some(p) = self.verified_fetched(digest, size)? else {
+            return Ok(false);
+        };
+        fsutil::create_dir(&self.blobs(), 0o700)?;
+        let blob = self.blob_path(digest);
+        fs::rename(&p, &blob).map_err(|e| FsError::new("rename into cache", &blob, e))?;
+        fsutil::sync_dir(&self.blobs())?;
+        self.remember(digest, &blob);
+        Ok(true)
+    }
+
+    /// Makes the cache entry of `digest` from `src` (a target the engine
+    /// switched in from verified bytes), off the rollout's path: copied
+    /// into `partial/<hex>.copy` and hashed while copying, fsynced, and
+    /// renamed into `sha256/` only if size and digest match. A source that
+    /// changed since it was verified (a drifted target) is not cached:
+    /// `Ok(false)`, nothing left behind.
+    pub fn copy_in(&self, mut src: impl io::Read, digest: &Digest, size: u64) -> Result<bool, FsError> {
+        const CHUNK: usize = 1 << 20;
+        fsutil::create_dir(&self.blobs(), 0o700)?;
+        fsutil::create_dir(&self.partials(), 0o700)?;
+        let part = self.partials().join(format!("{}.copy", digest.hex()));
+        let mut copy = || -> io::Result<bool> {
+            let mut out = OpenOptions::new()
+                .create(true)
+                .write(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&part)?;
+            let mut v = Verifier::new(*digest, size);
+            let mut buf = vec![0u8; CHUNK];
+            let mut first = true;
+            loop {
+                let n = src.read(&mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                if v.update(&buf[..n]).is_err() {
+                    return Ok(false);
+                }
+                out.write_all(&buf[..n])?;
+                if first {
+                    first = false;
+                    fault::point("cache-copy-partial");
+                }
+            }
+            if v.finish().is_err() {
+                return Ok(false);
+            }
+            out.sync_all()?;
+            Ok(true)
+        };
+        match copy() {
+            Ok(true) => {}
+            Ok(false) => {
+                let _ = fs::remove_file(&part);
+                return Ok(false);
+            }
+            Err(e) => {
+                let _ = fs::remove_file(&part);
+                return Err(FsError::new("copy into cache", &part, e));
+            }
+        }
+        fault::point("cache-promoting");
+        self.store_verified(&part, digest, &self.blobs())?;
+        Ok(true)
     }
 
     /// Removes every cached blob not in `keep`, and stale partial downloads.
     pub fn gc(&self, keep: &BTreeSet<Digest>) -> Result<usize, FsError> {
         self.stored().retain(|d, _| keep.contains(d));
         let mut removed = 0;
-        for dir in [self.blobs(), self.partials()] {
+        for dir in [self.blobs(), self.fetched_dir(), self.partials()] {
             let Ok(rd) = fs::read_dir(&dir) else { continue };
             for e in rd.filter_map(Result::ok) {
                 let name = e.file_name().to_string_lossy().into_owned();
@@ -377,5 +552,65 @@ mod tests {
         cache.ensure(&f, &Serve(good.clone())).await.unwrap();
         assert_eq!(fs::read(cache.blob_path(&f.digest)).unwrap(), good);
         assert!(!cache.partials().join(f.digest.hex()).exists());
+    }
+
+    #[tokio::test]
+    async fn an_apply_fetch_lands_in_fetched_and_is_known_good_there() {
+        let d = tempfile::tempdir().unwrap();
+        let cache = Cache::new(d.path().join("cache"));
+        let good: Vec<u8> = (0..5_000u32).map(|i| (i * 7) as u8).collect();
+        let f = spec(&good);
+        let got = cache.fetch(&f, &Serve(good.clone())).await.unwrap();
+        assert_eq!(got.from_server, good.len() as u64);
+        assert!(!cache.contains(&f.digest), "not in the cache yet");
+        let p = cache.verified_fetched(&f.digest, f.size).unwrap().unwrap();
+        assert!(
+            cache.known(&f.digest, &p),
+            "verified as it streamed, not hashed again"
+        );
+        assert_eq!(fs::read(&p).unwrap(), good);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+        // A second fetch finds it; promoting it makes the cache entry.
+        let again = cache.fetch(&f, &Serve(vec![])).await.unwrap();
+        assert_eq!(again, Fetched::default());
+        assert!(cache.promote_fetched(&f.digest, f.size).unwrap());
+        assert!(cache.contains(&f.digest) && !p.exists());
+    }
+
+    #[test]
+    fn a_fetched_file_changed_on_disk_is_hashed_and_dropped() {
+        let d = tempfile::tempdir().unwrap();
+        let cache = Cache::new(d.path().join("cache"));
+        let good = b"good bytes".to_vec();
+        let f = spec(&good);
+        cache.create_fetched_dir().unwrap();
+        fs::write(cache.fetched_path(&f.digest), b"evil bytes").unwrap();
+        assert_eq!(cache.verified_fetched(&f.digest, f.size).unwrap(), None);
+        assert!(!cache.fetched_path(&f.digest).exists());
+        assert!(!cache.promote_fetched(&f.digest, f.size).unwrap());
+    }
+
+    #[test]
+    fn a_copy_into_the_cache_is_kept_only_if_it_matches() {
+        let d = tempfile::tempdir().unwrap();
+        let cache = Cache::new(d.path().join("cache"));
+        let good = b"the bytes that were switched in".to_vec();
+        let f = spec(&good);
+        // A target that drifted (same size): nothing cached, nothing left.
+        let drifted = b"THE BYTES THAT WERE SWITCHED IN".to_vec();
+        assert!(!cache.copy_in(&drifted[..], &f.digest, f.size).unwrap());
+        assert!(!cache.contains(&f.digest));
+        assert_eq!(fs::read_dir(cache.partials()).unwrap().count(), 0);
+        // Longer than the manifest says: refused as soon as it passes.
+        let longer = [good.clone(), b"more".to_vec()].concat();
+        assert!(!cache.copy_in(&longer[..], &f.digest, f.size).unwrap());
+        assert!(!cache.contains(&f.digest));
+        // The right bytes: cached, and trusted by staging while unchanged.
+        assert!(cache.copy_in(&good[..], &f.digest, f.size).unwrap());
+        assert_eq!(fs::read(cache.blob_path(&f.digest)).unwrap(), good);
+        let (_, known) = cache.open_checked(&f.digest).unwrap().unwrap();
+        assert!(known);
+        assert_eq!(fs::read_dir(cache.partials()).unwrap().count(), 0);
     }
 }

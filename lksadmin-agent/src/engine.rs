@@ -1,10 +1,14 @@
 //! The apply engine: converges the node root on the desired state, one
 //! journalled transaction per bundle change, and heals drift.
 //!
-//! An apply: fetch missing blobs into the cache (verified while streaming)
-//! → stage a temp entry next to each target (verified again, mode set,
-//! fsynced) → back up what is there into the state dir → switch by rename
-//! (fsync file and directory) → run the steps → health check → commit. A
+//! An apply: fetch missing blobs (verified while streaming, fsynced) into
+//! `cache/fetched/` → stage a temp entry next to each target (the fetched
+//! file moved there by rename, its mode set; a blob already cached is
+//! copied, verified again, fsynced) → back up what is there into the state
+//! dir → switch by rename (fsync the directory) → run the steps → health
+//! check → commit → report; then, off the rollout's path, copy each new
+//! blob from its target into the cache (hashed while copying, kept only if
+//! it matches: [`Engine::fill_cache`]). A
 //! failure after the switch restores the backups exactly, removes files the
 //! new version added, re-runs the previous version's steps and reports
 //! `rolled_back`. Every phase change goes through [`crate::journal`] and is
@@ -28,6 +32,7 @@ use lks_proto::{BundlePath, BundleState, Digest, FileSpec, Manifest, SignedBundl
 use prost::Message;
 use tokio::sync::{mpsc, watch};
 
+mod fetched;
 mod handover;
 
 use crate::cache::{Cache, FetchError};
@@ -161,11 +166,17 @@ pub struct Engine {
     /// Old files read and hashed to back them up (the others were proved
     /// unchanged since the engine wrote or last hashed them by their inode).
     backups_read: u64,
-    /// Files staged from a blob this process had just verified, not hashed
-    /// again (tests).
+    /// Files staged from bytes this process had just verified, not hashed
+    /// again: downloads moved into place, known-good cache copies (tests).
     stages_unhashed: std::sync::atomic::AtomicU64,
     /// Stale transaction backups were looked for (once per process).
     backups_checked: bool,
+    /// Managed path → its inode when a copy of it into the cache did not
+    /// match its blob ([`Engine::fill_cache`]): not tried again until the
+    /// file changes.
+    uncacheable: BTreeMap<BundlePath, InodeMeta>,
+    /// Files copied (or tried) into the cache from their targets (tests).
+    cache_copies: u64,
 }
 
 /// How an attempt ended, before it is written into the bundle's record.
@@ -211,6 +222,8 @@ impl Engine {
             backups_read: 0,
             stages_unhashed: Default::default(),
             backups_checked: false,
+            uncacheable: BTreeMap::new(),
+            cache_copies: 0,
         })
     }
 
@@ -221,10 +234,17 @@ impl Engine {
         self.backups_read
     }
 
-    /// How many files were staged from a blob this process had just fetched
-    /// and verified, copied without hashing them again.
+    /// How many files were staged from bytes this process had just fetched
+    /// and verified without hashing them again: downloads moved into place,
+    /// and cached blobs copied while their inode was unchanged.
     pub fn stages_unhashed(&self) -> u64 {
         self.stages_unhashed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many files were copied (or tried) from their targets into the
+    /// cache after a commit ([`Engine::fill_cache`]).
+    pub fn cache_copies(&self) -> u64 {
+        self.cache_copies
     }
 
     /// Where certificates of `[[certificate]]` entries come from.
@@ -471,6 +491,7 @@ impl Engine {
         }
         self.save_state()?;
         self.publish();
+        self.fill_cache();
         self.gc();
         Ok(())
     }
@@ -607,7 +628,15 @@ impl Engine {
             tracing::info!(bundle = name, version, "applying");
         }
         for f in &m.files {
-            match self.cache.ensure(f, &*self.source).await {
+            // A self-update is staged from the cache (`hand_over`); every
+            // other file's download is moved beside its target.
+            let got = if m.self_update {
+                self.cache.ensure(f, &*self.source).await
+            } else {
+                self.cache_from_installed(&f.digest);
+                self.cache.fetch(f, &*self.source).await
+            };
+            match got {
                 Ok(got) => {
                     if (got.from_server, got.from_peers) != (0, 0)
                         && let Some(r) = self.state.bundles.get_mut(name)
@@ -993,7 +1022,7 @@ impl Engine {
         fault::point("staging");
 
         for (i, plan) in txn.plans.iter().enumerate() {
-            if let Err(reason) = self.stage(plan) {
+            if let Err(reason) = self.stage(plan, &txn.plans[..i]) {
                 return self.fail_txn(txn, reason).await;
             }
             if i == 0 {
@@ -1075,6 +1104,7 @@ impl Engine {
                 .as_ref()
                 .is_some_and(|m| !m.steps.is_empty() || m.health.is_some());
         let backup_dir = self.dirs.txn(txn.seq);
+        self.give_back(&txn, touched);
         let mut unrestorable = Vec::new();
         if touched {
             let mut first = true;
@@ -1350,12 +1380,17 @@ impl Engine {
 
     // ---- the file operations of a transaction ---------------------------
 
-    /// Writes the wanted bytes into the plan's temp entry, verified, with
-    /// its mode, fsynced.
-    fn stage(&self, plan: &PathPlan) -> Result<(), String> {
+    /// Puts the wanted bytes into the plan's temp entry, verified, with its
+    /// mode, durable: a verified download is moved there; other bytes are
+    /// copied (from the cache, the originals store, or the temp entry of an
+    /// `earlier` plan of the same blob) and verified while copied.
+    fn stage(&self, plan: &PathPlan, earlier: &[PathPlan]) -> Result<(), String> {
         let Some((digest, size, mode)) = plan.want.digest_mode() else {
             return Ok(());
         };
+        if matches!(plan.want, Want::Blob { .. }) && self.stage_fetched(plan, digest, size, mode)? {
+            return Ok(());
+        }
         // A blob this process has just verified is not hashed again while
         // its inode is unchanged (`Cache::open_checked`); the rest is.
         let (src, known_good) = match &plan.want {
@@ -1365,11 +1400,14 @@ impl Engine {
                     .map_err(|e| format!("{}: open original copy {}: {e}", plan.path, p.display()))?;
                 (f, false)
             }
-            _ => self
-                .cache
-                .open_checked(&digest)
-                .map_err(|e| e.to_string())?
-                .ok_or_else(|| format!("{}: blob {digest} is not in the cache", plan.path))?,
+            _ => match self.cache.open_checked(&digest).map_err(|e| e.to_string())? {
+                Some(found) => found,
+                None => (
+                    self.staged_earlier(earlier, &digest)?
+                        .ok_or_else(|| format!("{}: blob {digest} is not in the cache", plan.path))?,
+                    false,
+                ),
+            },
         };
         if known_good {
             self.stages_unhashed
@@ -1659,6 +1697,8 @@ impl Engine {
     /// costs a `stat` per file, not a read of every byte it manages.
     pub async fn heal(&mut self) -> Result<HealReport, EngineError> {
         self.recover().await?;
+        // A kill between a commit and its cache copy left blobs uncached.
+        self.fill_cache();
         let mut report = HealReport::default();
         let now = self.clock.now_ms();
         let full =
@@ -1802,6 +1842,11 @@ impl Engine {
             mode: f.mode,
             url: f.url.clone(),
         };
+        // A download a rollback gave back is as good as a fetch, once it
+        // is verified.
+        self.cache
+            .promote_fetched(&f.digest, f.size)
+            .map_err(|e| e.to_string())?;
         self.cache
             .ensure(&spec, &*self.source)
             .await
@@ -1826,7 +1871,6 @@ impl Engine {
     }
 
     // ---- housekeeping ---------------------------------------------------
-
     /// Drops cached blobs and originals nothing refers to any more.
     fn gc(&self) {
         let mut keep = BTreeSet::new();

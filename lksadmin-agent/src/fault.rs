@@ -19,6 +19,11 @@
 //! | `rolling-back`     | rollback record durable; nothing restored yet                         |
 //! | `rollback-partial` | first target restored from its backup, the others not yet             |
 //! | `state-saved`      | state file updated after commit or rollback; journal not yet removed  |
+//! | `cache-copy`       | new version committed and reported; a blob it moved into place is not |
+//! |                    | in the cache yet (copy from the target not started)                   |
+//! | `cache-copy-partial` | first chunk of that copy written to `cache/partial/<hex>.copy`,     |
+//! |                    | not fsynced, not verified                                             |
+//! | `cache-promoting`  | copy verified and fsynced; not yet renamed into `cache/sha256/`       |
 
 use std::sync::OnceLock;
 
@@ -35,6 +40,9 @@ pub const POINTS: &[&str] = &[
     "rolling-back",
     "rollback-partial",
     "state-saved",
+    "cache-copy",
+    "cache-copy-partial",
+    "cache-promoting",
 ];
 
 /// The environment variable that arms a fault point.

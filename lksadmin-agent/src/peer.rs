@@ -424,8 +424,8 @@ impl pb::peer_service_server::PeerService for PeerApi {
     }
 }
 
-/// Reads piece `i` of `digest` from the cache (whole blob) or from this
-/// node's own download in progress, and checks it.
+/// Reads piece `i` of `digest` from the cache or `fetched/` (whole blob) or
+/// from this node's own download in progress, and checks it.
 fn read_piece(
     cache: &std::path::Path,
     shared: &Shared,
@@ -435,9 +435,14 @@ fn read_piece(
     len: u64,
     want: &Digest,
 ) -> Result<Vec<u8>, Status> {
+    // A whole blob: in the cache, or a verified download an apply has not
+    // moved beside its target yet.
     let whole = cache.join("sha256").join(digest.hex());
+    let fetched = cache.join("fetched").join(digest.hex());
     let path = if whole.is_file() {
         whole
+    } else if fetched.is_file() {
+        fetched
     } else {
         match shared.partial(digest) {
             Some(p) if lock(&p.have).get(i).copied().unwrap_or(false) => p.path.clone(),

@@ -20,7 +20,7 @@
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::net::SocketAddr;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -188,6 +188,7 @@ impl Swarm {
             .create(true)
             .write(true)
             .truncate(false)
+            .mode(0o600)
             .open(&partial.path)
             .map_err(|e| SwarmError::Unavailable(format!("open {}: {e}", partial.path.display())))?;
         out.set_len(file.size)

@@ -1,11 +1,15 @@
 //! Crash safety: the real agent binary runs offline against a prepared state
 //! dir, is aborted (`LKS_AGENT_FAULT`) at every named transition of an
-//! apply, a rollback and a removal — and killed with SIGKILL at random
-//! instants while it moves a 40-file, 40 MiB bundle back and forth — and is
-//! restarted. Right after the crash
-//! every managed file is wholly old or wholly new; after the restart the
-//! files are all old or all new, consistent with the recorded state, and no
-//! journal, backup or temp entry is left.
+//! apply, a rollback, a removal and the cache copy after a commit — and
+//! killed with SIGKILL at random instants while it moves a 40-file, 40 MiB
+//! bundle back and forth — and is restarted. The new version's blobs wait in
+//! `cache/fetched/` as a download leaves them, so staging moves them into
+//! place and the cache entries are copied from the targets after the
+//! commit. Right after the crash every managed file is wholly old or wholly
+//! new and every cache entry holds the bytes its name says; after the
+//! restart the files are all old or all new, consistent with the recorded
+//! state, the installed blobs are cached, and no journal, backup or temp
+//! entry is left.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -149,12 +153,12 @@ impl Node {
     }
 
     /// Stores a desired state as `run` would have, with its blobs already
-    /// fetched into the cache (the agent runs offline here).
+    /// downloaded (the agent runs offline here): in the cache, or else in
+    /// `cache/fetched/`, verified, as a download leaves them.
     fn desire(&self, generation: u64, bundles: Vec<Manifest>) {
-        let cache = Cache::new(StateDir::new(&self.state).cache());
         for files in [v1_files(), v2_files()] {
             for (bytes, _) in files.values().flatten() {
-                cache.insert(bytes).unwrap();
+                put_fetched(&self.state, bytes);
             }
         }
         let d = pb::DesiredState {
@@ -296,6 +300,30 @@ impl Node {
         }
     }
 
+    /// Whether every blob of `files` is in the cache.
+    fn cached(&self, files: &Files) -> bool {
+        let cache = Cache::new(StateDir::new(&self.state).cache());
+        files
+            .values()
+            .flatten()
+            .all(|(bytes, _)| cache.contains(&Digest::of(bytes)))
+    }
+
+    /// Every cache entry holds exactly the bytes its name says: nothing
+    /// unverified is ever there for drift repair to restore. Returns how
+    /// many entries there are.
+    fn assert_cache_verified(&self, ctx: &str) -> usize {
+        let dir = StateDir::new(&self.state).cache().join("sha256");
+        let mut n = 0;
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let (got, _) = Digest::of_file(&e.path()).unwrap();
+            assert_eq!(got.hex(), name, "{ctx}: cache entry {name} holds other bytes");
+            n += 1;
+        }
+        n
+    }
+
     /// No temp entries under the root, no backups, no journal.
     fn assert_clean(&self, point: &str) {
         let mut stray = vec![];
@@ -340,6 +368,22 @@ fn walk(dir: &Path, f: &mut dyn FnMut(&Path)) {
     }
 }
 
+/// Puts `bytes` into `state`'s `cache/fetched/` as a verified download
+/// would (temp, fsync, rename), unless they are cached or there already.
+fn put_fetched(state: &Path, bytes: &[u8]) {
+    let cache = Cache::new(StateDir::new(state).cache());
+    let d = Digest::of(bytes);
+    let dst = cache.fetched_path(&d);
+    if cache.contains(&d) || dst.exists() {
+        return;
+    }
+    let dir = cache.create_fetched_dir().unwrap();
+    let tmp = dir.join(format!(".{}.tmp", d.hex()));
+    std::fs::write(&tmp, bytes).unwrap();
+    std::fs::File::open(&tmp).unwrap().sync_all().unwrap();
+    std::fs::rename(&tmp, &dst).unwrap();
+}
+
 fn copy_tree(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap().flatten() {
@@ -358,12 +402,16 @@ fn baseline() -> Node {
     std::fs::create_dir_all(n.root.join("etc/app")).unwrap();
     std::fs::write(n.root.join("etc/app/a.conf"), b"pre-existing a").unwrap();
     n.desire(1, vec![manifest("1", &v1_files(), false)]);
-    n.run_until("v1 applied", |n| {
-        n.bundle_state() == Some(("1".into(), BundleState::Applied))
+    n.run_until("v1 applied and cached", |n| {
+        n.bundle_state() == Some(("1".into(), BundleState::Applied)) && n.cached(&v1_files())
     });
     assert!(n.matches(&v1_files()));
+    n.assert_cache_verified("baseline");
     n
 }
+
+/// The cache copy after a commit, off the rollout's path.
+const CACHE_POINTS: &[&str] = &["cache-copy", "cache-copy-partial", "cache-promoting"];
 
 const APPLY_POINTS: &[&str] = &[
     "staging",
@@ -380,6 +428,7 @@ fn every_fault_point_is_documented() {
     let all: Vec<&str> = APPLY_POINTS
         .iter()
         .chain(["committed", "rolling-back", "rollback-partial", "state-saved"].iter())
+        .chain(CACHE_POINTS)
         .copied()
         .collect();
     let mut documented = fault::POINTS.to_vec();
@@ -393,19 +442,35 @@ fn every_fault_point_is_documented() {
 fn crash_during_a_successful_upgrade_rolls_back_or_forward_then_converges() {
     let base = baseline();
     let mut crashes = 0;
-    for point in APPLY_POINTS.iter().chain(["committed", "state-saved"].iter()) {
+    for point in APPLY_POINTS
+        .iter()
+        .chain(["committed", "state-saved"].iter())
+        .chain(CACHE_POINTS)
+    {
         crashes += 1;
         let n = base.clone_dirs();
         n.desire(2, vec![manifest("2", &v2_files(), false)]);
         n.crash_at(point);
         n.assert_each_file_old_or_new(&v1_files(), &v2_files(), point);
+        n.assert_cache_verified(point);
         let after_crash_new = n.matches(&v2_files());
-        n.run_until("v2 applied after restart", |n| {
-            n.bundle_state() == Some(("2".into(), BundleState::Applied))
+        if CACHE_POINTS.contains(point) {
+            assert!(
+                !n.cached(&v2_files()),
+                "{point}: crashed before the cache copy was done"
+            );
+        }
+        n.run_until("v2 applied and cached after restart", |n| {
+            n.bundle_state() == Some(("2".into(), BundleState::Applied)) && n.cached(&v2_files())
         });
         assert!(n.matches(&v2_files()), "{point}: files are not all new");
         n.assert_clean(point);
-        if ["committed", "state-saved"].contains(point) {
+        n.assert_cache_verified(point);
+        if ["committed", "state-saved"]
+            .iter()
+            .chain(CACHE_POINTS)
+            .any(|p| p == point)
+        {
             assert!(
                 after_crash_new,
                 "{point}: crash after the commit record must leave the new files"
@@ -421,7 +486,7 @@ fn crash_during_a_successful_upgrade_rolls_back_or_forward_then_converges() {
     // Every count below is asserted above, per fault point.
     eprintln!(
         "CRASH agent-upgrade-at-each-fault-point: points={crashes} crashes={crashes} mixed_files=0 \
-         converged={crashes} left_over=0"
+         converged={crashes} cached_after_restart={crashes} left_over=0 unverified_cached=0"
     );
 }
 
@@ -438,6 +503,7 @@ fn crash_during_a_failing_upgrade_always_ends_all_old_and_rolled_back() {
         n.desire(2, vec![manifest("2", &v2_files(), true)]);
         n.crash_at(point);
         n.assert_each_file_old_or_new(&v1_files(), &v2_files(), point);
+        n.assert_cache_verified(point);
         n.run_until("v2 rolled back after restart", |n| {
             n.bundle_state() == Some(("2".into(), BundleState::RolledBack))
         });
@@ -458,7 +524,7 @@ fn crash_during_a_failing_upgrade_always_ends_all_old_and_rolled_back() {
     }
     eprintln!(
         "CRASH agent-failing-upgrade-at-each-fault-point: points={crashes} crashes={crashes} mixed_files=0 \
-         rolled_back={crashes} left_over=0"
+         rolled_back={crashes} left_over=0 unverified_cached=0"
     );
 }
 
@@ -660,21 +726,21 @@ fn big_files(version: u8) -> Files {
 
 /// Kills the agent with SIGKILL at random instants while it moves 40 MiB
 /// over 40 files back and forth between two versions, 30 times; after
-/// every kill each file is wholly one version, and the node converges.
+/// every kill each file is wholly one version, every cache entry holds the
+/// bytes its name says (kills land in the cache copy after a commit too),
+/// and the node converges with the installed blobs cached.
 #[test]
 fn kill9_at_random_instants_of_a_40_file_upgrade_and_downgrade() {
     let n = Node::new();
     let (v1, v2) = (big_files(1), big_files(2));
     let cache = Cache::new(StateDir::new(&n.state).cache());
-    for files in [&v1, &v2] {
-        for (bytes, _) in files.values().flatten() {
-            cache.insert(bytes).unwrap();
-        }
+    for bytes in v1.values().flatten().map(|(b, _)| b) {
+        put_fetched(&n.state, bytes);
     }
     n.desire(1, vec![manifest_plain("1", &v1)]);
     let t = Instant::now();
-    n.run_until("v1 applied", |n| {
-        n.bundle_state() == Some(("1".into(), BundleState::Applied))
+    n.run_until("v1 applied and cached", |n| {
+        n.bundle_state() == Some(("1".into(), BundleState::Applied)) && n.cached(&v1)
     });
     // Kills land anywhere from the agent's start to a while after a whole
     // apply would have finished.
@@ -692,12 +758,12 @@ fn kill9_at_random_instants_of_a_40_file_upgrade_and_downgrade() {
         x ^= x << 17;
         x
     };
-    let (mut mid_transaction, mut kills, mut switched) = (0, 0, 0);
+    let (mut mid_transaction, mut kills, mut switched, mut before_cached) = (0, 0, 0, 0);
     // At least 30 kills; more (up to 90) while too few have landed in the
     // middle of a transaction or after a commit — on a loaded machine the
     // agent's start-up takes most of the window.
     for round in 0..90u64 {
-        if round >= 30 && mid_transaction >= 3 && switched >= 1 {
+        if round >= 30 && mid_transaction >= 3 && switched >= 1 && before_cached >= 1 {
             break;
         }
         // Always towards the other version: an upgrade, then a downgrade.
@@ -710,12 +776,10 @@ fn kill9_at_random_instants_of_a_40_file_upgrade_and_downgrade() {
         } else {
             ("1", &v1)
         };
-        // The agent runs offline: what it garbage-collected must be back
-        // in its cache, as a download would put it.
+        // The agent runs offline: what it garbage-collected must be back,
+        // as a download would leave it (in `cache/fetched/`).
         for (bytes, _) in files.values().flatten() {
-            if !cache.contains(&Digest::of(bytes)) {
-                cache.insert(bytes).unwrap();
-            }
+            put_fetched(&n.state, bytes);
         }
         n.desire(round + 2, vec![manifest_plain(version, files)]);
         let mut child = n.spawn(None);
@@ -734,6 +798,17 @@ fn kill9_at_random_instants_of_a_40_file_upgrade_and_downgrade() {
             switched += 1;
         }
         n.assert_each_file_old_or_new(&v1, &v2, &format!("seed {seed}, round {round}"));
+        n.assert_cache_verified(&format!("seed {seed}, round {round}"));
+        // Killed after a commit, before its blobs were all copied into
+        // the cache (the window this issue opened).
+        let installed_files = match now.as_deref() {
+            Some("1") => Some(&v1),
+            Some("2") => Some(&v2),
+            _ => None,
+        };
+        if n.settled() && installed_files.is_some_and(|f| !n.cached(f)) {
+            before_cached += 1;
+        }
         if let Some(r) = n.local_state().bundles.get("app") {
             assert_ne!(
                 r.status.state,
@@ -749,24 +824,106 @@ fn kill9_at_random_instants_of_a_40_file_upgrade_and_downgrade() {
     }
     eprintln!(
         "CRASH agent-kill9-at-random-40-files-40MiB: kills={kills} mid_transaction={mid_transaction} \
-         after_commit={switched} mixed_files=0 counted_against_bundle=0 failed=0 converged=1 seed={seed}"
+         after_commit={switched} before_cache_copy_done={before_cached} mixed_files=0 counted_against_bundle=0 \
+         failed=0 unverified_cached=0 converged=1 seed={seed}"
     );
     assert!(
-        mid_transaction >= 3 && switched >= 1,
-        "too few kills landed mid-transaction ({mid_transaction}) or after a commit ({switched}) to prove \
-         anything (seed {seed})"
+        mid_transaction >= 3 && switched >= 1 && before_cached >= 1,
+        "too few kills landed mid-transaction ({mid_transaction}), after a commit ({switched}) or before its \
+         cache copy was done ({before_cached}) to prove anything (seed {seed})"
     );
     for (bytes, _) in v2.values().flatten() {
-        if !cache.contains(&Digest::of(bytes)) {
-            cache.insert(bytes).unwrap();
-        }
+        put_fetched(&n.state, bytes);
     }
     n.desire(100, vec![manifest_plain("2", &v2)]);
-    n.run_until("v2 applied after the kills", |n| {
-        n.bundle_state() == Some(("2".into(), BundleState::Applied))
+    n.run_until("v2 applied and cached after the kills", |n| {
+        n.bundle_state() == Some(("2".into(), BundleState::Applied)) && n.cached(&v2)
     });
     assert!(n.matches(&v2));
     n.assert_clean("after the kills");
+    n.assert_cache_verified("after the kills");
+    assert!(cache.contains(&Digest::of(v2.values().flatten().next().unwrap().0)));
+}
+
+/// Killed between the switch and the cache copy (before it, during it,
+/// before its promotion), and the file edited (same size) while the agent
+/// was down: the copy made after the restart does not match, so the edited
+/// bytes are never cached; offline, drift repair then refuses (nothing
+/// unverified restored), and once the blob is downloaded it repairs.
+#[test]
+fn a_file_edited_between_the_switch_and_its_cache_copy_is_never_cached() {
+    let base = baseline();
+    let edited: &[u8] = b"VERSION TWO OF a\n";
+    let (good, _) = v2_files()["/etc/app/a.conf"].unwrap();
+    assert_eq!(edited.len(), good.len());
+    let d = Digest::of(good);
+    let (mut crashes, mut refused, mut repaired) = (0, 0, 0);
+    for point in CACHE_POINTS {
+        let n = base.clone_dirs();
+        n.desire(2, vec![manifest("2", &v2_files(), false)]);
+        n.crash_at(point);
+        crashes += 1;
+        assert!(n.matches(&v2_files()), "{point}: committed before the copy");
+        let cache = Cache::new(StateDir::new(&n.state).cache());
+        assert!(
+            !cache.contains(&d),
+            "{point}: a.conf's blob cached before the copy"
+        );
+        let a = n.root.join("etc/app/a.conf");
+        std::fs::write(&a, edited).unwrap();
+
+        let mut child = n.spawn(None);
+        let (c, _) = v2_files()["/usr/bin/c"].unwrap();
+        let wait = |what: &str, done: &dyn Fn() -> bool, child: &mut Child| {
+            let start = Instant::now();
+            while !done() {
+                if start.elapsed() > Duration::from_secs(20) {
+                    let _ = child.kill();
+                    panic!("{point}: timed out waiting for {what}; log:\n{}", n.log_text());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        };
+        wait(
+            "the other blob cached",
+            &|| cache.contains(&Digest::of(c)) && n.log_text().contains("not cached"),
+            &mut child,
+        );
+        assert!(!cache.contains(&d), "{point}: the edited bytes were cached");
+        n.assert_cache_verified(point);
+        // Wake a heal pass (inotify): offline, a.conf cannot be repaired.
+        std::fs::write(&a, edited).unwrap();
+        wait(
+            "a failed repair",
+            &|| {
+                n.local_state()
+                    .last_repair
+                    .is_some_and(|r| r.outcome == "repair_failed" && r.message.contains("/etc/app/a.conf"))
+            },
+            &mut child,
+        );
+        assert_eq!(
+            std::fs::read(&a).unwrap(),
+            edited,
+            "{point}: nothing unverified restored"
+        );
+        assert!(!cache.contains(&d), "{point}");
+        refused += 1;
+        // The blob downloaded (put in the cache as a download would): the
+        // next pass repairs.
+        cache.insert(good).unwrap();
+        std::fs::write(&a, edited).unwrap();
+        wait("a.conf repaired", &|| n.matches(&v2_files()), &mut child);
+        repaired += 1;
+        terminate(&mut child);
+        n.assert_cache_verified(point);
+        n.assert_clean(point);
+    }
+    eprintln!(
+        "CRASH agent-file-edited-before-its-cache-copy: points={} crashes={crashes} edited_not_cached={crashes} \
+         offline_repair_refused={refused} repaired_once_fetched={repaired} unverified_cached=0 unverified_restored=0",
+        CACHE_POINTS.len()
+    );
 }
 
 fn now_ms() -> i64 {
