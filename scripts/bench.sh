@@ -313,7 +313,8 @@ fi
 if want upgrade; then
   # Its own server, so that the baseline's 256 MiB file is served by the
   # same HTTPS stack (--agent-package), and one release agent in a sandbox.
-  big=$((256 << 20))
+  # UPGRADE_MIB: the file's size (default 256).
+  big=$(( ${UPGRADE_MIB:-256} << 20 ))
   up=$work/up
   mkdir -p "$up/pkg" "$up/root"
   deb=$up/pkg/lksadmin-agent_0.0.0-big_amd64.deb
@@ -336,6 +337,7 @@ if want upgrade; then
   "$agent_bin" "${joinv[@]:1}" --node-name up-1 --state-dir "$up/state" --root "$up/root" >/dev/null
   env "${agent_env[@]}" "$agent_bin" run --state-dir "$up/state" >"$up/agent.log" 2>&1 &
   up_pids+=($!)
+  up_agent=$!
   for _ in $(seq 100); do lk node get up-1 -o json | grep -q '"connected": true' && break; sleep 0.1; done
   # A bundle NAME@VERSION holding one fresh 256 MiB file at PATH.
   mkbundle() {
@@ -349,12 +351,16 @@ if want upgrade; then
   }
   # Publishing just wrote 256 MiB on the server's side: flush it first, so
   # its writeback does not land inside the measured apply.
+  # The agent's peak RSS (KiB) during each roll goes into $up/rss.
   roll() {
     local s
     sync
+    # Reset the agent's peak RSS (VmHWM), to read the apply's own peak.
+    echo 5 >"/proc/$up_agent/clear_refs" 2>/dev/null || true
     s=$(date +%s%N)
     lk rollout start --cluster up --bundle "$1" --wait >/dev/null
     echo $(( ($(date +%s%N) - s) / 1000000 ))
+    awk '/^VmHWM/ {print $2}' "/proc/$up_agent/status" >>"$up/rss"
   }
   # shellcheck disable=SC2120 # "durable" comes through ms below
   fetch_and_hash() {
@@ -380,16 +386,19 @@ if want upgrade; then
     upgr+=("$(roll "fresh1@$((r + 1))")")
   done
   b=$(median "${base[@]}") d=$(median "${durable[@]}") f=$(median "${fresh[@]}") u=$(median "${upgr[@]}")
-  echo "## One 256 MiB file on one agent (median of $RUNS runs, \`rollout start --wait\`)"
+  peak=$(sort -n "$up/rss" | tail -1)
+  echo "## One $((big >> 20)) MiB file on one agent (median of $RUNS runs, \`rollout start --wait\`)"
   echo
   echo "Server data dir: $srv_on ($(stat -f -c %T "$(readlink -f "$up/server")")); agent state and root: $(stat -f -c %T "$up") $(findmnt -n -o OPTIONS -T "$up" | grep -o discard || true)"
   echo
-  echo "| what | time (ms) | vs baseline | vs fresh install |"
-  echo "| --- | --- | --- | --- |"
-  echo "| curl HTTPS + openssl dgst -sha256 (baseline) | $b | 1.00 | – |"
-  echo "| the same + \`sync --data\` of the file (one durable write) | $d | $(python3 -c "print(round($d/$b, 2))") | – |"
-  echo "| fresh install (empty target) | $f | $(python3 -c "print(round($f/$b, 2))") | 1.00 |"
-  echo "| upgrade (replace the previous version) | $u | $(python3 -c "print(round($u/$b, 2))") | $(python3 -c "print(round($u/$f, 2))") |"
+  echo "| what | time (ms) | vs baseline | speed vs the durable baseline | vs fresh install |"
+  echo "| --- | --- | --- | --- | --- |"
+  echo "| curl HTTPS + openssl dgst -sha256 (baseline) | $b | 1.00 | – | – |"
+  echo "| the same + \`sync --data\` of the file (one durable write) | $d | $(python3 -c "print(round($d/$b, 2))") | 1.00 | – |"
+  echo "| fresh install (empty target) | $f | $(python3 -c "print(round($f/$b, 2))") | $(python3 -c "print(round($d/$f, 2))") | 1.00 |"
+  echo "| upgrade (replace the previous version) | $u | $(python3 -c "print(round($u/$b, 2))") | $(python3 -c "print(round($d/$u, 2))") | $(python3 -c "print(round($u/$f, 2))") |"
+  echo
+  echo "The agent's peak RSS during an install or upgrade (VmHWM, reset before each): $((peak / 1024)) MiB."
   echo
 fi
 
