@@ -160,12 +160,7 @@ impl Engine {
     pub fn fill_cache(&mut self) {
         let mut seen = BTreeSet::new();
         let files: Vec<FileSpec> = self
-            .state
-            .bundles
-            .values()
-            .filter_map(|r| r.installed.as_ref())
-            .filter(|m| !m.self_update)
-            .flat_map(|m| m.all_files())
+            .installed_files()
             // By path: of two paths with the same bytes, the second is
             // tried when the first drifted (else its blob is cached by then).
             .filter(|f| seen.insert(f.path.clone()))
@@ -199,12 +194,7 @@ impl Engine {
             return;
         }
         let holders: Vec<FileSpec> = self
-            .state
-            .bundles
-            .values()
-            .filter_map(|r| r.installed.as_ref())
-            .filter(|m| !m.self_update)
-            .flat_map(|m| m.all_files())
+            .installed_files()
             .filter(|f| f.digest == *digest)
             .cloned()
             .collect();
@@ -213,6 +203,17 @@ impl Engine {
                 return;
             }
         }
+    }
+
+    /// The files of every installed bundle version but a self-update's
+    /// (whose bytes are the cache's own).
+    fn installed_files(&self) -> impl Iterator<Item = &FileSpec> {
+        self.state
+            .bundles
+            .values()
+            .filter_map(|r| r.installed.as_ref())
+            .filter(|m| !m.self_update)
+            .flat_map(|m| m.all_files())
     }
 
     /// One blob of [`Engine::fill_cache`]: from `fetched/` if a download is
