@@ -878,7 +878,7 @@ impl Session {
         let d = self
             .s
             .store
-            .desired_state(&self.caller.id.node)
+            .desired_state_after(&self.caller.id.node, self.last_generation)
             .await
             .map_err(|e| format!("read desired state: {e}"))?;
         let peer = self

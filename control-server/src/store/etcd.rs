@@ -648,6 +648,32 @@ impl EtcdStore {
             .collect())
     }
 
+    /// The desired state of `node` whose document is `d`, with its signed
+    /// bundles.
+    async fn desired_from(&self, node: &str, d: DesiredDoc) -> Result<DesiredState> {
+        let keys: Vec<String> = d
+            .bundles
+            .iter()
+            .map(|(b, v)| self.key(&format!("bundles/{b}/{v}")))
+            .collect();
+        // Copies of the signed bundles when etcd still has those documents.
+        let signed = self.signed_bundles(&keys).await?;
+        let mut bundles = Vec::with_capacity(d.bundles.len());
+        for (doc, (b, v)) in signed.into_iter().zip(&d.bundles) {
+            let Some(doc) = doc else {
+                return Err(StoreError::Backend(format!(
+                    "desired bundle {b}@{v} of node {node} is missing"
+                )));
+            };
+            bundles.push(Vec::clone(&doc));
+        }
+        Ok(DesiredState {
+            generation: d.generation,
+            bundles,
+            retry: d.retry,
+        })
+    }
+
     /// Counts a read of `kvs` under `key` (a full key) in [`reads`].
     fn note_read(&self, read: reads::Read, key: &str, kvs: &[etcd_client::KeyValue]) {
         let rest = key.strip_prefix(self.prefix.as_str()).unwrap_or(key);
@@ -1451,27 +1477,22 @@ impl Store for EtcdStore {
         else {
             return Err(StoreError::NotFound(format!("node {node} is not enrolled")));
         };
-        let keys: Vec<String> = d
-            .bundles
-            .iter()
-            .map(|(b, v)| self.key(&format!("bundles/{b}/{v}")))
-            .collect();
-        // Copies of the signed bundles when etcd still has those documents.
-        let signed = self.signed_bundles(&keys).await?;
-        let mut bundles = Vec::with_capacity(d.bundles.len());
-        for (doc, (b, v)) in signed.into_iter().zip(&d.bundles) {
-            let Some(doc) = doc else {
-                return Err(StoreError::Backend(format!(
-                    "desired bundle {b}@{v} of node {node} is missing"
-                )));
-            };
-            bundles.push(Vec::clone(&doc));
+        self.desired_from(node, d).await
+    }
+
+    async fn desired_state_after(&self, node: &str, sent: Option<u64>) -> Result<DesiredState> {
+        // A push after a change the watch delivered: the copy already holds
+        // the document that changed, newer than what the stream sent, so
+        // etcd is not asked for it again (one read per node and rollout on
+        // every replica). Nothing newer in the copy (a Hello, or this
+        // replica's own write not seen by its watch yet): etcd.
+        if let Some(sent) = sent
+            && let Some(d) = self.cached_desired(node)
+            && d.generation > sent
+        {
+            return self.desired_from(node, d).await;
         }
-        Ok(DesiredState {
-            generation: d.generation,
-            bundles,
-            retry: d.retry,
-        })
+        self.desired_state(node).await
     }
 
     async fn blob_allowed(&self, node: &str, digest: &str) -> Result<bool> {

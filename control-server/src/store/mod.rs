@@ -1064,6 +1064,16 @@ pub trait Store: BlobRecords + Send + Sync + 'static {
     async fn list_bundles(&self, name: Option<&str>) -> Result<Vec<BundleRow>>;
 
     async fn desired_state(&self, node: &str) -> Result<DesiredState>;
+
+    /// The node's desired state for a stream that last sent generation
+    /// `sent` (`None`: nothing yet). A store may answer from a copy of its
+    /// own when that copy holds a generation newer than `sent` (as good as
+    /// a read a moment earlier: the newer one, if any, follows with its
+    /// change); otherwise, and by default, [`Store::desired_state`].
+    async fn desired_state_after(&self, node: &str, sent: Option<u64>) -> Result<DesiredState> {
+        let _ = sent;
+        self.desired_state(node).await
+    }
     /// True if `digest` belongs to a bundle version desired for `node`, or
     /// reported held by it after a rollout of its cluster assigned it.
     async fn blob_allowed(&self, node: &str, digest: &str) -> Result<bool>;

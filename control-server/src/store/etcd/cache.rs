@@ -394,6 +394,16 @@ impl EtcdStore {
         self.rollout_from_etcd_as_stored(id).await
     }
 
+    /// A node's desired document as the watch-fed copy holds it now, if the
+    /// copy is loaded (no wait for it to catch up).
+    pub(super) fn cached_desired(&self, node: &str) -> Option<DesiredDoc> {
+        let s = self.cache.state.read().ok()?;
+        if s.rev == 0 {
+            return None;
+        }
+        s.desired.get(node).cloned()
+    }
+
     /// Reads the rows of the rollouts that became driven in a watch answer
     /// whose last event is at `rev`, as etcd held them at `rev`.
     async fn cache_fill(&self, rev: i64) -> Result<()> {
@@ -1050,6 +1060,52 @@ mod tests {
         s.cache_invalidate();
         assert_eq!(s.list_nodes(Some("c")).await.unwrap(), listed);
         assert_eq!(ranges(), before + 3);
+    }
+
+    /// A push after a change the watch delivered takes the desired
+    /// document from the copy when it is newer than what the stream sent;
+    /// a Hello (nothing sent) and a copy with nothing newer read etcd.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_push_takes_a_newer_desired_state_from_the_copy() {
+        use crate::store::conformance::rollout;
+        let etcd = TestEtcd::start();
+        let (s, cancel, task) = watched_with_bundle(&etcd, 3).await;
+        let other = etcd.store("r2").await;
+        let before = s.desired_state("n0").await.unwrap();
+        let r = other
+            .start_rollout(rollout("r1", "c", "k", "1", &[]))
+            .await
+            .unwrap();
+        assign_n0(&other, &r).await;
+        wait_rev(&s, current_rev(&s).await).await;
+        let gets = || {
+            reads::snapshot()
+                .iter()
+                .find(|r| r.0 == "get" && r.1 == "desired")
+                .map_or(0, |r| r.2)
+        };
+        let g0 = gets();
+        let pushed = s
+            .desired_state_after("n0", Some(before.generation))
+            .await
+            .unwrap();
+        assert!(pushed.generation > before.generation);
+        assert_eq!(gets(), g0, "taken from the copy");
+        let direct = other.desired_state("n0").await.unwrap();
+        assert_eq!(
+            (pushed.generation, &pushed.bundles, &pushed.retry),
+            (direct.generation, &direct.bundles, &direct.retry),
+            "what etcd holds"
+        );
+        let g0 = gets();
+        // Nothing newer than what was sent, or nothing sent: etcd.
+        s.desired_state_after("n0", Some(pushed.generation))
+            .await
+            .unwrap();
+        s.desired_state_after("n0", None).await.unwrap();
+        assert_eq!(gets(), g0 + 2);
+        cancel.cancel();
+        task.await.unwrap();
     }
 
     /// Rows are kept only for a driven rollout the copy holds whole: one
