@@ -144,6 +144,9 @@ pub struct Held {
     per_server: Vec<AtomicI64>,
     /// Agents a server asked to move that are not up on the next one yet.
     moving: AtomicI64,
+    /// Agents whose stream ended without a request to move and that are not
+    /// up again: agent → (the server it was on, when).
+    down: std::sync::Mutex<std::collections::HashMap<usize, (usize, Instant)>>,
 }
 
 impl Held {
@@ -151,6 +154,7 @@ impl Held {
         Held {
             per_server: (0..servers.max(1)).map(|_| AtomicI64::new(0)).collect(),
             moving: AtomicI64::new(0),
+            down: Default::default(),
         }
     }
 
@@ -159,6 +163,36 @@ impl Held {
             .iter()
             .map(|n| n.load(Ordering::Relaxed))
             .collect()
+    }
+
+    /// What each server held at a kill that happened up to `slack` ago:
+    /// those up now, and those whose stream ended within `slack` and are not
+    /// up again (a process told of a kill by SIGUSR1 hears of it after its
+    /// agents may have: they were held at the kill).
+    pub fn snapshot_at_kill(&self, slack: Duration) -> Vec<i64> {
+        let mut out = self.snapshot();
+        if let Ok(down) = self.down.lock() {
+            for (server, at) in down.values() {
+                if at.elapsed() <= slack
+                    && let Some(n) = out.get_mut(*server)
+                {
+                    *n += 1;
+                }
+            }
+        }
+        out
+    }
+
+    fn went_down(&self, agent: usize, server: usize) {
+        if let Ok(mut d) = self.down.lock() {
+            d.insert(agent, (server, Instant::now()));
+        }
+    }
+
+    fn came_up(&self, agent: usize) {
+        if let Ok(mut d) = self.down.lock() {
+            d.remove(&agent);
+        }
     }
 
     pub fn moving(&self) -> i64 {
@@ -305,6 +339,9 @@ impl Agent {
             if asked_to_move && !after_move {
                 self.held.moving.fetch_add(1, Ordering::Relaxed);
             }
+            if up && !asked_to_move {
+                self.held.went_down(self.i, server);
+            }
             after_move = asked_to_move || (after_move && !up);
             let due = match to.and_then(|u| self.urls.iter().position(|s| *s == u)) {
                 Some(j) if up => {
@@ -400,6 +437,7 @@ impl Agent {
                                 *up = true;
                                 permit.take();
                                 self.held.add(server, 1);
+                                self.held.came_up(self.i);
                                 if after_move {
                                     self.held.moving.fetch_sub(1, Ordering::Relaxed);
                                 }
