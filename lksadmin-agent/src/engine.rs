@@ -260,12 +260,7 @@ impl Engine {
     /// Where every installed managed file is, seen from this process (the
     /// node root joined with the bundle path): what drift watching covers.
     pub fn managed_files(&self) -> Vec<PathBuf> {
-        self.state
-            .bundles
-            .values()
-            .filter_map(|r| r.installed.as_ref())
-            .filter(|m| !m.self_update)
-            .flat_map(|m| m.all_files())
+        self.installed_files()
             .map(|f| self.root_path.join(f.path.relative()))
             .collect()
     }

@@ -207,7 +207,7 @@ impl Engine {
 
     /// The files of every installed bundle version but a self-update's
     /// (whose bytes are the cache's own).
-    fn installed_files(&self) -> impl Iterator<Item = &FileSpec> {
+    pub(super) fn installed_files(&self) -> impl Iterator<Item = &FileSpec> {
         self.state
             .bundles
             .values()
