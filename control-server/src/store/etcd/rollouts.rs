@@ -51,7 +51,7 @@ pub(super) const ROWS_PER_TXN: usize = 60;
 
 /// Rows written in one transaction where nothing else is (a start, a
 /// conversion).
-const ROWS_ALONE_PER_TXN: usize = 120;
+pub(super) const ROWS_ALONE_PER_TXN: usize = 120;
 
 #[derive(Serialize, Deserialize, Clone, PartialEq)]
 pub(super) struct RolloutNodeDoc {

@@ -93,7 +93,7 @@ impl EtcdStore {
             if pre_written {
                 let mut rows = rows.into_iter().peekable();
                 while rows.peek().is_some() {
-                    let chunk: Vec<TxnOp> = rows.by_ref().take(rollouts::ROWS_PER_TXN * 2).collect();
+                    let chunk: Vec<TxnOp> = rows.by_ref().take(rollouts::ROWS_ALONE_PER_TXN).collect();
                     self.txn(Vec::new(), chunk).await?;
                 }
             } else {
