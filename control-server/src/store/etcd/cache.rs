@@ -878,7 +878,10 @@ mod tests {
             .await
             .unwrap();
         wait_rev(&s, current_rev(&s).await).await;
-        let plain = || async { s.rollout_from_etcd("r1").await.unwrap().unwrap() };
+        let plain = || async {
+            let (r, rev, _) = s.rollout_from_etcd_as_stored("r1").await.unwrap().unwrap();
+            (r, rev)
+        };
         let (stored, stored_rev) = plain().await;
         let (read, rev) = s.rollout("r1").await.unwrap().unwrap();
         assert_eq!(rev, stored_rev);

@@ -226,6 +226,18 @@ pub(super) fn row_key(id: &str, node: &str) -> String {
     format!("rnodes/{id}/{node}")
 }
 
+/// The row of `name` in `nodes`, sorted by name as a rollout's are.
+fn row<'a>(nodes: &'a [RolloutNodeRow], name: &str) -> Option<&'a RolloutNodeRow> {
+    let i = nodes.binary_search_by(|n| n.name.as_str().cmp(name)).ok()?;
+    nodes.get(i)
+}
+
+/// [`row`], to change.
+fn row_mut<'a>(nodes: &'a mut [RolloutNodeRow], name: &str) -> Option<&'a mut RolloutNodeRow> {
+    let i = nodes.binary_search_by(|n| n.name.as_str().cmp(name)).ok()?;
+    nodes.get_mut(i)
+}
+
 /// One piece of a decision: a node whose row changes, with the version to
 /// assign it (`Some(None)`: remove the bundle) if its desired state changes.
 type Item = (String, Option<Option<String>>);
@@ -300,17 +312,8 @@ impl EtcdStore {
     }
 
     /// A rollout as etcd holds it now (header, then its rows at the
-    /// header's read revision), with the header's `mod_revision`.
-    #[cfg(test)]
-    pub(super) async fn rollout_from_etcd(&self, id: &str) -> Result<Option<(RolloutRow, i64)>> {
-        Ok(self
-            .rollout_from_etcd_as_stored(id)
-            .await?
-            .map(|(r, rev, _)| (r, rev)))
-    }
-
-    /// [`Self::rollout_from_etcd`], and whether it is stored with its rows
-    /// inline.
+    /// header's read revision), with the header's `mod_revision` and
+    /// whether it is stored with its rows inline.
     pub(super) async fn rollout_from_etcd_as_stored(
         &self,
         id: &str,
@@ -454,19 +457,16 @@ impl EtcdStore {
         let mut done: HashSet<String> = HashSet::new();
         let mut changed_all = Vec::new();
         let mut events_left = std::mem::take(&mut c.events);
-        let mut current: Option<(RolloutRow, i64)> = None;
-        for attempt in 0..MAX_ATTEMPTS {
-            let (mut stored, mut hrev) = match current.take() {
-                Some(x) => x,
-                None => {
-                    if attempt > 0 {
-                        backoff(attempt).await;
-                    }
-                    self.rollout_to_write(&id)
-                        .await?
-                        .ok_or_else(|| StoreError::NotFound(format!("rollout {id} does not exist")))?
-                }
-            };
+        // Each attempt reads the rollout and stores what is left of the
+        // decision, step by step, until a step loses a race.
+        'attempts: for attempt in 0..MAX_ATTEMPTS {
+            if attempt > 0 {
+                backoff(attempt).await;
+            }
+            let (mut stored, mut hrev) = self
+                .rollout_to_write(&id)
+                .await?
+                .ok_or_else(|| StoreError::NotFound(format!("rollout {id} does not exist")))?;
             if stored.revision != c.rollout.revision {
                 return Err(StoreError::Conflict(format!(
                     "rollout {} changed meanwhile (revision {} is stored, the decision was based on {}); try again",
@@ -479,7 +479,6 @@ impl EtcdStore {
                 steps.push(&[]);
             }
             let last = steps.len() - 1;
-            let mut raced = false;
             for (i, step) in steps.into_iter().enumerate() {
                 let fin = i == last;
                 let names: HashSet<&str> = step.iter().map(|(n, _)| n.as_str()).collect();
@@ -505,13 +504,9 @@ impl EtcdStore {
                     Step::Raced => {
                         // Read again and go on with what is left.
                         events_left.extend(events);
-                        raced = true;
-                        break;
+                        continue 'attempts;
                     }
                 }
-            }
-            if !raced {
-                current = Some((stored, hrev));
             }
         }
         Err(busy("commit rollout decision"))
@@ -545,10 +540,7 @@ impl EtcdStore {
             stored.clone()
         };
         for (name, _) in step {
-            let (Some(dst), Some(src)) = (
-                r.nodes.iter_mut().find(|n| n.name == *name),
-                decided.get(name.as_str()),
-            ) else {
+            let (Some(dst), Some(src)) = (row_mut(&mut r.nodes, name), decided.get(name.as_str())) else {
                 return Err(StoreError::Backend(format!(
                     "rollout {id}: node {name} of the decision is not part of it"
                 )));
@@ -571,7 +563,7 @@ impl EtcdStore {
             let docs: Vec<Doc<DesiredDoc>> = self.get_many(&keys).await?;
             let base = self.next_generation().await?;
             for (((node, version), dkey), desired) in assign.iter().zip(keys).zip(docs) {
-                let n = r.nodes.iter_mut().find(|n| n.name == **node).ok_or_else(|| {
+                let n = row_mut(&mut r.nodes, node).ok_or_else(|| {
                     StoreError::Backend(format!("rollout {id}: node {node} to assign is not part of it"))
                 })?;
                 // A node and its desired document are created and deleted
@@ -583,7 +575,7 @@ impl EtcdStore {
                     continue;
                 };
                 let current = d.bundles.get(&r.bundle).cloned();
-                let was_touched = stored.nodes.iter().any(|s| s.name == **node && s.touched);
+                let was_touched = row(&stored.nodes, node).is_some_and(|s| s.touched);
                 if !n.reverting && !was_touched {
                     n.previous_version = current.unwrap_or_default();
                 }
@@ -604,7 +596,7 @@ impl EtcdStore {
             }
         }
         for (name, _) in step {
-            if let Some(n) = r.nodes.iter().find(|n| n.name == *name) {
+            if let Some(n) = row(&r.nodes, name) {
                 ops.push(self.put(&row_key(id, name), json(&RolloutNodeDoc::from_row(n))?));
             }
         }
