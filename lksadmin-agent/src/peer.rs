@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use lks_proto::chunks::Chunks;
-use lks_proto::identity::Identity;
+use lks_proto::identity::{Identity, NodeIdentity};
 use lks_proto::{Digest, pb};
 use rustls::server::ServerConfig;
 use tokio::net::{TcpListener, TcpStream};
@@ -81,11 +81,25 @@ pub struct Partial {
 }
 
 /// What the fetching side and the serving side share.
-#[derive(Default)]
 pub struct Shared {
     served: Mutex<HashMap<Digest, BlobInfo>>,
     partial: Mutex<HashMap<Digest, Arc<Partial>>>,
+    /// Bumped whenever what this node holds may have changed (a piece
+    /// verified, a download started or ended, the served set replaced):
+    /// the `WatchPieces` streams look again then.
+    changed: tokio::sync::watch::Sender<u64>,
     pub stats: Stats,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Shared {
+            served: Mutex::default(),
+            partial: Mutex::default(),
+            changed: tokio::sync::watch::channel(0).0,
+            stats: Stats::default(),
+        }
+    }
 }
 
 /// Counters, for logs and the node's status.
@@ -96,6 +110,8 @@ pub struct Stats {
     pub refused_identity: AtomicU64,
     pub refused_blob: AtomicU64,
     pub refused_busy: AtomicU64,
+    /// `WatchPieces` streams opened.
+    pub watches: AtomicU64,
 }
 
 impl Shared {
@@ -134,6 +150,20 @@ impl Shared {
             }
         }
         *lock(&self.served) = m;
+        self.bump();
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Piece `i` of `p` is written and verified: served from now on, and
+    /// the nodes watching this blob are told.
+    pub fn verified(&self, p: &Partial, i: usize) {
+        if let Some(h) = lock(&p.have).get_mut(i) {
+            *h = true;
+        }
+        self.bump();
     }
 
     pub fn served(&self, d: &Digest) -> Option<BlobInfo> {
@@ -142,10 +172,12 @@ impl Shared {
 
     pub fn start_partial(&self, d: Digest, p: Arc<Partial>) {
         lock(&self.partial).insert(d, p);
+        self.bump();
     }
 
     pub fn end_partial(&self, d: &Digest) {
         lock(&self.partial).remove(d);
+        self.bump();
     }
 
     fn partial(&self, d: &Digest) -> Option<Arc<Partial>> {
@@ -256,7 +288,9 @@ impl PeerHost {
             cache: self.cache.clone(),
             shared: self.shared.clone(),
             uploads: Arc::new(Semaphore::new(r.max_uploads as usize)),
+            watches: Arc::new(Semaphore::new(MAX_WATCHES)),
             rate: Arc::new(RateLimit::new(r.upload_rate)),
+            cancel: cancel.clone(),
         };
         let incoming = incoming(listener, TlsAcceptor::from(tls), cancel.clone());
         let c = cancel.clone();
@@ -333,32 +367,42 @@ fn incoming(
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
+/// `WatchPieces` streams open at once on one node (a fleet of 64 watching
+/// one blob opens at most 8 each).
+const MAX_WATCHES: usize = 256;
+/// Longest one `WatchPieces` stream stays open.
+const WATCH_LIFETIME: Duration = Duration::from_secs(300);
+/// How often a `WatchPieces` stream looks again without being told (a
+/// download renamed into `fetched/` after its partial ended).
+const WATCH_RECHECK: Duration = Duration::from_secs(1);
+/// Longest a caller may wait in line for an upload slot (`queue_ms`).
+const MAX_QUEUE: Duration = Duration::from_secs(5);
+
 struct PeerApi {
     cluster: String,
     cache: PathBuf,
     shared: Arc<Shared>,
     uploads: Arc<Semaphore>,
+    watches: Arc<Semaphore>,
     rate: Arc<RateLimit>,
+    /// Cancelled when the listener stops: open watches end with it.
+    cancel: CancellationToken,
 }
 
 type ChunkStream = std::pin::Pin<Box<dyn Stream<Item = Result<pb::BlobChunk, Status>> + Send>>;
+type PiecesStream = std::pin::Pin<Box<dyn Stream<Item = Result<pb::PiecesHeld, Status>> + Send>>;
 
-#[tonic::async_trait]
-impl pb::peer_service_server::PeerService for PeerApi {
-    type FetchChunkStream = ChunkStream;
-
-    async fn fetch_chunk(
-        &self,
-        req: Request<pb::FetchChunkRequest>,
-    ) -> Result<Response<Self::FetchChunkStream>, Status> {
-        let stats = &self.shared.stats;
+impl PeerApi {
+    /// The calling node, if it is a node of this node's cluster; anything
+    /// else is refused and counted.
+    fn caller<T>(&self, req: &Request<T>) -> Result<NodeIdentity, Status> {
         let caller = req
             .peer_certs()
             .and_then(|c| c.first().map(|c| Identity::from_cert_der(c.as_ref())));
-        let caller = match caller {
-            Some(Ok(Identity::Node(id))) if id.cluster == self.cluster => id,
+        match caller {
+            Some(Ok(Identity::Node(id))) if id.cluster == self.cluster => Ok(id),
             other => {
-                stats.refused_identity.fetch_add(1, Ordering::Relaxed);
+                self.shared.stats.refused_identity.fetch_add(1, Ordering::Relaxed);
                 let who = match other {
                     Some(Ok(Identity::Node(id))) => format!("node {} of cluster {}", id.node, id.cluster),
                     Some(Ok(Identity::Admin { name })) => format!("admin {name}"),
@@ -368,24 +412,45 @@ impl pb::peer_service_server::PeerService for PeerApi {
                     "peer sharing: refused {who}: not a node of cluster {}",
                     self.cluster
                 );
-                return Err(Status::permission_denied(format!(
+                Err(Status::permission_denied(format!(
                     "{who} is not a node of cluster {}",
                     self.cluster
-                )));
+                )))
             }
-        };
-        let r = req.into_inner();
-        let digest: Digest = r
-            .digest
+        }
+    }
+
+    /// The blob `digest` names, if it is one this node serves.
+    fn served(&self, caller: &NodeIdentity, digest: &str) -> Result<(Digest, BlobInfo), Status> {
+        let digest: Digest = digest
             .parse()
             .map_err(|e| Status::invalid_argument(format!("digest: {e}")))?;
-        let Some(info) = self.shared.served(&digest) else {
-            stats.refused_blob.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(peer = %caller.node, %digest, "peer sharing: refused a blob this node does not serve");
-            return Err(Status::not_found(format!(
-                "{digest} is not a blob of this node's bundles"
-            )));
-        };
+        match self.shared.served(&digest) {
+            Some(info) => Ok((digest, info)),
+            None => {
+                self.shared.stats.refused_blob.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(peer = %caller.node, %digest, "peer sharing: refused a blob this node does not serve");
+                Err(Status::not_found(format!(
+                    "{digest} is not a blob of this node's bundles"
+                )))
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::peer_service_server::PeerService for PeerApi {
+    type FetchChunkStream = ChunkStream;
+    type WatchPiecesStream = PiecesStream;
+
+    async fn fetch_chunk(
+        &self,
+        req: Request<pb::FetchChunkRequest>,
+    ) -> Result<Response<Self::FetchChunkStream>, Status> {
+        let stats = &self.shared.stats;
+        let caller = self.caller(&req)?;
+        let r = req.into_inner();
+        let (digest, info) = self.served(&caller, &r.digest)?;
         let length = if r.length == 0 {
             info.size.saturating_sub(r.offset)
         } else {
@@ -397,7 +462,23 @@ impl pb::peer_service_server::PeerService for PeerApi {
                 r.offset
             )));
         };
-        let Ok(permit) = self.uploads.clone().try_acquire_owned() else {
+        // A caller that will wait in line does, up to what it said (and
+        // MAX_QUEUE); the piece must be here before it queues.
+        if !held(&self.cache, &self.shared, &digest, piece) {
+            return Err(Status::not_found(format!(
+                "this node does not hold piece {piece} of {digest} yet"
+            )));
+        }
+        let queue = Duration::from_millis(r.queue_ms.into()).min(MAX_QUEUE);
+        let permit = match self.uploads.clone().try_acquire_owned() {
+            Ok(p) => Some(p),
+            Err(_) if !queue.is_zero() => tokio::time::timeout(queue, self.uploads.clone().acquire_owned())
+                .await
+                .ok()
+                .and_then(Result::ok),
+            Err(_) => None,
+        };
+        let Some(permit) = permit else {
             stats.refused_busy.fetch_add(1, Ordering::Relaxed);
             return Err(Status::resource_exhausted(
                 "this node is uploading to as many peers as it may",
@@ -422,6 +503,112 @@ impl pb::peer_service_server::PeerService for PeerApi {
         tracing::debug!(peer = %caller.node, %digest, piece, "serving a piece to a peer");
         Ok(Response::new(stream))
     }
+
+    async fn watch_pieces(
+        &self,
+        req: Request<pb::WatchPiecesRequest>,
+    ) -> Result<Response<Self::WatchPiecesStream>, Status> {
+        let caller = self.caller(&req)?;
+        let (digest, info) = self.served(&caller, &req.get_ref().digest)?;
+        let Ok(permit) = self.watches.clone().try_acquire_owned() else {
+            self.shared.stats.refused_busy.fetch_add(1, Ordering::Relaxed);
+            return Err(Status::resource_exhausted(
+                "this node has as many piece watches open as it may",
+            ));
+        };
+        self.shared.stats.watches.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(4);
+        let (cache, shared, cancel) = (self.cache.clone(), self.shared.clone(), self.cancel.clone());
+        let pieces = info.pieces().len();
+        tokio::spawn(async move {
+            let _hold = permit;
+            let mut changed = shared.changed.subscribe();
+            let end = tokio::time::Instant::now() + WATCH_LIFETIME;
+            let mut sent: Option<pb::PiecesHeld> = None;
+            loop {
+                if shared.served(&digest).is_none() {
+                    let _ = tx
+                        .send(Err(Status::not_found(format!(
+                            "{digest} is no longer a blob of this node's bundles"
+                        ))))
+                        .await;
+                    return;
+                }
+                changed.mark_unchanged();
+                let now = holding(&cache, &shared, &digest, pieces);
+                // What a node holds only grows while it is watched: a
+                // download that just ended (its pieces no longer listed,
+                // the file not yet renamed) is not a loss to report.
+                let grew = sent.as_ref().is_none_or(|s| {
+                    now.whole || (now.have != s.have && bits(&now.have, pieces) > bits(&s.have, pieces))
+                });
+                if grew {
+                    let whole = now.whole;
+                    if tx.send(Ok(now.clone())).await.is_err() || whole {
+                        return;
+                    }
+                    sent = Some(now);
+                }
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tx.closed() => return,
+                    _ = tokio::time::sleep_until(end) => return,
+                    _ = changed.changed() => {}
+                    _ = tokio::time::sleep(WATCH_RECHECK) => {}
+                }
+            }
+        });
+        Ok(Response::new(
+            tokio_stream::wrappers::ReceiverStream::new(rx).boxed(),
+        ))
+    }
+}
+
+/// Pieces set in a `PiecesHeld` bitmap of `pieces` pieces.
+fn bits(have: &[u8], pieces: usize) -> usize {
+    (0..pieces).filter(|&i| bit(have, i)).count()
+}
+
+/// Bit `i` of a `PiecesHeld` bitmap.
+pub fn bit(have: &[u8], i: usize) -> bool {
+    have.get(i / 8).is_some_and(|b| b & (1 << (i % 8)) != 0)
+}
+
+/// What this node holds of `digest` now, as a `PiecesHeld`.
+fn holding(cache: &std::path::Path, shared: &Shared, digest: &Digest, pieces: usize) -> pb::PiecesHeld {
+    let whole_here = whole_path(cache, digest).is_some();
+    let mut have = vec![0u8; pieces.div_ceil(8)];
+    let partial = shared.partial(digest);
+    for i in 0..pieces {
+        let h = whole_here
+            || partial
+                .as_ref()
+                .is_some_and(|p| lock(&p.have).get(i).copied().unwrap_or(false));
+        if h {
+            have[i / 8] |= 1 << (i % 8);
+        }
+    }
+    pb::PiecesHeld {
+        have,
+        pieces: pieces as u32,
+        whole: whole_here,
+    }
+}
+
+/// Whether piece `i` of `digest` is here (whole, or verified in a download).
+fn held(cache: &std::path::Path, shared: &Shared, digest: &Digest, i: usize) -> bool {
+    whole_path(cache, digest).is_some()
+        || shared
+            .partial(digest)
+            .is_some_and(|p| lock(&p.have).get(i).copied().unwrap_or(false))
+}
+
+/// The whole blob `digest` on this node: in the cache, or a verified
+/// download an apply has not moved beside its target yet.
+fn whole_path(cache: &std::path::Path, digest: &Digest) -> Option<PathBuf> {
+    let whole = cache.join("sha256").join(digest.hex());
+    let fetched = cache.join("fetched").join(digest.hex());
+    [whole, fetched].into_iter().find(|p| p.is_file())
 }
 
 /// Reads piece `i` of `digest` from the cache or `fetched/` (whole blob) or
@@ -435,14 +622,8 @@ fn read_piece(
     len: u64,
     want: &Digest,
 ) -> Result<Vec<u8>, Status> {
-    // A whole blob: in the cache, or a verified download an apply has not
-    // moved beside its target yet.
-    let whole = cache.join("sha256").join(digest.hex());
-    let fetched = cache.join("fetched").join(digest.hex());
-    let path = if whole.is_file() {
+    let path = if let Some(whole) = whole_path(cache, digest) {
         whole
-    } else if fetched.is_file() {
-        fetched
     } else {
         match shared.partial(digest) {
             Some(p) if lock(&p.have).get(i).copied().unwrap_or(false) => p.path.clone(),
@@ -564,6 +745,40 @@ mod tests {
         let t1 = tokio::time::Instant::now();
         free.take(u64::MAX).await;
         assert_eq!(t1.elapsed(), Duration::ZERO);
+    }
+
+    #[test]
+    fn what_a_node_holds_is_a_bitmap_of_verified_pieces_and_each_piece_tells_the_watchers() {
+        let dir = std::env::temp_dir().join(format!("lks-peer-holding-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("sha256")).unwrap();
+        let shared = Shared::default();
+        let d = Digest::of(b"blob");
+        let mut changed = shared.changed.subscribe();
+        changed.mark_unchanged();
+
+        let none = holding(&dir, &shared, &d, 10);
+        assert_eq!((none.have, none.pieces, none.whole), (vec![0, 0], 10, false));
+
+        let p = Arc::new(Partial {
+            path: dir.join("part"),
+            have: Mutex::new(vec![false; 10]),
+        });
+        shared.start_partial(d, p.clone());
+        shared.verified(&p, 0);
+        shared.verified(&p, 9);
+        assert!(changed.has_changed().unwrap(), "the watchers were told");
+        let some = holding(&dir, &shared, &d, 10);
+        assert_eq!(some.have, vec![0b0000_0001, 0b0000_0010]);
+        assert_eq!(bits(&some.have, 10), 2);
+        assert!(bit(&some.have, 9) && !bit(&some.have, 8) && !bit(&some.have, 80));
+        assert!(held(&dir, &shared, &d, 9) && !held(&dir, &shared, &d, 1));
+
+        // Whole in the cache: every piece, and `whole`.
+        std::fs::write(dir.join("sha256").join(d.hex()), b"blob").unwrap();
+        let all = holding(&dir, &shared, &d, 10);
+        assert!(all.whole);
+        assert_eq!(bits(&all.have, 10), 10);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

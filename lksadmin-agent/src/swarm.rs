@@ -29,7 +29,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use futures::stream::FuturesUnordered;
+use futures::stream::{BoxStream, FuturesUnordered, SelectAll};
 use lks_proto::identity::{Identity, NodeIdentity};
 use lks_proto::{Digest, FileSpec, pb};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -50,11 +50,24 @@ use crate::source::SharedChannel;
 const WINDOW: usize = 4;
 /// Pieces in flight to one peer at once.
 const PER_PEER: usize = 2;
+/// Pieces in flight from the server at once: a seed's pieces complete one
+/// after another rather than all at the end, so its peers can start.
+const SERVER_WINDOW: usize = 2;
+/// How long a request waits in line at a busy peer for an upload slot.
+const QUEUE: Duration = Duration::from_millis(1000);
+/// After a peer said it is busy even so, how long before asking it again.
+const BUSY_BACKOFF: Duration = Duration::from_millis(200);
+/// How often an older peer (no `WatchPieces`) is asked again blindly.
+const BLIND_RETRY: Duration = Duration::from_millis(300);
 /// Longest one piece may take from one source.
 pub const PIECE_DEADLINE: Duration = Duration::from_secs(30);
-/// Without a verified piece for this long, the server is used whatever the
-/// tracker said.
+/// Without a verified piece of this node's own, and without a watched peer
+/// gaining one, for this long, the server is used whatever the tracker
+/// said.
 pub const STALL: Duration = Duration::from_secs(15);
+/// Without a verified piece of this node's own for this long, the server is
+/// used even while its peers make progress.
+pub const STARVED: Duration = Duration::from_secs(30);
 /// How often the tracker is asked again while fetching.
 const ASK_EVERY: Duration = Duration::from_secs(3);
 /// Failures in a row after which a peer is dropped for this fetch.
@@ -197,16 +210,20 @@ impl Swarm {
         let mut peers: Vec<PeerState> = Vec::new();
         let mut server_ok = false;
         let mut last_ask: Option<Instant> = None;
+        // The last verified piece of this node's own, and the last piece a
+        // watched peer gained: while the swarm moves, waiting is right.
         let mut last_progress = Instant::now();
+        let mut last_swarm = Instant::now();
         let mut tried: HashMap<usize, HashSet<String>> = HashMap::new();
         let mut in_flight: HashSet<usize> = HashSet::new();
         let mut server_in_flight = 0usize;
         let (mut from_server, mut from_peers) = (0u64, 0u64);
         let mut running = FuturesUnordered::new();
+        let mut news: SelectAll<NewsStream<'_>> = SelectAll::new();
         // Each node goes through the pieces from its own random start: two
         // nodes fetching from the server fetch different halves first and
-        // then take the rest from each other, and the nodes after them ask
-        // for different pieces at once.
+        // then take the rest from each other, and among equally rare pieces
+        // the nodes after them ask for different ones at once.
         let start = {
             let mut b = [0u8; 8];
             let _ = getrandom::getrandom(&mut b);
@@ -244,144 +261,235 @@ impl Swarm {
                         tracing::debug!("peer sharing: ask the tracker: {why}");
                     }
                 }
+                // Watch what each peer holds: new ones, and those whose
+                // watch ended before they held the blob whole.
+                for p in peers.iter_mut().filter(|p| !p.dropped && !p.watching) {
+                    if matches!(p.have, Have::Unknown) || matches!(&p.have, Have::Known(h) if !h.whole) {
+                        p.watching = true;
+                        news.push(self.watch(p.node.clone(), p.address, digest));
+                    }
+                }
                 tried.clear();
                 last_ask = Some(Instant::now());
             }
-            let stalled = last_progress.elapsed() >= STALL;
-            // Start what can start.
-            let todo: Vec<usize> = missing
-                .iter()
-                .copied()
-                .filter(|i| !in_flight.contains(i))
-                .collect();
-            for i in todo {
-                if running.len() >= WINDOW {
-                    break;
-                }
-                let t = tried.entry(i).or_default();
-                let pick = peers
-                    .iter_mut()
-                    .filter(|p| !p.dropped && p.in_flight < PER_PEER && !t.contains(&p.node))
-                    .min_by_key(|p| (p.in_flight, p.failures));
-                let source = match pick {
-                    Some(p) => {
-                        p.in_flight += 1;
-                        Source::Peer(p.node.clone(), p.address)
-                    }
-                    None if (server_ok || stalled) && server_in_flight < WINDOW => {
-                        server_in_flight += 1;
-                        Source::Server
-                    }
-                    None => continue,
-                };
-                in_flight.insert(i);
-                let (off, len) = pieces[i];
-                let want = info.piece_digest(i, &digest);
-                running.push(self.piece(source, digest, i, off, len, want));
-            }
-            if running.is_empty() {
-                // Nobody has what is missing yet: wait a little and ask again.
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                if stalled || last_ask.is_some_and(|t| t.elapsed() >= Duration::from_secs(1)) {
-                    last_ask = None;
-                }
-                continue;
-            }
-            let Some((source, i, got)) = running.next().await else {
-                continue;
-            };
-            in_flight.remove(&i);
-            let peer = match &source {
-                Source::Server => {
-                    server_in_flight -= 1;
-                    None
-                }
-                Source::Peer(node, _) => peers.iter_mut().find(|p| &p.node == node),
-            };
-            match got {
-                Ok(bytes) => {
-                    let (off, _) = pieces[i];
-                    out.write_all_at(&bytes, off).map_err(|e| {
-                        SwarmError::Unavailable(format!("write {}: {e}", partial.path.display()))
-                    })?;
-                    lock(&partial.have)[i] = true;
-                    last_progress = Instant::now();
-                    let n = bytes.len() as u64;
-                    match peer {
-                        Some(p) => {
-                            p.in_flight -= 1;
-                            p.failures = 0;
-                            from_peers += n;
-                            self.stats.from_peers.fetch_add(n, Ordering::Relaxed);
-                        }
-                        None => {
-                            from_server += n;
-                            self.stats.from_server.fetch_add(n, Ordering::Relaxed);
-                        }
-                    }
-                }
-                Err(PieceError::NotYet(why)) => {
-                    if let Some(p) = peer {
-                        tracing::debug!(peer = %p.node, piece = i, "peer sharing: not from this peer now: {why}");
-                        p.in_flight -= 1;
-                        tried.entry(i).or_default().insert(p.node.clone());
-                    }
-                }
-                Err(PieceError::Failed(why)) => match peer {
-                    Some(p) => {
-                        p.in_flight -= 1;
-                        p.failures += 1;
-                        tried.entry(i).or_default().insert(p.node.clone());
-                        if p.failures >= MAX_FAILURES {
-                            p.dropped = true;
-                            tracing::info!(peer = %p.node, "peer sharing: peer dropped for this fetch: {why}");
-                        }
-                    }
-                    None => {
-                        if peers.iter().all(|p| p.dropped) {
-                            return Err(SwarmError::Unavailable(why));
-                        }
-                    }
+            let now = Instant::now();
+            let stalled = (last_progress.max(last_swarm) + STALL <= now) || last_progress + STARVED <= now;
+            start_pieces(
+                &mut Plan {
+                    missing: &missing,
+                    in_flight: &mut in_flight,
+                    tried: &mut tried,
+                    peers: &mut peers,
+                    server: if stalled {
+                        ServerUse::Any
+                    } else if server_ok {
+                        ServerUse::Unheld
+                    } else {
+                        ServerUse::No
+                    },
+                    server_in_flight: &mut server_in_flight,
+                    now,
                 },
-                Err(PieceError::Bad(_, _)) if peer.as_ref().is_some_and(|p| p.dropped) => {
-                    // A second piece in flight from a peer already dropped
-                    // and reported.
-                    if let Some(p) = peer {
-                        p.in_flight -= 1;
+                &mut |source, i| {
+                    let (off, len) = pieces[i];
+                    let want = info.piece_digest(i, &digest);
+                    running.push(self.piece(source, digest, i, off, len, want));
+                },
+                running.len(),
+            );
+
+            // Wait for a piece, news from a peer, or the next thing to do.
+            let mut wake = last_ask.unwrap_or(now) + ASK_EVERY;
+            if !stalled {
+                wake = wake
+                    .min(last_progress.max(last_swarm) + STALL)
+                    .min(last_progress + STARVED);
+            }
+            for p in peers.iter().filter(|p| !p.dropped) {
+                if let Some(b) = p.busy_until {
+                    wake = wake.min(b);
+                }
+                if running.is_empty() && matches!(p.have, Have::Blind) {
+                    // An older peer says nothing by itself: ask it again soon.
+                    wake = wake.min(now + BLIND_RETRY);
+                }
+            }
+            let wake = tokio::time::Instant::from_std(wake.max(now + Duration::from_millis(10)));
+            tokio::select! {
+                Some((source, i, got)) = running.next(), if !running.is_empty() => {
+                    in_flight.remove(&i);
+                    let peer = match &source {
+                        Source::Server => {
+                            server_in_flight -= 1;
+                            None
+                        }
+                        Source::Peer(node, _) => peers.iter_mut().find(|p| &p.node == node),
+                    };
+                    match got {
+                        Ok(bytes) => {
+                            let (off, _) = pieces[i];
+                            out.write_all_at(&bytes, off).map_err(|e| {
+                                SwarmError::Unavailable(format!("write {}: {e}", partial.path.display()))
+                            })?;
+                            self.shared.verified(partial, i);
+                            last_progress = Instant::now();
+                            let n = bytes.len() as u64;
+                            match peer {
+                                Some(p) => {
+                                    p.in_flight -= 1;
+                                    p.failures = 0;
+                                    from_peers += n;
+                                    self.stats.from_peers.fetch_add(n, Ordering::Relaxed);
+                                }
+                                None => {
+                                    from_server += n;
+                                    self.stats.from_server.fetch_add(n, Ordering::Relaxed);
+                                }
+                            }
+                        }
+                        Err(PieceError::Busy(why)) => {
+                            if let Some(p) = peer {
+                                tracing::debug!(peer = %p.node, piece = i, "peer sharing: peer busy: {why}");
+                                p.in_flight -= 1;
+                                p.busy_until = Some(Instant::now() + BUSY_BACKOFF);
+                            }
+                        }
+                        Err(PieceError::NotYet(why)) => {
+                            if let Some(p) = peer {
+                                tracing::debug!(peer = %p.node, piece = i, "peer sharing: not from this peer now: {why}");
+                                p.in_flight -= 1;
+                                tried.entry(i).or_default().insert(p.node.clone());
+                            }
+                        }
+                        Err(PieceError::Failed(why)) => match peer {
+                            Some(p) => {
+                                p.in_flight -= 1;
+                                p.failures += 1;
+                                tried.entry(i).or_default().insert(p.node.clone());
+                                if p.failures >= MAX_FAILURES {
+                                    p.dropped = true;
+                                    tracing::info!(peer = %p.node, "peer sharing: peer dropped for this fetch: {why}");
+                                }
+                            }
+                            None => {
+                                if peers.iter().all(|p| p.dropped) {
+                                    return Err(SwarmError::Unavailable(why));
+                                }
+                            }
+                        },
+                        Err(PieceError::Bad(_, _)) if peer.as_ref().is_some_and(|p| p.dropped) => {
+                            // A second piece in flight from a peer already dropped
+                            // and reported.
+                            if let Some(p) = peer {
+                                p.in_flight -= 1;
+                            }
+                        }
+                        Err(PieceError::Bad(expected, got)) => match peer {
+                            Some(p) => {
+                                p.in_flight -= 1;
+                                p.dropped = true;
+                                self.report_bad_peer(&p.node, &digest, i, &got);
+                            }
+                            None => {
+                                let _ = std::fs::remove_file(&partial.path);
+                                return Err(SwarmError::Corrupt(
+                                    lks_proto::digest::VerifyError::DigestMismatch { expected, got },
+                                ));
+                            }
+                        },
                     }
                 }
-                Err(PieceError::Bad(expected, got)) => {
-                    match peer {
-                        Some(p) => {
-                            p.in_flight -= 1;
-                            p.dropped = true;
-                            self.stats.bad_peers.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(peer = %p.node, %digest, piece = i, "peer sharing: a piece does not match its digest; peer dropped and reported");
-                            let _ = self.events.try_send(pb::NodeEvent { fetched_from_server: 0, fetched_from_peers: 0,
-                            kind: "bad_peer".into(),
-                            bundle: String::new(),
-                            version: String::new(),
-                            message: format!(
-                                "piece {i} of {digest} from node {} does not match its digest (got {got})",
-                                p.node
-                            ),
-                            at_ms: crate::clock::now_ms(),
-                            peer: p.node.clone(),
-                        });
-                        }
-                        None => {
-                            let _ = std::fs::remove_file(&partial.path);
-                            return Err(SwarmError::Corrupt(
-                                lks_proto::digest::VerifyError::DigestMismatch { expected, got },
-                            ));
+                Some((node, n)) = news.next(), if !news.is_empty() => {
+                    if let Some(p) = peers.iter_mut().find(|p| p.node == node) {
+                        match n {
+                            News::Held(h) => {
+                                let before = p.have.count(pieces.len());
+                                p.have = Have::Known(h);
+                                if p.have.count(pieces.len()) > before {
+                                    last_swarm = Instant::now();
+                                }
+                            }
+                            News::Unsupported => {
+                                p.watching = false;
+                                p.have = Have::Blind;
+                            }
+                            News::Ended(why) => {
+                                p.watching = false;
+                                if let Some(why) = why {
+                                    tracing::debug!(peer = %p.node, "peer sharing: piece watch ended: {why}");
+                                }
+                            }
                         }
                     }
                 }
+                _ = tokio::time::sleep_until(wake) => {}
             }
         }
         out.sync_all()
             .map_err(|e| SwarmError::Unavailable(format!("fsync {}: {e}", partial.path.display())))?;
         Ok((from_server, from_peers))
+    }
+
+    /// Tells the server a peer sent a piece that does not match.
+    fn report_bad_peer(&self, peer: &str, digest: &Digest, i: usize, got: &Digest) {
+        self.stats.bad_peers.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(peer = %peer, %digest, piece = i, "peer sharing: a piece does not match its digest; peer dropped and reported");
+        let _ = self.events.try_send(pb::NodeEvent {
+            fetched_from_server: 0,
+            fetched_from_peers: 0,
+            kind: "bad_peer".into(),
+            bundle: String::new(),
+            version: String::new(),
+            message: format!("piece {i} of {digest} from node {peer} does not match its digest (got {got})"),
+            at_ms: crate::clock::now_ms(),
+            peer: peer.to_string(),
+        });
+    }
+
+    /// What `node` holds of `digest`, as it changes (`WatchPieces`).
+    fn watch(&self, node: String, address: SocketAddr, digest: Digest) -> NewsStream<'_> {
+        let name = node.clone();
+        futures::stream::once(async move {
+            let ch = match self.peer_channel(&node, address).await {
+                Ok(ch) => ch,
+                Err(e) => return futures::stream::iter([News::Ended(Some(e))]).boxed(),
+            };
+            let mut c = pb::peer_service_client::PeerServiceClient::new(ch);
+            let r = tokio::time::timeout(
+                CONNECT_TIMEOUT,
+                c.watch_pieces(pb::WatchPiecesRequest {
+                    digest: digest.to_string(),
+                }),
+            )
+            .await;
+            match r {
+                Ok(Ok(r)) => r
+                    .into_inner()
+                    .map(|m| match m {
+                        Ok(h) => News::Held(h),
+                        Err(s) => News::Ended(Some(s.message().to_string())),
+                    })
+                    .chain(futures::stream::iter([News::Ended(None)]))
+                    .boxed(),
+                Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {
+                    futures::stream::iter([News::Unsupported]).boxed()
+                }
+                Ok(Err(s)) => {
+                    if !matches!(s.code(), tonic::Code::NotFound | tonic::Code::ResourceExhausted) {
+                        lock(&self.conns).remove(&(node.clone(), address));
+                    }
+                    futures::stream::iter([News::Ended(Some(format!("node {node}: {}", s.message())))])
+                        .boxed()
+                }
+                Err(_) => {
+                    futures::stream::iter([News::Ended(Some(format!("node {node}: WatchPieces timed out")))])
+                        .boxed()
+                }
+            }
+        })
+        .flatten()
+        .map(move |n| (name.clone(), n))
+        .boxed()
     }
 
     /// Asks the tracker.
@@ -480,11 +588,15 @@ impl Swarm {
                         digest: digest.to_string(),
                         offset,
                         length: len,
+                        queue_ms: QUEUE.as_millis() as u32,
                     })
                     .await
                 {
                     Ok(r) => r.into_inner(),
-                    Err(s) if matches!(s.code(), tonic::Code::NotFound | tonic::Code::ResourceExhausted) => {
+                    Err(s) if s.code() == tonic::Code::ResourceExhausted => {
+                        return Err(PieceError::Busy(s.message().to_string()));
+                    }
+                    Err(s) if s.code() == tonic::Code::NotFound => {
                         return Err(PieceError::NotYet(s.message().to_string()));
                     }
                     Err(s) => {
@@ -516,6 +628,66 @@ impl Swarm {
         let ch = dial_peer(&creds, &self.cluster, node, addr).await?;
         lock(&self.conns).insert(key, ch.clone());
         Ok(ch)
+    }
+}
+
+/// Starts what can start, up to [`WINDOW`] pieces in flight (`running`
+/// of them already): the rarest pieces first from the peers that said
+/// they hold them, then what older peers may hold, then the server: for
+/// what no peer holds when this node is a seed, for anything when it is
+/// stalled.
+fn start_pieces(plan: &mut Plan<'_>, start: &mut dyn FnMut(Source, usize), mut running: usize) {
+    let n = plan.peers.len().max(1);
+    let mut todo: Vec<(usize, usize)> = plan
+        .missing
+        .iter()
+        .copied()
+        .filter(|i| !plan.in_flight.contains(i))
+        .map(|i| {
+            let holders: usize = plan.peers.iter().filter(|p| !p.dropped && p.have.has(i)).count();
+            (holders, i)
+        })
+        .collect();
+    // Rarest first; `missing` is already in this node's own order, and
+    // the sort is stable.
+    todo.sort_by_key(|&(holders, _)| if holders == 0 { usize::MAX } else { holders });
+    for (rank, &(holders, i)) in todo.iter().enumerate() {
+        if running >= WINDOW {
+            return;
+        }
+        let t = plan.tried.entry(i).or_default();
+        let pick = plan
+            .peers
+            .iter_mut()
+            .filter(|p| {
+                !p.dropped
+                    && p.in_flight < PER_PEER
+                    && p.busy_until.is_none_or(|b| b <= plan.now)
+                    && !t.contains(&p.node)
+                    && (p.have.has(i) || matches!(p.have, Have::Blind))
+            })
+            // Known holders before older peers asked blindly; then the
+            // least busy; ties spread by the piece's rank.
+            .enumerate()
+            .min_by_key(|(k, p)| (!p.have.has(i), p.in_flight, p.failures, (k + rank) % n))
+            .map(|(_, p)| p);
+        let source = match pick {
+            Some(p) => {
+                p.in_flight += 1;
+                p.busy_until = None;
+                Source::Peer(p.node.clone(), p.address)
+            }
+            None if *plan.server_in_flight < SERVER_WINDOW
+                && (plan.server == ServerUse::Any || (plan.server == ServerUse::Unheld && holders == 0)) =>
+            {
+                *plan.server_in_flight += 1;
+                Source::Server
+            }
+            None => continue,
+        };
+        plan.in_flight.insert(i);
+        running += 1;
+        start(source, i);
     }
 }
 
@@ -577,6 +749,12 @@ struct PeerState {
     in_flight: usize,
     failures: u32,
     dropped: bool,
+    /// What it said it holds.
+    have: Have,
+    /// Its `WatchPieces` stream is open.
+    watching: bool,
+    /// It said it was busy: not asked again before then.
+    busy_until: Option<Instant>,
 }
 
 impl PeerState {
@@ -587,8 +765,68 @@ impl PeerState {
             in_flight: 0,
             failures: 0,
             dropped: false,
+            have: Have::Unknown,
+            watching: false,
+            busy_until: None,
         }
     }
+}
+
+/// What a peer holds, as far as this node knows.
+enum Have {
+    /// Not heard from yet: not asked for anything.
+    Unknown,
+    /// An older agent without `WatchPieces`: asked for any piece, blindly.
+    Blind,
+    /// What its last `PiecesHeld` said.
+    Known(pb::PiecesHeld),
+}
+
+impl Have {
+    /// It said it holds piece `i`.
+    fn has(&self, i: usize) -> bool {
+        match self {
+            Have::Known(h) => h.whole || crate::peer::bit(&h.have, i),
+            _ => false,
+        }
+    }
+
+    fn count(&self, pieces: usize) -> usize {
+        (0..pieces).filter(|&i| self.has(i)).count()
+    }
+}
+
+/// News from one watched peer.
+enum News {
+    Held(pb::PiecesHeld),
+    /// It has no `WatchPieces` (an older agent).
+    Unsupported,
+    /// The watch ended: normally (`None`) or why.
+    Ended(Option<String>),
+}
+
+type NewsStream<'a> = BoxStream<'a, (String, News)>;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum ServerUse {
+    No,
+    /// Pieces no peer holds (this node is a seed).
+    Unheld,
+    /// Any piece (this node is stalled).
+    Any,
+}
+
+/// What [`start_pieces`] works on.
+struct Plan<'a> {
+    /// The pieces not held yet, in this node's own order.
+    missing: &'a [usize],
+    in_flight: &'a mut HashSet<usize>,
+    tried: &'a mut HashMap<usize, HashSet<String>>,
+    peers: &'a mut Vec<PeerState>,
+    /// What the server may be asked for.
+    server: ServerUse,
+    server_in_flight: &'a mut usize,
+    now: Instant,
 }
 
 /// One piece being fetched: its source, its index, the bytes or why not.
@@ -602,8 +840,10 @@ enum Source {
 }
 
 enum PieceError {
-    /// The peer has not got it (yet) or is busy: another source.
+    /// The peer has not got it (yet): another source.
     NotYet(String),
+    /// The peer is at its upload limit: another source, or it again soon.
+    Busy(String),
     Failed(String),
     /// Bytes that do not match: the digest wanted, the one got.
     Bad(Digest, Digest),
@@ -742,5 +982,149 @@ impl tower_service::Service<Uri> for PeerConnector {
             let tls = tokio_rustls::TlsConnector::from(tls).connect(name, tcp).await?;
             Ok(hyper_util::rt::TokioIo::new(tls))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(name: &str, have: Have) -> PeerState {
+        let mut p = PeerState::new(Found {
+            node: name.into(),
+            address: "127.0.0.1:1".parse().unwrap(),
+        });
+        p.have = have;
+        p
+    }
+
+    fn known(pieces: usize, held: &[usize]) -> Have {
+        let mut have = vec![0u8; pieces.div_ceil(8)];
+        for &i in held {
+            have[i / 8] |= 1 << (i % 8);
+        }
+        Have::Known(pb::PiecesHeld {
+            have,
+            pieces: pieces as u32,
+            whole: false,
+        })
+    }
+
+    /// Runs one planning pass; returns what started where.
+    fn plan(
+        missing: &[usize],
+        peers: &mut Vec<PeerState>,
+        server: ServerUse,
+        running: usize,
+        tried: &mut HashMap<usize, HashSet<String>>,
+    ) -> Vec<(String, usize)> {
+        let mut in_flight = HashSet::new();
+        let mut server_in_flight = 0;
+        let mut started = Vec::new();
+        start_pieces(
+            &mut Plan {
+                missing,
+                in_flight: &mut in_flight,
+                tried,
+                peers,
+                server,
+                server_in_flight: &mut server_in_flight,
+                now: Instant::now(),
+            },
+            &mut |source, i| {
+                let who = match source {
+                    Source::Server => "server".to_string(),
+                    Source::Peer(n, _) => n,
+                };
+                started.push((who, i));
+            },
+            running,
+        );
+        assert_eq!(in_flight.len(), started.len());
+        started
+    }
+
+    #[test]
+    fn the_rarest_piece_goes_first_and_only_to_a_peer_that_holds_it() {
+        // Piece 3 is held by one peer, 1 by two, 0 and 2 by nobody.
+        let mut peers = vec![peer("a", known(4, &[1, 3])), peer("b", known(4, &[1]))];
+        let got = plan(&[0, 1, 2, 3], &mut peers, ServerUse::No, 0, &mut HashMap::new());
+        assert_eq!(got, vec![("a".into(), 3), ("b".into(), 1)]);
+        // Nobody holds 0 and 2, and the server may not be asked: they wait.
+        assert_eq!(peers[0].in_flight, 1);
+        assert_eq!(peers[1].in_flight, 1);
+    }
+
+    #[test]
+    fn a_seed_takes_from_the_server_what_no_peer_holds_two_at_a_time() {
+        let mut peers = vec![peer("a", known(6, &[5, 4]))];
+        let got = plan(
+            &[0, 1, 2, 4, 5],
+            &mut peers,
+            ServerUse::Unheld,
+            0,
+            &mut HashMap::new(),
+        );
+        assert_eq!(
+            got,
+            vec![
+                ("a".into(), 4),
+                ("a".into(), 5),
+                ("server".into(), 0),
+                ("server".into(), 1)
+            ]
+        );
+        // A holder busy: a seed waits for it rather than take the piece
+        // from the server again; a stalled node does not.
+        let mut peers = vec![peer("a", known(2, &[0]))];
+        peers[0].busy_until = Some(Instant::now() + Duration::from_secs(5));
+        assert!(plan(&[0], &mut peers, ServerUse::Unheld, 0, &mut HashMap::new()).is_empty());
+        assert_eq!(
+            plan(&[0], &mut peers, ServerUse::Any, 0, &mut HashMap::new()),
+            vec![("server".into(), 0)]
+        );
+    }
+
+    #[test]
+    fn a_full_window_a_busy_peer_and_a_tried_one_start_nothing_more() {
+        let mut peers = vec![peer("a", known(4, &[0, 1, 2, 3]))];
+        assert!(plan(&[0, 1], &mut peers, ServerUse::Any, WINDOW, &mut HashMap::new()).is_empty());
+
+        peers[0].busy_until = Some(Instant::now() + Duration::from_secs(5));
+        assert!(plan(&[0, 1], &mut peers, ServerUse::No, 0, &mut HashMap::new()).is_empty());
+
+        peers[0].busy_until = None;
+        let mut tried = HashMap::from([(0, HashSet::from(["a".to_string()]))]);
+        assert_eq!(
+            plan(&[0, 1], &mut peers, ServerUse::No, 0, &mut tried),
+            vec![("a".into(), 1)]
+        );
+    }
+
+    #[test]
+    fn known_holders_come_before_older_peers_asked_blindly_and_unknown_ones_are_not_asked() {
+        let mut peers = vec![
+            peer("old", Have::Blind),
+            peer("silent", Have::Unknown),
+            peer("new", known(2, &[0])),
+        ];
+        let got = plan(&[0, 1], &mut peers, ServerUse::No, 0, &mut HashMap::new());
+        assert_eq!(got, vec![("new".into(), 0), ("old".into(), 1)]);
+        assert_eq!(peers[1].in_flight, 0);
+    }
+
+    #[test]
+    fn a_whole_holder_holds_every_piece_and_dropped_peers_none() {
+        let whole = Have::Known(pb::PiecesHeld {
+            have: vec![],
+            pieces: 20,
+            whole: true,
+        });
+        assert_eq!(whole.count(20), 20);
+        let mut peers = vec![peer("bad", known(2, &[0, 1])), peer("w", whole)];
+        peers[0].dropped = true;
+        let got = plan(&[0, 1], &mut peers, ServerUse::No, 0, &mut HashMap::new());
+        assert_eq!(got, vec![("w".into(), 0), ("w".into(), 1)]);
+        assert_eq!(known(9, &[8]).count(9), 1);
     }
 }

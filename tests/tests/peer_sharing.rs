@@ -300,6 +300,15 @@ fn no_listener_while_off_and_nodes_of_other_clusters_are_refused() {
                     digest: Digest::of(b"x").to_string(),
                     offset: 0,
                     length: 0,
+                    queue_ms: 0,
+                })
+                .await
+                .map(|_| ())
+        };
+        let watch = |ch| async move {
+            pb::peer_service_client::PeerServiceClient::new(ch)
+                .watch_pieces(pb::WatchPiecesRequest {
+                    digest: Digest::of(b"x").to_string(),
                 })
                 .await
                 .map(|_| ())
@@ -315,12 +324,15 @@ fn no_listener_while_off_and_nodes_of_other_clusters_are_refused() {
         let ch = lksadmin_agent::swarm::dial_peer(&creds, "c1", "c1-n1", n1.peer)
             .await
             .expect("TLS with a valid node certificate works");
-        let e = ask(ch).await.unwrap_err();
+        let e = ask(ch.clone()).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
         assert!(
             e.message().contains("intruder") && e.message().contains("c2"),
             "{e:?}"
         );
+        // Nor may it learn what n1 holds.
+        let e = watch(ch).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
 
         // A node of c1 asking for a blob that is not in n1's bundles.
         let token = s.token("c1", &[]);
@@ -334,6 +346,8 @@ fn no_listener_while_off_and_nodes_of_other_clusters_are_refused() {
             .await
             .unwrap();
         let e = ask(ch.clone()).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+        let e = watch(ch.clone()).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
 
         // Malformed requests from a node of the cluster: refused, and the
