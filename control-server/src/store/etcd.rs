@@ -64,8 +64,11 @@ mod import;
 mod limits;
 pub mod reads;
 mod rollouts;
+mod smallmap;
 mod start;
 mod status;
+
+use smallmap::SmallMap;
 
 pub use limits::{MAX_RESPONSE_BYTES, kv_of, watch_of};
 use rollouts::{RolloutDoc, RolloutNodeDoc};
@@ -325,7 +328,7 @@ struct NodeDoc {
     enrolled_at_ms: i64,
     /// The replica holding the node's stream ("" if none).
     replica: String,
-    actual: BTreeMap<String, ActualDoc>,
+    actual: SmallMap<ActualDoc>,
     /// Held by the operator, with the reason.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     hold: Option<String>,
@@ -337,10 +340,10 @@ struct NodeDoc {
 #[derive(Serialize, Deserialize, Clone, Default)]
 struct DesiredDoc {
     generation: u64,
-    bundles: BTreeMap<String, String>,
+    bundles: SmallMap<String>,
     /// Bundle → generation of the operator's last retry request.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    retry: BTreeMap<String, u64>,
+    #[serde(default, skip_serializing_if = "SmallMap::is_empty")]
+    retry: SmallMap<u64>,
 }
 
 #[derive(Serialize, Deserialize, Clone)]
@@ -670,7 +673,7 @@ impl EtcdStore {
         Ok(DesiredState {
             generation: d.generation,
             bundles,
-            retry: d.retry,
+            retry: d.retry.into(),
         })
     }
 
@@ -713,7 +716,7 @@ impl EtcdStore {
             facts_json: doc.facts_json,
             enrolled_at_ms: doc.enrolled_at_ms,
             generation: desired.generation,
-            desired: desired.bundles,
+            desired: desired.bundles.into(),
             hold: doc.hold,
             key_hash: doc.key_hash,
         }
@@ -1133,7 +1136,7 @@ impl Store for EtcdStore {
                     last_seen_ms: 0,
                     enrolled_at_ms: n.now_ms,
                     replica: String::new(),
-                    actual: BTreeMap::new(),
+                    actual: SmallMap::new(),
                     hold: None,
                     key_hash: n.key_hash.clone(),
                 })?,
@@ -1177,8 +1180,8 @@ impl Store for EtcdStore {
                 &format!("desired/{}", n.name),
                 json(&DesiredDoc {
                     generation: g,
-                    bundles: given,
-                    retry: BTreeMap::new(),
+                    bundles: given.into(),
+                    retry: SmallMap::new(),
                 })?,
             ));
             if let Some(op) = self.event_op(&[EventRow::enrolled(&n)])? {

@@ -109,10 +109,10 @@ impl EtcdStore {
                 format!("desired/{}", n.name),
                 json(&DesiredDoc {
                     generation: n.generation,
-                    bundles: n.desired.clone(),
+                    bundles: n.desired.clone().into(),
                     // A pending retry request is not moved: the operator
                     // can ask again.
-                    retry: BTreeMap::new(),
+                    retry: SmallMap::new(),
                 })?,
             ));
         }

@@ -832,7 +832,7 @@ mod tests {
                     last_seen_ms: 0,
                     enrolled_at_ms: 1,
                     replica: String::new(),
-                    actual: BTreeMap::new(),
+                    actual: SmallMap::new(),
                     hold: None,
                     key_hash: String::new(),
                 };
@@ -840,7 +840,7 @@ mod tests {
                 let d = DesiredDoc {
                     generation: 1,
                     bundles: [("b".to_string(), "1".to_string())].into(),
-                    retry: BTreeMap::new(),
+                    retry: SmallMap::new(),
                 };
                 ops.push(s.put(&format!("desired/{name}"), json(&d).unwrap()));
             }

@@ -1,0 +1,233 @@
+//! A map kept as a sorted vector, for what a node's documents hold per
+//! bundle (one entry, or a few).
+//!
+//! Every replica's watch-fed copy holds every node document of the region,
+//! not only those of its own agents (`cache.rs`). A `BTreeMap`'s first node
+//! has room for 11 entries whatever it holds: about 1.3 KiB for a node's
+//! reported bundles and 0.5 KiB for its desired ones, so at 30,000 nodes a
+//! replica spent about 55 MiB on empty slots, some 5 KiB per agent it
+//! serves. A sorted vector holds what is there.
+//!
+//! It is written and read exactly as a `BTreeMap<String, V>` is (a JSON
+//! object, keys in order), so documents written before it, by it, and by
+//! older replicas are the same bytes.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::{MapAccess, Visitor};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// Keys in order, each once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SmallMap<V>(Vec<(String, V)>);
+
+impl<V> Default for SmallMap<V> {
+    fn default() -> Self {
+        SmallMap(Vec::new())
+    }
+}
+
+impl<V> SmallMap<V> {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn find(&self, k: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(x, _)| x.as_str().cmp(k))
+    }
+
+    pub fn get(&self, k: &str) -> Option<&V> {
+        self.find(k).ok().map(|i| &self.0[i].1)
+    }
+
+    pub fn contains_key(&self, k: &str) -> bool {
+        self.find(k).is_ok()
+    }
+
+    /// Sets `k` to `v`; the value it had, if any.
+    pub fn insert(&mut self, k: String, v: V) -> Option<V> {
+        match self.find(&k) {
+            Ok(i) => Some(std::mem::replace(&mut self.0[i].1, v)),
+            Err(i) => {
+                self.0.insert(i, (k, v));
+                None
+            }
+        }
+    }
+
+    pub fn remove(&mut self, k: &str) -> Option<V> {
+        self.find(k).ok().map(|i| self.0.remove(i).1)
+    }
+
+    /// In key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &V)> {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &String> {
+        self.0.iter().map(|(k, _)| k)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn retain(&mut self, mut keep: impl FnMut(&String, &mut V) -> bool) {
+        self.0.retain_mut(|(k, v)| keep(k, v));
+    }
+
+    /// From pairs in any order; of a key given twice the last counts, as
+    /// with a `BTreeMap`.
+    fn from_pairs(mut pairs: Vec<(String, V)>) -> Self {
+        // Stable: equal keys keep their order, and the last one is kept.
+        pairs.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut out: Vec<(String, V)> = Vec::with_capacity(pairs.len());
+        for (k, v) in pairs {
+            match out.last_mut() {
+                Some(last) if last.0 == k => last.1 = v,
+                _ => out.push((k, v)),
+            }
+        }
+        out.shrink_to_fit();
+        SmallMap(out)
+    }
+}
+
+impl<V: Clone> SmallMap<V> {
+    pub fn to_btree(&self) -> BTreeMap<String, V> {
+        self.0.iter().cloned().collect()
+    }
+}
+
+impl<V> FromIterator<(String, V)> for SmallMap<V> {
+    fn from_iter<I: IntoIterator<Item = (String, V)>>(iter: I) -> Self {
+        Self::from_pairs(iter.into_iter().collect())
+    }
+}
+
+impl<V> From<BTreeMap<String, V>> for SmallMap<V> {
+    fn from(m: BTreeMap<String, V>) -> Self {
+        // Already in order, each key once.
+        SmallMap(m.into_iter().collect())
+    }
+}
+
+impl<V, const N: usize> From<[(String, V); N]> for SmallMap<V> {
+    fn from(a: [(String, V); N]) -> Self {
+        a.into_iter().collect()
+    }
+}
+
+impl<V> IntoIterator for SmallMap<V> {
+    type Item = (String, V);
+    type IntoIter = std::vec::IntoIter<(String, V)>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
+impl<'a, V> IntoIterator for &'a SmallMap<V> {
+    type Item = (&'a String, &'a V);
+    type IntoIter =
+        std::iter::Map<std::slice::Iter<'a, (String, V)>, fn(&'a (String, V)) -> (&'a String, &'a V)>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+}
+
+impl<V> From<SmallMap<V>> for BTreeMap<String, V> {
+    fn from(m: SmallMap<V>) -> Self {
+        m.0.into_iter().collect()
+    }
+}
+
+impl<V> std::ops::Index<&str> for SmallMap<V> {
+    type Output = V;
+    fn index(&self, k: &str) -> &V {
+        self.get(k).unwrap_or_else(|| panic!("no entry {k:?}"))
+    }
+}
+
+impl<V: Serialize> Serialize for SmallMap<V> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
+}
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for SmallMap<V> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Pairs<V>(PhantomData<V>);
+        impl<'de, V: Deserialize<'de>> Visitor<'de> for Pairs<V> {
+            type Value = SmallMap<V>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a map")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
+                let mut pairs = Vec::with_capacity(a.size_hint().unwrap_or(0).min(64));
+                while let Some((k, v)) = a.next_entry::<String, V>()? {
+                    pairs.push((k, v));
+                }
+                Ok(SmallMap::from_pairs(pairs))
+            }
+        }
+        d.deserialize_map(Pairs(PhantomData))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn it_reads_and_writes_the_bytes_a_btreemap_does() {
+        for json in [
+            r#"{}"#,
+            r#"{"a":"1"}"#,
+            r#"{"zeta":"1","alpha":"2","mid":"3"}"#,
+            r#"{"k":"1","k":"2"}"#,
+        ] {
+            let b: BTreeMap<String, String> = serde_json::from_str(json).unwrap();
+            let s: SmallMap<String> = serde_json::from_str(json).unwrap();
+            assert_eq!(
+                serde_json::to_string(&s).unwrap(),
+                serde_json::to_string(&b).unwrap(),
+                "{json}"
+            );
+            assert_eq!(s.to_btree(), b, "{json}");
+            assert_eq!(SmallMap::from(b.clone()), s, "{json}");
+        }
+        assert!(serde_json::from_str::<SmallMap<String>>("[1]").is_err());
+    }
+
+    #[test]
+    fn it_behaves_as_a_map_in_key_order() {
+        let mut m: SmallMap<u32> = [("b".to_string(), 2), ("a".to_string(), 1)].into();
+        assert_eq!(m.keys().collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(m.insert("c".into(), 3), None);
+        assert_eq!(m.insert("a".into(), 10), Some(1));
+        assert_eq!((m.get("a"), m["c"], m.get("x")), (Some(&10), 3, None));
+        assert!(m.contains_key("b") && !m.contains_key("x"));
+        assert_eq!(m.remove("b"), Some(2));
+        assert_eq!(m.remove("b"), None);
+        m.retain(|k, v| {
+            *v += 1;
+            k != "c"
+        });
+        assert_eq!(m.iter().collect::<Vec<_>>(), [(&"a".to_string(), &11)]);
+        assert_eq!((m.len(), m.is_empty()), (1, false));
+        assert_eq!(m.into_iter().collect::<Vec<_>>(), [("a".to_string(), 11)]);
+        let from_iter: SmallMap<u32> = [("x".to_string(), 1), ("x".to_string(), 2)].into_iter().collect();
+        assert_eq!(from_iter.to_btree(), BTreeMap::from([("x".to_string(), 2)]));
+    }
+}
