@@ -1534,7 +1534,7 @@ impl Store for EtcdStore {
         let reported: Vec<(&String, &ActualDoc)> = n
             .actual
             .iter()
-            .filter(|(b, a)| desired.bundles.get(*b) != Some(&a.version))
+            .filter(|(b, a)| desired.bundles.get(b) != Some(&a.version))
             .collect();
         if reported.is_empty() {
             return Ok(false);
