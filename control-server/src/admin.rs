@@ -1240,9 +1240,19 @@ fn held_blobs(signed_bundle: &[u8]) -> BTreeMap<Digest, u64> {
         .unwrap_or_default()
 }
 
+/// The architectures a stored bundle version is for (empty: any node).
+fn bundle_arches(signed_bundle: &[u8]) -> Vec<String> {
+    pb::SignedBundle::decode(signed_bundle)
+        .ok()
+        .and_then(|p| SignedBundle::try_from(p).ok())
+        .map(|b| b.manifest.arches().iter().map(ToString::to_string).collect())
+        .unwrap_or_default()
+}
+
 fn bundle_info(b: BundleRow) -> pb::BundleInfo {
     pb::BundleInfo {
         held_bytes: held_blobs(&b.signed_bundle).values().sum(),
+        architectures: bundle_arches(&b.signed_bundle),
         name: b.name,
         version: b.version,
         files: b.files,
@@ -1324,6 +1334,7 @@ fn node_pb(s: &Shared, n: NodeRow) -> pb::Node {
             os: text("os"),
             kernel: text("kernel"),
             arch: text("arch"),
+            architecture: text("architecture"),
             cpus: num("cpus") as u32,
             memory_bytes: num("memory_bytes"),
             agent_version: text("agent_version"),

@@ -552,6 +552,8 @@ fn facts_json(h: &pb::Hello) -> String {
         "os": clip(&f.os, 256),
         "kernel": clip(&f.kernel, 256),
         "arch": clip(&f.arch, 64),
+        // Only a name the bundle rules know: it selects files.
+        "architecture": lks_proto::arch::Arch::parse(&f.architecture).map(|a| a.to_string()).unwrap_or_default(),
         "cpus": f.cpus,
         "memory_bytes": f.memory_bytes,
         "agent_version": clip(&agent_version, 128),

@@ -222,6 +222,7 @@ mod tests {
                         size: 3,
                         mode: 0o640,
                         url: String::new(),
+                        arch: String::new(),
                     }],
                     steps: vec![pb::Step {
                         name: "restart".into(),
