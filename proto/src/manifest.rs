@@ -164,6 +164,68 @@ impl TryFrom<UncheckedManifest> for Manifest {
     }
 }
 
+/// What a node must have to hold a bundle version: agent features and one
+/// of its architectures. Kept by the rollout controller per version.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Needs {
+    /// `name@version`.
+    pub id: String,
+    pub features: Vec<&'static str>,
+    /// Empty: any architecture.
+    pub arches: BTreeSet<Arch>,
+}
+
+impl Needs {
+    pub fn of(m: &Manifest) -> Needs {
+        Needs {
+            id: m.id(),
+            features: m.required_features(),
+            arches: m.arches(),
+        }
+    }
+
+    /// Whether a node must be judged at all.
+    pub fn is_empty(&self) -> bool {
+        self.features.is_empty() && self.arches.is_empty()
+    }
+
+    /// Why a node of `arch` (`None`: it reported none) may not hold the
+    /// version; `None` if it may.
+    pub fn arch_refusal(&self, arch: Option<Arch>) -> Option<String> {
+        if self.arches.is_empty() {
+            return None;
+        }
+        match arch {
+            Some(a) if self.arches.contains(&a) => None,
+            Some(a) => Some(format!(
+                "{} has no files for architecture {a} (it is for {})",
+                self.id,
+                arch::list(&self.arches)
+            )),
+            None => Some(format!(
+                "{} is for {}, and the node reported no architecture",
+                self.id,
+                arch::list(&self.arches)
+            )),
+        }
+    }
+
+    /// Why a node whose agent announced `features` and reported `arch`
+    /// fails at its turn: a missing feature first (an older agent would
+    /// drop the entries it does not know), then its architecture. The
+    /// words of `rollout status` and `rollout start --dry-run`.
+    pub fn node_refusal(&self, features: &[String], arch: Option<Arch>) -> Option<String> {
+        if let Some(f) = self.features.iter().find(|f| !features.iter().any(|h| h == *f)) {
+            return Some(format!(
+                "its agent does not announce the {f:?} feature {} needs (an older agent \
+                 would drop those entries); update the agent first",
+                self.id
+            ));
+        }
+        self.arch_refusal(arch)
+    }
+}
+
 /// A rule a manifest broke: `field` is a path such as `file[2].mode`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {reason}")]
@@ -270,23 +332,7 @@ impl Manifest {
     /// bundle; `None` if it may. The same words at the rollout's turn,
     /// in `rollout start --dry-run` and on the node.
     pub fn arch_refusal(&self, arch: Option<Arch>) -> Option<String> {
-        let arches = self.arches();
-        if arches.is_empty() {
-            return None;
-        }
-        match arch {
-            Some(a) if arches.contains(&a) => None,
-            Some(a) => Some(format!(
-                "{} has no files for architecture {a} (it is for {})",
-                self.id(),
-                arch::list(&arches)
-            )),
-            None => Some(format!(
-                "{} is for {}, and the node reported no architecture",
-                self.id(),
-                arch::list(&arches)
-            )),
-        }
+        Needs::of(self).arch_refusal(arch)
     }
 
     /// The manifest a node of `arch` installs: the arch-neutral files and
@@ -948,6 +994,37 @@ pub(crate) mod tests {
         // Records on the node keep the labels.
         let text = toml::to_string(&arm).unwrap();
         assert_eq!(toml::from_str::<Manifest>(&text).unwrap(), arm);
+    }
+
+    #[test]
+    fn a_node_is_judged_by_its_features_then_its_architecture() {
+        let needs = Needs::of(&sample_multi_arch());
+        let new = vec![FEATURE_MULTI_ARCH.to_string()];
+        assert_eq!(needs.node_refusal(&new, Some(arch("arm64"))), None);
+        let old = needs
+            .node_refusal(&["certificates".to_string()], Some(arch("arm64")))
+            .unwrap();
+        assert!(
+            old.starts_with("its agent does not announce the \"multi-arch\" feature kubelet@1.29.3-1 needs"),
+            "{old}"
+        );
+        assert_eq!(
+            needs.node_refusal(&new, Some(arch("s390x"))).unwrap(),
+            "kubelet@1.29.3-1 has no files for architecture s390x (it is for amd64, arm64)"
+        );
+        assert!(
+            needs
+                .node_refusal(&new, None)
+                .unwrap()
+                .contains("reported no architecture")
+        );
+        let neutral = Needs::of(&sample());
+        assert!(neutral.is_empty());
+        assert_eq!(
+            neutral.node_refusal(&[], None),
+            None,
+            "old agents keep arch-neutral bundles"
+        );
     }
 
     #[test]
