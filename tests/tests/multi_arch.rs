@@ -346,19 +346,18 @@ async fn an_old_agent_is_refused_at_its_turn_and_a_node_fetches_only_its_archite
         ])
         .trim()
         .to_string();
-    let mut st = serde_json::Value::Null;
     let deadline = std::time::Instant::now() + CONVERGE;
-    loop {
-        st = s.lksctl_json(&["rollout", "status", &id]);
+    let st = loop {
+        let st = s.lksctl_json(&["rollout", "status", &id]);
         if node(&st, "old")["state"] == "failed" && node(&st, "new")["state"] == "applying" {
-            break;
+            break st;
         }
         assert!(
             std::time::Instant::now() < deadline,
             "old node not failed, new not assigned: {st:#}"
         );
         std::thread::sleep(std::time::Duration::from_millis(200));
-    }
+    };
     let msg = node(&st, "old")["message"].as_str().unwrap().to_string();
     assert!(
         msg.starts_with("its agent does not announce the \"multi-arch\" feature kubelet@1 needs"),
