@@ -1087,10 +1087,14 @@ impl AdminApi {
             }
         }
         for n in nodes.iter().filter(|n| selector_matches(selector, &n.labels)) {
-            let mut paths: Vec<(&str, &lks_proto::BundlePath)> = new
+            // What this node would install: its architecture's variant. A
+            // node the bundle has no variant for fails at its turn instead.
+            let arch = crate::store::facts_architecture(&n.facts_json);
+            let Ok(new) = new.for_arch(arch) else { continue };
+            let mut paths: Vec<(String, lks_proto::BundlePath)> = new
                 .owned_paths()
                 .into_iter()
-                .map(|p| (new.name.as_str(), p))
+                .map(|p| (new.name.clone(), p.clone()))
                 .collect();
             let mut others: Vec<(String, String)> = n
                 .desired
@@ -1113,11 +1117,11 @@ impl AdminApi {
                 }
             }
             for key in &others {
-                if let Some(m) = cache.get(key) {
-                    paths.extend(m.owned_paths().into_iter().map(|p| (m.name.as_str(), p)));
+                if let Some(m) = cache.get(key).and_then(|m| m.for_arch(arch).ok()) {
+                    paths.extend(m.owned_paths().into_iter().map(|p| (m.name.clone(), p.clone())));
                 }
             }
-            if let Err((i, why)) = check_paths_disjoint(paths.iter().map(|(_, p)| *p)) {
+            if let Err((i, why)) = check_paths_disjoint(paths.iter().map(|(_, p)| p)) {
                 return Err(Status::failed_precondition(format!(
                     "node {}: bundle {} conflicts with bundle {}: {why}",
                     n.name, new.name, paths[i].0
@@ -1240,9 +1244,19 @@ fn held_blobs(signed_bundle: &[u8]) -> BTreeMap<Digest, u64> {
         .unwrap_or_default()
 }
 
+/// The architectures a stored bundle version is for (empty: any node).
+fn bundle_arches(signed_bundle: &[u8]) -> Vec<String> {
+    pb::SignedBundle::decode(signed_bundle)
+        .ok()
+        .and_then(|p| SignedBundle::try_from(p).ok())
+        .map(|b| b.manifest.arches().iter().map(ToString::to_string).collect())
+        .unwrap_or_default()
+}
+
 fn bundle_info(b: BundleRow) -> pb::BundleInfo {
     pb::BundleInfo {
         held_bytes: held_blobs(&b.signed_bundle).values().sum(),
+        architectures: bundle_arches(&b.signed_bundle),
         name: b.name,
         version: b.version,
         files: b.files,
@@ -1324,6 +1338,7 @@ fn node_pb(s: &Shared, n: NodeRow) -> pb::Node {
             os: text("os"),
             kernel: text("kernel"),
             arch: text("arch"),
+            architecture: text("architecture"),
             cpus: num("cpus") as u32,
             memory_bytes: num("memory_bytes"),
             agent_version: text("agent_version"),

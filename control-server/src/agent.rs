@@ -199,8 +199,8 @@ impl AgentService for AgentApi {
         let allowed = settings.enabled
             && self
                 .s
-                .store
-                .blob_allowed(&caller.id.node, &digest.to_string())
+                .tracker
+                .blob_allowed(&*self.s.store, &caller.id.node, &digest)
                 .await
                 .map_err(store_status)?;
         if !allowed {
@@ -288,13 +288,13 @@ impl AgentService for AgentApi {
             .map_err(|e| Status::invalid_argument(format!("digest: {e}")))?;
         let allowed = self
             .s
-            .store
-            .blob_allowed(&caller.id.node, &digest.to_string())
+            .tracker
+            .blob_allowed(&*self.s.store, &caller.id.node, &digest)
             .await
             .map_err(store_status)?;
         if !allowed {
             return Err(Status::permission_denied(format!(
-                "blob {digest} is not part of any bundle assigned to node {}",
+                "blob {digest} is not part of any bundle assigned to node {} (for its architecture)",
                 caller.id.node
             )));
         }
@@ -552,6 +552,8 @@ fn facts_json(h: &pb::Hello) -> String {
         "os": clip(&f.os, 256),
         "kernel": clip(&f.kernel, 256),
         "arch": clip(&f.arch, 64),
+        // Only a name the bundle rules know: it selects files.
+        "architecture": lks_proto::arch::Arch::parse(&f.architecture).map(|a| a.to_string()).unwrap_or_default(),
         "cpus": f.cpus,
         "memory_bytes": f.memory_bytes,
         "agent_version": clip(&agent_version, 128),

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use lks_proto::manifest::Needs;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::MissedTickBehavior;
 use tonic::Status;
@@ -100,7 +101,7 @@ struct Controller {
     since_ms: i64,
     /// `bundle@version` → the agent features it needs (bundles are
     /// immutable, so this never goes stale).
-    needs: std::sync::Mutex<HashMap<String, Vec<&'static str>>>,
+    needs: std::sync::Mutex<HashMap<String, Needs>>,
 }
 
 /// Runs the controller until shutdown.
@@ -262,18 +263,18 @@ impl Controller {
     }
 
     /// The agent features `r`'s bundle needs.
-    async fn needs(&self, r: &RolloutRow) -> Result<Vec<&'static str>, StoreError> {
+    async fn needs(&self, r: &RolloutRow) -> Result<Needs, StoreError> {
         let id = format!("{}@{}", r.bundle, r.version);
         if let Some(n) = self.needs.lock().ok().and_then(|m| m.get(&id).cloned()) {
             return Ok(n);
         }
         let Some(row) = self.s.store.get_bundle(&r.bundle, &r.version).await? else {
-            return Ok(Vec::new());
+            return Ok(Needs::default());
         };
         let needs = <lks_proto::pb::SignedBundle as prost::Message>::decode(row.signed_bundle.as_slice())
             .ok()
             .and_then(|b| lks_proto::SignedBundle::try_from(b).ok())
-            .map(|b| b.manifest.required_features())
+            .map(|b| Needs::of(&b.manifest))
             .unwrap_or_default();
         if let Ok(mut m) = self.needs.lock() {
             m.insert(id, needs.clone());
@@ -289,20 +290,12 @@ impl Controller {
             .map(|(name, v)| {
                 // A node that never connected is not judged: it announces
                 // its features when it does, before its turn comes again.
-                let features = if needs.is_empty() {
+                let facts = if needs.is_empty() {
                     None
                 } else {
-                    crate::store::facts_features(&v.facts_json)
+                    crate::store::facts_needed(&v.facts_json)
                 };
-                let unsupported = features.as_ref().and_then(|have| {
-                    needs.iter().find(|f| !have.iter().any(|h| h == *f)).map(|f| {
-                        format!(
-                            "its agent does not announce the {f:?} feature {}@{} needs (an older agent \
-                             would drop those entries); update the agent first",
-                            r.bundle, r.version
-                        )
-                    })
-                });
+                let unsupported = facts.and_then(|(features, arch)| needs.node_refusal(&features, arch));
                 let view = NodeView {
                     unsupported,
                     desired: v.desired,

@@ -21,6 +21,11 @@
 //! then the least named, random among equals. A node reported for serving
 //! a bad chunk is not named again for [`BLAME_TTL`].
 //!
+//! Multi-arch bundles: a node holds, and is named for, only the files of
+//! its own architecture and the neutral ones ([`Contents`]), and a node may
+//! fetch only those ([`Tracker::blob_allowed`], the check of `FetchBlob`
+//! and `FindPeers`).
+//!
 //! State is per replica and in memory: holders come from the store (the
 //! node reports), fetchers and load from this replica's own answers, which
 //! is all a replica needs to keep the server's share of the bytes small.
@@ -30,6 +35,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use lks_proto::arch::Arch;
 use lks_proto::{BundleState, Digest, pb};
 use prost::Message;
 
@@ -78,8 +84,8 @@ pub struct Tracker {
 #[derive(Default)]
 struct Inner {
     clusters: HashMap<String, Arc<ClusterIndex>>,
-    /// bundle@version → the digests of its files (versions are immutable).
-    contents: HashMap<(String, String), Arc<HashSet<Digest>>>,
+    /// bundle@version → its files (versions are immutable).
+    contents: HashMap<(String, String), Arc<Contents>>,
     /// (cluster, digest) → node → when it last asked, and whether it was
     /// told to fetch from the server.
     fetching: HashMap<(String, Digest), HashMap<String, (Instant, bool)>>,
@@ -101,6 +107,43 @@ struct NodeInfo {
     addresses: Vec<IpAddr>,
     /// Bundle versions it reported applied.
     applied: Vec<(String, String)>,
+    /// The architecture it reported: whose files of a multi-arch bundle it holds.
+    arch: Option<Arch>,
+}
+
+/// The files of one bundle version by digest, with the architectures each
+/// is for (`None`: arch-neutral).
+#[derive(Debug, Default)]
+pub struct Contents {
+    files: HashMap<Digest, Vec<Option<Arch>>>,
+}
+
+impl Contents {
+    /// The files of an encoded `SignedBundle`.
+    pub fn of(bytes: &[u8]) -> Contents {
+        let mut files: HashMap<Digest, Vec<Option<Arch>>> = HashMap::new();
+        let m = pb::SignedBundle::decode(bytes).ok().and_then(|b| b.manifest);
+        for f in m.iter().flat_map(|m| &m.files) {
+            if let Ok(d) = f.digest.parse() {
+                let arch = (!f.arch.is_empty()).then(|| Arch::parse(&f.arch).ok()).flatten();
+                files.entry(d).or_default().push(arch);
+            }
+        }
+        Contents { files }
+    }
+
+    /// Whether a node of `arch` installs a file with these bytes: an
+    /// arch-neutral one, or one for `arch`.
+    pub fn is_for(&self, d: &Digest, arch: Option<Arch>) -> bool {
+        self.files
+            .get(d)
+            .is_some_and(|v| v.iter().any(|a| a.is_none() || (a.is_some() && *a == arch)))
+    }
+
+    /// Whether the bytes are an arch-neutral file's (any node may have them).
+    fn neutral(&self, d: &Digest) -> bool {
+        self.files.get(d).is_some_and(|v| v.iter().any(Option::is_none))
+    }
 }
 
 impl Tracker {
@@ -129,11 +172,7 @@ impl Tracker {
                 .collect()
         };
         for (b, v) in unknown {
-            let digests = match store.get_bundle(&b, &v).await? {
-                Some(row) => digests_of(&row.signed_bundle),
-                None => HashSet::new(),
-            };
-            self.lock().contents.insert((b, v), Arc::new(digests));
+            self.contents(store, &b, &v).await?;
         }
 
         let now = Instant::now();
@@ -146,10 +185,11 @@ impl Tracker {
         fetching.retain(|_, (at, _)| now.duration_since(*at) < FETCHING_TTL);
         let fetching = fetching.clone();
 
+        // Of a multi-arch bundle a node holds only its own variant.
         let holds = |n: &NodeInfo, g: &Inner| {
             n.applied
                 .iter()
-                .any(|bv| g.contents.get(bv).is_some_and(|d| d.contains(&digest)))
+                .any(|bv| g.contents.get(bv).is_some_and(|c| c.is_for(&digest, n.arch)))
         };
         let mut candidates: Vec<(bool, f64, u64, Peer)> = Vec::new();
         let mut whole_holders = 0;
@@ -203,6 +243,59 @@ impl Tracker {
         Ok(Answer { peers, server })
     }
 
+    /// The files of `bundle@version`, read once.
+    pub async fn contents(
+        &self,
+        store: &dyn Store,
+        bundle: &str,
+        version: &str,
+    ) -> Result<Arc<Contents>, StoreError> {
+        let key = (bundle.to_string(), version.to_string());
+        if let Some(c) = self.lock().contents.get(&key) {
+            return Ok(c.clone());
+        }
+        let c = Arc::new(match store.get_bundle(bundle, version).await? {
+            Some(row) => Contents::of(&row.signed_bundle),
+            None => Contents::default(),
+        });
+        self.lock().contents.insert(key, c.clone());
+        Ok(c)
+    }
+
+    /// Whether `node` may have `digest`: it belongs to a bundle version
+    /// the node may hold ([`Store::blob_grants`]) as an arch-neutral file
+    /// or one for the node's architecture. Never another architecture's
+    /// binary, whatever the node asks for.
+    pub async fn blob_allowed(
+        &self,
+        store: &dyn Store,
+        node: &str,
+        digest: &Digest,
+    ) -> Result<bool, StoreError> {
+        let grants = store.blob_grants(node, &digest.to_string()).await?;
+        let mut arch: Option<Option<Arch>> = None;
+        for (b, v) in grants {
+            let c = self.contents(store, &b, &v).await?;
+            if c.neutral(digest) {
+                return Ok(true);
+            }
+            let a = match arch {
+                Some(a) => a,
+                None => {
+                    let a = store
+                        .get_node(node)
+                        .await?
+                        .and_then(|n| crate::store::facts_architecture(&n.facts_json));
+                    *arch.insert(a)
+                }
+            };
+            if a.is_some() && c.is_for(digest, a) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     /// A node of `cluster` says `peer` served it a chunk that did not
     /// match: `peer` is named to the nodes of that cluster no more for a
     /// while (a node can only speak for its own cluster).
@@ -235,6 +328,7 @@ impl Tracker {
             .map(|r| {
                 let facts: serde_json::Value = serde_json::from_str(&r.facts_json).unwrap_or_default();
                 NodeInfo {
+                    arch: crate::store::facts_architecture(&r.facts_json),
                     connected: r.connected,
                     listen: facts["peer_listen"].as_str().and_then(|s| s.parse().ok()),
                     addresses: facts["addresses"]
@@ -273,15 +367,6 @@ impl Inner {
 
 fn decayed(load: f64, at: Instant, now: Instant) -> f64 {
     load * 0.5f64.powf(now.duration_since(at).as_secs_f64() / LOAD_HALF_LIFE.as_secs_f64())
-}
-
-/// The digests of the files of an encoded `SignedBundle`.
-fn digests_of(bytes: &[u8]) -> HashSet<Digest> {
-    pb::SignedBundle::decode(bytes)
-        .ok()
-        .and_then(|b| b.manifest)
-        .map(|m| m.files.iter().filter_map(|f| f.digest.parse().ok()).collect())
-        .unwrap_or_default()
 }
 
 /// Where to dial `n`: the address it listens on if it named one (unless
@@ -330,6 +415,7 @@ mod tests {
             connected: true,
             listen: None,
             addresses: vec![ip.parse().unwrap()],
+            arch: None,
             applied: applied
                 .iter()
                 .map(|(b, v)| (b.to_string(), v.to_string()))
@@ -402,12 +488,70 @@ mod tests {
             for ((b, v), d) in contents {
                 g.contents
                     .entry((b.to_string(), v.to_string()))
-                    .or_insert_with(|| Arc::new(HashSet::new()));
+                    .or_insert_with(|| Arc::new(Contents::default()));
                 let set = g.contents.get_mut(&(b.to_string(), v.to_string())).unwrap();
-                Arc::get_mut(set).unwrap().insert(*d);
+                Arc::get_mut(set).unwrap().files.insert(*d, vec![None]);
             }
         }
         t
+    }
+
+    #[tokio::test]
+    async fn a_node_holds_and_is_named_for_its_own_architectures_files_only() {
+        use lks_proto::FileSpec;
+        let amd = Arch::parse("amd64").unwrap();
+        let arm = Arch::parse("arm64").unwrap();
+        let f = |bytes: &[u8], arch: Option<Arch>, path: &str| FileSpec {
+            path: path.parse().unwrap(),
+            digest: Digest::of(bytes),
+            size: bytes.len() as u64,
+            mode: 0o755,
+            url: None,
+            chunks: None,
+            arch,
+        };
+        let m = lks_proto::Manifest {
+            name: "kubelet".into(),
+            version: "1".into(),
+            files: vec![
+                f(b"amd", Some(amd), "/usr/bin/kubelet"),
+                f(b"arm", Some(arm), "/usr/bin/kubelet"),
+                f(b"conf", None, "/etc/kubelet.conf"),
+            ],
+            ..Default::default()
+        };
+        m.validate().unwrap();
+        let sb = lks_proto::SignedBundle {
+            manifest: m,
+            signature: None,
+            chunks_signature: None,
+        };
+        let c = Contents::of(&pb::SignedBundle::from(&sb).encode_to_vec());
+        let (d_amd, d_arm, d_conf) = (Digest::of(b"amd"), Digest::of(b"arm"), Digest::of(b"conf"));
+        assert!(c.is_for(&d_amd, Some(amd)) && !c.is_for(&d_amd, Some(arm)));
+        assert!(
+            !c.is_for(&d_arm, None),
+            "a node that reported no architecture gets no variant"
+        );
+        assert!(c.is_for(&d_conf, Some(arm)) && c.is_for(&d_conf, None));
+
+        let mut x = info("x86", "10.0.0.1", &[("kubelet", "1")]);
+        x.arch = Some(amd);
+        let mut a = info("arm-1", "10.0.0.2", &[("kubelet", "1")]);
+        a.arch = Some(arm);
+        let b = info("arm-2", "10.0.0.3", &[]);
+        let t = tracker(vec![x, a, b], &[]);
+        t.lock()
+            .contents
+            .insert(("kubelet".into(), "1".into()), Arc::new(c));
+        let store = no_store();
+        let named = |a: Answer| a.peers.into_iter().map(|p| p.node).collect::<Vec<_>>();
+        // The amd64 node applied the version but holds no arm64 binary.
+        let got = t.find(&store, "c", "arm-2", d_arm, 7444).await.unwrap();
+        assert_eq!(named(got), ["arm-1"]);
+        let mut both = named(t.find(&store, "c", "arm-2", d_conf, 7444).await.unwrap());
+        both.sort();
+        assert_eq!(both, ["arm-1", "x86"]);
     }
 
     fn no_store() -> crate::store::sqlite::SqliteStore {

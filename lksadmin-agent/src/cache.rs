@@ -528,6 +528,7 @@ mod tests {
     fn spec(bytes: &[u8]) -> FileSpec {
         FileSpec {
             chunks: None,
+            arch: None,
             path: BundlePath::new("/usr/bin/tool").unwrap(),
             digest: Digest::of(bytes),
             size: bytes.len() as u64,

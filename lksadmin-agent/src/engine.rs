@@ -25,6 +25,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use lks_proto::arch::Arch;
 use lks_proto::digest::{Hasher, Verifier};
 use lks_proto::root::{NodeRoot, ParentDir, RootError};
 use lks_proto::sign::{self, PublisherKey};
@@ -120,6 +121,10 @@ pub struct EngineConfig {
     pub root: PathBuf,
     pub node: String,
     pub trusted: Vec<PublisherKey>,
+    /// Whose files of a multi-arch bundle this node installs
+    /// ([`crate::facts::architecture`]); `None`: an architecture without a
+    /// Debian name, which installs arch-neutral bundles only.
+    pub arch: Option<Arch>,
 }
 
 /// Result of one self-heal pass.
@@ -144,6 +149,7 @@ pub struct Engine {
     root: NodeRoot,
     node: String,
     trusted: Vec<PublisherKey>,
+    arch: Option<Arch>,
     source: Arc<dyn BlobSource>,
     issuer: Arc<dyn CertIssuer>,
     runner: Arc<dyn CommandRunner>,
@@ -208,6 +214,7 @@ impl Engine {
             root,
             node: cfg.node,
             trusted: cfg.trusted,
+            arch: cfg.arch,
             source,
             issuer: Arc::new(NoIssuer),
             runner,
@@ -523,13 +530,28 @@ impl Engine {
     }
 
     async fn converge(&mut self, sb: &SignedBundle) -> Result<(), EngineError> {
-        let m = &sb.manifest;
-        if self.on_trial.as_ref().is_some_and(|p| p.get("BUNDLE") == m.name) {
+        let published = &sb.manifest;
+        if self
+            .on_trial
+            .as_ref()
+            .is_some_and(|p| p.get("BUNDLE") == published.name)
+        {
             // This process is that self-update; it commits once reported.
             return Ok(());
         }
-        let want = m.clone();
         let key = bundle_key(sb);
+        // A multi-arch bundle: this node installs its architecture's files
+        // and the neutral ones, never another architecture's, whatever the
+        // server sent (the signature below covers every variant).
+        let selected = match published.for_arch(self.arch) {
+            Ok(s) => s,
+            Err(why) => {
+                let why = format!("refused: {why}");
+                return self.fail_once(&published.name, &published.version, why, Some(key));
+            }
+        };
+        let m = &selected;
+        let want = m.clone();
         let rec = self.state.bundles.get(&m.name).cloned();
         if let Some(r) = &rec {
             if r.installed.as_ref().is_some_and(|i| i.same_request(&want)) {
@@ -650,6 +672,9 @@ impl Engine {
                 }
             }
         }
+        if let Err(why) = self.check_arch_elf(m) {
+            return self.fail_once(name, version, why, Some(key));
+        }
         if m.self_update {
             return self.hand_over(m, key).await;
         }
@@ -688,6 +713,33 @@ impl Engine {
         txn.key = key;
         txn.renewal = renewal;
         self.run_txn(txn).await
+    }
+
+    /// In a multi-arch bundle, every fetched file that is an ELF
+    /// executable must be one for this node: publish checks the files it
+    /// uploads, but not those behind a mirror URL, and a server is not
+    /// trusted with this.
+    fn check_arch_elf(&self, m: &Manifest) -> Result<(), String> {
+        let Some(arch) = self.arch.filter(|_| m.is_multi_arch()) else {
+            return Ok(());
+        };
+        for f in &m.files {
+            let path = [
+                self.cache.fetched_path(&f.digest),
+                self.cache.blob_path(&f.digest),
+            ]
+            .into_iter()
+            .find(|p| p.exists());
+            let Some(path) = path else { continue };
+            let mut head = Vec::with_capacity(64);
+            let read = File::open(&path).and_then(|file| file.take(64).read_to_end(&mut head));
+            if read.is_err() {
+                continue;
+            }
+            arch.check_elf(&head)
+                .map_err(|e| format!("refused: {} is {e}, and this node is {arch}", f.path))?;
+        }
+        Ok(())
     }
 
     /// `pending` for something the node cannot have now (a blob, a
@@ -797,6 +849,7 @@ impl Engine {
             .map_err(|e| IssueError::Unavailable(format!("cache: {e}")))?;
         m.issued.push(FileSpec {
             chunks: None,
+            arch: None,
             path: path.clone(),
             digest,
             size: bytes.len() as u64,
@@ -1831,6 +1884,7 @@ impl Engine {
     async fn repair_file(&self, f: &FileSpec) -> Result<(), String> {
         let spec = FileSpec {
             chunks: None,
+            arch: None,
             path: f.path.clone(),
             digest: f.digest,
             size: f.size,

@@ -1,5 +1,6 @@
 //! Facts about this machine for the `Hello` message.
 
+use lks_proto::arch::Arch;
 use lks_proto::pb;
 use sysinfo::{Disks, MemoryRefreshKind, RefreshKind, System};
 
@@ -15,7 +16,34 @@ pub const AGENT_VERSION: &str = match option_env!("LKS_AGENT_VERSION") {
 pub const FEATURES: &[&str] = &[
     lks_proto::manifest::FEATURE_CERTIFICATES,
     lks_proto::manifest::FEATURE_SELF_UPDATE,
+    lks_proto::manifest::FEATURE_MULTI_ARCH,
 ];
+
+/// Tests only: the architecture this agent reports and installs files of
+/// instead of its own (a Debian name), so one machine can play an arm64
+/// node. Never set it on a real node: the node would install binaries it
+/// cannot run.
+pub const TEST_ONLY_ARCH_ENV: &str = "LKS_AGENT_TEST_ONLY_ARCH";
+
+/// The architecture whose files of a multi-arch bundle this node installs
+/// (`NodeFacts.architecture`): the one this agent was built for, which its
+/// package shares with the node's userland.
+pub fn architecture() -> Option<Arch> {
+    static ARCH: std::sync::OnceLock<Option<Arch>> = std::sync::OnceLock::new();
+    *ARCH.get_or_init(|| match std::env::var(TEST_ONLY_ARCH_ENV) {
+        Ok(v) if !v.is_empty() => match Arch::parse(&v) {
+            Ok(a) => {
+                tracing::warn!("{TEST_ONLY_ARCH_ENV}={a}: acting as an {a} node (tests only)");
+                Some(a)
+            }
+            Err(e) => {
+                tracing::warn!("{TEST_ONLY_ARCH_ENV} ignored: {e}");
+                Arch::host()
+            }
+        },
+        _ => Arch::host(),
+    })
+}
 
 /// Collects hostname, OS, kernel, architecture, CPUs, memory, disks and the
 /// boot id. Anything unavailable is left empty rather than failing.
@@ -37,6 +65,7 @@ pub fn collect() -> pb::NodeFacts {
         .unwrap_or_default();
     pb::NodeFacts {
         peer_listen: String::new(),
+        architecture: architecture().map(|a| a.to_string()).unwrap_or_default(),
         hostname: System::host_name().unwrap_or_default(),
         os: System::long_os_version().unwrap_or_default(),
         kernel: System::kernel_version().unwrap_or_default(),
@@ -62,6 +91,14 @@ mod tests {
         let f = super::collect();
         assert!(f.cpus >= 1);
         assert!(!f.arch.is_empty());
+        // The build's architecture by its Debian name (x86_64 → amd64).
+        assert_eq!(
+            f.architecture,
+            lks_proto::arch::Arch::from_rust(std::env::consts::ARCH)
+                .unwrap()
+                .as_str()
+        );
+        assert!(super::FEATURES.contains(&"multi-arch"));
         assert_eq!(f.agent_version, super::AGENT_VERSION);
     }
 }

@@ -121,11 +121,14 @@ impl Shared {
         let mut m = HashMap::new();
         for b in &desired.bundles {
             let Some(man) = &b.manifest else { continue };
+            let mine = crate::facts::architecture().map(|a| a.as_str());
             for f in &man.files {
                 let Ok(d) = f.digest.parse::<Digest>() else {
                     continue;
                 };
-                if !f.url.is_empty() {
+                // Another architecture's file of a multi-arch bundle is
+                // not this node's to hold, nor to pass on.
+                if !f.url.is_empty() || (!f.arch.is_empty() && Some(f.arch.as_str()) != mine) {
                     continue;
                 }
                 let chunks = (f.chunk_size != 0).then(|| Chunks {

@@ -68,6 +68,7 @@ fn manifest(version: &str, files: &Files, fail_health: bool) -> Manifest {
             .filter_map(|(p, c)| {
                 c.map(|(bytes, mode)| FileSpec {
                     chunks: None,
+                    arch: None,
                     path: BundlePath::new(p).unwrap(),
                     digest: Digest::of(bytes),
                     size: bytes.len() as u64,

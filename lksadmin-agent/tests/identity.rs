@@ -189,6 +189,7 @@ impl Fixture {
                 root: root.clone(),
                 node: NODE.into(),
                 trusted: vec![],
+                arch: lks_proto::arch::Arch::host(),
             },
             Arc::new(NoBlobs),
             Arc::new(ProcessRunner),

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::arch::Arch;
 use crate::certs::{CertificateSpec, DEFAULT_TTL, KubeconfigSpec, MAX_CERTIFICATES, MAX_KUBECONFIGS};
 use crate::chunks::{Chunks, DEFAULT_CHUNK_SIZE};
 use crate::digest::Digest;
@@ -37,6 +38,8 @@ struct RawBundle {
     kubeconfigs: Vec<RawKubeconfig>,
     #[serde(default)]
     self_update: bool,
+    #[serde(default)]
+    architectures: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -73,6 +76,7 @@ struct RawFile {
     sha256: Option<String>,
     size: Option<u64>,
     mode: Option<RawMode>,
+    arch: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -191,6 +195,12 @@ pub fn parse_bundle_toml(text: &str, dir: &Path, sizer: &mut dyn UrlSizer) -> Re
         let field = |n: &str| format!("file[{i}].{n}");
         let fail = |n: &str, why: String| format!("{}: {why}", field(n));
         let path = BundlePath::new(&f.path).map_err(|e| fail("path", e.to_string()))?;
+        let arch = f
+            .arch
+            .as_deref()
+            .map(Arch::parse)
+            .transpose()
+            .map_err(|e| fail("arch", e))?;
         let mode = match f.mode {
             None => 0o644,
             Some(m) => parse_mode(m).map_err(|e| fail("mode", e))?,
@@ -255,6 +265,7 @@ pub fn parse_bundle_toml(text: &str, dir: &Path, sizer: &mut dyn UrlSizer) -> Re
             }
         };
         files.push(FileSpec {
+            arch,
             path,
             digest,
             size,
@@ -334,7 +345,14 @@ pub fn parse_bundle_toml(text: &str, dir: &Path, sizer: &mut dyn UrlSizer) -> Re
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
+    let architectures = raw
+        .architectures
+        .iter()
+        .enumerate()
+        .map(|(i, a)| Arch::parse(a).map_err(|e| format!("architectures[{i}]: {e}")))
+        .collect::<Result<Vec<_>, String>>()?;
     let manifest = Manifest {
+        architectures,
         name: raw.name,
         version: raw.version,
         files,
@@ -346,7 +364,9 @@ pub fn parse_bundle_toml(text: &str, dir: &Path, sizer: &mut dyn UrlSizer) -> Re
         self_update: raw.self_update,
     };
     manifest.validate().map_err(|e: ManifestError| e.to_string())?;
+    check_elf_arches(&manifest, &sources)?;
     if manifest.self_update
+        && !manifest.is_multi_arch()
         && let Some(FileSource::Local(p)) = sources.first()
     {
         // The node checks the architecture; here it must at least be an
@@ -368,6 +388,58 @@ pub fn parse_bundle_toml(text: &str, dir: &Path, sizer: &mut dyn UrlSizer) -> Re
         })?;
     }
     Ok(AuthoredBundle { manifest, sources })
+}
+
+/// The first bytes of a local source (an ELF header needs 64).
+fn head_of(p: &Path) -> std::io::Result<Vec<u8>> {
+    let mut head = Vec::with_capacity(64);
+    std::io::Read::read_to_end(&mut std::io::Read::take(std::fs::File::open(p)?, 64), &mut head)?;
+    Ok(head)
+}
+
+/// In a multi-arch bundle no node may get an executable for another
+/// machine: a file with an `arch` must be no ELF executable or one for
+/// that architecture, and an arch-neutral ELF executable must suit every
+/// architecture of the bundle. A self-update's file must be an
+/// executable at all. Only local sources are read; the agent checks every
+/// file again before it installs it.
+fn check_elf_arches(m: &Manifest, sources: &[FileSource]) -> Result<(), String> {
+    if !m.is_multi_arch() {
+        return Ok(());
+    }
+    let arches = m.arches();
+    for (i, (f, s)) in m.files.iter().zip(sources).enumerate() {
+        let FileSource::Local(p) = s else { continue };
+        let head = head_of(p).map_err(|e| format!("file[{i}].source: {}: {e}", p.display()))?;
+        if m.self_update {
+            crate::elf::parse_header(&head).map_err(|e| {
+                format!(
+                    "file[{i}].source: {} is {e}; a self_update bundle carries the agent's binary",
+                    p.display()
+                )
+            })?;
+        }
+        match f.arch {
+            Some(a) => a.check_elf(&head).map_err(|e| {
+                format!(
+                    "file[{i}].source: {} is {e}, but the entry has arch = \"{a}\"",
+                    p.display()
+                )
+            })?,
+            None => {
+                for a in &arches {
+                    a.check_elf(&head).map_err(|e| {
+                        format!(
+                            "file[{i}].source: {} is {e}, but the entry has no arch and the bundle is also for {a}; \
+                             give it the arch it is for",
+                            p.display()
+                        )
+                    })?;
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn opt_duration(s: Option<String>, default: Duration) -> Result<Duration, String> {
@@ -710,6 +782,102 @@ certificate = "/var/lib/kubelet/pki/kubelet-client.crt"
         }
     }
 
+    fn elf(machine: u16) -> Vec<u8> {
+        let mut h = vec![0u8; 64];
+        h[..4].copy_from_slice(b"\x7fELF");
+        h[4] = 2;
+        h[5] = 1;
+        h[16..18].copy_from_slice(&2u16.to_le_bytes());
+        h[18..20].copy_from_slice(&machine.to_le_bytes());
+        h
+    }
+
+    const MULTI: &str = r#"
+name = "kubelet"
+version = "1.31.2"
+architectures = ["amd64", "arm64"]
+
+[[file]]
+path = "/usr/bin/kubelet"
+source = "kubelet-amd64"
+arch = "amd64"
+mode = "0755"
+
+[[file]]
+path = "/usr/bin/kubelet"
+source = "kubelet-arm64"
+arch = "arm64"
+mode = "0755"
+
+[[file]]
+path = "/etc/kubelet.conf"
+source = "conf"
+"#;
+
+    #[test]
+    fn multi_arch_bundles_and_their_refusals() {
+        let d = dir_with(&[
+            ("kubelet-amd64", &elf(62)),
+            ("kubelet-arm64", &elf(183)),
+            ("conf", b"conf"),
+            ("script", b"#!/bin/sh\n"),
+        ]);
+        let b = parse_bundle_toml(MULTI, d.path(), &mut RequireSize).unwrap();
+        let m = &b.manifest;
+        assert_eq!(crate::arch::list(&m.architectures), "amd64, arm64");
+        assert_eq!(m.files[1].arch.map(|a| a.as_str()), Some("arm64"));
+        assert_eq!(m.files[2].arch, None);
+        assert_eq!(b.uploads().len(), 3);
+        let back = Manifest::try_from(pb::Manifest::from(m)).unwrap();
+        assert_eq!(&back, m);
+        let cases = [
+            (
+                MULTI.replace("source = \"kubelet-arm64\"", "source = \"kubelet-amd64\""),
+                "file[1].source: ",
+                "is an executable for x86_64 (amd64), but the entry has arch = \"arm64\"",
+            ),
+            (
+                MULTI.replace("source = \"conf\"", "source = \"kubelet-amd64\""),
+                "file[2].source: ",
+                "is an executable for x86_64 (amd64), but the entry has no arch and the bundle is also for arm64",
+            ),
+            (
+                MULTI.replace("arch = \"arm64\"\n", "arch = \"aarch64\"\n"),
+                "file[1].arch: ",
+                "\"aarch64\" is not an architecture name",
+            ),
+            (
+                MULTI.replace("[\"amd64\", \"arm64\"]", "[\"amd64\", \"arm64\", \"riscv64\"]"),
+                "file[0].path: ",
+                "the bundle is for riscv64, but /usr/bin/kubelet has no file for it (amd64 has one); add a file with arch = \"riscv64\"",
+            ),
+            (
+                MULTI.replace("[\"amd64\", \"arm64\"]", "[\"amd64\", \"x\"]"),
+                "architectures[1]: ",
+                "not an architecture name",
+            ),
+            (
+                MULTI.replace(
+                    "source = \"kubelet-arm64\"\narch = \"arm64\"\n",
+                    "source = \"kubelet-arm64\"\n",
+                ),
+                "file[1].path: ",
+                "/usr/bin/kubelet is both arch-neutral (file[1]) and for amd64 (file[0])",
+            ),
+        ];
+        for (text, field, want) in cases {
+            let e = parse_bundle_toml(&text, d.path(), &mut RequireSize).unwrap_err();
+            assert!(
+                e.starts_with(field) && e.contains(want),
+                "expected {field}{want:?}, got {e}"
+            );
+            assert!(!e.contains('\n'), "one line: {e}");
+        }
+        // Non-executables may carry an arch: a per-arch config or script.
+        let script = MULTI.replace("source = \"kubelet-arm64\"", "source = \"script\"");
+        parse_bundle_toml(&script, d.path(), &mut RequireSize).unwrap();
+    }
+
     #[test]
     fn syntax_and_unknown_fields_report_a_line() {
         let d = dir_with(&[]);
@@ -792,7 +960,7 @@ certificate = "/var/lib/kubelet/pki/kubelet-client.crt"
             prop_assume!(crate::manifest::check_paths_disjoint(paths.iter()).is_ok());
             let m = Manifest {
                 name, version,
-                files: paths.into_iter().enumerate().map(|(i, path)| FileSpec { chunks: None,
+                files: paths.into_iter().enumerate().map(|(i, path)| FileSpec { chunks: None, arch: None,
                     path, digest: Digest::of(&[i as u8]), size, mode,
                     url: (i % 2 == 1).then(|| format!("https://m/{i}")),
                 }).collect(),

@@ -20,10 +20,9 @@ pub fn encode(m: &Manifest) -> Vec<u8> {
     put_str(&mut out, &m.name);
     put_str(&mut out, &m.version);
 
-    let mut files: Vec<_> = m.files.iter().collect();
-    files.sort_by(|a, b| a.path.cmp(&b.path));
+    let files = sorted_files(m);
     put_u32(&mut out, files.len() as u32);
-    for f in files {
+    for f in &files {
         put_str(&mut out, f.path.as_str());
         out.extend_from_slice(f.digest.as_bytes());
         out.extend_from_slice(&f.size.to_be_bytes());
@@ -85,7 +84,27 @@ pub fn encode(m: &Manifest) -> Vec<u8> {
     if m.self_update {
         out.push(b'S');
     }
+    // Added with multi-arch bundles, the same way: the declared
+    // architectures, then each file's arch ("" for neutral) in the order
+    // the files were encoded above.
+    if m.is_multi_arch() {
+        out.push(b'A');
+        let declared: Vec<String> = m.architectures.iter().map(|a| a.to_string()).collect();
+        put_argv(&mut out, &declared);
+        put_u32(&mut out, files.len() as u32);
+        for f in &files {
+            put_str(&mut out, f.arch.map_or("", |a| a.as_str()));
+        }
+    }
     out
+}
+
+/// Files by path, then arch (neutral first): one path has several files
+/// only when they are for different architectures.
+fn sorted_files(m: &Manifest) -> Vec<&crate::manifest::FileSpec> {
+    let mut files: Vec<_> = m.files.iter().collect();
+    files.sort_by(|a, b| (&a.path, a.arch).cmp(&(&b.path, b.arch)));
+    files
 }
 
 /// Domain separator of [`encode_chunks`].
@@ -98,15 +117,16 @@ pub const CHUNKS_DOMAIN: &[u8] = b"lks.bundle.chunks.v1\0";
 pub fn encode_chunks(m: &Manifest) -> Vec<u8> {
     let mut out = CHUNKS_DOMAIN.to_vec();
     out.extend_from_slice(&encode(m));
-    let mut files: Vec<_> = m
-        .files
-        .iter()
+    let files: Vec<_> = sorted_files(m)
+        .into_iter()
         .filter_map(|f| Some((f, f.chunks.as_ref()?)))
         .collect();
-    files.sort_by(|a, b| a.0.path.cmp(&b.0.path));
     put_u32(&mut out, files.len() as u32);
     for (f, c) in files {
         put_str(&mut out, f.path.as_str());
+        if m.is_multi_arch() {
+            put_str(&mut out, f.arch.map_or("", |a| a.as_str()));
+        }
         put_u32(&mut out, c.size);
         put_u32(&mut out, c.digests.len() as u32);
         for d in &c.digests {
@@ -237,5 +257,46 @@ mod tests {
         let mut issued = crate::manifest::tests::sample_with_identity();
         issued.issued.push(issued.files[0].clone());
         assert_eq!(encode(&issued), base, "what the node made is not signed");
+    }
+
+    /// `sample()` with its binary in two variants.
+    fn multi_arch() -> Manifest {
+        use crate::arch::Arch;
+        let mut m = sample();
+        let mut arm = m.files[1].clone();
+        m.files[1].arch = Some(Arch::parse("amd64").unwrap());
+        arm.arch = Some(Arch::parse("arm64").unwrap());
+        arm.digest = Digest::of(b"arm binary");
+        m.files.push(arm);
+        m.validate().unwrap();
+        m
+    }
+
+    #[test]
+    fn architectures_are_signed_and_old_bytes_kept() {
+        use crate::arch::Arch;
+        let base = encode(&multi_arch());
+        let mutations: Vec<fn(&mut Manifest)> = vec![
+            // The variants' labels swapped: another binary for each node.
+            |m| {
+                m.files[1].arch = Some(Arch::parse("arm64").unwrap());
+                m.files[2].arch = Some(Arch::parse("amd64").unwrap());
+            },
+            |m| m.architectures = vec![Arch::parse("amd64").unwrap(), Arch::parse("arm64").unwrap()],
+        ];
+        for (i, f) in mutations.into_iter().enumerate() {
+            let mut m = multi_arch();
+            f(&mut m);
+            assert_ne!(encode(&m), base, "mutation {i} left the encoding unchanged");
+        }
+        let mut reordered = multi_arch();
+        reordered.files.reverse();
+        assert_eq!(encode(&reordered), base, "file order carries no meaning");
+        // A manifest without arch fields encodes as it always did (the
+        // digest pinned above), whatever the new code around it.
+        let mut neutral = multi_arch();
+        neutral.files.truncate(2);
+        neutral.files[1].arch = None;
+        assert_eq!(encode(&neutral), encode(&sample()));
     }
 }

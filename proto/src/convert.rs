@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use crate::arch::Arch;
 use crate::certs::{CertificateSpec, KubeconfigSpec};
 use crate::chunks::Chunks;
 use crate::digest::Digest;
@@ -29,6 +30,10 @@ impl TryFrom<pb::Manifest> for Manifest {
             .map(|(i, f)| {
                 let field = |n: &str| format!("file[{i}].{n}");
                 Ok(FileSpec {
+                    arch: (!f.arch.is_empty())
+                        .then(|| Arch::parse(&f.arch))
+                        .transpose()
+                        .map_err(|e| ManifestError::new(field("arch"), e))?,
                     path: BundlePath::new(&f.path).map_err(|e| ManifestError::new(field("path"), e))?,
                     digest: f
                         .digest
@@ -118,7 +123,14 @@ impl TryFrom<pb::Manifest> for Manifest {
                 })
             })
             .collect::<Result<Vec<_>, ManifestError>>()?;
+        let architectures = m
+            .architectures
+            .iter()
+            .enumerate()
+            .map(|(i, a)| Arch::parse(a).map_err(|e| ManifestError::new(format!("architectures[{i}]"), e)))
+            .collect::<Result<Vec<_>, _>>()?;
         let manifest = Manifest {
+            architectures,
             name: m.name,
             version: m.version,
             files,
@@ -156,6 +168,7 @@ impl From<&Manifest> for pb::Manifest {
                     size: f.size,
                     mode: f.mode,
                     url: f.url.clone().unwrap_or_default(),
+                    arch: f.arch.map(|a| a.to_string()).unwrap_or_default(),
                     chunk_size: f.chunks.as_ref().map_or(0, |c| c.size),
                     chunk_digests: f
                         .chunks
@@ -204,6 +217,7 @@ impl From<&Manifest> for pb::Manifest {
                 })
                 .collect(),
             self_update: m.self_update,
+            architectures: m.architectures.iter().map(ToString::to_string).collect(),
         }
     }
 }

@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod arch;
 pub mod authoring;
 pub mod backoff;
 pub mod canonical;

@@ -9,6 +9,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use crate::arch::{self, Arch};
 use crate::certs::{CertificateSpec, KubeconfigSpec, MAX_CERTIFICATES, MAX_KUBECONFIGS};
 use crate::chunks::Chunks;
 use crate::digest::Digest;
@@ -21,6 +22,11 @@ use crate::path::BundlePath;
 pub const FEATURE_CERTIFICATES: &str = "certificates";
 /// `Hello.features` of an agent that carries out `self_update` bundles.
 pub const FEATURE_SELF_UPDATE: &str = "self-update";
+/// `Hello.features` of an agent that installs only its own architecture's
+/// files of a multi-arch bundle (`arch`, `architectures`).
+pub const FEATURE_MULTI_ARCH: &str = "multi-arch";
+/// At most this many entries in `architectures`.
+pub const MAX_ARCHITECTURES: usize = 16;
 
 /// One file of a bundle.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -36,6 +42,9 @@ pub struct FileSpec {
     /// Chunk list, for fetching pieces from several sources.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chunks: Option<Chunks>,
+    /// Only nodes of this architecture install the file; `None`: every node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arch: Option<Arch>,
 }
 
 impl FileSpec {
@@ -47,6 +56,12 @@ impl FileSpec {
             && self.size == other.size
             && self.mode == other.mode
             && self.url == other.url
+            && self.arch == other.arch
+    }
+
+    /// Whether a node of `arch` installs this file.
+    pub fn is_for(&self, arch: Arch) -> bool {
+        self.arch.is_none_or(|a| a == arch)
     }
 }
 
@@ -100,6 +115,10 @@ pub struct Manifest {
     /// binary (DESIGN §5).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub self_update: bool,
+    /// `architectures = [...]`: the only architectures whose nodes may
+    /// hold this bundle. Empty: those its files name, or any if none does.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub architectures: Vec<Arch>,
 }
 
 /// The serde form of a [`Manifest`] before validation.
@@ -120,6 +139,8 @@ struct UncheckedManifest {
     issued: Vec<FileSpec>,
     #[serde(default)]
     self_update: bool,
+    #[serde(default)]
+    architectures: Vec<Arch>,
 }
 
 impl TryFrom<UncheckedManifest> for Manifest {
@@ -136,9 +157,72 @@ impl TryFrom<UncheckedManifest> for Manifest {
             kubeconfigs: u.kubeconfigs,
             issued: u.issued,
             self_update: u.self_update,
+            architectures: u.architectures,
         };
         m.validate()?;
         Ok(m)
+    }
+}
+
+/// What a node must have to hold a bundle version: agent features and one
+/// of its architectures. Kept by the rollout controller per version.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Needs {
+    /// `name@version`.
+    pub id: String,
+    pub features: Vec<&'static str>,
+    /// Empty: any architecture.
+    pub arches: BTreeSet<Arch>,
+}
+
+impl Needs {
+    pub fn of(m: &Manifest) -> Needs {
+        Needs {
+            id: m.id(),
+            features: m.required_features(),
+            arches: m.arches(),
+        }
+    }
+
+    /// Whether a node must be judged at all.
+    pub fn is_empty(&self) -> bool {
+        self.features.is_empty() && self.arches.is_empty()
+    }
+
+    /// Why a node of `arch` (`None`: it reported none) may not hold the
+    /// version; `None` if it may.
+    pub fn arch_refusal(&self, arch: Option<Arch>) -> Option<String> {
+        if self.arches.is_empty() {
+            return None;
+        }
+        match arch {
+            Some(a) if self.arches.contains(&a) => None,
+            Some(a) => Some(format!(
+                "{} has no files for architecture {a} (it is for {})",
+                self.id,
+                arch::list(&self.arches)
+            )),
+            None => Some(format!(
+                "{} is for {}, and the node reported no architecture",
+                self.id,
+                arch::list(&self.arches)
+            )),
+        }
+    }
+
+    /// Why a node whose agent announced `features` and reported `arch`
+    /// fails at its turn: a missing feature first (an older agent would
+    /// drop the entries it does not know), then its architecture. The
+    /// words of `rollout status` and `rollout start --dry-run`.
+    pub fn node_refusal(&self, features: &[String], arch: Option<Arch>) -> Option<String> {
+        if let Some(f) = self.features.iter().find(|f| !features.iter().any(|h| h == *f)) {
+            return Some(format!(
+                "its agent does not announce the {f:?} feature {} needs (an older agent \
+                 would drop those entries); update the agent first",
+                self.id
+            ));
+        }
+        self.arch_refusal(arch)
     }
 }
 
@@ -215,6 +299,61 @@ impl Manifest {
             && self.certificates == published.certificates
             && self.kubeconfigs == published.kubeconfigs
             && self.self_update == published.self_update
+            && self.architectures == published.architectures
+    }
+
+    /// Whether files differ by architecture or the bundle is limited to
+    /// some: only agents with [`FEATURE_MULTI_ARCH`] may hold it.
+    pub fn is_multi_arch(&self) -> bool {
+        !self.architectures.is_empty() || self.files.iter().any(|f| f.arch.is_some())
+    }
+
+    /// The architectures whose nodes may hold this bundle: those declared,
+    /// else those its files name. Empty: any node (an arch-neutral bundle).
+    pub fn arches(&self) -> BTreeSet<Arch> {
+        if !self.architectures.is_empty() {
+            return self.architectures.iter().copied().collect();
+        }
+        self.files.iter().filter_map(|f| f.arch).collect()
+    }
+
+    /// The variants a node may select: each architecture, or one
+    /// arch-neutral variant (`None`).
+    fn variants(&self) -> Vec<Option<Arch>> {
+        let arches = self.arches();
+        if arches.is_empty() {
+            vec![None]
+        } else {
+            arches.into_iter().map(Some).collect()
+        }
+    }
+
+    /// Why a node of `arch` (`None`: it reported none) may not hold this
+    /// bundle; `None` if it may. The same words at the rollout's turn,
+    /// in `rollout start --dry-run` and on the node.
+    pub fn arch_refusal(&self, arch: Option<Arch>) -> Option<String> {
+        Needs::of(self).arch_refusal(arch)
+    }
+
+    /// The manifest a node of `arch` installs: the arch-neutral files and
+    /// those for `arch`, `architectures` narrowed to `[arch]`. An
+    /// arch-neutral bundle is returned as it is. Refused (with
+    /// [`Manifest::arch_refusal`]'s reason) when the bundle is not for `arch`.
+    pub fn for_arch(&self, arch: Option<Arch>) -> Result<Manifest, String> {
+        if !self.is_multi_arch() {
+            return Ok(self.clone());
+        }
+        if let Some(why) = self.arch_refusal(arch) {
+            return Err(why);
+        }
+        let Some(a) = arch else {
+            return Err(format!("{} needs the node's architecture", self.id()));
+        };
+        Ok(Manifest {
+            files: self.files.iter().filter(|f| f.is_for(a)).cloned().collect(),
+            architectures: vec![a],
+            ..self.clone()
+        })
     }
 
     /// The agent features (`Hello.features`) a node needs to carry out this
@@ -226,6 +365,9 @@ impl Manifest {
         }
         if self.self_update {
             f.push(FEATURE_SELF_UPDATE);
+        }
+        if self.is_multi_arch() {
+            f.push(FEATURE_MULTI_ARCH);
         }
         f
     }
@@ -281,6 +423,7 @@ impl Manifest {
                 format!("{total} bytes in all; the limit is {MAX_BUNDLE_SIZE}"),
             ));
         }
+        self.validate_arches()?;
         self.validate_identity_files()?;
         self.validate_self_update()?;
         if self.steps.len() > MAX_STEPS {
@@ -317,6 +460,81 @@ impl Manifest {
 }
 
 impl Manifest {
+    /// `architectures` and each file's `arch`: a path is either
+    /// arch-neutral or per architecture, and every architecture the bundle
+    /// is for has a file for every path that differs by architecture.
+    fn validate_arches(&self) -> Result<(), ManifestError> {
+        if self.architectures.len() > MAX_ARCHITECTURES {
+            return Err(ManifestError::new(
+                "architectures",
+                format!(
+                    "{} entries; the limit is {MAX_ARCHITECTURES}",
+                    self.architectures.len()
+                ),
+            ));
+        }
+        let mut declared = BTreeSet::new();
+        for (i, a) in self.architectures.iter().enumerate() {
+            if !declared.insert(*a) {
+                return Err(ManifestError::new(
+                    format!("architectures[{i}]"),
+                    format!("{a} is listed twice"),
+                ));
+            }
+        }
+        for (i, f) in self.files.iter().enumerate() {
+            if let Some(a) = f.arch
+                && !declared.is_empty()
+                && !declared.contains(&a)
+            {
+                return Err(ManifestError::new(
+                    format!("file[{i}].arch"),
+                    format!(
+                        "{a} is not one of the bundle's architectures ({})",
+                        arch::list(&declared)
+                    ),
+                ));
+            }
+        }
+        let mut by_path: std::collections::BTreeMap<&BundlePath, Vec<(usize, Option<Arch>)>> =
+            Default::default();
+        for (i, f) in self.files.iter().enumerate() {
+            by_path.entry(&f.path).or_default().push((i, f.arch));
+        }
+        let arches = self.arches();
+        for (path, files) in &by_path {
+            let neutral = files.iter().find(|(_, a)| a.is_none());
+            let specific = files.iter().find_map(|(i, a)| a.map(|a| (*i, a)));
+            match (neutral, specific) {
+                (Some((n, _)), Some((i, a))) => {
+                    return Err(ManifestError::new(
+                        format!("file[{}].path", n.max(&i)),
+                        format!(
+                            "{path} is both arch-neutral (file[{n}]) and for {a} (file[{i}]): \
+                             give every file of that path an arch, or none"
+                        ),
+                    ));
+                }
+                (_, Some((i, has))) => {
+                    if let Some(missing) = arches
+                        .iter()
+                        .find(|a| !files.iter().any(|(_, f)| *f == Some(**a)))
+                    {
+                        return Err(ManifestError::new(
+                            format!("file[{i}].path"),
+                            format!(
+                                "the bundle is for {missing}, but {path} has no file for it ({has} has one); \
+                                 add a file with arch = \"{missing}\""
+                            ),
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     /// A self-update carries the agent's binary and nothing else: its
     /// activation is the hand-over to the new agent, its health check that
     /// agent coming back.
@@ -325,18 +543,26 @@ impl Manifest {
             return Ok(());
         }
         let err = |field: &str, why: &str| Err(ManifestError::new(field, why));
-        if self.files.len() != 1 {
-            return err(
-                "file",
-                &format!(
-                    "a self_update bundle holds exactly one file, the agent's binary; this one has {}",
-                    self.files.len()
-                ),
-            );
+        // One binary per architecture: what a node selects is one file.
+        for a in self.variants() {
+            let n = self
+                .files
+                .iter()
+                .filter(|f| a.is_none_or(|a| f.is_for(a)))
+                .count();
+            if n != 1 {
+                let each = a.map_or(String::new(), |a| format!(" for {a}"));
+                return err(
+                    "file",
+                    &format!(
+                        "a self_update bundle holds exactly one file{each}, the agent's binary; this one has {n}"
+                    ),
+                );
+            }
         }
-        if self.files[0].mode & 0o111 == 0 {
+        if let Some(i) = self.files.iter().position(|f| f.mode & 0o111 == 0) {
             return err(
-                "file[0].mode",
+                &format!("file[{i}].mode"),
                 "the agent's binary must be executable (e.g. \"0755\")",
             );
         }
@@ -407,25 +633,34 @@ impl Manifest {
         // Every path once: files, then each certificate's paths, then the
         // kubeconfigs. A CA path may be shared by several certificates (one
         // cluster, one CA), nothing else.
-        let mut names: Vec<(String, &BundlePath)> = Vec::new();
-        for (i, f) in self.files.iter().enumerate() {
-            names.push((format!("file[{i}].path"), &f.path));
-        }
+        let mut generated: Vec<(String, &BundlePath)> = Vec::new();
         let mut cas: BTreeSet<&BundlePath> = BTreeSet::new();
         for (i, c) in self.certificates.iter().enumerate() {
-            names.push((format!("certificate[{i}].path"), &c.path));
-            names.push((format!("certificate[{i}].key_path"), &c.key_path));
+            generated.push((format!("certificate[{i}].path"), &c.path));
+            generated.push((format!("certificate[{i}].key_path"), &c.key_path));
             if let Some(ca) = &c.ca_path
                 && cas.insert(ca)
             {
-                names.push((format!("certificate[{i}].ca_path"), ca));
+                generated.push((format!("certificate[{i}].ca_path"), ca));
             }
         }
         for (i, k) in self.kubeconfigs.iter().enumerate() {
-            names.push((format!("kubeconfig[{i}].path"), &k.path));
+            generated.push((format!("kubeconfig[{i}].path"), &k.path));
         }
-        check_paths_disjoint(names.iter().map(|(_, p)| *p))
-            .map_err(|(i, reason)| ManifestError::new(names[i].0.clone(), reason))?;
+        // What one node installs must be disjoint: per architecture, its
+        // files and the neutral ones, then the generated paths.
+        for a in self.variants() {
+            let mut names: Vec<(String, &BundlePath)> = self
+                .files
+                .iter()
+                .enumerate()
+                .filter(|(_, f)| a.is_none_or(|a| f.is_for(a)))
+                .map(|(i, f)| (format!("file[{i}].path"), &f.path))
+                .collect();
+            names.extend(generated.iter().map(|(n, p)| (n.clone(), *p)));
+            check_paths_disjoint(names.iter().map(|(_, p)| *p))
+                .map_err(|(i, reason)| ManifestError::new(names[i].0.clone(), reason))?;
+        }
         let generated = self.generated_paths();
         let mut seen = BTreeSet::new();
         for (i, f) in self.issued.iter().enumerate() {
@@ -585,6 +820,7 @@ pub(crate) mod tests {
             files: vec![
                 FileSpec {
                     chunks: None,
+                    arch: None,
                     path: BundlePath::new("/etc/kubernetes/kubelet.conf").unwrap(),
                     digest: Digest::of(b"conf"),
                     size: 4,
@@ -593,6 +829,7 @@ pub(crate) mod tests {
                 },
                 FileSpec {
                     chunks: None,
+                    arch: None,
                     path: BundlePath::new("/usr/local/bin/kubelet").unwrap(),
                     digest: Digest::of(b"binary"),
                     size: 6,
@@ -703,6 +940,172 @@ pub(crate) mod tests {
         assert_eq!(made.all_files().count(), 3);
         let text = toml::to_string(&made).unwrap();
         assert_eq!(toml::from_str::<Manifest>(&text).unwrap(), made);
+    }
+
+    fn arch(s: &str) -> Arch {
+        Arch::parse(s).unwrap()
+    }
+
+    /// `sample()` with its binary for amd64 and arm64.
+    pub fn sample_multi_arch() -> Manifest {
+        let mut m = sample();
+        let mut arm = m.files[1].clone();
+        m.files[1].arch = Some(arch("amd64"));
+        arm.arch = Some(arch("arm64"));
+        arm.digest = Digest::of(b"arm binary");
+        arm.url = Some("https://mirror.internal/kubelet-1.29.3-arm64".into());
+        m.files.push(arm);
+        m
+    }
+
+    #[test]
+    fn each_node_selects_its_variant() {
+        let m = sample_multi_arch();
+        m.validate().unwrap();
+        assert!(m.is_multi_arch() && !sample().is_multi_arch());
+        assert_eq!(m.required_features(), vec![FEATURE_MULTI_ARCH]);
+        assert!(sample().required_features().is_empty());
+        assert_eq!(arch::list(&m.arches()), "amd64, arm64");
+        let arm = m.for_arch(Some(arch("arm64"))).unwrap();
+        assert_eq!(arm.files.len(), 2);
+        assert_eq!(arm.files[1].digest, Digest::of(b"arm binary"));
+        assert_eq!(arm.architectures, vec![arch("arm64")]);
+        arm.validate().unwrap();
+        assert_eq!(
+            arm.for_arch(Some(arch("arm64"))).unwrap(),
+            arm,
+            "selecting again changes nothing"
+        );
+        assert!(!arm.same_request(&m.for_arch(Some(arch("amd64"))).unwrap()));
+        assert_eq!(
+            m.for_arch(Some(arch("riscv64"))).unwrap_err(),
+            "kubelet@1.29.3-1 has no files for architecture riscv64 (it is for amd64, arm64)"
+        );
+        assert!(m.for_arch(None).unwrap_err().contains("reported no architecture"));
+        // An arch-neutral bundle goes to every node, even one reporting none.
+        assert_eq!(sample().for_arch(None).unwrap(), sample());
+        assert_eq!(sample().arch_refusal(Some(arch("s390x"))), None);
+        // Declared architectures limit a bundle without per-arch files.
+        let mut only = sample();
+        only.architectures = vec![arch("amd64")];
+        only.validate().unwrap();
+        assert!(only.for_arch(Some(arch("arm64"))).is_err());
+        assert_eq!(only.for_arch(Some(arch("amd64"))).unwrap().files.len(), 2);
+        // Records on the node keep the labels.
+        let text = toml::to_string(&arm).unwrap();
+        assert_eq!(toml::from_str::<Manifest>(&text).unwrap(), arm);
+    }
+
+    #[test]
+    fn a_node_is_judged_by_its_features_then_its_architecture() {
+        let needs = Needs::of(&sample_multi_arch());
+        let new = vec![FEATURE_MULTI_ARCH.to_string()];
+        assert_eq!(needs.node_refusal(&new, Some(arch("arm64"))), None);
+        let old = needs
+            .node_refusal(&["certificates".to_string()], Some(arch("arm64")))
+            .unwrap();
+        assert!(
+            old.starts_with("its agent does not announce the \"multi-arch\" feature kubelet@1.29.3-1 needs"),
+            "{old}"
+        );
+        assert_eq!(
+            needs.node_refusal(&new, Some(arch("s390x"))).unwrap(),
+            "kubelet@1.29.3-1 has no files for architecture s390x (it is for amd64, arm64)"
+        );
+        assert!(
+            needs
+                .node_refusal(&new, None)
+                .unwrap()
+                .contains("reported no architecture")
+        );
+        let neutral = Needs::of(&sample());
+        assert!(neutral.is_empty());
+        assert_eq!(
+            neutral.node_refusal(&[], None),
+            None,
+            "old agents keep arch-neutral bundles"
+        );
+    }
+
+    #[test]
+    fn architecture_rules_name_their_field() {
+        type Case = (fn(&mut Manifest), &'static str, &'static str);
+        let cases: Vec<Case> = vec![
+            (
+                |m| m.files[2].arch = Some(arch("amd64")),
+                "file[2].path",
+                "listed twice",
+            ),
+            (
+                |m| m.files[2].arch = None,
+                "file[2].path",
+                "both arch-neutral (file[2]) and for amd64 (file[1])",
+            ),
+            (
+                |m| m.architectures = vec![arch("amd64"), arch("arm64"), arch("s390x")],
+                "file[1].path",
+                "the bundle is for s390x, but /usr/local/bin/kubelet has no file for it",
+            ),
+            (
+                |m| m.architectures = vec![arch("amd64")],
+                "file[2].arch",
+                "arm64 is not one of the bundle's architectures (amd64)",
+            ),
+            (
+                |m| m.architectures = vec![arch("amd64"), arch("arm64"), arch("amd64")],
+                "architectures[2]",
+                "amd64 is listed twice",
+            ),
+            (
+                |m| {
+                    // Another arch-specific path that only amd64 has.
+                    let mut f = m.files[1].clone();
+                    f.path = BundlePath::new("/usr/local/bin/kubeadm").unwrap();
+                    m.files.push(f);
+                },
+                "file[3].path",
+                "the bundle is for arm64, but /usr/local/bin/kubeadm has no file for it (amd64 has one)",
+            ),
+            (
+                |m| {
+                    // Nested paths collide within one architecture too.
+                    for i in [1, 2] {
+                        let mut f = m.files[i].clone();
+                        f.path = BundlePath::new("/usr/local/bin/kubelet/x").unwrap();
+                        m.files.push(f);
+                    }
+                },
+                "file[3].path",
+                "cannot both be files",
+            ),
+        ];
+        for (mutate, field, why) in cases {
+            let mut m = sample_multi_arch();
+            mutate(&mut m);
+            let err = m.validate().expect_err(field);
+            assert_eq!(err.field, field, "{err}");
+            assert!(err.reason.contains(why), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_self_update_may_carry_one_binary_per_architecture() {
+        let mut m = sample_multi_arch();
+        m.files.remove(0);
+        m.steps.clear();
+        m.health = None;
+        m.self_update = true;
+        m.validate().unwrap();
+        m.files.pop();
+        m.architectures = vec![arch("amd64"), arch("arm64")];
+        let err = m.validate().unwrap_err();
+        assert!(err.reason.contains("no file for it"), "{err}");
+        let mut two = sample_multi_arch();
+        two.steps.clear();
+        two.health = None;
+        two.self_update = true;
+        let err = two.validate().unwrap_err();
+        assert!(err.reason.contains("exactly one file for amd64"), "{err}");
     }
 
     #[test]

@@ -441,6 +441,9 @@ pub struct TestNode {
     /// `Hello.features` it announces (today's agent's by default; empty
     /// plays an agent older than them).
     pub features: Vec<String>,
+    /// `NodeFacts.architecture` it reports (empty: none, as agents before
+    /// multi-arch bundles).
+    pub architecture: String,
 }
 
 impl TestNode {
@@ -463,6 +466,7 @@ impl TestNode {
             ]
             .map(String::from)
             .to_vec(),
+            architecture: String::new(),
         }
     }
 
@@ -490,6 +494,7 @@ impl TestNode {
                     os: "TestOS".into(),
                     kernel: "6.1".into(),
                     arch: "x86_64".into(),
+                    architecture: self.architecture.clone(),
                     cpus: 2,
                     memory_bytes: 1 << 30,
                     ..Default::default()

@@ -210,7 +210,7 @@ fn each_node_gets_its_own_certificates_and_kubeconfig_and_they_rotate() {
     assert_eq!(certs.len(), 2, "{node}");
     assert_eq!(
         node["facts"]["features"],
-        serde_json::json!(["certificates", "self-update"]),
+        serde_json::json!(["certificates", "self-update", "multi-arch"]),
         "{node}"
     );
     let profiles: Vec<&str> = certs.iter().map(|c| c["profile"].as_str().unwrap()).collect();

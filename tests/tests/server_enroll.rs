@@ -106,6 +106,7 @@ async fn enrolment_issues_a_server_chosen_identity() {
         ca_pem: r.ca_pem,
         url: s.url(),
         features: Vec::new(),
+        architecture: String::new(),
     };
     node.connect(vec![]).await.expect("node certificate accepted");
     let mut admin = pb::admin_service_client::AdminServiceClient::new(node.channel().await);

@@ -19,6 +19,7 @@ fn file(path: &str, content: &[u8]) -> pb::FileEntry {
         size: content.len() as u64,
         mode: 0o644,
         url: String::new(),
+        arch: String::new(),
     }
 }
 

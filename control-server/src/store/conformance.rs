@@ -238,6 +238,13 @@ pub async fn rollouts_assign_only_what_the_controller_decides(s: &dyn Store) {
     assert!(s.blob_allowed("a1", "blob-k-1").await.unwrap());
     assert!(!s.blob_allowed("a2", "blob-k-1").await.unwrap());
     assert!(!s.blob_allowed("b1", "blob-k-1").await.unwrap());
+    // The versions it is granted through (each file's architecture is
+    // checked against them by the caller).
+    assert_eq!(
+        s.blob_grants("a1", "blob-k-1").await.unwrap(),
+        vec![("k".to_string(), "1".to_string())]
+    );
+    assert!(s.blob_grants("a2", "blob-k-1").await.unwrap().is_empty());
     // Claiming to hold a bundle that was never assigned grants nothing.
     s.node_connected("b1", "{}", vec![held("1", 0)], 1).await.unwrap();
     assert!(!s.blob_allowed("b1", "blob-k-1").await.unwrap());

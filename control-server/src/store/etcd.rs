@@ -1498,13 +1498,14 @@ impl Store for EtcdStore {
         self.desired_state(node).await
     }
 
-    async fn blob_allowed(&self, node: &str, digest: &str) -> Result<bool> {
+    async fn blob_grants(&self, node: &str, digest: &str) -> Result<Vec<(String, String)>> {
+        let mut grants = Vec::new();
         let Some(n) = self
             .get::<NodeDoc>(&self.key(&format!("nodes/{node}")))
             .await?
             .value
         else {
-            return Ok(false);
+            return Ok(grants);
         };
         let desired = self
             .get::<DesiredDoc>(&self.key(&format!("desired/{node}")))
@@ -1524,7 +1525,7 @@ impl Store for EtcdStore {
         };
         for (b, v) in &desired.bundles {
             if holds(b, v).await? {
-                return Ok(true);
+                grants.push((b.clone(), v.clone()));
             }
         }
         // A reported bundle counts only if a rollout of the node's cluster
@@ -1537,7 +1538,7 @@ impl Store for EtcdStore {
             .filter(|(b, a)| desired.bundles.get(b) != Some(&a.version))
             .collect();
         if reported.is_empty() {
-            return Ok(false);
+            return Ok(grants);
         }
         let rollouts = self.range::<RolloutDoc>(&self.key("rollouts/")).await?;
         for (b, a) in reported {
@@ -1555,10 +1556,10 @@ impl Store for EtcdStore {
                 }
             }
             if assigned && holds(b, &a.version).await? {
-                return Ok(true);
+                grants.push((b.clone(), a.version.clone()));
             }
         }
-        Ok(false)
+        Ok(grants)
     }
 
     async fn start_rollout(&self, r: NewRollout) -> Result<RolloutRow> {

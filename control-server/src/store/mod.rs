@@ -673,21 +673,26 @@ pub struct NodeBundleView {
     pub facts_json: String,
 }
 
-/// The `features` of a node's facts JSON; `None` when it has no facts yet.
-pub fn facts_features(facts_json: &str) -> Option<Vec<String>> {
-    #[derive(serde::Deserialize)]
+/// The `features` and `architecture` of a node's facts JSON (what a
+/// rollout judges it by); `None` when it has no facts yet.
+pub fn facts_needed(facts_json: &str) -> Option<(Vec<String>, Option<lks_proto::arch::Arch>)> {
+    #[derive(serde::Deserialize, Default)]
     struct Facts {
         #[serde(default)]
         features: Vec<String>,
+        #[serde(default)]
+        architecture: String,
     }
     if facts_json.is_empty() {
         return None;
     }
-    Some(
-        serde_json::from_str::<Facts>(facts_json)
-            .map(|f| f.features)
-            .unwrap_or_default(),
-    )
+    let f = serde_json::from_str::<Facts>(facts_json).unwrap_or_default();
+    Some((f.features, lks_proto::arch::Arch::parse(&f.architecture).ok()))
+}
+
+/// The architecture a node reported (`None`: none, or no facts yet).
+pub fn facts_architecture(facts_json: &str) -> Option<lks_proto::arch::Arch> {
+    facts_needed(facts_json).and_then(|(_, a)| a)
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -1076,7 +1081,13 @@ pub trait Store: BlobRecords + Send + Sync + 'static {
     }
     /// True if `digest` belongs to a bundle version desired for `node`, or
     /// reported held by it after a rollout of its cluster assigned it.
-    async fn blob_allowed(&self, node: &str, digest: &str) -> Result<bool>;
+    async fn blob_allowed(&self, node: &str, digest: &str) -> Result<bool> {
+        Ok(!self.blob_grants(node, digest).await?.is_empty())
+    }
+    /// The bundle versions through which `node` may have `digest` (the
+    /// rule of [`Store::blob_allowed`]); the caller checks that the file is
+    /// for the node's architecture in one of them.
+    async fn blob_grants(&self, node: &str, digest: &str) -> Result<Vec<(String, String)>>;
 
     /// Records a new running rollout with every matching node of the
     /// cluster waiting (nothing is assigned yet). Refused with `Conflict`

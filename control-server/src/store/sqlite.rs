@@ -1283,15 +1283,15 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn blob_allowed(&self, node: &str, digest: &str) -> Result<bool> {
+    async fn blob_grants(&self, node: &str, digest: &str) -> Result<Vec<(String, String)>> {
         let (node, digest) = (node.to_string(), digest.to_string());
         self.call(move |c| {
-            Ok(c.query_row(
+            let mut st = c.prepare_cached(
                 // A reported bundle counts only if a rollout of the node's
                 // cluster assigned that version to it (as its target or as
                 // the version it replaced): a node cannot read another
                 // tenant's blobs by claiming to hold their bundle.
-                "SELECT 1 FROM bundle_blobs bb WHERE bb.digest = ?2 AND (
+                "SELECT bb.name, bb.version FROM bundle_blobs bb WHERE bb.digest = ?2 AND (
                     EXISTS (SELECT 1 FROM desired d WHERE d.node = ?1 AND d.bundle = bb.name AND d.version = bb.version)
                     OR EXISTS (
                         SELECT 1 FROM actual a
@@ -1300,12 +1300,12 @@ impl Store for SqliteStore {
                         JOIN rollouts r ON r.id = rn.rollout_id AND r.cluster = n.cluster AND r.bundle = a.bundle
                         WHERE a.node = ?1 AND a.bundle = bb.name AND a.version = bb.version
                           AND ((rn.touched = 1 AND r.version = a.version) OR rn.previous_version = a.version)))
-                 LIMIT 1",
-                params![node, digest],
-                |_| Ok(()),
-            )
-            .optional()?
-            .is_some())
+                 LIMIT 16",
+            )?;
+            let rows = st
+                .query_map(params![node, digest], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<std::result::Result<Vec<(String, String)>, _>>()?;
+            Ok(rows)
         })
         .await
     }

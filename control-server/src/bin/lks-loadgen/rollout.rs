@@ -158,6 +158,7 @@ fn rollout_bundle(name: &str, files: usize) -> Vec<pb::PublishBundleRequest> {
                 size: c.len() as u64,
                 mode: 0o644,
                 url: String::new(),
+                arch: String::new(),
             })
             .collect(),
         ..Default::default()

@@ -66,7 +66,11 @@ pub fn detail_json(b: &pb::Bundle) -> Value {
             "sha256": f.digest.strip_prefix("sha256:").unwrap_or(&f.digest),
             "mode": mode(f.mode),
             "url": (!f.url.is_empty()).then_some(&f.url),
+            // null: every node installs it.
+            "arch": (!f.arch.is_empty()).then_some(&f.arch),
         })).collect::<Vec<_>>(),
+        // As declared in bundle.toml (`architectures` above: in effect).
+        "architectures": m.architectures,
         "steps": m.steps.iter().map(|s| json!({
             "name": s.name,
             "run": s.run,
@@ -126,6 +130,11 @@ pub fn detail_text(b: &pb::Bundle) -> String {
         v["signer"].as_str().unwrap_or("unsigned").to_string(),
     );
     kv(&mut s, "Published:", str_of(&v["published_at"]));
+    let arches: Vec<String> = v["architectures"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|x| x.as_str().map(String::from)).collect())
+        .unwrap_or_default();
+    kv(&mut s, "Arch:", output::arches_text(&arches));
     let m = &v["manifest"];
     let rows = |key: &str, cols: &[&str]| -> Vec<Vec<String>> {
         m[key]
@@ -138,13 +147,21 @@ pub fn detail_text(b: &pb::Bundle) -> String {
             .unwrap_or_default()
     };
     s.push_str("Files:\n");
-    indented(
-        &mut s,
-        table(
+    let per_arch = m["files"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|f| f["arch"].is_string()));
+    let (head, cols): (&[&str], &[&str]) = if per_arch {
+        (
+            &["PATH", "SIZE", "MODE", "SHA256", "ARCH"],
+            &["path", "size", "mode", "sha256", "arch"],
+        )
+    } else {
+        (
             &["PATH", "SIZE", "MODE", "SHA256"],
-            &rows("files", &["path", "size", "mode", "sha256"]),
-        ),
-    );
+            &["path", "size", "mode", "sha256"],
+        )
+    };
+    indented(&mut s, table(head, &rows("files", cols)));
     if let Some(steps) = m["steps"].as_array().filter(|a| !a.is_empty()) {
         s.push_str("Steps:\n");
         let rows: Vec<Vec<String>> = steps
@@ -222,6 +239,7 @@ mod tests {
                         size: 3,
                         mode: 0o640,
                         url: String::new(),
+                        arch: String::new(),
                     }],
                     steps: vec![pb::Step {
                         name: "restart".into(),

@@ -117,7 +117,10 @@ pub fn node_json(n: &pb::Node) -> Value {
             "agent_version": f.agent_version,
             "addresses": f.addresses,
             "features": f.features,
+            "architecture": (!f.architecture.is_empty()).then_some(&f.architecture),
         })),
+        // Whose files of a multi-arch bundle it installs; null: not reported.
+        "architecture": node_arch(n),
         "certificate_serial": n.certificate_serial,
         "enrolled_at": rfc3339_ms(n.enrolled_at_ms),
         "held": n.held,
@@ -135,6 +138,14 @@ pub fn node_json(n: &pb::Node) -> Value {
             "state": cert_state(c, now_ms(), std::time::Duration::ZERO),
         })).collect::<Vec<_>>(),
     })
+}
+
+/// The architecture the node's agent reported (`amd64`), if any.
+pub fn node_arch(n: &pb::Node) -> Option<&str> {
+    n.facts
+        .as_ref()
+        .map(|f| f.architecture.as_str())
+        .filter(|a| !a.is_empty())
 }
 
 fn now_ms() -> i64 {
@@ -330,6 +341,7 @@ pub fn nodes_table(nodes: &[pb::Node]) -> String {
                 if n.connected { "yes" } else { "no" }.into(),
                 or_dash(rfc3339_ms(n.last_seen_ms)),
                 agent_version(n).unwrap_or("-").to_string(),
+                node_arch(n).unwrap_or("-").to_string(),
                 labels_text(&n.labels),
                 bundles_text(&n.bundles),
                 certs_text(&n.certificates),
@@ -343,6 +355,7 @@ pub fn nodes_table(nodes: &[pb::Node]) -> String {
             "CONNECTED",
             "LAST SEEN",
             "AGENT",
+            "ARCH",
             "LABELS",
             "BUNDLES",
             "CERTS",
@@ -422,6 +435,13 @@ pub fn node_text(n: &pb::Node) -> String {
             format!("{} ({} {}, {})", f.hostname, f.os, f.kernel, f.arch),
         );
         kv(&mut s, "Agent:", f.agent_version.clone());
+        kv(
+            &mut s,
+            "Arch:",
+            node_arch(n)
+                .unwrap_or("- (not reported: an agent before multi-arch bundles)")
+                .to_string(),
+        );
     }
     s.push_str("Bundles:\n");
     let rows: Vec<Vec<String>> = n
@@ -709,7 +729,14 @@ pub fn bundle_json(b: &pb::BundleInfo) -> Value {
         "signed": b.signed,
         "published_at": rfc3339_ms(b.published_at_ms),
         "manifest_digest": b.manifest_digest,
+        // Empty: arch-neutral, for any node.
+        "architectures": b.architectures,
     })
+}
+
+/// `amd64,arm64`, or `any` for an arch-neutral bundle.
+pub fn arches_text(a: &[String]) -> String {
+    if a.is_empty() { "any".into() } else { a.join(",") }
 }
 
 pub fn bundles_table(bs: &[pb::BundleInfo]) -> String {
@@ -723,6 +750,7 @@ pub fn bundles_table(bs: &[pb::BundleInfo]) -> String {
                 b.total_size.to_string(),
                 b.held_bytes.to_string(),
                 if b.signed { "yes" } else { "no" }.into(),
+                arches_text(&b.architectures),
                 or_dash(rfc3339_ms(b.published_at_ms)),
                 b.manifest_digest.chars().take(19).collect(),
             ]
@@ -736,6 +764,7 @@ pub fn bundles_table(bs: &[pb::BundleInfo]) -> String {
             "BYTES",
             "HELD",
             "SIGNED",
+            "ARCH",
             "PUBLISHED",
             "DIGEST",
         ],

@@ -75,6 +75,11 @@ pub enum RolloutCmd {
         /// Wait until the rollout ends, showing progress; exit non-zero unless it completed.
         #[arg(long)]
         wait: bool,
+        /// Start nothing: list the nodes the rollout would target, those that would
+        /// fail at their turn (an architecture the bundle lacks, an agent without a
+        /// feature it needs) first, with the reason.
+        #[arg(long, conflicts_with = "wait")]
+        dry_run: bool,
         /// Output format.
         #[arg(short = 'o', long = "output", value_enum, default_value_t)]
         output: Format,
@@ -124,8 +129,18 @@ pub async fn run(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
             batch_interval,
             ignore_windows,
             wait,
+            dry_run,
             output,
         } => {
+            if dry_run {
+                let plan = dry_run_plan(c, url, &cluster, &bundle, &selector).await?;
+                if output == Format::Json {
+                    print_json(&plan)?;
+                } else {
+                    out!("{}", dry_run_text(&plan));
+                }
+                return Ok(());
+            }
             let r = start(
                 c,
                 url,
@@ -276,6 +291,113 @@ pub async fn start(c: &mut Client, url: &str, s: &Start<'_>) -> anyhow::Result<p
     .map_err(|e| status(url, e))
     .with_context(|| format!("start rollout of {} on cluster {}", s.bundle, s.cluster))
     .map(tonic::Response::into_inner)
+}
+
+/// `rollout start --dry-run`: the nodes the selector matches, in the order a
+/// rollout starts them (name order), those that would fail at their turn
+/// first — by the rule the rollout controller applies
+/// ([`lks_proto::manifest::Needs::node_refusal`]). Nothing is started.
+pub async fn dry_run_plan(
+    c: &mut Client,
+    url: &str,
+    cluster: &str,
+    bundle: &str,
+    selector: &str,
+) -> anyhow::Result<serde_json::Value> {
+    check_start(cluster, bundle, selector)?;
+    let sel = labels("--selector", selector)?;
+    let b = crate::bundle::get(c, url, bundle).await?;
+    let manifest = b
+        .bundle
+        .and_then(|sb| lks_proto::SignedBundle::try_from(sb).ok())
+        .map(|sb| sb.manifest)
+        .ok_or_else(|| anyhow!("bundle {bundle}: the server sent no valid manifest"))?;
+    let needs = lks_proto::manifest::Needs::of(&manifest);
+    let mut nodes = c
+        .list_nodes(pb::ListNodesRequest {
+            cluster: cluster.to_string(),
+        })
+        .await
+        .map_err(|e| status(url, e))
+        .context("list nodes")?
+        .into_inner()
+        .nodes;
+    nodes.retain(|n| {
+        let l: lks_proto::labels::Labels = n.labels.clone().into_iter().collect();
+        lks_proto::labels::selector_matches(&sel, &l)
+    });
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    let rows: Vec<(Option<String>, serde_json::Value)> = nodes
+        .iter()
+        .map(|n| {
+            // A node that never connected is judged when it first does,
+            // as the rollout does.
+            let refusal = n.facts.as_ref().and_then(|f| {
+                let arch = lks_proto::arch::Arch::parse(&f.architecture).ok();
+                needs.node_refusal(&f.features, arch)
+            });
+            let outcome = if refusal.is_some() {
+                "fails"
+            } else if n.held {
+                "held"
+            } else if !n.connected {
+                "deferred"
+            } else {
+                "starts"
+            };
+            let v = serde_json::json!({
+                "name": n.name,
+                "architecture": output::node_arch(n),
+                "connected": n.connected,
+                "outcome": outcome,
+                "reason": refusal,
+            });
+            (refusal, v)
+        })
+        .collect();
+    let (fail, ok): (Vec<_>, Vec<_>) = rows.into_iter().partition(|(r, _)| r.is_some());
+    Ok(serde_json::json!({
+        "dry_run": true,
+        "cluster": cluster,
+        "bundle": bundle,
+        "architectures": manifest.arches().iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "total": fail.len() + ok.len(),
+        "fails": fail.len(),
+        "nodes": fail.into_iter().chain(ok).map(|(_, v)| v).collect::<Vec<_>>(),
+    }))
+}
+
+pub fn dry_run_text(plan: &serde_json::Value) -> String {
+    let s = |v: &serde_json::Value| v.as_str().unwrap_or("-").to_string();
+    let arches: Vec<String> = plan["architectures"]
+        .as_array()
+        .map(|a| a.iter().map(s).collect())
+        .unwrap_or_default();
+    let mut out = format!(
+        "dry run: {} on cluster {} ({}): {} node(s), {} would fail at their turn; nothing started\n",
+        s(&plan["bundle"]),
+        s(&plan["cluster"]),
+        output::arches_text(&arches),
+        plan["total"],
+        plan["fails"],
+    );
+    let rows: Vec<Vec<String>> = plan["nodes"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|n| {
+                    vec![
+                        s(&n["name"]),
+                        s(&n["architecture"]),
+                        s(&n["outcome"]),
+                        n["reason"].as_str().unwrap_or("").to_string(),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.push_str(&output::table(&["NODE", "ARCH", "OUTCOME", "REASON"], &rows));
+    out
 }
 
 /// The operator verbs on a rollout.

@@ -372,11 +372,11 @@ function nodesPage(main, r) {
     const p = paginate(matching, page, (np) => { page = np; sync(); render(); });
     fill(out, 
       el("p", { class: "summary", id: "nodes-summary" }, `${matching.length} of ${last.nodes.length} node(s), ${matching.filter((n) => n.connected).length} connected`),
-      table("nodes-table", ["Name", "Cluster", "Connected", "Last seen", "Agent", "Labels", "Bundles", "Certificates"],
+      table("nodes-table", ["Name", "Cluster", "Connected", "Last seen", "Agent", "Arch", "Labels", "Bundles", "Certificates"],
         p.shown.map((n) => [nodeLink(n.name), n.cluster,
           el("span", { class: n.connected ? "yes" : "no" }, n.connected ? "yes" : "no"),
           el("span", { title: n.last_seen || "never" }, ago(n.last_seen)),
-          n.agent_version || "-", labelsText(n.labels),
+          n.agent_version || "-", n.architecture || "-", labelsText(n.labels),
           el("span", {}, n.bundles.map((b) => el("span", { class: "pair", title: b.message || "" }, b.name + "@" + b.version + " ", chip(b.state))), n.held ? chip("held") : null),
           String(n.certificates.length || "-")]),
         "No node matches."), p.nav);
@@ -422,6 +422,7 @@ function nodePage(main, r) {
         ["OS", [f.os, f.kernel, f.arch].filter(Boolean).join(", ") || "-"],
         ["CPUs / memory", f.cpus ? f.cpus + " / " + bytes(f.memory_bytes) : "-"],
         ["Agent", n.agent_version || "-"],
+        ["Architecture", n.architecture || "- (not reported: an agent before multi-arch bundles)"],
         ["Enrolled", time(n.enrolled_at)],
         ["Certificate serial", el("code", {}, n.certificate_serial || "-")],
       ]));
@@ -473,9 +474,10 @@ function bundlePage(main, r) {
       const run = (a) => el("code", {}, a.join(" "));
       fill(out, 
         kv("bundle-facts", [["Signer", b.signer ? el("code", {}, b.signer) : "unsigned"], ["Digest", el("code", {}, b.manifest_digest)],
-          ["Published", time(b.published_at)], ["Size", bytes(b.total_size)]]),
-        el("h2", {}, "Files"), table("bundle-files-table", ["Path", "Size", "Mode", "SHA-256", "Mirror"],
-          m.files.map((f) => [el("code", {}, f.path), el("span", { class: "num" }, String(f.size)), el("code", {}, f.mode), el("code", { class: "hash" }, f.sha256), f.url || "-"]), "No files."),
+          ["Published", time(b.published_at)], ["Size", bytes(b.total_size)],
+          ["Architectures", (b.architectures || []).length ? b.architectures.join(", ") : "any (arch-neutral)"]]),
+        el("h2", {}, "Files"), table("bundle-files-table", ["Path", "Size", "Mode", "SHA-256", "Mirror", "Arch"],
+          m.files.map((f) => [el("code", {}, f.path), el("span", { class: "num" }, String(f.size)), el("code", {}, f.mode), el("code", { class: "hash" }, f.sha256), f.url || "-", f.arch || "any"]), "No files."),
         el("h2", {}, "Steps"), table("bundle-steps-table", ["Name", "Run", "Timeout"], m.steps.map((s) => [s.name, run(s.run), s.timeout || "default"]), "No steps."),
         el("h2", {}, "Health check"), m.health ? kv("bundle-health", [["Run", run(m.health.run)], ["Timeout", m.health.timeout || "default"],
           ["Retries", String(m.health.retries)], ["Interval", m.health.interval || "default"]]) : el("p", { class: "empty" }, "No health check."),
