@@ -88,32 +88,60 @@ fn kubeadm_join_bundle_shape() {
 }
 
 #[test]
-fn kubelet_bundle_mirrors_the_binary_and_restarts_the_kubelet() {
+fn kubelet_bundle_mirrors_each_architectures_binary_and_restarts_the_kubelet() {
     let dir = examples().join("kubelet-upgrade");
     let mut sizer = OfflineSizer::default();
     let b = load_bundle_dir(&dir, &mut sizer).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         sizer.0,
-        ["https://dl.k8s.io/release/v1.33.3/bin/linux/amd64/kubelet"],
-        "publish learns the binary's size from the mirror"
+        [
+            "https://dl.k8s.io/release/v1.33.3/bin/linux/amd64/kubelet",
+            "https://dl.k8s.io/release/v1.33.3/bin/linux/arm64/kubelet"
+        ],
+        "publish learns each binary's size from the mirror"
     );
     assert_eq!(b.manifest.name, "kubelet");
-    let kubelet = b
-        .manifest
-        .files
-        .iter()
-        .zip(&b.sources)
-        .find(|(f, _)| f.path.as_str() == "/usr/local/bin/kubelet")
-        .expect("/usr/local/bin/kubelet");
-    assert_eq!(kubelet.1, &FileSource::Url, "the binary comes from a mirror");
-    let url = kubelet.0.url.as_deref().unwrap_or_default();
+    let arches: Vec<&str> = b.manifest.arches().iter().map(|a| a.as_str()).collect();
+    assert_eq!(arches, ["amd64", "arm64"], "one version for both");
+    for arch in ["amd64", "arm64"] {
+        let (kubelet, source) = b
+            .manifest
+            .files
+            .iter()
+            .zip(&b.sources)
+            .find(|(f, _)| {
+                f.path.as_str() == "/usr/local/bin/kubelet" && f.arch.is_some_and(|a| a.as_str() == arch)
+            })
+            .unwrap_or_else(|| panic!("/usr/local/bin/kubelet for {arch}"));
+        assert_eq!(source, &FileSource::Url, "the binary comes from a mirror");
+        let url = kubelet.url.as_deref().unwrap_or_default();
+        assert!(
+            url.starts_with("https://") && url.ends_with(&format!("/bin/linux/{arch}/kubelet")),
+            "{arch}: {url}"
+        );
+        assert_eq!(kubelet.mode, 0o755);
+        // What a node of that architecture installs: its kubelet and the
+        // shared files, one file per path.
+        let node = b
+            .manifest
+            .for_arch(Some(lks_proto::arch::Arch::parse(arch).unwrap()))
+            .unwrap_or_else(|e| panic!("{arch}: {e}"));
+        let kubelets: Vec<_> = node
+            .files
+            .iter()
+            .filter(|f| f.path.as_str() == "/usr/local/bin/kubelet")
+            .collect();
+        assert_eq!(kubelets.len(), 1, "{arch}");
+        assert_eq!(kubelets[0].digest, kubelet.digest, "{arch}");
+        assert_eq!(
+            node.files.len(),
+            3,
+            "{arch}: the kubelet, the drop-in and the probe"
+        );
+    }
+    let b = &b;
     assert!(
-        url.starts_with("https://") && url.ends_with("/bin/linux/amd64/kubelet"),
-        "{url}"
-    );
-    assert_eq!(kubelet.0.mode, 0o755);
-    assert!(
-        modes(&b).contains_key("/etc/systemd/system/kubelet.service.d/20-lksadmin-kubelet.conf"),
+        modes(b).contains_key("/etc/systemd/system/kubelet.service.d/20-lksadmin-kubelet.conf"),
         "the drop-in"
     );
     let steps: Vec<Vec<&str>> = b
@@ -137,13 +165,14 @@ fn kubelet_bundle_mirrors_the_binary_and_restarts_the_kubelet() {
 fn kubeadm_and_kubelet_bundles_fit_on_one_node() {
     let join = load("kubeadm-join");
     let kubelet = load("kubelet-upgrade");
-    let paths = join
-        .manifest
-        .files
-        .iter()
-        .chain(&kubelet.manifest.files)
-        .map(|f| &f.path);
-    check_paths_disjoint(paths).unwrap_or_else(|(i, e)| panic!("file {i}: {e}"));
+    for arch in ["amd64", "arm64"] {
+        let kubelet = kubelet
+            .manifest
+            .for_arch(Some(lks_proto::arch::Arch::parse(arch).unwrap()))
+            .unwrap();
+        let paths = join.manifest.files.iter().chain(&kubelet.files).map(|f| &f.path);
+        check_paths_disjoint(paths).unwrap_or_else(|(i, e)| panic!("{arch}: file {i}: {e}"));
+    }
 }
 
 /// The node-identity bundle asks for the kubelet's two certificates and a
@@ -173,8 +202,14 @@ fn kubelet_node_identity_bundle_shape() {
         "ExecStart is the kubelet-upgrade bundle's"
     );
     let kubelet = load("kubelet-upgrade");
-    let paths = m.owned_paths().into_iter().chain(kubelet.manifest.owned_paths());
-    check_paths_disjoint(paths).unwrap_or_else(|(i, e)| panic!("path {i}: {e}"));
+    for arch in ["amd64", "arm64"] {
+        let kubelet = kubelet
+            .manifest
+            .for_arch(Some(lks_proto::arch::Arch::parse(arch).unwrap()))
+            .unwrap();
+        let paths = m.owned_paths().into_iter().chain(kubelet.owned_paths());
+        check_paths_disjoint(paths).unwrap_or_else(|(i, e)| panic!("{arch}: path {i}: {e}"));
+    }
     // The step leaves systemd alone under a sandbox root.
     let out = Command::new(examples().join("kubelet-node-identity/lks-kubelet-restart"))
         .env("LKS_ROOT", "/tmp/sandbox")
