@@ -25,8 +25,6 @@
 //! |                    | not fsynced, not verified                                             |
 //! | `cache-promoting`  | copy verified and fsynced; not yet renamed into `cache/sha256/`       |
 
-use std::sync::OnceLock;
-
 /// Every fault point, in the order an apply reaches them.
 pub const POINTS: &[&str] = &[
     "staging",
@@ -48,16 +46,30 @@ pub const POINTS: &[&str] = &[
 /// The environment variable that arms a fault point.
 pub const ENV: &str = "LKS_AGENT_FAULT";
 
+/// Whether this build has fault points: only with the `fault-injection`
+/// feature, which the e2e crate turns on for the workspace's test builds
+/// and no package or release build has. Without it every point is a no-op
+/// and `LKS_AGENT_FAULT` is ignored (with a warning at start, [`warn_if_set`]).
+pub const COMPILED_IN: bool = cfg!(feature = "fault-injection");
+
+#[cfg(feature = "fault-injection")]
 fn armed() -> Option<&'static str> {
+    use std::sync::OnceLock;
     static ARMED: OnceLock<Option<String>> = OnceLock::new();
     ARMED
         .get_or_init(|| std::env::var(ENV).ok().filter(|s| !s.is_empty()))
         .as_deref()
 }
 
+#[cfg(not(feature = "fault-injection"))]
+fn armed() -> Option<&'static str> {
+    None
+}
+
 /// Aborts the process if `name` is the armed fault point.
 pub fn point(name: &'static str) {
     debug_assert!(POINTS.contains(&name), "unknown fault point {name}");
+    #[cfg(feature = "fault-injection")]
     if armed() == Some(name) {
         eprintln!("{ENV}={name}: aborting here");
         std::process::abort();
@@ -68,4 +80,12 @@ pub fn point(name: &'static str) {
 /// piece it serves (a lying peer, for the peer-sharing tests).
 pub fn peer_corrupt() -> bool {
     armed() == Some("peer-corrupt")
+}
+
+/// Says so when `LKS_AGENT_FAULT` is set on a build without fault points
+/// (someone copied a test's environment onto a node): it does nothing.
+pub fn warn_if_set() {
+    if !COMPILED_IN && std::env::var_os(ENV).is_some_and(|v| !v.is_empty()) {
+        tracing::warn!("{ENV} is set, but this build has no fault points (they are for tests): ignored");
+    }
 }

@@ -79,6 +79,7 @@ pub enum RunEnd {
 
 /// Runs the agent until `cancel` fires or it hands over to a new binary.
 pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<RunEnd, RunError> {
+    crate::fault::warn_if_set();
     let dirs = StateDir::new(&opts.state_dir);
     let cfg = dirs.load_config()?;
     let trusted = dirs.trusted_keys()?;

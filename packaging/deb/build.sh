@@ -118,6 +118,22 @@ for pkg in "${packages[@]}"; do
   log "built $deb"
 done
 
+# The agent's fault points (LKS_AGENT_FAULT, cargo feature fault-injection)
+# are for the tests: a package must not carry them. The workspace's test
+# builds turn the feature on; `cargo build -p lksadmin-agent` above does not.
+for deb in "${debs[@]}"; do
+  case ${deb##*/} in lksadmin-agent_*) ;; *) continue ;; esac
+  bin_copy=$(mktemp)
+  dpkg-deb --fsys-tarfile "$deb" | tar -xO ./usr/bin/lksadmin-agent >"$bin_copy" ||
+    { rm -f "$bin_copy"; die "$deb: cannot read usr/bin/lksadmin-agent"; }
+  if grep -aq ': aborting here' "$bin_copy"; then
+    rm -f "$bin_copy"
+    die "$deb: the agent was built with its test fault points (feature fault-injection)"
+  fi
+  rm -f "$bin_copy"
+  log "$deb: no fault points"
+done
+
 if [ "$lint" = 1 ]; then
   failed=0
   for deb in "${debs[@]}"; do
