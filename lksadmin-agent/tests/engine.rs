@@ -1071,12 +1071,8 @@ async fn a_second_bundle_with_the_same_bytes_takes_them_from_the_first_not_the_n
 }
 
 fn elf_for(machine: u16) -> Vec<u8> {
-    let mut h = vec![0u8; 128];
-    h[..4].copy_from_slice(b"\x7fELF");
-    h[4] = 2;
-    h[5] = 1;
-    h[16..18].copy_from_slice(&2u16.to_le_bytes());
-    h[18..20].copy_from_slice(&machine.to_le_bytes());
+    let mut h = lks_proto::elf::fixture_header(machine, 2);
+    h.resize(128, 0);
     h
 }
 

@@ -179,13 +179,7 @@ mod tests {
     }
 
     fn header(machine: u16) -> Vec<u8> {
-        let mut h = vec![0u8; 64];
-        h[..4].copy_from_slice(b"\x7fELF");
-        h[4] = 2;
-        h[5] = 1;
-        h[16..18].copy_from_slice(&2u16.to_le_bytes());
-        h[18..20].copy_from_slice(&machine.to_le_bytes());
-        h
+        crate::elf::fixture_header(machine, 2)
     }
 
     #[test]

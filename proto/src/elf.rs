@@ -75,18 +75,25 @@ pub fn check_for_host(b: &[u8]) -> Result<ElfInfo, String> {
     Ok(info)
 }
 
+/// A 64-byte ELF64 little-endian header of type `e_type` (2: an
+/// executable) for `machine` (62 x86_64, 183 aarch64): what the checks
+/// above read. For tests and fixtures; it is no program.
+pub fn fixture_header(machine: u16, e_type: u16) -> Vec<u8> {
+    let mut h = vec![0u8; 64];
+    h[..4].copy_from_slice(b"\x7fELF");
+    h[4] = 2;
+    h[5] = 1;
+    h[16..18].copy_from_slice(&e_type.to_le_bytes());
+    h[18..20].copy_from_slice(&machine.to_le_bytes());
+    h
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn header(machine: u16, e_type: u16) -> Vec<u8> {
-        let mut h = vec![0u8; 64];
-        h[..4].copy_from_slice(b"\x7fELF");
-        h[4] = 2;
-        h[5] = 1;
-        h[16..18].copy_from_slice(&e_type.to_le_bytes());
-        h[18..20].copy_from_slice(&machine.to_le_bytes());
-        h
+        fixture_header(machine, e_type)
     }
 
     #[test]

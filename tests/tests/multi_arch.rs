@@ -22,12 +22,7 @@ const CONF: &str = "/etc/kubernetes/kubelet.conf";
 /// An ELF executable header for `machine` (62 x86_64, 183 aarch64) and a
 /// body naming it, so each variant's bytes differ.
 fn elf(machine: u16, body: &str) -> Vec<u8> {
-    let mut h = vec![0u8; 64];
-    h[..4].copy_from_slice(b"\x7fELF");
-    h[4] = 2;
-    h[5] = 1;
-    h[16..18].copy_from_slice(&2u16.to_le_bytes());
-    h[18..20].copy_from_slice(&machine.to_le_bytes());
+    let mut h = lks_proto::elf::fixture_header(machine, 2);
     h.extend_from_slice(body.as_bytes());
     h
 }
