@@ -42,8 +42,12 @@ const MAX_BATCH: usize = 60;
 /// Tries of one batch against concurrent changes of its documents, each
 /// with the documents its failed try read, before each report goes alone.
 const BATCH_ATTEMPTS: usize = 4;
-/// Batches committed at once by one replica.
-const COMMITTERS: usize = 2;
+/// Batches committed at once by one replica. A batch is capped at
+/// [`MAX_BATCH`] by etcd's limit on operations per transaction, so under a
+/// reconnecting crowd (a replica's agents arriving on the survivors) this
+/// bounds how many streams a replica opens per second: each opening waits
+/// for its Hello's batch.
+const COMMITTERS: usize = 4;
 
 /// What one caller changes in its node's document.
 pub(super) enum Update {
