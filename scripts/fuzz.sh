@@ -73,7 +73,7 @@ if [ "$mode" = seed ]; then
   # files (and the signed example bundles); bundle.toml seeds are the examples.
   seeds=$(mktemp -d)
   trap 'rm -rf "$seeds"' EXIT
-  LKS_FUZZ_SEEDS=$seeds cargo test -q -p lksadmin-agent --test crash -- \
+  LKS_FUZZ_SEEDS=$seeds cargo test -q -p lksadmin-agent --features fault-injection --test crash -- \
     --ignored --exact write_fuzz_seeds
   for t in journal state pb_manifest; do
     mkdir -p "fuzz/corpus/$t"
