@@ -25,26 +25,24 @@ use std::path::Path;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::stream::{BoxStream, FuturesUnordered, SelectAll};
-use lks_proto::identity::{Identity, NodeIdentity};
 use lks_proto::{Digest, FileSpec, pb};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::CryptoProvider;
-use rustls::server::danger::ClientCertVerifier;
-use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
-use rustls_pki_types::pem::PemObject as _;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use tokio::sync::mpsc;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 use crate::client::NodeCredentials;
 use crate::config::StateDir;
+
+mod plan;
+mod tls;
+
 use crate::peer::{BlobInfo, Partial, Shared};
 use crate::source::SharedChannel;
+use plan::{Found, Have, PeerState, Plan, ServerUse, start_pieces};
+pub use tls::dial_peer;
 
 /// Pieces in flight at once for one file.
 const WINDOW: usize = 4;
@@ -631,90 +629,6 @@ impl Swarm {
     }
 }
 
-/// Starts what can start, up to [`WINDOW`] pieces in flight (`running`
-/// of them already): the rarest pieces first from the peers that said
-/// they hold them, then what older peers may hold, then the server: for
-/// what no peer holds when this node is a seed, for anything when it is
-/// stalled.
-fn start_pieces(plan: &mut Plan<'_>, start: &mut dyn FnMut(Source, usize), mut running: usize) {
-    let n = plan.peers.len().max(1);
-    let mut todo: Vec<(usize, usize)> = plan
-        .missing
-        .iter()
-        .copied()
-        .filter(|i| !plan.in_flight.contains(i))
-        .map(|i| {
-            let holders: usize = plan.peers.iter().filter(|p| !p.dropped && p.have.has(i)).count();
-            (holders, i)
-        })
-        .collect();
-    // Rarest first; `missing` is already in this node's own order, and
-    // the sort is stable.
-    todo.sort_by_key(|&(holders, _)| if holders == 0 { usize::MAX } else { holders });
-    for (rank, &(holders, i)) in todo.iter().enumerate() {
-        if running >= WINDOW {
-            return;
-        }
-        let t = plan.tried.entry(i).or_default();
-        let pick = plan
-            .peers
-            .iter_mut()
-            .filter(|p| {
-                !p.dropped
-                    && p.in_flight < PER_PEER
-                    && p.busy_until.is_none_or(|b| b <= plan.now)
-                    && !t.contains(&p.node)
-                    && (p.have.has(i) || matches!(p.have, Have::Blind))
-            })
-            // Known holders before older peers asked blindly; then the
-            // least busy; ties spread by the piece's rank.
-            .enumerate()
-            .min_by_key(|(k, p)| (!p.have.has(i), p.in_flight, p.failures, (k + rank) % n))
-            .map(|(_, p)| p);
-        let source = match pick {
-            Some(p) => {
-                p.in_flight += 1;
-                p.busy_until = None;
-                Source::Peer(p.node.clone(), p.address)
-            }
-            None if *plan.server_in_flight < SERVER_WINDOW
-                && (plan.server == ServerUse::Any || (plan.server == ServerUse::Unheld && holders == 0)) =>
-            {
-                *plan.server_in_flight += 1;
-                Source::Server
-            }
-            None => continue,
-        };
-        plan.in_flight.insert(i);
-        running += 1;
-        start(source, i);
-    }
-}
-
-/// An mTLS channel to the peer listener of `node` of `cluster` at `addr`,
-/// with `creds` as the client's identity.
-pub async fn dial_peer(
-    creds: &NodeCredentials,
-    cluster: &str,
-    node: &str,
-    addr: SocketAddr,
-) -> Result<Channel, String> {
-    let expect = NodeIdentity::new(cluster, node)?;
-    let tls = peer_client_config(creds, expect)?;
-    let connector = PeerConnector { addr, tls };
-    Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| e.to_string())?
-        .connect_timeout(CONNECT_TIMEOUT)
-        .connect_with_connector(connector)
-        .await
-        .map_err(|e| {
-            format!(
-                "connect to node {node} at {addr}: {}",
-                crate::source::error_chain(&e)
-            )
-        })
-}
-
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -738,64 +652,6 @@ fn resume(part: &Path, size: u64, info: &BlobInfo, whole: &Digest) -> Vec<bool> 
         .collect()
 }
 
-struct Found {
-    node: String,
-    address: SocketAddr,
-}
-
-struct PeerState {
-    node: String,
-    address: SocketAddr,
-    in_flight: usize,
-    failures: u32,
-    dropped: bool,
-    /// What it said it holds.
-    have: Have,
-    /// Its `WatchPieces` stream is open.
-    watching: bool,
-    /// It said it was busy: not asked again before then.
-    busy_until: Option<Instant>,
-}
-
-impl PeerState {
-    fn new(f: Found) -> Self {
-        PeerState {
-            node: f.node,
-            address: f.address,
-            in_flight: 0,
-            failures: 0,
-            dropped: false,
-            have: Have::Unknown,
-            watching: false,
-            busy_until: None,
-        }
-    }
-}
-
-/// What a peer holds, as far as this node knows.
-enum Have {
-    /// Not heard from yet: not asked for anything.
-    Unknown,
-    /// An older agent without `WatchPieces`: asked for any piece, blindly.
-    Blind,
-    /// What its last `PiecesHeld` said.
-    Known(pb::PiecesHeld),
-}
-
-impl Have {
-    /// It said it holds piece `i`.
-    fn has(&self, i: usize) -> bool {
-        match self {
-            Have::Known(h) => h.whole || crate::peer::bit(&h.have, i),
-            _ => false,
-        }
-    }
-
-    fn count(&self, pieces: usize) -> usize {
-        (0..pieces).filter(|&i| self.has(i)).count()
-    }
-}
-
 /// News from one watched peer.
 enum News {
     Held(pb::PiecesHeld),
@@ -806,28 +662,6 @@ enum News {
 }
 
 type NewsStream<'a> = BoxStream<'a, (String, News)>;
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum ServerUse {
-    No,
-    /// Pieces no peer holds (this node is a seed).
-    Unheld,
-    /// Any piece (this node is stalled).
-    Any,
-}
-
-/// What [`start_pieces`] works on.
-struct Plan<'a> {
-    /// The pieces not held yet, in this node's own order.
-    missing: &'a [usize],
-    in_flight: &'a mut HashSet<usize>,
-    tried: &'a mut HashMap<usize, HashSet<String>>,
-    peers: &'a mut Vec<PeerState>,
-    /// What the server may be asked for.
-    server: ServerUse,
-    server_in_flight: &'a mut usize,
-    now: Instant,
-}
 
 /// One piece being fetched: its source, its index, the bytes or why not.
 type PieceFuture<'a> =
@@ -852,279 +686,4 @@ enum PieceError {
 enum AskError {
     Unsupported(String),
     Failed(String),
-}
-
-/// TLS to a peer: this node's certificate as the client's, the peer's
-/// checked against the node CA and required to name `expect`.
-fn peer_client_config(creds: &NodeCredentials, expect: NodeIdentity) -> Result<Arc<ClientConfig>, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = RootCertStore::empty();
-    for ca in CertificateDer::pem_slice_iter(creds.ca_pem.as_bytes()) {
-        roots
-            .add(ca.map_err(|e| format!("CA certificate: {e}"))?)
-            .map_err(|e| format!("CA certificate: {e}"))?;
-    }
-    let chain_verifier =
-        rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-            .build()
-            .map_err(|e| format!("peer certificate verifier: {e}"))?;
-    let verifier = Arc::new(PeerVerifier {
-        chain: chain_verifier,
-        provider: provider.clone(),
-        expect,
-    });
-    let chain = CertificateDer::pem_slice_iter(creds.cert_pem.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("node certificate: {e}"))?;
-    let key =
-        PrivateKeyDer::from_pem_slice(creds.key_pem.as_bytes()).map_err(|e| format!("node key: {e}"))?;
-    let mut cfg = ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .dangerous()
-        .with_custom_certificate_verifier(verifier)
-        .with_client_auth_cert(chain, key)
-        .map_err(|e| format!("node certificate and key: {e}"))?;
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(Arc::new(cfg))
-}
-
-/// A peer's certificate is a node certificate (client-auth usage, issued by
-/// the node CA): its chain is checked by webpki as a client certificate
-/// would be, and its identity must be the node the tracker named. The DNS
-/// or IP name dialled plays no part: a node certificate names none.
-#[derive(Debug)]
-struct PeerVerifier {
-    chain: Arc<dyn ClientCertVerifier>,
-    provider: Arc<CryptoProvider>,
-    expect: NodeIdentity,
-}
-
-impl ServerCertVerifier for PeerVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        self.chain.verify_client_cert(end_entity, intermediates, now)?;
-        match Identity::from_cert_der(end_entity.as_ref()) {
-            Ok(Identity::Node(id)) if id == self.expect => Ok(ServerCertVerified::assertion()),
-            Ok(Identity::Node(id)) => Err(rustls::Error::General(format!(
-                "the peer is node {} of cluster {}, not {} of {}",
-                id.node, id.cluster, self.expect.node, self.expect.cluster
-            ))),
-            _ => Err(rustls::Error::General("the peer has no node certificate".into())),
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
-/// Dials a peer and does TLS; tonic then speaks HTTP/2 over it.
-#[derive(Clone)]
-struct PeerConnector {
-    addr: SocketAddr,
-    tls: Arc<ClientConfig>,
-}
-
-type Io = hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
-
-impl tower_service::Service<Uri> for PeerConnector {
-    type Response = Io;
-    type Error = std::io::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Io, std::io::Error>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Uri) -> Self::Future {
-        let (addr, tls) = (self.addr, self.tls.clone());
-        Box::pin(async move {
-            let tcp = tokio::net::TcpStream::connect(addr).await?;
-            tcp.set_nodelay(true)?;
-            let name = ServerName::IpAddress(addr.ip().into());
-            let tls = tokio_rustls::TlsConnector::from(tls).connect(name, tcp).await?;
-            Ok(hyper_util::rt::TokioIo::new(tls))
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn peer(name: &str, have: Have) -> PeerState {
-        let mut p = PeerState::new(Found {
-            node: name.into(),
-            address: "127.0.0.1:1".parse().unwrap(),
-        });
-        p.have = have;
-        p
-    }
-
-    fn known(pieces: usize, held: &[usize]) -> Have {
-        let mut have = vec![0u8; pieces.div_ceil(8)];
-        for &i in held {
-            have[i / 8] |= 1 << (i % 8);
-        }
-        Have::Known(pb::PiecesHeld {
-            have,
-            pieces: pieces as u32,
-            whole: false,
-        })
-    }
-
-    /// Runs one planning pass; returns what started where.
-    fn plan(
-        missing: &[usize],
-        peers: &mut Vec<PeerState>,
-        server: ServerUse,
-        running: usize,
-        tried: &mut HashMap<usize, HashSet<String>>,
-    ) -> Vec<(String, usize)> {
-        let mut in_flight = HashSet::new();
-        let mut server_in_flight = 0;
-        let mut started = Vec::new();
-        start_pieces(
-            &mut Plan {
-                missing,
-                in_flight: &mut in_flight,
-                tried,
-                peers,
-                server,
-                server_in_flight: &mut server_in_flight,
-                now: Instant::now(),
-            },
-            &mut |source, i| {
-                let who = match source {
-                    Source::Server => "server".to_string(),
-                    Source::Peer(n, _) => n,
-                };
-                started.push((who, i));
-            },
-            running,
-        );
-        assert_eq!(in_flight.len(), started.len());
-        started
-    }
-
-    #[test]
-    fn the_rarest_piece_goes_first_and_only_to_a_peer_that_holds_it() {
-        // Piece 3 is held by one peer, 1 by two, 0 and 2 by nobody.
-        let mut peers = vec![peer("a", known(4, &[1, 3])), peer("b", known(4, &[1]))];
-        let got = plan(&[0, 1, 2, 3], &mut peers, ServerUse::No, 0, &mut HashMap::new());
-        assert_eq!(got, vec![("a".into(), 3), ("b".into(), 1)]);
-        // Nobody holds 0 and 2, and the server may not be asked: they wait.
-        assert_eq!(peers[0].in_flight, 1);
-        assert_eq!(peers[1].in_flight, 1);
-    }
-
-    #[test]
-    fn a_seed_takes_from_the_server_what_no_peer_holds_two_at_a_time() {
-        let mut peers = vec![peer("a", known(6, &[5, 4]))];
-        let got = plan(
-            &[0, 1, 2, 4, 5],
-            &mut peers,
-            ServerUse::Unheld,
-            0,
-            &mut HashMap::new(),
-        );
-        assert_eq!(
-            got,
-            vec![
-                ("a".into(), 4),
-                ("a".into(), 5),
-                ("server".into(), 0),
-                ("server".into(), 1)
-            ]
-        );
-        // A holder busy: a seed waits for it rather than take the piece
-        // from the server again; a stalled node does not.
-        let mut peers = vec![peer("a", known(2, &[0]))];
-        peers[0].busy_until = Some(Instant::now() + Duration::from_secs(5));
-        assert!(plan(&[0], &mut peers, ServerUse::Unheld, 0, &mut HashMap::new()).is_empty());
-        assert_eq!(
-            plan(&[0], &mut peers, ServerUse::Any, 0, &mut HashMap::new()),
-            vec![("server".into(), 0)]
-        );
-    }
-
-    #[test]
-    fn a_full_window_a_busy_peer_and_a_tried_one_start_nothing_more() {
-        let mut peers = vec![peer("a", known(4, &[0, 1, 2, 3]))];
-        assert!(plan(&[0, 1], &mut peers, ServerUse::Any, WINDOW, &mut HashMap::new()).is_empty());
-
-        peers[0].busy_until = Some(Instant::now() + Duration::from_secs(5));
-        assert!(plan(&[0, 1], &mut peers, ServerUse::No, 0, &mut HashMap::new()).is_empty());
-
-        peers[0].busy_until = None;
-        let mut tried = HashMap::from([(0, HashSet::from(["a".to_string()]))]);
-        assert_eq!(
-            plan(&[0, 1], &mut peers, ServerUse::No, 0, &mut tried),
-            vec![("a".into(), 1)]
-        );
-    }
-
-    #[test]
-    fn known_holders_come_before_older_peers_asked_blindly_and_unknown_ones_are_not_asked() {
-        let mut peers = vec![
-            peer("old", Have::Blind),
-            peer("silent", Have::Unknown),
-            peer("new", known(2, &[0])),
-        ];
-        let got = plan(&[0, 1], &mut peers, ServerUse::No, 0, &mut HashMap::new());
-        assert_eq!(got, vec![("new".into(), 0), ("old".into(), 1)]);
-        assert_eq!(peers[1].in_flight, 0);
-    }
-
-    #[test]
-    fn a_whole_holder_holds_every_piece_and_dropped_peers_none() {
-        let whole = Have::Known(pb::PiecesHeld {
-            have: vec![],
-            pieces: 20,
-            whole: true,
-        });
-        assert_eq!(whole.count(20), 20);
-        let mut peers = vec![peer("bad", known(2, &[0, 1])), peer("w", whole)];
-        peers[0].dropped = true;
-        let got = plan(&[0, 1], &mut peers, ServerUse::No, 0, &mut HashMap::new());
-        assert_eq!(got, vec![("w".into(), 0), ("w".into(), 1)]);
-        assert_eq!(known(9, &[8]).count(9), 1);
-    }
 }
