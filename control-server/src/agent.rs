@@ -200,7 +200,7 @@ impl AgentService for AgentApi {
             && self
                 .s
                 .tracker
-                .blob_allowed(&*self.s.store, &caller.id.node, &digest)
+                .blob_allowed(&*self.s.store, &caller.id.cluster, &caller.id.node, &digest)
                 .await
                 .map_err(store_status)?;
         if !allowed {
@@ -289,7 +289,7 @@ impl AgentService for AgentApi {
         let allowed = self
             .s
             .tracker
-            .blob_allowed(&*self.s.store, &caller.id.node, &digest)
+            .blob_allowed(&*self.s.store, &caller.id.cluster, &caller.id.node, &digest)
             .await
             .map_err(store_status)?;
         if !allowed {

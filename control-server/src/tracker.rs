@@ -266,9 +266,15 @@ impl Tracker {
     /// the node may hold ([`Store::blob_grants`]) as an arch-neutral file
     /// or one for the node's architecture. Never another architecture's
     /// binary, whatever the node asks for.
+    ///
+    /// The node's architecture comes from the cluster's index, which
+    /// `FindPeers` keeps anyway ([`INDEX_TTL`]): a `FetchBlob` per piece
+    /// then reads no node document. A node not in it yet (enrolled a moment
+    /// ago, or without an architecture there) is read from the store.
     pub async fn blob_allowed(
         &self,
         store: &dyn Store,
+        cluster: &str,
         node: &str,
         digest: &Digest,
     ) -> Result<bool, StoreError> {
@@ -282,10 +288,22 @@ impl Tracker {
             let a = match arch {
                 Some(a) => a,
                 None => {
-                    let a = store
-                        .get_node(node)
+                    let known = self
+                        .index(store, cluster)
                         .await?
-                        .and_then(|n| crate::store::facts_architecture(&n.facts_json));
+                        .nodes
+                        .iter()
+                        .find(|n| n.name == node)
+                        .and_then(|n| n.arch);
+                    // Not known yet (enrolled or upgraded a moment ago):
+                    // the node's own document.
+                    let a = match known {
+                        Some(a) => Some(a),
+                        None => store
+                            .get_node(node)
+                            .await?
+                            .and_then(|n| crate::store::facts_architecture(&n.facts_json)),
+                    };
                     *arch.insert(a)
                 }
             };
