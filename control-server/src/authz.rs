@@ -125,6 +125,7 @@ pub fn token_status(r: TokenRefusal) -> Status {
 mod tests {
     use super::*;
     use crate::pki::Pki;
+    use crate::store::{ClusterStore, NodeStore, TokenStore};
     use crate::store::{NewNode, SqliteStore, TokenRow};
     use std::sync::Arc;
     use std::time::Duration;

@@ -179,6 +179,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use crate::store::ClusterStore;
     use crate::store::{EventRow, NewCluster, SqliteStore};
 
     #[test]

@@ -31,7 +31,7 @@ use crate::pki::{Pki, PkiError};
 use crate::ratelimit::RateLimiter;
 use crate::replicas;
 use crate::seal::{SealError, SealKey};
-use crate::store::{EtcdConfig, EtcdStore, SqliteStore, Store, StoreError};
+use crate::store::{EtcdConfig, EtcdStore, NodeStatusStore, SqliteStore, Store, StoreError};
 
 /// How often buffered heartbeats are written to the store.
 const HEARTBEAT_FLUSH: Duration = Duration::from_secs(5);

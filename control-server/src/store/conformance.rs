@@ -3,6 +3,9 @@
 
 #![allow(clippy::unwrap_used)]
 
+use lks_proto::BundleState;
+use lks_proto::labels::Labels;
+
 use super::*;
 
 fn token(id: &str, cluster: &str, uses: Option<u32>, expires_at_ms: i64) -> TokenRow {

@@ -112,7 +112,7 @@ impl EtcdStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Store;
+    use crate::store::BundleStore;
     use crate::store::blobrecs::BlobRecords;
     use crate::store::conformance::bundle;
     use crate::store::etcd::tests::TestEtcd;

@@ -151,3 +151,117 @@ impl EtcdStore {
         Ok(out)
     }
 }
+
+#[async_trait]
+impl ClusterStore for EtcdStore {
+    async fn create_cluster(&self, c: NewCluster) -> Result<ClusterRow> {
+        let key = self.key(&format!("clusters/{}", c.name));
+        let ok = self
+            .txn(
+                vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)],
+                vec![TxnOp::put(key, json(&ClusterDoc::new(&c))?, None)],
+            )
+            .await?;
+        if !ok {
+            return Err(StoreError::AlreadyExists(format!(
+                "cluster {} already exists",
+                c.name
+            )));
+        }
+        Ok(c.row())
+    }
+
+    async fn set_cluster_api_server(
+        &self,
+        name: &str,
+        api_server: Option<String>,
+        event: EventRow,
+    ) -> Result<ClusterRow> {
+        self.update_cluster(name, "set the API server", event, |c| {
+            c.api_server = api_server.clone();
+            Ok(())
+        })
+        .await
+    }
+
+    async fn set_cluster_peer(&self, name: &str, peer: PeerSettings, event: EventRow) -> Result<ClusterRow> {
+        self.update_cluster(name, "set peer sharing", event, |c| {
+            c.peer = peer;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn set_cluster_ca(&self, name: &str, ca: StoredCa, event: EventRow) -> Result<ClusterRow> {
+        self.update_cluster(name, "set the cluster CA", event, |c| {
+            if c.ca_cert_pem.is_some() {
+                return Err(ca_already_set(name));
+            }
+            c.ca_cert_pem = Some(ca.cert_pem.clone());
+            c.ca_key = Some(ca.key.clone());
+            Ok(())
+        })
+        .await
+    }
+
+    async fn cluster_ca(&self, name: &str) -> Result<Option<StoredCa>> {
+        let doc: Doc<ClusterDoc> = self.get(&self.key(&format!("clusters/{name}"))).await?;
+        Ok(doc.value.and_then(|c| match (c.ca_cert_pem, c.ca_key) {
+            (Some(cert_pem), Some(key)) => Some(StoredCa { cert_pem, key }),
+            _ => None,
+        }))
+    }
+
+    async fn record_certificate(&self, row: IssuedCertRow) -> Result<()> {
+        self.put_certificate(row).await
+    }
+
+    async fn list_certificates(
+        &self,
+        cluster: Option<&str>,
+        node: Option<&str>,
+    ) -> Result<Vec<IssuedCertRow>> {
+        self.read_certificates(cluster, node).await
+    }
+
+    async fn list_clusters(&self) -> Result<Vec<ClusterRow>> {
+        let clusters = self.range::<ClusterDoc>(&self.key("clusters/")).await?;
+        let nodes = self.range::<NodeDoc>(&self.key("nodes/")).await?;
+        let mut counts: HashMap<&str, u32> = HashMap::new();
+        for (_, n, _) in &nodes {
+            *counts.entry(n.cluster.as_str()).or_default() += 1;
+        }
+        Ok(clusters
+            .into_iter()
+            .map(|(name, c, _)| {
+                let count = counts.get(name.as_str()).copied().unwrap_or(0);
+                c.into_row(&name, count)
+            })
+            .collect())
+    }
+
+    async fn get_cluster(&self, name: &str) -> Result<Option<ClusterRow>> {
+        let doc: Doc<ClusterDoc> = self.get(&self.key(&format!("clusters/{name}"))).await?;
+        Ok(doc.value.map(|c| c.into_row(name, 0)))
+    }
+
+    async fn set_cluster_windows(
+        &self,
+        name: &str,
+        windows: Vec<String>,
+        event: EventRow,
+    ) -> Result<ClusterRow> {
+        self.update_cluster(name, "set maintenance windows", event, |c| {
+            c.maintenance_windows = windows.clone();
+            Ok(())
+        })
+        .await
+    }
+
+    async fn cluster_exists(&self, name: &str) -> Result<bool> {
+        Ok(self
+            .get_raw(&self.key(&format!("clusters/{name}")))
+            .await?
+            .is_some())
+    }
+}

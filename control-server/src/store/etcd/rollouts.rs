@@ -699,6 +699,118 @@ impl EtcdStore {
 }
 
 /// A rollout with no nodes, for tests.
+#[async_trait]
+impl RolloutStore for EtcdStore {
+    async fn start_rollout(&self, r: NewRollout) -> Result<RolloutRow> {
+        self.start_rollout_in_etcd(r).await
+    }
+
+    async fn get_rollout(&self, id: &str) -> Result<Option<RolloutRow>> {
+        Ok(self.rollout(id).await?.map(|(r, _)| r))
+    }
+
+    async fn list_rollouts(&self, cluster: Option<&str>, only_active: bool) -> Result<Vec<RolloutRow>> {
+        let mut out = Vec::new();
+        if only_active {
+            let mut kv = crate::store::etcd::kv_of(&self.client);
+            let resp = kv
+                .get(self.key("active/"), Some(GetOptions::new().with_prefix()))
+                .await
+                .map_err(unavailable)?;
+            for a in resp.kvs() {
+                let id = String::from_utf8_lossy(a.value()).into_owned();
+                if let Some(r) = self.get_rollout(&id).await? {
+                    out.push(r);
+                }
+            }
+        } else {
+            out = self.all_rollouts().await?;
+        }
+        out.retain(|r| cluster.is_none_or(|c| r.cluster == c) && (!only_active || r.state.is_active()));
+        out.sort_by(|a, b| (a.created_at_ms, a.id.as_str()).cmp(&(b.created_at_ms, b.id.as_str())));
+        Ok(out)
+    }
+
+    async fn rollouts_to_drive(&self) -> Result<Vec<RolloutRow>> {
+        // The leader asks at every step: from the watch-fed copy when it
+        // is fresh (a decision on a stale one is refused at commit, whose
+        // read is etcd's own).
+        if let Some(Some(from_copy)) = self.with_cache(|c, _| c.driven_rollouts()).await {
+            return from_copy;
+        }
+        let mut out = Vec::new();
+        for id in self.keys(&self.key("drive/")).await? {
+            if let Some(r) = self.get_rollout(&id).await? {
+                out.push(r);
+            }
+        }
+        out.sort_by(|a, b| (a.created_at_ms, a.id.as_str()).cmp(&(b.created_at_ms, b.id.as_str())));
+        Ok(out)
+    }
+
+    async fn commit_rollout(&self, c: RolloutCommit) -> Result<(RolloutRow, Vec<String>)> {
+        self.commit_decision(c).await
+    }
+
+    async fn rollout_views(&self, rollout_id: &str) -> Result<BTreeMap<String, NodeBundleView>> {
+        // A driven rollout and its nodes, all from the watch-fed copy when
+        // it is fresh: nothing read from etcd.
+        let views = |r: &RolloutRow, c: &cache::CacheState, live: &Liveness| {
+            r.nodes
+                .iter()
+                .filter_map(|n| {
+                    let doc = c.nodes.get(&n.name)?;
+                    Some((
+                        n.name.clone(),
+                        node_view(&r.bundle, &n.name, doc, c.desired.get(&n.name), live),
+                    ))
+                })
+                .collect::<BTreeMap<_, _>>()
+        };
+        let all_cached = self
+            .with_cache(|c, live| {
+                c.driven_rollout(rollout_id)
+                    .map(|r| r.map(|(r, _, _)| views(&r, c, live)))
+            })
+            .await
+            .flatten();
+        if let Some(out) = all_cached {
+            return out;
+        }
+        // Not driven (ended), or the copy is not fresh: the rollout from
+        // etcd, its nodes from the copy if it is fresh now.
+        let Some(r) = self.get_rollout(rollout_id).await? else {
+            return Ok(BTreeMap::new());
+        };
+        let names: BTreeSet<&str> = r.nodes.iter().map(|n| n.name.as_str()).collect();
+        if let Some(out) = self.with_cache(|c, live| views(&r, c, live)).await {
+            return Ok(out);
+        }
+        tracing::debug!(
+            rollout = rollout_id,
+            "rollout view read from etcd: the watch-fed copy is not fresh"
+        );
+        let nodes = self.range::<NodeDoc>(&self.key("nodes/")).await?;
+        let desired: HashMap<String, DesiredDoc> = self
+            .range::<DesiredDoc>(&self.key("desired/"))
+            .await?
+            .into_iter()
+            .filter(|(k, _, _)| names.contains(k.as_str()))
+            .map(|(k, v, _)| (k, v))
+            .collect();
+        let live = self.liveness().await?;
+        let mut out = BTreeMap::new();
+        for (name, doc, _) in nodes {
+            if !names.contains(name.as_str()) {
+                continue;
+            }
+            let view = node_view(&r.bundle, &name, &doc, desired.get(&name), &live);
+            out.insert(name, view);
+        }
+        Ok(out)
+    }
+}
+
 #[cfg(test)]
 pub(super) fn test_row(id: &str) -> RolloutRow {
     RolloutRow {

@@ -26,6 +26,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::sync::Mutex;
 
+use async_trait::async_trait;
 use etcd_client::{Compare, Txn, TxnOp};
 use std::sync::Arc;
 
@@ -34,7 +35,7 @@ use tokio::sync::{Semaphore, oneshot};
 use super::{
     DesiredDoc, Doc, EtcdStore, MAX_ATTEMPTS, NodeDoc, actual_doc, backoff, busy, json, read_answers, typed,
 };
-use crate::store::{BundleStatusRow, Result, StoreError};
+use crate::store::{BundleStatusRow, NodeStatusStore, Result, StoreError};
 
 /// Reports in one batch: two compares and one write each, under etcd's
 /// default `--max-txn-ops` of 128.
@@ -399,9 +400,76 @@ fn answer_all(batch: Vec<Pending>, e: &StoreError) {
     }
 }
 
+#[async_trait]
+impl NodeStatusStore for EtcdStore {
+    async fn node_connected(
+        &self,
+        name: &str,
+        facts_json: &str,
+        held: Vec<BundleStatusRow>,
+        now_ms: i64,
+    ) -> Result<()> {
+        if let Ok(mut s) = self.seen.lock() {
+            s.insert(name.to_string(), now_ms);
+        }
+        // In a batch with the reports and other connects of the moment
+        // (`status.rs`): a replica taking over a dead one's agents opens
+        // thousands of streams at once.
+        let update = Update::Connected {
+            facts_json: facts_json.to_string(),
+            held,
+            now_ms,
+        };
+        self.update_node_batched(name, update).await
+    }
+
+    async fn node_disconnected(&self, name: &str, now_ms: i64) -> Result<()> {
+        // What this replica heard last goes into the node document, since
+        // the replica's last-seen document forgets the node now.
+        let heard = self
+            .seen
+            .lock()
+            .ok()
+            .and_then(|mut s| s.remove(name))
+            .unwrap_or(0);
+        self.update_node(name, |d| {
+            // Another replica may hold the node's newer stream.
+            if d.replica != self.replica {
+                return false;
+            }
+            d.replica.clear();
+            d.last_seen_ms = d.last_seen_ms.max(now_ms).max(heard);
+            true
+        })
+        .await
+    }
+
+    async fn record_status(&self, name: &str, statuses: Vec<BundleStatusRow>) -> Result<()> {
+        self.update_node_batched(name, Update::Status(statuses)).await
+    }
+
+    async fn touch_nodes(&self, seen: Vec<(String, i64)>) -> Result<()> {
+        if let Ok(mut s) = self.seen.lock() {
+            for (n, t) in seen {
+                let e = s.entry(n).or_default();
+                *e = (*e).max(t);
+            }
+        }
+        self.flush_seen().await
+    }
+
+    /// Connection state is tied to each replica's lease, and a replica's id
+    /// is new at every start, so there is nothing to reset: a node shows
+    /// connected only while the replica holding its stream is alive.
+    async fn mark_all_disconnected(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{ClusterStore, NodeStore, TokenStore};
 
     /// A row saying `name@version` is applied.
     fn applied(name: &str, version: &str) -> BundleStatusRow {
@@ -459,7 +527,7 @@ mod tests {
     #[tokio::test]
     async fn concurrent_reports_are_batched_and_none_is_lost() {
         use crate::store::etcd::tests::{TestEtcd, new_node, token};
-        use crate::store::{EventRow, NewCluster, Store};
+        use crate::store::{EventRow, NewCluster};
 
         let etcd = TestEtcd::start();
         let s = etcd.store("r1").await;
@@ -523,8 +591,8 @@ mod tests {
     /// connect fail or retry alone (it is not compared).
     #[tokio::test]
     async fn concurrent_connects_are_batched_and_each_node_says_what_its_hello_said() {
+        use crate::store::NewCluster;
         use crate::store::etcd::tests::{TestEtcd, new_node, token};
-        use crate::store::{NewCluster, Store};
 
         let etcd = TestEtcd::start();
         let s = etcd.store("r2").await;

@@ -219,3 +219,86 @@ pub(super) fn read_certs(
     sort_certificates(&mut rows);
     Ok(rows)
 }
+
+#[async_trait]
+impl ClusterStore for SqliteStore {
+    async fn create_cluster(&self, c: NewCluster) -> Result<ClusterRow> {
+        self.create_cluster_row(c).await
+    }
+
+    async fn set_cluster_api_server(
+        &self,
+        name: &str,
+        api_server: Option<String>,
+        event: EventRow,
+    ) -> Result<ClusterRow> {
+        self.update_cluster_api_server(name, api_server, event).await
+    }
+
+    async fn set_cluster_peer(&self, name: &str, peer: PeerSettings, event: EventRow) -> Result<ClusterRow> {
+        self.update_cluster_peer(name, peer, event).await
+    }
+
+    async fn set_cluster_ca(&self, name: &str, ca: StoredCa, event: EventRow) -> Result<ClusterRow> {
+        self.update_cluster_ca(name, ca, event).await
+    }
+
+    async fn cluster_ca(&self, name: &str) -> Result<Option<StoredCa>> {
+        self.read_cluster_ca(name).await
+    }
+
+    async fn record_certificate(&self, row: IssuedCertRow) -> Result<()> {
+        self.insert_certificate(row).await
+    }
+
+    async fn list_certificates(
+        &self,
+        cluster: Option<&str>,
+        node: Option<&str>,
+    ) -> Result<Vec<IssuedCertRow>> {
+        self.read_certificates(cluster, node).await
+    }
+
+    async fn list_clusters(&self) -> Result<Vec<ClusterRow>> {
+        self.call(|c| read_clusters(c)).await
+    }
+
+    async fn get_cluster(&self, name: &str) -> Result<Option<ClusterRow>> {
+        let name = name.to_string();
+        self.call(move |c| read_cluster(c, &name)).await
+    }
+
+    async fn set_cluster_windows(
+        &self,
+        name: &str,
+        windows: Vec<String>,
+        event: EventRow,
+    ) -> Result<ClusterRow> {
+        let name = name.to_string();
+        self.tx(move |tx| {
+            let n = tx.execute(
+                "UPDATE clusters SET maintenance_windows = ?2 WHERE name = ?1",
+                params![name, serde_json::to_string(&windows)?],
+            )?;
+            if n == 0 {
+                return Err(StoreError::NotFound(format!("cluster {name} does not exist")));
+            }
+            insert_event(tx, &event)?;
+            read_cluster(tx, &name)?
+                .ok_or_else(|| StoreError::Backend(format!("cluster {name} vanished in its own transaction")))
+        })
+        .await
+    }
+
+    async fn cluster_exists(&self, name: &str) -> Result<bool> {
+        let name = name.to_string();
+        self.call(move |c| {
+            Ok(
+                c.query_row("SELECT 1 FROM clusters WHERE name = ?1", [name], |_| Ok(()))
+                    .optional()?
+                    .is_some(),
+            )
+        })
+        .await
+    }
+}

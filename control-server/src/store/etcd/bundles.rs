@@ -1,0 +1,71 @@
+//! Published bundle versions on etcd.
+
+use super::*;
+
+#[async_trait]
+impl BundleStore for EtcdStore {
+    async fn put_bundle(&self, b: NewBundle) -> Result<PutOutcome> {
+        let key = self.key(&format!("bundles/{}/{}", b.name, b.version));
+        let doc = BundleDoc {
+            signed_bundle: hex::encode(&b.signed_bundle),
+            manifest_digest: b.manifest_digest.clone(),
+            signed: b.signed,
+            files: b.files,
+            total_size: b.total_size,
+            published_at_ms: b.now_ms,
+            blob_digests: b.blob_digests.clone(),
+        };
+        let created = self
+            .txn(
+                vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)],
+                vec![TxnOp::put(key.clone(), json(&doc)?, None)],
+            )
+            .await?;
+        if created {
+            return Ok(PutOutcome::Created);
+        }
+        match self.get::<BundleDoc>(&key).await?.value {
+            Some(d) if d.manifest_digest == b.manifest_digest => Ok(PutOutcome::Unchanged),
+            Some(d) => Err(StoreError::AlreadyExists(format!(
+                "bundle {}@{} already exists with other content ({}); versions are immutable, publish a new version",
+                b.name, b.version, d.manifest_digest
+            ))),
+            None => Err(busy("publish bundle")),
+        }
+    }
+
+    async fn get_bundle(&self, name: &str, version: &str) -> Result<Option<BundleRow>> {
+        let key = self.key(&format!("bundles/{name}/{version}"));
+        self.get::<BundleDoc>(&key)
+            .await?
+            .value
+            .map(|d| bundle_row(name, version, d))
+            .transpose()
+    }
+
+    async fn list_bundles(&self, name: Option<&str>) -> Result<Vec<BundleRow>> {
+        let prefix = match name {
+            Some(n) => self.key(&format!("bundles/{n}/")),
+            None => self.key("bundles/"),
+        };
+        let mut out = Vec::new();
+        for (rest, d, _) in self.range::<BundleDoc>(&prefix).await? {
+            let (n, v) = match name {
+                Some(n) => (n.to_string(), rest),
+                None => match rest.split_once('/') {
+                    Some((n, v)) => (n.to_string(), v.to_string()),
+                    None => continue,
+                },
+            };
+            out.push(bundle_row(&n, &v, d)?);
+        }
+        out.sort_by(|a, b| {
+            (a.name.as_str(), a.published_at_ms, a.version.as_str()).cmp(&(
+                b.name.as_str(),
+                b.published_at_ms,
+                b.version.as_str(),
+            ))
+        });
+        Ok(out)
+    }
+}

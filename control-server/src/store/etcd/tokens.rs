@@ -1,0 +1,51 @@
+//! Bootstrap tokens on etcd.
+
+use super::*;
+
+#[async_trait]
+impl TokenStore for EtcdStore {
+    async fn create_token(&self, t: TokenRow) -> Result<()> {
+        let ckey = self.key(&format!("clusters/{}", t.cluster));
+        let tkey = self.key(&format!("tokens/{}", t.id));
+        let doc = TokenDoc::from_row(&t);
+        let ok = self
+            .txn(
+                vec![
+                    Compare::create_revision(ckey, CompareOp::Greater, 0),
+                    Compare::create_revision(tkey.clone(), CompareOp::Equal, 0),
+                ],
+                vec![TxnOp::put(tkey.clone(), json(&doc)?, None)],
+            )
+            .await?;
+        if ok {
+            return Ok(());
+        }
+        if !self.cluster_exists(&t.cluster).await? {
+            return Err(StoreError::NotFound(format!(
+                "cluster {} does not exist; create it with `lksctl cluster create {}`",
+                t.cluster, t.cluster
+            )));
+        }
+        Err(StoreError::AlreadyExists("token id collision; try again".into()))
+    }
+
+    async fn get_token(&self, id: &str) -> Result<Option<TokenRow>> {
+        let key = self.key(&format!("tokens/{id}"));
+        let Some(t) = self.get::<TokenDoc>(&key).await?.value else {
+            return Ok(None);
+        };
+        let secret_hash: [u8; 32] = hex::decode(&t.secret_hash)
+            .ok()
+            .and_then(|v| v.try_into().ok())
+            .ok_or_else(|| StoreError::Backend(format!("token {id}: stored hash is not 32 bytes")))?;
+        Ok(Some(TokenRow {
+            id: id.to_string(),
+            secret_hash,
+            cluster: t.cluster,
+            expires_at_ms: t.expires_at_ms,
+            remaining_uses: t.remaining_uses,
+            labels: t.labels,
+            created_at_ms: t.created_at_ms,
+        }))
+    }
+}

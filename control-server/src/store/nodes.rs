@@ -1,0 +1,167 @@
+//! Nodes: enrolment, identity, holds and retries, and what their agents
+//! report (connects, bundle states, last-seen).
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use lks_proto::BundleState;
+use lks_proto::labels::Labels;
+
+use super::{EventRow, Result, StoreError};
+
+/// A node to create by consuming one use of a token.
+#[derive(Clone, Debug)]
+pub struct NewNode {
+    pub name: String,
+    pub cluster: String,
+    pub labels: Labels,
+    pub cert_serial: String,
+    /// `sha256:` + hex SHA-256 of the node key's SubjectPublicKeyInfo.
+    pub key_hash: String,
+    pub token_id: String,
+    pub now_ms: i64,
+}
+
+impl NewNode {
+    /// An enrolment may take over a node of that name only when it is the
+    /// same enrolment again: same cluster, same key (the agent keeps its
+    /// key until its identity is written), and the node never connected —
+    /// the answer to the first attempt was lost (a server killed, a link
+    /// cut) before the agent got its certificate.
+    pub fn repeats(&self, cluster: &str, key_hash: &str, never_connected: bool) -> bool {
+        never_connected && cluster == self.cluster && !self.key_hash.is_empty() && key_hash == self.key_hash
+    }
+}
+
+/// What an agent reported about one bundle.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BundleStatusRow {
+    pub name: String,
+    pub version: String,
+    pub state: BundleState,
+    pub message: String,
+    pub updated_at_ms: i64,
+    /// Generation of the desired state the report answered (0: unknown),
+    /// so a rollout can tell a fresh verdict from one given before the
+    /// node was assigned its version.
+    pub generation: u64,
+    /// What the node fetched for this version: bytes from the server, from
+    /// peers (peer sharing).
+    pub fetched_from_server: u64,
+    pub fetched_from_peers: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeRow {
+    pub name: String,
+    pub cluster: String,
+    pub labels: Labels,
+    pub cert_serial: String,
+    /// Facts as JSON (the agent's last `Hello`), empty if never connected.
+    pub facts_json: String,
+    /// Unix ms; 0 if never seen.
+    pub last_seen_ms: i64,
+    pub connected: bool,
+    pub enrolled_at_ms: i64,
+    /// Generation of the node's current desired state.
+    pub generation: u64,
+    /// bundle name → desired version.
+    pub desired: BTreeMap<String, String>,
+    /// What the node last reported, by bundle name.
+    pub actual: BTreeMap<String, BundleStatusRow>,
+    /// Set by `lksctl node hold`: no rollout gives the node a new desired
+    /// state. The reason ("" if none was given).
+    pub hold: Option<String>,
+    /// Hash of the node key it enrolled with ("" for nodes enrolled before
+    /// it was recorded).
+    pub key_hash: String,
+}
+
+/// The `features` and `architecture` of a node's facts JSON (what a
+/// rollout judges it by); `None` when it has no facts yet.
+pub fn facts_needed(facts_json: &str) -> Option<(Vec<String>, Option<lks_proto::arch::Arch>)> {
+    #[derive(serde::Deserialize, Default)]
+    struct Facts {
+        #[serde(default)]
+        features: Vec<String>,
+        #[serde(default)]
+        architecture: String,
+    }
+    if facts_json.is_empty() {
+        return None;
+    }
+    let f = serde_json::from_str::<Facts>(facts_json).unwrap_or_default();
+    Some((f.features, lks_proto::arch::Arch::parse(&f.architecture).ok()))
+}
+
+/// The architecture a node reported (`None`: none, or no facts yet).
+pub fn facts_architecture(facts_json: &str) -> Option<lks_proto::arch::Arch> {
+    facts_needed(facts_json).and_then(|(_, a)| a)
+}
+
+/// The bundles a retry request of `node` stamps: `bundle` if it is one of
+/// the node's `desired` bundles, or all of them.
+pub fn retry_targets(node: &str, desired: Vec<String>, bundle: Option<&str>) -> Result<Vec<String>> {
+    match bundle {
+        Some(b) if !desired.iter().any(|d| d == b) => Err(StoreError::NotFound(format!(
+            "bundle {b} is not desired for node {node}"
+        ))),
+        Some(b) => Ok(vec![b.to_string()]),
+        None => Ok(desired),
+    }
+}
+
+/// Nodes as the operator and enrolment see them.
+#[async_trait]
+pub trait NodeStore: Send + Sync {
+    /// In one transaction: checks the token is still usable at `now_ms`,
+    /// takes one use, creates the node (refusing a name in use), and gives it
+    /// the cluster's target bundles. Returns the node's generation.
+    async fn enroll_node(&self, node: NewNode) -> Result<u64>;
+    async fn get_node(&self, name: &str) -> Result<Option<NodeRow>>;
+    /// Cluster and current certificate serial of a node: what every agent
+    /// call is authorised by, read without the rest of the node.
+    async fn node_identity(&self, name: &str) -> Result<Option<(String, String)>>;
+    async fn list_nodes(&self, cluster: Option<&str>) -> Result<Vec<NodeRow>>;
+    /// Holds (`Some(reason)`) or releases (`None`) a node and records
+    /// `event` (its cluster is filled in). False if the node is absent.
+    async fn set_node_hold(&self, name: &str, hold: Option<String>, event: EventRow) -> Result<bool>;
+    /// Asks the node to try its desired version of `bundle` (`None`: every
+    /// desired bundle) again: stamps those bundles with a new generation
+    /// and gives the node that generation, so its desired state is pushed.
+    /// Returns the bundles stamped, or `None` if the node does not exist;
+    /// `NotFound` if `bundle` is not desired for it.
+    async fn retry_node(
+        &self,
+        name: &str,
+        bundle: Option<&str>,
+        admin: &str,
+        now_ms: i64,
+    ) -> Result<Option<Vec<String>>>;
+    /// Removes the node with its desired and reported state. False if absent.
+    async fn delete_node(&self, name: &str) -> Result<bool>;
+    /// Replaces the node's certificate serial if it is still `old`.
+    async fn replace_cert_serial(&self, name: &str, old: &str, new: &str) -> Result<()>;
+}
+
+/// What agents report: connects, disconnects, bundle states and
+/// last-seen times.
+#[async_trait]
+pub trait NodeStatusStore: Send + Sync {
+    /// Records a `Hello`: facts, what the node holds, connected.
+    async fn node_connected(
+        &self,
+        name: &str,
+        facts_json: &str,
+        held: Vec<BundleStatusRow>,
+        now_ms: i64,
+    ) -> Result<()>;
+    async fn node_disconnected(&self, name: &str, now_ms: i64) -> Result<()>;
+    /// Upserts reported bundle states. A bundle the report leaves out that
+    /// is no longer desired for the node is forgotten: the node removed it.
+    async fn record_status(&self, name: &str, statuses: Vec<BundleStatusRow>) -> Result<()>;
+    /// Batched heartbeat flush: last-seen times by node.
+    async fn touch_nodes(&self, seen: Vec<(String, i64)>) -> Result<()>;
+    /// At start: no agent is connected to a server that was not running.
+    async fn mark_all_disconnected(&self) -> Result<()>;
+}
