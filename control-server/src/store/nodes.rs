@@ -31,6 +31,19 @@ impl NewNode {
     pub fn repeats(&self, cluster: &str, key_hash: &str, never_connected: bool) -> bool {
         never_connected && cluster == self.cluster && !self.key_hash.is_empty() && key_hash == self.key_hash
     }
+
+    /// Settles an enrolment under a name already in use, in `cluster` with
+    /// `key_hash`: `Ok` when it [`repeats`](Self::repeats) that node's own
+    /// enrolment, else refused.
+    pub fn over_existing(&self, cluster: &str, key_hash: &str, never_connected: bool) -> Result<()> {
+        if self.repeats(cluster, key_hash, never_connected) {
+            return Ok(());
+        }
+        Err(StoreError::AlreadyExists(format!(
+            "node {} is already enrolled in cluster {cluster}; to replace it, run `lksctl node delete {}` first",
+            self.name, self.name
+        )))
+    }
 }
 
 /// What an agent reported about one bundle.
@@ -164,4 +177,47 @@ pub trait NodeStatusStore: Send + Sync {
     async fn touch_nodes(&self, seen: Vec<(String, i64)>) -> Result<()>;
     /// At start: no agent is connected to a server that was not running.
     async fn mark_all_disconnected(&self) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node() -> NewNode {
+        NewNode {
+            name: "n1".into(),
+            cluster: "a".into(),
+            labels: Labels::new(),
+            cert_serial: "01".into(),
+            key_hash: "sha256:aa".into(),
+            token_id: "t".into(),
+            now_ms: 0,
+        }
+    }
+
+    #[test]
+    fn only_the_same_enrolment_again_takes_over_a_name_in_use() {
+        let n = node();
+        assert!(n.over_existing("a", "sha256:aa", true).is_ok());
+        for (cluster, key, never) in [
+            ("a", "sha256:aa", false),
+            ("b", "sha256:aa", true),
+            ("a", "sha256:bb", true),
+        ] {
+            let Err(StoreError::AlreadyExists(m)) = n.over_existing(cluster, key, never) else {
+                panic!("{cluster} {key} {never} took over the node");
+            };
+            assert_eq!(
+                m,
+                format!(
+                    "node n1 is already enrolled in cluster {cluster}; to replace it, run `lksctl node delete n1` first"
+                )
+            );
+        }
+        let keyless = NewNode {
+            key_hash: String::new(),
+            ..node()
+        };
+        assert!(keyless.over_existing("a", "", true).is_err());
+    }
 }

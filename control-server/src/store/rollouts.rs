@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
-use lks_proto::labels::Labels;
+use lks_proto::labels::{Labels, selector_matches};
 
 use super::{BundleStatusRow, EventRow, Result, StoreError};
 
@@ -300,7 +300,7 @@ pub struct NewRollout {
     pub version: String,
     pub selector: Labels,
     /// 0: decided by the store from the number of target nodes
-    /// ([`crate::rollout::default_batch_size`]).
+    /// ([`default_batch_size`]).
     pub batch_size: u32,
     pub failure_threshold: u32,
     pub offline_deadline_ms: u64,
@@ -308,6 +308,69 @@ pub struct NewRollout {
     /// The admin credential that started it (recorded in its first event).
     pub started_by: String,
     pub now_ms: i64,
+}
+
+impl NewRollout {
+    /// The refusal of a rollout to a cluster that does not exist.
+    pub fn no_cluster(&self) -> StoreError {
+        StoreError::NotFound(format!("cluster {} does not exist", self.cluster))
+    }
+
+    /// The refusal of a rollout of a bundle version not published.
+    pub fn not_published(&self) -> StoreError {
+        StoreError::NotFound(format!(
+            "bundle {}@{} is not published; publish it with `lksctl bundle publish DIR`",
+            self.bundle, self.version
+        ))
+    }
+
+    /// Whether the rollout takes a node of `cluster` labelled `labels`:
+    /// one of its cluster that its selector matches.
+    pub fn takes(&self, cluster: &str, labels: &Labels) -> bool {
+        cluster == self.cluster && selector_matches(&self.selector, labels)
+    }
+
+    /// The rollout as its start records it: running, its `members` waiting
+    /// in name order, the batch size the operator gave or the default for
+    /// that many nodes ([`default_batch_size`]), and the cluster's target
+    /// for the bundle before it (what a rollback returns to).
+    pub fn start(&self, mut members: Vec<RolloutNodeRow>, previous_target: Option<Target>) -> RolloutRow {
+        members.sort_by(|a, b| a.name.cmp(&b.name));
+        let batch_size = if self.batch_size == 0 {
+            default_batch_size(members.len())
+        } else {
+            self.batch_size
+        };
+        RolloutRow {
+            id: self.id.clone(),
+            cluster: self.cluster.clone(),
+            bundle: self.bundle.clone(),
+            version: self.version.clone(),
+            selector: self.selector.clone(),
+            batch_size,
+            failure_threshold: self.failure_threshold,
+            offline_deadline_ms: self.offline_deadline_ms,
+            state: RolloutState::Running,
+            created_at_ms: self.now_ms,
+            updated_at_ms: self.now_ms,
+            message: String::new(),
+            revision: 0,
+            previous_target,
+            nodes: members,
+            policy: self.policy.clone(),
+            pacing: RolloutPacing::default(),
+        }
+    }
+}
+
+/// Default batch: this share (percent, rounded up, at least one node) of
+/// the rollout's nodes.
+pub const DEFAULT_BATCH_PERCENT: usize = 10;
+
+/// The batch size used when the operator gives none.
+pub fn default_batch_size(nodes: usize) -> u32 {
+    let n = nodes.saturating_mul(DEFAULT_BATCH_PERCENT).div_ceil(100).max(1);
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// How a decision changes the cluster's target for the rollout's bundle.

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use lks_proto::labels::Labels;
 
-use super::Result;
+use super::{Result, StoreError};
 
 /// Why a bootstrap token could not be used, decided inside the enrolment
 /// transaction.
@@ -30,6 +30,44 @@ pub struct TokenRow {
     pub created_at_ms: i64,
 }
 
+/// What enrolment reads of a token, and the rules it applies to it: the
+/// same on every backend, which only read the token and write the result
+/// in one transaction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokenUse<'a> {
+    pub cluster: &'a str,
+    pub expires_at_ms: i64,
+    /// `None`: unlimited.
+    pub remaining_uses: Option<u32>,
+}
+
+impl TokenUse<'_> {
+    /// Refuses a token that expired by `now_ms` or belongs to another
+    /// cluster than the node's. A repeated enrolment passes this too.
+    pub fn admits(&self, cluster: &str, now_ms: i64) -> Result<()> {
+        if self.expires_at_ms <= now_ms {
+            return Err(StoreError::Token(TokenRefusal::Expired));
+        }
+        if self.cluster != cluster {
+            return Err(StoreError::Conflict(format!(
+                "token belongs to cluster {}, not {cluster}",
+                self.cluster
+            )));
+        }
+        Ok(())
+    }
+
+    /// The uses left once a new node took one (`None`: unlimited); refused
+    /// when none is left.
+    pub fn take(&self) -> Result<Option<u32>> {
+        match self.remaining_uses {
+            Some(0) => Err(StoreError::Token(TokenRefusal::UsedUp)),
+            Some(n) => Ok(Some(n - 1)),
+            None => Ok(None),
+        }
+    }
+}
+
 /// Bootstrap tokens (their use is taken by [`NodeStore::enroll_node`]).
 ///
 /// [`NodeStore::enroll_node`]: super::NodeStore::enroll_node
@@ -37,4 +75,41 @@ pub struct TokenRow {
 pub trait TokenStore: Send + Sync {
     async fn create_token(&self, token: TokenRow) -> Result<()>;
     async fn get_token(&self, id: &str) -> Result<Option<TokenRow>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_admits_nodes_of_its_cluster_until_it_expires_and_counts_its_uses() {
+        let t = TokenUse {
+            cluster: "a",
+            expires_at_ms: 100,
+            remaining_uses: Some(2),
+        };
+        assert!(t.admits("a", 99).is_ok());
+        assert!(matches!(
+            t.admits("a", 100),
+            Err(StoreError::Token(TokenRefusal::Expired))
+        ));
+        let Err(StoreError::Conflict(m)) = t.admits("b", 0) else {
+            panic!("another cluster's node was admitted");
+        };
+        assert_eq!(m, "token belongs to cluster a, not b");
+        assert_eq!(t.take().unwrap(), Some(1));
+        let used = TokenUse {
+            remaining_uses: Some(0),
+            ..t
+        };
+        assert!(matches!(
+            used.take(),
+            Err(StoreError::Token(TokenRefusal::UsedUp))
+        ));
+        let unlimited = TokenUse {
+            remaining_uses: None,
+            ..t
+        };
+        assert_eq!(unlimited.take().unwrap(), None);
+    }
 }

@@ -69,3 +69,17 @@ impl BundleStore for EtcdStore {
         Ok(out)
     }
 }
+
+pub(super) fn bundle_row(name: &str, version: &str, d: BundleDoc) -> Result<BundleRow> {
+    Ok(BundleRow {
+        name: name.to_string(),
+        version: version.to_string(),
+        signed_bundle: hex::decode(&d.signed_bundle)
+            .map_err(|e| corrupt(&format!("bundles/{name}/{version}"), e))?,
+        manifest_digest: d.manifest_digest,
+        signed: d.signed,
+        files: d.files,
+        total_size: d.total_size,
+        published_at_ms: d.published_at_ms,
+    })
+}

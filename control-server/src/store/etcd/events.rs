@@ -64,3 +64,89 @@ impl EventStore for EtcdStore {
         Ok(out)
     }
 }
+
+/// An event as stored (its id comes from the etcd revision that stored it).
+#[derive(Serialize, Deserialize)]
+pub(super) struct EventDoc {
+    at_ms: i64,
+    #[serde(default)]
+    cluster: String,
+    #[serde(default)]
+    node: String,
+    #[serde(default)]
+    rollout_id: String,
+    kind: String,
+    #[serde(default)]
+    bundle: String,
+    #[serde(default)]
+    version: String,
+    #[serde(default)]
+    message: String,
+}
+
+impl EventDoc {
+    pub(super) fn from_row(e: &EventRow) -> Self {
+        EventDoc {
+            at_ms: e.at_ms,
+            cluster: e.cluster.clone(),
+            node: e.node.clone(),
+            rollout_id: e.rollout_id.clone(),
+            kind: e.kind.clone(),
+            bundle: e.bundle.clone(),
+            version: e.version.clone(),
+            message: e.message.clone(),
+        }
+    }
+
+    fn into_row(self, id: u64) -> EventRow {
+        EventRow {
+            id,
+            at_ms: self.at_ms,
+            cluster: self.cluster,
+            node: self.node,
+            rollout_id: self.rollout_id,
+            kind: self.kind,
+            bundle: self.bundle,
+            version: self.version,
+            message: self.message,
+        }
+    }
+}
+
+impl EtcdStore {
+    pub(super) fn event_op(&self, events: &[EventRow]) -> Result<Option<TxnOp>> {
+        if events.is_empty() {
+            return Ok(None);
+        }
+        let at = events.iter().map(|e| e.at_ms).max().unwrap_or_default().max(0);
+        let docs: Vec<EventDoc> = events.iter().map(EventDoc::from_row).collect();
+        Ok(Some(
+            self.put(&format!("events/{at:016}-{}", nonce()), json(&docs)?),
+        ))
+    }
+
+    /// Drops the oldest event documents beyond [`MAX_EVENT_DOCS`].
+    pub async fn prune_events(&self) -> Result<usize> {
+        self.prune_events_to(MAX_EVENT_DOCS).await
+    }
+
+    /// Keeps the newest `keep` event documents.
+    pub(super) async fn prune_events_to(&self, keep: usize) -> Result<usize> {
+        let prefix = self.key("events/");
+        let keys = self.keys(&prefix).await?;
+        if keys.len() <= keep {
+            return Ok(0);
+        }
+        let drop = keys.len() - keep;
+        // Keys sort by time: delete [first, the first one kept).
+        let end = format!("{prefix}{}", keys[drop]);
+        let mut kv = crate::store::etcd::kv_of(&self.client);
+        kv.delete(
+            format!("{prefix}{}", keys[0]),
+            Some(etcd_client::DeleteOptions::new().with_range(end)),
+        )
+        .await
+        .map_err(unavailable)?;
+        Ok(drop)
+    }
+}

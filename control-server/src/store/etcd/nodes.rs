@@ -16,27 +16,20 @@ impl NodeStore for EtcdStore {
             let Some(mut tok) = token.value.clone() else {
                 return Err(StoreError::Token(TokenRefusal::Unknown));
             };
-            if tok.expires_at_ms <= n.now_ms {
-                return Err(StoreError::Token(TokenRefusal::Expired));
-            }
-            if tok.cluster != n.cluster {
-                return Err(StoreError::Conflict(format!(
-                    "token belongs to cluster {}, not {}",
-                    tok.cluster, n.cluster
-                )));
-            }
+            let rules = TokenUse {
+                cluster: &tok.cluster,
+                expires_at_ms: tok.expires_at_ms,
+                remaining_uses: tok.remaining_uses,
+            };
+            rules.admits(&n.cluster, n.now_ms)?;
+            let left = rules.take();
             let nkey = self.key(&format!("nodes/{}", n.name));
             let node: Doc<NodeDoc> = self.get(&nkey).await?;
             if let Some(mut existing) = node.value.clone() {
                 let never = existing.facts_json.is_empty()
                     && existing.last_seen_ms == 0
                     && existing.replica.is_empty();
-                if !n.repeats(&existing.cluster, &existing.key_hash, never) {
-                    return Err(StoreError::AlreadyExists(format!(
-                        "node {} is already enrolled in cluster {}; to replace it, run `lksctl node delete {}` first",
-                        n.name, existing.cluster, n.name
-                    )));
-                }
+                n.over_existing(&existing.cluster, &existing.key_hash, never)?;
                 let dkey = self.key(&format!("desired/{}", n.name));
                 let desired: Doc<DesiredDoc> = self.get(&dkey).await?;
                 existing.cert_serial = n.cert_serial.clone();
@@ -52,16 +45,14 @@ impl NodeStore for EtcdStore {
                 }
                 continue;
             }
-            if tok.remaining_uses == Some(0) {
-                return Err(StoreError::Token(TokenRefusal::UsedUp));
-            }
+            let left = left?;
             let mut compares = vec![
                 token.compare(&tkey),
                 Compare::create_revision(nkey.clone(), CompareOp::Equal, 0),
             ];
             let mut ops = Vec::new();
-            if let Some(u) = tok.remaining_uses.as_mut() {
-                *u -= 1;
+            if left.is_some() {
+                tok.remaining_uses = left;
                 ops.push(TxnOp::put(tkey.clone(), json(&tok)?, None));
             }
             // The cluster's targets, compared as a range: a target set or
@@ -291,5 +282,32 @@ impl NodeStore for EtcdStore {
             }
         }
         Err(busy("replace certificate serial"))
+    }
+}
+
+impl EtcdStore {
+    /// Read-modify-write of one node document; `f` returns false to leave
+    /// it unchanged. A missing node is not an error (it was deleted).
+    pub(super) async fn update_node(&self, name: &str, f: impl Fn(&mut NodeDoc) -> bool) -> Result<()> {
+        let nkey = self.key(&format!("nodes/{name}"));
+        for _ in 0..MAX_ATTEMPTS {
+            let doc: Doc<NodeDoc> = self.get(&nkey).await?;
+            let Some(mut d) = doc.value.clone() else {
+                return Ok(());
+            };
+            if !f(&mut d) {
+                return Ok(());
+            }
+            if self
+                .txn(
+                    vec![doc.compare(&nkey)],
+                    vec![TxnOp::put(nkey.clone(), json(&d)?, None)],
+                )
+                .await?
+            {
+                return Ok(());
+            }
+        }
+        Err(busy("update node"))
     }
 }

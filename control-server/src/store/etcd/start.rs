@@ -11,16 +11,10 @@ impl EtcdStore {
     pub(super) async fn start_rollout_in_etcd(&self, r: NewRollout) -> Result<RolloutRow> {
         for attempt in 0..MAX_ATTEMPTS {
             if !self.cluster_exists(&r.cluster).await? {
-                return Err(StoreError::NotFound(format!(
-                    "cluster {} does not exist",
-                    r.cluster
-                )));
+                return Err(r.no_cluster());
             }
             if self.get_bundle(&r.bundle, &r.version).await?.is_none() {
-                return Err(StoreError::NotFound(format!(
-                    "bundle {}@{} is not published; publish it with `lksctl bundle publish DIR`",
-                    r.bundle, r.version
-                )));
+                return Err(r.not_published());
             }
             let akey = self.key(&format!("active/{}/{}", r.cluster, r.bundle));
             if let Some((other, _)) = self.get_raw(&akey).await? {
@@ -48,36 +42,17 @@ impl EtcdStore {
                 Some(x) => x,
                 None => self.members_from_etcd(&r).await?,
             };
-            let batch_size = if r.batch_size == 0 {
-                crate::rollout::default_batch_size(nodes.len())
-            } else {
-                r.batch_size
-            };
             let tkey = self.key(&format!("targets/{}/{}", r.cluster, r.bundle));
             let target: Doc<TargetDoc> = self.get(&tkey).await?;
-            let row = RolloutRow {
-                id: r.id.clone(),
-                cluster: r.cluster.clone(),
-                bundle: r.bundle.clone(),
-                version: r.version.clone(),
-                selector: r.selector.clone(),
-                batch_size,
-                failure_threshold: r.failure_threshold,
-                offline_deadline_ms: r.offline_deadline_ms,
-                state: RolloutState::Running,
-                created_at_ms: r.now_ms,
-                updated_at_ms: r.now_ms,
-                message: String::new(),
-                revision: 0,
-                previous_target: target.value.clone().map(|t| Target {
+            let row = r.start(
+                nodes,
+                target.value.clone().map(|t| Target {
                     version: t.version,
                     selector: t.selector,
                     rollout_id: t.rollout_id,
                 }),
-                nodes,
-                policy: r.policy.clone(),
-                pacing: RolloutPacing::default(),
-            };
+            );
+            let batch_size = row.batch_size;
             let rkey = self.key(&rollouts::header_key(&r.id));
             // The rows: with the header when they fit in its transaction,
             // else before it (rows without a header are no rollout).
@@ -176,14 +151,14 @@ impl EtcdStore {
 }
 
 /// The nodes a new rollout takes: of its cluster, matching its selector,
-/// each with the version of the bundle it was meant to have, by name.
+/// each with the version of the bundle it was meant to have.
 fn members_of<'a>(
     r: &NewRollout,
     nodes: impl Iterator<Item = (&'a String, &'a NodeDoc)>,
     desired: &HashMap<String, DesiredDoc>,
 ) -> Vec<RolloutNodeRow> {
-    let mut out: Vec<RolloutNodeRow> = nodes
-        .filter(|(_, d)| d.cluster == r.cluster && selector_matches(&r.selector, &d.labels))
+    nodes
+        .filter(|(_, d)| r.takes(&d.cluster, &d.labels))
         .map(|(name, _)| {
             let previous = desired
                 .get(name)
@@ -191,7 +166,5 @@ fn members_of<'a>(
                 .unwrap_or_default();
             RolloutNodeRow::waiting(name, &previous)
         })
-        .collect();
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    out
+        .collect()
 }

@@ -49,3 +49,26 @@ impl TokenStore for EtcdStore {
         }))
     }
 }
+
+#[derive(Serialize, Deserialize, Clone)]
+pub(super) struct TokenDoc {
+    pub(super) secret_hash: String,
+    pub(super) cluster: String,
+    pub(super) expires_at_ms: i64,
+    pub(super) remaining_uses: Option<u32>,
+    pub(super) labels: Labels,
+    pub(super) created_at_ms: i64,
+}
+
+impl TokenDoc {
+    pub(super) fn from_row(t: &TokenRow) -> Self {
+        TokenDoc {
+            secret_hash: hex::encode(t.secret_hash),
+            cluster: t.cluster.clone(),
+            expires_at_ms: t.expires_at_ms,
+            remaining_uses: t.remaining_uses,
+            labels: t.labels.clone(),
+            created_at_ms: t.created_at_ms,
+        }
+    }
+}

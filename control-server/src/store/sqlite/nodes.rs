@@ -16,15 +16,12 @@ impl NodeStore for SqliteStore {
             let Some((cluster, expires_at_ms, remaining)) = tok else {
                 return Err(StoreError::Token(TokenRefusal::Unknown));
             };
-            if expires_at_ms <= n.now_ms {
-                return Err(StoreError::Token(TokenRefusal::Expired));
-            }
-            if cluster != n.cluster {
-                return Err(StoreError::Conflict(format!(
-                    "token belongs to cluster {cluster}, not {}",
-                    n.cluster
-                )));
-            }
+            let rules = TokenUse {
+                cluster: &cluster,
+                expires_at_ms,
+                remaining_uses: remaining,
+            };
+            rules.admits(&n.cluster, n.now_ms)?;
             if let Some((existing, key_hash, facts, last_seen, generation)) = tx
                 .query_row(
                     "SELECT cluster, key_hash, facts, last_seen_ms, generation FROM nodes WHERE name = ?1",
@@ -41,26 +38,18 @@ impl NodeStore for SqliteStore {
                 )
                 .optional()?
             {
-                if n.repeats(&existing, &key_hash, facts.is_empty() && last_seen == 0) {
-                    tx.execute(
-                        "UPDATE nodes SET cert_serial = ?2 WHERE name = ?1",
-                        params![n.name, n.cert_serial],
-                    )?;
-                    insert_event(tx, &EventRow::reenrolled(&n))?;
-                    return Ok(generation as u64);
-                }
-                return Err(StoreError::AlreadyExists(format!(
-                    "node {} is already enrolled in cluster {existing}; to replace it, run `lksctl node delete {}` first",
-                    n.name, n.name
-                )));
-            }
-            if remaining == Some(0) {
-                return Err(StoreError::Token(TokenRefusal::UsedUp));
-            }
-            if remaining.is_some() {
+                n.over_existing(&existing, &key_hash, facts.is_empty() && last_seen == 0)?;
                 tx.execute(
-                    "UPDATE tokens SET remaining_uses = remaining_uses - 1 WHERE id = ?1",
-                    [&n.token_id],
+                    "UPDATE nodes SET cert_serial = ?2 WHERE name = ?1",
+                    params![n.name, n.cert_serial],
+                )?;
+                insert_event(tx, &EventRow::reenrolled(&n))?;
+                return Ok(generation as u64);
+            }
+            if let Some(left) = rules.take()? {
+                tx.execute(
+                    "UPDATE tokens SET remaining_uses = ?2 WHERE id = ?1",
+                    params![n.token_id, left],
                 )?;
             }
             let generation = next_generation(tx)?;

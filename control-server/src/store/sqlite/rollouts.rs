@@ -11,7 +11,7 @@ impl RolloutStore for SqliteStore {
                 .optional()?
                 .is_some();
             if !cluster_ok {
-                return Err(StoreError::NotFound(format!("cluster {} does not exist", r.cluster)));
+                return Err(r.no_cluster());
             }
             let bundle_ok = tx
                 .query_row(
@@ -22,40 +22,33 @@ impl RolloutStore for SqliteStore {
                 .optional()?
                 .is_some();
             if !bundle_ok {
-                return Err(StoreError::NotFound(format!(
-                    "bundle {}@{} is not published; publish it with `lksctl bundle publish DIR`",
-                    r.bundle, r.version
-                )));
+                return Err(r.not_published());
             }
             if let Some((id, state)) = active_rollout(tx, &r.cluster, &r.bundle, &r.id)? {
                 return Err(still_active(&r.cluster, &r.bundle, &id, &state));
             }
             let candidates = {
                 let mut stmt = tx.prepare(
-                    "SELECT n.name, n.labels, d.version FROM nodes n
+                    "SELECT n.name, n.cluster, n.labels, d.version FROM nodes n
                      LEFT JOIN desired d ON d.node = n.name AND d.bundle = ?2
-                     WHERE n.cluster = ?1 ORDER BY n.name",
+                     WHERE n.cluster = ?1",
                 )?;
                 stmt.query_map(params![r.cluster, r.bundle], |row| {
                     Ok((
                         row.get::<_, String>(0)?,
                         row.get::<_, String>(1)?,
-                        row.get::<_, Option<String>>(2)?,
+                        row.get::<_, String>(2)?,
+                        row.get::<_, Option<String>>(3)?,
                     ))
                 })?
                 .collect::<Result<Vec<_>, _>>()?
             };
-            let mut nodes = Vec::new();
-            for (node, labels, previous) in candidates {
-                if selector_matches(&r.selector, &labels_from_json(&labels)?) {
-                    nodes.push((node, previous.unwrap_or_default()));
+            let mut members = Vec::new();
+            for (node, cluster, labels, previous) in candidates {
+                if r.takes(&cluster, &labels_from_json(&labels)?) {
+                    members.push(RolloutNodeRow::waiting(&node, &previous.unwrap_or_default()));
                 }
             }
-            let batch_size = if r.batch_size == 0 {
-                crate::rollout::default_batch_size(nodes.len())
-            } else {
-                r.batch_size
-            };
             let previous_target = tx
                 .query_row(
                     "SELECT version, selector, rollout_id FROM cluster_targets WHERE cluster = ?1 AND bundle = ?2",
@@ -68,44 +61,51 @@ impl RolloutStore for SqliteStore {
                         ))
                     },
                 )
-                .optional()?;
-            let (ptv, pts, ptr) = match previous_target {
-                Some((v, s, id)) => (Some(v), Some(s), Some(id)),
-                None => (None, None, None),
-            };
-            let selector = labels_to_json(&r.selector)?;
+                .optional()?
+                .map(|(version, selector, rollout_id)| {
+                    Ok::<_, StoreError>(Target {
+                        version,
+                        selector: labels_from_json(&selector)?,
+                        rollout_id,
+                    })
+                })
+                .transpose()?;
+            let row = r.start(members, previous_target);
+            let prev = row.previous_target.as_ref();
             tx.execute(
                 "INSERT INTO rollouts (id, cluster, bundle, version, selector, batch_size, failure_threshold, state,
                      created_at_ms, updated_at_ms, message, offline_deadline_ms, revision,
                      prev_target_version, prev_target_selector, prev_target_rollout, policy, pacing)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', ?8, ?8, '', ?9, 0, ?10, ?11, ?12, ?13, '{}')",
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
                 params![
-                    r.id,
-                    r.cluster,
-                    r.bundle,
-                    r.version,
-                    selector,
-                    batch_size,
-                    r.failure_threshold,
-                    r.now_ms,
-                    r.offline_deadline_ms as i64,
-                    ptv,
-                    pts,
-                    ptr,
-                    serde_json::to_string(&r.policy)?
+                    row.id,
+                    row.cluster,
+                    row.bundle,
+                    row.version,
+                    labels_to_json(&row.selector)?,
+                    row.batch_size,
+                    row.failure_threshold,
+                    row.state.as_str(),
+                    row.created_at_ms,
+                    row.updated_at_ms,
+                    row.message,
+                    row.offline_deadline_ms as i64,
+                    row.revision as i64,
+                    prev.map(|t| t.version.as_str()),
+                    prev.map(|t| labels_to_json(&t.selector)).transpose()?,
+                    prev.map(|t| t.rollout_id.as_str()),
+                    serde_json::to_string(&row.policy)?,
+                    serde_json::to_string(&row.pacing)?
                 ],
             )?;
-            for (node, previous) in &nodes {
+            for n in &row.nodes {
                 tx.execute(
                     "INSERT INTO rollout_nodes (rollout_id, node, previous_version, state, message)
-                     VALUES (?1, ?2, ?3, 'waiting', '')",
-                    params![r.id, node, previous],
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![row.id, n.name, n.previous_version, n.state.as_str(), n.message],
                 )?;
             }
-            insert_event(
-                tx,
-                &EventRow::rollout_started(&r, batch_size, nodes.len()),
-            )?;
+            insert_event(tx, &EventRow::rollout_started(&r, row.batch_size, row.nodes.len()))?;
             read_rollout(tx, &r.id)?
                 .ok_or_else(|| StoreError::Backend(format!("rollout {} vanished in its own transaction", r.id)))
         })

@@ -1,0 +1,431 @@
+//! Tests of the etcd store that need more than one aggregate, and the
+//! throwaway etcd they run on (also used by other modules' tests).
+
+use super::*;
+use crate::store::conformance;
+
+/// A throwaway etcd on loopback (Debian's etcd-server), killed on drop.
+pub(crate) struct TestEtcd {
+    child: std::process::Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl TestEtcd {
+    pub(crate) fn start() -> TestEtcd {
+        let port = || lks_e2e::free_addr().port();
+        let (client, peer) = (port(), port());
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let child = std::process::Command::new(std::env::var("LKS_ETCD").unwrap_or_else(|_| "etcd".into()))
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
+            .args([
+                "--listen-peer-urls",
+                &peer_url,
+                "--initial-advertise-peer-urls",
+                &peer_url,
+            ])
+            .args(["--name", "t", "--initial-cluster", &format!("t={peer_url}")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start etcd (Debian's etcd-server; bash scripts/setup.sh installs it)");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", client)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "etcd did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        TestEtcd {
+            child,
+            url,
+            _dir: dir,
+        }
+    }
+
+    /// A store for `replica`, registered as a live replica (as
+    /// `replicas::run_lease` does) so that its streams count as connected.
+    pub(crate) async fn store(&self, replica: &str) -> EtcdStore {
+        let cfg = EtcdConfig {
+            endpoints: vec![self.url.clone()],
+            prefix: "/test/".into(),
+            ..Default::default()
+        };
+        let s = EtcdStore::connect(&cfg, replica).await.unwrap();
+        let id = s.client().lease_client().grant(60, None).await.unwrap().id();
+        s.client()
+            .kv_client()
+            .put(
+                s.key(&format!("replicas/{replica}")),
+                "{}",
+                Some(PutOptions::new().with_lease(id)),
+            )
+            .await
+            .unwrap();
+        s.set_lease(id);
+        s
+    }
+}
+
+impl Drop for TestEtcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {$(
+        #[tokio::test]
+        async fn $name() {
+            let etcd = TestEtcd::start();
+            conformance::$name(&etcd.store("r1").await).await;
+        }
+    )*};
+}
+
+conformance!(
+    clusters_and_tokens,
+    enrolment_consumes_uses_atomically_and_names_are_unique,
+    bundles_are_immutable,
+    rollouts_assign_only_what_the_controller_decides,
+    a_report_that_leaves_out_an_undesired_bundle_means_it_was_removed,
+    status_and_events,
+    rollout_policies_are_stored,
+    a_lost_enrolment_answer_can_be_repeated_with_the_same_key,
+    cluster_cas_and_issued_certificates,
+    peer_settings_are_stored_per_cluster,
+    certificate_records_outlive_their_node,
+    certificate_records_expire_with_renewals,
+    blob_records_are_compared_on_revisions,
+    bundle_versions_in_use_are_not_deleted,
+);
+
+pub(crate) fn token(id: &str, uses: Option<u32>) -> TokenRow {
+    TokenRow {
+        id: id.into(),
+        secret_hash: [7; 32],
+        cluster: "c".into(),
+        expires_at_ms: i64::MAX,
+        remaining_uses: uses,
+        labels: Labels::new(),
+        created_at_ms: 0,
+    }
+}
+
+pub(crate) fn new_node(name: &str, tok: &str) -> NewNode {
+    NewNode {
+        name: name.into(),
+        cluster: "c".into(),
+        labels: Labels::new(),
+        cert_serial: format!("s-{name}"),
+        key_hash: String::new(),
+        token_id: tok.into(),
+        now_ms: 1,
+    }
+}
+
+/// A range larger than gRPC's default 4 MiB message (every node
+/// document of a 10,000-node fleet is ~5.5 MiB) is read whole.
+#[tokio::test]
+async fn ranges_larger_than_four_mib_are_read() {
+    let etcd = TestEtcd::start();
+    let s = etcd.store("r1").await;
+    // etcd takes requests up to 1.5 MiB: six documents of 1 MiB each.
+    let doc = serde_json::to_string(&"x".repeat(1 << 20)).unwrap();
+    for i in 0..6 {
+        kv_of(&s.client)
+            .put(s.key(&format!("big/{i}")), doc.clone(), None)
+            .await
+            .unwrap();
+    }
+    let got: Vec<(String, String, i64)> = s.range(&s.key("big/")).await.unwrap();
+    assert_eq!(got.len(), 6);
+    assert!(got.iter().all(|(_, v, _)| v.len() == 1 << 20));
+}
+
+#[tokio::test]
+async fn a_decision_larger_than_one_transaction_is_stored_in_consistent_steps() {
+    let etcd = TestEtcd::start();
+    let s = etcd.store("r1").await;
+    s.create_cluster(NewCluster::new("c", 1)).await.unwrap();
+    s.create_token(token("tok000", None)).await.unwrap();
+    let n = rollouts::ROWS_PER_TXN * 2 + 30;
+    for i in 0..n {
+        s.enroll_node(new_node(&format!("n{i:04}"), "tok000"))
+            .await
+            .unwrap();
+    }
+    s.put_bundle(NewBundle {
+        name: "b".into(),
+        version: "1".into(),
+        signed_bundle: b"b@1".to_vec(),
+        manifest_digest: "d1".into(),
+        signed: false,
+        files: 1,
+        total_size: 1,
+        blob_digests: vec!["blob1".into()],
+        now_ms: 2,
+    })
+    .await
+    .unwrap();
+    let r = s
+        .start_rollout(NewRollout {
+            id: "r".into(),
+            cluster: "c".into(),
+            bundle: "b".into(),
+            version: "1".into(),
+            selector: Labels::new(),
+            batch_size: n as u32,
+            failure_threshold: 1,
+            offline_deadline_ms: 1000,
+            policy: Default::default(),
+            started_by: String::new(),
+            now_ms: 3,
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.nodes.len(), n);
+    let mut next = r.clone();
+    for x in &mut next.nodes {
+        x.state = NodeState::Applying;
+        x.touched = true;
+    }
+    let assign = next
+        .nodes
+        .iter()
+        .map(|x| (x.name.clone(), Some("1".to_string())))
+        .collect();
+    let (stored, changed) = s
+        .commit_rollout(RolloutCommit {
+            rollout: next,
+            assign,
+            target: TargetChange::Keep,
+            events: Vec::new(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(changed.len(), n);
+    assert_eq!(stored.revision, 3, "three transactions: 60 + 60 + the rest");
+    assert!(
+        stored
+            .nodes
+            .iter()
+            .all(|x| x.state == NodeState::Applying && x.generation > 0)
+    );
+    for x in &stored.nodes {
+        let d = s.desired_state(&x.name).await.unwrap();
+        assert_eq!(d.generation, x.generation);
+        assert_eq!(d.bundles, vec![b"b@1".to_vec()]);
+    }
+    // A decision based on the old revision is refused.
+    let e = s
+        .commit_rollout(RolloutCommit {
+            rollout: r,
+            assign: Vec::new(),
+            target: TargetChange::Keep,
+            events: Vec::new(),
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Conflict(_)), "{e}");
+}
+
+#[tokio::test]
+async fn connection_state_follows_the_replica_lease() {
+    let etcd = TestEtcd::start();
+    let a = etcd.store("ra").await;
+    a.create_cluster(NewCluster::new("c", 1)).await.unwrap();
+    a.create_token(token("tok000", None)).await.unwrap();
+    a.enroll_node(new_node("n1", "tok000")).await.unwrap();
+    // Replica ra (registered under its lease) holds n1's stream.
+    let id = *a.lease.lock().unwrap();
+    let mut lease = a.client().lease_client();
+    a.node_connected("n1", "{}", Vec::new(), 500).await.unwrap();
+    a.touch_nodes(vec![("n1".into(), 900)]).await.unwrap();
+    let b = etcd.store("rb").await;
+    let n = b.get_node("n1").await.unwrap().unwrap();
+    assert!(n.connected, "seen from another replica");
+    assert_eq!(n.last_seen_ms, 900, "batched last-seen");
+    // A disconnect reported by another replica does not touch ra's stream.
+    b.node_disconnected("n1", 950).await.unwrap();
+    assert!(b.get_node("n1").await.unwrap().unwrap().connected);
+    // ra dies: its lease goes, and with it the node's connection; its
+    // last-seen time stays.
+    lease.revoke(id).await.unwrap();
+    let n = b.get_node("n1").await.unwrap().unwrap();
+    assert!(!n.connected);
+    assert_eq!(n.last_seen_ms, 900, "last-seen survives its replica");
+    // The leader's trim keeps it while no live replica heard n1 since…
+    b.enroll_node(new_node("n2", "tok000")).await.unwrap();
+    a.touch_nodes(vec![("n2".into(), 700)]).await.unwrap();
+    assert_eq!(b.prune_seen().await.unwrap(), 0);
+    assert_eq!(b.get_node("n1").await.unwrap().unwrap().last_seen_ms, 900);
+    // …drops what a live replica heard later, and the document once empty.
+    b.touch_nodes(vec![("n1".into(), 1000), ("n2".into(), 1000)])
+        .await
+        .unwrap();
+    assert_eq!(b.prune_seen().await.unwrap(), 1);
+    assert!(b.get_bytes("seen/ra").await.unwrap().is_none());
+    assert_eq!(b.get_node("n1").await.unwrap().unwrap().last_seen_ms, 1000);
+    // A deleted node's entry goes too.
+    b.touch_nodes(vec![("n1".into(), 1100)]).await.unwrap();
+    let c = etcd.store("rc").await;
+    c.touch_nodes(vec![("n2".into(), 2000)]).await.unwrap();
+    let rc_lease = *c.lease.lock().unwrap();
+    let mut lease = c.client().lease_client();
+    lease.revoke(rc_lease).await.unwrap();
+    b.delete_node("n2").await.unwrap();
+    assert_eq!(b.prune_seen().await.unwrap(), 1, "rc's document named only n2");
+}
+
+#[tokio::test]
+async fn the_oldest_events_are_pruned_and_the_newest_kept() {
+    let etcd = TestEtcd::start();
+    let s = etcd.store("r1").await;
+    for i in 0..5 {
+        s.add_event(EventRow {
+            id: 0,
+            at_ms: 1000 + i,
+            cluster: "c".into(),
+            node: String::new(),
+            rollout_id: String::new(),
+            kind: "k".into(),
+            bundle: String::new(),
+            version: String::new(),
+            message: format!("e{i}"),
+        })
+        .await
+        .unwrap();
+    }
+    assert_eq!(s.prune_events_to(3).await.unwrap(), 2);
+    assert_eq!(s.prune_events_to(3).await.unwrap(), 0);
+    let left = s.list_events(EventFilter::default()).await.unwrap();
+    let msgs: Vec<&str> = left.iter().map(|e| e.message.as_str()).collect();
+    assert_eq!(msgs, ["e2", "e3", "e4"], "oldest first, the newest three kept");
+    let two = s
+        .list_events(EventFilter {
+            limit: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        two.iter().map(|e| e.message.as_str()).collect::<Vec<_>>(),
+        ["e3", "e4"]
+    );
+}
+
+#[tokio::test]
+async fn a_boot_storm_on_one_token_enrols_every_node_once() {
+    let etcd = TestEtcd::start();
+    let s = etcd.store("r1").await;
+    s.create_cluster(NewCluster::new("c", 1)).await.unwrap();
+    s.create_token(token("tok064", Some(64))).await.unwrap();
+    let tasks: Vec<_> = (0..72)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move { s.enroll_node(new_node(&format!("n{i:02}"), "tok064")).await })
+        })
+        .collect();
+    let mut ok = 0;
+    let mut used_up = 0;
+    let mut generations = BTreeSet::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(g) => {
+                ok += 1;
+                generations.insert(g);
+            }
+            Err(StoreError::Token(TokenRefusal::UsedUp)) => used_up += 1,
+            Err(e) => panic!("unexpected refusal: {e}"),
+        }
+    }
+    assert_eq!((ok, used_up), (64, 8), "every use taken exactly once");
+    assert_eq!(s.list_nodes(Some("c")).await.unwrap().len(), 64);
+    assert_eq!(
+        s.get_token("tok064").await.unwrap().unwrap().remaining_uses,
+        Some(0)
+    );
+    assert!(generations.iter().all(|g| *g > 0));
+}
+
+#[tokio::test]
+async fn generations_rise_per_node_and_respect_a_migrated_floor() {
+    let etcd = TestEtcd::start();
+    let s = etcd.store("r1").await;
+    // As migrate leaves it: generations up to 5000 were handed out.
+    s.put_bytes("meta/generation", b"5000".to_vec()).await.unwrap();
+    s.create_cluster(NewCluster::new("c", 1)).await.unwrap();
+    s.create_token(token("tok000", None)).await.unwrap();
+    let g1 = s.enroll_node(new_node("n1", "tok000")).await.unwrap();
+    assert!(g1 > 5000, "{g1}");
+    // Deleted and enrolled again: still higher than before.
+    assert!(s.delete_node("n1").await.unwrap());
+    let g2 = s.enroll_node(new_node("n1", "tok000")).await.unwrap();
+    assert!(g2 > g1, "{g2} > {g1}");
+}
+
+#[test]
+fn a_cluster_document_from_before_peer_sharing_reads_the_defaults() {
+    let doc: ClusterDoc =
+        serde_json::from_str(r#"{"created_at_ms":1,"api_server":"https://k:6443"}"#).unwrap();
+    let row = doc.into_row("old", 0);
+    assert_eq!(row.peer, PeerSettings::default());
+    assert_eq!(row.api_server.as_deref(), Some("https://k:6443"));
+}
+
+#[tokio::test]
+async fn an_imported_dump_carries_cluster_cas_api_servers_peer_settings_and_certificates() {
+    let etcd = TestEtcd::start();
+    let s = etcd.store("r1").await;
+    let ca = StoredCa {
+        cert_pem: "cert".into(),
+        key: "sealed".into(),
+    };
+    let cert = IssuedCertRow {
+        cluster: "a".into(),
+        node: "n1".into(),
+        serial: "0a".into(),
+        profile: "kubelet-client".into(),
+        bundle: "k".into(),
+        version: "1".into(),
+        path: "/p".into(),
+        not_before_ms: 1,
+        not_after_ms: 2,
+        issued_at_ms: 1,
+    };
+    let d = Dump {
+        clusters: vec![
+            ClusterRow {
+                peer: PeerSettings {
+                    enabled: true,
+                    port: 7555,
+                    upload_rate: 1 << 20,
+                    max_uploads: 8,
+                },
+                ..NewCluster {
+                    api_server: Some("https://a.example:6443".into()),
+                    ..NewCluster::new("a", 1)
+                }
+                .row()
+            },
+            NewCluster::new("b", 1).row(),
+        ],
+        cluster_cas: vec![("a".into(), ca.clone())],
+        certificates: vec![cert.clone()],
+        ..Default::default()
+    };
+    s.import(&d).await.unwrap();
+    assert_eq!(s.cluster_ca("a").await.unwrap(), Some(ca));
+    assert_eq!(s.cluster_ca("b").await.unwrap(), None);
+    let a = s.get_cluster("a").await.unwrap().unwrap();
+    assert_eq!(a.api_server.as_deref(), Some("https://a.example:6443"));
+    assert_eq!(a.ca_cert_pem.as_deref(), Some("cert"));
+    assert_eq!((a.peer.enabled, a.peer.port, a.peer.max_uploads), (true, 7555, 8));
+    let b = s.get_cluster("b").await.unwrap().unwrap();
+    assert_eq!(b.peer, PeerSettings::default());
+    assert_eq!(s.list_certificates(Some("a"), None).await.unwrap(), [cert]);
+}
