@@ -73,7 +73,7 @@ agents=("$@")
 [ ${#agents[@]} -gt 0 ] || agents=(1000 2000)
 
 bash scripts/setup.sh
-cargo build --release -p lks-control-server --bins >&2
+cargo build --release -p lks-control-server -p lksctl -p lks-loadgen --bins >&2
 # The agent as it is shipped: its own profile (Cargo.toml, [profile.agent]).
 cargo build --profile agent -p lksadmin-agent --bins >&2
 cargo build --release -p lks-proto --example sha256_file >&2

@@ -1,13 +1,15 @@
 //! lksadmin control server: the gRPC agent and admin APIs, its PKI, the
-//! SQLite and etcd stores, the blob store, replication between replicas, and `lksctl`, the operator CLI.
+//! SQLite and etcd stores, the blob store, and replication between
+//! replicas. `lksctl`, the operator CLI, and `lks-loadgen` are crates of
+//! their own beside it (`control-server/lksctl`, `control-server/loadgen`)
+//! that link `lks-proto`, not this crate.
 //!
-//! `main.rs` and `bin/lksctl.rs` only parse arguments and wire signals; all
-//! behaviour lives here so tests can drive it.
+//! `main.rs` only parses arguments and wires signals; all behaviour lives
+//! here so tests can drive it.
 
 #![forbid(unsafe_code)]
 
 pub mod admin;
-pub mod adminconf;
 pub mod admission;
 pub mod agent;
 pub mod authz;
@@ -15,7 +17,6 @@ pub mod blobs;
 pub mod clock;
 pub mod clusterca;
 pub mod controller;
-pub mod fsutil;
 pub mod hub;
 pub mod issue;
 pub mod metrics;
@@ -32,6 +33,8 @@ pub mod server;
 pub mod store;
 pub mod tlsaccept;
 pub mod tracker;
-pub mod windows;
+
+// Shared with lksctl through lks-proto; kept at their old paths here.
+pub use lks_proto::{adminconf, fsutil, windows};
 
 pub use server::{Config, ServerError, run};

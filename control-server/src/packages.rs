@@ -51,7 +51,7 @@ use crate::metrics::Metrics;
 use crate::ratelimit::RateLimiter;
 
 /// The path prefix; the rest of the path is a Debian architecture.
-pub const PATH_PREFIX: &str = "/v1/agent-package/";
+pub const PATH_PREFIX: &str = lks_proto::AGENT_PACKAGE_PATH;
 /// The package name the files must carry, as `packaging/deb/build.sh` names them.
 const PACKAGE: &str = "lksadmin-agent";
 /// Downloads that may run at once.

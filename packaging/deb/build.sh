@@ -96,9 +96,13 @@ fi
 declare -A pkg_profile=([lksadmin-agent]=dev [lks-control-server]=dev)
 [ "$profile" = dev ] || pkg_profile=([lksadmin-agent]=agent [lks-control-server]=release)
 
+# binary -> the cargo package that builds it (lksctl is a crate of its own,
+# packed into the server's package)
+declare -A bin_crate=([lksadmin-agent]=lksadmin-agent [lks-control-server]=lks-control-server [lksctl]=lksctl)
+
 for pkg in "${packages[@]}"; do
-  build_args=(build --profile "${pkg_profile[$pkg]}" -p "$pkg")
-  for bin in ${bins[$pkg]}; do build_args+=(--bin "$bin"); done
+  build_args=(build --profile "${pkg_profile[$pkg]}")
+  for bin in ${bins[$pkg]}; do build_args+=(-p "${bin_crate[$bin]}" --bin "$bin"); done
   log "cargo ${build_args[*]}"
   cargo "${build_args[@]}" || die "${pkg_profile[$pkg]} build of $pkg failed (cargo output above)"
 done

@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod adminconf;
 pub mod arch;
 pub mod authoring;
 pub mod backoff;
@@ -19,6 +20,7 @@ pub mod convert;
 pub mod digest;
 pub mod duration;
 pub mod elf;
+pub mod fsutil;
 pub mod identity;
 pub mod labels;
 pub mod limits;
@@ -29,7 +31,14 @@ pub mod root;
 pub mod sign;
 pub mod tls;
 pub mod token;
+#[cfg(feature = "windows")]
+pub mod windows;
 pub mod wire;
+
+/// Where the control server offers the agent's Debian package over HTTPS:
+/// this prefix, then a Debian architecture (`/v1/agent-package/amd64`).
+/// The cloud-init line `lksctl cloud-init` writes downloads from it.
+pub const AGENT_PACKAGE_PATH: &str = "/v1/agent-package/";
 
 pub use digest::Digest;
 pub use manifest::{BundleState, FileSpec, HealthCheck, Manifest, SignedBundle, Step};

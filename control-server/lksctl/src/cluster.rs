@@ -279,7 +279,7 @@ pub async fn run(c: &mut Client, url: &str, cmd: ClusterCmd) -> anyhow::Result<(
                 .map_err(st)
                 .with_context(|| format!("list the certificates of cluster {name}"))?
                 .into_inner();
-            let now = lks_control_server::clock::now_ms();
+            let now = crate::output::now_ms();
             if output == Format::Json {
                 print_json(&serde_json::json!(
                     r.certificates

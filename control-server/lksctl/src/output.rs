@@ -148,8 +148,12 @@ pub fn node_arch(n: &pb::Node) -> Option<&str> {
         .filter(|a| !a.is_empty())
 }
 
-fn now_ms() -> i64 {
-    lks_control_server::clock::now_ms()
+/// Wall clock in Unix milliseconds (0 if the clock is before 1970), as
+/// the server counts time.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// `valid`, `expiring` (less than a third of its life left, when the agent

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use lks_control_server::adminconf::AdminConf;
+use lks_proto::adminconf::AdminConf;
 use lks_proto::pb;
 use lks_proto::pb::admin_service_client::AdminServiceClient;
 use tokio::sync::mpsc;

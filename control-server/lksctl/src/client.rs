@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow};
-use lks_control_server::adminconf::AdminConfFile;
+use lks_proto::adminconf::AdminConfFile;
 use lks_proto::pb::admin_service_client::AdminServiceClient;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic_health::pb::health_check_response::ServingStatus;

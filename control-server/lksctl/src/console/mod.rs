@@ -27,7 +27,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use lks_control_server::adminconf::AdminConfFile;
+use lks_proto::adminconf::AdminConfFile;
 
 /// Connections served at once; more wait in the accept queue.
 const MAX_CONNECTIONS: usize = 64;

@@ -70,7 +70,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Parser;
 use futures::StreamExt;
-use lks_control_server::adminconf::AdminConf;
+use lks_proto::adminconf::AdminConf;
 use lks_proto::backoff::{Backoff, retry_hint};
 use lks_proto::pb;
 use lks_proto::pb::admin_service_client::AdminServiceClient;

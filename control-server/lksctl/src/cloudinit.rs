@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 
 // The server's package endpoint, followed by the architecture: one
 // definition for the server that serves it and the user-data that fetches it.
-use lks_control_server::packages::PATH_PREFIX;
+use lks_proto::AGENT_PACKAGE_PATH as PATH_PREFIX;
 
 /// Where the VM gets the `lksadmin-agent` package from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -41,7 +41,7 @@ use lks_proto::sign::SigningKey;
 use tokio::io::AsyncReadExt;
 
 use client::{Client, status};
-use lks_control_server::windows;
+use lks_proto::windows;
 use output::Format;
 
 /// Upload chunk size for bundle files.
