@@ -1,0 +1,117 @@
+//! Clusters: `cluster list`, `cluster get`, peer sharing and maintenance windows.
+
+use super::*;
+
+pub fn cluster_json(c: &pb::Cluster) -> Value {
+    json!({
+        "name": c.name,
+        "nodes": c.node_count,
+        "created_at": rfc3339_ms(c.created_at_ms),
+        "maintenance_windows": c.maintenance_windows,
+        "window_open": c.window_open,
+        "next_window": (c.next_window_ms > 0).then(|| rfc3339_ms(c.next_window_ms)).flatten(),
+        "window_closes": (c.window_closes_ms > 0).then(|| rfc3339_ms(c.window_closes_ms)).flatten(),
+        "api_server": (!c.api_server.is_empty()).then_some(&c.api_server),
+        "has_ca": c.has_ca,
+        "ca_cert_hash": (!c.ca_cert_hash.is_empty()).then_some(&c.ca_cert_hash),
+        "peer_sharing": c.peer_sharing.map(|p| json!({
+            "port": p.port,
+            "upload_rate": p.upload_rate,
+            "max_uploads": p.max_uploads,
+        })),
+    })
+}
+
+/// A rate in bytes per second as people read it: "50 MiB/s", "1.5 GiB/s",
+/// "800 B/s"; "unlimited" for 0.
+pub fn rate_text(bytes_per_s: u64) -> String {
+    if bytes_per_s == 0 {
+        return "unlimited".into();
+    }
+    let units = [
+        ("TiB", 1u64 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ];
+    for (name, size) in units {
+        if bytes_per_s >= size {
+            return if bytes_per_s % size == 0 {
+                format!("{} {name}/s", bytes_per_s / size)
+            } else {
+                format!("{:.1} {name}/s", bytes_per_s as f64 / size as f64)
+            };
+        }
+    }
+    format!("{bytes_per_s} B/s")
+}
+
+/// A cluster's peer sharing for a table cell: "off", or "on :PORT N
+/// uploads RATE".
+pub fn peer_text(c: &pb::Cluster) -> String {
+    match &c.peer_sharing {
+        None => "off".into(),
+        Some(p) => format!(
+            "on :{} {} upload{} {}",
+            p.port,
+            p.max_uploads,
+            if p.max_uploads == 1 { "" } else { "s" },
+            rate_text(p.upload_rate)
+        ),
+    }
+}
+
+/// What `cluster get` prints.
+pub fn cluster_detail(c: &pb::Cluster) -> String {
+    let mut s = String::new();
+    let kv = |s: &mut String, k: &str, v: String| s.push_str(&format!("{k:<22}{v}\n"));
+    kv(&mut s, "Name:", c.name.clone());
+    kv(&mut s, "Nodes:", c.node_count.to_string());
+    kv(&mut s, "Created:", or_dash(rfc3339_ms(c.created_at_ms)));
+    kv(
+        &mut s,
+        "API server:",
+        if c.api_server.is_empty() {
+            "-".into()
+        } else {
+            c.api_server.clone()
+        },
+    );
+    kv(
+        &mut s,
+        "CA:",
+        if c.has_ca {
+            c.ca_cert_hash.clone()
+        } else {
+            "none".into()
+        },
+    );
+    kv(&mut s, "Maintenance windows:", windows_text(c));
+    kv(&mut s, "Peer sharing:", peer_text(c));
+    s
+}
+
+/// A cluster's windows for a table cell: "-" when none.
+pub fn windows_text(c: &pb::Cluster) -> String {
+    if c.maintenance_windows.is_empty() {
+        return "-".into();
+    }
+    let state = if c.window_open {
+        format!("open now, until {}", or_dash(rfc3339_ms(c.window_closes_ms)))
+    } else {
+        format!("closed; next {}", or_dash(rfc3339_ms(c.next_window_ms)))
+    };
+    format!("{} ({state})", c.maintenance_windows.join("; "))
+}
+
+/// What `cluster set` prints.
+pub fn cluster_windows_line(c: &pb::Cluster) -> String {
+    if c.maintenance_windows.is_empty() {
+        format!(
+            "cluster {}: no maintenance windows; nodes may start at any time",
+            c.name
+        )
+    } else {
+        format!("cluster {}: maintenance windows {}", c.name, windows_text(c))
+    }
+}

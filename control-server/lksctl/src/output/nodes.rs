@@ -1,0 +1,280 @@
+//! Nodes: `node list`, `node get` and their certificates.
+
+use super::*;
+
+pub fn node_json(n: &pb::Node) -> Value {
+    json!({
+        "name": n.name,
+        "cluster": n.cluster,
+        "labels": labels_json(&n.labels),
+        "connected": n.connected,
+        "last_seen": rfc3339_ms(n.last_seen_ms),
+        "bundles": n.bundles.iter().map(|b| json!({
+            "name": b.name,
+            "version": b.version,
+            "state": bundle_state_str(b.state),
+            "message": b.message,
+            "fetched_from_server": b.fetched_from_server,
+            "fetched_from_peers": b.fetched_from_peers,
+        })).collect::<Vec<_>>(),
+        "facts": n.facts.as_ref().map(|f| json!({
+            "hostname": f.hostname,
+            "os": f.os,
+            "kernel": f.kernel,
+            "arch": f.arch,
+            "cpus": f.cpus,
+            "memory_bytes": f.memory_bytes,
+            "agent_version": f.agent_version,
+            "addresses": f.addresses,
+            "features": f.features,
+            "architecture": (!f.architecture.is_empty()).then_some(&f.architecture),
+        })),
+        // Whose files of a multi-arch bundle it installs; null: not reported.
+        "architecture": node_arch(n),
+        "certificate_serial": n.certificate_serial,
+        "enrolled_at": rfc3339_ms(n.enrolled_at_ms),
+        "held": n.held,
+        "hold_reason": n.held.then_some(&n.hold_reason),
+        // DESIGN §6: the agent version the node last reported (its Hello).
+        "agent_version": agent_version(n),
+        "certificates": n.certificates.iter().map(|c| json!({
+            "profile": c.profile,
+            "path": c.path,
+            "serial": c.serial,
+            "not_after": rfc3339_ms(c.not_after_ms),
+            "not_after_ms": c.not_after_ms,
+            "bundle": c.bundle,
+            "version": c.version,
+            "state": cert_state(c, now_ms(), std::time::Duration::ZERO),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// The architecture the node's agent reported (`amd64`), if any.
+pub fn node_arch(n: &pb::Node) -> Option<&str> {
+    n.facts
+        .as_ref()
+        .map(|f| f.architecture.as_str())
+        .filter(|a| !a.is_empty())
+}
+
+/// `valid`, `expiring` (less than a third of its life left, when the agent
+/// should have renewed it, or within `within`), or `expired`.
+pub fn cert_state(c: &pb::IssuedCertificate, now_ms: i64, within: std::time::Duration) -> &'static str {
+    let left = c.not_after_ms - now_ms;
+    if c.expired || left <= 0 {
+        return "expired";
+    }
+    // The lifetime the node asked for: from issue, not from the issuer's
+    // few minutes of backdating (which would make a short-lived
+    // certificate look due at once).
+    let third = (c.not_after_ms - c.not_before_ms.max(c.issued_at_ms)) / 3;
+    let within = i64::try_from(within.as_millis()).unwrap_or(i64::MAX);
+    if left < third || left <= within {
+        "expiring"
+    } else {
+        "valid"
+    }
+}
+
+/// `cluster certs -o json`: the API's fields plus `state`.
+pub fn cert_json(c: &pb::IssuedCertificate, now_ms: i64, within: std::time::Duration) -> Value {
+    json!({
+        "cluster": c.cluster,
+        "node": c.node,
+        "serial": c.serial,
+        "profile": c.profile,
+        "bundle": c.bundle,
+        "version": c.version,
+        "path": c.path,
+        "not_before_ms": c.not_before_ms,
+        "not_after_ms": c.not_after_ms,
+        "issued_at_ms": c.issued_at_ms,
+        "expired": c.expired,
+        "not_after": rfc3339_ms(c.not_after_ms),
+        "state": cert_state(c, now_ms, within),
+    })
+}
+
+pub fn certs_table(certs: &[pb::IssuedCertificate], now_ms: i64, within: std::time::Duration) -> String {
+    let rows: Vec<Vec<String>> = certs
+        .iter()
+        .map(|c| {
+            vec![
+                c.node.clone(),
+                c.profile.clone(),
+                c.path.clone(),
+                c.serial.clone(),
+                or_dash(rfc3339_ms(c.not_after_ms)),
+                cert_state(c, now_ms, within).into(),
+            ]
+        })
+        .collect();
+    table(
+        &["NODE", "PROFILE", "PATH", "SERIAL", "NOT-AFTER", "STATE"],
+        &rows,
+    )
+}
+
+fn agent_version(n: &pb::Node) -> Option<&str> {
+    n.facts
+        .as_ref()
+        .map(|f| f.agent_version.as_str())
+        .filter(|v| !v.is_empty())
+}
+
+pub fn nodes_table(nodes: &[pb::Node]) -> String {
+    let rows: Vec<Vec<String>> = nodes
+        .iter()
+        .map(|n| {
+            vec![
+                n.name.clone(),
+                n.cluster.clone(),
+                if n.connected { "yes" } else { "no" }.into(),
+                or_dash(rfc3339_ms(n.last_seen_ms)),
+                agent_version(n).unwrap_or("-").to_string(),
+                node_arch(n).unwrap_or("-").to_string(),
+                labels_text(&n.labels),
+                bundles_text(&n.bundles),
+                certs_text(&n.certificates),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "NAME",
+            "CLUSTER",
+            "CONNECTED",
+            "LAST SEEN",
+            "AGENT",
+            "ARCH",
+            "LABELS",
+            "BUNDLES",
+            "CERTS",
+        ],
+        &rows,
+    )
+}
+
+/// `-`, or how many certificates the node holds and how many of them are
+/// expired or expiring (`2`, `2 (1 expired)`).
+fn certs_text(c: &[pb::IssuedCertificate]) -> String {
+    if c.is_empty() {
+        return "-".into();
+    }
+    let now = now_ms();
+    let mut bad: std::collections::BTreeMap<&str, usize> = Default::default();
+    for cert in c {
+        let st = cert_state(cert, now, std::time::Duration::ZERO);
+        if st != "valid" {
+            *bad.entry(st).or_default() += 1;
+        }
+    }
+    if bad.is_empty() {
+        return c.len().to_string();
+    }
+    let parts: Vec<String> = bad.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    format!("{} ({})", c.len(), parts.join(", "))
+}
+
+fn bundles_text(b: &[pb::BundleStatus]) -> String {
+    if b.is_empty() {
+        return "-".into();
+    }
+    b.iter()
+        .map(|b| format!("{}@{}:{}", b.name, b.version, bundle_state_str(b.state)))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// What a node fetched for a version: "-" for nothing, else the total and
+/// the part from peers, e.g. "64.0 MiB, 60.0 from peers".
+pub fn fetched_text(from_server: u64, from_peers: u64) -> String {
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    match (from_server, from_peers) {
+        (0, 0) => "-".into(),
+        (s, 0) => format!("{:.1} MiB", mib(s)),
+        (s, p) => format!("{:.1} MiB, {:.1} from peers", mib(s + p), mib(p)),
+    }
+}
+
+pub fn node_text(n: &pb::Node) -> String {
+    let mut s = String::new();
+    let kv = |s: &mut String, k: &str, v: String| s.push_str(&format!("{k:<14}{v}\n"));
+    kv(&mut s, "Name:", n.name.clone());
+    kv(&mut s, "Cluster:", n.cluster.clone());
+    kv(&mut s, "Labels:", labels_text(&n.labels));
+    kv(
+        &mut s,
+        "Connected:",
+        if n.connected { "yes" } else { "no" }.into(),
+    );
+    kv(&mut s, "Last seen:", or_dash(rfc3339_ms(n.last_seen_ms)));
+    kv(&mut s, "Enrolled:", or_dash(rfc3339_ms(n.enrolled_at_ms)));
+    kv(&mut s, "Certificate:", n.certificate_serial.clone());
+    if n.held {
+        let why = if n.hold_reason.is_empty() {
+            "yes".to_string()
+        } else {
+            format!("yes: {}", n.hold_reason)
+        };
+        kv(&mut s, "Held:", why);
+    }
+    if let Some(f) = &n.facts {
+        kv(
+            &mut s,
+            "Host:",
+            format!("{} ({} {}, {})", f.hostname, f.os, f.kernel, f.arch),
+        );
+        kv(&mut s, "Agent:", f.agent_version.clone());
+        kv(
+            &mut s,
+            "Arch:",
+            node_arch(n)
+                .unwrap_or("- (not reported: an agent before multi-arch bundles)")
+                .to_string(),
+        );
+    }
+    s.push_str("Bundles:\n");
+    let rows: Vec<Vec<String>> = n
+        .bundles
+        .iter()
+        .map(|b| {
+            vec![
+                b.name.clone(),
+                b.version.clone(),
+                bundle_state_str(b.state).into(),
+                fetched_text(b.fetched_from_server, b.fetched_from_peers),
+                b.message.clone(),
+            ]
+        })
+        .collect();
+    for l in table(&["NAME", "VERSION", "STATE", "FETCHED", "MESSAGE"], &rows).lines() {
+        s.push_str("  ");
+        s.push_str(l);
+        s.push('\n');
+    }
+    if !n.certificates.is_empty() {
+        s.push_str("Certificates:\n");
+        let now = now_ms();
+        let rows: Vec<Vec<String>> = n
+            .certificates
+            .iter()
+            .map(|c| {
+                vec![
+                    c.profile.clone(),
+                    c.path.clone(),
+                    c.serial.clone(),
+                    or_dash(rfc3339_ms(c.not_after_ms)),
+                    cert_state(c, now, std::time::Duration::ZERO).into(),
+                ]
+            })
+            .collect();
+        for l in table(&["PROFILE", "PATH", "SERIAL", "NOT-AFTER", "STATE"], &rows).lines() {
+            s.push_str("  ");
+            s.push_str(l);
+            s.push('\n');
+        }
+    }
+    s
+}
