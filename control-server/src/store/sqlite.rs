@@ -717,33 +717,8 @@ mod tests {
     use super::*;
     use crate::store::conformance;
 
-    /// Each conformance case against a fresh in-memory database (the etcd
-    /// store runs the same list against a throwaway etcd).
-    macro_rules! conformance {
-        ($($name:ident),* $(,)?) => {$(
-            #[tokio::test]
-            async fn $name() {
-                conformance::$name(&SqliteStore::open_in_memory().unwrap()).await;
-            }
-        )*};
-    }
-
-    conformance!(
-        clusters_and_tokens,
-        enrolment_consumes_uses_atomically_and_names_are_unique,
-        bundles_are_immutable,
-        rollouts_assign_only_what_the_controller_decides,
-        a_report_that_leaves_out_an_undesired_bundle_means_it_was_removed,
-        status_and_events,
-        rollout_policies_are_stored,
-        a_lost_enrolment_answer_can_be_repeated_with_the_same_key,
-        cluster_cas_and_issued_certificates,
-        peer_settings_are_stored_per_cluster,
-        certificate_records_outlive_their_node,
-        certificate_records_expire_with_renewals,
-        blob_records_are_compared_on_revisions,
-        bundle_versions_in_use_are_not_deleted,
-    );
+    // Every conformance case against a fresh in-memory database.
+    conformance::conformance_suite!({ ((), SqliteStore::open_in_memory().unwrap()) });
 
     #[tokio::test]
     async fn a_database_from_before_peer_sharing_reads_the_defaults() {

@@ -76,32 +76,12 @@ impl Drop for TestEtcd {
     }
 }
 
-macro_rules! conformance {
-    ($($name:ident),* $(,)?) => {$(
-        #[tokio::test]
-        async fn $name() {
-            let etcd = TestEtcd::start();
-            conformance::$name(&etcd.store("r1").await).await;
-        }
-    )*};
-}
-
-conformance!(
-    clusters_and_tokens,
-    enrolment_consumes_uses_atomically_and_names_are_unique,
-    bundles_are_immutable,
-    rollouts_assign_only_what_the_controller_decides,
-    a_report_that_leaves_out_an_undesired_bundle_means_it_was_removed,
-    status_and_events,
-    rollout_policies_are_stored,
-    a_lost_enrolment_answer_can_be_repeated_with_the_same_key,
-    cluster_cas_and_issued_certificates,
-    peer_settings_are_stored_per_cluster,
-    certificate_records_outlive_their_node,
-    certificate_records_expire_with_renewals,
-    blob_records_are_compared_on_revisions,
-    bundle_versions_in_use_are_not_deleted,
-);
+// Every conformance case against a throwaway etcd of its own.
+conformance::conformance_suite!({
+    let etcd = TestEtcd::start();
+    let store = etcd.store("r1").await;
+    (etcd, store)
+});
 
 pub(crate) fn token(id: &str, uses: Option<u32>) -> TokenRow {
     TokenRow {
