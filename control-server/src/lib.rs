@@ -6,10 +6,9 @@
 
 #![forbid(unsafe_code)]
 
-pub mod admin;
 pub mod adminconf;
 pub mod admission;
-pub mod agent;
+pub mod api;
 pub mod authz;
 pub mod blobs;
 pub mod clock;

@@ -17,10 +17,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::transport::Server;
 
-use crate::admin::AdminApi;
 use crate::adminconf::{AdminConf, AdminConfError, AdminConfFile};
 use crate::admission::{HandshakeLimits, Handshakes, OpenGate};
-use crate::agent::AgentApi;
+use crate::api::{AdminApi, AgentApi};
 use crate::blobs::{BlobChoice, BlobError, BlobStore, Blobs, EtcdChunks, LocalBlobs, LocalDirStore, S3Store};
 use crate::clusterca::ClusterCas;
 use crate::controller;
