@@ -14,7 +14,7 @@ use tonic::{Response, Status};
 use super::{invalid, policy};
 use crate::authz::store_status;
 use crate::clock::now_ms;
-use crate::clusterca::{ClusterCa, ClusterCas};
+use crate::pki::clusterca::{ClusterCa, ClusterCas};
 use crate::server::Shared;
 use crate::store::{ClusterRow, EventRow, IssuedCertRow, NewCluster, PeerSettings};
 

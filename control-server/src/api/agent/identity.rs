@@ -15,7 +15,7 @@ use lks_proto::token::BootstrapToken;
 use subtle::ConstantTimeEq;
 use tonic::{Request, Response, Status};
 
-use super::record_event;
+use super::{issue, record_event};
 use crate::authz::{require_node, store_status, token_status};
 use crate::clock::now_ms;
 use crate::server::Shared;
@@ -89,7 +89,7 @@ pub(super) async fn renew(
     }))
 }
 
-/// `IssueCertificate`: a certificate of a bundle's `[[certificate]]` (the rules are in `crate::issue`).
+/// `IssueCertificate`: a certificate of a bundle's `[[certificate]]` (the rules are in `issue.rs`).
 pub(super) async fn issue(
     s: &Shared,
     req: Request<pb::IssueCertificateRequest>,
@@ -103,7 +103,7 @@ pub(super) async fn issue(
     }
     let r = req.into_inner();
     let what = format!("{}@{} {}", r.bundle, r.version, r.path);
-    match crate::issue::issue(s, &caller.id, r).await {
+    match issue::issue(s, &caller.id, r).await {
         Ok((resp, bundle, version)) => {
             tracing::info!(node = %caller.id.node, %what, serial = %resp.serial, "certificate issued");
             event(
@@ -115,7 +115,7 @@ pub(super) async fn issue(
                 format!(
                     "{what}: serial {}, valid until {}",
                     resp.serial,
-                    crate::issue::rfc3339(resp.not_after_ms)
+                    issue::rfc3339(resp.not_after_ms)
                 ),
             )
             .await;

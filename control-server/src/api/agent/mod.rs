@@ -6,6 +6,7 @@
 
 mod blobs;
 mod identity;
+mod issue;
 mod session;
 
 use std::sync::Arc;
