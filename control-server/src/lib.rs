@@ -9,16 +9,13 @@
 
 #![forbid(unsafe_code)]
 
-pub mod admin;
 pub mod admission;
-pub mod agent;
+pub mod api;
 pub mod authz;
 pub mod blobs;
 pub mod clock;
-pub mod clusterca;
 pub mod controller;
 pub mod hub;
-pub mod issue;
 pub mod metrics;
 pub mod migrate;
 pub mod packages;
@@ -28,7 +25,6 @@ pub mod ratelimit;
 pub mod rebalance;
 pub mod replicas;
 pub mod rollout;
-pub mod seal;
 pub mod server;
 pub mod store;
 pub mod tlsaccept;

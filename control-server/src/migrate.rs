@@ -33,10 +33,10 @@ use std::sync::Arc;
 pub mod blobs;
 
 use crate::blobs::{BlobChoice, BlobError, BlobStore, EtcdChunks, LocalBlobs, S3Store};
-use crate::clusterca;
+use crate::pki::clusterca;
+use crate::pki::seal::{SealError, SealKey};
 use crate::pki::{Pki, PkiError, SharedIdentity};
 use crate::replicas::{self, IdentityError};
-use crate::seal::{SealError, SealKey};
 use crate::store::{Dump, EtcdConfig, EtcdStore, SqliteStore, StoreError};
 
 /// What `migrate` is told.

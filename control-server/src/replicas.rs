@@ -81,7 +81,7 @@ pub enum IdentityError {
 /// one identity wins and both use it).
 pub async fn load_or_create_identity(
     store: &EtcdStore,
-    seal: Option<&crate::seal::SealKey>,
+    seal: Option<&crate::pki::seal::SealKey>,
 ) -> Result<SharedIdentity, IdentityError> {
     // Read first: a new identity is made (and sent to etcd) only when there
     // is none, so no unused key material ever reaches etcd's log.
@@ -129,7 +129,7 @@ pub async fn load_or_create_identity(
 pub async fn store_identity(
     store: &EtcdStore,
     id: &SharedIdentity,
-    seal: Option<&crate::seal::SealKey>,
+    seal: Option<&crate::pki::seal::SealKey>,
 ) -> Result<(), IdentityError> {
     let doc = seal_identity(store, id, seal)?;
     let bytes = serde_json::to_vec(&doc).map_err(|e| IdentityError::Corrupt(e.to_string()))?;
@@ -147,7 +147,7 @@ fn aad(store: &EtcdStore, which: &str) -> Vec<u8> {
 fn seal_identity(
     store: &EtcdStore,
     id: &SharedIdentity,
-    seal: Option<&crate::seal::SealKey>,
+    seal: Option<&crate::pki::seal::SealKey>,
 ) -> Result<IdentityDoc, IdentityError> {
     Ok(match seal {
         None => IdentityDoc {
@@ -176,7 +176,7 @@ fn seal_identity(
 fn open_identity(
     store: &EtcdStore,
     doc: &IdentityDoc,
-    seal: Option<&crate::seal::SealKey>,
+    seal: Option<&crate::pki::seal::SealKey>,
 ) -> Result<SharedIdentity, IdentityError> {
     let open = |which: &str, v: &str| -> Result<String, IdentityError> {
         let Some(key_id) = &doc.sealed_with else {

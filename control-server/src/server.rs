@@ -17,20 +17,19 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::transport::Server;
 
-use crate::admin::AdminApi;
 use crate::adminconf::{AdminConf, AdminConfError, AdminConfFile};
 use crate::admission::{HandshakeLimits, Handshakes, OpenGate};
-use crate::agent::AgentApi;
+use crate::api::{AdminApi, AgentApi};
 use crate::blobs::{BlobChoice, BlobError, BlobStore, Blobs, EtcdChunks, LocalBlobs, LocalDirStore, S3Store};
-use crate::clusterca::ClusterCas;
 use crate::controller;
 use crate::hub::Hub;
 use crate::metrics::{self, Metrics};
 use crate::packages::{AgentPackages, PackageError, PackageLayer};
+use crate::pki::clusterca::ClusterCas;
+use crate::pki::seal::{SealError, SealKey};
 use crate::pki::{Pki, PkiError};
 use crate::ratelimit::RateLimiter;
 use crate::replicas;
-use crate::seal::{SealError, SealKey};
 use crate::store::{EtcdConfig, EtcdStore, NodeStatusStore, SqliteStore, Store, StoreError};
 
 /// How often buffered heartbeats are written to the store.

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use time::OffsetDateTime;
 
 use super::{CaError, ClusterCa};
-use crate::seal::{SealKey, is_sealed};
+use crate::pki::seal::{SealKey, is_sealed};
 use crate::store::{Store, StoreError, StoredCa};
 
 #[derive(Debug, thiserror::Error)]

@@ -20,7 +20,7 @@ use tonic::Status;
 
 use crate::authz::store_status;
 use crate::clock::now_ms;
-use crate::clusterca::{CertTemplate, Usage};
+use crate::pki::clusterca::{CertTemplate, Usage};
 use crate::server::Shared;
 use crate::store::IssuedCertRow;
 

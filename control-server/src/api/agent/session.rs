@@ -1,508 +1,88 @@
-//! `AgentService`: enrolment, the long-lived `Connect` stream, certificate
-//! renewal and blob download — the only API tenant nodes can reach.
+//! The agent API's `Connect` stream: the agent's `Hello`, its status
+//! reports and events, pings, and the node's desired state pushed whenever
+//! it (or the cluster's peer-sharing settings) changes, until the stream
+//! ends — and the agent is always told why it ended.
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt as _};
-use lks_proto::Digest;
+use futures::StreamExt as _;
 use lks_proto::backoff::with_retry_hint;
 use lks_proto::convert::bundle_state_from_i32;
-use lks_proto::identity::NodeIdentity;
-use lks_proto::labels::{Labels, validate_label};
-use lks_proto::limits::MAX_LABELS;
-use lks_proto::names::{validate_bundle_name, validate_node_name, validate_version};
+use lks_proto::names::{validate_bundle_name, validate_version};
 use lks_proto::pb::agent_message::Msg as AgentMsg;
-use lks_proto::pb::agent_service_server::AgentService;
 use lks_proto::pb::server_message::Msg as ServerMsg;
 use lks_proto::pb::{self, AgentMessage, ServerMessage};
-use lks_proto::token::BootstrapToken;
 use prost::Message as _;
-use subtle::ConstantTimeEq;
-use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
-use crate::authz::{NodeCaller, blob_status, require_node, store_status, token_status};
+use super::{BoxStream, MAX_TEXT, clip, record_event};
+use crate::authz::{NodeCaller, require_node, store_status};
 use crate::clock::now_ms;
 use crate::server::Shared;
-use crate::store::{BundleStatusRow, EventRow, NewNode, StoreError, TokenRefusal};
+use crate::store::{BundleStatusRow, StoreError};
 
 /// How long a new stream may take to send its `Hello`.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
 /// Messages queued towards one agent; beyond this the agent is slow and
 /// pings are skipped while desired states wait (coalesced) for room.
 const OUTBOUND_QUEUE: usize = 8;
-/// Bytes per `FetchBlob` message. 256 KiB measured faster than 64 KiB
-/// (fewer messages to frame, encode and decode); a fetch holds at most six
-/// of them (the read, four queued, one being encoded).
-const BLOB_CHUNK: usize = 256 * 1024;
-/// Longest free-text field (messages, facts) kept from an agent.
-const MAX_TEXT: usize = 4096;
 const MAX_STATUSES: usize = 1024;
 
-pub struct AgentApi {
-    s: Arc<Shared>,
-}
-
-impl AgentApi {
-    pub fn new(s: Arc<Shared>) -> Self {
-        AgentApi { s }
-    }
-}
-
-type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
-
-#[tonic::async_trait]
-impl AgentService for AgentApi {
-    async fn enroll(&self, req: Request<pb::EnrollRequest>) -> Result<Response<pb::EnrollResponse>, Status> {
-        let _t = self.s.metrics.timer("Enroll");
-        if let Some(addr) = req.remote_addr()
-            && let Err(wait) = self.s.limiter.check(addr.ip())
-        {
-            self.s.metrics.enrollment("rate_limited");
-            // The human text for people, the hint for clients (agents and
-            // lks-loadgen wait at least that long).
-            let wait = wait.clamp(Duration::from_millis(100), Duration::from_secs(60));
-            return Err(with_retry_hint(
-                Status::resource_exhausted(format!(
-                    "too many enrolment attempts from {}; retry in {:.1} s",
-                    addr.ip(),
-                    wait.as_secs_f64()
-                )),
-                wait,
-            ));
-        }
-        let r = req.into_inner();
-        let node_name = r.node_name.clone();
-        match self.enroll_inner(r).await {
-            Ok(resp) => {
-                self.s.metrics.enrollment("ok");
-                tracing::info!(node = %resp.node_name, cluster = %resp.cluster, "node enrolled");
-                Ok(Response::new(resp))
-            }
-            Err((result, status)) => {
-                self.s.metrics.enrollment(result);
-                tracing::warn!(node = %node_name, result, error = %status.message(), "enrolment refused");
-                Err(status)
-            }
-        }
-    }
-
-    type ConnectStream = BoxStream<ServerMessage>;
-
-    async fn connect(
-        &self,
-        req: Request<Streaming<AgentMessage>>,
-    ) -> Result<Response<Self::ConnectStream>, Status> {
-        let _t = self.s.metrics.timer("Connect");
-        // Held until the first desired state is sent: the store work of a
-        // stream's opening. Over capacity the agent is told when to retry
-        // rather than left to time out.
-        let Some(opening) = self.s.opening.enter().await else {
-            self.s.metrics.connect_shed();
-            let wait = crate::admission::STREAM_OPEN_RETRY;
-            return Err(with_retry_hint(
-                Status::unavailable(format!(
-                    "control server is busy opening other streams; retry in {} s",
-                    wait.as_secs()
-                )),
-                wait,
-            ));
-        };
-        let caller = require_node(&req, &*self.s.store).await?;
-        let mut inbound = req.into_inner();
-        let (tx, rx) = mpsc::channel(OUTBOUND_QUEUE);
-        let mut reg = self.s.hub.register(&caller.id.node);
-        self.s.metrics.set_connected(self.s.hub.connected());
-        let span = tracing::info_span!("stream", node = %caller.id.node, cluster = %caller.id.cluster);
-        let s = self.s.clone();
-        self.s.tasks.spawn(
-            async move {
-                let node = caller.id.node.clone();
-                let id = reg.id;
-                let mut session = Session {
-                    s: s.clone(),
-                    caller,
-                    tx,
-                    last_generation: None,
-                    last_peer: None,
-                    unrecorded: None,
-                };
-                let ended = session.run(&mut inbound, &mut reg, opening).await;
-                if s.hub.unregister(&node, id)
-                    && let Err(e) = Box::pin(s.store.node_disconnected(&node, now_ms())).await
-                {
-                    tracing::warn!(error = %e, "record disconnect");
-                }
-                s.metrics.set_connected(s.hub.connected());
-                tracing::info!(reason = %ended, "stream ended");
-            }
-            .instrument(span),
-        );
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx).map(|m| *m))))
-    }
-
-    async fn renew_certificate(
-        &self,
-        req: Request<pb::RenewCertificateRequest>,
-    ) -> Result<Response<pb::RenewCertificateResponse>, Status> {
-        let _t = self.s.metrics.timer("RenewCertificate");
-        let caller = require_node(&req, &*self.s.store).await?;
-        let r = req.into_inner();
-        let cert = self
-            .s
-            .pki
-            .issue_node_cert(&r.csr_pem, &caller.id, self.s.node_cert_ttl)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        self.s
-            .store
-            .replace_cert_serial(&caller.id.node, &caller.serial, &cert.serial)
-            .await
-            .map_err(store_status)?;
-        self.event(
-            &caller.id,
-            "certificate_renewed",
-            "",
-            "",
-            format!("new serial {}", cert.serial),
-        )
-        .await;
-        tracing::info!(node = %caller.id.node, "certificate renewed");
-        Ok(Response::new(pb::RenewCertificateResponse {
-            certificate_pem: cert.pem,
-            expires_at: cert.not_after,
-        }))
-    }
-
-    async fn find_peers(
-        &self,
-        req: Request<pb::FindPeersRequest>,
-    ) -> Result<Response<pb::FindPeersResponse>, Status> {
-        let _t = self.s.metrics.timer("FindPeers");
-        let caller = require_node(&req, &*self.s.store).await?;
-        let digest: Digest = req
-            .into_inner()
-            .digest
-            .parse()
-            .map_err(|e| Status::invalid_argument(format!("digest: {e}")))?;
-        let settings = self
-            .s
-            .peer_settings(&caller.id.cluster)
-            .await
-            .map_err(store_status)?;
-        // Sharing off, or a blob the caller may not have: nobody is named
-        // (FetchBlob then answers for the blob as it always did).
-        let allowed = settings.enabled
-            && self
-                .s
-                .tracker
-                .blob_allowed(&*self.s.store, &caller.id.cluster, &caller.id.node, &digest)
-                .await
-                .map_err(store_status)?;
-        if !allowed {
-            return Ok(Response::new(pb::FindPeersResponse {
-                peers: Vec::new(),
-                server: true,
-            }));
-        }
-        let a = self
-            .s
-            .tracker
-            .find(
-                &*self.s.store,
-                &caller.id.cluster,
-                &caller.id.node,
-                digest,
-                settings.port,
-            )
-            .await
-            .map_err(store_status)?;
-        tracing::debug!(%digest, peers = a.peers.len(), server = a.server, "peers named");
-        Ok(Response::new(pb::FindPeersResponse {
-            peers: a
-                .peers
-                .into_iter()
-                .map(|p| pb::PeerSource {
-                    node: p.node,
-                    address: p.address.to_string(),
-                })
-                .collect(),
-            server: a.server,
-        }))
-    }
-
-    async fn issue_certificate(
-        &self,
-        req: Request<pb::IssueCertificateRequest>,
-    ) -> Result<Response<pb::IssueCertificateResponse>, Status> {
-        let _t = self.s.metrics.timer("IssueCertificate");
-        let caller = require_node(&req, &*self.s.store).await?;
-        if !self.s.issue_limiter.allow(caller.id.node.clone()) {
-            return Err(Status::resource_exhausted(format!(
-                "node {} asked for too many certificates; retry in a minute",
-                caller.id.node
-            )));
-        }
-        let r = req.into_inner();
-        let what = format!("{}@{} {}", r.bundle, r.version, r.path);
-        match crate::issue::issue(&self.s, &caller.id, r).await {
-            Ok((resp, bundle, version)) => {
-                tracing::info!(node = %caller.id.node, %what, serial = %resp.serial, "certificate issued");
-                self.event(
-                    &caller.id,
-                    "certificate_issued",
-                    &bundle,
-                    &version,
-                    format!(
-                        "{what}: serial {}, valid until {}",
-                        resp.serial,
-                        crate::issue::rfc3339(resp.not_after_ms)
-                    ),
-                )
-                .await;
-                Ok(Response::new(resp))
-            }
-            Err(status) => {
-                tracing::warn!(node = %caller.id.node, %what, error = %status.message(), "certificate refused");
-                Err(status)
-            }
-        }
-    }
-
-    type FetchBlobStream = BoxStream<pb::BlobChunk>;
-
-    async fn fetch_blob(
-        &self,
-        req: Request<pb::FetchBlobRequest>,
-    ) -> Result<Response<Self::FetchBlobStream>, Status> {
-        let _t = self.s.metrics.timer("FetchBlob");
-        let caller = require_node(&req, &*self.s.store).await?;
-        let r = req.into_inner();
-        let digest: Digest = r
-            .digest
-            .parse()
-            .map_err(|e| Status::invalid_argument(format!("digest: {e}")))?;
-        let allowed = self
-            .s
-            .tracker
-            .blob_allowed(&*self.s.store, &caller.id.cluster, &caller.id.node, &digest)
-            .await
-            .map_err(store_status)?;
-        if !allowed {
-            return Err(Status::permission_denied(format!(
-                "blob {digest} is not part of any bundle assigned to node {} (for its architecture)",
-                caller.id.node
-            )));
-        }
-        // Published through another replica: fetched once from the blob
-        // store, verified, then served from this replica's own copy.
-        self.s
-            .blobs
-            .ensure_local(&digest)
-            .await
-            .map_err(|e| blob_status("", e))?;
-        let path = self.s.blobs.local.path(&digest);
-        let mut file = match tokio::fs::File::open(&path).await {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Status::not_found(format!(
-                    "blob {digest} is not in the control server's blob store (its bundle lists a mirror URL)"
-                )));
-            }
-            Err(e) => return Err(Status::internal(format!("open blob {digest}: {e}"))),
-        };
-        let size = file
-            .metadata()
-            .await
-            .map_err(|e| Status::internal(format!("stat blob {digest}: {e}")))?
-            .len();
-        if r.offset > size {
-            return Err(Status::out_of_range(format!(
-                "offset {} is past the end of blob {digest} ({size} bytes)",
-                r.offset
-            )));
-        }
-        file.seek(std::io::SeekFrom::Start(r.offset))
-            .await
-            .map_err(|e| Status::internal(format!("seek blob {digest}: {e}")))?;
-        let (tx, rx) = mpsc::channel(4);
-        let metrics = self.s.metrics.clone();
-        let cancel = self.s.cancel.clone();
-        self.s.tasks.spawn(async move {
-            // `length` 0: to the end (and what a client from before the
-            // field asks for).
-            let mut remaining = match r.length {
-                0 => size - r.offset,
-                n => n.min(size - r.offset),
-            };
-            if remaining == 0 {
-                let _ = tx
-                    .send(Ok(pb::BlobChunk {
-                        data: Vec::new(),
-                        total_size: size,
-                    }))
-                    .await;
-                return;
-            }
-            while remaining > 0 {
-                // Read straight into the message's buffer: no copy.
-                let mut buf = vec![0u8; BLOB_CHUNK.min(remaining as usize)];
-                let n = match file.read(&mut buf).await {
-                    Ok(0) => {
-                        let _ = tx
-                            .send(Err(Status::internal(format!(
-                                "blob {digest} is shorter than expected"
-                            ))))
-                            .await;
-                        return;
-                    }
-                    Ok(n) => n.min(remaining as usize),
-                    Err(e) => {
-                        let _ = tx
-                            .send(Err(Status::internal(format!("read blob {digest}: {e}"))))
-                            .await;
-                        return;
-                    }
-                };
-                remaining -= n as u64;
-                buf.truncate(n);
-                let chunk = pb::BlobChunk {
-                    data: buf,
-                    total_size: size,
-                };
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    r = tx.send(Ok(chunk)) => if r.is_err() { return },
-                }
-                metrics.blob_bytes_served(n as u64);
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
-    }
-}
-
-impl AgentApi {
-    /// The enrolment steps; the error carries the metrics label.
-    async fn enroll_inner(&self, r: pb::EnrollRequest) -> Result<pb::EnrollResponse, (&'static str, Status)> {
-        let token: BootstrapToken = r
-            .token
-            .parse()
-            .map_err(|e: String| ("invalid_token", Status::invalid_argument(e)))?;
-        validate_node_name(&r.node_name).map_err(|e| ("invalid_argument", Status::invalid_argument(e)))?;
-        if r.labels.len() > MAX_LABELS {
-            return Err((
-                "invalid_argument",
-                Status::invalid_argument(format!("{} labels; the limit is {MAX_LABELS}", r.labels.len())),
-            ));
-        }
-        for (k, v) in &r.labels {
-            validate_label(k, v).map_err(|e| ("invalid_argument", Status::invalid_argument(e)))?;
-        }
-        let refused = |t: TokenRefusal| {
-            let label = match t {
-                TokenRefusal::Unknown => "invalid_token",
-                TokenRefusal::Expired => "expired_token",
-                TokenRefusal::UsedUp => "used_up_token",
-            };
-            (label, token_status(t))
-        };
-        let stored = self
-            .s
-            .store
-            .get_token(token.id())
-            .await
-            .map_err(|e| ("error", store_status(e)))?
-            .ok_or_else(|| refused(TokenRefusal::Unknown))?;
-        // Constant time, so response timing does not reveal how much of a
-        // guessed secret was right. A wrong secret looks like an unknown id.
-        if !bool::from(stored.secret_hash.ct_eq(token.secret_hash().as_bytes())) {
-            return Err(refused(TokenRefusal::Unknown));
-        }
-        let now = now_ms();
-        if stored.expires_at_ms <= now {
-            return Err(refused(TokenRefusal::Expired));
-        }
-        // A token with no use left may still repeat an enrolment whose
-        // answer was lost: the store decides, in its transaction.
-        let id = NodeIdentity::new(&stored.cluster, &r.node_name)
-            .map_err(|e| ("invalid_argument", Status::invalid_argument(e)))?;
-        let cert = self
-            .s
-            .pki
-            .issue_node_cert(&r.csr_pem, &id, self.s.node_cert_ttl)
-            .map_err(|e| ("invalid_csr", Status::invalid_argument(e.to_string())))?;
-        // The node's own labels first; the token's labels win on conflict.
-        let mut labels: Labels = r.labels.into_iter().collect();
-        labels.extend(stored.labels.clone());
-        self.s
-            .store
-            .enroll_node(NewNode {
-                name: id.node.clone(),
-                cluster: id.cluster.clone(),
-                labels,
-                cert_serial: cert.serial.clone(),
-                key_hash: cert.key_hash.clone(),
-                token_id: stored.id.clone(),
-                now_ms: now,
-            })
-            .await
-            .map_err(|e| match e {
-                StoreError::Token(t) => refused(t),
-                StoreError::AlreadyExists(m) => ("already_exists", Status::already_exists(m)),
-                e => ("error", store_status(e)),
-            })?;
-        Ok(pb::EnrollResponse {
-            certificate_pem: cert.pem,
-            ca_pem: self.s.pki.ca_pem().to_string(),
-            node_name: id.node,
-            cluster: id.cluster,
-            expires_at: cert.not_after,
-        })
-    }
-
-    async fn event(&self, id: &NodeIdentity, kind: &str, bundle: &str, version: &str, message: String) {
-        record_event(&self.s, id, kind, bundle, version, message, now_ms()).await;
-    }
-}
-
-async fn record_event(
-    s: &Shared,
-    id: &NodeIdentity,
-    kind: &str,
-    bundle: &str,
-    version: &str,
-    message: String,
-    at_ms: i64,
-) {
-    let e = EventRow {
-        id: 0,
-        at_ms,
-        cluster: id.cluster.clone(),
-        node: id.node.clone(),
-        rollout_id: String::new(),
-        kind: clip(kind, 64),
-        bundle: clip(bundle, 64),
-        version: clip(version, 128),
-        message: clip(&message, MAX_TEXT),
+/// `Connect`: admitted (or told when to retry), then served by a task of its own.
+pub(super) async fn connect(
+    s: &Arc<Shared>,
+    req: Request<Streaming<AgentMessage>>,
+) -> Result<Response<BoxStream<ServerMessage>>, Status> {
+    // Held until the first desired state is sent: the store work of a
+    // stream's opening. Over capacity the agent is told when to retry
+    // rather than left to time out.
+    let Some(opening) = s.opening.enter().await else {
+        s.metrics.connect_shed();
+        let wait = crate::admission::STREAM_OPEN_RETRY;
+        return Err(with_retry_hint(
+            Status::unavailable(format!(
+                "control server is busy opening other streams; retry in {} s",
+                wait.as_secs()
+            )),
+            wait,
+        ));
     };
-    if let Err(e) = s.store.add_event(e).await {
-        tracing::warn!(error = %e, "record event");
-    }
-}
-
-fn clip(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_string()
+    let caller = require_node(&req, &*s.store).await?;
+    let mut inbound = req.into_inner();
+    let (tx, rx) = mpsc::channel(OUTBOUND_QUEUE);
+    let mut reg = s.hub.register(&caller.id.node);
+    s.metrics.set_connected(s.hub.connected());
+    let span = tracing::info_span!("stream", node = %caller.id.node, cluster = %caller.id.cluster);
+    let tasks = &s.tasks;
+    let s = s.clone();
+    tasks.spawn(
+        async move {
+            let node = caller.id.node.clone();
+            let id = reg.id;
+            let mut session = Session {
+                s: s.clone(),
+                caller,
+                tx,
+                last_generation: None,
+                last_peer: None,
+                unrecorded: None,
+            };
+            let ended = session.run(&mut inbound, &mut reg, opening).await;
+            if s.hub.unregister(&node, id)
+                && let Err(e) = Box::pin(s.store.node_disconnected(&node, now_ms())).await
+            {
+                tracing::warn!(error = %e, "record disconnect");
+            }
+            s.metrics.set_connected(s.hub.connected());
+            tracing::info!(reason = %ended, "stream ended");
+        }
+        .instrument(span),
+    );
+    Ok(Response::new(Box::pin(ReceiverStream::new(rx).map(|m| *m))))
 }
 
 /// Validates reported bundle statuses; `generation` is the desired state
@@ -980,11 +560,5 @@ mod tests {
         let st = ended_by_hub(&kicked);
         assert_eq!(st.code(), tonic::Code::Unauthenticated);
         assert_eq!(lks_proto::backoff::reconnect_hint(&st), None);
-    }
-
-    #[test]
-    fn clip_respects_char_boundaries() {
-        assert_eq!(clip("héllo", 2), "h");
-        assert_eq!(clip("abc", 5), "abc");
     }
 }

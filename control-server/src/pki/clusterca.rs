@@ -27,7 +27,7 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 
 pub use keys::{ClusterCas, KeyError};
 
-use crate::pki::{BACKDATE, random_serial};
+use super::{BACKDATE, random_serial};
 
 /// Validity of a generated cluster CA.
 pub const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 86400);

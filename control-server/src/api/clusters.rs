@@ -1,18 +1,20 @@
-//! The admin API's cluster half: creating clusters with their CA (imported
-//! or generated) and API server, changing them, handing out the CA
-//! certificate, and the record of certificates issued with the CAs. Every
-//! request is checked whole before anything is stored.
+//! The admin API's clusters: creating them with their CA (imported or
+//! generated) and API server, changing them (`SetCluster`, maintenance
+//! windows included), listing them, handing out the CA certificate, and
+//! the record of certificates issued with the CAs. Every request is checked
+//! whole before anything is stored.
 
 use std::collections::HashMap;
 
 use lks_proto::names::{validate_cluster_name, validate_node_name};
 use lks_proto::pb;
 use time::OffsetDateTime;
-use tonic::Status;
+use tonic::{Response, Status};
 
-use super::invalid;
+use super::{invalid, policy};
 use crate::authz::store_status;
-use crate::clusterca::{ClusterCa, ClusterCas};
+use crate::clock::now_ms;
+use crate::pki::clusterca::{ClusterCa, ClusterCas};
 use crate::server::Shared;
 use crate::store::{ClusterRow, EventRow, IssuedCertRow, NewCluster, PeerSettings};
 
@@ -416,6 +418,50 @@ pub async fn node_certs(
         .into_iter()
         .map(|c| cert_pb(c, now_ms))
         .collect())
+}
+
+/// `SetCluster`: windows are checked before anything is stored.
+pub(super) async fn set(
+    s: &Shared,
+    r: pb::SetClusterRequest,
+    who: String,
+) -> Result<Response<pb::Cluster>, Status> {
+    validate_cluster_name(&r.name).map_err(invalid)?;
+    let name = r.name.clone();
+    let wants_windows = r.clear_maintenance_windows || !r.maintenance_windows.is_empty();
+    let change = check_change(s, &r).await?;
+    if !wants_windows && change.is_empty() {
+        return Err(invalid(
+            "nothing to set: give --maintenance-window (repeatable), --no-maintenance-window, \
+             --api-server, --no-api-server, --ca-cert with --ca-key, --generate-ca, \
+             --peer-sharing, --peer-port, --peer-upload-rate or --peer-max-uploads",
+        ));
+    }
+    // Windows are checked before anything is stored.
+    let windows = if wants_windows {
+        Some(policy::check_windows(&r)?)
+    } else {
+        None
+    };
+    let mut row = apply_change(s, &name, change, &who, now_ms()).await?;
+    if let Some(w) = windows {
+        let c = policy::set_windows(s.store.as_ref(), &name, w, &who, now_ms()).await?;
+        tracing::info!(cluster = %name, admin = %who, windows = ?c.maintenance_windows, "maintenance windows set");
+        // Rollouts waiting for a window may start at once, or must stop starting.
+        s.rollouts_changed.notify_one();
+        row = Some(c);
+    }
+    let c = row.ok_or_else(|| Status::internal("set cluster: nothing was changed"))?;
+    Ok(Response::new(policy::cluster_pb(c, now_ms())))
+}
+
+/// `ListClusters`.
+pub(super) async fn list_clusters(s: &Shared) -> Result<Response<pb::ListClustersResponse>, Status> {
+    let clusters = s.store.list_clusters().await.map_err(store_status)?;
+    let now = now_ms();
+    Ok(Response::new(pb::ListClustersResponse {
+        clusters: clusters.into_iter().map(|c| policy::cluster_pb(c, now)).collect(),
+    }))
 }
 
 #[cfg(test)]

@@ -1,0 +1,211 @@
+//! The agent API's node identity: enrolment with a bootstrap token (rate
+//! limited per address; the token is checked in constant time and its use
+//! counted by the store), certificate renewal, and the certificates a
+//! bundle's `[[certificate]]` entries ask for.
+
+use std::time::Duration;
+
+use lks_proto::backoff::with_retry_hint;
+use lks_proto::identity::NodeIdentity;
+use lks_proto::labels::{Labels, validate_label};
+use lks_proto::limits::MAX_LABELS;
+use lks_proto::names::validate_node_name;
+use lks_proto::pb;
+use lks_proto::token::BootstrapToken;
+use subtle::ConstantTimeEq;
+use tonic::{Request, Response, Status};
+
+use super::{issue, record_event};
+use crate::authz::{require_node, store_status, token_status};
+use crate::clock::now_ms;
+use crate::server::Shared;
+use crate::store::{NewNode, StoreError, TokenRefusal};
+
+/// `Enroll`: rate limited per address; the outcome is counted by its metrics label.
+pub(super) async fn enroll(
+    s: &Shared,
+    req: Request<pb::EnrollRequest>,
+) -> Result<Response<pb::EnrollResponse>, Status> {
+    if let Some(addr) = req.remote_addr()
+        && let Err(wait) = s.limiter.check(addr.ip())
+    {
+        s.metrics.enrollment("rate_limited");
+        // The human text for people, the hint for clients (agents and
+        // lks-loadgen wait at least that long).
+        let wait = wait.clamp(Duration::from_millis(100), Duration::from_secs(60));
+        return Err(with_retry_hint(
+            Status::resource_exhausted(format!(
+                "too many enrolment attempts from {}; retry in {:.1} s",
+                addr.ip(),
+                wait.as_secs_f64()
+            )),
+            wait,
+        ));
+    }
+    let r = req.into_inner();
+    let node_name = r.node_name.clone();
+    match enroll_inner(s, r).await {
+        Ok(resp) => {
+            s.metrics.enrollment("ok");
+            tracing::info!(node = %resp.node_name, cluster = %resp.cluster, "node enrolled");
+            Ok(Response::new(resp))
+        }
+        Err((result, status)) => {
+            s.metrics.enrollment(result);
+            tracing::warn!(node = %node_name, result, error = %status.message(), "enrolment refused");
+            Err(status)
+        }
+    }
+}
+
+/// `RenewCertificate`: a new node certificate for the same identity.
+pub(super) async fn renew(
+    s: &Shared,
+    req: Request<pb::RenewCertificateRequest>,
+) -> Result<Response<pb::RenewCertificateResponse>, Status> {
+    let caller = require_node(&req, &*s.store).await?;
+    let r = req.into_inner();
+    let cert = s
+        .pki
+        .issue_node_cert(&r.csr_pem, &caller.id, s.node_cert_ttl)
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    s.store
+        .replace_cert_serial(&caller.id.node, &caller.serial, &cert.serial)
+        .await
+        .map_err(store_status)?;
+    event(
+        s,
+        &caller.id,
+        "certificate_renewed",
+        "",
+        "",
+        format!("new serial {}", cert.serial),
+    )
+    .await;
+    tracing::info!(node = %caller.id.node, "certificate renewed");
+    Ok(Response::new(pb::RenewCertificateResponse {
+        certificate_pem: cert.pem,
+        expires_at: cert.not_after,
+    }))
+}
+
+/// `IssueCertificate`: a certificate of a bundle's `[[certificate]]` (the rules are in `issue.rs`).
+pub(super) async fn issue(
+    s: &Shared,
+    req: Request<pb::IssueCertificateRequest>,
+) -> Result<Response<pb::IssueCertificateResponse>, Status> {
+    let caller = require_node(&req, &*s.store).await?;
+    if !s.issue_limiter.allow(caller.id.node.clone()) {
+        return Err(Status::resource_exhausted(format!(
+            "node {} asked for too many certificates; retry in a minute",
+            caller.id.node
+        )));
+    }
+    let r = req.into_inner();
+    let what = format!("{}@{} {}", r.bundle, r.version, r.path);
+    match issue::issue(s, &caller.id, r).await {
+        Ok((resp, bundle, version)) => {
+            tracing::info!(node = %caller.id.node, %what, serial = %resp.serial, "certificate issued");
+            event(
+                s,
+                &caller.id,
+                "certificate_issued",
+                &bundle,
+                &version,
+                format!(
+                    "{what}: serial {}, valid until {}",
+                    resp.serial,
+                    issue::rfc3339(resp.not_after_ms)
+                ),
+            )
+            .await;
+            Ok(Response::new(resp))
+        }
+        Err(status) => {
+            tracing::warn!(node = %caller.id.node, %what, error = %status.message(), "certificate refused");
+            Err(status)
+        }
+    }
+}
+
+/// The enrolment steps; the error carries the metrics label.
+async fn enroll_inner(
+    s: &Shared,
+    r: pb::EnrollRequest,
+) -> Result<pb::EnrollResponse, (&'static str, Status)> {
+    let token: BootstrapToken = r
+        .token
+        .parse()
+        .map_err(|e: String| ("invalid_token", Status::invalid_argument(e)))?;
+    validate_node_name(&r.node_name).map_err(|e| ("invalid_argument", Status::invalid_argument(e)))?;
+    if r.labels.len() > MAX_LABELS {
+        return Err((
+            "invalid_argument",
+            Status::invalid_argument(format!("{} labels; the limit is {MAX_LABELS}", r.labels.len())),
+        ));
+    }
+    for (k, v) in &r.labels {
+        validate_label(k, v).map_err(|e| ("invalid_argument", Status::invalid_argument(e)))?;
+    }
+    let refused = |t: TokenRefusal| {
+        let label = match t {
+            TokenRefusal::Unknown => "invalid_token",
+            TokenRefusal::Expired => "expired_token",
+            TokenRefusal::UsedUp => "used_up_token",
+        };
+        (label, token_status(t))
+    };
+    let stored = s
+        .store
+        .get_token(token.id())
+        .await
+        .map_err(|e| ("error", store_status(e)))?
+        .ok_or_else(|| refused(TokenRefusal::Unknown))?;
+    // Constant time, so response timing does not reveal how much of a
+    // guessed secret was right. A wrong secret looks like an unknown id.
+    if !bool::from(stored.secret_hash.ct_eq(token.secret_hash().as_bytes())) {
+        return Err(refused(TokenRefusal::Unknown));
+    }
+    let now = now_ms();
+    if stored.expires_at_ms <= now {
+        return Err(refused(TokenRefusal::Expired));
+    }
+    // A token with no use left may still repeat an enrolment whose
+    // answer was lost: the store decides, in its transaction.
+    let id = NodeIdentity::new(&stored.cluster, &r.node_name)
+        .map_err(|e| ("invalid_argument", Status::invalid_argument(e)))?;
+    let cert = s
+        .pki
+        .issue_node_cert(&r.csr_pem, &id, s.node_cert_ttl)
+        .map_err(|e| ("invalid_csr", Status::invalid_argument(e.to_string())))?;
+    // The node's own labels first; the token's labels win on conflict.
+    let mut labels: Labels = r.labels.into_iter().collect();
+    labels.extend(stored.labels.clone());
+    s.store
+        .enroll_node(NewNode {
+            name: id.node.clone(),
+            cluster: id.cluster.clone(),
+            labels,
+            cert_serial: cert.serial.clone(),
+            key_hash: cert.key_hash.clone(),
+            token_id: stored.id.clone(),
+            now_ms: now,
+        })
+        .await
+        .map_err(|e| match e {
+            StoreError::Token(t) => refused(t),
+            StoreError::AlreadyExists(m) => ("already_exists", Status::already_exists(m)),
+            e => ("error", store_status(e)),
+        })?;
+    Ok(pb::EnrollResponse {
+        certificate_pem: cert.pem,
+        ca_pem: s.pki.ca_pem().to_string(),
+        node_name: id.node,
+        cluster: id.cluster,
+        expires_at: cert.not_after,
+    })
+}
+
+async fn event(s: &Shared, id: &NodeIdentity, kind: &str, bundle: &str, version: &str, message: String) {
+    record_event(s, id, kind, bundle, version, message, now_ms()).await;
+}

@@ -1,0 +1,133 @@
+//! `AgentService`: enrolment, the long-lived `Connect` stream, certificate
+//! renewal and blob download — the only API tenant nodes can reach. Split
+//! by concern: node identity (`identity.rs`), the stream (`session.rs`) and
+//! blobs and peers (`blobs.rs`); this file holds the service trait impl and
+//! the event record the three share.
+
+mod blobs;
+mod identity;
+mod issue;
+mod session;
+
+use std::sync::Arc;
+
+use lks_proto::identity::NodeIdentity;
+use lks_proto::pb::agent_service_server::AgentService;
+use lks_proto::pb::{self, AgentMessage, ServerMessage};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::BoxStream;
+use crate::server::Shared;
+use crate::store::EventRow;
+
+/// Longest free-text field (messages, facts) kept from an agent.
+const MAX_TEXT: usize = 4096;
+
+pub struct AgentApi {
+    s: Arc<Shared>,
+}
+
+impl AgentApi {
+    pub fn new(s: Arc<Shared>) -> Self {
+        AgentApi { s }
+    }
+}
+
+#[tonic::async_trait]
+impl AgentService for AgentApi {
+    async fn enroll(&self, req: Request<pb::EnrollRequest>) -> Result<Response<pb::EnrollResponse>, Status> {
+        let _t = self.s.metrics.timer("Enroll");
+        identity::enroll(&self.s, req).await
+    }
+
+    type ConnectStream = BoxStream<ServerMessage>;
+
+    async fn connect(
+        &self,
+        req: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<Self::ConnectStream>, Status> {
+        let _t = self.s.metrics.timer("Connect");
+        session::connect(&self.s, req).await
+    }
+
+    async fn renew_certificate(
+        &self,
+        req: Request<pb::RenewCertificateRequest>,
+    ) -> Result<Response<pb::RenewCertificateResponse>, Status> {
+        let _t = self.s.metrics.timer("RenewCertificate");
+        identity::renew(&self.s, req).await
+    }
+
+    async fn find_peers(
+        &self,
+        req: Request<pb::FindPeersRequest>,
+    ) -> Result<Response<pb::FindPeersResponse>, Status> {
+        let _t = self.s.metrics.timer("FindPeers");
+        blobs::find_peers(&self.s, req).await
+    }
+
+    async fn issue_certificate(
+        &self,
+        req: Request<pb::IssueCertificateRequest>,
+    ) -> Result<Response<pb::IssueCertificateResponse>, Status> {
+        let _t = self.s.metrics.timer("IssueCertificate");
+        identity::issue(&self.s, req).await
+    }
+
+    type FetchBlobStream = BoxStream<pb::BlobChunk>;
+
+    async fn fetch_blob(
+        &self,
+        req: Request<pb::FetchBlobRequest>,
+    ) -> Result<Response<Self::FetchBlobStream>, Status> {
+        let _t = self.s.metrics.timer("FetchBlob");
+        blobs::fetch(&self.s, req).await
+    }
+}
+
+async fn record_event(
+    s: &Shared,
+    id: &NodeIdentity,
+    kind: &str,
+    bundle: &str,
+    version: &str,
+    message: String,
+    at_ms: i64,
+) {
+    let e = EventRow {
+        id: 0,
+        at_ms,
+        cluster: id.cluster.clone(),
+        node: id.node.clone(),
+        rollout_id: String::new(),
+        kind: clip(kind, 64),
+        bundle: clip(bundle, 64),
+        version: clip(version, 128),
+        message: clip(&message, MAX_TEXT),
+    };
+    if let Err(e) = s.store.add_event(e).await {
+        tracing::warn!(error = %e, "record event");
+    }
+}
+
+fn clip(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clip_respects_char_boundaries() {
+        assert_eq!(clip("héllo", 2), "h");
+        assert_eq!(clip("abc", 5), "abc");
+    }
+}

@@ -1,0 +1,282 @@
+//! The gRPC APIs: `AdminService`, the operator API behind `lksctl` (every
+//! call requires the admin certificate), split by resource — clusters,
+//! tokens, bundles, rollouts, nodes, events, and the rollout policy and
+//! the views shared by several of them (`policy.rs`) — and, in `agent/`,
+//! `AgentService`, the only API tenant nodes can reach.
+//!
+//! This file holds the service trait impl: each call times itself, checks
+//! its caller, and hands the request to its resource's handler.
+
+mod agent;
+mod bundles;
+mod clusters;
+mod events;
+mod nodes;
+mod policy;
+mod rollouts;
+mod tokens;
+
+pub use agent::AgentApi;
+pub use clusters::check_api_server;
+pub use policy::rollout_pb;
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use lks_proto::labels::{Labels, validate_label};
+use lks_proto::limits::MAX_LABELS;
+use lks_proto::names::validate_node_name;
+use lks_proto::pb::admin_service_server::AdminService;
+use lks_proto::pb::{self};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::authz::require_admin;
+use crate::clock::now_ms;
+use crate::rollout::Verb;
+use crate::server::Shared;
+
+pub struct AdminApi {
+    s: Arc<Shared>,
+}
+
+impl AdminApi {
+    pub fn new(s: Arc<Shared>) -> Self {
+        AdminApi { s }
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+fn invalid(e: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(e.to_string())
+}
+
+fn check_labels(what: &str, l: &HashMap<String, String>) -> Result<Labels, Status> {
+    if l.len() > MAX_LABELS {
+        return Err(invalid(format!(
+            "{what}: {} labels; the limit is {MAX_LABELS}",
+            l.len()
+        )));
+    }
+    for (k, v) in l {
+        validate_label(k, v).map_err(|e| invalid(format!("{what}: {e}")))?;
+    }
+    Ok(l.clone().into_iter().collect())
+}
+
+#[tonic::async_trait]
+impl AdminService for AdminApi {
+    async fn create_cluster(
+        &self,
+        req: Request<pb::CreateClusterRequest>,
+    ) -> Result<Response<pb::Cluster>, Status> {
+        let _t = self.s.metrics.timer("CreateCluster");
+        let who = require_admin(&req)?;
+        let c = clusters::create(&self.s, req.into_inner(), &who, now_ms()).await?;
+        Ok(Response::new(policy::cluster_pb(c, now_ms())))
+    }
+
+    async fn set_cluster(
+        &self,
+        req: Request<pb::SetClusterRequest>,
+    ) -> Result<Response<pb::Cluster>, Status> {
+        let _t = self.s.metrics.timer("SetCluster");
+        let who = require_admin(&req)?;
+        clusters::set(&self.s, req.into_inner(), who).await
+    }
+
+    async fn get_cluster_ca(
+        &self,
+        req: Request<pb::GetClusterCaRequest>,
+    ) -> Result<Response<pb::GetClusterCaResponse>, Status> {
+        let _t = self.s.metrics.timer("GetClusterCa");
+        require_admin(&req)?;
+        let name = req.into_inner().name;
+        Ok(Response::new(pb::GetClusterCaResponse {
+            ca_cert_pem: clusters::ca_pem(&self.s, &name).await?,
+        }))
+    }
+
+    async fn list_certificates(
+        &self,
+        req: Request<pb::ListCertificatesRequest>,
+    ) -> Result<Response<pb::ListCertificatesResponse>, Status> {
+        let _t = self.s.metrics.timer("ListCertificates");
+        require_admin(&req)?;
+        Ok(Response::new(pb::ListCertificatesResponse {
+            certificates: clusters::list(&self.s, req.into_inner(), now_ms()).await?,
+        }))
+    }
+
+    async fn list_clusters(
+        &self,
+        req: Request<pb::ListClustersRequest>,
+    ) -> Result<Response<pb::ListClustersResponse>, Status> {
+        let _t = self.s.metrics.timer("ListClusters");
+        require_admin(&req)?;
+        clusters::list_clusters(&self.s).await
+    }
+
+    async fn create_token(
+        &self,
+        req: Request<pb::CreateTokenRequest>,
+    ) -> Result<Response<pb::CreateTokenResponse>, Status> {
+        let _t = self.s.metrics.timer("CreateToken");
+        require_admin(&req)?;
+        tokens::create(&self.s, req.into_inner()).await
+    }
+
+    async fn publish_bundle(
+        &self,
+        req: Request<Streaming<pb::PublishBundleRequest>>,
+    ) -> Result<Response<pb::PublishBundleResponse>, Status> {
+        let _t = self.s.metrics.timer("PublishBundle");
+        require_admin(&req)?;
+        bundles::publish(&self.s, req.into_inner()).await
+    }
+
+    async fn list_bundles(
+        &self,
+        req: Request<pb::ListBundlesRequest>,
+    ) -> Result<Response<pb::ListBundlesResponse>, Status> {
+        let _t = self.s.metrics.timer("ListBundles");
+        require_admin(&req)?;
+        bundles::list(&self.s, req.into_inner()).await
+    }
+
+    async fn get_bundle(&self, req: Request<pb::GetBundleRequest>) -> Result<Response<pb::Bundle>, Status> {
+        let _t = self.s.metrics.timer("GetBundle");
+        require_admin(&req)?;
+        bundles::get(&self.s, req.into_inner()).await
+    }
+
+    async fn delete_bundle(
+        &self,
+        req: Request<pb::GetBundleRequest>,
+    ) -> Result<Response<pb::DeleteBundleResponse>, Status> {
+        let _t = self.s.metrics.timer("DeleteBundle");
+        let who = require_admin(&req)?;
+        bundles::delete(&self.s, req.into_inner(), who).await
+    }
+
+    async fn start_rollout(
+        &self,
+        req: Request<pb::StartRolloutRequest>,
+    ) -> Result<Response<pb::Rollout>, Status> {
+        let _t = self.s.metrics.timer("StartRollout");
+        let who = require_admin(&req)?;
+        rollouts::start(&self.s, req.into_inner(), who).await
+    }
+
+    async fn get_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
+        let _t = self.s.metrics.timer("GetRollout");
+        require_admin(&req)?;
+        let row = rollouts::load_rollout(&self.s, &req.into_inner().id).await?;
+        Ok(Response::new(rollout_pb(&row)))
+    }
+
+    type WatchRolloutStream = BoxStream<pb::Rollout>;
+
+    async fn watch_rollout(
+        &self,
+        req: Request<pb::RolloutRef>,
+    ) -> Result<Response<Self::WatchRolloutStream>, Status> {
+        let _t = self.s.metrics.timer("WatchRollout");
+        require_admin(&req)?;
+        rollouts::watch(&self.s, req.into_inner()).await
+    }
+
+    async fn list_rollouts(
+        &self,
+        req: Request<pb::ListRolloutsRequest>,
+    ) -> Result<Response<pb::ListRolloutsResponse>, Status> {
+        let _t = self.s.metrics.timer("ListRollouts");
+        require_admin(&req)?;
+        rollouts::list(&self.s, req.into_inner()).await
+    }
+
+    async fn pause_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
+        let _t = self.s.metrics.timer("PauseRollout");
+        require_admin(&req)?;
+        rollouts::verb(&self.s, req.into_inner().id, Verb::Pause).await
+    }
+
+    async fn resume_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
+        let _t = self.s.metrics.timer("ResumeRollout");
+        require_admin(&req)?;
+        rollouts::verb(&self.s, req.into_inner().id, Verb::Resume).await
+    }
+
+    async fn abort_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
+        let _t = self.s.metrics.timer("AbortRollout");
+        require_admin(&req)?;
+        rollouts::verb(&self.s, req.into_inner().id, Verb::Abort).await
+    }
+
+    async fn rollback_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
+        let _t = self.s.metrics.timer("RollbackRollout");
+        require_admin(&req)?;
+        rollouts::rollback(&self.s, req.into_inner()).await
+    }
+
+    async fn list_nodes(
+        &self,
+        req: Request<pb::ListNodesRequest>,
+    ) -> Result<Response<pb::ListNodesResponse>, Status> {
+        let _t = self.s.metrics.timer("ListNodes");
+        require_admin(&req)?;
+        nodes::list(&self.s, req.into_inner()).await
+    }
+
+    async fn get_node(&self, req: Request<pb::GetNodeRequest>) -> Result<Response<pb::Node>, Status> {
+        let _t = self.s.metrics.timer("GetNode");
+        require_admin(&req)?;
+        nodes::get(&self.s, req.into_inner()).await
+    }
+
+    async fn delete_node(
+        &self,
+        req: Request<pb::DeleteNodeRequest>,
+    ) -> Result<Response<pb::DeleteNodeResponse>, Status> {
+        let _t = self.s.metrics.timer("DeleteNode");
+        require_admin(&req)?;
+        nodes::delete(&self.s, req.into_inner()).await
+    }
+
+    async fn hold_node(&self, req: Request<pb::HoldNodeRequest>) -> Result<Response<pb::Node>, Status> {
+        let _t = self.s.metrics.timer("HoldNode");
+        let who = require_admin(&req)?;
+        let r = req.into_inner();
+        validate_node_name(&r.name).map_err(invalid)?;
+        policy::check_reason(&r.reason)?;
+        nodes::set_hold(&self.s, &r.name, Some(r.reason), &who).await
+    }
+
+    async fn retry_node(
+        &self,
+        req: Request<pb::RetryNodeRequest>,
+    ) -> Result<Response<pb::RetryNodeResponse>, Status> {
+        let _t = self.s.metrics.timer("RetryNode");
+        let who = require_admin(&req)?;
+        nodes::retry(&self.s, req.into_inner(), who).await
+    }
+
+    async fn unhold_node(&self, req: Request<pb::UnholdNodeRequest>) -> Result<Response<pb::Node>, Status> {
+        let _t = self.s.metrics.timer("UnholdNode");
+        let who = require_admin(&req)?;
+        let name = req.into_inner().name;
+        validate_node_name(&name).map_err(invalid)?;
+        nodes::set_hold(&self.s, &name, None, &who).await
+    }
+
+    async fn list_events(
+        &self,
+        req: Request<pb::ListEventsRequest>,
+    ) -> Result<Response<pb::ListEventsResponse>, Status> {
+        let _t = self.s.metrics.timer("ListEvents");
+        require_admin(&req)?;
+        events::list(self.s.store.as_ref(), req.into_inner()).await
+    }
+}

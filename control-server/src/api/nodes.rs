@@ -1,0 +1,238 @@
+//! The admin API's nodes: listing them (with each node's newest
+//! certificates), one node, deleting one, holding and releasing it, and
+//! asking it to retry a failed bundle; `node_pb` is the view `lksctl` shows.
+
+use std::collections::HashMap;
+
+use lks_proto::names::{validate_bundle_name, validate_node_name};
+use lks_proto::pb;
+use tonic::{Response, Status};
+
+use super::{clusters, invalid};
+use crate::authz::store_status;
+use crate::clock::now_ms;
+use crate::server::Shared;
+use crate::store::{EventRow, NodeRow};
+
+/// `ListNodes`: a cluster's nodes (or every node) with their newest certificates.
+pub(super) async fn list(
+    s: &Shared,
+    req: pb::ListNodesRequest,
+) -> Result<Response<pb::ListNodesResponse>, Status> {
+    let cluster = req.cluster;
+    if !cluster.is_empty() && !s.store.cluster_exists(&cluster).await.map_err(store_status)? {
+        return Err(Status::not_found(format!("cluster {cluster} does not exist")));
+    }
+    let rows = s
+        .store
+        .list_nodes((!cluster.is_empty()).then_some(cluster.as_str()))
+        .await
+        .map_err(store_status)?;
+    // Each node's newest certificate per bundle and path, so `node
+    // list` can say which nodes hold expired ones.
+    let now = now_ms();
+    let mut certs: HashMap<String, Vec<pb::IssuedCertificate>> = HashMap::new();
+    let issued = s
+        .store
+        .list_certificates((!cluster.is_empty()).then_some(cluster.as_str()), None)
+        .await
+        .map_err(store_status)?;
+    for c in clusters::newest_only(issued) {
+        certs
+            .entry(c.node.clone())
+            .or_default()
+            .push(clusters::cert_pb(c, now));
+    }
+    Ok(Response::new(pb::ListNodesResponse {
+        nodes: rows
+            .into_iter()
+            .map(|n| {
+                let mine = certs.remove(&n.name).unwrap_or_default();
+                pb::Node {
+                    certificates: mine,
+                    ..node_pb(s, n)
+                }
+            })
+            .collect(),
+    }))
+}
+
+/// `GetNode`: one node with its certificates.
+pub(super) async fn get(s: &Shared, req: pb::GetNodeRequest) -> Result<Response<pb::Node>, Status> {
+    let name = req.name;
+    validate_node_name(&name).map_err(invalid)?;
+    let row = s
+        .store
+        .get_node(&name)
+        .await
+        .map_err(store_status)?
+        .ok_or_else(|| Status::not_found(format!("node {name} does not exist")))?;
+    let certificates = clusters::node_certs(s, &row.cluster, &row.name, now_ms()).await?;
+    Ok(Response::new(pb::Node {
+        certificates,
+        ..node_pb(s, row)
+    }))
+}
+
+/// `DeleteNode`: its certificate stops working and its stream is closed.
+pub(super) async fn delete(
+    s: &Shared,
+    req: pb::DeleteNodeRequest,
+) -> Result<Response<pb::DeleteNodeResponse>, Status> {
+    let name = req.name;
+    validate_node_name(&name).map_err(invalid)?;
+    if !s.store.delete_node(&name).await.map_err(store_status)? {
+        return Err(Status::not_found(format!("node {name} does not exist")));
+    }
+    s.hub.kick(&name);
+    s.rollouts_changed.notify_one();
+    tracing::info!(node = %name, "node deleted; its certificate no longer works");
+    Ok(Response::new(pb::DeleteNodeResponse {}))
+}
+
+/// `RetryNode`: a failed bundle (or every one) is tried again.
+pub(super) async fn retry(
+    s: &Shared,
+    r: pb::RetryNodeRequest,
+    who: String,
+) -> Result<Response<pb::RetryNodeResponse>, Status> {
+    validate_node_name(&r.name).map_err(invalid)?;
+    if !r.bundle.is_empty() {
+        validate_bundle_name(&r.bundle).map_err(invalid)?;
+    }
+    let bundles = s
+        .store
+        .retry_node(
+            &r.name,
+            (!r.bundle.is_empty()).then_some(r.bundle.as_str()),
+            &who,
+            now_ms(),
+        )
+        .await
+        .map_err(store_status)?
+        .ok_or_else(|| Status::not_found(format!("node {} does not exist", r.name)))?;
+    if bundles.is_empty() {
+        return Err(Status::failed_precondition(format!(
+            "node {} has no bundle to retry",
+            r.name
+        )));
+    }
+    s.hub.notify(&r.name);
+    tracing::info!(node = %r.name, admin = %who, ?bundles, "retry requested");
+    Ok(Response::new(pb::RetryNodeResponse { bundles }))
+}
+
+/// Holds (`Some(reason)`) or releases a node; answers the node as it is now.
+pub(super) async fn set_hold(
+    s: &Shared,
+    name: &str,
+    hold: Option<String>,
+    who: &str,
+) -> Result<Response<pb::Node>, Status> {
+    let event = EventRow::hold("", name, hold.as_deref(), who, now_ms());
+    let held = hold.is_some();
+    if !s
+        .store
+        .set_node_hold(name, hold, event)
+        .await
+        .map_err(store_status)?
+    {
+        return Err(Status::not_found(format!("node {name} does not exist")));
+    }
+    tracing::info!(node = %name, admin = %who, held, "node hold changed");
+    // A released node may catch up now.
+    s.rollouts_changed.notify_one();
+    let row = s
+        .store
+        .get_node(name)
+        .await
+        .map_err(store_status)?
+        .ok_or_else(|| Status::not_found(format!("node {name} does not exist")))?;
+    Ok(Response::new(node_pb(s, row)))
+}
+
+pub(super) fn node_pb(s: &Shared, n: NodeRow) -> pb::Node {
+    let mut bundles = Vec::new();
+    for (name, version) in &n.desired {
+        match n.actual.get(name) {
+            Some(a) if a.version == *version => bundles.push(pb::BundleStatus {
+                name: name.clone(),
+                version: version.clone(),
+                state: pb::BundleState::from(a.state) as i32,
+                message: a.message.clone(),
+                updated_at_ms: a.updated_at_ms,
+                fetched_from_server: a.fetched_from_server,
+                fetched_from_peers: a.fetched_from_peers,
+            }),
+            _ => bundles.push(pb::BundleStatus {
+                name: name.clone(),
+                version: version.clone(),
+                state: pb::BundleState::Pending as i32,
+                message: String::new(),
+                updated_at_ms: 0,
+                fetched_from_server: 0,
+                fetched_from_peers: 0,
+            }),
+        }
+    }
+    // Held but no longer desired: shown as reported until the node removes it.
+    for (name, a) in n.actual.iter().filter(|(name, _)| !n.desired.contains_key(*name)) {
+        bundles.push(pb::BundleStatus {
+            name: name.clone(),
+            version: a.version.clone(),
+            state: pb::BundleState::from(a.state) as i32,
+            message: a.message.clone(),
+            updated_at_ms: a.updated_at_ms,
+            fetched_from_server: a.fetched_from_server,
+            fetched_from_peers: a.fetched_from_peers,
+        });
+    }
+    let facts: serde_json::Value = serde_json::from_str(&n.facts_json).unwrap_or_default();
+    let strings = |k: &str| -> Vec<String> {
+        facts[k]
+            .as_array()
+            .map(|a| a.iter().filter_map(|v| v.as_str().map(String::from)).collect())
+            .unwrap_or_default()
+    };
+    let text = |k: &str| {
+        facts
+            .get(k)
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let num = |k: &str| {
+        facts
+            .get(k)
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or_default()
+    };
+    // Here, or (on etcd) on a live replica.
+    let connected = n.connected || s.hub.is_connected(&n.name);
+    let last_seen_ms = n.last_seen_ms.max(s.hub.last_heard(&n.name).unwrap_or(0));
+    pb::Node {
+        name: n.name,
+        cluster: n.cluster,
+        labels: n.labels.into_iter().collect(),
+        connected,
+        last_seen_ms,
+        bundles,
+        facts: (!n.facts_json.is_empty()).then(|| pb::NodeFactsView {
+            hostname: text("hostname"),
+            os: text("os"),
+            kernel: text("kernel"),
+            arch: text("arch"),
+            architecture: text("architecture"),
+            cpus: num("cpus") as u32,
+            memory_bytes: num("memory_bytes"),
+            agent_version: text("agent_version"),
+            addresses: strings("addresses"),
+            features: strings("features"),
+        }),
+        certificate_serial: n.cert_serial,
+        enrolled_at_ms: n.enrolled_at_ms,
+        held: n.hold.is_some(),
+        hold_reason: n.hold.unwrap_or_default(),
+        certificates: Vec::new(),
+    }
+}
