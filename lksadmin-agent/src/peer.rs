@@ -29,7 +29,6 @@ use futures::{Stream, StreamExt};
 use lks_proto::chunks::Chunks;
 use lks_proto::identity::{Identity, NodeIdentity};
 use lks_proto::{Digest, pb};
-use rustls::server::ServerConfig;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_rustls::TlsAcceptor;
@@ -271,9 +270,17 @@ impl PeerHost {
         }
     }
 
-    async fn start(&self, r: &Running) -> Result<CancellationToken, String> {
-        let creds = NodeCredentials::load(&self.dirs).map_err(|e| e.to_string())?;
-        let tls = server_config(&creds)?;
+    async fn start(&self, r: &Running) -> Result<CancellationToken, ListenError> {
+        let creds = NodeCredentials::load(&self.dirs).map_err(ListenError::Credentials)?;
+        // The node certificate, client certificates required and checked
+        // against the node's CA, ALPN h2.
+        let tls = lks_proto::tls::server_config(
+            &creds.cert_pem,
+            &creds.key_pem,
+            &creds.ca_pem,
+            lks_proto::tls::ClientCerts::Required,
+        )
+        .map_err(ListenError::Tls)?;
         let listener = match TcpListener::bind(r.listen).await {
             Ok(l) => l,
             // A host without IPv6: all IPv4 addresses instead.
@@ -282,8 +289,16 @@ impl PeerHost {
                 r.listen.port(),
             ))
             .await
-            .map_err(|e| format!("bind {}: {e}", r.listen))?,
-            Err(e) => return Err(format!("bind {}: {e}", r.listen)),
+            .map_err(|error| ListenError::Bind {
+                addr: r.listen,
+                error,
+            })?,
+            Err(error) => {
+                return Err(ListenError::Bind {
+                    addr: r.listen,
+                    error,
+                });
+            }
         };
         let cancel = CancellationToken::new();
         let svc = PeerApi {
@@ -323,15 +338,16 @@ impl Drop for PeerHost {
     }
 }
 
-/// TLS for the listener: the node certificate, client certificates
-/// required and checked against the node's CA, ALPN h2.
-fn server_config(creds: &NodeCredentials) -> Result<Arc<ServerConfig>, String> {
-    lks_proto::tls::server_config(
-        &creds.cert_pem,
-        &creds.key_pem,
-        &creds.ca_pem,
-        lks_proto::tls::ClientCerts::Required,
-    )
+/// Why the peer listener did not start.
+#[derive(Debug, thiserror::Error)]
+enum ListenError {
+    #[error("{0}")]
+    Credentials(crate::fsutil::FsError),
+    /// The TLS set-up from this node's certificate (the text says why).
+    #[error("{0}")]
+    Tls(String),
+    #[error("bind {addr}: {error}")]
+    Bind { addr: SocketAddr, error: std::io::Error },
 }
 
 /// Accepted connections, each handshaken in its own task (a peer that
