@@ -11,7 +11,7 @@
 //! it matches: [`Engine::fill_cache`]). A
 //! failure after the switch restores the backups exactly, removes files the
 //! new version added, re-runs the previous version's steps and reports
-//! `rolled_back`. Every phase change goes through [`crate::journal`] and is
+//! `rolled_back`. Every phase change goes through [`crate::apply::journal`] and is
 //! durable before it takes effect; [`Engine::recover`] finishes or undoes an
 //! interrupted transaction after a crash.
 //!
@@ -47,15 +47,15 @@ mod txn;
 
 pub use error::{ApplyError, StageError, WriteError};
 
-use crate::cache::Cache;
-use crate::certs::{CertIssuer, NoIssuer};
+use crate::apply::cache::Cache;
+use crate::apply::fsutil::{self, FsError, InodeMeta};
+use crate::apply::journal::{IllegalTransition, Journal};
+use crate::apply::runner::CommandRunner;
+use crate::apply::state::{Activity, BundleRecord, LocalState, StatusRec};
 use crate::clock::Clock;
 use crate::config::StateDir;
-use crate::fsutil::{self, FsError, InodeMeta};
-use crate::journal::{IllegalTransition, Journal};
-use crate::runner::CommandRunner;
-use crate::source::BlobSource;
-use crate::state::{Activity, BundleRecord, LocalState, StatusRec};
+use crate::link::source::BlobSource;
+use crate::node::certs::{CertIssuer, NoIssuer};
 
 /// An apply interrupted this many times in a row while its steps or health
 /// check ran is given up (the crash-loop guard).
@@ -134,7 +134,7 @@ pub struct EngineConfig {
     pub node: String,
     pub trusted: Vec<PublisherKey>,
     /// Whose files of a multi-arch bundle this node installs
-    /// ([`crate::facts::architecture`]); `None`: an architecture without a
+    /// ([`crate::node::facts::architecture`]); `None`: an architecture without a
     /// Debian name, which installs arch-neutral bundles only.
     pub arch: Option<Arch>,
 }
@@ -171,11 +171,11 @@ pub struct Engine {
     state: LocalState,
     reporter: Reporter,
     /// Set once a self-update is staged: the agent exits for the guard to
-    /// switch binaries ([`crate::selfupdate`]).
+    /// switch binaries ([`crate::node::selfupdate`]).
     handover: bool,
     /// This process is a new agent on trial: it commits its self-update
     /// once it has reconnected and reported.
-    on_trial: Option<crate::selfupdate::Pending>,
+    on_trial: Option<crate::node::selfupdate::Pending>,
     /// Managed path → its inode's metadata and digest when last hashed and
     /// found intact (in memory: the first pass after a start hashes all).
     verified: BTreeMap<BundlePath, (InodeMeta, Digest)>,

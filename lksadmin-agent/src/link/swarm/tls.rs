@@ -18,8 +18,8 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use super::CONNECT_TIMEOUT;
-use crate::client::NodeCredentials;
-use crate::fsutil::FsError;
+use crate::apply::fsutil::FsError;
+use crate::link::client::NodeCredentials;
 
 /// Why no channel to a peer could be had: this node's credentials, the TLS
 /// set-up, or the connection (its whole cause chain, on one line).
@@ -46,7 +46,7 @@ pub enum DialError {
     CertAndKey(rustls::Error),
     #[error("{0}")]
     Endpoint(tonic::transport::Error),
-    #[error("connect to node {node} at {addr}: {}", crate::source::error_chain(.error))]
+    #[error("connect to node {node} at {addr}: {}", crate::link::source::error_chain(.error))]
     Connect {
         node: String,
         addr: SocketAddr,

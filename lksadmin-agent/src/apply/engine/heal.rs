@@ -12,8 +12,8 @@ use lks_proto::{BundlePath, Digest, FileSpec, Manifest};
 
 use super::files::write_entry;
 use super::{ApplyError, Engine, EngineError, FULL_REHASH_MS, HealReport, is_regular};
-use crate::fsutil::InodeMeta;
-use crate::state::{Activity, Content};
+use crate::apply::fsutil::InodeMeta;
+use crate::apply::state::{Activity, Content};
 
 impl Engine {
     /// Re-verifies every managed file by size, mode and hash; restores the
@@ -221,7 +221,7 @@ impl Engine {
                 }
             }
         }
-        if let Ok(Some(d)) = crate::state::load_desired(&self.dirs.desired()) {
+        if let Ok(Some(d)) = crate::apply::state::load_desired(&self.dirs.desired()) {
             for b in d.bundles {
                 for f in b.manifest.into_iter().flat_map(|m| m.files) {
                     if let Ok(dg) = f.digest.parse() {

@@ -36,8 +36,8 @@ use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use crate::client::NodeCredentials;
 use crate::config::StateDir;
+use crate::link::client::NodeCredentials;
 
 /// Longest one upload may take.
 pub const UPLOAD_DEADLINE: Duration = Duration::from_secs(60);
@@ -120,7 +120,7 @@ impl Shared {
         let mut m = HashMap::new();
         for b in &desired.bundles {
             let Some(man) = &b.manifest else { continue };
-            let mine = crate::facts::architecture().map(|a| a.as_str());
+            let mine = crate::node::facts::architecture().map(|a| a.as_str());
             for f in &man.files {
                 let Ok(d) = f.digest.parse::<Digest>() else {
                     continue;
@@ -342,7 +342,7 @@ impl Drop for PeerHost {
 #[derive(Debug, thiserror::Error)]
 enum ListenError {
     #[error("{0}")]
-    Credentials(crate::fsutil::FsError),
+    Credentials(crate::apply::fsutil::FsError),
     /// The TLS set-up from this node's certificate (the text says why).
     #[error("{0}")]
     Tls(String),

@@ -15,9 +15,9 @@ use lks_proto::digest::VerifyError;
 use lks_proto::root::RootError;
 use lks_proto::{BundlePath, Digest};
 
-use crate::cache::FetchError;
-use crate::fsutil::FsError;
-use crate::runner::Outcome;
+use crate::apply::cache::FetchError;
+use crate::apply::fsutil::FsError;
+use crate::apply::runner::Outcome;
 
 /// A failed step of an apply (arch check, precheck, stage, backup, switch,
 /// steps, health check), of a rollback's restore, or of a drift check and

@@ -33,14 +33,14 @@ use lks_proto::{Digest, FileSpec, pb};
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 
-use crate::client::NodeCredentials;
 use crate::config::StateDir;
+use crate::link::client::NodeCredentials;
 
 mod plan;
 mod tls;
 
-use crate::peer::{BlobInfo, Partial, Shared};
-use crate::source::SharedChannel;
+use crate::link::peer::{BlobInfo, Partial, Shared};
+use crate::link::source::SharedChannel;
 use plan::{Found, Have, PeerState, Plan, ServerUse, start_pieces};
 pub use tls::{DialError, dial_peer};
 

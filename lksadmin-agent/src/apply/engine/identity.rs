@@ -9,7 +9,7 @@ use std::fs;
 use lks_proto::{BundlePath, BundleState, FileSpec, Manifest, pb};
 
 use super::{Engine, EngineError, RENEW_RETRY_MS, Verdict, rfc3339};
-use crate::certs::{self, IssueError, Issued};
+use crate::node::certs::{self, IssueError, Issued};
 
 impl Engine {
     /// Makes the node's own files for `m`'s `[[certificate]]` and

@@ -13,10 +13,10 @@ use lks_proto::root::{ParentDir, RootError};
 use lks_proto::{BundlePath, Digest, Manifest};
 
 use super::{ApplyError, Engine, WriteError, is_regular};
-use crate::flushwriter::FlushingWriter;
-use crate::fsutil::InodeMeta;
-use crate::journal::{PathPlan, Txn, Want};
-use crate::state::Content;
+use crate::apply::flushwriter::FlushingWriter;
+use crate::apply::fsutil::InodeMeta;
+use crate::apply::journal::{PathPlan, Txn, Want};
+use crate::apply::state::Content;
 
 impl Engine {
     /// Puts the wanted bytes into the plan's temp entry, verified, with its
@@ -296,7 +296,7 @@ impl Engine {
 
 /// Copies `src` into a new entry `name` of `parent` with `mode`, fsynced,
 /// verifying its size and digest as it reads; `known_good` (a blob this
-/// process just verified, its inode unchanged: [`crate::cache::Cache::open_checked`])
+/// process just verified, its inode unchanged: [`crate::apply::cache::Cache::open_checked`])
 /// checks only the size.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn write_entry(

@@ -14,15 +14,15 @@ use lks_proto::{BundlePath, BundleState, Digest, Manifest, SignedBundle, pb};
 use prost::Message;
 
 use super::{ApplyError, Engine, EngineError, ISSUE_RETRY_MS, Verdict, bundle_key, is_regular, rfc3339};
-use crate::cache::FetchError;
-use crate::certs::IssueError;
-use crate::journal::{PathPlan, Phase, Txn, Want};
-use crate::state::{BundleRecord, Content, OriginalRec};
+use crate::apply::cache::FetchError;
+use crate::apply::journal::{PathPlan, Phase, Txn, Want};
+use crate::apply::state::{BundleRecord, Content, OriginalRec};
+use crate::node::certs::IssueError;
 
 impl Engine {
     /// Stores `desired` durably, then converges on it.
     pub async fn accept_desired(&mut self, desired: &pb::DesiredState) -> Result<(), EngineError> {
-        crate::state::save_desired(&self.dirs.desired(), desired)?;
+        crate::apply::state::save_desired(&self.dirs.desired(), desired)?;
         self.reconcile(desired).await
     }
 

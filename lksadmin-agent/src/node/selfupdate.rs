@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use lks_proto::Digest;
 
-use crate::fsutil::{self, FsError};
+use crate::apply::fsutil::{self, FsError};
 
 /// Exit status of an agent handing over to a new binary (`EX_TEMPFAIL`):
 /// the guard switches binaries only after this one.
@@ -227,7 +227,7 @@ pub async fn test_run(binary: &Path) -> Result<String, TestRunError> {
         let err = String::from_utf8_lossy(&out.stderr);
         return Err(TestRunError::Failed {
             status: out.status,
-            stderr: crate::runner::tail_lines(&err, 2),
+            stderr: crate::apply::runner::tail_lines(&err, 2),
         });
     }
     let line = stdout.lines().next().unwrap_or_default().trim();

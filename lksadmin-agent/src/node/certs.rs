@@ -19,7 +19,7 @@ use lks_proto::pb;
 use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, PublicKeyData, SanType};
 use sha2::Digest as _;
 
-use crate::source::{BoxFuture, SharedChannel};
+use crate::link::source::{BoxFuture, SharedChannel};
 
 /// Why a certificate could not be had.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -2,7 +2,7 @@
 //! run it phase by phase (stage → back up → switch → steps → health
 //! check), commit it or roll it back, and finish or undo one a crash
 //! interrupted ([`Engine::recover`]). Every phase change goes through
-//! [`crate::journal`] and is durable before it takes effect. The file
+//! [`crate::apply::journal`] and is durable before it takes effect. The file
 //! operations of each phase are in `files.rs`.
 
 use std::fs;
@@ -14,11 +14,11 @@ use super::{
     ApplyError, Engine, EngineError, MAX_INTERRUPTED, MIB, RENEW_RETRY_MS, Verdict, give_up_backoff_ms,
     rfc3339,
 };
+use crate::apply::fsutil::{self, FsError};
+use crate::apply::journal::{Event, Next, Phase, Txn};
+use crate::apply::runner::{CommandSpec, Outcome};
+use crate::apply::state::{BundleRecord, Content, OriginalRec, StatusRec};
 use crate::fault;
-use crate::fsutil::{self, FsError};
-use crate::journal::{Event, Next, Phase, Txn};
-use crate::runner::{CommandSpec, Outcome};
-use crate::state::{BundleRecord, Content, OriginalRec, StatusRec};
 
 impl Engine {
     /// Finishes (after the commit record) or undoes (before it) a

@@ -14,9 +14,9 @@ use lks_proto::{Digest, FileSpec};
 use lks_proto::root::RootError;
 
 use super::{ApplyError, Engine, StageError, is_regular};
+use crate::apply::fsutil::{self, InodeMeta};
+use crate::apply::journal::{PathPlan, Txn, Want};
 use crate::fault;
-use crate::fsutil::{self, InodeMeta};
-use crate::journal::{PathPlan, Txn, Want};
 
 impl Engine {
     /// Moves the verified download of `digest` (`cache/fetched/`) into the
