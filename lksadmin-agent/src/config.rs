@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use lks_proto::sign::PublisherKey;
 
-use crate::fsutil::FsError;
+use crate::apply::fsutil::FsError;
 
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/lksadmin";
 pub const DEFAULT_ROOT: &str = "/";

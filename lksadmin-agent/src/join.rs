@@ -2,7 +2,7 @@
 //!
 //! Everything given on the command line is validated first; then the
 //! servers (`--server` may list several replicas) are tried in turn: each
-//! one's CA is checked against the pin ([`crate::pin`]) before the token is
+//! one's CA is checked against the pin ([`crate::link::pin`]) before the token is
 //! sent to it, and only a server that cannot be reached passes the turn to
 //! the next; the node key is made here and never leaves the node (only a CSR
 //! goes out). The identity is written into a temp directory inside the state
@@ -31,11 +31,11 @@ use lks_proto::{Digest, pb};
 use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, PublicKeyData};
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use crate::backoff::{Backoff, retry_hint};
-use crate::client;
+use crate::apply::fsutil::{self, FsError};
 use crate::config::{AgentConfig, StateDir};
-use crate::fsutil::{self, FsError};
-use crate::pin::{self, PinError};
+use crate::link::backoff::{Backoff, retry_hint};
+use crate::link::client;
+use crate::link::pin::{self, PinError};
 
 const PIN_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a join keeps trying servers that rate-limit enrolment.
@@ -454,7 +454,7 @@ async fn enroll_at(
         .map_err(|e| refused(e.to_string()))?
         .connect()
         .await
-        .map_err(|e| Attempt::Unreachable(format!("{url}: {}", crate::source::error_chain(&e))))?;
+        .map_err(|e| Attempt::Unreachable(format!("{url}: {}", crate::link::source::error_chain(&e))))?;
     let mut api = pb::agent_service_client::AgentServiceClient::new(channel);
     keep_join_key(&plan.dirs, key_pem).map_err(Attempt::Final)?;
     api.enroll(pb::EnrollRequest {

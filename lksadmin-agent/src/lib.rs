@@ -4,35 +4,31 @@
 //! unreachable.
 //!
 //! `main.rs` only parses the command line, builds the runtime and wires
-//! signals; everything else lives here so tests can drive it.
+//! signals; everything else lives here so tests can drive it:
+//!
+//! | where | what |
+//! |---|---|
+//! | [`apply`] | the engine and its journalled transactions, the blob cache, local state, durable writes, the step runner, drift watching |
+//! | [`link`] | the stream to the control server, its channels, blob sources, peer sharing |
+//! | [`node`] | facts, identity files and certificate renewal, self-update, systemd notify |
+//! | top level | `run` (the daemon), `join`, `config` and `settings`, `status`, logging, the clock, fault points |
 
 #![forbid(unsafe_code)]
 
-pub mod backoff;
-pub mod cache;
-pub mod certs;
-pub mod client;
+pub mod apply;
 pub mod clock;
 pub mod config;
-pub mod connection;
-pub mod drift;
-pub mod engine;
-pub mod facts;
 pub mod fault;
-pub mod flushwriter;
-pub mod fsutil;
 pub mod join;
-pub mod journal;
+pub mod link;
 pub mod logging;
-pub mod notify;
-pub mod peer;
-pub mod pin;
-pub mod renew;
+pub mod node;
 pub mod run;
-pub mod runner;
-pub mod selfupdate;
 pub mod settings;
-pub mod source;
-pub mod state;
 pub mod status;
-pub mod swarm;
+
+// The paths from before the grouping, which the binary, the integration
+// tests, the end-to-end crate and the fuzz targets use.
+pub use apply::{cache, engine, journal, runner, state};
+pub use link::{client, source, swarm};
+pub use node::{certs, facts, selfupdate};

@@ -14,7 +14,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 /// Installs the global subscriber. `RUST_LOG` overrides `default_level`.
 pub fn init(default_level: &str) {
     let filter = filter(std::env::var("RUST_LOG").ok().as_deref(), default_level);
-    if crate::notify::under_systemd() && std::env::var_os("LKS_LOG_STDERR").is_none() {
+    if crate::node::notify::under_systemd() && std::env::var_os("LKS_LOG_STDERR").is_none() {
         let _ = tracing_subscriber::registry()
             .with(filter)
             .with(JournalLayer)

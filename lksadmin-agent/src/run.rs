@@ -19,16 +19,16 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::apply::drift::DriftWatcher;
+use crate::apply::engine::{Engine, EngineConfig, EngineError, Reporter, StatusSnapshot};
+use crate::apply::runner::ProcessRunner;
+use crate::apply::state;
 use crate::clock::SystemClock;
 use crate::config::{ConfigError, StateDir};
-use crate::connection::{Connection, EngineCmd};
-use crate::drift::DriftWatcher;
-use crate::engine::{Engine, EngineConfig, EngineError, Reporter, StatusSnapshot};
-use crate::notify;
-use crate::renew;
-use crate::runner::ProcessRunner;
-use crate::source::{NetSource, SharedChannel, SourceError};
-use crate::state;
+use crate::link::connection::{Connection, EngineCmd};
+use crate::link::source::{NetSource, SharedChannel, SourceError};
+use crate::node::notify;
+use crate::node::renew;
 use crate::status::ConnStatusFile;
 
 pub const DEFAULT_HEAL_INTERVAL: Duration = Duration::from_secs(60);
@@ -72,7 +72,7 @@ pub enum RunError {
 pub enum RunEnd {
     /// Asked to stop (SIGTERM, Ctrl-C).
     Stopped,
-    /// A self-update is staged: exit with [`crate::selfupdate::HANDOVER_EXIT`]
+    /// A self-update is staged: exit with [`crate::node::selfupdate::HANDOVER_EXIT`]
     /// for the guard to switch binaries.
     HandOver,
 }
@@ -87,8 +87,8 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<RunEnd, 
     let channel = SharedChannel::default();
     let (status_tx, status_rx) = watch::channel(StatusSnapshot::default());
     let (events_tx, events_rx) = mpsc::channel(256);
-    let peers = Arc::new(crate::peer::Shared::default());
-    let swarm = Arc::new(crate::swarm::Swarm::new(
+    let peers = Arc::new(crate::link::peer::Shared::default());
+    let swarm = Arc::new(crate::link::swarm::Swarm::new(
         peers.clone(),
         channel.clone(),
         dirs.clone(),
@@ -104,14 +104,14 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<RunEnd, 
             root,
             node: cfg.node_name.clone(),
             trusted,
-            arch: crate::facts::architecture(),
+            arch: crate::node::facts::architecture(),
         },
         source,
         Arc::new(ProcessRunner),
         Arc::new(SystemClock),
         Reporter::new(status_tx, events_tx),
     )?
-    .with_issuer(crate::certs::NetIssuer::new(channel.clone()));
+    .with_issuer(crate::node::certs::NetIssuer::new(channel.clone()));
 
     let (ready_tx, ready_rx) = oneshot::channel();
     let engine_cancel = cancel.clone();
@@ -160,7 +160,7 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<RunEnd, 
     conn_file.update(|c| c.connected = false);
     let mut tasks = JoinSet::new();
     tasks.spawn(follow_peer_sharing(
-        crate::peer::PeerHost::new(dirs.clone(), cfg.cluster.clone(), peers, opts.peer_listen),
+        crate::link::peer::PeerHost::new(dirs.clone(), cfg.cluster.clone(), peers, opts.peer_listen),
         swarm,
         desired_tx.subscribe(),
         cancel.clone(),
@@ -227,8 +227,8 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<RunEnd, 
 /// Starts and stops peer sharing as the desired states say, and looks
 /// again every minute (a renewed node certificate restarts the listener).
 async fn follow_peer_sharing(
-    mut host: crate::peer::PeerHost,
-    swarm: Arc<crate::swarm::Swarm>,
+    mut host: crate::link::peer::PeerHost,
+    swarm: Arc<crate::link::swarm::Swarm>,
     mut desired: watch::Receiver<Option<pb::DesiredState>>,
     cancel: CancellationToken,
 ) {

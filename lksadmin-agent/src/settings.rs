@@ -48,7 +48,33 @@ pub enum SettingsError {
     #[error("read {path}: {error}")]
     Read { path: PathBuf, error: std::io::Error },
     #[error("{path}: {reason}")]
-    Invalid { path: PathBuf, reason: String },
+    Invalid { path: PathBuf, reason: InvalidSetting },
+}
+
+/// Why the text of a settings file was not accepted: one line naming the
+/// line or the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidSetting {
+    /// Not TOML, or a key this agent does not know (the text names the
+    /// line).
+    #[error("{0}")]
+    Toml(String),
+    #[error("{key}: {path:?} must be an absolute path")]
+    NotAbsolute { key: &'static str, path: String },
+    #[error("heal_interval: {0}")]
+    HealInterval(BadHealInterval),
+    #[error("peer_listen: {0:?} is not IP:PORT")]
+    PeerListen(String),
+}
+
+/// Why a heal interval (flag or file) was not accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadHealInterval {
+    /// Not a duration (the text says why).
+    #[error("{0}")]
+    Parse(String),
+    #[error("{0:?} is too short; use at least 100ms")]
+    TooShort(String),
 }
 
 #[derive(Deserialize)]
@@ -61,10 +87,10 @@ struct RawSettings {
 }
 
 /// Parses a heal interval (`60s`, `5m`, …) as the flag and the file accept it.
-pub fn parse_heal_interval(s: &str) -> Result<Duration, String> {
-    let d = lks_proto::duration::parse_duration(s)?;
+pub fn parse_heal_interval(s: &str) -> Result<Duration, BadHealInterval> {
+    let d = lks_proto::duration::parse_duration(s).map_err(BadHealInterval::Parse)?;
     if d < MIN_HEAL_INTERVAL {
-        return Err(format!("{s:?} is too short; use at least 100ms"));
+        return Err(BadHealInterval::TooShort(s.to_string()));
     }
     Ok(d)
 }
@@ -88,16 +114,17 @@ impl Settings {
 
     /// Parses the text of a settings file; the error is one line naming the
     /// line and the key.
-    pub fn parse(text: &str) -> Result<Settings, String> {
-        let raw: RawSettings = toml::from_str(text).map_err(|e| toml_error(text, &e))?;
+    pub fn parse(text: &str) -> Result<Settings, InvalidSetting> {
+        let raw: RawSettings =
+            toml::from_str(text).map_err(|e| InvalidSetting::Toml(toml_error(text, &e)))?;
         for (key, p) in [("state_dir", &raw.state_dir), ("root", &raw.root)] {
             if let Some(p) = p
                 && !p.is_absolute()
             {
-                return Err(format!(
-                    "{key}: {:?} must be an absolute path",
-                    p.display().to_string()
-                ));
+                return Err(InvalidSetting::NotAbsolute {
+                    key,
+                    path: p.display().to_string(),
+                });
             }
         }
         let heal_interval = raw
@@ -105,13 +132,13 @@ impl Settings {
             .as_deref()
             .map(parse_heal_interval)
             .transpose()
-            .map_err(|e| format!("heal_interval: {e}"))?;
+            .map_err(InvalidSetting::HealInterval)?;
         let peer_listen = raw
             .peer_listen
             .as_deref()
             .map(|s| {
                 s.parse::<std::net::SocketAddr>()
-                    .map_err(|_| format!("peer_listen: {s:?} is not IP:PORT"))
+                    .map_err(|_| InvalidSetting::PeerListen(s.to_string()))
             })
             .transpose()?;
         Ok(Settings {
@@ -222,7 +249,7 @@ mod tests {
                 "line 2: unknown field `servers`",
             ),
         ] {
-            let err = Settings::parse(text).unwrap_err();
+            let err = Settings::parse(text).unwrap_err().to_string();
             assert!(err.contains(want), "{text:?}: {err:?} lacks {want:?}");
             assert!(!err.contains('\n'), "{text:?}: multi-line error {err:?}");
         }

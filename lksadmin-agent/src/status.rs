@@ -5,11 +5,11 @@ use std::sync::Mutex;
 
 use lks_proto::BundleState;
 
+use crate::apply::fsutil::{self, FsError};
+use crate::apply::journal::Journal;
+use crate::apply::state::{Activity, LocalState};
 use crate::clock::now_ms;
 use crate::config::{ConfigError, StateDir};
-use crate::fsutil::{self, FsError};
-use crate::journal::Journal;
-use crate::state::{Activity, LocalState};
 
 /// A `run` that has not refreshed the status file for this long is
 /// considered gone (heartbeats refresh it every few seconds).
@@ -145,7 +145,7 @@ fn gather(dirs: &StateDir) -> Result<StatusView, StatusError> {
         target: t.describe(),
         phase: t.phase.name(),
     });
-    let cache = crate::cache::Cache::new(dirs.cache());
+    let cache = crate::apply::cache::Cache::new(dirs.cache());
     let mut certificates = Vec::new();
     for (name, r) in &state.bundles {
         let Some(m) = &r.installed else { continue };
@@ -155,13 +155,13 @@ fn gather(dirs: &StateDir) -> Result<StatusView, StatusError> {
             };
             let Some(v) = std::fs::read(cache.blob_path(&f.digest))
                 .ok()
-                .and_then(|b| crate::certs::validity(&b))
+                .and_then(|b| crate::node::certs::validity(&b))
             else {
                 continue;
             };
             let state = if now >= v.not_after_ms {
                 "expired"
-            } else if now >= crate::certs::renew_at_ms(&cfg.node_name, &v, c.ttl) {
+            } else if now >= crate::node::certs::renew_at_ms(&cfg.node_name, &v, c.ttl) {
                 "renewing"
             } else {
                 "valid"

@@ -31,7 +31,7 @@ pub trait BlobSource: Send + Sync {
     fn open<'a>(&'a self, file: &'a FileSpec, offset: u64) -> BoxFuture<'a, Result<BlobStream, SourceError>>;
 
     /// Peer sharing, while the node's cluster has it on.
-    fn swarm(&self) -> Option<&crate::swarm::Swarm> {
+    fn swarm(&self) -> Option<&crate::link::swarm::Swarm> {
         None
     }
 }
@@ -65,7 +65,7 @@ impl SharedChannel {
 pub struct NetSource {
     http: reqwest::Client,
     server: SharedChannel,
-    swarm: Option<Arc<crate::swarm::Swarm>>,
+    swarm: Option<Arc<crate::link::swarm::Swarm>>,
 }
 
 impl NetSource {
@@ -83,7 +83,7 @@ impl NetSource {
     }
 
     /// Fetches through peers while peer sharing is on.
-    pub fn with_swarm(mut self, swarm: Arc<crate::swarm::Swarm>) -> Self {
+    pub fn with_swarm(mut self, swarm: Arc<crate::link::swarm::Swarm>) -> Self {
         self.swarm = Some(swarm);
         self
     }
@@ -160,7 +160,7 @@ impl BlobSource for NetSource {
         })
     }
 
-    fn swarm(&self) -> Option<&crate::swarm::Swarm> {
+    fn swarm(&self) -> Option<&crate::link::swarm::Swarm> {
         self.swarm.as_deref().filter(|s| s.is_on())
     }
 }

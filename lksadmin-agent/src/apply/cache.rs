@@ -34,10 +34,10 @@ use futures::StreamExt;
 use lks_proto::digest::{Verifier, VerifyError};
 use lks_proto::{Digest, FileSpec};
 
+use crate::apply::fsutil::{self, FsError, InodeMeta};
 use crate::fault;
-use crate::fsutil::{self, FsError, InodeMeta};
-use crate::source::{self, BlobSource};
-use crate::swarm::SwarmError;
+use crate::link::source::{self, BlobSource};
+use crate::link::swarm::SwarmError;
 
 /// Marks a swarm fetch that cannot be done in pieces (fetched the old way).
 const UNSUPPORTED: &str = "unsupported: ";
@@ -277,7 +277,7 @@ impl Cache {
     async fn ensure_from_peers(
         &self,
         file: &FileSpec,
-        swarm: &crate::swarm::Swarm,
+        swarm: &crate::link::swarm::Swarm,
         dest: &Path,
     ) -> Result<Fetched, FetchError> {
         let part = self.partials().join(format!("{}.pieces", file.digest.hex()));

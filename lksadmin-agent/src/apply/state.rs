@@ -12,7 +12,7 @@ use std::path::Path;
 use lks_proto::{BundlePath, BundleState, Digest, Manifest, pb};
 use prost::Message;
 
-use crate::fsutil::{self, FsError};
+use crate::apply::fsutil::{self, FsError};
 
 /// What a path held: nothing, or a regular file with these bytes and mode.
 /// `stored` names the copy of the bytes (a file name in the backup or

@@ -18,7 +18,41 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use super::CONNECT_TIMEOUT;
-use crate::client::NodeCredentials;
+use crate::apply::fsutil::FsError;
+use crate::link::client::NodeCredentials;
+
+/// Why no channel to a peer could be had: this node's credentials, the TLS
+/// set-up, or the connection (its whole cause chain, on one line).
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    #[error("{0}")]
+    Credentials(FsError),
+    /// The cluster or node name the tracker gave (the text says which).
+    #[error("{0}")]
+    Identity(String),
+    #[error("CA certificate: {0}")]
+    CaPem(rustls_pki_types::pem::Error),
+    #[error("CA certificate: {0}")]
+    Ca(rustls::Error),
+    #[error("peer certificate verifier: {0}")]
+    Verifier(rustls::server::VerifierBuilderError),
+    #[error("node certificate: {0}")]
+    NodeCert(rustls_pki_types::pem::Error),
+    #[error("node key: {0}")]
+    NodeKey(rustls_pki_types::pem::Error),
+    #[error("{0}")]
+    Protocols(rustls::Error),
+    #[error("node certificate and key: {0}")]
+    CertAndKey(rustls::Error),
+    #[error("{0}")]
+    Endpoint(tonic::transport::Error),
+    #[error("connect to node {node} at {addr}: {}", crate::link::source::error_chain(.error))]
+    Connect {
+        node: String,
+        addr: SocketAddr,
+        error: tonic::transport::Error,
+    },
+}
 
 /// An mTLS channel to the peer listener of `node` of `cluster` at `addr`,
 /// with `creds` as the client's identity.
@@ -27,37 +61,34 @@ pub async fn dial_peer(
     cluster: &str,
     node: &str,
     addr: SocketAddr,
-) -> Result<Channel, String> {
-    let expect = NodeIdentity::new(cluster, node)?;
+) -> Result<Channel, DialError> {
+    let expect = NodeIdentity::new(cluster, node).map_err(DialError::Identity)?;
     let tls = peer_client_config(creds, expect)?;
     let connector = PeerConnector { addr, tls };
     Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| e.to_string())?
+        .map_err(DialError::Endpoint)?
         .connect_timeout(CONNECT_TIMEOUT)
         .connect_with_connector(connector)
         .await
-        .map_err(|e| {
-            format!(
-                "connect to node {node} at {addr}: {}",
-                crate::source::error_chain(&e)
-            )
+        .map_err(|error| DialError::Connect {
+            node: node.to_string(),
+            addr,
+            error,
         })
 }
 
 /// TLS to a peer: this node's certificate as the client's, the peer's
 /// checked against the node CA and required to name `expect`.
-fn peer_client_config(creds: &NodeCredentials, expect: NodeIdentity) -> Result<Arc<ClientConfig>, String> {
+fn peer_client_config(creds: &NodeCredentials, expect: NodeIdentity) -> Result<Arc<ClientConfig>, DialError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = RootCertStore::empty();
     for ca in CertificateDer::pem_slice_iter(creds.ca_pem.as_bytes()) {
-        roots
-            .add(ca.map_err(|e| format!("CA certificate: {e}"))?)
-            .map_err(|e| format!("CA certificate: {e}"))?;
+        roots.add(ca.map_err(DialError::CaPem)?).map_err(DialError::Ca)?;
     }
     let chain_verifier =
         rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
             .build()
-            .map_err(|e| format!("peer certificate verifier: {e}"))?;
+            .map_err(DialError::Verifier)?;
     let verifier = Arc::new(PeerVerifier {
         chain: chain_verifier,
         provider: provider.clone(),
@@ -65,16 +96,15 @@ fn peer_client_config(creds: &NodeCredentials, expect: NodeIdentity) -> Result<A
     });
     let chain = CertificateDer::pem_slice_iter(creds.cert_pem.as_bytes())
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("node certificate: {e}"))?;
-    let key =
-        PrivateKeyDer::from_pem_slice(creds.key_pem.as_bytes()).map_err(|e| format!("node key: {e}"))?;
+        .map_err(DialError::NodeCert)?;
+    let key = PrivateKeyDer::from_pem_slice(creds.key_pem.as_bytes()).map_err(DialError::NodeKey)?;
     let mut cfg = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
+        .map_err(DialError::Protocols)?
         .dangerous()
         .with_custom_certificate_verifier(verifier)
         .with_client_auth_cert(chain, key)
-        .map_err(|e| format!("node certificate and key: {e}"))?;
+        .map_err(DialError::CertAndKey)?;
     cfg.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(cfg))
 }

@@ -14,14 +14,14 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::backoff::{self, Backoff, Rotation, retry_hint};
-use crate::client::{NodeCredentials, connect_node};
+use crate::apply::engine::StatusSnapshot;
 use crate::clock::now_ms;
 use crate::config::StateDir;
-use crate::engine::StatusSnapshot;
-use crate::facts;
-use crate::notify;
-use crate::source::SharedChannel;
+use crate::link::backoff::{self, Backoff, Rotation, retry_hint};
+use crate::link::client::{NodeCredentials, connect_node};
+use crate::link::source::SharedChannel;
+use crate::node::facts;
+use crate::node::notify;
 use crate::status::ConnStatusFile;
 
 /// What the connection asks of the engine besides desired state.

@@ -33,16 +33,16 @@ use lks_proto::{Digest, FileSpec, pb};
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 
-use crate::client::NodeCredentials;
 use crate::config::StateDir;
+use crate::link::client::NodeCredentials;
 
 mod plan;
 mod tls;
 
-use crate::peer::{BlobInfo, Partial, Shared};
-use crate::source::SharedChannel;
+use crate::link::peer::{BlobInfo, Partial, Shared};
+use crate::link::source::SharedChannel;
 use plan::{Found, Have, PeerState, Plan, ServerUse, start_pieces};
-pub use tls::dial_peer;
+pub use tls::{DialError, dial_peer};
 
 /// Pieces in flight at once for one file.
 const WINDOW: usize = 4;
@@ -450,7 +450,7 @@ impl Swarm {
         futures::stream::once(async move {
             let ch = match self.peer_channel(&node, address).await {
                 Ok(ch) => ch,
-                Err(e) => return futures::stream::iter([News::Ended(Some(e))]).boxed(),
+                Err(e) => return futures::stream::iter([News::Ended(Some(e.to_string()))]).boxed(),
             };
             let mut c = pb::peer_service_client::PeerServiceClient::new(ch);
             let r = tokio::time::timeout(
@@ -579,7 +579,10 @@ impl Swarm {
                 .into_inner()
             }
             Source::Peer(node, addr) => {
-                let ch = self.peer_channel(node, *addr).await.map_err(PieceError::Failed)?;
+                let ch = self
+                    .peer_channel(node, *addr)
+                    .await
+                    .map_err(|e| PieceError::Failed(e.to_string()))?;
                 let mut c = pb::peer_service_client::PeerServiceClient::new(ch);
                 match c
                     .fetch_chunk(pb::FetchChunkRequest {
@@ -617,12 +620,12 @@ impl Swarm {
         Ok(buf)
     }
 
-    async fn peer_channel(&self, node: &str, addr: SocketAddr) -> Result<Channel, String> {
+    async fn peer_channel(&self, node: &str, addr: SocketAddr) -> Result<Channel, DialError> {
         let key = (node.to_string(), addr);
         if let Some(c) = lock(&self.conns).get(&key) {
             return Ok(c.clone());
         }
-        let creds = NodeCredentials::load(&self.dirs).map_err(|e| e.to_string())?;
+        let creds = NodeCredentials::load(&self.dirs).map_err(DialError::Credentials)?;
         let ch = dial_peer(&creds, &self.cluster, node, addr).await?;
         lock(&self.conns).insert(key, ch.clone());
         Ok(ch)

@@ -1,11 +1,11 @@
-//! The engine's side of a self-update (see [`crate::selfupdate`]): stage
+//! The engine's side of a self-update (see [`crate::node::selfupdate`]): stage
 //! and hand over, pick up a hand-over after a restart, commit.
 
 use lks_proto::{BundleState, Manifest};
 
 use super::{Engine, EngineError, Verdict};
-use crate::selfupdate::{self, HANDING_OVER, Paths, Pending, ROLLED_BACK, TRYING};
-use crate::state::{BundleRecord, StatusRec};
+use crate::apply::state::{BundleRecord, StatusRec};
+use crate::node::selfupdate::{self, HANDING_OVER, Paths, Pending, ROLLED_BACK, TRYING};
 
 impl Engine {
     fn su_paths(&self) -> Paths {
@@ -68,7 +68,7 @@ impl Engine {
             );
         }
         let paths = self.su_paths();
-        crate::fsutil::create_dir(&paths.dir, 0o700)?;
+        crate::apply::fsutil::create_dir(&paths.dir, 0o700)?;
         // A verified copy, executable, synced: what the guard installs.
         let staged = paths.new_binary();
         let copied = std::fs::copy(&blob, &staged)
@@ -116,23 +116,23 @@ impl Engine {
         p.set("KEY", key);
         p.set("NEW_SHA256", f.digest.hex());
         p.set("NEW_VERSION", new_version.clone());
-        p.set("OLD_VERSION", crate::facts::AGENT_VERSION);
+        p.set("OLD_VERSION", crate::node::facts::AGENT_VERSION);
         p.set("OLD_SHA256", own_digest.map(|d| d.hex()).unwrap_or_default());
         p.set("TARGET", own.display().to_string());
         p.set("DEADLINE_S", selfupdate::deadline().as_secs().to_string());
         p.set("STARTED_MS", self.clock.now_ms().to_string());
         let manifest = serde_json::to_vec(m).map_err(|e| {
-            EngineError::Fs(crate::fsutil::FsError::new(
+            EngineError::Fs(crate::apply::fsutil::FsError::new(
                 "encode",
                 &paths.manifest(),
                 std::io::Error::other(e),
             ))
         })?;
-        crate::fsutil::write_atomic(&paths.manifest(), &manifest, 0o600)?;
+        crate::apply::fsutil::write_atomic(&paths.manifest(), &manifest, 0o600)?;
         p.save(&paths.pending())?;
         let message = format!(
             "handing over from agent {} to {new_version}",
-            crate::facts::AGENT_VERSION
+            crate::node::facts::AGENT_VERSION
         );
         self.set_status(
             name,
@@ -193,7 +193,7 @@ impl Engine {
                 let message = format!(
                     "self-update to agent {} rolled back to {}: {why}",
                     p.get("NEW_VERSION"),
-                    crate::facts::AGENT_VERSION
+                    crate::node::facts::AGENT_VERSION
                 );
                 self.set_status(
                     &name,
@@ -255,7 +255,7 @@ impl Engine {
             }
         };
         // The record goes first: from here on the guard has nothing to undo.
-        let _ = crate::fsutil::remove_file_durable(&paths.pending());
+        let _ = crate::apply::fsutil::remove_file_durable(&paths.pending());
         let message = format!(
             "agent updated from {} to {}",
             p.get("OLD_VERSION"),

@@ -77,7 +77,7 @@ pub fn collect() -> pb::NodeFacts {
         boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
             .map(|s| s.trim().to_string())
             .unwrap_or_default(),
-        addresses: crate::certs::addresses()
+        addresses: crate::node::certs::addresses()
             .iter()
             .map(ToString::to_string)
             .collect(),

@@ -119,7 +119,7 @@ impl Have {
     /// It said it holds piece `i`.
     pub(super) fn has(&self, i: usize) -> bool {
         match self {
-            Have::Known(h) => h.whole || crate::peer::bit(&h.have, i),
+            Have::Known(h) => h.whole || crate::link::peer::bit(&h.have, i),
             _ => false,
         }
     }

@@ -13,10 +13,10 @@ use std::path::PathBuf;
 
 use lks_proto::{BundlePath, Digest};
 
-use crate::fsutil::{self, FsError};
+use crate::apply::fsutil::{self, FsError};
 use lks_proto::Manifest;
 
-use crate::state::{Content, OriginalRec};
+use crate::apply::state::{Content, OriginalRec};
 
 /// Where a transaction is.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

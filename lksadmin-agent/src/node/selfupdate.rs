@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use lks_proto::Digest;
 
-use crate::fsutil::{self, FsError};
+use crate::apply::fsutil::{self, FsError};
 
 /// Exit status of an agent handing over to a new binary (`EX_TEMPFAIL`):
 /// the guard switches binaries only after this one.
@@ -142,16 +142,40 @@ impl Pending {
     }
 }
 
+/// A value of [`DEADLINE_ENV`] that is not a deadline.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}={value:?} is not a number of seconds from 5 to 3600", DEADLINE_ENV)]
+pub struct BadDeadline {
+    pub value: String,
+}
+
+/// Why a staged agent binary failed its test run (`binary version`).
+#[derive(Debug, thiserror::Error)]
+pub enum TestRunError {
+    #[error("could not start it: {0}")]
+    Start(std::io::Error),
+    #[error("could not run it: {0}")]
+    Run(std::io::Error),
+    #[error("`version` did not answer within {0:?}")]
+    Timeout(Duration),
+    /// It exited unsuccessfully; `stderr` is the last lines it wrote.
+    #[error("`version` failed ({status}): {stderr}")]
+    Failed {
+        status: std::process::ExitStatus,
+        stderr: String,
+    },
+    #[error("`version` printed {line:?}, not \"lksadmin-agent VERSION\"")]
+    NotAVersion { line: String },
+}
+
 /// The deadline for a value of [`DEADLINE_ENV`]: the default when unset.
-pub fn deadline_from(value: Option<&str>) -> Result<Duration, String> {
+pub fn deadline_from(value: Option<&str>) -> Result<Duration, BadDeadline> {
     let Some(v) = value else {
         return Ok(DEFAULT_DEADLINE);
     };
     match v.trim().parse::<u64>() {
         Ok(s) if (5..=3600).contains(&s) => Ok(Duration::from_secs(s)),
-        _ => Err(format!(
-            "{DEADLINE_ENV}={v:?} is not a number of seconds from 5 to 3600"
-        )),
+        _ => Err(BadDeadline { value: v.to_string() }),
     }
 }
 
@@ -183,7 +207,7 @@ pub fn head(path: &Path, n: u64) -> std::io::Result<Vec<u8>> {
 
 /// Runs `binary version` and returns the version it prints
 /// (`lksadmin-agent 0.2.0` → `0.2.0`).
-pub async fn test_run(binary: &Path) -> Result<String, String> {
+pub async fn test_run(binary: &Path) -> Result<String, TestRunError> {
     let mut cmd = tokio::process::Command::new(binary);
     cmd.arg("version")
         .stdin(std::process::Stdio::null())
@@ -192,27 +216,26 @@ pub async fn test_run(binary: &Path) -> Result<String, String> {
         .env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .kill_on_drop(true);
-    let child = cmd.spawn().map_err(|e| format!("could not start it: {e}"))?;
+    let child = cmd.spawn().map_err(TestRunError::Start)?;
     let out = match tokio::time::timeout(TEST_RUN_TIMEOUT, child.wait_with_output()).await {
         Ok(Ok(o)) => o,
-        Ok(Err(e)) => return Err(format!("could not run it: {e}")),
-        Err(_) => return Err(format!("`version` did not answer within {TEST_RUN_TIMEOUT:?}")),
+        Ok(Err(e)) => return Err(TestRunError::Run(e)),
+        Err(_) => return Err(TestRunError::Timeout(TEST_RUN_TIMEOUT)),
     };
     let stdout = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
-        return Err(format!(
-            "`version` failed ({}): {}",
-            out.status,
-            crate::runner::tail_lines(&err, 2)
-        ));
+        return Err(TestRunError::Failed {
+            status: out.status,
+            stderr: crate::apply::runner::tail_lines(&err, 2),
+        });
     }
     let line = stdout.lines().next().unwrap_or_default().trim();
     match line.strip_prefix("lksadmin-agent ") {
         Some(v) if !v.is_empty() && v.len() <= 128 && !v.contains(char::is_whitespace) => Ok(v.to_string()),
-        _ => Err(format!(
-            "`version` printed {line:?}, not \"lksadmin-agent VERSION\""
-        )),
+        _ => Err(TestRunError::NotAVersion {
+            line: line.to_string(),
+        }),
     }
 }
 
@@ -240,7 +263,7 @@ mod tests {
         assert_eq!(deadline_from(Some("15")), Ok(Duration::from_secs(15)));
         assert_eq!(deadline_from(Some(" 3600 ")), Ok(Duration::from_secs(3600)));
         for bad in ["", "0", "4", "3601", "15s", "-1", "abc"] {
-            let e = deadline_from(Some(bad)).unwrap_err();
+            let e = deadline_from(Some(bad)).unwrap_err().to_string();
             assert!(e.contains(DEADLINE_ENV) && e.contains("5 to 3600"), "{bad}: {e}");
         }
     }
@@ -266,11 +289,15 @@ mod tests {
         );
         let e = test_run(&script("bad", "echo boom >&2; exit 3"))
             .await
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("failed") && e.contains("boom"), "{e}");
-        let e = test_run(&script("odd", "echo hello")).await.unwrap_err();
+        let e = test_run(&script("odd", "echo hello"))
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not \"lksadmin-agent VERSION\""), "{e}");
-        let e = test_run(&d.path().join("missing")).await.unwrap_err();
+        let e = test_run(&d.path().join("missing")).await.unwrap_err().to_string();
         assert!(e.contains("could not start"), "{e}");
     }
 }

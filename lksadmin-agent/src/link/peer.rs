@@ -16,9 +16,11 @@
 //!   tries elsewhere at once), all together at most `upload_rate` bytes/s,
 //!   and each upload ends after [`UPLOAD_DEADLINE`].
 //! - Off: no listener, no port open.
+//!
+//! The listener's life (start, restart on a new certificate or setting,
+//! stop) is [`PeerHost`], in `host`; this file is what it serves.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,16 +31,13 @@ use futures::{Stream, StreamExt};
 use lks_proto::chunks::Chunks;
 use lks_proto::identity::{Identity, NodeIdentity};
 use lks_proto::{Digest, pb};
-use rustls::server::ServerConfig;
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
-use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use crate::client::NodeCredentials;
-use crate::config::StateDir;
+mod host;
+
+pub use host::PeerHost;
 
 /// Longest one upload may take.
 pub const UPLOAD_DEADLINE: Duration = Duration::from_secs(60);
@@ -121,7 +120,7 @@ impl Shared {
         let mut m = HashMap::new();
         for b in &desired.bundles {
             let Some(man) = &b.manifest else { continue };
-            let mine = crate::facts::architecture().map(|a| a.as_str());
+            let mine = crate::node::facts::architecture().map(|a| a.as_str());
             for f in &man.files {
                 let Ok(d) = f.digest.parse::<Digest>() else {
                     continue;
@@ -190,184 +189,6 @@ impl Shared {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The settings a listener runs with.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Running {
-    listen: SocketAddr,
-    upload_rate: u64,
-    max_uploads: u32,
-    /// The node certificate it serves with: a renewed one restarts it.
-    cert_pem: String,
-}
-
-/// Starts, changes and stops the peer listener as the cluster's settings
-/// come and go.
-pub struct PeerHost {
-    dirs: StateDir,
-    cluster: String,
-    cache: PathBuf,
-    shared: Arc<Shared>,
-    /// `--peer-listen`: where to listen instead of all addresses on the
-    /// cluster's port.
-    listen_override: Option<SocketAddr>,
-    running: Option<(Running, CancellationToken)>,
-}
-
-impl PeerHost {
-    pub fn new(
-        dirs: StateDir,
-        cluster: String,
-        shared: Arc<Shared>,
-        listen_override: Option<SocketAddr>,
-    ) -> Self {
-        PeerHost {
-            cache: dirs.cache(),
-            dirs,
-            cluster,
-            shared,
-            listen_override,
-            running: None,
-        }
-    }
-
-    /// Follows one desired state: what is served, and whether and how the
-    /// listener runs.
-    pub async fn apply(&mut self, desired: &pb::DesiredState) {
-        self.shared.set_served(desired);
-        let cert_pem = std::fs::read_to_string(self.dirs.node_cert()).unwrap_or_default();
-        let want = desired.peer_sharing.as_ref().map(|p| Running {
-            cert_pem,
-            listen: self
-                .listen_override
-                .unwrap_or_else(|| SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), p.port as u16)),
-            upload_rate: p.upload_rate,
-            max_uploads: p.max_uploads.clamp(1, 64),
-        });
-        if self.running.as_ref().map(|r| &r.0) == want.as_ref() {
-            return;
-        }
-        self.stop();
-        let Some(want) = want else { return };
-        match self.start(&want).await {
-            Ok(cancel) => {
-                tracing::info!(
-                    listen = %want.listen,
-                    max_uploads = want.max_uploads,
-                    upload_rate = want.upload_rate,
-                    "peer sharing on: serving this node's blobs to its cluster"
-                );
-                self.running = Some((want, cancel));
-            }
-            Err(e) => tracing::warn!(listen = %want.listen, "peer sharing: cannot listen: {e}"),
-        }
-    }
-
-    pub fn stop(&mut self) {
-        if let Some((r, cancel)) = self.running.take() {
-            cancel.cancel();
-            tracing::info!(listen = %r.listen, "peer sharing off: listener closed");
-        }
-    }
-
-    async fn start(&self, r: &Running) -> Result<CancellationToken, String> {
-        let creds = NodeCredentials::load(&self.dirs).map_err(|e| e.to_string())?;
-        let tls = server_config(&creds)?;
-        let listener = match TcpListener::bind(r.listen).await {
-            Ok(l) => l,
-            // A host without IPv6: all IPv4 addresses instead.
-            Err(_) if r.listen.ip() == std::net::Ipv6Addr::UNSPECIFIED => TcpListener::bind(SocketAddr::new(
-                std::net::Ipv4Addr::UNSPECIFIED.into(),
-                r.listen.port(),
-            ))
-            .await
-            .map_err(|e| format!("bind {}: {e}", r.listen))?,
-            Err(e) => return Err(format!("bind {}: {e}", r.listen)),
-        };
-        let cancel = CancellationToken::new();
-        let svc = PeerApi {
-            cluster: self.cluster.clone(),
-            cache: self.cache.clone(),
-            shared: self.shared.clone(),
-            uploads: Arc::new(Semaphore::new(r.max_uploads as usize)),
-            watches: Arc::new(Semaphore::new(MAX_WATCHES)),
-            rate: Arc::new(RateLimit::new(r.upload_rate)),
-            cancel: cancel.clone(),
-        };
-        let incoming = incoming(listener, TlsAcceptor::from(tls), cancel.clone());
-        let c = cancel.clone();
-        tokio::spawn(async move {
-            // The control server's transport limits, and invalid_argument
-            // for a request that does not decode (lks_proto::wire).
-            let res = tonic::transport::Server::builder()
-                .http2_max_header_list_size(lks_proto::wire::MAX_HEADER_LIST)
-                .layer(lks_proto::wire::MalformedRequestLayer)
-                .add_service(
-                    pb::peer_service_server::PeerServiceServer::new(svc)
-                        .max_decoding_message_size(lks_proto::wire::MAX_MESSAGE),
-                )
-                .serve_with_incoming_shutdown(incoming, c.cancelled_owned())
-                .await;
-            if let Err(e) = res {
-                tracing::warn!("peer listener ended: {e}");
-            }
-        });
-        Ok(cancel)
-    }
-}
-
-impl Drop for PeerHost {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// TLS for the listener: the node certificate, client certificates
-/// required and checked against the node's CA, ALPN h2.
-fn server_config(creds: &NodeCredentials) -> Result<Arc<ServerConfig>, String> {
-    lks_proto::tls::server_config(
-        &creds.cert_pem,
-        &creds.key_pem,
-        &creds.ca_pem,
-        lks_proto::tls::ClientCerts::Required,
-    )
-}
-
-/// Accepted connections, each handshaken in its own task (a peer that
-/// stalls its handshake holds up nobody).
-fn incoming(
-    listener: TcpListener,
-    acceptor: TlsAcceptor,
-    cancel: CancellationToken,
-) -> impl Stream<Item = std::io::Result<TlsStream<TcpStream>>> + Send + 'static {
-    let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(async move {
-        loop {
-            let (tcp, addr) = tokio::select! {
-                _ = cancel.cancelled() => return,
-                a = listener.accept() => match a {
-                    Ok(a) => a,
-                    Err(e) => {
-                        tracing::debug!("peer accept: {e}");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                },
-            };
-            let (acceptor, tx) = (acceptor.clone(), tx.clone());
-            tokio::spawn(async move {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                    Ok(Ok(tls)) => {
-                        let _ = tx.send(Ok(tls)).await;
-                    }
-                    Ok(Err(e)) => tracing::info!(peer = %addr, "peer refused at TLS: {e}"),
-                    Err(_) => tracing::info!(peer = %addr, "peer TLS handshake timed out"),
-                }
-            });
-        }
-    });
-    tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
 /// `WatchPieces` streams open at once on one node (a fleet of 64 watching

@@ -13,11 +13,11 @@ use rcgen::{CertificateParams, KeyPair, PublicKeyData};
 use tokio_util::sync::CancellationToken;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use crate::backoff::{self, Backoff, unit_random};
+use crate::apply::fsutil::{self, FsError};
 use crate::clock::now_ms;
 use crate::config::StateDir;
-use crate::fsutil::{self, FsError};
-use crate::source::SharedChannel;
+use crate::link::backoff::{self, Backoff, unit_random};
+use crate::link::source::SharedChannel;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RenewError {

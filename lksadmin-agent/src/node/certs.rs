@@ -19,7 +19,7 @@ use lks_proto::pb;
 use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, PublicKeyData, SanType};
 use sha2::Digest as _;
 
-use crate::source::{BoxFuture, SharedChannel};
+use crate::link::source::{BoxFuture, SharedChannel};
 
 /// Why a certificate could not be had.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -106,9 +106,35 @@ pub struct KeyAndCsr {
     pub spki: Vec<u8>,
 }
 
+/// Why this node could not ask for a certificate (its names, its key, the
+/// CSR), or refuses the one the server issued. The engine prefixes the
+/// certificate's path.
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    /// The entry's names for this node (the text says which is wrong).
+    #[error("{0}")]
+    Names(String),
+    #[error("generate a key: {0}")]
+    GenerateKey(rcgen::Error),
+    #[error("DNS name {name:?}: {error}")]
+    DnsName { name: String, error: rcgen::Error },
+    #[error("make a CSR: {0}")]
+    Csr(rcgen::Error),
+    #[error("the issued certificate: {0}")]
+    Issued(lks_proto::identity::CertError),
+    #[error("expected one certificate, got {0}")]
+    NotOne(usize),
+    #[error("the issued certificate does not parse: {0}")]
+    Parse(x509_parser::nom::Err<x509_parser::error::X509Error>),
+    #[error("the issued certificate is not for the key made here")]
+    OtherKey,
+    #[error("the issued certificate has already expired")]
+    Expired,
+}
+
 /// Makes a fresh ECDSA P-256 key and a CSR asking for exactly `names`.
-pub fn key_and_csr(names: &CertNames) -> Result<KeyAndCsr, String> {
-    let key = KeyPair::generate().map_err(|e| format!("generate a key: {e}"))?;
+pub fn key_and_csr(names: &CertNames) -> Result<KeyAndCsr, CertError> {
+    let key = KeyPair::generate().map_err(CertError::GenerateKey)?;
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, names.common_name.as_str());
@@ -117,7 +143,10 @@ pub fn key_and_csr(names: &CertNames) -> Result<KeyAndCsr, String> {
     }
     params.distinguished_name = dn;
     for d in &names.dns_names {
-        let name = d.clone().try_into().map_err(|e| format!("DNS name {d:?}: {e}"))?;
+        let name = d.clone().try_into().map_err(|error| CertError::DnsName {
+            name: d.clone(),
+            error,
+        })?;
         params.subject_alt_names.push(SanType::DnsName(name));
     }
     for ip in &names.ip_addresses {
@@ -126,7 +155,7 @@ pub fn key_and_csr(names: &CertNames) -> Result<KeyAndCsr, String> {
     let csr = params
         .serialize_request(&key)
         .and_then(|c| c.pem())
-        .map_err(|e| format!("make a CSR: {e}"))?;
+        .map_err(CertError::Csr)?;
     Ok(KeyAndCsr {
         key_pem: key.serialize_pem(),
         csr_pem: csr,
@@ -144,19 +173,18 @@ pub struct Issued {
 
 /// Checks a certificate the server returned: one certificate, for our key,
 /// valid now. Returns its validity.
-pub fn check_issued(cert_pem: &str, spki: &[u8], now_ms: i64) -> Result<Issued, String> {
-    let ders = pem_certs(cert_pem).map_err(|e| format!("the issued certificate: {e}"))?;
+pub fn check_issued(cert_pem: &str, spki: &[u8], now_ms: i64) -> Result<Issued, CertError> {
+    let ders = pem_certs(cert_pem).map_err(CertError::Issued)?;
     let [der] = ders.as_slice() else {
-        return Err(format!("expected one certificate, got {}", ders.len()));
+        return Err(CertError::NotOne(ders.len()));
     };
-    let (_, cert) = x509_parser::parse_x509_certificate(der)
-        .map_err(|e| format!("the issued certificate does not parse: {e}"))?;
+    let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(CertError::Parse)?;
     if cert.public_key().raw != spki {
-        return Err("the issued certificate is not for the key made here".into());
+        return Err(CertError::OtherKey);
     }
-    let info = cert_info(der).map_err(|e| format!("the issued certificate: {e}"))?;
+    let info = cert_info(der).map_err(CertError::Issued)?;
     if info.not_after * 1000 <= now_ms {
-        return Err("the issued certificate has already expired".into());
+        return Err(CertError::Expired);
     }
     Ok(Issued {
         serial: info.serial,
@@ -266,8 +294,8 @@ pub fn addresses() -> Vec<IpAddr> {
 }
 
 /// The names `spec` gives this node now.
-pub fn names_for(spec: &CertificateSpec, node: &str) -> Result<CertNames, String> {
-    spec.names_for(node, &addresses())
+pub fn names_for(spec: &CertificateSpec, node: &str) -> Result<CertNames, CertError> {
+    spec.names_for(node, &addresses()).map_err(CertError::Names)
 }
 
 #[cfg(test)]
@@ -294,7 +322,9 @@ mod tests {
         assert!(k.key_pem.contains("PRIVATE KEY"));
         // A certificate for another key is refused.
         let other = rcgen::generate_simple_self_signed(vec!["w1".into()]).unwrap();
-        let e = check_issued(&other.cert.pem(), &k.spki, 0).unwrap_err();
+        let e = check_issued(&other.cert.pem(), &k.spki, 0)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not for the key"), "{e}");
     }
 

@@ -11,7 +11,7 @@
 //! the kernel's queue overflowing. They wake it too.
 //!
 //! This only decides *when* to heal. What is repaired is still decided by
-//! [`crate::engine::Engine::heal`], which hashes every managed file; the
+//! [`crate::apply::engine::Engine::heal`], which hashes every managed file; the
 //! periodic pass still runs, and it covers what inotify cannot see. That
 //! includes directories that do not exist yet, filesystems without inotify
 //! and a watch limit reached. The agent's own writes wake the watcher too;

@@ -11,10 +11,12 @@ use std::os::unix::fs::PermissionsExt;
 
 use lks_proto::{Digest, FileSpec};
 
-use super::{Engine, is_regular};
+use lks_proto::root::RootError;
+
+use super::{ApplyError, Engine, StageError, is_regular};
+use crate::apply::fsutil::{self, InodeMeta};
+use crate::apply::journal::{PathPlan, Txn, Want};
 use crate::fault;
-use crate::fsutil::{self, InodeMeta};
-use crate::journal::{PathPlan, Txn, Want};
 
 impl Engine {
     /// Moves the verified download of `digest` (`cache/fetched/`) into the
@@ -28,51 +30,55 @@ impl Engine {
         digest: Digest,
         size: u64,
         mode: u32,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, ApplyError> {
+        let stage = |error: StageError| ApplyError::Stage {
+            path: plan.path.clone(),
+            error,
+        };
         let Some(src) = self
             .cache
             .verified_fetched(&digest, size)
-            .map_err(|e| format!("{}: stage: {e}", plan.path))?
+            .map_err(|e| stage(e.into()))?
         else {
             return Ok(false);
         };
         // A staged entry is private until its mode is set (as
         // `create_entry` makes one); a download given back by a rollback
         // may carry another file's mode.
-        fs::set_permissions(&src, fs::Permissions::from_mode(0o600))
-            .map_err(|e| format!("{}: stage: set mode of {}: {e}", plan.path, src.display()))?;
-        let parent = self.root.parent(&plan.path, true).map_err(|e| e.to_string())?;
+        fs::set_permissions(&src, fs::Permissions::from_mode(0o600)).map_err(|error| {
+            stage(StageError::FetchedMode {
+                file: src.clone(),
+                error,
+            })
+        })?;
+        let parent = self.root.parent(&plan.path, true)?;
         let temp: std::ffi::OsString = plan.temp.clone().into();
         match nix::fcntl::renameat(nix::fcntl::AT_FDCWD, &src, parent.as_fd(), temp.as_os_str()) {
             Ok(()) => {}
             Err(nix::errno::Errno::EXDEV) => {
                 self.cache
                     .promote_fetched(&digest, size)
-                    .map_err(|e| format!("{}: stage: {e}", plan.path))?;
+                    .map_err(|e| stage(e.into()))?;
                 return Ok(false);
             }
-            Err(e) => {
-                return Err(format!(
-                    "{}: stage: move the fetched blob {} beside it: {e}",
-                    plan.path,
-                    src.display()
-                ));
+            Err(error) => {
+                return Err(stage(StageError::MoveFetched { file: src, error }));
             }
         }
         // The mode only now, on verified bytes; fsynced like a staged copy
         // (the data was fsynced when it was fetched).
-        let set_mode = || -> Result<(), String> {
+        let set_mode = || -> Result<(), StageError> {
             let f = parent
                 .open_entry(&temp)
-                .map_err(|e| e.to_string())?
-                .ok_or_else(|| "vanished".to_string())?;
+                .map_err(StageError::OpenMoved)?
+                .ok_or(StageError::MovedVanished)?;
             f.set_permissions(fs::Permissions::from_mode(mode))
                 .and_then(|()| f.sync_all())
-                .map_err(|e| e.to_string())
+                .map_err(StageError::SyncMoved)
         };
         if let Err(e) = set_mode() {
             let _ = parent.remove_entry(&temp);
-            return Err(format!("{}: stage: set mode and fsync: {e}", plan.path));
+            return Err(stage(e));
         }
         self.stages_unhashed
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -86,7 +92,7 @@ impl Engine {
         &self,
         earlier: &[PathPlan],
         digest: &Digest,
-    ) -> Result<Option<File>, String> {
+    ) -> Result<Option<File>, RootError> {
         for p in earlier {
             if !matches!(p.want, Want::Blob { digest: d, .. } if d == *digest) {
                 continue;
@@ -94,10 +100,7 @@ impl Engine {
             let Ok(parent) = self.root.parent(&p.path, false) else {
                 continue;
             };
-            if let Some(f) = parent
-                .open_entry(&p.temp.clone().into())
-                .map_err(|e| e.to_string())?
-            {
+            if let Some(f) = parent.open_entry(&p.temp.clone().into())? {
                 return Ok(Some(f));
             }
         }
@@ -218,18 +221,14 @@ impl Engine {
 
     /// One blob of [`Engine::fill_cache`]: from `fetched/` if a download is
     /// still there, else copied from the target.
-    fn cache_from_target(&mut self, f: &FileSpec) -> Result<bool, String> {
-        if self
-            .cache
-            .promote_fetched(&f.digest, f.size)
-            .map_err(|e| e.to_string())?
-        {
+    fn cache_from_target(&mut self, f: &FileSpec) -> Result<bool, ApplyError> {
+        if self.cache.promote_fetched(&f.digest, f.size)? {
             return Ok(true);
         }
         let Ok(parent) = self.root.parent(&f.path, false) else {
             return Ok(false);
         };
-        let meta = match parent.stat_target().map_err(|e| e.to_string())? {
+        let meta = match parent.stat_target()? {
             Some(st) if is_regular(&st) && st.st_size as u64 == f.size => InodeMeta::of(&st),
             _ => return Ok(false),
         };
@@ -239,15 +238,12 @@ impl Engine {
         if self.uncacheable.get(&f.path) == Some(&meta) {
             return Ok(false);
         }
-        let Some(src) = parent.open_target().map_err(|e| e.to_string())? else {
+        let Some(src) = parent.open_target()? else {
             return Ok(false);
         };
         fault::point("cache-copy");
         self.cache_copies += 1;
-        let cached = self
-            .cache
-            .copy_in(src, &f.digest, f.size)
-            .map_err(|e| e.to_string())?;
+        let cached = self.cache.copy_in(src, &f.digest, f.size)?;
         if !cached {
             self.uncacheable.insert(f.path.clone(), meta);
         }

@@ -1,0 +1,13 @@
+//! Applying bundles to this node: the engine and its journalled
+//! transactions, the blob cache, the persisted local state, the durable
+//! file writes they rest on, the step and health-check runner, and drift
+//! watching.
+
+pub mod cache;
+pub mod drift;
+pub mod engine;
+pub mod flushwriter;
+pub mod fsutil;
+pub mod journal;
+pub mod runner;
+pub mod state;
