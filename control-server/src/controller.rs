@@ -17,15 +17,17 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use lks_proto::manifest::Needs;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use crate::authz::store_status;
 use crate::clock::now_ms;
+use crate::hub::Hub;
+use crate::metrics::Metrics;
 use crate::rollout::{self, Clock, Decision, NodeView, Verb};
-use crate::server::Shared;
-use crate::store::{NewRollout, RolloutCommit, RolloutRow, RolloutState, StoreError};
+use crate::store::{NewRollout, RolloutCommit, RolloutRow, RolloutState, Store, StoreError};
 use crate::windows;
 
 /// How often rollouts are re-examined without a trigger (offline deadlines).
@@ -96,8 +98,26 @@ impl Handle {
     }
 }
 
+/// What the controller uses of the server, handed over by
+/// [`crate::server`] (not the whole [`crate::context::Shared`], which holds
+/// this controller's own [`Handle`]).
+#[derive(Clone)]
+pub struct Deps {
+    pub store: Arc<dyn Store>,
+    /// Who is connected (a rollout's views) and whom to tell of a change.
+    pub hub: Arc<Hub>,
+    pub metrics: Arc<Metrics>,
+    /// True while this replica drives rollouts (always, on SQLite).
+    pub leader: watch::Receiver<bool>,
+    /// Poked when a node reports, connects or is deleted.
+    pub rollouts_changed: Arc<Notify>,
+    /// Bumped whenever a rollout changed, for `WatchRollout` streams.
+    pub rollout_updates: watch::Sender<u64>,
+    pub cancel: CancellationToken,
+}
+
 struct Controller {
-    s: Arc<Shared>,
+    s: Deps,
     since_ms: i64,
     /// `bundle@version` → the agent features it needs (bundles are
     /// immutable, so this never goes stale).
@@ -105,7 +125,7 @@ struct Controller {
 }
 
 /// Runs the controller until shutdown.
-pub async fn run(s: Arc<Shared>, inbox: Inbox) {
+pub async fn run(s: Deps, inbox: Inbox) {
     let mut c = Controller {
         s: s.clone(),
         since_ms: now_ms(),
@@ -209,7 +229,7 @@ impl Controller {
     /// Only the elected replica advances rollouts; the others store
     /// operator commands and leave the driving to it (etcd tells it).
     fn leads(&self) -> bool {
-        self.s.is_leader()
+        *self.s.leader.borrow()
     }
 
     async fn start(&self, new: NewRollout) -> Result<RolloutRow, Status> {

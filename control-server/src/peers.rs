@@ -25,9 +25,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lks_proto::pb;
+use tokio_util::sync::CancellationToken;
 
 use crate::hub::Hub;
-use crate::server::Shared;
 use crate::store::{PeerSettings, Result, Store};
 
 /// How long a cluster's settings are used before they are read again, and
@@ -162,15 +162,15 @@ async fn read(slot: &Slot, store: &dyn Store, hub: &Hub, cluster: &str) -> Resul
 
 /// Every [`TTL`], on every replica: reads again the settings of the
 /// clusters whose agents this replica serves ([`PeerCache::refresh`]).
-pub async fn run(s: Arc<Shared>) {
+pub async fn run(peers: Arc<PeerCache>, store: Arc<dyn Store>, hub: Arc<Hub>, cancel: CancellationToken) {
     let mut tick = tokio::time::interval(TTL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = s.cancel.cancelled() => return,
+            _ = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        s.peers.refresh(&*s.store, &s.hub).await;
+        peers.refresh(&*store, &hub).await;
     }
 }
 

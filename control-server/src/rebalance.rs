@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::server::Shared;
+use crate::context::Shared;
 use crate::store::EtcdStore;
 
 /// Default for `--rebalance-interval`.

@@ -28,8 +28,8 @@ use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use crate::context::Shared;
 use crate::pki::SharedIdentity;
-use crate::server::Shared;
 use crate::store::etcd::Change;
 use crate::store::{EtcdStore, StoreError};
 

@@ -21,6 +21,7 @@ use crate::adminconf::{AdminConf, AdminConfError, AdminConfFile};
 use crate::admission::{HandshakeLimits, Handshakes, OpenGate};
 use crate::api::{AdminApi, AgentApi};
 use crate::blobs::{BlobChoice, BlobError, BlobStore, Blobs, EtcdChunks, LocalBlobs, LocalDirStore, S3Store};
+use crate::context::Shared;
 use crate::controller;
 use crate::hub::Hub;
 use crate::metrics::{self, Metrics};
@@ -155,77 +156,6 @@ pub enum ServerError {
     Tls(String),
     #[error("gRPC server: {0}")]
     Serve(String),
-}
-
-/// State shared by every handler and background task.
-pub struct Shared {
-    pub store: Arc<dyn Store>,
-    /// Local blobs and the store where they are durable.
-    pub blobs: Blobs,
-    /// What `GET /v1/agent-package/ARCH` serves.
-    pub agent_packages: Arc<AgentPackages>,
-    pub pki: Pki,
-    /// Tenant cluster CAs: `cluster_cas.load(name)` gives a cluster's CA
-    /// ready to sign, its key opened with the encryption key if sealed.
-    pub cluster_cas: ClusterCas,
-    pub hub: Hub,
-    /// Peer-sharing settings by cluster, for the desired states sent.
-    pub peers: crate::peers::PeerCache,
-    pub metrics: Arc<Metrics>,
-    pub limiter: RateLimiter,
-    /// Room for `Connect` streams being opened (store work before the
-    /// first desired state); beyond it a `Connect` is shed.
-    pub opening: OpenGate,
-    /// Certificates each node may have signed: a burst for a bundle's
-    /// worth, then one per ten seconds.
-    pub issue_limiter: RateLimiter<String>,
-    /// Poked when a node reports, connects or is deleted, so the rollout
-    /// controller looks again.
-    pub rollouts_changed: Notify,
-    /// Operator commands to the rollout controller.
-    pub rollouts: controller::Handle,
-    /// Bumped whenever a rollout changed, for `WatchRollout` streams.
-    pub rollout_updates: watch::Sender<u64>,
-    /// `https://HOST:PORT` that agents and lksctl dial to reach this replica.
-    pub server_url: String,
-    /// The replicated store's own handle (blob replication, identity), when
-    /// the server runs on etcd.
-    pub etcd: Option<EtcdStore>,
-    /// True while this replica drives rollouts (always, on SQLite).
-    pub leader: watch::Receiver<bool>,
-    /// Every replica's URL, this one's first (only this one, on SQLite).
-    pub servers: watch::Receiver<Vec<String>>,
-    /// `--join-url`: what join lines name, if given.
-    pub join_urls: Vec<String>,
-    pub node_cert_ttl: Duration,
-    pub ping_interval: Duration,
-    /// Fires at shutdown.
-    pub cancel: CancellationToken,
-    /// Every per-stream and background task, so shutdown can wait for them.
-    pub tasks: TaskTracker,
-    /// Peer sharing: who holds which blob (`FindPeers`).
-    pub tracker: crate::tracker::Tracker,
-}
-
-impl Shared {
-    /// The `--server` value of join commands: the `--join-url`s if given,
-    /// else every replica, comma-separated.
-    pub fn join_servers(&self) -> String {
-        if !self.join_urls.is_empty() {
-            return self.join_urls.join(",");
-        }
-        self.servers.borrow().join(",")
-    }
-
-    /// The peer-sharing settings of `cluster`, read through
-    /// [`Shared::peers`].
-    pub async fn peer_settings(&self, cluster: &str) -> crate::store::Result<crate::store::PeerSettings> {
-        self.peers.get(&*self.store, &self.hub, cluster).await
-    }
-
-    pub fn is_leader(&self) -> bool {
-        *self.leader.borrow()
-    }
 }
 
 /// Raises the soft open-file limit to the hard one: every agent stream is a
@@ -449,13 +379,13 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         blobs,
         agent_packages,
         pki,
-        hub: Hub::default(),
-        peers: crate::peers::PeerCache::default(),
+        hub: Arc::new(Hub::default()),
+        peers: Arc::new(crate::peers::PeerCache::default()),
         metrics: Arc::new(Metrics::default()),
         limiter: RateLimiter::new(ENROLL_RATE, ENROLL_BURST),
         opening: OpenGate::new(cfg.max_streams_opening, crate::admission::STREAM_OPEN_WAIT),
         issue_limiter: RateLimiter::new(0.1, 64.0),
-        rollouts_changed: Notify::new(),
+        rollouts_changed: Arc::new(Notify::new()),
         rollouts,
         rollout_updates,
         server_url,
@@ -476,7 +406,12 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
             .spawn(metrics::serve(l, shared.metrics.clone(), cancel.clone()));
     }
     shared.tasks.spawn(flush_heartbeats(shared.clone()));
-    shared.tasks.spawn(crate::peers::run(shared.clone()));
+    shared.tasks.spawn(crate::peers::run(
+        shared.peers.clone(),
+        shared.store.clone(),
+        shared.hub.clone(),
+        cancel.clone(),
+    ));
     if let Some(interval) = cfg.blob_gc_interval {
         let owner = etcd.as_ref().map(|e| e.replica().to_string()).unwrap_or_default();
         let local_is_store = matches!(
@@ -491,7 +426,18 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
             local_is_store,
         ));
     }
-    shared.tasks.spawn(controller::run(shared.clone(), rollout_inbox));
+    shared.tasks.spawn(controller::run(
+        controller::Deps {
+            store: shared.store.clone(),
+            hub: shared.hub.clone(),
+            metrics: shared.metrics.clone(),
+            leader: shared.leader.clone(),
+            rollouts_changed: shared.rollouts_changed.clone(),
+            rollout_updates: shared.rollout_updates.clone(),
+            cancel: cancel.clone(),
+        },
+        rollout_inbox,
+    ));
     if let Some(e) = &etcd {
         shared.tasks.spawn(replicas::run_lease(
             shared.clone(),

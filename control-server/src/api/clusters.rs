@@ -14,8 +14,8 @@ use tonic::{Response, Status};
 use super::{invalid, policy};
 use crate::authz::store_status;
 use crate::clock::now_ms;
+use crate::context::Shared;
 use crate::pki::clusterca::{ClusterCa, ClusterCas};
-use crate::server::Shared;
 use crate::store::{ClusterRow, EventRow, IssuedCertRow, NewCluster, PeerSettings};
 
 /// Most concurrent uploads per node an operator may allow.

@@ -34,8 +34,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::authz::require_admin;
 use crate::clock::now_ms;
+use crate::context::Shared;
 use crate::rollout::Verb;
-use crate::server::Shared;
 
 pub struct AdminApi {
     s: Arc<Shared>,

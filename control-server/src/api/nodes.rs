@@ -11,7 +11,7 @@ use tonic::{Response, Status};
 use super::{clusters, invalid};
 use crate::authz::store_status;
 use crate::clock::now_ms;
-use crate::server::Shared;
+use crate::context::Shared;
 use crate::store::{EventRow, NodeRow};
 
 /// `ListNodes`: a cluster's nodes (or every node) with their newest certificates.

@@ -20,8 +20,8 @@ use super::bundles::decode_manifest;
 use super::{BoxStream, check_labels, invalid, policy, rollout_pb};
 use crate::authz::store_status;
 use crate::clock::now_ms;
+use crate::context::Shared;
 use crate::rollout::{self, Verb, counts};
-use crate::server::Shared;
 use crate::store::{BundleRow, ClusterRow, NewRollout, RolloutRow, RolloutState};
 
 const MAX_BATCH_SIZE: u32 = 100_000;

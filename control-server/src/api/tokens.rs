@@ -12,7 +12,7 @@ use tonic::{Response, Status};
 use super::{check_labels, invalid};
 use crate::authz::store_status;
 use crate::clock::now_ms;
-use crate::server::Shared;
+use crate::context::Shared;
 use crate::store::TokenRow;
 
 const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);

@@ -12,7 +12,7 @@ use tonic::{Request, Response, Status};
 
 use super::BoxStream;
 use crate::authz::{blob_status, require_node, store_status};
-use crate::server::Shared;
+use crate::context::Shared;
 
 /// Bytes per `FetchBlob` message. 256 KiB measured faster than 64 KiB
 /// (fewer messages to frame, encode and decode); a fetch holds at most six

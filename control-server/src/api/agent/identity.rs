@@ -18,7 +18,7 @@ use tonic::{Request, Response, Status};
 use super::{issue, record_event};
 use crate::authz::{require_node, store_status, token_status};
 use crate::clock::now_ms;
-use crate::server::Shared;
+use crate::context::Shared;
 use crate::store::{NewNode, StoreError, TokenRefusal};
 
 /// `Enroll`: rate limited per address; the outcome is counted by its metrics label.

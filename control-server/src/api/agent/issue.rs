@@ -20,8 +20,8 @@ use tonic::Status;
 
 use crate::authz::store_status;
 use crate::clock::now_ms;
+use crate::context::Shared;
 use crate::pki::clusterca::{CertTemplate, Usage};
-use crate::server::Shared;
 use crate::store::IssuedCertRow;
 
 /// Largest CSR accepted (a P-256 CSR with 32 SANs is about 2 KiB).

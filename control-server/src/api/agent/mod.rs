@@ -17,7 +17,7 @@ use lks_proto::pb::{self, AgentMessage, ServerMessage};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::BoxStream;
-use crate::server::Shared;
+use crate::context::Shared;
 use crate::store::EventRow;
 
 /// Longest free-text field (messages, facts) kept from an agent.

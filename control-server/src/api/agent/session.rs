@@ -22,7 +22,7 @@ use tracing::Instrument;
 use super::{BoxStream, MAX_TEXT, clip, record_event};
 use crate::authz::{NodeCaller, require_node, store_status};
 use crate::clock::now_ms;
-use crate::server::Shared;
+use crate::context::Shared;
 use crate::store::{BundleStatusRow, StoreError};
 
 /// How long a new stream may take to send its `Hello`.

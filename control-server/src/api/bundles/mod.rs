@@ -17,7 +17,7 @@ use tonic::{Response, Status};
 use super::invalid;
 use crate::authz::store_status;
 use crate::clock::now_ms;
-use crate::server::Shared;
+use crate::context::Shared;
 use crate::store::{BundleRow, EventRow, StoreError};
 
 /// `ListBundles`.

@@ -18,7 +18,7 @@ use super::super::invalid;
 use crate::authz::{blob_status, store_status};
 use crate::blobs::{BlobError, BlobWriter, StagedBlob, Upload};
 use crate::clock::now_ms;
-use crate::server::Shared;
+use crate::context::Shared;
 use crate::store::{EventRow, NewBundle, PutOutcome};
 
 /// `PublishBundle`: the header, the bytes, then the record.

@@ -1,0 +1,101 @@
+//! What every handler and background task of one server process shares:
+//! [`Shared`], built once by [`crate::server`] (which wires the process)
+//! and handed to the API handlers, the replicas' tasks and the rebalancer.
+//!
+//! It sits below them: it names the store, the blob store, the hub, the
+//! PKI and the queues of the tasks it feeds (the rollout controller's
+//! [`controller::Handle`], the peer-settings cache), never an API module.
+//! The rollout controller and the peer-settings refresher take narrow
+//! dependencies of their own ([`controller::Deps`],
+//! [`crate::peers::run`]) rather than this, so no arrow points back up.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::admission::OpenGate;
+use crate::blobs::Blobs;
+use crate::controller;
+use crate::hub::Hub;
+use crate::metrics::Metrics;
+use crate::packages::AgentPackages;
+use crate::peers::PeerCache;
+use crate::pki::Pki;
+use crate::pki::clusterca::ClusterCas;
+use crate::ratelimit::RateLimiter;
+use crate::store::{EtcdStore, Store};
+use crate::tracker::Tracker;
+
+/// State shared by every handler and background task.
+pub struct Shared {
+    pub store: Arc<dyn Store>,
+    /// Local blobs and the store where they are durable.
+    pub blobs: Blobs,
+    /// What `GET /v1/agent-package/ARCH` serves.
+    pub agent_packages: Arc<AgentPackages>,
+    pub pki: Pki,
+    /// Tenant cluster CAs: `cluster_cas.load(name)` gives a cluster's CA
+    /// ready to sign, its key opened with the encryption key if sealed.
+    pub cluster_cas: ClusterCas,
+    pub hub: Arc<Hub>,
+    /// Peer-sharing settings by cluster, for the desired states sent.
+    pub peers: Arc<PeerCache>,
+    pub metrics: Arc<Metrics>,
+    pub limiter: RateLimiter,
+    /// Room for `Connect` streams being opened (store work before the
+    /// first desired state); beyond it a `Connect` is shed.
+    pub opening: OpenGate,
+    /// Certificates each node may have signed: a burst for a bundle's
+    /// worth, then one per ten seconds.
+    pub issue_limiter: RateLimiter<String>,
+    /// Poked when a node reports, connects or is deleted, so the rollout
+    /// controller looks again.
+    pub rollouts_changed: Arc<Notify>,
+    /// Operator commands to the rollout controller.
+    pub rollouts: controller::Handle,
+    /// Bumped whenever a rollout changed, for `WatchRollout` streams.
+    pub rollout_updates: watch::Sender<u64>,
+    /// `https://HOST:PORT` that agents and lksctl dial to reach this replica.
+    pub server_url: String,
+    /// The replicated store's own handle (blob replication, identity), when
+    /// the server runs on etcd.
+    pub etcd: Option<EtcdStore>,
+    /// True while this replica drives rollouts (always, on SQLite).
+    pub leader: watch::Receiver<bool>,
+    /// Every replica's URL, this one's first (only this one, on SQLite).
+    pub servers: watch::Receiver<Vec<String>>,
+    /// `--join-url`: what join lines name, if given.
+    pub join_urls: Vec<String>,
+    pub node_cert_ttl: Duration,
+    pub ping_interval: Duration,
+    /// Fires at shutdown.
+    pub cancel: CancellationToken,
+    /// Every per-stream and background task, so shutdown can wait for them.
+    pub tasks: TaskTracker,
+    /// Peer sharing: who holds which blob (`FindPeers`).
+    pub tracker: Tracker,
+}
+
+impl Shared {
+    /// The `--server` value of join commands: the `--join-url`s if given,
+    /// else every replica, comma-separated.
+    pub fn join_servers(&self) -> String {
+        if !self.join_urls.is_empty() {
+            return self.join_urls.join(",");
+        }
+        self.servers.borrow().join(",")
+    }
+
+    /// The peer-sharing settings of `cluster`, read through
+    /// [`Shared::peers`].
+    pub async fn peer_settings(&self, cluster: &str) -> crate::store::Result<crate::store::PeerSettings> {
+        self.peers.get(&*self.store, &self.hub, cluster).await
+    }
+
+    pub fn is_leader(&self) -> bool {
+        *self.leader.borrow()
+    }
+}
