@@ -26,7 +26,7 @@ use crate::peers::PeerCache;
 use crate::pki::Pki;
 use crate::pki::clusterca::ClusterCas;
 use crate::ratelimit::RateLimiter;
-use crate::store::{EtcdStore, Store};
+use crate::store::Store;
 use crate::tracker::Tracker;
 
 /// State shared by every handler and background task.
@@ -60,9 +60,6 @@ pub struct Shared {
     pub rollout_updates: watch::Sender<u64>,
     /// `https://HOST:PORT` that agents and lksctl dial to reach this replica.
     pub server_url: String,
-    /// The replicated store's own handle (blob replication, identity), when
-    /// the server runs on etcd.
-    pub etcd: Option<EtcdStore>,
     /// True while this replica drives rollouts (always, on SQLite).
     pub leader: watch::Receiver<bool>,
     /// Every replica's URL, this one's first (only this one, on SQLite).

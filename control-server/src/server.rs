@@ -372,7 +372,6 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
     let shared = Arc::new(Shared {
         cluster_cas,
         store,
-        etcd: etcd.clone(),
         leader,
         servers,
         join_urls: cfg.join_urls.clone(),
