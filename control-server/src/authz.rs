@@ -84,7 +84,7 @@ pub async fn require_node<T>(req: &Request<T>, store: &dyn Store) -> Result<Node
 /// Maps a store error to the status the caller sees.
 pub fn store_status(e: StoreError) -> Status {
     match e {
-        StoreError::NotFound(m) => Status::not_found(m),
+        e @ (StoreError::NotFound { .. } | StoreError::NotDesired { .. }) => Status::not_found(e.to_string()),
         StoreError::AlreadyExists(m) => Status::already_exists(m),
         StoreError::Conflict(m) => Status::failed_precondition(m),
         StoreError::Token(r) => token_status(r),

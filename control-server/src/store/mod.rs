@@ -34,12 +34,21 @@ pub use sqlite::SqliteStore;
 pub use tokens::*;
 
 /// Why a store operation failed. The variants that describe the caller's
-/// request (`NotFound`, `AlreadyExists`, `Conflict`, `Token`) map to gRPC
-/// status codes; `Backend` is an internal failure.
+/// request (`NotFound`, `NotDesired`, `AlreadyExists`, `Conflict`, `Token`)
+/// map to gRPC status codes; `Backend` is an internal failure.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("{0}")]
-    NotFound(String),
+    /// The request names a record the store does not hold: `kind` named
+    /// `name`, and what to do about it when there is something (`hint`).
+    #[error("{}", not_found_text(*kind, name, *hint))]
+    NotFound {
+        kind: Kind,
+        name: String,
+        hint: Option<Hint>,
+    },
+    /// A retry names a bundle that is not one the node should hold.
+    #[error("bundle {bundle} is not desired for node {node}")]
+    NotDesired { bundle: String, node: String },
     #[error("{0}")]
     AlreadyExists(String),
     #[error("{0}")]
@@ -52,6 +61,77 @@ pub enum StoreError {
     Unavailable(String),
     #[error("store: {0}")]
     Backend(String),
+}
+
+/// What kind of record a [`StoreError::NotFound`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Cluster,
+    Node,
+    /// A bundle version (`NAME@VERSION`).
+    Bundle,
+    Rollout,
+}
+
+impl Kind {
+    fn missing(self) -> &'static str {
+        match self {
+            Kind::Node => "is not enrolled",
+            Kind::Bundle => "is not published",
+            Kind::Cluster | Kind::Rollout => "does not exist",
+        }
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Kind::Cluster => "cluster",
+            Kind::Node => "node",
+            Kind::Bundle => "bundle",
+            Kind::Rollout => "rollout",
+        })
+    }
+}
+
+/// What an operator can do about a record that is not there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hint {
+    /// `lksctl cluster create NAME`.
+    CreateCluster,
+    /// `lksctl bundle publish DIR`.
+    PublishBundle,
+}
+
+/// `cluster NAME does not exist; create it with …`: the one line a missing
+/// record reads as.
+fn not_found_text(kind: Kind, name: &str, hint: Option<Hint>) -> String {
+    let what = format!("{kind} {name} {}", kind.missing());
+    match hint {
+        None => what,
+        Some(Hint::CreateCluster) => format!("{what}; create it with `lksctl cluster create {name}`"),
+        Some(Hint::PublishBundle) => format!("{what}; publish it with `lksctl bundle publish DIR`"),
+    }
+}
+
+impl StoreError {
+    /// `kind` named `name` is not in the store.
+    pub fn not_found(kind: Kind, name: impl Into<String>) -> Self {
+        StoreError::NotFound {
+            kind,
+            name: name.into(),
+            hint: None,
+        }
+    }
+
+    /// The same, saying what to do about it.
+    pub fn not_found_hint(kind: Kind, name: impl Into<String>, hint: Hint) -> Self {
+        StoreError::NotFound {
+            kind,
+            name: name.into(),
+            hint: Some(hint),
+        }
+    }
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -89,4 +169,42 @@ impl<T> Store for T where
         + Sync
         + 'static
 {
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_record_reads_as_one_line_saying_what_and_what_to_do() {
+        let cases = [
+            (
+                StoreError::not_found(Kind::Cluster, "a"),
+                "cluster a does not exist",
+            ),
+            (
+                StoreError::not_found(Kind::Rollout, "r1"),
+                "rollout r1 does not exist",
+            ),
+            (StoreError::not_found(Kind::Node, "n1"), "node n1 is not enrolled"),
+            (
+                StoreError::not_found_hint(Kind::Cluster, "a", Hint::CreateCluster),
+                "cluster a does not exist; create it with `lksctl cluster create a`",
+            ),
+            (
+                StoreError::not_found_hint(Kind::Bundle, "k@1", Hint::PublishBundle),
+                "bundle k@1 is not published; publish it with `lksctl bundle publish DIR`",
+            ),
+            (
+                StoreError::NotDesired {
+                    bundle: "b".into(),
+                    node: "n1".into(),
+                },
+                "bundle b is not desired for node n1",
+            ),
+        ];
+        for (e, text) in cases {
+            assert_eq!(e.to_string(), text);
+        }
+    }
 }

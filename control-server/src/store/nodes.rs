@@ -116,9 +116,10 @@ pub fn facts_architecture(facts_json: &str) -> Option<lks_proto::arch::Arch> {
 /// the node's `desired` bundles, or all of them.
 pub fn retry_targets(node: &str, desired: Vec<String>, bundle: Option<&str>) -> Result<Vec<String>> {
     match bundle {
-        Some(b) if !desired.iter().any(|d| d == b) => Err(StoreError::NotFound(format!(
-            "bundle {b} is not desired for node {node}"
-        ))),
+        Some(b) if !desired.iter().any(|d| d == b) => Err(StoreError::NotDesired {
+            bundle: b.to_string(),
+            node: node.to_string(),
+        }),
         Some(b) => Ok(vec![b.to_string()]),
         None => Ok(desired),
     }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use lks_proto::labels::{Labels, selector_matches};
 
-use super::{BundleStatusRow, EventRow, Result, StoreError};
+use super::{BundleStatusRow, EventRow, Hint, Kind, Result, StoreError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RolloutState {
@@ -313,15 +313,16 @@ pub struct NewRollout {
 impl NewRollout {
     /// The refusal of a rollout to a cluster that does not exist.
     pub fn no_cluster(&self) -> StoreError {
-        StoreError::NotFound(format!("cluster {} does not exist", self.cluster))
+        StoreError::not_found(Kind::Cluster, self.cluster.to_string())
     }
 
     /// The refusal of a rollout of a bundle version not published.
     pub fn not_published(&self) -> StoreError {
-        StoreError::NotFound(format!(
-            "bundle {}@{} is not published; publish it with `lksctl bundle publish DIR`",
-            self.bundle, self.version
-        ))
+        StoreError::not_found_hint(
+            Kind::Bundle,
+            format!("{}@{}", self.bundle, self.version),
+            Hint::PublishBundle,
+        )
     }
 
     /// Whether the rollout takes a node of `cluster` labelled `labels`:

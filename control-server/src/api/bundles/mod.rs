@@ -59,7 +59,7 @@ pub(super) async fn delete(
         .delete_bundle(&r.name, &r.version)
         .await
         .map_err(|e| match e {
-            StoreError::NotFound(_) => Status::not_found(format!("bundle {id} is not published")),
+            StoreError::NotFound { .. } => Status::not_found(format!("bundle {id} is not published")),
             e => store_status(e),
         })?;
     let (still, _) = s.store.referenced_blobs().await.map_err(store_status)?;

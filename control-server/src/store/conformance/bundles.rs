@@ -158,7 +158,10 @@ pub async fn bundle_versions_in_use_are_not_deleted(s: &dyn Store) {
     s.put_bundle(bundle_with_blob("k", "2", &d2)).await.unwrap();
     assert!(matches!(
         s.delete_bundle("k", "9").await,
-        Err(StoreError::NotFound(_))
+        Err(StoreError::NotFound {
+            kind: Kind::Bundle,
+            ..
+        })
     ));
 
     let in_use = |e: StoreError, who: &str| match e {
@@ -200,7 +203,10 @@ pub async fn bundle_versions_in_use_are_not_deleted(s: &dyn Store) {
     assert!(s.get_bundle("k", "1").await.unwrap().is_none());
     assert!(matches!(
         s.delete_bundle("k", "1").await,
-        Err(StoreError::NotFound(_))
+        Err(StoreError::NotFound {
+            kind: Kind::Bundle,
+            ..
+        })
     ));
     let (refs, _) = s.referenced_blobs().await.unwrap();
     assert!(!refs.contains(&d1) && refs.contains(&d2));
@@ -211,6 +217,10 @@ pub async fn bundle_versions_in_use_are_not_deleted(s: &dyn Store) {
     // A deleted version cannot be rolled out.
     assert!(matches!(
         s.start_rollout(rollout("r3", "a", "k", "1", &[])).await,
-        Err(StoreError::NotFound(_))
+        Err(StoreError::NotFound {
+            kind: Kind::Bundle,
+            hint: Some(Hint::PublishBundle),
+            ..
+        })
     ));
 }

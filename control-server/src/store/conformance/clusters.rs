@@ -11,7 +11,11 @@ pub async fn clusters_and_tokens(s: &dyn Store) {
     ));
     assert!(matches!(
         s.create_token(token("tok001", "nope", None, 10)).await,
-        Err(StoreError::NotFound(_))
+        Err(StoreError::NotFound {
+            kind: Kind::Cluster,
+            hint: Some(Hint::CreateCluster),
+            ..
+        })
     ));
     s.create_token(token("tok001", "a", Some(1), 10_000))
         .await
@@ -102,7 +106,10 @@ pub async fn peer_settings_are_stored_per_cluster(s: &dyn Store) {
     assert!(matches!(
         s.set_cluster_peer("nope", on, EventRow::peer_sharing_set("nope", &on, "admin", 5))
             .await,
-        Err(StoreError::NotFound(_))
+        Err(StoreError::NotFound {
+            kind: Kind::Cluster,
+            ..
+        })
     ));
     assert!(s.get_cluster("nope").await.unwrap().is_none());
     let events = s
@@ -195,7 +202,10 @@ pub async fn cluster_cas_and_issued_certificates(s: &dyn Store) {
     assert_eq!(s.cluster_ca("old").await.unwrap(), Some(ca.clone()));
     assert!(matches!(
         s.set_cluster_ca("nope", again, ev("cluster_ca")).await,
-        Err(StoreError::NotFound(_))
+        Err(StoreError::NotFound {
+            kind: Kind::Cluster,
+            ..
+        })
     ));
 
     // The API server is set and cleared; windows stay as they were.
@@ -225,7 +235,10 @@ pub async fn cluster_cas_and_issued_certificates(s: &dyn Store) {
     );
     assert!(matches!(
         s.set_cluster_api_server("nope", None, ev("api_server")).await,
-        Err(StoreError::NotFound(_))
+        Err(StoreError::NotFound {
+            kind: Kind::Cluster,
+            ..
+        })
     ));
     let kinds: Vec<String> = s
         .list_events(EventFilter {
@@ -266,7 +279,10 @@ pub async fn cluster_cas_and_issued_certificates(s: &dyn Store) {
     ));
     assert!(matches!(
         s.record_certificate(cert("nope", "n1", "09", "/a", 60)).await,
-        Err(StoreError::NotFound(_))
+        Err(StoreError::NotFound {
+            kind: Kind::Cluster,
+            ..
+        })
     ));
     let serials = |rows: Vec<IssuedCertRow>| rows.into_iter().map(|r| r.serial).collect::<Vec<_>>();
     assert_eq!(

@@ -21,7 +21,11 @@ pub async fn rollouts_assign_only_what_the_controller_decides(s: &dyn Store) {
     s.put_bundle(bundle("k", "1", "d1")).await.unwrap();
     assert!(matches!(
         s.start_rollout(rollout("r0", "a", "k", "9", &[])).await,
-        Err(StoreError::NotFound(_))
+        Err(StoreError::NotFound {
+            kind: Kind::Bundle,
+            hint: Some(Hint::PublishBundle),
+            ..
+        })
     ));
     let g0 = s.desired_state("a1").await.unwrap().generation;
     let r = s
@@ -176,7 +180,10 @@ pub async fn rollout_policies_are_stored(s: &dyn Store) {
     assert!(matches!(
         s.set_cluster_windows("zz", Vec::new(), EventRow::windows_set("zz", &[], "admin", 2))
             .await,
-        Err(StoreError::NotFound(_))
+        Err(StoreError::NotFound {
+            kind: Kind::Cluster,
+            ..
+        })
     ));
     s.set_cluster_windows("a", Vec::new(), EventRow::windows_set("a", &[], "admin", 3))
         .await

@@ -159,7 +159,7 @@ impl BlobRecords for EtcdStore {
         for _ in 0..MAX_ATTEMPTS {
             let bundle: Doc<BundleDoc> = self.get(&bkey).await?;
             if bundle.value.is_none() {
-                return Err(StoreError::NotFound(format!("bundle {id} does not exist")));
+                return Err(StoreError::not_found(Kind::Bundle, id.to_string()));
             }
             // Everything below is compared against the first read's revision.
             let (desired, read_rev) = self.range_at::<DesiredDoc>(&self.key("desired/")).await?;

@@ -49,7 +49,7 @@ impl EtcdStore {
         for _ in 0..MAX_ATTEMPTS {
             let doc: Doc<ClusterDoc> = self.get(&key).await?;
             let Some(mut c) = doc.value.clone() else {
-                return Err(StoreError::NotFound(format!("cluster {name} does not exist")));
+                return Err(StoreError::not_found(Kind::Cluster, name.to_string()));
             };
             f(&mut c)?;
             let mut ops = vec![TxnOp::put(key.clone(), json(&c)?, None)];
@@ -81,10 +81,7 @@ impl EtcdStore {
             return Ok(());
         }
         if !self.cluster_exists(&r.cluster).await? {
-            return Err(StoreError::NotFound(format!(
-                "cluster {} does not exist",
-                r.cluster
-            )));
+            return Err(StoreError::not_found(Kind::Cluster, r.cluster.to_string()));
         }
         Err(StoreError::AlreadyExists(format!(
             "node {} of cluster {} already has a certificate with serial {}",

@@ -10,7 +10,7 @@ impl DesiredStore for EtcdStore {
             .await?
             .value
         else {
-            return Err(StoreError::NotFound(format!("node {node} is not enrolled")));
+            return Err(StoreError::not_found(Kind::Node, node.to_string()));
         };
         self.desired_from(node, d).await
     }

@@ -466,7 +466,7 @@ impl EtcdStore {
             let (mut stored, mut hrev) = self
                 .rollout_to_write(&id)
                 .await?
-                .ok_or_else(|| StoreError::NotFound(format!("rollout {id} does not exist")))?;
+                .ok_or_else(|| StoreError::not_found(Kind::Rollout, id.to_string()))?;
             if stored.revision != c.rollout.revision {
                 return Err(StoreError::Conflict(format!(
                     "rollout {} changed meanwhile (revision {} is stored, the decision was based on {}); try again",

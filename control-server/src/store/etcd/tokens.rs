@@ -21,10 +21,11 @@ impl TokenStore for EtcdStore {
             return Ok(());
         }
         if !self.cluster_exists(&t.cluster).await? {
-            return Err(StoreError::NotFound(format!(
-                "cluster {} does not exist; create it with `lksctl cluster create {}`",
-                t.cluster, t.cluster
-            )));
+            return Err(StoreError::not_found_hint(
+                Kind::Cluster,
+                t.cluster.clone(),
+                Hint::CreateCluster,
+            ));
         }
         Err(StoreError::AlreadyExists("token id collision; try again".into()))
     }

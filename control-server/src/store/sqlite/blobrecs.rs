@@ -172,7 +172,7 @@ impl BlobRecords for SqliteStore {
                 |r| r.get(0),
             )?;
             if !exists {
-                return Err(StoreError::NotFound(format!("bundle {id} does not exist")));
+                return Err(StoreError::not_found(Kind::Bundle, id.to_string()));
             }
             let column = |sql: &str| -> Result<Vec<String>> {
                 let mut stmt = tx.prepare(sql)?;

@@ -41,7 +41,7 @@ impl SqliteStore {
                 params![name, api_server],
             )?;
             if n == 0 {
-                return Err(StoreError::NotFound(format!("cluster {name} does not exist")));
+                return Err(StoreError::not_found(Kind::Cluster, name.to_string()));
             }
             insert_event(tx, &event)?;
             read_cluster(tx, &name)?
@@ -71,7 +71,7 @@ impl SqliteStore {
                 ],
             )?;
             if n == 0 {
-                return Err(StoreError::NotFound(format!("cluster {name} does not exist")));
+                return Err(StoreError::not_found(Kind::Cluster, name.to_string()));
             }
             insert_event(tx, &event)?;
             read_cluster(tx, &name)?
@@ -96,7 +96,7 @@ impl SqliteStore {
                 )
                 .optional()?;
             match has {
-                None => return Err(StoreError::NotFound(format!("cluster {name} does not exist"))),
+                None => return Err(StoreError::not_found(Kind::Cluster, name.to_string())),
                 Some(true) => return Err(ca_already_set(&name)),
                 Some(false) => {}
             }
@@ -123,10 +123,7 @@ impl SqliteStore {
                 .optional()?
                 .is_some();
             if !exists {
-                return Err(StoreError::NotFound(format!(
-                    "cluster {} does not exist",
-                    r.cluster
-                )));
+                return Err(StoreError::not_found(Kind::Cluster, r.cluster.to_string()));
             }
             let n = tx.execute(
                 "INSERT INTO issued_certs (cluster, node, serial, profile, bundle, version, path,
@@ -281,7 +278,7 @@ impl ClusterStore for SqliteStore {
                 params![name, serde_json::to_string(&windows)?],
             )?;
             if n == 0 {
-                return Err(StoreError::NotFound(format!("cluster {name} does not exist")));
+                return Err(StoreError::not_found(Kind::Cluster, name.to_string()));
             }
             insert_event(tx, &event)?;
             read_cluster(tx, &name)?

@@ -13,7 +13,7 @@ impl DesiredStore for SqliteStore {
                 })
                 .optional()?;
             let Some(generation) = generation else {
-                return Err(StoreError::NotFound(format!("node {node} is not enrolled")));
+                return Err(StoreError::not_found(Kind::Node, node.to_string()));
             };
             let mut stmt = c.prepare_cached(
                 "SELECT b.signed_bundle, d.bundle, d.retry FROM desired d

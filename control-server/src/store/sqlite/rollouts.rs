@@ -156,7 +156,7 @@ impl RolloutStore for SqliteStore {
         self.tx(move |tx| {
             let mut r = c.rollout;
             let Some(stored) = read_rollout(tx, &r.id)? else {
-                return Err(StoreError::NotFound(format!("rollout {} does not exist", r.id)));
+                return Err(StoreError::not_found(Kind::Rollout, r.id.to_string()));
             };
             if stored.revision != r.revision {
                 return Err(StoreError::Conflict(format!(

@@ -11,10 +11,7 @@ impl TokenStore for SqliteStore {
                 .optional()?
                 .is_some();
             if !exists {
-                return Err(StoreError::NotFound(format!(
-                    "cluster {} does not exist; create it with `lksctl cluster create {}`",
-                    t.cluster, t.cluster
-                )));
+                return Err(StoreError::not_found_hint(Kind::Cluster, t.cluster.clone(), Hint::CreateCluster));
             }
             tx.execute(
                 "INSERT INTO tokens (id, secret_hash, cluster, expires_at_ms, remaining_uses, labels, created_at_ms)
