@@ -79,13 +79,29 @@ pub(super) struct CacheState {
     pub fill: BTreeSet<String>,
 }
 
+/// A document the copy could not read.
+#[derive(Debug, thiserror::Error)]
+#[error("{key}: {source}")]
+struct Unreadable {
+    key: String,
+    source: serde_json::Error,
+}
+
 impl CacheState {
     /// Applies one change of the key `rest` (below the store's prefix);
     /// `value` is `None` for a deletion. Keys it does not keep are ignored.
     /// `mod_rev` is the revision of the change.
-    fn apply(&mut self, rest: &str, value: Option<&[u8]>, mod_rev: i64) -> std::result::Result<(), String> {
-        fn parse<T: DeserializeOwned>(rest: &str, v: &[u8]) -> std::result::Result<T, String> {
-            serde_json::from_slice(v).map_err(|e| format!("{rest}: {e}"))
+    fn apply(
+        &mut self,
+        rest: &str,
+        value: Option<&[u8]>,
+        mod_rev: i64,
+    ) -> std::result::Result<(), Unreadable> {
+        fn parse<T: DeserializeOwned>(rest: &str, v: &[u8]) -> std::result::Result<T, Unreadable> {
+            serde_json::from_slice(v).map_err(|source| Unreadable {
+                key: rest.to_string(),
+                source,
+            })
         }
         if let Some(n) = rest.strip_prefix("nodes/") {
             match value {
