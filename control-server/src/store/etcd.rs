@@ -62,6 +62,7 @@ mod bundles;
 mod cache;
 mod clusters;
 mod desired;
+mod docs;
 mod events;
 mod import;
 mod limits;
@@ -73,6 +74,7 @@ mod start;
 mod status;
 mod tokens;
 
+use docs::*;
 use smallmap::SmallMap;
 
 use events::EventDoc;
@@ -238,138 +240,6 @@ impl<T> Doc<T> {
         } else {
             Compare::mod_revision(key, CompareOp::Equal, self.rev)
         }
-    }
-}
-
-#[derive(Serialize, Deserialize, Clone)]
-struct ClusterDoc {
-    created_at_ms: i64,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    maintenance_windows: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    ca_cert_pem: Option<String>,
-    /// As the server handed it over: PEM, or a sealed envelope in hex.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    ca_key: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    api_server: Option<String>,
-    /// Documents written before peer sharing read as the defaults (off).
-    #[serde(default)]
-    peer: PeerSettings,
-}
-
-impl ClusterDoc {
-    fn new(c: &NewCluster) -> Self {
-        ClusterDoc {
-            created_at_ms: c.now_ms,
-            maintenance_windows: Vec::new(),
-            ca_cert_pem: c.ca.as_ref().map(|a| a.cert_pem.clone()),
-            ca_key: c.ca.as_ref().map(|a| a.key.clone()),
-            api_server: c.api_server.clone(),
-            peer: PeerSettings::default(),
-        }
-    }
-
-    fn into_row(self, name: &str, node_count: u32) -> ClusterRow {
-        ClusterRow {
-            name: name.to_string(),
-            created_at_ms: self.created_at_ms,
-            node_count,
-            maintenance_windows: self.maintenance_windows,
-            ca_cert_pem: self.ca_cert_pem,
-            api_server: self.api_server,
-            peer: self.peer,
-        }
-    }
-}
-
-#[derive(Serialize, Deserialize, Clone)]
-struct ActualDoc {
-    version: String,
-    state: BundleState,
-    message: String,
-    updated_at_ms: i64,
-    generation: u64,
-    /// Bytes fetched for the version, by source; absent (0) in documents
-    /// written before peer sharing, and left out while 0.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    fetched_server: u64,
-    #[serde(default, skip_serializing_if = "is_zero")]
-    fetched_peers: u64,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
-}
-
-#[derive(Serialize, Deserialize, Clone)]
-struct NodeDoc {
-    cluster: String,
-    labels: Labels,
-    cert_serial: String,
-    facts_json: String,
-    last_seen_ms: i64,
-    enrolled_at_ms: i64,
-    /// The replica holding the node's stream ("" if none).
-    replica: String,
-    actual: SmallMap<ActualDoc>,
-    /// Held by the operator, with the reason.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    hold: Option<String>,
-    /// Hash of the key the node enrolled with.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    key_hash: String,
-}
-
-#[derive(Serialize, Deserialize, Clone, Default)]
-struct DesiredDoc {
-    generation: u64,
-    bundles: SmallMap<String>,
-    /// Bundle → generation of the operator's last retry request.
-    #[serde(default, skip_serializing_if = "SmallMap::is_empty")]
-    retry: SmallMap<u64>,
-}
-
-#[derive(Serialize, Deserialize, Clone)]
-struct BundleDoc {
-    signed_bundle: String,
-    manifest_digest: String,
-    signed: bool,
-    files: u32,
-    total_size: u64,
-    published_at_ms: i64,
-    blob_digests: Vec<String>,
-}
-
-#[derive(Serialize, Deserialize, Clone)]
-struct TargetDoc {
-    pub version: String,
-    pub selector: Labels,
-    pub rollout_id: String,
-}
-
-fn actual_row(name: &str, a: &ActualDoc) -> BundleStatusRow {
-    BundleStatusRow {
-        name: name.to_string(),
-        version: a.version.clone(),
-        state: a.state,
-        message: a.message.clone(),
-        updated_at_ms: a.updated_at_ms,
-        generation: a.generation,
-        fetched_from_server: a.fetched_server,
-        fetched_from_peers: a.fetched_peers,
-    }
-}
-
-fn actual_doc(s: &BundleStatusRow) -> ActualDoc {
-    ActualDoc {
-        version: s.version.clone(),
-        state: s.state,
-        message: s.message.clone(),
-        updated_at_ms: s.updated_at_ms,
-        generation: s.generation,
-        fetched_server: s.fetched_from_server,
-        fetched_peers: s.fetched_from_peers,
     }
 }
 

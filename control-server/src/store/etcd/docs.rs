@@ -1,0 +1,137 @@
+//! The documents the etcd store keeps, as JSON: a cluster, a node (with
+//! what it reported), its desired state, a bundle version and a cluster's
+//! target, and the conversions between a node's reports and their rows.
+
+use super::*;
+
+#[derive(Serialize, Deserialize, Clone)]
+pub(super) struct ClusterDoc {
+    pub(super) created_at_ms: i64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(super) maintenance_windows: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) ca_cert_pem: Option<String>,
+    /// As the server handed it over: PEM, or a sealed envelope in hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) ca_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) api_server: Option<String>,
+    /// Documents written before peer sharing read as the defaults (off).
+    #[serde(default)]
+    pub(super) peer: PeerSettings,
+}
+
+impl ClusterDoc {
+    pub(super) fn new(c: &NewCluster) -> Self {
+        ClusterDoc {
+            created_at_ms: c.now_ms,
+            maintenance_windows: Vec::new(),
+            ca_cert_pem: c.ca.as_ref().map(|a| a.cert_pem.clone()),
+            ca_key: c.ca.as_ref().map(|a| a.key.clone()),
+            api_server: c.api_server.clone(),
+            peer: PeerSettings::default(),
+        }
+    }
+
+    pub(super) fn into_row(self, name: &str, node_count: u32) -> ClusterRow {
+        ClusterRow {
+            name: name.to_string(),
+            created_at_ms: self.created_at_ms,
+            node_count,
+            maintenance_windows: self.maintenance_windows,
+            ca_cert_pem: self.ca_cert_pem,
+            api_server: self.api_server,
+            peer: self.peer,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone)]
+pub(super) struct ActualDoc {
+    pub(super) version: String,
+    pub(super) state: BundleState,
+    pub(super) message: String,
+    pub(super) updated_at_ms: i64,
+    pub(super) generation: u64,
+    /// Bytes fetched for the version, by source; absent (0) in documents
+    /// written before peer sharing, and left out while 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(super) fetched_server: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(super) fetched_peers: u64,
+}
+
+pub(super) fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+#[derive(Serialize, Deserialize, Clone)]
+pub(super) struct NodeDoc {
+    pub(super) cluster: String,
+    pub(super) labels: Labels,
+    pub(super) cert_serial: String,
+    pub(super) facts_json: String,
+    pub(super) last_seen_ms: i64,
+    pub(super) enrolled_at_ms: i64,
+    /// The replica holding the node's stream ("" if none).
+    pub(super) replica: String,
+    pub(super) actual: SmallMap<ActualDoc>,
+    /// Held by the operator, with the reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) hold: Option<String>,
+    /// Hash of the key the node enrolled with.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub(super) key_hash: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Default)]
+pub(super) struct DesiredDoc {
+    pub(super) generation: u64,
+    pub(super) bundles: SmallMap<String>,
+    /// Bundle → generation of the operator's last retry request.
+    #[serde(default, skip_serializing_if = "SmallMap::is_empty")]
+    pub(super) retry: SmallMap<u64>,
+}
+
+#[derive(Serialize, Deserialize, Clone)]
+pub(super) struct BundleDoc {
+    pub(super) signed_bundle: String,
+    pub(super) manifest_digest: String,
+    pub(super) signed: bool,
+    pub(super) files: u32,
+    pub(super) total_size: u64,
+    pub(super) published_at_ms: i64,
+    pub(super) blob_digests: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone)]
+pub(super) struct TargetDoc {
+    pub(super) version: String,
+    pub(super) selector: Labels,
+    pub(super) rollout_id: String,
+}
+
+pub(super) fn actual_row(name: &str, a: &ActualDoc) -> BundleStatusRow {
+    BundleStatusRow {
+        name: name.to_string(),
+        version: a.version.clone(),
+        state: a.state,
+        message: a.message.clone(),
+        updated_at_ms: a.updated_at_ms,
+        generation: a.generation,
+        fetched_from_server: a.fetched_server,
+        fetched_from_peers: a.fetched_peers,
+    }
+}
+
+pub(super) fn actual_doc(s: &BundleStatusRow) -> ActualDoc {
+    ActualDoc {
+        version: s.version.clone(),
+        state: s.state,
+        message: s.message.clone(),
+        updated_at_ms: s.updated_at_ms,
+        generation: s.generation,
+        fetched_server: s.fetched_from_server,
+        fetched_peers: s.fetched_from_peers,
+    }
+}
