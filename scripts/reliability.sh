@@ -44,7 +44,7 @@ if [ -n "$lines_from" ]; then
   expect_lines=$(wc -l <"$out/lines.txt")
 else
   cargo build --workspace --bins >&2
-  echo "== agent crash matrix (lksadmin-agent/tests/crash.rs)" >&2
+  echo "== agent crash matrix (lksadmin-agent/tests/crash/)" >&2
   cargo nextest run -p lksadmin-agent --features fault-injection --test crash --no-capture >>"$log" 2>&1 || status=1
   echo "== end-to-end faults and hostile input (tests/tests/)" >&2
   cargo nextest run -p lks-e2e "${e2e[@]}" --no-capture >>"$log" 2>&1 || status=1
