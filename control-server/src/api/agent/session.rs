@@ -97,10 +97,10 @@ fn statuses(list: Vec<pb::BundleStatus>, generation: u64) -> Result<Vec<BundleSt
     list.into_iter()
         .enumerate()
         .map(|(i, b)| {
-            let bad = |e: String| Status::invalid_argument(format!("bundles[{i}]: {e}"));
-            validate_bundle_name(&b.name).map_err(bad)?;
-            validate_version(&b.version).map_err(bad)?;
-            let state = bundle_state_from_i32(b.state).map_err(|e| bad(e.to_string()))?;
+            let bad = |e: &dyn std::fmt::Display| Status::invalid_argument(format!("bundles[{i}]: {e}"));
+            validate_bundle_name(&b.name).map_err(|e| bad(&e))?;
+            validate_version(&b.version).map_err(|e| bad(&e))?;
+            let state = bundle_state_from_i32(b.state).map_err(|e| bad(&e))?;
             Ok(BundleStatusRow {
                 name: b.name,
                 version: b.version,
