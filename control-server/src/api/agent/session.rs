@@ -276,7 +276,7 @@ impl Session {
         if let Err(st) = Box::pin(self.hello(hello)).await {
             return Err(self.fail(st).await);
         }
-        Box::pin(self.push_desired(reg)).await
+        Box::pin(self.push_desired(reg)).await.map_err(|e| e.to_string())
     }
 
     /// Answers the agent and follows the hub until the stream ends; returns
@@ -329,7 +329,7 @@ impl Session {
                 }
                 Step::Changed => {
                     if let Err(why) = Box::pin(self.push_desired(reg)).await {
-                        return why;
+                        return why.to_string();
                     }
                 }
                 Step::Ping => {
@@ -456,27 +456,25 @@ impl Session {
     /// Sends the node's current desired state unless it was already sent:
     /// again when its generation or its cluster's peer-sharing settings
     /// changed.
-    async fn push_desired(&mut self, reg: &crate::hub::Registration) -> Result<(), String> {
+    async fn push_desired(&mut self, reg: &crate::hub::Registration) -> Result<(), PushError> {
         let d = self
             .s
             .store
             .desired_state_after(&self.caller.id.node, self.last_generation)
             .await
-            .map_err(|e| format!("read desired state: {e}"))?;
+            .map_err(PushError::ReadDesired)?;
         let peer = self
             .s
             .peer_settings(&self.caller.id.cluster)
             .await
-            .map_err(|e| format!("read peer-sharing settings: {e}"))?;
+            .map_err(PushError::ReadPeerSettings)?;
         let peer = crate::peers::peer_pb(peer);
         if self.last_generation == Some(d.generation) && self.last_peer == peer {
             return Ok(());
         }
         let mut bundles = Vec::with_capacity(d.bundles.len());
         for b in &d.bundles {
-            bundles.push(
-                pb::SignedBundle::decode(b.as_slice()).map_err(|e| format!("decode stored bundle: {e}"))?,
-            );
+            bundles.push(pb::SignedBundle::decode(b.as_slice()).map_err(PushError::Decode)?);
         }
         let msg = ServerMessage {
             msg: Some(ServerMsg::Desired(pb::DesiredState {
@@ -487,9 +485,9 @@ impl Session {
             })),
         };
         tokio::select! {
-            _ = reg.cancel.cancelled() => return Err("cancelled while sending desired state".into()),
-            _ = self.s.cancel.cancelled() => return Err("shutdown".into()),
-            r = self.tx.send(Box::new(Ok(msg))) => r.map_err(|_| "agent went away".to_string())?,
+            _ = reg.cancel.cancelled() => return Err(PushError::Cancelled),
+            _ = self.s.cancel.cancelled() => return Err(PushError::Shutdown),
+            r = self.tx.send(Box::new(Ok(msg))) => r.map_err(|_| PushError::AgentGone)?,
         }
         self.last_generation = Some(d.generation);
         self.last_peer = peer;
@@ -497,6 +495,23 @@ impl Session {
         tracing::debug!(generation = d.generation, "desired state sent");
         Ok(())
     }
+}
+
+/// Why the desired state could not be sent; the text ends the session.
+#[derive(Debug, thiserror::Error)]
+enum PushError {
+    #[error("read desired state: {0}")]
+    ReadDesired(StoreError),
+    #[error("read peer-sharing settings: {0}")]
+    ReadPeerSettings(StoreError),
+    #[error("decode stored bundle: {0}")]
+    Decode(prost::DecodeError),
+    #[error("cancelled while sending desired state")]
+    Cancelled,
+    #[error("shutdown")]
+    Shutdown,
+    #[error("agent went away")]
+    AgentGone,
 }
 
 #[cfg(test)]
