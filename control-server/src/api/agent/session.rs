@@ -3,6 +3,7 @@
 //! it (or the cluster's peer-sharing settings) changes, until the stream
 //! ends — and the agent is always told why it ended.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -225,23 +226,24 @@ impl Session {
     ) -> String {
         let opened = Box::pin(self.open(inbound, reg)).await;
         drop(opening);
-        if let Err(why) = opened {
+        if let ControlFlow::Break(why) = opened {
             return why;
         }
         reg.serving();
         self.serve(inbound, reg).await
     }
 
-    /// Takes the Hello, records it and sends the first desired state.
+    /// Takes the Hello, records it and sends the first desired state;
+    /// `Break(why)` if the session ended there (`why` is how `run` ends).
     async fn open(
         &mut self,
         inbound: &mut Streaming<AgentMessage>,
         reg: &crate::hub::Registration,
-    ) -> Result<(), String> {
+    ) -> ControlFlow<String> {
         let hello = tokio::select! {
             biased;
             _ = self.s.cancel.cancelled() => {
-                return Err(self
+                return ControlFlow::Break(self
                     .fail(Status::unavailable("control server is shutting down; reconnect"))
                     .await);
             }
@@ -249,34 +251,39 @@ impl Session {
             // stream of it; a rebalance moves only open streams): the
             // agent hears why, as in `serve`, not a clean end of stream it
             // would count a failure.
-            _ = reg.cancel.cancelled() => return Err(self.fail(ended_by_hub(reg)).await),
+            _ = reg.cancel.cancelled() => return ControlFlow::Break(self.fail(ended_by_hub(reg)).await),
             r = tokio::time::timeout(HELLO_TIMEOUT, inbound.message()) => r,
         };
         let hello = match hello {
             Err(_) => {
-                return Err(self
-                    .fail(Status::deadline_exceeded(
+                return ControlFlow::Break(
+                    self.fail(Status::deadline_exceeded(
                         "no Hello within 30s of opening the stream",
                     ))
-                    .await);
+                    .await,
+                );
             }
-            Ok(Err(st)) => return Err(self.receive_failed(st)),
-            Ok(Ok(None)) => return Err("closed by agent before Hello".into()),
+            Ok(Err(st)) => return ControlFlow::Break(self.receive_failed(st)),
+            Ok(Ok(None)) => return ControlFlow::Break("closed by agent before Hello".into()),
             Ok(Ok(Some(AgentMessage {
                 msg: Some(AgentMsg::Hello(h)),
             }))) => h,
             Ok(Ok(Some(_))) => {
-                return Err(self
-                    .fail(Status::invalid_argument(
+                return ControlFlow::Break(
+                    self.fail(Status::invalid_argument(
                         "the first message on a Connect stream must be Hello",
                     ))
-                    .await);
+                    .await,
+                );
             }
         };
         if let Err(st) = Box::pin(self.hello(hello)).await {
-            return Err(self.fail(st).await);
+            return ControlFlow::Break(self.fail(st).await);
         }
-        Box::pin(self.push_desired(reg)).await.map_err(|e| e.to_string())
+        match Box::pin(self.push_desired(reg)).await {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => ControlFlow::Break(e.to_string()),
+        }
     }
 
     /// Answers the agent and follows the hub until the stream ends; returns
