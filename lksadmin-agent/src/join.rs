@@ -72,7 +72,7 @@ pub enum JoinError {
     #[error("invalid --server: {0}")]
     BadServer(String),
     #[error("{0}")]
-    BadToken(String),
+    BadToken(lks_proto::token::MalformedToken),
     #[error("invalid --ca-cert-hash {0:?}: expected sha256:<64 lowercase hex digits>")]
     BadPin(String),
     #[error("invalid --node-name: {0}")]
@@ -669,7 +669,7 @@ mod tests {
             Backoff::new(Duration::from_secs(1), Duration::from_secs(30)),
             || {
                 n += 1;
-                async { Err::<u32, _>(Err(JoinError::BadToken("no uses left".into()))) }
+                async { Err::<u32, _>(Err(JoinError::BadToken(lks_proto::token::MalformedToken))) }
             },
         )
         .await;

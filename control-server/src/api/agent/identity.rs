@@ -11,7 +11,7 @@ use lks_proto::labels::{Labels, validate_label};
 use lks_proto::limits::MAX_LABELS;
 use lks_proto::names::validate_node_name;
 use lks_proto::pb;
-use lks_proto::token::BootstrapToken;
+use lks_proto::token::{BootstrapToken, MalformedToken};
 use subtle::ConstantTimeEq;
 use tonic::{Request, Response, Status};
 
@@ -136,7 +136,7 @@ async fn enroll_inner(
     let token: BootstrapToken = r
         .token
         .parse()
-        .map_err(|e: String| ("invalid_token", Status::invalid_argument(e)))?;
+        .map_err(|e: MalformedToken| ("invalid_token", Status::invalid_argument(e.to_string())))?;
     validate_node_name(&r.node_name)
         .map_err(|e| ("invalid_argument", Status::invalid_argument(e.to_string())))?;
     if r.labels.len() > MAX_LABELS {
