@@ -226,7 +226,7 @@ enum Addressing {
 }
 
 /// `--blob-store` and the `--s3-*` flags, with credentials and CA read.
-fn blob_choice(f: &BlobFlags) -> Result<BlobChoice, String> {
+fn blob_choice(f: &BlobFlags) -> anyhow::Result<BlobChoice> {
     let s3_flags = f.s3_endpoint.is_some()
         || f.s3_credentials_file.is_some()
         || f.s3_ca_cert.is_some()
@@ -234,10 +234,9 @@ fn blob_choice(f: &BlobFlags) -> Result<BlobChoice, String> {
         || f.s3_addressing != Addressing::Path;
     let url = match f.blob_store.as_deref() {
         None | Some("local") | Some("etcd") if s3_flags => {
-            return Err(
+            anyhow::bail!(
                 "--s3-endpoint, --s3-region, --s3-addressing, --s3-credentials-file and \
                         --s3-ca-cert need --blob-store s3://BUCKET/PREFIX"
-                    .into(),
             );
         }
         None => return Ok(BlobChoice::Default),
@@ -245,18 +244,13 @@ fn blob_choice(f: &BlobFlags) -> Result<BlobChoice, String> {
         Some("etcd") => return Ok(BlobChoice::Etcd),
         Some(url) => url,
     };
-    let (bucket, prefix) = s3::parse_url(url).map_err(|e| e.to_string())?;
+    let (bucket, prefix) = s3::parse_url(url)?;
     if let Some(e) = &f.s3_endpoint {
-        S3Config::check_endpoint(e).map_err(|e| e.to_string())?;
+        S3Config::check_endpoint(e)?;
     }
     let (access_key_id, secret_access_key, session_token) =
-        s3::credentials(f.s3_credentials_file.as_deref()).map_err(|e| e.to_string())?;
-    let ca_cert_pem = f
-        .s3_ca_cert
-        .as_deref()
-        .map(S3Config::read_ca)
-        .transpose()
-        .map_err(|e| e.to_string())?;
+        s3::credentials(f.s3_credentials_file.as_deref())?;
+    let ca_cert_pem = f.s3_ca_cert.as_deref().map(S3Config::read_ca).transpose()?;
     Ok(BlobChoice::S3(S3Config {
         bucket,
         prefix,
@@ -279,36 +273,33 @@ enum StoreKind {
 }
 
 /// The store the flags ask for, with etcd's TLS material read.
-fn store_choice(store: StoreKind, etcd: &EtcdFlags) -> Result<StoreChoice, String> {
+fn store_choice(store: StoreKind, etcd: &EtcdFlags) -> anyhow::Result<StoreChoice> {
     let etcd_flags = !etcd.etcd_endpoints.is_empty()
         || etcd.etcd_cacert.is_some()
         || etcd.etcd_cert.is_some()
         || etcd.etcd_prefix != "/lksadmin/v1/";
     if store == StoreKind::Sqlite {
         if etcd_flags {
-            return Err(
-                "--etcd-endpoints, --etcd-prefix, --etcd-cacert and --etcd-cert need --store etcd".into(),
-            );
+            anyhow::bail!("--etcd-endpoints, --etcd-prefix, --etcd-cacert and --etcd-cert need --store etcd");
         }
         return Ok(StoreChoice::Sqlite);
     }
     if etcd.etcd_endpoints.is_empty() {
-        return Err("--store etcd needs --etcd-endpoints URL[,URL…]".into());
+        anyhow::bail!("--store etcd needs --etcd-endpoints URL[,URL…]");
     }
     for e in &etcd.etcd_endpoints {
         if !(e.starts_with("http://") || e.starts_with("https://")) || e.len() < 10 {
-            return Err(format!(
-                "--etcd-endpoints: {e:?} is not an http:// or https:// URL"
-            ));
+            anyhow::bail!("--etcd-endpoints: {e:?} is not an http:// or https:// URL");
         }
     }
     if !etcd.etcd_prefix.starts_with('/') || etcd.etcd_prefix.contains("//") || etcd.etcd_prefix.len() < 2 {
-        return Err(format!(
+        anyhow::bail!(
             "--etcd-prefix {:?} must be an absolute key prefix such as /lksadmin/v1/",
             etcd.etcd_prefix
-        ));
+        );
     }
-    let read = |p: &PathBuf| std::fs::read_to_string(p).map_err(|e| format!("read {}: {e}", p.display()));
+    let read =
+        |p: &PathBuf| std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("read {}: {e}", p.display()));
     let ca_pem = etcd.etcd_cacert.as_ref().map(read).transpose()?;
     let client_cert_pem = match (&etcd.etcd_cert, &etcd.etcd_key) {
         (Some(c), Some(k)) => Some((read(c)?, read(k)?)),

@@ -103,7 +103,23 @@ pub enum MigrateError {
     )]
     LocalBlobStore,
     #[error("write to etcd: {cause}; {cleanup}")]
-    Write { cause: String, cleanup: String },
+    Write { cause: Box<WriteError>, cleanup: String },
+}
+
+/// The write to etcd that failed (the identity, a blob, the store).
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("store the identity: {0}")]
+    Identity(IdentityError),
+    #[error("copy blob {digest} to {to}: {source}")]
+    CopyBlob {
+        digest: Digest,
+        /// The blob store, as it describes itself.
+        to: String,
+        source: BlobError,
+    },
+    #[error("import the store: {0}")]
+    Import(StoreError),
 }
 
 /// What was moved.
@@ -258,7 +274,7 @@ pub async fn migrate(cfg: &MigrateConfig) -> Result<Summary, MigrateError> {
         Err(IdentityError::Exists(key)) => return Err(not_empty(key)),
         Err(e) => {
             return Err(MigrateError::Write {
-                cause: format!("store the identity: {e}"),
+                cause: Box::new(WriteError::Identity(e)),
                 cleanup: "nothing was written".into(),
             });
         }
@@ -271,7 +287,10 @@ pub async fn migrate(cfg: &MigrateConfig) -> Result<Summary, MigrateError> {
                 store.prefix()
             ),
         };
-        return Err(MigrateError::Write { cause, cleanup });
+        return Err(MigrateError::Write {
+            cause: Box::new(cause),
+            cleanup,
+        });
     }
     drop(sqlite);
     Ok(Summary {
@@ -314,19 +333,20 @@ async fn write_data(
     blobs: &LocalBlobs,
     durable: &dyn BlobStore,
     served: &[Blob],
-) -> Result<(), String> {
+) -> Result<(), WriteError> {
     for b in served {
         let copied = match durable.contains(&b.digest).await {
             Ok(true) => Ok(()),
             Ok(false) => durable.put(&b.digest, b.size, &blobs.path(&b.digest)).await,
             Err(e) => Err(e),
         };
-        copied.map_err(|e| format!("copy blob {} to {}: {e}", b.digest, durable.describe()))?;
+        copied.map_err(|source| WriteError::CopyBlob {
+            digest: b.digest,
+            to: durable.describe(),
+            source,
+        })?;
     }
-    store
-        .import(dump)
-        .await
-        .map_err(|e| format!("import the store: {e}"))
+    store.import(dump).await.map_err(WriteError::Import)
 }
 
 /// Every distinct blob the dumped bundles serve, each present in `blobs`

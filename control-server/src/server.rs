@@ -153,7 +153,7 @@ pub enum ServerError {
     #[error("{0}")]
     Usage(String),
     #[error("configure TLS: {0}")]
-    Tls(String),
+    Tls(lks_proto::tls::TlsSetupError),
     #[error("gRPC server: {0}")]
     Serve(String),
 }

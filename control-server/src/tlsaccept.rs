@@ -42,7 +42,11 @@ use crate::metrics::Metrics;
 /// key, and the CA that client certificates must chain to. Enroll is the
 /// one call without a client certificate; every other handler checks the
 /// peer certificate itself.
-pub fn server_config(chain_pem: &str, key_pem: &str, ca_pem: &str) -> Result<Arc<ServerConfig>, String> {
+pub fn server_config(
+    chain_pem: &str,
+    key_pem: &str,
+    ca_pem: &str,
+) -> Result<Arc<ServerConfig>, lks_proto::tls::TlsSetupError> {
     lks_proto::tls::server_config(chain_pem, key_pem, ca_pem, lks_proto::tls::ClientCerts::Optional)
 }
 

@@ -72,15 +72,19 @@ pub enum JoinError {
     #[error("invalid --server: {0}")]
     BadServer(String),
     #[error("{0}")]
-    BadToken(String),
+    BadToken(lks_proto::token::MalformedToken),
     #[error("invalid --ca-cert-hash {0:?}: expected sha256:<64 lowercase hex digits>")]
     BadPin(String),
     #[error("invalid --node-name: {0}")]
-    BadNodeName(String),
+    BadNodeName(lks_proto::names::NameError),
+    /// The host has no readable hostname.
     #[error("cannot use the hostname as node name: {0}; pass --node-name")]
-    NoHostname(String),
+    NoHostname(nix::errno::Errno),
+    /// The hostname is no valid node name.
+    #[error("cannot use the hostname as node name: {0}; pass --node-name")]
+    BadHostname(lks_proto::names::NameError),
     #[error("invalid --labels: {0}")]
-    BadLabels(String),
+    BadLabels(lks_proto::labels::LabelError),
     #[error("--trust-key {path}: {reason}")]
     BadTrustKey { path: PathBuf, reason: String },
     #[error("--root {path}: {reason}")]
@@ -162,10 +166,10 @@ fn validate(req: &JoinRequest) -> Result<Plan, JoinError> {
         }
         None => {
             let host = nix::unistd::gethostname()
-                .map_err(|e| JoinError::NoHostname(e.to_string()))?
+                .map_err(JoinError::NoHostname)?
                 .to_string_lossy()
                 .to_lowercase();
-            lks_proto::names::validate_node_name(&host).map_err(JoinError::NoHostname)?;
+            lks_proto::names::validate_node_name(&host).map_err(JoinError::BadHostname)?;
             host
         }
     };
@@ -256,8 +260,8 @@ pub async fn join(req: &JoinRequest) -> Result<JoinOutcome, JoinError> {
     if parsed.public_key().raw != key.subject_public_key_info().as_slice() {
         return Err(bad("the node certificate is not for the key in our CSR"));
     }
-    lks_proto::names::validate_cluster_name(&resp.cluster).map_err(|e| bad(&e))?;
-    lks_proto::names::validate_node_name(&resp.node_name).map_err(|e| bad(&e))?;
+    lks_proto::names::validate_cluster_name(&resp.cluster).map_err(|e| bad(&e.to_string()))?;
+    lks_proto::names::validate_node_name(&resp.node_name).map_err(|e| bad(&e.to_string()))?;
 
     let cfg = AgentConfig {
         servers: plan.servers.clone(),
@@ -665,7 +669,7 @@ mod tests {
             Backoff::new(Duration::from_secs(1), Duration::from_secs(30)),
             || {
                 n += 1;
-                async { Err::<u32, _>(Err(JoinError::BadToken("no uses left".into()))) }
+                async { Err::<u32, _>(Err(JoinError::BadToken(lks_proto::token::MalformedToken))) }
             },
         )
         .await;

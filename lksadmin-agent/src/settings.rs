@@ -72,7 +72,7 @@ pub enum InvalidSetting {
 pub enum BadHealInterval {
     /// Not a duration (the text says why).
     #[error("{0}")]
-    Parse(String),
+    Parse(lks_proto::duration::DurationError),
     #[error("{0:?} is too short; use at least 100ms")]
     TooShort(String),
 }

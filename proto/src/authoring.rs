@@ -10,14 +10,17 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::arch::Arch;
-use crate::certs::{CertificateSpec, DEFAULT_TTL, KubeconfigSpec, MAX_CERTIFICATES, MAX_KUBECONFIGS};
+use crate::arch::{Arch, ForeignExecutable, UnknownArch};
+use crate::certs::{
+    CertificateSpec, DEFAULT_TTL, KubeconfigSpec, MAX_CERTIFICATES, MAX_KUBECONFIGS, UnknownProfile,
+};
 use crate::chunks::{Chunks, DEFAULT_CHUNK_SIZE};
 use crate::digest::Digest;
-use crate::duration::parse_duration;
+use crate::duration::{DurationError, parse_duration};
+use crate::elf::ElfError;
 use crate::limits::*;
 use crate::manifest::{FileSpec, HealthCheck, Manifest, ManifestError, Step};
-use crate::path::BundlePath;
+use crate::path::{BundlePath, PathError};
 
 /// Name of the manifest file in a bundle directory.
 pub const BUNDLE_TOML: &str = "bundle.toml";
@@ -144,18 +147,146 @@ pub struct AuthoringError {
     pub message: String,
 }
 
+/// Why `bundle.toml` text was refused. Each variant names the field
+/// (`file[2].mode`) and carries the value or path that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BundleTomlError {
+    /// A TOML syntax or type error, `line N: message` ([`toml_error`]).
+    #[error("{0}")]
+    Syntax(String),
+    #[error("{what}: {count} entries; the limit is {limit}")]
+    TooMany {
+        what: &'static str,
+        count: usize,
+        limit: usize,
+    },
+    /// A field that is missing, or given together with one it excludes.
+    #[error("{field}: {reason}")]
+    Field { field: String, reason: &'static str },
+    #[error("{field}: {source}")]
+    Path { field: String, source: PathError },
+    #[error("{field}: {source}")]
+    Arch { field: String, source: UnknownArch },
+    #[error("{field}: {source}")]
+    Mode { field: String, source: ModeError },
+    #[error("{field}: {source}")]
+    Duration { field: String, source: DurationError },
+    #[error("{field}: {source}")]
+    Profile { field: String, source: UnknownProfile },
+    #[error("{field}: {source}")]
+    SourcePath { field: String, source: SourcePathError },
+    /// A local source that could not be read (or hashed).
+    #[error("{field}: {path}: {source}")]
+    Read {
+        field: String,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{field}: {path} is not a regular file")]
+    NotAFile { field: String, path: PathBuf },
+    /// The declared `sha256` is not the local source's.
+    #[error("{field}: does not match {src} ({digest})")]
+    DigestMismatch {
+        field: String,
+        src: String,
+        digest: Digest,
+    },
+    /// The declared `size` is not the local source's.
+    #[error("{field}: {declared} does not match {src} ({size} bytes)")]
+    SizeMismatch {
+        field: String,
+        declared: u64,
+        src: String,
+        size: u64,
+    },
+    /// A mirrored file's size could not be learnt.
+    #[error("{field}: {source}")]
+    Size { field: String, source: SizeError },
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    /// The file of a self-update bundle is no executable.
+    #[error("{field}: {path} is {source}; a self_update bundle carries the agent's binary")]
+    NotExecutable {
+        field: String,
+        path: PathBuf,
+        source: ElfError,
+    },
+    /// A file with an `arch` is an executable for another one.
+    #[error("{field}: {path} is {source}, but the entry has arch = \"{arch}\"")]
+    ForeignArch {
+        field: String,
+        path: PathBuf,
+        arch: Arch,
+        source: ForeignExecutable,
+    },
+    /// An arch-neutral executable that does not suit every architecture.
+    #[error(
+        "{field}: {path} is {source}, but the entry has no arch and the bundle is also for {arch}; \
+         give it the arch it is for"
+    )]
+    NeutralForeign {
+        field: String,
+        path: PathBuf,
+        arch: Arch,
+        source: ForeignExecutable,
+    },
+}
+
+/// Why a file's `mode` was refused; carries the value given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModeError {
+    #[error("{text:?} is not an octal mode such as \"0644\"")]
+    NotOctal { text: String },
+    #[error("{text:?} is not an octal mode")]
+    Unparsable { text: String },
+    #[error("{number} is not a mode")]
+    Number { number: i64 },
+    #[error("{mode:o} is more than 7777")]
+    TooLarge { mode: u32 },
+}
+
+/// Why a file's `source` was refused; carries the value given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SourcePathError {
+    #[error("{src:?} must be a path relative to the bundle directory")]
+    NotRelative { src: String },
+    #[error("{src:?} must stay inside the bundle directory (no \"..\")")]
+    Escapes { src: String },
+}
+
+/// Why a [`UrlSizer`] gave no size.
+#[derive(Debug, thiserror::Error)]
+pub enum SizeError {
+    /// `size` must be written out ([`RequireSize`]).
+    #[error("missing `size` (required with url here)")]
+    Required,
+    /// Fetching the file to learn its size failed.
+    #[error("no size given and fetching {url} to learn it failed: {source}")]
+    Fetch {
+        url: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The mirrored bytes are not the declared ones.
+    #[error("{url} has sha256 {}, not the declared {}", .got.hex(), .declared.hex())]
+    Digest {
+        url: String,
+        got: Digest,
+        declared: Digest,
+    },
+}
+
 /// Finds the size of a mirrored file whose `bundle.toml` entry gives no
 /// `size` (lksctl downloads it and checks the sha256 on the way).
 pub trait UrlSizer {
-    fn size_of(&mut self, url: &str, digest: &Digest) -> Result<u64, String>;
+    fn size_of(&mut self, url: &str, digest: &Digest) -> Result<u64, SizeError>;
 }
 
 /// A [`UrlSizer`] for callers that require `size` to be written out.
 pub struct RequireSize;
 
 impl UrlSizer for RequireSize {
-    fn size_of(&mut self, _url: &str, _digest: &Digest) -> Result<u64, String> {
-        Err("missing `size` (required with url here)".into())
+    fn size_of(&mut self, _url: &str, _digest: &Digest) -> Result<u64, SizeError> {
+        Err(SizeError::Required)
     }
 }
 
@@ -176,61 +307,89 @@ pub fn load_bundle_dir(dir: &Path, sizer: &mut dyn UrlSizer) -> Result<AuthoredB
         )));
     }
     let text = std::fs::read_to_string(&toml_path).map_err(|e| err(format!("cannot read: {e}")))?;
-    parse_bundle_toml(&text, dir, sizer).map_err(|e| AuthoringError { file, message: e })
+    parse_bundle_toml(&text, dir, sizer).map_err(|e| AuthoringError {
+        file,
+        message: e.to_string(),
+    })
 }
 
 /// Parses `bundle.toml` text; source files are resolved relative to `dir`.
-pub fn parse_bundle_toml(text: &str, dir: &Path, sizer: &mut dyn UrlSizer) -> Result<AuthoredBundle, String> {
-    let raw: RawBundle = toml::from_str(text).map_err(|e| toml_error(text, &e))?;
+pub fn parse_bundle_toml(
+    text: &str,
+    dir: &Path,
+    sizer: &mut dyn UrlSizer,
+) -> Result<AuthoredBundle, BundleTomlError> {
+    use BundleTomlError as E;
+    let raw: RawBundle = toml::from_str(text).map_err(|e| E::Syntax(toml_error(text, &e)))?;
     let mut files = Vec::with_capacity(raw.files.len());
     let mut sources = Vec::with_capacity(raw.files.len());
     if raw.files.len() > MAX_FILES {
-        return Err(format!(
-            "file: {} entries; the limit is {MAX_FILES}",
-            raw.files.len()
-        ));
+        return Err(E::TooMany {
+            what: "file",
+            count: raw.files.len(),
+            limit: MAX_FILES,
+        });
     }
     let mut hashed: BTreeMap<PathBuf, (Digest, u64, Option<Chunks>)> = BTreeMap::new();
     for (i, f) in raw.files.into_iter().enumerate() {
         let field = |n: &str| format!("file[{i}].{n}");
-        let fail = |n: &str, why: String| format!("{}: {why}", field(n));
-        let path = BundlePath::new(&f.path).map_err(|e| fail("path", e.to_string()))?;
+        let missing = |n: &str, reason: &'static str| E::Field {
+            field: field(n),
+            reason,
+        };
+        let path = BundlePath::new(&f.path).map_err(|source| E::Path {
+            field: field("path"),
+            source,
+        })?;
         let arch = f
             .arch
             .as_deref()
             .map(Arch::parse)
             .transpose()
-            .map_err(|e| fail("arch", e))?;
+            .map_err(|source| E::Arch {
+                field: field("arch"),
+                source,
+            })?;
         let mode = match f.mode {
             None => 0o644,
-            Some(m) => parse_mode(m).map_err(|e| fail("mode", e))?,
+            Some(m) => parse_mode(m).map_err(|source| E::Mode {
+                field: field("mode"),
+                source,
+            })?,
         };
         let declared = f
             .sha256
             .as_deref()
             .map(Digest::from_hex)
             .transpose()
-            .map_err(|_| fail("sha256", "must be 64 lowercase hex digits".into()))?;
+            .map_err(|_| missing("sha256", "must be 64 lowercase hex digits"))?;
         let (digest, size, source, url, chunks) = match (f.source, f.url) {
-            (Some(_), Some(_)) => return Err(fail("source", "give either source or url, not both".into())),
+            (Some(_), Some(_)) => return Err(missing("source", "give either source or url, not both")),
             (None, None) => {
-                return Err(fail(
+                return Err(missing(
                     "source",
-                    "missing: give source (a file in the bundle directory) or url".into(),
+                    "missing: give source (a file in the bundle directory) or url",
                 ));
             }
             (Some(src), None) => {
-                let local = source_path(dir, &src).map_err(|e| fail("source", e))?;
+                let local = source_path(dir, &src).map_err(|source| E::SourcePath {
+                    field: field("source"),
+                    source,
+                })?;
+                let read = |source| E::Read {
+                    field: field("source"),
+                    path: local.clone(),
+                    source,
+                };
                 let (digest, size, chunks) = match hashed.get(&local) {
                     Some(v) => v.clone(),
                     None => {
-                        let meta = std::fs::metadata(&local)
-                            .map_err(|e| fail("source", format!("{}: {e}", local.display())))?;
+                        let meta = std::fs::metadata(&local).map_err(read)?;
                         if !meta.is_file() {
-                            return Err(fail(
-                                "source",
-                                format!("{} is not a regular file", local.display()),
-                            ));
+                            return Err(E::NotAFile {
+                                field: field("source"),
+                                path: local,
+                            });
                         }
                         // One read gives the digest and the chunk list; a
                         // file of one chunk needs no list (its piece is
@@ -238,7 +397,7 @@ pub fn parse_bundle_toml(text: &str, dir: &Path, sizer: &mut dyn UrlSizer) -> Re
                         let v = std::fs::File::open(&local)
                             .and_then(|f| Chunks::of_reader(f, DEFAULT_CHUNK_SIZE))
                             .map(|(d, n, c)| (d, n, (n > u64::from(DEFAULT_CHUNK_SIZE)).then_some(c)))
-                            .map_err(|e| fail("source", format!("{}: {e}", local.display())))?;
+                            .map_err(read)?;
                         hashed.insert(local.clone(), v.clone());
                         v
                     }
@@ -246,20 +405,32 @@ pub fn parse_bundle_toml(text: &str, dir: &Path, sizer: &mut dyn UrlSizer) -> Re
                 if let Some(d) = declared
                     && d != digest
                 {
-                    return Err(fail("sha256", format!("does not match {src} ({digest})")));
+                    return Err(E::DigestMismatch {
+                        field: field("sha256"),
+                        src,
+                        digest,
+                    });
                 }
                 if let Some(s) = f.size
                     && s != size
                 {
-                    return Err(fail("size", format!("{s} does not match {src} ({size} bytes)")));
+                    return Err(E::SizeMismatch {
+                        field: field("size"),
+                        declared: s,
+                        src,
+                        size,
+                    });
                 }
                 (digest, size, FileSource::Local(local), None, chunks)
             }
             (None, Some(url)) => {
-                let digest = declared.ok_or_else(|| fail("sha256", "missing (required with url)".into()))?;
+                let digest = declared.ok_or_else(|| missing("sha256", "missing (required with url)"))?;
                 let size = match f.size {
                     Some(s) => s,
-                    None => sizer.size_of(&url, &digest).map_err(|e| fail("size", e))?,
+                    None => sizer.size_of(&url, &digest).map_err(|source| E::Size {
+                        field: field("size"),
+                        source,
+                    })?,
                 };
                 (digest, size, FileSource::Url, Some(url), None)
             }
@@ -283,74 +454,100 @@ pub fn parse_bundle_toml(text: &str, dir: &Path, sizer: &mut dyn UrlSizer) -> Re
             Ok(Step {
                 name: s.name,
                 run: s.run,
-                timeout: opt_duration(s.timeout, DEFAULT_STEP_TIMEOUT)
-                    .map_err(|e| format!("step[{i}].timeout: {e}"))?,
+                timeout: opt_duration(s.timeout, DEFAULT_STEP_TIMEOUT).map_err(|source| E::Duration {
+                    field: format!("step[{i}].timeout"),
+                    source,
+                })?,
             })
         })
-        .collect::<Result<Vec<_>, String>>()?;
+        .collect::<Result<Vec<_>, E>>()?;
+    let duration = |field: &str| {
+        let field = field.to_string();
+        move |source| E::Duration { field, source }
+    };
     let health = raw
         .health
         .map(|h| {
-            Ok::<_, String>(HealthCheck {
+            Ok::<_, E>(HealthCheck {
                 run: h.run,
                 timeout: opt_duration(h.timeout, DEFAULT_HEALTH_TIMEOUT)
-                    .map_err(|e| format!("health.timeout: {e}"))?,
+                    .map_err(duration("health.timeout"))?,
                 retries: h.retries.unwrap_or(DEFAULT_HEALTH_RETRIES),
                 interval: opt_duration(h.interval, DEFAULT_HEALTH_INTERVAL)
-                    .map_err(|e| format!("health.interval: {e}"))?,
+                    .map_err(duration("health.interval"))?,
             })
         })
         .transpose()?;
     if raw.certificates.len() > MAX_CERTIFICATES {
-        return Err(format!(
-            "certificate: {} entries; the limit is {MAX_CERTIFICATES}",
-            raw.certificates.len()
-        ));
+        return Err(E::TooMany {
+            what: "certificate",
+            count: raw.certificates.len(),
+            limit: MAX_CERTIFICATES,
+        });
     }
     let certificates = raw
         .certificates
         .into_iter()
         .enumerate()
         .map(|(i, c)| {
-            let fail = |n: &str, why: String| format!("certificate[{i}].{n}: {why}");
-            let path = |n: &str, v: &str| BundlePath::new(v).map_err(|e| fail(n, e.to_string()));
+            let field = |n: &str| format!("certificate[{i}].{n}");
+            let path = |n: &str, v: &str| {
+                BundlePath::new(v).map_err(|source| E::Path {
+                    field: field(n),
+                    source,
+                })
+            };
             Ok(CertificateSpec {
                 path: path("path", &c.path)?,
                 key_path: path("key_path", &c.key_path)?,
-                profile: c.profile.parse().map_err(|e| fail("profile", e))?,
+                profile: c.profile.parse().map_err(|source| E::Profile {
+                    field: field("profile"),
+                    source,
+                })?,
                 common_name: c.common_name,
                 organizations: c.organizations,
                 dns_names: c.dns_names,
                 ip_addresses: c.ip_addresses,
-                ttl: opt_duration(c.ttl, DEFAULT_TTL).map_err(|e| fail("ttl", e))?,
+                ttl: opt_duration(c.ttl, DEFAULT_TTL).map_err(duration(&field("ttl")))?,
                 ca_path: c.ca_path.map(|p| path("ca_path", &p)).transpose()?,
             })
         })
-        .collect::<Result<Vec<_>, String>>()?;
+        .collect::<Result<Vec<_>, E>>()?;
     if raw.kubeconfigs.len() > MAX_KUBECONFIGS {
-        return Err(format!(
-            "kubeconfig: {} entries; the limit is {MAX_KUBECONFIGS}",
-            raw.kubeconfigs.len()
-        ));
+        return Err(E::TooMany {
+            what: "kubeconfig",
+            count: raw.kubeconfigs.len(),
+            limit: MAX_KUBECONFIGS,
+        });
     }
     let kubeconfigs = raw
         .kubeconfigs
         .into_iter()
         .enumerate()
         .map(|(i, k)| {
-            let path = |n: &str, v: &str| BundlePath::new(v).map_err(|e| format!("kubeconfig[{i}].{n}: {e}"));
+            let path = |n: &str, v: &str| {
+                BundlePath::new(v).map_err(|source| E::Path {
+                    field: format!("kubeconfig[{i}].{n}"),
+                    source,
+                })
+            };
             Ok(KubeconfigSpec {
                 path: path("path", &k.path)?,
                 certificate: path("certificate", &k.certificate)?,
             })
         })
-        .collect::<Result<Vec<_>, String>>()?;
+        .collect::<Result<Vec<_>, E>>()?;
     let architectures = raw
         .architectures
         .iter()
         .enumerate()
-        .map(|(i, a)| Arch::parse(a).map_err(|e| format!("architectures[{i}]: {e}")))
-        .collect::<Result<Vec<_>, String>>()?;
+        .map(|(i, a)| {
+            Arch::parse(a).map_err(|source| E::Arch {
+                field: format!("architectures[{i}]"),
+                source,
+            })
+        })
+        .collect::<Result<Vec<_>, E>>()?;
     let manifest = Manifest {
         architectures,
         name: raw.name,
@@ -363,7 +560,7 @@ pub fn parse_bundle_toml(text: &str, dir: &Path, sizer: &mut dyn UrlSizer) -> Re
         issued: Vec::new(),
         self_update: raw.self_update,
     };
-    manifest.validate().map_err(|e: ManifestError| e.to_string())?;
+    manifest.validate()?;
     check_elf_arches(&manifest, &sources)?;
     if manifest.self_update
         && !manifest.is_multi_arch()
@@ -371,20 +568,16 @@ pub fn parse_bundle_toml(text: &str, dir: &Path, sizer: &mut dyn UrlSizer) -> Re
     {
         // The node checks the architecture; here it must at least be an
         // executable, not a script or a tarball.
-        let mut head = Vec::with_capacity(64);
-        std::io::Read::read_to_end(
-            &mut std::io::Read::take(
-                std::fs::File::open(p).map_err(|e| format!("file[0].source: {}: {e}", p.display()))?,
-                64,
-            ),
-            &mut head,
-        )
-        .map_err(|e| format!("file[0].source: {}: {e}", p.display()))?;
-        crate::elf::parse_header(&head).map_err(|e| {
-            format!(
-                "file[0].source: {} is {e}; a self_update bundle carries the agent's binary",
-                p.display()
-            )
+        let field = || "file[0].source".to_string();
+        let head = head_of(p).map_err(|source| E::Read {
+            field: field(),
+            path: p.clone(),
+            source,
+        })?;
+        crate::elf::parse_header(&head).map_err(|source| E::NotExecutable {
+            field: field(),
+            path: p.clone(),
+            source,
         })?;
     }
     Ok(AuthoredBundle { manifest, sources })
@@ -403,37 +596,41 @@ fn head_of(p: &Path) -> std::io::Result<Vec<u8>> {
 /// architecture of the bundle. A self-update's file must be an
 /// executable at all. Only local sources are read; the agent checks every
 /// file again before it installs it.
-fn check_elf_arches(m: &Manifest, sources: &[FileSource]) -> Result<(), String> {
+fn check_elf_arches(m: &Manifest, sources: &[FileSource]) -> Result<(), BundleTomlError> {
+    use BundleTomlError as E;
     if !m.is_multi_arch() {
         return Ok(());
     }
     let arches = m.arches();
     for (i, (f, s)) in m.files.iter().zip(sources).enumerate() {
         let FileSource::Local(p) = s else { continue };
-        let head = head_of(p).map_err(|e| format!("file[{i}].source: {}: {e}", p.display()))?;
+        let field = || format!("file[{i}].source");
+        let head = head_of(p).map_err(|source| E::Read {
+            field: field(),
+            path: p.clone(),
+            source,
+        })?;
         if m.self_update {
-            crate::elf::parse_header(&head).map_err(|e| {
-                format!(
-                    "file[{i}].source: {} is {e}; a self_update bundle carries the agent's binary",
-                    p.display()
-                )
+            crate::elf::parse_header(&head).map_err(|source| E::NotExecutable {
+                field: field(),
+                path: p.clone(),
+                source,
             })?;
         }
         match f.arch {
-            Some(a) => a.check_elf(&head).map_err(|e| {
-                format!(
-                    "file[{i}].source: {} is {e}, but the entry has arch = \"{a}\"",
-                    p.display()
-                )
+            Some(a) => a.check_elf(&head).map_err(|source| E::ForeignArch {
+                field: field(),
+                path: p.clone(),
+                arch: a,
+                source,
             })?,
             None => {
                 for a in &arches {
-                    a.check_elf(&head).map_err(|e| {
-                        format!(
-                            "file[{i}].source: {} is {e}, but the entry has no arch and the bundle is also for {a}; \
-                             give it the arch it is for",
-                            p.display()
-                        )
+                    a.check_elf(&head).map_err(|source| E::NeutralForeign {
+                        field: field(),
+                        path: p.clone(),
+                        arch: *a,
+                        source,
                     })?;
                 }
             }
@@ -442,40 +639,41 @@ fn check_elf_arches(m: &Manifest, sources: &[FileSource]) -> Result<(), String> 
     Ok(())
 }
 
-fn opt_duration(s: Option<String>, default: Duration) -> Result<Duration, String> {
+fn opt_duration(s: Option<String>, default: Duration) -> Result<Duration, DurationError> {
     s.map_or(Ok(default), |s| parse_duration(&s))
 }
 
-fn parse_mode(m: RawMode) -> Result<u32, String> {
+fn parse_mode(m: RawMode) -> Result<u32, ModeError> {
     let v = match m {
         RawMode::Text(s) => {
             let digits = s.strip_prefix("0o").unwrap_or(&s);
             if digits.is_empty() || digits.len() > 5 || !digits.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
-                return Err(format!("{s:?} is not an octal mode such as \"0644\""));
+                return Err(ModeError::NotOctal { text: s });
             }
-            u32::from_str_radix(digits, 8).map_err(|_| format!("{s:?} is not an octal mode"))?
+            match u32::from_str_radix(digits, 8) {
+                Ok(v) => v,
+                Err(_) => return Err(ModeError::Unparsable { text: s }),
+            }
         }
         // `mode = 0o644` in TOML arrives as the integer 420.
-        RawMode::Number(n) => u32::try_from(n).map_err(|_| format!("{n} is not a mode"))?,
+        RawMode::Number(n) => u32::try_from(n).map_err(|_| ModeError::Number { number: n })?,
     };
     if v > 0o7777 {
-        return Err(format!("{v:o} is more than 7777"));
+        return Err(ModeError::TooLarge { mode: v });
     }
     Ok(v)
 }
 
 /// A source must be a relative path inside the bundle directory.
-fn source_path(dir: &Path, src: &str) -> Result<PathBuf, String> {
+fn source_path(dir: &Path, src: &str) -> Result<PathBuf, SourcePathError> {
     let p = Path::new(src);
     if src.is_empty() || p.is_absolute() {
-        return Err(format!("{src:?} must be a path relative to the bundle directory"));
+        return Err(SourcePathError::NotRelative { src: src.into() });
     }
     if p.components()
         .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
     {
-        return Err(format!(
-            "{src:?} must stay inside the bundle directory (no \"..\")"
-        ));
+        return Err(SourcePathError::Escapes { src: src.into() });
     }
     Ok(dir.join(p))
 }

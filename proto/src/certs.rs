@@ -22,6 +22,68 @@ use x509_parser::prelude::FromDer;
 use crate::manifest::ManifestError;
 use crate::path::BundlePath;
 
+/// Why a name template of a `[[certificate]]` entry, or the name it
+/// expands to, was refused; carries the template or name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CertNameError {
+    #[error("{template:?} must be 1 to {MAX_NAME_LEN} printable characters")]
+    Template { template: String },
+    #[error("{template:?} has a \"{{\" without \"}}\"")]
+    Unclosed { template: String },
+    #[error("{template:?} has a \"}}\" without \"{{\"")]
+    Unopened { template: String },
+    /// A placeholder other than `{node}`.
+    #[error("{template:?} uses {{{placeholder}}}; the only placeholder is {{node}}")]
+    Placeholder { template: String, placeholder: String },
+    /// The name `{node}` expanded to is too long.
+    #[error("{name:?} is longer than {MAX_NAME_LEN} bytes")]
+    Expanded { name: String },
+    #[error("{name:?} is not a lowercase DNS name")]
+    DnsName { name: String },
+    #[error("{value:?} is not an IP address")]
+    IpAddress { value: String },
+}
+
+/// Why a node's CSR was refused: it is no CSR, or it asks for more or
+/// other names than the node may have.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CsrError {
+    #[error("the CSR is not PEM: {detail}")]
+    NotPem { detail: String },
+    #[error("expected a CERTIFICATE REQUEST, got {label:?}")]
+    Label { label: String },
+    #[error("the CSR does not parse: {detail}")]
+    Parse { detail: String },
+    #[error("the CSR's subject has a value that is not a string")]
+    SubjectNotString,
+    #[error("the CSR's subject carries {attribute} = {value:?}; only CN and O are allowed")]
+    SubjectAttribute { attribute: String, value: String },
+    #[error("the CSR asks for common name {asked:?}; this node may only have {allowed:?}")]
+    CommonName { asked: String, allowed: String },
+    #[error("the CSR asks for organizations {asked:?}; this node may only have {allowed:?}")]
+    Organizations {
+        asked: Vec<String>,
+        allowed: Vec<String>,
+    },
+    #[error("the CSR asks for an extension other than subjectAltName")]
+    Extension,
+    #[error("the CSR has a malformed IP address SAN")]
+    IpSan,
+    #[error("the CSR asks for a SAN that is not allowed: {san}")]
+    San { san: String },
+    #[error("the CSR asks for DNS names {asked:?}; this node may only have {allowed:?}")]
+    DnsNames {
+        asked: Vec<String>,
+        allowed: Vec<String>,
+    },
+    /// The addresses as text, so the message lists them quoted.
+    #[error("the CSR asks for IP addresses {asked:?}; this node may only have {allowed:?}")]
+    IpAddresses {
+        asked: Vec<String>,
+        allowed: Vec<String>,
+    },
+}
+
 /// Lifetime of an issued certificate when the bundle gives no `ttl`.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(720 * 3600);
 /// Shortest `ttl` (tests of rotation use a short one).
@@ -88,13 +150,21 @@ impl fmt::Display for Profile {
     }
 }
 
+/// A `profile` that is none of [`Profile::ALL`]; carries the name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown profile {name:?}: expected kubelet-client, kubelet-serving, client or server")]
+pub struct UnknownProfile {
+    pub name: String,
+}
+
 impl FromStr for Profile {
-    type Err = String;
+    type Err = UnknownProfile;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Profile::ALL.into_iter().find(|p| p.as_str() == s).ok_or_else(|| {
-            format!("unknown profile {s:?}: expected kubelet-client, kubelet-serving, client or server")
-        })
+        Profile::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| UnknownProfile { name: s.into() })
     }
 }
 
@@ -244,7 +314,7 @@ impl CertificateSpec {
 
     /// The names a certificate of this entry carries when issued to `node`,
     /// whose reported addresses are `addresses` (used by kubelet-serving).
-    pub fn names_for(&self, node: &str, addresses: &[IpAddr]) -> Result<CertNames, String> {
+    pub fn names_for(&self, node: &str, addresses: &[IpAddr]) -> Result<CertNames, CertNameError> {
         let kubelet = format!("system:node:{node}");
         let mut names = match self.profile {
             Profile::KubeletClient => CertNames {
@@ -276,7 +346,10 @@ impl CertificateSpec {
                 ip_addresses: self
                     .ip_addresses
                     .iter()
-                    .map(|ip| ip.parse().map_err(|_| format!("{ip:?} is not an IP address")))
+                    .map(|ip| {
+                        ip.parse()
+                            .map_err(|_| CertNameError::IpAddress { value: ip.clone() })
+                    })
                     .collect::<Result<_, _>>()?,
                 client: self.profile == Profile::Client,
             },
@@ -290,40 +363,44 @@ impl CertificateSpec {
 }
 
 /// Expands `{node}`; any other `{…}` is an error.
-pub fn expand(template: &str, node: &str) -> Result<String, String> {
+pub fn expand(template: &str, node: &str) -> Result<String, CertNameError> {
     check_template(template)?;
     let out = template.replace("{node}", node);
     if out.len() > MAX_NAME_LEN {
-        return Err(format!("{out:?} is longer than {MAX_NAME_LEN} bytes"));
+        return Err(CertNameError::Expanded { name: out });
     }
     Ok(out)
 }
 
 /// A name template: printable, and `{node}` the only placeholder.
-fn check_template(t: &str) -> Result<(), String> {
+fn check_template(t: &str) -> Result<(), CertNameError> {
+    let template = || t.to_string();
     if t.is_empty() || t.len() > MAX_NAME_LEN || t.chars().any(char::is_control) {
-        return Err(format!("{t:?} must be 1 to {MAX_NAME_LEN} printable characters"));
+        return Err(CertNameError::Template { template: template() });
     }
     let mut rest = t;
     while let Some(open) = rest.find('{') {
         let after = &rest[open + 1..];
         let Some(close) = after.find('}') else {
-            return Err(format!("{t:?} has a \"{{\" without \"}}\""));
+            return Err(CertNameError::Unclosed { template: template() });
         };
         let name = &after[..close];
         if name != "node" {
-            return Err(format!("{t:?} uses {{{name}}}; the only placeholder is {{node}}"));
+            return Err(CertNameError::Placeholder {
+                template: template(),
+                placeholder: name.into(),
+            });
         }
         rest = &after[close + 1..];
     }
     if rest.contains('}') {
-        return Err(format!("{t:?} has a \"}}\" without \"{{\""));
+        return Err(CertNameError::Unopened { template: template() });
     }
     Ok(())
 }
 
 /// A DNS name for a SAN: lowercase labels, an optional leading `*.`.
-fn check_dns_name(d: &str) -> Result<(), String> {
+fn check_dns_name(d: &str) -> Result<(), CertNameError> {
     let body = d.strip_prefix("*.").unwrap_or(d);
     let ok = !body.is_empty()
         && body.len() <= 253
@@ -338,7 +415,7 @@ fn check_dns_name(d: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!("{d:?} is not a lowercase DNS name"))
+        Err(CertNameError::DnsName { name: d.into() })
     }
 }
 
@@ -346,51 +423,49 @@ fn check_dns_name(d: &str) -> Result<(), String> {
 /// and organizations and nothing else, and exactly the DNS and IP SANs
 /// (in any order), and no other extension. The signature is checked where
 /// the CSR is signed.
-pub fn check_csr(csr_pem: &str, want: &CertNames) -> Result<(), String> {
-    let (_, pem) = x509_parser::pem::parse_x509_pem(csr_pem.as_bytes())
-        .map_err(|e| format!("the CSR is not PEM: {e}"))?;
+pub fn check_csr(csr_pem: &str, want: &CertNames) -> Result<(), CsrError> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(csr_pem.as_bytes()).map_err(|e| CsrError::NotPem {
+        detail: e.to_string(),
+    })?;
     if pem.label != "CERTIFICATE REQUEST" {
-        return Err(format!("expected a CERTIFICATE REQUEST, got {:?}", pem.label));
+        return Err(CsrError::Label { label: pem.label });
     }
-    let (_, csr) = X509CertificationRequest::from_der(&pem.contents)
-        .map_err(|e| format!("the CSR does not parse: {e}"))?;
+    let (_, csr) = X509CertificationRequest::from_der(&pem.contents).map_err(|e| CsrError::Parse {
+        detail: e.to_string(),
+    })?;
     let info = &csr.certification_request_info;
     let mut cn = Vec::new();
     let mut orgs = Vec::new();
     for attr in info.subject.iter_attributes() {
-        let value = attr
-            .as_str()
-            .map_err(|_| "the CSR's subject has a value that is not a string".to_string())?
-            .to_string();
+        let value = attr.as_str().map_err(|_| CsrError::SubjectNotString)?.to_string();
         if *attr.attr_type() == x509_parser::oid_registry::OID_X509_COMMON_NAME {
             cn.push(value);
         } else if *attr.attr_type() == x509_parser::oid_registry::OID_X509_ORGANIZATION_NAME {
             orgs.push(value);
         } else {
-            return Err(format!(
-                "the CSR's subject carries {} = {value:?}; only CN and O are allowed",
-                attr.attr_type()
-            ));
+            return Err(CsrError::SubjectAttribute {
+                attribute: attr.attr_type().to_string(),
+                value,
+            });
         }
     }
     if cn != [want.common_name.clone()] {
-        return Err(format!(
-            "the CSR asks for common name {:?}; this node may only have {:?}",
-            cn.join(", "),
-            want.common_name
-        ));
+        return Err(CsrError::CommonName {
+            asked: cn.join(", "),
+            allowed: want.common_name.clone(),
+        });
     }
     if orgs != want.organizations {
-        return Err(format!(
-            "the CSR asks for organizations {orgs:?}; this node may only have {:?}",
-            want.organizations
-        ));
+        return Err(CsrError::Organizations {
+            asked: orgs,
+            allowed: want.organizations.clone(),
+        });
     }
     let mut dns = BTreeSet::new();
     let mut ips = BTreeSet::new();
     for ext in csr.requested_extensions().into_iter().flatten() {
         let ParsedExtension::SubjectAlternativeName(san) = ext else {
-            return Err("the CSR asks for an extension other than subjectAltName".into());
+            return Err(CsrError::Extension);
         };
         for n in &san.general_names {
             match n {
@@ -401,32 +476,31 @@ pub fn check_csr(csr_pem: &str, want: &CertNames) -> Result<(), String> {
                     let ip = match b.len() {
                         4 => IpAddr::from(<[u8; 4]>::try_from(*b).unwrap_or_default()),
                         16 => IpAddr::from(<[u8; 16]>::try_from(*b).unwrap_or_default()),
-                        _ => return Err("the CSR has a malformed IP address SAN".into()),
+                        _ => return Err(CsrError::IpSan),
                     };
                     ips.insert(ip);
                 }
-                other => return Err(format!("the CSR asks for a SAN that is not allowed: {other}")),
+                other => {
+                    return Err(CsrError::San {
+                        san: other.to_string(),
+                    });
+                }
             }
         }
     }
     let want_dns: BTreeSet<String> = want.dns_names.iter().cloned().collect();
     if dns != want_dns {
-        return Err(format!(
-            "the CSR asks for DNS names {:?}; this node may only have {:?}",
-            dns.iter().collect::<Vec<_>>(),
-            want.dns_names
-        ));
+        return Err(CsrError::DnsNames {
+            asked: dns.into_iter().collect(),
+            allowed: want.dns_names.clone(),
+        });
     }
     let want_ips: BTreeSet<IpAddr> = want.ip_addresses.iter().copied().collect();
     if ips != want_ips {
-        return Err(format!(
-            "the CSR asks for IP addresses {:?}; this node may only have {:?}",
-            ips.iter().map(ToString::to_string).collect::<Vec<_>>(),
-            want.ip_addresses
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-        ));
+        return Err(CsrError::IpAddresses {
+            asked: ips.iter().map(ToString::to_string).collect(),
+            allowed: want.ip_addresses.iter().map(ToString::to_string).collect(),
+        });
     }
     Ok(())
 }
@@ -509,6 +583,7 @@ mod tests {
             "kubelet"
                 .parse::<Profile>()
                 .unwrap_err()
+                .to_string()
                 .contains("unknown profile")
         );
     }
@@ -597,7 +672,7 @@ mod tests {
         ] {
             let want = spec.names_for("w1", &addrs).unwrap();
             check_csr(&csr(&want, false), &want).unwrap();
-            let err = check_csr(&csr(&want, true), &want).unwrap_err();
+            let err = check_csr(&csr(&want, true), &want).unwrap_err().to_string();
             assert!(err.contains("only CN and O"), "{err}");
         }
         let want = spec(Profile::KubeletServing).names_for("w1", &addrs).unwrap();
@@ -605,6 +680,7 @@ mod tests {
         assert!(
             check_csr(&csr(&other, false), &want)
                 .unwrap_err()
+                .to_string()
                 .contains("common name")
         );
         let mut extra = want.clone();
@@ -612,6 +688,7 @@ mod tests {
         assert!(
             check_csr(&csr(&extra, false), &want)
                 .unwrap_err()
+                .to_string()
                 .contains("DNS names")
         );
         let mut more_ips = want.clone();
@@ -619,6 +696,7 @@ mod tests {
         assert!(
             check_csr(&csr(&more_ips, false), &want)
                 .unwrap_err()
+                .to_string()
                 .contains("IP addresses")
         );
         let mut org = want.clone();
@@ -626,13 +704,29 @@ mod tests {
         assert!(
             check_csr(&csr(&org, false), &want)
                 .unwrap_err()
+                .to_string()
                 .contains("organizations")
         );
-        assert!(check_csr("garbage", &want).unwrap_err().contains("not PEM"));
+        assert!(
+            check_csr("garbage", &want)
+                .unwrap_err()
+                .to_string()
+                .contains("not PEM")
+        );
+        let mut other_cn = want.clone();
+        other_cn.common_name = "system:node:w9".into();
+        assert_eq!(
+            check_csr(&csr(&other_cn, false), &want).unwrap_err(),
+            CsrError::CommonName {
+                asked: "system:node:w9".into(),
+                allowed: "system:node:w1".into(),
+            }
+        );
         let cert = rcgen::generate_simple_self_signed(vec!["x".into()]).unwrap();
         assert!(
             check_csr(&cert.cert.pem(), &want)
                 .unwrap_err()
+                .to_string()
                 .contains("CERTIFICATE REQUEST")
         );
     }

@@ -17,6 +17,22 @@ pub const MIN_CHUNK_SIZE: u32 = 64 << 10;
 /// Largest chunk size a manifest may name.
 pub const MAX_CHUNK_SIZE: u32 = 64 << 20;
 
+/// Why a chunk list does not fit the file it describes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChunksError {
+    #[error("chunk size {size} is outside {MIN_CHUNK_SIZE}..={MAX_CHUNK_SIZE}")]
+    Size { size: u32 },
+    #[error("{got} chunk digests for {file_size} bytes in {size}-byte chunks; expected {want}")]
+    Count {
+        got: usize,
+        file_size: u64,
+        size: u32,
+        want: u64,
+    },
+    #[error("the one chunk's digest is not the file's")]
+    OneChunk,
+}
+
 /// The chunk list of one file.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Chunks {
@@ -49,23 +65,21 @@ impl Chunks {
     /// Checks the list against the file it describes: a size in bounds,
     /// exactly one digest per piece, and for a one-piece file the piece is
     /// the file.
-    pub fn validate(&self, file_size: u64, file_digest: &Digest) -> Result<(), String> {
+    pub fn validate(&self, file_size: u64, file_digest: &Digest) -> Result<(), ChunksError> {
         if !(MIN_CHUNK_SIZE..=MAX_CHUNK_SIZE).contains(&self.size) {
-            return Err(format!(
-                "chunk size {} is outside {MIN_CHUNK_SIZE}..={MAX_CHUNK_SIZE}",
-                self.size
-            ));
+            return Err(ChunksError::Size { size: self.size });
         }
         let want = Self::count(file_size, self.size);
         if self.digests.len() as u64 != want {
-            return Err(format!(
-                "{} chunk digests for {file_size} bytes in {}-byte chunks; expected {want}",
-                self.digests.len(),
-                self.size
-            ));
+            return Err(ChunksError::Count {
+                got: self.digests.len(),
+                file_size,
+                size: self.size,
+                want,
+            });
         }
         if want == 1 && self.digests[0] != *file_digest {
-            return Err("the one chunk's digest is not the file's".into());
+            return Err(ChunksError::OneChunk);
         }
         Ok(())
     }
@@ -180,14 +194,24 @@ mod tests {
         let (d, n, c) = Chunks::of_reader(&bytes[..], MIN_CHUNK_SIZE).unwrap();
         let mut short = c.clone();
         short.digests.pop();
-        assert!(short.validate(n, &d).unwrap_err().contains("expected 2"));
+        assert_eq!(
+            short.validate(n, &d).unwrap_err().to_string(),
+            format!("1 chunk digests for {n} bytes in {MIN_CHUNK_SIZE}-byte chunks; expected 2")
+        );
         let mut tiny = c.clone();
         tiny.size = 1024;
-        assert!(tiny.validate(n, &d).unwrap_err().contains("outside"));
+        assert_eq!(
+            tiny.validate(n, &d).unwrap_err().to_string(),
+            format!("chunk size 1024 is outside {MIN_CHUNK_SIZE}..={MAX_CHUNK_SIZE}")
+        );
         // One piece: it must be the file.
         let (d1, n1, mut one) = Chunks::of_reader(&bytes[..100], MIN_CHUNK_SIZE).unwrap();
         one.validate(n1, &d1).unwrap();
         one.digests[0] = Digest::of(b"other");
-        assert!(one.validate(n1, &d1).is_err());
+        assert_eq!(one.validate(n1, &d1).unwrap_err(), ChunksError::OneChunk);
+        assert_eq!(
+            ChunksError::OneChunk.to_string(),
+            "the one chunk's digest is not the file's"
+        );
     }
 }

@@ -2,11 +2,17 @@
 
 use std::time::Duration;
 
+/// A duration that is not `<integer><unit>` parts; carries the input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid duration {input:?}: expected e.g. \"500ms\", \"60s\", \"5m\", \"1h30m\", \"7d\"")]
+pub struct DurationError {
+    pub input: String,
+}
+
 /// Parses a duration made of one or more `<integer><unit>` parts, units
 /// `ms`, `s`, `m`, `h`, `d`. A bare number is refused: the unit is never guessed.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad =
-        || format!("invalid duration {s:?}: expected e.g. \"500ms\", \"60s\", \"5m\", \"1h30m\", \"7d\"");
+pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
+    let bad = || DurationError { input: s.into() };
     if s.is_empty() {
         return Err(bad());
     }
@@ -87,6 +93,11 @@ mod tests {
         for bad in ["", "60", "s", "1x", "1h 2m", "-1s", "1.5s", "99999999999999s"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
+        assert_eq!(
+            parse_duration("1x").unwrap_err().to_string(),
+            "invalid duration \"1x\": expected e.g. \"500ms\", \"60s\", \"5m\", \"1h30m\", \"7d\""
+        );
+        assert_eq!(parse_duration("1h 2m").unwrap_err().input, "1h 2m");
         assert_eq!(format_duration(Duration::from_secs(90)), "1m30s");
         assert_eq!(format_duration(Duration::from_millis(1500)), "1s500ms");
         assert_eq!(format_duration(Duration::ZERO), "0s");

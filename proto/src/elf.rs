@@ -21,6 +21,24 @@ impl ElfInfo {
     }
 }
 
+/// Why a file is no ELF executable, or none for this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ElfError {
+    #[error("not an ELF executable (no ELF header)")]
+    NoHeader,
+    #[error("not an ELF executable (byte order {0})")]
+    ByteOrder(u8),
+    #[error("an ELF file of type {e_type}, not an executable")]
+    NotExecutable { e_type: u16 },
+    /// An executable for another machine than this node's.
+    #[error(
+        "an executable for {}, but this node is {}",
+        ElfInfo { machine: *.machine }.arch(),
+        std::env::consts::ARCH
+    )]
+    ForeignHost { machine: u16 },
+}
+
 const MACHINES: &[(u16, &str)] = &[
     (3, "x86"),
     (40, "arm"),
@@ -46,31 +64,29 @@ pub fn host_machine() -> Option<u16> {
 
 /// Reads the header of an ELF executable (`ET_EXEC` or `ET_DYN`) from its
 /// first bytes (64 are enough).
-pub fn parse_header(b: &[u8]) -> Result<ElfInfo, String> {
+pub fn parse_header(b: &[u8]) -> Result<ElfInfo, ElfError> {
     if b.len() < 20 || &b[..4] != b"\x7fELF" {
-        return Err("not an ELF executable (no ELF header)".into());
+        return Err(ElfError::NoHeader);
     }
     let u16_at = |i: usize| match b[5] {
         1 => Ok(u16::from_le_bytes([b[i], b[i + 1]])),
         2 => Ok(u16::from_be_bytes([b[i], b[i + 1]])),
-        other => Err(format!("not an ELF executable (byte order {other})")),
+        other => Err(ElfError::ByteOrder(other)),
     };
     let e_type = u16_at(16)?;
     if e_type != 2 && e_type != 3 {
-        return Err(format!("an ELF file of type {e_type}, not an executable"));
+        return Err(ElfError::NotExecutable { e_type });
     }
     Ok(ElfInfo { machine: u16_at(18)? })
 }
 
 /// Checks that `b` starts an ELF executable for this machine.
-pub fn check_for_host(b: &[u8]) -> Result<ElfInfo, String> {
+pub fn check_for_host(b: &[u8]) -> Result<ElfInfo, ElfError> {
     let info = parse_header(b)?;
     if Some(info.machine) != host_machine() {
-        return Err(format!(
-            "an executable for {}, but this node is {}",
-            info.arch(),
-            std::env::consts::ARCH
-        ));
+        return Err(ElfError::ForeignHost {
+            machine: info.machine,
+        });
     }
     Ok(info)
 }
@@ -107,16 +123,29 @@ mod tests {
     fn foreign_and_non_executables_are_named() {
         let foreign = if host_machine() == Some(183) { 62 } else { 183 };
         let e = check_for_host(&header(foreign, 2)).unwrap_err();
-        assert!(
-            e.contains("an executable for") && e.contains("but this node is"),
-            "{e}"
+        assert_eq!(e, ElfError::ForeignHost { machine: foreign });
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "an executable for {}, but this node is {}",
+                ElfInfo { machine: foreign }.arch(),
+                std::env::consts::ARCH
+            )
         );
-        assert!(
-            parse_header(b"#!/bin/sh\necho hi\n")
-                .unwrap_err()
-                .contains("no ELF header")
+        assert_eq!(
+            parse_header(b"#!/bin/sh\necho hi\n").unwrap_err().to_string(),
+            "not an ELF executable (no ELF header)"
         );
-        assert!(parse_header(&header(62, 1)).unwrap_err().contains("type 1"));
+        assert_eq!(
+            parse_header(&header(62, 1)).unwrap_err().to_string(),
+            "an ELF file of type 1, not an executable"
+        );
+        let mut odd = header(62, 2);
+        odd[5] = 7;
+        assert_eq!(
+            parse_header(&odd).unwrap_err().to_string(),
+            "not an ELF executable (byte order 7)"
+        );
         assert!(parse_header(b"\x7fELF").is_err());
         assert_eq!(parse_header(&header(243, 3)).unwrap().arch(), "riscv64");
     }

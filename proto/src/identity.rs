@@ -13,7 +13,7 @@ use x509_parser::extensions::GeneralName;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
 use crate::digest::Digest;
-use crate::names::{validate_cluster_name, validate_node_name};
+use crate::names::{NameError, validate_cluster_name, validate_node_name};
 
 const NODE_PREFIX: &str = "urn:lks:node:";
 const ADMIN_PREFIX: &str = "urn:lks:admin:";
@@ -33,7 +33,7 @@ pub struct NodeIdentity {
 }
 
 impl NodeIdentity {
-    pub fn new(cluster: &str, node: &str) -> Result<Self, String> {
+    pub fn new(cluster: &str, node: &str) -> Result<Self, NameError> {
         validate_cluster_name(cluster)?;
         validate_node_name(node)?;
         Ok(NodeIdentity {

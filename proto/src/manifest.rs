@@ -168,6 +168,20 @@ impl TryFrom<UncheckedManifest> for Manifest {
     }
 }
 
+/// Why a node may not hold a multi-arch bundle version; carries the
+/// bundle (`name@version`) and the architectures involved.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArchRefusal {
+    #[error("{bundle} has no files for architecture {arch} (it is for {})", arch::list(.arches))]
+    NoFiles {
+        bundle: String,
+        arch: Arch,
+        arches: BTreeSet<Arch>,
+    },
+    #[error("{bundle} is for {}, and the node reported no architecture", arch::list(.arches))]
+    NoneReported { bundle: String, arches: BTreeSet<Arch> },
+}
+
 /// What a node must have to hold a bundle version: agent features and one
 /// of its architectures. Kept by the rollout controller per version.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -196,21 +210,25 @@ impl Needs {
     /// Why a node of `arch` (`None`: it reported none) may not hold the
     /// version; `None` if it may.
     pub fn arch_refusal(&self, arch: Option<Arch>) -> Option<String> {
+        self.arch_mismatch(arch).map(|r| r.to_string())
+    }
+
+    /// [`Needs::arch_refusal`] as a value.
+    pub fn arch_mismatch(&self, arch: Option<Arch>) -> Option<ArchRefusal> {
         if self.arches.is_empty() {
             return None;
         }
         match arch {
             Some(a) if self.arches.contains(&a) => None,
-            Some(a) => Some(format!(
-                "{} has no files for architecture {a} (it is for {})",
-                self.id,
-                arch::list(&self.arches)
-            )),
-            None => Some(format!(
-                "{} is for {}, and the node reported no architecture",
-                self.id,
-                arch::list(&self.arches)
-            )),
+            Some(a) => Some(ArchRefusal::NoFiles {
+                bundle: self.id.clone(),
+                arch: a,
+                arches: self.arches.clone(),
+            }),
+            None => Some(ArchRefusal::NoneReported {
+                bundle: self.id.clone(),
+                arches: self.arches.clone(),
+            }),
         }
     }
 
@@ -343,15 +361,21 @@ impl Manifest {
     /// those for `arch`, `architectures` narrowed to `[arch]`. An
     /// arch-neutral bundle is returned as it is. Refused (with
     /// [`Manifest::arch_refusal`]'s reason) when the bundle is not for `arch`.
-    pub fn for_arch(&self, arch: Option<Arch>) -> Result<Manifest, String> {
+    pub fn for_arch(&self, arch: Option<Arch>) -> Result<Manifest, ArchRefusal> {
         if !self.is_multi_arch() {
             return Ok(self.clone());
         }
-        if let Some(why) = self.arch_refusal(arch) {
+        let needs = Needs::of(self);
+        if let Some(why) = needs.arch_mismatch(arch) {
             return Err(why);
         }
+        // A multi-arch bundle has architectures, so a node that reported
+        // none was refused above.
         let Some(a) = arch else {
-            return Err(format!("{} needs the node's architecture", self.id()));
+            return Err(ArchRefusal::NoneReported {
+                bundle: needs.id,
+                arches: needs.arches,
+            });
         };
         Ok(Manifest {
             files: self.files.iter().filter(|f| f.is_for(a)).cloned().collect(),

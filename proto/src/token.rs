@@ -56,18 +56,20 @@ fn random_word(len: usize) -> String {
     out
 }
 
+/// A bootstrap token that is not `[a-z0-9]{6}.[a-z0-9]{16}`. It carries
+/// nothing: the text may be a secret.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("invalid bootstrap token: expected the form abcdef.0123456789abcdef ([a-z0-9]{{6}}.[a-z0-9]{{16}})")]
+pub struct MalformedToken;
+
 impl FromStr for BootstrapToken {
-    type Err = String;
+    type Err = MalformedToken;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || {
-            "invalid bootstrap token: expected the form abcdef.0123456789abcdef ([a-z0-9]{6}.[a-z0-9]{16})"
-                .to_string()
-        };
-        let (id, secret) = s.split_once('.').ok_or_else(bad)?;
+        let (id, secret) = s.split_once('.').ok_or(MalformedToken)?;
         let word = |w: &str, n: usize| w.len() == n && w.bytes().all(|b| ALPHABET.contains(&b));
         if !word(id, 6) || !word(secret, 16) {
-            return Err(bad());
+            return Err(MalformedToken);
         }
         Ok(BootstrapToken {
             id: id.into(),
@@ -113,7 +115,11 @@ mod tests {
             "abcdef:0123456789abcdef",
             "abcdef.0123456789abcdef.x",
         ] {
-            assert!(bad.parse::<BootstrapToken>().is_err(), "{bad}");
+            assert_eq!(bad.parse::<BootstrapToken>(), Err(MalformedToken), "{bad}");
         }
+        assert_eq!(
+            MalformedToken.to_string(),
+            "invalid bootstrap token: expected the form abcdef.0123456789abcdef ([a-z0-9]{6}.[a-z0-9]{16})"
+        );
     }
 }

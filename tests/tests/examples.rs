@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use lks_proto::Digest;
-use lks_proto::authoring::{AuthoredBundle, FileSource, UrlSizer, load_bundle_dir};
+use lks_proto::authoring::{AuthoredBundle, FileSource, SizeError, UrlSizer, load_bundle_dir};
 use lks_proto::manifest::check_paths_disjoint;
 
 fn examples() -> PathBuf {
@@ -22,7 +22,7 @@ fn examples() -> PathBuf {
 struct OfflineSizer(Vec<String>);
 
 impl UrlSizer for OfflineSizer {
-    fn size_of(&mut self, url: &str, _digest: &Digest) -> Result<u64, String> {
+    fn size_of(&mut self, url: &str, _digest: &Digest) -> Result<u64, SizeError> {
         self.0.push(url.to_string());
         Ok(1)
     }

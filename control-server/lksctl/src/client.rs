@@ -79,17 +79,33 @@ pub async fn connect(config: &Path) -> anyhow::Result<(Client, String)> {
     }
 }
 
+/// Why one server could not be used.
+#[derive(Debug, thiserror::Error)]
+enum ReachError {
+    #[error("no TLS handshake within {HANDSHAKE_TIMEOUT:?} (the server accepts no connections)")]
+    Handshake,
+    /// The connection failed (the error and its sources, on one line).
+    #[error("{}", chain(.0))]
+    Connect(tonic::transport::Error),
+    #[error("no health answer within {PROBE_TIMEOUT:?}")]
+    NoHealthAnswer,
+    /// The health service's status name (`NOT_SERVING`).
+    #[error("the admin API is {0}")]
+    NotServing(&'static str),
+    /// The server's UNAVAILABLE message, on one line.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
 /// Opens a channel. With other replicas to fall back on, the replica must
 /// also say it serves the admin API: one that is up but cannot serve (say,
 /// cut off from its store) answers UNAVAILABLE or NOT_SERVING and is passed
 /// over before any command is sent to it.
-async fn reach(ep: &Endpoint, probe: bool) -> Result<Channel, String> {
+async fn reach(ep: &Endpoint, probe: bool) -> Result<Channel, ReachError> {
     let channel = tokio::time::timeout(HANDSHAKE_TIMEOUT, ep.connect())
         .await
-        .map_err(|_| {
-            format!("no TLS handshake within {HANDSHAKE_TIMEOUT:?} (the server accepts no connections)")
-        })?
-        .map_err(|e| chain(&e))?;
+        .map_err(|_| ReachError::Handshake)?
+        .map_err(ReachError::Connect)?;
     if !probe {
         return Ok(channel);
     }
@@ -98,12 +114,14 @@ async fn reach(ep: &Endpoint, probe: bool) -> Result<Channel, String> {
         service: lks_proto::pb::admin_service_server::SERVICE_NAME.into(),
     });
     match tokio::time::timeout(PROBE_TIMEOUT, check).await {
-        Err(_) => Err(format!("no health answer within {PROBE_TIMEOUT:?}")),
+        Err(_) => Err(ReachError::NoHealthAnswer),
         Ok(Ok(resp)) => match resp.into_inner().status() {
             ServingStatus::Serving => Ok(channel),
-            other => Err(format!("the admin API is {}", other.as_str_name())),
+            other => Err(ReachError::NotServing(other.as_str_name())),
         },
-        Ok(Err(st)) if st.code() == tonic::Code::Unavailable => Err(st.message().replace('\n', " ")),
+        Ok(Err(st)) if st.code() == tonic::Code::Unavailable => {
+            Err(ReachError::Unavailable(st.message().replace('\n', " ")))
+        }
         // It answered, just not this question (no health service): use it.
         Ok(Err(_)) => Ok(channel),
     }

@@ -110,13 +110,46 @@ pub enum ClusterCmd {
     },
 }
 
+/// A value that is neither on nor off; carries it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{value:?}: give on or off")]
+pub struct NotOnOff {
+    pub value: String,
+}
+
 /// `on` or `off` (also `true`/`false`, `yes`/`no`).
-fn parse_on_off(s: &str) -> Result<bool, String> {
+fn parse_on_off(s: &str) -> Result<bool, NotOnOff> {
     match s.to_ascii_lowercase().as_str() {
         "on" | "true" | "yes" => Ok(true),
         "off" | "false" | "no" => Ok(false),
-        _ => Err(format!("{s:?}: give on or off")),
+        _ => Err(NotOnOff { value: s.into() }),
     }
+}
+
+/// A rate that [`parse_rate`] refused: the text given and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{input:?}: {problem}")]
+pub struct RateError {
+    pub input: String,
+    pub problem: RateProblem,
+}
+
+/// What is wrong with a rate.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RateProblem {
+    #[error("not a rate; give bytes per second, e.g. 52428800, 50MiB or 400Mbit")]
+    NotARate,
+    /// A lone `b` after a prefix (`Mb`): bytes or bits?
+    #[error("{unit} is ambiguous: write {prefix}B for bytes or {prefix}bit for bits")]
+    Ambiguous { unit: String, prefix: String },
+    #[error("unknown unit {unit:?}; use B, KB, MB, GB, KiB, MiB, GiB or bit, Kbit, Mbit, Gbit")]
+    UnknownUnit { unit: String },
+    #[error("not a number")]
+    NotANumber,
+    #[error("too large")]
+    TooLarge,
+    #[error("less than 1 byte per second; give 0 for no cap")]
+    BelowOneByte,
 }
 
 /// A rate in bytes per second: a plain number of bytes, or a number
@@ -125,8 +158,11 @@ fn parse_on_off(s: &str) -> Result<bool, String> {
 /// `Kbit` `Mbit` `Gbit` `Tbit`: powers of 1000, divided by 8), with an
 /// optional `/s`. `0` is no cap. Units are matched ignoring case, but a
 /// lone `b` after a prefix (`Mb`) is refused: bytes or bits?
-pub fn parse_rate(s: &str) -> Result<u64, String> {
-    let bad = |why: &str| format!("{s:?}: {why}");
+pub fn parse_rate(s: &str) -> Result<u64, RateError> {
+    let bad = |problem: RateProblem| RateError {
+        input: s.into(),
+        problem,
+    };
     let t = s.trim();
     let t = t.strip_suffix("/s").unwrap_or(t).trim_end();
     let split = t
@@ -134,19 +170,16 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
         .unwrap_or(t.len());
     let (num, unit) = (&t[..split], t[split..].trim_start());
     if num.is_empty() || num.starts_with('.') || num.ends_with('.') || num.matches('.').count() > 1 {
-        return Err(bad(
-            "not a rate; give bytes per second, e.g. 52428800, 50MiB or 400Mbit",
-        ));
+        return Err(bad(RateProblem::NotARate));
     }
     let (int, frac) = num.split_once('.').unwrap_or((num, ""));
     let lower = unit.to_ascii_lowercase();
     let prefix_b = lower.len() == 2 && unit.ends_with('b') && !unit.ends_with("ib");
     if prefix_b {
-        return Err(bad(&format!(
-            "{unit} is ambiguous: write {}B for bytes or {}bit for bits",
-            &unit[..1].to_ascii_uppercase(),
-            &unit[..1].to_ascii_uppercase()
-        )));
+        return Err(bad(RateProblem::Ambiguous {
+            unit: unit.into(),
+            prefix: unit[..1].to_ascii_uppercase(),
+        }));
     }
     // Bytes per second = number × mul / div.
     let (mul, div): (u128, u128) = match lower.as_str() {
@@ -165,23 +198,23 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
         "gbit" => (1_000_000_000, 8),
         "tbit" => (1_000_000_000_000, 8),
         _ => {
-            return Err(bad(&format!(
-                "unknown unit {unit:?}; use B, KB, MB, GB, KiB, MiB, GiB or bit, Kbit, Mbit, Gbit"
-            )));
+            return Err(bad(RateProblem::UnknownUnit { unit: unit.into() }));
         }
     };
     if int.len() + frac.len() > 30 {
-        return Err(bad("too large"));
+        return Err(bad(RateProblem::TooLarge));
     }
-    let digits: u128 = format!("{int}{frac}").parse().map_err(|_| bad("not a number"))?;
+    let digits: u128 = format!("{int}{frac}")
+        .parse()
+        .map_err(|_| bad(RateProblem::NotANumber))?;
     let scale = 10u128.pow(frac.len() as u32);
     let bytes = digits
         .checked_mul(mul)
         .map(|n| n / (scale * div))
-        .ok_or_else(|| bad("too large"))?;
-    let bytes = u64::try_from(bytes).map_err(|_| bad("too large"))?;
+        .ok_or_else(|| bad(RateProblem::TooLarge))?;
+    let bytes = u64::try_from(bytes).map_err(|_| bad(RateProblem::TooLarge))?;
     if bytes == 0 && digits != 0 {
-        return Err(bad("less than 1 byte per second; give 0 for no cap"));
+        return Err(bad(RateProblem::BelowOneByte));
     }
     Ok(bytes)
 }
@@ -467,7 +500,7 @@ mod tests {
             ("20000000TiB", "too large"),
             ("1234567890123456789012345678901", "too large"),
         ] {
-            let e = parse_rate(s).unwrap_err();
+            let e = parse_rate(s).unwrap_err().to_string();
             assert!(e.contains(why), "{s}: {e}");
             assert!(!e.contains('\n'), "{e}");
         }
@@ -477,6 +510,19 @@ mod tests {
     fn on_and_off() {
         assert_eq!(parse_on_off("on"), Ok(true));
         assert_eq!(parse_on_off("OFF"), Ok(false));
-        assert!(parse_on_off("maybe").is_err());
+        assert_eq!(
+            parse_on_off("maybe").unwrap_err().to_string(),
+            "\"maybe\": give on or off"
+        );
+        assert_eq!(
+            parse_rate("50Mb").unwrap_err().to_string(),
+            "\"50Mb\": Mb is ambiguous: write MB for bytes or Mbit for bits"
+        );
+        assert_eq!(
+            parse_rate("50 parsecs").unwrap_err().problem,
+            RateProblem::UnknownUnit {
+                unit: "parsecs".into()
+            }
+        );
     }
 }

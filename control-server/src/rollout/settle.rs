@@ -85,7 +85,7 @@ fn settle_applying(
         n.message.clear();
     }
     match verdict(r, n.reverting, &n.previous_version, n.generation, v) {
-        Some(Ok(())) => {
+        Some(Verdict::Committed) => {
             let (state, kind) = if n.reverting {
                 (NodeState::RolledBack, "rolled_back")
             } else {
@@ -100,7 +100,7 @@ fn settle_applying(
             };
             notes.push((n.name.clone(), kind, format!("at {to}")));
         }
-        Some(Err(why)) => {
+        Some(Verdict::Failed(why)) => {
             n.state = NodeState::Failed;
             n.message = why;
             notes.push((n.name.clone(), "failed", n.message.clone()));
@@ -152,6 +152,13 @@ fn offline_too_long(turn_at_ms: i64, v: &NodeView, clock: &Clock, deadline_ms: u
     clock.now_ms.saturating_sub(since) > i64::try_from(deadline_ms).unwrap_or(i64::MAX)
 }
 
+/// What an applying node reported about this rollout's attempt.
+enum Verdict {
+    Committed,
+    /// Failed or rolled back: the node's own words, or its state.
+    Failed(String),
+}
+
 /// The verdict of an applying node: committed, failed (why), or not yet.
 fn verdict(
     r: &RolloutRow,
@@ -159,7 +166,7 @@ fn verdict(
     previous: &str,
     generation: u64,
     v: &NodeView,
-) -> Option<Result<(), String>> {
+) -> Option<Verdict> {
     // A report counts only if it answers the desired state this rollout
     // gave the node (or a later one): an older verdict on the same version
     // says nothing about this attempt.
@@ -167,7 +174,7 @@ fn verdict(
     let (want, prefix) = if reverting {
         if previous.is_empty() {
             // Back to nothing: done once the node no longer reports the bundle.
-            return v.actual.is_none().then_some(Ok(()));
+            return v.actual.is_none().then_some(Verdict::Committed);
         }
         (previous, format!("rollback to {previous} failed: "))
     } else {
@@ -175,14 +182,14 @@ fn verdict(
     };
     let a = fresh.filter(|a| a.version == want)?;
     match a.state {
-        BundleState::Applied => Some(Ok(())),
+        BundleState::Applied => Some(Verdict::Committed),
         BundleState::Failed | BundleState::RolledBack => {
             let why = if a.message.is_empty() {
                 format!("{want} {}", a.state)
             } else {
                 a.message.clone()
             };
-            Some(Err(format!("{prefix}{why}")))
+            Some(Verdict::Failed(format!("{prefix}{why}")))
         }
         BundleState::Pending | BundleState::Applying => None,
     }

@@ -113,7 +113,7 @@ pub struct KeyAndCsr {
 pub enum CertError {
     /// The entry's names for this node (the text says which is wrong).
     #[error("{0}")]
-    Names(String),
+    Names(lks_proto::certs::CertNameError),
     #[error("generate a key: {0}")]
     GenerateKey(rcgen::Error),
     #[error("DNS name {name:?}: {error}")]

@@ -158,7 +158,9 @@ fn every_error_names_the_field() {
         ),
     ];
     for (text, field) in cases {
-        let e = parse_bundle_toml(&text, d.path(), &mut RequireSize).expect_err(field);
+        let e = parse_bundle_toml(&text, d.path(), &mut RequireSize)
+            .expect_err(field)
+            .to_string();
         assert!(e.starts_with(&format!("{field}: ")), "expected {field}, got {e}");
     }
 }
@@ -236,7 +238,9 @@ fn certificates_and_kubeconfigs() {
     ];
     for (from, to, want) in cases {
         let text = IDENTITY.replacen(from, to, 1);
-        let e = parse_bundle_toml(&text, d.path(), &mut RequireSize).unwrap_err();
+        let e = parse_bundle_toml(&text, d.path(), &mut RequireSize)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(want), "{to}: expected {want:?}, got {e}");
     }
 }
@@ -278,7 +282,9 @@ fn self_update_bundles_carry_one_executable_and_nothing_else() {
         ),
     ];
     for (text, want) in cases {
-        let e = parse_bundle_toml(&text, d.path(), &mut RequireSize).unwrap_err();
+        let e = parse_bundle_toml(&text, d.path(), &mut RequireSize)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(want), "expected {want:?}, got {e}");
     }
 }
@@ -361,7 +367,9 @@ fn multi_arch_bundles_and_their_refusals() {
         ),
     ];
     for (text, field, want) in cases {
-        let e = parse_bundle_toml(&text, d.path(), &mut RequireSize).unwrap_err();
+        let e = parse_bundle_toml(&text, d.path(), &mut RequireSize)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with(field) && e.contains(want),
             "expected {field}{want:?}, got {e}"
@@ -381,11 +389,16 @@ fn syntax_and_unknown_fields_report_a_line() {
         d.path(),
         &mut RequireSize,
     )
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(e.starts_with("line 3:") && e.contains("bogus"), "{e}");
-    let e = parse_bundle_toml("name = \n", d.path(), &mut RequireSize).unwrap_err();
+    let e = parse_bundle_toml("name = \n", d.path(), &mut RequireSize)
+        .unwrap_err()
+        .to_string();
     assert!(e.starts_with("line 1:"), "{e}");
-    let e = parse_bundle_toml("version = \"1\"\n", d.path(), &mut RequireSize).unwrap_err();
+    let e = parse_bundle_toml("version = \"1\"\n", d.path(), &mut RequireSize)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("name"), "{e}");
 }
 
@@ -413,14 +426,20 @@ fn declared_sha_of_a_local_file_must_match() {
         "mode = \"0600\"\nsha256 = \"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\"",
     );
     let e = parse_bundle_toml(&text, d.path(), &mut RequireSize).unwrap_err();
-    assert!(e.starts_with("file[0].sha256:"), "{e}");
+    assert!(e.to_string().starts_with("file[0].sha256:"), "{e}");
+    match e {
+        BundleTomlError::DigestMismatch { field, src, .. } => {
+            assert_eq!((field.as_str(), src.as_str()), ("file[0].sha256", "kubelet.conf"));
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
 fn integer_modes_and_sizer() {
     struct Four;
     impl UrlSizer for Four {
-        fn size_of(&mut self, _: &str, _: &Digest) -> Result<u64, String> {
+        fn size_of(&mut self, _: &str, _: &Digest) -> Result<u64, SizeError> {
             Ok(4)
         }
     }

@@ -332,46 +332,76 @@ pub fn check_paths_disjoint<'a>(paths: impl Iterator<Item = &'a BundlePath>) -> 
     Ok(())
 }
 
-fn validate_url(url: &str) -> Result<(), String> {
+/// Why a file's `url` was refused (the field is named by the caller).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum UrlError {
+    #[error("{len} bytes long; the limit is {MAX_URL_LEN}")]
+    TooLong { len: usize },
+    #[error("{url:?} is not an http(s) URL")]
+    Scheme { url: String },
+    #[error("{url:?} contains whitespace or a control character")]
+    Characters { url: String },
+}
+
+/// Why a step's or health check's `run` was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum ArgvError {
+    #[error("needs a command: a non-empty list of arguments")]
+    NoCommand,
+    #[error("{count} arguments; the limit is {MAX_ARGS}")]
+    TooMany { count: usize },
+    #[error("an argument is {len} bytes long; the limit is {MAX_ARG_LEN}")]
+    TooLong { len: usize },
+    #[error("an argument contains a NUL byte")]
+    Nul,
+}
+
+/// Why a step's or health check's `timeout` was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+enum TimeoutError {
+    #[error("must be longer than zero")]
+    Zero,
+    #[error("longer than 1h")]
+    TooLong,
+}
+
+fn validate_url(url: &str) -> Result<(), UrlError> {
     if url.len() > MAX_URL_LEN {
-        return Err(format!("{} bytes long; the limit is {MAX_URL_LEN}", url.len()));
+        return Err(UrlError::TooLong { len: url.len() });
     }
     if !(url.starts_with("https://") || url.starts_with("http://")) {
-        return Err(format!("{url:?} is not an http(s) URL"));
+        return Err(UrlError::Scheme { url: url.into() });
     }
     if url.chars().any(|c| c.is_control() || c.is_whitespace()) {
-        return Err(format!("{url:?} contains whitespace or a control character"));
+        return Err(UrlError::Characters { url: url.into() });
     }
     Ok(())
 }
 
-fn validate_argv(run: &[String]) -> Result<(), String> {
+fn validate_argv(run: &[String]) -> Result<(), ArgvError> {
     if run.is_empty() || run[0].is_empty() {
-        return Err("needs a command: a non-empty list of arguments".into());
+        return Err(ArgvError::NoCommand);
     }
     if run.len() > MAX_ARGS {
-        return Err(format!("{} arguments; the limit is {MAX_ARGS}", run.len()));
+        return Err(ArgvError::TooMany { count: run.len() });
     }
     for a in run {
         if a.len() > MAX_ARG_LEN {
-            return Err(format!(
-                "an argument is {} bytes long; the limit is {MAX_ARG_LEN}",
-                a.len()
-            ));
+            return Err(ArgvError::TooLong { len: a.len() });
         }
         if a.contains('\0') {
-            return Err("an argument contains a NUL byte".into());
+            return Err(ArgvError::Nul);
         }
     }
     Ok(())
 }
 
-fn validate_timeout(t: Duration) -> Result<(), String> {
+fn validate_timeout(t: Duration) -> Result<(), TimeoutError> {
     if t.is_zero() {
-        return Err("must be longer than zero".into());
+        return Err(TimeoutError::Zero);
     }
     if t > MAX_TIMEOUT {
-        return Err("longer than 1h".into());
+        return Err(TimeoutError::TooLong);
     }
     Ok(())
 }

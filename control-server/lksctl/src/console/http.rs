@@ -102,7 +102,7 @@ impl Console {
             }
             (&Method::POST, p) if p.starts_with("/api/") => {
                 if let Err(why) = self.check_post(req.headers(), &host) {
-                    return refuse(StatusCode::FORBIDDEN, &why);
+                    return refuse(StatusCode::FORBIDDEN, &why.to_string());
                 }
                 let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
                     Ok(b) => b.to_bytes(),
@@ -119,29 +119,40 @@ impl Console {
 
     /// A state-changing request must carry the page's token, and come from
     /// a page of this console when the browser says where it came from.
-    fn check_post(&self, h: &HeaderMap, host: &str) -> Result<(), String> {
+    fn check_post(&self, h: &HeaderMap, host: &str) -> Result<(), PostRefused> {
         let given = h.get(TOKEN_HEADER).map(HeaderValue::as_bytes).unwrap_or_default();
         if given.is_empty() {
-            return Err(format!(
-                "missing {TOKEN_HEADER} header: use the console's own page"
-            ));
+            return Err(PostRefused::NoToken);
         }
         if !bool::from(given.ct_eq(self.token.as_bytes())) {
-            return Err(format!("wrong {TOKEN_HEADER}: reload the console's page"));
+            return Err(PostRefused::WrongToken);
         }
         if let Some(origin) = h.get(header::ORIGIN) {
             let origin = origin.to_str().unwrap_or_default().to_ascii_lowercase();
             if origin != format!("http://{host}") {
-                return Err(format!("requests from {origin} are refused"));
+                return Err(PostRefused::Origin { origin });
             }
         }
         if let Some(site) = h.get("sec-fetch-site").and_then(|v| v.to_str().ok())
             && !matches!(site, "same-origin" | "none")
         {
-            return Err(format!("requests from a {site} page are refused"));
+            return Err(PostRefused::Site { site: site.into() });
         }
         Ok(())
     }
+}
+
+/// Why a state-changing request was refused (answered 403 with this text).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum PostRefused {
+    #[error("missing {TOKEN_HEADER} header: use the console's own page")]
+    NoToken,
+    #[error("wrong {TOKEN_HEADER}: reload the console's page")]
+    WrongToken,
+    #[error("requests from {origin} are refused")]
+    Origin { origin: String },
+    #[error("requests from a {site} page are refused")]
+    Site { site: String },
 }
 
 /// `ip:port` as a browser writes it in `Host` (IPv6 in brackets).
@@ -237,13 +248,23 @@ mod tests {
         assert!(c.index.contains(&c.token) && !c.index.contains(TOKEN_SLOT));
         let host = "127.0.0.1:8080";
         let mut h = HeaderMap::new();
-        assert!(c.check_post(&h, host).unwrap_err().contains("missing"));
+        assert!(
+            c.check_post(&h, host)
+                .unwrap_err()
+                .to_string()
+                .contains("missing")
+        );
         h.insert(TOKEN_HEADER, HeaderValue::from_static("nope"));
-        assert!(c.check_post(&h, host).unwrap_err().contains("wrong"));
+        assert!(c.check_post(&h, host).unwrap_err().to_string().contains("wrong"));
         h.insert(TOKEN_HEADER, HeaderValue::from_str(&c.token).unwrap());
         assert_eq!(c.check_post(&h, host), Ok(()));
         h.insert(header::ORIGIN, HeaderValue::from_static("http://evil.example"));
-        assert!(c.check_post(&h, host).is_err());
+        assert_eq!(
+            c.check_post(&h, host),
+            Err(PostRefused::Origin {
+                origin: "http://evil.example".into()
+            })
+        );
         h.insert(header::ORIGIN, HeaderValue::from_static("http://127.0.0.1:8080"));
         assert_eq!(c.check_post(&h, host), Ok(()));
         h.insert("sec-fetch-site", HeaderValue::from_static("cross-site"));

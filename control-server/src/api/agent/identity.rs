@@ -11,7 +11,7 @@ use lks_proto::labels::{Labels, validate_label};
 use lks_proto::limits::MAX_LABELS;
 use lks_proto::names::validate_node_name;
 use lks_proto::pb;
-use lks_proto::token::BootstrapToken;
+use lks_proto::token::{BootstrapToken, MalformedToken};
 use subtle::ConstantTimeEq;
 use tonic::{Request, Response, Status};
 
@@ -136,8 +136,9 @@ async fn enroll_inner(
     let token: BootstrapToken = r
         .token
         .parse()
-        .map_err(|e: String| ("invalid_token", Status::invalid_argument(e)))?;
-    validate_node_name(&r.node_name).map_err(|e| ("invalid_argument", Status::invalid_argument(e)))?;
+        .map_err(|e: MalformedToken| ("invalid_token", Status::invalid_argument(e.to_string())))?;
+    validate_node_name(&r.node_name)
+        .map_err(|e| ("invalid_argument", Status::invalid_argument(e.to_string())))?;
     if r.labels.len() > MAX_LABELS {
         return Err((
             "invalid_argument",
@@ -145,7 +146,7 @@ async fn enroll_inner(
         ));
     }
     for (k, v) in &r.labels {
-        validate_label(k, v).map_err(|e| ("invalid_argument", Status::invalid_argument(e)))?;
+        validate_label(k, v).map_err(|e| ("invalid_argument", Status::invalid_argument(e.to_string())))?;
     }
     let refused = |t: TokenRefusal| {
         let label = match t {
@@ -173,7 +174,7 @@ async fn enroll_inner(
     // A token with no use left may still repeat an enrolment whose
     // answer was lost: the store decides, in its transaction.
     let id = NodeIdentity::new(&stored.cluster, &r.node_name)
-        .map_err(|e| ("invalid_argument", Status::invalid_argument(e)))?;
+        .map_err(|e| ("invalid_argument", Status::invalid_argument(e.to_string())))?;
     let cert = s
         .pki
         .issue_node_cert(&r.csr_pem, &id, s.node_cert_ttl)

@@ -57,7 +57,7 @@ pub async fn issue(
         .ok_or_else(|| Status::permission_denied(format!("node {} was deleted", id.node)))?;
     let names = spec
         .names_for(&id.node, &reported_addresses(&node.facts_json))
-        .map_err(Status::invalid_argument)?;
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
     check_csr(&r.csr_pem, &names).map_err(|e| Status::permission_denied(format!("{path}: {e}")))?;
     let ca = s
         .cluster_cas

@@ -3,6 +3,7 @@
 //! it (or the cluster's peer-sharing settings) changes, until the stream
 //! ends — and the agent is always told why it ended.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -97,10 +98,10 @@ fn statuses(list: Vec<pb::BundleStatus>, generation: u64) -> Result<Vec<BundleSt
     list.into_iter()
         .enumerate()
         .map(|(i, b)| {
-            let bad = |e: String| Status::invalid_argument(format!("bundles[{i}]: {e}"));
-            validate_bundle_name(&b.name).map_err(bad)?;
-            validate_version(&b.version).map_err(bad)?;
-            let state = bundle_state_from_i32(b.state).map_err(|e| bad(e.to_string()))?;
+            let bad = |e: &dyn std::fmt::Display| Status::invalid_argument(format!("bundles[{i}]: {e}"));
+            validate_bundle_name(&b.name).map_err(|e| bad(&e))?;
+            validate_version(&b.version).map_err(|e| bad(&e))?;
+            let state = bundle_state_from_i32(b.state).map_err(|e| bad(&e))?;
             Ok(BundleStatusRow {
                 name: b.name,
                 version: b.version,
@@ -225,23 +226,24 @@ impl Session {
     ) -> String {
         let opened = Box::pin(self.open(inbound, reg)).await;
         drop(opening);
-        if let Err(why) = opened {
+        if let ControlFlow::Break(why) = opened {
             return why;
         }
         reg.serving();
         self.serve(inbound, reg).await
     }
 
-    /// Takes the Hello, records it and sends the first desired state.
+    /// Takes the Hello, records it and sends the first desired state;
+    /// `Break(why)` if the session ended there (`why` is how `run` ends).
     async fn open(
         &mut self,
         inbound: &mut Streaming<AgentMessage>,
         reg: &crate::hub::Registration,
-    ) -> Result<(), String> {
+    ) -> ControlFlow<String> {
         let hello = tokio::select! {
             biased;
             _ = self.s.cancel.cancelled() => {
-                return Err(self
+                return ControlFlow::Break(self
                     .fail(Status::unavailable("control server is shutting down; reconnect"))
                     .await);
             }
@@ -249,34 +251,39 @@ impl Session {
             // stream of it; a rebalance moves only open streams): the
             // agent hears why, as in `serve`, not a clean end of stream it
             // would count a failure.
-            _ = reg.cancel.cancelled() => return Err(self.fail(ended_by_hub(reg)).await),
+            _ = reg.cancel.cancelled() => return ControlFlow::Break(self.fail(ended_by_hub(reg)).await),
             r = tokio::time::timeout(HELLO_TIMEOUT, inbound.message()) => r,
         };
         let hello = match hello {
             Err(_) => {
-                return Err(self
-                    .fail(Status::deadline_exceeded(
+                return ControlFlow::Break(
+                    self.fail(Status::deadline_exceeded(
                         "no Hello within 30s of opening the stream",
                     ))
-                    .await);
+                    .await,
+                );
             }
-            Ok(Err(st)) => return Err(self.receive_failed(st)),
-            Ok(Ok(None)) => return Err("closed by agent before Hello".into()),
+            Ok(Err(st)) => return ControlFlow::Break(self.receive_failed(st)),
+            Ok(Ok(None)) => return ControlFlow::Break("closed by agent before Hello".into()),
             Ok(Ok(Some(AgentMessage {
                 msg: Some(AgentMsg::Hello(h)),
             }))) => h,
             Ok(Ok(Some(_))) => {
-                return Err(self
-                    .fail(Status::invalid_argument(
+                return ControlFlow::Break(
+                    self.fail(Status::invalid_argument(
                         "the first message on a Connect stream must be Hello",
                     ))
-                    .await);
+                    .await,
+                );
             }
         };
         if let Err(st) = Box::pin(self.hello(hello)).await {
-            return Err(self.fail(st).await);
+            return ControlFlow::Break(self.fail(st).await);
         }
-        Box::pin(self.push_desired(reg)).await
+        match Box::pin(self.push_desired(reg)).await {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => ControlFlow::Break(e.to_string()),
+        }
     }
 
     /// Answers the agent and follows the hub until the stream ends; returns
@@ -329,7 +336,7 @@ impl Session {
                 }
                 Step::Changed => {
                     if let Err(why) = Box::pin(self.push_desired(reg)).await {
-                        return why;
+                        return why.to_string();
                     }
                 }
                 Step::Ping => {
@@ -456,27 +463,25 @@ impl Session {
     /// Sends the node's current desired state unless it was already sent:
     /// again when its generation or its cluster's peer-sharing settings
     /// changed.
-    async fn push_desired(&mut self, reg: &crate::hub::Registration) -> Result<(), String> {
+    async fn push_desired(&mut self, reg: &crate::hub::Registration) -> Result<(), PushError> {
         let d = self
             .s
             .store
             .desired_state_after(&self.caller.id.node, self.last_generation)
             .await
-            .map_err(|e| format!("read desired state: {e}"))?;
+            .map_err(PushError::ReadDesired)?;
         let peer = self
             .s
             .peer_settings(&self.caller.id.cluster)
             .await
-            .map_err(|e| format!("read peer-sharing settings: {e}"))?;
+            .map_err(PushError::ReadPeerSettings)?;
         let peer = crate::peers::peer_pb(peer);
         if self.last_generation == Some(d.generation) && self.last_peer == peer {
             return Ok(());
         }
         let mut bundles = Vec::with_capacity(d.bundles.len());
         for b in &d.bundles {
-            bundles.push(
-                pb::SignedBundle::decode(b.as_slice()).map_err(|e| format!("decode stored bundle: {e}"))?,
-            );
+            bundles.push(pb::SignedBundle::decode(b.as_slice()).map_err(PushError::Decode)?);
         }
         let msg = ServerMessage {
             msg: Some(ServerMsg::Desired(pb::DesiredState {
@@ -487,9 +492,9 @@ impl Session {
             })),
         };
         tokio::select! {
-            _ = reg.cancel.cancelled() => return Err("cancelled while sending desired state".into()),
-            _ = self.s.cancel.cancelled() => return Err("shutdown".into()),
-            r = self.tx.send(Box::new(Ok(msg))) => r.map_err(|_| "agent went away".to_string())?,
+            _ = reg.cancel.cancelled() => return Err(PushError::Cancelled),
+            _ = self.s.cancel.cancelled() => return Err(PushError::Shutdown),
+            r = self.tx.send(Box::new(Ok(msg))) => r.map_err(|_| PushError::AgentGone)?,
         }
         self.last_generation = Some(d.generation);
         self.last_peer = peer;
@@ -497,6 +502,23 @@ impl Session {
         tracing::debug!(generation = d.generation, "desired state sent");
         Ok(())
     }
+}
+
+/// Why the desired state could not be sent; the text ends the session.
+#[derive(Debug, thiserror::Error)]
+enum PushError {
+    #[error("read desired state: {0}")]
+    ReadDesired(StoreError),
+    #[error("read peer-sharing settings: {0}")]
+    ReadPeerSettings(StoreError),
+    #[error("decode stored bundle: {0}")]
+    Decode(prost::DecodeError),
+    #[error("cancelled while sending desired state")]
+    Cancelled,
+    #[error("shutdown")]
+    Shutdown,
+    #[error("agent went away")]
+    AgentGone,
 }
 
 #[cfg(test)]

@@ -38,7 +38,7 @@ pub enum ApplyError {
     #[error("refused: {path} is {why}, and this node is {arch}")]
     ForeignElf {
         path: BundlePath,
-        why: String,
+        why: lks_proto::arch::ForeignExecutable,
         arch: Arch,
     },
     /// Precheck: the target is there and not a regular file.

@@ -56,10 +56,11 @@ impl Engine {
             }
         }
         let blob = self.cache.blob_path(&f.digest);
-        let checked = selfupdate::head(&blob, 64)
-            .map_err(|e| e.to_string())
-            .and_then(|h| lks_proto::elf::check_for_host(&h));
-        if let Err(e) = checked {
+        let refused = match selfupdate::head(&blob, 64) {
+            Ok(h) => lks_proto::elf::check_for_host(&h).err().map(|e| e.to_string()),
+            Err(e) => Some(e.to_string()),
+        };
+        if let Some(e) = refused {
             return self.fail_once(
                 name,
                 version,

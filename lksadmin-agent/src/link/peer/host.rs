@@ -174,7 +174,7 @@ enum ListenError {
     Credentials(crate::apply::fsutil::FsError),
     /// The TLS set-up from this node's certificate (the text says why).
     #[error("{0}")]
-    Tls(String),
+    Tls(lks_proto::tls::TlsSetupError),
     #[error("bind {addr}: {error}")]
     Bind { addr: SocketAddr, error: std::io::Error },
 }

@@ -29,7 +29,7 @@ pub enum DialError {
     Credentials(FsError),
     /// The cluster or node name the tracker gave (the text says which).
     #[error("{0}")]
-    Identity(String),
+    Identity(lks_proto::names::NameError),
     #[error("CA certificate: {0}")]
     CaPem(rustls_pki_types::pem::Error),
     #[error("CA certificate: {0}")]
