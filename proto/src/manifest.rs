@@ -452,8 +452,13 @@ impl fmt::Display for BundleState {
     }
 }
 
+/// A bundle state name that is none of [`BundleState`]'s.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown bundle state {0:?}")]
+pub struct UnknownBundleState(pub String);
+
 impl FromStr for BundleState {
-    type Err = String;
+    type Err = UnknownBundleState;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Ok(match s {
@@ -462,7 +467,7 @@ impl FromStr for BundleState {
             "applied" => BundleState::Applied,
             "failed" => BundleState::Failed,
             "rolled_back" => BundleState::RolledBack,
-            _ => return Err(format!("unknown bundle state {s:?}")),
+            _ => return Err(UnknownBundleState(s.to_string())),
         })
     }
 }

@@ -331,7 +331,8 @@ fn next_generation(tx: &Transaction<'_>) -> Result<u64> {
 }
 
 fn state_from_str(s: &str) -> Result<BundleState> {
-    s.parse().map_err(StoreError::Backend)
+    s.parse()
+        .map_err(|e: lks_proto::manifest::UnknownBundleState| StoreError::Backend(e.to_string()))
 }
 
 /// Every cluster, by name, with its node count.
