@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use lks_proto::identity::{Identity, NodeIdentity};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::danger::{ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::server::danger::ClientCertVerifier;
-use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::{ClientConfig, RootCertStore};
 use rustls_pki_types::pem::PemObject as _;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -20,6 +20,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 use super::CONNECT_TIMEOUT;
 use crate::apply::fsutil::FsError;
 use crate::link::client::NodeCredentials;
+use crate::link::pin::signatures_by_provider;
 
 /// Why no channel to a peer could be had: this node's credentials, the TLS
 /// set-up, or the connection (its whole cause chain, on one line).
@@ -140,39 +141,7 @@ impl ServerCertVerifier for PeerVerifier {
         }
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
+    signatures_by_provider!();
 }
 
 /// Dials a peer and does TLS; tonic then speaks HTTP/2 over it.
