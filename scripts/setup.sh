@@ -23,6 +23,9 @@ command -v kubectl >/dev/null || need+=(kubernetes-client)
 # The console tests drive headless Chromium over WebDriver (tests/tests/console.rs).
 command -v chromium >/dev/null || need+=(chromium)
 command -v chromedriver >/dev/null || need+=(chromium-driver)
+# The dependency and module-layer checks (scripts/check-deps.sh,
+# scripts/check-layers.sh) are Python.
+command -v python3 >/dev/null || need+=(python3)
 
 if ((${#need[@]})); then
   echo "setup: installing ${need[*]}" >&2
