@@ -12,6 +12,6 @@ fuzz_target!(|data: &[u8]| {
     let dir = std::env::temp_dir().join("lks-fuzz-empty-bundle-dir");
     match parse_bundle_toml(text, &dir, &mut RequireSize) {
         Ok(b) => assert!(b.manifest.validate().is_ok()),
-        Err(e) => assert!(!e.contains('\n'), "multi-line error: {e}"),
+        Err(e) => assert!(!e.to_string().contains('\n'), "multi-line error: {e}"),
     }
 });
