@@ -91,8 +91,4 @@ impl Shared {
     pub async fn peer_settings(&self, cluster: &str) -> crate::store::Result<crate::store::PeerSettings> {
         self.peers.get(&*self.store, &self.hub, cluster).await
     }
-
-    pub fn is_leader(&self) -> bool {
-        *self.leader.borrow()
-    }
 }

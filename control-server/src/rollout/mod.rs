@@ -73,15 +73,8 @@ use canary::Gate;
 pub const DEFAULT_FAILURE_THRESHOLD: u32 = 1;
 /// How long a node may be offline at its turn, when the operator gives none.
 pub const DEFAULT_OFFLINE_DEADLINE: Duration = Duration::from_secs(600);
-/// Default batch: this share (percent, rounded up, at least one node) of
-/// the rollout's nodes.
-pub const DEFAULT_BATCH_PERCENT: usize = 10;
-
-/// The batch size used when the operator gives none.
-pub fn default_batch_size(nodes: usize) -> u32 {
-    let n = nodes.saturating_mul(DEFAULT_BATCH_PERCENT).div_ceil(100).max(1);
-    u32::try_from(n).unwrap_or(u32::MAX)
-}
+// The default batch is decided where a rollout's start is recorded.
+pub use crate::store::{DEFAULT_BATCH_PERCENT, default_batch_size};
 
 /// Per-state node counts of a rollout.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

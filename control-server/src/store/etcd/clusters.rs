@@ -63,39 +63,13 @@ impl EtcdStore {
         Err(busy(what))
     }
 
-    pub(super) async fn put_certificate(&self, r: IssuedCertRow) -> Result<()> {
-        let ckey = self.key(&format!("clusters/{}", r.cluster));
-        let key = self.key(&cert_key(&r));
-        // The cluster must exist (it is never deleted) and the serial be new.
-        let ok = self
-            .txn(
-                vec![
-                    Compare::create_revision(ckey, CompareOp::Greater, 0),
-                    Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-                ],
-                vec![TxnOp::put(key, json(&CertDoc::from_row(&r))?, None)],
-            )
-            .await?;
-        if ok {
-            self.prune_certificates(&r).await?;
-            return Ok(());
-        }
-        if !self.cluster_exists(&r.cluster).await? {
-            return Err(StoreError::not_found(Kind::Cluster, r.cluster.to_string()));
-        }
-        Err(StoreError::AlreadyExists(format!(
-            "node {} of cluster {} already has a certificate with serial {}",
-            r.node, r.cluster, r.serial
-        )))
-    }
-
     /// Drops the records of `r`'s node and path that expired more than
     /// [`CERT_RECORD_RETENTION_MS`] before `r` was issued. Not in the put's
     /// transaction: a record dropped late is harmless, and a repeat drops it.
     async fn prune_certificates(&self, r: &IssuedCertRow) -> Result<()> {
         let cutoff = r.issued_at_ms - CERT_RECORD_RETENTION_MS;
         let old: Vec<IssuedCertRow> = self
-            .read_certificates(Some(&r.cluster), Some(&r.node))
+            .list_certificates(Some(&r.cluster), Some(&r.node))
             .await?
             .into_iter()
             .filter(|c| c.path == r.path && c.not_after_ms < cutoff)
@@ -109,43 +83,6 @@ impl EtcdStore {
             .collect();
         self.txn(Vec::new(), ops).await?;
         Ok(())
-    }
-
-    pub(super) async fn read_certificates(
-        &self,
-        cluster: Option<&str>,
-        node: Option<&str>,
-    ) -> Result<Vec<IssuedCertRow>> {
-        let prefix = match (cluster, node) {
-            (Some(c), Some(n)) => format!("certs/{c}/{n}/"),
-            (Some(c), None) => format!("certs/{c}/"),
-            _ => "certs/".to_string(),
-        };
-        let mut out = Vec::new();
-        for (rest, d, _) in self.range::<CertDoc>(&self.key(&prefix)).await? {
-            let full = format!("{prefix}{rest}");
-            let mut parts = full.splitn(4, '/').skip(1);
-            let (Some(c), Some(n), Some(serial)) = (parts.next(), parts.next(), parts.next()) else {
-                return Err(corrupt(&self.key(&full), "not certs/CLUSTER/NODE/SERIAL"));
-            };
-            if node.is_some_and(|want| want != n) {
-                continue;
-            }
-            out.push(IssuedCertRow {
-                cluster: c.to_string(),
-                node: n.to_string(),
-                serial: serial.to_string(),
-                profile: d.profile,
-                bundle: d.bundle,
-                version: d.version,
-                path: d.path,
-                not_before_ms: d.not_before_ms,
-                not_after_ms: d.not_after_ms,
-                issued_at_ms: d.issued_at_ms,
-            });
-        }
-        sort_certificates(&mut out);
-        Ok(out)
     }
 }
 
@@ -209,8 +146,30 @@ impl ClusterStore for EtcdStore {
         }))
     }
 
-    async fn record_certificate(&self, row: IssuedCertRow) -> Result<()> {
-        self.put_certificate(row).await
+    async fn record_certificate(&self, r: IssuedCertRow) -> Result<()> {
+        let ckey = self.key(&format!("clusters/{}", r.cluster));
+        let key = self.key(&cert_key(&r));
+        // The cluster must exist (it is never deleted) and the serial be new.
+        let ok = self
+            .txn(
+                vec![
+                    Compare::create_revision(ckey, CompareOp::Greater, 0),
+                    Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+                ],
+                vec![TxnOp::put(key, json(&CertDoc::from_row(&r))?, None)],
+            )
+            .await?;
+        if ok {
+            self.prune_certificates(&r).await?;
+            return Ok(());
+        }
+        if !self.cluster_exists(&r.cluster).await? {
+            return Err(StoreError::not_found(Kind::Cluster, r.cluster.to_string()));
+        }
+        Err(StoreError::AlreadyExists(format!(
+            "node {} of cluster {} already has a certificate with serial {}",
+            r.node, r.cluster, r.serial
+        )))
     }
 
     async fn list_certificates(
@@ -218,7 +177,36 @@ impl ClusterStore for EtcdStore {
         cluster: Option<&str>,
         node: Option<&str>,
     ) -> Result<Vec<IssuedCertRow>> {
-        self.read_certificates(cluster, node).await
+        let prefix = match (cluster, node) {
+            (Some(c), Some(n)) => format!("certs/{c}/{n}/"),
+            (Some(c), None) => format!("certs/{c}/"),
+            _ => "certs/".to_string(),
+        };
+        let mut out = Vec::new();
+        for (rest, d, _) in self.range::<CertDoc>(&self.key(&prefix)).await? {
+            let full = format!("{prefix}{rest}");
+            let mut parts = full.splitn(4, '/').skip(1);
+            let (Some(c), Some(n), Some(serial)) = (parts.next(), parts.next(), parts.next()) else {
+                return Err(corrupt(&self.key(&full), "not certs/CLUSTER/NODE/SERIAL"));
+            };
+            if node.is_some_and(|want| want != n) {
+                continue;
+            }
+            out.push(IssuedCertRow {
+                cluster: c.to_string(),
+                node: n.to_string(),
+                serial: serial.to_string(),
+                profile: d.profile,
+                bundle: d.bundle,
+                version: d.version,
+                path: d.path,
+                not_before_ms: d.not_before_ms,
+                not_after_ms: d.not_after_ms,
+                issued_at_ms: d.issued_at_ms,
+            });
+        }
+        sort_certificates(&mut out);
+        Ok(out)
     }
 
     async fn list_clusters(&self) -> Result<Vec<ClusterRow>> {

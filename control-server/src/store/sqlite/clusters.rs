@@ -3,177 +3,6 @@
 
 use super::*;
 
-impl SqliteStore {
-    pub(super) async fn create_cluster_row(&self, c: NewCluster) -> Result<ClusterRow> {
-        self.tx(move |tx| {
-            let n = tx.execute(
-                "INSERT INTO clusters (name, created_at_ms, ca_cert_pem, ca_key, api_server)
-                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
-                params![
-                    c.name,
-                    c.now_ms,
-                    c.ca.as_ref().map(|a| &a.cert_pem),
-                    c.ca.as_ref().map(|a| &a.key),
-                    c.api_server
-                ],
-            )?;
-            if n == 0 {
-                return Err(StoreError::AlreadyExists(format!(
-                    "cluster {} already exists",
-                    c.name
-                )));
-            }
-            Ok(c.row())
-        })
-        .await
-    }
-
-    pub(super) async fn update_cluster_api_server(
-        &self,
-        name: &str,
-        api_server: Option<String>,
-        event: EventRow,
-    ) -> Result<ClusterRow> {
-        let name = name.to_string();
-        self.tx(move |tx| {
-            let n = tx.execute(
-                "UPDATE clusters SET api_server = ?2 WHERE name = ?1",
-                params![name, api_server],
-            )?;
-            if n == 0 {
-                return Err(StoreError::not_found(Kind::Cluster, name.to_string()));
-            }
-            insert_event(tx, &event)?;
-            read_cluster(tx, &name)?
-                .ok_or_else(|| StoreError::Backend(format!("cluster {name} vanished in its own transaction")))
-        })
-        .await
-    }
-
-    pub(super) async fn update_cluster_peer(
-        &self,
-        name: &str,
-        peer: PeerSettings,
-        event: EventRow,
-    ) -> Result<ClusterRow> {
-        let name = name.to_string();
-        self.tx(move |tx| {
-            let n = tx.execute(
-                "UPDATE clusters SET peer_enabled = ?2, peer_port = ?3, peer_upload_rate = ?4,
-                                     peer_max_uploads = ?5
-                 WHERE name = ?1",
-                params![
-                    name,
-                    peer.enabled,
-                    peer.port,
-                    peer.upload_rate as i64,
-                    peer.max_uploads
-                ],
-            )?;
-            if n == 0 {
-                return Err(StoreError::not_found(Kind::Cluster, name.to_string()));
-            }
-            insert_event(tx, &event)?;
-            read_cluster(tx, &name)?
-                .ok_or_else(|| StoreError::Backend(format!("cluster {name} vanished in its own transaction")))
-        })
-        .await
-    }
-
-    pub(super) async fn update_cluster_ca(
-        &self,
-        name: &str,
-        ca: StoredCa,
-        event: EventRow,
-    ) -> Result<ClusterRow> {
-        let name = name.to_string();
-        self.tx(move |tx| {
-            let has: Option<bool> = tx
-                .query_row(
-                    "SELECT ca_cert_pem IS NOT NULL FROM clusters WHERE name = ?1",
-                    [&name],
-                    |r| r.get(0),
-                )
-                .optional()?;
-            match has {
-                None => return Err(StoreError::not_found(Kind::Cluster, name.to_string())),
-                Some(true) => return Err(ca_already_set(&name)),
-                Some(false) => {}
-            }
-            tx.execute(
-                "UPDATE clusters SET ca_cert_pem = ?2, ca_key = ?3 WHERE name = ?1",
-                params![name, ca.cert_pem, ca.key],
-            )?;
-            insert_event(tx, &event)?;
-            read_cluster(tx, &name)?
-                .ok_or_else(|| StoreError::Backend(format!("cluster {name} vanished in its own transaction")))
-        })
-        .await
-    }
-
-    pub(super) async fn read_cluster_ca(&self, name: &str) -> Result<Option<StoredCa>> {
-        let name = name.to_string();
-        self.call(move |c| read_ca(c, &name)).await
-    }
-
-    pub(super) async fn insert_certificate(&self, r: IssuedCertRow) -> Result<()> {
-        self.tx(move |tx| {
-            let exists = tx
-                .query_row("SELECT 1 FROM clusters WHERE name = ?1", [&r.cluster], |_| Ok(()))
-                .optional()?
-                .is_some();
-            if !exists {
-                return Err(StoreError::not_found(Kind::Cluster, r.cluster.to_string()));
-            }
-            let n = tx.execute(
-                "INSERT INTO issued_certs (cluster, node, serial, profile, bundle, version, path,
-                                           not_before_ms, not_after_ms, issued_at_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT DO NOTHING",
-                params![
-                    r.cluster,
-                    r.node,
-                    r.serial,
-                    r.profile,
-                    r.bundle,
-                    r.version,
-                    r.path,
-                    r.not_before_ms,
-                    r.not_after_ms,
-                    r.issued_at_ms
-                ],
-            )?;
-            if n == 0 {
-                return Err(StoreError::AlreadyExists(format!(
-                    "node {} of cluster {} already has a certificate with serial {}",
-                    r.node, r.cluster, r.serial
-                )));
-            }
-            tx.execute(
-                "DELETE FROM issued_certs WHERE cluster = ?1 AND node = ?2 AND path = ?3 AND not_after_ms < ?4",
-                params![
-                    r.cluster,
-                    r.node,
-                    r.path,
-                    r.issued_at_ms - super::super::CERT_RECORD_RETENTION_MS
-                ],
-            )?;
-            Ok(())
-        })
-        .await
-    }
-
-    pub(super) async fn read_certificates(
-        &self,
-        cluster: Option<&str>,
-        node: Option<&str>,
-    ) -> Result<Vec<IssuedCertRow>> {
-        let cluster = cluster.map(str::to_string);
-        let node = node.map(str::to_string);
-        self.call(move |c| read_certs(c, cluster.as_deref(), node.as_deref()))
-            .await
-    }
-}
-
 pub(super) fn read_ca(c: &Connection, name: &str) -> Result<Option<StoredCa>> {
     let row: Option<(Option<String>, Option<String>)> = c
         .query_row(
@@ -220,7 +49,27 @@ pub(super) fn read_certs(
 #[async_trait]
 impl ClusterStore for SqliteStore {
     async fn create_cluster(&self, c: NewCluster) -> Result<ClusterRow> {
-        self.create_cluster_row(c).await
+        self.tx(move |tx| {
+            let n = tx.execute(
+                "INSERT INTO clusters (name, created_at_ms, ca_cert_pem, ca_key, api_server)
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
+                params![
+                    c.name,
+                    c.now_ms,
+                    c.ca.as_ref().map(|a| &a.cert_pem),
+                    c.ca.as_ref().map(|a| &a.key),
+                    c.api_server
+                ],
+            )?;
+            if n == 0 {
+                return Err(StoreError::AlreadyExists(format!(
+                    "cluster {} already exists",
+                    c.name
+                )));
+            }
+            Ok(c.row())
+        })
+        .await
     }
 
     async fn set_cluster_api_server(
@@ -229,23 +78,122 @@ impl ClusterStore for SqliteStore {
         api_server: Option<String>,
         event: EventRow,
     ) -> Result<ClusterRow> {
-        self.update_cluster_api_server(name, api_server, event).await
+        let name = name.to_string();
+        self.tx(move |tx| {
+            let n = tx.execute(
+                "UPDATE clusters SET api_server = ?2 WHERE name = ?1",
+                params![name, api_server],
+            )?;
+            if n == 0 {
+                return Err(StoreError::not_found(Kind::Cluster, name.to_string()));
+            }
+            insert_event(tx, &event)?;
+            read_cluster(tx, &name)?
+                .ok_or_else(|| StoreError::Backend(format!("cluster {name} vanished in its own transaction")))
+        })
+        .await
     }
 
     async fn set_cluster_peer(&self, name: &str, peer: PeerSettings, event: EventRow) -> Result<ClusterRow> {
-        self.update_cluster_peer(name, peer, event).await
+        let name = name.to_string();
+        self.tx(move |tx| {
+            let n = tx.execute(
+                "UPDATE clusters SET peer_enabled = ?2, peer_port = ?3, peer_upload_rate = ?4,
+                                     peer_max_uploads = ?5
+                 WHERE name = ?1",
+                params![
+                    name,
+                    peer.enabled,
+                    peer.port,
+                    peer.upload_rate as i64,
+                    peer.max_uploads
+                ],
+            )?;
+            if n == 0 {
+                return Err(StoreError::not_found(Kind::Cluster, name.to_string()));
+            }
+            insert_event(tx, &event)?;
+            read_cluster(tx, &name)?
+                .ok_or_else(|| StoreError::Backend(format!("cluster {name} vanished in its own transaction")))
+        })
+        .await
     }
 
     async fn set_cluster_ca(&self, name: &str, ca: StoredCa, event: EventRow) -> Result<ClusterRow> {
-        self.update_cluster_ca(name, ca, event).await
+        let name = name.to_string();
+        self.tx(move |tx| {
+            let has: Option<bool> = tx
+                .query_row(
+                    "SELECT ca_cert_pem IS NOT NULL FROM clusters WHERE name = ?1",
+                    [&name],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            match has {
+                None => return Err(StoreError::not_found(Kind::Cluster, name.to_string())),
+                Some(true) => return Err(ca_already_set(&name)),
+                Some(false) => {}
+            }
+            tx.execute(
+                "UPDATE clusters SET ca_cert_pem = ?2, ca_key = ?3 WHERE name = ?1",
+                params![name, ca.cert_pem, ca.key],
+            )?;
+            insert_event(tx, &event)?;
+            read_cluster(tx, &name)?
+                .ok_or_else(|| StoreError::Backend(format!("cluster {name} vanished in its own transaction")))
+        })
+        .await
     }
 
     async fn cluster_ca(&self, name: &str) -> Result<Option<StoredCa>> {
-        self.read_cluster_ca(name).await
+        let name = name.to_string();
+        self.call(move |c| read_ca(c, &name)).await
     }
 
-    async fn record_certificate(&self, row: IssuedCertRow) -> Result<()> {
-        self.insert_certificate(row).await
+    async fn record_certificate(&self, r: IssuedCertRow) -> Result<()> {
+        self.tx(move |tx| {
+            let exists = tx
+                .query_row("SELECT 1 FROM clusters WHERE name = ?1", [&r.cluster], |_| Ok(()))
+                .optional()?
+                .is_some();
+            if !exists {
+                return Err(StoreError::not_found(Kind::Cluster, r.cluster.to_string()));
+            }
+            let n = tx.execute(
+                "INSERT INTO issued_certs (cluster, node, serial, profile, bundle, version, path,
+                                           not_before_ms, not_after_ms, issued_at_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT DO NOTHING",
+                params![
+                    r.cluster,
+                    r.node,
+                    r.serial,
+                    r.profile,
+                    r.bundle,
+                    r.version,
+                    r.path,
+                    r.not_before_ms,
+                    r.not_after_ms,
+                    r.issued_at_ms
+                ],
+            )?;
+            if n == 0 {
+                return Err(StoreError::AlreadyExists(format!(
+                    "node {} of cluster {} already has a certificate with serial {}",
+                    r.node, r.cluster, r.serial
+                )));
+            }
+            tx.execute(
+                "DELETE FROM issued_certs WHERE cluster = ?1 AND node = ?2 AND path = ?3 AND not_after_ms < ?4",
+                params![
+                    r.cluster,
+                    r.node,
+                    r.path,
+                    r.issued_at_ms - super::super::CERT_RECORD_RETENTION_MS
+                ],
+            )?;
+            Ok(())
+        })
+        .await
     }
 
     async fn list_certificates(
@@ -253,7 +201,10 @@ impl ClusterStore for SqliteStore {
         cluster: Option<&str>,
         node: Option<&str>,
     ) -> Result<Vec<IssuedCertRow>> {
-        self.read_certificates(cluster, node).await
+        let cluster = cluster.map(str::to_string);
+        let node = node.map(str::to_string);
+        self.call(move |c| read_certs(c, cluster.as_deref(), node.as_deref()))
+            .await
     }
 
     async fn list_clusters(&self) -> Result<Vec<ClusterRow>> {
