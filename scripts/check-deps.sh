@@ -15,19 +15,32 @@
 #             allowed below (permissive ones that the Debian packages may
 #             ship); "A/B" is read as "A OR B", as crates.io did.
 #
-# Not checked here: security advisories. `cargo deny check advisories` or
-# `cargo audit` read the RustSec database from GitHub, which this project's
-# build machines cannot reach; run either where GitHub is reachable.
+#   yanked    no locked crates.io version is yanked (cargo-deny's
+#             `advisories.yanked`): a yank is how a maintainer withdraws a
+#             broken or vulnerable release. Read from the crates.io sparse
+#             index (https://index.crates.io), one request per crate;
+#             `--offline` skips this part, and says so.
 #
-# Usage: bash scripts/check-deps.sh   (needs cargo and python3)
+# Not checked here: the RustSec advisory database. `cargo deny check
+# advisories` and `cargo audit` read it from GitHub, which this project's
+# build machines cannot reach (only the package registries are); run either
+# where GitHub is reachable.
+#
+# Usage: bash scripts/check-deps.sh [--offline]   (needs cargo and python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+offline=0
+case "${1:-}" in
+  "") ;;
+  --offline) offline=1 ;;
+  *) echo "usage: bash scripts/check-deps.sh [--offline]" >&2; exit 2 ;;
+esac
 
 cargo metadata --format-version 1 --locked --all-features >"${TMPDIR:-/tmp}/lks-deps.$$.json"
 trap 'rm -f "${TMPDIR:-/tmp}/lks-deps.$$.json"' EXIT
 
-python3 - "${TMPDIR:-/tmp}/lks-deps.$$.json" "$PWD" <<'EOF'
-import json, os, re, sys
+python3 - "${TMPDIR:-/tmp}/lks-deps.$$.json" "$PWD" "$offline" <<'EOF'
+import concurrent.futures, json, os, re, sys, urllib.error, urllib.request
 
 meta = json.load(open(sys.argv[1]))
 root = os.path.realpath(sys.argv[2]) + "/"
@@ -116,9 +129,49 @@ for p in meta["packages"]:
     except ValueError as e:
         problems.append(f"licenses: {who} has an unreadable licence expression {lic!r}: {e}")
 
+def index_path(name):
+    """Where the sparse index keeps a crate (the registry's layout rules)."""
+    n = name.lower()
+    if len(n) <= 2:
+        return f"{len(n)}/{n}"
+    if len(n) == 3:
+        return f"3/{n[0]}/{n}"
+    return f"{n[:2]}/{n[2:4]}/{n}"
+
+def yanked(name, version):
+    """True if crates.io lists `name` `version` as yanked; raises when the
+    index cannot be read or does not know the version."""
+    url = f"https://index.crates.io/{index_path(name)}"
+    req = urllib.request.Request(url, headers={"User-Agent": "lksadmin check-deps"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        for line in r.read().decode().splitlines():
+            if line.strip():
+                e = json.loads(line)
+                if e.get("vers") == version:
+                    return bool(e.get("yanked"))
+    raise LookupError(f"{url} does not list version {version}")
+
+from_index = sorted({(p["name"], p["version"]) for p in meta["packages"] if p["source"] == CRATES_IO})
+checked = "not checked (--offline)"
+if sys.argv[3] != "1":
+    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+        futures = {pool.submit(yanked, n, v): (n, v) for n, v in from_index}
+        unread = []
+        for f in concurrent.futures.as_completed(futures):
+            n, v = futures[f]
+            try:
+                if f.result():
+                    problems.append(f"yanked: {n} {v} is yanked on crates.io: `cargo update -p {n}` to a release that is not")
+            except (urllib.error.URLError, OSError, LookupError, ValueError) as e:
+                unread.append(f"{n} {v}: {e}")
+        if unread:
+            problems.append(f"yanked: could not read the crates.io index for {len(unread)} crates (first: {unread[0]}); "
+                            "run with --offline to skip this part")
+    checked = f"{len(from_index)} crates.io versions not yanked"
+
 for line in problems:
     print(f"check-deps: {line}", file=sys.stderr)
 if problems:
     sys.exit(1)
-print(f"check-deps: {len(meta['packages'])} packages: sources, bans and licences ok")
+print(f"check-deps: {len(meta['packages'])} packages: sources, bans and licences ok; {checked}")
 EOF
