@@ -33,24 +33,24 @@ use crate::tracker::Tracker;
 pub struct Shared {
     pub store: Arc<dyn Store>,
     /// Local blobs and the store where they are durable.
-    pub blobs: Blobs,
+    pub blobs: Arc<Blobs>,
     /// What `GET /v1/agent-package/ARCH` serves.
     pub agent_packages: Arc<AgentPackages>,
-    pub pki: Pki,
+    pub pki: Arc<Pki>,
     /// Tenant cluster CAs: `cluster_cas.load(name)` gives a cluster's CA
     /// ready to sign, its key opened with the encryption key if sealed.
-    pub cluster_cas: ClusterCas,
+    pub cluster_cas: Arc<ClusterCas>,
     pub hub: Arc<Hub>,
     /// Peer-sharing settings by cluster, for the desired states sent.
     pub peers: Arc<PeerCache>,
     pub metrics: Arc<Metrics>,
-    pub limiter: RateLimiter,
+    pub limiter: Arc<RateLimiter>,
     /// Room for `Connect` streams being opened (store work before the
     /// first desired state); beyond it a `Connect` is shed.
-    pub opening: OpenGate,
+    pub opening: Arc<OpenGate>,
     /// Certificates each node may have signed: a burst for a bundle's
     /// worth, then one per ten seconds.
-    pub issue_limiter: RateLimiter<String>,
+    pub issue_limiter: Arc<RateLimiter<String>>,
     /// Poked when a node reports, connects or is deleted, so the rollout
     /// controller looks again.
     pub rollouts_changed: Arc<Notify>,
@@ -73,19 +73,10 @@ pub struct Shared {
     /// Every per-stream and background task, so shutdown can wait for them.
     pub tasks: TaskTracker,
     /// Peer sharing: who holds which blob (`FindPeers`).
-    pub tracker: Tracker,
+    pub tracker: Arc<Tracker>,
 }
 
 impl Shared {
-    /// The `--server` value of join commands: the `--join-url`s if given,
-    /// else every replica, comma-separated.
-    pub fn join_servers(&self) -> String {
-        if !self.join_urls.is_empty() {
-            return self.join_urls.join(",");
-        }
-        self.servers.borrow().join(",")
-    }
-
     /// The peer-sharing settings of `cluster`, read through
     /// [`Shared::peers`].
     pub async fn peer_settings(&self, cluster: &str) -> crate::store::Result<crate::store::PeerSettings> {

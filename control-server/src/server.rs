@@ -370,20 +370,23 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         etcd.as_ref().map_or("", |e| e.prefix()),
     );
     let shared = Arc::new(Shared {
-        cluster_cas,
+        cluster_cas: Arc::new(cluster_cas),
         store,
         leader,
         servers,
         join_urls: cfg.join_urls.clone(),
-        blobs,
+        blobs: Arc::new(blobs),
         agent_packages,
-        pki,
+        pki: Arc::new(pki),
         hub: Arc::new(Hub::default()),
         peers: Arc::new(crate::peers::PeerCache::default()),
         metrics: Arc::new(Metrics::default()),
-        limiter: RateLimiter::new(ENROLL_RATE, ENROLL_BURST),
-        opening: OpenGate::new(cfg.max_streams_opening, crate::admission::STREAM_OPEN_WAIT),
-        issue_limiter: RateLimiter::new(0.1, 64.0),
+        limiter: Arc::new(RateLimiter::new(ENROLL_RATE, ENROLL_BURST)),
+        opening: Arc::new(OpenGate::new(
+            cfg.max_streams_opening,
+            crate::admission::STREAM_OPEN_WAIT,
+        )),
+        issue_limiter: Arc::new(RateLimiter::new(0.1, 64.0)),
         rollouts_changed: Arc::new(Notify::new()),
         rollouts,
         rollout_updates,
@@ -392,7 +395,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         ping_interval: cfg.ping_interval,
         cancel: cancel.clone(),
         tasks: TaskTracker::new(),
-        tracker: crate::tracker::Tracker::default(),
+        tracker: Arc::new(crate::tracker::Tracker::default()),
     });
 
     if let Some(addr) = cfg.metrics_listen {

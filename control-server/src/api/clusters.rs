@@ -5,6 +5,7 @@
 //! whole before anything is stored.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use lks_proto::names::{validate_cluster_name, validate_node_name};
 use lks_proto::pb;
@@ -15,8 +16,33 @@ use super::{invalid, policy};
 use crate::authz::store_status;
 use crate::clock::now_ms;
 use crate::context::Shared;
+use crate::hub::Hub;
+use crate::peers::PeerCache;
 use crate::pki::clusterca::{ClusterCa, ClusterCas};
-use crate::store::{ClusterRow, EventRow, IssuedCertRow, NewCluster, PeerSettings};
+use crate::store::{ClusterRow, EventRow, IssuedCertRow, NewCluster, PeerSettings, Store};
+
+/// What the cluster handlers use: the store, the tenant CAs, and whom to
+/// tell when a cluster's settings change (the agents' streams, the
+/// peer-settings cache, the rollout controller).
+pub(super) struct Deps {
+    pub store: Arc<dyn Store>,
+    pub cluster_cas: Arc<ClusterCas>,
+    pub hub: Arc<Hub>,
+    pub peers: Arc<PeerCache>,
+    pub rollouts_changed: Arc<tokio::sync::Notify>,
+}
+
+impl Deps {
+    pub fn of(s: &Shared) -> Self {
+        Deps {
+            store: s.store.clone(),
+            cluster_cas: s.cluster_cas.clone(),
+            hub: s.hub.clone(),
+            peers: s.peers.clone(),
+            rollouts_changed: s.rollouts_changed.clone(),
+        }
+    }
+}
 
 /// Most concurrent uploads per node an operator may allow.
 pub const MAX_PEER_UPLOADS: u32 = 64;
@@ -74,7 +100,7 @@ fn how(imported: bool) -> &'static str {
 /// Creates a cluster with its CA (imported, or generated when none is
 /// given) and API server, in one store write.
 pub async fn create(
-    s: &Shared,
+    s: &Deps,
     r: pb::CreateClusterRequest,
     admin: &str,
     now_ms: i64,
@@ -118,7 +144,7 @@ pub async fn create(
 
 /// An event outside a store transaction; a failure to record it is logged,
 /// the change it describes stands.
-async fn record(s: &Shared, e: EventRow) {
+async fn record(s: &Deps, e: EventRow) {
     if let Err(err) = s.store.add_event(e).await {
         tracing::warn!(error = %err, "record event");
     }
@@ -194,7 +220,7 @@ impl ClusterChange {
 /// Checks the API-server, CA and peer-sharing part of a `SetCluster`
 /// request; a CA is made (imported or generated) only for an existing
 /// cluster without one.
-pub async fn check_change(s: &Shared, r: &pb::SetClusterRequest) -> Result<ClusterChange, Status> {
+pub async fn check_change(s: &Deps, r: &pb::SetClusterRequest) -> Result<ClusterChange, Status> {
     let peer = PeerChange::check(r)?;
     let api_server = match (&r.api_server, r.clear_api_server) {
         (Some(_), true) => return Err(invalid("give an API server or clear it, not both")),
@@ -235,7 +261,7 @@ pub async fn check_change(s: &Shared, r: &pb::SetClusterRequest) -> Result<Clust
 /// Stores a checked change: the CA first (the one part the store may
 /// still refuse, if another request gave the cluster a CA meanwhile).
 pub async fn apply_change(
-    s: &Shared,
+    s: &Deps,
     name: &str,
     c: ClusterChange,
     admin: &str,
@@ -278,7 +304,7 @@ pub async fn apply_change(
 /// cluster at the same moment may lose one of the changes (the last write
 /// wins), as with any other cluster setting.
 async fn set_peer(
-    s: &Shared,
+    s: &Deps,
     name: &str,
     change: PeerChange,
     admin: &str,
@@ -315,7 +341,7 @@ async fn set_peer(
 }
 
 /// The CA certificate of a cluster.
-pub async fn ca_pem(s: &Shared, name: &str) -> Result<String, Status> {
+pub async fn ca_pem(s: &Deps, name: &str) -> Result<String, Status> {
     validate_cluster_name(name).map_err(invalid)?;
     let c = s
         .store
@@ -369,7 +395,7 @@ pub fn newest_only(rows: Vec<IssuedCertRow>) -> Vec<IssuedCertRow> {
 
 /// The certificates a `ListCertificates` request asks for.
 pub async fn list(
-    s: &Shared,
+    s: &Deps,
     r: pb::ListCertificatesRequest,
     now_ms: i64,
 ) -> Result<Vec<pb::IssuedCertificate>, Status> {
@@ -404,13 +430,12 @@ pub async fn list(
 
 /// The newest certificate of each bundle and path of one node.
 pub async fn node_certs(
-    s: &Shared,
+    store: &dyn Store,
     cluster: &str,
     node: &str,
     now_ms: i64,
 ) -> Result<Vec<pb::IssuedCertificate>, Status> {
-    let rows = s
-        .store
+    let rows = store
         .list_certificates(Some(cluster), Some(node))
         .await
         .map_err(store_status)?;
@@ -422,7 +447,7 @@ pub async fn node_certs(
 
 /// `SetCluster`: windows are checked before anything is stored.
 pub(super) async fn set(
-    s: &Shared,
+    s: &Deps,
     r: pb::SetClusterRequest,
     who: String,
 ) -> Result<Response<pb::Cluster>, Status> {
@@ -456,7 +481,7 @@ pub(super) async fn set(
 }
 
 /// `ListClusters`.
-pub(super) async fn list_clusters(s: &Shared) -> Result<Response<pb::ListClustersResponse>, Status> {
+pub(super) async fn list_clusters(s: &Deps) -> Result<Response<pb::ListClustersResponse>, Status> {
     let clusters = s.store.list_clusters().await.map_err(store_status)?;
     let now = now_ms();
     Ok(Response::new(pb::ListClustersResponse {

@@ -37,13 +37,26 @@ use crate::clock::now_ms;
 use crate::context::Shared;
 use crate::rollout::Verb;
 
+/// The admin API: each resource's handlers get only what they use.
 pub struct AdminApi {
     s: Arc<Shared>,
+    metrics: Arc<crate::metrics::Metrics>,
+    store: Arc<dyn crate::store::Store>,
+    clusters: clusters::Deps,
+    tokens: tokens::Deps,
+    nodes: nodes::Deps,
 }
 
 impl AdminApi {
     pub fn new(s: Arc<Shared>) -> Self {
-        AdminApi { s }
+        AdminApi {
+            metrics: s.metrics.clone(),
+            store: s.store.clone(),
+            clusters: clusters::Deps::of(&s),
+            tokens: tokens::Deps::of(&s),
+            nodes: nodes::Deps::of(&s),
+            s,
+        }
     }
 }
 
@@ -72,9 +85,9 @@ impl AdminService for AdminApi {
         &self,
         req: Request<pb::CreateClusterRequest>,
     ) -> Result<Response<pb::Cluster>, Status> {
-        let _t = self.s.metrics.timer("CreateCluster");
+        let _t = self.metrics.timer("CreateCluster");
         let who = require_admin(&req)?;
-        let c = clusters::create(&self.s, req.into_inner(), &who, now_ms()).await?;
+        let c = clusters::create(&self.clusters, req.into_inner(), &who, now_ms()).await?;
         Ok(Response::new(policy::cluster_pb(c, now_ms())))
     }
 
@@ -82,20 +95,20 @@ impl AdminService for AdminApi {
         &self,
         req: Request<pb::SetClusterRequest>,
     ) -> Result<Response<pb::Cluster>, Status> {
-        let _t = self.s.metrics.timer("SetCluster");
+        let _t = self.metrics.timer("SetCluster");
         let who = require_admin(&req)?;
-        clusters::set(&self.s, req.into_inner(), who).await
+        clusters::set(&self.clusters, req.into_inner(), who).await
     }
 
     async fn get_cluster_ca(
         &self,
         req: Request<pb::GetClusterCaRequest>,
     ) -> Result<Response<pb::GetClusterCaResponse>, Status> {
-        let _t = self.s.metrics.timer("GetClusterCa");
+        let _t = self.metrics.timer("GetClusterCa");
         require_admin(&req)?;
         let name = req.into_inner().name;
         Ok(Response::new(pb::GetClusterCaResponse {
-            ca_cert_pem: clusters::ca_pem(&self.s, &name).await?,
+            ca_cert_pem: clusters::ca_pem(&self.clusters, &name).await?,
         }))
     }
 
@@ -103,10 +116,10 @@ impl AdminService for AdminApi {
         &self,
         req: Request<pb::ListCertificatesRequest>,
     ) -> Result<Response<pb::ListCertificatesResponse>, Status> {
-        let _t = self.s.metrics.timer("ListCertificates");
+        let _t = self.metrics.timer("ListCertificates");
         require_admin(&req)?;
         Ok(Response::new(pb::ListCertificatesResponse {
-            certificates: clusters::list(&self.s, req.into_inner(), now_ms()).await?,
+            certificates: clusters::list(&self.clusters, req.into_inner(), now_ms()).await?,
         }))
     }
 
@@ -114,25 +127,25 @@ impl AdminService for AdminApi {
         &self,
         req: Request<pb::ListClustersRequest>,
     ) -> Result<Response<pb::ListClustersResponse>, Status> {
-        let _t = self.s.metrics.timer("ListClusters");
+        let _t = self.metrics.timer("ListClusters");
         require_admin(&req)?;
-        clusters::list_clusters(&self.s).await
+        clusters::list_clusters(&self.clusters).await
     }
 
     async fn create_token(
         &self,
         req: Request<pb::CreateTokenRequest>,
     ) -> Result<Response<pb::CreateTokenResponse>, Status> {
-        let _t = self.s.metrics.timer("CreateToken");
+        let _t = self.metrics.timer("CreateToken");
         require_admin(&req)?;
-        tokens::create(&self.s, req.into_inner()).await
+        tokens::create(&self.tokens, req.into_inner()).await
     }
 
     async fn publish_bundle(
         &self,
         req: Request<Streaming<pb::PublishBundleRequest>>,
     ) -> Result<Response<pb::PublishBundleResponse>, Status> {
-        let _t = self.s.metrics.timer("PublishBundle");
+        let _t = self.metrics.timer("PublishBundle");
         require_admin(&req)?;
         bundles::publish(&self.s, req.into_inner()).await
     }
@@ -141,13 +154,13 @@ impl AdminService for AdminApi {
         &self,
         req: Request<pb::ListBundlesRequest>,
     ) -> Result<Response<pb::ListBundlesResponse>, Status> {
-        let _t = self.s.metrics.timer("ListBundles");
+        let _t = self.metrics.timer("ListBundles");
         require_admin(&req)?;
         bundles::list(&self.s, req.into_inner()).await
     }
 
     async fn get_bundle(&self, req: Request<pb::GetBundleRequest>) -> Result<Response<pb::Bundle>, Status> {
-        let _t = self.s.metrics.timer("GetBundle");
+        let _t = self.metrics.timer("GetBundle");
         require_admin(&req)?;
         bundles::get(&self.s, req.into_inner()).await
     }
@@ -156,7 +169,7 @@ impl AdminService for AdminApi {
         &self,
         req: Request<pb::GetBundleRequest>,
     ) -> Result<Response<pb::DeleteBundleResponse>, Status> {
-        let _t = self.s.metrics.timer("DeleteBundle");
+        let _t = self.metrics.timer("DeleteBundle");
         let who = require_admin(&req)?;
         bundles::delete(&self.s, req.into_inner(), who).await
     }
@@ -165,13 +178,13 @@ impl AdminService for AdminApi {
         &self,
         req: Request<pb::StartRolloutRequest>,
     ) -> Result<Response<pb::Rollout>, Status> {
-        let _t = self.s.metrics.timer("StartRollout");
+        let _t = self.metrics.timer("StartRollout");
         let who = require_admin(&req)?;
         rollouts::start(&self.s, req.into_inner(), who).await
     }
 
     async fn get_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
-        let _t = self.s.metrics.timer("GetRollout");
+        let _t = self.metrics.timer("GetRollout");
         require_admin(&req)?;
         let row = rollouts::load_rollout(&self.s, &req.into_inner().id).await?;
         Ok(Response::new(rollout_pb(&row)))
@@ -183,7 +196,7 @@ impl AdminService for AdminApi {
         &self,
         req: Request<pb::RolloutRef>,
     ) -> Result<Response<Self::WatchRolloutStream>, Status> {
-        let _t = self.s.metrics.timer("WatchRollout");
+        let _t = self.metrics.timer("WatchRollout");
         require_admin(&req)?;
         rollouts::watch(&self.s, req.into_inner()).await
     }
@@ -192,31 +205,31 @@ impl AdminService for AdminApi {
         &self,
         req: Request<pb::ListRolloutsRequest>,
     ) -> Result<Response<pb::ListRolloutsResponse>, Status> {
-        let _t = self.s.metrics.timer("ListRollouts");
+        let _t = self.metrics.timer("ListRollouts");
         require_admin(&req)?;
         rollouts::list(&self.s, req.into_inner()).await
     }
 
     async fn pause_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
-        let _t = self.s.metrics.timer("PauseRollout");
+        let _t = self.metrics.timer("PauseRollout");
         require_admin(&req)?;
         rollouts::verb(&self.s, req.into_inner().id, Verb::Pause).await
     }
 
     async fn resume_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
-        let _t = self.s.metrics.timer("ResumeRollout");
+        let _t = self.metrics.timer("ResumeRollout");
         require_admin(&req)?;
         rollouts::verb(&self.s, req.into_inner().id, Verb::Resume).await
     }
 
     async fn abort_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
-        let _t = self.s.metrics.timer("AbortRollout");
+        let _t = self.metrics.timer("AbortRollout");
         require_admin(&req)?;
         rollouts::verb(&self.s, req.into_inner().id, Verb::Abort).await
     }
 
     async fn rollback_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
-        let _t = self.s.metrics.timer("RollbackRollout");
+        let _t = self.metrics.timer("RollbackRollout");
         require_admin(&req)?;
         rollouts::rollback(&self.s, req.into_inner()).await
     }
@@ -225,58 +238,58 @@ impl AdminService for AdminApi {
         &self,
         req: Request<pb::ListNodesRequest>,
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
-        let _t = self.s.metrics.timer("ListNodes");
+        let _t = self.metrics.timer("ListNodes");
         require_admin(&req)?;
-        nodes::list(&self.s, req.into_inner()).await
+        nodes::list(&self.nodes, req.into_inner()).await
     }
 
     async fn get_node(&self, req: Request<pb::GetNodeRequest>) -> Result<Response<pb::Node>, Status> {
-        let _t = self.s.metrics.timer("GetNode");
+        let _t = self.metrics.timer("GetNode");
         require_admin(&req)?;
-        nodes::get(&self.s, req.into_inner()).await
+        nodes::get(&self.nodes, req.into_inner()).await
     }
 
     async fn delete_node(
         &self,
         req: Request<pb::DeleteNodeRequest>,
     ) -> Result<Response<pb::DeleteNodeResponse>, Status> {
-        let _t = self.s.metrics.timer("DeleteNode");
+        let _t = self.metrics.timer("DeleteNode");
         require_admin(&req)?;
-        nodes::delete(&self.s, req.into_inner()).await
+        nodes::delete(&self.nodes, req.into_inner()).await
     }
 
     async fn hold_node(&self, req: Request<pb::HoldNodeRequest>) -> Result<Response<pb::Node>, Status> {
-        let _t = self.s.metrics.timer("HoldNode");
+        let _t = self.metrics.timer("HoldNode");
         let who = require_admin(&req)?;
         let r = req.into_inner();
         validate_node_name(&r.name).map_err(invalid)?;
         policy::check_reason(&r.reason)?;
-        nodes::set_hold(&self.s, &r.name, Some(r.reason), &who).await
+        nodes::set_hold(&self.nodes, &r.name, Some(r.reason), &who).await
     }
 
     async fn retry_node(
         &self,
         req: Request<pb::RetryNodeRequest>,
     ) -> Result<Response<pb::RetryNodeResponse>, Status> {
-        let _t = self.s.metrics.timer("RetryNode");
+        let _t = self.metrics.timer("RetryNode");
         let who = require_admin(&req)?;
-        nodes::retry(&self.s, req.into_inner(), who).await
+        nodes::retry(&self.nodes, req.into_inner(), who).await
     }
 
     async fn unhold_node(&self, req: Request<pb::UnholdNodeRequest>) -> Result<Response<pb::Node>, Status> {
-        let _t = self.s.metrics.timer("UnholdNode");
+        let _t = self.metrics.timer("UnholdNode");
         let who = require_admin(&req)?;
         let name = req.into_inner().name;
         validate_node_name(&name).map_err(invalid)?;
-        nodes::set_hold(&self.s, &name, None, &who).await
+        nodes::set_hold(&self.nodes, &name, None, &who).await
     }
 
     async fn list_events(
         &self,
         req: Request<pb::ListEventsRequest>,
     ) -> Result<Response<pb::ListEventsResponse>, Status> {
-        let _t = self.s.metrics.timer("ListEvents");
+        let _t = self.metrics.timer("ListEvents");
         require_admin(&req)?;
-        events::list(self.s.store.as_ref(), req.into_inner()).await
+        events::list(self.store.as_ref(), req.into_inner()).await
     }
 }

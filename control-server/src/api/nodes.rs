@@ -3,6 +3,7 @@
 //! asking it to retry a failed bundle; `node_pb` is the view `lksctl` shows.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use lks_proto::names::{validate_bundle_name, validate_node_name};
 use lks_proto::pb;
@@ -12,11 +13,31 @@ use super::{clusters, invalid};
 use crate::authz::store_status;
 use crate::clock::now_ms;
 use crate::context::Shared;
-use crate::store::{EventRow, NodeRow};
+use crate::hub::Hub;
+use crate::store::{EventRow, NodeRow, Store};
+
+/// What the node handlers use: the store, and whom to tell when a node
+/// is held, released, deleted or asked to retry (its stream, the rollout
+/// controller).
+pub(super) struct Deps {
+    pub store: Arc<dyn Store>,
+    pub hub: Arc<Hub>,
+    pub rollouts_changed: Arc<tokio::sync::Notify>,
+}
+
+impl Deps {
+    pub fn of(s: &Shared) -> Self {
+        Deps {
+            store: s.store.clone(),
+            hub: s.hub.clone(),
+            rollouts_changed: s.rollouts_changed.clone(),
+        }
+    }
+}
 
 /// `ListNodes`: a cluster's nodes (or every node) with their newest certificates.
 pub(super) async fn list(
-    s: &Shared,
+    s: &Deps,
     req: pb::ListNodesRequest,
 ) -> Result<Response<pb::ListNodesResponse>, Status> {
     let cluster = req.cluster;
@@ -58,7 +79,7 @@ pub(super) async fn list(
 }
 
 /// `GetNode`: one node with its certificates.
-pub(super) async fn get(s: &Shared, req: pb::GetNodeRequest) -> Result<Response<pb::Node>, Status> {
+pub(super) async fn get(s: &Deps, req: pb::GetNodeRequest) -> Result<Response<pb::Node>, Status> {
     let name = req.name;
     validate_node_name(&name).map_err(invalid)?;
     let row = s
@@ -67,7 +88,7 @@ pub(super) async fn get(s: &Shared, req: pb::GetNodeRequest) -> Result<Response<
         .await
         .map_err(store_status)?
         .ok_or_else(|| Status::not_found(format!("node {name} does not exist")))?;
-    let certificates = clusters::node_certs(s, &row.cluster, &row.name, now_ms()).await?;
+    let certificates = clusters::node_certs(s.store.as_ref(), &row.cluster, &row.name, now_ms()).await?;
     Ok(Response::new(pb::Node {
         certificates,
         ..node_pb(s, row)
@@ -76,7 +97,7 @@ pub(super) async fn get(s: &Shared, req: pb::GetNodeRequest) -> Result<Response<
 
 /// `DeleteNode`: its certificate stops working and its stream is closed.
 pub(super) async fn delete(
-    s: &Shared,
+    s: &Deps,
     req: pb::DeleteNodeRequest,
 ) -> Result<Response<pb::DeleteNodeResponse>, Status> {
     let name = req.name;
@@ -92,7 +113,7 @@ pub(super) async fn delete(
 
 /// `RetryNode`: a failed bundle (or every one) is tried again.
 pub(super) async fn retry(
-    s: &Shared,
+    s: &Deps,
     r: pb::RetryNodeRequest,
     who: String,
 ) -> Result<Response<pb::RetryNodeResponse>, Status> {
@@ -124,7 +145,7 @@ pub(super) async fn retry(
 
 /// Holds (`Some(reason)`) or releases a node; answers the node as it is now.
 pub(super) async fn set_hold(
-    s: &Shared,
+    s: &Deps,
     name: &str,
     hold: Option<String>,
     who: &str,
@@ -151,7 +172,7 @@ pub(super) async fn set_hold(
     Ok(Response::new(node_pb(s, row)))
 }
 
-pub(super) fn node_pb(s: &Shared, n: NodeRow) -> pb::Node {
+pub(super) fn node_pb(s: &Deps, n: NodeRow) -> pb::Node {
     let mut bundles = Vec::new();
     for (name, version) in &n.desired {
         match n.actual.get(name) {

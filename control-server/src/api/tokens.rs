@@ -2,6 +2,7 @@
 //! cluster and answers with the join command (every replica, the CA hash)
 //! and where VMs can download the agent.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use lks_proto::names::validate_cluster_name;
@@ -13,14 +14,52 @@ use super::{check_labels, invalid};
 use crate::authz::store_status;
 use crate::clock::now_ms;
 use crate::context::Shared;
-use crate::store::TokenRow;
+use crate::packages::AgentPackages;
+use crate::pki::Pki;
+use crate::store::{Store, TokenRow};
+
+/// What `CreateToken` uses: the store, the server CA (its hash goes into
+/// the join command), the replicas' URLs and the agent packages offered.
+pub(super) struct Deps {
+    pub store: Arc<dyn Store>,
+    pub pki: Arc<Pki>,
+    pub agent_packages: Arc<AgentPackages>,
+    /// `https://HOST:PORT` of this replica.
+    pub server_url: String,
+    /// `--join-url`: what join lines name, if given.
+    pub join_urls: Vec<String>,
+    /// Every replica's URL, this one's first.
+    pub servers: tokio::sync::watch::Receiver<Vec<String>>,
+}
+
+impl Deps {
+    pub fn of(s: &Shared) -> Self {
+        Deps {
+            store: s.store.clone(),
+            pki: s.pki.clone(),
+            agent_packages: s.agent_packages.clone(),
+            server_url: s.server_url.clone(),
+            join_urls: s.join_urls.clone(),
+            servers: s.servers.clone(),
+        }
+    }
+
+    /// The `--server` value of join commands: the `--join-url`s if given,
+    /// else every replica, comma-separated.
+    fn join_servers(&self) -> String {
+        if !self.join_urls.is_empty() {
+            return self.join_urls.join(",");
+        }
+        self.servers.borrow().join(",")
+    }
+}
 
 const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
 const MAX_TOKEN_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// `CreateToken`: a bootstrap token and the join command that uses it.
 pub(super) async fn create(
-    s: &Shared,
+    s: &Deps,
     r: pb::CreateTokenRequest,
 ) -> Result<Response<pb::CreateTokenResponse>, Status> {
     validate_cluster_name(&r.cluster).map_err(invalid)?;

@@ -3,6 +3,8 @@
 //! (the bytes from this replica's copy, streamed in bounded messages).
 //! A node gets only blobs of bundles assigned to it.
 
+use std::sync::Arc;
+
 use lks_proto::Digest;
 use lks_proto::pb;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
@@ -12,7 +14,46 @@ use tonic::{Request, Response, Status};
 
 use super::BoxStream;
 use crate::authz::{blob_status, require_node, store_status};
+use crate::blobs::Blobs;
 use crate::context::Shared;
+use crate::hub::Hub;
+use crate::metrics::Metrics;
+use crate::peers::PeerCache;
+use crate::store::{PeerSettings, Store};
+use crate::tracker::Tracker;
+
+/// What the blob handlers use: the store (who may have what), the blobs,
+/// the peer tracker and settings, and the tasks that stream a fetch.
+pub(super) struct Deps {
+    pub store: Arc<dyn Store>,
+    pub blobs: Arc<Blobs>,
+    pub tracker: Arc<Tracker>,
+    pub peers: Arc<PeerCache>,
+    pub hub: Arc<Hub>,
+    pub metrics: Arc<Metrics>,
+    pub cancel: tokio_util::sync::CancellationToken,
+    pub tasks: tokio_util::task::TaskTracker,
+}
+
+impl Deps {
+    pub fn of(s: &Shared) -> Self {
+        Deps {
+            store: s.store.clone(),
+            blobs: s.blobs.clone(),
+            tracker: s.tracker.clone(),
+            peers: s.peers.clone(),
+            hub: s.hub.clone(),
+            metrics: s.metrics.clone(),
+            cancel: s.cancel.clone(),
+            tasks: s.tasks.clone(),
+        }
+    }
+
+    /// The peer-sharing settings of `cluster`, read through the cache.
+    async fn peer_settings(&self, cluster: &str) -> crate::store::Result<PeerSettings> {
+        self.peers.get(&*self.store, &self.hub, cluster).await
+    }
+}
 
 /// Bytes per `FetchBlob` message. 256 KiB measured faster than 64 KiB
 /// (fewer messages to frame, encode and decode); a fetch holds at most six
@@ -21,7 +62,7 @@ const BLOB_CHUNK: usize = 256 * 1024;
 
 /// `FindPeers`: the peers that may serve a blob to the caller, and whether the server does.
 pub(super) async fn find_peers(
-    s: &Shared,
+    s: &Deps,
     req: Request<pb::FindPeersRequest>,
 ) -> Result<Response<pb::FindPeersResponse>, Status> {
     let caller = require_node(&req, &*s.store).await?;
@@ -71,7 +112,7 @@ pub(super) async fn find_peers(
 
 /// `FetchBlob`: the blob from `offset`, `length` bytes (0: to the end).
 pub(super) async fn fetch(
-    s: &Shared,
+    s: &Deps,
     req: Request<pb::FetchBlobRequest>,
 ) -> Result<Response<BoxStream<pb::BlobChunk>>, Status> {
     let caller = require_node(&req, &*s.store).await?;

@@ -23,20 +23,27 @@ use crate::store::EventRow;
 /// Longest free-text field (messages, facts) kept from an agent.
 const MAX_TEXT: usize = 4096;
 
+/// The agent API: each concern's handlers get only what they use.
 pub struct AgentApi {
     s: Arc<Shared>,
+    metrics: Arc<crate::metrics::Metrics>,
+    blobs: blobs::Deps,
 }
 
 impl AgentApi {
     pub fn new(s: Arc<Shared>) -> Self {
-        AgentApi { s }
+        AgentApi {
+            metrics: s.metrics.clone(),
+            blobs: blobs::Deps::of(&s),
+            s,
+        }
     }
 }
 
 #[tonic::async_trait]
 impl AgentService for AgentApi {
     async fn enroll(&self, req: Request<pb::EnrollRequest>) -> Result<Response<pb::EnrollResponse>, Status> {
-        let _t = self.s.metrics.timer("Enroll");
+        let _t = self.metrics.timer("Enroll");
         identity::enroll(&self.s, req).await
     }
 
@@ -46,7 +53,7 @@ impl AgentService for AgentApi {
         &self,
         req: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
-        let _t = self.s.metrics.timer("Connect");
+        let _t = self.metrics.timer("Connect");
         session::connect(&self.s, req).await
     }
 
@@ -54,7 +61,7 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::RenewCertificateRequest>,
     ) -> Result<Response<pb::RenewCertificateResponse>, Status> {
-        let _t = self.s.metrics.timer("RenewCertificate");
+        let _t = self.metrics.timer("RenewCertificate");
         identity::renew(&self.s, req).await
     }
 
@@ -62,15 +69,15 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::FindPeersRequest>,
     ) -> Result<Response<pb::FindPeersResponse>, Status> {
-        let _t = self.s.metrics.timer("FindPeers");
-        blobs::find_peers(&self.s, req).await
+        let _t = self.metrics.timer("FindPeers");
+        blobs::find_peers(&self.blobs, req).await
     }
 
     async fn issue_certificate(
         &self,
         req: Request<pb::IssueCertificateRequest>,
     ) -> Result<Response<pb::IssueCertificateResponse>, Status> {
-        let _t = self.s.metrics.timer("IssueCertificate");
+        let _t = self.metrics.timer("IssueCertificate");
         identity::issue(&self.s, req).await
     }
 
@@ -80,8 +87,8 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::FetchBlobRequest>,
     ) -> Result<Response<Self::FetchBlobStream>, Status> {
-        let _t = self.s.metrics.timer("FetchBlob");
-        blobs::fetch(&self.s, req).await
+        let _t = self.metrics.timer("FetchBlob");
+        blobs::fetch(&self.blobs, req).await
     }
 }
 
