@@ -41,6 +41,29 @@ pub fn require_admin<T>(req: &Request<T>) -> Result<String, Status> {
     }
 }
 
+/// The operator behind an admin call, as the audit trail names them.
+#[derive(Clone, Debug)]
+pub struct AdminCaller {
+    /// The admin certificate's name.
+    pub name: String,
+    /// `sha256:<hex>` of the certificate (DER): which credential it was.
+    pub fingerprint: String,
+}
+
+/// Admin API calls that change state: the admin certificate only, and
+/// who it is for the audit trail.
+pub fn require_admin_caller<T>(req: &Request<T>) -> Result<AdminCaller, Status> {
+    let name = require_admin(req)?;
+    let fingerprint = req
+        .peer_certs()
+        .and_then(|c| {
+            c.first()
+                .map(|der| lks_proto::Digest::of(der.as_ref()).to_string())
+        })
+        .unwrap_or_default();
+    Ok(AdminCaller { name, fingerprint })
+}
+
 /// A node's identity that was checked against the store.
 #[derive(Clone, Debug)]
 pub struct NodeCaller {

@@ -78,6 +78,10 @@ struct Args {
     /// references (after `lksctl bundle delete`); `off` never does.
     #[arg(long, default_value = "10m", value_name = "DURATION|off")]
     blob_gc_interval: String,
+    /// How long audit records (`lksctl audit`) are kept; `forever` keeps
+    /// every record. The leading replica drops older ones hourly.
+    #[arg(long, default_value = "365d", value_name = "DURATION|forever")]
+    audit_retention: String,
     /// How often a replica (--store etcd) compares how many agents it holds
     /// with the others and, when clearly above its share, asks a few to
     /// reconnect to the least loaded replica; `off` never does.
@@ -440,6 +444,16 @@ async fn main() -> ExitCode {
     ) else {
         return ExitCode::from(2);
     };
+    let audit_retention = match args.audit_retention.as_str() {
+        "forever" => None,
+        d => match parse_duration(d) {
+            Ok(d) if !d.is_zero() => Some(d),
+            _ => {
+                eprintln!("error: --audit-retention {d:?}: expected a duration such as 365d, or forever");
+                return ExitCode::from(2);
+            }
+        },
+    };
     if args.ping_interval.is_zero() {
         eprintln!("error: --ping-interval must be longer than zero");
         return ExitCode::from(2);
@@ -488,6 +502,7 @@ async fn main() -> ExitCode {
     cfg.blob_store = blob_store;
     cfg.blob_gc_interval = blob_gc_interval;
     cfg.blob_gc_grace = args.blob_gc_grace;
+    cfg.audit_retention = audit_retention;
     cfg.rebalance_interval = rebalance_interval;
     cfg.join_urls = args.join_url;
     cfg.handshakes = lks_control_server::admission::HandshakeLimits {

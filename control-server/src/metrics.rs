@@ -36,6 +36,8 @@ pub struct Metrics {
     blob_bytes: AtomicU64,
     peer_bytes: AtomicU64,
     bad_peers: AtomicU64,
+    audit_write_errors: AtomicU64,
+    audit_pruned: AtomicU64,
     enrollments: Labelled,
     package_requests: Labelled,
     package_bytes: AtomicU64,
@@ -78,6 +80,16 @@ impl Metrics {
 
     pub fn bad_peer_reported(&self) {
         self.bad_peers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An admin call whose audit record the store did not take.
+    pub fn audit_write_failed(&self) {
+        self.audit_write_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Audit records the retention sweep dropped.
+    pub fn audit_pruned(&self, n: u64) {
+        self.audit_pruned.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Agents this replica asked to reconnect elsewhere (rebalancing).
@@ -245,6 +257,20 @@ impl Metrics {
             "counter",
             "Reports of a peer that served a chunk not matching its digest (peer sharing).",
             load(&self.bad_peers),
+        );
+        scalar(
+            &mut s,
+            "lks_audit_write_errors_total",
+            "counter",
+            "Admin calls whose audit record the store did not take (the call's own answer stood).",
+            load(&self.audit_write_errors),
+        );
+        scalar(
+            &mut s,
+            "lks_audit_pruned_total",
+            "counter",
+            "Audit records older than --audit-retention that this replica dropped.",
+            load(&self.audit_pruned),
         );
         scalar(
             &mut s,

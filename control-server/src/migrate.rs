@@ -144,6 +144,7 @@ pub struct Summary {
     pub targets: usize,
     pub rollouts: usize,
     pub events: usize,
+    pub audit: usize,
     pub generation: u64,
 }
 
@@ -180,6 +181,7 @@ impl fmt::Display for Summary {
         writeln!(f, "  targets     {}", self.targets)?;
         writeln!(f, "  rollouts    {}", self.rollouts)?;
         writeln!(f, "  events      {}", self.events)?;
+        writeln!(f, "  audit       {} records", self.audit)?;
         writeln!(f, "  generation  {}", self.generation)?;
         writeln!(
             f,
@@ -310,6 +312,7 @@ pub async fn migrate(cfg: &MigrateConfig) -> Result<Summary, MigrateError> {
         targets: dump.targets.len(),
         rollouts: dump.rollouts.len(),
         events: dump.events.len(),
+        audit: dump.audit.len(),
         generation: dump.max_generation(),
     })
 }

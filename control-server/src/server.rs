@@ -33,6 +33,11 @@ use crate::ratelimit::RateLimiter;
 use crate::replicas;
 use crate::store::{EtcdConfig, EtcdStore, NodeStatusStore, SqliteStore, Store, StoreError};
 
+/// How long audit records are kept unless `--audit-retention` says.
+pub const DEFAULT_AUDIT_RETENTION: Duration = Duration::from_secs(365 * 24 * 3600);
+/// How often the leader drops audit records past their retention.
+const AUDIT_SWEEP: Duration = Duration::from_secs(3600);
+
 /// How often buffered heartbeats are written to the store.
 const HEARTBEAT_FLUSH: Duration = Duration::from_secs(5);
 /// Enrolment rate per peer IP: tokens per second and burst.
@@ -74,6 +79,8 @@ pub struct Config {
     /// How long an unreferenced blob is kept after a publish claimed it
     /// (longer than any publish takes).
     pub blob_gc_grace: Duration,
+    /// How long audit records are kept (`None`: forever).
+    pub audit_retention: Option<Duration>,
     /// How often a replica compares its load with the others' and moves
     /// agents if it holds clearly more than its share (`None`: never).
     pub rebalance_interval: Option<Duration>,
@@ -116,6 +123,7 @@ impl Config {
             etcd_max_blob: crate::blobs::DEFAULT_MAX_BLOB,
             blob_gc_interval: Some(crate::blobs::gc::DEFAULT_INTERVAL),
             blob_gc_grace: crate::blobs::gc::DEFAULT_GRACE,
+            audit_retention: Some(DEFAULT_AUDIT_RETENTION),
             rebalance_interval: Some(crate::rebalance::DEFAULT_INTERVAL),
             join_urls: Vec::new(),
             handshakes: HandshakeLimits::default(),
@@ -428,6 +436,9 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
             local_is_store,
         ));
     }
+    if let Some(keep) = cfg.audit_retention {
+        shared.tasks.spawn(sweep_audit(shared.clone(), keep));
+    }
     shared.tasks.spawn(controller::run(
         controller::Deps {
             store: shared.store.clone(),
@@ -630,6 +641,31 @@ async fn collect_blobs(
             if let Err(e) = crate::blobs::gc::sweep_local(&s.blobs, &*s.store, &keep, grace).await {
                 tracing::warn!(error = %e, "sweep of local blob copies failed");
             }
+        }
+    }
+}
+
+/// Every hour (and a few seconds after start), on the leading replica:
+/// drops the audit records older than `keep`.
+async fn sweep_audit(s: Arc<Shared>, keep: Duration) {
+    let mut next = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        tokio::select! {
+            _ = s.cancel.cancelled() => return,
+            _ = tokio::time::sleep_until(next) => {}
+        }
+        next = tokio::time::Instant::now() + AUDIT_SWEEP;
+        if !*s.leader.borrow() {
+            continue;
+        }
+        let before = crate::clock::now_ms().saturating_sub(keep.as_millis() as i64);
+        match s.store.prune_audit(before).await {
+            Ok(0) => {}
+            Ok(n) => {
+                s.metrics.audit_pruned(n as u64);
+                tracing::info!(dropped = n, "audit records past their retention dropped");
+            }
+            Err(e) => tracing::warn!(error = %e, "audit retention sweep failed; retrying next hour"),
         }
     }
 }

@@ -17,6 +17,7 @@ macro_rules! outln {
     ($($arg:tt)*) => { $crate::write_stdout(format_args!("{}\n", format_args!($($arg)*))) };
 }
 
+mod audit;
 mod bundle;
 mod client;
 mod cloudinit;
@@ -90,6 +91,9 @@ enum Cmd {
         #[command(subcommand)]
         cmd: EventCmd,
     },
+    /// Who did what: every admin call that changed state or was refused
+    /// trying to, with the credential that made it. Oldest first.
+    Audit(audit::AuditArgs),
     /// Serve the operator console: live pages of the fleet in a browser,
     /// through the admin API with this admin.conf.
     Console {
@@ -517,6 +521,7 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
             }
         },
         Cmd::Rollout { cmd } => rollout::run(c, url, cmd).await?,
+        Cmd::Audit(a) => audit::run(c, url, a).await?,
         Cmd::Node { cmd } => match cmd {
             NodeCmd::List { cluster, output } => {
                 let r = c

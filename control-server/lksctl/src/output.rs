@@ -36,6 +36,11 @@ pub fn rfc3339_s(s: i64) -> Option<String> {
     OffsetDateTime::from_unix_timestamp(s).ok()?.format(&Rfc3339).ok()
 }
 
+/// `s`, or `-` when empty.
+pub fn dash(s: &str) -> String {
+    if s.is_empty() { "-".into() } else { s.to_string() }
+}
+
 fn or_dash(s: Option<String>) -> String {
     s.unwrap_or_else(|| "-".into())
 }

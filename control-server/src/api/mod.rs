@@ -8,6 +8,7 @@
 //! its caller, and hands the request to its resource's handler.
 
 mod agent;
+mod audit;
 mod bundles;
 mod clusters;
 mod events;
@@ -32,7 +33,7 @@ use lks_proto::pb::admin_service_server::AdminService;
 use lks_proto::pb::{self};
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::authz::require_admin;
+use crate::authz::{require_admin, require_admin_caller};
 use crate::clock::now_ms;
 use crate::context::Shared;
 use crate::rollout::Verb;
@@ -45,6 +46,7 @@ pub struct AdminApi {
     clusters: clusters::Deps,
     tokens: tokens::Deps,
     nodes: nodes::Deps,
+    audit: audit::Deps,
 }
 
 impl AdminApi {
@@ -55,6 +57,7 @@ impl AdminApi {
             clusters: clusters::Deps::of(&s),
             tokens: tokens::Deps::of(&s),
             nodes: nodes::Deps::of(&s),
+            audit: audit::Deps::of(&s),
             s,
         }
     }
@@ -86,9 +89,14 @@ impl AdminService for AdminApi {
         req: Request<pb::CreateClusterRequest>,
     ) -> Result<Response<pb::Cluster>, Status> {
         let _t = self.metrics.timer("CreateCluster");
-        let who = require_admin(&req)?;
-        let c = clusters::create(&self.clusters, req.into_inner(), &who, now_ms()).await?;
-        Ok(Response::new(policy::cluster_pb(c, now_ms())))
+        let who = require_admin_caller(&req)?;
+        let r = req.into_inner();
+        let entry = audit::create_cluster(&r);
+        let answer = clusters::create(&self.clusters, r, &who.name, now_ms())
+            .await
+            .map(|c| Response::new(policy::cluster_pb(c, now_ms())));
+        self.audit.record(&who, "CreateCluster", entry, &answer).await;
+        answer
     }
 
     async fn set_cluster(
@@ -96,8 +104,12 @@ impl AdminService for AdminApi {
         req: Request<pb::SetClusterRequest>,
     ) -> Result<Response<pb::Cluster>, Status> {
         let _t = self.metrics.timer("SetCluster");
-        let who = require_admin(&req)?;
-        clusters::set(&self.clusters, req.into_inner(), who).await
+        let who = require_admin_caller(&req)?;
+        let r = req.into_inner();
+        let entry = audit::set_cluster(&r);
+        let answer = clusters::set(&self.clusters, r, who.name.clone()).await;
+        self.audit.record(&who, "SetCluster", entry, &answer).await;
+        answer
     }
 
     async fn get_cluster_ca(
@@ -137,8 +149,12 @@ impl AdminService for AdminApi {
         req: Request<pb::CreateTokenRequest>,
     ) -> Result<Response<pb::CreateTokenResponse>, Status> {
         let _t = self.metrics.timer("CreateToken");
-        require_admin(&req)?;
-        tokens::create(&self.tokens, req.into_inner()).await
+        let who = require_admin_caller(&req)?;
+        let r = req.into_inner();
+        let entry = audit::create_token(&r);
+        let answer = tokens::create(&self.tokens, r).await;
+        self.audit.record(&who, "CreateToken", entry, &answer).await;
+        answer
     }
 
     async fn publish_bundle(
@@ -146,8 +162,12 @@ impl AdminService for AdminApi {
         req: Request<Streaming<pb::PublishBundleRequest>>,
     ) -> Result<Response<pb::PublishBundleResponse>, Status> {
         let _t = self.metrics.timer("PublishBundle");
-        require_admin(&req)?;
-        bundles::publish(&self.s, req.into_inner()).await
+        let who = require_admin_caller(&req)?;
+        let answer = bundles::publish(&self.s, req.into_inner()).await;
+        self.audit
+            .record(&who, "PublishBundle", audit::publish(&answer), &answer)
+            .await;
+        answer
     }
 
     async fn list_bundles(
@@ -170,8 +190,12 @@ impl AdminService for AdminApi {
         req: Request<pb::GetBundleRequest>,
     ) -> Result<Response<pb::DeleteBundleResponse>, Status> {
         let _t = self.metrics.timer("DeleteBundle");
-        let who = require_admin(&req)?;
-        bundles::delete(&self.s, req.into_inner(), who).await
+        let who = require_admin_caller(&req)?;
+        let r = req.into_inner();
+        let entry = audit::bundle(&r);
+        let answer = bundles::delete(&self.s, r, who.name.clone()).await;
+        self.audit.record(&who, "DeleteBundle", entry, &answer).await;
+        answer
     }
 
     async fn start_rollout(
@@ -179,8 +203,20 @@ impl AdminService for AdminApi {
         req: Request<pb::StartRolloutRequest>,
     ) -> Result<Response<pb::Rollout>, Status> {
         let _t = self.metrics.timer("StartRollout");
-        let who = require_admin(&req)?;
-        rollouts::start(&self.s, req.into_inner(), who).await
+        let who = require_admin_caller(&req)?;
+        let r = req.into_inner();
+        let entry = audit::start_rollout(&r);
+        let answer = rollouts::start(&self.s, r, who.name.clone()).await;
+        // The id is known once it started.
+        let entry = match &answer {
+            Ok(ro) => audit::Entry {
+                target: format!("{} {}", ro.get_ref().id, entry.target),
+                ..entry
+            },
+            Err(_) => entry,
+        };
+        self.audit.record(&who, "StartRollout", entry, &answer).await;
+        answer
     }
 
     async fn get_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
@@ -212,26 +248,42 @@ impl AdminService for AdminApi {
 
     async fn pause_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
         let _t = self.metrics.timer("PauseRollout");
-        require_admin(&req)?;
-        rollouts::verb(&self.s, req.into_inner().id, Verb::Pause).await
+        let who = require_admin_caller(&req)?;
+        let r = req.into_inner();
+        let entry = audit::rollout(&r);
+        let answer = rollouts::verb(&self.s, r.id, Verb::Pause).await;
+        self.audit.record(&who, "PauseRollout", entry, &answer).await;
+        answer
     }
 
     async fn resume_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
         let _t = self.metrics.timer("ResumeRollout");
-        require_admin(&req)?;
-        rollouts::verb(&self.s, req.into_inner().id, Verb::Resume).await
+        let who = require_admin_caller(&req)?;
+        let r = req.into_inner();
+        let entry = audit::rollout(&r);
+        let answer = rollouts::verb(&self.s, r.id, Verb::Resume).await;
+        self.audit.record(&who, "ResumeRollout", entry, &answer).await;
+        answer
     }
 
     async fn abort_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
         let _t = self.metrics.timer("AbortRollout");
-        require_admin(&req)?;
-        rollouts::verb(&self.s, req.into_inner().id, Verb::Abort).await
+        let who = require_admin_caller(&req)?;
+        let r = req.into_inner();
+        let entry = audit::rollout(&r);
+        let answer = rollouts::verb(&self.s, r.id, Verb::Abort).await;
+        self.audit.record(&who, "AbortRollout", entry, &answer).await;
+        answer
     }
 
     async fn rollback_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
         let _t = self.metrics.timer("RollbackRollout");
-        require_admin(&req)?;
-        rollouts::rollback(&self.s, req.into_inner()).await
+        let who = require_admin_caller(&req)?;
+        let r = req.into_inner();
+        let entry = audit::rollout(&r);
+        let answer = rollouts::rollback(&self.s, r).await;
+        self.audit.record(&who, "RollbackRollout", entry, &answer).await;
+        answer
     }
 
     async fn list_nodes(
@@ -254,17 +306,27 @@ impl AdminService for AdminApi {
         req: Request<pb::DeleteNodeRequest>,
     ) -> Result<Response<pb::DeleteNodeResponse>, Status> {
         let _t = self.metrics.timer("DeleteNode");
-        require_admin(&req)?;
-        nodes::delete(&self.nodes, req.into_inner()).await
+        let who = require_admin_caller(&req)?;
+        let r = req.into_inner();
+        let entry = audit::node(&r.name, serde_json::json!({}));
+        let answer = nodes::delete(&self.nodes, r).await;
+        self.audit.record(&who, "DeleteNode", entry, &answer).await;
+        answer
     }
 
     async fn hold_node(&self, req: Request<pb::HoldNodeRequest>) -> Result<Response<pb::Node>, Status> {
         let _t = self.metrics.timer("HoldNode");
-        let who = require_admin(&req)?;
+        let who = require_admin_caller(&req)?;
         let r = req.into_inner();
-        validate_node_name(&r.name).map_err(invalid)?;
-        policy::check_reason(&r.reason)?;
-        nodes::set_hold(&self.nodes, &r.name, Some(r.reason), &who).await
+        let entry = audit::node(&r.name, serde_json::json!({"reason": r.reason}));
+        let answer = async {
+            validate_node_name(&r.name).map_err(invalid)?;
+            policy::check_reason(&r.reason)?;
+            nodes::set_hold(&self.nodes, &r.name, Some(r.reason.clone()), &who.name).await
+        }
+        .await;
+        self.audit.record(&who, "HoldNode", entry, &answer).await;
+        answer
     }
 
     async fn retry_node(
@@ -272,16 +334,26 @@ impl AdminService for AdminApi {
         req: Request<pb::RetryNodeRequest>,
     ) -> Result<Response<pb::RetryNodeResponse>, Status> {
         let _t = self.metrics.timer("RetryNode");
-        let who = require_admin(&req)?;
-        nodes::retry(&self.nodes, req.into_inner(), who).await
+        let who = require_admin_caller(&req)?;
+        let r = req.into_inner();
+        let entry = audit::node(&r.name, serde_json::json!({"bundle": r.bundle}));
+        let answer = nodes::retry(&self.nodes, r, who.name.clone()).await;
+        self.audit.record(&who, "RetryNode", entry, &answer).await;
+        answer
     }
 
     async fn unhold_node(&self, req: Request<pb::UnholdNodeRequest>) -> Result<Response<pb::Node>, Status> {
         let _t = self.metrics.timer("UnholdNode");
-        let who = require_admin(&req)?;
+        let who = require_admin_caller(&req)?;
         let name = req.into_inner().name;
-        validate_node_name(&name).map_err(invalid)?;
-        nodes::set_hold(&self.nodes, &name, None, &who).await
+        let entry = audit::node(&name, serde_json::json!({}));
+        let answer = async {
+            validate_node_name(&name).map_err(invalid)?;
+            nodes::set_hold(&self.nodes, &name, None, &who.name).await
+        }
+        .await;
+        self.audit.record(&who, "UnholdNode", entry, &answer).await;
+        answer
     }
 
     async fn list_events(
@@ -291,5 +363,14 @@ impl AdminService for AdminApi {
         let _t = self.metrics.timer("ListEvents");
         require_admin(&req)?;
         events::list(self.store.as_ref(), req.into_inner()).await
+    }
+
+    async fn list_audit(
+        &self,
+        req: Request<pb::ListAuditRequest>,
+    ) -> Result<Response<pb::ListAuditResponse>, Status> {
+        let _t = self.metrics.timer("ListAudit");
+        require_admin(&req)?;
+        audit::list(self.store.as_ref(), req.into_inner()).await
     }
 }

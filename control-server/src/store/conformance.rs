@@ -10,11 +10,13 @@ use lks_proto::labels::Labels;
 
 use super::*;
 
+mod audit;
 mod bundles;
 mod clusters;
 mod nodes;
 mod rollouts;
 
+pub use audit::*;
 pub use bundles::*;
 pub use clusters::*;
 pub use nodes::*;
@@ -127,6 +129,8 @@ macro_rules! conformance_suite {
             certificate_records_expire_with_renewals,
             blob_records_are_compared_on_revisions,
             bundle_versions_in_use_are_not_deleted,
+            the_audit_trail_keeps_records_in_order_filters_and_prunes,
+            the_audit_trail_pages_past_many_records,
         );
     };
     (@cases $setup:block; $($name:ident),* $(,)?) => {$(

@@ -1,7 +1,7 @@
 //! A whole store read out, for `lks-control-server migrate`.
 
 use super::{
-    BundleRow, ClusterRow, EventRow, IssuedCertRow, NodeRow, RolloutRow, StoredCa, Target, TokenRow,
+    AuditRow, BundleRow, ClusterRow, EventRow, IssuedCertRow, NodeRow, RolloutRow, StoredCa, Target, TokenRow,
 };
 
 /// A bundle version as dumped, with the blobs the server serves for it.
@@ -42,6 +42,8 @@ pub struct Dump {
     pub rollouts: Vec<RolloutRow>,
     /// Oldest first.
     pub events: Vec<EventRow>,
+    /// The audit trail, oldest first.
+    pub audit: Vec<AuditRow>,
 }
 
 impl Dump {

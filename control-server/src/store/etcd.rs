@@ -49,13 +49,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, PutOptions, SortOrder, SortTarget,
+    Txn, TxnOp,
 };
 use lks_proto::BundleState;
 use lks_proto::labels::{Labels, selector_matches};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+mod audit;
 mod blobrecs;
 mod bundledocs;
 mod bundles;

@@ -1,6 +1,6 @@
 //! The control server's state: one narrow trait per aggregate (clusters,
 //! tokens, nodes and their reports, bundles and desired states, rollouts,
-//! events, blob records), each beside its rows, and two backends that
+//! events, the audit trail, blob records), each beside its rows, and two backends that
 //! implement all of them: the embedded SQLite store and etcd, one file per
 //! aggregate in each. [`Store`] is all of them at once, what the server
 //! holds.
@@ -9,6 +9,7 @@
 //! enrolment, a publish or a rollout start. Rows are plain Rust; protobuf
 //! appears only as the opaque bytes of a stored `SignedBundle`.
 
+mod audit;
 pub mod blobrecs;
 mod bundles;
 mod clusters;
@@ -22,6 +23,7 @@ mod rollouts;
 pub mod sqlite;
 mod tokens;
 
+pub use audit::*;
 pub use blobrecs::{BlobRecord, BlobRecords, BundleUsers, RecordAt};
 pub use bundles::*;
 pub use clusters::*;
@@ -148,6 +150,7 @@ pub trait Store:
     + DesiredStore
     + RolloutStore
     + EventStore
+    + AuditStore
     + BlobRecords
     + Send
     + Sync
@@ -164,6 +167,7 @@ impl<T> Store for T where
         + DesiredStore
         + RolloutStore
         + EventStore
+        + AuditStore
         + BlobRecords
         + Send
         + Sync

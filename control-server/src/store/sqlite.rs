@@ -16,6 +16,7 @@ use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use crate::clock::now_ms;
 
+mod audit;
 mod blobrecs;
 mod bundles;
 mod clusters;
@@ -217,6 +218,22 @@ ALTER TABLE clusters ADD COLUMN peer_max_uploads INTEGER NOT NULL DEFAULT 4;
     r#"
 ALTER TABLE actual ADD COLUMN fetched_server INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE actual ADD COLUMN fetched_peers INTEGER NOT NULL DEFAULT 0;
+"#,
+    // The audit trail: one row per admin call that changed state or
+    // tried to. AUTOINCREMENT: a pruned record's id is never reused.
+    r#"
+CREATE TABLE audit (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at_ms INTEGER NOT NULL,
+    verb TEXT NOT NULL,
+    target TEXT NOT NULL,
+    args TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    caller TEXT NOT NULL,
+    caller_fingerprint TEXT NOT NULL,
+    server TEXT NOT NULL
+);
+CREATE INDEX audit_at ON audit (at_ms);
 "#,
 ];
 

@@ -166,11 +166,12 @@ impl EtcdStore {
             self.create_all(vec![(format!("events/{at:016}-{}", nonce()), json(&docs)?)])
                 .await?;
         }
+        self.import_audit(&d.audit).await?;
         Ok(())
     }
 
     /// Creates every key in one transaction, or none if any exists.
-    async fn create_all(&self, docs: Vec<(String, Vec<u8>)>) -> Result<()> {
+    pub(super) async fn create_all(&self, docs: Vec<(String, Vec<u8>)>) -> Result<()> {
         let mut compares = Vec::with_capacity(docs.len());
         let mut ops = Vec::with_capacity(docs.len());
         for (rest, value) in &docs {

@@ -1,0 +1,284 @@
+//! The audit trail's API side: what each state-changing admin call
+//! records (its target and arguments, secrets redacted, bulk counted),
+//! the record written once the call has ended, and `ListAudit`.
+//!
+//! A record is written after the call, with how it ended. If the store
+//! cannot take it, the call's own answer stands (what it did is done) and
+//! the failure is logged and counted (`lks_audit_write_errors_total`): the
+//! same store failing usually failed the call as well.
+
+use std::sync::Arc;
+
+use lks_proto::pb;
+use serde_json::{Value, json};
+use tonic::{Response, Status};
+
+use super::invalid;
+use crate::authz::{AdminCaller, store_status};
+use crate::clock::now_ms;
+use crate::context::Shared;
+use crate::metrics::Metrics;
+use crate::store::{AuditFilter, AuditRow, MAX_AUDIT_LIMIT, Store};
+
+/// Longest verb name accepted in a `ListAudit` filter.
+const MAX_VERB: usize = 64;
+/// Longest target kept (names are far shorter; a hostile one is clipped).
+const MAX_TARGET: usize = 512;
+/// Longest arguments kept, as JSON; longer ones are replaced by their size.
+const MAX_ARGS: usize = 16 * 1024;
+
+/// What a call records besides its verb and outcome.
+pub(super) struct Entry {
+    pub target: String,
+    pub args: Value,
+}
+
+/// What the audit trail uses: the store, this replica's URL, the metrics.
+pub(super) struct Deps {
+    pub store: Arc<dyn Store>,
+    pub server_url: String,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Deps {
+    pub fn of(s: &Shared) -> Self {
+        Deps {
+            store: s.store.clone(),
+            server_url: s.server_url.clone(),
+            metrics: s.metrics.clone(),
+        }
+    }
+
+    /// Records `verb` by `caller` on `entry`, ending as `result` did.
+    pub async fn record<T>(
+        &self,
+        caller: &AdminCaller,
+        verb: &str,
+        entry: Entry,
+        result: &Result<T, Status>,
+    ) {
+        let outcome = match result {
+            Ok(_) => "ok".to_string(),
+            Err(s) => format!("{:?}: {}", s.code(), clip(s.message(), 1024)),
+        };
+        let mut args = entry.args.to_string();
+        if args.len() > MAX_ARGS {
+            args =
+                json!({ "omitted": format!("{} bytes of arguments, over the {MAX_ARGS} kept", args.len()) })
+                    .to_string();
+        }
+        let row = AuditRow {
+            id: 0,
+            at_ms: now_ms(),
+            verb: verb.to_string(),
+            target: clip(&entry.target, MAX_TARGET).to_string(),
+            args,
+            outcome,
+            caller: caller.name.clone(),
+            caller_fingerprint: caller.fingerprint.clone(),
+            server: self.server_url.clone(),
+        };
+        if let Err(e) = self.store.append_audit(row).await {
+            self.metrics.audit_write_failed();
+            tracing::error!(verb, caller = %caller.name, error = %e, "could not write the audit record of an admin call");
+        }
+    }
+}
+
+/// `ListAudit`.
+pub(super) async fn list(
+    store: &dyn Store,
+    r: pb::ListAuditRequest,
+) -> Result<Response<pb::ListAuditResponse>, Status> {
+    if r.limit > MAX_AUDIT_LIMIT {
+        return Err(invalid(format!(
+            "limit {} is over the maximum of {MAX_AUDIT_LIMIT}",
+            r.limit
+        )));
+    }
+    if r.verb.len() > MAX_VERB || !r.verb.chars().all(|c| c.is_ascii_alphanumeric()) {
+        return Err(invalid(format!(
+            "verb {:?}: a call name such as StartRollout",
+            clip(&r.verb, MAX_VERB)
+        )));
+    }
+    let rows = store
+        .list_audit(AuditFilter {
+            since_ms: r.since_ms,
+            verb: (!r.verb.is_empty()).then_some(r.verb),
+            limit: r.limit,
+        })
+        .await
+        .map_err(store_status)?;
+    Ok(Response::new(pb::ListAuditResponse {
+        records: rows
+            .into_iter()
+            .map(|a| pb::AuditRecord {
+                id: a.id,
+                at_ms: a.at_ms,
+                verb: a.verb,
+                target: a.target,
+                args: a.args,
+                outcome: a.outcome,
+                caller: a.caller,
+                caller_fingerprint: a.caller_fingerprint,
+                server: a.server,
+            })
+            .collect(),
+    }))
+}
+
+fn clip(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// A PEM the request carried: whether there was one; a key is never kept.
+fn pem(given: &str) -> Value {
+    if given.is_empty() {
+        Value::Null
+    } else {
+        json!("<redacted>")
+    }
+}
+
+/// A certificate the request carried: its SHA-256, enough to tell which.
+fn cert(given: &str) -> Value {
+    if given.is_empty() {
+        Value::Null
+    } else {
+        json!(lks_proto::Digest::of(given.as_bytes()).to_string())
+    }
+}
+
+pub(super) fn create_cluster(r: &pb::CreateClusterRequest) -> Entry {
+    Entry {
+        target: r.name.clone(),
+        args: json!({
+            "ca_cert": cert(&r.ca_cert_pem),
+            "ca_key": pem(&r.ca_key_pem),
+            "api_server": r.api_server,
+        }),
+    }
+}
+
+pub(super) fn set_cluster(r: &pb::SetClusterRequest) -> Entry {
+    Entry {
+        target: r.name.clone(),
+        args: json!({
+            "maintenance_windows": r.maintenance_windows,
+            "clear_maintenance_windows": r.clear_maintenance_windows,
+            "api_server": r.api_server,
+            "clear_api_server": r.clear_api_server,
+            "ca_cert": cert(&r.ca_cert_pem),
+            "ca_key": pem(&r.ca_key_pem),
+            "generate_ca": r.generate_ca,
+            "peer_sharing": r.peer_sharing,
+            "peer_port": r.peer_port,
+            "peer_upload_rate": r.peer_upload_rate,
+            "peer_max_uploads": r.peer_max_uploads,
+        }),
+    }
+}
+
+/// The token's secret is in the answer, never in the request: nothing to
+/// redact, and the answer is not recorded.
+pub(super) fn create_token(r: &pb::CreateTokenRequest) -> Entry {
+    Entry {
+        target: r.cluster.clone(),
+        args: json!({"ttl_seconds": r.ttl_seconds, "uses": r.uses, "labels": r.labels}),
+    }
+}
+
+/// A publish is recorded by what it stored; a refused one by its header
+/// if it got that far (the handler reads the stream).
+pub(super) fn publish(answer: &Result<Response<pb::PublishBundleResponse>, Status>) -> Entry {
+    match answer {
+        Ok(r) => {
+            let r = r.get_ref();
+            Entry {
+                target: format!("{}@{}", r.name, r.version),
+                args: json!({"created": r.created}),
+            }
+        }
+        Err(_) => Entry {
+            target: String::new(),
+            args: json!({}),
+        },
+    }
+}
+
+pub(super) fn bundle(r: &pb::GetBundleRequest) -> Entry {
+    Entry {
+        target: format!("{}@{}", r.name, r.version),
+        args: json!({}),
+    }
+}
+
+pub(super) fn start_rollout(r: &pb::StartRolloutRequest) -> Entry {
+    Entry {
+        target: format!("{}@{}", r.bundle, r.version),
+        args: json!({
+            "cluster": r.cluster,
+            "selector": r.selector,
+            "batch_size": r.batch_size,
+            "failure_threshold": r.failure_threshold,
+            "offline_deadline_seconds": r.offline_deadline_seconds,
+            "offline": r.offline,
+            "canary": r.canary,
+            "canary_soak_seconds": r.canary_soak_seconds,
+            "batch_interval_seconds": r.batch_interval_seconds,
+            "ignore_windows": r.ignore_windows,
+        }),
+    }
+}
+
+pub(super) fn rollout(r: &pb::RolloutRef) -> Entry {
+    Entry {
+        target: r.id.clone(),
+        args: json!({}),
+    }
+}
+
+pub(super) fn node(name: &str, args: Value) -> Entry {
+    Entry {
+        target: name.to_string(),
+        args,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_redacted_and_certificates_named_by_digest() {
+        let e = create_cluster(&pb::CreateClusterRequest {
+            name: "a".into(),
+            ca_cert_pem: "-----BEGIN CERTIFICATE-----".into(),
+            ca_key_pem: "-----BEGIN PRIVATE KEY-----secret".into(),
+            api_server: "https://api:6443".into(),
+        });
+        let text = e.args.to_string();
+        assert!(!text.contains("secret") && !text.contains("PRIVATE"), "{text}");
+        assert_eq!(e.args["ca_key"], "<redacted>");
+        assert!(e.args["ca_cert"].as_str().unwrap().starts_with("sha256:"));
+        let none = set_cluster(&pb::SetClusterRequest {
+            name: "a".into(),
+            ..Default::default()
+        });
+        assert!(none.args["ca_key"].is_null() && none.args["ca_cert"].is_null());
+    }
+
+    #[test]
+    fn long_refusals_are_clipped_on_a_char_boundary() {
+        assert_eq!(clip("héllo", 2), "h");
+        assert_eq!(clip("abc", 9), "abc");
+    }
+}
