@@ -5,8 +5,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-use lks_proto::BundleState;
 use lks_proto::labels::Labels;
+use lks_proto::{BundleState, Digest, FileSpec, Manifest, SignedBundle};
 
 use super::*;
 
@@ -47,17 +47,60 @@ fn node(name: &str, cluster: &str, token: &str, labels: &[(&str, &str)]) -> NewN
     }
 }
 
-pub(crate) fn bundle(name: &str, version: &str, digest: &str) -> NewBundle {
-    NewBundle {
+/// A valid unsigned bundle `name@version` with one file whose content
+/// `tag` picks: two tags are two contents of one version.
+pub(crate) fn signed_bundle(name: &str, version: &str, tag: &str) -> SignedBundle {
+    let content = format!("{name}@{version} {tag}");
+    let manifest = Manifest {
         name: name.into(),
         version: version.into(),
-        signed_bundle: format!("{name}@{version}").into_bytes(),
-        manifest_digest: digest.into(),
-        signed: false,
-        files: 1,
-        total_size: 3,
-        blob_digests: vec![format!("blob-{name}-{version}")],
-        now_ms: 5,
+        files: vec![FileSpec {
+            path: "/etc/lks-test/file".parse().unwrap(),
+            digest: Digest::of(content.as_bytes()),
+            size: content.len() as u64,
+            mode: 0o644,
+            url: None,
+            chunks: None,
+            arch: None,
+        }],
+        ..Default::default()
+    };
+    manifest.validate().unwrap();
+    SignedBundle {
+        manifest,
+        signature: None,
+        chunks_signature: None,
+    }
+}
+
+/// [`signed_bundle`] to publish; the server holds [`blob`]`(name, version)`.
+pub(crate) fn bundle(name: &str, version: &str, tag: &str) -> NewBundle {
+    NewBundle::new(signed_bundle(name, version, tag), vec![blob(name, version)], 5)
+}
+
+/// The blob [`bundle`] has the server hold for `name@version`.
+pub(crate) fn blob(name: &str, version: &str) -> Digest {
+    Digest::of(format!("blob-{name}-{version}").as_bytes())
+}
+
+/// The bytes a desired state carries for [`bundle`]`(name, version, tag)`.
+pub(crate) fn encoded(name: &str, version: &str, tag: &str) -> Vec<u8> {
+    StoredBundle::new(signed_bundle(name, version, tag))
+        .encoded()
+        .to_vec()
+}
+
+/// The row `b` reads back as.
+pub(crate) fn row_of(b: &NewBundle) -> BundleRow {
+    BundleRow {
+        name: b.name.clone(),
+        version: b.version.clone(),
+        bundle: b.bundle.clone(),
+        manifest_digest: b.manifest_digest,
+        signed: b.signed,
+        files: b.files,
+        total_size: b.total_size,
+        published_at_ms: b.now_ms,
     }
 }
 

@@ -700,8 +700,9 @@ pub(crate) fn event_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<EventRow> {
     })
 }
 
-fn bundle_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<BundleRow> {
-    Ok(BundleRow {
+/// A `bundles` row as stored; [`RawBundleRow::typed`] reads it.
+fn bundle_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawBundleRow> {
+    Ok(RawBundleRow {
         name: r.get(0)?,
         version: r.get(1)?,
         signed_bundle: r.get(2)?,

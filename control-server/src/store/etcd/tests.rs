@@ -138,19 +138,7 @@ async fn a_decision_larger_than_one_transaction_is_stored_in_consistent_steps() 
             .await
             .unwrap();
     }
-    s.put_bundle(NewBundle {
-        name: "b".into(),
-        version: "1".into(),
-        signed_bundle: b"b@1".to_vec(),
-        manifest_digest: "d1".into(),
-        signed: false,
-        files: 1,
-        total_size: 1,
-        blob_digests: vec!["blob1".into()],
-        now_ms: 2,
-    })
-    .await
-    .unwrap();
+    s.put_bundle(conformance::bundle("b", "1", "d1")).await.unwrap();
     let r = s
         .start_rollout(NewRollout {
             id: "r".into(),
@@ -198,7 +186,7 @@ async fn a_decision_larger_than_one_transaction_is_stored_in_consistent_steps() 
     for x in &stored.nodes {
         let d = s.desired_state(&x.name).await.unwrap();
         assert_eq!(d.generation, x.generation);
-        assert_eq!(d.bundles, vec![b"b@1".to_vec()]);
+        assert_eq!(d.bundles, vec![conformance::encoded("b", "1", "d1")]);
     }
     // A decision based on the old revision is refused.
     let e = s
