@@ -148,6 +148,19 @@ fn held(version: &str, generation: u64) -> BundleStatusRow {
     }
 }
 
+/// What a case about a corrupt record asks of a backend: to store a bundle
+/// version's persisted fields as given, past every check. Each backend
+/// implements it in its tests.
+pub(crate) trait WriteStored {
+    async fn write_stored_bundle(
+        &self,
+        name: &str,
+        version: &str,
+        signed_bundle: &[u8],
+        manifest_digest: &str,
+    );
+}
+
 /// Declares one `#[tokio::test]` per conformance case, the list kept here
 /// once: each case runs against the store `$setup` makes, a block that
 /// evaluates (inside the test's async body) to `(guard, store)`, the guard
@@ -170,6 +183,8 @@ macro_rules! conformance_suite {
             certificate_records_expire_with_renewals,
             blob_records_are_compared_on_revisions,
             bundle_versions_in_use_are_not_deleted,
+            bundles_read_back_typed,
+            a_bundle_stored_unreadable_is_a_typed_error,
         );
     };
     (@cases $setup:block; $($name:ident),* $(,)?) => {$(

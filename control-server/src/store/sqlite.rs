@@ -722,6 +722,26 @@ mod tests {
     // Every conformance case against a fresh in-memory database.
     conformance::conformance_suite!({ ((), SqliteStore::open_in_memory().unwrap()) });
 
+    impl conformance::WriteStored for SqliteStore {
+        async fn write_stored_bundle(&self, name: &str, version: &str, bytes: &[u8], digest: &str) {
+            let (n, v, b, d) = (
+                name.to_string(),
+                version.to_string(),
+                bytes.to_vec(),
+                digest.to_string(),
+            );
+            self.call(move |c| {
+                c.execute(
+                    "UPDATE bundles SET signed_bundle = ?3, manifest_digest = ?4 WHERE name = ?1 AND version = ?2",
+                    params![n, v, b, d],
+                )?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        }
+    }
+
     #[tokio::test]
     async fn a_database_from_before_peer_sharing_reads_the_defaults() {
         let dir = tempfile::tempdir().unwrap();
