@@ -118,6 +118,10 @@ pub fn store_status(e: StoreError) -> Status {
             tracing::error!(error = %m, "store failure");
             Status::internal(format!("control server storage error: {m}"))
         }
+        e @ StoreError::Corrupt { .. } => {
+            tracing::error!(error = %e, "store failure");
+            Status::internal(format!("control server storage error: {e}"))
+        }
     }
 }
 

@@ -291,11 +291,7 @@ impl Controller {
         let Some(row) = self.s.store.get_bundle(&r.bundle, &r.version).await? else {
             return Ok(Needs::default());
         };
-        let needs = <lks_proto::pb::SignedBundle as prost::Message>::decode(row.signed_bundle.as_slice())
-            .ok()
-            .and_then(|b| lks_proto::SignedBundle::try_from(b).ok())
-            .map(|b| Needs::of(&b.manifest))
-            .unwrap_or_default();
+        let needs = Needs::of(row.bundle.manifest());
         if let Ok(mut m) = self.needs.lock() {
             m.insert(id, needs.clone());
         }

@@ -23,10 +23,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use lks_proto::Digest;
-use lks_proto::manifest::SignedBundle;
-use lks_proto::pb;
-use prost::Message as _;
+use lks_proto::{Digest, Manifest};
 
 use std::sync::Arc;
 
@@ -75,7 +72,7 @@ pub enum MigrateError {
     MissingBlob {
         bundle: String,
         file: String,
-        digest: String,
+        digest: Digest,
         dir: PathBuf,
     },
     #[error(
@@ -363,16 +360,8 @@ fn served_blobs(
     let mut out: Vec<Blob> = Vec::new();
     for b in &dump.bundles {
         let bundle = format!("{}@{}", b.row.name, b.row.version);
-        for d in &b.blob_digests {
-            let file = || file_of(&b.row.signed_bundle, d);
-            let Ok(digest) = d.parse::<Digest>() else {
-                return Err(MigrateError::MissingBlob {
-                    bundle,
-                    file: file(),
-                    digest: d.clone(),
-                    dir: dir.to_path_buf(),
-                });
-            };
+        for &digest in &b.blob_digests {
+            let file = || file_of(b.row.bundle.manifest(), &digest);
             if out.iter().any(|x| x.digest == digest) {
                 continue;
             }
@@ -382,7 +371,7 @@ fn served_blobs(
                     return Err(MigrateError::MissingBlob {
                         bundle,
                         file: file(),
-                        digest: d.clone(),
+                        digest,
                         dir: dir.to_path_buf(),
                     });
                 }
@@ -405,39 +394,23 @@ fn served_blobs(
 
 /// The bundle path of the file with `digest`, for messages; the digest if
 /// the stored bundle cannot be read.
-fn file_of(signed_bundle: &[u8], digest: &str) -> String {
-    pb::SignedBundle::decode(signed_bundle)
-        .ok()
-        .and_then(|p| SignedBundle::try_from(p).ok())
-        .and_then(|b| {
-            b.manifest
-                .files
-                .into_iter()
-                .find(|f| f.digest.to_string() == digest)
-                .map(|f| f.path.to_string())
-        })
-        .unwrap_or_else(|| digest.to_string())
+fn file_of(m: &Manifest, digest: &Digest) -> String {
+    m.files
+        .iter()
+        .find(|f| f.digest == *digest)
+        .map_or_else(|| digest.to_string(), |f| f.path.to_string())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{BundleRow, DumpedBundle};
+    use crate::store::{DumpedBundle, conformance};
 
     fn dump_with_blob(digest: &Digest) -> Dump {
         Dump {
             bundles: vec![DumpedBundle {
-                row: BundleRow {
-                    name: "app".into(),
-                    version: "1".into(),
-                    signed_bundle: Vec::new(),
-                    manifest_digest: String::new(),
-                    signed: false,
-                    files: 1,
-                    total_size: 5,
-                    published_at_ms: 0,
-                },
-                blob_digests: vec![digest.to_string(), digest.to_string()],
+                row: conformance::row_of(&conformance::bundle("app", "1", "x")),
+                blob_digests: vec![*digest, *digest],
             }],
             ..Default::default()
         }

@@ -36,8 +36,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lks_proto::arch::Arch;
-use lks_proto::{BundleState, Digest, pb};
-use prost::Message;
+use lks_proto::{BundleState, Digest, Manifest};
 
 use crate::store::{Store, StoreError};
 
@@ -119,15 +118,11 @@ pub struct Contents {
 }
 
 impl Contents {
-    /// The files of an encoded `SignedBundle`.
-    pub fn of(bytes: &[u8]) -> Contents {
+    /// The files of a manifest.
+    pub fn of(m: &Manifest) -> Contents {
         let mut files: HashMap<Digest, Vec<Option<Arch>>> = HashMap::new();
-        let m = pb::SignedBundle::decode(bytes).ok().and_then(|b| b.manifest);
-        for f in m.iter().flat_map(|m| &m.files) {
-            if let Ok(d) = f.digest.parse() {
-                let arch = (!f.arch.is_empty()).then(|| Arch::parse(&f.arch).ok()).flatten();
-                files.entry(d).or_default().push(arch);
-            }
+        for f in &m.files {
+            files.entry(f.digest).or_default().push(f.arch);
         }
         Contents { files }
     }
@@ -255,7 +250,7 @@ impl Tracker {
             return Ok(c.clone());
         }
         let c = Arc::new(match store.get_bundle(bundle, version).await? {
-            Some(row) => Contents::of(&row.signed_bundle),
+            Some(row) => Contents::of(row.bundle.manifest()),
             None => Contents::default(),
         });
         self.lock().contents.insert(key, c.clone());
@@ -278,7 +273,7 @@ impl Tracker {
         node: &str,
         digest: &Digest,
     ) -> Result<bool, StoreError> {
-        let grants = store.blob_grants(node, &digest.to_string()).await?;
+        let grants = store.blob_grants(node, digest).await?;
         let mut arch: Option<Option<Arch>> = None;
         for (b, v) in grants {
             let c = self.contents(store, &b, &v).await?;
@@ -544,7 +539,7 @@ mod tests {
             signature: None,
             chunks_signature: None,
         };
-        let c = Contents::of(&pb::SignedBundle::from(&sb).encode_to_vec());
+        let c = Contents::of(&sb.manifest);
         let (d_amd, d_arm, d_conf) = (Digest::of(b"amd"), Digest::of(b"arm"), Digest::of(b"conf"));
         assert!(c.is_for(&d_amd, Some(amd)) && !c.is_for(&d_amd, Some(arm)));
         assert!(

@@ -16,13 +16,12 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Response, Status};
 
-use super::bundles::decode_manifest;
 use super::{BoxStream, check_labels, invalid, policy, rollout_pb};
 use crate::authz::store_status;
 use crate::clock::now_ms;
 use crate::context::Shared;
 use crate::rollout::{self, Verb, counts};
-use crate::store::{BundleRow, ClusterRow, NewRollout, RolloutRow, RolloutState};
+use crate::store::{BundleRow, ClusterRow, NewRollout, RolloutRow, RolloutState, StoredBundle};
 
 const MAX_BATCH_SIZE: u32 = 100_000;
 const MAX_OFFLINE_DEADLINE: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -54,7 +53,7 @@ pub(super) async fn start(
         .await
         .map_err(store_status)?
         .ok_or_else(|| Status::not_found(format!("cluster {} does not exist", r.cluster)))?;
-    identity_preconditions(&cluster, &decode_manifest(&bundle.signed_bundle)?)?;
+    identity_preconditions(&cluster, bundle.bundle.manifest())?;
     if r.batch_size > MAX_BATCH_SIZE {
         return Err(invalid(format!(
             "batch size {} is larger than the limit of {MAX_BATCH_SIZE}",
@@ -220,8 +219,8 @@ async fn check_path_conflicts(
     selector: &Labels,
     bundle: &BundleRow,
 ) -> Result<(), Status> {
-    let new = decode_manifest(&bundle.signed_bundle)?;
-    let mut cache: HashMap<(String, String), Manifest> = HashMap::new();
+    let new = bundle.bundle.manifest();
+    let mut cache: HashMap<(String, String), StoredBundle> = HashMap::new();
     let nodes = s.store.list_nodes(Some(cluster)).await.map_err(store_status)?;
     // Versions a rollout of another bundle will still give a node count
     // as if they were assigned already: nodes an active rollout has not
@@ -269,11 +268,11 @@ async fn check_path_conflicts(
                     .await
                     .map_err(store_status)?
                     .ok_or_else(|| Status::internal(format!("assigned bundle {b}@{v} is missing")))?;
-                cache.insert(key.clone(), decode_manifest(&row.signed_bundle)?);
+                cache.insert(key.clone(), row.bundle);
             }
         }
         for key in &others {
-            if let Some(m) = cache.get(key).and_then(|m| m.for_arch(arch).ok()) {
+            if let Some(m) = cache.get(key).and_then(|b| b.manifest().for_arch(arch).ok()) {
                 paths.extend(m.owned_paths().into_iter().map(|p| (m.name.clone(), p.clone())));
             }
         }

@@ -225,15 +225,8 @@ mod tests {
 
     fn bundle(name: &str, version: &str, d: &Digest) -> NewBundle {
         NewBundle {
-            name: name.into(),
-            version: version.into(),
-            signed_bundle: format!("{name}@{version}").into_bytes(),
-            manifest_digest: format!("m-{name}-{version}"),
-            signed: false,
-            files: 1,
-            total_size: 1,
-            blob_digests: vec![d.to_string()],
-            now_ms: 1,
+            blob_digests: vec![*d],
+            ..crate::store::conformance::bundle(name, version, "gc")
         }
     }
 

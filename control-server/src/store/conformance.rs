@@ -5,8 +5,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-use lks_proto::BundleState;
 use lks_proto::labels::Labels;
+use lks_proto::{BundleState, Digest, FileSpec, Manifest, SignedBundle};
 
 use super::*;
 
@@ -49,17 +49,60 @@ fn node(name: &str, cluster: &str, token: &str, labels: &[(&str, &str)]) -> NewN
     }
 }
 
-pub(crate) fn bundle(name: &str, version: &str, digest: &str) -> NewBundle {
-    NewBundle {
+/// A valid unsigned bundle `name@version` with one file whose content
+/// `tag` picks: two tags are two contents of one version.
+pub(crate) fn signed_bundle(name: &str, version: &str, tag: &str) -> SignedBundle {
+    let content = format!("{name}@{version} {tag}");
+    let manifest = Manifest {
         name: name.into(),
         version: version.into(),
-        signed_bundle: format!("{name}@{version}").into_bytes(),
-        manifest_digest: digest.into(),
-        signed: false,
-        files: 1,
-        total_size: 3,
-        blob_digests: vec![format!("blob-{name}-{version}")],
-        now_ms: 5,
+        files: vec![FileSpec {
+            path: "/etc/lks-test/file".parse().unwrap(),
+            digest: Digest::of(content.as_bytes()),
+            size: content.len() as u64,
+            mode: 0o644,
+            url: None,
+            chunks: None,
+            arch: None,
+        }],
+        ..Default::default()
+    };
+    manifest.validate().unwrap();
+    SignedBundle {
+        manifest,
+        signature: None,
+        chunks_signature: None,
+    }
+}
+
+/// [`signed_bundle`] to publish; the server holds [`blob`]`(name, version)`.
+pub(crate) fn bundle(name: &str, version: &str, tag: &str) -> NewBundle {
+    NewBundle::new(signed_bundle(name, version, tag), vec![blob(name, version)], 5)
+}
+
+/// The blob [`bundle`] has the server hold for `name@version`.
+pub(crate) fn blob(name: &str, version: &str) -> Digest {
+    Digest::of(format!("blob-{name}-{version}").as_bytes())
+}
+
+/// The bytes a desired state carries for [`bundle`]`(name, version, tag)`.
+pub(crate) fn encoded(name: &str, version: &str, tag: &str) -> Vec<u8> {
+    StoredBundle::new(signed_bundle(name, version, tag))
+        .encoded()
+        .to_vec()
+}
+
+/// The row `b` reads back as.
+pub(crate) fn row_of(b: &NewBundle) -> BundleRow {
+    BundleRow {
+        name: b.name.clone(),
+        version: b.version.clone(),
+        bundle: b.bundle.clone(),
+        manifest_digest: b.manifest_digest,
+        signed: b.signed,
+        files: b.files,
+        total_size: b.total_size,
+        published_at_ms: b.now_ms,
     }
 }
 
@@ -107,6 +150,19 @@ fn held(version: &str, generation: u64) -> BundleStatusRow {
     }
 }
 
+/// What a case about a corrupt record asks of a backend: to store a bundle
+/// version's persisted fields as given, past every check. Each backend
+/// implements it in its tests.
+pub(crate) trait WriteStored {
+    async fn write_stored_bundle(
+        &self,
+        name: &str,
+        version: &str,
+        signed_bundle: &[u8],
+        manifest_digest: &str,
+    );
+}
+
 /// Declares one `#[tokio::test]` per conformance case, the list kept here
 /// once: each case runs against the store `$setup` makes, a block that
 /// evaluates (inside the test's async body) to `(guard, store)`, the guard
@@ -129,6 +185,8 @@ macro_rules! conformance_suite {
             certificate_records_expire_with_renewals,
             blob_records_are_compared_on_revisions,
             bundle_versions_in_use_are_not_deleted,
+            bundles_read_back_typed,
+            a_bundle_stored_unreadable_is_a_typed_error,
             the_audit_trail_keeps_records_in_order_filters_and_prunes,
             the_audit_trail_pages_past_many_records,
         );

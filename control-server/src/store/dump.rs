@@ -1,5 +1,7 @@
 //! A whole store read out, for `lks-control-server migrate`.
 
+use lks_proto::Digest;
+
 use super::{
     AuditRow, BundleRow, ClusterRow, EventRow, IssuedCertRow, NodeRow, RolloutRow, StoredCa, Target, TokenRow,
 };
@@ -9,7 +11,7 @@ use super::{
 pub struct DumpedBundle {
     pub row: BundleRow,
     /// Digests served by the control server (files without a mirror URL).
-    pub blob_digests: Vec<String>,
+    pub blob_digests: Vec<Digest>,
 }
 
 /// A cluster's target for one bundle name.

@@ -6,8 +6,10 @@
 //! holds.
 //!
 //! Every method is one atomic unit: a caller never sees half of an
-//! enrolment, a publish or a rollout start. Rows are plain Rust; protobuf
-//! appears only as the opaque bytes of a stored `SignedBundle`.
+//! enrolment, a publish or a rollout start. Rows are plain Rust: a
+//! stored bundle comes back decoded and validated beside the encoded
+//! protobuf it is sent to agents as ([`StoredBundle`]), and a record that
+//! does not read back is [`StoreError::Corrupt`].
 
 mod audit;
 pub mod blobrecs;
@@ -37,7 +39,7 @@ pub use tokens::*;
 
 /// Why a store operation failed. The variants that describe the caller's
 /// request (`NotFound`, `NotDesired`, `AlreadyExists`, `Conflict`, `Token`)
-/// map to gRPC status codes; `Backend` is an internal failure.
+/// map to gRPC status codes; `Corrupt` and `Backend` are internal failures.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The request names a record the store does not hold: `kind` named
@@ -61,6 +63,14 @@ pub enum StoreError {
     /// quorum); the request may be retried.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// A stored record does not read back as what was stored: `kind`
+    /// named `name`, and why.
+    #[error("stored {kind} {name} is unreadable: {why}")]
+    Corrupt {
+        kind: Kind,
+        name: String,
+        why: Unreadable,
+    },
     #[error("store: {0}")]
     Backend(String),
 }

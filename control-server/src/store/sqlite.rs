@@ -717,8 +717,9 @@ pub(crate) fn event_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<EventRow> {
     })
 }
 
-fn bundle_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<BundleRow> {
-    Ok(BundleRow {
+/// A `bundles` row as stored; [`RawBundleRow::typed`] reads it.
+fn bundle_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawBundleRow> {
+    Ok(RawBundleRow {
         name: r.get(0)?,
         version: r.get(1)?,
         signed_bundle: r.get(2)?,
@@ -737,6 +738,26 @@ mod tests {
 
     // Every conformance case against a fresh in-memory database.
     conformance::conformance_suite!({ ((), SqliteStore::open_in_memory().unwrap()) });
+
+    impl conformance::WriteStored for SqliteStore {
+        async fn write_stored_bundle(&self, name: &str, version: &str, bytes: &[u8], digest: &str) {
+            let (n, v, b, d) = (
+                name.to_string(),
+                version.to_string(),
+                bytes.to_vec(),
+                digest.to_string(),
+            );
+            self.call(move |c| {
+                c.execute(
+                    "UPDATE bundles SET signed_bundle = ?3, manifest_digest = ?4 WHERE name = ?1 AND version = ?2",
+                    params![n, v, b, d],
+                )?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        }
+    }
 
     #[tokio::test]
     async fn a_database_from_before_peer_sharing_reads_the_defaults() {

@@ -14,15 +14,14 @@ use std::net::IpAddr;
 use lks_proto::certs::check_csr;
 use lks_proto::identity::NodeIdentity;
 use lks_proto::names::{validate_bundle_name, validate_version};
-use lks_proto::{BundlePath, Manifest, SignedBundle, pb};
-use prost::Message as _;
+use lks_proto::{BundlePath, pb};
 use tonic::Status;
 
 use crate::authz::store_status;
 use crate::clock::now_ms;
 use crate::context::Shared;
 use crate::pki::clusterca::{CertTemplate, Usage};
-use crate::store::IssuedCertRow;
+use crate::store::{IssuedCertRow, Kind, NodeRow, StoreError, StoredBundle};
 
 /// Largest CSR accepted (a P-256 CSR with 32 SANs is about 2 KiB).
 const MAX_CSR: usize = 16 * 1024;
@@ -42,19 +41,19 @@ pub async fn issue(
             r.csr_pem.len()
         )));
     }
-    let manifest = assigned(s, &id.node, &r.bundle, &r.version).await?;
-    let spec = manifest.certificate(&path).ok_or_else(|| {
-        Status::invalid_argument(format!(
-            "{} is not a [[certificate]] of bundle {}@{}",
-            path, r.bundle, r.version
-        ))
-    })?;
     let node = s
         .store
         .get_node(&id.node)
         .await
         .map_err(store_status)?
-        .ok_or_else(|| Status::permission_denied(format!("node {} was deleted", id.node)))?;
+        .ok_or_else(|| store_status(StoreError::not_found(Kind::Node, id.node.clone())))?;
+    let bundle = assigned(s, &node, &r.bundle, &r.version).await?;
+    let spec = bundle.manifest().certificate(&path).ok_or_else(|| {
+        Status::invalid_argument(format!(
+            "{} is not a [[certificate]] of bundle {}@{}",
+            path, r.bundle, r.version
+        ))
+    })?;
     let names = spec
         .names_for(&id.node, &reported_addresses(&node.facts_json))
         .map_err(|e| Status::invalid_argument(e.to_string()))?;
@@ -123,23 +122,24 @@ pub async fn issue(
     ))
 }
 
-/// The manifest of `bundle@version` if the node's desired state holds it.
-async fn assigned(s: &Shared, node: &str, bundle: &str, version: &str) -> Result<Manifest, Status> {
-    let desired = s.store.desired_state(node).await.map_err(store_status)?;
-    for bytes in &desired.bundles {
-        let Ok(b) = pb::SignedBundle::decode(bytes.as_slice()) else {
-            continue;
-        };
-        let Some(m) = &b.manifest else { continue };
-        if m.name == bundle && m.version == version {
-            let sb = SignedBundle::try_from(b)
-                .map_err(|e| Status::internal(format!("stored bundle {bundle}@{version}: {e}")))?;
-            return Ok(sb.manifest);
-        }
+/// `bundle@version` if the node's desired state holds it.
+async fn assigned(s: &Shared, node: &NodeRow, bundle: &str, version: &str) -> Result<StoredBundle, Status> {
+    let not_assigned = || {
+        Status::permission_denied(format!(
+            "bundle {bundle}@{version} is not assigned to node {}",
+            node.name
+        ))
+    };
+    if node.desired.get(bundle).map(String::as_str) != Some(version) {
+        return Err(not_assigned());
     }
-    Err(Status::permission_denied(format!(
-        "bundle {bundle}@{version} is not assigned to node {node}"
-    )))
+    // Deleted since the node's row was read: no longer assigned either.
+    s.store
+        .get_bundle(bundle, version)
+        .await
+        .map_err(store_status)?
+        .map(|row| row.bundle)
+        .ok_or_else(not_assigned)
 }
 
 /// The addresses of the node's last `Hello` (none if it never sent any).

@@ -479,6 +479,8 @@ impl Session {
         if self.last_generation == Some(d.generation) && self.last_peer == peer {
             return Ok(());
         }
+        // Wire messages only, not validated domain bundles: the store
+        // validated each when it was published, and this runs per agent.
         let mut bundles = Vec::with_capacity(d.bundles.len());
         for b in &d.bundles {
             bundles.push(pb::SignedBundle::decode(b.as_slice()).map_err(PushError::Decode)?);

@@ -10,8 +10,7 @@ use std::collections::BTreeMap;
 
 use lks_proto::names::{validate_bundle_name, validate_version};
 use lks_proto::pb;
-use lks_proto::{Digest, Manifest, SignedBundle};
-use prost::Message as _;
+use lks_proto::{Digest, Manifest};
 use tonic::{Response, Status};
 
 use super::invalid;
@@ -39,8 +38,7 @@ pub(super) async fn list(
 /// `GetBundle`: the signed bundle as published.
 pub(super) async fn get(s: &Shared, req: pb::GetBundleRequest) -> Result<Response<pb::Bundle>, Status> {
     let row = published(s, &req).await?;
-    let bundle = pb::SignedBundle::decode(row.signed_bundle.as_slice())
-        .map_err(|e| Status::internal(format!("stored bundle: {e}")))?;
+    let bundle = pb::SignedBundle::from(row.bundle.signed());
     Ok(Response::new(pb::Bundle {
         info: Some(bundle_info(row)),
         bundle: Some(bundle),
@@ -53,7 +51,17 @@ pub(super) async fn delete(
     r: pb::GetBundleRequest,
     who: String,
 ) -> Result<Response<pb::DeleteBundleResponse>, Status> {
-    let row = published(s, &r).await?;
+    // A version stored unreadable can still be deleted; what it held is
+    // not known then, and none of it is counted.
+    let held = match stored(s, &r).await? {
+        Ok(Some(row)) => held_blobs(row.bundle.manifest()),
+        Ok(None) => return Err(not_published(&r)),
+        Err(e @ StoreError::Corrupt { .. }) => {
+            tracing::warn!(error = %e, "deleting a bundle version stored unreadable");
+            BTreeMap::new()
+        }
+        Err(e) => return Err(store_status(e)),
+    };
     let id = format!("{}@{}", r.name, r.version);
     s.store
         .delete_bundle(&r.name, &r.version)
@@ -63,7 +71,7 @@ pub(super) async fn delete(
             e => store_status(e),
         })?;
     let (still, _) = s.store.referenced_blobs().await.map_err(store_status)?;
-    let reclaimable_bytes = held_blobs(&row.signed_bundle)
+    let reclaimable_bytes = held
         .iter()
         .filter(|(d, _)| !still.contains(d))
         .map(|(_, size)| size)
@@ -88,58 +96,48 @@ pub(super) async fn delete(
 
 /// The published version a request names; `not_found` if there is none.
 async fn published(s: &Shared, r: &pb::GetBundleRequest) -> Result<BundleRow, Status> {
+    stored(s, r)
+        .await?
+        .map_err(store_status)?
+        .ok_or_else(|| not_published(r))
+}
+
+/// What the store answers for the version a request names, once the name
+/// and version are valid.
+async fn stored(
+    s: &Shared,
+    r: &pb::GetBundleRequest,
+) -> Result<Result<Option<BundleRow>, StoreError>, Status> {
     validate_bundle_name(&r.name).map_err(invalid)?;
     validate_version(&r.version).map_err(invalid)?;
-    s.store
-        .get_bundle(&r.name, &r.version)
-        .await
-        .map_err(store_status)?
-        .ok_or_else(|| Status::not_found(format!("bundle {}@{} is not published", r.name, r.version)))
+    Ok(s.store.get_bundle(&r.name, &r.version).await)
 }
 
-pub(super) fn decode_manifest(bytes: &[u8]) -> Result<Manifest, Status> {
-    let pb = pb::SignedBundle::decode(bytes).map_err(|e| Status::internal(format!("stored bundle: {e}")))?;
-    SignedBundle::try_from(pb)
-        .map(|b| b.manifest)
-        .map_err(|e| Status::internal(format!("stored bundle: {e}")))
+fn not_published(r: &pb::GetBundleRequest) -> Status {
+    Status::not_found(format!("bundle {}@{} is not published", r.name, r.version))
 }
 
-/// The distinct blobs a stored bundle version has the server hold, with
-/// their sizes (files without a mirror URL).
-fn held_blobs(signed_bundle: &[u8]) -> BTreeMap<Digest, u64> {
-    pb::SignedBundle::decode(signed_bundle)
-        .ok()
-        .and_then(|p| SignedBundle::try_from(p).ok())
-        .map(|b| {
-            b.manifest
-                .files
-                .iter()
-                .filter(|f| f.url.is_none())
-                .map(|f| (f.digest, f.size))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// The architectures a stored bundle version is for (empty: any node).
-fn bundle_arches(signed_bundle: &[u8]) -> Vec<String> {
-    pb::SignedBundle::decode(signed_bundle)
-        .ok()
-        .and_then(|p| SignedBundle::try_from(p).ok())
-        .map(|b| b.manifest.arches().iter().map(ToString::to_string).collect())
-        .unwrap_or_default()
+/// The distinct blobs a bundle version has the server hold, with their
+/// sizes (files without a mirror URL).
+fn held_blobs(m: &Manifest) -> BTreeMap<Digest, u64> {
+    m.files
+        .iter()
+        .filter(|f| f.url.is_none())
+        .map(|f| (f.digest, f.size))
+        .collect()
 }
 
 fn bundle_info(b: BundleRow) -> pb::BundleInfo {
+    let m = b.bundle.manifest();
     pb::BundleInfo {
-        held_bytes: held_blobs(&b.signed_bundle).values().sum(),
-        architectures: bundle_arches(&b.signed_bundle),
+        held_bytes: held_blobs(m).values().sum(),
+        architectures: m.arches().iter().map(ToString::to_string).collect(),
         name: b.name,
         version: b.version,
         files: b.files,
         total_size: b.total_size,
         signed: b.signed,
         published_at_ms: b.published_at_ms,
-        manifest_digest: b.manifest_digest,
+        manifest_digest: b.manifest_digest.to_string(),
     }
 }

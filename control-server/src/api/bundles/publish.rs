@@ -11,7 +11,6 @@ use lks_proto::chunks::Chunks;
 use lks_proto::pb;
 use lks_proto::pb::publish_bundle_request::Msg as PublishMsg;
 use lks_proto::{Digest, Manifest, SignedBundle, canonical, sign};
-use prost::Message as _;
 use tonic::{Response, Status, Streaming};
 
 use super::super::invalid;
@@ -28,7 +27,7 @@ pub(in crate::api) async fn publish(
 ) -> Result<Response<pb::PublishBundleResponse>, Status> {
     let signed = read_header(&mut inbound).await?;
     let m = &signed.manifest;
-    let manifest_digest = canonical::manifest_digest(m).to_string();
+    let manifest_digest = canonical::manifest_digest(m);
     if let Some(same) = already_published(s, m, &manifest_digest, &mut inbound).await? {
         return Ok(Response::new(same));
     }
@@ -54,10 +53,11 @@ pub(in crate::api) async fn publish(
     }
     let in_store = finish_uploads(s, m, &expected, uploads).await?;
     persist_rest(s, m, &expected, &in_store).await?;
-    let created = record(s, &signed, manifest_digest, &expected).await?;
+    let (name, version) = (m.name.clone(), m.version.clone());
+    let created = record(s, signed, &expected).await?;
     Ok(Response::new(pb::PublishBundleResponse {
-        name: m.name.clone(),
-        version: m.version.clone(),
+        name,
+        version,
         created,
     }))
 }
@@ -89,7 +89,7 @@ async fn read_header(inbound: &mut Streaming<pb::PublishBundleRequest>) -> Resul
 async fn already_published(
     s: &Shared,
     m: &Manifest,
-    manifest_digest: &str,
+    manifest_digest: &Digest,
     inbound: &mut Streaming<pb::PublishBundleRequest>,
 ) -> Result<Option<pb::PublishBundleResponse>, Status> {
     let id = m.id();
@@ -101,7 +101,7 @@ async fn already_published(
     else {
         return Ok(None);
     };
-    if existing.manifest_digest != manifest_digest {
+    if existing.manifest_digest != *manifest_digest {
         return Err(Status::already_exists(format!(
             "bundle {id} already exists with other content; versions are immutable, publish a new version"
         )));
@@ -399,29 +399,12 @@ async fn persist_rest(
 
 /// Records the bundle (and, if it is new, the `bundle_published` event);
 /// true if it was created.
-async fn record(
-    s: &Shared,
-    signed: &SignedBundle,
-    manifest_digest: String,
-    expected: &BTreeMap<Digest, u64>,
-) -> Result<bool, Status> {
-    let m = &signed.manifest;
+async fn record(s: &Shared, signed: SignedBundle, expected: &BTreeMap<Digest, u64>) -> Result<bool, Status> {
+    let new = NewBundle::new(signed, expected.keys().copied().collect(), now_ms());
+    let (stored, is_signed) = (new.bundle.clone(), new.signed);
+    let m = stored.manifest();
     let id = m.id();
-    let outcome = s
-        .store
-        .put_bundle(NewBundle {
-            name: m.name.clone(),
-            version: m.version.clone(),
-            signed_bundle: pb::SignedBundle::from(signed).encode_to_vec(),
-            manifest_digest,
-            signed: signed.signature.is_some(),
-            files: m.files.len() as u32,
-            total_size: m.total_size(),
-            blob_digests: expected.keys().map(ToString::to_string).collect(),
-            now_ms: now_ms(),
-        })
-        .await
-        .map_err(store_status)?;
+    let outcome = s.store.put_bundle(new).await.map_err(store_status)?;
     let created = outcome == PutOutcome::Created;
     if created {
         s.store
@@ -434,7 +417,7 @@ async fn record(
             ))
             .await
             .map_err(store_status)?;
-        tracing::info!(bundle = %id, signed = signed.signature.is_some(), "bundle published");
+        tracing::info!(bundle = %id, signed = is_signed, "bundle published");
     }
     Ok(created)
 }

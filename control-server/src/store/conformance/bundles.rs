@@ -1,5 +1,9 @@
 //! Conformance cases: Bundles, blob records and what keeps a bundle version.
 
+use lks_proto::sign::SigningKey;
+use lks_proto::{canonical, pb};
+use prost::Message as _;
+
 use super::*;
 
 #[allow(clippy::too_many_lines)]
@@ -22,7 +26,7 @@ pub async fn bundles_are_immutable(s: &dyn Store) {
 /// A bundle whose one served blob is `d`.
 fn bundle_with_blob(name: &str, version: &str, d: &lks_proto::Digest) -> NewBundle {
     NewBundle {
-        blob_digests: vec![d.to_string()],
+        blob_digests: vec![*d],
         ..bundle(name, version, &format!("m-{name}-{version}"))
     }
 }
@@ -223,4 +227,84 @@ pub async fn bundle_versions_in_use_are_not_deleted(s: &dyn Store) {
             ..
         })
     ));
+}
+
+/// A published bundle reads back typed: the digests it was put with, the
+/// bundle and manifest it was made from, and the bytes agents are sent.
+pub async fn bundles_read_back_typed(s: &dyn Store) {
+    let key = SigningKey::generate();
+    let signed = key.sign_bundle(signed_bundle("k", "1", "d1").manifest);
+    let new = NewBundle::new(signed.clone(), vec![blob("k", "1")], 5);
+    assert_eq!(s.put_bundle(new.clone()).await.unwrap(), PutOutcome::Created);
+    let row = s.get_bundle("k", "1").await.unwrap().unwrap();
+    assert_eq!(row, row_of(&new));
+    assert_eq!(row.manifest_digest, canonical::manifest_digest(&signed.manifest));
+    assert_eq!(row.bundle.signed(), &signed);
+    assert_eq!(row.bundle.manifest(), &signed.manifest);
+    assert_eq!(
+        row.bundle.encoded(),
+        pb::SignedBundle::from(&signed).encode_to_vec()
+    );
+    assert!(row.signed);
+    assert_eq!(
+        s.list_bundles(Some("k")).await.unwrap(),
+        std::slice::from_ref(&row)
+    );
+    assert_eq!(s.list_bundles(None).await.unwrap(), [row]);
+    let (refs, _) = s.referenced_blobs().await.unwrap();
+    assert_eq!(refs.into_iter().collect::<Vec<_>>(), [blob("k", "1")]);
+    assert_eq!(s.put_bundle(new).await.unwrap(), PutOutcome::Unchanged);
+}
+
+/// A bundle version whose stored fields no longer read back is a
+/// [`StoreError::Corrupt`] naming it, whichever field broke; it can still
+/// be deleted.
+pub async fn a_bundle_stored_unreadable_is_a_typed_error<S: Store + WriteStored>(s: &S) {
+    let good = bundle("k", "1", "d1");
+    s.put_bundle(good.clone()).await.unwrap();
+    let digest = good.manifest_digest.to_string();
+    let no_manifest = pb::SignedBundle::default().encode_to_vec();
+    let other_version = encoded("k", "2", "d1");
+    // The bytes and digest text stored, and the reason they must give.
+    type Case<'a> = (&'a [u8], &'a str, fn(&Unreadable) -> bool);
+    let cases: [Case; 4] = [
+        (b"\x0a\xff", &digest, |w| matches!(w, Unreadable::Decode(_))),
+        (
+            &no_manifest,
+            &digest,
+            |w| matches!(w, Unreadable::Invalid(e) if e.field == "manifest"),
+        ),
+        (
+            &other_version,
+            &digest,
+            |w| matches!(w, Unreadable::OtherVersion(v) if v == "k@2"),
+        ),
+        (good.bundle.encoded(), "d1", |w| {
+            matches!(w, Unreadable::Digest(_))
+        }),
+    ];
+    for (bytes, digest, why) in cases {
+        s.write_stored_bundle("k", "1", bytes, digest).await;
+        for e in [
+            s.get_bundle("k", "1").await.unwrap_err(),
+            s.list_bundles(None).await.unwrap_err(),
+        ] {
+            match &e {
+                StoreError::Corrupt {
+                    kind: Kind::Bundle,
+                    name,
+                    why: w,
+                } if name == "k@1" && why(w) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    s.write_stored_bundle("k", "1", b"\x0a\xff", &digest).await;
+    let e = s.get_bundle("k", "1").await.unwrap_err().to_string();
+    assert!(
+        e.starts_with("stored bundle k@1 is unreadable: not an encoded signed bundle: "),
+        "{e}"
+    );
+    s.delete_bundle("k", "1").await.unwrap();
+    assert!(s.list_bundles(None).await.unwrap().is_empty());
 }

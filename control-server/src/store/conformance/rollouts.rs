@@ -74,20 +74,20 @@ pub async fn rollouts_assign_only_what_the_controller_decides(s: &dyn Store) {
     let d = s.desired_state("a1").await.unwrap();
     assert!(d.generation > g0);
     assert_eq!(r1.nodes[0].generation, d.generation);
-    assert_eq!(d.bundles, vec![b"k@1".to_vec()]);
-    assert!(s.blob_allowed("a1", "blob-k-1").await.unwrap());
-    assert!(!s.blob_allowed("a2", "blob-k-1").await.unwrap());
-    assert!(!s.blob_allowed("b1", "blob-k-1").await.unwrap());
+    assert_eq!(d.bundles, vec![encoded("k", "1", "d1")]);
+    assert!(s.blob_allowed("a1", &blob("k", "1")).await.unwrap());
+    assert!(!s.blob_allowed("a2", &blob("k", "1")).await.unwrap());
+    assert!(!s.blob_allowed("b1", &blob("k", "1")).await.unwrap());
     // The versions it is granted through (each file's architecture is
     // checked against them by the caller).
     assert_eq!(
-        s.blob_grants("a1", "blob-k-1").await.unwrap(),
+        s.blob_grants("a1", &blob("k", "1")).await.unwrap(),
         vec![("k".to_string(), "1".to_string())]
     );
-    assert!(s.blob_grants("a2", "blob-k-1").await.unwrap().is_empty());
+    assert!(s.blob_grants("a2", &blob("k", "1")).await.unwrap().is_empty());
     // Claiming to hold a bundle that was never assigned grants nothing.
     s.node_connected("b1", "{}", vec![held("1", 0)], 1).await.unwrap();
-    assert!(!s.blob_allowed("b1", "blob-k-1").await.unwrap());
+    assert!(!s.blob_allowed("b1", &blob("k", "1")).await.unwrap());
 
     // A decision based on an old revision is refused.
     assert!(matches!(
@@ -156,7 +156,7 @@ pub async fn rollouts_assign_only_what_the_controller_decides(s: &dyn Store) {
     );
     // The version a node held before stays readable while it moves.
     s.node_connected("a1", "{}", vec![held("1", 0)], 1).await.unwrap();
-    assert!(s.blob_allowed("a1", "blob-k-1").await.unwrap());
+    assert!(s.blob_allowed("a1", &blob("k", "1")).await.unwrap());
 }
 
 /// Windows, holds, and a rollout's policy, pacing, canaries and deferred

@@ -114,7 +114,7 @@ mod tests {
     use super::*;
     use crate::store::BundleStore;
     use crate::store::blobrecs::BlobRecords;
-    use crate::store::conformance::bundle;
+    use crate::store::conformance::{bundle, encoded};
     use crate::store::etcd::tests::TestEtcd;
 
     #[test]
@@ -139,7 +139,7 @@ mod tests {
         s.put_bundle(bundle("k", "1", "d1")).await.unwrap();
         let keys = vec![s.key("bundles/k/1"), s.key("bundles/k/2")];
         let first = s.signed_bundles(&keys).await.unwrap();
-        assert_eq!(first[0].as_deref(), Some(&b"k@1".to_vec()));
+        assert_eq!(first[0].as_deref(), Some(&encoded("k", "1", "d1")));
         assert!(first[1].is_none(), "no such version");
         assert!(s.bundle_docs.get(&keys[0]).is_some(), "copied");
         assert_eq!(s.signed_bundles(&keys).await.unwrap(), first);
@@ -148,12 +148,10 @@ mod tests {
         let other = etcd.store("r2").await;
         other.delete_bundle("k", "1").await.unwrap();
         assert!(s.signed_bundles(&keys).await.unwrap()[0].is_none(), "deleted");
-        let mut again = bundle("k", "1", "d2");
-        again.signed_bundle = b"k@1, again".to_vec();
-        other.put_bundle(again).await.unwrap();
+        other.put_bundle(bundle("k", "1", "d2")).await.unwrap();
         assert_eq!(
             s.signed_bundles(&keys).await.unwrap()[0].as_deref(),
-            Some(&b"k@1, again".to_vec())
+            Some(&encoded("k", "1", "d2"))
         );
     }
 }

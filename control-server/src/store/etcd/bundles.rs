@@ -7,13 +7,13 @@ impl BundleStore for EtcdStore {
     async fn put_bundle(&self, b: NewBundle) -> Result<PutOutcome> {
         let key = self.key(&format!("bundles/{}/{}", b.name, b.version));
         let doc = BundleDoc {
-            signed_bundle: hex::encode(&b.signed_bundle),
-            manifest_digest: b.manifest_digest.clone(),
+            signed_bundle: hex::encode(b.bundle.encoded()),
+            manifest_digest: b.manifest_digest.to_string(),
             signed: b.signed,
             files: b.files,
             total_size: b.total_size,
             published_at_ms: b.now_ms,
-            blob_digests: b.blob_digests.clone(),
+            blob_digests: b.blob_digests.iter().map(ToString::to_string).collect(),
         };
         let created = self
             .txn(
@@ -25,7 +25,7 @@ impl BundleStore for EtcdStore {
             return Ok(PutOutcome::Created);
         }
         match self.get::<BundleDoc>(&key).await?.value {
-            Some(d) if d.manifest_digest == b.manifest_digest => Ok(PutOutcome::Unchanged),
+            Some(d) if d.manifest_digest == doc.manifest_digest => Ok(PutOutcome::Unchanged),
             Some(d) => Err(StoreError::AlreadyExists(format!(
                 "bundle {}@{} already exists with other content ({}); versions are immutable, publish a new version",
                 b.name, b.version, d.manifest_digest
@@ -70,16 +70,23 @@ impl BundleStore for EtcdStore {
     }
 }
 
+/// The row of the document `bundles/NAME/VERSION`, read through
+/// [`RawBundleRow::typed`] like SQLite's.
 pub(super) fn bundle_row(name: &str, version: &str, d: BundleDoc) -> Result<BundleRow> {
-    Ok(BundleRow {
+    let signed_bundle = hex::decode(&d.signed_bundle).map_err(|e| StoreError::Corrupt {
+        kind: Kind::Bundle,
+        name: format!("{name}@{version}"),
+        why: e.into(),
+    })?;
+    RawBundleRow {
         name: name.to_string(),
         version: version.to_string(),
-        signed_bundle: hex::decode(&d.signed_bundle)
-            .map_err(|e| corrupt(&format!("bundles/{name}/{version}"), e))?,
+        signed_bundle,
         manifest_digest: d.manifest_digest,
         signed: d.signed,
         files: d.files,
         total_size: d.total_size,
         published_at_ms: d.published_at_ms,
-    })
+    }
+    .typed()
 }

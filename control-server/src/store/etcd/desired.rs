@@ -1,5 +1,7 @@
 //! Desired states: what each node should hold, and the blobs it may fetch on etcd.
 
+use lks_proto::Digest;
+
 use super::*;
 
 #[async_trait]
@@ -30,7 +32,10 @@ impl DesiredStore for EtcdStore {
         self.desired_state(node).await
     }
 
-    async fn blob_grants(&self, node: &str, digest: &str) -> Result<Vec<(String, String)>> {
+    async fn blob_grants(&self, node: &str, digest: &Digest) -> Result<Vec<(String, String)>> {
+        // Compared with the documents' digests as stored, as text.
+        let digest = digest.to_string();
+        let digest = digest.as_str();
         let mut grants = Vec::new();
         let Some(n) = self
             .get::<NodeDoc>(&self.key(&format!("nodes/{node}")))

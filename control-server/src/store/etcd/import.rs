@@ -79,13 +79,13 @@ impl EtcdStore {
             docs.push((
                 format!("bundles/{}/{}", r.name, r.version),
                 json(&BundleDoc {
-                    signed_bundle: hex::encode(&r.signed_bundle),
-                    manifest_digest: r.manifest_digest.clone(),
+                    signed_bundle: hex::encode(r.bundle.encoded()),
+                    manifest_digest: r.manifest_digest.to_string(),
                     signed: r.signed,
                     files: r.files,
                     total_size: r.total_size,
                     published_at_ms: r.published_at_ms,
-                    blob_digests: b.blob_digests.clone(),
+                    blob_digests: b.blob_digests.iter().map(ToString::to_string).collect(),
                 })?,
             ));
         }

@@ -83,6 +83,42 @@ conformance::conformance_suite!({
     (etcd, store)
 });
 
+impl conformance::WriteStored for EtcdStore {
+    async fn write_stored_bundle(&self, name: &str, version: &str, bytes: &[u8], digest: &str) {
+        let key = self.key(&format!("bundles/{name}/{version}"));
+        let mut doc = self.get::<BundleDoc>(&key).await.unwrap().value.unwrap();
+        doc.signed_bundle = hex::encode(bytes);
+        doc.manifest_digest = digest.into();
+        kv_of(&self.client)
+            .put(key, json(&doc).unwrap(), None)
+            .await
+            .unwrap();
+    }
+}
+
+/// A bundle document whose bundle is not hex reads as corrupt too.
+#[tokio::test]
+async fn a_bundle_document_that_is_not_hex_is_corrupt() {
+    let etcd = TestEtcd::start();
+    let s = etcd.store("r1").await;
+    s.put_bundle(conformance::bundle("k", "1", "d1")).await.unwrap();
+    let key = s.key("bundles/k/1");
+    let mut doc = s.get::<BundleDoc>(&key).await.unwrap().value.unwrap();
+    doc.signed_bundle = "not hex".into();
+    kv_of(&s.client)
+        .put(key, json(&doc).unwrap(), None)
+        .await
+        .unwrap();
+    assert!(matches!(
+        s.get_bundle("k", "1").await,
+        Err(StoreError::Corrupt {
+            kind: Kind::Bundle,
+            why: Unreadable::Hex(_),
+            ..
+        })
+    ));
+}
+
 pub(crate) fn token(id: &str, uses: Option<u32>) -> TokenRow {
     TokenRow {
         id: id.into(),
@@ -138,19 +174,7 @@ async fn a_decision_larger_than_one_transaction_is_stored_in_consistent_steps() 
             .await
             .unwrap();
     }
-    s.put_bundle(NewBundle {
-        name: "b".into(),
-        version: "1".into(),
-        signed_bundle: b"b@1".to_vec(),
-        manifest_digest: "d1".into(),
-        signed: false,
-        files: 1,
-        total_size: 1,
-        blob_digests: vec!["blob1".into()],
-        now_ms: 2,
-    })
-    .await
-    .unwrap();
+    s.put_bundle(conformance::bundle("b", "1", "d1")).await.unwrap();
     let r = s
         .start_rollout(NewRollout {
             id: "r".into(),
@@ -198,7 +222,7 @@ async fn a_decision_larger_than_one_transaction_is_stored_in_consistent_steps() 
     for x in &stored.nodes {
         let d = s.desired_state(&x.name).await.unwrap();
         assert_eq!(d.generation, x.generation);
-        assert_eq!(d.bundles, vec![b"b@1".to_vec()]);
+        assert_eq!(d.bundles, vec![conformance::encoded("b", "1", "d1")]);
     }
     // A decision based on the old revision is refused.
     let e = s

@@ -14,7 +14,7 @@ impl BundleStore for SqliteStore {
                 )
                 .optional()?;
             if let Some(d) = existing {
-                return if d == b.manifest_digest {
+                return if d == b.manifest_digest.to_string() {
                     Ok(PutOutcome::Unchanged)
                 } else {
                     Err(StoreError::AlreadyExists(format!(
@@ -29,8 +29,8 @@ impl BundleStore for SqliteStore {
                 params![
                     b.name,
                     b.version,
-                    b.signed_bundle,
-                    b.manifest_digest,
+                    b.bundle.encoded(),
+                    b.manifest_digest.to_string(),
                     b.signed,
                     b.files,
                     b.total_size as i64,
@@ -41,7 +41,7 @@ impl BundleStore for SqliteStore {
                 "INSERT INTO bundle_blobs (name, version, digest) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
             )?;
             for d in &b.blob_digests {
-                stmt.execute(params![b.name, b.version, d])?;
+                stmt.execute(params![b.name, b.version, d.to_string()])?;
             }
             Ok(PutOutcome::Created)
         })
@@ -51,13 +51,15 @@ impl BundleStore for SqliteStore {
     async fn get_bundle(&self, name: &str, version: &str) -> Result<Option<BundleRow>> {
         let (name, version) = (name.to_string(), version.to_string());
         self.call(move |c| {
-            Ok(c.query_row(
+            c.query_row(
                 "SELECT name, version, signed_bundle, manifest_digest, signed, files, total_size, published_at_ms
                  FROM bundles WHERE name = ?1 AND version = ?2",
                 params![name, version],
                 bundle_row,
             )
-            .optional()?)
+            .optional()?
+            .map(RawBundleRow::typed)
+            .transpose()
         })
         .await
     }
@@ -69,7 +71,9 @@ impl BundleStore for SqliteStore {
                 "SELECT name, version, signed_bundle, manifest_digest, signed, files, total_size, published_at_ms
                  FROM bundles WHERE ?1 IS NULL OR name = ?1 ORDER BY name, published_at_ms, version",
             )?;
-            Ok(stmt.query_map([&name], bundle_row)?.collect::<Result<Vec<_>, _>>()?)
+            stmt.query_map([&name], bundle_row)?
+                .map(|r| r?.typed())
+                .collect()
         })
         .await
     }

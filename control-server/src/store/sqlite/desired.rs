@@ -1,5 +1,7 @@
 //! Desired states: what each node should hold, and the blobs it may fetch on SQLite.
 
+use lks_proto::Digest;
+
 use super::*;
 
 #[async_trait]
@@ -44,7 +46,7 @@ impl DesiredStore for SqliteStore {
         .await
     }
 
-    async fn blob_grants(&self, node: &str, digest: &str) -> Result<Vec<(String, String)>> {
+    async fn blob_grants(&self, node: &str, digest: &Digest) -> Result<Vec<(String, String)>> {
         let (node, digest) = (node.to_string(), digest.to_string());
         self.call(move |c| {
             let mut st = c.prepare_cached(

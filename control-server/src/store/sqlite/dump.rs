@@ -130,14 +130,16 @@ fn read_dump(c: &Connection) -> Result<Dump> {
              FROM bundles ORDER BY name, published_at_ms, version",
         )?
         .query_map([], bundle_row)?
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|r| r?.typed())
+        .collect::<Result<Vec<_>>>()?;
     let mut digests =
         c.prepare("SELECT digest FROM bundle_blobs WHERE name = ?1 AND version = ?2 ORDER BY digest")?;
     let mut bundles = Vec::with_capacity(rows.len());
     for row in rows {
         let blob_digests = digests
             .query_map(params![row.name, row.version], |r| r.get::<_, String>(0))?
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|d| stored_digest(&row.name, &row.version, &d?))
+            .collect::<Result<Vec<_>>>()?;
         bundles.push(DumpedBundle { row, blob_digests });
     }
 
@@ -217,7 +219,10 @@ fn read_dump(c: &Connection) -> Result<Dump> {
 
 #[cfg(test)]
 mod tests {
+    use lks_proto::Digest;
+
     use super::*;
+    use crate::store::conformance;
 
     #[tokio::test]
     async fn a_database_a_server_holds_open_is_refused_and_then_locked_for_the_dump() {
@@ -294,19 +299,12 @@ mod tests {
             .await
             .unwrap();
         }
-        s.put_bundle(NewBundle {
-            name: "k".into(),
-            version: "1".into(),
-            signed_bundle: b"k@1".to_vec(),
-            manifest_digest: "d1".into(),
-            signed: false,
-            files: 2,
-            total_size: 6,
-            blob_digests: vec!["blob-b".into(), "blob-a".into()],
-            now_ms: 4,
-        })
-        .await
-        .unwrap();
+        let (blob_a, blob_b) = (Digest::of(b"blob-a"), Digest::of(b"blob-b"));
+        let k1 = NewBundle {
+            blob_digests: vec![blob_b, blob_a],
+            ..conformance::bundle("k", "1", "d1")
+        };
+        s.put_bundle(k1.clone()).await.unwrap();
         let r = s
             .start_rollout(NewRollout {
                 id: "r1".into(),
@@ -374,7 +372,11 @@ mod tests {
         assert_eq!(d.nodes[0].desired["k"], "1");
         assert_eq!(d.nodes[0].actual["k"].generation, 3);
         assert_eq!(d.nodes[0].cert_serial, "serial-n1");
-        assert_eq!(d.bundles[0].blob_digests, ["blob-a", "blob-b"]);
+        // Read back typed, the digests in the order of their text.
+        let mut served = vec![blob_a, blob_b];
+        served.sort_by_key(ToString::to_string);
+        assert_eq!(d.bundles[0].blob_digests, served);
+        assert_eq!(d.bundles[0].row, conformance::row_of(&k1));
         assert_eq!(d.targets.len(), 1);
         assert_eq!(d.targets[0].target.rollout_id, "r1");
         assert_eq!(d.rollouts.len(), 1);

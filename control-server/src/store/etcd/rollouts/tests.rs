@@ -82,19 +82,9 @@ use crate::store::etcd::tests::{TestEtcd, new_node, token};
 async fn region(s: &EtcdStore, n: usize) -> Vec<String> {
     s.create_cluster(NewCluster::new("c", 1)).await.unwrap();
     for v in ["1", "2"] {
-        s.put_bundle(NewBundle {
-            name: "b".into(),
-            version: v.into(),
-            signed_bundle: format!("b@{v}").into_bytes(),
-            manifest_digest: format!("d{v}"),
-            signed: false,
-            files: 1,
-            total_size: 1,
-            blob_digests: vec![format!("blob{v}")],
-            now_ms: 2,
-        })
-        .await
-        .unwrap();
+        s.put_bundle(crate::store::conformance::bundle("b", v, "d"))
+            .await
+            .unwrap();
     }
     let names: Vec<String> = (0..n).map(|i| format!("node-{i:05}")).collect();
     for chunk in names.chunks(60) {
@@ -198,7 +188,7 @@ async fn a_rollout_of_six_thousand_nodes_is_started_assigned_and_finished() {
     );
     for name in [&names[0], &names[n / 2], &names[n - 1]] {
         let d = s.desired_state(name).await.unwrap();
-        assert_eq!(d.bundles, vec![b"b@2".to_vec()]);
+        assert_eq!(d.bundles, vec![crate::store::conformance::encoded("b", "2", "d")]);
     }
     // Every node's event, once.
     let started = s
