@@ -1,6 +1,9 @@
 //! What every handler and background task of one server process shares:
-//! [`Shared`], built once by [`crate::server`] (which wires the process)
-//! and handed to the API handlers, the replicas' tasks and the rebalancer.
+//! [`Shared`], built once by [`crate::server`] (which wires the process).
+//! The API handlers never see it whole: `AdminApi::new` and
+//! `AgentApi::new` hand each resource's handlers a narrow `Deps` of the
+//! parts they use (the store, the hub, the PKI, …), and the replicas'
+//! tasks and the rebalancer take it as a whole.
 //!
 //! It sits below them: it names the store, the blob store, the hub, the
 //! PKI and the queues of the tasks it feeds (the rollout controller's
@@ -74,12 +77,4 @@ pub struct Shared {
     pub tasks: TaskTracker,
     /// Peer sharing: who holds which blob (`FindPeers`).
     pub tracker: Arc<Tracker>,
-}
-
-impl Shared {
-    /// The peer-sharing settings of `cluster`, read through
-    /// [`Shared::peers`].
-    pub async fn peer_settings(&self, cluster: &str) -> crate::store::Result<crate::store::PeerSettings> {
-        self.peers.get(&*self.store, &self.hub, cluster).await
-    }
 }

@@ -520,11 +520,11 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         .add_service(health_service)
         .add_service(reflection)
         .add_service(
-            AgentServiceServer::new(AgentApi::new(shared.clone()))
+            AgentServiceServer::new(AgentApi::new(&shared))
                 .max_decoding_message_size(lks_proto::wire::MAX_MESSAGE),
         )
         .add_service(
-            AdminServiceServer::new(AdminApi::new(shared.clone()))
+            AdminServiceServer::new(AdminApi::new(&shared))
                 .max_decoding_message_size(lks_proto::wire::MAX_MESSAGE),
         );
     tracing::info!(

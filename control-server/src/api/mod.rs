@@ -40,25 +40,27 @@ use crate::rollout::Verb;
 
 /// The admin API: each resource's handlers get only what they use.
 pub struct AdminApi {
-    s: Arc<Shared>,
     metrics: Arc<crate::metrics::Metrics>,
     store: Arc<dyn crate::store::Store>,
     clusters: clusters::Deps,
     tokens: tokens::Deps,
     nodes: nodes::Deps,
+    bundles: bundles::Deps,
+    rollouts: Arc<rollouts::Deps>,
     audit: audit::Deps,
 }
 
 impl AdminApi {
-    pub fn new(s: Arc<Shared>) -> Self {
+    pub fn new(s: &Shared) -> Self {
         AdminApi {
             metrics: s.metrics.clone(),
             store: s.store.clone(),
-            clusters: clusters::Deps::of(&s),
-            tokens: tokens::Deps::of(&s),
-            nodes: nodes::Deps::of(&s),
-            audit: audit::Deps::of(&s),
-            s,
+            clusters: clusters::Deps::of(s),
+            tokens: tokens::Deps::of(s),
+            nodes: nodes::Deps::of(s),
+            bundles: bundles::Deps::of(s),
+            rollouts: Arc::new(rollouts::Deps::of(s)),
+            audit: audit::Deps::of(s),
         }
     }
 }
@@ -163,7 +165,7 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::PublishBundleResponse>, Status> {
         let _t = self.metrics.timer("PublishBundle");
         let who = require_admin_caller(&req)?;
-        let answer = bundles::publish(&self.s, req.into_inner()).await;
+        let answer = bundles::publish(&self.bundles, req.into_inner()).await;
         self.audit
             .record(&who, "PublishBundle", audit::publish(&answer), &answer)
             .await;
@@ -176,13 +178,13 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::ListBundlesResponse>, Status> {
         let _t = self.metrics.timer("ListBundles");
         require_admin(&req)?;
-        bundles::list(&self.s, req.into_inner()).await
+        bundles::list(&self.bundles, req.into_inner()).await
     }
 
     async fn get_bundle(&self, req: Request<pb::GetBundleRequest>) -> Result<Response<pb::Bundle>, Status> {
         let _t = self.metrics.timer("GetBundle");
         require_admin(&req)?;
-        bundles::get(&self.s, req.into_inner()).await
+        bundles::get(&self.bundles, req.into_inner()).await
     }
 
     async fn delete_bundle(
@@ -193,7 +195,7 @@ impl AdminService for AdminApi {
         let who = require_admin_caller(&req)?;
         let r = req.into_inner();
         let entry = audit::bundle(&r);
-        let answer = bundles::delete(&self.s, r, who.name.clone()).await;
+        let answer = bundles::delete(&self.bundles, r, who.name.clone()).await;
         self.audit.record(&who, "DeleteBundle", entry, &answer).await;
         answer
     }
@@ -206,7 +208,7 @@ impl AdminService for AdminApi {
         let who = require_admin_caller(&req)?;
         let r = req.into_inner();
         let entry = audit::start_rollout(&r);
-        let answer = rollouts::start(&self.s, r, who.name.clone()).await;
+        let answer = rollouts::start(&self.rollouts, r, who.name.clone()).await;
         // The id is known once it started.
         let entry = match &answer {
             Ok(ro) => audit::Entry {
@@ -222,7 +224,7 @@ impl AdminService for AdminApi {
     async fn get_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
         let _t = self.metrics.timer("GetRollout");
         require_admin(&req)?;
-        let row = rollouts::load_rollout(&self.s, &req.into_inner().id).await?;
+        let row = rollouts::load_rollout(&self.rollouts, &req.into_inner().id).await?;
         Ok(Response::new(rollout_pb(&row)))
     }
 
@@ -234,7 +236,7 @@ impl AdminService for AdminApi {
     ) -> Result<Response<Self::WatchRolloutStream>, Status> {
         let _t = self.metrics.timer("WatchRollout");
         require_admin(&req)?;
-        rollouts::watch(&self.s, req.into_inner()).await
+        rollouts::watch(&self.rollouts, req.into_inner()).await
     }
 
     async fn list_rollouts(
@@ -243,7 +245,7 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::ListRolloutsResponse>, Status> {
         let _t = self.metrics.timer("ListRollouts");
         require_admin(&req)?;
-        rollouts::list(&self.s, req.into_inner()).await
+        rollouts::list(&self.rollouts, req.into_inner()).await
     }
 
     async fn pause_rollout(&self, req: Request<pb::RolloutRef>) -> Result<Response<pb::Rollout>, Status> {
@@ -251,7 +253,7 @@ impl AdminService for AdminApi {
         let who = require_admin_caller(&req)?;
         let r = req.into_inner();
         let entry = audit::rollout(&r);
-        let answer = rollouts::verb(&self.s, r.id, Verb::Pause).await;
+        let answer = rollouts::verb(&self.rollouts, r.id, Verb::Pause).await;
         self.audit.record(&who, "PauseRollout", entry, &answer).await;
         answer
     }
@@ -261,7 +263,7 @@ impl AdminService for AdminApi {
         let who = require_admin_caller(&req)?;
         let r = req.into_inner();
         let entry = audit::rollout(&r);
-        let answer = rollouts::verb(&self.s, r.id, Verb::Resume).await;
+        let answer = rollouts::verb(&self.rollouts, r.id, Verb::Resume).await;
         self.audit.record(&who, "ResumeRollout", entry, &answer).await;
         answer
     }
@@ -271,7 +273,7 @@ impl AdminService for AdminApi {
         let who = require_admin_caller(&req)?;
         let r = req.into_inner();
         let entry = audit::rollout(&r);
-        let answer = rollouts::verb(&self.s, r.id, Verb::Abort).await;
+        let answer = rollouts::verb(&self.rollouts, r.id, Verb::Abort).await;
         self.audit.record(&who, "AbortRollout", entry, &answer).await;
         answer
     }
@@ -281,7 +283,7 @@ impl AdminService for AdminApi {
         let who = require_admin_caller(&req)?;
         let r = req.into_inner();
         let entry = audit::rollout(&r);
-        let answer = rollouts::rollback(&self.s, r).await;
+        let answer = rollouts::rollback(&self.rollouts, r).await;
         self.audit.record(&who, "RollbackRollout", entry, &answer).await;
         answer
     }

@@ -20,15 +20,39 @@ use super::{BoxStream, check_labels, invalid, policy, rollout_pb};
 use crate::authz::store_status;
 use crate::clock::now_ms;
 use crate::context::Shared;
+use crate::controller;
 use crate::rollout::{self, Verb, counts};
+use crate::store::Store;
 use crate::store::{BundleRow, ClusterRow, NewRollout, RolloutRow, RolloutState, StoredBundle};
 
 const MAX_BATCH_SIZE: u32 = 100_000;
 const MAX_OFFLINE_DEADLINE: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// What the rollout handlers use: the store, the controller's command
+/// queue, the change signal `WatchRollout` follows, and the tasks that
+/// stream a watch.
+pub(super) struct Deps {
+    pub store: Arc<dyn Store>,
+    pub controller: controller::Handle,
+    pub updates: tokio::sync::watch::Sender<u64>,
+    pub cancel: tokio_util::sync::CancellationToken,
+    pub tasks: tokio_util::task::TaskTracker,
+}
+
+impl Deps {
+    pub fn of(s: &Shared) -> Self {
+        Deps {
+            store: s.store.clone(),
+            controller: s.rollouts.clone(),
+            updates: s.rollout_updates.clone(),
+            cancel: s.cancel.clone(),
+            tasks: s.tasks.clone(),
+        }
+    }
+}
 /// `StartRollout`: every precondition is checked before the rollout is stored.
 pub(super) async fn start(
-    s: &Shared,
+    s: &Deps,
     r: pb::StartRolloutRequest,
     who: String,
 ) -> Result<Response<pb::Rollout>, Status> {
@@ -75,7 +99,7 @@ pub(super) async fn start(
         tracing::warn!(cluster = %r.cluster, bundle = %r.bundle, admin = %who, "rollout ignores maintenance windows");
     }
     let row = s
-        .rollouts
+        .controller
         .start(NewRollout {
             id: random_id(),
             cluster: r.cluster,
@@ -99,14 +123,14 @@ pub(super) async fn start(
 
 /// `WatchRollout`: the rollout each time it changes, until it ended and no node is applying.
 pub(super) async fn watch(
-    shared: &Arc<Shared>,
+    shared: &Arc<Deps>,
     req: pb::RolloutRef,
 ) -> Result<Response<BoxStream<pb::Rollout>>, Status> {
     let id = req.id;
     let first = load_rollout(shared, &id).await?;
     let (tx, rx) = mpsc::channel(4);
     let s = shared.clone();
-    let mut updates = s.rollout_updates.subscribe();
+    let mut updates = s.updates.subscribe();
     shared.tasks.spawn(async move {
         let mut last: Option<pb::Rollout> = None;
         let mut row = first;
@@ -144,7 +168,7 @@ pub(super) async fn watch(
 
 /// `ListRollouts`.
 pub(super) async fn list(
-    s: &Shared,
+    s: &Deps,
     req: pb::ListRolloutsRequest,
 ) -> Result<Response<pb::ListRolloutsResponse>, Status> {
     let cluster = req.cluster;
@@ -161,7 +185,7 @@ pub(super) async fn list(
 }
 
 /// `RollbackRollout`: refused if a version it would return nodes to was deleted.
-pub(super) async fn rollback(s: &Shared, req: pb::RolloutRef) -> Result<Response<pb::Rollout>, Status> {
+pub(super) async fn rollback(s: &Deps, req: pb::RolloutRef) -> Result<Response<pb::Rollout>, Status> {
     let id = req.id;
     // The versions a rollback returns nodes to must still exist: a
     // deleted one (`bundle delete`, allowed once the rollout finished)
@@ -191,16 +215,16 @@ pub(super) async fn rollback(s: &Shared, req: pb::RolloutRef) -> Result<Response
 }
 
 /// An operator verb, carried out by the rollout controller.
-pub(super) async fn verb(s: &Shared, id: String, verb: Verb) -> Result<Response<pb::Rollout>, Status> {
+pub(super) async fn verb(s: &Deps, id: String, verb: Verb) -> Result<Response<pb::Rollout>, Status> {
     if id.is_empty() || id.len() > 64 {
         return Err(invalid("rollout ID is empty or too long"));
     }
-    let row = s.rollouts.verb(&id, verb).await?;
+    let row = s.controller.verb(&id, verb).await?;
     tracing::info!(rollout = %id, ?verb, state = row.state.as_str(), "operator verb applied");
     Ok(Response::new(rollout_pb(&row)))
 }
 
-pub(super) async fn load_rollout(s: &Shared, id: &str) -> Result<RolloutRow, Status> {
+pub(super) async fn load_rollout(s: &Deps, id: &str) -> Result<RolloutRow, Status> {
     if id.is_empty() || id.len() > 64 {
         return Err(invalid("rollout ID is empty or too long"));
     }
@@ -214,7 +238,7 @@ pub(super) async fn load_rollout(s: &Shared, id: &str) -> Result<RolloutRow, Sta
 /// Two bundles on one node may not own the same path (DESIGN §4): the
 /// new version is checked against every other bundle of each target node.
 async fn check_path_conflicts(
-    s: &Shared,
+    s: &Deps,
     cluster: &str,
     selector: &Labels,
     bundle: &BundleRow,

@@ -3,6 +3,7 @@
 //! counted by the store), certificate renewal, and the certificates a
 //! bundle's `[[certificate]]` entries ask for.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use lks_proto::backoff::with_retry_hint;
@@ -19,11 +20,42 @@ use super::{issue, record_event};
 use crate::authz::{require_node, store_status, token_status};
 use crate::clock::now_ms;
 use crate::context::Shared;
-use crate::store::{NewNode, StoreError, TokenRefusal};
+use crate::metrics::Metrics;
+use crate::pki::Pki;
+use crate::pki::clusterca::ClusterCas;
+use crate::ratelimit::RateLimiter;
+use crate::store::{NewNode, Store, StoreError, TokenRefusal};
+
+/// What the identity handlers use: the store, the server CA (node
+/// certificates) and the tenant CAs (bundle certificates), the limits on
+/// enrolment per address and on certificates per node, the metrics.
+pub(super) struct Deps {
+    pub store: Arc<dyn Store>,
+    pub pki: Arc<Pki>,
+    pub cluster_cas: Arc<ClusterCas>,
+    pub limiter: Arc<RateLimiter>,
+    pub issue_limiter: Arc<RateLimiter<String>>,
+    pub metrics: Arc<Metrics>,
+    pub node_cert_ttl: Duration,
+}
+
+impl Deps {
+    pub fn of(s: &Shared) -> Self {
+        Deps {
+            store: s.store.clone(),
+            pki: s.pki.clone(),
+            cluster_cas: s.cluster_cas.clone(),
+            limiter: s.limiter.clone(),
+            issue_limiter: s.issue_limiter.clone(),
+            metrics: s.metrics.clone(),
+            node_cert_ttl: s.node_cert_ttl,
+        }
+    }
+}
 
 /// `Enroll`: rate limited per address; the outcome is counted by its metrics label.
 pub(super) async fn enroll(
-    s: &Shared,
+    s: &Deps,
     req: Request<pb::EnrollRequest>,
 ) -> Result<Response<pb::EnrollResponse>, Status> {
     if let Some(addr) = req.remote_addr()
@@ -60,7 +92,7 @@ pub(super) async fn enroll(
 
 /// `RenewCertificate`: a new node certificate for the same identity.
 pub(super) async fn renew(
-    s: &Shared,
+    s: &Deps,
     req: Request<pb::RenewCertificateRequest>,
 ) -> Result<Response<pb::RenewCertificateResponse>, Status> {
     let caller = require_node(&req, &*s.store).await?;
@@ -91,7 +123,7 @@ pub(super) async fn renew(
 
 /// `IssueCertificate`: a certificate of a bundle's `[[certificate]]` (the rules are in `issue.rs`).
 pub(super) async fn issue(
-    s: &Shared,
+    s: &Deps,
     req: Request<pb::IssueCertificateRequest>,
 ) -> Result<Response<pb::IssueCertificateResponse>, Status> {
     let caller = require_node(&req, &*s.store).await?;
@@ -129,10 +161,7 @@ pub(super) async fn issue(
 }
 
 /// The enrolment steps; the error carries the metrics label.
-async fn enroll_inner(
-    s: &Shared,
-    r: pb::EnrollRequest,
-) -> Result<pb::EnrollResponse, (&'static str, Status)> {
+async fn enroll_inner(s: &Deps, r: pb::EnrollRequest) -> Result<pb::EnrollResponse, (&'static str, Status)> {
     let token: BootstrapToken = r
         .token
         .parse()
@@ -207,6 +236,6 @@ async fn enroll_inner(
     })
 }
 
-async fn event(s: &Shared, id: &NodeIdentity, kind: &str, bundle: &str, version: &str, message: String) {
-    record_event(s, id, kind, bundle, version, message, now_ms()).await;
+async fn event(s: &Deps, id: &NodeIdentity, kind: &str, bundle: &str, version: &str, message: String) {
+    record_event(&*s.store, id, kind, bundle, version, message, now_ms()).await;
 }

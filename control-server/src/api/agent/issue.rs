@@ -17,9 +17,9 @@ use lks_proto::names::{validate_bundle_name, validate_version};
 use lks_proto::{BundlePath, pb};
 use tonic::Status;
 
+use super::identity::Deps;
 use crate::authz::store_status;
 use crate::clock::now_ms;
-use crate::context::Shared;
 use crate::pki::clusterca::{CertTemplate, Usage};
 use crate::store::{IssuedCertRow, Kind, NodeRow, StoreError, StoredBundle};
 
@@ -28,7 +28,7 @@ const MAX_CSR: usize = 16 * 1024;
 
 /// Signs `r` for `id`; returns the answer and the bundle name and version.
 pub async fn issue(
-    s: &Shared,
+    s: &Deps,
     id: &NodeIdentity,
     r: pb::IssueCertificateRequest,
 ) -> Result<(pb::IssueCertificateResponse, String, String), Status> {
@@ -123,7 +123,7 @@ pub async fn issue(
 }
 
 /// `bundle@version` if the node's desired state holds it.
-async fn assigned(s: &Shared, node: &NodeRow, bundle: &str, version: &str) -> Result<StoredBundle, Status> {
+async fn assigned(s: &Deps, node: &NodeRow, bundle: &str, version: &str) -> Result<StoredBundle, Status> {
     let not_assigned = || {
         Status::permission_denied(format!(
             "bundle {bundle}@{version} is not assigned to node {}",

@@ -25,17 +25,19 @@ const MAX_TEXT: usize = 4096;
 
 /// The agent API: each concern's handlers get only what they use.
 pub struct AgentApi {
-    s: Arc<Shared>,
     metrics: Arc<crate::metrics::Metrics>,
+    identity: identity::Deps,
+    session: Arc<session::Deps>,
     blobs: blobs::Deps,
 }
 
 impl AgentApi {
-    pub fn new(s: Arc<Shared>) -> Self {
+    pub fn new(s: &Shared) -> Self {
         AgentApi {
             metrics: s.metrics.clone(),
-            blobs: blobs::Deps::of(&s),
-            s,
+            identity: identity::Deps::of(s),
+            session: Arc::new(session::Deps::of(s)),
+            blobs: blobs::Deps::of(s),
         }
     }
 }
@@ -44,7 +46,7 @@ impl AgentApi {
 impl AgentService for AgentApi {
     async fn enroll(&self, req: Request<pb::EnrollRequest>) -> Result<Response<pb::EnrollResponse>, Status> {
         let _t = self.metrics.timer("Enroll");
-        identity::enroll(&self.s, req).await
+        identity::enroll(&self.identity, req).await
     }
 
     type ConnectStream = BoxStream<ServerMessage>;
@@ -54,7 +56,7 @@ impl AgentService for AgentApi {
         req: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
         let _t = self.metrics.timer("Connect");
-        session::connect(&self.s, req).await
+        session::connect(&self.session, req).await
     }
 
     async fn renew_certificate(
@@ -62,7 +64,7 @@ impl AgentService for AgentApi {
         req: Request<pb::RenewCertificateRequest>,
     ) -> Result<Response<pb::RenewCertificateResponse>, Status> {
         let _t = self.metrics.timer("RenewCertificate");
-        identity::renew(&self.s, req).await
+        identity::renew(&self.identity, req).await
     }
 
     async fn find_peers(
@@ -78,7 +80,7 @@ impl AgentService for AgentApi {
         req: Request<pb::IssueCertificateRequest>,
     ) -> Result<Response<pb::IssueCertificateResponse>, Status> {
         let _t = self.metrics.timer("IssueCertificate");
-        identity::issue(&self.s, req).await
+        identity::issue(&self.identity, req).await
     }
 
     type FetchBlobStream = BoxStream<pb::BlobChunk>;
@@ -93,7 +95,7 @@ impl AgentService for AgentApi {
 }
 
 async fn record_event(
-    s: &Shared,
+    store: &dyn crate::store::Store,
     id: &NodeIdentity,
     kind: &str,
     bundle: &str,
@@ -112,7 +114,7 @@ async fn record_event(
         version: clip(version, 128),
         message: clip(&message, MAX_TEXT),
     };
-    if let Err(e) = s.store.add_event(e).await {
+    if let Err(e) = store.add_event(e).await {
         tracing::warn!(error = %e, "record event");
     }
 }

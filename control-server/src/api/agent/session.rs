@@ -21,10 +21,53 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
 use super::{BoxStream, MAX_TEXT, clip, record_event};
+use crate::admission::OpenGate;
 use crate::authz::{NodeCaller, require_node, store_status};
 use crate::clock::now_ms;
 use crate::context::Shared;
-use crate::store::{BundleStatusRow, StoreError};
+use crate::hub::Hub;
+use crate::metrics::Metrics;
+use crate::peers::PeerCache;
+use crate::store::{BundleStatusRow, PeerSettings, Store, StoreError};
+use crate::tracker::Tracker;
+
+/// What the `Connect` streams use: the store, the hub of open streams, the
+/// peer-sharing settings and tracker, the admission gate, the rollout
+/// controller's wake-up, and the tasks each stream runs in.
+pub(super) struct Deps {
+    pub store: Arc<dyn Store>,
+    pub hub: Arc<Hub>,
+    pub peers: Arc<PeerCache>,
+    pub tracker: Arc<Tracker>,
+    pub metrics: Arc<Metrics>,
+    pub opening: Arc<OpenGate>,
+    pub rollouts_changed: Arc<tokio::sync::Notify>,
+    pub ping_interval: Duration,
+    pub cancel: tokio_util::sync::CancellationToken,
+    pub tasks: tokio_util::task::TaskTracker,
+}
+
+impl Deps {
+    pub fn of(s: &Shared) -> Self {
+        Deps {
+            store: s.store.clone(),
+            hub: s.hub.clone(),
+            peers: s.peers.clone(),
+            tracker: s.tracker.clone(),
+            metrics: s.metrics.clone(),
+            opening: s.opening.clone(),
+            rollouts_changed: s.rollouts_changed.clone(),
+            ping_interval: s.ping_interval,
+            cancel: s.cancel.clone(),
+            tasks: s.tasks.clone(),
+        }
+    }
+
+    /// The peer-sharing settings of `cluster`, read through the cache.
+    async fn peer_settings(&self, cluster: &str) -> crate::store::Result<PeerSettings> {
+        self.peers.get(&*self.store, &self.hub, cluster).await
+    }
+}
 
 /// How long a new stream may take to send its `Hello`.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
@@ -35,7 +78,7 @@ const MAX_STATUSES: usize = 1024;
 
 /// `Connect`: admitted (or told when to retry), then served by a task of its own.
 pub(super) async fn connect(
-    s: &Arc<Shared>,
+    s: &Arc<Deps>,
     req: Request<Streaming<AgentMessage>>,
 ) -> Result<Response<BoxStream<ServerMessage>>, Status> {
     // Held until the first desired state is sent: the store work of a
@@ -194,7 +237,7 @@ fn ended_by_hub(reg: &crate::hub::Registration) -> Status {
 
 /// One agent's `Connect` stream.
 struct Session {
-    s: Arc<Shared>,
+    s: Arc<Deps>,
     caller: NodeCaller,
     /// Boxed: a tokio channel allocates its slots 32 at a time, and
     /// `Result<ServerMessage, Status>` is ~200 bytes, held for as long as
@@ -420,7 +463,7 @@ impl Session {
                     self.s.metrics.bad_peer_reported();
                 }
                 record_event(
-                    &self.s,
+                    &*self.s.store,
                     &self.caller.id,
                     &e.kind,
                     &e.bundle,

@@ -15,13 +15,34 @@ use tonic::{Response, Status};
 
 use super::invalid;
 use crate::authz::store_status;
+use crate::blobs::Blobs;
 use crate::clock::now_ms;
 use crate::context::Shared;
+use crate::metrics::Metrics;
+use crate::store::Store;
 use crate::store::{BundleRow, EventRow, StoreError};
+
+/// What the bundle handlers use: the store, the blobs a publish uploads
+/// into, the metrics it counts them in.
+pub(super) struct Deps {
+    pub store: std::sync::Arc<dyn Store>,
+    pub blobs: std::sync::Arc<Blobs>,
+    pub metrics: std::sync::Arc<Metrics>,
+}
+
+impl Deps {
+    pub fn of(s: &Shared) -> Self {
+        Deps {
+            store: s.store.clone(),
+            blobs: s.blobs.clone(),
+            metrics: s.metrics.clone(),
+        }
+    }
+}
 
 /// `ListBundles`.
 pub(super) async fn list(
-    s: &Shared,
+    s: &Deps,
     req: pb::ListBundlesRequest,
 ) -> Result<Response<pb::ListBundlesResponse>, Status> {
     let name = req.name;
@@ -36,7 +57,7 @@ pub(super) async fn list(
 }
 
 /// `GetBundle`: the signed bundle as published.
-pub(super) async fn get(s: &Shared, req: pb::GetBundleRequest) -> Result<Response<pb::Bundle>, Status> {
+pub(super) async fn get(s: &Deps, req: pb::GetBundleRequest) -> Result<Response<pb::Bundle>, Status> {
     let row = published(s, &req).await?;
     let bundle = pb::SignedBundle::from(row.bundle.signed());
     Ok(Response::new(pb::Bundle {
@@ -47,7 +68,7 @@ pub(super) async fn get(s: &Shared, req: pb::GetBundleRequest) -> Result<Respons
 
 /// `DeleteBundle`: answers the bytes its blobs no other version holds.
 pub(super) async fn delete(
-    s: &Shared,
+    s: &Deps,
     r: pb::GetBundleRequest,
     who: String,
 ) -> Result<Response<pb::DeleteBundleResponse>, Status> {
@@ -95,7 +116,7 @@ pub(super) async fn delete(
 }
 
 /// The published version a request names; `not_found` if there is none.
-async fn published(s: &Shared, r: &pb::GetBundleRequest) -> Result<BundleRow, Status> {
+async fn published(s: &Deps, r: &pb::GetBundleRequest) -> Result<BundleRow, Status> {
     stored(s, r)
         .await?
         .map_err(store_status)?
@@ -104,10 +125,7 @@ async fn published(s: &Shared, r: &pb::GetBundleRequest) -> Result<BundleRow, St
 
 /// What the store answers for the version a request names, once the name
 /// and version are valid.
-async fn stored(
-    s: &Shared,
-    r: &pb::GetBundleRequest,
-) -> Result<Result<Option<BundleRow>, StoreError>, Status> {
+async fn stored(s: &Deps, r: &pb::GetBundleRequest) -> Result<Result<Option<BundleRow>, StoreError>, Status> {
     validate_bundle_name(&r.name).map_err(invalid)?;
     validate_version(&r.version).map_err(invalid)?;
     Ok(s.store.get_bundle(&r.name, &r.version).await)

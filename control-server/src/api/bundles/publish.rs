@@ -14,15 +14,15 @@ use lks_proto::{Digest, Manifest, SignedBundle, canonical, sign};
 use tonic::{Response, Status, Streaming};
 
 use super::super::invalid;
+use super::Deps;
 use crate::authz::{blob_status, store_status};
 use crate::blobs::{BlobError, BlobWriter, StagedBlob, Upload};
 use crate::clock::now_ms;
-use crate::context::Shared;
 use crate::store::{EventRow, NewBundle, PutOutcome};
 
 /// `PublishBundle`: the header, the bytes, then the record.
 pub(in crate::api) async fn publish(
-    s: &Shared,
+    s: &Deps,
     mut inbound: Streaming<pb::PublishBundleRequest>,
 ) -> Result<Response<pb::PublishBundleResponse>, Status> {
     let signed = read_header(&mut inbound).await?;
@@ -87,7 +87,7 @@ async fn read_header(inbound: &mut Streaming<pb::PublishBundleRequest>) -> Resul
 /// false` (the rest of the stream read, so the client sees a clean close),
 /// other content is refused — versions are immutable.
 async fn already_published(
-    s: &Shared,
+    s: &Deps,
     m: &Manifest,
     manifest_digest: &Digest,
     inbound: &mut Streaming<pb::PublishBundleRequest>,
@@ -117,7 +117,7 @@ async fn already_published(
 
 /// The bytes the server must hold: files without a mirror URL, each
 /// within the blob store's size limit.
-fn expected_blobs(s: &Shared, m: &Manifest) -> Result<BTreeMap<Digest, u64>, Status> {
+fn expected_blobs(s: &Deps, m: &Manifest) -> Result<BTreeMap<Digest, u64>, Status> {
     let mut expected: BTreeMap<Digest, u64> = BTreeMap::new();
     for (i, f) in m.files.iter().enumerate().filter(|(_, f)| f.url.is_none()) {
         if let Some(size) = expected.insert(f.digest, f.size)
@@ -191,7 +191,7 @@ impl Receiver {
     /// locally, hashed against its chunk list, and staged when it ends.
     async fn receive(
         &mut self,
-        s: &Shared,
+        s: &Deps,
         m: &Manifest,
         inbound: &mut Streaming<pb::PublishBundleRequest>,
         expected: &BTreeMap<Digest, u64>,
@@ -278,7 +278,7 @@ impl Receiver {
 /// refuses the publish; then every blob is claimed and the staged ones
 /// take their local names.
 async fn prepare(
-    s: &Shared,
+    s: &Deps,
     m: &Manifest,
     expected: &BTreeMap<Digest, u64>,
     lists: &BTreeMap<Digest, &Chunks>,
@@ -346,7 +346,7 @@ async fn prepare(
 /// claimed (or are dropped if another publish stored the blob). Returns
 /// the blobs they took care of.
 async fn finish_uploads(
-    s: &Shared,
+    s: &Deps,
     m: &Manifest,
     expected: &BTreeMap<Digest, u64>,
     mut uploads: Uploads,
@@ -379,7 +379,7 @@ async fn finish_uploads(
 /// The rest into the blob store before the bundle is recorded, so any
 /// replica can serve them once publish answers (blobs/mod.rs).
 async fn persist_rest(
-    s: &Shared,
+    s: &Deps,
     m: &Manifest,
     expected: &BTreeMap<Digest, u64>,
     in_store: &HashSet<Digest>,
@@ -399,7 +399,7 @@ async fn persist_rest(
 
 /// Records the bundle (and, if it is new, the `bundle_published` event);
 /// true if it was created.
-async fn record(s: &Shared, signed: SignedBundle, expected: &BTreeMap<Digest, u64>) -> Result<bool, Status> {
+async fn record(s: &Deps, signed: SignedBundle, expected: &BTreeMap<Digest, u64>) -> Result<bool, Status> {
     let new = NewBundle::new(signed, expected.keys().copied().collect(), now_ms());
     let (stored, is_signed) = (new.bundle.clone(), new.signed);
     let m = stored.manifest();
