@@ -1,7 +1,7 @@
 //! Applying bundles to this node: the engine and its journalled
-//! transactions, the blob cache, the persisted local state, the durable
-//! file writes they rest on, the step and health-check runner, and drift
-//! watching.
+//! transactions, the blob cache, the persisted local state, the confined
+//! node root and the durable file writes they rest on, the step and
+//! health-check runner, and drift watching.
 
 pub mod cache;
 pub mod drift;
@@ -9,5 +9,6 @@ pub mod engine;
 pub mod flushwriter;
 pub mod fsutil;
 pub mod journal;
+pub mod root;
 pub mod runner;
 pub mod state;

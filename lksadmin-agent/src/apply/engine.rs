@@ -31,7 +31,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use lks_proto::arch::Arch;
-use lks_proto::root::{NodeRoot, RootError};
 use lks_proto::sign::PublisherKey;
 use lks_proto::{BundlePath, BundleState, Digest, SignedBundle, pb};
 use tokio::sync::{mpsc, watch};
@@ -50,6 +49,7 @@ pub use error::{ApplyError, StageError, WriteError};
 use crate::apply::cache::Cache;
 use crate::apply::fsutil::{self, FsError, InodeMeta};
 use crate::apply::journal::{IllegalTransition, Journal};
+use crate::apply::root::{NodeRoot, RootError};
 use crate::apply::runner::CommandRunner;
 use crate::apply::state::{Activity, BundleRecord, LocalState, StatusRec};
 use crate::clock::Clock;

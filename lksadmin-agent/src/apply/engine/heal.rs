@@ -7,12 +7,12 @@
 use std::collections::BTreeSet;
 use std::fs;
 
-use lks_proto::root::RootError;
 use lks_proto::{BundlePath, Digest, FileSpec, Manifest};
 
 use super::files::write_entry;
 use super::{ApplyError, Engine, EngineError, FULL_REHASH_MS, HealReport, is_regular};
 use crate::apply::fsutil::InodeMeta;
+use crate::apply::root::RootError;
 use crate::apply::state::{Activity, Content};
 
 impl Engine {

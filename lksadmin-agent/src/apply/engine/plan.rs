@@ -8,7 +8,6 @@ use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::Read;
 
-use lks_proto::root::RootError;
 use lks_proto::sign;
 use lks_proto::{BundlePath, BundleState, Digest, Manifest, SignedBundle, pb};
 use prost::Message;
@@ -16,6 +15,7 @@ use prost::Message;
 use super::{ApplyError, Engine, EngineError, ISSUE_RETRY_MS, Verdict, bundle_key, is_regular, rfc3339};
 use crate::apply::cache::FetchError;
 use crate::apply::journal::{PathPlan, Phase, Txn, Want};
+use crate::apply::root::RootError;
 use crate::apply::state::{BundleRecord, Content, OriginalRec};
 use crate::node::certs::IssueError;
 
