@@ -1,8 +1,9 @@
 //! The one outward stream to the control server (`Connect`): Hello with
 //! facts and actual state, heartbeats, Pong for every Ping, a status report
 //! after every state change, node events; desired state and commands flow
-//! back to the engine. Reconnects with jittered exponential backoff,
-//! failing over between the configured server URLs.
+//! back to the engine (a desired state converted to the engine's terms
+//! here, once, as it arrives). Reconnects with jittered exponential
+//! backoff, failing over between the configured server URLs.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,6 +15,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::apply::desired::Desired;
 use crate::apply::engine::StatusSnapshot;
 use crate::clock::now_ms;
 use crate::config::StateDir;
@@ -33,6 +35,24 @@ pub enum EngineCmd {
     Connected,
 }
 
+/// A desired state from the server, converted once on arrival: the engine
+/// acts on its domain form; peer sharing reads the blobs to serve and its
+/// settings from the message itself.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub desired: Arc<Desired>,
+    pub message: Arc<pb::DesiredState>,
+}
+
+impl From<pb::DesiredState> for Received {
+    fn from(message: pb::DesiredState) -> Self {
+        Received {
+            desired: Arc::new(Desired::from(&message)),
+            message: Arc::new(message),
+        }
+    }
+}
+
 /// Everything the connection task owns.
 pub struct Connection {
     pub dirs: StateDir,
@@ -40,7 +60,7 @@ pub struct Connection {
     pub channel: SharedChannel,
     pub status: watch::Receiver<StatusSnapshot>,
     pub events: mpsc::Receiver<pb::NodeEvent>,
-    pub desired: watch::Sender<Option<pb::DesiredState>>,
+    pub desired: watch::Sender<Option<Received>>,
     pub commands: mpsc::Sender<EngineCmd>,
     pub conn_file: Arc<ConnStatusFile>,
     pub heartbeat: Duration,
@@ -232,7 +252,7 @@ impl Connection {
                     bundles = d.bundles.len(),
                     "desired state received"
                 );
-                self.desired.send_replace(Some(d));
+                self.desired.send_replace(Some(Received::from(d)));
             }
             Some(In::Ping(p)) => tx.send(out(Out::Pong(pb::Pong { nonce: p.nonce }))).await?,
             Some(In::Command(c)) => match c.cmd {
