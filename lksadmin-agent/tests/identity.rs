@@ -16,6 +16,7 @@ use lksadmin_agent::clock::SystemClock;
 use lksadmin_agent::config::StateDir;
 use lksadmin_agent::desired::Desired;
 use lksadmin_agent::engine::{Engine, EngineConfig, Reporter, StatusSnapshot};
+use lksadmin_agent::report::NodeEvent;
 use lksadmin_agent::runner::ProcessRunner;
 use lksadmin_agent::source::{BlobSource, BlobStream, BoxFuture, SourceError};
 use rcgen::{
@@ -173,7 +174,7 @@ struct Fixture {
     engine: Engine,
     generation: u64,
     _status: watch::Receiver<StatusSnapshot>,
-    _events: mpsc::Receiver<pb::NodeEvent>,
+    _events: mpsc::Receiver<NodeEvent>,
 }
 
 impl Fixture {

@@ -14,6 +14,7 @@ use prost::Message;
 
 use crate::apply::desired::Desired;
 use crate::apply::fsutil::{self, FsError};
+use crate::apply::report::BundleStatus;
 
 /// What a path held: nothing, or a regular file with these bytes and mode.
 /// `stored` names the copy of the bytes (a file name in the backup or
@@ -206,16 +207,16 @@ impl LocalState {
         fsutil::write_atomic(path, &self.encode(path)?, 0o600)
     }
 
-    /// The bundle states as the wire wants them.
-    pub fn statuses(&self) -> Vec<pb::BundleStatus> {
+    /// Every bundle's state, as reported to the server.
+    pub fn statuses(&self) -> Vec<BundleStatus> {
         self.bundles
             .iter()
             .map(|(name, r)| {
                 let f = r.fetched_for(&r.status.version);
-                pb::BundleStatus {
+                BundleStatus {
                     name: name.clone(),
                     version: r.status.version.clone(),
-                    state: pb::BundleState::from(r.status.state) as i32,
+                    state: r.status.state,
                     message: r.status.message.clone(),
                     updated_at_ms: r.status.updated_at_ms,
                     fetched_from_server: f.0,

@@ -15,6 +15,7 @@ use lksadmin_agent::clock::SystemClock;
 use lksadmin_agent::config::StateDir;
 use lksadmin_agent::desired::Desired;
 use lksadmin_agent::engine::{Engine, EngineConfig, Reporter, StatusSnapshot};
+use lksadmin_agent::report::NodeEvent;
 use lksadmin_agent::runner::ProcessRunner;
 use lksadmin_agent::source::{BlobSource, BlobStream, BoxFuture, SourceError};
 use tokio::sync::{mpsc, watch};
@@ -67,7 +68,7 @@ struct Fixture {
     state: PathBuf,
     log: PathBuf,
     source: FakeSource,
-    events: mpsc::Receiver<pb::NodeEvent>,
+    events: mpsc::Receiver<NodeEvent>,
     engine: Engine,
     generation: u64,
     _status: watch::Receiver<StatusSnapshot>,
