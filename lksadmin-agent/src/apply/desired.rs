@@ -10,7 +10,8 @@
 //! applied. A name listed twice keeps its first entry.
 //!
 //! The message is kept encoded beside its domain form: `desired.pb` stores
-//! exactly what arrived, so the file's format is the wire's.
+//! the received message encoded again, as it always has (prost drops
+//! unknown fields when it decodes), so the file's format stays the wire's.
 
 use std::collections::{BTreeMap, BTreeSet};
 
