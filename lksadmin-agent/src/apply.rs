@@ -1,13 +1,17 @@
-//! Applying bundles to this node: the engine and its journalled
-//! transactions, the blob cache, the persisted local state, the durable
-//! file writes they rest on, the step and health-check runner, and drift
-//! watching.
+//! Applying bundles to this node: the desired state in the agent's own
+//! terms, the engine and its journalled transactions, the blob cache, the
+//! persisted local state, what is reported to the server, the confined
+//! node root and the durable file writes they rest on, the step and
+//! health-check runner, and drift watching.
 
 pub mod cache;
+pub mod desired;
 pub mod drift;
 pub mod engine;
 pub mod flushwriter;
 pub mod fsutil;
 pub mod journal;
+pub mod report;
+pub mod root;
 pub mod runner;
 pub mod state;

@@ -14,18 +14,19 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lks_proto::{BundleState, pb};
+use lks_proto::BundleState;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::apply::desired::Desired;
 use crate::apply::drift::DriftWatcher;
 use crate::apply::engine::{Engine, EngineConfig, EngineError, Reporter, StatusSnapshot};
 use crate::apply::runner::ProcessRunner;
 use crate::apply::state;
 use crate::clock::SystemClock;
 use crate::config::{ConfigError, StateDir};
-use crate::link::connection::{Connection, EngineCmd};
+use crate::link::connection::{Connection, EngineCmd, Received};
 use crate::link::source::{NetSource, SharedChannel, SourceError};
 use crate::node::notify;
 use crate::node::renew;
@@ -229,13 +230,13 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<RunEnd, 
 async fn follow_peer_sharing(
     mut host: crate::link::peer::PeerHost,
     swarm: Arc<crate::link::swarm::Swarm>,
-    mut desired: watch::Receiver<Option<pb::DesiredState>>,
+    mut desired: watch::Receiver<Option<Received>>,
     cancel: CancellationToken,
 ) {
     let mut again = tokio::time::interval(Duration::from_secs(60));
     loop {
         let d = desired.borrow_and_update().clone();
-        if let Some(d) = d {
+        if let Some(Received { message: d, .. }) = d {
             swarm.set_on(d.peer_sharing.is_some());
             host.apply(&d).await;
         }
@@ -251,7 +252,7 @@ async fn follow_peer_sharing(
 async fn engine_loop(
     mut engine: Engine,
     dirs: StateDir,
-    mut desired_rx: watch::Receiver<Option<pb::DesiredState>>,
+    mut desired_rx: watch::Receiver<Option<Received>>,
     mut cmd_rx: mpsc::Receiver<EngineCmd>,
     heal_interval: Duration,
     stop: Stop,
@@ -267,7 +268,7 @@ async fn engine_loop(
     engine.publish_now();
     let _ = ready.send(());
     let mut desired = match state::load_desired(&dirs.desired()) {
-        Ok(d) => d,
+        Ok(d) => d.map(Arc::new),
         Err(e) => {
             tracing::error!("load the last desired state: {e}");
             None
@@ -300,7 +301,7 @@ async fn engine_loop(
                 if r.is_err() {
                     break;
                 }
-                let Some(d) = desired_rx.borrow_and_update().clone() else { continue };
+                let Some(Received { desired: d, .. }) = desired_rx.borrow_and_update().clone() else { continue };
                 reconcile(&mut engine, &d, true).await;
                 desired = Some(d);
             }
@@ -409,7 +410,7 @@ fn watch_managed(drift: &mut Option<DriftWatcher>, engine: &Engine) {
     }
 }
 
-async fn reconcile(engine: &mut Engine, d: &pb::DesiredState, store: bool) {
+async fn reconcile(engine: &mut Engine, d: &Desired, store: bool) {
     let r = if store {
         engine.accept_desired(d).await
     } else {

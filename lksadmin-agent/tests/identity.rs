@@ -14,7 +14,9 @@ use lks_proto::{BundlePath, BundleState, FileSpec, Manifest, SignedBundle, pb};
 use lksadmin_agent::certs::{CertIssuer, IssueError};
 use lksadmin_agent::clock::SystemClock;
 use lksadmin_agent::config::StateDir;
+use lksadmin_agent::desired::Desired;
 use lksadmin_agent::engine::{Engine, EngineConfig, Reporter, StatusSnapshot};
+use lksadmin_agent::report::NodeEvent;
 use lksadmin_agent::runner::ProcessRunner;
 use lksadmin_agent::source::{BlobSource, BlobStream, BoxFuture, SourceError};
 use rcgen::{
@@ -172,7 +174,7 @@ struct Fixture {
     engine: Engine,
     generation: u64,
     _status: watch::Receiver<StatusSnapshot>,
-    _events: mpsc::Receiver<pb::NodeEvent>,
+    _events: mpsc::Receiver<NodeEvent>,
 }
 
 impl Fixture {
@@ -247,7 +249,7 @@ impl Fixture {
             bundles: vec![pb::SignedBundle::from(&b)],
             ..Default::default()
         };
-        self.engine.accept_desired(&d).await.unwrap();
+        self.engine.accept_desired(&Desired::from(&d)).await.unwrap();
     }
 
     fn read(&self, path: &str) -> Option<(Vec<u8>, u32)> {
@@ -354,7 +356,7 @@ async fn certificates_keys_ca_and_kubeconfig_are_made_on_the_node() {
         generation: f.generation,
         ..Default::default()
     };
-    f.engine.accept_desired(&empty).await.unwrap();
+    f.engine.accept_desired(&Desired::from(&empty)).await.unwrap();
     for path in [
         "/var/lib/kubelet/pki/kubelet-client.key",
         "/etc/kubernetes/kubelet.conf",

@@ -27,7 +27,6 @@ pub mod limits;
 pub mod manifest;
 pub mod names;
 pub mod path;
-pub mod root;
 pub mod sign;
 pub mod tls;
 pub mod token;

@@ -31,9 +31,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use lks_proto::arch::Arch;
-use lks_proto::root::{NodeRoot, RootError};
 use lks_proto::sign::PublisherKey;
-use lks_proto::{BundlePath, BundleState, Digest, SignedBundle, pb};
+use lks_proto::{BundlePath, BundleState, Digest, SignedBundle};
 use tokio::sync::{mpsc, watch};
 
 mod error;
@@ -50,6 +49,8 @@ pub use error::{ApplyError, StageError, WriteError};
 use crate::apply::cache::Cache;
 use crate::apply::fsutil::{self, FsError, InodeMeta};
 use crate::apply::journal::{IllegalTransition, Journal};
+use crate::apply::report::{BundleStatus, NodeEvent};
+use crate::apply::root::{NodeRoot, RootError};
 use crate::apply::runner::CommandRunner;
 use crate::apply::state::{Activity, BundleRecord, LocalState, StatusRec};
 use crate::clock::Clock;
@@ -104,19 +105,19 @@ pub enum EngineError {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StatusSnapshot {
     pub generation: u64,
-    pub bundles: Vec<pb::BundleStatus>,
+    pub bundles: Vec<BundleStatus>,
 }
 
 /// Where the engine announces state changes and events.
 #[derive(Default)]
 pub struct Reporter {
     pub status: Option<watch::Sender<StatusSnapshot>>,
-    pub events: Option<mpsc::Sender<pb::NodeEvent>>,
+    pub events: Option<mpsc::Sender<NodeEvent>>,
     dropped: u64,
 }
 
 impl Reporter {
-    pub fn new(status: watch::Sender<StatusSnapshot>, events: mpsc::Sender<pb::NodeEvent>) -> Self {
+    pub fn new(status: watch::Sender<StatusSnapshot>, events: mpsc::Sender<NodeEvent>) -> Self {
         Reporter {
             status: Some(status),
             events: Some(events),
@@ -318,7 +319,7 @@ impl Engine {
     /// An event with the bytes fetched for the version (server, peers).
     fn event_with(&mut self, kind: &str, bundle: &str, version: &str, message: &str, fetched: (u64, u64)) {
         tracing::info!(kind, bundle, version, "{message}");
-        let ev = pb::NodeEvent {
+        let ev = NodeEvent {
             peer: String::new(),
             fetched_from_server: fetched.0,
             fetched_from_peers: fetched.1,

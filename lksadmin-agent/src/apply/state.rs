@@ -12,7 +12,9 @@ use std::path::Path;
 use lks_proto::{BundlePath, BundleState, Digest, Manifest, pb};
 use prost::Message;
 
+use crate::apply::desired::Desired;
 use crate::apply::fsutil::{self, FsError};
+use crate::apply::report::BundleStatus;
 
 /// What a path held: nothing, or a regular file with these bytes and mode.
 /// `stored` names the copy of the bytes (a file name in the backup or
@@ -205,16 +207,16 @@ impl LocalState {
         fsutil::write_atomic(path, &self.encode(path)?, 0o600)
     }
 
-    /// The bundle states as the wire wants them.
-    pub fn statuses(&self) -> Vec<pb::BundleStatus> {
+    /// Every bundle's state, as reported to the server.
+    pub fn statuses(&self) -> Vec<BundleStatus> {
         self.bundles
             .iter()
             .map(|(name, r)| {
                 let f = r.fetched_for(&r.status.version);
-                pb::BundleStatus {
+                BundleStatus {
                     name: name.clone(),
                     version: r.status.version.clone(),
-                    state: pb::BundleState::from(r.status.state) as i32,
+                    state: r.status.state,
                     message: r.status.message.clone(),
                     updated_at_ms: r.status.updated_at_ms,
                     fetched_from_server: f.0,
@@ -226,21 +228,22 @@ impl LocalState {
 }
 
 /// Loads the last desired state (`desired.pb`); `None` if never received.
-pub fn load_desired(path: &Path) -> Result<Option<pb::DesiredState>, FsError> {
+pub fn load_desired(path: &Path) -> Result<Option<Desired>, FsError> {
     fsutil::read_optional(path)?
-        .map(|bytes| parse_desired(path, &bytes))
+        .map(|bytes| parse_desired(path, &bytes).map(|d| Desired::from(&d)))
         .transpose()
 }
 
-/// The desired state in `bytes`, as [`load_desired`] reads it from `path`
-/// (which only names the file in the error).
+/// The desired state message in `bytes`, as [`load_desired`] reads it from
+/// `path` (which only names the file in the error).
 pub fn parse_desired(path: &Path, bytes: &[u8]) -> Result<pb::DesiredState, FsError> {
     pb::DesiredState::decode(bytes).map_err(|e| FsError::new("decode", path, std::io::Error::other(e)))
 }
 
-/// Stores a desired state durably before the agent acts on it.
-pub fn save_desired(path: &Path, d: &pb::DesiredState) -> Result<(), FsError> {
-    fsutil::write_atomic(path, &d.encode_to_vec(), 0o600)
+/// Stores a desired state durably before the agent acts on it: the message
+/// it was converted from, encoded.
+pub fn save_desired(path: &Path, d: &Desired) -> Result<(), FsError> {
+    fsutil::write_atomic(path, d.encoded(), 0o600)
 }
 
 #[cfg(test)]

@@ -1,8 +1,9 @@
 //! The one outward stream to the control server (`Connect`): Hello with
 //! facts and actual state, heartbeats, Pong for every Ping, a status report
 //! after every state change, node events; desired state and commands flow
-//! back to the engine. Reconnects with jittered exponential backoff,
-//! failing over between the configured server URLs.
+//! back to the engine (a desired state converted to the engine's terms
+//! here, once, as it arrives). Reconnects with jittered exponential
+//! backoff, failing over between the configured server URLs.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,7 +15,9 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::apply::desired::Desired;
 use crate::apply::engine::StatusSnapshot;
+use crate::apply::report::{BundleStatus, NodeEvent};
 use crate::clock::now_ms;
 use crate::config::StateDir;
 use crate::link::backoff::{self, Backoff, Rotation, retry_hint};
@@ -33,14 +36,32 @@ pub enum EngineCmd {
     Connected,
 }
 
+/// A desired state from the server, converted once on arrival: the engine
+/// acts on its domain form; peer sharing reads the blobs to serve and its
+/// settings from the message itself.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub desired: Arc<Desired>,
+    pub message: Arc<pb::DesiredState>,
+}
+
+impl From<pb::DesiredState> for Received {
+    fn from(message: pb::DesiredState) -> Self {
+        Received {
+            desired: Arc::new(Desired::from(&message)),
+            message: Arc::new(message),
+        }
+    }
+}
+
 /// Everything the connection task owns.
 pub struct Connection {
     pub dirs: StateDir,
     pub servers: Vec<String>,
     pub channel: SharedChannel,
     pub status: watch::Receiver<StatusSnapshot>,
-    pub events: mpsc::Receiver<pb::NodeEvent>,
-    pub desired: watch::Sender<Option<pb::DesiredState>>,
+    pub events: mpsc::Receiver<NodeEvent>,
+    pub desired: watch::Sender<Option<Received>>,
     pub commands: mpsc::Sender<EngineCmd>,
     pub conn_file: Arc<ConnStatusFile>,
     pub heartbeat: Duration,
@@ -160,7 +181,7 @@ impl Connection {
                 peer_listen: self.peer_listen.map(|a| a.to_string()).unwrap_or_default(),
                 ..facts::collect()
             }),
-            bundles: snap.bundles,
+            bundles: wire_statuses(snap.bundles),
             desired_generation: snap.generation,
             features: facts::FEATURES.iter().map(|f| f.to_string()).collect(),
         };
@@ -214,7 +235,7 @@ impl Connection {
                     tx.send(report(snap)).await.map_err(closed)?;
                 }
                 Some(ev) = self.events.recv() => {
-                    tx.send(out(Out::Event(ev))).await.map_err(closed)?;
+                    tx.send(out(Out::Event(wire_event(ev)))).await.map_err(closed)?;
                 }
             }
         }
@@ -232,7 +253,7 @@ impl Connection {
                     bundles = d.bundles.len(),
                     "desired state received"
                 );
-                self.desired.send_replace(Some(d));
+                self.desired.send_replace(Some(Received::from(d)));
             }
             Some(In::Ping(p)) => tx.send(out(Out::Pong(pb::Pong { nonce: p.nonce }))).await?,
             Some(In::Command(c)) => match c.cmd {
@@ -254,6 +275,91 @@ impl Connection {
 fn report(snap: StatusSnapshot) -> pb::AgentMessage {
     out(Out::Status(pb::StatusReport {
         generation: snap.generation,
-        bundles: snap.bundles,
+        bundles: wire_statuses(snap.bundles),
     }))
+}
+
+/// The bundle states as the wire carries them.
+fn wire_statuses(bundles: Vec<BundleStatus>) -> Vec<pb::BundleStatus> {
+    bundles
+        .into_iter()
+        .map(|s| pb::BundleStatus {
+            name: s.name,
+            version: s.version,
+            state: pb::BundleState::from(s.state) as i32,
+            message: s.message,
+            updated_at_ms: s.updated_at_ms,
+            fetched_from_server: s.fetched_from_server,
+            fetched_from_peers: s.fetched_from_peers,
+        })
+        .collect()
+}
+
+/// A node event as the wire carries it.
+fn wire_event(e: NodeEvent) -> pb::NodeEvent {
+    pb::NodeEvent {
+        kind: e.kind,
+        bundle: e.bundle,
+        version: e.version,
+        message: e.message,
+        at_ms: e.at_ms,
+        peer: e.peer,
+        fetched_from_server: e.fetched_from_server,
+        fetched_from_peers: e.fetched_from_peers,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lks_proto::BundleState;
+
+    use super::*;
+
+    #[test]
+    fn statuses_and_events_reach_the_wire_field_for_field() {
+        let s = BundleStatus {
+            name: "app".into(),
+            version: "2".into(),
+            state: BundleState::RolledBack,
+            message: "health check failed".into(),
+            updated_at_ms: 5,
+            fetched_from_server: 7,
+            fetched_from_peers: 11,
+        };
+        assert_eq!(
+            wire_statuses(vec![s]),
+            [pb::BundleStatus {
+                name: "app".into(),
+                version: "2".into(),
+                state: pb::BundleState::RolledBack as i32,
+                message: "health check failed".into(),
+                updated_at_ms: 5,
+                fetched_from_server: 7,
+                fetched_from_peers: 11,
+            }]
+        );
+        let e = NodeEvent {
+            kind: "bad_peer".into(),
+            bundle: "app".into(),
+            version: "2".into(),
+            message: "piece 0 does not match".into(),
+            at_ms: 9,
+            peer: "node-2".into(),
+            fetched_from_server: 1,
+            fetched_from_peers: 2,
+        };
+        assert_eq!(
+            wire_event(e),
+            pb::NodeEvent {
+                kind: "bad_peer".into(),
+                bundle: "app".into(),
+                version: "2".into(),
+                message: "piece 0 does not match".into(),
+                at_ms: 9,
+                peer: "node-2".into(),
+                fetched_from_server: 1,
+                fetched_from_peers: 2,
+            }
+        );
+    }
 }

@@ -33,6 +33,7 @@ use lks_proto::{Digest, FileSpec, pb};
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 
+use crate::apply::report::NodeEvent;
 use crate::config::StateDir;
 use crate::link::client::NodeCredentials;
 
@@ -105,7 +106,7 @@ pub struct Swarm {
     cluster: String,
     /// Peer sharing is on for this node's cluster.
     on: AtomicBool,
-    events: mpsc::Sender<pb::NodeEvent>,
+    events: mpsc::Sender<NodeEvent>,
     conns: Mutex<HashMap<(String, SocketAddr), Channel>>,
     pub stats: FetchStats,
 }
@@ -116,7 +117,7 @@ impl Swarm {
         server: SharedChannel,
         dirs: StateDir,
         cluster: String,
-        events: mpsc::Sender<pb::NodeEvent>,
+        events: mpsc::Sender<NodeEvent>,
     ) -> Self {
         Swarm {
             shared,
@@ -432,7 +433,7 @@ impl Swarm {
     fn report_bad_peer(&self, peer: &str, digest: &Digest, i: usize, got: &Digest) {
         self.stats.bad_peers.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(peer = %peer, %digest, piece = i, "peer sharing: a piece does not match its digest; peer dropped and reported");
-        let _ = self.events.try_send(pb::NodeEvent {
+        let _ = self.events.try_send(NodeEvent {
             fetched_from_server: 0,
             fetched_from_peers: 0,
             kind: "bad_peer".into(),

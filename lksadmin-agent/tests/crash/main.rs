@@ -21,6 +21,7 @@ use lks_proto::manifest::{HealthCheck, Step};
 use lks_proto::{BundlePath, BundleState, Digest, FileSpec, Manifest, SignedBundle, pb};
 use lksadmin_agent::cache::Cache;
 use lksadmin_agent::config::{AgentConfig, StateDir};
+use lksadmin_agent::desired::Desired;
 use lksadmin_agent::fault;
 use lksadmin_agent::state::{LocalState, save_desired};
 
@@ -176,7 +177,7 @@ impl Node {
                 .collect(),
             ..Default::default()
         };
-        save_desired(&StateDir::new(&self.state).desired(), &d).unwrap();
+        save_desired(&StateDir::new(&self.state).desired(), &Desired::from(&d)).unwrap();
     }
 
     fn spawn(&self, fault_point: Option<&str>) -> Child {

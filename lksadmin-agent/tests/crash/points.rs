@@ -228,12 +228,11 @@ fn crashes_while_steps_run_give_up_after_three_then_retry_after_a_backoff_or_on_
 
     // The operator asks for a retry (`lksctl node retry`): it applies.
     let d = StateDir::new(&n.state);
-    let mut desired = lksadmin_agent::state::load_desired(&d.desired())
-        .unwrap()
-        .unwrap();
+    let mut desired =
+        lksadmin_agent::state::parse_desired(&d.desired(), &std::fs::read(d.desired()).unwrap()).unwrap();
     desired.generation += 1;
     desired.retry.insert("app".into(), desired.generation);
-    save_desired(&d.desired(), &desired).unwrap();
+    save_desired(&d.desired(), &Desired::from(&desired)).unwrap();
     n.run_until("v2 applied on request", |n| {
         n.bundle_state() == Some(("2".into(), BundleState::Applied))
     });

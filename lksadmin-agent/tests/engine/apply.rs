@@ -105,7 +105,7 @@ async fn failing_step_rolls_back_to_exact_previous_bytes_and_modes() {
 
     // The failed version is not retried for the same desired state ...
     let before = f.log_lines().len();
-    f.engine.reconcile(&state_of(&f)).await.unwrap();
+    f.engine.reconcile(&Desired::from(&state_of(&f))).await.unwrap();
     assert_eq!(f.log_lines().len(), before);
 }
 
@@ -382,7 +382,7 @@ async fn blob_source_offline_leaves_bundle_pending_then_applies() {
     assert!(message.contains("offline"), "{message}");
     assert!(f.tree().is_empty());
     f.source.add(b"late bytes");
-    f.engine.reconcile(&state_of(&f)).await.unwrap();
+    f.engine.reconcile(&Desired::from(&state_of(&f))).await.unwrap();
     assert_eq!(f.status("late").1, BundleState::Applied);
 }
 

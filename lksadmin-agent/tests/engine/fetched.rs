@@ -154,7 +154,7 @@ async fn a_rolled_back_version_is_tried_again_without_a_new_download() {
     let mut d = state_of(&f);
     d.generation += 1;
     d.retry.insert("svc".into(), d.generation);
-    f.engine.accept_desired(&d).await.unwrap();
+    f.engine.accept_desired(&Desired::from(&d)).await.unwrap();
     assert_eq!(f.status("svc").1, BundleState::Applied, "{}", f.status("svc").2);
     assert_eq!(
         f.read("/etc/svc.conf"),

@@ -1,7 +1,7 @@
 //! The apply engine against real files in a temp root, with a fake blob
 //! source and real processes (`sh -c` scripts) for steps and health checks.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -13,7 +13,9 @@ use lks_proto::sign::SigningKey;
 use lks_proto::{BundlePath, BundleState, Digest, FileSpec, Manifest, SignedBundle, pb};
 use lksadmin_agent::clock::SystemClock;
 use lksadmin_agent::config::StateDir;
+use lksadmin_agent::desired::Desired;
 use lksadmin_agent::engine::{Engine, EngineConfig, Reporter, StatusSnapshot};
+use lksadmin_agent::report::NodeEvent;
 use lksadmin_agent::runner::ProcessRunner;
 use lksadmin_agent::source::{BlobSource, BlobStream, BoxFuture, SourceError};
 use tokio::sync::{mpsc, watch};
@@ -66,7 +68,7 @@ struct Fixture {
     state: PathBuf,
     log: PathBuf,
     source: FakeSource,
-    events: mpsc::Receiver<pb::NodeEvent>,
+    events: mpsc::Receiver<NodeEvent>,
     engine: Engine,
     generation: u64,
     _status: watch::Receiver<StatusSnapshot>,
@@ -197,7 +199,7 @@ impl Fixture {
             bundles: bundles.iter().map(pb::SignedBundle::from).collect(),
             ..Default::default()
         };
-        self.engine.accept_desired(&d).await.unwrap();
+        self.engine.accept_desired(&Desired::from(&d)).await.unwrap();
     }
 
     fn path(&self, p: &str) -> PathBuf {
@@ -257,13 +259,14 @@ fn write_file(path: &Path, bytes: &[u8], mode: u32) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
+/// The stored desired state message (`desired.pb`).
 fn state_of(f: &Fixture) -> pb::DesiredState {
-    lksadmin_agent::state::load_desired(&f.state.join("desired.pb"))
-        .unwrap()
-        .unwrap()
+    let path = f.state.join("desired.pb");
+    lksadmin_agent::state::parse_desired(&path, &std::fs::read(&path).unwrap()).unwrap()
 }
 
 mod apply;
 mod arch;
+mod desired;
 mod fetched;
 mod heal;

@@ -12,11 +12,11 @@ use std::path::PathBuf;
 
 use lks_proto::arch::Arch;
 use lks_proto::digest::VerifyError;
-use lks_proto::root::RootError;
 use lks_proto::{BundlePath, Digest};
 
 use crate::apply::cache::FetchError;
 use crate::apply::fsutil::FsError;
+use crate::apply::root::RootError;
 use crate::apply::runner::Outcome;
 
 /// A failed step of an apply (arch check, precheck, stage, backup, switch,

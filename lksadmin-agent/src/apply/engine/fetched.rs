@@ -11,11 +11,10 @@ use std::os::unix::fs::PermissionsExt;
 
 use lks_proto::{Digest, FileSpec};
 
-use lks_proto::root::RootError;
-
 use super::{ApplyError, Engine, StageError, is_regular};
 use crate::apply::fsutil::{self, InodeMeta};
 use crate::apply::journal::{PathPlan, Txn, Want};
+use crate::apply::root::RootError;
 use crate::fault;
 
 impl Engine {

@@ -9,13 +9,13 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use lks_proto::digest::{Hasher, Verifier};
-use lks_proto::root::{ParentDir, RootError};
 use lks_proto::{BundlePath, Digest, Manifest};
 
 use super::{ApplyError, Engine, WriteError, is_regular};
 use crate::apply::flushwriter::FlushingWriter;
 use crate::apply::fsutil::InodeMeta;
 use crate::apply::journal::{PathPlan, Txn, Want};
+use crate::apply::root::{ParentDir, RootError};
 use crate::apply::state::Content;
 
 impl Engine {

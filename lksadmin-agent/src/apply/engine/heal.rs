@@ -7,12 +7,13 @@
 use std::collections::BTreeSet;
 use std::fs;
 
-use lks_proto::root::RootError;
 use lks_proto::{BundlePath, Digest, FileSpec, Manifest};
 
 use super::files::write_entry;
 use super::{ApplyError, Engine, EngineError, FULL_REHASH_MS, HealReport, is_regular};
+use crate::apply::desired::Desired;
 use crate::apply::fsutil::InodeMeta;
+use crate::apply::root::RootError;
 use crate::apply::state::{Activity, Content};
 
 impl Engine {
@@ -202,8 +203,9 @@ impl Engine {
             .and_then(|()| parent.sync())?)
     }
 
-    /// Drops cached blobs and originals nothing refers to any more.
-    pub(super) fn gc(&self) {
+    /// Drops cached blobs and originals nothing refers to any more: not
+    /// installed, not in `desired`.
+    pub(super) fn gc(&self, desired: &Desired) {
         let mut keep = BTreeSet::new();
         let mut originals = BTreeSet::new();
         for r in self.state.bundles.values() {
@@ -221,14 +223,8 @@ impl Engine {
                 }
             }
         }
-        if let Ok(Some(d)) = crate::apply::state::load_desired(&self.dirs.desired()) {
-            for b in d.bundles {
-                for f in b.manifest.into_iter().flat_map(|m| m.files) {
-                    if let Ok(dg) = f.digest.parse() {
-                        keep.insert(dg);
-                    }
-                }
-            }
+        for sb in desired.valid() {
+            keep.extend(sb.manifest.files.iter().map(|f| f.digest));
         }
         if let Err(e) = self.cache.gc(&keep) {
             tracing::warn!("clean the blob cache: {e}");

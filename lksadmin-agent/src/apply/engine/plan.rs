@@ -8,27 +8,27 @@ use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::Read;
 
-use lks_proto::root::RootError;
 use lks_proto::sign;
-use lks_proto::{BundlePath, BundleState, Digest, Manifest, SignedBundle, pb};
-use prost::Message;
+use lks_proto::{BundlePath, BundleState, Manifest, SignedBundle};
 
 use super::{ApplyError, Engine, EngineError, ISSUE_RETRY_MS, Verdict, bundle_key, is_regular, rfc3339};
 use crate::apply::cache::FetchError;
+use crate::apply::desired::{Desired, DesiredBundle};
 use crate::apply::journal::{PathPlan, Phase, Txn, Want};
+use crate::apply::root::RootError;
 use crate::apply::state::{BundleRecord, Content, OriginalRec};
 use crate::node::certs::IssueError;
 
 impl Engine {
     /// Stores `desired` durably, then converges on it.
-    pub async fn accept_desired(&mut self, desired: &pb::DesiredState) -> Result<(), EngineError> {
+    pub async fn accept_desired(&mut self, desired: &Desired) -> Result<(), EngineError> {
         crate::apply::state::save_desired(&self.dirs.desired(), desired)?;
         self.reconcile(desired).await
     }
 
     /// Converges the node on `desired`: removes bundles no longer listed,
     /// applies new versions, one bundle at a time.
-    pub async fn reconcile(&mut self, desired: &pb::DesiredState) -> Result<(), EngineError> {
+    pub async fn reconcile(&mut self, desired: &Desired) -> Result<(), EngineError> {
         self.recover().await?;
         if desired.generation < self.state.generation {
             tracing::warn!(
@@ -38,20 +38,14 @@ impl Engine {
             );
         }
         self.state.generation = desired.generation;
-        let mut wanted: Vec<SignedBundle> = Vec::new();
-        let mut names: BTreeSet<String> = BTreeSet::new();
+        for name in &desired.duplicates {
+            tracing::warn!(bundle = %name, "bundle listed twice in the desired state; using the first");
+        }
+        let mut wanted: Vec<&SignedBundle> = Vec::new();
         for b in &desired.bundles {
-            let (name, version) = b
-                .manifest
-                .as_ref()
-                .map(|m| (m.name.clone(), m.version.clone()))
-                .unwrap_or_default();
-            if !names.insert(name.clone()) {
-                tracing::warn!(bundle = %name, "bundle listed twice in the desired state; using the first");
-                continue;
-            }
-            if let Some(&seq) = desired.retry.get(&name)
-                && let Some(r) = self.state.bundles.get_mut(&name)
+            let (name, version) = (b.name(), b.version());
+            if let Some(&seq) = desired.retry.get(name)
+                && let Some(r) = self.state.bundles.get_mut(name)
                 && seq > r.retry_seen
             {
                 // The operator asked for another try (`lksctl node retry`).
@@ -60,31 +54,33 @@ impl Engine {
                     r.clear_failures();
                     r.gave_up = 0;
                     tracing::info!(bundle = %name, version = %version, "retrying at the operator's request");
-                    self.event("retry", &name, &version, "retry requested by the operator");
+                    self.event("retry", name, version, "retry requested by the operator");
                 }
                 self.save_state()?;
             }
-            match SignedBundle::try_from(b.clone()) {
-                Ok(sb) => wanted.push(sb),
-                Err(e) if lks_proto::names::validate_bundle_name(&name).is_ok() => {
-                    let message = format!("invalid bundle {name}@{version}: {e}");
-                    let key = Digest::of(&b.encode_to_vec()).to_string();
-                    self.fail_once(&name, &version, message, Some(key))?;
+            match b {
+                DesiredBundle::Valid(sb) => wanted.push(sb),
+                DesiredBundle::Invalid(i) => {
+                    let message = format!("invalid bundle {name}@{version}: {}", i.error);
+                    self.fail_once(name, version, message, Some(i.key.to_string()))?;
                 }
-                Err(e) => tracing::warn!("ignoring an invalid bundle in the desired state: {e}"),
+                DesiredBundle::Unnamed { error, .. } => {
+                    tracing::warn!("ignoring an invalid bundle in the desired state: {error}");
+                }
             }
         }
+        let names = desired.names();
         let gone: Vec<String> = self
             .state
             .bundles
             .keys()
-            .filter(|n| !names.contains(*n))
+            .filter(|n| !names.contains(n.as_str()))
             .cloned()
             .collect();
         for name in gone {
             self.remove_bundle(&name).await?;
         }
-        for sb in &wanted {
+        for sb in wanted {
             self.converge(sb).await?;
             if self.handover {
                 // The process exits for the new agent: nothing more now.
@@ -94,7 +90,7 @@ impl Engine {
         self.save_state()?;
         self.publish();
         self.fill_cache();
-        self.gc();
+        self.gc(desired);
         Ok(())
     }
 

@@ -23,7 +23,7 @@ use nix::fcntl::{AtFlags, OFlag, OpenHow, RenameFlags, ResolveFlag};
 use nix::sys::stat::{FileStat, Mode};
 use nix::unistd::UnlinkatFlags;
 
-use crate::path::BundlePath;
+use lks_proto::BundlePath;
 
 /// Why a path could not be placed under the root.
 #[derive(Debug, thiserror::Error)]
