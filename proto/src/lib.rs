@@ -11,12 +11,13 @@
 //!   `TryFrom` from the generated types that applies them, so an invalid
 //!   message is refused at the edge with an error naming the field.
 //!
-//! Generated code and rules are apart so that each builds and is reviewed on
-//! its own: the rules never depend on a build script, and the generated code
-//! has no rules to keep. What lives here itself is shared by more than one
-//! binary but is neither: backoff, TLS configuration, node identities and
-//! tokens, the node-root resolver, durable writes, `admin.conf`, and the
-//! answer to malformed requests ([`wire`]).
+//! Generated code and rules are apart so that each is read and reviewed on
+//! its own: the generated code has no rules to keep, and the rules see the
+//! generated types in one file only (`convert`). What lives here itself is
+//! shared by more than one binary but is neither: backoff, TLS
+//! configuration, node identities and tokens, the node-root resolver,
+//! durable writes, `admin.conf`, and the answer to malformed requests
+//! ([`wire`]).
 
 #![forbid(unsafe_code)]
 
