@@ -10,8 +10,8 @@
 set -euo pipefail
 
 # Crate names: the fuzz targets, the code under test, the parsers.
-instrumented=(bundle_toml pb_manifest journal state lks_proto lksadmin_agent
-  serde_json toml toml_parser toml_datetime serde_spanned winnow prost bytes)
+instrumented=(bundle_toml pb_manifest journal state lks_proto lks_bundle lks_wire
+  lksadmin_agent serde_json toml toml_parser toml_datetime serde_spanned winnow prost bytes)
 
 rustc=$1
 shift

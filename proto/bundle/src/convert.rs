@@ -17,7 +17,7 @@ use crate::manifest::{
     BundleState, FileSpec, HealthCheck, Manifest, ManifestError, Signature, SignedBundle, Step,
 };
 use crate::path::BundlePath;
-use crate::pb;
+use lks_wire::pb;
 
 impl TryFrom<pb::Manifest> for Manifest {
     type Error = ManifestError;

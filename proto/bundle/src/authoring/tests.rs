@@ -1,7 +1,7 @@
 //! Tests of `authoring.rs`.
 
 use super::*;
-use crate::pb;
+use lks_wire::pb;
 use proptest::prelude::*;
 
 const GOOD: &str = r#"

@@ -1,8 +1,14 @@
-//! Compiles the wire contract in `lks/v1/*.proto` with tonic-prost-build.
-//! protoc comes from Debian's `protobuf-compiler` (installed by scripts/setup.sh).
+//! Compiles the wire contract in `proto/lks/v1/*.proto` (one folder up:
+//! the `.proto` files stay where every reader of the contract looks for them)
+//! with tonic-prost-build. protoc comes from Debian's `protobuf-compiler`
+//! (installed by scripts/setup.sh).
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["lks/v1/bundle.proto", "lks/v1/agent.proto", "lks/v1/admin.proto"];
+    let protos = [
+        "../lks/v1/bundle.proto",
+        "../lks/v1/agent.proto",
+        "../lks/v1/admin.proto",
+    ];
     for p in &protos {
         println!("cargo:rerun-if-changed={p}");
     }
@@ -14,6 +20,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // prost's codec with 1 KiB stream buffers instead of 8 KiB (src/codec.rs).
         .codec_path("crate::codec::LeanCodec")
         .file_descriptor_set_path(out.join("lks_v1_descriptor.bin"))
-        .compile_protos(&protos, &["."])?;
+        .compile_protos(&protos, &[".."])?;
     Ok(())
 }
