@@ -290,8 +290,5 @@ pub fn when(ms: i64) -> String {
     if ms <= 0 {
         return "never".into();
     }
-    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
-        .ok()
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
-        .unwrap_or_else(|| ms.to_string())
+    crate::clock::rfc3339(ms)
 }

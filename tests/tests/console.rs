@@ -70,6 +70,8 @@ fn endpoints_mirror_lksctl_and_actions_need_the_token() {
             &format!("events?rollout={id}&limit=1000"),
             vec!["event", "list", "--rollout", &id, "--limit", "1000"],
         ),
+        ("audit?verb=StartRollout", vec!["audit", "--verb", "StartRollout"]),
+        ("audit?limit=1000", vec!["audit", "--limit", "1000"]),
     ] {
         same_as_lksctl(&f, &http, &console, path, &args);
     }
@@ -286,6 +288,15 @@ fn pages_in_a_real_browser() {
     wait_until(Duration::from_secs(5), "aborted", || state(&f, &id) == "aborted");
     br.wait_text("#rollout-state", "aborted");
     br.wait_text("#action-result", "aborted");
+    // The audit trail names the abort the console made, and who made it.
+    br.goto(&format!("{url}#/audit?verb=AbortRollout"));
+    br.wait_text("#audit-table", &id);
+    assert!(
+        br.text("#audit-table").contains("ok"),
+        "{}",
+        br.text("#audit-table")
+    );
+    br.screenshot(&shots, "audit");
 
     // A failing bundle: its message on the node page.
     let out = f.start_rollout(&bad, &["--selector", "", "--batch-size", "1"]);

@@ -324,8 +324,7 @@ fn is_rsa(alg: &rcgen::SignatureAlgorithm) -> bool {
 }
 
 fn rfc3339(t: OffsetDateTime) -> String {
-    t.format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_else(|_| t.to_string())
+    crate::clock::rfc3339(i64::try_from(t.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX))
 }
 
 /// The DER of the one certificate in `pem`.

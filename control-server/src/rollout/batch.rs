@@ -90,7 +90,7 @@ fn window_open(
             let m = if next > 0 {
                 format!(
                     "every maintenance window is closed; the next opens at {}",
-                    rfc3339(next)
+                    crate::clock::rfc3339(next)
                 )
             } else {
                 "every maintenance window is closed".to_string()
@@ -246,10 +246,4 @@ fn forward_turn(
     n.touched = true;
     notes.push((n.name.clone(), "node_started", message));
     Turn::Start(Some(r.version.clone()))
-}
-
-fn rfc3339(ms: i64) -> String {
-    jiff::Timestamp::from_millisecond(ms)
-        .map(|t| t.to_string())
-        .unwrap_or_else(|_| format!("{ms} ms"))
 }

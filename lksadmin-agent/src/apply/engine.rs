@@ -410,10 +410,3 @@ pub fn bundle_key(sb: &SignedBundle) -> String {
 fn is_regular(st: &nix::sys::stat::FileStat) -> bool {
     st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFREG
 }
-
-fn rfc3339(ms: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
-        .ok()
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
-        .unwrap_or_else(|| format!("{ms} ms"))
-}

@@ -10,6 +10,7 @@
 //! GET  rollouts?cluster=C            rollout list [--cluster C] -o json
 //! GET  rollouts/ID                   rollout status ID -o json
 //! GET  events?cluster=&node=&rollout=&limit=   event list … -o json
+//! GET  audit?verb=&since=MS&limit=   audit [--verb V] [--limit N] -o json
 //! GET  selector?cluster=C&selector=S the nodes a rollout start would target
 //! GET  info                          the console and the server it uses
 //! POST rollouts                      rollout start (JSON body: cluster, bundle,
@@ -247,6 +248,32 @@ impl Api {
                         .await;
                     let r = r.map_err(st).context("list events")?.into_inner();
                     Ok(json!(r.events.iter().map(output::event_json).collect::<Vec<_>>()))
+                }
+                ["audit"] => {
+                    let number = |k: &str| -> Result<i64, ApiError> {
+                        let v = q.get(k);
+                        if v.is_empty() {
+                            return Ok(0);
+                        }
+                        v.parse()
+                            .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, format!("invalid {k} {v:?}")))
+                    };
+                    let limit = u32::try_from(number("limit")?)
+                        .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "invalid limit".to_string()))?;
+                    let r = c
+                        .list_audit(pb::ListAuditRequest {
+                            since_ms: number("since")?,
+                            verb: q.get("verb"),
+                            limit,
+                        })
+                        .await;
+                    let r = r.map_err(st).context("list the audit trail")?.into_inner();
+                    Ok(json!(
+                        r.records
+                            .iter()
+                            .map(crate::audit::record_json)
+                            .collect::<Vec<_>>()
+                    ))
                 }
                 ["selector"] => {
                     let cluster = q.get("cluster");

@@ -147,7 +147,7 @@ pub(super) async fn issue(
                 format!(
                     "{what}: serial {}, valid until {}",
                     resp.serial,
-                    issue::rfc3339(resp.not_after_ms)
+                    crate::clock::rfc3339(resp.not_after_ms)
                 ),
             )
             .await;

@@ -154,12 +154,6 @@ fn reported_addresses(facts_json: &str) -> Vec<IpAddr> {
         .collect()
 }
 
-pub fn rfc3339(ms: i64) -> String {
-    jiff::Timestamp::from_millisecond(ms)
-        .map(|t| t.to_string())
-        .unwrap_or_else(|_| format!("{ms} ms"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,8 @@ use std::fs;
 
 use lks_proto::{BundlePath, BundleState, FileSpec, Manifest, pb};
 
-use super::{Engine, EngineError, RENEW_RETRY_MS, Verdict, rfc3339};
+use super::{Engine, EngineError, RENEW_RETRY_MS, Verdict};
+use crate::clock::rfc3339;
 use crate::node::certs::{self, IssueError, Issued};
 
 impl Engine {

@@ -11,12 +11,13 @@ use std::io::Read;
 use lks_proto::sign;
 use lks_proto::{BundlePath, BundleState, Manifest, SignedBundle};
 
-use super::{ApplyError, Engine, EngineError, ISSUE_RETRY_MS, Verdict, bundle_key, is_regular, rfc3339};
+use super::{ApplyError, Engine, EngineError, ISSUE_RETRY_MS, Verdict, bundle_key, is_regular};
 use crate::apply::cache::FetchError;
 use crate::apply::desired::{Desired, DesiredBundle};
 use crate::apply::journal::{PathPlan, Phase, Txn, Want};
 use crate::apply::root::RootError;
 use crate::apply::state::{BundleRecord, Content, OriginalRec};
+use crate::clock::rfc3339;
 use crate::node::certs::IssueError;
 
 impl Engine {

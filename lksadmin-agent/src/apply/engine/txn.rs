@@ -12,12 +12,12 @@ use lks_proto::{BundleState, Digest, Manifest};
 
 use super::{
     ApplyError, Engine, EngineError, MAX_INTERRUPTED, MIB, RENEW_RETRY_MS, Verdict, give_up_backoff_ms,
-    rfc3339,
 };
 use crate::apply::fsutil::{self, FsError};
 use crate::apply::journal::{Event, Next, Phase, Txn};
 use crate::apply::runner::{CommandSpec, Outcome};
 use crate::apply::state::{BundleRecord, Content, OriginalRec, StatusRec};
+use crate::clock::rfc3339;
 use crate::fault;
 
 impl Engine {

@@ -746,12 +746,56 @@ function eventsPage(main, r) {
   };
 }
 
+const AUDIT_VERBS = ["", "CreateCluster", "SetCluster", "CreateToken", "PublishBundle", "DeleteBundle", "StartRollout",
+  "PauseRollout", "ResumeRollout", "AbortRollout", "RollbackRollout", "HoldNode", "UnholdNode", "RetryNode", "DeleteNode"];
+
+// Who did what: the audit trail, newest first; the call filter asks the
+// server, the text filter looks through what was fetched.
+function auditPage(main, r) {
+  main.append(el("h1", {}, "Audit"));
+  const verbSel = el("select", { id: "audit-verb", name: "verb" }, AUDIT_VERBS.map((v) => el("option", { value: v }, v || "every call")));
+  verbSel.value = AUDIT_VERBS.includes(r.params.get("verb")) ? r.params.get("verb") : "";
+  const text = el("input", { id: "audit-q", name: "q", type: "search", value: r.params.get("q") || "", size: 16 });
+  const limitSel = el("select", { id: "audit-limit", name: "limit" }, ["100", "500", "1000"].map((n) => el("option", { value: n }, n)));
+  limitSel.value = r.params.get("limit") || "100";
+  let page = 1;
+  let last = [];
+  main.append(el("form", { class: "filters", role: "search", onsubmit: (e) => e.preventDefault() },
+    el("label", {}, "Call ", verbSel), el("label", {}, "Text ", text), el("label", {}, "Last ", limitSel)));
+  const out = slot(main, "audit");
+  const sync = () => setParams(new URLSearchParams({ verb: verbSel.value, q: text.value.trim(), limit: limitSel.value === "100" ? "" : limitSel.value }));
+  const render = () => {
+    const q = text.value.trim().toLowerCase();
+    const shown = last.filter((a) => !q || JSON.stringify(a).toLowerCase().includes(q));
+    const p = paginate(shown, page, (np) => { page = np; render(); });
+    fill(out, el("p", { class: "summary" }, `${shown.length} record(s), newest first`),
+      table("audit-table", ["Time", "Call", "Target", "Outcome", "Caller", "Arguments"],
+        p.shown.map((a) => [time(a.at), a.verb, a.target || "-", a.outcome, a.caller + " (" + a.caller_fingerprint.slice(0, 19) + "…)",
+          JSON.stringify(a.args)]),
+        "No records."), p.nav);
+  };
+  const refresh = async () => {
+    const q = new URLSearchParams({ limit: limitSel.value });
+    if (verbSel.value) q.set("verb", verbSel.value);
+    last = (await get("audit?" + q.toString())).reverse();
+    render();
+  };
+  verbSel.addEventListener("change", () => { page = 1; sync(); refresh(); });
+  limitSel.addEventListener("change", () => { page = 1; sync(); refresh(); });
+  text.addEventListener("input", () => { page = 1; sync(); render(); });
+  return {
+    refresh,
+    error: (e) => fill(out, el("p", { class: "error", role: "alert" }, e.message)),
+  };
+}
+
 const PAGES = {
   fleet: fleetPage,
   nodes: (m, r) => (r.parts[1] ? nodePage(m, r) : nodesPage(m, r)),
   bundles: (m, r) => (r.parts[1] ? bundlePage(m, r) : bundlesPage(m, r)),
   rollouts: (m, r) => (r.parts[1] ? rolloutPage(m, r) : rolloutsPage(m, r)),
   events: eventsPage,
+  audit: auditPage,
 };
 
 window.addEventListener("hashchange", show);
