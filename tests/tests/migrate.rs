@@ -118,6 +118,20 @@ fn a_single_server_moves_onto_etcd_and_its_agents_follow_without_rejoining() {
         .iter()
         .map(|a| std::fs::read(a.state_dir.join("pki/node.crt")).unwrap())
         .collect();
+    // The audit trail of everything done so far, without the store's ids.
+    let without_ids = |v: serde_json::Value| -> Vec<serde_json::Value> {
+        v.as_array()
+            .expect("audit records")
+            .iter()
+            .map(|r| {
+                let mut r = r.clone();
+                r.as_object_mut().expect("a record").remove("id");
+                r
+            })
+            .collect()
+    };
+    let trail = without_ids(old.lksctl_json(&["audit", "--limit", "10000"]));
+    assert!(trail.len() >= 4, "{trail:?}");
     assert_eq!(old.stop(), Some(0));
     let untouched = snapshot(&old.data_dir);
     let out = migrate(&old.data_dir, &etcd, PREFIX);
@@ -128,6 +142,7 @@ fn a_single_server_moves_onto_etcd_and_its_agents_follow_without_rejoining() {
         "nodes       2",
         "bundles     1 (1 blobs",
         "rollouts    1",
+        &format!("audit       {} records", trail.len()),
     ] {
         assert!(summary.contains(line), "{line:?} in:\n{summary}");
     }
@@ -165,6 +180,12 @@ fn a_single_server_moves_onto_etcd_and_its_agents_follow_without_rejoining() {
     let c1 = replica.lksctl_json(&["cluster", "list"]);
     assert_eq!(c1[0]["api_server"], "https://c1.example:6443", "{c1}");
     assert_eq!(c1[0]["has_ca"], true, "{c1}");
+    // The audit trail came along, in its order.
+    assert_eq!(
+        without_ids(replica.lksctl_json(&["audit", "--limit", "10000"])),
+        trail,
+        "the audit trail after the move"
+    );
     let tok = replica.lksctl_json(&["token", "create", "--cluster", "c1"]);
     assert_eq!(tok["ca_cert_hash"], pin.as_str(), "the CA pin is unchanged");
     // The state came along, before any agent is back.

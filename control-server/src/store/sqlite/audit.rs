@@ -30,26 +30,14 @@ impl AuditStore for SqliteStore {
     async fn list_audit(&self, f: AuditFilter) -> Result<Vec<AuditRow>> {
         self.call(move |c| {
             let limit = f.effective_limit() as i64;
-            let mut stmt = c.prepare(
-                "SELECT id, at_ms, verb, target, args, outcome, caller, caller_fingerprint, server FROM (
+            let mut stmt = c.prepare(&format!(
+                "SELECT {AUDIT_COLUMNS} FROM (
                     SELECT * FROM audit WHERE at_ms >= ?1 AND (?2 IS NULL OR verb = ?2)
                     ORDER BY id DESC LIMIT ?3)
-                 ORDER BY id",
-            )?;
+                 ORDER BY id"
+            ))?;
             let rows = stmt
-                .query_map(params![f.since_ms, f.verb, limit], |r| {
-                    Ok(AuditRow {
-                        id: r.get::<_, i64>(0)? as u64,
-                        at_ms: r.get(1)?,
-                        verb: r.get(2)?,
-                        target: r.get(3)?,
-                        args: r.get(4)?,
-                        outcome: r.get(5)?,
-                        caller: r.get(6)?,
-                        caller_fingerprint: r.get(7)?,
-                        server: r.get(8)?,
-                    })
-                })?
+                .query_map(params![f.since_ms, f.verb, limit], audit_row)?
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(rows)
         })
@@ -60,4 +48,23 @@ impl AuditStore for SqliteStore {
         self.tx(move |tx| Ok(tx.execute("DELETE FROM audit WHERE at_ms < ?1", params![before_ms])?))
             .await
     }
+}
+
+/// The columns every audit read selects, in order.
+pub(super) const AUDIT_COLUMNS: &str =
+    "id, at_ms, verb, target, args, outcome, caller, caller_fingerprint, server";
+
+/// One row of `SELECT AUDIT_COLUMNS FROM audit`.
+pub(super) fn audit_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AuditRow> {
+    Ok(AuditRow {
+        id: r.get::<_, i64>(0)? as u64,
+        at_ms: r.get(1)?,
+        verb: r.get(2)?,
+        target: r.get(3)?,
+        args: r.get(4)?,
+        outcome: r.get(5)?,
+        caller: r.get(6)?,
+        caller_fingerprint: r.get(7)?,
+        server: r.get(8)?,
+    })
 }

@@ -184,22 +184,11 @@ fn read_dump(c: &Connection) -> Result<Dump> {
         .collect::<Result<Vec<_>, _>>()?;
 
     let audit = c
-        .prepare(
-            "SELECT id, at_ms, verb, target, args, outcome, caller, caller_fingerprint, server FROM audit ORDER BY id",
-        )?
-        .query_map([], |r| {
-            Ok(AuditRow {
-                id: r.get::<_, i64>(0)? as u64,
-                at_ms: r.get(1)?,
-                verb: r.get(2)?,
-                target: r.get(3)?,
-                args: r.get(4)?,
-                outcome: r.get(5)?,
-                caller: r.get(6)?,
-                caller_fingerprint: r.get(7)?,
-                server: r.get(8)?,
-            })
-        })?
+        .prepare(&format!(
+            "SELECT {} FROM audit ORDER BY id",
+            super::audit::AUDIT_COLUMNS
+        ))?
+        .query_map([], super::audit::audit_row)?
         .collect::<Result<Vec<_>, _>>()?;
 
     Ok(Dump {
