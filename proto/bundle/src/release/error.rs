@@ -9,8 +9,10 @@ use crate::names::NameError;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TrustError {
     #[error(
-        "the node's clock reads {now} ms, earlier than {latest_known} ms when it last accepted signed \
-         metadata (the clock went back; fix it before accepting releases)"
+        "the node's clock reads {}, earlier than {} when it last accepted signed metadata \
+         (the clock went back; fix it before accepting releases)",
+        when(*.now),
+        when(*.latest_known)
     )]
     ClockWentBack { now: i64, latest_known: i64 },
     #[error("release {version} is for {got}, but this node follows {want}")]
@@ -40,8 +42,10 @@ pub enum TrustError {
     )]
     Equivocation { channel: String, version: u64 },
     #[error(
-        "release {version} of {channel} expired at {at} ms and the node's clock reads {now} ms \
-         (the publisher must sign a fresh release)"
+        "release {version} of {channel} expired at {} and the node's clock reads {} \
+         (the publisher must sign a fresh release)",
+        when(*.at),
+        when(*.now)
     )]
     Expired {
         channel: String,
@@ -50,8 +54,10 @@ pub enum TrustError {
         now: i64,
     },
     #[error(
-        "trust root {version} expired at {at} ms and the node's clock reads {now} ms \
-         (the publisher must sign a new trust root)"
+        "trust root {version} expired at {} and the node's clock reads {} \
+         (the publisher must sign a new trust root)",
+        when(*.at),
+        when(*.now)
     )]
     RootExpired { version: u64, at: i64, now: i64 },
     #[error(
@@ -111,6 +117,15 @@ pub enum TrustError {
         expected: Digest,
         got: Digest,
     },
+}
+
+/// Unix milliseconds as RFC 3339 (UTC); `"{ms} ms"` for a time no
+/// calendar date can say.
+fn when(ms: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_else(|| format!("{ms} ms"))
 }
 
 fn bad_suffix(bad: &[String]) -> String {

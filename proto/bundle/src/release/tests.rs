@@ -208,9 +208,10 @@ fn an_expired_release_is_refused_and_the_state_kept() {
             now: at
         }
     );
-    assert!(
-        e.to_string()
-            .starts_with(&format!("release 1 of tenant-a expired at {at} ms"))
+    assert_eq!(
+        e.to_string(),
+        "release 1 of tenant-a expired at 2027-01-16T08:00:00Z and the node's clock reads \
+         2027-01-16T08:00:00Z (the publisher must sign a fresh release)"
     );
     assert_eq!(s, before);
     // A newer, fresh release is accepted after it.
@@ -237,6 +238,11 @@ fn the_clock_may_not_go_back_and_the_latest_time_only_rises() {
         }
     );
     assert_eq!(s.latest_known_time_ms, NOW);
+    assert_eq!(
+        e.to_string(),
+        "the node's clock reads 2027-01-15T07:59:59.999Z, earlier than 2027-01-15T08:00:00Z when it \
+         last accepted signed metadata (the clock went back; fix it before accepting releases)"
+    );
     // Refused records never raise it; accepted ones do.
     let stale = SignedRelease::sign(release(1, "1.29"), &[&k[0]]);
     s.accept_release(&stale, CH, NOW + DAY).unwrap_err();
