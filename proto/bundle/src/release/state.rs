@@ -8,8 +8,10 @@ use super::{Release, SignedRelease, SignedRoot, TrustError, TrustRoot};
 
 /// A node's trust in one channel: the root whose keys sign, the highest
 /// release accepted, and the latest time it accepted metadata at. The
-/// agent keeps it in its journal; every change is made on a copy in memory
-/// by the `accept_*` methods and then written once.
+/// `accept_*` methods change it only when they succeed; the agent then
+/// writes it to its journal once, before it acts on what was accepted. A
+/// state read back from the journal is trusted as it is (it is the node's
+/// own record, not received data).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TrustState {
     pub root: TrustRoot,
@@ -44,7 +46,8 @@ impl TrustState {
     }
 
     /// Rotates to `new` (module doc, "Rotating the root"). On error the
-    /// state is unchanged.
+    /// state is unchanged. The current root may have expired: a rotation
+    /// is how a node gets out of that.
     pub fn accept_root(&mut self, new: &SignedRoot, now_ms: i64) -> Result<(), TrustError> {
         self.clock(now_ms)?;
         let root = &new.root;

@@ -535,6 +535,68 @@ fn every_field_changes_the_release_encoding() {
 }
 
 #[test]
+fn every_field_changes_the_root_encoding() {
+    let k = keys(3);
+    let base = root(2, &[&k[0], &k[1]], 1);
+    let mutations: Vec<fn(&mut TrustRoot, PublisherKey)> = vec![
+        |r, _| r.version += 1,
+        |r, _| r.expires_at_ms += 1,
+        |r, _| r.threshold += 1,
+        |r, _| {
+            r.keys.pop();
+        },
+        |r, other| r.keys[1] = other,
+    ];
+    for (i, f) in mutations.into_iter().enumerate() {
+        let mut r = base.clone();
+        f(&mut r, k[2].public());
+        assert_ne!(
+            r.encode(),
+            base.encode(),
+            "mutation {i} left the encoding unchanged"
+        );
+    }
+}
+
+/// Each refusal is one line: the attack suite prints it after
+/// `TRUSTATTACK name refused: `.
+#[test]
+fn every_error_is_one_line() {
+    let k = keys(2);
+    let mut s = state(&k, 2);
+    let r = release(1, "1.29");
+    let mut errors = vec![
+        s.accept_release(&SignedRelease::sign(r.clone(), &[&k[0]]), CH, NOW)
+            .unwrap_err(),
+        s.accept_release(&SignedRelease::sign(r.clone(), &[]), "tenant-b", NOW)
+            .unwrap_err(),
+        r.admits("kubelet", "1.30", &Digest::of(b"x")).unwrap_err(),
+        r.admits("kubelet", "1.29", &Digest::of(b"x")).unwrap_err(),
+        TrustRoot::initial(std::iter::empty::<PublisherKey>(), 1).unwrap_err(),
+        TrustRoot::initial([k[0].public()], 2).unwrap_err(),
+        root(2, &[&k[0], &k[0]], 1).validate().unwrap_err(),
+    ];
+    s.accept_release(&SignedRelease::sign(r.clone(), &[&k[0], &k[1]]), CH, NOW)
+        .unwrap();
+    let mut r2 = r.clone();
+    r2.bundles.clear();
+    errors.extend([
+        s.accept_release(&SignedRelease::sign(r2, &[&k[0], &k[1]]), CH, NOW)
+            .unwrap_err(),
+        s.accept_release(&SignedRelease::sign(r.clone(), &[&k[0], &k[1]]), CH, NOW - 1)
+            .unwrap_err(),
+        s.accept_release(&SignedRelease::sign(r, &[&k[0], &k[1]]), CH, NOW + DAY)
+            .unwrap_err(),
+        s.accept_root(&SignedRoot::sign(root(3, &[&k[0]], 1), &[]), NOW)
+            .unwrap_err(),
+    ]);
+    for e in errors {
+        let line = e.to_string();
+        assert!(!line.is_empty() && !line.contains('\n'), "{line:?}");
+    }
+}
+
+#[test]
 fn a_maximal_signed_record_fits_the_byte_limits() {
     let name = |i: usize| format!("{i:0>63}");
     let mut r = release(u64::MAX, "1");
