@@ -7,7 +7,8 @@
 //!   re-exported as [`pb`], and its [`codec`];
 //! - `lks-bundle` (proto/bundle/): the bundle rules — [`manifest`],
 //!   `bundle.toml` ([`authoring`]), [`digest`], [`canonical`] encoding,
-//!   [`sign`]atures, target [`path`]s, [`limits`] — and [`convert`], the
+//!   [`sign`]atures, signed [`release`] records, target [`path`]s,
+//!   [`limits`] — and [`convert`], the
 //!   `TryFrom` from the generated types that applies them, so an invalid
 //!   message is refused at the edge with an error naming the field.
 //!
@@ -34,7 +35,7 @@ pub mod wire;
 
 pub use lks_bundle::{
     BundlePath, BundleState, Digest, FileSpec, HealthCheck, Manifest, SignedBundle, Step, arch, authoring,
-    canonical, certs, chunks, convert, digest, duration, elf, limits, manifest, names, path, sign,
+    canonical, certs, chunks, convert, digest, duration, elf, limits, manifest, names, path, release, sign,
 };
 pub use lks_wire::{codec, pb};
 

@@ -3,8 +3,9 @@
 //! A bundle's [`Manifest`] (files, steps, health check, certificates), the
 //! `bundle.toml` it is authored in ([`authoring`]), its SHA-256 [`Digest`]s
 //! and chunk lists, the canonical encoding that is signed ([`canonical`],
-//! [`sign`]), the target paths files may have ([`BundlePath`]) and the limits
-//! on all of it. Agent, control server and `lksctl` share this one
+//! [`sign`]), the target paths files may have ([`BundlePath`]), the signed
+//! [`release`] records that say which bundle versions are current, and the
+//! limits on all of it. Agent, control server and `lksctl` share this one
 //! implementation, so they can never disagree about what a bundle is.
 //!
 //! Everything here is plain Rust. The generated protobuf types live in
@@ -28,6 +29,7 @@ pub mod limits;
 pub mod manifest;
 pub mod names;
 pub mod path;
+pub mod release;
 pub mod sign;
 
 pub use digest::Digest;

@@ -45,3 +45,18 @@ pub const MAX_HEALTH_RETRIES: u32 = 100;
 pub const MAX_BUNDLE_TOML_SIZE: u64 = 1 << 20;
 /// Most labels on a node, token or selector.
 pub const MAX_LABELS: usize = 64;
+/// Most keys in a trust root ([`crate::release::TrustRoot`]).
+pub const MAX_ROOT_KEYS: usize = 16;
+/// Most signatures on one signed release or trust root; a record with more
+/// is refused before any signature is checked.
+pub const MAX_SIGNATURES: usize = 32;
+/// Most bundles one release names.
+pub const MAX_RELEASE_BUNDLES: usize = 256;
+/// Largest signed release a decoder should read, in bytes: a release at
+/// every limit above, with its signatures and wire framing, fits with room
+/// to spare (a test in `release` proves it), so anything longer is refused
+/// before it is parsed or verified.
+pub const MAX_RELEASE_BYTES: usize = 128 << 10;
+/// Largest signed trust root a decoder should read, in bytes (as
+/// [`MAX_RELEASE_BYTES`]).
+pub const MAX_ROOT_BYTES: usize = 8 << 10;

@@ -78,6 +78,34 @@ impl PublisherKey {
     }
 }
 
+/// The raw key as 64 lowercase hex digits: how state files (the agent's
+/// trust state, [`crate::release::TrustState`]) keep a key.
+impl serde::Serialize for PublisherKey {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&hex::encode(self.to_bytes()))
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for PublisherKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        let mut raw = [0u8; 32];
+        hex::decode_to_slice(&s, &mut raw)
+            .ok()
+            .and_then(|()| PublisherKey::from_bytes(&raw))
+            .ok_or_else(|| serde::de::Error::custom(format!("{s:?} is not an ed25519 public key in hex")))
+    }
+}
+
+impl PublisherKey {
+    /// Whether `signature` is this key's strict ed25519 signature of `msg`.
+    pub(crate) fn verifies(&self, msg: &[u8], signature: &[u8; 64]) -> bool {
+        self.0
+            .verify_strict(msg, &ed25519_dalek::Signature::from_bytes(signature))
+            .is_ok()
+    }
+}
+
 impl fmt::Debug for PublisherKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "PublisherKey({})", self.fingerprint())
@@ -139,6 +167,12 @@ impl SigningKey {
             return Err(e);
         }
         Ok((key_path, pub_path))
+    }
+
+    /// Signs `msg` as it is: for callers that built a canonical encoding
+    /// with its own domain separator ([`crate::release`]).
+    pub(crate) fn sign_raw(&self, msg: &[u8]) -> [u8; 64] {
+        self.0.sign(msg).to_bytes()
     }
 
     /// Signs the canonical encoding of `m`.
