@@ -13,7 +13,7 @@ use lks_proto::pb;
 use serde_json::{Value, json};
 use tonic::{Response, Status};
 
-use super::invalid;
+use super::{clip, invalid};
 use crate::authz::{AdminCaller, store_status};
 use crate::clock::now_ms;
 use crate::context::Shared;
@@ -126,17 +126,6 @@ pub(super) async fn list(
             })
             .collect(),
     }))
-}
-
-fn clip(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }
 
 /// A PEM the request carried: whether there was one; a key is never kept.
@@ -274,11 +263,5 @@ mod tests {
             ..Default::default()
         });
         assert!(none.args["ca_key"].is_null() && none.args["ca_cert"].is_null());
-    }
-
-    #[test]
-    fn long_refusals_are_clipped_on_a_char_boundary() {
-        assert_eq!(clip("héllo", 2), "h");
-        assert_eq!(clip("abc", 9), "abc");
     }
 }

@@ -71,6 +71,20 @@ fn invalid(e: impl std::fmt::Display) -> Status {
     Status::invalid_argument(e.to_string())
 }
 
+/// `s` cut to at most `max` bytes, on a character boundary: how free text
+/// from a caller (an agent's messages and facts, a refusal in the audit
+/// trail) is bounded before it is stored.
+pub(super) fn clip(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 fn check_labels(what: &str, l: &HashMap<String, String>) -> Result<Labels, Status> {
     if l.len() > MAX_LABELS {
         return Err(invalid(format!(
@@ -374,5 +388,17 @@ impl AdminService for AdminApi {
         let _t = self.metrics.timer("ListAudit");
         require_admin(&req)?;
         audit::list(self.store.as_ref(), req.into_inner()).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clip;
+
+    #[test]
+    fn clip_respects_char_boundaries() {
+        assert_eq!(clip("héllo", 2), "h");
+        assert_eq!(clip("abc", 5), "abc");
+        assert_eq!(clip("abc", 9), "abc");
     }
 }

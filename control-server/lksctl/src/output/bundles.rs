@@ -70,13 +70,6 @@ pub fn event_json(e: &pb::Event) -> Value {
 }
 
 pub fn events_table(es: &[pb::Event]) -> String {
-    let dash = |s: &str| {
-        if s.is_empty() {
-            "-".to_string()
-        } else {
-            s.to_string()
-        }
-    };
     let rows: Vec<Vec<String>> = es
         .iter()
         .map(|e| {

@@ -16,7 +16,7 @@ use lks_proto::pb::agent_service_server::AgentService;
 use lks_proto::pb::{self, AgentMessage, ServerMessage};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::BoxStream;
+use super::{BoxStream, clip};
 use crate::context::Shared;
 use crate::store::EventRow;
 
@@ -109,34 +109,12 @@ async fn record_event(
         cluster: id.cluster.clone(),
         node: id.node.clone(),
         rollout_id: String::new(),
-        kind: clip(kind, 64),
-        bundle: clip(bundle, 64),
-        version: clip(version, 128),
-        message: clip(&message, MAX_TEXT),
+        kind: clip(kind, 64).to_string(),
+        bundle: clip(bundle, 64).to_string(),
+        version: clip(version, 128).to_string(),
+        message: clip(&message, MAX_TEXT).to_string(),
     };
     if let Err(e) = store.add_event(e).await {
         tracing::warn!(error = %e, "record event");
-    }
-}
-
-fn clip(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_string()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn clip_respects_char_boundaries() {
-        assert_eq!(clip("héllo", 2), "h");
-        assert_eq!(clip("abc", 5), "abc");
     }
 }

@@ -149,7 +149,7 @@ fn statuses(list: Vec<pb::BundleStatus>, generation: u64) -> Result<Vec<BundleSt
                 name: b.name,
                 version: b.version,
                 state,
-                message: clip(&b.message, MAX_TEXT),
+                message: clip(&b.message, MAX_TEXT).to_string(),
                 updated_at_ms: if b.updated_at_ms > 0 {
                     b.updated_at_ms
                 } else {
@@ -459,7 +459,7 @@ impl Session {
                 }
                 if e.kind == "bad_peer" && !e.peer.is_empty() {
                     tracing::warn!(peer = %clip(&e.peer, 253), "a node reports a peer that served bytes not matching their digest");
-                    self.s.tracker.blame(&self.caller.id.cluster, &clip(&e.peer, 253));
+                    self.s.tracker.blame(&self.caller.id.cluster, clip(&e.peer, 253));
                     self.s.metrics.bad_peer_reported();
                 }
                 record_event(
