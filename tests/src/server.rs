@@ -502,6 +502,7 @@ impl TestNode {
                 bundles: held,
                 desired_generation: 0,
                 features: self.features.clone(),
+                trust: None,
             })),
         })
         .await
@@ -572,6 +573,7 @@ pub fn status_msg(
                 message: message.into(),
                 updated_at_ms: 0,
             }],
+            trust: None,
         })),
     }
 }

@@ -184,6 +184,7 @@ impl Connection {
             bundles: wire_statuses(snap.bundles),
             desired_generation: snap.generation,
             features: facts::FEATURES.iter().map(|f| f.to_string()).collect(),
+            trust: None,
         };
         tx.send(out(Out::Hello(hello)))
             .await
@@ -276,6 +277,7 @@ fn report(snap: StatusSnapshot) -> pb::AgentMessage {
     out(Out::Status(pb::StatusReport {
         generation: snap.generation,
         bundles: wire_statuses(snap.bundles),
+        trust: None,
     }))
 }
 

@@ -108,6 +108,7 @@ mod error;
 mod record;
 mod signed;
 mod state;
+mod wire;
 
 pub use error::TrustError;
 pub use record::{RELEASE_DOMAIN, ROOT_DOMAIN, Release, ReleasedBundle, TrustRoot};

@@ -108,6 +108,7 @@ async fn foreign_forged_expired_and_other_nodes_certificates_are_refused() {
         msg: Some(pb::agent_message::Msg::Status(pb::StatusReport {
             generation: desired.generation,
             bundles: vec![claim],
+            trust: None,
         })),
     })
     .await

@@ -113,6 +113,7 @@ async fn oversized_messages_fields_and_header_lists_are_refused() {
         msg: Some(pb::agent_message::Msg::Status(pb::StatusReport {
             generation: 1,
             bundles: statuses.clone(),
+            trust: None,
         })),
     };
     results.push((

@@ -534,6 +534,8 @@ impl Session {
                 generation: d.generation,
                 bundles,
                 retry: d.retry.into_iter().collect(),
+                release: None,
+                roots: Vec::new(),
             })),
         };
         tokio::select! {

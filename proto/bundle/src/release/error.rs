@@ -117,6 +117,18 @@ pub enum TrustError {
         expected: Digest,
         got: Digest,
     },
+    #[error("{what}: {why}")]
+    Malformed {
+        /// The record and field: "release 7 of tenant-a: bundles[3].manifest_digest".
+        what: String,
+        why: String,
+    },
+    #[error("{what} is {size} bytes encoded; the limit is {limit}")]
+    TooLarge {
+        what: &'static str,
+        size: usize,
+        limit: usize,
+    },
 }
 
 /// Unix milliseconds as RFC 3339 (UTC); `"{ms} ms"` for a time no
