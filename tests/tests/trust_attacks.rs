@@ -239,12 +239,30 @@ impl Lab {
                         .then_some(())
                 });
                 let records = self.rogue.records_since(mark);
-                match records.iter().find_map(|r| gave_away(r, &a)) {
-                    Some(away) => Verdict::Accepted(away),
-                    None => match self.files_changed() {
-                        Some(diff) => Verdict::Accepted(diff),
-                        None => Verdict::Refused(reason),
-                    },
+                if let Some(away) = records.iter().find_map(|r| gave_away(r, &a)) {
+                    return Verdict::Accepted(away);
+                }
+                if let Some(diff) = self.files_changed() {
+                    return Verdict::Accepted(diff);
+                }
+                // The node keeps its release and says so.
+                let last = records.iter().rev().find_map(|r| r.heard.trust());
+                let honest = &self.honest.release.release;
+                match last {
+                    None if self.trust_on => {
+                        Verdict::Accepted(format!("{reason}; but no trust status reported"))
+                    }
+                    None => Verdict::Refused(reason),
+                    Some(t)
+                        if t.release_version == honest.version
+                            && t.release_expires_at_ms == honest.expires_at_ms =>
+                    {
+                        Verdict::Refused(format!("{reason}; release {} kept", t.release_version))
+                    }
+                    Some(t) => Verdict::Accepted(format!(
+                        "{reason}; but the node now follows release {} expiring at {} ms (trust {})",
+                        t.release_version, t.release_expires_at_ms, t.state
+                    )),
                 }
             }
         }
@@ -451,7 +469,9 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
     });
     lab.restore();
 
-    let other2 = signed(release(CHANNEL, 2, future, &[&app[3], &cfg[2]]), &[&k1]);
+    // Another release 2 (other bundles, another expiry: a report shows
+    // which one the node follows).
+    let other2 = signed(release(CHANNEL, 2, future + HOUR_MS, &[&app[3], &cfg[2]]), &[&k1]);
     lab.attack(Attack {
         name: "equivocation",
         desired: desired(Some(&other2), &[], &[&app[3], &cfg[2]]),
@@ -504,6 +524,7 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
 
     // An honest release 7 names app@4, whose blob never ends.
     let r7 = signed(release(CHANNEL, 7, future, &[&app[4], &cfg[2]]), &[&k1]);
+    lab.honest.release = r7.clone();
     let mut v = lab.judge(Attack {
         name: "endless-blob",
         desired: desired(Some(&r7), &[], &[&app[4], &cfg[2]]),
@@ -527,6 +548,7 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
     // An honest release 9 names app@5; the server sends another app@5,
     // signed by the same publisher key.
     let r9 = signed(release(CHANNEL, 9, future, &[&app[5], &cfg[2]]), &[&k1]);
+    lab.honest.release = r9.clone();
     lab.attack(Attack {
         name: "digest-mismatch",
         desired: desired(Some(&r9), &[], &[&evil_app5, &cfg[2]]),
