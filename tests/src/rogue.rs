@@ -98,10 +98,11 @@ impl Heard {
         if let Heard::Event(e) = self
             && !e.message.is_empty()
         {
-            out.push(format!(
-                "event {} {}@{}: {}",
-                e.kind, e.bundle, e.version, e.message
-            ));
+            out.push(if e.bundle.is_empty() {
+                format!("event {}: {}", e.kind, e.message)
+            } else {
+                format!("event {} {}@{}: {}", e.kind, e.bundle, e.version, e.message)
+            });
         }
         out
     }

@@ -26,6 +26,7 @@ use lks_e2e::agent::Agent;
 use lks_e2e::rogue::{Heard, Record, RogueServer, ServerTls, state_name};
 use lks_e2e::server::Server;
 use lks_e2e::trust::{TestBundle, desired, now_ms, release};
+use lks_proto::limits::MAX_RELEASE_BYTES;
 use lks_proto::pb;
 use lks_proto::release::{Release, SignedRelease, SignedRoot, TrustRoot};
 use lks_proto::sign::SigningKey;
@@ -220,8 +221,9 @@ impl Lab {
         let mark = self.rogue.mark();
         let g = self.rogue.send_desired(a.desired.clone());
         let stale = self.stale.clone();
+        let honest_root = self.honest.root_version();
         let first = self.rogue.wait_for(mark, ANSWER, |r| {
-            gave_away(r, &a)
+            gave_away(r, &a, honest_root)
                 .map(Err)
                 .or_else(|| refusal(r, &a, &stale).map(Ok))
         });
@@ -239,7 +241,7 @@ impl Lab {
                         .then_some(())
                 });
                 let records = self.rogue.records_since(mark);
-                if let Some(away) = records.iter().find_map(|r| gave_away(r, &a)) {
+                if let Some(away) = records.iter().find_map(|r| gave_away(r, &a, honest_root)) {
                     return Verdict::Accepted(away);
                 }
                 if let Some(diff) = self.files_changed() {
@@ -270,8 +272,8 @@ impl Lab {
 }
 
 /// What shows the attack worked: the attacker's bundle version applied,
-/// or its release accepted.
-fn gave_away(r: &Record, a: &Attack) -> Option<String> {
+/// its release accepted, or a trust root above the honest one taken.
+fn gave_away(r: &Record, a: &Attack, honest_root: u64) -> Option<String> {
     for s in r.heard.bundles() {
         let id = format!("{}@{}", s.name, s.version);
         if s.state == pb::BundleState::Applied as i32 && a.bundles.contains(&id) {
@@ -279,6 +281,9 @@ fn gave_away(r: &Record, a: &Attack) -> Option<String> {
         }
     }
     let t = r.heard.trust()?;
+    if t.root_version > honest_root {
+        return Some(format!("trust root {} accepted", t.root_version));
+    }
     a.release
         .filter(|v| t.release_version == *v)
         .map(|v| format!("release {v} accepted (trust {})", t.state))
@@ -469,6 +474,18 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
     });
     lab.restore();
 
+    // Tenant c2's release, honestly signed by the same publisher.
+    let other_tenant = signed(release("c2", 3, future, &[&app[3], &cfg[2]]), &[&k1]);
+    lab.attack(Attack {
+        name: "other-channel",
+        desired: desired(Some(&other_tenant), &[], &[&app[3], &cfg[2]]),
+        bundles: attacker(&app[3]),
+        release: Some(3),
+        phrases: &["but this node follows c1"],
+        states: &[],
+    });
+    lab.restore();
+
     // Another release 2 (other bundles, another expiry: a report shows
     // which one the node follows).
     let other2 = signed(release(CHANNEL, 2, future + HOUR_MS, &[&app[3], &cfg[2]]), &[&k1]);
@@ -482,10 +499,12 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
     });
     lab.restore();
 
-    // Over MAX_RELEASE_BYTES (128 KiB): 600 bundles with long versions.
+    // Over MAX_RELEASE_BYTES (128 KiB): a thousand bundles with long
+    // versions, checked below (the byte limit is what is tested, before
+    // the count limit).
     let mut big = release(CHANNEL, 6, future, &[&app[3], &cfg[2]]);
     let filler = app[3].released().1.manifest_digest;
-    for i in 0..600 {
+    for i in 0..1_000 {
         big.bundles.insert(
             format!("filler-{i:04}"),
             lks_proto::release::ReleasedBundle {
@@ -495,6 +514,8 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
         );
     }
     let big = signed(big, &[&k1]);
+    let size = prost::Message::encoded_len(&pb::SignedRelease::from(&big));
+    assert!(size > MAX_RELEASE_BYTES, "the oversized release is {size} bytes");
     lab.attack(Attack {
         name: "oversized-release",
         desired: desired(Some(&big), &[], &[&app[3], &cfg[2]]),
@@ -533,13 +554,23 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
         phrases: &["more than the declared"],
         states: &[],
     });
-    if let Verdict::Refused(why) = &mut v {
-        let sent = lab.rogue.endless_sent();
-        why.push_str(&format!(
-            "; {} fetches, each hung up by the agent after at most {} bytes were queued",
-            sent.len(),
-            sent.iter().max().unwrap_or(&0)
-        ));
+    // The agent must also have hung up: the server's stream task sees it
+    // a moment after the agent reports.
+    let hung_up = Instant::now();
+    while lab.rogue.endless_sent().is_empty() && hung_up.elapsed() < SETTLE {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let sent = lab.rogue.endless_sent();
+    if let Verdict::Refused(why) = &v {
+        v = match sent.iter().max() {
+            None => Verdict::Accepted(format!(
+                "{why}; but the endless stream was still being read {SETTLE:?} later"
+            )),
+            Some(most) => Verdict::Refused(format!(
+                "{why}; {} fetch(es), each hung up by the agent with at most {most} bytes queued",
+                sent.len()
+            )),
+        };
     }
     lab.verdict("endless-blob", v);
     lab.honest.release = signed(release(CHANNEL, 8, future, &[&app[2], &cfg[2]]), &[&k1]);
@@ -582,7 +613,28 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
     });
     lab.restore();
 
-    freeze(&mut lab, &k2, &app[2], &cfg[2]);
+    // The forger's root 3 (its own key only), signed by itself, and its
+    // release 13.
+    let root3 = TrustRoot {
+        version: 3,
+        keys: vec![forger.public()],
+        threshold: 1,
+        expires_at_ms: TrustRoot::NEVER_EXPIRES,
+    };
+    let mut roots = lab.honest.roots.clone();
+    roots.push(SignedRoot::sign(root3, &[&forger]));
+    let by_forger = signed(release(CHANNEL, 13, future, &[&app[3], &cfg[2]]), &[&forger]);
+    lab.attack(Attack {
+        name: "forged-root",
+        desired: desired(Some(&by_forger), &roots, &[&app[3], &cfg[2]]),
+        bundles: attacker(&app[3]),
+        release: Some(13),
+        phrases: &["trust root 3 has 0 of the 1 signatures needed from the keys of trust root 2"],
+        states: &[],
+    });
+    lab.restore();
+
+    freeze(&mut lab, 14, &k2, &app[2], &cfg[2]);
 
     let accepted: Vec<&str> = lab
         .results
@@ -647,9 +699,9 @@ fn withheld_bundle(lab: &mut Lab, r2: &SignedRelease, cfg2: &TestBundle) {
 
 /// The server stops sending newer releases: the node's release runs out
 /// and the node must say so (`stale-release`) rather than go on quietly.
-fn freeze(lab: &mut Lab, key: &SigningKey, app2: &TestBundle, cfg2: &TestBundle) {
+fn freeze(lab: &mut Lab, version: u64, key: &SigningKey, app2: &TestBundle, cfg2: &TestBundle) {
     let expires = now_ms() + SHORT_LIFE_MS;
-    lab.honest.release = signed(release(CHANNEL, 13, expires, &[app2, cfg2]), &[key]);
+    lab.honest.release = signed(release(CHANNEL, version, expires, &[app2, cfg2]), &[key]);
     lab.restore();
     let mark = lab.rogue.mark();
     let wait = Duration::from_millis(SHORT_LIFE_MS as u64) + ANSWER;
@@ -661,7 +713,7 @@ fn freeze(lab: &mut Lab, key: &SigningKey, app2: &TestBundle, cfg2: &TestBundle)
         (Some(_), Some(diff)) => Verdict::Accepted(diff),
         (Some(why), None) => Verdict::Refused(why),
         (None, _) => Verdict::Accepted(format!(
-            "no stale-release reported within {wait:?} of release 13 running out; the node said: {}",
+            "no stale-release reported within {wait:?} of release {version} running out; the node said: {}",
             last_words(&lab.rogue.records_since(mark))
         )),
     };
