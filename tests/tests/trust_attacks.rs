@@ -192,13 +192,23 @@ impl Lab {
         }
         let mark = self.rogue.mark();
         self.agent.start();
-        let hello = self.rogue.wait_for(mark, CONVERGE, |r| {
-            matches!(r.heard, Heard::Hello(_)).then_some(())
+        let hello = self.rogue.wait_for(mark, CONVERGE, |r| match &r.heard {
+            Heard::Hello(h) => Some(h.trust.clone()),
+            _ => None,
         });
-        assert!(
-            hello.is_some(),
-            "the restarted agent did not connect within {CONVERGE:?}"
-        );
+        let Some(trust) = hello else {
+            panic!("the restarted agent did not connect within {CONVERGE:?}");
+        };
+        // It says which release it holds from its first word on.
+        if self.trust_on {
+            let held = trust.map(|t| t.release_version);
+            let want = self.honest.release.release.version;
+            assert_eq!(
+                held,
+                Some(want),
+                "the restarted agent's Hello names release {want}"
+            );
+        }
     }
 
     fn verdict(&mut self, name: &'static str, v: Verdict) {
@@ -702,8 +712,21 @@ fn withheld_bundle(lab: &mut Lab, r2: &SignedRelease, cfg2: &TestBundle) {
 fn freeze(lab: &mut Lab, version: u64, key: &SigningKey, app2: &TestBundle, cfg2: &TestBundle) {
     let expires = now_ms() + SHORT_LIFE_MS;
     lab.honest.release = signed(release(CHANNEL, version, expires, &[app2, cfg2]), &[key]);
-    lab.restore();
+    // Not `restore`, which wants trust `ok`: on a slow machine the node may
+    // already call the release stale when it first reports it.
     let mark = lab.rogue.mark();
+    let g = lab.rogue.send_desired(lab.honest.desired());
+    let trust_on = lab.trust_on;
+    let taken = lab.rogue.wait_for(mark, CONVERGE, |r| {
+        let generation = r.heard.generation().is_some_and(|x| x >= g);
+        let release = !trust_on || r.heard.trust().is_some_and(|t| t.release_version == version);
+        (generation && release).then_some(())
+    });
+    assert!(
+        taken.is_some(),
+        "release {version} was not accepted within {CONVERGE:?}; the node said:\n{}",
+        said(&lab.rogue.records_since(mark))
+    );
     let wait = Duration::from_millis(SHORT_LIFE_MS as u64) + ANSWER;
     let stale = lab.rogue.wait_for(mark, wait, |r| {
         let t = r.heard.trust()?;
