@@ -14,11 +14,14 @@
 //! An attack is `refused` when the agent said why in the words of the
 //! shared rules (a `TrustError`, as its trust status, a bundle's status or
 //! an event says it), never reported the attacker's bundle version applied
-//! (nor the attacker's release accepted), and the node's files still hold
-//! version 2 byte for byte. Anything else is `ACCEPTED`, with what gave it
+//! (nor the attacker's release, or a trust root above the honest one,
+//! accepted), still names the honest release (version and expiry) in its
+//! last trust status, and the node's files still hold version 2 byte for
+//! byte. Anything else is `ACCEPTED`, with what gave it
 //! away. One `TRUSTATTACK NAME refused|ACCEPTED (REASON)` line per attack
-//! is printed (RELIABILITY.md, "Trust attacks", is drawn from them), and
-//! the test fails, after all have run, if any was accepted.
+//! is printed (RELIABILITY.md, "Trust attacks", is drawn from them), then
+//! a summary, also as a `HOSTILE trust-attacks: …` line, and the test
+//! fails, after all have run, if any was accepted.
 
 use std::time::{Duration, Instant};
 
@@ -37,9 +40,10 @@ const APP: &str = "/etc/app/app.conf";
 const CFG: &str = "/etc/cfg/cfg.conf";
 /// How long the agent may take to answer an attack.
 const ANSWER: Duration = Duration::from_secs(15);
-/// How long the agent may take to settle after its answer, and to come
-/// back to the honest state after an attack.
+/// How long the agent may take to settle after its answer (and to hang up
+/// an endless stream).
 const SETTLE: Duration = Duration::from_secs(5);
+/// How long the agent may take to reach a state the server publishes.
 const CONVERGE: Duration = Duration::from_secs(30);
 const HOUR_MS: i64 = 3_600_000;
 /// The clock set back two days: an expiry an hour ago reads as almost two
@@ -663,6 +667,15 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
             format!(": {}", accepted.join(", "))
         },
         started.elapsed().as_secs_f64()
+    );
+    // The same counts in the form scripts/reliability.sh reads.
+    println!(
+        "HOSTILE trust-attacks: tried={} refused={} trust_on={} secs={:.1} accepted={}",
+        lab.results.len(),
+        lab.results.len() - accepted.len(),
+        u8::from(lab.trust_on),
+        started.elapsed().as_secs_f64(),
+        accepted.len()
     );
     lab.agent.stop();
     assert!(accepted.is_empty(), "attacks accepted: {}", accepted.join(", "));
