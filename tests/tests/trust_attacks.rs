@@ -129,8 +129,18 @@ fn applied(r: &Record, b: &TestBundle) -> bool {
 
 impl Lab {
     /// The node's files are the honest bundles' (version 2 once set up),
-    /// byte for byte; else what they hold.
+    /// byte for byte, and nothing else is in its root; else what differs.
     fn files_changed(&self) -> Option<String> {
+        let honest: Vec<&str> = [&self.honest.app, &self.honest.cfg]
+            .iter()
+            .flat_map(|b| b.files.iter().map(|(p, _)| p.as_str()))
+            .collect();
+        if let Some(other) = files_under(&self.agent.root)
+            .into_iter()
+            .find(|p| !honest.contains(&p.as_str()))
+        {
+            return Some(format!("{other} is in the node's root"));
+        }
         for b in [&self.honest.app, &self.honest.cfg] {
             for (path, want) in &b.files {
                 match self.agent.read(path) {
@@ -283,6 +293,26 @@ impl Lab {
             }
         }
     }
+}
+
+/// Every entry under `root` that is not a directory, as a path on the
+/// node (`/etc/app/app.conf`).
+fn files_under(root: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        let entries = std::fs::read_dir(&d).unwrap_or_else(|e| panic!("read {}: {e}", d.display()));
+        for e in entries {
+            let e = e.expect("read a directory entry");
+            let path = e.path();
+            if e.file_type().expect("file type").is_dir() {
+                dirs.push(path);
+            } else if let Ok(rel) = path.strip_prefix(root) {
+                out.push(format!("/{}", rel.display()));
+            }
+        }
+    }
+    out
 }
 
 /// What shows the attack worked: the attacker's bundle version applied,
