@@ -459,8 +459,13 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
         "the agent connected to the rogue server"
     );
 
-    // Signed for a release 3 that the server withholds.
-    let _r3 = signed(release(CHANNEL, 3, future, &[&app[3], &cfg[3]]), &[&k1]);
+    // The publisher's release 3 names app@3 with cfg@3; the server
+    // withholds it, and mixes its app@3 with release 2 and cfg@2 below.
+    let r3 = signed(release(CHANNEL, 3, future, &[&app[3], &cfg[3]]), &[&k1]);
+    let (name, released) = app[3].released();
+    r3.release
+        .admits(&name, &released.version, &released.manifest_digest)
+        .expect("release 3 names app@3");
     let expired = signed(
         release(CHANNEL, 4, now_ms() - HOUR_MS, &[&app[3], &cfg[2]]),
         &[&k1],
