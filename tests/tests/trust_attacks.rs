@@ -641,20 +641,25 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
     lab.restore();
 
     // Root 2 rotates K1 out for K2 (signed by both, as the rule wants);
-    // release 11 is K2's. Then K1 alone signs release 12.
+    // release 11 and the bundles from now on are K2's. Then K1 alone signs
+    // release 12.
     let root2 = TrustRoot {
         version: 2,
         keys: vec![k2.public()],
         threshold: 1,
         expires_at_ms: TrustRoot::NEVER_EXPIRES,
     };
-    lab.honest.roots = vec![SignedRoot::sign(root2, &[&k1, &k2])];
-    lab.honest.release = signed(release(CHANNEL, 11, future, &[&app[2], &cfg[2]]), &[&k2]);
+    lab.honest = Honest {
+        release: signed(release(CHANNEL, 11, future, &[&app[2], &cfg[2]]), &[&k2]),
+        roots: vec![SignedRoot::sign(root2, &[&k1, &k2])],
+        app: bundle(&k2, "app", "2"),
+        cfg: bundle(&k2, "cfg", "2"),
+    };
     lab.restore();
     let by_old_key = signed(release(CHANNEL, 12, future, &[&app[3], &cfg[2]]), &[&k1]);
     lab.attack(Attack {
         name: "rotated-out-key",
-        desired: desired(Some(&by_old_key), &lab.honest.roots, &[&app[3], &cfg[2]]),
+        desired: desired(Some(&by_old_key), &lab.honest.roots, &[&app[3], &lab.honest.cfg]),
         bundles: attacker(&app[3]),
         release: Some(12),
         phrases: &["signatures needed from the keys of trust root 2"],
@@ -662,8 +667,8 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
     });
     lab.restore();
 
-    // The forger's root 3 (its own key only), signed by itself, and its
-    // release 13.
+    // The forger's root 3 (its own key only), signed by itself, with its
+    // release 13 and its own signature on app@3.
     let root3 = TrustRoot {
         version: 3,
         keys: vec![forger.public()],
@@ -672,18 +677,23 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
     };
     let mut roots = lab.honest.roots.clone();
     roots.push(SignedRoot::sign(root3, &[&forger]));
-    let by_forger = signed(release(CHANNEL, 13, future, &[&app[3], &cfg[2]]), &[&forger]);
+    let forged_app3 = bundle(&forger, "app", "3");
+    let by_forger = signed(
+        release(CHANNEL, 13, future, &[&forged_app3, &lab.honest.cfg]),
+        &[&forger],
+    );
     lab.attack(Attack {
         name: "forged-root",
-        desired: desired(Some(&by_forger), &roots, &[&app[3], &cfg[2]]),
-        bundles: attacker(&app[3]),
+        desired: desired(Some(&by_forger), &roots, &[&forged_app3, &lab.honest.cfg]),
+        bundles: attacker(&forged_app3),
         release: Some(13),
         phrases: &["trust root 3 has 0 of the 1 signatures needed from the keys of trust root 2"],
         states: &[],
     });
     lab.restore();
 
-    freeze(&mut lab, 14, &k2, &app[2], &cfg[2]);
+    let (app2, cfg2) = (lab.honest.app.clone(), lab.honest.cfg.clone());
+    freeze(&mut lab, 14, &k2, &app2, &cfg2);
 
     let accepted: Vec<&str> = lab
         .results
