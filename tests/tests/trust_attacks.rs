@@ -253,7 +253,8 @@ impl Lab {
         });
         match first {
             None => Verdict::Accepted(format!(
-                "no refusal within {ANSWER:?}; the node said: {}",
+                "no refusal saying {:?} within {ANSWER:?}; the node said: {}",
+                a.phrases.iter().chain(a.states).collect::<Vec<_>>(),
                 last_words(&self.rogue.records_since(mark))
             )),
             Some(Err(away)) => Verdict::Accepted(away),
@@ -641,8 +642,10 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
     lab.restore();
 
     // Root 2 rotates K1 out for K2 (signed by both, as the rule wants);
-    // release 11 and the bundles from now on are K2's. Then K1 alone signs
-    // release 12.
+    // release 11 and the bundles from now on are K2's (an agent without
+    // release checks knows no root: it keeps trusting K1 alone). Then K1
+    // alone signs release 12.
+    let bundle_key = if lab.trust_on { &k2 } else { &k1 };
     let root2 = TrustRoot {
         version: 2,
         keys: vec![k2.public()],
@@ -652,8 +655,8 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
     lab.honest = Honest {
         release: signed(release(CHANNEL, 11, future, &[&app[2], &cfg[2]]), &[&k2]),
         roots: vec![SignedRoot::sign(root2, &[&k1, &k2])],
-        app: bundle(&k2, "app", "2"),
-        cfg: bundle(&k2, "cfg", "2"),
+        app: bundle(bundle_key, "app", "2"),
+        cfg: bundle(bundle_key, "cfg", "2"),
     };
     lab.restore();
     let by_old_key = signed(release(CHANNEL, 12, future, &[&app[3], &cfg[2]]), &[&k1]);
