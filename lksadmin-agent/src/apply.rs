@@ -15,3 +15,4 @@ pub mod report;
 pub mod root;
 pub mod runner;
 pub mod state;
+pub mod trust;
