@@ -1,0 +1,254 @@
+//! Signed release records in the engine (issue [trust]): a new version is
+//! applied only as the node's accepted release names it, the journal is
+//! durable before the apply, a bundle the release names is not removed,
+//! an older release is refused, an expired one leaves the node stale, and
+//! with trust off a release changes nothing.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use lks_proto::canonical::manifest_digest;
+use lks_proto::release::{Release, ReleasedBundle, SignedRelease};
+
+use super::*;
+
+const T0: i64 = 1_800_000_000_000;
+const HOUR: i64 = 3_600_000;
+
+struct Trusted {
+    f: Fixture,
+    key: SigningKey,
+    clock: Arc<TestClock>,
+}
+
+fn trusted() -> Trusted {
+    let key = SigningKey::generate();
+    let clock = Arc::new(TestClock(AtomicI64::new(T0)));
+    let f = fixture_trust(vec![], clock.clone(), Some((vec![key.public()], 1)));
+    Trusted { f, key, clock }
+}
+
+fn release(version: u64, expires_at_ms: i64, bundles: &[&Manifest]) -> Release {
+    Release {
+        channel: "c1".into(),
+        version,
+        expires_at_ms,
+        bundles: bundles
+            .iter()
+            .map(|m| {
+                (
+                    m.name.clone(),
+                    ReleasedBundle {
+                        version: m.version.clone(),
+                        manifest_digest: manifest_digest(m),
+                    },
+                )
+            })
+            .collect(),
+    }
+}
+
+impl Trusted {
+    async fn desire(&mut self, bundles: &[&Manifest], release: Option<Release>) {
+        let f = &mut self.f;
+        f.generation += 1;
+        let d = pb::DesiredState {
+            generation: f.generation,
+            bundles: bundles
+                .iter()
+                .map(|m| pb::SignedBundle::from(&unsigned((*m).clone())))
+                .collect(),
+            release: release.map(|r| pb::SignedRelease::from(&SignedRelease::sign(r, &[&self.key]))),
+            ..Default::default()
+        };
+        f.engine.accept_desired(&Desired::from(&d)).await.unwrap();
+    }
+
+    fn events(&mut self) -> Vec<(String, String)> {
+        let mut out = vec![];
+        while let Ok(e) = self.f.events.try_recv() {
+            out.push((e.kind, e.message));
+        }
+        out
+    }
+}
+
+#[tokio::test]
+async fn only_what_the_release_names_is_applied_and_its_journal_is_durable_first() {
+    let mut t = trusted();
+    let v1 = t.f.manifest("app", "1", &[("/etc/app.conf", b"one", 0o644)]);
+    t.desire(&[&v1], None).await;
+    let (_, state, message) = t.f.status("app");
+    assert_eq!(state, BundleState::Failed);
+    assert_eq!(
+        message,
+        "no release: this node has accepted no signed release of c1 yet"
+    );
+    assert_eq!(t.f.engine.snapshot().trust.state, "no-release");
+
+    t.desire(&[&v1], Some(release(1, T0 + HOUR, &[&v1]))).await;
+    assert_eq!(t.f.status("app").1, BundleState::Applied);
+    assert_eq!(t.f.read("/etc/app.conf").unwrap().0, b"one");
+
+    // A signed app@2 the release does not name: refused, app@1 kept.
+    let v2 = t.f.manifest("app", "2", &[("/etc/app.conf", b"two", 0o644)]);
+    t.events();
+    t.desire(&[&v2], Some(release(1, T0 + HOUR, &[&v1]))).await;
+    let (version, state, message) = t.f.status("app");
+    assert_eq!((version.as_str(), state), ("2", BundleState::Failed));
+    assert_eq!(
+        message,
+        "not released: bundle app@2 is not in release 1 of c1 (it releases version 1)"
+    );
+    assert_eq!(t.f.engine.installed()["app"], "1");
+    assert_eq!(t.f.read("/etc/app.conf").unwrap().0, b"one");
+    assert_eq!(t.events().len(), 1, "one failed event");
+    t.desire(&[&v2], Some(release(1, T0 + HOUR, &[&v1]))).await;
+    assert!(t.events().is_empty(), "not reported again");
+
+    // Release 2 names it; its step proves trust.json already holds it.
+    let mut v2 = v2;
+    let journal = t.f.state.join("trust.json");
+    v2.steps = vec![sh(
+        "check",
+        &format!("grep -q '\"release_version\": 2' {}", journal.display()),
+    )];
+    t.desire(&[&v2], Some(release(2, T0 + HOUR, &[&v2]))).await;
+    assert_eq!(
+        t.f.status("app"),
+        ("2".into(), BundleState::Applied, String::new())
+    );
+    assert_eq!(t.f.read("/etc/app.conf").unwrap().0, b"two");
+    let trust = t.f.engine.snapshot().trust;
+    assert_eq!(
+        (
+            trust.enabled,
+            trust.state.as_str(),
+            trust.release_version,
+            trust.root_version
+        ),
+        (true, "ok", 2, 1)
+    );
+}
+
+#[tokio::test]
+async fn an_older_release_is_refused_and_the_installed_version_kept() {
+    let mut t = trusted();
+    let v1 = t.f.manifest("app", "1", &[("/etc/app.conf", b"one", 0o644)]);
+    let v2 = t.f.manifest("app", "2", &[("/etc/app.conf", b"two", 0o644)]);
+    t.desire(&[&v2], Some(release(2, T0 + HOUR, &[&v2]))).await;
+    assert_eq!(t.f.engine.installed()["app"], "2");
+    t.events();
+    // A stale server replays release 1 (signed, genuine) with app@1.
+    t.desire(&[&v1], Some(release(1, T0 + HOUR, &[&v1]))).await;
+    assert_eq!(t.f.engine.installed()["app"], "2");
+    assert_eq!(t.f.read("/etc/app.conf").unwrap().0, b"two");
+    let (_, state, message) = t.f.status("app");
+    assert_eq!(state, BundleState::Failed);
+    assert!(
+        message.starts_with("not released: bundle app@1 is not in release 2 of c1"),
+        "{message}"
+    );
+    let events = t.events();
+    let refused: Vec<_> = events.iter().filter(|(k, _)| k == "release_refused").collect();
+    assert_eq!(refused.len(), 1, "{events:?}");
+    assert!(refused[0].1.contains("older than release 2"), "{}", refused[0].1);
+    let trust = t.f.engine.snapshot().trust;
+    assert_eq!((trust.state.as_str(), trust.release_version), ("refused", 2));
+    t.desire(&[&v1], Some(release(1, T0 + HOUR, &[&v1]))).await;
+    assert!(
+        !t.events().iter().any(|(k, _)| k == "release_refused"),
+        "once per reason"
+    );
+}
+
+#[tokio::test]
+async fn a_bundle_the_release_names_is_not_removed_until_a_release_drops_it() {
+    let mut t = trusted();
+    let app = t.f.manifest("app", "1", &[("/etc/app.conf", b"one", 0o644)]);
+    t.desire(&[&app], Some(release(1, T0 + HOUR, &[&app]))).await;
+    t.events();
+    // The server withholds it: it stays.
+    t.desire(&[], Some(release(1, T0 + HOUR, &[&app]))).await;
+    assert_eq!(t.f.read("/etc/app.conf").unwrap().0, b"one");
+    let (_, state, message) = t.f.status("app");
+    assert_eq!(state, BundleState::Applied);
+    assert!(
+        message.starts_with("not removed: release 1 of c1 still names app"),
+        "{message}"
+    );
+    let kinds: Vec<_> = t.events().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(kinds, ["removal_withheld"]);
+    t.desire(&[], Some(release(1, T0 + HOUR, &[&app]))).await;
+    assert!(t.events().is_empty(), "said once");
+    // Listed again: applied, the message gone.
+    t.desire(&[&app], Some(release(1, T0 + HOUR, &[&app]))).await;
+    assert_eq!(
+        t.f.status("app"),
+        ("1".into(), BundleState::Applied, String::new())
+    );
+    // A release without it: removed.
+    t.desire(&[], Some(release(2, T0 + HOUR, &[]))).await;
+    assert_eq!(t.f.read("/etc/app.conf"), None);
+    assert!(!t.f.engine.state().bundles.contains_key("app"));
+}
+
+#[tokio::test]
+async fn an_expired_release_makes_the_node_stale_and_keeps_what_it_has() {
+    let mut t = trusted();
+    let v1 = t.f.manifest("app", "1", &[("/etc/app.conf", b"one", 0o644)]);
+    t.desire(&[&v1], Some(release(1, T0 + 1000, &[&v1]))).await;
+    assert_eq!(t.f.engine.installed()["app"], "1");
+    assert_eq!(t.f.engine.trust_wakeup(), Some(Duration::from_millis(1001)));
+    t.clock.0.store(T0 + 2000, Ordering::SeqCst);
+    t.f.engine.refresh_trust();
+    let trust = t.f.engine.snapshot().trust;
+    assert_eq!(trust.state, "stale-release");
+    assert!(
+        trust.message.starts_with("release 1 of c1 expired at "),
+        "{}",
+        trust.message
+    );
+    // The published snapshot (what the connection reports) flipped too.
+    assert_eq!(t.f._status.borrow().trust.state, "stale-release");
+    // A server offering only an expired newer release gets nothing applied.
+    let v2 = t.f.manifest("app", "2", &[("/etc/app.conf", b"two", 0o644)]);
+    t.desire(&[&v2], Some(release(2, T0 + 1500, &[&v2]))).await;
+    assert_eq!(t.f.engine.installed()["app"], "1");
+    let (_, state, message) = t.f.status("app");
+    assert_eq!(state, BundleState::Failed);
+    assert!(
+        message.starts_with("release expired: release 1 of c1 expired at "),
+        "{message}"
+    );
+    assert_eq!(t.f.engine.snapshot().trust.state, "stale-release");
+    // Drift repair of what it has goes on.
+    std::fs::write(t.f.path("/etc/app.conf"), b"edited").unwrap();
+    t.f.engine.heal().await.unwrap();
+    assert_eq!(t.f.read("/etc/app.conf").unwrap().0, b"one");
+}
+
+#[tokio::test]
+async fn with_trust_off_a_release_changes_nothing() {
+    let mut f = fixture();
+    let m = f.manifest("app", "1", &[("/etc/app.conf", b"one", 0o644)]);
+    f.generation += 1;
+    let d = pb::DesiredState {
+        generation: f.generation,
+        bundles: vec![pb::SignedBundle::from(&unsigned(m))],
+        // Malformed and unsigned: ignored with trust off.
+        release: Some(pb::SignedRelease::default()),
+        ..Default::default()
+    };
+    f.engine.accept_desired(&Desired::from(&d)).await.unwrap();
+    assert_eq!(f.status("app").1, BundleState::Applied);
+    let trust = f.engine.snapshot().trust;
+    assert!(!trust.enabled && trust.state.is_empty(), "{trust:?}");
+    assert!(!f.state.join("trust.json").exists());
+    f.generation += 1;
+    let gone = pb::DesiredState {
+        generation: f.generation,
+        ..Default::default()
+    };
+    f.engine.accept_desired(&Desired::from(&gone)).await.unwrap();
+    assert_eq!(f.read("/etc/app.conf"), None, "removed as before");
+}
