@@ -375,16 +375,24 @@ impl Trust {
     }
 
     /// Why bundle `name` must not be removed although the desired state no
-    /// longer lists it, if it must not.
+    /// longer lists it, if it must not (the rest of its status message).
     pub fn keeps(&self, name: &str) -> Option<String> {
         match &self.mode {
             Mode::Off => None,
-            Mode::Broken(why) => Some(format!("trust state unreadable: {why}")),
+            Mode::Broken(why) => Some(format!(
+                "trust state unreadable ({why}); nothing is removed until it can be read"
+            )),
             Mode::On(on) => on
                 .release
                 .as_ref()
                 .filter(|r| r.bundles.contains_key(name))
-                .map(Release::id),
+                .map(|r| {
+                    format!(
+                        "{} still names {name} (the desired state omits it); \
+                         removed once a release without it is accepted",
+                        r.id()
+                    )
+                }),
         }
     }
 

@@ -131,10 +131,7 @@ impl Engine {
             return Ok(());
         };
         let version = installed.version.clone();
-        let message = format!(
-            "{NOT_REMOVED}{why} still names {name} (the desired state omits it); \
-             removed once a release without it is accepted"
-        );
+        let message = format!("{NOT_REMOVED}{why}");
         if rec.status.message == message && rec.status.version == version {
             return Ok(());
         }
