@@ -433,3 +433,4 @@ fn now_ms() -> i64 {
 mod kill9;
 mod offline;
 mod points;
+mod trust;
