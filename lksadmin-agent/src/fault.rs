@@ -25,6 +25,9 @@
 //! |                    | not fsynced, not verified                                             |
 //! | `cache-promoting`  | copy verified and fsynced; not yet renamed into `cache/sha256/`       |
 
+// Besides the points: `LKS_AGENT_CLOCK_OFFSET_MS` ([`clock_offset_ms`])
+// moves the clock of the release trust checks, for the attack tests.
+
 /// Every fault point, in the order an apply reaches them.
 pub const POINTS: &[&str] = &[
     "staging",

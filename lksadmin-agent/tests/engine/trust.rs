@@ -252,3 +252,78 @@ async fn with_trust_off_a_release_changes_nothing() {
     f.engine.accept_desired(&Desired::from(&gone)).await.unwrap();
     assert_eq!(f.read("/etc/app.conf"), None, "removed as before");
 }
+
+#[tokio::test]
+async fn a_clock_set_back_applies_nothing_new_and_a_small_step_back_is_tolerated() {
+    let mut t = trusted();
+    let v1 = t.f.manifest("app", "1", &[("/etc/app.conf", b"one", 0o644)]);
+    let v2 = t.f.manifest("app", "2", &[("/etc/app.conf", b"two", 0o644)]);
+    t.desire(&[&v1], Some(release(1, T0 + HOUR, &[&v1]))).await;
+    t.events();
+    // Two minutes back: beyond the 60 s tolerance.
+    t.clock.0.store(T0 - 120_000, Ordering::SeqCst);
+    t.desire(&[&v2], Some(release(2, T0 + HOUR, &[&v2]))).await;
+    assert_eq!(t.f.engine.installed()["app"], "1");
+    let (_, state, message) = t.f.status("app");
+    assert_eq!(state, BundleState::Failed);
+    assert!(message.starts_with("clock: the node's clock reads "), "{message}");
+    let trust = t.f.engine.snapshot().trust;
+    assert_eq!((trust.state.as_str(), trust.release_version), ("clock", 1));
+    let refused: Vec<_> = t
+        .events()
+        .into_iter()
+        .filter(|(k, _)| k == "release_refused")
+        .collect();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    t.clock.0.store(T0 - 119_000, Ordering::SeqCst);
+    t.desire(&[&v2], Some(release(2, T0 + HOUR, &[&v2]))).await;
+    assert!(
+        !t.events().iter().any(|(k, _)| k == "release_refused"),
+        "the same reason is not reported again"
+    );
+    // 30 s back (an NTP step): counts as the latest known time.
+    t.clock.0.store(T0 - 30_000, Ordering::SeqCst);
+    t.desire(&[&v2], Some(release(2, T0 + HOUR, &[&v2]))).await;
+    assert_eq!(t.f.engine.installed()["app"], "2");
+    assert_eq!(t.f.engine.snapshot().trust.state, "ok");
+}
+
+#[tokio::test]
+async fn an_unreadable_trust_journal_applies_and_removes_nothing_but_repairs_drift() {
+    let mut t = trusted();
+    let v1 = t.f.manifest("app", "1", &[("/etc/app.conf", b"one", 0o644)]);
+    t.desire(&[&v1], Some(release(1, T0 + HOUR, &[&v1]))).await;
+    let journal = t.f.state.join("trust.json");
+    std::fs::write(&journal, b"\0garbage").unwrap();
+    // The agent restarts: the journal is read again.
+    let reopened = lksadmin_agent::apply::trust::Trust::open(&journal, "c1", vec![t.key.public()], 1);
+    t.f.engine = Engine::open(
+        EngineConfig {
+            state_dir: StateDir::new(&t.f.state),
+            root: t.f.root.clone(),
+            node: "node-1".into(),
+            trusted: vec![],
+            arch: None,
+        },
+        Arc::new(t.f.source.clone()),
+        Arc::new(ProcessRunner),
+        t.clock.clone(),
+        Reporter::default(),
+    )
+    .unwrap()
+    .with_trust(reopened);
+    let trust = t.f.engine.snapshot().trust;
+    assert_eq!(trust.state, "refused");
+    assert!(trust.message.contains("trust.json"), "{}", trust.message);
+    assert_eq!(std::fs::read(&journal).unwrap(), b"\0garbage", "never reset");
+
+    let v2 = t.f.manifest("app", "2", &[("/etc/app.conf", b"two", 0o644)]);
+    t.desire(&[&v2], Some(release(2, T0 + HOUR, &[&v2]))).await;
+    assert_eq!(t.f.engine.installed()["app"], "1");
+    assert!(t.f.status("app").2.starts_with("trust state unreadable: "));
+    t.desire(&[], None).await;
+    assert_eq!(t.f.read("/etc/app.conf").unwrap().0, b"one", "not removed");
+    std::fs::write(t.f.path("/etc/app.conf"), b"edited").unwrap();
+    t.f.engine.heal().await.unwrap();
+    assert_eq!(t.f.read("/etc/app.conf").unwrap().0, b"one", "drift repaired");
+}
