@@ -23,7 +23,8 @@ struct Trusted {
 fn trusted() -> Trusted {
     let key = SigningKey::generate();
     let clock = Arc::new(TestClock(AtomicI64::new(T0)));
-    let f = fixture_trust(vec![], clock.clone(), Some((vec![key.public()], 1)));
+    // As `join` leaves it: the release keys sign bundles too.
+    let f = fixture_trust(vec![key.public()], clock.clone(), Some((vec![key.public()], 1)));
     Trusted { f, key, clock }
 }
 
@@ -55,7 +56,7 @@ impl Trusted {
             generation: f.generation,
             bundles: bundles
                 .iter()
-                .map(|m| pb::SignedBundle::from(&unsigned((*m).clone())))
+                .map(|m| pb::SignedBundle::from(&self.key.sign_bundle((*m).clone())))
                 .collect(),
             release: release.map(|r| pb::SignedRelease::from(&SignedRelease::sign(r, &[&self.key]))),
             ..Default::default()
@@ -302,7 +303,7 @@ async fn an_unreadable_trust_journal_applies_and_removes_nothing_but_repairs_dri
             state_dir: StateDir::new(&t.f.state),
             root: t.f.root.clone(),
             node: "node-1".into(),
-            trusted: vec![],
+            trusted: vec![t.key.public()],
             arch: None,
         },
         Arc::new(t.f.source.clone()),
@@ -326,4 +327,56 @@ async fn an_unreadable_trust_journal_applies_and_removes_nothing_but_repairs_dri
     std::fs::write(t.f.path("/etc/app.conf"), b"edited").unwrap();
     t.f.engine.heal().await.unwrap();
     assert_eq!(t.f.read("/etc/app.conf").unwrap().0, b"one", "drift repaired");
+}
+
+#[tokio::test]
+async fn after_a_root_rotation_the_new_keys_sign_releases_and_bundles() {
+    use lks_proto::release::{SignedRoot, TrustRoot};
+    let old = SigningKey::generate();
+    let new = SigningKey::generate();
+    let clock = Arc::new(TestClock(AtomicI64::new(T0)));
+    let mut f = fixture_trust(vec![old.public()], clock.clone(), Some((vec![old.public()], 1)));
+    let v1 = f.manifest("app", "1", &[("/etc/app.conf", b"one", 0o644)]);
+    let rotation = SignedRoot::sign(
+        TrustRoot {
+            version: 2,
+            keys: vec![new.public()],
+            threshold: 1,
+            expires_at_ms: TrustRoot::NEVER_EXPIRES,
+        },
+        &[&old, &new],
+    );
+    f.generation += 1;
+    let d = pb::DesiredState {
+        generation: f.generation,
+        bundles: vec![pb::SignedBundle::from(&new.sign_bundle(v1.clone()))],
+        release: Some(pb::SignedRelease::from(&SignedRelease::sign(
+            release(1, T0 + HOUR, &[&v1]),
+            &[&new],
+        ))),
+        roots: vec![pb::SignedRoot::from(&rotation)],
+        ..Default::default()
+    };
+    f.engine.accept_desired(&Desired::from(&d)).await.unwrap();
+    assert_eq!(f.status("app"), ("1".into(), BundleState::Applied, String::new()));
+    let trust = f.engine.snapshot().trust;
+    assert_eq!(
+        (trust.state.as_str(), trust.root_version, trust.release_version),
+        ("ok", 2, 1)
+    );
+    // The rotated-out key signs nothing any more.
+    let v2 = f.manifest("app", "2", &[("/etc/app.conf", b"two", 0o644)]);
+    f.generation += 1;
+    let d = pb::DesiredState {
+        generation: f.generation,
+        bundles: vec![pb::SignedBundle::from(&old.sign_bundle(v2.clone()))],
+        release: Some(pb::SignedRelease::from(&SignedRelease::sign(
+            release(2, T0 + HOUR, &[&v2]),
+            &[&old],
+        ))),
+        ..Default::default()
+    };
+    f.engine.accept_desired(&Desired::from(&d)).await.unwrap();
+    assert_eq!(f.engine.installed()["app"], "1");
+    assert_eq!(f.engine.snapshot().trust.state, "refused");
 }

@@ -252,7 +252,7 @@ impl Engine {
                 }
             }
         }
-        if let Err(e) = sign::verify(sb, &self.trusted) {
+        if let Err(e) = sign::verify(sb, &self.bundle_keys()) {
             return self.fail_once(&m.name, &m.version, e.to_string(), Some(key));
         }
         if let Some(reason) = self.conflict(m) {
@@ -266,6 +266,21 @@ impl Engine {
             return self.apply(&bare, rec, key, false).await;
         }
         self.apply(m, rec, key, false).await
+    }
+
+    /// The keys a bundle may be signed by: the publisher keys given to
+    /// `join`, and with release records on the current trust root's keys
+    /// too, so a rotation to new keys does not leave their bundles refused
+    /// (what is applied is bound by the release's threshold anyway).
+    fn bundle_keys(&self) -> std::borrow::Cow<'_, [lks_proto::sign::PublisherKey]> {
+        match self.trust.state() {
+            Some(s) if s.root.keys.iter().any(|k| !self.trusted.contains(k)) => {
+                let mut keys = self.trusted.clone();
+                keys.extend(s.root.keys.iter().filter(|k| !self.trusted.contains(k)).cloned());
+                std::borrow::Cow::Owned(keys)
+            }
+            _ => std::borrow::Cow::Borrowed(&self.trusted),
+        }
     }
 
     /// A reason if `m` would own a path (or a parent/child of one) that
