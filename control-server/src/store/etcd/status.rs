@@ -28,6 +28,8 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use etcd_client::{Compare, Txn, TxnOp};
+
+use crate::store::NodeTrust;
 use std::sync::Arc;
 
 use tokio::sync::{Semaphore, oneshot};
@@ -439,6 +441,17 @@ impl NodeStatusStore for EtcdStore {
             }
             d.replica.clear();
             d.last_seen_ms = d.last_seen_ms.max(now_ms).max(heard);
+            true
+        })
+        .await
+    }
+
+    async fn record_trust(&self, name: &str, trust: NodeTrust) -> Result<()> {
+        self.update_node(name, |d| {
+            if d.trust.as_ref() == Some(&trust) {
+                return false;
+            }
+            d.trust = Some(trust.clone());
             true
         })
         .await

@@ -40,6 +40,16 @@ impl NodeStatusStore for SqliteStore {
         .await
     }
 
+    async fn record_trust(&self, name: &str, trust: NodeTrust) -> Result<()> {
+        let name = name.to_string();
+        let json = serde_json::to_string(&trust)?;
+        self.tx(move |tx| {
+            tx.execute("UPDATE nodes SET trust = ?2 WHERE name = ?1", params![name, json])?;
+            Ok(())
+        })
+        .await
+    }
+
     async fn record_status(&self, name: &str, statuses: Vec<BundleStatusRow>) -> Result<()> {
         let name = name.to_string();
         self.tx(move |tx| {
