@@ -3,9 +3,10 @@
 //! verify them against their own roots. The server cannot check the
 //! signatures; it checks the records' own rules and these orders:
 //!
-//! - releases: a version above every stored release of the cluster; the
-//!   identical record again changes nothing; another record under a stored
-//!   version is `AlreadyExists`, a lower version `Conflict`;
+//! - releases: a version above every stored release of the cluster; a
+//!   stored record again changes nothing; another record under a stored
+//!   version is `AlreadyExists`, any other version not above the highest
+//!   `Conflict`;
 //! - roots: exactly the highest stored version + 1 (2 for the first: 1 is
 //!   the root each node builds from its own keys); the identical root again
 //!   changes nothing.
@@ -210,22 +211,30 @@ pub enum Stored {
 }
 
 /// Settles a release put against the highest stored release of its
-/// cluster (`(version, digest)`): the one rule both backends apply.
-pub fn release_order(new: &StoredRelease, highest: Option<(u64, Digest)>) -> Result<Option<Stored>> {
-    let Some((have, digest)) = highest else {
-        return Ok(None);
-    };
+/// cluster (`(version, digest)`) and the digest stored under the new
+/// release's version, if any: the one rule both backends apply. `None`:
+/// store it.
+pub fn release_order(
+    new: &StoredRelease,
+    highest: Option<(u64, Digest)>,
+    same: Option<Digest>,
+) -> Result<Option<Stored>> {
     let id = new.signed().release.id();
-    match new.version().cmp(&have) {
-        std::cmp::Ordering::Greater => Ok(None),
-        std::cmp::Ordering::Equal if digest == new.digest() => Ok(Some(Stored::Unchanged)),
-        std::cmp::Ordering::Equal => Err(StoreError::AlreadyExists(format!(
-            "{id} is already stored with other content ({digest}); publish a new version"
-        ))),
-        std::cmp::Ordering::Less => Err(StoreError::Conflict(format!(
+    if let Some(d) = same {
+        return if d == new.digest() {
+            Ok(Some(Stored::Unchanged))
+        } else {
+            Err(StoreError::AlreadyExists(format!(
+                "{id} is already stored with other content ({d}); publish a new version"
+            )))
+        };
+    }
+    match highest {
+        Some((have, _)) if new.version() <= have => Err(StoreError::Conflict(format!(
             "{id} is older than the stored release {have}; publish version {} or higher",
             have + 1
         ))),
+        _ => Ok(None),
     }
 }
 
@@ -303,18 +312,25 @@ mod tests {
     #[test]
     fn release_versions_only_rise_and_one_version_is_one_record() {
         let r5 = release(5, 1);
-        assert_eq!(release_order(&r5, None).unwrap(), None);
+        let head = Some((5, r5.digest()));
+        assert_eq!(release_order(&r5, None, None).unwrap(), None);
         assert_eq!(
-            release_order(&r5, Some((4, release(4, 1).digest()))).unwrap(),
+            release_order(&r5, Some((4, release(4, 1).digest())), None).unwrap(),
             None
         );
         assert_eq!(
-            release_order(&r5, Some((5, r5.digest()))).unwrap(),
+            release_order(&r5, head, Some(r5.digest())).unwrap(),
             Some(Stored::Unchanged)
         );
-        let e = release_order(&release(5, 2), Some((5, r5.digest()))).unwrap_err();
+        let e = release_order(&release(5, 2), head, Some(r5.digest())).unwrap_err();
         assert!(matches!(e, StoreError::AlreadyExists(_)), "{e}");
-        let e = release_order(&release(3, 1), Some((5, r5.digest()))).unwrap_err();
+        let r3 = release(3, 1);
+        assert_eq!(
+            release_order(&r3, head, Some(r3.digest())).unwrap(),
+            Some(Stored::Unchanged),
+            "an older stored record again changes nothing either"
+        );
+        let e = release_order(&r3, head, None).unwrap_err();
         assert_eq!(
             e.to_string(),
             "release 3 of a is older than the stored release 5; publish version 6 or higher"

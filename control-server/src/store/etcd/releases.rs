@@ -50,6 +50,15 @@ fn key_version(kind: Kind, cluster: &str, rest: &str) -> Result<u64> {
     })
 }
 
+fn digest(cluster: &str, version: u64, text: &str) -> Result<lks_proto::Digest> {
+    text.parse()
+        .map_err(|e: lks_proto::digest::DigestError| StoreError::Corrupt {
+            kind: Kind::Release,
+            name: format!("{version} of {cluster}"),
+            why: e.into(),
+        })
+}
+
 fn unhex(kind: Kind, cluster: &str, version: u64, text: &str) -> Result<Vec<u8>> {
     hex::decode(text).map_err(|e| StoreError::Corrupt {
         kind,
@@ -86,22 +95,19 @@ impl ReleaseStore for EtcdStore {
             version: r.version(),
             digest: r.digest().to_string(),
         };
+        let rec_key = self.key(&release_key(&cluster, r.version()));
         for attempt in 0..MAX_ATTEMPTS {
             let have = self.get::<HeadDoc>(&head_key).await?;
             let highest = match &have.value {
-                Some(h) => Some((
-                    h.version,
-                    h.digest
-                        .parse()
-                        .map_err(|e: lks_proto::digest::DigestError| StoreError::Corrupt {
-                            kind: Kind::Release,
-                            name: format!("{} of {cluster}", h.version),
-                            why: e.into(),
-                        })?,
-                )),
+                Some(h) => Some((h.version, digest(&cluster, h.version, &h.digest)?)),
                 None => None,
             };
-            if let Some(done) = release_order(&r, highest)? {
+            // Records are never changed once written: no compare needed.
+            let same = match self.get::<ReleaseDoc>(&rec_key).await?.value {
+                Some(d) => Some(digest(&cluster, r.version(), &d.digest)?),
+                None => None,
+            };
+            if let Some(done) = release_order(&r, highest, same)? {
                 return Ok(done);
             }
             let stored = self
@@ -109,7 +115,7 @@ impl ReleaseStore for EtcdStore {
                     vec![have.compare(&head_key)],
                     vec![
                         TxnOp::put(head_key.clone(), json(&head)?, None),
-                        self.put(&release_key(&cluster, r.version()), json(&doc)?),
+                        TxnOp::put(rec_key.clone(), json(&doc)?, None),
                     ],
                 )
                 .await?;

@@ -31,7 +31,17 @@ impl ReleaseStore for SqliteStore {
                 )),
                 None => None,
             };
-            if let Some(done) = release_order(&r, highest)? {
+            let same: Option<String> = tx
+                .query_row(
+                    "SELECT digest FROM releases WHERE cluster = ?1 AND version = ?2",
+                    params![cluster, r.version() as i64],
+                    |row| row.get(0),
+                )
+                .optional()?;
+            let same = same
+                .map(|d| digest(&cluster, r.version() as i64, &d))
+                .transpose()?;
+            if let Some(done) = release_order(&r, highest, same)? {
                 return Ok(done);
             }
             tx.execute(
@@ -90,6 +100,16 @@ impl ReleaseStore for SqliteStore {
         let cluster = cluster.to_string();
         self.call(move |c| read_roots(c, &cluster)).await
     }
+}
+
+/// A release digest stored as text.
+fn digest(cluster: &str, version: i64, text: &str) -> Result<lks_proto::Digest> {
+    text.parse()
+        .map_err(|e: lks_proto::digest::DigestError| StoreError::Corrupt {
+            kind: Kind::Release,
+            name: format!("{version} of {cluster}"),
+            why: e.into(),
+        })
 }
 
 /// The cluster's releases, newest first, at most `limit` (0: all).
