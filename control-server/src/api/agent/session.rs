@@ -713,6 +713,44 @@ mod tests {
         );
     }
 
+    #[test]
+    fn reported_trust_is_validated_and_bounded() {
+        let off = trust(pb::TrustStatus {
+            enabled: false,
+            state: "ok".into(),
+            release_version: 3,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(
+            (off.label(), off.release_version),
+            ("off", 0),
+            "off carries nothing"
+        );
+        let stale = trust(pb::TrustStatus {
+            enabled: true,
+            state: "stale-release".into(),
+            message: "x".repeat(5000),
+            release_version: 7,
+            release_expires_at_ms: 9,
+            root_version: 2,
+        })
+        .unwrap();
+        assert_eq!(stale.state, Some(TrustHealth::StaleRelease));
+        assert_eq!(stale.message.len(), MAX_TRUST_MESSAGE);
+        let e = trust(pb::TrustStatus {
+            enabled: true,
+            state: "fine".into(),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert_eq!(
+            e.message(),
+            "trust.state \"fine\": one of ok, stale-release, no-release, refused, clock"
+        );
+    }
+
     /// A stream the hub ends hears why, whether it is still waiting for
     /// its Hello (`open`) or serving (`serve`): both answer with this. A
     /// clean end of stream instead was counted a failure by the agent and
