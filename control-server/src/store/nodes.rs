@@ -242,14 +242,26 @@ pub trait NodeStore: Send + Sync {
 /// last-seen times.
 #[async_trait]
 pub trait NodeStatusStore: Send + Sync {
-    /// Records a `Hello`: facts, what the node holds, connected.
+    /// Records a `Hello`: facts, what the node holds, its release trust
+    /// (`None`: not reported, so none is shown), connected. One write.
+    async fn node_hello(
+        &self,
+        name: &str,
+        facts_json: &str,
+        held: Vec<BundleStatusRow>,
+        trust: Option<NodeTrust>,
+        now_ms: i64,
+    ) -> Result<()>;
+    /// [`NodeStatusStore::node_hello`] of an agent that reports no trust.
     async fn node_connected(
         &self,
         name: &str,
         facts_json: &str,
         held: Vec<BundleStatusRow>,
         now_ms: i64,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        self.node_hello(name, facts_json, held, None, now_ms).await
+    }
     async fn node_disconnected(&self, name: &str, now_ms: i64) -> Result<()>;
     /// Records the node's release trust as it reported it (callers write
     /// only changes: it moves rarely).

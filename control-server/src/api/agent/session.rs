@@ -470,15 +470,15 @@ impl Session {
         let facts = facts_json(&h);
         let now = now_ms();
         self.s.hub.heard(&self.caller.id.node, now);
+        // The trust in the same write: a reconnect storm costs one write
+        // per node, and an agent that stopped reporting it shows none.
         self.s
             .store
-            .node_connected(&self.caller.id.node, &facts, held, now)
+            .node_hello(&self.caller.id.node, &facts, held, reported.clone(), now)
             .await
             .map_err(store_status)?;
         self.s.rollouts_changed.notify_one();
-        if let Some(t) = reported {
-            self.record_trust(t).await?;
-        }
+        self.trust_recorded(reported);
         tracing::info!(agent_version = %h.agent_version, have_generation = h.desired_generation, "agent connected");
         Ok(())
     }
@@ -542,14 +542,23 @@ impl Session {
             }
             Err(e) => return Err(store_status(e)),
         }
-        if t.state == Some(TrustHealth::StaleRelease) {
+        self.trust_recorded(Some(t));
+        Ok(())
+    }
+
+    /// The trust now stored for the node: kept to compare the next report
+    /// with, and counted in the metrics.
+    fn trust_recorded(&mut self, t: Option<NodeTrust>) {
+        if let Some(t) = &t
+            && t.state == Some(TrustHealth::StaleRelease)
+        {
             tracing::warn!(release = t.release_version, "node reports a stale release");
         }
-        self.s
-            .metrics
-            .trust_state_moved(self.trust.as_ref().map(|o| o.label()), Some(t.label()));
-        self.trust = Some(Box::new(t));
-        Ok(())
+        self.s.metrics.trust_state_moved(
+            self.trust.as_ref().map(|o| o.label()),
+            t.as_ref().map(NodeTrust::label),
+        );
+        self.trust = t.map(Box::new);
     }
 
     /// Stores a status report. While the store is unavailable (etcd down)

@@ -144,13 +144,14 @@ pub async fn a_nodes_reported_trust_is_kept_with_it(s: &dyn Store) {
         release_expires_at_ms: 1_000,
         root_version: 2,
     };
-    s.record_trust("w1", stale.clone()).await.unwrap();
-    s.node_connected("w1", "{}", Vec::new(), 2_000).await.unwrap();
+    s.node_hello("w1", "{}", Vec::new(), Some(stale.clone()), 2_000)
+        .await
+        .unwrap();
     s.record_status("w1", vec![held("1", 1)]).await.unwrap();
     assert_eq!(
         s.get_node("w1").await.unwrap().unwrap().trust.as_ref(),
         Some(&stale),
-        "kept across connects and reports"
+        "from the Hello, kept across reports"
     );
     let listed = s.list_nodes(Some("a")).await.unwrap();
     assert_eq!(listed[0].trust.as_ref(), Some(&stale));
@@ -162,6 +163,12 @@ pub async fn a_nodes_reported_trust_is_kept_with_it(s: &dyn Store) {
     };
     s.record_trust("w1", ok.clone()).await.unwrap();
     assert_eq!(s.get_node("w1").await.unwrap().unwrap().trust, Some(ok));
+    s.node_connected("w1", "{}", Vec::new(), 3_000).await.unwrap();
+    assert_eq!(
+        s.get_node("w1").await.unwrap().unwrap().trust,
+        None,
+        "an agent that no longer reports it shows none"
+    );
     // A node that is gone is no error.
     s.record_trust(
         "gone",

@@ -62,6 +62,7 @@ pub(super) enum Update {
     Connected {
         facts_json: String,
         held: Vec<BundleStatusRow>,
+        trust: Option<NodeTrust>,
         now_ms: i64,
     },
 }
@@ -174,9 +175,11 @@ pub(super) fn node_update(
         Update::Connected {
             facts_json,
             held,
+            trust,
             now_ms,
         } => {
             d.facts_json = facts_json.clone();
+            d.trust = trust.clone();
             d.replica = store.replica.clone();
             d.last_seen_ms = d.last_seen_ms.max(*now_ms);
             // The Hello lists everything the node holds.
@@ -404,11 +407,12 @@ fn answer_all(batch: Vec<Pending>, e: &StoreError) {
 
 #[async_trait]
 impl NodeStatusStore for EtcdStore {
-    async fn node_connected(
+    async fn node_hello(
         &self,
         name: &str,
         facts_json: &str,
         held: Vec<BundleStatusRow>,
+        trust: Option<NodeTrust>,
         now_ms: i64,
     ) -> Result<()> {
         if let Ok(mut s) = self.seen.lock() {
@@ -420,6 +424,7 @@ impl NodeStatusStore for EtcdStore {
         let update = Update::Connected {
             facts_json: facts_json.to_string(),
             held,
+            trust,
             now_ms,
         };
         self.update_node_batched(name, update).await
