@@ -117,7 +117,11 @@ impl ReleaseCache {
 
     fn slot(&self, cluster: &str) -> Arc<Slot> {
         match self.slots.lock() {
-            Ok(mut s) => s.entry(cluster.to_string()).or_default().clone(),
+            // Looked up before an owned key is made: this runs per push.
+            Ok(mut s) => match s.get(cluster) {
+                Some(slot) => slot.clone(),
+                None => s.entry(cluster.to_string()).or_default().clone(),
+            },
             Err(_) => Arc::default(),
         }
     }

@@ -316,8 +316,29 @@ async fn a_release_published_on_one_replica_reaches_nodes_on_another() {
     let t = r1.token("tenant-a", &[]);
     let mut w1 = TestNode::enroll(&r1, &t, "w1", &[]).await;
     w1.url = r2.url();
+    // Its Hello reports its trust: no release yet.
+    w1.trust = Some(pb::TrustStatus {
+        enabled: true,
+        state: "no-release".into(),
+        message: String::new(),
+        release_version: 0,
+        release_expires_at_ms: 0,
+        root_version: 1,
+    });
     let (_tx, mut stream) = w1.connect(vec![]).await.expect("connect to r2");
     assert_eq!(next_desired(&mut stream).await.release, None);
+    wait_until(WAIT, "w1's trust listed by the other replica", || {
+        node_json(&r1.lksctl_json(&["node", "list"]), "w1")["trust"]["state"] == "no-release"
+    });
+    let table = r1.lksctl_ok(&["node", "list"]);
+    let row = table.lines().find(|l| l.starts_with("w1")).unwrap();
+    assert!(row.trim_end().ends_with("- no-release"), "{table}");
+    assert_eq!(r2.metric("lks_nodes_trust_state{state=\"no-release\"}"), 1);
+    assert_eq!(
+        r1.metric("lks_nodes_trust_state{state=\"no-release\"}"),
+        0,
+        "counted where the stream is"
+    );
 
     let key = SigningKey::generate();
     let started = std::time::Instant::now();
