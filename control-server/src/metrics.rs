@@ -545,6 +545,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_trust_state_has_a_series() {
+        assert_eq!(TRUST_STATES[0], "off");
+        let states: Vec<&str> = crate::store::TrustHealth::ALL
+            .iter()
+            .map(|h| h.as_str())
+            .collect();
+        assert_eq!(TRUST_STATES[1..], states[..]);
+    }
+
+    #[test]
     fn renders_every_family() {
         let m = Metrics::default();
         m.set_connected(3);

@@ -187,9 +187,11 @@ fn trust(t: pb::TrustStatus) -> Result<NodeTrust, Status> {
         });
     }
     let state = TrustHealth::parse(&t.state).ok_or_else(|| {
+        let known: Vec<&str> = TrustHealth::ALL.iter().map(|h| h.as_str()).collect();
         Status::invalid_argument(format!(
-            "trust.state {:?}: one of ok, stale-release, no-release, refused, clock",
-            clip(&t.state, 64)
+            "trust.state {:?}: one of {}",
+            clip(&t.state, 64),
+            known.join(", ")
         ))
     })?;
     Ok(NodeTrust {
