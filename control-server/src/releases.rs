@@ -18,7 +18,9 @@
 //! Which release a node is sent ([`Channel::release_for`]): the highest
 //! that admits every bundle of its desired state (name, version, manifest
 //! digest), else the highest; none while the cluster has none. Its roots:
-//! every rotation of the cluster, in version order.
+//! every rotation of the cluster, in version order. A re-read while an
+//! entry is held reads the roots and only the head release; the releases
+//! (the newest [`CACHED_RELEASES`]) only when those changed.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -33,6 +35,12 @@ use crate::store::{Result, Store, StoredRelease};
 /// How long a cluster's releases are used before they are read again, and
 /// how often [`run`] re-reads them.
 pub const TTL: Duration = Duration::from_secs(5);
+
+/// The newest releases of a cluster held (and chosen from). A node whose
+/// bundles only an older release admits is sent the highest, as one whose
+/// bundles none admits; it bounds each cluster's entry (a release is at
+/// most 128 KiB).
+pub const CACHED_RELEASES: u32 = 128;
 
 /// One cluster's releases (newest first) and roots (in version order).
 #[derive(Default)]
@@ -195,38 +203,51 @@ pub async fn notify_cluster(store: &dyn Store, hub: &Hub, cluster: &str) -> Resu
     Ok(())
 }
 
-/// Reads the cluster into `slot` (its fill lock held). When the store
-/// cannot be read, what is held is kept (and read again next time).
+/// Reads the cluster into `slot` (its fill lock held). With an entry
+/// held, only the head release and the roots are read; the releases are
+/// read again only when those changed. When the store cannot be read, what
+/// is held is kept (and read again next time).
 async fn read(slot: &Slot, store: &dyn Store, hub: &Hub, cluster: &str) -> Result<Arc<Channel>> {
     let old = slot.current().map(|(c, _)| c);
-    let new = async {
-        let releases = store.list_releases(cluster, 0).await?;
+    // Ok(kept entry) when nothing changed, Err(new channel) otherwise.
+    let read = async {
         let roots = store.list_roots(cluster).await?;
-        Ok::<_, crate::store::StoreError>(Channel {
+        let roots: Vec<pb::SignedRoot> = roots.iter().map(|r| r.root.wire().clone()).collect();
+        if let Some(o) = &old {
+            let head = store.list_releases(cluster, 1).await?;
+            let head = head.first().map(|r| (r.release.version(), r.release.digest()));
+            if (head, roots.len()) == o.head() {
+                return Ok(Ok(o.clone()));
+            }
+        }
+        let releases = store.list_releases(cluster, CACHED_RELEASES).await?;
+        Ok::<_, crate::store::StoreError>(Err(Channel {
             releases: releases.into_iter().map(|r| r.release).collect(),
-            roots: roots.iter().map(|r| r.root.wire().clone()).collect(),
-        })
+            roots,
+        }))
     }
     .await;
-    let new = match new {
-        Ok(c) => c,
+    let new = match read {
+        // Unchanged: the entry is kept, since streams tell a change by a
+        // new entry (`Arc::ptr_eq`).
+        Ok(Ok(kept)) => {
+            if let Ok(mut v) = slot.value.lock() {
+                *v = Some((kept.clone(), Instant::now()));
+            }
+            return Ok(kept);
+        }
+        Ok(Err(c)) => (Arc::new(c), old.is_some()),
         Err(e) => {
             return match old {
-                Some(c) => {
+                Some(o) => {
                     tracing::warn!(cluster = %cluster, error = %e, "read releases; using the last ones read");
-                    Ok(c)
+                    Ok(o)
                 }
                 None => Err(e),
             };
         }
     };
-    let changed = old.as_ref().is_some_and(|o| o.head() != new.head());
-    // An unchanged read keeps the entry it had: streams compare what they
-    // sent by value, never by pointer.
-    let new = match old {
-        Some(o) if !changed => o,
-        _ => Arc::new(new),
-    };
+    let (new, changed) = new;
     if let Ok(mut v) = slot.value.lock() {
         *v = Some((new.clone(), Instant::now()));
     }

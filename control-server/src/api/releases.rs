@@ -23,6 +23,10 @@ use crate::hub::Hub;
 use crate::releases::{ReleaseCache, notify_cluster};
 use crate::store::{Hint, Kind, ReleaseRow, RootRow, Store, StoreError, Stored, StoredRelease, StoredRoot};
 
+/// The most one `ListReleases` answer holds, in encoded releases (gRPC
+/// messages are limited to 4 MiB; a release may be 128 KiB).
+const MAX_LIST_BYTES: usize = 3 << 20;
+
 /// What the release handlers use: the store, and whom to tell of a new
 /// record (the release cache, the cluster's streams).
 pub(super) struct Deps {
@@ -140,9 +144,17 @@ pub(super) async fn list(
         .list_releases(&r.cluster, r.limit)
         .await
         .map_err(store_status)?;
-    Ok(Response::new(pb::ListReleasesResponse {
-        releases: rows.iter().map(release_info).collect(),
-    }))
+    // Newest first, as many as fit in one answer.
+    let mut size = 0;
+    let mut releases = Vec::with_capacity(rows.len());
+    for row in &rows {
+        size += row.release.encoded().len() + 128;
+        if !releases.is_empty() && size > MAX_LIST_BYTES {
+            break;
+        }
+        releases.push(release_info(row));
+    }
+    Ok(Response::new(pb::ListReleasesResponse { releases }))
 }
 
 /// `PublishRoot`.
