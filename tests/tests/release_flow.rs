@@ -185,10 +185,17 @@ fn a_node_follows_signed_releases_and_a_rollback_is_a_signed_act() {
         t["state"] == "ok" && t["release_version"] == 5
     });
 
-    // The server refuses an older version than it stores.
-    let old = server.lksctl(&["release", "publish", s(&file)]);
-    let e = one_line_error(&old, "publish release 2 again after 5");
-    assert!(e.contains("release 2"), "{e}");
+    // Publishing a stored record again changes nothing; a different record
+    // under a stored version is refused by the server.
+    server.lksctl_ok(&["release", "publish", s(&file)]);
+    let mut doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    doc["release"]["expires_at_ms"] =
+        serde_json::json!(doc["release"]["expires_at_ms"].as_i64().unwrap() + 1000);
+    std::fs::write(&file, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+    server.lksctl_ok(&["release", "sign", s(&file), "--key", s(&key)]);
+    let other = server.lksctl(&["release", "publish", s(&file)]);
+    let e = one_line_error(&other, "publish another release 2 after 5");
+    assert!(e.contains("already stored with other content"), "{e}");
 
     let shown = server.lksctl_json(&["release", "show", "--cluster", "c1"]);
     let versions: Vec<u64> = shown
