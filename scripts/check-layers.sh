@@ -22,7 +22,7 @@ LAYERS = """
     clock ratelimit
     store
     hub admission blobs pki tracker rollout
-    metrics authz peers
+    metrics authz peers releases
     packages tlsaccept controller
     context
     replicas migrate rebalance api

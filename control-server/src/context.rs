@@ -29,6 +29,7 @@ use crate::peers::PeerCache;
 use crate::pki::Pki;
 use crate::pki::clusterca::ClusterCas;
 use crate::ratelimit::RateLimiter;
+use crate::releases::ReleaseCache;
 use crate::store::Store;
 use crate::tracker::Tracker;
 
@@ -46,6 +47,9 @@ pub struct Shared {
     pub hub: Arc<Hub>,
     /// Peer-sharing settings by cluster, for the desired states sent.
     pub peers: Arc<PeerCache>,
+    /// Signed releases and trust roots by cluster, for the desired states
+    /// sent.
+    pub releases: Arc<ReleaseCache>,
     pub metrics: Arc<Metrics>,
     pub limiter: Arc<RateLimiter>,
     /// Room for `Connect` streams being opened (store work before the

@@ -24,6 +24,7 @@ pub mod peers;
 pub mod pki;
 pub mod ratelimit;
 pub mod rebalance;
+pub mod releases;
 pub mod replicas;
 pub mod rollout;
 pub mod server;

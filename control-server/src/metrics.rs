@@ -54,15 +54,34 @@ pub struct Metrics {
     /// What the blob store held after the last collector pass (None: no
     /// pass on this replica yet).
     blob_store_held: Mutex<Option<(u64, u64)>>,
+    /// Agents on this replica by the release trust they last reported
+    /// (`TRUST_STATES` order).
+    trust_states: [AtomicI64; TRUST_STATES.len()],
     /// Gauges read when rendered (`name`, help, read).
     gauges: Mutex<Vec<(&'static str, &'static str, Gauge)>>,
 }
 
 type Gauge = Box<dyn Fn() -> i64 + Send + Sync>;
 
+/// The values of `lks_nodes_trust_state{state}`: "off" for an agent
+/// without a release requirement, then the states of `TrustStatus.state`.
+pub const TRUST_STATES: [&str; 6] = ["off", "ok", "stale-release", "no-release", "refused", "clock"];
+
 impl Metrics {
     pub fn set_connected(&self, n: usize) {
         self.connected.store(n as i64, Ordering::Relaxed);
+    }
+
+    /// An agent's reported trust state moved from `from` to `to` (values
+    /// of [`TRUST_STATES`]; `None`: not reported, or the stream ended).
+    pub fn trust_state_moved(&self, from: Option<&str>, to: Option<&str>) {
+        let at = |s: Option<&str>| s.and_then(|s| TRUST_STATES.iter().position(|t| *t == s));
+        if let Some(i) = at(from) {
+            self.trust_states[i].fetch_sub(1, Ordering::Relaxed);
+        }
+        if let Some(i) = at(to) {
+            self.trust_states[i].fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     pub fn desired_state_pushed(&self) {
@@ -207,6 +226,18 @@ impl Metrics {
             "Agents with an open Connect stream.",
             self.connected.load(Ordering::Relaxed),
         );
+        let _ = writeln!(
+            s,
+            "# HELP lks_nodes_trust_state Agents connected to this server by the release trust they last reported (off: no release requirement)."
+        );
+        let _ = writeln!(s, "# TYPE lks_nodes_trust_state gauge");
+        for (state, n) in TRUST_STATES.iter().zip(&self.trust_states) {
+            let _ = writeln!(
+                s,
+                "lks_nodes_trust_state{{state=\"{state}\"}} {}",
+                n.load(Ordering::Relaxed)
+            );
+        }
         self.enrollments.render(
             &mut s,
             "lks_enrollments_total",
@@ -514,6 +545,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_trust_state_has_a_series() {
+        assert_eq!(TRUST_STATES[0], "off");
+        let states: Vec<&str> = crate::store::TrustHealth::ALL
+            .iter()
+            .map(|h| h.as_str())
+            .collect();
+        assert_eq!(TRUST_STATES[1..], states[..]);
+    }
+
+    #[test]
     fn renders_every_family() {
         let m = Metrics::default();
         m.set_connected(3);
@@ -533,6 +574,9 @@ mod tests {
         m.tls_handshake_queued(true);
         m.tls_handshake_queued(false);
         m.connect_shed();
+        m.trust_state_moved(None, Some("ok"));
+        m.trust_state_moved(None, Some("ok"));
+        m.trust_state_moved(Some("ok"), Some("stale-release"));
         m.gauge("lks_tls_handshakes_in_progress", "Handshakes running.", || 4);
         assert_eq!(m.admission_totals(), ([1, 2, 0, 0], 1));
         let t = m.render();
@@ -544,6 +588,9 @@ mod tests {
         assert!(t.contains("lks_rollout_events_total{kind=\"applied\"} 2"));
         assert!(t.contains("lks_active_rollouts 2"));
         assert!(t.contains("lks_connected_agents 3"));
+        assert!(t.contains("lks_nodes_trust_state{state=\"ok\"} 1"), "{t}");
+        assert!(t.contains("lks_nodes_trust_state{state=\"stale-release\"} 1"));
+        assert!(t.contains("lks_nodes_trust_state{state=\"clock\"} 0"));
         assert!(t.contains("lks_enrollments_total{result=\"ok\"} 2"));
         assert!(t.contains("lks_desired_state_pushes_total 1"));
         assert!(

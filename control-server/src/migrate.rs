@@ -142,6 +142,9 @@ pub struct Summary {
     pub rollouts: usize,
     pub events: usize,
     pub audit: usize,
+    /// Signed releases and trust-root rotations.
+    pub releases: usize,
+    pub roots: usize,
     pub generation: u64,
 }
 
@@ -179,6 +182,11 @@ impl fmt::Display for Summary {
         writeln!(f, "  rollouts    {}", self.rollouts)?;
         writeln!(f, "  events      {}", self.events)?;
         writeln!(f, "  audit       {} records", self.audit)?;
+        writeln!(
+            f,
+            "  releases    {} ({} trust-root rotations)",
+            self.releases, self.roots
+        )?;
         writeln!(f, "  generation  {}", self.generation)?;
         writeln!(
             f,
@@ -310,6 +318,8 @@ pub async fn migrate(cfg: &MigrateConfig) -> Result<Summary, MigrateError> {
         rollouts: dump.rollouts.len(),
         events: dump.events.len(),
         audit: dump.audit.len(),
+        releases: dump.releases.len(),
+        roots: dump.roots.len(),
         generation: dump.max_generation(),
     })
 }

@@ -388,6 +388,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         pki: Arc::new(pki),
         hub: Arc::new(Hub::default()),
         peers: Arc::new(crate::peers::PeerCache::default()),
+        releases: Arc::new(crate::releases::ReleaseCache::default()),
         metrics: Arc::new(Metrics::default()),
         limiter: Arc::new(RateLimiter::new(ENROLL_RATE, ENROLL_BURST)),
         opening: Arc::new(OpenGate::new(
@@ -418,6 +419,12 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
     shared.tasks.spawn(flush_heartbeats(shared.clone()));
     shared.tasks.spawn(crate::peers::run(
         shared.peers.clone(),
+        shared.store.clone(),
+        shared.hub.clone(),
+        cancel.clone(),
+    ));
+    shared.tasks.spawn(crate::releases::run(
+        shared.releases.clone(),
         shared.store.clone(),
         shared.hub.clone(),
         cancel.clone(),

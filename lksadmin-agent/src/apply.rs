@@ -1,6 +1,7 @@
 //! Applying bundles to this node: the desired state in the agent's own
 //! terms, the engine and its journalled transactions, the blob cache, the
-//! persisted local state, what is reported to the server, the confined
+//! persisted local state, the signed-release journal and its checks,
+//! what is reported to the server, the confined
 //! node root and the durable file writes they rest on, the step and
 //! health-check runner, and drift watching.
 
@@ -15,3 +16,4 @@ pub mod report;
 pub mod root;
 pub mod runner;
 pub mod state;
+pub mod trust;

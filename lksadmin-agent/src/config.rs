@@ -5,6 +5,7 @@
 //! STATE_DIR/agent.toml          servers, node, cluster, root, labels, CA pin
 //! STATE_DIR/pki/{node.key,node.crt,ca.crt}
 //! STATE_DIR/trusted/*.pub       publisher keys (copies of --trust-key)
+//! STATE_DIR/trust.json          with trust_threshold ≥ 1: the trust journal (apply/trust.rs)
 //! STATE_DIR/desired.pb          last desired state from the server (protobuf)
 //! STATE_DIR/state.json          what is installed, bundle states, originals
 //! STATE_DIR/journal.json        the transaction in progress, if any
@@ -12,6 +13,17 @@
 //! STATE_DIR/originals/<hex>     files that existed before a bundle took them over
 //! STATE_DIR/cache/sha256/<hex>  content-addressed blob cache (+ cache/partial)
 //! STATE_DIR/status.json         connection status, written by `run`
+//! ```
+//!
+//! `trust.json` (JSON, 0600, written temp → fsync → rename → fsync of the
+//! directory before the agent acts on what it records):
+//!
+//! ```text
+//! { "state":   { "root": { "version", "keys": [PEM…], "threshold", "expires_at_ms" },
+//!                "release_version", "release_digest": "sha256:…" | null,
+//!                "latest_known_time_ms" },          // lks_proto::release::TrustState
+//!   "release": "<base64 of the accepted lks.v1.SignedRelease, protobuf>",   // absent before the first
+//!   "refusal": { "condition", "message", "key" } }  // absent unless the last one was refused
 //! ```
 
 use std::collections::BTreeMap;
@@ -39,6 +51,14 @@ pub struct AgentConfig {
     pub ca_cert_hash: String,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// `join --trust-threshold`: how many trusted keys must sign a release
+    /// record; 0 (the default, and every agent.toml from before) is off.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub trust_threshold: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +127,9 @@ impl StateDir {
     }
     pub fn status(&self) -> PathBuf {
         self.dir.join("status.json")
+    }
+    pub fn trust(&self) -> PathBuf {
+        self.dir.join("trust.json")
     }
 
     /// True once `join` has committed (agent.toml is its commit marker).
@@ -206,6 +229,7 @@ mod tests {
             let cfg = load(&format!("{head}{REST}")).unwrap();
             assert_eq!(cfg.servers, vec!["https://a:7443".to_string()], "{head}");
             assert!(cfg.labels.is_empty());
+            assert_eq!(cfg.trust_threshold, 0, "an old agent.toml has trust off");
         }
     }
 
@@ -218,6 +242,16 @@ mod tests {
         assert_eq!(cfg.servers, ["https://b:7443", "https://a:7443"]);
         let text = cfg.to_toml();
         assert!(text.contains("servers = ["), "{text}");
+        assert_eq!(load(&text).unwrap(), cfg);
+    }
+
+    #[test]
+    fn the_trust_threshold_round_trips_and_is_absent_when_off() {
+        let mut cfg = load(&format!("servers = [\"https://a:7443\"]\n{REST}")).unwrap();
+        assert!(!cfg.to_toml().contains("trust_threshold"));
+        cfg.trust_threshold = 2;
+        let text = cfg.to_toml();
+        assert!(text.contains("trust_threshold = 2"), "{text}");
         assert_eq!(load(&text).unwrap(), cfg);
     }
 

@@ -25,6 +25,9 @@
 //! |                    | not fsynced, not verified                                             |
 //! | `cache-promoting`  | copy verified and fsynced; not yet renamed into `cache/sha256/`       |
 
+// Besides the points: `LKS_AGENT_CLOCK_OFFSET_MS` ([`clock_offset_ms`])
+// moves the clock of the release trust checks, for the attack tests.
+
 /// Every fault point, in the order an apply reaches them.
 pub const POINTS: &[&str] = &[
     "staging",
@@ -88,4 +91,32 @@ pub fn warn_if_set() {
     if !COMPILED_IN && std::env::var_os(ENV).is_some_and(|v| !v.is_empty()) {
         tracing::warn!("{ENV} is set, but this build has no fault points (they are for tests): ignored");
     }
+    if !COMPILED_IN && std::env::var_os(CLOCK_OFFSET_ENV).is_some_and(|v| !v.is_empty()) {
+        tracing::warn!(
+            "{CLOCK_OFFSET_ENV} is set, but this build has no fault points (they are for tests): ignored"
+        );
+    }
+}
+
+/// Test-only: `LKS_AGENT_CLOCK_OFFSET_MS=<signed ms>` is added to the clock
+/// the release trust checks read (the attack tests set a node's clock back
+/// without touching the machine's). Read once; 0 without the
+/// `fault-injection` feature, or when unset or not a number.
+pub const CLOCK_OFFSET_ENV: &str = "LKS_AGENT_CLOCK_OFFSET_MS";
+
+#[cfg(feature = "fault-injection")]
+pub fn clock_offset_ms() -> i64 {
+    use std::sync::OnceLock;
+    static OFFSET: OnceLock<i64> = OnceLock::new();
+    *OFFSET.get_or_init(|| {
+        std::env::var(CLOCK_OFFSET_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    })
+}
+
+#[cfg(not(feature = "fault-injection"))]
+pub fn clock_offset_ms() -> i64 {
+    0
 }

@@ -52,6 +52,8 @@ pub struct JoinRequest {
     pub state_dir: PathBuf,
     pub root: PathBuf,
     pub trust_keys: Vec<PathBuf>,
+    /// `--trust-threshold`: `None` leaves release records off.
+    pub trust_threshold: Option<u32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -87,6 +89,10 @@ pub enum JoinError {
     BadLabels(lks_proto::labels::LabelError),
     #[error("--trust-key {path}: {reason}")]
     BadTrustKey { path: PathBuf, reason: String },
+    #[error(
+        "invalid --trust-threshold {threshold}: it must be between 1 and the number of distinct --trust-key files ({keys})"
+    )]
+    BadTrustThreshold { threshold: u32, keys: usize },
     #[error("--root {path}: {reason}")]
     BadRoot { path: PathBuf, reason: String },
     #[error(
@@ -126,6 +132,7 @@ struct Plan {
     labels: BTreeMap<String, String>,
     root: PathBuf,
     trusted: Vec<String>,
+    trust_threshold: u32,
     dirs: StateDir,
 }
 
@@ -195,7 +202,18 @@ fn validate(req: &JoinRequest) -> Result<Plan, JoinError> {
     }
     trusted.sort();
     trusted.dedup();
+    let trust_threshold = match req.trust_threshold {
+        None => 0,
+        Some(n) if n >= 1 && n as usize <= trusted.len() => n,
+        Some(n) => {
+            return Err(JoinError::BadTrustThreshold {
+                threshold: n,
+                keys: trusted.len(),
+            });
+        }
+    };
     Ok(Plan {
+        trust_threshold,
         servers,
         token,
         pin,
@@ -270,6 +288,7 @@ pub async fn join(req: &JoinRequest) -> Result<JoinOutcome, JoinError> {
         root: plan.root.clone(),
         ca_cert_hash: plan.pin.to_string(),
         labels: plan.labels.clone(),
+        trust_threshold: plan.trust_threshold,
     };
     store(
         &plan.dirs,
@@ -523,6 +542,7 @@ fn already_joined(plan: &Plan) -> Result<JoinOutcome, JoinError> {
         && cfg.ca_cert_hash == plan.pin.to_string()
         && cfg.root == plan.root
         && cfg.labels == plan.labels
+        && cfg.trust_threshold == plan.trust_threshold
         && trusted == plan.trusted;
     if same {
         Ok(JoinOutcome::AlreadyJoined {
@@ -751,6 +771,7 @@ mod tests {
             state_dir: state.to_path_buf(),
             root: root.to_path_buf(),
             trust_keys: Vec::new(),
+            trust_threshold: None,
         }
     }
 
@@ -769,6 +790,32 @@ mod tests {
             .unwrap_err();
         assert!(matches!(err, JoinError::BadServer(_)), "{err}");
         assert!(!state.exists());
+    }
+
+    #[tokio::test]
+    async fn a_trust_threshold_beyond_the_distinct_keys_writes_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let state = d.path().join("state");
+        let key = lks_proto::sign::SigningKey::generate().public().to_pem();
+        let (a, b) = (d.path().join("a.pub"), d.path().join("b.pub"));
+        std::fs::write(&a, &key).unwrap();
+        std::fs::write(&b, &key).unwrap();
+        for (keys, n, distinct) in [
+            (vec![a.clone(), b.clone()], 2, 1),
+            (vec![a.clone()], 0, 1),
+            (vec![], 1, 0),
+        ] {
+            let mut req = request("https://a:1", &state, d.path());
+            req.trust_keys = keys;
+            req.trust_threshold = Some(n);
+            let err = join(&req).await.unwrap_err();
+            assert!(
+                matches!(err, JoinError::BadTrustThreshold { threshold, keys } if threshold == n && keys == distinct),
+                "{err}"
+            );
+            assert!(!err.to_string().contains('\n'), "{err}");
+            assert!(!state.exists());
+        }
     }
 
     #[tokio::test]

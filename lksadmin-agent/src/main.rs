@@ -54,6 +54,10 @@ enum Cmd {
         /// Publisher key to trust (repeatable); then unsigned bundles are refused.
         #[arg(long = "trust-key", value_name = "FILE.pub")]
         trust_key: Vec<PathBuf>,
+        /// Require signed release records: how many of the --trust-key keys
+        /// must sign one (1..=number of keys). Absent: releases are not required.
+        #[arg(long = "trust-threshold", value_name = "N")]
+        trust_threshold: Option<u32>,
     },
     /// Run the agent (the systemd service).
     ///
@@ -148,6 +152,7 @@ async fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
             state_dir,
             root,
             trust_key,
+            trust_threshold,
         } => {
             let req = JoinRequest {
                 servers: server,
@@ -158,6 +163,7 @@ async fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 state_dir,
                 root,
                 trust_keys: trust_key,
+                trust_threshold,
             };
             match lksadmin_agent::join::join(&req)
                 .await

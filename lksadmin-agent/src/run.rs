@@ -84,6 +84,15 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<RunEnd, 
     let dirs = StateDir::new(&opts.state_dir);
     let cfg = dirs.load_config()?;
     let trusted = dirs.trusted_keys()?;
+    let trust =
+        crate::apply::trust::Trust::open(&dirs.trust(), &cfg.cluster, trusted.clone(), cfg.trust_threshold);
+    if trust.is_on() {
+        tracing::info!(threshold = cfg.trust_threshold, "signed release records required");
+        let r = trust.report(crate::clock::now_ms());
+        if r.state == crate::apply::trust::Condition::Refused.as_str() {
+            tracing::error!("release trust: {}; applying no new versions", r.message);
+        }
+    }
     let root = opts.root.clone().unwrap_or_else(|| cfg.root.clone());
     let channel = SharedChannel::default();
     let (status_tx, status_rx) = watch::channel(StatusSnapshot::default());
@@ -112,7 +121,8 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<RunEnd, 
         Arc::new(SystemClock),
         Reporter::new(status_tx, events_tx),
     )?
-    .with_issuer(crate::node::certs::NetIssuer::new(channel.clone()));
+    .with_issuer(crate::node::certs::NetIssuer::new(channel.clone()))
+    .with_trust(trust);
 
     let (ready_tx, ready_rx) = oneshot::channel();
     let engine_cancel = cancel.clone();
@@ -294,6 +304,9 @@ async fn engine_loop(
     let start = tokio::time::Instant::now();
     let mut heal_tick = tokio::time::interval_at(start + heal_interval, heal_interval);
     let mut retry = tokio::time::interval_at(start + RETRY_INTERVAL, RETRY_INTERVAL);
+    // When the current signed release expires: the node then reports a
+    // stale release at once, also while idle or offline.
+    let mut trust_at = engine.trust_wakeup().map(|d| tokio::time::Instant::now() + d);
     loop {
         tokio::select! {
             _ = cancel.cancelled() => break,
@@ -324,6 +337,7 @@ async fn engine_loop(
             },
             _ = heal_tick.tick() => {
                 heal(&mut engine).await;
+                engine.refresh_trust();
                 if let Some(d) = &desired {
                     reconcile(&mut engine, d, false).await;
                 }
@@ -349,6 +363,9 @@ async fn engine_loop(
                     drift = None;
                 }
             },
+            _ = sleep_until_some(trust_at) => {
+                engine.refresh_trust();
+            }
             _ = sleep_until_some(drift_heal_at) => {
                 drift_heal_at = None;
                 if let Some(w) = drift.as_mut() {
@@ -364,6 +381,7 @@ async fn engine_loop(
         }
         // Applies, removals and repairs change which directories matter.
         watch_managed(&mut drift, &engine);
+        trust_at = engine.trust_wakeup().map(|d| tokio::time::Instant::now() + d);
         if handing_over(&engine, &handover, &cancel) {
             break;
         }

@@ -7,7 +7,9 @@ use lks_proto::BundleState;
 
 use crate::apply::fsutil::{self, FsError};
 use crate::apply::journal::Journal;
+use crate::apply::report::TrustReport;
 use crate::apply::state::{Activity, LocalState};
+use crate::apply::trust::Trust;
 use crate::clock::now_ms;
 use crate::config::{ConfigError, StateDir};
 
@@ -130,6 +132,8 @@ struct StatusView {
     last_apply: Option<Activity>,
     last_repair: Option<Activity>,
     connection: ConnectionView,
+    /// Release trust as the journal (`trust.json`) says at this moment.
+    trust: TrustReport,
 }
 
 fn gather(dirs: &StateDir) -> Result<StatusView, StatusError> {
@@ -177,7 +181,16 @@ fn gather(dirs: &StateDir) -> Result<StatusView, StatusError> {
             });
         }
     }
+    let trust = if cfg.trust_threshold == 0 {
+        TrustReport::default()
+    } else {
+        let keys = dirs.trusted_keys().unwrap_or_default();
+        let mut t = Trust::load(&dirs.trust(), &cfg.cluster, keys, cfg.trust_threshold);
+        t.refresh(now);
+        t.report(now)
+    };
     Ok(StatusView {
+        trust,
         certificates,
         node: cfg.node_name,
         cluster: cfg.cluster,
@@ -249,6 +262,7 @@ pub fn render(dirs: &StateDir, json: bool) -> Result<String, StatusError> {
         ),
         None => "never".into(),
     };
+    line(&mut out, "trust:", &trust_line(&v.trust));
     line(&mut out, "last apply:", &activity(&v.last_apply));
     line(&mut out, "last repair:", &activity(&v.last_repair));
     if v.bundles.is_empty() {
@@ -283,6 +297,29 @@ pub fn render(dirs: &StateDir, json: bool) -> Result<String, StatusError> {
         }
     }
     Ok(out.trim_end().to_string())
+}
+
+/// `trust:` in `status`: "off", or the state, the release and its expiry,
+/// the root, and the message.
+fn trust_line(t: &TrustReport) -> String {
+    if !t.enabled {
+        return "off (signed release records not required)".into();
+    }
+    let release = if t.release_version == 0 {
+        "no release".to_string()
+    } else {
+        format!(
+            "release {} (expires {})",
+            t.release_version,
+            when(t.release_expires_at_ms)
+        )
+    };
+    let mut line = format!("{}, {release}, root {}", t.state, t.root_version);
+    if !t.message.is_empty() {
+        line.push_str(": ");
+        line.push_str(&t.message);
+    }
+    line
 }
 
 /// RFC 3339 of a Unix-milliseconds time; "never" for 0.

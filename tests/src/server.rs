@@ -444,6 +444,9 @@ pub struct TestNode {
     /// `NodeFacts.architecture` it reports (empty: none, as agents before
     /// multi-arch bundles).
     pub architecture: String,
+    /// `Hello.trust` it reports (`None`: none, as agents before signed
+    /// releases).
+    pub trust: Option<pb::TrustStatus>,
 }
 
 impl TestNode {
@@ -467,6 +470,7 @@ impl TestNode {
             .map(String::from)
             .to_vec(),
             architecture: String::new(),
+            trust: None,
         }
     }
 
@@ -502,7 +506,7 @@ impl TestNode {
                 bundles: held,
                 desired_generation: 0,
                 features: self.features.clone(),
-                trust: None,
+                trust: self.trust.clone(),
             })),
         })
         .await

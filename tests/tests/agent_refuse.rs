@@ -74,6 +74,51 @@ fn unsigned_bundle_is_refused_by_a_node_that_trusts_a_key() {
     assert_eq!(agent.stop(), Some(0));
 }
 
+/// A node joined with `--trust-threshold` applies a signed bundle only as a
+/// signed release names it: without one (a server that sends none) nothing
+/// is written, and `status` says why.
+#[test]
+fn a_node_requiring_signed_releases_applies_nothing_without_one() {
+    let server = Server::start();
+    server.create_cluster("c1");
+    let prefix = server.work_dir().join("publisher");
+    server.lksctl_ok(&["bundle", "keygen", "--out", prefix.to_str().unwrap()]);
+    let key = prefix.with_extension("key");
+    let public = prefix.with_extension("pub");
+    let mut agent = Agent::new("release-node");
+    agent.join(
+        &server,
+        "c1",
+        &["--trust-key", public.to_str().unwrap(), "--trust-threshold", "1"],
+    );
+    let config = std::fs::read_to_string(agent.state_dir.join("agent.toml")).unwrap();
+    assert!(config.contains("trust_threshold = 1"), "{config}");
+    agent.start();
+
+    let files = [BundleFile {
+        path: "/etc/secure.conf",
+        content: b"only as released",
+        mode: "0600",
+    }];
+    let signed = write_bundle(server.work_dir(), "secure", "1", &files, "");
+    publish_and_roll_out(&server, "c1", &signed, Some(&key));
+    let msg = wait_node_bundle(&server, "release-node", "secure", "1", "failed");
+    assert_eq!(
+        msg,
+        "no release: this node has accepted no signed release of c1 yet"
+    );
+    assert_eq!(agent.read("/etc/secure.conf"), None, "nothing written");
+    let trust = &agent.status()["trust"];
+    assert_eq!(trust["enabled"], true, "{trust}");
+    assert_eq!(trust["state"], "no-release", "{trust}");
+    assert_eq!(trust["root_version"], 1, "{trust}");
+    assert!(
+        agent.state_dir.join("trust.json").exists(),
+        "journalled from the first start"
+    );
+    assert_eq!(agent.stop(), Some(0));
+}
+
 #[test]
 fn symlink_planted_in_the_root_pointing_outside_is_refused() {
     let server = Server::start();

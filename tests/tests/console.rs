@@ -233,6 +233,12 @@ fn pages_in_a_real_browser() {
         1
     );
     assert!(br.text("#nodes-table").contains("node-2"));
+    // The RELEASE column of `node list` (issue [trust]).
+    assert!(
+        br.text("#nodes-table").contains("Release"),
+        "{}",
+        br.text("#nodes-table")
+    );
     assert!(br.hash().contains("q=node-2"), "{}", br.hash());
     br.screenshot(&shots, "nodes");
 
@@ -306,6 +312,7 @@ fn pages_in_a_real_browser() {
     // The agent put the old state back after the failed step.
     br.wait_text("#node-bundles-table", "rolled_back");
     br.wait_text("#node-events-table", "failed");
+    br.wait_text("#node-facts-list", "Release");
     br.screenshot(&shots, "node");
     br.goto(&format!("{url}#/bundles/app/1"));
     br.wait_text("#bundle-files-table", CONF);

@@ -18,6 +18,7 @@ use lks_e2e::agent::{
 use lks_e2e::etcd::Etcd;
 use lks_e2e::server::Server;
 use lks_e2e::{bin, ok_stdout, one_line_error, run, wait_until};
+use lks_proto::pb;
 
 const PREFIX: &str = "/lks-migrated/";
 
@@ -63,6 +64,62 @@ fn app(parent: &Path, version: &str) -> std::path::PathBuf {
     )
 }
 
+/// Publishes release 1 of c1 naming app@1 (signed by a fresh key: the
+/// server cannot check signatures) and returns the server's listing.
+fn release_app(server: &Server) -> Vec<pb::ReleaseInfo> {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let mut admin = server.admin_client().await;
+        let digest = admin
+            .get_bundle(pb::GetBundleRequest {
+                name: "app".into(),
+                version: "1".into(),
+            })
+            .await
+            .expect("get app@1")
+            .into_inner()
+            .info
+            .expect("bundle info")
+            .manifest_digest;
+        let release = lks_proto::release::Release {
+            channel: "c1".into(),
+            version: 1,
+            expires_at_ms: 4_000_000_000_000,
+            bundles: [(
+                "app".to_string(),
+                lks_proto::release::ReleasedBundle {
+                    version: "1".into(),
+                    manifest_digest: digest.parse().expect("digest"),
+                },
+            )]
+            .into(),
+        };
+        let key = lks_proto::sign::SigningKey::generate();
+        let signed = lks_proto::release::SignedRelease::sign(release, &[&key]);
+        admin
+            .publish_release(pb::PublishReleaseRequest {
+                release: Some(pb::SignedRelease::from(&signed)),
+            })
+            .await
+            .expect("publish release");
+        releases_of(server).await
+    })
+}
+
+async fn releases_of(server: &Server) -> Vec<pb::ReleaseInfo> {
+    server
+        .admin_client()
+        .await
+        .list_releases(pb::ListReleasesRequest {
+            cluster: "c1".into(),
+            limit: 0,
+        })
+        .await
+        .expect("list releases")
+        .into_inner()
+        .releases
+}
+
 fn roll_out(server: &Server, bundle: &str) -> String {
     let id = server
         .lksctl_ok(&["rollout", "start", "--cluster", "c1", "--bundle", bundle])
@@ -101,6 +158,8 @@ fn a_single_server_moves_onto_etcd_and_its_agents_follow_without_rejoining() {
     for a in &agents {
         a.wait_bundle("app", "1", "applied");
     }
+    let released = release_app(&old);
+    assert_eq!(released.len(), 1);
     // A token made before the move, used after it.
     let spare = join_info(&old, "c1", &["--uses", "1"]);
     let pin = spare.ca_cert_hash.clone();
@@ -143,6 +202,7 @@ fn a_single_server_moves_onto_etcd_and_its_agents_follow_without_rejoining() {
         "bundles     1 (1 blobs",
         "rollouts    1",
         &format!("audit       {} records", trail.len()),
+        "releases    1 (0 trust-root rotations)",
     ] {
         assert!(summary.contains(line), "{line:?} in:\n{summary}");
     }
@@ -185,6 +245,13 @@ fn a_single_server_moves_onto_etcd_and_its_agents_follow_without_rejoining() {
         without_ids(replica.lksctl_json(&["audit", "--limit", "10000"])),
         trail,
         "the audit trail after the move"
+    );
+    // The signed release came along, as stored.
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    assert_eq!(
+        rt.block_on(releases_of(&replica)),
+        released,
+        "releases after the move"
     );
     let tok = replica.lksctl_json(&["token", "create", "--cluster", "c1"]);
     assert_eq!(tok["ca_cert_hash"], pin.as_str(), "the CA pin is unchanged");

@@ -107,6 +107,7 @@ async fn enrolment_issues_a_server_chosen_identity() {
         url: s.url(),
         features: Vec::new(),
         architecture: String::new(),
+        trust: None,
     };
     node.connect(vec![]).await.expect("node certificate accepted");
     let mut admin = pb::admin_service_client::AdminServiceClient::new(node.channel().await);

@@ -25,6 +25,7 @@ mod cluster;
 mod console;
 mod mirror;
 mod output;
+mod release;
 mod rollout;
 
 use std::path::{Path, PathBuf};
@@ -94,6 +95,17 @@ enum Cmd {
     /// Who did what: every admin call that changed state or was refused
     /// trying to, with the credential that made it. Oldest first.
     Audit(audit::AuditArgs),
+    /// Signed release records: which bundle versions a cluster's nodes may
+    /// apply, until when (nodes with --trust-threshold check them).
+    Release {
+        #[command(subcommand)]
+        cmd: release::ReleaseCmd,
+    },
+    /// Trust-root rotations: the publisher keys a cluster's nodes trust.
+    Root {
+        #[command(subcommand)]
+        cmd: release::RootCmd,
+    },
     /// Serve the operator console: live pages of the fleet in a browser,
     /// through the admin API with this admin.conf.
     Console {
@@ -294,6 +306,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             cmd: BundleCmd::Keygen { out },
         } => keygen(&out),
         Cmd::Console { listen, open } => console::run(&config, listen, open).await,
+        Cmd::Release { cmd } if release::release_offline(&cmd) => {
+            cmd.check()?;
+            release::run_offline_release(cmd)
+        }
+        Cmd::Root { cmd } if release::root_offline(&cmd) => {
+            cmd.check()?;
+            release::run_offline_root(cmd)
+        }
         cmd => {
             // Arguments are checked before dialling, so a typo fails fast.
             precheck(&cmd)?;
@@ -377,6 +397,8 @@ fn precheck(cmd: &Cmd) -> anyhow::Result<()> {
                 | NodeCmd::Retry { name, .. }
                 | NodeCmd::Unhold { name },
         } => validate_node_name(name).map_err(|e| anyhow!("{e}")),
+        Cmd::Release { cmd } => cmd.check(),
+        Cmd::Root { cmd } => cmd.check(),
         _ => Ok(()),
     }
 }
@@ -392,6 +414,8 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
         // `run` serves the console before anything is dialled.
         Cmd::Console { .. } => bail!("lksctl console needs no connection made beforehand"),
         Cmd::Cluster { cmd } => cluster::run(c, url, cmd).await?,
+        Cmd::Release { cmd } => release::run_release(c, url, cmd).await?,
+        Cmd::Root { cmd } => release::run_root(c, url, cmd).await?,
         Cmd::Token {
             cmd:
                 TokenCmd::Create {

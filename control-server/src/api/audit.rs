@@ -235,6 +235,38 @@ pub(super) fn rollout(r: &pb::RolloutRef) -> Entry {
     }
 }
 
+/// A release by what it names; the record itself is kept by the store.
+pub(super) fn release(r: &pb::PublishReleaseRequest) -> Entry {
+    let Some(rel) = r.release.as_ref().and_then(|s| s.release.as_ref()) else {
+        return Entry {
+            target: String::new(),
+            args: json!({}),
+        };
+    };
+    let sigs = r.release.as_ref().map_or(0, |s| s.signatures.len());
+    Entry {
+        target: format!("release {} of {}", rel.version, rel.channel),
+        args: json!({
+            "expires_at_ms": rel.expires_at_ms,
+            "bundles": rel.bundles.iter().take(256).map(|b| format!("{}@{}", b.name, b.version)).collect::<Vec<_>>(),
+            "signatures": sigs,
+        }),
+    }
+}
+
+pub(super) fn root(r: &pb::PublishRootRequest) -> Entry {
+    let root = r.root.as_ref().and_then(|s| s.root.as_ref());
+    Entry {
+        target: format!("trust root {} of {}", root.map_or(0, |x| x.version), r.cluster),
+        args: json!({
+            "keys": root.map_or(0, |x| x.keys.len()),
+            "threshold": root.map_or(0, |x| x.threshold),
+            "expires_at_ms": root.map_or(0, |x| x.expires_at_ms),
+            "signatures": r.root.as_ref().map_or(0, |s| s.signatures.len()),
+        }),
+    }
+}
+
 pub(super) fn node(name: &str, args: Value) -> Entry {
     Entry {
         target: name.to_string(),

@@ -14,6 +14,7 @@ mod clusters;
 mod events;
 mod nodes;
 mod policy;
+mod releases;
 mod rollouts;
 mod tokens;
 
@@ -47,6 +48,7 @@ pub struct AdminApi {
     nodes: nodes::Deps,
     bundles: bundles::Deps,
     rollouts: Arc<rollouts::Deps>,
+    releases: releases::Deps,
     audit: audit::Deps,
 }
 
@@ -60,6 +62,7 @@ impl AdminApi {
             nodes: nodes::Deps::of(s),
             bundles: bundles::Deps::of(s),
             rollouts: Arc::new(rollouts::Deps::of(s)),
+            releases: releases::Deps::of(s),
             audit: audit::Deps::of(s),
         }
     }
@@ -388,6 +391,50 @@ impl AdminService for AdminApi {
         let _t = self.metrics.timer("ListAudit");
         require_admin(&req)?;
         audit::list(self.store.as_ref(), req.into_inner()).await
+    }
+
+    async fn publish_release(
+        &self,
+        req: Request<pb::PublishReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseInfo>, Status> {
+        let _t = self.metrics.timer("PublishRelease");
+        let who = require_admin_caller(&req)?;
+        let r = req.into_inner();
+        let entry = audit::release(&r);
+        let answer = releases::publish(&self.releases, r).await;
+        self.audit.record(&who, "PublishRelease", entry, &answer).await;
+        answer
+    }
+
+    async fn list_releases(
+        &self,
+        req: Request<pb::ListReleasesRequest>,
+    ) -> Result<Response<pb::ListReleasesResponse>, Status> {
+        let _t = self.metrics.timer("ListReleases");
+        require_admin(&req)?;
+        releases::list(&self.releases, req.into_inner()).await
+    }
+
+    async fn publish_root(
+        &self,
+        req: Request<pb::PublishRootRequest>,
+    ) -> Result<Response<pb::RootInfo>, Status> {
+        let _t = self.metrics.timer("PublishRoot");
+        let who = require_admin_caller(&req)?;
+        let r = req.into_inner();
+        let entry = audit::root(&r);
+        let answer = releases::publish_root(&self.releases, r).await;
+        self.audit.record(&who, "PublishRoot", entry, &answer).await;
+        answer
+    }
+
+    async fn list_roots(
+        &self,
+        req: Request<pb::ListRootsRequest>,
+    ) -> Result<Response<pb::ListRootsResponse>, Status> {
+        let _t = self.metrics.timer("ListRoots");
+        require_admin(&req)?;
+        releases::list_roots(&self.releases, req.into_inner()).await
     }
 }
 

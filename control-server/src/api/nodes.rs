@@ -14,7 +14,7 @@ use crate::authz::store_status;
 use crate::clock::now_ms;
 use crate::context::Shared;
 use crate::hub::Hub;
-use crate::store::{EventRow, NodeRow, Store};
+use crate::store::{EventRow, NodeRow, NodeTrust, Store};
 
 /// What the node handlers use: the store, and whom to tell when a node
 /// is held, released, deleted or asked to retry (its stream, the rollout
@@ -255,5 +255,18 @@ pub(super) fn node_pb(s: &Deps, n: NodeRow) -> pb::Node {
         held: n.hold.is_some(),
         hold_reason: n.hold.unwrap_or_default(),
         certificates: Vec::new(),
+        trust: n.trust.map(|t| trust_pb(&t)),
+    }
+}
+
+/// A node's reported release trust as `ListNodes` shows it.
+pub(super) fn trust_pb(t: &NodeTrust) -> pb::TrustStatus {
+    pb::TrustStatus {
+        enabled: t.enabled,
+        state: t.state.map(|s| s.as_str().to_string()).unwrap_or_default(),
+        message: t.message.clone(),
+        release_version: t.release_version,
+        release_expires_at_ms: t.release_expires_at_ms,
+        root_version: t.root_version,
     }
 }

@@ -101,6 +101,10 @@ pub enum Unreadable {
     Digest(#[from] DigestError),
     #[error("not hex: {0}")]
     Hex(#[from] hex::FromHexError),
+    /// A release or trust-root record that does not decode or breaks its
+    /// rules.
+    #[error("{0}")]
+    Record(String),
 }
 
 /// A bundle version to store; [`NewBundle::new`] derives every field but

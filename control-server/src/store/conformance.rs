@@ -14,12 +14,14 @@ mod audit;
 mod bundles;
 mod clusters;
 mod nodes;
+mod releases;
 mod rollouts;
 
 pub use audit::*;
 pub use bundles::*;
 pub use clusters::*;
 pub use nodes::*;
+pub use releases::*;
 pub use rollouts::*;
 
 fn token(id: &str, cluster: &str, uses: Option<u32>, expires_at_ms: i64) -> TokenRow {
@@ -189,6 +191,10 @@ macro_rules! conformance_suite {
             a_bundle_stored_unreadable_is_a_typed_error,
             the_audit_trail_keeps_records_in_order_filters_and_prunes,
             the_audit_trail_pages_past_many_records,
+            releases_only_move_forward,
+            one_release_version_is_stored_once_under_a_race,
+            roots_follow_one_another,
+            a_nodes_reported_trust_is_kept_with_it,
         );
     };
     (@cases $setup:block; $($name:ident),* $(,)?) => {$(

@@ -3,7 +3,8 @@
 use lks_proto::Digest;
 
 use super::{
-    AuditRow, BundleRow, ClusterRow, EventRow, IssuedCertRow, NodeRow, RolloutRow, StoredCa, Target, TokenRow,
+    AuditRow, BundleRow, ClusterRow, EventRow, IssuedCertRow, NodeRow, ReleaseRow, RolloutRow, RootRow,
+    StoredCa, Target, TokenRow,
 };
 
 /// A bundle version as dumped, with the blobs the server serves for it.
@@ -46,6 +47,10 @@ pub struct Dump {
     pub events: Vec<EventRow>,
     /// The audit trail, oldest first.
     pub audit: Vec<AuditRow>,
+    /// Every cluster's signed releases, by cluster, oldest first.
+    pub releases: Vec<ReleaseRow>,
+    /// Every cluster's trust-root rotations, by cluster, in version order.
+    pub roots: Vec<RootRow>,
 }
 
 impl Dump {

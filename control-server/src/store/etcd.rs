@@ -19,6 +19,9 @@
 //! | `active/CLUSTER/BUNDLE`           | the id of the one active rollout, if any      |
 //! | `drive/ID`                        | present while the rollout needs driving       |
 //! | `events/MS-NONCE`                 | the events one change recorded                |
+//! | `releases/CLUSTER/VERSION`        | a signed release (version as 20 digits)       |
+//! | `relhead/CLUSTER`                 | the highest release's version and digest      |
+//! | `roots/CLUSTER/VERSION`           | a signed trust-root rotation (20 digits)      |
 //! | `blobs/DIGEST/meta`, `…/c/N`      | blob bytes in chunks (`--blob-store etcd`, [`crate::blobs::EtcdChunks`]) |
 //! | `blobrecs/DIGEST`                 | a blob in the blob store: size, last claim, a collector's `deleting` mark (under its lease) |
 //! | `identity`                        | CA and admin credential (keys sealed if asked) |
@@ -70,6 +73,7 @@ mod import;
 mod limits;
 mod nodes;
 pub mod reads;
+mod releases;
 mod rollouts;
 mod smallmap;
 mod start;
@@ -575,6 +579,7 @@ impl EtcdStore {
             desired: desired.bundles.into(),
             hold: doc.hold,
             key_hash: doc.key_hash,
+            trust: doc.trust,
         }
     }
 

@@ -21,6 +21,7 @@ mod dump;
 pub mod etcd;
 mod events;
 mod nodes;
+mod releases;
 mod rollouts;
 pub mod sqlite;
 mod tokens;
@@ -33,6 +34,7 @@ pub use dump::*;
 pub use etcd::{EtcdConfig, EtcdStore};
 pub use events::*;
 pub use nodes::*;
+pub use releases::*;
 pub use rollouts::*;
 pub use sqlite::SqliteStore;
 pub use tokens::*;
@@ -83,6 +85,10 @@ pub enum Kind {
     /// A bundle version (`NAME@VERSION`).
     Bundle,
     Rollout,
+    /// A release record (`VERSION of CLUSTER`).
+    Release,
+    /// A trust-root rotation (`VERSION of CLUSTER`).
+    Root,
 }
 
 impl Kind {
@@ -90,7 +96,7 @@ impl Kind {
         match self {
             Kind::Node => "is not enrolled",
             Kind::Bundle => "is not published",
-            Kind::Cluster | Kind::Rollout => "does not exist",
+            Kind::Cluster | Kind::Rollout | Kind::Release | Kind::Root => "does not exist",
         }
     }
 }
@@ -102,6 +108,8 @@ impl std::fmt::Display for Kind {
             Kind::Node => "node",
             Kind::Bundle => "bundle",
             Kind::Rollout => "rollout",
+            Kind::Release => "release",
+            Kind::Root => "trust root",
         })
     }
 }
@@ -161,6 +169,7 @@ pub trait Store:
     + RolloutStore
     + EventStore
     + AuditStore
+    + ReleaseStore
     + BlobRecords
     + Send
     + Sync
@@ -178,6 +187,7 @@ impl<T> Store for T where
         + RolloutStore
         + EventStore
         + AuditStore
+        + ReleaseStore
         + BlobRecords
         + Send
         + Sync

@@ -64,6 +64,84 @@ pub struct BundleStatusRow {
     pub fetched_from_peers: u64,
 }
 
+/// Where a node stands with its signed releases, as its agent reported
+/// it (`TrustStatus`): one of the states the agent protocol names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TrustHealth {
+    /// Following a current release.
+    Ok,
+    /// Its release expired: it keeps what it has and applies nothing new.
+    StaleRelease,
+    /// It requires releases and has received none yet.
+    NoRelease,
+    /// The last release or root the server sent was refused.
+    Refused,
+    /// Its clock reads earlier than the last time it verified metadata at.
+    Clock,
+}
+
+impl TrustHealth {
+    pub const ALL: [TrustHealth; 5] = [
+        TrustHealth::Ok,
+        TrustHealth::StaleRelease,
+        TrustHealth::NoRelease,
+        TrustHealth::Refused,
+        TrustHealth::Clock,
+    ];
+
+    /// The wire name (`TrustStatus.state`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TrustHealth::Ok => "ok",
+            TrustHealth::StaleRelease => "stale-release",
+            TrustHealth::NoRelease => "no-release",
+            TrustHealth::Refused => "refused",
+            TrustHealth::Clock => "clock",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|h| h.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for TrustHealth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A node's release trust as it last reported it; `None` in a
+/// [`NodeRow`] from agents that never reported it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NodeTrust {
+    /// Off: the node has no release requirement; the rest is empty.
+    pub enabled: bool,
+    /// `None` while off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<TrustHealth>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// The release it follows (0: none yet) and when that expires.
+    #[serde(default)]
+    pub release_version: u64,
+    #[serde(default)]
+    pub release_expires_at_ms: i64,
+    #[serde(default)]
+    pub root_version: u64,
+}
+
+impl NodeTrust {
+    /// "off", or the state's wire name: how metrics and `node list` name it.
+    pub fn label(&self) -> &'static str {
+        match (self.enabled, self.state) {
+            (true, Some(s)) => s.as_str(),
+            _ => "off",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeRow {
     pub name: String,
@@ -88,6 +166,8 @@ pub struct NodeRow {
     /// Hash of the node key it enrolled with ("" for nodes enrolled before
     /// it was recorded).
     pub key_hash: String,
+    /// Its release trust as last reported (issue [trust]).
+    pub trust: Option<NodeTrust>,
 }
 
 /// The `features` and `architecture` of a node's facts JSON (what a
@@ -162,15 +242,30 @@ pub trait NodeStore: Send + Sync {
 /// last-seen times.
 #[async_trait]
 pub trait NodeStatusStore: Send + Sync {
-    /// Records a `Hello`: facts, what the node holds, connected.
+    /// Records a `Hello`: facts, what the node holds, its release trust
+    /// (`None`: not reported, so none is shown), connected. One write.
+    async fn node_hello(
+        &self,
+        name: &str,
+        facts_json: &str,
+        held: Vec<BundleStatusRow>,
+        trust: Option<NodeTrust>,
+        now_ms: i64,
+    ) -> Result<()>;
+    /// [`NodeStatusStore::node_hello`] of an agent that reports no trust.
     async fn node_connected(
         &self,
         name: &str,
         facts_json: &str,
         held: Vec<BundleStatusRow>,
         now_ms: i64,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        self.node_hello(name, facts_json, held, None, now_ms).await
+    }
     async fn node_disconnected(&self, name: &str, now_ms: i64) -> Result<()>;
+    /// Records the node's release trust as it reported it (callers write
+    /// only changes: it moves rarely).
+    async fn record_trust(&self, name: &str, trust: NodeTrust) -> Result<()>;
     /// Upserts reported bundle states. A bundle the report leaves out that
     /// is no longer desired for the node is forgotten: the node removed it.
     async fn record_status(&self, name: &str, statuses: Vec<BundleStatusRow>) -> Result<()>;

@@ -24,6 +24,7 @@ mod desired;
 mod dump;
 mod events;
 mod nodes;
+mod releases;
 mod rollouts;
 mod schema;
 mod status;
@@ -209,7 +210,7 @@ fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
     let row = tx
         .query_row(
             "SELECT name, cluster, labels, cert_serial, facts, last_seen_ms, connected, enrolled_at_ms, generation,
-                    hold_reason, key_hash
+                    hold_reason, key_hash, trust
              FROM nodes WHERE name = ?1",
             [name],
             |r| {
@@ -225,6 +226,7 @@ fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
                     r.get::<_, i64>(8)?,
                     r.get::<_, Option<String>>(9)?,
                     r.get::<_, String>(10)?,
+                    r.get::<_, Option<String>>(11)?,
                 ))
             },
         )
@@ -241,10 +243,12 @@ fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
         generation,
         hold,
         key_hash,
+        trust,
     )) = row
     else {
         return Ok(None);
     };
+    let trust = trust.map(|t| serde_json::from_str::<NodeTrust>(&t)).transpose()?;
     let mut desired = BTreeMap::new();
     let mut stmt = tx.prepare_cached("SELECT bundle, version FROM desired WHERE node = ?1")?;
     for r in stmt.query_map([&name], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))? {
@@ -297,6 +301,7 @@ fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
         actual,
         hold,
         key_hash,
+        trust,
     }))
 }
 

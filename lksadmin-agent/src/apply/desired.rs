@@ -9,6 +9,10 @@
 //! [`DesiredBundle::Unnamed`] one it only logs), while the others are
 //! applied. A name listed twice keeps its first entry.
 //!
+//! A signed release and root rotations are converted the same way: each
+//! one either converted or the reason it could not be, for the trust
+//! checks to report ([`crate::apply::trust`]).
+//!
 //! The message is kept encoded beside its domain form: `desired.pb` stores
 //! the received message encoded again, as it always has (prost drops
 //! unknown fields when it decodes), so the file's format stays the wire's.
@@ -16,6 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use lks_proto::manifest::ManifestError;
+use lks_proto::release::{SignedRelease, SignedRoot, TrustError};
 use lks_proto::{Digest, SignedBundle, pb};
 use prost::Message;
 
@@ -30,6 +35,11 @@ pub struct Desired {
     pub duplicates: Vec<String>,
     /// Bundle name → retry request (`lksctl node retry`).
     pub retry: BTreeMap<String, u64>,
+    /// The cluster's signed release, converted (or why it could not be):
+    /// checked against the node's trust only when trust is on.
+    pub release: Option<Result<SignedRelease, TrustError>>,
+    /// The cluster's trust-root rotations, converted one by one.
+    pub roots: Vec<Result<SignedRoot, TrustError>>,
     /// The message this came from, encoded: what `desired.pb` holds.
     encoded: Vec<u8>,
 }
@@ -142,6 +152,8 @@ impl From<&pb::DesiredState> for Desired {
             bundles,
             duplicates,
             retry: d.retry.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            release: d.release.clone().map(SignedRelease::try_from),
+            roots: d.roots.iter().cloned().map(SignedRoot::try_from).collect(),
             encoded: d.encode_to_vec(),
         }
     }

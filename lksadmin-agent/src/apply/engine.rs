@@ -49,10 +49,11 @@ pub use error::{ApplyError, StageError, WriteError};
 use crate::apply::cache::Cache;
 use crate::apply::fsutil::{self, FsError, InodeMeta};
 use crate::apply::journal::{IllegalTransition, Journal};
-use crate::apply::report::{BundleStatus, NodeEvent};
+use crate::apply::report::{BundleStatus, NodeEvent, TrustReport};
 use crate::apply::root::{NodeRoot, RootError};
 use crate::apply::runner::CommandRunner;
 use crate::apply::state::{Activity, BundleRecord, LocalState, StatusRec};
+use crate::apply::trust::Trust;
 use crate::clock::Clock;
 use crate::config::StateDir;
 use crate::link::source::BlobSource;
@@ -106,6 +107,8 @@ pub enum EngineError {
 pub struct StatusSnapshot {
     pub generation: u64,
     pub bundles: Vec<BundleStatus>,
+    /// The node's release trust (off unless `trust_threshold` is set).
+    pub trust: TrustReport,
 }
 
 /// Where the engine announces state changes and events.
@@ -196,6 +199,8 @@ pub struct Engine {
     uncacheable: BTreeMap<BundlePath, InodeMeta>,
     /// Files copied (or tried) into the cache from their targets (tests).
     cache_copies: u64,
+    /// Signed release records ([`crate::apply::trust`]); off by default.
+    trust: Trust,
 }
 
 /// How an attempt ended, before it is written into the bundle's record.
@@ -244,6 +249,7 @@ impl Engine {
             backups_checked: false,
             uncacheable: BTreeMap::new(),
             cache_copies: 0,
+            trust: Trust::off(),
         })
     }
 
@@ -273,8 +279,50 @@ impl Engine {
         self
     }
 
+    /// Signed release records: the node applies only what its accepted
+    /// release names ([`Trust::open`] reads the journal).
+    pub fn with_trust(mut self, trust: Trust) -> Self {
+        self.trust = trust;
+        self
+    }
+
     pub fn state(&self) -> &LocalState {
         &self.state
+    }
+
+    pub fn trust(&self) -> &Trust {
+        &self.trust
+    }
+
+    /// The clock the trust checks read: the engine's, moved by
+    /// `LKS_AGENT_CLOCK_OFFSET_MS` in fault-injection builds.
+    fn trust_now(&self) -> i64 {
+        self.clock
+            .now_ms()
+            .saturating_add(crate::fault::clock_offset_ms())
+    }
+
+    /// Looks at the release's expiry and the clock again and announces
+    /// the trust condition if it changed (the expiry timer).
+    pub fn refresh_trust(&mut self) {
+        let now = self.trust_now();
+        self.trust.refresh(now);
+        let report = self.trust.report(now);
+        let published = self.reporter.status.as_ref().map(|tx| tx.borrow().trust.clone());
+        if published.as_ref() != Some(&report) {
+            if published.is_none_or(|p| p.state != report.state) && report.state != "ok" {
+                tracing::warn!(state = %report.state, "release trust: {}", report.message);
+            }
+            self.publish();
+        }
+    }
+
+    /// How long until the trust condition may change on its own (the
+    /// current release expires), if it may.
+    pub fn trust_wakeup(&self) -> Option<std::time::Duration> {
+        self.trust
+            .wakeup_ms(self.trust_now())
+            .map(|ms| std::time::Duration::from_millis(ms as u64 + 1))
     }
 
     /// Where every installed managed file is, seen from this process (the
@@ -293,6 +341,7 @@ impl Engine {
         StatusSnapshot {
             generation: self.state.generation,
             bundles: self.state.statuses(),
+            trust: self.trust.report(self.trust_now()),
         }
     }
 

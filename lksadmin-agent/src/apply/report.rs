@@ -35,3 +35,17 @@ pub struct NodeEvent {
     /// Bytes of the version fetched from peers.
     pub fetched_from_peers: u64,
 }
+
+/// The node's release trust (issue [trust]), as `TrustStatus` carries it;
+/// the default is trust off.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TrustReport {
+    pub enabled: bool,
+    /// `ok`, `stale-release`, `no-release`, `refused`, `clock`; empty when off.
+    pub state: String,
+    pub message: String,
+    /// The release the node follows (0: none yet) and when it expires.
+    pub release_version: u64,
+    pub release_expires_at_ms: i64,
+    pub root_version: u64,
+}

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::apply::desired::Desired;
 use crate::apply::engine::StatusSnapshot;
-use crate::apply::report::{BundleStatus, NodeEvent};
+use crate::apply::report::{BundleStatus, NodeEvent, TrustReport};
 use crate::clock::now_ms;
 use crate::config::StateDir;
 use crate::link::backoff::{self, Backoff, Rotation, retry_hint};
@@ -184,7 +184,7 @@ impl Connection {
             bundles: wire_statuses(snap.bundles),
             desired_generation: snap.generation,
             features: facts::FEATURES.iter().map(|f| f.to_string()).collect(),
-            trust: None,
+            trust: Some(wire_trust(snap.trust)),
         };
         tx.send(out(Out::Hello(hello)))
             .await
@@ -277,8 +277,21 @@ fn report(snap: StatusSnapshot) -> pb::AgentMessage {
     out(Out::Status(pb::StatusReport {
         generation: snap.generation,
         bundles: wire_statuses(snap.bundles),
-        trust: None,
+        trust: Some(wire_trust(snap.trust)),
     }))
+}
+
+/// The node's release trust as the wire carries it (also when off:
+/// `enabled` false tells the server this agent knows of releases).
+fn wire_trust(t: TrustReport) -> pb::TrustStatus {
+    pb::TrustStatus {
+        enabled: t.enabled,
+        state: t.state,
+        message: t.message,
+        release_version: t.release_version,
+        release_expires_at_ms: t.release_expires_at_ms,
+        root_version: t.root_version,
+    }
 }
 
 /// The bundle states as the wire carries them.
@@ -339,6 +352,25 @@ mod tests {
                 fetched_from_server: 7,
                 fetched_from_peers: 11,
             }]
+        );
+        let t = TrustReport {
+            enabled: true,
+            state: "stale-release".into(),
+            message: "release 3 of c1 expired".into(),
+            release_version: 3,
+            release_expires_at_ms: 12,
+            root_version: 2,
+        };
+        assert_eq!(
+            wire_trust(t),
+            pb::TrustStatus {
+                enabled: true,
+                state: "stale-release".into(),
+                message: "release 3 of c1 expired".into(),
+                release_version: 3,
+                release_expires_at_ms: 12,
+                root_version: 2,
+            }
         );
         let e = NodeEvent {
             kind: "bad_peer".into(),

@@ -121,6 +121,7 @@ impl Node {
             root: root.clone(),
             ca_cert_hash: Digest::of(b"").to_string(),
             labels: Default::default(),
+            trust_threshold: 0,
         };
         std::fs::write(dirs.config(), cfg.to_toml()).unwrap();
         let log = tmp.path().join("agent.log");
@@ -432,3 +433,4 @@ fn now_ms() -> i64 {
 mod kill9;
 mod offline;
 mod points;
+mod trust;

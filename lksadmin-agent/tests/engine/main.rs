@@ -91,6 +91,16 @@ fn fixture_full(
     trusted: Vec<lks_proto::sign::PublisherKey>,
     clock: Arc<dyn lksadmin_agent::clock::Clock>,
 ) -> Fixture {
+    fixture_trust(trusted, clock, None)
+}
+
+/// A fixture whose engine requires signed releases of cluster `c1` by a
+/// threshold of `trust` (keys, threshold) when given.
+fn fixture_trust(
+    trusted: Vec<lks_proto::sign::PublisherKey>,
+    clock: Arc<dyn lksadmin_agent::clock::Clock>,
+    trust: Option<(Vec<lks_proto::sign::PublisherKey>, u32)>,
+) -> Fixture {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("root");
     let state = tmp.path().join("state");
@@ -113,6 +123,15 @@ fn fixture_full(
         Reporter::new(stx, etx),
     )
     .unwrap();
+    let engine = match trust {
+        Some((keys, threshold)) => {
+            let path = StateDir::new(&state).trust();
+            engine.with_trust(lksadmin_agent::apply::trust::Trust::open(
+                &path, "c1", keys, threshold,
+            ))
+        }
+        None => engine,
+    };
     Fixture {
         _tmp: tmp,
         root,
@@ -270,3 +289,4 @@ mod arch;
 mod desired;
 mod fetched;
 mod heal;
+mod trust;

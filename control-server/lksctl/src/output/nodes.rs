@@ -37,6 +37,16 @@ pub fn node_json(n: &pb::Node) -> Value {
         "hold_reason": n.held.then_some(&n.hold_reason),
         // DESIGN §6: the agent version the node last reported (its Hello).
         "agent_version": agent_version(n),
+        // The node's release trust as it reported it; null: never reported.
+        "trust": n.trust.as_ref().map(|t| json!({
+            "enabled": t.enabled,
+            "state": (t.enabled && !t.state.is_empty()).then_some(&t.state),
+            "message": t.message,
+            "release_version": t.release_version,
+            "release_expires_at": rfc3339_ms(t.release_expires_at_ms),
+            "release_expires_at_ms": t.release_expires_at_ms,
+            "root_version": t.root_version,
+        })),
         "certificates": n.certificates.iter().map(|c| json!({
             "profile": c.profile,
             "path": c.path,
@@ -137,6 +147,7 @@ pub fn nodes_table(nodes: &[pb::Node]) -> String {
                 labels_text(&n.labels),
                 bundles_text(&n.bundles),
                 certs_text(&n.certificates),
+                trust_text(n.trust.as_ref()),
             ]
         })
         .collect();
@@ -151,9 +162,28 @@ pub fn nodes_table(nodes: &[pb::Node]) -> String {
             "LABELS",
             "BUNDLES",
             "CERTS",
+            "RELEASE",
         ],
         &rows,
     )
+}
+
+/// The RELEASE column: `-` when the node reports no release trust (or has
+/// it off); the release it follows (`7`), with its state unless `ok`
+/// (`7 stale-release`, `- no-release`).
+pub fn trust_text(t: Option<&pb::TrustStatus>) -> String {
+    let Some(t) = t.filter(|t| t.enabled) else {
+        return "-".into();
+    };
+    let version = match t.release_version {
+        0 => "-".to_string(),
+        v => v.to_string(),
+    };
+    if t.state == "ok" {
+        version
+    } else {
+        format!("{version} {}", t.state)
+    }
 }
 
 /// `-`, or how many certificates the node holds and how many of them are
@@ -220,6 +250,20 @@ pub fn node_text(n: &pb::Node) -> String {
         };
         kv(&mut s, "Held:", why);
     }
+    if let Some(t) = n.trust.as_ref().filter(|t| t.enabled) {
+        let mut line = trust_text(Some(t));
+        if t.release_expires_at_ms > 0 {
+            line.push_str(&format!(
+                ", expires {}",
+                or_dash(rfc3339_ms(t.release_expires_at_ms))
+            ));
+        }
+        line.push_str(&format!(", root {}", t.root_version));
+        if !t.message.is_empty() {
+            line.push_str(&format!(": {}", t.message));
+        }
+        kv(&mut s, "Release:", line);
+    }
     if let Some(f) = &n.facts {
         kv(
             &mut s,
@@ -277,4 +321,24 @@ pub fn node_text(n: &pb::Node) -> String {
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_release_column_names_the_release_and_any_trouble() {
+        let t = |enabled, state: &str, v| pb::TrustStatus {
+            enabled,
+            state: state.into(),
+            release_version: v,
+            ..Default::default()
+        };
+        assert_eq!(trust_text(None), "-");
+        assert_eq!(trust_text(Some(&t(false, "", 0))), "-");
+        assert_eq!(trust_text(Some(&t(true, "ok", 7))), "7");
+        assert_eq!(trust_text(Some(&t(true, "stale-release", 7))), "7 stale-release");
+        assert_eq!(trust_text(Some(&t(true, "no-release", 0))), "- no-release");
+    }
 }

@@ -28,7 +28,8 @@ use crate::context::Shared;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::peers::PeerCache;
-use crate::store::{BundleStatusRow, PeerSettings, Store, StoreError};
+use crate::releases::{Channel, ReleaseCache};
+use crate::store::{BundleStatusRow, NodeTrust, PeerSettings, Store, StoreError, TrustHealth};
 use crate::tracker::Tracker;
 
 /// What the `Connect` streams use: the store, the hub of open streams, the
@@ -38,6 +39,7 @@ pub(super) struct Deps {
     pub store: Arc<dyn Store>,
     pub hub: Arc<Hub>,
     pub peers: Arc<PeerCache>,
+    pub releases: Arc<ReleaseCache>,
     pub tracker: Arc<Tracker>,
     pub metrics: Arc<Metrics>,
     pub opening: Arc<OpenGate>,
@@ -53,6 +55,7 @@ impl Deps {
             store: s.store.clone(),
             hub: s.hub.clone(),
             peers: s.peers.clone(),
+            releases: s.releases.clone(),
             tracker: s.tracker.clone(),
             metrics: s.metrics.clone(),
             opening: s.opening.clone(),
@@ -113,9 +116,13 @@ pub(super) async fn connect(
                 tx,
                 last_generation: None,
                 last_peer: None,
+                last_channel: None,
+                trust: None,
                 unrecorded: None,
             };
             let ended = session.run(&mut inbound, &mut reg, opening).await;
+            s.metrics
+                .trust_state_moved(session.trust.as_ref().map(|t| t.label()), None);
             if s.hub.unregister(&node, id)
                 && let Err(e) = Box::pin(s.store.node_disconnected(&node, now_ms())).await
             {
@@ -162,6 +169,39 @@ fn statuses(list: Vec<pb::BundleStatus>, generation: u64) -> Result<Vec<BundleSt
             })
         })
         .collect()
+}
+
+/// Longest trust message kept.
+const MAX_TRUST_MESSAGE: usize = 1024;
+
+/// Validates a reported `TrustStatus`: a known state while enabled.
+fn trust(t: pb::TrustStatus) -> Result<NodeTrust, Status> {
+    if !t.enabled {
+        return Ok(NodeTrust {
+            enabled: false,
+            state: None,
+            message: String::new(),
+            release_version: 0,
+            release_expires_at_ms: 0,
+            root_version: 0,
+        });
+    }
+    let state = TrustHealth::parse(&t.state).ok_or_else(|| {
+        let known: Vec<&str> = TrustHealth::ALL.iter().map(|h| h.as_str()).collect();
+        Status::invalid_argument(format!(
+            "trust.state {:?}: one of {}",
+            clip(&t.state, 64),
+            known.join(", ")
+        ))
+    })?;
+    Ok(NodeTrust {
+        enabled: true,
+        state: Some(state),
+        message: clip(&t.message, MAX_TRUST_MESSAGE).to_string(),
+        release_version: t.release_version,
+        release_expires_at_ms: t.release_expires_at_ms,
+        root_version: t.root_version,
+    })
 }
 
 fn facts_json(h: &pb::Hello) -> String {
@@ -246,6 +286,11 @@ struct Session {
     last_generation: Option<u64>,
     /// The peer-sharing settings last sent (`None`: off, or nothing sent).
     last_peer: Option<pb::PeerSharing>,
+    /// The cluster's releases and roots the last desired state was made
+    /// from: a read that found them changed is a new entry.
+    last_channel: Option<Arc<Channel>>,
+    /// The release trust the agent last reported (and was stored).
+    trust: Option<Box<NodeTrust>>,
     /// A status report the store could not take (etcd unreachable), kept
     /// and stored with the next message instead of ending the stream.
     unrecorded: Option<Vec<BundleStatusRow>>,
@@ -423,15 +468,19 @@ impl Session {
 
     async fn hello(&mut self, h: pb::Hello) -> Result<(), Status> {
         let held = statuses(h.bundles.clone(), h.desired_generation)?;
+        let reported = h.trust.clone().map(trust).transpose()?;
         let facts = facts_json(&h);
         let now = now_ms();
         self.s.hub.heard(&self.caller.id.node, now);
+        // The trust in the same write: a reconnect storm costs one write
+        // per node, and an agent that stopped reporting it shows none.
         self.s
             .store
-            .node_connected(&self.caller.id.node, &facts, held, now)
+            .node_hello(&self.caller.id.node, &facts, held, reported.clone(), now)
             .await
             .map_err(store_status)?;
         self.s.rollouts_changed.notify_one();
+        self.trust_recorded(reported);
         tracing::info!(agent_version = %h.agent_version, have_generation = h.desired_generation, "agent connected");
         Ok(())
     }
@@ -447,6 +496,9 @@ impl Session {
             Some(AgentMsg::Hello(h)) => self.hello(h).await,
             Some(AgentMsg::Status(r)) => {
                 let rows = statuses(r.bundles, r.generation)?;
+                if let Some(t) = r.trust.map(trust).transpose()? {
+                    self.record_trust(t).await?;
+                }
                 for row in &rows {
                     tracing::debug!(bundle = %row.name, version = %row.version, state = %row.state, "status");
                 }
@@ -477,6 +529,40 @@ impl Session {
         }
     }
 
+    /// Stores the node's release trust if it changed since it was last
+    /// stored from this stream, and counts it in the metrics.
+    async fn record_trust(&mut self, t: NodeTrust) -> Result<(), Status> {
+        if self.trust.as_deref() == Some(&t) {
+            return Ok(());
+        }
+        match self.s.store.record_trust(&self.caller.id.node, t.clone()).await {
+            Ok(()) => {}
+            // Reported again with the next report; nothing to keep.
+            Err(StoreError::Unavailable(e)) => {
+                tracing::warn!(error = %e, "release trust not stored; the store is unavailable");
+                return Ok(());
+            }
+            Err(e) => return Err(store_status(e)),
+        }
+        self.trust_recorded(Some(t));
+        Ok(())
+    }
+
+    /// The trust now stored for the node: kept to compare the next report
+    /// with, and counted in the metrics.
+    fn trust_recorded(&mut self, t: Option<NodeTrust>) {
+        if let Some(t) = &t
+            && t.state == Some(TrustHealth::StaleRelease)
+        {
+            tracing::warn!(release = t.release_version, "node reports a stale release");
+        }
+        self.s.metrics.trust_state_moved(
+            self.trust.as_ref().map(|o| o.label()),
+            t.as_ref().map(NodeTrust::label),
+        );
+        self.trust = t.map(Box::new);
+    }
+
     /// Stores a status report. While the store is unavailable (etcd down)
     /// the stream stays up — the node keeps its desired state — and the
     /// report is kept for the next message; a newer report replaces it.
@@ -504,8 +590,8 @@ impl Session {
     }
 
     /// Sends the node's current desired state unless it was already sent:
-    /// again when its generation or its cluster's peer-sharing settings
-    /// changed.
+    /// again when its generation, its cluster's peer-sharing settings or
+    /// its cluster's releases and roots changed.
     async fn push_desired(&mut self, reg: &crate::hub::Registration) -> Result<(), PushError> {
         let d = self
             .s
@@ -513,13 +599,24 @@ impl Session {
             .desired_state_after(&self.caller.id.node, self.last_generation)
             .await
             .map_err(PushError::ReadDesired)?;
+        let cluster = &self.caller.id.cluster;
         let peer = self
             .s
-            .peer_settings(&self.caller.id.cluster)
+            .peer_settings(cluster)
             .await
             .map_err(PushError::ReadPeerSettings)?;
         let peer = crate::peers::peer_pb(peer);
-        if self.last_generation == Some(d.generation) && self.last_peer == peer {
+        let channel = self
+            .s
+            .releases
+            .get(&*self.s.store, &self.s.hub, cluster)
+            .await
+            .map_err(PushError::ReadReleases)?;
+        let same_channel = self
+            .last_channel
+            .as_ref()
+            .is_some_and(|c| Arc::ptr_eq(c, &channel));
+        if self.last_generation == Some(d.generation) && self.last_peer == peer && same_channel {
             return Ok(());
         }
         // Wire messages only, not validated domain bundles: the store
@@ -528,14 +625,38 @@ impl Session {
         for b in &d.bundles {
             bundles.push(pb::SignedBundle::decode(b.as_slice()).map_err(PushError::Decode)?);
         }
+        let release = if channel.releases.is_empty() {
+            None
+        } else {
+            // The manifest digests come from a per-replica memo: one store
+            // read per bundle version, not per agent.
+            let mut held = Vec::with_capacity(bundles.len());
+            for (b, bytes) in bundles.iter().zip(&d.bundles) {
+                let Some(m) = &b.manifest else { continue };
+                let digest = self
+                    .s
+                    .releases
+                    .manifest_digest(&*self.s.store, &m.name, &m.version, bytes.len())
+                    .await
+                    .map_err(PushError::ReadReleases)?;
+                if let Some(digest) = digest {
+                    held.push((m.name.clone(), m.version.clone(), digest));
+                }
+            }
+            channel.release_for(&held).map(|r| r.wire().clone())
+        };
+        let release_version = release
+            .as_ref()
+            .and_then(|r| r.release.as_ref())
+            .map(|r| r.version);
         let msg = ServerMessage {
             msg: Some(ServerMsg::Desired(pb::DesiredState {
                 peer_sharing: peer,
                 generation: d.generation,
                 bundles,
                 retry: d.retry.into_iter().collect(),
-                release: None,
-                roots: Vec::new(),
+                release,
+                roots: channel.roots.clone(),
             })),
         };
         tokio::select! {
@@ -545,8 +666,9 @@ impl Session {
         }
         self.last_generation = Some(d.generation);
         self.last_peer = peer;
+        self.last_channel = Some(channel);
         self.s.metrics.desired_state_pushed();
-        tracing::debug!(generation = d.generation, "desired state sent");
+        tracing::debug!(generation = d.generation, release = ?release_version, "desired state sent");
         Ok(())
     }
 }
@@ -558,6 +680,8 @@ enum PushError {
     ReadDesired(StoreError),
     #[error("read peer-sharing settings: {0}")]
     ReadPeerSettings(StoreError),
+    #[error("read releases: {0}")]
+    ReadReleases(StoreError),
     #[error("decode stored bundle: {0}")]
     Decode(prost::DecodeError),
     #[error("cancelled while sending desired state")]
@@ -597,6 +721,44 @@ mod tests {
                 .unwrap_err()
                 .message()
                 .contains("bundles[0]")
+        );
+    }
+
+    #[test]
+    fn reported_trust_is_validated_and_bounded() {
+        let off = trust(pb::TrustStatus {
+            enabled: false,
+            state: "ok".into(),
+            release_version: 3,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(
+            (off.label(), off.release_version),
+            ("off", 0),
+            "off carries nothing"
+        );
+        let stale = trust(pb::TrustStatus {
+            enabled: true,
+            state: "stale-release".into(),
+            message: "x".repeat(5000),
+            release_version: 7,
+            release_expires_at_ms: 9,
+            root_version: 2,
+        })
+        .unwrap();
+        assert_eq!(stale.state, Some(TrustHealth::StaleRelease));
+        assert_eq!(stale.message.len(), MAX_TRUST_MESSAGE);
+        let e = trust(pb::TrustStatus {
+            enabled: true,
+            state: "fine".into(),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert_eq!(
+            e.message(),
+            "trust.state \"fine\": one of ok, stale-release, no-release, refused, clock"
         );
     }
 

@@ -82,6 +82,9 @@ pub(super) struct NodeDoc {
     /// Hash of the key the node enrolled with.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub(super) key_hash: String,
+    /// The node's release trust as last reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) trust: Option<NodeTrust>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Default)]

@@ -103,6 +103,7 @@ impl EtcdStore {
                     actual: n.actual.iter().map(|(b, a)| (b.clone(), actual_doc(a))).collect(),
                     hold: n.hold.clone(),
                     key_hash: n.key_hash.clone(),
+                    trust: n.trust.clone(),
                 })?,
             ));
             docs.push((
@@ -167,6 +168,7 @@ impl EtcdStore {
                 .await?;
         }
         self.import_audit(&d.audit).await?;
+        self.import_releases(&d.releases, &d.roots).await?;
         Ok(())
     }
 

@@ -80,6 +80,7 @@ impl NodeStore for EtcdStore {
                     actual: SmallMap::new(),
                     hold: None,
                     key_hash: n.key_hash.clone(),
+                    trust: None,
                 })?,
                 None,
             ));

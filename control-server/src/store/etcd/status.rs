@@ -28,6 +28,8 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use etcd_client::{Compare, Txn, TxnOp};
+
+use crate::store::NodeTrust;
 use std::sync::Arc;
 
 use tokio::sync::{Semaphore, oneshot};
@@ -60,6 +62,7 @@ pub(super) enum Update {
     Connected {
         facts_json: String,
         held: Vec<BundleStatusRow>,
+        trust: Option<NodeTrust>,
         now_ms: i64,
     },
 }
@@ -172,9 +175,11 @@ pub(super) fn node_update(
         Update::Connected {
             facts_json,
             held,
+            trust,
             now_ms,
         } => {
             d.facts_json = facts_json.clone();
+            d.trust = trust.clone();
             d.replica = store.replica.clone();
             d.last_seen_ms = d.last_seen_ms.max(*now_ms);
             // The Hello lists everything the node holds.
@@ -402,11 +407,12 @@ fn answer_all(batch: Vec<Pending>, e: &StoreError) {
 
 #[async_trait]
 impl NodeStatusStore for EtcdStore {
-    async fn node_connected(
+    async fn node_hello(
         &self,
         name: &str,
         facts_json: &str,
         held: Vec<BundleStatusRow>,
+        trust: Option<NodeTrust>,
         now_ms: i64,
     ) -> Result<()> {
         if let Ok(mut s) = self.seen.lock() {
@@ -418,6 +424,7 @@ impl NodeStatusStore for EtcdStore {
         let update = Update::Connected {
             facts_json: facts_json.to_string(),
             held,
+            trust,
             now_ms,
         };
         self.update_node_batched(name, update).await
@@ -439,6 +446,17 @@ impl NodeStatusStore for EtcdStore {
             }
             d.replica.clear();
             d.last_seen_ms = d.last_seen_ms.max(now_ms).max(heard);
+            true
+        })
+        .await
+    }
+
+    async fn record_trust(&self, name: &str, trust: NodeTrust) -> Result<()> {
+        self.update_node(name, |d| {
+            if d.trust.as_ref() == Some(&trust) {
+                return false;
+            }
+            d.trust = Some(trust.clone());
             true
         })
         .await

@@ -433,3 +433,58 @@ async fn an_imported_dump_carries_cluster_cas_api_servers_peer_settings_and_cert
     assert_eq!(b.peer, PeerSettings::default());
     assert_eq!(s.list_certificates(Some("a"), None).await.unwrap(), [cert]);
 }
+
+#[tokio::test]
+async fn a_migrated_dump_carries_releases_and_roots() {
+    use std::collections::BTreeMap;
+
+    use lks_proto::release::{Release, SignedRelease, SignedRoot, TrustRoot};
+    use lks_proto::sign::SigningKey;
+
+    let sqlite = SqliteStore::open_in_memory().unwrap();
+    sqlite.create_cluster(NewCluster::new("a", 1)).await.unwrap();
+    let k = SigningKey::generate();
+    for v in [1, 4] {
+        let r = SignedRelease::sign(
+            Release {
+                channel: "a".into(),
+                version: v,
+                expires_at_ms: 9,
+                bundles: BTreeMap::new(),
+            },
+            &[&k],
+        );
+        sqlite
+            .put_release(StoredRelease::new(r), v as i64 * 10)
+            .await
+            .unwrap();
+    }
+    let root = SignedRoot::sign(
+        TrustRoot {
+            version: 2,
+            keys: vec![k.public()],
+            threshold: 1,
+            expires_at_ms: 0,
+        },
+        &[&k],
+    );
+    sqlite.put_root("a", StoredRoot::new(root), 50).await.unwrap();
+    let d = sqlite.dump().await.unwrap();
+    assert_eq!(
+        d.releases.iter().map(|r| r.release.version()).collect::<Vec<_>>(),
+        [1, 4],
+        "oldest first, so an import stores them in order"
+    );
+
+    let etcd = TestEtcd::start();
+    let s = etcd.store("r1").await;
+    s.import(&d).await.unwrap();
+    assert_eq!(
+        s.list_releases("a", 0).await.unwrap(),
+        sqlite.list_releases("a", 0).await.unwrap()
+    );
+    assert_eq!(
+        s.list_roots("a").await.unwrap(),
+        sqlite.list_roots("a").await.unwrap()
+    );
+}

@@ -191,6 +191,15 @@ fn read_dump(c: &Connection) -> Result<Dump> {
         .query_map([], super::audit::audit_row)?
         .collect::<Result<Vec<_>, _>>()?;
 
+    let mut releases = Vec::new();
+    let mut roots = Vec::new();
+    for cluster in clusters.iter().map(|c| c.name.as_str()) {
+        let mut r = super::releases::read_releases(c, cluster, 0)?;
+        r.reverse();
+        releases.extend(r);
+        roots.extend(super::releases::read_roots(c, cluster)?);
+    }
+
     Ok(Dump {
         generation: generation.max(0) as u64,
         clusters,
@@ -203,6 +212,8 @@ fn read_dump(c: &Connection) -> Result<Dump> {
         rollouts,
         events,
         audit,
+        releases,
+        roots,
     })
 }
 

@@ -207,4 +207,25 @@ CREATE TABLE audit (
 );
 CREATE INDEX audit_at ON audit (at_ms);
 "#,
+    // Signed releases and trust-root rotations per cluster (issue
+    // [trust]), as the encoded protobuf agents receive; and each node's
+    // last reported release trust (JSON, NULL: never reported).
+    r#"
+CREATE TABLE releases (
+    cluster TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    digest TEXT NOT NULL,
+    signed_release BLOB NOT NULL,
+    published_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (cluster, version)
+);
+CREATE TABLE roots (
+    cluster TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    signed_root BLOB NOT NULL,
+    published_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (cluster, version)
+);
+ALTER TABLE nodes ADD COLUMN trust TEXT;
+"#,
 ];

@@ -4,18 +4,20 @@ use super::*;
 
 #[async_trait]
 impl NodeStatusStore for SqliteStore {
-    async fn node_connected(
+    async fn node_hello(
         &self,
         name: &str,
         facts_json: &str,
         held: Vec<BundleStatusRow>,
+        trust: Option<NodeTrust>,
         now_ms: i64,
     ) -> Result<()> {
         let (name, facts) = (name.to_string(), facts_json.to_string());
+        let trust = trust.map(|t| serde_json::to_string(&t)).transpose()?;
         self.tx(move |tx| {
             tx.execute(
-                "UPDATE nodes SET facts = ?2, connected = 1, last_seen_ms = ?3 WHERE name = ?1",
-                params![name, facts, now_ms],
+                "UPDATE nodes SET facts = ?2, connected = 1, last_seen_ms = ?3, trust = ?4 WHERE name = ?1",
+                params![name, facts, now_ms, trust],
             )?;
             // The Hello lists everything the node holds; anything else it
             // reported earlier is gone.
@@ -35,6 +37,16 @@ impl NodeStatusStore for SqliteStore {
                 "UPDATE nodes SET connected = 0, last_seen_ms = MAX(last_seen_ms, ?2) WHERE name = ?1",
                 params![name, now_ms],
             )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn record_trust(&self, name: &str, trust: NodeTrust) -> Result<()> {
+        let name = name.to_string();
+        let json = serde_json::to_string(&trust)?;
+        self.tx(move |tx| {
+            tx.execute("UPDATE nodes SET trust = ?2 WHERE name = ?1", params![name, json])?;
             Ok(())
         })
         .await

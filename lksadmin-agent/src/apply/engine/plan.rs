@@ -20,6 +20,10 @@ use crate::apply::state::{BundleRecord, Content, OriginalRec};
 use crate::clock::rfc3339;
 use crate::node::certs::IssueError;
 
+/// How the status message of a bundle kept by [`Engine::withhold_removal`]
+/// starts.
+const NOT_REMOVED: &str = "not removed: ";
+
 impl Engine {
     /// Stores `desired` durably, then converges on it.
     pub async fn accept_desired(&mut self, desired: &Desired) -> Result<(), EngineError> {
@@ -39,6 +43,7 @@ impl Engine {
             );
         }
         self.state.generation = desired.generation;
+        self.take_trust(desired)?;
         for name in &desired.duplicates {
             tracing::warn!(bundle = %name, "bundle listed twice in the desired state; using the first");
         }
@@ -79,6 +84,10 @@ impl Engine {
             .cloned()
             .collect();
         for name in gone {
+            if let Some(why) = self.trust.keeps(&name) {
+                self.withhold_removal(&name, &why)?;
+                continue;
+            }
             self.remove_bundle(&name).await?;
         }
         for sb in wanted {
@@ -92,6 +101,51 @@ impl Engine {
         self.publish();
         self.fill_cache();
         self.gc(desired);
+        Ok(())
+    }
+
+    /// With trust on: applies the desired state's root rotations and
+    /// release to the trust journal (durable before anything acts on it),
+    /// and reports a refusal once per reason.
+    fn take_trust(&mut self, desired: &Desired) -> Result<(), EngineError> {
+        let now = self.trust_now();
+        if let Some(reason) = self.trust.update(desired.release.as_ref(), &desired.roots, now)? {
+            tracing::warn!("signed release refused: {reason}");
+            self.event("release_refused", "", "", &reason);
+        }
+        Ok(())
+    }
+
+    /// A bundle the desired state omits but the node's release still names
+    /// (or whose release cannot be read) stays installed: a server cannot
+    /// withhold a bundle into removal. Said once, in its status message.
+    fn withhold_removal(&mut self, name: &str, why: &str) -> Result<(), EngineError> {
+        let Some(rec) = self.state.bundles.get(name) else {
+            return Ok(());
+        };
+        let Some(installed) = rec.installed.as_ref() else {
+            // Nothing on disk to keep: forget the record as before.
+            self.state.bundles.remove(name);
+            self.save_state()?;
+            self.publish();
+            return Ok(());
+        };
+        let version = installed.version.clone();
+        let message = format!("{NOT_REMOVED}{why}");
+        if rec.status.message == message && rec.status.version == version {
+            return Ok(());
+        }
+        tracing::warn!(bundle = name, version = %version, "{message}");
+        self.set_status(
+            name,
+            &version,
+            Verdict {
+                state: BundleState::Applied,
+                message: message.clone(),
+                sticky: None,
+            },
+        )?;
+        self.event("removal_withheld", name, &version, &message);
         Ok(())
     }
 
@@ -150,21 +204,40 @@ impl Engine {
         let m = &selected;
         let want = m.clone();
         let rec = self.state.bundles.get(&m.name).cloned();
-        if let Some(r) = &rec {
-            if r.installed.as_ref().is_some_and(|i| i.same_request(&want)) {
-                if r.status.version != m.version || r.status.state != BundleState::Applied {
-                    self.set_status(
-                        &m.name,
-                        &m.version,
-                        Verdict {
-                            state: BundleState::Applied,
-                            message: String::new(),
-                            sticky: None,
-                        },
-                    )?;
-                }
-                return Ok(());
+        if let Some(r) = &rec
+            && r.installed.as_ref().is_some_and(|i| i.same_request(&want))
+        {
+            // (A bundle kept against a desired state that omitted it is
+            // simply applied again once it is listed.)
+            if r.status.version != m.version
+                || r.status.state != BundleState::Applied
+                || r.status.message.starts_with(NOT_REMOVED)
+            {
+                self.set_status(
+                    &m.name,
+                    &m.version,
+                    Verdict {
+                        state: BundleState::Applied,
+                        message: String::new(),
+                        sticky: None,
+                    },
+                )?;
             }
+            return Ok(());
+        }
+        // A new version (or a first install) needs the node's release to
+        // name it, with this manifest; else the installed one is kept (its
+        // drift repair goes on). Evaluated on every reconcile, so a newly
+        // accepted release lets it through; the status message changes
+        // only with the reason, so it is reported once.
+        let digest = lks_proto::canonical::manifest_digest(published);
+        if let Err(why) = self
+            .trust
+            .admits(&published.name, &published.version, &digest, self.trust_now())
+        {
+            return self.fail_once(&m.name, &m.version, why.to_string(), Some(format!("trust:{key}")));
+        }
+        if let Some(r) = &rec {
             if r.sticky.as_deref() == Some(key.as_str())
                 && r.status.version == m.version
                 && matches!(r.status.state, BundleState::Failed | BundleState::RolledBack)
@@ -179,7 +252,7 @@ impl Engine {
                 }
             }
         }
-        if let Err(e) = sign::verify(sb, &self.trusted) {
+        if let Err(e) = sign::verify(sb, &self.bundle_keys()) {
             return self.fail_once(&m.name, &m.version, e.to_string(), Some(key));
         }
         if let Some(reason) = self.conflict(m) {
@@ -193,6 +266,21 @@ impl Engine {
             return self.apply(&bare, rec, key, false).await;
         }
         self.apply(m, rec, key, false).await
+    }
+
+    /// The keys a bundle may be signed by: the publisher keys given to
+    /// `join`, and with release records on the current trust root's keys
+    /// too, so a rotation to new keys does not leave their bundles refused
+    /// (what is applied is bound by the release's threshold anyway).
+    fn bundle_keys(&self) -> std::borrow::Cow<'_, [lks_proto::sign::PublisherKey]> {
+        match self.trust.state() {
+            Some(s) if s.root.keys.iter().any(|k| !self.trusted.contains(k)) => {
+                let mut keys = self.trusted.clone();
+                keys.extend(s.root.keys.iter().filter(|k| !self.trusted.contains(k)).cloned());
+                std::borrow::Cow::Owned(keys)
+            }
+            _ => std::borrow::Cow::Borrowed(&self.trusted),
+        }
     }
 
     /// A reason if `m` would own a path (or a parent/child of one) that

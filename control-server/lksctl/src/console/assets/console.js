@@ -323,7 +323,15 @@ function fleetPage(main) {
   };
 }
 
-const NODE_STATES = ["connected", "disconnected", "held", "failed", "applying", "pending", "applied", "rolled_back"];
+const NODE_STATES = ["connected", "disconnected", "held", "stale-release", "failed", "applying", "pending", "applied", "rolled_back"];
+
+// The RELEASE column of `lksctl node list`: "-" without release trust, the
+// release followed, and the state unless ok ("7 stale-release").
+function trustCell(t) {
+  if (!t || !t.enabled) return "-";
+  const v = t.release_version ? String(t.release_version) : "-";
+  return el("span", { title: t.message || "" }, v, t.state === "ok" ? null : [" ", chip(t.state)]);
+}
 
 function nodeMatches(n, f) {
   if (f.cluster && n.cluster !== f.cluster) return false;
@@ -339,6 +347,7 @@ function nodeMatches(n, f) {
     case "connected": return n.connected;
     case "disconnected": return !n.connected;
     case "held": return n.held;
+    case "stale-release": return !!(n.trust && n.trust.enabled && n.trust.state === "stale-release");
     default: return n.bundles.some((b) => b.state === f.state);
   }
 }
@@ -372,13 +381,13 @@ function nodesPage(main, r) {
     const p = paginate(matching, page, (np) => { page = np; sync(); render(); });
     fill(out, 
       el("p", { class: "summary", id: "nodes-summary" }, `${matching.length} of ${last.nodes.length} node(s), ${matching.filter((n) => n.connected).length} connected`),
-      table("nodes-table", ["Name", "Cluster", "Connected", "Last seen", "Agent", "Arch", "Labels", "Bundles", "Certificates"],
+      table("nodes-table", ["Name", "Cluster", "Connected", "Last seen", "Agent", "Arch", "Labels", "Bundles", "Certificates", "Release"],
         p.shown.map((n) => [nodeLink(n.name), n.cluster,
           el("span", { class: n.connected ? "yes" : "no" }, n.connected ? "yes" : "no"),
           el("span", { title: n.last_seen || "never" }, ago(n.last_seen)),
           n.agent_version || "-", n.architecture || "-", labelsText(n.labels),
           el("span", {}, n.bundles.map((b) => el("span", { class: "pair", title: b.message || "" }, b.name + "@" + b.version + " ", chip(b.state))), n.held ? chip("held") : null),
-          String(n.certificates.length || "-")]),
+          String(n.certificates.length || "-"), trustCell(n.trust)]),
         "No node matches."), p.nav);
   };
   return {
@@ -418,6 +427,9 @@ function nodePage(main, r) {
         ["Last seen", n.last_seen ? el("span", { title: n.last_seen }, ago(n.last_seen)) : "never"],
         ["Labels", labelsText(n.labels)],
         n.held && ["Held", n.hold_reason ? "yes: " + n.hold_reason : "yes"],
+        ["Release", n.trust && n.trust.enabled
+          ? [trustCell(n.trust), n.trust.release_expires_at ? ", expires " + time(n.trust.release_expires_at) : "", ", root " + n.trust.root_version, n.trust.message ? ": " + n.trust.message : ""]
+          : "- (no release trust reported)"],
         ["Hostname", f.hostname || "-"],
         ["OS", [f.os, f.kernel, f.arch].filter(Boolean).join(", ") || "-"],
         ["CPUs / memory", f.cpus ? f.cpus + " / " + bytes(f.memory_bytes) : "-"],

@@ -101,6 +101,7 @@ async fn region(s: &EtcdStore, n: usize) -> Vec<String> {
                 actual: SmallMap::new(),
                 hold: None,
                 key_hash: String::new(),
+                trust: None,
             };
             ops.push(s.put(&format!("nodes/{name}"), json(&doc).unwrap()));
             let d = DesiredDoc {
