@@ -387,7 +387,6 @@ fn signed(r: Release, keys: &[&SigningKey]) -> SignedRelease {
 
 /// The scenarios, in order: see the module doc and RELIABILITY.md.
 #[test]
-#[ignore = "waits for the agent side of issue #30 (branch trust-agent): today's agent applies what it is sent"]
 fn a_rogue_server_gets_nothing_past_the_release_checks() {
     let started = Instant::now();
     let k1 = SigningKey::generate();
