@@ -284,7 +284,10 @@ impl Lab {
                         if t.release_version == honest.version
                             && t.release_expires_at_ms == honest.expires_at_ms =>
                     {
-                        Verdict::Refused(format!("{reason}; release {} kept", t.release_version))
+                        Verdict::Refused(format!(
+                            "{reason}; release {} kept, trust {}",
+                            t.release_version, t.state
+                        ))
                     }
                     Some(t) => Verdict::Accepted(format!(
                         "{reason}; but the node now follows release {} expiring at {} ms (trust {})",
