@@ -30,8 +30,8 @@ log=$out/run.log
 : >"$log"
 
 # Each suite, with the number of summary lines it prints.
-e2e=(--test hostile --test disk_full --test fd_limit --test server_crash --test server_crash_enrol --test server_crash_issue --test rollout_crash --test slow_client --test agent_retry)
-expect_lines=$((6 + 2 + 1 + 1 + 1 + 1 + 1 + 1 + 1))
+e2e=(--test hostile --test disk_full --test fd_limit --test server_crash --test server_crash_enrol --test server_crash_issue --test rollout_crash --test slow_client --test agent_retry --test trust_attacks)
+expect_lines=$((6 + 2 + 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1))
 if [ "$fast" = 0 ]; then
   e2e+=(--test net_faults)
   expect_lines=$((expect_lines + 3))

@@ -254,9 +254,11 @@ pub mod console;
 pub mod etcd;
 pub mod hostile;
 pub mod netns;
+pub mod rogue;
 pub mod rollout;
 pub mod s3;
 pub mod server;
+pub mod trust;
 
 /// Random instants for the crash tests: xorshift64 seeded from the clock,
 /// reproducible from the seed a test prints.

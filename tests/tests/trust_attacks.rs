@@ -1,0 +1,807 @@
+//! Attacks on signed releases (issue #30 [trust], item 3), counted, with the
+//! control server as the attacker.
+//!
+//! A real `lks-control-server` enrols a real agent that trusts one publisher
+//! key (`join --trust-key K1.pub --trust-threshold 1`). Then the server is
+//! stopped and a rogue server ([`lks_e2e::rogue`]) takes over its address,
+//! serving certificate and key: the agent connects to it with its pinned
+//! CA and node certificate as it would to the real one. The rogue server
+//! first publishes honestly (release 1 naming app@1 and cfg@1, then release
+//! 2 naming app@2 and cfg@2, everything signed with K1) and waits until the
+//! node holds version 2. Then it attacks, one attack after another, and
+//! puts the honest state back after each.
+//!
+//! An attack is `refused` when the agent said why in the words of the
+//! shared rules (a `TrustError`, as its trust status, a bundle's status or
+//! an event says it), never reported the attacker's bundle version applied
+//! (nor the attacker's release, or a trust root above the honest one,
+//! accepted), still names the honest release (version and expiry) in its
+//! last trust status, and the node's files still hold version 2 byte for
+//! byte. Anything else is `ACCEPTED`, with what gave it
+//! away. One `TRUSTATTACK NAME refused|ACCEPTED (REASON)` line per attack
+//! is printed (RELIABILITY.md, "Trust attacks", is drawn from them), then
+//! a summary, also as a `HOSTILE trust-attacks: …` line, and the test
+//! fails, after all have run, if any was accepted.
+
+use std::time::{Duration, Instant};
+
+use lks_e2e::agent::Agent;
+use lks_e2e::rogue::{Heard, Record, RogueServer, ServerTls, state_name};
+use lks_e2e::server::Server;
+use lks_e2e::trust::{TestBundle, desired, now_ms, release};
+use lks_proto::limits::MAX_RELEASE_BYTES;
+use lks_proto::pb;
+use lks_proto::release::{Release, SignedRelease, SignedRoot, TrustRoot};
+use lks_proto::sign::SigningKey;
+
+/// The node's cluster: the channel its releases are for.
+const CHANNEL: &str = "c1";
+const APP: &str = "/etc/app/app.conf";
+const CFG: &str = "/etc/cfg/cfg.conf";
+/// How long the agent may take to answer an attack.
+const ANSWER: Duration = Duration::from_secs(15);
+/// How long the agent may take to settle after its answer (and to hang up
+/// an endless stream).
+const SETTLE: Duration = Duration::from_secs(5);
+/// How long the agent may take to reach a state the server publishes.
+const CONVERGE: Duration = Duration::from_secs(30);
+const HOUR_MS: i64 = 3_600_000;
+/// The clock set back two days: an expiry an hour ago reads as almost two
+/// days ahead.
+const CLOCK_BACK_MS: i64 = -48 * HOUR_MS;
+/// The release the freeze attack lets run out lives this long.
+const SHORT_LIFE_MS: i64 = 8_000;
+const OFFSET_ENV: &str = "LKS_AGENT_CLOCK_OFFSET_MS";
+
+fn content(name: &str, version: &str) -> Vec<u8> {
+    format!("{name} {version}: the publisher's bytes\n").into_bytes()
+}
+
+fn bundle(key: &SigningKey, name: &str, version: &str) -> TestBundle {
+    let path = if name == "app" { APP } else { CFG };
+    TestBundle::new(key, name, version, &[(path, &content(name, version))])
+}
+
+enum Verdict {
+    Refused(String),
+    Accepted(String),
+}
+
+/// One attack: the desired state the rogue server sends, what would give
+/// its success away, and what the agent's refusal must say.
+struct Attack {
+    name: &'static str,
+    desired: pb::DesiredState,
+    /// `NAME@VERSION`s the node must not report applied.
+    bundles: Vec<String>,
+    /// A release version the node must not report accepted (None when the
+    /// attack reuses the version the node holds, or its release is honest).
+    release: Option<u64>,
+    /// The refusal: one of these in a trust, bundle or event message...
+    phrases: &'static [&'static str],
+    /// ... or one of these trust states.
+    states: &'static [&'static str],
+}
+
+/// What the node should hold between attacks.
+struct Honest {
+    release: SignedRelease,
+    roots: Vec<SignedRoot>,
+    app: TestBundle,
+    cfg: TestBundle,
+}
+
+impl Honest {
+    fn desired(&self) -> pb::DesiredState {
+        desired(Some(&self.release), &self.roots, &[&self.app, &self.cfg])
+    }
+
+    fn root_version(&self) -> u64 {
+        self.roots.last().map_or(1, |r| r.root.version)
+    }
+}
+
+struct Lab {
+    rogue: RogueServer,
+    agent: Agent,
+    /// The agent was joined with `--trust-threshold` (a build that has it).
+    trust_on: bool,
+    honest: Honest,
+    /// Messages the node was still reporting when the honest state was
+    /// back: not an answer to the next attack.
+    stale: Vec<String>,
+    results: Vec<(&'static str, Verdict)>,
+    /// The real server, stopped; its data dir (the TLS identity the rogue
+    /// server serves with) lives as long as it does.
+    _server: Server,
+}
+
+fn is_settled(b: &pb::BundleStatus) -> bool {
+    b.state != pb::BundleState::Applying as i32 && b.state != pb::BundleState::Pending as i32
+}
+
+fn applied(r: &Record, b: &TestBundle) -> bool {
+    r.heard
+        .bundles()
+        .iter()
+        .any(|s| s.name == b.name() && s.version == b.version() && s.state == pb::BundleState::Applied as i32)
+}
+
+impl Lab {
+    /// The node's files are the honest bundles' (version 2 once set up),
+    /// byte for byte, and nothing else is in its root; else what differs.
+    fn files_changed(&self) -> Option<String> {
+        let honest: Vec<&str> = [&self.honest.app, &self.honest.cfg]
+            .iter()
+            .flat_map(|b| b.files.iter().map(|(p, _)| p.as_str()))
+            .collect();
+        if let Some(other) = files_under(&self.agent.root)
+            .into_iter()
+            .find(|p| !honest.contains(&p.as_str()))
+        {
+            return Some(format!("{other} is in the node's root"));
+        }
+        for b in [&self.honest.app, &self.honest.cfg] {
+            for (path, want) in &b.files {
+                match self.agent.read(path) {
+                    Some((bytes, 0o644)) if bytes == *want => {}
+                    Some((bytes, mode)) => {
+                        return Some(format!(
+                            "{path} now holds {:?} (mode {mode:o})",
+                            String::from_utf8_lossy(&bytes).trim_end()
+                        ));
+                    }
+                    None => return Some(format!("{path} is gone")),
+                }
+            }
+        }
+        None
+    }
+
+    /// Sends `d` and waits until the node reports `app` and `cfg` applied
+    /// for it (and, with trust on, trust `ok` at `release` and `root`);
+    /// panics with the last records if it does not.
+    fn converge(&mut self, d: pb::DesiredState, app: &TestBundle, cfg: &TestBundle, release: u64, root: u64) {
+        let mark = self.rogue.mark();
+        let g = self.rogue.send_desired(d);
+        let trust_on = self.trust_on;
+        let done = self.rogue.wait_for(mark, CONVERGE, |r| {
+            let trust_ok = !trust_on
+                || r.heard.trust().is_some_and(|t| {
+                    t.state == "ok" && t.release_version == release && t.root_version == root
+                });
+            (r.heard.generation().is_some_and(|x| x >= g) && applied(r, app) && applied(r, cfg) && trust_ok)
+                .then(|| r.heard.messages())
+        });
+        let Some(messages) = done else {
+            panic!(
+                "the node did not reach {} and {} (release {release}, root {root}) within {CONVERGE:?}; it said:\n{}",
+                app.id(),
+                cfg.id(),
+                said(&self.rogue.records_since(mark))
+            );
+        };
+        self.stale = messages;
+    }
+
+    /// Puts the honest state back and checks the files.
+    fn restore(&mut self) {
+        let (app, cfg) = (self.honest.app.clone(), self.honest.cfg.clone());
+        let (release, root) = (self.honest.release.release.version, self.honest.root_version());
+        self.converge(self.honest.desired(), &app, &cfg, release, root);
+        if let Some(diff) = self.files_changed() {
+            panic!("the honest state is reported back, but {diff}");
+        }
+    }
+
+    /// Restarts the agent, its trust clock moved by `offset_ms` (0: none),
+    /// and waits for its Hello.
+    fn restart_agent(&mut self, offset_ms: i64) {
+        self.agent.stop();
+        self.agent.run_env.retain(|(k, _)| k != OFFSET_ENV);
+        if offset_ms != 0 {
+            self.agent
+                .run_env
+                .push((OFFSET_ENV.into(), offset_ms.to_string()));
+        }
+        let mark = self.rogue.mark();
+        self.agent.start();
+        let hello = self.rogue.wait_for(mark, CONVERGE, |r| match &r.heard {
+            Heard::Hello(h) => Some(h.trust.clone()),
+            _ => None,
+        });
+        let Some(trust) = hello else {
+            panic!("the restarted agent did not connect within {CONVERGE:?}");
+        };
+        // It says which release it holds from its first word on.
+        if self.trust_on {
+            let held = trust.map(|t| t.release_version);
+            let want = self.honest.release.release.version;
+            assert_eq!(
+                held,
+                Some(want),
+                "the restarted agent's Hello names release {want}"
+            );
+        }
+    }
+
+    fn verdict(&mut self, name: &'static str, v: Verdict) {
+        match &v {
+            Verdict::Refused(why) => println!("TRUSTATTACK {name} refused ({why})"),
+            Verdict::Accepted(why) => println!("TRUSTATTACK {name} ACCEPTED ({why})"),
+        }
+        self.results.push((name, v));
+    }
+
+    /// Sends the attack, judges the node's answer, records the verdict.
+    fn attack(&mut self, a: Attack) {
+        let name = a.name;
+        let v = self.judge(a);
+        self.verdict(name, v);
+    }
+
+    /// Sends the attack and judges the node's answer.
+    fn judge(&mut self, a: Attack) -> Verdict {
+        let mark = self.rogue.mark();
+        let g = self.rogue.send_desired(a.desired.clone());
+        let stale = self.stale.clone();
+        let honest_root = self.honest.root_version();
+        let first = self.rogue.wait_for(mark, ANSWER, |r| {
+            gave_away(r, &a, honest_root)
+                .map(Err)
+                .or_else(|| refusal(r, &a, &stale).map(Ok))
+        });
+        match first {
+            None => Verdict::Accepted(format!(
+                "no refusal saying {:?} within {ANSWER:?}; the node said: {}",
+                a.phrases.iter().chain(a.states).collect::<Vec<_>>(),
+                last_words(&self.rogue.records_since(mark))
+            )),
+            Some(Err(away)) => Verdict::Accepted(away),
+            Some(Ok(reason)) => {
+                // Let the node finish with this generation, then look again
+                // at everything it said and at its files.
+                self.rogue.wait_for(mark, SETTLE, |r| {
+                    (r.heard.generation().is_some_and(|x| x >= g) && r.heard.bundles().iter().all(is_settled))
+                        .then_some(())
+                });
+                let records = self.rogue.records_since(mark);
+                if let Some(away) = records.iter().find_map(|r| gave_away(r, &a, honest_root)) {
+                    return Verdict::Accepted(away);
+                }
+                if let Some(diff) = self.files_changed() {
+                    return Verdict::Accepted(diff);
+                }
+                // The node keeps its release and says so.
+                let last = records.iter().rev().find_map(|r| r.heard.trust());
+                let honest = &self.honest.release.release;
+                match last {
+                    None if self.trust_on => {
+                        Verdict::Accepted(format!("{reason}; but no trust status reported"))
+                    }
+                    None => Verdict::Refused(reason),
+                    Some(t)
+                        if t.release_version == honest.version
+                            && t.release_expires_at_ms == honest.expires_at_ms =>
+                    {
+                        Verdict::Refused(format!(
+                            "{reason}; release {} kept, trust {}",
+                            t.release_version, t.state
+                        ))
+                    }
+                    Some(t) => Verdict::Accepted(format!(
+                        "{reason}; but the node now follows release {} expiring at {} ms (trust {})",
+                        t.release_version, t.release_expires_at_ms, t.state
+                    )),
+                }
+            }
+        }
+    }
+}
+
+/// Every entry under `root` that is not a directory, as a path on the
+/// node (`/etc/app/app.conf`).
+fn files_under(root: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        let entries = std::fs::read_dir(&d).unwrap_or_else(|e| panic!("read {}: {e}", d.display()));
+        for e in entries {
+            let e = e.expect("read a directory entry");
+            let path = e.path();
+            if e.file_type().expect("file type").is_dir() {
+                dirs.push(path);
+            } else if let Ok(rel) = path.strip_prefix(root) {
+                out.push(format!("/{}", rel.display()));
+            }
+        }
+    }
+    out
+}
+
+/// What shows the attack worked: the attacker's bundle version applied,
+/// its release accepted, or a trust root above the honest one taken.
+fn gave_away(r: &Record, a: &Attack, honest_root: u64) -> Option<String> {
+    for s in r.heard.bundles() {
+        let id = format!("{}@{}", s.name, s.version);
+        if s.state == pb::BundleState::Applied as i32 && a.bundles.contains(&id) {
+            return Some(format!("{id} applied"));
+        }
+    }
+    let t = r.heard.trust()?;
+    if t.root_version > honest_root {
+        return Some(format!("trust root {} accepted", t.root_version));
+    }
+    a.release
+        .filter(|v| t.release_version == *v)
+        .map(|v| format!("release {v} accepted (trust {})", t.state))
+}
+
+/// The node's refusal, in the words the attack expects.
+fn refusal(r: &Record, a: &Attack, stale: &[String]) -> Option<String> {
+    if let Some(t) = r.heard.trust()
+        && a.states.contains(&t.state.as_str())
+    {
+        return Some(format!("trust {}: {}", t.state, t.message));
+    }
+    r.heard
+        .messages()
+        .into_iter()
+        .find(|m| !stale.contains(m) && a.phrases.iter().any(|p| m.contains(p)))
+}
+
+/// The last thing the node reported, in one line.
+fn last_words(records: &[Record]) -> String {
+    records
+        .iter()
+        .rev()
+        .find(|r| !matches!(r.heard, Heard::Event(_)))
+        .map_or_else(|| "nothing".into(), |r| one_line(&r.heard))
+}
+
+fn one_line(h: &Heard) -> String {
+    let mut parts: Vec<String> = h
+        .bundles()
+        .iter()
+        .map(|b| format!("{}@{} {}", b.name, b.version, state_name(b.state)))
+        .collect();
+    if let Some(t) = h.trust() {
+        parts.push(format!(
+            "trust {} release {} root {}",
+            t.state, t.release_version, t.root_version
+        ));
+    }
+    parts.extend(h.messages());
+    parts.join("; ")
+}
+
+/// Everything the node said, one record a line, for a failure message.
+fn said(records: &[Record]) -> String {
+    records
+        .iter()
+        .map(|r| one_line(&r.heard))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn signed(r: Release, keys: &[&SigningKey]) -> SignedRelease {
+    SignedRelease::sign(r, keys)
+}
+
+/// The scenarios, in order: see the module doc and RELIABILITY.md.
+#[test]
+fn a_rogue_server_gets_nothing_past_the_release_checks() {
+    let started = Instant::now();
+    let k1 = SigningKey::generate();
+    let k2 = SigningKey::generate();
+    let forger = SigningKey::generate();
+    let future = now_ms() + 30 * 24 * HOUR_MS;
+
+    let server = Server::start();
+    server.create_cluster(CHANNEL);
+    let agent = Agent::new("attacked");
+    let (_, k1_pub) = k1
+        .write_pair(&agent.work_dir().join("publisher"))
+        .expect("write the publisher key");
+    let help = String::from_utf8_lossy(&agent.cli(&["join", "--help"]).stdout).into_owned();
+    let trust_on = help.contains("--trust-threshold");
+    let mut join = vec!["--trust-key", k1_pub.to_str().expect("utf-8 path")];
+    if trust_on {
+        join.extend(["--trust-threshold", "1"]);
+    } else {
+        println!("TRUSTATTACK note: this agent has no --trust-threshold: release checks are off");
+    }
+    agent.join(&server, CHANNEL, &join);
+
+    // The server turns attacker: same address, same TLS identity.
+    let mut server = server;
+    server.stop();
+    let rogue = RogueServer::start(server.addr, &ServerTls::from_data_dir(&server.data_dir));
+
+    let app: Vec<TestBundle> = (0..=5).map(|v| bundle(&k1, "app", &v.to_string())).collect();
+    let cfg: Vec<TestBundle> = (0..=3).map(|v| bundle(&k1, "cfg", &v.to_string())).collect();
+    let evil_app5 = TestBundle::new(&k1, "app", "5", &[(APP, b"app 5: not what release 9 names\n")]);
+    for b in app.iter().chain(&cfg).chain([&evil_app5]) {
+        if b.version() != "4" {
+            for (_, bytes) in &b.files {
+                rogue.add_blob(bytes);
+            }
+        }
+    }
+    rogue.add_endless_blob(&content("app", "4"));
+
+    let r1 = signed(release(CHANNEL, 1, future, &[&app[1], &cfg[1]]), &[&k1]);
+    let r2 = signed(release(CHANNEL, 2, future, &[&app[2], &cfg[2]]), &[&k1]);
+    let mut lab = Lab {
+        rogue,
+        agent,
+        trust_on,
+        honest: Honest {
+            release: r1.clone(),
+            roots: Vec::new(),
+            app: app[1].clone(),
+            cfg: cfg[1].clone(),
+        },
+        stale: Vec::new(),
+        results: Vec::new(),
+        _server: server,
+    };
+    lab.agent.start();
+
+    // Honest publishing: release 1, then release 2.
+    lab.restore();
+    lab.honest = Honest {
+        release: r2.clone(),
+        roots: Vec::new(),
+        app: app[2].clone(),
+        cfg: cfg[2].clone(),
+    };
+    lab.restore();
+    assert!(
+        lab.rogue.connects() >= 1,
+        "the agent connected to the rogue server"
+    );
+
+    // The publisher's release 3 names app@3 with cfg@3; the server
+    // withholds it, and mixes its app@3 with release 2 and cfg@2 below.
+    let r3 = signed(release(CHANNEL, 3, future, &[&app[3], &cfg[3]]), &[&k1]);
+    let (name, released) = app[3].released();
+    r3.release
+        .admits(&name, &released.version, &released.manifest_digest)
+        .expect("release 3 names app@3");
+    let expired = signed(
+        release(CHANNEL, 4, now_ms() - HOUR_MS, &[&app[3], &cfg[2]]),
+        &[&k1],
+    );
+    let attacker = |b: &TestBundle| vec![b.id()];
+
+    lab.attack(Attack {
+        name: "replay-old-bundle",
+        desired: desired(Some(&r2), &[], &[&app[1], &cfg[2]]),
+        bundles: attacker(&app[1]),
+        release: None,
+        phrases: &["is not in release"],
+        states: &[],
+    });
+    lab.restore();
+
+    lab.attack(Attack {
+        name: "lower-release",
+        desired: desired(Some(&r1), &[], &[&app[1], &cfg[1]]),
+        bundles: vec![app[1].id(), cfg[1].id()],
+        release: Some(1),
+        phrases: &["is older than release"],
+        states: &[],
+    });
+    lab.restore();
+
+    lab.attack(Attack {
+        name: "mix-and-match",
+        desired: desired(Some(&r2), &[], &[&app[3], &cfg[2]]),
+        bundles: attacker(&app[3]),
+        release: None,
+        phrases: &["is not in release"],
+        states: &[],
+    });
+    lab.restore();
+
+    lab.attack(Attack {
+        name: "expired-release",
+        desired: desired(Some(&expired), &[], &[&app[3], &cfg[2]]),
+        bundles: attacker(&app[3]),
+        release: Some(4),
+        phrases: &["expired at"],
+        states: &[],
+    });
+    lab.restore();
+
+    let forged = signed(release(CHANNEL, 5, future, &[&app[3], &cfg[2]]), &[&forger]);
+    lab.attack(Attack {
+        name: "forged-release",
+        desired: desired(Some(&forged), &[], &[&app[3], &cfg[2]]),
+        bundles: attacker(&app[3]),
+        release: Some(5),
+        phrases: &["signatures needed"],
+        states: &[],
+    });
+    lab.restore();
+
+    // Tenant c2's release, honestly signed by the same publisher.
+    let other_tenant = signed(release("c2", 3, future, &[&app[3], &cfg[2]]), &[&k1]);
+    lab.attack(Attack {
+        name: "other-channel",
+        desired: desired(Some(&other_tenant), &[], &[&app[3], &cfg[2]]),
+        bundles: attacker(&app[3]),
+        release: Some(3),
+        phrases: &["but this node follows c1"],
+        states: &[],
+    });
+    lab.restore();
+
+    // Another release 2 (other bundles, another expiry: a report shows
+    // which one the node follows).
+    let other2 = signed(release(CHANNEL, 2, future + HOUR_MS, &[&app[3], &cfg[2]]), &[&k1]);
+    lab.attack(Attack {
+        name: "equivocation",
+        desired: desired(Some(&other2), &[], &[&app[3], &cfg[2]]),
+        bundles: attacker(&app[3]),
+        release: None,
+        phrases: &["differs from the release"],
+        states: &[],
+    });
+    lab.restore();
+
+    // Over MAX_RELEASE_BYTES (128 KiB): a thousand bundles with long
+    // versions, checked below (the byte limit is what is tested, before
+    // the count limit).
+    let mut big = release(CHANNEL, 6, future, &[&app[3], &cfg[2]]);
+    let filler = app[3].released().1.manifest_digest;
+    for i in 0..1_000 {
+        big.bundles.insert(
+            format!("filler-{i:04}"),
+            lks_proto::release::ReleasedBundle {
+                version: format!("{i}-{}", "x".repeat(120)),
+                manifest_digest: filler,
+            },
+        );
+    }
+    let big = signed(big, &[&k1]);
+    let size = prost::Message::encoded_len(&pb::SignedRelease::from(&big));
+    assert!(size > MAX_RELEASE_BYTES, "the oversized release is {size} bytes");
+    lab.attack(Attack {
+        name: "oversized-release",
+        desired: desired(Some(&big), &[], &[&app[3], &cfg[2]]),
+        bundles: attacker(&app[3]),
+        release: Some(6),
+        phrases: &["bytes encoded; the limit is"],
+        states: &[],
+    });
+    lab.restore();
+
+    withheld_bundle(&mut lab, &r2, &cfg[2]);
+    lab.restore();
+
+    // The clock set back two days makes the expired release 4 current
+    // again, unless the node remembers when it last accepted something.
+    lab.restart_agent(CLOCK_BACK_MS);
+    lab.attack(Attack {
+        name: "clock-set-back",
+        desired: desired(Some(&expired), &[], &[&app[3], &cfg[2]]),
+        bundles: attacker(&app[3]),
+        release: Some(4),
+        phrases: &["the clock went back"],
+        states: &["clock"],
+    });
+    lab.restart_agent(0);
+    lab.restore();
+
+    // An honest release 7 names app@4, whose blob never ends.
+    let r7 = signed(release(CHANNEL, 7, future, &[&app[4], &cfg[2]]), &[&k1]);
+    lab.honest.release = r7.clone();
+    let mut v = lab.judge(Attack {
+        name: "endless-blob",
+        desired: desired(Some(&r7), &[], &[&app[4], &cfg[2]]),
+        bundles: attacker(&app[4]),
+        release: None,
+        phrases: &["more than the declared"],
+        states: &[],
+    });
+    // The agent must also have hung up: the server's stream task sees it
+    // a moment after the agent reports.
+    let hung_up = Instant::now();
+    while lab.rogue.endless_sent().is_empty() && hung_up.elapsed() < SETTLE {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let sent = lab.rogue.endless_sent();
+    if let Verdict::Refused(why) = &v {
+        v = match sent.iter().max() {
+            None => Verdict::Accepted(format!(
+                "{why}; but the endless stream was still being read {SETTLE:?} later"
+            )),
+            Some(most) => Verdict::Refused(format!(
+                "{why}; {} fetch(es), each hung up by the agent with at most {most} bytes queued",
+                sent.len()
+            )),
+        };
+    }
+    lab.verdict("endless-blob", v);
+    lab.honest.release = signed(release(CHANNEL, 8, future, &[&app[2], &cfg[2]]), &[&k1]);
+    lab.restore();
+
+    // An honest release 9 names app@5; the server sends another app@5,
+    // signed by the same publisher key.
+    let r9 = signed(release(CHANNEL, 9, future, &[&app[5], &cfg[2]]), &[&k1]);
+    lab.honest.release = r9.clone();
+    lab.attack(Attack {
+        name: "digest-mismatch",
+        desired: desired(Some(&r9), &[], &[&evil_app5, &cfg[2]]),
+        bundles: attacker(&evil_app5),
+        release: None,
+        phrases: &["has manifest digest"],
+        states: &[],
+    });
+    lab.honest.release = signed(release(CHANNEL, 10, future, &[&app[2], &cfg[2]]), &[&k1]);
+    lab.restore();
+
+    // Root 2 rotates K1 out for K2 (signed by both, as the rule wants);
+    // release 11 and the bundles from now on are K2's (an agent without
+    // release checks knows no root: it keeps trusting K1 alone). Then K1
+    // alone signs release 12.
+    let bundle_key = if lab.trust_on { &k2 } else { &k1 };
+    let root2 = TrustRoot {
+        version: 2,
+        keys: vec![k2.public()],
+        threshold: 1,
+        expires_at_ms: TrustRoot::NEVER_EXPIRES,
+    };
+    lab.honest = Honest {
+        release: signed(release(CHANNEL, 11, future, &[&app[2], &cfg[2]]), &[&k2]),
+        roots: vec![SignedRoot::sign(root2, &[&k1, &k2])],
+        app: bundle(bundle_key, "app", "2"),
+        cfg: bundle(bundle_key, "cfg", "2"),
+    };
+    lab.restore();
+    let by_old_key = signed(release(CHANNEL, 12, future, &[&app[3], &cfg[2]]), &[&k1]);
+    lab.attack(Attack {
+        name: "rotated-out-key",
+        desired: desired(Some(&by_old_key), &lab.honest.roots, &[&app[3], &lab.honest.cfg]),
+        bundles: attacker(&app[3]),
+        release: Some(12),
+        phrases: &["signatures needed from the keys of trust root 2"],
+        states: &[],
+    });
+    lab.restore();
+
+    // The forger's root 3 (its own key only), signed by itself, with its
+    // release 13 and its own signature on app@3.
+    let root3 = TrustRoot {
+        version: 3,
+        keys: vec![forger.public()],
+        threshold: 1,
+        expires_at_ms: TrustRoot::NEVER_EXPIRES,
+    };
+    let mut roots = lab.honest.roots.clone();
+    roots.push(SignedRoot::sign(root3, &[&forger]));
+    let forged_app3 = bundle(&forger, "app", "3");
+    let by_forger = signed(
+        release(CHANNEL, 13, future, &[&forged_app3, &lab.honest.cfg]),
+        &[&forger],
+    );
+    lab.attack(Attack {
+        name: "forged-root",
+        desired: desired(Some(&by_forger), &roots, &[&forged_app3, &lab.honest.cfg]),
+        bundles: attacker(&forged_app3),
+        release: Some(13),
+        phrases: &["trust root 3 has 0 of the 1 signatures needed from the keys of trust root 2"],
+        states: &[],
+    });
+    lab.restore();
+
+    let (app2, cfg2) = (lab.honest.app.clone(), lab.honest.cfg.clone());
+    freeze(&mut lab, 14, &k2, &app2, &cfg2);
+
+    let accepted: Vec<&str> = lab
+        .results
+        .iter()
+        .filter(|(_, v)| matches!(v, Verdict::Accepted(_)))
+        .map(|(n, _)| *n)
+        .collect();
+    println!(
+        "TRUSTATTACK summary: {} attacks, {} refused, {} accepted{} ({:.1}s)",
+        lab.results.len(),
+        lab.results.len() - accepted.len(),
+        accepted.len(),
+        if accepted.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", accepted.join(", "))
+        },
+        started.elapsed().as_secs_f64()
+    );
+    // The same counts in the form scripts/reliability.sh reads.
+    println!(
+        "HOSTILE trust-attacks: tried={} refused={} trust_on={} secs={:.1} accepted={}",
+        lab.results.len(),
+        lab.results.len() - accepted.len(),
+        u8::from(lab.trust_on),
+        started.elapsed().as_secs_f64(),
+        accepted.len()
+    );
+    lab.agent.stop();
+    assert!(accepted.is_empty(), "attacks accepted: {}", accepted.join(", "));
+}
+
+/// The server leaves app out of the desired state while release 2 still
+/// names it: app must stay installed.
+fn withheld_bundle(lab: &mut Lab, r2: &SignedRelease, cfg2: &TestBundle) {
+    let mark = lab.rogue.mark();
+    let sent = Instant::now();
+    let g = lab.rogue.send_desired(desired(Some(r2), &[], &[cfg2]));
+    // A report for this generation with nothing in flight, a second on at
+    // least, so that a removal has had its time.
+    let answer = lab.rogue.wait_for(mark, ANSWER, |r| {
+        (r.at >= sent + Duration::from_secs(1)
+            && r.heard.generation().is_some_and(|x| x >= g)
+            && r.heard.bundles().iter().all(is_settled))
+        .then(|| r.heard.clone())
+    });
+    let v = match answer {
+        None => Verdict::Accepted(format!("no report for generation {g} within {ANSWER:?}")),
+        Some(h) => match h.bundles().iter().find(|b| b.name == "app") {
+            Some(b) if b.version == "2" && b.state == pb::BundleState::Applied as i32 => {
+                match lab.files_changed() {
+                    Some(diff) => Verdict::Accepted(diff),
+                    None if b.message.is_empty() => Verdict::Refused("app@2 kept, applied".into()),
+                    None => Verdict::Refused(format!("app@2 kept, applied: {}", b.message)),
+                }
+            }
+            Some(b) => Verdict::Accepted(format!(
+                "app@{} {}: {}",
+                b.version,
+                state_name(b.state),
+                b.message
+            )),
+            None => Verdict::Accepted(match lab.files_changed() {
+                Some(diff) => format!("app removed: {diff}"),
+                None => "app no longer reported".into(),
+            }),
+        },
+    };
+    lab.verdict("withheld-bundle", v);
+}
+
+/// The server stops sending newer releases: the node's release runs out
+/// and the node must say so (`stale-release`) rather than go on quietly.
+fn freeze(lab: &mut Lab, version: u64, key: &SigningKey, app2: &TestBundle, cfg2: &TestBundle) {
+    let expires = now_ms() + SHORT_LIFE_MS;
+    lab.honest.release = signed(release(CHANNEL, version, expires, &[app2, cfg2]), &[key]);
+    // Not `restore`, which wants trust `ok`: on a slow machine the node may
+    // already call the release stale when it first reports it.
+    let mark = lab.rogue.mark();
+    let g = lab.rogue.send_desired(lab.honest.desired());
+    let trust_on = lab.trust_on;
+    let taken = lab.rogue.wait_for(mark, CONVERGE, |r| {
+        let generation = r.heard.generation().is_some_and(|x| x >= g);
+        let release = !trust_on || r.heard.trust().is_some_and(|t| t.release_version == version);
+        (generation && release).then_some(())
+    });
+    assert!(
+        taken.is_some(),
+        "release {version} was not accepted within {CONVERGE:?}; the node said:\n{}",
+        said(&lab.rogue.records_since(mark))
+    );
+    let wait = Duration::from_millis(SHORT_LIFE_MS as u64) + ANSWER;
+    let stale = lab.rogue.wait_for(mark, wait, |r| {
+        let t = r.heard.trust()?;
+        (t.state == "stale-release").then(|| format!("trust {}: {}", t.state, t.message))
+    });
+    let v = match (stale, lab.files_changed()) {
+        (Some(_), Some(diff)) => Verdict::Accepted(diff),
+        (Some(why), None) => Verdict::Refused(why),
+        (None, _) => Verdict::Accepted(format!(
+            "no stale-release reported within {wait:?} of release {version} running out; the node said: {}",
+            last_words(&lab.rogue.records_since(mark))
+        )),
+    };
+    lab.verdict("freeze", v);
+}
