@@ -732,21 +732,31 @@ PY
   rm -rf "$s3w" "$s3a"
 fi
 
-if want footprint; then
-  # One release agent holding what a real node holds — 512 MiB of binaries
-  # (8 x 64 MiB: kubelet-, containerd-, kubectl-sized) and 40 small config
-  # files — healing every HEAL_SECONDS (default 10 s, six times the
-  # default's rate): its CPU over FOOTPRINT_SECONDS (default IDLE_SECONDS),
-  # its RSS and its binary.
+# One release agent holding what a real node holds — 512 MiB of binaries
+# (8 x 64 MiB: kubelet-, containerd-, kubectl-sized) and 40 small config
+# files — healing every HEAL_SECONDS (default 10 s, six times the
+# default's rate): its CPU over FOOTPRINT_SECONDS (default IDLE_SECONDS),
+# its RSS and its binary. `footprint off` as before; `footprint on` with
+# signed releases required (FOOTPRINT_TRUST=off|on|both, default both).
+footprint() {
+  local trust=$1
   heal_s=${HEAL_SECONDS:-10}
   idle_s=${FOOTPRINT_SECONDS:-${IDLE_SECONDS:-60}}
-  fp=$work/fp
+  fp=$work/fp-$trust
   mkdir -p "$fp/root" "$fp/src"
   start_server "$fp"
   lf() { "$bin/lksctl" --config "$fp/server/admin.conf" "$@"; }
   lf cluster create fp >/dev/null
   read -r -a joinv <<<"$(lf token create --cluster fp --uses 1)"
-  "$agent_bin" "${joinv[@]:1}" --node-name fp-1 --state-dir "$fp/state" --root "$fp/root" >/dev/null
+  local trust_args=() sign_args=()
+  if [ "$trust" = on ]; then
+    # A node that requires signed releases (issue [trust]): the bundle is
+    # signed, and a release naming it is signed and published first.
+    lf bundle keygen --out "$fp/publisher" >/dev/null
+    trust_args=(--trust-key "$fp/publisher.pub" --trust-threshold 1)
+    sign_args=(--sign-key "$fp/publisher.key")
+  fi
+  "$agent_bin" "${joinv[@]:1}" --node-name fp-1 --state-dir "$fp/state" --root "$fp/root" "${trust_args[@]}" >/dev/null
   env "${agent_env[@]}" "$agent_bin" run --state-dir "$fp/state" --heal-interval "${heal_s}s" >"$fp/agent.log" 2>&1 &
   agent_pid=$!
   fp_pids+=("$agent_pid")
@@ -759,7 +769,10 @@ if want footprint; then
     head -c 4096 /dev/urandom >"$fp/src/conf$i"
     printf '\n[[file]]\npath = "/etc/node/conf%s"\nsource = "conf%s"\n' "$i" "$i" >>"$fp/src/bundle.toml"
   done
-  lf bundle publish "$fp/src" >/dev/null
+  lf bundle publish "$fp/src" "${sign_args[@]}" >/dev/null
+  if [ "$trust" = on ]; then
+    lf release create --cluster fp --bundle node-binaries@1 --key "$fp/publisher.key" --publish >/dev/null
+  fi
   lf rollout start --cluster fp --bundle node-binaries@1 --wait >/dev/null
   # The first pass after the apply reads everything once; then idle.
   sleep $((heal_s * 2))
@@ -786,7 +799,10 @@ if want footprint; then
   s=$(date +%s%N)
   for i in $(seq 8); do openssl dgst -sha256 "$fp/root/usr/local/bin/bin$i" >/dev/null; done
   full_ms=$(( ($(date +%s%N) - s) / 1000000 ))
-  echo "## Agent footprint: 512 MiB + 40 files managed, heal every ${heal_s} s, idle ${idle_s} s"
+  local trust_title="trust off"
+  [ "$trust" = on ] && trust_title="trust on: join --trust-threshold 1, a signed release accepted"
+  state_trust=$("$agent_bin" status --state-dir "$fp/state" -o json | python3 -c 'import json,sys; t=json.load(sys.stdin).get("trust") or {}; print(t.get("state") or "off")')
+  echo "## Agent footprint: 512 MiB + 40 files managed, heal every ${heal_s} s, idle ${idle_s} s, ${trust_title}"
   echo
   echo "Environment as the unit sets it: ${agent_env[*]:-none}. Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
   echo
@@ -798,7 +814,18 @@ if want footprint; then
   echo "| of which anonymous (heap, stacks; $threads threads) | $(mib "$anon") MiB | – |"
   echo "| of which mapped files (clean, shared page cache) | $(mib "$filemapped") MiB: the agent's own binary $(mib "$text") MiB, shared libraries $(mib "$libs") MiB | – |"
   echo "| agent binary (agent profile, not stripped) | $(mib $((size / 1024))) MiB | ≤ 15 MiB |"
+  echo "| the agent's release trust at the end (\`status -o json\`) | ${state_trust} | $([ "$trust" = on ] && echo ok || echo off) |"
   echo
+  kill "$agent_pid" 2>/dev/null || true
+}
+
+if want footprint; then
+  case "${FOOTPRINT_TRUST:-both}" in
+    off) footprint off ;;
+    on) footprint on ;;
+    both) footprint off; footprint on ;;
+    *) echo "FOOTPRINT_TRUST must be off, on or both" >&2; exit 2 ;;
+  esac
 fi
 
 if want ha; then

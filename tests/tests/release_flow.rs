@@ -142,7 +142,13 @@ fn a_node_follows_signed_releases_and_a_rollback_is_a_signed_act() {
 
     // A rollback to app@1 is refused by the node: release 2 does not name
     // it and release 1 is older than what it accepted.
-    server.lksctl_ok(&["rollout", "rollback", &id2]);
+    let rb = server.lksctl(&["rollout", "rollback", &id2]);
+    assert!(rb.status.success(), "{rb:?}");
+    let note = String::from_utf8_lossy(&rb.stderr);
+    assert!(
+        note.contains("release 2 of c1 names app@2; nodes of c1 that require signed releases"),
+        "{note}"
+    );
     let msg = wait_node_bundle(&server, "n1", "app", "1", "failed");
     assert!(msg.starts_with("not released: "), "{msg}");
     assert_eq!(content(&agent), "app v2\n", "the node keeps its version");

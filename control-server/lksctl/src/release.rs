@@ -323,6 +323,46 @@ pub fn root_offline(cmd: &RootCmd) -> bool {
     matches!(cmd, RootCmd::Sign { .. })
 }
 
+/// After `rollout start`: a note when the cluster has signed releases
+/// and its newest does not name the version rolled out, which nodes that
+/// require releases would refuse. `None` when nothing needs saying, or
+/// the releases cannot be read (the rollout itself has started).
+pub async fn start_hint(c: &mut Client, url: &str, r: &pb::Rollout) -> Option<String> {
+    let newest = newest(c, url, &r.cluster).await.ok()??.release;
+    let named = newest.bundles.get(&r.bundle).map(|b| b.version.as_str());
+    if named == Some(r.version.as_str()) {
+        return None;
+    }
+    Some(format!(
+        "note: {} does not name {}@{}; nodes of {} that require signed releases refuse it until one does \
+         (lksctl release create --cluster {} --bundle {}@{} --key PREFIX.key --publish)",
+        newest.id(),
+        r.bundle,
+        r.version,
+        r.cluster,
+        r.cluster,
+        r.bundle,
+        r.version
+    ))
+}
+
+/// After `rollout rollback`: nodes that require signed releases return to
+/// an older version only once a newer release names it.
+pub async fn rollback_hint(c: &mut Client, url: &str, r: &pb::Rollout) -> Option<String> {
+    let newest = newest(c, url, &r.cluster).await.ok()??.release;
+    let named = newest.bundles.get(&r.bundle)?;
+    Some(format!(
+        "note: {} names {}@{}; nodes of {} that require signed releases return to an older version only \
+         once a newer release names it (lksctl release create --cluster {} --bundle {}@OLD_VERSION --key PREFIX.key --publish)",
+        newest.id(),
+        r.bundle,
+        named.version,
+        r.cluster,
+        r.cluster,
+        r.bundle
+    ))
+}
+
 async fn newest(c: &mut Client, url: &str, cluster: &str) -> anyhow::Result<Option<SignedRelease>> {
     let r = c
         .list_releases(pb::ListReleasesRequest {

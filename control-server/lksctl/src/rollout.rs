@@ -159,6 +159,9 @@ pub async fn run(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
                 },
             )
             .await?;
+            if let Some(hint) = crate::release::start_hint(c, url, &r).await {
+                eprintln!("{hint}");
+            }
             if !wait {
                 if output == Format::Json {
                     print_json(&output::rollout_json(&r))?;
@@ -239,6 +242,11 @@ pub async fn run(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
 async fn verb_line(c: &mut Client, url: &str, verb: Verb, id: &str) -> anyhow::Result<()> {
     let r = act(c, url, verb, id).await?;
     outln!("{}", output::rollout_line(&r));
+    if verb == Verb::Rollback
+        && let Some(hint) = crate::release::rollback_hint(c, url, &r).await
+    {
+        eprintln!("{hint}");
+    }
     Ok(())
 }
 
