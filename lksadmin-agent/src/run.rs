@@ -438,11 +438,14 @@ async fn reconcile(engine: &mut Engine, d: &Desired, store: bool) {
         tracing::error!("apply desired state generation {}: {e}", d.generation);
     }
     notify::status(&summary(engine));
+    crate::node::memory::trim();
 }
 
 /// One heal pass; true if it repaired (or tried to repair) something.
 async fn heal(engine: &mut Engine) -> bool {
-    match engine.heal().await {
+    let r = engine.heal().await;
+    crate::node::memory::trim();
+    match r {
         Ok(r) if !r.repaired.is_empty() => {
             tracing::info!("self-heal restored {}", r.repaired.join(", "));
             true
