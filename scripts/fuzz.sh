@@ -75,7 +75,9 @@ if [ "$mode" = seed ]; then
   trap 'rm -rf "$seeds"' EXIT
   LKS_FUZZ_SEEDS=$seeds cargo test -q -p lksadmin-agent --features fault-injection --test crash -- \
     --ignored --exact write_fuzz_seeds
-  for t in journal state pb_manifest; do
+  # Signed releases and trust roots for pb_release.
+  LKS_FUZZ_SEEDS=$seeds cargo test -q -p lks-bundle --lib -- --ignored --exact release::wire::tests::write_fuzz_seeds
+  for t in journal state pb_manifest pb_release; do
     mkdir -p "fuzz/corpus/$t"
     cp "$seeds/$t"/* "fuzz/corpus/$t/"
   done

@@ -21,6 +21,21 @@ use crate::sign::PublisherKey;
 
 use super::{KeySignature, Release, ReleasedBundle, SignedRelease, SignedRoot, TrustError, TrustRoot};
 
+/// A name from the message as an error may show it: as it is when it is
+/// short and printable, else quoted with escapes and cut at 64 characters
+/// (the message is not yet checked, and an error is one line).
+fn shown(name: &str) -> String {
+    if !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_graphic()) {
+        return name.to_string();
+    }
+    let cut: String = name.chars().take(64).collect();
+    if cut.len() < name.len() {
+        format!("{cut:?}…")
+    } else {
+        format!("{cut:?}")
+    }
+}
+
 fn malformed(what: impl Into<String>, why: impl Into<String>) -> TrustError {
     TrustError::Malformed {
         what: what.into(),
@@ -82,7 +97,7 @@ impl TryFrom<pb::SignedRelease> for SignedRelease {
         let r = m
             .release
             .ok_or_else(|| malformed("signed release", "no release"))?;
-        let what = format!("release {} of {}", r.version, r.channel);
+        let what = format!("release {} of {}", r.version, shown(&r.channel));
         let signatures = signatures(&what, m.signatures)?;
         let mut bundles = BTreeMap::new();
         for (i, b) in r.bundles.into_iter().enumerate() {
@@ -91,7 +106,10 @@ impl TryFrom<pb::SignedRelease> for SignedRelease {
                 .parse::<Digest>()
                 .map_err(|e| malformed(format!("{what}: bundles[{i}].manifest_digest"), e.to_string()))?;
             if bundles.contains_key(&b.name) {
-                return Err(malformed(what, format!("bundle {} is listed twice", b.name)));
+                return Err(malformed(
+                    what,
+                    format!("bundle {} is listed twice", shown(&b.name)),
+                ));
             }
             bundles.insert(
                 b.name,
@@ -296,6 +314,68 @@ mod tests {
             SignedRoot::try_from(root).unwrap_err().to_string(),
             "trust root 2: keys[0]: not a 32-byte ed25519 public key"
         );
+    }
+
+    #[test]
+    fn names_from_the_message_are_shown_on_one_line() {
+        let mut m = pb::SignedRelease::from(&SignedRelease::sign(release(), &[]));
+        m.release.as_mut().unwrap().channel = " r\n".into();
+        m.signatures = vec![pb::KeySignature::default()];
+        let e = SignedRelease::try_from(m).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "release 7 of \" r\\n\": signatures[0].public_key: expected 32 bytes, got 0"
+        );
+        assert_eq!(shown(&"x".repeat(100)), format!("{:?}…", "x".repeat(64)));
+        assert_eq!(shown("tenant-a"), "tenant-a");
+    }
+
+    /// Writes seeds for the `pb_release` fuzz target into
+    /// `$LKS_FUZZ_SEEDS/pb_release/` (`bash scripts/fuzz.sh --seed`): a
+    /// kind byte (0 release, 1 root) and the encoded record, signed.
+    #[test]
+    #[ignore = "writes fuzz seeds; run by scripts/fuzz.sh --seed"]
+    fn write_fuzz_seeds() {
+        let dir = std::path::PathBuf::from(std::env::var("LKS_FUZZ_SEEDS").expect("LKS_FUZZ_SEEDS"))
+            .join("pb_release");
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (SigningKey::generate(), SigningKey::generate());
+        let mut two = release();
+        two.bundles.insert(
+            "containerd".into(),
+            ReleasedBundle {
+                version: "1.7.22".into(),
+                manifest_digest: Digest::of(b"containerd"),
+            },
+        );
+        let root = TrustRoot {
+            version: 2,
+            keys: vec![a.public(), b.public()],
+            threshold: 2,
+            expires_at_ms: 1_900_000_000_000,
+        };
+        let seeds: Vec<(&str, u8, Vec<u8>)> = vec![
+            (
+                "release-1-key",
+                0,
+                pb::SignedRelease::from(&SignedRelease::sign(release(), &[&a])).encode_to_vec(),
+            ),
+            (
+                "release-2-keys",
+                0,
+                pb::SignedRelease::from(&SignedRelease::sign(two, &[&a, &b])).encode_to_vec(),
+            ),
+            (
+                "root-2-keys",
+                1,
+                pb::SignedRoot::from(&SignedRoot::sign(root, &[&a, &b])).encode_to_vec(),
+            ),
+        ];
+        for (name, kind, bytes) in seeds {
+            let mut data = vec![kind];
+            data.extend_from_slice(&bytes);
+            std::fs::write(dir.join(name), data).unwrap();
+        }
     }
 
     #[test]
