@@ -101,12 +101,42 @@ fn clusters_and_tokens() {
         ci.contains(&format!("\"/run/lksadmin-agent.deb\", \"{url}\"]")),
         "{ci}"
     );
+    // Trusted publisher keys and signed releases from the first boot.
+    let prefix = s.work_dir().join("publisher");
+    s.lksctl_ok(&["bundle", "keygen", "--out", prefix.to_str().unwrap()]);
+    let public = prefix.with_extension("pub");
+    let public = public.to_str().unwrap();
+    let ci = s.lksctl_ok(&[
+        "token",
+        "create",
+        "--cluster",
+        "tenant-a",
+        "--cloud-init",
+        "--trust-key",
+        public,
+        "--trust-threshold",
+        "1",
+    ]);
+    assert!(ci.contains("  - path: \"/run/lksadmin-trust-key-0.pub\""), "{ci}");
+    assert!(
+        ci.contains("--trust-key /run/lksadmin-trust-key-0.pub --trust-threshold 1\""),
+        "{ci}"
+    );
     for (args, what) in [
         (
             vec!["--cloud-init", "--package-url", "ftp://x/a.deb"],
             "must be an http:// or https:// URL",
         ),
         (vec!["--package-url", url], "--cloud-init"),
+        (
+            vec!["--cloud-init", "--trust-key", public, "--trust-threshold", "2"],
+            "--trust-threshold 2: it must be between 1 and the number of distinct --trust-key files (1)",
+        ),
+        (
+            vec!["--cloud-init", "--trust-key", "/nonexistent.pub"],
+            "--trust-key: ",
+        ),
+        (vec!["--trust-key", public], "--cloud-init"),
     ] {
         let mut argv = vec!["token", "create", "--cluster", "tenant-a"];
         argv.extend(args);

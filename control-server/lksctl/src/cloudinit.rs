@@ -49,6 +49,12 @@ pub struct UserData<'a> {
     /// When the token expires (RFC 3339), for the header comment.
     pub expires_at: &'a str,
     pub package: PackageSource<'a>,
+    /// Publisher keys (PEM) the node trusts (`join --trust-key`): it then
+    /// refuses bundles no key signed. Empty: none.
+    pub trust_keys: &'a [String],
+    /// `join --trust-threshold`: the node requires signed releases signed
+    /// by this many of `trust_keys`. 0: not required.
+    pub trust_threshold: u32,
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -61,6 +67,12 @@ pub enum CloudInitError {
     ServerUrl(String),
     #[error("the server returned no CA certificate (PEM) to download its agent package with")]
     CaPem,
+    #[error(
+        "--trust-threshold {threshold}: it must be between 1 and the number of distinct --trust-key files ({keys})"
+    )]
+    TrustThreshold { threshold: u32, keys: usize },
+    #[error("a trusted key is not an ed25519 public key in PEM form")]
+    TrustKey,
 }
 
 /// Where the downloaded package is kept until it is installed: a tmpfs, so
@@ -68,6 +80,12 @@ pub enum CloudInitError {
 const DEB_PATH: &str = "/run/lksadmin-agent.deb";
 /// Where the cluster CA is written for curl, on the same tmpfs.
 const CA_PATH: &str = "/run/lksadmin-bootstrap-ca.pem";
+
+/// Where trusted publisher key `i` is written for `join --trust-key`, which
+/// copies it into the agent's state dir; on the tmpfs too.
+fn trust_key_path(i: usize) -> String {
+    format!("/run/lksadmin-trust-key-{i}.pub")
+}
 
 /// Renders the user-data.
 pub fn render(u: &UserData<'_>) -> Result<String, CloudInitError> {
@@ -82,6 +100,17 @@ pub fn render(u: &UserData<'_>) -> Result<String, CloudInitError> {
         }
         PackageSource::Apt => {}
     }
+    for pem in u.trust_keys {
+        if lks_proto::sign::PublisherKey::from_pem(pem).is_none() {
+            return Err(CloudInitError::TrustKey);
+        }
+    }
+    if u.trust_threshold as usize > u.trust_keys.len() {
+        return Err(CloudInitError::TrustThreshold {
+            threshold: u.trust_threshold,
+            keys: u.trust_keys.len(),
+        });
+    }
     let mut out = String::from("#cloud-config\n");
     // Cluster names are [a-z0-9-] and the time is RFC 3339: safe in a comment.
     let _ = writeln!(
@@ -95,6 +124,7 @@ pub fn render(u: &UserData<'_>) -> Result<String, CloudInitError> {
          # `set -e` stops it at the first failing command, and cloud-init reports the error.\n",
     );
     let mut runcmd: Vec<Entry> = vec![Entry::Shell("set -e".into())];
+    let mut write_files = false;
     match u.package {
         PackageSource::Server {
             servers,
@@ -108,6 +138,7 @@ pub fn render(u: &UserData<'_>) -> Result<String, CloudInitError> {
                 comment_safe(offered)
             );
             out.push_str("write_files:\n");
+            write_files = true;
             let _ = writeln!(out, "  - path: {}", json_str(CA_PATH));
             out.push_str("    permissions: \"0644\"\n");
             let _ = writeln!(out, "    content: {}", json_str(ca_pem));
@@ -147,7 +178,31 @@ pub fn render(u: &UserData<'_>) -> Result<String, CloudInitError> {
             runcmd.push(Entry::Argv(vec!["rm", "-f", DEB_PATH]));
         }
     }
-    runcmd.push(Entry::Shell(u.join_command.into()));
+    // The keys the node trusts, for `join --trust-key`; join keeps copies.
+    let key_paths: Vec<String> = (0..u.trust_keys.len()).map(trust_key_path).collect();
+    for (path, pem) in key_paths.iter().zip(u.trust_keys) {
+        if !write_files {
+            out.push_str("# The publisher keys this node trusts: it refuses bundles none of them signed.\nwrite_files:\n");
+            write_files = true;
+        }
+        let _ = writeln!(out, "  - path: {}", json_str(path));
+        out.push_str("    permissions: \"0644\"\n");
+        let _ = writeln!(out, "    content: {}", json_str(pem));
+    }
+    // The flags added hold only the fixed paths above and digits.
+    let mut join = u.join_command.to_string();
+    for p in &key_paths {
+        let _ = write!(join, " --trust-key {p}");
+    }
+    if u.trust_threshold > 0 {
+        let _ = write!(join, " --trust-threshold {}", u.trust_threshold);
+    }
+    runcmd.push(Entry::Shell(join));
+    if !key_paths.is_empty() {
+        let mut rm = vec!["rm", "-f"];
+        rm.extend(key_paths.iter().map(String::as_str));
+        runcmd.push(Entry::Argv(rm));
+    }
     runcmd.push(Entry::Argv(vec![
         "systemctl",
         "enable",
@@ -259,6 +314,8 @@ mod tests {
             join_command: JOIN,
             expires_at: "2030-01-01T00:00:00Z",
             package,
+            trust_keys: &[],
+            trust_threshold: 0,
         }
     }
 
@@ -312,6 +369,81 @@ mod tests {
                 argv(&["systemctl", "enable", "--now", "lksadmin-agent"]),
             ]
         );
+    }
+
+    #[test]
+    fn trusted_keys_are_written_passed_to_join_and_removed() {
+        let keys = [
+            lks_proto::sign::SigningKey::generate().public().to_pem(),
+            lks_proto::sign::SigningKey::generate().public().to_pem(),
+        ];
+        let text = render(&UserData {
+            trust_keys: &keys,
+            trust_threshold: 2,
+            ..user_data(PackageSource::Apt)
+        })
+        .unwrap();
+        let files = text.split_once("\nwrite_files:\n").expect("write_files").1;
+        for (i, pem) in keys.iter().enumerate() {
+            let entry = format!(
+                "  - path: \"/run/lksadmin-trust-key-{i}.pub\"\n    permissions: \"0644\"\n    content: {}\n",
+                json_str(pem)
+            );
+            assert!(files.contains(&entry), "{text}");
+        }
+        let cmds = runcmd(&text);
+        assert_eq!(
+            cmds[1],
+            Err(format!(
+                "{JOIN} --trust-key /run/lksadmin-trust-key-0.pub --trust-key /run/lksadmin-trust-key-1.pub \
+                 --trust-threshold 2"
+            ))
+        );
+        assert_eq!(
+            cmds[2],
+            Ok(vec![
+                "rm".to_string(),
+                "-f".into(),
+                "/run/lksadmin-trust-key-0.pub".into(),
+                "/run/lksadmin-trust-key-1.pub".into()
+            ])
+        );
+
+        // Beside the server's CA, one write_files list.
+        let text = render(&UserData {
+            trust_keys: &keys[..1],
+            trust_threshold: 0,
+            ..user_data(PackageSource::Server {
+                servers: "https://10.0.0.1:7443",
+                ca_pem: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+                offered: "amd64 0.1.0-1",
+            })
+        })
+        .unwrap();
+        assert_eq!(text.matches("write_files:").count(), 1, "{text}");
+        assert!(
+            text.contains("--trust-key /run/lksadmin-trust-key-0.pub\""),
+            "{text}"
+        );
+        assert!(!text.contains("--trust-threshold"), "{text}");
+
+        let e = render(&UserData {
+            trust_keys: &keys[..1],
+            trust_threshold: 2,
+            ..user_data(PackageSource::Apt)
+        })
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--trust-threshold 2: it must be between 1 and the number of distinct --trust-key files (1)"
+        );
+        let bad = ["not a key".to_string()];
+        let e = render(&UserData {
+            trust_keys: &bad,
+            ..user_data(PackageSource::Apt)
+        })
+        .unwrap_err();
+        assert_eq!(e, CloudInitError::TrustKey);
     }
 
     #[test]

@@ -148,6 +148,14 @@ enum TokenCmd {
         /// the image has configured (`packages:`)
         #[arg(long, requires = "cloud_init")]
         apt: bool,
+        /// With --cloud-init: a publisher key the node trusts (PREFIX.pub;
+        /// repeatable): it refuses bundles none of them signed
+        #[arg(long = "trust-key", value_name = "FILE.pub", requires = "cloud_init")]
+        trust_key: Vec<PathBuf>,
+        /// With --cloud-init and --trust-key: the node requires signed
+        /// releases, signed by this many of the keys (`lksctl release`)
+        #[arg(long, value_name = "N", requires = "trust_key")]
+        trust_threshold: Option<u32>,
         /// Output format.
         #[arg(short = 'o', long = "output", value_enum, default_value_t)]
         output: Format,
@@ -426,12 +434,32 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
                     cloud_init,
                     package_url,
                     apt,
+                    trust_key,
+                    trust_threshold,
                     output,
                 },
         } => {
             if ttl.as_secs() == 0 {
                 bail!("--ttl must be at least 1s");
             }
+            // Read before the token exists, so a bad key leaves no token behind.
+            let mut trust_keys: Vec<String> = Vec::new();
+            for p in &trust_key {
+                let pem = lks_proto::sign::PublisherKey::from_file(p)
+                    .map_err(|e| anyhow!("--trust-key: {e}"))?
+                    .to_pem();
+                if !trust_keys.contains(&pem) {
+                    trust_keys.push(pem);
+                }
+            }
+            let trust_threshold = match trust_threshold {
+                None => 0,
+                Some(n) if n == 0 || n as usize > trust_keys.len() => bail!(
+                    "--trust-threshold {n}: it must be between 1 and the number of distinct --trust-key files ({})",
+                    trust_keys.len()
+                ),
+                Some(n) => n,
+            };
             // Checked before the token exists, so a typo leaves no token behind.
             if let Some(url) = package_url.as_deref() {
                 cloudinit::check_package_url(url)?;
@@ -494,6 +522,8 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
                     join_command: &r.join_command,
                     expires_at: &output::rfc3339_s(r.expires_at).unwrap_or_default(),
                     package,
+                    trust_keys: &trust_keys,
+                    trust_threshold,
                 })?;
                 out!("{text}");
             } else {
