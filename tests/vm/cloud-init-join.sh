@@ -10,7 +10,7 @@
 #      --package-url http://127.0.0.1:PORT/lksadmin-agent_….deb`;
 #   3. boot a VM whose NoCloud user-data is that output, exactly as printed;
 #      check that cloud-init accepts its schema (and that of the --apt
-#      form), downloaded and installed the package, ran the join
+#      form, and of the form with --trust-key), downloaded and installed the package, ran the join
 #      line and started the agent, that systemd got READY=1 (the Type=notify
 #      unit is active) and watchdog pings, and that the server sees the node
 #      connected;
@@ -196,6 +196,12 @@ cat "$work/user-data" >&2
 # schema-checked below: this image has no repository that serves the agent.
 lksctl token create --cluster "$CLUSTER" --ttl 1h --uses 1 --cloud-init --apt >"$work/user-data-apt" ||
   vm_die "lksctl token create --cloud-init --apt failed"
+# The form with trusted publisher keys and signed releases required (keys in
+# write_files, passed to the join line): schema-checked below too.
+lksctl bundle keygen --out "$work/publisher" >/dev/null || vm_die "lksctl bundle keygen failed"
+lksctl token create --cluster "$CLUSTER" --ttl 1h --uses 1 --cloud-init --apt \
+  --trust-key "$work/publisher.pub" --trust-threshold 1 >"$work/user-data-trust" ||
+  vm_die "lksctl token create --cloud-init --trust-key failed"
 
 # --- 3. boot, cloud-init, agent ----------------------------------------------
 vm_start "$work/user-data"
@@ -212,6 +218,13 @@ if ! out=$(vm_exec cloud-init schema --config-file /run/user-data-apt.yaml 2>&1)
   vm_die "cloud-init schema rejects the user-data of --cloud-init --apt (above)"
 fi
 vm_log "ok: cloud-init schema of the apt form: $out"
+vm_exec sh -c 'cat >/run/user-data-trust.yaml' <"$work/user-data-trust"
+if ! out=$(vm_exec cloud-init schema --config-file /run/user-data-trust.yaml 2>&1); then
+  printf '%s\n' "$out" "--- the user-data:" >&2
+  cat "$work/user-data-trust" >&2
+  vm_die "cloud-init schema rejects the user-data of --cloud-init --trust-key (above)"
+fi
+vm_log "ok: cloud-init schema of the form with trusted keys: $out"
 vm_wait_boot "${LKS_VM_TIMEOUT:-300}"
 # And at boot: cloud-init logs a schema warning (not an error) for any key it
 # finds invalid in the user-data or the image's own configuration.
