@@ -461,13 +461,7 @@ pub async fn run_release(c: &mut Client, url: &str, cmd: ReleaseCmd) -> anyhow::
         }
         ReleaseCmd::Publish { file, output } => {
             let signed = file::read_release(&file)?;
-            let info = publish_release(c, url, &signed).await?;
-            if output == Format::Json {
-                print_json(&release_json(&info))
-            } else {
-                outln!("{}", published_line(&info));
-                Ok(())
-            }
+            show_published(&publish_release(c, url, &signed).await?, output)
         }
         ReleaseCmd::Resign {
             cluster,
@@ -486,12 +480,7 @@ pub async fn run_release(c: &mut Client, url: &str, cmd: ReleaseCmd) -> anyhow::
             };
             let refs: Vec<&SigningKey> = keys.iter().collect();
             let info = publish_release(c, url, &SignedRelease::sign(release, &refs)).await?;
-            if output == Format::Json {
-                print_json(&release_json(&info))
-            } else {
-                outln!("{}", published_line(&info));
-                Ok(())
-            }
+            show_published(&info, output)
         }
         ReleaseCmd::Show {
             cluster,
@@ -677,6 +666,16 @@ async fn publish_release(c: &mut Client, url: &str, s: &SignedRelease) -> anyhow
     .map_err(|st| status(url, st))
     .with_context(|| format!("publish {}", s.release.id()))?
     .into_inner())
+}
+
+/// What `release publish|resign` print: one line, or the stored release.
+fn show_published(info: &pb::ReleaseInfo, output: Format) -> anyhow::Result<()> {
+    if output == Format::Json {
+        print_json(&release_json(info))
+    } else {
+        outln!("{}", published_line(info));
+        Ok(())
+    }
 }
 
 fn published_line(i: &pb::ReleaseInfo) -> String {
