@@ -21,6 +21,7 @@ import os, re, sys
 LAYERS = """
     clock ratelimit
     store
+    clustercache
     hub admission blobs pki tracker rollout
     metrics authz peers releases
     packages tlsaccept controller

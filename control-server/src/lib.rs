@@ -14,6 +14,7 @@ pub mod api;
 pub mod authz;
 pub mod blobs;
 pub mod clock;
+pub mod clustercache;
 pub mod context;
 pub mod controller;
 pub mod hub;

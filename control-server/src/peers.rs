@@ -4,7 +4,8 @@
 //! Every push of a desired state needs its node's cluster settings; reading
 //! the cluster from the store each time would cost a read per agent per
 //! push (10,000 at once after a `notify_all`). So each replica keeps them
-//! per cluster for [`TTL`], filled by one read at a time per cluster.
+//! per cluster for [`TTL`], filled by one read at a time per cluster
+//! ([`crate::clustercache`]).
 //!
 //! How a change reaches the agents:
 //! - on the replica that serves `SetCluster`: the entry is dropped
@@ -20,13 +21,13 @@
 //! A stream sends its desired state again when the settings it would send
 //! differ from the ones it last sent, even if the generation did not move.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use lks_proto::pb;
 use tokio_util::sync::CancellationToken;
 
+use crate::clustercache::{ClusterCache, Lookup, Slot};
 use crate::hub::Hub;
 use crate::store::{PeerSettings, Result, Store};
 
@@ -43,33 +44,10 @@ pub fn peer_pb(p: PeerSettings) -> Option<pb::PeerSharing> {
     })
 }
 
-/// One cluster's entry.
-#[derive(Default)]
-struct Slot {
-    /// The settings and when they were read.
-    value: Mutex<Option<(PeerSettings, Instant)>>,
-    /// Held while the settings are read, so that streams needing them at
-    /// once wait for one read instead of each making its own.
-    fill: tokio::sync::Mutex<()>,
-}
-
-impl Slot {
-    fn current(&self) -> Option<(PeerSettings, Instant)> {
-        self.value.lock().ok().and_then(|v| *v)
-    }
-
-    fn fresh(&self, ttl: Duration) -> Option<PeerSettings> {
-        self.current()
-            .filter(|(_, at)| at.elapsed() < ttl)
-            .map(|(p, _)| p)
-    }
-}
-
 /// Peer-sharing settings by cluster, read through [`Store::get_cluster`]
 /// at most once per [`TTL`] and cluster.
 pub struct PeerCache {
-    ttl: Duration,
-    slots: Mutex<HashMap<String, Arc<Slot>>>,
+    cache: ClusterCache<PeerSettings>,
 }
 
 impl Default for PeerCache {
@@ -81,16 +59,7 @@ impl Default for PeerCache {
 impl PeerCache {
     pub fn new(ttl: Duration) -> Self {
         PeerCache {
-            ttl,
-            slots: Mutex::new(HashMap::new()),
-        }
-    }
-
-    fn slot(&self, cluster: &str) -> Arc<Slot> {
-        match self.slots.lock() {
-            Ok(mut s) => s.entry(cluster.to_string()).or_default().clone(),
-            // A poisoned map: work uncached rather than fail.
-            Err(_) => Arc::default(),
+            cache: ClusterCache::new(ttl),
         }
     }
 
@@ -98,36 +67,24 @@ impl PeerCache {
     /// not exist). Read from the store when older than the TTL; a read that
     /// finds them changed tells every stream of `hub` to look again.
     pub async fn get(&self, store: &dyn Store, hub: &Hub, cluster: &str) -> Result<PeerSettings> {
-        let slot = self.slot(cluster);
-        if let Some(p) = slot.fresh(self.ttl) {
-            return Ok(p);
+        match self.cache.lookup(cluster).await {
+            Lookup::Fresh(v) => Ok(v),
+            Lookup::Read(fill) => read(fill.slot(), store, hub, cluster).await,
         }
-        let _fill = slot.fill.lock().await;
-        if let Some(p) = slot.fresh(self.ttl) {
-            return Ok(p);
-        }
-        read(&slot, store, hub, cluster).await
     }
 
     /// Forgets the cluster's settings (they were just changed here): the
-    /// next [`PeerCache::get`] reads them. A read under way fills the entry
-    /// dropped, not the next one.
+    /// next [`PeerCache::get`] reads them.
     pub fn invalidate(&self, cluster: &str) {
-        if let Ok(mut s) = self.slots.lock() {
-            s.remove(cluster);
-        }
+        self.cache.invalidate(cluster);
     }
 
     /// Reads again the settings of every cluster held, telling every stream
     /// to look again if any changed (what other replicas wrote).
     pub async fn refresh(&self, store: &dyn Store, hub: &Hub) {
-        let slots: Vec<(String, Arc<Slot>)> = match self.slots.lock() {
-            Ok(s) => s.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-            Err(_) => return,
-        };
-        for (cluster, slot) in slots {
-            let _fill = slot.fill.lock().await;
-            if let Err(e) = read(&slot, store, hub, &cluster).await {
+        for (cluster, slot) in self.cache.held() {
+            let fill = slot.fill().await;
+            if let Err(e) = read(fill.slot(), store, hub, &cluster).await {
                 tracing::warn!(cluster = %cluster, error = %e, "read peer-sharing settings");
             }
         }
@@ -136,8 +93,13 @@ impl PeerCache {
 
 /// Reads the settings into `slot` (its fill lock held). When the store
 /// cannot be read, the settings held are kept (and read again next time).
-async fn read(slot: &Slot, store: &dyn Store, hub: &Hub, cluster: &str) -> Result<PeerSettings> {
-    let old = slot.current().map(|(p, _)| p);
+async fn read(
+    slot: &Slot<PeerSettings>,
+    store: &dyn Store,
+    hub: &Hub,
+    cluster: &str,
+) -> Result<PeerSettings> {
+    let old = slot.current();
     let new = match store.get_cluster(cluster).await {
         Ok(c) => c.map(|c| c.peer).unwrap_or_default(),
         Err(e) => {
@@ -150,9 +112,7 @@ async fn read(slot: &Slot, store: &dyn Store, hub: &Hub, cluster: &str) -> Resul
             };
         }
     };
-    if let Ok(mut v) = slot.value.lock() {
-        *v = Some((new, Instant::now()));
-    }
+    slot.set(new);
     if old.is_some_and(|o| o != new) {
         tracing::info!(cluster = %cluster, enabled = new.enabled, "peer-sharing settings changed");
         hub.notify_all();

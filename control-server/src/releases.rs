@@ -6,7 +6,7 @@
 //! decoding them per agent per push would cost a store read per agent
 //! (10,000 at once after a `notify_all`). So each replica keeps them per
 //! cluster, decoded once, the wire forms ready to clone, filled by one read
-//! at a time per cluster — the shape of [`crate::peers`]:
+//! at a time per cluster ([`crate::clustercache`], as [`crate::peers`]):
 //!
 //! - on the replica that serves `PublishRelease`/`PublishRoot`: the entry
 //!   is dropped ([`ReleaseCache::invalidate`]) and the cluster's streams
@@ -24,11 +24,12 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lks_proto::{Digest, pb};
 use tokio_util::sync::CancellationToken;
 
+use crate::clustercache::{ClusterCache, Lookup, Slot};
 use crate::hub::Hub;
 use crate::store::{Result, Store, StoredRelease};
 
@@ -75,33 +76,11 @@ impl Channel {
     }
 }
 
-/// One cluster's entry.
-#[derive(Default)]
-struct Slot {
-    value: Mutex<Option<(Arc<Channel>, Instant)>>,
-    /// Held while the channel is read, so that streams needing it at once
-    /// wait for one read instead of each making its own.
-    fill: tokio::sync::Mutex<()>,
-}
-
-impl Slot {
-    fn current(&self) -> Option<(Arc<Channel>, Instant)> {
-        self.value.lock().ok().and_then(|v| v.clone())
-    }
-
-    fn fresh(&self, ttl: Duration) -> Option<Arc<Channel>> {
-        self.current()
-            .filter(|(_, at)| at.elapsed() < ttl)
-            .map(|(c, _)| c)
-    }
-}
-
 /// Releases and roots by cluster, read at most once per [`TTL`] and
 /// cluster; and the manifest digest of each bundle version a desired state
 /// names, read once.
 pub struct ReleaseCache {
-    ttl: Duration,
-    slots: Mutex<HashMap<String, Arc<Slot>>>,
+    cache: ClusterCache<Arc<Channel>>,
     /// (name, version, size of the encoded bundle) → manifest digest.
     /// name@version is immutable; the size guards against a version
     /// deleted and published again with other content.
@@ -117,20 +96,8 @@ impl Default for ReleaseCache {
 impl ReleaseCache {
     pub fn new(ttl: Duration) -> Self {
         ReleaseCache {
-            ttl,
-            slots: Mutex::new(HashMap::new()),
+            cache: ClusterCache::new(ttl),
             digests: Mutex::new(HashMap::new()),
-        }
-    }
-
-    fn slot(&self, cluster: &str) -> Arc<Slot> {
-        match self.slots.lock() {
-            // Looked up before an owned key is made: this runs per push.
-            Ok(mut s) => match s.get(cluster) {
-                Some(slot) => slot.clone(),
-                None => s.entry(cluster.to_string()).or_default().clone(),
-            },
-            Err(_) => Arc::default(),
         }
     }
 
@@ -138,34 +105,23 @@ impl ReleaseCache {
     /// than the TTL; a read that finds them changed tells the cluster's
     /// streams on `hub` to look again.
     pub async fn get(&self, store: &dyn Store, hub: &Hub, cluster: &str) -> Result<Arc<Channel>> {
-        let slot = self.slot(cluster);
-        if let Some(c) = slot.fresh(self.ttl) {
-            return Ok(c);
+        match self.cache.lookup(cluster).await {
+            Lookup::Fresh(v) => Ok(v),
+            Lookup::Read(fill) => read(fill.slot(), store, hub, cluster).await,
         }
-        let _fill = slot.fill.lock().await;
-        if let Some(c) = slot.fresh(self.ttl) {
-            return Ok(c);
-        }
-        read(&slot, store, hub, cluster).await
     }
 
     /// Forgets the cluster's entry (it was just changed here).
     pub fn invalidate(&self, cluster: &str) {
-        if let Ok(mut s) = self.slots.lock() {
-            s.remove(cluster);
-        }
+        self.cache.invalidate(cluster);
     }
 
     /// Reads again every cluster held, telling the streams of each that
     /// changed (what other replicas wrote).
     pub async fn refresh(&self, store: &dyn Store, hub: &Hub) {
-        let slots: Vec<(String, Arc<Slot>)> = match self.slots.lock() {
-            Ok(s) => s.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-            Err(_) => return,
-        };
-        for (cluster, slot) in slots {
-            let _fill = slot.fill.lock().await;
-            if let Err(e) = read(&slot, store, hub, &cluster).await {
+        for (cluster, slot) in self.cache.held() {
+            let fill = slot.fill().await;
+            if let Err(e) = read(fill.slot(), store, hub, &cluster).await {
                 tracing::warn!(cluster = %cluster, error = %e, "read releases");
             }
         }
@@ -207,8 +163,13 @@ pub async fn notify_cluster(store: &dyn Store, hub: &Hub, cluster: &str) -> Resu
 /// held, only the head release and the roots are read; the releases are
 /// read again only when those changed. When the store cannot be read, what
 /// is held is kept (and read again next time).
-async fn read(slot: &Slot, store: &dyn Store, hub: &Hub, cluster: &str) -> Result<Arc<Channel>> {
-    let old = slot.current().map(|(c, _)| c);
+async fn read(
+    slot: &Slot<Arc<Channel>>,
+    store: &dyn Store,
+    hub: &Hub,
+    cluster: &str,
+) -> Result<Arc<Channel>> {
+    let old = slot.current();
     // Ok(kept entry) when nothing changed, Err(new channel) otherwise.
     let read = async {
         let roots = store.list_roots(cluster).await?;
@@ -231,9 +192,7 @@ async fn read(slot: &Slot, store: &dyn Store, hub: &Hub, cluster: &str) -> Resul
         // Unchanged: the entry is kept, since streams tell a change by a
         // new entry (`Arc::ptr_eq`).
         Ok(Ok(kept)) => {
-            if let Ok(mut v) = slot.value.lock() {
-                *v = Some((kept.clone(), Instant::now()));
-            }
+            slot.set(kept.clone());
             return Ok(kept);
         }
         Ok(Err(c)) => (Arc::new(c), old.is_some()),
@@ -248,9 +207,7 @@ async fn read(slot: &Slot, store: &dyn Store, hub: &Hub, cluster: &str) -> Resul
         }
     };
     let (new, changed) = new;
-    if let Ok(mut v) = slot.value.lock() {
-        *v = Some((new.clone(), Instant::now()));
-    }
+    slot.set(new.clone());
     if changed {
         tracing::info!(cluster = %cluster, release = ?new.releases.first().map(StoredRelease::version), roots = new.roots.len(), "releases changed");
         notify_cluster(store, hub, cluster).await?;
