@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
-use crate::{Proc, bin, free_addr, ok_stdout, run, wait_for_port, wait_until};
+use crate::{Proc, bin, free_addr, ok_stdout, run};
 
 /// How long a server may take to come up.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -34,6 +34,10 @@ pub struct Server {
     env: Vec<(String, String)>,
     proc: Option<Proc>,
     starts: u32,
+    /// The ports were picked by [`free_addr`] for this server and it has
+    /// not run on them yet: a start that finds one taken (another test
+    /// process bound it between the pick and the bind) may pick again.
+    repick: bool,
     /// Prefix of every command this server runs (the daemon, `lksctl`,
     /// the port probe), e.g. `ip netns exec NS`; empty on the host.
     pub wrapper: Vec<String>,
@@ -82,6 +86,7 @@ impl Server {
             env: Vec::new(),
             proc: None,
             starts: 0,
+            repick: true,
             wrapper: Vec::new(),
         }
     }
@@ -102,6 +107,7 @@ impl Server {
     pub fn start_at(addr: SocketAddr, args: &[&str]) -> Server {
         let mut s = Server::unstarted(args);
         s.addr = addr;
+        s.repick = false;
         s.spawn();
         s
     }
@@ -114,6 +120,7 @@ impl Server {
     pub fn start_copy_of(from: &Server, addr: SocketAddr) -> Server {
         let mut s = Server::unstarted(&[]);
         s.addr = addr;
+        s.repick = false;
         s.args = from.args.clone();
         s.env = from.env.clone();
         copy_dir(&from.data_dir, &s.data_dir);
@@ -133,6 +140,7 @@ impl Server {
     ) -> Server {
         let mut s = Server::unstarted(args);
         (s.addr, s.metrics_addr, s.wrapper) = (addr, metrics_addr, wrapper.to_vec());
+        s.repick = false;
         s.spawn();
         s
     }
@@ -142,17 +150,27 @@ impl Server {
         crate::wrapped(&self.wrapper, program)
     }
 
-    fn wait_port(&self, addr: SocketAddr) {
-        if self.wrapper.is_empty() {
-            wait_for_port(addr, START_TIMEOUT);
-        } else {
-            wait_until(START_TIMEOUT, &format!("{addr} to accept connections"), || {
-                crate::probe_tcp(&self.wrapper, addr)
-            });
+    fn spawn(&mut self) {
+        // Ports picked by `free_addr` are free when picked, but another test
+        // process may bind one before this server does: then the server
+        // exits saying so, and a first start tries new ports (twice at most).
+        for _ in 0..3 {
+            self.start_process();
+            if self.wait_up() {
+                self.repick = false;
+                return;
+            }
+            eprintln!("lks-control-server: a port was taken by another process; trying new ports");
+            let _ = std::fs::remove_file(self.admin_conf_path());
+            (self.addr, self.metrics_addr) = (free_addr(), free_addr());
         }
+        panic!(
+            "lks-control-server found its ports taken three times; log:\n{}",
+            self.log()
+        );
     }
 
-    fn spawn(&mut self) {
+    fn start_process(&mut self) {
         self.starts += 1;
         let mut cmd = self.command(&bin("lks-control-server"));
         cmd.arg("--data-dir")
@@ -167,10 +185,47 @@ impl Server {
         let name = format!("lks-control-server-{}", self.starts);
         let p = Proc::spawn(&name, cmd, self.dir.path());
         self.proc = Some(p);
+    }
+
+    /// Waits for admin.conf and both ports; false when the process exited
+    /// because a port it was given is taken and the ports may be picked
+    /// again.
+    fn wait_up(&mut self) -> bool {
         let conf = self.admin_conf_path();
-        wait_until(START_TIMEOUT, "admin.conf", || conf.exists());
-        self.wait_port(self.addr);
-        self.wait_port(self.metrics_addr);
+        let start = std::time::Instant::now();
+        loop {
+            if conf.exists() && self.accepts(self.addr) && self.accepts(self.metrics_addr) {
+                return true;
+            }
+            if self.repick && !self.running() && self.log_of_this_start().contains("Address already in use") {
+                return false;
+            }
+            assert!(
+                start.elapsed() < START_TIMEOUT,
+                "timed out after {START_TIMEOUT:?} waiting for lks-control-server on {} and {}; log:\n{}",
+                self.addr,
+                self.metrics_addr,
+                self.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    fn accepts(&self, addr: SocketAddr) -> bool {
+        if self.wrapper.is_empty() {
+            std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(200)).is_ok()
+        } else {
+            crate::probe_tcp(&self.wrapper, addr)
+        }
+    }
+
+    fn log_of_this_start(&self) -> String {
+        std::fs::read_to_string(
+            self.dir
+                .path()
+                .join(format!("lks-control-server-{}.log", self.starts)),
+        )
+        .unwrap_or_default()
     }
 
     /// Stops the server with SIGTERM (returns its exit code) and starts it
@@ -667,4 +722,29 @@ pub async fn raw_unary(ch: Channel, path: &'static str, body: Vec<u8>) -> Result
     )
     .await
     .map(tonic::Response::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Another process binding a picked port before the server does (the
+    /// race of `free_addr`) costs a second start on new ports, not a test.
+    #[test]
+    fn a_port_taken_before_the_first_start_is_picked_again() {
+        let taken = std::net::TcpListener::bind(free_addr()).expect("bind a port");
+        let taken_addr = taken.local_addr().expect("its address");
+        let mut s = Server::unstarted(&[]);
+        s.addr = taken_addr;
+        s.spawn();
+        assert_ne!(s.addr, taken_addr, "new ports");
+        assert_eq!(s.starts, 2, "{}", s.log());
+        assert!(s.log().contains("Address already in use"), "{}", s.log());
+        let out = s.lksctl(&["cluster", "list"]);
+        assert!(out.status.success(), "{out:?}");
+        // A restart keeps the ports its agents know.
+        let addr = s.addr;
+        s.restart();
+        assert_eq!(s.addr, addr);
+    }
 }
