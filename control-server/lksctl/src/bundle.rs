@@ -8,7 +8,6 @@ use anyhow::{Context, anyhow};
 use lks_proto::duration::format_duration;
 use lks_proto::names::parse_bundle_ref;
 use lks_proto::pb;
-use lks_proto::sign::PublisherKey;
 use serde_json::{Value, json};
 
 use crate::client::{Client, status};
@@ -40,8 +39,7 @@ fn ms(v: u64) -> Option<String> {
 
 /// `ed25519:…` fingerprint of the signer's key, as the agent names trusted keys.
 fn signer(b: &pb::SignedBundle) -> Option<String> {
-    let raw: [u8; 32] = b.signer_public_key.as_slice().try_into().ok()?;
-    PublisherKey::from_bytes(&raw).map(|k| k.fingerprint())
+    output::key_fingerprint(&b.signer_public_key)
 }
 
 fn mode(m: u32) -> String {

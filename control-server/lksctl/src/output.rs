@@ -36,6 +36,13 @@ pub fn rfc3339_s(s: i64) -> Option<String> {
     OffsetDateTime::from_unix_timestamp(s).ok()?.format(&Rfc3339).ok()
 }
 
+/// The `ed25519:…` fingerprint agents name a publisher key by, of raw key
+/// bytes as messages carry them; `None` when they are not a key.
+pub fn key_fingerprint(raw: &[u8]) -> Option<String> {
+    let raw: [u8; 32] = raw.try_into().ok()?;
+    lks_proto::sign::PublisherKey::from_bytes(&raw).map(|k| k.fingerprint())
+}
+
 /// `s`, or `-` when empty.
 pub fn dash(s: &str) -> String {
     if s.is_empty() { "-".into() } else { s.to_string() }

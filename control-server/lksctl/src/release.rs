@@ -710,10 +710,7 @@ fn pb_bundle_list(r: &pb::Release) -> String {
 }
 
 fn fingerprint(raw: &[u8]) -> String {
-    <[u8; 32]>::try_from(raw)
-        .ok()
-        .and_then(|k| PublisherKey::from_bytes(&k))
-        .map_or_else(|| "(not a key)".into(), |k| k.fingerprint())
+    crate::output::key_fingerprint(raw).unwrap_or_else(|| "(not a key)".into())
 }
 
 fn signers(sigs: &[pb::KeySignature]) -> String {

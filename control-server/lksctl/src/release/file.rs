@@ -28,7 +28,7 @@ use std::path::Path;
 use anyhow::{Context, anyhow, bail};
 use lks_proto::limits::{MAX_RELEASE_BYTES, MAX_ROOT_BYTES};
 use lks_proto::release::{KeySignature, Release, SignedRelease, SignedRoot, TrustRoot};
-use lks_proto::sign::{PublisherKey, SigningKey};
+use lks_proto::sign::SigningKey;
 use serde::{Deserialize, Serialize};
 
 pub const RELEASE_FORMAT: &str = "lks-release/v1";
@@ -63,9 +63,7 @@ struct RootFile {
 fn to_file(sigs: &[KeySignature]) -> Vec<FileSignature> {
     sigs.iter()
         .map(|s| FileSignature {
-            key: PublisherKey::from_bytes(&s.public_key)
-                .map(|k| k.fingerprint())
-                .unwrap_or_default(),
+            key: crate::output::key_fingerprint(&s.public_key).unwrap_or_default(),
             public_key: hex::encode(s.public_key),
             signature: hex::encode(s.signature),
         })
