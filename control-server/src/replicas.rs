@@ -4,10 +4,11 @@
 //! changes made by any replica to the agents connected to this one.
 //!
 //! - **Lease**: each replica holds an etcd lease (`--lease-ttl`, 10 s by
-//!   default) and keeps it alive; `replicas/ID` (its URL) and `seen/ID`
-//!   (last-seen times) are bound to it. If the replica dies, etcd deletes
-//!   both when the lease runs out, so its nodes show `connected: false`
-//!   within the TTL. If etcd loses the lease while the replica lives (etcd
+//!   default) and keeps it alive; `replicas/ID` (its URL) is bound to it.
+//!   If the replica dies, etcd deletes it when the lease runs out, so its
+//!   nodes show `connected: false` within the TTL, last seen when the
+//!   replica last wrote `heard/ID` (not under the lease; the leader settles
+//!   it after `SETTLE_AFTER`, `store/etcd.rs`). If etcd loses the lease while the replica lives (etcd
 //!   was down for longer than the TTL), the replica takes a new one and
 //!   registers again under the same id; its streams never dropped.
 //! - **Election**: the leader key `leader` is created with a transaction
@@ -327,9 +328,9 @@ pub async fn run_lease(
                             Ok(n) => tracing::info!(documents = n, "pruned the oldest events"),
                             Err(e) => tracing::warn!(error = %e, "prune events"),
                         }
-                        // And the last-seen documents of replicas that are gone.
+                        // And what replicas that are gone left (`heard/ID`).
                         if let Err(e) = store.prune_seen().await {
-                            tracing::warn!(error = %e, "prune last-seen documents");
+                            tracing::warn!(error = %e, "settle the last-seen times of replicas that are gone");
                         }
                     }
                     let changed = leader.send_if_modified(|l| std::mem::replace(l, is_leader) != is_leader);

@@ -1,5 +1,6 @@
 //! A replica's watch-fed copy of what rollout steps read — node documents,
-//! desired states, the live replicas, the last-seen documents and the
+//! desired states, the live replicas, when each replica last heard its
+//! agents (and the last-seen documents of the version before) and the
 //! rollouts being driven — so that the leader's step
 //! ([`EtcdStore::rollouts_to_drive`], [`EtcdStore::rollout_views`]) reads
 //! nothing from etcd: not the whole `nodes/` and `desired/` ranges, and not
@@ -58,6 +59,9 @@ pub(super) struct CacheState {
     pub nodes: HashMap<String, NodeDoc>,
     pub desired: HashMap<String, DesiredDoc>,
     pub replicas: BTreeSet<String>,
+    /// Replica → when it last heard its agents (`heard/ID`).
+    pub heard: HashMap<String, i64>,
+    /// `seen/ID` of replicas of the version before `heard/`.
     pub seen: HashMap<String, HashMap<String, i64>>,
     /// The rollouts the leader drives (`drive/ID`).
     pub drive: BTreeSet<String>,
@@ -117,6 +121,14 @@ impl CacheState {
             match value {
                 Some(_) => drop(self.replicas.insert(r.to_string())),
                 None => drop(self.replicas.remove(r)),
+            }
+        } else if let Some(r) = rest.strip_prefix("heard/") {
+            match value {
+                Some(v) => drop(
+                    self.heard
+                        .insert(r.to_string(), parse::<HeardDoc>(rest, v)?.at_ms),
+                ),
+                None => drop(self.heard.remove(r)),
             }
         } else if let Some(r) = rest.strip_prefix("seen/") {
             match value {
@@ -206,16 +218,10 @@ impl CacheState {
     }
 
     fn liveness(&self) -> Liveness {
-        let mut seen: HashMap<String, i64> = HashMap::new();
-        for map in self.seen.values() {
-            for (n, t) in map {
-                let e = seen.entry(n.clone()).or_default();
-                *e = (*e).max(*t);
-            }
-        }
         Liveness {
             replicas: self.replicas.clone(),
-            seen,
+            heard: self.heard.clone(),
+            legacy: Liveness::fold_legacy(self.seen.values()),
         }
     }
 }
@@ -251,7 +257,7 @@ pub enum Change<'a> {
 }
 
 /// The keys the watch covers: `desired/` up to and including `seen/`
-/// (desired, drive, events, identity, leader, load, meta, nodes,
+/// (desired, drive, events, heard, identity, leader, load, meta, nodes,
 /// replicas, rollouts, seen), not blob chunks or records.
 const WATCH_FROM: &str = "desired/";
 const WATCH_TO: &str = "seen0";
@@ -283,7 +289,7 @@ impl EtcdStore {
             Ok(())
         };
         load(&mut state, first.kvs())?;
-        for p in ["desired/", "replicas/", "seen/", "drive/"] {
+        for p in ["desired/", "replicas/", "heard/", "seen/", "drive/"] {
             let resp = kv
                 .get(
                     self.key(p),
@@ -361,7 +367,9 @@ impl EtcdStore {
     }
 
     /// True if no watched key was put after `rev` (one transaction of
-    /// compares on the prefixes, reading no data).
+    /// compares on the prefixes, reading no data). `heard/` is left out on
+    /// purpose: every replica writes it every few seconds, and a copy a
+    /// few seconds behind on it is off only in last-seen times by as much.
     async fn nothing_watched_changed_since(&self, rev: i64) -> bool {
         let compares: Vec<Compare> = [
             "nodes/",

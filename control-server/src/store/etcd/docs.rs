@@ -87,6 +87,16 @@ pub(super) struct NodeDoc {
     pub(super) trust: Option<NodeTrust>,
 }
 
+/// `heard/ID`: when replica ID last heard one of the agents whose streams
+/// it holds. A node whose document names replica ID was seen then: one
+/// small document per replica, written every few seconds, instead of a
+/// time per node (the `seen/ID` documents before, which listed every node
+/// a replica held and made up most of what etcd stored at rest).
+#[derive(Serialize, Deserialize, Clone, Copy, Default, Debug, PartialEq)]
+pub(super) struct HeardDoc {
+    pub(super) at_ms: i64,
+}
+
 #[derive(Serialize, Deserialize, Clone, Default)]
 pub(super) struct DesiredDoc {
     pub(super) generation: u64,

@@ -29,9 +29,9 @@ impl Read {
 
 /// The prefixes told apart; anything else is "other".
 const PREFIXES: &[&str] = &[
-    "active", "blobrecs", "blobs", "bundles", "certs", "clusters", "desired", "drive", "events", "identity",
-    "leader", "load", "meta", "nodes", "relhead", "releases", "replicas", "rnodes", "rollouts", "roots",
-    "seen", "targets", "tokens",
+    "active", "blobrecs", "blobs", "bundles", "certs", "clusters", "desired", "drive", "events", "heard",
+    "identity", "leader", "load", "meta", "nodes", "relhead", "releases", "replicas", "rnodes", "rollouts",
+    "roots", "seen", "targets", "tokens",
 ];
 
 type Counts = BTreeMap<(Read, &'static str), (u64, u64)>;

@@ -415,9 +415,8 @@ impl NodeStatusStore for EtcdStore {
         trust: Option<NodeTrust>,
         now_ms: i64,
     ) -> Result<()> {
-        if let Ok(mut s) = self.seen.lock() {
-            s.insert(name.to_string(), now_ms);
-        }
+        self.heard_at
+            .fetch_max(now_ms, std::sync::atomic::Ordering::Relaxed);
         // In a batch with the reports and other connects of the moment
         // (`status.rs`): a replica taking over a dead one's agents opens
         // thousands of streams at once.
@@ -431,14 +430,10 @@ impl NodeStatusStore for EtcdStore {
     }
 
     async fn node_disconnected(&self, name: &str, now_ms: i64) -> Result<()> {
-        // What this replica heard last goes into the node document, since
-        // the replica's last-seen document forgets the node now.
-        let heard = self
-            .seen
-            .lock()
-            .ok()
-            .and_then(|mut s| s.remove(name))
-            .unwrap_or(0);
+        // The node document names no replica from now on, so its own time
+        // is its last-seen time: not before what it showed through this
+        // replica's `heard/ID` (a clock that stepped back).
+        let heard = self.heard_at.load(std::sync::atomic::Ordering::Relaxed);
         self.update_node(name, |d| {
             // Another replica may hold the node's newer stream.
             if d.replica != self.replica {
@@ -467,13 +462,10 @@ impl NodeStatusStore for EtcdStore {
     }
 
     async fn touch_nodes(&self, seen: Vec<(String, i64)>) -> Result<()> {
-        if let Ok(mut s) = self.seen.lock() {
-            for (n, t) in seen {
-                let e = s.entry(n).or_default();
-                *e = (*e).max(t);
-            }
+        if let Some(at) = seen.iter().map(|(_, t)| *t).max() {
+            self.heard_at.fetch_max(at, std::sync::atomic::Ordering::Relaxed);
         }
-        self.flush_seen().await
+        self.flush_heard().await
     }
 
     /// Connection state is tied to each replica's lease, and a replica's id

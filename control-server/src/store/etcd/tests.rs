@@ -244,45 +244,107 @@ async fn connection_state_follows_the_replica_lease() {
     a.create_cluster(NewCluster::new("c", 1)).await.unwrap();
     a.create_token(token("tok000", None)).await.unwrap();
     a.enroll_node(new_node("n1", "tok000")).await.unwrap();
-    // Replica ra (registered under its lease) holds n1's stream.
+    a.enroll_node(new_node("n2", "tok000")).await.unwrap();
+    // Replica ra (registered under its lease) holds n1's and n2's streams.
     let id = *a.lease.lock().unwrap();
     let mut lease = a.client().lease_client();
     a.node_connected("n1", "{}", Vec::new(), 500).await.unwrap();
+    a.node_connected("n2", "{}", Vec::new(), 500).await.unwrap();
     a.touch_nodes(vec![("n1".into(), 900)]).await.unwrap();
     let b = etcd.store("rb").await;
     let n = b.get_node("n1").await.unwrap().unwrap();
     assert!(n.connected, "seen from another replica");
     assert_eq!(n.last_seen_ms, 900, "batched last-seen");
+    // Every node on ra was seen when ra last heard one of them: one small
+    // document for the replica, no time per node.
+    assert_eq!(b.get_node("n2").await.unwrap().unwrap().last_seen_ms, 900);
+    let (doc, _) = b.get_bytes("heard/ra").await.unwrap().unwrap();
+    assert_eq!(doc, br#"{"at_ms":900}"#);
+    // Nothing heard since: nothing written.
+    a.touch_nodes(Vec::new()).await.unwrap();
+    a.touch_nodes(vec![("n1".into(), 800)]).await.unwrap();
+    let (_, rev) = b.get_bytes("heard/ra").await.unwrap().unwrap();
+    a.touch_nodes(Vec::new()).await.unwrap();
+    assert_eq!(b.get_bytes("heard/ra").await.unwrap().unwrap().1, rev);
     // A disconnect reported by another replica does not touch ra's stream.
     b.node_disconnected("n1", 950).await.unwrap();
     assert!(b.get_node("n1").await.unwrap().unwrap().connected);
-    // ra dies: its lease goes, and with it the node's connection; its
-    // last-seen time stays.
+    // ra dies: its lease goes, and with it the nodes' connection; the time
+    // it last heard them stays.
     lease.revoke(id).await.unwrap();
     let n = b.get_node("n1").await.unwrap().unwrap();
     assert!(!n.connected);
     assert_eq!(n.last_seen_ms, 900, "last-seen survives its replica");
-    // The leader's trim keeps it while no live replica heard n1 since…
-    b.enroll_node(new_node("n2", "tok000")).await.unwrap();
-    a.touch_nodes(vec![("n2".into(), 700)]).await.unwrap();
-    assert_eq!(b.prune_seen().await.unwrap(), 0);
-    assert_eq!(b.get_node("n1").await.unwrap().unwrap().last_seen_ms, 900);
-    // …drops what a live replica heard later, and the document once empty.
-    b.touch_nodes(vec![("n1".into(), 1000), ("n2".into(), 1000)])
-        .await
-        .unwrap();
-    assert_eq!(b.prune_seen().await.unwrap(), 1);
-    assert!(b.get_bytes("seen/ra").await.unwrap().is_none());
-    assert_eq!(b.get_node("n1").await.unwrap().unwrap().last_seen_ms, 1000);
-    // A deleted node's entry goes too.
-    b.touch_nodes(vec![("n1".into(), 1100)]).await.unwrap();
-    let c = etcd.store("rc").await;
-    c.touch_nodes(vec![("n2".into(), 2000)]).await.unwrap();
-    let rc_lease = *c.lease.lock().unwrap();
-    let mut lease = c.client().lease_client();
-    lease.revoke(rc_lease).await.unwrap();
-    b.delete_node("n2").await.unwrap();
-    assert_eq!(b.prune_seen().await.unwrap(), 1, "rc's document named only n2");
+    // n2 comes back on rb; n1 does not.
+    b.node_connected("n2", "{}", Vec::new(), 2000).await.unwrap();
+    // Before SETTLE_AFTER has passed since ra last heard them, nothing is
+    // settled: ra may only have lost etcd for a while.
+    let after = super::SETTLE_AFTER;
+    let soon = 900 + after.as_millis() as i64 - 1;
+    assert_eq!(b.settle_gone_replicas(soon, after).await.unwrap(), 0);
+    assert!(b.get_bytes("heard/ra").await.unwrap().is_some());
+    // After it: n1's document gets the time and names no replica, and
+    // ra's document goes.
+    assert_eq!(b.settle_gone_replicas(soon + 1, after).await.unwrap(), 1);
+    assert!(b.get_bytes("heard/ra").await.unwrap().is_none());
+    let n = b.get_node("n1").await.unwrap().unwrap();
+    assert_eq!((n.connected, n.last_seen_ms), (false, 900));
+    let (doc, _) = b.get_bytes("nodes/n1").await.unwrap().unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&doc).unwrap();
+    assert_eq!(
+        (doc["replica"].as_str(), doc["last_seen_ms"].as_i64()),
+        (Some(""), Some(900))
+    );
+    let n = b.get_node("n2").await.unwrap().unwrap();
+    assert!(n.connected && n.last_seen_ms == 2000, "n2 is rb's now");
+    // A live replica's document is never settled.
+    b.touch_nodes(vec![("n2".into(), 2100)]).await.unwrap();
+    assert_eq!(b.settle_gone_replicas(10_000_000, after).await.unwrap(), 0);
+    assert!(b.get_bytes("heard/rb").await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn last_seen_documents_of_the_version_before_are_read_then_folded_away() {
+    let etcd = TestEtcd::start();
+    let s = etcd.store("rb").await;
+    s.create_cluster(NewCluster::new("c", 1)).await.unwrap();
+    s.create_token(token("tok000", None)).await.unwrap();
+    s.enroll_node(new_node("n1", "tok000")).await.unwrap();
+    s.enroll_node(new_node("n2", "tok000")).await.unwrap();
+    // A replica of the version before wrote one time per node, then died
+    // hard; its document names a node deleted since as well.
+    let mut kv = s.client().kv_client();
+    kv.put(
+        s.key("seen/old"),
+        br#"{"n1":5000,"n2":100,"gone":7000}"#.to_vec(),
+        None,
+    )
+    .await
+    .unwrap();
+    s.node_connected("n2", "{}", Vec::new(), 3000).await.unwrap();
+    assert_eq!(
+        s.get_node("n1").await.unwrap().unwrap().last_seen_ms,
+        5000,
+        "read"
+    );
+    assert_eq!(s.get_node("n2").await.unwrap().unwrap().last_seen_ms, 3000);
+    // Its replica is gone: the times go into the node documents (no wait,
+    // nothing names it) and the document is deleted.
+    assert_eq!(
+        s.settle_gone_replicas(6000, super::SETTLE_AFTER).await.unwrap(),
+        1
+    );
+    assert!(s.get_bytes("seen/old").await.unwrap().is_none());
+    assert_eq!(
+        s.get_node("n1").await.unwrap().unwrap().last_seen_ms,
+        5000,
+        "kept"
+    );
+    assert_eq!(s.get_node("n2").await.unwrap().unwrap().last_seen_ms, 3000);
+    assert_eq!(
+        s.settle_gone_replicas(6000, super::SETTLE_AFTER).await.unwrap(),
+        0
+    );
 }
 
 #[tokio::test]

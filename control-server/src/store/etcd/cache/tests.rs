@@ -575,3 +575,75 @@ fn events_the_snapshot_covers_are_skipped() {
     assert!(c.apply("nodes/x", Some(b"not json"), 3).is_err());
     c.apply("events/1", Some(b"ignored"), 3).unwrap();
 }
+
+#[tokio::test]
+async fn last_seen_comes_from_the_replicas_heard_times_in_the_copy_and_a_gone_one_is_settled_from_it() {
+    let etcd = TestEtcd::start();
+    let (s, cancel, task) = watched_with_bundle(&etcd, 3).await;
+    // Replica r2 holds n1 and n2 and last heard one of them at 900.
+    let r2 = etcd.store("r2").await;
+    let r2_lease = *r2.lease.lock().unwrap();
+    r2.node_connected("n1", "{}", Vec::new(), 500).await.unwrap();
+    r2.node_connected("n2", "{}", Vec::new(), 500).await.unwrap();
+    r2.touch_nodes(vec![("n2".into(), 900)]).await.unwrap();
+    wait_rev(&s, current_rev(&s).await).await;
+    let seen = |c: &CacheState, n: &str| {
+        let live = c.liveness();
+        let d = &c.nodes[n];
+        (live.connected(d), live.last_seen(n, d))
+    };
+    {
+        let c = s.cache.state.read().unwrap();
+        assert_eq!(c.heard.get("r2"), Some(&900));
+        assert_eq!(seen(&c, "n1"), (true, 900));
+        assert_eq!(seen(&c, "n0"), (false, 0));
+    }
+    assert_eq!(
+        s.list_nodes(None).await.unwrap(),
+        s.nodes_from_etcd(None).await.unwrap()
+    );
+    // r2 dies hard; SETTLE_AFTER later the leader settles its nodes from
+    // the copy (no range of the region's nodes) and its document goes.
+    r2.client().lease_client().revoke(r2_lease).await.unwrap();
+    wait_rev(&s, current_rev(&s).await).await;
+    assert_eq!(seen(&s.cache.state.read().unwrap(), "n1"), (false, 900));
+    let ranges = || {
+        reads::snapshot()
+            .iter()
+            .find(|r| r.0 == "range" && r.1 == "nodes")
+            .map_or(0, |r| r.2)
+    };
+    let before = ranges();
+    let later = 900 + crate::store::etcd::SETTLE_AFTER.as_millis() as i64;
+    assert_eq!(
+        s.settle_gone_replicas(later, crate::store::etcd::SETTLE_AFTER)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(ranges(), before, "the nodes to settle came from the copy");
+    wait_rev(&s, current_rev(&s).await).await;
+    {
+        let c = s.cache.state.read().unwrap();
+        assert!(c.heard.is_empty());
+        assert_eq!(seen(&c, "n1"), (false, 900));
+        assert_eq!(seen(&c, "n2"), (false, 900));
+        assert!(c.nodes["n1"].replica.is_empty());
+    }
+    assert_eq!(
+        s.list_nodes(None).await.unwrap(),
+        s.nodes_from_etcd(None).await.unwrap()
+    );
+    cancel.cancel();
+    task.await.unwrap();
+}
+
+#[test]
+fn heard_times_are_applied_and_forgotten() {
+    let mut c = CacheState::default();
+    c.apply("heard/r1", Some(br#"{"at_ms":42}"#), 3).unwrap();
+    assert_eq!(c.heard.get("r1"), Some(&42));
+    assert!(c.apply("heard/r1", Some(b"[]"), 4).is_err(), "unreadable");
+    c.apply("heard/r1", None, 5).unwrap();
+    assert!(c.heard.is_empty());
+}
