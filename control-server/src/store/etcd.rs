@@ -18,7 +18,7 @@
 //! | `rnodes/ID/NODE`                  | one node's row of rollout ID ([`rollouts`])   |
 //! | `active/CLUSTER/BUNDLE`           | the id of the one active rollout, if any      |
 //! | `drive/ID`                        | present while the rollout needs driving       |
-//! | `events/MS-NONCE`                 | the events one change recorded                |
+//! | `timeline/MS-NONCE`               | the events one change recorded (`events/` before 2026-11-26; read and pruned) |
 //! | `releases/CLUSTER/VERSION`        | a signed release (version as 20 digits)       |
 //! | `relhead/CLUSTER`                 | the highest release's version and digest      |
 //! | `roots/CLUSTER/VERSION`           | a signed trust-root rotation (20 digits)      |

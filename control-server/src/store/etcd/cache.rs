@@ -257,8 +257,9 @@ pub enum Change<'a> {
 }
 
 /// The keys the watch covers: `desired/` up to and including `seen/`
-/// (desired, drive, events, heard, identity, leader, load, meta, nodes,
-/// replicas, rollouts, seen), not blob chunks or records.
+/// (desired, drive, heard, identity, leader, load, meta, nodes, replicas,
+/// rollouts, seen; and `events/` of a replica not yet upgraded), not blob
+/// chunks or records, nor the event log (`timeline/`, `events.rs`).
 const WATCH_FROM: &str = "desired/";
 const WATCH_TO: &str = "seen0";
 

@@ -164,8 +164,11 @@ impl EtcdStore {
         for chunk in d.events.chunks(EVENTS_PER_DOC) {
             let at = chunk.iter().map(|e| e.at_ms).max().unwrap_or_default().max(0);
             let docs: Vec<EventDoc> = chunk.iter().map(EventDoc::from_row).collect();
-            self.create_all(vec![(format!("events/{at:016}-{}", nonce()), json(&docs)?)])
-                .await?;
+            self.create_all(vec![(
+                format!("{}{at:016}-{}", super::events::EVENTS, nonce()),
+                json(&docs)?,
+            )])
+            .await?;
         }
         self.import_audit(&d.audit).await?;
         self.import_releases(&d.releases, &d.roots).await?;

@@ -385,6 +385,57 @@ async fn the_oldest_events_are_pruned_and_the_newest_kept() {
 }
 
 #[tokio::test]
+async fn events_stored_under_the_old_prefix_are_listed_and_pruned_first() {
+    let etcd = TestEtcd::start();
+    let s = etcd.store("r1").await;
+    let ev = |i: i64| EventRow {
+        id: 0,
+        at_ms: 1000 + i,
+        cluster: "c".into(),
+        node: String::new(),
+        rollout_id: String::new(),
+        kind: "k".into(),
+        bundle: String::new(),
+        version: String::new(),
+        message: format!("e{i}"),
+    };
+    // Two documents of the version before, under `events/`.
+    let mut kv = s.client().kv_client();
+    for i in 0..2 {
+        let doc = serde_json::to_vec(&[super::events::EventDoc::from_row(&ev(i))]).unwrap();
+        kv.put(s.key(&format!("events/{:016}-x", 1000 + i)), doc, None)
+            .await
+            .unwrap();
+    }
+    for i in 2..5 {
+        s.add_event(ev(i)).await.unwrap();
+    }
+    assert!(s.get_bytes("events/0000000000001000-x").await.unwrap().is_some());
+    let msgs = |v: Vec<EventRow>| v.into_iter().map(|e| e.message).collect::<Vec<_>>();
+    let all = s.list_events(EventFilter::default()).await.unwrap();
+    assert_eq!(
+        msgs(all),
+        ["e0", "e1", "e2", "e3", "e4"],
+        "both prefixes, in order"
+    );
+    let newest = s
+        .list_events(EventFilter {
+            limit: 3,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(msgs(newest), ["e2", "e3", "e4"]);
+    // New documents are not under `events/`, which the replicas watch.
+    assert_eq!(s.keys(&s.key("events/")).await.unwrap().len(), 2);
+    // The old ones go first, all of them, then the oldest new one.
+    assert_eq!(s.prune_events_to(2).await.unwrap(), 3);
+    assert!(s.keys(&s.key("events/")).await.unwrap().is_empty());
+    let left = s.list_events(EventFilter::default()).await.unwrap();
+    assert_eq!(msgs(left), ["e3", "e4"]);
+}
+
+#[tokio::test]
 async fn a_boot_storm_on_one_token_enrols_every_node_once() {
     let etcd = TestEtcd::start();
     let s = etcd.store("r1").await;
