@@ -156,9 +156,26 @@ impl Rotation {
     }
 
     /// Moves on after the attempt at the current server ended; true if the
-    /// backoff is due before the next attempt.
+    /// backoff is due before the next attempt. After a stream that was up,
+    /// the next server is one of the others picked at random, not the next
+    /// in the list: the agents of a replica that dies spread evenly over
+    /// the survivors instead of all landing on the one after it in their
+    /// lists (which then admits them alone, at half the region's rate,
+    /// and hands the excess on later). After a failed attempt it is the
+    /// next in the list, so every server gets its try before a backoff.
     pub fn advance(&mut self, was_connected: bool) -> bool {
-        self.current = (self.current + 1) % self.len;
+        self.advance_by(was_connected, unit_random())
+    }
+
+    /// [`Self::advance`] with the random pick given: `r` in [0, 1).
+    fn advance_by(&mut self, was_connected: bool, r: f64) -> bool {
+        let step = if was_connected && self.len > 2 {
+            let others = self.len - 1;
+            1 + ((r * others as f64) as usize).min(others - 1)
+        } else {
+            1
+        };
+        self.current = (self.current + step) % self.len;
         if was_connected {
             self.failed = 0;
             return true;
@@ -231,7 +248,7 @@ mod tests {
             .iter()
             .map(|&connected| {
                 let at = r.current();
-                (at, r.advance(connected))
+                (at, r.advance_by(connected, 0.0))
             })
             .collect()
     }
@@ -270,9 +287,37 @@ mod tests {
     }
 
     #[test]
+    fn a_dropped_session_goes_to_any_other_server_at_random() {
+        let mut landed = [0usize; 4];
+        for _ in 0..4000 {
+            let mut r = Rotation::new(4);
+            r.jump(2);
+            assert!(r.advance(true));
+            landed[r.current()] += 1;
+        }
+        assert_eq!(landed[2], 0, "never the server that dropped it: {landed:?}");
+        for i in [0, 1, 3] {
+            assert!(
+                (1100..1570).contains(&landed[i]),
+                "about a third each: {landed:?}"
+            );
+        }
+        // The ends of the pick's range.
+        let mut r = Rotation::new(3);
+        r.advance_by(true, 0.0);
+        assert_eq!(r.current(), 1);
+        r.advance_by(true, 0.999_999);
+        assert_eq!(r.current(), 0);
+        // Two servers: the other one.
+        let mut r = Rotation::new(2);
+        r.advance(true);
+        assert_eq!(r.current(), 1);
+    }
+
+    #[test]
     fn a_move_goes_to_the_named_server_then_round_the_list() {
         let mut r = Rotation::new(3);
-        r.advance(true);
+        r.advance_by(true, 0.0);
         assert_eq!(r.current(), 1);
         // Told to move to 0: 0 is next; if it fails, 1 and 2 get a try.
         r.jump(0);
