@@ -262,15 +262,14 @@ fn a_peer_killed_mid_transfer_only_sends_its_nodes_elsewhere() {
         assert_holds(n, &bytes);
     }
     // The files land before the node's status report reaches the server.
-    let mut st = serde_json::Value::Null;
     let t = std::time::Instant::now();
-    loop {
-        st = s.lksctl_json(&["rollout", "status", &rollout]);
+    let st = loop {
+        let st = s.lksctl_json(&["rollout", "status", &rollout]);
         if st["state"] == "completed" || t.elapsed() > Duration::from_secs(20) {
-            break;
+            break st;
         }
         std::thread::sleep(Duration::from_millis(100));
-    }
+    };
     assert_eq!(st["state"], "completed", "{st:#}");
     let (mut from_server, mut from_peers) = (0, 0);
     for n in &others {
