@@ -230,10 +230,12 @@ pub trait BundleStore: Send + Sync {
 pub trait DesiredStore: Send + Sync {
     async fn desired_state(&self, node: &str) -> Result<DesiredState>;
     /// The node's desired state for a stream that last sent generation
-    /// `sent` (`None`: nothing yet). A store may answer from a copy of its
-    /// own when that copy holds a generation newer than `sent` (as good as
-    /// a read a moment earlier: the newer one, if any, follows with its
-    /// change); otherwise, and by default, [`Store::desired_state`].
+    /// `sent` (`None`: nothing yet; at a Hello, the generation below the
+    /// one the agent says it has, so that what it gets is not older). A
+    /// store may answer from a copy of its own when that copy holds a
+    /// generation newer than `sent` (as good as a read a moment earlier:
+    /// the newer one, if any, follows with its change); otherwise, and by
+    /// default, [`Store::desired_state`].
     async fn desired_state_after(&self, node: &str, sent: Option<u64>) -> Result<DesiredState> {
         let _ = sent;
         self.desired_state(node).await

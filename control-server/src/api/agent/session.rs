@@ -365,10 +365,24 @@ impl Session {
                 );
             }
         };
-        if let Err(st) = Box::pin(self.hello(hello)).await {
+        // The desired state is read while the Hello is written: neither
+        // depends on the other, and a replica taking over a dead one's
+        // agents admits them at the pace of these two store calls. Not
+        // older than what the agent has (its Hello says which generation):
+        // that one the store may take from its copy.
+        let have = hello.desired_generation;
+        let read = {
+            let (s, node) = (self.s.clone(), self.caller.id.node.clone());
+            async move {
+                let after = have.checked_sub(1).filter(|_| have > 0);
+                s.store.desired_state_after(&node, after).await
+            }
+        };
+        let (hello, read) = tokio::join!(Box::pin(self.hello(hello)), Box::pin(read));
+        if let Err(st) = hello {
             return ControlFlow::Break(self.fail(st).await);
         }
-        match Box::pin(self.push_desired(reg)).await {
+        match Box::pin(self.push_desired_read(reg, read)).await {
             Ok(()) => ControlFlow::Continue(()),
             Err(e) => ControlFlow::Break(e.to_string()),
         }
@@ -593,12 +607,21 @@ impl Session {
     /// again when its generation, its cluster's peer-sharing settings or
     /// its cluster's releases and roots changed.
     async fn push_desired(&mut self, reg: &crate::hub::Registration) -> Result<(), PushError> {
-        let d = self
+        let read = self
             .s
             .store
             .desired_state_after(&self.caller.id.node, self.last_generation)
-            .await
-            .map_err(PushError::ReadDesired)?;
+            .await;
+        self.push_desired_read(reg, read).await
+    }
+
+    /// [`Self::push_desired`] with the desired state read already.
+    async fn push_desired_read(
+        &mut self,
+        reg: &crate::hub::Registration,
+        read: crate::store::Result<crate::store::DesiredState>,
+    ) -> Result<(), PushError> {
+        let d = read.map_err(PushError::ReadDesired)?;
         let cluster = &self.caller.id.cluster;
         let peer = self
             .s

@@ -21,8 +21,10 @@ impl DesiredStore for EtcdStore {
         // A push after a change the watch delivered: the copy already holds
         // the document that changed, newer than what the stream sent, so
         // etcd is not asked for it again (one read per node and rollout on
-        // every replica). Nothing newer in the copy (a Hello, or this
-        // replica's own write not seen by its watch yet): etcd.
+        // every replica). At a Hello, `sent` is below what the agent has:
+        // a copy that holds at least that serves a reconnecting fleet
+        // without a read each. Nothing newer in the copy (a new node, or
+        // this replica's own write not seen by its watch yet): etcd.
         if let Some(sent) = sent
             && let Some(d) = self.cached_desired(node)
             && d.generation > sent

@@ -501,6 +501,13 @@ async fn a_push_takes_a_newer_desired_state_from_the_copy() {
         .unwrap();
     s.desired_state_after("n0", None).await.unwrap();
     assert_eq!(gets(), g0 + 2);
+    // A Hello of an agent that has that generation (a reconnect after its
+    // replica died) asks for what is not older: from the copy.
+    let hello = s
+        .desired_state_after("n0", Some(pushed.generation - 1))
+        .await
+        .unwrap();
+    assert_eq!((hello.generation, gets()), (pushed.generation, g0 + 2));
     cancel.cancel();
     task.await.unwrap();
 }
