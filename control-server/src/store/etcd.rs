@@ -670,7 +670,7 @@ impl EtcdStore {
         }
         let legacy_times = Liveness::fold_legacy(legacy.iter().map(|(_, m, _)| m));
         // The nodes to write, and how many name each settled replica.
-        let pick = |nodes: &mut dyn Iterator<Item = (&String, &NodeDoc)>| {
+        let pick = |nodes: &mut dyn Iterator<Item = (&str, &NodeDoc)>| {
             let mut todo = Vec::new();
             let mut named: HashMap<String, usize> = HashMap::new();
             for (name, d) in nodes {
@@ -679,17 +679,17 @@ impl EtcdStore {
                     *named.entry(d.replica.clone()).or_default() += 1;
                 }
                 if gone || legacy_times.get(name).is_some_and(|t| *t > d.last_seen_ms) {
-                    todo.push((name.clone(), d.replica.clone()));
+                    todo.push((name.to_string(), d.replica.clone()));
                 }
             }
             (todo, named)
         };
-        let picked = self.with_cache(|c, _| pick(&mut c.nodes.iter())).await;
+        let picked = self.with_cache(|c, _| pick(&mut c.nodes())).await;
         let (todo, mut named) = match picked {
             Some(p) => p,
             None => {
                 let docs = self.range::<NodeDoc>(&self.key("nodes/")).await?;
-                pick(&mut docs.iter().map(|(n, d, _)| (n, d)))
+                pick(&mut docs.iter().map(|(n, d, _)| (n.as_str(), d)))
             }
         };
         let mut left = todo.len();

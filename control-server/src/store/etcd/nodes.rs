@@ -171,10 +171,9 @@ impl NodeStore for EtcdStore {
         let from_copy = self
             .with_cache(|c, live| {
                 let mut rows: Vec<NodeRow> = c
-                    .nodes
-                    .iter()
+                    .nodes()
                     .filter(|(_, d)| cluster.is_none_or(|want| d.cluster == want))
-                    .map(|(name, d)| Self::node_row(name, d.clone(), c.desired.get(name).cloned(), live))
+                    .map(|(name, d)| Self::node_row(name, d.clone(), c.desired(name).cloned(), live))
                     .collect();
                 rows.sort_by(|a, b| a.name.cmp(&b.name));
                 rows

@@ -590,10 +590,10 @@ impl RolloutStore for EtcdStore {
             r.nodes
                 .iter()
                 .filter_map(|n| {
-                    let doc = c.nodes.get(&n.name)?;
+                    let doc = c.node(&n.name)?;
                     Some((
                         n.name.clone(),
-                        node_view(&r.bundle, &n.name, doc, c.desired.get(&n.name), live),
+                        node_view(&r.bundle, &n.name, doc, c.desired(&n.name), live),
                     ))
                 })
                 .collect::<BTreeMap<_, _>>()
