@@ -81,6 +81,7 @@ mod docs;
 mod events;
 mod import;
 mod limits;
+mod name;
 mod nodes;
 pub mod reads;
 mod releases;
@@ -91,6 +92,7 @@ mod status;
 mod tokens;
 
 use docs::*;
+use name::Name;
 use smallmap::SmallMap;
 
 use events::EventDoc;
@@ -625,7 +627,7 @@ impl EtcdStore {
                 .iter()
                 .map(|(b, a)| (b.clone(), actual_row(b, a)))
                 .collect(),
-            cluster: doc.cluster,
+            cluster: doc.cluster.to_string(),
             labels: doc.labels,
             cert_serial: doc.cert_serial,
             facts_json: doc.facts_json,
@@ -634,7 +636,7 @@ impl EtcdStore {
             desired: desired.bundles.into(),
             hold: doc.hold,
             key_hash: doc.key_hash,
-            trust: doc.trust,
+            trust: doc.trust.map(|t| *t),
         }
     }
 

@@ -65,6 +65,9 @@ pub(super) struct CacheState {
     /// slots alone). Read through [`CacheState::node`],
     /// [`CacheState::desired`] and [`CacheState::nodes`].
     held: HashMap<Box<str>, Box<Held>>,
+    /// The cluster names the node documents share (one allocation each;
+    /// a reload starts afresh, so names no longer used go with it).
+    names: name::Names,
     pub replicas: BTreeSet<String>,
     /// Replica → when it last heard its agents (`heard/ID`).
     pub heard: HashMap<String, i64>,
@@ -122,7 +125,10 @@ impl CacheState {
             })
         }
         if let Some(n) = rest.strip_prefix("nodes/") {
-            let doc = value.map(|v| parse(rest, v)).transpose()?;
+            let mut doc: Option<NodeDoc> = value.map(|v| parse(rest, v)).transpose()?;
+            if let Some(d) = &mut doc {
+                d.cluster = self.names.intern(&d.cluster);
+            }
             self.hold(n, |h| h.node = doc);
         } else if let Some(n) = rest.strip_prefix("desired/") {
             let doc = value.map(|v| parse(rest, v)).transpose()?;

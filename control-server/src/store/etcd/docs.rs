@@ -67,7 +67,8 @@ pub(super) fn is_zero(n: &u64) -> bool {
 
 #[derive(Serialize, Deserialize, Clone)]
 pub(super) struct NodeDoc {
-    pub(super) cluster: String,
+    /// Shared by the node documents of a cluster in the watch-fed copy.
+    pub(super) cluster: Name,
     pub(super) labels: Labels,
     pub(super) cert_serial: String,
     pub(super) facts_json: String,
@@ -84,7 +85,9 @@ pub(super) struct NodeDoc {
     pub(super) key_hash: String,
     /// The node's release trust as last reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(super) trust: Option<NodeTrust>,
+    /// Boxed: most nodes report none, and the watch-fed copy holds every
+    /// node document of the region.
+    pub(super) trust: Option<Box<NodeTrust>>,
 }
 
 /// `heard/ID`: when replica ID last heard one of the agents whose streams

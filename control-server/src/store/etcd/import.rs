@@ -93,7 +93,7 @@ impl EtcdStore {
             docs.push((
                 format!("nodes/{}", n.name),
                 json(&NodeDoc {
-                    cluster: n.cluster.clone(),
+                    cluster: n.cluster.as_str().into(),
                     labels: n.labels.clone(),
                     cert_serial: n.cert_serial.clone(),
                     facts_json: n.facts_json.clone(),
@@ -103,7 +103,7 @@ impl EtcdStore {
                     actual: n.actual.iter().map(|(b, a)| (b.clone(), actual_doc(a))).collect(),
                     hold: n.hold.clone(),
                     key_hash: n.key_hash.clone(),
-                    trust: n.trust.clone(),
+                    trust: n.trust.clone().map(Box::new),
                 })?,
             ));
             docs.push((

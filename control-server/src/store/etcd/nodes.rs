@@ -70,7 +70,7 @@ impl NodeStore for EtcdStore {
             ops.push(TxnOp::put(
                 nkey,
                 json(&NodeDoc {
-                    cluster: n.cluster.clone(),
+                    cluster: n.cluster.as_str().into(),
                     labels: n.labels.clone(),
                     cert_serial: n.cert_serial.clone(),
                     facts_json: String::new(),
@@ -158,7 +158,7 @@ impl NodeStore for EtcdStore {
             .get::<NodeDoc>(&self.key(&format!("nodes/{name}")))
             .await?
             .value
-            .map(|d| (d.cluster, d.cert_serial)))
+            .map(|d| (d.cluster.to_string(), d.cert_serial)))
     }
 
     async fn list_nodes(&self, cluster: Option<&str>) -> Result<Vec<NodeRow>> {
@@ -231,7 +231,7 @@ impl NodeStore for EtcdStore {
                 return Ok(false);
             };
             d.hold = hold.clone();
-            event.cluster = d.cluster.clone();
+            event.cluster = d.cluster.to_string();
             let mut ops = vec![TxnOp::put(nkey.clone(), json(&d)?, None)];
             if let Some(op) = self.event_op(std::slice::from_ref(&event))? {
                 ops.push(op);

@@ -179,7 +179,7 @@ pub(super) fn node_update(
             now_ms,
         } => {
             d.facts_json = facts_json.clone();
-            d.trust = trust.clone();
+            d.trust = trust.clone().map(Box::new);
             d.replica = store.replica.clone();
             d.last_seen_ms = d.last_seen_ms.max(*now_ms);
             // The Hello lists everything the node holds.
@@ -448,10 +448,10 @@ impl NodeStatusStore for EtcdStore {
 
     async fn record_trust(&self, name: &str, trust: NodeTrust) -> Result<()> {
         self.update_node(name, |d| {
-            if d.trust.as_ref() == Some(&trust) {
+            if d.trust.as_deref() == Some(&trust) {
                 return false;
             }
-            d.trust = Some(trust.clone());
+            d.trust = Some(Box::new(trust.clone()));
             true
         })
         .await
