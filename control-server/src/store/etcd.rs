@@ -232,7 +232,7 @@ fn node_view(
         last_seen_ms: live.last_seen(name, doc),
         connected: live.connected(doc),
         held: doc.hold.is_some(),
-        facts_json: doc.facts_json.clone(),
+        facts_json: doc.facts_json.to_string(),
     }
 }
 
@@ -629,13 +629,13 @@ impl EtcdStore {
                 .collect(),
             cluster: doc.cluster.to_string(),
             labels: doc.labels,
-            cert_serial: doc.cert_serial,
-            facts_json: doc.facts_json,
+            cert_serial: doc.cert_serial.into(),
+            facts_json: doc.facts_json.into(),
             enrolled_at_ms: doc.enrolled_at_ms,
             generation: desired.generation,
             desired: desired.bundles.into(),
-            hold: doc.hold,
-            key_hash: doc.key_hash,
+            hold: doc.hold.map(String::from),
+            key_hash: doc.key_hash.into(),
             trust: doc.trust.map(|t| *t),
         }
     }

@@ -70,8 +70,10 @@ pub(super) struct NodeDoc {
     /// Shared by the node documents of a cluster in the watch-fed copy.
     pub(super) cluster: Name,
     pub(super) labels: Labels,
-    pub(super) cert_serial: String,
-    pub(super) facts_json: String,
+    // Box<str> rather than String here and below: 8 bytes fewer in every
+    // node document the watch-fed copy holds, the same JSON.
+    pub(super) cert_serial: Box<str>,
+    pub(super) facts_json: Box<str>,
     pub(super) last_seen_ms: i64,
     pub(super) enrolled_at_ms: i64,
     /// The replica holding the node's stream ("" if none).
@@ -79,10 +81,10 @@ pub(super) struct NodeDoc {
     pub(super) actual: SmallMap<ActualDoc>,
     /// Held by the operator, with the reason.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(super) hold: Option<String>,
+    pub(super) hold: Option<Box<str>>,
     /// Hash of the key the node enrolled with.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub(super) key_hash: String,
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    pub(super) key_hash: Box<str>,
     /// The node's release trust as last reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     /// Boxed: most nodes report none, and the watch-fed copy holds every

@@ -32,7 +32,7 @@ impl NodeStore for EtcdStore {
                 n.over_existing(&existing.cluster, &existing.key_hash, never)?;
                 let dkey = self.key(&format!("desired/{}", n.name));
                 let desired: Doc<DesiredDoc> = self.get(&dkey).await?;
-                existing.cert_serial = n.cert_serial.clone();
+                existing.cert_serial = n.cert_serial.as_str().into();
                 let mut ops = vec![TxnOp::put(nkey.clone(), json(&existing)?, None)];
                 if let Some(op) = self.event_op(&[EventRow::reenrolled(&n)])? {
                     ops.push(op);
@@ -72,14 +72,14 @@ impl NodeStore for EtcdStore {
                 json(&NodeDoc {
                     cluster: n.cluster.as_str().into(),
                     labels: n.labels.clone(),
-                    cert_serial: n.cert_serial.clone(),
-                    facts_json: String::new(),
+                    cert_serial: n.cert_serial.as_str().into(),
+                    facts_json: Box::default(),
                     last_seen_ms: 0,
                     enrolled_at_ms: n.now_ms,
                     replica: String::new(),
                     actual: SmallMap::new(),
                     hold: None,
-                    key_hash: n.key_hash.clone(),
+                    key_hash: n.key_hash.as_str().into(),
                     trust: None,
                 })?,
                 None,
@@ -158,7 +158,7 @@ impl NodeStore for EtcdStore {
             .get::<NodeDoc>(&self.key(&format!("nodes/{name}")))
             .await?
             .value
-            .map(|d| (d.cluster.to_string(), d.cert_serial)))
+            .map(|d| (d.cluster.to_string(), d.cert_serial.into())))
     }
 
     async fn list_nodes(&self, cluster: Option<&str>) -> Result<Vec<NodeRow>> {
@@ -230,7 +230,7 @@ impl NodeStore for EtcdStore {
             let Some(mut d) = doc.value.clone() else {
                 return Ok(false);
             };
-            d.hold = hold.clone();
+            d.hold = hold.as_deref().map(Box::from);
             event.cluster = d.cluster.to_string();
             let mut ops = vec![TxnOp::put(nkey.clone(), json(&d)?, None)];
             if let Some(op) = self.event_op(std::slice::from_ref(&event))? {
@@ -268,12 +268,12 @@ impl NodeStore for EtcdStore {
         for _ in 0..MAX_ATTEMPTS {
             let nkey = self.key(&format!("nodes/{name}"));
             let doc: Doc<NodeDoc> = self.get(&nkey).await?;
-            let Some(mut d) = doc.value.clone().filter(|d| d.cert_serial == old) else {
+            let Some(mut d) = doc.value.clone().filter(|d| *d.cert_serial == *old) else {
                 return Err(StoreError::Conflict(format!(
                     "the certificate of node {name} was replaced or revoked meanwhile"
                 )));
             };
-            d.cert_serial = new.to_string();
+            d.cert_serial = new.into();
             if self
                 .txn(vec![doc.compare(&nkey)], vec![TxnOp::put(nkey, json(&d)?, None)])
                 .await?

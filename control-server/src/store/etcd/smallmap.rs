@@ -20,13 +20,15 @@ use serde::de::{MapAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// Keys in order, each once.
+/// Keys in order, each once. A boxed slice, not a vector: no spare
+/// capacity, and 8 bytes fewer in each of the copy's node documents (it is
+/// changed far less often than it is read).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SmallMap<V>(Vec<(String, V)>);
+pub struct SmallMap<V>(Box<[(String, V)]>);
 
 impl<V> Default for SmallMap<V> {
     fn default() -> Self {
-        SmallMap(Vec::new())
+        SmallMap(Box::default())
     }
 }
 
@@ -47,19 +49,28 @@ impl<V> SmallMap<V> {
         self.find(k).is_ok()
     }
 
+    /// Changes the entries with `f`, as a vector.
+    fn edit<T>(&mut self, f: impl FnOnce(&mut Vec<(String, V)>) -> T) -> T {
+        let mut v = std::mem::take(&mut self.0).into_vec();
+        let out = f(&mut v);
+        self.0 = v.into_boxed_slice();
+        out
+    }
+
     /// Sets `k` to `v`; the value it had, if any.
     pub fn insert(&mut self, k: String, v: V) -> Option<V> {
         match self.find(&k) {
             Ok(i) => Some(std::mem::replace(&mut self.0[i].1, v)),
             Err(i) => {
-                self.0.insert(i, (k, v));
+                self.edit(|e| e.insert(i, (k, v)));
                 None
             }
         }
     }
 
     pub fn remove(&mut self, k: &str) -> Option<V> {
-        self.find(k).ok().map(|i| self.0.remove(i).1)
+        let i = self.find(k).ok()?;
+        Some(self.edit(|e| e.remove(i).1))
     }
 
     /// In key order.
@@ -80,7 +91,7 @@ impl<V> SmallMap<V> {
     }
 
     pub fn retain(&mut self, mut keep: impl FnMut(&String, &mut V) -> bool) {
-        self.0.retain_mut(|(k, v)| keep(k, v));
+        self.edit(|e| e.retain_mut(|(k, v)| keep(k, v)));
     }
 
     /// From pairs in any order; of a key given twice the last counts, as
@@ -95,8 +106,7 @@ impl<V> SmallMap<V> {
                 _ => out.push((k, v)),
             }
         }
-        out.shrink_to_fit();
-        SmallMap(out)
+        SmallMap(out.into_boxed_slice())
     }
 }
 
@@ -115,7 +125,7 @@ impl<V> FromIterator<(String, V)> for SmallMap<V> {
 impl<V> From<BTreeMap<String, V>> for SmallMap<V> {
     fn from(m: BTreeMap<String, V>) -> Self {
         // Already in order, each key once.
-        SmallMap(m.into_iter().collect())
+        SmallMap(m.into_iter().collect::<Vec<_>>().into_boxed_slice())
     }
 }
 
@@ -129,7 +139,7 @@ impl<V> IntoIterator for SmallMap<V> {
     type Item = (String, V);
     type IntoIter = std::vec::IntoIter<(String, V)>;
     fn into_iter(self) -> Self::IntoIter {
-        self.0.into_iter()
+        self.0.into_vec().into_iter()
     }
 }
 
@@ -144,7 +154,7 @@ impl<'a, V> IntoIterator for &'a SmallMap<V> {
 
 impl<V> From<SmallMap<V>> for BTreeMap<String, V> {
     fn from(m: SmallMap<V>) -> Self {
-        m.0.into_iter().collect()
+        m.0.into_vec().into_iter().collect()
     }
 }
 

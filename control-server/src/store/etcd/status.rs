@@ -178,7 +178,7 @@ pub(super) fn node_update(
             trust,
             now_ms,
         } => {
-            d.facts_json = facts_json.clone();
+            d.facts_json = facts_json.as_str().into();
             d.trust = trust.clone().map(Box::new);
             d.replica = store.replica.clone();
             d.last_seen_ms = d.last_seen_ms.max(*now_ms);

@@ -717,6 +717,7 @@ fn copy_memory_per_node() {
         "COPYMEM bytes_per_node={} nodes={NODES}",
         (after as isize - before as isize) / NODES as isize
     );
+    println!("SIZES held={} node={} desired={} actual={}", std::mem::size_of::<Held>(), std::mem::size_of::<NodeDoc>(), std::mem::size_of::<DesiredDoc>(), std::mem::size_of::<ActualDoc>());
     assert_eq!(c.nodes().count(), NODES);
     drop(c);
 }

@@ -93,14 +93,14 @@ async fn region(s: &EtcdStore, n: usize) -> Vec<String> {
             let doc = NodeDoc {
                 cluster: "c".into(),
                 labels: Labels::new(),
-                cert_serial: format!("s-{name}"),
-                facts_json: String::new(),
+                cert_serial: format!("s-{name}").into(),
+                facts_json: Box::default(),
                 last_seen_ms: 0,
                 enrolled_at_ms: 1,
                 replica: String::new(),
                 actual: SmallMap::new(),
                 hold: None,
-                key_hash: String::new(),
+                key_hash: Box::default(),
                 trust: None,
             };
             ops.push(s.put(&format!("nodes/{name}"), json(&doc).unwrap()));
