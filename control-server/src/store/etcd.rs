@@ -227,7 +227,7 @@ fn node_view(
     live: &Liveness,
 ) -> NodeBundleView {
     NodeBundleView {
-        desired: desired.and_then(|d| d.bundles.get(bundle).cloned()),
+        desired: desired.and_then(|d| d.bundles.get(bundle).map(String::from)),
         actual: doc.actual.get(bundle).map(|a| actual_row(bundle, a)),
         last_seen_ms: live.last_seen(name, doc),
         connected: live.connected(doc),
@@ -625,7 +625,7 @@ impl EtcdStore {
             actual: doc
                 .actual
                 .iter()
-                .map(|(b, a)| (b.clone(), actual_row(b, a)))
+                .map(|(b, a)| (b.to_string(), actual_row(b, a)))
                 .collect(),
             cluster: doc.cluster.to_string(),
             labels: doc.labels,

@@ -65,8 +65,9 @@ pub(super) struct CacheState {
     /// slots alone). Read through [`CacheState::node`],
     /// [`CacheState::desired`] and [`CacheState::nodes`].
     held: HashMap<Box<str>, Box<Held>>,
-    /// The cluster names the node documents share (one allocation each;
-    /// a reload starts afresh, so names no longer used go with it).
+    /// The names the node documents share: clusters, bundles, versions
+    /// (one allocation each; a reload starts afresh, so names no longer
+    /// used go with it).
     names: name::Names,
     pub replicas: BTreeSet<String>,
     /// Replica → when it last heard its agents (`heard/ID`).
@@ -128,10 +129,16 @@ impl CacheState {
             let mut doc: Option<NodeDoc> = value.map(|v| parse(rest, v)).transpose()?;
             if let Some(d) = &mut doc {
                 d.cluster = self.names.intern(&d.cluster);
+                d.actual
+                    .intern(&mut self.names, |names, a| a.version = names.intern(&a.version));
             }
             self.hold(n, |h| h.node = doc);
         } else if let Some(n) = rest.strip_prefix("desired/") {
-            let doc = value.map(|v| parse(rest, v)).transpose()?;
+            let mut doc: Option<DesiredDoc> = value.map(|v| parse(rest, v)).transpose()?;
+            if let Some(d) = &mut doc {
+                d.bundles.intern(&mut self.names, |names, v| *v = names.intern(v));
+                d.retry.intern(&mut self.names, |_, _| {});
+            }
             self.hold(n, |h| h.desired = doc);
         } else if let Some(r) = rest.strip_prefix("replicas/") {
             match value {

@@ -48,7 +48,8 @@ impl ClusterDoc {
 
 #[derive(Serialize, Deserialize, Clone)]
 pub(super) struct ActualDoc {
-    pub(super) version: String,
+    /// Shared by the nodes that hold the same version in the watch-fed copy.
+    pub(super) version: Name,
     pub(super) state: BundleState,
     pub(super) message: String,
     pub(super) updated_at_ms: i64,
@@ -105,7 +106,8 @@ pub(super) struct HeardDoc {
 #[derive(Serialize, Deserialize, Clone, Default)]
 pub(super) struct DesiredDoc {
     pub(super) generation: u64,
-    pub(super) bundles: SmallMap<String>,
+    /// Bundle → version; the versions shared in the watch-fed copy.
+    pub(super) bundles: SmallMap<Name>,
     /// Bundle → generation of the operator's last retry request.
     #[serde(default, skip_serializing_if = "SmallMap::is_empty")]
     pub(super) retry: SmallMap<u64>,
@@ -132,7 +134,7 @@ pub(super) struct TargetDoc {
 pub(super) fn actual_row(name: &str, a: &ActualDoc) -> BundleStatusRow {
     BundleStatusRow {
         name: name.to_string(),
-        version: a.version.clone(),
+        version: a.version.to_string(),
         state: a.state,
         message: a.message.clone(),
         updated_at_ms: a.updated_at_ms,
@@ -144,7 +146,7 @@ pub(super) fn actual_row(name: &str, a: &ActualDoc) -> BundleStatusRow {
 
 pub(super) fn actual_doc(s: &BundleStatusRow) -> ActualDoc {
     ActualDoc {
-        version: s.version.clone(),
+        version: s.version.as_str().into(),
         state: s.state,
         message: s.message.clone(),
         updated_at_ms: s.updated_at_ms,

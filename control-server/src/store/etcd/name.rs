@@ -54,6 +54,12 @@ impl From<&String> for Name {
     }
 }
 
+impl From<Name> for String {
+    fn from(n: Name) -> Self {
+        n.0.to_string()
+    }
+}
+
 impl From<&Name> for String {
     fn from(n: &Name) -> Self {
         n.0.to_string()

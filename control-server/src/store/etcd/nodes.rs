@@ -200,7 +200,7 @@ impl NodeStore for EtcdStore {
             let (Some(n), Some(mut d)) = (node.value.as_ref(), desired.value.clone()) else {
                 return Ok(None);
             };
-            let bundles = retry_targets(name, d.bundles.keys().cloned().collect(), bundle)?;
+            let bundles = retry_targets(name, d.bundles.keys().map(String::from).collect(), bundle)?;
             if bundles.is_empty() {
                 return Ok(Some(bundles));
             }

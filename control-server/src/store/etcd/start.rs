@@ -161,7 +161,7 @@ fn members_of<'a>(
         .filter(|(_, d)| r.takes(&d.cluster, &d.labels))
         .map(|(name, _)| {
             let previous = desired(name)
-                .and_then(|x| x.bundles.get(&r.bundle).cloned())
+                .and_then(|x| x.bundles.get(&r.bundle).map(String::from))
                 .unwrap_or_default();
             RolloutNodeRow::waiting(name, &previous)
         })

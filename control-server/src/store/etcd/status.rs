@@ -630,7 +630,7 @@ mod tests {
                     let assign = async {
                         let dkey = leader.key(&format!("desired/{n}"));
                         let mut d = leader.get::<DesiredDoc>(&dkey).await.unwrap().value.unwrap();
-                        d.bundles.insert("app".into(), "2".into());
+                        d.bundles.insert("app", crate::store::etcd::name::Name::from("2"));
                         d.generation += 1;
                         let mut kv = crate::store::etcd::kv_of(&leader.client);
                         kv.put(dkey, json(&d).unwrap(), None).await.unwrap();

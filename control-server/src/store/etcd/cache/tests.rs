@@ -10,7 +10,7 @@ async fn same_as_etcd(s: &EtcdStore) {
         let mut v: Vec<(String, Option<String>, bool)> = c
             .nodes()
             .map(|(n, d)| {
-                let desired = c.desired(n).and_then(|d| d.bundles.get("k").cloned());
+                let desired = c.desired(n).and_then(|d| d.bundles.get("k").map(String::from));
                 (n.to_string(), desired, c.liveness().connected(d))
             })
             .collect();
@@ -172,7 +172,7 @@ async fn a_rollout_step_reads_its_views_from_the_copy() {
     s.node_connected("n1", "{}", Vec::new(), 5).await.unwrap();
     // The step right after its own decision: the copy holds it.
     let cached = s
-        .with_cache(|c, _| c.desired("n0").and_then(|d| d.bundles.get("k").cloned()))
+        .with_cache(|c, _| c.desired("n0").and_then(|d| d.bundles.get("k").map(String::from)))
         .await;
     assert_eq!(cached, Some(Some("1".to_string())), "read-your-writes");
     let via_copy = s.rollout_views("r1").await.unwrap();
@@ -720,4 +720,80 @@ fn copy_memory_per_node() {
     println!("SIZES held={} node={} desired={} actual={}", std::mem::size_of::<Held>(), std::mem::size_of::<NodeDoc>(), std::mem::size_of::<DesiredDoc>(), std::mem::size_of::<ActualDoc>());
     assert_eq!(c.nodes().count(), NODES);
     drop(c);
+}
+
+/// The copy's types write a node and a desired document back as the bytes
+/// they were read from (and as the `String` fields before them wrote
+/// them), whichever optional fields they hold; through `apply` (names
+/// shared) too.
+#[test]
+fn documents_read_and_written_back_are_the_same_bytes() {
+    let nodes = [
+        r#"{"cluster":"c","labels":{},"cert_serial":"s-n0","facts_json":"","last_seen_ms":0,"enrolled_at_ms":1,"replica":"","actual":{}}"#,
+        concat!(
+            r#"{"cluster":"prod \"eu\"","labels":{"a":"1","b":"2"},"cert_serial":"4f00aa","#,
+            r#""facts_json":"{\"hostname\":\"n1\",\"addresses\":[\"10.0.0.1\"]}","last_seen_ms":5,"#,
+            r#""enrolled_at_ms":2,"replica":"3f2a9c01d4e5b687","actual":{"a":{"version":"1","state":"applied","#,
+            r#""message":"","updated_at_ms":3,"generation":4},"b":{"version":"2","state":"failed","#,
+            r#""message":"no space","updated_at_ms":3,"generation":4,"fetched_server":10,"fetched_peers":20}},"#,
+            r#""hold":"maintenance","key_hash":"sha256:ab","trust":{"enabled":false,"release_version":0,"#,
+            r#""release_expires_at_ms":0,"root_version":0}}"#
+        ),
+    ];
+    let desired = [
+        r#"{"generation":0,"bundles":{}}"#,
+        r#"{"generation":7,"bundles":{"a":"1","b":"2"},"retry":{"b":6}}"#,
+    ];
+    let mut c = CacheState {
+        rev: 1,
+        ..Default::default()
+    };
+    for (i, (n, d)) in nodes.iter().zip(desired).enumerate() {
+        let doc: NodeDoc = serde_json::from_str(n).unwrap();
+        assert_eq!(serde_json::to_string(&doc).unwrap(), *n);
+        let doc: DesiredDoc = serde_json::from_str(d).unwrap();
+        assert_eq!(serde_json::to_string(&doc).unwrap(), d);
+        c.apply(&format!("nodes/n{i}"), Some(n.as_bytes()), 2).unwrap();
+        c.apply(&format!("desired/n{i}"), Some(d.as_bytes()), 2).unwrap();
+        c.apply(&format!("desired/x{i}"), Some(d.as_bytes()), 2).unwrap();
+    }
+    for (i, (n, d)) in nodes.iter().zip(desired).enumerate() {
+        let held = c.node(&format!("n{i}")).unwrap();
+        assert_eq!(serde_json::to_string(held).unwrap(), *n);
+        let held = c.desired(&format!("n{i}")).unwrap();
+        assert_eq!(serde_json::to_string(held).unwrap(), d);
+        assert_eq!(serde_json::to_string(c.desired(&format!("x{i}")).unwrap()).unwrap(), d);
+    }
+    // Both nodes' "a" and the two desired states' versions are one name.
+    let a = |n: &str| c.desired(n).unwrap().bundles.get("a").cloned().unwrap();
+    assert_eq!(a("n1"), a("x1"));
+}
+
+/// A desired state may come before its node document, or stay after it;
+/// the copy keeps each as it comes and goes.
+#[test]
+fn a_node_and_its_desired_state_come_and_go_apart() {
+    let node = br#"{"cluster":"c","labels":{},"cert_serial":"s","facts_json":"","last_seen_ms":0,"enrolled_at_ms":1,"replica":"","actual":{}}"#;
+    let desired = br#"{"generation":3,"bundles":{"k":"1"}}"#;
+    let mut c = CacheState {
+        rev: 1,
+        ..Default::default()
+    };
+    c.apply("desired/n", Some(desired), 2).unwrap();
+    assert!(c.node("n").is_none() && c.nodes().next().is_none());
+    assert_eq!(c.desired("n").map(|d| d.generation), Some(3));
+    c.apply("nodes/n", Some(node), 3).unwrap();
+    assert_eq!(c.nodes().map(|(n, _)| n).collect::<Vec<_>>(), ["n"]);
+    assert_eq!(c.desired("n").map(|d| d.generation), Some(3));
+    c.apply("nodes/n", None, 4).unwrap();
+    assert!(c.node("n").is_none() && c.nodes().next().is_none());
+    assert_eq!(c.desired("n").map(|d| d.generation), Some(3));
+    c.apply("nodes/n", Some(node), 5).unwrap();
+    c.apply("desired/n", None, 6).unwrap();
+    assert!(c.node("n").is_some() && c.desired("n").is_none());
+    c.apply("nodes/n", None, 7).unwrap();
+    assert!(c.held.is_empty(), "an entry with neither document is removed");
+    c.apply("nodes/gone", None, 8).unwrap();
+    c.apply("desired/gone", None, 8).unwrap();
+    assert!(c.held.is_empty());
 }

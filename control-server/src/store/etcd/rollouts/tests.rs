@@ -106,7 +106,7 @@ async fn region(s: &EtcdStore, n: usize) -> Vec<String> {
             ops.push(s.put(&format!("nodes/{name}"), json(&doc).unwrap()));
             let d = DesiredDoc {
                 generation: 1,
-                bundles: [("b".to_string(), "1".to_string())].into(),
+                bundles: [("b".to_string(), Name::from("1"))].into(),
                 retry: SmallMap::new(),
             };
             ops.push(s.put(&format!("desired/{name}"), json(&d).unwrap()));
