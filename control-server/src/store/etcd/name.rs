@@ -144,7 +144,10 @@ mod tests {
         for json in [r#""""#, r#""c""#, r#""a \"quoted\" \u00e9 name""#] {
             let s: String = serde_json::from_str(json).unwrap();
             let n: Name = serde_json::from_str(json).unwrap();
-            assert_eq!(serde_json::to_string(&n).unwrap(), serde_json::to_string(&s).unwrap());
+            assert_eq!(
+                serde_json::to_string(&n).unwrap(),
+                serde_json::to_string(&s).unwrap()
+            );
             assert_eq!(n, s);
         }
         assert!(serde_json::from_str::<Name>("1").is_err());

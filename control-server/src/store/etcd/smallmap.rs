@@ -146,7 +146,11 @@ impl<V> From<BTreeMap<String, V>> for SmallMap<V> {
 impl From<BTreeMap<String, String>> for SmallMap<Name> {
     fn from(m: BTreeMap<String, String>) -> Self {
         // Already in order, each key once.
-        SmallMap(m.into_iter().map(|(k, v)| (Name::from(k), Name::from(v))).collect())
+        SmallMap(
+            m.into_iter()
+                .map(|(k, v)| (Name::from(k), Name::from(v)))
+                .collect(),
+        )
     }
 }
 
@@ -180,7 +184,10 @@ impl<'a, V> IntoIterator for &'a SmallMap<V> {
 
 impl<V> From<SmallMap<V>> for BTreeMap<String, V> {
     fn from(m: SmallMap<V>) -> Self {
-        m.0.into_vec().into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+        m.0.into_vec()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect()
     }
 }
 

@@ -123,7 +123,9 @@ async fn the_copy_follows_etcd_through_a_compaction_and_mends_a_missed_event() {
 
     // A view read holds this replica's own writes.
     s.node_connected("n3", "{}", Vec::new(), 20).await.unwrap();
-    let connected = s.with_cache(|c, live| live.connected(c.node("n3").unwrap())).await;
+    let connected = s
+        .with_cache(|c, live| live.connected(c.node("n3").unwrap()))
+        .await;
     assert_eq!(connected, Some(true), "read-your-writes");
 
     // The watch falls behind a compaction: the copy is loaded afresh.
@@ -657,7 +659,11 @@ fn heard_times_are_applied_and_forgotten() {
 /// Resident memory of this process, in bytes.
 fn rss() -> usize {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: usize = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+    let pages: usize = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
     pages * 4096
 }
 
@@ -707,17 +713,29 @@ fn copy_memory_per_node() {
     };
     for (i, (name, n, _)) in nodes.iter().enumerate() {
         // As a load sends them: nodes/ first, then desired/.
-        c.apply(&format!("nodes/{name}"), Some(n.as_bytes()), 2 + i as i64).unwrap();
+        c.apply(&format!("nodes/{name}"), Some(n.as_bytes()), 2 + i as i64)
+            .unwrap();
     }
     for (i, (name, _, d)) in nodes.iter().enumerate() {
-        c.apply(&format!("desired/{name}"), Some(d.as_bytes()), 2 + (NODES + i) as i64).unwrap();
+        c.apply(
+            &format!("desired/{name}"),
+            Some(d.as_bytes()),
+            2 + (NODES + i) as i64,
+        )
+        .unwrap();
     }
     let after = rss();
     println!(
         "COPYMEM bytes_per_node={} nodes={NODES}",
         (after as isize - before as isize) / NODES as isize
     );
-    println!("SIZES held={} node={} desired={} actual={}", std::mem::size_of::<Held>(), std::mem::size_of::<NodeDoc>(), std::mem::size_of::<DesiredDoc>(), std::mem::size_of::<ActualDoc>());
+    println!(
+        "SIZES held={} node={} desired={} actual={}",
+        std::mem::size_of::<Held>(),
+        std::mem::size_of::<NodeDoc>(),
+        std::mem::size_of::<DesiredDoc>(),
+        std::mem::size_of::<ActualDoc>()
+    );
     assert_eq!(c.nodes().count(), NODES);
     drop(c);
 }
@@ -762,7 +780,10 @@ fn documents_read_and_written_back_are_the_same_bytes() {
         assert_eq!(serde_json::to_string(held).unwrap(), *n);
         let held = c.desired(&format!("n{i}")).unwrap();
         assert_eq!(serde_json::to_string(held).unwrap(), d);
-        assert_eq!(serde_json::to_string(c.desired(&format!("x{i}")).unwrap()).unwrap(), d);
+        assert_eq!(
+            serde_json::to_string(c.desired(&format!("x{i}")).unwrap()).unwrap(),
+            d
+        );
     }
     // Both nodes' "a" and the two desired states' versions are one name.
     let a = |n: &str| c.desired(n).unwrap().bundles.get("a").cloned().unwrap();
