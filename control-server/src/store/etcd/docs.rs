@@ -51,7 +51,8 @@ pub(super) struct ActualDoc {
     /// Shared by the nodes that hold the same version in the watch-fed copy.
     pub(super) version: Name,
     pub(super) state: BundleState,
-    pub(super) message: String,
+    /// Box<str>: 8 bytes fewer per reported bundle in the copy, same JSON.
+    pub(super) message: Box<str>,
     pub(super) updated_at_ms: i64,
     pub(super) generation: u64,
     /// Bytes fetched for the version, by source; absent (0) in documents
@@ -136,7 +137,7 @@ pub(super) fn actual_row(name: &str, a: &ActualDoc) -> BundleStatusRow {
         name: name.to_string(),
         version: a.version.to_string(),
         state: a.state,
-        message: a.message.clone(),
+        message: a.message.to_string(),
         updated_at_ms: a.updated_at_ms,
         generation: a.generation,
         fetched_from_server: a.fetched_server,
@@ -148,7 +149,7 @@ pub(super) fn actual_doc(s: &BundleStatusRow) -> ActualDoc {
     ActualDoc {
         version: s.version.as_str().into(),
         state: s.state,
-        message: s.message.clone(),
+        message: s.message.as_str().into(),
         updated_at_ms: s.updated_at_ms,
         generation: s.generation,
         fetched_server: s.fetched_from_server,
