@@ -159,7 +159,7 @@ async fn the_copy_follows_etcd_through_a_compaction_and_mends_a_missed_event() {
     };
     wait_rev(&s, now).await;
     same_as_etcd(&s).await;
-    assert!(!s.cache.state.read().unwrap().node("n0").is_some());
+    assert!(s.cache.state.read().unwrap().node("n0").is_none());
     cancel.cancel();
     task.await.unwrap();
 }
@@ -370,7 +370,7 @@ async fn a_start_takes_its_nodes_from_the_copy_and_misses_none_enrolled_meanwhil
         .enroll_node(super::super::tests::new_node("unseen", "tok000"))
         .await
         .unwrap();
-    assert!(!s.cache.state.read().unwrap().node("unseen").is_some());
+    assert!(s.cache.state.read().unwrap().node("unseen").is_none());
     let r = s
         .start_rollout(rollout("last", "c", "k", "1", &[]))
         .await
