@@ -59,10 +59,11 @@ pub(super) struct CacheState {
     /// Each node's documents, by name: its node document and its desired
     /// state in one entry (either may be absent: a desired state can be
     /// written before its node document, or outlive it). Boxed: a map's
-    /// table is a power of two with up to half its slots empty, and an
-    /// empty slot costs what a full one does (at 30,000 nodes the node
-    /// and desired documents inline in two maps cost ~800 bytes a node in
-    /// slots alone). Read through [`CacheState::node`],
+    /// table has a power of two of slots, often about half of them empty,
+    /// and an empty slot costs what a full one does (at 30,000 nodes,
+    /// 65,536 slots: the node and desired documents inline in two maps
+    /// cost ~800 bytes a node in slots alone). Read through
+    /// [`CacheState::node`],
     /// [`CacheState::desired`] and [`CacheState::nodes`].
     held: HashMap<Box<str>, Box<Held>>,
     /// The names the node documents share: clusters, bundles, versions

@@ -669,8 +669,12 @@ fn rss() -> usize {
 
 /// What the copy costs per node at 30,000 nodes shaped like the load
 /// generator's (connected to one of three replicas, its Hello's facts, one
-/// reported bundle and one desired), applied as the watch delivers them.
-/// Run: `cargo test -p lks-control-server --lib copy_memory_per_node --
+/// reported bundle and one desired; a version's file count is not in
+/// these documents), applied as JSON as the watch delivers them. Measured
+/// as the growth of the process's resident memory (the crate forbids the
+/// unsafe code a counting allocator needs), so it includes what malloc
+/// spends around each block and varies by ~±15 bytes between runs; run it
+/// alone: `cargo test -p lks-control-server --lib copy_memory_per_node --
 /// --ignored --nocapture`.
 #[test]
 #[ignore]
