@@ -81,6 +81,7 @@ mod docs;
 mod events;
 mod import;
 mod limits;
+mod name;
 mod nodes;
 pub mod reads;
 mod releases;
@@ -91,6 +92,7 @@ mod status;
 mod tokens;
 
 use docs::*;
+use name::Name;
 use smallmap::SmallMap;
 
 use events::EventDoc;
@@ -225,12 +227,12 @@ fn node_view(
     live: &Liveness,
 ) -> NodeBundleView {
     NodeBundleView {
-        desired: desired.and_then(|d| d.bundles.get(bundle).cloned()),
+        desired: desired.and_then(|d| d.bundles.get(bundle).map(String::from)),
         actual: doc.actual.get(bundle).map(|a| actual_row(bundle, a)),
         last_seen_ms: live.last_seen(name, doc),
         connected: live.connected(doc),
         held: doc.hold.is_some(),
-        facts_json: doc.facts_json.clone(),
+        facts_json: doc.facts_json.to_string(),
     }
 }
 
@@ -623,18 +625,18 @@ impl EtcdStore {
             actual: doc
                 .actual
                 .iter()
-                .map(|(b, a)| (b.clone(), actual_row(b, a)))
+                .map(|(b, a)| (b.to_string(), actual_row(b, a)))
                 .collect(),
-            cluster: doc.cluster,
+            cluster: doc.cluster.to_string(),
             labels: doc.labels,
-            cert_serial: doc.cert_serial,
-            facts_json: doc.facts_json,
+            cert_serial: doc.cert_serial.into(),
+            facts_json: doc.facts_json.into(),
             enrolled_at_ms: doc.enrolled_at_ms,
             generation: desired.generation,
             desired: desired.bundles.into(),
-            hold: doc.hold,
-            key_hash: doc.key_hash,
-            trust: doc.trust,
+            hold: doc.hold.map(String::from),
+            key_hash: doc.key_hash.into(),
+            trust: doc.trust.map(|t| *t),
         }
     }
 
@@ -670,7 +672,7 @@ impl EtcdStore {
         }
         let legacy_times = Liveness::fold_legacy(legacy.iter().map(|(_, m, _)| m));
         // The nodes to write, and how many name each settled replica.
-        let pick = |nodes: &mut dyn Iterator<Item = (&String, &NodeDoc)>| {
+        let pick = |nodes: &mut dyn Iterator<Item = (&str, &NodeDoc)>| {
             let mut todo = Vec::new();
             let mut named: HashMap<String, usize> = HashMap::new();
             for (name, d) in nodes {
@@ -679,17 +681,17 @@ impl EtcdStore {
                     *named.entry(d.replica.clone()).or_default() += 1;
                 }
                 if gone || legacy_times.get(name).is_some_and(|t| *t > d.last_seen_ms) {
-                    todo.push((name.clone(), d.replica.clone()));
+                    todo.push((name.to_string(), d.replica.clone()));
                 }
             }
             (todo, named)
         };
-        let picked = self.with_cache(|c, _| pick(&mut c.nodes.iter())).await;
+        let picked = self.with_cache(|c, _| pick(&mut c.nodes())).await;
         let (todo, mut named) = match picked {
             Some(p) => p,
             None => {
                 let docs = self.range::<NodeDoc>(&self.key("nodes/")).await?;
-                pick(&mut docs.iter().map(|(n, d, _)| (n, d)))
+                pick(&mut docs.iter().map(|(n, d, _)| (n.as_str(), d)))
             }
         };
         let mut left = todo.len();

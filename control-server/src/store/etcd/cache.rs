@@ -56,8 +56,20 @@ pub const RELOAD_EVERY: Duration = Duration::from_secs(300);
 pub(super) struct CacheState {
     /// The revision the copy reflects (0: not loaded).
     pub rev: i64,
-    pub nodes: HashMap<String, NodeDoc>,
-    pub desired: HashMap<String, DesiredDoc>,
+    /// Each node's documents, by name: its node document and its desired
+    /// state in one entry (either may be absent: a desired state can be
+    /// written before its node document, or outlive it). Boxed: a map's
+    /// table has a power of two of slots, often about half of them empty,
+    /// and an empty slot costs what a full one does (at 30,000 nodes,
+    /// 65,536 slots: the node and desired documents inline in two maps
+    /// cost ~800 bytes a node in slots alone). Read through
+    /// [`CacheState::node`],
+    /// [`CacheState::desired`] and [`CacheState::nodes`].
+    held: HashMap<Box<str>, Box<Held>>,
+    /// The names the node documents share: clusters, bundles, versions
+    /// (one allocation each; a reload starts afresh, so names no longer
+    /// used go with it).
+    names: name::Names,
     pub replicas: BTreeSet<String>,
     /// Replica → when it last heard its agents (`heard/ID`).
     pub heard: HashMap<String, i64>,
@@ -81,6 +93,13 @@ pub(super) struct CacheState {
     /// Driven rollouts whose rows the watch has yet to read: not used
     /// until it has.
     pub fill: BTreeSet<String>,
+}
+
+/// A node's documents as the copy holds them; an entry holds one or both.
+#[derive(Default)]
+struct Held {
+    node: Option<NodeDoc>,
+    desired: Option<DesiredDoc>,
 }
 
 /// A document the copy could not read.
@@ -108,15 +127,20 @@ impl CacheState {
             })
         }
         if let Some(n) = rest.strip_prefix("nodes/") {
-            match value {
-                Some(v) => drop(self.nodes.insert(n.to_string(), parse(rest, v)?)),
-                None => drop(self.nodes.remove(n)),
+            let mut doc: Option<NodeDoc> = value.map(|v| parse(rest, v)).transpose()?;
+            if let Some(d) = &mut doc {
+                d.cluster = self.names.intern(&d.cluster);
+                d.actual
+                    .intern(&mut self.names, |names, a| a.version = names.intern(&a.version));
             }
+            self.hold(n, |h| h.node = doc);
         } else if let Some(n) = rest.strip_prefix("desired/") {
-            match value {
-                Some(v) => drop(self.desired.insert(n.to_string(), parse(rest, v)?)),
-                None => drop(self.desired.remove(n)),
+            let mut doc: Option<DesiredDoc> = value.map(|v| parse(rest, v)).transpose()?;
+            if let Some(d) = &mut doc {
+                d.bundles.intern(&mut self.names, |names, v| *v = names.intern(v));
+                d.retry.intern(&mut self.names, |_, _| {});
             }
+            self.hold(n, |h| h.desired = doc);
         } else if let Some(r) = rest.strip_prefix("replicas/") {
             match value {
                 Some(_) => drop(self.replicas.insert(r.to_string())),
@@ -164,6 +188,43 @@ impl CacheState {
             }
         }
         Ok(())
+    }
+
+    /// Changes what the copy holds of node `name` with `f`; an entry left
+    /// with neither document is removed.
+    fn hold(&mut self, name: &str, f: impl FnOnce(&mut Held)) {
+        match self.held.get_mut(name) {
+            Some(h) => {
+                f(h);
+                if h.node.is_none() && h.desired.is_none() {
+                    self.held.remove(name);
+                }
+            }
+            None => {
+                let mut h = Box::<Held>::default();
+                f(&mut h);
+                if h.node.is_some() || h.desired.is_some() {
+                    self.held.insert(name.into(), h);
+                }
+            }
+        }
+    }
+
+    /// Node `name`'s document.
+    pub fn node(&self, name: &str) -> Option<&NodeDoc> {
+        self.held.get(name)?.node.as_ref()
+    }
+
+    /// Node `name`'s desired state.
+    pub fn desired(&self, name: &str) -> Option<&DesiredDoc> {
+        self.held.get(name)?.desired.as_ref()
+    }
+
+    /// Every node document, with its node's name, in no order.
+    pub fn nodes(&self) -> impl Iterator<Item = (&str, &NodeDoc)> {
+        self.held
+            .iter()
+            .filter_map(|(n, h)| Some((&**n, h.node.as_ref()?)))
     }
 
     /// Forgets rollout documents whose rollout is not driven (ended, or
@@ -426,7 +487,7 @@ impl EtcdStore {
         if s.rev == 0 {
             return None;
         }
-        s.desired.get(node).cloned()
+        s.desired(node).cloned()
     }
 
     /// Reads the rows of the rollouts that became driven in a watch answer

@@ -64,14 +64,14 @@ impl DesiredStore for EtcdStore {
         };
         for (b, v) in &desired.bundles {
             if holds(b, v).await? {
-                grants.push((b.clone(), v.clone()));
+                grants.push((b.to_string(), v.to_string()));
             }
         }
         // A reported bundle counts only if a rollout of the node's cluster
         // assigned that version to it (as its target or the version it
         // replaced): a node cannot read another tenant's blobs by claiming
         // to hold their bundle.
-        let reported: Vec<(&String, &ActualDoc)> = n
+        let reported: Vec<(&str, &ActualDoc)> = n
             .actual
             .iter()
             .filter(|(b, a)| desired.bundles.get(b) != Some(&a.version))
@@ -83,7 +83,7 @@ impl DesiredStore for EtcdStore {
         for (b, a) in reported {
             let mut assigned = false;
             for (id, r, _) in &rollouts {
-                if r.cluster != n.cluster || r.bundle != *b {
+                if r.cluster != n.cluster || r.bundle != b {
                     continue;
                 }
                 if self.row_of(id, r, node).await?.is_some_and(|rn| {
@@ -95,7 +95,7 @@ impl DesiredStore for EtcdStore {
                 }
             }
             if assigned && holds(b, &a.version).await? {
-                grants.push((b.clone(), a.version.clone()));
+                grants.push((b.to_string(), a.version.to_string()));
             }
         }
         Ok(grants)

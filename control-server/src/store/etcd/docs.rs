@@ -48,9 +48,11 @@ impl ClusterDoc {
 
 #[derive(Serialize, Deserialize, Clone)]
 pub(super) struct ActualDoc {
-    pub(super) version: String,
+    /// Shared by the nodes that hold the same version in the watch-fed copy.
+    pub(super) version: Name,
     pub(super) state: BundleState,
-    pub(super) message: String,
+    /// Box<str>: 8 bytes fewer per reported bundle in the copy, same JSON.
+    pub(super) message: Box<str>,
     pub(super) updated_at_ms: i64,
     pub(super) generation: u64,
     /// Bytes fetched for the version, by source; absent (0) in documents
@@ -67,10 +69,13 @@ pub(super) fn is_zero(n: &u64) -> bool {
 
 #[derive(Serialize, Deserialize, Clone)]
 pub(super) struct NodeDoc {
-    pub(super) cluster: String,
+    /// Shared by the node documents of a cluster in the watch-fed copy.
+    pub(super) cluster: Name,
     pub(super) labels: Labels,
-    pub(super) cert_serial: String,
-    pub(super) facts_json: String,
+    // Box<str> rather than String here and below: 8 bytes fewer in every
+    // node document the watch-fed copy holds, the same JSON.
+    pub(super) cert_serial: Box<str>,
+    pub(super) facts_json: Box<str>,
     pub(super) last_seen_ms: i64,
     pub(super) enrolled_at_ms: i64,
     /// The replica holding the node's stream ("" if none).
@@ -78,13 +83,15 @@ pub(super) struct NodeDoc {
     pub(super) actual: SmallMap<ActualDoc>,
     /// Held by the operator, with the reason.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(super) hold: Option<String>,
+    pub(super) hold: Option<Box<str>>,
     /// Hash of the key the node enrolled with.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub(super) key_hash: String,
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    pub(super) key_hash: Box<str>,
     /// The node's release trust as last reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(super) trust: Option<NodeTrust>,
+    /// Boxed: most nodes report none, and the watch-fed copy holds every
+    /// node document of the region.
+    pub(super) trust: Option<Box<NodeTrust>>,
 }
 
 /// `heard/ID`: when replica ID last heard one of the agents whose streams
@@ -100,7 +107,8 @@ pub(super) struct HeardDoc {
 #[derive(Serialize, Deserialize, Clone, Default)]
 pub(super) struct DesiredDoc {
     pub(super) generation: u64,
-    pub(super) bundles: SmallMap<String>,
+    /// Bundle → version; the versions shared in the watch-fed copy.
+    pub(super) bundles: SmallMap<Name>,
     /// Bundle → generation of the operator's last retry request.
     #[serde(default, skip_serializing_if = "SmallMap::is_empty")]
     pub(super) retry: SmallMap<u64>,
@@ -127,9 +135,9 @@ pub(super) struct TargetDoc {
 pub(super) fn actual_row(name: &str, a: &ActualDoc) -> BundleStatusRow {
     BundleStatusRow {
         name: name.to_string(),
-        version: a.version.clone(),
+        version: a.version.to_string(),
         state: a.state,
-        message: a.message.clone(),
+        message: a.message.to_string(),
         updated_at_ms: a.updated_at_ms,
         generation: a.generation,
         fetched_from_server: a.fetched_server,
@@ -139,9 +147,9 @@ pub(super) fn actual_row(name: &str, a: &ActualDoc) -> BundleStatusRow {
 
 pub(super) fn actual_doc(s: &BundleStatusRow) -> ActualDoc {
     ActualDoc {
-        version: s.version.clone(),
+        version: s.version.as_str().into(),
         state: s.state,
-        message: s.message.clone(),
+        message: s.message.as_str().into(),
         updated_at_ms: s.updated_at_ms,
         generation: s.generation,
         fetched_server: s.fetched_from_server,

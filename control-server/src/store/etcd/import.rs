@@ -93,17 +93,17 @@ impl EtcdStore {
             docs.push((
                 format!("nodes/{}", n.name),
                 json(&NodeDoc {
-                    cluster: n.cluster.clone(),
+                    cluster: n.cluster.as_str().into(),
                     labels: n.labels.clone(),
-                    cert_serial: n.cert_serial.clone(),
-                    facts_json: n.facts_json.clone(),
+                    cert_serial: n.cert_serial.as_str().into(),
+                    facts_json: n.facts_json.as_str().into(),
                     last_seen_ms: n.last_seen_ms,
                     enrolled_at_ms: n.enrolled_at_ms,
                     replica: String::new(),
                     actual: n.actual.iter().map(|(b, a)| (b.clone(), actual_doc(a))).collect(),
-                    hold: n.hold.clone(),
-                    key_hash: n.key_hash.clone(),
-                    trust: n.trust.clone(),
+                    hold: n.hold.as_deref().map(Box::from),
+                    key_hash: n.key_hash.as_str().into(),
+                    trust: n.trust.clone().map(Box::new),
                 })?,
             ));
             docs.push((

@@ -32,7 +32,7 @@ impl NodeStore for EtcdStore {
                 n.over_existing(&existing.cluster, &existing.key_hash, never)?;
                 let dkey = self.key(&format!("desired/{}", n.name));
                 let desired: Doc<DesiredDoc> = self.get(&dkey).await?;
-                existing.cert_serial = n.cert_serial.clone();
+                existing.cert_serial = n.cert_serial.as_str().into();
                 let mut ops = vec![TxnOp::put(nkey.clone(), json(&existing)?, None)];
                 if let Some(op) = self.event_op(&[EventRow::reenrolled(&n)])? {
                     ops.push(op);
@@ -70,16 +70,16 @@ impl NodeStore for EtcdStore {
             ops.push(TxnOp::put(
                 nkey,
                 json(&NodeDoc {
-                    cluster: n.cluster.clone(),
+                    cluster: n.cluster.as_str().into(),
                     labels: n.labels.clone(),
-                    cert_serial: n.cert_serial.clone(),
-                    facts_json: String::new(),
+                    cert_serial: n.cert_serial.as_str().into(),
+                    facts_json: Box::default(),
                     last_seen_ms: 0,
                     enrolled_at_ms: n.now_ms,
                     replica: String::new(),
                     actual: SmallMap::new(),
                     hold: None,
-                    key_hash: n.key_hash.clone(),
+                    key_hash: n.key_hash.as_str().into(),
                     trust: None,
                 })?,
                 None,
@@ -158,7 +158,7 @@ impl NodeStore for EtcdStore {
             .get::<NodeDoc>(&self.key(&format!("nodes/{name}")))
             .await?
             .value
-            .map(|d| (d.cluster, d.cert_serial)))
+            .map(|d| (d.cluster.to_string(), d.cert_serial.into())))
     }
 
     async fn list_nodes(&self, cluster: Option<&str>) -> Result<Vec<NodeRow>> {
@@ -171,10 +171,9 @@ impl NodeStore for EtcdStore {
         let from_copy = self
             .with_cache(|c, live| {
                 let mut rows: Vec<NodeRow> = c
-                    .nodes
-                    .iter()
+                    .nodes()
                     .filter(|(_, d)| cluster.is_none_or(|want| d.cluster == want))
-                    .map(|(name, d)| Self::node_row(name, d.clone(), c.desired.get(name).cloned(), live))
+                    .map(|(name, d)| Self::node_row(name, d.clone(), c.desired(name).cloned(), live))
                     .collect();
                 rows.sort_by(|a, b| a.name.cmp(&b.name));
                 rows
@@ -201,7 +200,7 @@ impl NodeStore for EtcdStore {
             let (Some(n), Some(mut d)) = (node.value.as_ref(), desired.value.clone()) else {
                 return Ok(None);
             };
-            let bundles = retry_targets(name, d.bundles.keys().cloned().collect(), bundle)?;
+            let bundles = retry_targets(name, d.bundles.keys().map(String::from).collect(), bundle)?;
             if bundles.is_empty() {
                 return Ok(Some(bundles));
             }
@@ -231,8 +230,8 @@ impl NodeStore for EtcdStore {
             let Some(mut d) = doc.value.clone() else {
                 return Ok(false);
             };
-            d.hold = hold.clone();
-            event.cluster = d.cluster.clone();
+            d.hold = hold.as_deref().map(Box::from);
+            event.cluster = d.cluster.to_string();
             let mut ops = vec![TxnOp::put(nkey.clone(), json(&d)?, None)];
             if let Some(op) = self.event_op(std::slice::from_ref(&event))? {
                 ops.push(op);
@@ -269,12 +268,12 @@ impl NodeStore for EtcdStore {
         for _ in 0..MAX_ATTEMPTS {
             let nkey = self.key(&format!("nodes/{name}"));
             let doc: Doc<NodeDoc> = self.get(&nkey).await?;
-            let Some(mut d) = doc.value.clone().filter(|d| d.cert_serial == old) else {
+            let Some(mut d) = doc.value.clone().filter(|d| *d.cert_serial == *old) else {
                 return Err(StoreError::Conflict(format!(
                     "the certificate of node {name} was replaced or revoked meanwhile"
                 )));
             };
-            d.cert_serial = new.to_string();
+            d.cert_serial = new.into();
             if self
                 .txn(vec![doc.compare(&nkey)], vec![TxnOp::put(nkey, json(&d)?, None)])
                 .await?

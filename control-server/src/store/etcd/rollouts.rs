@@ -405,14 +405,14 @@ impl EtcdStore {
                     n.message = "node was deleted".into();
                     continue;
                 };
-                let current = d.bundles.get(&r.bundle).cloned();
+                let current = d.bundles.get(&r.bundle).map(String::from);
                 let was_touched = row(&stored.nodes, node).is_some_and(|s| s.touched);
                 if !n.reverting && !was_touched {
                     n.previous_version = current.unwrap_or_default();
                 }
                 match version {
                     Some(v) => {
-                        d.bundles.insert(r.bundle.clone(), v.clone());
+                        d.bundles.insert(r.bundle.clone(), Name::from(v));
                     }
                     None => {
                         d.bundles.remove(&r.bundle);
@@ -590,10 +590,10 @@ impl RolloutStore for EtcdStore {
             r.nodes
                 .iter()
                 .filter_map(|n| {
-                    let doc = c.nodes.get(&n.name)?;
+                    let doc = c.node(&n.name)?;
                     Some((
                         n.name.clone(),
-                        node_view(&r.bundle, &n.name, doc, c.desired.get(&n.name), live),
+                        node_view(&r.bundle, &n.name, doc, c.desired(&n.name), live),
                     ))
                 })
                 .collect::<BTreeMap<_, _>>()

@@ -33,7 +33,7 @@ impl EtcdStore {
             // at the copy's revision; a start that lost its race reads etcd.
             let nprefix = self.key("nodes/");
             let from_copy = if attempt == 0 {
-                self.with_cache(|c, _| (c.rev, members_of(&r, c.nodes.iter(), &c.desired)))
+                self.with_cache(|c, _| (c.rev, members_of(&r, c.nodes(), |n| c.desired(n))))
                     .await
             } else {
                 None
@@ -145,7 +145,7 @@ impl EtcdStore {
         }
         Ok((
             read_rev,
-            members_of(r, docs.iter().map(|(n, d)| (n, d)), &desired),
+            members_of(r, docs.iter().map(|(n, d)| (n.as_str(), d)), |n| desired.get(n)),
         ))
     }
 }
@@ -154,15 +154,14 @@ impl EtcdStore {
 /// each with the version of the bundle it was meant to have.
 fn members_of<'a>(
     r: &NewRollout,
-    nodes: impl Iterator<Item = (&'a String, &'a NodeDoc)>,
-    desired: &HashMap<String, DesiredDoc>,
+    nodes: impl Iterator<Item = (&'a str, &'a NodeDoc)>,
+    desired: impl Fn(&str) -> Option<&'a DesiredDoc>,
 ) -> Vec<RolloutNodeRow> {
     nodes
         .filter(|(_, d)| r.takes(&d.cluster, &d.labels))
         .map(|(name, _)| {
-            let previous = desired
-                .get(name)
-                .and_then(|x| x.bundles.get(&r.bundle).cloned())
+            let previous = desired(name)
+                .and_then(|x| x.bundles.get(&r.bundle).map(String::from))
                 .unwrap_or_default();
             RolloutNodeRow::waiting(name, &previous)
         })

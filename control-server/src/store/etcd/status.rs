@@ -178,8 +178,8 @@ pub(super) fn node_update(
             trust,
             now_ms,
         } => {
-            d.facts_json = facts_json.clone();
-            d.trust = trust.clone();
+            d.facts_json = facts_json.as_str().into();
+            d.trust = trust.clone().map(Box::new);
             d.replica = store.replica.clone();
             d.last_seen_ms = d.last_seen_ms.max(*now_ms);
             // The Hello lists everything the node holds.
@@ -448,10 +448,10 @@ impl NodeStatusStore for EtcdStore {
 
     async fn record_trust(&self, name: &str, trust: NodeTrust) -> Result<()> {
         self.update_node(name, |d| {
-            if d.trust.as_ref() == Some(&trust) {
+            if d.trust.as_deref() == Some(&trust) {
                 return false;
             }
-            d.trust = Some(trust.clone());
+            d.trust = Some(Box::new(trust.clone()));
             true
         })
         .await
@@ -630,7 +630,7 @@ mod tests {
                     let assign = async {
                         let dkey = leader.key(&format!("desired/{n}"));
                         let mut d = leader.get::<DesiredDoc>(&dkey).await.unwrap().value.unwrap();
-                        d.bundles.insert("app".into(), "2".into());
+                        d.bundles.insert("app", crate::store::etcd::name::Name::from("2"));
                         d.generation += 1;
                         let mut kv = crate::store::etcd::kv_of(&leader.client);
                         kv.put(dkey, json(&d).unwrap(), None).await.unwrap();

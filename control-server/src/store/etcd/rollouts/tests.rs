@@ -93,20 +93,20 @@ async fn region(s: &EtcdStore, n: usize) -> Vec<String> {
             let doc = NodeDoc {
                 cluster: "c".into(),
                 labels: Labels::new(),
-                cert_serial: format!("s-{name}"),
-                facts_json: String::new(),
+                cert_serial: format!("s-{name}").into(),
+                facts_json: Box::default(),
                 last_seen_ms: 0,
                 enrolled_at_ms: 1,
                 replica: String::new(),
                 actual: SmallMap::new(),
                 hold: None,
-                key_hash: String::new(),
+                key_hash: Box::default(),
                 trust: None,
             };
             ops.push(s.put(&format!("nodes/{name}"), json(&doc).unwrap()));
             let d = DesiredDoc {
                 generation: 1,
-                bundles: [("b".to_string(), "1".to_string())].into(),
+                bundles: [("b".to_string(), Name::from("1"))].into(),
                 retry: SmallMap::new(),
             };
             ops.push(s.put(&format!("desired/{name}"), json(&d).unwrap()));
