@@ -100,6 +100,10 @@ pub(super) struct CacheState {
 struct Held {
     node: Option<NodeDoc>,
     desired: Option<DesiredDoc>,
+    /// The documents' `mod_revision`s (0: absent), for a write computed
+    /// from the copy to compare against (`status.rs`).
+    node_rev: i64,
+    desired_rev: i64,
 }
 
 /// A document the copy could not read.
@@ -133,14 +137,20 @@ impl CacheState {
                 d.actual
                     .intern(&mut self.names, |names, a| a.version = names.intern(&a.version));
             }
-            self.hold(n, |h| h.node = doc);
+            self.hold(n, |h| {
+                h.node_rev = if doc.is_some() { mod_rev } else { 0 };
+                h.node = doc;
+            });
         } else if let Some(n) = rest.strip_prefix("desired/") {
             let mut doc: Option<DesiredDoc> = value.map(|v| parse(rest, v)).transpose()?;
             if let Some(d) = &mut doc {
                 d.bundles.intern(&mut self.names, |names, v| *v = names.intern(v));
                 d.retry.intern(&mut self.names, |_, _| {});
             }
-            self.hold(n, |h| h.desired = doc);
+            self.hold(n, |h| {
+                h.desired_rev = if doc.is_some() { mod_rev } else { 0 };
+                h.desired = doc;
+            });
         } else if let Some(r) = rest.strip_prefix("replicas/") {
             match value {
                 Some(_) => drop(self.replicas.insert(r.to_string())),
@@ -220,6 +230,32 @@ impl CacheState {
         self.held.get(name)?.desired.as_ref()
     }
 
+    /// Node `name`'s node and desired documents with their revisions, as
+    /// the store's reads give them (`value: None, rev: 0` if absent).
+    pub(super) fn docs_of(&self, name: &str) -> Result<[Doc<serde_json::Value>; 2]> {
+        let doc = |v: Option<serde_json::Value>, rev: i64| match v {
+            Some(v) => Doc { value: Some(v), rev },
+            None => Doc { value: None, rev: 0 },
+        };
+        let encode = |e: serde_json::Error| StoreError::Backend(format!("encode: {e}"));
+        let Some(h) = self.held.get(name) else {
+            return Ok([doc(None, 0), doc(None, 0)]);
+        };
+        let node = h
+            .node
+            .as_ref()
+            .map(serde_json::to_value)
+            .transpose()
+            .map_err(encode)?;
+        let desired = h
+            .desired
+            .as_ref()
+            .map(serde_json::to_value)
+            .transpose()
+            .map_err(encode)?;
+        Ok([doc(node, h.node_rev), doc(desired, h.desired_rev)])
+    }
+
     /// Every node document, with its node's name, in no order.
     pub fn nodes(&self) -> impl Iterator<Item = (&str, &NodeDoc)> {
         self.held
@@ -291,6 +327,14 @@ impl CacheState {
 pub(super) struct ViewCache {
     state: RwLock<CacheState>,
     rev: tokio::sync::watch::Sender<i64>,
+}
+
+impl ViewCache {
+    /// The copy as it is now, once loaded (no wait for it to catch up:
+    /// callers check what they take against revisions).
+    pub(super) fn loaded(&self) -> Option<std::sync::RwLockReadGuard<'_, CacheState>> {
+        self.state.read().ok().filter(|c| c.rev > 0)
+    }
 }
 
 impl Default for ViewCache {

@@ -51,6 +51,8 @@ const BATCH_ATTEMPTS: usize = 4;
 /// bounds how many streams a replica opens per second: each opening waits
 /// for its Hello's batch.
 const COMMITTERS: usize = 4;
+/// Nodes remembered as written before those the copy holds are forgotten.
+const WRITTEN_KEPT: usize = 4096;
 
 /// What one caller changes in its node's document.
 pub(super) enum Update {
@@ -80,6 +82,9 @@ pub(super) struct StatusQueue {
     queue: Mutex<VecDeque<Pending>>,
     committers: Arc<Semaphore>,
     next_id: std::sync::atomic::AtomicU64,
+    /// Node → revision of this replica's last batch write of its document,
+    /// while the watch-fed copy may not hold it yet.
+    written: Mutex<std::collections::HashMap<String, i64>>,
 }
 
 impl Default for StatusQueue {
@@ -88,6 +93,7 @@ impl Default for StatusQueue {
             queue: Mutex::default(),
             committers: Arc::new(Semaphore::new(COMMITTERS)),
             next_id: Default::default(),
+            written: Mutex::default(),
         }
     }
 }
@@ -107,6 +113,24 @@ impl StatusQueue {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Pending>> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Notes that `nodes` were written at revision `rev`; forgets what the
+    /// copy (at `copy_rev`) holds already once many are noted.
+    fn note_written(&self, nodes: impl Iterator<Item = String>, rev: i64, copy_rev: i64) {
+        let mut w = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        for n in nodes {
+            w.insert(n, rev);
+        }
+        if w.len() > WRITTEN_KEPT {
+            w.retain(|_, r| *r > copy_rev);
+        }
+    }
+
+    /// This replica's last batch write of `node`, if the copy may lack it.
+    fn last_written(&self, node: &str) -> i64 {
+        let w = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        w.get(node).copied().unwrap_or(0)
     }
 
     fn contains(&self, id: u64) -> bool {
@@ -264,25 +288,16 @@ impl EtcdStore {
         if batch.is_empty() {
             return;
         }
-        let keys: Vec<String> = batch
-            .iter()
-            .flat_map(|p| {
-                [
-                    self.key(&format!("nodes/{}", p.node)),
-                    self.key(&format!("desired/{}", p.node)),
-                ]
-            })
-            .collect();
-        let mut docs = match self.get_many::<serde_json::Value>(&keys).await {
+        let mut docs = match self.batch_docs(&batch).await {
             Ok(d) => d,
             Err(e) => return answer_all(batch, &e),
         };
         let mut batch = batch;
         for attempt in 0..BATCH_ATTEMPTS {
-            let mut compares = Vec::with_capacity(keys.len());
+            let mut compares = Vec::with_capacity(batch.len() * 2);
             let mut ops = Vec::with_capacity(batch.len());
             let mut written = Vec::with_capacity(batch.len());
-            let mut read = Vec::with_capacity(keys.len());
+            let mut read = Vec::with_capacity(batch.len() * 2);
             let mut it = docs.into_iter();
             for p in batch {
                 let (n, d) = (it.next(), it.next());
@@ -311,7 +326,10 @@ impl EtcdStore {
             // again for the next attempt.
             let on_failure = read.iter().map(|k| TxnOp::get(k.clone(), None)).collect();
             match self.txn_or_read(compares, ops, on_failure).await {
-                Ok(Outcome::Written) => {
+                Ok(Outcome::Written(rev)) => {
+                    let copy_rev = self.cache.loaded().map_or(0, |c| c.rev);
+                    self.statuses
+                        .note_written(written.iter().map(|p| p.node.clone()), rev, copy_rev);
                     for p in written {
                         let _ = p.done.send(Ok(()));
                     }
@@ -339,6 +357,49 @@ impl EtcdStore {
 
     /// One transaction: `ops` if the compares hold, else the reads of
     /// `on_failure`.
+    /// The node and desired documents of a batch's nodes, in order (two
+    /// per node). Taken from the watch-fed copy for each node whose
+    /// documents it holds as of this replica's last write of them: a
+    /// round trip and a read of every document less per batch (a replica
+    /// taking over a dead one's agents writes thousands of Hellos, each
+    /// waiting for its batch). A document someone else changed meanwhile
+    /// fails its compare, and the same round trip reads it (`txn_or_read`).
+    /// The others, or all when the copy is not loaded, are read from etcd.
+    async fn batch_docs(&self, batch: &[Pending]) -> Result<Vec<Doc<serde_json::Value>>> {
+        let mut docs: Vec<Option<Doc<serde_json::Value>>> = Vec::with_capacity(batch.len() * 2);
+        let mut keys = Vec::new();
+        {
+            let copy = self.cache.loaded();
+            for p in batch {
+                let from_copy = match &copy {
+                    Some(c) if c.rev >= self.statuses.last_written(&p.node) => Some(c.docs_of(&p.node)?),
+                    _ => None,
+                };
+                match from_copy {
+                    Some([n, d]) => docs.extend([Some(n), Some(d)]),
+                    None => {
+                        keys.push(self.key(&format!("nodes/{}", p.node)));
+                        keys.push(self.key(&format!("desired/{}", p.node)));
+                        docs.extend([None, None]);
+                    }
+                }
+            }
+        }
+        let mut read = if keys.is_empty() {
+            Vec::new().into_iter()
+        } else {
+            self.get_many::<serde_json::Value>(&keys).await?.into_iter()
+        };
+        docs.into_iter()
+            .map(|d| match d {
+                Some(d) => Ok(d),
+                None => read
+                    .next()
+                    .ok_or_else(|| StoreError::Backend("etcd answered fewer reads than asked".into())),
+            })
+            .collect()
+    }
+
     async fn txn_or_read(
         &self,
         compares: Vec<Compare>,
@@ -352,10 +413,9 @@ impl EtcdStore {
             .await
             .map_err(super::unavailable)?;
         if resp.succeeded() {
-            if let Some(h) = resp.header() {
-                self.wrote(h.revision());
-            }
-            return Ok(Outcome::Written);
+            let rev = resp.header().map_or(0, |h| h.revision());
+            self.wrote(rev);
+            return Ok(Outcome::Written(rev));
         }
         let answers = read_answers(resp, wanted)?;
         for g in &answers {
@@ -386,7 +446,8 @@ impl EtcdStore {
 
 /// How a batch's transaction ended.
 enum Outcome {
-    Written,
+    /// At this revision.
+    Written(i64),
     /// A compare failed: the batch's documents as they are now, in order.
     Changed(Vec<Doc<serde_json::Value>>),
     /// A compare failed and a document no longer parses.

@@ -822,3 +822,71 @@ fn a_node_and_its_desired_state_come_and_go_apart() {
     c.apply("desired/gone", None, 8).unwrap();
     assert!(c.held.is_empty());
 }
+
+fn applied(version: &str) -> BundleStatusRow {
+    BundleStatusRow {
+        name: "k".into(),
+        version: version.into(),
+        state: BundleState::Applied,
+        message: String::new(),
+        updated_at_ms: 7,
+        generation: 1,
+        fetched_from_server: 0,
+        fetched_from_peers: 0,
+    }
+}
+
+#[tokio::test]
+async fn a_status_batch_takes_its_documents_from_the_copy_and_a_stale_one_costs_a_retry_not_a_loss() {
+    let etcd = TestEtcd::start();
+    let (s, cancel, task) = watched_with_bundle(&etcd, 3).await;
+    let other = etcd.store("r2").await;
+    let gets = || {
+        reads::snapshot()
+            .iter()
+            .find(|r| r.0 == "get" && r.1 == "nodes")
+            .map_or(0, |r| r.2)
+    };
+    s.node_connected("n1", "{}", Vec::new(), 10).await.unwrap();
+    wait_rev(&s, current_rev(&s).await).await;
+    // The copy holds the Hello this replica wrote: the report's batch
+    // reads nothing from etcd.
+    let g0 = gets();
+    s.record_status("n1", vec![applied("1")]).await.unwrap();
+    assert_eq!(gets(), g0, "from the copy");
+    assert_eq!(
+        other.get_node("n1").await.unwrap().unwrap().actual["k"].version,
+        "1"
+    );
+    // Right after its own write, before the copy holds it, a report of
+    // the same node is not computed from the copy's older document.
+    s.record_status("n1", vec![applied("2")]).await.unwrap();
+    s.record_status("n1", vec![applied("3")]).await.unwrap();
+    assert_eq!(
+        other.get_node("n1").await.unwrap().unwrap().actual["k"].version,
+        "3"
+    );
+    // Another replica changes the document; this replica's copy is made to
+    // lag (the document as it was): the batch's compare fails, the same
+    // round trip reads the document, and the retry keeps both changes.
+    wait_rev(&s, current_rev(&s).await).await;
+    let (before, rev) = s.get_bytes("nodes/n1").await.unwrap().unwrap();
+    let serial = other.get_node("n1").await.unwrap().unwrap().cert_serial;
+    other.replace_cert_serial("n1", &serial, "renewed").await.unwrap();
+    wait_rev(&s, current_rev(&s).await).await;
+    s.cache
+        .state
+        .write()
+        .unwrap()
+        .apply("nodes/n1", Some(&before), rev)
+        .unwrap();
+    s.record_status("n1", vec![applied("4")]).await.unwrap();
+    let n = other.get_node("n1").await.unwrap().unwrap();
+    assert_eq!(
+        (n.cert_serial.as_str(), n.actual["k"].version.as_str()),
+        ("renewed", "4")
+    );
+    assert!(n.connected, "the Hello's replica kept");
+    cancel.cancel();
+    task.await.unwrap();
+}
