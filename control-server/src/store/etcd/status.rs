@@ -371,8 +371,12 @@ impl EtcdStore {
         {
             let copy = self.cache.loaded();
             for p in batch {
+                // A node the copy does not hold may have been enrolled a
+                // moment ago (its Hello follows at once): etcd says.
                 let from_copy = match &copy {
-                    Some(c) if c.rev >= self.statuses.last_written(&p.node) => Some(c.docs_of(&p.node)?),
+                    Some(c) if c.node(&p.node).is_some() && c.rev >= self.statuses.last_written(&p.node) => {
+                        Some(c.docs_of(&p.node)?)
+                    }
                     _ => None,
                 };
                 match from_copy {

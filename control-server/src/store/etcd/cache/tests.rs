@@ -887,6 +887,26 @@ async fn a_status_batch_takes_its_documents_from_the_copy_and_a_stale_one_costs_
         ("renewed", "4")
     );
     assert!(n.connected, "the Hello's replica kept");
+    // A node enrolled a moment ago that the copy does not hold yet: its
+    // Hello is written all the same (read from etcd), not taken for a
+    // deleted node's.
+    other
+        .enroll_node(super::super::tests::new_node("fresh", "tok000"))
+        .await
+        .unwrap();
+    wait_rev(&s, current_rev(&s).await).await;
+    let rev = current_rev(&s).await;
+    s.cache
+        .state
+        .write()
+        .unwrap()
+        .apply("nodes/fresh", None, rev)
+        .unwrap();
+    s.node_connected("fresh", "{}", Vec::new(), 20).await.unwrap();
+    assert!(
+        other.get_node("fresh").await.unwrap().unwrap().connected,
+        "recorded"
+    );
     cancel.cancel();
     task.await.unwrap();
 }
