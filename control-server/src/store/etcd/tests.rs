@@ -322,29 +322,15 @@ async fn last_seen_documents_of_the_version_before_are_read_then_folded_away() {
     .await
     .unwrap();
     s.node_connected("n2", "{}", Vec::new(), 3000).await.unwrap();
-    assert_eq!(
-        s.get_node("n1").await.unwrap().unwrap().last_seen_ms,
-        5000,
-        "read"
-    );
-    assert_eq!(s.get_node("n2").await.unwrap().unwrap().last_seen_ms, 3000);
+    let seen = async |n: &str| s.get_node(n).await.unwrap().unwrap().last_seen_ms;
+    assert_eq!((seen("n1").await, seen("n2").await), (5000, 3000), "read");
     // Its replica is gone: the times go into the node documents (no wait,
     // nothing names it) and the document is deleted.
-    assert_eq!(
-        s.settle_gone_replicas(6000, super::SETTLE_AFTER).await.unwrap(),
-        1
-    );
+    let settle = async || s.settle_gone_replicas(6000, super::SETTLE_AFTER).await.unwrap();
+    assert_eq!(settle().await, 1);
     assert!(s.get_bytes("seen/old").await.unwrap().is_none());
-    assert_eq!(
-        s.get_node("n1").await.unwrap().unwrap().last_seen_ms,
-        5000,
-        "kept"
-    );
-    assert_eq!(s.get_node("n2").await.unwrap().unwrap().last_seen_ms, 3000);
-    assert_eq!(
-        s.settle_gone_replicas(6000, super::SETTLE_AFTER).await.unwrap(),
-        0
-    );
+    assert_eq!((seen("n1").await, seen("n2").await), (5000, 3000), "kept");
+    assert_eq!(settle().await, 0);
 }
 
 #[tokio::test]

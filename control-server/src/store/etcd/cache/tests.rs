@@ -29,6 +29,15 @@ async fn same_as_etcd(s: &EtcdStore) {
     assert_eq!(cached, direct);
 }
 
+/// How many reads of `kind` ("range", "get", "watch") under key prefix
+/// `prefix` this process made of etcd so far.
+fn reads_of(kind: &str, prefix: &str) -> u64 {
+    reads::snapshot()
+        .iter()
+        .find(|r| r.0 == kind && r.1 == prefix)
+        .map_or(0, |r| r.2)
+}
+
 async fn wait_rev(s: &EtcdStore, at_least: i64) {
     let mut rx = s.cache.rev.subscribe();
     tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|&r| r >= at_least))
@@ -428,12 +437,7 @@ async fn a_listing_comes_from_the_copy_and_is_what_etcd_holds() {
         .unwrap();
     wait_rev(&s, current_rev(&s).await).await;
     s.node_connected("n1", "{}", Vec::new(), 5).await.unwrap();
-    let ranges = || {
-        reads::snapshot()
-            .iter()
-            .find(|r| r.0 == "range" && r.1 == "nodes")
-            .map_or(0, |r| r.2)
-    };
+    let ranges = || reads_of("range", "nodes");
     let before = ranges();
     let listed = s.list_nodes(Some("c")).await.unwrap();
     let all = s.list_nodes(None).await.unwrap();
@@ -476,12 +480,7 @@ async fn a_push_takes_a_newer_desired_state_from_the_copy() {
         .unwrap();
     assign_n0(&other, &r).await;
     wait_rev(&s, current_rev(&s).await).await;
-    let gets = || {
-        reads::snapshot()
-            .iter()
-            .find(|r| r.0 == "get" && r.1 == "desired")
-            .map_or(0, |r| r.2)
-    };
+    let gets = || reads_of("get", "desired");
     let g0 = gets();
     let pushed = s
         .desired_state_after("n0", Some(before.generation))
@@ -615,12 +614,7 @@ async fn last_seen_comes_from_the_replicas_heard_times_in_the_copy_and_a_gone_on
     r2.client().lease_client().revoke(r2_lease).await.unwrap();
     wait_rev(&s, current_rev(&s).await).await;
     assert_eq!(seen(&s.cache.state.read().unwrap(), "n1"), (false, 900));
-    let ranges = || {
-        reads::snapshot()
-            .iter()
-            .find(|r| r.0 == "range" && r.1 == "nodes")
-            .map_or(0, |r| r.2)
-    };
+    let ranges = || reads_of("range", "nodes");
     let before = ranges();
     let later = 900 + crate::store::etcd::SETTLE_AFTER.as_millis() as i64;
     assert_eq!(
@@ -841,12 +835,7 @@ async fn a_status_batch_takes_its_documents_from_the_copy_and_a_stale_one_costs_
     let etcd = TestEtcd::start();
     let (s, cancel, task) = watched_with_bundle(&etcd, 3).await;
     let other = etcd.store("r2").await;
-    let gets = || {
-        reads::snapshot()
-            .iter()
-            .find(|r| r.0 == "get" && r.1 == "nodes")
-            .map_or(0, |r| r.2)
-    };
+    let gets = || reads_of("get", "nodes");
     s.node_connected("n1", "{}", Vec::new(), 10).await.unwrap();
     wait_rev(&s, current_rev(&s).await).await;
     // The copy holds the Hello this replica wrote: the report's batch
