@@ -333,24 +333,27 @@ async fn last_seen_documents_of_the_version_before_are_read_then_folded_away() {
     assert_eq!(settle().await, 0);
 }
 
+/// Event `i` of cluster `c`, at 1000 + `i` ms, saying "e`i`".
+fn numbered_event(i: i64) -> EventRow {
+    EventRow {
+        id: 0,
+        at_ms: 1000 + i,
+        cluster: "c".into(),
+        node: String::new(),
+        rollout_id: String::new(),
+        kind: "k".into(),
+        bundle: String::new(),
+        version: String::new(),
+        message: format!("e{i}"),
+    }
+}
+
 #[tokio::test]
 async fn the_oldest_events_are_pruned_and_the_newest_kept() {
     let etcd = TestEtcd::start();
     let s = etcd.store("r1").await;
     for i in 0..5 {
-        s.add_event(EventRow {
-            id: 0,
-            at_ms: 1000 + i,
-            cluster: "c".into(),
-            node: String::new(),
-            rollout_id: String::new(),
-            kind: "k".into(),
-            bundle: String::new(),
-            version: String::new(),
-            message: format!("e{i}"),
-        })
-        .await
-        .unwrap();
+        s.add_event(numbered_event(i)).await.unwrap();
     }
     assert_eq!(s.prune_events_to(3).await.unwrap(), 2);
     assert_eq!(s.prune_events_to(3).await.unwrap(), 0);
@@ -374,17 +377,7 @@ async fn the_oldest_events_are_pruned_and_the_newest_kept() {
 async fn events_stored_under_the_old_prefix_are_listed_and_pruned_first() {
     let etcd = TestEtcd::start();
     let s = etcd.store("r1").await;
-    let ev = |i: i64| EventRow {
-        id: 0,
-        at_ms: 1000 + i,
-        cluster: "c".into(),
-        node: String::new(),
-        rollout_id: String::new(),
-        kind: "k".into(),
-        bundle: String::new(),
-        version: String::new(),
-        message: format!("e{i}"),
-    };
+    let ev = numbered_event;
     // Two documents of the version before, under `events/`.
     let mut kv = s.client().kv_client();
     for i in 0..2 {
