@@ -44,7 +44,7 @@ pick_port() {
 }
 
 say "Installing what is missing and building (first build takes a few minutes)"
-bash scripts/setup.sh
+bash scripts/setup.sh quickstart
 cargo build --bins
 
 stop

@@ -1,7 +1,18 @@
 #!/usr/bin/env bash
 # Installs what building and testing lksadmin needs on Debian 12, if missing.
 # Safe to run again. Needs root (or sudo) only when something is missing.
+#
+# Usage: bash scripts/setup.sh [quickstart|tests]
+#   tests (the default) also builds the tenant control plane the Kubernetes
+#   tests start (scripts/kube.sh: kube-apiserver, kube-controller-manager and
+#   kubectl from the Go module proxy, once, into ~/.cache/lksadmin/);
+#   quickstart skips that.
 set -euo pipefail
+for_what=${1:-tests}
+case "$for_what" in
+  quickstart | tests) ;;
+  *) echo "usage: bash scripts/setup.sh [quickstart|tests]" >&2; exit 2 ;;
+esac
 
 need=()
 command -v protoc >/dev/null || need+=(protobuf-compiler)
@@ -49,4 +60,7 @@ fi
 if ! cargo nextest --version >/dev/null 2>&1; then
   echo "setup: installing cargo-nextest" >&2
   cargo install --locked cargo-nextest >/dev/null
+fi
+if [ "$for_what" = tests ]; then
+  bash "$(dirname "$0")/kube.sh"
 fi

@@ -116,4 +116,6 @@ fi
 
 # --- the real thing -------------------------------------------------------------
 check "$here" || die "packaging/kubernetes manifests do not validate (output above)"
+# What the server needs in each tenant cluster (applied there, not in kube0).
+validate "$here"/tenant/*.yaml || die "packaging/kubernetes/tenant manifests do not validate (output above)"
 log "ok: manifests valid against Kubernetes ${KUBE_VERSIONS[*]} (strict)${kubectl_bin:+, kustomize rendering too}"

@@ -253,6 +253,7 @@ pub mod agent;
 pub mod console;
 pub mod etcd;
 pub mod hostile;
+pub mod kube;
 pub mod netns;
 pub mod rogue;
 pub mod rollout;
