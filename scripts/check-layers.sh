@@ -23,7 +23,7 @@ LAYERS = """
     store
     clustercache
     hub admission blobs pki tracker rollout
-    metrics authz peers releases
+    metrics authz peers releases kube
     packages tlsaccept controller
     context
     replicas migrate rebalance api

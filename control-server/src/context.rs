@@ -23,6 +23,7 @@ use crate::admission::OpenGate;
 use crate::blobs::Blobs;
 use crate::controller;
 use crate::hub::Hub;
+use crate::kube::tenant::TenantApis;
 use crate::metrics::Metrics;
 use crate::packages::AgentPackages;
 use crate::peers::PeerCache;
@@ -44,6 +45,9 @@ pub struct Shared {
     /// Tenant cluster CAs: `cluster_cas.load(name)` gives a cluster's CA
     /// ready to sign, its key opened with the encryption key if sealed.
     pub cluster_cas: Arc<ClusterCas>,
+    /// Tenant cluster APIs: a client of each cluster's, from the
+    /// kubeconfig it was given (`cluster set --kubeconfig`).
+    pub tenants: Arc<TenantApis>,
     pub hub: Arc<Hub>,
     /// Peer-sharing settings by cluster, for the desired states sent.
     pub peers: Arc<PeerCache>,

@@ -25,13 +25,19 @@ use tonic::Status;
 use crate::authz::store_status;
 use crate::clock::now_ms;
 use crate::hub::Hub;
+use crate::kube::work::{Attempt, KubeWork};
 use crate::metrics::Metrics;
 use crate::rollout::{self, Clock, Decision, NodeView, Verb};
-use crate::store::{NewRollout, RolloutCommit, RolloutRow, RolloutState, Store, StoreError};
+use crate::store::{
+    KubeStep, NewRollout, NodeState, RolloutCommit, RolloutRow, RolloutState, Store, StoreError,
+};
 use crate::windows;
 
 /// How often rollouts are re-examined without a trigger (offline deadlines).
 const TICK: Duration = Duration::from_secs(1);
+/// How often the leader looks for cordons lksadmin made that no active
+/// rollout owns (`KubeWork::repair`).
+const CORDON_REPAIR: Duration = Duration::from_secs(30);
 /// Operator commands queued for the controller.
 const QUEUE: usize = 64;
 /// Steps taken for one rollout per trigger; one normally reaches a fixed point.
@@ -44,7 +50,7 @@ const VERB_ATTEMPTS: usize = 5;
 type Reply = oneshot::Sender<Result<RolloutRow, Status>>;
 
 enum Command {
-    Start { rollout: NewRollout, reply: Reply },
+    Start { rollout: Box<NewRollout>, reply: Reply },
     Verb { id: String, verb: Verb, reply: Reply },
 }
 
@@ -80,7 +86,14 @@ impl Handle {
     /// stands after that first decision.
     pub async fn start(&self, rollout: NewRollout) -> Result<RolloutRow, Status> {
         let (reply, rx) = oneshot::channel();
-        self.ask(Command::Start { rollout, reply }, rx).await
+        self.ask(
+            Command::Start {
+                rollout: Box::new(rollout),
+                reply,
+            },
+            rx,
+        )
+        .await
     }
 
     /// Applies an operator verb; returns the rollout after it took effect.
@@ -113,6 +126,8 @@ pub struct Deps {
     pub rollouts_changed: Arc<Notify>,
     /// Bumped whenever a rollout changed, for `WatchRollout` streams.
     pub rollout_updates: watch::Sender<u64>,
+    /// Drains, Ready gates and cordons in the tenant clusters.
+    pub kube: Arc<KubeWork>,
     pub cancel: CancellationToken,
 }
 
@@ -137,6 +152,8 @@ pub async fn run(s: Deps, inbox: Inbox) {
     let mut rx = inbox.0;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut repair = tokio::time::interval(CORDON_REPAIR);
+    repair.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = s.cancel.cancelled() => return,
@@ -148,6 +165,7 @@ pub async fn run(s: Deps, inbox: Inbox) {
             // The first tick is immediate: rollouts stored before a restart
             // carry on at once.
             _ = tick.tick() => c.drive_all().await,
+            _ = repair.tick() => c.repair_cordons().await,
             r = leader.changed(), if !leader_fixed => {
                 if r.is_err() {
                     leader_fixed = true;
@@ -157,6 +175,9 @@ pub async fn run(s: Deps, inbox: Inbox) {
                     // Offline deadlines count from when this replica took over.
                     c.since_ms = now_ms();
                     c.drive_all().await;
+                } else {
+                    // The next leader carries each drain on from the store.
+                    s.kube.drop_all();
                 }
             }
         }
@@ -216,7 +237,7 @@ impl Controller {
     async fn handle(&self, cmd: Command) {
         match cmd {
             Command::Start { rollout, reply } => {
-                let r = self.start(rollout).await;
+                let r = self.start(*rollout).await;
                 let _ = reply.send(r);
             }
             Command::Verb { id, verb, reply } => {
@@ -298,9 +319,32 @@ impl Controller {
         Ok(needs)
     }
 
+    /// The tenant cluster's answers for the steps of `r`'s nodes that
+    /// need it (their tasks started, or stopped when no longer wanted).
+    fn kube_facts(&self, r: &RolloutRow) -> HashMap<String, rollout::KubeFact> {
+        let Some(policy) = &r.policy.drain else {
+            return HashMap::new();
+        };
+        let wanted = r
+            .nodes
+            .iter()
+            .filter(|n| {
+                n.state == NodeState::Applying && matches!(n.kube, KubeStep::Draining | KubeStep::Readying)
+            })
+            .map(|n| Attempt {
+                rollout: r.id.clone(),
+                node: n.name.clone(),
+                step: n.kube,
+                since_ms: n.kube_since_ms,
+            })
+            .collect();
+        self.s.kube.facts(&r.cluster, &r.id, policy, wanted)
+    }
+
     async fn views(&self, r: &RolloutRow, claims: &Claims) -> Result<BTreeMap<String, NodeView>, StoreError> {
         let stored = self.s.store.rollout_views(&r.id).await?;
         let needs = self.needs(r).await?;
+        let mut kube = self.kube_facts(r);
         Ok(stored
             .into_iter()
             .map(|(name, v)| {
@@ -320,6 +364,7 @@ impl Controller {
                     last_seen_ms: v.last_seen_ms.max(self.s.hub.last_heard(&name).unwrap_or(0)),
                     held: v.held,
                     claimed_by: claims.get(&name).cloned(),
+                    kube: kube.remove(&name),
                 };
                 (name, view)
             })
@@ -342,6 +387,16 @@ impl Controller {
             .await?;
         for n in &changed {
             self.s.hub.notify(n);
+        }
+        // A turn that owned its node's cordon and no longer does: lift it.
+        for n in &row.nodes {
+            let owned = before
+                .nodes
+                .iter()
+                .any(|b| b.name == n.name && b.kube.owns_cordon());
+            if owned && !n.kube.owns_cordon() {
+                self.s.kube.release(&row.cluster, &row.id, &n.name);
+            }
         }
         for k in &kinds {
             self.s.metrics.rollout_event(k);
@@ -407,6 +462,24 @@ impl Controller {
         self.s
             .metrics
             .set_active_rollouts(driven.iter().filter(|a| **a).count());
+    }
+
+    /// Lifts cordons lksadmin made that no active rollout owns, in every
+    /// cluster with a kubeconfig (leader only).
+    async fn repair_cordons(&self) {
+        if !self.leads() {
+            return;
+        }
+        let clusters = match self.s.store.list_clusters().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "cordon repair: list clusters");
+                return;
+            }
+        };
+        for c in clusters.iter().filter(|c| c.kube.kubeconfig) {
+            self.s.kube.repair(&c.name).await;
+        }
     }
 
     async fn count_active(&self) {

@@ -18,6 +18,7 @@ pub mod clustercache;
 pub mod context;
 pub mod controller;
 pub mod hub;
+pub mod kube;
 pub mod metrics;
 pub mod migrate;
 pub mod packages;

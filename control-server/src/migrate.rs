@@ -64,6 +64,8 @@ pub enum MigrateError {
     ServerRunning(String),
     #[error("{0}")]
     ClusterCa(String),
+    #[error("{0}")]
+    Kubeconfig(String),
     #[error("read {path}: {source}")]
     ReadState { path: PathBuf, source: StoreError },
     #[error(
@@ -276,6 +278,7 @@ pub async fn migrate(cfg: &MigrateConfig) -> Result<Summary, MigrateError> {
         return Err(not_empty(key));
     }
     reseal_cluster_cas(&mut dump, seal.as_ref(), store.prefix())?;
+    reseal_kubeconfigs(&mut dump, seal.as_ref(), store.prefix())?;
     match replicas::store_identity(&store, &identity, seal.as_ref()).await {
         Ok(()) => {}
         Err(IdentityError::Exists(key)) => return Err(not_empty(key)),
@@ -332,6 +335,23 @@ fn reseal_cluster_cas(dump: &mut Dump, seal: Option<&SealKey>, prefix: &str) -> 
         let pem = clusterca::keys::open_key(None, "", name, &ca.key).map_err(|e| fail(e.to_string()))?;
         clusterca::ClusterCa::load(&ca.cert_pem, &pem).map_err(|e| fail(format!("stored CA: {e}")))?;
         ca.key = clusterca::keys::seal_key(seal, prefix, name, &pem).map_err(|e| fail(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// Seals each cluster's tenant kubeconfig for its etcd name when an
+/// encryption key is given, as the server would.
+fn reseal_kubeconfigs(dump: &mut Dump, seal: Option<&SealKey>, prefix: &str) -> Result<(), MigrateError> {
+    for (name, k) in &mut dump.cluster_kube {
+        if let Some(stored) = &k.kubeconfig {
+            let fail = |e: String| MigrateError::Kubeconfig(format!("cluster {name}: kubeconfig: {e}"));
+            let text = crate::kube::secret::open_kubeconfig(None, "", name, stored)
+                .map_err(|e| fail(e.to_string()))?;
+            k.kubeconfig = Some(
+                crate::kube::secret::seal_kubeconfig(seal, prefix, name, &text)
+                    .map_err(|e| fail(e.to_string()))?,
+            );
+        }
     }
     Ok(())
 }

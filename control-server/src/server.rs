@@ -372,13 +372,13 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
     let (rollouts, rollout_inbox) = controller::channel();
     let (leader_tx, leader) = watch::channel(etcd.is_none());
     let (servers_tx, servers) = watch::channel(known);
-    let cluster_cas = ClusterCas::new(
-        store.clone(),
-        seal.map(Arc::new),
-        etcd.as_ref().map_or("", |e| e.prefix()),
-    );
+    let seal = seal.map(Arc::new);
+    let aad_prefix = etcd.as_ref().map_or("", |e| e.prefix());
+    let cluster_cas = ClusterCas::new(store.clone(), seal.clone(), aad_prefix);
+    let tenants = crate::kube::tenant::TenantApis::new(store.clone(), seal, aad_prefix);
     let shared = Arc::new(Shared {
         cluster_cas: Arc::new(cluster_cas),
+        tenants: Arc::new(tenants),
         store,
         leader,
         servers,
@@ -454,6 +454,13 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
             leader: shared.leader.clone(),
             rollouts_changed: shared.rollouts_changed.clone(),
             rollout_updates: shared.rollout_updates.clone(),
+            kube: Arc::new(crate::kube::work::KubeWork::new(
+                shared.tenants.clone(),
+                shared.store.clone(),
+                shared.rollouts_changed.clone(),
+                shared.tasks.clone(),
+                cancel.clone(),
+            )),
             cancel: cancel.clone(),
         },
         rollout_inbox,

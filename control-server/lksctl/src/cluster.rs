@@ -57,7 +57,8 @@ pub enum ClusterCmd {
             value_name = "WINDOW",
             required_unless_present_any = [
                 "no_maintenance_window", "api_server", "no_api_server", "ca_cert", "ca_key", "generate_ca",
-                "peer_sharing", "peer_port", "peer_upload_rate", "peer_max_uploads"
+                "peer_sharing", "peer_port", "peer_upload_rate", "peer_max_uploads",
+                "kubeconfig", "drain"
             ]
         )]
         maintenance_window: Vec<String>,
@@ -94,6 +95,16 @@ pub enum ClusterCmd {
         /// Concurrent uploads per node, 1 to 64 [default: 4].
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
         peer_max_uploads: Option<u32>,
+        /// A kubeconfig for the tenant cluster's API server, so rollouts can
+        /// drain nodes and wait for them to be Ready (a ServiceAccount's:
+        /// packaging/kubernetes/tenant/README.md); `none` removes it. Stored
+        /// encrypted like the CA keys, never printed back.
+        #[arg(long, value_name = "FILE|none")]
+        kubeconfig: Option<PathBuf>,
+        /// Whether rollouts of the cluster drain each node at its turn
+        /// unless `rollout start` says otherwise; needs a kubeconfig.
+        #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
+        drain: Option<bool>,
     },
     /// Show one cluster.
     Get {
@@ -243,6 +254,22 @@ impl ClusterCmd {
     }
 }
 
+/// Largest kubeconfig read (the server takes 64 KiB).
+const MAX_KUBECONFIG: u64 = 64 * 1024;
+
+/// The text of a kubeconfig file, read whole.
+fn read_kubeconfig(p: &Path) -> anyhow::Result<String> {
+    let what = || format!("read the kubeconfig {}", p.display());
+    let len = std::fs::metadata(p).with_context(what)?.len();
+    if len > MAX_KUBECONFIG {
+        return Err(anyhow!(
+            "{}: {len} bytes is larger than a kubeconfig (64 KiB at most)",
+            what()
+        ));
+    }
+    std::fs::read_to_string(p).with_context(what)
+}
+
 /// The CA certificate and key files, both or neither.
 fn read_pair(cert: Option<&Path>, key: Option<&Path>) -> anyhow::Result<Option<(String, String)>> {
     let read = |p: &Path, what: &str| {
@@ -337,8 +364,15 @@ pub async fn run(c: &mut Client, url: &str, cmd: ClusterCmd) -> anyhow::Result<(
             peer_port,
             peer_upload_rate,
             peer_max_uploads,
+            kubeconfig,
+            drain,
         } => {
             let windows = no_maintenance_window || !maintenance_window.is_empty();
+            let clear_kubeconfig = kubeconfig.as_deref() == Some(Path::new("none"));
+            let kubeconfig_text = match &kubeconfig {
+                Some(p) if !clear_kubeconfig => Some(read_kubeconfig(p)?),
+                _ => None,
+            };
             let peer = peer_sharing.is_some()
                 || peer_port.is_some()
                 || peer_upload_rate.is_some()
@@ -359,6 +393,9 @@ pub async fn run(c: &mut Client, url: &str, cmd: ClusterCmd) -> anyhow::Result<(
                     ca_cert_pem,
                     ca_key_pem,
                     generate_ca,
+                    kubeconfig: kubeconfig_text,
+                    clear_kubeconfig,
+                    drain,
                 })
                 .await
                 .map_err(st)
@@ -379,6 +416,15 @@ pub async fn run(c: &mut Client, url: &str, cmd: ClusterCmd) -> anyhow::Result<(
             }
             if peer {
                 outln!("cluster {name}: peer sharing {}", output::peer_text(&r));
+            }
+            if clear_kubeconfig {
+                outln!("cluster {name}: kubeconfig removed");
+            } else if kubeconfig.is_some() {
+                outln!("cluster {name}: kubeconfig stored; tenant API {}", r.kube_probe);
+            }
+            if let Some(d) = drain {
+                let how = if d { "drain" } else { "do not drain" };
+                outln!("cluster {name}: rollouts {how} nodes by default");
             }
         }
         ClusterCmd::Get { name, output } => {

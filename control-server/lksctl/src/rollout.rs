@@ -72,6 +72,8 @@ pub enum RolloutCmd {
         /// (recorded in the event log with your admin credential).
         #[arg(long)]
         ignore_windows: bool,
+        #[command(flatten)]
+        drain: DrainArgs,
         /// Wait until the rollout ends, showing progress; exit non-zero unless it completed.
         #[arg(long)]
         wait: bool,
@@ -128,6 +130,7 @@ pub async fn run(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
             canary_soak,
             batch_interval,
             ignore_windows,
+            drain,
             wait,
             dry_run,
             output,
@@ -156,6 +159,7 @@ pub async fn run(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
                     canary_soak,
                     batch_interval,
                     ignore_windows,
+                    drain,
                 },
             )
             .await?;
@@ -263,6 +267,58 @@ pub struct Start<'a> {
     pub canary_soak: Duration,
     pub batch_interval: Option<Duration>,
     pub ignore_windows: bool,
+    pub drain: DrainArgs,
+}
+
+/// `rollout start`'s drain options: each node is cordoned and drained
+/// through its tenant cluster's API before its turn, and must be Ready
+/// after (the cluster needs a kubeconfig: `cluster set --kubeconfig`).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct DrainArgs {
+    /// Drain each node before its turn and wait for it to be Ready after
+    /// [default: the cluster's, `cluster set NAME --drain on|off`].
+    #[arg(long, conflicts_with = "no_drain")]
+    pub drain: bool,
+    /// Do not drain, whatever the cluster's default.
+    #[arg(long)]
+    pub no_drain: bool,
+    /// How long one node's drain may take before it is given up
+    /// (drain-blocked) and its cordon lifted [default: 10m].
+    #[arg(long, value_parser = parse_duration, value_name = "DUR")]
+    pub drain_timeout: Option<Duration>,
+    /// How long after applying the Node must be Ready [default: 5m].
+    #[arg(long, value_parser = parse_duration, value_name = "DUR")]
+    pub ready_timeout: Option<Duration>,
+    /// Evict pods with hostPath volumes too (their data on the node stays
+    /// behind).
+    #[arg(long)]
+    pub drain_delete_local_data: bool,
+    /// A node whose drain timed out: `fail` (counted against
+    /// --failure-threshold) or `skip` (reported, no failure).
+    #[arg(long, value_name = "fail|skip")]
+    pub on_drain_timeout: Option<String>,
+    /// The kubelet version the bundle installs, e.g. v1.37.2: the Ready
+    /// gate also wants the Node to report it.
+    #[arg(long, value_name = "VERSION")]
+    pub kubelet_version: Option<String>,
+}
+
+impl DrainArgs {
+    fn drain(&self) -> Option<bool> {
+        match (self.drain, self.no_drain) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        }
+    }
+}
+
+fn secs(flag: &str, d: Option<Duration>) -> anyhow::Result<u64> {
+    match d {
+        None => Ok(0),
+        Some(d) if d.as_secs() == 0 => bail!("{flag} must be at least 1s"),
+        Some(d) => Ok(d.as_secs()),
+    }
 }
 
 /// Checks what `rollout start` can check before dialling.
@@ -294,6 +350,12 @@ pub async fn start(c: &mut Client, url: &str, s: &Start<'_>) -> anyhow::Result<p
         canary_soak_seconds: if s.canary > 0 { s.canary_soak.as_secs() } else { 0 },
         batch_interval_seconds: s.batch_interval.map_or(0, |d| d.as_secs()),
         ignore_windows: s.ignore_windows,
+        drain: s.drain.drain(),
+        drain_timeout_seconds: secs("--drain-timeout", s.drain.drain_timeout)?,
+        ready_timeout_seconds: secs("--ready-timeout", s.drain.ready_timeout)?,
+        drain_delete_local_data: s.drain.drain_delete_local_data,
+        on_drain_timeout: s.drain.on_drain_timeout.clone().unwrap_or_default(),
+        kubelet_version: s.drain.kubelet_version.clone().unwrap_or_default(),
     })
     .await
     .map_err(|e| status(url, e))

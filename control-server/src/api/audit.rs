@@ -146,6 +146,18 @@ fn cert(given: &str) -> Value {
     }
 }
 
+/// A kubeconfig the request carried holds a credential: only its server
+/// is recorded (or that it was given, if it does not parse).
+fn kubeconfig(given: Option<&str>) -> Value {
+    match given {
+        None => Value::Null,
+        Some(text) => match crate::kube::config::TenantKubeconfig::check(text) {
+            Ok(k) => json!({"server": k.server, "user": k.user, "credential": "<redacted>"}),
+            Err(_) => json!("<redacted>"),
+        },
+    }
+}
+
 pub(super) fn create_cluster(r: &pb::CreateClusterRequest) -> Entry {
     Entry {
         target: r.name.clone(),
@@ -172,6 +184,9 @@ pub(super) fn set_cluster(r: &pb::SetClusterRequest) -> Entry {
             "peer_port": r.peer_port,
             "peer_upload_rate": r.peer_upload_rate,
             "peer_max_uploads": r.peer_max_uploads,
+            "kubeconfig": kubeconfig(r.kubeconfig.as_deref()),
+            "clear_kubeconfig": r.clear_kubeconfig,
+            "drain": r.drain,
         }),
     }
 }
@@ -224,6 +239,12 @@ pub(super) fn start_rollout(r: &pb::StartRolloutRequest) -> Entry {
             "canary_soak_seconds": r.canary_soak_seconds,
             "batch_interval_seconds": r.batch_interval_seconds,
             "ignore_windows": r.ignore_windows,
+            "drain": r.drain,
+            "drain_timeout_seconds": r.drain_timeout_seconds,
+            "ready_timeout_seconds": r.ready_timeout_seconds,
+            "drain_delete_local_data": r.drain_delete_local_data,
+            "on_drain_timeout": r.on_drain_timeout,
+            "kubelet_version": r.kubelet_version,
         }),
     }
 }

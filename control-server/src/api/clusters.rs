@@ -17,9 +17,11 @@ use crate::authz::store_status;
 use crate::clock::now_ms;
 use crate::context::Shared;
 use crate::hub::Hub;
+use crate::kube::config::TenantKubeconfig;
+use crate::kube::tenant::{self, TenantApis};
 use crate::peers::PeerCache;
 use crate::pki::clusterca::{ClusterCa, ClusterCas};
-use crate::store::{ClusterRow, EventRow, IssuedCertRow, NewCluster, PeerSettings, Store};
+use crate::store::{ClusterKube, ClusterRow, EventRow, IssuedCertRow, NewCluster, PeerSettings, Store};
 
 /// What the cluster handlers use: the store, the tenant CAs, and whom to
 /// tell when a cluster's settings change (the agents' streams, the
@@ -27,6 +29,7 @@ use crate::store::{ClusterRow, EventRow, IssuedCertRow, NewCluster, PeerSettings
 pub(super) struct Deps {
     pub store: Arc<dyn Store>,
     pub cluster_cas: Arc<ClusterCas>,
+    pub tenants: Arc<TenantApis>,
     pub hub: Arc<Hub>,
     pub peers: Arc<PeerCache>,
     pub rollouts_changed: Arc<tokio::sync::Notify>,
@@ -37,6 +40,7 @@ impl Deps {
         Deps {
             store: s.store.clone(),
             cluster_cas: s.cluster_cas.clone(),
+            tenants: s.tenants.clone(),
             hub: s.hub.clone(),
             peers: s.peers.clone(),
             rollouts_changed: s.rollouts_changed.clone(),
@@ -203,17 +207,82 @@ impl PeerChange {
     }
 }
 
+/// The tenant-API part of a `SetCluster` request, checked: each part
+/// replaces the stored one only when given.
+#[derive(Debug, Default)]
+pub struct KubeChange {
+    /// `Some(None)`: remove the kubeconfig.
+    pub kubeconfig: Option<Option<TenantKubeconfig>>,
+    pub drain: Option<bool>,
+}
+
+impl KubeChange {
+    /// Checks the request's kubeconfig and drain default; `None` if it
+    /// gives neither.
+    pub fn check(r: &pb::SetClusterRequest) -> Result<Option<KubeChange>, Status> {
+        let kubeconfig = match (&r.kubeconfig, r.clear_kubeconfig) {
+            (Some(_), true) => return Err(invalid("give a kubeconfig or remove it, not both")),
+            (Some(text), false) => Some(Some(
+                TenantKubeconfig::check(text).map_err(|e| invalid(format!("--kubeconfig: {e}")))?,
+            )),
+            (None, true) => Some(None),
+            (None, false) => None,
+        };
+        let c = KubeChange {
+            kubeconfig,
+            drain: r.drain,
+        };
+        Ok((c.kubeconfig.is_some() || c.drain.is_some()).then_some(c))
+    }
+
+    /// Refuses a change that would leave the cluster draining without a
+    /// kubeconfig: its rollouts could not start.
+    pub fn check_against(&self, cluster: &str, old: &ClusterKube) -> Result<(), Status> {
+        let drain = self.drain.unwrap_or(old.drain);
+        let kubeconfig = match &self.kubeconfig {
+            Some(k) => k.is_some(),
+            None => old.kubeconfig.is_some(),
+        };
+        if drain && !kubeconfig {
+            return Err(Status::failed_precondition(format!(
+                "cluster {cluster}: draining needs the tenant API: give --kubeconfig FILE (or --drain off)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// What the event log says of it.
+    fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        match &self.kubeconfig {
+            Some(Some(k)) => parts.push(format!(
+                "kubeconfig set (tenant API {}, user {}, {})",
+                k.server, k.user, k.auth
+            )),
+            Some(None) => parts.push("kubeconfig removed".to_string()),
+            None => {}
+        }
+        match self.drain {
+            Some(true) => parts.push("rollouts drain by default".to_string()),
+            Some(false) => parts.push("rollouts do not drain by default".to_string()),
+            None => {}
+        }
+        parts.join("; ")
+    }
+}
+
 /// What a `SetCluster` request asks besides windows.
 pub struct ClusterChange {
     pub api_server: Option<Option<String>>,
     pub ca: Option<ClusterCa>,
     pub ca_imported: bool,
     pub peer: Option<PeerChange>,
+    pub kube: Option<KubeChange>,
 }
 
 impl ClusterChange {
     pub fn is_empty(&self) -> bool {
-        self.api_server.is_none() && self.ca.is_none() && self.peer.is_none()
+        self.api_server.is_none() && self.ca.is_none() && self.peer.is_none() && self.kube.is_none()
     }
 }
 
@@ -222,6 +291,16 @@ impl ClusterChange {
 /// cluster without one.
 pub async fn check_change(s: &Deps, r: &pb::SetClusterRequest) -> Result<ClusterChange, Status> {
     let peer = PeerChange::check(r)?;
+    let kube = KubeChange::check(r)?;
+    if let Some(k) = &kube {
+        let old = s
+            .store
+            .cluster_kube(&r.name)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("cluster {} does not exist", r.name)))?;
+        k.check_against(&r.name, &old)?;
+    }
     let api_server = match (&r.api_server, r.clear_api_server) {
         (Some(_), true) => return Err(invalid("give an API server or clear it, not both")),
         (Some(u), false) => Some(Some(check_api_server(u)?)),
@@ -255,6 +334,7 @@ pub async fn check_change(s: &Deps, r: &pb::SetClusterRequest) -> Result<Cluster
         ca,
         ca_imported: import.is_some(),
         peer,
+        kube,
     })
 }
 
@@ -293,7 +373,54 @@ pub async fn apply_change(
     if let Some(change) = c.peer {
         row = Some(set_peer(s, name, change, admin, now_ms).await?);
     }
+    if let Some(change) = c.kube {
+        row = Some(set_kube(s, name, change, admin, now_ms).await?);
+    }
     Ok(row)
+}
+
+/// Stores the cluster's tenant-API access merged with `change` (the
+/// kubeconfig sealed like a CA key), then tries the new kubeconfig.
+/// Read, merge, write, as [`set_peer`].
+async fn set_kube(
+    s: &Deps,
+    name: &str,
+    change: KubeChange,
+    admin: &str,
+    now_ms: i64,
+) -> Result<ClusterRow, Status> {
+    let old = s
+        .store
+        .cluster_kube(name)
+        .await
+        .map_err(store_status)?
+        .ok_or_else(|| Status::not_found(format!("cluster {name} does not exist")))?;
+    change.check_against(name, &old)?;
+    let kubeconfig = match &change.kubeconfig {
+        Some(Some(k)) => Some(s.tenants.to_stored(name, k).map_err(internal)?),
+        Some(None) => None,
+        None => old.kubeconfig.clone(),
+    };
+    let kube = ClusterKube {
+        kubeconfig,
+        drain: change.drain.unwrap_or(old.drain),
+    };
+    let what = change.describe();
+    let event = EventRow::kube_set(name, &what, admin, now_ms);
+    let row = s
+        .store
+        .set_cluster_kube(name, kube, event)
+        .await
+        .map_err(store_status)?;
+    s.tenants.forget(name);
+    tracing::info!(cluster = %name, admin = %admin, change = %what, "tenant Kubernetes access set");
+    Ok(row)
+}
+
+/// What a `SetCluster` answer says of a kubeconfig it was given.
+pub async fn kube_probe(r: &pb::SetClusterRequest) -> Option<String> {
+    let k = TenantKubeconfig::check(r.kubeconfig.as_deref()?).ok()?;
+    Some(tenant::probe(&k).await)
 }
 
 /// Stores the cluster's peer-sharing settings merged with `change`, and
@@ -459,7 +586,8 @@ pub(super) async fn set(
         return Err(invalid(
             "nothing to set: give --maintenance-window (repeatable), --no-maintenance-window, \
              --api-server, --no-api-server, --ca-cert with --ca-key, --generate-ca, \
-             --peer-sharing, --peer-port, --peer-upload-rate or --peer-max-uploads",
+             --peer-sharing, --peer-port, --peer-upload-rate, --peer-max-uploads, \
+             --kubeconfig or --drain",
         ));
     }
     // Windows are checked before anything is stored.
@@ -477,7 +605,11 @@ pub(super) async fn set(
         row = Some(c);
     }
     let c = row.ok_or_else(|| Status::internal("set cluster: nothing was changed"))?;
-    Ok(Response::new(policy::cluster_pb(c, now_ms())))
+    let mut answer = policy::cluster_pb(c, now_ms());
+    if let Some(p) = kube_probe(&r).await {
+        answer.kube_probe = p;
+    }
+    Ok(Response::new(answer))
 }
 
 /// `ListClusters`.

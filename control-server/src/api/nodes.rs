@@ -14,6 +14,8 @@ use crate::authz::store_status;
 use crate::clock::now_ms;
 use crate::context::Shared;
 use crate::hub::Hub;
+use crate::kube::nodes::{absent_pb, unreachable_pb};
+use crate::kube::tenant::TenantApis;
 use crate::store::{EventRow, NodeRow, NodeTrust, Store};
 
 /// What the node handlers use: the store, and whom to tell when a node
@@ -23,11 +25,14 @@ pub(super) struct Deps {
     pub store: Arc<dyn Store>,
     pub hub: Arc<Hub>,
     pub rollouts_changed: Arc<tokio::sync::Notify>,
+    /// For each node's Node object in its tenant cluster.
+    pub tenants: Arc<TenantApis>,
 }
 
 impl Deps {
     pub fn of(s: &Shared) -> Self {
         Deps {
+            tenants: s.tenants.clone(),
             store: s.store.clone(),
             hub: s.hub.clone(),
             rollouts_changed: s.rollouts_changed.clone(),
@@ -64,18 +69,39 @@ pub(super) async fn list(
             .or_default()
             .push(clusters::cert_pb(c, now));
     }
-    Ok(Response::new(pb::ListNodesResponse {
-        nodes: rows
-            .into_iter()
-            .map(|n| {
-                let mine = certs.remove(&n.name).unwrap_or_default();
-                pb::Node {
-                    certificates: mine,
-                    ..node_pb(s, n)
-                }
-            })
-            .collect(),
-    }))
+    let mut nodes: Vec<pb::Node> = rows
+        .into_iter()
+        .map(|n| {
+            let mine = certs.remove(&n.name).unwrap_or_default();
+            pb::Node {
+                certificates: mine,
+                ..node_pb(s, n)
+            }
+        })
+        .collect();
+    add_kube(s, &mut nodes).await;
+    Ok(Response::new(pb::ListNodesResponse { nodes }))
+}
+
+/// Each node's Node object in its tenant cluster (by name), for clusters
+/// with a kubeconfig; one tenant API read per cluster at most.
+async fn add_kube(s: &Deps, nodes: &mut [pb::Node]) {
+    let mut clusters: Vec<String> = nodes.iter().map(|n| n.cluster.clone()).collect();
+    clusters.sort();
+    clusters.dedup();
+    let mut seen = HashMap::new();
+    for c in clusters {
+        if let Some(read) = s.tenants.nodes(&c).await {
+            seen.insert(c, read);
+        }
+    }
+    for n in nodes {
+        n.kube = match seen.get(&n.cluster) {
+            None => None,
+            Some(Ok(objs)) => Some(objs.get(&n.name).map_or_else(absent_pb, |k| k.to_pb())),
+            Some(Err(why)) => Some(unreachable_pb(why)),
+        };
+    }
 }
 
 /// `GetNode`: one node with its certificates.
@@ -89,10 +115,13 @@ pub(super) async fn get(s: &Deps, req: pb::GetNodeRequest) -> Result<Response<pb
         .map_err(store_status)?
         .ok_or_else(|| Status::not_found(format!("node {name} does not exist")))?;
     let certificates = clusters::node_certs(s.store.as_ref(), &row.cluster, &row.name, now_ms()).await?;
-    Ok(Response::new(pb::Node {
+    let mut node = [pb::Node {
         certificates,
         ..node_pb(s, row)
-    }))
+    }];
+    add_kube(s, &mut node).await;
+    let [node] = node;
+    Ok(Response::new(node))
 }
 
 /// `DeleteNode`: its certificate stops working and its stream is closed.
@@ -256,6 +285,7 @@ pub(super) fn node_pb(s: &Deps, n: NodeRow) -> pb::Node {
         hold_reason: n.hold.unwrap_or_default(),
         certificates: Vec::new(),
         trust: n.trust.map(|t| trust_pb(&t)),
+        kube: None,
     }
 }
 

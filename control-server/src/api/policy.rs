@@ -11,7 +11,8 @@ use tonic::Status;
 use super::invalid;
 use crate::rollout::counts;
 use crate::store::{
-    ClusterRow, EventRow, NodeState, OfflinePolicy, RolloutPolicy, RolloutRow, RolloutState, Store,
+    ClusterRow, DrainPolicy, DrainTimeout, EventRow, NodeState, OfflinePolicy, RolloutPolicy, RolloutRow,
+    RolloutState, Store,
 };
 use crate::windows;
 
@@ -49,6 +50,9 @@ pub fn cluster_pb(c: ClusterRow, now_ms: i64) -> pb::Cluster {
             .map(|h| h.to_string())
             .unwrap_or_default(),
         api_server: c.api_server.unwrap_or_default(),
+        has_kubeconfig: c.kube.kubeconfig,
+        drain: c.kube.drain,
+        kube_probe: String::new(),
     }
 }
 
@@ -139,7 +143,82 @@ pub fn policy(r: &pb::StartRolloutRequest, matched: usize) -> Result<RolloutPoli
         canary_seed: u64::from_le_bytes(seed),
         batch_interval_ms: pause("batch interval", r.batch_interval_seconds)?,
         ignore_windows: r.ignore_windows,
+        drain: None,
     })
+}
+
+/// Longest `--drain-timeout` and `--ready-timeout`.
+const MAX_KUBE_WAIT: Duration = Duration::from_secs(24 * 3600);
+
+/// How a rollout drains, from its request and its cluster's default:
+/// `None` when it does not. Draining needs the cluster's kubeconfig.
+pub fn drain_policy(
+    r: &pb::StartRolloutRequest,
+    cluster: &ClusterRow,
+) -> Result<Option<DrainPolicy>, Status> {
+    let drain = r.drain.unwrap_or(cluster.kube.drain);
+    let tuned = r.drain_timeout_seconds > 0
+        || r.ready_timeout_seconds > 0
+        || r.drain_delete_local_data
+        || !r.on_drain_timeout.is_empty()
+        || !r.kubelet_version.is_empty();
+    if !drain {
+        if tuned {
+            return Err(invalid(
+                "--drain-timeout, --ready-timeout, --drain-delete-local-data, --on-drain-timeout and \
+                 --kubelet-version need --drain",
+            ));
+        }
+        return Ok(None);
+    }
+    if !cluster.kube.kubeconfig {
+        return Err(Status::failed_precondition(format!(
+            "cluster {0} has no kubeconfig, so its nodes cannot be drained: give it one with \
+             `lksctl cluster set {0} --kubeconfig FILE` (packaging/kubernetes/tenant/README.md)",
+            cluster.name
+        )));
+    }
+    let wait = |what: &str, secs: u64, default_ms: u64| -> Result<u64, Status> {
+        if secs == 0 {
+            return Ok(default_ms);
+        }
+        let d = Duration::from_secs(secs);
+        if d > MAX_KUBE_WAIT {
+            return Err(invalid(format!("{what} is longer than the limit of 24h")));
+        }
+        Ok(secs.saturating_mul(1000))
+    };
+    let on_timeout = match r.on_drain_timeout.as_str() {
+        "" => DrainTimeout::Fail,
+        s => DrainTimeout::parse(s).ok_or_else(|| {
+            invalid(format!(
+                "--on-drain-timeout {s:?} is unknown; use \"fail\" or \"skip\""
+            ))
+        })?,
+    };
+    let v = &r.kubelet_version;
+    if !v.is_empty()
+        && (v.len() > 64 || !v.starts_with('v') || v.chars().any(|c| c.is_whitespace() || c.is_control()))
+    {
+        return Err(invalid(format!(
+            "--kubelet-version {v:?} is not a version like v1.37.2"
+        )));
+    }
+    Ok(Some(DrainPolicy {
+        timeout_ms: wait(
+            "--drain-timeout",
+            r.drain_timeout_seconds,
+            DrainPolicy::DEFAULT_TIMEOUT_MS,
+        )?,
+        ready_timeout_ms: wait(
+            "--ready-timeout",
+            r.ready_timeout_seconds,
+            DrainPolicy::DEFAULT_READY_TIMEOUT_MS,
+        )?,
+        delete_local_data: r.drain_delete_local_data,
+        on_timeout,
+        kubelet_version: v.clone(),
+    }))
 }
 
 /// Nodes of `cluster` the selector matches now.
@@ -214,6 +293,8 @@ pub fn rollout_pb(r: &RolloutRow) -> pb::Rollout {
                 state: n.state.as_str().to_string(),
                 message: n.message.clone(),
                 canary: n.canary,
+                kube_step: n.kube.as_str().to_string(),
+                kube_since_ms: if n.kube.owns_cordon() { n.kube_since_ms } else { 0 },
             })
             .collect(),
         created_at_ms: r.created_at_ms,
@@ -241,5 +322,12 @@ pub fn rollout_pb(r: &RolloutRow) -> pb::Rollout {
         } else {
             0
         },
+        drain: r.policy.drain.as_ref().map(|d| pb::RolloutDrain {
+            timeout_seconds: d.timeout_ms / 1000,
+            ready_timeout_seconds: d.ready_timeout_ms / 1000,
+            delete_local_data: d.delete_local_data,
+            on_timeout: d.on_timeout.as_str().to_string(),
+            kubelet_version: d.kubelet_version.clone(),
+        }),
     }
 }

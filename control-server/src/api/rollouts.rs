@@ -94,7 +94,8 @@ pub(super) async fn start(
     }
     check_path_conflicts(s, &r.cluster, &selector, &bundle).await?;
     let matched = policy::matched_nodes(s.store.as_ref(), &r.cluster, &selector).await?;
-    let policy = policy::policy(&r, matched)?;
+    let mut policy = policy::policy(&r, matched)?;
+    policy.drain = policy::drain_policy(&r, &cluster)?;
     if policy.ignore_windows {
         tracing::warn!(cluster = %r.cluster, bundle = %r.bundle, admin = %who, "rollout ignores maintenance windows");
     }
@@ -351,6 +352,7 @@ mod tests {
             ca_cert_pem: ca.then(|| "PEM".into()),
             api_server: api.then(|| "https://api:6443".into()),
             peer: crate::store::PeerSettings::default(),
+            kube: Default::default(),
         }
     }
 

@@ -131,20 +131,27 @@ fn start_nodes(
         } else {
             forward_turn(r, n, v, slots, &mut notes)
         };
-        match turn {
+        let to = match turn {
             Turn::Pass => continue,
             Turn::Stop => break,
-            Turn::Start(to) => assign.push((n.name.clone(), to)),
-        }
+            Turn::Start(to) => to,
+        };
         n.state = NodeState::Applying;
         n.turn_at_ms = now;
+        slots -= 1;
+        if r.policy.drain.is_some() {
+            // Drained first: the version is assigned once its pods are gone.
+            n.touched = n.reverting && n.touched;
+            super::drain::begin(n, now);
+            continue;
+        }
+        assign.push((n.name.clone(), to));
         n.unreached = !v.connected;
         n.message = if v.connected {
             String::new()
         } else {
             waiting_for.clone()
         };
-        slots -= 1;
     }
     d.assign.extend(assign);
     for (node, kind, message) in notes {

@@ -42,6 +42,11 @@ pub(super) fn fail_at_threshold(r: &RolloutRow, d: &mut Decision) -> bool {
     d.rollout.state = RolloutState::Failed;
     d.rollout.message = format!("{} node(s) failed, threshold {threshold}{first}", c.failed);
     skip_waiting(d, "not started: the rollout failed");
+    super::drain::stop_drains(
+        d,
+        NodeState::Skipped,
+        "not started: the rollout failed during its drain",
+    );
     let m = d.rollout.message.clone();
     d.note("", "rollout_failed", m);
     true

@@ -60,6 +60,7 @@ use crate::windows::Window;
 mod batch;
 mod canary;
 mod complete;
+mod drain;
 mod settle;
 #[cfg(test)]
 mod tests;
@@ -153,6 +154,23 @@ pub struct NodeView {
     /// announce a feature the bundle needs): the node fails at its turn
     /// instead of silently dropping part of the bundle.
     pub unsupported: Option<String>,
+    /// In a draining rollout, what the tenant cluster said of the node's
+    /// current step (its drain, its Ready gate); `None`: nothing yet.
+    pub kube: Option<KubeFact>,
+}
+
+/// What the tenant cluster said of a draining node's current step, as the
+/// controller's kube work found it (module `drain` says what each does).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KubeFact {
+    /// Cordoned and drained: what was evicted and left.
+    Drained(String),
+    /// The drain gave up and lifted its cordon: the one line saying why.
+    Blocked(String),
+    /// The Node is Ready (and runs the kubelet the bundle declares).
+    Ready,
+    /// Not Ready yet: the gate's last answer.
+    NotReady(String),
 }
 
 /// The controller's clock: now, when it started (a node is never held

@@ -11,8 +11,8 @@ use std::time::Duration;
 use lks_proto::BundleState;
 use lks_proto::duration::format_duration;
 
-use super::{Clock, Decision, NodeView, version_or_none};
-use crate::store::{NodeState, RolloutNodeRow, RolloutRow};
+use super::{Clock, Decision, NodeView, drain, version_or_none};
+use crate::store::{KubeStep, NodeState, RolloutNodeRow, RolloutRow};
 
 /// An event to record for a node, gathered while the nodes are borrowed.
 type NodeNote = (String, &'static str, String);
@@ -26,6 +26,7 @@ pub(super) fn settle(r: &RolloutRow, d: &mut Decision, views: &BTreeMap<String, 
         let Some(v) = views.get(&n.name) else {
             if matches!(n.state, NodeState::Applying) || n.startable() {
                 n.state = NodeState::Skipped;
+                n.kube = KubeStep::None;
                 n.message = "node was deleted".into();
                 notes.push((n.name.clone(), "skipped", n.message.clone()));
             }
@@ -38,7 +39,13 @@ pub(super) fn settle(r: &RolloutRow, d: &mut Decision, views: &BTreeMap<String, 
         if n.state != NodeState::Applying {
             continue;
         }
-        settle_applying(r, n, v, clock, &mut notes, &mut unassign);
+        match (&r.policy.drain, n.kube) {
+            (Some(p), KubeStep::Draining) if !d.rollout.state.is_terminal() => {
+                drain::settle_draining(r, p, n, v, clock, &mut notes, &mut unassign);
+            }
+            (Some(p), KubeStep::Readying) => drain::settle_readying(r, p, n, v, clock, &mut notes),
+            _ => settle_applying(r, n, v, clock, &mut notes, &mut unassign),
+        }
     }
     d.assign = unassign;
     for (node, kind, message) in notes {
@@ -85,6 +92,15 @@ fn settle_applying(
         n.message.clear();
     }
     match verdict(r, n.reverting, &n.previous_version, n.generation, v) {
+        Some(Verdict::Committed) if n.kube == KubeStep::Upgrading => {
+            // A drained node: applied, now the Node must be Ready.
+            let to = if n.reverting {
+                version_or_none(&n.previous_version).to_string()
+            } else {
+                r.version.clone()
+            };
+            drain::applied(n, &to, clock.now_ms);
+        }
         Some(Verdict::Committed) => {
             let (state, kind) = if n.reverting {
                 (NodeState::RolledBack, "rolled_back")
@@ -102,11 +118,13 @@ fn settle_applying(
         }
         Some(Verdict::Failed(why)) => {
             n.state = NodeState::Failed;
+            n.kube = KubeStep::None;
             n.message = why;
             notes.push((n.name.clone(), "failed", n.message.clone()));
         }
         None if offline_too_long(n.turn_at_ms, v, clock, deadline) => {
             n.state = NodeState::Failed;
+            n.kube = KubeStep::None;
             n.message = offline_message(deadline);
             if !n.reverting && n.unreached && v.last_seen_ms < n.turn_at_ms {
                 // It never heard of the new version: take it back.

@@ -1,8 +1,8 @@
 //! The operator verbs on a rollout — pause, resume, abort, rollback — and
 //! the states each is allowed from.
 
-use super::{Decision, skip_waiting};
-use crate::store::{RolloutRow, RolloutState};
+use super::{Decision, drain, skip_waiting};
+use crate::store::{NodeState, RolloutRow, RolloutState};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verb {
@@ -38,6 +38,11 @@ pub fn apply_verb(r: &RolloutRow, verb: Verb, now_ms: i64) -> Result<Decision, V
         (Verb::Pause, RolloutState::Running) => {
             d.rollout.state = RolloutState::Paused;
             d.rollout.message = "paused by operator: no new node is started".into();
+            drain::stop_drains(
+                &mut d,
+                NodeState::Waiting,
+                "drain stopped: the rollout was paused; it drains again on resume",
+            );
             d.note("", "paused", "");
         }
         (Verb::Pause, _) => return Err(VerbError::NotRunning { id, state }),
@@ -51,6 +56,11 @@ pub fn apply_verb(r: &RolloutRow, verb: Verb, now_ms: i64) -> Result<Decision, V
             d.rollout.state = RolloutState::Aborted;
             d.rollout.message = "aborted by operator; nodes already started keep the new version".into();
             skip_waiting(&mut d, "not started: the rollout was aborted");
+            drain::stop_drains(
+                &mut d,
+                NodeState::Skipped,
+                "not started: the rollout was aborted during its drain",
+            );
             d.note("", "aborted", "");
         }
         (Verb::Abort | Verb::Rollback, RolloutState::RollingBack) => {
@@ -64,6 +74,11 @@ pub fn apply_verb(r: &RolloutRow, verb: Verb, now_ms: i64) -> Result<Decision, V
             d.rollout.message =
                 format!("rolling back: {touched} node(s) return to the version they had before");
             skip_waiting(&mut d, "not started: the rollout was rolled back");
+            drain::stop_drains(
+                &mut d,
+                NodeState::Skipped,
+                "not started: the rollout was rolled back during its drain",
+            );
             d.note("", "rollout_rolling_back", format!("from {state}"));
         }
     }

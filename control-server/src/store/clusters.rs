@@ -24,6 +24,52 @@ pub struct ClusterRow {
     /// The port, rate and upload limit keep their values while sharing is
     /// off.
     pub peer: PeerSettings,
+    /// Whether the cluster has a tenant kubeconfig, and drains by default.
+    pub kube: KubeFlags,
+}
+
+/// What a [`ClusterRow`] shows of a cluster's tenant Kubernetes access:
+/// never the kubeconfig itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KubeFlags {
+    /// `lksctl cluster set NAME --kubeconfig FILE` gave it one.
+    pub kubeconfig: bool,
+    /// Rollouts of the cluster drain each node at its turn unless told
+    /// otherwise (`cluster set NAME --drain on`).
+    pub drain: bool,
+}
+
+/// A cluster's access to its tenant Kubernetes API (`lksctl cluster set
+/// NAME --kubeconfig FILE --drain on|off`). Kept beside the cluster, not in
+/// it: on etcd under `clusterkube/NAME` (outside the range every replica
+/// watches), so a replica of an older release that
+/// rewrites the cluster document cannot drop it.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ClusterKube {
+    /// The kubeconfig as the server hands it over: the YAML, or a sealed
+    /// envelope in hex (`--encryption-key-file`); opaque to the store.
+    pub kubeconfig: Option<String>,
+    /// Rollouts drain by default.
+    pub drain: bool,
+}
+
+impl ClusterKube {
+    pub fn flags(&self) -> KubeFlags {
+        KubeFlags {
+            kubeconfig: self.kubeconfig.is_some(),
+            drain: self.drain,
+        }
+    }
+}
+
+impl std::fmt::Debug for ClusterKube {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // A kubeconfig holds a credential: never printed, sealed or not.
+        f.debug_struct("ClusterKube")
+            .field("kubeconfig", &self.kubeconfig.as_ref().map(|_| "<redacted>"))
+            .field("drain", &self.drain)
+            .finish()
+    }
 }
 
 /// A cluster's peer-sharing settings (`lksctl cluster set NAME
@@ -110,6 +156,7 @@ impl NewCluster {
             ca_cert_pem: self.ca.as_ref().map(|c| c.cert_pem.clone()),
             api_server: self.api_server.clone(),
             peer: PeerSettings::default(),
+            kube: KubeFlags::default(),
         }
     }
 }
@@ -179,6 +226,12 @@ pub trait ClusterStore: Send + Sync {
     /// Replaces the cluster's peer-sharing settings and records `event`.
     /// `NotFound` if the cluster does not exist.
     async fn set_cluster_peer(&self, name: &str, peer: PeerSettings, event: EventRow) -> Result<ClusterRow>;
+    /// The cluster's tenant Kubernetes access, its kubeconfig as stored;
+    /// `None` if the cluster does not exist.
+    async fn cluster_kube(&self, name: &str) -> Result<Option<ClusterKube>>;
+    /// Replaces the cluster's tenant Kubernetes access and records `event`.
+    /// `NotFound` if the cluster does not exist.
+    async fn set_cluster_kube(&self, name: &str, kube: ClusterKube, event: EventRow) -> Result<ClusterRow>;
     /// Gives a cluster without a CA its CA and records `event`. `Conflict`
     /// ([`ca_already_set`]) if it has one: a CA is never replaced.
     async fn set_cluster_ca(&self, name: &str, ca: StoredCa, event: EventRow) -> Result<ClusterRow>;

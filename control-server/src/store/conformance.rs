@@ -183,6 +183,7 @@ macro_rules! conformance_suite {
             a_lost_enrolment_answer_can_be_repeated_with_the_same_key,
             cluster_cas_and_issued_certificates,
             peer_settings_are_stored_per_cluster,
+            tenant_kube_access_is_kept_beside_the_cluster,
             certificate_records_outlive_their_node,
             certificate_records_expire_with_renewals,
             blob_records_are_compared_on_revisions,

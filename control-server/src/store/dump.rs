@@ -3,8 +3,8 @@
 use lks_proto::Digest;
 
 use super::{
-    AuditRow, BundleRow, ClusterRow, EventRow, IssuedCertRow, NodeRow, ReleaseRow, RolloutRow, RootRow,
-    StoredCa, Target, TokenRow,
+    AuditRow, BundleRow, ClusterKube, ClusterRow, EventRow, IssuedCertRow, NodeRow, ReleaseRow, RolloutRow,
+    RootRow, StoredCa, Target, TokenRow,
 };
 
 /// A bundle version as dumped, with the blobs the server serves for it.
@@ -36,6 +36,9 @@ pub struct Dump {
     pub cluster_cas: Vec<(String, StoredCa)>,
     /// Every issued-certificate record.
     pub certificates: Vec<IssuedCertRow>,
+    /// Tenant Kubernetes access by cluster name, kubeconfigs as stored;
+    /// only clusters that have a kubeconfig or drain by default.
+    pub cluster_kube: Vec<(String, ClusterKube)>,
     pub tokens: Vec<TokenRow>,
     /// With desired state, generation and reports.
     pub nodes: Vec<NodeRow>,

@@ -119,6 +119,29 @@ impl EventRow {
         Self::about(cluster, "", "api_server", at_ms, message)
     }
 
+    /// An event of a rollout's work in a tenant cluster outside a decision:
+    /// a cordon lifted when a node's turn ended, a stray one repaired.
+    pub fn tenant(
+        cluster: &str,
+        node: &str,
+        rollout_id: &str,
+        kind: &str,
+        at_ms: i64,
+        message: String,
+    ) -> EventRow {
+        EventRow {
+            rollout_id: rollout_id.to_string(),
+            ..Self::about(cluster, node, kind, at_ms, message)
+        }
+    }
+
+    /// What every store records when a cluster's tenant Kubernetes access
+    /// changes: `what` says what (the kubeconfig's server and user, never
+    /// its credential).
+    pub fn kube_set(cluster: &str, what: &str, admin: &str, at_ms: i64) -> EventRow {
+        Self::about(cluster, "", "kube_access", at_ms, format!("{what} by {admin}"))
+    }
+
     /// What every store records when a cluster's peer-sharing settings
     /// change.
     pub fn peer_sharing_set(cluster: &str, peer: &PeerSettings, admin: &str, at_ms: i64) -> EventRow {

@@ -133,6 +133,53 @@ pub struct RolloutNodeRow {
     pub unreached: bool,
     /// Picked as a canary (`--canary`): it goes first.
     pub canary: bool,
+    /// Where the node's turn stands with its tenant cluster, in a rollout
+    /// that drains ([`RolloutPolicy::drain`]); `None` otherwise.
+    pub kube: KubeStep,
+    /// When `kube` last changed (Unix ms); the drain and Ready timeouts
+    /// run from here.
+    pub kube_since_ms: i64,
+}
+
+/// A draining rollout's step of one node's turn: cordoned and being
+/// drained (its version not yet assigned), upgrading (drained, the agent
+/// applying), or waiting for the Node to be `Ready` (applied). While a node
+/// is at one of these steps, the rollout owns its cordon; at `None` it does
+/// not, and a cordon it made is lifted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KubeStep {
+    #[default]
+    None,
+    Draining,
+    Upgrading,
+    Readying,
+}
+
+impl KubeStep {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KubeStep::None => "",
+            KubeStep::Draining => "draining",
+            KubeStep::Upgrading => "upgrading",
+            KubeStep::Readying => "readying",
+        }
+    }
+
+    /// The stored form; an unknown one (written by a newer release) reads
+    /// as `None`, and its cordon is lifted by the repair.
+    pub fn parse(s: &str) -> KubeStep {
+        match s {
+            "draining" => KubeStep::Draining,
+            "upgrading" => KubeStep::Upgrading,
+            "readying" => KubeStep::Readying,
+            _ => KubeStep::None,
+        }
+    }
+
+    /// The rollout owns the node's cordon at this step.
+    pub fn owns_cordon(self) -> bool {
+        self != KubeStep::None
+    }
 }
 
 impl RolloutNodeRow {
@@ -149,6 +196,8 @@ impl RolloutNodeRow {
             reverting: false,
             unreached: false,
             canary: false,
+            kube: KubeStep::None,
+            kube_since_ms: 0,
         }
     }
 
@@ -208,6 +257,81 @@ pub struct RolloutPolicy {
     pub batch_interval_ms: u64,
     /// `--ignore-windows`: start nodes outside the cluster's windows.
     pub ignore_windows: bool,
+    /// `--drain`: each node is cordoned and drained through the tenant API
+    /// before its version is assigned, and must be `Ready` after; `None`:
+    /// files are replaced as they are (rollouts stored before read so).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drain: Option<DrainPolicy>,
+}
+
+/// How a draining rollout drains and what it waits for (issue
+/// [kube-drain]); fixed for the rollout's life.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct DrainPolicy {
+    /// `--drain-timeout`: the drain of one node gives up after this.
+    pub timeout_ms: u64,
+    /// `--ready-timeout`: the Node must be `Ready` this long after the
+    /// agent applied.
+    pub ready_timeout_ms: u64,
+    /// `--drain-delete-local-data`: pods with hostPath volumes are
+    /// evicted too.
+    pub delete_local_data: bool,
+    /// `--on-drain-timeout`: a node whose drain timed out fails (counts
+    /// against the threshold) or is skipped.
+    pub on_timeout: DrainTimeout,
+    /// The kubelet version the bundle installs (`[kubernetes]
+    /// kubelet_version` in bundle.toml); the Ready gate wants the Node to
+    /// report it. Empty: any.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub kubelet_version: String,
+}
+
+impl DrainPolicy {
+    /// `--drain-timeout` unless given.
+    pub const DEFAULT_TIMEOUT_MS: u64 = 10 * 60 * 1000;
+    /// `--ready-timeout` unless given.
+    pub const DEFAULT_READY_TIMEOUT_MS: u64 = 5 * 60 * 1000;
+}
+
+impl Default for DrainPolicy {
+    fn default() -> Self {
+        DrainPolicy {
+            timeout_ms: Self::DEFAULT_TIMEOUT_MS,
+            ready_timeout_ms: Self::DEFAULT_READY_TIMEOUT_MS,
+            delete_local_data: false,
+            on_timeout: DrainTimeout::Fail,
+            kubelet_version: String::new(),
+        }
+    }
+}
+
+/// What a drain that timed out makes of its node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DrainTimeout {
+    /// `failed`, counted against the failure threshold.
+    #[default]
+    Fail,
+    /// `skipped`, reported, no failure.
+    Skip,
+}
+
+impl DrainTimeout {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DrainTimeout::Fail => "fail",
+            DrainTimeout::Skip => "skip",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "fail" => Some(DrainTimeout::Fail),
+            "skip" => Some(DrainTimeout::Skip),
+            _ => None,
+        }
+    }
 }
 
 impl RolloutPolicy {

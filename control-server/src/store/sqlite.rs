@@ -167,7 +167,8 @@ fn read_cluster(c: &Connection, name: &str) -> Result<Option<ClusterRow>> {
         .query_row(
             "SELECT c.name, c.created_at_ms, (SELECT COUNT(*) FROM nodes n WHERE n.cluster = c.name),
                     c.maintenance_windows, c.ca_cert_pem, c.api_server,
-                    c.peer_enabled, c.peer_port, c.peer_upload_rate, c.peer_max_uploads
+                    c.peer_enabled, c.peer_port, c.peer_upload_rate, c.peer_max_uploads,
+                    c.kubeconfig IS NOT NULL, c.kube_drain
              FROM clusters c WHERE c.name = ?1",
             [name],
             |r| {
@@ -186,12 +187,16 @@ fn read_cluster(c: &Connection, name: &str) -> Result<Option<ClusterRow>> {
                         upload_rate: r.get::<_, i64>(8)? as u64,
                         max_uploads: r.get(9)?,
                     },
+                    KubeFlags {
+                        kubeconfig: r.get(10)?,
+                        drain: r.get(11)?,
+                    },
                 ))
             },
         )
         .optional()?;
     row.map(
-        |((name, created_at_ms, node_count, windows, ca_cert_pem, api_server), peer)| {
+        |((name, created_at_ms, node_count, windows, ca_cert_pem, api_server), peer, kube)| {
             Ok(ClusterRow {
                 name,
                 created_at_ms,
@@ -200,6 +205,7 @@ fn read_cluster(c: &Connection, name: &str) -> Result<Option<ClusterRow>> {
                 ca_cert_pem,
                 api_server,
                 peer,
+                kube,
             })
         },
     )
@@ -361,7 +367,7 @@ fn read_rollout(c: &Connection, id: &str) -> Result<Option<RolloutRow>> {
     };
     let mut stmt = c.prepare_cached(
         "SELECT node, previous_version, state, message, generation, turn_at_ms, touched, reverting, unreached,
-                canary
+                canary, kube_step, kube_since_ms
          FROM rollout_nodes WHERE rollout_id = ?1 ORDER BY node",
     )?;
     let raw = stmt
@@ -377,6 +383,7 @@ fn read_rollout(c: &Connection, id: &str) -> Result<Option<RolloutRow>> {
                 r.get::<_, bool>(7)?,
                 r.get::<_, bool>(8)?,
                 r.get::<_, bool>(9)?,
+                (r.get::<_, String>(10)?, r.get::<_, i64>(11)?),
             ))
         })?
         .collect::<Result<Vec<_>, _>>()?;
@@ -392,6 +399,7 @@ fn read_rollout(c: &Connection, id: &str) -> Result<Option<RolloutRow>> {
         reverting,
         unreached,
         canary,
+        (kube_step, kube_since_ms),
     ) in raw
     {
         let state = NodeState::parse(&st)
@@ -407,6 +415,8 @@ fn read_rollout(c: &Connection, id: &str) -> Result<Option<RolloutRow>> {
             reverting,
             unreached,
             canary,
+            kube: KubeStep::parse(&kube_step),
+            kube_since_ms,
         });
     }
     let previous_target = match (pt_version, pt_selector, pt_rollout) {

@@ -336,6 +336,7 @@ impl Api {
                             canary_soak: Duration::ZERO,
                             batch_interval: None,
                             ignore_windows: false,
+                            drain: rollout::DrainArgs::default(),
                         },
                     )
                     .await?;

@@ -14,6 +14,10 @@ pub fn cluster_json(c: &pb::Cluster) -> Value {
         "api_server": (!c.api_server.is_empty()).then_some(&c.api_server),
         "has_ca": c.has_ca,
         "ca_cert_hash": (!c.ca_cert_hash.is_empty()).then_some(&c.ca_cert_hash),
+        // Whether the server holds a kubeconfig for the tenant API (never
+        // the kubeconfig), and whether rollouts drain by default.
+        "kubeconfig": c.has_kubeconfig,
+        "drain": c.drain,
         "peer_sharing": c.peer_sharing.map(|p| json!({
             "port": p.port,
             "upload_rate": p.upload_rate,
@@ -88,7 +92,18 @@ pub fn cluster_detail(c: &pb::Cluster) -> String {
     );
     kv(&mut s, "Maintenance windows:", windows_text(c));
     kv(&mut s, "Peer sharing:", peer_text(c));
+    kv(&mut s, "Tenant API:", kube_access_text(c));
     s
+}
+
+/// Whether the server can reach the tenant API, and whether rollouts
+/// drain: "kubeconfig, drain on", "kubeconfig, drain off", "-".
+pub fn kube_access_text(c: &pb::Cluster) -> String {
+    match (c.has_kubeconfig, c.drain) {
+        (false, false) => "-".into(),
+        (false, true) => "no kubeconfig, drain on".into(),
+        (true, d) => format!("kubeconfig, drain {}", if d { "on" } else { "off" }),
+    }
 }
 
 /// A cluster's windows for a table cell: "-" when none.

@@ -37,6 +37,9 @@ pub fn node_json(n: &pb::Node) -> Value {
         "hold_reason": n.held.then_some(&n.hold_reason),
         // DESIGN §6: the agent version the node last reported (its Hello).
         "agent_version": agent_version(n),
+        // The node's Node object in its tenant cluster; null: the cluster
+        // has no kubeconfig.
+        "kube": n.kube.as_ref().map(kube_json),
         // The node's release trust as it reported it; null: never reported.
         "trust": n.trust.as_ref().map(|t| json!({
             "enabled": t.enabled,
@@ -134,10 +137,12 @@ fn agent_version(n: &pb::Node) -> Option<&str> {
 }
 
 pub fn nodes_table(nodes: &[pb::Node]) -> String {
+    // KUBE only when some node's cluster has a kubeconfig.
+    let kube = nodes.iter().any(|n| n.kube.is_some());
     let rows: Vec<Vec<String>> = nodes
         .iter()
         .map(|n| {
-            vec![
+            let mut row = vec![
                 n.name.clone(),
                 n.cluster.clone(),
                 if n.connected { "yes" } else { "no" }.into(),
@@ -148,24 +153,52 @@ pub fn nodes_table(nodes: &[pb::Node]) -> String {
                 bundles_text(&n.bundles),
                 certs_text(&n.certificates),
                 trust_text(n.trust.as_ref()),
-            ]
+            ];
+            if kube {
+                row.insert(3, kube_text(n.kube.as_ref()));
+            }
+            row
         })
         .collect();
-    table(
-        &[
-            "NAME",
-            "CLUSTER",
-            "CONNECTED",
-            "LAST SEEN",
-            "AGENT",
-            "ARCH",
-            "LABELS",
-            "BUNDLES",
-            "CERTS",
-            "RELEASE",
-        ],
-        &rows,
-    )
+    let mut headers = vec![
+        "NAME",
+        "CLUSTER",
+        "CONNECTED",
+        "LAST SEEN",
+        "AGENT",
+        "ARCH",
+        "LABELS",
+        "BUNDLES",
+        "CERTS",
+        "RELEASE",
+    ];
+    if kube {
+        headers.insert(3, "KUBE");
+    }
+    table(&headers, &rows)
+}
+
+/// The KUBE column: `Ready`, `NotReady`, `Unknown`, `cordoned`; `-` when
+/// the tenant API has no Node of this name or the cluster no kubeconfig;
+/// `unreachable` when the tenant API could not be read.
+pub fn kube_text(k: Option<&pb::NodeKube>) -> String {
+    match k.map(|k| k.state.as_str()) {
+        None | Some("absent") | Some("") => "-".into(),
+        Some(s) => s.to_string(),
+    }
+}
+
+/// `node list -o json`'s `kube` object.
+pub fn kube_json(k: &pb::NodeKube) -> Value {
+    json!({
+        "state": k.state,
+        "ready": k.ready,
+        "unschedulable": k.unschedulable,
+        "kubelet_version": (!k.kubelet_version.is_empty()).then_some(&k.kubelet_version),
+        "last_transition": rfc3339_ms(k.ready_since_ms),
+        "cordoned_by": (!k.cordoned_by.is_empty()).then_some(&k.cordoned_by),
+        "error": (!k.error.is_empty()).then_some(&k.error),
+    })
 }
 
 /// The RELEASE column: `-` when the node reports no release trust (or has

@@ -34,12 +34,24 @@ pub fn rollout_json(r: &pb::Rollout) -> Value {
         "batch_interval": (r.batch_interval_seconds > 0).then(|| format_secs(r.batch_interval_seconds)),
         "next_batch_at": (r.next_batch_at_ms > 0).then(|| rfc3339_ms(r.next_batch_at_ms)).flatten(),
         "ignore_windows": r.ignore_windows,
+        // How the rollout drains each node; null: it does not.
+        "drain": r.drain.as_ref().map(|d| json!({
+            "timeout": format_secs(d.timeout_seconds),
+            "ready_timeout": format_secs(d.ready_timeout_seconds),
+            "delete_local_data": d.delete_local_data,
+            "on_timeout": d.on_timeout,
+            "kubelet_version": (!d.kubelet_version.is_empty()).then_some(&d.kubelet_version),
+        })),
         "nodes": r.nodes.iter().map(|n| json!({
             "name": n.name,
             "previous_version": n.previous_version,
             "state": n.state,
             "message": n.message,
             "canary": n.canary,
+            // In a draining rollout: "draining", "upgrading" or "readying"
+            // while the rollout owns the node's cordon; null otherwise.
+            "kube_step": (!n.kube_step.is_empty()).then_some(&n.kube_step),
+            "kube_since": (n.kube_since_ms > 0).then(|| rfc3339_ms(n.kube_since_ms)).flatten(),
         })).collect::<Vec<_>>(),
         "created_at": rfc3339_ms(r.created_at_ms),
         "updated_at": rfc3339_ms(r.updated_at_ms),
@@ -161,6 +173,24 @@ pub fn rollout_text(r: &pb::Rollout) -> String {
     if r.ignore_windows {
         policy.push_str("; ignores maintenance windows");
     }
+    if let Some(d) = &r.drain {
+        policy.push_str(&format!(
+            "; drains each node (timeout {}, {} on timeout{}), Ready within {}{}",
+            format_secs(d.timeout_seconds),
+            d.on_timeout,
+            if d.delete_local_data {
+                ", evicts hostPath pods"
+            } else {
+                ""
+            },
+            format_secs(d.ready_timeout_seconds),
+            if d.kubelet_version.is_empty() {
+                String::new()
+            } else {
+                format!(" running kubelet {}", d.kubelet_version)
+            }
+        ));
+    }
     kv(&mut s, "Policy:", policy);
     if let Some(w) = waiting_for(r) {
         kv(&mut s, "Waiting:", w);
@@ -190,10 +220,11 @@ pub fn rollout_text(r: &pb::Rollout) -> String {
                     } else {
                         n.previous_version.clone()
                     },
-                    if n.canary {
-                        format!("{} (canary)", n.state)
-                    } else {
-                        n.state.clone()
+                    match (n.canary, n.kube_step.as_str()) {
+                        (true, "") => format!("{} (canary)", n.state),
+                        (true, k) => format!("{} (canary, {k})", n.state),
+                        (false, "") => n.state.clone(),
+                        (false, k) => format!("{} ({k})", n.state),
                     },
                     n.message.clone(),
                 ]

@@ -9,6 +9,7 @@ use crate::windows;
 
 mod batch;
 mod canary;
+mod drain;
 mod props;
 mod settle;
 mod verbs;
@@ -47,6 +48,7 @@ fn online(desired: &str) -> NodeView {
         held: false,
         claimed_by: None,
         unsupported: None,
+        kube: None,
     }
 }
 

@@ -356,3 +356,90 @@ pub async fn certificate_records_outlive_their_node(s: &dyn Store) {
     assert!(s.delete_node("n1").await.unwrap());
     assert_eq!(s.list_certificates(Some("a"), Some("n1")).await.unwrap().len(), 1);
 }
+
+pub async fn tenant_kube_access_is_kept_beside_the_cluster(s: &dyn Store) {
+    s.create_cluster(NewCluster::new("a", 1)).await.unwrap();
+    s.create_cluster(NewCluster::new("b", 1)).await.unwrap();
+    // A new cluster: no kubeconfig, no drain.
+    assert_eq!(s.cluster_kube("a").await.unwrap(), Some(ClusterKube::default()));
+    assert_eq!(
+        s.get_cluster("a").await.unwrap().unwrap().kube,
+        KubeFlags::default()
+    );
+    assert_eq!(s.cluster_kube("nope").await.unwrap(), None);
+
+    let kube = ClusterKube {
+        kubeconfig: Some("sealed-or-yaml".into()),
+        drain: true,
+    };
+    let row = s
+        .set_cluster_kube(
+            "a",
+            kube.clone(),
+            EventRow::kube_set("a", "kubeconfig set", "admin", 2),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        row.kube,
+        KubeFlags {
+            kubeconfig: true,
+            drain: true
+        }
+    );
+    assert_eq!(s.cluster_kube("a").await.unwrap(), Some(kube.clone()));
+    assert_eq!(s.get_cluster("a").await.unwrap().unwrap().kube, row.kube);
+    let listed = s.list_clusters().await.unwrap();
+    assert_eq!(
+        listed.iter().map(|c| c.kube).collect::<Vec<_>>(),
+        [row.kube, KubeFlags::default()]
+    );
+    // Another setting of the cluster leaves it alone, and shows it.
+    let after = s
+        .set_cluster_windows(
+            "a",
+            vec!["Sat 02:00-06:00 UTC".into()],
+            EventRow::windows_set("a", &["Sat 02:00-06:00 UTC".into()], "admin", 3),
+        )
+        .await
+        .unwrap();
+    assert_eq!(after.kube, row.kube);
+    assert_eq!(s.cluster_kube("a").await.unwrap(), Some(kube));
+
+    // Removed.
+    let row = s
+        .set_cluster_kube(
+            "a",
+            ClusterKube::default(),
+            EventRow::kube_set("a", "kubeconfig removed", "admin", 4),
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.kube, KubeFlags::default());
+    assert_eq!(s.cluster_kube("a").await.unwrap(), Some(ClusterKube::default()));
+    assert!(matches!(
+        s.set_cluster_kube(
+            "nope",
+            ClusterKube::default(),
+            EventRow::kube_set("nope", "x", "admin", 5)
+        )
+        .await,
+        Err(StoreError::NotFound {
+            kind: Kind::Cluster,
+            ..
+        })
+    ));
+    let events = s
+        .list_events(EventFilter {
+            cluster: Some("a".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let kube: Vec<&EventRow> = events.iter().filter(|e| e.kind == "kube_access").collect();
+    assert_eq!(kube.len(), 2, "{events:?}");
+    assert!(
+        kube.iter().any(|e| e.message == "kubeconfig set by admin"),
+        "{kube:?}"
+    );
+}

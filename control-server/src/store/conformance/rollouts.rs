@@ -248,6 +248,13 @@ pub async fn rollout_policies_are_stored(s: &dyn Store) {
         canary_seed: 7,
         batch_interval_ms: 5_000,
         ignore_windows: true,
+        drain: Some(DrainPolicy {
+            timeout_ms: 120_000,
+            ready_timeout_ms: 30_000,
+            delete_local_data: true,
+            on_timeout: DrainTimeout::Skip,
+            kubelet_version: "v1.37.2".into(),
+        }),
     };
     let r = s.start_rollout(new.clone()).await.unwrap();
     assert_eq!(r.policy, new.policy);

@@ -30,6 +30,33 @@ impl CertDoc {
     }
 }
 
+/// A cluster's tenant Kubernetes access as stored under `clusterkube/CLUSTER`,
+/// beside the cluster document (see [`ClusterKube`]).
+#[derive(Serialize, Deserialize, Clone, Default)]
+pub(super) struct KubeDoc {
+    /// As the server handed it over: the YAML, or a sealed envelope in hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) kubeconfig: Option<String>,
+    #[serde(default)]
+    pub(super) drain: bool,
+}
+
+impl KubeDoc {
+    pub(super) fn from_kube(k: &ClusterKube) -> Self {
+        KubeDoc {
+            kubeconfig: k.kubeconfig.clone(),
+            drain: k.drain,
+        }
+    }
+
+    fn into_kube(self) -> ClusterKube {
+        ClusterKube {
+            kubeconfig: self.kubeconfig,
+            drain: self.drain,
+        }
+    }
+}
+
 /// The key (after the prefix) of a certificate record.
 pub(super) fn cert_key(r: &IssuedCertRow) -> String {
     format!("certs/{}/{}/{}", r.cluster, r.node, r.serial)
@@ -57,10 +84,18 @@ impl EtcdStore {
                 ops.push(op);
             }
             if self.txn(vec![doc.compare(&key)], ops).await? {
-                return Ok(c.into_row(name, 0));
+                let mut row = c.into_row(name, 0);
+                row.kube = self.kube_doc(name).await?.into_kube().flags();
+                return Ok(row);
             }
         }
         Err(busy(what))
+    }
+
+    /// The cluster's `clusterkube/NAME` document; the defaults when there is none.
+    async fn kube_doc(&self, name: &str) -> Result<KubeDoc> {
+        let doc: Doc<KubeDoc> = self.get(&self.key(&format!("clusterkube/{name}"))).await?;
+        Ok(doc.value.unwrap_or_default())
     }
 
     /// Drops the records of `r`'s node and path that expired more than
@@ -146,6 +181,36 @@ impl ClusterStore for EtcdStore {
         }))
     }
 
+    async fn cluster_kube(&self, name: &str) -> Result<Option<ClusterKube>> {
+        if !self.cluster_exists(name).await? {
+            return Ok(None);
+        }
+        Ok(Some(self.kube_doc(name).await?.into_kube()))
+    }
+
+    async fn set_cluster_kube(&self, name: &str, kube: ClusterKube, event: EventRow) -> Result<ClusterRow> {
+        let ckey = self.key(&format!("clusters/{name}"));
+        let mut ops = vec![TxnOp::put(
+            self.key(&format!("clusterkube/{name}")),
+            json(&KubeDoc::from_kube(&kube))?,
+            None,
+        )];
+        if let Some(op) = self.event_op(std::slice::from_ref(&event))? {
+            ops.push(op);
+        }
+        // The cluster must exist (it is never deleted); the last write wins,
+        // as for every other cluster setting.
+        let ok = self
+            .txn(vec![Compare::create_revision(ckey, CompareOp::Greater, 0)], ops)
+            .await?;
+        if !ok {
+            return Err(StoreError::not_found(Kind::Cluster, name.to_string()));
+        }
+        self.get_cluster(name)
+            .await?
+            .ok_or_else(|| StoreError::not_found(Kind::Cluster, name.to_string()))
+    }
+
     async fn record_certificate(&self, r: IssuedCertRow) -> Result<()> {
         let ckey = self.key(&format!("clusters/{}", r.cluster));
         let key = self.key(&cert_key(&r));
@@ -212,6 +277,12 @@ impl ClusterStore for EtcdStore {
     async fn list_clusters(&self) -> Result<Vec<ClusterRow>> {
         let clusters = self.range::<ClusterDoc>(&self.key("clusters/")).await?;
         let nodes = self.range::<NodeDoc>(&self.key("nodes/")).await?;
+        let kube: HashMap<String, KubeFlags> = self
+            .range::<KubeDoc>(&self.key("clusterkube/"))
+            .await?
+            .into_iter()
+            .map(|(name, k, _)| (name, k.into_kube().flags()))
+            .collect();
         let mut counts: HashMap<&str, u32> = HashMap::new();
         for (_, n, _) in &nodes {
             *counts.entry(n.cluster.as_str()).or_default() += 1;
@@ -220,14 +291,21 @@ impl ClusterStore for EtcdStore {
             .into_iter()
             .map(|(name, c, _)| {
                 let count = counts.get(name.as_str()).copied().unwrap_or(0);
-                c.into_row(&name, count)
+                let mut row = c.into_row(&name, count);
+                row.kube = kube.get(&name).copied().unwrap_or_default();
+                row
             })
             .collect())
     }
 
     async fn get_cluster(&self, name: &str) -> Result<Option<ClusterRow>> {
         let doc: Doc<ClusterDoc> = self.get(&self.key(&format!("clusters/{name}"))).await?;
-        Ok(doc.value.map(|c| c.into_row(name, 0)))
+        let Some(c) = doc.value else {
+            return Ok(None);
+        };
+        let mut row = c.into_row(name, 0);
+        row.kube = self.kube_doc(name).await?.into_kube().flags();
+        Ok(Some(row))
     }
 
     async fn set_cluster_windows(

@@ -42,6 +42,7 @@ impl ClusterDoc {
             ca_cert_pem: self.ca_cert_pem,
             api_server: self.api_server,
             peer: self.peer,
+            kube: KubeFlags::default(),
         }
     }
 }

@@ -68,6 +68,12 @@ impl EtcdStore {
                 })?,
             ));
         }
+        for (name, k) in &d.cluster_kube {
+            docs.push((
+                format!("clusterkube/{name}"),
+                json(&clusters::KubeDoc::from_kube(k))?,
+            ));
+        }
         for r in &d.certificates {
             docs.push((clusters::cert_key(r), json(&clusters::CertDoc::from_row(r))?));
         }

@@ -17,6 +17,20 @@ pub(super) fn read_ca(c: &Connection, name: &str) -> Result<Option<StoredCa>> {
     })
 }
 
+pub(super) fn read_kube(c: &Connection, name: &str) -> Result<Option<ClusterKube>> {
+    Ok(c.query_row(
+        "SELECT kubeconfig, kube_drain FROM clusters WHERE name = ?1",
+        [name],
+        |r| {
+            Ok(ClusterKube {
+                kubeconfig: r.get(0)?,
+                drain: r.get(1)?,
+            })
+        },
+    )
+    .optional()?)
+}
+
 pub(super) fn read_certs(
     c: &Connection,
     cluster: Option<&str>,
@@ -108,6 +122,28 @@ impl ClusterStore for SqliteStore {
                     peer.upload_rate as i64,
                     peer.max_uploads
                 ],
+            )?;
+            if n == 0 {
+                return Err(StoreError::not_found(Kind::Cluster, name.to_string()));
+            }
+            insert_event(tx, &event)?;
+            read_cluster(tx, &name)?
+                .ok_or_else(|| StoreError::Backend(format!("cluster {name} vanished in its own transaction")))
+        })
+        .await
+    }
+
+    async fn cluster_kube(&self, name: &str) -> Result<Option<ClusterKube>> {
+        let name = name.to_string();
+        self.call(move |c| read_kube(c, &name)).await
+    }
+
+    async fn set_cluster_kube(&self, name: &str, kube: ClusterKube, event: EventRow) -> Result<ClusterRow> {
+        let name = name.to_string();
+        self.tx(move |tx| {
+            let n = tx.execute(
+                "UPDATE clusters SET kubeconfig = ?2, kube_drain = ?3 WHERE name = ?1",
+                params![name, kube.kubeconfig, kube.drain],
             )?;
             if n == 0 {
                 return Err(StoreError::not_found(Kind::Cluster, name.to_string()));

@@ -78,6 +78,14 @@ fn read_dump(c: &Connection) -> Result<Dump> {
         }
     }
     let certificates = clusters::read_certs(c, None, None)?;
+    let mut cluster_kube = Vec::new();
+    for cl in &clusters {
+        if let Some(k) = clusters::read_kube(c, &cl.name)?
+            && k != ClusterKube::default()
+        {
+            cluster_kube.push((cl.name.clone(), k));
+        }
+    }
 
     let mut tokens = Vec::new();
     let raw = c
@@ -205,6 +213,7 @@ fn read_dump(c: &Connection) -> Result<Dump> {
         clusters,
         cluster_cas,
         certificates,
+        cluster_kube,
         tokens,
         nodes,
         bundles,

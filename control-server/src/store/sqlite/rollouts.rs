@@ -229,7 +229,8 @@ impl RolloutStore for SqliteStore {
             {
                 let mut stmt = tx.prepare_cached(
                     "UPDATE rollout_nodes SET previous_version = ?3, state = ?4, message = ?5, generation = ?6,
-                         turn_at_ms = ?7, touched = ?8, reverting = ?9, unreached = ?10, canary = ?11
+                         turn_at_ms = ?7, touched = ?8, reverting = ?9, unreached = ?10, canary = ?11,
+                         kube_step = ?12, kube_since_ms = ?13
                      WHERE rollout_id = ?1 AND node = ?2",
                 )?;
                 for n in &r.nodes {
@@ -244,7 +245,9 @@ impl RolloutStore for SqliteStore {
                         n.touched,
                         n.reverting,
                         n.unreached,
-                        n.canary
+                        n.canary,
+                        n.kube.as_str(),
+                        n.kube_since_ms
                     ])?;
                 }
             }

@@ -228,4 +228,14 @@ CREATE TABLE roots (
 );
 ALTER TABLE nodes ADD COLUMN trust TEXT;
 "#,
+    // Each cluster's tenant Kubernetes access (issue [kube-drain]): the
+    // kubeconfig as the server hands it over (in this 0700 data dir, like
+    // the CA keys), and whether its rollouts drain by default; each rollout
+    // node's step with its tenant cluster (KubeStep) and since when.
+    r#"
+ALTER TABLE clusters ADD COLUMN kubeconfig TEXT;
+ALTER TABLE clusters ADD COLUMN kube_drain INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE rollout_nodes ADD COLUMN kube_step TEXT NOT NULL DEFAULT '';
+ALTER TABLE rollout_nodes ADD COLUMN kube_since_ms INTEGER NOT NULL DEFAULT 0;
+"#,
 ];

@@ -19,6 +19,16 @@ pub(in crate::store::etcd) struct RolloutNodeDoc {
     pub turn_at_ms: i64,
     #[serde(rename = "f", default)]
     pub flags: u8,
+    /// The node's step with its tenant cluster ([`KubeStep`]); absent when
+    /// none, so rows of rollouts that do not drain are as before.
+    #[serde(rename = "k", default, skip_serializing_if = "String::is_empty")]
+    pub kube: String,
+    #[serde(rename = "ks", default, skip_serializing_if = "is_zero")]
+    pub kube_since_ms: i64,
+}
+
+fn is_zero(v: &i64) -> bool {
+    *v == 0
 }
 
 pub(in crate::store::etcd) const TOUCHED: u8 = 1;
@@ -39,6 +49,8 @@ impl RolloutNodeDoc {
                 | (if n.reverting { REVERTING } else { 0 })
                 | (if n.unreached { UNREACHED } else { 0 })
                 | (if n.canary { CANARY } else { 0 }),
+            kube: n.kube.as_str().to_string(),
+            kube_since_ms: n.kube_since_ms,
         }
     }
 
@@ -56,6 +68,8 @@ impl RolloutNodeDoc {
             reverting: self.flags & REVERTING != 0,
             unreached: self.flags & UNREACHED != 0,
             canary: self.flags & CANARY != 0,
+            kube: KubeStep::parse(&self.kube),
+            kube_since_ms: self.kube_since_ms,
         })
     }
 }
