@@ -6,7 +6,7 @@
 //! module keeps their state durable and turns their verdicts into what the
 //! node reports:
 //!
-//! - **Off** (`trust_threshold` 0 in `agent.toml`, the default): nothing
+//! - **Off** (`trust_threshold` 0 in `join.toml`, the default): nothing
 //!   here does anything; a desired state's release and roots are ignored.
 //! - **On**: every desired state's root rotations are applied in version
 //!   order (stopping at the first refused), then its release is offered to

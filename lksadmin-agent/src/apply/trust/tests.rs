@@ -66,7 +66,7 @@ fn off_ignores_releases_and_admits_everything() {
     assert_eq!(t.report(T0), TrustReport::default());
     assert!(!t.is_on());
     assert_eq!(t.wakeup_ms(T0), None);
-    // Threshold 0 in agent.toml is off too, and writes nothing.
+    // Threshold 0 in join.toml is off too, and writes nothing.
     let d = tempfile::tempdir().unwrap();
     let path = d.path().join("trust.json");
     let t = Trust::open(&path, "c1", vec![SigningKey::generate().public()], 0);
