@@ -187,7 +187,7 @@ struct MigrateArgs {
     #[command(flatten)]
     blobs: BlobFlags,
     /// Largest served file copied into etcd (--blob-store etcd), in bytes;
-    /// give the replicas the same value.
+    /// give the replicas the same value. No limit with s3://….
     #[arg(long, default_value_t = lks_control_server::blobs::DEFAULT_MAX_BLOB)]
     etcd_max_blob_size: u64,
 }

@@ -14,8 +14,9 @@
 //! Order, so that a refusal writes nothing and a failure leaves nothing:
 //! everything that can be checked locally is checked first (data dir, the
 //! server stopped — SQLite's exclusive lock, held until the end so none
-//! starts meanwhile —, identity readable, every blob present and small
-//! enough for etcd), then that the etcd prefix is empty. The identity is
+//! starts meanwhile —, identity readable, every blob present and, when
+//! blobs go into etcd, no larger than `--etcd-max-blob-size`; a bucket has
+//! no such limit), then that the etcd prefix is empty. The identity is
 //! written first, with a create-only compare, so a second migrate racing
 //! this one is refused; a failure after it removes what was written. The
 //! SQLite data dir is only read.
@@ -252,8 +253,12 @@ pub async fn migrate(cfg: &MigrateConfig) -> Result<Summary, MigrateError> {
         BlobChoice::Local => return Err(MigrateError::LocalBlobStore),
         BlobChoice::Default | BlobChoice::Etcd => None,
     };
-    let max = s3.is_none().then_some(cfg.max_blob);
-    let served = served_blobs(&dump, &blobs, &blob_dir, max)?;
+    let served = served_blobs(
+        &dump,
+        &blobs,
+        &blob_dir,
+        size_limit(&cfg.blob_store, cfg.max_blob),
+    )?;
 
     let store = EtcdStore::connect(&cfg.etcd, "migrate")
         .await
@@ -379,6 +384,16 @@ async fn write_data(
     store.import(dump).await.map_err(WriteError::Import)
 }
 
+/// The largest file the chosen blob store keeps: `--etcd-max-blob-size`
+/// for etcd's chunks; none for a bucket, where that flag has no say (a file
+/// over it is no reason to refuse a migration into S3).
+fn size_limit(choice: &BlobChoice, max_blob: u64) -> Option<u64> {
+    match choice {
+        BlobChoice::S3(_) => None,
+        BlobChoice::Default | BlobChoice::Etcd | BlobChoice::Local => Some(max_blob),
+    }
+}
+
 /// Every distinct blob the dumped bundles serve, each present in `blobs`
 /// and no larger than `max` (if the blob store has a limit).
 fn served_blobs(
@@ -470,6 +485,43 @@ mod tests {
             e.to_string().starts_with("bundle app@1: sha256:")
                 && e.to_string().contains("give --etcd-max-blob-size 5"),
             "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_etcd_size_limit_refuses_only_blobs_bound_for_etcd() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = LocalBlobs::open(dir.path()).unwrap();
+        let d = Digest::of(b"hello");
+        let mut w = blobs.writer(d, 5).await.unwrap();
+        w.write(b"hello").await.unwrap();
+        w.finish().await.unwrap();
+        let dump = dump_with_blob(&d);
+        for etcd in [BlobChoice::Default, BlobChoice::Etcd] {
+            let e = served_blobs(&dump, &blobs, dir.path(), size_limit(&etcd, 4))
+                .err()
+                .unwrap();
+            assert!(
+                matches!(e, MigrateError::BlobTooLarge { size: 5, max: 4, .. }),
+                "{e}"
+            );
+        }
+        let s3 = BlobChoice::S3(crate::blobs::S3Config {
+            bucket: "lks-blobs".into(),
+            prefix: String::new(),
+            endpoint: None,
+            region: "us-east-1".into(),
+            virtual_hosted: false,
+            access_key_id: "id".into(),
+            secret_access_key: "secret".into(),
+            session_token: None,
+            ca_cert_pem: None,
+        });
+        let moved = served_blobs(&dump, &blobs, dir.path(), size_limit(&s3, 4)).unwrap();
+        assert_eq!(
+            moved.iter().map(|b| (b.digest, b.size)).collect::<Vec<_>>(),
+            [(d, 5)],
+            "a file over --etcd-max-blob-size goes into the bucket"
         );
     }
 

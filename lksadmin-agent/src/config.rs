@@ -1,8 +1,9 @@
-//! The agent's configuration (`agent.toml`, written by `join`) and the layout
-//! of the state dir.
+//! The agent's enrolment (`join.toml`, written by `join`) and the layout of
+//! the state dir.
 //!
 //! ```text
-//! STATE_DIR/agent.toml          servers, node, cluster, root, labels, CA pin
+//! STATE_DIR/join.toml           servers, node, cluster, root, labels, CA pin
+//!                               (`agent.toml` before: still read, never written)
 //! STATE_DIR/pki/{node.key,node.crt,ca.crt}
 //! STATE_DIR/trusted/*.pub       publisher keys (copies of --trust-key)
 //! STATE_DIR/trust.json          with trust_threshold ≥ 1: the trust journal (apply/trust.rs)
@@ -35,8 +36,13 @@ use crate::apply::fsutil::FsError;
 
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/lksadmin";
 pub const DEFAULT_ROOT: &str = "/";
+/// The state dir's enrolment file, written by `join`.
+pub const JOIN_FILE: &str = "join.toml";
+/// Its name before: the same as `run`'s settings file
+/// (`/etc/lksadmin/agent.toml`), so it was renamed; still read.
+pub const LEGACY_JOIN_FILE: &str = "agent.toml";
 
-/// `agent.toml`.
+/// What `join` stored for `run` (`join.toml`).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct AgentConfig {
     /// Every replica `join` was given, in the order given; `run` starts with
@@ -52,7 +58,7 @@ pub struct AgentConfig {
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
     /// `join --trust-threshold`: how many trusted keys must sign a release
-    /// record; 0 (the default, and every agent.toml from before) is off.
+    /// record; 0 (the default, and every such file from before) is off.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub trust_threshold: u32,
 }
@@ -89,8 +95,24 @@ impl StateDir {
     pub fn path(&self) -> &Path {
         &self.dir
     }
+    /// Where `join` commits the enrolment: `join.toml`. It was `agent.toml`,
+    /// the name of `run`'s settings file in `/etc/lksadmin/` too, which
+    /// operators took for one another.
     pub fn config(&self) -> PathBuf {
-        self.dir.join("agent.toml")
+        self.dir.join(JOIN_FILE)
+    }
+    /// The name agents before `join.toml` wrote. Read, never written nor
+    /// renamed: an older agent binary put back by a self-update rollback
+    /// must still find it.
+    pub fn legacy_config(&self) -> PathBuf {
+        self.dir.join(LEGACY_JOIN_FILE)
+    }
+    /// The enrolment file this state dir holds: `join.toml`, else the
+    /// legacy `agent.toml`; `None` before `join` committed.
+    pub fn config_in_use(&self) -> Option<PathBuf> {
+        [self.config(), self.legacy_config()]
+            .into_iter()
+            .find(|p| p.exists())
     }
     pub fn pki(&self) -> PathBuf {
         self.dir.join("pki")
@@ -132,15 +154,19 @@ impl StateDir {
         self.dir.join("trust.json")
     }
 
-    /// True once `join` has committed (agent.toml is its commit marker).
+    /// True once `join` has committed (`join.toml`, or the legacy
+    /// `agent.toml`, is its commit marker).
     pub fn is_joined(&self) -> bool {
-        self.config().exists()
+        self.config_in_use().is_some()
     }
 
     pub fn load_config(&self) -> Result<AgentConfig, ConfigError> {
-        let path = self.config();
+        let Some(path) = self.config_in_use() else {
+            return Err(ConfigError::NotJoined { path: self.config() });
+        };
         let text = match std::fs::read_to_string(&path) {
             Ok(t) => t,
+            // Gone between the look and the read: a join undone meanwhile.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(ConfigError::NotJoined { path });
             }
@@ -264,9 +290,34 @@ mod tests {
     }
 
     #[test]
+    fn a_state_dir_joined_before_the_rename_is_read_from_agent_toml() {
+        let d = tempfile::tempdir().unwrap();
+        let dirs = StateDir::new(d.path());
+        assert!(!dirs.is_joined());
+        std::fs::write(
+            dirs.legacy_config(),
+            format!("server = \"https://old:7443\"\n{REST}"),
+        )
+        .unwrap();
+        assert!(dirs.is_joined(), "an existing install stays joined");
+        assert_eq!(dirs.config_in_use(), Some(d.path().join("agent.toml")));
+        assert_eq!(dirs.load_config().unwrap().servers, ["https://old:7443"]);
+        // join.toml, once there, is the one read.
+        std::fs::write(dirs.config(), format!("servers = [\"https://new:7443\"]\n{REST}")).unwrap();
+        assert_eq!(dirs.config_in_use(), Some(d.path().join("join.toml")));
+        assert_eq!(dirs.load_config().unwrap().servers, ["https://new:7443"]);
+        // A broken legacy file is named as such.
+        std::fs::remove_file(dirs.config()).unwrap();
+        std::fs::write(dirs.legacy_config(), "servers = [\n").unwrap();
+        let err = dirs.load_config().unwrap_err();
+        assert!(err.to_string().contains("agent.toml"), "{err}");
+    }
+
+    #[test]
     fn not_joined_says_so() {
         let d = tempfile::tempdir().unwrap();
         let err = StateDir::new(d.path()).load_config().unwrap_err();
         assert!(matches!(err, ConfigError::NotJoined { .. }), "{err}");
+        assert!(err.to_string().contains("join.toml not found"), "{err}");
     }
 }

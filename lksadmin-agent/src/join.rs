@@ -6,7 +6,7 @@
 //! sent to it, and only a server that cannot be reached passes the turn to
 //! the next; the node key is made here and never leaves the node (only a CSR
 //! goes out). The identity is written into a temp directory inside the state
-//! dir and moved into place piece by piece, `agent.toml` last: it is the
+//! dir and moved into place piece by piece, `join.toml` last: it is the
 //! commit marker, so a join that fails at any point leaves no identity (and
 //! leftovers of a crashed join are cleared by the next one).
 //!
@@ -32,7 +32,7 @@ use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, PublicKeyData
 use x509_parser::prelude::{FromDer, X509Certificate};
 
 use crate::apply::fsutil::{self, FsError};
-use crate::config::{AgentConfig, StateDir};
+use crate::config::{AgentConfig, JOIN_FILE, StateDir};
 use crate::link::backoff::{Backoff, retry_hint};
 use crate::link::client;
 use crate::link::pin::{self, PinError};
@@ -559,7 +559,7 @@ fn already_joined(plan: &Plan) -> Result<JoinOutcome, JoinError> {
 }
 
 /// Writes the identity: everything into `.join-tmp`, fsynced, then moved
-/// into place with `agent.toml` last.
+/// into place with `join.toml` last.
 fn store(
     dirs: &StateDir,
     cfg: &AgentConfig,
@@ -584,11 +584,11 @@ fn store(
         for (i, pem) in trusted.iter().enumerate() {
             fsutil::write_atomic(&tmp.join(format!("trusted/key-{i}.pub")), pem.as_bytes(), 0o644)?;
         }
-        fsutil::write_atomic(&tmp.join("agent.toml"), cfg.to_toml().as_bytes(), 0o600)?;
+        fsutil::write_atomic(&tmp.join(JOIN_FILE), cfg.to_toml().as_bytes(), 0o600)?;
         fsutil::sync_dir(&tmp)?;
         rename(&tmp.join("pki"), &dirs.pki())?;
         rename(&tmp.join("trusted"), &dirs.trusted())?;
-        rename(&tmp.join("agent.toml"), &dirs.config())?;
+        rename(&tmp.join(JOIN_FILE), &dirs.config())?;
         fsutil::sync_dir(dirs.path())
     })();
     if result.is_err() && !dirs.is_joined() {

@@ -1,8 +1,9 @@
 //! Node-local settings for `run`: `/etc/lksadmin/agent.toml`, the conffile
 //! the Debian package ships (all keys commented out).
 //!
-//! Not to be confused with `STATE_DIR/agent.toml`, which `join` writes (see
-//! [`crate::config`]). Every key here mirrors a flag of `run`; a flag given on
+//! Not to be confused with `STATE_DIR/join.toml`, which `join` writes (see
+//! [`crate::config`]; it was `STATE_DIR/agent.toml` before, and is still
+//! read under that name). Every key here mirrors a flag of `run`; a flag given on
 //! the command line wins over the file, and the file over the built-in
 //! default. A missing default file means "all defaults"; an unreadable or
 //! malformed one is an error, so that a typo never silently falls back.

@@ -265,7 +265,7 @@ impl Agent {
 
     /// True if the state dir holds any identity material.
     pub fn has_identity(&self) -> bool {
-        ["agent.toml", "pki"]
+        ["join.toml", "agent.toml", "pki"]
             .iter()
             .any(|p| self.state_dir.join(p).exists())
     }

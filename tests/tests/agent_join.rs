@@ -23,7 +23,7 @@ fn join_stores_an_identity_and_the_node_connects() {
         std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
         0o600
     );
-    let cfg = std::fs::read_to_string(agent.state_dir.join("agent.toml")).unwrap();
+    let cfg = std::fs::read_to_string(agent.state_dir.join("join.toml")).unwrap();
     assert!(
         cfg.contains("cluster = \"c1\"") && cfg.contains("zone = \"a\""),
         "{cfg}"
@@ -70,6 +70,32 @@ fn join_stores_an_identity_and_the_node_connects() {
     assert!(table.lines().next().unwrap().contains("AGENT"), "{table}");
     assert!(table.contains(env!("CARGO_PKG_VERSION")), "{table}");
     assert_eq!(agent.stop(), Some(0), "clean exit on SIGTERM");
+    assert!(
+        !agent.state_dir.join("agent.toml").exists(),
+        "join writes join.toml only: agent.toml is run's settings file in /etc/lksadmin"
+    );
+
+    // A state dir joined before the rename keeps working from its agent.toml,
+    // which is left as it is (an older agent put back must still find it).
+    std::fs::rename(
+        agent.state_dir.join("join.toml"),
+        agent.state_dir.join("agent.toml"),
+    )
+    .unwrap();
+    let again = ok_stdout(
+        &agent.join_raw(&j.server, &j.token, &j.ca_cert_hash, &["--labels", "zone=a"]),
+        "join again on a state dir from before",
+    );
+    assert!(again.contains("already joined"), "{again}");
+    wait_until(lks_e2e::agent::CONVERGE, "server sees node-a gone", || {
+        !node_connected(&server, "node-a")
+    });
+    agent.start();
+    wait_until(lks_e2e::agent::CONVERGE, "node-a back from agent.toml", || {
+        node_connected(&server, "node-a")
+    });
+    assert!(!agent.state_dir.join("join.toml").exists());
+    assert_eq!(agent.stop(), Some(0));
 }
 
 #[test]

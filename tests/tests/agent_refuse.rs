@@ -91,7 +91,7 @@ fn a_node_requiring_signed_releases_applies_nothing_without_one() {
         "c1",
         &["--trust-key", public.to_str().unwrap(), "--trust-threshold", "1"],
     );
-    let config = std::fs::read_to_string(agent.state_dir.join("agent.toml")).unwrap();
+    let config = std::fs::read_to_string(agent.state_dir.join("join.toml")).unwrap();
     assert!(config.contains("trust_threshold = 1"), "{config}");
     agent.start();
 

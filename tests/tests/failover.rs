@@ -73,7 +73,7 @@ fn agent_joins_past_a_dead_server_and_takes_a_rollout() {
         "join with a dead server first",
     );
     assert!(out.contains("node-f joined cluster c1"), "{out}");
-    let cfg = std::fs::read_to_string(agent.state_dir.join("agent.toml")).unwrap();
+    let cfg = std::fs::read_to_string(agent.state_dir.join("join.toml")).unwrap();
     let stored: toml::Table = toml::from_str(&cfg).unwrap();
     let want: Vec<toml::Value> = list.split(',').map(|u| u.into()).collect();
     assert_eq!(stored["servers"], toml::Value::Array(want), "{cfg}");

@@ -122,7 +122,7 @@ fn kill9_mid_enrolment_loses_no_acknowledged_node_and_a_repeated_join_gets_in() 
                 not_stored += 1;
             }
             assert!(
-                !a.state_dir.join("agent.toml").exists(),
+                !a.state_dir.join("join.toml").exists(),
                 "{}: a failed join left a config: {}",
                 a.name,
                 stderr(o)

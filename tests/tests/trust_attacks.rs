@@ -697,8 +697,9 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
     });
     lab.restore();
 
-    let (app2, cfg2) = (lab.honest.app.clone(), lab.honest.cfg.clone());
-    freeze(&mut lab, 14, &k2, &app2, &cfg2);
+    let r11 = lab.honest.release.clone();
+    freeze(&mut lab, 14, &k2);
+    stale_server_freeze(&mut lab, 15, &k2, &r11);
 
     let accepted: Vec<&str> = lab
         .results
@@ -770,13 +771,14 @@ fn withheld_bundle(lab: &mut Lab, r2: &SignedRelease, cfg2: &TestBundle) {
     lab.verdict("withheld-bundle", v);
 }
 
-/// The server stops sending newer releases: the node's release runs out
-/// and the node must say so (`stale-release`) rather than go on quietly.
-fn freeze(lab: &mut Lab, version: u64, key: &SigningKey, app2: &TestBundle, cfg2: &TestBundle) {
+/// Sends the honest bundles with release `version`, signed by `key` and
+/// expiring [`SHORT_LIFE_MS`] from now, and waits until the node follows it.
+/// Not `restore`, which wants trust `ok`: on a slow machine the node may
+/// already call the release stale when it first reports it.
+fn take_short_release(lab: &mut Lab, version: u64, key: &SigningKey) {
     let expires = now_ms() + SHORT_LIFE_MS;
-    lab.honest.release = signed(release(CHANNEL, version, expires, &[app2, cfg2]), &[key]);
-    // Not `restore`, which wants trust `ok`: on a slow machine the node may
-    // already call the release stale when it first reports it.
+    let (app, cfg) = (&lab.honest.app, &lab.honest.cfg);
+    lab.honest.release = signed(release(CHANNEL, version, expires, &[app, cfg]), &[key]);
     let mark = lab.rogue.mark();
     let g = lab.rogue.send_desired(lab.honest.desired());
     let trust_on = lab.trust_on;
@@ -790,6 +792,13 @@ fn freeze(lab: &mut Lab, version: u64, key: &SigningKey, app2: &TestBundle, cfg2
         "release {version} was not accepted within {CONVERGE:?}; the node said:\n{}",
         said(&lab.rogue.records_since(mark))
     );
+}
+
+/// The server stops sending newer releases: the node's release runs out
+/// and the node must say so (`stale-release`) rather than go on quietly.
+fn freeze(lab: &mut Lab, version: u64, key: &SigningKey) {
+    let mark = lab.rogue.mark();
+    take_short_release(lab, version, key);
     let wait = Duration::from_millis(SHORT_LIFE_MS as u64) + ANSWER;
     let stale = lab.rogue.wait_for(mark, wait, |r| {
         let t = r.heard.trust()?;
@@ -804,4 +813,34 @@ fn freeze(lab: &mut Lab, version: u64, key: &SigningKey, app2: &TestBundle, cfg2
         )),
     };
     lab.verdict("freeze", v);
+}
+
+/// A stale server (say, restored from an old backup) replays an older,
+/// genuine release after the node took a newer one, and goes on doing so.
+/// The node refuses it; once its own release runs out it must say
+/// `stale-release`, the refusal kept as detail, not `refused` for ever:
+/// that is exactly the freeze such a server causes.
+fn stale_server_freeze(lab: &mut Lab, version: u64, key: &SigningKey, older: &SignedRelease) {
+    take_short_release(lab, version, key);
+    let mark = lab.rogue.mark();
+    let (app, cfg) = (&lab.honest.app, &lab.honest.cfg);
+    lab.rogue
+        .send_desired(desired(Some(older), &lab.honest.roots, &[app, cfg]));
+    let refusal = format!("is older than release {version}");
+    let wait = Duration::from_millis(SHORT_LIFE_MS as u64) + ANSWER;
+    let stale = lab.rogue.wait_for(mark, wait, |r| {
+        let t = r.heard.trust()?;
+        (t.state == "stale-release" && t.release_version == version && t.message.contains(&refusal))
+            .then(|| format!("trust {}: {}", t.state, t.message))
+    });
+    let v = match (stale, lab.files_changed()) {
+        (Some(_), Some(diff)) => Verdict::Accepted(diff),
+        (Some(why), None) => Verdict::Refused(why),
+        (None, _) => Verdict::Accepted(format!(
+            "no stale-release naming the refusal ({refusal:?}) within {wait:?} of release {version} running out; \
+             the node said: {}",
+            last_words(&lab.rogue.records_since(mark))
+        )),
+    };
+    lab.verdict("stale-server-freeze", v);
 }

@@ -78,7 +78,7 @@ vm_exec install -m 0755 /dev/stdin /usr/bin/lksadmin-agent <"$VM_DIR/agent-stub"
 vm_exec mkdir -p /run/systemd/system/$agent.d
 printf '[Service]\nWatchdogSec=3s\nRestartSec=1s\n' |
   vm_exec install -m 0644 /dev/stdin /run/systemd/system/$agent.d/test.conf
-in_vm "mkdir -p /var/lib/lksadmin && echo '# joined (test)' >/var/lib/lksadmin/agent.toml && systemctl daemon-reload"
+in_vm "mkdir -p /var/lib/lksadmin && echo '# joined (test)' >/var/lib/lksadmin/join.toml && systemctl daemon-reload"
 check "agent starts once joined (READY=1)" vm_exec systemctl start "$agent"
 
 want="rw /etc/kubernetes

@@ -6,7 +6,7 @@
 //! module keeps their state durable and turns their verdicts into what the
 //! node reports:
 //!
-//! - **Off** (`trust_threshold` 0 in `agent.toml`, the default): nothing
+//! - **Off** (`trust_threshold` 0 in `join.toml`, the default): nothing
 //!   here does anything; a desired state's release and roots are ignored.
 //! - **On**: every desired state's root rotations are applied in version
 //!   order (stopping at the first refused), then its release is offered to
@@ -15,7 +15,10 @@
 //!   *before* the engine acts on it. A bundle is applied at a new version
 //!   only if the current release names exactly that version and manifest
 //!   digest and has not expired ([`Trust::admits`]); a bundle the current
-//!   release still names is not removed ([`Trust::keeps`]).
+//!   release still names is not removed ([`Trust::keeps`]). Once that
+//!   release has expired the node reports `stale-release`, whatever it
+//!   refused since (a refusal stays in the message as detail): a stale
+//!   server replaying an older release must not hide the freeze.
 //! - **Broken**: `trust.json` could not be read or does not hold together.
 //!   It is never reset silently (that would let a server roll the node
 //!   back): the node reports `refused` naming the file, applies no new
@@ -105,10 +108,7 @@ impl Refusal {
         let (condition, key) = match e {
             TrustError::Expired {
                 channel, version, at, ..
-            } => (
-                Condition::StaleRelease,
-                format!("expired {channel} {version} {at}"),
-            ),
+            } => (Condition::StaleRelease, expiry_key(channel, *version, *at)),
             TrustError::ClockWentBack { latest_known, .. } => {
                 (Condition::Clock, format!("clock {latest_known}"))
             }
@@ -123,6 +123,18 @@ impl Refusal {
             key,
         }
     }
+
+    /// Whether this is the refusal of `r` itself for having expired (the
+    /// server offering the node's own release again after its expiry).
+    fn is_expiry_of(&self, r: &Release) -> bool {
+        self.key == expiry_key(&r.channel, r.version, r.expires_at_ms)
+    }
+}
+
+/// The [`Refusal::key`] of an expired release: one reason whatever the
+/// clock read when it was seen.
+fn expiry_key(channel: &str, version: u64, at: i64) -> String {
+    format!("expired {channel} {version} {at}")
 }
 
 /// Why a bundle version is not applied (or a bundle not removed): the
@@ -418,28 +430,28 @@ impl Trust {
             release_expires_at_ms: on.release.as_ref().map_or(0, |r| r.expires_at_ms),
             root_version: on.file.state.root.version,
         };
-        let (condition, message) = match (&on.clock, &on.file.refusal, &on.release) {
-            (Some(c), _, _) => (c.condition, c.message.clone()),
-            (None, Some(r), _) => (r.condition, r.message.clone()),
-            (None, None, None) => (
+        let now = now_ms.max(on.file.state.latest_known_time_ms);
+        let expired = on.release.as_ref().filter(|r| r.is_expired(now));
+        let (condition, message) = if let Some(c) = &on.clock {
+            (c.condition, c.message.clone())
+        } else if let Some(r) = expired {
+            // Expiry outranks a refusal: a stale server (one restored from
+            // a backup) that keeps replaying an older release keeps its
+            // refusal alive for ever, and the freeze it causes must still
+            // show as `stale-release`. The refusal stays as detail.
+            (
+                Condition::StaleRelease,
+                stale_message(r, on.file.refusal.as_ref()),
+            )
+        } else if let Some(r) = &on.file.refusal {
+            (r.condition, r.message.clone())
+        } else if on.release.is_some() {
+            (Condition::Ok, String::new())
+        } else {
+            (
                 Condition::NoRelease,
                 format!("no signed release of {} accepted yet", self.channel),
-            ),
-            (None, None, Some(r)) => {
-                let now = now_ms.max(on.file.state.latest_known_time_ms);
-                if r.is_expired(now) {
-                    (
-                        Condition::StaleRelease,
-                        format!(
-                            "{} expired at {}; keeping what is installed until a fresh release is accepted",
-                            r.id(),
-                            rfc3339(r.expires_at_ms)
-                        ),
-                    )
-                } else {
-                    (Condition::Ok, String::new())
-                }
-            }
+            )
         };
         report.state = condition.as_str().into();
         report.message = message;
@@ -453,6 +465,26 @@ impl Trust {
         let r = on.release.as_ref()?;
         let now = now_ms.max(on.file.state.latest_known_time_ms);
         (!r.is_expired(now)).then(|| (r.expires_at_ms - now).clamp(0, MAX_WAKEUP_MS))
+    }
+}
+
+/// Why the node is stale: its release `r` expired; and `refusal`, the last
+/// release or root the server sent that was refused, unless it is only
+/// `r` itself offered again (its expiry is said already).
+fn stale_message(r: &Release, refusal: Option<&Refusal>) -> String {
+    let stale = format!(
+        "{} expired at {}; keeping what is installed until a fresh release is accepted",
+        r.id(),
+        rfc3339(r.expires_at_ms)
+    );
+    match refusal {
+        Some(x) if !x.is_expiry_of(r) => {
+            format!(
+                "{stale}; the server's last release or root was refused: {}",
+                x.message
+            )
+        }
+        _ => stale,
     }
 }
 

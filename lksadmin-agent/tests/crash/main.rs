@@ -141,7 +141,7 @@ impl Node {
         let root = tmp.path().join("root");
         copy_tree(&self.state, &state);
         copy_tree(&self.root, &root);
-        // agent.toml names the root: point it at the copy.
+        // join.toml names the root: point it at the copy.
         let dirs = StateDir::new(&state);
         let mut cfg = dirs.load_config().unwrap();
         cfg.root = root.clone();

@@ -160,6 +160,31 @@ async fn an_older_release_is_refused_and_the_installed_version_kept() {
         !t.events().iter().any(|(k, _)| k == "release_refused"),
         "once per reason"
     );
+    // The stale server goes on replaying release 1 until release 2 runs
+    // out: the expiry timer turns the refusal into the freeze it is.
+    assert_eq!(
+        t.f.engine.trust_wakeup(),
+        Some(Duration::from_millis(HOUR as u64 + 1))
+    );
+    t.clock.0.store(T0 + HOUR, Ordering::SeqCst);
+    t.f.engine.refresh_trust();
+    let trust = t.f.engine.snapshot().trust;
+    assert_eq!(
+        (trust.state.as_str(), trust.release_version),
+        ("stale-release", 2)
+    );
+    assert!(
+        trust.message.starts_with("release 2 of c1 expired at ")
+            && trust
+                .message
+                .contains("was refused: release 1 of c1 is older than release 2"),
+        "{}",
+        trust.message
+    );
+    assert_eq!(t.f._status.borrow().trust, trust, "and it is published");
+    t.desire(&[&v1], Some(release(1, T0 + HOUR, &[&v1]))).await;
+    assert_eq!(t.f.engine.snapshot().trust.state, "stale-release");
+    assert_eq!(t.f.engine.installed()["app"], "2", "it keeps what it has");
 }
 
 #[tokio::test]

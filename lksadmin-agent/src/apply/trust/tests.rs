@@ -66,7 +66,7 @@ fn off_ignores_releases_and_admits_everything() {
     assert_eq!(t.report(T0), TrustReport::default());
     assert!(!t.is_on());
     assert_eq!(t.wakeup_ms(T0), None);
-    // Threshold 0 in agent.toml is off too, and writes nothing.
+    // Threshold 0 in join.toml is off too, and writes nothing.
     let d = tempfile::tempdir().unwrap();
     let path = d.path().join("trust.json");
     let t = Trust::open(&path, "c1", vec![SigningKey::generate().public()], 0);
@@ -253,6 +253,85 @@ fn an_expired_release_makes_the_node_stale_and_applies_nothing_new() {
     assert!(news.contains("expired at"), "{news}");
     assert_eq!(t.update(same.as_ref(), &[], expires + 6).unwrap(), None);
     assert_eq!(t.report(expires + 6).state, "stale-release");
+}
+
+#[test]
+fn a_refusal_does_not_hide_the_expiry_of_the_release_the_node_follows() {
+    let k = keys();
+    let (_d, path, mut t) = on(&k);
+    let expires = T0 + HOUR;
+    let r3 = signed(release(3, expires, &[("app", "2")]), &[&k.a]);
+    t.update(r3.as_ref(), &[], T0).unwrap();
+    // A stale server (restored from a backup) replays release 2, and goes
+    // on replaying it: refused, once.
+    let old = signed(release(2, T0 + 2 * HOUR, &[("app", "1")]), &[&k.a]);
+    let refusal = t.update(old.as_ref(), &[], T0 + 1).unwrap().expect("news");
+    assert!(refusal.contains("older than release 3"), "{refusal}");
+    assert_eq!(t.report(expires - 1).state, "refused");
+    assert_eq!(
+        t.wakeup_ms(expires - 1),
+        Some(1),
+        "the expiry timer runs while refused"
+    );
+    // Release 3 runs out: the freeze shows, the refusal as its detail.
+    let rep = t.report(expires);
+    assert_eq!(
+        (rep.state.as_str(), rep.release_version, rep.release_expires_at_ms),
+        ("stale-release", 3, expires)
+    );
+    let stale = format!(
+        "release 3 of c1 expired at {}; keeping what is installed until a fresh release is accepted; \
+         the server's last release or root was refused: {refusal}",
+        rfc3339(expires)
+    );
+    assert_eq!(rep.message, stale);
+    assert_eq!(
+        t.update(old.as_ref(), &[], expires + 1).unwrap(),
+        None,
+        "not news again"
+    );
+    assert_eq!(t.report(expires + 1).message, stale);
+    // The journal still holds the refusal; a restart reports the same.
+    let on_disk: TrustFile = fsutil::read_json(&path).unwrap().unwrap();
+    assert_eq!(on_disk.refusal.map(|r| r.condition), Some(Condition::Refused));
+    let again = Trust::open(&path, "c1", vec![k.a.public()], 1);
+    assert_eq!(again.report(expires + 2).state, "stale-release");
+    // A clock set back still says so first: expiry cannot be judged by it.
+    let mut back = again;
+    back.refresh(T0 - CLOCK_TOLERANCE_MS - 1);
+    assert_eq!(back.report(T0 - CLOCK_TOLERANCE_MS - 1).state, "clock");
+    // A fresh release ends both.
+    let r4 = signed(release(4, expires + HOUR, &[("app", "2")]), &[&k.a]);
+    assert_eq!(t.update(r4.as_ref(), &[], expires + 3).unwrap(), None);
+    let rep = t.report(expires + 3);
+    assert_eq!((rep.state.as_str(), rep.message.as_str()), ("ok", ""));
+}
+
+#[test]
+fn the_own_release_offered_again_after_its_expiry_is_said_once_in_the_message() {
+    let k = keys();
+    let (_d, _p, mut t) = on(&k);
+    let expires = T0 + HOUR;
+    let r2 = signed(release(2, expires, &[("app", "1")]), &[&k.a]);
+    t.update(r2.as_ref(), &[], T0).unwrap();
+    t.update(r2.as_ref(), &[], expires + 1)
+        .unwrap()
+        .expect("refused as expired");
+    let rep = t.report(expires + 1);
+    assert_eq!(rep.state, "stale-release");
+    assert!(!rep.message.contains("was refused"), "{}", rep.message);
+    // An expired *newer* release is another record: it is the detail.
+    let r5 = signed(release(5, expires, &[("app", "3")]), &[&k.a]);
+    let news = t.update(r5.as_ref(), &[], expires + 2).unwrap().expect("news");
+    assert!(news.starts_with("release 5 of c1 expired at "), "{news}");
+    let rep = t.report(expires + 2);
+    assert_eq!(rep.release_version, 2);
+    assert!(
+        rep.message.starts_with("release 2 of c1 expired at ")
+            && rep.message.ends_with(&format!("was refused: {news}")),
+        "{}",
+        rep.message
+    );
 }
 
 #[test]
