@@ -2,7 +2,7 @@
 //! terms, the engine and its journalled transactions, the blob cache, the
 //! persisted local state, the signed-release journal and its checks,
 //! what is reported to the server, the confined
-//! node root and the durable file writes they rest on, the step and
+//! node root, the inode trust that spares re-reading files, the step and
 //! health-check runner, and drift watching.
 
 pub mod cache;
@@ -10,7 +10,7 @@ pub mod desired;
 pub mod drift;
 pub mod engine;
 pub mod flushwriter;
-pub mod fsutil;
+pub mod inode;
 pub mod journal;
 pub mod report;
 pub mod root;

@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
+use lks_proto::fsutil::{self, FsError};
 use lks_proto::identity::{ca_cert_hash, pem_certs};
 use lks_proto::sign::PublisherKey;
 use lks_proto::token::BootstrapToken;
@@ -31,7 +32,6 @@ use lks_proto::{Digest, pb};
 use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, PublicKeyData};
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use crate::apply::fsutil::{self, FsError};
 use crate::config::{AgentConfig, StateDir};
 use crate::link::backoff::{Backoff, retry_hint};
 use crate::link::client;

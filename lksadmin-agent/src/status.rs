@@ -4,8 +4,8 @@
 use std::sync::Mutex;
 
 use lks_proto::BundleState;
+use lks_proto::fsutil::{self, FsError};
 
-use crate::apply::fsutil::{self, FsError};
 use crate::apply::journal::Journal;
 use crate::apply::report::TrustReport;
 use crate::apply::state::{Activity, LocalState};

@@ -32,9 +32,10 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use lks_proto::digest::{Verifier, VerifyError};
+use lks_proto::fsutil::{self, FsError};
 use lks_proto::{Digest, FileSpec};
 
-use crate::apply::fsutil::{self, FsError, InodeMeta};
+use crate::apply::inode::{INODE_TRUST, InodeMeta};
 use crate::fault;
 use crate::link::source::{self, BlobSource};
 use crate::link::swarm::SwarmError;
@@ -144,7 +145,7 @@ impl Cache {
         let known = self
             .stored()
             .get(d)
-            .is_some_and(|(was, at)| *was == now && at.elapsed() < fsutil::INODE_TRUST);
+            .is_some_and(|(was, at)| *was == now && at.elapsed() < INODE_TRUST);
         Ok(Some((f, known)))
     }
 
@@ -352,7 +353,7 @@ impl Cache {
         let now = InodeMeta::of_metadata(&m);
         self.stored()
             .get(digest)
-            .is_some_and(|(was, at)| *was == now && at.elapsed() < fsutil::INODE_TRUST)
+            .is_some_and(|(was, at)| *was == now && at.elapsed() < INODE_TRUST)
     }
 
     /// The path of `digest`'s verified download in `fetched/`, if there is

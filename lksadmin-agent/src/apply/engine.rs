@@ -31,6 +31,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use lks_proto::arch::Arch;
+use lks_proto::fsutil::{self, FsError};
 use lks_proto::sign::PublisherKey;
 use lks_proto::{BundlePath, BundleState, Digest, SignedBundle};
 use tokio::sync::{mpsc, watch};
@@ -47,7 +48,7 @@ mod txn;
 pub use error::{ApplyError, StageError, WriteError};
 
 use crate::apply::cache::Cache;
-use crate::apply::fsutil::{self, FsError, InodeMeta};
+use crate::apply::inode::{INODE_TRUST, InodeMeta};
 use crate::apply::journal::{IllegalTransition, Journal};
 use crate::apply::report::{BundleStatus, NodeEvent, TrustReport};
 use crate::apply::root::{NodeRoot, RootError};
@@ -157,7 +158,7 @@ pub struct HealReport {
 
 /// How often a heal pass hashes every managed file whatever its metadata
 /// says (bit rot, a change made behind the file system's back).
-const FULL_REHASH_MS: i64 = fsutil::INODE_TRUST.as_millis() as i64;
+const FULL_REHASH_MS: i64 = INODE_TRUST.as_millis() as i64;
 
 pub struct Engine {
     dirs: StateDir,

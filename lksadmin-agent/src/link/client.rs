@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
+use lks_proto::fsutil::FsError;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use crate::apply::fsutil::FsError;
 use crate::config::StateDir;
 
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);

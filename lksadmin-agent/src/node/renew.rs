@@ -6,6 +6,7 @@
 use std::fs::File;
 use std::time::Duration;
 
+use lks_proto::fsutil::{self, FsError};
 use lks_proto::identity::{cert_info, pem_certs};
 use lks_proto::pb;
 use nix::fcntl::RenameFlags;
@@ -13,7 +14,6 @@ use rcgen::{CertificateParams, KeyPair, PublicKeyData};
 use tokio_util::sync::CancellationToken;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use crate::apply::fsutil::{self, FsError};
 use crate::clock::now_ms;
 use crate::config::StateDir;
 use crate::link::backoff::{self, Backoff, unit_random};
