@@ -15,5 +15,6 @@ pub mod journal;
 pub mod report;
 pub mod root;
 pub mod runner;
+pub mod source;
 pub mod state;
 pub mod trust;

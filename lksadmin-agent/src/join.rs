@@ -477,7 +477,7 @@ async fn enroll_at(
         .map_err(|e| refused(e.to_string()))?
         .connect()
         .await
-        .map_err(|e| Attempt::Unreachable(format!("{url}: {}", crate::link::source::error_chain(&e))))?;
+        .map_err(|e| Attempt::Unreachable(format!("{url}: {}", crate::link::channel::error_chain(&e))))?;
     let mut api = pb::agent_service_client::AgentServiceClient::new(channel);
     keep_join_key(&plan.dirs, key_pem).map_err(Attempt::Final)?;
     api.enroll(pb::EnrollRequest {

@@ -4,6 +4,7 @@
 //! fetching and the serving side.
 
 pub mod backoff;
+pub mod channel;
 pub mod client;
 pub mod connection;
 pub mod peer;

@@ -8,9 +8,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use lks_proto::certs::{CertificateSpec, KubeconfigSpec, Profile};
 use lks_proto::manifest::{HealthCheck, Step};
 use lks_proto::{BundlePath, BundleState, FileSpec, Manifest, SignedBundle, pb};
+use lksadmin_agent::apply::source::{BlobSource, BlobStream, SourceError};
 use lksadmin_agent::certs::{CertIssuer, IssueError};
 use lksadmin_agent::clock::SystemClock;
 use lksadmin_agent::config::StateDir;
@@ -18,7 +20,6 @@ use lksadmin_agent::desired::Desired;
 use lksadmin_agent::engine::{Engine, EngineConfig, Reporter, StatusSnapshot};
 use lksadmin_agent::report::NodeEvent;
 use lksadmin_agent::runner::ProcessRunner;
-use lksadmin_agent::source::{BlobSource, BlobStream, BoxFuture, SourceError};
 use rcgen::{
     BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName, DnType, IsCa,
     Issuer, KeyPair,

@@ -36,9 +36,8 @@ use lks_proto::fsutil::{self, FsError};
 use lks_proto::{Digest, FileSpec};
 
 use crate::apply::inode::{INODE_TRUST, InodeMeta};
+use crate::apply::source::{self, BlobSource, PieceSource, SwarmError};
 use crate::fault;
-use crate::link::source::{self, BlobSource};
-use crate::link::swarm::SwarmError;
 
 /// Marks a swarm fetch that cannot be done in pieces (fetched the old way).
 const UNSUPPORTED: &str = "unsupported: ";
@@ -278,7 +277,7 @@ impl Cache {
     async fn ensure_from_peers(
         &self,
         file: &FileSpec,
-        swarm: &crate::link::swarm::Swarm,
+        swarm: &dyn PieceSource,
         dest: &Path,
     ) -> Result<Fetched, FetchError> {
         let part = self.partials().join(format!("{}.pieces", file.digest.hex()));
@@ -503,8 +502,9 @@ fn resume_partial(part: &Path, file: &FileSpec) -> Result<(Verifier, u64), FsErr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::future::BoxFuture;
     use lks_proto::BundlePath;
-    use source::{BlobStream, BoxFuture, SourceError};
+    use source::{BlobStream, SourceError};
 
     /// Serves `bytes` in 1000-byte chunks, whatever the manifest says.
     struct Serve(Vec<u8>);

@@ -53,11 +53,11 @@ use crate::apply::journal::{IllegalTransition, Journal};
 use crate::apply::report::{BundleStatus, NodeEvent, TrustReport};
 use crate::apply::root::{NodeRoot, RootError};
 use crate::apply::runner::CommandRunner;
+use crate::apply::source::BlobSource;
 use crate::apply::state::{Activity, BundleRecord, LocalState, StatusRec};
 use crate::apply::trust::Trust;
 use crate::clock::Clock;
 use crate::config::StateDir;
-use crate::link::source::BlobSource;
 use crate::node::certs::{CertIssuer, NoIssuer};
 
 /// An apply interrupted this many times in a row while its steps or health

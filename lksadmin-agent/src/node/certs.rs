@@ -13,13 +13,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
+use futures::future::BoxFuture;
 use lks_proto::certs::{CertNames, CertificateSpec};
 use lks_proto::identity::{cert_info, pem_certs};
 use lks_proto::pb;
 use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, PublicKeyData, SanType};
 use sha2::Digest as _;
 
-use crate::link::source::{BoxFuture, SharedChannel};
+use crate::link::channel::SharedChannel;
 
 /// Why a certificate could not be had.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

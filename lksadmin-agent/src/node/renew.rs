@@ -17,7 +17,7 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 use crate::clock::now_ms;
 use crate::config::StateDir;
 use crate::link::backoff::{self, Backoff, unit_random};
-use crate::link::source::SharedChannel;
+use crate::link::channel::SharedChannel;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RenewError {

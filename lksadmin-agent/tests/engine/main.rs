@@ -8,16 +8,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use lks_proto::manifest::{HealthCheck, Signature, Step};
 use lks_proto::sign::SigningKey;
 use lks_proto::{BundlePath, BundleState, Digest, FileSpec, Manifest, SignedBundle, pb};
+use lksadmin_agent::apply::source::{BlobSource, BlobStream, SourceError};
 use lksadmin_agent::clock::SystemClock;
 use lksadmin_agent::config::StateDir;
 use lksadmin_agent::desired::Desired;
 use lksadmin_agent::engine::{Engine, EngineConfig, Reporter, StatusSnapshot};
 use lksadmin_agent::report::NodeEvent;
 use lksadmin_agent::runner::ProcessRunner;
-use lksadmin_agent::source::{BlobSource, BlobStream, BoxFuture, SourceError};
 use tokio::sync::{mpsc, watch};
 
 /// Serves blobs from memory by digest, or by URL for mirror files.

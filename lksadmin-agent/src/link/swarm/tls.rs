@@ -47,7 +47,7 @@ pub enum DialError {
     CertAndKey(rustls::Error),
     #[error("{0}")]
     Endpoint(tonic::transport::Error),
-    #[error("connect to node {node} at {addr}: {}", crate::link::source::error_chain(.error))]
+    #[error("connect to node {node} at {addr}: {}", crate::link::channel::error_chain(.error))]
     Connect {
         node: String,
         addr: SocketAddr,
