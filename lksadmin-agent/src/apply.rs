@@ -3,7 +3,8 @@
 //! persisted local state, the signed-release journal and its checks,
 //! what is reported to the server, the confined
 //! node root, the inode trust that spares re-reading files, the step and
-//! health-check runner, and drift watching.
+//! health-check runner, drift watching, the agent replacing its own binary,
+//! and the ports blob bytes come through ([`source`]).
 
 pub mod cache;
 pub mod desired;
@@ -15,6 +16,7 @@ pub mod journal;
 pub mod report;
 pub mod root;
 pub mod runner;
+pub mod selfupdate;
 pub mod source;
 pub mod state;
 pub mod trust;

@@ -31,6 +31,6 @@ pub mod status;
 
 // The paths from before the grouping, which the binary, the integration
 // tests, the end-to-end crate and the fuzz targets use.
-pub use apply::{cache, desired, engine, journal, report, runner, state};
+pub use apply::{cache, desired, engine, journal, report, runner, selfupdate, state};
 pub use link::{client, source, swarm};
-pub use node::{certs, facts, selfupdate};
+pub use node::{certs, facts};

@@ -175,7 +175,7 @@ async fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
                     expires_at,
                 } => println!(
                     "node {node} joined cluster {cluster} (certificate valid until {})",
-                    lksadmin_agent::status::when(expires_at * 1000)
+                    lksadmin_agent::clock::when(expires_at * 1000)
                 ),
                 JoinOutcome::AlreadyJoined { node, cluster } => {
                     println!("node {node} is already joined to cluster {cluster}; nothing to do")

@@ -176,11 +176,11 @@ pub struct Engine {
     state: LocalState,
     reporter: Reporter,
     /// Set once a self-update is staged: the agent exits for the guard to
-    /// switch binaries ([`crate::node::selfupdate`]).
+    /// switch binaries ([`crate::apply::selfupdate`]).
     handover: bool,
     /// This process is a new agent on trial: it commits its self-update
     /// once it has reconnected and reported.
-    on_trial: Option<crate::node::selfupdate::Pending>,
+    on_trial: Option<crate::apply::selfupdate::Pending>,
     /// Managed path → its inode's metadata and digest when last hashed and
     /// found intact (in memory: the first pass after a start hashes all).
     verified: BTreeMap<BundlePath, (InodeMeta, Digest)>,

@@ -23,9 +23,9 @@ use crate::config::StateDir;
 use crate::link::backoff::{self, Backoff, Rotation, retry_hint};
 use crate::link::channel::SharedChannel;
 use crate::link::client::{NodeCredentials, connect_node};
+use crate::link::status_file::ConnStatusFile;
 use crate::node::facts;
 use crate::node::notify;
-use crate::status::ConnStatusFile;
 
 /// What the connection asks of the engine besides desired state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

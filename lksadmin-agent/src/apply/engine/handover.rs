@@ -1,11 +1,11 @@
-//! The engine's side of a self-update (see [`crate::node::selfupdate`]): stage
+//! The engine's side of a self-update (see [`crate::apply::selfupdate`]): stage
 //! and hand over, pick up a hand-over after a restart, commit.
 
 use lks_proto::{BundleState, Manifest};
 
 use super::{Engine, EngineError, Verdict};
+use crate::apply::selfupdate::{self, HANDING_OVER, Paths, Pending, ROLLED_BACK, TRYING};
 use crate::apply::state::{BundleRecord, StatusRec};
-use crate::node::selfupdate::{self, HANDING_OVER, Paths, Pending, ROLLED_BACK, TRYING};
 
 impl Engine {
     fn su_paths(&self) -> Paths {

@@ -82,7 +82,7 @@ pub async fn renewal_loop(dirs: StateDir, channel: SharedChannel, cancel: Cancel
         loop {
             match renew_once(&dirs, &channel).await {
                 Ok(not_after) => {
-                    tracing::info!(valid_until = %crate::status::when(not_after * 1000), "renewed the node certificate");
+                    tracing::info!(valid_until = %crate::clock::when(not_after * 1000), "renewed the node certificate");
                     renewed = true;
                     break;
                 }
