@@ -28,9 +28,3 @@ pub mod node;
 pub mod run;
 pub mod settings;
 pub mod status;
-
-// The paths from before the grouping, which the binary, the integration
-// tests, the end-to-end crate and the fuzz targets use.
-pub use apply::{cache, desired, engine, journal, report, runner, selfupdate, state};
-pub use link::{client, source, swarm};
-pub use node::{certs, facts};
