@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use libfuzzer_sys::fuzz_target;
-use lksadmin_agent::journal::Journal;
+use lksadmin_agent::apply::journal::Journal;
 
 fuzz_target!(|data: &[u8]| {
     let journal = Journal::new(PathBuf::from("/var/lib/lksadmin/journal.json"));

@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use libfuzzer_sys::fuzz_target;
-use lksadmin_agent::state::{LocalState, parse_desired};
+use lksadmin_agent::apply::state::{LocalState, parse_desired};
 use prost::Message;
 
 fn one_line(msg: &str, file: &Path) {

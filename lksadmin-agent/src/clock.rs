@@ -33,3 +33,11 @@ pub fn rfc3339(ms: i64) -> String {
         .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
         .unwrap_or_else(|| format!("{ms} ms"))
 }
+
+/// RFC 3339 of a Unix-milliseconds time; "never" for 0.
+pub fn when(ms: i64) -> String {
+    if ms <= 0 {
+        return "never".into();
+    }
+    rfc3339(ms)
+}

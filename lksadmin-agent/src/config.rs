@@ -30,9 +30,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use lks_proto::fsutil::FsError;
 use lks_proto::sign::PublisherKey;
-
-use crate::apply::fsutil::FsError;
 
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/lksadmin";
 pub const DEFAULT_ROOT: &str = "/";

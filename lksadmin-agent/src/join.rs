@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
+use lks_proto::fsutil::{self, FsError};
 use lks_proto::identity::{ca_cert_hash, pem_certs};
 use lks_proto::sign::PublisherKey;
 use lks_proto::token::BootstrapToken;
@@ -31,7 +32,6 @@ use lks_proto::{Digest, pb};
 use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, PublicKeyData};
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use crate::apply::fsutil::{self, FsError};
 use crate::config::{AgentConfig, JOIN_FILE, StateDir};
 use crate::link::backoff::{Backoff, retry_hint};
 use crate::link::client;
@@ -477,7 +477,7 @@ async fn enroll_at(
         .map_err(|e| refused(e.to_string()))?
         .connect()
         .await
-        .map_err(|e| Attempt::Unreachable(format!("{url}: {}", crate::link::source::error_chain(&e))))?;
+        .map_err(|e| Attempt::Unreachable(format!("{url}: {}", crate::link::channel::error_chain(&e))))?;
     let mut api = pb::agent_service_client::AgentServiceClient::new(channel);
     keep_join_key(&plan.dirs, key_pem).map_err(Attempt::Final)?;
     api.enroll(pb::EnrollRequest {

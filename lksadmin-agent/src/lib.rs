@@ -4,14 +4,18 @@
 //! unreachable.
 //!
 //! `main.rs` only parses the command line, builds the runtime and wires
-//! signals; everything else lives here so tests can drive it:
+//! signals; everything else lives here so tests can drive it.
 //!
-//! | where | what |
+//! The folders are the layers, bottom to top; a module imports only its own
+//! layer or lower ones (`scripts/check-layers.sh`; README, "Modules"):
+//!
+//! | layer | what |
 //! |---|---|
-//! | [`apply`] | the engine and its journalled transactions, the blob cache, local state, durable writes, the step runner, drift watching |
-//! | [`link`] | the stream to the control server, its channels, blob sources, peer sharing |
-//! | [`node`] | facts, identity files and certificate renewal, self-update, systemd notify, giving freed memory back |
-//! | top level | `run` (the daemon), `join`, `config` and `settings`, `status`, logging, the clock, fault points |
+//! | `clock`, `fault`, `config` | time, test-only fault points, the state dir and the identity `join` wrote |
+//! | [`node`] | facts, the keys and certificates the node makes (and the `CertIssuer` port), systemd notify, giving freed memory back |
+//! | [`apply`] | the engine and its journalled transactions, the blob cache and the ports blob bytes come through, local state, the step runner, drift watching, self-update |
+//! | [`link`] | the stream to the control server, its channels, blob sources and the certificate issuer over them, renewal, peer sharing, `status.json` |
+//! | top level | `status`, logging, `join`, `run` (the daemon), `settings` |
 
 // One module may call into libc (`node::memory`, `malloc_trim`), with its
 // reason beside the call; everything else is safe Rust.
@@ -28,9 +32,3 @@ pub mod node;
 pub mod run;
 pub mod settings;
 pub mod status;
-
-// The paths from before the grouping, which the binary, the integration
-// tests, the end-to-end crate and the fuzz targets use.
-pub use apply::{cache, desired, engine, journal, report, runner, state};
-pub use link::{client, source, swarm};
-pub use node::{certs, facts, selfupdate};

@@ -175,7 +175,7 @@ async fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
                     expires_at,
                 } => println!(
                     "node {node} joined cluster {cluster} (certificate valid until {})",
-                    lksadmin_agent::status::when(expires_at * 1000)
+                    lksadmin_agent::clock::when(expires_at * 1000)
                 ),
                 JoinOutcome::AlreadyJoined { node, cluster } => {
                     println!("node {node} is already joined to cluster {cluster}; nothing to do")
@@ -222,12 +222,12 @@ async fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 // systemd's ExecStopPost guard switches binaries on this
                 // status, then systemd starts the new one.
                 lksadmin_agent::run::RunEnd::HandOver => {
-                    Ok(ExitCode::from(lksadmin_agent::selfupdate::HANDOVER_EXIT))
+                    Ok(ExitCode::from(lksadmin_agent::apply::selfupdate::HANDOVER_EXIT))
                 }
             }
         }
         Cmd::Version => {
-            println!("lksadmin-agent {}", lksadmin_agent::facts::AGENT_VERSION);
+            println!("lksadmin-agent {}", lksadmin_agent::node::facts::AGENT_VERSION);
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Status { state_dir, output } => {

@@ -23,14 +23,16 @@ use crate::apply::desired::Desired;
 use crate::apply::drift::DriftWatcher;
 use crate::apply::engine::{Engine, EngineConfig, EngineError, Reporter, StatusSnapshot};
 use crate::apply::runner::ProcessRunner;
+use crate::apply::source::SourceError;
 use crate::apply::state;
 use crate::clock::SystemClock;
 use crate::config::{ConfigError, StateDir};
+use crate::link::channel::SharedChannel;
 use crate::link::connection::{Connection, EngineCmd, Received};
-use crate::link::source::{NetSource, SharedChannel, SourceError};
+use crate::link::renew;
+use crate::link::source::NetSource;
+use crate::link::status_file::ConnStatusFile;
 use crate::node::notify;
-use crate::node::renew;
-use crate::status::ConnStatusFile;
 
 pub const DEFAULT_HEAL_INTERVAL: Duration = Duration::from_secs(60);
 const HEARTBEAT: Duration = Duration::from_secs(10);
@@ -73,7 +75,7 @@ pub enum RunError {
 pub enum RunEnd {
     /// Asked to stop (SIGTERM, Ctrl-C).
     Stopped,
-    /// A self-update is staged: exit with [`crate::node::selfupdate::HANDOVER_EXIT`]
+    /// A self-update is staged: exit with [`crate::apply::selfupdate::HANDOVER_EXIT`]
     /// for the guard to switch binaries.
     HandOver,
 }
@@ -121,7 +123,7 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<RunEnd, 
         Arc::new(SystemClock),
         Reporter::new(status_tx, events_tx),
     )?
-    .with_issuer(crate::node::certs::NetIssuer::new(channel.clone()))
+    .with_issuer(crate::link::issuer::NetIssuer::new(channel.clone()))
     .with_trust(trust);
 
     let (ready_tx, ready_rx) = oneshot::channel();

@@ -1,76 +1,21 @@
-//! The connection status file `run` keeps up to date, and the local view
-//! printed by `lksadmin-agent status`.
-
-use std::sync::Mutex;
+//! The local view printed by `lksadmin-agent status`: the state dir's
+//! records and the connection status file `run` keeps up to date
+//! ([`ConnStatus`], written by the connection).
 
 use lks_proto::BundleState;
+use lks_proto::fsutil::{self, FsError};
 
-use crate::apply::fsutil::{self, FsError};
 use crate::apply::journal::Journal;
 use crate::apply::report::TrustReport;
 use crate::apply::state::{Activity, LocalState};
 use crate::apply::trust::Trust;
-use crate::clock::now_ms;
+use crate::clock::{now_ms, when};
 use crate::config::{ConfigError, StateDir};
+use crate::link::status_file::ConnStatus;
 
 /// A `run` that has not refreshed the status file for this long is
 /// considered gone (heartbeats refresh it every few seconds).
 const STALE_MS: i64 = 45_000;
-
-/// `status.json`, written by `run`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ConnStatus {
-    pub pid: u32,
-    pub connected: bool,
-    #[serde(default)]
-    pub server: String,
-    /// When the current connection was established (ms).
-    #[serde(default)]
-    pub since_ms: i64,
-    /// Last message from a server (ms; 0: never).
-    #[serde(default)]
-    pub last_contact_ms: i64,
-    #[serde(default)]
-    pub last_error: String,
-    pub updated_at_ms: i64,
-}
-
-/// Owner of `status.json` inside `run`.
-pub struct ConnStatusFile {
-    dirs: StateDir,
-    cur: Mutex<ConnStatus>,
-}
-
-impl ConnStatusFile {
-    pub fn new(dirs: StateDir) -> Self {
-        let last_contact_ms = fsutil::read_json::<ConnStatus>(&dirs.status())
-            .ok()
-            .flatten()
-            .map_or(0, |s| s.last_contact_ms);
-        ConnStatusFile {
-            dirs,
-            cur: Mutex::new(ConnStatus {
-                pid: std::process::id(),
-                last_contact_ms,
-                ..ConnStatus::default()
-            }),
-        }
-    }
-
-    /// Applies `f` and writes the file.
-    pub fn update(&self, f: impl FnOnce(&mut ConnStatus)) {
-        let Ok(mut cur) = self.cur.lock() else { return };
-        f(&mut cur);
-        cur.updated_at_ms = now_ms();
-        if let Err(e) = fsutil::write_json(&self.dirs.status(), &*cur, 0o644) {
-            tracing::warn!("write status file: {e}");
-        }
-    }
-
-    pub fn get(&self) -> ConnStatus {
-        self.cur.lock().map(|c| c.clone()).unwrap_or_default()
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {
@@ -320,12 +265,4 @@ fn trust_line(t: &TrustReport) -> String {
         line.push_str(&t.message);
     }
     line
-}
-
-/// RFC 3339 of a Unix-milliseconds time; "never" for 0.
-pub fn when(ms: i64) -> String {
-    if ms <= 0 {
-        return "never".into();
-    }
-    crate::clock::rfc3339(ms)
 }

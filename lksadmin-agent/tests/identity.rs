@@ -8,17 +8,18 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use lks_proto::certs::{CertificateSpec, KubeconfigSpec, Profile};
 use lks_proto::manifest::{HealthCheck, Step};
 use lks_proto::{BundlePath, BundleState, FileSpec, Manifest, SignedBundle, pb};
-use lksadmin_agent::certs::{CertIssuer, IssueError};
+use lksadmin_agent::apply::desired::Desired;
+use lksadmin_agent::apply::engine::{Engine, EngineConfig, Reporter, StatusSnapshot};
+use lksadmin_agent::apply::report::NodeEvent;
+use lksadmin_agent::apply::runner::ProcessRunner;
+use lksadmin_agent::apply::source::{BlobSource, BlobStream, SourceError};
 use lksadmin_agent::clock::SystemClock;
 use lksadmin_agent::config::StateDir;
-use lksadmin_agent::desired::Desired;
-use lksadmin_agent::engine::{Engine, EngineConfig, Reporter, StatusSnapshot};
-use lksadmin_agent::report::NodeEvent;
-use lksadmin_agent::runner::ProcessRunner;
-use lksadmin_agent::source::{BlobSource, BlobStream, BoxFuture, SourceError};
+use lksadmin_agent::node::certs::{CertIssuer, IssueError};
 use rcgen::{
     BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName, DnType, IsCa,
     Issuer, KeyPair,
@@ -65,7 +66,7 @@ impl FakeIssuer {
             mode: Mutex::new(Mode::Sign),
             validity: Mutex::new((Duration::from_secs(60), Duration::from_secs(3600))),
             requests: Mutex::new(Vec::new()),
-            addresses: lksadmin_agent::certs::addresses(),
+            addresses: lksadmin_agent::node::certs::addresses(),
         })
     }
 

@@ -111,7 +111,7 @@ impl AdminConfFile {
             client_key: self.conf.client_key.clone(),
         };
         let text = toml::to_string(&raw).map_err(|e| err(std::io::Error::other(e)))?;
-        write_atomic(path, text.as_bytes(), 0o600).map_err(err)
+        write_atomic(path, text.as_bytes(), 0o600).map_err(|e| err(e.source))
     }
 
     /// The URLs to try, in order: `server`, then each of `servers` not

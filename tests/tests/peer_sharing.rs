@@ -324,12 +324,12 @@ fn no_listener_while_off_and_nodes_of_other_clusters_are_refused() {
         // A node of cluster c2, with a certificate from the same server CA.
         let token = s.token("c2", &[]);
         let other = TestNode::enroll(&s, &token, "intruder", &[]).await;
-        let creds = lksadmin_agent::client::NodeCredentials {
+        let creds = lksadmin_agent::link::client::NodeCredentials {
             ca_pem: other.ca_pem.clone(),
             cert_pem: other.cert_pem.clone(),
             key_pem: other.key_pem.clone(),
         };
-        let ch = lksadmin_agent::swarm::dial_peer(&creds, "c1", "c1-n1", n1.peer)
+        let ch = lksadmin_agent::link::swarm::dial_peer(&creds, "c1", "c1-n1", n1.peer)
             .await
             .expect("TLS with a valid node certificate works");
         let e = ask(ch.clone()).await.unwrap_err();
@@ -345,12 +345,12 @@ fn no_listener_while_off_and_nodes_of_other_clusters_are_refused() {
         // A node of c1 asking for a blob that is not in n1's bundles.
         let token = s.token("c1", &[]);
         let mate = TestNode::enroll(&s, &token, "mate", &[]).await;
-        let creds = lksadmin_agent::client::NodeCredentials {
+        let creds = lksadmin_agent::link::client::NodeCredentials {
             ca_pem: mate.ca_pem.clone(),
             cert_pem: mate.cert_pem.clone(),
             key_pem: mate.key_pem.clone(),
         };
-        let ch = lksadmin_agent::swarm::dial_peer(&creds, "c1", "c1-n1", n1.peer)
+        let ch = lksadmin_agent::link::swarm::dial_peer(&creds, "c1", "c1-n1", n1.peer)
             .await
             .unwrap();
         let e = ask(ch.clone()).await.unwrap_err();
@@ -385,7 +385,7 @@ fn no_listener_while_off_and_nodes_of_other_clusters_are_refused() {
         assert_eq!(e.code(), tonic::Code::NotFound, "still serving: {e:?}");
 
         // The dialler checks who answers: n1 is not "someone-else".
-        let e = lksadmin_agent::swarm::dial_peer(&creds, "c1", "someone-else", n1.peer)
+        let e = lksadmin_agent::link::swarm::dial_peer(&creds, "c1", "someone-else", n1.peer)
             .await
             .unwrap_err();
         assert!(e.to_string().contains("not someone-else"), "{e}");

@@ -369,9 +369,10 @@ fn read(path: &Path) -> Result<String, PkiError> {
 }
 
 fn write(path: &Path, bytes: &[u8], mode: u32) -> Result<(), PkiError> {
-    write_atomic(path, bytes, mode).map_err(|source| PkiError::Write {
+    // The error names the path already: only the cause is kept.
+    write_atomic(path, bytes, mode).map_err(|e| PkiError::Write {
         path: path.to_path_buf(),
-        source,
+        source: e.source,
     })
 }
 

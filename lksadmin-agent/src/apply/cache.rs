@@ -32,12 +32,12 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use lks_proto::digest::{Verifier, VerifyError};
+use lks_proto::fsutil::{self, FsError};
 use lks_proto::{Digest, FileSpec};
 
-use crate::apply::fsutil::{self, FsError, InodeMeta};
+use crate::apply::inode::{INODE_TRUST, InodeMeta};
+use crate::apply::source::{self, BlobSource, PieceSource, SwarmError};
 use crate::fault;
-use crate::link::source::{self, BlobSource};
-use crate::link::swarm::SwarmError;
 
 /// Marks a swarm fetch that cannot be done in pieces (fetched the old way).
 const UNSUPPORTED: &str = "unsupported: ";
@@ -144,7 +144,7 @@ impl Cache {
         let known = self
             .stored()
             .get(d)
-            .is_some_and(|(was, at)| *was == now && at.elapsed() < fsutil::INODE_TRUST);
+            .is_some_and(|(was, at)| *was == now && at.elapsed() < INODE_TRUST);
         Ok(Some((f, known)))
     }
 
@@ -277,7 +277,7 @@ impl Cache {
     async fn ensure_from_peers(
         &self,
         file: &FileSpec,
-        swarm: &crate::link::swarm::Swarm,
+        swarm: &dyn PieceSource,
         dest: &Path,
     ) -> Result<Fetched, FetchError> {
         let part = self.partials().join(format!("{}.pieces", file.digest.hex()));
@@ -352,7 +352,7 @@ impl Cache {
         let now = InodeMeta::of_metadata(&m);
         self.stored()
             .get(digest)
-            .is_some_and(|(was, at)| *was == now && at.elapsed() < fsutil::INODE_TRUST)
+            .is_some_and(|(was, at)| *was == now && at.elapsed() < INODE_TRUST)
     }
 
     /// The path of `digest`'s verified download in `fetched/`, if there is
@@ -502,8 +502,9 @@ fn resume_partial(part: &Path, file: &FileSpec) -> Result<(Verifier, u64), FsErr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::future::BoxFuture;
     use lks_proto::BundlePath;
-    use source::{BlobStream, BoxFuture, SourceError};
+    use source::{BlobStream, SourceError};
 
     /// Serves `bytes` in 1000-byte chunks, whatever the manifest says.
     struct Serve(Vec<u8>);

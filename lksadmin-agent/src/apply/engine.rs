@@ -31,6 +31,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use lks_proto::arch::Arch;
+use lks_proto::fsutil::{self, FsError};
 use lks_proto::sign::PublisherKey;
 use lks_proto::{BundlePath, BundleState, Digest, SignedBundle};
 use tokio::sync::{mpsc, watch};
@@ -47,16 +48,16 @@ mod txn;
 pub use error::{ApplyError, StageError, WriteError};
 
 use crate::apply::cache::Cache;
-use crate::apply::fsutil::{self, FsError, InodeMeta};
+use crate::apply::inode::{INODE_TRUST, InodeMeta};
 use crate::apply::journal::{IllegalTransition, Journal};
 use crate::apply::report::{BundleStatus, NodeEvent, TrustReport};
 use crate::apply::root::{NodeRoot, RootError};
 use crate::apply::runner::CommandRunner;
+use crate::apply::source::BlobSource;
 use crate::apply::state::{Activity, BundleRecord, LocalState, StatusRec};
 use crate::apply::trust::Trust;
 use crate::clock::Clock;
 use crate::config::StateDir;
-use crate::link::source::BlobSource;
 use crate::node::certs::{CertIssuer, NoIssuer};
 
 /// An apply interrupted this many times in a row while its steps or health
@@ -157,7 +158,7 @@ pub struct HealReport {
 
 /// How often a heal pass hashes every managed file whatever its metadata
 /// says (bit rot, a change made behind the file system's back).
-const FULL_REHASH_MS: i64 = fsutil::INODE_TRUST.as_millis() as i64;
+const FULL_REHASH_MS: i64 = INODE_TRUST.as_millis() as i64;
 
 pub struct Engine {
     dirs: StateDir,
@@ -175,11 +176,11 @@ pub struct Engine {
     state: LocalState,
     reporter: Reporter,
     /// Set once a self-update is staged: the agent exits for the guard to
-    /// switch binaries ([`crate::node::selfupdate`]).
+    /// switch binaries ([`crate::apply::selfupdate`]).
     handover: bool,
     /// This process is a new agent on trial: it commits its self-update
     /// once it has reconnected and reported.
-    on_trial: Option<crate::node::selfupdate::Pending>,
+    on_trial: Option<crate::apply::selfupdate::Pending>,
     /// Managed path → its inode's metadata and digest when last hashed and
     /// found intact (in memory: the first pass after a start hashes all).
     verified: BTreeMap<BundlePath, (InodeMeta, Digest)>,

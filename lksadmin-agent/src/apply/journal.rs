@@ -13,8 +13,8 @@ use std::path::PathBuf;
 
 use lks_proto::{BundlePath, Digest};
 
-use crate::apply::fsutil::{self, FsError};
 use lks_proto::Manifest;
+use lks_proto::fsutil::{self, FsError};
 
 use crate::apply::state::{Content, OriginalRec};
 

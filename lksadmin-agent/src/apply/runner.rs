@@ -2,11 +2,10 @@
 //! working directory, the `LKS_*` environment, its own process group, and a
 //! timeout that kills the whole group.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::process::Stdio;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::AsyncReadExt;
@@ -63,8 +62,6 @@ pub fn tail_lines(s: &str, n: usize) -> String {
     let lines: Vec<&str> = s.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
     lines[lines.len().saturating_sub(n)..].join(" | ")
 }
-
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Runs commands. The real one spawns processes; tests may script outcomes.
 pub trait CommandRunner: Send + Sync {

@@ -9,11 +9,11 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use lks_proto::fsutil::{self, FsError};
 use lks_proto::{BundlePath, BundleState, Digest, Manifest, pb};
 use prost::Message;
 
 use crate::apply::desired::Desired;
-use crate::apply::fsutil::{self, FsError};
 use crate::apply::report::BundleStatus;
 
 /// What a path held: nothing, or a regular file with these bytes and mode.

@@ -33,12 +33,12 @@
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
+use lks_proto::fsutil::{self, FsError};
 use lks_proto::release::{Release, SignedRelease, SignedRoot, TrustError, TrustRoot, TrustState};
 use lks_proto::sign::PublisherKey;
 use lks_proto::{Digest, pb};
 use prost::Message;
 
-use crate::apply::fsutil::{self, FsError};
 use crate::apply::report::TrustReport;
 use crate::clock::rfc3339;
 

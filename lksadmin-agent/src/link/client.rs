@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
+use lks_proto::fsutil::FsError;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use crate::apply::fsutil::FsError;
 use crate::config::StateDir;
 
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
@@ -75,7 +75,7 @@ pub fn endpoint(url: &str, tls: ClientTlsConfig) -> Result<Endpoint, ClientError
         .keep_alive_while_idle(true)
         .tcp_keepalive(Some(Duration::from_secs(30)))
         .tls_config(tls)
-        .map_err(|e| err(crate::link::source::error_chain(&e)))
+        .map_err(|e| err(crate::link::channel::error_chain(&e)))
 }
 
 /// Connects with the node's mTLS identity.
@@ -85,6 +85,6 @@ pub async fn connect_node(url: &str, creds: &NodeCredentials) -> Result<Channel,
         .await
         .map_err(|e| ClientError::Connect {
             url: url.into(),
-            reason: crate::link::source::error_chain(&e),
+            reason: crate::link::channel::error_chain(&e),
         })
 }

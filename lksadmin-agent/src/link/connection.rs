@@ -21,11 +21,11 @@ use crate::apply::report::{BundleStatus, NodeEvent, TrustReport};
 use crate::clock::now_ms;
 use crate::config::StateDir;
 use crate::link::backoff::{self, Backoff, Rotation, retry_hint};
+use crate::link::channel::SharedChannel;
 use crate::link::client::{NodeCredentials, connect_node};
-use crate::link::source::SharedChannel;
+use crate::link::status_file::ConnStatusFile;
 use crate::node::facts;
 use crate::node::notify;
-use crate::status::ConnStatusFile;
 
 /// What the connection asks of the engine besides desired state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

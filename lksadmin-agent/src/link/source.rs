@@ -1,71 +1,24 @@
 //! Where blob bytes come from: the control server (`FetchBlob` over the
 //! node's mTLS channel) or, for files with a `url`, a mirror over HTTP(S).
-//! Both sit behind [`BlobSource`] so the engine can be tested with a fake.
+//! [`NetSource`] implements the apply layer's [`BlobSource`] port, and hands
+//! it peer sharing's [`Swarm`] as its [`PieceSource`] while that is on.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use futures::StreamExt;
-use futures::stream::BoxStream;
+use futures::future::BoxFuture;
 use lks_proto::{FileSpec, pb};
-use tonic::transport::Channel;
 
-/// A stream of bytes from `offset` on.
-pub struct BlobStream {
-    /// Where the stream really starts: the requested offset, or 0 if the
-    /// source cannot resume.
-    pub offset: u64,
-    pub chunks: BoxStream<'static, Result<Vec<u8>, SourceError>>,
-}
-
-/// The source could not deliver (now). Always worth retrying later; a bad
-/// byte is caught by the verifier, not here.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct SourceError(pub String);
-
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-pub trait BlobSource: Send + Sync {
-    fn open<'a>(&'a self, file: &'a FileSpec, offset: u64) -> BoxFuture<'a, Result<BlobStream, SourceError>>;
-
-    /// Peer sharing, while the node's cluster has it on.
-    fn swarm(&self) -> Option<&crate::link::swarm::Swarm> {
-        None
-    }
-}
-
-/// Where a file's bytes come from, for messages.
-pub fn origin(file: &FileSpec) -> String {
-    match &file.url {
-        Some(u) => u.clone(),
-        None => "the control server".into(),
-    }
-}
-
-/// The channel of the current server connection, shared with blob fetches.
-#[derive(Clone, Default)]
-pub struct SharedChannel(Arc<Mutex<Option<Channel>>>);
-
-impl SharedChannel {
-    pub fn set(&self, ch: Option<Channel>) {
-        if let Ok(mut g) = self.0.lock() {
-            *g = ch;
-        }
-    }
-
-    pub fn get(&self) -> Option<Channel> {
-        self.0.lock().ok().and_then(|g| g.clone())
-    }
-}
+use crate::apply::source::{BlobSource, BlobStream, PieceSource, SourceError};
+use crate::link::channel::{SharedChannel, error_chain};
+use crate::link::swarm::Swarm;
 
 /// The real source: mirror URLs with reqwest, everything else from the server.
 #[derive(Clone)]
 pub struct NetSource {
     http: reqwest::Client,
     server: SharedChannel,
-    swarm: Option<Arc<crate::link::swarm::Swarm>>,
+    swarm: Option<Arc<Swarm>>,
 }
 
 impl NetSource {
@@ -83,7 +36,7 @@ impl NetSource {
     }
 
     /// Fetches through peers while peer sharing is on.
-    pub fn with_swarm(mut self, swarm: Arc<crate::link::swarm::Swarm>) -> Self {
+    pub fn with_swarm(mut self, swarm: Arc<Swarm>) -> Self {
         self.swarm = Some(swarm);
         self
     }
@@ -160,22 +113,10 @@ impl BlobSource for NetSource {
         })
     }
 
-    fn swarm(&self) -> Option<&crate::link::swarm::Swarm> {
-        self.swarm.as_deref().filter(|s| s.is_on())
+    fn swarm(&self) -> Option<&dyn PieceSource> {
+        self.swarm
+            .as_deref()
+            .filter(|s| s.is_on())
+            .map(|s| s as &dyn PieceSource)
     }
-}
-
-/// An error with its sources, on one line.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = c.source();
-    }
-    s
 }

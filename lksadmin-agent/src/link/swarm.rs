@@ -34,14 +34,15 @@ use tokio::sync::mpsc;
 use tonic::transport::Channel;
 
 use crate::apply::report::NodeEvent;
+use crate::apply::source::{PieceSource, SwarmError};
 use crate::config::StateDir;
 use crate::link::client::NodeCredentials;
 
 mod plan;
 mod tls;
 
+use crate::link::channel::SharedChannel;
 use crate::link::peer::{BlobInfo, Partial, Shared};
-use crate::link::source::SharedChannel;
 use plan::{Found, Have, PeerState, Plan, ServerUse, start_pieces};
 pub use tls::{DialError, dial_peer};
 
@@ -75,22 +76,6 @@ const MAX_FAILURES: u32 = 3;
 pub const MAX_WHOLE_PIECE: u64 = 8 << 20;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-#[derive(Debug, thiserror::Error)]
-pub enum SwarmError {
-    /// The server has no tracker, or the file cannot go in pieces: fetch it
-    /// the old way.
-    #[error("{0}")]
-    Unsupported(String),
-    /// Nothing could deliver now; try again later.
-    #[error("{0}")]
-    Unavailable(String),
-    /// Bytes that are not what the manifest says, from the server (or the
-    /// file assembled from checked pieces, which a right chunk list rules
-    /// out).
-    #[error("{0}")]
-    Corrupt(lks_proto::digest::VerifyError),
-}
-
 /// Where the bytes of the last fetches came from.
 #[derive(Default)]
 pub struct FetchStats {
@@ -109,6 +94,17 @@ pub struct Swarm {
     events: mpsc::Sender<NodeEvent>,
     conns: Mutex<HashMap<(String, SocketAddr), Channel>>,
     pub stats: FetchStats,
+}
+
+/// Peer sharing is the apply layer's way to fetch a blob in pieces.
+impl PieceSource for Swarm {
+    fn fetch<'a>(
+        &'a self,
+        file: &'a FileSpec,
+        part: &'a Path,
+    ) -> futures::future::BoxFuture<'a, Result<(u64, u64), SwarmError>> {
+        Box::pin(Swarm::fetch(self, file, part))
+    }
 }
 
 impl Swarm {

@@ -6,20 +6,19 @@
 //!
 //! The engine installs the results like any other file of the bundle; this
 //! module only makes the bytes and decides when a certificate is due for
-//! renewal.
+//! renewal. Asking the server is the [`CertIssuer`] port, which `link/`
+//! implements over the node's channel.
 
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
+use futures::future::BoxFuture;
 use lks_proto::certs::{CertNames, CertificateSpec};
 use lks_proto::identity::{cert_info, pem_certs};
 use lks_proto::pb;
 use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, PublicKeyData, SanType};
 use sha2::Digest as _;
-
-use crate::link::source::{BoxFuture, SharedChannel};
 
 /// Why a certificate could not be had.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -53,47 +52,6 @@ impl CertIssuer for NoIssuer {
             Err(IssueError::Unavailable(
                 "this agent has no certificate issuer".into(),
             ))
-        })
-    }
-}
-
-/// `IssueCertificate` on the channel of the current server connection.
-pub struct NetIssuer {
-    server: SharedChannel,
-}
-
-impl NetIssuer {
-    pub fn new(server: SharedChannel) -> Arc<Self> {
-        Arc::new(NetIssuer { server })
-    }
-}
-
-impl CertIssuer for NetIssuer {
-    fn issue(
-        &self,
-        req: pb::IssueCertificateRequest,
-    ) -> BoxFuture<'_, Result<pb::IssueCertificateResponse, IssueError>> {
-        Box::pin(async move {
-            let channel = self
-                .server
-                .get()
-                .ok_or_else(|| IssueError::Unavailable("not connected to the control server".into()))?;
-            let mut client = pb::agent_service_client::AgentServiceClient::new(channel);
-            let mut request = tonic::Request::new(req);
-            request.set_timeout(Duration::from_secs(30));
-            match client.issue_certificate(request).await {
-                Ok(r) => Ok(r.into_inner()),
-                Err(s) => {
-                    let msg = format!("IssueCertificate: {}", s.message());
-                    Err(match s.code() {
-                        tonic::Code::InvalidArgument
-                        | tonic::Code::FailedPrecondition
-                        | tonic::Code::PermissionDenied
-                        | tonic::Code::NotFound => IssueError::Refused(msg),
-                        _ => IssueError::Unavailable(msg),
-                    })
-                }
-            }
         })
     }
 }

@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 
 use lks_proto::manifest::{HealthCheck, Step};
 use lks_proto::{BundlePath, BundleState, Digest, FileSpec, Manifest, SignedBundle, pb};
-use lksadmin_agent::cache::Cache;
+use lksadmin_agent::apply::cache::Cache;
+use lksadmin_agent::apply::desired::Desired;
+use lksadmin_agent::apply::state::{LocalState, save_desired};
 use lksadmin_agent::config::{AgentConfig, StateDir};
-use lksadmin_agent::desired::Desired;
 use lksadmin_agent::fault;
-use lksadmin_agent::state::{LocalState, save_desired};
 
 const AGENT: &str = env!("CARGO_BIN_EXE_lksadmin-agent");
 

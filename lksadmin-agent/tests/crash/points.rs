@@ -229,7 +229,8 @@ fn crashes_while_steps_run_give_up_after_three_then_retry_after_a_backoff_or_on_
     // The operator asks for a retry (`lksctl node retry`): it applies.
     let d = StateDir::new(&n.state);
     let mut desired =
-        lksadmin_agent::state::parse_desired(&d.desired(), &std::fs::read(d.desired()).unwrap()).unwrap();
+        lksadmin_agent::apply::state::parse_desired(&d.desired(), &std::fs::read(d.desired()).unwrap())
+            .unwrap();
     desired.generation += 1;
     desired.retry.insert("app".into(), desired.generation);
     save_desired(&d.desired(), &Desired::from(&desired)).unwrap();

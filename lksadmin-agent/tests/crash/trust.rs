@@ -57,7 +57,7 @@ impl Node {
     }
 
     fn trust_file(&self) -> TrustFile {
-        lksadmin_agent::apply::fsutil::read_json(&StateDir::new(&self.state).trust())
+        lks_proto::fsutil::read_json(&StateDir::new(&self.state).trust())
             .unwrap()
             .unwrap()
     }

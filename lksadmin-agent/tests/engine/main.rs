@@ -8,16 +8,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use lks_proto::manifest::{HealthCheck, Signature, Step};
 use lks_proto::sign::SigningKey;
 use lks_proto::{BundlePath, BundleState, Digest, FileSpec, Manifest, SignedBundle, pb};
+use lksadmin_agent::apply::desired::Desired;
+use lksadmin_agent::apply::engine::{Engine, EngineConfig, Reporter, StatusSnapshot};
+use lksadmin_agent::apply::report::NodeEvent;
+use lksadmin_agent::apply::runner::ProcessRunner;
+use lksadmin_agent::apply::source::{BlobSource, BlobStream, SourceError};
 use lksadmin_agent::clock::SystemClock;
 use lksadmin_agent::config::StateDir;
-use lksadmin_agent::desired::Desired;
-use lksadmin_agent::engine::{Engine, EngineConfig, Reporter, StatusSnapshot};
-use lksadmin_agent::report::NodeEvent;
-use lksadmin_agent::runner::ProcessRunner;
-use lksadmin_agent::source::{BlobSource, BlobStream, BoxFuture, SourceError};
 use tokio::sync::{mpsc, watch};
 
 /// Serves blobs from memory by digest, or by URL for mirror files.
@@ -281,7 +282,7 @@ fn write_file(path: &Path, bytes: &[u8], mode: u32) {
 /// The stored desired state message (`desired.pb`).
 fn state_of(f: &Fixture) -> pb::DesiredState {
     let path = f.state.join("desired.pb");
-    lksadmin_agent::state::parse_desired(&path, &std::fs::read(&path).unwrap()).unwrap()
+    lksadmin_agent::apply::state::parse_desired(&path, &std::fs::read(&path).unwrap()).unwrap()
 }
 
 mod apply;

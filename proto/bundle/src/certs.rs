@@ -19,8 +19,8 @@ use x509_parser::certification_request::X509CertificationRequest;
 use x509_parser::extensions::{GeneralName, ParsedExtension};
 use x509_parser::prelude::FromDer;
 
-use crate::manifest::ManifestError;
 use crate::path::BundlePath;
+use crate::rule::ManifestError;
 
 /// Why a name template of a `[[certificate]]` entry, or the name it
 /// expands to, was refused; carries the template or name.

@@ -30,6 +30,7 @@ pub mod manifest;
 pub mod names;
 pub mod path;
 pub mod release;
+mod rule;
 pub mod sign;
 
 pub use digest::Digest;

@@ -19,6 +19,7 @@ use crate::path::BundlePath;
 
 mod validate;
 
+pub use crate::rule::ManifestError;
 pub use validate::check_paths_disjoint;
 
 /// `Hello.features` of an agent that carries out `[[certificate]]` and
@@ -245,23 +246,6 @@ impl Needs {
             ));
         }
         self.arch_refusal(arch)
-    }
-}
-
-/// A rule a manifest broke: `field` is a path such as `file[2].mode`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {reason}")]
-pub struct ManifestError {
-    pub field: String,
-    pub reason: String,
-}
-
-impl ManifestError {
-    pub fn new(field: impl Into<String>, reason: impl fmt::Display) -> Self {
-        ManifestError {
-            field: field.into(),
-            reason: reason.to_string(),
-        }
     }
 }
 

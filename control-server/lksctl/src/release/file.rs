@@ -182,6 +182,7 @@ pub fn add_signatures(
 /// a signed record is public.
 pub fn write(path: &Path, text: &str) -> anyhow::Result<()> {
     lks_proto::fsutil::write_atomic(path, text.as_bytes(), 0o644)
+        .map_err(|e| e.source)
         .with_context(|| format!("write {}", path.display()))
 }
 

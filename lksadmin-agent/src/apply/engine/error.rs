@@ -12,10 +12,10 @@ use std::path::PathBuf;
 
 use lks_proto::arch::Arch;
 use lks_proto::digest::VerifyError;
+use lks_proto::fsutil::FsError;
 use lks_proto::{BundlePath, Digest};
 
 use crate::apply::cache::FetchError;
-use crate::apply::fsutil::FsError;
 use crate::apply::root::RootError;
 use crate::apply::runner::Outcome;
 

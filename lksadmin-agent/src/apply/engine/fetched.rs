@@ -9,10 +9,11 @@ use std::collections::BTreeSet;
 use std::fs::{self, File};
 use std::os::unix::fs::PermissionsExt;
 
+use lks_proto::fsutil;
 use lks_proto::{Digest, FileSpec};
 
 use super::{ApplyError, Engine, StageError, is_regular};
-use crate::apply::fsutil::{self, InodeMeta};
+use crate::apply::inode::InodeMeta;
 use crate::apply::journal::{PathPlan, Txn, Want};
 use crate::apply::root::RootError;
 use crate::fault;

@@ -13,7 +13,7 @@ use lks_proto::{BundlePath, Digest, Manifest};
 
 use super::{ApplyError, Engine, WriteError, is_regular};
 use crate::apply::flushwriter::FlushingWriter;
-use crate::apply::fsutil::InodeMeta;
+use crate::apply::inode::InodeMeta;
 use crate::apply::journal::{PathPlan, Txn, Want};
 use crate::apply::root::{ParentDir, RootError};
 use crate::apply::state::Content;

@@ -1,11 +1,11 @@
-//! The engine's side of a self-update (see [`crate::node::selfupdate`]): stage
+//! The engine's side of a self-update (see [`crate::apply::selfupdate`]): stage
 //! and hand over, pick up a hand-over after a restart, commit.
 
 use lks_proto::{BundleState, Manifest};
 
 use super::{Engine, EngineError, Verdict};
+use crate::apply::selfupdate::{self, HANDING_OVER, Paths, Pending, ROLLED_BACK, TRYING};
 use crate::apply::state::{BundleRecord, StatusRec};
-use crate::node::selfupdate::{self, HANDING_OVER, Paths, Pending, ROLLED_BACK, TRYING};
 
 impl Engine {
     fn su_paths(&self) -> Paths {
@@ -69,7 +69,7 @@ impl Engine {
             );
         }
         let paths = self.su_paths();
-        crate::apply::fsutil::create_dir(&paths.dir, 0o700)?;
+        lks_proto::fsutil::create_dir(&paths.dir, 0o700)?;
         // A verified copy, executable, synced: what the guard installs.
         let staged = paths.new_binary();
         let copied = std::fs::copy(&blob, &staged)
@@ -123,13 +123,13 @@ impl Engine {
         p.set("DEADLINE_S", selfupdate::deadline().as_secs().to_string());
         p.set("STARTED_MS", self.clock.now_ms().to_string());
         let manifest = serde_json::to_vec(m).map_err(|e| {
-            EngineError::Fs(crate::apply::fsutil::FsError::new(
+            EngineError::Fs(lks_proto::fsutil::FsError::new(
                 "encode",
                 &paths.manifest(),
                 std::io::Error::other(e),
             ))
         })?;
-        crate::apply::fsutil::write_atomic(&paths.manifest(), &manifest, 0o600)?;
+        lks_proto::fsutil::write_atomic(&paths.manifest(), &manifest, 0o600)?;
         p.save(&paths.pending())?;
         let message = format!(
             "handing over from agent {} to {new_version}",
@@ -256,7 +256,7 @@ impl Engine {
             }
         };
         // The record goes first: from here on the guard has nothing to undo.
-        let _ = crate::apply::fsutil::remove_file_durable(&paths.pending());
+        let _ = lks_proto::fsutil::remove_file_durable(&paths.pending());
         let message = format!(
             "agent updated from {} to {}",
             p.get("OLD_VERSION"),

@@ -12,7 +12,7 @@ use lks_proto::{BundlePath, Digest, FileSpec, Manifest};
 use super::files::write_entry;
 use super::{ApplyError, Engine, EngineError, FULL_REHASH_MS, HealReport, is_regular};
 use crate::apply::desired::Desired;
-use crate::apply::fsutil::InodeMeta;
+use crate::apply::inode::InodeMeta;
 use crate::apply::root::RootError;
 use crate::apply::state::{Activity, Content};
 

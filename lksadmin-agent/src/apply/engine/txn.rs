@@ -8,12 +8,12 @@
 use std::fs;
 use std::path::Path;
 
+use lks_proto::fsutil::{self, FsError};
 use lks_proto::{BundleState, Digest, Manifest};
 
 use super::{
     ApplyError, Engine, EngineError, MAX_INTERRUPTED, MIB, RENEW_RETRY_MS, Verdict, give_up_backoff_ms,
 };
-use crate::apply::fsutil::{self, FsError};
 use crate::apply::journal::{Event, Next, Phase, Txn};
 use crate::apply::runner::{CommandSpec, Outcome};
 use crate::apply::state::{BundleRecord, Content, OriginalRec, StatusRec};

@@ -171,7 +171,7 @@ impl Drop for PeerHost {
 #[derive(Debug, thiserror::Error)]
 enum ListenError {
     #[error("{0}")]
-    Credentials(crate::apply::fsutil::FsError),
+    Credentials(lks_proto::fsutil::FsError),
     /// The TLS set-up from this node's certificate (the text says why).
     #[error("{0}")]
     Tls(lks_proto::tls::TlsSetupError),

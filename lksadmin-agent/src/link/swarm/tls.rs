@@ -8,6 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use lks_proto::fsutil::FsError;
 use lks_proto::identity::{Identity, NodeIdentity};
 use rustls::client::danger::{ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
@@ -18,7 +19,6 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use super::CONNECT_TIMEOUT;
-use crate::apply::fsutil::FsError;
 use crate::link::client::NodeCredentials;
 use crate::link::pin::signatures_by_provider;
 
@@ -47,7 +47,7 @@ pub enum DialError {
     CertAndKey(rustls::Error),
     #[error("{0}")]
     Endpoint(tonic::transport::Error),
-    #[error("connect to node {node} at {addr}: {}", crate::link::source::error_chain(.error))]
+    #[error("connect to node {node} at {addr}: {}", crate::link::channel::error_chain(.error))]
     Connect {
         node: String,
         addr: SocketAddr,

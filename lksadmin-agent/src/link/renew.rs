@@ -6,6 +6,7 @@
 use std::fs::File;
 use std::time::Duration;
 
+use lks_proto::fsutil::{self, FsError};
 use lks_proto::identity::{cert_info, pem_certs};
 use lks_proto::pb;
 use nix::fcntl::RenameFlags;
@@ -13,11 +14,10 @@ use rcgen::{CertificateParams, KeyPair, PublicKeyData};
 use tokio_util::sync::CancellationToken;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use crate::apply::fsutil::{self, FsError};
 use crate::clock::now_ms;
 use crate::config::StateDir;
 use crate::link::backoff::{self, Backoff, unit_random};
-use crate::link::source::SharedChannel;
+use crate::link::channel::SharedChannel;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RenewError {
@@ -82,7 +82,7 @@ pub async fn renewal_loop(dirs: StateDir, channel: SharedChannel, cancel: Cancel
         loop {
             match renew_once(&dirs, &channel).await {
                 Ok(not_after) => {
-                    tracing::info!(valid_until = %crate::status::when(not_after * 1000), "renewed the node certificate");
+                    tracing::info!(valid_until = %crate::clock::when(not_after * 1000), "renewed the node certificate");
                     renewed = true;
                     break;
                 }

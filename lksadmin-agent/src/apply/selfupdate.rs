@@ -30,8 +30,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use lks_proto::Digest;
-
-use crate::apply::fsutil::{self, FsError};
+use lks_proto::fsutil::{self, FsError};
 
 /// Exit status of an agent handing over to a new binary (`EX_TEMPFAIL`):
 /// the guard switches binaries only after this one.

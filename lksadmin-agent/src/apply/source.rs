@@ -1,0 +1,70 @@
+//! The ports the apply layer fetches blob bytes through, owned here so the
+//! engine and the cache name no network code: [`BlobSource`] (a file's
+//! bytes from an offset: the control server or a mirror) and
+//! [`PieceSource`] (a file in checked pieces from peers and the server,
+//! while peer sharing is on), with their errors. `link/` implements them;
+//! the engine's tests use fakes.
+
+use std::path::Path;
+
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use lks_proto::FileSpec;
+
+/// A stream of bytes from `offset` on.
+pub struct BlobStream {
+    /// Where the stream really starts: the requested offset, or 0 if the
+    /// source cannot resume.
+    pub offset: u64,
+    pub chunks: BoxStream<'static, Result<Vec<u8>, SourceError>>,
+}
+
+/// The source could not deliver (now). Always worth retrying later; a bad
+/// byte is caught by the verifier, not here.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SourceError(pub String);
+
+pub trait BlobSource: Send + Sync {
+    fn open<'a>(&'a self, file: &'a FileSpec, offset: u64) -> BoxFuture<'a, Result<BlobStream, SourceError>>;
+
+    /// Peer sharing, while the node's cluster has it on.
+    fn swarm(&self) -> Option<&dyn PieceSource> {
+        None
+    }
+}
+
+/// Fetches a file in pieces, each checked as it arrives, into `part`, and
+/// checks the whole file once more; says how many bytes came from the
+/// server and how many from peers.
+pub trait PieceSource: Send + Sync {
+    fn fetch<'a>(
+        &'a self,
+        file: &'a FileSpec,
+        part: &'a Path,
+    ) -> BoxFuture<'a, Result<(u64, u64), SwarmError>>;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SwarmError {
+    /// The server has no tracker, or the file cannot go in pieces: fetch it
+    /// the old way.
+    #[error("{0}")]
+    Unsupported(String),
+    /// Nothing could deliver now; try again later.
+    #[error("{0}")]
+    Unavailable(String),
+    /// Bytes that are not what the manifest says, from the server (or the
+    /// file assembled from checked pieces, which a right chunk list rules
+    /// out).
+    #[error("{0}")]
+    Corrupt(lks_proto::digest::VerifyError),
+}
+
+/// Where a file's bytes come from, for messages.
+pub fn origin(file: &FileSpec) -> String {
+    match &file.url {
+        Some(u) => u.clone(),
+        None => "the control server".into(),
+    }
+}
