@@ -3,10 +3,13 @@
 # Safe to run again. Needs root (or sudo) only when something is missing.
 #
 # Usage: bash scripts/setup.sh [quickstart|tests]
-#   tests (the default) also builds the tenant control plane the Kubernetes
-#   tests start (scripts/kube.sh: kube-apiserver, kube-controller-manager and
-#   kubectl from the Go module proxy, once, into ~/.cache/lksadmin/);
-#   quickstart skips that.
+#   quickstart: only what building and running lksadmin needs (the
+#   quickstart uses no test tool);
+#   tests (the default): also every tool the tests and CI use, cargo-nextest
+#   and s3s-fs (built from crates.io, minutes each the first time), and the
+#   tenant control plane the Kubernetes tests start (scripts/kube.sh:
+#   kube-apiserver, kube-controller-manager and kubectl from the Go module
+#   proxy, once, into ~/.cache/lksadmin/).
 set -euo pipefail
 for_what=${1:-tests}
 case "$for_what" in
@@ -15,28 +18,32 @@ case "$for_what" in
 esac
 
 need=()
+# Building lksadmin (the quickstart needs only this).
 command -v protoc >/dev/null || need+=(protobuf-compiler)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v cc >/dev/null || need+=(build-essential)
-# The fuzz targets (scripts/fuzz.sh) link libFuzzer, which libfuzzer-sys
-# compiles from C++.
-command -v c++ >/dev/null || need+=(g++)
-command -v ip >/dev/null || need+=(iproute2)
-# The network-fault tests (tests/tests/net_faults.rs) build a one-way
-# firewall between namespaces with nftables.
-command -v nft >/dev/null || need+=(nftables)
-# The replicated-store tests start a throwaway etcd (tests/src/etcd.rs).
-command -v etcd >/dev/null || need+=(etcd-server)
-# The node-identity tests check issued certificates with openssl and the
-# kubeconfigs with kubectl.
-command -v openssl >/dev/null || need+=(openssl)
-command -v kubectl >/dev/null || need+=(kubernetes-client)
-# The console tests drive headless Chromium over WebDriver (tests/tests/console.rs).
-command -v chromium >/dev/null || need+=(chromium)
-command -v chromedriver >/dev/null || need+=(chromium-driver)
-# The dependency and module-layer checks (scripts/check-deps.sh,
-# scripts/check-layers.sh) are Python.
-command -v python3 >/dev/null || need+=(python3)
+if [ "$for_what" = tests ]; then
+  # The fuzz targets (scripts/fuzz.sh) link libFuzzer, which libfuzzer-sys
+  # compiles from C++.
+  command -v c++ >/dev/null || need+=(g++)
+  command -v ip >/dev/null || need+=(iproute2)
+  # The network-fault tests (tests/tests/net_faults.rs) build a one-way
+  # firewall between namespaces with nftables.
+  command -v nft >/dev/null || need+=(nftables)
+  # The replicated-store tests start a throwaway etcd (tests/src/etcd.rs);
+  # so does the tenant control plane (tests/src/kube.rs).
+  command -v etcd >/dev/null || need+=(etcd-server)
+  # The node-identity tests check issued certificates with openssl and the
+  # kubeconfigs with kubectl.
+  command -v openssl >/dev/null || need+=(openssl)
+  command -v kubectl >/dev/null || need+=(kubernetes-client)
+  # The console tests drive headless Chromium over WebDriver (tests/tests/console.rs).
+  command -v chromium >/dev/null || need+=(chromium)
+  command -v chromedriver >/dev/null || need+=(chromium-driver)
+  # The dependency and module-layer checks (scripts/check-deps.sh,
+  # scripts/check-layers.sh) are Python.
+  command -v python3 >/dev/null || need+=(python3)
+fi
 
 if ((${#need[@]})); then
   echo "setup: installing ${need[*]}" >&2
@@ -50,6 +57,9 @@ if ! command -v cargo >/dev/null; then
   echo "setup: cargo not found; install Rust (https://rustup.rs) and run again" >&2
   exit 1
 fi
+if [ "$for_what" = quickstart ]; then
+  exit 0
+fi
 # The blob-store tests run against a real S3 server: s3s-fs, an S3 server
 # on a directory, from crates.io (control-server/README.md, "Blob store",
 # says why this one). 0.14.1 is the newest that builds with Rust 1.95.
@@ -61,6 +71,4 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   echo "setup: installing cargo-nextest" >&2
   cargo install --locked cargo-nextest >/dev/null
 fi
-if [ "$for_what" = tests ]; then
-  bash "$(dirname "$0")/kube.sh"
-fi
+bash "$(dirname "$0")/kube.sh"
