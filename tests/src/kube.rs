@@ -362,6 +362,62 @@ impl KubeControlPlane {
     pub fn apiserver_log(&self) -> String {
         self.apiserver.as_ref().map(Proc::log_text).unwrap_or_default()
     }
+
+    /// Creates namespace `ns` and waits for its `default` ServiceAccount
+    /// (pods cannot be created before it exists).
+    pub fn create_namespace(&self, ns: &str) {
+        self.kubectl_ok(&["create", "namespace", ns]);
+        wait_until(
+            Duration::from_secs(60),
+            &format!("namespace {ns}'s ServiceAccount"),
+            || {
+                self.kubectl(&["get", "serviceaccount", "default", "-n", ns])
+                    .status
+                    .success()
+            },
+        );
+    }
+
+    /// Applies packaging/kubernetes/tenant/rbac.yaml and returns the
+    /// `lksadmin` ServiceAccount's kubeconfig (text) and token, minted as
+    /// packaging/kubernetes/tenant/README.md says.
+    pub fn lksadmin_kubeconfig(&self) -> (String, String) {
+        let rbac = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/kubernetes/tenant/rbac.yaml");
+        let rbac = std::fs::read_to_string(&rbac).unwrap_or_else(|e| panic!("read {}: {e}", rbac.display()));
+        self.apply(&rbac);
+        let mut token = String::new();
+        wait_until(
+            Duration::from_secs(60),
+            "the token controller to fill lksadmin-token",
+            || {
+                let s = self.get_json(&["get", "secret", "lksadmin-token", "-n", "kube-system"]);
+                token = s["data"]["token"].as_str().unwrap_or_default().to_string();
+                !token.is_empty()
+            },
+        );
+        let token = base64::engine::general_purpose::STANDARD
+            .decode(&token)
+            .ok()
+            .and_then(|t| String::from_utf8(t).ok())
+            .expect("the token Secret holds base64 text");
+        (self.token_kubeconfig("lksadmin", &token), token)
+    }
+}
+
+/// A pod of `app` in `ns` bound to `node` (as if scheduled there),
+/// owned by `owner` (kind, uid) when given; labelled as written by the
+/// tests' simulated kubelet.
+pub fn pod_manifest(ns: &str, name: &str, node: &str, app: &str, owner: Option<(&str, &str)>) -> String {
+    let owner = owner
+        .map(|(kind, uid)| {
+            format!(
+                "  ownerReferences:\n  - apiVersion: apps/v1\n    kind: {kind}\n    name: {app}\n    uid: {uid}\n    controller: true\n"
+            )
+        })
+        .unwrap_or_default();
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {ns}\n  labels:\n    app: {app}\n  annotations:\n    lksadmin.test/written-by: simulated-kubelet\n{owner}spec:\n  nodeName: {node}\n  containers:\n  - name: c\n    image: registry.invalid/pause:1\n"
+    )
 }
 
 /// Writes Node objects and pod status as a kubelet would: the tests have no
@@ -422,4 +478,27 @@ impl<'a> SimulatedKubelet<'a> {
             &status.to_string(),
         ]);
     }
+}
+
+/// Marks a pod Running and Ready, as its node's kubelet would (the tests'
+/// simulated kubelet); a failure is returned, not asserted, so background
+/// threads can call it.
+pub fn set_pod_ready(cp: &KubeControlPlane, ns: &str, pod: &str) -> bool {
+    let status = serde_json::json!({"status": {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }});
+    cp.kubectl(&[
+        "patch",
+        "pod",
+        pod,
+        "-n",
+        ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &status.to_string(),
+    ])
+    .status
+    .success()
 }

@@ -10,33 +10,9 @@
 
 use std::time::Duration;
 
-use base64::Engine;
 use lks_e2e::kube::{KubeControlPlane, SimulatedKubelet, kube_version};
 use lks_e2e::server::{Server, TestNode, node_json};
 use lks_e2e::{one_line_error, wait_until};
-
-/// The `lksadmin` ServiceAccount's kubeconfig, as the tenant README says
-/// to mint it.
-fn service_account_kubeconfig(cp: &KubeControlPlane) -> (String, String) {
-    let rbac = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/kubernetes/tenant/rbac.yaml"),
-    )
-    .expect("read packaging/kubernetes/tenant/rbac.yaml");
-    cp.apply(&rbac);
-    let mut token = String::new();
-    wait_until(Duration::from_secs(60), "lksadmin-token to be filled", || {
-        let s = cp.get_json(&["get", "secret", "lksadmin-token", "-n", "kube-system"]);
-        token = s["data"]["token"].as_str().unwrap_or_default().to_string();
-        !token.is_empty()
-    });
-    let token = String::from_utf8(
-        base64::engine::general_purpose::STANDARD
-            .decode(&token)
-            .expect("base64 token"),
-    )
-    .expect("text token");
-    (cp.token_kubeconfig("lksadmin", &token), token)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_names_its_tenant_api_and_node_list_shows_kubernetes_state() {
@@ -54,7 +30,7 @@ async fn a_cluster_names_its_tenant_api_and_node_list_shows_kubernetes_state() {
     let list = s.lksctl_json(&["node", "list"]);
     assert!(node_json(&list, "node-a")["kube"].is_null(), "{list}");
 
-    let (kubeconfig, token) = service_account_kubeconfig(&cp);
+    let (kubeconfig, token) = cp.lksadmin_kubeconfig();
     let file = s.work_dir().join("t.kubeconfig");
     std::fs::write(&file, &kubeconfig).unwrap();
     let file = file.to_str().unwrap();

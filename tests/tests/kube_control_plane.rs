@@ -13,35 +13,10 @@
 
 use std::time::Duration;
 
-use lks_e2e::kube::{KubeControlPlane, SimulatedKubelet, kube_version};
+use lks_e2e::kube::{KubeControlPlane, SimulatedKubelet, kube_version, pod_manifest, set_pod_ready};
 use lks_e2e::wait_until;
 
 const NS: &str = "work";
-
-fn pod(name: &str, node: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NS}\n  labels:\n    app: web\nspec:\n  nodeName: {node}\n  containers:\n  - name: c\n    image: registry.invalid/pause:1\n"
-    )
-}
-
-/// Marks a pod Running and Ready, as its node's kubelet would.
-fn pod_ready(cp: &KubeControlPlane, name: &str) {
-    let status = serde_json::json!({"status": {
-        "phase": "Running",
-        "conditions": [{"type": "Ready", "status": "True"}],
-    }});
-    cp.kubectl_ok(&[
-        "patch",
-        "pod",
-        name,
-        "-n",
-        NS,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        &status.to_string(),
-    ]);
-}
 
 fn evict(cp: &KubeControlPlane, name: &str) -> std::process::Output {
     let body = serde_json::json!({
@@ -74,19 +49,10 @@ fn real_control_plane_computes_budgets_and_the_tenant_rbac_is_enough_to_drain() 
 
     // Two pods of one app on node-a, a budget keeping one of them up.
     SimulatedKubelet::new(&cp, "node-a").register(true, &kube_version());
-    cp.kubectl_ok(&["create", "namespace", NS]);
-    wait_until(
-        Duration::from_secs(60),
-        "namespace work's default ServiceAccount",
-        || {
-            cp.kubectl(&["get", "serviceaccount", "default", "-n", NS])
-                .status
-                .success()
-        },
-    );
+    cp.create_namespace(NS);
     for p in ["web-1", "web-2"] {
-        cp.apply(&pod(p, "node-a"));
-        pod_ready(&cp, p);
+        cp.apply(&pod_manifest(NS, p, "node-a", "web", None));
+        assert!(set_pod_ready(&cp, NS, p));
     }
     cp.apply(&format!(
         "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: web\n  namespace: {NS}\nspec:\n  minAvailable: 1\n  selector:\n    matchLabels:\n      app: web\n"
@@ -123,30 +89,9 @@ fn real_control_plane_computes_budgets_and_the_tenant_rbac_is_enough_to_drain() 
     );
 
     // The tenant RBAC: a ServiceAccount that can drain and no more.
-    let rbac = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/kubernetes/tenant/rbac.yaml"),
-    )
-    .expect("read packaging/kubernetes/tenant/rbac.yaml");
-    cp.apply(&rbac);
-    let mut token = String::new();
-    wait_until(
-        Duration::from_secs(60),
-        "the token controller to fill lksadmin-token",
-        || {
-            let s = cp.get_json(&["get", "secret", "lksadmin-token", "-n", "kube-system"]);
-            token = s["data"]["token"].as_str().unwrap_or_default().to_string();
-            !token.is_empty()
-        },
-    );
-    use base64::Engine;
-    let token = String::from_utf8(
-        base64::engine::general_purpose::STANDARD
-            .decode(&token)
-            .expect("token is base64"),
-    )
-    .expect("token is text");
+    let (kubeconfig, _) = cp.lksadmin_kubeconfig();
     let conf = cp.dir().join("lksadmin.conf");
-    std::fs::write(&conf, cp.token_kubeconfig("lksadmin", &token)).expect("write lksadmin.conf");
+    std::fs::write(&conf, kubeconfig).expect("write lksadmin.conf");
     let can = |verb: &str, what: &str, ns: Option<&str>| -> bool {
         // `pods/eviction` is the resource `pods`, subresource `eviction`
         // (kubectl would read the part after the slash as a name).

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lks_e2e::agent::BundleFile;
-use lks_e2e::kube::{KubeControlPlane, SimulatedKubelet};
+use lks_e2e::kube::{KubeControlPlane, SimulatedKubelet, pod_manifest, set_pod_ready};
 use lks_e2e::rollout::{Fleet, first_line, rollout_events};
 use lks_e2e::{one_line_error, wait_until};
 
@@ -35,37 +35,6 @@ fn give_kubeconfig(f: &Fleet, cp: &KubeControlPlane) {
     let conf = cp.admin_kubeconfig.to_str().unwrap().to_string();
     f.server
         .lksctl_ok(&["cluster", "set", &f.cluster, "--kubeconfig", &conf]);
-}
-
-fn pod_manifest(name: &str, node: &str, app: &str, owner: Option<(&str, &str)>) -> String {
-    let owner = owner
-        .map(|(kind, uid)| {
-            format!(
-                "  ownerReferences:\n  - apiVersion: apps/v1\n    kind: {kind}\n    name: {app}\n    uid: {uid}\n    controller: true\n"
-            )
-        })
-        .unwrap_or_default();
-    format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NS}\n  labels:\n    app: {app}\n  annotations:\n    lksadmin.test/written-by: simulated-kubelet\n{owner}spec:\n  nodeName: {node}\n  containers:\n  - name: c\n    image: registry.invalid/pause:1\n"
-    )
-}
-
-fn set_pod_ready(cp: &KubeControlPlane, name: &str) {
-    let status = serde_json::json!({"status": {
-        "phase": "Running",
-        "conditions": [{"type": "Ready", "status": "True"}],
-    }});
-    let _ = cp.kubectl(&[
-        "patch",
-        "pod",
-        name,
-        "-n",
-        NS,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        &status.to_string(),
-    ]);
 }
 
 /// `kubectl … -o json`, or `None` when it fails (the workload thread
@@ -131,7 +100,7 @@ impl Workload {
                     if is_ready {
                         ready += 1;
                     } else {
-                        set_pod_ready(&cp, &name);
+                        set_pod_ready(&cp, NS, &name);
                     }
                     live.push(name);
                 }
@@ -148,9 +117,11 @@ impl Workload {
                         serial += 1;
                         let name = format!("web-{serial}");
                         let node = n["metadata"]["name"].as_str().unwrap_or_default();
-                        let _ =
-                            cp.kubectl_stdin(&["apply", "-f", "-"], &pod_manifest(&name, node, "web", None));
-                        set_pod_ready(&cp, &name);
+                        let _ = cp.kubectl_stdin(
+                            &["apply", "-f", "-"],
+                            &pod_manifest(NS, &name, node, "web", None),
+                        );
+                        set_pod_ready(&cp, NS, &name);
                     }
                 }
                 let pdb = try_json(&cp, &["get", "pdb", "web", "-n", NS]).unwrap_or_default();
@@ -194,19 +165,6 @@ impl Drop for Workload {
     }
 }
 
-fn namespace(cp: &KubeControlPlane) {
-    cp.kubectl_ok(&["create", "namespace", NS]);
-    wait_until(
-        Duration::from_secs(60),
-        "the work namespace's ServiceAccount",
-        || {
-            cp.kubectl(&["get", "serviceaccount", "default", "-n", NS])
-                .status
-                .success()
-        },
-    );
-}
-
 /// A DaemonSet object (no controller runs it here) and its pod on `node`.
 fn daemonset_pod(cp: &KubeControlPlane, node: &str) -> String {
     cp.apply(&format!(
@@ -215,8 +173,8 @@ fn daemonset_pod(cp: &KubeControlPlane, node: &str) -> String {
     let ds = cp.get_json(&["get", "daemonset", "agent", "-n", NS]);
     let uid = ds["metadata"]["uid"].as_str().unwrap().to_string();
     let name = format!("agent-{node}");
-    cp.apply(&pod_manifest(&name, node, "agent", Some(("DaemonSet", &uid))));
-    set_pod_ready(cp, &name);
+    cp.apply(&pod_manifest(NS, &name, node, "agent", Some(("DaemonSet", &uid))));
+    set_pod_ready(cp, NS, &name);
     name
 }
 
@@ -251,11 +209,11 @@ fn each_node_is_drained_upgraded_ready_and_uncordoned_in_turn_never_breaking_the
         SimulatedKubelet::new(&cp, &a.name).register(true, "v1.37.2");
     }
     give_kubeconfig(&f, &cp);
-    namespace(&cp);
+    cp.create_namespace(NS);
     let ds_pod = daemonset_pod(&cp, "node-1");
     for (p, n) in [("web-1", "node-1"), ("web-2", "node-2")] {
-        cp.apply(&pod_manifest(p, n, "web", None));
-        set_pod_ready(&cp, p);
+        cp.apply(&pod_manifest(NS, p, n, "web", None));
+        set_pod_ready(&cp, NS, p);
     }
     cp.apply(&format!(
         "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: web\n  namespace: {NS}\nspec:\n  minAvailable: 1\n  selector:\n    matchLabels: {{app: web}}\n"
@@ -335,7 +293,7 @@ fn a_drain_never_hangs_blocked_paused_or_never_ready_each_ends_uncordoned() {
     let cp = Arc::new(KubeControlPlane::start());
     let f = Fleet::start("t", 1);
     SimulatedKubelet::new(&cp, "node-1").register(true, "v1.37.2");
-    namespace(&cp);
+    cp.create_namespace(NS);
 
     // Without a kubeconfig the cluster cannot drain: refused up front.
     let b2 = bundle(&f, "2");
@@ -344,8 +302,8 @@ fn a_drain_never_hangs_blocked_paused_or_never_ready_each_ends_uncordoned() {
     give_kubeconfig(&f, &cp);
 
     // A budget that allows no eviction at all.
-    cp.apply(&pod_manifest("db-1", "node-1", "db", None));
-    set_pod_ready(&cp, "db-1");
+    cp.apply(&pod_manifest(NS, "db-1", "node-1", "db", None));
+    set_pod_ready(&cp, NS, "db-1");
     cp.apply(&format!(
         "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: db\n  namespace: {NS}\nspec:\n  maxUnavailable: 0\n  selector:\n    matchLabels: {{app: db}}\n"
     ));

@@ -5,7 +5,7 @@
 //! 0700 data dir, like the cluster CA keys). The store sees only the opaque
 //! string, as for cluster CA keys (`pki::clusterca::keys`).
 
-use crate::pki::seal::{SealKey, is_sealed};
+use crate::pki::seal::{OpenTextError, SealKey, open_text, seal_text, sealed_envelope};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SecretError {
@@ -30,45 +30,33 @@ pub fn seal_kubeconfig(
     cluster: &str,
     text: &str,
 ) -> Result<String, SecretError> {
-    let Some(k) = seal else {
-        return Ok(text.to_string());
-    };
-    let sealed = k
-        .seal(text.as_bytes(), &aad(aad_prefix, cluster))
-        .map_err(|e| SecretError::Seal {
-            cluster: cluster.to_string(),
-            message: e.to_string(),
-        })?;
-    Ok(hex::encode(sealed))
+    seal_text(seal, &aad(aad_prefix, cluster), text).map_err(|e| SecretError::Seal {
+        cluster: cluster.to_string(),
+        message: e.to_string(),
+    })
 }
 
 /// The text of a stored kubeconfig. One stored before the server had an
-/// encryption key is read as it is.
+/// encryption key is read as it is: a kubeconfig (JSON or YAML) is never
+/// hex of a sealed envelope.
 pub fn open_kubeconfig(
     seal: Option<&SealKey>,
     aad_prefix: &str,
     cluster: &str,
     stored: &str,
 ) -> Result<String, SecretError> {
-    // A sealed value is hex of an envelope that starts with its magic; a
-    // kubeconfig (JSON or YAML) never decodes to one.
-    let bytes = match hex::decode(stored) {
-        Ok(b) if is_sealed(&b) => b,
-        _ => return Ok(stored.to_string()),
+    let Some(envelope) = sealed_envelope(stored) else {
+        return Ok(stored.to_string());
     };
-    let Some(k) = seal else {
-        return Err(SecretError::NoSealKey {
+    open_text(seal, &aad(aad_prefix, cluster), &envelope).map_err(|e| match e {
+        OpenTextError::NoKey => SecretError::NoSealKey {
             cluster: cluster.to_string(),
-        });
-    };
-    let open = |message: String| SecretError::Open {
-        cluster: cluster.to_string(),
-        message,
-    };
-    let plain = k
-        .open(&bytes, &aad(aad_prefix, cluster))
-        .map_err(|e| open(e.to_string()))?;
-    String::from_utf8(plain).map_err(|e| open(e.to_string()))
+        },
+        e => SecretError::Open {
+            cluster: cluster.to_string(),
+            message: e.to_string(),
+        },
+    })
 }
 
 #[cfg(test)]

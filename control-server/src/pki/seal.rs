@@ -237,6 +237,39 @@ pub fn is_sealed(bytes: &[u8]) -> bool {
     bytes.starts_with(MAGIC)
 }
 
+/// A secret value as the store keeps it: sealed for `aad` with `seal`
+/// (hex of the envelope), or the text as it is without a key.
+pub fn seal_text(seal: Option<&SealKey>, aad: &[u8], text: &str) -> Result<String, SealError> {
+    match seal {
+        None => Ok(text.to_string()),
+        Some(k) => Ok(hex::encode(k.seal(text.as_bytes(), aad)?)),
+    }
+}
+
+/// The envelope a stored value holds, if it is hex of one; `None` for a
+/// value stored as plaintext.
+pub fn sealed_envelope(stored: &str) -> Option<Vec<u8>> {
+    hex::decode(stored).ok().filter(|b| is_sealed(b))
+}
+
+/// Why a sealed stored value did not open as text.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenTextError {
+    /// Sealed, and the server has no key.
+    #[error("no encryption key given")]
+    NoKey,
+    #[error("{0}")]
+    Seal(#[from] SealError),
+    #[error("not UTF-8 text: {0}")]
+    NotText(#[from] std::string::FromUtf8Error),
+}
+
+/// Opens `envelope` (from [`sealed_envelope`]) for `aad` as text.
+pub fn open_text(seal: Option<&SealKey>, aad: &[u8], envelope: &[u8]) -> Result<String, OpenTextError> {
+    let k = seal.ok_or(OpenTextError::NoKey)?;
+    Ok(String::from_utf8(k.open(envelope, aad)?)?)
+}
+
 fn associated_data(header: &[u8], aad: &[u8]) -> Vec<u8> {
     let mut associated = Vec::with_capacity(header.len() + aad.len());
     associated.extend_from_slice(header);

@@ -82,18 +82,15 @@ pub(super) fn settle_draining(
     match &v.kube {
         Some(KubeFact::Drained(what)) => {
             let to = target(r, n);
-            notes.push((
-                n.name.clone(),
-                "drained",
-                format!("drained in {}: {what}", took(n.kube_since_ms, now)),
-            ));
+            let drained = format!("drained in {}", took(n.kube_since_ms, now));
+            notes.push((n.name.clone(), "drained", format!("{drained}: {what}")));
             n.kube = KubeStep::Upgrading;
             n.kube_since_ms = now;
             n.turn_at_ms = now;
             n.touched |= !n.reverting;
             n.unreached = !v.connected;
             n.message = format!(
-                "drained; {} → {}",
+                "{drained}; {} → {}",
                 version_or_none(&n.previous_version),
                 version_or_none(to.as_deref().unwrap_or_default())
             );
@@ -125,11 +122,23 @@ fn blocked(policy: &DrainPolicy, n: &mut RolloutNodeRow, why: String, notes: &mu
     notes.push((n.name.clone(), "drain_blocked", n.message.clone()));
 }
 
+/// "drained in 3.2s" from a node's message, kept through its turn so its
+/// outcome says how long each phase took.
+fn drained_in(message: &str) -> Option<&str> {
+    message
+        .split([';', '(', ')'])
+        .map(str::trim)
+        .find(|p| p.starts_with("drained in "))
+}
+
 /// The agent applied: the Node must now be `Ready`.
 pub(super) fn applied(n: &mut RolloutNodeRow, to: &str, now_ms: i64) {
     n.kube = KubeStep::Readying;
     n.kube_since_ms = now_ms;
-    n.message = format!("applied {to}; waiting for the Node to be Ready");
+    n.message = match drained_in(&n.message) {
+        Some(d) => format!("applied {to} ({d}); waiting for the Node to be Ready"),
+        None => format!("applied {to}; waiting for the Node to be Ready"),
+    };
 }
 
 /// A node waiting for its Node to be `Ready`: done, timed out, or waiting.
@@ -160,7 +169,10 @@ pub(super) fn settle_readying(
         ));
         n.state = state;
         n.kube = KubeStep::None;
-        n.message = format!("at {to}; Ready {after} after it applied");
+        n.message = match drained_in(&n.message) {
+            Some(d) => format!("at {to}; {d}, Ready {after} after it applied"),
+            None => format!("at {to}; Ready {after} after it applied"),
+        };
         notes.push((n.name.clone(), kind, format!("at {to}")));
         return;
     }

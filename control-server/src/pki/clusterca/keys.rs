@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use time::OffsetDateTime;
 
 use super::{CaError, ClusterCa};
-use crate::pki::seal::{SealKey, is_sealed};
+use crate::pki::seal::{OpenTextError, SealKey, open_text, seal_text, sealed_envelope};
 use crate::store::{Store, StoreError, StoredCa};
 
 #[derive(Debug, thiserror::Error)]
@@ -109,16 +109,10 @@ pub fn seal_key(
     cluster: &str,
     key_pem: &str,
 ) -> Result<String, KeyError> {
-    let Some(k) = seal else {
-        return Ok(key_pem.to_string());
-    };
-    let sealed = k
-        .seal(key_pem.as_bytes(), &aad(aad_prefix, cluster))
-        .map_err(|e| KeyError::Seal {
-            cluster: cluster.to_string(),
-            message: e.to_string(),
-        })?;
-    Ok(hex::encode(sealed))
+    seal_text(seal, &aad(aad_prefix, cluster), key_pem).map_err(|e| KeyError::Seal {
+        cluster: cluster.to_string(),
+        message: e.to_string(),
+    })
 }
 
 /// The PEM of a stored CA key. A PEM stored before the server had an
@@ -136,19 +130,13 @@ pub fn open_key(
         cluster: cluster.to_string(),
         message,
     };
-    let bytes = hex::decode(stored).map_err(|e| open(format!("neither PEM nor a sealed value ({e})")))?;
-    if !is_sealed(&bytes) {
-        return Err(open("neither PEM nor a sealed value".into()));
-    }
-    let Some(k) = seal else {
-        return Err(KeyError::NoSealKey {
+    let envelope = sealed_envelope(stored).ok_or_else(|| open("neither PEM nor a sealed value".into()))?;
+    open_text(seal, &aad(aad_prefix, cluster), &envelope).map_err(|e| match e {
+        OpenTextError::NoKey => KeyError::NoSealKey {
             cluster: cluster.to_string(),
-        });
-    };
-    let plain = k
-        .open(&bytes, &aad(aad_prefix, cluster))
-        .map_err(|e| open(e.to_string()))?;
-    String::from_utf8(plain).map_err(|e| open(e.to_string()))
+        },
+        e => open(e.to_string()),
+    })
 }
 
 #[cfg(test)]

@@ -73,6 +73,11 @@ fn a_node_is_drained_before_its_version_and_ready_before_it_counts() {
     r = commit(d, &mut v, &mut g);
     assert_eq!(node(&r, "a").state, NodeState::Updated);
     assert_eq!(node(&r, "a").kube, KubeStep::None, "the cordon is released");
+    assert_eq!(
+        node(&r, "a").message,
+        "at 2; drained in 3.0s, Ready 2.0s after it applied",
+        "the outcome says how long each phase took"
+    );
     // b's turn came in the same step: draining now.
     assert_eq!(node(&r, "b").kube, KubeStep::Draining);
 }
