@@ -118,4 +118,7 @@ fi
 check "$here" || die "packaging/kubernetes manifests do not validate (output above)"
 # What the server needs in each tenant cluster (applied there, not in kube0).
 validate "$here"/tenant/*.yaml || die "packaging/kubernetes/tenant manifests do not validate (output above)"
+# The custom resources of lks-kube-controller (generated; a unit test keeps
+# them equal to the Rust types, tests/tests/kube_crds.rs applies them).
+validate "$here"/crds/*.yaml || die "packaging/kubernetes/crds do not validate (output above)"
 log "ok: manifests valid against Kubernetes ${KUBE_VERSIONS[*]} (strict)${kubectl_bin:+, kustomize rendering too}"

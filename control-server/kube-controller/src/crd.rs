@@ -1,0 +1,385 @@
+//! The custom resources kube0 declares lksadmin with (API group
+//! `lksadmin.io`, version `v1alpha1`; issue [kube-front]). The Rust types
+//! are the source: the CRD manifests under `packaging/kubernetes/crds/`
+//! are generated from them (`lks-kube-controller crds`) and a test keeps
+//! the committed files equal to what the types generate.
+//!
+//! Who owns what (GitOps): the user owns every `spec`, the controller only
+//! `status`. `LksNode` and `LksBundleVersion` mirror the server; of them
+//! only `LksNode.spec.hold` is the user's.
+//!
+//! Field names follow Kubernetes conventions (camelCase); durations are
+//! strings as lksctl takes them ("10m", "90s").
+
+use std::collections::BTreeMap;
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The API group of every lksadmin resource.
+pub const GROUP: &str = "lksadmin.io";
+/// Its only version so far.
+pub const VERSION: &str = "v1alpha1";
+
+/// A reference to a key of a Secret in kube0 (what the controller reads,
+/// never copies into a spec or status).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    pub name: String,
+    pub namespace: String,
+    /// The key in the Secret's data.
+    pub key: String,
+}
+
+/// A condition as Kubernetes objects report them (`Ready`, `Progressing`,
+/// `Completed`, `Failed`); Argo CD and Flux health checks read these.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// "True", "False" or "Unknown".
+    pub status: String,
+    /// One CamelCase word.
+    #[serde(default)]
+    pub reason: String,
+    /// One line: for a refused spec, the server's reason.
+    #[serde(default)]
+    pub message: String,
+    /// RFC 3339.
+    #[serde(default)]
+    pub last_transition_time: String,
+    /// The spec generation this condition is about.
+    #[serde(default)]
+    pub observed_generation: i64,
+}
+
+/// A tenant cluster (`lksctl cluster create/set`).
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "lksadmin.io",
+    version = "v1alpha1",
+    kind = "LksCluster",
+    plural = "lksclusters",
+    shortname = "lkscl",
+    status = "LksClusterStatus",
+    printcolumn = r#"{"name":"Nodes","type":"integer","jsonPath":".status.nodes"}"#,
+    printcolumn = r#"{"name":"Connected","type":"integer","jsonPath":".status.connected"}"#,
+    printcolumn = r#"{"name":"Drain","type":"boolean","jsonPath":".spec.drain"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct LksClusterSpec {
+    /// The tenant API server's URL for node kubeconfigs (`--api-server`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_server: Option<String>,
+    /// The tenant cluster CA to import (a `kubernetes.io/tls` Secret's
+    /// `tls.crt` and `tls.key`); absent: the server generates one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret: Option<SecretName>,
+    /// The kubeconfig of the tenant API the server drains with
+    /// (`--kubeconfig`; packaging/kubernetes/tenant/README.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubeconfig: Option<SecretKeyRef>,
+    /// Rollouts drain each node at its turn unless they say otherwise.
+    #[serde(default)]
+    pub drain: bool,
+    /// `DAYS HH:MM-HH:MM ZONE`, e.g. "Sat,Sun 02:00-06:00 Europe/Berlin";
+    /// empty: nodes may start at any time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub maintenance_windows: Vec<String>,
+    /// Peer sharing between the cluster's nodes; absent: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_sharing: Option<PeerSharing>,
+}
+
+/// A Secret in kube0 by name.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretName {
+    pub name: String,
+    pub namespace: String,
+}
+
+/// `cluster set --peer-sharing on --peer-port … --peer-upload-rate …
+/// --peer-max-uploads …`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PeerSharing {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// "50MiB", "200Mbit", or bytes per second; absent: no cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload_rate: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_uploads: Option<u32>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LksClusterStatus {
+    #[serde(default)]
+    pub nodes: u32,
+    #[serde(default)]
+    pub connected: u32,
+    /// `sha256:…` of the cluster CA, as join lines pin it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub ca_cert_hash: String,
+    #[serde(default)]
+    pub observed_generation: i64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// An enrolled node, mirrored from the server; only `spec.hold` is the
+/// user's.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "lksadmin.io",
+    version = "v1alpha1",
+    kind = "LksNode",
+    plural = "lksnodes",
+    shortname = "lksno",
+    status = "LksNodeStatus",
+    printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".status.cluster"}"#,
+    printcolumn = r#"{"name":"Connected","type":"boolean","jsonPath":".status.connected"}"#,
+    printcolumn = r#"{"name":"Kube","type":"string","jsonPath":".status.kube.state"}"#,
+    printcolumn = r#"{"name":"Agent","type":"string","jsonPath":".status.agentVersion"}"#,
+    printcolumn = r#"{"name":"Arch","type":"string","jsonPath":".status.architecture"}"#,
+    printcolumn = r#"{"name":"Bundles","type":"string","jsonPath":".status.bundleSummary"}"#,
+    printcolumn = r#"{"name":"Trust","type":"string","jsonPath":".status.trust.state","priority":1}"#,
+    printcolumn = r#"{"name":"Held","type":"string","jsonPath":".spec.hold.reason","priority":1}"#,
+    printcolumn = r#"{"name":"Last Seen","type":"date","jsonPath":".status.lastSeen"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct LksNodeSpec {
+    /// Hold the node (`lksctl node hold --reason`): it gets no new desired
+    /// state; absent: not held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<Hold>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Hold {
+    /// One line, at most 512 bytes.
+    #[serde(default)]
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LksNodeStatus {
+    #[serde(default)]
+    pub cluster: String,
+    #[serde(default)]
+    pub connected: bool,
+    /// RFC 3339; absent: never seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seen: Option<String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub agent_version: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub architecture: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bundles: Vec<NodeBundle>,
+    /// "kubelet@1.37.2 applied, …", for the table.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub bundle_summary: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust: Option<NodeTrust>,
+    /// The node as its tenant cluster sees it ([kube-drain]); absent when
+    /// the cluster has no kubeconfig.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kube: Option<NodeKube>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeBundle {
+    pub name: String,
+    pub version: String,
+    /// "pending", "applying", "applied", "failed", "rolled_back".
+    pub state: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeTrust {
+    /// "ok", "stale-release", "refused", "clock", "no-release".
+    #[serde(default)]
+    pub state: String,
+    #[serde(default)]
+    pub release_version: u64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeKube {
+    /// "Ready", "NotReady", "Unknown", "cordoned", "absent", "unreachable".
+    pub state: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kubelet_version: String,
+    #[serde(default)]
+    pub unschedulable: bool,
+    /// The rollout whose cordon this is, if lksadmin's.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cordoned_by: String,
+}
+
+/// A rollout (`lksctl rollout start`). `spec.paused: true` pauses it;
+/// deleting an active one aborts it (a finalizer); a rollback is a new
+/// LksRollout (`spec.rollbackOf`).
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "lksadmin.io",
+    version = "v1alpha1",
+    kind = "LksRollout",
+    plural = "lksrollouts",
+    shortname = "lksro",
+    namespaced,
+    status = "LksRolloutStatus",
+    printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.cluster"}"#,
+    printcolumn = r#"{"name":"Bundle","type":"string","jsonPath":".spec.bundle"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Updated","type":"integer","jsonPath":".status.updated"}"#,
+    printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.failed"}"#,
+    printcolumn = r#"{"name":"Total","type":"integer","jsonPath":".status.total"}"#,
+    printcolumn = r#"{"name":"ID","type":"string","jsonPath":".status.id","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct LksRolloutSpec {
+    /// The LksCluster (tenant cluster) name.
+    pub cluster: String,
+    /// `NAME@VERSION` of a published bundle (see `kubectl get
+    /// lksbundleversions`).
+    pub bundle: String,
+    /// Only nodes with these labels.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub selector: BTreeMap<String, String>,
+    /// Most nodes applying at once; absent: the server's default (10 %).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_size: Option<u32>,
+    /// Failed nodes that stop the rollout; absent: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_threshold: Option<u32>,
+    /// "defer" (default) or "wait".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offline: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<Canary>,
+    /// Pause between batches, e.g. "5m".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_interval: Option<String>,
+    #[serde(default)]
+    pub ignore_windows: bool,
+    /// Drain each node around its turn; absent: the cluster's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<Drain>,
+    /// Pause (true) and resume (false) the rollout.
+    #[serde(default)]
+    pub paused: bool,
+    /// The server's ID of the rollout this one rolls back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback_of: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Canary {
+    pub count: u32,
+    /// How long canaries must stay committed, e.g. "10m".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub soak: Option<String>,
+}
+
+/// `rollout start --drain …`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Drain {
+    pub enabled: bool,
+    /// e.g. "10m".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    /// e.g. "5m".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_timeout: Option<String>,
+    /// "fail" (default) or "skip".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_timeout: Option<String>,
+    #[serde(default)]
+    pub delete_local_data: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubelet_version: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LksRolloutStatus {
+    /// The server's rollout ID, once started.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub id: String,
+    /// "running", "paused", "completed", "failed", "aborted",
+    /// "rolling_back", "rolled_back".
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub phase: String,
+    #[serde(default)]
+    pub total: u32,
+    #[serde(default)]
+    pub updated: u32,
+    #[serde(default)]
+    pub failed: u32,
+    #[serde(default)]
+    pub pending: u32,
+    #[serde(default)]
+    pub deferred: u32,
+    #[serde(default)]
+    pub held: u32,
+    /// One line: the server's message.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    #[serde(default)]
+    pub observed_generation: i64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// A published bundle version, mirrored read-only from the server so that
+/// a rollout manifest can be checked with `kubectl get`.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "lksadmin.io",
+    version = "v1alpha1",
+    kind = "LksBundleVersion",
+    plural = "lksbundleversions",
+    shortname = "lksbv",
+    printcolumn = r#"{"name":"Bundle","type":"string","jsonPath":".spec.bundle"}"#,
+    printcolumn = r#"{"name":"Version","type":"string","jsonPath":".spec.version"}"#,
+    printcolumn = r#"{"name":"Files","type":"integer","jsonPath":".spec.files"}"#,
+    printcolumn = r#"{"name":"Signed","type":"boolean","jsonPath":".spec.signed"}"#,
+    printcolumn = r#"{"name":"Published","type":"date","jsonPath":".spec.publishedAt"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct LksBundleVersionSpec {
+    pub bundle: String,
+    pub version: String,
+    #[serde(default)]
+    pub files: u32,
+    #[serde(default)]
+    pub signed: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub architectures: Vec<String>,
+    /// RFC 3339.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub published_at: String,
+}
