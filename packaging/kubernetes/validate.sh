@@ -121,4 +121,5 @@ validate "$here"/tenant/*.yaml || die "packaging/kubernetes/tenant manifests do 
 # The custom resources of lks-kube-controller (generated; a unit test keeps
 # them equal to the Rust types, tests/tests/kube_crds.rs applies them).
 validate "$here"/crds/*.yaml || die "packaging/kubernetes/crds do not validate (output above)"
+validate "$here"/controller/*.yaml || die "packaging/kubernetes/controller manifests do not validate (output above)"
 log "ok: manifests valid against Kubernetes ${KUBE_VERSIONS[*]} (strict)${kubectl_bin:+, kustomize rendering too}"

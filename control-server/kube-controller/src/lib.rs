@@ -1,11 +1,15 @@
 //! lks-kube-controller (issue [kube-front]): kube0 drives lksadmin the
-//! Kubernetes way. This crate holds the custom resources ([`crd`]) and
-//! what makes their manifests; the controller that reconciles them with
-//! the admin API builds on it.
+//! Kubernetes way. The custom resources ([`crd`]) and their manifests; the
+//! mapping of server state to them ([`mirror`]); the admin API client
+//! ([`admin`]), leader election ([`lease`]) and the loop ([`run`]).
 
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod crd;
+pub mod lease;
+pub mod mirror;
+pub mod run;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;

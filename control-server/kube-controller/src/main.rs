@@ -1,10 +1,11 @@
-//! `lks-kube-controller`: the custom resources kube0 declares lksadmin
-//! with. `crds` prints (or writes) their manifests; the controller that
-//! reconciles them with the admin API is issue [kube-front], item 2.
+//! `lks-kube-controller`: kube0 drives lksadmin the Kubernetes way.
+//! `crds` prints (or writes) the custom resources' manifests; `run` is the
+//! controller (see the crate's `run` module for what it does so far).
 
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -25,10 +26,76 @@ enum Cmd {
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
     },
+    /// Mirror the server's nodes and bundle versions into kube0 and apply
+    /// LksNode holds, while holding the Lease. kube0 is reached in-cluster
+    /// or through $KUBECONFIG.
+    Run {
+        /// The admin credential of lks-control-server (a mounted Secret).
+        #[arg(long, value_name = "FILE", env = "LKS_ADMIN_CONF")]
+        admin_conf: PathBuf,
+        /// Namespace of the leader-election Lease.
+        #[arg(long, env = "POD_NAMESPACE", default_value = "lksadmin")]
+        namespace: String,
+        /// Name of the Lease.
+        #[arg(long, default_value = "lks-kube-controller")]
+        lease: String,
+        /// This copy's name in the Lease [default: $POD_NAME or the hostname].
+        #[arg(long, env = "POD_NAME")]
+        identity: Option<String>,
+        /// How often the server is read.
+        #[arg(long, value_parser = lks_proto::duration::parse_duration, default_value = "5s")]
+        interval: Duration,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
+        Cmd::Run {
+            admin_conf,
+            namespace,
+            lease,
+            identity,
+            interval,
+        } => {
+            tracing_subscriber::fmt().with_writer(std::io::stderr).init();
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let identity = identity
+                .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .context("no --identity and no hostname")?;
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("start the runtime")?;
+            rt.block_on(async move {
+                let kube = kube::Client::try_default()
+                    .await
+                    .context("reach kube0 (in-cluster, or $KUBECONFIG)")?;
+                let cancel = tokio_util::sync::CancellationToken::new();
+                let stop = cancel.clone();
+                tokio::spawn(async move {
+                    let mut term =
+                        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                            Ok(t) => t,
+                            Err(_) => return,
+                        };
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = tokio::signal::ctrl_c() => {}
+                    }
+                    stop.cancel();
+                });
+                let opts = lks_kube_controller::run::Options {
+                    admin_conf,
+                    namespace,
+                    lease,
+                    identity,
+                    interval,
+                };
+                lks_kube_controller::run::run(opts, kube, cancel).await
+            })?;
+        }
         Cmd::Crds { out } => {
             for c in lks_kube_controller::crds() {
                 let text = lks_kube_controller::file_text(&c).context("serialise a CRD")?;

@@ -1,0 +1,252 @@
+//! The controller's loop (issue [kube-front], item 2, first part): while
+//! this copy holds the Lease, every `interval` it reads the server's nodes
+//! and published bundle versions through the admin API and
+//! - mirrors each node as an `LksNode` (status: connected, last seen,
+//!   agent, architecture, bundles, trust, KUBE state) and each version as
+//!   an `LksBundleVersion`, creating what is new and deleting what the
+//!   server no longer has;
+//! - converges each node's hold to its `LksNode.spec.hold` (spec wins:
+//!   a hold set or lifted with lksctl on a mirrored node is put back as
+//!   the spec says). A mirror made for a new node starts with the hold the
+//!   server has, so nothing changes when the controller first sees it.
+//!
+//! A bounded poll, not the admin API's watch: the admin API has no watch of
+//! nodes and bundles, one `ListNodes` per interval is what `lksctl node
+//! list` costs, and a poll needs no resume logic after a leader change.
+//! Only changed objects are written.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use lks_proto::pb;
+use tokio_util::sync::CancellationToken;
+
+use crate::admin::{self, Admin};
+use crate::crd::{Hold, LksBundleVersion, LksNode, LksNodeSpec};
+use crate::lease::{Elector, RENEW};
+use crate::mirror;
+
+/// The label on every object the controller mirrors.
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+const ME: &str = "lks-kube-controller";
+
+pub struct Options {
+    pub admin_conf: PathBuf,
+    /// Namespace of the Lease.
+    pub namespace: String,
+    pub lease: String,
+    /// This copy's name in the Lease (the pod name).
+    pub identity: String,
+    pub interval: Duration,
+}
+
+/// What one pass changed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Pass {
+    pub created: usize,
+    pub updated: usize,
+    pub deleted: usize,
+    pub holds: usize,
+}
+
+/// Runs until `cancel`: leads when it can, and mirrors while it leads.
+pub async fn run(opts: Options, kube: kube::Client, cancel: CancellationToken) -> anyhow::Result<()> {
+    let elector = Elector::new(kube.clone(), &opts.namespace, &opts.lease, &opts.identity);
+    let mut admin: Option<Admin> = None;
+    let mut leading = false;
+    let mut tick = tokio::time::interval(opts.interval.min(RENEW));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            _ = tick.tick() => {}
+        }
+        let now_leading = match elector.lead().await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "lease");
+                false
+            }
+        };
+        if now_leading != leading {
+            tracing::info!(leading = now_leading, identity = %opts.identity, "leadership changed");
+            leading = now_leading;
+        }
+        if !leading {
+            continue;
+        }
+        if admin.is_none() {
+            match admin::connect(&opts.admin_conf).await {
+                Ok(a) => admin = Some(a),
+                Err(e) => {
+                    tracing::warn!(error = format!("{e:#}"), "admin API");
+                    continue;
+                }
+            }
+        }
+        if let Some(a) = admin.as_mut() {
+            match sync_once(&kube, a).await {
+                Ok(p) if p != Pass::default() => tracing::info!(?p, "mirrored"),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = format!("{e:#}"), "mirror pass");
+                    admin = None;
+                }
+            }
+        }
+    }
+}
+
+/// One pass: nodes and bundle versions.
+pub async fn sync_once(kube: &kube::Client, admin: &mut Admin) -> anyhow::Result<Pass> {
+    let nodes = admin
+        .list_nodes(pb::ListNodesRequest::default())
+        .await
+        .context("list nodes")?
+        .into_inner()
+        .nodes;
+    let bundles = admin
+        .list_bundles(pb::ListBundlesRequest::default())
+        .await
+        .context("list bundles")?
+        .into_inner()
+        .bundles;
+    let mut pass = sync_nodes(kube, admin, &nodes).await?;
+    let b = sync_bundles(kube, &bundles).await?;
+    pass.created += b.created;
+    pass.updated += b.updated;
+    pass.deleted += b.deleted;
+    Ok(pass)
+}
+
+fn managed() -> ListParams {
+    ListParams::default().labels(&format!("{MANAGED_BY}={ME}"))
+}
+
+fn meta(name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        labels: Some(BTreeMap::from([(MANAGED_BY.to_string(), ME.to_string())])),
+        ..Default::default()
+    }
+}
+
+async fn sync_nodes(kube: &kube::Client, admin: &mut Admin, nodes: &[pb::Node]) -> anyhow::Result<Pass> {
+    let api: Api<LksNode> = Api::all(kube.clone());
+    let mut have: HashMap<String, LksNode> = api
+        .list(&managed())
+        .await
+        .context("list LksNodes")?
+        .items
+        .into_iter()
+        .filter_map(|o| Some((o.metadata.name.clone()?, o)))
+        .collect();
+    let mut pass = Pass::default();
+    for n in nodes {
+        let name = mirror::object_name(&n.name);
+        let obj = match have.remove(&name) {
+            Some(o) => o,
+            None => {
+                let hold = n.held.then(|| Hold {
+                    reason: n.hold_reason.clone(),
+                });
+                let o = LksNode {
+                    metadata: meta(&name),
+                    spec: LksNodeSpec { hold },
+                    status: None,
+                };
+                pass.created += 1;
+                api.create(&PostParams::default(), &o)
+                    .await
+                    .with_context(|| format!("create LksNode {name}"))?
+            }
+        };
+        pass.holds += converge_hold(admin, n, obj.spec.hold.as_ref()).await?;
+        let status = mirror::node_status(n);
+        if obj.status.as_ref() != Some(&status) {
+            let patch = serde_json::json!({ "status": status });
+            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .with_context(|| format!("write LksNode {name} status"))?;
+            pass.updated += 1;
+        }
+    }
+    for name in have.into_keys() {
+        api.delete(&name, &DeleteParams::default())
+            .await
+            .with_context(|| format!("delete LksNode {name}"))?;
+        pass.deleted += 1;
+    }
+    Ok(pass)
+}
+
+/// Holds or releases the node as its spec says; 1 if it changed anything.
+async fn converge_hold(admin: &mut Admin, n: &pb::Node, want: Option<&Hold>) -> anyhow::Result<usize> {
+    match want {
+        Some(h) if !n.held || n.hold_reason != h.reason => {
+            admin
+                .hold_node(pb::HoldNodeRequest {
+                    name: n.name.clone(),
+                    reason: h.reason.clone(),
+                })
+                .await
+                .with_context(|| format!("hold node {}", n.name))?;
+            Ok(1)
+        }
+        None if n.held => {
+            admin
+                .unhold_node(pb::UnholdNodeRequest { name: n.name.clone() })
+                .await
+                .with_context(|| format!("release node {}", n.name))?;
+            Ok(1)
+        }
+        _ => Ok(0),
+    }
+}
+
+async fn sync_bundles(kube: &kube::Client, bundles: &[pb::BundleInfo]) -> anyhow::Result<Pass> {
+    let api: Api<LksBundleVersion> = Api::all(kube.clone());
+    let mut have: HashMap<String, LksBundleVersion> = api
+        .list(&managed())
+        .await
+        .context("list LksBundleVersions")?
+        .items
+        .into_iter()
+        .filter_map(|o| Some((o.metadata.name.clone()?, o)))
+        .collect();
+    let mut pass = Pass::default();
+    for b in bundles {
+        let name = mirror::bundle_version_name(b);
+        let spec = mirror::bundle_spec(b);
+        match have.remove(&name) {
+            Some(o) if o.spec == spec => {}
+            Some(_) => {
+                let patch = serde_json::json!({ "spec": spec });
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .with_context(|| format!("write LksBundleVersion {name}"))?;
+                pass.updated += 1;
+            }
+            None => {
+                let o = LksBundleVersion {
+                    metadata: meta(&name),
+                    spec,
+                };
+                api.create(&PostParams::default(), &o)
+                    .await
+                    .with_context(|| format!("create LksBundleVersion {name}"))?;
+                pass.created += 1;
+            }
+        }
+    }
+    for name in have.into_keys() {
+        api.delete(&name, &DeleteParams::default())
+            .await
+            .with_context(|| format!("delete LksBundleVersion {name}"))?;
+        pass.deleted += 1;
+    }
+    Ok(pass)
+}
