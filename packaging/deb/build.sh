@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the Debian packages of lksadmin into target/debian/:
 #   lksadmin-agent_<version>_<arch>.deb       agent, its unit, /etc/lksadmin/agent.toml
-#   lks-control-server_<version>_<arch>.deb   server, lksctl, its unit, /etc/default file
+#   lks-control-server_<version>_<arch>.deb   server, lksctl, lks-kube-controller, its unit, /etc/default file
 #
 #   packaging/deb/build.sh [--no-lint] [--profile release|dev]
 #
@@ -83,7 +83,7 @@ fi
 # package name -> the binaries it ships
 declare -A bins=(
   [lksadmin-agent]="lksadmin-agent"
-  [lks-control-server]="lks-control-server lksctl"
+  [lks-control-server]="lks-control-server lksctl lks-kube-controller"
 )
 packages=(lksadmin-agent lks-control-server)
 
@@ -96,9 +96,11 @@ fi
 declare -A pkg_profile=([lksadmin-agent]=dev [lks-control-server]=dev)
 [ "$profile" = dev ] || pkg_profile=([lksadmin-agent]=agent [lks-control-server]=release)
 
-# binary -> the cargo package that builds it (lksctl is a crate of its own,
-# packed into the server's package)
-declare -A bin_crate=([lksadmin-agent]=lksadmin-agent [lks-control-server]=lks-control-server [lksctl]=lksctl)
+# binary -> the cargo package that builds it (lksctl and lks-kube-controller
+# are crates of their own, packed into the server's package: the image in
+# kube0 runs either)
+declare -A bin_crate=([lksadmin-agent]=lksadmin-agent [lks-control-server]=lks-control-server [lksctl]=lksctl
+  [lks-kube-controller]=lks-kube-controller)
 
 for pkg in "${packages[@]}"; do
   build_args=(build --profile "${pkg_profile[$pkg]}")
