@@ -155,8 +155,6 @@ impl<V> Slot<V> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
-
     use std::sync::atomic::{AtomicU32, Ordering};
 
     use super::*;

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::Parser;
 use lks_control_server::blobs::{BlobChoice, S3Config, s3};
 use lks_control_server::migrate::MigrateConfig;
@@ -15,6 +16,7 @@ use lks_control_server::server::{StoreChoice, raise_nofile_limit};
 use lks_control_server::store::EtcdConfig;
 use lks_control_server::{Config, run};
 use lks_proto::duration::parse_duration;
+use lks_proto::report::one_line;
 use tokio_util::sync::CancellationToken;
 
 /// lksadmin control server: enrols nodes, stores bundles, drives rollouts.
@@ -302,8 +304,7 @@ fn store_choice(store: StoreKind, etcd: &EtcdFlags) -> anyhow::Result<StoreChoic
             etcd.etcd_prefix
         );
     }
-    let read =
-        |p: &PathBuf| std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("read {}: {e}", p.display()));
+    let read = |p: &PathBuf| std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()));
     let ca_pem = etcd.etcd_cacert.as_ref().map(read).transpose()?;
     let client_cert_pem = match (&etcd.etcd_cert, &etcd.etcd_key) {
         (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
@@ -327,14 +328,14 @@ async fn migrate(args: MigrateArgs) -> ExitCode {
         Ok(StoreChoice::Etcd(e)) => e,
         Ok(StoreChoice::Sqlite) => return ExitCode::from(2),
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", one_line(&*e));
             return ExitCode::from(2);
         }
     };
     let blob_store = match blob_choice(&args.blobs) {
         Ok(b) => b,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", one_line(&*e));
             return ExitCode::from(2);
         }
     };
@@ -405,14 +406,14 @@ async fn main() -> ExitCode {
     let store = match store_choice(args.store, &args.etcd) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", one_line(&*e));
             return ExitCode::from(2);
         }
     };
     let blob_store = match blob_choice(&args.blobs) {
         Ok(b) => b,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", one_line(&*e));
             return ExitCode::from(2);
         }
     };

@@ -136,8 +136,6 @@ pub async fn run(peers: Arc<PeerCache>, store: Arc<dyn Store>, hub: Arc<Hub>, ca
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
-
     use super::*;
     use crate::store::ClusterStore;
     use crate::store::{EventRow, NewCluster, SqliteStore};

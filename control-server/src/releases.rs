@@ -231,8 +231,6 @@ pub async fn run(cache: Arc<ReleaseCache>, store: Arc<dyn Store>, hub: Arc<Hub>,
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
-
     use std::collections::BTreeMap;
 
     use lks_proto::release::{Release, ReleasedBundle, SignedRelease};

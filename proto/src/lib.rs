@@ -17,8 +17,8 @@
 //! generated types in one file only (`convert`). What lives here itself is
 //! shared by more than one binary but is neither: backoff, TLS
 //! configuration, node identities and tokens,
-//! durable writes, `admin.conf`, and the answer to malformed requests
-//! ([`wire`]).
+//! durable writes, `admin.conf`, errors as one line ([`report`]), and the
+//! answer to malformed requests ([`wire`]).
 
 #![forbid(unsafe_code)]
 
@@ -27,6 +27,7 @@ pub mod backoff;
 pub mod fsutil;
 pub mod identity;
 pub mod labels;
+pub mod report;
 pub mod tls;
 pub mod token;
 #[cfg(feature = "windows")]

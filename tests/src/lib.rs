@@ -7,6 +7,9 @@
 //! suite. `LKS_BIN_DIR` overrides the location.
 
 #![forbid(unsafe_code)]
+// Test code: a harness step that fails panics with what it was doing, and
+// the test that called it fails there.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

@@ -2,6 +2,10 @@
 //! modes, steps with their environment, a health-gated rollback to the exact
 //! previous files, and drift repaired by self-heal.
 
+// Test code: a helper that fails panics with what it was doing, as a
+// #[test] does (clippy.toml allows that only inside #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use lks_e2e::agent::{Agent, BundleFile, node_events, publish_and_roll_out, wait_node_bundle, write_bundle};
 use lks_e2e::server::Server;
 use lks_e2e::wait_until;

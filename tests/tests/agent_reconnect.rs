@@ -2,6 +2,10 @@
 //! an agent restart and after a server restart, reports its state again, and
 //! keeps enforcing its last desired state while the server is down.
 
+// Test code: a helper that fails panics with what it was doing, as a
+// #[test] does (clippy.toml allows that only inside #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use lks_e2e::agent::{
     Agent, BundleFile, node_connected, publish_and_roll_out, wait_node_bundle, write_bundle,
 };

@@ -3,6 +3,10 @@
 //! `failed` with the reason and when it tries again), and `lksctl node
 //! retry` makes the node try at once. Bad requests are one error line.
 
+// Test code: a helper that fails panics with what it was doing, as a
+// #[test] does (clippy.toml allows that only inside #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::{Duration, Instant};
 
 use lks_e2e::agent::{BundleFile, CONVERGE, node_bundle, node_events, wait_node_bundle, write_bundle};

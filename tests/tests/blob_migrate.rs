@@ -13,6 +13,10 @@
 //! `--etcd-max-blob-size` refuses a migration into etcd, naming the file,
 //! but not one into a bucket, where that limit plays no part.
 
+// Test code: a helper that fails panics with what it was doing, as a
+// #[test] does (clippy.toml allows that only inside #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::Command;
 
 use lks_e2e::agent::{Agent, BundleFile, wait_node_bundle, write_bundle};

@@ -5,6 +5,10 @@
 //! buttons, the node page of a failed bundle and the unreachable banner.
 //! Screenshots of each page go to `target/console-screenshots/`.
 
+// Test code: a helper that fails panics with what it was doing, as a
+// #[test] does (clippy.toml allows that only inside #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 

@@ -8,6 +8,10 @@
 //! replica is a server started on a copy of the first one's data dir (same
 //! CA, same nodes), which stands in for a replica sharing the store.
 
+// Test code: a helper that fails panics with what it was doing, as a
+// #[test] does (clippy.toml allows that only inside #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

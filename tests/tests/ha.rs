@@ -14,6 +14,10 @@
 //! - A replica that stops and comes back empty gets its share of 24
 //!   agents back from the others, who ask a few at a time to move to it.
 
+// Test code: a helper that fails panics with what it was doing, as a
+// #[test] does (clippy.toml allows that only inside #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use lks_e2e::agent::{Agent, BundleFile, CONVERGE, write_bundle};

@@ -9,6 +9,10 @@
 //! - a node deleted on the server loses its LksNode; killed, the leading
 //!   copy is replaced by the other, which goes on mirroring.
 
+// Test code: a helper that fails panics with what it was doing, as a
+// #[test] does (clippy.toml allows that only inside #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::Command;
 use std::time::Duration;
 

@@ -7,6 +7,10 @@
 //! Node objects and pod status are written by the tests' simulated
 //! kubelet; there is no kubelet here.
 
+// Test code: a helper that fails panics with what it was doing, as a
+// #[test] does (clippy.toml allows that only inside #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use lks_e2e::agent::{Agent, BundleFile, CONVERGE, write_bundle};

@@ -2,6 +2,10 @@
 //! real server restarted under them (SIGTERM, then SIGKILL), every agent
 //! back with its desired state and no auth error.
 
+// Test code: a helper that fails panics with what it was doing, as a
+// #[test] does (clippy.toml allows that only inside #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::Command;
 
 use lks_e2e::{bin, free_addr, ok_stdout, run};

@@ -7,6 +7,10 @@
 //! line; an agent without the `multi-arch` feature is refused at its turn;
 //! and a node may fetch only the blobs of its own architecture.
 
+// Test code: a helper that fails panics with what it was doing, as a
+// #[test] does (clippy.toml allows that only inside #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 
 use lks_e2e::agent::{Agent, CONVERGE};

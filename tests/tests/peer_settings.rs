@@ -2,6 +2,10 @@
 //! control server, what `cluster get`/`list` show, the refusals, and the
 //! settings reaching a connected agent in its desired state.
 
+// Test code: a helper that fails panics with what it was doing, as a
+// #[test] does (clippy.toml allows that only inside #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use lks_e2e::one_line_error;

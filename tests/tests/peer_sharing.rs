@@ -12,6 +12,10 @@
 //! The same in network namespaces behind a rate-limited link, with the
 //! benchmark, is `bash scripts/bench.sh --only swarm` (BENCHMARKS.md).
 
+// Test code: a helper that fails panics with what it was doing, as a
+// #[test] does (clippy.toml allows that only inside #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::net::SocketAddr;
 use std::time::Duration;
 

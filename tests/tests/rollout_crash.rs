@@ -3,6 +3,10 @@
 //! applies the version twice, none is skipped, and the batch limit holds
 //! across the crash — measured from the agents' step timestamps.
 
+// Test code: a helper that fails panics with what it was doing, as a
+// #[test] does (clippy.toml allows that only inside #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use lks_e2e::agent::BundleFile;
 use lks_e2e::rollout::{Fleet, max_concurrency, rollout_events, starts_per_node, wait_runs};
 

@@ -3,6 +3,10 @@
 //! is offline past the offline deadline (`--offline wait`) counts as failed and is left on its
 //! old version.
 
+// Test code: a helper that fails panics with what it was doing, as a
+// #[test] does (clippy.toml allows that only inside #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use lks_e2e::agent::{BundleFile, CONVERGE};
 use lks_e2e::rollout::{Fleet, first_line, rollout_events, starts_per_node};
 use lks_e2e::{one_line_error, wait_until};

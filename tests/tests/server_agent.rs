@@ -2,6 +2,10 @@
 //! desired state pushed over `Connect`, status reports feeding rollouts and
 //! `node list`, and `FetchBlob` authorisation.
 
+// Test code: a helper that fails panics with what it was doing, as a
+// #[test] does (clippy.toml allows that only inside #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use lks_e2e::server::{Server, TestNode, bundle_ids, channel, next_desired, node_json, status_msg};

@@ -1,6 +1,10 @@
 //! The control server as a process: first start, restarts (graceful and
 //! kill -9), its identity and files, health, reflection and metrics.
 
+// Test code: a helper that fails panics with what it was doing, as a
+// #[test] does (clippy.toml allows that only inside #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::time::Duration;

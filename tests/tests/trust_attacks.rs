@@ -23,6 +23,10 @@
 //! a summary, also as a `HOSTILE trust-attacks: …` line, and the test
 //! fails, after all have run, if any was accepted.
 
+// Test code: a helper that fails panics with what it was doing, as a
+// #[test] does (clippy.toml allows that only inside #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::{Duration, Instant};
 
 use lks_e2e::agent::Agent;

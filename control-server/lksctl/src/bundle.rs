@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, anyhow};
+use anyhow::Context;
 use lks_proto::duration::format_duration;
 use lks_proto::names::parse_bundle_ref;
 use lks_proto::pb;
@@ -15,7 +15,7 @@ use crate::output::{self, table};
 
 /// Fetches `NAME@VERSION`.
 pub async fn get(c: &mut Client, url: &str, reference: &str) -> anyhow::Result<pb::Bundle> {
-    let (name, version) = parse_bundle_ref(reference).map_err(|e| anyhow!("{e}"))?;
+    let (name, version) = parse_bundle_ref(reference)?;
     c.get_bundle(pb::GetBundleRequest { name, version })
         .await
         .map_err(|s| status(url, s))
@@ -25,7 +25,7 @@ pub async fn get(c: &mut Client, url: &str, reference: &str) -> anyhow::Result<p
 
 /// `bundle delete NAME@VERSION`.
 pub async fn delete(c: &mut Client, url: &str, reference: &str) -> anyhow::Result<pb::DeleteBundleResponse> {
-    let (name, version) = parse_bundle_ref(reference).map_err(|e| anyhow!("{e}"))?;
+    let (name, version) = parse_bundle_ref(reference)?;
     c.delete_bundle(pb::GetBundleRequest { name, version })
         .await
         .map_err(|s| status(url, s))

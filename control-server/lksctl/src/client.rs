@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, anyhow};
 use lks_proto::adminconf::AdminConfFile;
 use lks_proto::pb::admin_service_client::AdminServiceClient;
+use lks_proto::report::one_line;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -31,10 +32,9 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// returns the client and that server's URL.
 pub async fn connect(config: &Path) -> anyhow::Result<(Client, String)> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let file = AdminConfFile::load(config).map_err(|e| anyhow!("{e}")).with_context(|| {
-        "load lksctl config (give --config FILE or set LKSCTL_CONFIG; the server writes admin.conf in its data dir)"
-            .to_string()
-    })?;
+    let file = AdminConfFile::load(config).context(
+        "load lksctl config (give --config FILE or set LKSCTL_CONFIG; the server writes admin.conf in its data dir)",
+    )?;
     let conf = &file.conf;
     let tls = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(&conf.ca_cert))
@@ -44,9 +44,9 @@ pub async fn connect(config: &Path) -> anyhow::Result<(Client, String)> {
     let mut endpoints = Vec::new();
     for url in file.endpoints() {
         let ep = Channel::from_shared(url.clone())
-            .map_err(|e| anyhow!("{}: invalid server URL {url:?}: {e}", config.display()))?
+            .with_context(|| format!("{}: invalid server URL {url:?}", config.display()))?
             .tls_config(tls.clone())
-            .map_err(|e| anyhow!("configure TLS from {}: {}", config.display(), chain(&e)))?
+            .with_context(|| format!("configure TLS from {}", config.display()))?
             .connect_timeout(CONNECT_TIMEOUT);
         endpoints.push((url, ep));
     }
@@ -63,7 +63,7 @@ pub async fn connect(config: &Path) -> anyhow::Result<(Client, String)> {
                 ));
             }
             Err(reason) => {
-                last = anyhow!("cannot reach control server at {url}: {reason}");
+                last = anyhow::Error::new(reason).context(format!("cannot reach control server at {url}"));
                 tried.push(url);
             }
         }
@@ -85,7 +85,7 @@ enum ReachError {
     #[error("no TLS handshake within {HANDSHAKE_TIMEOUT:?} (the server accepts no connections)")]
     Handshake,
     /// The connection failed (the error and its sources, on one line).
-    #[error("{}", chain(.0))]
+    #[error("{}", one_line(.0))]
     Connect(tonic::transport::Error),
     #[error("no health answer within {PROBE_TIMEOUT:?}")]
     NoHealthAnswer,
@@ -127,20 +127,6 @@ async fn reach(ep: &Endpoint, probe: bool) -> Result<Channel, ReachError> {
     }
 }
 
-/// An error and all its sources on one line.
-pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts = vec![e.to_string()];
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        let t = s.to_string();
-        if !parts.iter().any(|p| p.contains(&t)) {
-            parts.push(t);
-        }
-        cur = s.source();
-    }
-    parts.join(": ")
-}
-
 /// A failed admin call: the message `status` made, and the gRPC code, so a
 /// caller (the console) can tell an unreachable server from a refusal.
 #[derive(Debug)]
@@ -169,7 +155,7 @@ pub fn status(url: &str, st: tonic::Status) -> anyhow::Error {
             format!("control server at {url}: {msg}")
         }
         Code::Unavailable => {
-            let detail = std::error::Error::source(&st).map(chain).unwrap_or_default();
+            let detail = std::error::Error::source(&st).map(one_line).unwrap_or_default();
             let detail = if detail.is_empty() {
                 msg
             } else {

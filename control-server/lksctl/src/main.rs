@@ -31,7 +31,7 @@ mod rollout;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use lks_proto::SignedBundle;
 use lks_proto::authoring::load_bundle_dir;
@@ -39,6 +39,7 @@ use lks_proto::duration::parse_duration;
 use lks_proto::labels::{Labels, parse_labels};
 use lks_proto::names::{parse_bundle_ref, validate_cluster_name, validate_node_name};
 use lks_proto::pb::{self, publish_bundle_request::Msg as PublishMsg};
+use lks_proto::report::one_line;
 use lks_proto::sign::SigningKey;
 use tokio::io::AsyncReadExt;
 
@@ -300,7 +301,7 @@ fn main() -> std::process::ExitCode {
     match rt.block_on(run(cli)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            eprintln!("error: {}", one_line(&*e).replace('\n', " "));
             std::process::ExitCode::FAILURE
         }
     }
@@ -334,7 +335,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 fn keygen(out: &Path) -> anyhow::Result<()> {
     let (k, p) = SigningKey::generate()
         .write_pair(out)
-        .map_err(|e| anyhow!("{e}"))
         .context("write publisher key pair")?;
     outln!(
         "wrote {} (private, keep it secret) and {}",
@@ -345,7 +345,7 @@ fn keygen(out: &Path) -> anyhow::Result<()> {
 }
 
 fn labels(flag: &str, s: &str) -> anyhow::Result<Labels> {
-    parse_labels(s).map_err(|e| anyhow!("{flag}: {e}"))
+    parse_labels(s).with_context(|| flag.to_string())
 }
 
 /// The CA PEM the user-data hands to curl must be the CA the join line pins:
@@ -367,13 +367,13 @@ fn precheck(cmd: &Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Cluster { cmd } => {
             if let Some(name) = cmd.name() {
-                validate_cluster_name(name).map_err(|e| anyhow!("{e}"))?;
+                validate_cluster_name(name)?;
             }
             if let cluster::ClusterCmd::Set {
                 maintenance_window, ..
             } = cmd
             {
-                windows::parse_all(maintenance_window).map_err(|e| anyhow!("--maintenance-window: {e}"))?;
+                windows::parse_all(maintenance_window).context("--maintenance-window")?;
             }
             cmd.check()
         }
@@ -382,7 +382,7 @@ fn precheck(cmd: &Cmd) -> anyhow::Result<()> {
                 cluster, labels: l, ..
             },
         } => {
-            validate_cluster_name(cluster).map_err(|e| anyhow!("--cluster: {e}"))?;
+            validate_cluster_name(cluster).context("--cluster")?;
             labels("--labels", l).map(|_| ())
         }
         Cmd::Rollout {
@@ -396,7 +396,7 @@ fn precheck(cmd: &Cmd) -> anyhow::Result<()> {
         } => rollout::check_start(cluster, bundle, selector),
         Cmd::Bundle {
             cmd: BundleCmd::Get { bundle, .. } | BundleCmd::Delete { bundle, .. },
-        } => parse_bundle_ref(bundle).map(|_| ()).map_err(|e| anyhow!("{e}")),
+        } => parse_bundle_ref(bundle).map(|_| ()).map_err(anyhow::Error::from),
         Cmd::Node {
             cmd:
                 NodeCmd::Get { name, .. }
@@ -404,7 +404,7 @@ fn precheck(cmd: &Cmd) -> anyhow::Result<()> {
                 | NodeCmd::Hold { name, .. }
                 | NodeCmd::Retry { name, .. }
                 | NodeCmd::Unhold { name },
-        } => validate_node_name(name).map_err(|e| anyhow!("{e}")),
+        } => validate_node_name(name).map_err(anyhow::Error::from),
         Cmd::Release { cmd } => cmd.check(),
         Cmd::Root { cmd } => cmd.check(),
         _ => Ok(()),
@@ -446,7 +446,7 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
             let mut trust_keys: Vec<String> = Vec::new();
             for p in &trust_key {
                 let pem = lks_proto::sign::PublisherKey::from_file(p)
-                    .map_err(|e| anyhow!("--trust-key: {e}"))?
+                    .context("--trust-key")?
                     .to_pem();
                 if !trust_keys.contains(&pem) {
                     trust_keys.push(pem);
@@ -683,8 +683,8 @@ async fn publish(c: &mut Client, url: &str, dir: &Path, sign_key: Option<&Path>)
     let handle = tokio::runtime::Handle::current();
     let bundle_dir = dir.to_path_buf();
     let authored = tokio::task::spawn_blocking(move || {
-        let mut sizer = mirror::MirrorSizer::new(handle).map_err(|e| anyhow!("{e}"))?;
-        load_bundle_dir(&bundle_dir, &mut sizer).map_err(|e| anyhow!("{e}"))
+        let mut sizer = mirror::MirrorSizer::new(handle).map_err(anyhow::Error::from)?;
+        load_bundle_dir(&bundle_dir, &mut sizer).map_err(anyhow::Error::from)
     })
     .await
     .context("load bundle")?
@@ -692,7 +692,6 @@ async fn publish(c: &mut Client, url: &str, dir: &Path, sign_key: Option<&Path>)
     let key = sign_key
         .map(SigningKey::from_file)
         .transpose()
-        .map_err(|e| anyhow!("{e}"))
         .context("load signing key")?;
     let manifest = authored.manifest.clone();
     let id = manifest.id();
@@ -748,7 +747,7 @@ async fn publish(c: &mut Client, url: &str, dir: &Path, sign_key: Option<&Path>)
     let result = c
         .publish_bundle(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await;
-    let read = reader.await.map_err(|e| anyhow!("upload task: {e}"))?;
+    let read = reader.await.context("upload task")?;
     let r = match result {
         Ok(r) => r.into_inner(),
         Err(s) => {

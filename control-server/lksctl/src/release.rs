@@ -17,7 +17,7 @@ mod file;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, bail};
 use clap::Subcommand;
 use lks_proto::SignedBundle;
 use lks_proto::canonical::manifest_digest;
@@ -174,12 +174,12 @@ impl ReleaseCmd {
                 version,
                 ..
             } => {
-                validate_cluster_name(cluster).map_err(|e| anyhow!("--cluster: {e}"))?;
+                validate_cluster_name(cluster).context("--cluster")?;
                 for b in bundles {
-                    parse_bundle_ref(b).map_err(|e| anyhow!("--bundle: {e}"))?;
+                    parse_bundle_ref(b).context("--bundle")?;
                 }
                 for d in drops {
-                    validate_bundle_name(d).map_err(|e| anyhow!("--drop: {e}"))?;
+                    validate_bundle_name(d).context("--drop")?;
                 }
                 if *version == Some(0) {
                     bail!("--version: versions start at 1");
@@ -187,7 +187,7 @@ impl ReleaseCmd {
                 Ok(())
             }
             ReleaseCmd::Resign { cluster, .. } | ReleaseCmd::Show { cluster, .. } => {
-                validate_cluster_name(cluster).map_err(|e| anyhow!("--cluster: {e}"))
+                validate_cluster_name(cluster).context("--cluster")
             }
             ReleaseCmd::Check { threshold: 0, .. } => bail!("--threshold must be at least 1"),
             _ => Ok(()),
@@ -205,7 +205,7 @@ impl RootCmd {
                 expires,
                 ..
             } => {
-                validate_cluster_name(cluster).map_err(|e| anyhow!("--cluster: {e}"))?;
+                validate_cluster_name(cluster).context("--cluster")?;
                 if *threshold == 0 {
                     bail!("--threshold must be at least 1");
                 }
@@ -214,9 +214,7 @@ impl RootCmd {
                 }
                 root_expiry(expires, 0).map(|_| ())
             }
-            RootCmd::Show { cluster, .. } => {
-                validate_cluster_name(cluster).map_err(|e| anyhow!("--cluster: {e}"))
-            }
+            RootCmd::Show { cluster, .. } => validate_cluster_name(cluster).context("--cluster"),
             _ => Ok(()),
         }
     }
@@ -227,7 +225,7 @@ fn root_expiry(v: &str, now: i64) -> anyhow::Result<i64> {
     if v == "never" {
         return Ok(TrustRoot::NEVER_EXPIRES);
     }
-    let d = parse_duration(v).map_err(|e| anyhow!("--expires: {e} (or \"never\")"))?;
+    let d = parse_duration(v).context("--expires (\"never\" or a duration)")?;
     Ok(now.saturating_add(ms(d)))
 }
 
@@ -238,14 +236,14 @@ fn ms(d: Duration) -> i64 {
 fn load_keys(paths: &[PathBuf]) -> anyhow::Result<Vec<SigningKey>> {
     paths
         .iter()
-        .map(|p| SigningKey::from_file(p).map_err(|e| anyhow!("--key: {e}")))
+        .map(|p| SigningKey::from_file(p).context("--key"))
         .collect()
 }
 
 fn load_public(paths: &[PathBuf]) -> anyhow::Result<Vec<PublisherKey>> {
     paths
         .iter()
-        .map(|p| PublisherKey::from_file(p).map_err(|e| anyhow!("--trust-key: {e}")))
+        .map(|p| PublisherKey::from_file(p).context("--trust-key"))
         .collect()
 }
 
@@ -274,12 +272,11 @@ pub fn run_offline_release(cmd: ReleaseCmd) -> anyhow::Result<()> {
         } => {
             let keys = load_public(&trust_keys)?;
             let s = file::read_release(&file)?;
-            let root =
-                TrustRoot::initial(keys, threshold).map_err(|e| anyhow!("--trust-key/--threshold: {e}"))?;
+            let root = TrustRoot::initial(keys, threshold).context("--trust-key/--threshold")?;
             let mut state = TrustState::new(root);
             let r = state
                 .accept_release(&s, &s.release.channel, now_ms())
-                .map_err(|e| anyhow!("{}: {e}", file.display()))?;
+                .with_context(|| file.display().to_string())?;
             outln!(
                 "{}: a node trusting these keys accepts {} ({} bundles, expires {})",
                 file.display(),
@@ -378,7 +375,7 @@ async fn newest(c: &mut Client, url: &str, cluster: &str) -> anyhow::Result<Opti
         .next()
         .and_then(|i| i.release)
         .map(|m| {
-            SignedRelease::try_from(m).map_err(|e| anyhow!("the server's newest release of {cluster}: {e}"))
+            SignedRelease::try_from(m).with_context(|| format!("the server's newest release of {cluster}"))
         })
         .transpose()
 }
@@ -392,7 +389,7 @@ async fn released_bundle(
 ) -> anyhow::Result<ReleasedBundle> {
     let b = crate::bundle::get(c, url, &format!("{name}@{version}")).await?;
     let sb = SignedBundle::try_from(b.bundle.unwrap_or_default())
-        .map_err(|e| anyhow!("bundle {name}@{version} as the server returned it: {e}"))?;
+        .with_context(|| format!("bundle {name}@{version} as the server returned it"))?;
     Ok(ReleasedBundle {
         version: version.into(),
         manifest_digest: manifest_digest(&sb.manifest),
@@ -427,7 +424,7 @@ pub async fn run_release(c: &mut Client, url: &str, cmd: ReleaseCmd) -> anyhow::
                 }
             }
             for b in &bundles {
-                let (name, v) = parse_bundle_ref(b).map_err(|e| anyhow!("--bundle: {e}"))?;
+                let (name, v) = parse_bundle_ref(b).context("--bundle")?;
                 let rb = released_bundle(c, url, &name, &v).await?;
                 set.insert(name, rb);
             }
@@ -440,7 +437,7 @@ pub async fn run_release(c: &mut Client, url: &str, cmd: ReleaseCmd) -> anyhow::
                 expires_at_ms: now_ms().saturating_add(ms(expires)),
                 bundles: set,
             };
-            release.validate().map_err(|e| anyhow!("{e}"))?;
+            release.validate()?;
             let refs: Vec<&SigningKey> = keys.iter().collect();
             let signed = SignedRelease::sign(release, &refs);
             if let Some(out) = &out {
@@ -559,8 +556,7 @@ pub async fn run_root(c: &mut Client, url: &str, cmd: RootCmd) -> anyhow::Result
                     have + 1
                 );
             }
-            let mut root = TrustRoot::initial(new_keys, threshold)
-                .map_err(|e| anyhow!("--trust-key/--threshold: {e}"))?;
+            let mut root = TrustRoot::initial(new_keys, threshold).context("--trust-key/--threshold")?;
             root.version = version;
             root.expires_at_ms = root_expiry(&expires, now_ms())?;
             let refs: Vec<&SigningKey> = signing.iter().collect();

@@ -323,15 +323,15 @@ fn secs(flag: &str, d: Option<Duration>) -> anyhow::Result<u64> {
 
 /// Checks what `rollout start` can check before dialling.
 pub fn check_start(cluster: &str, bundle: &str, selector: &str) -> anyhow::Result<()> {
-    validate_cluster_name(cluster).map_err(|e| anyhow!("--cluster: {e}"))?;
-    parse_bundle_ref(bundle).map_err(|e| anyhow!("--bundle: {e}"))?;
+    validate_cluster_name(cluster).context("--cluster")?;
+    parse_bundle_ref(bundle).context("--bundle")?;
     labels("--selector", selector).map(|_| ())
 }
 
 /// `rollout start` (the CLI and the console): checks, then starts.
 pub async fn start(c: &mut Client, url: &str, s: &Start<'_>) -> anyhow::Result<pb::Rollout> {
     check_start(s.cluster, s.bundle, s.selector)?;
-    let (name, version) = parse_bundle_ref(s.bundle).map_err(|e| anyhow!("--bundle: {e}"))?;
+    let (name, version) = parse_bundle_ref(s.bundle).context("--bundle")?;
     let offline_deadline_seconds = match s.offline_deadline {
         None => 0,
         Some(d) if d.as_secs() == 0 => bail!("--offline-deadline must be at least 1s"),

@@ -204,7 +204,7 @@ fn main() {
         }
     };
     if let Err(e) = rt.block_on(run(args)) {
-        eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+        eprintln!("error: {}", lks_proto::report::one_line(&*e).replace('\n', " "));
         std::process::exit(1);
     }
 }
@@ -348,7 +348,7 @@ async fn against_server(args: &Args, sig: &mut Signals) -> Result<Report> {
         }
         None
     };
-    let conf = AdminConf::load(&args.config).map_err(|e| anyhow!("read admin.conf: {e}"))?;
+    let conf = AdminConf::load(&args.config).context("read admin.conf")?;
     let mut admin = AdminServiceClient::new(admin_channel(&conf, server.is_some()).await?);
     let mut tokens = Vec::new();
     for cluster in cluster_names(args) {

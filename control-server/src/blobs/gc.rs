@@ -202,7 +202,7 @@ pub async fn sweep_local(
     let local = blobs.local.clone();
     let old = tokio::task::spawn_blocking(move || local.list_older_than(grace))
         .await
-        .map_err(|e| BlobError::Meta(StoreError::Backend(e.to_string())))??;
+        .map_err(|e| BlobError::Meta(StoreError::backend_source(e)))??;
     let mut bytes = 0;
     for b in old {
         if referenced.contains(&b.digest) || keep.contains(&b.digest) {

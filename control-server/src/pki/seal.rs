@@ -157,6 +157,7 @@ impl SealKey {
         }
         // Infallible: AES_256_GCM takes exactly a 32-byte key, and the type
         // says that is what we have.
+        #[allow(clippy::expect_used)]
         let unbound = UnboundKey::new(&AES_256_GCM, key).expect("a 32-byte AES-256-GCM key");
         SealKey {
             key: LessSafeKey::new(unbound),

@@ -3,8 +3,6 @@
 //! against an in-memory database, the etcd store against a throwaway etcd.
 //! The cases are grouped by aggregate in `conformance/`.
 
-#![allow(clippy::unwrap_used)]
-
 use lks_proto::labels::Labels;
 use lks_proto::{BundleState, Digest, FileSpec, Manifest, SignedBundle};
 

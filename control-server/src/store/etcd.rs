@@ -173,7 +173,7 @@ fn unavailable(e: etcd_client::Error) -> StoreError {
     if transient {
         StoreError::Unavailable(format!("etcd: {e}"))
     } else {
-        StoreError::Backend(format!("etcd: {e}"))
+        StoreError::backend_at("etcd", e)
     }
 }
 
@@ -239,8 +239,8 @@ fn node_view(
     }
 }
 
-fn corrupt(key: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(format!("stored document {key} is unreadable: {e}"))
+fn corrupt(key: &str, e: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> StoreError {
+    StoreError::backend_at(format!("stored document {key} is unreadable"), e)
 }
 
 fn busy(what: &str) -> StoreError {
@@ -271,7 +271,7 @@ impl<T> Doc<T> {
 fn read_answers(resp: etcd_client::TxnResponse, wanted: usize) -> Result<Vec<etcd_client::GetResponse>> {
     let answers = resp.op_responses();
     if answers.len() != wanted {
-        return Err(StoreError::Backend(format!(
+        return Err(StoreError::backend(format!(
             "etcd answered {} of {wanted} reads",
             answers.len()
         )));
@@ -280,9 +280,7 @@ fn read_answers(resp: etcd_client::TxnResponse, wanted: usize) -> Result<Vec<etc
         .into_iter()
         .map(|r| match r {
             etcd_client::TxnOpResponse::Get(g) => Ok(g),
-            _ => Err(StoreError::Backend(
-                "etcd answered a read with something else".into(),
-            )),
+            _ => Err(StoreError::backend("etcd answered a read with something else")),
         })
         .collect()
 }
@@ -299,7 +297,7 @@ fn typed<T: DeserializeOwned>(key: &str, d: Option<Doc<serde_json::Value>>) -> R
 }
 
 fn json<T: Serialize>(v: &T) -> Result<Vec<u8>> {
-    serde_json::to_vec(v).map_err(|e| StoreError::Backend(format!("encode: {e}")))
+    serde_json::to_vec(v).map_err(|e| StoreError::backend_at("encode", e))
 }
 
 /// Sleeps a random 1..=2^min(attempt, 7) ms before another try of a
@@ -324,7 +322,7 @@ impl EtcdStore {
     /// server's id for connection state.
     pub async fn connect(cfg: &EtcdConfig, replica: &str) -> Result<Self> {
         if cfg.endpoints.is_empty() {
-            return Err(StoreError::Backend("--etcd-endpoints is empty".into()));
+            return Err(StoreError::backend("--etcd-endpoints is empty"));
         }
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(5))
@@ -527,7 +525,7 @@ impl EtcdStore {
         let mut bundles = Vec::with_capacity(d.bundles.len());
         for (doc, (b, v)) in signed.into_iter().zip(&d.bundles) {
             let Some(doc) = doc else {
-                return Err(StoreError::Backend(format!(
+                return Err(StoreError::backend(format!(
                     "desired bundle {b}@{v} of node {node} is missing"
                 )));
             };
@@ -603,7 +601,7 @@ impl EtcdStore {
                 return Ok(kv.value().to_vec());
             }
         }
-        Err(StoreError::Backend(format!("{key} vanished while it was read")))
+        Err(StoreError::backend(format!("{key} vanished while it was read")))
     }
 
     /// Replaces `rest` if it still has revision `rev`.

@@ -73,8 +73,38 @@ pub enum StoreError {
         name: String,
         why: Unreadable,
     },
+    /// The backend failed in a way the caller cannot fix: what it was
+    /// doing, and the error it got there (kept as the source).
     #[error("store: {0}")]
-    Backend(String),
+    Backend(#[source] BackendError),
+}
+
+/// A [`StoreError::Backend`] failure. Its text is one line: what the
+/// backend was doing and, when an error caused it, that error's text too,
+/// as a user sees it in a status; the error itself stays the source, for
+/// whoever walks the chain.
+#[derive(Debug)]
+pub struct BackendError {
+    what: String,
+    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+impl std::fmt::Display for BackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.source {
+            None => f.write_str(&self.what),
+            Some(e) if self.what.is_empty() => write!(f, "{e}"),
+            Some(e) => write!(f, "{}: {e}", self.what),
+        }
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
 }
 
 /// What kind of record a [`StoreError::NotFound`] is about.
@@ -151,6 +181,33 @@ impl StoreError {
             name: name.into(),
             hint: Some(hint),
         }
+    }
+
+    /// The backend found something broken that no error of its own names
+    /// (a record missing from its own transaction, an unknown state).
+    pub fn backend(what: impl Into<String>) -> Self {
+        StoreError::Backend(BackendError {
+            what: what.into(),
+            source: None,
+        })
+    }
+
+    /// The backend failed `what` (a verb phrase, e.g. "open /var/lib/…")
+    /// with `source`: "store: {what}: {source}".
+    pub fn backend_at(
+        what: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        StoreError::Backend(BackendError {
+            what: what.into(),
+            source: Some(source.into()),
+        })
+    }
+
+    /// The backend's own error, which says what failed by itself:
+    /// "store: {source}".
+    pub fn backend_source(source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
+        StoreError::backend_at(String::new(), source)
     }
 }
 
@@ -230,5 +287,26 @@ mod tests {
         for (e, text) in cases {
             assert_eq!(e.to_string(), text);
         }
+    }
+
+    /// A backend failure reads as before ("store: what: cause") and keeps
+    /// the cause as its source, down to the backend's own error.
+    #[test]
+    fn a_backend_failure_keeps_its_cause() {
+        use std::error::Error as _;
+
+        let io = || std::io::Error::new(std::io::ErrorKind::PermissionDenied, "permission denied");
+        let e = StoreError::backend_at("open /d/lks.db", io());
+        assert_eq!(e.to_string(), "store: open /d/lks.db: permission denied");
+        let cause = e.source().and_then(|b| b.source()).unwrap();
+        assert!(cause.downcast_ref::<std::io::Error>().is_some());
+
+        let e = StoreError::backend_source(io());
+        assert_eq!(e.to_string(), "store: permission denied");
+        assert!(e.source().and_then(|b| b.source()).is_some());
+
+        let e = StoreError::backend("lease poisoned");
+        assert_eq!(e.to_string(), "store: lease poisoned");
+        assert!(e.source().and_then(|b| b.source()).is_none());
     }
 }

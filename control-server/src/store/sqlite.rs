@@ -46,13 +46,13 @@ pub struct SqliteStore {
 
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> Self {
-        StoreError::Backend(e.to_string())
+        StoreError::backend_source(e)
     }
 }
 
 impl From<serde_json::Error> for StoreError {
     fn from(e: serde_json::Error) -> Self {
-        StoreError::Backend(format!("stored JSON: {e}"))
+        StoreError::backend_at("stored JSON", e)
     }
 }
 
@@ -60,7 +60,7 @@ impl SqliteStore {
     /// Opens (creating and migrating) the database at `path`.
     pub fn open(path: &Path) -> Result<Self> {
         let conn = Connection::open(path)
-            .map_err(|e| StoreError::Backend(format!("open {}: {e}", path.display())))?;
+            .map_err(|e| StoreError::backend_at(format!("open {}", path.display()), e))?;
         Self::init(conn)
     }
 
@@ -79,7 +79,7 @@ impl SqliteStore {
         let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
         let version = usize::try_from(version).unwrap_or(0);
         if version > MIGRATIONS.len() {
-            return Err(StoreError::Backend(format!(
+            return Err(StoreError::backend(format!(
                 "database schema version {version} is newer than this server ({}); upgrade lks-control-server",
                 MIGRATIONS.len()
             )));
@@ -104,11 +104,11 @@ impl SqliteStore {
         tokio::task::spawn_blocking(move || {
             let mut c = conn
                 .lock()
-                .map_err(|_| StoreError::Backend("store lock poisoned".into()))?;
+                .map_err(|_| StoreError::backend("store lock poisoned"))?;
             f(&mut c)
         })
         .await
-        .map_err(|e| StoreError::Backend(format!("store task: {e}")))?
+        .map_err(|e| StoreError::backend_at("store task", e))?
     }
 
     /// Runs `f` in a transaction that commits only if `f` succeeds.
@@ -146,7 +146,7 @@ fn next_generation(tx: &Transaction<'_>) -> Result<u64> {
 
 fn state_from_str(s: &str) -> Result<BundleState> {
     s.parse()
-        .map_err(|e: lks_proto::manifest::UnknownBundleState| StoreError::Backend(e.to_string()))
+        .map_err(|e: lks_proto::manifest::UnknownBundleState| StoreError::backend_source(e))
 }
 
 /// Every cluster, by name, with its node count.
@@ -403,7 +403,7 @@ fn read_rollout(c: &Connection, id: &str) -> Result<Option<RolloutRow>> {
     ) in raw
     {
         let state = NodeState::parse(&st)
-            .ok_or_else(|| StoreError::Backend(format!("stored rollout node state {st:?} is unknown")))?;
+            .ok_or_else(|| StoreError::backend(format!("stored rollout node state {st:?} is unknown")))?;
         nodes.push(RolloutNodeRow {
             name,
             previous_version,
@@ -437,7 +437,7 @@ fn read_rollout(c: &Connection, id: &str) -> Result<Option<RolloutRow>> {
         failure_threshold,
         offline_deadline_ms: deadline.max(0) as u64,
         state: RolloutState::parse(&state)
-            .ok_or_else(|| StoreError::Backend(format!("stored rollout state {state:?} is unknown")))?,
+            .ok_or_else(|| StoreError::backend(format!("stored rollout state {state:?} is unknown")))?,
         nodes,
         created_at_ms: created,
         updated_at_ms: updated,

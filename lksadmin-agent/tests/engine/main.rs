@@ -1,6 +1,10 @@
 //! The apply engine against real files in a temp root, with a fake blob
 //! source and real processes (`sh -c` scripts) for steps and health checks.
 
+// Test code: a helper that fails panics with what it was doing, as a
+// #[test] does (clippy.toml allows that only inside #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};

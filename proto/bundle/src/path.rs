@@ -172,7 +172,7 @@ mod tests {
         let long_component = format!("/{}", "a".repeat(256));
         let long_path = format!("/{}", ["a"; 2049].join("/"));
         type Case<'a> = (&'a str, fn(&PathError) -> bool);
-        let cases: Vec<Case> = vec![
+        let cases: Vec<Case<'_>> = vec![
             ("", |e| matches!(e, PathError::Empty)),
             ("etc/passwd", |e| matches!(e, PathError::NotAbsolute(_))),
             ("./etc", |e| matches!(e, PathError::NotAbsolute(_))),

@@ -9,6 +9,10 @@
 //! symlink, revoked certificates, expired and used-up tokens, cross-cluster
 //! blobs) are cited in RELIABILITY.md instead of repeated here.
 
+// Test code: a helper that fails panics with what it was doing, as a
+// #[test] does (clippy.toml allows that only inside #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

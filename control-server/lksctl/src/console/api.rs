@@ -20,11 +20,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, anyhow};
+use anyhow::Context;
 use hyper::StatusCode;
 use lks_proto::labels::selector_matches;
 use lks_proto::names::{validate_cluster_name, validate_node_name};
 use lks_proto::pb;
+use lks_proto::report::one_line;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
@@ -78,7 +79,7 @@ impl ApiError {
 impl From<anyhow::Error> for ApiError {
     fn from(e: anyhow::Error) -> ApiError {
         use tonic::Code;
-        let msg = format!("{e:#}").replace('\n', " ");
+        let msg = one_line(&*e).replace('\n', " ");
         let Some(rpc) = e.chain().find_map(|c| c.downcast_ref::<RpcError>()) else {
             // Checked before dialling, like lksctl's own checks.
             let field = ["cluster", "bundle", "selector"]
@@ -135,7 +136,7 @@ impl Api {
         }
         let c = client::connect(&self.config)
             .await
-            .map_err(|e| ApiError::unreachable(format!("{e:#}").replace('\n', " ")))?;
+            .map_err(|e| ApiError::unreachable(one_line(&*e).replace('\n', " ")))?;
         *conn = Some(c.clone());
         Ok(c)
     }
@@ -193,7 +194,7 @@ impl Api {
                     Ok(json!(r.nodes.iter().map(output::node_json).collect::<Vec<_>>()))
                 }
                 ["nodes", name] => {
-                    validate_node_name(name).map_err(|e| anyhow!("{e}"))?;
+                    validate_node_name(name).map_err(anyhow::Error::from)?;
                     let r = c
                         .get_node(pb::GetNodeRequest {
                             name: name.to_string(),
@@ -277,7 +278,7 @@ impl Api {
                 }
                 ["selector"] => {
                     let cluster = q.get("cluster");
-                    validate_cluster_name(&cluster).map_err(|e| anyhow!("--cluster: {e}"))?;
+                    validate_cluster_name(&cluster).context("--cluster")?;
                     let selector = labels("--selector", &q.get("selector"))?;
                     let r = c
                         .list_nodes(pb::ListNodesRequest {
@@ -434,6 +435,8 @@ fn percent_decode(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use anyhow::anyhow;
+
     use super::*;
 
     #[test]

@@ -38,6 +38,8 @@ pub struct Console {
 impl Console {
     pub fn new(config: PathBuf, local: SocketAddr) -> anyhow::Result<Console> {
         let mut raw = [0u8; 32];
+        // getrandom's error is no `std::error::Error` without its `std`
+        // feature: its text is all there is to keep.
         getrandom::getrandom(&mut raw).map_err(|e| anyhow!("make the console's request token: {e}"))?;
         let token = hex::encode(raw);
         let index = INDEX_HTML.replace(TOKEN_SLOT, &token);

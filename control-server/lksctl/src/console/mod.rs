@@ -18,7 +18,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, anyhow};
+use anyhow::Context;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -38,7 +38,7 @@ const GRACE: Duration = Duration::from_secs(2);
 pub async fn run(config: &Path, listen: SocketAddr, open: bool) -> anyhow::Result<()> {
     // The file is checked now, so a wrong path fails before anything listens;
     // the server itself may be down (the pages say so).
-    AdminConfFile::load(config).map_err(|e| anyhow!("{e}")).context(
+    AdminConfFile::load(config).context(
         "load lksctl config (give --config FILE or set LKSCTL_CONFIG; the server writes admin.conf in its data dir)",
     )?;
     let listener = TcpListener::bind(listen)

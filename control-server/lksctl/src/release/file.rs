@@ -112,12 +112,10 @@ fn check_format(path: &Path, got: &str, want: &str) -> anyhow::Result<()> {
 
 pub fn read_release(path: &Path) -> anyhow::Result<SignedRelease> {
     let bytes = read_bounded(path, MAX_RELEASE_BYTES)?;
-    let f: ReleaseFile = serde_json::from_slice(&bytes).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    let f: ReleaseFile = serde_json::from_slice(&bytes).with_context(|| path.display().to_string())?;
     check_format(path, &f.format, RELEASE_FORMAT)?;
-    f.release
-        .validate()
-        .map_err(|e| anyhow!("{}: {e}", path.display()))?;
-    let signatures = from_file(f.signatures).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    f.release.validate().with_context(|| path.display().to_string())?;
+    let signatures = from_file(f.signatures).with_context(|| path.display().to_string())?;
     Ok(SignedRelease {
         release: f.release,
         signatures,
@@ -136,12 +134,10 @@ pub fn release_json(s: &SignedRelease) -> String {
 
 pub fn read_root(path: &Path) -> anyhow::Result<(String, SignedRoot)> {
     let bytes = read_bounded(path, MAX_ROOT_BYTES)?;
-    let f: RootFile = serde_json::from_slice(&bytes).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    let f: RootFile = serde_json::from_slice(&bytes).with_context(|| path.display().to_string())?;
     check_format(path, &f.format, ROOT_FORMAT)?;
-    f.root
-        .validate()
-        .map_err(|e| anyhow!("{}: {e}", path.display()))?;
-    let signatures = from_file(f.signatures).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    f.root.validate().with_context(|| path.display().to_string())?;
+    let signatures = from_file(f.signatures).with_context(|| path.display().to_string())?;
     Ok((
         f.cluster,
         SignedRoot {
@@ -192,6 +188,7 @@ mod tests {
 
     use lks_proto::Digest;
     use lks_proto::release::ReleasedBundle;
+    use lks_proto::report::one_line;
 
     use super::*;
 
@@ -255,7 +252,7 @@ mod tests {
         let s = SignedRelease::sign(release(), &[]);
 
         write(&path, &release_json(&s).replace(RELEASE_FORMAT, "lks-release/v9")).unwrap();
-        let e = read_release(&path).unwrap_err().to_string();
+        let e = one_line(&*read_release(&path).unwrap_err());
         assert!(
             e.ends_with("format \"lks-release/v9\" is not \"lks-release/v1\""),
             "{e}"
@@ -266,7 +263,7 @@ mod tests {
             &release_json(&s).replace("\"version\": 3", "\"version\": 0"),
         )
         .unwrap();
-        let e = read_release(&path).unwrap_err().to_string();
+        let e = one_line(&*read_release(&path).unwrap_err());
         assert!(e.contains("has version 0"), "{e}");
 
         let mut signed = s.clone();
@@ -275,14 +272,14 @@ mod tests {
             signature: [2; 64],
         }];
         write(&path, &release_json(&signed).replace(&"02".repeat(64), "02")).unwrap();
-        let e = read_release(&path).unwrap_err().to_string();
+        let e = one_line(&*read_release(&path).unwrap_err());
         assert!(
             e.ends_with("signatures[0].signature: expected 128 hex digits"),
             "{e}"
         );
 
         std::fs::write(&path, vec![b' '; MAX_RELEASE_BYTES * 4 + 1]).unwrap();
-        let e = read_release(&path).unwrap_err().to_string();
+        let e = one_line(&*read_release(&path).unwrap_err());
         assert!(e.contains("too large for a signed record"), "{e}");
         assert!(!e.contains('\n'), "one line: {e}");
     }

@@ -267,7 +267,7 @@ pub async fn a_bundle_stored_unreadable_is_a_typed_error<S: Store + WriteStored>
     let other_version = encoded("k", "2", "d1");
     // The bytes and digest text stored, and the reason they must give.
     type Case<'a> = (&'a [u8], &'a str, fn(&Unreadable) -> bool);
-    let cases: [Case; 4] = [
+    let cases: [Case<'_>; 4] = [
         (b"\x0a\xff", &digest, |w| matches!(w, Unreadable::Decode(_))),
         (
             &no_manifest,

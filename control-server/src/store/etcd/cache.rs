@@ -237,7 +237,7 @@ impl CacheState {
             Some(v) => Doc { value: Some(v), rev },
             None => Doc { value: None, rev: 0 },
         };
-        let encode = |e: serde_json::Error| StoreError::Backend(format!("encode: {e}"));
+        let encode = |e: serde_json::Error| StoreError::backend_at("encode", e);
         let Some(h) = self.held.get(name) else {
             return Ok([doc(None, 0), doc(None, 0)]);
         };

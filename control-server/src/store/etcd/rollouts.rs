@@ -372,7 +372,7 @@ impl EtcdStore {
         };
         for (name, _) in step {
             let (Some(dst), Some(src)) = (row_mut(&mut r.nodes, name), decided.get(name.as_str())) else {
-                return Err(StoreError::Backend(format!(
+                return Err(StoreError::backend(format!(
                     "rollout {id}: node {name} of the decision is not part of it"
                 )));
             };
@@ -395,7 +395,7 @@ impl EtcdStore {
             let base = self.next_generation().await?;
             for (((node, version), dkey), desired) in assign.iter().zip(keys).zip(docs) {
                 let n = row_mut(&mut r.nodes, node).ok_or_else(|| {
-                    StoreError::Backend(format!("rollout {id}: node {node} to assign is not part of it"))
+                    StoreError::backend(format!("rollout {id}: node {node} to assign is not part of it"))
                 })?;
                 // A node and its desired document are created and deleted
                 // together, so one compare per node covers both.

@@ -191,7 +191,7 @@ impl EtcdStore {
         let lease = *self
             .lease
             .lock()
-            .map_err(|_| StoreError::Backend("lease poisoned".into()))?;
+            .map_err(|_| StoreError::backend("lease poisoned"))?;
         let at = self.heard_at.load(std::sync::atomic::Ordering::Relaxed);
         if lease == 0 || at == 0 || self.heard_written.load(std::sync::atomic::Ordering::Relaxed) == at {
             return Ok(());

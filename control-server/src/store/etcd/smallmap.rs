@@ -213,7 +213,7 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for SmallMap<V> {
         struct Pairs<V>(PhantomData<V>);
         impl<'de, V: Deserialize<'de>> Visitor<'de> for Pairs<V> {
             type Value = SmallMap<V>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a map")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {

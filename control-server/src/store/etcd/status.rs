@@ -231,7 +231,7 @@ impl EtcdStore {
                 .clone()
                 .acquire_owned()
                 .await
-                .map_err(|_| StoreError::Backend("status queue closed".into()))?;
+                .map_err(|_| StoreError::backend("status queue closed"))?;
             // Another committer may have taken this report meanwhile: its
             // answer is the one to wait for.
             if !q.contains(id) {
@@ -399,7 +399,7 @@ impl EtcdStore {
                 Some(d) => Ok(d),
                 None => read
                     .next()
-                    .ok_or_else(|| StoreError::Backend("etcd answered fewer reads than asked".into())),
+                    .ok_or_else(|| StoreError::backend("etcd answered fewer reads than asked")),
             })
             .collect()
     }
@@ -464,7 +464,7 @@ fn answer_all(batch: Vec<Pending>, e: &StoreError) {
     for p in batch {
         let again = match e {
             StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
-            other => StoreError::Backend(other.to_string()),
+            other => StoreError::backend(other.to_string()),
         };
         let _ = p.done.send(Err(again));
     }

@@ -38,7 +38,7 @@ impl TokenStore for EtcdStore {
         let secret_hash: [u8; 32] = hex::decode(&t.secret_hash)
             .ok()
             .and_then(|v| v.try_into().ok())
-            .ok_or_else(|| StoreError::Backend(format!("token {id}: stored hash is not 32 bytes")))?;
+            .ok_or_else(|| StoreError::backend(format!("token {id}: stored hash is not 32 bytes")))?;
         Ok(Some(TokenRow {
             id: id.to_string(),
             secret_hash,

@@ -40,7 +40,7 @@ fn record_at(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, BlobRecord, i64
 fn parse(d: String, record: BlobRecord, rev: i64) -> Result<RecordAt> {
     let digest = d
         .parse()
-        .map_err(|e| StoreError::Backend(format!("blob record {d}: {e}")))?;
+        .map_err(|e| StoreError::backend_at(format!("blob record {d}"), e))?;
     Ok(RecordAt { digest, record, rev })
 }
 
@@ -121,7 +121,7 @@ impl BlobRecords for SqliteStore {
                 .into_iter()
                 .map(|d| {
                     d.parse()
-                        .map_err(|e| StoreError::Backend(format!("bundle blob {d}: {e}")))
+                        .map_err(|e| StoreError::backend_at(format!("bundle blob {d}"), e))
                 })
                 .collect::<Result<HashSet<Digest>>>()?;
             // mark_blob_deleting checks references in its own transaction.

@@ -103,7 +103,7 @@ impl ClusterStore for SqliteStore {
             }
             insert_event(tx, &event)?;
             read_cluster(tx, &name)?
-                .ok_or_else(|| StoreError::Backend(format!("cluster {name} vanished in its own transaction")))
+                .ok_or_else(|| StoreError::backend(format!("cluster {name} vanished in its own transaction")))
         })
         .await
     }
@@ -128,7 +128,7 @@ impl ClusterStore for SqliteStore {
             }
             insert_event(tx, &event)?;
             read_cluster(tx, &name)?
-                .ok_or_else(|| StoreError::Backend(format!("cluster {name} vanished in its own transaction")))
+                .ok_or_else(|| StoreError::backend(format!("cluster {name} vanished in its own transaction")))
         })
         .await
     }
@@ -150,7 +150,7 @@ impl ClusterStore for SqliteStore {
             }
             insert_event(tx, &event)?;
             read_cluster(tx, &name)?
-                .ok_or_else(|| StoreError::Backend(format!("cluster {name} vanished in its own transaction")))
+                .ok_or_else(|| StoreError::backend(format!("cluster {name} vanished in its own transaction")))
         })
         .await
     }
@@ -176,7 +176,7 @@ impl ClusterStore for SqliteStore {
             )?;
             insert_event(tx, &event)?;
             read_cluster(tx, &name)?
-                .ok_or_else(|| StoreError::Backend(format!("cluster {name} vanished in its own transaction")))
+                .ok_or_else(|| StoreError::backend(format!("cluster {name} vanished in its own transaction")))
         })
         .await
     }
@@ -269,7 +269,7 @@ impl ClusterStore for SqliteStore {
             }
             insert_event(tx, &event)?;
             read_cluster(tx, &name)?
-                .ok_or_else(|| StoreError::Backend(format!("cluster {name} vanished in its own transaction")))
+                .ok_or_else(|| StoreError::backend(format!("cluster {name} vanished in its own transaction")))
         })
         .await
     }

@@ -19,7 +19,7 @@ impl SqliteStore {
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
-        .map_err(|e| StoreError::Backend(format!("open {}: {e}", path.display())))?;
+        .map_err(|e| StoreError::backend_at(format!("open {}", path.display()), e))?;
         // A server keeps a shared lock on its database file for as long as
         // it runs (WAL mode); an exclusive lock is granted only once it is gone.
         conn.busy_timeout(std::time::Duration::ZERO)?;
@@ -35,7 +35,7 @@ impl SqliteStore {
                     path.display()
                 ))
             }
-            e => StoreError::Backend(format!("lock {}: {e}", path.display())),
+            e => StoreError::backend_at(format!("lock {}", path.display()), e),
         };
         conn.pragma_update(None, "locking_mode", "EXCLUSIVE")
             .map_err(busy)?;
@@ -45,7 +45,7 @@ impl SqliteStore {
             .map_err(busy)?;
         conn.execute_batch("ROLLBACK")?;
         if version != MIGRATIONS.len() as i64 {
-            return Err(StoreError::Backend(format!(
+            return Err(StoreError::backend(format!(
                 "{} has schema version {version}, this lks-control-server reads version {}; \
                  start and stop this version's server on the data dir once first",
                 path.display(),
@@ -108,7 +108,7 @@ fn read_dump(c: &Connection) -> Result<Dump> {
     for (id, hash, cluster, expires_at_ms, remaining_uses, labels, created_at_ms) in raw {
         let secret_hash: [u8; 32] = hash
             .try_into()
-            .map_err(|_| StoreError::Backend(format!("token {id}: stored hash is not 32 bytes")))?;
+            .map_err(|_| StoreError::backend(format!("token {id}: stored hash is not 32 bytes")))?;
         tokens.push(TokenRow {
             id,
             secret_hash,

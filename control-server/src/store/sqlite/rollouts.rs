@@ -107,7 +107,7 @@ impl RolloutStore for SqliteStore {
             }
             insert_event(tx, &EventRow::rollout_started(&r, row.batch_size, row.nodes.len()))?;
             read_rollout(tx, &r.id)?
-                .ok_or_else(|| StoreError::Backend(format!("rollout {} vanished in its own transaction", r.id)))
+                .ok_or_else(|| StoreError::backend(format!("rollout {} vanished in its own transaction", r.id)))
         })
         .await
     }
@@ -173,7 +173,7 @@ impl RolloutStore for SqliteStore {
             let mut changed = Vec::new();
             for (node, version) in &c.assign {
                 let Some(n) = r.nodes.iter_mut().find(|n| n.name == *node) else {
-                    return Err(StoreError::Backend(format!(
+                    return Err(StoreError::backend(format!(
                         "rollout {}: node {node} to assign is not part of it",
                         r.id
                     )));
@@ -291,7 +291,7 @@ impl RolloutStore for SqliteStore {
                 insert_event(tx, e)?;
             }
             let row = read_rollout(tx, &r.id)?
-                .ok_or_else(|| StoreError::Backend(format!("rollout {} vanished in its own transaction", r.id)))?;
+                .ok_or_else(|| StoreError::backend(format!("rollout {} vanished in its own transaction", r.id)))?;
             Ok((row, changed))
         })
         .await

@@ -63,7 +63,7 @@ impl TokenStore for SqliteStore {
             };
             let secret_hash: [u8; 32] = hash
                 .try_into()
-                .map_err(|_| StoreError::Backend(format!("token {id}: stored hash is not 32 bytes")))?;
+                .map_err(|_| StoreError::backend(format!("token {id}: stored hash is not 32 bytes")))?;
             Ok(Some(TokenRow {
                 id,
                 secret_hash,

@@ -57,7 +57,7 @@ impl RolloutNodeDoc {
     pub fn into_row(self) -> Result<RolloutNodeRow> {
         Ok(RolloutNodeRow {
             state: NodeState::parse(&self.state).ok_or_else(|| {
-                StoreError::Backend(format!("stored rollout node state {:?} is unknown", self.state))
+                StoreError::backend(format!("stored rollout node state {:?} is unknown", self.state))
             })?,
             name: self.name,
             previous_version: self.previous_version,
@@ -137,7 +137,7 @@ impl RolloutDoc {
     /// its rows inline), rows sorted by node name.
     pub fn into_row(self, id: &str, rows: impl IntoIterator<Item = RolloutNodeDoc>) -> Result<RolloutRow> {
         let state = RolloutState::parse(&self.state).ok_or_else(|| {
-            StoreError::Backend(format!("stored rollout state {:?} is unknown", self.state))
+            StoreError::backend(format!("stored rollout state {:?} is unknown", self.state))
         })?;
         let docs: Vec<RolloutNodeDoc> = if self.rows {
             rows.into_iter().collect()
