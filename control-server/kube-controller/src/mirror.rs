@@ -6,7 +6,10 @@
 use lks_proto::pb;
 use sha2::{Digest as _, Sha256};
 
-use crate::crd::{LksBundleVersionSpec, LksNodeStatus, NodeBundle, NodeKube, NodeTrust};
+use crate::crd::{
+    Canary, Condition, Drain, LksBundleVersionSpec, LksNodeStatus, LksRolloutSpec, LksRolloutStatus,
+    NodeBundle, NodeKube, NodeTrust,
+};
 
 /// Longest object name Kubernetes takes for these kinds (DNS subdomain).
 const MAX_NAME: usize = 253;
@@ -113,6 +116,113 @@ pub fn node_status(n: &pb::Node) -> LksNodeStatus {
     }
 }
 
+/// A rollout's state as `rollout status -o json` names it.
+pub fn rollout_phase(state: i32) -> &'static str {
+    match pb::RolloutState::try_from(state) {
+        Ok(pb::RolloutState::Running) => "running",
+        Ok(pb::RolloutState::Paused) => "paused",
+        Ok(pb::RolloutState::Completed) => "completed",
+        Ok(pb::RolloutState::Failed) => "failed",
+        Ok(pb::RolloutState::Aborted) => "aborted",
+        Ok(pb::RolloutState::RolledBack) => "rolled_back",
+        Ok(pb::RolloutState::RollingBack) => "rolling_back",
+        _ => "unknown",
+    }
+}
+
+/// The object name of a rollout's mirror: `BUNDLE-VERSION-ID`, sanitised.
+pub fn rollout_name(r: &pb::Rollout) -> String {
+    object_name(&format!("{}-{}-{}", r.bundle, r.version, r.id))
+}
+
+fn secs(s: u64) -> Option<String> {
+    (s > 0).then(|| lks_proto::duration::format_duration(std::time::Duration::from_secs(s)))
+}
+
+/// The spec of a mirror of a rollout started outside Git (`lksctl rollout
+/// start`), as it was started.
+pub fn rollout_spec(r: &pb::Rollout) -> LksRolloutSpec {
+    LksRolloutSpec {
+        cluster: r.cluster.clone(),
+        bundle: format!("{}@{}", r.bundle, r.version),
+        selector: r.selector.clone().into_iter().collect(),
+        batch_size: Some(r.batch_size),
+        failure_threshold: Some(r.failure_threshold),
+        offline: (!r.offline.is_empty()).then(|| r.offline.clone()),
+        canary: (r.canary > 0).then(|| Canary {
+            count: r.canary,
+            soak: secs(r.canary_soak_seconds),
+        }),
+        batch_interval: secs(r.batch_interval_seconds),
+        ignore_windows: r.ignore_windows,
+        drain: r.drain.as_ref().map(|d| Drain {
+            enabled: true,
+            timeout: secs(d.timeout_seconds),
+            ready_timeout: secs(d.ready_timeout_seconds),
+            on_timeout: Some(d.on_timeout.clone()),
+            delete_local_data: d.delete_local_data,
+            kubelet_version: (!d.kubelet_version.is_empty()).then(|| d.kubelet_version.clone()),
+        }),
+        paused: pb::RolloutState::try_from(r.state) == Ok(pb::RolloutState::Paused),
+        rollback_of: None,
+    }
+}
+
+/// A rollout's status with the conditions GitOps tools read: `Progressing`
+/// while it runs (False with reason `Paused` while paused), `Completed`,
+/// `Failed` (reason `Failed` or `Aborted`). `since` is the RFC 3339 time
+/// of the rollout's last change, the conditions' transition time.
+pub fn rollout_status(r: &pb::Rollout, generation: i64) -> LksRolloutStatus {
+    let phase = rollout_phase(r.state);
+    let since = rfc3339_ms(r.updated_at_ms).unwrap_or_default();
+    let cond = |type_: &str, on: bool, reason: &str| Condition {
+        type_: type_.into(),
+        status: if on { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message: r.message.clone(),
+        last_transition_time: since.clone(),
+        observed_generation: generation,
+    };
+    let (progressing, why) = match phase {
+        "running" => (true, "Running"),
+        "rolling_back" => (true, "RollingBack"),
+        "paused" => (false, "Paused"),
+        "completed" => (false, "Completed"),
+        "rolled_back" => (false, "RolledBack"),
+        "aborted" => (false, "Aborted"),
+        _ => (false, "Failed"),
+    };
+    LksRolloutStatus {
+        id: r.id.clone(),
+        phase: phase.to_string(),
+        total: r.total,
+        updated: r.updated,
+        failed: r.failed,
+        pending: r.pending,
+        deferred: r.deferred,
+        held: r.held,
+        message: r.message.clone(),
+        observed_generation: generation,
+        conditions: vec![
+            cond("Progressing", progressing, why),
+            cond(
+                "Completed",
+                phase == "completed",
+                if phase == "completed" { "Completed" } else { why },
+            ),
+            cond(
+                "Failed",
+                matches!(phase, "failed" | "aborted"),
+                if matches!(phase, "failed" | "aborted") {
+                    why
+                } else {
+                    "NotFailed"
+                },
+            ),
+        ],
+    }
+}
+
 /// An `LksBundleVersion`'s spec for a published version.
 pub fn bundle_spec(b: &pb::BundleInfo) -> LksBundleVersionSpec {
     LksBundleVersionSpec {
@@ -149,6 +259,40 @@ mod tests {
             assert!(n.starts_with(|c: char| c.is_ascii_alphanumeric()));
             assert!(n.ends_with(|c: char| c.is_ascii_alphanumeric()));
         }
+    }
+
+    #[test]
+    fn a_rollouts_conditions_say_what_gitops_tools_read() {
+        let mut r = pb::Rollout {
+            id: "abc".into(),
+            bundle: "kubelet".into(),
+            version: "2".into(),
+            state: pb::RolloutState::Running as i32,
+            ..Default::default()
+        };
+        let by = |s: &LksRolloutStatus, t: &str| {
+            let c = s.conditions.iter().find(|c| c.type_ == t).unwrap();
+            (c.status.clone(), c.reason.clone())
+        };
+        let s = rollout_status(&r, 1);
+        assert_eq!(by(&s, "Progressing"), ("True".into(), "Running".into()));
+        assert_eq!(by(&s, "Completed").0, "False");
+        r.state = pb::RolloutState::Completed as i32;
+        let s = rollout_status(&r, 1);
+        assert_eq!(by(&s, "Completed"), ("True".into(), "Completed".into()));
+        assert_eq!(by(&s, "Progressing").0, "False");
+        r.state = pb::RolloutState::Aborted as i32;
+        let s = rollout_status(&r, 2);
+        assert_eq!(by(&s, "Failed"), ("True".into(), "Aborted".into()));
+        assert!(s.conditions.iter().all(|c| c.observed_generation == 2));
+        r.state = pb::RolloutState::Paused as i32;
+        assert_eq!(
+            by(&rollout_status(&r, 1), "Progressing"),
+            ("False".into(), "Paused".into())
+        );
+        assert!(rollout_spec(&r).paused);
+        assert_eq!(rollout_spec(&r).bundle, "kubelet@2");
+        assert_eq!(rollout_name(&r), "kubelet-2-abc");
     }
 
     #[test]

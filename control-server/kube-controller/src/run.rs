@@ -20,17 +20,21 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use lks_proto::pb;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, Admin};
-use crate::crd::{Hold, LksBundleVersion, LksNode, LksNodeSpec};
+use crate::crd::{Hold, LksBundleVersion, LksNode, LksNodeSpec, LksRollout};
 use crate::lease::{Elector, RENEW};
 use crate::mirror;
 
 /// The label on every object the controller mirrors.
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// On an LksRollout that mirrors a rollout started with lksctl (or the
+/// console), not declared in Git.
+pub const OUTSIDE_GIT: &str = "lksadmin.io/created-outside-git";
 const ME: &str = "lks-kube-controller";
 
 pub struct Options {
@@ -88,7 +92,7 @@ pub async fn run(opts: Options, kube: kube::Client, cancel: CancellationToken) -
             }
         }
         if let Some(a) = admin.as_mut() {
-            match sync_once(&kube, a).await {
+            match sync_once(&kube, a, &opts.namespace).await {
                 Ok(p) if p != Pass::default() => tracing::info!(?p, "mirrored"),
                 Ok(_) => {}
                 Err(e) => {
@@ -100,8 +104,9 @@ pub async fn run(opts: Options, kube: kube::Client, cancel: CancellationToken) -
     }
 }
 
-/// One pass: nodes and bundle versions.
-pub async fn sync_once(kube: &kube::Client, admin: &mut Admin) -> anyhow::Result<Pass> {
+/// One pass: nodes, bundle versions, and rollouts started outside Git
+/// (mirrored into `namespace`).
+pub async fn sync_once(kube: &kube::Client, admin: &mut Admin, namespace: &str) -> anyhow::Result<Pass> {
     let nodes = admin
         .list_nodes(pb::ListNodesRequest::default())
         .await
@@ -114,11 +119,78 @@ pub async fn sync_once(kube: &kube::Client, admin: &mut Admin) -> anyhow::Result
         .context("list bundles")?
         .into_inner()
         .bundles;
+    let rollouts = admin
+        .list_rollouts(pb::ListRolloutsRequest::default())
+        .await
+        .context("list rollouts")?
+        .into_inner()
+        .rollouts;
     let mut pass = sync_nodes(kube, admin, &nodes).await?;
-    let b = sync_bundles(kube, &bundles).await?;
-    pass.created += b.created;
-    pass.updated += b.updated;
-    pass.deleted += b.deleted;
+    for p in [
+        sync_bundles(kube, &bundles).await?,
+        sync_rollouts(kube, namespace, &rollouts).await?,
+    ] {
+        pass.created += p.created;
+        pass.updated += p.updated;
+        pass.deleted += p.deleted;
+    }
+    Ok(pass)
+}
+
+/// Rollouts no LksRollout declared (started with lksctl or the console)
+/// appear as LksRollouts annotated [`OUTSIDE_GIT`], status kept current,
+/// so both fronts see one truth. Declared ones are the reconciler's
+/// (issue [kube-front], item 2, next part) and are left alone here.
+async fn sync_rollouts(
+    kube: &kube::Client,
+    namespace: &str,
+    rollouts: &[pb::Rollout],
+) -> anyhow::Result<Pass> {
+    let all: Api<LksRollout> = Api::all(kube.clone());
+    let api: Api<LksRollout> = Api::namespaced(kube.clone(), namespace);
+    let existing = all
+        .list(&ListParams::default())
+        .await
+        .context("list LksRollouts")?
+        .items;
+    let declared: std::collections::HashSet<String> = existing
+        .iter()
+        .filter(|o| o.labels().get(MANAGED_BY).map(String::as_str) != Some(ME))
+        .filter_map(|o| o.status.as_ref().map(|s| s.id.clone()))
+        .collect();
+    let mut have: HashMap<String, LksRollout> = existing
+        .into_iter()
+        .filter(|o| o.labels().get(MANAGED_BY).map(String::as_str) == Some(ME))
+        .filter_map(|o| Some((o.metadata.name.clone()?, o)))
+        .collect();
+    let mut pass = Pass::default();
+    for r in rollouts.iter().filter(|r| !declared.contains(&r.id)) {
+        let name = mirror::rollout_name(r);
+        let obj = match have.remove(&name) {
+            Some(o) => o,
+            None => {
+                let mut m = meta(&name);
+                m.annotations = Some(BTreeMap::from([(OUTSIDE_GIT.to_string(), "true".to_string())]));
+                let o = LksRollout {
+                    metadata: m,
+                    spec: mirror::rollout_spec(r),
+                    status: None,
+                };
+                pass.created += 1;
+                api.create(&PostParams::default(), &o)
+                    .await
+                    .with_context(|| format!("create LksRollout {name}"))?
+            }
+        };
+        let status = mirror::rollout_status(r, obj.metadata.generation.unwrap_or(0));
+        if obj.status.as_ref() != Some(&status) {
+            let patch = serde_json::json!({ "status": status });
+            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .with_context(|| format!("write LksRollout {name} status"))?;
+            pass.updated += 1;
+        }
+    }
     Ok(pass)
 }
 
