@@ -3,6 +3,7 @@
 //! the Kubernetes object name each gets. Pure, so the mapping is tested on
 //! plain values.
 
+use lks_proto::convert::{bundle_state_from_i32, rollout_state_str};
 use lks_proto::pb;
 use sha2::{Digest as _, Sha256};
 
@@ -65,17 +66,6 @@ fn rfc3339_ms(ms: i64) -> Option<String> {
         .ok()
 }
 
-fn bundle_state(s: i32) -> &'static str {
-    match pb::BundleState::try_from(s) {
-        Ok(pb::BundleState::Pending) => "pending",
-        Ok(pb::BundleState::Applying) => "applying",
-        Ok(pb::BundleState::Applied) => "applied",
-        Ok(pb::BundleState::Failed) => "failed",
-        Ok(pb::BundleState::RolledBack) => "rolled_back",
-        _ => "unknown",
-    }
-}
-
 /// An `LksNode`'s status for a node as `ListNodes` shows it.
 pub fn node_status(n: &pb::Node) -> LksNodeStatus {
     let facts = n.facts.as_ref();
@@ -85,7 +75,9 @@ pub fn node_status(n: &pb::Node) -> LksNodeStatus {
         .map(|b| NodeBundle {
             name: b.name.clone(),
             version: b.version.clone(),
-            state: bundle_state(b.state).to_string(),
+            state: bundle_state_from_i32(b.state)
+                .map_or("pending", |s| s.as_str())
+                .to_string(),
             message: b.message.clone(),
         })
         .collect();
@@ -113,20 +105,6 @@ pub fn node_status(n: &pb::Node) -> LksNodeStatus {
             unschedulable: k.unschedulable,
             cordoned_by: k.cordoned_by.clone(),
         }),
-    }
-}
-
-/// A rollout's state as `rollout status -o json` names it.
-pub fn rollout_phase(state: i32) -> &'static str {
-    match pb::RolloutState::try_from(state) {
-        Ok(pb::RolloutState::Running) => "running",
-        Ok(pb::RolloutState::Paused) => "paused",
-        Ok(pb::RolloutState::Completed) => "completed",
-        Ok(pb::RolloutState::Failed) => "failed",
-        Ok(pb::RolloutState::Aborted) => "aborted",
-        Ok(pb::RolloutState::RolledBack) => "rolled_back",
-        Ok(pb::RolloutState::RollingBack) => "rolling_back",
-        _ => "unknown",
     }
 }
 
@@ -173,7 +151,7 @@ pub fn rollout_spec(r: &pb::Rollout) -> LksRolloutSpec {
 /// `Failed` (reason `Failed` or `Aborted`). `since` is the RFC 3339 time
 /// of the rollout's last change, the conditions' transition time.
 pub fn rollout_status(r: &pb::Rollout, generation: i64) -> LksRolloutStatus {
-    let phase = rollout_phase(r.state);
+    let phase = rollout_state_str(r.state);
     let since = rfc3339_ms(r.updated_at_ms).unwrap_or_default();
     let cond = |type_: &str, on: bool, reason: &str| Condition {
         type_: type_.into(),

@@ -86,18 +86,7 @@ pub fn bundle_state_str(v: i32) -> &'static str {
     bundle_state_from_i32(v).map_or("pending", |s| s.as_str())
 }
 
-pub fn rollout_state_str(v: i32) -> &'static str {
-    match pb::RolloutState::try_from(v) {
-        Ok(pb::RolloutState::Running) => "running",
-        Ok(pb::RolloutState::Paused) => "paused",
-        Ok(pb::RolloutState::Completed) => "completed",
-        Ok(pb::RolloutState::Failed) => "failed",
-        Ok(pb::RolloutState::Aborted) => "aborted",
-        Ok(pb::RolloutState::RolledBack) => "rolled_back",
-        Ok(pb::RolloutState::RollingBack) => "rolling_back",
-        _ => "unknown",
-    }
-}
+pub use lks_proto::convert::rollout_state_str;
 
 fn labels_json(l: &std::collections::HashMap<String, String>) -> Value {
     let sorted: std::collections::BTreeMap<_, _> = l.iter().collect();

@@ -68,13 +68,17 @@ pub enum Cordon {
     Theirs,
 }
 
+/// The Node named `node`, if the tenant cluster has one.
+async fn get_node(client: &kube::Client, node: &str) -> Result<Option<Node>, DrainError> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes.get_opt(node).await.map_err(api_err(node, "read the Node"))
+}
+
 /// Cordons `node` for `owner` (a rollout ID).
 pub async fn cordon(client: &kube::Client, node: &str, owner: &str) -> Result<Cordon, DrainError> {
     let nodes: Api<Node> = Api::all(client.clone());
-    let n = nodes
-        .get_opt(node)
-        .await
-        .map_err(api_err(node, "read the Node"))?
+    let n = get_node(client, node)
+        .await?
         .ok_or_else(|| DrainError::NoNode(node.to_string()))?;
     let state = NodeKubeState::of(&n);
     if state.cordoned_by == owner {
@@ -93,14 +97,10 @@ pub async fn cordon(client: &kube::Client, node: &str, owner: &str) -> Result<Co
 /// Lifts `owner`'s cordon of `node`; `false` if the cordon is not
 /// `owner`'s (or the Node is gone), which is left as it is.
 pub async fn uncordon(client: &kube::Client, node: &str, owner: &str) -> Result<bool, DrainError> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let Some(n) = nodes
-        .get_opt(node)
-        .await
-        .map_err(api_err(node, "read the Node"))?
-    else {
+    let Some(n) = get_node(client, node).await? else {
         return Ok(false);
     };
+    let nodes: Api<Node> = Api::all(client.clone());
     if NodeKubeState::of(&n).cordoned_by != owner {
         return Ok(false);
     }
@@ -386,12 +386,7 @@ pub async fn ready(
     node: &str,
     kubelet_version: Option<&str>,
 ) -> Result<ReadyCheck, DrainError> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let Some(n) = nodes
-        .get_opt(node)
-        .await
-        .map_err(api_err(node, "read the Node"))?
-    else {
+    let Some(n) = get_node(client, node).await? else {
         return Ok(ReadyCheck::NotYet("no Node object in the tenant cluster".into()));
     };
     Ok(readiness(&NodeKubeState::of(&n), kubelet_version))

@@ -330,6 +330,22 @@ pub fn bundle_state_from_i32(v: i32) -> Result<BundleState, ManifestError> {
         .try_into()
 }
 
+/// The name of a rollout's state (an `i32` on the wire) as `rollout status
+/// -o json` and the `LksRollout` phase show it; "unknown" for a value this
+/// build does not know.
+pub fn rollout_state_str(v: i32) -> &'static str {
+    match pb::RolloutState::try_from(v) {
+        Ok(pb::RolloutState::Running) => "running",
+        Ok(pb::RolloutState::Paused) => "paused",
+        Ok(pb::RolloutState::Completed) => "completed",
+        Ok(pb::RolloutState::Failed) => "failed",
+        Ok(pb::RolloutState::Aborted) => "aborted",
+        Ok(pb::RolloutState::RolledBack) => "rolled_back",
+        Ok(pb::RolloutState::RollingBack) => "rolling_back",
+        _ => "unknown",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
