@@ -52,7 +52,15 @@
 #     size, RSS per replica and per agent), then a fresh region again with
 #     the leading replica killed mid-rollout; baseline: one SQLite server
 #     with 10,000 agents and the same rollout.
-# Usage: bash scripts/bench.sh [--only agents|sha|packages|upgrade|blob|s3|ha|footprint|storm|scale-out|swarm] [AGENTS...]
+#   - kube-drain: what a drained node's turn adds to a rollout (cordon,
+#     evictions under a PodDisruptionBudget, Ready gate, uncordon) on a
+#     real kube-apiserver and controller manager (tests/src/kube.rs), with
+#     requests counted by the API server's audit log; baseline: `kubectl
+#     drain` + `kubectl uncordon` of the same node, kubectl of the same
+#     release, on the same API server (tests/tests/kube_drain_bench.rs;
+#     RUNS_KUBE runs, default 5; PODS, UNAVAILABLE, POD_START_MS,
+#     POD_STOP_MS).
+# Usage: bash scripts/bench.sh [--only agents|sha|packages|upgrade|blob|s3|ha|footprint|storm|scale-out|swarm|kube-drain] [AGENTS...]
 #        (default: every section, agents 1000 2000; HA_AGENTS=1000,
 #        IDLE_SECONDS=60, FOOTPRINT_SECONDS=IDLE_SECONDS)
 # The issue's whole set in one run (BENCHMARKS.md, "Every figure in one run"):
@@ -65,7 +73,7 @@ cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
 only=""
 if [ "${1:-}" = --only ]; then
-  only=${2:?--only needs agents, sha, packages, upgrade, blob, s3, ha, footprint, storm, scale-out or swarm}
+  only=${2:?--only needs agents, sha, packages, upgrade, blob, s3, ha, footprint, storm, scale-out, swarm or kube-drain}
   shift 2
 fi
 want() { [ -z "$only" ] || [ "$only" = "$1" ]; }
@@ -1431,5 +1439,26 @@ if want swarm; then
   echo
   LKS_BIN_DIR=$sw_bin SWARM_NODES=${SWARM_NODES:-8 16 32 64} SWARM_RATE=${SWARM_RATE:-200mbit} SWARM_MIB=${SWARM_MIB:-64} SWARM_OFF=${SWARM_OFF:-1} \
     cargo nextest run -p lks-e2e --test peer_sharing_netns --run-ignored only --no-capture swarm_bench 2>/dev/null | grep '^|'
+  echo
+fi
+
+if want kube-drain; then
+  # Issue [kube-drain] item 6. The harness is the e2e crate's
+  # (tests/tests/kube_drain_bench.rs); the server, lksctl and agent are the
+  # release builds above, the tenant control plane scripts/kube.sh's.
+  bash scripts/kube.sh >&2
+  kd_bin=$work/kube-drain-bin
+  mkdir -p "$kd_bin"
+  ln -s "$PWD/$bin/lks-control-server" "$PWD/$bin/lksctl" "$PWD/$agent_bin" "$kd_bin/"
+  echo "## Drain around a node's turn against kubectl drain (median of ${RUNS_KUBE:-5} runs)"
+  echo
+  echo "Kubernetes $(awk '$1 == "require" && $2 == "k8s.io/kubernetes" { print $3 }' tests/kube/go.mod) (kube-apiserver, kube-controller-manager and kubectl built by scripts/kube.sh), ${PODS:-10} pods on the node, replacements Ready ${POD_START_MS:-1000} ms after they are made, evicted pods gone ${POD_STOP_MS:-500} ms after their eviction. Load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo
+  LKS_BIN_DIR=$kd_bin RUNS=${RUNS_KUBE:-5} \
+    cargo nextest run -p lks-e2e --test kube_drain_bench --run-ignored only --no-capture kube_drain_bench 2>"$work/kube-drain.err" | grep -E '^(\||lksadmin)' || { tail -40 "$work/kube-drain.err" >&2; exit 1; }
+  echo
+  grep '^run ' "$work/kube-drain.err" | sed 's/^/    /'
+  echo
+  echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
   echo
 fi

@@ -73,6 +73,16 @@ pub struct ClientCert {
     pub key_pem: String,
 }
 
+/// How a [`KubeControlPlane`] is started, beyond what every test gets.
+#[derive(Clone, Debug, Default)]
+pub struct KubeOptions {
+    /// Record every request in an audit log (`Metadata` level, one JSON
+    /// line per request once its response is sent) that
+    /// [`KubeControlPlane::audit_events`] reads: who asked what, measured
+    /// by the API server itself.
+    pub audit: bool,
+}
+
 /// etcd, kube-apiserver and kube-controller-manager on loopback.
 pub struct KubeControlPlane {
     /// The API server's address (`https://{api}`).
@@ -82,6 +92,8 @@ pub struct KubeControlPlane {
     pub ca_pem: String,
     /// An admin kubeconfig (`system:masters`).
     pub admin_kubeconfig: PathBuf,
+    /// The audit log, when [`KubeOptions::audit`] asked for one.
+    pub audit_log: Option<PathBuf>,
     issuer: Issuer<'static, KeyPair>,
     // Dropped in this order: the processes before etcd, etcd before the
     // dir they write into.
@@ -96,6 +108,11 @@ impl KubeControlPlane {
     /// once the API server is ready (`/readyz`) and the `default`
     /// ServiceAccount exists (pods can be created).
     pub fn start() -> KubeControlPlane {
+        Self::start_with(KubeOptions::default())
+    }
+
+    /// [`KubeControlPlane::start`], with `opts`.
+    pub fn start_with(opts: KubeOptions) -> KubeControlPlane {
         let dir = tempfile::tempdir().expect("temp dir");
         let pki = dir.path().join("pki");
         std::fs::create_dir_all(&pki).expect("create pki dir");
@@ -151,6 +168,7 @@ impl KubeControlPlane {
             api,
             ca_pem,
             admin_kubeconfig: dir.path().join("admin.conf"),
+            audit_log: opts.audit.then(|| dir.path().join("audit.log")),
             issuer,
             kcm: None,
             apiserver: None,
@@ -187,6 +205,20 @@ impl KubeControlPlane {
             .arg("--endpoint-reconciler-type=none")
             .arg("--profiling=false")
             .arg("--v=1");
+        if let Some(log) = &cp.audit_log {
+            let policy = write(
+                "audit-policy.yaml",
+                "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n",
+            );
+            apiserver
+                .arg(format!("--audit-policy-file={}", policy.display()))
+                .arg(format!("--audit-log-path={}", log.display()))
+                .arg("--audit-log-format=json")
+                // Written before the response is sent: a request is in the
+                // log by the time its client has the answer.
+                .arg("--audit-log-mode=blocking")
+                .arg("--audit-log-maxsize=0");
+        }
         cp.apiserver = Some(Proc::spawn("kube-apiserver", apiserver, cp.dir.path()));
         cp.wait_ready(Duration::from_secs(120));
 
@@ -356,6 +388,35 @@ impl KubeControlPlane {
             &self.kubectl_stdin(&["apply", "-f", "-"], manifest),
             &format!("kubectl apply of\n{manifest}"),
         );
+    }
+
+    /// The audit log's size now: [`KubeControlPlane::audit_events`] from
+    /// here reads what came after.
+    pub fn audit_mark(&self) -> u64 {
+        self.audit_log
+            .as_ref()
+            .and_then(|p| std::fs::metadata(p).ok())
+            .map_or(0, |m| m.len())
+    }
+
+    /// The audit events (one JSON object per request) written since `mark`
+    /// ([`KubeControlPlane::audit_mark`]); panics without
+    /// [`KubeOptions::audit`].
+    pub fn audit_events(&self, mark: u64) -> Vec<serde_json::Value> {
+        use std::io::{Read, Seek};
+        let p = self
+            .audit_log
+            .as_ref()
+            .expect("started without KubeOptions::audit");
+        let mut f = std::fs::File::open(p).unwrap_or_else(|e| panic!("open {}: {e}", p.display()));
+        f.seek(std::io::SeekFrom::Start(mark))
+            .expect("seek the audit log");
+        let mut text = String::new();
+        f.read_to_string(&mut text).expect("read the audit log");
+        // A line still being written is left for the next read.
+        text.lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
     }
 
     /// The API server's log so far.
