@@ -243,8 +243,15 @@ impl DrainOutcome {
 
 /// Evicts every pod bound to `node` that [`plan`] says to, until none is
 /// left, `timeout` passes, or `cancel` fires. One list of the node's pods
-/// and at most one eviction per remaining pod each round; rounds wait
-/// 0.5 s, doubling to 5 s while nothing changes.
+/// and at most one eviction per remaining pod each round, one after
+/// another; rounds wait 0.5 s, doubling to 5 s while nothing changes (no
+/// pod evicted, none gone).
+///
+/// Not side by side: every eviction under one budget writes that budget's
+/// status; concurrent ones conflict and the API server retries them 500 ms
+/// later (`EvictionsRetry`), so ten at once took longer than ten in turn,
+/// and one ran out of tries (504) (BENCHMARKS.md, "Drain around a node's
+/// turn").
 pub async fn drain(
     client: &kube::Client,
     node: &str,
@@ -257,6 +264,7 @@ pub async fn drain(
     let start = Instant::now();
     let mut wait = FIRST_ROUND_WAIT;
     let mut evicted: BTreeSet<String> = BTreeSet::new();
+    let mut before = usize::MAX;
     loop {
         let list = pods
             .list(&on_node)
@@ -292,6 +300,10 @@ pub async fn drain(
                 }
             }
         }
+        // Pods going (their kubelets confirming evictions) is progress too:
+        // the next round comes as soon, rather than backing off meanwhile.
+        progress |= remaining.len() < before;
+        before = remaining.len();
         if remaining.is_empty() {
             return Ok(DrainOutcome::Drained {
                 evicted: evicted.len(),
