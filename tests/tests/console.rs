@@ -2,8 +2,10 @@
 //! process, its JSON endpoints compared with `lksctl … -o json`, its
 //! request checks (token, Origin, Host), and its pages in headless Chromium
 //! driven over WebDriver — live updates without a reload, the rollout
-//! buttons, the node page of a failed bundle and the unreachable banner.
-//! Screenshots of each page go to `target/console-screenshots/`.
+//! buttons, the node page of a failed bundle and the unreachable banner;
+//! and with a cluster that has a kubeconfig of a real tenant control plane
+//! (tests/src/kube.rs), each node's Kubernetes state and a draining node's
+//! step. Screenshots of each page go to `target/console-screenshots/`.
 
 // Test code: a helper that fails panics with what it was doing, as a
 // #[test] does (clippy.toml allows that only inside #[test] functions).
@@ -14,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use lks_e2e::agent::BundleFile;
 use lks_e2e::console::{Browser, Console, Http, page_token, screenshot_dir};
+use lks_e2e::kube::{KubeControlPlane, SimulatedKubelet};
 use lks_e2e::rollout::Fleet;
 use lks_e2e::{free_addr, one_line_error, wait_until};
 use serde_json::{Value, json};
@@ -244,6 +247,12 @@ fn pages_in_a_real_browser() {
         br.text("#nodes-table")
     );
     assert!(br.hash().contains("q=node-2"), "{}", br.hash());
+    // No cluster has a kubeconfig: no Kube column, as in `node list`.
+    assert!(
+        !br.text("#nodes-table thead").contains("Kube"),
+        "{}",
+        br.text("#nodes-table thead")
+    );
     br.screenshot(&shots, "nodes");
 
     // A rollout started from the form shows progress by itself.
@@ -341,4 +350,129 @@ fn pages_in_a_real_browser() {
     );
     br.screenshot(&shots, "unreachable");
     f.agents.clear();
+}
+
+/// The column's cell of `node`'s row in `#nodes-table` under `header`.
+fn cell(br: &Browser, node: &str, header: &str) -> String {
+    br.js(
+        "const t = document.getElementById('nodes-table'); if (!t) return '';
+         const i = Array.from(t.tHead.rows[0].cells).findIndex((c) => c.textContent === arguments[1]);
+         const row = Array.from(t.tBodies[0].rows).find((r) => r.cells[0].textContent === arguments[0]);
+         return i < 0 || !row ? '' : row.cells[i].textContent;",
+        json!([node, header]),
+    )
+    .as_str()
+    .unwrap_or_default()
+    .to_string()
+}
+
+#[test]
+fn kube_state_and_drain_steps_in_a_real_browser() {
+    // A real kube-apiserver and controller manager; the Node objects and
+    // the pod's status are the tests' simulated kubelet's. node-2 has no
+    // Node in the tenant cluster.
+    let cp = KubeControlPlane::start();
+    let f = Fleet::start("k1", 2);
+    SimulatedKubelet::new(&cp, "node-1").register(true, "v1.37.2");
+    let conf = cp.admin_kubeconfig.to_str().unwrap().to_string();
+    f.server
+        .lksctl_ok(&["cluster", "set", "k1", "--kubeconfig", &conf]);
+    let console = Console::start(&f.server, None);
+    let br = Browser::start();
+    let shots = screenshot_dir();
+    let url = console.url();
+
+    br.goto(&format!("{url}#/nodes"));
+    br.wait("node-1 Ready with its kubelet", |b| {
+        cell(b, "node-1", "Kube") == "Ready v1.37.2"
+    });
+    assert_eq!(cell(&br, "node-2", "Kube"), "-", "no Node named node-2");
+
+    // A drain that a budget holds: node-1 stays cordoned by the rollout,
+    // at its `draining` step, while the pages are read.
+    cp.kubectl_ok(&["create", "namespace", "work"]);
+    wait_until(Duration::from_secs(60), "the namespace's ServiceAccount", || {
+        cp.kubectl(&["get", "serviceaccount", "default", "-n", "work"])
+            .status
+            .success()
+    });
+    cp.apply(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: db-1\n  namespace: work\n  labels: {app: db}\nspec:\n  nodeName: node-1\n  containers:\n  - name: c\n    image: registry.invalid/pause:1\n",
+    );
+    cp.apply(
+        "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: db\n  namespace: work\nspec:\n  maxUnavailable: 0\n  selector:\n    matchLabels: {app: db}\n",
+    );
+    // Running and Ready (a Pending pod is evicted whatever the budget says).
+    let status = json!({"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}});
+    cp.kubectl_ok(&[
+        "patch",
+        "pod",
+        "db-1",
+        "-n",
+        "work",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &status.to_string(),
+    ]);
+    wait_until(Duration::from_secs(60), "the budget's status", || {
+        cp.get_json(&["get", "pdb", "db", "-n", "work"])["status"]["observedGeneration"].is_number()
+    });
+    let b = f.publish("kubelet", "2", &files(), "0", "");
+    let id = f.roll_out(
+        &b,
+        &[
+            "--selector",
+            "",
+            "--batch-size",
+            "1",
+            "--drain",
+            "--drain-timeout",
+            "10m",
+        ],
+    );
+    br.wait("node-1 cordoned by the rollout", |b| {
+        cell(b, "node-1", "Kube") == format!("cordoned v1.37.2 cordoned by {}", &id[..8])
+    });
+    let link = br.js(
+        "return document.querySelector('#nodes-table .kube a').getAttribute('href');",
+        json!([]),
+    );
+    assert_eq!(link, format!("#/rollouts/{id}"), "the cordon links its rollout");
+    br.screenshot(&shots, "nodes-kube");
+
+    br.goto(&format!("{url}#/nodes/node-1"));
+    br.wait_text("#node-facts-list", "Kubernetes");
+    br.wait_text("#node-facts-list", "cordoned by");
+    br.screenshot(&shots, "node-kube");
+    br.goto(&format!("{url}#/nodes/node-2"));
+    br.wait_text("#node-facts-list", "Kubernetes");
+    let kube_row = br.js(
+        "const dt = Array.from(document.querySelectorAll('#node-facts-list dt')).find((d) => d.textContent === 'Kubernetes');
+         return dt.nextElementSibling.textContent;",
+        json!([]),
+    );
+    assert_eq!(kube_row, "-", "node-2 has no Node in the tenant cluster");
+
+    br.goto(&format!("{url}#/rollouts/{id}"));
+    br.wait_text("#rollout-nodes-table", "draining");
+    let step = br.js(
+        "return Array.from(document.querySelectorAll('#rollout-nodes-table .kube-step')).map((e) => e.closest('tr').cells[0].textContent + ' ' + e.textContent);",
+        json!([]),
+    );
+    assert_eq!(step, json!(["node-1 draining"]), "only node-1's turn has begun");
+    br.screenshot(&shots, "rollout-draining");
+
+    // Aborted: the drain stops, the cordon is lifted, the step is gone.
+    f.server.lksctl_ok(&["rollout", "abort", &id]);
+    br.wait("no step left", |b| {
+        b.js(
+            "return document.querySelectorAll('#rollout-nodes-table .kube-step').length;",
+            json!([]),
+        ) == 0
+    });
+    br.goto(&format!("{url}#/nodes"));
+    br.wait("node-1 Ready again", |b| {
+        cell(b, "node-1", "Kube") == "Ready v1.37.2"
+    });
 }

@@ -333,6 +333,25 @@ function trustCell(t) {
   return el("span", { title: t.message || "" }, v, t.state === "ok" ? null : [" ", chip(t.state)]);
 }
 
+// The KUBE column of `lksctl node list` (clusters with a kubeconfig): the
+// Node's state in its tenant cluster, its kubelet, and the rollout whose
+// cordon it carries; "-" when the tenant API has no Node of that name.
+function kubeCell(k) {
+  if (!k || !k.state || k.state === "absent") return el("span", { class: "kube", title: k ? "no Node of this name in the tenant cluster" : "" }, "-");
+  const title = k.error || (k.last_transition ? "Ready condition last changed " + k.last_transition : "");
+  return el("span", { class: "kube" },
+    el("span", { class: "chip s-" + k.state.toLowerCase().replace(/[^a-z]/g, ""), title }, k.state),
+    k.kubelet_version ? " " + k.kubelet_version : null,
+    k.cordoned_by ? [" cordoned by ", rolloutLink(k.cordoned_by)] : null);
+}
+
+// A rollout node's step while the rollout owns its cordon (draining,
+// upgrading, readying), as `rollout status` shows it.
+function kubeStep(n) {
+  if (!n.kube_step) return null;
+  return [" ", el("span", { class: "chip kube-step s-" + n.kube_step, title: n.kube_since ? "since " + n.kube_since : "" }, n.kube_step)];
+}
+
 function nodeMatches(n, f) {
   if (f.cluster && n.cluster !== f.cluster) return false;
   if (f.q && !n.name.includes(f.q)) return false;
@@ -379,15 +398,18 @@ function nodesPage(main, r) {
     if (!last) return;
     const matching = last.nodes.filter((n) => nodeMatches(n, f));
     const p = paginate(matching, page, (np) => { page = np; sync(); render(); });
+    // Kube only when some node's cluster has a kubeconfig, as in lksctl.
+    const kube = last.nodes.some((n) => n.kube);
     fill(out, 
       el("p", { class: "summary", id: "nodes-summary" }, `${matching.length} of ${last.nodes.length} node(s), ${matching.filter((n) => n.connected).length} connected`),
-      table("nodes-table", ["Name", "Cluster", "Connected", "Last seen", "Agent", "Arch", "Labels", "Bundles", "Certificates", "Release"],
+      table("nodes-table", ["Name", "Cluster", "Connected", kube && "Kube", "Last seen", "Agent", "Arch", "Labels", "Bundles", "Certificates", "Release"].filter(Boolean),
         p.shown.map((n) => [nodeLink(n.name), n.cluster,
           el("span", { class: n.connected ? "yes" : "no" }, n.connected ? "yes" : "no"),
+          kube ? kubeCell(n.kube) : false,
           el("span", { title: n.last_seen || "never" }, ago(n.last_seen)),
           n.agent_version || "-", n.architecture || "-", labelsText(n.labels),
           el("span", {}, n.bundles.map((b) => el("span", { class: "pair", title: b.message || "" }, b.name + "@" + b.version + " ", chip(b.state))), n.held ? chip("held") : null),
-          String(n.certificates.length || "-"), trustCell(n.trust)]),
+          String(n.certificates.length || "-"), trustCell(n.trust)].filter((c) => c !== false)),
         "No node matches."), p.nav);
   };
   return {
@@ -427,6 +449,8 @@ function nodePage(main, r) {
         ["Last seen", n.last_seen ? el("span", { title: n.last_seen }, ago(n.last_seen)) : "never"],
         ["Labels", labelsText(n.labels)],
         n.held && ["Held", n.hold_reason ? "yes: " + n.hold_reason : "yes"],
+        n.kube && ["Kubernetes", [kubeCell(n.kube), n.kube.error ? ": " + n.kube.error : "",
+          n.kube.last_transition ? ["; Ready condition last changed ", time(n.kube.last_transition)] : ""]],
         ["Release", n.trust && n.trust.enabled
           ? [trustCell(n.trust), n.trust.release_expires_at ? ", expires " + time(n.trust.release_expires_at) : "", ", root " + n.trust.root_version, n.trust.message ? ": " + n.trust.message : ""]
           : "- (no release trust reported)"],
@@ -674,7 +698,7 @@ function rolloutPage(main, r) {
   const renderNodes = () => {
     const p = paginate(last.nodes, page, (np) => { page = np; renderNodes(); });
     fill(nodesOut, el("h2", {}, "Nodes"), table("rollout-nodes-table", ["Node", "Previous", "State", "Message"],
-      p.shown.map((n) => [nodeLink(n.name), n.previous_version || "-", el("span", {}, chip(n.state), n.canary ? " canary" : ""), n.message || "-"]),
+      p.shown.map((n) => [nodeLink(n.name), n.previous_version || "-", el("span", {}, chip(n.state), n.canary ? " canary" : "", kubeStep(n)), n.message || "-"]),
       "No node matches this rollout's selector."), p.nav);
   };
   const loadErr = errorBox(main);
