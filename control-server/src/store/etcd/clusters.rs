@@ -299,12 +299,25 @@ impl ClusterStore for EtcdStore {
     }
 
     async fn get_cluster(&self, name: &str) -> Result<Option<ClusterRow>> {
-        let doc: Doc<ClusterDoc> = self.get(&self.key(&format!("clusters/{name}"))).await?;
-        let Some(c) = doc.value else {
+        // Both documents in one round trip: the controller reads a cluster
+        // each time it drives one of its rollouts.
+        let ckey = self.key(&format!("clusters/{name}"));
+        let kkey = self.key(&format!("clusterkube/{name}"));
+        let mut docs = self
+            .get_many::<serde_json::Value>(&[ckey.clone(), kkey.clone()])
+            .await?
+            .into_iter()
+            .map(|d| d.value);
+        let (Some(Some(c)), kube) = (docs.next(), docs.next().flatten()) else {
             return Ok(None);
         };
+        let c: ClusterDoc = serde_json::from_value(c).map_err(|e| corrupt(&ckey, e))?;
+        let kube: KubeDoc = match kube {
+            Some(k) => serde_json::from_value(k).map_err(|e| corrupt(&kkey, e))?,
+            None => KubeDoc::default(),
+        };
         let mut row = c.into_row(name, 0);
-        row.kube = self.kube_doc(name).await?.into_kube().flags();
+        row.kube = kube.into_kube().flags();
         Ok(Some(row))
     }
 

@@ -17,6 +17,18 @@ pub(super) fn read_ca(c: &Connection, name: &str) -> Result<Option<StoredCa>> {
     })
 }
 
+/// After an UPDATE of cluster `name` that changed `n` rows: none means
+/// there is no such cluster; else `event` is recorded and the row read back,
+/// in the same transaction.
+fn changed(tx: &Connection, name: &str, n: usize, event: &EventRow) -> Result<ClusterRow> {
+    if n == 0 {
+        return Err(StoreError::not_found(Kind::Cluster, name.to_string()));
+    }
+    insert_event(tx, event)?;
+    read_cluster(tx, name)?
+        .ok_or_else(|| StoreError::backend(format!("cluster {name} vanished in its own transaction")))
+}
+
 pub(super) fn read_kube(c: &Connection, name: &str) -> Result<Option<ClusterKube>> {
     Ok(c.query_row(
         "SELECT kubeconfig, kube_drain FROM clusters WHERE name = ?1",
@@ -98,12 +110,7 @@ impl ClusterStore for SqliteStore {
                 "UPDATE clusters SET api_server = ?2 WHERE name = ?1",
                 params![name, api_server],
             )?;
-            if n == 0 {
-                return Err(StoreError::not_found(Kind::Cluster, name.to_string()));
-            }
-            insert_event(tx, &event)?;
-            read_cluster(tx, &name)?
-                .ok_or_else(|| StoreError::backend(format!("cluster {name} vanished in its own transaction")))
+            changed(tx, &name, n, &event)
         })
         .await
     }
@@ -123,12 +130,7 @@ impl ClusterStore for SqliteStore {
                     peer.max_uploads
                 ],
             )?;
-            if n == 0 {
-                return Err(StoreError::not_found(Kind::Cluster, name.to_string()));
-            }
-            insert_event(tx, &event)?;
-            read_cluster(tx, &name)?
-                .ok_or_else(|| StoreError::backend(format!("cluster {name} vanished in its own transaction")))
+            changed(tx, &name, n, &event)
         })
         .await
     }
@@ -145,12 +147,7 @@ impl ClusterStore for SqliteStore {
                 "UPDATE clusters SET kubeconfig = ?2, kube_drain = ?3 WHERE name = ?1",
                 params![name, kube.kubeconfig, kube.drain],
             )?;
-            if n == 0 {
-                return Err(StoreError::not_found(Kind::Cluster, name.to_string()));
-            }
-            insert_event(tx, &event)?;
-            read_cluster(tx, &name)?
-                .ok_or_else(|| StoreError::backend(format!("cluster {name} vanished in its own transaction")))
+            changed(tx, &name, n, &event)
         })
         .await
     }
@@ -170,13 +167,11 @@ impl ClusterStore for SqliteStore {
                 Some(true) => return Err(ca_already_set(&name)),
                 Some(false) => {}
             }
-            tx.execute(
+            let n = tx.execute(
                 "UPDATE clusters SET ca_cert_pem = ?2, ca_key = ?3 WHERE name = ?1",
                 params![name, ca.cert_pem, ca.key],
             )?;
-            insert_event(tx, &event)?;
-            read_cluster(tx, &name)?
-                .ok_or_else(|| StoreError::backend(format!("cluster {name} vanished in its own transaction")))
+            changed(tx, &name, n, &event)
         })
         .await
     }
@@ -264,12 +259,7 @@ impl ClusterStore for SqliteStore {
                 "UPDATE clusters SET maintenance_windows = ?2 WHERE name = ?1",
                 params![name, serde_json::to_string(&windows)?],
             )?;
-            if n == 0 {
-                return Err(StoreError::not_found(Kind::Cluster, name.to_string()));
-            }
-            insert_event(tx, &event)?;
-            read_cluster(tx, &name)?
-                .ok_or_else(|| StoreError::backend(format!("cluster {name} vanished in its own transaction")))
+            changed(tx, &name, n, &event)
         })
         .await
     }
