@@ -25,6 +25,11 @@ pub const NODES_TTL: Duration = Duration::from_secs(5);
 /// How long a failed read is reused: a tenant API that is down costs a
 /// `node list` the connect timeout once per 30 s, not every 5 s.
 pub const NODES_ERROR_TTL: Duration = Duration::from_secs(30);
+/// How long a built client is used without looking at the stored
+/// kubeconfig again: drain and Ready tasks ask for a client every second
+/// per node, and a kubeconfig changes rarely (a change on this replica is
+/// seen at once, `forget`; on another, within this).
+const CLIENT_TTL: Duration = Duration::from_secs(10);
 /// Dialling a tenant API gives up after this.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A tenant API request gives up after this.
@@ -56,6 +61,8 @@ pub enum TenantError {
 struct Entry {
     /// SHA-256 of the stored kubeconfig: a change builds a new client.
     stored: [u8; 32],
+    /// When the stored kubeconfig was last read for it.
+    checked: Instant,
     client: kube::Client,
     server: String,
 }
@@ -97,15 +104,22 @@ impl TenantApis {
     /// A client of `cluster`'s tenant API and its URL; `None` when the
     /// cluster has no kubeconfig (or does not exist).
     pub async fn client(&self, cluster: &str) -> Result<Option<(kube::Client, String)>, TenantError> {
+        if let Some(e) = self.clients.lock().ok().and_then(|c| c.get(cluster).cloned())
+            && e.checked.elapsed() < CLIENT_TTL
+        {
+            return Ok(Some((e.client, e.server)));
+        }
         let Some(stored) = self.store.cluster_kube(cluster).await?.and_then(|k| k.kubeconfig) else {
             self.forget(cluster);
             return Ok(None);
         };
         let hash: [u8; 32] = Sha256::digest(stored.as_bytes()).into();
-        if let Some(e) = self.clients.lock().ok().and_then(|c| c.get(cluster).cloned())
+        if let Ok(mut c) = self.clients.lock()
+            && let Some(e) = c.get_mut(cluster)
             && e.stored == hash
         {
-            return Ok(Some((e.client, e.server)));
+            e.checked = Instant::now();
+            return Ok(Some((e.client.clone(), e.server.clone())));
         }
         let text = open_kubeconfig(self.seal.as_deref(), &self.aad_prefix, cluster, &stored)?;
         let checked = TenantKubeconfig::check(&text).map_err(|source| TenantError::Stored {
@@ -123,6 +137,7 @@ impl TenantApis {
                 cluster.to_string(),
                 Entry {
                     stored: hash,
+                    checked: Instant::now(),
                     client: client.clone(),
                     server: checked.server.clone(),
                 },
