@@ -417,12 +417,6 @@ async fn set_kube(
     Ok(row)
 }
 
-/// What a `SetCluster` answer says of a kubeconfig it was given.
-pub async fn kube_probe(r: &pb::SetClusterRequest) -> Option<String> {
-    let k = TenantKubeconfig::check(r.kubeconfig.as_deref()?).ok()?;
-    Some(tenant::probe(&k).await)
-}
-
 /// Stores the cluster's peer-sharing settings merged with `change`, and
 /// has every agent of this replica look again at once (other replicas see
 /// the change within [`crate::peers::TTL`]).
@@ -596,6 +590,8 @@ pub(super) async fn set(
     } else {
         None
     };
+    // The kubeconfig given, as check_change parsed it: tried once stored.
+    let given = change.kube.as_ref().and_then(|k| k.kubeconfig.clone()).flatten();
     let mut row = apply_change(s, &name, change, &who, now_ms()).await?;
     if let Some(w) = windows {
         let c = policy::set_windows(s.store.as_ref(), &name, w, &who, now_ms()).await?;
@@ -606,8 +602,8 @@ pub(super) async fn set(
     }
     let c = row.ok_or_else(|| Status::internal("set cluster: nothing was changed"))?;
     let mut answer = policy::cluster_pb(c, now_ms());
-    if let Some(p) = kube_probe(&r).await {
-        answer.kube_probe = p;
+    if let Some(k) = given {
+        answer.kube_probe = tenant::probe(&k).await;
     }
     Ok(Response::new(answer))
 }

@@ -222,10 +222,21 @@ pub async fn list_nodes(client: kube::Client) -> Result<HashMap<String, NodeKube
         .collect())
 }
 
+/// How long `cluster set --kubeconfig` waits for the tenant API's answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(8);
+
 /// What a `cluster set --kubeconfig` answer says of the tenant API: its
-/// version and Node count, or why it could not be read. Never fails: the
-/// kubeconfig is stored either way (the tenant API may not be up yet).
+/// version and Node count, or why it could not be read, within
+/// [`PROBE_TIMEOUT`]. Never fails: the kubeconfig is stored either way (the
+/// tenant API may not be up yet).
 pub async fn probe(k: &TenantKubeconfig) -> String {
+    match tokio::time::timeout(PROBE_TIMEOUT, probe_now(k)).await {
+        Ok(answer) => answer,
+        Err(_) => format!("{}: no answer within {}s", k.server, PROBE_TIMEOUT.as_secs()),
+    }
+}
+
+async fn probe_now(k: &TenantKubeconfig) -> String {
     let client = match build_client(k).await {
         Ok(c) => c,
         Err(e) => return format!("{}: not usable: {e}", k.server),
