@@ -48,12 +48,12 @@ CRATES = {
         run
         settings
     """,
-    # bottom: digests, durations, ELF headers, limits, then what rests on
+    # bottom: digests, durations, ELF headers, limits, rates, then what rests on
     # them; `rule` (ManifestError) below `certs` and `manifest`, which both
     # check rules; the canonical encoding, signatures and releases over the
     # manifest; at the top the two ways in (protobuf, bundle.toml)
     "proto/bundle/src": """
-        digest duration elf limits
+        digest duration elf limits rate
         arch chunks names path
         rule certs
         manifest

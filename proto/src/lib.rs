@@ -36,7 +36,8 @@ pub mod wire;
 
 pub use lks_bundle::{
     BundlePath, BundleState, Digest, FileSpec, HealthCheck, Manifest, SignedBundle, Step, arch, authoring,
-    canonical, certs, chunks, convert, digest, duration, elf, limits, manifest, names, path, release, sign,
+    canonical, certs, chunks, convert, digest, duration, elf, limits, manifest, names, path, rate, release,
+    sign,
 };
 pub use lks_wire::{codec, pb};
 

@@ -439,6 +439,26 @@ impl KubeControlPlane {
         );
     }
 
+    /// The token the token controller writes into Secret `ns/secret` (of
+    /// type kubernetes.io/service-account-token), once it is there.
+    pub fn service_account_token(&self, ns: &str, secret: &str) -> String {
+        let mut token = String::new();
+        wait_until(
+            Duration::from_secs(60),
+            &format!("the token controller to fill {ns}/{secret}"),
+            || {
+                let s = self.get_json(&["get", "secret", secret, "-n", ns]);
+                token = s["data"]["token"].as_str().unwrap_or_default().to_string();
+                !token.is_empty()
+            },
+        );
+        base64::engine::general_purpose::STANDARD
+            .decode(&token)
+            .ok()
+            .and_then(|t| String::from_utf8(t).ok())
+            .expect("the token Secret holds base64 text")
+    }
+
     /// Applies packaging/kubernetes/tenant/rbac.yaml and returns the
     /// `lksadmin` ServiceAccount's kubeconfig (text) and token, minted as
     /// packaging/kubernetes/tenant/README.md says.
@@ -446,21 +466,7 @@ impl KubeControlPlane {
         let rbac = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/kubernetes/tenant/rbac.yaml");
         let rbac = std::fs::read_to_string(&rbac).unwrap_or_else(|e| panic!("read {}: {e}", rbac.display()));
         self.apply(&rbac);
-        let mut token = String::new();
-        wait_until(
-            Duration::from_secs(60),
-            "the token controller to fill lksadmin-token",
-            || {
-                let s = self.get_json(&["get", "secret", "lksadmin-token", "-n", "kube-system"]);
-                token = s["data"]["token"].as_str().unwrap_or_default().to_string();
-                !token.is_empty()
-            },
-        );
-        let token = base64::engine::general_purpose::STANDARD
-            .decode(&token)
-            .ok()
-            .and_then(|t| String::from_utf8(t).ok())
-            .expect("the token Secret holds base64 text");
+        let token = self.service_account_token("kube-system", "lksadmin-token");
         (self.token_kubeconfig("lksadmin", &token), token)
     }
 }

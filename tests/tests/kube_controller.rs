@@ -7,12 +7,23 @@
 //! - `LksNode.spec.hold` holds and releases the node on the server, and
 //!   wins over a hold lifted with lksctl;
 //! - a node deleted on the server loses its LksNode; killed, the leading
-//!   copy is replaced by the other, which goes on mirroring.
+//!   copy is replaced by the other, which goes on mirroring;
+//!
+//! And (item 2, reconciling; the controller as its ServiceAccount with the
+//! shipped RBAC):
+//! - an LksCluster creates and converges the server's cluster (drift is
+//!   put back, a second pass changes nothing, a refused spec is
+//!   Ready=False with the server's line, deletion waits for its nodes);
+//! - an LksRollout starts once (refused until its bundle is published),
+//!   pauses and resumes with spec.paused, refuses other changes, aborts on
+//!   deletion; spec.rollbackOf rolls back; a rollout started with lksctl
+//!   (idempotent with --request-id) is mirrored, marked outside Git.
 
 // Test code: a helper that fails panics with what it was doing, as a
 // #[test] does (clippy.toml allows that only inside #[test] functions).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -23,6 +34,11 @@ use lks_e2e::{Proc, bin, wait_until};
 const WAIT: Duration = Duration::from_secs(40);
 
 fn controller(cp: &KubeControlPlane, s: &Server, identity: &str) -> Proc {
+    controller_as(cp, s, identity, &cp.admin_kubeconfig)
+}
+
+/// A copy that reaches kube0 with `kubeconfig`.
+fn controller_as(cp: &KubeControlPlane, s: &Server, identity: &str, kubeconfig: &Path) -> Proc {
     let mut c = Command::new(bin("lks-kube-controller"));
     c.args([
         "run",
@@ -32,12 +48,26 @@ fn controller(cp: &KubeControlPlane, s: &Server, identity: &str) -> Proc {
         "1s",
         "--identity",
         identity,
+        "--retry-interval",
+        "2s",
     ])
     .arg("--admin-conf")
     .arg(s.admin_conf_path())
-    .env("KUBECONFIG", &cp.admin_kubeconfig)
+    .env("KUBECONFIG", kubeconfig)
     .env("RUST_LOG", "info");
     Proc::spawn(&format!("controller-{identity}"), c, cp.dir())
+}
+
+fn apply_crds(cp: &KubeControlPlane) {
+    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/kubernetes/crds");
+    cp.kubectl_ok(&["apply", "-f", crds.to_str().unwrap()]);
+    cp.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "crd",
+        "--all",
+        "--timeout=30s",
+    ]);
 }
 
 fn lksnodes(cp: &KubeControlPlane) -> Vec<serde_json::Value> {
@@ -59,15 +89,7 @@ fn held(s: &Server, node: &str) -> (bool, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_and_bundle_versions_are_mirrored_holds_converge_and_a_second_copy_takes_over() {
     let cp = KubeControlPlane::start();
-    let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/kubernetes/crds");
-    cp.kubectl_ok(&["apply", "-f", crds.to_str().unwrap()]);
-    cp.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        "crd",
-        "--all",
-        "--timeout=30s",
-    ]);
+    apply_crds(&cp);
     cp.kubectl_ok(&["create", "namespace", "lksadmin"]);
 
     let s = Server::start();
@@ -149,4 +171,281 @@ async fn nodes_and_bundle_versions_are_mirrored_holds_converge_and_a_second_copy
     let lease = cp.get_json(&["get", "lease", "lks-kube-controller", "-n", "lksadmin"]);
     assert_eq!(lease["spec"]["holderIdentity"], other, "{lease}");
     assert!(lease["spec"]["leaseTransitions"].as_i64() >= Some(1), "{lease}");
+}
+
+/// The `Ready` condition of a status: (status, reason, message).
+fn ready(obj: &serde_json::Value) -> (String, String, String) {
+    obj["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+        .map(|c| {
+            let f = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+            (f("status"), f("reason"), f("message"))
+        })
+        .unwrap_or_default()
+}
+
+/// Server audit records of `verb` so far.
+fn audited(s: &Server, verb: &str) -> usize {
+    s.lksctl_json(&["audit"])
+        .as_array()
+        .map_or(0, |a| a.iter().filter(|r| r["verb"] == verb).count())
+}
+
+fn rollout_state(s: &Server, id: &str) -> serde_json::Value {
+    s.lksctl_json(&["rollout", "status", id])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clusters_and_rollouts_declared_in_kube0_are_carried_out_by_the_server() {
+    let cp = KubeControlPlane::start();
+    apply_crds(&cp);
+    cp.create_namespace("lksadmin");
+    // The controller runs as its ServiceAccount, with the shipped RBAC.
+    let rbac = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/kubernetes/controller/rbac.yaml");
+    cp.kubectl_ok(&["apply", "-f", rbac.to_str().unwrap()]);
+    cp.apply(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: lks-kube-controller-token\n  namespace: lksadmin\n  \
+         annotations:\n    kubernetes.io/service-account.name: lks-kube-controller\n\
+         type: kubernetes.io/service-account-token\n",
+    );
+    let token = cp.service_account_token("lksadmin", "lks-kube-controller-token");
+    let sa_kubeconfig = cp.dir().join("controller.kubeconfig");
+    std::fs::write(&sa_kubeconfig, cp.token_kubeconfig("lks-kube-controller", &token)).unwrap();
+
+    // The tenant cluster's API (the same test API server) for draining,
+    // as a Secret beside the controller.
+    let (tenant, _) = cp.lksadmin_kubeconfig();
+    let tenant_file = cp.dir().join("tenant-a.kubeconfig");
+    std::fs::write(&tenant_file, &tenant).unwrap();
+    cp.kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        "tenant-a-kube",
+        "-n",
+        "lksadmin",
+        &format!("--from-file=kubeconfig={}", tenant_file.display()),
+    ]);
+
+    let s = Server::start();
+    let _c = controller_as(&cp, &s, "c1", &sa_kubeconfig);
+
+    // --- LksCluster: created on the server, converged, idempotent --------
+    cp.apply(
+        "apiVersion: lksadmin.io/v1alpha1\nkind: LksCluster\nmetadata:\n  name: a\nspec:\n  \
+         apiServer: https://10.0.0.1:6443\n  drain: true\n  \
+         kubeconfig: {name: tenant-a-kube, namespace: lksadmin, key: kubeconfig}\n  \
+         peerSharing: {uploadRate: 200Mbit}\n",
+    );
+    wait_until(WAIT, "LksCluster a Ready", || {
+        ready(&cp.get_json(&["get", "lkscluster", "a"])).0 == "True"
+    });
+    let c = s.lksctl_json(&["cluster", "get", "a"]);
+    assert_eq!(c["api_server"], "https://10.0.0.1:6443", "{c}");
+    assert_eq!(c["drain"], true, "{c}");
+    assert_eq!(c["kubeconfig"], true, "{c}");
+    assert_eq!(c["peer_sharing"]["upload_rate"], 25_000_000, "{c}");
+    let obj = cp.get_json(&["get", "lkscluster", "a"]);
+    assert!(
+        obj["status"]["kubeProbe"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(": reachable, Kubernetes v"),
+        "the server tried the tenant API: {obj}"
+    );
+    assert_eq!(obj["status"]["caCertHash"], c["ca_cert_hash"], "{obj}");
+    assert!(
+        !obj.to_string().contains(&tenant[..40]),
+        "the kubeconfig is never copied into the object"
+    );
+    assert_eq!(obj["metadata"]["finalizers"][0], "lksadmin.io/cluster", "{obj}");
+    // Applying the same spec again, and the passes after, change nothing.
+    let sets = audited(&s, "SetCluster");
+    assert_eq!(audited(&s, "CreateCluster"), 1);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(audited(&s, "SetCluster"), sets, "an unchanged spec sends nothing");
+    // Drift made with lksctl is put back: the spec wins.
+    s.lksctl_ok(&["cluster", "set", "a", "--drain", "off"]);
+    wait_until(WAIT, "drain on again, as the spec says", || {
+        s.lksctl_json(&["cluster", "get", "a"])["drain"] == true
+    });
+
+    // A spec the server refuses: Ready=False with its line, then fixed.
+    cp.apply(
+        "apiVersion: lksadmin.io/v1alpha1\nkind: LksCluster\nmetadata:\n  name: b\nspec:\n  \
+         maintenanceWindows: [\"whenever\"]\n",
+    );
+    wait_until(WAIT, "LksCluster b refused", || {
+        let (st, reason, msg) = ready(&cp.get_json(&["get", "lkscluster", "b"]));
+        st == "False" && reason == "Refused" && msg.contains("whenever")
+    });
+    cp.kubectl_ok(&[
+        "patch",
+        "lkscluster",
+        "b",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"maintenanceWindows":["Sat,Sun 02:00-06:00 UTC"]}}"#,
+    ]);
+    wait_until(WAIT, "LksCluster b Ready once fixed", || {
+        ready(&cp.get_json(&["get", "lkscluster", "b"])).0 == "True"
+    });
+    assert_eq!(
+        s.lksctl_json(&["cluster", "get", "b"])["maintenance_windows"][0],
+        "Sat,Sun 02:00-06:00 UTC"
+    );
+
+    // --- LksRollout -------------------------------------------------------
+    let t = s.token("a", &["--uses", "2"]);
+    let _w1 = TestNode::enroll(&s, &t, "w1", &[]).await;
+    let _w2 = TestNode::enroll(&s, &t, "w2", &[]).await;
+    s.publish(&s.write_bundle("b1", "app", "1", &[("/etc/app.conf", b"a=1\n", "0644")]));
+    // Declared before its bundle is published: refused, retried.
+    cp.apply(
+        "apiVersion: lksadmin.io/v1alpha1\nkind: LksRollout\nmetadata:\n  name: app-2\n  namespace: lksadmin\n\
+         spec:\n  cluster: a\n  bundle: app@2\n  batchSize: 1\n  offline: wait\n  drain: {enabled: false}\n",
+    );
+    wait_until(WAIT, "app-2 refused: not published", || {
+        let (st, reason, msg) = ready(&cp.get_json(&["get", "lksrollout", "app-2", "-n", "lksadmin"]));
+        st == "False" && reason == "Refused" && msg.contains("not published")
+    });
+    s.publish(&s.write_bundle("b2", "app", "2", &[("/etc/app.conf", b"a=2\n", "0644")]));
+    let mut id = String::new();
+    wait_until(WAIT, "app-2 started once published", || {
+        let o = cp.get_json(&["get", "lksrollout", "app-2", "-n", "lksadmin"]);
+        id = o["status"]["id"].as_str().unwrap_or_default().to_string();
+        !id.is_empty() && o["status"]["phase"] == "running" && ready(&o).0 == "True"
+    });
+    let r = rollout_state(&s, &id);
+    assert_eq!(
+        r["request_id"].as_str().map(|x| x.starts_with("kube:")),
+        Some(true),
+        "{r}"
+    );
+    assert_eq!(r["batch_size"], 1, "{r}");
+    let audit = s.lksctl_json(&["audit"]);
+    let starts: Vec<&serde_json::Value> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["verb"] == "StartRollout")
+        .collect();
+    assert!(starts.len() >= 2, "refused, then tried again: {starts:?}");
+    assert_eq!(
+        starts.iter().filter(|a| a["outcome"] == "ok").count(),
+        1,
+        "started once: {starts:?}"
+    );
+    // One truth: the declared object, no mirror beside it.
+    let all = cp.get_json(&["get", "lksrollouts", "-n", "lksadmin"]);
+    let with_id = all["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["status"]["id"] == id.as_str())
+        .count();
+    assert_eq!(with_id, 1, "{all}");
+
+    // spec.paused pauses and resumes.
+    let patch = |p: &str| {
+        cp.kubectl_ok(&[
+            "patch",
+            "lksrollout",
+            "app-2",
+            "-n",
+            "lksadmin",
+            "--type=merge",
+            "-p",
+            p,
+        ])
+    };
+    patch(r#"{"spec":{"paused":true}}"#);
+    wait_until(WAIT, "paused on the server", || {
+        rollout_state(&s, &id)["state"] == "paused"
+    });
+    wait_until(WAIT, "phase paused in kube0", || {
+        cp.get_json(&["get", "lksrollout", "app-2", "-n", "lksadmin"])["status"]["phase"] == "paused"
+    });
+    patch(r#"{"spec":{"paused":false}}"#);
+    wait_until(WAIT, "running again", || {
+        rollout_state(&s, &id)["state"] == "running"
+    });
+    // Anything else is refused, not carried out.
+    patch(r#"{"spec":{"batchSize":2}}"#);
+    wait_until(WAIT, "SpecChanged", || {
+        ready(&cp.get_json(&["get", "lksrollout", "app-2", "-n", "lksadmin"])).1 == "SpecChanged"
+    });
+    assert_eq!(rollout_state(&s, &id)["batch_size"], 1);
+    // Deleting it aborts the rollout.
+    cp.kubectl_ok(&["delete", "lksrollout", "app-2", "-n", "lksadmin", "--timeout=40s"]);
+    assert_eq!(rollout_state(&s, &id)["state"], "aborted");
+
+    // A rollback is a new LksRollout.
+    cp.apply(&format!(
+        "apiVersion: lksadmin.io/v1alpha1\nkind: LksRollout\nmetadata:\n  name: app-2-back\n  namespace: lksadmin\n\
+         spec:\n  cluster: a\n  bundle: app@2\n  rollbackOf: \"{id}\"\n"
+    ));
+    wait_until(WAIT, "rolling back (w1, offline, waits to return)", || {
+        let o = cp.get_json(&["get", "lksrollout", "app-2-back", "-n", "lksadmin"]);
+        o["status"]["id"] == id.as_str()
+            && matches!(
+                o["status"]["phase"].as_str(),
+                Some("rolling_back" | "rolled_back")
+            )
+            && ready(&o).0 == "True"
+    });
+
+    // lksctl with a request ID: started once, mirrored as outside Git (a
+    // bundle of its own: app is still rolling back).
+    s.publish(&s.write_bundle("t1", "tool", "1", &[("/etc/tool.conf", b"t=1\n", "0644")]));
+    let start = |version: &str| {
+        s.lksctl(&[
+            "rollout",
+            "start",
+            "--cluster",
+            "a",
+            "--bundle",
+            &format!("tool@{version}"),
+            "--no-drain",
+            "--request-id",
+            "ci-7",
+            "-o",
+            "json",
+        ])
+    };
+    let json = |o: std::process::Output| -> serde_json::Value {
+        serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stderr)))
+    };
+    let first = json(start("1"));
+    let again = json(start("1"));
+    assert_eq!(first["id"], again["id"], "one rollout for one request ID");
+    let other = start("2");
+    assert!(!other.status.success());
+    let err = String::from_utf8_lossy(&other.stderr);
+    assert!(err.contains("already started rollout"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let mirror_id = first["id"].as_str().unwrap().to_string();
+    wait_until(WAIT, "the lksctl rollout mirrored, marked outside Git", || {
+        cp.get_json(&["get", "lksrollouts", "-n", "lksadmin"])["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|o| {
+                o["status"]["id"] == mirror_id.as_str()
+                    && o["metadata"]["annotations"]["lksadmin.io/created-outside-git"] == "true"
+            })
+    });
+
+    // --- LksCluster deletion waits for its nodes --------------------------
+    cp.kubectl_ok(&["delete", "lkscluster", "a", "--wait=false"]);
+    wait_until(WAIT, "deletion refused while nodes are enrolled", || {
+        ready(&cp.get_json(&["get", "lkscluster", "a"])).1 == "HasNodes"
+    });
+    s.lksctl_ok(&["node", "delete", "w1"]);
+    s.lksctl_ok(&["node", "delete", "w2"]);
+    wait_until(WAIT, "LksCluster a gone once its nodes are", || {
+        !cp.kubectl(&["get", "lkscluster", "a"]).status.success()
+    });
 }

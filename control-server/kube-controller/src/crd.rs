@@ -128,6 +128,14 @@ pub struct LksClusterStatus {
     /// `sha256:…` of the cluster CA, as join lines pin it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub ca_cert_hash: String,
+    /// What the server found at the tenant API when it was last given the
+    /// kubeconfig, e.g. "reachable, Kubernetes v1.37.2, 3 nodes".
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kube_probe: String,
+    /// 16 hex digits of the SHA-256 of the kubeconfig last sent to the
+    /// server (never the kubeconfig): a changed Secret is sent again.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kubeconfig_digest: String,
     #[serde(default)]
     pub observed_generation: i64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -348,6 +356,10 @@ pub struct LksRolloutStatus {
     /// One line: the server's message.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// 16 hex digits of the SHA-256 of the spec (without `paused`) the
+    /// rollout was started with: after the start only `paused` may change.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub started_spec_digest: String,
     #[serde(default)]
     pub observed_generation: i64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -1,14 +1,19 @@
 //! lks-kube-controller (issue [kube-front]): kube0 drives lksadmin the
 //! Kubernetes way. The custom resources ([`crd`]) and their manifests; the
-//! mapping of server state to them ([`mirror`]); the admin API client
-//! ([`admin`]), leader election ([`lease`]) and the loop ([`run`]).
+//! mapping of server state to them ([`mirror`]); the reconcilers of what
+//! users declare ([`clusters`], [`rollouts`], with [`conditions`]); the
+//! admin API client ([`admin`]), leader election ([`lease`]) and the loop
+//! ([`run`]).
 
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod clusters;
+pub mod conditions;
 pub mod crd;
 pub mod lease;
 pub mod mirror;
+pub mod rollouts;
 pub mod run;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

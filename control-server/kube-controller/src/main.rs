@@ -1,6 +1,6 @@
 //! `lks-kube-controller`: kube0 drives lksadmin the Kubernetes way.
 //! `crds` prints (or writes) the custom resources' manifests; `run` is the
-//! controller (see the crate's `run` module for what it does so far).
+//! controller (see the crate's `run` module).
 
 #![forbid(unsafe_code)]
 
@@ -26,9 +26,10 @@ enum Cmd {
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
     },
-    /// Mirror the server's nodes and bundle versions into kube0 and apply
-    /// LksNode holds, while holding the Lease. kube0 is reached in-cluster
-    /// or through $KUBECONFIG.
+    /// While holding the Lease: reconcile LksClusters and LksRollouts to the
+    /// server, mirror its nodes, bundle versions and lksctl-started rollouts
+    /// into kube0, and apply LksNode holds. kube0 is reached in-cluster or
+    /// through $KUBECONFIG.
     Run {
         /// The admin credential of lks-control-server (a mounted Secret).
         #[arg(long, value_name = "FILE", env = "LKS_ADMIN_CONF")]
@@ -45,6 +46,11 @@ enum Cmd {
         /// How often the server is read.
         #[arg(long, value_parser = lks_proto::duration::parse_duration, default_value = "5s")]
         interval: Duration,
+        /// How often a start the server refused (an LksRollout whose bundle
+        /// is not published yet, say) is tried again; a changed spec is
+        /// tried at once.
+        #[arg(long, value_parser = lks_proto::duration::parse_duration, default_value = "30s")]
+        retry_interval: Duration,
     },
 }
 
@@ -56,6 +62,7 @@ fn main() -> anyhow::Result<()> {
             lease,
             identity,
             interval,
+            retry_interval,
         } => {
             tracing_subscriber::fmt().with_writer(std::io::stderr).init();
             let _ = rustls::crypto::ring::default_provider().install_default();
@@ -92,6 +99,7 @@ fn main() -> anyhow::Result<()> {
                     lease,
                     identity,
                     interval,
+                    retry_interval,
                 };
                 lks_kube_controller::run::run(opts, kube, cancel).await
             })?;

@@ -180,6 +180,7 @@ pub fn rollout_status(r: &pb::Rollout, generation: i64) -> LksRolloutStatus {
         deferred: r.deferred,
         held: r.held,
         message: r.message.clone(),
+        started_spec_digest: String::new(),
         observed_generation: generation,
         conditions: vec![
             cond("Progressing", progressing, why),

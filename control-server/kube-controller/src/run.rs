@@ -1,6 +1,8 @@
-//! The controller's loop (issue [kube-front], item 2, first part): while
-//! this copy holds the Lease, every `interval` it reads the server's nodes
-//! and published bundle versions through the admin API and
+//! The controller's loop (issue [kube-front], item 2): while this copy
+//! holds the Lease, every `interval` it reads the server's clusters, nodes,
+//! published bundle versions and rollouts through the admin API and
+//! - reconciles every `LksCluster` and every declared `LksRollout` to the
+//!   server ([`crate::clusters`], [`crate::rollouts`]: spec wins);
 //! - mirrors each node as an `LksNode` (status: connected, last seen,
 //!   agent, architecture, bundles, trust, KUBE state) and each version as
 //!   an `LksBundleVersion`, creating what is new and deleting what the
@@ -28,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::admin::{self, Admin};
 use crate::crd::{Hold, LksBundleVersion, LksNode, LksNodeSpec, LksRollout};
 use crate::lease::{Elector, RENEW};
-use crate::mirror;
+use crate::{clusters, mirror, rollouts};
 
 /// The label on every object the controller mirrors.
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
@@ -45,6 +47,8 @@ pub struct Options {
     /// This copy's name in the Lease (the pod name).
     pub identity: String,
     pub interval: Duration,
+    /// How often a refused LksRollout start is tried again.
+    pub retry_interval: Duration,
 }
 
 /// What one pass changed.
@@ -54,12 +58,15 @@ pub struct Pass {
     pub updated: usize,
     pub deleted: usize,
     pub holds: usize,
+    /// Changes made on the server for LksClusters and declared LksRollouts.
+    pub reconciled: usize,
 }
 
 /// Runs until `cancel`: leads when it can, and mirrors while it leads.
 pub async fn run(opts: Options, kube: kube::Client, cancel: CancellationToken) -> anyhow::Result<()> {
     let elector = Elector::new(kube.clone(), &opts.namespace, &opts.lease, &opts.identity);
     let mut admin: Option<Admin> = None;
+    let mut attempts = rollouts::Attempts::new(opts.retry_interval);
     let mut leading = false;
     let mut tick = tokio::time::interval(opts.interval.min(RENEW));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -92,7 +99,7 @@ pub async fn run(opts: Options, kube: kube::Client, cancel: CancellationToken) -
             }
         }
         if let Some(a) = admin.as_mut() {
-            match sync_once(&kube, a, &opts.namespace).await {
+            match sync_once(&kube, a, &opts.namespace, &mut attempts).await {
                 Ok(p) if p != Pass::default() => tracing::info!(?p, "mirrored"),
                 Ok(_) => {}
                 Err(e) => {
@@ -104,9 +111,21 @@ pub async fn run(opts: Options, kube: kube::Client, cancel: CancellationToken) -
     }
 }
 
-/// One pass: nodes, bundle versions, and rollouts started outside Git
-/// (mirrored into `namespace`).
-pub async fn sync_once(kube: &kube::Client, admin: &mut Admin, namespace: &str) -> anyhow::Result<Pass> {
+/// One pass: LksClusters and declared LksRollouts reconciled; nodes,
+/// bundle versions, and rollouts started outside Git (mirrored into
+/// `namespace`).
+pub async fn sync_once(
+    kube: &kube::Client,
+    admin: &mut Admin,
+    namespace: &str,
+    attempts: &mut rollouts::Attempts,
+) -> anyhow::Result<Pass> {
+    let clusters = admin
+        .list_clusters(pb::ListClustersRequest::default())
+        .await
+        .context("list clusters")?
+        .into_inner()
+        .clusters;
     let nodes = admin
         .list_nodes(pb::ListNodesRequest::default())
         .await
@@ -125,7 +144,21 @@ pub async fn sync_once(kube: &kube::Client, admin: &mut Admin, namespace: &str) 
         .context("list rollouts")?
         .into_inner()
         .rollouts;
+    let mut reconciled = clusters::sync(kube, admin, &clusters, &nodes).await?;
+    reconciled += rollouts::sync(kube, admin, &rollouts, attempts, (MANAGED_BY, ME)).await?;
+    let rollouts = if reconciled > 0 {
+        // Started or changed just now: mirrored as they are now.
+        admin
+            .list_rollouts(pb::ListRolloutsRequest::default())
+            .await
+            .context("list rollouts")?
+            .into_inner()
+            .rollouts
+    } else {
+        rollouts
+    };
     let mut pass = sync_nodes(kube, admin, &nodes).await?;
+    pass.reconciled = reconciled;
     for p in [
         sync_bundles(kube, &bundles).await?,
         sync_rollouts(kube, namespace, &rollouts).await?,
@@ -139,8 +172,9 @@ pub async fn sync_once(kube: &kube::Client, admin: &mut Admin, namespace: &str) 
 
 /// Rollouts no LksRollout declared (started with lksctl or the console)
 /// appear as LksRollouts annotated [`OUTSIDE_GIT`], status kept current,
-/// so both fronts see one truth. Declared ones are the reconciler's
-/// (issue [kube-front], item 2, next part) and are left alone here.
+/// so both fronts see one truth. Declared ones (started by the controller
+/// with a `kube:` request ID, or rolled back for one) are
+/// [`crate::rollouts`]' and are left alone here.
 async fn sync_rollouts(
     kube: &kube::Client,
     namespace: &str,
@@ -164,7 +198,10 @@ async fn sync_rollouts(
         .filter_map(|o| Some((o.metadata.name.clone()?, o)))
         .collect();
     let mut pass = Pass::default();
-    for r in rollouts.iter().filter(|r| !declared.contains(&r.id)) {
+    for r in rollouts
+        .iter()
+        .filter(|r| !declared.contains(&r.id) && !crate::rollouts::declared(r))
+    {
         let name = mirror::rollout_name(r);
         let obj = match have.remove(&name) {
             Some(o) => o,

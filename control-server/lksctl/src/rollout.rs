@@ -32,6 +32,8 @@ impl Offline {
 }
 
 #[derive(Subcommand)]
+// Parsed once per run: the size of a variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum RolloutCmd {
     /// Start moving a cluster's matching nodes to NAME@VERSION.
     Start {
@@ -74,6 +76,11 @@ pub enum RolloutCmd {
         ignore_windows: bool,
         #[command(flatten)]
         drain: DrainArgs,
+        /// Make the start idempotent: run again with the same ID (e.g. a CI
+        /// job's ID), it prints the rollout the first run started and starts
+        /// nothing; refused if that rollout was for another bundle or cluster.
+        #[arg(long, value_name = "ID")]
+        request_id: Option<String>,
         /// Wait until the rollout ends, showing progress; exit non-zero unless it completed.
         #[arg(long)]
         wait: bool,
@@ -131,6 +138,7 @@ pub async fn run(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
             batch_interval,
             ignore_windows,
             drain,
+            request_id,
             wait,
             dry_run,
             output,
@@ -160,6 +168,7 @@ pub async fn run(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
                     batch_interval,
                     ignore_windows,
                     drain,
+                    request_id: request_id.as_deref().unwrap_or_default(),
                 },
             )
             .await?;
@@ -268,6 +277,8 @@ pub struct Start<'a> {
     pub batch_interval: Option<Duration>,
     pub ignore_windows: bool,
     pub drain: DrainArgs,
+    /// `--request-id`; empty: none.
+    pub request_id: &'a str,
 }
 
 /// `rollout start`'s drain options: each node is cordoned and drained
@@ -356,6 +367,7 @@ pub async fn start(c: &mut Client, url: &str, s: &Start<'_>) -> anyhow::Result<p
         drain_delete_local_data: s.drain.drain_delete_local_data,
         on_drain_timeout: s.drain.on_drain_timeout.clone().unwrap_or_default(),
         kubelet_version: s.drain.kubelet_version.clone().unwrap_or_default(),
+        request_id: s.request_id.to_string(),
     })
     .await
     .map_err(|e| status(url, e))

@@ -245,6 +245,7 @@ pub(super) fn start_rollout(r: &pb::StartRolloutRequest) -> Entry {
             "drain_delete_local_data": r.drain_delete_local_data,
             "on_drain_timeout": r.on_drain_timeout,
             "kubelet_version": r.kubelet_version,
+            "request_id": r.request_id,
         }),
     }
 }

@@ -144,6 +144,7 @@ pub fn policy(r: &pb::StartRolloutRequest, matched: usize) -> Result<RolloutPoli
         batch_interval_ms: pause("batch interval", r.batch_interval_seconds)?,
         ignore_windows: r.ignore_windows,
         drain: None,
+        request_id: r.request_id.clone(),
     })
 }
 
@@ -329,5 +330,6 @@ pub fn rollout_pb(r: &RolloutRow) -> pb::Rollout {
             on_timeout: d.on_timeout.as_str().to_string(),
             kubelet_version: d.kubelet_version.clone(),
         }),
+        request_id: r.policy.request_id.clone(),
     }
 }

@@ -22,6 +22,8 @@ use crate::clock::now_ms;
 use crate::context::Shared;
 use crate::controller;
 use crate::rollout::{self, Verb, counts};
+#[cfg(test)]
+use crate::store::RolloutPolicy;
 use crate::store::Store;
 use crate::store::{BundleRow, ClusterRow, NewRollout, RolloutRow, RolloutState, StoredBundle};
 
@@ -60,6 +62,16 @@ pub(super) async fn start(
     validate_bundle_name(&r.bundle).map_err(invalid)?;
     validate_version(&r.version).map_err(invalid)?;
     let selector = check_labels("selector", &r.selector)?;
+    check_request_id(&r.request_id)?;
+    let id = if r.request_id.is_empty() {
+        random_id()
+    } else {
+        let id = request_rollout_id(&r.request_id);
+        if let Some(done) = s.store.get_rollout(&id).await.map_err(store_status)? {
+            return same_request(&r, done).map(|d| Response::new(rollout_pb(&d)));
+        }
+        id
+    };
     let bundle = s
         .store
         .get_bundle(&r.bundle, &r.version)
@@ -102,7 +114,7 @@ pub(super) async fn start(
     let row = s
         .controller
         .start(NewRollout {
-            id: random_id(),
+            id,
             cluster: r.cluster,
             bundle: r.bundle,
             version: r.version,
@@ -333,6 +345,52 @@ fn identity_preconditions(cluster: &ClusterRow, m: &Manifest) -> Result<(), Stat
     Ok(())
 }
 
+/// Longest `StartRolloutRequest.request_id`.
+const MAX_REQUEST_ID: usize = 128;
+
+fn check_request_id(id: &str) -> Result<(), Status> {
+    if id.len() > MAX_REQUEST_ID {
+        return Err(invalid(format!(
+            "request ID is {} bytes, more than {MAX_REQUEST_ID}",
+            id.len()
+        )));
+    }
+    if let Some(c) = id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '/' | '-')))
+    {
+        return Err(invalid(format!(
+            "request ID {id:?} has {c:?}; use only A-Z a-z 0-9 . _ : / -"
+        )));
+    }
+    Ok(())
+}
+
+/// The ID of the rollout a request ID starts: derived from it (12 hex
+/// digits of its SHA-256, like a random ID), so that a retried start finds
+/// the rollout in one read, and two starts with one ID cannot both be
+/// stored (each store refuses a second rollout under an existing ID).
+fn request_rollout_id(request_id: &str) -> String {
+    use sha2::Digest as _;
+    let d = sha2::Sha256::digest(format!("lksadmin rollout request {request_id}").as_bytes());
+    d[..6].iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// A start sent again: the rollout its request ID started, when it is for
+/// the same cluster, bundle and version.
+fn same_request(r: &pb::StartRolloutRequest, done: RolloutRow) -> Result<RolloutRow, Status> {
+    if done.policy.request_id == r.request_id
+        && (done.cluster.as_str(), done.bundle.as_str(), done.version.as_str())
+            == (r.cluster.as_str(), r.bundle.as_str(), r.version.as_str())
+    {
+        return Ok(done);
+    }
+    Err(Status::already_exists(format!(
+        "request ID {:?} already started rollout {} ({} {}@{}); a new rollout needs a new request ID",
+        r.request_id, done.id, done.cluster, done.bundle, done.version
+    )))
+}
+
 fn random_id() -> String {
     let mut b = [0u8; 6];
     let _ = getrandom::getrandom(&mut b);
@@ -388,5 +446,60 @@ mod tests {
             ..Default::default()
         };
         identity_preconditions(&cluster(false, false), &plain).unwrap();
+    }
+
+    #[test]
+    fn a_request_id_names_one_rollout_and_a_retry_gets_it_back() {
+        assert_eq!(request_rollout_id("kube:abc"), request_rollout_id("kube:abc"));
+        assert_ne!(request_rollout_id("kube:abc"), request_rollout_id("kube:abd"));
+        let id = request_rollout_id("kube:abc");
+        assert!(
+            id.len() == 12 && id.chars().all(|c| c.is_ascii_hexdigit()),
+            "{id}"
+        );
+
+        check_request_id("").unwrap();
+        check_request_id("kube:0b7c-11/ci.job_7").unwrap();
+        let e = check_request_id("a b").unwrap_err();
+        assert!(e.message().contains("' '"), "{}", e.message());
+        assert!(check_request_id(&"x".repeat(129)).is_err());
+
+        let req = pb::StartRolloutRequest {
+            cluster: "a".into(),
+            bundle: "k".into(),
+            version: "2".into(),
+            request_id: "kube:abc".into(),
+            ..Default::default()
+        };
+        let policy = RolloutPolicy {
+            request_id: "kube:abc".into(),
+            ..Default::default()
+        };
+        let done = NewRollout {
+            id,
+            cluster: "a".into(),
+            bundle: "k".into(),
+            version: "2".into(),
+            selector: Labels::new(),
+            batch_size: 1,
+            failure_threshold: 1,
+            offline_deadline_ms: 1,
+            policy,
+            started_by: "admin".into(),
+            now_ms: 1,
+        }
+        .start(Vec::new(), None);
+        assert_eq!(same_request(&req, done.clone()).unwrap(), done);
+        let other = pb::StartRolloutRequest {
+            version: "3".into(),
+            ..req
+        };
+        let e = same_request(&other, done).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::AlreadyExists);
+        assert!(
+            e.message().contains("already started rollout") && e.message().contains("k@2"),
+            "{}",
+            e.message()
+        );
     }
 }

@@ -262,6 +262,11 @@ pub struct RolloutPolicy {
     /// files are replaced as they are (rollouts stored before read so).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drain: Option<DrainPolicy>,
+    /// `StartRolloutRequest.request_id`: a start sent again with it returns
+    /// this rollout. An older replica that rewrites the rollout drops it
+    /// (the start it guards is long done by then).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub request_id: String,
 }
 
 /// How a draining rollout drains and what it waits for (issue

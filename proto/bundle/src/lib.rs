@@ -29,6 +29,7 @@ pub mod limits;
 pub mod manifest;
 pub mod names;
 pub mod path;
+pub mod rate;
 pub mod release;
 mod rule;
 pub mod sign;

@@ -338,6 +338,7 @@ impl Api {
                             batch_interval: None,
                             ignore_windows: false,
                             drain: rollout::DrainArgs::default(),
+                            request_id: "",
                         },
                     )
                     .await?;

@@ -56,6 +56,9 @@ pub fn rollout_json(r: &pb::Rollout) -> Value {
         "created_at": rfc3339_ms(r.created_at_ms),
         "updated_at": rfc3339_ms(r.updated_at_ms),
         "message": r.message,
+        // `rollout start --request-id` (lks-kube-controller: "kube:<UID>");
+        // null: started without one.
+        "request_id": (!r.request_id.is_empty()).then_some(&r.request_id),
     })
 }
 

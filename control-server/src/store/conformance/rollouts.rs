@@ -255,9 +255,15 @@ pub async fn rollout_policies_are_stored(s: &dyn Store) {
             on_timeout: DrainTimeout::Skip,
             kubelet_version: "v1.37.2".into(),
         }),
+        request_id: "kube:0b7c".into(),
     };
     let r = s.start_rollout(new.clone()).await.unwrap();
     assert_eq!(r.policy, new.policy);
+    assert_eq!(
+        s.get_rollout("r1").await.unwrap().unwrap().policy.request_id,
+        "kube:0b7c",
+        "the request ID is kept"
+    );
     let views = s.rollout_views("r1").await.unwrap();
     assert!(views["a1"].held && !views["a2"].held);
 

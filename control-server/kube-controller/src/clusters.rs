@@ -1,0 +1,641 @@
+//! `LksCluster` → the server's cluster (issue [kube-front], item 2): the
+//! spec is the user's and wins; the controller creates the cluster if the
+//! server has none of that name (adopting one that exists), then sends
+//! what differs — maintenance windows, API server, CA (only to a cluster
+//! without one: a CA is never replaced), peer sharing, kubeconfig, drain
+//! default — and writes the status (nodes, connected, CA hash, what the
+//! tenant API answered, `Ready`).
+//!
+//! A spec the server refuses, or a Secret that is missing, becomes
+//! `Ready=False` with one line saying why; the controller goes on with the
+//! next object and tries again on its next pass. Deleting an `LksCluster`
+//! is refused (its finalizer stays, `Ready=False`, reason `HasNodes`)
+//! while nodes are enrolled in the cluster; without nodes the finalizer is
+//! removed and the server keeps the cluster's record and CA (the admin API
+//! has no cluster deletion), so a new `LksCluster` of that name adopts it.
+
+use std::collections::BTreeMap;
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use lks_proto::pb;
+use sha2::{Digest as _, Sha256};
+
+use crate::admin::Admin;
+use crate::conditions::{self, condition};
+use crate::crd::{LksCluster, LksClusterSpec, LksClusterStatus, SecretKeyRef, SecretName};
+use lks_proto::report::one_line;
+
+/// The finalizer every `LksCluster` carries while the controller runs.
+pub const FINALIZER: &str = "lksadmin.io/cluster";
+
+/// What the Secrets a spec names hold.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Secrets {
+    /// `caSecret`'s `tls.crt` and `tls.key`.
+    pub ca: Option<(String, String)>,
+    /// `kubeconfig`'s key.
+    pub kubeconfig: Option<String>,
+}
+
+/// 16 hex digits of the SHA-256 of `text`: enough to see a change, never
+/// the secret itself.
+pub fn digest16(text: &[u8]) -> String {
+    Sha256::digest(text)[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// What to send to the server for `spec`: a `CreateCluster` when it has no
+/// cluster of that name, and a `SetCluster` for what differs (`None`:
+/// nothing does). `applied` is the digest of the kubeconfig last sent.
+#[derive(Debug, Default, PartialEq)]
+pub struct Plan {
+    pub create: Option<pb::CreateClusterRequest>,
+    pub set: Option<pb::SetClusterRequest>,
+}
+
+/// A spec that cannot be carried out as written (one line).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error("spec.peerSharing.uploadRate: {0}")]
+    Rate(#[from] lks_proto::rate::RateError),
+    #[error(
+        "the server's CA of cluster {0} is not the one in spec.caSecret: a cluster's CA is never replaced \
+         (remove spec.caSecret, or name the Secret of the CA the cluster has)"
+    )]
+    CaMismatch(String),
+}
+
+/// PEM text without its line breaks, so two encodings of one certificate
+/// compare equal.
+fn pem_body(pem: &str) -> String {
+    pem.chars().filter(|c| !c.is_whitespace()).collect()
+}
+
+pub fn plan(
+    name: &str,
+    spec: &LksClusterSpec,
+    secrets: &Secrets,
+    server: Option<&pb::Cluster>,
+    server_ca_pem: Option<&str>,
+    applied_kubeconfig: &str,
+) -> Result<Plan, SpecError> {
+    let mut plan = Plan::default();
+    let fresh;
+    let server = match server {
+        Some(s) => s,
+        None => {
+            let (ca_cert_pem, ca_key_pem) = secrets.ca.clone().unwrap_or_default();
+            plan.create = Some(pb::CreateClusterRequest {
+                name: name.to_string(),
+                ca_cert_pem,
+                ca_key_pem,
+                api_server: spec.api_server.clone().unwrap_or_default(),
+            });
+            // What the created cluster will be: the rest is set after.
+            fresh = pb::Cluster {
+                name: name.to_string(),
+                has_ca: true,
+                api_server: spec.api_server.clone().unwrap_or_default(),
+                ..Default::default()
+            };
+            &fresh
+        }
+    };
+    let mut set = pb::SetClusterRequest {
+        name: name.to_string(),
+        ..Default::default()
+    };
+    let mut any = false;
+    if spec.maintenance_windows != server.maintenance_windows {
+        set.maintenance_windows = spec.maintenance_windows.clone();
+        set.clear_maintenance_windows = spec.maintenance_windows.is_empty();
+        any = true;
+    }
+    match &spec.api_server {
+        Some(a) if *a != server.api_server => {
+            set.api_server = Some(a.clone());
+            any = true;
+        }
+        None if !server.api_server.is_empty() => {
+            set.clear_api_server = true;
+            any = true;
+        }
+        _ => {}
+    }
+    if !server.has_ca {
+        match &secrets.ca {
+            Some((cert, key)) => {
+                set.ca_cert_pem = cert.clone();
+                set.ca_key_pem = key.clone();
+            }
+            None => set.generate_ca = true,
+        }
+        any = true;
+    } else if let (Some((cert, _)), Some(have)) = (&secrets.ca, server_ca_pem)
+        && pem_body(cert) != pem_body(have)
+    {
+        return Err(SpecError::CaMismatch(name.to_string()));
+    }
+    let peer = server.peer_sharing.as_ref();
+    match (&spec.peer_sharing, peer) {
+        (None, Some(_)) => {
+            set.peer_sharing = Some(false);
+            any = true;
+        }
+        (None, None) => {}
+        (Some(want), have) => {
+            if have.is_none() {
+                set.peer_sharing = Some(true);
+                any = true;
+            }
+            if let Some(p) = want.port
+                && have.is_none_or(|h| h.port != u32::from(p))
+            {
+                set.peer_port = Some(u32::from(p));
+                any = true;
+            }
+            let rate = match &want.upload_rate {
+                Some(r) => lks_proto::rate::parse_rate(r)?,
+                None => 0,
+            };
+            if have.map_or(rate != 0, |h| h.upload_rate != rate) {
+                set.peer_upload_rate = Some(rate);
+                any = true;
+            }
+            if let Some(m) = want.max_uploads
+                && have.is_none_or(|h| h.max_uploads != m)
+            {
+                set.peer_max_uploads = Some(m);
+                any = true;
+            }
+        }
+    }
+    match &secrets.kubeconfig {
+        Some(k) if !server.has_kubeconfig || digest16(k.as_bytes()) != applied_kubeconfig => {
+            set.kubeconfig = Some(k.clone());
+            any = true;
+        }
+        None if server.has_kubeconfig => {
+            set.clear_kubeconfig = true;
+            any = true;
+        }
+        _ => {}
+    }
+    if spec.drain != server.drain {
+        set.drain = Some(spec.drain);
+        any = true;
+    }
+    plan.set = any.then_some(set);
+    Ok(plan)
+}
+
+/// Reads a key of a Secret as text; a one-line error names what is missing.
+async fn secret_text(kube: &kube::Client, ns: &str, name: &str, key: &str) -> Result<String, String> {
+    let api: Api<Secret> = Api::namespaced(kube.clone(), ns);
+    let s = api
+        .get_opt(name)
+        .await
+        .map_err(|e| format!("Secret {ns}/{name}: {}", one_line(&e)))?
+        .ok_or_else(|| format!("Secret {ns}/{name} does not exist"))?;
+    let bytes = s
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|b| b.0.clone())
+        .or_else(|| {
+            s.string_data
+                .as_ref()
+                .and_then(|d| d.get(key))
+                .map(|t| t.clone().into_bytes())
+        })
+        .ok_or_else(|| format!("Secret {ns}/{name} has no key {key:?}"))?;
+    String::from_utf8(bytes).map_err(|_| format!("Secret {ns}/{name} key {key:?} is not UTF-8 text"))
+}
+
+async fn read_secrets(kube: &kube::Client, spec: &LksClusterSpec) -> Result<Secrets, String> {
+    let mut out = Secrets::default();
+    if let Some(SecretName { name, namespace }) = &spec.ca_secret {
+        out.ca = Some((
+            secret_text(kube, namespace, name, "tls.crt").await?,
+            secret_text(kube, namespace, name, "tls.key").await?,
+        ));
+    }
+    if let Some(SecretKeyRef { name, namespace, key }) = &spec.kubeconfig {
+        out.kubeconfig = Some(secret_text(kube, namespace, name, key).await?);
+    }
+    Ok(out)
+}
+
+/// Nodes and connected nodes per cluster.
+pub fn counts(nodes: &[pb::Node]) -> BTreeMap<String, (u32, u32)> {
+    let mut m: BTreeMap<String, (u32, u32)> = BTreeMap::new();
+    for n in nodes {
+        let e = m.entry(n.cluster.clone()).or_default();
+        e.0 += 1;
+        e.1 += u32::from(n.connected);
+    }
+    m
+}
+
+/// Reconciles every `LksCluster`; returns how many it changed on the
+/// server. One object's failure is written to its status and does not stop
+/// the others.
+pub async fn sync(
+    kube: &kube::Client,
+    admin: &mut Admin,
+    servers: &[pb::Cluster],
+    nodes: &[pb::Node],
+) -> anyhow::Result<usize> {
+    let api: Api<LksCluster> = Api::all(kube.clone());
+    let objs = api
+        .list(&ListParams::default())
+        .await
+        .context("list LksClusters")?
+        .items;
+    let counts = counts(nodes);
+    let mut changed = 0;
+    for obj in objs {
+        let name = obj.name_any();
+        let server = servers.iter().find(|c| c.name == name);
+        changed += reconcile(
+            kube,
+            &api,
+            admin,
+            &obj,
+            server,
+            counts.get(&name).copied().unwrap_or_default(),
+        )
+        .await
+        .with_context(|| format!("LksCluster {name}"))?;
+    }
+    Ok(changed)
+}
+
+async fn reconcile(
+    kube: &kube::Client,
+    api: &Api<LksCluster>,
+    admin: &mut Admin,
+    obj: &LksCluster,
+    server: Option<&pb::Cluster>,
+    (nodes, connected): (u32, u32),
+) -> anyhow::Result<usize> {
+    let name = obj.name_any();
+    let generation = obj.metadata.generation.unwrap_or(0);
+    let old = obj.status.clone().unwrap_or_default();
+    let mut status = LksClusterStatus {
+        nodes,
+        connected,
+        ca_cert_hash: server.map(|s| s.ca_cert_hash.clone()).unwrap_or_default(),
+        observed_generation: generation,
+        ..old.clone()
+    };
+    let now = conditions::now();
+    if obj.metadata.deletion_timestamp.is_some() {
+        if nodes > 0 {
+            let msg = format!(
+                "cluster {name} has {nodes} enrolled node(s): delete them first (lksctl node delete NAME, \
+                 after draining them from the tenant cluster); the LksCluster stays until then"
+            );
+            conditions::set(
+                &mut status.conditions,
+                condition("Ready", false, "HasNodes", &msg, generation),
+                &now,
+            );
+            write_status(api, &name, &old, &status).await?;
+        } else {
+            set_finalizer(api, obj, FINALIZER, false).await?;
+            tracing::info!(cluster = %name, "LksCluster deleted; the server keeps its record and CA");
+        }
+        return Ok(0);
+    }
+    if !obj.finalizers().iter().any(|f| f == FINALIZER) {
+        set_finalizer(api, obj, FINALIZER, true).await?;
+    }
+    let refuse = |status: &mut LksClusterStatus, reason: &str, msg: String| {
+        tracing::warn!(cluster = %name, reason, message = %msg, "LksCluster not carried out");
+        conditions::set(
+            &mut status.conditions,
+            condition("Ready", false, reason, &msg, generation),
+            &now,
+        );
+    };
+    let secrets = match read_secrets(kube, &obj.spec).await {
+        Ok(s) => s,
+        Err(msg) => {
+            refuse(&mut status, "SecretMissing", msg);
+            write_status(api, &name, &old, &status).await?;
+            return Ok(0);
+        }
+    };
+    let server_ca = match (server, &secrets.ca) {
+        (Some(s), Some(_)) if s.has_ca => Some(
+            admin
+                .get_cluster_ca(pb::GetClusterCaRequest { name: name.clone() })
+                .await
+                .with_context(|| format!("read the CA of cluster {name}"))?
+                .into_inner()
+                .ca_cert_pem,
+        ),
+        _ => None,
+    };
+    let plan = match plan(
+        &name,
+        &obj.spec,
+        &secrets,
+        server,
+        server_ca.as_deref(),
+        &old.kubeconfig_digest,
+    ) {
+        Ok(p) => p,
+        Err(e) => {
+            refuse(&mut status, "Invalid", e.to_string());
+            write_status(api, &name, &old, &status).await?;
+            return Ok(0);
+        }
+    };
+    let mut changed = 0;
+    if let Some(c) = plan.create {
+        match admin.create_cluster(c).await {
+            Ok(r) => {
+                let r = r.into_inner();
+                status.ca_cert_hash = r.ca_cert_hash;
+                changed += 1;
+                tracing::info!(cluster = %name, "cluster created on the server");
+            }
+            Err(e) => {
+                refuse(&mut status, "Refused", e.message().to_string());
+                write_status(api, &name, &old, &status).await?;
+                return Ok(0);
+            }
+        }
+    }
+    if let Some(set) = plan.set {
+        let kubeconfig = set.kubeconfig.as_deref().map(|k| digest16(k.as_bytes()));
+        let clear = set.clear_kubeconfig;
+        match admin.set_cluster(set).await {
+            Ok(r) => {
+                let r = r.into_inner();
+                status.ca_cert_hash = r.ca_cert_hash;
+                if let Some(d) = kubeconfig {
+                    status.kubeconfig_digest = d;
+                    status.kube_probe = r.kube_probe;
+                } else if clear {
+                    status.kubeconfig_digest.clear();
+                    status.kube_probe.clear();
+                }
+                changed += 1;
+                tracing::info!(cluster = %name, "cluster settings converged to the LksCluster spec");
+            }
+            Err(e) => {
+                refuse(&mut status, "Refused", e.message().to_string());
+                write_status(api, &name, &old, &status).await?;
+                return Ok(changed);
+            }
+        }
+    }
+    conditions::set(
+        &mut status.conditions,
+        condition(
+            "Ready",
+            true,
+            "Reconciled",
+            "the server's cluster is as the spec says",
+            generation,
+        ),
+        &now,
+    );
+    write_status(api, &name, &old, &status).await?;
+    Ok(changed)
+}
+
+async fn write_status(
+    api: &Api<LksCluster>,
+    name: &str,
+    old: &LksClusterStatus,
+    new: &LksClusterStatus,
+) -> anyhow::Result<()> {
+    if old == new {
+        return Ok(());
+    }
+    let patch = serde_json::json!({ "status": new });
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("write LksCluster {name} status"))?;
+    Ok(())
+}
+
+/// Adds (`on`) or removes `finalizer`; guarded by the object's
+/// resourceVersion, so a concurrent change makes it wait for the next pass.
+pub async fn set_finalizer<K>(api: &Api<K>, obj: &K, finalizer: &str, on: bool) -> anyhow::Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut f: Vec<String> = obj.finalizers().to_vec();
+    f.retain(|x| x != finalizer);
+    if on {
+        f.push(finalizer.to_string());
+    }
+    let patch = serde_json::json!({
+        "metadata": { "finalizers": f, "resourceVersion": obj.resource_version() }
+    });
+    api.patch(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| {
+            format!(
+                "{} finalizer of {}",
+                if on { "add" } else { "remove" },
+                obj.name_any()
+            )
+        })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::PeerSharing;
+
+    fn server() -> pb::Cluster {
+        pb::Cluster {
+            name: "a".into(),
+            has_ca: true,
+            ca_cert_hash: "sha256:ab".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_spec_the_server_already_has_changes_nothing() {
+        let spec = LksClusterSpec::default();
+        let p = plan("a", &spec, &Secrets::default(), Some(&server()), None, "").unwrap();
+        assert_eq!(
+            p,
+            Plan::default(),
+            "applying the same manifest twice changes nothing"
+        );
+
+        let spec = LksClusterSpec {
+            api_server: Some("https://api:6443".into()),
+            drain: true,
+            maintenance_windows: vec!["Sat 02:00-06:00 UTC".into()],
+            peer_sharing: Some(PeerSharing {
+                port: Some(7444),
+                upload_rate: Some("200Mbit".into()),
+                max_uploads: None,
+            }),
+            ..Default::default()
+        };
+        let mut s = server();
+        s.api_server = "https://api:6443".into();
+        s.drain = true;
+        s.maintenance_windows = vec!["Sat 02:00-06:00 UTC".into()];
+        s.peer_sharing = Some(pb::PeerSharing {
+            port: 7444,
+            upload_rate: 25_000_000,
+            max_uploads: 4,
+        });
+        let p = plan("a", &spec, &Secrets::default(), Some(&s), None, "").unwrap();
+        assert_eq!(p, Plan::default());
+    }
+
+    #[test]
+    fn what_differs_is_sent_and_the_spec_wins() {
+        let spec = LksClusterSpec {
+            drain: true,
+            peer_sharing: Some(PeerSharing::default()),
+            ..Default::default()
+        };
+        let mut s = server();
+        s.api_server = "https://old:6443".into();
+        s.maintenance_windows = vec!["Sat 02:00-06:00 UTC".into()];
+        let set = plan("a", &spec, &Secrets::default(), Some(&s), None, "")
+            .unwrap()
+            .set
+            .unwrap();
+        assert!(set.clear_api_server, "absent from the spec: removed");
+        assert!(set.clear_maintenance_windows && set.maintenance_windows.is_empty());
+        assert_eq!(set.drain, Some(true));
+        assert_eq!(set.peer_sharing, Some(true));
+        assert_eq!(set.peer_port, None, "absent: the server's default");
+        assert_eq!(set.kubeconfig, None);
+
+        // A kubeconfig is sent when the server has none or the Secret changed.
+        let secrets = Secrets {
+            kubeconfig: Some("apiVersion: v1\n".into()),
+            ..Default::default()
+        };
+        let none = LksClusterSpec::default();
+        let set = plan("a", &none, &secrets, Some(&server()), None, "")
+            .unwrap()
+            .set
+            .unwrap();
+        assert_eq!(set.kubeconfig.as_deref(), Some("apiVersion: v1\n"));
+        let mut with = server();
+        with.has_kubeconfig = true;
+        let digest = digest16(b"apiVersion: v1\n");
+        assert_eq!(
+            plan("a", &none, &secrets, Some(&with), None, &digest).unwrap(),
+            Plan::default()
+        );
+        assert!(
+            plan("a", &none, &secrets, Some(&with), None, "0000")
+                .unwrap()
+                .set
+                .is_some()
+        );
+        let set = plan("a", &none, &Secrets::default(), Some(&with), None, &digest)
+            .unwrap()
+            .set
+            .unwrap();
+        assert!(set.clear_kubeconfig);
+    }
+
+    #[test]
+    fn a_new_cluster_is_created_with_its_ca_and_a_ca_is_never_replaced() {
+        let spec = LksClusterSpec {
+            api_server: Some("https://api:6443".into()),
+            ..Default::default()
+        };
+        let secrets = Secrets {
+            ca: Some((
+                "-----BEGIN CERTIFICATE-----\nAAAA\nBBBB\n-----END CERTIFICATE-----\n".into(),
+                "KEY".into(),
+            )),
+            ..Default::default()
+        };
+        let p = plan("a", &spec, &secrets, None, None, "").unwrap();
+        let c = p.create.unwrap();
+        assert_eq!((c.name.as_str(), c.ca_key_pem.as_str()), ("a", "KEY"));
+        assert_eq!(c.api_server, "https://api:6443");
+        assert_eq!(p.set, None, "nothing else to set");
+
+        let same = "-----BEGIN CERTIFICATE-----\r\nAAAABBBB\r\n-----END CERTIFICATE-----";
+        assert_eq!(
+            plan(
+                "a",
+                &LksClusterSpec::default(),
+                &secrets,
+                Some(&server()),
+                Some(same),
+                ""
+            )
+            .unwrap(),
+            Plan::default()
+        );
+        let e = plan(
+            "a",
+            &LksClusterSpec::default(),
+            &secrets,
+            Some(&server()),
+            Some("OTHER"),
+            "",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("never replaced"), "{e}");
+
+        let mut no_ca = server();
+        no_ca.has_ca = false;
+        let set = plan(
+            "a",
+            &LksClusterSpec::default(),
+            &Secrets::default(),
+            Some(&no_ca),
+            None,
+            "",
+        )
+        .unwrap()
+        .set
+        .unwrap();
+        assert!(set.generate_ca);
+
+        let bad = LksClusterSpec {
+            peer_sharing: Some(PeerSharing {
+                upload_rate: Some("50Mb".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let e = plan("a", &bad, &Secrets::default(), Some(&server()), None, "").unwrap_err();
+        assert!(
+            e.to_string().starts_with("spec.peerSharing.uploadRate: \"50Mb\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn nodes_are_counted_per_cluster() {
+        let n = |c: &str, on: bool| pb::Node {
+            cluster: c.into(),
+            connected: on,
+            ..Default::default()
+        };
+        let c = counts(&[n("a", true), n("a", false), n("b", true)]);
+        assert_eq!(c["a"], (2, 1));
+        assert_eq!(c["b"], (1, 1));
+    }
+}

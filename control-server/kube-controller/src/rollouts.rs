@@ -1,0 +1,516 @@
+//! Declared `LksRollout`s → the server's rollouts (issue [kube-front],
+//! item 2). An `LksRollout` a user (or Argo CD, Flux) created:
+//! - is started once: `StartRollout` carries the request ID
+//!   `kube:<object UID>`, so a start repeated after a crash (before the
+//!   status kept the rollout's ID) returns the rollout the first one
+//!   started; `spec.rollbackOf: ID` rolls that rollout back instead;
+//! - a start the server refuses (bundle not yet published, cluster not yet
+//!   created, a bad option) is `Ready=False`, reason `Refused`, with the
+//!   server's line, and is tried again every `--retry-interval` (30 s) and at once when the
+//!   spec changes — so a rollout applied with its LksCluster from one Git
+//!   commit starts once the cluster exists;
+//! - once started, only `spec.paused` may change (pauses and resumes it);
+//!   another change is `Ready=False`, reason `SpecChanged`, and is not
+//!   carried out: a different rollout is a new LksRollout;
+//! - deleting it while it runs or is paused aborts it (finalizer).
+//!
+//! Its status is the server's rollout (phase, counts, `Progressing`,
+//! `Completed`, `Failed`) plus `Ready`.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use lks_proto::duration::parse_duration;
+use lks_proto::pb;
+use tonic::Code;
+
+use crate::admin::Admin;
+use crate::clusters::{digest16, set_finalizer};
+use crate::conditions::{self, condition};
+use crate::crd::{LksRollout, LksRolloutSpec, LksRolloutStatus};
+use crate::mirror;
+
+/// The finalizer of a declared `LksRollout`.
+pub const FINALIZER: &str = "lksadmin.io/rollout";
+/// The request ID prefix of rollouts the controller starts.
+pub const REQUEST_PREFIX: &str = "kube:";
+
+/// The request ID of an LksRollout's start.
+pub fn request_id(uid: &str) -> String {
+    format!("{REQUEST_PREFIX}{uid}")
+}
+
+/// A spec that cannot be sent as written (one line).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error("spec.bundle {0:?} is not NAME@VERSION")]
+    Bundle(String),
+    #[error("{field}: {source}")]
+    Duration {
+        field: &'static str,
+        #[source]
+        source: lks_proto::duration::DurationError,
+    },
+    #[error("spec.{field} {value:?} is unknown; use {allowed}")]
+    Choice {
+        field: &'static str,
+        value: String,
+        allowed: &'static str,
+    },
+}
+
+fn secs(field: &'static str, v: &Option<String>) -> Result<u64, SpecError> {
+    match v {
+        None => Ok(0),
+        Some(t) => parse_duration(t)
+            .map(|d| d.as_secs().max(1))
+            .map_err(|source| SpecError::Duration { field, source }),
+    }
+}
+
+/// The `StartRolloutRequest` a spec stands for.
+pub fn start_request(spec: &LksRolloutSpec, uid: &str) -> Result<pb::StartRolloutRequest, SpecError> {
+    let (bundle, version) = spec
+        .bundle
+        .split_once('@')
+        .filter(|(n, v)| !n.is_empty() && !v.is_empty())
+        .ok_or_else(|| SpecError::Bundle(spec.bundle.clone()))?;
+    if let Some(o) = &spec.offline
+        && !matches!(o.as_str(), "defer" | "wait")
+    {
+        return Err(SpecError::Choice {
+            field: "offline",
+            value: o.clone(),
+            allowed: "defer or wait",
+        });
+    }
+    let drain = spec.drain.clone().unwrap_or_default();
+    if let Some(o) = &drain.on_timeout
+        && !matches!(o.as_str(), "fail" | "skip")
+    {
+        return Err(SpecError::Choice {
+            field: "drain.onTimeout",
+            value: o.clone(),
+            allowed: "fail or skip",
+        });
+    }
+    let canary = spec.canary.clone().unwrap_or_default();
+    Ok(pb::StartRolloutRequest {
+        cluster: spec.cluster.clone(),
+        bundle: bundle.to_string(),
+        version: version.to_string(),
+        selector: spec.selector.clone().into_iter().collect(),
+        batch_size: spec.batch_size.unwrap_or(0),
+        failure_threshold: spec.failure_threshold.unwrap_or(0),
+        offline_deadline_seconds: 0,
+        offline: spec.offline.clone().unwrap_or_default(),
+        canary: canary.count,
+        // `lksctl rollout start --canary-soak`'s default: 10m.
+        canary_soak_seconds: match (canary.count, &canary.soak) {
+            (0, _) => 0,
+            (_, None) => 600,
+            (_, soak) => secs("spec.canary.soak", soak)?,
+        },
+        batch_interval_seconds: secs("spec.batchInterval", &spec.batch_interval)?,
+        ignore_windows: spec.ignore_windows,
+        drain: spec.drain.as_ref().map(|d| d.enabled),
+        drain_timeout_seconds: secs("spec.drain.timeout", &drain.timeout)?,
+        ready_timeout_seconds: secs("spec.drain.readyTimeout", &drain.ready_timeout)?,
+        drain_delete_local_data: drain.delete_local_data,
+        on_drain_timeout: drain.on_timeout.clone().unwrap_or_default(),
+        kubelet_version: drain.kubelet_version.clone().unwrap_or_default(),
+        request_id: request_id(uid),
+    })
+}
+
+/// The digest of what a started rollout may not change: the spec without
+/// `paused`.
+pub fn spec_digest(spec: &LksRolloutSpec) -> String {
+    let fixed = LksRolloutSpec {
+        paused: false,
+        ..spec.clone()
+    };
+    digest16(serde_json::to_string(&fixed).unwrap_or_default().as_bytes())
+}
+
+/// Whether `r` is a rollout the controller started for an LksRollout.
+pub fn declared(r: &pb::Rollout) -> bool {
+    r.request_id.starts_with(REQUEST_PREFIX)
+}
+
+/// The verb that brings a started rollout's pause to what the spec says.
+pub fn pause_verb(spec: &LksRolloutSpec, r: &pb::Rollout) -> Option<PauseVerb> {
+    match (spec.paused, pb::RolloutState::try_from(r.state)) {
+        (true, Ok(pb::RolloutState::Running)) => Some(PauseVerb::Pause),
+        (false, Ok(pb::RolloutState::Paused)) => Some(PauseVerb::Resume),
+        _ => None,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PauseVerb {
+    Pause,
+    Resume,
+}
+
+/// Refused starts: when each object (by UID) was last tried, and at which
+/// generation; one is tried again after `retry`, or at once when its spec
+/// changed.
+pub struct Attempts {
+    retry: Duration,
+    tried: HashMap<String, (Instant, i64)>,
+}
+
+impl Attempts {
+    pub fn new(retry: Duration) -> Self {
+        Attempts {
+            retry,
+            tried: HashMap::new(),
+        }
+    }
+
+    fn due(&self, uid: &str, generation: i64) -> bool {
+        self.tried
+            .get(uid)
+            .is_none_or(|(at, g)| *g != generation || at.elapsed() >= self.retry)
+    }
+}
+
+/// Reconciles every declared LksRollout (those the controller did not
+/// create as mirrors); returns how many it changed on the server.
+pub async fn sync(
+    kube: &kube::Client,
+    admin: &mut Admin,
+    rollouts: &[pb::Rollout],
+    attempts: &mut Attempts,
+    mirror_label: (&str, &str),
+) -> anyhow::Result<usize> {
+    let all: Api<LksRollout> = Api::all(kube.clone());
+    let objs = all
+        .list(&ListParams::default())
+        .await
+        .context("list LksRollouts")?
+        .items;
+    let mut changed = 0;
+    for obj in objs
+        .iter()
+        .filter(|o| o.labels().get(mirror_label.0).map(String::as_str) != Some(mirror_label.1))
+    {
+        let ns = obj.namespace().unwrap_or_default();
+        let api: Api<LksRollout> = Api::namespaced(kube.clone(), &ns);
+        changed += reconcile(&api, admin, obj, rollouts, attempts)
+            .await
+            .with_context(|| format!("LksRollout {ns}/{}", obj.name_any()))?;
+    }
+    let live: std::collections::HashSet<String> = objs.iter().filter_map(|o| o.uid()).collect();
+    attempts.tried.retain(|uid, _| live.contains(uid));
+    Ok(changed)
+}
+
+async fn reconcile(
+    api: &Api<LksRollout>,
+    admin: &mut Admin,
+    obj: &LksRollout,
+    rollouts: &[pb::Rollout],
+    attempts: &mut Attempts,
+) -> anyhow::Result<usize> {
+    let name = obj.name_any();
+    let uid = obj.uid().unwrap_or_default();
+    let generation = obj.metadata.generation.unwrap_or(0);
+    let old = obj.status.clone().unwrap_or_default();
+    let now = conditions::now();
+    let current = (!old.id.is_empty())
+        .then(|| rollouts.iter().find(|r| r.id == old.id))
+        .flatten();
+
+    if obj.metadata.deletion_timestamp.is_some() {
+        if let Some(r) = current.filter(|r| {
+            obj.spec.rollback_of.is_none()
+                && matches!(
+                    pb::RolloutState::try_from(r.state),
+                    Ok(pb::RolloutState::Running | pb::RolloutState::Paused)
+                )
+        }) {
+            match admin.abort_rollout(pb::RolloutRef { id: r.id.clone() }).await {
+                Ok(_) => {
+                    tracing::info!(rollout = %r.id, lksrollout = %name, "LksRollout deleted: rollout aborted")
+                }
+                // Ended meanwhile: nothing to abort.
+                Err(e) if e.code() == Code::FailedPrecondition => {}
+                Err(e) => return Err(e).with_context(|| format!("abort rollout {}", r.id)),
+            }
+        }
+        if obj.finalizers().iter().any(|f| f == FINALIZER) {
+            set_finalizer(api, obj, FINALIZER, false).await?;
+        }
+        return Ok(usize::from(current.is_some()));
+    }
+    if !obj.finalizers().iter().any(|f| f == FINALIZER) {
+        set_finalizer(api, obj, FINALIZER, true).await?;
+    }
+
+    let mut status = old.clone();
+    let mut changed = 0;
+    let mut started_now = None;
+    if current.is_none() {
+        if !old.id.is_empty() {
+            // Known once, gone now (a restored server).
+            let msg = format!("rollout {} is not on the server (any more)", old.id);
+            conditions::set(
+                &mut status.conditions,
+                condition("Ready", false, "Gone", &msg, generation),
+                &now,
+            );
+            return write_status(api, &name, &old, &status).await.map(|_| 0);
+        }
+        if !attempts.due(&uid, generation) {
+            return Ok(0);
+        }
+        attempts.tried.insert(uid.clone(), (Instant::now(), generation));
+        let answer = match &obj.spec.rollback_of {
+            Some(id) => rollback(admin, &obj.spec, id, rollouts).await,
+            None => match start_request(&obj.spec, &uid) {
+                Ok(req) => admin
+                    .start_rollout(req)
+                    .await
+                    .map(|r| r.into_inner())
+                    .map_err(|e| {
+                        // The server's line, without gRPC's framing.
+                        e.message().to_string()
+                    }),
+                Err(e) => Err(e.to_string()),
+            },
+        };
+        match answer {
+            Ok(r) => {
+                tracing::info!(rollout = %r.id, lksrollout = %name, "rollout started for LksRollout");
+                attempts.tried.remove(&uid);
+                status.started_spec_digest = spec_digest(&obj.spec);
+                changed += 1;
+                started_now = Some(r);
+            }
+            Err(msg) => {
+                tracing::warn!(lksrollout = %name, message = %msg, "LksRollout not started");
+                status.observed_generation = generation;
+                status.message = msg.clone();
+                conditions::set(
+                    &mut status.conditions,
+                    condition("Ready", false, "Refused", &msg, generation),
+                    &now,
+                );
+                return write_status(api, &name, &old, &status).await.map(|_| 0);
+            }
+        }
+    }
+    let mut r = match started_now.as_ref().or(current) {
+        Some(r) => r.clone(),
+        None => return Ok(changed),
+    };
+    let mut ready = condition("Ready", true, "Started", &format!("rollout {}", r.id), generation);
+    if !status.started_spec_digest.is_empty() && status.started_spec_digest != spec_digest(&obj.spec) {
+        ready = condition(
+            "Ready",
+            false,
+            "SpecChanged",
+            &format!(
+                "only spec.paused can change once rollout {} started; this change is not carried out \
+                 (a different rollout is a new LksRollout)",
+                r.id
+            ),
+            generation,
+        );
+    }
+    if let Some(v) = pause_verb(&obj.spec, &r) {
+        let id = pb::RolloutRef { id: r.id.clone() };
+        let answer = match v {
+            PauseVerb::Pause => admin.pause_rollout(id).await,
+            PauseVerb::Resume => admin.resume_rollout(id).await,
+        };
+        match answer {
+            Ok(a) => {
+                r = a.into_inner();
+                changed += 1;
+                tracing::info!(rollout = %r.id, ?v, "rollout paused/resumed as its LksRollout says");
+            }
+            // The rollout moved on (ended, or paused/resumed meanwhile):
+            // the next pass sees it as it is.
+            Err(e) if e.code() == Code::FailedPrecondition => {}
+            Err(e) => return Err(e).with_context(|| format!("{v:?} rollout {}", r.id)),
+        }
+    }
+    let mirrored = mirror::rollout_status(&r, generation);
+    let mut conds = status.conditions.clone();
+    for c in mirrored.conditions.iter().cloned() {
+        let keep_time = c.last_transition_time.clone();
+        conditions::set(&mut conds, c, &keep_time);
+    }
+    conditions::set(&mut conds, ready, &now);
+    status = LksRolloutStatus {
+        started_spec_digest: status.started_spec_digest.clone(),
+        conditions: conds,
+        ..mirrored
+    };
+    write_status(api, &name, &old, &status).await?;
+    Ok(changed)
+}
+
+/// `spec.rollbackOf`: the rollout rolled back (or already rolling back);
+/// the spec's cluster and bundle must name that rollout's.
+async fn rollback(
+    admin: &mut Admin,
+    spec: &LksRolloutSpec,
+    id: &str,
+    rollouts: &[pb::Rollout],
+) -> Result<pb::Rollout, String> {
+    let r = rollouts
+        .iter()
+        .find(|r| r.id == id)
+        .ok_or_else(|| format!("spec.rollbackOf: rollout {id} does not exist"))?;
+    let named = format!("{}@{}", r.bundle, r.version);
+    if spec.cluster != r.cluster || spec.bundle != named {
+        return Err(format!(
+            "spec.rollbackOf: rollout {id} is {named} on cluster {}, not {} on cluster {}",
+            r.cluster, spec.bundle, spec.cluster
+        ));
+    }
+    if matches!(
+        pb::RolloutState::try_from(r.state),
+        Ok(pb::RolloutState::RollingBack | pb::RolloutState::RolledBack)
+    ) {
+        return Ok(r.clone());
+    }
+    admin
+        .rollback_rollout(pb::RolloutRef { id: id.to_string() })
+        .await
+        .map(|a| a.into_inner())
+        .map_err(|e| e.message().to_string())
+}
+
+async fn write_status(
+    api: &Api<LksRollout>,
+    name: &str,
+    old: &LksRolloutStatus,
+    new: &LksRolloutStatus,
+) -> anyhow::Result<()> {
+    if old == new {
+        return Ok(());
+    }
+    let patch = serde_json::json!({ "status": new });
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("write LksRollout {name} status"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{Canary, Drain};
+
+    fn spec() -> LksRolloutSpec {
+        LksRolloutSpec {
+            cluster: "a".into(),
+            bundle: "kubelet@1.37.2".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_spec_is_the_start_request_lksctl_would_send() {
+        let mut s = spec();
+        s.batch_size = Some(2);
+        s.canary = Some(Canary {
+            count: 1,
+            soak: Some("90s".into()),
+        });
+        s.drain = Some(Drain {
+            enabled: true,
+            timeout: Some("5m".into()),
+            on_timeout: Some("skip".into()),
+            kubelet_version: Some("v1.37.2".into()),
+            ..Default::default()
+        });
+        let r = start_request(&s, "u-1").unwrap();
+        assert_eq!((r.bundle.as_str(), r.version.as_str()), ("kubelet", "1.37.2"));
+        assert_eq!(r.batch_size, 2);
+        assert_eq!((r.canary, r.canary_soak_seconds), (1, 90));
+        assert_eq!(r.drain, Some(true));
+        assert_eq!(r.drain_timeout_seconds, 300);
+        assert_eq!(r.on_drain_timeout, "skip");
+        assert_eq!(r.request_id, "kube:u-1");
+        let plain = start_request(&spec(), "u").unwrap();
+        assert_eq!(plain.drain, None, "absent: the cluster's default");
+        assert_eq!(plain.canary_soak_seconds, 0);
+        s.canary.as_mut().unwrap().soak = None;
+        assert_eq!(
+            start_request(&s, "u").unwrap().canary_soak_seconds,
+            600,
+            "lksctl's default"
+        );
+    }
+
+    #[test]
+    fn a_bad_spec_is_one_line_naming_the_field() {
+        let mut s = spec();
+        s.bundle = "kubelet".into();
+        assert_eq!(
+            start_request(&s, "u").unwrap_err().to_string(),
+            "spec.bundle \"kubelet\" is not NAME@VERSION"
+        );
+        let mut s = spec();
+        s.batch_interval = Some("soon".into());
+        let e = start_request(&s, "u").unwrap_err().to_string();
+        assert!(e.starts_with("spec.batchInterval: "), "{e}");
+        let mut s = spec();
+        s.offline = Some("later".into());
+        assert!(
+            start_request(&s, "u")
+                .unwrap_err()
+                .to_string()
+                .contains("use defer or wait")
+        );
+    }
+
+    #[test]
+    fn only_paused_may_change_after_the_start() {
+        let mut s = spec();
+        let d = spec_digest(&s);
+        s.paused = true;
+        assert_eq!(spec_digest(&s), d);
+        s.batch_size = Some(3);
+        assert_ne!(spec_digest(&s), d);
+    }
+
+    #[test]
+    fn pause_follows_the_spec() {
+        let mut r = pb::Rollout {
+            state: pb::RolloutState::Running as i32,
+            ..Default::default()
+        };
+        let mut s = spec();
+        assert_eq!(pause_verb(&s, &r), None);
+        s.paused = true;
+        assert_eq!(pause_verb(&s, &r), Some(PauseVerb::Pause));
+        r.state = pb::RolloutState::Paused as i32;
+        assert_eq!(pause_verb(&s, &r), None);
+        s.paused = false;
+        assert_eq!(pause_verb(&s, &r), Some(PauseVerb::Resume));
+        r.state = pb::RolloutState::Completed as i32;
+        assert_eq!(pause_verb(&s, &r), None, "an ended rollout is left alone");
+    }
+
+    #[test]
+    fn a_refused_start_is_retried_later_or_when_the_spec_changes() {
+        let retry = Duration::from_secs(30);
+        let mut a = Attempts::new(retry);
+        assert!(a.due("u", 1));
+        a.tried.insert("u".into(), (Instant::now(), 1));
+        assert!(!a.due("u", 1));
+        assert!(a.due("u", 2));
+        a.tried.insert("u".into(), (Instant::now() - retry, 1));
+        assert!(a.due("u", 1));
+    }
+}
