@@ -458,13 +458,17 @@ fn restore(args: RestoreArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            for line in e.lines() {
-                eprintln!("error: {line}");
+            let lines = e.lines();
+            for (i, line) in lines.iter().enumerate() {
+                if i + 1 == lines.len() {
+                    eprintln!(
+                        "error: {line}; nothing was restored ({} left as it was)",
+                        cfg.data_dir.display()
+                    );
+                } else {
+                    eprintln!("error: {line}");
+                }
             }
-            eprintln!(
-                "error: nothing was restored; {} was left as it was",
-                cfg.data_dir.display()
-            );
             ExitCode::FAILURE
         }
     }
