@@ -28,7 +28,7 @@ CRATES = {
         metrics authz peers releases kube
         packages tlsaccept controller
         context
-        replicas migrate rebalance api
+        replicas migrate backup rebalance api
         server
     """,
     # bottom: time, fault points, the state dir and agent.toml

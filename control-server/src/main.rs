@@ -1,5 +1,7 @@
 //! `lks-control-server`: parses flags, sets up logging and signals, runs the
-//! server — or, with `migrate`, moves a single server's data dir onto etcd.
+//! server — or, with `migrate`, moves a single server's data dir onto etcd;
+//! with `backup` and `restore`, archives an installation and makes a data
+//! dir from an archive.
 
 #![forbid(unsafe_code)]
 
@@ -39,6 +41,45 @@ enum Command {
     /// Moves a single server's data dir (SQLite) onto etcd, so that it can
     /// run as replicas without re-enrolling a node. Stop the server first.
     Migrate(MigrateArgs),
+    /// Writes a consistent archive of a running (or stopped) installation:
+    /// state, CA and keys, audit trail, releases and the blob manifest.
+    Backup(BackupArgs),
+    /// Makes a new data dir from an archive `backup` wrote.
+    Restore(RestoreArgs),
+}
+
+/// `backup`: what to archive and where the archive goes.
+#[derive(clap::Args)]
+struct BackupArgs {
+    /// The server's --data-dir (with --store sqlite); only read.
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// The archive to write (mode 0600: it holds the CA key); never
+    /// overwritten.
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
+    /// Include the bytes of every blob a bundle serves, not only their
+    /// digests.
+    #[arg(long)]
+    with_blobs: bool,
+    /// Where the installation's state lives.
+    #[arg(long, value_enum, default_value = "sqlite")]
+    store: StoreKind,
+    #[command(flatten)]
+    etcd: EtcdFlags,
+    #[command(flatten)]
+    blobs: BlobFlags,
+}
+
+/// `restore`: the archive and the new data dir.
+#[derive(clap::Args)]
+struct RestoreArgs {
+    /// An archive `lks-control-server backup` wrote.
+    #[arg(long, value_name = "FILE")]
+    from: PathBuf,
+    /// The data dir to create; must be absent or empty.
+    #[arg(long, value_name = "DIR")]
+    data_dir: PathBuf,
 }
 
 /// Running the server (no subcommand).
@@ -362,6 +403,77 @@ async fn migrate(args: MigrateArgs) -> ExitCode {
     summary_or_error(lks_control_server::migrate::migrate(&cfg).await)
 }
 
+/// `backup`: prints what the archive holds and its SHA-256, or one error line.
+async fn backup(args: BackupArgs) -> ExitCode {
+    if args.store == StoreKind::Etcd {
+        eprintln!(
+            "error: backup --store etcd is not available in this version; back up etcd with \
+             `etcdctl snapshot save` and the blob bucket (README: Backup and restore)"
+        );
+        return ExitCode::from(2);
+    }
+    if let Err(e) = store_choice(args.store, &args.etcd) {
+        eprintln!("error: {}", one_line(&*e));
+        return ExitCode::from(2);
+    }
+    let Some(data_dir) = args.data_dir else {
+        eprintln!("error: backup --store sqlite needs --data-dir DIR (the server's data dir)");
+        return ExitCode::from(2);
+    };
+    let blob_store = match blob_choice(&args.blobs) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("error: {}", one_line(&*e));
+            return ExitCode::from(2);
+        }
+    };
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cfg = lks_control_server::backup::BackupConfig {
+        data_dir,
+        out: args.out,
+        with_blobs: args.with_blobs,
+        blob_store,
+    };
+    match lks_control_server::backup::backup_sqlite(&cfg).await {
+        Ok(summary) => {
+            println!("{summary}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {}", one_line(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `restore`: prints what was restored, or one line per problem.
+fn restore(args: RestoreArgs) -> ExitCode {
+    let cfg = lks_control_server::backup::RestoreConfig {
+        from: args.from,
+        data_dir: args.data_dir,
+    };
+    match lks_control_server::backup::restore(&cfg) {
+        Ok(summary) => {
+            println!("{summary}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            let lines = e.lines();
+            for (i, line) in lines.iter().enumerate() {
+                if i + 1 == lines.len() {
+                    eprintln!(
+                        "error: {line}; nothing was restored ({} left as it was)",
+                        cfg.data_dir.display()
+                    );
+                } else {
+                    eprintln!("error: {line}");
+                }
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// A `DURATION|off` flag: `Some(None)` for off; `None` (the error said) if
 /// it is neither.
 fn interval_or_off(flag: &str, v: &str) -> Option<Option<Duration>> {
@@ -395,8 +507,11 @@ fn summary_or_error<T: std::fmt::Display, E: std::fmt::Display>(r: Result<T, E>)
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Some(Command::Migrate(m)) = cli.command {
-        return migrate(m).await;
+    match cli.command {
+        Some(Command::Migrate(m)) => return migrate(m).await,
+        Some(Command::Backup(b)) => return backup(b).await,
+        Some(Command::Restore(r)) => return restore(r),
+        None => {}
     }
     let args = cli.run;
     let Some(data_dir) = args.data_dir else {

@@ -112,6 +112,19 @@ impl Server {
         s
     }
 
+    /// Starts a server on `addr` (one a stopped server used, say) on a data
+    /// dir `prepare` makes from the path it is given (which does not exist
+    /// yet): a server restored from a backup, say, on the address its
+    /// agents have stored.
+    pub fn start_at_prepared(addr: SocketAddr, args: &[&str], prepare: impl FnOnce(&Path)) -> Server {
+        let mut s = Server::unstarted(args);
+        s.addr = addr;
+        s.repick = false;
+        prepare(&s.data_dir);
+        s.spawn();
+        s
+    }
+
     /// Starts a server on `addr` with a copy of `from`'s data dir (same CA,
     /// admin identity, clusters and nodes), `from` being stopped: a stand-in
     /// for another replica of the same control plane, to test failover

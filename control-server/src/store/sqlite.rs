@@ -27,6 +27,7 @@ mod nodes;
 mod releases;
 mod rollouts;
 mod schema;
+mod snapshot;
 mod status;
 mod tokens;
 

@@ -1,0 +1,193 @@
+//! `lks-control-server backup` and `restore`: an online, consistent copy
+//! of an installation in one self-verifying archive ([`archive`]), and a
+//! data dir made from one.
+//!
+//! A single server's backup (`--store sqlite`) holds SQLite's online copy
+//! of `state.db` (every row: clusters with their CAs, tokens, nodes with
+//! their certificate serials, bundles, targets, rollouts, events, the audit
+//! trail, releases and trust roots), the files of `pki/` (the CA and its
+//! key among them), `admin.conf`, and a manifest of every blob a bundle in
+//! the copy serves, by digest — with `--with-blobs`, their bytes too.
+//! The running server is not stopped or paused: SQLite's backup reads the
+//! database in one read transaction while the server goes on writing.
+
+pub mod archive;
+mod restore;
+mod sqlite;
+
+use std::fmt;
+use std::path::PathBuf;
+
+pub use archive::{ArchiveError, Counts, Manifest, StoreKind};
+pub use restore::{RestoreConfig, RestoreError, RestoreSummary, restore};
+pub use sqlite::{BackupConfig, backup_sqlite};
+
+use crate::blobs::BlobError;
+use crate::pki::PkiError;
+use crate::store::{Dump, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackupError {
+    #[error(
+        "{dir} is not a control server's data dir (it has no {missing}); give the --data-dir of the running server"
+    )]
+    NotADataDir { dir: PathBuf, missing: &'static str },
+    #[error("{0} exists already; give a new --out file (an archive is never overwritten)")]
+    OutExists(PathBuf),
+    #[error("copy {path} (SQLite online backup): {source}")]
+    Snapshot {
+        path: PathBuf,
+        #[source]
+        source: StoreError,
+    },
+    #[error("read the copy of {path}: {source}")]
+    ReadCopy {
+        path: PathBuf,
+        #[source]
+        source: StoreError,
+    },
+    #[error("read the CA and admin credential: {0}")]
+    Identity(#[from] PkiError),
+    #[error("bundle {bundle}: blob {digest} is not in {dir}{hint}")]
+    MissingBlob {
+        bundle: String,
+        digest: lks_proto::Digest,
+        dir: PathBuf,
+        hint: &'static str,
+    },
+    #[error("fetch blob {digest} from {store}: {source}")]
+    FetchBlob {
+        digest: lks_proto::Digest,
+        store: String,
+        #[source]
+        source: Box<BlobError>,
+    },
+    #[error("{0}")]
+    BlobStore(#[source] Box<BlobError>),
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Archive(#[from] ArchiveError),
+    #[error("{0}")]
+    Etcd(String),
+}
+
+/// What a backup wrote.
+#[derive(Clone, Debug)]
+pub struct BackupSummary {
+    pub out: PathBuf,
+    pub manifest: Manifest,
+    /// SHA-256 of the whole archive file.
+    pub sha256: lks_proto::Digest,
+    pub size: u64,
+}
+
+impl fmt::Display for BackupSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let m = &self.manifest;
+        writeln!(
+            f,
+            "backed up {} ({}) at {} into {}",
+            m.source,
+            m.store,
+            m.created_at,
+            self.out.display()
+        )?;
+        write_counts(f, m)?;
+        writeln!(f, "  archive     {} bytes, {} entries", self.size, m.files.len())?;
+        writeln!(f, "  sha256      {}  {}", self.sha256.hex(), self.out.display())?;
+        write!(
+            f,
+            "{} holds the CA private key (written 0600): keep it like the CA key itself.",
+            self.out.display()
+        )
+    }
+}
+
+/// The counts of a manifest, one line per kind (backup and restore print
+/// them alike).
+fn write_counts(f: &mut fmt::Formatter<'_>, m: &Manifest) -> fmt::Result {
+    let c = &m.counts;
+    writeln!(
+        f,
+        "  clusters    {} ({} with a CA; {} issued certificates recorded)",
+        c.clusters, c.cluster_cas, c.certificates
+    )?;
+    writeln!(f, "  tokens      {}", c.tokens)?;
+    writeln!(f, "  nodes       {}", c.nodes)?;
+    let bytes: u64 = m.blobs.iter().map(|b| b.size).sum();
+    let included = if m.blobs_included {
+        "bytes included"
+    } else {
+        "by digest only; --with-blobs includes the bytes"
+    };
+    writeln!(
+        f,
+        "  bundles     {} ({} blobs, {bytes} bytes, {included})",
+        c.bundles,
+        m.blobs.len()
+    )?;
+    writeln!(f, "  targets     {}", c.targets)?;
+    writeln!(f, "  rollouts    {}", c.rollouts)?;
+    writeln!(f, "  events      {}", c.events)?;
+    writeln!(f, "  audit       {} records", c.audit)?;
+    writeln!(
+        f,
+        "  releases    {} ({} trust-root rotations)",
+        c.releases, c.roots
+    )?;
+    writeln!(f, "  generation  {}", c.generation)
+}
+
+impl Counts {
+    pub fn of(d: &Dump) -> Counts {
+        Counts {
+            clusters: d.clusters.len(),
+            cluster_cas: d.cluster_cas.len(),
+            certificates: d.certificates.len(),
+            tokens: d.tokens.len(),
+            nodes: d.nodes.len(),
+            bundles: d.bundles.len(),
+            targets: d.targets.len(),
+            rollouts: d.rollouts.len(),
+            events: d.events.len(),
+            audit: d.audit.len(),
+            releases: d.releases.len(),
+            roots: d.roots.len(),
+            generation: d.max_generation(),
+        }
+    }
+}
+
+/// Every distinct blob the dumped bundles serve, with its size (from the
+/// bundle's manifest) and the bundles serving it, by digest.
+pub fn blob_manifest(d: &Dump) -> Vec<archive::BlobEntry> {
+    let mut by: std::collections::BTreeMap<lks_proto::Digest, archive::BlobEntry> = Default::default();
+    for b in &d.bundles {
+        let id = format!("{}@{}", b.row.name, b.row.version);
+        for digest in &b.blob_digests {
+            let size = b
+                .row
+                .bundle
+                .manifest()
+                .files
+                .iter()
+                .find(|f| f.digest == *digest)
+                .map_or(0, |f| f.size);
+            let e = by.entry(*digest).or_insert_with(|| archive::BlobEntry {
+                digest: *digest,
+                size,
+                bundles: Vec::new(),
+            });
+            if !e.bundles.contains(&id) {
+                e.bundles.push(id.clone());
+            }
+        }
+    }
+    by.into_values().collect()
+}
