@@ -262,6 +262,7 @@ pub struct NodeKube {
     printcolumn = r#"{"name":"Updated","type":"integer","jsonPath":".status.updated"}"#,
     printcolumn = r#"{"name":"Failed","type":"integer","jsonPath":".status.failed"}"#,
     printcolumn = r#"{"name":"Total","type":"integer","jsonPath":".status.total"}"#,
+    printcolumn = r#"{"name":"Applying","type":"integer","jsonPath":".status.applying","priority":1}"#,
     printcolumn = r#"{"name":"ID","type":"string","jsonPath":".status.id","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -353,6 +354,16 @@ pub struct LksRolloutStatus {
     pub deferred: u32,
     #[serde(default)]
     pub held: u32,
+    /// Batch progress: nodes applying now (at most the batch size) ...
+    #[serde(default)]
+    pub applying: u32,
+    /// ... when the next batch may start (RFC 3339; `batchInterval`) ...
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub next_batch_at: String,
+    /// ... and, with canaries, where they are: "picking", "applying",
+    /// "soaking" or "passed".
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub canary_phase: String,
     /// One line: the server's message.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,

@@ -179,6 +179,9 @@ pub fn rollout_status(r: &pb::Rollout, generation: i64) -> LksRolloutStatus {
         pending: r.pending,
         deferred: r.deferred,
         held: r.held,
+        applying: r.applying,
+        next_batch_at: rfc3339_ms(r.next_batch_at_ms).unwrap_or_default(),
+        canary_phase: r.canary_phase.clone(),
         message: r.message.clone(),
         started_spec_digest: String::new(),
         observed_generation: generation,
@@ -253,8 +256,16 @@ mod tests {
             let c = s.conditions.iter().find(|c| c.type_ == t).unwrap();
             (c.status.clone(), c.reason.clone())
         };
+        r.applying = 2;
+        r.next_batch_at_ms = 1_767_225_600_000;
+        r.canary_phase = "soaking".into();
         let s = rollout_status(&r, 1);
         assert_eq!(by(&s, "Progressing"), ("True".into(), "Running".into()));
+        assert_eq!(
+            (s.applying, s.next_batch_at.as_str(), s.canary_phase.as_str()),
+            (2, "2026-01-01T00:00:00Z", "soaking"),
+            "batch progress"
+        );
         assert_eq!(by(&s, "Completed").0, "False");
         r.state = pb::RolloutState::Completed as i32;
         let s = rollout_status(&r, 1);
