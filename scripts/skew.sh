@@ -36,8 +36,9 @@ if [[ ! -x $cache/bin/lks-control-server ]]; then
   for b in "${bins[@]}"; do
     cp "$cache/target/debug/$b" "$cache/bin.tmp/$b"
   done
-  rm -rf "${cache:?}/bin" "${cache:?}/target/debug/incremental"
+  rm -rf "${cache:?}/bin"
   mv "$cache/bin.tmp" "$cache/bin"
+  rm -rf "${cache:?}/target"
   echo "skew.sh: built $rev in $((SECONDS - start)) s into $cache/bin"
 fi
 [[ ${2:-} == --build ]] && exit 0
