@@ -1,5 +1,9 @@
 //! Prometheus metrics (text exposition format) and the `/metrics` +
-//! `/healthz` HTTP endpoint.
+//! `/healthz` HTTP endpoint; `probe` checks the store and the blob store
+//! for them.
+
+mod health;
+pub mod probe;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -17,6 +21,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::rollout::ages::RolloutAge;
+
 const BUCKETS: [f64; 12] = [
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
@@ -29,7 +35,6 @@ struct Histogram {
 }
 
 /// The server's counters, shared by every handler.
-#[derive(Default)]
 pub struct Metrics {
     connected: AtomicI64,
     pushes: AtomicU64,
@@ -57,6 +62,21 @@ pub struct Metrics {
     /// Agents on this replica by the release trust they last reported
     /// (`TRUST_STATES` order).
     trust_states: [AtomicI64; TRUST_STATES.len()],
+    /// Rollouts worth watching, as the controller last saw them (empty
+    /// on a replica that does not drive rollouts).
+    rollouts: Mutex<Vec<RolloutAge>>,
+    /// The store answered the last probe (1), did not (0), not probed
+    /// yet (-1: not rendered).
+    store_up: AtomicI64,
+    /// Likewise for the blob store.
+    blob_store_up: AtomicI64,
+    /// Nodes enrolled, at the last probe the store answered (-1: none yet).
+    enrolled_nodes: AtomicI64,
+    cert_renewals: Labelled,
+    /// Nodes of the tenant clusters cordoned by lksadmin at the last cordon
+    /// repair: owned by an active rollout's turn, and stray (owned by none,
+    /// and the repair could not lift them).
+    cordoned: [AtomicI64; 2],
     /// Gauges read when rendered (`name`, help, read).
     gauges: Mutex<Vec<(&'static str, &'static str, Gauge)>>,
 }
@@ -67,7 +87,84 @@ type Gauge = Box<dyn Fn() -> i64 + Send + Sync>;
 /// without a release requirement, then the states of `TrustStatus.state`.
 pub const TRUST_STATES: [&str; 6] = ["off", "ok", "stale-release", "no-release", "refused", "clock"];
 
+/// The outcomes of `lks_certificate_renewals_total{outcome}`, each shown
+/// from the start: `refused` (the caller or its CSR was not accepted),
+/// `error` (the server could not do it: store unavailable, …).
+pub const RENEWAL_OUTCOMES: [&str; 3] = ["ok", "refused", "error"];
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            connected: Default::default(),
+            pushes: Default::default(),
+            blob_bytes: Default::default(),
+            peer_bytes: Default::default(),
+            bad_peers: Default::default(),
+            audit_write_errors: Default::default(),
+            audit_pruned: Default::default(),
+            enrollments: Default::default(),
+            package_requests: Default::default(),
+            package_bytes: Default::default(),
+            rpc: Default::default(),
+            rollout_events: Default::default(),
+            active_rollouts: Default::default(),
+            tls_handshakes: Default::default(),
+            tls_queued: Default::default(),
+            connect_shed: Default::default(),
+            blob_stored_bytes: Default::default(),
+            agents_moved: Default::default(),
+            blob_reclaimed: Default::default(),
+            blob_reclaimed_bytes: Default::default(),
+            blob_store_held: Default::default(),
+            trust_states: Default::default(),
+            rollouts: Default::default(),
+            store_up: AtomicI64::new(-1),
+            blob_store_up: AtomicI64::new(-1),
+            enrolled_nodes: AtomicI64::new(-1),
+            cert_renewals: Labelled::with(&RENEWAL_OUTCOMES),
+            cordoned: Default::default(),
+            gauges: Default::default(),
+        }
+    }
+}
+
 impl Metrics {
+    /// The rollouts worth watching now (the controller, each pass).
+    pub fn set_rollouts(&self, ages: Vec<RolloutAge>) {
+        if let Ok(mut r) = self.rollouts.lock() {
+            *r = ages;
+        }
+    }
+
+    /// What the store answered a probe: the enrolled nodes, or nothing.
+    pub fn store_probed(&self, enrolled: Option<u64>) {
+        self.store_up
+            .store(i64::from(enrolled.is_some()), Ordering::Relaxed);
+        if let Some(n) = enrolled {
+            self.enrolled_nodes
+                .store(i64::try_from(n).unwrap_or(i64::MAX), Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the blob store answered a probe.
+    pub fn blob_store_probed(&self, up: bool) {
+        self.blob_store_up.store(i64::from(up), Ordering::Relaxed);
+    }
+
+    /// Counts one `RenewCertificate` by outcome ([`RENEWAL_OUTCOMES`]).
+    pub fn certificate_renewal(&self, outcome: &'static str) {
+        self.cert_renewals.inc(outcome);
+    }
+
+    /// Cordons lksadmin holds in the tenant clusters: `owned` by an active
+    /// rollout's turn, `stray` (no active rollout owns them and the repair
+    /// could not lift them).
+    pub fn set_cordoned(&self, owned: u64, stray: u64) {
+        for (g, n) in self.cordoned.iter().zip([owned, stray]) {
+            g.store(i64::try_from(n).unwrap_or(i64::MAX), Ordering::Relaxed);
+        }
+    }
+
     pub fn set_connected(&self, n: usize) {
         self.connected.store(n as i64, Ordering::Relaxed);
     }
@@ -360,6 +457,8 @@ impl Metrics {
             "Rollout events by kind.",
             "kind",
         );
+        self.render_rollouts(&mut s);
+        self.render_health(&mut s);
         self.tls_handshakes.render(
             &mut s,
             "lks_tls_handshakes_total",
@@ -447,6 +546,11 @@ impl Metrics {
 struct Labelled(Mutex<BTreeMap<String, u64>>);
 
 impl Labelled {
+    /// A counter showing each of `values` from the start (at 0).
+    fn with(values: &[&str]) -> Self {
+        Labelled(Mutex::new(values.iter().map(|v| (v.to_string(), 0)).collect()))
+    }
+
     fn inc(&self, value: &str) {
         if let Ok(mut m) = self.0.lock() {
             *m.entry(value.to_string()).or_default() += 1;
