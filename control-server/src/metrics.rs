@@ -3,6 +3,7 @@
 //! for them.
 
 mod health;
+use health::Probed;
 pub mod probe;
 
 use std::collections::BTreeMap;
@@ -35,6 +36,7 @@ struct Histogram {
 }
 
 /// The server's counters, shared by every handler.
+#[derive(Default)]
 pub struct Metrics {
     connected: AtomicI64,
     pushes: AtomicU64,
@@ -65,13 +67,12 @@ pub struct Metrics {
     /// Rollouts worth watching, as the controller last saw them (empty
     /// on a replica that does not drive rollouts).
     rollouts: Mutex<Vec<RolloutAge>>,
-    /// The store answered the last probe (1), did not (0), not probed
-    /// yet (-1: not rendered).
-    store_up: AtomicI64,
+    /// The store answered the last probe (1) or not (0).
+    store_up: Probed,
     /// Likewise for the blob store.
-    blob_store_up: AtomicI64,
-    /// Nodes enrolled, at the last probe the store answered (-1: none yet).
-    enrolled_nodes: AtomicI64,
+    blob_store_up: Probed,
+    /// Nodes enrolled, at the last probe the store answered.
+    enrolled_nodes: Probed,
     cert_renewals: Labelled,
     /// Nodes of the tenant clusters cordoned by lksadmin at the last cordon
     /// repair: owned by an active rollout's turn, and stray (owned by none,
@@ -92,42 +93,6 @@ pub const TRUST_STATES: [&str; 6] = ["off", "ok", "stale-release", "no-release",
 /// `error` (the server could not do it: store unavailable, …).
 pub const RENEWAL_OUTCOMES: [&str; 3] = ["ok", "refused", "error"];
 
-impl Default for Metrics {
-    fn default() -> Self {
-        Metrics {
-            connected: Default::default(),
-            pushes: Default::default(),
-            blob_bytes: Default::default(),
-            peer_bytes: Default::default(),
-            bad_peers: Default::default(),
-            audit_write_errors: Default::default(),
-            audit_pruned: Default::default(),
-            enrollments: Default::default(),
-            package_requests: Default::default(),
-            package_bytes: Default::default(),
-            rpc: Default::default(),
-            rollout_events: Default::default(),
-            active_rollouts: Default::default(),
-            tls_handshakes: Default::default(),
-            tls_queued: Default::default(),
-            connect_shed: Default::default(),
-            blob_stored_bytes: Default::default(),
-            agents_moved: Default::default(),
-            blob_reclaimed: Default::default(),
-            blob_reclaimed_bytes: Default::default(),
-            blob_store_held: Default::default(),
-            trust_states: Default::default(),
-            rollouts: Default::default(),
-            store_up: AtomicI64::new(-1),
-            blob_store_up: AtomicI64::new(-1),
-            enrolled_nodes: AtomicI64::new(-1),
-            cert_renewals: Labelled::with(&RENEWAL_OUTCOMES),
-            cordoned: Default::default(),
-            gauges: Default::default(),
-        }
-    }
-}
-
 impl Metrics {
     /// The rollouts worth watching now (the controller, each pass).
     pub fn set_rollouts(&self, ages: Vec<RolloutAge>) {
@@ -138,17 +103,15 @@ impl Metrics {
 
     /// What the store answered a probe: the enrolled nodes, or nothing.
     pub fn store_probed(&self, enrolled: Option<u64>) {
-        self.store_up
-            .store(i64::from(enrolled.is_some()), Ordering::Relaxed);
+        self.store_up.set(u64::from(enrolled.is_some()));
         if let Some(n) = enrolled {
-            self.enrolled_nodes
-                .store(i64::try_from(n).unwrap_or(i64::MAX), Ordering::Relaxed);
+            self.enrolled_nodes.set(n);
         }
     }
 
     /// Whether the blob store answered a probe.
     pub fn blob_store_probed(&self, up: bool) {
-        self.blob_store_up.store(i64::from(up), Ordering::Relaxed);
+        self.blob_store_up.set(u64::from(up));
     }
 
     /// Counts one `RenewCertificate` by outcome ([`RENEWAL_OUTCOMES`]).
@@ -546,11 +509,6 @@ impl Metrics {
 struct Labelled(Mutex<BTreeMap<String, u64>>);
 
 impl Labelled {
-    /// A counter showing each of `values` from the start (at 0).
-    fn with(values: &[&str]) -> Self {
-        Labelled(Mutex::new(values.iter().map(|v| (v.to_string(), 0)).collect()))
-    }
-
     fn inc(&self, value: &str) {
         if let Ok(mut m) = self.0.lock() {
             *m.entry(value.to_string()).or_default() += 1;

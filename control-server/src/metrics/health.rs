@@ -4,11 +4,31 @@
 //! in tenant clusters (packaging/kubernetes/monitoring/ holds the rules).
 
 use std::fmt::Write as _;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicI64, Ordering};
 
-use super::{Metrics, scalar};
+use super::{Metrics, RENEWAL_OUTCOMES, scalar};
 use crate::clock::now_ms;
 use crate::rollout::ages::AGED_STATES;
+
+/// A gauge set by a probe, not rendered before the first one.
+pub(super) struct Probed(AtomicI64);
+
+impl Default for Probed {
+    fn default() -> Self {
+        Probed(AtomicI64::new(-1))
+    }
+}
+
+impl Probed {
+    pub(super) fn set(&self, v: u64) {
+        self.0
+            .store(i64::try_from(v).unwrap_or(i64::MAX), Ordering::Relaxed);
+    }
+
+    fn get(&self) -> Option<i64> {
+        Some(self.0.load(Ordering::Relaxed)).filter(|v| *v >= 0)
+    }
+}
 
 impl Metrics {
     pub(super) fn render_rollouts(&self, s: &mut String) {
@@ -60,17 +80,23 @@ impl Metrics {
             ),
         ];
         for (name, help, v) in probed {
-            let v = v.load(Ordering::Relaxed);
-            if v >= 0 {
+            if let Some(v) = v.get() {
                 scalar(s, name, "gauge", help, v);
             }
         }
-        self.cert_renewals.render(
+        let _ = writeln!(
             s,
-            "lks_certificate_renewals_total",
-            "RenewCertificate calls by outcome (refused: the node or its CSR was not accepted; error: the server failed).",
-            "outcome",
+            "# HELP lks_certificate_renewals_total RenewCertificate calls by outcome (refused: the node or its CSR was not accepted; error: the server failed)."
         );
+        let _ = writeln!(s, "# TYPE lks_certificate_renewals_total counter");
+        // Every outcome from the start, so that increase() sees the first.
+        for o in RENEWAL_OUTCOMES {
+            let _ = writeln!(
+                s,
+                "lks_certificate_renewals_total{{outcome=\"{o}\"}} {}",
+                self.cert_renewals.get(o)
+            );
+        }
         let _ = writeln!(
             s,
             "# HELP lks_kube_cordoned_nodes Tenant nodes cordoned by lksadmin at the last cordon repair (leader only): owned by an active rollout's turn, or stray (no active rollout owns it and the repair could not lift it)."
