@@ -52,16 +52,7 @@ struct IdentityDoc {
     sealed_with: Option<String>,
 }
 
-/// This replica's entry in `replicas/ID`.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct ReplicaInfo {
-    pub url: String,
-    pub started_at_ms: i64,
-    /// Where it keeps blobs (`etcd`, `s3://…`; empty: a replica older
-    /// than the blob store, which keeps them in etcd).
-    #[serde(default)]
-    pub blob_store: String,
-}
+pub use crate::store::etcd::ReplicaInfo;
 
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
@@ -239,6 +230,8 @@ pub async fn run_lease(
         url,
         started_at_ms: crate::clock::now_ms(),
         blob_store: s.blobs.store().describe(),
+        release: env!("CARGO_PKG_VERSION").to_string(),
+        store_format: crate::store::STORE_FORMAT,
     })
     .unwrap_or_default();
     let mut lease_client = store.client().lease_client();

@@ -3,7 +3,7 @@
 //! ports picked at run time, killed and removed when the test ends.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -248,6 +248,12 @@ impl EtcdCluster {
     pub fn replica(&self, prefix: &str, extra: &[&str]) -> crate::server::Server {
         replica_on(&self.endpoints(), prefix, extra, &[])
     }
+
+    /// Like [`EtcdCluster::replica`], running `program` (another release's
+    /// lks-control-server).
+    pub fn replica_of(&self, program: &Path, prefix: &str, extra: &[&str]) -> crate::server::Server {
+        crate::server::Server::start_program(program, &replica_args(&self.endpoints(), prefix, extra), &[])
+    }
 }
 
 impl Drop for EtcdCluster {
@@ -268,6 +274,10 @@ fn replica_on(
     extra: &[&str],
     env: &[(String, String)],
 ) -> crate::server::Server {
+    crate::server::Server::start_with_env(&replica_args(endpoints, prefix, extra), env)
+}
+
+fn replica_args<'a>(endpoints: &'a str, prefix: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
         "--store",
         "etcd",
@@ -279,5 +289,5 @@ fn replica_on(
         "3s",
     ];
     args.extend_from_slice(extra);
-    crate::server::Server::start_with_env(&args, env)
+    args
 }

@@ -41,6 +41,8 @@ pub struct Server {
     /// Prefix of every command this server runs (the daemon, `lksctl`,
     /// the port probe), e.g. `ip netns exec NS`; empty on the host.
     pub wrapper: Vec<String>,
+    /// The server binary; `None`: this tree's `lks-control-server`.
+    program: Option<PathBuf>,
 }
 
 /// Parsed `admin.conf`.
@@ -88,7 +90,28 @@ impl Server {
             starts: 0,
             repick: true,
             wrapper: Vec::new(),
+            program: None,
         }
+    }
+
+    /// Like [`Server::start_with_env`], running `program` (another
+    /// release's lks-control-server, say: scripts/skew.sh).
+    pub fn start_program(program: &Path, args: &[&str], env: &[(String, String)]) -> Server {
+        let mut s = Server::unstarted(args);
+        s.env = env.to_vec();
+        s.program = Some(program.to_path_buf());
+        s.spawn();
+        s
+    }
+
+    /// Stops the server (SIGTERM) and starts `program` (`None`: this
+    /// tree's) in its place, on the same ports and data dir: one step of a
+    /// rolling upgrade.
+    pub fn replace_program(&mut self, program: Option<&Path>) -> Option<i32> {
+        let code = self.stop();
+        self.program = program.map(Path::to_path_buf);
+        self.spawn();
+        code
     }
 
     /// Like [`Server::start_with`], calling `prepare` on the (created, empty)
@@ -185,7 +208,8 @@ impl Server {
 
     fn start_process(&mut self) {
         self.starts += 1;
-        let mut cmd = self.command(&bin("lks-control-server"));
+        let program = self.program.clone().unwrap_or_else(|| bin("lks-control-server"));
+        let mut cmd = self.command(&program);
         cmd.arg("--data-dir")
             .arg(&self.data_dir)
             .arg("--listen")

@@ -12,14 +12,21 @@
 //!   the spec says). A mirror made for a new node starts with the hold the
 //!   server has, so nothing changes when the controller first sees it.
 //!
-//! A bounded poll, not the admin API's watch: the admin API has no watch of
-//! nodes and bundles, one `ListNodes` per interval is what `lksctl node
-//! list` costs, and a poll needs no resume logic after a leader change.
-//! Only changed objects are written.
+//! The server is read by a bounded poll, not a watch: the admin API has no
+//! watch of nodes and bundles, one `ListNodes` per interval is what `lksctl
+//! node list` costs, and a poll needs no resume logic after a leader
+//! change. kube0 is watched (kube-rs `watcher` on LksCluster, LksRollout,
+//! LksNode): a change there starts a pass at once. Only changed objects
+//! are written.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt as _;
+use kube::runtime::{WatchStreamExt as _, watcher};
+use tokio::sync::Notify;
 
 use anyhow::Context;
 use kube::ResourceExt;
@@ -28,7 +35,7 @@ use lks_proto::pb;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, Admin};
-use crate::crd::{Hold, LksBundleVersion, LksNode, LksNodeSpec, LksRollout};
+use crate::crd::{Hold, LksBundleVersion, LksCluster, LksNode, LksNodeSpec, LksRollout};
 use crate::lease::{Elector, RENEW};
 use crate::{clusters, mirror, rollouts};
 
@@ -51,6 +58,37 @@ pub struct Options {
     pub retry_interval: Duration,
 }
 
+/// The shortest time between two passes woken by kube0's watch events.
+const EVENT_GAP: Duration = Duration::from_millis(500);
+
+/// Wakes the loop whenever an object of kind `K` changes in kube0 (kube-rs'
+/// `watcher`, which lists again and resumes by itself, with its default
+/// backoff after errors). The passes stay level-based: an event only says
+/// "look now"; what a pass does comes from comparing the whole state, so a
+/// missed event costs at most one `--interval`.
+fn watch<K>(kube: &kube::Client, changed: &Arc<Notify>, cancel: &CancellationToken)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default,
+{
+    let api: Api<K> = Api::all(kube.clone());
+    let changed = changed.clone();
+    let cancel = cancel.clone();
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                e = events.next() => match e {
+                    None => return,
+                    Some(Ok(_)) => changed.notify_one(),
+                    Some(Err(e)) => tracing::debug!(error = %e, kind = %K::kind(&K::DynamicType::default()), "watch"),
+                },
+            }
+        }
+    });
+}
+
 /// What one pass changed.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Pass {
@@ -70,11 +108,23 @@ pub async fn run(opts: Options, kube: kube::Client, cancel: CancellationToken) -
     let mut leading = false;
     let mut tick = tokio::time::interval(opts.interval.min(RENEW));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let changed = Arc::new(Notify::new());
+    watch::<LksCluster>(&kube, &changed, &cancel);
+    watch::<LksRollout>(&kube, &changed, &cancel);
+    watch::<LksNode>(&kube, &changed, &cancel);
+    let mut last_pass = Instant::now();
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
             _ = tick.tick() => {}
+            // A user's change is acted on at once rather than at the next
+            // tick, and changes close together make one pass.
+            _ = changed.notified(), if leading => {
+                let wait = EVENT_GAP.saturating_sub(last_pass.elapsed());
+                tokio::time::sleep(wait).await;
+            }
         }
+        last_pass = Instant::now();
         let now_leading = match elector.lead().await {
             Ok(l) => l,
             Err(e) => {

@@ -108,6 +108,9 @@ pub(super) async fn start(
     let matched = policy::matched_nodes(s.store.as_ref(), &r.cluster, &selector).await?;
     let mut policy = policy::policy(&r, matched)?;
     policy.drain = policy::drain_policy(&r, &cluster)?;
+    if policy.drain.is_some() {
+        every_replica_reads(s, DRAIN_FORMAT, "a rollout that drains").await?;
+    }
     if policy.ignore_windows {
         tracing::warn!(cluster = %r.cluster, bundle = %r.bundle, admin = %who, "rollout ignores maintenance windows");
     }
@@ -343,6 +346,30 @@ fn identity_preconditions(cluster: &ClusterRow, m: &Manifest) -> Result<(), Stat
         )));
     }
     Ok(())
+}
+
+/// The store format whose fields a rollout that drains keeps (its policy's
+/// `drain`, its rows' kube steps): an older replica that rewrote the
+/// rollout would drop them.
+const DRAIN_FORMAT: u32 = 1;
+
+/// Refuses `what` while a live replica of the region is of a release that
+/// does not read store format `format` (the version-skew contract).
+async fn every_replica_reads(s: &Deps, format: u32, what: &str) -> Result<(), Status> {
+    match s.store.older_replica(format).await.map_err(store_status)? {
+        None => Ok(()),
+        Some(o) => Err(Status::failed_precondition(format!(
+            "{what} waits until every replica is upgraded: replica {} runs {} (store format {}, this needs {format}); \
+             finish the rolling upgrade, or start it without --drain",
+            o.replica,
+            if o.release.is_empty() {
+                "an older release (before the version-skew contract)".to_string()
+            } else {
+                format!("release {}", o.release)
+            },
+            o.format
+        ))),
+    }
 }
 
 /// Longest `StartRolloutRequest.request_id`.

@@ -104,6 +104,7 @@ pub use seen::SETTLE_AFTER;
 use tokens::TokenDoc;
 
 pub use cache::Change;
+pub use docs::ReplicaInfo;
 
 use super::*;
 use crate::clock::now_ms;

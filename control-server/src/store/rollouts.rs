@@ -580,4 +580,36 @@ pub trait RolloutStore: Send + Sync {
     /// bundle on each of its nodes that still exists (a deleted node has no
     /// entry), in one read.
     async fn rollout_views(&self, rollout_id: &str) -> Result<BTreeMap<String, NodeBundleView>>;
+    /// A live replica of the region whose [`STORE_FORMAT`] is below
+    /// `format` (its release is older), if any: what must wait until every
+    /// replica is upgraded asks this (control-server/README.md, "Version
+    /// skew"). A single server has none.
+    async fn older_replica(&self, _format: u32) -> Result<Option<OlderReplica>> {
+        Ok(None)
+    }
+}
+
+/// The store format this release reads and writes, announced by each
+/// replica in `replicas/ID` (the version-skew contract,
+/// control-server/README.md). A replica reads every document of its format
+/// and the one before, ignores fields it does not know, and writes a field
+/// of a newer format only where the whole region reads it:
+/// - 0 (absent): releases before the contract (the rollout rows of
+///   [scale-out], peer sharing, signed releases);
+/// - 1: rollout policies may carry `drain` (rollouts that drain, issue
+///   [kube-drain]) and `request_id`, rollout rows `kube_step` and
+///   `kube_since_ms`, and clusters a `clusterkube/NAME` document.
+///   A release-0 replica that rewrites a rollout drops the fields it does
+///   not know, so a rollout that drains starts only once every replica
+///   announces format 1; `request_id` may be dropped (it guards only a
+///   start sent again) and `clusterkube/` is a key release 0 never reads.
+pub const STORE_FORMAT: u32 = 1;
+
+/// A live replica of an older release (see [`RolloutStore::older_replica`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OlderReplica {
+    pub replica: String,
+    /// Its release (empty for releases before the contract).
+    pub release: String,
+    pub format: u32,
 }

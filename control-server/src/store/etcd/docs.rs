@@ -157,3 +157,34 @@ pub(super) fn actual_doc(s: &BundleStatusRow) -> ActualDoc {
         fetched_peers: s.fetched_from_peers,
     }
 }
+
+/// A replica's entry in `replicas/ID` (bound to its lease; written by
+/// `replicas::run_lease`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaInfo {
+    pub url: String,
+    pub started_at_ms: i64,
+    /// Where it keeps blobs (`etcd`, `s3://…`; empty: a replica older
+    /// than the blob store, which keeps them in etcd).
+    #[serde(default)]
+    pub blob_store: String,
+    /// Its release (the package version); empty: a release before the
+    /// version-skew contract.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub release: String,
+    /// The [`crate::store::STORE_FORMAT`] it reads and writes; 0: a
+    /// release before the contract.
+    #[serde(default)]
+    pub store_format: u32,
+}
+
+/// What [`crate::store::RolloutStore::older_replica`] reads of a
+/// `replicas/ID` entry (every field optional, so an entry of any release
+/// reads).
+#[derive(Deserialize, Default)]
+pub(super) struct ReplicaFormat {
+    #[serde(default)]
+    pub(super) release: String,
+    #[serde(default)]
+    pub(super) store_format: u32,
+}

@@ -536,6 +536,23 @@ impl RolloutStore for EtcdStore {
         self.start_rollout_in_etcd(r).await
     }
 
+    async fn older_replica(&self, format: u32) -> Result<Option<OlderReplica>> {
+        // Live replicas only: `replicas/ID` goes with its lease.
+        let mut older: Vec<OlderReplica> = self
+            .range::<ReplicaFormat>(&self.key("replicas/"))
+            .await?
+            .into_iter()
+            .filter(|(_, r, _)| r.store_format < format)
+            .map(|(id, r, _)| OlderReplica {
+                replica: id,
+                release: r.release,
+                format: r.store_format,
+            })
+            .collect();
+        older.sort_by(|a, b| a.replica.cmp(&b.replica));
+        Ok(older.into_iter().next())
+    }
+
     async fn get_rollout(&self, id: &str) -> Result<Option<RolloutRow>> {
         Ok(self.rollout(id).await?.map(|(r, _)| r))
     }

@@ -580,3 +580,41 @@ async fn a_migrated_dump_carries_releases_and_roots() {
         sqlite.list_roots("a").await.unwrap()
     );
 }
+
+#[tokio::test]
+async fn an_older_replica_is_named_until_it_is_gone() {
+    let etcd = TestEtcd::start();
+    let s = etcd.store("r1").await;
+    // r1 registered as a release before the contract ("{}"): format 0.
+    let o = s.older_replica(1).await.unwrap().unwrap();
+    assert_eq!((o.replica.as_str(), o.format, o.release.as_str()), ("r1", 0, ""));
+    assert_eq!(s.older_replica(0).await.unwrap(), None);
+    let put = |id: &str, doc: serde_json::Value| {
+        let s = s.clone();
+        let id = id.to_string();
+        async move {
+            s.client()
+                .kv_client()
+                .put(s.key(&format!("replicas/{id}")), doc.to_string(), None)
+                .await
+                .unwrap();
+        }
+    };
+    let now = |f: u32| serde_json::json!({"url": "https://x", "started_at_ms": 1, "release": "0.1.0", "store_format": f});
+    put("r1", now(crate::store::STORE_FORMAT)).await;
+    put("r2", now(crate::store::STORE_FORMAT)).await;
+    assert_eq!(s.older_replica(crate::store::STORE_FORMAT).await.unwrap(), None);
+    put("r3", serde_json::json!({"url": "https://y", "started_at_ms": 1})).await;
+    let o = s
+        .older_replica(crate::store::STORE_FORMAT)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(o.replica, "r3");
+    s.client()
+        .kv_client()
+        .delete(s.key("replicas/r3"), None)
+        .await
+        .unwrap();
+    assert_eq!(s.older_replica(crate::store::STORE_FORMAT).await.unwrap(), None);
+}
