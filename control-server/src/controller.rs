@@ -27,6 +27,7 @@ use crate::clock::now_ms;
 use crate::hub::Hub;
 use crate::kube::work::{Attempt, KubeWork};
 use crate::metrics::Metrics;
+use crate::rollout::ages::StateAges;
 use crate::rollout::{self, Clock, Decision, NodeView, Verb};
 use crate::store::{
     KubeStep, NewRollout, NodeState, RolloutCommit, RolloutRow, RolloutState, Store, StoreError,
@@ -137,6 +138,8 @@ struct Controller {
     /// `bundle@version` → the agent features it needs (bundles are
     /// immutable, so this never goes stale).
     needs: std::sync::Mutex<HashMap<String, Needs>>,
+    /// How long rollouts have been in their states (`/metrics`).
+    ages: std::sync::Mutex<StateAges>,
 }
 
 /// Runs the controller until shutdown.
@@ -145,6 +148,7 @@ pub async fn run(s: Deps, inbox: Inbox) {
         s: s.clone(),
         since_ms: now_ms(),
         needs: Default::default(),
+        ages: Default::default(),
     };
     let mut leader = s.leader.clone();
     // On SQLite nobody sends: this server always leads.
@@ -401,6 +405,9 @@ impl Controller {
         for k in &kinds {
             self.s.metrics.rollout_event(k);
         }
+        if let Ok(mut a) = self.ages.lock() {
+            a.saw(&row, now_ms());
+        }
         if row.state != before.state {
             tracing::info!(rollout = %row.id, state = row.state.as_str(), message = %row.message, "rollout state changed");
         }
@@ -431,6 +438,7 @@ impl Controller {
 
     async fn drive_all(&self) {
         if !self.leads() {
+            self.publish_ages(None);
             return;
         }
         let rows = match self.s.store.rollouts_to_drive().await {
@@ -445,14 +453,15 @@ impl Controller {
         // against what it read, a node in two rollouts included), so they
         // are driven side by side: a region's many clusters each rolling
         // out do not wait for each other's store round trips.
-        let driven: Vec<bool> = futures::stream::iter(rows.into_iter().zip(claims))
+        // Each rollout as it stands after its drive (as read if that failed).
+        let driven: Vec<RolloutRow> = futures::stream::iter(rows.into_iter().zip(claims))
             .map(|(r, claims)| async move {
-                let id = r.id.clone();
+                let read = r.clone();
                 match self.drive(r, &claims).await {
-                    Ok(r) => r.state.is_active(),
+                    Ok(r) => r,
                     Err(e) => {
-                        tracing::warn!(rollout = %id, error = %e, "drive rollout");
-                        false
+                        tracing::warn!(rollout = %read.id, error = %e, "drive rollout");
+                        read
                     }
                 }
             })
@@ -461,13 +470,30 @@ impl Controller {
             .await;
         self.s
             .metrics
-            .set_active_rollouts(driven.iter().filter(|a| **a).count());
+            .set_active_rollouts(driven.iter().filter(|r| r.state.is_active()).count());
+        self.publish_ages(Some(&driven));
+    }
+
+    /// Hands `/metrics` the rollouts worth watching after a pass over
+    /// `driven`; `None`: this replica does not drive rollouts, so none.
+    fn publish_ages(&self, driven: Option<&[RolloutRow]>) {
+        let Ok(mut a) = self.ages.lock() else {
+            return;
+        };
+        match driven {
+            Some(rows) => a.pass(rows, now_ms()),
+            None => a.clear(),
+        }
+        self.s.metrics.set_rollouts(a.snapshot());
     }
 
     /// Lifts cordons lksadmin made that no active rollout owns, in every
     /// cluster with a kubeconfig (leader only).
+    /// The cordons left are counted for `/metrics`, over the clusters whose
+    /// Nodes could be read.
     async fn repair_cordons(&self) {
         if !self.leads() {
+            self.s.metrics.set_cordoned(0, 0);
             return;
         }
         let clusters = match self.s.store.list_clusters().await {
@@ -477,9 +503,14 @@ impl Controller {
                 return;
             }
         };
+        let (mut owned, mut stray) = (0, 0);
         for c in clusters.iter().filter(|c| c.kube.kubeconfig) {
-            self.s.kube.repair(&c.name).await;
+            if let Some(left) = self.s.kube.repair(&c.name).await {
+                owned += left.owned;
+                stray += left.stray;
+            }
         }
+        self.s.metrics.set_cordoned(owned, stray);
     }
 
     async fn count_active(&self) {

@@ -1,5 +1,10 @@
 //! Prometheus metrics (text exposition format) and the `/metrics` +
-//! `/healthz` HTTP endpoint.
+//! `/healthz` HTTP endpoint; `probe` checks the store and the blob store
+//! for them.
+
+mod health;
+use health::Probed;
+pub mod probe;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -16,6 +21,8 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+
+use crate::rollout::ages::RolloutAge;
 
 const BUCKETS: [f64; 12] = [
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -57,6 +64,20 @@ pub struct Metrics {
     /// Agents on this replica by the release trust they last reported
     /// (`TRUST_STATES` order).
     trust_states: [AtomicI64; TRUST_STATES.len()],
+    /// Rollouts worth watching, as the controller last saw them (empty
+    /// on a replica that does not drive rollouts).
+    rollouts: Mutex<Vec<RolloutAge>>,
+    /// The store answered the last probe (1) or not (0).
+    store_up: Probed,
+    /// Likewise for the blob store.
+    blob_store_up: Probed,
+    /// Nodes enrolled, at the last probe the store answered.
+    enrolled_nodes: Probed,
+    cert_renewals: Labelled,
+    /// Nodes of the tenant clusters cordoned by lksadmin at the last cordon
+    /// repair: owned by an active rollout's turn, and stray (owned by none,
+    /// and the repair could not lift them).
+    cordoned: [AtomicI64; 2],
     /// Gauges read when rendered (`name`, help, read).
     gauges: Mutex<Vec<(&'static str, &'static str, Gauge)>>,
 }
@@ -67,7 +88,46 @@ type Gauge = Box<dyn Fn() -> i64 + Send + Sync>;
 /// without a release requirement, then the states of `TrustStatus.state`.
 pub const TRUST_STATES: [&str; 6] = ["off", "ok", "stale-release", "no-release", "refused", "clock"];
 
+/// The outcomes of `lks_certificate_renewals_total{outcome}`, each shown
+/// from the start: `refused` (the caller or its CSR was not accepted),
+/// `error` (the server could not do it: store unavailable, …).
+pub const RENEWAL_OUTCOMES: [&str; 3] = ["ok", "refused", "error"];
+
 impl Metrics {
+    /// The rollouts worth watching now (the controller, each pass).
+    pub fn set_rollouts(&self, ages: Vec<RolloutAge>) {
+        if let Ok(mut r) = self.rollouts.lock() {
+            *r = ages;
+        }
+    }
+
+    /// What the store answered a probe: the enrolled nodes, or nothing.
+    pub fn store_probed(&self, enrolled: Option<u64>) {
+        self.store_up.set(u64::from(enrolled.is_some()));
+        if let Some(n) = enrolled {
+            self.enrolled_nodes.set(n);
+        }
+    }
+
+    /// Whether the blob store answered a probe.
+    pub fn blob_store_probed(&self, up: bool) {
+        self.blob_store_up.set(u64::from(up));
+    }
+
+    /// Counts one `RenewCertificate` by outcome ([`RENEWAL_OUTCOMES`]).
+    pub fn certificate_renewal(&self, outcome: &'static str) {
+        self.cert_renewals.inc(outcome);
+    }
+
+    /// Cordons lksadmin holds in the tenant clusters: `owned` by an active
+    /// rollout's turn, `stray` (no active rollout owns them and the repair
+    /// could not lift them).
+    pub fn set_cordoned(&self, owned: u64, stray: u64) {
+        for (g, n) in self.cordoned.iter().zip([owned, stray]) {
+            g.store(i64::try_from(n).unwrap_or(i64::MAX), Ordering::Relaxed);
+        }
+    }
+
     pub fn set_connected(&self, n: usize) {
         self.connected.store(n as i64, Ordering::Relaxed);
     }
@@ -360,6 +420,8 @@ impl Metrics {
             "Rollout events by kind.",
             "kind",
         );
+        self.render_rollouts(&mut s);
+        self.render_health(&mut s);
         self.tls_handshakes.render(
             &mut s,
             "lks_tls_handshakes_total",

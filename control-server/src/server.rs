@@ -415,6 +415,12 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         shared
             .tasks
             .spawn(metrics::serve(l, shared.metrics.clone(), cancel.clone()));
+        shared.tasks.spawn(metrics::probe::run(
+            shared.store.clone(),
+            shared.blobs.clone(),
+            shared.metrics.clone(),
+            cancel.clone(),
+        ));
     }
     shared.tasks.spawn(flush_heartbeats(shared.clone()));
     shared.tasks.spawn(crate::peers::run(

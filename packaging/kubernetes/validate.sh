@@ -122,4 +122,8 @@ validate "$here"/tenant/*.yaml || die "packaging/kubernetes/tenant manifests do 
 # them equal to the Rust types, tests/tests/kube_crds.rs applies them).
 validate "$here"/crds/*.yaml || die "packaging/kubernetes/crds do not validate (output above)"
 validate "$here"/controller/*.yaml || die "packaging/kubernetes/controller manifests do not validate (output above)"
+# monitoring/ is not validated here: its PrometheusRule is a custom resource
+# of the Prometheus Operator, whose schema kubernetes-validate does not have.
+# scripts/check-monitoring.sh checks it instead (generated from rules.yaml,
+# which promtool checks and unit-tests).
 log "ok: manifests valid against Kubernetes ${KUBE_VERSIONS[*]} (strict)${kubectl_bin:+, kustomize rendering too}"

@@ -169,10 +169,13 @@ impl KubeWork {
     /// Lifts every cordon lksadmin made in `cluster` that no active
     /// rollout owns now (the rollout ended, or the node's turn is over),
     /// and records each. The tenant's Nodes as `node list` last read them.
-    pub async fn repair(&self, cluster: &str) {
+    /// Returns the cordons left: owned by an active rollout, and stray ones
+    /// it could not lift; `None` if the tenant's Nodes could not be read.
+    pub async fn repair(&self, cluster: &str) -> Option<Cordons> {
         let Some(Ok(nodes)) = self.tenants.nodes(cluster).await else {
-            return;
+            return None;
         };
+        let mut left = Cordons::default();
         let mut owners: HashMap<String, Option<crate::store::RolloutRow>> = HashMap::new();
         for (node, state) in nodes.iter() {
             let id = &state.cordoned_by;
@@ -184,6 +187,7 @@ impl KubeWork {
                     Ok(r) => owners.insert(id.clone(), r),
                     Err(e) => {
                         tracing::warn!(%cluster, rollout = %id, error = %e, "cordon repair: read the rollout");
+                        left.stray += 1;
                         continue;
                     }
                 };
@@ -192,23 +196,45 @@ impl KubeWork {
                 r.state.is_active() && r.nodes.iter().any(|n| n.name == *node && n.kube.owns_cordon())
             });
             if owned {
-                continue;
+                left.owned += 1;
+            } else if !self.lift_stray(cluster, node, id).await {
+                left.stray += 1;
             }
-            let client = match self.tenants.client(cluster).await {
-                Ok(Some((c, _))) => c,
-                _ => return,
-            };
-            match drain::uncordon(&client, node, id).await {
-                Ok(true) => {
-                    tracing::warn!(%cluster, %node, rollout = %id, "stray cordon lifted");
-                    let m = format!("stray cordon of rollout {id} lifted: no active rollout owns it");
-                    record(self.store.as_ref(), cluster, node, id, "cordon_repaired", m).await;
-                }
-                Ok(false) => {}
-                Err(e) => tracing::warn!(%cluster, %node, rollout = %id, error = %e, "cordon repair"),
+        }
+        Some(left)
+    }
+
+    /// Lifts a cordon of rollout `id` no active rollout owns; false if it
+    /// is still there.
+    async fn lift_stray(&self, cluster: &str, node: &str, id: &str) -> bool {
+        let client = match self.tenants.client(cluster).await {
+            Ok(Some((c, _))) => c,
+            _ => return false,
+        };
+        match drain::uncordon(&client, node, id).await {
+            Ok(true) => {
+                tracing::warn!(%cluster, %node, rollout = %id, "stray cordon lifted");
+                let m = format!("stray cordon of rollout {id} lifted: no active rollout owns it");
+                record(self.store.as_ref(), cluster, node, id, "cordon_repaired", m).await;
+                true
+            }
+            // Not lksadmin's cordon (any more), or the node is gone.
+            Ok(false) => true,
+            Err(e) => {
+                tracing::warn!(%cluster, %node, rollout = %id, error = %e, "cordon repair");
+                false
             }
         }
     }
+}
+
+/// Cordons lksadmin holds in a tenant cluster after a repair.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cordons {
+    /// Owned by an active rollout's turn of the node.
+    pub owned: u64,
+    /// Owned by no active rollout, and the repair could not lift them.
+    pub stray: u64,
 }
 
 async fn record(store: &dyn Store, cluster: &str, node: &str, rollout: &str, kind: &str, message: String) {

@@ -57,6 +57,7 @@ use std::time::Duration;
 use crate::store::{BundleStatusRow, EventRow, NodeState, RolloutRow, RolloutState, TargetChange};
 use crate::windows::Window;
 
+pub mod ages;
 mod batch;
 mod canary;
 mod complete;

@@ -194,6 +194,7 @@ macro_rules! conformance_suite {
             one_release_version_is_stored_once_under_a_race,
             roots_follow_one_another,
             a_nodes_reported_trust_is_kept_with_it,
+            enrolled_nodes_are_counted,
         );
     };
     (@cases $setup:block; $($name:ident),* $(,)?) => {$(

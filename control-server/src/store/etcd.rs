@@ -464,6 +464,17 @@ impl EtcdStore {
         Ok(out)
     }
 
+    /// How many keys are under `prefix` (a full key prefix); etcd counts
+    /// them in its index and sends no value.
+    async fn count(&self, prefix: &str) -> Result<u64> {
+        let mut kv = crate::store::etcd::kv_of(&self.client);
+        let resp = kv
+            .get(prefix, Some(GetOptions::new().with_prefix().with_count_only()))
+            .await
+            .map_err(unavailable)?;
+        Ok(u64::try_from(resp.count()).unwrap_or(0))
+    }
+
     async fn keys(&self, prefix: &str) -> Result<Vec<String>> {
         let mut kv = crate::store::etcd::kv_of(&self.client);
         let resp = kv

@@ -217,6 +217,10 @@ pub trait NodeStore: Send + Sync {
     /// call is authorised by, read without the rest of the node.
     async fn node_identity(&self, name: &str) -> Result<Option<(String, String)>>;
     async fn list_nodes(&self, cluster: Option<&str>) -> Result<Vec<NodeRow>>;
+    /// How many nodes are enrolled, read from the backend itself (never a
+    /// copy), without reading their documents: `/metrics` asks it
+    /// periodically, so it is also the probe that the store answers.
+    async fn count_nodes(&self) -> Result<u64>;
     /// Holds (`Some(reason)`) or releases (`None`) a node and records
     /// `event` (its cluster is filled in). False if the node is absent.
     async fn set_node_hold(&self, name: &str, hold: Option<String>, event: EventRow) -> Result<bool>;

@@ -90,8 +90,39 @@ pub(super) async fn enroll(
     }
 }
 
-/// `RenewCertificate`: a new node certificate for the same identity.
+/// `RenewCertificate`: a new node certificate for the same identity; the
+/// outcome is counted (`lks_certificate_renewals_total`).
 pub(super) async fn renew(
+    s: &Deps,
+    req: Request<pb::RenewCertificateRequest>,
+) -> Result<Response<pb::RenewCertificateResponse>, Status> {
+    let r = renew_inner(s, req).await;
+    s.metrics.certificate_renewal(match &r {
+        Ok(_) => "ok",
+        Err(status) => renewal_outcome(status.code()),
+    });
+    r
+}
+
+/// A failed renewal: the server could not do it (`error`, the agent retries
+/// and an operator should look at the server), or it refused the node or its
+/// CSR (`refused`).
+fn renewal_outcome(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Unavailable
+        | Code::Internal
+        | Code::Unknown
+        | Code::DeadlineExceeded
+        | Code::Aborted
+        | Code::ResourceExhausted
+        | Code::DataLoss
+        | Code::Cancelled => "error",
+        _ => "refused",
+    }
+}
+
+async fn renew_inner(
     s: &Deps,
     req: Request<pb::RenewCertificateRequest>,
 ) -> Result<Response<pb::RenewCertificateResponse>, Status> {
@@ -238,4 +269,24 @@ async fn enroll_inner(s: &Deps, r: pb::EnrollRequest) -> Result<pb::EnrollRespon
 
 async fn event(s: &Deps, id: &NodeIdentity, kind: &str, bundle: &str, version: &str, message: String) {
     record_event(&*s.store, id, kind, bundle, version, message, now_ms()).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic::Code;
+
+    #[test]
+    fn renewal_failures_are_refusals_or_server_errors() {
+        for c in [
+            Code::PermissionDenied,
+            Code::Unauthenticated,
+            Code::InvalidArgument,
+            Code::NotFound,
+        ] {
+            assert_eq!(super::renewal_outcome(c), "refused", "{c:?}");
+        }
+        for c in [Code::Unavailable, Code::Internal, Code::DeadlineExceeded] {
+            assert_eq!(super::renewal_outcome(c), "error", "{c:?}");
+        }
+    }
 }

@@ -53,6 +53,25 @@ pub async fn a_report_that_leaves_out_an_undesired_bundle_means_it_was_removed(s
     assert_eq!(n.actual["other"].generation, 4);
 }
 
+pub async fn enrolled_nodes_are_counted(s: &dyn Store) {
+    assert_eq!(s.count_nodes().await.unwrap(), 0);
+    s.create_cluster(NewCluster::new("a", 1)).await.unwrap();
+    s.create_cluster(NewCluster::new("b", 1)).await.unwrap();
+    s.create_token(token("toka00", "a", None, 10_000)).await.unwrap();
+    s.create_token(token("tokb00", "b", None, 10_000)).await.unwrap();
+    s.enroll_node(node("a1", "a", "toka00", &[])).await.unwrap();
+    s.enroll_node(node("a2", "a", "toka00", &[])).await.unwrap();
+    s.enroll_node(node("b1", "b", "tokb00", &[])).await.unwrap();
+    s.node_connected("a1", "{}", vec![held("1", 4)], 1).await.unwrap();
+    assert_eq!(
+        s.count_nodes().await.unwrap(),
+        3,
+        "every cluster, reports add nothing"
+    );
+    assert!(s.delete_node("a2").await.unwrap());
+    assert_eq!(s.count_nodes().await.unwrap(), 2);
+}
+
 #[allow(clippy::too_many_lines)]
 pub async fn status_and_events(s: &dyn Store) {
     s.create_cluster(NewCluster::new("a", 1)).await.unwrap();

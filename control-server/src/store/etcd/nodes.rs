@@ -185,6 +185,10 @@ impl NodeStore for EtcdStore {
         }
     }
 
+    async fn count_nodes(&self) -> Result<u64> {
+        self.count(&self.key("nodes/")).await
+    }
+
     async fn retry_node(
         &self,
         name: &str,

@@ -151,6 +151,12 @@ impl NodeStore for SqliteStore {
         .await
     }
 
+    async fn count_nodes(&self) -> Result<u64> {
+        self.call(|c| Ok(c.query_row("SELECT COUNT(*) FROM nodes", [], |r| r.get::<_, i64>(0))?))
+            .await
+            .map(|n| u64::try_from(n).unwrap_or(0))
+    }
+
     async fn retry_node(
         &self,
         name: &str,
