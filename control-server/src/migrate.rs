@@ -131,24 +131,9 @@ pub struct Summary {
     pub ca_cert_hash: Digest,
     /// Key id that sealed the private keys, if any.
     pub sealed_with: Option<String>,
-    pub clusters: usize,
-    /// Clusters with a CA (keys sealed like the identity's).
-    pub cluster_cas: usize,
-    /// Records of certificates issued with cluster CAs.
-    pub certificates: usize,
-    pub tokens: usize,
-    pub nodes: usize,
-    pub bundles: usize,
+    pub counts: crate::store::DumpCounts,
     pub blobs: usize,
     pub blob_bytes: u64,
-    pub targets: usize,
-    pub rollouts: usize,
-    pub events: usize,
-    pub audit: usize,
-    /// Signed releases and trust-root rotations.
-    pub releases: usize,
-    pub roots: usize,
-    pub generation: u64,
 }
 
 impl fmt::Display for Summary {
@@ -169,28 +154,8 @@ impl fmt::Display for Summary {
             "  identity    CA {} and admin credential ({keys})",
             self.ca_cert_hash
         )?;
-        writeln!(
-            f,
-            "  clusters    {} ({} with a CA; {} issued certificates recorded)",
-            self.clusters, self.cluster_cas, self.certificates
-        )?;
-        writeln!(f, "  tokens      {}", self.tokens)?;
-        writeln!(f, "  nodes       {}", self.nodes)?;
-        writeln!(
-            f,
-            "  bundles     {} ({} blobs, {} bytes)",
-            self.bundles, self.blobs, self.blob_bytes
-        )?;
-        writeln!(f, "  targets     {}", self.targets)?;
-        writeln!(f, "  rollouts    {}", self.rollouts)?;
-        writeln!(f, "  events      {}", self.events)?;
-        writeln!(f, "  audit       {} records", self.audit)?;
-        writeln!(
-            f,
-            "  releases    {} ({} trust-root rotations)",
-            self.releases, self.roots
-        )?;
-        writeln!(f, "  generation  {}", self.generation)?;
+        self.counts
+            .write_lines(f, &format!("{} blobs, {} bytes", self.blobs, self.blob_bytes))?;
         writeln!(
             f,
             "{} was left untouched (only read); do not start the SQLite server on it again.",
@@ -314,21 +279,9 @@ pub async fn migrate(cfg: &MigrateConfig) -> Result<Summary, MigrateError> {
         prefix: store.prefix().to_string(),
         ca_cert_hash,
         sealed_with: seal.as_ref().map(SealKey::key_id),
-        clusters: dump.clusters.len(),
-        cluster_cas: dump.cluster_cas.len(),
-        certificates: dump.certificates.len(),
-        tokens: dump.tokens.len(),
-        nodes: dump.nodes.len(),
-        bundles: dump.bundles.len(),
+        counts: crate::store::DumpCounts::of(&dump),
         blobs: served.len(),
         blob_bytes: served.iter().map(|b| b.size).sum(),
-        targets: dump.targets.len(),
-        rollouts: dump.rollouts.len(),
-        events: dump.events.len(),
-        audit: dump.audit.len(),
-        releases: dump.releases.len(),
-        roots: dump.roots.len(),
-        generation: dump.max_generation(),
     })
 }
 

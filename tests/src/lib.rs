@@ -312,3 +312,16 @@ pub fn noise(len: usize, seed: u64) -> Vec<u8> {
     out.truncate(len);
     out
 }
+
+/// A child process killed (and reaped) if the test fails before it is
+/// waited for; `.0.take()` it to wait for it yourself.
+pub struct KillOnDrop(pub Option<std::process::Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}

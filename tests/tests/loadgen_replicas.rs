@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use lks_e2e::etcd::{Etcd, EtcdCluster};
 use lks_e2e::server::Server;
-use lks_e2e::{bin, ok_stdout, run, wait_until};
+use lks_e2e::{KillOnDrop, bin, ok_stdout, run, wait_until};
 
 fn replica(etcd: &Etcd) -> Server {
     etcd.replica("/lks-test-loadgen/", &[])
@@ -56,18 +56,6 @@ fn loadgen_spreads_agents_over_the_replicas() {
             "lks_enrollments_total{result=\"ok\"} 3",
             "each replica enrolled half the agents"
         );
-    }
-}
-
-/// A child process killed if the test fails before it is waited for.
-struct KillOnDrop(Option<std::process::Child>);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.as_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
     }
 }
 

@@ -21,21 +21,9 @@ use std::time::Duration;
 
 use lks_e2e::etcd::EtcdCluster;
 use lks_e2e::server::Server;
-use lks_e2e::{bin, wait_until};
+use lks_e2e::{KillOnDrop, bin, wait_until};
 
 const AGENTS: usize = 120;
-
-/// A child process killed if the test fails before it is waited for.
-struct KillOnDrop(Option<std::process::Child>);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.as_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 fn rollout(s: &Server, id: &str) -> serde_json::Value {
     s.lksctl_json(&["rollout", "status", id])

@@ -19,13 +19,14 @@ use std::collections::BTreeMap;
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams};
 use lks_proto::pb;
 use sha2::{Digest as _, Sha256};
 
 use crate::admin::Admin;
 use crate::conditions::{self, condition};
 use crate::crd::{LksCluster, LksClusterSpec, LksClusterStatus, SecretKeyRef, SecretName};
+use crate::object::{set_finalizer, write_status};
 use lks_proto::report::one_line;
 
 /// The finalizer every `LksCluster` carries while the controller runs.
@@ -411,48 +412,6 @@ async fn reconcile(
     );
     write_status(api, &name, &old, &status).await?;
     Ok(changed)
-}
-
-async fn write_status(
-    api: &Api<LksCluster>,
-    name: &str,
-    old: &LksClusterStatus,
-    new: &LksClusterStatus,
-) -> anyhow::Result<()> {
-    if old == new {
-        return Ok(());
-    }
-    let patch = serde_json::json!({ "status": new });
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .with_context(|| format!("write LksCluster {name} status"))?;
-    Ok(())
-}
-
-/// Adds (`on`) or removes `finalizer`; guarded by the object's
-/// resourceVersion, so a concurrent change makes it wait for the next pass.
-pub async fn set_finalizer<K>(api: &Api<K>, obj: &K, finalizer: &str, on: bool) -> anyhow::Result<()>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let mut f: Vec<String> = obj.finalizers().to_vec();
-    f.retain(|x| x != finalizer);
-    if on {
-        f.push(finalizer.to_string());
-    }
-    let patch = serde_json::json!({
-        "metadata": { "finalizers": f, "resourceVersion": obj.resource_version() }
-    });
-    api.patch(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .with_context(|| {
-            format!(
-                "{} finalizer of {}",
-                if on { "add" } else { "remove" },
-                obj.name_any()
-            )
-        })?;
-    Ok(())
 }
 
 #[cfg(test)]

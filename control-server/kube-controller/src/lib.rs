@@ -13,6 +13,7 @@ pub mod conditions;
 pub mod crd;
 pub mod lease;
 pub mod mirror;
+pub mod object;
 pub mod rollouts;
 pub mod run;
 

@@ -22,16 +22,17 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams};
 use lks_proto::duration::parse_duration;
 use lks_proto::pb;
 use tonic::Code;
 
 use crate::admin::Admin;
-use crate::clusters::{digest16, set_finalizer};
+use crate::clusters::digest16;
 use crate::conditions::{self, condition};
 use crate::crd::{LksRollout, LksRolloutSpec, LksRolloutStatus};
 use crate::mirror;
+use crate::object::{set_finalizer, write_status};
 
 /// The finalizer of a declared `LksRollout`.
 pub const FINALIZER: &str = "lksadmin.io/rollout";
@@ -387,22 +388,6 @@ async fn rollback(
         .await
         .map(|a| a.into_inner())
         .map_err(|e| e.message().to_string())
-}
-
-async fn write_status(
-    api: &Api<LksRollout>,
-    name: &str,
-    old: &LksRolloutStatus,
-    new: &LksRolloutStatus,
-) -> anyhow::Result<()> {
-    if old == new {
-        return Ok(());
-    }
-    let patch = serde_json::json!({ "status": new });
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .with_context(|| format!("write LksRollout {name} status"))?;
-    Ok(())
 }
 
 #[cfg(test)]

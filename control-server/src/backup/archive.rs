@@ -87,22 +87,7 @@ pub struct BlobEntry {
 }
 
 /// How many of each kind the snapshot holds.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Counts {
-    pub clusters: usize,
-    pub cluster_cas: usize,
-    pub certificates: usize,
-    pub tokens: usize,
-    pub nodes: usize,
-    pub bundles: usize,
-    pub targets: usize,
-    pub rollouts: usize,
-    pub events: usize,
-    pub audit: usize,
-    pub releases: usize,
-    pub roots: usize,
-    pub generation: u64,
-}
+pub type Counts = crate::store::DumpCounts;
 
 /// The entries an archive may hold, each a fixed place in a data dir.
 #[derive(Clone, Debug, PartialEq, Eq)]

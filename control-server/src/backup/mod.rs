@@ -112,56 +112,14 @@ impl fmt::Display for BackupSummary {
 /// The counts of a manifest, one line per kind (backup and restore print
 /// them alike).
 fn write_counts(f: &mut fmt::Formatter<'_>, m: &Manifest) -> fmt::Result {
-    let c = &m.counts;
-    writeln!(
-        f,
-        "  clusters    {} ({} with a CA; {} issued certificates recorded)",
-        c.clusters, c.cluster_cas, c.certificates
-    )?;
-    writeln!(f, "  tokens      {}", c.tokens)?;
-    writeln!(f, "  nodes       {}", c.nodes)?;
     let bytes: u64 = m.blobs.iter().map(|b| b.size).sum();
     let included = if m.blobs_included {
         "bytes included"
     } else {
         "by digest only; --with-blobs includes the bytes"
     };
-    writeln!(
-        f,
-        "  bundles     {} ({} blobs, {bytes} bytes, {included})",
-        c.bundles,
-        m.blobs.len()
-    )?;
-    writeln!(f, "  targets     {}", c.targets)?;
-    writeln!(f, "  rollouts    {}", c.rollouts)?;
-    writeln!(f, "  events      {}", c.events)?;
-    writeln!(f, "  audit       {} records", c.audit)?;
-    writeln!(
-        f,
-        "  releases    {} ({} trust-root rotations)",
-        c.releases, c.roots
-    )?;
-    writeln!(f, "  generation  {}", c.generation)
-}
-
-impl Counts {
-    pub fn of(d: &Dump) -> Counts {
-        Counts {
-            clusters: d.clusters.len(),
-            cluster_cas: d.cluster_cas.len(),
-            certificates: d.certificates.len(),
-            tokens: d.tokens.len(),
-            nodes: d.nodes.len(),
-            bundles: d.bundles.len(),
-            targets: d.targets.len(),
-            rollouts: d.rollouts.len(),
-            events: d.events.len(),
-            audit: d.audit.len(),
-            releases: d.releases.len(),
-            roots: d.roots.len(),
-            generation: d.max_generation(),
-        }
-    }
+    m.counts
+        .write_lines(f, &format!("{} blobs, {bytes} bytes, {included}", m.blobs.len()))
 }
 
 /// Every distinct blob the dumped bundles serve, with its size (from the

@@ -71,3 +71,65 @@ impl Dump {
         nodes.chain(rollouts).fold(self.generation, u64::max)
     }
 }
+
+/// How many of each kind a dump holds (a backup's manifest, a migration's
+/// summary).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DumpCounts {
+    pub clusters: usize,
+    pub cluster_cas: usize,
+    pub certificates: usize,
+    pub tokens: usize,
+    pub nodes: usize,
+    pub bundles: usize,
+    pub targets: usize,
+    pub rollouts: usize,
+    pub events: usize,
+    pub audit: usize,
+    pub releases: usize,
+    pub roots: usize,
+    pub generation: u64,
+}
+
+impl DumpCounts {
+    pub fn of(d: &Dump) -> DumpCounts {
+        DumpCounts {
+            clusters: d.clusters.len(),
+            cluster_cas: d.cluster_cas.len(),
+            certificates: d.certificates.len(),
+            tokens: d.tokens.len(),
+            nodes: d.nodes.len(),
+            bundles: d.bundles.len(),
+            targets: d.targets.len(),
+            rollouts: d.rollouts.len(),
+            events: d.events.len(),
+            audit: d.audit.len(),
+            releases: d.releases.len(),
+            roots: d.roots.len(),
+            generation: d.max_generation(),
+        }
+    }
+
+    /// One indented line per kind, as `backup`, `restore` and `migrate`
+    /// print them; `bundles` is what the bundles line adds in brackets.
+    pub fn write_lines(&self, f: &mut std::fmt::Formatter<'_>, bundles: &str) -> std::fmt::Result {
+        writeln!(
+            f,
+            "  clusters    {} ({} with a CA; {} issued certificates recorded)",
+            self.clusters, self.cluster_cas, self.certificates
+        )?;
+        writeln!(f, "  tokens      {}", self.tokens)?;
+        writeln!(f, "  nodes       {}", self.nodes)?;
+        writeln!(f, "  bundles     {} ({bundles})", self.bundles)?;
+        writeln!(f, "  targets     {}", self.targets)?;
+        writeln!(f, "  rollouts    {}", self.rollouts)?;
+        writeln!(f, "  events      {}", self.events)?;
+        writeln!(f, "  audit       {} records", self.audit)?;
+        writeln!(
+            f,
+            "  releases    {} ({} trust-root rotations)",
+            self.releases, self.roots
+        )?;
+        writeln!(f, "  generation  {}", self.generation)
+    }
+}
