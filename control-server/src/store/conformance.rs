@@ -11,6 +11,7 @@ use super::*;
 mod audit;
 mod bundles;
 mod clusters;
+mod deltas;
 mod nodes;
 mod releases;
 mod rollouts;
@@ -18,6 +19,7 @@ mod rollouts;
 pub use audit::*;
 pub use bundles::*;
 pub use clusters::*;
+pub use deltas::*;
 pub use nodes::*;
 pub use releases::*;
 pub use rollouts::*;
@@ -194,6 +196,7 @@ macro_rules! conformance_suite {
             one_release_version_is_stored_once_under_a_race,
             roots_follow_one_another,
             a_nodes_reported_trust_is_kept_with_it,
+            deltas_live_and_die_with_their_bundle_version,
         );
     };
     (@cases $setup:block; $($name:ident),* $(,)?) => {$(

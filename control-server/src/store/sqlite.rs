@@ -20,6 +20,7 @@ mod audit;
 mod blobrecs;
 mod bundles;
 mod clusters;
+mod deltas;
 mod desired;
 mod dump;
 mod events;
