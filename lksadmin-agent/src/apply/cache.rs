@@ -297,7 +297,12 @@ impl Cache {
     /// verified like any blob, the file written once and verified against
     /// the manifest. `None` when no offer fits, or on any failure (one
     /// line), and the caller fetches the file whole.
-    async fn rebuild_from_delta(&self, file: &FileSpec, src: &dyn BlobSource, dest: &Path) -> Option<Fetched> {
+    async fn rebuild_from_delta(
+        &self,
+        file: &FileSpec,
+        src: &dyn BlobSource,
+        dest: &Path,
+    ) -> Option<Fetched> {
         if file.url.is_some() || file.size < lks_proto::delta::MIN_FILE_SIZE {
             return None;
         }
