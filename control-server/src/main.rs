@@ -86,7 +86,7 @@ struct Args {
     #[arg(long, default_value = "30s", value_name = "DURATION|off")]
     delta_interval: String,
     /// Largest file a delta is made for, in bytes (making one holds about
-    /// 7× the file in memory, on one core).
+    /// 6× the file in memory, on one core).
     #[arg(long, default_value_t = lks_control_server::blobs::delta::DEFAULT_MAX_FILE_SIZE, value_name = "BYTES")]
     delta_max_file_size: u64,
     /// How many earlier versions of a bundle a delta is made from, per file.

@@ -7,13 +7,14 @@
 //! else sees them (a wrong base, a corrupted or lying patch give other bytes
 //! and are refused there). The one algorithm is bsdiff 4 (`qbsdiff`), chosen
 //! by measurement (BENCHMARKS.md, "Binary deltas"): its patches are the
-//! smallest, and applying one needs the base in memory and writes the new
-//! file as a stream, about 1× the file in memory where zstd's patch-from
-//! needs the base and a window as large as the file (2×).
+//! smallest (0.22 % of a one-fix kubectl against zstd's 2.67 %), and
+//! applying one needs the base in memory and writes the new file as a
+//! stream, 1.04–1.24× the file in memory where zstd's patch-from needs the
+//! base and a window as large as the file (2.0×).
 //!
-//! The server makes a patch with [`make`] (one core, memory about
-//! 6× the base plus the target: the suffix array, see [`make_memory`]); the
-//! agent applies it with [`apply`].
+//! The server makes a patch with [`make`] (one core; memory about 6× the
+//! file: both files and the base's suffix array); the agent applies it
+//! with [`apply`] (memory about the file's size plus the patch).
 
 use std::io::{self, Write};
 
@@ -50,13 +51,6 @@ pub fn make(base: &[u8], target: &[u8]) -> io::Result<Vec<u8>> {
         .parallel_scheme(qbsdiff::ParallelScheme::Never)
         .compare(io::Cursor::new(&mut patch))?;
     Ok(patch)
-}
-
-/// About how much memory [`make`] needs for a base and a target of these
-/// sizes: both inputs, the base's suffix array (4 bytes a byte) and the
-/// patch's buffers.
-pub fn make_memory(base: u64, target: u64) -> u64 {
-    base.saturating_mul(5).saturating_add(target.saturating_mul(2))
 }
 
 /// Rebuilds the file of `size` bytes from `base` and `patch` into `out`,

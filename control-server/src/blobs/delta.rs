@@ -8,8 +8,8 @@
 //! ones every `--delta-interval`, one patch at a time on one core, so a
 //! publish never waits and a delta not made yet is simply not offered.
 //! Bounds: a file over `--delta-max-file-size` is skipped (making a patch
-//! holds both files and the base's suffix array: about 5× the base plus 2×
-//! the file, [`lks_proto::delta::make_memory`]); a patch over half the file
+//! holds both files and the base's suffix array: about 6× the file,
+//! measured in BENCHMARKS.md, "Binary deltas"); a patch over half the file
 //! is not kept. Either is recorded as skipped, so it is not tried again.
 //! The patch blob follows the publish protocol of `gc.rs`: verified in a
 //! temp file, claimed, then named, made durable, and recorded.
@@ -22,8 +22,8 @@ use lks_proto::{Digest, FileSpec};
 use super::{BlobError, Blobs};
 use crate::store::{BundleRow, DeltaRow, Store};
 
-/// Default for `--delta-max-file-size`: about 1.8 GiB of memory while one
-/// patch is made for a file this size.
+/// Default for `--delta-max-file-size`: about 1.5 GiB of memory while one
+/// patch is made for a file this size (6× the file, BENCHMARKS.md).
 pub const DEFAULT_MAX_FILE_SIZE: u64 = 256 << 20;
 /// Default for `--delta-bases`: patches from the last two earlier versions.
 pub const DEFAULT_BASES: usize = 2;
