@@ -8,7 +8,8 @@
 //!   (`lks_blob_bytes_served_by_kind_total`, bytes saved);
 //! - a patch corrupted in the server's blob store is refused by the node,
 //!   which fetches the whole file and still installs the right bytes;
-//! - a node without the base (its cache entry gone) fetches the whole file.
+//! - a node whose cache lost the base rebuilds from the installed file;
+//! - a node without the base (one that joins later) fetches the whole file.
 
 // Test code: a helper that fails panics with what it was doing, as a
 // #[test] does (clippy.toml allows that only inside #[test] functions).
@@ -168,18 +169,38 @@ fn a_patch_release_moves_a_few_percent_and_any_failure_falls_back_to_the_whole_f
         "one line says why"
     );
 
-    // 3. The base gone from the node's cache: the whole file, no patch.
+    // 3. The base gone from the node's cache: rebuilt from the installed
+    // file (hashed whole first), still a patch.
     wait_until(Duration::from_secs(30), "app@3 in the node's cache", || {
         cached(&v3).exists()
     });
     assert_eq!(server.publish(&version(work.path(), "4", &v4)), "app@4");
-    wait_deltas(&server, "4", 2);
+    let deltas = wait_deltas(&server, "4", 2);
     std::fs::remove_file(cached(&v3)).unwrap();
     let (delta3, whole3) = (served(&server, "delta"), served(&server, "whole"));
     roll_out(&server, "app@4");
     wait_node_bundle(&server, "n0", "app", "4", "applied");
     assert_eq!(std::fs::read(a.root.join(&PATH[1..])).unwrap(), v4);
-    assert_eq!(served(&server, "delta"), delta3, "no patch without its base");
+    let from_v3 = deltas.iter().find(|d| d["from_version"] == "3").unwrap();
+    assert_eq!(
+        served(&server, "delta") - delta3,
+        from_v3["size"].as_u64().unwrap()
+    );
+    assert_eq!(served(&server, "whole"), whole3, "no whole file");
+    assert_eq!(
+        a.log().matches("blob rebuilt from a delta and verified").count(),
+        2
+    );
+
+    // 4. A node without any base (it joins now and gets app@4 at once):
+    // the whole file.
+    let mut b = Agent::new("n1");
+    b.join(&server, "c", &[]);
+    b.start();
+    wait_node_bundle(&server, "n1", "app", "4", "applied");
+    assert_eq!(std::fs::read(b.root.join(&PATH[1..])).unwrap(), v4);
     assert!(served(&server, "whole") - whole3 >= v4.len() as u64);
+    assert!(!b.log().contains("rebuilt from a delta"));
+    b.stop();
     a.stop();
 }

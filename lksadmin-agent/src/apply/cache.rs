@@ -186,17 +186,29 @@ impl Cache {
         if self.contains(&file.digest) {
             return Ok(Fetched::default());
         }
-        self.download(file, src, &self.blobs()).await
+        self.download(file, src, &self.blobs(), None).await
     }
 
     /// Makes sure `file`'s bytes are on this node, verified: in the cache,
     /// or fetched (and resumed) into `fetched/`, from where staging moves
     /// them beside the target instead of copying them.
     pub async fn fetch(&self, file: &FileSpec, src: &dyn BlobSource) -> Result<Fetched, FetchError> {
+        self.fetch_with_base(file, src, None).await
+    }
+
+    /// [`Cache::fetch`], with one more base a binary delta may apply to:
+    /// the file installed at the same path (`installed`: its manifest
+    /// digest and the open target), hashed whole before it is used.
+    pub async fn fetch_with_base(
+        &self,
+        file: &FileSpec,
+        src: &dyn BlobSource,
+        installed: Option<(Digest, File)>,
+    ) -> Result<Fetched, FetchError> {
         if self.contains(&file.digest) || self.verified_fetched(&file.digest, file.size)?.is_some() {
             return Ok(Fetched::default());
         }
-        self.download(file, src, &self.fetched_dir()).await
+        self.download(file, src, &self.fetched_dir(), installed).await
     }
 
     /// Downloads `file` into `dest` (`sha256/` or `fetched/`), verified.
@@ -205,10 +217,11 @@ impl Cache {
         file: &FileSpec,
         src: &dyn BlobSource,
         dest: &Path,
+        installed: Option<(Digest, File)>,
     ) -> Result<Fetched, FetchError> {
         fsutil::create_dir(dest, 0o700)?;
         fsutil::create_dir(&self.partials(), 0o700)?;
-        if let Some(got) = self.rebuild_from_delta(file, src, dest).await {
+        if let Some(got) = self.rebuild_from_delta(file, src, dest, installed).await {
             return Ok(got);
         }
         if file.url.is_none()
@@ -293,7 +306,8 @@ impl Cache {
     }
 
     /// Rebuilds `file` into `dest` from a patch the source offers and a
-    /// base this cache holds (issue [delta]): the patch fetched and
+    /// base this cache holds, or the `installed` file (issue [delta]): the
+    /// patch fetched and
     /// verified like any blob, the file written once and verified against
     /// the manifest. `None` when no offer fits, or on any failure (one
     /// line), and the caller fetches the file whole.
@@ -302,6 +316,7 @@ impl Cache {
         file: &FileSpec,
         src: &dyn BlobSource,
         dest: &Path,
+        installed: Option<(Digest, File)>,
     ) -> Option<Fetched> {
         if file.url.is_some() || file.size < lks_proto::delta::MIN_FILE_SIZE {
             return None;
@@ -313,13 +328,20 @@ impl Cache {
                 return None;
             }
         };
+        let installed_base = installed.as_ref().map(|(d, _)| *d);
         let offer = offers.into_iter().find(|o| {
             o.algorithm == lks_proto::delta::ALGORITHM
                 && o.patch_size.saturating_mul(2) <= file.size
-                && self.contains(&o.base)
+                && (self.contains(&o.base) || installed_base == Some(o.base))
         })?;
+        // The cached blob first; the installed target is read only if the
+        // cache lacks those bytes.
+        let base = match self.open(&offer.base) {
+            Ok(Some(f)) => f,
+            _ => installed.filter(|(d, _)| *d == offer.base).map(|(_, f)| f)?,
+        };
         let started = Instant::now();
-        match self.rebuild(file, src, &offer, dest).await {
+        match self.rebuild(file, src, &offer, base, dest).await {
             Ok(()) => {
                 tracing::info!(
                     path = %file.path,
@@ -347,6 +369,7 @@ impl Cache {
         file: &FileSpec,
         src: &dyn BlobSource,
         offer: &source::DeltaOffer,
+        base_file: File,
         dest: &Path,
     ) -> Result<(), DeltaFailure> {
         let spec = offer.patch_spec(file);
@@ -363,15 +386,9 @@ impl Cache {
         }
         verifier.finish().map_err(DeltaFailure::Patch)?;
         let part = self.partials().join(format!("{}.delta", file.digest.hex()));
-        let (f, base_path, base, alg, p) = (
-            file.clone(),
-            self.blob_path(&offer.base),
-            offer.base,
-            offer.algorithm.clone(),
-            part.clone(),
-        );
+        let (f, base, alg, p) = (file.clone(), offer.base, offer.algorithm.clone(), part.clone());
         tokio::task::spawn_blocking(move || {
-            crate::apply::rebuild::rebuild(&f, &base_path, base, &alg, &patch, &p)
+            crate::apply::rebuild::rebuild(&f, base_file, base, &alg, &patch, &p)
         })
         .await
         .map_err(DeltaFailure::Task)??;

@@ -39,17 +39,18 @@ pub enum RebuildError {
     Mismatch(#[source] VerifyError),
 }
 
-/// Rebuilds `file` into `part` from the blob at `base_path` (which must
-/// hash to `base`) and `patch`. On any error `part` is removed.
+/// Rebuilds `file` into `part` from the bytes `base_file` holds (a cached
+/// blob, or an installed target: either must hash to `base`) and `patch`.
+/// On any error `part` is removed.
 pub fn rebuild(
     file: &FileSpec,
-    base_path: &Path,
+    base_file: File,
     base: Digest,
     algorithm: &str,
     patch: &[u8],
     part: &Path,
 ) -> Result<(), RebuildError> {
-    let r = write(file, base_path, base, algorithm, patch, part);
+    let r = write(file, base_file, base, algorithm, patch, part);
     if r.is_err() {
         let _ = fs::remove_file(part);
     }
@@ -58,14 +59,13 @@ pub fn rebuild(
 
 fn write(
     file: &FileSpec,
-    base_path: &Path,
+    mut f: File,
     base: Digest,
     algorithm: &str,
     patch: &[u8],
     part: &Path,
 ) -> Result<(), RebuildError> {
     let read_base = |source| RebuildError::ReadBase { digest: base, source };
-    let mut f = File::open(base_path).map_err(read_base)?;
     let len = f.metadata().map_err(read_base)?.len();
     let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
     f.read_to_end(&mut bytes).map_err(read_base)?;
@@ -163,14 +163,32 @@ mod tests {
         let part = d.path().join("part");
         let f = spec(&new);
         let alg = lks_proto::delta::ALGORITHM;
-        rebuild(&f, &base_path, Digest::of(&old), alg, &patch, &part).unwrap();
+        rebuild(
+            &f,
+            File::open(&base_path).unwrap(),
+            Digest::of(&old),
+            alg,
+            &patch,
+            &part,
+        )
+        .unwrap();
         assert_eq!(fs::read(&part).unwrap(), new);
 
         // A corrupted patch: refused, nothing left.
         let mut bad = patch.clone();
         let at = bad.len() - 5;
         bad[at] ^= 0xff;
-        assert!(rebuild(&f, &base_path, Digest::of(&old), alg, &bad, &part).is_err());
+        assert!(
+            rebuild(
+                &f,
+                File::open(&base_path).unwrap(),
+                Digest::of(&old),
+                alg,
+                &bad,
+                &part
+            )
+            .is_err()
+        );
         assert!(!part.exists());
 
         // A base that changed on disk since it was stored: refused before
@@ -178,13 +196,29 @@ mod tests {
         let mut other = old.clone();
         other[10] ^= 1;
         fs::write(&base_path, &other).unwrap();
-        let e = rebuild(&f, &base_path, Digest::of(&old), alg, &patch, &part).unwrap_err();
+        let e = rebuild(
+            &f,
+            File::open(&base_path).unwrap(),
+            Digest::of(&old),
+            alg,
+            &patch,
+            &part,
+        )
+        .unwrap_err();
         assert!(matches!(e, RebuildError::BaseChanged(_)), "{e}");
         assert!(!part.exists());
 
         // The right base under the wrong digest claim: the output does not
         // match the manifest.
-        let e = rebuild(&f, &base_path, Digest::of(&other), alg, &patch, &part).unwrap_err();
+        let e = rebuild(
+            &f,
+            File::open(&base_path).unwrap(),
+            Digest::of(&other),
+            alg,
+            &patch,
+            &part,
+        )
+        .unwrap_err();
         assert!(
             matches!(e, RebuildError::Mismatch(_) | RebuildError::Delta(_)),
             "{e}"

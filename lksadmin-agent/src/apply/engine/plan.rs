@@ -336,7 +336,8 @@ impl Engine {
                 self.cache.ensure(f, &*self.source).await
             } else {
                 self.cache_from_installed(&f.digest);
-                self.cache.fetch(f, &*self.source).await
+                let installed = self.delta_base(name, f);
+                self.cache.fetch_with_base(f, &*self.source, installed).await
             };
             match got {
                 Ok(got) => {
