@@ -1,8 +1,8 @@
 //! The delta maker (issue [delta]): for each file of a bundle version
-//! whose path (and architecture) a version of the same name published
+//! whose path (and architecture) versions of the same name published
 //! before it also had, with other bytes, a bsdiff 4 patch from each of the
-//! last `bases` such versions' bytes (`lks_proto::delta`), kept as a blob
-//! and recorded in the store ([`crate::store::DeltaStore`]).
+//! last `bases` such contents (`lks_proto::delta`), kept as a blob and
+//! recorded in the store ([`crate::store::DeltaStore`]).
 //!
 //! Off the publish path: a task on the leading replica makes the missing
 //! ones every `--delta-interval`, one patch at a time on one core, so a
@@ -79,45 +79,61 @@ fn served(row: &BundleRow) -> BTreeMap<(String, String), &FileSpec> {
         .collect()
 }
 
-/// Every patch the store lacks a row for: for each version, each served
-/// file, each of the last `bases` earlier versions (in publish order) with
-/// a file at that path and architecture holding other bytes.
-async fn wanted(store: &dyn Store, bases: usize) -> Result<Vec<Want>, BlobError> {
-    let mut by_name: BTreeMap<String, Vec<BundleRow>> = BTreeMap::new();
-    for row in store.list_bundles(None).await? {
-        by_name.entry(row.name.clone()).or_default().push(row);
-    }
+/// Every patch the rule asks for, by bundle version (pure, no I/O): for
+/// each version, each served file, the last `bases` earlier versions of
+/// the same name (in publish order) with a file at that path and
+/// architecture holding other bytes, each such content once.
+fn candidates(mut rows: Vec<BundleRow>, bases: usize) -> Vec<Want> {
+    rows.sort_by(|a, b| (&a.name, a.published_at_ms).cmp(&(&b.name, b.published_at_ms)));
+    let files: Vec<_> = rows.iter().map(served).collect();
     let mut out = Vec::new();
-    for rows in by_name.values_mut() {
-        rows.sort_by_key(|r| r.published_at_ms);
-        for (i, row) in rows.iter().enumerate().skip(1) {
-            let mut want = Vec::new();
-            for (key, f) in served(row) {
-                let earlier = rows[..i].iter().rev().filter_map(|r| {
-                    let b = served(r).get(&key).map(|b| b.digest)?;
-                    (b != f.digest).then(|| (r.version.clone(), b))
-                });
-                for (from_version, base) in earlier.take(bases) {
-                    want.push(Want {
-                        name: row.name.clone(),
-                        version: row.version.clone(),
-                        from_version,
-                        file: f.clone(),
-                        base,
-                    });
+    for (i, row) in rows.iter().enumerate() {
+        let same_name = rows[..i]
+            .iter()
+            .zip(&files[..i])
+            .filter(|(r, _)| r.name == row.name);
+        let earlier: Vec<_> = same_name.collect();
+        for (key, f) in &files[i] {
+            let mut seen = vec![f.digest];
+            let bases_of = earlier.iter().rev().filter_map(|(r, fs)| {
+                let b = fs.get(key).map(|b| b.digest)?;
+                if seen.contains(&b) {
+                    return None;
                 }
+                seen.push(b);
+                Some((r.version.clone(), b))
+            });
+            for (from_version, base) in bases_of.take(bases) {
+                out.push(Want {
+                    name: row.name.clone(),
+                    version: row.version.clone(),
+                    from_version,
+                    file: (*f).clone(),
+                    base,
+                });
             }
-            if want.is_empty() {
-                continue;
-            }
-            let have = store.deltas_of(&row.name, &row.version).await?;
-            out.extend(want.into_iter().filter(|w| {
-                !have.iter().any(|h| {
-                    h.path == w.file.path.to_string()
-                        && h.arch == w.file.arch.map(|a| a.to_string()).unwrap_or_default()
-                        && h.base == w.base
-                })
-            }));
+        }
+    }
+    out
+}
+
+/// The [`candidates`] the store lacks a row for.
+async fn wanted(store: &dyn Store, bases: usize) -> Result<Vec<Want>, BlobError> {
+    let all = candidates(store.list_bundles(None).await?, bases);
+    let mut out = Vec::new();
+    let mut have: Option<((String, String), Vec<DeltaRow>)> = None;
+    for w in all {
+        let id = (w.name.clone(), w.version.clone());
+        if have.as_ref().is_none_or(|(h, _)| *h != id) {
+            have = Some((id.clone(), store.deltas_of(&w.name, &w.version).await?));
+        }
+        let rows = have.as_ref().map(|(_, r)| r.as_slice()).unwrap_or_default();
+        let arch = w.file.arch.map(|a| a.to_string()).unwrap_or_default();
+        if !rows
+            .iter()
+            .any(|h| h.path == w.file.path.to_string() && h.arch == arch && h.base == w.base)
+        {
+            out.push(w);
         }
     }
     Ok(out)
@@ -241,4 +257,115 @@ async fn make_one(
     }
     blobs.persist(&d, size).await?;
     Ok(Made::Patch(d, size))
+}
+
+#[cfg(test)]
+mod tests {
+    use lks_proto::{BundlePath, Manifest, SignedBundle};
+
+    use super::*;
+    use crate::store::StoredBundle;
+
+    fn file(path: &str, tag: &str, size: u64, arch: Option<&str>, url: bool) -> FileSpec {
+        FileSpec {
+            path: BundlePath::new(path).unwrap(),
+            digest: Digest::of(tag.as_bytes()),
+            size,
+            mode: 0o755,
+            url: url.then(|| "https://mirror.example/f".to_string()),
+            chunks: None,
+            arch: arch.map(|a| lks_proto::arch::Arch::parse(a).unwrap()),
+        }
+    }
+
+    fn row(name: &str, version: &str, at: i64, files: Vec<FileSpec>) -> BundleRow {
+        let manifest = Manifest {
+            name: name.into(),
+            version: version.into(),
+            files,
+            ..Default::default()
+        };
+        BundleRow {
+            name: name.into(),
+            version: version.into(),
+            bundle: StoredBundle::new(SignedBundle {
+                manifest,
+                signature: None,
+                chunks_signature: None,
+            }),
+            manifest_digest: Digest::of(version.as_bytes()),
+            signed: false,
+            files: 1,
+            total_size: 0,
+            published_at_ms: at,
+        }
+    }
+
+    const BIG: u64 = 1 << 20;
+
+    #[test]
+    fn patches_come_from_the_last_earlier_versions_with_other_bytes_at_the_same_path_and_arch() {
+        let bin = |tag: &str| file("/usr/bin/kubelet", tag, BIG, None, false);
+        let rows = vec![
+            // Published out of name order: publish time decides.
+            row(
+                "k",
+                "4",
+                40,
+                vec![bin("d"), file("/etc/small", "s4", 100, None, false)],
+            ),
+            row(
+                "k",
+                "1",
+                10,
+                vec![bin("a"), file("/etc/small", "s1", 100, None, false)],
+            ),
+            row(
+                "k",
+                "2",
+                20,
+                vec![bin("b"), file("/opt/m", "m2", BIG, None, true)],
+            ),
+            // The same bytes as 2: no patch from 2.
+            row(
+                "k",
+                "3",
+                30,
+                vec![bin("b"), file("/opt/m", "m3", BIG, None, true)],
+            ),
+            row("other", "1", 5, vec![bin("z")]),
+        ];
+        let got: Vec<(String, String, Digest)> = candidates(rows, 2)
+            .into_iter()
+            .map(|w| (w.version, w.from_version, w.base))
+            .collect();
+        let d = |t: &str| Digest::of(t.as_bytes());
+        assert_eq!(
+            got,
+            vec![
+                ("2".into(), "1".into(), d("a")),
+                ("3".into(), "1".into(), d("a")),
+                // The last two earlier contents: b (3, the latest holding
+                // it) and a (1); 2 holds b too, made once.
+                ("4".into(), "3".into(), d("b")),
+                ("4".into(), "1".into(), d("a")),
+            ],
+            "small files, mirror files and other names never"
+        );
+    }
+
+    #[test]
+    fn each_architecture_patches_from_its_own_file() {
+        let f = |tag: &str, arch| file("/usr/bin/kubelet", tag, BIG, Some(arch), false);
+        let rows = vec![
+            row("k", "1", 10, vec![f("a1", "amd64"), f("r1", "arm64")]),
+            row("k", "2", 20, vec![f("a2", "amd64"), f("r2", "arm64")]),
+        ];
+        let got: Vec<(String, Digest)> = candidates(rows, 2)
+            .into_iter()
+            .map(|w| (w.file.arch.map(|a| a.to_string()).unwrap_or_default(), w.base))
+            .collect();
+        let d = |t: &str| Digest::of(t.as_bytes());
+        assert_eq!(got, vec![("amd64".into(), d("a1")), ("arm64".into(), d("r1"))]);
+    }
 }
