@@ -89,7 +89,8 @@ struct Args {
     /// 6× the file in memory, on one core).
     #[arg(long, default_value_t = lks_control_server::blobs::delta::DEFAULT_MAX_FILE_SIZE, value_name = "BYTES")]
     delta_max_file_size: u64,
-    /// How many earlier versions of a bundle a delta is made from, per file.
+    /// How many earlier contents of a file (the latest first) a delta is
+    /// made from; 0 makes none.
     #[arg(long, default_value_t = lks_control_server::blobs::delta::DEFAULT_BASES, value_name = "N")]
     delta_bases: usize,
     /// How long audit records (`lksctl audit`) are kept; `forever` keeps

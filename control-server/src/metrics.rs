@@ -332,7 +332,7 @@ impl Metrics {
             &mut s,
             "lks_deltas_skipped_total",
             "counter",
-            "Binary deltas the maker tried and did not keep (file over the limit, patch over half the file).",
+            "Binary deltas the maker made and did not keep (a patch over half its file).",
             load(&self.deltas_skipped),
         );
         scalar(

@@ -7,10 +7,11 @@
 //! Off the publish path: a task on the leading replica makes the missing
 //! ones every `--delta-interval`, one patch at a time on one core, so a
 //! publish never waits and a delta not made yet is simply not offered.
-//! Bounds: a file over `--delta-max-file-size` is skipped (making a patch
+//! Bounds: a file over `--delta-max-file-size` gets none (making a patch
 //! holds both files and the base's suffix array: about 6× the file,
-//! measured in BENCHMARKS.md, "Binary deltas"); a patch over half the file
-//! is not kept. Either is recorded as skipped, so it is not tried again.
+//! measured in BENCHMARKS.md, "Binary deltas"), and is not recorded, so a
+//! higher limit makes it later; a patch over half the file is not kept and
+//! is recorded as skipped, so it is not tried again.
 //! The patch blob follows the publish protocol of `gc.rs`: verified in a
 //! temp file, claimed, then named, made durable, and recorded.
 
@@ -149,6 +150,11 @@ pub async fn make_missing(
 ) -> Result<Pass, BlobError> {
     let mut pass = Pass::default();
     for w in wanted(&**store, limits.bases).await? {
+        // Not recorded: raising the limit makes it on the next pass.
+        if w.file.size > limits.max_file_size {
+            tracing::debug!(path = %w.file.path, size = w.file.size, "no delta: the file is over --delta-max-file-size");
+            continue;
+        }
         let mut row = DeltaRow {
             name: w.name.clone(),
             version: w.version.clone(),
@@ -165,7 +171,7 @@ pub async fn make_missing(
             made_at_ms: 0,
         };
         let started = std::time::Instant::now();
-        match make_one(blobs, &**store, &w, limits, &now_ms).await {
+        match make_one(blobs, &**store, &w, &now_ms).await {
             Ok(Made::Patch(d, size)) => {
                 row.patch = Some(d);
                 row.patch_size = size;
@@ -174,6 +180,10 @@ pub async fn make_missing(
             Ok(Made::Skipped(why)) => {
                 row.note = why;
                 pass.skipped += 1;
+            }
+            Ok(Made::NotHeld(d)) => {
+                tracing::debug!(path = %w.file.path, digest = %d, "no delta yet: the blob is in no store");
+                continue;
             }
             Err(e) => {
                 tracing::warn!(bundle = %format!("{}@{}", w.name, w.version), path = %w.file.path,
@@ -203,25 +213,21 @@ pub async fn make_missing(
 
 enum Made {
     Patch(Digest, u64),
+    /// Not worth keeping (recorded, never tried again).
     Skipped(String),
+    /// A blob neither this replica nor the blob store holds (now).
+    NotHeld(Digest),
 }
 
 async fn make_one(
     blobs: &Arc<Blobs>,
     store: &dyn Store,
     w: &Want,
-    limits: Limits,
     now_ms: &impl Fn() -> i64,
 ) -> Result<Made, BlobError> {
-    if w.file.size > limits.max_file_size {
-        return Ok(Made::Skipped(format!(
-            "the file is over --delta-max-file-size ({} bytes)",
-            limits.max_file_size
-        )));
-    }
     for d in [&w.base, &w.file.digest] {
         if !blobs.ensure_local(d).await? {
-            return Ok(Made::Skipped(format!("blob {d} is not held")));
+            return Ok(Made::NotHeld(*d));
         }
     }
     let (base_path, target_path) = (blobs.local.path(&w.base), blobs.local.path(&w.file.digest));
