@@ -154,6 +154,12 @@ fn scenario(publisher: &Server, other: &Server, corrupt: Option<&dyn Fn(&str)>) 
         };
     assert!(saved >= v2.len() as u64 - patch_size, "bytes saved counted");
     assert!(a.log().contains("blob rebuilt from a delta and verified"));
+    // The node says what it fetched, and how much of it was patches.
+    let n = publisher.lksctl_json(&["node", "get", "n0"]);
+    let b = &n["bundles"][0];
+    assert_eq!((&b["name"], &b["version"]), (&"app".into(), &"2".into()), "{n}");
+    assert_eq!(b["fetched_from_server"], patch_size, "{n}");
+    assert_eq!(b["fetched_as_delta"], patch_size, "{n}");
     println!(
         "DELTA file={} patch={patch_size} ({:.2} %)",
         v2.len(),

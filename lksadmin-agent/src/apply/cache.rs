@@ -84,6 +84,8 @@ enum DeltaFailure {
 pub struct Fetched {
     pub from_server: u64,
     pub from_peers: u64,
+    /// Of `from_server`, the bytes of a binary-delta patch.
+    pub as_delta: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -302,6 +304,7 @@ impl Cache {
             // A mirror is neither.
             from_server: if file.url.is_none() { file.size - have } else { 0 },
             from_peers: 0,
+            as_delta: 0,
         })
     }
 
@@ -355,6 +358,7 @@ impl Cache {
                 Some(Fetched {
                     from_server: offer.patch_size,
                     from_peers: 0,
+                    as_delta: offer.patch_size,
                 })
             }
             Err(e) => {
@@ -447,6 +451,7 @@ impl Cache {
         Ok(Fetched {
             from_server,
             from_peers,
+            as_delta: 0,
         })
     }
 

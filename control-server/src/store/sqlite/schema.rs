@@ -261,5 +261,6 @@ CREATE TABLE deltas (
 );
 CREATE INDEX deltas_target ON deltas (target);
 CREATE INDEX deltas_patch ON deltas (patch);
+ALTER TABLE actual ADD COLUMN fetched_delta INTEGER NOT NULL DEFAULT 0;
 "#,
 ];

@@ -344,7 +344,7 @@ impl Engine {
                     if (got.from_server, got.from_peers) != (0, 0)
                         && let Some(r) = self.state.bundles.get_mut(name)
                     {
-                        r.add_fetched(version, got.from_server, got.from_peers);
+                        r.add_fetched(version, got.from_server, got.from_peers, got.as_delta);
                     }
                 }
                 Err(e @ FetchError::Unavailable { .. }) => {
