@@ -55,8 +55,11 @@ fn version(dir: &Path, v: &str, content: &[u8]) -> PathBuf {
     )
 }
 
-fn roll_out(server: &Server, id: &str) {
-    server.lksctl_ok(&["rollout", "start", "--cluster", "c", "--bundle", id, "--wait"]);
+/// Rolls `id` out and waits for it; `rollout status -o json`'s `fetched`.
+fn roll_out(server: &Server, id: &str) -> serde_json::Value {
+    let out = server.lksctl_ok(&["rollout", "start", "--cluster", "c", "--bundle", id, "--wait"]);
+    let rid = out.lines().next().unwrap_or_default().trim().to_string();
+    server.lksctl_json(&["rollout", "status", &rid])["fetched"].clone()
 }
 
 /// The deltas `bundle get -o json` lists for app@`v`, once there are `n`.
@@ -136,8 +139,15 @@ fn scenario(publisher: &Server, other: &Server, corrupt: Option<&dyn Fn(&str)>) 
     let patch_size = d["size"].as_u64().unwrap();
     assert!(patch_size * 20 < v2.len() as u64, "patch of {patch_size} bytes");
     let (delta0, whole0) = (served("delta"), served("whole"));
-    roll_out(publisher, "app@2");
+    let fetched = roll_out(publisher, "app@2");
     wait_node_bundle(publisher, "n0", "app", "2", "applied");
+    // `rollout status -o json`: the rollout's bytes, patches against whole.
+    assert_eq!(fetched["from_server"], patch_size, "{fetched}");
+    assert_eq!(
+        (&fetched["as_delta"], &fetched["whole"]),
+        (&patch_size.into(), &0.into()),
+        "{fetched}"
+    );
     assert_eq!(
         std::fs::read(a.root.join(&PATH[1..])).unwrap(),
         v2,
