@@ -57,6 +57,9 @@ ALLOWED_LICENSES = {
     "MIT", "Apache-2.0", "BSD-1-Clause", "BSD-2-Clause", "BSD-3-Clause", "0BSD",
     "ISC", "Zlib", "Unicode-3.0", "Unlicense", "BSL-1.0", "CC0-1.0",
     "CDLA-Permissive-2.0",
+    # bzip2's own licence (libbz2-rs-sys, through qbsdiff's bzip2 for
+    # binary deltas): BSD-style, permissive, no advertising clause.
+    "bzip2-1.0.6",
 }
 members = set(meta["workspace_members"])
 

@@ -121,6 +121,19 @@ struct Args {
     /// references (after `lksctl bundle delete`); `off` never does.
     #[arg(long, default_value = "10m", value_name = "DURATION|off")]
     blob_gc_interval: String,
+    /// How often the leading replica makes the binary deltas it lacks
+    /// (patches from earlier versions' files, offered to agents that hold
+    /// them); `off` makes none, and none are offered.
+    #[arg(long, default_value = "30s", value_name = "DURATION|off")]
+    delta_interval: String,
+    /// Largest file a delta is made for, in bytes (making one holds about
+    /// 6× the file in memory, on one core).
+    #[arg(long, default_value_t = lks_control_server::blobs::delta::DEFAULT_MAX_FILE_SIZE, value_name = "BYTES")]
+    delta_max_file_size: u64,
+    /// How many earlier contents of a file (the latest first) a delta is
+    /// made from; 0 makes none.
+    #[arg(long, default_value_t = lks_control_server::blobs::delta::DEFAULT_BASES, value_name = "N")]
+    delta_bases: usize,
     /// How long audit records (`lksctl audit`) are kept; `forever` keeps
     /// every record. The leading replica drops older ones hourly.
     #[arg(long, default_value = "365d", value_name = "DURATION|forever")]
@@ -554,9 +567,10 @@ async fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    let (Some(blob_gc_interval), Some(rebalance_interval)) = (
+    let (Some(blob_gc_interval), Some(rebalance_interval), Some(delta_interval)) = (
         interval_or_off("--blob-gc-interval", &args.blob_gc_interval),
         interval_or_off("--rebalance-interval", &args.rebalance_interval),
+        interval_or_off("--delta-interval", &args.delta_interval),
     ) else {
         return ExitCode::from(2);
     };
@@ -619,6 +633,11 @@ async fn main() -> ExitCode {
     cfg.blob_gc_interval = blob_gc_interval;
     cfg.blob_gc_grace = args.blob_gc_grace;
     cfg.audit_retention = audit_retention;
+    cfg.delta_interval = delta_interval;
+    cfg.delta_limits = lks_control_server::blobs::delta::Limits {
+        max_file_size: args.delta_max_file_size,
+        bases: args.delta_bases,
+    };
     cfg.rebalance_interval = rebalance_interval;
     cfg.join_urls = args.join_url;
     cfg.handshakes = lks_control_server::admission::HandshakeLimits {

@@ -41,6 +41,11 @@ pub struct Metrics {
     connected: AtomicI64,
     pushes: AtomicU64,
     blob_bytes: AtomicU64,
+    /// Of `blob_bytes`, patches (binary deltas), and the bytes those saved.
+    delta_bytes: AtomicU64,
+    delta_saved: AtomicU64,
+    deltas_made: AtomicU64,
+    deltas_skipped: AtomicU64,
     peer_bytes: AtomicU64,
     bad_peers: AtomicU64,
     audit_write_errors: AtomicU64,
@@ -150,6 +155,19 @@ impl Metrics {
 
     pub fn blob_bytes_served(&self, n: u64) {
         self.blob_bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Bytes of a patch sent (also counted by [`Self::blob_bytes_served`]),
+    /// and how many bytes of its file that spared.
+    pub fn delta_bytes_served(&self, n: u64, saved: u64) {
+        self.delta_bytes.fetch_add(n, Ordering::Relaxed);
+        self.delta_saved.fetch_add(saved, Ordering::Relaxed);
+    }
+
+    /// One delta-maker pass.
+    pub fn deltas_made(&self, made: u64, skipped: u64) {
+        self.deltas_made.fetch_add(made, Ordering::Relaxed);
+        self.deltas_skipped.fetch_add(skipped, Ordering::Relaxed);
     }
 
     /// Bytes a node reports it took from its peers for a version it applied.
@@ -341,6 +359,41 @@ impl Metrics {
             s,
             "lks_blob_bytes_served_total{{source=\"peer\"}} {}",
             load(&self.peer_bytes)
+        );
+        // Of the server's bytes, by kind: patches (binary deltas) or whole
+        // files; and what the patches spared.
+        let whole = load(&self.blob_bytes).saturating_sub(load(&self.delta_bytes));
+        let _ = writeln!(
+            s,
+            "# HELP lks_blob_bytes_served_by_kind_total Blob bytes this server sent, by kind: binary-delta patches or whole files."
+        );
+        let _ = writeln!(s, "# TYPE lks_blob_bytes_served_by_kind_total counter");
+        let _ = writeln!(
+            s,
+            "lks_blob_bytes_served_by_kind_total{{kind=\"delta\"}} {}",
+            load(&self.delta_bytes)
+        );
+        let _ = writeln!(s, "lks_blob_bytes_served_by_kind_total{{kind=\"whole\"}} {whole}");
+        scalar(
+            &mut s,
+            "lks_blob_delta_bytes_saved_total",
+            "counter",
+            "File bytes not sent because a patch was sent instead (file size minus patch size, per patch sent whole).",
+            load(&self.delta_saved),
+        );
+        scalar(
+            &mut s,
+            "lks_deltas_made_total",
+            "counter",
+            "Binary deltas the maker kept as blobs.",
+            load(&self.deltas_made),
+        );
+        scalar(
+            &mut s,
+            "lks_deltas_skipped_total",
+            "counter",
+            "Binary deltas the maker made and did not keep (a patch over half its file).",
+            load(&self.deltas_skipped),
         );
         scalar(
             &mut s,

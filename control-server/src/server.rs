@@ -81,6 +81,11 @@ pub struct Config {
     pub blob_gc_grace: Duration,
     /// How long audit records are kept (`None`: forever).
     pub audit_retention: Option<Duration>,
+    /// How often the leader makes the binary deltas it lacks (`None`:
+    /// never; none are offered then).
+    pub delta_interval: Option<Duration>,
+    /// Bounds of the delta maker.
+    pub delta_limits: crate::blobs::delta::Limits,
     /// How often a replica compares its load with the others' and moves
     /// agents if it holds clearly more than its share (`None`: never).
     pub rebalance_interval: Option<Duration>,
@@ -124,6 +129,8 @@ impl Config {
             blob_gc_interval: Some(crate::blobs::gc::DEFAULT_INTERVAL),
             blob_gc_grace: crate::blobs::gc::DEFAULT_GRACE,
             audit_retention: Some(DEFAULT_AUDIT_RETENTION),
+            delta_interval: Some(crate::blobs::delta::DEFAULT_INTERVAL),
+            delta_limits: crate::blobs::delta::Limits::default(),
             rebalance_interval: Some(crate::rebalance::DEFAULT_INTERVAL),
             join_urls: Vec::new(),
             handshakes: HandshakeLimits::default(),
@@ -452,6 +459,11 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
     if let Some(keep) = cfg.audit_retention {
         shared.tasks.spawn(sweep_audit(shared.clone(), keep));
     }
+    if let Some(interval) = cfg.delta_interval {
+        shared
+            .tasks
+            .spawn(make_deltas(shared.clone(), interval, cfg.delta_limits));
+    }
     shared.tasks.spawn(controller::run(
         controller::Deps {
             store: shared.store.clone(),
@@ -661,6 +673,30 @@ async fn collect_blobs(
             if let Err(e) = crate::blobs::gc::sweep_local(&s.blobs, &*s.store, &keep, grace).await {
                 tracing::warn!(error = %e, "sweep of local blob copies failed");
             }
+        }
+    }
+}
+
+/// Every `interval`, on the leading replica: the binary deltas not made
+/// yet (blobs/delta.rs), one at a time, off every request's path.
+async fn make_deltas(s: Arc<Shared>, interval: Duration, limits: crate::blobs::delta::Limits) {
+    let mut next = tokio::time::Instant::now() + interval;
+    loop {
+        tokio::select! {
+            _ = s.cancel.cancelled() => return,
+            _ = tokio::time::sleep_until(next) => {}
+        }
+        next = tokio::time::Instant::now() + interval;
+        if !*s.leader.borrow() {
+            continue;
+        }
+        let pass = tokio::select! {
+            _ = s.cancel.cancelled() => return,
+            p = crate::blobs::delta::make_missing(&s.blobs, &s.store, limits, crate::clock::now_ms) => p,
+        };
+        match pass {
+            Ok(p) => s.metrics.deltas_made(p.made, p.skipped),
+            Err(e) => tracing::warn!(error = %e, "making binary deltas failed; retrying next pass"),
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod engine;
 pub mod flushwriter;
 pub mod inode;
 pub mod journal;
+pub mod rebuild;
 pub mod report;
 pub mod root;
 pub mod runner;

@@ -24,6 +24,7 @@
 
 pub mod adminconf;
 pub mod backoff;
+pub mod delta;
 pub mod fsutil;
 pub mod identity;
 pub mod labels;

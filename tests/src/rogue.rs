@@ -511,4 +511,11 @@ impl AgentService for Rogue {
     ) -> Result<Response<pb::FindPeersResponse>, Status> {
         Err(not_played("FindPeers"))
     }
+
+    async fn find_deltas(
+        &self,
+        _: Request<pb::FindDeltasRequest>,
+    ) -> Result<Response<pb::FindDeltasResponse>, Status> {
+        Err(not_played("FindDeltas"))
+    }
 }

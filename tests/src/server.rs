@@ -663,6 +663,7 @@ pub fn status_msg(
             bundles: vec![pb::BundleStatus {
                 fetched_from_server: 0,
                 fetched_from_peers: 0,
+                fetched_as_delta: 0,
                 name: bundle.into(),
                 version: version.into(),
                 state: state as i32,

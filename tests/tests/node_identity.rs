@@ -214,7 +214,7 @@ fn each_node_gets_its_own_certificates_and_kubeconfig_and_they_rotate() {
     assert_eq!(certs.len(), 2, "{node}");
     assert_eq!(
         node["facts"]["features"],
-        serde_json::json!(["certificates", "self-update", "multi-arch"]),
+        serde_json::json!(["certificates", "self-update", "multi-arch", "deltas"]),
         "{node}"
     );
     let profiles: Vec<&str> = certs.iter().map(|c| c["profile"].as_str().unwrap()).collect();

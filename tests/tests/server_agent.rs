@@ -79,7 +79,7 @@ async fn desired_state_out_status_back_and_rollouts_follow() {
     assert_eq!(
         node_bundles(&s, "w1"),
         serde_json::json!([{"name": "demo", "version": "1", "state": "pending", "message": "",
-            "fetched_from_server": 0, "fetched_from_peers": 0}])
+            "fetched_from_server": 0, "fetched_from_peers": 0, "fetched_as_delta": 0}])
     );
     assert_eq!(
         node_bundles(&s, "w2"),
@@ -302,6 +302,7 @@ async fn blobs_are_served_only_to_nodes_they_are_assigned_to() {
     let claim = pb::BundleStatus {
         fetched_from_server: 0,
         fetched_from_peers: 0,
+        fetched_as_delta: 0,
         name: "secret".into(),
         version: "1".into(),
         state: BundleState::Applied as i32,

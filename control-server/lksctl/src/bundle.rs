@@ -96,6 +96,23 @@ pub fn detail_json(b: &pb::Bundle) -> Value {
             "certificate": k.certificate,
         })).collect::<Vec<_>>(),
     });
+    // Not part of the manifest: the binary deltas the server holds for its
+    // files (made after the publish), one per file and earlier version.
+    v["deltas"] = json!(
+        b.deltas
+            .iter()
+            .map(|d| json!({
+                "path": d.path,
+                "arch": (!d.arch.is_empty()).then_some(&d.arch),
+                "from_version": d.from_version,
+                "size": d.patch_size,
+                "file_size": d.size,
+                "sha256": d.patch_digest.strip_prefix("sha256:").unwrap_or(&d.patch_digest),
+                "base_sha256": d.base_digest.strip_prefix("sha256:").unwrap_or(&d.base_digest),
+                "algorithm": d.algorithm,
+            }))
+            .collect::<Vec<_>>()
+    );
     v
 }
 
@@ -181,6 +198,21 @@ pub fn detail_text(b: &pb::Bundle) -> String {
             ),
         );
     }
+    if let Some(deltas) = v["deltas"].as_array().filter(|a| !a.is_empty()) {
+        s.push_str("Deltas:\n");
+        let rows: Vec<Vec<String>> = deltas
+            .iter()
+            .map(|d| {
+                vec![
+                    str_of(&d["path"]),
+                    str_of(&d["from_version"]),
+                    str_of(&d["size"]),
+                    str_of(&d["algorithm"]),
+                ]
+            })
+            .collect();
+        indented(&mut s, table(&["PATH", "FROM", "SIZE", "ALGORITHM"], &rows));
+    }
     if m["certificates"].as_array().is_some_and(|a| !a.is_empty()) {
         s.push_str("Certificates:\n");
         indented(
@@ -249,6 +281,16 @@ mod tests {
                 signature: vec![0; 64],
                 signer_public_key: key.to_bytes().to_vec(),
             }),
+            deltas: vec![pb::HeldDelta {
+                path: "/etc/k.conf".into(),
+                arch: String::new(),
+                from_version: "0".into(),
+                base_digest: format!("sha256:{}", "cd".repeat(32)),
+                patch_digest: format!("sha256:{}", "ef".repeat(32)),
+                patch_size: 2,
+                size: 3,
+                algorithm: "bsdiff4".into(),
+            }],
         };
         let v = detail_json(&b);
         assert_eq!(v["name"], "k");
@@ -264,5 +306,15 @@ mod tests {
         let t = detail_text(&b);
         assert!(t.contains("/etc/k.conf  3     0640"), "{t}");
         assert!(t.contains("systemctl restart k"), "{t}");
+        let d = &v["deltas"][0];
+        assert_eq!(
+            (&d["from_version"], &d["size"], &d["arch"]),
+            (&json!("0"), &json!(2), &Value::Null)
+        );
+        assert_eq!(d["sha256"], "ef".repeat(32));
+        assert!(
+            t.contains("Deltas:") && t.contains("/etc/k.conf  0     2     bsdiff4"),
+            "{t}"
+        );
     }
 }

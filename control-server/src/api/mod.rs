@@ -242,7 +242,9 @@ impl AdminService for AdminApi {
         let _t = self.metrics.timer("GetRollout");
         require_admin(&req)?;
         let row = rollouts::load_rollout(&self.rollouts, &req.into_inner().id).await?;
-        Ok(Response::new(rollout_pb(&row)))
+        let mut p = rollout_pb(&row);
+        policy::add_fetched_by_nodes(&mut p, &rollouts::nodes_of(&self.rollouts, &row.cluster).await?);
+        Ok(Response::new(p))
     }
 
     type WatchRolloutStream = BoxStream<pb::Rollout>;

@@ -213,6 +213,7 @@ pub(super) fn node_pb(s: &Deps, n: NodeRow) -> pb::Node {
                 updated_at_ms: a.updated_at_ms,
                 fetched_from_server: a.fetched_from_server,
                 fetched_from_peers: a.fetched_from_peers,
+                fetched_as_delta: a.fetched_as_delta,
             }),
             _ => bundles.push(pb::BundleStatus {
                 name: name.clone(),
@@ -222,6 +223,7 @@ pub(super) fn node_pb(s: &Deps, n: NodeRow) -> pb::Node {
                 updated_at_ms: 0,
                 fetched_from_server: 0,
                 fetched_from_peers: 0,
+                fetched_as_delta: 0,
             }),
         }
     }
@@ -235,6 +237,7 @@ pub(super) fn node_pb(s: &Deps, n: NodeRow) -> pb::Node {
             updated_at_ms: a.updated_at_ms,
             fetched_from_server: a.fetched_from_server,
             fetched_from_peers: a.fetched_from_peers,
+            fetched_as_delta: a.fetched_as_delta,
         });
     }
     let facts: serde_json::Value = serde_json::from_str(&n.facts_json).unwrap_or_default();

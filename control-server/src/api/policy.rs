@@ -331,5 +331,23 @@ pub fn rollout_pb(r: &RolloutRow) -> pb::Rollout {
             kubelet_version: d.kubelet_version.clone(),
         }),
         request_id: r.policy.request_id.clone(),
+        // Filled by GetRollout (`fetched_by_nodes`), which reads the nodes.
+        fetched_from_server: 0,
+        fetched_as_delta: 0,
+        fetched_from_peers: 0,
+    }
+}
+
+/// What the nodes of rollout `p` that hold its version report having
+/// fetched for it, added into `p` (issue [delta]: patches against whole
+/// files, as `rollout status -o json` shows them).
+pub fn add_fetched_by_nodes(p: &mut pb::Rollout, nodes: &[crate::store::NodeRow]) {
+    let mine: std::collections::HashSet<&str> = p.nodes.iter().map(|n| n.name.as_str()).collect();
+    for n in nodes.iter().filter(|n| mine.contains(n.name.as_str())) {
+        if let Some(a) = n.actual.get(&p.bundle).filter(|a| a.version == p.version) {
+            p.fetched_from_server += a.fetched_from_server;
+            p.fetched_as_delta += a.fetched_as_delta;
+            p.fetched_from_peers += a.fetched_from_peers;
+        }
     }
 }

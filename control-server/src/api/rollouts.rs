@@ -240,6 +240,12 @@ pub(super) async fn verb(s: &Deps, id: String, verb: Verb) -> Result<Response<pb
     Ok(Response::new(rollout_pb(&row)))
 }
 
+/// The nodes of `cluster` (what they report holding), for a rollout's
+/// fetched bytes.
+pub(super) async fn nodes_of(s: &Deps, cluster: &str) -> Result<Vec<crate::store::NodeRow>, Status> {
+    s.store.list_nodes(Some(cluster)).await.map_err(store_status)
+}
+
 pub(super) async fn load_rollout(s: &Deps, id: &str) -> Result<RolloutRow, Status> {
     if id.is_empty() || id.len() > 64 {
         return Err(invalid("rollout ID is empty or too long"));

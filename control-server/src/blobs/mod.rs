@@ -15,6 +15,7 @@
 //! it from the store once, verifying it before it gets its local name.
 //! Handlers see only [`Blobs`]; none branches on the backend.
 
+pub mod delta;
 mod etcd;
 pub mod gc;
 mod local;

@@ -11,6 +11,7 @@ use super::*;
 mod audit;
 mod bundles;
 mod clusters;
+mod deltas;
 mod nodes;
 mod releases;
 mod rollouts;
@@ -18,6 +19,7 @@ mod rollouts;
 pub use audit::*;
 pub use bundles::*;
 pub use clusters::*;
+pub use deltas::*;
 pub use nodes::*;
 pub use releases::*;
 pub use rollouts::*;
@@ -141,6 +143,7 @@ fn held(version: &str, generation: u64) -> BundleStatusRow {
     BundleStatusRow {
         fetched_from_server: 0,
         fetched_from_peers: 0,
+        fetched_as_delta: 0,
         name: "k".into(),
         version: version.into(),
         state: BundleState::Applied,
@@ -195,6 +198,7 @@ macro_rules! conformance_suite {
             roots_follow_one_another,
             a_nodes_reported_trust_is_kept_with_it,
             enrolled_nodes_are_counted,
+            deltas_live_and_die_with_their_bundle_version,
         );
     };
     (@cases $setup:block; $($name:ident),* $(,)?) => {$(

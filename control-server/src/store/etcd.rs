@@ -76,6 +76,7 @@ mod bundledocs;
 mod bundles;
 mod cache;
 mod clusters;
+mod deltas;
 mod desired;
 mod docs;
 mod events;

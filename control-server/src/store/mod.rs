@@ -17,6 +17,7 @@ mod bundles;
 mod clusters;
 #[cfg(test)]
 pub(crate) mod conformance;
+pub mod deltas;
 mod dump;
 pub mod etcd;
 mod events;
@@ -30,6 +31,7 @@ pub use audit::*;
 pub use blobrecs::{BlobRecord, BlobRecords, BundleUsers, RecordAt};
 pub use bundles::*;
 pub use clusters::*;
+pub use deltas::{DeltaRow, DeltaStore};
 pub use dump::*;
 pub use etcd::{EtcdConfig, EtcdStore};
 pub use events::*;
@@ -228,6 +230,7 @@ pub trait Store:
     + AuditStore
     + ReleaseStore
     + BlobRecords
+    + DeltaStore
     + Send
     + Sync
     + 'static
@@ -246,6 +249,7 @@ impl<T> Store for T where
         + AuditStore
         + ReleaseStore
         + BlobRecords
+        + DeltaStore
         + Send
         + Sync
         + 'static

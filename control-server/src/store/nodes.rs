@@ -62,6 +62,8 @@ pub struct BundleStatusRow {
     /// peers (peer sharing).
     pub fetched_from_server: u64,
     pub fetched_from_peers: u64,
+    /// Of `fetched_from_server`, binary-delta patches (issue [delta]).
+    pub fetched_as_delta: u64,
 }
 
 /// Where a node stands with its signed releases, as its agent reported

@@ -20,6 +20,7 @@ mod audit;
 mod blobrecs;
 mod bundles;
 mod clusters;
+mod deltas;
 mod desired;
 mod dump;
 mod events;
@@ -264,7 +265,8 @@ fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
     }
     let mut actual = BTreeMap::new();
     let mut stmt = tx.prepare_cached(
-        "SELECT bundle, version, state, message, updated_at_ms, generation, fetched_server, fetched_peers
+        "SELECT bundle, version, state, message, updated_at_ms, generation, fetched_server, fetched_peers,
+           fetched_delta
          FROM actual WHERE node = ?1",
     )?;
     let rows = stmt.query_map([&name], |r| {
@@ -275,7 +277,7 @@ fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
             r.get::<_, String>(3)?,
             r.get::<_, i64>(4)?,
             r.get::<_, i64>(5)?,
-            (r.get::<_, i64>(6)?, r.get::<_, i64>(7)?),
+            (r.get::<_, i64>(6)?, r.get::<_, i64>(7)?, r.get::<_, i64>(8)?),
         ))
     })?;
     for r in rows {
@@ -291,6 +293,7 @@ fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
                 generation: generation as u64,
                 fetched_from_server: fetched.0 as u64,
                 fetched_from_peers: fetched.1 as u64,
+                fetched_as_delta: fetched.2 as u64,
             },
         );
     }
@@ -493,11 +496,12 @@ fn insert_event(tx: &Connection, e: &EventRow) -> Result<()> {
 fn upsert_actual(tx: &Transaction<'_>, node: &str, s: &BundleStatusRow) -> Result<()> {
     tx.execute(
         "INSERT INTO actual (node, bundle, version, state, message, updated_at_ms, generation,
-             fetched_server, fetched_peers)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+             fetched_server, fetched_peers, fetched_delta)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
          ON CONFLICT (node, bundle) DO UPDATE SET version = excluded.version, state = excluded.state,
              message = excluded.message, updated_at_ms = excluded.updated_at_ms, generation = excluded.generation,
-             fetched_server = excluded.fetched_server, fetched_peers = excluded.fetched_peers",
+             fetched_server = excluded.fetched_server, fetched_peers = excluded.fetched_peers,
+             fetched_delta = excluded.fetched_delta",
         params![
             node,
             s.name,
@@ -507,7 +511,8 @@ fn upsert_actual(tx: &Transaction<'_>, node: &str, s: &BundleStatusRow) -> Resul
             s.updated_at_ms,
             s.generation as i64,
             s.fetched_from_server as i64,
-            s.fetched_from_peers as i64
+            s.fetched_from_peers as i64,
+            s.fetched_as_delta as i64
         ],
     )?;
     Ok(())

@@ -62,11 +62,30 @@ pub enum FetchError {
     Fs(#[from] FsError),
 }
 
+/// Why a delta was not used (the file is then fetched whole).
+#[derive(Debug, thiserror::Error)]
+enum DeltaFailure {
+    #[error("fetch the patch: {0}")]
+    Source(#[source] source::SourceError),
+    #[error("the patch is not what was offered: {0}")]
+    Patch(#[source] VerifyError),
+    #[error("the source resumed the patch at byte {0}")]
+    Resumed(u64),
+    #[error("the rebuild task failed: {0}")]
+    Task(#[source] tokio::task::JoinError),
+    #[error(transparent)]
+    Rebuild(#[from] crate::apply::rebuild::RebuildError),
+    #[error(transparent)]
+    Fs(FsError),
+}
+
 /// Bytes one fetch took from the control server and from peers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Fetched {
     pub from_server: u64,
     pub from_peers: u64,
+    /// Of `from_server`, the bytes of a binary-delta patch.
+    pub as_delta: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -169,17 +188,29 @@ impl Cache {
         if self.contains(&file.digest) {
             return Ok(Fetched::default());
         }
-        self.download(file, src, &self.blobs()).await
+        self.download(file, src, &self.blobs(), None).await
     }
 
     /// Makes sure `file`'s bytes are on this node, verified: in the cache,
     /// or fetched (and resumed) into `fetched/`, from where staging moves
     /// them beside the target instead of copying them.
     pub async fn fetch(&self, file: &FileSpec, src: &dyn BlobSource) -> Result<Fetched, FetchError> {
+        self.fetch_with_base(file, src, None).await
+    }
+
+    /// [`Cache::fetch`], with one more base a binary delta may apply to:
+    /// the file installed at the same path (`installed`: its manifest
+    /// digest and the open target), hashed whole before it is used.
+    pub async fn fetch_with_base(
+        &self,
+        file: &FileSpec,
+        src: &dyn BlobSource,
+        installed: Option<(Digest, File)>,
+    ) -> Result<Fetched, FetchError> {
         if self.contains(&file.digest) || self.verified_fetched(&file.digest, file.size)?.is_some() {
             return Ok(Fetched::default());
         }
-        self.download(file, src, &self.fetched_dir()).await
+        self.download(file, src, &self.fetched_dir(), installed).await
     }
 
     /// Downloads `file` into `dest` (`sha256/` or `fetched/`), verified.
@@ -188,9 +219,13 @@ impl Cache {
         file: &FileSpec,
         src: &dyn BlobSource,
         dest: &Path,
+        installed: Option<(Digest, File)>,
     ) -> Result<Fetched, FetchError> {
         fsutil::create_dir(dest, 0o700)?;
         fsutil::create_dir(&self.partials(), 0o700)?;
+        if let Some(got) = self.rebuild_from_delta(file, src, dest, installed).await {
+            return Ok(got);
+        }
         if file.url.is_none()
             && let Some(swarm) = src.swarm()
         {
@@ -269,6 +304,101 @@ impl Cache {
             // A mirror is neither.
             from_server: if file.url.is_none() { file.size - have } else { 0 },
             from_peers: 0,
+            as_delta: 0,
+        })
+    }
+
+    /// Rebuilds `file` into `dest` from a patch the source offers and a
+    /// base this cache holds, or the `installed` file (issue [delta]): the
+    /// patch fetched and
+    /// verified like any blob, the file written once and verified against
+    /// the manifest. `None` when no offer fits, or on any failure (one
+    /// line), and the caller fetches the file whole.
+    async fn rebuild_from_delta(
+        &self,
+        file: &FileSpec,
+        src: &dyn BlobSource,
+        dest: &Path,
+        installed: Option<(Digest, File)>,
+    ) -> Option<Fetched> {
+        if file.url.is_some() || file.size < lks_proto::delta::MIN_FILE_SIZE {
+            return None;
+        }
+        let offers = match src.deltas(file).await {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::debug!(path = %file.path, "no deltas asked: {e}");
+                return None;
+            }
+        };
+        let installed_base = installed.as_ref().map(|(d, _)| *d);
+        let offer = offers.into_iter().find(|o| {
+            o.algorithm == lks_proto::delta::ALGORITHM
+                && o.patch_size.saturating_mul(2) <= file.size
+                && (self.contains(&o.base) || installed_base == Some(o.base))
+        })?;
+        // The cached blob first; the installed target is read only if the
+        // cache lacks those bytes.
+        let base = match self.open(&offer.base) {
+            Ok(Some(f)) => f,
+            _ => installed.filter(|(d, _)| *d == offer.base).map(|(_, f)| f)?,
+        };
+        let started = Instant::now();
+        match self.rebuild(file, src, &offer, base, dest).await {
+            Ok(()) => {
+                tracing::info!(
+                    path = %file.path,
+                    digest = %file.digest,
+                    base = %offer.base,
+                    bytes = offer.patch_size,
+                    size = file.size,
+                    ms = started.elapsed().as_millis() as u64,
+                    "blob rebuilt from a delta and verified"
+                );
+                Some(Fetched {
+                    from_server: offer.patch_size,
+                    from_peers: 0,
+                    as_delta: offer.patch_size,
+                })
+            }
+            Err(e) => {
+                tracing::warn!(path = %file.path, base = %offer.base, "delta not used, fetching the whole file: {e}");
+                None
+            }
+        }
+    }
+
+    async fn rebuild(
+        &self,
+        file: &FileSpec,
+        src: &dyn BlobSource,
+        offer: &source::DeltaOffer,
+        base_file: File,
+        dest: &Path,
+    ) -> Result<(), DeltaFailure> {
+        let spec = offer.patch_spec(file);
+        let mut stream = src.open(&spec, 0).await.map_err(DeltaFailure::Source)?;
+        if stream.offset != 0 {
+            return Err(DeltaFailure::Resumed(stream.offset));
+        }
+        let mut verifier = Verifier::new(offer.patch, offer.patch_size);
+        let mut patch = Vec::with_capacity(usize::try_from(offer.patch_size).unwrap_or(0));
+        while let Some(chunk) = stream.chunks.next().await {
+            let chunk = chunk.map_err(DeltaFailure::Source)?;
+            verifier.update(&chunk).map_err(DeltaFailure::Patch)?;
+            patch.extend_from_slice(&chunk);
+        }
+        verifier.finish().map_err(DeltaFailure::Patch)?;
+        let part = self.partials().join(format!("{}.delta", file.digest.hex()));
+        let (f, base, alg, p) = (file.clone(), offer.base, offer.algorithm.clone(), part.clone());
+        tokio::task::spawn_blocking(move || {
+            crate::apply::rebuild::rebuild(&f, base_file, base, &alg, &patch, &p)
+        })
+        .await
+        .map_err(DeltaFailure::Task)??;
+        self.store_verified(&part, &file.digest, dest).map_err(|e| {
+            let _ = fs::remove_file(&part);
+            DeltaFailure::Fs(e)
         })
     }
 
@@ -321,6 +451,7 @@ impl Cache {
         Ok(Fetched {
             from_server,
             from_peers,
+            as_delta: 0,
         })
     }
 

@@ -17,6 +17,8 @@ pub struct BundleStatus {
     pub fetched_from_server: u64,
     /// Bytes of this version fetched from peers.
     pub fetched_from_peers: u64,
+    /// Of `fetched_from_server`, binary-delta patches.
+    pub fetched_as_delta: u64,
 }
 
 /// Something notable that happened on the node (`applied`, `failed`,

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
-use lks_proto::FileSpec;
+use lks_proto::{Digest, FileSpec};
 
 /// A stream of bytes from `offset` on.
 pub struct BlobStream {
@@ -31,6 +31,39 @@ pub trait BlobSource: Send + Sync {
     /// Peer sharing, while the node's cluster has it on.
     fn swarm(&self) -> Option<&dyn PieceSource> {
         None
+    }
+
+    /// The patches (binary deltas, issue [delta]) the source offers that
+    /// rebuild `file` from other bytes, smallest first; none by default
+    /// (and from a server that predates them). A patch is fetched with
+    /// [`BlobSource::open`] under [`DeltaOffer::patch_spec`].
+    fn deltas<'a>(&'a self, _file: &'a FileSpec) -> BoxFuture<'a, Result<Vec<DeltaOffer>, SourceError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+}
+
+/// One patch a source offers: it rebuilds a file from the bytes `base`.
+/// Transport only: the rebuilt file is checked against the manifest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeltaOffer {
+    pub base: Digest,
+    pub patch: Digest,
+    pub patch_size: u64,
+    pub algorithm: String,
+}
+
+impl DeltaOffer {
+    /// The patch as a blob to fetch, named after the file it rebuilds.
+    pub fn patch_spec(&self, file: &FileSpec) -> FileSpec {
+        FileSpec {
+            path: file.path.clone(),
+            digest: self.patch,
+            size: self.patch_size,
+            mode: 0o600,
+            url: None,
+            chunks: None,
+            arch: file.arch,
+        }
     }
 }
 

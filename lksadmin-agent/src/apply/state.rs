@@ -106,6 +106,9 @@ pub struct Fetched {
     pub version: String,
     pub from_server: u64,
     pub from_peers: u64,
+    /// Of `from_server`, binary-delta patches (issue [delta]).
+    #[serde(default)]
+    pub as_delta: u64,
 }
 
 impl BundleRecord {
@@ -117,8 +120,16 @@ impl BundleRecord {
             .map_or((0, 0), |f| (f.from_server, f.from_peers))
     }
 
+    /// Of [`Self::fetched_for`]'s bytes from the server, those of patches.
+    pub fn delta_for(&self, version: &str) -> u64 {
+        self.fetched
+            .as_ref()
+            .filter(|f| f.version == version)
+            .map_or(0, |f| f.as_delta)
+    }
+
     /// Counts bytes fetched for `version` (a new version starts at 0).
-    pub fn add_fetched(&mut self, version: &str, from_server: u64, from_peers: u64) {
+    pub fn add_fetched(&mut self, version: &str, from_server: u64, from_peers: u64, as_delta: u64) {
         let f = self.fetched.get_or_insert_with(Fetched::default);
         if f.version != version {
             *f = Fetched {
@@ -128,6 +139,7 @@ impl BundleRecord {
         }
         f.from_server += from_server;
         f.from_peers += from_peers;
+        f.as_delta += as_delta;
     }
 
     /// A record for a bundle seen for the first time.
@@ -221,6 +233,7 @@ impl LocalState {
                     updated_at_ms: r.status.updated_at_ms,
                     fetched_from_server: f.0,
                     fetched_from_peers: f.1,
+                    fetched_as_delta: r.delta_for(&r.status.version),
                 }
             })
             .collect()
@@ -259,11 +272,11 @@ mod tests {
             updated_at_ms: 0,
         });
         assert_eq!(r.fetched_for("1"), (0, 0));
-        r.add_fetched("1", 10, 0);
-        r.add_fetched("1", 5, 100);
+        r.add_fetched("1", 10, 0, 0);
+        r.add_fetched("1", 5, 100, 0);
         assert_eq!(r.fetched_for("1"), (15, 100));
         assert_eq!(r.fetched_for("2"), (0, 0), "another version fetched nothing");
-        r.add_fetched("2", 0, 7);
+        r.add_fetched("2", 0, 7, 0);
         assert_eq!((r.fetched_for("1"), r.fetched_for("2")), ((0, 0), (0, 7)));
         let mut st = LocalState::default();
         r.status.version = "2".into();

@@ -306,6 +306,7 @@ fn wire_statuses(bundles: Vec<BundleStatus>) -> Vec<pb::BundleStatus> {
             updated_at_ms: s.updated_at_ms,
             fetched_from_server: s.fetched_from_server,
             fetched_from_peers: s.fetched_from_peers,
+            fetched_as_delta: s.fetched_as_delta,
         })
         .collect()
 }
@@ -340,6 +341,7 @@ mod tests {
             updated_at_ms: 5,
             fetched_from_server: 7,
             fetched_from_peers: 11,
+            fetched_as_delta: 3,
         };
         assert_eq!(
             wire_statuses(vec![s]),
@@ -351,6 +353,7 @@ mod tests {
                 updated_at_ms: 5,
                 fetched_from_server: 7,
                 fetched_from_peers: 11,
+                fetched_as_delta: 3,
             }]
         );
         let t = TrustReport {

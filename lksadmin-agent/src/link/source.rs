@@ -9,7 +9,7 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use lks_proto::{FileSpec, pb};
 
-use crate::apply::source::{BlobSource, BlobStream, PieceSource, SourceError};
+use crate::apply::source::{BlobSource, BlobStream, DeltaOffer, PieceSource, SourceError};
 use crate::link::channel::{SharedChannel, error_chain};
 use crate::link::swarm::Swarm;
 
@@ -110,6 +110,42 @@ impl BlobSource for NetSource {
                 Some(url) => self.open_url(url, offset).await,
                 None => self.open_server(file, offset).await,
             }
+        })
+    }
+
+    fn deltas<'a>(&'a self, file: &'a FileSpec) -> BoxFuture<'a, Result<Vec<DeltaOffer>, SourceError>> {
+        Box::pin(async move {
+            let channel = self
+                .server
+                .get()
+                .ok_or_else(|| SourceError("not connected to the control server".into()))?;
+            let mut client = pb::agent_service_client::AgentServiceClient::new(channel);
+            let digest = file.digest.to_string();
+            let resp = match client
+                .find_deltas(pb::FindDeltasRequest {
+                    digest: digest.clone(),
+                })
+                .await
+            {
+                Ok(r) => r.into_inner(),
+                // A server from before deltas.
+                Err(s) if s.code() == tonic::Code::Unimplemented => return Ok(Vec::new()),
+                Err(s) => return Err(SourceError(format!("FindDeltas {digest}: {}", s.message()))),
+            };
+            // Transport only: an offer that does not parse is skipped, a
+            // wrong one fails the rebuild's checks.
+            Ok(resp
+                .offers
+                .into_iter()
+                .filter_map(|o| {
+                    Some(DeltaOffer {
+                        base: o.base_digest.parse().ok()?,
+                        patch: o.patch_digest.parse().ok()?,
+                        patch_size: o.patch_size,
+                        algorithm: o.algorithm,
+                    })
+                })
+                .collect())
         })
     }
 

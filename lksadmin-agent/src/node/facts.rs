@@ -17,6 +17,7 @@ pub const FEATURES: &[&str] = &[
     lks_proto::manifest::FEATURE_CERTIFICATES,
     lks_proto::manifest::FEATURE_SELF_UPDATE,
     lks_proto::manifest::FEATURE_MULTI_ARCH,
+    lks_proto::manifest::FEATURE_DELTAS,
 ];
 
 /// Tests only: the architecture this agent reports and installs files of

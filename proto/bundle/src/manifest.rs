@@ -30,6 +30,10 @@ pub const FEATURE_SELF_UPDATE: &str = "self-update";
 /// `Hello.features` of an agent that installs only its own architecture's
 /// files of a multi-arch bundle (`arch`, `architectures`).
 pub const FEATURE_MULTI_ARCH: &str = "multi-arch";
+/// `Hello.features` of an agent that asks for binary deltas
+/// (`FindDeltas`) and rebuilds files from them (issue [delta]). Transport
+/// only: no bundle needs it.
+pub const FEATURE_DELTAS: &str = "deltas";
 /// At most this many entries in `architectures`.
 pub const MAX_ARCHITECTURES: usize = 16;
 

@@ -96,6 +96,7 @@ async fn foreign_forged_expired_and_other_nodes_certificates_are_refused() {
     let claim = pb::BundleStatus {
         fetched_from_server: 0,
         fetched_from_peers: 0,
+        fetched_as_delta: 0,
         name: "dbsecret".into(),
         version: "1".into(),
         state: pb::BundleState::Applied as i32,

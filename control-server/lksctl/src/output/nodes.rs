@@ -16,6 +16,8 @@ pub fn node_json(n: &pb::Node) -> Value {
             "message": b.message,
             "fetched_from_server": b.fetched_from_server,
             "fetched_from_peers": b.fetched_from_peers,
+            // Of fetched_from_server, binary-delta patches (issue [delta]).
+            "fetched_as_delta": b.fetched_as_delta,
         })).collect::<Vec<_>>(),
         "facts": n.facts.as_ref().map(|f| json!({
             "hostname": f.hostname,

@@ -34,6 +34,15 @@ pub fn rollout_json(r: &pb::Rollout) -> Value {
         "batch_interval": (r.batch_interval_seconds > 0).then(|| format_secs(r.batch_interval_seconds)),
         "next_batch_at": (r.next_batch_at_ms > 0).then(|| rfc3339_ms(r.next_batch_at_ms)).flatten(),
         "ignore_windows": r.ignore_windows,
+        // What its nodes holding the version fetched for it (`rollout
+        // status` only: lists and watches carry zeros): from the server,
+        // split into binary-delta patches and whole files, and from peers.
+        "fetched": {
+            "from_server": r.fetched_from_server,
+            "as_delta": r.fetched_as_delta,
+            "whole": r.fetched_from_server.saturating_sub(r.fetched_as_delta),
+            "from_peers": r.fetched_from_peers,
+        },
         // How the rollout drains each node; null: it does not.
         "drain": r.drain.as_ref().map(|d| json!({
             "timeout": format_secs(d.timeout_seconds),

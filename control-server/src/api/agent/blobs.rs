@@ -1,7 +1,9 @@
 //! The agent API's blob side: `FindPeers` (which peers may serve a piece
 //! of a blob, when the cluster shares between nodes) and `FetchBlob`
-//! (the bytes from this replica's copy, streamed in bounded messages).
-//! A node gets only blobs of bundles assigned to it.
+//! (the bytes from this replica's copy, streamed in bounded messages),
+//! and `FindDeltas` (the patches that rebuild a blob, issue [delta]).
+//! A node gets only blobs of bundles assigned to it, and the patches that
+//! rebuild them.
 
 use std::sync::Arc;
 
@@ -110,6 +112,47 @@ pub(super) async fn find_peers(
     }))
 }
 
+/// `FindDeltas`: the patches held that rebuild a blob the caller may
+/// fetch, one per base (the smallest), smallest first.
+pub(super) async fn find_deltas(
+    s: &Deps,
+    req: Request<pb::FindDeltasRequest>,
+) -> Result<Response<pb::FindDeltasResponse>, Status> {
+    let caller = require_node(&req, &*s.store).await?;
+    let digest: Digest = req
+        .into_inner()
+        .digest
+        .parse()
+        .map_err(|e| Status::invalid_argument(format!("digest: {e}")))?;
+    let allowed = s
+        .tracker
+        .blob_allowed(&*s.store, &caller.id.cluster, &caller.id.node, &digest)
+        .await
+        .map_err(store_status)?;
+    if !allowed {
+        return Ok(Response::new(pb::FindDeltasResponse::default()));
+    }
+    let mut best: std::collections::BTreeMap<Digest, crate::store::DeltaRow> = Default::default();
+    for row in s.store.deltas_to(&digest).await.map_err(store_status)? {
+        if best.get(&row.base).is_none_or(|b| row.patch_size < b.patch_size) {
+            best.insert(row.base, row);
+        }
+    }
+    let mut offers: Vec<pb::DeltaOffer> = best
+        .into_values()
+        .filter_map(|r| {
+            Some(pb::DeltaOffer {
+                base_digest: r.base.to_string(),
+                patch_digest: r.patch?.to_string(),
+                patch_size: r.patch_size,
+                algorithm: r.algorithm,
+            })
+        })
+        .collect();
+    offers.sort_by_key(|o| o.patch_size);
+    Ok(Response::new(pb::FindDeltasResponse { offers }))
+}
+
 /// `FetchBlob`: the blob from `offset`, `length` bytes (0: to the end).
 pub(super) async fn fetch(
     s: &Deps,
@@ -126,7 +169,22 @@ pub(super) async fn fetch(
         .blob_allowed(&*s.store, &caller.id.cluster, &caller.id.node, &digest)
         .await
         .map_err(store_status)?;
+    // A patch (binary delta) is served wherever the file it rebuilds is;
+    // `spared` is that file's size less the patch's, for the metrics.
+    let mut spared = None;
     if !allowed {
+        for row in s.store.deltas_by_patch(&digest).await.map_err(store_status)? {
+            if s.tracker
+                .blob_allowed(&*s.store, &caller.id.cluster, &caller.id.node, &row.target)
+                .await
+                .map_err(store_status)?
+            {
+                spared = Some(row.size.saturating_sub(row.patch_size));
+                break;
+            }
+        }
+    }
+    if !allowed && spared.is_none() {
         return Err(Status::permission_denied(format!(
             "blob {digest} is not part of any bundle assigned to node {} (for its architecture)",
             caller.id.node
@@ -212,6 +270,10 @@ pub(super) async fn fetch(
                 r = tx.send(Ok(chunk)) => if r.is_err() { return },
             }
             metrics.blob_bytes_served(n as u64);
+            if let Some(spared) = spared {
+                // Spared once, with the patch's last byte.
+                metrics.delta_bytes_served(n as u64, if remaining == 0 { spared } else { 0 });
+            }
         }
     });
     Ok(Response::new(Box::pin(ReceiverStream::new(rx))))

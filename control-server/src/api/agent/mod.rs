@@ -75,6 +75,14 @@ impl AgentService for AgentApi {
         blobs::find_peers(&self.blobs, req).await
     }
 
+    async fn find_deltas(
+        &self,
+        req: Request<pb::FindDeltasRequest>,
+    ) -> Result<Response<pb::FindDeltasResponse>, Status> {
+        let _t = self.metrics.timer("FindDeltas");
+        blobs::find_deltas(&self.blobs, req).await
+    }
+
     async fn issue_certificate(
         &self,
         req: Request<pb::IssueCertificateRequest>,

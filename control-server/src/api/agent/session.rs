@@ -168,6 +168,7 @@ fn statuses(list: Vec<pb::BundleStatus>, generation: u64) -> Result<Vec<BundleSt
                 // Reported by the node: kept within what the stores hold.
                 fetched_from_server: b.fetched_from_server.min(i64::MAX as u64),
                 fetched_from_peers: b.fetched_from_peers.min(i64::MAX as u64),
+                fetched_as_delta: b.fetched_as_delta.min(b.fetched_from_server).min(i64::MAX as u64),
             })
         })
         .collect()
@@ -615,6 +616,7 @@ mod tests {
         let ok = pb::BundleStatus {
             fetched_from_server: 0,
             fetched_from_peers: 0,
+            fetched_as_delta: 0,
             name: "kubelet".into(),
             version: "1".into(),
             state: pb::BundleState::Applied as i32,

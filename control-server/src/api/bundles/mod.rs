@@ -60,9 +60,29 @@ pub(super) async fn list(
 pub(super) async fn get(s: &Deps, req: pb::GetBundleRequest) -> Result<Response<pb::Bundle>, Status> {
     let row = published(s, &req).await?;
     let bundle = pb::SignedBundle::from(row.bundle.signed());
+    let deltas = s
+        .store
+        .deltas_of(&row.name, &row.version)
+        .await
+        .map_err(store_status)?
+        .into_iter()
+        .filter_map(|d| {
+            Some(pb::HeldDelta {
+                patch_digest: d.patch?.to_string(),
+                path: d.path,
+                arch: d.arch,
+                from_version: d.from_version,
+                base_digest: d.base.to_string(),
+                patch_size: d.patch_size,
+                size: d.size,
+                algorithm: d.algorithm,
+            })
+        })
+        .collect();
     Ok(Response::new(pb::Bundle {
         info: Some(bundle_info(row)),
         bundle: Some(bundle),
+        deltas,
     }))
 }
 

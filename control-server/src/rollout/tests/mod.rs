@@ -56,6 +56,7 @@ fn report(version: &str, state: BundleState, generation: u64) -> BundleStatusRow
     BundleStatusRow {
         fetched_from_server: 0,
         fetched_from_peers: 0,
+        fetched_as_delta: 0,
         name: "k".into(),
         version: version.into(),
         state,

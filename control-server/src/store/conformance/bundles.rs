@@ -24,7 +24,7 @@ pub async fn bundles_are_immutable(s: &dyn Store) {
 }
 
 /// A bundle whose one served blob is `d`.
-fn bundle_with_blob(name: &str, version: &str, d: &lks_proto::Digest) -> NewBundle {
+pub(crate) fn bundle_with_blob(name: &str, version: &str, d: &lks_proto::Digest) -> NewBundle {
     NewBundle {
         blob_digests: vec![*d],
         ..bundle(name, version, &format!("m-{name}-{version}"))

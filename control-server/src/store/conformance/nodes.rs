@@ -82,9 +82,11 @@ pub async fn status_and_events(s: &dyn Store) {
         Some(("a".to_string(), "serial-a1".to_string()))
     );
     assert_eq!(s.node_identity("nope").await.unwrap(), None);
+    // What the node fetched reads back as reported, the patches' share too.
     let st = BundleStatusRow {
-        fetched_from_server: 0,
-        fetched_from_peers: 0,
+        fetched_from_server: 10,
+        fetched_from_peers: 5,
+        fetched_as_delta: 4,
         name: "k".into(),
         version: "1".into(),
         state: BundleState::Applied,

@@ -121,9 +121,20 @@ impl BlobRecords for EtcdStore {
     async fn referenced_blobs(&self) -> Result<(HashSet<Digest>, i64)> {
         let (docs, rev) = self.range_at::<BundleDoc>(&self.key("bundles/")).await?;
         let mut set = HashSet::new();
+        let versions: HashSet<String> = docs.iter().map(|(key, _)| key.clone()).collect();
         for (key, doc) in docs {
             for d in doc.blob_digests {
                 set.insert(d.parse().map_err(|e| corrupt(&format!("bundles/{key}"), e))?);
+            }
+        }
+        // A patch is referenced while its bundle version is. One made after
+        // `rev` was claimed before its upload (blobs/gc.rs), so the
+        // collector's grace keeps it until its row is read.
+        for r in self.all_deltas().await? {
+            if let Some(p) = r.patch
+                && versions.contains(&format!("{}/{}", r.name, r.version))
+            {
+                set.insert(p);
             }
         }
         Ok((set, rev))
@@ -147,6 +158,8 @@ impl BlobRecords for EtcdStore {
                 at.compare(&key),
                 // No bundle version recorded since the collector read them.
                 Compare::mod_revision(self.key("bundles/"), CompareOp::Less, bundles_rev + 1).with_prefix(),
+                // Nor a delta, whose row references its patch.
+                Compare::mod_revision(self.key("deltas/"), CompareOp::Less, bundles_rev + 1).with_prefix(),
             ],
             vec![TxnOp::put(key, json(&mark)?, opts)],
         )
@@ -197,7 +210,16 @@ impl BlobRecords for EtcdStore {
                 unchanged("drive/"),
             ];
             if self
-                .txn(compares, vec![TxnOp::delete(bkey.clone(), None)])
+                .txn(
+                    compares,
+                    vec![
+                        TxnOp::delete(bkey.clone(), None),
+                        TxnOp::delete(
+                            self.key(&super::deltas::version_prefix(name, version)),
+                            Some(DeleteOptions::new().with_prefix()),
+                        ),
+                    ],
+                )
                 .await?
             {
                 return Ok(());

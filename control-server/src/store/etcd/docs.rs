@@ -62,6 +62,9 @@ pub(super) struct ActualDoc {
     pub(super) fetched_server: u64,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub(super) fetched_peers: u64,
+    /// Of `fetched_server`, binary-delta patches (issue [delta]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(super) fetched_delta: u64,
 }
 
 pub(super) fn is_zero(n: &u64) -> bool {
@@ -143,6 +146,7 @@ pub(super) fn actual_row(name: &str, a: &ActualDoc) -> BundleStatusRow {
         generation: a.generation,
         fetched_from_server: a.fetched_server,
         fetched_from_peers: a.fetched_peers,
+        fetched_as_delta: a.fetched_delta,
     }
 }
 
@@ -155,6 +159,7 @@ pub(super) fn actual_doc(s: &BundleStatusRow) -> ActualDoc {
         generation: s.generation,
         fetched_server: s.fetched_from_server,
         fetched_peers: s.fetched_from_peers,
+        fetched_delta: s.fetched_as_delta,
     }
 }
 

@@ -551,6 +551,7 @@ mod tests {
         BundleStatusRow {
             fetched_from_server: 0,
             fetched_from_peers: 0,
+            fetched_as_delta: 0,
             name: name.into(),
             version: version.into(),
             state: lks_proto::BundleState::Applied,

@@ -113,7 +113,10 @@ impl BlobRecords for SqliteStore {
 
     async fn referenced_blobs(&self) -> Result<(HashSet<Digest>, i64)> {
         self.call(move |c| {
-            let mut stmt = c.prepare("SELECT DISTINCT digest FROM bundle_blobs")?;
+            // A patch is referenced while its bundle version's row is.
+            let mut stmt = c.prepare(
+                "SELECT DISTINCT digest FROM bundle_blobs UNION SELECT patch FROM deltas WHERE patch != ''",
+            )?;
             let rows = stmt
                 .query_map([], |r| r.get::<_, String>(0))?
                 .collect::<Result<Vec<_>, _>>()?;
@@ -143,7 +146,8 @@ impl BlobRecords for SqliteStore {
                 return Ok(None);
             }
             let referenced: bool = tx.query_row(
-                "SELECT EXISTS (SELECT 1 FROM bundle_blobs WHERE digest = ?1)",
+                "SELECT EXISTS (SELECT 1 FROM bundle_blobs WHERE digest = ?1)
+                   OR EXISTS (SELECT 1 FROM deltas WHERE patch = ?1)",
                 params![d],
                 |r| r.get(0),
             )?;
@@ -201,6 +205,10 @@ impl BlobRecords for SqliteStore {
             }
             tx.execute(
                 "DELETE FROM bundle_blobs WHERE name = ?1 AND version = ?2",
+                params![name, version],
+            )?;
+            tx.execute(
+                "DELETE FROM deltas WHERE name = ?1 AND version = ?2",
                 params![name, version],
             )?;
             tx.execute(

@@ -350,6 +350,7 @@ mod tests {
             vec![BundleStatusRow {
                 fetched_from_server: 0,
                 fetched_from_peers: 0,
+                fetched_as_delta: 0,
                 name: "k".into(),
                 version: "1".into(),
                 state: BundleState::Applied,

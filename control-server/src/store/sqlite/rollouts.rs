@@ -342,6 +342,7 @@ impl RolloutStore for SqliteStore {
                     (Some(version), Some(state)) => Some(BundleStatusRow {
                         fetched_from_server: 0,
                         fetched_from_peers: 0,
+                        fetched_as_delta: 0,
                         name: bundle,
                         version,
                         state: state_from_str(&state)?,

@@ -238,4 +238,29 @@ ALTER TABLE clusters ADD COLUMN kube_drain INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE rollout_nodes ADD COLUMN kube_step TEXT NOT NULL DEFAULT '';
 ALTER TABLE rollout_nodes ADD COLUMN kube_since_ms INTEGER NOT NULL DEFAULT 0;
 "#,
+    // Binary deltas (issue [delta]): per file of a bundle version, the
+    // patch from an earlier version's file (`patch` '': tried and skipped,
+    // not tried again). Kept while the version is; the collector keeps a
+    // patch while its row is.
+    r#"
+CREATE TABLE deltas (
+    name TEXT NOT NULL,
+    version TEXT NOT NULL,
+    path TEXT NOT NULL,
+    arch TEXT NOT NULL,
+    base TEXT NOT NULL,
+    from_version TEXT NOT NULL,
+    target TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    patch TEXT NOT NULL,
+    patch_size INTEGER NOT NULL,
+    algorithm TEXT NOT NULL,
+    note TEXT NOT NULL,
+    made_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (name, version, path, arch, base)
+);
+CREATE INDEX deltas_target ON deltas (target);
+CREATE INDEX deltas_patch ON deltas (patch);
+ALTER TABLE actual ADD COLUMN fetched_delta INTEGER NOT NULL DEFAULT 0;
+"#,
 ];

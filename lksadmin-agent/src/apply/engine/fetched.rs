@@ -208,6 +208,27 @@ impl Engine {
         }
     }
 
+    /// A base a binary delta for `f` may apply to besides the cache (issue
+    /// [delta]): the file of the installed version of bundle `name` at the
+    /// same path, other bytes, open for reading (its size as recorded; the
+    /// rebuild hashes it whole, so a target that drifted is refused there).
+    pub(super) fn delta_base(&self, name: &str, f: &FileSpec) -> Option<(Digest, File)> {
+        let m = self.state.bundles.get(name)?.installed.as_ref()?;
+        let old = m
+            .files
+            .iter()
+            .find(|o| o.path == f.path && o.arch == f.arch && o.digest != f.digest && o.url.is_none())?;
+        if self.cache.contains(&old.digest) {
+            return None;
+        }
+        let parent = self.root.parent(&old.path, false).ok()?;
+        match parent.stat_target().ok()?? {
+            st if is_regular(&st) && st.st_size as u64 == old.size => {}
+            _ => return None,
+        }
+        Some((old.digest, parent.open_target().ok()??))
+    }
+
     /// The files of every installed bundle version but a self-update's
     /// (whose bytes are the cache's own).
     pub(super) fn installed_files(&self) -> impl Iterator<Item = &FileSpec> {

@@ -336,14 +336,15 @@ impl Engine {
                 self.cache.ensure(f, &*self.source).await
             } else {
                 self.cache_from_installed(&f.digest);
-                self.cache.fetch(f, &*self.source).await
+                let installed = self.delta_base(name, f);
+                self.cache.fetch_with_base(f, &*self.source, installed).await
             };
             match got {
                 Ok(got) => {
                     if (got.from_server, got.from_peers) != (0, 0)
                         && let Some(r) = self.state.bundles.get_mut(name)
                     {
-                        r.add_fetched(version, got.from_server, got.from_peers);
+                        r.add_fetched(version, got.from_server, got.from_peers, got.as_delta);
                     }
                 }
                 Err(e @ FetchError::Unavailable { .. }) => {

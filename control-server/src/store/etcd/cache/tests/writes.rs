@@ -80,6 +80,7 @@ fn applied(version: &str) -> BundleStatusRow {
         generation: 1,
         fetched_from_server: 0,
         fetched_from_peers: 0,
+        fetched_as_delta: 0,
     }
 }
 

@@ -1,0 +1,263 @@
+//! Binary deltas (issue [delta]), end to end with a real server, `lksctl`
+//! and agent:
+//!
+//! - after a publish, the server makes a patch from the earlier version's
+//!   file at the same path (off the publish path) and `bundle get -o json`
+//!   lists it; a node holding the earlier bytes fetches the patch, rebuilds
+//!   the file byte-exact, and the server sends a small fraction of the file
+//!   (`lks_blob_bytes_served_by_kind_total`, bytes saved);
+//! - a patch corrupted in the server's blob store is refused by the node,
+//!   which fetches the whole file and still installs the right bytes;
+//! - a node whose cache lost the base rebuilds from the installed file;
+//! - a node without the base (one that joins later) fetches the whole file;
+//! - on two replicas over etcd (blobs in etcd), a patch one replica made is
+//!   served by the other, through the shared blob store.
+
+// Test code: a helper that fails panics with what it was doing, as a
+// #[test] does (clippy.toml allows that only inside #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use lks_e2e::agent::{Agent, BundleFile, wait_node_bundle, write_bundle};
+use lks_e2e::etcd::Etcd;
+use lks_e2e::server::Server;
+use lks_e2e::{noise, wait_until};
+use lks_proto::Digest;
+
+const SIZE: usize = 6 << 20;
+const PATH: &str = "/opt/app/bin/app";
+
+/// A "patch release" of `old`: a few bytes changed across the file and a
+/// short insertion that shifts everything after it, as a rebuilt binary.
+fn next_release(old: &[u8], seed: usize) -> Vec<u8> {
+    let mut new = old.to_vec();
+    for i in (seed * 1000..new.len()).step_by(new.len() / 9) {
+        new[i] ^= 0x5a;
+    }
+    let at = new.len() / 3 + seed * 4096;
+    new.splice(at..at, format!("release {seed}").into_bytes());
+    new
+}
+
+fn version(dir: &Path, v: &str, content: &[u8]) -> PathBuf {
+    write_bundle(
+        dir,
+        "app",
+        v,
+        &[BundleFile {
+            path: PATH,
+            content,
+            mode: "0755",
+        }],
+        "",
+    )
+}
+
+/// Rolls `id` out and waits for it; `rollout status -o json`'s `fetched`.
+fn roll_out(server: &Server, id: &str) -> serde_json::Value {
+    let out = server.lksctl_ok(&["rollout", "start", "--cluster", "c", "--bundle", id, "--wait"]);
+    let rid = out.lines().next().unwrap_or_default().trim().to_string();
+    server.lksctl_json(&["rollout", "status", &rid])["fetched"].clone()
+}
+
+/// The deltas `bundle get -o json` lists for app@`v`, once there are `n`.
+fn wait_deltas(server: &Server, v: &str, n: usize) -> Vec<serde_json::Value> {
+    let mut got = Vec::new();
+    wait_until(Duration::from_secs(60), &format!("{n} deltas of app@{v}"), || {
+        let b = server.lksctl_json(&["bundle", "get", &format!("app@{v}")]);
+        got = b["deltas"].as_array().cloned().unwrap_or_default();
+        got.len() >= n
+    });
+    got
+}
+
+fn local_copy(server: &Server, hex: &str) -> PathBuf {
+    server
+        .work_dir()
+        .join("data/blobs/sha256")
+        .join(&hex[..2])
+        .join(hex)
+}
+
+fn served(server: &Server, kind: &str) -> u64 {
+    server.metric(&format!("lks_blob_bytes_served_by_kind_total{{kind=\"{kind}\"}}"))
+}
+
+/// The scenario: `publisher` publishes and starts rollouts, the agents
+/// join `other` (the same server, or another replica, which then serves
+/// patches another replica made through the shared blob store).
+/// `corrupt(hex)` damages a patch where `other` serves it from, or is
+/// `None` where that cannot be reached.
+fn scenario(publisher: &Server, other: &Server, corrupt: Option<&dyn Fn(&str)>) {
+    publisher.create_cluster("c");
+    let work = tempfile::tempdir().unwrap();
+    let v1 = noise(SIZE, 7);
+    let v2 = next_release(&v1, 1);
+    let v3 = next_release(&v2, 2);
+    let v4 = next_release(&v3, 3);
+    let served = |kind: &str| {
+        served(publisher, kind)
+            + if std::ptr::eq(publisher, other) {
+                0
+            } else {
+                served(other, kind)
+            }
+    };
+
+    let mut a = Agent::new("n0");
+    // No heal pass copies a target back into the cache mid-test (case 3).
+    a.heal_interval = "1h".into();
+    a.join(other, "c", &[]);
+    a.start();
+    assert_eq!(publisher.publish(&version(work.path(), "1", &v1)), "app@1");
+    roll_out(publisher, "app@1");
+    wait_node_bundle(publisher, "n0", "app", "1", "applied");
+    let cached = |content: &[u8]| a.state_dir.join("cache/sha256").join(Digest::of(content).hex());
+    wait_until(Duration::from_secs(30), "app@1 in the node's cache", || {
+        cached(&v1).exists()
+    });
+    assert!(
+        publisher.lksctl_json(&["bundle", "get", "app@1"])["deltas"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+
+    // 1. v2 through a patch made from v1's bytes.
+    assert_eq!(publisher.publish(&version(work.path(), "2", &v2)), "app@2");
+    let deltas = wait_deltas(publisher, "2", 1);
+    let d = &deltas[0];
+    assert_eq!(
+        (&d["path"], &d["from_version"]),
+        (&PATH.into(), &"1".into()),
+        "{d}"
+    );
+    assert_eq!(d["file_size"], v2.len() as u64);
+    assert_eq!(d["base_sha256"], Digest::of(&v1).hex());
+    let patch_size = d["size"].as_u64().unwrap();
+    assert!(patch_size * 20 < v2.len() as u64, "patch of {patch_size} bytes");
+    let (delta0, whole0) = (served("delta"), served("whole"));
+    let fetched = roll_out(publisher, "app@2");
+    wait_node_bundle(publisher, "n0", "app", "2", "applied");
+    // `rollout status -o json`: the rollout's bytes, patches against whole.
+    assert_eq!(fetched["from_server"], patch_size, "{fetched}");
+    assert_eq!(
+        (&fetched["as_delta"], &fetched["whole"]),
+        (&patch_size.into(), &0.into()),
+        "{fetched}"
+    );
+    assert_eq!(
+        std::fs::read(a.root.join(&PATH[1..])).unwrap(),
+        v2,
+        "rebuilt byte-exact"
+    );
+    let (delta1, whole1) = (served("delta"), served("whole"));
+    assert_eq!(delta1 - delta0, patch_size, "the patch, once");
+    assert_eq!(whole1, whole0, "no whole file");
+    let saved = served_saved(publisher)
+        + if std::ptr::eq(publisher, other) {
+            0
+        } else {
+            served_saved(other)
+        };
+    assert!(saved >= v2.len() as u64 - patch_size, "bytes saved counted");
+    assert!(a.log().contains("blob rebuilt from a delta and verified"));
+    // The node says what it fetched, and how much of it was patches.
+    let n = publisher.lksctl_json(&["node", "get", "n0"]);
+    let b = &n["bundles"][0];
+    assert_eq!((&b["name"], &b["version"]), (&"app".into(), &"2".into()), "{n}");
+    assert_eq!(b["fetched_from_server"], patch_size, "{n}");
+    assert_eq!(b["fetched_as_delta"], patch_size, "{n}");
+    println!(
+        "DELTA file={} patch={patch_size} ({:.2} %)",
+        v2.len(),
+        patch_size as f64 * 100.0 / v2.len() as f64
+    );
+
+    // 2. v3's patches corrupted where they are served from: the node
+    // refuses them and fetches the whole file.
+    wait_until(Duration::from_secs(30), "app@2 in the node's cache", || {
+        cached(&v2).exists()
+    });
+    assert_eq!(publisher.publish(&version(work.path(), "3", &v3)), "app@3");
+    let deltas3 = wait_deltas(publisher, "3", 2);
+    if let Some(corrupt) = corrupt {
+        for d in &deltas3 {
+            corrupt(d["sha256"].as_str().unwrap());
+        }
+    }
+    let (delta2, whole2) = (served("delta"), served("whole"));
+    roll_out(publisher, "app@3");
+    wait_node_bundle(publisher, "n0", "app", "3", "applied");
+    assert_eq!(std::fs::read(a.root.join(&PATH[1..])).unwrap(), v3);
+    if corrupt.is_some() {
+        assert!(
+            served("whole") - whole2 >= v3.len() as u64,
+            "the whole file after the bad patch"
+        );
+        assert!(
+            a.log().contains("delta not used, fetching the whole file"),
+            "one line says why"
+        );
+    } else {
+        assert!(served("delta") > delta2 && served("whole") == whole2);
+    }
+
+    // 3. The base gone from the node's cache: rebuilt from the installed
+    // file (hashed whole first), still a patch.
+    wait_until(Duration::from_secs(30), "app@3 in the node's cache", || {
+        cached(&v3).exists()
+    });
+    assert_eq!(publisher.publish(&version(work.path(), "4", &v4)), "app@4");
+    let deltas = wait_deltas(publisher, "4", 2);
+    std::fs::remove_file(cached(&v3)).unwrap();
+    let (delta3, whole3) = (served("delta"), served("whole"));
+    roll_out(publisher, "app@4");
+    wait_node_bundle(publisher, "n0", "app", "4", "applied");
+    assert_eq!(std::fs::read(a.root.join(&PATH[1..])).unwrap(), v4);
+    let from_v3 = deltas.iter().find(|d| d["from_version"] == "3").unwrap();
+    assert_eq!(served("delta") - delta3, from_v3["size"].as_u64().unwrap());
+    assert_eq!(served("whole"), whole3, "no whole file");
+    let rebuilt = a.log().matches("blob rebuilt from a delta and verified").count();
+    assert_eq!(rebuilt, if corrupt.is_some() { 2 } else { 3 });
+
+    // 4. A node without any base (it joins now and gets app@4 at once):
+    // the whole file.
+    let mut b = Agent::new("n1");
+    b.join(other, "c", &[]);
+    b.start();
+    wait_node_bundle(publisher, "n1", "app", "4", "applied");
+    assert_eq!(std::fs::read(b.root.join(&PATH[1..])).unwrap(), v4);
+    assert!(served("whole") - whole3 >= v4.len() as u64);
+    assert!(!b.log().contains("rebuilt from a delta"));
+    b.stop();
+    a.stop();
+}
+
+fn served_saved(server: &Server) -> u64 {
+    server.metric("lks_blob_delta_bytes_saved_total")
+}
+
+#[test]
+fn a_patch_release_moves_a_few_percent_and_any_failure_falls_back_to_the_whole_file() {
+    let server = Server::start_with(&["--delta-interval", "1s"]);
+    let corrupt = |hex: &str| {
+        let p = local_copy(&server, hex);
+        let mut bytes = std::fs::read(&p).unwrap();
+        let at = bytes.len() / 2;
+        bytes[at] ^= 0xff;
+        std::fs::write(&p, bytes).unwrap();
+    };
+    scenario(&server, &server, Some(&corrupt));
+}
+
+#[test]
+fn replicas_on_etcd_serve_patches_another_replica_made() {
+    let etcd = Etcd::start();
+    let args = ["--delta-interval", "1s"];
+    let r1 = etcd.replica("/lks-test-delta/", &args);
+    let r2 = etcd.replica("/lks-test-delta/", &args);
+    scenario(&r1, &r2, None);
+}
