@@ -264,24 +264,8 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
     // guessing. An error means a provider is already installed, which is fine.
     let _ = rustls::crypto::ring::default_provider().install_default();
 
-    // Bad --agent-package files are refused before anything is created.
-    let package_candidates = crate::packages::inspect_all(&cfg.agent_packages)?;
-    // So is a blob store that cannot be used: wrong endpoint, credentials
-    // or bucket. One line names it.
-    if let BlobChoice::S3(c) = &cfg.blob_store {
-        let s = S3Store::new(c).map_err(ServerError::BlobStore)?;
-        s.check().await.map_err(ServerError::BlobStore)?;
-    }
+    let package_candidates = preflight(&cfg).await?;
     let data_dir = cfg.data_dir.clone();
-    // The data dir holds the CA key and admin credentials: owner only.
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&data_dir)
-        .map_err(|source| ServerError::DataDir {
-            path: data_dir.clone(),
-            source,
-        })?;
     let listener = TcpListener::bind(cfg.listen)
         .await
         .map_err(|source| ServerError::Bind {
@@ -293,83 +277,19 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         source,
     })?;
     let host = advertise_host(&cfg, local);
-    let mut names = vec![host.clone()];
-    for n in ["localhost", "127.0.0.1"] {
-        if !names.iter().any(|x| x == n) {
-            names.push(n.to_string());
-        }
-    }
-    for n in &cfg.tls_sans {
-        if !names.iter().any(|x| x == n) {
-            names.push(n.clone());
-        }
-    }
+    let names = certificate_names(&cfg, &host);
     let server_url = format!("https://{}:{}", url_host(&host), local.port());
-    #[allow(clippy::type_complexity)]
-    let (store, etcd, pki, seal): (Arc<dyn Store>, Option<EtcdStore>, Pki, Option<SealKey>) = match &cfg.store
-    {
-        StoreChoice::Sqlite => {
-            if cfg.encryption_key_file.is_some() {
-                return Err(ServerError::Usage(
-                    "--encryption-key-file applies to keys kept in etcd (--store etcd); \
-                     with SQLite the keys stay in the data dir, readable by its owner only"
-                        .into(),
-                ));
-            }
-            let pki = Pki::load_or_create(&data_dir.join("pki"), &names)?;
-            let store = SqliteStore::open(&data_dir.join("state.db"))?;
-            store.mark_all_disconnected().await?;
-            (Arc::new(store), None, pki, None)
-        }
-        StoreChoice::Etcd(ecfg) => {
-            let seal = cfg
-                .encryption_key_file
-                .as_deref()
-                .map(SealKey::load)
-                .transpose()?;
-            let mut id = [0u8; 8];
-            let _ = getrandom::getrandom(&mut id);
-            let replica = hex::encode(id);
-            let store = EtcdStore::connect(ecfg, &replica).await?;
-            let identity = replicas::load_or_create_identity(&store, seal.as_ref()).await?;
-            let pki = Pki::from_shared(&identity, &names)?;
-            tracing::info!(replica = %replica, prefix = store.prefix(), endpoints = %ecfg.endpoints.join(","), "store: etcd");
-            (Arc::new(store.clone()), Some(store), pki, seal)
-        }
-    };
-    let conf = AdminConf {
-        server: server_url.clone(),
-        ca_cert: pki.ca_pem().to_string(),
-        client_cert: pki.admin_cert_pem.clone(),
-        client_key: pki.admin_key_pem.clone(),
-    };
-    let conf_path = data_dir.join("admin.conf");
-    // Every replica known now; rewritten as replicas come and go.
-    let known = match &etcd {
-        Some(e) => replicas::replica_urls(e, &server_url).await?,
-        None => vec![server_url.clone()],
-    };
-    write_admin_conf(&conf_path, &conf, &known)?;
+    let Opened {
+        store,
+        etcd,
+        pki,
+        seal,
+    } = open_store(&cfg, &data_dir, &names).await?;
+    let known = write_first_admin_conf(&data_dir, &server_url, &pki, etcd.as_ref()).await?;
     tracing::info!(ca_cert_hash = %pki.ca_hash(), server = %server_url, "control server identity");
 
     let local_blobs = LocalBlobs::open(&data_dir.join("blobs"))?;
-    let durable: Arc<dyn BlobStore> = match (&cfg.blob_store, &etcd) {
-        (BlobChoice::S3(c), _) => Arc::new(S3Store::new(c).map_err(ServerError::BlobStore)?),
-        (BlobChoice::Default | BlobChoice::Local, None) => Arc::new(LocalDirStore::new(local_blobs.clone())),
-        (BlobChoice::Default | BlobChoice::Etcd, Some(e)) => {
-            Arc::new(EtcdChunks::new(e.clone(), cfg.etcd_max_blob))
-        }
-        (BlobChoice::Local, Some(_)) => {
-            return Err(ServerError::Usage(
-                "--blob-store local keeps blobs on one replica's disk; with --store etcd use \
-                 --blob-store etcd or s3://BUCKET/PREFIX"
-                    .into(),
-            ));
-        }
-        (BlobChoice::Etcd, None) => {
-            return Err(ServerError::Usage("--blob-store etcd needs --store etcd".into()));
-        }
-    };
+    let durable = durable_blobs(&cfg, &etcd, &local_blobs)?;
     tracing::info!(blob_store = %durable.describe(), "blob store");
     let agent_packages = Arc::new(AgentPackages::import(package_candidates, &local_blobs).await?);
     let blobs = Blobs::new(local_blobs, durable);
@@ -429,6 +349,177 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
             cancel.clone(),
         ));
     }
+    spawn_tasks(&shared, &cfg, etcd.as_ref(), leader_tx, servers_tx, rollout_inbox);
+
+    let result = serve(&shared, &cfg, listener, local).await;
+    shut_down(&shared, &cfg).await;
+    result
+}
+
+/// What is checked before anything is created: the `--agent-package`
+/// files (their candidates returned), the blob bucket, and the data dir
+/// (created owner-only: it holds the CA key and admin credentials).
+async fn preflight(cfg: &Config) -> Result<Vec<crate::packages::Candidate>, ServerError> {
+    // Bad --agent-package files are refused before anything is created.
+    let package_candidates = crate::packages::inspect_all(&cfg.agent_packages)?;
+    // So is a blob store that cannot be used: wrong endpoint, credentials
+    // or bucket. One line names it.
+    if let BlobChoice::S3(c) = &cfg.blob_store {
+        let s = S3Store::new(c).map_err(ServerError::BlobStore)?;
+        s.check().await.map_err(ServerError::BlobStore)?;
+    }
+    let data_dir = &cfg.data_dir;
+    // The data dir holds the CA key and admin credentials: owner only.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(data_dir)
+        .map_err(|source| ServerError::DataDir {
+            path: data_dir.clone(),
+            source,
+        })?;
+    Ok(package_candidates)
+}
+
+/// Writes `admin.conf` naming every replica known now (rewritten as
+/// replicas come and go); returns their URLs, this server's first.
+async fn write_first_admin_conf(
+    data_dir: &std::path::Path,
+    server_url: &str,
+    pki: &Pki,
+    etcd: Option<&EtcdStore>,
+) -> Result<Vec<String>, ServerError> {
+    let conf = AdminConf {
+        server: server_url.to_string(),
+        ca_cert: pki.ca_pem().to_string(),
+        client_cert: pki.admin_cert_pem.clone(),
+        client_key: pki.admin_key_pem.clone(),
+    };
+    let conf_path = data_dir.join("admin.conf");
+    // Every replica known now; rewritten as replicas come and go.
+    let known = match etcd {
+        Some(e) => replicas::replica_urls(e, server_url).await?,
+        None => vec![server_url.to_string()],
+    };
+    write_admin_conf(&conf_path, &conf, &known)?;
+    Ok(known)
+}
+
+/// The names the serving certificate carries: the advertised host,
+/// localhost, 127.0.0.1 and every `--tls-san`, each once.
+fn certificate_names(cfg: &Config, host: &str) -> Vec<String> {
+    let mut names = vec![host.to_string()];
+    for n in ["localhost", "127.0.0.1"] {
+        if !names.iter().any(|x| x == n) {
+            names.push(n.to_string());
+        }
+    }
+    for n in &cfg.tls_sans {
+        if !names.iter().any(|x| x == n) {
+            names.push(n.clone());
+        }
+    }
+    names
+}
+
+/// The store and the identity it goes with.
+struct Opened {
+    store: Arc<dyn Store>,
+    /// Set with `--store etcd`: this replica's handle on the region.
+    etcd: Option<EtcdStore>,
+    pki: Pki,
+    seal: Option<SealKey>,
+}
+
+/// Opens the store (SQLite in the data dir, or etcd) and loads or creates
+/// the control plane's identity (the data dir's `pki/`, or etcd's).
+async fn open_store(
+    cfg: &Config,
+    data_dir: &std::path::Path,
+    names: &[String],
+) -> Result<Opened, ServerError> {
+    Ok(match &cfg.store {
+        StoreChoice::Sqlite => {
+            if cfg.encryption_key_file.is_some() {
+                return Err(ServerError::Usage(
+                    "--encryption-key-file applies to keys kept in etcd (--store etcd); \
+                     with SQLite the keys stay in the data dir, readable by its owner only"
+                        .into(),
+                ));
+            }
+            let pki = Pki::load_or_create(&data_dir.join("pki"), names)?;
+            let store = SqliteStore::open(&data_dir.join("state.db"))?;
+            store.mark_all_disconnected().await?;
+            Opened {
+                store: Arc::new(store),
+                etcd: None,
+                pki,
+                seal: None,
+            }
+        }
+        StoreChoice::Etcd(ecfg) => {
+            let seal = cfg
+                .encryption_key_file
+                .as_deref()
+                .map(SealKey::load)
+                .transpose()?;
+            let mut id = [0u8; 8];
+            let _ = getrandom::getrandom(&mut id);
+            let replica = hex::encode(id);
+            let store = EtcdStore::connect(ecfg, &replica).await?;
+            let identity = replicas::load_or_create_identity(&store, seal.as_ref()).await?;
+            let pki = Pki::from_shared(&identity, names)?;
+            tracing::info!(replica = %replica, prefix = store.prefix(), endpoints = %ecfg.endpoints.join(","), "store: etcd");
+            Opened {
+                store: Arc::new(store.clone()),
+                etcd: Some(store),
+                pki,
+                seal,
+            }
+        }
+    })
+}
+
+/// Where blobs are kept for good (`--blob-store`; the default follows the
+/// store).
+fn durable_blobs(
+    cfg: &Config,
+    etcd: &Option<EtcdStore>,
+    local_blobs: &LocalBlobs,
+) -> Result<Arc<dyn BlobStore>, ServerError> {
+    Ok(match (&cfg.blob_store, etcd) {
+        (BlobChoice::S3(c), _) => Arc::new(S3Store::new(c).map_err(ServerError::BlobStore)?),
+        (BlobChoice::Default | BlobChoice::Local, None) => {
+            Arc::new(LocalDirStore::new(local_blobs.clone())) as Arc<dyn BlobStore>
+        }
+        (BlobChoice::Default | BlobChoice::Etcd, Some(e)) => {
+            Arc::new(EtcdChunks::new(e.clone(), cfg.etcd_max_blob))
+        }
+        (BlobChoice::Local, Some(_)) => {
+            return Err(ServerError::Usage(
+                "--blob-store local keeps blobs on one replica's disk; with --store etcd use \
+                 --blob-store etcd or s3://BUCKET/PREFIX"
+                    .into(),
+            ));
+        }
+        (BlobChoice::Etcd, None) => {
+            return Err(ServerError::Usage("--blob-store etcd needs --store etcd".into()));
+        }
+    })
+}
+
+/// The server's background tasks: metrics, heartbeats, peers, releases,
+/// blob GC, audit retention, deltas, the rollout controller, and with etcd
+/// the lease, the watch and the rebalance.
+fn spawn_tasks(
+    shared: &Arc<Shared>,
+    cfg: &Config,
+    etcd: Option<&EtcdStore>,
+    leader_tx: watch::Sender<bool>,
+    servers_tx: watch::Sender<Vec<String>>,
+    rollout_inbox: controller::Inbox,
+) {
+    let cancel = shared.cancel.clone();
     shared.tasks.spawn(flush_heartbeats(shared.clone()));
     shared.tasks.spawn(crate::peers::run(
         shared.peers.clone(),
@@ -443,7 +534,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         cancel.clone(),
     ));
     if let Some(interval) = cfg.blob_gc_interval {
-        let owner = etcd.as_ref().map(|e| e.replica().to_string()).unwrap_or_default();
+        let owner = etcd.map(|e| e.replica().to_string()).unwrap_or_default();
         let local_is_store = matches!(
             (&cfg.blob_store, &etcd),
             (BlobChoice::Default | BlobChoice::Local, None)
@@ -483,7 +574,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         },
         rollout_inbox,
     ));
-    if let Some(e) = &etcd {
+    if let Some(e) = etcd {
         shared.tasks.spawn(replicas::run_lease(
             shared.clone(),
             e.clone(),
@@ -502,7 +593,18 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
     } else {
         drop((leader_tx, servers_tx));
     }
+}
 
+/// Serves gRPC (agents and admins, health, reflection, agent packages)
+/// over TLS on `listener` until the server is cancelled, then gives open
+/// connections `--shutdown-grace` to end.
+async fn serve(
+    shared: &Arc<Shared>,
+    cfg: &Config,
+    listener: TcpListener,
+    local: SocketAddr,
+) -> Result<(), ServerError> {
+    let cancel = shared.cancel.clone();
     let tls = crate::tlsaccept::server_config(
         &shared.pki.server_chain_pem,
         &shared.pki.server_key_pem,
@@ -517,7 +619,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
             "TLS handshakes running (at most --max-tls-handshakes).",
             move || h.in_progress() as i64,
         );
-        let s = Arc::downgrade(&shared);
+        let s = Arc::downgrade(shared);
         shared.metrics.gauge(
             "lks_streams_opening",
             "Connect streams between the call and their first desired state.",
@@ -552,11 +654,11 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         .add_service(health_service)
         .add_service(reflection)
         .add_service(
-            AgentServiceServer::new(AgentApi::new(&shared))
+            AgentServiceServer::new(AgentApi::new(shared))
                 .max_decoding_message_size(lks_proto::wire::MAX_MESSAGE),
         )
         .add_service(
-            AdminServiceServer::new(AdminApi::new(&shared))
+            AdminServiceServer::new(AdminApi::new(shared))
                 .max_decoding_message_size(lks_proto::wire::MAX_MESSAGE),
         );
     tracing::info!(
@@ -575,7 +677,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
     let server_cancel = cancel.clone();
     let serve = router.serve_with_incoming_shutdown(incoming, async move { server_cancel.cancelled().await });
     tokio::pin!(serve);
-    let result = tokio::select! {
+    tokio::select! {
         r = &mut serve => r.map_err(|e| ServerError::Serve(e.to_string())),
         _ = cancel.cancelled() => {
             tracing::info!("shutting down");
@@ -588,8 +690,13 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
                 }
             }
         }
-    };
-    cancel.cancel();
+    }
+}
+
+/// After serving: background tasks stopped (within the grace), heartbeats
+/// flushed, every node marked disconnected, admission totals logged.
+async fn shut_down(shared: &Arc<Shared>, cfg: &Config) {
+    shared.cancel.cancel();
     shared.tasks.close();
     if tokio::time::timeout(cfg.shutdown_grace, shared.tasks.wait())
         .await
@@ -613,7 +720,6 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         connect_shed,
         "stopped"
     );
-    result
 }
 
 /// Writes `admin.conf` (server, every replica, credentials) if it differs.

@@ -41,8 +41,8 @@ pub enum RestoreError {
     #[error("{0}")]
     Archive(#[from] ArchiveError),
     #[error(
-        "this archive holds an etcd installation ({origin}); restore it into an empty etcd prefix with \
-         `lks-control-server restore --from FILE --store etcd --etcd-endpoints URLS [--etcd-prefix P]`"
+        "this archive holds an etcd installation ({origin}), which restore cannot write yet; restore etcd \
+         with `etcdctl snapshot restore` and the blob bucket (control-server/README.md, Backup and restore)"
     )]
     EtcdArchive { origin: String },
     /// Each line one problem; nothing was restored.
