@@ -62,17 +62,19 @@ impl Deps {
 /// of them (the read, four queued, one being encoded).
 const BLOB_CHUNK: usize = 256 * 1024;
 
+/// The blob a request names (`sha256:<hex>`); one line when it is not one.
+fn request_digest(text: &str) -> Result<Digest, Status> {
+    text.parse()
+        .map_err(|e| Status::invalid_argument(format!("digest: {e}")))
+}
+
 /// `FindPeers`: the peers that may serve a blob to the caller, and whether the server does.
 pub(super) async fn find_peers(
     s: &Deps,
     req: Request<pb::FindPeersRequest>,
 ) -> Result<Response<pb::FindPeersResponse>, Status> {
     let caller = require_node(&req, &*s.store).await?;
-    let digest: Digest = req
-        .into_inner()
-        .digest
-        .parse()
-        .map_err(|e| Status::invalid_argument(format!("digest: {e}")))?;
+    let digest = request_digest(&req.into_inner().digest)?;
     let settings = s.peer_settings(&caller.id.cluster).await.map_err(store_status)?;
     // Sharing off, or a blob the caller may not have: nobody is named
     // (FetchBlob then answers for the blob as it always did).
@@ -119,11 +121,7 @@ pub(super) async fn find_deltas(
     req: Request<pb::FindDeltasRequest>,
 ) -> Result<Response<pb::FindDeltasResponse>, Status> {
     let caller = require_node(&req, &*s.store).await?;
-    let digest: Digest = req
-        .into_inner()
-        .digest
-        .parse()
-        .map_err(|e| Status::invalid_argument(format!("digest: {e}")))?;
+    let digest = request_digest(&req.into_inner().digest)?;
     let allowed = s
         .tracker
         .blob_allowed(&*s.store, &caller.id.cluster, &caller.id.node, &digest)
@@ -160,10 +158,7 @@ pub(super) async fn fetch(
 ) -> Result<Response<BoxStream<pb::BlobChunk>>, Status> {
     let caller = require_node(&req, &*s.store).await?;
     let r = req.into_inner();
-    let digest: Digest = r
-        .digest
-        .parse()
-        .map_err(|e| Status::invalid_argument(format!("digest: {e}")))?;
+    let digest = request_digest(&r.digest)?;
     let allowed = s
         .tracker
         .blob_allowed(&*s.store, &caller.id.cluster, &caller.id.node, &digest)
