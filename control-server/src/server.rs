@@ -3,7 +3,6 @@
 //! graceful shutdown.
 
 use std::net::{IpAddr, SocketAddr};
-use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,29 +16,30 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::transport::Server;
 
-use crate::adminconf::{AdminConf, AdminConfError, AdminConfFile};
+use crate::adminconf::AdminConfError;
 use crate::admission::{HandshakeLimits, Handshakes, OpenGate};
 use crate::api::{AdminApi, AgentApi};
-use crate::blobs::{BlobChoice, BlobError, BlobStore, Blobs, EtcdChunks, LocalBlobs, LocalDirStore, S3Store};
+use crate::blobs::{BlobChoice, BlobError, Blobs, LocalBlobs};
 use crate::context::Shared;
 use crate::controller;
 use crate::hub::Hub;
 use crate::metrics::{self, Metrics};
 use crate::packages::{AgentPackages, PackageError, PackageLayer};
+use crate::pki::PkiError;
 use crate::pki::clusterca::ClusterCas;
-use crate::pki::seal::{SealError, SealKey};
-use crate::pki::{Pki, PkiError};
+use crate::pki::seal::SealError;
 use crate::ratelimit::RateLimiter;
 use crate::replicas;
-use crate::store::{EtcdConfig, EtcdStore, NodeStatusStore, SqliteStore, Store, StoreError};
+use crate::store::{EtcdConfig, StoreError};
+
+mod open;
+mod tasks;
+
+use open::{Opened, certificate_names, durable_blobs, open_store, preflight, write_first_admin_conf};
+use tasks::spawn_tasks;
 
 /// How long audit records are kept unless `--audit-retention` says.
 pub const DEFAULT_AUDIT_RETENTION: Duration = Duration::from_secs(365 * 24 * 3600);
-/// How often the leader drops audit records past their retention.
-const AUDIT_SWEEP: Duration = Duration::from_secs(3600);
-
-/// How often buffered heartbeats are written to the store.
-const HEARTBEAT_FLUSH: Duration = Duration::from_secs(5);
 /// Enrolment rate per peer IP: tokens per second and burst.
 const ENROLL_RATE: f64 = 5.0;
 const ENROLL_BURST: f64 = 20.0;
@@ -356,245 +356,6 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
     result
 }
 
-/// What is checked before anything is created: the `--agent-package`
-/// files (their candidates returned), the blob bucket, and the data dir
-/// (created owner-only: it holds the CA key and admin credentials).
-async fn preflight(cfg: &Config) -> Result<Vec<crate::packages::Candidate>, ServerError> {
-    // Bad --agent-package files are refused before anything is created.
-    let package_candidates = crate::packages::inspect_all(&cfg.agent_packages)?;
-    // So is a blob store that cannot be used: wrong endpoint, credentials
-    // or bucket. One line names it.
-    if let BlobChoice::S3(c) = &cfg.blob_store {
-        let s = S3Store::new(c).map_err(ServerError::BlobStore)?;
-        s.check().await.map_err(ServerError::BlobStore)?;
-    }
-    let data_dir = &cfg.data_dir;
-    // The data dir holds the CA key and admin credentials: owner only.
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(data_dir)
-        .map_err(|source| ServerError::DataDir {
-            path: data_dir.clone(),
-            source,
-        })?;
-    Ok(package_candidates)
-}
-
-/// Writes `admin.conf` naming every replica known now (rewritten as
-/// replicas come and go); returns their URLs, this server's first.
-async fn write_first_admin_conf(
-    data_dir: &std::path::Path,
-    server_url: &str,
-    pki: &Pki,
-    etcd: Option<&EtcdStore>,
-) -> Result<Vec<String>, ServerError> {
-    let conf = AdminConf {
-        server: server_url.to_string(),
-        ca_cert: pki.ca_pem().to_string(),
-        client_cert: pki.admin_cert_pem.clone(),
-        client_key: pki.admin_key_pem.clone(),
-    };
-    let conf_path = data_dir.join("admin.conf");
-    // Every replica known now; rewritten as replicas come and go.
-    let known = match etcd {
-        Some(e) => replicas::replica_urls(e, server_url).await?,
-        None => vec![server_url.to_string()],
-    };
-    write_admin_conf(&conf_path, &conf, &known)?;
-    Ok(known)
-}
-
-/// The names the serving certificate carries: the advertised host,
-/// localhost, 127.0.0.1 and every `--tls-san`, each once.
-fn certificate_names(cfg: &Config, host: &str) -> Vec<String> {
-    let mut names = vec![host.to_string()];
-    for n in ["localhost", "127.0.0.1"] {
-        if !names.iter().any(|x| x == n) {
-            names.push(n.to_string());
-        }
-    }
-    for n in &cfg.tls_sans {
-        if !names.iter().any(|x| x == n) {
-            names.push(n.clone());
-        }
-    }
-    names
-}
-
-/// The store and the identity it goes with.
-struct Opened {
-    store: Arc<dyn Store>,
-    /// Set with `--store etcd`: this replica's handle on the region.
-    etcd: Option<EtcdStore>,
-    pki: Pki,
-    seal: Option<SealKey>,
-}
-
-/// Opens the store (SQLite in the data dir, or etcd) and loads or creates
-/// the control plane's identity (the data dir's `pki/`, or etcd's).
-async fn open_store(
-    cfg: &Config,
-    data_dir: &std::path::Path,
-    names: &[String],
-) -> Result<Opened, ServerError> {
-    Ok(match &cfg.store {
-        StoreChoice::Sqlite => {
-            if cfg.encryption_key_file.is_some() {
-                return Err(ServerError::Usage(
-                    "--encryption-key-file applies to keys kept in etcd (--store etcd); \
-                     with SQLite the keys stay in the data dir, readable by its owner only"
-                        .into(),
-                ));
-            }
-            let pki = Pki::load_or_create(&data_dir.join("pki"), names)?;
-            let store = SqliteStore::open(&data_dir.join("state.db"))?;
-            store.mark_all_disconnected().await?;
-            Opened {
-                store: Arc::new(store),
-                etcd: None,
-                pki,
-                seal: None,
-            }
-        }
-        StoreChoice::Etcd(ecfg) => {
-            let seal = cfg
-                .encryption_key_file
-                .as_deref()
-                .map(SealKey::load)
-                .transpose()?;
-            let mut id = [0u8; 8];
-            let _ = getrandom::getrandom(&mut id);
-            let replica = hex::encode(id);
-            let store = EtcdStore::connect(ecfg, &replica).await?;
-            let identity = replicas::load_or_create_identity(&store, seal.as_ref()).await?;
-            let pki = Pki::from_shared(&identity, names)?;
-            tracing::info!(replica = %replica, prefix = store.prefix(), endpoints = %ecfg.endpoints.join(","), "store: etcd");
-            Opened {
-                store: Arc::new(store.clone()),
-                etcd: Some(store),
-                pki,
-                seal,
-            }
-        }
-    })
-}
-
-/// Where blobs are kept for good (`--blob-store`; the default follows the
-/// store).
-fn durable_blobs(
-    cfg: &Config,
-    etcd: &Option<EtcdStore>,
-    local_blobs: &LocalBlobs,
-) -> Result<Arc<dyn BlobStore>, ServerError> {
-    Ok(match (&cfg.blob_store, etcd) {
-        (BlobChoice::S3(c), _) => Arc::new(S3Store::new(c).map_err(ServerError::BlobStore)?),
-        (BlobChoice::Default | BlobChoice::Local, None) => {
-            Arc::new(LocalDirStore::new(local_blobs.clone())) as Arc<dyn BlobStore>
-        }
-        (BlobChoice::Default | BlobChoice::Etcd, Some(e)) => {
-            Arc::new(EtcdChunks::new(e.clone(), cfg.etcd_max_blob))
-        }
-        (BlobChoice::Local, Some(_)) => {
-            return Err(ServerError::Usage(
-                "--blob-store local keeps blobs on one replica's disk; with --store etcd use \
-                 --blob-store etcd or s3://BUCKET/PREFIX"
-                    .into(),
-            ));
-        }
-        (BlobChoice::Etcd, None) => {
-            return Err(ServerError::Usage("--blob-store etcd needs --store etcd".into()));
-        }
-    })
-}
-
-/// The server's background tasks: metrics, heartbeats, peers, releases,
-/// blob GC, audit retention, deltas, the rollout controller, and with etcd
-/// the lease, the watch and the rebalance.
-fn spawn_tasks(
-    shared: &Arc<Shared>,
-    cfg: &Config,
-    etcd: Option<&EtcdStore>,
-    leader_tx: watch::Sender<bool>,
-    servers_tx: watch::Sender<Vec<String>>,
-    rollout_inbox: controller::Inbox,
-) {
-    let cancel = shared.cancel.clone();
-    shared.tasks.spawn(flush_heartbeats(shared.clone()));
-    shared.tasks.spawn(crate::peers::run(
-        shared.peers.clone(),
-        shared.store.clone(),
-        shared.hub.clone(),
-        cancel.clone(),
-    ));
-    shared.tasks.spawn(crate::releases::run(
-        shared.releases.clone(),
-        shared.store.clone(),
-        shared.hub.clone(),
-        cancel.clone(),
-    ));
-    if let Some(interval) = cfg.blob_gc_interval {
-        let owner = etcd.map(|e| e.replica().to_string()).unwrap_or_default();
-        let local_is_store = matches!(
-            (&cfg.blob_store, &etcd),
-            (BlobChoice::Default | BlobChoice::Local, None)
-        );
-        shared.tasks.spawn(collect_blobs(
-            shared.clone(),
-            owner,
-            interval,
-            cfg.blob_gc_grace,
-            local_is_store,
-        ));
-    }
-    if let Some(keep) = cfg.audit_retention {
-        shared.tasks.spawn(sweep_audit(shared.clone(), keep));
-    }
-    if let Some(interval) = cfg.delta_interval {
-        shared
-            .tasks
-            .spawn(make_deltas(shared.clone(), interval, cfg.delta_limits));
-    }
-    shared.tasks.spawn(controller::run(
-        controller::Deps {
-            store: shared.store.clone(),
-            hub: shared.hub.clone(),
-            metrics: shared.metrics.clone(),
-            leader: shared.leader.clone(),
-            rollouts_changed: shared.rollouts_changed.clone(),
-            rollout_updates: shared.rollout_updates.clone(),
-            kube: Arc::new(crate::kube::work::KubeWork::new(
-                shared.tenants.clone(),
-                shared.store.clone(),
-                shared.rollouts_changed.clone(),
-                shared.tasks.clone(),
-                cancel.clone(),
-            )),
-            cancel: cancel.clone(),
-        },
-        rollout_inbox,
-    ));
-    if let Some(e) = etcd {
-        shared.tasks.spawn(replicas::run_lease(
-            shared.clone(),
-            e.clone(),
-            shared.server_url.clone(),
-            cfg.lease_ttl,
-            leader_tx,
-        ));
-        shared
-            .tasks
-            .spawn(replicas::run_watch(shared.clone(), e.clone(), servers_tx));
-        if let Some(every) = cfg.rebalance_interval {
-            shared
-                .tasks
-                .spawn(crate::rebalance::run(shared.clone(), e.clone(), every));
-        }
-    } else {
-        drop((leader_tx, servers_tx));
-    }
-}
-
 /// Serves gRPC (agents and admins, health, reflection, agent packages)
 /// over TLS on `listener` until the server is cancelled, then gives open
 /// connections `--shutdown-grace` to end.
@@ -720,128 +481,4 @@ async fn shut_down(shared: &Arc<Shared>, cfg: &Config) {
         connect_shed,
         "stopped"
     );
-}
-
-/// Writes `admin.conf` (server, every replica, credentials) if it differs.
-fn write_admin_conf(path: &std::path::Path, conf: &AdminConf, urls: &[String]) -> Result<(), AdminConfError> {
-    let file = AdminConfFile {
-        conf: conf.clone(),
-        servers: if urls.len() > 1 { urls.to_vec() } else { Vec::new() },
-    };
-    if AdminConfFile::load(path).ok().as_ref() != Some(&file) {
-        file.save(path)?;
-        tracing::info!(path = %path.display(), replicas = urls.len(), "wrote admin.conf");
-    }
-    Ok(())
-}
-
-/// Writes buffered last-seen times every few seconds instead of once per
-/// heartbeat.
-/// Every `interval`: on the leading replica, one garbage-collector pass
-/// over the blob store (blobs/gc.rs); on every replica, its local copies
-/// that nothing references. The first pass runs soon after start, so a
-/// pass a crash interrupted is finished.
-async fn collect_blobs(
-    s: Arc<Shared>,
-    owner: String,
-    interval: Duration,
-    grace: Duration,
-    local_is_store: bool,
-) {
-    let mut next = tokio::time::Instant::now() + interval.min(Duration::from_secs(30));
-    loop {
-        tokio::select! {
-            _ = s.cancel.cancelled() => return,
-            _ = tokio::time::sleep_until(next) => {}
-        }
-        next = tokio::time::Instant::now() + interval;
-        let keep = s.agent_packages.list().iter().map(|p| p.digest).collect();
-        if *s.leader.borrow() {
-            match crate::blobs::gc::collect(&s.blobs, &*s.store, &owner, grace, crate::clock::now_ms(), &keep)
-                .await
-            {
-                Ok(pass) => {
-                    s.metrics.blob_collected(&pass);
-                    if pass.reclaimed > 0 {
-                        tracing::info!(
-                            reclaimed = pass.reclaimed,
-                            reclaimed_bytes = pass.reclaimed_bytes,
-                            held = pass.held,
-                            held_bytes = pass.held_bytes,
-                            "blob garbage collection"
-                        );
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "blob garbage collection failed; retrying next pass"),
-            }
-        }
-        if !local_is_store {
-            if let Err(e) = crate::blobs::gc::sweep_local(&s.blobs, &*s.store, &keep, grace).await {
-                tracing::warn!(error = %e, "sweep of local blob copies failed");
-            }
-        }
-    }
-}
-
-/// Every `interval`, on the leading replica: the binary deltas not made
-/// yet (blobs/delta.rs), one at a time, off every request's path.
-async fn make_deltas(s: Arc<Shared>, interval: Duration, limits: crate::blobs::delta::Limits) {
-    let mut next = tokio::time::Instant::now() + interval;
-    loop {
-        tokio::select! {
-            _ = s.cancel.cancelled() => return,
-            _ = tokio::time::sleep_until(next) => {}
-        }
-        next = tokio::time::Instant::now() + interval;
-        if !*s.leader.borrow() {
-            continue;
-        }
-        let pass = tokio::select! {
-            _ = s.cancel.cancelled() => return,
-            p = crate::blobs::delta::make_missing(&s.blobs, &s.store, limits, crate::clock::now_ms) => p,
-        };
-        match pass {
-            Ok(p) => s.metrics.deltas_made(p.made, p.skipped),
-            Err(e) => tracing::warn!(error = %e, "making binary deltas failed; retrying next pass"),
-        }
-    }
-}
-
-/// Every hour (and a few seconds after start), on the leading replica:
-/// drops the audit records older than `keep`.
-async fn sweep_audit(s: Arc<Shared>, keep: Duration) {
-    let mut next = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        tokio::select! {
-            _ = s.cancel.cancelled() => return,
-            _ = tokio::time::sleep_until(next) => {}
-        }
-        next = tokio::time::Instant::now() + AUDIT_SWEEP;
-        if !*s.leader.borrow() {
-            continue;
-        }
-        let before = crate::clock::now_ms().saturating_sub(keep.as_millis() as i64);
-        match s.store.prune_audit(before).await {
-            Ok(0) => {}
-            Ok(n) => {
-                s.metrics.audit_pruned(n as u64);
-                tracing::info!(dropped = n, "audit records past their retention dropped");
-            }
-            Err(e) => tracing::warn!(error = %e, "audit retention sweep failed; retrying next hour"),
-        }
-    }
-}
-
-async fn flush_heartbeats(s: Arc<Shared>) {
-    let mut tick = tokio::time::interval(HEARTBEAT_FLUSH);
-    loop {
-        tokio::select! {
-            _ = s.cancel.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let seen = s.hub.take_heard();
-        if let Err(e) = s.store.touch_nodes(seen).await {
-            tracing::warn!(error = %e, "flush heartbeats");
-        }
-    }
 }
