@@ -45,7 +45,9 @@ pick_port() {
 
 say "Installing what is missing and building (first build takes a few minutes)"
 bash scripts/setup.sh quickstart
-cargo build --bins
+# Only what the quickstart runs (not lks-kube-controller, lks-loadgen or
+# the tests), so a first run compiles no more than it needs.
+cargo build --bins -p lks-control-server -p lksadmin-agent -p lksctl
 
 stop
 rm -rf "$qs"
