@@ -333,6 +333,12 @@ enum StoreKind {
 }
 
 /// The store the flags ask for, with etcd's TLS material read.
+/// The value of flags that parsed; else `None`, the one-line error printed
+/// (the caller exits 2).
+fn flag_error<T>(r: anyhow::Result<T>) -> Option<T> {
+    r.map_err(|e| eprintln!("error: {}", one_line(&*e))).ok()
+}
+
 fn store_choice(store: StoreKind, etcd: &EtcdFlags) -> anyhow::Result<StoreChoice> {
     let etcd_flags = !etcd.etcd_endpoints.is_empty()
         || etcd.etcd_cacert.is_some()
@@ -378,20 +384,11 @@ async fn migrate(args: MigrateArgs) -> ExitCode {
         eprintln!("error: migrate moves a SQLite data dir onto etcd: give --store etcd");
         return ExitCode::from(2);
     }
-    let etcd = match store_choice(args.store, &args.etcd) {
-        Ok(StoreChoice::Etcd(e)) => e,
-        Ok(StoreChoice::Sqlite) => return ExitCode::from(2),
-        Err(e) => {
-            eprintln!("error: {}", one_line(&*e));
-            return ExitCode::from(2);
-        }
+    let Some(StoreChoice::Etcd(etcd)) = flag_error(store_choice(args.store, &args.etcd)) else {
+        return ExitCode::from(2);
     };
-    let blob_store = match blob_choice(&args.blobs) {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("error: {}", one_line(&*e));
-            return ExitCode::from(2);
-        }
+    let Some(blob_store) = flag_error(blob_choice(&args.blobs)) else {
+        return ExitCode::from(2);
     };
     let _ = rustls::crypto::ring::default_provider().install_default();
     let Some(from) = args.from_sqlite else {
@@ -425,20 +422,15 @@ async fn backup(args: BackupArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    if let Err(e) = store_choice(args.store, &args.etcd) {
-        eprintln!("error: {}", one_line(&*e));
+    if flag_error(store_choice(args.store, &args.etcd)).is_none() {
         return ExitCode::from(2);
     }
     let Some(data_dir) = args.data_dir else {
         eprintln!("error: backup --store sqlite needs --data-dir DIR (the server's data dir)");
         return ExitCode::from(2);
     };
-    let blob_store = match blob_choice(&args.blobs) {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("error: {}", one_line(&*e));
-            return ExitCode::from(2);
-        }
+    let Some(blob_store) = flag_error(blob_choice(&args.blobs)) else {
+        return ExitCode::from(2);
     };
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cfg = lks_control_server::backup::BackupConfig {
@@ -531,19 +523,11 @@ async fn main() -> ExitCode {
         eprintln!("error: --data-dir is required");
         return ExitCode::from(2);
     };
-    let store = match store_choice(args.store, &args.etcd) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("error: {}", one_line(&*e));
-            return ExitCode::from(2);
-        }
+    let Some(store) = flag_error(store_choice(args.store, &args.etcd)) else {
+        return ExitCode::from(2);
     };
-    let blob_store = match blob_choice(&args.blobs) {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("error: {}", one_line(&*e));
-            return ExitCode::from(2);
-        }
+    let Some(blob_store) = flag_error(blob_choice(&args.blobs)) else {
+        return ExitCode::from(2);
     };
     if let Some(u) = args
         .join_url
