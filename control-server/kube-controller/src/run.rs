@@ -61,11 +61,15 @@ pub struct Options {
 /// The shortest time between two passes woken by kube0's watch events.
 const EVENT_GAP: Duration = Duration::from_millis(500);
 
-/// Wakes the loop whenever an object of kind `K` changes in kube0 (kube-rs'
-/// `watcher`, which lists again and resumes by itself, with its default
-/// backoff after errors). The passes stay level-based: an event only says
-/// "look now"; what a pass does comes from comparing the whole state, so a
-/// missed event costs at most one `--interval`.
+/// Wakes the loop whenever a user changes an object of kind `K` in kube0
+/// (kube-rs' `watcher`, which lists again and resumes by itself, with its
+/// default backoff after errors): a new object, a spec change (a new
+/// `metadata.generation`), a deletion begun or done. The controller's own
+/// status writes change no generation and wake nothing, so a pass that
+/// writes statuses (every LksNode's last-seen time moves) does not start
+/// another. The passes stay level-based: an event only says "look now";
+/// what a pass does comes from comparing the whole state, so a missed event
+/// costs at most one `--interval`.
 fn watch<K>(kube: &kube::Client, changed: &Arc<Notify>, cancel: &CancellationToken)
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
@@ -76,17 +80,46 @@ where
     let cancel = cancel.clone();
     tokio::spawn(async move {
         let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
+        let mut seen = Generations::default();
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 e = events.next() => match e {
                     None => return,
-                    Some(Ok(_)) => changed.notify_one(),
+                    Some(Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o))) => {
+                        let m = o.meta();
+                        let uid = m.uid.clone().unwrap_or_default();
+                        if seen.applied(uid, m.generation.unwrap_or(0), m.deletion_timestamp.is_some()) {
+                            changed.notify_one();
+                        }
+                    }
+                    Some(Ok(watcher::Event::Delete(o))) => {
+                        seen.deleted(&o.meta().uid.clone().unwrap_or_default());
+                        changed.notify_one();
+                    }
+                    Some(Ok(watcher::Event::Init | watcher::Event::InitDone)) => {}
                     Some(Err(e)) => tracing::debug!(error = %e, kind = %K::kind(&K::DynamicType::default()), "watch"),
                 },
             }
         }
     });
+}
+
+/// The spec generation (and whether deletion began) of each object seen,
+/// by UID: what tells a user's change from a status write.
+#[derive(Default)]
+struct Generations(HashMap<String, (i64, bool)>);
+
+impl Generations {
+    /// Records an object as the watch delivered it; true if it is new or
+    /// its spec or deletion changed.
+    fn applied(&mut self, uid: String, generation: i64, deleting: bool) -> bool {
+        self.0.insert(uid, (generation, deleting)) != Some((generation, deleting))
+    }
+
+    fn deleted(&mut self, uid: &str) {
+        self.0.remove(uid);
+    }
 }
 
 /// What one pass changed.
@@ -408,4 +441,23 @@ async fn sync_bundles(kube: &kube::Client, bundles: &[pb::BundleInfo]) -> anyhow
         pass.deleted += 1;
     }
     Ok(pass)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_users_change_wakes_the_loop() {
+        let mut g = Generations::default();
+        assert!(g.applied("a".into(), 1, false), "a new object");
+        assert!(
+            !g.applied("a".into(), 1, false),
+            "a status write: same generation"
+        );
+        assert!(g.applied("a".into(), 2, false), "a spec change");
+        assert!(g.applied("a".into(), 2, true), "deletion begun");
+        g.deleted("a");
+        assert!(g.applied("a".into(), 2, true), "seen again after a relist");
+    }
 }
