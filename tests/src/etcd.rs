@@ -116,29 +116,44 @@ impl Etcd {
 
     /// Revision and key count of the range `[key, range_end)`.
     fn count_range(&self, key: &[u8], range_end: &[u8]) -> (u64, u64) {
-        use base64::Engine;
-        use std::io::{Read, Write};
-        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
         let body = format!(
             r#"{{"key":"{}","range_end":"{}","count_only":true}}"#,
             b64(key),
             b64(range_end)
         );
+        let v = self.gateway("range", &body);
+        let num = |v: &serde_json::Value| v.as_str().and_then(|s| s.parse().ok()).unwrap_or(0);
+        (num(&v["header"]["revision"]), num(&v["count"]))
+    }
+
+    /// Puts `value` at `key` (outside any control server's prefix, say, to
+    /// age the store: every put raises etcd's revision by one).
+    pub fn put(&self, key: &str, value: &str) {
+        let body = format!(
+            r#"{{"key":"{}","value":"{}"}}"#,
+            b64(key.as_bytes()),
+            b64(value.as_bytes())
+        );
+        let v = self.gateway("put", &body);
+        assert!(v["header"]["revision"].is_string(), "etcd put answer: {v}");
+    }
+
+    /// POSTs `body` to `/v3/kv/{call}` of etcd's JSON gateway (no etcdctl
+    /// needed) and returns the answer.
+    fn gateway(&self, call: &str, body: &str) -> serde_json::Value {
+        use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(self.client).expect("connect to etcd");
         s.set_read_timeout(Some(Duration::from_secs(5))).ok();
         write!(
             s,
-            "POST /v3/kv/range HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            "POST /v3/kv/{call} HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         )
-        .expect("send range request");
+        .expect("send request to etcd");
         let mut out = String::new();
-        s.read_to_string(&mut out).expect("read range response");
+        s.read_to_string(&mut out).expect("read etcd's answer");
         let json = out.split("\r\n\r\n").nth(1).unwrap_or_default();
-        let v: serde_json::Value =
-            serde_json::from_str(json).unwrap_or_else(|e| panic!("etcd range answer ({e}): {out}"));
-        let num = |v: &serde_json::Value| v.as_str().and_then(|s| s.parse().ok()).unwrap_or(0);
-        (num(&v["header"]["revision"]), num(&v["count"]))
+        serde_json::from_str(json).unwrap_or_else(|e| panic!("etcd {call} answer ({e}): {out}"))
     }
 
     pub fn log(&self) -> String {
@@ -290,4 +305,9 @@ fn replica_args<'a>(endpoints: &'a str, prefix: &'a str, extra: &[&'a str]) -> V
     ];
     args.extend_from_slice(extra);
     args
+}
+
+fn b64(b: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(b)
 }

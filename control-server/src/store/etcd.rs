@@ -97,6 +97,7 @@ use docs::*;
 use name::Name;
 use smallmap::SmallMap;
 
+pub use bundles::dumped_bundle;
 use events::EventDoc;
 pub use limits::{MAX_RESPONSE_BYTES, kv_of, watch_of};
 use rollouts::{RolloutDoc, RolloutNodeDoc};
