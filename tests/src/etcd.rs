@@ -15,6 +15,8 @@ pub struct Etcd {
     peer: SocketAddr,
     proc: Option<Proc>,
     starts: u32,
+    /// Runs etcd in a network namespace (`ip netns exec NS`), if not empty.
+    wrapper: Vec<String>,
 }
 
 /// The etcd binary: `$LKS_ETCD`, else `etcd` on PATH.
@@ -32,12 +34,20 @@ fn etcd_bin() -> PathBuf {
 
 impl Etcd {
     pub fn start() -> Etcd {
+        Etcd::start_wrapped(Vec::new(), free_addr(), free_addr())
+    }
+
+    /// An etcd run under `wrapper` (`ip netns exec NS`: in a network
+    /// namespace, beside the replicas there) on the `client` and `peer`
+    /// addresses; the test reaches it only through the replicas.
+    pub fn start_wrapped(wrapper: Vec<String>, client: SocketAddr, peer: SocketAddr) -> Etcd {
         let mut e = Etcd {
             dir: tempfile::tempdir().expect("temp dir"),
-            client: free_addr(),
-            peer: free_addr(),
+            client,
+            peer,
             proc: None,
             starts: 0,
+            wrapper,
         };
         e.spawn();
         e
@@ -52,6 +62,7 @@ impl Etcd {
         self.starts += 1;
         let peer = format!("http://{}", self.peer);
         let cmd = member_command(
+            crate::wrapped(&self.wrapper, &etcd_bin()),
             "test",
             &self.dir.path().join("data"),
             &self.url(),
@@ -60,7 +71,13 @@ impl Etcd {
         );
         let p = Proc::spawn(&format!("etcd-{}", self.starts), cmd, self.dir.path());
         self.proc = Some(p);
-        wait_for_port(self.client, Duration::from_secs(20));
+        if self.wrapper.is_empty() {
+            wait_for_port(self.client, Duration::from_secs(20));
+        } else {
+            crate::wait_until(Duration::from_secs(20), "etcd in its namespace", || {
+                crate::probe_tcp(&self.wrapper, self.client)
+            });
+        }
     }
 
     /// A control-server replica on this etcd under `prefix`, with a short
@@ -173,8 +190,14 @@ impl Drop for Etcd {
 /// One etcd member on loopback: its name, data dir, client and peer URLs,
 /// and `--initial-cluster`; an hour of history at most, like a production
 /// etcd.
-fn member_command(name: &str, data: &std::path::Path, client: &str, peer: &str, initial: &str) -> Command {
-    let mut cmd = Command::new(etcd_bin());
+fn member_command(
+    mut cmd: Command,
+    name: &str,
+    data: &std::path::Path,
+    client: &str,
+    peer: &str,
+    initial: &str,
+) -> Command {
     cmd.arg("--name")
         .arg(name)
         .arg("--data-dir")
@@ -222,6 +245,7 @@ impl EtcdCluster {
             .map(|(k, p)| format!("m{k}=http://{p}"))
             .collect();
         let mut cmd = member_command(
+            Command::new(etcd_bin()),
             &format!("m{i}"),
             &self.dir.path().join(format!("m{i}")),
             &format!("http://{}", self.clients[i]),
