@@ -320,6 +320,7 @@ impl Swarm {
                             server_in_flight -= 1;
                             if got.is_ok() {
                                 server_window.arrived(took);
+                                tracing::debug!(piece = i, ms = took.as_millis() as u64, window = server_window.size, "peer sharing: a piece from the server");
                             }
                             None
                         }
