@@ -176,7 +176,7 @@ mod on_local_dir {
 mod on_etcd {
     use super::*;
     use crate::blobs::EtcdChunks;
-    use crate::store::etcd::tests::TestEtcd;
+    use crate::store::etcd::testing::TestEtcd;
 
     #[tokio::test]
     async fn round_trip() {
