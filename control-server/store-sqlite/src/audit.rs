@@ -1,7 +1,12 @@
 //! The audit trail on SQLite: the `audit` table, ids from AUTOINCREMENT so
 //! a pruned record's id is never given again.
 
-use super::*;
+use async_trait::async_trait;
+use rusqlite::params;
+
+use lks_store::Result;
+
+use crate::SqliteStore;
 use lks_store::{AuditFilter, AuditRow, AuditStore};
 
 #[async_trait]

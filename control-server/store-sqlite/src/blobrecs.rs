@@ -3,10 +3,14 @@
 
 use std::collections::HashSet;
 
+use async_trait::async_trait;
 use lks_proto::Digest;
+use rusqlite::{Connection, Transaction};
 use rusqlite::{OptionalExtension, params};
 
-use super::*;
+use lks_store::{Kind, Result, StoreError};
+
+use crate::{SqliteStore, read_rollouts};
 use lks_store::blobrecs::{BlobRecord, BlobRecords, BundleUsers, RecordAt};
 
 /// The next revision of the blob records' counter.

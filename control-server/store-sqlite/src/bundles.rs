@@ -1,6 +1,11 @@
 //! Published bundle versions on SQLite.
 
-use super::*;
+use async_trait::async_trait;
+use rusqlite::{OptionalExtension, params};
+
+use lks_store::{BundleRow, BundleStore, NewBundle, PutOutcome, RawBundleRow, Result, StoreError};
+
+use crate::{SqliteStore, bundle_row};
 
 #[async_trait]
 impl BundleStore for SqliteStore {

@@ -1,7 +1,15 @@
 //! Cluster CAs, API servers, peer-sharing settings and the record of
 //! issued certificates in the SQLite store.
 
-use super::*;
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, params};
+
+use lks_store::{
+    ClusterKube, ClusterRow, ClusterStore, EventRow, IssuedCertRow, Kind, NewCluster, PeerSettings, Result,
+    StoreError, StoredCa, ca_already_set, sort_certificates,
+};
+
+use crate::{SqliteStore, insert_event, read_cluster, read_clusters};
 
 pub(super) fn read_ca(c: &Connection, name: &str) -> Result<Option<StoredCa>> {
     let row: Option<(Option<String>, Option<String>)> = c

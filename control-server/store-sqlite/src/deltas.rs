@@ -1,10 +1,14 @@
 //! [`DeltaStore`] on SQLite: the `deltas` table, one row per file of a
 //! bundle version and base.
 
+use async_trait::async_trait;
 use lks_proto::Digest;
+use rusqlite::Connection;
 use rusqlite::params;
 
-use super::*;
+use lks_store::{Kind, Result, StoreError};
+
+use crate::SqliteStore;
 use lks_store::deltas::{DeltaRow, DeltaStore};
 
 const COLUMNS: &str = "name, version, path, arch, base, from_version, target, size, patch, patch_size, algorithm, note, made_at_ms";

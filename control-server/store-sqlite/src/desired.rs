@@ -1,8 +1,12 @@
 //! Desired states: what each node should hold, and the blobs it may fetch on SQLite.
 
+use async_trait::async_trait;
 use lks_proto::Digest;
+use rusqlite::{OptionalExtension, params};
 
-use super::*;
+use lks_store::{DesiredState, DesiredStore, Kind, Result, StoreError};
+
+use crate::SqliteStore;
 
 #[async_trait]
 impl DesiredStore for SqliteStore {

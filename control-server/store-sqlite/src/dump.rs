@@ -6,8 +6,16 @@
 use std::path::Path;
 
 use rusqlite::{Connection, OpenFlags};
+use rusqlite::{OptionalExtension, params};
 
-use super::*;
+use lks_store::{
+    ClusterKube, Dump, DumpedBundle, DumpedTarget, Result, StoreError, Target, TokenRow, stored_digest,
+};
+
+use crate::{
+    Arc, MIGRATIONS, Mutex, SqliteStore, bundle_row, clusters, event_row, labels_from_json, read_clusters,
+    read_node, read_rollouts,
+};
 
 impl SqliteStore {
     /// Opens an existing database for reading it out, holding SQLite's
@@ -231,7 +239,15 @@ mod tests {
     use lks_proto::Digest;
 
     use super::*;
+    use lks_proto::BundleState;
+    use lks_proto::labels::Labels;
+
     use lks_store::conformance;
+    use lks_store::{
+        BundleStatusRow, BundleStore, ClusterStore, IssuedCertRow, NewBundle, NewCluster, NewNode,
+        NewRollout, NodeState, NodeStatusStore, NodeStore, RolloutCommit, RolloutState, RolloutStore,
+        StoredCa, TargetChange, TokenStore,
+    };
 
     #[tokio::test]
     async fn a_database_a_server_holds_open_is_refused_and_then_locked_for_the_dump() {

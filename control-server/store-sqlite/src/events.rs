@@ -1,6 +1,11 @@
 //! The event log on SQLite.
 
-use super::*;
+use async_trait::async_trait;
+use rusqlite::params;
+
+use lks_store::{EventFilter, EventRow, EventStore, Result};
+
+use crate::{DEFAULT_EVENT_LIMIT, SqliteStore, event_row, insert_event};
 
 #[async_trait]
 impl EventStore for SqliteStore {

@@ -11,12 +11,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use async_trait::async_trait;
 use lks_proto::BundleState;
-use lks_proto::labels::{Labels, selector_matches};
+use lks_proto::labels::Labels;
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
-
-use lks_store::clock::now_ms;
 
 mod audit;
 mod blobrecs;
@@ -34,9 +31,11 @@ mod snapshot;
 mod status;
 mod tokens;
 
+use lks_store::{
+    BundleStatusRow, ClusterRow, EventRow, KubeFlags, KubeStep, NodeRow, NodeState, NodeTrust, PeerSettings,
+    RawBundleRow, Result, RolloutNodeRow, RolloutRow, RolloutState, StoreError, Target,
+};
 use schema::MIGRATIONS;
-
-use lks_store::*;
 
 /// Events kept; older ones are pruned as new ones arrive.
 const MAX_EVENTS: i64 = 100_000;
@@ -542,6 +541,7 @@ fn bundle_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawBundleRow> {
 mod tests {
     use super::*;
     use lks_store::conformance;
+    use lks_store::{ClusterStore, NewCluster};
 
     // Every conformance case against a fresh in-memory database.
     conformance::conformance_suite!({ ((), SqliteStore::open_in_memory().unwrap()) });

@@ -1,6 +1,17 @@
 //! Nodes: enrolment, identity, holds, retries and deletion on SQLite.
 
-use super::*;
+use async_trait::async_trait;
+use lks_proto::labels::selector_matches;
+use rusqlite::{OptionalExtension, params};
+
+use lks_store::clock::now_ms;
+use lks_store::{
+    EventRow, NewNode, NodeRow, NodeStore, Result, StoreError, TokenRefusal, TokenUse, retry_targets,
+};
+
+use crate::{
+    BTreeMap, SqliteStore, insert_event, labels_from_json, labels_to_json, next_generation, read_node,
+};
 
 #[async_trait]
 impl NodeStore for SqliteStore {

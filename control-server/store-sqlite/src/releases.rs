@@ -1,7 +1,12 @@
 //! Releases and trust roots on SQLite: the `releases` and `roots` tables,
 //! each put one transaction that reads the highest stored version first.
 
-use super::*;
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, params};
+
+use lks_store::{Kind, Result, StoreError};
+
+use crate::SqliteStore;
 use lks_store::{
     ReleaseRow, ReleaseStore, RootRow, Stored, StoredRelease, StoredRoot, highest_root, release_order,
     root_order,

@@ -1,6 +1,17 @@
 //! Rollouts on SQLite.
 
-use super::*;
+use async_trait::async_trait;
+use rusqlite::{OptionalExtension, params};
+
+use lks_store::{
+    BundleStatusRow, EventRow, Kind, NewRollout, NodeBundleView, NodeState, Result, RolloutCommit,
+    RolloutNodeRow, RolloutRow, RolloutStore, StoreError, Target, TargetChange, still_active,
+};
+
+use crate::{
+    BTreeMap, SqliteStore, active_rollout, insert_event, labels_from_json, labels_to_json, next_generation,
+    read_rollout, read_rollouts, state_from_str,
+};
 
 #[async_trait]
 impl RolloutStore for SqliteStore {

@@ -6,10 +6,11 @@
 use std::path::Path;
 use std::time::Duration;
 
+use lks_store::{Result, StoreError};
 use rusqlite::backup::{Backup, StepResult};
 use rusqlite::{Connection, OpenFlags};
 
-use super::*;
+use crate::SqliteStore;
 
 /// How long a copy waits for a lock before it gives up.
 const LOCKED_FOR: Duration = Duration::from_secs(30);
@@ -71,6 +72,7 @@ impl SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lks_store::{ClusterStore, NewCluster};
 
     #[tokio::test]
     async fn a_snapshot_holds_what_was_committed_and_opens_on_its_own() {

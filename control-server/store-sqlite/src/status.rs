@@ -1,6 +1,11 @@
 //! Reports on SQLite.
 
-use super::*;
+use async_trait::async_trait;
+use rusqlite::{OptionalExtension, params};
+
+use lks_store::{BundleStatusRow, NodeStatusStore, NodeTrust, Result};
+
+use crate::{SqliteStore, upsert_actual};
 
 #[async_trait]
 impl NodeStatusStore for SqliteStore {

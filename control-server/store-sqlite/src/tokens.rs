@@ -1,6 +1,11 @@
 //! Bootstrap tokens on SQLite.
 
-use super::*;
+use async_trait::async_trait;
+use rusqlite::{OptionalExtension, params};
+
+use lks_store::{Hint, Kind, Result, StoreError, TokenRow, TokenStore};
+
+use crate::{SqliteStore, labels_from_json, labels_to_json};
 
 #[async_trait]
 impl TokenStore for SqliteStore {
