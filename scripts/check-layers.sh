@@ -16,14 +16,10 @@ import os, re, sys
 
 # Bottom first. A module may name only modules before it.
 CRATES = {
-    # bottom: the clock, the store and what it is built on
-    # middle: blobs, PKI, the hub, rollout decisions, the controller
-    # top:    `context` (what handlers and tasks share), the APIs and the
-    #         replica tasks that take it, and `server`, which wires them
-    # The store crates (the compiler keeps lks-store below its backends and
-    # the backends below the server): inside each, rows and rules by
-    # aggregate, then what reads across aggregates (dump, the conformance
-    # suite; the backends' import and test support).
+    # The store crates (Cargo keeps lks-store below its two backends and
+    # both below the server): inside each, rows and rules (or their
+    # persistence) by aggregate, then what reads across aggregates (the
+    # dump, the conformance suite).
     "control-server/store/src": """
         clock
         tokens audit deltas
@@ -36,13 +32,24 @@ CRATES = {
         tokens audit deltas clusters nodes bundles desired releases rollouts status events blobrecs
         dump snapshot
     """,
+    # etcd: key limits, names and reads; the documents (a rollout's in
+    # `rolloutdocs`); the aggregates on them; the watch-fed view copy
+    # (`cache`); what reads rollouts through it; a rollout's start.
     "control-server/store-etcd/src": """
-        limits name smallmap reads docs
-        tokens audit deltas clusters nodes bundles bundledocs desired releases rollouts status events blobrecs seen start
+        limits name smallmap reads
+        docs rolloutdocs
+        tokens audit deltas events releases
+        clusters bundles bundledocs blobrecs seen status
         cache
-        import
+        desired nodes import rollouts
+        start
         testing tests
     """,
+    # bottom: the clock, the store (re-exported from the store crates) and
+    #         what it is built on
+    # middle: blobs, PKI, the hub, rollout decisions, the controller
+    # top:    `context` (what handlers and tasks share), the APIs and the
+    #         replica tasks that take it, and `server`, which wires them
     "control-server/src": """
         clock ratelimit
         store

@@ -3,7 +3,13 @@
 //! retention sweep is one range delete and a record's id is the etcd
 //! revision that created it.
 
-use super::*;
+use async_trait::async_trait;
+use etcd_client::{DeleteOptions, GetOptions, SortOrder, SortTarget};
+use serde::{Deserialize, Serialize};
+
+use lks_store::Result;
+
+use crate::{EtcdStore, corrupt, json, kv_of, nonce, unavailable};
 use lks_store::{AuditFilter, AuditRow, AuditStore};
 
 /// A record as stored (its id is the revision that stored it).

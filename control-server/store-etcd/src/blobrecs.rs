@@ -7,7 +7,14 @@ use std::collections::HashSet;
 
 use lks_proto::Digest;
 
-use super::*;
+use async_trait::async_trait;
+use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp};
+use serde::de::DeserializeOwned;
+
+use lks_store::{Kind, Result, RolloutStore, StoreError};
+
+use crate::docs::{BundleDoc, DesiredDoc, TargetDoc};
+use crate::{Doc, EtcdStore, MAX_ATTEMPTS, busy, corrupt, json, unavailable};
 use lks_store::blobrecs::{BlobRecord, BlobRecords, BundleUsers, RecordAt};
 
 fn rec_key(d: &Digest) -> String {

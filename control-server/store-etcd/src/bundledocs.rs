@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex};
 
 use etcd_client::{GetOptions, Txn, TxnOp};
 
-use super::{BundleDoc, EtcdStore, corrupt, kv_of, read_answers, unavailable};
+use super::{EtcdStore, corrupt, kv_of, read_answers, unavailable};
+use crate::docs::BundleDoc;
 use lks_store::Result;
 
 /// Bytes of signed bundles kept; past it the copy starts afresh.

@@ -1,6 +1,12 @@
 //! Published bundle versions on etcd.
 
-use super::*;
+use async_trait::async_trait;
+use etcd_client::{Compare, CompareOp, TxnOp};
+
+use lks_store::{BundleRow, BundleStore, Kind, NewBundle, PutOutcome, RawBundleRow, Result, StoreError};
+
+use crate::docs::BundleDoc;
+use crate::{EtcdStore, busy, json};
 
 #[async_trait]
 impl BundleStore for EtcdStore {

@@ -41,7 +41,17 @@ use std::sync::{Arc, RwLock};
 use etcd_client::{EventType, WatchOptions};
 use tokio_util::sync::CancellationToken;
 
-use super::*;
+use etcd_client::{Compare, CompareOp, GetOptions, Txn};
+use serde::de::DeserializeOwned;
+
+use lks_store::{Result, RolloutRow, StoreError};
+
+use crate::docs::{DesiredDoc, HeardDoc, NodeDoc};
+use crate::rolloutdocs::{RolloutDoc, RolloutNodeDoc};
+use crate::seen::Liveness;
+use crate::{Doc, EtcdStore, corrupt, kv_of, name, reads, unavailable};
+use std::collections::BTreeMap;
+use std::time::Duration;
 
 /// How long a read waits for the copy to hold this replica's own writes
 /// before it reads etcd instead.

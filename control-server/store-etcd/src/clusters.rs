@@ -2,7 +2,18 @@
 //! sharing) and the record of certificates issued with cluster CAs
 //! (`certs/CLUSTER/NODE/SERIAL`).
 
-use super::*;
+use async_trait::async_trait;
+use etcd_client::{Compare, CompareOp, TxnOp};
+use serde::{Deserialize, Serialize};
+
+use lks_store::{
+    CERT_RECORD_RETENTION_MS, ClusterKube, ClusterRow, ClusterStore, EventRow, IssuedCertRow, Kind,
+    KubeFlags, NewCluster, PeerSettings, Result, StoreError, StoredCa, ca_already_set, sort_certificates,
+};
+
+use crate::docs::{ClusterDoc, NodeDoc};
+use crate::{Doc, EtcdStore, MAX_ATTEMPTS, busy, corrupt, json};
+use std::collections::HashMap;
 
 /// An issued certificate as stored under `certs/CLUSTER/NODE/SERIAL`.
 #[derive(Serialize, Deserialize, Clone)]

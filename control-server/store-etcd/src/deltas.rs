@@ -7,7 +7,13 @@
 
 use lks_proto::Digest;
 
-use super::*;
+use async_trait::async_trait;
+use etcd_client::{Compare, CompareOp, TxnOp};
+use serde::{Deserialize, Serialize};
+
+use lks_store::{Kind, Result, StoreError};
+
+use crate::{EtcdStore, corrupt, json};
 use lks_store::deltas::{DeltaRow, DeltaStore};
 
 #[derive(Serialize, Deserialize)]

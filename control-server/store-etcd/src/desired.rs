@@ -2,7 +2,14 @@
 
 use lks_proto::Digest;
 
-use super::*;
+use async_trait::async_trait;
+
+use lks_store::{DesiredState, DesiredStore, Kind, Result, StoreError};
+
+use crate::EtcdStore;
+use crate::docs::{ActualDoc, BundleDoc, DesiredDoc, NodeDoc};
+use crate::rolloutdocs;
+use crate::rolloutdocs::RolloutDoc;
 
 #[async_trait]
 impl DesiredStore for EtcdStore {
@@ -87,7 +94,7 @@ impl DesiredStore for EtcdStore {
                     continue;
                 }
                 if self.row_of(id, r, node).await?.is_some_and(|rn| {
-                    (rn.flags & rollouts::TOUCHED != 0 && r.version == a.version)
+                    (rn.flags & rolloutdocs::TOUCHED != 0 && r.version == a.version)
                         || rn.previous_version == a.version
                 }) {
                     assigned = true;

@@ -2,7 +2,15 @@
 //! what it reported), its desired state, a bundle version and a cluster's
 //! target, and the conversions between a node's reports and their rows.
 
-use super::*;
+use lks_proto::BundleState;
+use lks_proto::labels::Labels;
+use serde::{Deserialize, Serialize};
+
+use lks_store::{BundleStatusRow, ClusterRow, KubeFlags, NewCluster, NodeTrust, PeerSettings};
+
+use crate::name::Name;
+
+use crate::smallmap::SmallMap;
 
 #[derive(Serialize, Deserialize, Clone)]
 pub(super) struct ClusterDoc {

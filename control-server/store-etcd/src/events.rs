@@ -8,7 +8,13 @@
 //! `events/` before 2026-11-26 (or by a replica not yet upgraded) are read
 //! and pruned alongside.
 
-use super::*;
+use async_trait::async_trait;
+use etcd_client::{GetOptions, SortOrder, SortTarget, TxnOp};
+use serde::{Deserialize, Serialize};
+
+use lks_store::{EventFilter, EventRow, EventStore, Result};
+
+use crate::{DEFAULT_EVENT_LIMIT, EtcdStore, MAX_EVENT_DOCS, corrupt, json, nonce, unavailable};
 
 /// Where event documents are written.
 pub(super) const EVENTS: &str = "timeline/";

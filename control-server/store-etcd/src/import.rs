@@ -4,7 +4,17 @@
 //! generation counter), every key created with a `create_revision == 0`
 //! compare, at most [`MAX_IMPORT_OPS`] keys per transaction.
 
-use super::*;
+use etcd_client::{Compare, CompareOp, GetOptions, TxnOp};
+
+use lks_store::{Dump, Result, StoreError};
+
+use crate::docs::{BundleDoc, ClusterDoc, DesiredDoc, NodeDoc, TargetDoc, actual_doc};
+use crate::events::EventDoc;
+use crate::rolloutdocs;
+use crate::rolloutdocs::{RolloutDoc, RolloutNodeDoc};
+use crate::smallmap::SmallMap;
+use crate::tokens::TokenDoc;
+use crate::{EtcdStore, clusters, json, nonce, unavailable};
 
 /// Keys written per transaction (etcd allows 128 by default).
 const MAX_IMPORT_OPS: usize = 100;
@@ -145,11 +155,11 @@ impl EtcdStore {
             }
             for n in &r.nodes {
                 docs.push((
-                    rollouts::row_key(&r.id, &n.name),
+                    rolloutdocs::row_key(&r.id, &n.name),
                     json(&RolloutNodeDoc::from_row(n))?,
                 ));
             }
-            docs.push((rollouts::header_key(&r.id), json(&RolloutDoc::header(r))?));
+            docs.push((rolloutdocs::header_key(&r.id), json(&RolloutDoc::header(r))?));
         }
         let mut batch: Vec<(String, Vec<u8>)> = Vec::new();
         let mut bytes = 0;

@@ -58,19 +58,13 @@
 
 #![forbid(unsafe_code)]
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, PutOptions, SortOrder, SortTarget,
-    Txn, TxnOp,
-};
-use lks_proto::BundleState;
-use lks_proto::labels::{Labels, selector_matches};
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 
 mod audit;
 mod blobrecs;
@@ -88,6 +82,7 @@ mod name;
 mod nodes;
 pub mod reads;
 mod releases;
+mod rolloutdocs;
 mod rollouts;
 mod seen;
 mod smallmap;
@@ -95,22 +90,16 @@ mod start;
 mod status;
 mod tokens;
 
-use docs::*;
-use name::Name;
-use smallmap::SmallMap;
-
-use events::EventDoc;
 pub use limits::{MAX_RESPONSE_BYTES, kv_of, watch_of};
-use rollouts::{RolloutDoc, RolloutNodeDoc};
 use seen::Liveness;
 pub use seen::SETTLE_AFTER;
-use tokens::TokenDoc;
 
 pub use cache::Change;
 pub use docs::ReplicaInfo;
 
-use lks_store::clock::now_ms;
-use lks_store::*;
+use lks_store::{DesiredState, NodeBundleView, NodeRow, Result, StoreError};
+
+use crate::docs::{DesiredDoc, NodeDoc, actual_row};
 
 /// Optimistic transactions retried before giving up with `Conflict`.
 const MAX_ATTEMPTS: usize = 16;

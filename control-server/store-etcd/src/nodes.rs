@@ -1,6 +1,22 @@
 //! Nodes: enrolment, identity, holds, retries and deletion on etcd.
 
-use super::*;
+use async_trait::async_trait;
+use etcd_client::{Compare, CompareOp, GetOptions, TxnOp};
+use lks_proto::labels::selector_matches;
+
+use lks_store::clock::now_ms;
+use lks_store::{
+    EventRow, NewNode, NodeRow, NodeStore, Result, RolloutNodeRow, RolloutState, StoreError, TokenRefusal,
+    TokenUse, retry_targets,
+};
+
+use crate::docs::{DesiredDoc, NodeDoc, TargetDoc};
+use crate::rolloutdocs;
+use crate::rolloutdocs::{RolloutDoc, RolloutNodeDoc};
+use crate::smallmap::SmallMap;
+use crate::tokens::TokenDoc;
+use crate::{Doc, ENROL_ATTEMPTS, EtcdStore, MAX_ATTEMPTS, backoff, busy, json, unavailable};
+use std::collections::BTreeMap;
 
 #[async_trait]
 impl NodeStore for EtcdStore {
@@ -94,7 +110,7 @@ impl NodeStore for EtcdStore {
                 .map_err(unavailable)?;
             for a in active.kvs() {
                 let id = String::from_utf8_lossy(a.value()).into_owned();
-                let rkey = self.key(&rollouts::header_key(&id));
+                let rkey = self.key(&rolloutdocs::header_key(&id));
                 let Some((r, hrev)) = self.rollout_to_write(&id).await? else {
                     compares.push(Compare::create_revision(rkey, CompareOp::Equal, 0));
                     continue;
@@ -109,7 +125,7 @@ impl NodeStore for EtcdStore {
                     let previous = given.get(&r.bundle).cloned().unwrap_or_default();
                     let row = RolloutNodeRow::waiting(&n.name, &previous);
                     ops.push(self.put(
-                        &rollouts::row_key(&id, &n.name),
+                        &rolloutdocs::row_key(&id, &n.name),
                         json(&RolloutNodeDoc::from_row(&row))?,
                     ));
                     // The header is written with every row (module

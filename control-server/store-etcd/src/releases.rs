@@ -6,7 +6,13 @@
 //! and the one before it present. So two replicas never both store one
 //! version, and no version is skipped.
 
-use super::*;
+use async_trait::async_trait;
+use etcd_client::{Compare, CompareOp, GetOptions, SortOrder, SortTarget, TxnOp};
+use serde::{Deserialize, Serialize};
+
+use lks_store::{Kind, Result, StoreError};
+
+use crate::{EtcdStore, MAX_ATTEMPTS, backoff, busy, corrupt, json, kv_of, reads, unavailable};
 use lks_store::{
     ReleaseRow, ReleaseStore, RootRow, Stored, StoredRelease, StoredRoot, highest_root, release_order,
     root_order,

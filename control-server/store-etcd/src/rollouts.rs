@@ -41,11 +41,23 @@
 
 use std::collections::HashSet;
 
-use super::*;
+use async_trait::async_trait;
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 
-mod docs;
+use lks_store::{
+    EventRow, Kind, NewRollout, NodeBundleView, NodeState, OlderReplica, Result, RolloutCommit,
+    RolloutNodeRow, RolloutRow, RolloutStore, StoreError, TargetChange, still_active,
+};
 
-pub(super) use docs::*;
+use crate::docs::{DesiredDoc, NodeDoc, ReplicaFormat, TargetDoc};
+use crate::name::Name;
+use crate::seen::Liveness;
+use crate::{
+    Doc, EtcdStore, MAX_ATTEMPTS, backoff, busy, cache, corrupt, json, kv_of, node_view, reads, unavailable,
+};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::rolloutdocs::{RolloutDoc, RolloutNodeDoc, header_key, row_key, rows_prefix};
 
 /// Node rows written per transaction: each may come with its node's
 /// desired-state document (a put and a compare), plus the header, the drive
@@ -666,11 +678,11 @@ pub(super) fn test_row(id: &str) -> RolloutRow {
         cluster: "c".into(),
         bundle: "b".into(),
         version: "2".into(),
-        selector: Labels::new(),
+        selector: lks_proto::labels::Labels::new(),
         batch_size: 1,
         failure_threshold: 1,
         offline_deadline_ms: 1000,
-        state: RolloutState::Running,
+        state: lks_store::RolloutState::Running,
         nodes: Vec::new(),
         created_at_ms: 1,
         updated_at_ms: 1,

@@ -3,7 +3,14 @@
 //! its agents (`heard/ID`), the `seen/ID` documents of the version before,
 //! and the leader's settling of what a replica that is gone left behind.
 
-use super::*;
+use etcd_client::{Compare, CompareOp, TxnOp};
+
+use lks_store::{Result, StoreError};
+
+use crate::docs::{HeardDoc, NodeDoc};
+use crate::{EtcdStore, json, unavailable};
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
 
 /// Live replicas and when each replica last heard its agents, read in one
 /// go.

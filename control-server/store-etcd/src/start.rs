@@ -2,7 +2,17 @@
 //! copy when it is fresh, else from etcd) and the one transaction that
 //! records it.
 
-use super::*;
+use etcd_client::{Compare, CompareOp, GetOptions, TxnOp};
+
+use lks_store::{
+    BundleStore, ClusterStore, EventRow, NewRollout, Result, RolloutNodeRow, RolloutRow, Target, still_active,
+};
+
+use crate::docs::{DesiredDoc, NodeDoc, TargetDoc};
+use crate::rolloutdocs;
+use crate::rolloutdocs::{RolloutDoc, RolloutNodeDoc};
+use crate::{Doc, EtcdStore, MAX_ATTEMPTS, busy, corrupt, json, kv_of, reads, rollouts, unavailable};
+use std::collections::HashMap;
 
 impl EtcdStore {
     /// [`Store::start_rollout`] on etcd: the rollout, its drive key and its
@@ -24,7 +34,7 @@ impl EtcdStore {
                     .await?
                     .value
                     .map_or_else(|| "running".to_string(), |d| d.state);
-                return Err(super::still_active(&r.cluster, &r.bundle, &other, &state));
+                return Err(still_active(&r.cluster, &r.bundle, &other, &state));
             }
             // Node membership is compared as a range of creations: a node
             // enrolled meanwhile makes the start read again (or the
@@ -53,14 +63,14 @@ impl EtcdStore {
                 }),
             );
             let batch_size = row.batch_size;
-            let rkey = self.key(&rollouts::header_key(&r.id));
+            let rkey = self.key(&rolloutdocs::header_key(&r.id));
             // The rows: with the header when they fit in its transaction,
             // else before it (rows without a header are no rollout).
             let mut ops = Vec::new();
             let mut rows = Vec::with_capacity(row.nodes.len());
             for n in &row.nodes {
                 rows.push(self.put(
-                    &rollouts::row_key(&r.id, &n.name),
+                    &rolloutdocs::row_key(&r.id, &n.name),
                     json(&RolloutNodeDoc::from_row(n))?,
                 ));
             }
@@ -111,7 +121,7 @@ impl EtcdStore {
                 // writes its own.
                 kv_of(&self.client)
                     .delete(
-                        self.key(&rollouts::rows_prefix(&r.id)),
+                        self.key(&rolloutdocs::rows_prefix(&r.id)),
                         Some(etcd_client::DeleteOptions::new().with_prefix()),
                     )
                     .await

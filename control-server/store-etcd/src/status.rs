@@ -34,9 +34,8 @@ use std::sync::Arc;
 
 use tokio::sync::{Semaphore, oneshot};
 
-use super::{
-    DesiredDoc, Doc, EtcdStore, MAX_ATTEMPTS, NodeDoc, actual_doc, backoff, busy, json, read_answers, typed,
-};
+use super::{Doc, EtcdStore, MAX_ATTEMPTS, backoff, busy, json, read_answers, typed};
+use crate::docs::{DesiredDoc, NodeDoc, actual_doc};
 use lks_store::{BundleStatusRow, NodeStatusStore, Result, StoreError};
 
 /// Reports in one batch: two compares and one write each, under etcd's

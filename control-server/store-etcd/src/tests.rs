@@ -2,6 +2,17 @@
 //! throwaway etcd they run on (also used by other modules' tests).
 
 use super::*;
+
+use lks_proto::labels::Labels;
+
+use lks_store::{
+    BundleStore, ClusterRow, ClusterStore, DesiredStore, Dump, EventFilter, EventRow, EventStore,
+    IssuedCertRow, Kind, NewCluster, NewNode, NewRollout, NodeState, NodeStatusStore, NodeStore,
+    PeerSettings, ReleaseStore, RolloutCommit, RolloutStore, StoredCa, StoredRelease, StoredRoot,
+    TargetChange, TokenRefusal, TokenRow, TokenStore, Unreadable,
+};
+
+use crate::docs::{BundleDoc, ClusterDoc};
 pub(crate) use crate::testing::TestEtcd;
 use lks_store::conformance;
 

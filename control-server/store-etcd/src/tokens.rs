@@ -1,6 +1,13 @@
 //! Bootstrap tokens on etcd.
 
-use super::*;
+use async_trait::async_trait;
+use etcd_client::{Compare, CompareOp, TxnOp};
+use lks_proto::labels::Labels;
+use serde::{Deserialize, Serialize};
+
+use lks_store::{ClusterStore, Hint, Kind, Result, StoreError, TokenRow, TokenStore};
+
+use crate::{EtcdStore, json};
 
 #[async_trait]
 impl TokenStore for EtcdStore {

@@ -12,9 +12,12 @@ use lks_store::{
     ClusterKube, Dump, DumpedBundle, DumpedTarget, Result, StoreError, Target, TokenRow, stored_digest,
 };
 
+use std::sync::{Arc, Mutex};
+
+use crate::schema::MIGRATIONS;
+
 use crate::{
-    Arc, MIGRATIONS, Mutex, SqliteStore, bundle_row, clusters, event_row, labels_from_json, read_clusters,
-    read_node, read_rollouts,
+    SqliteStore, bundle_row, clusters, event_row, labels_from_json, read_clusters, read_node, read_rollouts,
 };
 
 impl SqliteStore {

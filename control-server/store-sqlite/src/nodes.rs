@@ -9,9 +9,9 @@ use lks_store::{
     EventRow, NewNode, NodeRow, NodeStore, Result, StoreError, TokenRefusal, TokenUse, retry_targets,
 };
 
-use crate::{
-    BTreeMap, SqliteStore, insert_event, labels_from_json, labels_to_json, next_generation, read_node,
-};
+use std::collections::BTreeMap;
+
+use crate::{SqliteStore, insert_event, labels_from_json, labels_to_json, next_generation, read_node};
 
 #[async_trait]
 impl NodeStore for SqliteStore {

@@ -8,8 +8,10 @@ use lks_store::{
     RolloutNodeRow, RolloutRow, RolloutStore, StoreError, Target, TargetChange, still_active,
 };
 
+use std::collections::BTreeMap;
+
 use crate::{
-    BTreeMap, SqliteStore, active_rollout, insert_event, labels_from_json, labels_to_json, next_generation,
+    SqliteStore, active_rollout, insert_event, labels_from_json, labels_to_json, next_generation,
     read_rollout, read_rollouts, state_from_str,
 };
 

@@ -1,7 +1,15 @@
 //! Tests of `cache.rs`.
 
 use super::*;
+
+use lks_store::{
+    BundleStore, ClusterStore, DesiredStore, NewCluster, NewNode, NodeState, NodeStatusStore, NodeStore,
+    RolloutState, RolloutStore, TargetChange, TokenRow, TokenStore,
+};
+
+use crate::json;
 use crate::tests::TestEtcd;
+use std::sync::Mutex;
 
 mod node_docs;
 mod writes;

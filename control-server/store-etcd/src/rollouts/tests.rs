@@ -2,6 +2,15 @@
 
 use super::*;
 
+use lks_proto::labels::Labels;
+
+use lks_store::{
+    BundleStore, ClusterStore, DesiredStore, EventFilter, EventStore, NewCluster, NodeStore, RolloutState,
+    TokenStore,
+};
+
+use crate::smallmap::SmallMap;
+
 fn commit(nodes: Vec<RolloutNodeRow>, assign: &[&str]) -> RolloutCommit {
     RolloutCommit {
         rollout: RolloutRow {

@@ -3,6 +3,8 @@
 
 use super::*;
 
+use crate::docs::ActualDoc;
+
 /// Resident memory of this process, in bytes.
 fn rss() -> usize {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();

@@ -3,6 +3,10 @@
 
 use super::*;
 
+use lks_proto::BundleState;
+
+use lks_store::{BundleStatusRow, NodeStatusStore, NodeStore};
+
 #[tokio::test]
 async fn last_seen_comes_from_the_replicas_heard_times_in_the_copy_and_a_gone_one_is_settled_from_it() {
     let etcd = TestEtcd::start();

@@ -1,7 +1,15 @@
 //! A rollout's documents on etcd: the header (`rollouts/ID`) and one row
 //! per node (`rnodes/ID/NODE`), and their keys.
 
-use super::*;
+use lks_proto::labels::Labels;
+use serde::{Deserialize, Serialize};
+
+use lks_store::{
+    KubeStep, NodeState, Result, RolloutNodeRow, RolloutPacing, RolloutPolicy, RolloutRow, RolloutState,
+    StoreError, Target,
+};
+
+use crate::docs::TargetDoc;
 
 #[derive(Serialize, Deserialize, Clone, PartialEq)]
 pub(crate) struct RolloutNodeDoc {
