@@ -2,12 +2,11 @@
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetOptions, TxnOp};
-use lks_proto::labels::selector_matches;
 
 use lks_store::clock::now_ms;
 use lks_store::{
-    EventRow, NewNode, NodeRow, NodeStore, Result, RolloutNodeRow, RolloutState, StoreError, TokenRefusal,
-    TokenUse, retry_targets,
+    EventRow, NewNode, NodeRow, NodeStore, Result, StoreError, TokenRefusal, TokenUse, never_connected,
+    retry_targets,
 };
 
 use crate::docs::{DesiredDoc, NodeDoc, TargetDoc};
@@ -16,7 +15,6 @@ use crate::rolloutdocs::{RolloutDoc, RolloutNodeDoc};
 use crate::smallmap::SmallMap;
 use crate::tokens::TokenDoc;
 use crate::{Doc, ENROL_ATTEMPTS, EtcdStore, MAX_ATTEMPTS, backoff, busy, json, unavailable};
-use std::collections::BTreeMap;
 
 #[async_trait]
 impl NodeStore for EtcdStore {
@@ -42,9 +40,11 @@ impl NodeStore for EtcdStore {
             let nkey = self.key(&format!("nodes/{}", n.name));
             let node: Doc<NodeDoc> = self.get(&nkey).await?;
             if let Some(mut existing) = node.value.clone() {
-                let never = existing.facts_json.is_empty()
-                    && existing.last_seen_ms == 0
-                    && existing.replica.is_empty();
+                let never = never_connected(
+                    &existing.facts_json,
+                    existing.last_seen_ms,
+                    !existing.replica.is_empty(),
+                );
                 n.over_existing(&existing.cluster, &existing.key_hash, never)?;
                 let dkey = self.key(&format!("desired/{}", n.name));
                 let desired: Doc<DesiredDoc> = self.get(&dkey).await?;
@@ -77,12 +77,11 @@ impl NodeStore for EtcdStore {
             let targets = self.range::<TargetDoc>(&tprefix).await?;
             let max_rev = targets.iter().map(|t| t.2).max().unwrap_or(0);
             compares.push(Compare::mod_revision(tprefix.clone(), CompareOp::Less, max_rev + 1).with_prefix());
-            let mut given = BTreeMap::new();
-            for (bundle, t, _) in targets {
-                if selector_matches(&t.selector, &n.labels) {
-                    given.insert(bundle, t.version);
-                }
-            }
+            let given = n.seed_desired(
+                targets
+                    .iter()
+                    .map(|(b, t, _)| (b.clone(), t.version.clone(), &t.selector)),
+            );
             ops.push(TxnOp::put(
                 nkey,
                 json(&NodeDoc {
@@ -116,14 +115,10 @@ impl NodeStore for EtcdStore {
                     continue;
                 };
                 compares.push(Compare::mod_revision(rkey.clone(), CompareOp::Equal, hrev));
-                if !matches!(r.state, RolloutState::Running | RolloutState::Paused)
-                    || !selector_matches(&r.selector, &n.labels)
-                {
+                let Some(row) = n.adopted_by(r.state, &r.bundle, &r.selector, &given) else {
                     continue;
-                }
+                };
                 if !r.nodes.iter().any(|x| x.name == n.name) {
-                    let previous = given.get(&r.bundle).cloned().unwrap_or_default();
-                    let row = RolloutNodeRow::waiting(&n.name, &previous);
                     ops.push(self.put(
                         &rolloutdocs::row_key(&id, &n.name),
                         json(&RolloutNodeDoc::from_row(&row))?,

@@ -1,15 +1,13 @@
 //! Nodes: enrolment, identity, holds, retries and deletion on SQLite.
 
 use async_trait::async_trait;
-use lks_proto::labels::selector_matches;
 use rusqlite::{OptionalExtension, params};
 
 use lks_store::clock::now_ms;
 use lks_store::{
-    EventRow, NewNode, NodeRow, NodeStore, Result, StoreError, TokenRefusal, TokenUse, retry_targets,
+    EventRow, NewNode, NodeRow, NodeStore, Result, RolloutState, StoreError, TokenRefusal, TokenUse,
+    never_connected, retry_targets,
 };
-
-use std::collections::BTreeMap;
 
 use crate::{SqliteStore, insert_event, labels_from_json, labels_to_json, next_generation, read_node};
 
@@ -33,9 +31,9 @@ impl NodeStore for SqliteStore {
                 remaining_uses: remaining,
             };
             rules.admits(&n.cluster, n.now_ms)?;
-            if let Some((existing, key_hash, facts, last_seen, generation)) = tx
+            if let Some((existing, key_hash, facts, last_seen, connected, generation)) = tx
                 .query_row(
-                    "SELECT cluster, key_hash, facts, last_seen_ms, generation FROM nodes WHERE name = ?1",
+                    "SELECT cluster, key_hash, facts, last_seen_ms, connected, generation FROM nodes WHERE name = ?1",
                     [&n.name],
                     |r| {
                         Ok((
@@ -43,13 +41,14 @@ impl NodeStore for SqliteStore {
                             r.get::<_, String>(1)?,
                             r.get::<_, String>(2)?,
                             r.get::<_, i64>(3)?,
-                            r.get::<_, i64>(4)?,
+                            r.get::<_, bool>(4)?,
+                            r.get::<_, i64>(5)?,
                         ))
                     },
                 )
                 .optional()?
             {
-                n.over_existing(&existing, &key_hash, facts.is_empty() && last_seen == 0)?;
+                n.over_existing(&existing, &key_hash, never_connected(&facts, last_seen, connected))?;
                 tx.execute(
                     "UPDATE nodes SET cert_serial = ?2 WHERE name = ?1",
                     params![n.name, n.cert_serial],
@@ -84,34 +83,40 @@ impl NodeStore for SqliteStore {
                 })?
                 .collect::<Result<Vec<_>, _>>()?
             };
-            let mut given: BTreeMap<String, String> = BTreeMap::new();
-            for (bundle, version, selector) in targets {
-                if selector_matches(&labels_from_json(&selector)?, &n.labels) {
-                    tx.execute(
-                        "INSERT INTO desired (node, bundle, version) VALUES (?1, ?2, ?3)",
-                        params![n.name, bundle, version],
-                    )?;
-                    given.insert(bundle, version);
-                }
+            let targets = targets
+                .into_iter()
+                .map(|(bundle, version, selector)| Ok((bundle, version, labels_from_json(&selector)?)))
+                .collect::<Result<Vec<_>>>()?;
+            let given = n.seed_desired(targets.iter().map(|(b, v, s)| (b.clone(), v.clone(), s)));
+            for (bundle, version) in &given {
+                tx.execute(
+                    "INSERT INTO desired (node, bundle, version) VALUES (?1, ?2, ?3)",
+                    params![n.name, bundle, version],
+                )?;
             }
             // A running or paused rollout of the cluster takes the joiner in
             // too: it starts on the current target and waits for its turn.
-            let running = {
-                let mut stmt = tx.prepare(
-                    "SELECT id, bundle, selector FROM rollouts WHERE cluster = ?1 AND state IN ('running', 'paused')",
-                )?;
+            let rollouts = {
+                let mut stmt = tx.prepare("SELECT id, bundle, selector, state FROM rollouts WHERE cluster = ?1")?;
                 stmt.query_map([&n.cluster], |r| {
-                    Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, String>(3)?,
+                    ))
                 })?
                 .collect::<Result<Vec<_>, _>>()?
             };
-            for (id, bundle, selector) in running {
-                if selector_matches(&labels_from_json(&selector)?, &n.labels) {
-                    let previous = given.get(&bundle).cloned().unwrap_or_default();
+            for (id, bundle, selector, state) in rollouts {
+                let Some(state) = RolloutState::parse(&state) else {
+                    continue;
+                };
+                if let Some(row) = n.adopted_by(state, &bundle, &labels_from_json(&selector)?, &given) {
                     tx.execute(
                         "INSERT INTO rollout_nodes (rollout_id, node, previous_version, state, message)
-                         VALUES (?1, ?2, ?3, 'waiting', '') ON CONFLICT DO NOTHING",
-                        params![id, n.name, previous],
+                         VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
+                        params![id, row.name, row.previous_version, row.state.as_str(), row.message],
                     )?;
                 }
             }

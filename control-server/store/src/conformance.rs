@@ -184,6 +184,8 @@ macro_rules! conformance_suite {
             status_and_events,
             rollout_policies_are_stored,
             a_lost_enrolment_answer_can_be_repeated_with_the_same_key,
+            a_node_with_its_stream_open_is_not_enrolled_over,
+            a_joiner_starts_on_its_targets_and_joins_live_rollouts,
             cluster_cas_and_issued_certificates,
             peer_settings_are_stored_per_cluster,
             tenant_kube_access_is_kept_beside_the_cluster,

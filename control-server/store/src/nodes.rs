@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use lks_proto::BundleState;
-use lks_proto::labels::Labels;
+use lks_proto::labels::{Labels, selector_matches};
 
-use super::{EventRow, Result, StoreError};
+use super::{EventRow, Result, RolloutNodeRow, RolloutState, StoreError};
 
 /// A node to create by consuming one use of a token.
 #[derive(Clone, Debug)]
@@ -23,6 +23,37 @@ pub struct NewNode {
 }
 
 impl NewNode {
+    /// The joiner's first desired state: for each target of its cluster
+    /// (bundle, version, selector) whose selector matches its labels, that
+    /// version. Both backends seed an enrolment with it.
+    pub fn seed_desired<'a>(
+        &self,
+        targets: impl IntoIterator<Item = (String, String, &'a Labels)>,
+    ) -> BTreeMap<String, String> {
+        targets
+            .into_iter()
+            .filter(|(_, _, selector)| selector_matches(selector, &self.labels))
+            .map(|(bundle, version, _)| (bundle, version))
+            .collect()
+    }
+
+    /// The row a rollout of the joiner's cluster (of `bundle`, in `state`,
+    /// over `selector`) takes it in with, if it does: a running or paused
+    /// rollout whose selector matches, the node waiting for its turn on the
+    /// version its first desired state gives it (`seeded`,
+    /// [`seed_desired`](Self::seed_desired)), or none.
+    pub fn adopted_by(
+        &self,
+        state: RolloutState,
+        bundle: &str,
+        selector: &Labels,
+        seeded: &BTreeMap<String, String>,
+    ) -> Option<RolloutNodeRow> {
+        let live = matches!(state, RolloutState::Running | RolloutState::Paused);
+        (live && selector_matches(selector, &self.labels))
+            .then(|| RolloutNodeRow::waiting(&self.name, seeded.get(bundle).map_or("", String::as_str)))
+    }
+
     /// An enrolment may take over a node of that name only when it is the
     /// same enrolment again: same cluster, same key (the agent keeps its
     /// key until its identity is written), and the node never connected —
@@ -44,6 +75,16 @@ impl NewNode {
             self.name, self.name
         )))
     }
+}
+
+/// Whether a stored node never connected, which lets an enrolment repeat
+/// over it ([`NewNode::over_existing`]): it never reported facts, was never
+/// seen, and has no stream open now. A Hello writes all three, so any one
+/// of them marks a node that did connect; the open stream is checked too
+/// so that a node connected this instant (its Hello's time 0, or its
+/// last-seen time not yet written) is never replaced under it.
+pub fn never_connected(facts_json: &str, last_seen_ms: i64, connected_now: bool) -> bool {
+    facts_json.is_empty() && last_seen_ms == 0 && !connected_now
 }
 
 /// What an agent reported about one bundle.

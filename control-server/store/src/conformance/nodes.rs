@@ -176,3 +176,80 @@ pub async fn a_lost_enrolment_answer_can_be_repeated_with_the_same_key(s: &dyn S
         "serial-n1-again"
     );
 }
+
+/// A node with its stream open has connected, even before its Hello's
+/// facts or time are written (on etcd last-seen times are written later,
+/// in batches): an enrolment with its key is no repeat of a lost one
+/// ([`never_connected`]).
+pub async fn a_node_with_its_stream_open_is_not_enrolled_over(s: &dyn Store) {
+    s.create_cluster(NewCluster::new("a", 1)).await.unwrap();
+    s.create_token(token("toka02", "a", None, 10_000)).await.unwrap();
+    let first = node("n1", "a", "toka02", &[]);
+    s.enroll_node(first.clone()).await.unwrap();
+    s.node_connected("n1", "", Vec::new(), 0).await.unwrap();
+    let again = NewNode {
+        cert_serial: "serial-n1-again".into(),
+        ..first
+    };
+    assert!(matches!(
+        s.enroll_node(again).await,
+        Err(StoreError::AlreadyExists(_))
+    ));
+    assert_eq!(s.get_node("n1").await.unwrap().unwrap().cert_serial, "serial-n1");
+}
+
+/// A joiner starts on each of its cluster's targets its labels match, and
+/// a running or paused rollout over it takes it in, waiting, on the
+/// version that target gave it ([`NewNode::seed_desired`],
+/// [`NewNode::adopted_by`]).
+pub async fn a_joiner_starts_on_its_targets_and_joins_live_rollouts(s: &dyn Store) {
+    s.create_cluster(NewCluster::new("a", 1)).await.unwrap();
+    s.create_token(token("toka03", "a", None, 10_000)).await.unwrap();
+    s.enroll_node(node("a1", "a", "toka03", &[("role", "w")]))
+        .await
+        .unwrap();
+    s.put_bundle(bundle("k", "1", "d1")).await.unwrap();
+    s.put_bundle(bundle("k", "2", "d2")).await.unwrap();
+    let mut r1 = s
+        .start_rollout(rollout("r1", "a", "k", "1", &[("role", "w")]))
+        .await
+        .unwrap();
+    r1.state = RolloutState::Completed;
+    r1.nodes[0].state = NodeState::Updated;
+    s.commit_rollout(commit(&r1, &[("a1", Some("1"))], TargetChange::SetToRollout))
+        .await
+        .unwrap();
+    let mut r2 = s
+        .start_rollout(rollout("r2", "a", "k", "2", &[("role", "w")]))
+        .await
+        .unwrap();
+    r2.state = RolloutState::Paused;
+    s.commit_rollout(commit(&r2, &[], TargetChange::Keep))
+        .await
+        .unwrap();
+
+    s.enroll_node(node("a2", "a", "toka03", &[("role", "w")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.desired_state("a2").await.unwrap().bundles,
+        vec![encoded("k", "1", "d1")],
+        "the target its labels match"
+    );
+    let r2 = s.get_rollout("r2").await.unwrap().unwrap();
+    let a2 = r2.nodes.iter().find(|n| n.name == "a2").unwrap();
+    assert_eq!(
+        (a2.state, a2.previous_version.as_str()),
+        (NodeState::Waiting, "1")
+    );
+
+    s.enroll_node(node("a3", "a", "toka03", &[("role", "db")]))
+        .await
+        .unwrap();
+    assert!(s.desired_state("a3").await.unwrap().bundles.is_empty());
+    let r2 = s.get_rollout("r2").await.unwrap().unwrap();
+    assert!(
+        !r2.nodes.iter().any(|n| n.name == "a3"),
+        "its selector does not match"
+    );
+}
