@@ -14,8 +14,8 @@ use lks_store::{Kind, Result, StoreError};
 
 use crate::{EtcdStore, MAX_ATTEMPTS, backoff, busy, corrupt, json, kv_of, reads, unavailable};
 use lks_store::{
-    ReleaseRow, ReleaseStore, RootRow, Stored, StoredRelease, StoredRoot, highest_root, release_order,
-    root_order,
+    ReleaseRow, ReleaseStore, RootRow, Stored, StoredRelease, StoredRoot, highest_root, release_digest,
+    release_order, root_order,
 };
 
 #[derive(Serialize, Deserialize)]
@@ -54,15 +54,6 @@ fn key_version(kind: Kind, cluster: &str, rest: &str) -> Result<u64> {
         name: format!("{rest} of {cluster}"),
         why: lks_store::Unreadable::Record("the key does not end in a version".into()),
     })
-}
-
-fn digest(cluster: &str, version: u64, text: &str) -> Result<lks_proto::Digest> {
-    text.parse()
-        .map_err(|e: lks_proto::digest::DigestError| StoreError::Corrupt {
-            kind: Kind::Release,
-            name: format!("{version} of {cluster}"),
-            why: e.into(),
-        })
 }
 
 fn unhex(kind: Kind, cluster: &str, version: u64, text: &str) -> Result<Vec<u8>> {
@@ -105,12 +96,12 @@ impl ReleaseStore for EtcdStore {
         for attempt in 0..MAX_ATTEMPTS {
             let have = self.get::<HeadDoc>(&head_key).await?;
             let highest = match &have.value {
-                Some(h) => Some((h.version, digest(&cluster, h.version, &h.digest)?)),
+                Some(h) => Some((h.version, release_digest(&cluster, h.version, &h.digest)?)),
                 None => None,
             };
             // Records are never changed once written: no compare needed.
             let same = match self.get::<ReleaseDoc>(&rec_key).await?.value {
-                Some(d) => Some(digest(&cluster, r.version(), &d.digest)?),
+                Some(d) => Some(release_digest(&cluster, r.version(), &d.digest)?),
                 None => None,
             };
             if let Some(done) = release_order(&r, highest, same)? {

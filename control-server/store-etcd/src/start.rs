@@ -5,7 +5,7 @@
 use etcd_client::{Compare, CompareOp, GetOptions, TxnOp};
 
 use lks_store::{
-    BundleStore, ClusterStore, EventRow, NewRollout, Result, RolloutNodeRow, RolloutRow, Target, still_active,
+    BundleStore, ClusterStore, EventRow, NewRollout, Result, RolloutNodeRow, RolloutRow, StartChecks, Target,
 };
 
 use crate::docs::{DesiredDoc, NodeDoc, TargetDoc};
@@ -20,22 +20,24 @@ impl EtcdStore {
     /// region was created since its members were read.
     pub(super) async fn start_rollout_in_etcd(&self, r: NewRollout) -> Result<RolloutRow> {
         for attempt in 0..MAX_ATTEMPTS {
-            if !self.cluster_exists(&r.cluster).await? {
-                return Err(r.no_cluster());
-            }
-            if self.get_bundle(&r.bundle, &r.version).await?.is_none() {
-                return Err(r.not_published());
-            }
             let akey = self.key(&format!("active/{}/{}", r.cluster, r.bundle));
-            if let Some((other, _)) = self.get_raw(&akey).await? {
-                let other = String::from_utf8_lossy(&other).into_owned();
-                let state = self
-                    .get::<RolloutDoc>(&self.key(&format!("rollouts/{other}")))
-                    .await?
-                    .value
-                    .map_or_else(|| "running".to_string(), |d| d.state);
-                return Err(still_active(&r.cluster, &r.bundle, &other, &state));
-            }
+            let active = match self.get_raw(&akey).await? {
+                Some((other, _)) => {
+                    let other = String::from_utf8_lossy(&other).into_owned();
+                    let state = self
+                        .get::<RolloutDoc>(&self.key(&format!("rollouts/{other}")))
+                        .await?
+                        .value
+                        .map_or_else(|| "running".to_string(), |d| d.state);
+                    Some((other, state))
+                }
+                None => None,
+            };
+            r.may_start(&StartChecks {
+                cluster_exists: self.cluster_exists(&r.cluster).await?,
+                bundle_published: self.get_bundle(&r.bundle, &r.version).await?.is_some(),
+                active,
+            })?;
             // Node membership is compared as a range of creations: a node
             // enrolled meanwhile makes the start read again (or the
             // enrolment adds it, since the active marker is written here).

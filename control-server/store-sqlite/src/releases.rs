@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use lks_store::{Kind, Result, StoreError};
+use lks_store::{Result, StoreError, release_digest};
 
 use crate::SqliteStore;
 use lks_store::{
@@ -24,18 +24,9 @@ impl ReleaseStore for SqliteStore {
                     |row| Ok((row.get(0)?, row.get(1)?)),
                 )
                 .optional()?;
-            let highest = match highest {
-                Some((v, d)) => Some((
-                    v as u64,
-                    d.parse()
-                        .map_err(|e: lks_proto::digest::DigestError| StoreError::Corrupt {
-                            kind: Kind::Release,
-                            name: format!("{v} of {cluster}"),
-                            why: e.into(),
-                        })?,
-                )),
-                None => None,
-            };
+            let highest = highest
+                .map(|(v, d)| Ok::<_, StoreError>((v as u64, release_digest(&cluster, v as u64, &d)?)))
+                .transpose()?;
             let same: Option<String> = tx
                 .query_row(
                     "SELECT digest FROM releases WHERE cluster = ?1 AND version = ?2",
@@ -44,7 +35,7 @@ impl ReleaseStore for SqliteStore {
                 )
                 .optional()?;
             let same = same
-                .map(|d| digest(&cluster, r.version() as i64, &d))
+                .map(|d| release_digest(&cluster, r.version(), &d))
                 .transpose()?;
             if let Some(done) = release_order(&r, highest, same)? {
                 return Ok(done);
@@ -108,15 +99,6 @@ impl ReleaseStore for SqliteStore {
 }
 
 /// A release digest stored as text.
-fn digest(cluster: &str, version: i64, text: &str) -> Result<lks_proto::Digest> {
-    text.parse()
-        .map_err(|e: lks_proto::digest::DigestError| StoreError::Corrupt {
-            kind: Kind::Release,
-            name: format!("{version} of {cluster}"),
-            why: e.into(),
-        })
-}
-
 /// The cluster's releases, newest first, at most `limit` (0: all).
 pub(super) fn read_releases(c: &Connection, cluster: &str, limit: u32) -> Result<Vec<ReleaseRow>> {
     let limit = if limit == 0 { -1 } else { i64::from(limit) };

@@ -5,7 +5,7 @@ use rusqlite::{OptionalExtension, params};
 
 use lks_store::{
     BundleStatusRow, EventRow, Kind, NewRollout, NodeBundleView, NodeState, Result, RolloutCommit,
-    RolloutNodeRow, RolloutRow, RolloutStore, StoreError, Target, TargetChange, still_active,
+    RolloutNodeRow, RolloutRow, RolloutStore, StartChecks, StoreError, Target, TargetChange, still_active,
 };
 
 use std::collections::BTreeMap;
@@ -19,14 +19,11 @@ use crate::{
 impl RolloutStore for SqliteStore {
     async fn start_rollout(&self, r: NewRollout) -> Result<RolloutRow> {
         self.tx(move |tx| {
-            let cluster_ok = tx
+            let cluster_exists = tx
                 .query_row("SELECT 1 FROM clusters WHERE name = ?1", [&r.cluster], |_| Ok(()))
                 .optional()?
                 .is_some();
-            if !cluster_ok {
-                return Err(r.no_cluster());
-            }
-            let bundle_ok = tx
+            let bundle_published = tx
                 .query_row(
                     "SELECT 1 FROM bundles WHERE name = ?1 AND version = ?2",
                     params![r.bundle, r.version],
@@ -34,12 +31,11 @@ impl RolloutStore for SqliteStore {
                 )
                 .optional()?
                 .is_some();
-            if !bundle_ok {
-                return Err(r.not_published());
-            }
-            if let Some((id, state)) = active_rollout(tx, &r.cluster, &r.bundle, &r.id)? {
-                return Err(still_active(&r.cluster, &r.bundle, &id, &state));
-            }
+            r.may_start(&StartChecks {
+                cluster_exists,
+                bundle_published,
+                active: active_rollout(tx, &r.cluster, &r.bundle, &r.id)?,
+            })?;
             let candidates = {
                 let mut stmt = tx.prepare(
                     "SELECT n.name, n.cluster, n.labels, d.version FROM nodes n

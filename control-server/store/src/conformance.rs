@@ -183,6 +183,7 @@ macro_rules! conformance_suite {
             a_report_that_leaves_out_an_undesired_bundle_means_it_was_removed,
             status_and_events,
             rollout_policies_are_stored,
+            a_start_is_refused_for_the_first_precondition_it_fails,
             a_lost_enrolment_answer_can_be_repeated_with_the_same_key,
             a_node_with_its_stream_open_is_not_enrolled_over,
             a_joiner_starts_on_its_targets_and_joins_live_rollouts,

@@ -210,6 +210,17 @@ pub enum Stored {
     Unchanged,
 }
 
+/// A stored release record's digest, from the text a backend keeps:
+/// `Corrupt` (naming `VERSION of CLUSTER`) if it does not parse.
+pub fn release_digest(cluster: &str, version: u64, text: &str) -> Result<Digest> {
+    text.parse()
+        .map_err(|e: lks_proto::digest::DigestError| StoreError::Corrupt {
+            kind: Kind::Release,
+            name: format!("{version} of {cluster}"),
+            why: e.into(),
+        })
+}
+
 /// Settles a release put against the highest stored release of its
 /// cluster (`(version, digest)`) and the digest stored under the new
 /// release's version, if any: the one rule both backends apply. `None`:

@@ -439,7 +439,36 @@ pub struct NewRollout {
     pub now_ms: i64,
 }
 
+/// What a rollout's start is checked against, as a backend read it in the
+/// start's transaction (or, on etcd, in the reads its transaction compares).
+#[derive(Clone, Debug, Default)]
+pub struct StartChecks {
+    pub cluster_exists: bool,
+    /// The version to roll out is published.
+    pub bundle_published: bool,
+    /// Another rollout of the bundle in the cluster that is still active:
+    /// its id and state.
+    pub active: Option<(String, String)>,
+}
+
 impl NewRollout {
+    /// The start's preconditions, in the order an operator meets them: the
+    /// cluster exists, the version is published, and no other rollout of
+    /// the bundle in the cluster is still active. Both backends start
+    /// through it.
+    pub fn may_start(&self, c: &StartChecks) -> Result<()> {
+        if !c.cluster_exists {
+            return Err(self.no_cluster());
+        }
+        if !c.bundle_published {
+            return Err(self.not_published());
+        }
+        if let Some((id, state)) = &c.active {
+            return Err(still_active(&self.cluster, &self.bundle, id, state));
+        }
+        Ok(())
+    }
+
     /// The refusal of a rollout to a cluster that does not exist.
     pub fn no_cluster(&self) -> StoreError {
         StoreError::not_found(Kind::Cluster, self.cluster.to_string())

@@ -310,3 +310,35 @@ pub async fn rollout_policies_are_stored(s: &dyn Store) {
         .unwrap();
     assert!(s.rollouts_to_drive().await.unwrap().is_empty());
 }
+
+/// A start is refused for the first precondition it fails, in the order
+/// an operator meets them: the cluster, the bundle version, then another
+/// rollout of the bundle still active ([`NewRollout::may_start`]).
+pub async fn a_start_is_refused_for_the_first_precondition_it_fails(s: &dyn Store) {
+    s.create_cluster(NewCluster::new("a", 1)).await.unwrap();
+    s.put_bundle(bundle("k", "1", "d1")).await.unwrap();
+    assert!(matches!(
+        s.start_rollout(rollout("r0", "z", "k", "9", &[])).await,
+        Err(StoreError::NotFound {
+            kind: Kind::Cluster,
+            ..
+        })
+    ));
+    s.start_rollout(rollout("r1", "a", "k", "1", &[])).await.unwrap();
+    assert!(matches!(
+        s.start_rollout(rollout("r2", "a", "k", "9", &[])).await,
+        Err(StoreError::NotFound {
+            kind: Kind::Bundle,
+            ..
+        })
+    ));
+    let e = s
+        .start_rollout(rollout("r3", "a", "k", "1", &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "rollout r1 of k in cluster a is still running; abort it or wait for it to end"
+    );
+    assert!(s.get_rollout("r3").await.unwrap().is_none());
+}
