@@ -6,7 +6,7 @@ use etcd_client::{Compare, CompareOp, TxnOp};
 use lks_store::{BundleRow, BundleStore, Kind, NewBundle, PutOutcome, RawBundleRow, Result, StoreError};
 
 use crate::docs::BundleDoc;
-use crate::{EtcdStore, busy, json};
+use crate::{EtcdStore, busy, corrupt, json};
 
 #[async_trait]
 impl BundleStore for EtcdStore {
@@ -95,4 +95,24 @@ pub(super) fn bundle_row(name: &str, version: &str, d: BundleDoc) -> Result<Bund
         published_at_ms: d.published_at_ms,
     }
     .typed()
+}
+
+/// The document stored at `bundles/NAME/VERSION` (`rest`) read as a dump
+/// reads it: its row and the blobs the server serves for it
+/// (`lks-control-server backup --store etcd` builds its blob manifest so).
+pub fn dumped_bundle(rest: &str, value: &[u8]) -> Result<lks_store::DumpedBundle> {
+    let (name, version) = rest
+        .strip_prefix("bundles/")
+        .and_then(|r| r.split_once('/'))
+        .ok_or_else(|| corrupt(rest, "not a bundles/NAME/VERSION key"))?;
+    let d: BundleDoc = serde_json::from_slice(value).map_err(|e| corrupt(rest, e))?;
+    let blob_digests = d
+        .blob_digests
+        .iter()
+        .map(|s| s.parse().map_err(|e| corrupt(rest, e)))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(lks_store::DumpedBundle {
+        row: bundle_row(name, version, d)?,
+        blob_digests,
+    })
 }

@@ -27,6 +27,8 @@
 //! | `identity`                        | CA and admin credential (keys sealed if asked) |
 //! | `replicas/ID`, `load/ID`, `leader`| per-replica state under the replica's lease (`load/ID`: agents held, [`crate::rebalance`]) |
 //! | `heard/ID`                        | when replica ID last heard one of its agents   |
+//! | `swarm/fetching/CLUSTER/HEX/ID`   | nodes fetching a blob through replica ID (under its lease; `crate::tracker::ledger`) |
+//! | `swarm/seed/CLUSTER/HEX`          | the one node of a cluster that may fetch a blob from the server now |
 //! | `seen/ID`                         | (before `heard/`, read and folded away) last-seen time per node heard on replica ID |
 //!
 //! Every change is one etcd transaction whose compares name the
@@ -90,6 +92,7 @@ mod start;
 mod status;
 mod tokens;
 
+pub use bundles::dumped_bundle;
 pub use limits::{MAX_RESPONSE_BYTES, kv_of, watch_of};
 use seen::Liveness;
 pub use seen::SETTLE_AFTER;
