@@ -8,13 +8,12 @@ use std::path::Path;
 use rusqlite::{Connection, OpenFlags};
 use rusqlite::{OptionalExtension, params};
 
-use lks_store::{
-    ClusterKube, Dump, DumpedBundle, DumpedTarget, Result, StoreError, Target, TokenRow, stored_digest,
-};
+use lks_store::{ClusterKube, Dump, DumpedBundle, DumpedTarget, Result, StoreError, Target, stored_digest};
 
 use std::sync::{Arc, Mutex};
 
 use crate::schema::MIGRATIONS;
+use crate::tokens::{StoredToken, TOKEN_COLUMNS, token_row};
 
 use crate::{
     SqliteStore, bundle_row, clusters, event_row, labels_from_json, read_clusters, read_node, read_rollouts,
@@ -98,38 +97,13 @@ fn read_dump(c: &Connection) -> Result<Dump> {
         }
     }
 
-    let mut tokens = Vec::new();
-    let raw = c
-        .prepare(
-            "SELECT id, secret_hash, cluster, expires_at_ms, remaining_uses, labels, created_at_ms
-             FROM tokens ORDER BY id",
-        )?
-        .query_map([], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, Vec<u8>>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, i64>(3)?,
-                r.get::<_, Option<u32>>(4)?,
-                r.get::<_, String>(5)?,
-                r.get::<_, i64>(6)?,
-            ))
-        })?
-        .collect::<Result<Vec<_>, _>>()?;
-    for (id, hash, cluster, expires_at_ms, remaining_uses, labels, created_at_ms) in raw {
-        let secret_hash: [u8; 32] = hash
-            .try_into()
-            .map_err(|_| StoreError::backend(format!("token {id}: stored hash is not 32 bytes")))?;
-        tokens.push(TokenRow {
-            id,
-            secret_hash,
-            cluster,
-            expires_at_ms,
-            remaining_uses,
-            labels: labels_from_json(&labels)?,
-            created_at_ms,
-        });
-    }
+    let tokens = c
+        .prepare(&format!("SELECT {TOKEN_COLUMNS} FROM tokens ORDER BY id"))?
+        .query_map([], token_row)?
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .map(StoredToken::typed)
+        .collect::<Result<Vec<_>>>()?;
 
     let names = c
         .prepare("SELECT name FROM nodes ORDER BY name")?
@@ -249,7 +223,7 @@ mod tests {
     use lks_store::{
         BundleStatusRow, BundleStore, ClusterStore, IssuedCertRow, NewBundle, NewCluster, NewNode,
         NewRollout, NodeState, NodeStatusStore, NodeStore, RolloutCommit, RolloutState, RolloutStore,
-        StoredCa, TargetChange, TokenStore,
+        StoredCa, TargetChange, TokenRow, TokenStore,
     };
 
     #[tokio::test]

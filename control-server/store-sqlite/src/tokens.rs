@@ -45,40 +45,63 @@ impl TokenStore for SqliteStore {
     async fn get_token(&self, id: &str) -> Result<Option<TokenRow>> {
         let id = id.to_string();
         self.call(move |c| {
-            let row = c
-                .query_row(
-                    "SELECT id, secret_hash, cluster, expires_at_ms, remaining_uses, labels, created_at_ms
-                     FROM tokens WHERE id = ?1",
-                    [id],
-                    |r| {
-                        Ok((
-                            r.get::<_, String>(0)?,
-                            r.get::<_, Vec<u8>>(1)?,
-                            r.get::<_, String>(2)?,
-                            r.get::<_, i64>(3)?,
-                            r.get::<_, Option<u32>>(4)?,
-                            r.get::<_, String>(5)?,
-                            r.get::<_, i64>(6)?,
-                        ))
-                    },
-                )
-                .optional()?;
-            let Some((id, hash, cluster, expires_at_ms, remaining_uses, labels, created_at_ms)) = row else {
-                return Ok(None);
-            };
-            let secret_hash: [u8; 32] = hash
-                .try_into()
-                .map_err(|_| StoreError::backend(format!("token {id}: stored hash is not 32 bytes")))?;
-            Ok(Some(TokenRow {
-                id,
-                secret_hash,
-                cluster,
-                expires_at_ms,
-                remaining_uses,
-                labels: labels_from_json(&labels)?,
-                created_at_ms,
-            }))
+            c.query_row(
+                &format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE id = ?1"),
+                [id],
+                token_row,
+            )
+            .optional()?
+            .map(StoredToken::typed)
+            .transpose()
         })
         .await
+    }
+}
+
+/// The columns [`token_row`] reads, in its order.
+pub(crate) const TOKEN_COLUMNS: &str =
+    "id, secret_hash, cluster, expires_at_ms, remaining_uses, labels, created_at_ms";
+
+/// A token row as stored: the secret's hash as bytes, the labels as JSON.
+pub(crate) struct StoredToken {
+    id: String,
+    hash: Vec<u8>,
+    cluster: String,
+    expires_at_ms: i64,
+    remaining_uses: Option<u32>,
+    labels: String,
+    created_at_ms: i64,
+}
+
+/// One row of `SELECT TOKEN_COLUMNS FROM tokens`: the one mapper of a
+/// token row ([`StoredToken::typed`] makes it a [`TokenRow`]).
+pub(crate) fn token_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredToken> {
+    Ok(StoredToken {
+        id: r.get(0)?,
+        hash: r.get(1)?,
+        cluster: r.get(2)?,
+        expires_at_ms: r.get(3)?,
+        remaining_uses: r.get(4)?,
+        labels: r.get(5)?,
+        created_at_ms: r.get(6)?,
+    })
+}
+
+impl StoredToken {
+    pub(crate) fn typed(self) -> Result<TokenRow> {
+        let id = self.id;
+        let secret_hash: [u8; 32] = self
+            .hash
+            .try_into()
+            .map_err(|_| StoreError::backend(format!("token {id}: stored hash is not 32 bytes")))?;
+        Ok(TokenRow {
+            id,
+            secret_hash,
+            cluster: self.cluster,
+            expires_at_ms: self.expires_at_ms,
+            remaining_uses: self.remaining_uses,
+            labels: labels_from_json(&self.labels)?,
+            created_at_ms: self.created_at_ms,
+        })
     }
 }
