@@ -289,7 +289,7 @@ impl EtcdStore {
         }
         let mut docs = match self.batch_docs(&batch).await {
             Ok(d) => d,
-            Err(e) => return answer_all(batch, &e),
+            Err(e) => return answer_all(batch, e),
         };
         let mut batch = batch;
         for attempt in 0..BATCH_ATTEMPTS {
@@ -349,7 +349,7 @@ impl EtcdStore {
                     futures::future::join_all(each).await;
                     return;
                 }
-                Err(e) => return answer_all(written, &e),
+                Err(e) => return answer_all(written, e),
             }
         }
     }
@@ -457,15 +457,13 @@ enum Outcome {
     Unreadable,
 }
 
-/// The same failure for every report of a batch: `Unavailable` stays so
-/// (the agents keep their reports for later), anything else is a failure.
-fn answer_all(batch: Vec<Pending>, e: &StoreError) {
+/// The same failure for every report of a batch ([`StoreError::shared`]):
+/// `Unavailable` stays so (the agents keep their reports for later),
+/// anything else is a failure that keeps `e` as its source.
+fn answer_all(batch: Vec<Pending>, e: StoreError) {
+    let e = Arc::new(e);
     for p in batch {
-        let again = match e {
-            StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
-            other => StoreError::backend(other.to_string()),
-        };
-        let _ = p.done.send(Err(again));
+        let _ = p.done.send(Err(StoreError::shared(&e)));
     }
 }
 
@@ -759,7 +757,7 @@ mod tests {
     fn a_failed_batch_answers_every_report() {
         let q = StatusQueue::default();
         let mut rx = [queued(&q, "a"), queued(&q, "b")];
-        answer_all(q.take_batch(), &StoreError::Unavailable("etcd: down".into()));
+        answer_all(q.take_batch(), StoreError::Unavailable("etcd: down".into()));
         for r in &mut rx {
             assert!(matches!(r.try_recv(), Ok(Err(StoreError::Unavailable(m))) if m == "etcd: down"));
         }

@@ -21,7 +21,7 @@ mod bundles;
 pub mod clock;
 mod clusters;
 // Test code the backends' tests call: a case that fails panics.
-#[cfg(any(test, feature = "conformance"))]
+#[cfg(feature = "conformance")]
 #[allow(clippy::unwrap_used, clippy::expect_used, async_fn_in_trait)]
 pub mod conformance;
 pub mod deltas;
@@ -214,6 +214,35 @@ impl StoreError {
     pub fn backend_source(source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
         StoreError::backend_at(String::new(), source)
     }
+
+    /// One failure answered to each of many callers (the reports of one
+    /// etcd batch): `Unavailable` stays so, so that they retry; anything
+    /// else is a `Backend` failure ("store: {e}") whose source is `e`
+    /// itself, shared.
+    pub fn shared(e: &std::sync::Arc<StoreError>) -> Self {
+        match &**e {
+            StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
+            _ => StoreError::backend_source(SharedError(e.clone())),
+        }
+    }
+}
+
+/// A [`StoreError`] several callers are answered with
+/// ([`StoreError::shared`]): it reads as the error and its source is the
+/// error's own source, so a chain walked from any caller names it once.
+#[derive(Debug)]
+struct SharedError(std::sync::Arc<StoreError>);
+
+impl std::fmt::Display for SharedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for SharedError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&*self.0)
+    }
 }
 
 // The SQLite backend's `?` on its driver's errors; here because of the
@@ -327,6 +356,17 @@ mod tests {
         let e = StoreError::backend_source(io());
         assert_eq!(e.to_string(), "store: permission denied");
         assert!(e.source().and_then(|b| b.source()).is_some());
+
+        let shared = std::sync::Arc::new(StoreError::backend_at("etcd", io()));
+        let e = StoreError::shared(&shared);
+        assert_eq!(e.to_string(), "store: store: etcd: permission denied");
+        let root = std::iter::successors(e.source(), |&c| c.source()).last().unwrap();
+        assert!(
+            root.downcast_ref::<std::io::Error>().is_some(),
+            "the chain ends at the cause"
+        );
+        let down = std::sync::Arc::new(StoreError::Unavailable("etcd: down".into()));
+        assert!(matches!(StoreError::shared(&down), StoreError::Unavailable(m) if m == "etcd: down"));
 
         let e = StoreError::backend("lease poisoned");
         assert_eq!(e.to_string(), "store: lease poisoned");
