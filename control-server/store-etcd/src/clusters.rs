@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use lks_store::{
     CERT_RECORD_RETENTION_MS, ClusterKube, ClusterRow, ClusterStore, EventRow, IssuedCertRow, Kind,
-    KubeFlags, NewCluster, PeerSettings, Result, StoreError, StoredCa, ca_already_set, sort_certificates,
+    KubeFlags, NewCluster, PeerSettings, Result, StoreError, StoredCa, ca_already_set, cluster_exists,
+    sort_certificates,
 };
 
 use crate::docs::{ClusterDoc, NodeDoc};
@@ -143,10 +144,7 @@ impl ClusterStore for EtcdStore {
             )
             .await?;
         if !ok {
-            return Err(StoreError::AlreadyExists(format!(
-                "cluster {} already exists",
-                c.name
-            )));
+            return Err(cluster_exists(&c.name));
         }
         Ok(c.row())
     }
@@ -242,10 +240,7 @@ impl ClusterStore for EtcdStore {
         if !self.cluster_exists(&r.cluster).await? {
             return Err(StoreError::not_found(Kind::Cluster, r.cluster.to_string()));
         }
-        Err(StoreError::AlreadyExists(format!(
-            "node {} of cluster {} already has a certificate with serial {}",
-            r.node, r.cluster, r.serial
-        )))
+        Err(r.serial_taken())
     }
 
     async fn list_certificates(

@@ -5,8 +5,8 @@ use etcd_client::{Compare, CompareOp, GetOptions, TxnOp};
 
 use lks_store::clock::now_ms;
 use lks_store::{
-    EventRow, NewNode, NodeRow, NodeStore, Result, StoreError, TokenRefusal, TokenUse, never_connected,
-    retry_targets,
+    EventRow, NewNode, NodeRow, NodeStore, Result, StoreError, TokenRefusal, TokenUse, cert_replaced,
+    never_connected, retry_targets,
 };
 
 use crate::docs::{DesiredDoc, NodeDoc, TargetDoc};
@@ -284,9 +284,7 @@ impl NodeStore for EtcdStore {
             let nkey = self.key(&format!("nodes/{name}"));
             let doc: Doc<NodeDoc> = self.get(&nkey).await?;
             let Some(mut d) = doc.value.clone().filter(|d| *d.cert_serial == *old) else {
-                return Err(StoreError::Conflict(format!(
-                    "the certificate of node {name} was replaced or revoked meanwhile"
-                )));
+                return Err(cert_replaced(name));
             };
             d.cert_serial = new.into();
             if self

@@ -46,7 +46,7 @@ use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 
 use lks_store::{
     EventRow, Kind, NewRollout, NodeBundleView, NodeState, OlderReplica, Result, RolloutCommit,
-    RolloutNodeRow, RolloutRow, RolloutStore, StoreError, TargetChange, still_active,
+    RolloutNodeRow, RolloutRow, RolloutStore, StoreError, TargetChange, check_revision, still_active,
 };
 
 use crate::docs::{DesiredDoc, NodeDoc, ReplicaFormat, TargetDoc};
@@ -310,12 +310,7 @@ impl EtcdStore {
                 .rollout_to_write(&id)
                 .await?
                 .ok_or_else(|| StoreError::not_found(Kind::Rollout, id.to_string()))?;
-            if stored.revision != c.rollout.revision {
-                return Err(StoreError::Conflict(format!(
-                    "rollout {} changed meanwhile (revision {} is stored, the decision was based on {}); try again",
-                    id, stored.revision, c.rollout.revision
-                )));
-            }
+            check_revision(&id, stored.revision, c.rollout.revision)?;
             let items = plan(&c, &stored, &done);
             let mut steps: Vec<&[Item]> = items.chunks(ROWS_PER_TXN).collect();
             if steps.is_empty() {

@@ -34,7 +34,7 @@ impl TokenStore for EtcdStore {
                 Hint::CreateCluster,
             ));
         }
-        Err(StoreError::AlreadyExists("token id collision; try again".into()))
+        Err(TokenRow::id_collision())
     }
 
     async fn get_token(&self, id: &str) -> Result<Option<TokenRow>> {
@@ -42,10 +42,7 @@ impl TokenStore for EtcdStore {
         let Some(t) = self.get::<TokenDoc>(&key).await?.value else {
             return Ok(None);
         };
-        let secret_hash: [u8; 32] = hex::decode(&t.secret_hash)
-            .ok()
-            .and_then(|v| v.try_into().ok())
-            .ok_or_else(|| StoreError::backend(format!("token {id}: stored hash is not 32 bytes")))?;
+        let secret_hash = TokenRow::stored_hash(id, hex::decode(&t.secret_hash).ok())?;
         Ok(Some(TokenRow {
             id: id.to_string(),
             secret_hash,

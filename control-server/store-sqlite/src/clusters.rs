@@ -6,7 +6,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use lks_store::{
     ClusterKube, ClusterRow, ClusterStore, EventRow, IssuedCertRow, Kind, NewCluster, PeerSettings, Result,
-    StoreError, StoredCa, ca_already_set, sort_certificates,
+    StoreError, StoredCa, ca_already_set, cluster_exists, sort_certificates,
 };
 
 use crate::{SqliteStore, insert_event, read_cluster, read_clusters};
@@ -96,10 +96,7 @@ impl ClusterStore for SqliteStore {
                 ],
             )?;
             if n == 0 {
-                return Err(StoreError::AlreadyExists(format!(
-                    "cluster {} already exists",
-                    c.name
-                )));
+                return Err(cluster_exists(&c.name));
             }
             Ok(c.row())
         })
@@ -216,10 +213,7 @@ impl ClusterStore for SqliteStore {
                 ],
             )?;
             if n == 0 {
-                return Err(StoreError::AlreadyExists(format!(
-                    "node {} of cluster {} already has a certificate with serial {}",
-                    r.node, r.cluster, r.serial
-                )));
+                return Err(r.serial_taken());
             }
             tx.execute(
                 "DELETE FROM issued_certs WHERE cluster = ?1 AND node = ?2 AND path = ?3 AND not_after_ms < ?4",

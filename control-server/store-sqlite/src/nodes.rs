@@ -6,7 +6,7 @@ use rusqlite::{OptionalExtension, params};
 use lks_store::clock::now_ms;
 use lks_store::{
     EventRow, NewNode, NodeRow, NodeStore, Result, RolloutState, StoreError, TokenRefusal, TokenUse,
-    never_connected, retry_targets,
+    cert_replaced, never_connected, retry_targets,
 };
 
 use crate::{SqliteStore, insert_event, labels_from_json, labels_to_json, next_generation, read_node};
@@ -258,9 +258,7 @@ impl NodeStore for SqliteStore {
                 params![name, old, new],
             )?;
             if n == 0 {
-                return Err(StoreError::Conflict(format!(
-                    "the certificate of node {name} was replaced or revoked meanwhile"
-                )));
+                return Err(cert_replaced(&name));
             }
             Ok(())
         })

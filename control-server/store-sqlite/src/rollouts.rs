@@ -5,7 +5,8 @@ use rusqlite::{OptionalExtension, params};
 
 use lks_store::{
     BundleStatusRow, EventRow, Kind, NewRollout, NodeBundleView, NodeState, Result, RolloutCommit,
-    RolloutNodeRow, RolloutRow, RolloutStore, StartChecks, StoreError, Target, TargetChange, still_active,
+    RolloutNodeRow, RolloutRow, RolloutStore, StartChecks, StoreError, Target, TargetChange, check_revision,
+    still_active,
 };
 
 use std::collections::BTreeMap;
@@ -167,12 +168,7 @@ impl RolloutStore for SqliteStore {
             let Some(stored) = read_rollout(tx, &r.id)? else {
                 return Err(StoreError::not_found(Kind::Rollout, r.id.to_string()));
             };
-            if stored.revision != r.revision {
-                return Err(StoreError::Conflict(format!(
-                    "rollout {} changed meanwhile (revision {} is stored, the decision was based on {}); try again",
-                    r.id, stored.revision, r.revision
-                )));
-            }
+            check_revision(&r.id, stored.revision, r.revision)?;
             if r.state.is_active()
                 && !stored.state.is_active()
                 && let Some((id, state)) = active_rollout(tx, &r.cluster, &r.bundle, &r.id)?

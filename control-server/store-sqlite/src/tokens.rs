@@ -33,7 +33,7 @@ impl TokenStore for SqliteStore {
             )
             .map_err(|e| match e {
                 rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::ConstraintViolation => {
-                    StoreError::AlreadyExists("token id collision; try again".into())
+                    TokenRow::id_collision()
                 }
                 e => e.into(),
             })?;
@@ -90,10 +90,7 @@ pub(crate) fn token_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredToken> 
 impl StoredToken {
     pub(crate) fn typed(self) -> Result<TokenRow> {
         let id = self.id;
-        let secret_hash: [u8; 32] = self
-            .hash
-            .try_into()
-            .map_err(|_| StoreError::backend(format!("token {id}: stored hash is not 32 bytes")))?;
+        let secret_hash = TokenRow::stored_hash(&id, Some(self.hash))?;
         Ok(TokenRow {
             id,
             secret_hash,

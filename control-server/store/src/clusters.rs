@@ -179,6 +179,21 @@ pub struct IssuedCertRow {
     pub issued_at_ms: i64,
 }
 
+impl IssuedCertRow {
+    /// The refusal of a record whose serial the node already has.
+    pub fn serial_taken(&self) -> StoreError {
+        StoreError::AlreadyExists(format!(
+            "node {} of cluster {} already has a certificate with serial {}",
+            self.node, self.cluster, self.serial
+        ))
+    }
+}
+
+/// The refusal of a cluster whose name is taken.
+pub fn cluster_exists(name: &str) -> StoreError {
+    StoreError::AlreadyExists(format!("cluster {name} already exists"))
+}
+
 /// The refusal of a second CA for a cluster.
 pub fn ca_already_set(cluster: &str) -> StoreError {
     StoreError::Conflict(format!(
@@ -186,11 +201,11 @@ pub fn ca_already_set(cluster: &str) -> StoreError {
     ))
 }
 
-/// Orders certificate records as `list_certificates` returns them.
 /// How long the record of an expired certificate is kept once the same
 /// node has a newer one for the same path: 30 days.
 pub const CERT_RECORD_RETENTION_MS: i64 = 30 * 24 * 3600 * 1000;
 
+/// Orders certificate records as `list_certificates` returns them.
 pub fn sort_certificates(rows: &mut [IssuedCertRow]) {
     rows.sort_by(|a, b| {
         (&a.node, &a.path, a.issued_at_ms, &a.serial).cmp(&(&b.node, &b.path, b.issued_at_ms, &b.serial))

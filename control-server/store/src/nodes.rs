@@ -77,6 +77,14 @@ impl NewNode {
     }
 }
 
+/// The refusal of a certificate swap whose old certificate is no longer
+/// the node's.
+pub fn cert_replaced(node: &str) -> StoreError {
+    StoreError::Conflict(format!(
+        "the certificate of node {node} was replaced or revoked meanwhile"
+    ))
+}
+
 /// Whether a stored node never connected, which lets an enrolment repeat
 /// over it ([`NewNode::over_existing`]): it never reported facts, was never
 /// seen, and has no stream open now. A Hello writes all three, so any one

@@ -439,6 +439,17 @@ pub struct NewRollout {
     pub now_ms: i64,
 }
 
+/// A decision taken on revision `based_on` of rollout `id` may be
+/// committed only while that revision is still the stored one.
+pub fn check_revision(id: &str, stored: u64, based_on: u64) -> Result<()> {
+    if stored == based_on {
+        return Ok(());
+    }
+    Err(StoreError::Conflict(format!(
+        "rollout {id} changed meanwhile (revision {stored} is stored, the decision was based on {based_on}); try again"
+    )))
+}
+
 /// What a rollout's start is checked against, as a backend read it in the
 /// start's transaction (or, on etcd, in the reads its transaction compares).
 #[derive(Clone, Debug, Default)]

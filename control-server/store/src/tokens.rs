@@ -30,6 +30,21 @@ pub struct TokenRow {
     pub created_at_ms: i64,
 }
 
+impl TokenRow {
+    /// The refusal of a new token whose random id is taken.
+    pub fn id_collision() -> StoreError {
+        StoreError::AlreadyExists("token id collision; try again".into())
+    }
+
+    /// The secret's hash as a backend stored it (`None`: not even bytes):
+    /// 32 bytes, or the token is unreadable.
+    pub fn stored_hash(id: &str, bytes: Option<Vec<u8>>) -> Result<[u8; 32]> {
+        bytes
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| StoreError::backend(format!("token {id}: stored hash is not 32 bytes")))
+    }
+}
+
 /// What enrolment reads of a token, and the rules it applies to it: the
 /// same on every backend, which only read the token and write the result
 /// in one transaction.
