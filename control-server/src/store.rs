@@ -17,3 +17,10 @@ pub mod sqlite {
 pub mod etcd {
     pub use lks_store_etcd::*;
 }
+
+/// A throwaway etcd for the tests of modules that run on etcd, on ports
+/// the end-to-end harness picks.
+#[cfg(test)]
+pub fn test_etcd() -> etcd::testing::TestEtcd {
+    etcd::testing::TestEtcd::start_with(|| lks_e2e::free_addr().port())
+}

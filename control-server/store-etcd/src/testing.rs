@@ -18,8 +18,10 @@ pub struct TestEtcd {
 }
 
 impl TestEtcd {
-    pub fn start() -> TestEtcd {
-        let port = || lks_e2e::free_addr().port();
+    /// Starts one on two loopback ports `port` picks (the tests pass the
+    /// end-to-end harness's picker, `lks_e2e::free_addr`, which this crate
+    /// does not link outside its own tests).
+    pub fn start_with(port: impl Fn() -> u16) -> TestEtcd {
         let (client, peer) = (port(), port());
         let dir = tempfile::tempdir().unwrap();
         let url = format!("http://127.0.0.1:{client}");

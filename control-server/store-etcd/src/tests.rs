@@ -14,6 +14,13 @@ use lks_store::{
 
 use crate::docs::{BundleDoc, ClusterDoc};
 pub(crate) use crate::testing::TestEtcd;
+
+impl TestEtcd {
+    /// [`TestEtcd::start_with`] on ports the end-to-end harness picks.
+    pub(crate) fn start() -> TestEtcd {
+        TestEtcd::start_with(|| lks_e2e::free_addr().port())
+    }
+}
 use lks_store::conformance;
 
 // Every conformance case against a throwaway etcd of its own.
