@@ -201,13 +201,22 @@ impl Tracker {
             let (peers, server) = g.answer(&index, cluster, node, digest, port, &others, now);
             (peers, server, g.fetchers_of(cluster, digest))
         };
-        if server
-            && !peers.is_empty()
-            && let Some(l) = &self.ledger
-        {
+        let mut peers = peers;
+        if server && let Some(l) = &self.ledger {
             // One seed for the fleet, whichever replica its node is on.
             match l.claim_seed(cluster, &digest, node, crate::clock::now_ms()).await {
-                Ok(mine) => server = mine,
+                Ok(true) => {}
+                Ok(false) => {
+                    server = false;
+                    if peers.is_empty() {
+                        // The seed is a node this replica has not heard of
+                        // yet (other replicas' fetchers are read once a
+                        // second): read them now, so it is named.
+                        let others = l.others_now(cluster, &digest).await.unwrap_or_default();
+                        let mut g = self.lock();
+                        peers = g.answer(&index, cluster, node, digest, port, &others, now).0;
+                    }
+                }
                 Err(e) => tracing::debug!("peer sharing: seed claim: {e}"),
             }
         }

@@ -159,6 +159,15 @@ fn roll_out_to_tenant(n: usize, on: bool, rate: &str, size: usize, replicas: usi
             "{}: the file differs from what was published",
             a.name
         );
+        if std::env::var_os("SWARM_DEBUG").is_some() {
+            for l in a.log().lines().filter(|l| {
+                l.contains("desired state received")
+                    || l.contains("blob fetched")
+                    || l.contains("peer sharing:")
+            }) {
+                eprintln!("{} {l}", a.name);
+            }
+        }
         let (x, y) = a.fetched_bytes();
         (from_server, from_peers) = (from_server + x, from_peers + y);
     }

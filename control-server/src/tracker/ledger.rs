@@ -95,6 +95,12 @@ impl Ledger {
         {
             return Ok(v.clone());
         }
+        self.others_now(cluster, digest).await
+    }
+
+    /// Like [`Self::others`], read now.
+    pub async fn others_now(&self, cluster: &str, digest: &Digest) -> Result<Fetchers, StoreError> {
+        let key = (cluster.to_string(), *digest);
         let docs: Vec<(String, FetchersDoc)> =
             self.store.range_docs(&fetching_prefix(cluster, digest)).await?;
         let mut out = Vec::new();

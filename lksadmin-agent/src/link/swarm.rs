@@ -43,15 +43,16 @@ mod tls;
 
 use crate::link::channel::SharedChannel;
 use crate::link::peer::{BlobInfo, Partial, Shared};
-use plan::{Found, Have, PeerState, Plan, ServerUse, start_pieces};
+use plan::{Found, Have, PeerState, Plan, ServerUse, ServerWindow, start_pieces};
 pub use tls::{DialError, dial_peer};
 
 /// Pieces in flight at once for one file.
 const WINDOW: usize = 4;
 /// Pieces in flight to one peer at once.
 const PER_PEER: usize = 2;
-/// Pieces in flight from the server at once: a seed's pieces complete one
-/// after another rather than all at the end, so its peers can start.
+/// Pieces in flight from the server at first: a seed's pieces complete one
+/// after another rather than all at the end, so its peers can start; it
+/// opens on a fast link ([`plan::ServerWindow`]).
 const SERVER_WINDOW: usize = 2;
 /// How long a request waits in line at a busy peer for an upload slot.
 const QUEUE: Duration = Duration::from_millis(1000);
@@ -70,6 +71,9 @@ pub const STALL: Duration = Duration::from_secs(15);
 pub const STARVED: Duration = Duration::from_secs(30);
 /// How often the tracker is asked again while fetching.
 const ASK_EVERY: Duration = Duration::from_secs(3);
+/// How soon it is asked again while this node has nobody to fetch from and
+/// may not use the server (the seed is a node it has not been told of yet).
+const ASK_SOON: Duration = Duration::from_millis(250);
 /// Failures in a row after which a peer is dropped for this fetch.
 const MAX_FAILURES: u32 = 3;
 /// Largest file fetched as one piece when it has no chunk list.
@@ -160,28 +164,18 @@ impl Swarm {
         });
         self.shared.start_partial(digest, partial.clone());
         let res = self.fetch_pieces(file, &info, &pieces, &partial).await;
+        let res = match res {
+            // Its pieces stay served while the whole is checked: peers told
+            // it holds them would otherwise be refused meanwhile.
+            Ok(got) => check_whole(part, &digest, file.size).await.map(|()| got),
+            Err(e) => Err(e),
+        };
         self.shared.end_partial(&digest);
-        if let Err(SwarmError::Unsupported(_)) = &res {
-            // Fetched the old way instead: no pieces file left behind.
+        if let Err(SwarmError::Unsupported(_) | SwarmError::Corrupt(_)) = &res {
+            // Fetched the old way instead, or bad: no pieces file left.
             let _ = std::fs::remove_file(part);
         }
-        let (server, peers) = res?;
-        // The pieces were each checked; the file is checked whole too.
-        let p = part.to_path_buf();
-        let whole = tokio::task::spawn_blocking(move || Digest::of_file(&p))
-            .await
-            .map_err(|e| SwarmError::Unavailable(e.to_string()))?
-            .map_err(|e| SwarmError::Unavailable(format!("read {}: {e}", part.display())))?;
-        if whole != (digest, file.size) {
-            let _ = std::fs::remove_file(part);
-            return Err(SwarmError::Corrupt(
-                lks_proto::digest::VerifyError::DigestMismatch {
-                    expected: digest,
-                    got: whole.0,
-                },
-            ));
-        }
-        Ok((server, peers))
+        res
     }
 
     async fn fetch_pieces(
@@ -212,6 +206,7 @@ impl Swarm {
         let mut tried: HashMap<usize, HashSet<String>> = HashMap::new();
         let mut in_flight: HashSet<usize> = HashSet::new();
         let mut server_in_flight = 0usize;
+        let mut server_window = ServerWindow::new();
         let (mut from_server, mut from_peers) = (0u64, 0u64);
         let mut running = FuturesUnordered::new();
         let mut news: SelectAll<NewsStream<'_>> = SelectAll::new();
@@ -236,7 +231,13 @@ impl Swarm {
             if missing.is_empty() && running.is_empty() {
                 break;
             }
-            if last_ask.is_none_or(|t| t.elapsed() >= ASK_EVERY) {
+            // Nobody to fetch from yet, and not the server: ask again soon.
+            let ask_every = if !server_ok && peers.iter().all(|p| p.dropped) {
+                ASK_SOON
+            } else {
+                ASK_EVERY
+            };
+            if last_ask.is_none_or(|t| t.elapsed() >= ask_every) {
                 match self.ask(&digest).await {
                     Ok((found, server)) => {
                         server_ok = server;
@@ -283,6 +284,7 @@ impl Swarm {
                         ServerUse::No
                     },
                     server_in_flight: &mut server_in_flight,
+                    server_window: server_window.size,
                     now,
                 },
                 &mut |source, i| {
@@ -294,7 +296,7 @@ impl Swarm {
             );
 
             // Wait for a piece, news from a peer, or the next thing to do.
-            let mut wake = last_ask.unwrap_or(now) + ASK_EVERY;
+            let mut wake = last_ask.unwrap_or(now) + ask_every;
             if !stalled {
                 wake = wake
                     .min(last_progress.max(last_swarm) + STALL)
@@ -311,11 +313,14 @@ impl Swarm {
             }
             let wake = tokio::time::Instant::from_std(wake.max(now + Duration::from_millis(10)));
             tokio::select! {
-                Some((source, i, got)) = running.next(), if !running.is_empty() => {
+                Some((source, i, got, took)) = running.next(), if !running.is_empty() => {
                     in_flight.remove(&i);
                     let peer = match &source {
                         Source::Server => {
                             server_in_flight -= 1;
+                            if got.is_ok() {
+                                server_window.arrived(took);
+                            }
                             None
                         }
                         Source::Peer(node, _) => peers.iter_mut().find(|p| &p.node == node),
@@ -353,7 +358,14 @@ impl Swarm {
                             if let Some(p) = peer {
                                 tracing::debug!(peer = %p.node, piece = i, "peer sharing: not from this peer now: {why}");
                                 p.in_flight -= 1;
-                                tried.entry(i).or_default().insert(p.node.clone());
+                                if p.have.has(i) {
+                                    // It said it holds the piece: it is
+                                    // between its download and its cache
+                                    // (a moment), not without it. Again soon.
+                                    p.busy_until = Some(Instant::now() + BUSY_BACKOFF);
+                                } else {
+                                    tried.entry(i).or_default().insert(p.node.clone());
+                                }
                             }
                         }
                         Err(PieceError::Failed(why)) => match peer {
@@ -533,6 +545,7 @@ impl Swarm {
         want: Digest,
     ) -> PieceFuture<'_> {
         Box::pin(async move {
+            let started = Instant::now();
             let got =
                 tokio::time::timeout(PIECE_DEADLINE, self.piece_bytes(&source, digest, offset, len)).await;
             let got = match got {
@@ -548,7 +561,7 @@ impl Swarm {
                 Ok(Ok(bytes)) if Digest::of(&bytes) != want => Err(PieceError::Bad(want, Digest::of(&bytes))),
                 Ok(Ok(bytes)) => Ok(bytes),
             };
-            (source, i, got)
+            (source, i, got, started.elapsed())
         })
     }
 
@@ -629,6 +642,24 @@ impl Swarm {
     }
 }
 
+/// The pieces were each checked; the file is checked whole too.
+async fn check_whole(part: &Path, digest: &Digest, size: u64) -> Result<(), SwarmError> {
+    let p = part.to_path_buf();
+    let whole = tokio::task::spawn_blocking(move || Digest::of_file(&p))
+        .await
+        .map_err(|e| SwarmError::Unavailable(e.to_string()))?
+        .map_err(|e| SwarmError::Unavailable(format!("read {}: {e}", part.display())))?;
+    if whole != (*digest, size) {
+        return Err(SwarmError::Corrupt(
+            lks_proto::digest::VerifyError::DigestMismatch {
+                expected: *digest,
+                got: whole.0,
+            },
+        ));
+    }
+    Ok(())
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -663,9 +694,10 @@ enum News {
 
 type NewsStream<'a> = BoxStream<'a, (String, News)>;
 
-/// One piece being fetched: its source, its index, the bytes or why not.
+/// One piece being fetched: its source, its index, the bytes or why not,
+/// and how long it took.
 type PieceFuture<'a> =
-    Pin<Box<dyn Future<Output = (Source, usize, Result<Vec<u8>, PieceError>)> + Send + 'a>>;
+    Pin<Box<dyn Future<Output = (Source, usize, Result<Vec<u8>, PieceError>, Duration)> + Send + 'a>>;
 
 #[derive(Clone, Debug)]
 enum Source {
