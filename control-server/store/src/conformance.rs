@@ -7,7 +7,10 @@
 use lks_proto::labels::Labels;
 use lks_proto::{BundleState, Digest, FileSpec, Manifest, SignedBundle};
 
-use super::*;
+use crate::{
+    BundleRow, BundleStatusRow, NewBundle, NewNode, NewRollout, RolloutCommit, RolloutRow, StoredBundle,
+    TargetChange, TokenRow,
+};
 
 mod audit;
 mod bundles;

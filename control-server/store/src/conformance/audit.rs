@@ -1,6 +1,6 @@
 //! Conformance cases: the audit trail.
 
-use super::*;
+use crate::{AuditFilter, AuditRow, Store};
 
 fn record(at_ms: i64, verb: &str, target: &str) -> AuditRow {
     AuditRow {

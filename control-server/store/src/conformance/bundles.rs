@@ -4,7 +4,13 @@ use lks_proto::sign::SigningKey;
 use lks_proto::{canonical, pb};
 use prost::Message as _;
 
-use super::*;
+use crate::conformance::{
+    WriteStored, blob, bundle, commit, encoded, node, rollout, row_of, signed_bundle, token,
+};
+use crate::{
+    BlobRecord, Hint, Kind, NewBundle, NewCluster, NodeState, PutOutcome, RolloutState, Store, StoreError,
+    TargetChange, Unreadable,
+};
 
 #[allow(clippy::too_many_lines)]
 pub async fn bundles_are_immutable(s: &dyn Store) {

@@ -1,6 +1,10 @@
 //! Conformance cases: Clusters, tokens, peer settings, cluster CAs and issued certificates.
 
-use super::*;
+use crate::conformance::{node, token};
+use crate::{
+    ClusterKube, EventFilter, EventRow, Hint, IssuedCertRow, Kind, KubeFlags, NewCluster, PeerSettings,
+    Store, StoreError, StoredCa,
+};
 
 #[allow(clippy::too_many_lines)]
 pub async fn clusters_and_tokens(s: &dyn Store) {

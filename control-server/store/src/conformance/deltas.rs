@@ -2,7 +2,10 @@
 //! found by target and by patch, gone with their bundle version, and their
 //! patches referenced (kept by the collector) while they are.
 
-use super::*;
+use lks_proto::Digest;
+
+use crate::conformance::bundle_with_blob;
+use crate::{BlobRecord, DeltaRow, Kind, Store, StoreError};
 
 fn row(version: &str, from: &str, target: Digest, patch: Option<Digest>) -> DeltaRow {
     DeltaRow {

@@ -1,6 +1,12 @@
 //! Conformance cases: Enrolment, reports, status and events.
 
-use super::*;
+use lks_proto::BundleState;
+
+use crate::conformance::{bundle, commit, encoded, held, node, rollout, token};
+use crate::{
+    BundleStatusRow, EventFilter, NewCluster, NewNode, NodeState, RolloutState, Store, StoreError,
+    TargetChange, TokenRefusal,
+};
 
 #[allow(clippy::too_many_lines)]
 pub async fn enrolment_consumes_uses_atomically_and_names_are_unique(s: &dyn Store) {

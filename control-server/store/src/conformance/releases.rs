@@ -5,7 +5,12 @@ use std::collections::BTreeMap;
 use lks_proto::release::{Release, ReleasedBundle, SignedRelease, SignedRoot, TrustRoot};
 use lks_proto::sign::SigningKey;
 
-use super::*;
+use lks_proto::Digest;
+
+use crate::conformance::{held, node, token};
+use crate::{
+    NewCluster, NodeTrust, ReleaseRow, Store, StoreError, Stored, StoredRelease, StoredRoot, TrustHealth,
+};
 
 fn release(cluster: &str, version: u64, expires_at_ms: i64) -> StoredRelease {
     let mut bundles = BTreeMap::new();

@@ -1,6 +1,10 @@
 //! Conformance cases: Rollouts and their policies.
 
-use super::*;
+use crate::conformance::{blob, bundle, commit, encoded, held, node, rollout, token};
+use crate::{
+    DrainPolicy, DrainTimeout, EventFilter, EventRow, Hint, Kind, NewCluster, NodeState, OfflinePolicy,
+    RolloutPacing, RolloutPolicy, RolloutState, Store, StoreError, TargetChange,
+};
 
 #[allow(clippy::too_many_lines)]
 pub async fn rollouts_assign_only_what_the_controller_decides(s: &dyn Store) {
