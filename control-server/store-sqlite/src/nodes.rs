@@ -97,7 +97,12 @@ impl NodeStore for SqliteStore {
             // A running or paused rollout of the cluster takes the joiner in
             // too: it starts on the current target and waits for its turn.
             let rollouts = {
-                let mut stmt = tx.prepare("SELECT id, bundle, selector, state FROM rollouts WHERE cluster = ?1")?;
+                // Only the rollouts that may take it in are read (a cluster
+                // keeps every rollout it ever had).
+                let taking = RolloutState::TAKING_JOINERS.map(|s| format!("'{}'", s.as_str())).join(", ");
+                let mut stmt = tx.prepare(&format!(
+                    "SELECT id, bundle, selector, state FROM rollouts WHERE cluster = ?1 AND state IN ({taking})"
+                ))?;
                 stmt.query_map([&n.cluster], |r| {
                     Ok((
                         r.get::<_, String>(0)?,

@@ -49,7 +49,7 @@ impl NewNode {
         selector: &Labels,
         seeded: &BTreeMap<String, String>,
     ) -> Option<RolloutNodeRow> {
-        let live = matches!(state, RolloutState::Running | RolloutState::Paused);
+        let live = RolloutState::TAKING_JOINERS.contains(&state);
         (live && selector_matches(selector, &self.labels))
             .then(|| RolloutNodeRow::waiting(&self.name, seeded.get(bundle).map_or("", String::as_str)))
     }

@@ -20,6 +20,10 @@ pub enum RolloutState {
 }
 
 impl RolloutState {
+    /// The states in which a rollout takes in a node enrolled meanwhile
+    /// ([`NewNode::adopted_by`](crate::NewNode::adopted_by)).
+    pub const TAKING_JOINERS: [RolloutState; 2] = [RolloutState::Running, RolloutState::Paused];
+
     pub fn as_str(self) -> &'static str {
         match self {
             RolloutState::Running => "running",
