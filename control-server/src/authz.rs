@@ -11,7 +11,7 @@ use lks_proto::identity::{Identity, NodeIdentity, cert_info};
 use tonic::{Request, Status};
 
 use crate::blobs::BlobError;
-use crate::store::{Store, StoreError, TokenRefusal};
+use crate::store::{NodeStore, StoreError, TokenRefusal};
 
 /// The identity and serial of the caller's certificate, if it sent one.
 pub fn peer_identity<T>(req: &Request<T>) -> Result<(Identity, String), Status> {
@@ -72,7 +72,10 @@ pub struct NodeCaller {
 }
 
 /// Agent API calls: a current node certificate.
-pub async fn require_node<T>(req: &Request<T>, store: &dyn Store) -> Result<NodeCaller, Status> {
+pub async fn require_node<T>(
+    req: &Request<T>,
+    store: &(impl NodeStore + ?Sized),
+) -> Result<NodeCaller, Status> {
     let (id, serial) = peer_identity(req)?;
     let Identity::Node(id) = id else {
         return Err(Status::permission_denied(

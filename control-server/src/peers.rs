@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clustercache::{ClusterCache, Lookup, Slot};
 use crate::hub::Hub;
-use crate::store::{PeerSettings, Result, Store};
+use crate::store::{ClusterStore, PeerSettings, Result, Store};
 
 /// How long a cluster's settings are used before they are read again, and
 /// how often [`run`] re-reads them.
@@ -66,7 +66,12 @@ impl PeerCache {
     /// The cluster's settings (the defaults, off, for a cluster that does
     /// not exist). Read from the store when older than the TTL; a read that
     /// finds them changed tells every stream of `hub` to look again.
-    pub async fn get(&self, store: &dyn Store, hub: &Hub, cluster: &str) -> Result<PeerSettings> {
+    pub async fn get(
+        &self,
+        store: &(impl ClusterStore + ?Sized),
+        hub: &Hub,
+        cluster: &str,
+    ) -> Result<PeerSettings> {
         match self.cache.lookup(cluster).await {
             Lookup::Fresh(v) => Ok(v),
             Lookup::Read(fill) => read(fill.slot(), store, hub, cluster).await,
@@ -81,7 +86,7 @@ impl PeerCache {
 
     /// Reads again the settings of every cluster held, telling every stream
     /// to look again if any changed (what other replicas wrote).
-    pub async fn refresh(&self, store: &dyn Store, hub: &Hub) {
+    pub async fn refresh(&self, store: &(impl ClusterStore + ?Sized), hub: &Hub) {
         for (cluster, slot) in self.cache.held() {
             let fill = slot.fill().await;
             if let Err(e) = read(fill.slot(), store, hub, &cluster).await {
@@ -95,7 +100,7 @@ impl PeerCache {
 /// cannot be read, the settings held are kept (and read again next time).
 async fn read(
     slot: &Slot<PeerSettings>,
-    store: &dyn Store,
+    store: &(impl ClusterStore + ?Sized),
     hub: &Hub,
     cluster: &str,
 ) -> Result<PeerSettings> {

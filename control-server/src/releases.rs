@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clustercache::{ClusterCache, Lookup, Slot};
 use crate::hub::Hub;
-use crate::store::{Result, Store, StoredRelease};
+use crate::store::{BundleStore, NodeStore, ReleaseStore, Result, Store, StoredRelease};
 
 /// How long a cluster's releases are used before they are read again, and
 /// how often [`run`] re-reads them.
@@ -104,7 +104,12 @@ impl ReleaseCache {
     /// The cluster's releases and roots, read from the store when older
     /// than the TTL; a read that finds them changed tells the cluster's
     /// streams on `hub` to look again.
-    pub async fn get(&self, store: &dyn Store, hub: &Hub, cluster: &str) -> Result<Arc<Channel>> {
+    pub async fn get(
+        &self,
+        store: &(impl ReleaseStore + NodeStore + ?Sized),
+        hub: &Hub,
+        cluster: &str,
+    ) -> Result<Arc<Channel>> {
         match self.cache.lookup(cluster).await {
             Lookup::Fresh(v) => Ok(v),
             Lookup::Read(fill) => read(fill.slot(), store, hub, cluster).await,
@@ -118,7 +123,7 @@ impl ReleaseCache {
 
     /// Reads again every cluster held, telling the streams of each that
     /// changed (what other replicas wrote).
-    pub async fn refresh(&self, store: &dyn Store, hub: &Hub) {
+    pub async fn refresh(&self, store: &(impl ReleaseStore + NodeStore + ?Sized), hub: &Hub) {
         for (cluster, slot) in self.cache.held() {
             let fill = slot.fill().await;
             if let Err(e) = read(fill.slot(), store, hub, &cluster).await {
@@ -131,7 +136,7 @@ impl ReleaseCache {
     /// `size` bytes (`None`: not published any more).
     pub async fn manifest_digest(
         &self,
-        store: &dyn Store,
+        store: &(impl BundleStore + ?Sized),
         name: &str,
         version: &str,
         size: usize,
@@ -152,7 +157,7 @@ impl ReleaseCache {
 }
 
 /// Tells the streams of `cluster`'s nodes on this replica to look again.
-pub async fn notify_cluster(store: &dyn Store, hub: &Hub, cluster: &str) -> Result<()> {
+pub async fn notify_cluster(store: &(impl NodeStore + ?Sized), hub: &Hub, cluster: &str) -> Result<()> {
     for n in store.list_nodes(Some(cluster)).await? {
         hub.notify(&n.name);
     }
@@ -165,7 +170,7 @@ pub async fn notify_cluster(store: &dyn Store, hub: &Hub, cluster: &str) -> Resu
 /// is held is kept (and read again next time).
 async fn read(
     slot: &Slot<Arc<Channel>>,
-    store: &dyn Store,
+    store: &(impl ReleaseStore + NodeStore + ?Sized),
     hub: &Hub,
     cluster: &str,
 ) -> Result<Arc<Channel>> {

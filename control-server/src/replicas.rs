@@ -8,7 +8,7 @@
 //!   If the replica dies, etcd deletes it when the lease runs out, so its
 //!   nodes show `connected: false` within the TTL, last seen when the
 //!   replica last wrote `heard/ID` (not under the lease; the leader settles
-//!   it after `SETTLE_AFTER`, `store/etcd/seen.rs`). If etcd loses the lease while the replica lives (etcd
+//!   it after `SETTLE_AFTER`, `store-etcd/src/seen.rs`). If etcd loses the lease while the replica lives (etcd
 //!   was down for longer than the TTL), the replica takes a new one and
 //!   registers again under the same id; its streams never dropped.
 //! - **Election**: the leader key `leader` is created with a transaction

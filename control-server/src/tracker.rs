@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use lks_proto::arch::Arch;
 use lks_proto::{BundleState, Digest, Manifest};
 
-use crate::store::{EtcdStore, Store, StoreError};
+use crate::store::{EtcdStore, NodeStore, Store, StoreError};
 
 pub mod ledger;
 
@@ -326,7 +326,11 @@ impl Tracker {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    async fn index(&self, store: &dyn Store, cluster: &str) -> Result<Arc<ClusterIndex>, StoreError> {
+    async fn index(
+        &self,
+        store: &(impl NodeStore + ?Sized),
+        cluster: &str,
+    ) -> Result<Arc<ClusterIndex>, StoreError> {
         if let Some(ix) = self.lock().clusters.get(cluster)
             && ix.at.elapsed() < INDEX_TTL
         {

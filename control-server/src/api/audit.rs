@@ -18,7 +18,7 @@ use crate::authz::{AdminCaller, store_status};
 use crate::clock::now_ms;
 use crate::context::Shared;
 use crate::metrics::Metrics;
-use crate::store::{AuditFilter, AuditRow, MAX_AUDIT_LIMIT, Store};
+use crate::store::{AuditFilter, AuditRow, AuditStore, MAX_AUDIT_LIMIT, Store};
 
 /// Longest verb name accepted in a `ListAudit` filter.
 const MAX_VERB: usize = 64;
@@ -87,7 +87,7 @@ impl Deps {
 
 /// `ListAudit`.
 pub(super) async fn list(
-    store: &dyn Store,
+    store: &(impl AuditStore + ?Sized),
     r: pb::ListAuditRequest,
 ) -> Result<Response<pb::ListAuditResponse>, Status> {
     if r.limit > MAX_AUDIT_LIMIT {

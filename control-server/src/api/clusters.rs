@@ -21,7 +21,9 @@ use crate::kube::config::TenantKubeconfig;
 use crate::kube::tenant::{self, TenantApis};
 use crate::peers::PeerCache;
 use crate::pki::clusterca::{ClusterCa, ClusterCas};
-use crate::store::{ClusterKube, ClusterRow, EventRow, IssuedCertRow, NewCluster, PeerSettings, Store};
+use crate::store::{
+    ClusterKube, ClusterRow, ClusterStore, EventRow, IssuedCertRow, NewCluster, PeerSettings, Store,
+};
 
 /// What the cluster handlers use: the store, the tenant CAs, and whom to
 /// tell when a cluster's settings change (the agents' streams, the
@@ -551,7 +553,7 @@ pub async fn list(
 
 /// The newest certificate of each bundle and path of one node.
 pub async fn node_certs(
-    store: &dyn Store,
+    store: &(impl ClusterStore + ?Sized),
     cluster: &str,
     node: &str,
     now_ms: i64,

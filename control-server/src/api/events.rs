@@ -5,13 +5,13 @@ use lks_proto::pb;
 use tonic::{Response, Status};
 
 use crate::authz::store_status;
-use crate::store::{EventFilter, Store};
+use crate::store::{EventFilter, EventStore};
 
 const MAX_EVENT_LIMIT: u32 = 10_000;
 
 /// `ListEvents`: at most `MAX_EVENT_LIMIT` events matching the filter.
 pub(super) async fn list(
-    store: &dyn Store,
+    store: &(impl EventStore + ?Sized),
     r: pb::ListEventsRequest,
 ) -> Result<Response<pb::ListEventsResponse>, Status> {
     let opt = |s: String| (!s.is_empty()).then_some(s);

@@ -11,8 +11,8 @@ use tonic::Status;
 use super::invalid;
 use crate::rollout::counts;
 use crate::store::{
-    ClusterRow, DrainPolicy, DrainTimeout, EventRow, NodeState, OfflinePolicy, RolloutPolicy, RolloutRow,
-    RolloutState, Store,
+    ClusterRow, ClusterStore, DrainPolicy, DrainTimeout, EventRow, NodeState, NodeStore, OfflinePolicy,
+    RolloutPolicy, RolloutRow, RolloutState,
 };
 use crate::windows;
 
@@ -79,7 +79,7 @@ pub fn check_windows(r: &pb::SetClusterRequest) -> Result<Vec<String>, Status> {
 /// Sets or clears the (checked) windows of a cluster, recorded with the
 /// admin's name.
 pub async fn set_windows(
-    store: &dyn Store,
+    store: &(impl ClusterStore + ?Sized),
     name: &str,
     windows: Vec<String>,
     admin: &str,
@@ -223,7 +223,11 @@ pub fn drain_policy(
 }
 
 /// Nodes of `cluster` the selector matches now.
-pub async fn matched_nodes(store: &dyn Store, cluster: &str, selector: &Labels) -> Result<usize, Status> {
+pub async fn matched_nodes(
+    store: &(impl NodeStore + ?Sized),
+    cluster: &str,
+    selector: &Labels,
+) -> Result<usize, Status> {
     let nodes = store
         .list_nodes(Some(cluster))
         .await

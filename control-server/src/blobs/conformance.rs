@@ -176,11 +176,10 @@ mod on_local_dir {
 mod on_etcd {
     use super::*;
     use crate::blobs::EtcdChunks;
-    use crate::store::etcd::tests::TestEtcd;
 
     #[tokio::test]
     async fn round_trip() {
-        let etcd = TestEtcd::start();
+        let etcd = crate::store::test_etcd();
         let store = EtcdChunks::new(etcd.store("r1").await, 32 << 20);
         // Sizes around the chunk size: empty, one byte, one chunk and a half.
         blobs_round_trip(&store, &[0, 1, (1 << 20) + (1 << 19)]).await;
@@ -188,14 +187,14 @@ mod on_etcd {
 
     #[tokio::test]
     async fn wrong_file() {
-        let etcd = TestEtcd::start();
+        let etcd = crate::store::test_etcd();
         let store = EtcdChunks::new(etcd.store("r1").await, 32 << 20);
         a_wrong_file_is_never_stored(&store, (2 << 20) + 5).await;
     }
 
     #[tokio::test]
     async fn replicas_fetch_and_the_cap() {
-        let etcd = TestEtcd::start();
+        let etcd = crate::store::test_etcd();
         let store = std::sync::Arc::new(EtcdChunks::new(etcd.store("r1").await, 4 << 20));
         replicas_fetch_what_another_published(store.clone()).await;
         let dir = tempfile::tempdir().unwrap();

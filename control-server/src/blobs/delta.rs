@@ -21,7 +21,7 @@ use std::sync::Arc;
 use lks_proto::{Digest, FileSpec};
 
 use super::{BlobError, Blobs};
-use crate::store::{BundleRow, DeltaRow, Store};
+use crate::store::{BundleRow, BundleStore, DeltaRow, DeltaStore, Store};
 
 /// Default for `--delta-max-file-size`: about 1.5 GiB of memory while one
 /// patch is made for a file this size (6× the file, BENCHMARKS.md).
@@ -119,7 +119,10 @@ fn candidates(mut rows: Vec<BundleRow>, bases: usize) -> Vec<Want> {
 }
 
 /// The [`candidates`] the store lacks a row for.
-async fn wanted(store: &dyn Store, bases: usize) -> Result<Vec<Want>, BlobError> {
+async fn wanted(
+    store: &(impl BundleStore + DeltaStore + ?Sized),
+    bases: usize,
+) -> Result<Vec<Want>, BlobError> {
     let all = candidates(store.list_bundles(None).await?, bases);
     let mut out = Vec::new();
     let mut have: Option<((String, String), Vec<DeltaRow>)> = None;

@@ -413,7 +413,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn etcd_and_s3() {
-        let etcd = crate::store::etcd::tests::TestEtcd::start();
+        let etcd = crate::store::test_etcd();
         let s3 = TestS3::start("lks-blobs");
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn Store> = Arc::new(etcd.store("r1").await);
@@ -425,7 +425,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn etcd_and_etcd_chunks() {
-        let etcd = crate::store::etcd::tests::TestEtcd::start();
+        let etcd = crate::store::test_etcd();
         let store = etcd.store("r1").await;
         let chunks = Arc::new(crate::blobs::EtcdChunks::new(store.clone(), 32 << 20));
         let store: Arc<dyn Store> = Arc::new(store);

@@ -23,7 +23,7 @@ use super::drain::{self, Cordon, DrainOutcome, ReadyCheck};
 use super::tenant::TenantApis;
 use crate::clock::now_ms;
 use crate::rollout::KubeFact;
-use crate::store::{DrainPolicy, EventRow, KubeStep, Store};
+use crate::store::{DrainPolicy, EventRow, EventStore, KubeStep, Store};
 
 /// How often a Ready gate asks the tenant API.
 const READY_POLL: Duration = Duration::from_secs(1);
@@ -237,7 +237,14 @@ pub struct Cordons {
     pub stray: u64,
 }
 
-async fn record(store: &dyn Store, cluster: &str, node: &str, rollout: &str, kind: &str, message: String) {
+async fn record(
+    store: &(impl EventStore + ?Sized),
+    cluster: &str,
+    node: &str,
+    rollout: &str,
+    kind: &str,
+    message: String,
+) {
     let e = EventRow::tenant(cluster, node, rollout, kind, now_ms(), message);
     if let Err(err) = store.add_event(e).await {
         tracing::warn!(error = %err, "record event");

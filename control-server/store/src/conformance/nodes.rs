@@ -1,0 +1,261 @@
+//! Conformance cases: Enrolment, reports, status and events.
+
+use lks_proto::BundleState;
+
+use crate::conformance::{bundle, commit, encoded, held, node, rollout, token};
+use crate::{
+    BundleStatusRow, EventFilter, NewCluster, NewNode, NodeState, RolloutState, Store, StoreError,
+    TargetChange, TokenRefusal,
+};
+
+#[allow(clippy::too_many_lines)]
+pub async fn enrolment_consumes_uses_atomically_and_names_are_unique(s: &dyn Store) {
+    s.create_cluster(NewCluster::new("a", 1)).await.unwrap();
+    s.create_token(token("once00", "a", Some(1), 10_000))
+        .await
+        .unwrap();
+    s.create_token(token("old000", "a", None, 500)).await.unwrap();
+    s.create_token(token("many00", "a", None, 10_000)).await.unwrap();
+    s.enroll_node(node("w1", "a", "once00", &[])).await.unwrap();
+    assert!(matches!(
+        s.enroll_node(node("w2", "a", "once00", &[])).await,
+        Err(StoreError::Token(TokenRefusal::UsedUp))
+    ));
+    assert!(matches!(
+        s.enroll_node(node("w2", "a", "old000", &[])).await,
+        Err(StoreError::Token(TokenRefusal::Expired))
+    ));
+    assert!(matches!(
+        s.enroll_node(node("w2", "a", "gone00", &[])).await,
+        Err(StoreError::Token(TokenRefusal::Unknown))
+    ));
+    // Another node (another key) with a name in use.
+    let other = NewNode {
+        key_hash: "sha256:another-key".into(),
+        ..node("w1", "a", "many00", &[])
+    };
+    let dup = s.enroll_node(other).await.unwrap_err();
+    assert!(matches!(&dup, StoreError::AlreadyExists(m) if m.contains("lksctl node delete w1")));
+    assert!(
+        s.get_node("w2").await.unwrap().is_none(),
+        "nothing stored for refused joins"
+    );
+    assert!(s.delete_node("w1").await.unwrap());
+    assert!(!s.delete_node("w1").await.unwrap());
+    s.enroll_node(node("w1", "a", "many00", &[])).await.unwrap();
+}
+
+#[allow(clippy::too_many_lines)]
+pub async fn a_report_that_leaves_out_an_undesired_bundle_means_it_was_removed(s: &dyn Store) {
+    s.create_cluster(NewCluster::new("a", 1)).await.unwrap();
+    s.create_token(token("toka00", "a", None, 10_000)).await.unwrap();
+    s.enroll_node(node("a1", "a", "toka00", &[])).await.unwrap();
+    s.node_connected("a1", "{}", vec![held("1", 4)], 1).await.unwrap();
+    let mut other = held("3", 4);
+    other.name = "other".into();
+    s.record_status("a1", vec![other.clone()]).await.unwrap();
+    let n = s.get_node("a1").await.unwrap().unwrap();
+    assert_eq!(n.actual.keys().collect::<Vec<_>>(), ["other"]);
+    assert_eq!(n.actual["other"].generation, 4);
+}
+
+pub async fn enrolled_nodes_are_counted(s: &dyn Store) {
+    assert_eq!(s.count_nodes().await.unwrap(), 0);
+    s.create_cluster(NewCluster::new("a", 1)).await.unwrap();
+    s.create_cluster(NewCluster::new("b", 1)).await.unwrap();
+    s.create_token(token("toka00", "a", None, 10_000)).await.unwrap();
+    s.create_token(token("tokb00", "b", None, 10_000)).await.unwrap();
+    s.enroll_node(node("a1", "a", "toka00", &[])).await.unwrap();
+    s.enroll_node(node("a2", "a", "toka00", &[])).await.unwrap();
+    s.enroll_node(node("b1", "b", "tokb00", &[])).await.unwrap();
+    s.node_connected("a1", "{}", vec![held("1", 4)], 1).await.unwrap();
+    assert_eq!(
+        s.count_nodes().await.unwrap(),
+        3,
+        "every cluster, reports add nothing"
+    );
+    assert!(s.delete_node("a2").await.unwrap());
+    assert_eq!(s.count_nodes().await.unwrap(), 2);
+}
+
+#[allow(clippy::too_many_lines)]
+pub async fn status_and_events(s: &dyn Store) {
+    s.create_cluster(NewCluster::new("a", 1)).await.unwrap();
+    s.create_token(token("toka00", "a", None, 10_000)).await.unwrap();
+    s.enroll_node(node("a1", "a", "toka00", &[])).await.unwrap();
+    assert_eq!(
+        s.node_identity("a1").await.unwrap(),
+        Some(("a".to_string(), "serial-a1".to_string()))
+    );
+    assert_eq!(s.node_identity("nope").await.unwrap(), None);
+    // What the node fetched reads back as reported, the patches' share too.
+    let st = BundleStatusRow {
+        fetched_from_server: 10,
+        fetched_from_peers: 5,
+        fetched_as_delta: 4,
+        name: "k".into(),
+        version: "1".into(),
+        state: BundleState::Applied,
+        message: String::new(),
+        updated_at_ms: 3,
+        generation: 2,
+    };
+    s.node_connected("a1", "{}", vec![st.clone()], 50).await.unwrap();
+    let n = s.get_node("a1").await.unwrap().unwrap();
+    assert!(n.connected);
+    assert_eq!(n.actual["k"], st);
+    s.touch_nodes(vec![("a1".into(), 60)]).await.unwrap();
+    s.node_disconnected("a1", 55).await.unwrap();
+    let n = s.get_node("a1").await.unwrap().unwrap();
+    assert!(!n.connected);
+    assert_eq!(n.last_seen_ms, 60);
+    assert_eq!(n.actual["k"].generation, 2);
+    let ev = s
+        .list_events(EventFilter {
+            node: Some("a1".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(ev[0].kind, "enrolled");
+}
+
+/// An enrolment repeated with the same key, before the node ever connected
+/// (its first answer was lost), gets the node back without another token
+/// use; any other enrolment of the name is refused.
+pub async fn a_lost_enrolment_answer_can_be_repeated_with_the_same_key(s: &dyn Store) {
+    s.create_cluster(NewCluster::new("a", 1)).await.unwrap();
+    s.create_cluster(NewCluster::new("b", 1)).await.unwrap();
+    s.create_token(token("toka01", "a", Some(1), 10_000))
+        .await
+        .unwrap();
+    s.create_token(token("tokb01", "b", None, 10_000)).await.unwrap();
+    let first = node("n1", "a", "toka01", &[]);
+    let g = s.enroll_node(first.clone()).await.unwrap();
+    assert_eq!(
+        s.get_token("toka01").await.unwrap().unwrap().remaining_uses,
+        Some(0)
+    );
+    assert_eq!(s.get_node("n1").await.unwrap().unwrap().key_hash, "sha256:key-n1");
+
+    // The same key again: the node is kept, with the new certificate.
+    let again = NewNode {
+        cert_serial: "serial-n1-again".into(),
+        ..first.clone()
+    };
+    assert_eq!(s.enroll_node(again.clone()).await.unwrap(), g);
+    let n = s.get_node("n1").await.unwrap().unwrap();
+    assert_eq!(n.cert_serial, "serial-n1-again");
+    assert_eq!(
+        s.get_token("toka01").await.unwrap().unwrap().remaining_uses,
+        Some(0)
+    );
+    assert_eq!(s.list_nodes(None).await.unwrap().len(), 1);
+
+    // Another key, or another cluster's token, is another node.
+    let other_key = NewNode {
+        key_hash: "sha256:thief".into(),
+        ..first.clone()
+    };
+    assert!(matches!(
+        s.enroll_node(other_key).await,
+        Err(StoreError::AlreadyExists(_))
+    ));
+    let other_cluster = NewNode {
+        cluster: "b".into(),
+        token_id: "tokb01".into(),
+        ..first.clone()
+    };
+    assert!(matches!(
+        s.enroll_node(other_cluster).await,
+        Err(StoreError::AlreadyExists(_))
+    ));
+    // Once it has connected, the identity is in use: no repeat.
+    s.node_connected("n1", "{}", Vec::new(), 5).await.unwrap();
+    s.node_disconnected("n1", 6).await.unwrap();
+    assert!(matches!(
+        s.enroll_node(again).await,
+        Err(StoreError::AlreadyExists(_))
+    ));
+    assert_eq!(
+        s.get_node("n1").await.unwrap().unwrap().cert_serial,
+        "serial-n1-again"
+    );
+}
+
+/// A node with its stream open has connected, even before its Hello's
+/// facts or time are written (on etcd last-seen times are written later,
+/// in batches): an enrolment with its key is no repeat of a lost one
+/// ([`never_connected`]).
+pub async fn a_node_with_its_stream_open_is_not_enrolled_over(s: &dyn Store) {
+    s.create_cluster(NewCluster::new("a", 1)).await.unwrap();
+    s.create_token(token("toka02", "a", None, 10_000)).await.unwrap();
+    let first = node("n1", "a", "toka02", &[]);
+    s.enroll_node(first.clone()).await.unwrap();
+    s.node_connected("n1", "", Vec::new(), 0).await.unwrap();
+    let again = NewNode {
+        cert_serial: "serial-n1-again".into(),
+        ..first
+    };
+    assert!(matches!(
+        s.enroll_node(again).await,
+        Err(StoreError::AlreadyExists(_))
+    ));
+    assert_eq!(s.get_node("n1").await.unwrap().unwrap().cert_serial, "serial-n1");
+}
+
+/// A joiner starts on each of its cluster's targets its labels match, and
+/// a running or paused rollout over it takes it in, waiting, on the
+/// version that target gave it ([`NewNode::seed_desired`],
+/// [`NewNode::adopted_by`]).
+pub async fn a_joiner_starts_on_its_targets_and_joins_live_rollouts(s: &dyn Store) {
+    s.create_cluster(NewCluster::new("a", 1)).await.unwrap();
+    s.create_token(token("toka03", "a", None, 10_000)).await.unwrap();
+    s.enroll_node(node("a1", "a", "toka03", &[("role", "w")]))
+        .await
+        .unwrap();
+    s.put_bundle(bundle("k", "1", "d1")).await.unwrap();
+    s.put_bundle(bundle("k", "2", "d2")).await.unwrap();
+    let mut r1 = s
+        .start_rollout(rollout("r1", "a", "k", "1", &[("role", "w")]))
+        .await
+        .unwrap();
+    r1.state = RolloutState::Completed;
+    r1.nodes[0].state = NodeState::Updated;
+    s.commit_rollout(commit(&r1, &[("a1", Some("1"))], TargetChange::SetToRollout))
+        .await
+        .unwrap();
+    let mut r2 = s
+        .start_rollout(rollout("r2", "a", "k", "2", &[("role", "w")]))
+        .await
+        .unwrap();
+    r2.state = RolloutState::Paused;
+    s.commit_rollout(commit(&r2, &[], TargetChange::Keep))
+        .await
+        .unwrap();
+
+    s.enroll_node(node("a2", "a", "toka03", &[("role", "w")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.desired_state("a2").await.unwrap().bundles,
+        vec![encoded("k", "1", "d1")],
+        "the target its labels match"
+    );
+    let r2 = s.get_rollout("r2").await.unwrap().unwrap();
+    let a2 = r2.nodes.iter().find(|n| n.name == "a2").unwrap();
+    assert_eq!(
+        (a2.state, a2.previous_version.as_str()),
+        (NodeState::Waiting, "1")
+    );
+
+    s.enroll_node(node("a3", "a", "toka03", &[("role", "db")]))
+        .await
+        .unwrap();
+    assert!(s.desired_state("a3").await.unwrap().bundles.is_empty());
+    let r2 = s.get_rollout("r2").await.unwrap().unwrap();
+    assert!(
+        !r2.nodes.iter().any(|n| n.name == "a3"),
+        "its selector does not match"
+    );
+}
