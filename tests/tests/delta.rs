@@ -11,7 +11,10 @@
 //! - a node whose cache lost the base rebuilds from the installed file;
 //! - a node without the base (one that joins later) fetches the whole file;
 //! - on two replicas over etcd (blobs in etcd), a patch one replica made is
-//!   served by the other, through the shared blob store.
+//!   served by the other, through the shared blob store;
+//! - with peer sharing on, a patch crosses from the server about once: the
+//!   nodes take it from each other (one seed per batch, then the nodes that
+//!   hold it), each rebuilds its file byte-exact.
 
 // Test code: a helper that fails panics with what it was doing, as a
 // #[test] does (clippy.toml allows that only inside #[test] functions).
@@ -260,4 +263,95 @@ fn replicas_on_etcd_serve_patches_another_replica_made() {
     let r1 = etcd.replica("/lks-test-delta/", &args);
     let r2 = etcd.replica("/lks-test-delta/", &args);
     scenario(&r1, &r2, None);
+}
+
+#[test]
+fn with_peer_sharing_a_patch_crosses_from_the_server_about_once() {
+    const NODES: usize = 4;
+    let server = Server::start_with(&["--delta-interval", "1s"]);
+    server.create_cluster("c");
+    let work = tempfile::tempdir().unwrap();
+    let v1 = noise(SIZE, 21);
+    let v2 = next_release(&v1, 1);
+    let mut agents: Vec<(Agent, std::net::SocketAddr)> = (0..NODES)
+        .map(|i| {
+            let mut a = Agent::new(&format!("p{i}"));
+            a.join(&server, "c", &[]);
+            let peer = lks_e2e::free_addr();
+            a.run_args = vec!["--peer-listen".into(), peer.to_string()];
+            a.start();
+            (a, peer)
+        })
+        .collect();
+    server.lksctl_ok(&["cluster", "set", "c", "--peer-sharing", "on"]);
+    for (_, peer) in &agents {
+        wait_until(Duration::from_secs(20), "peer listener up", || {
+            std::net::TcpStream::connect_timeout(peer, Duration::from_millis(300)).is_ok()
+        });
+    }
+    let roll = |id: &str| {
+        let out = server.lksctl_ok(&[
+            "rollout",
+            "start",
+            "--cluster",
+            "c",
+            "--bundle",
+            id,
+            "--batch-size",
+            "2",
+            "--wait",
+        ]);
+        let rid = out.lines().next().unwrap_or_default().trim().to_string();
+        server.lksctl_json(&["rollout", "status", &rid])["fetched"].clone()
+    };
+    assert_eq!(server.publish(&version(work.path(), "1", &v1)), "app@1");
+    roll("app@1");
+    for (a, _) in &agents {
+        let cached = a.state_dir.join("cache/sha256").join(Digest::of(&v1).hex());
+        wait_until(Duration::from_secs(30), "app@1 in the node's cache", || {
+            cached.exists()
+        });
+    }
+
+    assert_eq!(server.publish(&version(work.path(), "2", &v2)), "app@2");
+    let patch_size = wait_deltas(&server, "2", 1)[0]["size"].as_u64().unwrap();
+    let (delta0, whole0) = (served(&server, "delta"), served(&server, "whole"));
+    // Two batches of two: a seed and a node that takes from it, then two
+    // nodes that take from those.
+    let fetched = roll("app@2");
+    for (a, _) in &agents {
+        wait_node_bundle(&server, &a.name, "app", "2", "applied");
+        assert_eq!(
+            std::fs::read(a.root.join(&PATH[1..])).unwrap(),
+            v2,
+            "{}: rebuilt byte-exact",
+            a.name
+        );
+        assert!(
+            a.log().contains("blob rebuilt from a delta and verified"),
+            "{}",
+            a.name
+        );
+    }
+    let from_server = served(&server, "delta") - delta0;
+    assert_eq!(served(&server, "whole"), whole0, "no whole file");
+    assert!(
+        (patch_size..=2 * patch_size).contains(&from_server),
+        "the server sent {from_server} bytes of a {patch_size}-byte patch to {NODES} nodes"
+    );
+    let n = NODES as u64;
+    assert_eq!(fetched["whole"], 0, "{fetched}");
+    assert_eq!(
+        fetched["as_delta"].as_u64().unwrap() + fetched["from_peers"].as_u64().unwrap(),
+        n * patch_size,
+        "each node fetched the patch once, from the server or a peer: {fetched}"
+    );
+    assert!(
+        fetched["from_peers"].as_u64().unwrap() >= (n - 2) * patch_size,
+        "{fetched}"
+    );
+    println!("PEERS patch={patch_size} server_sent={from_server} fetched={fetched}");
+    for (a, _) in &mut agents {
+        a.stop();
+    }
 }

@@ -69,8 +69,6 @@ enum DeltaFailure {
     Source(#[source] source::SourceError),
     #[error("the patch is not what was offered: {0}")]
     Patch(#[source] VerifyError),
-    #[error("the source resumed the patch at byte {0}")]
-    Resumed(u64),
     #[error("the rebuild task failed: {0}")]
     Task(#[source] tokio::task::JoinError),
     #[error(transparent)]
@@ -93,6 +91,9 @@ pub struct Cache {
     dir: PathBuf,
     /// Blobs this process fetched, verified and stored, by digest.
     stored: Arc<Mutex<HashMap<Digest, (InodeMeta, Instant)>>>,
+    /// Patches (binary deltas) cached by this process: patch → the blob it
+    /// rebuilds. Kept while that blob is, for peers to fetch.
+    patches: Arc<Mutex<HashMap<Digest, Digest>>>,
 }
 
 impl Cache {
@@ -100,7 +101,12 @@ impl Cache {
         Cache {
             dir,
             stored: Arc::default(),
+            patches: Arc::default(),
         }
+    }
+
+    fn patches(&self) -> std::sync::MutexGuard<'_, HashMap<Digest, Digest>> {
+        self.patches.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn stored(&self) -> std::sync::MutexGuard<'_, HashMap<Digest, (InodeMeta, Instant)>> {
@@ -226,6 +232,17 @@ impl Cache {
         if let Some(got) = self.rebuild_from_delta(file, src, dest, installed).await {
             return Ok(got);
         }
+        self.download_whole(file, src, dest).await
+    }
+
+    /// Downloads `file`'s own bytes into `dest`: in pieces through peer
+    /// sharing while it is on, else streamed (and resumed) from its source.
+    async fn download_whole(
+        &self,
+        file: &FileSpec,
+        src: &dyn BlobSource,
+        dest: &Path,
+    ) -> Result<Fetched, FetchError> {
         if file.url.is_none()
             && let Some(swarm) = src.swarm()
         {
@@ -345,21 +362,19 @@ impl Cache {
         };
         let started = Instant::now();
         match self.rebuild(file, src, &offer, base, dest).await {
-            Ok(()) => {
+            Ok(got) => {
                 tracing::info!(
                     path = %file.path,
                     digest = %file.digest,
                     base = %offer.base,
                     bytes = offer.patch_size,
+                    from_server = got.from_server,
+                    from_peers = got.from_peers,
                     size = file.size,
                     ms = started.elapsed().as_millis() as u64,
                     "blob rebuilt from a delta and verified"
                 );
-                Some(Fetched {
-                    from_server: offer.patch_size,
-                    from_peers: 0,
-                    as_delta: offer.patch_size,
-                })
+                Some(got)
             }
             Err(e) => {
                 tracing::warn!(path = %file.path, base = %offer.base, "delta not used, fetching the whole file: {e}");
@@ -368,6 +383,11 @@ impl Cache {
         }
     }
 
+    /// Fetches the patch of `offer` into the cache (a blob like any other:
+    /// resumed, verified, through peer sharing while it is on, and kept
+    /// there for peers while `file` is), then rebuilds `file` into `dest`.
+    /// Says what the patch cost: all of it `as_delta` when it came from
+    /// the server.
     async fn rebuild(
         &self,
         file: &FileSpec,
@@ -375,20 +395,30 @@ impl Cache {
         offer: &source::DeltaOffer,
         base_file: File,
         dest: &Path,
-    ) -> Result<(), DeltaFailure> {
+    ) -> Result<Fetched, DeltaFailure> {
         let spec = offer.patch_spec(file);
-        let mut stream = src.open(&spec, 0).await.map_err(DeltaFailure::Source)?;
-        if stream.offset != 0 {
-            return Err(DeltaFailure::Resumed(stream.offset));
+        self.patches().insert(offer.patch, file.digest);
+        src.holding_patch(offer, &file.digest);
+        let mut got = Fetched::default();
+        if !self.contains(&offer.patch) {
+            got = match self.download_whole(&spec, src, &self.blobs()).await {
+                Ok(got) => got,
+                Err(FetchError::Unavailable { reason, .. }) => {
+                    return Err(DeltaFailure::Source(source::SourceError(reason)));
+                }
+                Err(FetchError::Verify { source, .. }) => return Err(DeltaFailure::Patch(source)),
+                Err(FetchError::Fs(e)) => return Err(DeltaFailure::Fs(e)),
+            };
+            got.as_delta = got.from_server;
         }
+        let blob = self.blob_path(&offer.patch);
+        let patch = fs::read(&blob).map_err(|e| DeltaFailure::Fs(FsError::new("read patch", &blob, e)))?;
+        // Checked again as read: the cache may have been damaged since.
         let mut verifier = Verifier::new(offer.patch, offer.patch_size);
-        let mut patch = Vec::with_capacity(usize::try_from(offer.patch_size).unwrap_or(0));
-        while let Some(chunk) = stream.chunks.next().await {
-            let chunk = chunk.map_err(DeltaFailure::Source)?;
-            verifier.update(&chunk).map_err(DeltaFailure::Patch)?;
-            patch.extend_from_slice(&chunk);
+        if let Err(e) = verifier.update(&patch).and_then(|()| verifier.finish()) {
+            let _ = self.remove(&offer.patch);
+            return Err(DeltaFailure::Patch(e));
         }
-        verifier.finish().map_err(DeltaFailure::Patch)?;
         let part = self.partials().join(format!("{}.delta", file.digest.hex()));
         let (f, base, alg, p) = (file.clone(), offer.base, offer.algorithm.clone(), part.clone());
         tokio::task::spawn_blocking(move || {
@@ -399,7 +429,8 @@ impl Cache {
         self.store_verified(&part, &file.digest, dest).map_err(|e| {
             let _ = fs::remove_file(&part);
             DeltaFailure::Fs(e)
-        })
+        })?;
+        Ok(got)
     }
 
     /// [`Cache::ensure`] through peer sharing: pieces from peers and the
@@ -589,8 +620,16 @@ impl Cache {
         Ok(true)
     }
 
-    /// Removes every cached blob not in `keep`, and stale partial downloads.
+    /// Removes every cached blob not in `keep`, and stale partial
+    /// downloads; a patch this process fetched stays while the blob it
+    /// rebuilds is kept (peers may still need it).
     pub fn gc(&self, keep: &BTreeSet<Digest>) -> Result<usize, FsError> {
+        let mut keep = keep.clone();
+        {
+            let mut patches = self.patches();
+            patches.retain(|_, target| keep.contains(target));
+            keep.extend(patches.keys().copied());
+        }
         self.stored().retain(|d, _| keep.contains(d));
         let mut removed = 0;
         for dir in [self.blobs(), self.fetched_dir(), self.partials()] {

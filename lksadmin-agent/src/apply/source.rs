@@ -36,10 +36,16 @@ pub trait BlobSource: Send + Sync {
     /// The patches (binary deltas, issue [delta]) the source offers that
     /// rebuild `file` from other bytes, smallest first; none by default
     /// (and from a server that predates them). A patch is fetched with
-    /// [`BlobSource::open`] under [`DeltaOffer::patch_spec`].
+    /// [`BlobSource::open`] (or [`BlobSource::swarm`]) under
+    /// [`DeltaOffer::patch_spec`].
     fn deltas<'a>(&'a self, _file: &'a FileSpec) -> BoxFuture<'a, Result<Vec<DeltaOffer>, SourceError>> {
         Box::pin(async { Ok(Vec::new()) })
     }
+
+    /// This node is about to fetch the patch of `offer`, which rebuilds
+    /// `target`, and keeps it in its cache afterwards: peer sharing may
+    /// serve it to other nodes (its verified pieces while it arrives).
+    fn holding_patch(&self, _offer: &DeltaOffer, _target: &Digest) {}
 }
 
 /// One patch a source offers: it rebuilds a file from the bytes `base`.

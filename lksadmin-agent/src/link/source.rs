@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use futures::future::BoxFuture;
-use lks_proto::{FileSpec, pb};
+use lks_proto::{Digest, FileSpec, pb};
 
 use crate::apply::source::{BlobSource, BlobStream, DeltaOffer, PieceSource, SourceError};
 use crate::link::channel::{SharedChannel, error_chain};
@@ -147,6 +147,12 @@ impl BlobSource for NetSource {
                 })
                 .collect())
         })
+    }
+
+    fn holding_patch(&self, offer: &DeltaOffer, target: &Digest) {
+        if let Some(s) = &self.swarm {
+            s.shared().add_patch(offer.patch, offer.patch_size, *target);
+        }
     }
 
     fn swarm(&self) -> Option<&dyn PieceSource> {
