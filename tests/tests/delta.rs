@@ -302,7 +302,8 @@ fn with_peer_sharing_a_patch_crosses_from_the_server_about_once() {
             "--wait",
         ]);
         let rid = out.lines().next().unwrap_or_default().trim().to_string();
-        server.lksctl_json(&["rollout", "status", &rid])["fetched"].clone()
+        let fetched = server.lksctl_json(&["rollout", "status", &rid])["fetched"].clone();
+        (rid, fetched)
     };
     assert_eq!(server.publish(&version(work.path(), "1", &v1)), "app@1");
     roll("app@1");
@@ -318,7 +319,7 @@ fn with_peer_sharing_a_patch_crosses_from_the_server_about_once() {
     let (delta0, whole0) = (served(&server, "delta"), served(&server, "whole"));
     // Two batches of two: a seed and a node that takes from it, then two
     // nodes that take from those.
-    let fetched = roll("app@2");
+    let (rid, fetched) = roll("app@2");
     for (a, _) in &agents {
         wait_node_bundle(&server, &a.name, "app", "2", "applied");
         assert_eq!(
@@ -351,6 +352,27 @@ fn with_peer_sharing_a_patch_crosses_from_the_server_about_once() {
         "{fetched}"
     );
     println!("PEERS patch={patch_size} server_sent={from_server} fetched={fetched}");
+    // The same in the text forms: `rollout status` (and `--watch`), and a
+    // column of `rollout list`.
+    let (s, d, p) = (
+        &fetched["from_server"],
+        &fetched["as_delta"],
+        &fetched["from_peers"],
+    );
+    let line = format!("{s} B from the server ({d} B as deltas), {p} B from peers");
+    for args in [
+        vec!["rollout", "status", &rid],
+        vec!["rollout", "status", &rid, "--watch"],
+    ] {
+        let text = server.lksctl_ok(&args);
+        assert!(text.contains(&format!("Fetched:    {line}")), "{text}");
+    }
+    let list = server.lksctl_ok(&["rollout", "list"]);
+    assert!(
+        list.lines()
+            .any(|l| l.starts_with(&rid) && l.trim_end().ends_with(&format!("{s} B/{d} B/{p} B"))),
+        "{list}"
+    );
     for (a, _) in &mut agents {
         a.stop();
     }
