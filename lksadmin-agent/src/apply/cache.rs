@@ -750,6 +750,106 @@ mod tests {
         assert!(cache.contains(&f.digest) && !p.exists());
     }
 
+    /// Offers one patch for `file` and serves it, cut after `cut` bytes
+    /// on the first request; the file itself is unavailable. Records the
+    /// offsets the patch is asked from.
+    struct FlakyPatch {
+        file: Digest,
+        offer: source::DeltaOffer,
+        patch: Vec<u8>,
+        cut: usize,
+        asked: std::sync::Mutex<Vec<u64>>,
+    }
+
+    impl BlobSource for FlakyPatch {
+        fn open<'a>(
+            &'a self,
+            file: &'a FileSpec,
+            offset: u64,
+        ) -> BoxFuture<'a, Result<BlobStream, SourceError>> {
+            Box::pin(async move {
+                if file.digest != self.offer.patch {
+                    return Err(SourceError("the file is not served here".into()));
+                }
+                let first = {
+                    let mut asked = self.asked.lock().unwrap();
+                    asked.push(offset);
+                    asked.len() == 1
+                };
+                let rest = self.patch[offset as usize..].to_vec();
+                let mut chunks: Vec<Result<Vec<u8>, SourceError>> = Vec::new();
+                if first {
+                    chunks.push(Ok(rest[..self.cut].to_vec()));
+                    chunks.push(Err(SourceError("connection reset".into())));
+                } else {
+                    chunks.push(Ok(rest));
+                }
+                Ok(BlobStream {
+                    offset,
+                    chunks: futures::stream::iter(chunks).boxed(),
+                })
+            })
+        }
+
+        fn deltas<'a>(
+            &'a self,
+            file: &'a FileSpec,
+        ) -> BoxFuture<'a, Result<Vec<source::DeltaOffer>, SourceError>> {
+            let offers = if file.digest == self.file {
+                vec![self.offer.clone()]
+            } else {
+                Vec::new()
+            };
+            Box::pin(async move { Ok(offers) })
+        }
+    }
+
+    #[tokio::test]
+    async fn an_interrupted_patch_download_resumes_at_its_verified_length_and_the_patch_is_kept() {
+        let d = tempfile::tempdir().unwrap();
+        let cache = Cache::new(d.path().join("cache"));
+        let old: Vec<u8> = (0..200_000u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        let mut new = old.clone();
+        new[70_000] ^= 1;
+        new.splice(100_000..100_000, *b"inserted");
+        let base = cache.insert(&old).unwrap();
+        let patch = lks_proto::delta::make(&old, &new).unwrap();
+        let f = spec(&new);
+        let src = FlakyPatch {
+            file: f.digest,
+            offer: source::DeltaOffer {
+                base,
+                patch: Digest::of(&patch),
+                patch_size: patch.len() as u64,
+                algorithm: lks_proto::delta::ALGORITHM.into(),
+            },
+            cut: patch.len() / 2,
+            patch: patch.clone(),
+            asked: Default::default(),
+        };
+        // Cut mid-patch (and the file unavailable too): nothing installed,
+        // the verified part of the patch kept.
+        let err = cache.fetch(&f, &src).await.unwrap_err();
+        assert!(matches!(err, FetchError::Unavailable { .. }), "{err}");
+        let part = cache.partials().join(src.offer.patch.hex());
+        assert_eq!(fs::metadata(&part).unwrap().len(), src.cut as u64);
+        // Again: the patch resumes where it stopped, the file is rebuilt.
+        let got = cache.fetch(&f, &src).await.unwrap();
+        assert_eq!(*src.asked.lock().unwrap(), [0, src.cut as u64]);
+        let rest = (patch.len() - src.cut) as u64;
+        assert_eq!((got.from_server, got.as_delta, got.from_peers), (rest, rest, 0));
+        let p = cache.verified_fetched(&f.digest, f.size).unwrap().unwrap();
+        assert_eq!(fs::read(p).unwrap(), new);
+        // The patch stays cached (for peers) while the file is kept.
+        assert_eq!(fs::read(cache.blob_path(&src.offer.patch)).unwrap(), patch);
+        cache.gc(&BTreeSet::from([f.digest])).unwrap();
+        assert!(cache.contains(&src.offer.patch));
+        cache.gc(&BTreeSet::new()).unwrap();
+        assert!(!cache.contains(&src.offer.patch));
+    }
+
     #[test]
     fn a_fetched_file_changed_on_disk_is_hashed_and_dropped() {
         let d = tempfile::tempdir().unwrap();
