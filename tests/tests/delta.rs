@@ -273,10 +273,11 @@ fn with_peer_sharing_a_patch_crosses_from_the_server_about_once() {
     let work = tempfile::tempdir().unwrap();
     let v1 = noise(SIZE, 21);
     let v2 = next_release(&v1, 1);
+    // Two waves: p0, p1, then p2, p3.
     let mut agents: Vec<(Agent, std::net::SocketAddr)> = (0..NODES)
         .map(|i| {
             let mut a = Agent::new(&format!("p{i}"));
-            a.join(&server, "c", &[]);
+            a.join(&server, "c", &["--labels", &format!("wave={}", 1 + i / 2)]);
             let peer = lks_e2e::free_addr();
             a.run_args = vec!["--peer-listen".into(), peer.to_string()];
             a.start();
@@ -284,12 +285,15 @@ fn with_peer_sharing_a_patch_crosses_from_the_server_about_once() {
         })
         .collect();
     server.lksctl_ok(&["cluster", "set", "c", "--peer-sharing", "on"]);
-    for (_, peer) in &agents {
+    let listening = |peer: &std::net::SocketAddr| {
         wait_until(Duration::from_secs(20), "peer listener up", || {
             std::net::TcpStream::connect_timeout(peer, Duration::from_millis(300)).is_ok()
         });
+    };
+    for (_, peer) in &agents {
+        listening(peer);
     }
-    let roll = |id: &str| {
+    let roll = |id: &str, selector: &str| {
         let out = server.lksctl_ok(&[
             "rollout",
             "start",
@@ -297,6 +301,8 @@ fn with_peer_sharing_a_patch_crosses_from_the_server_about_once() {
             "c",
             "--bundle",
             id,
+            "--selector",
+            selector,
             "--batch-size",
             "2",
             "--wait",
@@ -306,7 +312,7 @@ fn with_peer_sharing_a_patch_crosses_from_the_server_about_once() {
         (rid, fetched)
     };
     assert_eq!(server.publish(&version(work.path(), "1", &v1)), "app@1");
-    roll("app@1");
+    roll("app@1", "");
     for (a, _) in &agents {
         let cached = a.state_dir.join("cache/sha256").join(Digest::of(&v1).hex());
         wait_until(Duration::from_secs(30), "app@1 in the node's cache", || {
@@ -317,49 +323,38 @@ fn with_peer_sharing_a_patch_crosses_from_the_server_about_once() {
     assert_eq!(server.publish(&version(work.path(), "2", &v2)), "app@2");
     let patch_size = wait_deltas(&server, "2", 1)[0]["size"].as_u64().unwrap();
     let (delta0, whole0) = (served(&server, "delta"), served(&server, "whole"));
-    // Two batches of two: a seed and a node that takes from it, then two
-    // nodes that take from those.
-    let (rid, fetched) = roll("app@2");
-    for (a, _) in &agents {
-        wait_node_bundle(&server, &a.name, "app", "2", "applied");
-        assert_eq!(
-            std::fs::read(a.root.join(&PATH[1..])).unwrap(),
-            v2,
-            "{}: rebuilt byte-exact",
-            a.name
-        );
-        assert!(
-            a.log().contains("blob rebuilt from a delta and verified"),
-            "{}",
-            a.name
-        );
-    }
+    // Wave 1: a seed, and a node that takes the patch from it.
+    let (rid, fetched) = roll("app@2", "wave=1");
+    let check = |agents: &[(Agent, std::net::SocketAddr)]| {
+        for (a, _) in agents {
+            wait_node_bundle(&server, &a.name, "app", "2", "applied");
+            assert_eq!(
+                std::fs::read(a.root.join(&PATH[1..])).unwrap(),
+                v2,
+                "{}: rebuilt byte-exact",
+                a.name
+            );
+            assert!(
+                a.log().contains("blob rebuilt from a delta and verified"),
+                "{}",
+                a.name
+            );
+        }
+    };
+    check(&agents[..2]);
     let from_server = served(&server, "delta") - delta0;
     assert_eq!(served(&server, "whole"), whole0, "no whole file");
-    assert!(
-        (patch_size..=2 * patch_size).contains(&from_server),
-        "the server sent {from_server} bytes of a {patch_size}-byte patch to {NODES} nodes"
-    );
-    let n = NODES as u64;
-    assert_eq!(fetched["whole"], 0, "{fetched}");
+    assert_eq!(from_server, patch_size, "the patch crossed from the server once");
     assert_eq!(
-        fetched["as_delta"].as_u64().unwrap() + fetched["from_peers"].as_u64().unwrap(),
-        n * patch_size,
-        "each node fetched the patch once, from the server or a peer: {fetched}"
-    );
-    assert!(
-        fetched["from_peers"].as_u64().unwrap() >= (n - 2) * patch_size,
-        "{fetched}"
+        (&fetched["as_delta"], &fetched["from_peers"], &fetched["whole"]),
+        (&patch_size.into(), &patch_size.into(), &0.into()),
+        "one node took it from the server, the other from that node: {fetched}"
     );
     println!("PEERS patch={patch_size} server_sent={from_server} fetched={fetched}");
     // The same in the text forms: `rollout status` (and `--watch`), and a
     // column of `rollout list`.
-    let (s, d, p) = (
-        &fetched["from_server"],
-        &fetched["as_delta"],
-        &fetched["from_peers"],
-    );
-    let line = format!("{s} B from the server ({d} B as deltas), {p} B from peers");
+    let line =
+        format!("{patch_size} B from the server ({patch_size} B as deltas), {patch_size} B from peers");
     for args in [
         vec!["rollout", "status", &rid],
         vec!["rollout", "status", &rid, "--watch"],
@@ -368,11 +363,39 @@ fn with_peer_sharing_a_patch_crosses_from_the_server_about_once() {
         assert!(text.contains(&format!("Fetched:    {line}")), "{text}");
     }
     let list = server.lksctl_ok(&["rollout", "list"]);
+    let cell = format!("{patch_size} B/{patch_size} B/{patch_size} B");
     assert!(
         list.lines()
-            .any(|l| l.starts_with(&rid) && l.trim_end().ends_with(&format!("{s} B/{d} B/{p} B"))),
+            .any(|l| l.starts_with(&rid) && l.trim_end().ends_with(&cell)),
         "{list}"
     );
+
+    // Wave 2, after wave 1's agents restarted: they forgot the patch they
+    // held (the tracker still names them); the new nodes drop them at
+    // their first word and do not wait out the swarm's stall.
+    for (a, peer) in &mut agents[..2] {
+        a.stop();
+        a.start();
+        listening(peer);
+    }
+    for (a, _) in &agents[..2] {
+        a.wait_connected();
+    }
+    let started = std::time::Instant::now();
+    let (_, fetched) = roll("app@2", "wave=2");
+    let took = started.elapsed();
+    check(&agents[2..]);
+    assert!(
+        took < Duration::from_secs(12),
+        "wave 2 took {took:?}: waited for peers that do not hold the patch"
+    );
+    assert_eq!(fetched["whole"], 0, "{fetched}");
+    assert_eq!(
+        fetched["as_delta"].as_u64().unwrap() + fetched["from_peers"].as_u64().unwrap(),
+        2 * patch_size,
+        "{fetched}"
+    );
+    println!("PEERS wave 2 took {took:?} fetched={fetched}");
     for (a, _) in &mut agents {
         a.stop();
     }
