@@ -824,6 +824,7 @@ mod tests {
                 patch: Digest::of(&patch),
                 patch_size: patch.len() as u64,
                 algorithm: lks_proto::delta::ALGORITHM.into(),
+                chunks: None,
             },
             cut: patch.len() / 2,
             patch: patch.clone(),

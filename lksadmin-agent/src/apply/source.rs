@@ -56,6 +56,9 @@ pub struct DeltaOffer {
     pub patch: Digest,
     pub patch_size: u64,
     pub algorithm: String,
+    /// The patch's piece list, for one of more than one piece (peer
+    /// sharing moves it in checked pieces); `None`: one piece.
+    pub chunks: Option<lks_proto::chunks::Chunks>,
 }
 
 impl DeltaOffer {
@@ -67,7 +70,7 @@ impl DeltaOffer {
             size: self.patch_size,
             mode: 0o600,
             url: None,
-            chunks: None,
+            chunks: self.chunks.clone(),
             arch: file.arch,
         }
     }

@@ -11,7 +11,8 @@
 //!   (they are assigned to its cluster), whole ones from the cache and,
 //!   while this node is fetching one itself, the pieces it has verified;
 //!   and the binary-delta patches (issue [delta]) this node fetched that
-//!   rebuild one of those blobs ([`Shared::add_patch`]), as one piece.
+//!   rebuild one of those blobs ([`Shared::add_patch`]), by the piece list
+//!   the server gave with the offer (or as one piece).
 //! - Each piece is read and checked against its digest before a byte is
 //!   sent, so a cache corrupted on disk is never passed on.
 //! - At most `max_uploads` at once (more: `RESOURCE_EXHAUSTED`, the caller
@@ -84,9 +85,9 @@ pub struct Partial {
 /// What the fetching side and the serving side share.
 pub struct Shared {
     served: Mutex<HashMap<Digest, BlobInfo>>,
-    /// Patches this node fetches or holds: patch → (its size, the blob it
-    /// rebuilds). Served while that blob is.
-    patches: Mutex<HashMap<Digest, (u64, Digest)>>,
+    /// Patches this node fetches or holds: patch → (its size and pieces,
+    /// the blob it rebuilds). Served while that blob is.
+    patches: Mutex<HashMap<Digest, (BlobInfo, Digest)>>,
     partial: Mutex<HashMap<Digest, Arc<Partial>>>,
     /// Bumped whenever what this node holds may have changed (a piece
     /// verified, a download started or ended, the served set replaced):
@@ -162,11 +163,18 @@ impl Shared {
         self.bump();
     }
 
-    /// This node fetches (and then holds) `patch`, `size` bytes, which
-    /// rebuilds the blob `target`: served like a blob of the desired
-    /// bundles (one piece, checked against its digest) while `target` is.
-    pub fn add_patch(&self, patch: Digest, size: u64, target: Digest) {
-        lock(&self.patches).insert(patch, (size, target));
+    /// This node fetches (and then holds) `patch`, which rebuilds the blob
+    /// `target`: served like a blob of the desired bundles (by the pieces
+    /// of `info`, each checked against its digest) while `target` is.
+    pub fn add_patch(&self, patch: Digest, info: BlobInfo, target: Digest) {
+        let info = match &info.chunks {
+            Some(c) if c.validate(info.size, &patch).is_err() => BlobInfo {
+                size: info.size,
+                chunks: None,
+            },
+            _ => info,
+        };
+        lock(&self.patches).insert(patch, (info, target));
         self.bump();
     }
 
@@ -188,10 +196,8 @@ impl Shared {
         if let Some(info) = served.get(d) {
             return Some(info.clone());
         }
-        let (size, target) = lock(&self.patches).get(d).copied()?;
-        served
-            .contains_key(&target)
-            .then_some(BlobInfo { size, chunks: None })
+        let (info, target) = lock(&self.patches).get(d).cloned()?;
+        served.contains_key(&target).then_some(info)
     }
 
     pub fn start_partial(&self, d: Digest, p: Arc<Partial>) {
@@ -628,7 +634,7 @@ mod tests {
     }
 
     #[test]
-    fn a_patch_is_served_as_one_piece_while_the_blob_it_rebuilds_is() {
+    fn a_patch_is_served_while_the_blob_it_rebuilds_is() {
         let shared = Shared::default();
         let file = Digest::of(b"file v2");
         let desired = |files: Vec<pb::FileEntry>| pb::DesiredState {
@@ -649,7 +655,11 @@ mod tests {
         }]));
         let patch = Digest::of(b"patch");
         assert_eq!(shared.served(&patch), None, "not fetched: not served");
-        shared.add_patch(patch, 5, file);
+        let one_piece = BlobInfo {
+            size: 5,
+            chunks: None,
+        };
+        shared.add_patch(patch, one_piece.clone(), file);
         assert_eq!(
             shared.served(&patch),
             Some(BlobInfo {
@@ -659,7 +669,7 @@ mod tests {
         );
         // A patch of a blob this node does not serve is not served either.
         let other = Digest::of(b"other patch");
-        shared.add_patch(other, 5, Digest::of(b"not desired"));
+        shared.add_patch(other, one_piece, Digest::of(b"not desired"));
         assert_eq!(shared.served(&other), None);
         // The file no longer desired: neither is its patch, and it is
         // forgotten.

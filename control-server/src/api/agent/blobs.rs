@@ -140,17 +140,33 @@ pub(super) async fn find_deltas(
             best.insert(row.base, row);
         }
     }
-    let mut offers: Vec<pb::DeltaOffer> = best
-        .into_values()
-        .filter_map(|r| {
-            Some(pb::DeltaOffer {
-                base_digest: r.base.to_string(),
-                patch_digest: r.patch?.to_string(),
-                patch_size: r.patch_size,
-                algorithm: r.algorithm,
-            })
-        })
-        .collect();
+    let mut offers: Vec<pb::DeltaOffer> = Vec::new();
+    for r in best.into_values() {
+        let Some(patch) = r.patch else { continue };
+        // A patch of more than one piece gets its piece list, so peers can
+        // pass it on in checked pieces; without one (a blob this replica
+        // cannot read now) it is offered as one piece all the same.
+        let mut chunk_size = 0;
+        let mut chunk_digests = Vec::new();
+        if r.patch_size > u64::from(lks_proto::chunks::DEFAULT_CHUNK_SIZE) {
+            match s.blobs.pieces_of(&patch).await {
+                Ok(Some(c)) => {
+                    chunk_size = c.size;
+                    chunk_digests = c.digests.iter().map(|d| d.as_bytes().to_vec()).collect();
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(%patch, error = %e, "no piece list for a patch"),
+            }
+        }
+        offers.push(pb::DeltaOffer {
+            base_digest: r.base.to_string(),
+            patch_digest: patch.to_string(),
+            patch_size: r.patch_size,
+            algorithm: r.algorithm,
+            chunk_size,
+            chunk_digests,
+        });
+    }
     offers.sort_by_key(|o| o.patch_size);
     Ok(Response::new(pb::FindDeltasResponse { offers }))
 }
