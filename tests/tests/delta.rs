@@ -567,6 +567,27 @@ fn bench_a_patch_release_to_nodes_sharing_with_peers() {
     for a in &agents {
         wait_node_bundle(&server, &a.name, "app", "2", "applied");
         assert_eq!(std::fs::read(a.root.join(&PATH[1..])).unwrap(), v2, "{}", a.name);
+        // Where each node's time went: the patch's fetch and the rebuild.
+        let log = a.log();
+        let ms = |what: &str| {
+            log.lines()
+                .filter(|l| l.contains(what))
+                .filter_map(|l| {
+                    l.split(" ms=")
+                        .nth(1)?
+                        .split_whitespace()
+                        .next()?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .collect::<Vec<_>>()
+        };
+        println!(
+            "BENCH {} fetched_ms={:?} rebuilt_ms={:?}",
+            a.name,
+            ms("blob fetched and verified"),
+            ms("blob rebuilt from a delta and verified")
+        );
     }
     for a in &mut agents {
         a.stop();
