@@ -44,7 +44,8 @@ enum Command {
     /// Writes a consistent archive of a running (or stopped) installation:
     /// state, CA and keys, audit trail, releases and the blob manifest.
     Backup(BackupArgs),
-    /// Makes a new data dir from an archive `backup` wrote.
+    /// Restores an archive `backup` wrote: a new data dir, or an empty
+    /// etcd prefix (an archive of `backup --store etcd`).
     Restore(RestoreArgs),
 }
 
@@ -62,24 +63,46 @@ struct BackupArgs {
     /// digests.
     #[arg(long)]
     with_blobs: bool,
-    /// Where the installation's state lives.
+    /// Where the installation's state lives: `sqlite` (--data-dir) or
+    /// `etcd` (every key under --etcd-prefix, read at one revision).
     #[arg(long, value_enum, default_value = "sqlite")]
     store: StoreKind,
     #[command(flatten)]
     etcd: EtcdFlags,
+    /// With --store etcd: the replicas' key file, to prove a sealed CA
+    /// opens (without it a sealed identity is archived as stored).
+    #[arg(long, value_name = "FILE")]
+    encryption_key_file: Option<PathBuf>,
     #[command(flatten)]
     blobs: BlobFlags,
+    /// With --store etcd: the replicas' --etcd-max-blob-size.
+    #[arg(long, default_value_t = lks_control_server::blobs::DEFAULT_MAX_BLOB)]
+    etcd_max_blob_size: u64,
 }
 
-/// `restore`: the archive and the new data dir.
+/// `restore`: the archive and where it goes (a new data dir, or an empty
+/// etcd prefix).
 #[derive(clap::Args)]
 struct RestoreArgs {
     /// An archive `lks-control-server backup` wrote.
     #[arg(long, value_name = "FILE")]
     from: PathBuf,
-    /// The data dir to create; must be absent or empty.
+    /// The data dir to create (--store sqlite); must be absent or empty.
     #[arg(long, value_name = "DIR")]
-    data_dir: PathBuf,
+    data_dir: Option<PathBuf>,
+    /// `sqlite` (a new data dir) or `etcd` (an empty --etcd-prefix; the
+    /// archive must come from `backup --store etcd`).
+    #[arg(long, value_enum, default_value = "sqlite")]
+    store: StoreKind,
+    #[command(flatten)]
+    etcd: EtcdFlags,
+    /// With --store etcd: where the archive's blobs go (etcd, the default,
+    /// or s3://BUCKET/PREFIX with the --s3-* flags).
+    #[command(flatten)]
+    blobs: BlobFlags,
+    /// With --store etcd: the replicas' --etcd-max-blob-size.
+    #[arg(long, default_value_t = lks_control_server::blobs::DEFAULT_MAX_BLOB)]
+    etcd_max_blob_size: u64,
 }
 
 /// Running the server (no subcommand).
@@ -415,31 +438,48 @@ async fn migrate(args: MigrateArgs) -> ExitCode {
 
 /// `backup`: prints what the archive holds and its SHA-256, or one error line.
 async fn backup(args: BackupArgs) -> ExitCode {
-    if args.store == StoreKind::Etcd {
-        eprintln!(
-            "error: backup --store etcd is not available in this version; back up etcd with \
-             `etcdctl snapshot save` and the blob bucket (README: Backup and restore)"
-        );
-        return ExitCode::from(2);
-    }
-    if flag_error(store_choice(args.store, &args.etcd)).is_none() {
-        return ExitCode::from(2);
-    }
-    let Some(data_dir) = args.data_dir else {
-        eprintln!("error: backup --store sqlite needs --data-dir DIR (the server's data dir)");
+    let Some(store) = flag_error(store_choice(args.store, &args.etcd)) else {
         return ExitCode::from(2);
     };
     let Some(blob_store) = flag_error(blob_choice(&args.blobs)) else {
         return ExitCode::from(2);
     };
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let cfg = lks_control_server::backup::BackupConfig {
-        data_dir,
-        out: args.out,
-        with_blobs: args.with_blobs,
-        blob_store,
+    let done = match store {
+        StoreChoice::Etcd(etcd) => {
+            if args.data_dir.is_some() {
+                eprintln!("error: backup --store etcd reads etcd, not a data dir: drop --data-dir");
+                return ExitCode::from(2);
+            }
+            let cfg = lks_control_server::backup::EtcdBackupConfig {
+                etcd,
+                out: args.out,
+                with_blobs: args.with_blobs,
+                blob_store,
+                encryption_key_file: args.encryption_key_file,
+                max_blob: args.etcd_max_blob_size,
+            };
+            lks_control_server::backup::backup_etcd(&cfg).await
+        }
+        StoreChoice::Sqlite => {
+            let Some(data_dir) = args.data_dir else {
+                eprintln!("error: backup --store sqlite needs --data-dir DIR (the server's data dir)");
+                return ExitCode::from(2);
+            };
+            if args.encryption_key_file.is_some() {
+                eprintln!("error: --encryption-key-file needs --store etcd");
+                return ExitCode::from(2);
+            }
+            let cfg = lks_control_server::backup::BackupConfig {
+                data_dir,
+                out: args.out,
+                with_blobs: args.with_blobs,
+                blob_store,
+            };
+            lks_control_server::backup::backup_sqlite(&cfg).await
+        }
     };
-    match lks_control_server::backup::backup_sqlite(&cfg).await {
+    match done {
         Ok(summary) => {
             println!("{summary}");
             ExitCode::SUCCESS
@@ -451,13 +491,57 @@ async fn backup(args: BackupArgs) -> ExitCode {
     }
 }
 
-/// `restore`: prints what was restored, or one line per problem.
-fn restore(args: RestoreArgs) -> ExitCode {
-    let cfg = lks_control_server::backup::RestoreConfig {
-        from: args.from,
-        data_dir: args.data_dir,
+/// `restore`: prints what was restored, or one line per problem (the last
+/// saying that nothing was restored).
+async fn restore(args: RestoreArgs) -> ExitCode {
+    let Some(store) = flag_error(store_choice(args.store, &args.etcd)) else {
+        return ExitCode::from(2);
     };
-    match lks_control_server::backup::restore(&cfg) {
+    let Some(blob_store) = flag_error(blob_choice(&args.blobs)) else {
+        return ExitCode::from(2);
+    };
+    let (done, left) = match store {
+        StoreChoice::Etcd(etcd) => {
+            if args.data_dir.is_some() {
+                eprintln!("error: restore --store etcd writes into etcd, not a data dir: drop --data-dir");
+                return ExitCode::from(2);
+            }
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let left = format!("{} left as it was", etcd.prefix);
+            let cfg = lks_control_server::backup::EtcdRestoreConfig {
+                from: args.from,
+                etcd,
+                blob_store,
+                max_blob: args.etcd_max_blob_size,
+            };
+            let done = lks_control_server::backup::restore_etcd(&cfg)
+                .await
+                .map(|s| s.to_string());
+            (done, left)
+        }
+        StoreChoice::Sqlite => {
+            let Some(data_dir) = args.data_dir else {
+                eprintln!(
+                    "error: restore needs --data-dir DIR (a new data dir), or --store etcd and its flags"
+                );
+                return ExitCode::from(2);
+            };
+            if args.blobs.blob_store.is_some() {
+                eprintln!("error: --blob-store needs --store etcd (a data dir's blobs go into DIR/blobs)");
+                return ExitCode::from(2);
+            }
+            let left = format!("{} left as it was", data_dir.display());
+            let cfg = lks_control_server::backup::RestoreConfig {
+                from: args.from,
+                data_dir,
+            };
+            (
+                lks_control_server::backup::restore(&cfg).map(|s| s.to_string()),
+                left,
+            )
+        }
+    };
+    match done {
         Ok(summary) => {
             println!("{summary}");
             ExitCode::SUCCESS
@@ -466,10 +550,7 @@ fn restore(args: RestoreArgs) -> ExitCode {
             let lines = e.lines();
             for (i, line) in lines.iter().enumerate() {
                 if i + 1 == lines.len() {
-                    eprintln!(
-                        "error: {line}; nothing was restored ({} left as it was)",
-                        cfg.data_dir.display()
-                    );
+                    eprintln!("error: {line}; nothing was restored ({left})");
                 } else {
                     eprintln!("error: {line}");
                 }
@@ -515,7 +596,7 @@ async fn main() -> ExitCode {
     match cli.command {
         Some(Command::Migrate(m)) => return migrate(m).await,
         Some(Command::Backup(b)) => return backup(b).await,
-        Some(Command::Restore(r)) => return restore(r),
+        Some(Command::Restore(r)) => return restore(r).await,
         None => {}
     }
     let args = cli.run;

@@ -132,6 +132,25 @@ pub async fn store_identity(
     Ok(())
 }
 
+/// The identity document `stored` (as read from `store`'s prefix, by
+/// `backup --store etcd`): the id of the key that sealed its private keys,
+/// if any, and the identity opened, proving the CA loads — `None` if it is
+/// sealed and no key was given (nothing to open it with).
+pub fn read_stored_identity(
+    store: &EtcdStore,
+    stored: &[u8],
+    seal: Option<&crate::pki::seal::SealKey>,
+) -> Result<(Option<String>, Option<SharedIdentity>), IdentityError> {
+    let doc: IdentityDoc =
+        serde_json::from_slice(stored).map_err(|e| IdentityError::Corrupt(e.to_string()))?;
+    if doc.sealed_with.is_some() && seal.is_none() {
+        return Ok((doc.sealed_with, None));
+    }
+    let id = open_identity(store, &doc, seal)?;
+    crate::pki::Pki::from_shared(&id, &["localhost".to_string()])?;
+    Ok((doc.sealed_with, Some(id)))
+}
+
 fn aad(store: &EtcdStore, which: &str) -> Vec<u8> {
     store.key(&format!("identity#{which}")).into_bytes()
 }

@@ -331,7 +331,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         ping_interval: cfg.ping_interval,
         cancel: cancel.clone(),
         tasks: TaskTracker::new(),
-        tracker: Arc::new(crate::tracker::Tracker::default()),
+        tracker: Arc::new(crate::tracker::Tracker::new(etcd.clone())),
     });
 
     if let Some(addr) = cfg.metrics_listen {

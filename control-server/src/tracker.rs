@@ -8,8 +8,9 @@
 //!   serve the chunks they have verified so far, which lets one copy from
 //!   the server spread through a batch that starts at once;
 //! - for a binary-delta patch (issue [delta]), which no bundle lists: the
-//!   nodes that asked for it in the last [`PATCH_HELD_TTL`] and no longer
-//!   do (they fetched it, and keep it while its file is installed).
+//!   nodes that asked this replica for it in the last [`PATCH_HELD_TTL`]
+//!   and no longer do (they fetched it, and keep it while its file is
+//!   installed).
 //!
 //! The server stays the seed: a node may fetch from the server itself only
 //! while fewer than [`MAX_SEEDS`] connected nodes of its cluster do so for
@@ -29,9 +30,12 @@
 //! fetch only those ([`Tracker::blob_allowed`], the check of `FetchBlob`
 //! and `FindPeers`).
 //!
-//! State is per replica and in memory: holders come from the store (the
-//! node reports), fetchers and load from this replica's own answers, which
-//! is all a replica needs to keep the server's share of the bytes small.
+//! Holders come from the store (the node reports); fetchers and load from
+//! this replica's own answers, in memory. With replicas on etcd the
+//! fetchers of the other replicas and the one seed of the fleet are shared
+//! through etcd ([`ledger`]): a node is named to nodes on any replica, and
+//! one node of a cluster fetches a blob from the server, not one per
+//! replica.
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
@@ -41,7 +45,9 @@ use std::time::{Duration, Instant};
 use lks_proto::arch::Arch;
 use lks_proto::{BundleState, Digest, Manifest};
 
-use crate::store::{Store, StoreError};
+use crate::store::{EtcdStore, Store, StoreError};
+
+pub mod ledger;
 
 /// How many peers one answer names at most.
 pub const MAX_PEERS: usize = 8;
@@ -58,7 +64,7 @@ pub const FETCHING_TTL: Duration = Duration::from_secs(30);
 /// How long a node that asked for a patch (binary delta) is named as
 /// holding it, once it no longer asks: agents keep a patch they fetched
 /// while the file it rebuilds is installed or desired, and forget it when
-/// they restart.
+/// they restart (then they say so, and the asker goes on).
 pub const PATCH_HELD_TTL: Duration = Duration::from_secs(3600);
 /// How long a cluster's holders are read from the store again.
 const INDEX_TTL: Duration = Duration::from_secs(2);
@@ -86,6 +92,8 @@ pub struct Answer {
 #[derive(Default)]
 pub struct Tracker {
     inner: Mutex<Inner>,
+    /// Replicas on etcd: what the others know ([`ledger`]).
+    ledger: Option<ledger::Ledger>,
 }
 
 #[derive(Default)]
@@ -150,6 +158,15 @@ impl Contents {
 }
 
 impl Tracker {
+    /// A tracker for this replica; `etcd`: the replicas' store, through
+    /// which they share fetchers and the seed ([`ledger`]).
+    pub fn new(etcd: Option<EtcdStore>) -> Tracker {
+        Tracker {
+            inner: Mutex::default(),
+            ledger: etcd.map(ledger::Ledger::new),
+        }
+    }
+
     /// Whom `node` of `cluster` may fetch `digest` from. `port`: the
     /// cluster's peer port, for nodes that did not name their own address.
     /// `patch`: `digest` is a binary-delta patch, which no bundle lists;
@@ -181,81 +198,54 @@ impl Tracker {
             self.contents(store, &b, &v).await?;
         }
 
-        let now = Instant::now();
-        let mut g = self.lock();
-        g.blamed.retain(|_, at| now.duration_since(*at) < BLAME_TTL);
-        let me = index.nodes.iter().find(|n| n.name == node);
-        let my_nets: Vec<IpAddr> = me.map(|n| n.addresses.clone()).unwrap_or_default();
-        let key = (cluster.to_string(), digest);
-        let fetching = g.fetching.entry(key.clone()).or_default();
-        let ttl = if patch { PATCH_HELD_TTL } else { FETCHING_TTL };
-        fetching.retain(|_, (at, _)| now.duration_since(*at) < ttl);
-        let asked = fetching.clone();
-        let fetching: HashMap<String, (Instant, bool)> = asked
-            .iter()
-            .filter(|(_, (at, _))| now.duration_since(*at) < FETCHING_TTL)
-            .map(|(n, v)| (n.clone(), *v))
-            .collect();
-
-        // Of a multi-arch bundle a node holds only its own variant.
-        let holds = |n: &NodeInfo, g: &Inner| {
-            n.applied
-                .iter()
-                .any(|bv| g.contents.get(bv).is_some_and(|c| c.is_for(&digest, n.arch)))
+        // Other replicas' fetchers (replicas on etcd); on an etcd error,
+        // this replica's own view, as a single server has.
+        let others = match &self.ledger {
+            Some(l) => l.others(cluster, &digest).await.unwrap_or_else(|e| {
+                tracing::debug!("peer sharing: other replicas' fetchers: {e}");
+                Arc::default()
+            }),
+            None => Arc::default(),
         };
-        let mut candidates: Vec<(bool, f64, u64, Peer)> = Vec::new();
-        let mut whole_holders = 0;
-        for n in index.nodes.iter().filter(|n| n.name != node && n.connected) {
-            if g.blamed.contains_key(&(cluster.to_string(), n.name.clone())) {
-                continue;
+        let now = Instant::now();
+        let (peers, mut server, fetchers) = {
+            let mut g = self.lock();
+            let (peers, server) = g.answer(&index, cluster, node, (digest, patch), port, &others, now);
+            (peers, server, g.fetchers_of(cluster, digest))
+        };
+        let mut peers = peers;
+        if server && let Some(l) = &self.ledger {
+            // One seed for the fleet, whichever replica its node is on.
+            match l.claim_seed(cluster, &digest, node, crate::clock::now_ms()).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    server = false;
+                    if peers.is_empty() {
+                        // The seed is a node this replica has not heard of
+                        // yet (other replicas' fetchers are read once a
+                        // second): read them now, so it is named.
+                        let others = l.others_now(cluster, &digest).await.unwrap_or_default();
+                        let mut g = self.lock();
+                        peers = g
+                            .answer(&index, cluster, node, (digest, patch), port, &others, now)
+                            .0;
+                    }
+                }
+                Err(e) => tracing::debug!("peer sharing: seed claim: {e}"),
             }
-            // A patch's asker that stopped asking a while ago fetched it
-            // (or gave up: then it answers that it has none, and the
-            // caller goes on to others and the server).
-            let whole =
-                holds(n, &g) || (patch && asked.contains_key(&n.name) && !fetching.contains_key(&n.name));
-            if !whole && !fetching.contains_key(&n.name) {
-                continue;
-            }
-            let Some(address) = dial_address(n, &my_nets, port) else {
-                continue;
-            };
-            whole_holders += usize::from(whole);
-            let near = my_nets.iter().any(|m| same_subnet(*m, address.ip()));
-            let load = g.load_of(&n.name, now);
-            candidates.push((
-                !near,
-                load,
-                random_u64(),
-                Peer {
-                    node: n.name.clone(),
-                    address,
-                    whole,
-                },
-            ));
         }
-        candidates.sort_by(|a, b| {
-            (a.0, a.1)
-                .partial_cmp(&(b.0, b.1))
-                .unwrap_or(std::cmp::Ordering::Equal)
-                .then(a.2.cmp(&b.2))
-        });
-        let peers: Vec<Peer> = candidates.into_iter().take(MAX_PEERS).map(|c| c.3).collect();
-        for p in &peers {
-            g.add_load(&p.node, now);
-        }
-        // Seeds still connected: one that went away frees its place.
-        let connected = |n: &str| index.nodes.iter().any(|x| x.name == n && x.connected);
-        let seeds = fetching
-            .iter()
-            .filter(|(n, (_, from_server))| *from_server && n.as_str() != node && connected(n))
-            .count();
-        let was_seed = fetching.get(node).is_some_and(|(_, s)| *s);
-        let server = peers.is_empty() || was_seed || (whole_holders == 0 && seeds < MAX_SEEDS);
-        g.fetching
-            .entry(key)
+        let mut fetchers = fetchers;
+        fetchers.insert(node.to_string(), server);
+        self.lock()
+            .fetching
+            .entry((cluster.to_string(), digest))
             .or_default()
             .insert(node.to_string(), (now, server));
+        if let Some(l) = &self.ledger
+            && let Err(e) = l.publish(cluster, &digest, fetchers).await
+        {
+            tracing::debug!("peer sharing: publish this replica's fetchers: {e}");
+        }
         Ok(Answer { peers, server })
     }
 
@@ -389,6 +379,112 @@ impl Tracker {
 }
 
 impl Inner {
+    /// Whom `node` may fetch `digest` from, and whether from the server
+    /// (before a fleet-wide seed claim); `others`: the nodes other
+    /// replicas say fetch it (node, from the server).
+    #[allow(clippy::too_many_arguments)]
+    fn answer(
+        &mut self,
+        index: &ClusterIndex,
+        cluster: &str,
+        node: &str,
+        (digest, patch): (Digest, bool),
+        port: u16,
+        others: &[(String, bool)],
+        now: Instant,
+    ) -> (Vec<Peer>, bool) {
+        self.blamed.retain(|_, at| now.duration_since(*at) < BLAME_TTL);
+        let me = index.nodes.iter().find(|n| n.name == node);
+        let my_nets: Vec<IpAddr> = me.map(|n| n.addresses.clone()).unwrap_or_default();
+        let key = (cluster.to_string(), digest);
+        let fetching = self.fetching.entry(key).or_default();
+        let ttl = if patch { PATCH_HELD_TTL } else { FETCHING_TTL };
+        fetching.retain(|_, (at, _)| now.duration_since(*at) < ttl);
+        // Of a patch, those that asked earlier than FETCHING_TTL ago.
+        let asked = fetching.clone();
+        let fetching: HashMap<String, (Instant, bool)> = asked
+            .iter()
+            .filter(|(_, (at, _))| now.duration_since(*at) < FETCHING_TTL)
+            .map(|(n, v)| (n.clone(), *v))
+            .collect();
+        let elsewhere = |n: &str| others.iter().any(|(o, _)| o == n);
+
+        // Of a multi-arch bundle a node holds only its own variant.
+        let holds = |n: &NodeInfo, g: &Inner| {
+            n.applied
+                .iter()
+                .any(|bv| g.contents.get(bv).is_some_and(|c| c.is_for(&digest, n.arch)))
+        };
+        let mut candidates: Vec<(bool, f64, u64, Peer)> = Vec::new();
+        let mut whole_holders = 0;
+        for n in index.nodes.iter().filter(|n| n.name != node && n.connected) {
+            if self.blamed.contains_key(&(cluster.to_string(), n.name.clone())) {
+                continue;
+            }
+            // A patch's asker that stopped asking a while ago fetched it
+            // (or gave up: then it answers that it has none, and the
+            // caller goes on to others and the server).
+            let whole =
+                holds(n, self) || (patch && asked.contains_key(&n.name) && !fetching.contains_key(&n.name));
+            if !whole && !fetching.contains_key(&n.name) && !elsewhere(&n.name) {
+                continue;
+            }
+            let Some(address) = dial_address(n, &my_nets, port) else {
+                continue;
+            };
+            whole_holders += usize::from(whole);
+            let near = my_nets.iter().any(|m| same_subnet(*m, address.ip()));
+            let load = self.load_of(&n.name, now);
+            candidates.push((
+                !near,
+                load,
+                random_u64(),
+                Peer {
+                    node: n.name.clone(),
+                    address,
+                    whole,
+                },
+            ));
+        }
+        candidates.sort_by(|a, b| {
+            (a.0, a.1)
+                .partial_cmp(&(b.0, b.1))
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(a.2.cmp(&b.2))
+        });
+        let peers: Vec<Peer> = candidates.into_iter().take(MAX_PEERS).map(|c| c.3).collect();
+        for p in &peers {
+            self.add_load(&p.node, now);
+        }
+        // Seeds still connected, on this replica and the others: one that
+        // went away frees its place.
+        let connected = |n: &str| index.nodes.iter().any(|x| x.name == n && x.connected);
+        let seeds = fetching
+            .iter()
+            .map(|(n, (_, from_server))| (n.as_str(), *from_server))
+            .chain(others.iter().map(|(n, s)| (n.as_str(), *s)))
+            .filter(|(n, from_server)| *from_server && *n != node && connected(n))
+            .count();
+        let was_seed = fetching.get(node).is_some_and(|(_, s)| *s);
+        let server = peers.is_empty() || was_seed || (whole_holders == 0 && seeds < MAX_SEEDS);
+        (peers, server)
+    }
+
+    /// This replica's fetchers of `digest` (node, from the server): those
+    /// that asked in the last [`FETCHING_TTL`] (a patch's earlier askers
+    /// are this replica's own knowledge).
+    fn fetchers_of(&self, cluster: &str, digest: Digest) -> std::collections::BTreeMap<String, bool> {
+        self.fetching
+            .get(&(cluster.to_string(), digest))
+            .map(|f| {
+                f.iter()
+                    .filter(|(_, (at, _))| at.elapsed() < FETCHING_TTL)
+                    .map(|(n, (_, s))| (n.clone(), *s))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     fn load_of(&self, node: &str, now: Instant) -> f64 {
         self.load.get(node).map_or(0.0, |(l, at)| decayed(*l, *at, now))
     }
@@ -505,6 +601,29 @@ mod tests {
         let now = Instant::now();
         let later = now + LOAD_HALF_LIFE;
         assert!((decayed(8.0, now, later) - 4.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn nodes_fetching_through_other_replicas_are_named_and_their_seed_counts() {
+        let d = Digest::of(b"blob");
+        let index = ClusterIndex {
+            at: Instant::now(),
+            nodes: vec![info("me", "10.0.0.1", &[]), info("far", "10.0.0.2", &[])],
+        };
+        let mut g = Inner::default();
+        let now = Instant::now();
+        // Alone, nobody to name: the server.
+        let (peers, server) = g.answer(&index, "c", "me", (d, false), 7444, &[], now);
+        assert!(peers.is_empty() && server);
+        // "far" fetches through another replica, from the server: named,
+        // and the fleet has its seed.
+        let (peers, server) = g.answer(&index, "c", "me", (d, false), 7444, &[("far".into(), true)], now);
+        assert_eq!(peers.iter().map(|p| p.node.as_str()).collect::<Vec<_>>(), ["far"]);
+        assert!(!peers[0].whole);
+        assert!(!server, "one seed for the fleet, not one per replica");
+        // Fetching from its peers there: this node may seed.
+        let (_, server) = g.answer(&index, "c", "me", (d, false), 7444, &[("far".into(), false)], now);
+        assert!(server);
     }
 
     /// The part of `find` that needs no store: a tracker whose index is set.
@@ -714,6 +833,10 @@ mod tests {
                 asked.0 -= FETCHING_TTL * 2;
             }
         }
+        assert!(
+            t.lock().fetchers_of("c", p).is_empty(),
+            "not told to other replicas as fetching"
+        );
         let a2 = t.find(&store, "c", "n2", p, 7444, true).await.unwrap();
         assert!(!a2.server, "{a2:?}");
         let mut held: Vec<_> = a2.peers.iter().map(|p| (p.node.as_str(), p.whole)).collect();

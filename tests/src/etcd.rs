@@ -15,6 +15,8 @@ pub struct Etcd {
     peer: SocketAddr,
     proc: Option<Proc>,
     starts: u32,
+    /// Runs etcd in a network namespace (`ip netns exec NS`), if not empty.
+    wrapper: Vec<String>,
 }
 
 /// The etcd binary: `$LKS_ETCD`, else `etcd` on PATH.
@@ -32,12 +34,20 @@ fn etcd_bin() -> PathBuf {
 
 impl Etcd {
     pub fn start() -> Etcd {
+        Etcd::start_wrapped(Vec::new(), free_addr(), free_addr())
+    }
+
+    /// An etcd run under `wrapper` (`ip netns exec NS`: in a network
+    /// namespace, beside the replicas there) on the `client` and `peer`
+    /// addresses; the test reaches it only through the replicas.
+    pub fn start_wrapped(wrapper: Vec<String>, client: SocketAddr, peer: SocketAddr) -> Etcd {
         let mut e = Etcd {
             dir: tempfile::tempdir().expect("temp dir"),
-            client: free_addr(),
-            peer: free_addr(),
+            client,
+            peer,
             proc: None,
             starts: 0,
+            wrapper,
         };
         e.spawn();
         e
@@ -52,6 +62,7 @@ impl Etcd {
         self.starts += 1;
         let peer = format!("http://{}", self.peer);
         let cmd = member_command(
+            crate::wrapped(&self.wrapper, &etcd_bin()),
             "test",
             &self.dir.path().join("data"),
             &self.url(),
@@ -60,7 +71,13 @@ impl Etcd {
         );
         let p = Proc::spawn(&format!("etcd-{}", self.starts), cmd, self.dir.path());
         self.proc = Some(p);
-        wait_for_port(self.client, Duration::from_secs(20));
+        if self.wrapper.is_empty() {
+            wait_for_port(self.client, Duration::from_secs(20));
+        } else {
+            crate::wait_until(Duration::from_secs(20), "etcd in its namespace", || {
+                crate::probe_tcp(&self.wrapper, self.client)
+            });
+        }
     }
 
     /// A control-server replica on this etcd under `prefix`, with a short
@@ -116,29 +133,44 @@ impl Etcd {
 
     /// Revision and key count of the range `[key, range_end)`.
     fn count_range(&self, key: &[u8], range_end: &[u8]) -> (u64, u64) {
-        use base64::Engine;
-        use std::io::{Read, Write};
-        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
         let body = format!(
             r#"{{"key":"{}","range_end":"{}","count_only":true}}"#,
             b64(key),
             b64(range_end)
         );
+        let v = self.gateway("range", &body);
+        let num = |v: &serde_json::Value| v.as_str().and_then(|s| s.parse().ok()).unwrap_or(0);
+        (num(&v["header"]["revision"]), num(&v["count"]))
+    }
+
+    /// Puts `value` at `key` (outside any control server's prefix, say, to
+    /// age the store: every put raises etcd's revision by one).
+    pub fn put(&self, key: &str, value: &str) {
+        let body = format!(
+            r#"{{"key":"{}","value":"{}"}}"#,
+            b64(key.as_bytes()),
+            b64(value.as_bytes())
+        );
+        let v = self.gateway("put", &body);
+        assert!(v["header"]["revision"].is_string(), "etcd put answer: {v}");
+    }
+
+    /// POSTs `body` to `/v3/kv/{call}` of etcd's JSON gateway (no etcdctl
+    /// needed) and returns the answer.
+    fn gateway(&self, call: &str, body: &str) -> serde_json::Value {
+        use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(self.client).expect("connect to etcd");
         s.set_read_timeout(Some(Duration::from_secs(5))).ok();
         write!(
             s,
-            "POST /v3/kv/range HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            "POST /v3/kv/{call} HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         )
-        .expect("send range request");
+        .expect("send request to etcd");
         let mut out = String::new();
-        s.read_to_string(&mut out).expect("read range response");
+        s.read_to_string(&mut out).expect("read etcd's answer");
         let json = out.split("\r\n\r\n").nth(1).unwrap_or_default();
-        let v: serde_json::Value =
-            serde_json::from_str(json).unwrap_or_else(|e| panic!("etcd range answer ({e}): {out}"));
-        let num = |v: &serde_json::Value| v.as_str().and_then(|s| s.parse().ok()).unwrap_or(0);
-        (num(&v["header"]["revision"]), num(&v["count"]))
+        serde_json::from_str(json).unwrap_or_else(|e| panic!("etcd {call} answer ({e}): {out}"))
     }
 
     pub fn log(&self) -> String {
@@ -158,8 +190,14 @@ impl Drop for Etcd {
 /// One etcd member on loopback: its name, data dir, client and peer URLs,
 /// and `--initial-cluster`; an hour of history at most, like a production
 /// etcd.
-fn member_command(name: &str, data: &std::path::Path, client: &str, peer: &str, initial: &str) -> Command {
-    let mut cmd = Command::new(etcd_bin());
+fn member_command(
+    mut cmd: Command,
+    name: &str,
+    data: &std::path::Path,
+    client: &str,
+    peer: &str,
+    initial: &str,
+) -> Command {
     cmd.arg("--name")
         .arg(name)
         .arg("--data-dir")
@@ -207,6 +245,7 @@ impl EtcdCluster {
             .map(|(k, p)| format!("m{k}=http://{p}"))
             .collect();
         let mut cmd = member_command(
+            Command::new(etcd_bin()),
             &format!("m{i}"),
             &self.dir.path().join(format!("m{i}")),
             &format!("http://{}", self.clients[i]),
@@ -290,4 +329,9 @@ fn replica_args<'a>(endpoints: &'a str, prefix: &'a str, extra: &[&'a str]) -> V
     ];
     args.extend_from_slice(extra);
     args
+}
+
+fn b64(b: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(b)
 }

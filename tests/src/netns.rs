@@ -332,6 +332,32 @@ impl Net {
         Server::start_wrapped(&self.wrapper("s"), Self::server_addr(), metrics, args)
     }
 
+    /// An etcd in the server namespace, for replicas there ([`Net::replica`]).
+    pub fn etcd(&self) -> crate::etcd::Etcd {
+        let at = |port: u16| format!("{SERVER_IP}:{port}").parse().expect("etcd address");
+        crate::etcd::Etcd::start_wrapped(self.wrapper("s"), at(2379), at(2380))
+    }
+
+    /// Replica `k` (0, 1, …) of a control plane on `etcd` (see
+    /// [`Net::etcd`]) in the server namespace: port 7443 + k, metrics
+    /// 9090 + k; a 3 s lease; `extra` appended.
+    pub fn replica(&self, k: u16, etcd: &crate::etcd::Etcd, extra: &[&str]) -> Server {
+        let at = |port: u16| format!("{SERVER_IP}:{port}").parse().expect("replica address");
+        let url = etcd.url();
+        let mut args = vec![
+            "--store",
+            "etcd",
+            "--etcd-endpoints",
+            &url,
+            "--etcd-prefix",
+            "/lks/",
+            "--lease-ttl",
+            "3s",
+        ];
+        args.extend_from_slice(extra);
+        Server::start_wrapped(&self.wrapper("s"), at(SERVER_PORT + k), at(9090 + k), &args)
+    }
+
     /// An agent whose processes run in namespace `a{i}`.
     pub fn agent(&self, i: usize, name: &str) -> Agent {
         assert!(i >= 1 && i <= self.agents, "no agent namespace a{i}");

@@ -23,7 +23,7 @@ const NODES: usize = 16;
 
 #[test]
 fn sixteen_nodes_behind_a_capped_link_take_the_file_through_it_at_most_twice() {
-    let Some(r) = roll_out_to_tenant(NODES, true, "200mbit", SIZE) else {
+    let Some(r) = roll_out_to_tenant(NODES, true, "200mbit", SIZE, 1) else {
         return;
     };
     println!(
@@ -74,14 +74,36 @@ struct Run {
 }
 
 /// `None`: namespaces cannot be made and `LKS_SKIP_NETNS=1` says to skip.
-fn roll_out_to_tenant(n: usize, on: bool, rate: &str, size: usize) -> Option<Run> {
+/// `rate` `none`: the link is not capped. `replicas` > 1: that many
+/// replicas on an etcd in the server namespace, each agent dialling them
+/// in its own order.
+fn roll_out_to_tenant(n: usize, on: bool, rate: &str, size: usize, replicas: usize) -> Option<Run> {
     let net = Net::tenant_lan(n)?;
-    let s = net.server(&[]);
+    let etcd = (replicas > 1).then(|| net.etcd());
+    let servers: Vec<lks_e2e::server::Server> = match &etcd {
+        None => vec![net.server(&[])],
+        Some(e) => (0..replicas).map(|k| net.replica(k as u16, e, &[])).collect(),
+    };
+    let s = &servers[0];
     s.create_cluster("c1");
+    let urls: Vec<String> = servers.iter().map(lks_e2e::server::Server::url).collect();
+    let tok = s.lksctl_json(&["token", "create", "--cluster", "c1", "--uses", &n.to_string()]);
     let mut agents = Vec::new();
     for i in 1..=n {
         let mut a = net.agent(i, &format!("n{i}"));
-        a.join(&s, "c1", &[]);
+        let mut list = urls.clone();
+        list.rotate_left(i % urls.len());
+        let out = a.join_raw(
+            &list.join(","),
+            tok["token"].as_str().unwrap(),
+            tok["ca_cert_hash"].as_str().unwrap(),
+            &[],
+        );
+        assert!(
+            out.status.success(),
+            "join n{i}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         a.start();
         agents.push(a);
     }
@@ -98,11 +120,14 @@ fn roll_out_to_tenant(n: usize, on: bool, rate: &str, size: usize) -> Option<Run
             a.log().contains("desired state received")
         });
     }
-    net.limit_lan(rate);
+    if rate != "none" {
+        net.limit_lan(rate);
+    }
     let bytes = noise(size, 23);
     let id = s.publish(&s.write_bundle("kubelet-1", "kubelet", "1", &[(FILE, &bytes, "0755")]));
     let cpu0: f64 = agents.iter().filter_map(|a| a.pid()).map(cpu_seconds).sum();
-    let (served0, link0) = (s.metric(SERVED), net.lan_tx_bytes());
+    let served_now = || servers.iter().map(|x| x.metric(SERVED)).sum::<u64>();
+    let (served0, link0) = (served_now(), net.lan_tx_bytes());
     let t = std::time::Instant::now();
     let batch = n.to_string();
     s.lksctl_ok(&[
@@ -123,7 +148,7 @@ fn roll_out_to_tenant(n: usize, on: bool, rate: &str, size: usize) -> Option<Run
         .map(cpu_seconds)
         .sum::<f64>()
         - cpu0;
-    let served = s.metric(SERVED) - served0;
+    let served = served_now() - served0;
     let link = net.lan_tx_bytes() - link0;
     let (mut from_server, mut from_peers) = (0, 0);
     for a in &agents {
@@ -134,11 +159,21 @@ fn roll_out_to_tenant(n: usize, on: bool, rate: &str, size: usize) -> Option<Run
             "{}: the file differs from what was published",
             a.name
         );
+        if std::env::var_os("SWARM_DEBUG").is_some() {
+            for l in a.log().lines().filter(|l| {
+                l.contains("desired state received")
+                    || l.contains("blob fetched")
+                    || l.contains("peer sharing:")
+            }) {
+                eprintln!("{} {l}", a.name);
+            }
+        }
         let (x, y) = a.fetched_bytes();
         (from_server, from_peers) = (from_server + x, from_peers + y);
     }
     drop(agents);
-    drop(s);
+    drop(servers);
+    drop(etcd);
     net.close();
     Some(Run {
         secs,
@@ -151,54 +186,40 @@ fn roll_out_to_tenant(n: usize, on: bool, rate: &str, size: usize) -> Option<Run
 }
 
 /// `bash scripts/bench.sh --only swarm` (BENCHMARKS.md, "Peer sharing"):
-/// N = `SWARM_NODES` (default 8 16 32 64) nodes, the link capped at
-/// `SWARM_RATE` (200mbit), a `SWARM_MIB` (64) MiB file; sharing off (unless
-/// `SWARM_OFF=0`) and on, and one node alone as the baseline. Binaries from
-/// `LKS_BIN_DIR`.
+/// N = `SWARM_NODES` (default 8 16 32 64) nodes, the link capped at each
+/// of `SWARM_RATE` (200mbit; `none`: not capped), one server or each of
+/// `SWARM_REPLICAS` (1) replicas on etcd, a `SWARM_MIB` (64) MiB file;
+/// sharing off (unless `SWARM_OFF=0`) and on, and one node alone as the
+/// baseline of each link. Binaries from `LKS_BIN_DIR`.
 #[test]
 #[ignore = "benchmark: bash scripts/bench.sh --only swarm"]
 fn swarm_bench() {
     let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
-    let nodes: Vec<usize> = env("SWARM_NODES", "8 16 32 64")
-        .split_whitespace()
+    let list =
+        |k: &str, d: &str| -> Vec<String> { env(k, d).split_whitespace().map(str::to_string).collect() };
+    let nodes: Vec<usize> = list("SWARM_NODES", "8 16 32 64")
+        .iter()
         .map(|x| x.parse().expect("SWARM_NODES"))
         .collect();
-    let rate = env("SWARM_RATE", "200mbit");
+    let replicas: Vec<usize> = list("SWARM_REPLICAS", "1")
+        .iter()
+        .map(|x| x.parse().expect("SWARM_REPLICAS"))
+        .collect();
     let mib: usize = env("SWARM_MIB", "64").parse().expect("SWARM_MIB");
     let size = mib << 20;
-    let alone = roll_out_to_tenant(1, false, &rate, size).expect("network namespaces");
-    println!(
-        "| nodes | sharing | rollout s | × one node alone | server egress MiB | × file | link MiB | from peers MiB | agents' CPU s | serving CPU s per {mib} MiB |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
-    let mib_of = |b: u64| b as f64 / (1 << 20) as f64;
-    println!(
-        "| 1 | off | {:.1} | 1.0 | {:.0} | {:.2} | {:.0} | 0 | {:.1} | - |",
-        alone.secs,
-        mib_of(alone.served),
-        alone.served as f64 / size as f64,
-        mib_of(alone.link),
-        alone.agent_cpu
-    );
     // SWARM_OFF=0 skips the runs without sharing (N copies through a slow
     // link take long).
     let with_off = env("SWARM_OFF", "1") != "0";
-    for n in nodes {
-        let off = with_off.then(|| roll_out_to_tenant(n, false, &rate, size).expect("network namespaces"));
-        let on = roll_out_to_tenant(n, true, &rate, size).expect("network namespaces");
-        for (name, r) in [("off", off.as_ref()), ("on", Some(&on))] {
-            let Some(r) = r else { continue };
-            // What serving costs: the CPU sharing adds over fetching from
-            // the server, per file's worth of bytes served to peers.
-            let serving = match (&off, name) {
-                (Some(off), "on") if r.from_peers > 0 => format!(
-                    "{:.2}",
-                    (on.agent_cpu - off.agent_cpu).max(0.0) / (r.from_peers as f64 / size as f64)
-                ),
-                _ => "-".into(),
-            };
+    println!(
+        "| link | replicas | nodes | sharing | rollout s | × one node alone | on ÷ off | server egress MiB | × file | link MiB | from peers MiB | agents' CPU s |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let mib_of = |b: u64| b as f64 / (1 << 20) as f64;
+    for rate in list("SWARM_RATE", "200mbit") {
+        let alone = roll_out_to_tenant(1, false, &rate, size, 1).expect("network namespaces");
+        let row = |reps: usize, n: usize, name: &str, r: &Run, ratio: &str| {
             println!(
-                "| {n} | {name} | {:.1} | {:.1} | {:.0} | {:.2} | {:.0} | {:.0} | {:.1} | {serving} |",
+                "| {rate} | {reps} | {n} | {name} | {:.1} | {:.2} | {ratio} | {:.0} | {:.2} | {:.0} | {:.0} | {:.1} |",
                 r.secs,
                 r.secs / alone.secs,
                 mib_of(r.served),
@@ -207,6 +228,21 @@ fn swarm_bench() {
                 mib_of(r.from_peers),
                 r.agent_cpu,
             );
+        };
+        row(1, 1, "off", &alone, "-");
+        for &reps in &replicas {
+            for &n in &nodes {
+                let off = with_off
+                    .then(|| roll_out_to_tenant(n, false, &rate, size, reps).expect("network namespaces"));
+                let on = roll_out_to_tenant(n, true, &rate, size, reps).expect("network namespaces");
+                if let Some(off) = &off {
+                    row(reps, n, "off", off, "-");
+                }
+                let ratio = off
+                    .as_ref()
+                    .map_or("-".into(), |off| format!("{:.2}", on.secs / off.secs));
+                row(reps, n, "on", &on, &ratio);
+            }
         }
     }
 }

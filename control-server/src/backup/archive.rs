@@ -49,6 +49,24 @@ pub struct Manifest {
     /// True if the blobs' bytes are entries (`--with-blobs`).
     pub blobs_included: bool,
     pub counts: Counts,
+    /// Where an etcd backup was read (absent for a data dir's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<EtcdOrigin>,
+}
+
+/// The etcd prefix and revision an `etcd/keys` entry was read at.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EtcdOrigin {
+    pub prefix: String,
+    /// Every key was read at this revision: one consistent snapshot.
+    pub revision: i64,
+    /// Keys in `etcd/keys`.
+    pub keys: u64,
+    /// Id of the encryption key that sealed the private keys, if any:
+    /// the restored replicas need that key file, and sealed keys open only
+    /// under this prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed_with: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -488,6 +506,7 @@ mod tests {
                 nodes: 3,
                 ..Default::default()
             },
+            etcd: None,
         };
         (manifest, files)
     }

@@ -12,6 +12,8 @@
 //! database in one read transaction while the server goes on writing.
 
 pub mod archive;
+mod etcd;
+mod output;
 mod restore;
 mod sqlite;
 
@@ -19,6 +21,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 pub use archive::{ArchiveError, Counts, Manifest, StoreKind};
+pub use etcd::{EtcdBackupConfig, EtcdRestoreConfig, EtcdRestoreSummary, backup_etcd, restore_etcd};
 pub use restore::{RestoreConfig, RestoreError, RestoreSummary, restore};
 pub use sqlite::{BackupConfig, backup_sqlite};
 
@@ -99,6 +102,21 @@ impl fmt::Display for BackupSummary {
             self.out.display()
         )?;
         write_counts(f, m)?;
+        if let Some(e) = &m.etcd {
+            let sealed = match &e.sealed_with {
+                Some(k) => format!(
+                    "; private keys sealed with the key {k}: the restored replicas need that \
+                     --encryption-key-file, under the prefix {}",
+                    e.prefix
+                ),
+                None => String::new(),
+            };
+            writeln!(
+                f,
+                "  etcd        {} keys at revision {}{sealed}",
+                e.keys, e.revision
+            )?;
+        }
         writeln!(f, "  archive     {} bytes, {} entries", self.size, m.files.len())?;
         writeln!(f, "  sha256      {}  {}", self.sha256.hex(), self.out.display())?;
         write!(

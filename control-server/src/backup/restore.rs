@@ -8,11 +8,14 @@
 //! archive carries blobs); only then is the temp dir fsynced and renamed to
 //! `D`. Any problem leaves `D` as it was and removes the temp dir.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io::{BufReader, BufWriter};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+
+use lks_proto::Digest;
 
 use super::archive::{ArchiveError, ArchiveReader, EntryName, Manifest, StoreKind};
 use super::write_counts;
@@ -41,10 +44,34 @@ pub enum RestoreError {
     #[error("{0}")]
     Archive(#[from] ArchiveError),
     #[error(
-        "this archive holds an etcd installation ({origin}), which restore cannot write yet; restore etcd \
-         with `etcdctl snapshot restore` and the blob bucket (control-server/README.md, Backup and restore)"
+        "this archive holds an etcd installation ({origin}): restore it into an empty etcd prefix with \
+         --store etcd --etcd-endpoints URL[,URL…] [--etcd-prefix P], not into a data dir"
     )]
     EtcdArchive { origin: String },
+    #[error(
+        "this archive holds a SQLite data dir ({origin}): restore it with --data-dir DIR, then move it onto \
+         etcd with `lks-control-server migrate --from-sqlite DIR --store etcd …`"
+    )]
+    SqliteArchive { origin: String },
+    #[error(
+        "the archive's private keys are sealed (key {key}) for the prefix {origin}, and open only there: \
+         restore into --etcd-prefix {origin} (of another etcd, or after emptying it)"
+    )]
+    SealedForPrefix { key: String, origin: String },
+    #[error(
+        "etcd already holds {key}: the prefix {prefix} is in use; restore only into an empty prefix \
+         (another --etcd-prefix, or empty it with `etcdctl del --prefix {prefix}` after a final backup)"
+    )]
+    PrefixInUse { key: String, prefix: String },
+    #[error(
+        "blob {digest} is {size} bytes, more than the {max} bytes etcd keeps per blob; give \
+         --etcd-max-blob-size {size} (and the same to every replica), or --blob-store s3://BUCKET/PREFIX"
+    )]
+    BlobTooLarge { digest: Digest, size: u64, max: u64 },
+    #[error("{0}")]
+    Etcd(String),
+    #[error("{cause}; {cleanup}")]
+    Write { cause: String, cleanup: String },
     /// Each line one problem; nothing was restored.
     #[error("{}", .0.join("\n"))]
     Problems(Vec<String>),
@@ -108,7 +135,7 @@ pub fn restore(cfg: &RestoreConfig) -> Result<RestoreSummary, RestoreError> {
         path: cfg.from.clone(),
         source,
     })?;
-    let mut reader = ArchiveReader::open(BufReader::new(file))?;
+    let reader = ArchiveReader::open(BufReader::new(file))?;
     let manifest = reader.manifest().clone();
     if manifest.store == StoreKind::Etcd {
         return Err(RestoreError::EtcdArchive {
@@ -128,10 +155,49 @@ pub fn restore(cfg: &RestoreConfig) -> Result<RestoreSummary, RestoreError> {
         .tempdir_in(&parent)
         .map_err(io("create a temp dir in", &parent))?;
 
+    let restored_blobs = extract(reader, staging.path())?;
     let mut problems = Vec::new();
-    let mut restored_blobs = std::collections::HashSet::new();
+    let missing = unrestored_blobs(&manifest, &restored_blobs, &mut problems);
+    check_restored(staging.path(), &mut problems);
+    if !problems.is_empty() {
+        return Err(RestoreError::Problems(problems));
+    }
+
+    // As the server makes its data dir: the keys inside are its own.
+    std::fs::set_permissions(staging.path(), std::fs::Permissions::from_mode(0o700))
+        .map_err(io("chmod", staging.path()))?;
+    sync_tree(staging.path())?;
+    let staged = staging.keep();
+    if let Err(source) = std::fs::rename(&staged, target) {
+        let _ = std::fs::remove_dir_all(&staged);
+        return Err(RestoreError::Io {
+            what: "rename the restored data dir to",
+            path: target.clone(),
+            source,
+        });
+    }
+    File::open(&parent)
+        .and_then(|d| d.sync_all())
+        .map_err(io("fsync", &parent))?;
+    Ok(RestoreSummary {
+        data_dir: target.clone(),
+        manifest,
+        blobs_not_included: missing,
+    })
+}
+
+/// Writes every entry of the archive into `staging` (each file created
+/// new, with its manifest mode, fsynced), checking each against the
+/// manifest as it streams and then the closing SHA-256; returns the blobs
+/// restored. Any mismatch: one line per problem, `staging` to be dropped.
+pub(super) fn extract<R: std::io::Read>(
+    mut reader: ArchiveReader<R>,
+    staging: &Path,
+) -> Result<HashSet<Digest>, RestoreError> {
+    let mut problems = Vec::new();
+    let mut restored_blobs = HashSet::new();
     loop {
-        let next = next_path(&reader, staging.path())?;
+        let next = next_path(&reader, staging)?;
         let Some((name, path, mode)) = next else { break };
         let f = OpenOptions::new()
             .write(true)
@@ -168,10 +234,20 @@ pub fn restore(cfg: &RestoreConfig) -> Result<RestoreSummary, RestoreError> {
     if !problems.is_empty() {
         return Err(RestoreError::Problems(problems));
     }
+    Ok(restored_blobs)
+}
 
+/// How many of the manifest's blobs the archive does not carry (taken
+/// without `--with-blobs`); one that it should carry but does not is a
+/// problem.
+pub(super) fn unrestored_blobs(
+    manifest: &Manifest,
+    restored: &HashSet<Digest>,
+    problems: &mut Vec<String>,
+) -> usize {
     let mut missing = 0;
     for b in &manifest.blobs {
-        if !restored_blobs.contains(&b.digest) {
+        if !restored.contains(&b.digest) {
             if manifest.blobs_included {
                 problems.push(format!(
                     "blob {} ({}) is listed but not in the archive: the archive was altered",
@@ -183,32 +259,7 @@ pub fn restore(cfg: &RestoreConfig) -> Result<RestoreSummary, RestoreError> {
             }
         }
     }
-    check_restored(staging.path(), &mut problems);
-    if !problems.is_empty() {
-        return Err(RestoreError::Problems(problems));
-    }
-
-    // As the server makes its data dir: the keys inside are its own.
-    std::fs::set_permissions(staging.path(), std::fs::Permissions::from_mode(0o700))
-        .map_err(io("chmod", staging.path()))?;
-    sync_tree(staging.path())?;
-    let staged = staging.keep();
-    if let Err(source) = std::fs::rename(&staged, target) {
-        let _ = std::fs::remove_dir_all(&staged);
-        return Err(RestoreError::Io {
-            what: "rename the restored data dir to",
-            path: target.clone(),
-            source,
-        });
-    }
-    File::open(&parent)
-        .and_then(|d| d.sync_all())
-        .map_err(io("fsync", &parent))?;
-    Ok(RestoreSummary {
-        data_dir: target.clone(),
-        manifest,
-        blobs_not_included: missing,
-    })
+    missing
 }
 
 /// Absent, or an empty directory.

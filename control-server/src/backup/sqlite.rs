@@ -7,16 +7,13 @@
 //! temp file (0600) beside `--out`, fsynced and given its name only when
 //! complete — an interrupted backup leaves no archive that looks whole.
 
-use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use lks_proto::Digest;
-
-use super::archive::{ArchiveWriter, EntryName, FORMAT, FileEntry, Manifest, StoreKind};
+use super::archive::{EntryName, FORMAT, FileEntry, Manifest, StoreKind};
+use super::output::{Source, blob_path, bytes_entry, file_entry, parent_of, remote_store, write_archive};
 use super::{BackupError, BackupSummary, Counts, blob_manifest};
-use crate::blobs::{BlobChoice, BlobStore, LocalBlobs, S3Store};
+use crate::blobs::{BlobChoice, LocalBlobs};
 use crate::pki::{Pki, SharedIdentity};
 use crate::store::SqliteStore;
 
@@ -30,12 +27,6 @@ pub struct BackupConfig {
     /// Where blobs missing from the data dir are fetched (`--blob-store
     /// s3://…`), with `--with-blobs`.
     pub blob_store: BlobChoice,
-}
-
-/// An entry and where its bytes come from.
-enum Source {
-    File(PathBuf),
-    Bytes(Vec<u8>),
 }
 
 /// Backs up the data dir of a (running or stopped) SQLite server.
@@ -110,7 +101,7 @@ pub async fn backup_sqlite(cfg: &BackupConfig) -> Result<BackupSummary, BackupEr
         let fetched =
             LocalBlobs::open(&tmp.path().join("blobs")).map_err(|e| BackupError::BlobStore(Box::new(e)))?;
         let local = LocalBlobs::read_only(&dir.join("blobs"));
-        let store = remote_store(&cfg.blob_store)?;
+        let store = remote_store(&cfg.blob_store, None)?;
         for b in &blobs {
             let path = blob_path(b, &local, &fetched, store.as_deref(), &dir.join("blobs")).await?;
             let name = EntryName::Blob(b.digest).path();
@@ -137,6 +128,7 @@ pub async fn backup_sqlite(cfg: &BackupConfig) -> Result<BackupSummary, BackupEr
         blobs,
         blobs_included: cfg.with_blobs,
         counts: Counts::of(&dump),
+        etcd: None,
     };
     let out = cfg.out.clone();
     let written =
@@ -155,37 +147,6 @@ pub async fn backup_sqlite(cfg: &BackupConfig) -> Result<BackupSummary, BackupEr
         sha256,
         size,
     })
-}
-
-/// The directory a file goes into (`.` for a bare name).
-fn parent_of(p: &Path) -> PathBuf {
-    match p.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    }
-}
-
-fn file_entry(name: &str, path: &Path) -> Result<FileEntry, BackupError> {
-    let (sha256, size) = Digest::of_file(path).map_err(|source| BackupError::Io {
-        what: "read",
-        path: path.to_path_buf(),
-        source,
-    })?;
-    Ok(FileEntry {
-        name: name.into(),
-        size,
-        sha256,
-        mode: 0o600,
-    })
-}
-
-fn bytes_entry(name: &str, bytes: &[u8], mode: u32) -> FileEntry {
-    FileEntry {
-        name: name.into(),
-        size: bytes.len() as u64,
-        sha256: Digest::of(bytes),
-        mode,
-    }
 }
 
 /// Every regular file of `pki/`, sorted by name, with its bytes and mode.
@@ -210,102 +171,4 @@ fn pki_files(pki: &Path) -> Result<Vec<(String, Vec<u8>, u32)>, BackupError> {
     }
     out.sort();
     Ok(out)
-}
-
-/// The blob store to fetch blobs the data dir lacks from, if any.
-fn remote_store(choice: &BlobChoice) -> Result<Option<Arc<dyn BlobStore>>, BackupError> {
-    match choice {
-        BlobChoice::S3(c) => Ok(Some(Arc::new(
-            S3Store::new(c).map_err(|e| BackupError::BlobStore(Box::new(e)))?,
-        ))),
-        BlobChoice::Default | BlobChoice::Local | BlobChoice::Etcd => Ok(None),
-    }
-}
-
-/// Where the bytes of blob `b` are: the data dir, or fetched (verified)
-/// from the bucket into the temp dir.
-async fn blob_path(
-    b: &super::archive::BlobEntry,
-    local: &LocalBlobs,
-    fetched: &LocalBlobs,
-    store: Option<&dyn BlobStore>,
-    dir: &Path,
-) -> Result<PathBuf, BackupError> {
-    if local.contains(&b.digest) {
-        return Ok(local.path(&b.digest));
-    }
-    let missing = |hint| BackupError::MissingBlob {
-        bundle: b.bundles.join(", "),
-        digest: b.digest,
-        dir: dir.to_path_buf(),
-        hint,
-    };
-    let Some(store) = store else {
-        return Err(missing(
-            "; if the server keeps its blobs in a bucket, give its --blob-store s3://… and --s3-* flags",
-        ));
-    };
-    let found = store
-        .fetch(&b.digest, fetched)
-        .await
-        .map_err(|source| BackupError::FetchBlob {
-            digest: b.digest,
-            store: store.describe(),
-            source: Box::new(source),
-        })?;
-    if !found {
-        return Err(missing(
-            " nor in the blob store (deleted meanwhile?); run the backup again",
-        ));
-    }
-    Ok(fetched.path(&b.digest))
-}
-
-/// Writes the archive to a temp file (0600) beside `out`, fsyncs it and
-/// gives it its name (never over an existing file); returns its SHA-256.
-fn write_archive(
-    out: &Path,
-    manifest: &Manifest,
-    entries: Vec<(FileEntry, Source)>,
-) -> Result<Digest, BackupError> {
-    let dir = parent_of(out);
-    let io = |what, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| BackupError::Io { what, path, source }
-    };
-    // NamedTempFile is created 0600: the archive holds the CA key.
-    let tmp = tempfile::Builder::new()
-        .prefix(".lks-backup-")
-        .suffix(".partial")
-        .tempfile_in(&dir)
-        .map_err(io("create a temp file in", &dir))?;
-    let mut w = ArchiveWriter::new(std::io::BufWriter::new(tmp.as_file()), manifest)?;
-    for (e, src) in entries {
-        match src {
-            Source::Bytes(b) => w.entry(&e.name, &b[..])?,
-            Source::File(p) => {
-                let f = std::fs::File::open(&p).map_err(io("open", &p))?;
-                w.entry(&e.name, f)?;
-            }
-        }
-    }
-    let (mut buf, digest) = w.finish()?;
-    buf.flush().map_err(io("write", out))?;
-    drop(buf);
-    tmp.as_file().sync_all().map_err(io("fsync", out))?;
-    tmp.persist_noclobber(out).map_err(|e| {
-        if e.error.kind() == std::io::ErrorKind::AlreadyExists {
-            BackupError::OutExists(out.to_path_buf())
-        } else {
-            BackupError::Io {
-                what: "name",
-                path: out.to_path_buf(),
-                source: e.error,
-            }
-        }
-    })?;
-    if let Ok(d) = std::fs::File::open(&dir) {
-        let _ = d.sync_all();
-    }
-    Ok(digest)
 }

@@ -27,6 +27,8 @@
 //! | `identity`                        | CA and admin credential (keys sealed if asked) |
 //! | `replicas/ID`, `load/ID`, `leader`| per-replica state under the replica's lease (`load/ID`: agents held, [`crate::rebalance`]) |
 //! | `heard/ID`                        | when replica ID last heard one of its agents   |
+//! | `swarm/fetching/CLUSTER/HEX/ID`   | nodes fetching a blob through replica ID (under its lease; `crate::tracker::ledger`) |
+//! | `swarm/seed/CLUSTER/HEX`          | the one node of a cluster that may fetch a blob from the server now |
 //! | `seen/ID`                         | (before `heard/`, read and folded away) last-seen time per node heard on replica ID |
 //!
 //! Every change is one etcd transaction whose compares name the
@@ -97,6 +99,7 @@ use docs::*;
 use name::Name;
 use smallmap::SmallMap;
 
+pub use bundles::dumped_bundle;
 use events::EventDoc;
 pub use limits::{MAX_RESPONSE_BYTES, kv_of, watch_of};
 use rollouts::{RolloutDoc, RolloutNodeDoc};

@@ -13,8 +13,10 @@
 //!   and the binary-delta patches (issue [delta]) this node fetched that
 //!   rebuild one of those blobs ([`Shared::add_patch`]), by the piece list
 //!   the server gave with the offer (or as one piece).
-//! - Each piece is read and checked against its digest before a byte is
-//!   sent, so a cache corrupted on disk is never passed on.
+//! - Each piece of a cached file is read and checked against its digest
+//!   before a byte is sent, so a cache corrupted on disk is never passed on;
+//!   a piece of a download in progress was checked as it arrived, moments
+//!   before, and is not hashed again.
 //! - At most `max_uploads` at once (more: `RESOURCE_EXHAUSTED`, the caller
 //!   tries elsewhere at once), all together at most `upload_rate` bytes/s,
 //!   and each upload ends after [`UPLOAD_DEADLINE`].
@@ -463,8 +465,11 @@ fn whole_path(cache: &std::path::Path, digest: &Digest) -> Option<PathBuf> {
     [whole, fetched].into_iter().find(|p| p.is_file())
 }
 
-/// Reads piece `i` of `digest` from the cache or `fetched/` (whole blob) or
-/// from this node's own download in progress, and checks it.
+/// Reads piece `i` of `digest` from the cache or `fetched/` (whole blob),
+/// checked against its digest (a file kept for days may rot), or from this
+/// node's own download in progress, where it was checked in memory as it
+/// arrived, moments before it was written: not hashed a second time (the
+/// receiver checks every piece anyway).
 fn read_piece(
     cache: &std::path::Path,
     shared: &Shared,
@@ -474,11 +479,11 @@ fn read_piece(
     len: u64,
     want: &Digest,
 ) -> Result<Vec<u8>, Status> {
-    let path = if let Some(whole) = whole_path(cache, digest) {
-        whole
+    let (path, check) = if let Some(whole) = whole_path(cache, digest) {
+        (whole, true)
     } else {
         match shared.partial(digest) {
-            Some(p) if lock(&p.have).get(i).copied().unwrap_or(false) => p.path.clone(),
+            Some(p) if lock(&p.have).get(i).copied().unwrap_or(false) => (p.path.clone(), false),
             _ => {
                 return Err(Status::not_found(format!(
                     "this node does not hold piece {i} of {digest} yet"
@@ -490,7 +495,7 @@ fn read_piece(
     let mut buf = vec![0u8; len as usize];
     f.read_exact_at(&mut buf, offset)
         .map_err(|e| Status::not_found(format!("{digest}: read piece {i}: {e}")))?;
-    if Digest::of(&buf) != *want {
+    if check && Digest::of(&buf) != *want {
         tracing::warn!(%digest, piece = i, "peer sharing: a cached piece does not match its digest; not served");
         return Err(Status::data_loss(format!(
             "piece {i} of {digest} is damaged on this node"

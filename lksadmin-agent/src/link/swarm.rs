@@ -45,15 +45,16 @@ mod tls;
 
 use crate::link::channel::SharedChannel;
 use crate::link::peer::{BlobInfo, Partial, Shared};
-use plan::{Found, Have, PeerState, Plan, ServerUse, start_pieces};
+use plan::{Found, Have, PeerState, Plan, ServerUse, ServerWindow, start_pieces};
 pub use tls::{DialError, dial_peer};
 
 /// Pieces in flight at once for one file.
 const WINDOW: usize = 4;
 /// Pieces in flight to one peer at once.
 const PER_PEER: usize = 2;
-/// Pieces in flight from the server at once: a seed's pieces complete one
-/// after another rather than all at the end, so its peers can start.
+/// Pieces in flight from the server at first: a seed's pieces complete one
+/// after another rather than all at the end, so its peers can start; it
+/// opens on a fast link ([`plan::ServerWindow`]).
 const SERVER_WINDOW: usize = 2;
 /// How long a request waits in line at a busy peer for an upload slot.
 const QUEUE: Duration = Duration::from_millis(1000);
@@ -72,6 +73,9 @@ pub const STALL: Duration = Duration::from_secs(15);
 pub const STARVED: Duration = Duration::from_secs(30);
 /// How often the tracker is asked again while fetching.
 const ASK_EVERY: Duration = Duration::from_secs(3);
+/// How soon it is asked again while this node has nobody to fetch from and
+/// may not use the server (the seed is a node it has not been told of yet).
+const ASK_SOON: Duration = Duration::from_millis(250);
 /// Failures in a row after which a peer is dropped for this fetch.
 const MAX_FAILURES: u32 = 3;
 /// Largest file fetched as one piece when it has no chunk list.
@@ -162,28 +166,18 @@ impl Swarm {
         });
         self.shared.start_partial(digest, partial.clone());
         let res = self.fetch_pieces(file, &info, &pieces, &partial).await;
+        let res = match res {
+            // Its pieces stay served while the whole is checked: peers told
+            // it holds them would otherwise be refused meanwhile.
+            Ok(got) => check_whole(part, &digest, file.size).await.map(|()| got),
+            Err(e) => Err(e),
+        };
         self.shared.end_partial(&digest);
-        if let Err(SwarmError::Unsupported(_)) = &res {
-            // Fetched the old way instead: no pieces file left behind.
+        if let Err(SwarmError::Unsupported(_) | SwarmError::Corrupt(_)) = &res {
+            // Fetched the old way instead, or bad: no pieces file left.
             let _ = std::fs::remove_file(part);
         }
-        let (server, peers) = res?;
-        // The pieces were each checked; the file is checked whole too.
-        let p = part.to_path_buf();
-        let whole = tokio::task::spawn_blocking(move || Digest::of_file(&p))
-            .await
-            .map_err(|e| SwarmError::Unavailable(e.to_string()))?
-            .map_err(|e| SwarmError::Unavailable(format!("read {}: {e}", part.display())))?;
-        if whole != (digest, file.size) {
-            let _ = std::fs::remove_file(part);
-            return Err(SwarmError::Corrupt(
-                lks_proto::digest::VerifyError::DigestMismatch {
-                    expected: digest,
-                    got: whole.0,
-                },
-            ));
-        }
-        Ok((server, peers))
+        res
     }
 
     async fn fetch_pieces(
@@ -214,6 +208,7 @@ impl Swarm {
         let mut tried: HashMap<usize, HashSet<String>> = HashMap::new();
         let mut in_flight: HashSet<usize> = HashSet::new();
         let mut server_in_flight = 0usize;
+        let mut server_window = ServerWindow::new();
         let (mut from_server, mut from_peers) = (0u64, 0u64);
         let mut running = FuturesUnordered::new();
         let mut news: SelectAll<NewsStream<'_>> = SelectAll::new();
@@ -238,7 +233,13 @@ impl Swarm {
             if missing.is_empty() && running.is_empty() {
                 break;
             }
-            if last_ask.is_none_or(|t| t.elapsed() >= ASK_EVERY) {
+            // Nobody to fetch from yet, and not the server: ask again soon.
+            let ask_every = if !server_ok && peers.iter().all(|p| p.dropped) {
+                ASK_SOON
+            } else {
+                ASK_EVERY
+            };
+            if last_ask.is_none_or(|t| t.elapsed() >= ask_every) {
                 match self.ask(&digest).await {
                     Ok((found, server)) => {
                         server_ok = server;
@@ -290,6 +291,7 @@ impl Swarm {
                         ServerUse::No
                     },
                     server_in_flight: &mut server_in_flight,
+                    server_window: server_window.size,
                     now,
                 },
                 &mut |source, i| {
@@ -301,7 +303,7 @@ impl Swarm {
             );
 
             // Wait for a piece, news from a peer, or the next thing to do.
-            let mut wake = last_ask.unwrap_or(now) + ASK_EVERY;
+            let mut wake = last_ask.unwrap_or(now) + ask_every;
             if !stalled {
                 wake = wake
                     .min(last_progress.max(last_swarm) + STALL)
@@ -318,11 +320,15 @@ impl Swarm {
             }
             let wake = tokio::time::Instant::from_std(wake.max(now + Duration::from_millis(10)));
             tokio::select! {
-                Some((source, i, got)) = running.next(), if !running.is_empty() => {
+                Some((source, i, got, took)) = running.next(), if !running.is_empty() => {
                     in_flight.remove(&i);
                     let peer = match &source {
                         Source::Server => {
                             server_in_flight -= 1;
+                            if got.is_ok() {
+                                server_window.arrived(took);
+                                tracing::debug!(piece = i, ms = took.as_millis() as u64, window = server_window.size, "peer sharing: a piece from the server");
+                            }
                             None
                         }
                         Source::Peer(node, _) => peers.iter_mut().find(|p| &p.node == node),
@@ -360,7 +366,14 @@ impl Swarm {
                             if let Some(p) = peer {
                                 tracing::debug!(peer = %p.node, piece = i, "peer sharing: not from this peer now: {why}");
                                 p.in_flight -= 1;
-                                tried.entry(i).or_default().insert(p.node.clone());
+                                if p.have.has(i) {
+                                    // It said it holds the piece: it is
+                                    // between its download and its cache
+                                    // (a moment), not without it. Again soon.
+                                    p.busy_until = Some(Instant::now() + BUSY_BACKOFF);
+                                } else {
+                                    tried.entry(i).or_default().insert(p.node.clone());
+                                }
                             }
                         }
                         Err(PieceError::Failed(why)) => match peer {
@@ -548,6 +561,7 @@ impl Swarm {
         want: Digest,
     ) -> PieceFuture<'_> {
         Box::pin(async move {
+            let started = Instant::now();
             let got =
                 tokio::time::timeout(PIECE_DEADLINE, self.piece_bytes(&source, digest, offset, len)).await;
             let got = match got {
@@ -563,7 +577,7 @@ impl Swarm {
                 Ok(Ok(bytes)) if Digest::of(&bytes) != want => Err(PieceError::Bad(want, Digest::of(&bytes))),
                 Ok(Ok(bytes)) => Ok(bytes),
             };
-            (source, i, got)
+            (source, i, got, started.elapsed())
         })
     }
 
@@ -644,6 +658,24 @@ impl Swarm {
     }
 }
 
+/// The pieces were each checked; the file is checked whole too.
+async fn check_whole(part: &Path, digest: &Digest, size: u64) -> Result<(), SwarmError> {
+    let p = part.to_path_buf();
+    let whole = tokio::task::spawn_blocking(move || Digest::of_file(&p))
+        .await
+        .map_err(|e| SwarmError::Unavailable(e.to_string()))?
+        .map_err(|e| SwarmError::Unavailable(format!("read {}: {e}", part.display())))?;
+    if whole != (*digest, size) {
+        return Err(SwarmError::Corrupt(
+            lks_proto::digest::VerifyError::DigestMismatch {
+                expected: *digest,
+                got: whole.0,
+            },
+        ));
+    }
+    Ok(())
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -681,9 +713,10 @@ enum News {
 
 type NewsStream<'a> = BoxStream<'a, (String, News)>;
 
-/// One piece being fetched: its source, its index, the bytes or why not.
+/// One piece being fetched: its source, its index, the bytes or why not,
+/// and how long it took.
 type PieceFuture<'a> =
-    Pin<Box<dyn Future<Output = (Source, usize, Result<Vec<u8>, PieceError>)> + Send + 'a>>;
+    Pin<Box<dyn Future<Output = (Source, usize, Result<Vec<u8>, PieceError>, Duration)> + Send + 'a>>;
 
 #[derive(Clone, Debug)]
 enum Source {

@@ -90,3 +90,23 @@ pub(super) fn bundle_row(name: &str, version: &str, d: BundleDoc) -> Result<Bund
     }
     .typed()
 }
+
+/// The document stored at `bundles/NAME/VERSION` (`rest`) read as a dump
+/// reads it: its row and the blobs the server serves for it
+/// (`lks-control-server backup --store etcd` builds its blob manifest so).
+pub fn dumped_bundle(rest: &str, value: &[u8]) -> Result<crate::store::DumpedBundle> {
+    let (name, version) = rest
+        .strip_prefix("bundles/")
+        .and_then(|r| r.split_once('/'))
+        .ok_or_else(|| corrupt(rest, "not a bundles/NAME/VERSION key"))?;
+    let d: BundleDoc = serde_json::from_slice(value).map_err(|e| corrupt(rest, e))?;
+    let blob_digests = d
+        .blob_digests
+        .iter()
+        .map(|s| s.parse().map_err(|e| corrupt(rest, e)))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(crate::store::DumpedBundle {
+        row: bundle_row(name, version, d)?,
+        blob_digests,
+    })
+}

@@ -31,7 +31,7 @@ impl Read {
 const PREFIXES: &[&str] = &[
     "active", "blobrecs", "blobs", "bundles", "certs", "clusters", "desired", "drive", "events", "heard",
     "identity", "leader", "load", "meta", "nodes", "relhead", "releases", "replicas", "rnodes", "rollouts",
-    "roots", "seen", "targets", "timeline", "tokens",
+    "roots", "seen", "swarm", "targets", "timeline", "tokens",
 ];
 
 type Counts = BTreeMap<(Read, &'static str), (u64, u64)>;

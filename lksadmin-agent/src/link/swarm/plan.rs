@@ -5,11 +5,19 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use lks_proto::pb;
 
 use super::{PER_PEER, SERVER_WINDOW, Source, WINDOW};
+
+/// Most pieces in flight from the server at once (4 MiB pieces: 24 MiB
+/// of buffers at most, beside [`WINDOW`]'s from peers).
+pub(super) const MAX_SERVER_WINDOW: usize = 6;
+/// The time one server piece should take: a piece that arrives in under
+/// half of it means the link has room for one more in flight; one that
+/// takes over twice as long, one fewer.
+const PIECE_TARGET: Duration = Duration::from_millis(500);
 
 /// Starts what can start, up to [`WINDOW`] pieces in flight (`running`
 /// of them already): the rarest pieces first from the peers that said
@@ -32,7 +40,7 @@ pub(super) fn start_pieces(plan: &mut Plan<'_>, start: &mut dyn FnMut(Source, us
     // the sort is stable.
     todo.sort_by_key(|&(holders, _)| if holders == 0 { usize::MAX } else { holders });
     for (rank, &(holders, i)) in todo.iter().enumerate() {
-        if running >= WINDOW {
+        if running >= WINDOW.max(plan.server_window) {
             return;
         }
         let t = plan.tried.entry(i).or_default();
@@ -57,7 +65,7 @@ pub(super) fn start_pieces(plan: &mut Plan<'_>, start: &mut dyn FnMut(Source, us
                 p.busy_until = None;
                 Source::Peer(p.node.clone(), p.address)
             }
-            None if *plan.server_in_flight < SERVER_WINDOW
+            None if *plan.server_in_flight < plan.server_window
                 && (plan.server == ServerUse::Any || (plan.server == ServerUse::Unheld && holders == 0)) =>
             {
                 *plan.server_in_flight += 1;
@@ -68,6 +76,35 @@ pub(super) fn start_pieces(plan: &mut Plan<'_>, start: &mut dyn FnMut(Source, us
         plan.in_flight.insert(i);
         running += 1;
         start(source, i);
+    }
+}
+
+/// How many pieces a node fetches from the server at once, adapted to what
+/// the link delivers: [`SERVER_WINDOW`] at first (behind a slow link a
+/// seed's pieces then land one after another, so its peers can start),
+/// one more each time a piece arrives in under half of [`PIECE_TARGET`]
+/// (the link, or the server, had room), up to [`MAX_SERVER_WINDOW`]; one
+/// fewer, not below [`SERVER_WINDOW`], when one takes over twice as long.
+/// Behind 200 Mbit/s a 4 MiB piece with two in flight takes about 0.3 s,
+/// so the window stays 2; on a fast LAN pieces arrive in tens of
+/// milliseconds and the window opens until they no longer do.
+#[derive(Debug)]
+pub(super) struct ServerWindow {
+    pub(super) size: usize,
+}
+
+impl ServerWindow {
+    pub(super) fn new() -> Self {
+        ServerWindow { size: SERVER_WINDOW }
+    }
+
+    /// A piece from the server arrived after `took`.
+    pub(super) fn arrived(&mut self, took: Duration) {
+        if took < PIECE_TARGET / 2 {
+            self.size = (self.size + 1).min(MAX_SERVER_WINDOW);
+        } else if took > PIECE_TARGET * 2 {
+            self.size = self.size.saturating_sub(1).max(SERVER_WINDOW);
+        }
     }
 }
 
@@ -106,6 +143,7 @@ impl PeerState {
 }
 
 /// What a peer holds, as far as this node knows.
+#[derive(Debug)]
 pub(super) enum Have {
     /// Not heard from yet: not asked for anything.
     Unknown,
@@ -148,13 +186,14 @@ pub(super) struct Plan<'a> {
     /// What the server may be asked for.
     pub(super) server: ServerUse,
     pub(super) server_in_flight: &'a mut usize,
+    /// Pieces it may have in flight from the server ([`ServerWindow`]).
+    pub(super) server_window: usize,
     pub(super) now: Instant,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     fn peer(name: &str, have: Have) -> PeerState {
         let mut p = PeerState::new(Found {
@@ -196,6 +235,7 @@ mod tests {
                 peers,
                 server,
                 server_in_flight: &mut server_in_flight,
+                server_window: SERVER_WINDOW,
                 now: Instant::now(),
             },
             &mut |source, i| {
@@ -250,6 +290,25 @@ mod tests {
             plan(&[0], &mut peers, ServerUse::Any, 0, &mut HashMap::new()),
             vec![("server".into(), 0)]
         );
+    }
+
+    #[test]
+    fn the_server_window_opens_on_a_fast_link_and_closes_on_a_slow_one() {
+        let mut w = ServerWindow::new();
+        assert_eq!(w.size, SERVER_WINDOW);
+        // Behind 200 Mbit/s: 0.3 s a piece, the window stays.
+        w.arrived(Duration::from_millis(300));
+        assert_eq!(w.size, SERVER_WINDOW);
+        // A fast LAN: it opens, up to its bound.
+        for _ in 0..20 {
+            w.arrived(Duration::from_millis(40));
+        }
+        assert_eq!(w.size, MAX_SERVER_WINDOW);
+        // The link slows down: it closes, not below where it started.
+        for _ in 0..20 {
+            w.arrived(Duration::from_secs(2));
+        }
+        assert_eq!(w.size, SERVER_WINDOW);
     }
 
     #[test]
