@@ -7,7 +7,12 @@
 //! and generation, bundles, cluster targets, rollouts with their node rows
 //! and revisions, events), and every blob in `DIR/blobs` a bundle serves,
 //! into etcd (`--blob-store etcd`, the default) or an S3 bucket
-//! (`--blob-store s3://…`, checked before anything is written).
+//! (`--blob-store s3://…`, checked before anything is written); and the
+//! binary deltas of those versions (issue [delta]: the records, and the
+//! patch blobs with them), so the new store offers the same patches. A
+//! patch missing from `DIR/blobs` or too large for the blob store is
+//! left behind with its record (transport only: the new store's maker
+//! makes it again); the records of skipped patches move as they are.
 //! Agents keep their pinned CA hash and node certificates: the replicas
 //! serve with the same CA and know the same certificate serials.
 //!
@@ -35,7 +40,7 @@ use crate::pki::clusterca;
 use crate::pki::seal::{SealError, SealKey};
 use crate::pki::{Pki, PkiError, SharedIdentity};
 use crate::replicas::{self, IdentityError};
-use crate::store::{Dump, EtcdConfig, EtcdStore, SqliteStore, StoreError};
+use crate::store::{DeltaRow, DeltaStore, Dump, EtcdConfig, EtcdStore, SqliteStore, StoreError};
 
 /// What `migrate` is told.
 #[derive(Clone, Debug)]
@@ -120,6 +125,13 @@ pub enum WriteError {
     },
     #[error("import the store: {0}")]
     Import(StoreError),
+    #[error("record the delta of {bundle} {path} from version {from_version}: {source}")]
+    PutDelta {
+        bundle: String,
+        path: String,
+        from_version: String,
+        source: StoreError,
+    },
 }
 
 /// What was moved.
@@ -134,6 +146,10 @@ pub struct Summary {
     pub counts: crate::store::DumpCounts,
     pub blobs: usize,
     pub blob_bytes: u64,
+    /// Delta records moved: made patches (their blobs among `blobs`), and
+    /// skipped ones.
+    pub patches: usize,
+    pub skipped_deltas: usize,
 }
 
 impl fmt::Display for Summary {
@@ -156,6 +172,11 @@ impl fmt::Display for Summary {
         )?;
         self.counts
             .write_lines(f, &format!("{} blobs, {} bytes", self.blobs, self.blob_bytes))?;
+        writeln!(
+            f,
+            "  deltas      {} patches ({} skipped recorded)",
+            self.patches, self.skipped_deltas
+        )?;
         writeln!(
             f,
             "{} was left untouched (only read); do not start the SQLite server on it again.",
@@ -218,12 +239,14 @@ pub async fn migrate(cfg: &MigrateConfig) -> Result<Summary, MigrateError> {
         BlobChoice::Local => return Err(MigrateError::LocalBlobStore),
         BlobChoice::Default | BlobChoice::Etcd => None,
     };
-    let served = served_blobs(
-        &dump,
-        &blobs,
-        &blob_dir,
-        size_limit(&cfg.blob_store, cfg.max_blob),
-    )?;
+    let limit = size_limit(&cfg.blob_store, cfg.max_blob);
+    let mut served = served_blobs(&dump, &blobs, &blob_dir, limit)?;
+    let deltas = deltas_to_move(&sqlite, &dump, &blobs, limit, &mut served)
+        .await
+        .map_err(|source| MigrateError::ReadState {
+            path: db.clone(),
+            source,
+        })?;
 
     let store = EtcdStore::connect(&cfg.etcd, "migrate")
         .await
@@ -259,7 +282,7 @@ pub async fn migrate(cfg: &MigrateConfig) -> Result<Summary, MigrateError> {
             });
         }
     }
-    if let Err(cause) = write_data(&store, &dump, &blobs, &*durable, &served).await {
+    if let Err(cause) = write_data(&store, &dump, &blobs, &*durable, &served, &deltas).await {
         let cleanup = match store.remove_import().await {
             Ok(()) => format!("removed what was written under {}", store.prefix()),
             Err(e) => format!(
@@ -282,7 +305,43 @@ pub async fn migrate(cfg: &MigrateConfig) -> Result<Summary, MigrateError> {
         counts: crate::store::DumpCounts::of(&dump),
         blobs: served.len(),
         blob_bytes: served.iter().map(|b| b.size).sum(),
+        patches: deltas.iter().filter(|d| d.patch.is_some()).count(),
+        skipped_deltas: deltas.iter().filter(|d| d.patch.is_none()).count(),
     })
+}
+
+/// The delta records of the dumped bundle versions to move: skipped ones
+/// as they are, made ones whose patch is here and fits the blob store (the
+/// patch joins `served`). The rest stay behind: the new store's maker
+/// makes them again.
+async fn deltas_to_move(
+    sqlite: &SqliteStore,
+    dump: &Dump,
+    blobs: &LocalBlobs,
+    max: Option<u64>,
+    served: &mut Vec<Blob>,
+) -> Result<Vec<DeltaRow>, StoreError> {
+    let mut out = Vec::new();
+    for b in &dump.bundles {
+        for row in sqlite.deltas_of(&b.row.name, &b.row.version).await? {
+            let Some(patch) = row.patch else {
+                out.push(row);
+                continue;
+            };
+            let size = match std::fs::metadata(blobs.path(&patch)) {
+                Ok(m) if m.is_file() => m.len(),
+                _ => continue,
+            };
+            if size != row.patch_size || max.is_some_and(|max| size > max) {
+                continue;
+            }
+            if !served.iter().any(|x| x.digest == patch) {
+                served.push(Blob { digest: patch, size });
+            }
+            out.push(row);
+        }
+    }
+    Ok(out)
 }
 
 /// Checks each cluster CA of the dump loads, and seals its key for its
@@ -321,6 +380,7 @@ async fn write_data(
     blobs: &LocalBlobs,
     durable: &dyn BlobStore,
     served: &[Blob],
+    deltas: &[DeltaRow],
 ) -> Result<(), WriteError> {
     for b in served {
         let copied = match durable.contains(&b.digest).await {
@@ -334,7 +394,17 @@ async fn write_data(
             source,
         })?;
     }
-    store.import(dump).await.map_err(WriteError::Import)
+    store.import(dump).await.map_err(WriteError::Import)?;
+    // After their bundle versions, which a record needs.
+    for d in deltas {
+        store.put_delta(d).await.map_err(|source| WriteError::PutDelta {
+            bundle: format!("{}@{}", d.name, d.version),
+            path: d.path.clone(),
+            from_version: d.from_version.clone(),
+            source,
+        })?;
+    }
+    Ok(())
 }
 
 /// The largest file the chosen blob store keeps: `--etcd-max-blob-size`

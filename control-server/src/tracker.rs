@@ -6,7 +6,11 @@
 //!   applied (they hold it whole and verified in their cache);
 //! - nodes fetching it now (they asked in the last [`FETCHING_TTL`]); they
 //!   serve the chunks they have verified so far, which lets one copy from
-//!   the server spread through a batch that starts at once.
+//!   the server spread through a batch that starts at once;
+//! - for a binary-delta patch (issue [delta]), which no bundle lists: the
+//!   nodes that asked this replica for it in the last [`PATCH_HELD_TTL`]
+//!   and no longer do (they fetched it, and keep it while its file is
+//!   installed).
 //!
 //! The server stays the seed: a node may fetch from the server itself only
 //! while fewer than [`MAX_SEEDS`] connected nodes of its cluster do so for
@@ -57,6 +61,11 @@ pub const MAX_SEEDS: usize = 1;
 /// How long a node that asked counts as fetching (agents ask again while
 /// they fetch, every few seconds).
 pub const FETCHING_TTL: Duration = Duration::from_secs(30);
+/// How long a node that asked for a patch (binary delta) is named as
+/// holding it, once it no longer asks: agents keep a patch they fetched
+/// while the file it rebuilds is installed or desired, and forget it when
+/// they restart (then they say so, and the asker goes on).
+pub const PATCH_HELD_TTL: Duration = Duration::from_secs(3600);
 /// How long a cluster's holders are read from the store again.
 const INDEX_TTL: Duration = Duration::from_secs(2);
 const LOAD_HALF_LIFE: Duration = Duration::from_secs(10);
@@ -160,6 +169,8 @@ impl Tracker {
 
     /// Whom `node` of `cluster` may fetch `digest` from. `port`: the
     /// cluster's peer port, for nodes that did not name their own address.
+    /// `patch`: `digest` is a binary-delta patch, which no bundle lists;
+    /// its holders are the nodes that fetched it ([`PATCH_HELD_TTL`]).
     pub async fn find(
         &self,
         store: &dyn Store,
@@ -167,6 +178,7 @@ impl Tracker {
         node: &str,
         digest: Digest,
         port: u16,
+        patch: bool,
     ) -> Result<Answer, StoreError> {
         let index = self.index(store, cluster).await?;
         // The bundle versions applied anywhere in the cluster whose content
@@ -198,7 +210,7 @@ impl Tracker {
         let now = Instant::now();
         let (peers, mut server, fetchers) = {
             let mut g = self.lock();
-            let (peers, server) = g.answer(&index, cluster, node, digest, port, &others, now);
+            let (peers, server) = g.answer(&index, cluster, node, (digest, patch), port, &others, now);
             (peers, server, g.fetchers_of(cluster, digest))
         };
         let mut peers = peers;
@@ -214,7 +226,9 @@ impl Tracker {
                         // second): read them now, so it is named.
                         let others = l.others_now(cluster, &digest).await.unwrap_or_default();
                         let mut g = self.lock();
-                        peers = g.answer(&index, cluster, node, digest, port, &others, now).0;
+                        peers = g
+                            .answer(&index, cluster, node, (digest, patch), port, &others, now)
+                            .0;
                     }
                 }
                 Err(e) => tracing::debug!("peer sharing: seed claim: {e}"),
@@ -378,7 +392,7 @@ impl Inner {
         index: &ClusterIndex,
         cluster: &str,
         node: &str,
-        digest: Digest,
+        (digest, patch): (Digest, bool),
         port: u16,
         others: &[(String, bool)],
         now: Instant,
@@ -388,8 +402,15 @@ impl Inner {
         let my_nets: Vec<IpAddr> = me.map(|n| n.addresses.clone()).unwrap_or_default();
         let key = (cluster.to_string(), digest);
         let fetching = self.fetching.entry(key).or_default();
-        fetching.retain(|_, (at, _)| now.duration_since(*at) < FETCHING_TTL);
-        let fetching = fetching.clone();
+        let ttl = if patch { PATCH_HELD_TTL } else { FETCHING_TTL };
+        fetching.retain(|_, (at, _)| now.duration_since(*at) < ttl);
+        // Of a patch, those that asked earlier than FETCHING_TTL ago.
+        let asked = fetching.clone();
+        let fetching: HashMap<String, (Instant, bool)> = asked
+            .iter()
+            .filter(|(_, (at, _))| now.duration_since(*at) < FETCHING_TTL)
+            .map(|(n, v)| (n.clone(), *v))
+            .collect();
         let elsewhere = |n: &str| others.iter().any(|(o, _)| o == n);
 
         // Of a multi-arch bundle a node holds only its own variant.
@@ -404,7 +425,11 @@ impl Inner {
             if self.blamed.contains_key(&(cluster.to_string(), n.name.clone())) {
                 continue;
             }
-            let whole = holds(n, self);
+            // A patch's asker that stopped asking a while ago fetched it
+            // (or gave up: then it answers that it has none, and the
+            // caller goes on to others and the server).
+            let whole =
+                holds(n, self) || (patch && asked.contains_key(&n.name) && !fetching.contains_key(&n.name));
             if !whole && !fetching.contains_key(&n.name) && !elsewhere(&n.name) {
                 continue;
             }
@@ -449,11 +474,18 @@ impl Inner {
         (peers, server)
     }
 
-    /// This replica's fetchers of `digest` (node, from the server).
+    /// This replica's fetchers of `digest` (node, from the server): those
+    /// that asked in the last [`FETCHING_TTL`] (a patch's earlier askers
+    /// are this replica's own knowledge).
     fn fetchers_of(&self, cluster: &str, digest: Digest) -> std::collections::BTreeMap<String, bool> {
         self.fetching
             .get(&(cluster.to_string(), digest))
-            .map(|f| f.iter().map(|(n, (_, s))| (n.clone(), *s)).collect())
+            .map(|f| {
+                f.iter()
+                    .filter(|(_, (at, _))| at.elapsed() < FETCHING_TTL)
+                    .map(|(n, (_, s))| (n.clone(), *s))
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -585,16 +617,16 @@ mod tests {
         let mut g = Inner::default();
         let now = Instant::now();
         // Alone, nobody to name: the server.
-        let (peers, server) = g.answer(&index, "c", "me", d, 7444, &[], now);
+        let (peers, server) = g.answer(&index, "c", "me", (d, false), 7444, &[], now);
         assert!(peers.is_empty() && server);
         // "far" fetches through another replica, from the server: named,
         // and the fleet has its seed.
-        let (peers, server) = g.answer(&index, "c", "me", d, 7444, &[("far".into(), true)], now);
+        let (peers, server) = g.answer(&index, "c", "me", (d, false), 7444, &[("far".into(), true)], now);
         assert_eq!(peers.iter().map(|p| p.node.as_str()).collect::<Vec<_>>(), ["far"]);
         assert!(!peers[0].whole);
         assert!(!server, "one seed for the fleet, not one per replica");
         // Fetching from its peers there: this node may seed.
-        let (_, server) = g.answer(&index, "c", "me", d, 7444, &[("far".into(), false)], now);
+        let (_, server) = g.answer(&index, "c", "me", (d, false), 7444, &[("far".into(), false)], now);
         assert!(server);
     }
 
@@ -672,9 +704,9 @@ mod tests {
         let store = no_store();
         let named = |a: Answer| a.peers.into_iter().map(|p| p.node).collect::<Vec<_>>();
         // The amd64 node applied the version but holds no arm64 binary.
-        let got = t.find(&store, "c", "arm-2", d_arm, 7444).await.unwrap();
+        let got = t.find(&store, "c", "arm-2", d_arm, 7444, false).await.unwrap();
         assert_eq!(named(got), ["arm-1"]);
-        let mut both = named(t.find(&store, "c", "arm-2", d_conf, 7444).await.unwrap());
+        let mut both = named(t.find(&store, "c", "arm-2", d_conf, 7444, false).await.unwrap());
         both.sort();
         assert_eq!(both, ["arm-1", "x86"]);
     }
@@ -693,31 +725,34 @@ mod tests {
         let t = tracker(nodes, &[]);
         // Nobody holds it: the first fetches from the server, the rest are
         // named the nodes fetching before them (so partial), not the server.
-        let a0 = t.find(&store, "c", "n0", d, 7444).await.unwrap();
+        let a0 = t.find(&store, "c", "n0", d, 7444, false).await.unwrap();
         assert!(a0.server && a0.peers.is_empty(), "{a0:?}");
-        let a1 = t.find(&store, "c", "n1", d, 7444).await.unwrap();
+        let a1 = t.find(&store, "c", "n1", d, 7444, false).await.unwrap();
         assert!(!a1.server, "a second seed: {a1:?}");
         assert_eq!(
             a1.peers.iter().map(|p| p.node.as_str()).collect::<Vec<_>>(),
             ["n0"]
         );
-        let a2 = t.find(&store, "c", "n2", d, 7444).await.unwrap();
+        let a2 = t.find(&store, "c", "n2", d, 7444, false).await.unwrap();
         assert!(!a2.server, "a second seed: {a2:?}");
         assert_eq!(a2.peers.len(), 2);
         assert!(a2.peers.iter().all(|p| !p.whole));
         // A seed asking again stays a seed.
-        assert!(t.find(&store, "c", "n0", d, 7444).await.unwrap().server);
+        assert!(t.find(&store, "c", "n0", d, 7444, false).await.unwrap().server);
         // Load spreads: n3..n9 asking each get the least named first.
         let mut firsts = HashSet::new();
         for i in 3..10 {
-            let a = t.find(&store, "c", &format!("n{i}"), d, 7444).await.unwrap();
+            let a = t
+                .find(&store, "c", &format!("n{i}"), d, 7444, false)
+                .await
+                .unwrap();
             assert!(!a.server);
             firsts.insert(a.peers[0].node.clone());
         }
         assert!(firsts.len() >= 3, "first choices spread: {firsts:?}");
         // A blamed node is named to nobody.
         t.blame("c", "n0");
-        let a = t.find(&store, "c", "n5", d, 7444).await.unwrap();
+        let a = t.find(&store, "c", "n5", d, 7444, false).await.unwrap();
         assert!(a.peers.iter().all(|p| p.node != "n0"), "{a:?}");
         // The seed goes away: its place is free for the next to ask.
         t.lock().clusters.insert(
@@ -732,7 +767,7 @@ mod tests {
                     .collect(),
             }),
         );
-        assert!(t.find(&store, "c", "n7", d, 7444).await.unwrap().server);
+        assert!(t.find(&store, "c", "n7", d, 7444, false).await.unwrap().server);
     }
 
     #[tokio::test]
@@ -750,7 +785,7 @@ mod tests {
             ..info("gone", "10.0.0.9", &[("k", "1")])
         });
         let t = tracker(nodes, &[(("k", "1"), d), (("k", "0"), Digest::of(b"old"))]);
-        let a = t.find(&store, "c", "me", d, 7444).await.unwrap();
+        let a = t.find(&store, "c", "me", d, 7444, false).await.unwrap();
         assert!(!a.server, "someone holds it whole: {a:?}");
         let names: Vec<_> = a.peers.iter().map(|p| p.node.as_str()).collect();
         assert_eq!(
@@ -763,13 +798,53 @@ mod tests {
         // A report from another cluster changes nothing here; one from
         // this cluster does.
         t.blame("other", "near");
-        let a = t.find(&store, "c", "me", d, 7444).await.unwrap();
+        let a = t.find(&store, "c", "me", d, 7444, false).await.unwrap();
         assert_eq!(a.peers.len(), 2, "{a:?}");
         t.blame("c", "near");
-        let a = t.find(&store, "c", "me", d, 7444).await.unwrap();
+        let a = t.find(&store, "c", "me", d, 7444, false).await.unwrap();
         assert_eq!(
             a.peers.iter().map(|p| p.node.as_str()).collect::<Vec<_>>(),
             ["far"]
         );
+    }
+
+    #[tokio::test]
+    async fn a_patch_has_one_seed_and_its_askers_are_named_as_holders_once_they_stop_asking() {
+        let p = Digest::of(b"patch");
+        let store = no_store();
+        let nodes: Vec<NodeInfo> = (0..4)
+            .map(|i| info(&format!("n{i}"), &format!("10.0.0.{i}"), &[("k", "2")]))
+            .collect();
+        // The nodes applied the version the patch rebuilds a file of: that
+        // does not make them holders of the patch.
+        let t = tracker(nodes, &[(("k", "2"), Digest::of(b"file"))]);
+        let a0 = t.find(&store, "c", "n0", p, 7444, true).await.unwrap();
+        assert!(a0.server && a0.peers.is_empty(), "{a0:?}");
+        let a1 = t.find(&store, "c", "n1", p, 7444, true).await.unwrap();
+        assert!(!a1.server, "one seed: {a1:?}");
+        assert_eq!(
+            a1.peers
+                .iter()
+                .map(|p| (p.node.as_str(), p.whole))
+                .collect::<Vec<_>>(),
+            [("n0", false)]
+        );
+        // Long after they asked, the askers are named as holding it whole,
+        // and a node asking now takes it from them, not from the server.
+        {
+            let mut g = t.lock();
+            for asked in g.fetching.values_mut().flat_map(|m| m.values_mut()) {
+                asked.0 -= FETCHING_TTL * 2;
+            }
+        }
+        assert!(
+            t.lock().fetchers_of("c", p).is_empty(),
+            "not told to other replicas as fetching"
+        );
+        let a2 = t.find(&store, "c", "n2", p, 7444, true).await.unwrap();
+        assert!(!a2.server, "{a2:?}");
+        let mut held: Vec<_> = a2.peers.iter().map(|p| (p.node.as_str(), p.whole)).collect();
+        held.sort();
+        assert_eq!(held, [("n0", true), ("n1", true)]);
     }
 }

@@ -272,6 +272,8 @@ fn pages_in_a_real_browser() {
     br.wait("an updated node", |b| {
         b.text("#count-updated").parse::<u32>().unwrap_or(0) >= 1
     });
+    // What its nodes fetched, as `rollout status` says it (issue [delta]).
+    br.wait_text("#rollout-fetched", "from the server");
     assert_eq!(
         br.js("return window.__sameDocument === true;", json!([])),
         true,

@@ -381,3 +381,91 @@ fn sealed_keys_need_the_key_and_an_unreachable_etcd_is_one_line() {
     let tok = r.lksctl_json(&["token", "create", "--cluster", "c1"]);
     assert_eq!(tok["ca_cert_hash"], pin.as_str(), "the CA pin is unchanged");
 }
+
+/// Binary deltas (issue [delta]): the records and patch blobs move with
+/// their versions, and the moved store offers the same patch (its own
+/// maker is off, so it cannot have made it again).
+#[test]
+fn binary_deltas_move_with_their_versions_and_the_moved_store_offers_them() {
+    const PATH: &str = "/opt/app/bin/app";
+    let etcd = Etcd::start();
+    let mut old = Server::start_with(&["--delta-interval", "1s"]);
+    old.create_cluster("c1");
+    let v1 = lks_e2e::noise(1 << 20, 5);
+    let mut v2 = v1.clone();
+    v2[1000] ^= 1;
+    v2.splice(500_000..500_000, *b"a patch release");
+    let publish = |server: &Server, v: &str, content: &[u8]| {
+        let dir = tempfile::tempdir().unwrap();
+        let b = write_bundle(
+            dir.path(),
+            "app",
+            v,
+            &[BundleFile {
+                path: PATH,
+                content,
+                mode: "0755",
+            }],
+            "",
+        );
+        assert_eq!(server.publish(&b), format!("app@{v}"));
+    };
+    publish(&old, "1", &v1);
+    publish(&old, "2", &v2);
+    let mut deltas = serde_json::Value::Null;
+    wait_until(Duration::from_secs(60), "the patch of app@2", || {
+        deltas = old.lksctl_json(&["bundle", "get", "app@2"])["deltas"].clone();
+        deltas.as_array().is_some_and(|d| !d.is_empty())
+    });
+    let patch_size = deltas[0]["size"].as_u64().unwrap();
+    assert_eq!(old.stop(), Some(0));
+
+    let prefix = "/lks-migrated-deltas/";
+    let out = migrate(&old.data_dir, &etcd, prefix);
+    let summary = ok_stdout(&out, "migrate");
+    for line in [
+        "bundles     2 (3 blobs",
+        "deltas      1 patches (0 skipped recorded)",
+    ] {
+        assert!(summary.contains(line), "{line:?} in:\n{summary}");
+    }
+    let replica = Server::start_with(&[
+        "--store",
+        "etcd",
+        "--etcd-endpoints",
+        &etcd.url(),
+        "--etcd-prefix",
+        prefix,
+        "--delta-interval",
+        "off",
+    ]);
+    assert_eq!(
+        replica.lksctl_json(&["bundle", "get", "app@2"])["deltas"],
+        deltas,
+        "the same records after the move"
+    );
+
+    // A node holding app@1 gets app@2 through the moved patch.
+    let mut a = Agent::new("d1");
+    a.join(&replica, "c1", &[]);
+    a.start();
+    roll_out(&replica, "app@1");
+    a.wait_bundle("app", "1", "applied");
+    let cached = a
+        .state_dir
+        .join("cache/sha256")
+        .join(lks_proto::Digest::of(&v1).hex());
+    wait_until(Duration::from_secs(30), "app@1 in the node's cache", || {
+        cached.exists()
+    });
+    let sent =
+        |kind: &str| replica.metric(&format!("lks_blob_bytes_served_by_kind_total{{kind=\"{kind}\"}}"));
+    let (delta0, whole0) = (sent("delta"), sent("whole"));
+    roll_out(&replica, "app@2");
+    a.wait_bundle("app", "2", "applied");
+    assert_eq!(a.read(PATH).unwrap().0, v2, "rebuilt byte-exact");
+    assert!(a.log().contains("blob rebuilt from a delta and verified"));
+    assert_eq!(sent("delta") - delta0, patch_size, "the moved patch, once");
+    assert_eq!(sent("whole"), whole0, "no whole file");
+    a.stop();
+}

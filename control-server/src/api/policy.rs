@@ -335,7 +335,8 @@ pub fn rollout_pb(r: &RolloutRow) -> pb::Rollout {
             kubelet_version: d.kubelet_version.clone(),
         }),
         request_id: r.policy.request_id.clone(),
-        // Filled by GetRollout (`fetched_by_nodes`), which reads the nodes.
+        // Filled by GetRollout, ListRollouts and WatchRollout
+        // (`add_fetched_by_nodes`), which read the nodes.
         fetched_from_server: 0,
         fetched_as_delta: 0,
         fetched_from_peers: 0,

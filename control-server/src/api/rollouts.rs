@@ -137,6 +137,10 @@ pub(super) async fn start(
     Ok(Response::new(rollout_pb(&row)))
 }
 
+/// How often a `WatchRollout` stream reads the cluster's nodes again for
+/// what they fetched.
+const FETCHED_EVERY: Duration = Duration::from_secs(2);
+
 /// `WatchRollout`: the rollout each time it changes, until it ended and no node is applying.
 pub(super) async fn watch(
     shared: &Arc<Deps>,
@@ -150,8 +154,29 @@ pub(super) async fn watch(
     shared.tasks.spawn(async move {
         let mut last: Option<pb::Rollout> = None;
         let mut row = first;
+        // What its nodes fetched (issue [delta]): the cluster's nodes read
+        // at most every FETCHED_EVERY (a rollout's updates come faster),
+        // and once more when it has ended.
+        let mut fetched = (0, 0, 0);
+        let mut fetched_at: Option<tokio::time::Instant> = None;
         loop {
-            let p = rollout_pb(&row);
+            let mut p = rollout_pb(&row);
+            let done = row.state.is_terminal() && counts(&row).applying == 0;
+            if done || fetched_at.is_none_or(|t| t.elapsed() >= FETCHED_EVERY) {
+                match nodes_of(&s, &row.cluster).await {
+                    Ok(nodes) => {
+                        let mut q = p.clone();
+                        policy::add_fetched_by_nodes(&mut q, &nodes);
+                        fetched = (q.fetched_from_server, q.fetched_as_delta, q.fetched_from_peers);
+                        fetched_at = Some(tokio::time::Instant::now());
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                }
+            }
+            (p.fetched_from_server, p.fetched_as_delta, p.fetched_from_peers) = fetched;
             if last.as_ref() != Some(&p) {
                 if tx.send(Ok(p.clone())).await.is_err() {
                     return;
@@ -160,7 +185,7 @@ pub(super) async fn watch(
             }
             // An ended rollout may still have nodes finishing their
             // apply; the watch ends once none is left.
-            if row.state.is_terminal() && counts(&row).applying == 0 {
+            if done {
                 return;
             }
             tokio::select! {
@@ -193,9 +218,18 @@ pub(super) async fn list(
         .list_rollouts((!cluster.is_empty()).then_some(cluster.as_str()), false)
         .await
         .map_err(store_status)?;
+    // What their nodes fetched: each cluster's nodes read once.
+    let mut nodes: HashMap<String, Vec<crate::store::NodeRow>> = HashMap::new();
     let mut out = Vec::with_capacity(rows.len());
     for r in rows {
-        out.push(rollout_pb(&r));
+        let mut p = rollout_pb(&r);
+        if !nodes.contains_key(&r.cluster) {
+            nodes.insert(r.cluster.clone(), nodes_of(s, &r.cluster).await?);
+        }
+        if let Some(n) = nodes.get(&r.cluster) {
+            policy::add_fetched_by_nodes(&mut p, n);
+        }
+        out.push(p);
     }
     Ok(Response::new(pb::ListRolloutsResponse { rollouts: out }))
 }

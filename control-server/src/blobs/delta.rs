@@ -14,8 +14,17 @@
 //! is recorded as skipped, so it is not tried again.
 //! The patch blob follows the publish protocol of `gc.rs`: verified in a
 //! temp file, claimed, then named, made durable, and recorded.
+//!
+//! Scaling: a pass lists the bundle versions (one store read), then works
+//! only on the versions not [`Settled`] by an earlier pass of this replica:
+//! it works out their candidates (against the earlier versions of their
+//! name) and reads their delta rows (one read per version). A version is
+//! settled once every patch the rule asks for has a row or is over the
+//! size limit; so in the steady state a pass is one listing and no row
+//! read, and after a publish one read per new version. In memory, per
+//! replica: a new leader, or a restart, settles each version once again.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use lks_proto::{Digest, FileSpec};
@@ -80,15 +89,25 @@ fn served(row: &BundleRow) -> BTreeMap<(String, String), &FileSpec> {
         .collect()
 }
 
+/// The bundle versions (name, version) whose patches are settled: each
+/// one the rule asks for has a row (made or skipped), or is over
+/// `--delta-max-file-size` (which only a restart changes, and this is in
+/// memory). Kept by the maker's task from pass to pass.
+#[derive(Debug, Default)]
+pub struct Settled(HashSet<(String, String)>);
+
 /// Every patch the rule asks for, by bundle version (pure, no I/O): for
-/// each version, each served file, the last `bases` earlier versions of
-/// the same name (in publish order) with a file at that path and
-/// architecture holding other bytes, each such content once.
-fn candidates(mut rows: Vec<BundleRow>, bases: usize) -> Vec<Want> {
+/// each version not in `skip`, each served file, the last `bases` earlier
+/// versions of the same name (in publish order) with a file at that path
+/// and architecture holding other bytes, each such content once.
+fn candidates(mut rows: Vec<BundleRow>, bases: usize, skip: &HashSet<(String, String)>) -> Vec<Want> {
     rows.sort_by(|a, b| (&a.name, a.published_at_ms).cmp(&(&b.name, b.published_at_ms)));
     let files: Vec<_> = rows.iter().map(served).collect();
     let mut out = Vec::new();
     for (i, row) in rows.iter().enumerate() {
+        if skip.contains(&(row.name.clone(), row.version.clone())) {
+            continue;
+        }
         let same_name = rows[..i]
             .iter()
             .zip(&files[..i])
@@ -118,27 +137,53 @@ fn candidates(mut rows: Vec<BundleRow>, bases: usize) -> Vec<Want> {
     out
 }
 
-/// The [`candidates`] the store lacks a row for.
+/// The [`candidates`] of the versions not settled yet that the store
+/// lacks a row for, within the size limit; settles the versions that have
+/// none left.
 async fn wanted(
     store: &(impl BundleStore + DeltaStore + ?Sized),
-    bases: usize,
+    limits: Limits,
+    settled: &mut Settled,
 ) -> Result<Vec<Want>, BlobError> {
-    let all = candidates(store.list_bundles(None).await?, bases);
+    let rows = store.list_bundles(None).await?;
+    let ids: HashSet<(String, String)> = rows.iter().map(|r| (r.name.clone(), r.version.clone())).collect();
+    // Deleted versions are forgotten.
+    settled.0.retain(|id| ids.contains(id));
+    let mut by_version: BTreeMap<(String, String), Vec<Want>> = ids
+        .into_iter()
+        .filter(|id| !settled.0.contains(id))
+        .map(|id| (id, Vec::new()))
+        .collect();
+    for w in candidates(rows, limits.bases, &settled.0) {
+        // Not recorded: a higher limit (a restart) makes it.
+        if w.file.size > limits.max_file_size {
+            tracing::debug!(path = %w.file.path, size = w.file.size, "no delta: the file is over --delta-max-file-size");
+            continue;
+        }
+        if let Some(v) = by_version.get_mut(&(w.name.clone(), w.version.clone())) {
+            v.push(w);
+        }
+    }
     let mut out = Vec::new();
-    let mut have: Option<((String, String), Vec<DeltaRow>)> = None;
-    for w in all {
-        let id = (w.name.clone(), w.version.clone());
-        if have.as_ref().is_none_or(|(h, _)| *h != id) {
-            have = Some((id.clone(), store.deltas_of(&w.name, &w.version).await?));
+    for (id, wants) in by_version {
+        let have = if wants.is_empty() {
+            Vec::new()
+        } else {
+            store.deltas_of(&id.0, &id.1).await?
+        };
+        let missing: Vec<Want> = wants
+            .into_iter()
+            .filter(|w| {
+                let arch = w.file.arch.map(|a| a.to_string()).unwrap_or_default();
+                !have
+                    .iter()
+                    .any(|h| h.path == w.file.path.to_string() && h.arch == arch && h.base == w.base)
+            })
+            .collect();
+        if missing.is_empty() {
+            settled.0.insert(id);
         }
-        let rows = have.as_ref().map(|(_, r)| r.as_slice()).unwrap_or_default();
-        let arch = w.file.arch.map(|a| a.to_string()).unwrap_or_default();
-        if !rows
-            .iter()
-            .any(|h| h.path == w.file.path.to_string() && h.arch == arch && h.base == w.base)
-        {
-            out.push(w);
-        }
+        out.extend(missing);
     }
     Ok(out)
 }
@@ -149,15 +194,11 @@ pub async fn make_missing(
     blobs: &Arc<Blobs>,
     store: &Arc<dyn Store>,
     limits: Limits,
+    settled: &mut Settled,
     now_ms: impl Fn() -> i64,
 ) -> Result<Pass, BlobError> {
     let mut pass = Pass::default();
-    for w in wanted(&**store, limits.bases).await? {
-        // Not recorded: raising the limit makes it on the next pass.
-        if w.file.size > limits.max_file_size {
-            tracing::debug!(path = %w.file.path, size = w.file.size, "no delta: the file is over --delta-max-file-size");
-            continue;
-        }
+    for w in wanted(&**store, limits, settled).await? {
         let mut row = DeltaRow {
             name: w.name.clone(),
             version: w.version.clone(),
@@ -344,7 +385,7 @@ mod tests {
             ),
             row("other", "1", 5, vec![bin("z")]),
         ];
-        let got: Vec<(String, String, Digest)> = candidates(rows, 2)
+        let got: Vec<(String, String, Digest)> = candidates(rows, 2, &HashSet::new())
             .into_iter()
             .map(|w| (w.version, w.from_version, w.base))
             .collect();
@@ -370,11 +411,85 @@ mod tests {
             row("k", "1", 10, vec![f("a1", "amd64"), f("r1", "arm64")]),
             row("k", "2", 20, vec![f("a2", "amd64"), f("r2", "arm64")]),
         ];
-        let got: Vec<(String, Digest)> = candidates(rows, 2)
+        let got: Vec<(String, Digest)> = candidates(rows, 2, &HashSet::new())
             .into_iter()
             .map(|w| (w.file.arch.map(|a| a.to_string()).unwrap_or_default(), w.base))
             .collect();
         let d = |t: &str| Digest::of(t.as_bytes());
         assert_eq!(got, vec![("amd64".into(), d("a1")), ("arm64".into(), d("r1"))]);
+    }
+
+    #[tokio::test]
+    async fn a_version_whose_patches_all_have_rows_is_settled_and_not_looked_at_again() {
+        use crate::store::{BlobRecords, BundleStore, DeltaStore};
+        let store = crate::store::sqlite::SqliteStore::open_in_memory().unwrap();
+        let bin = |tag: &str| file("/usr/bin/kubelet", tag, BIG, None, false);
+        let huge = file("/usr/bin/huge", "h2", 1 << 30, None, false);
+        let versions = [
+            row(
+                "k",
+                "1",
+                10,
+                vec![bin("a"), file("/usr/bin/huge", "h1", 1 << 30, None, false)],
+            ),
+            row("k", "2", 20, vec![bin("b"), huge]),
+        ];
+        for r in &versions {
+            let put = crate::store::NewBundle {
+                name: r.name.clone(),
+                version: r.version.clone(),
+                bundle: r.bundle.clone(),
+                manifest_digest: r.manifest_digest,
+                signed: false,
+                files: 2,
+                total_size: 0,
+                blob_digests: Vec::new(),
+                now_ms: r.published_at_ms,
+            };
+            store.put_bundle(put).await.unwrap();
+        }
+        let id = |v: &str| ("k".to_string(), v.to_string());
+        let limits = Limits {
+            max_file_size: 256 << 20,
+            bases: 2,
+        };
+        let mut settled = Settled::default();
+        // k@1 has no earlier version: settled at once. k@2 wants the
+        // kubelet patch (the huge file is over the limit: not wanted).
+        let w = wanted(&store, limits, &mut settled).await.unwrap();
+        assert_eq!(
+            w.iter()
+                .map(|w| (w.version.as_str(), w.file.path.to_string()))
+                .collect::<Vec<_>>(),
+            [("2", "/usr/bin/kubelet".to_string())]
+        );
+        assert_eq!(settled.0, HashSet::from([id("1")]));
+        store
+            .put_delta(&DeltaRow {
+                name: "k".into(),
+                version: "2".into(),
+                path: "/usr/bin/kubelet".into(),
+                arch: String::new(),
+                from_version: "1".into(),
+                base: Digest::of(b"a"),
+                target: Digest::of(b"b"),
+                size: BIG,
+                patch: Some(Digest::of(b"patch")),
+                patch_size: 10,
+                algorithm: lks_proto::delta::ALGORITHM.into(),
+                note: String::new(),
+                made_at_ms: 1,
+            })
+            .await
+            .unwrap();
+        assert!(wanted(&store, limits, &mut settled).await.unwrap().is_empty());
+        assert_eq!(settled.0, HashSet::from([id("1"), id("2")]));
+        // Settled versions are skipped: no candidate is worked out for them.
+        let rows = store.list_bundles(None).await.unwrap();
+        assert!(candidates(rows, 2, &settled.0).is_empty());
+        // A deleted version is forgotten.
+        store.delete_bundle("k", "2").await.unwrap();
+        assert!(wanted(&store, limits, &mut settled).await.unwrap().is_empty());
+        assert_eq!(settled.0, HashSet::from([id("1")]));
     }
 }

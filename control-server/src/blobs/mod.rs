@@ -149,7 +149,13 @@ pub struct Blobs {
     store: Arc<dyn BlobStore>,
     /// One fetch from the store per digest at a time; other digests go on.
     fetching: Mutex<HashMap<Digest, Arc<tokio::sync::Mutex<()>>>>,
+    /// Piece lists worked out for blobs that have none in a manifest
+    /// (binary-delta patches), by digest; at most [`MAX_PIECE_LISTS`].
+    pieces: Mutex<HashMap<Digest, Arc<lks_proto::chunks::Chunks>>>,
 }
+
+/// Piece lists kept in memory (a few hundred bytes each per 100 MiB).
+const MAX_PIECE_LISTS: usize = 4096;
 
 impl Blobs {
     pub fn new(local: LocalBlobs, store: Arc<dyn BlobStore>) -> Self {
@@ -157,7 +163,46 @@ impl Blobs {
             local,
             store,
             fetching: Mutex::new(HashMap::new()),
+            pieces: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The SHA-256 of each 4 MiB piece of blob `d`, worked out once per
+    /// replica from its local copy (fetched from the store if need be) and
+    /// checked against `d` on the way; `None` if no store holds it.
+    pub async fn pieces_of(&self, d: &Digest) -> Result<Option<Arc<lks_proto::chunks::Chunks>>, BlobError> {
+        if let Some(c) = self.pieces.lock().unwrap_or_else(|p| p.into_inner()).get(d) {
+            return Ok(Some(c.clone()));
+        }
+        if !self.ensure_local(d).await? {
+            return Ok(None);
+        }
+        let path = self.local.path(d);
+        let p = path.clone();
+        let io = |source| BlobError::Io {
+            path: path.clone(),
+            source,
+        };
+        let (got, _, chunks) = tokio::task::spawn_blocking(move || {
+            std::fs::File::open(&p)
+                .and_then(|f| lks_proto::chunks::Chunks::of_reader(f, lks_proto::chunks::DEFAULT_CHUNK_SIZE))
+        })
+        .await
+        .map_err(|e| io(std::io::Error::other(e)))?
+        .map_err(io)?;
+        if got != *d {
+            return Err(io(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("the local copy of {d} hashes to {got}"),
+            )));
+        }
+        let chunks = Arc::new(chunks);
+        let mut map = self.pieces.lock().unwrap_or_else(|p| p.into_inner());
+        if map.len() >= MAX_PIECE_LISTS {
+            map.clear();
+        }
+        map.insert(*d, chunks.clone());
+        Ok(Some(chunks))
     }
 
     pub fn store(&self) -> &dyn BlobStore {

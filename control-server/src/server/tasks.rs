@@ -156,6 +156,7 @@ async fn collect_blobs(
 /// yet (blobs/delta.rs), one at a time, off every request's path.
 async fn make_deltas(s: Arc<Shared>, interval: Duration, limits: crate::blobs::delta::Limits) {
     let mut next = tokio::time::Instant::now() + interval;
+    let mut settled = crate::blobs::delta::Settled::default();
     loop {
         tokio::select! {
             _ = s.cancel.cancelled() => return,
@@ -167,7 +168,7 @@ async fn make_deltas(s: Arc<Shared>, interval: Duration, limits: crate::blobs::d
         }
         let pass = tokio::select! {
             _ = s.cancel.cancelled() => return,
-            p = crate::blobs::delta::make_missing(&s.blobs, &s.store, limits, crate::clock::now_ms) => p,
+            p = crate::blobs::delta::make_missing(&s.blobs, &s.store, limits, &mut settled, crate::clock::now_ms) => p,
         };
         match pass {
             Ok(p) => s.metrics.deltas_made(p.made, p.skipped),

@@ -69,8 +69,6 @@ enum DeltaFailure {
     Source(#[source] source::SourceError),
     #[error("the patch is not what was offered: {0}")]
     Patch(#[source] VerifyError),
-    #[error("the source resumed the patch at byte {0}")]
-    Resumed(u64),
     #[error("the rebuild task failed: {0}")]
     Task(#[source] tokio::task::JoinError),
     #[error(transparent)]
@@ -93,6 +91,9 @@ pub struct Cache {
     dir: PathBuf,
     /// Blobs this process fetched, verified and stored, by digest.
     stored: Arc<Mutex<HashMap<Digest, (InodeMeta, Instant)>>>,
+    /// Patches (binary deltas) cached by this process: patch → the blob it
+    /// rebuilds. Kept while that blob is, for peers to fetch.
+    patches: Arc<Mutex<HashMap<Digest, Digest>>>,
 }
 
 impl Cache {
@@ -100,7 +101,12 @@ impl Cache {
         Cache {
             dir,
             stored: Arc::default(),
+            patches: Arc::default(),
         }
+    }
+
+    fn patches(&self) -> std::sync::MutexGuard<'_, HashMap<Digest, Digest>> {
+        self.patches.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn stored(&self) -> std::sync::MutexGuard<'_, HashMap<Digest, (InodeMeta, Instant)>> {
@@ -226,6 +232,17 @@ impl Cache {
         if let Some(got) = self.rebuild_from_delta(file, src, dest, installed).await {
             return Ok(got);
         }
+        self.download_whole(file, src, dest).await
+    }
+
+    /// Downloads `file`'s own bytes into `dest`: in pieces through peer
+    /// sharing while it is on, else streamed (and resumed) from its source.
+    async fn download_whole(
+        &self,
+        file: &FileSpec,
+        src: &dyn BlobSource,
+        dest: &Path,
+    ) -> Result<Fetched, FetchError> {
         if file.url.is_none()
             && let Some(swarm) = src.swarm()
         {
@@ -345,21 +362,19 @@ impl Cache {
         };
         let started = Instant::now();
         match self.rebuild(file, src, &offer, base, dest).await {
-            Ok(()) => {
+            Ok(got) => {
                 tracing::info!(
                     path = %file.path,
                     digest = %file.digest,
                     base = %offer.base,
                     bytes = offer.patch_size,
+                    from_server = got.from_server,
+                    from_peers = got.from_peers,
                     size = file.size,
                     ms = started.elapsed().as_millis() as u64,
                     "blob rebuilt from a delta and verified"
                 );
-                Some(Fetched {
-                    from_server: offer.patch_size,
-                    from_peers: 0,
-                    as_delta: offer.patch_size,
-                })
+                Some(got)
             }
             Err(e) => {
                 tracing::warn!(path = %file.path, base = %offer.base, "delta not used, fetching the whole file: {e}");
@@ -368,6 +383,11 @@ impl Cache {
         }
     }
 
+    /// Fetches the patch of `offer` into the cache (a blob like any other:
+    /// resumed, verified, through peer sharing while it is on, and kept
+    /// there for peers while `file` is), then rebuilds `file` into `dest`.
+    /// Says what the patch cost: all of it `as_delta` when it came from
+    /// the server.
     async fn rebuild(
         &self,
         file: &FileSpec,
@@ -375,20 +395,30 @@ impl Cache {
         offer: &source::DeltaOffer,
         base_file: File,
         dest: &Path,
-    ) -> Result<(), DeltaFailure> {
+    ) -> Result<Fetched, DeltaFailure> {
         let spec = offer.patch_spec(file);
-        let mut stream = src.open(&spec, 0).await.map_err(DeltaFailure::Source)?;
-        if stream.offset != 0 {
-            return Err(DeltaFailure::Resumed(stream.offset));
+        self.patches().insert(offer.patch, file.digest);
+        src.holding_patch(offer, &file.digest);
+        let mut got = Fetched::default();
+        if !self.contains(&offer.patch) {
+            got = match self.download_whole(&spec, src, &self.blobs()).await {
+                Ok(got) => got,
+                Err(FetchError::Unavailable { reason, .. }) => {
+                    return Err(DeltaFailure::Source(source::SourceError(reason)));
+                }
+                Err(FetchError::Verify { source, .. }) => return Err(DeltaFailure::Patch(source)),
+                Err(FetchError::Fs(e)) => return Err(DeltaFailure::Fs(e)),
+            };
+            got.as_delta = got.from_server;
         }
+        let blob = self.blob_path(&offer.patch);
+        let patch = fs::read(&blob).map_err(|e| DeltaFailure::Fs(FsError::new("read patch", &blob, e)))?;
+        // Checked again as read: the cache may have been damaged since.
         let mut verifier = Verifier::new(offer.patch, offer.patch_size);
-        let mut patch = Vec::with_capacity(usize::try_from(offer.patch_size).unwrap_or(0));
-        while let Some(chunk) = stream.chunks.next().await {
-            let chunk = chunk.map_err(DeltaFailure::Source)?;
-            verifier.update(&chunk).map_err(DeltaFailure::Patch)?;
-            patch.extend_from_slice(&chunk);
+        if let Err(e) = verifier.update(&patch).and_then(|()| verifier.finish()) {
+            let _ = self.remove(&offer.patch);
+            return Err(DeltaFailure::Patch(e));
         }
-        verifier.finish().map_err(DeltaFailure::Patch)?;
         let part = self.partials().join(format!("{}.delta", file.digest.hex()));
         let (f, base, alg, p) = (file.clone(), offer.base, offer.algorithm.clone(), part.clone());
         tokio::task::spawn_blocking(move || {
@@ -399,7 +429,8 @@ impl Cache {
         self.store_verified(&part, &file.digest, dest).map_err(|e| {
             let _ = fs::remove_file(&part);
             DeltaFailure::Fs(e)
-        })
+        })?;
+        Ok(got)
     }
 
     /// [`Cache::ensure`] through peer sharing: pieces from peers and the
@@ -589,8 +620,16 @@ impl Cache {
         Ok(true)
     }
 
-    /// Removes every cached blob not in `keep`, and stale partial downloads.
+    /// Removes every cached blob not in `keep`, and stale partial
+    /// downloads; a patch this process fetched stays while the blob it
+    /// rebuilds is kept (peers may still need it).
     pub fn gc(&self, keep: &BTreeSet<Digest>) -> Result<usize, FsError> {
+        let mut keep = keep.clone();
+        {
+            let mut patches = self.patches();
+            patches.retain(|_, target| keep.contains(target));
+            keep.extend(patches.keys().copied());
+        }
         self.stored().retain(|d, _| keep.contains(d));
         let mut removed = 0;
         for dir in [self.blobs(), self.fetched_dir(), self.partials()] {
@@ -631,119 +670,4 @@ fn resume_partial(part: &Path, file: &FileSpec) -> Result<(Verifier, u64), FsErr
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use futures::future::BoxFuture;
-    use lks_proto::BundlePath;
-    use source::{BlobStream, SourceError};
-
-    /// Serves `bytes` in 1000-byte chunks, whatever the manifest says.
-    struct Serve(Vec<u8>);
-
-    impl BlobSource for Serve {
-        fn open<'a>(
-            &'a self,
-            _: &'a FileSpec,
-            offset: u64,
-        ) -> BoxFuture<'a, Result<BlobStream, SourceError>> {
-            let rest = self.0[offset as usize..].to_vec();
-            Box::pin(async move {
-                let chunks: Vec<_> = rest.chunks(1000).map(|c| Ok(c.to_vec())).collect();
-                Ok(BlobStream {
-                    offset,
-                    chunks: futures::stream::iter(chunks).boxed(),
-                })
-            })
-        }
-    }
-
-    fn spec(bytes: &[u8]) -> FileSpec {
-        FileSpec {
-            chunks: None,
-            arch: None,
-            path: BundlePath::new("/usr/bin/tool").unwrap(),
-            digest: Digest::of(bytes),
-            size: bytes.len() as u64,
-            mode: 0o755,
-            url: None,
-        }
-    }
-
-    #[tokio::test]
-    async fn a_corrupted_download_never_reaches_the_cache() {
-        let d = tempfile::tempdir().unwrap();
-        let cache = Cache::new(d.path().join("cache"));
-        let good: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
-        let mut bad = good.clone();
-        bad[9_500] ^= 1;
-        let f = spec(&good);
-        let err = cache.ensure(&f, &Serve(bad)).await.unwrap_err();
-        assert!(matches!(err, FetchError::Verify { .. }), "{err}");
-        assert!(!cache.contains(&f.digest));
-        assert!(!cache.partials().join(f.digest.hex()).exists(), "no partial kept");
-
-        cache.ensure(&f, &Serve(good.clone())).await.unwrap();
-        assert_eq!(fs::read(cache.blob_path(&f.digest)).unwrap(), good);
-        assert!(!cache.partials().join(f.digest.hex()).exists());
-    }
-
-    #[tokio::test]
-    async fn an_apply_fetch_lands_in_fetched_and_is_known_good_there() {
-        let d = tempfile::tempdir().unwrap();
-        let cache = Cache::new(d.path().join("cache"));
-        let good: Vec<u8> = (0..5_000u32).map(|i| (i * 7) as u8).collect();
-        let f = spec(&good);
-        let got = cache.fetch(&f, &Serve(good.clone())).await.unwrap();
-        assert_eq!(got.from_server, good.len() as u64);
-        assert!(!cache.contains(&f.digest), "not in the cache yet");
-        let p = cache.verified_fetched(&f.digest, f.size).unwrap().unwrap();
-        assert!(
-            cache.known(&f.digest, &p),
-            "verified as it streamed, not hashed again"
-        );
-        assert_eq!(fs::read(&p).unwrap(), good);
-        use std::os::unix::fs::PermissionsExt;
-        assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
-        // A second fetch finds it; promoting it makes the cache entry.
-        let again = cache.fetch(&f, &Serve(vec![])).await.unwrap();
-        assert_eq!(again, Fetched::default());
-        assert!(cache.promote_fetched(&f.digest, f.size).unwrap());
-        assert!(cache.contains(&f.digest) && !p.exists());
-    }
-
-    #[test]
-    fn a_fetched_file_changed_on_disk_is_hashed_and_dropped() {
-        let d = tempfile::tempdir().unwrap();
-        let cache = Cache::new(d.path().join("cache"));
-        let good = b"good bytes".to_vec();
-        let f = spec(&good);
-        cache.create_fetched_dir().unwrap();
-        fs::write(cache.fetched_path(&f.digest), b"evil bytes").unwrap();
-        assert_eq!(cache.verified_fetched(&f.digest, f.size).unwrap(), None);
-        assert!(!cache.fetched_path(&f.digest).exists());
-        assert!(!cache.promote_fetched(&f.digest, f.size).unwrap());
-    }
-
-    #[test]
-    fn a_copy_into_the_cache_is_kept_only_if_it_matches() {
-        let d = tempfile::tempdir().unwrap();
-        let cache = Cache::new(d.path().join("cache"));
-        let good = b"the bytes that were switched in".to_vec();
-        let f = spec(&good);
-        // A target that drifted (same size): nothing cached, nothing left.
-        let drifted = b"THE BYTES THAT WERE SWITCHED IN".to_vec();
-        assert!(!cache.copy_in(&drifted[..], &f.digest, f.size).unwrap());
-        assert!(!cache.contains(&f.digest));
-        assert_eq!(fs::read_dir(cache.partials()).unwrap().count(), 0);
-        // Longer than the manifest says: refused as soon as it passes.
-        let longer = [good.clone(), b"more".to_vec()].concat();
-        assert!(!cache.copy_in(&longer[..], &f.digest, f.size).unwrap());
-        assert!(!cache.contains(&f.digest));
-        // The right bytes: cached, and trusted by staging while unchanged.
-        assert!(cache.copy_in(&good[..], &f.digest, f.size).unwrap());
-        assert_eq!(fs::read(cache.blob_path(&f.digest)).unwrap(), good);
-        let (_, known) = cache.open_checked(&f.digest).unwrap().unwrap();
-        assert!(known);
-        assert_eq!(fs::read_dir(cache.partials()).unwrap().count(), 0);
-    }
-}
+mod tests;

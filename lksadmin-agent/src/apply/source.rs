@@ -36,10 +36,16 @@ pub trait BlobSource: Send + Sync {
     /// The patches (binary deltas, issue [delta]) the source offers that
     /// rebuild `file` from other bytes, smallest first; none by default
     /// (and from a server that predates them). A patch is fetched with
-    /// [`BlobSource::open`] under [`DeltaOffer::patch_spec`].
+    /// [`BlobSource::open`] (or [`BlobSource::swarm`]) under
+    /// [`DeltaOffer::patch_spec`].
     fn deltas<'a>(&'a self, _file: &'a FileSpec) -> BoxFuture<'a, Result<Vec<DeltaOffer>, SourceError>> {
         Box::pin(async { Ok(Vec::new()) })
     }
+
+    /// This node is about to fetch the patch of `offer`, which rebuilds
+    /// `target`, and keeps it in its cache afterwards: peer sharing may
+    /// serve it to other nodes (its verified pieces while it arrives).
+    fn holding_patch(&self, _offer: &DeltaOffer, _target: &Digest) {}
 }
 
 /// One patch a source offers: it rebuilds a file from the bytes `base`.
@@ -50,6 +56,9 @@ pub struct DeltaOffer {
     pub patch: Digest,
     pub patch_size: u64,
     pub algorithm: String,
+    /// The patch's piece list, for one of more than one piece (peer
+    /// sharing moves it in checked pieces); `None`: one piece.
+    pub chunks: Option<lks_proto::chunks::Chunks>,
 }
 
 impl DeltaOffer {
@@ -61,7 +70,7 @@ impl DeltaOffer {
             size: self.patch_size,
             mode: 0o600,
             url: None,
-            chunks: None,
+            chunks: self.chunks.clone(),
             arch: file.arch,
         }
     }

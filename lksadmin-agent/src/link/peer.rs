@@ -9,7 +9,10 @@
 //!   refused and counted.
 //! - Only blobs of the bundles in this node's desired state are served
 //!   (they are assigned to its cluster), whole ones from the cache and,
-//!   while this node is fetching one itself, the pieces it has verified.
+//!   while this node is fetching one itself, the pieces it has verified;
+//!   and the binary-delta patches (issue [delta]) this node fetched that
+//!   rebuild one of those blobs ([`Shared::add_patch`]), by the piece list
+//!   the server gave with the offer (or as one piece).
 //! - Each piece of a cached file is read and checked against its digest
 //!   before a byte is sent, so a cache corrupted on disk is never passed on;
 //!   a piece of a download in progress was checked as it arrived, moments
@@ -84,6 +87,9 @@ pub struct Partial {
 /// What the fetching side and the serving side share.
 pub struct Shared {
     served: Mutex<HashMap<Digest, BlobInfo>>,
+    /// Patches this node fetches or holds: patch → (its size and pieces,
+    /// the blob it rebuilds). Served while that blob is.
+    patches: Mutex<HashMap<Digest, (BlobInfo, Digest)>>,
     partial: Mutex<HashMap<Digest, Arc<Partial>>>,
     /// Bumped whenever what this node holds may have changed (a piece
     /// verified, a download started or ended, the served set replaced):
@@ -96,6 +102,7 @@ impl Default for Shared {
     fn default() -> Self {
         Shared {
             served: Mutex::default(),
+            patches: Mutex::default(),
             partial: Mutex::default(),
             changed: tokio::sync::watch::channel(0).0,
             stats: Stats::default(),
@@ -153,7 +160,23 @@ impl Shared {
                 m.insert(d, info);
             }
         }
+        lock(&self.patches).retain(|_, (_, target)| m.contains_key(target));
         *lock(&self.served) = m;
+        self.bump();
+    }
+
+    /// This node fetches (and then holds) `patch`, which rebuilds the blob
+    /// `target`: served like a blob of the desired bundles (by the pieces
+    /// of `info`, each checked against its digest) while `target` is.
+    pub fn add_patch(&self, patch: Digest, info: BlobInfo, target: Digest) {
+        let info = match &info.chunks {
+            Some(c) if c.validate(info.size, &patch).is_err() => BlobInfo {
+                size: info.size,
+                chunks: None,
+            },
+            _ => info,
+        };
+        lock(&self.patches).insert(patch, (info, target));
         self.bump();
     }
 
@@ -171,7 +194,12 @@ impl Shared {
     }
 
     pub fn served(&self, d: &Digest) -> Option<BlobInfo> {
-        lock(&self.served).get(d).cloned()
+        let served = lock(&self.served);
+        if let Some(info) = served.get(d) {
+            return Some(info.clone());
+        }
+        let (info, target) = lock(&self.patches).get(d).cloned()?;
+        served.contains_key(&target).then_some(info)
     }
 
     pub fn start_partial(&self, d: Digest, p: Arc<Partial>) {
@@ -608,6 +636,51 @@ mod tests {
         assert!(all.whole);
         assert_eq!(bits(&all.have, 10), 10);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_patch_is_served_while_the_blob_it_rebuilds_is() {
+        let shared = Shared::default();
+        let file = Digest::of(b"file v2");
+        let desired = |files: Vec<pb::FileEntry>| pb::DesiredState {
+            bundles: vec![pb::SignedBundle {
+                manifest: Some(pb::Manifest {
+                    files,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        shared.set_served(&desired(vec![pb::FileEntry {
+            path: "/usr/bin/tool".into(),
+            digest: file.to_string(),
+            size: 7,
+            ..Default::default()
+        }]));
+        let patch = Digest::of(b"patch");
+        assert_eq!(shared.served(&patch), None, "not fetched: not served");
+        let one_piece = BlobInfo {
+            size: 5,
+            chunks: None,
+        };
+        shared.add_patch(patch, one_piece.clone(), file);
+        assert_eq!(
+            shared.served(&patch),
+            Some(BlobInfo {
+                size: 5,
+                chunks: None
+            })
+        );
+        // A patch of a blob this node does not serve is not served either.
+        let other = Digest::of(b"other patch");
+        shared.add_patch(other, one_piece, Digest::of(b"not desired"));
+        assert_eq!(shared.served(&other), None);
+        // The file no longer desired: neither is its patch, and it is
+        // forgotten.
+        shared.set_served(&desired(Vec::new()));
+        assert_eq!(shared.served(&patch), None);
+        assert!(lock(&shared.patches).is_empty());
     }
 
     #[test]

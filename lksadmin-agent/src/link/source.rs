@@ -7,10 +7,12 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use futures::future::BoxFuture;
-use lks_proto::{FileSpec, pb};
+use lks_proto::chunks::Chunks;
+use lks_proto::{Digest, FileSpec, pb};
 
 use crate::apply::source::{BlobSource, BlobStream, DeltaOffer, PieceSource, SourceError};
 use crate::link::channel::{SharedChannel, error_chain};
+use crate::link::peer::BlobInfo;
 use crate::link::swarm::Swarm;
 
 /// The real source: mirror URLs with reqwest, everything else from the server.
@@ -138,15 +140,44 @@ impl BlobSource for NetSource {
                 .offers
                 .into_iter()
                 .filter_map(|o| {
+                    let patch: Digest = o.patch_digest.parse().ok()?;
+                    // A piece list that does not describe the patch is
+                    // dropped: the patch then moves as one piece.
+                    let chunks = (o.chunk_size != 0)
+                        .then(|| Chunks {
+                            size: o.chunk_size,
+                            digests: o
+                                .chunk_digests
+                                .iter()
+                                .filter_map(|x| {
+                                    <[u8; 32]>::try_from(x.as_slice()).ok().map(Digest::from_bytes)
+                                })
+                                .collect(),
+                        })
+                        .filter(|c| c.validate(o.patch_size, &patch).is_ok());
                     Some(DeltaOffer {
                         base: o.base_digest.parse().ok()?,
-                        patch: o.patch_digest.parse().ok()?,
+                        patch,
                         patch_size: o.patch_size,
                         algorithm: o.algorithm,
+                        chunks,
                     })
                 })
                 .collect())
         })
+    }
+
+    fn holding_patch(&self, offer: &DeltaOffer, target: &Digest) {
+        if let Some(s) = &self.swarm {
+            s.shared().add_patch(
+                offer.patch,
+                BlobInfo {
+                    size: offer.patch_size,
+                    chunks: offer.chunks.clone(),
+                },
+                *target,
+            );
+        }
     }
 
     fn swarm(&self) -> Option<&dyn PieceSource> {

@@ -8,7 +8,9 @@
 //!   to the server (`NodeEvent` kind `bad_peer`), and the piece fetched
 //!   again elsewhere.
 //! - A slow or dead peer costs a piece at most [`PIECE_DEADLINE`], then the
-//!   next source; one that fails [`MAX_FAILURES`] times in a row is dropped.
+//!   next source; one that fails [`MAX_FAILURES`] times in a row, or says
+//!   it does not serve the blob at all, is dropped; with every peer named
+//!   dropped, the server is used at once.
 //! - A peer is dialled over mTLS: it must present a node certificate of
 //!   this node's CA naming the node the tracker named, of this cluster.
 //! - Pieces land at their offsets in `cache/partial/HEX.pieces`; the pieces
@@ -269,7 +271,12 @@ impl Swarm {
                 last_ask = Some(Instant::now());
             }
             let now = Instant::now();
-            let stalled = (last_progress.max(last_swarm) + STALL <= now) || last_progress + STARVED <= now;
+            // Every peer named was dropped (one that does not serve the
+            // blob at all, e.g. an agent that restarted since it fetched a
+            // patch and forgot it): nothing to wait for.
+            let orphaned = !peers.is_empty() && peers.iter().all(|p| p.dropped);
+            let stalled =
+                orphaned || (last_progress.max(last_swarm) + STALL <= now) || last_progress + STARVED <= now;
             start_pieces(
                 &mut Plan {
                     missing: &missing,
@@ -421,6 +428,11 @@ impl Swarm {
                                 p.watching = false;
                                 p.have = Have::Blind;
                             }
+                            News::NotServed(why) => {
+                                p.watching = false;
+                                p.dropped = true;
+                                tracing::debug!(peer = %p.node, "peer sharing: peer dropped for this fetch: {why}");
+                            }
                             News::Ended(why) => {
                                 p.watching = false;
                                 if let Some(why) = why {
@@ -481,6 +493,9 @@ impl Swarm {
                     .boxed(),
                 Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {
                     futures::stream::iter([News::Unsupported]).boxed()
+                }
+                Ok(Err(s)) if s.code() == tonic::Code::NotFound => {
+                    futures::stream::iter([News::NotServed(format!("node {node}: {}", s.message()))]).boxed()
                 }
                 Ok(Err(s)) => {
                     if !matches!(s.code(), tonic::Code::NotFound | tonic::Code::ResourceExhausted) {
@@ -689,6 +704,9 @@ enum News {
     Held(pb::PiecesHeld),
     /// It has no `WatchPieces` (an older agent).
     Unsupported,
+    /// It does not serve the blob at all (`NOT_FOUND`): not one of its
+    /// bundles' (any more), or a patch it does not hold.
+    NotServed(String),
     /// The watch ended: normally (`None`) or why.
     Ended(Option<String>),
 }

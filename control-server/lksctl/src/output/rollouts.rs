@@ -34,9 +34,9 @@ pub fn rollout_json(r: &pb::Rollout) -> Value {
         "batch_interval": (r.batch_interval_seconds > 0).then(|| format_secs(r.batch_interval_seconds)),
         "next_batch_at": (r.next_batch_at_ms > 0).then(|| rfc3339_ms(r.next_batch_at_ms)).flatten(),
         "ignore_windows": r.ignore_windows,
-        // What its nodes holding the version fetched for it (`rollout
-        // status` only: lists and watches carry zeros): from the server,
-        // split into binary-delta patches and whole files, and from peers.
+        // What its nodes holding the version fetched for it (a watch reads
+        // it at most every 2 s): from the server, split into binary-delta
+        // patches and whole files, and from peers.
         "fetched": {
             "from_server": r.fetched_from_server,
             "as_delta": r.fetched_as_delta,
@@ -109,6 +109,48 @@ fn waiting_for(r: &pb::Rollout) -> Option<String> {
         .then(|| format!("next batch at {}", or_dash(rfc3339_ms(r.next_batch_at_ms))))
 }
 
+/// Bytes as people read them: "226 B", "1.5 KiB", "64.0 MiB", "1.2 GiB".
+pub fn bytes_text(n: u64) -> String {
+    let units = [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    for (name, size) in units {
+        if n >= size {
+            return format!("{:.1} {name}", n as f64 / size as f64);
+        }
+    }
+    format!("{n} B")
+}
+
+/// What the rollout's nodes fetched, or `None` for nothing (yet): e.g.
+/// "1.2 MiB from the server (1.0 MiB as deltas), 3.6 MiB from peers".
+pub fn rollout_fetched(r: &pb::Rollout) -> Option<String> {
+    let (server, delta, peers) = (r.fetched_from_server, r.fetched_as_delta, r.fetched_from_peers);
+    if (server, peers) == (0, 0) {
+        return None;
+    }
+    let mut s = format!("{} from the server", bytes_text(server));
+    if delta > 0 {
+        s.push_str(&format!(" ({} as deltas)", bytes_text(delta)));
+    }
+    if peers > 0 {
+        s.push_str(&format!(", {} from peers", bytes_text(peers)));
+    }
+    Some(s)
+}
+
+/// `rollout list`'s FETCHED column: from the server / of it as deltas /
+/// from peers, "-" for nothing.
+fn fetched_cell(r: &pb::Rollout) -> String {
+    if (r.fetched_from_server, r.fetched_from_peers) == (0, 0) {
+        return "-".into();
+    }
+    format!(
+        "{}/{}/{}",
+        bytes_text(r.fetched_from_server),
+        bytes_text(r.fetched_as_delta),
+        bytes_text(r.fetched_from_peers)
+    )
+}
+
 /// The progress bar's message.
 pub fn rollout_progress(r: &pb::Rollout) -> String {
     let mut m = format!(
@@ -122,6 +164,9 @@ pub fn rollout_progress(r: &pb::Rollout) -> String {
     );
     if let Some(w) = waiting_for(r) {
         m.push_str(&format!("; {w}"));
+    }
+    if let Some(f) = rollout_fetched(r) {
+        m.push_str(&format!("; fetched {f}"));
     }
     m
 }
@@ -143,6 +188,9 @@ pub fn rollout_line(r: &pb::Rollout) -> String {
     );
     if let Some(w) = waiting_for(r) {
         line.push_str(&format!("; {w}"));
+    }
+    if let Some(f) = rollout_fetched(r) {
+        line.push_str(&format!("; fetched {f}"));
     }
     line
 }
@@ -215,6 +263,11 @@ pub fn rollout_text(r: &pb::Rollout) -> String {
             r.batch_size, r.failure_threshold
         ),
     );
+    kv(
+        &mut s,
+        "Fetched:",
+        rollout_fetched(r).unwrap_or_else(|| "-".into()),
+    );
     if !r.message.is_empty() {
         kv(&mut s, "Message:", r.message.clone());
     }
@@ -266,12 +319,23 @@ pub fn rollouts_table(rs: &[pb::Rollout]) -> String {
                 r.held.to_string(),
                 waiting_for(r).unwrap_or_else(|| "-".into()),
                 or_dash(rfc3339_ms(r.created_at_ms)),
+                fetched_cell(r),
             ]
         })
         .collect();
     table(
         &[
-            "ID", "CLUSTER", "BUNDLE", "STATE", "UPDATED", "FAILED", "DEFERRED", "HELD", "WAITING", "STARTED",
+            "ID",
+            "CLUSTER",
+            "BUNDLE",
+            "STATE",
+            "UPDATED",
+            "FAILED",
+            "DEFERRED",
+            "HELD",
+            "WAITING",
+            "STARTED",
+            "FETCHED(SERVER/DELTA/PEERS)",
         ],
         &rows,
     )

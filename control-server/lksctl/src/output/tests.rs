@@ -115,3 +115,47 @@ fn node_json_has_the_contract_fields() {
     assert!(v["labels"].is_object());
     assert_eq!(v["bundles"][0]["state"], "rolled_back");
 }
+
+#[test]
+fn what_a_rollout_fetched_reads_by_source_in_lines_tables_and_status() {
+    let mut r = pb::Rollout {
+        id: "r1".into(),
+        bundle: "k".into(),
+        version: "2".into(),
+        cluster: "c".into(),
+        ..Default::default()
+    };
+    assert_eq!(rollout_fetched(&r), None);
+    assert!(!rollout_line(&r).contains("fetched"));
+    assert!(rollout_text(&r).contains("Fetched:    -\n"));
+    assert!(
+        rollouts_table(std::slice::from_ref(&r))
+            .lines()
+            .nth(1)
+            .unwrap()
+            .ends_with(" -")
+    );
+    (r.fetched_from_server, r.fetched_as_delta, r.fetched_from_peers) = (226, 226, 678);
+    assert_eq!(
+        rollout_fetched(&r).as_deref(),
+        Some("226 B from the server (226 B as deltas), 678 B from peers")
+    );
+    assert!(
+        rollout_line(&r).ends_with("; fetched 226 B from the server (226 B as deltas), 678 B from peers"),
+        "{}",
+        rollout_line(&r)
+    );
+    assert!(rollout_progress(&r).contains("; fetched 226 B"));
+    let t = rollouts_table(std::slice::from_ref(&r));
+    assert!(
+        t.lines().next().unwrap().ends_with("FETCHED(SERVER/DELTA/PEERS)"),
+        "{t}"
+    );
+    assert!(t.lines().nth(1).unwrap().ends_with("226 B/226 B/678 B"), "{t}");
+    (r.fetched_from_server, r.fetched_as_delta, r.fetched_from_peers) = (64 << 20, 0, 3 << 29);
+    assert_eq!(
+        rollout_fetched(&r).as_deref(),
+        Some("64.0 MiB from the server, 1.5 GiB from peers")
+    );
+    assert_eq!(bytes_text(1536), "1.5 KiB");
+}

@@ -77,12 +77,15 @@ pub(super) async fn find_peers(
     let digest = request_digest(&req.into_inner().digest)?;
     let settings = s.peer_settings(&caller.id.cluster).await.map_err(store_status)?;
     // Sharing off, or a blob the caller may not have: nobody is named
-    // (FetchBlob then answers for the blob as it always did).
-    let allowed = settings.enabled
+    // (FetchBlob then answers for the blob as it always did). A patch is
+    // shared like the blob it rebuilds.
+    let mut allowed = settings.enabled
         && s.tracker
             .blob_allowed(&*s.store, &caller.id.cluster, &caller.id.node, &digest)
             .await
             .map_err(store_status)?;
+    let patch = settings.enabled && !allowed && patch_for(s, &caller.id, &digest).await?.is_some();
+    allowed |= patch;
     if !allowed {
         return Ok(Response::new(pb::FindPeersResponse {
             peers: Vec::new(),
@@ -97,6 +100,7 @@ pub(super) async fn find_peers(
             &caller.id.node,
             digest,
             settings.port,
+            patch,
         )
         .await
         .map_err(store_status)?;
@@ -136,19 +140,55 @@ pub(super) async fn find_deltas(
             best.insert(row.base, row);
         }
     }
-    let mut offers: Vec<pb::DeltaOffer> = best
-        .into_values()
-        .filter_map(|r| {
-            Some(pb::DeltaOffer {
-                base_digest: r.base.to_string(),
-                patch_digest: r.patch?.to_string(),
-                patch_size: r.patch_size,
-                algorithm: r.algorithm,
-            })
-        })
-        .collect();
+    let mut offers: Vec<pb::DeltaOffer> = Vec::new();
+    for r in best.into_values() {
+        let Some(patch) = r.patch else { continue };
+        // A patch of more than one piece gets its piece list, so peers can
+        // pass it on in checked pieces; without one (a blob this replica
+        // cannot read now) it is offered as one piece all the same.
+        let mut chunk_size = 0;
+        let mut chunk_digests = Vec::new();
+        if r.patch_size > u64::from(lks_proto::chunks::DEFAULT_CHUNK_SIZE) {
+            match s.blobs.pieces_of(&patch).await {
+                Ok(Some(c)) => {
+                    chunk_size = c.size;
+                    chunk_digests = c.digests.iter().map(|d| d.as_bytes().to_vec()).collect();
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(%patch, error = %e, "no piece list for a patch"),
+            }
+        }
+        offers.push(pb::DeltaOffer {
+            base_digest: r.base.to_string(),
+            patch_digest: patch.to_string(),
+            patch_size: r.patch_size,
+            algorithm: r.algorithm,
+            chunk_size,
+            chunk_digests,
+        });
+    }
     offers.sort_by_key(|o| o.patch_size);
     Ok(Response::new(pb::FindDeltasResponse { offers }))
+}
+
+/// The patch record that lets `node` have the patch `digest`: one that
+/// rebuilds a blob the node may fetch. `None`: not a patch, or none of the
+/// node's.
+async fn patch_for(
+    s: &Deps,
+    node: &lks_proto::identity::NodeIdentity,
+    digest: &Digest,
+) -> Result<Option<crate::store::DeltaRow>, Status> {
+    for row in s.store.deltas_by_patch(digest).await.map_err(store_status)? {
+        if s.tracker
+            .blob_allowed(&*s.store, &node.cluster, &node.node, &row.target)
+            .await
+            .map_err(store_status)?
+        {
+            return Ok(Some(row));
+        }
+    }
+    Ok(None)
 }
 
 /// `FetchBlob`: the blob from `offset`, `length` bytes (0: to the end).
@@ -168,16 +208,9 @@ pub(super) async fn fetch(
     // `spared` is that file's size less the patch's, for the metrics.
     let mut spared = None;
     if !allowed {
-        for row in s.store.deltas_by_patch(&digest).await.map_err(store_status)? {
-            if s.tracker
-                .blob_allowed(&*s.store, &caller.id.cluster, &caller.id.node, &row.target)
-                .await
-                .map_err(store_status)?
-            {
-                spared = Some(row.size.saturating_sub(row.patch_size));
-                break;
-            }
-        }
+        spared = patch_for(s, &caller.id, &digest)
+            .await?
+            .map(|row| row.size.saturating_sub(row.patch_size));
     }
     if !allowed && spared.is_none() {
         return Err(Status::permission_denied(format!(

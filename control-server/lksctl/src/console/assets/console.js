@@ -84,6 +84,14 @@ function fetchedText(b) {
   return p === 0 ? bytes(s) : bytes(s + p) + ", " + bytes(p) + " from peers";
 }
 
+// What a rollout's nodes fetched for it (`rollout status`'s "Fetched:"):
+// from the server, of it as binary deltas, from peers; "-" for nothing.
+function rolloutFetchedText(f) {
+  const s = (f && f.from_server) || 0, d = (f && f.as_delta) || 0, p = (f && f.from_peers) || 0;
+  if (s + p === 0) return "-";
+  return bytes(s) + " from the server" + (d ? " (" + bytes(d) + " as deltas)" : "") + (p ? ", " + bytes(p) + " from peers" : "");
+}
+
 function labelsText(l) {
   const s = Object.entries(l || {}).map(([k, v]) => k + "=" + v).join(",");
   return s || "-";
@@ -537,8 +545,9 @@ function rolloutsPage(main, r) {
       form.options(cs, bs);
       const sorted = rs.slice().sort((a, b) => (b.created_at || "").localeCompare(a.created_at || ""));
       fill(out, el("h2", {}, "All rollouts" + (cluster ? " of " + cluster : "")), table("rollouts-table",
-        ["Rollout", "Cluster", "Bundle", "State", "Progress", "Failed", "Started"],
-        sorted.map((x) => [rolloutLink(x.id), x.cluster, x.bundle + "@" + x.version, chip(x.state), rolloutBar(x), String(x.failed), time(x.created_at)]),
+        ["Rollout", "Cluster", "Bundle", "State", "Progress", "Failed", "Started", "Fetched"],
+        sorted.map((x) => [rolloutLink(x.id), x.cluster, x.bundle + "@" + x.version, chip(x.state), rolloutBar(x), String(x.failed), time(x.created_at),
+          rolloutFetchedText(x.fetched)]),
         "No rollouts yet."));
     },
   };
@@ -714,6 +723,7 @@ function rolloutPage(main, r) {
         kv("rollout-facts", [["State", el("span", { id: "rollout-state" }, chip(x.state))], ["Cluster", link("#/nodes?cluster=" + enc(x.cluster), x.cluster)],
           ["Bundle", link("#/bundles/" + enc(x.bundle) + "/" + enc(x.version), x.bundle + "@" + x.version)], ["Selector", labelsText(x.selector)],
           ["Batch", `${x.batch_size} node(s) at a time, stops at ${x.failure_threshold} failure(s)`],
+          ["Fetched", el("span", { id: "rollout-fetched" }, rolloutFetchedText(x.fetched))],
           x.message && ["Message", x.message], x.waiting_for_window && ["Waiting", "for a maintenance window (next " + (x.next_window || "-") + ")"],
           x.canary_phase && ["Canaries", x.canary_phase + " (" + x.canaries.join(", ") + ")"],
           ["Started", time(x.created_at)], ["ID", el("code", {}, x.id)]]),
