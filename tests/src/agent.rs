@@ -121,6 +121,22 @@ impl Agent {
         )
     }
 
+    /// Joins with `tok` (`token create -o json`) given every replica in
+    /// `urls`, in an order starting at replica `i % urls.len()`: agents
+    /// joined with consecutive `i` start on different replicas.
+    pub fn join_spread(&self, urls: &[String], i: usize, tok: &serde_json::Value) {
+        let mut list = urls.to_vec();
+        let n = list.len().max(1);
+        list.rotate_left(i % n);
+        let out = self.join_raw(
+            &list.join(","),
+            tok["token"].as_str().expect("token"),
+            tok["ca_cert_hash"].as_str().expect("ca_cert_hash"),
+            &[],
+        );
+        ok_stdout(&out, &format!("lksadmin-agent join {}", self.name));
+    }
+
     /// Starts `run`.
     pub fn start(&mut self) {
         self.starts += 1;

@@ -331,6 +331,16 @@ impl Server {
         toml::from_str(&text).expect("parse admin.conf")
     }
 
+    /// Agents this server (replica) holds: `lks_connected_agents` on its
+    /// /metrics.
+    pub fn connected_agents(&self) -> u64 {
+        self.http_get("/metrics")
+            .lines()
+            .find_map(|l| l.strip_prefix("lks_connected_agents "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
     pub fn url(&self) -> String {
         match self.addr.ip() {
             std::net::IpAddr::V6(ip) => format!("https://[{ip}]:{}", self.addr.port()),

@@ -580,13 +580,9 @@ fn a_replica_killed_hard_loses_no_last_seen_time() {
     );
 }
 
-/// Agents each replica holds (`lks_connected_agents` on its /metrics).
+/// Agents each replica holds.
 fn held(r: &Server) -> u64 {
-    r.http_get("/metrics")
-        .lines()
-        .find_map(|l| l.strip_prefix("lks_connected_agents "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
+    r.connected_agents()
 }
 
 #[test]

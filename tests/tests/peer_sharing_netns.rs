@@ -91,19 +91,7 @@ fn roll_out_to_tenant(n: usize, on: bool, rate: &str, size: usize, replicas: usi
     let mut agents = Vec::new();
     for i in 1..=n {
         let mut a = net.agent(i, &format!("n{i}"));
-        let mut list = urls.clone();
-        list.rotate_left(i % urls.len());
-        let out = a.join_raw(
-            &list.join(","),
-            tok["token"].as_str().unwrap(),
-            tok["ca_cert_hash"].as_str().unwrap(),
-            &[],
-        );
-        assert!(
-            out.status.success(),
-            "join n{i}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        a.join_spread(&urls, i, &tok);
         a.start();
         agents.push(a);
     }

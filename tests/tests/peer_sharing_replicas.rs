@@ -23,15 +23,6 @@ const SERVED: &str = "lks_blob_bytes_served_total{source=\"server\"}";
 const SIZE: usize = 32 << 20;
 const NODES: usize = 6;
 
-/// Agents each replica holds (`lks_connected_agents` on its /metrics).
-fn held(r: &Server) -> u64 {
-    r.http_get("/metrics")
-        .lines()
-        .find_map(|l| l.strip_prefix("lks_connected_agents "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 #[test]
 fn a_fleet_spread_over_three_replicas_takes_about_one_copy_from_them() {
     let etcd = Etcd::start();
@@ -44,19 +35,7 @@ fn a_fleet_spread_over_three_replicas_takes_about_one_copy_from_them() {
         .map(|i| {
             let mut a = Agent::new(&format!("n{i}"));
             // Each agent starts on another replica.
-            let mut list = urls.clone();
-            list.rotate_left(i % 3);
-            let out = a.join_raw(
-                &list.join(","),
-                tok["token"].as_str().unwrap(),
-                tok["ca_cert_hash"].as_str().unwrap(),
-                &[],
-            );
-            assert!(
-                out.status.success(),
-                "join n{i}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            a.join_spread(&urls, i, &tok);
             let peer = free_addr();
             a.run_args = vec!["--peer-listen".into(), peer.to_string()];
             a.start();
@@ -71,7 +50,8 @@ fn a_fleet_spread_over_three_replicas_takes_about_one_copy_from_them() {
         });
     }
     wait_until(CONVERGE, "every replica holds agents", || {
-        replicas.iter().all(|r| held(r) >= 1) && replicas.iter().map(held).sum::<u64>() == NODES as u64
+        replicas.iter().all(|r| r.connected_agents() >= 1)
+            && replicas.iter().map(Server::connected_agents).sum::<u64>() == NODES as u64
     });
 
     let bytes = noise(SIZE, 11);

@@ -44,10 +44,8 @@ use std::sync::Arc;
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use lks_proto::Digest;
 
-use super::archive::{
-    ArchiveReader, BlobEntry, EntryName, EtcdOrigin, FORMAT, FileEntry, Manifest, StoreKind,
-};
-use super::output::{Source, file_entry, parent_of, remote_store, write_archive};
+use super::archive::{ArchiveReader, BlobEntry, EntryName, EtcdOrigin, FileEntry, Manifest, StoreKind};
+use super::output::{Source, Taken, blob_entry, file_entry, finish, parent_of, remote_store};
 use super::restore::{RestoreError, extract, unrestored_blobs};
 use super::{BackupError, BackupSummary, Counts, blob_manifest, write_counts};
 use crate::blobs::{BlobChoice, BlobStore, EtcdChunks, LocalBlobs, S3Store};
@@ -409,22 +407,10 @@ pub async fn backup_etcd(cfg: &EtcdBackupConfig) -> Result<BackupSummary, Backup
         let from = remote_store(&cfg.blob_store, Some((&store, cfg.max_blob)))?;
         for b in &blobs {
             let path = fetch_blob(b, from.as_deref(), &fetched).await?;
-            entries.push((
-                FileEntry {
-                    name: EntryName::Blob(b.digest).path(),
-                    size: b.size,
-                    sha256: b.digest,
-                    mode: 0o644,
-                },
-                Source::File(path),
-            ));
+            entries.push(blob_entry(b, path));
         }
     }
-    let manifest = Manifest {
-        format: FORMAT,
-        server_version: env!("CARGO_PKG_VERSION").into(),
-        created_at: crate::clock::rfc3339(created_at_ms),
-        created_at_ms,
+    let taken = Taken {
         store: StoreKind::Etcd,
         source: format!(
             "{} {}@{}",
@@ -432,7 +418,8 @@ pub async fn backup_etcd(cfg: &EtcdBackupConfig) -> Result<BackupSummary, Backup
             store.prefix(),
             snap.revision
         ),
-        files: entries.iter().map(|(e, _)| e.clone()).collect(),
+        created_at_ms,
+        entries,
         blobs,
         blobs_included: cfg.with_blobs,
         counts: snap.counts.clone(),
@@ -443,22 +430,7 @@ pub async fn backup_etcd(cfg: &EtcdBackupConfig) -> Result<BackupSummary, Backup
             sealed_with,
         }),
     };
-    let out = cfg.out.clone();
-    let (sha256, manifest) =
-        tokio::task::spawn_blocking(move || write_archive(&out, &manifest, entries).map(|d| (d, manifest)))
-            .await
-            .map_err(|e| BackupError::Io {
-                what: "write",
-                path: cfg.out.clone(),
-                source: std::io::Error::other(e),
-            })??;
-    let size = std::fs::metadata(&cfg.out).map(|m| m.len()).unwrap_or(0);
-    Ok(BackupSummary {
-        out: cfg.out.clone(),
-        manifest,
-        sha256,
-        size,
-    })
+    finish(&cfg.out, taken).await
 }
 
 /// Fetches blob `b` (verified) from the replicas' blob store into `into`.

@@ -8,8 +8,10 @@ use std::sync::Arc;
 
 use lks_proto::Digest;
 
-use super::BackupError;
-use super::archive::{ArchiveWriter, FileEntry, Manifest};
+use super::archive::{
+    ArchiveWriter, BlobEntry, EntryName, EtcdOrigin, FORMAT, FileEntry, Manifest, StoreKind,
+};
+use super::{BackupError, BackupSummary, Counts};
 use crate::blobs::{BlobChoice, BlobStore, EtcdChunks, LocalBlobs, S3Store};
 use crate::store::EtcdStore;
 
@@ -154,4 +156,63 @@ pub(super) fn write_archive(
         let _ = d.sync_all();
     }
     Ok(digest)
+}
+
+/// The archive entry of blob `b`, its bytes at `path`.
+pub(super) fn blob_entry(b: &BlobEntry, path: PathBuf) -> (FileEntry, Source) {
+    (
+        FileEntry {
+            name: EntryName::Blob(b.digest).path(),
+            size: b.size,
+            sha256: b.digest,
+            mode: 0o644,
+        },
+        Source::File(path),
+    )
+}
+
+/// What a backup read, ready to be written.
+pub(super) struct Taken {
+    pub(super) store: StoreKind,
+    pub(super) source: String,
+    pub(super) created_at_ms: i64,
+    pub(super) entries: Vec<(FileEntry, Source)>,
+    pub(super) blobs: Vec<BlobEntry>,
+    pub(super) blobs_included: bool,
+    pub(super) counts: Counts,
+    pub(super) etcd: Option<EtcdOrigin>,
+}
+
+/// Writes the archive of `t` to `out` ([`write_archive`], off the async
+/// threads) and says what it holds.
+pub(super) async fn finish(out: &Path, t: Taken) -> Result<BackupSummary, BackupError> {
+    let manifest = Manifest {
+        format: FORMAT,
+        server_version: env!("CARGO_PKG_VERSION").into(),
+        created_at: crate::clock::rfc3339(t.created_at_ms),
+        created_at_ms: t.created_at_ms,
+        store: t.store,
+        source: t.source,
+        files: t.entries.iter().map(|(e, _)| e.clone()).collect(),
+        blobs: t.blobs,
+        blobs_included: t.blobs_included,
+        counts: t.counts,
+        etcd: t.etcd,
+    };
+    let (to, entries) = (out.to_path_buf(), t.entries);
+    let (sha256, manifest) =
+        tokio::task::spawn_blocking(move || write_archive(&to, &manifest, entries).map(|d| (d, manifest)))
+            .await
+            .map_err(|e| BackupError::Io {
+                what: "write",
+                path: out.to_path_buf(),
+                source: std::io::Error::other(e),
+            })??;
+    let size = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
+    Ok(BackupSummary {
+        out: out.to_path_buf(),
+        manifest,
+        sha256,
+        size,
+    })
 }

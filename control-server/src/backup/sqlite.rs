@@ -10,8 +10,10 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use super::archive::{EntryName, FORMAT, FileEntry, Manifest, StoreKind};
-use super::output::{Source, blob_path, bytes_entry, file_entry, parent_of, remote_store, write_archive};
+use super::archive::{EntryName, FileEntry, StoreKind};
+use super::output::{
+    Source, Taken, blob_entry, blob_path, bytes_entry, file_entry, finish, parent_of, remote_store,
+};
 use super::{BackupError, BackupSummary, Counts, blob_manifest};
 use crate::blobs::{BlobChoice, LocalBlobs};
 use crate::pki::{Pki, SharedIdentity};
@@ -104,49 +106,20 @@ pub async fn backup_sqlite(cfg: &BackupConfig) -> Result<BackupSummary, BackupEr
         let store = remote_store(&cfg.blob_store, None)?;
         for b in &blobs {
             let path = blob_path(b, &local, &fetched, store.as_deref(), &dir.join("blobs")).await?;
-            let name = EntryName::Blob(b.digest).path();
-            entries.push((
-                FileEntry {
-                    name,
-                    size: b.size,
-                    sha256: b.digest,
-                    mode: 0o644,
-                },
-                Source::File(path),
-            ));
+            entries.push(blob_entry(b, path));
         }
     }
-
-    let manifest = Manifest {
-        format: FORMAT,
-        server_version: env!("CARGO_PKG_VERSION").into(),
-        created_at: crate::clock::rfc3339(created_at_ms),
-        created_at_ms,
+    let taken = Taken {
         store: StoreKind::Sqlite,
         source: dir.display().to_string(),
-        files: entries.iter().map(|(e, _)| e.clone()).collect(),
+        created_at_ms,
+        entries,
         blobs,
         blobs_included: cfg.with_blobs,
         counts: Counts::of(&dump),
         etcd: None,
     };
-    let out = cfg.out.clone();
-    let written =
-        tokio::task::spawn_blocking(move || write_archive(&out, &manifest, entries).map(|d| (d, manifest)))
-            .await
-            .map_err(|e| BackupError::Io {
-                what: "write",
-                path: cfg.out.clone(),
-                source: std::io::Error::other(e),
-            })??;
-    let (sha256, manifest) = written;
-    let size = std::fs::metadata(&cfg.out).map(|m| m.len()).unwrap_or(0);
-    Ok(BackupSummary {
-        out: cfg.out.clone(),
-        manifest,
-        sha256,
-        size,
-    })
+    finish(&cfg.out, taken).await
 }
 
 /// Every regular file of `pki/`, sorted by name, with its bytes and mode.
