@@ -340,7 +340,7 @@ impl Net {
 
     /// Replica `k` (0, 1, …) of a control plane on `etcd` (see
     /// [`Net::etcd`]) in the server namespace: port 7443 + k, metrics
-    /// 9090 + k; a 3 s lease; `extra` appended.
+    /// 9090 + k; a 3 s lease; blobs in etcd up to 128 MiB; `extra` appended.
     pub fn replica(&self, k: u16, etcd: &crate::etcd::Etcd, extra: &[&str]) -> Server {
         let at = |port: u16| format!("{SERVER_IP}:{port}").parse().expect("replica address");
         let url = etcd.url();
@@ -353,6 +353,9 @@ impl Net {
             "/lks/",
             "--lease-ttl",
             "3s",
+            // Blobs in etcd's chunks: room for the benchmark's 64 MiB file.
+            "--etcd-max-blob-size",
+            "134217728",
         ];
         args.extend_from_slice(extra);
         Server::start_wrapped(&self.wrapper("s"), at(SERVER_PORT + k), at(9090 + k), &args)
