@@ -41,7 +41,7 @@ use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use etcd_client::GetOptions;
 use lks_proto::Digest;
 
 use super::archive::{ArchiveReader, BlobEntry, EntryName, EtcdOrigin, FileEntry, Manifest, StoreKind};
@@ -641,49 +641,28 @@ async fn write_restored(
             put += 1;
         }
     }
-    let mut batch: Vec<&(String, Vec<u8>)> = Vec::new();
+    let create = |batch: Vec<(String, Vec<u8>)>| async move {
+        store.create_all(batch).await.map_err(|e| e.to_string())
+    };
+    let mut batch: Vec<(String, Vec<u8>)> = Vec::new();
     let mut bytes = 0;
     for pair in pairs.iter().filter(|(k, _)| k != "identity") {
         let alone = ONE_PER_TXN.iter().any(|p| pair.0.starts_with(p));
         if !batch.is_empty() && (alone || batch.len() == MAX_OPS || bytes + pair.1.len() > MAX_BYTES) {
-            create_all(store, &std::mem::take(&mut batch)).await?;
+            create(std::mem::take(&mut batch)).await?;
             bytes = 0;
         }
         bytes += pair.1.len();
-        batch.push(pair);
+        batch.push(pair.clone());
         if alone {
-            create_all(store, &std::mem::take(&mut batch)).await?;
+            create(std::mem::take(&mut batch)).await?;
             bytes = 0;
         }
     }
     if !batch.is_empty() {
-        create_all(store, &batch).await?;
+        create(batch).await?;
     }
     Ok(put)
-}
-
-/// Creates every key of `batch` in one transaction, or none if any exists.
-async fn create_all(store: &EtcdStore, batch: &[&(String, Vec<u8>)]) -> Result<(), String> {
-    let mut compares = Vec::with_capacity(batch.len());
-    let mut ops = Vec::with_capacity(batch.len());
-    for (rest, value) in batch {
-        let key = store.key(rest);
-        compares.push(Compare::create_revision(key.clone(), CompareOp::Equal, 0));
-        ops.push(TxnOp::put(key, value.clone(), None));
-    }
-    let mut kv = kv_of(&store.client());
-    let resp = kv
-        .txn(Txn::new().when(compares).and_then(ops))
-        .await
-        .map_err(|e| format!("write to etcd: {e}"))?;
-    if resp.succeeded() {
-        return Ok(());
-    }
-    Err(format!(
-        "one of {} … exists already: something else writes under {}",
-        store.key(&batch[0].0),
-        store.prefix()
-    ))
 }
 
 #[cfg(test)]
