@@ -1,17 +1,38 @@
 #!/usr/bin/env bash
-# Checks that the modules of the control server, the agent and the bundle
-# rules form layers: every `crate::X` a module names (outside tests and
-# comments) is a module below it in that crate's LAYERS, so no arrow points
-# up and no two modules need each other. A new top-level module must be
-# given its place here; one that reaches up fails with the arrow it drew.
-# The crates share the checking code below and differ only in their
-# LAYERS lists.
+# Checks that the modules of the control server, the store crates, the
+# agent, lks-bundle and lks-proto form layers: every `crate::X` a module
+# names (outside tests and comments) is a module below it in that crate's
+# LAYERS, so no arrow points up and no two modules need each other. A new
+# top-level module must be given its place here; one that reaches up fails
+# with the arrow it drew. The crates share the checking code below and
+# differ only in their LAYERS lists.
 #
-# Usage: bash scripts/check-layers.sh   (needs python3)
+# It also checks that the code maps say what the code is:
+# - each crate's module map, the table in its README (MAPS below) after a
+#   line `<!-- module map of SRC ... -->`, with the columns
+#   `module | what it owns | what it may import`: every top-level module (a
+#   file or directory in SRC, a `mod` in lib.rs or main.rs) has a row and
+#   every row names a module that exists; the rows come in LAYERS order,
+#   bottom first, a row of submodules (`apply/cache`, `api/agent/`) right
+#   after its module's; and "what it may import" is what LAYERS allows, in
+#   one form: `—` for the first module, the modules before it by name when
+#   they are at most four, else "`FIRST` … `LAST` (the N modules above)";
+#   "as `X`" for submodules of X, "the library" for main.rs;
+# - the crate map in README.md ("Layout", after `<!-- crate map of the
+#   workspace ... -->`): a row per workspace member, `PATH/` and package
+#   name, below the crates it links, whose "what it may import" is the
+#   workspace crates in its Cargo.toml's [dependencies].
+# Adding a module is one LAYERS entry and one row: write the row's module
+# and what it owns, and `--write` fills in what it may import.
+#
+# Usage: bash scripts/check-layers.sh           check (CI)
+#        bash scripts/check-layers.sh --write   rewrite the "what it may
+#                                               import" column of every map
+# (needs python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-python3 - <<'EOF'
+python3 - "$@" <<'EOF'
 import os, re, sys
 
 # Bottom first. A module may name only modules before it.
@@ -90,7 +111,28 @@ CRATES = {
         canonical sign release
         convert authoring
     """,
+    # lks-proto's own modules (the rest is lks-wire and lks-bundle,
+    # re-exported): plumbing; identities, tokens, labels and windows;
+    # admin.conf, written with fsutil.
+    "proto/src": """
+        report backoff fsutil delta tls wire
+        identity token labels windows
+        adminconf
+    """,
 }
+
+
+# Where each crate's module map is: the README holding its table.
+MAPS = {
+    "control-server/store/src": "control-server/store/README.md",
+    "control-server/store-sqlite/src": "control-server/store-sqlite/README.md",
+    "control-server/store-etcd/src": "control-server/store-etcd/README.md",
+    "control-server/src": "control-server/README.md",
+    "lksadmin-agent/src": "lksadmin-agent/README.md",
+    "proto/bundle/src": "proto/README.md",
+    "proto/src": "proto/README.md",
+}
+HEADER = ["module", "what it owns", "what it may import"]
 
 
 def modules(src):
@@ -103,6 +145,14 @@ def modules(src):
         elif os.path.isdir(path):
             for d, _, files in os.walk(path):
                 mods.setdefault(entry, []).extend(os.path.join(d, f) for f in files if f.endswith(".rs"))
+    # A `mod` the crate root declares inline (`mod x { … }`) is a module too;
+    # the unit tests' `mod tests { … }` is not.
+    for root in ("lib.rs", "main.rs"):
+        path = os.path.join(src, root)
+        if os.path.exists(path):
+            for m in re.findall(r"^\s*(?:pub(?:\([a-z]+\))?\s+)?mod\s+(\w+)\s*[;{]", open(path).read(), re.M):
+                if m != "tests" or os.path.exists(os.path.join(src, "tests.rs")):
+                    mods.setdefault(m, [])
     return mods
 
 
@@ -145,6 +195,169 @@ def check(src, layers):
     return len(mods), problems
 
 
+def may_import(layers, m):
+    """What LAYERS lets top-level module `m` import, in the maps' fixed form."""
+    below = layers[: layers.index(m)]
+    if not below:
+        return "—"
+    if len(below) <= 4:
+        return ", ".join(f"`{b}`" for b in below)
+    return f"`{below[0]}` … `{below[-1]}` (the {len(below)} modules above)"
+
+
+def split_row(line):
+    return [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+
+
+def map_rows(readme, src, lines):
+    """(line number, cells) of each row of `src`'s map, or a problem."""
+    marks = [i for i, l in enumerate(lines) if re.match(rf"<!-- module map of {re.escape(src)}\b", l)]
+    if len(marks) != 1:
+        return None, f"{readme}: {len(marks)} lines `<!-- module map of {src} -->` (want one, before the table of {src}'s modules)"
+    i = marks[0] + 1
+    while i < len(lines) and not lines[i].strip():
+        i += 1
+    if i + 1 >= len(lines) or split_row(lines[i]) != HEADER or not re.match(r"^\|[-:| ]+\|$", lines[i + 1].strip()):
+        return None, f"{readme}:{i + 1}: the map of {src} must start with the header | {' | '.join(HEADER)} |"
+    rows = []
+    for j in range(i + 2, len(lines)):
+        if not lines[j].lstrip().startswith("|"):
+            break
+        rows.append((j, split_row(lines[j])))
+    return rows, None
+
+
+def check_map(src, layers, readme, write):
+    """Problems of `src`'s module map, and its rows rewritten when `write`."""
+    layers = layers.split()
+    mods = modules(src)
+    if not os.path.exists(readme):
+        return [f"{readme}: missing; it holds the module map of {src} (MAPS in scripts/check-layers.sh)"], 0
+    lines = open(readme).read().split("\n")
+    rows, problem = map_rows(readme, src, lines)
+    if problem:
+        return [problem], 0
+    problems, seen, current, rewritten = [], set(), None, 0
+    for j, cells in rows:
+        at = f"{readme}:{j + 1}"
+        if len(cells) != 3:
+            problems.append(f"{at}: a row of the map of {src} has {len(cells)} cells, not 3")
+            continue
+        names = re.findall(r"`([^`]+)`", cells[0])
+        if not names or re.sub(r"`[^`]+`", "", cells[0]).strip(" ,"):
+            problems.append(f"{at}: the module cell {cells[0]!r} must be module names in backticks (`x`, `x/`, `x.rs`, `x/y`)")
+            continue
+        names = [re.sub(r"(\.rs|/)$", "", n) for n in names]
+        parents = {n.split("/")[0] for n in names}
+        if names == ["main"]:
+            if not os.path.exists(os.path.join(src, "main.rs")):
+                problems.append(f"{at}: row `main.rs`: {src} has no main.rs")
+            want, current = "the library", "main.rs"
+        elif len(parents) != 1:
+            problems.append(f"{at}: row {cells[0]}: one top-level module per row ({', '.join(sorted(parents))} are several)")
+            continue
+        elif "/" not in names[0]:
+            m = names[0]
+            if len(names) != 1:
+                problems.append(f"{at}: row {cells[0]}: one top-level module per row")
+                continue
+            if m not in mods:
+                problems.append(f"{at}: row `{m}`: {src} has no module {m} (no {m}.rs, no {m}/, no `mod {m}`)")
+                continue
+            if m not in layers:
+                problems.append(f"{at}: row `{m}`: {m} has no place in LAYERS of {src} (scripts/check-layers.sh)")
+                continue
+            if m in seen:
+                problems.append(f"{at}: row `{m}`: a second row for {m}")
+            if current == "main.rs" or (current in layers and layers.index(current) > layers.index(m)):
+                problems.append(f"{at}: row `{m}` comes after `{current}`, but LAYERS (bottom first) has {m} before it: move the row up")
+            seen.add(m)
+            want, current = may_import(layers, m), m
+        else:
+            (parent,) = parents
+            missing = [n for n in names if not (os.path.exists(os.path.join(src, n + ".rs")) or os.path.isdir(os.path.join(src, n)))]
+            if missing:
+                problems.append(f"{at}: row {cells[0]}: {src} has no module {', '.join(missing)} (no .rs file, no directory)")
+                continue
+            if parent != current:
+                problems.append(f"{at}: row {cells[0]}: a row of {parent}'s submodules belongs right after the row of `{parent}`")
+            want = f"as `{parent}`"
+        if cells[2] != want:
+            if write:
+                lines[j] = "| " + " | ".join(cells[:2] + [want]) + " |"
+                rewritten += 1
+            else:
+                problems.append(f"{at}: row {cells[0]}: \"what it may import\" says {cells[2]!r}, LAYERS says {want!r} (bash scripts/check-layers.sh --write)")
+    for m in sorted(set(mods) - seen):
+        problems.append(f"{readme}: the map of {src} has no row for module `{m}`: add | `{m}` | what it owns | | where LAYERS puts it, then run bash scripts/check-layers.sh --write")
+    if write and rewritten:
+        open(readme, "w").write("\n".join(lines))
+    return problems, rewritten
+
+
+def workspace():
+    """Workspace member -> (package name, the members in its [dependencies])."""
+    members = re.findall(r'"([^"]+)"', re.search(r"^members\s*=\s*\[(.*?)\]", open("Cargo.toml").read(), re.M | re.S).group(1))
+    toml = {m: open(os.path.join(m, "Cargo.toml")).read() for m in members}
+    names = {m: re.search(r'^name\s*=\s*"([^"]+)"', t, re.M).group(1) for m, t in toml.items()}
+    by_name = {n: m for m, n in names.items()}
+    crates = {}
+    for m, t in toml.items():
+        deps = re.search(r"^\[dependencies\]\n(.*?)(?=^\[|\Z)", t, re.M | re.S)
+        used = re.findall(r"^([\w-]+)\s*[.=]", deps.group(1), re.M) if deps else []
+        crates[m] = (names[m], [by_name[u] for u in used if u in by_name])
+    return crates
+
+
+def check_crates(readme, write):
+    """Problems of the workspace's crate map in `readme`, and rows rewritten."""
+    crates = workspace()
+    lines = open(readme).read().split("\n")
+    marks = [i for i, l in enumerate(lines) if l.startswith("<!-- crate map of the workspace")]
+    if len(marks) != 1:
+        return [f"{readme}: {len(marks)} lines `<!-- crate map of the workspace -->` (want one, before the table of the crates)"], 0
+    i = marks[0] + 1
+    if i + 1 >= len(lines) or split_row(lines[i]) != ["crate"] + HEADER[1:] or not re.match(r"^\|[-:| ]+\|$", lines[i + 1].strip()):
+        return [f"{readme}:{i + 1}: the crate map must start with the header | crate | {' | '.join(HEADER[1:])} |"], 0
+    problems, order, rewritten = [], [], 0
+    for j in range(i + 2, len(lines)):
+        if not lines[j].lstrip().startswith("|"):
+            break
+        at, cells = f"{readme}:{j + 1}", split_row(lines[j])
+        names = re.findall(r"`([^`]+)`", cells[0])
+        if len(cells) != 3 or len(names) < 2:
+            problems.append(f"{at}: a row of the crate map must be | `PATH/` `PACKAGE` | what it owns | what it may import |")
+            continue
+        path, name = names[0].rstrip("/") or ".", names[1]
+        if path not in crates:
+            problems.append(f"{at}: row `{names[0]}`: no workspace member {path} (members in Cargo.toml)")
+            continue
+        if crates[path][0] != name:
+            problems.append(f"{at}: row `{names[0]}`: its package is `{crates[path][0]}`, not `{name}`")
+        if path in order:
+            problems.append(f"{at}: row `{names[0]}`: a second row for {path}")
+        for dep in crates[path][1]:
+            if dep not in order:
+                problems.append(f"{at}: row `{names[0]}`: it links {crates[dep][0]}, whose row must come above it")
+        order.append(path)
+        deps = sorted(crates[path][1], key=lambda d: order.index(d) if d in order else len(order))
+        want = ", ".join(f"`{crates[d][0]}`" for d in deps) or "—"
+        if cells[2] != want:
+            if write:
+                lines[j] = "| " + " | ".join(cells[:2] + [want]) + " |"
+                rewritten += 1
+            else:
+                problems.append(f"{at}: row `{names[0]}`: \"what it may import\" says {cells[2]!r}, its [dependencies] say {want!r} (bash scripts/check-layers.sh --write)")
+    for m in sorted(set(crates) - set(order)):
+        problems.append(f"{readme}: the crate map has no row for workspace member {m} (`{crates[m][0]}`): add | `{m}/` `{crates[m][0]}` | what it owns | | below the crates it links")
+    if write and rewritten:
+        open(readme, "w").write("\n".join(lines))
+    return problems, rewritten
+
+
+write = sys.argv[1:] == ["--write"]
+if sys.argv[1:] not in ([], ["--write"]):
+    sys.exit("usage: bash scripts/check-layers.sh [--write]")
 failed = False
 for src, layers in CRATES.items():
     count, problems = check(src, layers)
@@ -154,5 +367,27 @@ for src, layers in CRATES.items():
         failed = True
     else:
         print(f"check-layers: {count} modules of {src} in layers, no arrow up")
+    if src not in MAPS:
+        print(f"check-layers: {src} has no module map (MAPS in scripts/check-layers.sh)", file=sys.stderr)
+        failed = True
+        continue
+    problems, rewritten = check_map(src, layers, MAPS[src], write)
+    for p in problems:
+        print(f"check-layers: {p}", file=sys.stderr)
+    if problems:
+        failed = True
+    elif rewritten:
+        print(f"check-layers: {MAPS[src]}: rewrote \"what it may import\" in {rewritten} rows of the map of {src}")
+    else:
+        print(f"check-layers: {MAPS[src]}: the map of {src} has a row per module, in layers")
+problems, rewritten = check_crates("README.md", write)
+for p in problems:
+    print(f"check-layers: {p}", file=sys.stderr)
+if problems:
+    failed = True
+elif rewritten:
+    print(f"check-layers: README.md: rewrote \"what it may import\" in {rewritten} rows of the crate map")
+else:
+    print("check-layers: README.md: the crate map has a row per workspace member, each under the crates it links")
 sys.exit(1 if failed else 0)
 EOF
