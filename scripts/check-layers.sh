@@ -16,7 +16,7 @@
 #   bottom first, a row of submodules (`apply/cache`, `api/agent/`) right
 #   after its module's; and "what it may import" is what LAYERS allows, in
 #   one form: `—` for the first module, the modules before it by name when
-#   they are at most four, else "`FIRST` … `LAST` (the N modules above)";
+#   they are at most four, else "the modules above (`FIRST` … `LAST`)";
 #   "as `X`" for submodules of X, "the library" for main.rs;
 # - the crate map in README.md ("Layout", after `<!-- crate map of the
 #   workspace ... -->`): a row per workspace member, `PATH/` and package
@@ -202,7 +202,9 @@ def may_import(layers, m):
         return "—"
     if len(below) <= 4:
         return ", ".join(f"`{b}`" for b in below)
-    return f"`{below[0]}` … `{below[-1]}` (the {len(below)} modules above)"
+    # No count: a module added to LAYERS changes only its own row and the
+    # row after it.
+    return f"the modules above (`{below[0]}` … `{below[-1]}`)"
 
 
 def split_row(line):
