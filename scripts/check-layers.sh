@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Checks that the modules of the control server, the store crates, the
-# agent, lks-bundle and lks-proto form layers: every `crate::X` a module
-# names (outside tests and comments) is a module below it in that crate's
-# LAYERS, so no arrow points up and no two modules need each other. A new
-# top-level module must be given its place here; one that reaches up fails
-# with the arrow it drew. The crates share the checking code below and
-# differ only in their LAYERS lists.
+# Checks that the modules of each crate (all but the generated lks-wire and
+# the tests' lks-e2e) form layers: every `crate::X` a module names (outside
+# tests and comments) is a module below it in that crate's LAYERS, so no
+# arrow points up and no two modules need each other. A new top-level
+# module must be given its place here; one that reaches up fails with the
+# arrow it drew. The crates share the checking code below and differ only
+# in their LAYERS lists.
 #
 # It also checks that the code maps say what the code is:
 # - each crate's module map, the table in its README (MAPS below) after a
@@ -17,7 +17,8 @@
 #   after its module's; and "what it may import" is what LAYERS allows, in
 #   one form: `—` for the first module, the modules before it by name when
 #   they are at most four, else "the modules above (`FIRST` … `LAST`)";
-#   "as `X`" for submodules of X, "the library" for main.rs;
+#   "as `X`" for submodules of X; for main.rs "the library", or "every
+#   module (the crate root)" in a crate without lib.rs;
 # - the crate map in README.md ("Layout", after `<!-- crate map of the
 #   workspace ... -->`): a row per workspace member, `PATH/` and package
 #   name, below the crates it links, whose "what it may import" is the
@@ -111,6 +112,30 @@ CRATES = {
         canonical sign release
         convert authoring
     """,
+    # Beside the server, crates that link lks-proto and not the server.
+    # lksctl: the admin API client and output, then the verbs, a release
+    # before the rollout that may name one; the console over the verbs.
+    "control-server/lksctl/src": """
+        output client mirror cloudinit
+        audit bundle cluster
+        release
+        rollout
+        console
+    """,
+    # lks-loadgen: the report, one simulated agent, then the modes that
+    # run many.
+    "control-server/loadgen/src": """
+        report sim
+        baseline rollout storm
+    """,
+    # lks-kube-controller: the custom resources and the pieces under the
+    # reconcilers, the server-to-resource mapping, the reconcilers, the loop.
+    "control-server/kube-controller/src": """
+        crd object conditions lease admin
+        mirror
+        clusters rollouts
+        run
+    """,
     # lks-proto's own modules (the rest is lks-wire and lks-bundle,
     # re-exported): plumbing; identities, tokens, labels and windows;
     # admin.conf, written with fsutil.
@@ -131,6 +156,9 @@ MAPS = {
     "lksadmin-agent/src": "lksadmin-agent/README.md",
     "proto/bundle/src": "proto/README.md",
     "proto/src": "proto/README.md",
+    "control-server/lksctl/src": "control-server/README.md",
+    "control-server/loadgen/src": "control-server/README.md",
+    "control-server/kube-controller/src": "control-server/README.md",
 }
 HEADER = ["module", "what it owns", "what it may import"]
 
@@ -254,7 +282,8 @@ def check_map(src, layers, readme, write):
         if names == ["main"]:
             if not os.path.exists(os.path.join(src, "main.rs")):
                 problems.append(f"{at}: row `main.rs`: {src} has no main.rs")
-            want, current = "the library", "main.rs"
+            lib = os.path.exists(os.path.join(src, "lib.rs"))
+            want, current = ("the library" if lib else "every module (the crate root)"), "main.rs"
         elif len(parents) != 1:
             problems.append(f"{at}: row {cells[0]}: one top-level module per row ({', '.join(sorted(parents))} are several)")
             continue
