@@ -157,6 +157,12 @@ struct Args {
     /// made from; 0 makes none.
     #[arg(long, default_value_t = lks_control_server::blobs::delta::DEFAULT_BASES, value_name = "N")]
     delta_bases: usize,
+    /// The patches' format: `bsdiff4-zstd` (bsdiff 4's sections in zstd
+    /// frames: a node applies one several times faster) or `bsdiff4` (the
+    /// only one agents from before `bsdiff4-zstd` apply; they fetch whole
+    /// files when offered the other).
+    #[arg(long, default_value = lks_proto::delta::ZSTD_ALGORITHM, value_parser = clap::builder::PossibleValuesParser::new(lks_proto::delta::ALGORITHMS), value_name = "ALGORITHM")]
+    delta_algorithm: String,
     /// How long audit records (`lksctl audit`) are kept; `forever` keeps
     /// every record. The leading replica drops older ones hourly.
     #[arg(long, default_value = "365d", value_name = "DURATION|forever")]
@@ -702,6 +708,10 @@ async fn main() -> ExitCode {
     cfg.delta_limits = lks_control_server::blobs::delta::Limits {
         max_file_size: args.delta_max_file_size,
         bases: args.delta_bases,
+        algorithm: lks_proto::delta::ALGORITHMS
+            .into_iter()
+            .find(|a| *a == args.delta_algorithm)
+            .unwrap_or(lks_proto::delta::ZSTD_ALGORITHM),
     };
     cfg.rebalance_interval = rebalance_interval;
     cfg.join_urls = args.join_url;

@@ -18,8 +18,16 @@
 
 use std::io::{self, Write};
 
-/// The algorithm name recorded beside each patch and offered on the wire.
+pub mod sections;
+
+/// bsdiff 4 as qbsdiff writes it (sections in bzip2): what agents from
+/// before `bsdiff4-zstd` apply.
 pub const ALGORITHM: &str = "bsdiff4";
+/// bsdiff 4's sections in zstd frames ([`sections`]): the same patch,
+/// applied several times faster. What the server makes by default.
+pub const ZSTD_ALGORITHM: &str = "bsdiff4-zstd";
+/// Every algorithm this build makes and applies, the preferred first.
+pub const ALGORITHMS: [&str; 2] = [ZSTD_ALGORITHM, ALGORITHM];
 
 /// Files smaller than this are not worth a patch (one round trip more for
 /// a few KiB).
@@ -28,10 +36,11 @@ pub const MIN_FILE_SIZE: u64 = 64 * 1024;
 #[derive(Debug, thiserror::Error)]
 pub enum DeltaError {
     /// The algorithm is not one this build applies.
-    #[error("unknown delta algorithm {0:?} (this build applies {ALGORITHM})")]
+    #[error("unknown delta algorithm {0:?} (this build applies {ZSTD_ALGORITHM} and {ALGORITHM})")]
     Algorithm(String),
-    /// The patch is not a bsdiff 4 patch, or is truncated or corrupted.
-    #[error("the patch is not a valid {ALGORITHM} patch: {0}")]
+    /// The patch is not a patch of its algorithm, or is truncated or
+    /// corrupted.
+    #[error("the patch is not a valid patch of its algorithm: {0}")]
     Corrupt(#[source] io::Error),
     /// The patch rebuilds a file of another size than the one wanted.
     #[error("the patch rebuilds {got} bytes, the file has {want}")]
@@ -42,14 +51,27 @@ pub enum DeltaError {
     Write(#[source] io::Error),
 }
 
-/// Makes a patch that rebuilds `target` from `base`, on the calling thread
-/// only (no parallel search: the server makes one patch at a time on one
-/// core).
+/// Makes a bsdiff 4 patch that rebuilds `target` from `base`, on the
+/// calling thread only (no parallel search: the server makes one patch at
+/// a time on one core).
 pub fn make(base: &[u8], target: &[u8]) -> io::Result<Vec<u8>> {
     let mut patch = Vec::new();
     qbsdiff::Bsdiff::new(base, target)
         .parallel_scheme(qbsdiff::ParallelScheme::Never)
         .compare(io::Cursor::new(&mut patch))?;
+    Ok(patch)
+}
+
+/// Makes a patch of `algorithm` (one of [`ALGORITHMS`]): the same search,
+/// its sections re-encoded for `bsdiff4-zstd`.
+pub fn make_as(algorithm: &str, base: &[u8], target: &[u8]) -> Result<Vec<u8>, DeltaError> {
+    let patch = match algorithm {
+        ALGORITHM | ZSTD_ALGORITHM => make(base, target).map_err(DeltaError::Corrupt)?,
+        other => return Err(DeltaError::Algorithm(other.to_string())),
+    };
+    if algorithm == ZSTD_ALGORITHM {
+        return sections::transcode(&patch).map_err(DeltaError::Corrupt);
+    }
     Ok(patch)
 }
 
@@ -64,11 +86,19 @@ pub fn apply(
     size: u64,
     out: impl Write,
 ) -> Result<u64, DeltaError> {
-    if algorithm != ALGORITHM {
-        return Err(DeltaError::Algorithm(algorithm.to_string()));
-    }
-    let patcher = qbsdiff::Bspatch::new(patch).map_err(DeltaError::Corrupt)?;
-    let hint = patcher.hint_target_size();
+    let hint = match algorithm {
+        ALGORITHM => {
+            sections::check_bsdiff4(patch).map_err(DeltaError::Corrupt)?;
+            None
+        }
+        ZSTD_ALGORITHM => Some(sections::target_size(patch).map_err(DeltaError::Corrupt)?),
+        other => return Err(DeltaError::Algorithm(other.to_string())),
+    };
+    let patcher = match hint {
+        Some(_) => None,
+        None => Some(qbsdiff::Bspatch::new(patch).map_err(DeltaError::Corrupt)?),
+    };
+    let hint = hint.unwrap_or_else(|| patcher.as_ref().map_or(0, |p| p.hint_target_size()));
     if hint != size {
         return Err(DeltaError::Size {
             got: hint,
@@ -80,7 +110,11 @@ pub fn apply(
         n: 0,
         failed: None,
     };
-    match patcher.apply(base, &mut counted) {
+    let applied = match patcher {
+        Some(p) => p.apply(base, &mut counted),
+        None => sections::apply(base, patch, &mut counted),
+    };
+    match applied {
         Ok(_) => {}
         Err(e) => {
             return Err(match counted.failed.take() {
@@ -166,25 +200,27 @@ mod tests {
     #[test]
     fn a_corrupted_patch_is_refused_or_gives_other_bytes() {
         let (old, new) = pair(200_000);
-        let patch = make(&old, &new).unwrap();
-        for at in [0, 10, 40, patch.len() / 2, patch.len() - 1] {
-            let mut bad = patch.clone();
-            bad[at] ^= 0xff;
+        for alg in ALGORITHMS {
+            let patch = make_as(alg, &old, &new).unwrap();
             let mut out = Vec::new();
-            match apply(ALGORITHM, &old, &bad, new.len() as u64, &mut out) {
-                Err(_) => {}
-                Ok(_) => assert_ne!(out, new, "a flipped byte at {at} went unnoticed"),
+            apply(alg, &old, &patch, new.len() as u64, &mut out).unwrap();
+            assert_eq!(out, new, "{alg}");
+            for at in [0, 10, 40, patch.len() / 2, patch.len() - 1] {
+                let mut bad = patch.clone();
+                bad[at] ^= 0xff;
+                let mut out = Vec::new();
+                match apply(alg, &old, &bad, new.len() as u64, &mut out) {
+                    Err(_) => {}
+                    Ok(_) => assert_ne!(out, new, "{alg}: a flipped byte at {at} went unnoticed"),
+                }
             }
+            let mut out = Vec::new();
+            let e = apply(alg, &old, &patch[..patch.len() / 2], new.len() as u64, &mut out);
+            assert!(e.is_err(), "{alg}: a truncated patch is refused");
+            // One algorithm's patch is not the other's.
+            let other = ALGORITHMS.into_iter().find(|a| *a != alg).unwrap();
+            assert!(apply(other, &old, &patch, new.len() as u64, Vec::new()).is_err());
         }
-        let mut out = Vec::new();
-        let e = apply(
-            ALGORITHM,
-            &old,
-            &patch[..patch.len() / 2],
-            new.len() as u64,
-            &mut out,
-        );
-        assert!(e.is_err(), "a truncated patch is refused");
     }
 
     #[test]
@@ -203,6 +239,8 @@ mod tests {
         assert!(matches!(e, DeltaError::Size { .. }), "{e}");
         let e = apply("zstd", &old, &patch, new.len() as u64, Vec::new()).unwrap_err();
         assert!(matches!(e, DeltaError::Algorithm(_)), "{e}");
+        let e = make_as("xdelta3", &old, &new).unwrap_err();
+        assert!(matches!(e, DeltaError::Algorithm(_)), "{e}");
     }
 
     #[test]
@@ -217,8 +255,10 @@ mod tests {
             }
         }
         let (old, new) = pair(100_000);
-        let patch = make(&old, &new).unwrap();
-        let e = apply(ALGORITHM, &old, &patch, new.len() as u64, Full).unwrap_err();
-        assert!(matches!(e, DeltaError::Write(_)), "{e}");
+        for alg in ALGORITHMS {
+            let patch = make_as(alg, &old, &new).unwrap();
+            let e = apply(alg, &old, &patch, new.len() as u64, Full).unwrap_err();
+            assert!(matches!(e, DeltaError::Write(_)), "{alg}: {e}");
+        }
     }
 }

@@ -92,8 +92,9 @@ fn served(server: &Server, kind: &str) -> u64 {
 /// join `other` (the same server, or another replica, which then serves
 /// patches another replica made through the shared blob store).
 /// `corrupt(hex)` damages a patch where `other` serves it from, or is
-/// `None` where that cannot be reached.
-fn scenario(publisher: &Server, other: &Server, corrupt: Option<&dyn Fn(&str)>) {
+/// `None` where that cannot be reached. `algorithm`: the patches' format
+/// the servers were told to make (`--delta-algorithm`).
+fn scenario(publisher: &Server, other: &Server, algorithm: &str, corrupt: Option<&dyn Fn(&str)>) {
     publisher.create_cluster("c");
     let work = tempfile::tempdir().unwrap();
     let v1 = noise(SIZE, 7);
@@ -139,6 +140,7 @@ fn scenario(publisher: &Server, other: &Server, corrupt: Option<&dyn Fn(&str)>) 
     );
     assert_eq!(d["file_size"], v2.len() as u64);
     assert_eq!(d["base_sha256"], Digest::of(&v1).hex());
+    assert_eq!(d["algorithm"], algorithm, "{d}");
     let patch_size = d["size"].as_u64().unwrap();
     assert!(patch_size * 20 < v2.len() as u64, "patch of {patch_size} bytes");
     let (delta0, whole0) = (served("delta"), served("whole"));
@@ -253,16 +255,18 @@ fn a_patch_release_moves_a_few_percent_and_any_failure_falls_back_to_the_whole_f
         bytes[at] ^= 0xff;
         std::fs::write(&p, bytes).unwrap();
     };
-    scenario(&server, &server, Some(&corrupt));
+    scenario(&server, &server, "bsdiff4-zstd", Some(&corrupt));
 }
 
+/// Also the older format: replicas told to make `bsdiff4` patches (for a
+/// fleet of agents from before `bsdiff4-zstd`), which agents still apply.
 #[test]
 fn replicas_on_etcd_serve_patches_another_replica_made() {
     let etcd = Etcd::start();
-    let args = ["--delta-interval", "1s"];
+    let args = ["--delta-interval", "1s", "--delta-algorithm", "bsdiff4"];
     let r1 = etcd.replica("/lks-test-delta/", &args);
     let r2 = etcd.replica("/lks-test-delta/", &args);
-    scenario(&r1, &r2, None);
+    scenario(&r1, &r2, "bsdiff4", None);
 }
 
 #[test]

@@ -1,8 +1,9 @@
 //! The delta maker (issue [delta]): for each file of a bundle version
 //! whose path (and architecture) versions of the same name published
-//! before it also had, with other bytes, a bsdiff 4 patch from each of the
-//! last `bases` such contents (`lks_proto::delta`), kept as a blob and
-//! recorded in the store ([`crate::store::DeltaStore`]).
+//! before it also had, with other bytes, a patch from each of the last
+//! `bases` such contents (`lks_proto::delta`; bsdiff 4's search, its
+//! sections in zstd frames unless `--delta-algorithm bsdiff4`), kept as a
+//! blob and recorded in the store ([`crate::store::DeltaStore`]).
 //!
 //! Off the publish path: a task on the leading replica makes the missing
 //! ones every `--delta-interval`, one patch at a time on one core, so a
@@ -46,6 +47,8 @@ pub const MAX_PATCH_PERCENT: u64 = 50;
 pub struct Limits {
     pub max_file_size: u64,
     pub bases: usize,
+    /// `--delta-algorithm`: one of `lks_proto::delta::ALGORITHMS`.
+    pub algorithm: &'static str,
 }
 
 impl Default for Limits {
@@ -53,6 +56,7 @@ impl Default for Limits {
         Limits {
             max_file_size: DEFAULT_MAX_FILE_SIZE,
             bases: DEFAULT_BASES,
+            algorithm: lks_proto::delta::ZSTD_ALGORITHM,
         }
     }
 }
@@ -210,12 +214,12 @@ pub async fn make_missing(
             size: w.file.size,
             patch: None,
             patch_size: 0,
-            algorithm: lks_proto::delta::ALGORITHM.into(),
+            algorithm: limits.algorithm.into(),
             note: String::new(),
             made_at_ms: 0,
         };
         let started = std::time::Instant::now();
-        match make_one(blobs, &**store, &w, &now_ms).await {
+        match make_one(blobs, &**store, &w, limits.algorithm, &now_ms).await {
             Ok(Made::Patch(d, size)) => {
                 row.patch = Some(d);
                 row.patch_size = size;
@@ -267,6 +271,7 @@ async fn make_one(
     blobs: &Arc<Blobs>,
     store: &dyn Store,
     w: &Want,
+    algorithm: &'static str,
     now_ms: &impl Fn() -> i64,
 ) -> Result<Made, BlobError> {
     for d in [&w.base, &w.file.digest] {
@@ -282,7 +287,8 @@ async fn make_one(
     let made = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, BlobError> {
         let base = std::fs::read(&base_path).map_err(|e| io(&base_path, e))?;
         let target = std::fs::read(&target_path).map_err(|e| io(&target_path, e))?;
-        lks_proto::delta::make(&base, &target).map_err(|e| io(&target_path, e))
+        lks_proto::delta::make_as(algorithm, &base, &target)
+            .map_err(|e| io(&target_path, std::io::Error::other(e)))
     })
     .await
     .map_err(|e| BlobError::Io {
@@ -452,6 +458,7 @@ mod tests {
         let limits = Limits {
             max_file_size: 256 << 20,
             bases: 2,
+            ..Limits::default()
         };
         let mut settled = Settled::default();
         // k@1 has no earlier version: settled at once. k@2 wants the

@@ -350,7 +350,7 @@ impl Cache {
         };
         let installed_base = installed.as_ref().map(|(d, _)| *d);
         let offer = offers.into_iter().find(|o| {
-            o.algorithm == lks_proto::delta::ALGORITHM
+            lks_proto::delta::ALGORITHMS.contains(&o.algorithm.as_str())
                 && o.patch_size.saturating_mul(2) <= file.size
                 && (self.contains(&o.base) || installed_base == Some(o.base))
         })?;
