@@ -5,14 +5,22 @@
 //! A patch is transport, never trust: nothing here is signed, and the caller
 //! checks the rebuilt bytes against the manifest's SHA-256 before anything
 //! else sees them (a wrong base, a corrupted or lying patch give other bytes
-//! and are refused there). The one algorithm is bsdiff 4 (`qbsdiff`), chosen
-//! by measurement (BENCHMARKS.md, "Binary deltas"): its patches are the
-//! smallest (0.22 % of a one-fix kubectl against zstd's 2.67 %), and
-//! applying one needs the base in memory and writes the new file as a
+//! and are refused there). The search is bsdiff 4's (`qbsdiff`), chosen by
+//! measurement (BENCHMARKS.md, "Binary deltas"): its patches are the
+//! smallest (0.22 % of a one-fix kubectl against zstd's patch-from 2.67 %),
+//! and applying one needs the base in memory and writes the new file as a
 //! stream, 1.04–1.24× the file in memory where zstd's patch-from needs the
 //! base and a window as large as the file (2.0×).
 //!
-//! The server makes a patch with [`make`] (one core; memory about 6× the
+//! Two containers for that search's output:
+//! - `bsdiff4` ([`ALGORITHM`]): qbsdiff's, its sections in bzip2. The
+//!   smallest, but bzip2's decoding is most of the time a node spends
+//!   applying one.
+//! - `bsdiff4-zstd` ([`ZSTD_ALGORITHM`], [`sections`]): the same sections
+//!   in zstd frames, about 1.5× the bytes and applied 4–7× faster. What the
+//!   server makes unless told otherwise.
+//!
+//! The server makes a patch with [`make_as`] (one core; memory about 6× the
 //! file: both files and the base's suffix array); the agent applies it
 //! with [`apply`] (memory about the file's size plus the patch).
 

@@ -490,7 +490,8 @@ fn with_peer_sharing_a_patch_of_several_pieces_moves_in_checked_pieces() {
 /// with peer sharing on, from files given in `LKS_DELTA_BENCH_V1` and
 /// `LKS_DELTA_BENCH_V2`: time, bytes the server sent (whole and as
 /// deltas) and bytes nodes took from peers, for each. The v1 rollout is
-/// the same run's whole-file baseline.
+/// the same run's whole-file baseline. `LKS_DELTA_BENCH_ALGORITHM`: the
+/// server's `--delta-algorithm` (default: its default).
 ///
 /// `LKS_DELTA_BENCH_V1=old LKS_DELTA_BENCH_V2=new cargo test -p lks-e2e
 /// --test delta bench -- --ignored --nocapture`
@@ -506,7 +507,12 @@ fn bench_a_patch_release_to_nodes_sharing_with_peers() {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(8);
-    let server = Server::start_with(&["--delta-interval", "1s"]);
+    let mut args = vec!["--delta-interval".to_string(), "1s".into()];
+    if let Ok(alg) = std::env::var("LKS_DELTA_BENCH_ALGORITHM") {
+        args.extend(["--delta-algorithm".into(), alg]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Server::start_with(&args);
     server.create_cluster("c");
     let work = tempfile::tempdir().unwrap();
     let mut agents: Vec<Agent> = (0..nodes)
@@ -560,9 +566,10 @@ fn bench_a_patch_release_to_nodes_sharing_with_peers() {
     let published = t.elapsed();
     let d = wait_deltas(&server, "2", 1);
     println!(
-        "BENCH file={} patch={} ({:.2} %) publish={:.1}s patch_listed_after={:.1}s",
+        "BENCH file={} patch={} {} ({:.2} %) publish={:.1}s patch_listed_after={:.1}s",
         v2.len(),
         d[0]["size"],
+        d[0]["algorithm"],
         d[0]["size"].as_u64().unwrap() as f64 * 100.0 / v2.len() as f64,
         published.as_secs_f64(),
         t.elapsed().as_secs_f64()

@@ -30,7 +30,7 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use lks_proto::chunks::Chunks;
@@ -50,6 +50,11 @@ pub const UPLOAD_DEADLINE: Duration = Duration::from_secs(60);
 const MESSAGE: usize = 256 << 10;
 /// Longest a TLS handshake with a peer may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long after this node's own download of a blob was verified whole
+/// its pieces are served without hashing them again: a rollout's span,
+/// after which a cached file (which may rot over days) is checked piece by
+/// piece again before a byte is sent.
+const FRESH: Duration = Duration::from_secs(600);
 
 /// What a blob of the desired bundles is: its size and pieces.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,6 +96,8 @@ pub struct Shared {
     /// the blob it rebuilds). Served while that blob is.
     patches: Mutex<HashMap<Digest, (BlobInfo, Digest)>>,
     partial: Mutex<HashMap<Digest, Arc<Partial>>>,
+    /// Blobs this node's own downloads verified whole, and when.
+    verified: Mutex<HashMap<Digest, Instant>>,
     /// Bumped whenever what this node holds may have changed (a piece
     /// verified, a download started or ended, the served set replaced):
     /// the `WatchPieces` streams look again then.
@@ -104,6 +111,7 @@ impl Default for Shared {
             served: Mutex::default(),
             patches: Mutex::default(),
             partial: Mutex::default(),
+            verified: Mutex::default(),
             changed: tokio::sync::watch::channel(0).0,
             stats: Stats::default(),
         }
@@ -214,6 +222,18 @@ impl Shared {
 
     fn partial(&self, d: &Digest) -> Option<Arc<Partial>> {
         lock(&self.partial).get(d).cloned()
+    }
+
+    /// This node's download of `d` was just verified whole: for [`FRESH`]
+    /// its pieces are served from the file without hashing them again.
+    pub fn verified_whole(&self, d: Digest) {
+        let mut v = lock(&self.verified);
+        v.retain(|_, at| at.elapsed() < FRESH);
+        v.insert(d, Instant::now());
+    }
+
+    fn fresh(&self, d: &Digest) -> bool {
+        lock(&self.verified).get(d).is_some_and(|at| at.elapsed() < FRESH)
     }
 }
 
@@ -466,10 +486,11 @@ fn whole_path(cache: &std::path::Path, digest: &Digest) -> Option<PathBuf> {
 }
 
 /// Reads piece `i` of `digest` from the cache or `fetched/` (whole blob),
-/// checked against its digest (a file kept for days may rot), or from this
-/// node's own download in progress, where it was checked in memory as it
-/// arrived, moments before it was written: not hashed a second time (the
-/// receiver checks every piece anyway).
+/// checked against its digest (a file kept for days may rot) unless this
+/// node's own download verified it whole less than [`FRESH`] ago, or from
+/// this node's own download in progress, where it was checked in memory as
+/// it arrived, moments before it was written. Not hashed a second time in
+/// those two cases: the receiver checks every piece anyway.
 fn read_piece(
     cache: &std::path::Path,
     shared: &Shared,
@@ -480,7 +501,7 @@ fn read_piece(
     want: &Digest,
 ) -> Result<Vec<u8>, Status> {
     let (path, check) = if let Some(whole) = whole_path(cache, digest) {
-        (whole, true)
+        (whole, !shared.fresh(digest))
     } else {
         match shared.partial(digest) {
             Some(p) if lock(&p.have).get(i).copied().unwrap_or(false) => (p.path.clone(), false),
@@ -681,6 +702,28 @@ mod tests {
         shared.set_served(&desired(Vec::new()));
         assert_eq!(shared.served(&patch), None);
         assert!(lock(&shared.patches).is_empty());
+    }
+
+    #[test]
+    fn a_cached_piece_is_checked_before_it_is_sent_unless_just_verified() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("sha256")).unwrap();
+        let shared = Shared::default();
+        let d = Digest::of(b"blob bytes");
+        let path = dir.path().join("sha256").join(d.hex());
+        std::fs::write(&path, b"blob bytes").unwrap();
+        let read = |shared: &Shared| read_piece(dir.path(), shared, &d, 0, 0, 10, &d);
+        assert_eq!(read(&shared).unwrap(), b"blob bytes");
+        // Rotted on disk: refused, not sent.
+        std::fs::write(&path, b"blob bytEs").unwrap();
+        let e = read(&shared).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::DataLoss, "{e}");
+        // This node's own download was verified whole moments ago: served
+        // as read (the receiver checks every piece).
+        shared.verified_whole(d);
+        assert_eq!(read(&shared).unwrap(), b"blob bytEs");
+        // Not another blob's.
+        assert!(!shared.fresh(&Digest::of(b"other")));
     }
 
     #[test]

@@ -169,7 +169,10 @@ impl Swarm {
         let res = match res {
             // Its pieces stay served while the whole is checked: peers told
             // it holds them would otherwise be refused meanwhile.
-            Ok(got) => check_whole(part, &digest, file.size).await.map(|()| got),
+            Ok(got) => check_whole(part, &digest, file.size).await.map(|()| {
+                self.shared.verified_whole(digest);
+                got
+            }),
             Err(e) => Err(e),
         };
         self.shared.end_partial(&digest);
