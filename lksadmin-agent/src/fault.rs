@@ -24,6 +24,8 @@
 //! | `cache-copy-partial` | first chunk of that copy written to `cache/partial/<hex>.copy`,     |
 //! |                    | not fsynced, not verified                                             |
 //! | `cache-promoting`  | copy verified and fsynced; not yet renamed into `cache/sha256/`       |
+//! | `delta-rebuilding` | a file being rebuilt from a binary delta: its first 1 MiB written to  |
+//! |                    | `cache/partial/<hex>.delta`, not verified; no target touched          |
 
 // Besides the points: `LKS_AGENT_CLOCK_OFFSET_MS` ([`clock_offset_ms`])
 // moves the clock of the release trust checks, for the attack tests.
@@ -44,6 +46,7 @@ pub const POINTS: &[&str] = &[
     "cache-copy",
     "cache-copy-partial",
     "cache-promoting",
+    "delta-rebuilding",
 ];
 
 /// The environment variable that arms a fault point.

@@ -15,6 +15,8 @@
 //! - with peer sharing on, a patch crosses from the server about once: the
 //!   nodes take it from each other (one seed per batch, then the nodes that
 //!   hold it), each rebuilds its file byte-exact;
+//! - an agent killed (`kill -9`, a fault point) while it rebuilds a file
+//!   leaves the old file whole, and converges when it runs again;
 //! - two real patch releases of kubectl (the official builds of 1.37.0 and
 //!   1.37.1, fetched once by `scripts/kubectl-releases.sh`): the upgrade
 //!   moves under 2 % of the binary and the rebuilt kubectl runs.
@@ -259,6 +261,57 @@ fn a_patch_release_moves_a_few_percent_and_any_failure_falls_back_to_the_whole_f
         std::fs::write(&p, bytes).unwrap();
     };
     scenario(&server, &server, "bsdiff4-zstd", Some(&corrupt));
+}
+
+/// Issue [delta] item 6: the agent aborts (`LKS_AGENT_FAULT=
+/// delta-rebuilding`, as a `kill -9` would) after the first MiB of the
+/// rebuilt file is written. The installed file is the old one, whole; run
+/// again, the agent rebuilds (or fetches) the new one and converges.
+#[test]
+fn a_crash_while_rebuilding_leaves_the_old_file_and_converges() {
+    let server = Server::start_with(&["--delta-interval", "1s"]);
+    server.create_cluster("c");
+    let work = tempfile::tempdir().unwrap();
+    let v1 = noise(SIZE, 11);
+    let v2 = next_release(&v1, 5);
+    let mut a = Agent::new("c0");
+    a.heal_interval = "1h".into();
+    a.join(&server, "c", &[]);
+    a.start();
+    assert_eq!(server.publish(&version(work.path(), "1", &v1)), "app@1");
+    roll_out(&server, "app@1");
+    wait_node_bundle(&server, "c0", "app", "1", "applied");
+    let cached = a.state_dir.join("cache/sha256").join(Digest::of(&v1).hex());
+    wait_until(Duration::from_secs(30), "app@1 in the node's cache", || {
+        cached.exists()
+    });
+    assert_eq!(server.publish(&version(work.path(), "2", &v2)), "app@2");
+    wait_deltas(&server, "2", 1);
+
+    a.stop();
+    a.run_env = vec![("LKS_AGENT_FAULT".into(), "delta-rebuilding".into())];
+    a.start();
+    server.lksctl_ok(&["rollout", "start", "--cluster", "c", "--bundle", "app@2"]);
+    wait_until(Duration::from_secs(60), "the agent to abort mid-rebuild", || {
+        a.exited().is_some()
+    });
+    assert!(
+        a.log()
+            .contains("LKS_AGENT_FAULT=delta-rebuilding: aborting here")
+    );
+    let installed = a.root.join(&PATH[1..]);
+    assert!(std::fs::read(&installed).unwrap() == v1, "the old file, whole");
+
+    a.run_env.clear();
+    a.start();
+    wait_node_bundle(&server, "c0", "app", "2", "applied");
+    assert!(std::fs::read(&installed).unwrap() == v2, "converged byte-exact");
+    let partial = a
+        .state_dir
+        .join("cache/partial")
+        .join(format!("{}.delta", Digest::of(&v2).hex()));
+    assert!(!partial.exists(), "no half-rebuilt file left behind");
+    a.stop();
 }
 
 /// The two kubectl releases `scripts/kubectl-releases.sh` fetched.

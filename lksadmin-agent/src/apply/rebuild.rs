@@ -89,6 +89,7 @@ fn write(
         out: BufWriter::with_capacity(1 << 20, out),
         verifier: Verifier::new(file.digest, file.size),
         bad: None,
+        written: 0,
     };
     let applied = lks_proto::delta::apply(algorithm, &bytes, patch, file.size, &mut w);
     drop(bytes);
@@ -109,6 +110,7 @@ struct Verifying<W> {
     out: W,
     verifier: Verifier,
     bad: Option<VerifyError>,
+    written: u64,
 }
 
 impl<W: Write> Write for Verifying<W> {
@@ -118,6 +120,12 @@ impl<W: Write> Write for Verifying<W> {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "past the file's size"));
         }
         self.out.write_all(buf)?;
+        let before = self.written;
+        self.written += buf.len() as u64;
+        if before < 1 << 20 && self.written >= 1 << 20 {
+            self.out.flush()?;
+            crate::fault::point("delta-rebuilding");
+        }
         Ok(buf.len())
     }
 

@@ -8,6 +8,9 @@ fn every_fault_point_is_documented() {
         .iter()
         .chain(["committed", "rolling-back", "rollback-partial", "state-saved"].iter())
         .chain(CACHE_POINTS)
+        // Needs a server that makes patches: tests/tests/delta.rs
+        // (`a_crash_while_rebuilding_leaves_the_old_file_and_converges`).
+        .chain(["delta-rebuilding"].iter())
         .copied()
         .collect();
     let mut documented = fault::POINTS.to_vec();
