@@ -34,9 +34,10 @@ use lks_proto::pb::admin_service_server::AdminService;
 use lks_proto::pb::{self};
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::authz::{require_admin, require_admin_caller};
+use crate::authz::{blob_status, require_admin, require_admin_caller, store_status};
 use crate::clock::now_ms;
 use crate::context::Shared;
+use crate::ops::{Kind, OpError};
 use crate::rollout::Verb;
 
 /// The admin API: each resource's handlers get only what they use.
@@ -72,6 +73,25 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'stati
 
 fn invalid(e: impl std::fmt::Display) -> Status {
     Status::invalid_argument(e.to_string())
+}
+
+/// The one way an operation's error reaches a client: store and blob
+/// store failures as every handler answers them (`authz`), refusals by
+/// their kind, each with its message.
+impl From<OpError> for Status {
+    fn from(e: OpError) -> Status {
+        let kind = match e {
+            OpError::Store(e) => return store_status(e),
+            OpError::Blob { what, source } => return blob_status(&what, source),
+            OpError::Publish(ref e) => e.kind(),
+        };
+        let msg = e.to_string();
+        match kind {
+            Kind::Invalid => Status::invalid_argument(msg),
+            Kind::AlreadyExists => Status::already_exists(msg),
+            Kind::Internal => Status::internal(msg),
+        }
+    }
 }
 
 /// `s` cut to at most `max` bytes, on a character boundary: how free text
