@@ -37,6 +37,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::authz::{blob_status, require_admin, require_admin_caller, store_status};
 use crate::clock::now_ms;
 use crate::context::Shared;
+use crate::controller::CommandError;
 use crate::ops::{Kind, OpError};
 use crate::rollout::Verb;
 
@@ -76,20 +77,20 @@ fn invalid(e: impl std::fmt::Display) -> Status {
 }
 
 /// The one way an operation's error reaches a client: store and blob
-/// store failures as every handler answers them (`authz`), refusals by
+/// store failures as every handler answers them (`authz`), the rest by
 /// their kind, each with its message.
 impl From<OpError> for Status {
     fn from(e: OpError) -> Status {
-        let kind = match e {
-            OpError::Store(e) => return store_status(e),
-            OpError::Blob { what, source } => return blob_status(&what, source),
-            OpError::Publish(ref e) => e.kind(),
-        };
         let msg = e.to_string();
-        match kind {
-            Kind::Invalid => Status::invalid_argument(msg),
-            Kind::AlreadyExists => Status::already_exists(msg),
-            Kind::Internal => Status::internal(msg),
+        match (e.kind(), e) {
+            (_, OpError::Store(e) | OpError::Controller(CommandError::Store(e))) => store_status(e),
+            (_, OpError::Blob { what, source }) => blob_status(&what, source),
+            (Some(Kind::Invalid), _) => Status::invalid_argument(msg),
+            (Some(Kind::AlreadyExists), _) => Status::already_exists(msg),
+            (Some(Kind::NotFound), _) => Status::not_found(msg),
+            (Some(Kind::FailedPrecondition), _) => Status::failed_precondition(msg),
+            (Some(Kind::Unavailable), _) => Status::unavailable(msg),
+            (Some(Kind::Internal) | None, _) => Status::internal(msg),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The server's use cases, between the gRPC handlers and what they drive:
-//! publishing a bundle (`publish.rs`). Each operation takes plain Rust
+//! publishing a bundle (`publish.rs`), starting a rollout (`start.rs`,
+//! its policy options in `start/policy.rs`). Each operation takes plain Rust
 //! (domain types, already decoded) and answers plain Rust or an
 //! [`OpError`]; none names tonic or a generated request type, so an
 //! operation reads as its steps and a test can call it without a server.
@@ -10,11 +11,14 @@
 //! rollout modules it drives. It never names `api`.
 
 pub mod publish;
+pub mod start;
 
 use crate::blobs::BlobError;
+use crate::controller::CommandError;
 use crate::store::StoreError;
 
 pub use publish::PublishError;
+pub use start::StartError;
 
 /// What kind of refusal or failure an error is: how the edge answers it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +27,13 @@ pub enum Kind {
     Invalid,
     /// What the request would create exists already.
     AlreadyExists,
+    /// What the request names does not exist.
+    NotFound,
+    /// The request is sound but the system is not in a state to carry it
+    /// out; the message says what to change first.
+    FailedPrecondition,
+    /// Try again later.
+    Unavailable,
     /// The server failed; the message says where.
     Internal,
 }
@@ -32,6 +43,11 @@ pub enum Kind {
 pub enum OpError {
     #[error(transparent)]
     Publish(#[from] PublishError),
+    #[error(transparent)]
+    Start(#[from] StartError),
+    /// The rollout controller did not carry out a command.
+    #[error(transparent)]
+    Controller(CommandError),
     /// The store failed or refused.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -45,7 +61,32 @@ pub enum OpError {
     },
 }
 
+impl From<CommandError> for OpError {
+    /// A store failure is a store failure, whoever met it.
+    fn from(e: CommandError) -> Self {
+        match e {
+            CommandError::Store(e) => OpError::Store(e),
+            e => OpError::Controller(e),
+        }
+    }
+}
+
 impl OpError {
+    /// How the edge answers it, for the errors whose answer depends on
+    /// their kind alone (not a store or blob store failure).
+    pub fn kind(&self) -> Option<Kind> {
+        Some(match self {
+            OpError::Publish(e) => e.kind(),
+            OpError::Start(e) => e.kind(),
+            OpError::Controller(CommandError::Gone) => Kind::Unavailable,
+            OpError::Controller(CommandError::NoRollout { .. }) => Kind::NotFound,
+            OpError::Controller(CommandError::Verb(_)) => Kind::FailedPrecondition,
+            OpError::Controller(CommandError::Store(_)) | OpError::Store(_) | OpError::Blob { .. } => {
+                return None;
+            }
+        })
+    }
+
     /// A blob store failure concerning the file at `what`.
     pub fn blob(what: impl Into<String>, source: BlobError) -> Self {
         OpError::Blob {
