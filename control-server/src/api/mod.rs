@@ -90,6 +90,7 @@ impl From<OpError> for Status {
             (Some(Kind::NotFound), _) => Status::not_found(msg),
             (Some(Kind::FailedPrecondition), _) => Status::failed_precondition(msg),
             (Some(Kind::Unavailable), _) => Status::unavailable(msg),
+            (Some(Kind::Unauthenticated), _) => Status::unauthenticated(msg),
             (Some(Kind::Internal) | None, _) => Status::internal(msg),
         }
     }

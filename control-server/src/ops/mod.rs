@@ -1,6 +1,7 @@
 //! The server's use cases, between the gRPC handlers and what they drive:
 //! publishing a bundle (`publish.rs`), starting a rollout (`start.rs`,
-//! its policy options in `start/policy.rs`). Each operation takes plain Rust
+//! its policy options in `start/policy.rs`), enrolling a node
+//! (`enrol.rs`). Each operation takes plain Rust
 //! (domain types, already decoded) and answers plain Rust or an
 //! [`OpError`]; none names tonic or a generated request type, so an
 //! operation reads as its steps and a test can call it without a server.
@@ -10,6 +11,8 @@
 //! in one place) and above the store, the blob store, the metrics and the
 //! rollout modules it drives. It never names `api`.
 
+pub mod desired;
+pub mod enrol;
 pub mod publish;
 pub mod start;
 
@@ -17,6 +20,7 @@ use crate::blobs::BlobError;
 use crate::controller::CommandError;
 use crate::store::StoreError;
 
+pub use enrol::EnrolError;
 pub use publish::PublishError;
 pub use start::StartError;
 
@@ -34,6 +38,8 @@ pub enum Kind {
     FailedPrecondition,
     /// Try again later.
     Unavailable,
+    /// The caller's credentials (a bootstrap token) are not accepted.
+    Unauthenticated,
     /// The server failed; the message says where.
     Internal,
 }
@@ -45,6 +51,8 @@ pub enum OpError {
     Publish(#[from] PublishError),
     #[error(transparent)]
     Start(#[from] StartError),
+    #[error(transparent)]
+    Enrol(#[from] EnrolError),
     /// The rollout controller did not carry out a command.
     #[error(transparent)]
     Controller(CommandError),
@@ -78,6 +86,7 @@ impl OpError {
         Some(match self {
             OpError::Publish(e) => e.kind(),
             OpError::Start(e) => e.kind(),
+            OpError::Enrol(e) => e.kind(),
             OpError::Controller(CommandError::Gone) => Kind::Unavailable,
             OpError::Controller(CommandError::NoRollout { .. }) => Kind::NotFound,
             OpError::Controller(CommandError::Verb(_)) => Kind::FailedPrecondition,
