@@ -19,7 +19,6 @@ mod rollouts;
 mod tokens;
 
 pub use agent::AgentApi;
-pub use clusters::check_api_server;
 pub use policy::rollout_pb;
 
 use std::collections::HashMap;

@@ -8,11 +8,9 @@ use tonic::Status;
 
 use super::invalid;
 use crate::rollout::counts;
-use crate::store::{ClusterRow, ClusterStore, EventRow, NodeState, RolloutRow, RolloutState};
+use crate::store::{ClusterRow, NodeState, RolloutRow, RolloutState};
 use crate::windows;
 
-/// Windows per cluster; more is a mistake, not a schedule.
-pub const MAX_WINDOWS: usize = 32;
 /// Longest hold reason.
 const MAX_REASON: usize = 512;
 
@@ -47,42 +45,6 @@ pub fn cluster_pb(c: ClusterRow, now_ms: i64) -> pb::Cluster {
         drain: c.kube.drain,
         kube_probe: String::new(),
     }
-}
-
-/// Checks a `SetCluster` request: the windows to store, in canonical form.
-pub fn check_windows(r: &pb::SetClusterRequest) -> Result<Vec<String>, Status> {
-    if r.clear_maintenance_windows && !r.maintenance_windows.is_empty() {
-        return Err(invalid("give maintenance windows or clear them, not both"));
-    }
-    if !r.clear_maintenance_windows && r.maintenance_windows.is_empty() {
-        return Err(invalid(
-            "nothing to set: give --maintenance-window (repeatable) or --no-maintenance-window",
-        ));
-    }
-    if r.maintenance_windows.len() > MAX_WINDOWS {
-        return Err(invalid(format!(
-            "{} maintenance windows; the limit is {MAX_WINDOWS}",
-            r.maintenance_windows.len()
-        )));
-    }
-    let parsed = windows::parse_all(&r.maintenance_windows).map_err(invalid)?;
-    Ok(parsed.iter().map(|w| w.to_string()).collect())
-}
-
-/// Sets or clears the (checked) windows of a cluster, recorded with the
-/// admin's name.
-pub async fn set_windows(
-    store: &(impl ClusterStore + ?Sized),
-    name: &str,
-    windows: Vec<String>,
-    admin: &str,
-    now_ms: i64,
-) -> Result<ClusterRow, Status> {
-    let event = EventRow::windows_set(name, &windows, admin, now_ms);
-    store
-        .set_cluster_windows(name, windows, event)
-        .await
-        .map_err(crate::authz::store_status)
 }
 
 /// Checks a hold reason.

@@ -11,6 +11,7 @@
 //! in one place) and above the store, the blob store, the metrics and the
 //! rollout modules it drives. It never names `api`.
 
+pub mod cluster;
 pub mod desired;
 pub mod enrol;
 pub mod publish;
@@ -20,6 +21,7 @@ use crate::blobs::BlobError;
 use crate::controller::CommandError;
 use crate::store::StoreError;
 
+pub use cluster::ClusterError;
 pub use enrol::EnrolError;
 pub use publish::PublishError;
 pub use start::StartError;
@@ -53,6 +55,8 @@ pub enum OpError {
     Start(#[from] StartError),
     #[error(transparent)]
     Enrol(#[from] EnrolError),
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
     /// The rollout controller did not carry out a command.
     #[error(transparent)]
     Controller(CommandError),
@@ -87,6 +91,7 @@ impl OpError {
             OpError::Publish(e) => e.kind(),
             OpError::Start(e) => e.kind(),
             OpError::Enrol(e) => e.kind(),
+            OpError::Cluster(e) => e.kind(),
             OpError::Controller(CommandError::Gone) => Kind::Unavailable,
             OpError::Controller(CommandError::NoRollout { .. }) => Kind::NotFound,
             OpError::Controller(CommandError::Verb(_)) => Kind::FailedPrecondition,
