@@ -1,7 +1,7 @@
 //! The admin API's rollouts: starting one (decoded here, started by
 //! `ops::start`), reading and watching them, and the operator verbs.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,8 +16,8 @@ use super::{BoxStream, check_labels, invalid, policy, rollout_pb};
 use crate::authz::store_status;
 use crate::context::Shared;
 use crate::controller;
-use crate::ops::OpError;
 use crate::ops::start::{self, DrainRequest, PolicyRequest, StartRollout};
+use crate::ops::verb;
 use crate::rollout::{Verb, counts};
 use crate::store::{RolloutRow, Store};
 
@@ -185,43 +185,16 @@ pub(super) async fn list(
     Ok(Response::new(pb::ListRolloutsResponse { rollouts: out }))
 }
 
-/// `RollbackRollout`: refused if a version it would return nodes to was deleted.
+/// `RollbackRollout`: refused if a version it would return nodes to was
+/// deleted (`ops::verb::rollback`).
 pub(super) async fn rollback(s: &Deps, req: pb::RolloutRef) -> Result<Response<pb::Rollout>, Status> {
-    let id = req.id;
-    // The versions a rollback returns nodes to must still exist: a
-    // deleted one (`bundle delete`, allowed once the rollout finished)
-    // is named rather than assigned.
-    let r = load_rollout(s, &id).await?;
-    let previous: HashSet<&str> = r
-        .nodes
-        .iter()
-        .filter(|n| n.touched && !n.previous_version.is_empty())
-        .map(|n| n.previous_version.as_str())
-        .collect();
-    for v in previous {
-        if s.store
-            .get_bundle(&r.bundle, v)
-            .await
-            .map_err(store_status)?
-            .is_none()
-        {
-            return Err(Status::failed_precondition(format!(
-                "rollout {id} cannot be rolled back: it would return nodes to {}@{v}, which was deleted; \
-                 publish that version again, or roll the nodes forward with a new rollout",
-                r.bundle
-            )));
-        }
-    }
-    verb(s, id, Verb::Rollback).await
+    let row = verb::rollback(s.store.as_ref(), &s.controller, &req.id).await?;
+    Ok(Response::new(rollout_pb(&row)))
 }
 
 /// An operator verb, carried out by the rollout controller.
 pub(super) async fn verb(s: &Deps, id: String, verb: Verb) -> Result<Response<pb::Rollout>, Status> {
-    if id.is_empty() || id.len() > 64 {
-        return Err(invalid("rollout ID is empty or too long"));
-    }
-    let row = s.controller.verb(&id, verb).await.map_err(OpError::from)?;
-    tracing::info!(rollout = %id, ?verb, state = row.state.as_str(), "operator verb applied");
+    let row = verb::apply(&s.controller, &id, verb).await?;
     Ok(Response::new(rollout_pb(&row)))
 }
 
@@ -232,12 +205,5 @@ pub(super) async fn nodes_of(s: &Deps, cluster: &str) -> Result<Vec<crate::store
 }
 
 pub(super) async fn load_rollout(s: &Deps, id: &str) -> Result<RolloutRow, Status> {
-    if id.is_empty() || id.len() > 64 {
-        return Err(invalid("rollout ID is empty or too long"));
-    }
-    s.store
-        .get_rollout(id)
-        .await
-        .map_err(store_status)?
-        .ok_or_else(|| Status::not_found(format!("rollout {id} does not exist")))
+    Ok(verb::load(s.store.as_ref(), id).await?)
 }

@@ -1,21 +1,25 @@
 //! The server's use cases, between the gRPC handlers and what they drive:
-//! publishing a bundle (`publish.rs`), starting a rollout (`start.rs`,
-//! its policy options in `start/policy.rs`), enrolling a node
-//! (`enrol.rs`). Each operation takes plain Rust
-//! (domain types, already decoded) and answers plain Rust or an
-//! [`OpError`]; none names tonic or a generated request type, so an
-//! operation reads as its steps and a test can call it without a server.
+//! publishing a bundle (`publish.rs`), starting a rollout (`start.rs`, its
+//! policy options in `start/policy.rs`), an operator verb on one
+//! (`verb.rs`), enrolling a node (`enrol.rs`), building the desired state a
+//! node's stream sends (`desired.rs`), creating and changing a cluster
+//! (`cluster.rs`). Each operation takes its request decoded into plain Rust
+//! and answers plain Rust or an [`OpError`]; none names tonic (the one
+//! generated type here is the desired state, built in its wire form
+//! because it goes out as stored), so an operation reads as its steps and
+//! a test can call it without a server.
 //!
 //! It sits below `api` (whose handlers decode a request, call an
 //! operation and encode its answer, and turn an [`OpError`] into a status
-//! in one place) and above the store, the blob store, the metrics and the
-//! rollout modules it drives. It never names `api`.
+//! in one place) and above the store, the blob store, the PKI, the
+//! metrics and the rollout modules it drives. It never names `api`.
 
 pub mod cluster;
 pub mod desired;
 pub mod enrol;
 pub mod publish;
 pub mod start;
+pub mod verb;
 
 use crate::blobs::BlobError;
 use crate::controller::CommandError;
@@ -25,6 +29,7 @@ pub use cluster::ClusterError;
 pub use enrol::EnrolError;
 pub use publish::PublishError;
 pub use start::StartError;
+pub use verb::VerbRefusal;
 
 /// What kind of refusal or failure an error is: how the edge answers it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +62,8 @@ pub enum OpError {
     Enrol(#[from] EnrolError),
     #[error(transparent)]
     Cluster(#[from] ClusterError),
+    #[error(transparent)]
+    Verb(#[from] VerbRefusal),
     /// The rollout controller did not carry out a command.
     #[error(transparent)]
     Controller(CommandError),
@@ -90,6 +97,7 @@ impl OpError {
         Some(match self {
             OpError::Publish(e) => e.kind(),
             OpError::Start(e) => e.kind(),
+            OpError::Verb(e) => e.kind(),
             OpError::Enrol(e) => e.kind(),
             OpError::Cluster(e) => e.kind(),
             OpError::Controller(CommandError::Gone) => Kind::Unavailable,
