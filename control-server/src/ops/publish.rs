@@ -442,3 +442,140 @@ impl Uploads {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use lks_proto::FileSpec;
+    use lks_proto::manifest::Step;
+
+    use super::*;
+    use crate::blobs::{LocalBlobs, LocalDirStore};
+    use crate::store::sqlite::SqliteStore;
+
+    fn deps(dir: &std::path::Path) -> Deps {
+        let local = LocalBlobs::open(dir).unwrap();
+        let durable = Arc::new(LocalDirStore::new(local.clone()));
+        Deps {
+            store: Arc::new(SqliteStore::open_in_memory().unwrap()),
+            blobs: Arc::new(Blobs::new(local, durable)),
+            metrics: Arc::new(Metrics::default()),
+        }
+    }
+
+    fn bundle(version: &str, files: &[(&str, &[u8])]) -> SignedBundle {
+        let files = files
+            .iter()
+            .map(|(path, content)| FileSpec {
+                path: lks_proto::BundlePath::new(path).unwrap(),
+                digest: Digest::of(content),
+                size: content.len() as u64,
+                mode: 0o644,
+                url: None,
+                chunks: None,
+                arch: None,
+            })
+            .collect();
+        SignedBundle {
+            manifest: Manifest {
+                name: "kubelet".into(),
+                version: version.into(),
+                files,
+                steps: vec![Step {
+                    name: "restart".into(),
+                    run: vec!["true".into()],
+                    timeout: std::time::Duration::from_secs(5),
+                }],
+                ..Default::default()
+            },
+            signature: None,
+            chunks_signature: None,
+        }
+    }
+
+    async fn receiving(d: &Deps, b: SignedBundle) -> Box<Publish> {
+        match Publish::begin(d.clone(), b).await.unwrap() {
+            Begun::Receiving(p) => p,
+            Begun::Published => panic!("not published yet"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_publish_stores_its_blobs_and_records_the_bundle_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = deps(dir.path());
+        let b = bundle("1", &[("/etc/a.conf", b"alpha"), ("/etc/b.conf", b"beta")]);
+        let mut p = receiving(&d, b.clone()).await;
+        p.chunk(Digest::of(b"alpha"), b"al").await.unwrap();
+        p.chunk(Digest::of(b"alpha"), b"pha").await.unwrap();
+        p.chunk(Digest::of(b"beta"), b"beta").await.unwrap();
+        assert!(p.finish().await.unwrap(), "created");
+        assert!(d.blobs.local.contains(&Digest::of(b"alpha")));
+        assert!(d.store.get_bundle("kubelet", "1").await.unwrap().is_some());
+
+        // The same content again: nothing to receive.
+        assert!(matches!(
+            Publish::begin(d.clone(), b).await.unwrap(),
+            Begun::Published
+        ));
+        // Other content under the same version: refused.
+        let other = bundle("1", &[("/etc/a.conf", b"gamma")]);
+        let e = Publish::begin(d.clone(), other).await.err().unwrap();
+        assert!(
+            matches!(e, OpError::Publish(PublishError::Immutable { .. })),
+            "{e}"
+        );
+        assert_eq!(e.kind(), Some(Kind::AlreadyExists));
+    }
+
+    #[tokio::test]
+    async fn a_refused_publish_records_nothing_and_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = deps(dir.path());
+        let b = bundle("2", &[("/etc/a.conf", b"alpha"), ("/etc/b.conf", b"beta")]);
+
+        // Bytes of no file of the bundle.
+        let mut p = receiving(&d, b.clone()).await;
+        let e = p.chunk(Digest::of(b"zeta"), b"zeta").await.unwrap_err();
+        assert!(e.to_string().contains("which is not a file of kubelet@2"), "{e}");
+        p.abort().await;
+
+        // A file whose bytes never came.
+        let mut p = receiving(&d, b.clone()).await;
+        p.chunk(Digest::of(b"alpha"), b"alpha").await.unwrap();
+        let e = p.finish().await.unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "the bytes of /etc/b.conf ({}) were not uploaded",
+                Digest::of(b"beta")
+            )
+        );
+        assert_eq!(e.kind(), Some(Kind::Invalid));
+
+        // Bytes that are not the file's.
+        let mut p = receiving(&d, b).await;
+        p.chunk(Digest::of(b"alpha"), b"alphx").await.unwrap();
+        let e = p.chunk(Digest::of(b"beta"), b"beta").await.unwrap_err();
+        assert!(e.to_string().starts_with("upload rejected: "), "{e}");
+        p.abort().await;
+
+        assert!(d.store.get_bundle("kubelet", "2").await.unwrap().is_none());
+        assert!(!d.blobs.local.contains(&Digest::of(b"alpha")));
+    }
+
+    #[tokio::test]
+    async fn chunks_of_one_blob_come_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = deps(dir.path());
+        let b = bundle("3", &[("/etc/a.conf", b"alpha"), ("/etc/b.conf", b"beta")]);
+        let mut p = receiving(&d, b).await;
+        p.chunk(Digest::of(b"alpha"), b"alpha").await.unwrap();
+        p.chunk(Digest::of(b"beta"), b"beta").await.unwrap();
+        let e = p.chunk(Digest::of(b"alpha"), b"").await.unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("chunks of {} are not contiguous", Digest::of(b"alpha"))
+        );
+        p.abort().await;
+    }
+}

@@ -483,3 +483,105 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod store_tests {
+    use std::sync::Arc;
+
+    use lks_proto::SignedBundle;
+
+    use super::*;
+    use crate::store::sqlite::SqliteStore;
+    use crate::store::{NewBundle, NewCluster};
+
+    fn asked() -> StartRollout {
+        StartRollout {
+            cluster: "tenant-a".into(),
+            bundle: "kubelet".into(),
+            version: "1".into(),
+            batch_size: 1,
+            started_by: "admin".into(),
+            ..Default::default()
+        }
+    }
+
+    /// Refusals come in the order an operator's mistakes are named, all
+    /// before the controller (which this test never runs) is asked.
+    #[tokio::test]
+    async fn preconditions_are_checked_in_order_before_the_controller_is_asked() {
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().unwrap());
+        let (controller, _inbox) = controller::channel();
+        let refused = |r: StartRollout| {
+            let (store, controller) = (store.clone(), controller.clone());
+            async move { start(&*store, &controller, r).await.err().unwrap() }
+        };
+
+        let e = refused(asked()).await;
+        assert_eq!(e.kind(), Some(Kind::NotFound));
+        assert_eq!(
+            e.to_string(),
+            "bundle kubelet@1 is not published; publish it with `lksctl bundle publish DIR`"
+        );
+        let signed = SignedBundle {
+            manifest: Manifest {
+                name: "kubelet".into(),
+                version: "1".into(),
+                ..Default::default()
+            },
+            signature: None,
+            chunks_signature: None,
+        };
+        store
+            .put_bundle(NewBundle::new(signed, Vec::new(), 1))
+            .await
+            .unwrap();
+        assert_eq!(
+            refused(asked()).await.to_string(),
+            "cluster tenant-a does not exist"
+        );
+        store
+            .create_cluster(NewCluster {
+                name: "tenant-a".into(),
+                now_ms: 1,
+                ca: None,
+                api_server: None,
+            })
+            .await
+            .unwrap();
+        let big = StartRollout {
+            batch_size: MAX_BATCH_SIZE + 1,
+            offline_deadline_seconds: 8 * 24 * 3600,
+            ..asked()
+        };
+        let e = refused(big).await;
+        assert!(
+            matches!(e, OpError::Start(StartError::BatchTooLarge { .. })),
+            "{e}"
+        );
+        let late = StartRollout {
+            offline_deadline_seconds: 8 * 24 * 3600,
+            ..asked()
+        };
+        assert!(matches!(
+            refused(late).await,
+            OpError::Start(StartError::DeadlineTooLong)
+        ));
+        // No node matches: a canary of one is more than the rollout has.
+        let canary = StartRollout {
+            policy: PolicyRequest {
+                canary: 1,
+                ..Default::default()
+            },
+            ..asked()
+        };
+        assert_eq!(
+            refused(canary).await.to_string(),
+            "--canary 1 is more than the 0 node(s) the rollout matches"
+        );
+        let bad_id = StartRollout {
+            request_id: "a b".into(),
+            ..asked()
+        };
+        assert_eq!(refused(bad_id).await.kind(), Some(Kind::Invalid));
+    }
+}
