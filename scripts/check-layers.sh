@@ -70,8 +70,9 @@ CRATES = {
     # bottom: the clock, the store (re-exported from the store crates) and
     #         what it is built on
     # middle: blobs, PKI, the hub, rollout decisions, the controller
-    # top:    `context` (what handlers and tasks share), the APIs and the
-    #         replica tasks that take it, and `server`, which wires them
+    # top:    `context` (what handlers and tasks share), the replica tasks
+    #         that take it, `ops` (the use cases: no tonic, no `api`), the
+    #         APIs that call them, and `server`, which wires them
     "control-server/src": """
         clock ratelimit
         store
@@ -80,7 +81,7 @@ CRATES = {
         metrics authz peers releases kube
         packages tlsaccept controller
         context
-        replicas migrate backup rebalance api
+        replicas migrate backup rebalance ops api
         server
     """,
     # bottom: time, fault points, the state dir and agent.toml
@@ -103,12 +104,13 @@ CRATES = {
     # bottom: digests, durations, ELF headers, limits, rates, then what rests on
     # them; `rule` (ManifestError) below `certs` and `manifest`, which both
     # check rules; the canonical encoding, signatures and releases over the
-    # manifest; at the top the two ways in (protobuf, bundle.toml)
+    # manifest (and `served`, what a publish of it must carry); at the top
+    # the two ways in (protobuf, bundle.toml)
     "proto/bundle/src": """
         digest duration elf limits rate
         arch chunks names path
         rule certs
-        manifest
+        manifest served
         canonical sign release
         convert authoring
     """,

@@ -20,9 +20,7 @@ use lks_proto::manifest::Needs;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
-use tonic::Status;
 
-use crate::authz::store_status;
 use crate::clock::now_ms;
 use crate::hub::Hub;
 use crate::kube::work::{Attempt, KubeWork};
@@ -48,7 +46,21 @@ const DRIVEN_AT_ONCE: usize = 16;
 /// Tries of an operator verb that lost a race with another replica.
 const VERB_ATTEMPTS: usize = 5;
 
-type Reply = oneshot::Sender<Result<RolloutRow, Status>>;
+type Reply = oneshot::Sender<Result<RolloutRow, CommandError>>;
+
+/// Why the controller did not carry out an operator command.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error("the rollout controller is not running (the server is shutting down); retry")]
+    Gone,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("rollout {id} does not exist")]
+    NoRollout { id: String },
+    /// The verb does not apply to the rollout as it stands.
+    #[error(transparent)]
+    Verb(#[from] rollout::VerbError),
+}
 
 enum Command {
     Start { rollout: Box<NewRollout>, reply: Reply },
@@ -69,23 +81,19 @@ pub fn channel() -> (Handle, Inbox) {
     (Handle { tx }, Inbox(rx))
 }
 
-fn gone() -> Status {
-    Status::unavailable("the rollout controller is not running (the server is shutting down); retry")
-}
-
 impl Handle {
     async fn ask(
         &self,
         cmd: Command,
-        rx: oneshot::Receiver<Result<RolloutRow, Status>>,
-    ) -> Result<RolloutRow, Status> {
-        self.tx.send(cmd).await.map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
+        rx: oneshot::Receiver<Result<RolloutRow, CommandError>>,
+    ) -> Result<RolloutRow, CommandError> {
+        self.tx.send(cmd).await.map_err(|_| CommandError::Gone)?;
+        rx.await.map_err(|_| CommandError::Gone)?
     }
 
     /// Records a new rollout and starts its first batch; returns it as it
     /// stands after that first decision.
-    pub async fn start(&self, rollout: NewRollout) -> Result<RolloutRow, Status> {
+    pub async fn start(&self, rollout: NewRollout) -> Result<RolloutRow, CommandError> {
         let (reply, rx) = oneshot::channel();
         self.ask(
             Command::Start {
@@ -98,7 +106,7 @@ impl Handle {
     }
 
     /// Applies an operator verb; returns the rollout after it took effect.
-    pub async fn verb(&self, id: &str, verb: Verb) -> Result<RolloutRow, Status> {
+    pub async fn verb(&self, id: &str, verb: Verb) -> Result<RolloutRow, CommandError> {
         let (reply, rx) = oneshot::channel();
         self.ask(
             Command::Verb {
@@ -257,8 +265,8 @@ impl Controller {
         *self.s.leader.borrow()
     }
 
-    async fn start(&self, new: NewRollout) -> Result<RolloutRow, Status> {
-        let row = self.s.store.start_rollout(new).await.map_err(store_status)?;
+    async fn start(&self, new: NewRollout) -> Result<RolloutRow, CommandError> {
+        let row = self.s.store.start_rollout(new).await?;
         self.s.metrics.rollout_event("rollout_started");
         tracing::info!(
             rollout = %row.id, cluster = %row.cluster, bundle = %row.bundle, version = %row.version,
@@ -266,7 +274,7 @@ impl Controller {
         );
         self.s.rollout_updates.send_modify(|v| *v += 1);
         let row = if self.leads() {
-            self.drive(row, &Claims::new()).await.map_err(store_status)?
+            self.drive(row, &Claims::new()).await?
         } else {
             row
         };
@@ -274,7 +282,7 @@ impl Controller {
         Ok(row)
     }
 
-    async fn verb(&self, id: &str, verb: Verb) -> Result<RolloutRow, Status> {
+    async fn verb(&self, id: &str, verb: Verb) -> Result<RolloutRow, CommandError> {
         // Another replica (the leader) may commit between our read and our
         // write; the store refuses the stale decision and we decide again.
         let mut attempt = 0;
@@ -284,22 +292,20 @@ impl Controller {
                 .s
                 .store
                 .get_rollout(id)
-                .await
-                .map_err(store_status)?
-                .ok_or_else(|| Status::not_found(format!("rollout {id} does not exist")))?;
-            let d = rollout::apply_verb(&row, verb, now_ms())
-                .map_err(|e| Status::failed_precondition(e.to_string()))?;
+                .await?
+                .ok_or_else(|| CommandError::NoRollout { id: id.to_string() })?;
+            let d = rollout::apply_verb(&row, verb, now_ms())?;
             match self.commit(&row, d).await {
                 Ok(row) => break row,
                 Err(StoreError::Conflict(_)) if attempt < VERB_ATTEMPTS => continue,
-                Err(e) => return Err(store_status(e)),
+                Err(e) => return Err(e.into()),
             }
         };
         // An operator verb acts on an active rollout, the newest of its
         // bundle in its cluster, or rolls one back (which starts no
         // deferred node): no newer rollout claims its nodes.
         let row = if self.leads() {
-            self.drive(row, &Claims::new()).await.map_err(store_status)?
+            self.drive(row, &Claims::new()).await?
         } else {
             row
         };

@@ -22,6 +22,7 @@ pub mod hub;
 pub mod kube;
 pub mod metrics;
 pub mod migrate;
+pub mod ops;
 pub mod packages;
 pub mod peers;
 pub mod pki;

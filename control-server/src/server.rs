@@ -19,11 +19,11 @@ use tonic::transport::Server;
 use crate::adminconf::AdminConfError;
 use crate::admission::{HandshakeLimits, Handshakes, OpenGate};
 use crate::api::{AdminApi, AgentApi};
-use crate::blobs::{BlobChoice, BlobError, Blobs, LocalBlobs};
+use crate::blobs::{BlobChoice, BlobError, Blobs};
 use crate::context::Shared;
 use crate::controller;
 use crate::hub::Hub;
-use crate::metrics::{self, Metrics};
+use crate::metrics::Metrics;
 use crate::packages::{AgentPackages, PackageError, PackageLayer};
 use crate::pki::PkiError;
 use crate::pki::clusterca::ClusterCas;
@@ -35,8 +35,8 @@ use crate::store::{EtcdConfig, StoreError};
 mod open;
 mod tasks;
 
-use open::{Opened, certificate_names, durable_blobs, open_store, preflight, write_first_admin_conf};
-use tasks::spawn_tasks;
+use open::{Opened, certificate_names, open_blobs, open_store, preflight, write_first_admin_conf};
+use tasks::{Feeds, serve_metrics, spawn_tasks};
 
 /// How long audit records are kept unless `--audit-retention` says.
 pub const DEFAULT_AUDIT_RETENTION: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -258,14 +258,47 @@ fn accept_loop(
     })
 }
 
-/// Runs the control server until `shutdown` fires.
+/// Runs the control server until `shutdown` fires: opens the store (and
+/// the identity it holds), opens the blobs, spawns the background tasks,
+/// serves, and shuts down.
 pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerError> {
     // Only ring is compiled in; installing it explicitly keeps rustls from
     // guessing. An error means a provider is already installed, which is fine.
     let _ = rustls::crypto::ring::default_provider().install_default();
 
     let package_candidates = preflight(&cfg).await?;
-    let data_dir = cfg.data_dir.clone();
+    let (listener, local) = bind(&cfg).await?;
+    let host = advertise_host(&cfg, local);
+    let server_url = format!("https://{}:{}", url_host(&host), local.port());
+    let opened = open_store(&cfg, &cfg.data_dir, &certificate_names(&cfg, &host)).await?;
+    let known = write_first_admin_conf(&cfg.data_dir, &server_url, &opened.pki, opened.etcd.as_ref()).await?;
+    tracing::info!(ca_cert_hash = %opened.pki.ca_hash(), server = %server_url, "control server identity");
+    let (blobs, agent_packages) = open_blobs(&cfg, opened.etcd.as_ref(), package_candidates).await?;
+
+    let etcd = opened.etcd.clone();
+    let (shared, feeds) = share(
+        &cfg,
+        opened,
+        Opening {
+            blobs,
+            agent_packages,
+            known,
+            server_url,
+        },
+        shutdown.child_token(),
+    );
+    if let Some(addr) = cfg.metrics_listen {
+        serve_metrics(&shared, addr).await?;
+    }
+    spawn_tasks(&shared, &cfg, etcd.as_ref(), feeds);
+
+    let result = serve(&shared, &cfg, listener, local).await;
+    shut_down(&shared, &cfg).await;
+    result
+}
+
+/// The gRPC port, bound: the listener and the address it took.
+async fn bind(cfg: &Config) -> Result<(TcpListener, SocketAddr), ServerError> {
     let listener = TcpListener::bind(cfg.listen)
         .await
         .map_err(|source| ServerError::Bind {
@@ -276,29 +309,31 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         addr: cfg.listen,
         source,
     })?;
-    let host = advertise_host(&cfg, local);
-    let names = certificate_names(&cfg, &host);
-    let server_url = format!("https://{}:{}", url_host(&host), local.port());
+    Ok((listener, local))
+}
+
+/// What start-up opened besides the store, for [`share`].
+struct Opening {
+    blobs: Blobs,
+    agent_packages: AgentPackages,
+    /// Every replica's URL known at start (this one's first).
+    known: Vec<String>,
+    server_url: String,
+}
+
+/// What is shared (built once here) and the ends of its channels that the
+/// background tasks feed.
+fn share(cfg: &Config, opened: Opened, o: Opening, cancel: CancellationToken) -> (Arc<Shared>, Feeds) {
     let Opened {
         store,
         etcd,
         pki,
         seal,
-    } = open_store(&cfg, &data_dir, &names).await?;
-    let known = write_first_admin_conf(&data_dir, &server_url, &pki, etcd.as_ref()).await?;
-    tracing::info!(ca_cert_hash = %pki.ca_hash(), server = %server_url, "control server identity");
-
-    let local_blobs = LocalBlobs::open(&data_dir.join("blobs"))?;
-    let durable = durable_blobs(&cfg, &etcd, &local_blobs)?;
-    tracing::info!(blob_store = %durable.describe(), "blob store");
-    let agent_packages = Arc::new(AgentPackages::import(package_candidates, &local_blobs).await?);
-    let blobs = Blobs::new(local_blobs, durable);
-
-    let cancel = shutdown.child_token();
+    } = opened;
     let (rollout_updates, _) = watch::channel(0);
     let (rollouts, rollout_inbox) = controller::channel();
     let (leader_tx, leader) = watch::channel(etcd.is_none());
-    let (servers_tx, servers) = watch::channel(known);
+    let (servers_tx, servers) = watch::channel(o.known);
     let seal = seal.map(Arc::new);
     let aad_prefix = etcd.as_ref().map_or("", |e| e.prefix());
     let cluster_cas = ClusterCas::new(store.clone(), seal.clone(), aad_prefix);
@@ -310,8 +345,8 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         leader,
         servers,
         join_urls: cfg.join_urls.clone(),
-        blobs: Arc::new(blobs),
-        agent_packages,
+        blobs: Arc::new(o.blobs),
+        agent_packages: Arc::new(o.agent_packages),
         pki: Arc::new(pki),
         hub: Arc::new(Hub::default()),
         peers: Arc::new(crate::peers::PeerCache::default()),
@@ -326,34 +361,19 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         rollouts_changed: Arc::new(Notify::new()),
         rollouts,
         rollout_updates,
-        server_url,
+        server_url: o.server_url,
         node_cert_ttl: cfg.node_cert_ttl,
         ping_interval: cfg.ping_interval,
-        cancel: cancel.clone(),
+        cancel,
         tasks: TaskTracker::new(),
         tracker: Arc::new(crate::tracker::Tracker::new(etcd.clone())),
     });
-
-    if let Some(addr) = cfg.metrics_listen {
-        let l = metrics::bind(addr)
-            .await
-            .map_err(|source| ServerError::Bind { addr, source })?;
-        tracing::info!(addr = %l.local_addr().unwrap_or(addr), "serving /metrics and /healthz");
-        shared
-            .tasks
-            .spawn(metrics::serve(l, shared.metrics.clone(), cancel.clone()));
-        shared.tasks.spawn(metrics::probe::run(
-            shared.store.clone(),
-            shared.blobs.clone(),
-            shared.metrics.clone(),
-            cancel.clone(),
-        ));
-    }
-    spawn_tasks(&shared, &cfg, etcd.as_ref(), leader_tx, servers_tx, rollout_inbox);
-
-    let result = serve(&shared, &cfg, listener, local).await;
-    shut_down(&shared, &cfg).await;
-    result
+    let feeds = Feeds {
+        leader_tx,
+        servers_tx,
+        rollout_inbox,
+    };
+    (shared, feeds)
 }
 
 /// Serves gRPC (agents and admins, health, reflection, agent packages)

@@ -38,7 +38,7 @@ pub mod wire;
 pub use lks_bundle::{
     BundlePath, BundleState, Digest, FileSpec, HealthCheck, Manifest, SignedBundle, Step, arch, authoring,
     canonical, certs, chunks, convert, digest, duration, elf, limits, manifest, names, path, rate, release,
-    sign,
+    served, sign,
 };
 pub use lks_wire::{codec, pb};
 

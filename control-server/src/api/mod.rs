@@ -19,7 +19,6 @@ mod rollouts;
 mod tokens;
 
 pub use agent::AgentApi;
-pub use clusters::check_api_server;
 pub use policy::rollout_pb;
 
 use std::collections::HashMap;
@@ -34,9 +33,11 @@ use lks_proto::pb::admin_service_server::AdminService;
 use lks_proto::pb::{self};
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::authz::{require_admin, require_admin_caller};
+use crate::authz::{blob_status, require_admin, require_admin_caller, store_status};
 use crate::clock::now_ms;
 use crate::context::Shared;
+use crate::controller::CommandError;
+use crate::ops::{Kind, OpError};
 use crate::rollout::Verb;
 
 /// The admin API: each resource's handlers get only what they use.
@@ -72,6 +73,26 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'stati
 
 fn invalid(e: impl std::fmt::Display) -> Status {
     Status::invalid_argument(e.to_string())
+}
+
+/// The one way an operation's error reaches a client: store and blob
+/// store failures as every handler answers them (`authz`), the rest by
+/// their kind, each with its message.
+impl From<OpError> for Status {
+    fn from(e: OpError) -> Status {
+        let msg = e.to_string();
+        match (e.kind(), e) {
+            (_, OpError::Store(e) | OpError::Controller(CommandError::Store(e))) => store_status(e),
+            (_, OpError::Blob { what, source }) => blob_status(&what, source),
+            (Some(Kind::Invalid), _) => Status::invalid_argument(msg),
+            (Some(Kind::AlreadyExists), _) => Status::already_exists(msg),
+            (Some(Kind::NotFound), _) => Status::not_found(msg),
+            (Some(Kind::FailedPrecondition), _) => Status::failed_precondition(msg),
+            (Some(Kind::Unavailable), _) => Status::unavailable(msg),
+            (Some(Kind::Unauthenticated), _) => Status::unauthenticated(msg),
+            (Some(Kind::Internal) | None, _) => Status::internal(msg),
+        }
+    }
 }
 
 /// `s` cut to at most `max` bytes, on a character boundary: how free text

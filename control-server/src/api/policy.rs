@@ -1,25 +1,16 @@
 //! The admin API's rollout-policy half: maintenance windows of clusters,
-//! holds of nodes, and the policy options of a rollout start, checked and
-//! turned into store rows; and the rollout as the API shows it.
+//! holds of nodes, checked and turned into store rows; and the rollout as
+//! the API shows it. (A rollout start's policy options are checked by
+//! `ops::start`.)
 
-use std::time::Duration;
-
-use lks_proto::labels::{Labels, selector_matches};
 use lks_proto::pb;
 use tonic::Status;
 
 use super::invalid;
 use crate::rollout::counts;
-use crate::store::{
-    ClusterRow, ClusterStore, DrainPolicy, DrainTimeout, EventRow, NodeState, NodeStore, OfflinePolicy,
-    RolloutPolicy, RolloutRow, RolloutState,
-};
+use crate::store::{ClusterRow, NodeState, RolloutRow, RolloutState};
 use crate::windows;
 
-/// Windows per cluster; more is a mistake, not a schedule.
-pub const MAX_WINDOWS: usize = 32;
-/// Longest canary soak and batch interval.
-const MAX_PAUSE: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Longest hold reason.
 const MAX_REASON: usize = 512;
 
@@ -56,42 +47,6 @@ pub fn cluster_pb(c: ClusterRow, now_ms: i64) -> pb::Cluster {
     }
 }
 
-/// Checks a `SetCluster` request: the windows to store, in canonical form.
-pub fn check_windows(r: &pb::SetClusterRequest) -> Result<Vec<String>, Status> {
-    if r.clear_maintenance_windows && !r.maintenance_windows.is_empty() {
-        return Err(invalid("give maintenance windows or clear them, not both"));
-    }
-    if !r.clear_maintenance_windows && r.maintenance_windows.is_empty() {
-        return Err(invalid(
-            "nothing to set: give --maintenance-window (repeatable) or --no-maintenance-window",
-        ));
-    }
-    if r.maintenance_windows.len() > MAX_WINDOWS {
-        return Err(invalid(format!(
-            "{} maintenance windows; the limit is {MAX_WINDOWS}",
-            r.maintenance_windows.len()
-        )));
-    }
-    let parsed = windows::parse_all(&r.maintenance_windows).map_err(invalid)?;
-    Ok(parsed.iter().map(|w| w.to_string()).collect())
-}
-
-/// Sets or clears the (checked) windows of a cluster, recorded with the
-/// admin's name.
-pub async fn set_windows(
-    store: &(impl ClusterStore + ?Sized),
-    name: &str,
-    windows: Vec<String>,
-    admin: &str,
-    now_ms: i64,
-) -> Result<ClusterRow, Status> {
-    let event = EventRow::windows_set(name, &windows, admin, now_ms);
-    store
-        .set_cluster_windows(name, windows, event)
-        .await
-        .map_err(crate::authz::store_status)
-}
-
 /// Checks a hold reason.
 pub fn check_reason(reason: &str) -> Result<(), Status> {
     if reason.len() > MAX_REASON {
@@ -104,138 +59,6 @@ pub fn check_reason(reason: &str) -> Result<(), Status> {
         return Err(invalid("hold reason must be one line of printable text"));
     }
     Ok(())
-}
-
-fn pause(what: &str, secs: u64) -> Result<u64, Status> {
-    let d = Duration::from_secs(secs);
-    if d > MAX_PAUSE {
-        return Err(invalid(format!("{what} is longer than the limit of 7 days")));
-    }
-    Ok(d.as_millis() as u64)
-}
-
-/// The policy of a rollout start, checked. `matched` counts the nodes the
-/// selector matches now, which a canary count may not exceed.
-pub fn policy(r: &pb::StartRolloutRequest, matched: usize) -> Result<RolloutPolicy, Status> {
-    let offline = match r.offline.as_str() {
-        "" => OfflinePolicy::Defer,
-        s => OfflinePolicy::parse(s).ok_or_else(|| {
-            invalid(format!(
-                "offline policy {s:?} is unknown; use \"defer\" or \"wait\""
-            ))
-        })?,
-    };
-    if r.canary as usize > matched {
-        return Err(invalid(format!(
-            "--canary {} is more than the {matched} node(s) the rollout matches",
-            r.canary
-        )));
-    }
-    if r.canary == 0 && r.canary_soak_seconds > 0 {
-        return Err(invalid("a canary soak needs --canary N"));
-    }
-    let mut seed = [0u8; 8];
-    let _ = getrandom::getrandom(&mut seed);
-    Ok(RolloutPolicy {
-        offline,
-        canary: r.canary,
-        canary_soak_ms: pause("canary soak", r.canary_soak_seconds)?,
-        canary_seed: u64::from_le_bytes(seed),
-        batch_interval_ms: pause("batch interval", r.batch_interval_seconds)?,
-        ignore_windows: r.ignore_windows,
-        drain: None,
-        request_id: r.request_id.clone(),
-    })
-}
-
-/// Longest `--drain-timeout` and `--ready-timeout`.
-const MAX_KUBE_WAIT: Duration = Duration::from_secs(24 * 3600);
-
-/// How a rollout drains, from its request and its cluster's default:
-/// `None` when it does not. Draining needs the cluster's kubeconfig.
-pub fn drain_policy(
-    r: &pb::StartRolloutRequest,
-    cluster: &ClusterRow,
-) -> Result<Option<DrainPolicy>, Status> {
-    let drain = r.drain.unwrap_or(cluster.kube.drain);
-    let tuned = r.drain_timeout_seconds > 0
-        || r.ready_timeout_seconds > 0
-        || r.drain_delete_local_data
-        || !r.on_drain_timeout.is_empty()
-        || !r.kubelet_version.is_empty();
-    if !drain {
-        if tuned {
-            return Err(invalid(
-                "--drain-timeout, --ready-timeout, --drain-delete-local-data, --on-drain-timeout and \
-                 --kubelet-version need --drain",
-            ));
-        }
-        return Ok(None);
-    }
-    if !cluster.kube.kubeconfig {
-        return Err(Status::failed_precondition(format!(
-            "cluster {0} has no kubeconfig, so its nodes cannot be drained: give it one with \
-             `lksctl cluster set {0} --kubeconfig FILE` (packaging/kubernetes/tenant/README.md)",
-            cluster.name
-        )));
-    }
-    let wait = |what: &str, secs: u64, default_ms: u64| -> Result<u64, Status> {
-        if secs == 0 {
-            return Ok(default_ms);
-        }
-        let d = Duration::from_secs(secs);
-        if d > MAX_KUBE_WAIT {
-            return Err(invalid(format!("{what} is longer than the limit of 24h")));
-        }
-        Ok(secs.saturating_mul(1000))
-    };
-    let on_timeout = match r.on_drain_timeout.as_str() {
-        "" => DrainTimeout::Fail,
-        s => DrainTimeout::parse(s).ok_or_else(|| {
-            invalid(format!(
-                "--on-drain-timeout {s:?} is unknown; use \"fail\" or \"skip\""
-            ))
-        })?,
-    };
-    let v = &r.kubelet_version;
-    if !v.is_empty()
-        && (v.len() > 64 || !v.starts_with('v') || v.chars().any(|c| c.is_whitespace() || c.is_control()))
-    {
-        return Err(invalid(format!(
-            "--kubelet-version {v:?} is not a version like v1.37.2"
-        )));
-    }
-    Ok(Some(DrainPolicy {
-        timeout_ms: wait(
-            "--drain-timeout",
-            r.drain_timeout_seconds,
-            DrainPolicy::DEFAULT_TIMEOUT_MS,
-        )?,
-        ready_timeout_ms: wait(
-            "--ready-timeout",
-            r.ready_timeout_seconds,
-            DrainPolicy::DEFAULT_READY_TIMEOUT_MS,
-        )?,
-        delete_local_data: r.drain_delete_local_data,
-        on_timeout,
-        kubelet_version: v.clone(),
-    }))
-}
-
-/// Nodes of `cluster` the selector matches now.
-pub async fn matched_nodes(
-    store: &(impl NodeStore + ?Sized),
-    cluster: &str,
-    selector: &Labels,
-) -> Result<usize, Status> {
-    let nodes = store
-        .list_nodes(Some(cluster))
-        .await
-        .map_err(crate::authz::store_status)?;
-    Ok(nodes
-        .iter()
-        .filter(|n| selector_matches(selector, &n.labels))
-        .count())
 }
 
 fn rollout_state_pb(s: RolloutState) -> pb::RolloutState {

@@ -1,12 +1,14 @@
 //! Start-up before serving: what is checked first, the store and the
-//! identity it holds, `admin.conf`, and where blobs are kept for good.
+//! identity it holds, `admin.conf`, and the blobs (the local copies, where
+//! they are kept for good, the agent packages).
 
 use std::os::unix::fs::DirBuilderExt;
 use std::sync::Arc;
 
 use super::{Config, ServerError, StoreChoice};
 use crate::adminconf::{AdminConf, AdminConfError, AdminConfFile};
-use crate::blobs::{BlobChoice, BlobStore, EtcdChunks, LocalBlobs, LocalDirStore, S3Store};
+use crate::blobs::{BlobChoice, BlobStore, Blobs, EtcdChunks, LocalBlobs, LocalDirStore, S3Store};
+use crate::packages::AgentPackages;
 use crate::pki::Pki;
 use crate::pki::seal::SealKey;
 use crate::replicas;
@@ -136,11 +138,25 @@ pub(super) async fn open_store(
     })
 }
 
+/// The blobs: the data dir's copies, the store where they are kept for
+/// good, and the agent packages served from them.
+pub(super) async fn open_blobs(
+    cfg: &Config,
+    etcd: Option<&EtcdStore>,
+    package_candidates: Vec<crate::packages::Candidate>,
+) -> Result<(Blobs, AgentPackages), ServerError> {
+    let local_blobs = LocalBlobs::open(&cfg.data_dir.join("blobs"))?;
+    let durable = durable_blobs(cfg, etcd, &local_blobs)?;
+    tracing::info!(blob_store = %durable.describe(), "blob store");
+    let agent_packages = AgentPackages::import(package_candidates, &local_blobs).await?;
+    Ok((Blobs::new(local_blobs, durable), agent_packages))
+}
+
 /// Where blobs are kept for good (`--blob-store`; the default follows the
 /// store).
-pub(super) fn durable_blobs(
+fn durable_blobs(
     cfg: &Config,
-    etcd: &Option<EtcdStore>,
+    etcd: Option<&EtcdStore>,
     local_blobs: &LocalBlobs,
 ) -> Result<Arc<dyn BlobStore>, ServerError> {
     Ok(match (&cfg.blob_store, etcd) {

@@ -1,15 +1,17 @@
 //! The server's background tasks, spawned once at start and stopped with
 //! the server.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::Config;
+use super::{Config, ServerError};
 use crate::blobs::BlobChoice;
 use crate::context::Shared;
 use crate::controller;
+use crate::metrics;
 use crate::replicas;
 use crate::store::EtcdStore;
 
@@ -19,17 +21,44 @@ const AUDIT_SWEEP: Duration = Duration::from_secs(3600);
 /// How often buffered heartbeats are written to the store.
 const HEARTBEAT_FLUSH: Duration = Duration::from_secs(5);
 
-/// The server's background tasks: metrics, heartbeats, peers, releases,
+/// The ends of the shared state's channels that the background tasks
+/// feed: leadership and the replicas (etcd's lease and watch), and the
+/// rollout controller's command queue.
+pub(super) struct Feeds {
+    pub(super) leader_tx: watch::Sender<bool>,
+    pub(super) servers_tx: watch::Sender<Vec<String>>,
+    pub(super) rollout_inbox: controller::Inbox,
+}
+
+/// `--metrics-listen`: `/metrics` and `/healthz` served, and the store and
+/// blob store probed for them.
+pub(super) async fn serve_metrics(shared: &Arc<Shared>, addr: SocketAddr) -> Result<(), ServerError> {
+    let l = metrics::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind { addr, source })?;
+    tracing::info!(addr = %l.local_addr().unwrap_or(addr), "serving /metrics and /healthz");
+    let cancel = shared.cancel.clone();
+    shared
+        .tasks
+        .spawn(metrics::serve(l, shared.metrics.clone(), cancel.clone()));
+    shared.tasks.spawn(metrics::probe::run(
+        shared.store.clone(),
+        shared.blobs.clone(),
+        shared.metrics.clone(),
+        cancel,
+    ));
+    Ok(())
+}
+
+/// The server's background tasks: heartbeats, peers, releases,
 /// blob GC, audit retention, deltas, the rollout controller, and with etcd
 /// the lease, the watch and the rebalance.
-pub(super) fn spawn_tasks(
-    shared: &Arc<Shared>,
-    cfg: &Config,
-    etcd: Option<&EtcdStore>,
-    leader_tx: watch::Sender<bool>,
-    servers_tx: watch::Sender<Vec<String>>,
-    rollout_inbox: controller::Inbox,
-) {
+pub(super) fn spawn_tasks(shared: &Arc<Shared>, cfg: &Config, etcd: Option<&EtcdStore>, feeds: Feeds) {
+    let Feeds {
+        leader_tx,
+        servers_tx,
+        rollout_inbox,
+    } = feeds;
     let cancel = shared.cancel.clone();
     shared.tasks.spawn(flush_heartbeats(shared.clone()));
     shared.tasks.spawn(crate::peers::run(

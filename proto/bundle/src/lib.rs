@@ -32,6 +32,7 @@ pub mod path;
 pub mod rate;
 pub mod release;
 mod rule;
+pub mod served;
 pub mod sign;
 
 pub use digest::Digest;

@@ -1,30 +1,25 @@
 //! The agent API's node identity: enrolment with a bootstrap token (rate
-//! limited per address; the token is checked in constant time and its use
-//! counted by the store), certificate renewal, and the certificates a
-//! bundle's `[[certificate]]` entries ask for.
+//! limited per address here, then `ops::enrol`), certificate renewal, and
+//! the certificates a bundle's `[[certificate]]` entries ask for.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use lks_proto::backoff::with_retry_hint;
 use lks_proto::identity::NodeIdentity;
-use lks_proto::labels::{Labels, validate_label};
-use lks_proto::limits::MAX_LABELS;
-use lks_proto::names::validate_node_name;
 use lks_proto::pb;
-use lks_proto::token::{BootstrapToken, MalformedToken};
-use subtle::ConstantTimeEq;
 use tonic::{Request, Response, Status};
 
 use super::{issue, record_event};
-use crate::authz::{require_node, store_status, token_status};
+use crate::authz::{require_node, store_status};
 use crate::clock::now_ms;
 use crate::context::Shared;
 use crate::metrics::Metrics;
+use crate::ops::enrol::{self, Enrolment};
 use crate::pki::Pki;
 use crate::pki::clusterca::ClusterCas;
 use crate::ratelimit::RateLimiter;
-use crate::store::{NewNode, Store, StoreError, TokenRefusal};
+use crate::store::Store;
 
 /// What the identity handlers use: the store, the server CA (node
 /// certificates) and the tenant CAs (bundle certificates), the limits on
@@ -76,13 +71,27 @@ pub(super) async fn enroll(
     }
     let r = req.into_inner();
     let node_name = r.node_name.clone();
-    match enroll_inner(s, r).await {
-        Ok(resp) => {
+    let asked = Enrolment {
+        token: r.token,
+        node_name: r.node_name,
+        labels: r.labels,
+        csr_pem: r.csr_pem,
+    };
+    match enrol::enrol(&*s.store, &s.pki, s.node_cert_ttl, asked).await {
+        Ok(e) => {
             s.metrics.enrollment("ok");
-            tracing::info!(node = %resp.node_name, cluster = %resp.cluster, "node enrolled");
-            Ok(Response::new(resp))
+            tracing::info!(node = %e.node_name, cluster = %e.cluster, "node enrolled");
+            Ok(Response::new(pb::EnrollResponse {
+                certificate_pem: e.certificate_pem,
+                ca_pem: e.ca_pem,
+                node_name: e.node_name,
+                cluster: e.cluster,
+                expires_at: e.expires_at,
+            }))
         }
-        Err((result, status)) => {
+        Err(e) => {
+            let result = enrol::outcome(&e);
+            let status = Status::from(e);
             s.metrics.enrollment(result);
             tracing::warn!(node = %node_name, result, error = %status.message(), "enrolment refused");
             Err(status)
@@ -189,82 +198,6 @@ pub(super) async fn issue(
             Err(status)
         }
     }
-}
-
-/// The enrolment steps; the error carries the metrics label.
-async fn enroll_inner(s: &Deps, r: pb::EnrollRequest) -> Result<pb::EnrollResponse, (&'static str, Status)> {
-    let token: BootstrapToken = r
-        .token
-        .parse()
-        .map_err(|e: MalformedToken| ("invalid_token", Status::invalid_argument(e.to_string())))?;
-    validate_node_name(&r.node_name)
-        .map_err(|e| ("invalid_argument", Status::invalid_argument(e.to_string())))?;
-    if r.labels.len() > MAX_LABELS {
-        return Err((
-            "invalid_argument",
-            Status::invalid_argument(format!("{} labels; the limit is {MAX_LABELS}", r.labels.len())),
-        ));
-    }
-    for (k, v) in &r.labels {
-        validate_label(k, v).map_err(|e| ("invalid_argument", Status::invalid_argument(e.to_string())))?;
-    }
-    let refused = |t: TokenRefusal| {
-        let label = match t {
-            TokenRefusal::Unknown => "invalid_token",
-            TokenRefusal::Expired => "expired_token",
-            TokenRefusal::UsedUp => "used_up_token",
-        };
-        (label, token_status(t))
-    };
-    let stored = s
-        .store
-        .get_token(token.id())
-        .await
-        .map_err(|e| ("error", store_status(e)))?
-        .ok_or_else(|| refused(TokenRefusal::Unknown))?;
-    // Constant time, so response timing does not reveal how much of a
-    // guessed secret was right. A wrong secret looks like an unknown id.
-    if !bool::from(stored.secret_hash.ct_eq(token.secret_hash().as_bytes())) {
-        return Err(refused(TokenRefusal::Unknown));
-    }
-    let now = now_ms();
-    if stored.expires_at_ms <= now {
-        return Err(refused(TokenRefusal::Expired));
-    }
-    // A token with no use left may still repeat an enrolment whose
-    // answer was lost: the store decides, in its transaction.
-    let id = NodeIdentity::new(&stored.cluster, &r.node_name)
-        .map_err(|e| ("invalid_argument", Status::invalid_argument(e.to_string())))?;
-    let cert = s
-        .pki
-        .issue_node_cert(&r.csr_pem, &id, s.node_cert_ttl)
-        .map_err(|e| ("invalid_csr", Status::invalid_argument(e.to_string())))?;
-    // The node's own labels first; the token's labels win on conflict.
-    let mut labels: Labels = r.labels.into_iter().collect();
-    labels.extend(stored.labels.clone());
-    s.store
-        .enroll_node(NewNode {
-            name: id.node.clone(),
-            cluster: id.cluster.clone(),
-            labels,
-            cert_serial: cert.serial.clone(),
-            key_hash: cert.key_hash.clone(),
-            token_id: stored.id.clone(),
-            now_ms: now,
-        })
-        .await
-        .map_err(|e| match e {
-            StoreError::Token(t) => refused(t),
-            StoreError::AlreadyExists(m) => ("already_exists", Status::already_exists(m)),
-            e => ("error", store_status(e)),
-        })?;
-    Ok(pb::EnrollResponse {
-        certificate_pem: cert.pem,
-        ca_pem: s.pki.ca_pem().to_string(),
-        node_name: id.node,
-        cluster: id.cluster,
-        expires_at: cert.not_after,
-    })
 }
 
 async fn event(s: &Deps, id: &NodeIdentity, kind: &str, bundle: &str, version: &str, message: String) {

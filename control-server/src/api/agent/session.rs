@@ -14,7 +14,6 @@ use lks_proto::names::{validate_bundle_name, validate_version};
 use lks_proto::pb::agent_message::Msg as AgentMsg;
 use lks_proto::pb::server_message::Msg as ServerMsg;
 use lks_proto::pb::{self, AgentMessage, ServerMessage};
-use prost::Message as _;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -29,9 +28,10 @@ use crate::clock::now_ms;
 use crate::context::Shared;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
+use crate::ops::desired::Sent;
 use crate::peers::PeerCache;
-use crate::releases::{Channel, ReleaseCache};
-use crate::store::{BundleStatusRow, NodeTrust, PeerSettings, Store, StoreError, TrustHealth};
+use crate::releases::ReleaseCache;
+use crate::store::{BundleStatusRow, NodeTrust, Store, StoreError, TrustHealth};
 use crate::tracker::Tracker;
 
 /// What the `Connect` streams use: the store, the hub of open streams, the
@@ -66,11 +66,6 @@ impl Deps {
             cancel: s.cancel.clone(),
             tasks: s.tasks.clone(),
         }
-    }
-
-    /// The peer-sharing settings of `cluster`, read through the cache.
-    async fn peer_settings(&self, cluster: &str) -> crate::store::Result<PeerSettings> {
-        self.peers.get(&*self.store, &self.hub, cluster).await
     }
 }
 
@@ -116,9 +111,7 @@ pub(super) async fn connect(
                 s: s.clone(),
                 caller,
                 tx,
-                last_generation: None,
-                last_peer: None,
-                last_channel: None,
+                sent: Sent::default(),
                 trust: None,
                 unrecorded: None,
             };
@@ -286,12 +279,8 @@ struct Session {
     /// `Result<ServerMessage, Status>` is ~200 bytes, held for as long as
     /// the node is connected.
     tx: mpsc::Sender<Box<Result<ServerMessage, Status>>>,
-    last_generation: Option<u64>,
-    /// The peer-sharing settings last sent (`None`: off, or nothing sent).
-    last_peer: Option<pb::PeerSharing>,
-    /// The cluster's releases and roots the last desired state was made
-    /// from: a read that found them changed is a new entry.
-    last_channel: Option<Arc<Channel>>,
+    /// The desired state last sent, so it is not sent twice.
+    sent: Sent,
     /// The release trust the agent last reported (and was stored).
     trust: Option<Box<NodeTrust>>,
     /// A status report the store could not take (etcd unreachable), kept

@@ -15,27 +15,27 @@ use tonic::{Response, Status};
 
 use super::invalid;
 use crate::authz::store_status;
-use crate::blobs::Blobs;
 use crate::clock::now_ms;
 use crate::context::Shared;
-use crate::metrics::Metrics;
 use crate::store::Store;
 use crate::store::{BundleRow, EventRow, StoreError};
 
-/// What the bundle handlers use: the store, the blobs a publish uploads
-/// into, the metrics it counts them in.
+/// What the bundle handlers use: the store, and what a publish uses
+/// besides (the blobs it uploads into, the metrics it counts them in).
 pub(super) struct Deps {
     pub store: std::sync::Arc<dyn Store>,
-    pub blobs: std::sync::Arc<Blobs>,
-    pub metrics: std::sync::Arc<Metrics>,
+    pub publish: crate::ops::publish::Deps,
 }
 
 impl Deps {
     pub fn of(s: &Shared) -> Self {
         Deps {
             store: s.store.clone(),
-            blobs: s.blobs.clone(),
-            metrics: s.metrics.clone(),
+            publish: crate::ops::publish::Deps {
+                store: s.store.clone(),
+                blobs: s.blobs.clone(),
+                metrics: s.metrics.clone(),
+            },
         }
     }
 }

@@ -1,0 +1,119 @@
+//! The server's use cases, between the gRPC handlers and what they drive:
+//! publishing a bundle (`publish.rs`), starting a rollout (`start.rs`, its
+//! policy options in `start/policy.rs`), an operator verb on one
+//! (`verb.rs`), enrolling a node (`enrol.rs`), building the desired state a
+//! node's stream sends (`desired.rs`), creating and changing a cluster
+//! (`cluster.rs`). Each operation takes its request decoded into plain Rust
+//! and answers plain Rust or an [`OpError`]; none names tonic (the one
+//! generated type here is the desired state, built in its wire form
+//! because it goes out as stored), so an operation reads as its steps and
+//! a test can call it without a server.
+//!
+//! It sits below `api` (whose handlers decode a request, call an
+//! operation and encode its answer, and turn an [`OpError`] into a status
+//! in one place) and above the store, the blob store, the PKI, the
+//! metrics and the rollout modules it drives. It never names `api`.
+
+pub mod cluster;
+pub mod desired;
+pub mod enrol;
+pub mod publish;
+pub mod start;
+pub mod verb;
+
+use crate::blobs::BlobError;
+use crate::controller::CommandError;
+use crate::store::StoreError;
+
+pub use cluster::ClusterError;
+pub use enrol::EnrolError;
+pub use publish::PublishError;
+pub use start::StartError;
+pub use verb::VerbRefusal;
+
+/// What kind of refusal or failure an error is: how the edge answers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// The request is wrong; retrying it unchanged fails the same way.
+    Invalid,
+    /// What the request would create exists already.
+    AlreadyExists,
+    /// What the request names does not exist.
+    NotFound,
+    /// The request is sound but the system is not in a state to carry it
+    /// out; the message says what to change first.
+    FailedPrecondition,
+    /// Try again later.
+    Unavailable,
+    /// The caller's credentials (a bootstrap token) are not accepted.
+    Unauthenticated,
+    /// The server failed; the message says where.
+    Internal,
+}
+
+/// Why an operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OpError {
+    #[error(transparent)]
+    Publish(#[from] PublishError),
+    #[error(transparent)]
+    Start(#[from] StartError),
+    #[error(transparent)]
+    Enrol(#[from] EnrolError),
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    #[error(transparent)]
+    Verb(#[from] VerbRefusal),
+    /// The rollout controller did not carry out a command.
+    #[error(transparent)]
+    Controller(CommandError),
+    /// The store failed or refused.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The blob store failed for `what` (a file's target path; empty if
+    /// the failure concerns no one file).
+    #[error("{}", if what.is_empty() { source.to_string() } else { format!("{what}: {source}") })]
+    Blob {
+        what: String,
+        #[source]
+        source: BlobError,
+    },
+}
+
+impl From<CommandError> for OpError {
+    /// A store failure is a store failure, whoever met it.
+    fn from(e: CommandError) -> Self {
+        match e {
+            CommandError::Store(e) => OpError::Store(e),
+            e => OpError::Controller(e),
+        }
+    }
+}
+
+impl OpError {
+    /// How the edge answers it, for the errors whose answer depends on
+    /// their kind alone (not a store or blob store failure).
+    pub fn kind(&self) -> Option<Kind> {
+        Some(match self {
+            OpError::Publish(e) => e.kind(),
+            OpError::Start(e) => e.kind(),
+            OpError::Verb(e) => e.kind(),
+            OpError::Enrol(e) => e.kind(),
+            OpError::Cluster(e) => e.kind(),
+            OpError::Controller(CommandError::Gone) => Kind::Unavailable,
+            OpError::Controller(CommandError::NoRollout { .. }) => Kind::NotFound,
+            OpError::Controller(CommandError::Verb(_)) => Kind::FailedPrecondition,
+            OpError::Controller(CommandError::Store(_)) | OpError::Store(_) | OpError::Blob { .. } => {
+                return None;
+            }
+        })
+    }
+
+    /// A blob store failure concerning the file at `what`.
+    pub fn blob(what: impl Into<String>, source: BlobError) -> Self {
+        OpError::Blob {
+            what: what.into(),
+            source,
+        }
+    }
+}
