@@ -391,6 +391,16 @@ def check_crates(readme, write):
 write = sys.argv[1:] == ["--write"]
 if sys.argv[1:] not in ([], ["--write"]):
     sys.exit("usage: bash scripts/check-layers.sh [--write]")
+def report(result, rewrote, ok):
+    """Prints a map check's problems (True: it failed), or what it rewrote
+    (`rewrote` with the row count), or that it holds (`ok`)."""
+    problems, rewritten = result
+    for p in problems:
+        print(f"check-layers: {p}", file=sys.stderr)
+    if not problems:
+        print(f"check-layers: {rewrote.format(rewritten) if rewritten else ok}")
+    return bool(problems)
+
 failed = False
 for src, layers in CRATES.items():
     count, problems = check(src, layers)
@@ -404,23 +414,11 @@ for src, layers in CRATES.items():
         print(f"check-layers: {src} has no module map (MAPS in scripts/check-layers.sh)", file=sys.stderr)
         failed = True
         continue
-    problems, rewritten = check_map(src, layers, MAPS[src], write)
-    for p in problems:
-        print(f"check-layers: {p}", file=sys.stderr)
-    if problems:
-        failed = True
-    elif rewritten:
-        print(f"check-layers: {MAPS[src]}: rewrote \"what it may import\" in {rewritten} rows of the map of {src}")
-    else:
-        print(f"check-layers: {MAPS[src]}: the map of {src} has a row per module, in layers")
-problems, rewritten = check_crates("README.md", write)
-for p in problems:
-    print(f"check-layers: {p}", file=sys.stderr)
-if problems:
-    failed = True
-elif rewritten:
-    print(f"check-layers: README.md: rewrote \"what it may import\" in {rewritten} rows of the crate map")
-else:
-    print("check-layers: README.md: the crate map has a row per workspace member, each under the crates it links")
+    failed |= report(check_map(src, layers, MAPS[src], write),
+                     f"{MAPS[src]}: rewrote \"what it may import\" in {{}} rows of the map of {src}",
+                     f"{MAPS[src]}: the map of {src} has a row per module, in layers")
+failed |= report(check_crates("README.md", write),
+                 "README.md: rewrote \"what it may import\" in {} rows of the crate map",
+                 "README.md: the crate map has a row per workspace member, each under the crates it links")
 sys.exit(1 if failed else 0)
 EOF
