@@ -21,13 +21,10 @@ mod tokens;
 pub use agent::AgentApi;
 pub use policy::rollout_pb;
 
-use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::Stream;
-use lks_proto::labels::{Labels, validate_label};
-use lks_proto::limits::MAX_LABELS;
 use lks_proto::names::validate_node_name;
 use lks_proto::pb::admin_service_server::AdminService;
 use lks_proto::pb::{self};
@@ -107,19 +104,6 @@ pub(super) fn clip(s: &str, max: usize) -> &str {
         end -= 1;
     }
     &s[..end]
-}
-
-fn check_labels(what: &str, l: &HashMap<String, String>) -> Result<Labels, Status> {
-    if l.len() > MAX_LABELS {
-        return Err(invalid(format!(
-            "{what}: {} labels; the limit is {MAX_LABELS}",
-            l.len()
-        )));
-    }
-    for (k, v) in l {
-        validate_label(k, v).map_err(|e| invalid(format!("{what}: {e}")))?;
-    }
-    Ok(l.clone().into_iter().collect())
 }
 
 #[tonic::async_trait]

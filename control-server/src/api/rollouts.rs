@@ -12,12 +12,13 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Response, Status};
 
-use super::{BoxStream, check_labels, invalid, policy, rollout_pb};
+use super::{BoxStream, invalid, policy, rollout_pb};
 use crate::authz::store_status;
 use crate::context::Shared;
 use crate::controller;
 use crate::ops::start::{self, DrainRequest, PolicyRequest, StartRollout};
 use crate::ops::verb;
+use crate::ops::{OpError, labels};
 use crate::rollout::{Verb, counts};
 use crate::store::{RolloutRow, Store};
 
@@ -53,7 +54,7 @@ pub(super) async fn start(
     validate_cluster_name(&r.cluster).map_err(invalid)?;
     validate_bundle_name(&r.bundle).map_err(invalid)?;
     validate_version(&r.version).map_err(invalid)?;
-    let selector = check_labels("selector", &r.selector)?;
+    let selector = labels::check("selector", &r.selector).map_err(OpError::from)?;
     let row = start::start(s.store.as_ref(), &s.controller, start_request(r, selector, who)).await?;
     Ok(Response::new(rollout_pb(&row)))
 }

@@ -3,20 +3,16 @@
 //! and where VMs can download the agent.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use lks_proto::names::validate_cluster_name;
 use lks_proto::pb;
-use lks_proto::token::BootstrapToken;
 use tonic::{Response, Status};
 
-use super::{check_labels, invalid};
-use crate::authz::store_status;
 use crate::clock::now_ms;
 use crate::context::Shared;
+use crate::ops::token::{self, Issued, NewToken};
 use crate::packages::AgentPackages;
 use crate::pki::Pki;
-use crate::store::{Store, TokenRow};
+use crate::store::Store;
 
 /// What `CreateToken` uses: the store, the server CA (its hash goes into
 /// the join command), the replicas' URLs and the agent packages offered.
@@ -54,45 +50,25 @@ impl Deps {
     }
 }
 
-const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
-const MAX_TOKEN_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
-
 /// `CreateToken`: a bootstrap token and the join command that uses it.
 pub(super) async fn create(
     s: &Deps,
     r: pb::CreateTokenRequest,
 ) -> Result<Response<pb::CreateTokenResponse>, Status> {
-    validate_cluster_name(&r.cluster).map_err(invalid)?;
-    let ttl = if r.ttl_seconds == 0 {
-        DEFAULT_TOKEN_TTL
-    } else {
-        Duration::from_secs(r.ttl_seconds)
+    let cluster = r.cluster.clone();
+    let new = NewToken {
+        cluster: r.cluster,
+        ttl_seconds: r.ttl_seconds,
+        uses: r.uses,
+        labels: r.labels,
     };
-    if ttl > MAX_TOKEN_TTL {
-        return Err(invalid("token TTL is longer than the limit of 365 days"));
-    }
-    let labels = check_labels("labels", &r.labels)?;
-    let token = BootstrapToken::generate();
-    let now = now_ms();
-    let expires_at_ms = now.saturating_add(ttl.as_millis() as i64);
-    s.store
-        .create_token(TokenRow {
-            id: token.id().to_string(),
-            secret_hash: *token.secret_hash().as_bytes(),
-            cluster: r.cluster.clone(),
-            expires_at_ms,
-            remaining_uses: (r.uses > 0).then_some(r.uses),
-            labels,
-            created_at_ms: now,
-        })
-        .await
-        .map_err(store_status)?;
+    let Issued { token, expires_at_ms } = token::issue(&*s.store, new, now_ms()).await?;
     let ca_hash = s.pki.ca_hash().to_string();
     // Every replica, so the agent can fail over between them.
     let servers = s.join_servers();
     let join_command =
         format!("lksadmin-agent join --server {servers} --token {token} --ca-cert-hash {ca_hash}");
-    tracing::info!(cluster = %r.cluster, token_id = %token.id(), "bootstrap token created");
+    tracing::info!(cluster = %cluster, token_id = %token.id(), "bootstrap token created");
     Ok(Response::new(pb::CreateTokenResponse {
         token: token.to_string(),
         ca_cert_hash: ca_hash,

@@ -3,7 +3,8 @@
 //! policy options in `start/policy.rs`), an operator verb on one
 //! (`verb.rs`), enrolling a node (`enrol.rs`), building the desired state a
 //! node's stream sends (`desired.rs`), creating and changing a cluster
-//! (`cluster.rs`). Each operation takes its request decoded into plain Rust
+//! (`cluster.rs`), issuing a bootstrap token (`token.rs`), and the label
+//! rule requests share (`labels.rs`). Each operation takes its request decoded into plain Rust
 //! and answers plain Rust or an [`OpError`]; none names tonic (the one
 //! generated type here is the desired state, built in its wire form
 //! because it goes out as stored), so an operation reads as its steps and
@@ -17,8 +18,10 @@
 pub mod cluster;
 pub mod desired;
 pub mod enrol;
+pub mod labels;
 pub mod publish;
 pub mod start;
+pub mod token;
 pub mod verb;
 
 use crate::blobs::BlobError;
@@ -27,8 +30,10 @@ use crate::store::StoreError;
 
 pub use cluster::ClusterError;
 pub use enrol::EnrolError;
+pub use labels::LabelsError;
 pub use publish::PublishError;
 pub use start::StartError;
+pub use token::TokenError;
 pub use verb::VerbRefusal;
 
 /// What kind of refusal or failure an error is: how the edge answers it.
@@ -64,6 +69,10 @@ pub enum OpError {
     Cluster(#[from] ClusterError),
     #[error(transparent)]
     Verb(#[from] VerbRefusal),
+    #[error(transparent)]
+    Token(#[from] TokenError),
+    #[error(transparent)]
+    Labels(#[from] LabelsError),
     /// The rollout controller did not carry out a command.
     #[error(transparent)]
     Controller(CommandError),
@@ -100,6 +109,8 @@ impl OpError {
             OpError::Verb(e) => e.kind(),
             OpError::Enrol(e) => e.kind(),
             OpError::Cluster(e) => e.kind(),
+            OpError::Token(e) => e.kind(),
+            OpError::Labels(e) => e.kind(),
             OpError::Controller(CommandError::Gone) => Kind::Unavailable,
             OpError::Controller(CommandError::NoRollout { .. }) => Kind::NotFound,
             OpError::Controller(CommandError::Verb(_)) => Kind::FailedPrecondition,
