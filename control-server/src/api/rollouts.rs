@@ -6,19 +6,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lks_proto::labels::Labels;
-use lks_proto::names::{validate_bundle_name, validate_cluster_name, validate_version};
 use lks_proto::pb;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Response, Status};
 
-use super::{BoxStream, invalid, policy, rollout_pb};
+use super::{BoxStream, policy, rollout_pb};
 use crate::authz::store_status;
 use crate::context::Shared;
 use crate::controller;
+use crate::ops::OpError;
 use crate::ops::start::{self, DrainRequest, PolicyRequest, StartRollout};
 use crate::ops::verb;
-use crate::ops::{OpError, labels};
 use crate::rollout::{Verb, counts};
 use crate::store::{RolloutRow, Store};
 
@@ -51,10 +50,8 @@ pub(super) async fn start(
     r: pb::StartRolloutRequest,
     who: String,
 ) -> Result<Response<pb::Rollout>, Status> {
-    validate_cluster_name(&r.cluster).map_err(invalid)?;
-    validate_bundle_name(&r.bundle).map_err(invalid)?;
-    validate_version(&r.version).map_err(invalid)?;
-    let selector = labels::check("selector", &r.selector).map_err(OpError::from)?;
+    let selector =
+        start::check_names(&r.cluster, &r.bundle, &r.version, &r.selector).map_err(OpError::from)?;
     let row = start::start(s.store.as_ref(), &s.controller, start_request(r, selector, who)).await?;
     Ok(Response::new(rollout_pb(&row)))
 }

@@ -14,6 +14,7 @@ use std::time::Duration;
 use lks_proto::Manifest;
 use lks_proto::labels::{Labels, selector_matches};
 use lks_proto::manifest::check_paths_disjoint;
+use lks_proto::names::{NameError, validate_bundle_name, validate_cluster_name, validate_version};
 
 pub use self::policy::{DrainRequest, PolicyRequest};
 use super::{Kind, OpError};
@@ -57,6 +58,11 @@ pub struct StartRollout {
 /// Why a rollout is not started.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    /// The cluster's, bundle's or version's name is malformed.
+    #[error(transparent)]
+    Name(#[from] NameError),
+    #[error(transparent)]
+    Selector(#[from] super::labels::LabelsError),
     #[error("request ID is {len} bytes, more than {MAX_REQUEST_ID}")]
     RequestIdTooLong { len: usize },
     #[error("request ID {id:?} has {c:?}; use only A-Z a-z 0-9 . _ : / -")]
@@ -125,12 +131,29 @@ impl StartError {
             | StartError::OlderReplica { .. } => Kind::FailedPrecondition,
             StartError::AssignedMissing { .. } => Kind::Internal,
             StartError::Policy(e) => e.kind(),
-            StartError::RequestIdTooLong { .. }
+            StartError::Name(_)
+            | StartError::Selector(_)
+            | StartError::RequestIdTooLong { .. }
             | StartError::RequestIdChar { .. }
             | StartError::BatchTooLarge { .. }
             | StartError::DeadlineTooLong => Kind::Invalid,
         }
     }
+}
+
+/// What a start request names, checked before anything is read, in this
+/// order: the cluster's, bundle's and version's names, then the selector
+/// (returned sorted, as [`StartRollout::selector`] holds it).
+pub fn check_names(
+    cluster: &str,
+    bundle: &str,
+    version: &str,
+    selector: &HashMap<String, String>,
+) -> Result<Labels, StartError> {
+    validate_cluster_name(cluster)?;
+    validate_bundle_name(bundle)?;
+    validate_version(version)?;
+    Ok(super::labels::check("selector", selector)?)
 }
 
 /// Starts the rollout `r` asks for (or answers the one its request ID
@@ -481,6 +504,20 @@ mod tests {
             e.to_string().contains("already started rollout") && e.to_string().contains("k@2"),
             "{e}"
         );
+    }
+    #[test]
+    fn names_are_checked_in_order_then_the_selector() {
+        let none = HashMap::new();
+        let e = |c: &str, b: &str, v: &str, sel: &HashMap<String, String>| {
+            check_names(c, b, v, sel).unwrap_err().to_string()
+        };
+        assert!(e("Bad_Cluster", "Bad_Bundle", "", &none).contains("cluster name"));
+        assert!(e("c", "Bad_Bundle", "", &none).contains("bundle name"));
+        assert!(e("c", "b", "", &none).contains("version"));
+        let bad = HashMap::from([("-x".to_string(), "v".to_string())]);
+        assert!(e("c", "b", "1", &bad).starts_with("selector: "));
+        let sel = HashMap::from([("zone".to_string(), "a".to_string())]);
+        assert_eq!(check_names("c", "b", "1", &sel).unwrap().len(), 1);
     }
 }
 
