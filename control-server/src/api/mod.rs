@@ -25,7 +25,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::Stream;
-use lks_proto::names::validate_node_name;
 use lks_proto::pb::admin_service_server::AdminService;
 use lks_proto::pb::{self};
 use tonic::{Request, Response, Status, Streaming};
@@ -345,12 +344,7 @@ impl AdminService for AdminApi {
         let who = require_admin_caller(&req)?;
         let r = req.into_inner();
         let entry = audit::node(&r.name, serde_json::json!({"reason": r.reason}));
-        let answer = async {
-            validate_node_name(&r.name).map_err(invalid)?;
-            policy::check_reason(&r.reason)?;
-            nodes::set_hold(&self.nodes, &r.name, Some(r.reason.clone()), &who.name).await
-        }
-        .await;
+        let answer = nodes::set_hold(&self.nodes, &r.name, Some(r.reason.clone()), &who.name).await;
         self.audit.record(&who, "HoldNode", entry, &answer).await;
         answer
     }
@@ -373,11 +367,7 @@ impl AdminService for AdminApi {
         let who = require_admin_caller(&req)?;
         let name = req.into_inner().name;
         let entry = audit::node(&name, serde_json::json!({}));
-        let answer = async {
-            validate_node_name(&name).map_err(invalid)?;
-            nodes::set_hold(&self.nodes, &name, None, &who.name).await
-        }
-        .await;
+        let answer = nodes::set_hold(&self.nodes, &name, None, &who.name).await;
         self.audit.record(&who, "UnholdNode", entry, &answer).await;
         answer
     }

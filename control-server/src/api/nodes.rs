@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use lks_proto::names::{validate_bundle_name, validate_node_name};
+use lks_proto::names::validate_node_name;
 use lks_proto::pb;
 use tonic::{Response, Status};
 
@@ -16,7 +16,8 @@ use crate::context::Shared;
 use crate::hub::Hub;
 use crate::kube::nodes::{absent_pb, unreachable_pb};
 use crate::kube::tenant::TenantApis;
-use crate::store::{EventRow, NodeRow, NodeTrust, Store};
+use crate::ops::node;
+use crate::store::{NodeRow, NodeTrust, Store};
 
 /// What the node handlers use: the store, and whom to tell when a node
 /// is held, released, deleted or asked to retry (its stream, the rollout
@@ -130,10 +131,7 @@ pub(super) async fn delete(
     req: pb::DeleteNodeRequest,
 ) -> Result<Response<pb::DeleteNodeResponse>, Status> {
     let name = req.name;
-    validate_node_name(&name).map_err(invalid)?;
-    if !s.store.delete_node(&name).await.map_err(store_status)? {
-        return Err(Status::not_found(format!("node {name} does not exist")));
-    }
+    node::delete(s.store.as_ref(), &name).await?;
     s.hub.kick(&name);
     s.rollouts_changed.notify_one();
     tracing::info!(node = %name, "node deleted; its certificate no longer works");
@@ -146,27 +144,7 @@ pub(super) async fn retry(
     r: pb::RetryNodeRequest,
     who: String,
 ) -> Result<Response<pb::RetryNodeResponse>, Status> {
-    validate_node_name(&r.name).map_err(invalid)?;
-    if !r.bundle.is_empty() {
-        validate_bundle_name(&r.bundle).map_err(invalid)?;
-    }
-    let bundles = s
-        .store
-        .retry_node(
-            &r.name,
-            (!r.bundle.is_empty()).then_some(r.bundle.as_str()),
-            &who,
-            now_ms(),
-        )
-        .await
-        .map_err(store_status)?
-        .ok_or_else(|| Status::not_found(format!("node {} does not exist", r.name)))?;
-    if bundles.is_empty() {
-        return Err(Status::failed_precondition(format!(
-            "node {} has no bundle to retry",
-            r.name
-        )));
-    }
+    let bundles = node::retry(s.store.as_ref(), &r.name, &r.bundle, &who, now_ms()).await?;
     s.hub.notify(&r.name);
     tracing::info!(node = %r.name, admin = %who, ?bundles, "retry requested");
     Ok(Response::new(pb::RetryNodeResponse { bundles }))
@@ -179,25 +157,11 @@ pub(super) async fn set_hold(
     hold: Option<String>,
     who: &str,
 ) -> Result<Response<pb::Node>, Status> {
-    let event = EventRow::hold("", name, hold.as_deref(), who, now_ms());
     let held = hold.is_some();
-    if !s
-        .store
-        .set_node_hold(name, hold, event)
-        .await
-        .map_err(store_status)?
-    {
-        return Err(Status::not_found(format!("node {name} does not exist")));
-    }
+    let row = node::set_hold(s.store.as_ref(), name, hold, who, now_ms()).await?;
     tracing::info!(node = %name, admin = %who, held, "node hold changed");
     // A released node may catch up now.
     s.rollouts_changed.notify_one();
-    let row = s
-        .store
-        .get_node(name)
-        .await
-        .map_err(store_status)?
-        .ok_or_else(|| Status::not_found(format!("node {name} does not exist")))?;
     Ok(Response::new(node_pb(s, row)))
 }
 

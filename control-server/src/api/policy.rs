@@ -1,18 +1,13 @@
-//! The admin API's rollout-policy half: maintenance windows of clusters,
-//! holds of nodes, checked and turned into store rows; and the rollout as
-//! the API shows it. (A rollout start's policy options are checked by
-//! `ops::start`.)
+//! The admin API's rollout-policy views: a cluster with its maintenance
+//! windows, and the rollout, as the API shows them. (A rollout start's
+//! policy options are checked by `ops::start`, a node's hold by
+//! `ops::node`.)
 
 use lks_proto::pb;
-use tonic::Status;
 
-use super::invalid;
 use crate::rollout::counts;
 use crate::store::{ClusterRow, NodeState, RolloutRow, RolloutState};
 use crate::windows;
-
-/// Longest hold reason.
-const MAX_REASON: usize = 512;
 
 /// A cluster as the API shows it, with whether a window is open at `now_ms`.
 pub fn cluster_pb(c: ClusterRow, now_ms: i64) -> pb::Cluster {
@@ -45,20 +40,6 @@ pub fn cluster_pb(c: ClusterRow, now_ms: i64) -> pb::Cluster {
         drain: c.kube.drain,
         kube_probe: String::new(),
     }
-}
-
-/// Checks a hold reason.
-pub fn check_reason(reason: &str) -> Result<(), Status> {
-    if reason.len() > MAX_REASON {
-        return Err(invalid(format!(
-            "hold reason is {} bytes; the limit is {MAX_REASON}",
-            reason.len()
-        )));
-    }
-    if reason.chars().any(char::is_control) {
-        return Err(invalid("hold reason must be one line of printable text"));
-    }
-    Ok(())
 }
 
 fn rollout_state_pb(s: RolloutState) -> pb::RolloutState {

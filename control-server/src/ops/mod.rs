@@ -3,7 +3,8 @@
 //! policy options in `start/policy.rs`), an operator verb on one
 //! (`verb.rs`), enrolling a node (`enrol.rs`), building the desired state a
 //! node's stream sends (`desired.rs`), creating and changing a cluster
-//! (`cluster.rs`), issuing a bootstrap token (`token.rs`), and the label
+//! (`cluster.rs`), issuing a bootstrap token (`token.rs`), deleting,
+//! retrying, holding and releasing a node (`node.rs`), and the label
 //! rule requests share (`labels.rs`). Each operation takes its request decoded into plain Rust
 //! and answers plain Rust or an [`OpError`]; none names tonic (the one
 //! generated type here is the desired state, built in its wire form
@@ -19,6 +20,7 @@ pub mod cluster;
 pub mod desired;
 pub mod enrol;
 pub mod labels;
+pub mod node;
 pub mod publish;
 pub mod start;
 pub mod token;
@@ -31,6 +33,7 @@ use crate::store::StoreError;
 pub use cluster::ClusterError;
 pub use enrol::EnrolError;
 pub use labels::LabelsError;
+pub use node::NodeError;
 pub use publish::PublishError;
 pub use start::StartError;
 pub use token::TokenError;
@@ -73,6 +76,8 @@ pub enum OpError {
     Token(#[from] TokenError),
     #[error(transparent)]
     Labels(#[from] LabelsError),
+    #[error(transparent)]
+    Node(#[from] NodeError),
     /// The rollout controller did not carry out a command.
     #[error(transparent)]
     Controller(CommandError),
@@ -111,6 +116,7 @@ impl OpError {
             OpError::Cluster(e) => e.kind(),
             OpError::Token(e) => e.kind(),
             OpError::Labels(e) => e.kind(),
+            OpError::Node(e) => e.kind(),
             OpError::Controller(CommandError::Gone) => Kind::Unavailable,
             OpError::Controller(CommandError::NoRollout { .. }) => Kind::NotFound,
             OpError::Controller(CommandError::Verb(_)) => Kind::FailedPrecondition,
