@@ -1,27 +1,22 @@
 //! The admin API's signed releases and trust roots (issue [trust]):
 //! `PublishRelease`, `ListReleases`, `PublishRoot`, `ListRoots`.
 //!
-//! The server cannot check a record's signatures (it does not know the
-//! nodes' roots; they do). It checks what it can: the record's own rules
-//! (`lks_proto::release`), that its cluster exists, that every bundle
-//! version a release names is published with that manifest digest, and
-//! the version order the store settles atomically. A stored record is sent
-//! to the cluster's connected nodes at once (`crate::releases`).
+//! What the server checks before it stores a record is `ops::release`'s.
+//! A stored record is sent to the cluster's connected nodes at once
+//! (`crate::releases`).
 
 use std::sync::Arc;
 
-use lks_proto::names::validate_cluster_name;
 use lks_proto::pb;
-use lks_proto::release::{SignedRelease, SignedRoot};
 use tonic::{Response, Status};
 
-use super::invalid;
 use crate::authz::store_status;
 use crate::clock::now_ms;
 use crate::context::Shared;
 use crate::hub::Hub;
+use crate::ops::release;
 use crate::releases::{ReleaseCache, notify_cluster};
-use crate::store::{Hint, Kind, ReleaseRow, RootRow, Store, StoreError, Stored, StoredRelease, StoredRoot};
+use crate::store::{ReleaseRow, RootRow, Store, Stored};
 
 /// The most one `ListReleases` answer holds, in encoded releases (gRPC
 /// messages are limited to 4 MiB; a release may be 128 KiB).
@@ -55,19 +50,6 @@ impl Deps {
     }
 }
 
-/// Refuses an unknown cluster with the way to make it.
-async fn require_cluster(s: &Deps, cluster: &str) -> Result<(), Status> {
-    validate_cluster_name(cluster).map_err(invalid)?;
-    if !s.store.cluster_exists(cluster).await.map_err(store_status)? {
-        return Err(store_status(StoreError::not_found_hint(
-            Kind::Cluster,
-            cluster,
-            Hint::CreateCluster,
-        )));
-    }
-    Ok(())
-}
-
 pub(super) fn release_info(r: &ReleaseRow) -> pb::ReleaseInfo {
     pb::ReleaseInfo {
         release: Some(r.release.wire().clone()),
@@ -89,48 +71,13 @@ pub(super) async fn publish(
     s: &Deps,
     r: pb::PublishReleaseRequest,
 ) -> Result<Response<pb::ReleaseInfo>, Status> {
-    let signed = r
-        .release
-        .ok_or_else(|| invalid("no release given"))
-        .and_then(|m| SignedRelease::try_from(m).map_err(invalid))?;
-    let rel = &signed.release;
-    let cluster = rel.channel.clone();
-    require_cluster(s, &cluster).await?;
-    // In name order (the record's), so the first mismatch named is stable.
-    for (name, b) in &rel.bundles {
-        let id = format!("{name}@{}", b.version);
-        let Some(stored) = s.store.get_bundle(name, &b.version).await.map_err(store_status)? else {
-            return Err(Status::failed_precondition(format!(
-                "{}: bundle {id} is not published; publish it before releasing it",
-                rel.id()
-            )));
-        };
-        if stored.manifest_digest != b.manifest_digest {
-            return Err(Status::failed_precondition(format!(
-                "{}: bundle {id} is published with manifest digest {}, the release names {}",
-                rel.id(),
-                stored.manifest_digest,
-                b.manifest_digest
-            )));
-        }
-    }
-    let version = rel.version;
-    let stored = StoredRelease::new(signed);
-    let outcome = s
-        .store
-        .put_release(stored.clone(), now_ms())
-        .await
-        .map_err(store_status)?;
-    tracing::info!(cluster = %cluster, version, digest = %stored.digest(), ?outcome, "release published");
+    let (row, outcome) = release::publish(s.store.as_ref(), r.release, now_ms()).await?;
+    let cluster = row.release.cluster().to_string();
+    tracing::info!(cluster = %cluster, version = row.release.version(), digest = %row.release.digest(), ?outcome, "release published");
     if outcome == Stored::Created {
         s.announce(&cluster).await;
     }
-    let rows = s.store.list_releases(&cluster, 0).await.map_err(store_status)?;
-    let row = rows
-        .iter()
-        .find(|r| r.release.version() == version)
-        .ok_or_else(|| Status::internal(format!("release {version} of {cluster} vanished once stored")))?;
-    Ok(Response::new(release_info(row)))
+    Ok(Response::new(release_info(&row)))
 }
 
 /// `ListReleases`.
@@ -138,7 +85,7 @@ pub(super) async fn list(
     s: &Deps,
     r: pb::ListReleasesRequest,
 ) -> Result<Response<pb::ListReleasesResponse>, Status> {
-    require_cluster(s, &r.cluster).await?;
+    release::require_cluster(s.store.as_ref(), &r.cluster).await?;
     let rows = s
         .store
         .list_releases(&r.cluster, r.limit)
@@ -162,29 +109,12 @@ pub(super) async fn publish_root(
     s: &Deps,
     r: pb::PublishRootRequest,
 ) -> Result<Response<pb::RootInfo>, Status> {
-    require_cluster(s, &r.cluster).await?;
-    let signed = r
-        .root
-        .ok_or_else(|| invalid("no trust root given"))
-        .and_then(|m| SignedRoot::try_from(m).map_err(invalid))?;
-    let version = signed.root.version;
-    let outcome = s
-        .store
-        .put_root(&r.cluster, StoredRoot::new(signed), now_ms())
-        .await
-        .map_err(store_status)?;
-    tracing::info!(cluster = %r.cluster, version, ?outcome, "trust root published");
+    let (row, outcome) = release::publish_root(s.store.as_ref(), &r.cluster, r.root, now_ms()).await?;
+    tracing::info!(cluster = %r.cluster, version = row.root.version(), ?outcome, "trust root published");
     if outcome == Stored::Created {
         s.announce(&r.cluster).await;
     }
-    let rows = s.store.list_roots(&r.cluster).await.map_err(store_status)?;
-    let row = rows.iter().find(|x| x.root.version() == version).ok_or_else(|| {
-        Status::internal(format!(
-            "trust root {version} of {} vanished once stored",
-            r.cluster
-        ))
-    })?;
-    Ok(Response::new(root_info(row)))
+    Ok(Response::new(root_info(&row)))
 }
 
 /// `ListRoots`.
@@ -192,7 +122,7 @@ pub(super) async fn list_roots(
     s: &Deps,
     r: pb::ListRootsRequest,
 ) -> Result<Response<pb::ListRootsResponse>, Status> {
-    require_cluster(s, &r.cluster).await?;
+    release::require_cluster(s.store.as_ref(), &r.cluster).await?;
     let rows = s.store.list_roots(&r.cluster).await.map_err(store_status)?;
     Ok(Response::new(pb::ListRootsResponse {
         roots: rows.iter().map(root_info).collect(),

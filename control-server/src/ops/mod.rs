@@ -4,7 +4,8 @@
 //! (`verb.rs`), enrolling a node (`enrol.rs`), building the desired state a
 //! node's stream sends (`desired.rs`), creating and changing a cluster
 //! (`cluster.rs`), issuing a bootstrap token (`token.rs`), deleting,
-//! retrying, holding and releasing a node (`node.rs`), and the label
+//! retrying, holding and releasing a node (`node.rs`), publishing a
+//! cluster's signed releases and trust roots (`release.rs`), and the label
 //! rule requests share (`labels.rs`). Each operation takes its request decoded into plain Rust
 //! and answers plain Rust or an [`OpError`]; none names tonic (the one
 //! generated type here is the desired state, built in its wire form
@@ -22,6 +23,7 @@ pub mod enrol;
 pub mod labels;
 pub mod node;
 pub mod publish;
+pub mod release;
 pub mod start;
 pub mod token;
 pub mod verb;
@@ -35,6 +37,7 @@ pub use enrol::EnrolError;
 pub use labels::LabelsError;
 pub use node::NodeError;
 pub use publish::PublishError;
+pub use release::ReleaseError;
 pub use start::StartError;
 pub use token::TokenError;
 pub use verb::VerbRefusal;
@@ -78,6 +81,8 @@ pub enum OpError {
     Labels(#[from] LabelsError),
     #[error(transparent)]
     Node(#[from] NodeError),
+    #[error(transparent)]
+    Release(#[from] ReleaseError),
     /// The rollout controller did not carry out a command.
     #[error(transparent)]
     Controller(CommandError),
@@ -117,6 +122,7 @@ impl OpError {
             OpError::Token(e) => e.kind(),
             OpError::Labels(e) => e.kind(),
             OpError::Node(e) => e.kind(),
+            OpError::Release(e) => e.kind(),
             OpError::Controller(CommandError::Gone) => Kind::Unavailable,
             OpError::Controller(CommandError::NoRollout { .. }) => Kind::NotFound,
             OpError::Controller(CommandError::Verb(_)) => Kind::FailedPrecondition,
