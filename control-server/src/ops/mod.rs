@@ -4,7 +4,8 @@
 //! (`verb.rs`), enrolling a node (`enrol.rs`), building the desired state a
 //! node's stream sends (`desired.rs`), creating and changing a cluster
 //! (`cluster.rs`), issuing a bootstrap token (`token.rs`), deleting,
-//! retrying, holding and releasing a node (`node.rs`), publishing a
+//! retrying, holding and releasing a node (`node.rs`), reading and
+//! deleting a published bundle version (`bundle.rs`), publishing a
 //! cluster's signed releases and trust roots (`release.rs`), and the label
 //! rule requests share (`labels.rs`). Each operation takes its request decoded into plain Rust
 //! and answers plain Rust or an [`OpError`]; none names tonic (the one
@@ -17,6 +18,7 @@
 //! in one place) and above the store, the blob store, the PKI, the
 //! metrics and the rollout modules it drives. It never names `api`.
 
+pub mod bundle;
 pub mod cluster;
 pub mod desired;
 pub mod enrol;
@@ -32,6 +34,7 @@ use crate::blobs::BlobError;
 use crate::controller::CommandError;
 use crate::store::StoreError;
 
+pub use bundle::BundleError;
 pub use cluster::ClusterError;
 pub use enrol::EnrolError;
 pub use labels::LabelsError;
@@ -83,6 +86,8 @@ pub enum OpError {
     Node(#[from] NodeError),
     #[error(transparent)]
     Release(#[from] ReleaseError),
+    #[error(transparent)]
+    Bundle(#[from] BundleError),
     /// The rollout controller did not carry out a command.
     #[error(transparent)]
     Controller(CommandError),
@@ -123,6 +128,7 @@ impl OpError {
             OpError::Labels(e) => e.kind(),
             OpError::Node(e) => e.kind(),
             OpError::Release(e) => e.kind(),
+            OpError::Bundle(e) => e.kind(),
             OpError::Controller(CommandError::Gone) => Kind::Unavailable,
             OpError::Controller(CommandError::NoRollout { .. }) => Kind::NotFound,
             OpError::Controller(CommandError::Verb(_)) => Kind::FailedPrecondition,

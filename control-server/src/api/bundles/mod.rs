@@ -6,19 +6,14 @@ mod publish;
 
 pub(super) use publish::publish;
 
-use std::collections::BTreeMap;
-
-use lks_proto::names::{validate_bundle_name, validate_version};
 use lks_proto::pb;
-use lks_proto::{Digest, Manifest};
 use tonic::{Response, Status};
 
-use super::invalid;
 use crate::authz::store_status;
 use crate::clock::now_ms;
 use crate::context::Shared;
-use crate::store::Store;
-use crate::store::{BundleRow, EventRow, StoreError};
+use crate::ops::bundle::{self, held_blobs};
+use crate::store::{BundleRow, Store};
 
 /// What the bundle handlers use: the store, and what a publish uses
 /// besides (the blobs it uploads into, the metrics it counts them in).
@@ -58,7 +53,7 @@ pub(super) async fn list(
 
 /// `GetBundle`: the signed bundle as published.
 pub(super) async fn get(s: &Deps, req: pb::GetBundleRequest) -> Result<Response<pb::Bundle>, Status> {
-    let row = published(s, &req).await?;
+    let row = bundle::published(s.store.as_ref(), &req.name, &req.version).await?;
     let bundle = pb::SignedBundle::from(row.bundle.signed());
     let deltas = s
         .store
@@ -92,77 +87,13 @@ pub(super) async fn delete(
     r: pb::GetBundleRequest,
     who: String,
 ) -> Result<Response<pb::DeleteBundleResponse>, Status> {
-    // A version stored unreadable can still be deleted; what it held is
-    // not known then, and none of it is counted.
-    let held = match stored(s, &r).await? {
-        Ok(Some(row)) => held_blobs(row.bundle.manifest()),
-        Ok(None) => return Err(not_published(&r)),
-        Err(e @ StoreError::Corrupt { .. }) => {
-            tracing::warn!(error = %e, "deleting a bundle version stored unreadable");
-            BTreeMap::new()
-        }
-        Err(e) => return Err(store_status(e)),
-    };
-    let id = format!("{}@{}", r.name, r.version);
-    s.store
-        .delete_bundle(&r.name, &r.version)
-        .await
-        .map_err(|e| match e {
-            StoreError::NotFound { .. } => Status::not_found(format!("bundle {id} is not published")),
-            e => store_status(e),
-        })?;
-    let (still, _) = s.store.referenced_blobs().await.map_err(store_status)?;
-    let reclaimable_bytes = held
-        .iter()
-        .filter(|(d, _)| !still.contains(d))
-        .map(|(_, size)| size)
-        .sum();
-    s.store
-        .add_event(EventRow::bundle(
-            "bundle_deleted",
-            &r.name,
-            &r.version,
-            format!("by {who}; {reclaimable_bytes} bytes to reclaim"),
-            now_ms(),
-        ))
-        .await
-        .map_err(store_status)?;
-    tracing::info!(bundle = %id, by = %who, reclaimable_bytes, "bundle deleted");
+    let reclaimable_bytes = bundle::delete(s.store.as_ref(), &r.name, &r.version, &who, now_ms()).await?;
+    tracing::info!(bundle = %format!("{}@{}", r.name, r.version), by = %who, reclaimable_bytes, "bundle deleted");
     Ok(Response::new(pb::DeleteBundleResponse {
         name: r.name,
         version: r.version,
         reclaimable_bytes,
     }))
-}
-
-/// The published version a request names; `not_found` if there is none.
-async fn published(s: &Deps, r: &pb::GetBundleRequest) -> Result<BundleRow, Status> {
-    stored(s, r)
-        .await?
-        .map_err(store_status)?
-        .ok_or_else(|| not_published(r))
-}
-
-/// What the store answers for the version a request names, once the name
-/// and version are valid.
-async fn stored(s: &Deps, r: &pb::GetBundleRequest) -> Result<Result<Option<BundleRow>, StoreError>, Status> {
-    validate_bundle_name(&r.name).map_err(invalid)?;
-    validate_version(&r.version).map_err(invalid)?;
-    Ok(s.store.get_bundle(&r.name, &r.version).await)
-}
-
-fn not_published(r: &pb::GetBundleRequest) -> Status {
-    Status::not_found(format!("bundle {}@{} is not published", r.name, r.version))
-}
-
-/// The distinct blobs a bundle version has the server hold, with their
-/// sizes (files without a mirror URL).
-fn held_blobs(m: &Manifest) -> BTreeMap<Digest, u64> {
-    m.files
-        .iter()
-        .filter(|f| f.url.is_none())
-        .map(|f| (f.digest, f.size))
-        .collect()
 }
 
 fn bundle_info(b: BundleRow) -> pb::BundleInfo {
