@@ -5,11 +5,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use lks_proto::names::validate_node_name;
 use lks_proto::pb;
 use tonic::{Response, Status};
 
-use super::{clusters, invalid};
+use super::clusters;
 use crate::authz::store_status;
 use crate::clock::now_ms;
 use crate::context::Shared;
@@ -47,14 +46,7 @@ pub(super) async fn list(
     req: pb::ListNodesRequest,
 ) -> Result<Response<pb::ListNodesResponse>, Status> {
     let cluster = req.cluster;
-    if !cluster.is_empty() && !s.store.cluster_exists(&cluster).await.map_err(store_status)? {
-        return Err(Status::not_found(format!("cluster {cluster} does not exist")));
-    }
-    let rows = s
-        .store
-        .list_nodes((!cluster.is_empty()).then_some(cluster.as_str()))
-        .await
-        .map_err(store_status)?;
+    let rows = node::list(s.store.as_ref(), &cluster).await?;
     // Each node's newest certificate per bundle and path, so `node
     // list` can say which nodes hold expired ones.
     let now = now_ms();
@@ -107,14 +99,7 @@ async fn add_kube(s: &Deps, nodes: &mut [pb::Node]) {
 
 /// `GetNode`: one node with its certificates.
 pub(super) async fn get(s: &Deps, req: pb::GetNodeRequest) -> Result<Response<pb::Node>, Status> {
-    let name = req.name;
-    validate_node_name(&name).map_err(invalid)?;
-    let row = s
-        .store
-        .get_node(&name)
-        .await
-        .map_err(store_status)?
-        .ok_or_else(|| Status::not_found(format!("node {name} does not exist")))?;
+    let row = node::get(s.store.as_ref(), &req.name).await?;
     let certificates = clusters::node_certs(s.store.as_ref(), &row.cluster, &row.name, now_ms()).await?;
     let mut node = [pb::Node {
         certificates,

@@ -1,4 +1,5 @@
-//! What an operator does to one node: delete it (its certificate stops
+//! What an operator reads of nodes (a cluster's, or one) and does to one
+//! node: delete it (its certificate stops
 //! working), ask it to retry a failed bundle (or every one), hold it out of
 //! rollouts with a reason, or release it. Each names the node first, then
 //! what it asks, and answers what the store did; the caller tells the
@@ -7,7 +8,7 @@
 use lks_proto::names::{NameError, validate_bundle_name, validate_node_name};
 
 use super::{Kind, OpError};
-use crate::store::{EventRow, NodeRow, NodeStore};
+use crate::store::{ClusterStore, EventRow, NodeRow, NodeStore};
 
 /// The longest hold reason, in bytes.
 const MAX_REASON: usize = 512;
@@ -15,6 +16,8 @@ const MAX_REASON: usize = 512;
 /// Why an operation on a node was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
+    #[error("cluster {cluster} does not exist")]
+    NoCluster { cluster: String },
     /// The node's or the bundle's name is malformed.
     #[error(transparent)]
     Name(#[from] NameError),
@@ -34,7 +37,7 @@ impl NodeError {
             NodeError::Name(_) | NodeError::ReasonTooLong { .. } | NodeError::ReasonNotOneLine => {
                 Kind::Invalid
             }
-            NodeError::NotFound { .. } => Kind::NotFound,
+            NodeError::NotFound { .. } | NodeError::NoCluster { .. } => Kind::NotFound,
             NodeError::NothingToRetry { .. } => Kind::FailedPrecondition,
         }
     }
@@ -42,6 +45,27 @@ impl NodeError {
 
 fn not_found(name: &str) -> OpError {
     NodeError::NotFound { name: name.into() }.into()
+}
+
+/// Node `name` as stored.
+pub async fn get(store: &(impl NodeStore + ?Sized), name: &str) -> Result<NodeRow, OpError> {
+    validate_node_name(name).map_err(NodeError::from)?;
+    store.get_node(name).await?.ok_or_else(|| not_found(name))
+}
+
+/// The nodes of `cluster` (empty: every node); an unknown cluster is
+/// refused.
+pub async fn list(
+    store: &(impl NodeStore + ClusterStore + ?Sized),
+    cluster: &str,
+) -> Result<Vec<NodeRow>, OpError> {
+    if !cluster.is_empty() && !store.cluster_exists(cluster).await? {
+        return Err(NodeError::NoCluster {
+            cluster: cluster.into(),
+        }
+        .into());
+    }
+    Ok(store.list_nodes((!cluster.is_empty()).then_some(cluster)).await?)
 }
 
 /// Deletes node `name`: its certificate no longer works.
