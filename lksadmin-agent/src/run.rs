@@ -86,15 +86,7 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<RunEnd, 
     let dirs = StateDir::new(&opts.state_dir);
     let cfg = dirs.load_config()?;
     let trusted = dirs.trusted_keys()?;
-    let trust =
-        crate::apply::trust::Trust::open(&dirs.trust(), &cfg.cluster, trusted.clone(), cfg.trust_threshold);
-    if trust.is_on() {
-        tracing::info!(threshold = cfg.trust_threshold, "signed release records required");
-        let r = trust.report(crate::clock::now_ms());
-        if r.state == crate::apply::trust::Condition::Refused.as_str() {
-            tracing::error!("release trust: {}; applying no new versions", r.message);
-        }
-    }
+    let trust = open_trust(&dirs, &cfg, trusted.clone());
     let root = opts.root.clone().unwrap_or_else(|| cfg.root.clone());
     let channel = SharedChannel::default();
     let (status_tx, status_rx) = watch::channel(StatusSnapshot::default());
@@ -126,36 +118,13 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<RunEnd, 
     .with_issuer(crate::link::issuer::NetIssuer::new(channel.clone()))
     .with_trust(trust);
 
-    let (ready_tx, ready_rx) = oneshot::channel();
-    let engine_cancel = cancel.clone();
     let handover = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let engine_handover = handover.clone();
-    let engine_dirs = dirs.clone();
-    let heal_interval = opts.heal_interval;
-    let engine_thread = std::thread::Builder::new()
-        .name("lks-engine".into())
-        .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    tracing::error!("start the engine runtime: {e}");
-                    return;
-                }
-            };
-            rt.block_on(engine_loop(
-                engine,
-                engine_dirs,
-                desired_rx,
-                cmd_rx,
-                heal_interval,
-                Stop {
-                    cancel: engine_cancel,
-                    handover: engine_handover,
-                },
-                ready_tx,
-            ));
-        })
-        .map_err(|e| RunError::Thread(e.to_string()))?;
+    let stop = Stop {
+        cancel: cancel.clone(),
+        handover: handover.clone(),
+    };
+    let (engine_thread, ready_rx) =
+        spawn_engine(engine, dirs.clone(), desired_rx, cmd_rx, opts.heal_interval, stop)?;
 
     tokio::select! {
         r = ready_rx => if r.is_err() {
@@ -195,8 +164,73 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<RunEnd, 
     );
     tasks.spawn(renew::renewal_loop(dirs.clone(), channel, cancel.clone()));
 
-    // The main loop: the watchdog proves it keeps turning; the status file
-    // is refreshed so `status` can tell a live agent from a dead one.
+    keep_alive(&cancel, &conn_file).await;
+    notify::stopping();
+    tracing::info!("stopping");
+    shut_down(tasks, engine_thread, &conn_file).await;
+    if handover.load(std::sync::atomic::Ordering::SeqCst) {
+        return Ok(RunEnd::HandOver);
+    }
+    Ok(RunEnd::Stopped)
+}
+
+/// Opens the release trust and says at start whether it is required, and
+/// refused.
+fn open_trust(
+    dirs: &StateDir,
+    cfg: &crate::config::AgentConfig,
+    trusted: Vec<lks_proto::sign::PublisherKey>,
+) -> crate::apply::trust::Trust {
+    let trust = crate::apply::trust::Trust::open(&dirs.trust(), &cfg.cluster, trusted, cfg.trust_threshold);
+    if trust.is_on() {
+        tracing::info!(threshold = cfg.trust_threshold, "signed release records required");
+        let r = trust.report(crate::clock::now_ms());
+        if r.state == crate::apply::trust::Condition::Refused.as_str() {
+            tracing::error!("release trust: {}; applying no new versions", r.message);
+        }
+    }
+    trust
+}
+
+/// Starts the engine on a thread (and current-thread runtime) of its own;
+/// the receiver fires once the local state is loaded.
+fn spawn_engine(
+    engine: Engine,
+    dirs: StateDir,
+    desired_rx: watch::Receiver<Option<Received>>,
+    cmd_rx: mpsc::Receiver<EngineCmd>,
+    heal_interval: Duration,
+    stop: Stop,
+) -> Result<(std::thread::JoinHandle<()>, oneshot::Receiver<()>), RunError> {
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let engine_thread = std::thread::Builder::new()
+        .name("lks-engine".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!("start the engine runtime: {e}");
+                    return;
+                }
+            };
+            rt.block_on(engine_loop(
+                engine,
+                dirs,
+                desired_rx,
+                cmd_rx,
+                heal_interval,
+                stop,
+                ready_tx,
+            ));
+        })
+        .map_err(|e| RunError::Thread(e.to_string()))?;
+    Ok((engine_thread, ready_rx))
+}
+
+/// The main loop until `cancel`: the watchdog proves it keeps turning; the
+/// status file is refreshed so `status` can tell a live agent from a dead
+/// one.
+async fn keep_alive(cancel: &CancellationToken, conn_file: &ConnStatusFile) {
     let watchdog = notify::watchdog_interval();
     let mut wd = tokio::time::interval(
         watchdog
@@ -214,8 +248,15 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<RunEnd, 
             }
         }
     }
-    notify::stopping();
-    tracing::info!("stopping");
+}
+
+/// Waits a bounded grace for the tasks and the engine thread, then marks
+/// the agent gone in the status file.
+async fn shut_down(
+    mut tasks: JoinSet<()>,
+    engine_thread: std::thread::JoinHandle<()>,
+    conn_file: &ConnStatusFile,
+) {
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
         while tasks.join_next().await.is_some() {}
     })
@@ -231,10 +272,6 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<RunEnd, 
         c.connected = false;
         c.pid = 0;
     });
-    if handover.load(std::sync::atomic::Ordering::SeqCst) {
-        return Ok(RunEnd::HandOver);
-    }
-    Ok(RunEnd::Stopped)
 }
 
 /// Starts and stops peer sharing as the desired states say, and looks
@@ -271,35 +308,14 @@ async fn engine_loop(
     ready: oneshot::Sender<()>,
 ) {
     let Stop { cancel, handover } = stop;
-    if let Err(e) = engine.recover().await {
-        tracing::error!("settle the interrupted transaction: {e}");
-    }
-    if let Err(e) = engine.resume_self_update().await {
-        tracing::error!("pick up the self-update in progress: {e}");
-    }
-    engine.publish_now();
-    let _ = ready.send(());
-    let mut desired = match state::load_desired(&dirs.desired()) {
-        Ok(d) => d.map(Arc::new),
-        Err(e) => {
-            tracing::error!("load the last desired state: {e}");
-            None
-        }
-    };
+    let mut desired = settle_and_load(&mut engine, &dirs, ready).await;
     if let Some(d) = &desired {
         reconcile(&mut engine, d, false).await;
     }
     if handing_over(&engine, &handover, &cancel) {
         return;
     }
-    // Heals on inotify where it works; the periodic pass runs either way.
-    let mut drift = match DriftWatcher::new() {
-        Ok(w) => Some(w),
-        Err(e) => {
-            tracing::warn!("inotify unavailable ({e}): drift is repaired by the periodic pass only");
-            None
-        }
-    };
+    let mut drift = open_drift_watcher();
     watch_managed(&mut drift, &engine);
     let mut last_drift_heal: Option<tokio::time::Instant> = None;
     let mut drift_heal_at: Option<tokio::time::Instant> = None;
@@ -320,23 +336,7 @@ async fn engine_loop(
                 reconcile(&mut engine, &d, true).await;
                 desired = Some(d);
             }
-            Some(cmd) = cmd_rx.recv() => match cmd {
-                EngineCmd::HealNow => {
-                    heal(&mut engine).await;
-                }
-                EngineCmd::Connected => {
-                    // A new agent on trial has now reconnected: its Hello
-                    // is in, and the status this commit publishes follows.
-                    if engine.on_trial()
-                        && let Err(e) = engine.commit_self_update()
-                    {
-                        tracing::error!("commit the self-update: {e}");
-                    }
-                    if let Some(d) = &desired && needs_retry(&engine) {
-                        reconcile(&mut engine, d, false).await;
-                    }
-                }
-            },
+            Some(cmd) = cmd_rx.recv() => command(&mut engine, cmd, desired.as_deref()).await,
             _ = heal_tick.tick() => {
                 heal(&mut engine).await;
                 engine.refresh_trust();
@@ -354,17 +354,9 @@ async fn engine_loop(
             }
             // A change schedules a heal instead of waiting here, so new
             // desired states are not held up meanwhile.
-            r = drift_changed(&mut drift), if drift_heal_at.is_none() => match r {
-                Ok(()) => {
-                    let settled = tokio::time::Instant::now() + DRIFT_SETTLE;
-                    let gap = last_drift_heal.map_or(settled, |t| t + DRIFT_MIN_GAP);
-                    drift_heal_at = Some(settled.max(gap));
-                }
-                Err(e) => {
-                    tracing::warn!("inotify failed ({e}): drift is repaired by the periodic pass only");
-                    drift = None;
-                }
-            },
+            r = drift_changed(&mut drift), if drift_heal_at.is_none() => {
+                drift_heal_at = schedule_drift_heal(r, &mut drift, last_drift_heal);
+            }
             _ = sleep_until_some(trust_at) => {
                 engine.refresh_trust();
             }
@@ -386,6 +378,87 @@ async fn engine_loop(
         trust_at = engine.trust_wakeup().map(|d| tokio::time::Instant::now() + d);
         if handing_over(&engine, &handover, &cancel) {
             break;
+        }
+    }
+}
+
+/// Settles what a restart interrupted (a transaction, a self-update),
+/// publishes the status, says the engine is ready, and loads the last
+/// desired state.
+async fn settle_and_load(
+    engine: &mut Engine,
+    dirs: &StateDir,
+    ready: oneshot::Sender<()>,
+) -> Option<Arc<Desired>> {
+    if let Err(e) = engine.recover().await {
+        tracing::error!("settle the interrupted transaction: {e}");
+    }
+    if let Err(e) = engine.resume_self_update().await {
+        tracing::error!("pick up the self-update in progress: {e}");
+    }
+    engine.publish_now();
+    let _ = ready.send(());
+    match state::load_desired(&dirs.desired()) {
+        Ok(d) => d.map(Arc::new),
+        Err(e) => {
+            tracing::error!("load the last desired state: {e}");
+            None
+        }
+    }
+}
+
+/// Heals on inotify where it works; the periodic pass runs either way.
+fn open_drift_watcher() -> Option<DriftWatcher> {
+    match DriftWatcher::new() {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::warn!("inotify unavailable ({e}): drift is repaired by the periodic pass only");
+            None
+        }
+    }
+}
+
+/// A command from the connection.
+async fn command(engine: &mut Engine, cmd: EngineCmd, desired: Option<&Desired>) {
+    match cmd {
+        EngineCmd::HealNow => {
+            heal(engine).await;
+        }
+        EngineCmd::Connected => {
+            // A new agent on trial has now reconnected: its Hello is in,
+            // and the status this commit publishes follows.
+            if engine.on_trial()
+                && let Err(e) = engine.commit_self_update()
+            {
+                tracing::error!("commit the self-update: {e}");
+            }
+            if let Some(d) = desired
+                && needs_retry(engine)
+            {
+                reconcile(engine, d, false).await;
+            }
+        }
+    }
+}
+
+/// When to heal after a managed file changed: once the burst of writes
+/// has settled, and not sooner than [`DRIFT_MIN_GAP`] after the last
+/// drift heal. A failed watcher is dropped (`None` then).
+fn schedule_drift_heal(
+    changed: std::io::Result<()>,
+    drift: &mut Option<DriftWatcher>,
+    last_drift_heal: Option<tokio::time::Instant>,
+) -> Option<tokio::time::Instant> {
+    match changed {
+        Ok(()) => {
+            let settled = tokio::time::Instant::now() + DRIFT_SETTLE;
+            let gap = last_drift_heal.map_or(settled, |t| t + DRIFT_MIN_GAP);
+            Some(settled.max(gap))
+        }
+        Err(e) => {
+            tracing::warn!("inotify failed ({e}): drift is repaired by the periodic pass only");
+            *drift = None;
+            None
         }
     }
 }

@@ -1,17 +1,218 @@
-//! `lksctl bundle get NAME@VERSION`: one published bundle with what its
+//! `lksctl bundle`: write a publisher key pair, publish a bundle directory
+//! (its manifest, signed or not, then the files it names, streamed), list,
+//! delete, and `get NAME@VERSION`: one published bundle with what its
 //! manifest holds — files, steps, health check, certificates, kubeconfigs —
 //! and who signed it.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
+use clap::Subcommand;
+use lks_proto::SignedBundle;
+use lks_proto::authoring::load_bundle_dir;
 use lks_proto::duration::format_duration;
 use lks_proto::names::parse_bundle_ref;
-use lks_proto::pb;
+use lks_proto::pb::{self, publish_bundle_request::Msg as PublishMsg};
+use lks_proto::sign::SigningKey;
 use serde_json::{Value, json};
+use tokio::io::AsyncReadExt;
 
 use crate::client::{Client, status};
-use crate::output::{self, table};
+use crate::mirror;
+use crate::output::{self, Format, table};
+use crate::print_json;
+
+/// Upload chunk size for bundle files.
+const CHUNK: usize = 1 << 20;
+
+#[derive(Subcommand)]
+pub enum BundleCmd {
+    /// Write a new ed25519 publisher key pair: PREFIX.key and PREFIX.pub.
+    Keygen {
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Publish the bundle in DIR (its bundle.toml and files).
+    Publish {
+        dir: PathBuf,
+        /// Sign the manifest with this ed25519 private key (PREFIX.key).
+        #[arg(long)]
+        sign_key: Option<PathBuf>,
+    },
+    /// Show one published bundle: signer, files, steps, health check, certificates.
+    Get {
+        /// NAME@VERSION
+        bundle: String,
+        /// Output format.
+        #[arg(short = 'o', long = "output", value_enum, default_value_t)]
+        output: Format,
+    },
+    /// Delete one bundle version. Refused, naming them, while a rollout,
+    /// a node's desired state or a cluster's target uses it; the blob
+    /// garbage collector then reclaims the bytes no other version uses.
+    Delete {
+        /// NAME@VERSION
+        bundle: String,
+        /// Output format.
+        #[arg(short = 'o', long = "output", value_enum, default_value_t)]
+        output: Format,
+    },
+    /// List published bundles.
+    List {
+        /// Output format.
+        #[arg(short = 'o', long = "output", value_enum, default_value_t)]
+        output: Format,
+    },
+}
+
+/// `lksctl bundle …`.
+pub async fn run(c: &mut Client, url: &str, cmd: BundleCmd) -> anyhow::Result<()> {
+    let st = |s: tonic::Status| status(url, s);
+    match cmd {
+        BundleCmd::Keygen { out } => keygen(&out)?,
+        BundleCmd::Publish { dir, sign_key } => publish(c, url, &dir, sign_key.as_deref()).await?,
+        BundleCmd::Get { bundle, output } => {
+            let b = get(c, url, &bundle).await?;
+            if output == Format::Json {
+                print_json(&detail_json(&b))?;
+            } else {
+                out!("{}", detail_text(&b));
+            }
+        }
+        BundleCmd::Delete { bundle, output } => {
+            let r = delete(c, url, &bundle).await?;
+            if output == Format::Json {
+                print_json(&serde_json::json!({
+                    "name": r.name,
+                    "version": r.version,
+                    "reclaimable_bytes": r.reclaimable_bytes,
+                }))?;
+            } else {
+                outln!(
+                    "bundle {}@{} deleted; {} bytes no other version uses go at the next blob garbage collection",
+                    r.name,
+                    r.version,
+                    r.reclaimable_bytes
+                );
+            }
+        }
+        BundleCmd::List { output } => {
+            let r = c
+                .list_bundles(pb::ListBundlesRequest::default())
+                .await
+                .map_err(st)
+                .context("list bundles")?
+                .into_inner();
+            if output == Format::Json {
+                print_json(&serde_json::json!(
+                    r.bundles.iter().map(output::bundle_json).collect::<Vec<_>>()
+                ))?;
+            } else {
+                out!("{}", output::bundles_table(&r.bundles));
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn keygen(out: &Path) -> anyhow::Result<()> {
+    let (k, p) = SigningKey::generate()
+        .write_pair(out)
+        .context("write publisher key pair")?;
+    outln!(
+        "wrote {} (private, keep it secret) and {}",
+        k.display(),
+        p.display()
+    );
+    Ok(())
+}
+
+async fn publish(c: &mut Client, url: &str, dir: &Path, sign_key: Option<&Path>) -> anyhow::Result<()> {
+    // Loading hashes every local file and may download mirrored ones whose
+    // size is not given: blocking work, off the async threads.
+    let handle = tokio::runtime::Handle::current();
+    let bundle_dir = dir.to_path_buf();
+    let authored = tokio::task::spawn_blocking(move || {
+        let mut sizer = mirror::MirrorSizer::new(handle).map_err(anyhow::Error::from)?;
+        load_bundle_dir(&bundle_dir, &mut sizer).map_err(anyhow::Error::from)
+    })
+    .await
+    .context("load bundle")?
+    .with_context(|| format!("load bundle {}", dir.display()))?;
+    let key = sign_key
+        .map(SigningKey::from_file)
+        .transpose()
+        .context("load signing key")?;
+    let manifest = authored.manifest.clone();
+    let id = manifest.id();
+    let signed = match &key {
+        Some(k) => k.sign_bundle(manifest),
+        None => SignedBundle {
+            chunks_signature: None,
+            signature: None,
+            manifest,
+        },
+    };
+    let header = pb::PublishBundleRequest {
+        msg: Some(PublishMsg::Header(pb::SignedBundle::from(&signed))),
+    };
+    let uploads = authored.uploads();
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::PublishBundleRequest>(4);
+    // Files are read while the upload runs, so memory stays at a few chunks.
+    let reader = tokio::spawn(async move {
+        if tx.send(header).await.is_err() {
+            return Ok(());
+        }
+        for (digest, _size, path) in uploads {
+            let mut f = tokio::fs::File::open(&path)
+                .await
+                .with_context(|| format!("open {}", path.display()))?;
+            let mut buf = vec![0u8; CHUNK];
+            let mut sent_any = false;
+            loop {
+                let n = f
+                    .read(&mut buf)
+                    .await
+                    .with_context(|| format!("read {}", path.display()))?;
+                if n == 0 && sent_any {
+                    break;
+                }
+                let msg = pb::PublishBundleRequest {
+                    msg: Some(PublishMsg::Chunk(pb::FileChunk {
+                        digest: digest.to_string(),
+                        data: buf[..n].to_vec(),
+                    })),
+                };
+                if tx.send(msg).await.is_err() {
+                    return Ok(());
+                }
+                sent_any = true;
+                if n == 0 {
+                    break;
+                }
+            }
+        }
+        Ok::<(), anyhow::Error>(())
+    });
+    let result = c
+        .publish_bundle(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await;
+    let read = reader.await.context("upload task")?;
+    let r = match result {
+        Ok(r) => r.into_inner(),
+        Err(s) => {
+            read.with_context(|| format!("publish {id}"))?;
+            return Err(status(url, s)).with_context(|| format!("publish {id}"));
+        }
+    };
+    read.with_context(|| format!("publish {id}"))?;
+    if !r.created {
+        eprintln!("{id} was already published with identical content; nothing changed");
+    }
+    outln!("{}@{}", r.name, r.version);
+    Ok(())
+}
 
 /// Fetches `NAME@VERSION`.
 pub async fn get(c: &mut Client, url: &str, reference: &str) -> anyhow::Result<pb::Bundle> {

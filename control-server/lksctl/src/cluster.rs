@@ -200,24 +200,7 @@ pub async fn run(c: &mut Client, url: &str, cmd: ClusterCmd) -> anyhow::Result<(
             ca_cert,
             ca_key,
             api_server,
-        } => {
-            let ca = read_pair(ca_cert.as_deref(), ca_key.as_deref())?;
-            let imported = ca.is_some();
-            let (ca_cert_pem, ca_key_pem) = ca.unwrap_or_default();
-            let r = c
-                .create_cluster(pb::CreateClusterRequest {
-                    name: name.clone(),
-                    ca_cert_pem,
-                    ca_key_pem,
-                    api_server: api_server.unwrap_or_default(),
-                })
-                .await
-                .map_err(st)
-                .with_context(|| format!("create cluster {name}"))?
-                .into_inner();
-            let how = if imported { "CA imported" } else { "CA generated" };
-            outln!("cluster {name} created ({how}, {})", r.ca_cert_hash);
-        }
+        } => create(c, url, name, ca_cert, ca_key, api_server).await?,
         ClusterCmd::Ca { name } => {
             let r = c
                 .get_cluster_ca(pb::GetClusterCaRequest { name: name.clone() })
@@ -235,31 +218,7 @@ pub async fn run(c: &mut Client, url: &str, cmd: ClusterCmd) -> anyhow::Result<(
             expiring,
             all,
             output,
-        } => {
-            let within = expiring.unwrap_or_default();
-            let r = c
-                .list_certificates(pb::ListCertificatesRequest {
-                    cluster: name.clone(),
-                    node: String::new(),
-                    expiring_within_ms: i64::try_from(within.as_millis()).unwrap_or(i64::MAX),
-                    all,
-                })
-                .await
-                .map_err(st)
-                .with_context(|| format!("list the certificates of cluster {name}"))?
-                .into_inner();
-            let now = crate::output::now_ms();
-            if output == Format::Json {
-                print_json(&serde_json::json!(
-                    r.certificates
-                        .iter()
-                        .map(|x| output::cert_json(x, now, within))
-                        .collect::<Vec<_>>()
-                ))?;
-            } else {
-                out!("{}", output::certs_table(&r.certificates, now, within));
-            }
-        }
+        } => certs(c, url, name, expiring, all, output).await?,
         ClusterCmd::Set {
             name,
             maintenance_window,
@@ -276,65 +235,27 @@ pub async fn run(c: &mut Client, url: &str, cmd: ClusterCmd) -> anyhow::Result<(
             kubeconfig,
             drain,
         } => {
-            let windows = no_maintenance_window || !maintenance_window.is_empty();
-            let clear_kubeconfig = kubeconfig.as_deref() == Some(Path::new("none"));
-            let kubeconfig_text = match &kubeconfig {
-                Some(p) if !clear_kubeconfig => Some(read_kubeconfig(p)?),
-                _ => None,
-            };
-            let peer = peer_sharing.is_some()
-                || peer_port.is_some()
-                || peer_upload_rate.is_some()
-                || peer_max_uploads.is_some();
-            let ca = read_pair(ca_cert.as_deref(), ca_key.as_deref())?;
-            let (ca_cert_pem, ca_key_pem) = ca.clone().unwrap_or_default();
-            let r = c
-                .set_cluster(pb::SetClusterRequest {
+            set(
+                c,
+                url,
+                SetFlags {
+                    name,
+                    maintenance_window,
+                    no_maintenance_window,
+                    api_server,
+                    no_api_server,
+                    ca_cert,
+                    ca_key,
+                    generate_ca,
                     peer_sharing,
                     peer_port,
                     peer_upload_rate,
                     peer_max_uploads,
-                    name: name.clone(),
-                    maintenance_windows: maintenance_window,
-                    clear_maintenance_windows: no_maintenance_window,
-                    api_server: api_server.clone(),
-                    clear_api_server: no_api_server,
-                    ca_cert_pem,
-                    ca_key_pem,
-                    generate_ca,
-                    kubeconfig: kubeconfig_text,
-                    clear_kubeconfig,
+                    kubeconfig,
                     drain,
-                })
-                .await
-                .map_err(st)
-                .with_context(|| format!("set cluster {name}"))?
-                .into_inner();
-            if ca.is_some() || generate_ca {
-                let how = if ca.is_some() { "imported" } else { "generated" };
-                outln!("cluster {name}: CA {how} ({})", r.ca_cert_hash);
-            }
-            if api_server.is_some() || no_api_server {
-                match r.api_server.as_str() {
-                    "" => outln!("cluster {name}: no API server"),
-                    u => outln!("cluster {name}: API server {u}"),
-                }
-            }
-            if windows {
-                outln!("{}", output::cluster_windows_line(&r));
-            }
-            if peer {
-                outln!("cluster {name}: peer sharing {}", output::peer_text(&r));
-            }
-            if clear_kubeconfig {
-                outln!("cluster {name}: kubeconfig removed");
-            } else if kubeconfig.is_some() {
-                outln!("cluster {name}: kubeconfig stored; tenant API {}", r.kube_probe);
-            }
-            if let Some(d) = drain {
-                let how = if d { "drain" } else { "do not drain" };
-                outln!("cluster {name}: rollouts {how} nodes by default");
-            }
+                },
+            )
+            .await?
         }
         ClusterCmd::Get { name, output } => {
             // No call reads one cluster: the list has it.
@@ -367,48 +288,215 @@ pub async fn run(c: &mut Client, url: &str, cmd: ClusterCmd) -> anyhow::Result<(
                     r.clusters.iter().map(output::cluster_json).collect::<Vec<_>>()
                 ))?;
             } else {
-                let rows: Vec<Vec<String>> = r
-                    .clusters
-                    .iter()
-                    .map(|c| {
-                        vec![
-                            c.name.clone(),
-                            c.node_count.to_string(),
-                            output::rfc3339_ms(c.created_at_ms).unwrap_or_default(),
-                            if c.api_server.is_empty() {
-                                "-".into()
-                            } else {
-                                c.api_server.clone()
-                            },
-                            if c.has_ca {
-                                c.ca_cert_hash.clone()
-                            } else {
-                                "none".into()
-                            },
-                            output::windows_text(c),
-                            output::peer_text(c),
-                        ]
-                    })
-                    .collect();
-                out!(
-                    "{}",
-                    output::table(
-                        &[
-                            "NAME",
-                            "NODES",
-                            "CREATED",
-                            "API-SERVER",
-                            "CA",
-                            "MAINTENANCE WINDOWS",
-                            "PEER SHARING"
-                        ],
-                        &rows
-                    )
-                );
+                out!("{}", clusters_table(&r.clusters));
             }
         }
     }
     Ok(())
+}
+
+/// `cluster create NAME`, with a CA generated or imported.
+async fn create(
+    c: &mut Client,
+    url: &str,
+    name: String,
+    ca_cert: Option<PathBuf>,
+    ca_key: Option<PathBuf>,
+    api_server: Option<String>,
+) -> anyhow::Result<()> {
+    let st = |s: tonic::Status| status(url, s);
+    let ca = read_pair(ca_cert.as_deref(), ca_key.as_deref())?;
+    let imported = ca.is_some();
+    let (ca_cert_pem, ca_key_pem) = ca.unwrap_or_default();
+    let r = c
+        .create_cluster(pb::CreateClusterRequest {
+            name: name.clone(),
+            ca_cert_pem,
+            ca_key_pem,
+            api_server: api_server.unwrap_or_default(),
+        })
+        .await
+        .map_err(st)
+        .with_context(|| format!("create cluster {name}"))?
+        .into_inner();
+    let how = if imported { "CA imported" } else { "CA generated" };
+    outln!("cluster {name} created ({how}, {})", r.ca_cert_hash);
+    Ok(())
+}
+
+/// `cluster certs NAME`: the node certificates of a cluster (expiring
+/// within `expiring`, or all).
+async fn certs(
+    c: &mut Client,
+    url: &str,
+    name: String,
+    expiring: Option<Duration>,
+    all: bool,
+    output: Format,
+) -> anyhow::Result<()> {
+    let st = |s: tonic::Status| status(url, s);
+    let within = expiring.unwrap_or_default();
+    let r = c
+        .list_certificates(pb::ListCertificatesRequest {
+            cluster: name.clone(),
+            node: String::new(),
+            expiring_within_ms: i64::try_from(within.as_millis()).unwrap_or(i64::MAX),
+            all,
+        })
+        .await
+        .map_err(st)
+        .with_context(|| format!("list the certificates of cluster {name}"))?
+        .into_inner();
+    let now = crate::output::now_ms();
+    if output == Format::Json {
+        print_json(&serde_json::json!(
+            r.certificates
+                .iter()
+                .map(|x| output::cert_json(x, now, within))
+                .collect::<Vec<_>>()
+        ))?;
+    } else {
+        out!("{}", output::certs_table(&r.certificates, now, within));
+    }
+    Ok(())
+}
+
+/// `cluster set`'s flags, as given.
+struct SetFlags {
+    name: String,
+    maintenance_window: Vec<String>,
+    no_maintenance_window: bool,
+    api_server: Option<String>,
+    no_api_server: bool,
+    ca_cert: Option<PathBuf>,
+    ca_key: Option<PathBuf>,
+    generate_ca: bool,
+    peer_sharing: Option<bool>,
+    peer_port: Option<u32>,
+    peer_upload_rate: Option<u64>,
+    peer_max_uploads: Option<u32>,
+    kubeconfig: Option<PathBuf>,
+    drain: Option<bool>,
+}
+
+/// `cluster set`: reads the files it names, sends the change, and says
+/// what each flag given changed.
+async fn set(c: &mut Client, url: &str, f: SetFlags) -> anyhow::Result<()> {
+    let st = |s: tonic::Status| status(url, s);
+    let SetFlags {
+        name,
+        maintenance_window,
+        no_maintenance_window,
+        api_server,
+        no_api_server,
+        ca_cert,
+        ca_key,
+        generate_ca,
+        peer_sharing,
+        peer_port,
+        peer_upload_rate,
+        peer_max_uploads,
+        kubeconfig,
+        drain,
+    } = f;
+    let windows = no_maintenance_window || !maintenance_window.is_empty();
+    let clear_kubeconfig = kubeconfig.as_deref() == Some(Path::new("none"));
+    let kubeconfig_text = match &kubeconfig {
+        Some(p) if !clear_kubeconfig => Some(read_kubeconfig(p)?),
+        _ => None,
+    };
+    let peer = peer_sharing.is_some()
+        || peer_port.is_some()
+        || peer_upload_rate.is_some()
+        || peer_max_uploads.is_some();
+    let ca = read_pair(ca_cert.as_deref(), ca_key.as_deref())?;
+    let (ca_cert_pem, ca_key_pem) = ca.clone().unwrap_or_default();
+    let r = c
+        .set_cluster(pb::SetClusterRequest {
+            peer_sharing,
+            peer_port,
+            peer_upload_rate,
+            peer_max_uploads,
+            name: name.clone(),
+            maintenance_windows: maintenance_window,
+            clear_maintenance_windows: no_maintenance_window,
+            api_server: api_server.clone(),
+            clear_api_server: no_api_server,
+            ca_cert_pem,
+            ca_key_pem,
+            generate_ca,
+            kubeconfig: kubeconfig_text,
+            clear_kubeconfig,
+            drain,
+        })
+        .await
+        .map_err(st)
+        .with_context(|| format!("set cluster {name}"))?
+        .into_inner();
+    if ca.is_some() || generate_ca {
+        let how = if ca.is_some() { "imported" } else { "generated" };
+        outln!("cluster {name}: CA {how} ({})", r.ca_cert_hash);
+    }
+    if api_server.is_some() || no_api_server {
+        match r.api_server.as_str() {
+            "" => outln!("cluster {name}: no API server"),
+            u => outln!("cluster {name}: API server {u}"),
+        }
+    }
+    if windows {
+        outln!("{}", output::cluster_windows_line(&r));
+    }
+    if peer {
+        outln!("cluster {name}: peer sharing {}", output::peer_text(&r));
+    }
+    if clear_kubeconfig {
+        outln!("cluster {name}: kubeconfig removed");
+    } else if kubeconfig.is_some() {
+        outln!("cluster {name}: kubeconfig stored; tenant API {}", r.kube_probe);
+    }
+    if let Some(d) = drain {
+        let how = if d { "drain" } else { "do not drain" };
+        outln!("cluster {name}: rollouts {how} nodes by default");
+    }
+    Ok(())
+}
+
+/// `cluster list` as a table.
+fn clusters_table(clusters: &[pb::Cluster]) -> String {
+    let rows: Vec<Vec<String>> = clusters
+        .iter()
+        .map(|c| {
+            vec![
+                c.name.clone(),
+                c.node_count.to_string(),
+                output::rfc3339_ms(c.created_at_ms).unwrap_or_default(),
+                if c.api_server.is_empty() {
+                    "-".into()
+                } else {
+                    c.api_server.clone()
+                },
+                if c.has_ca {
+                    c.ca_cert_hash.clone()
+                } else {
+                    "none".into()
+                },
+                output::windows_text(c),
+                output::peer_text(c),
+            ]
+        })
+        .collect();
+    output::table(
+        &[
+            "NAME",
+            "NODES",
+            "CREATED",
+            "API-SERVER",
+            "CA",
+            "MAINTENANCE WINDOWS",
+            "PEER SHARING",
+        ],
+        &rows,
+    )
 }
 
 #[cfg(test)]

@@ -28,27 +28,21 @@ mod output;
 mod release;
 mod rollout;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use lks_proto::SignedBundle;
-use lks_proto::authoring::load_bundle_dir;
 use lks_proto::duration::parse_duration;
 use lks_proto::labels::{Labels, parse_labels};
 use lks_proto::names::{parse_bundle_ref, validate_cluster_name, validate_node_name};
-use lks_proto::pb::{self, publish_bundle_request::Msg as PublishMsg};
+use lks_proto::pb;
 use lks_proto::report::one_line;
-use lks_proto::sign::SigningKey;
-use tokio::io::AsyncReadExt;
 
+use bundle::BundleCmd;
 use client::{Client, status};
 use lks_proto::windows;
 use output::Format;
-
-/// Upload chunk size for bundle files.
-const CHUNK: usize = 1 << 20;
 
 /// Operator CLI for the lksadmin control server.
 #[derive(Parser)]
@@ -157,46 +151,6 @@ enum TokenCmd {
         /// releases, signed by this many of the keys (`lksctl release`)
         #[arg(long, value_name = "N", requires = "trust_key")]
         trust_threshold: Option<u32>,
-        /// Output format.
-        #[arg(short = 'o', long = "output", value_enum, default_value_t)]
-        output: Format,
-    },
-}
-
-#[derive(Subcommand)]
-enum BundleCmd {
-    /// Write a new ed25519 publisher key pair: PREFIX.key and PREFIX.pub.
-    Keygen {
-        #[arg(long)]
-        out: PathBuf,
-    },
-    /// Publish the bundle in DIR (its bundle.toml and files).
-    Publish {
-        dir: PathBuf,
-        /// Sign the manifest with this ed25519 private key (PREFIX.key).
-        #[arg(long)]
-        sign_key: Option<PathBuf>,
-    },
-    /// Show one published bundle: signer, files, steps, health check, certificates.
-    Get {
-        /// NAME@VERSION
-        bundle: String,
-        /// Output format.
-        #[arg(short = 'o', long = "output", value_enum, default_value_t)]
-        output: Format,
-    },
-    /// Delete one bundle version. Refused, naming them, while a rollout,
-    /// a node's desired state or a cluster's target uses it; the blob
-    /// garbage collector then reclaims the bytes no other version uses.
-    Delete {
-        /// NAME@VERSION
-        bundle: String,
-        /// Output format.
-        #[arg(short = 'o', long = "output", value_enum, default_value_t)]
-        output: Format,
-    },
-    /// List published bundles.
-    List {
         /// Output format.
         #[arg(short = 'o', long = "output", value_enum, default_value_t)]
         output: Format,
@@ -313,7 +267,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         // Commands that need no server.
         Cmd::Bundle {
             cmd: BundleCmd::Keygen { out },
-        } => keygen(&out),
+        } => bundle::keygen(&out),
         Cmd::Console { listen, open } => console::run(&config, listen, open).await,
         Cmd::Release { cmd } if release::release_offline(&cmd) => {
             cmd.check()?;
@@ -330,18 +284,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             dispatch(&mut c, &url, cmd).await
         }
     }
-}
-
-fn keygen(out: &Path) -> anyhow::Result<()> {
-    let (k, p) = SigningKey::generate()
-        .write_pair(out)
-        .context("write publisher key pair")?;
-    outln!(
-        "wrote {} (private, keep it secret) and {}",
-        k.display(),
-        p.display()
-    );
-    Ok(())
 }
 
 fn labels(flag: &str, s: &str) -> anyhow::Result<Labels> {
@@ -424,226 +366,11 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Cluster { cmd } => cluster::run(c, url, cmd).await?,
         Cmd::Release { cmd } => release::run_release(c, url, cmd).await?,
         Cmd::Root { cmd } => release::run_root(c, url, cmd).await?,
-        Cmd::Token {
-            cmd:
-                TokenCmd::Create {
-                    cluster,
-                    ttl,
-                    uses,
-                    labels: l,
-                    cloud_init,
-                    package_url,
-                    apt,
-                    trust_key,
-                    trust_threshold,
-                    output,
-                },
-        } => {
-            if ttl.as_secs() == 0 {
-                bail!("--ttl must be at least 1s");
-            }
-            // Read before the token exists, so a bad key leaves no token behind.
-            let mut trust_keys: Vec<String> = Vec::new();
-            for p in &trust_key {
-                let pem = lks_proto::sign::PublisherKey::from_file(p)
-                    .context("--trust-key")?
-                    .to_pem();
-                if !trust_keys.contains(&pem) {
-                    trust_keys.push(pem);
-                }
-            }
-            let trust_threshold = match trust_threshold {
-                None => 0,
-                Some(n) if n == 0 || n as usize > trust_keys.len() => bail!(
-                    "--trust-threshold {n}: it must be between 1 and the number of distinct --trust-key files ({})",
-                    trust_keys.len()
-                ),
-                Some(n) => n,
-            };
-            // Checked before the token exists, so a typo leaves no token behind.
-            if let Some(url) = package_url.as_deref() {
-                cloudinit::check_package_url(url)?;
-            }
-            let r = c
-                .create_token(pb::CreateTokenRequest {
-                    cluster: cluster.clone(),
-                    ttl_seconds: ttl.as_secs(),
-                    uses,
-                    labels: labels("--labels", &l)?.into_iter().collect(),
-                })
-                .await
-                .map_err(st)
-                .with_context(|| format!("create token for cluster {cluster}"))?
-                .into_inner();
-            if output == Format::Json {
-                print_json(&serde_json::json!({
-                    "token": r.token,
-                    "ca_cert_hash": r.ca_cert_hash,
-                    "server": r.server,
-                    "join_command": r.join_command,
-                    "expires_at": output::rfc3339_s(r.expires_at),
-                    "ca_cert_pem": r.ca_cert_pem,
-                    "agent_packages": r.agent_packages.iter().map(|p| serde_json::json!({
-                        "arch": p.arch,
-                        "version": p.version,
-                        "url": p.url,
-                        "digest": p.digest,
-                        "size": p.size,
-                        "file_name": p.file_name,
-                    })).collect::<Vec<_>>(),
-                }))?;
-            } else if cloud_init {
-                let offered = r
-                    .agent_packages
-                    .iter()
-                    .map(|p| format!("{} {}", p.arch, p.version))
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                let package = if let Some(url) = package_url.as_deref() {
-                    cloudinit::PackageSource::Url(url)
-                } else if apt {
-                    cloudinit::PackageSource::Apt
-                } else if r.agent_packages.is_empty() {
-                    eprintln!(
-                        "note: the server offers no agent package (lks-control-server --agent-package); \
-                         the user-data installs lksadmin-agent from the image's apt repositories"
-                    );
-                    cloudinit::PackageSource::Apt
-                } else {
-                    check_ca_pem(&r.ca_cert_pem, &r.ca_cert_hash)?;
-                    cloudinit::PackageSource::Server {
-                        servers: &r.server,
-                        ca_pem: &r.ca_cert_pem,
-                        offered: &offered,
-                    }
-                };
-                let text = cloudinit::render(&cloudinit::UserData {
-                    cluster: &cluster,
-                    join_command: &r.join_command,
-                    expires_at: &output::rfc3339_s(r.expires_at).unwrap_or_default(),
-                    package,
-                    trust_keys: &trust_keys,
-                    trust_threshold,
-                })?;
-                out!("{text}");
-            } else {
-                outln!("{}", r.join_command);
-            }
-        }
-        Cmd::Bundle { cmd } => match cmd {
-            BundleCmd::Keygen { out } => keygen(&out)?,
-            BundleCmd::Publish { dir, sign_key } => publish(c, url, &dir, sign_key.as_deref()).await?,
-            BundleCmd::Get { bundle, output } => {
-                let b = bundle::get(c, url, &bundle).await?;
-                if output == Format::Json {
-                    print_json(&bundle::detail_json(&b))?;
-                } else {
-                    out!("{}", bundle::detail_text(&b));
-                }
-            }
-            BundleCmd::Delete { bundle, output } => {
-                let r = bundle::delete(c, url, &bundle).await?;
-                if output == Format::Json {
-                    print_json(&serde_json::json!({
-                        "name": r.name,
-                        "version": r.version,
-                        "reclaimable_bytes": r.reclaimable_bytes,
-                    }))?;
-                } else {
-                    outln!(
-                        "bundle {}@{} deleted; {} bytes no other version uses go at the next blob garbage collection",
-                        r.name,
-                        r.version,
-                        r.reclaimable_bytes
-                    );
-                }
-            }
-            BundleCmd::List { output } => {
-                let r = c
-                    .list_bundles(pb::ListBundlesRequest::default())
-                    .await
-                    .map_err(st)
-                    .context("list bundles")?
-                    .into_inner();
-                if output == Format::Json {
-                    print_json(&serde_json::json!(
-                        r.bundles.iter().map(output::bundle_json).collect::<Vec<_>>()
-                    ))?;
-                } else {
-                    out!("{}", output::bundles_table(&r.bundles));
-                }
-            }
-        },
+        Cmd::Token { cmd } => token(c, url, cmd).await?,
+        Cmd::Bundle { cmd } => bundle::run(c, url, cmd).await?,
         Cmd::Rollout { cmd } => rollout::run(c, url, cmd).await?,
         Cmd::Audit(a) => audit::run(c, url, a).await?,
-        Cmd::Node { cmd } => match cmd {
-            NodeCmd::List { cluster, output } => {
-                let r = c
-                    .list_nodes(pb::ListNodesRequest { cluster })
-                    .await
-                    .map_err(st)
-                    .context("list nodes")?
-                    .into_inner();
-                if output == Format::Json {
-                    print_json(&serde_json::json!(
-                        r.nodes.iter().map(output::node_json).collect::<Vec<_>>()
-                    ))?;
-                } else {
-                    out!("{}", output::nodes_table(&r.nodes));
-                }
-            }
-            NodeCmd::Get { name, output } => {
-                let n = c
-                    .get_node(pb::GetNodeRequest { name: name.clone() })
-                    .await
-                    .map_err(st)
-                    .with_context(|| format!("get node {name}"))?
-                    .into_inner();
-                if output == Format::Json {
-                    print_json(&output::node_json(&n))?;
-                } else {
-                    out!("{}", output::node_text(&n));
-                }
-            }
-            NodeCmd::Delete { name } => {
-                c.delete_node(pb::DeleteNodeRequest { name: name.clone() })
-                    .await
-                    .map_err(st)
-                    .with_context(|| format!("delete node {name}"))?;
-                outln!("node {name} deleted; its certificate no longer works");
-            }
-            NodeCmd::Hold { name, reason } => {
-                c.hold_node(pb::HoldNodeRequest {
-                    name: name.clone(),
-                    reason,
-                })
-                .await
-                .map_err(st)
-                .with_context(|| format!("hold node {name}"))?;
-                outln!(
-                    "node {name} held: no rollout gives it a new version until `lksctl node unhold {name}`"
-                );
-            }
-            NodeCmd::Retry { name, bundle } => {
-                let r = c
-                    .retry_node(pb::RetryNodeRequest {
-                        name: name.clone(),
-                        bundle: bundle.unwrap_or_default(),
-                    })
-                    .await
-                    .map_err(st)
-                    .with_context(|| format!("retry node {name}"))?
-                    .into_inner();
-                outln!("node {name}: retry of {} requested", r.bundles.join(", "));
-            }
-            NodeCmd::Unhold { name } => {
-                c.unhold_node(pb::UnholdNodeRequest { name: name.clone() })
-                    .await
-                    .map_err(st)
-                    .with_context(|| format!("unhold node {name}"))?;
-                outln!("node {name} released: it catches up with the rollouts it missed");
-            }
-        },
+        Cmd::Node { cmd } => node(c, url, cmd).await?,
         Cmd::Event {
             cmd:
                 EventCmd::List {
@@ -677,89 +404,217 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn publish(c: &mut Client, url: &str, dir: &Path, sign_key: Option<&Path>) -> anyhow::Result<()> {
-    // Loading hashes every local file and may download mirrored ones whose
-    // size is not given: blocking work, off the async threads.
-    let handle = tokio::runtime::Handle::current();
-    let bundle_dir = dir.to_path_buf();
-    let authored = tokio::task::spawn_blocking(move || {
-        let mut sizer = mirror::MirrorSizer::new(handle).map_err(anyhow::Error::from)?;
-        load_bundle_dir(&bundle_dir, &mut sizer).map_err(anyhow::Error::from)
-    })
-    .await
-    .context("load bundle")?
-    .with_context(|| format!("load bundle {}", dir.display()))?;
-    let key = sign_key
-        .map(SigningKey::from_file)
-        .transpose()
-        .context("load signing key")?;
-    let manifest = authored.manifest.clone();
-    let id = manifest.id();
-    let signed = match &key {
-        Some(k) => k.sign_bundle(manifest),
-        None => SignedBundle {
-            chunks_signature: None,
-            signature: None,
-            manifest,
-        },
-    };
-    let header = pb::PublishBundleRequest {
-        msg: Some(PublishMsg::Header(pb::SignedBundle::from(&signed))),
-    };
-    let uploads = authored.uploads();
-    let (tx, rx) = tokio::sync::mpsc::channel::<pb::PublishBundleRequest>(4);
-    // Files are read while the upload runs, so memory stays at a few chunks.
-    let reader = tokio::spawn(async move {
-        if tx.send(header).await.is_err() {
-            return Ok(());
+/// `lksctl token create`: the join line, as JSON, or as cloud-init
+/// user-data.
+async fn token(c: &mut Client, url: &str, cmd: TokenCmd) -> anyhow::Result<()> {
+    let st = |s: tonic::Status| status(url, s);
+    let TokenCmd::Create {
+        cluster,
+        ttl,
+        uses,
+        labels: l,
+        cloud_init,
+        package_url,
+        apt,
+        trust_key,
+        trust_threshold,
+        output,
+    } = cmd;
+    if ttl.as_secs() == 0 {
+        bail!("--ttl must be at least 1s");
+    }
+    let (trust_keys, trust_threshold) = trust_keys(&trust_key, trust_threshold)?;
+    // Checked before the token exists, so a typo leaves no token behind.
+    if let Some(url) = package_url.as_deref() {
+        cloudinit::check_package_url(url)?;
+    }
+    let r = c
+        .create_token(pb::CreateTokenRequest {
+            cluster: cluster.clone(),
+            ttl_seconds: ttl.as_secs(),
+            uses,
+            labels: labels("--labels", &l)?.into_iter().collect(),
+        })
+        .await
+        .map_err(st)
+        .with_context(|| format!("create token for cluster {cluster}"))?
+        .into_inner();
+    if output == Format::Json {
+        print_json(&token_json(&r))?;
+    } else if cloud_init {
+        let text = user_data(
+            &r,
+            &cluster,
+            package_url.as_deref(),
+            apt,
+            &trust_keys,
+            trust_threshold,
+        )?;
+        out!("{text}");
+    } else {
+        outln!("{}", r.join_command);
+    }
+    Ok(())
+}
+
+/// The `--trust-key` files as distinct PEMs, and the `--trust-threshold`
+/// checked against them (0: not given).
+fn trust_keys(files: &[PathBuf], threshold: Option<u32>) -> anyhow::Result<(Vec<String>, u32)> {
+    // Read before the token exists, so a bad key leaves no token behind.
+    let mut trust_keys: Vec<String> = Vec::new();
+    for p in files {
+        let pem = lks_proto::sign::PublisherKey::from_file(p)
+            .context("--trust-key")?
+            .to_pem();
+        if !trust_keys.contains(&pem) {
+            trust_keys.push(pem);
         }
-        for (digest, _size, path) in uploads {
-            let mut f = tokio::fs::File::open(&path)
+    }
+    let trust_threshold = match threshold {
+        None => 0,
+        Some(n) if n == 0 || n as usize > trust_keys.len() => bail!(
+            "--trust-threshold {n}: it must be between 1 and the number of distinct --trust-key files ({})",
+            trust_keys.len()
+        ),
+        Some(n) => n,
+    };
+    Ok((trust_keys, trust_threshold))
+}
+
+/// `token create -o json`.
+fn token_json(r: &pb::CreateTokenResponse) -> serde_json::Value {
+    serde_json::json!({
+        "token": r.token,
+        "ca_cert_hash": r.ca_cert_hash,
+        "server": r.server,
+        "join_command": r.join_command,
+        "expires_at": output::rfc3339_s(r.expires_at),
+        "ca_cert_pem": r.ca_cert_pem,
+        "agent_packages": r.agent_packages.iter().map(|p| serde_json::json!({
+            "arch": p.arch,
+            "version": p.version,
+            "url": p.url,
+            "digest": p.digest,
+            "size": p.size,
+            "file_name": p.file_name,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// The cloud-init user-data that joins a node with the token `r`,
+/// installing the agent from `--package-url`, apt, or the server.
+fn user_data(
+    r: &pb::CreateTokenResponse,
+    cluster: &str,
+    package_url: Option<&str>,
+    apt: bool,
+    trust_keys: &[String],
+    trust_threshold: u32,
+) -> anyhow::Result<String> {
+    let offered = r
+        .agent_packages
+        .iter()
+        .map(|p| format!("{} {}", p.arch, p.version))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let package = if let Some(url) = package_url {
+        cloudinit::PackageSource::Url(url)
+    } else if apt {
+        cloudinit::PackageSource::Apt
+    } else if r.agent_packages.is_empty() {
+        eprintln!(
+            "note: the server offers no agent package (lks-control-server --agent-package); \
+             the user-data installs lksadmin-agent from the image's apt repositories"
+        );
+        cloudinit::PackageSource::Apt
+    } else {
+        check_ca_pem(&r.ca_cert_pem, &r.ca_cert_hash)?;
+        cloudinit::PackageSource::Server {
+            servers: &r.server,
+            ca_pem: &r.ca_cert_pem,
+            offered: &offered,
+        }
+    };
+    let text = cloudinit::render(&cloudinit::UserData {
+        cluster,
+        join_command: &r.join_command,
+        expires_at: &output::rfc3339_s(r.expires_at).unwrap_or_default(),
+        package,
+        trust_keys,
+        trust_threshold,
+    })?;
+    Ok(text)
+}
+
+/// `lksctl node …`.
+async fn node(c: &mut Client, url: &str, cmd: NodeCmd) -> anyhow::Result<()> {
+    let st = |s: tonic::Status| status(url, s);
+    match cmd {
+        NodeCmd::List { cluster, output } => {
+            let r = c
+                .list_nodes(pb::ListNodesRequest { cluster })
                 .await
-                .with_context(|| format!("open {}", path.display()))?;
-            let mut buf = vec![0u8; CHUNK];
-            let mut sent_any = false;
-            loop {
-                let n = f
-                    .read(&mut buf)
-                    .await
-                    .with_context(|| format!("read {}", path.display()))?;
-                if n == 0 && sent_any {
-                    break;
-                }
-                let msg = pb::PublishBundleRequest {
-                    msg: Some(PublishMsg::Chunk(pb::FileChunk {
-                        digest: digest.to_string(),
-                        data: buf[..n].to_vec(),
-                    })),
-                };
-                if tx.send(msg).await.is_err() {
-                    return Ok(());
-                }
-                sent_any = true;
-                if n == 0 {
-                    break;
-                }
+                .map_err(st)
+                .context("list nodes")?
+                .into_inner();
+            if output == Format::Json {
+                print_json(&serde_json::json!(
+                    r.nodes.iter().map(output::node_json).collect::<Vec<_>>()
+                ))?;
+            } else {
+                out!("{}", output::nodes_table(&r.nodes));
             }
         }
-        Ok::<(), anyhow::Error>(())
-    });
-    let result = c
-        .publish_bundle(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await;
-    let read = reader.await.context("upload task")?;
-    let r = match result {
-        Ok(r) => r.into_inner(),
-        Err(s) => {
-            read.with_context(|| format!("publish {id}"))?;
-            return Err(status(url, s)).with_context(|| format!("publish {id}"));
+        NodeCmd::Get { name, output } => {
+            let n = c
+                .get_node(pb::GetNodeRequest { name: name.clone() })
+                .await
+                .map_err(st)
+                .with_context(|| format!("get node {name}"))?
+                .into_inner();
+            if output == Format::Json {
+                print_json(&output::node_json(&n))?;
+            } else {
+                out!("{}", output::node_text(&n));
+            }
         }
-    };
-    read.with_context(|| format!("publish {id}"))?;
-    if !r.created {
-        eprintln!("{id} was already published with identical content; nothing changed");
+        NodeCmd::Delete { name } => {
+            c.delete_node(pb::DeleteNodeRequest { name: name.clone() })
+                .await
+                .map_err(st)
+                .with_context(|| format!("delete node {name}"))?;
+            outln!("node {name} deleted; its certificate no longer works");
+        }
+        NodeCmd::Hold { name, reason } => {
+            c.hold_node(pb::HoldNodeRequest {
+                name: name.clone(),
+                reason,
+            })
+            .await
+            .map_err(st)
+            .with_context(|| format!("hold node {name}"))?;
+            outln!("node {name} held: no rollout gives it a new version until `lksctl node unhold {name}`");
+        }
+        NodeCmd::Retry { name, bundle } => {
+            let r = c
+                .retry_node(pb::RetryNodeRequest {
+                    name: name.clone(),
+                    bundle: bundle.unwrap_or_default(),
+                })
+                .await
+                .map_err(st)
+                .with_context(|| format!("retry node {name}"))?
+                .into_inner();
+            outln!("node {name}: retry of {} requested", r.bundles.join(", "));
+        }
+        NodeCmd::Unhold { name } => {
+            c.unhold_node(pb::UnholdNodeRequest { name: name.clone() })
+                .await
+                .map_err(st)
+                .with_context(|| format!("unhold node {name}"))?;
+            outln!("node {name} released: it catches up with the rollouts it missed");
+        }
     }
-    outln!("{}@{}", r.name, r.version);
     Ok(())
 }
 

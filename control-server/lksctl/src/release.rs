@@ -496,38 +496,39 @@ pub async fn run_release(c: &mut Client, url: &str, cmd: ReleaseCmd) -> anyhow::
             if output == Format::Json {
                 return print_json(&json!(r.releases.iter().map(release_json).collect::<Vec<_>>()));
             }
-            let now = now_ms();
-            let rows: Vec<Vec<String>> = r
-                .releases
-                .iter()
-                .filter_map(|i| {
-                    let pbr = i.release.as_ref()?;
-                    let rel = pbr.release.as_ref()?;
-                    let expiry = rfc3339_ms(rel.expires_at_ms).unwrap_or_else(|| "-".into());
-                    Some(vec![
-                        rel.version.to_string(),
-                        if rel.expires_at_ms <= now {
-                            format!("{expiry} (expired)")
-                        } else {
-                            expiry
-                        },
-                        pb_bundle_list(rel),
-                        signers(&pbr.signatures),
-                        rfc3339_ms(i.published_at_ms).unwrap_or_else(|| "-".into()),
-                    ])
-                })
-                .collect();
-            out!(
-                "{}",
-                table(
-                    &["VERSION", "EXPIRES", "BUNDLES", "SIGNED BY", "PUBLISHED"],
-                    &rows
-                )
-            );
+            out!("{}", releases_table(&r.releases));
             Ok(())
         }
         cmd @ (ReleaseCmd::Sign { .. } | ReleaseCmd::Check { .. }) => run_offline_release(cmd),
     }
+}
+
+/// `release show` as a table, an expired release marked.
+fn releases_table(releases: &[pb::ReleaseInfo]) -> String {
+    let now = now_ms();
+    let rows: Vec<Vec<String>> = releases
+        .iter()
+        .filter_map(|i| {
+            let pbr = i.release.as_ref()?;
+            let rel = pbr.release.as_ref()?;
+            let expiry = rfc3339_ms(rel.expires_at_ms).unwrap_or_else(|| "-".into());
+            Some(vec![
+                rel.version.to_string(),
+                if rel.expires_at_ms <= now {
+                    format!("{expiry} (expired)")
+                } else {
+                    expiry
+                },
+                pb_bundle_list(rel),
+                signers(&pbr.signatures),
+                rfc3339_ms(i.published_at_ms).unwrap_or_else(|| "-".into()),
+            ])
+        })
+        .collect();
+    table(
+        &["VERSION", "EXPIRES", "BUNDLES", "SIGNED BY", "PUBLISHED"],
+        &rows,
+    )
 }
 
 pub async fn run_root(c: &mut Client, url: &str, cmd: RootCmd) -> anyhow::Result<()> {

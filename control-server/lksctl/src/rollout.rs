@@ -172,63 +172,9 @@ pub async fn run(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
                 },
             )
             .await?;
-            if let Some(hint) = crate::release::start_hint(c, url, &r).await {
-                eprintln!("{hint}");
-            }
-            if !wait {
-                if output == Format::Json {
-                    print_json(&output::rollout_json(&r))?;
-                } else {
-                    outln!("{}", r.id);
-                }
-                return Ok(());
-            }
-            if output != Format::Json {
-                outln!("{}", r.id);
-            }
-            let progress = if std::io::stderr().is_terminal() {
-                Progress::bar()
-            } else if output == Format::Json {
-                Progress::Quiet
-            } else {
-                Progress::Lines
-            };
-            let last = watch(c, url, &r.id, progress).await?;
-            if output == Format::Json {
-                print_json(&output::rollout_json(&last))?;
-            }
-            ended_ok(&last)
+            follow_started(c, url, &r, wait, output).await
         }
-        RolloutCmd::Status { id, watch: w, output } => {
-            if w {
-                let progress = if output != Format::Json {
-                    Progress::Lines
-                } else if std::io::stderr().is_terminal() {
-                    Progress::bar()
-                } else {
-                    Progress::Quiet
-                };
-                let last = watch(c, url, &id, progress).await?;
-                if output == Format::Json {
-                    print_json(&output::rollout_json(&last))?;
-                } else {
-                    out!("{}", output::rollout_text(&last));
-                }
-                return Ok(());
-            }
-            let r = c
-                .get_rollout(pb::RolloutRef { id: id.clone() })
-                .await
-                .map_err(st)
-                .with_context(|| format!("get rollout {id}"))?
-                .into_inner();
-            if output == Format::Json {
-                print_json(&output::rollout_json(&r))?;
-            } else {
-                out!("{}", output::rollout_text(&r));
-            }
-            Ok(())
-        }
+        RolloutCmd::Status { id, watch: w, output } => status_of(c, url, &id, w, output).await,
         RolloutCmd::List { cluster, output } => {
             let r = c
                 .list_rollouts(pb::ListRolloutsRequest { cluster })
@@ -250,6 +196,76 @@ pub async fn run(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
         RolloutCmd::Abort { id } => verb_line(c, url, Verb::Abort, &id).await,
         RolloutCmd::Rollback { id } => verb_line(c, url, Verb::Rollback, &id).await,
     }
+}
+
+/// After a start: a hint about the release, then the rollout's ID (or
+/// JSON), or, with `--wait`, its progress until it ends.
+async fn follow_started(
+    c: &mut Client,
+    url: &str,
+    r: &pb::Rollout,
+    wait: bool,
+    output: Format,
+) -> anyhow::Result<()> {
+    if let Some(hint) = crate::release::start_hint(c, url, r).await {
+        eprintln!("{hint}");
+    }
+    if !wait {
+        if output == Format::Json {
+            print_json(&output::rollout_json(r))?;
+        } else {
+            outln!("{}", r.id);
+        }
+        return Ok(());
+    }
+    if output != Format::Json {
+        outln!("{}", r.id);
+    }
+    let progress = if std::io::stderr().is_terminal() {
+        Progress::bar()
+    } else if output == Format::Json {
+        Progress::Quiet
+    } else {
+        Progress::Lines
+    };
+    let last = watch(c, url, &r.id, progress).await?;
+    if output == Format::Json {
+        print_json(&output::rollout_json(&last))?;
+    }
+    ended_ok(&last)
+}
+
+/// `rollout status ID`, once or `--watch`ed until it ends.
+async fn status_of(c: &mut Client, url: &str, id: &str, w: bool, output: Format) -> anyhow::Result<()> {
+    let st = |s: tonic::Status| status(url, s);
+    if w {
+        let progress = if output != Format::Json {
+            Progress::Lines
+        } else if std::io::stderr().is_terminal() {
+            Progress::bar()
+        } else {
+            Progress::Quiet
+        };
+        let last = watch(c, url, id, progress).await?;
+        if output == Format::Json {
+            print_json(&output::rollout_json(&last))?;
+        } else {
+            out!("{}", output::rollout_text(&last));
+        }
+        return Ok(());
+    }
+    let r = c
+        .get_rollout(pb::RolloutRef { id: id.to_string() })
+        .await
+        .map_err(st)
+        .with_context(|| format!("get rollout {id}"))?
+        .into_inner();
+    if output == Format::Json {
+        print_json(&output::rollout_json(&r))?;
+    } else {
+        out!("{}", output::rollout_text(&r));
+    }
+    Ok(())
 }
 
 async fn verb_line(c: &mut Client, url: &str, verb: Verb, id: &str) -> anyhow::Result<()> {

@@ -338,18 +338,130 @@ async fn admin_channel(conf: &AdminConf, just_started: bool) -> Result<Channel> 
 }
 
 async fn against_server(args: &Args, sig: &mut Signals) -> Result<Report> {
-    let mut server = if args.storm {
+    let mut server = start_server(args).await?;
+    let conf = AdminConf::load(&args.config).context("read admin.conf")?;
+    let mut admin = AdminServiceClient::new(admin_channel(&conf, server.is_some()).await?);
+    let tokens = create_tokens(args, &mut admin).await?;
+    let run_id = &lks_proto::token::BootstrapToken::generate().id().to_string();
+    let servers = if args.servers.is_empty() {
+        vec![conf.server.clone()]
+    } else {
+        args.servers.clone()
+    };
+    let spread = spread(args, &servers);
+    let sem = Arc::new(Semaphore::new(args.concurrency.max(1)));
+    let enrolled = enrol_all(args, &conf, &servers, &tokens, run_id, &sem).await;
+    let creds = enrolled.creds;
+    let mut errors = enrolled.errors;
+
+    // Connect every agent and wait for its first desired state.
+    let stats = Arc::new(sim::Stats::default());
+    let held = Arc::new(sim::Held::new(servers.len()));
+    let (back_tx, mut back_rx) = mpsc::unbounded_channel::<sim::Back>();
+    let (desired_tx, mut desired_rx) = mpsc::channel::<sim::Desired>(creds.len().max(1) * 4);
+    let urls = Arc::new(servers.clone());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, c) in creds.iter().enumerate() {
+        let agent = sim::Agent {
+            i,
+            urls: urls.clone(),
+            ca: conf.ca_cert.clone(),
+            cert: c.cert_pem.clone(),
+            key: c.key_pem.clone(),
+            first_server: args.first_agent + i,
+            local: source_ip(spread, args.first_agent + i),
+            stats: stats.clone(),
+            held: held.clone(),
+            back: back_tx.clone(),
+            desired: desired_tx.clone(),
+            stop: stop.clone(),
+        };
+        let sem = sem.clone();
+        tasks.spawn(async move {
+            let permit = sem.acquire_owned().await?;
+            agent.run(permit).await
+        });
+    }
+    drop((back_tx, desired_tx));
+    let (first_ms, connect_seconds) = first_messages(&stats, &mut back_rx, creds.len(), start).await;
+    errors += creds.len() - first_ms.len();
+    // With reconnects, a failed first attempt is retried, not lost: count it.
+    errors += stats.failed_total(0) as usize;
+
+    let storm_report = match server.as_mut() {
+        Some(srv) => Some(storm::restart(args, srv, &stats, &mut back_rx, creds.len()).await?),
+        None => None,
+    };
+    if server.is_some() {
+        // The old admin connection went with the old process.
+        admin = AdminServiceClient::new(admin_channel(&conf, true).await?);
+    }
+
+    // Optional rollout: fan-out and completion time (and, with
+    // --kill-mid-rollout, the failover under it).
+    let mut tracker = Tracker::new(creds.len());
+    let mut w = Watch {
+        stats: &stats,
+        held: &held,
+        desired_rx: &mut desired_rx,
+        back_rx: &mut back_rx,
+    };
+    let (mut rollout_seconds, mut fanout) = (None, None);
+    if args.rollout {
+        let r = rollout(args, &conf, &servers, &mut admin, run_id, &mut w, &mut tracker).await?;
+        rollout_seconds = r.seconds;
+        fanout = Some(r.fanout);
+    }
+    hold(args, sig, &mut tracker, &mut w, creds.len()).await;
+    let failover = tracker.killed_at.map(|k| tracker.failover(k, args, &w));
+    stop.cancel();
+    while tasks.join_next().await.is_some() {}
+    if !args.keep_nodes {
+        errors += delete_nodes(&admin, &creds).await;
+    }
+    if let Some(mut srv) = server {
+        srv.stop(false).await?;
+    }
+    Ok(Report {
+        mode: "control-server",
+        agents: args.agents,
+        enrol_seconds: enrolled.seconds,
+        enrol_per_second: enrolled.ms.len() as f64 / enrolled.seconds.max(1e-9),
+        enrol: summarise(enrolled.ms),
+        enrol_retries: enrolled.retries,
+        connect_seconds,
+        first_message: summarise(first_ms),
+        rollout_seconds,
+        fanout,
+        errors,
+        assigned_twice: tracker.twice.iter().filter(|t| **t).count(),
+        auth_errors: auth_total(&stats),
+        failed_attempts: stats.counts(0, false),
+        dropped_streams: stats.counts(0, true),
+        storm: storm_report,
+        failover,
+    })
+}
+
+/// With `--storm`, the server from the command after `--`, started and
+/// ready; without, none (and no such command).
+async fn start_server(args: &Args) -> Result<Option<storm::ServerProc>> {
+    if args.storm {
         let mut p = storm::ServerProc::start(&args.server_cmd, args.server_log.as_deref())?;
         p.wait_ready(&args.config).await?;
-        Some(p)
+        Ok(Some(p))
     } else {
         if !args.server_cmd.is_empty() {
             bail!("a server command after `--` is only taken with --storm");
         }
-        None
-    };
-    let conf = AdminConf::load(&args.config).context("read admin.conf")?;
-    let mut admin = AdminServiceClient::new(admin_channel(&conf, server.is_some()).await?);
+        Ok(None)
+    }
+}
+
+/// Each cluster (created unless it exists) and a join token for it.
+async fn create_tokens(args: &Args, admin: &mut AdminServiceClient<Channel>) -> Result<Vec<String>> {
     let mut tokens = Vec::new();
     for cluster in cluster_names(args) {
         match admin
@@ -376,16 +488,29 @@ async fn against_server(args: &Args, sig: &mut Signals) -> Result<Report> {
             .token;
         tokens.push(token);
     }
-    let run_id = &lks_proto::token::BootstrapToken::generate().id().to_string();
-    let servers = if args.servers.is_empty() {
-        vec![conf.server.clone()]
-    } else {
-        args.servers.clone()
-    };
-    let spread = spread(args, &servers);
+    Ok(tokens)
+}
 
-    // Enrol.
-    let sem = Arc::new(Semaphore::new(args.concurrency.max(1)));
+/// What enrolling the agents gave: their credentials, how long each took,
+/// the whole time, the retries, and the agents that failed.
+struct Enrolled {
+    creds: Vec<Creds>,
+    ms: Vec<f64>,
+    seconds: f64,
+    retries: u64,
+    errors: usize,
+}
+
+/// Enrols every agent, `--concurrency` at once, with a progress line.
+async fn enrol_all(
+    args: &Args,
+    conf: &AdminConf,
+    servers: &[String],
+    tokens: &[String],
+    run_id: &str,
+    sem: &Arc<Semaphore>,
+) -> Enrolled {
+    let spread = spread(args, servers);
     let start = Instant::now();
     let retries = Arc::new(AtomicU64::new(0));
     let enrolled = Arc::new(AtomicU64::new(0));
@@ -405,7 +530,7 @@ async fn against_server(args: &Args, sig: &mut Signals) -> Result<Report> {
             let (sem, token, url, ca, retries, enrolled) = (
                 sem.clone(),
                 tokens[(args.first_agent + i) % tokens.len()].clone(),
-                server_for(&servers, args.first_agent + i).to_string(),
+                server_for(servers, args.first_agent + i).to_string(),
                 conf.ca_cert.clone(),
                 retries.clone(),
                 enrolled.clone(),
@@ -415,121 +540,112 @@ async fn against_server(args: &Args, sig: &mut Signals) -> Result<Report> {
             async move {
                 let _permit = sem.acquire_owned().await?;
                 let t = Instant::now();
-                let (csr_pem, key_pem) = csr()?;
-                let mut c = AgentServiceClient::new(tls_channel(&url, &ca, None, local).await?);
-                // `lksadmin-agent join`'s policy for a rate-limited
-                // enrolment (join.rs), at least the server's hint.
-                let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
-                let mut attempt = 1;
-                let resp = loop {
-                    let r = c
-                        .enroll(pb::EnrollRequest {
-                            token: token.clone(),
-                            node_name: name.clone(),
-                            csr_pem: csr_pem.clone(),
-                            labels: Default::default(),
-                        })
-                        .await;
-                    match r {
-                        Ok(r) => break r.into_inner(),
-                        Err(s) if is_try_again(&s) && attempt < ENROL_ATTEMPTS => {
-                            retries.fetch_add(1, Ordering::Relaxed);
-                            // Spread the retries out: 10–40 ms, growing.
-                            let ms = 10 * u64::from(attempt.min(4)) + (i % 7) as u64 * 5;
-                            tokio::time::sleep(Duration::from_millis(ms)).await;
-                            attempt += 1;
-                        }
-                        Err(s) if s.code() == tonic::Code::ResourceExhausted && attempt < ENROL_ATTEMPTS => {
-                            retries.fetch_add(1, Ordering::Relaxed);
-                            tokio::time::sleep(backoff.next_delay_with(retry_hint(&s))).await;
-                            attempt += 1;
-                        }
-                        Err(s) => bail!("enrol {name}: {}", s.message()),
-                    }
-                };
+                let creds = enrol_one(i, name, token, &url, &ca, local, &retries).await?;
                 enrolled.fetch_add(1, Ordering::Relaxed);
-                Ok((
-                    Creds {
-                        name,
-                        cert_pem: resp.certificate_pem,
-                        key_pem,
-                    },
-                    t.elapsed().as_secs_f64() * 1e3,
-                ))
+                Ok((creds, t.elapsed().as_secs_f64() * 1e3))
             }
         })
         .buffer_unordered(args.concurrency.max(1))
         .collect()
         .await;
-    let enrol_seconds = start.elapsed().as_secs_f64();
+    let seconds = start.elapsed().as_secs_f64();
     progress_stop.cancel();
     let _ = progress.await;
-    let mut errors = 0;
-    let mut creds = Vec::new();
-    let mut enrol_ms = Vec::new();
+    let mut out = Enrolled {
+        creds: Vec::new(),
+        ms: Vec::new(),
+        seconds,
+        retries: 0,
+        errors: 0,
+    };
     for r in results {
         match r {
             Ok((c, ms)) => {
-                creds.push(c);
-                enrol_ms.push(ms);
+                out.creds.push(c);
+                out.ms.push(ms);
             }
             Err(e) => {
-                if errors == 0 {
+                if out.errors == 0 {
                     eprintln!("first enrolment error: {e:#}");
                 }
-                errors += 1;
+                out.errors += 1;
             }
         }
     }
+    out.retries = retries.load(Ordering::Relaxed);
+    out
+}
 
-    // Connect every agent and wait for its first desired state.
-    let stats = Arc::new(sim::Stats::default());
-    let held = Arc::new(sim::Held::new(servers.len()));
-    let urls = Arc::new(servers.clone());
-    let (back_tx, mut back_rx) = mpsc::unbounded_channel::<sim::Back>();
-    let (desired_tx, mut desired_rx) = mpsc::channel::<sim::Desired>(creds.len().max(1) * 4);
-    let stop = tokio_util::sync::CancellationToken::new();
-    let start = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for (i, c) in creds.iter().enumerate() {
-        let agent = sim::Agent {
-            i,
-            urls: urls.clone(),
-            ca: conf.ca_cert.clone(),
-            cert: c.cert_pem.clone(),
-            key: c.key_pem.clone(),
-            first_server: args.first_agent + i,
-            local: source_ip(spread, args.first_agent + i),
-            stats: stats.clone(),
-            held: held.clone(),
-            back: back_tx.clone(),
-            desired: desired_tx.clone(),
-            stop: stop.clone(),
-        };
-        let sem = sem.clone();
-        tasks.spawn(async move {
-            let permit = sem.acquire_owned().await?;
-            agent.run(permit).await
-        });
-    }
-    drop((back_tx, desired_tx));
+/// Enrols agent `i` as `name`: a key and CSR, then `Enroll`, retried the
+/// way `lksadmin-agent join` retries.
+async fn enrol_one(
+    i: usize,
+    name: String,
+    token: String,
+    url: &str,
+    ca: &str,
+    local: Option<IpAddr>,
+    retries: &AtomicU64,
+) -> Result<Creds> {
+    let (csr_pem, key_pem) = csr()?;
+    let mut c = AgentServiceClient::new(tls_channel(url, ca, None, local).await?);
+    // `lksadmin-agent join`'s policy for a rate-limited enrolment
+    // (join.rs), at least the server's hint.
+    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+    let mut attempt = 1;
+    let resp = loop {
+        let r = c
+            .enroll(pb::EnrollRequest {
+                token: token.clone(),
+                node_name: name.clone(),
+                csr_pem: csr_pem.clone(),
+                labels: Default::default(),
+            })
+            .await;
+        match r {
+            Ok(r) => break r.into_inner(),
+            Err(s) if is_try_again(&s) && attempt < ENROL_ATTEMPTS => {
+                retries.fetch_add(1, Ordering::Relaxed);
+                // Spread the retries out: 10–40 ms, growing.
+                let ms = 10 * u64::from(attempt.min(4)) + (i % 7) as u64 * 5;
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                attempt += 1;
+            }
+            Err(s) if s.code() == tonic::Code::ResourceExhausted && attempt < ENROL_ATTEMPTS => {
+                retries.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(backoff.next_delay_with(retry_hint(&s))).await;
+                attempt += 1;
+            }
+            Err(s) => bail!("enrol {name}: {}", s.message()),
+        }
+    };
+    Ok(Creds {
+        name,
+        cert_pem: resp.certificate_pem,
+        key_pem,
+    })
+}
+
+/// Waits (with a progress line, up to a deadline that grows with `n`) for
+/// each of `n` agents' first desired state; how long each took, and the
+/// seconds since `start` all that took.
+async fn first_messages(
+    stats: &Arc<sim::Stats>,
+    back_rx: &mut mpsc::UnboundedReceiver<sim::Back>,
+    n: usize,
+    start: Instant,
+) -> (Vec<f64>, f64) {
     let connected = Arc::new(AtomicU64::new(0));
     let progress_stop = tokio_util::sync::CancellationToken::new();
-    let progress = storm::progress(
-        "connected",
-        creds.len(),
-        connected.clone(),
-        progress_stop.clone(),
-        {
-            let stats = stats.clone();
-            move || stats.failed_total(0)
-        },
-    );
+    let progress = storm::progress("connected", n, connected.clone(), progress_stop.clone(), {
+        let stats = stats.clone();
+        move || stats.failed_total(0)
+    });
     let mut first_ms = Vec::new();
-    let mut seen = vec![false; creds.len()];
-    let deadline = tokio::time::sleep(Duration::from_secs(120 + creds.len() as u64 / 10));
+    let mut seen = vec![false; n];
+    let deadline = tokio::time::sleep(Duration::from_secs(120 + n as u64 / 10));
     tokio::pin!(deadline);
-    while first_ms.len() < creds.len() {
+    while first_ms.len() < n {
         tokio::select! {
             got = back_rx.recv() => match got {
                 Some(b) => if !std::mem::replace(&mut seen[b.agent], true) {
@@ -544,98 +660,50 @@ async fn against_server(args: &Args, sig: &mut Signals) -> Result<Report> {
     let connect_seconds = start.elapsed().as_secs_f64();
     progress_stop.cancel();
     let _ = progress.await;
-    errors += creds.len() - first_ms.len();
-    // With reconnects, a failed first attempt is retried, not lost: count it.
-    errors += stats.failed_total(0) as usize;
+    (first_ms, connect_seconds)
+}
 
-    let storm_report = match server.as_mut() {
-        Some(srv) => Some(storm_restart(args, srv, &stats, &mut back_rx, creds.len()).await?),
-        None => None,
-    };
-    if server.is_some() {
-        // The old admin connection went with the old process.
-        admin = AdminServiceClient::new(admin_channel(&conf, true).await?);
-    }
-
-    // Optional rollout: fan-out and completion time (and, with
-    // --kill-mid-rollout, the failover under it).
-    let mut tracker = Tracker::new(creds.len());
-    let mut w = Watch {
-        stats: &stats,
-        held: &held,
-        desired_rx: &mut desired_rx,
-        back_rx: &mut back_rx,
-    };
-    let (mut rollout_seconds, mut fanout) = (None, None);
-    if args.rollout {
-        let r = rollout(args, &conf, &servers, &mut admin, run_id, &mut w, &mut tracker).await?;
-        rollout_seconds = r.seconds;
-        fanout = Some(r.fanout);
-    }
-
-    // Hold: every agent keeps its stream; SIGUSR1 says another process
-    // killed something (measure the way back from now), SIGTERM ends the
-    // hold early.
+/// Hold: every agent keeps its stream; SIGUSR1 says another process
+/// killed something (measure the way back from now), SIGTERM ends the
+/// hold early.
+async fn hold(args: &Args, sig: &mut Signals, tracker: &mut Tracker, w: &mut Watch<'_>, n: usize) {
     let hold_end = Instant::now() + Duration::from_secs(args.hold);
     while Instant::now() < hold_end {
-        tracker.drain(&mut w);
+        tracker.drain(w);
         tokio::select! {
             _ = sig.usr1.recv() => if tracker.killed_at.is_none() {
                 eprintln!("told of a kill (SIGUSR1)");
-                tracker.mark_kill(&w);
+                tracker.mark_kill(w);
             },
             _ = sig.term.recv() => break,
             _ = tokio::time::sleep(Duration::from_millis(50)) => {}
         }
     }
-    tracker.drain(&mut w);
+    tracker.drain(w);
     // An agent a replica asked to move (it held more than its share) is
     // held by nobody for up to its retry hint (≤ 2 s) and a connect: let
     // those in flight land before the final count, or it reports agents
     // missing that are merely moving.
     if tracker.killed_at.is_some() {
         let settle = Instant::now() + SETTLE;
-        while w.held.total() < creds.len() as i64 && Instant::now() < settle {
+        while w.held.total() < n as i64 && Instant::now() < settle {
             tokio::time::sleep(Duration::from_millis(50)).await;
-            tracker.drain(&mut w);
+            tracker.drain(w);
         }
     }
-    let failover = tracker.killed_at.map(|k| tracker.failover(k, args, &w));
-    stop.cancel();
-    while tasks.join_next().await.is_some() {}
-    if !args.keep_nodes {
-        let deletes: Vec<_> = futures::stream::iter(creds.iter().map(|c| c.name.clone()))
-            .map(|name| {
-                let mut admin = admin.clone();
-                async move { admin.delete_node(pb::DeleteNodeRequest { name }).await }
-            })
-            .buffer_unordered(32)
-            .collect()
-            .await;
-        errors += deletes.iter().filter(|r| r.is_err()).count();
-    }
-    if let Some(mut srv) = server {
-        srv.stop(false).await?;
-    }
-    Ok(Report {
-        mode: "control-server",
-        agents: args.agents,
-        enrol_seconds,
-        enrol_per_second: enrol_ms.len() as f64 / enrol_seconds.max(1e-9),
-        enrol: summarise(enrol_ms),
-        enrol_retries: retries.load(std::sync::atomic::Ordering::Relaxed),
-        connect_seconds,
-        first_message: summarise(first_ms),
-        rollout_seconds,
-        fanout,
-        errors,
-        assigned_twice: tracker.twice.iter().filter(|t| **t).count(),
-        auth_errors: auth_total(&stats),
-        failed_attempts: stats.counts(0, false),
-        dropped_streams: stats.counts(0, true),
-        storm: storm_report,
-        failover,
-    })
+}
+
+/// Deletes the agents' nodes, 32 at once; how many deletes failed.
+async fn delete_nodes(admin: &AdminServiceClient<Channel>, creds: &[Creds]) -> usize {
+    let deletes: Vec<_> = futures::stream::iter(creds.iter().map(|c| c.name.clone()))
+        .map(|name| {
+            let mut admin = admin.clone();
+            async move { admin.delete_node(pb::DeleteNodeRequest { name }).await }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    deletes.iter().filter(|r| r.is_err()).count()
 }
 
 /// unauthenticated + permission_denied in these counts.
@@ -663,81 +731,6 @@ impl Signals {
             term: signal(SignalKind::terminate()).context("handle SIGTERM")?,
         })
     }
-}
-
-/// Stops the server under `n` connected agents, starts it again, and
-/// waits until every agent has its desired state on a new stream.
-async fn storm_restart(
-    args: &Args,
-    srv: &mut storm::ServerProc,
-    stats: &Arc<sim::Stats>,
-    back_rx: &mut mpsc::UnboundedReceiver<sim::Back>,
-    n: usize,
-) -> Result<StormReport> {
-    while back_rx.try_recv().is_ok() {}
-    stats.phase.store(1, Ordering::Relaxed);
-    let t0 = Instant::now();
-    srv.stop(args.storm_kill).await?;
-    let exit_seconds = t0.elapsed().as_secs_f64();
-    srv.restart()?;
-    let back_n = Arc::new(AtomicU64::new(0));
-    let progress_stop = tokio_util::sync::CancellationToken::new();
-    let progress = storm::progress("back", n, back_n.clone(), progress_stop.clone(), {
-        let stats = stats.clone();
-        move || stats.failed_total(1)
-    });
-    let mut back: Vec<Option<(f64, u32)>> = vec![None; n];
-    let mut count = 0;
-    let deadline = tokio::time::sleep(Duration::from_secs(args.storm_timeout));
-    tokio::pin!(deadline);
-    while count < n {
-        tokio::select! {
-            got = back_rx.recv() => match got {
-                Some(b) if b.session_started >= t0 && back[b.agent].is_none() => {
-                    back[b.agent] = Some((b.at.duration_since(t0).as_secs_f64() * 1e3, b.attempts));
-                    count += 1;
-                    back_n.fetch_add(1, Ordering::Relaxed);
-                }
-                Some(_) => {}
-                None => break,
-            },
-            _ = &mut deadline => break,
-        }
-    }
-    progress_stop.cancel();
-    let _ = progress.await;
-    let ms: Vec<f64> = back.iter().flatten().map(|(ms, _)| *ms).collect();
-    let mut attempts: Vec<u32> = back.iter().flatten().map(|(_, a)| *a).collect();
-    attempts.sort_unstable();
-    let at = |q: f64| {
-        attempts
-            .get(((attempts.len().max(1) - 1) as f64 * q).round() as usize)
-            .copied()
-            .unwrap_or(0)
-    };
-    let first = ms.iter().copied().min_by(f64::total_cmp);
-    let last = ms.iter().copied().max_by(f64::total_cmp);
-    let (dropped, errors) = (stats.counts(1, true), stats.counts(1, false));
-    let auth = |m: &std::collections::BTreeMap<&str, u64>| {
-        m.get("unauthenticated").copied().unwrap_or(0) + m.get("permission_denied").copied().unwrap_or(0)
-    };
-    Ok(StormReport {
-        signal: if args.storm_kill { "SIGKILL" } else { "SIGTERM" },
-        exit_seconds,
-        first_back_seconds: first.map(|ms| ms / 1e3),
-        all_back_seconds: if count == n { last.map(|ms| ms / 1e3) } else { None },
-        back: count,
-        back_after: summarise(ms),
-        attempts_p50: at(0.5),
-        attempts_p99: at(0.99),
-        attempts_max: attempts.last().copied().unwrap_or(0),
-        auth_errors: auth(&dropped) + auth(&errors),
-        dropped,
-        errors,
-        retry_hints: stats.hinted[1].load(Ordering::Relaxed),
-        refusals_without_hint: stats.unhinted[1].load(Ordering::Relaxed),
-        max_retry_hint_ms: stats.max_hint_ms[1].load(Ordering::Relaxed),
-    })
 }
 
 /// The server's "conflict, try again" refusal (not a refused token).

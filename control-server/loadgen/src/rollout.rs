@@ -293,23 +293,7 @@ pub async fn rollout(
     loop {
         tracker.drain(w);
         if failing_over && tracker.killed_at.is_none() && tracker.have >= kill_when {
-            tracker.mark_kill(w);
-            use nix::sys::signal::{Signal, kill};
-            for &pid in &args.kill_mid_rollout {
-                kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL)
-                    .with_context(|| format!("kill process {pid}"))?;
-            }
-            for &pid in &args.notify_at_kill {
-                kill(nix::unistd::Pid::from_raw(pid), Signal::SIGUSR1)
-                    .with_context(|| format!("tell process {pid} of the kill"))?;
-            }
-            killed.store(true, Ordering::Relaxed);
-            eprintln!(
-                "killed {:?} with {}/{n} agents holding the new version",
-                args.kill_mid_rollout, tracker.have
-            );
-            tracker.fo.killed_after_seconds = Some(t0.elapsed().as_secs_f64());
-            tracker.fo.had_it_at_kill = Some(tracker.have);
+            kill_mid_rollout(args, tracker, w, t0, &killed)?;
         }
         if tracker.rollout_done.is_none() {
             match done_rx.try_recv() {
@@ -351,6 +335,35 @@ pub async fn rollout(
         seconds: tracker.rollout_done.map(|d| d.duration_since(t0).as_secs_f64()),
         fanout: summarise(tracker.seen.iter().flatten().copied().collect()),
     })
+}
+
+/// `--kill-mid-rollout`: kills the processes named, tells those named by
+/// `--notify-at-kill`, and marks the moment for the failover report.
+fn kill_mid_rollout(
+    args: &Args,
+    tracker: &mut Tracker,
+    w: &Watch<'_>,
+    t0: Instant,
+    killed: &std::sync::atomic::AtomicBool,
+) -> Result<()> {
+    tracker.mark_kill(w);
+    use nix::sys::signal::{Signal, kill};
+    for &pid in &args.kill_mid_rollout {
+        kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL)
+            .with_context(|| format!("kill process {pid}"))?;
+    }
+    for &pid in &args.notify_at_kill {
+        kill(nix::unistd::Pid::from_raw(pid), Signal::SIGUSR1)
+            .with_context(|| format!("tell process {pid} of the kill"))?;
+    }
+    killed.store(true, Ordering::Relaxed);
+    eprintln!(
+        "killed {:?} with {}/{} agents holding the new version",
+        args.kill_mid_rollout, tracker.have, tracker.n
+    );
+    tracker.fo.killed_after_seconds = Some(t0.elapsed().as_secs_f64());
+    tracker.fo.had_it_at_kill = Some(tracker.have);
+    Ok(())
 }
 
 /// What the task following the rollouts needs.

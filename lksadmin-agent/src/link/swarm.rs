@@ -19,10 +19,10 @@
 //! - A server without a tracker (older): [`SwarmError::Unsupported`], and
 //!   the caller fetches from the server as before.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use futures::stream::{BoxStream, FuturesUnordered, SelectAll};
+use futures::stream::BoxStream;
 use lks_proto::{Digest, FileSpec, pb};
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
@@ -40,12 +40,13 @@ use crate::apply::source::{PieceSource, SwarmError};
 use crate::config::StateDir;
 use crate::link::client::NodeCredentials;
 
+mod fetch;
 mod plan;
 mod tls;
 
 use crate::link::channel::SharedChannel;
 use crate::link::peer::{BlobInfo, Partial, Shared};
-use plan::{Found, Have, PeerState, Plan, ServerUse, ServerWindow, start_pieces};
+use plan::Found;
 pub use tls::{DialError, dial_peer};
 
 /// Pieces in flight at once for one file.
@@ -181,276 +182,6 @@ impl Swarm {
             let _ = std::fs::remove_file(part);
         }
         res
-    }
-
-    async fn fetch_pieces(
-        &self,
-        file: &FileSpec,
-        info: &BlobInfo,
-        pieces: &[(u64, u64)],
-        partial: &Partial,
-    ) -> Result<(u64, u64), SwarmError> {
-        let digest = file.digest;
-        let out = std::fs::OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&partial.path)
-            .map_err(|e| SwarmError::Unavailable(format!("open {}: {e}", partial.path.display())))?;
-        out.set_len(file.size)
-            .map_err(|e| SwarmError::Unavailable(format!("size {}: {e}", partial.path.display())))?;
-
-        let mut peers: Vec<PeerState> = Vec::new();
-        let mut server_ok = false;
-        let mut last_ask: Option<Instant> = None;
-        // The last verified piece of this node's own, and the last piece a
-        // watched peer gained: while the swarm moves, waiting is right.
-        let mut last_progress = Instant::now();
-        let mut last_swarm = Instant::now();
-        let mut tried: HashMap<usize, HashSet<String>> = HashMap::new();
-        let mut in_flight: HashSet<usize> = HashSet::new();
-        let mut server_in_flight = 0usize;
-        let mut server_window = ServerWindow::new();
-        let (mut from_server, mut from_peers) = (0u64, 0u64);
-        let mut running = FuturesUnordered::new();
-        let mut news: SelectAll<NewsStream<'_>> = SelectAll::new();
-        // Each node goes through the pieces from its own random start: two
-        // nodes fetching from the server fetch different halves first and
-        // then take the rest from each other, and among equally rare pieces
-        // the nodes after them ask for different ones at once.
-        let start = {
-            let mut b = [0u8; 8];
-            let _ = getrandom::getrandom(&mut b);
-            (u64::from_le_bytes(b) % pieces.len().max(1) as u64) as usize
-        };
-
-        loop {
-            let missing: Vec<usize> = {
-                let have = lock(&partial.have);
-                (0..pieces.len())
-                    .map(|k| (k + start) % pieces.len().max(1))
-                    .filter(|i| !have[*i])
-                    .collect()
-            };
-            if missing.is_empty() && running.is_empty() {
-                break;
-            }
-            // Nobody to fetch from yet, and not the server: ask again soon.
-            let ask_every = if !server_ok && peers.iter().all(|p| p.dropped) {
-                ASK_SOON
-            } else {
-                ASK_EVERY
-            };
-            if last_ask.is_none_or(|t| t.elapsed() >= ask_every) {
-                match self.ask(&digest).await {
-                    Ok((found, server)) => {
-                        server_ok = server;
-                        for p in found {
-                            if !peers.iter().any(|s| s.node == p.node) {
-                                peers.push(PeerState::new(p));
-                            }
-                        }
-                    }
-                    Err(AskError::Unsupported(why)) => {
-                        if from_peers == 0 && from_server == 0 {
-                            return Err(SwarmError::Unsupported(why));
-                        }
-                        server_ok = true;
-                    }
-                    Err(AskError::Failed(why)) => {
-                        tracing::debug!("peer sharing: ask the tracker: {why}");
-                    }
-                }
-                // Watch what each peer holds: new ones, and those whose
-                // watch ended before they held the blob whole.
-                for p in peers.iter_mut().filter(|p| !p.dropped && !p.watching) {
-                    if matches!(p.have, Have::Unknown) || matches!(&p.have, Have::Known(h) if !h.whole) {
-                        p.watching = true;
-                        news.push(self.watch(p.node.clone(), p.address, digest));
-                    }
-                }
-                tried.clear();
-                last_ask = Some(Instant::now());
-            }
-            let now = Instant::now();
-            // Every peer named was dropped (one that does not serve the
-            // blob at all, e.g. an agent that restarted since it fetched a
-            // patch and forgot it): nothing to wait for.
-            let orphaned = !peers.is_empty() && peers.iter().all(|p| p.dropped);
-            let stalled =
-                orphaned || (last_progress.max(last_swarm) + STALL <= now) || last_progress + STARVED <= now;
-            start_pieces(
-                &mut Plan {
-                    missing: &missing,
-                    in_flight: &mut in_flight,
-                    tried: &mut tried,
-                    peers: &mut peers,
-                    server: if stalled {
-                        ServerUse::Any
-                    } else if server_ok {
-                        ServerUse::Unheld
-                    } else {
-                        ServerUse::No
-                    },
-                    server_in_flight: &mut server_in_flight,
-                    server_window: server_window.size,
-                    now,
-                },
-                &mut |source, i| {
-                    let (off, len) = pieces[i];
-                    let want = info.piece_digest(i, &digest);
-                    running.push(self.piece(source, digest, i, off, len, want));
-                },
-                running.len(),
-            );
-
-            // Wait for a piece, news from a peer, or the next thing to do.
-            let mut wake = last_ask.unwrap_or(now) + ask_every;
-            if !stalled {
-                wake = wake
-                    .min(last_progress.max(last_swarm) + STALL)
-                    .min(last_progress + STARVED);
-            }
-            for p in peers.iter().filter(|p| !p.dropped) {
-                if let Some(b) = p.busy_until {
-                    wake = wake.min(b);
-                }
-                if running.is_empty() && matches!(p.have, Have::Blind) {
-                    // An older peer says nothing by itself: ask it again soon.
-                    wake = wake.min(now + BLIND_RETRY);
-                }
-            }
-            let wake = tokio::time::Instant::from_std(wake.max(now + Duration::from_millis(10)));
-            tokio::select! {
-                Some((source, i, got, took)) = running.next(), if !running.is_empty() => {
-                    in_flight.remove(&i);
-                    let peer = match &source {
-                        Source::Server => {
-                            server_in_flight -= 1;
-                            if got.is_ok() {
-                                server_window.arrived(took);
-                                tracing::debug!(piece = i, ms = took.as_millis() as u64, window = server_window.size, "peer sharing: a piece from the server");
-                            }
-                            None
-                        }
-                        Source::Peer(node, _) => peers.iter_mut().find(|p| &p.node == node),
-                    };
-                    match got {
-                        Ok(bytes) => {
-                            let (off, _) = pieces[i];
-                            out.write_all_at(&bytes, off).map_err(|e| {
-                                SwarmError::Unavailable(format!("write {}: {e}", partial.path.display()))
-                            })?;
-                            self.shared.verified(partial, i);
-                            last_progress = Instant::now();
-                            let n = bytes.len() as u64;
-                            match peer {
-                                Some(p) => {
-                                    p.in_flight -= 1;
-                                    p.failures = 0;
-                                    from_peers += n;
-                                    self.stats.from_peers.fetch_add(n, Ordering::Relaxed);
-                                }
-                                None => {
-                                    from_server += n;
-                                    self.stats.from_server.fetch_add(n, Ordering::Relaxed);
-                                }
-                            }
-                        }
-                        Err(PieceError::Busy(why)) => {
-                            if let Some(p) = peer {
-                                tracing::debug!(peer = %p.node, piece = i, "peer sharing: peer busy: {why}");
-                                p.in_flight -= 1;
-                                p.busy_until = Some(Instant::now() + BUSY_BACKOFF);
-                            }
-                        }
-                        Err(PieceError::NotYet(why)) => {
-                            if let Some(p) = peer {
-                                tracing::debug!(peer = %p.node, piece = i, "peer sharing: not from this peer now: {why}");
-                                p.in_flight -= 1;
-                                if p.have.has(i) {
-                                    // It said it holds the piece: it is
-                                    // between its download and its cache
-                                    // (a moment), not without it. Again soon.
-                                    p.busy_until = Some(Instant::now() + BUSY_BACKOFF);
-                                } else {
-                                    tried.entry(i).or_default().insert(p.node.clone());
-                                }
-                            }
-                        }
-                        Err(PieceError::Failed(why)) => match peer {
-                            Some(p) => {
-                                p.in_flight -= 1;
-                                p.failures += 1;
-                                tried.entry(i).or_default().insert(p.node.clone());
-                                if p.failures >= MAX_FAILURES {
-                                    p.dropped = true;
-                                    tracing::info!(peer = %p.node, "peer sharing: peer dropped for this fetch: {why}");
-                                }
-                            }
-                            None => {
-                                if peers.iter().all(|p| p.dropped) {
-                                    return Err(SwarmError::Unavailable(why));
-                                }
-                            }
-                        },
-                        Err(PieceError::Bad(_, _)) if peer.as_ref().is_some_and(|p| p.dropped) => {
-                            // A second piece in flight from a peer already dropped
-                            // and reported.
-                            if let Some(p) = peer {
-                                p.in_flight -= 1;
-                            }
-                        }
-                        Err(PieceError::Bad(expected, got)) => match peer {
-                            Some(p) => {
-                                p.in_flight -= 1;
-                                p.dropped = true;
-                                self.report_bad_peer(&p.node, &digest, i, &got);
-                            }
-                            None => {
-                                let _ = std::fs::remove_file(&partial.path);
-                                return Err(SwarmError::Corrupt(
-                                    lks_proto::digest::VerifyError::DigestMismatch { expected, got },
-                                ));
-                            }
-                        },
-                    }
-                }
-                Some((node, n)) = news.next(), if !news.is_empty() => {
-                    if let Some(p) = peers.iter_mut().find(|p| p.node == node) {
-                        match n {
-                            News::Held(h) => {
-                                let before = p.have.count(pieces.len());
-                                p.have = Have::Known(h);
-                                if p.have.count(pieces.len()) > before {
-                                    last_swarm = Instant::now();
-                                }
-                            }
-                            News::Unsupported => {
-                                p.watching = false;
-                                p.have = Have::Blind;
-                            }
-                            News::NotServed(why) => {
-                                p.watching = false;
-                                p.dropped = true;
-                                tracing::debug!(peer = %p.node, "peer sharing: peer dropped for this fetch: {why}");
-                            }
-                            News::Ended(why) => {
-                                p.watching = false;
-                                if let Some(why) = why {
-                                    tracing::debug!(peer = %p.node, "peer sharing: piece watch ended: {why}");
-                                }
-                            }
-                        }
-                    }
-                }
-                _ = tokio::time::sleep_until(wake) => {}
-            }
-        }
-        out.sync_all()
-            .map_err(|e| SwarmError::Unavailable(format!("fsync {}: {e}", partial.path.display())))?;
-        Ok((from_server, from_peers))
     }
 
     /// Tells the server a peer sent a piece that does not match.

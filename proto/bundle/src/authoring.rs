@@ -4,7 +4,6 @@
 //! Every error names the file and the field (`bundle.toml: file[2].mode: …`)
 //! or, for TOML syntax errors, the file and line.
 
-use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
@@ -14,12 +13,11 @@ use crate::arch::{Arch, ForeignExecutable, UnknownArch};
 use crate::certs::{
     CertificateSpec, DEFAULT_TTL, KubeconfigSpec, MAX_CERTIFICATES, MAX_KUBECONFIGS, UnknownProfile,
 };
-use crate::chunks::{Chunks, DEFAULT_CHUNK_SIZE};
 use crate::digest::Digest;
 use crate::duration::{DurationError, parse_duration};
 use crate::elf::ElfError;
 use crate::limits::*;
-use crate::manifest::{FileSpec, HealthCheck, Manifest, ManifestError, Step};
+use crate::manifest::{HealthCheck, Manifest, ManifestError, Step};
 use crate::path::{BundlePath, PathError};
 
 /// Name of the manifest file in a bundle directory.
@@ -321,222 +319,11 @@ pub fn parse_bundle_toml(
 ) -> Result<AuthoredBundle, BundleTomlError> {
     use BundleTomlError as E;
     let raw: RawBundle = toml::from_str(text).map_err(|e| E::Syntax(toml_error(text, &e)))?;
-    let mut files = Vec::with_capacity(raw.files.len());
-    let mut sources = Vec::with_capacity(raw.files.len());
-    if raw.files.len() > MAX_FILES {
-        return Err(E::TooMany {
-            what: "file",
-            count: raw.files.len(),
-            limit: MAX_FILES,
-        });
-    }
-    let mut hashed: BTreeMap<PathBuf, (Digest, u64, Option<Chunks>)> = BTreeMap::new();
-    for (i, f) in raw.files.into_iter().enumerate() {
-        let field = |n: &str| format!("file[{i}].{n}");
-        let missing = |n: &str, reason: &'static str| E::Field {
-            field: field(n),
-            reason,
-        };
-        let path = BundlePath::new(&f.path).map_err(|source| E::Path {
-            field: field("path"),
-            source,
-        })?;
-        let arch = f
-            .arch
-            .as_deref()
-            .map(Arch::parse)
-            .transpose()
-            .map_err(|source| E::Arch {
-                field: field("arch"),
-                source,
-            })?;
-        let mode = match f.mode {
-            None => 0o644,
-            Some(m) => parse_mode(m).map_err(|source| E::Mode {
-                field: field("mode"),
-                source,
-            })?,
-        };
-        let declared = f
-            .sha256
-            .as_deref()
-            .map(Digest::from_hex)
-            .transpose()
-            .map_err(|_| missing("sha256", "must be 64 lowercase hex digits"))?;
-        let (digest, size, source, url, chunks) = match (f.source, f.url) {
-            (Some(_), Some(_)) => return Err(missing("source", "give either source or url, not both")),
-            (None, None) => {
-                return Err(missing(
-                    "source",
-                    "missing: give source (a file in the bundle directory) or url",
-                ));
-            }
-            (Some(src), None) => {
-                let local = source_path(dir, &src).map_err(|source| E::SourcePath {
-                    field: field("source"),
-                    source,
-                })?;
-                let read = |source| E::Read {
-                    field: field("source"),
-                    path: local.clone(),
-                    source,
-                };
-                let (digest, size, chunks) = match hashed.get(&local) {
-                    Some(v) => v.clone(),
-                    None => {
-                        let meta = std::fs::metadata(&local).map_err(read)?;
-                        if !meta.is_file() {
-                            return Err(E::NotAFile {
-                                field: field("source"),
-                                path: local,
-                            });
-                        }
-                        // One read gives the digest and the chunk list; a
-                        // file of one chunk needs no list (its piece is
-                        // the file).
-                        let v = std::fs::File::open(&local)
-                            .and_then(|f| Chunks::of_reader(f, DEFAULT_CHUNK_SIZE))
-                            .map(|(d, n, c)| (d, n, (n > u64::from(DEFAULT_CHUNK_SIZE)).then_some(c)))
-                            .map_err(read)?;
-                        hashed.insert(local.clone(), v.clone());
-                        v
-                    }
-                };
-                if let Some(d) = declared
-                    && d != digest
-                {
-                    return Err(E::DigestMismatch {
-                        field: field("sha256"),
-                        src,
-                        digest,
-                    });
-                }
-                if let Some(s) = f.size
-                    && s != size
-                {
-                    return Err(E::SizeMismatch {
-                        field: field("size"),
-                        declared: s,
-                        src,
-                        size,
-                    });
-                }
-                (digest, size, FileSource::Local(local), None, chunks)
-            }
-            (None, Some(url)) => {
-                let digest = declared.ok_or_else(|| missing("sha256", "missing (required with url)"))?;
-                let size = match f.size {
-                    Some(s) => s,
-                    None => sizer.size_of(&url, &digest).map_err(|source| E::Size {
-                        field: field("size"),
-                        source,
-                    })?,
-                };
-                (digest, size, FileSource::Url, Some(url), None)
-            }
-        };
-        files.push(FileSpec {
-            arch,
-            path,
-            digest,
-            size,
-            mode,
-            url,
-            chunks,
-        });
-        sources.push(source);
-    }
-    let steps = raw
-        .steps
-        .into_iter()
-        .enumerate()
-        .map(|(i, s)| {
-            Ok(Step {
-                name: s.name,
-                run: s.run,
-                timeout: opt_duration(s.timeout, DEFAULT_STEP_TIMEOUT).map_err(|source| E::Duration {
-                    field: format!("step[{i}].timeout"),
-                    source,
-                })?,
-            })
-        })
-        .collect::<Result<Vec<_>, E>>()?;
-    let duration = |field: &str| {
-        let field = field.to_string();
-        move |source| E::Duration { field, source }
-    };
-    let health = raw
-        .health
-        .map(|h| {
-            Ok::<_, E>(HealthCheck {
-                run: h.run,
-                timeout: opt_duration(h.timeout, DEFAULT_HEALTH_TIMEOUT)
-                    .map_err(duration("health.timeout"))?,
-                retries: h.retries.unwrap_or(DEFAULT_HEALTH_RETRIES),
-                interval: opt_duration(h.interval, DEFAULT_HEALTH_INTERVAL)
-                    .map_err(duration("health.interval"))?,
-            })
-        })
-        .transpose()?;
-    if raw.certificates.len() > MAX_CERTIFICATES {
-        return Err(E::TooMany {
-            what: "certificate",
-            count: raw.certificates.len(),
-            limit: MAX_CERTIFICATES,
-        });
-    }
-    let certificates = raw
-        .certificates
-        .into_iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let field = |n: &str| format!("certificate[{i}].{n}");
-            let path = |n: &str, v: &str| {
-                BundlePath::new(v).map_err(|source| E::Path {
-                    field: field(n),
-                    source,
-                })
-            };
-            Ok(CertificateSpec {
-                path: path("path", &c.path)?,
-                key_path: path("key_path", &c.key_path)?,
-                profile: c.profile.parse().map_err(|source| E::Profile {
-                    field: field("profile"),
-                    source,
-                })?,
-                common_name: c.common_name,
-                organizations: c.organizations,
-                dns_names: c.dns_names,
-                ip_addresses: c.ip_addresses,
-                ttl: opt_duration(c.ttl, DEFAULT_TTL).map_err(duration(&field("ttl")))?,
-                ca_path: c.ca_path.map(|p| path("ca_path", &p)).transpose()?,
-            })
-        })
-        .collect::<Result<Vec<_>, E>>()?;
-    if raw.kubeconfigs.len() > MAX_KUBECONFIGS {
-        return Err(E::TooMany {
-            what: "kubeconfig",
-            count: raw.kubeconfigs.len(),
-            limit: MAX_KUBECONFIGS,
-        });
-    }
-    let kubeconfigs = raw
-        .kubeconfigs
-        .into_iter()
-        .enumerate()
-        .map(|(i, k)| {
-            let path = |n: &str, v: &str| {
-                BundlePath::new(v).map_err(|source| E::Path {
-                    field: format!("kubeconfig[{i}].{n}"),
-                    source,
-                })
-            };
-            Ok(KubeconfigSpec {
-                path: path("path", &k.path)?,
-                certificate: path("certificate", &k.certificate)?,
-            })
-        })
-        .collect::<Result<Vec<_>, E>>()?;
+    let (files, sources) = files::parse_files(raw.files, dir, sizer)?;
+    let steps = parse_steps(raw.steps)?;
+    let health = raw.health.map(parse_health).transpose()?;
+    let certificates = parse_certificates(raw.certificates)?;
+    let kubeconfigs = parse_kubeconfigs(raw.kubeconfigs)?;
     let architectures = raw
         .architectures
         .iter()
@@ -562,12 +349,119 @@ pub fn parse_bundle_toml(
     };
     manifest.validate()?;
     check_elf_arches(&manifest, &sources)?;
+    check_self_update_executable(&manifest, &sources)?;
+    Ok(AuthoredBundle { manifest, sources })
+}
+
+/// The `[[step]]`s, each with its timeout or the default.
+fn parse_steps(raw: Vec<RawStep>) -> Result<Vec<Step>, BundleTomlError> {
+    raw.into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            Ok(Step {
+                name: s.name,
+                run: s.run,
+                timeout: opt_duration(s.timeout, DEFAULT_STEP_TIMEOUT).map_err(|source| {
+                    BundleTomlError::Duration {
+                        field: format!("step[{i}].timeout"),
+                        source,
+                    }
+                })?,
+            })
+        })
+        .collect()
+}
+
+/// A bad duration in `field`.
+fn bad_duration(field: &str) -> impl FnOnce(DurationError) -> BundleTomlError + use<> {
+    let field = field.to_string();
+    move |source| BundleTomlError::Duration { field, source }
+}
+
+/// `[health]`, with the defaults for what it leaves out.
+fn parse_health(h: RawHealth) -> Result<HealthCheck, BundleTomlError> {
+    Ok(HealthCheck {
+        run: h.run,
+        timeout: opt_duration(h.timeout, DEFAULT_HEALTH_TIMEOUT).map_err(bad_duration("health.timeout"))?,
+        retries: h.retries.unwrap_or(DEFAULT_HEALTH_RETRIES),
+        interval: opt_duration(h.interval, DEFAULT_HEALTH_INTERVAL)
+            .map_err(bad_duration("health.interval"))?,
+    })
+}
+
+/// The `[[certificate]]`s the node makes, at most [`MAX_CERTIFICATES`].
+fn parse_certificates(raw: Vec<RawCertificate>) -> Result<Vec<CertificateSpec>, BundleTomlError> {
+    use BundleTomlError as E;
+    if raw.len() > MAX_CERTIFICATES {
+        return Err(E::TooMany {
+            what: "certificate",
+            count: raw.len(),
+            limit: MAX_CERTIFICATES,
+        });
+    }
+    raw.into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let field = |n: &str| format!("certificate[{i}].{n}");
+            let path = |n: &str, v: &str| {
+                BundlePath::new(v).map_err(|source| E::Path {
+                    field: field(n),
+                    source,
+                })
+            };
+            Ok(CertificateSpec {
+                path: path("path", &c.path)?,
+                key_path: path("key_path", &c.key_path)?,
+                profile: c.profile.parse().map_err(|source| E::Profile {
+                    field: field("profile"),
+                    source,
+                })?,
+                common_name: c.common_name,
+                organizations: c.organizations,
+                dns_names: c.dns_names,
+                ip_addresses: c.ip_addresses,
+                ttl: opt_duration(c.ttl, DEFAULT_TTL).map_err(bad_duration(&field("ttl")))?,
+                ca_path: c.ca_path.map(|p| path("ca_path", &p)).transpose()?,
+            })
+        })
+        .collect()
+}
+
+/// The `[[kubeconfig]]`s the node writes, at most [`MAX_KUBECONFIGS`].
+fn parse_kubeconfigs(raw: Vec<RawKubeconfig>) -> Result<Vec<KubeconfigSpec>, BundleTomlError> {
+    use BundleTomlError as E;
+    if raw.len() > MAX_KUBECONFIGS {
+        return Err(E::TooMany {
+            what: "kubeconfig",
+            count: raw.len(),
+            limit: MAX_KUBECONFIGS,
+        });
+    }
+    raw.into_iter()
+        .enumerate()
+        .map(|(i, k)| {
+            let path = |n: &str, v: &str| {
+                BundlePath::new(v).map_err(|source| E::Path {
+                    field: format!("kubeconfig[{i}].{n}"),
+                    source,
+                })
+            };
+            Ok(KubeconfigSpec {
+                path: path("path", &k.path)?,
+                certificate: path("certificate", &k.certificate)?,
+            })
+        })
+        .collect()
+}
+
+/// The node checks a self-update's architecture; here its (single-arch,
+/// local) file must at least be an executable, not a script or a tarball.
+fn check_self_update_executable(manifest: &Manifest, sources: &[FileSource]) -> Result<(), BundleTomlError> {
+    use BundleTomlError as E;
     if manifest.self_update
         && !manifest.is_multi_arch()
         && let Some(FileSource::Local(p)) = sources.first()
     {
-        // The node checks the architecture; here it must at least be an
-        // executable, not a script or a tarball.
         let field = || "file[0].source".to_string();
         let head = head_of(p).map_err(|source| E::Read {
             field: field(),
@@ -580,7 +474,7 @@ pub fn parse_bundle_toml(
             source,
         })?;
     }
-    Ok(AuthoredBundle { manifest, sources })
+    Ok(())
 }
 
 /// The first bytes of a local source (an ELF header needs 64).
@@ -694,6 +588,8 @@ pub fn toml_error(text: &str, e: &toml::de::Error) -> String {
         None => msg,
     }
 }
+
+mod files;
 
 #[cfg(test)]
 mod tests;

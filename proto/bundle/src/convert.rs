@@ -27,43 +27,7 @@ impl TryFrom<pb::Manifest> for Manifest {
             .files
             .into_iter()
             .enumerate()
-            .map(|(i, f)| {
-                let field = |n: &str| format!("file[{i}].{n}");
-                Ok(FileSpec {
-                    arch: (!f.arch.is_empty())
-                        .then(|| Arch::parse(&f.arch))
-                        .transpose()
-                        .map_err(|e| ManifestError::new(field("arch"), e))?,
-                    path: BundlePath::new(&f.path).map_err(|e| ManifestError::new(field("path"), e))?,
-                    digest: f
-                        .digest
-                        .parse::<Digest>()
-                        .map_err(|e| ManifestError::new(field("digest"), e))?,
-                    size: f.size,
-                    mode: f.mode,
-                    url: (!f.url.is_empty()).then_some(f.url),
-                    chunks: match (f.chunk_size, f.chunk_digests.len()) {
-                        (0, 0) => None,
-                        (size, _) => Some(Chunks {
-                            size,
-                            digests: f
-                                .chunk_digests
-                                .iter()
-                                .map(|d| {
-                                    <[u8; 32]>::try_from(d.as_slice())
-                                        .map(Digest::from_bytes)
-                                        .map_err(|_| {
-                                            ManifestError::new(
-                                                field("chunk_digests"),
-                                                "a digest is not 32 bytes",
-                                            )
-                                        })
-                                })
-                                .collect::<Result<_, _>>()?,
-                        }),
-                    },
-                })
-            })
+            .map(|(i, f)| file_from_pb(i, f))
             .collect::<Result<Vec<_>, ManifestError>>()?;
         let steps = m
             .steps
@@ -88,26 +52,7 @@ impl TryFrom<pb::Manifest> for Manifest {
             .certificates
             .into_iter()
             .enumerate()
-            .map(|(i, c)| {
-                let field = |n: &str| format!("certificate[{i}].{n}");
-                let path = |n: &str, v: &str| BundlePath::new(v).map_err(|e| ManifestError::new(field(n), e));
-                Ok(CertificateSpec {
-                    path: path("path", &c.path)?,
-                    key_path: path("key_path", &c.key_path)?,
-                    profile: c
-                        .profile
-                        .parse()
-                        .map_err(|e| ManifestError::new(field("profile"), e))?,
-                    common_name: c.common_name,
-                    organizations: c.organizations,
-                    dns_names: c.dns_names,
-                    ip_addresses: c.ip_addresses,
-                    ttl: ms_or(c.ttl_ms, crate::certs::DEFAULT_TTL),
-                    ca_path: (!c.ca_path.is_empty())
-                        .then(|| path("ca_path", &c.ca_path))
-                        .transpose()?,
-                })
-            })
+            .map(|(i, c)| certificate_from_pb(i, c))
             .collect::<Result<Vec<_>, ManifestError>>()?;
         let kubeconfigs = m
             .kubeconfigs
@@ -144,6 +89,64 @@ impl TryFrom<pb::Manifest> for Manifest {
         manifest.validate()?;
         Ok(manifest)
     }
+}
+
+/// `file[i]` of a manifest on the wire.
+fn file_from_pb(i: usize, f: pb::FileEntry) -> Result<FileSpec, ManifestError> {
+    let field = |n: &str| format!("file[{i}].{n}");
+    Ok(FileSpec {
+        arch: (!f.arch.is_empty())
+            .then(|| Arch::parse(&f.arch))
+            .transpose()
+            .map_err(|e| ManifestError::new(field("arch"), e))?,
+        path: BundlePath::new(&f.path).map_err(|e| ManifestError::new(field("path"), e))?,
+        digest: f
+            .digest
+            .parse::<Digest>()
+            .map_err(|e| ManifestError::new(field("digest"), e))?,
+        size: f.size,
+        mode: f.mode,
+        url: (!f.url.is_empty()).then_some(f.url),
+        chunks: match (f.chunk_size, f.chunk_digests.len()) {
+            (0, 0) => None,
+            (size, _) => Some(Chunks {
+                size,
+                digests: f
+                    .chunk_digests
+                    .iter()
+                    .map(|d| {
+                        <[u8; 32]>::try_from(d.as_slice())
+                            .map(Digest::from_bytes)
+                            .map_err(|_| {
+                                ManifestError::new(field("chunk_digests"), "a digest is not 32 bytes")
+                            })
+                    })
+                    .collect::<Result<_, _>>()?,
+            }),
+        },
+    })
+}
+
+/// `certificate[i]` of a manifest on the wire.
+fn certificate_from_pb(i: usize, c: pb::CertificateRequest) -> Result<CertificateSpec, ManifestError> {
+    let field = |n: &str| format!("certificate[{i}].{n}");
+    let path = |n: &str, v: &str| BundlePath::new(v).map_err(|e| ManifestError::new(field(n), e));
+    Ok(CertificateSpec {
+        path: path("path", &c.path)?,
+        key_path: path("key_path", &c.key_path)?,
+        profile: c
+            .profile
+            .parse()
+            .map_err(|e| ManifestError::new(field("profile"), e))?,
+        common_name: c.common_name,
+        organizations: c.organizations,
+        dns_names: c.dns_names,
+        ip_addresses: c.ip_addresses,
+        ttl: ms_or(c.ttl_ms, crate::certs::DEFAULT_TTL),
+        ca_path: (!c.ca_path.is_empty())
+            .then(|| path("ca_path", &c.ca_path))
+            .transpose()?,
+    })
 }
 
 fn ms_or(ms: u64, default: Duration) -> Duration {

@@ -230,77 +230,9 @@ impl Api {
                     let r = r.map_err(st).with_context(|| format!("get rollout {id}"))?;
                     Ok(output::rollout_json(r.get_ref()))
                 }
-                ["events"] => {
-                    let limit = q.get("limit");
-                    let limit = if limit.is_empty() {
-                        0
-                    } else {
-                        limit.parse().map_err(|_| {
-                            ApiError::new(StatusCode::BAD_REQUEST, format!("invalid limit {limit:?}"))
-                        })?
-                    };
-                    let r = c
-                        .list_events(pb::ListEventsRequest {
-                            cluster: q.get("cluster"),
-                            node: q.get("node"),
-                            rollout_id: q.get("rollout"),
-                            limit,
-                        })
-                        .await;
-                    let r = r.map_err(st).context("list events")?.into_inner();
-                    Ok(json!(r.events.iter().map(output::event_json).collect::<Vec<_>>()))
-                }
-                ["audit"] => {
-                    let number = |k: &str| -> Result<i64, ApiError> {
-                        let v = q.get(k);
-                        if v.is_empty() {
-                            return Ok(0);
-                        }
-                        v.parse()
-                            .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, format!("invalid {k} {v:?}")))
-                    };
-                    let limit = u32::try_from(number("limit")?)
-                        .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "invalid limit".to_string()))?;
-                    let r = c
-                        .list_audit(pb::ListAuditRequest {
-                            since_ms: number("since")?,
-                            verb: q.get("verb"),
-                            limit,
-                        })
-                        .await;
-                    let r = r.map_err(st).context("list the audit trail")?.into_inner();
-                    Ok(json!(
-                        r.records
-                            .iter()
-                            .map(crate::audit::record_json)
-                            .collect::<Vec<_>>()
-                    ))
-                }
-                ["selector"] => {
-                    let cluster = q.get("cluster");
-                    validate_cluster_name(&cluster).context("--cluster")?;
-                    let selector = labels("--selector", &q.get("selector"))?;
-                    let r = c
-                        .list_nodes(pb::ListNodesRequest {
-                            cluster: cluster.clone(),
-                        })
-                        .await;
-                    let r = r.map_err(st).context("list nodes")?.into_inner();
-                    let matching: Vec<&pb::Node> = r
-                        .nodes
-                        .iter()
-                        .filter(|n| {
-                            let l: lks_proto::labels::Labels = n.labels.clone().into_iter().collect();
-                            selector_matches(&selector, &l)
-                        })
-                        .collect();
-                    Ok(json!({
-                        "cluster": cluster,
-                        "matches": matching.len(),
-                        "connected": matching.iter().filter(|n| n.connected).count(),
-                        "nodes": matching.iter().take(20).map(|n| &n.name).collect::<Vec<_>>(),
-                    }))
-                }
+                ["events"] => events(c, &url, &q).await,
+                ["audit"] => audit(c, &url, &q).await,
+                ["selector"] => selector(c, &url, &q).await,
                 _ => Err(ApiError::new(
                     StatusCode::NOT_FOUND,
                     format!("no endpoint /api/{path}"),
@@ -381,6 +313,87 @@ struct StartForm {
     batch_size: u32,
     #[serde(default)]
     failure_threshold: u32,
+}
+
+/// `GET /api/events?cluster=&node=&rollout=&limit=`.
+async fn events(c: &mut Client, url: &str, q: &Query) -> ApiResult {
+    let st = |s: tonic::Status| status(url, s);
+    let limit = q.get("limit");
+    let limit = if limit.is_empty() {
+        0
+    } else {
+        limit
+            .parse()
+            .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, format!("invalid limit {limit:?}")))?
+    };
+    let r = c
+        .list_events(pb::ListEventsRequest {
+            cluster: q.get("cluster"),
+            node: q.get("node"),
+            rollout_id: q.get("rollout"),
+            limit,
+        })
+        .await;
+    let r = r.map_err(st).context("list events")?.into_inner();
+    Ok(json!(r.events.iter().map(output::event_json).collect::<Vec<_>>()))
+}
+
+/// `GET /api/audit?since=&verb=&limit=`: the audit trail.
+async fn audit(c: &mut Client, url: &str, q: &Query) -> ApiResult {
+    let st = |s: tonic::Status| status(url, s);
+    let number = |k: &str| -> Result<i64, ApiError> {
+        let v = q.get(k);
+        if v.is_empty() {
+            return Ok(0);
+        }
+        v.parse()
+            .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, format!("invalid {k} {v:?}")))
+    };
+    let limit = u32::try_from(number("limit")?)
+        .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "invalid limit".to_string()))?;
+    let r = c
+        .list_audit(pb::ListAuditRequest {
+            since_ms: number("since")?,
+            verb: q.get("verb"),
+            limit,
+        })
+        .await;
+    let r = r.map_err(st).context("list the audit trail")?.into_inner();
+    Ok(json!(
+        r.records
+            .iter()
+            .map(crate::audit::record_json)
+            .collect::<Vec<_>>()
+    ))
+}
+
+/// `GET /api/selector?cluster=&selector=`: how many nodes a rollout's
+/// selector would take, how many of them connected, and the first 20.
+async fn selector(c: &mut Client, url: &str, q: &Query) -> ApiResult {
+    let st = |s: tonic::Status| status(url, s);
+    let cluster = q.get("cluster");
+    validate_cluster_name(&cluster).context("--cluster")?;
+    let selector = labels("--selector", &q.get("selector"))?;
+    let r = c
+        .list_nodes(pb::ListNodesRequest {
+            cluster: cluster.clone(),
+        })
+        .await;
+    let r = r.map_err(st).context("list nodes")?.into_inner();
+    let matching: Vec<&pb::Node> = r
+        .nodes
+        .iter()
+        .filter(|n| {
+            let l: lks_proto::labels::Labels = n.labels.clone().into_iter().collect();
+            selector_matches(&selector, &l)
+        })
+        .collect();
+    Ok(json!({
+        "cluster": cluster,
+        "matches": matching.len(),
+        "connected": matching.iter().filter(|n| n.connected).count(),
+        "nodes": matching.iter().take(20).map(|n| &n.name).collect::<Vec<_>>(),
+    }))
 }
 
 /// An `application/x-www-form-urlencoded` query.

@@ -1,7 +1,9 @@
 //! The engine's side of a self-update (see [`crate::apply::selfupdate`]): stage
 //! and hand over, pick up a hand-over after a restart, commit.
 
-use lks_proto::{BundleState, Manifest};
+use std::path::{Path, PathBuf};
+
+use lks_proto::{BundleState, Digest, Manifest};
 
 use super::{Engine, EngineError, Verdict};
 use crate::apply::selfupdate::{self, HANDING_OVER, Paths, Pending, ROLLED_BACK, TRYING};
@@ -28,62 +30,14 @@ impl Engine {
     pub(super) async fn hand_over(&mut self, m: &Manifest, key: String) -> Result<(), EngineError> {
         let (name, version) = (m.name.as_str(), m.version.as_str());
         let f = &m.files[0];
-        let target = self.root_path.join(f.path.relative());
-        let own = match selfupdate::own_exe() {
-            Ok(p) => p,
-            Err(e) => {
-                return self.fail_once(
-                    name,
-                    version,
-                    format!("self-update: find this agent's binary: {e}"),
-                    Some(key),
-                );
-            }
+        let own = match self.self_update_refusal(m) {
+            Ok(own) => own,
+            Err(why) => return self.fail_once(name, version, why, Some(key)),
         };
-        match target.canonicalize() {
-            Ok(t) if t == own => {}
-            _ => {
-                return self.fail_once(
-                    name,
-                    version,
-                    format!(
-                        "self-update refused: it would replace {} but this agent runs from {}",
-                        f.path,
-                        own.display()
-                    ),
-                    Some(key),
-                );
-            }
-        }
-        let blob = self.cache.blob_path(&f.digest);
-        let refused = match selfupdate::head(&blob, 64) {
-            Ok(h) => lks_proto::elf::check_for_host(&h).err().map(|e| e.to_string()),
-            Err(e) => Some(e.to_string()),
-        };
-        if let Some(e) = refused {
-            return self.fail_once(
-                name,
-                version,
-                format!("self-update refused: {} is {e}", f.path),
-                Some(key),
-            );
-        }
         let paths = self.su_paths();
         lks_proto::fsutil::create_dir(&paths.dir, 0o700)?;
-        // A verified copy, executable, synced: what the guard installs.
         let staged = paths.new_binary();
-        let copied = std::fs::copy(&blob, &staged)
-            .and_then(|_| {
-                std::fs::set_permissions(&staged, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            })
-            .and_then(|()| std::fs::File::open(&staged)?.sync_all())
-            .map_err(|e| e.to_string())
-            .and_then(|()| match selfupdate::file_digest(&staged) {
-                Ok(d) if d == f.digest => Ok(()),
-                Ok(d) => Err(format!("staged copy has digest {d}, expected {}", f.digest)),
-                Err(e) => Err(e.to_string()),
-            });
-        if let Err(e) = copied {
+        if let Err(e) = stage_binary(&self.cache.blob_path(&f.digest), &staged, &f.digest) {
             paths.clear();
             return self.fail_once(
                 name,
@@ -110,27 +64,7 @@ impl Engine {
             paths.clear();
             return self.record_self_update(m, "this agent already runs that binary");
         }
-        let mut p = Pending::default();
-        p.set("PHASE", HANDING_OVER);
-        p.set("BUNDLE", name);
-        p.set("VERSION", version);
-        p.set("KEY", key);
-        p.set("NEW_SHA256", f.digest.hex());
-        p.set("NEW_VERSION", new_version.clone());
-        p.set("OLD_VERSION", crate::node::facts::AGENT_VERSION);
-        p.set("OLD_SHA256", own_digest.map(|d| d.hex()).unwrap_or_default());
-        p.set("TARGET", own.display().to_string());
-        p.set("DEADLINE_S", selfupdate::deadline().as_secs().to_string());
-        p.set("STARTED_MS", self.clock.now_ms().to_string());
-        let manifest = serde_json::to_vec(m).map_err(|e| {
-            EngineError::Fs(lks_proto::fsutil::FsError::new(
-                "encode",
-                &paths.manifest(),
-                std::io::Error::other(e),
-            ))
-        })?;
-        lks_proto::fsutil::write_atomic(&paths.manifest(), &manifest, 0o600)?;
-        p.save(&paths.pending())?;
+        self.save_hand_over(m, key, &new_version, &own, own_digest, &paths)?;
         let message = format!(
             "handing over from agent {} to {new_version}",
             crate::node::facts::AGENT_VERSION
@@ -151,6 +85,69 @@ impl Engine {
             "{message}: exiting for the guard to switch binaries"
         );
         self.handover = true;
+        Ok(())
+    }
+
+    /// Why this agent will not take the self-update `m`: its own binary
+    /// cannot be found, `m` would replace another file, or the new binary
+    /// is not for this host. Otherwise the path this agent runs from.
+    fn self_update_refusal(&self, m: &Manifest) -> Result<PathBuf, String> {
+        let f = &m.files[0];
+        let target = self.root_path.join(f.path.relative());
+        let own = selfupdate::own_exe().map_err(|e| format!("self-update: find this agent's binary: {e}"))?;
+        match target.canonicalize() {
+            Ok(t) if t == own => {}
+            _ => {
+                return Err(format!(
+                    "self-update refused: it would replace {} but this agent runs from {}",
+                    f.path,
+                    own.display()
+                ));
+            }
+        }
+        let blob = self.cache.blob_path(&f.digest);
+        let refused = match selfupdate::head(&blob, 64) {
+            Ok(h) => lks_proto::elf::check_for_host(&h).err().map(|e| e.to_string()),
+            Err(e) => Some(e.to_string()),
+        };
+        match refused {
+            Some(e) => Err(format!("self-update refused: {} is {e}", f.path)),
+            None => Ok(own),
+        }
+    }
+
+    /// Writes what the guard and the next start need to finish the
+    /// hand-over: the manifest, then the pending record.
+    fn save_hand_over(
+        &self,
+        m: &Manifest,
+        key: String,
+        new_version: &str,
+        own: &Path,
+        own_digest: Option<Digest>,
+        paths: &Paths,
+    ) -> Result<(), EngineError> {
+        let mut p = Pending::default();
+        p.set("PHASE", HANDING_OVER);
+        p.set("BUNDLE", m.name.as_str());
+        p.set("VERSION", m.version.as_str());
+        p.set("KEY", key);
+        p.set("NEW_SHA256", m.files[0].digest.hex());
+        p.set("NEW_VERSION", new_version);
+        p.set("OLD_VERSION", crate::node::facts::AGENT_VERSION);
+        p.set("OLD_SHA256", own_digest.map(|d| d.hex()).unwrap_or_default());
+        p.set("TARGET", own.display().to_string());
+        p.set("DEADLINE_S", selfupdate::deadline().as_secs().to_string());
+        p.set("STARTED_MS", self.clock.now_ms().to_string());
+        let manifest = serde_json::to_vec(m).map_err(|e| {
+            EngineError::Fs(lks_proto::fsutil::FsError::new(
+                "encode",
+                &paths.manifest(),
+                std::io::Error::other(e),
+            ))
+        })?;
+        lks_proto::fsutil::write_atomic(&paths.manifest(), &manifest, 0o600)?;
+        p.save(&paths.pending())?;
         Ok(())
     }
 
@@ -295,4 +292,18 @@ impl Engine {
         self.publish();
         Ok(())
     }
+}
+
+/// A verified copy of `blob` at `staged`, executable, synced: what the
+/// guard installs.
+fn stage_binary(blob: &Path, staged: &Path, digest: &Digest) -> Result<(), String> {
+    std::fs::copy(blob, staged)
+        .and_then(|_| std::fs::set_permissions(staged, std::os::unix::fs::PermissionsExt::from_mode(0o755)))
+        .and_then(|()| std::fs::File::open(staged)?.sync_all())
+        .map_err(|e| e.to_string())
+        .and_then(|()| match selfupdate::file_digest(staged) {
+            Ok(d) if d == *digest => Ok(()),
+            Ok(d) => Err(format!("staged copy has digest {d}, expected {digest}")),
+            Err(e) => Err(e.to_string()),
+        })
 }

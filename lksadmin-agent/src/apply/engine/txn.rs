@@ -169,156 +169,23 @@ impl Engine {
                 .is_some_and(|m| !m.steps.is_empty() || m.health.is_some());
         let backup_dir = self.dirs.txn(txn.seq);
         self.give_back(&txn, touched);
-        let mut unrestorable = Vec::new();
-        if touched {
-            let mut first = true;
-            for plan in &txn.plans {
-                let Some(content) = &plan.backup else { continue };
-                // A parent swapped since the switch for a symlink out of the
-                // root (or for a file) can never be restored through: writing
-                // there would leave the root, and failing here would keep the
-                // journal open and wedge every later apply, heal and renewal.
-                if let Some(why) = self.unreachable(&plan.path) {
-                    tracing::warn!(path = %plan.path, "not restored during rollback: {why}");
-                    unrestorable.push(why.to_string());
-                    continue;
-                }
-                self.restore(&backup_dir, plan, content)
-                    .map_err(|error| EngineError::Restore {
-                        path: plan.path.clone(),
-                        error: Box::new(error),
-                    })?;
-                if first {
-                    fault::point("rollback-partial");
-                    first = false;
-                }
-            }
-        }
+        let unrestorable = if touched {
+            self.restore_backups(&txn, &backup_dir)?
+        } else {
+            Vec::new()
+        };
         self.remove_temps(&txn);
-        let mut message = reason;
-        if !unrestorable.is_empty() {
-            message = format!(
-                "{message}; not restored, left as found: {}",
-                unrestorable.join("; ")
-            );
-        }
-        if touched && let Some(from) = &txn.from {
-            if let Err(e) = self.run_steps(from).await {
-                message = format!(
-                    "{message}; re-running the steps of {}@{} also failed: {e}",
-                    from.name, from.version
-                );
-            }
-        }
-        let mut retry_at_ms = 0;
+        let message = self.rollback_message(&txn, reason, &unrestorable, touched).await;
         let renewal_retry = txn
             .renewal
             .then(|| self.clock.now_ms().saturating_add(RENEW_RETRY_MS));
-        let (version, verdict, kind) = match (&txn.to, &txn.from) {
-            // A renewal that failed leaves the version applied, with the
-            // pair it had: tried again later.
-            (Some(to), _) if txn.renewal => (
-                to.version.clone(),
-                Verdict {
-                    state: BundleState::Applied,
-                    message: format!(
-                        "certificate renewal rolled back: {message}; keeping the current certificates, \
-                         trying again at {}",
-                        rfc3339(renewal_retry.unwrap_or_default())
-                    ),
-                    sticky: None,
-                },
-                "renewal_failed",
-            ),
-            // A crash in the agent's own phases says nothing about the
-            // bundle: try again, however often it happens.
-            (Some(to), _) if retry && !guarded => (
-                to.version.clone(),
-                Verdict {
-                    state: BundleState::Pending,
-                    message: format!("{message}; rolled back, will retry"),
-                    sticky: None,
-                },
-                "interrupted",
-            ),
-            (Some(to), _) if retry => {
-                // Finishing this rollback again after a crash must not count
-                // its interruption twice.
-                let rec = self.state.bundles.get(&txn.bundle);
-                let fresh = u32::from(rec.is_none_or(|r| r.counted_txn != Some(txn.seq)));
-                let n = rec.map_or(0, |r| r.interrupted) + fresh;
-                let v = if n >= MAX_INTERRUPTED {
-                    let gave_up = rec.map_or(0, |r| r.gave_up) + fresh;
-                    retry_at_ms = match rec.map_or(0, |r| r.retry_at_ms) {
-                        at if fresh == 0 && at > 0 => at,
-                        _ => self
-                            .clock
-                            .now_ms()
-                            .saturating_add(give_up_backoff_ms(gave_up.max(1))),
-                    };
-                    if let Some(r) = self.state.bundles.get_mut(&txn.bundle) {
-                        r.gave_up = gave_up;
-                    }
-                    Verdict {
-                        state: BundleState::Failed,
-                        message: format!(
-                            "gave up after {n} interrupted attempts: {message}; trying again at {} \
-                             (or now with `lksctl node retry {}`)",
-                            rfc3339(retry_at_ms),
-                            self.node
-                        ),
-                        sticky: Some(txn.key.clone()),
-                    }
-                } else {
-                    Verdict {
-                        state: BundleState::Pending,
-                        message: format!("{message}; rolled back, will retry"),
-                        sticky: None,
-                    }
-                };
-                if let Some(r) = self.state.bundles.get_mut(&txn.bundle) {
-                    r.interrupted = n;
-                    r.counted_txn = Some(txn.seq);
-                }
-                (to.version.clone(), v, "interrupted")
-            }
-            (Some(to), _) if touched => (
-                to.version.clone(),
-                Verdict {
-                    state: BundleState::RolledBack,
-                    message,
-                    sticky: Some(txn.key.clone()),
-                },
-                "rolled_back",
-            ),
-            (Some(to), _) => (
-                to.version.clone(),
-                Verdict {
-                    state: BundleState::Failed,
-                    message,
-                    sticky: None,
-                },
-                "failed",
-            ),
-            (None, Some(from)) => (
-                from.version.clone(),
-                Verdict {
-                    state: BundleState::Failed,
-                    message: format!("removal failed: {message}"),
-                    sticky: None,
-                },
-                "failed",
-            ),
-            (None, None) => (
-                String::new(),
-                Verdict {
-                    state: BundleState::Failed,
-                    message,
-                    sticky: None,
-                },
-                "failed",
-            ),
+        let how = RolledBack {
+            touched,
+            retry,
+            guarded,
+            renewal_retry,
         };
+        let (version, verdict, kind, retry_at_ms) = self.rollback_verdict(&txn, message, &how);
         let message = verdict.message.clone();
         let interrupted = self.state.bundles.get(&txn.bundle).map_or(0, |r| r.interrupted);
         self.set_status(&txn.bundle, &version, verdict)?;
@@ -337,6 +204,183 @@ impl Engine {
         self.event(kind, &txn.bundle.clone(), &version, &message);
         self.publish();
         Ok(())
+    }
+
+    /// Restores every backed-up target of `txn` from `backup_dir`; returns
+    /// why each one that cannot be restored was left as found.
+    fn restore_backups(&mut self, txn: &Txn, backup_dir: &Path) -> Result<Vec<String>, EngineError> {
+        let mut unrestorable = Vec::new();
+        let mut first = true;
+        for plan in &txn.plans {
+            let Some(content) = &plan.backup else { continue };
+            // A parent swapped since the switch for a symlink out of the
+            // root (or for a file) can never be restored through: writing
+            // there would leave the root, and failing here would keep the
+            // journal open and wedge every later apply, heal and renewal.
+            if let Some(why) = self.unreachable(&plan.path) {
+                tracing::warn!(path = %plan.path, "not restored during rollback: {why}");
+                unrestorable.push(why.to_string());
+                continue;
+            }
+            self.restore(backup_dir, plan, content)
+                .map_err(|error| EngineError::Restore {
+                    path: plan.path.clone(),
+                    error: Box::new(error),
+                })?;
+            if first {
+                fault::point("rollback-partial");
+                first = false;
+            }
+        }
+        Ok(unrestorable)
+    }
+
+    /// The rollback's reason, with what was left unrestored and, when
+    /// targets were touched, the outcome of re-running the previous
+    /// version's steps.
+    async fn rollback_message(
+        &mut self,
+        txn: &Txn,
+        reason: String,
+        unrestorable: &[String],
+        touched: bool,
+    ) -> String {
+        let mut message = reason;
+        if !unrestorable.is_empty() {
+            message = format!(
+                "{message}; not restored, left as found: {}",
+                unrestorable.join("; ")
+            );
+        }
+        if touched && let Some(from) = &txn.from {
+            if let Err(e) = self.run_steps(from).await {
+                message = format!(
+                    "{message}; re-running the steps of {}@{} also failed: {e}",
+                    from.name, from.version
+                );
+            }
+        }
+        message
+    }
+
+    /// What a finished rollback leaves: the version the status names, its
+    /// verdict, the event kind and when to try again (0: not on a timer).
+    fn rollback_verdict(
+        &mut self,
+        txn: &Txn,
+        message: String,
+        how: &RolledBack,
+    ) -> (String, Verdict, &'static str, i64) {
+        let verdict = |state, message, sticky| Verdict {
+            state,
+            message,
+            sticky,
+        };
+        match (&txn.to, &txn.from) {
+            // A renewal that failed leaves the version applied, with the
+            // pair it had: tried again later.
+            (Some(to), _) if txn.renewal => (
+                to.version.clone(),
+                verdict(
+                    BundleState::Applied,
+                    format!(
+                        "certificate renewal rolled back: {message}; keeping the current certificates, \
+                         trying again at {}",
+                        rfc3339(how.renewal_retry.unwrap_or_default())
+                    ),
+                    None,
+                ),
+                "renewal_failed",
+                0,
+            ),
+            // A crash in the agent's own phases says nothing about the
+            // bundle: try again, however often it happens.
+            (Some(to), _) if how.retry && !how.guarded => (
+                to.version.clone(),
+                verdict(
+                    BundleState::Pending,
+                    format!("{message}; rolled back, will retry"),
+                    None,
+                ),
+                "interrupted",
+                0,
+            ),
+            (Some(to), _) if how.retry => {
+                let (v, retry_at_ms) = self.count_interruption(txn, message);
+                (to.version.clone(), v, "interrupted", retry_at_ms)
+            }
+            (Some(to), _) if how.touched => (
+                to.version.clone(),
+                verdict(BundleState::RolledBack, message, Some(txn.key.clone())),
+                "rolled_back",
+                0,
+            ),
+            (Some(to), _) => (
+                to.version.clone(),
+                verdict(BundleState::Failed, message, None),
+                "failed",
+                0,
+            ),
+            (None, Some(from)) => (
+                from.version.clone(),
+                verdict(BundleState::Failed, format!("removal failed: {message}"), None),
+                "failed",
+                0,
+            ),
+            (None, None) => (
+                String::new(),
+                verdict(BundleState::Failed, message, None),
+                "failed",
+                0,
+            ),
+        }
+    }
+
+    /// Counts an interruption of a guarded phase: after
+    /// [`MAX_INTERRUPTED`] in a row the bundle is given up on until a
+    /// backed-off time; before, it is tried again. Returns the verdict and
+    /// that time (0 when not given up).
+    fn count_interruption(&mut self, txn: &Txn, message: String) -> (Verdict, i64) {
+        let mut retry_at_ms = 0;
+        // Finishing this rollback again after a crash must not count
+        // its interruption twice.
+        let rec = self.state.bundles.get(&txn.bundle);
+        let fresh = u32::from(rec.is_none_or(|r| r.counted_txn != Some(txn.seq)));
+        let n = rec.map_or(0, |r| r.interrupted) + fresh;
+        let v = if n >= MAX_INTERRUPTED {
+            let gave_up = rec.map_or(0, |r| r.gave_up) + fresh;
+            retry_at_ms = match rec.map_or(0, |r| r.retry_at_ms) {
+                at if fresh == 0 && at > 0 => at,
+                _ => self
+                    .clock
+                    .now_ms()
+                    .saturating_add(give_up_backoff_ms(gave_up.max(1))),
+            };
+            if let Some(r) = self.state.bundles.get_mut(&txn.bundle) {
+                r.gave_up = gave_up;
+            }
+            Verdict {
+                state: BundleState::Failed,
+                message: format!(
+                    "gave up after {n} interrupted attempts: {message}; trying again at {} \
+                     (or now with `lksctl node retry {}`)",
+                    rfc3339(retry_at_ms),
+                    self.node
+                ),
+                sticky: Some(txn.key.clone()),
+            }
+        } else {
+            Verdict {
+                state: BundleState::Pending,
+                message: format!("{message}; rolled back, will retry"),
+                sticky: None,
+            }
+        };
+        if let Some(r) = self.state.bundles.get_mut(&txn.bundle) {
+            r.interrupted = n;
+            r.counted_txn = Some(txn.seq);
+        }
+        (v, retry_at_ms)
     }
 
     /// Records the new version (and the originals it took over), closes the
@@ -493,4 +537,16 @@ impl Engine {
         }
         Err(ApplyError::HealthCheck { tries, last })
     }
+}
+
+/// How a rollback went, for its verdict.
+struct RolledBack {
+    /// Targets were switched, so backups were restored.
+    touched: bool,
+    /// A crash interrupted the transaction (not the bundle failing).
+    retry: bool,
+    /// The crash came in a phase that runs the bundle's own code.
+    guarded: bool,
+    /// A failed renewal is tried again at this time.
+    renewal_retry: Option<i64>,
 }

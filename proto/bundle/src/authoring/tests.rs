@@ -1,6 +1,7 @@
 //! Tests of `authoring.rs`.
 
 use super::*;
+use crate::manifest::FileSpec;
 use lks_wire::pb;
 use proptest::prelude::*;
 
