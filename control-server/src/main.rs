@@ -605,45 +605,60 @@ async fn main() -> ExitCode {
         Some(Command::Restore(r)) => return restore(r).await,
         None => {}
     }
-    let args = cli.run;
+    let Some(cfg) = config(cli.run) else {
+        return ExitCode::from(2);
+    };
+    init_tracing();
+    raise_nofile_limit();
+
+    let shutdown = CancellationToken::new();
+    cancel_on_signals(shutdown.clone());
+    match run(cfg, shutdown).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The server's configuration from its flags; `None` (the error said) if
+/// one is out of range.
+fn config(args: Args) -> Option<Config> {
     let Some(data_dir) = args.data_dir else {
         eprintln!("error: --data-dir is required");
-        return ExitCode::from(2);
+        return None;
     };
-    let Some(store) = flag_error(store_choice(args.store, &args.etcd)) else {
-        return ExitCode::from(2);
-    };
-    let Some(blob_store) = flag_error(blob_choice(&args.blobs)) else {
-        return ExitCode::from(2);
-    };
+    let store = flag_error(store_choice(args.store, &args.etcd))?;
+    let blob_store = flag_error(blob_choice(&args.blobs))?;
     if let Some(u) = args
         .join_url
         .iter()
         .find(|u| !u.starts_with("https://") || u.contains(',') || u.len() < 9)
     {
         eprintln!("error: --join-url {u:?} is not one https:// URL");
-        return std::process::ExitCode::from(2);
+        return None;
     }
     if args.lease_ttl < Duration::from_secs(2) {
         eprintln!("error: --lease-ttl must be at least 2s");
-        return ExitCode::from(2);
+        return None;
     }
     if args.max_tls_handshakes == Some(0) || args.max_streams_opening == 0 {
         eprintln!("error: --max-tls-handshakes and --max-streams-opening must be at least 1");
-        return ExitCode::from(2);
+        return None;
     }
     if args.tls_handshake_queue_timeout.is_zero() || args.tls_handshake_timeout.is_zero() {
         eprintln!(
             "error: --tls-handshake-queue-timeout and --tls-handshake-timeout must be longer than zero"
         );
-        return ExitCode::from(2);
+        return None;
     }
     let (Some(blob_gc_interval), Some(rebalance_interval), Some(delta_interval)) = (
         interval_or_off("--blob-gc-interval", &args.blob_gc_interval),
         interval_or_off("--rebalance-interval", &args.rebalance_interval),
         interval_or_off("--delta-interval", &args.delta_interval),
     ) else {
-        return ExitCode::from(2);
+        return None;
     };
     let audit_retention = match args.audit_retention.as_str() {
         "forever" => None,
@@ -651,43 +666,14 @@ async fn main() -> ExitCode {
             Ok(d) if !d.is_zero() => Some(d),
             _ => {
                 eprintln!("error: --audit-retention {d:?}: expected a duration such as 365d, or forever");
-                return ExitCode::from(2);
+                return None;
             }
         },
     };
     if args.ping_interval.is_zero() {
         eprintln!("error: --ping-interval must be longer than zero");
-        return ExitCode::from(2);
+        return None;
     }
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            // object_store logs each retry of a request at info: a start
-            // refused for an unreachable --s3-endpoint would print three
-            // such lines before its one error line.
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,object_store=warn")),
-        )
-        .init();
-    raise_nofile_limit();
-
-    let shutdown = CancellationToken::new();
-    let signals = shutdown.clone();
-    tokio::spawn(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-        else {
-            tracing::error!("cannot install signal handlers");
-            return;
-        };
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM received"),
-            _ = int.recv() => tracing::info!("SIGINT received"),
-        }
-        signals.cancel();
-    });
-
     let mut cfg = Config::new(data_dir, args.listen);
     cfg.metrics_listen = args.metrics_listen;
     cfg.advertise_address = args.advertise_address;
@@ -723,11 +709,37 @@ async fn main() -> ExitCode {
         queue_timeout: args.tls_handshake_queue_timeout,
     };
     cfg.max_streams_opening = args.max_streams_opening;
-    match run(cfg, shutdown).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
+    Some(cfg)
+}
+
+/// Logs to stderr, `RUST_LOG` or info.
+fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            // object_store logs each retry of a request at info: a start
+            // refused for an unreachable --s3-endpoint would print three
+            // such lines before its one error line.
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,object_store=warn")),
+        )
+        .init();
+}
+
+/// Cancels `shutdown` on SIGTERM or SIGINT.
+fn cancel_on_signals(shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+        else {
+            tracing::error!("cannot install signal handlers");
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = int.recv() => tracing::info!("SIGINT received"),
         }
-    }
+        shutdown.cancel();
+    });
 }

@@ -296,9 +296,22 @@ impl Metrics {
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut s = String::new();
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        self.render_agents(&mut s);
+        self.render_transfers(&mut s);
+        self.render_upkeep(&mut s);
+        self.render_blob_store(&mut s);
+        self.render_rollout_counts(&mut s);
+        self.render_health(&mut s);
+        self.render_admission(&mut s);
+        self.render_rpc(&mut s);
+        self.render_etcd_reads(&mut s);
+        s
+    }
+
+    /// Agents: connected, by trust state, enrolments and the agent package, pushes.
+    fn render_agents(&self, s: &mut String) {
         scalar(
-            &mut s,
+            s,
             "lks_connected_agents",
             "gauge",
             "Agents with an open Connect stream.",
@@ -317,31 +330,35 @@ impl Metrics {
             );
         }
         self.enrollments.render(
-            &mut s,
+            s,
             "lks_enrollments_total",
             "Enrolment attempts by result.",
             "result",
         );
         self.package_requests.render(
-            &mut s,
+            s,
             "lks_agent_package_requests_total",
             "Requests for the agent package by result.",
             "result",
         );
         scalar(
-            &mut s,
+            s,
             "lks_agent_package_bytes_served_total",
             "counter",
             "Agent package bytes sent.",
             load(&self.package_bytes),
         );
         scalar(
-            &mut s,
+            s,
             "lks_desired_state_pushes_total",
             "counter",
             "Desired states sent to agents.",
             load(&self.pushes),
         );
+    }
+
+    /// Blob bytes sent to nodes, by source and by kind, and the binary deltas.
+    fn render_transfers(&self, s: &mut String) {
         // Labelled by who sent the bytes: this server (counted as it sends
         // them) or the nodes' peers (as the nodes report for each version
         // they applied, peer sharing).
@@ -375,70 +392,78 @@ impl Metrics {
         );
         let _ = writeln!(s, "lks_blob_bytes_served_by_kind_total{{kind=\"whole\"}} {whole}");
         scalar(
-            &mut s,
+            s,
             "lks_blob_delta_bytes_saved_total",
             "counter",
             "File bytes not sent because a patch was sent instead (file size minus patch size, per patch sent whole).",
             load(&self.delta_saved),
         );
         scalar(
-            &mut s,
+            s,
             "lks_deltas_made_total",
             "counter",
             "Binary deltas the maker kept as blobs.",
             load(&self.deltas_made),
         );
         scalar(
-            &mut s,
+            s,
             "lks_deltas_skipped_total",
             "counter",
             "Binary deltas the maker made and did not keep (a patch over half its file).",
             load(&self.deltas_skipped),
         );
         scalar(
-            &mut s,
+            s,
             "lks_bad_peers_reported_total",
             "counter",
             "Reports of a peer that served a chunk not matching its digest (peer sharing).",
             load(&self.bad_peers),
         );
+    }
+
+    /// The audit trail and agents moved to another replica.
+    fn render_upkeep(&self, s: &mut String) {
         scalar(
-            &mut s,
+            s,
             "lks_audit_write_errors_total",
             "counter",
             "Admin calls whose audit record the store did not take (the call's own answer stood).",
             load(&self.audit_write_errors),
         );
         scalar(
-            &mut s,
+            s,
             "lks_audit_pruned_total",
             "counter",
             "Audit records older than --audit-retention that this replica dropped.",
             load(&self.audit_pruned),
         );
         scalar(
-            &mut s,
+            s,
             "lks_agents_moved_total",
             "counter",
             "Agents this replica asked to reconnect to another replica (it held more than its share).",
             load(&self.agents_moved),
         );
+    }
+
+    /// The blob store: bytes stored, what the collector reclaimed and held.
+    fn render_blob_store(&self, s: &mut String) {
         scalar(
-            &mut s,
+            s,
             "lks_blob_store_bytes_stored_total",
             "counter",
             "Bytes publishes uploaded into the blob store.",
             load(&self.blob_stored_bytes),
         );
         scalar(
-            &mut s,
+            s,
             "lks_blob_store_reclaimed_total",
             "counter",
             "Blobs the garbage collector deleted (no bundle version referenced them).",
             load(&self.blob_reclaimed),
         );
         scalar(
-            &mut s,
+            s,
             "lks_blob_store_reclaimed_bytes_total",
             "counter",
             "Bytes the garbage collector deleted.",
@@ -446,50 +471,53 @@ impl Metrics {
         );
         if let Some((blobs, bytes)) = self.blob_store_held.lock().ok().and_then(|h| *h) {
             scalar(
-                &mut s,
+                s,
                 "lks_blob_store_blobs",
                 "gauge",
                 "Blobs in the blob store at this replica's last collector pass.",
                 blobs,
             );
             scalar(
-                &mut s,
+                s,
                 "lks_blob_store_bytes",
                 "gauge",
                 "Bytes in the blob store at this replica's last collector pass.",
                 bytes,
             );
         }
+    }
+
+    /// Rollouts: how many are active, their events, and their ages by state.
+    fn render_rollout_counts(&self, s: &mut String) {
         scalar(
-            &mut s,
+            s,
             "lks_active_rollouts",
             "gauge",
             "Rollouts running, paused or rolling back.",
             self.active_rollouts.load(Ordering::Relaxed),
         );
-        self.rollout_events.render(
-            &mut s,
-            "lks_rollout_events_total",
-            "Rollout events by kind.",
-            "kind",
-        );
-        self.render_rollouts(&mut s);
-        self.render_health(&mut s);
+        self.rollout_events
+            .render(s, "lks_rollout_events_total", "Rollout events by kind.", "kind");
+        self.render_rollouts(s);
+    }
+
+    /// Connection admission: TLS handshakes, Connect sheds, and the gauges read when rendered.
+    fn render_admission(&self, s: &mut String) {
         self.tls_handshakes.render(
-            &mut s,
+            s,
             "lks_tls_handshakes_total",
             "TLS handshakes of accepted connections by result (shed: closed unhandshaken after waiting too long for a slot).",
             "result",
         );
         scalar(
-            &mut s,
+            s,
             "lks_tls_handshakes_queued",
             "gauge",
             "Accepted connections waiting for a TLS handshake slot.",
             self.tls_queued.load(Ordering::Relaxed),
         );
         scalar(
-            &mut s,
+            s,
             "lks_connect_shed_total",
             "counter",
             "Connect calls refused with unavailable and a retry hint: too many streams being opened.",
@@ -497,9 +525,13 @@ impl Metrics {
         );
         if let Ok(g) = self.gauges.lock() {
             for (name, help, read) in g.iter() {
-                scalar(&mut s, name, "gauge", help, read());
+                scalar(s, name, "gauge", help, read());
             }
         }
+    }
+
+    /// The gRPC handler duration histogram.
+    fn render_rpc(&self, s: &mut String) {
         let _ = writeln!(
             s,
             "# HELP lks_rpc_duration_seconds gRPC handler duration by method."
@@ -527,7 +559,10 @@ impl Metrics {
                 );
             }
         }
-        // What this replica read from etcd (nothing on SQLite).
+    }
+
+    /// What this replica read from etcd (nothing on SQLite).
+    fn render_etcd_reads(&self, s: &mut String) {
         let reads = crate::store::etcd::reads::snapshot();
         if !reads.is_empty() {
             let _ = writeln!(
@@ -553,7 +588,6 @@ impl Metrics {
                 );
             }
         }
-        s
     }
 }
 
@@ -581,6 +615,11 @@ impl Labelled {
             }
         }
     }
+}
+
+/// The value of a counter or gauge.
+fn load(a: &AtomicU64) -> u64 {
+    a.load(Ordering::Relaxed)
 }
 
 /// One unlabelled counter or gauge.

@@ -25,7 +25,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, LeaseClient, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp,
+};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -245,17 +247,10 @@ pub async fn run_lease(
     leader: watch::Sender<bool>,
 ) {
     let ttl_s = ttl.as_secs().max(2) as i64;
-    let info = serde_json::to_vec(&ReplicaInfo {
-        url,
-        started_at_ms: crate::clock::now_ms(),
-        blob_store: s.blobs.store().describe(),
-        release: env!("CARGO_PKG_VERSION").to_string(),
-        store_format: crate::store::STORE_FORMAT,
-    })
-    .unwrap_or_default();
+    let info = replica_info(&s, url);
     let mut lease_client = store.client().lease_client();
     let mut logged_down = false;
-    'lease: loop {
+    loop {
         if s.cancel.is_cancelled() {
             return;
         }
@@ -269,102 +264,182 @@ pub async fn run_lease(
                 }
                 tokio::select! {
                     _ = s.cancel.cancelled() => return,
-                    _ = tokio::time::sleep(CHECK) => continue 'lease,
+                    _ = tokio::time::sleep(CHECK) => continue,
                 }
             }
         };
-        let mut kv = crate::store::etcd::kv_of(&store.client());
-        let reg = kv
-            .put(
-                store.key(&format!("replicas/{}", store.replica())),
-                info.clone(),
-                Some(PutOptions::new().with_lease(lease)),
-            )
-            .await;
-        if let Err(e) = reg {
-            tracing::warn!(error = %e, "etcd: cannot register this replica; retrying");
-            continue 'lease;
-        }
-        store.set_lease(lease);
-        let (mut keeper, mut acks) = match lease_client.keep_alive(lease).await {
-            Ok(k) => k,
-            Err(e) => {
-                tracing::warn!(error = %e, "etcd: cannot keep the lease alive; retrying");
-                continue 'lease;
-            }
+        let Some(held) = register(&store, &mut lease_client, lease, &info).await else {
+            continue;
         };
         if logged_down {
             tracing::info!("etcd: reachable again; lease renewed");
             logged_down = false;
         }
         tracing::info!(replica = store.replica(), lease, ttl_s, "registered this replica");
-        let keep_every = Duration::from_secs((ttl_s as u64 / 3).max(1));
-        let mut last_kept = tokio::time::Instant::now();
-        let mut tick = tokio::time::interval(CHECK);
-        let mut last_prune = tokio::time::Instant::now();
-        loop {
-            tokio::select! {
-                _ = s.cancel.cancelled() => {
-                    leader.send_if_modified(|l| std::mem::replace(l, false));
-                    // Give the leader key and the connection state up now
-                    // instead of letting them time out.
-                    let _ = tokio::time::timeout(Duration::from_secs(2), lease_client.revoke(lease)).await;
-                    return;
-                }
-                _ = tick.tick() => {}
+        match hold(&s, &store, &mut lease_client, held, ttl_s, &leader).await {
+            LeaseEnd::Shutdown => return,
+            LeaseEnd::Lost => {}
+        }
+    }
+}
+
+/// This replica's registration (`replicas/ID`).
+fn replica_info(s: &Shared, url: String) -> Vec<u8> {
+    serde_json::to_vec(&ReplicaInfo {
+        url,
+        started_at_ms: crate::clock::now_ms(),
+        blob_store: s.blobs.store().describe(),
+        release: env!("CARGO_PKG_VERSION").to_string(),
+        store_format: crate::store::STORE_FORMAT,
+    })
+    .unwrap_or_default()
+}
+
+/// A granted lease this replica keeps alive.
+struct HeldLease {
+    id: i64,
+    keeper: LeaseKeeper,
+    acks: LeaseKeepAliveStream,
+}
+
+impl HeldLease {
+    /// Renews the lease; false if etcd did not (the lease is lost).
+    async fn renew(&mut self) -> bool {
+        match self.keeper.keep_alive().await {
+            Ok(()) => matches!(
+                tokio::time::timeout(Duration::from_secs(3), self.acks.message()).await,
+                Ok(Ok(Some(r))) if r.ttl() > 0
+            ),
+            Err(_) => false,
+        }
+    }
+}
+
+/// How holding a lease ended.
+enum LeaseEnd {
+    /// Shutdown: the lease is revoked.
+    Shutdown,
+    /// etcd did not renew it: take a new one.
+    Lost,
+}
+
+/// Registers this replica under `lease` and starts keeping it alive;
+/// `None` (the warning logged) to take a new lease.
+async fn register(
+    store: &EtcdStore,
+    lease_client: &mut LeaseClient,
+    lease: i64,
+    info: &[u8],
+) -> Option<HeldLease> {
+    let mut kv = crate::store::etcd::kv_of(&store.client());
+    let reg = kv
+        .put(
+            store.key(&format!("replicas/{}", store.replica())),
+            info.to_vec(),
+            Some(PutOptions::new().with_lease(lease)),
+        )
+        .await;
+    if let Err(e) = reg {
+        tracing::warn!(error = %e, "etcd: cannot register this replica; retrying");
+        return None;
+    }
+    store.set_lease(lease);
+    match lease_client.keep_alive(lease).await {
+        Ok((keeper, acks)) => Some(HeldLease {
+            id: lease,
+            keeper,
+            acks,
+        }),
+        Err(e) => {
+            tracing::warn!(error = %e, "etcd: cannot keep the lease alive; retrying");
+            None
+        }
+    }
+}
+
+/// Keeps the lease alive and follows the election every `CHECK`, until
+/// shutdown (then steps down and revokes the lease) or the lease is lost.
+async fn hold(
+    s: &Shared,
+    store: &EtcdStore,
+    lease_client: &mut LeaseClient,
+    mut lease: HeldLease,
+    ttl_s: i64,
+    leader: &watch::Sender<bool>,
+) -> LeaseEnd {
+    let keep_every = Duration::from_secs((ttl_s as u64 / 3).max(1));
+    let mut last_kept = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval(CHECK);
+    let mut last_prune = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = s.cancel.cancelled() => {
+                leader.send_if_modified(|l| std::mem::replace(l, false));
+                // Give the leader key and the connection state up now
+                // instead of letting them time out.
+                let _ = tokio::time::timeout(Duration::from_secs(2), lease_client.revoke(lease.id)).await;
+                return LeaseEnd::Shutdown;
             }
-            if last_kept.elapsed() >= keep_every {
-                let alive = match keeper.keep_alive().await {
-                    Ok(()) => matches!(
-                        tokio::time::timeout(Duration::from_secs(3), acks.message()).await,
-                        Ok(Ok(Some(r))) if r.ttl() > 0
-                    ),
-                    Err(_) => false,
-                };
-                if !alive {
-                    tracing::warn!(
-                        replica = store.replica(),
-                        "etcd: lease lost; stepping down and taking a new one"
-                    );
-                    continue 'lease;
-                }
-                last_kept = tokio::time::Instant::now();
+            _ = tick.tick() => {}
+        }
+        if last_kept.elapsed() >= keep_every {
+            if !lease.renew().await {
+                tracing::warn!(
+                    replica = store.replica(),
+                    "etcd: lease lost; stepping down and taking a new one"
+                );
+                return LeaseEnd::Lost;
             }
-            match campaign(&store, lease).await {
-                Ok(is_leader) => {
-                    // The leader keeps the event log bounded.
-                    if is_leader && last_prune.elapsed() >= PRUNE_EVERY {
-                        last_prune = tokio::time::Instant::now();
-                        match store.prune_events().await {
-                            Ok(0) => {}
-                            Ok(n) => tracing::info!(documents = n, "pruned the oldest events"),
-                            Err(e) => tracing::warn!(error = %e, "prune events"),
-                        }
-                        // And what replicas that are gone left (`heard/ID`).
-                        if let Err(e) = store.prune_seen().await {
-                            tracing::warn!(error = %e, "settle the last-seen times of replicas that are gone");
-                        }
-                    }
-                    let changed = leader.send_if_modified(|l| std::mem::replace(l, is_leader) != is_leader);
-                    if changed {
-                        if is_leader {
-                            tracing::info!(
-                                replica = store.replica(),
-                                "elected: this replica drives rollouts"
-                            );
-                            s.rollouts_changed.notify_one();
-                        } else {
-                            tracing::info!(replica = store.replica(), "no longer the leader");
-                        }
-                    }
-                }
-                Err(e) => {
-                    // Without etcd no one can commit a decision anyway.
-                    leader.send_if_modified(|l| std::mem::replace(l, false));
-                    tracing::debug!(error = %e, "election check");
+            last_kept = tokio::time::Instant::now();
+        }
+        follow_election(s, store, lease.id, leader, &mut last_prune).await;
+    }
+}
+
+/// One election check: campaign, and tell the rollout driver when this
+/// replica became or stopped being the leader; the leader also prunes.
+async fn follow_election(
+    s: &Shared,
+    store: &EtcdStore,
+    lease: i64,
+    leader: &watch::Sender<bool>,
+    last_prune: &mut tokio::time::Instant,
+) {
+    match campaign(store, lease).await {
+        Ok(is_leader) => {
+            // The leader keeps the event log bounded.
+            if is_leader && last_prune.elapsed() >= PRUNE_EVERY {
+                *last_prune = tokio::time::Instant::now();
+                prune(store).await;
+            }
+            let changed = leader.send_if_modified(|l| std::mem::replace(l, is_leader) != is_leader);
+            if changed {
+                if is_leader {
+                    tracing::info!(replica = store.replica(), "elected: this replica drives rollouts");
+                    s.rollouts_changed.notify_one();
+                } else {
+                    tracing::info!(replica = store.replica(), "no longer the leader");
                 }
             }
         }
+        Err(e) => {
+            // Without etcd no one can commit a decision anyway.
+            leader.send_if_modified(|l| std::mem::replace(l, false));
+            tracing::debug!(error = %e, "election check");
+        }
+    }
+}
+
+/// The leader's pruning: the oldest events, and what replicas that are
+/// gone left (`heard/ID`).
+async fn prune(store: &EtcdStore) {
+    match store.prune_events().await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(documents = n, "pruned the oldest events"),
+        Err(e) => tracing::warn!(error = %e, "prune events"),
+    }
+    if let Err(e) = store.prune_seen().await {
+        tracing::warn!(error = %e, "settle the last-seen times of replicas that are gone");
     }
 }
 

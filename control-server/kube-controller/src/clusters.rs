@@ -333,17 +333,7 @@ async fn reconcile(
             return Ok(0);
         }
     };
-    let server_ca = match (server, &secrets.ca) {
-        (Some(s), Some(_)) if s.has_ca => Some(
-            admin
-                .get_cluster_ca(pb::GetClusterCaRequest { name: name.clone() })
-                .await
-                .with_context(|| format!("read the CA of cluster {name}"))?
-                .into_inner()
-                .ca_cert_pem,
-        ),
-        _ => None,
-    };
+    let server_ca = server_ca(admin, &name, server, &secrets).await?;
     let plan = match plan(
         &name,
         &obj.spec,
@@ -359,6 +349,66 @@ async fn reconcile(
             return Ok(0);
         }
     };
+    let changed = match apply_plan(admin, &name, plan, &mut status).await {
+        Ok(n) => n,
+        Err(Refused { changed, message }) => {
+            refuse(&mut status, "Refused", message);
+            write_status(api, &name, &old, &status).await?;
+            return Ok(changed);
+        }
+    };
+    conditions::set(
+        &mut status.conditions,
+        condition(
+            "Ready",
+            true,
+            "Reconciled",
+            "the server's cluster is as the spec says",
+            generation,
+        ),
+        &now,
+    );
+    write_status(api, &name, &old, &status).await?;
+    Ok(changed)
+}
+
+/// The CA the server holds for the cluster, when both it and the spec
+/// have one (to compare with `caSecret`).
+async fn server_ca(
+    admin: &mut Admin,
+    name: &str,
+    server: Option<&pb::Cluster>,
+    secrets: &Secrets,
+) -> anyhow::Result<Option<String>> {
+    Ok(match (server, &secrets.ca) {
+        (Some(s), Some(_)) if s.has_ca => Some(
+            admin
+                .get_cluster_ca(pb::GetClusterCaRequest {
+                    name: name.to_string(),
+                })
+                .await
+                .with_context(|| format!("read the CA of cluster {name}"))?
+                .into_inner()
+                .ca_cert_pem,
+        ),
+        _ => None,
+    })
+}
+
+/// A call of the plan the server refused, after `changed` calls it took.
+struct Refused {
+    changed: usize,
+    message: String,
+}
+
+/// Carries the plan out: creates the cluster, then sets what differs,
+/// recording in `status` what the server answered. Returns the calls made.
+async fn apply_plan(
+    admin: &mut Admin,
+    name: &str,
+    plan: Plan,
+    status: &mut LksClusterStatus,
+) -> Result<usize, Refused> {
     let mut changed = 0;
     if let Some(c) = plan.create {
         match admin.create_cluster(c).await {
@@ -369,9 +419,10 @@ async fn reconcile(
                 tracing::info!(cluster = %name, "cluster created on the server");
             }
             Err(e) => {
-                refuse(&mut status, "Refused", e.message().to_string());
-                write_status(api, &name, &old, &status).await?;
-                return Ok(0);
+                return Err(Refused {
+                    changed,
+                    message: e.message().to_string(),
+                });
             }
         }
     }
@@ -393,24 +444,13 @@ async fn reconcile(
                 tracing::info!(cluster = %name, "cluster settings converged to the LksCluster spec");
             }
             Err(e) => {
-                refuse(&mut status, "Refused", e.message().to_string());
-                write_status(api, &name, &old, &status).await?;
-                return Ok(changed);
+                return Err(Refused {
+                    changed,
+                    message: e.message().to_string(),
+                });
             }
         }
     }
-    conditions::set(
-        &mut status.conditions,
-        condition(
-            "Ready",
-            true,
-            "Reconciled",
-            "the server's cluster is as the spec says",
-            generation,
-        ),
-        &now,
-    );
-    write_status(api, &name, &old, &status).await?;
     Ok(changed)
 }
 

@@ -30,7 +30,7 @@ use tonic::Code;
 use crate::admin::Admin;
 use crate::clusters::digest16;
 use crate::conditions::{self, condition};
-use crate::crd::{LksRollout, LksRolloutSpec, LksRolloutStatus};
+use crate::crd::{Condition, LksRollout, LksRolloutSpec, LksRolloutStatus};
 use crate::mirror;
 use crate::object::{set_finalizer, write_status};
 
@@ -228,26 +228,7 @@ async fn reconcile(
         .flatten();
 
     if obj.metadata.deletion_timestamp.is_some() {
-        if let Some(r) = current.filter(|r| {
-            obj.spec.rollback_of.is_none()
-                && matches!(
-                    pb::RolloutState::try_from(r.state),
-                    Ok(pb::RolloutState::Running | pb::RolloutState::Paused)
-                )
-        }) {
-            match admin.abort_rollout(pb::RolloutRef { id: r.id.clone() }).await {
-                Ok(_) => {
-                    tracing::info!(rollout = %r.id, lksrollout = %name, "LksRollout deleted: rollout aborted")
-                }
-                // Ended meanwhile: nothing to abort.
-                Err(e) if e.code() == Code::FailedPrecondition => {}
-                Err(e) => return Err(e).with_context(|| format!("abort rollout {}", r.id)),
-            }
-        }
-        if obj.finalizers().iter().any(|f| f == FINALIZER) {
-            set_finalizer(api, obj, FINALIZER, false).await?;
-        }
-        return Ok(usize::from(current.is_some()));
+        return on_deletion(api, admin, obj, current, &name).await;
     }
     if !obj.finalizers().iter().any(|f| f == FINALIZER) {
         set_finalizer(api, obj, FINALIZER, true).await?;
@@ -271,21 +252,7 @@ async fn reconcile(
             return Ok(0);
         }
         attempts.tried.insert(uid.clone(), (Instant::now(), generation));
-        let answer = match &obj.spec.rollback_of {
-            Some(id) => rollback(admin, &obj.spec, id, rollouts).await,
-            None => match start_request(&obj.spec, &uid) {
-                Ok(req) => admin
-                    .start_rollout(req)
-                    .await
-                    .map(|r| r.into_inner())
-                    .map_err(|e| {
-                        // The server's line, without gRPC's framing.
-                        e.message().to_string()
-                    }),
-                Err(e) => Err(e.to_string()),
-            },
-        };
-        match answer {
+        match start(admin, obj, &uid, rollouts).await {
             Ok(r) => {
                 tracing::info!(rollout = %r.id, lksrollout = %name, "rollout started for LksRollout");
                 attempts.tried.remove(&uid);
@@ -310,38 +277,8 @@ async fn reconcile(
         Some(r) => r.clone(),
         None => return Ok(changed),
     };
-    let mut ready = condition("Ready", true, "Started", &format!("rollout {}", r.id), generation);
-    if !status.started_spec_digest.is_empty() && status.started_spec_digest != spec_digest(&obj.spec) {
-        ready = condition(
-            "Ready",
-            false,
-            "SpecChanged",
-            &format!(
-                "only spec.paused can change once rollout {} started; this change is not carried out \
-                 (a different rollout is a new LksRollout)",
-                r.id
-            ),
-            generation,
-        );
-    }
-    if let Some(v) = pause_verb(&obj.spec, &r) {
-        let id = pb::RolloutRef { id: r.id.clone() };
-        let answer = match v {
-            PauseVerb::Pause => admin.pause_rollout(id).await,
-            PauseVerb::Resume => admin.resume_rollout(id).await,
-        };
-        match answer {
-            Ok(a) => {
-                r = a.into_inner();
-                changed += 1;
-                tracing::info!(rollout = %r.id, ?v, "rollout paused/resumed as its LksRollout says");
-            }
-            // The rollout moved on (ended, or paused/resumed meanwhile):
-            // the next pass sees it as it is.
-            Err(e) if e.code() == Code::FailedPrecondition => {}
-            Err(e) => return Err(e).with_context(|| format!("{v:?} rollout {}", r.id)),
-        }
-    }
+    let ready = ready_condition(obj, &status, &r, generation);
+    changed += follow_paused(admin, obj, &mut r).await?;
     let mirrored = mirror::rollout_status(&r, generation);
     let mut conds = status.conditions.clone();
     for c in mirrored.conditions.iter().cloned() {
@@ -356,6 +293,110 @@ async fn reconcile(
     };
     write_status(api, &name, &old, &status).await?;
     Ok(changed)
+}
+
+/// A deleted LksRollout: aborts its rollout while it runs or is paused
+/// (a rollback is left to finish), then lets the object go. Counts the
+/// rollout as changed when there was one.
+async fn on_deletion(
+    api: &Api<LksRollout>,
+    admin: &mut Admin,
+    obj: &LksRollout,
+    current: Option<&pb::Rollout>,
+    name: &str,
+) -> anyhow::Result<usize> {
+    if let Some(r) = current.filter(|r| {
+        obj.spec.rollback_of.is_none()
+            && matches!(
+                pb::RolloutState::try_from(r.state),
+                Ok(pb::RolloutState::Running | pb::RolloutState::Paused)
+            )
+    }) {
+        match admin.abort_rollout(pb::RolloutRef { id: r.id.clone() }).await {
+            Ok(_) => {
+                tracing::info!(rollout = %r.id, lksrollout = %name, "LksRollout deleted: rollout aborted")
+            }
+            // Ended meanwhile: nothing to abort.
+            Err(e) if e.code() == Code::FailedPrecondition => {}
+            Err(e) => return Err(e).with_context(|| format!("abort rollout {}", r.id)),
+        }
+    }
+    if obj.finalizers().iter().any(|f| f == FINALIZER) {
+        set_finalizer(api, obj, FINALIZER, false).await?;
+    }
+    Ok(usize::from(current.is_some()))
+}
+
+/// Asks the server for the LksRollout's rollout: a rollback of
+/// `spec.rollbackOf`, or a new rollout; the refusal as one line.
+async fn start(
+    admin: &mut Admin,
+    obj: &LksRollout,
+    uid: &str,
+    rollouts: &[pb::Rollout],
+) -> Result<pb::Rollout, String> {
+    match &obj.spec.rollback_of {
+        Some(id) => rollback(admin, &obj.spec, id, rollouts).await,
+        None => match start_request(&obj.spec, uid) {
+            Ok(req) => admin
+                .start_rollout(req)
+                .await
+                .map(|r| r.into_inner())
+                .map_err(|e| {
+                    // The server's line, without gRPC's framing.
+                    e.message().to_string()
+                }),
+            Err(e) => Err(e.to_string()),
+        },
+    }
+}
+
+/// `Ready`: started, or refusing a spec changed since (only `spec.paused`
+/// can change once the rollout started).
+fn ready_condition(
+    obj: &LksRollout,
+    status: &LksRolloutStatus,
+    r: &pb::Rollout,
+    generation: i64,
+) -> Condition {
+    if !status.started_spec_digest.is_empty() && status.started_spec_digest != spec_digest(&obj.spec) {
+        return condition(
+            "Ready",
+            false,
+            "SpecChanged",
+            &format!(
+                "only spec.paused can change once rollout {} started; this change is not carried out \
+                 (a different rollout is a new LksRollout)",
+                r.id
+            ),
+            generation,
+        );
+    }
+    condition("Ready", true, "Started", &format!("rollout {}", r.id), generation)
+}
+
+/// Pauses or resumes the rollout as `spec.paused` says, `r` as the
+/// server then has it; 1 if it did.
+async fn follow_paused(admin: &mut Admin, obj: &LksRollout, r: &mut pb::Rollout) -> anyhow::Result<usize> {
+    let Some(v) = pause_verb(&obj.spec, r) else {
+        return Ok(0);
+    };
+    let id = pb::RolloutRef { id: r.id.clone() };
+    let answer = match v {
+        PauseVerb::Pause => admin.pause_rollout(id).await,
+        PauseVerb::Resume => admin.resume_rollout(id).await,
+    };
+    match answer {
+        Ok(a) => {
+            *r = a.into_inner();
+            tracing::info!(rollout = %r.id, ?v, "rollout paused/resumed as its LksRollout says");
+            Ok(1)
+        }
+        // The rollout moved on (ended, or paused/resumed meanwhile):
+        // the next pass sees it as it is.
+        Err(e) if e.code() == Code::FailedPrecondition => Ok(0),
+        Err(e) => Err(e).with_context(|| format!("{v:?} rollout {}", r.id)),
+    }
 }
 
 /// `spec.rollbackOf`: the rollout rolled back (or already rolling back);

@@ -43,6 +43,7 @@ use std::sync::Arc;
 
 use etcd_client::GetOptions;
 use lks_proto::Digest;
+use tempfile::TempDir;
 
 use super::archive::{ArchiveReader, BlobEntry, EntryName, EtcdOrigin, FileEntry, Manifest, StoreKind};
 use super::output::{Source, Taken, blob_entry, file_entry, finish, parent_of, remote_store};
@@ -475,19 +476,59 @@ pub async fn restore_etcd(cfg: &EtcdRestoreConfig) -> Result<EtcdRestoreSummary,
     })?;
     let reader = ArchiveReader::open(BufReader::new(file))?;
     let manifest = reader.manifest().clone();
-    let origin = match (&manifest.store, &manifest.etcd) {
-        (StoreKind::Etcd, Some(o)) => o.clone(),
-        (StoreKind::Etcd, None) => {
-            return Err(RestoreError::Problems(vec![
-                "the archive says it holds etcd but names no prefix: the archive was altered".into(),
-            ]));
+    let origin = etcd_origin(&manifest)?;
+    check_target(cfg, &manifest, &origin)?;
+
+    // Everything is read and verified before anything is written.
+    let (staging, restored) = stage(reader).await?;
+    let Verified {
+        pairs,
+        identity,
+        not_included,
+    } = verify(&manifest, &origin, &restored, staging.path())?;
+
+    let (store, durable) = open_target(cfg).await?;
+    claim_prefix(&store, identity).await?;
+    let blobs_put = write_or_remove(&store, &*durable, &manifest, &restored, staging.path(), &pairs).await?;
+    let mut blobs_missing = 0;
+    if not_included > 0 {
+        for b in manifest.blobs.iter().filter(|b| !restored.contains(&b.digest)) {
+            if !durable.contains(&b.digest).await.unwrap_or(false) {
+                blobs_missing += 1;
+            }
         }
-        (StoreKind::Sqlite, _) => {
-            return Err(RestoreError::SqliteArchive {
-                origin: manifest.source.clone(),
-            });
-        }
-    };
+    }
+    Ok(EtcdRestoreSummary {
+        endpoints: cfg.etcd.endpoints.join(","),
+        prefix: store.prefix().to_string(),
+        keys: pairs.len(),
+        blobs_put,
+        blob_store: durable.describe(),
+        blobs_missing,
+        manifest,
+    })
+}
+
+/// Where the archive came from, refused unless it holds etcd and names its prefix.
+fn etcd_origin(manifest: &Manifest) -> Result<EtcdOrigin, RestoreError> {
+    match (&manifest.store, &manifest.etcd) {
+        (StoreKind::Etcd, Some(o)) => Ok(o.clone()),
+        (StoreKind::Etcd, None) => Err(RestoreError::Problems(vec![
+            "the archive says it holds etcd but names no prefix: the archive was altered".into(),
+        ])),
+        (StoreKind::Sqlite, _) => Err(RestoreError::SqliteArchive {
+            origin: manifest.source.clone(),
+        }),
+    }
+}
+
+/// Refuses what the target cannot take: a sealed archive into another
+/// prefix, a local blob store, a blob over the etcd blob store's limit.
+fn check_target(
+    cfg: &EtcdRestoreConfig,
+    manifest: &Manifest,
+    origin: &EtcdOrigin,
+) -> Result<(), RestoreError> {
     let prefix = normalized(&cfg.etcd.prefix);
     if let Some(key) = &origin.sealed_with
         && prefix != origin.prefix
@@ -512,8 +553,12 @@ pub async fn restore_etcd(cfg: &EtcdRestoreConfig) -> Result<EtcdRestoreSummary,
             max: cfg.max_blob,
         });
     }
+    Ok(())
+}
 
-    // Everything is read and verified before anything is written.
+/// Extracts the archive into a temp dir; returns the dir and the blobs it
+/// held.
+async fn stage(reader: ArchiveReader<BufReader<File>>) -> Result<(TempDir, HashSet<Digest>), RestoreError> {
     let staging = tempfile::Builder::new()
         .prefix("lks-restore-")
         .tempdir()
@@ -526,9 +571,29 @@ pub async fn restore_etcd(cfg: &EtcdRestoreConfig) -> Result<EtcdRestoreSummary,
     let restored = tokio::task::spawn_blocking(move || extract(reader, &dir))
         .await
         .map_err(|e| RestoreError::Etcd(e.to_string()))??;
+    Ok((staging, restored))
+}
+
+/// The staged keys, checked against the manifest, as `verify` returns them.
+struct Verified {
+    /// Every key to write, `meta/generation` set to the restored floor.
+    pairs: Vec<(String, Vec<u8>)>,
+    identity: Vec<u8>,
+    /// Blobs of the manifest the archive did not include.
+    not_included: usize,
+}
+
+/// Reads the staged keys and checks them against the manifest (every
+/// problem reported at once), then sets the generation floor.
+fn verify(
+    manifest: &Manifest,
+    origin: &EtcdOrigin,
+    restored: &HashSet<Digest>,
+    staging: &Path,
+) -> Result<Verified, RestoreError> {
     let mut problems = Vec::new();
-    let not_included = unrestored_blobs(&manifest, &restored, &mut problems);
-    let mut pairs = read_pairs(&staging.path().join(EntryName::EtcdKeys.path()))
+    let not_included = unrestored_blobs(manifest, restored, &mut problems);
+    let mut pairs = read_pairs(&staging.join(EntryName::EtcdKeys.path()))
         .map_err(|e| RestoreError::Problems(vec![format!("{e}: the archive was altered")]))?;
     if pairs.len() as u64 != origin.keys {
         problems.push(format!(
@@ -551,7 +616,15 @@ pub async fn restore_etcd(cfg: &EtcdRestoreConfig) -> Result<EtcdRestoreSummary,
     let floor = restored_floor(&pairs, origin.revision);
     pairs.retain(|(k, _)| k != "meta/generation");
     pairs.push(("meta/generation".into(), floor.to_string().into_bytes()));
+    Ok(Verified {
+        pairs,
+        identity,
+        not_included,
+    })
+}
 
+/// Connects to etcd and to the blob store the replicas keep blobs in.
+async fn open_target(cfg: &EtcdRestoreConfig) -> Result<(EtcdStore, Arc<dyn BlobStore>), RestoreError> {
     let store = EtcdStore::connect(&cfg.etcd, "restore").await.map_err(|e| {
         RestoreError::Etcd(format!(
             "cannot reach etcd: {e}; check --etcd-endpoints and that etcd is up"
@@ -565,6 +638,12 @@ pub async fn restore_etcd(cfg: &EtcdRestoreConfig) -> Result<EtcdRestoreSummary,
         }
         _ => Arc::new(EtcdChunks::new(store.clone(), cfg.max_blob)),
     };
+    Ok((store, durable))
+}
+
+/// Claims the prefix by creating the identity first: refused when a key is
+/// already there or another restore's identity won.
+async fn claim_prefix(store: &EtcdStore, identity: Vec<u8>) -> Result<(), RestoreError> {
     let in_use = |key: String| RestoreError::PrefixInUse {
         key,
         prefix: store.prefix().to_string(),
@@ -583,9 +662,21 @@ pub async fn restore_etcd(cfg: &EtcdRestoreConfig) -> Result<EtcdRestoreSummary,
     if stored != identity {
         return Err(in_use(store.key("identity")));
     }
-    let written = write_restored(&store, &*durable, &manifest, &restored, staging.path(), &pairs).await;
-    let blobs_put = match written {
-        Ok(n) => n,
+    Ok(())
+}
+
+/// `write_restored`, and when it fails, removes what it wrote (the error
+/// says whether that worked).
+async fn write_or_remove(
+    store: &EtcdStore,
+    durable: &dyn BlobStore,
+    manifest: &Manifest,
+    restored: &HashSet<Digest>,
+    staging: &Path,
+    pairs: &[(String, Vec<u8>)],
+) -> Result<usize, RestoreError> {
+    match write_restored(store, durable, manifest, restored, staging, pairs).await {
+        Ok(n) => Ok(n),
         Err(cause) => {
             let cleanup = match store.remove_import().await {
                 Ok(()) => format!("removed what was written under {}", store.prefix()),
@@ -594,26 +685,9 @@ pub async fn restore_etcd(cfg: &EtcdRestoreConfig) -> Result<EtcdRestoreSummary,
                     store.prefix()
                 ),
             };
-            return Err(RestoreError::Write { cause, cleanup });
-        }
-    };
-    let mut blobs_missing = 0;
-    if not_included > 0 {
-        for b in manifest.blobs.iter().filter(|b| !restored.contains(&b.digest)) {
-            if !durable.contains(&b.digest).await.unwrap_or(false) {
-                blobs_missing += 1;
-            }
+            Err(RestoreError::Write { cause, cleanup })
         }
     }
-    Ok(EtcdRestoreSummary {
-        endpoints: cfg.etcd.endpoints.join(","),
-        prefix: store.prefix().to_string(),
-        keys: pairs.len(),
-        blobs_put,
-        blob_store: durable.describe(),
-        blobs_missing,
-        manifest,
-    })
 }
 
 /// The blobs into the blob store, then every key but the identity (written

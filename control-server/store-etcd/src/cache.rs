@@ -38,7 +38,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 
-use etcd_client::{EventType, WatchOptions};
+use etcd_client::{Event, EventType, WatchOptions, WatchResponse, WatchStream};
 use tokio_util::sync::CancellationToken;
 
 use etcd_client::{Compare, CompareOp, GetOptions, Txn};
@@ -614,8 +614,6 @@ impl EtcdStore {
         cancel: &CancellationToken,
         mut on: impl FnMut(Change<'_>),
     ) {
-        let from = self.key(WATCH_FROM);
-        let to = self.key(WATCH_TO);
         let mut loaded_at = tokio::time::Instant::now();
         let mut warned = false;
         loop {
@@ -625,40 +623,16 @@ impl EtcdStore {
             if next_rev == 0 {
                 // A fresh start: the copy from one snapshot, the watch
                 // right after it; anything may have changed meanwhile.
-                match self.cache_load().await {
-                    Ok(rev) => {
-                        next_rev = rev + 1;
-                        loaded_at = tokio::time::Instant::now();
-                    }
-                    Err(e) => {
-                        self.cache_invalidate();
-                        tracing::debug!(error = %e, "load the view copy");
-                    }
+                if let Some(rev) = self.load_copy().await {
+                    next_rev = rev + 1;
+                    loaded_at = tokio::time::Instant::now();
                 }
                 on(Change::Resync);
             }
-            let mut opts = WatchOptions::new().with_range(to.clone());
-            if next_rev > 0 {
-                opts = opts.with_start_revision(next_rev);
-            }
-            let mut wc = crate::watch_of(&self.client);
-            let mut stream = match wc.watch(from.clone(), Some(opts)).await {
-                Ok(w) => {
-                    if warned {
-                        tracing::info!("etcd watch re-established");
-                        warned = false;
-                    }
-                    w
-                }
-                Err(e) => {
-                    if !warned {
-                        tracing::warn!(error = %e, "etcd watch failed; retrying");
-                        warned = true;
-                    }
-                    tokio::select! {
-                        _ = cancel.cancelled() => return,
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                    }
+            let Some(mut stream) = self.open_watch(next_rev, &mut warned).await else {
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
                 }
             };
             loop {
@@ -686,46 +660,11 @@ impl EtcdStore {
                     break;
                 }
                 for ev in resp.events() {
-                    let Some(kv) = ev.kv() else { continue };
-                    next_rev = next_rev.max(kv.mod_revision() + 1);
-                    let key = String::from_utf8_lossy(kv.key());
-                    let Some(rest) = key.strip_prefix(&self.prefix) else {
-                        continue;
-                    };
-                    let deleted = ev.event_type() == EventType::Delete;
-                    reads::note(reads::Read::Watch, rest, kv.value().len());
-                    self.cache_event(rest, (!deleted).then(|| kv.value()), kv.mod_revision());
-                    if let Some(node) = rest.strip_prefix("desired/") {
-                        if !deleted {
-                            on(Change::Desired(node));
-                        }
-                    } else if let Some(name) = rest.strip_prefix("nodes/") {
-                        on(Change::Node { name, deleted });
-                    } else if rest.starts_with("rollouts/") {
-                        on(Change::Rollout);
-                    } else if rest.starts_with("replicas/") {
-                        on(Change::Replicas);
-                    }
+                    self.apply_event(ev, &mut next_rev, &mut on);
                 }
-                // The copy reflects the last event applied: a header's
-                // revision would say more than was delivered (the `created`
-                // answer, or a batch of a watch still catching up).
-                if let Some(last) = resp
-                    .events()
-                    .iter()
-                    .filter_map(|e| e.kv())
-                    .map(|kv| kv.mod_revision())
-                    .max()
-                {
-                    // Rollouts driven from this answer on: their rows as
-                    // of it, before the copy says it reached it.
-                    if let Err(e) = self.cache_fill(last).await {
-                        tracing::debug!(error = %e, "read a driven rollout's rows; the view copy is reloaded");
-                        self.cache_invalidate();
-                        next_rev = 0;
-                        break;
-                    }
-                    self.cache_advance(last);
+                if !self.advance_copy(&resp).await {
+                    next_rev = 0;
+                    break;
                 }
                 // The safety net: a fresh snapshot now and then. Events the
                 // watch then replays are older than it and skipped.
@@ -741,6 +680,94 @@ impl EtcdStore {
                 _ = tokio::time::sleep(Duration::from_millis(200)) => {}
             }
         }
+    }
+
+    /// Loads the copy from one snapshot; its revision, or `None` (the copy
+    /// invalidated) if etcd did not answer.
+    async fn load_copy(&self) -> Option<i64> {
+        match self.cache_load().await {
+            Ok(rev) => Some(rev),
+            Err(e) => {
+                self.cache_invalidate();
+                tracing::debug!(error = %e, "load the view copy");
+                None
+            }
+        }
+    }
+
+    /// Opens the watch at `next_rev` (0: from now); `None` if etcd refused
+    /// it. Warns once per outage, and says when it is back.
+    async fn open_watch(&self, next_rev: i64, warned: &mut bool) -> Option<WatchStream> {
+        let mut opts = WatchOptions::new().with_range(self.key(WATCH_TO));
+        if next_rev > 0 {
+            opts = opts.with_start_revision(next_rev);
+        }
+        let mut wc = crate::watch_of(&self.client);
+        match wc.watch(self.key(WATCH_FROM), Some(opts)).await {
+            Ok(w) => {
+                if *warned {
+                    tracing::info!("etcd watch re-established");
+                    *warned = false;
+                }
+                Some(w)
+            }
+            Err(e) => {
+                if !*warned {
+                    tracing::warn!(error = %e, "etcd watch failed; retrying");
+                    *warned = true;
+                }
+                None
+            }
+        }
+    }
+
+    /// One watched event into the copy, and to `on` as the change it is.
+    fn apply_event(&self, ev: &Event, next_rev: &mut i64, on: &mut impl FnMut(Change<'_>)) {
+        let Some(kv) = ev.kv() else { return };
+        *next_rev = (*next_rev).max(kv.mod_revision() + 1);
+        let key = String::from_utf8_lossy(kv.key());
+        let Some(rest) = key.strip_prefix(&self.prefix) else {
+            return;
+        };
+        let deleted = ev.event_type() == EventType::Delete;
+        reads::note(reads::Read::Watch, rest, kv.value().len());
+        self.cache_event(rest, (!deleted).then(|| kv.value()), kv.mod_revision());
+        if let Some(node) = rest.strip_prefix("desired/") {
+            if !deleted {
+                on(Change::Desired(node));
+            }
+        } else if let Some(name) = rest.strip_prefix("nodes/") {
+            on(Change::Node { name, deleted });
+        } else if rest.starts_with("rollouts/") {
+            on(Change::Rollout);
+        } else if rest.starts_with("replicas/") {
+            on(Change::Replicas);
+        }
+    }
+
+    /// Says the copy reached the last event of `resp`; false (the copy
+    /// invalidated, to reload) if a driven rollout's rows could not be read.
+    async fn advance_copy(&self, resp: &WatchResponse) -> bool {
+        // The copy reflects the last event applied: a header's
+        // revision would say more than was delivered (the `created`
+        // answer, or a batch of a watch still catching up).
+        if let Some(last) = resp
+            .events()
+            .iter()
+            .filter_map(|e| e.kv())
+            .map(|kv| kv.mod_revision())
+            .max()
+        {
+            // Rollouts driven from this answer on: their rows as
+            // of it, before the copy says it reached it.
+            if let Err(e) = self.cache_fill(last).await {
+                tracing::debug!(error = %e, "read a driven rollout's rows; the view copy is reloaded");
+                self.cache_invalidate();
+                return false;
+            }
+            self.cache_advance(last);
+        }
+        true
     }
 }
 

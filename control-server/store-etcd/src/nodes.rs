@@ -1,5 +1,7 @@
 //! Nodes: enrolment, identity, holds, retries and deletion on etcd.
 
+use std::collections::BTreeMap;
+
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetOptions, TxnOp};
 
@@ -25,123 +27,8 @@ impl NodeStore for EtcdStore {
             if attempt > 0 {
                 backoff(attempt).await;
             }
-            let tkey = self.key(&format!("tokens/{}", n.token_id));
-            let token: Doc<TokenDoc> = self.get(&tkey).await?;
-            let Some(mut tok) = token.value.clone() else {
-                return Err(StoreError::Token(TokenRefusal::Unknown));
-            };
-            let rules = TokenUse {
-                cluster: &tok.cluster,
-                expires_at_ms: tok.expires_at_ms,
-                remaining_uses: tok.remaining_uses,
-            };
-            rules.admits(&n.cluster, n.now_ms)?;
-            let left = rules.take();
-            let nkey = self.key(&format!("nodes/{}", n.name));
-            let node: Doc<NodeDoc> = self.get(&nkey).await?;
-            if let Some(mut existing) = node.value.clone() {
-                let never = never_connected(
-                    &existing.facts_json,
-                    existing.last_seen_ms,
-                    !existing.replica.is_empty(),
-                );
-                n.over_existing(&existing.cluster, &existing.key_hash, never)?;
-                let dkey = self.key(&format!("desired/{}", n.name));
-                let desired: Doc<DesiredDoc> = self.get(&dkey).await?;
-                existing.cert_serial = n.cert_serial.as_str().into();
-                let mut ops = vec![TxnOp::put(nkey.clone(), json(&existing)?, None)];
-                if let Some(op) = self.event_op(&[EventRow::reenrolled(&n)])? {
-                    ops.push(op);
-                }
-                if self
-                    .txn(vec![node.compare(&nkey), desired.compare(&dkey)], ops)
-                    .await?
-                {
-                    return Ok(desired.value.map_or(0, |d| d.generation));
-                }
-                continue;
-            }
-            let left = left?;
-            let mut compares = vec![
-                token.compare(&tkey),
-                Compare::create_revision(nkey.clone(), CompareOp::Equal, 0),
-            ];
-            let mut ops = Vec::new();
-            if left.is_some() {
-                tok.remaining_uses = left;
-                ops.push(TxnOp::put(tkey.clone(), json(&tok)?, None));
-            }
-            // The cluster's targets, compared as a range: a target set or
-            // changed meanwhile makes the enrolment read again.
-            let tprefix = self.key(&format!("targets/{}/", n.cluster));
-            let targets = self.range::<TargetDoc>(&tprefix).await?;
-            let max_rev = targets.iter().map(|t| t.2).max().unwrap_or(0);
-            compares.push(Compare::mod_revision(tprefix.clone(), CompareOp::Less, max_rev + 1).with_prefix());
-            let given = n.seed_desired(
-                targets
-                    .iter()
-                    .map(|(b, t, _)| (b.clone(), t.version.clone(), &t.selector)),
-            );
-            ops.push(TxnOp::put(
-                nkey,
-                json(&NodeDoc {
-                    cluster: n.cluster.as_str().into(),
-                    labels: n.labels.clone(),
-                    cert_serial: n.cert_serial.as_str().into(),
-                    facts_json: Box::default(),
-                    last_seen_ms: 0,
-                    enrolled_at_ms: n.now_ms,
-                    replica: String::new(),
-                    actual: SmallMap::new(),
-                    hold: None,
-                    key_hash: n.key_hash.as_str().into(),
-                    trust: None,
-                })?,
-                None,
-            ));
-            // A running or paused rollout of the cluster takes the joiner in
-            // too: it starts on the current target and waits for its turn.
-            let aprefix = self.key(&format!("active/{}/", n.cluster));
-            let mut kv = crate::kv_of(&self.client);
-            let active = kv
-                .get(aprefix.clone(), Some(GetOptions::new().with_prefix()))
-                .await
-                .map_err(unavailable)?;
-            for a in active.kvs() {
-                let id = String::from_utf8_lossy(a.value()).into_owned();
-                let rkey = self.key(&rolloutdocs::header_key(&id));
-                let Some((r, hrev)) = self.rollout_to_write(&id).await? else {
-                    compares.push(Compare::create_revision(rkey, CompareOp::Equal, 0));
-                    continue;
-                };
-                compares.push(Compare::mod_revision(rkey.clone(), CompareOp::Equal, hrev));
-                let Some(row) = n.adopted_by(r.state, &r.bundle, &r.selector, &given) else {
-                    continue;
-                };
-                if !r.nodes.iter().any(|x| x.name == n.name) {
-                    ops.push(self.put(
-                        &rolloutdocs::row_key(&id, &n.name),
-                        json(&RolloutNodeDoc::from_row(&row))?,
-                    ));
-                    // The header is written with every row (module
-                    // `rollouts`): its revision covers the rows.
-                    ops.push(TxnOp::put(rkey, json(&RolloutDoc::header(&r))?, None));
-                }
-            }
-            let g = self.next_generation().await?;
-            ops.push(self.put(
-                &format!("desired/{}", n.name),
-                json(&DesiredDoc {
-                    generation: g,
-                    bundles: given.into(),
-                    retry: SmallMap::new(),
-                })?,
-            ));
-            if let Some(op) = self.event_op(&[EventRow::enrolled(&n)])? {
-                ops.push(op);
-            }
-            if self.txn(compares, ops).await? {
-                return Ok(g);
+            if let Some(generation) = self.try_enrol(&n).await? {
+                return Ok(generation);
             }
         }
         Err(busy("enrol node"))
@@ -322,5 +209,156 @@ impl EtcdStore {
             }
         }
         Err(busy("update node"))
+    }
+}
+
+impl EtcdStore {
+    /// One attempt at enrolling `n` in one transaction: its generation, or
+    /// `None` when a concurrent write won the race.
+    async fn try_enrol(&self, n: &NewNode) -> Result<Option<u64>> {
+        let tkey = self.key(&format!("tokens/{}", n.token_id));
+        let token: Doc<TokenDoc> = self.get(&tkey).await?;
+        let Some(mut tok) = token.value.clone() else {
+            return Err(StoreError::Token(TokenRefusal::Unknown));
+        };
+        let rules = TokenUse {
+            cluster: &tok.cluster,
+            expires_at_ms: tok.expires_at_ms,
+            remaining_uses: tok.remaining_uses,
+        };
+        rules.admits(&n.cluster, n.now_ms)?;
+        let left = rules.take();
+        let nkey = self.key(&format!("nodes/{}", n.name));
+        let node: Doc<NodeDoc> = self.get(&nkey).await?;
+        if let Some(existing) = node.value.clone() {
+            return self.re_enrol(n, existing, &node, &nkey).await;
+        }
+        let left = left?;
+        let mut compares = vec![
+            token.compare(&tkey),
+            Compare::create_revision(nkey.clone(), CompareOp::Equal, 0),
+        ];
+        let mut ops = Vec::new();
+        if left.is_some() {
+            tok.remaining_uses = left;
+            ops.push(TxnOp::put(tkey.clone(), json(&tok)?, None));
+        }
+        // The cluster's targets, compared as a range: a target set or
+        // changed meanwhile makes the enrolment read again.
+        let tprefix = self.key(&format!("targets/{}/", n.cluster));
+        let targets = self.range::<TargetDoc>(&tprefix).await?;
+        let max_rev = targets.iter().map(|t| t.2).max().unwrap_or(0);
+        compares.push(Compare::mod_revision(tprefix.clone(), CompareOp::Less, max_rev + 1).with_prefix());
+        let given = n.seed_desired(
+            targets
+                .iter()
+                .map(|(b, t, _)| (b.clone(), t.version.clone(), &t.selector)),
+        );
+        ops.push(TxnOp::put(nkey, json(&new_node_doc(n))?, None));
+        self.join_active_rollouts(n, &given, &mut compares, &mut ops)
+            .await?;
+        let g = self.next_generation().await?;
+        ops.push(self.put(
+            &format!("desired/{}", n.name),
+            json(&DesiredDoc {
+                generation: g,
+                bundles: given.into(),
+                retry: SmallMap::new(),
+            })?,
+        ));
+        if let Some(op) = self.event_op(&[EventRow::enrolled(n)])? {
+            ops.push(op);
+        }
+        Ok(self.txn(compares, ops).await?.then_some(g))
+    }
+
+    /// Enrols `n` again over its existing record, where `over_existing`
+    /// allows it: the new certificate serial, the desired state as it is.
+    /// `None` if either changed meanwhile.
+    async fn re_enrol(
+        &self,
+        n: &NewNode,
+        mut existing: NodeDoc,
+        node: &Doc<NodeDoc>,
+        nkey: &str,
+    ) -> Result<Option<u64>> {
+        let never = never_connected(
+            &existing.facts_json,
+            existing.last_seen_ms,
+            !existing.replica.is_empty(),
+        );
+        n.over_existing(&existing.cluster, &existing.key_hash, never)?;
+        let dkey = self.key(&format!("desired/{}", n.name));
+        let desired: Doc<DesiredDoc> = self.get(&dkey).await?;
+        existing.cert_serial = n.cert_serial.as_str().into();
+        let mut ops = vec![TxnOp::put(nkey.to_string(), json(&existing)?, None)];
+        if let Some(op) = self.event_op(&[EventRow::reenrolled(n)])? {
+            ops.push(op);
+        }
+        if self
+            .txn(vec![node.compare(nkey), desired.compare(&dkey)], ops)
+            .await?
+        {
+            return Ok(Some(desired.value.map_or(0, |d| d.generation)));
+        }
+        Ok(None)
+    }
+
+    /// A running or paused rollout of the cluster takes the joiner in too:
+    /// it starts on the current target and waits for its turn. Adds the
+    /// rollouts' rows and headers to the enrolment's transaction, compared
+    /// so that a rollout changed meanwhile makes it read again.
+    async fn join_active_rollouts(
+        &self,
+        n: &NewNode,
+        given: &BTreeMap<String, String>,
+        compares: &mut Vec<Compare>,
+        ops: &mut Vec<TxnOp>,
+    ) -> Result<()> {
+        let aprefix = self.key(&format!("active/{}/", n.cluster));
+        let mut kv = crate::kv_of(&self.client);
+        let active = kv
+            .get(aprefix.clone(), Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(unavailable)?;
+        for a in active.kvs() {
+            let id = String::from_utf8_lossy(a.value()).into_owned();
+            let rkey = self.key(&rolloutdocs::header_key(&id));
+            let Some((r, hrev)) = self.rollout_to_write(&id).await? else {
+                compares.push(Compare::create_revision(rkey, CompareOp::Equal, 0));
+                continue;
+            };
+            compares.push(Compare::mod_revision(rkey.clone(), CompareOp::Equal, hrev));
+            let Some(row) = n.adopted_by(r.state, &r.bundle, &r.selector, given) else {
+                continue;
+            };
+            if !r.nodes.iter().any(|x| x.name == n.name) {
+                ops.push(self.put(
+                    &rolloutdocs::row_key(&id, &n.name),
+                    json(&RolloutNodeDoc::from_row(&row))?,
+                ));
+                // The header is written with every row (module
+                // `rollouts`): its revision covers the rows.
+                ops.push(TxnOp::put(rkey, json(&RolloutDoc::header(&r))?, None));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The record of a node enrolled now, before it first connects.
+fn new_node_doc(n: &NewNode) -> NodeDoc {
+    NodeDoc {
+        cluster: n.cluster.as_str().into(),
+        labels: n.labels.clone(),
+        cert_serial: n.cert_serial.as_str().into(),
+        facts_json: Box::default(),
+        last_seen_ms: 0,
+        enrolled_at_ms: n.now_ms,
+        replica: String::new(),
+        actual: SmallMap::new(),
+        hold: None,
+        key_hash: n.key_hash.as_str().into(),
+        trust: None,
     }
 }

@@ -8,7 +8,10 @@ use std::path::Path;
 use rusqlite::{Connection, OpenFlags};
 use rusqlite::{OptionalExtension, params};
 
-use lks_store::{ClusterKube, Dump, DumpedBundle, DumpedTarget, Result, StoreError, Target, stored_digest};
+use lks_store::{
+    AuditRow, ClusterKube, ClusterRow, Dump, DumpedBundle, DumpedTarget, EventRow, NodeRow, ReleaseRow,
+    Result, RolloutRow, RootRow, StoreError, StoredCa, Target, TokenRow, stored_digest,
+};
 
 use std::sync::{Arc, Mutex};
 
@@ -73,38 +76,87 @@ impl SqliteStore {
     }
 }
 
+/// Everything the store holds, each kind in its own step; `c` is one
+/// transaction, so the steps see one state.
 fn read_dump(c: &Connection) -> Result<Dump> {
-    let generation: i64 = c
-        .query_row("SELECT value FROM meta WHERE key = 'generation'", [], |r| {
+    let generation = read_generation(c)?;
+    let clusters = read_clusters(c)?;
+    let cluster_cas = read_cluster_cas(c, &clusters)?;
+    let certificates = clusters::read_certs(c, None, None)?;
+    let cluster_kube = read_cluster_kube(c, &clusters)?;
+    let tokens = read_tokens(c)?;
+    let nodes = read_nodes(c)?;
+    let bundles = read_bundles(c)?;
+    let targets = read_targets(c)?;
+    let rollouts = read_all_rollouts(c)?;
+    let events = read_events(c)?;
+    let audit = read_audit(c)?;
+    let (releases, roots) = read_releases(c, &clusters)?;
+    Ok(Dump {
+        generation: generation.max(0) as u64,
+        clusters,
+        cluster_cas,
+        certificates,
+        cluster_kube,
+        tokens,
+        nodes,
+        bundles,
+        targets,
+        rollouts,
+        events,
+        audit,
+        releases,
+        roots,
+    })
+}
+
+/// The generation counter (0 before the first).
+fn read_generation(c: &Connection) -> Result<i64> {
+    Ok(
+        c.query_row("SELECT value FROM meta WHERE key = 'generation'", [], |r| {
             r.get(0)
         })
         .optional()?
-        .unwrap_or(0);
-    let clusters = read_clusters(c)?;
+        .unwrap_or(0),
+    )
+}
+
+/// The clusters' CAs, for those that have one.
+fn read_cluster_cas(c: &Connection, clusters: &[ClusterRow]) -> Result<Vec<(String, StoredCa)>> {
     let mut cluster_cas = Vec::new();
-    for cl in &clusters {
+    for cl in clusters {
         if let Some(ca) = clusters::read_ca(c, &cl.name)? {
             cluster_cas.push((cl.name.clone(), ca));
         }
     }
-    let certificates = clusters::read_certs(c, None, None)?;
+    Ok(cluster_cas)
+}
+
+/// The clusters' Kubernetes access, for those that set it.
+fn read_cluster_kube(c: &Connection, clusters: &[ClusterRow]) -> Result<Vec<(String, ClusterKube)>> {
     let mut cluster_kube = Vec::new();
-    for cl in &clusters {
+    for cl in clusters {
         if let Some(k) = clusters::read_kube(c, &cl.name)?
             && k != ClusterKube::default()
         {
             cluster_kube.push((cl.name.clone(), k));
         }
     }
+    Ok(cluster_kube)
+}
 
-    let tokens = c
-        .prepare(&format!("SELECT {TOKEN_COLUMNS} FROM tokens ORDER BY id"))?
+/// Join tokens, by id.
+fn read_tokens(c: &Connection) -> Result<Vec<TokenRow>> {
+    c.prepare(&format!("SELECT {TOKEN_COLUMNS} FROM tokens ORDER BY id"))?
         .query_map([], token_row)?
         .collect::<Result<Vec<_>, _>>()?
         .into_iter()
         .map(StoredToken::typed)
-        .collect::<Result<Vec<_>>>()?;
+        .collect()
+}
 
+/// Nodes by name, none connected (the dump moves to another store).
+fn read_nodes(c: &Connection) -> Result<Vec<NodeRow>> {
     let names = c
         .prepare("SELECT name FROM nodes ORDER BY name")?
         .query_map([], |r| r.get::<_, String>(0))?
@@ -116,7 +168,11 @@ fn read_dump(c: &Connection) -> Result<Dump> {
             nodes.push(row);
         }
     }
+    Ok(nodes)
+}
 
+/// Bundle versions with the blobs they use.
+fn read_bundles(c: &Connection) -> Result<Vec<DumpedBundle>> {
     let rows = c
         .prepare(
             "SELECT name, version, signed_bundle, manifest_digest, signed, files, total_size, published_at_ms
@@ -135,7 +191,11 @@ fn read_dump(c: &Connection) -> Result<Dump> {
             .collect::<Result<Vec<_>>>()?;
         bundles.push(DumpedBundle { row, blob_digests });
     }
+    Ok(bundles)
+}
 
+/// The clusters' targets.
+fn read_targets(c: &Connection) -> Result<Vec<DumpedTarget>> {
     let raw = c
         .prepare(
             "SELECT cluster, bundle, version, selector, rollout_id FROM cluster_targets ORDER BY cluster, bundle",
@@ -162,28 +222,39 @@ fn read_dump(c: &Connection) -> Result<Dump> {
             },
         });
     }
+    Ok(targets)
+}
 
+/// Rollouts, oldest first.
+fn read_all_rollouts(c: &Connection) -> Result<Vec<RolloutRow>> {
     let ids = c
         .prepare("SELECT id FROM rollouts ORDER BY created_at_ms, id")?
         .query_map([], |r| r.get::<_, String>(0))?
         .collect::<Result<Vec<_>, _>>()?;
-    let rollouts = read_rollouts(c, ids)?;
+    read_rollouts(c, ids)
+}
 
-    let events = c
-        .prepare(
-            "SELECT id, at_ms, cluster, node, rollout_id, kind, bundle, version, message FROM events ORDER BY id",
-        )?
-        .query_map([], event_row)?
-        .collect::<Result<Vec<_>, _>>()?;
+/// Events, by id.
+fn read_events(c: &Connection) -> Result<Vec<EventRow>> {
+    Ok(c.prepare(
+        "SELECT id, at_ms, cluster, node, rollout_id, kind, bundle, version, message FROM events ORDER BY id",
+    )?
+    .query_map([], event_row)?
+    .collect::<Result<Vec<_>, _>>()?)
+}
 
-    let audit = c
-        .prepare(&format!(
-            "SELECT {} FROM audit ORDER BY id",
-            super::audit::AUDIT_COLUMNS
-        ))?
-        .query_map([], super::audit::audit_row)?
-        .collect::<Result<Vec<_>, _>>()?;
+/// The audit trail, by id.
+fn read_audit(c: &Connection) -> Result<Vec<AuditRow>> {
+    Ok(c.prepare(&format!(
+        "SELECT {} FROM audit ORDER BY id",
+        super::audit::AUDIT_COLUMNS
+    ))?
+    .query_map([], super::audit::audit_row)?
+    .collect::<Result<Vec<_>, _>>()?)
+}
 
+/// Every cluster's releases, oldest first, and its trust roots.
+fn read_releases(c: &Connection, clusters: &[ClusterRow]) -> Result<(Vec<ReleaseRow>, Vec<RootRow>)> {
     let mut releases = Vec::new();
     let mut roots = Vec::new();
     for cluster in clusters.iter().map(|c| c.name.as_str()) {
@@ -192,23 +263,7 @@ fn read_dump(c: &Connection) -> Result<Dump> {
         releases.extend(r);
         roots.extend(super::releases::read_roots(c, cluster)?);
     }
-
-    Ok(Dump {
-        generation: generation.max(0) as u64,
-        clusters,
-        cluster_cas,
-        certificates,
-        cluster_kube,
-        tokens,
-        nodes,
-        bundles,
-        targets,
-        rollouts,
-        events,
-        audit,
-        releases,
-        roots,
-    })
+    Ok((releases, roots))
 }
 
 #[cfg(test)]

@@ -315,6 +315,7 @@ fn read_rollouts(c: &Connection, ids: Vec<String>) -> Result<Vec<RolloutRow>> {
     Ok(out)
 }
 
+/// The rollout `id` with its node rows, if it exists.
 fn read_rollout(c: &Connection, id: &str) -> Result<Option<RolloutRow>> {
     let row = c
         .query_row(
@@ -358,13 +359,46 @@ fn read_rollout(c: &Connection, id: &str) -> Result<Option<RolloutRow>> {
     else {
         return Ok(None);
     };
+    let nodes = read_rollout_nodes(c, &id)?;
+    let previous_target = match (pt_version, pt_selector, pt_rollout) {
+        (Some(version), Some(selector), Some(rollout_id)) => Some(Target {
+            version,
+            selector: labels_from_json(&selector)?,
+            rollout_id,
+        }),
+        _ => None,
+    };
+    Ok(Some(RolloutRow {
+        id,
+        cluster,
+        bundle,
+        version,
+        selector: labels_from_json(&selector)?,
+        batch_size,
+        failure_threshold,
+        offline_deadline_ms: deadline.max(0) as u64,
+        state: RolloutState::parse(&state)
+            .ok_or_else(|| StoreError::backend(format!("stored rollout state {state:?} is unknown")))?,
+        nodes,
+        created_at_ms: created,
+        updated_at_ms: updated,
+        message,
+        revision: revision as u64,
+        previous_target,
+        policy: serde_json::from_str(&policy)?,
+        pacing: serde_json::from_str(&pacing)?,
+    }))
+}
+
+/// A rollout's node rows, by node name.
+fn read_rollout_nodes(c: &Connection, id: &str) -> Result<Vec<RolloutNodeRow>> {
     let mut stmt = c.prepare_cached(
         "SELECT node, previous_version, state, message, generation, turn_at_ms, touched, reverting, unreached,
                 canary, kube_step, kube_since_ms
          FROM rollout_nodes WHERE rollout_id = ?1 ORDER BY node",
     )?;
     let raw = stmt
-        .query_map([&id], |r| {
+        .query_map([id], |r| {
             Ok((
                 r.get::<_, String>(0)?,
                 r.get::<_, String>(1)?,
@@ -412,34 +446,7 @@ fn read_rollout(c: &Connection, id: &str) -> Result<Option<RolloutRow>> {
             kube_since_ms,
         });
     }
-    let previous_target = match (pt_version, pt_selector, pt_rollout) {
-        (Some(version), Some(selector), Some(rollout_id)) => Some(Target {
-            version,
-            selector: labels_from_json(&selector)?,
-            rollout_id,
-        }),
-        _ => None,
-    };
-    Ok(Some(RolloutRow {
-        id,
-        cluster,
-        bundle,
-        version,
-        selector: labels_from_json(&selector)?,
-        batch_size,
-        failure_threshold,
-        offline_deadline_ms: deadline.max(0) as u64,
-        state: RolloutState::parse(&state)
-            .ok_or_else(|| StoreError::backend(format!("stored rollout state {state:?} is unknown")))?,
-        nodes,
-        created_at_ms: created,
-        updated_at_ms: updated,
-        message,
-        revision: revision as u64,
-        previous_target,
-        policy: serde_json::from_str(&policy)?,
-        pacing: serde_json::from_str(&pacing)?,
-    }))
+    Ok(nodes)
 }
 
 /// The active rollout of `bundle` in `cluster` other than `except`, if any.

@@ -1,7 +1,7 @@
 //! Rollouts on SQLite.
 
 use async_trait::async_trait;
-use rusqlite::{OptionalExtension, params};
+use rusqlite::{OptionalExtension, Transaction, params};
 
 use lks_store::{
     BundleStatusRow, EventRow, Kind, NewRollout, NodeBundleView, NodeState, Result, RolloutCommit,
@@ -175,128 +175,16 @@ impl RolloutStore for SqliteStore {
             {
                 return Err(still_active(&r.cluster, &r.bundle, &id, &state));
             }
-            let mut changed = Vec::new();
-            for (node, version) in &c.assign {
-                let Some(n) = r.nodes.iter_mut().find(|n| n.name == *node) else {
-                    return Err(StoreError::backend(format!(
-                        "rollout {}: node {node} to assign is not part of it",
-                        r.id
-                    )));
-                };
-                let current: Option<Option<String>> = tx
-                    .query_row(
-                        "SELECT (SELECT version FROM desired WHERE node = ?1 AND bundle = ?2) FROM nodes WHERE name = ?1",
-                        params![node, r.bundle],
-                        |row| row.get(0),
-                    )
-                    .optional()?;
-                let Some(current) = current else {
-                    n.state = NodeState::Skipped;
-                    n.message = "node was deleted".into();
-                    continue;
-                };
-                let was_touched = stored.nodes.iter().any(|s| s.name == *node && s.touched);
-                if !n.reverting && !was_touched {
-                    n.previous_version = current.unwrap_or_default();
-                }
-                match version {
-                    Some(v) => tx.execute(
-                        "INSERT INTO desired (node, bundle, version) VALUES (?1, ?2, ?3)
-                         ON CONFLICT (node, bundle) DO UPDATE SET version = excluded.version",
-                        params![node, r.bundle, v],
-                    )?,
-                    None => tx.execute(
-                        "DELETE FROM desired WHERE node = ?1 AND bundle = ?2",
-                        params![node, r.bundle],
-                    )?,
-                };
-                let g = next_generation(tx)?;
-                tx.execute(
-                    "UPDATE nodes SET generation = ?1 WHERE name = ?2",
-                    params![g as i64, node],
-                )?;
-                n.generation = g;
-                changed.push(node.clone());
-            }
+            let changed = assign_versions(tx, &mut r, &stored, &c.assign)?;
             r.revision = stored.revision + 1;
-            tx.execute(
-                "UPDATE rollouts SET state = ?2, message = ?3, updated_at_ms = ?4, revision = ?5, pacing = ?6
-                 WHERE id = ?1",
-                params![
-                    r.id,
-                    r.state.as_str(),
-                    r.message,
-                    r.updated_at_ms,
-                    r.revision as i64,
-                    serde_json::to_string(&r.pacing)?
-                ],
-            )?;
-            {
-                let mut stmt = tx.prepare_cached(
-                    "UPDATE rollout_nodes SET previous_version = ?3, state = ?4, message = ?5, generation = ?6,
-                         turn_at_ms = ?7, touched = ?8, reverting = ?9, unreached = ?10, canary = ?11,
-                         kube_step = ?12, kube_since_ms = ?13
-                     WHERE rollout_id = ?1 AND node = ?2",
-                )?;
-                for n in &r.nodes {
-                    stmt.execute(params![
-                        r.id,
-                        n.name,
-                        n.previous_version,
-                        n.state.as_str(),
-                        n.message,
-                        n.generation as i64,
-                        n.turn_at_ms,
-                        n.touched,
-                        n.reverting,
-                        n.unreached,
-                        n.canary,
-                        n.kube.as_str(),
-                        n.kube_since_ms
-                    ])?;
-                }
-            }
-            match c.target {
-                TargetChange::Keep => {}
-                TargetChange::SetToRollout => {
-                    tx.execute(
-                        "INSERT INTO cluster_targets (cluster, bundle, version, selector, rollout_id)
-                         VALUES (?1, ?2, ?3, ?4, ?5)
-                         ON CONFLICT (cluster, bundle) DO UPDATE SET version = excluded.version,
-                             selector = excluded.selector, rollout_id = excluded.rollout_id",
-                        params![r.cluster, r.bundle, r.version, labels_to_json(&r.selector)?, r.id],
-                    )?;
-                }
-                TargetChange::RestorePrevious => {
-                    // Only if this rollout is still what set the target.
-                    let ours = tx
-                        .query_row(
-                            "SELECT 1 FROM cluster_targets WHERE cluster = ?1 AND bundle = ?2 AND rollout_id = ?3",
-                            params![r.cluster, r.bundle, r.id],
-                            |_| Ok(()),
-                        )
-                        .optional()?
-                        .is_some();
-                    if ours {
-                        match &r.previous_target {
-                            Some(t) => tx.execute(
-                                "UPDATE cluster_targets SET version = ?3, selector = ?4, rollout_id = ?5
-                                 WHERE cluster = ?1 AND bundle = ?2",
-                                params![r.cluster, r.bundle, t.version, labels_to_json(&t.selector)?, t.rollout_id],
-                            )?,
-                            None => tx.execute(
-                                "DELETE FROM cluster_targets WHERE cluster = ?1 AND bundle = ?2",
-                                params![r.cluster, r.bundle],
-                            )?,
-                        };
-                    }
-                }
-            }
+            write_rollout(tx, &r)?;
+            set_target(tx, &r, c.target)?;
             for e in &c.events {
                 insert_event(tx, e)?;
             }
-            let row = read_rollout(tx, &r.id)?
-                .ok_or_else(|| StoreError::backend(format!("rollout {} vanished in its own transaction", r.id)))?;
+            let row = read_rollout(tx, &r.id)?.ok_or_else(|| {
+                StoreError::backend(format!("rollout {} vanished in its own transaction", r.id))
+            })?;
             Ok((row, changed))
         })
         .await
@@ -373,4 +261,147 @@ impl RolloutStore for SqliteStore {
         })
         .await
     }
+}
+
+/// Gives each node of `assign` its version (or removes the bundle) and a
+/// new generation, recorded in its row of `r`; a node deleted meanwhile is
+/// skipped. Returns the nodes whose desired state changed.
+fn assign_versions(
+    tx: &Transaction<'_>,
+    r: &mut RolloutRow,
+    stored: &RolloutRow,
+    assign: &[(String, Option<String>)],
+) -> Result<Vec<String>> {
+    let mut changed = Vec::new();
+    for (node, version) in assign {
+        let Some(n) = r.nodes.iter_mut().find(|n| n.name == *node) else {
+            return Err(StoreError::backend(format!(
+                "rollout {}: node {node} to assign is not part of it",
+                r.id
+            )));
+        };
+        let current: Option<Option<String>> = tx
+            .query_row(
+                "SELECT (SELECT version FROM desired WHERE node = ?1 AND bundle = ?2) FROM nodes WHERE name = ?1",
+                params![node, r.bundle],
+                |row| row.get(0),
+            )
+            .optional()?;
+        let Some(current) = current else {
+            n.state = NodeState::Skipped;
+            n.message = "node was deleted".into();
+            continue;
+        };
+        let was_touched = stored.nodes.iter().any(|s| s.name == *node && s.touched);
+        if !n.reverting && !was_touched {
+            n.previous_version = current.unwrap_or_default();
+        }
+        match version {
+            Some(v) => tx.execute(
+                "INSERT INTO desired (node, bundle, version) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (node, bundle) DO UPDATE SET version = excluded.version",
+                params![node, r.bundle, v],
+            )?,
+            None => tx.execute(
+                "DELETE FROM desired WHERE node = ?1 AND bundle = ?2",
+                params![node, r.bundle],
+            )?,
+        };
+        let g = next_generation(tx)?;
+        tx.execute(
+            "UPDATE nodes SET generation = ?1 WHERE name = ?2",
+            params![g as i64, node],
+        )?;
+        n.generation = g;
+        changed.push(node.clone());
+    }
+    Ok(changed)
+}
+
+/// The rollout's header and node rows as `r` has them.
+fn write_rollout(tx: &Transaction<'_>, r: &RolloutRow) -> Result<()> {
+    tx.execute(
+        "UPDATE rollouts SET state = ?2, message = ?3, updated_at_ms = ?4, revision = ?5, pacing = ?6
+         WHERE id = ?1",
+        params![
+            r.id,
+            r.state.as_str(),
+            r.message,
+            r.updated_at_ms,
+            r.revision as i64,
+            serde_json::to_string(&r.pacing)?
+        ],
+    )?;
+    let mut stmt = tx.prepare_cached(
+        "UPDATE rollout_nodes SET previous_version = ?3, state = ?4, message = ?5, generation = ?6,
+             turn_at_ms = ?7, touched = ?8, reverting = ?9, unreached = ?10, canary = ?11,
+             kube_step = ?12, kube_since_ms = ?13
+         WHERE rollout_id = ?1 AND node = ?2",
+    )?;
+    for n in &r.nodes {
+        stmt.execute(params![
+            r.id,
+            n.name,
+            n.previous_version,
+            n.state.as_str(),
+            n.message,
+            n.generation as i64,
+            n.turn_at_ms,
+            n.touched,
+            n.reverting,
+            n.unreached,
+            n.canary,
+            n.kube.as_str(),
+            n.kube_since_ms
+        ])?;
+    }
+    Ok(())
+}
+
+/// The cluster's target as the commit says: kept, set to the rollout, or
+/// given back to the previous one while this rollout is still what set it.
+fn set_target(tx: &Transaction<'_>, r: &RolloutRow, target: TargetChange) -> Result<()> {
+    match target {
+        TargetChange::Keep => {}
+        TargetChange::SetToRollout => {
+            tx.execute(
+                "INSERT INTO cluster_targets (cluster, bundle, version, selector, rollout_id)
+                 VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (cluster, bundle) DO UPDATE SET version = excluded.version,
+                     selector = excluded.selector, rollout_id = excluded.rollout_id",
+                params![r.cluster, r.bundle, r.version, labels_to_json(&r.selector)?, r.id],
+            )?;
+        }
+        TargetChange::RestorePrevious => {
+            // Only if this rollout is still what set the target.
+            let ours = tx
+                .query_row(
+                    "SELECT 1 FROM cluster_targets WHERE cluster = ?1 AND bundle = ?2 AND rollout_id = ?3",
+                    params![r.cluster, r.bundle, r.id],
+                    |_| Ok(()),
+                )
+                .optional()?
+                .is_some();
+            if ours {
+                match &r.previous_target {
+                    Some(t) => tx.execute(
+                        "UPDATE cluster_targets SET version = ?3, selector = ?4, rollout_id = ?5
+                         WHERE cluster = ?1 AND bundle = ?2",
+                        params![
+                            r.cluster,
+                            r.bundle,
+                            t.version,
+                            labels_to_json(&t.selector)?,
+                            t.rollout_id
+                        ],
+                    )?,
+                    None => tx.execute(
+                        "DELETE FROM cluster_targets WHERE cluster = ?1 AND bundle = ?2",
+                        params![r.cluster, r.bundle],
+                    )?,
+                };
+            }
+        }
+    }
+    Ok(())
 }
