@@ -53,6 +53,10 @@ pub enum DeltaError {
     /// The patch rebuilds a file of another size than the one wanted.
     #[error("the patch rebuilds {got} bytes, the file has {want}")]
     Size { got: u64, want: u64 },
+    /// Making a patch failed (qbsdiff's search, or re-encoding its
+    /// sections).
+    #[error("make the patch: {0}")]
+    Make(#[source] io::Error),
     /// Writing the rebuilt bytes failed (the writer's own error, e.g. a
     /// digest mismatch from a verifying writer, or the disk).
     #[error("write the rebuilt file: {0}")]
@@ -73,14 +77,12 @@ pub fn make(base: &[u8], target: &[u8]) -> io::Result<Vec<u8>> {
 /// Makes a patch of `algorithm` (one of [`ALGORITHMS`]): the same search,
 /// its sections re-encoded for `bsdiff4-zstd`.
 pub fn make_as(algorithm: &str, base: &[u8], target: &[u8]) -> Result<Vec<u8>, DeltaError> {
-    let patch = match algorithm {
-        ALGORITHM | ZSTD_ALGORITHM => make(base, target).map_err(DeltaError::Corrupt)?,
+    match algorithm {
+        ALGORITHM => make(base, target),
+        ZSTD_ALGORITHM => make(base, target).and_then(|p| sections::transcode(&p)),
         other => return Err(DeltaError::Algorithm(other.to_string())),
-    };
-    if algorithm == ZSTD_ALGORITHM {
-        return sections::transcode(&patch).map_err(DeltaError::Corrupt);
     }
-    Ok(patch)
+    .map_err(DeltaError::Make)
 }
 
 /// Rebuilds the file of `size` bytes from `base` and `patch` into `out`,
@@ -94,19 +96,16 @@ pub fn apply(
     size: u64,
     out: impl Write,
 ) -> Result<u64, DeltaError> {
-    let hint = match algorithm {
-        ALGORITHM => {
-            sections::check_bsdiff4(patch).map_err(DeltaError::Corrupt)?;
-            None
-        }
-        ZSTD_ALGORITHM => Some(sections::target_size(patch).map_err(DeltaError::Corrupt)?),
+    // The header's file size, from our own read of it: for bsdiff 4 also
+    // the check that keeps a forged header from qbsdiff's unchecked sums.
+    let (hint, patcher) = match algorithm {
+        ALGORITHM => (
+            sections::check_bsdiff4(patch).map_err(DeltaError::Corrupt)?,
+            Some(qbsdiff::Bspatch::new(patch).map_err(DeltaError::Corrupt)?),
+        ),
+        ZSTD_ALGORITHM => (sections::target_size(patch).map_err(DeltaError::Corrupt)?, None),
         other => return Err(DeltaError::Algorithm(other.to_string())),
     };
-    let patcher = match hint {
-        Some(_) => None,
-        None => Some(qbsdiff::Bspatch::new(patch).map_err(DeltaError::Corrupt)?),
-    };
-    let hint = hint.unwrap_or_else(|| patcher.as_ref().map_or(0, |p| p.hint_target_size()));
     if hint != size {
         return Err(DeltaError::Size {
             got: hint,
