@@ -49,65 +49,7 @@ pub enum ClusterCmd {
     /// Change a cluster: its maintenance windows (outside every window no
     /// rollout starts a node), its API server, a CA if it has none, or
     /// whether and how its nodes share blobs with each other.
-    Set {
-        name: String,
-        /// A window, e.g. "Sat,Sun 02:00-06:00 Europe/Berlin" (days Mon..Sun, ranges
-        /// like Mon-Fri, or daily; an end before the start runs past midnight);
-        /// repeatable, replaces every window.
-        #[arg(
-            long = "maintenance-window",
-            value_name = "WINDOW",
-            required_unless_present_any = [
-                "no_maintenance_window", "api_server", "no_api_server", "ca_cert", "ca_key", "generate_ca",
-                "peer_sharing", "peer_port", "peer_upload_rate", "peer_max_uploads",
-                "kubeconfig", "drain"
-            ]
-        )]
-        maintenance_window: Vec<String>,
-        /// Remove every window: nodes may start at any time.
-        #[arg(long, conflicts_with = "maintenance_window")]
-        no_maintenance_window: bool,
-        /// Set the tenant cluster's API server (https://HOST[:PORT]).
-        #[arg(long, value_name = "URL")]
-        api_server: Option<String>,
-        /// Remove the API server.
-        #[arg(long, conflicts_with = "api_server")]
-        no_api_server: bool,
-        /// Import this CA certificate for a cluster without a CA; needs --ca-key.
-        #[arg(long, value_name = "FILE", conflicts_with = "generate_ca")]
-        ca_cert: Option<PathBuf>,
-        /// The private key of --ca-cert.
-        #[arg(long, value_name = "FILE", conflicts_with = "generate_ca")]
-        ca_key: Option<PathBuf>,
-        /// Generate a CA for a cluster without one.
-        #[arg(long)]
-        generate_ca: bool,
-        /// Whether the cluster's nodes share blobs with each other (each
-        /// node fetches chunks from peers and serves what it holds).
-        #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
-        peer_sharing: Option<bool>,
-        /// TCP port each node listens on for its peers [default: 7444].
-        /// Kept while sharing is off.
-        #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u32).range(1..=65535))]
-        peer_port: Option<u32>,
-        /// Upload cap per node: bytes per second, or with a unit, e.g.
-        /// 50MiB, 20MB, 200Mbit (bits per second); 0: no cap [default: 0].
-        #[arg(long, value_name = "RATE", value_parser = parse_rate)]
-        peer_upload_rate: Option<u64>,
-        /// Concurrent uploads per node, 1 to 64 [default: 4].
-        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
-        peer_max_uploads: Option<u32>,
-        /// A kubeconfig for the tenant cluster's API server, so rollouts can
-        /// drain nodes and wait for them to be Ready (a ServiceAccount's:
-        /// packaging/kubernetes/tenant/README.md); `none` removes it. Stored
-        /// encrypted like the CA keys, never printed back.
-        #[arg(long, value_name = "FILE|none")]
-        kubeconfig: Option<PathBuf>,
-        /// Whether rollouts of the cluster drain each node at its turn
-        /// unless `rollout start` says otherwise; needs a kubeconfig.
-        #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
-        drain: Option<bool>,
-    },
+    Set(SetFlags),
     /// Show one cluster.
     Get {
         name: String,
@@ -145,7 +87,7 @@ impl ClusterCmd {
             ClusterCmd::Create { name, .. }
             | ClusterCmd::Ca { name }
             | ClusterCmd::Certs { name, .. }
-            | ClusterCmd::Set { name, .. }
+            | ClusterCmd::Set(SetFlags { name, .. })
             | ClusterCmd::Get { name, .. } => Some(name),
             ClusterCmd::List { .. } => None,
         }
@@ -155,7 +97,8 @@ impl ClusterCmd {
     /// as a pair and readable.
     pub fn check(&self) -> anyhow::Result<()> {
         match self {
-            ClusterCmd::Create { ca_cert, ca_key, .. } | ClusterCmd::Set { ca_cert, ca_key, .. } => {
+            ClusterCmd::Create { ca_cert, ca_key, .. }
+            | ClusterCmd::Set(SetFlags { ca_cert, ca_key, .. }) => {
                 read_pair(ca_cert.as_deref(), ca_key.as_deref()).map(|_| ())
             }
             _ => Ok(()),
@@ -219,44 +162,7 @@ pub async fn run(c: &mut Client, url: &str, cmd: ClusterCmd) -> anyhow::Result<(
             all,
             output,
         } => certs(c, url, name, expiring, all, output).await?,
-        ClusterCmd::Set {
-            name,
-            maintenance_window,
-            no_maintenance_window,
-            api_server,
-            no_api_server,
-            ca_cert,
-            ca_key,
-            generate_ca,
-            peer_sharing,
-            peer_port,
-            peer_upload_rate,
-            peer_max_uploads,
-            kubeconfig,
-            drain,
-        } => {
-            set(
-                c,
-                url,
-                SetFlags {
-                    name,
-                    maintenance_window,
-                    no_maintenance_window,
-                    api_server,
-                    no_api_server,
-                    ca_cert,
-                    ca_key,
-                    generate_ca,
-                    peer_sharing,
-                    peer_port,
-                    peer_upload_rate,
-                    peer_max_uploads,
-                    kubeconfig,
-                    drain,
-                },
-            )
-            .await?
-        }
+        ClusterCmd::Set(flags) => set(c, url, flags).await?,
         ClusterCmd::Get { name, output } => {
             // No call reads one cluster: the list has it.
             let r = c
@@ -361,21 +267,66 @@ async fn certs(
     Ok(())
 }
 
-/// `cluster set`'s flags, as given.
-struct SetFlags {
+// `cluster set`'s flags, as given (a plain comment: the subcommand's help
+// is the doc comment of `ClusterCmd::Set`).
+#[derive(clap::Args)]
+pub struct SetFlags {
     name: String,
-    maintenance_window: Vec<String>,
+    /// A window, e.g. "Sat,Sun 02:00-06:00 Europe/Berlin" (days Mon..Sun, ranges
+    /// like Mon-Fri, or daily; an end before the start runs past midnight);
+    /// repeatable, replaces every window.
+    #[arg(
+        long = "maintenance-window",
+        value_name = "WINDOW",
+        required_unless_present_any = [
+            "no_maintenance_window", "api_server", "no_api_server", "ca_cert", "ca_key", "generate_ca",
+            "peer_sharing", "peer_port", "peer_upload_rate", "peer_max_uploads",
+            "kubeconfig", "drain"
+        ]
+    )]
+    pub maintenance_window: Vec<String>,
+    /// Remove every window: nodes may start at any time.
+    #[arg(long, conflicts_with = "maintenance_window")]
     no_maintenance_window: bool,
+    /// Set the tenant cluster's API server (https://HOST[:PORT]).
+    #[arg(long, value_name = "URL")]
     api_server: Option<String>,
+    /// Remove the API server.
+    #[arg(long, conflicts_with = "api_server")]
     no_api_server: bool,
+    /// Import this CA certificate for a cluster without a CA; needs --ca-key.
+    #[arg(long, value_name = "FILE", conflicts_with = "generate_ca")]
     ca_cert: Option<PathBuf>,
+    /// The private key of --ca-cert.
+    #[arg(long, value_name = "FILE", conflicts_with = "generate_ca")]
     ca_key: Option<PathBuf>,
+    /// Generate a CA for a cluster without one.
+    #[arg(long)]
     generate_ca: bool,
+    /// Whether the cluster's nodes share blobs with each other (each
+    /// node fetches chunks from peers and serves what it holds).
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
     peer_sharing: Option<bool>,
+    /// TCP port each node listens on for its peers [default: 7444].
+    /// Kept while sharing is off.
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u32).range(1..=65535))]
     peer_port: Option<u32>,
+    /// Upload cap per node: bytes per second, or with a unit, e.g.
+    /// 50MiB, 20MB, 200Mbit (bits per second); 0: no cap [default: 0].
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
     peer_upload_rate: Option<u64>,
+    /// Concurrent uploads per node, 1 to 64 [default: 4].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
     peer_max_uploads: Option<u32>,
+    /// A kubeconfig for the tenant cluster's API server, so rollouts can
+    /// drain nodes and wait for them to be Ready (a ServiceAccount's:
+    /// packaging/kubernetes/tenant/README.md); `none` removes it. Stored
+    /// encrypted like the CA keys, never printed back.
+    #[arg(long, value_name = "FILE|none")]
     kubeconfig: Option<PathBuf>,
+    /// Whether rollouts of the cluster drain each node at its turn
+    /// unless `rollout start` says otherwise; needs a kubeconfig.
+    #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
     drain: Option<bool>,
 }
 

@@ -311,9 +311,9 @@ fn precheck(cmd: &Cmd) -> anyhow::Result<()> {
             if let Some(name) = cmd.name() {
                 validate_cluster_name(name)?;
             }
-            if let cluster::ClusterCmd::Set {
+            if let cluster::ClusterCmd::Set(cluster::SetFlags {
                 maintenance_window, ..
-            } = cmd
+            }) = cmd
             {
                 windows::parse_all(maintenance_window).context("--maintenance-window")?;
             }
