@@ -24,7 +24,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -565,44 +565,34 @@ impl Cache {
 
     /// Makes the cache entry of `digest` from `src` (a target the engine
     /// switched in from verified bytes), off the rollout's path: copied
-    /// into `partial/<hex>.copy` and hashed while copying, fsynced, and
-    /// renamed into `sha256/` only if size and digest match. A source that
-    /// changed since it was verified (a drifted target) is not cached:
-    /// `Ok(false)`, nothing left behind.
-    pub fn copy_in(&self, mut src: impl io::Read, digest: &Digest, size: u64) -> Result<bool, FsError> {
-        const CHUNK: usize = 1 << 20;
+    /// into `partial/<hex>.copy`, fsynced, and renamed into `sha256/`.
+    /// `known`: `src` is the very inode whose bytes this process verified
+    /// (its metadata unchanged since), so the kernel copies it
+    /// (`copy_file_range`: no pass through this process, no hash) and only
+    /// its length is checked. Else it is hashed while copying and cached
+    /// only if size and digest match: a source that changed since it was
+    /// verified (a drifted target) is not cached, `Ok(false)`, nothing left
+    /// behind.
+    pub fn copy_in(&self, src: File, digest: &Digest, size: u64, known: bool) -> Result<bool, FsError> {
         fsutil::create_dir(&self.blobs(), 0o700)?;
         fsutil::create_dir(&self.partials(), 0o700)?;
         let part = self.partials().join(format!("{}.copy", digest.hex()));
-        let mut copy = || -> io::Result<bool> {
+        let copy = || -> io::Result<bool> {
             let mut out = OpenOptions::new()
                 .create(true)
                 .write(true)
                 .truncate(true)
                 .mode(0o600)
                 .open(&part)?;
-            let mut v = Verifier::new(*digest, size);
-            let mut buf = vec![0u8; CHUNK];
-            let mut first = true;
-            loop {
-                let n = src.read(&mut buf)?;
-                if n == 0 {
-                    break;
-                }
-                if v.update(&buf[..n]).is_err() {
-                    return Ok(false);
-                }
-                out.write_all(&buf[..n])?;
-                if first {
-                    first = false;
-                    fault::point("cache-copy-partial");
-                }
+            let copied = if known {
+                copy_known(&src, &mut out, size)?
+            } else {
+                copy_hashed(&src, &mut out, digest, size)?
+            };
+            if copied {
+                out.sync_all()?;
             }
-            if v.finish().is_err() {
-                return Ok(false);
-            }
-            out.sync_all()?;
-            Ok(true)
+            Ok(copied)
         };
         match copy() {
             Ok(true) => {}
@@ -667,6 +657,45 @@ fn resume_partial(part: &Path, file: &FileSpec) -> Result<(Verifier, u64), FsErr
             Ok(fresh)
         }
     }
+}
+
+/// What [`Cache::copy_in`] copies at a time, and after the first of which
+/// the fault point `cache-copy-partial` fires: small enough that the
+/// buffer of a hashed copy stays in the CPU's cache between the read, the
+/// hash and the write.
+const COPY_CHUNK: u64 = 256 << 10;
+
+/// Copies a source of known bytes by the kernel; false if it is not
+/// `size` bytes long.
+fn copy_known(src: &File, out: &mut File, size: u64) -> io::Result<bool> {
+    // `io::copy` between two files is `copy_file_range` on Linux (a plain
+    // read and write elsewhere).
+    let mut n = io::copy(&mut src.take(COPY_CHUNK), out)?;
+    fault::point("cache-copy-partial");
+    n += io::copy(&mut src.take(size.saturating_sub(n) + 1), out)?;
+    Ok(n == size)
+}
+
+/// Copies while hashing; false if the bytes are not `digest`'s.
+fn copy_hashed(mut src: &File, out: &mut File, digest: &Digest, size: u64) -> io::Result<bool> {
+    let mut v = Verifier::new(*digest, size);
+    let mut buf = vec![0u8; COPY_CHUNK as usize];
+    let mut first = true;
+    loop {
+        let n = src.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        if v.update(&buf[..n]).is_err() {
+            return Ok(false);
+        }
+        out.write_all(&buf[..n])?;
+        if first {
+            first = false;
+            fault::point("cache-copy-partial");
+        }
+    }
+    Ok(v.finish().is_ok())
 }
 
 #[cfg(test)]

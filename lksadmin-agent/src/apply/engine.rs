@@ -184,7 +184,9 @@ pub struct Engine {
     /// Managed path → its inode's metadata and digest when last hashed and
     /// found intact (in memory: the first pass after a start hashes all).
     verified: BTreeMap<BundlePath, (InodeMeta, Digest)>,
-    /// When a heal pass last hashed every file (Unix ms; 0: never).
+    /// When a heal pass last hashed every file, or the engine started
+    /// (Unix ms): at a start `verified` is empty, so the first pass hashes
+    /// every file but those this process has written since.
     last_full_heal_ms: i64,
     /// Old files read and hashed to back them up (the others were proved
     /// unchanged since the engine wrote or last hashed them by their inode).
@@ -226,6 +228,7 @@ impl Engine {
         let dirs = cfg.state_dir;
         fsutil::create_dir(dirs.path(), 0o700)?;
         let state = LocalState::load(&dirs.state())?;
+        let started_ms = clock.now_ms();
         Ok(Engine {
             cache: Cache::new(dirs.cache()),
             journal: Journal::new(dirs.journal()),
@@ -244,7 +247,7 @@ impl Engine {
             handover: false,
             on_trial: None,
             verified: BTreeMap::new(),
-            last_full_heal_ms: 0,
+            last_full_heal_ms: started_ms,
             backups_read: 0,
             stages_unhashed: Default::default(),
             backups_checked: false,

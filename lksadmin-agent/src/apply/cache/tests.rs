@@ -186,25 +186,71 @@ fn a_fetched_file_changed_on_disk_is_hashed_and_dropped() {
     assert!(!cache.promote_fetched(&f.digest, f.size).unwrap());
 }
 
+/// A file holding `bytes`, open for reading.
+fn source(dir: &Path, bytes: &[u8]) -> File {
+    let p = dir.join("source");
+    fs::write(&p, bytes).unwrap();
+    File::open(&p).unwrap()
+}
+
 #[test]
 fn a_copy_into_the_cache_is_kept_only_if_it_matches() {
     let d = tempfile::tempdir().unwrap();
     let cache = Cache::new(d.path().join("cache"));
     let good = b"the bytes that were switched in".to_vec();
     let f = spec(&good);
+    let copy = |bytes: &[u8]| {
+        cache
+            .copy_in(source(d.path(), bytes), &f.digest, f.size, false)
+            .unwrap()
+    };
     // A target that drifted (same size): nothing cached, nothing left.
     let drifted = b"THE BYTES THAT WERE SWITCHED IN".to_vec();
-    assert!(!cache.copy_in(&drifted[..], &f.digest, f.size).unwrap());
+    assert!(!copy(&drifted));
     assert!(!cache.contains(&f.digest));
     assert_eq!(fs::read_dir(cache.partials()).unwrap().count(), 0);
     // Longer than the manifest says: refused as soon as it passes.
     let longer = [good.clone(), b"more".to_vec()].concat();
-    assert!(!cache.copy_in(&longer[..], &f.digest, f.size).unwrap());
+    assert!(!copy(&longer));
     assert!(!cache.contains(&f.digest));
     // The right bytes: cached, and trusted by staging while unchanged.
-    assert!(cache.copy_in(&good[..], &f.digest, f.size).unwrap());
+    assert!(copy(&good));
     assert_eq!(fs::read(cache.blob_path(&f.digest)).unwrap(), good);
     let (_, known) = cache.open_checked(&f.digest).unwrap().unwrap();
     assert!(known);
     assert_eq!(fs::read_dir(cache.partials()).unwrap().count(), 0);
+}
+
+/// A source whose inode the engine vouches for is copied by the kernel,
+/// not hashed; its length is still checked, across the copy's chunks.
+#[test]
+fn a_known_source_is_copied_unhashed_but_its_length_is_checked() {
+    let d = tempfile::tempdir().unwrap();
+    let cache = Cache::new(d.path().join("cache"));
+    // Three chunks and a bit: the copy goes on past its first chunk.
+    let good: Vec<u8> = (0..3 * COPY_CHUNK as usize + 17)
+        .map(|i| (i % 251) as u8)
+        .collect();
+    let copy = |bytes: &[u8]| {
+        let f = spec(bytes);
+        cache
+            .copy_in(source(d.path(), bytes), &f.digest, f.size, true)
+            .unwrap()
+    };
+    let f = spec(&good);
+    for wrong in [&good[..good.len() - 1], &[&good[..], b"x"].concat()[..]] {
+        assert!(
+            !cache
+                .copy_in(source(d.path(), wrong), &f.digest, f.size, true)
+                .unwrap()
+        );
+        assert!(!cache.contains(&f.digest));
+        assert_eq!(fs::read_dir(cache.partials()).unwrap().count(), 0);
+    }
+    assert!(copy(&good));
+    assert_eq!(fs::read(cache.blob_path(&f.digest)).unwrap(), good);
+    // Shorter than one chunk, too.
+    let small = b"small".to_vec();
+    assert!(copy(&small));
+    assert_eq!(fs::read(cache.blob_path(&spec(&small).digest)).unwrap(), small);
 }

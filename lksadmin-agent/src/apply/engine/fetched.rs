@@ -2,8 +2,9 @@
 //! a verified download in `cache/fetched/` is moved beside its target
 //! instead of copied; a rollback gives the new bytes back there; and after
 //! the commit and its status report, off the rollout's path, each new blob
-//! is copied from its target into the cache, hashed while copying, and kept
-//! only if it matches.
+//! is copied from its target into the cache: by the kernel while the
+//! target's inode is the one this process switched in, else hashed while
+//! copying and kept only if it matches.
 
 use std::collections::BTreeSet;
 use std::fs::{self, File};
@@ -262,9 +263,15 @@ impl Engine {
         let Some(src) = parent.open_target()? else {
             return Ok(false);
         };
+        // The very inode that is read: when it is as it was when this
+        // process switched it in from verified bytes (or a heal pass last
+        // hashed it), its bytes are those; the trust a heal pass and a
+        // backup give it (see `InodeMeta`). Else it is hashed while copied.
+        let known = nix::sys::stat::fstat(&src)
+            .is_ok_and(|st| self.unchanged_since_verified(&f.path, &st, &f.digest));
         fault::point("cache-copy");
         self.cache_copies += 1;
-        let cached = self.cache.copy_in(src, &f.digest, f.size)?;
+        let cached = self.cache.copy_in(src, &f.digest, f.size, known)?;
         if !cached {
             self.uncacheable.insert(f.path.clone(), meta);
         }
