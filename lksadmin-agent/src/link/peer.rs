@@ -362,7 +362,7 @@ impl pb::peer_service_server::PeerService for PeerApi {
         let (cache, shared) = (self.cache.clone(), self.shared.clone());
         let want = info.piece_digest(piece, &digest);
         let (offset, len) = (r.offset, length);
-        let bytes = tokio::task::spawn_blocking(move || {
+        let messages = tokio::task::spawn_blocking(move || {
             read_piece(&cache, &shared, &digest, piece, offset, len, &want)
         })
         .await
@@ -372,7 +372,7 @@ impl pb::peer_service_server::PeerService for PeerApi {
         let shared = self.shared.clone();
         let deadline = tokio::time::Instant::now() + UPLOAD_DEADLINE;
         let total = info.size;
-        let stream = async_stream_chunks(bytes, fault, rate, deadline, total, permit, shared);
+        let stream = async_stream_chunks(messages, fault, rate, deadline, total, permit, shared);
         stats.uploads.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(peer = %caller.node, %digest, piece, "serving a piece to a peer");
         Ok(Response::new(stream))
@@ -499,7 +499,7 @@ fn read_piece(
     offset: u64,
     len: u64,
     want: &Digest,
-) -> Result<Vec<u8>, Status> {
+) -> Result<Vec<Vec<u8>>, Status> {
     let (path, check) = if let Some(whole) = whole_path(cache, digest) {
         (whole, !shared.fresh(digest))
     } else {
@@ -513,20 +513,38 @@ fn read_piece(
         }
     };
     let f = std::fs::File::open(&path).map_err(|e| Status::not_found(format!("{digest}: {e}")))?;
-    let mut buf = vec![0u8; len as usize];
-    f.read_exact_at(&mut buf, offset)
-        .map_err(|e| Status::not_found(format!("{digest}: read piece {i}: {e}")))?;
-    if check && Digest::of(&buf) != *want {
+    // Read straight into each message's own buffer: sent as they are, no
+    // copy of the piece into messages.
+    let mut hasher = check.then(lks_proto::digest::Hasher::new);
+    let mut messages = Vec::with_capacity(len.div_ceil(MESSAGE as u64).max(1) as usize);
+    let mut at = 0u64;
+    loop {
+        let n = (len - at).min(MESSAGE as u64) as usize;
+        let mut buf = vec![0u8; n];
+        f.read_exact_at(&mut buf, offset + at)
+            .map_err(|e| Status::not_found(format!("{digest}: read piece {i}: {e}")))?;
+        if let Some(h) = &mut hasher {
+            h.update(&buf);
+        }
+        messages.push(buf);
+        at += n as u64;
+        if at >= len {
+            break;
+        }
+    }
+    if hasher.is_some_and(|h| h.finish().0 != *want) {
         tracing::warn!(%digest, piece = i, "peer sharing: a cached piece does not match its digest; not served");
         return Err(Status::data_loss(format!(
             "piece {i} of {digest} is damaged on this node"
         )));
     }
-    Ok(buf)
+    Ok(messages)
 }
 
+/// The messages of one piece, each sent as it is once the node's upload
+/// rate allows.
 fn async_stream_chunks(
-    bytes: Vec<u8>,
+    messages: Vec<Vec<u8>>,
     corrupt: bool,
     rate: Arc<RateLimit>,
     deadline: tokio::time::Instant,
@@ -534,17 +552,12 @@ fn async_stream_chunks(
     permit: tokio::sync::OwnedSemaphorePermit,
     shared: Arc<Shared>,
 ) -> ChunkStream {
-    let bytes = Arc::new(bytes);
-    let n = bytes.len();
-    let starts: Vec<usize> = (0..n.max(1)).step_by(MESSAGE).collect();
-    futures::stream::iter(starts)
-        .then(move |start| {
-            let (bytes, rate, shared) = (bytes.clone(), rate.clone(), shared.clone());
+    futures::stream::iter(messages.into_iter().enumerate())
+        .then(move |(k, mut data)| {
+            let (rate, shared) = (rate.clone(), shared.clone());
             let _hold = &permit;
             async move {
-                let end = (start + MESSAGE).min(bytes.len());
-                let mut data = bytes[start..end].to_vec();
-                if corrupt && start == 0 && !data.is_empty() {
+                if corrupt && k == 0 && !data.is_empty() {
                     data[0] ^= 0x01;
                 }
                 if tokio::time::timeout_at(deadline, rate.take(data.len() as u64))
@@ -713,7 +726,7 @@ mod tests {
         let path = dir.path().join("sha256").join(d.hex());
         std::fs::write(&path, b"blob bytes").unwrap();
         let read = |shared: &Shared| read_piece(dir.path(), shared, &d, 0, 0, 10, &d);
-        assert_eq!(read(&shared).unwrap(), b"blob bytes");
+        assert_eq!(read(&shared).unwrap().concat(), b"blob bytes");
         // Rotted on disk: refused, not sent.
         std::fs::write(&path, b"blob bytEs").unwrap();
         let e = read(&shared).unwrap_err();
@@ -721,9 +734,34 @@ mod tests {
         // This node's own download was verified whole moments ago: served
         // as read (the receiver checks every piece).
         shared.verified_whole(d);
-        assert_eq!(read(&shared).unwrap(), b"blob bytEs");
+        assert_eq!(read(&shared).unwrap().concat(), b"blob bytEs");
         // Not another blob's.
         assert!(!shared.fresh(&Digest::of(b"other")));
+    }
+
+    /// A piece is read into messages of at most [`MESSAGE`] bytes, checked
+    /// across all of them before any is sent.
+    #[test]
+    fn a_piece_is_read_into_its_messages_and_checked_across_them() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("sha256")).unwrap();
+        let shared = Shared::default();
+        let mut bytes: Vec<u8> = (0..2 * MESSAGE + 5).map(|i| (i % 253) as u8).collect();
+        let d = Digest::of(&bytes);
+        let path = dir.path().join("sha256").join(d.hex());
+        std::fs::write(&path, &bytes).unwrap();
+        // The piece from byte 7 to the end, against its own digest.
+        let len = bytes.len() as u64 - 7;
+        let want = Digest::of(&bytes[7..]);
+        let read = || read_piece(dir.path(), &shared, &d, 1, 7, len, &want);
+        let m = read().unwrap();
+        let sizes: Vec<usize> = m.iter().map(Vec::len).collect();
+        assert_eq!(sizes, vec![MESSAGE, MESSAGE - 2]);
+        assert_eq!(m.concat(), &bytes[7..]);
+        // The last byte of the last message rotted: nothing is sent.
+        *bytes.last_mut().unwrap() ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        assert_eq!(read().unwrap_err().code(), tonic::Code::DataLoss);
     }
 
     #[test]

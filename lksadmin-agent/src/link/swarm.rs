@@ -284,45 +284,81 @@ impl Swarm {
         Ok((found, r.server))
     }
 
-    /// Fetches one piece from one source and checks it.
-    fn piece(
-        &self,
-        source: Source,
-        digest: Digest,
-        i: usize,
-        offset: u64,
-        len: u64,
-        want: Digest,
-    ) -> PieceFuture<'_> {
+    /// Fetches one piece from one source into its place in `out`, hashed
+    /// as it arrives, and checks it. Its bytes land before they are known
+    /// good: the piece counts as held (served, skipped on a resume) only
+    /// once its digest matched, and a piece is in flight from one source at
+    /// a time, so a bad or short one is simply written over by the next
+    /// try. Each message is written and hashed while it is in the CPU's
+    /// cache, with no buffer of the whole piece.
+    fn piece(&self, source: Source, job: PieceJob, out: Arc<std::fs::File>) -> PieceFuture<'_> {
         Box::pin(async move {
+            let PieceJob {
+                digest,
+                i,
+                offset,
+                len,
+                want,
+            } = job;
             let started = Instant::now();
-            let got =
-                tokio::time::timeout(PIECE_DEADLINE, self.piece_bytes(&source, digest, offset, len)).await;
+            let got = tokio::time::timeout(
+                PIECE_DEADLINE,
+                self.piece_into(&source, digest, offset, len, &out),
+            )
+            .await;
             let got = match got {
                 Err(_) => Err(PieceError::Failed(format!(
                     "piece {i} took longer than {}s",
                     PIECE_DEADLINE.as_secs()
                 ))),
                 Ok(Err(e)) => Err(e),
-                Ok(Ok(bytes)) if bytes.len() as u64 != len => Err(PieceError::Failed(format!(
-                    "piece {i}: {} bytes, expected {len}",
-                    bytes.len()
+                Ok(Ok((n, _))) if n != len => Err(PieceError::Failed(format!(
+                    "piece {i}: {n} bytes, expected {len}"
                 ))),
-                Ok(Ok(bytes)) if Digest::of(&bytes) != want => Err(PieceError::Bad(want, Digest::of(&bytes))),
-                Ok(Ok(bytes)) => Ok(bytes),
+                Ok(Ok((_, got))) if got != want => Err(PieceError::Bad(want, got)),
+                Ok(Ok((n, _))) => Ok(n),
             };
             (source, i, got, started.elapsed())
         })
     }
 
-    async fn piece_bytes(
+    /// Streams `len` bytes at `offset` of `digest` from `source` into
+    /// `out` at the same offset; says how many came and their digest.
+    async fn piece_into(
         &self,
         source: &Source,
         digest: Digest,
         offset: u64,
         len: u64,
-    ) -> Result<Vec<u8>, PieceError> {
-        let mut stream = match source {
+        out: &std::fs::File,
+    ) -> Result<(u64, Digest), PieceError> {
+        let mut stream = self.piece_stream(source, digest, offset, len).await?;
+        let mut hasher = lks_proto::digest::Hasher::new();
+        let mut got = 0u64;
+        while let Some(m) = stream.next().await {
+            let m = m.map_err(|s| PieceError::Failed(s.message().to_string()))?;
+            // A server from before `length` sends to the end.
+            let take = m.data.len().min((len - got) as usize);
+            let data = &m.data[..take];
+            out.write_all_at(data, offset + got).map_err(PieceError::Write)?;
+            hasher.update(data);
+            got += take as u64;
+            if got >= len {
+                break;
+            }
+        }
+        Ok((got, hasher.finish().0))
+    }
+
+    /// Opens the stream of one piece from the server or a peer.
+    async fn piece_stream(
+        &self,
+        source: &Source,
+        digest: Digest,
+        offset: u64,
+        len: u64,
+    ) -> Result<tonic::Streaming<pb::BlobChunk>, PieceError> {
+        Ok(match source {
             Source::Server => {
                 let ch = self
                     .server
@@ -366,18 +402,7 @@ impl Swarm {
                     }
                 }
             }
-        };
-        let mut buf = Vec::with_capacity(len as usize);
-        while let Some(m) = stream.next().await {
-            let m = m.map_err(|s| PieceError::Failed(s.message().to_string()))?;
-            buf.extend_from_slice(&m.data);
-            if buf.len() as u64 >= len {
-                // A server from before `length` sends to the end.
-                buf.truncate(len as usize);
-                break;
-            }
-        }
-        Ok(buf)
+        })
     }
 
     async fn peer_channel(&self, node: &str, addr: SocketAddr) -> Result<Channel, DialError> {
@@ -447,10 +472,20 @@ enum News {
 
 type NewsStream<'a> = BoxStream<'a, (String, News)>;
 
-/// One piece being fetched: its source, its index, the bytes or why not,
-/// and how long it took.
+/// One piece to fetch: of which blob, its index, where it is in the blob,
+/// and the digest it must have.
+struct PieceJob {
+    digest: Digest,
+    i: usize,
+    offset: u64,
+    len: u64,
+    want: Digest,
+}
+
+/// One piece being fetched: its source, its index, how many bytes it
+/// wrote (all of it, verified) or why not, and how long it took.
 type PieceFuture<'a> =
-    Pin<Box<dyn Future<Output = (Source, usize, Result<Vec<u8>, PieceError>, Duration)> + Send + 'a>>;
+    Pin<Box<dyn Future<Output = (Source, usize, Result<u64, PieceError>, Duration)> + Send + 'a>>;
 
 #[derive(Clone, Debug)]
 enum Source {
@@ -466,6 +501,8 @@ enum PieceError {
     Failed(String),
     /// Bytes that do not match: the digest wanted, the one got.
     Bad(Digest, Digest),
+    /// This node could not write the piece (its disk): the fetch fails.
+    Write(std::io::Error),
 }
 
 enum AskError {

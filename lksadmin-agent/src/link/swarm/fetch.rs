@@ -4,7 +4,8 @@
 //! loop knows between rounds.
 
 use std::collections::{HashMap, HashSet};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -15,7 +16,7 @@ use lks_proto::{Digest, FileSpec};
 use super::plan::{Have, PeerState, Plan, ServerUse, ServerWindow, start_pieces};
 use super::{
     ASK_EVERY, ASK_SOON, AskError, BLIND_RETRY, BUSY_BACKOFF, MAX_FAILURES, News, NewsStream, PieceError,
-    STALL, STARVED, Source, Swarm, lock,
+    PieceJob, STALL, STARVED, Source, Swarm, lock,
 };
 use crate::apply::source::SwarmError;
 use crate::link::peer::{BlobInfo, Partial};
@@ -25,8 +26,9 @@ struct Fetch<'p> {
     digest: Digest,
     pieces: &'p [(u64, u64)],
     partial: &'p Partial,
-    /// The pieces file, written at each piece's offset.
-    out: std::fs::File,
+    /// The pieces file, written at each piece's offset by the piece's own
+    /// fetch.
+    out: Arc<std::fs::File>,
     /// Where this node starts going through the pieces.
     start: usize,
     peers: Vec<PeerState>,
@@ -68,10 +70,17 @@ impl Swarm {
             let now = Instant::now();
             let stalled = f.stalled(now);
             let running_now = running.len();
+            let out = f.out.clone();
             f.start_pieces(&missing, stalled, now, running_now, &mut |source, i| {
-                let (off, len) = pieces[i];
-                let want = info.piece_digest(i, &digest);
-                running.push(self.piece(source, digest, i, off, len, want));
+                let (offset, len) = pieces[i];
+                let job = PieceJob {
+                    digest,
+                    i,
+                    offset,
+                    len,
+                    want: info.piece_digest(i, &digest),
+                };
+                running.push(self.piece(source, job, out.clone()));
             });
             let wake = f.wake(now, ask_every, stalled, running.is_empty());
             tokio::select! {
@@ -129,7 +138,7 @@ impl Swarm {
         f: &mut Fetch<'_>,
         source: Source,
         i: usize,
-        got: Result<Vec<u8>, PieceError>,
+        got: Result<u64, PieceError>,
         took: Duration,
     ) -> Result<(), SwarmError> {
         f.in_flight.remove(&i);
@@ -150,26 +159,19 @@ impl Swarm {
             Source::Peer(node, _) => f.peers.iter().position(|p| &p.node == node),
         };
         match got {
-            Ok(bytes) => self.piece_arrived(f, peer, i, &bytes),
+            Ok(n) => {
+                self.piece_arrived(f, peer, i, n);
+                Ok(())
+            }
             Err(e) => self.piece_refused(f, peer, i, e),
         }
     }
 
-    /// A verified piece: written at its offset, served from now on, counted.
-    fn piece_arrived(
-        &self,
-        f: &mut Fetch<'_>,
-        peer: Option<usize>,
-        i: usize,
-        bytes: &[u8],
-    ) -> Result<(), SwarmError> {
-        let (off, _) = f.pieces[i];
-        f.out
-            .write_all_at(bytes, off)
-            .map_err(|e| SwarmError::Unavailable(format!("write {}: {e}", f.partial.path.display())))?;
+    /// A verified piece (written at its offset by its fetch): served from
+    /// now on, counted.
+    fn piece_arrived(&self, f: &mut Fetch<'_>, peer: Option<usize>, i: usize, n: u64) {
         self.shared.verified(f.partial, i);
         f.last_progress = Instant::now();
-        let n = bytes.len() as u64;
         match peer {
             Some(k) => {
                 let p = &mut f.peers[k];
@@ -183,7 +185,6 @@ impl Swarm {
                 self.stats.from_server.fetch_add(n, Ordering::Relaxed);
             }
         }
-        Ok(())
     }
 
     /// A piece that did not come: the source waits, is tried no more for
@@ -196,6 +197,12 @@ impl Swarm {
         e: PieceError,
     ) -> Result<(), SwarmError> {
         match (e, peer) {
+            (PieceError::Write(e), _) => {
+                return Err(SwarmError::Unavailable(format!(
+                    "write {}: {e}",
+                    f.partial.path.display()
+                )));
+            }
             (PieceError::Busy(why), Some(k)) => {
                 let p = &mut f.peers[k];
                 tracing::debug!(peer = %p.node, piece = i, "peer sharing: peer busy: {why}");
@@ -278,7 +285,7 @@ impl<'p> Fetch<'p> {
             digest: file.digest,
             pieces,
             partial,
-            out,
+            out: Arc::new(out),
             start,
             peers: Vec::new(),
             server_ok: false,
