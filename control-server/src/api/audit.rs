@@ -13,11 +13,12 @@ use lks_proto::pb;
 use serde_json::{Value, json};
 use tonic::{Response, Status};
 
-use super::{clip, invalid};
+use super::invalid;
 use crate::authz::{AdminCaller, store_status};
 use crate::clock::now_ms;
 use crate::context::Shared;
 use crate::metrics::Metrics;
+use crate::ops::event::clip;
 use crate::store::{AuditFilter, AuditRow, AuditStore, MAX_AUDIT_LIMIT, Store};
 
 /// Longest verb name accepted in a `ListAudit` filter.

@@ -86,23 +86,10 @@ impl From<OpError> for Status {
             (Some(Kind::FailedPrecondition), _) => Status::failed_precondition(msg),
             (Some(Kind::Unavailable), _) => Status::unavailable(msg),
             (Some(Kind::Unauthenticated), _) => Status::unauthenticated(msg),
+            (Some(Kind::PermissionDenied), _) => Status::permission_denied(msg),
             (Some(Kind::Internal) | None, _) => Status::internal(msg),
         }
     }
-}
-
-/// `s` cut to at most `max` bytes, on a character boundary: how free text
-/// from a caller (an agent's messages and facts, a refusal in the audit
-/// trail) is bounded before it is stored.
-pub(super) fn clip(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }
 
 #[tonic::async_trait]
@@ -432,17 +419,5 @@ impl AdminService for AdminApi {
         let _t = self.metrics.timer("ListRoots");
         require_admin(&req)?;
         releases::list_roots(&self.releases, req.into_inner()).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::clip;
-
-    #[test]
-    fn clip_respects_char_boundaries() {
-        assert_eq!(clip("héllo", 2), "h");
-        assert_eq!(clip("abc", 5), "abc");
-        assert_eq!(clip("abc", 9), "abc");
     }
 }

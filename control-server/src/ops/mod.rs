@@ -1,17 +1,20 @@
 //! The server's use cases, between the gRPC handlers and what they drive:
 //! publishing a bundle (`publish.rs`), starting a rollout (`start.rs`, its
 //! policy options in `start/policy.rs`), an operator verb on one
-//! (`verb.rs`), enrolling a node (`enrol.rs`), building the desired state a
-//! node's stream sends (`desired.rs`), creating and changing a cluster
-//! (`cluster.rs`), issuing a bootstrap token (`token.rs`), deleting,
-//! retrying, holding and releasing a node (`node.rs`), reading and
-//! deleting a published bundle version (`bundle.rs`), publishing a
-//! cluster's signed releases and trust roots (`release.rs`), and the label
-//! rule requests share (`labels.rs`). Each operation takes its request decoded into plain Rust
-//! and answers plain Rust or an [`OpError`]; none names tonic (the one
-//! generated type here is the desired state, built in its wire form
-//! because it goes out as stored), so an operation reads as its steps and
-//! a test can call it without a server.
+//! (`verb.rs`), enrolling a node (`enrol.rs`), renewing its certificate
+//! (`renew.rs`) and issuing the certificates of its bundles (`issue.rs`),
+//! building the desired state a node's stream sends (`desired.rs`),
+//! creating and changing a cluster (`cluster.rs`), issuing a bootstrap
+//! token (`token.rs`), deleting, retrying, holding and releasing a node
+//! (`node.rs`), reading and deleting a published bundle version
+//! (`bundle.rs`), publishing a cluster's signed releases and trust roots
+//! (`release.rs`), and what requests share: the label rule (`labels.rs`)
+//! and a node's event record (`event.rs`). Each operation takes its
+//! request decoded into plain Rust and answers plain Rust or an
+//! [`OpError`]; none names tonic (the one generated type here is the
+//! desired state, built in its wire form because it goes out as stored),
+//! so an operation reads as its steps and a test can call it without a
+//! server.
 //!
 //! It sits below `api` (whose handlers decode a request, call an
 //! operation and encode its answer, and turn an [`OpError`] into a status
@@ -22,10 +25,13 @@ pub mod bundle;
 pub mod cluster;
 pub mod desired;
 pub mod enrol;
+pub mod event;
+pub mod issue;
 pub mod labels;
 pub mod node;
 pub mod publish;
 pub mod release;
+pub mod renew;
 pub mod start;
 pub mod token;
 pub mod verb;
@@ -37,10 +43,12 @@ use crate::store::StoreError;
 pub use bundle::BundleError;
 pub use cluster::ClusterError;
 pub use enrol::EnrolError;
+pub use issue::IssueError;
 pub use labels::LabelsError;
 pub use node::NodeError;
 pub use publish::PublishError;
 pub use release::ReleaseError;
+pub use renew::RenewError;
 pub use start::StartError;
 pub use token::TokenError;
 pub use verb::VerbRefusal;
@@ -61,6 +69,8 @@ pub enum Kind {
     Unavailable,
     /// The caller's credentials (a bootstrap token) are not accepted.
     Unauthenticated,
+    /// The caller is who it says, but may not have what it asks for.
+    PermissionDenied,
     /// The server failed; the message says where.
     Internal,
 }
@@ -88,6 +98,10 @@ pub enum OpError {
     Release(#[from] ReleaseError),
     #[error(transparent)]
     Bundle(#[from] BundleError),
+    #[error(transparent)]
+    Renew(#[from] RenewError),
+    #[error(transparent)]
+    Issue(#[from] IssueError),
     /// The rollout controller did not carry out a command.
     #[error(transparent)]
     Controller(CommandError),
@@ -129,6 +143,8 @@ impl OpError {
             OpError::Node(e) => e.kind(),
             OpError::Release(e) => e.kind(),
             OpError::Bundle(e) => e.kind(),
+            OpError::Renew(e) => e.kind(),
+            OpError::Issue(e) => e.kind(),
             OpError::Controller(CommandError::Gone) => Kind::Unavailable,
             OpError::Controller(CommandError::NoRollout { .. }) => Kind::NotFound,
             OpError::Controller(CommandError::Verb(_)) => Kind::FailedPrecondition,

@@ -21,7 +21,7 @@ use tracing::Instrument;
 
 mod push;
 
-use super::{BoxStream, MAX_TEXT, clip, record_event};
+use super::BoxStream;
 use crate::admission::OpenGate;
 use crate::authz::{NodeCaller, require_node, store_status};
 use crate::clock::now_ms;
@@ -29,6 +29,7 @@ use crate::context::Shared;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::ops::desired::Sent;
+use crate::ops::event::{self, MAX_TEXT, NodeEvent, clip};
 use crate::peers::PeerCache;
 use crate::releases::ReleaseCache;
 use crate::store::{BundleStatusRow, NodeTrust, Store, StoreError, TrustHealth};
@@ -520,16 +521,14 @@ impl Session {
                     self.s.tracker.blame(&self.caller.id.cluster, clip(&e.peer, 253));
                     self.s.metrics.bad_peer_reported();
                 }
-                record_event(
-                    &*self.s.store,
-                    &self.caller.id,
-                    &e.kind,
-                    &e.bundle,
-                    &e.version,
-                    e.message,
-                    at,
-                )
-                .await;
+                let event = NodeEvent {
+                    kind: &e.kind,
+                    bundle: &e.bundle,
+                    version: &e.version,
+                    message: e.message,
+                    at_ms: at,
+                };
+                event::record(&*self.s.store, &self.caller.id, event).await;
                 Ok(())
             }
         }
