@@ -39,7 +39,7 @@ use crate::rollout::Verb;
 /// The admin API: each resource's handlers get only what they use.
 pub struct AdminApi {
     metrics: Arc<crate::metrics::Metrics>,
-    store: Arc<dyn crate::store::Store>,
+    events: Arc<dyn crate::store::EventStore>,
     clusters: clusters::Deps,
     tokens: tokens::Deps,
     nodes: nodes::Deps,
@@ -53,7 +53,7 @@ impl AdminApi {
     pub fn new(s: &Shared) -> Self {
         AdminApi {
             metrics: s.metrics.clone(),
-            store: s.store.clone(),
+            events: s.store.clone(),
             clusters: clusters::Deps::of(s),
             tokens: tokens::Deps::of(s),
             nodes: nodes::Deps::of(s),
@@ -365,7 +365,7 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::ListEventsResponse>, Status> {
         let _t = self.metrics.timer("ListEvents");
         require_admin(&req)?;
-        events::list(self.store.as_ref(), req.into_inner()).await
+        events::list(self.events.as_ref(), req.into_inner()).await
     }
 
     async fn list_audit(
@@ -374,7 +374,7 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::ListAuditResponse>, Status> {
         let _t = self.metrics.timer("ListAudit");
         require_admin(&req)?;
-        audit::list(self.store.as_ref(), req.into_inner()).await
+        audit::list(self.audit.store.as_ref(), req.into_inner()).await
     }
 
     async fn publish_release(

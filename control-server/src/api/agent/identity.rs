@@ -11,7 +11,6 @@ use lks_proto::pb;
 use tonic::{Request, Response, Status};
 
 use crate::authz::require_node;
-use crate::context::Shared;
 use crate::metrics::Metrics;
 use crate::ops::enrol::{self, Enrolment};
 use crate::ops::issue::{self, CertRequest};
@@ -21,30 +20,18 @@ use crate::pki::clusterca::ClusterCas;
 use crate::ratelimit::RateLimiter;
 use crate::store::Store;
 
-/// What the identity handlers use: the store, the server CA (node
-/// certificates) and the tenant CAs (bundle certificates), the limits on
-/// enrolment per address and on certificates per node, the metrics.
-pub(super) struct Deps {
-    pub store: Arc<dyn Store>,
-    pub pki: Arc<Pki>,
-    pub cluster_cas: Arc<ClusterCas>,
-    pub limiter: Arc<RateLimiter>,
-    pub issue_limiter: Arc<RateLimiter<String>>,
-    pub metrics: Arc<Metrics>,
-    pub node_cert_ttl: Duration,
-}
-
-impl Deps {
-    pub fn of(s: &Shared) -> Self {
-        Deps {
-            store: s.store.clone(),
-            pki: s.pki.clone(),
-            cluster_cas: s.cluster_cas.clone(),
-            limiter: s.limiter.clone(),
-            issue_limiter: s.issue_limiter.clone(),
-            metrics: s.metrics.clone(),
-            node_cert_ttl: s.node_cert_ttl,
-        }
+crate::context::shared_view! {
+    /// What the identity handlers use: the store, the server CA (node
+    /// certificates) and the tenant CAs (bundle certificates), the limits on
+    /// enrolment per address and on certificates per node, the metrics.
+    pub(super) struct Deps {
+        store: Arc<dyn Store>,
+        pki: Arc<Pki>,
+        cluster_cas: Arc<ClusterCas>,
+        limiter: Arc<RateLimiter>,
+        issue_limiter: Arc<RateLimiter<String>>,
+        metrics: Arc<Metrics>,
+        node_cert_ttl: Duration,
     }
 }
 
