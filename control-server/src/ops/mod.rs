@@ -75,47 +75,63 @@ pub enum Kind {
     Internal,
 }
 
-/// Why an operation failed.
-#[derive(Debug, thiserror::Error)]
-pub enum OpError {
-    #[error(transparent)]
-    Publish(#[from] PublishError),
-    #[error(transparent)]
-    Start(#[from] StartError),
-    #[error(transparent)]
-    Enrol(#[from] EnrolError),
-    #[error(transparent)]
-    Cluster(#[from] ClusterError),
-    #[error(transparent)]
-    Verb(#[from] VerbRefusal),
-    #[error(transparent)]
-    Token(#[from] TokenError),
-    #[error(transparent)]
-    Labels(#[from] LabelsError),
-    #[error(transparent)]
-    Node(#[from] NodeError),
-    #[error(transparent)]
-    Release(#[from] ReleaseError),
-    #[error(transparent)]
-    Bundle(#[from] BundleError),
-    #[error(transparent)]
-    Renew(#[from] RenewError),
-    #[error(transparent)]
-    Issue(#[from] IssueError),
-    /// The rollout controller did not carry out a command.
-    #[error(transparent)]
-    Controller(CommandError),
-    /// The store failed or refused.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// The blob store failed for `what` (a file's target path; empty if
-    /// the failure concerns no one file).
-    #[error("{}", if what.is_empty() { source.to_string() } else { format!("{what}: {source}") })]
-    Blob {
-        what: String,
-        #[source]
-        source: BlobError,
-    },
+/// Declares [`OpError`]: a variant per operation's refusal, each made
+/// `From` its error type and answered by that type's own `kind()`
+/// ([`OpError::kind`]), then the failures of what the operations drive.
+/// A refusal is one line here.
+macro_rules! op_error {
+    ($($refusal:ident($error:ty)),* $(,)?) => {
+        /// Why an operation failed.
+        #[derive(Debug, thiserror::Error)]
+        pub enum OpError {
+            $(
+                #[error(transparent)]
+                $refusal(#[from] $error),
+            )*
+            /// The rollout controller did not carry out a command.
+            #[error(transparent)]
+            Controller(CommandError),
+            /// The store failed or refused.
+            #[error(transparent)]
+            Store(#[from] StoreError),
+            /// The blob store failed for `what` (a file's target path;
+            /// empty if the failure concerns no one file).
+            #[error("{}", if what.is_empty() { source.to_string() } else { format!("{what}: {source}") })]
+            Blob {
+                what: String,
+                #[source]
+                source: BlobError,
+            },
+        }
+
+        impl OpError {
+            /// How the edge answers it, for the errors whose answer
+            /// depends on their kind alone (not a store or blob store
+            /// failure).
+            pub fn kind(&self) -> Option<Kind> {
+                match self {
+                    $(OpError::$refusal(e) => Some(e.kind()),)*
+                    OpError::Controller(e) => controller_kind(e),
+                    OpError::Store(_) | OpError::Blob { .. } => None,
+                }
+            }
+        }
+    };
+}
+
+op_error! {
+    Publish(PublishError),
+    Start(StartError),
+    Enrol(EnrolError),
+    Cluster(ClusterError),
+    Verb(VerbRefusal),
+    Token(TokenError),
+    Labels(LabelsError),
+    Node(NodeError),
+    Release(ReleaseError),
+    Bundle(BundleError),
+    Renew(RenewError),
+    Issue(IssueError),
 }
 
 impl From<CommandError> for OpError {
@@ -128,32 +144,18 @@ impl From<CommandError> for OpError {
     }
 }
 
-impl OpError {
-    /// How the edge answers it, for the errors whose answer depends on
-    /// their kind alone (not a store or blob store failure).
-    pub fn kind(&self) -> Option<Kind> {
-        Some(match self {
-            OpError::Publish(e) => e.kind(),
-            OpError::Start(e) => e.kind(),
-            OpError::Verb(e) => e.kind(),
-            OpError::Enrol(e) => e.kind(),
-            OpError::Cluster(e) => e.kind(),
-            OpError::Token(e) => e.kind(),
-            OpError::Labels(e) => e.kind(),
-            OpError::Node(e) => e.kind(),
-            OpError::Release(e) => e.kind(),
-            OpError::Bundle(e) => e.kind(),
-            OpError::Renew(e) => e.kind(),
-            OpError::Issue(e) => e.kind(),
-            OpError::Controller(CommandError::Gone) => Kind::Unavailable,
-            OpError::Controller(CommandError::NoRollout { .. }) => Kind::NotFound,
-            OpError::Controller(CommandError::Verb(_)) => Kind::FailedPrecondition,
-            OpError::Controller(CommandError::Store(_)) | OpError::Store(_) | OpError::Blob { .. } => {
-                return None;
-            }
-        })
+/// How the edge answers a command the controller did not carry out;
+/// `None` for a store failure (answered as every store failure is).
+fn controller_kind(e: &CommandError) -> Option<Kind> {
+    match e {
+        CommandError::Gone => Some(Kind::Unavailable),
+        CommandError::NoRollout { .. } => Some(Kind::NotFound),
+        CommandError::Verb(_) => Some(Kind::FailedPrecondition),
+        CommandError::Store(_) => None,
     }
+}
 
+impl OpError {
     /// A blob store failure concerning the file at `what`.
     pub fn blob(what: impl Into<String>, source: BlobError) -> Self {
         OpError::Blob {
