@@ -2,8 +2,10 @@
 //! [`Shared`], built once by [`crate::server`] (which wires the process).
 //! The API handlers never see it whole: `AdminApi::new` and
 //! `AgentApi::new` hand each resource's handlers a narrow `Deps` of the
-//! parts they use (the store, the hub, the PKI, …), and the replicas'
-//! tasks and the rebalancer take it as a whole.
+//! parts they use (the store, the hub, the PKI, …), each declared with
+//! [`shared_view!`] so that what it holds is Shared's own field by name
+//! and type, and the replicas' tasks and the rebalancer take it as a
+//! whole.
 //!
 //! It sits below them: it names the store, the blob store, the hub, the
 //! PKI and the queues of the tasks it feeds (the rollout controller's
@@ -86,3 +88,37 @@ pub struct Shared {
     /// Peer sharing: who holds which blob (`FindPeers`).
     pub tracker: Arc<Tracker>,
 }
+
+/// Declares a view of [`Shared`]: a struct of some of its fields, each
+/// under Shared's own name, and `of(&Shared)`, which fills each from the
+/// field of that name. The fields are listed once, so the struct and its
+/// constructor cannot drift apart, and a field that is not Shared's, or
+/// of another type, does not compile. A field's type may be narrower than
+/// Shared's where it coerces: the store as the one aggregate trait the
+/// view uses (`Arc<dyn TokenStore>` from `Arc<dyn Store>`). A view whose
+/// calls reach several aggregates holds the whole `dyn Store` (a trait
+/// object names one trait), and each function it calls names the
+/// aggregates it uses in its bounds.
+macro_rules! shared_view {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident {
+            $($(#[$field_meta:meta])* $field:ident: $ty:ty),* $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        $vis struct $name {
+            $($(#[$field_meta])* pub $field: $ty,)*
+        }
+
+        impl $name {
+            /// The parts of `s` this view holds.
+            pub fn of(s: &$crate::context::Shared) -> Self {
+                $name {
+                    $($field: s.$field.clone(),)*
+                }
+            }
+        }
+    };
+}
+pub(crate) use shared_view;

@@ -13,12 +13,12 @@ use lks_proto::pb;
 use serde_json::{Value, json};
 use tonic::{Response, Status};
 
-use super::{clip, invalid};
+use super::invalid;
 use crate::authz::{AdminCaller, store_status};
 use crate::clock::now_ms;
-use crate::context::Shared;
 use crate::metrics::Metrics;
-use crate::store::{AuditFilter, AuditRow, AuditStore, MAX_AUDIT_LIMIT, Store};
+use crate::ops::event::clip;
+use crate::store::{AuditFilter, AuditRow, AuditStore, MAX_AUDIT_LIMIT};
 
 /// Longest verb name accepted in a `ListAudit` filter.
 const MAX_VERB: usize = 64;
@@ -33,22 +33,16 @@ pub(super) struct Entry {
     pub args: Value,
 }
 
-/// What the audit trail uses: the store, this replica's URL, the metrics.
-pub(super) struct Deps {
-    pub store: Arc<dyn Store>,
-    pub server_url: String,
-    pub metrics: Arc<Metrics>,
+crate::context::shared_view! {
+    /// What the audit trail uses: the store, this replica's URL, the metrics.
+    pub(super) struct Deps {
+        store: Arc<dyn AuditStore>,
+        server_url: String,
+        metrics: Arc<Metrics>,
+    }
 }
 
 impl Deps {
-    pub fn of(s: &Shared) -> Self {
-        Deps {
-            store: s.store.clone(),
-            server_url: s.server_url.clone(),
-            metrics: s.metrics.clone(),
-        }
-    }
-
     /// Records `verb` by `caller` on `entry`, ending as `result` did.
     pub async fn record<T>(
         &self,

@@ -11,26 +11,12 @@ use tonic::{Response, Status};
 use super::{invalid, policy};
 use crate::authz::store_status;
 use crate::clock::now_ms;
-use crate::context::Shared;
 use crate::kube::tenant;
 use crate::ops::cluster::{self, CreateCluster, SetCluster};
 use crate::store::{ClusterRow, ClusterStore, IssuedCertRow};
 
 /// What the cluster handlers use: those of the cluster operations.
 pub(super) use crate::ops::cluster::Deps;
-
-impl Deps {
-    pub fn of(s: &Shared) -> Self {
-        Deps {
-            store: s.store.clone(),
-            cluster_cas: s.cluster_cas.clone(),
-            tenants: s.tenants.clone(),
-            hub: s.hub.clone(),
-            peers: s.peers.clone(),
-            rollouts_changed: s.rollouts_changed.clone(),
-        }
-    }
-}
 
 /// Creates a cluster with its CA (imported, or generated when none is
 /// given) and API server, in one store write (`ops::cluster::create`).

@@ -39,7 +39,7 @@ use crate::rollout::Verb;
 /// The admin API: each resource's handlers get only what they use.
 pub struct AdminApi {
     metrics: Arc<crate::metrics::Metrics>,
-    store: Arc<dyn crate::store::Store>,
+    events: Arc<dyn crate::store::EventStore>,
     clusters: clusters::Deps,
     tokens: tokens::Deps,
     nodes: nodes::Deps,
@@ -53,7 +53,7 @@ impl AdminApi {
     pub fn new(s: &Shared) -> Self {
         AdminApi {
             metrics: s.metrics.clone(),
-            store: s.store.clone(),
+            events: s.store.clone(),
             clusters: clusters::Deps::of(s),
             tokens: tokens::Deps::of(s),
             nodes: nodes::Deps::of(s),
@@ -86,23 +86,10 @@ impl From<OpError> for Status {
             (Some(Kind::FailedPrecondition), _) => Status::failed_precondition(msg),
             (Some(Kind::Unavailable), _) => Status::unavailable(msg),
             (Some(Kind::Unauthenticated), _) => Status::unauthenticated(msg),
+            (Some(Kind::PermissionDenied), _) => Status::permission_denied(msg),
             (Some(Kind::Internal) | None, _) => Status::internal(msg),
         }
     }
-}
-
-/// `s` cut to at most `max` bytes, on a character boundary: how free text
-/// from a caller (an agent's messages and facts, a refusal in the audit
-/// trail) is bounded before it is stored.
-pub(super) fn clip(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }
 
 #[tonic::async_trait]
@@ -378,7 +365,7 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::ListEventsResponse>, Status> {
         let _t = self.metrics.timer("ListEvents");
         require_admin(&req)?;
-        events::list(self.store.as_ref(), req.into_inner()).await
+        events::list(self.events.as_ref(), req.into_inner()).await
     }
 
     async fn list_audit(
@@ -387,7 +374,7 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::ListAuditResponse>, Status> {
         let _t = self.metrics.timer("ListAudit");
         require_admin(&req)?;
-        audit::list(self.store.as_ref(), req.into_inner()).await
+        audit::list(self.audit.store.as_ref(), req.into_inner()).await
     }
 
     async fn publish_release(
@@ -432,17 +419,5 @@ impl AdminService for AdminApi {
         let _t = self.metrics.timer("ListRoots");
         require_admin(&req)?;
         releases::list_roots(&self.releases, req.into_inner()).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::clip;
-
-    #[test]
-    fn clip_respects_char_boundaries() {
-        assert_eq!(clip("héllo", 2), "h");
-        assert_eq!(clip("abc", 5), "abc");
-        assert_eq!(clip("abc", 9), "abc");
     }
 }

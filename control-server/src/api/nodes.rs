@@ -11,32 +11,22 @@ use tonic::{Response, Status};
 use super::clusters;
 use crate::authz::store_status;
 use crate::clock::now_ms;
-use crate::context::Shared;
 use crate::hub::Hub;
 use crate::kube::nodes::{absent_pb, unreachable_pb};
 use crate::kube::tenant::TenantApis;
 use crate::ops::node;
 use crate::store::{NodeRow, NodeTrust, Store};
 
-/// What the node handlers use: the store, and whom to tell when a node
-/// is held, released, deleted or asked to retry (its stream, the rollout
-/// controller).
-pub(super) struct Deps {
-    pub store: Arc<dyn Store>,
-    pub hub: Arc<Hub>,
-    pub rollouts_changed: Arc<tokio::sync::Notify>,
-    /// For each node's Node object in its tenant cluster.
-    pub tenants: Arc<TenantApis>,
-}
-
-impl Deps {
-    pub fn of(s: &Shared) -> Self {
-        Deps {
-            tenants: s.tenants.clone(),
-            store: s.store.clone(),
-            hub: s.hub.clone(),
-            rollouts_changed: s.rollouts_changed.clone(),
-        }
+crate::context::shared_view! {
+    /// What the node handlers use: the store, and whom to tell when a node
+    /// is held, released, deleted or asked to retry (its stream, the rollout
+    /// controller).
+    pub(super) struct Deps {
+        store: Arc<dyn Store>,
+        hub: Arc<Hub>,
+        rollouts_changed: Arc<tokio::sync::Notify>,
+        /// For each node's Node object in its tenant cluster.
+        tenants: Arc<TenantApis>,
     }
 }
 

@@ -12,7 +12,6 @@ use tonic::{Response, Status};
 
 use crate::authz::store_status;
 use crate::clock::now_ms;
-use crate::context::Shared;
 use crate::hub::Hub;
 use crate::ops::release;
 use crate::releases::{ReleaseCache, notify_cluster};
@@ -22,23 +21,17 @@ use crate::store::{ReleaseRow, RootRow, Store, Stored};
 /// messages are limited to 4 MiB; a release may be 128 KiB).
 const MAX_LIST_BYTES: usize = 3 << 20;
 
-/// What the release handlers use: the store, and whom to tell of a new
-/// record (the release cache, the cluster's streams).
-pub(super) struct Deps {
-    pub store: Arc<dyn Store>,
-    pub hub: Arc<Hub>,
-    pub releases: Arc<ReleaseCache>,
+crate::context::shared_view! {
+    /// What the release handlers use: the store, and whom to tell of a new
+    /// record (the release cache, the cluster's streams).
+    pub(super) struct Deps {
+        store: Arc<dyn Store>,
+        hub: Arc<Hub>,
+        releases: Arc<ReleaseCache>,
+    }
 }
 
 impl Deps {
-    pub fn of(s: &Shared) -> Self {
-        Deps {
-            store: s.store.clone(),
-            hub: s.hub.clone(),
-            releases: s.releases.clone(),
-        }
-    }
-
     /// A record of `cluster` was stored: its nodes here get it now (other
     /// replicas within `crate::releases::TTL`).
     async fn announce(&self, cluster: &str) {

@@ -13,7 +13,6 @@ use tonic::{Response, Status};
 
 use super::{BoxStream, policy, rollout_pb};
 use crate::authz::store_status;
-use crate::context::Shared;
 use crate::controller;
 use crate::ops::OpError;
 use crate::ops::start::{self, DrainRequest, PolicyRequest, StartRollout};
@@ -21,28 +20,20 @@ use crate::ops::verb;
 use crate::rollout::{Verb, counts};
 use crate::store::{RolloutRow, Store};
 
-/// What the rollout handlers use: the store, the controller's command
-/// queue, the change signal `WatchRollout` follows, and the tasks that
-/// stream a watch.
-pub(super) struct Deps {
-    pub store: Arc<dyn Store>,
-    pub controller: controller::Handle,
-    pub updates: tokio::sync::watch::Sender<u64>,
-    pub cancel: tokio_util::sync::CancellationToken,
-    pub tasks: tokio_util::task::TaskTracker,
-}
-
-impl Deps {
-    pub fn of(s: &Shared) -> Self {
-        Deps {
-            store: s.store.clone(),
-            controller: s.rollouts.clone(),
-            updates: s.rollout_updates.clone(),
-            cancel: s.cancel.clone(),
-            tasks: s.tasks.clone(),
-        }
+crate::context::shared_view! {
+    /// What the rollout handlers use: the store, the controller's command
+    /// queue, the change signal `WatchRollout` follows, and the tasks that
+    /// stream a watch.
+    pub(super) struct Deps {
+        store: Arc<dyn Store>,
+        /// The rollout controller's command queue.
+        rollouts: controller::Handle,
+        rollout_updates: tokio::sync::watch::Sender<u64>,
+        cancel: tokio_util::sync::CancellationToken,
+        tasks: tokio_util::task::TaskTracker,
     }
 }
+
 /// `StartRollout`: the request decoded, the rollout started by
 /// `ops::start` (which checks every precondition before it is stored).
 pub(super) async fn start(
@@ -52,7 +43,7 @@ pub(super) async fn start(
 ) -> Result<Response<pb::Rollout>, Status> {
     let selector =
         start::check_names(&r.cluster, &r.bundle, &r.version, &r.selector).map_err(OpError::from)?;
-    let row = start::start(s.store.as_ref(), &s.controller, start_request(r, selector, who)).await?;
+    let row = start::start(s.store.as_ref(), &s.rollouts, start_request(r, selector, who)).await?;
     Ok(Response::new(rollout_pb(&row)))
 }
 
@@ -99,7 +90,7 @@ pub(super) async fn watch(
     let first = load_rollout(shared, &id).await?;
     let (tx, rx) = mpsc::channel(4);
     let s = shared.clone();
-    let mut updates = s.updates.subscribe();
+    let mut updates = s.rollout_updates.subscribe();
     shared.tasks.spawn(async move {
         let mut last: Option<pb::Rollout> = None;
         let mut row = first;
@@ -186,13 +177,13 @@ pub(super) async fn list(
 /// `RollbackRollout`: refused if a version it would return nodes to was
 /// deleted (`ops::verb::rollback`).
 pub(super) async fn rollback(s: &Deps, req: pb::RolloutRef) -> Result<Response<pb::Rollout>, Status> {
-    let row = verb::rollback(s.store.as_ref(), &s.controller, &req.id).await?;
+    let row = verb::rollback(s.store.as_ref(), &s.rollouts, &req.id).await?;
     Ok(Response::new(rollout_pb(&row)))
 }
 
 /// An operator verb, carried out by the rollout controller.
 pub(super) async fn verb(s: &Deps, id: String, verb: Verb) -> Result<Response<pb::Rollout>, Status> {
-    let row = verb::apply(&s.controller, &id, verb).await?;
+    let row = verb::apply(&s.rollouts, &id, verb).await?;
     Ok(Response::new(rollout_pb(&row)))
 }
 

@@ -8,38 +8,28 @@ use lks_proto::pb;
 use tonic::{Response, Status};
 
 use crate::clock::now_ms;
-use crate::context::Shared;
 use crate::ops::token::{self, Issued, NewToken};
 use crate::packages::AgentPackages;
 use crate::pki::Pki;
-use crate::store::Store;
+use crate::store::TokenStore;
 
-/// What `CreateToken` uses: the store, the server CA (its hash goes into
-/// the join command), the replicas' URLs and the agent packages offered.
-pub(super) struct Deps {
-    pub store: Arc<dyn Store>,
-    pub pki: Arc<Pki>,
-    pub agent_packages: Arc<AgentPackages>,
-    /// `https://HOST:PORT` of this replica.
-    pub server_url: String,
-    /// `--join-url`: what join lines name, if given.
-    pub join_urls: Vec<String>,
-    /// Every replica's URL, this one's first.
-    pub servers: tokio::sync::watch::Receiver<Vec<String>>,
+crate::context::shared_view! {
+    /// What `CreateToken` uses: the store, the server CA (its hash goes into
+    /// the join command), the replicas' URLs and the agent packages offered.
+    pub(super) struct Deps {
+        store: Arc<dyn TokenStore>,
+        pki: Arc<Pki>,
+        agent_packages: Arc<AgentPackages>,
+        /// `https://HOST:PORT` of this replica.
+        server_url: String,
+        /// `--join-url`: what join lines name, if given.
+        join_urls: Vec<String>,
+        /// Every replica's URL, this one's first.
+        servers: tokio::sync::watch::Receiver<Vec<String>>,
+    }
 }
 
 impl Deps {
-    pub fn of(s: &Shared) -> Self {
-        Deps {
-            store: s.store.clone(),
-            pki: s.pki.clone(),
-            agent_packages: s.agent_packages.clone(),
-            server_url: s.server_url.clone(),
-            join_urls: s.join_urls.clone(),
-            servers: s.servers.clone(),
-        }
-    }
-
     /// The `--server` value of join commands: the `--join-url`s if given,
     /// else every replica, comma-separated.
     fn join_servers(&self) -> String {

@@ -489,7 +489,16 @@ pub async fn restore_etcd(cfg: &EtcdRestoreConfig) -> Result<EtcdRestoreSummary,
 
     let (store, durable) = open_target(cfg).await?;
     claim_prefix(&store, identity).await?;
-    let blobs_put = write_or_remove(&store, &*durable, &manifest, &restored, staging.path(), &pairs).await?;
+    let blobs_put = Restoring {
+        store: &store,
+        durable: &*durable,
+        manifest: &manifest,
+        restored: &restored,
+        staging: staging.path(),
+        pairs: &pairs,
+    }
+    .write_or_remove()
+    .await?;
     let mut blobs_missing = 0;
     if not_included > 0 {
         for b in manifest.blobs.iter().filter(|b| !restored.contains(&b.digest)) {
@@ -665,78 +674,98 @@ async fn claim_prefix(store: &EtcdStore, identity: Vec<u8>) -> Result<(), Restor
     Ok(())
 }
 
-/// `write_restored`, and when it fails, removes what it wrote (the error
-/// says whether that worked).
-async fn write_or_remove(
-    store: &EtcdStore,
-    durable: &dyn BlobStore,
-    manifest: &Manifest,
-    restored: &HashSet<Digest>,
-    staging: &Path,
-    pairs: &[(String, Vec<u8>)],
-) -> Result<usize, RestoreError> {
-    match write_restored(store, durable, manifest, restored, staging, pairs).await {
-        Ok(n) => Ok(n),
-        Err(cause) => {
-            let cleanup = match store.remove_import().await {
-                Ok(()) => format!("removed what was written under {}", store.prefix()),
-                Err(e) => format!(
-                    "could not remove what was written ({e}); remove it with `etcdctl del --prefix {}` before trying again",
-                    store.prefix()
-                ),
-            };
-            Err(RestoreError::Write { cause, cleanup })
-        }
-    }
+/// What a restore writes once the archive was read and verified: its
+/// blobs (`restored`, staged under `staging`) into the blob store
+/// `durable`, and its keys into `store`.
+struct Restoring<'a> {
+    store: &'a EtcdStore,
+    durable: &'a dyn BlobStore,
+    manifest: &'a Manifest,
+    restored: &'a HashSet<Digest>,
+    staging: &'a Path,
+    pairs: &'a [(String, Vec<u8>)],
 }
 
-/// The blobs into the blob store, then every key but the identity (written
-/// first); returns how many blobs were put.
-async fn write_restored(
-    store: &EtcdStore,
-    durable: &dyn BlobStore,
-    manifest: &Manifest,
-    restored: &HashSet<Digest>,
-    staging: &Path,
-    pairs: &[(String, Vec<u8>)],
-) -> Result<usize, String> {
-    let blobs = LocalBlobs::read_only(&staging.join("blobs"));
-    let mut put = 0;
-    for b in manifest.blobs.iter().filter(|b| restored.contains(&b.digest)) {
-        let held = durable
-            .contains(&b.digest)
-            .await
-            .map_err(|e| format!("blob {} in {}: {e}", b.digest, durable.describe()))?;
-        if !held {
-            durable
-                .put(&b.digest, b.size, &blobs.path(&b.digest))
+impl Restoring<'_> {
+    /// [`Self::write`], and when it fails, removes what it wrote (the
+    /// error says whether that worked).
+    async fn write_or_remove(&self) -> Result<usize, RestoreError> {
+        match self.write().await {
+            Ok(n) => Ok(n),
+            Err(cause) => {
+                let cleanup = match self.store.remove_import().await {
+                    Ok(()) => format!("removed what was written under {}", self.store.prefix()),
+                    Err(e) => format!(
+                        "could not remove what was written ({e}); remove it with `etcdctl del --prefix {}` before trying again",
+                        self.store.prefix()
+                    ),
+                };
+                Err(RestoreError::Write { cause, cleanup })
+            }
+        }
+    }
+
+    /// The blobs into the blob store, then every key but the identity
+    /// (written first); returns how many blobs were put.
+    async fn write(&self) -> Result<usize, String> {
+        let put = self.put_blobs().await?;
+        self.create_keys().await?;
+        Ok(put)
+    }
+
+    /// The restored blobs the blob store does not hold yet; returns how
+    /// many were put.
+    async fn put_blobs(&self) -> Result<usize, String> {
+        let durable = self.durable;
+        let blobs = LocalBlobs::read_only(&self.staging.join("blobs"));
+        let mut put = 0;
+        for b in self
+            .manifest
+            .blobs
+            .iter()
+            .filter(|b| self.restored.contains(&b.digest))
+        {
+            let held = durable
+                .contains(&b.digest)
                 .await
-                .map_err(|e| format!("copy blob {} to {}: {e}", b.digest, durable.describe()))?;
-            put += 1;
+                .map_err(|e| format!("blob {} in {}: {e}", b.digest, durable.describe()))?;
+            if !held {
+                durable
+                    .put(&b.digest, b.size, &blobs.path(&b.digest))
+                    .await
+                    .map_err(|e| format!("copy blob {} to {}: {e}", b.digest, durable.describe()))?;
+                put += 1;
+            }
         }
+        Ok(put)
     }
-    let create = |batch: Vec<(String, Vec<u8>)>| async move {
-        store.create_all(batch).await.map_err(|e| e.to_string())
-    };
-    let mut batch: Vec<(String, Vec<u8>)> = Vec::new();
-    let mut bytes = 0;
-    for pair in pairs.iter().filter(|(k, _)| k != "identity") {
-        let alone = ONE_PER_TXN.iter().any(|p| pair.0.starts_with(p));
-        if !batch.is_empty() && (alone || batch.len() == MAX_OPS || bytes + pair.1.len() > MAX_BYTES) {
-            create(std::mem::take(&mut batch)).await?;
-            bytes = 0;
+
+    /// Every key but the identity, in transactions of at most `MAX_OPS`
+    /// keys and `MAX_BYTES`, a key of `ONE_PER_TXN` alone in its own.
+    async fn create_keys(&self) -> Result<(), String> {
+        let create = |batch: Vec<(String, Vec<u8>)>| async move {
+            self.store.create_all(batch).await.map_err(|e| e.to_string())
+        };
+        let mut batch: Vec<(String, Vec<u8>)> = Vec::new();
+        let mut bytes = 0;
+        for pair in self.pairs.iter().filter(|(k, _)| k != "identity") {
+            let alone = ONE_PER_TXN.iter().any(|p| pair.0.starts_with(p));
+            if !batch.is_empty() && (alone || batch.len() == MAX_OPS || bytes + pair.1.len() > MAX_BYTES) {
+                create(std::mem::take(&mut batch)).await?;
+                bytes = 0;
+            }
+            bytes += pair.1.len();
+            batch.push(pair.clone());
+            if alone {
+                create(std::mem::take(&mut batch)).await?;
+                bytes = 0;
+            }
         }
-        bytes += pair.1.len();
-        batch.push(pair.clone());
-        if alone {
-            create(std::mem::take(&mut batch)).await?;
-            bytes = 0;
+        if !batch.is_empty() {
+            create(batch).await?;
         }
+        Ok(())
     }
-    if !batch.is_empty() {
-        create(batch).await?;
-    }
-    Ok(put)
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use lks_proto::names::{NameError, validate_bundle_name, validate_version};
 use lks_proto::{Digest, Manifest};
 
 use super::{Kind, OpError};
-use crate::store::{BundleRow, EventRow, Store, StoreError};
+use crate::store::{BlobRecords, BundleRow, BundleStore, EventRow, EventStore, StoreError};
 
 /// Why a bundle version was refused.
 #[derive(Debug, thiserror::Error)]
@@ -39,7 +39,7 @@ fn not_published(name: &str, version: &str) -> OpError {
 
 /// What the store answers for `name@version`, once both are valid.
 async fn stored(
-    store: &dyn Store,
+    store: &(impl BundleStore + ?Sized),
     name: &str,
     version: &str,
 ) -> Result<Result<Option<BundleRow>, StoreError>, OpError> {
@@ -49,7 +49,11 @@ async fn stored(
 }
 
 /// The published version `name@version`.
-pub async fn published(store: &dyn Store, name: &str, version: &str) -> Result<BundleRow, OpError> {
+pub async fn published(
+    store: &(impl BundleStore + ?Sized),
+    name: &str,
+    version: &str,
+) -> Result<BundleRow, OpError> {
     stored(store, name, version)
         .await??
         .ok_or_else(|| not_published(name, version))
@@ -59,7 +63,7 @@ pub async fn published(store: &dyn Store, name: &str, version: &str) -> Result<B
 /// holds. A version stored unreadable can still be deleted; what it held
 /// is not known then, and none of it is counted.
 pub async fn delete(
-    store: &dyn Store,
+    store: &(impl BundleStore + BlobRecords + EventStore + ?Sized),
     name: &str,
     version: &str,
     who: &str,

@@ -26,16 +26,18 @@ pub const MAX_WINDOWS: usize = 32;
 const MAX_PEM: usize = 64 * 1024;
 const MAX_URL: usize = 2048;
 
-/// What the cluster operations use: the store, the tenant CAs and APIs,
-/// and whom to tell when a cluster's settings change (the agents'
-/// streams, the peer-settings cache, the rollout controller).
-pub struct Deps {
-    pub store: Arc<dyn Store>,
-    pub cluster_cas: Arc<ClusterCas>,
-    pub tenants: Arc<TenantApis>,
-    pub hub: Arc<Hub>,
-    pub peers: Arc<PeerCache>,
-    pub rollouts_changed: Arc<tokio::sync::Notify>,
+crate::context::shared_view! {
+    /// What the cluster operations use: the store, the tenant CAs and APIs,
+    /// and whom to tell when a cluster's settings change (the agents'
+    /// streams, the peer-settings cache, the rollout controller).
+    pub struct Deps {
+        store: Arc<dyn Store>,
+        cluster_cas: Arc<ClusterCas>,
+        tenants: Arc<TenantApis>,
+        hub: Arc<Hub>,
+        peers: Arc<PeerCache>,
+        rollouts_changed: Arc<tokio::sync::Notify>,
+    }
 }
 
 /// Why a cluster is not created or changed.

@@ -18,7 +18,7 @@ use subtle::ConstantTimeEq;
 use super::{Kind, OpError};
 use crate::clock::now_ms;
 use crate::pki::{Pki, PkiError};
-use crate::store::{NewNode, Store, StoreError, TokenRefusal};
+use crate::store::{NewNode, NodeStore, StoreError, TokenRefusal, TokenStore};
 
 /// An enrolment as a node asks for it.
 #[derive(Clone, Debug, Default)]
@@ -92,7 +92,7 @@ pub fn outcome(e: &OpError) -> &'static str {
 
 /// Enrols the node `r` names into the cluster of its token.
 pub async fn enrol(
-    store: &dyn Store,
+    store: &(impl TokenStore + NodeStore + ?Sized),
     pki: &Pki,
     cert_ttl: Duration,
     r: Enrolment,

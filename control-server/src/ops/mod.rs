@@ -1,17 +1,20 @@
 //! The server's use cases, between the gRPC handlers and what they drive:
 //! publishing a bundle (`publish.rs`), starting a rollout (`start.rs`, its
 //! policy options in `start/policy.rs`), an operator verb on one
-//! (`verb.rs`), enrolling a node (`enrol.rs`), building the desired state a
-//! node's stream sends (`desired.rs`), creating and changing a cluster
-//! (`cluster.rs`), issuing a bootstrap token (`token.rs`), deleting,
-//! retrying, holding and releasing a node (`node.rs`), reading and
-//! deleting a published bundle version (`bundle.rs`), publishing a
-//! cluster's signed releases and trust roots (`release.rs`), and the label
-//! rule requests share (`labels.rs`). Each operation takes its request decoded into plain Rust
-//! and answers plain Rust or an [`OpError`]; none names tonic (the one
-//! generated type here is the desired state, built in its wire form
-//! because it goes out as stored), so an operation reads as its steps and
-//! a test can call it without a server.
+//! (`verb.rs`), enrolling a node (`enrol.rs`), renewing its certificate
+//! (`renew.rs`) and issuing the certificates of its bundles (`issue.rs`),
+//! building the desired state a node's stream sends (`desired.rs`),
+//! creating and changing a cluster (`cluster.rs`), issuing a bootstrap
+//! token (`token.rs`), deleting, retrying, holding and releasing a node
+//! (`node.rs`), reading and deleting a published bundle version
+//! (`bundle.rs`), publishing a cluster's signed releases and trust roots
+//! (`release.rs`), and what requests share: the label rule (`labels.rs`)
+//! and a node's event record (`event.rs`). Each operation takes its
+//! request decoded into plain Rust and answers plain Rust or an
+//! [`OpError`]; none names tonic (the one generated type here is the
+//! desired state, built in its wire form because it goes out as stored),
+//! so an operation reads as its steps and a test can call it without a
+//! server.
 //!
 //! It sits below `api` (whose handlers decode a request, call an
 //! operation and encode its answer, and turn an [`OpError`] into a status
@@ -22,10 +25,13 @@ pub mod bundle;
 pub mod cluster;
 pub mod desired;
 pub mod enrol;
+pub mod event;
+pub mod issue;
 pub mod labels;
 pub mod node;
 pub mod publish;
 pub mod release;
+pub mod renew;
 pub mod start;
 pub mod token;
 pub mod verb;
@@ -37,10 +43,12 @@ use crate::store::StoreError;
 pub use bundle::BundleError;
 pub use cluster::ClusterError;
 pub use enrol::EnrolError;
+pub use issue::IssueError;
 pub use labels::LabelsError;
 pub use node::NodeError;
 pub use publish::PublishError;
 pub use release::ReleaseError;
+pub use renew::RenewError;
 pub use start::StartError;
 pub use token::TokenError;
 pub use verb::VerbRefusal;
@@ -61,47 +69,69 @@ pub enum Kind {
     Unavailable,
     /// The caller's credentials (a bootstrap token) are not accepted.
     Unauthenticated,
+    /// The caller is who it says, but may not have what it asks for.
+    PermissionDenied,
     /// The server failed; the message says where.
     Internal,
 }
 
-/// Why an operation failed.
-#[derive(Debug, thiserror::Error)]
-pub enum OpError {
-    #[error(transparent)]
-    Publish(#[from] PublishError),
-    #[error(transparent)]
-    Start(#[from] StartError),
-    #[error(transparent)]
-    Enrol(#[from] EnrolError),
-    #[error(transparent)]
-    Cluster(#[from] ClusterError),
-    #[error(transparent)]
-    Verb(#[from] VerbRefusal),
-    #[error(transparent)]
-    Token(#[from] TokenError),
-    #[error(transparent)]
-    Labels(#[from] LabelsError),
-    #[error(transparent)]
-    Node(#[from] NodeError),
-    #[error(transparent)]
-    Release(#[from] ReleaseError),
-    #[error(transparent)]
-    Bundle(#[from] BundleError),
-    /// The rollout controller did not carry out a command.
-    #[error(transparent)]
-    Controller(CommandError),
-    /// The store failed or refused.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// The blob store failed for `what` (a file's target path; empty if
-    /// the failure concerns no one file).
-    #[error("{}", if what.is_empty() { source.to_string() } else { format!("{what}: {source}") })]
-    Blob {
-        what: String,
-        #[source]
-        source: BlobError,
-    },
+/// Declares [`OpError`]: a variant per operation's refusal, each made
+/// `From` its error type and answered by that type's own `kind()`
+/// ([`OpError::kind`]), then the failures of what the operations drive.
+/// A refusal is one line here.
+macro_rules! op_error {
+    ($($refusal:ident($error:ty)),* $(,)?) => {
+        /// Why an operation failed.
+        #[derive(Debug, thiserror::Error)]
+        pub enum OpError {
+            $(
+                #[error(transparent)]
+                $refusal(#[from] $error),
+            )*
+            /// The rollout controller did not carry out a command.
+            #[error(transparent)]
+            Controller(CommandError),
+            /// The store failed or refused.
+            #[error(transparent)]
+            Store(#[from] StoreError),
+            /// The blob store failed for `what` (a file's target path;
+            /// empty if the failure concerns no one file).
+            #[error("{}", if what.is_empty() { source.to_string() } else { format!("{what}: {source}") })]
+            Blob {
+                what: String,
+                #[source]
+                source: BlobError,
+            },
+        }
+
+        impl OpError {
+            /// How the edge answers it, for the errors whose answer
+            /// depends on their kind alone (not a store or blob store
+            /// failure).
+            pub fn kind(&self) -> Option<Kind> {
+                match self {
+                    $(OpError::$refusal(e) => Some(e.kind()),)*
+                    OpError::Controller(e) => controller_kind(e),
+                    OpError::Store(_) | OpError::Blob { .. } => None,
+                }
+            }
+        }
+    };
+}
+
+op_error! {
+    Publish(PublishError),
+    Start(StartError),
+    Enrol(EnrolError),
+    Cluster(ClusterError),
+    Verb(VerbRefusal),
+    Token(TokenError),
+    Labels(LabelsError),
+    Node(NodeError),
+    Release(ReleaseError),
+    Bundle(BundleError),
+    Renew(RenewError),
+    Issue(IssueError),
 }
 
 impl From<CommandError> for OpError {
@@ -114,30 +144,18 @@ impl From<CommandError> for OpError {
     }
 }
 
-impl OpError {
-    /// How the edge answers it, for the errors whose answer depends on
-    /// their kind alone (not a store or blob store failure).
-    pub fn kind(&self) -> Option<Kind> {
-        Some(match self {
-            OpError::Publish(e) => e.kind(),
-            OpError::Start(e) => e.kind(),
-            OpError::Verb(e) => e.kind(),
-            OpError::Enrol(e) => e.kind(),
-            OpError::Cluster(e) => e.kind(),
-            OpError::Token(e) => e.kind(),
-            OpError::Labels(e) => e.kind(),
-            OpError::Node(e) => e.kind(),
-            OpError::Release(e) => e.kind(),
-            OpError::Bundle(e) => e.kind(),
-            OpError::Controller(CommandError::Gone) => Kind::Unavailable,
-            OpError::Controller(CommandError::NoRollout { .. }) => Kind::NotFound,
-            OpError::Controller(CommandError::Verb(_)) => Kind::FailedPrecondition,
-            OpError::Controller(CommandError::Store(_)) | OpError::Store(_) | OpError::Blob { .. } => {
-                return None;
-            }
-        })
+/// How the edge answers a command the controller did not carry out;
+/// `None` for a store failure (answered as every store failure is).
+fn controller_kind(e: &CommandError) -> Option<Kind> {
+    match e {
+        CommandError::Gone => Some(Kind::Unavailable),
+        CommandError::NoRollout { .. } => Some(Kind::NotFound),
+        CommandError::Verb(_) => Some(Kind::FailedPrecondition),
+        CommandError::Store(_) => None,
     }
+}
 
+impl OpError {
     /// A blob store failure concerning the file at `what`.
     pub fn blob(what: impl Into<String>, source: BlobError) -> Self {
         OpError::Blob {

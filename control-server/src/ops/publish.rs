@@ -75,13 +75,15 @@ impl PublishError {
     }
 }
 
-/// What a publish uses: the store it records the bundle in, the blobs it
-/// uploads into, the metrics it counts them in.
-#[derive(Clone)]
-pub struct Deps {
-    pub store: Arc<dyn Store>,
-    pub blobs: Arc<Blobs>,
-    pub metrics: Arc<Metrics>,
+crate::context::shared_view! {
+    /// What a publish uses: the store it records the bundle in, the blobs
+    /// it uploads into, the metrics it counts them in.
+    #[derive(Clone)]
+    pub struct Deps {
+        store: Arc<dyn Store>,
+        blobs: Arc<Blobs>,
+        metrics: Arc<Metrics>,
+    }
 }
 
 /// How a publish begins.

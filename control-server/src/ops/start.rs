@@ -21,7 +21,10 @@ use super::{Kind, OpError};
 use crate::clock::now_ms;
 use crate::controller;
 use crate::rollout;
-use crate::store::{BundleRow, ClusterRow, NewRollout, RolloutRow, RolloutState, Store, StoredBundle};
+use crate::store::{
+    BundleRow, BundleStore, ClusterRow, ClusterStore, NewRollout, NodeStore, RolloutRow, RolloutState,
+    RolloutStore, StoredBundle,
+};
 
 const MAX_BATCH_SIZE: u32 = 100_000;
 const MAX_OFFLINE_DEADLINE: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -159,7 +162,7 @@ pub fn check_names(
 /// Starts the rollout `r` asks for (or answers the one its request ID
 /// started already); returns it as it stands after its first decision.
 pub async fn start(
-    store: &dyn Store,
+    store: &(impl RolloutStore + BundleStore + ClusterStore + NodeStore + ?Sized),
     controller: &controller::Handle,
     r: StartRollout,
 ) -> Result<RolloutRow, OpError> {
@@ -231,7 +234,11 @@ pub async fn start(
 }
 
 /// Nodes of `cluster` the selector matches now.
-async fn matched_nodes(store: &dyn Store, cluster: &str, selector: &Labels) -> Result<usize, OpError> {
+async fn matched_nodes(
+    store: &(impl NodeStore + ?Sized),
+    cluster: &str,
+    selector: &Labels,
+) -> Result<usize, OpError> {
     let nodes = store.list_nodes(Some(cluster)).await?;
     Ok(nodes
         .iter()
@@ -242,7 +249,7 @@ async fn matched_nodes(store: &dyn Store, cluster: &str, selector: &Labels) -> R
 /// Two bundles on one node may not own the same path (DESIGN §4): the
 /// new version is checked against every other bundle of each target node.
 async fn check_path_conflicts(
-    store: &dyn Store,
+    store: &(impl RolloutStore + BundleStore + NodeStore + ?Sized),
     cluster: &str,
     selector: &Labels,
     bundle: &BundleRow,
@@ -339,7 +346,11 @@ fn identity_preconditions(cluster: &ClusterRow, m: &Manifest) -> Result<(), Star
 
 /// Refuses `what` while a live replica of the region is of a release that
 /// does not read store format `format` (the version-skew contract).
-async fn every_replica_reads(store: &dyn Store, format: u32, what: &'static str) -> Result<(), OpError> {
+async fn every_replica_reads(
+    store: &(impl RolloutStore + ?Sized),
+    format: u32,
+    what: &'static str,
+) -> Result<(), OpError> {
     match store.older_replica(format).await? {
         None => Ok(()),
         Some(o) => Err(StartError::OlderReplica {
@@ -529,7 +540,7 @@ mod store_tests {
 
     use super::*;
     use crate::store::sqlite::SqliteStore;
-    use crate::store::{NewBundle, NewCluster};
+    use crate::store::{NewBundle, NewCluster, Store};
 
     fn asked() -> StartRollout {
         StartRollout {

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use super::{Kind, OpError};
 use crate::controller;
 use crate::rollout::Verb;
-use crate::store::{RolloutRow, Store};
+use crate::store::{BundleStore, RolloutRow, RolloutStore};
 
 /// Longest rollout ID (a random or derived one is 12 hex digits).
 const MAX_ID: usize = 64;
@@ -49,7 +49,7 @@ fn check_id(id: &str) -> Result<(), VerbRefusal> {
 }
 
 /// The rollout `id` names, as stored.
-pub async fn load(store: &dyn Store, id: &str) -> Result<RolloutRow, OpError> {
+pub async fn load(store: &(impl RolloutStore + ?Sized), id: &str) -> Result<RolloutRow, OpError> {
     check_id(id)?;
     Ok(store
         .get_rollout(id)
@@ -69,7 +69,7 @@ pub async fn apply(controller: &controller::Handle, id: &str, verb: Verb) -> Res
 /// Rolls the rollout `id` back, unless a version it would return nodes to
 /// was deleted.
 pub async fn rollback(
-    store: &dyn Store,
+    store: &(impl RolloutStore + BundleStore + ?Sized),
     controller: &controller::Handle,
     id: &str,
 ) -> Result<RolloutRow, OpError> {

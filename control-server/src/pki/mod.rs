@@ -3,7 +3,7 @@
 //! tenant cluster CAs (`clusterca.rs`, their keys at rest in
 //! `clusterca/keys.rs`), and the sealing of private keys at rest
 //! (`seal.rs`). What a node may have signed by its cluster's CA is the
-//! agent API's rule (`api/agent/issue.rs`).
+//! use case `ops::issue`.
 
 pub mod clusterca;
 pub mod seal;

@@ -304,9 +304,9 @@ mod tests {
         assert_eq!(again.list_clusters().await.unwrap().len(), 1);
     }
 
-    #[tokio::test]
-    async fn the_dump_holds_every_kind_with_generations_revisions_and_targets() {
-        let s = SqliteStore::open_in_memory().unwrap();
+    /// Clusters `a` (with a CA and an API server) and `b`, and one
+    /// certificate a's CA issued.
+    async fn two_clusters_and_a_certificate(s: &SqliteStore) {
         s.create_cluster(NewCluster {
             ca: Some(StoredCa {
                 cert_pem: "cert".into(),
@@ -332,6 +332,10 @@ mod tests {
         })
         .await
         .unwrap();
+    }
+
+    /// Token tok001 of `a` (3 uses), and nodes n1 and n2 enrolled with it.
+    async fn a_token_and_two_nodes(s: &SqliteStore) {
         s.create_token(TokenRow {
             id: "tok001".into(),
             secret_hash: [7; 32],
@@ -356,6 +360,11 @@ mod tests {
             .await
             .unwrap();
         }
+    }
+
+    /// Bundle k@1 (two blobs) published and rolled out to both nodes, the
+    /// rollout completed; returns the bundle and its blobs.
+    async fn k1_rolled_out_to_both_nodes(s: &SqliteStore) -> (NewBundle, Digest, Digest) {
         let (blob_a, blob_b) = (Digest::of(b"blob-a"), Digest::of(b"blob-b"));
         let k1 = NewBundle {
             blob_digests: vec![blob_b, blob_a],
@@ -392,6 +401,11 @@ mod tests {
         })
         .await
         .unwrap();
+        (k1, blob_a, blob_b)
+    }
+
+    /// n1 connects, reporting k@1 applied at generation 3.
+    async fn n1_reports_k1_applied(s: &SqliteStore) {
         s.node_connected(
             "n1",
             "{}",
@@ -410,6 +424,15 @@ mod tests {
         )
         .await
         .unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_dump_holds_every_kind_with_generations_revisions_and_targets() {
+        let s = SqliteStore::open_in_memory().unwrap();
+        two_clusters_and_a_certificate(&s).await;
+        a_token_and_two_nodes(&s).await;
+        let (k1, blob_a, blob_b) = k1_rolled_out_to_both_nodes(&s).await;
+        n1_reports_k1_applied(&s).await;
 
         let d = s.dump().await.unwrap();
         assert_eq!(d.clusters.len(), 2);

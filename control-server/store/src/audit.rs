@@ -61,7 +61,7 @@ impl AuditFilter {
 }
 
 #[async_trait]
-pub trait AuditStore {
+pub trait AuditStore: Send + Sync {
     /// Appends one record (its `id` is ignored and given by the store).
     async fn append_audit(&self, r: AuditRow) -> Result<()>;
     /// The records `f` admits, oldest first.

@@ -17,40 +17,28 @@ use tonic::{Request, Response, Status};
 use super::BoxStream;
 use crate::authz::{blob_status, require_node, store_status};
 use crate::blobs::Blobs;
-use crate::context::Shared;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::peers::PeerCache;
 use crate::store::{PeerSettings, Store};
 use crate::tracker::Tracker;
 
-/// What the blob handlers use: the store (who may have what), the blobs,
-/// the peer tracker and settings, and the tasks that stream a fetch.
-pub(super) struct Deps {
-    pub store: Arc<dyn Store>,
-    pub blobs: Arc<Blobs>,
-    pub tracker: Arc<Tracker>,
-    pub peers: Arc<PeerCache>,
-    pub hub: Arc<Hub>,
-    pub metrics: Arc<Metrics>,
-    pub cancel: tokio_util::sync::CancellationToken,
-    pub tasks: tokio_util::task::TaskTracker,
+crate::context::shared_view! {
+    /// What the blob handlers use: the store (who may have what), the blobs,
+    /// the peer tracker and settings, and the tasks that stream a fetch.
+    pub(super) struct Deps {
+        store: Arc<dyn Store>,
+        blobs: Arc<Blobs>,
+        tracker: Arc<Tracker>,
+        peers: Arc<PeerCache>,
+        hub: Arc<Hub>,
+        metrics: Arc<Metrics>,
+        cancel: tokio_util::sync::CancellationToken,
+        tasks: tokio_util::task::TaskTracker,
+    }
 }
 
 impl Deps {
-    pub fn of(s: &Shared) -> Self {
-        Deps {
-            store: s.store.clone(),
-            blobs: s.blobs.clone(),
-            tracker: s.tracker.clone(),
-            peers: s.peers.clone(),
-            hub: s.hub.clone(),
-            metrics: s.metrics.clone(),
-            cancel: s.cancel.clone(),
-            tasks: s.tasks.clone(),
-        }
-    }
-
     /// The peer-sharing settings of `cluster`, read through the cache.
     async fn peer_settings(&self, cluster: &str) -> crate::store::Result<PeerSettings> {
         self.peers.get(&*self.store, &self.hub, cluster).await

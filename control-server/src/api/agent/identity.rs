@@ -1,50 +1,37 @@
 //! The agent API's node identity: enrolment with a bootstrap token (rate
-//! limited per address here, then `ops::enrol`), certificate renewal, and
-//! the certificates a bundle's `[[certificate]]` entries ask for.
+//! limited per address here, then `ops::enrol`), certificate renewal
+//! (`ops::renew`), and the certificates a bundle's `[[certificate]]`
+//! entries ask for (rate limited per node here, then `ops::issue`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use lks_proto::backoff::with_retry_hint;
-use lks_proto::identity::NodeIdentity;
 use lks_proto::pb;
 use tonic::{Request, Response, Status};
 
-use super::{issue, record_event};
-use crate::authz::{require_node, store_status};
-use crate::clock::now_ms;
-use crate::context::Shared;
+use crate::authz::require_node;
 use crate::metrics::Metrics;
 use crate::ops::enrol::{self, Enrolment};
+use crate::ops::issue::{self, CertRequest};
+use crate::ops::renew;
 use crate::pki::Pki;
 use crate::pki::clusterca::ClusterCas;
 use crate::ratelimit::RateLimiter;
 use crate::store::Store;
 
-/// What the identity handlers use: the store, the server CA (node
-/// certificates) and the tenant CAs (bundle certificates), the limits on
-/// enrolment per address and on certificates per node, the metrics.
-pub(super) struct Deps {
-    pub store: Arc<dyn Store>,
-    pub pki: Arc<Pki>,
-    pub cluster_cas: Arc<ClusterCas>,
-    pub limiter: Arc<RateLimiter>,
-    pub issue_limiter: Arc<RateLimiter<String>>,
-    pub metrics: Arc<Metrics>,
-    pub node_cert_ttl: Duration,
-}
-
-impl Deps {
-    pub fn of(s: &Shared) -> Self {
-        Deps {
-            store: s.store.clone(),
-            pki: s.pki.clone(),
-            cluster_cas: s.cluster_cas.clone(),
-            limiter: s.limiter.clone(),
-            issue_limiter: s.issue_limiter.clone(),
-            metrics: s.metrics.clone(),
-            node_cert_ttl: s.node_cert_ttl,
-        }
+crate::context::shared_view! {
+    /// What the identity handlers use: the store, the server CA (node
+    /// certificates) and the tenant CAs (bundle certificates), the limits on
+    /// enrolment per address and on certificates per node, the metrics.
+    pub(super) struct Deps {
+        store: Arc<dyn Store>,
+        pki: Arc<Pki>,
+        cluster_cas: Arc<ClusterCas>,
+        limiter: Arc<RateLimiter>,
+        issue_limiter: Arc<RateLimiter<String>>,
+        metrics: Arc<Metrics>,
+        node_cert_ttl: Duration,
     }
 }
 
@@ -136,32 +123,25 @@ async fn renew_inner(
     req: Request<pb::RenewCertificateRequest>,
 ) -> Result<Response<pb::RenewCertificateResponse>, Status> {
     let caller = require_node(&req, &*s.store).await?;
-    let r = req.into_inner();
-    let cert = s
-        .pki
-        .issue_node_cert(&r.csr_pem, &caller.id, s.node_cert_ttl)
-        .map_err(|e| Status::invalid_argument(e.to_string()))?;
-    s.store
-        .replace_cert_serial(&caller.id.node, &caller.serial, &cert.serial)
-        .await
-        .map_err(store_status)?;
-    event(
-        s,
+    let csr_pem = req.into_inner().csr_pem;
+    let r = renew::renew(
+        &*s.store,
+        &s.pki,
+        s.node_cert_ttl,
         &caller.id,
-        "certificate_renewed",
-        "",
-        "",
-        format!("new serial {}", cert.serial),
+        &caller.serial,
+        &csr_pem,
     )
-    .await;
+    .await?;
     tracing::info!(node = %caller.id.node, "certificate renewed");
     Ok(Response::new(pb::RenewCertificateResponse {
-        certificate_pem: cert.pem,
-        expires_at: cert.not_after,
+        certificate_pem: r.certificate_pem,
+        expires_at: r.expires_at,
     }))
 }
 
-/// `IssueCertificate`: a certificate of a bundle's `[[certificate]]` (the rules are in `issue.rs`).
+/// `IssueCertificate`: a certificate of a bundle's `[[certificate]]`
+/// (`ops::issue`), at most as many per node as `issue_limiter` allows.
 pub(super) async fn issue(
     s: &Deps,
     req: Request<pb::IssueCertificateRequest>,
@@ -174,34 +154,31 @@ pub(super) async fn issue(
         )));
     }
     let r = req.into_inner();
-    let what = format!("{}@{} {}", r.bundle, r.version, r.path);
-    match issue::issue(s, &caller.id, r).await {
-        Ok((resp, bundle, version)) => {
-            tracing::info!(node = %caller.id.node, %what, serial = %resp.serial, "certificate issued");
-            event(
-                s,
-                &caller.id,
-                "certificate_issued",
-                &bundle,
-                &version,
-                format!(
-                    "{what}: serial {}, valid until {}",
-                    resp.serial,
-                    crate::clock::rfc3339(resp.not_after_ms)
-                ),
-            )
-            .await;
-            Ok(Response::new(resp))
+    let asked = CertRequest {
+        bundle: r.bundle,
+        version: r.version,
+        path: r.path,
+        csr_pem: r.csr_pem,
+    };
+    let what = asked.what();
+    match issue::issue(&*s.store, &s.cluster_cas, &caller.id, asked).await {
+        Ok(c) => {
+            tracing::info!(node = %caller.id.node, %what, serial = %c.serial, "certificate issued");
+            Ok(Response::new(pb::IssueCertificateResponse {
+                certificate_pem: c.certificate_pem,
+                ca_pem: c.ca_pem,
+                api_server: c.api_server,
+                cluster: c.cluster,
+                serial: c.serial,
+                not_after_ms: c.not_after_ms,
+            }))
         }
-        Err(status) => {
+        Err(e) => {
+            let status = Status::from(e);
             tracing::warn!(node = %caller.id.node, %what, error = %status.message(), "certificate refused");
             Err(status)
         }
     }
-}
-
-async fn event(s: &Deps, id: &NodeIdentity, kind: &str, bundle: &str, version: &str, message: String) {
-    record_event(&*s.store, id, kind, bundle, version, message, now_ms()).await;
 }
 
 #[cfg(test)]

@@ -1,27 +1,20 @@
 //! `AgentService`: enrolment, the long-lived `Connect` stream, certificate
 //! renewal and blob download — the only API tenant nodes can reach. Split
 //! by concern: node identity (`identity.rs`), the stream (`session.rs`) and
-//! blobs and peers (`blobs.rs`); this file holds the service trait impl and
-//! the event record the three share.
+//! blobs and peers (`blobs.rs`); this file holds the service trait impl.
 
 mod blobs;
 mod identity;
-mod issue;
 mod session;
 
 use std::sync::Arc;
 
-use lks_proto::identity::NodeIdentity;
 use lks_proto::pb::agent_service_server::AgentService;
 use lks_proto::pb::{self, AgentMessage, ServerMessage};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{BoxStream, clip};
+use super::BoxStream;
 use crate::context::Shared;
-use crate::store::EventRow;
-
-/// Longest free-text field (messages, facts) kept from an agent.
-const MAX_TEXT: usize = 4096;
 
 /// The agent API: each concern's handlers get only what they use.
 pub struct AgentApi {
@@ -99,30 +92,5 @@ impl AgentService for AgentApi {
     ) -> Result<Response<Self::FetchBlobStream>, Status> {
         let _t = self.metrics.timer("FetchBlob");
         blobs::fetch(&self.blobs, req).await
-    }
-}
-
-async fn record_event(
-    store: &dyn crate::store::Store,
-    id: &NodeIdentity,
-    kind: &str,
-    bundle: &str,
-    version: &str,
-    message: String,
-    at_ms: i64,
-) {
-    let e = EventRow {
-        id: 0,
-        at_ms,
-        cluster: id.cluster.clone(),
-        node: id.node.clone(),
-        rollout_id: String::new(),
-        kind: clip(kind, 64).to_string(),
-        bundle: clip(bundle, 64).to_string(),
-        version: clip(version, 128).to_string(),
-        message: clip(&message, MAX_TEXT).to_string(),
-    };
-    if let Err(e) = store.add_event(e).await {
-        tracing::warn!(error = %e, "record event");
     }
 }

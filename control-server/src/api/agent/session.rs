@@ -21,51 +21,35 @@ use tracing::Instrument;
 
 mod push;
 
-use super::{BoxStream, MAX_TEXT, clip, record_event};
+use super::BoxStream;
 use crate::admission::OpenGate;
 use crate::authz::{NodeCaller, require_node, store_status};
 use crate::clock::now_ms;
-use crate::context::Shared;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::ops::desired::Sent;
+use crate::ops::event::{self, MAX_TEXT, NodeEvent, clip};
 use crate::peers::PeerCache;
 use crate::releases::ReleaseCache;
 use crate::store::{BundleStatusRow, NodeTrust, Store, StoreError, TrustHealth};
 use crate::tracker::Tracker;
 
-/// What the `Connect` streams use: the store, the hub of open streams, the
-/// peer-sharing settings and tracker, the admission gate, the rollout
-/// controller's wake-up, and the tasks each stream runs in.
-pub(super) struct Deps {
-    pub store: Arc<dyn Store>,
-    pub hub: Arc<Hub>,
-    pub peers: Arc<PeerCache>,
-    pub releases: Arc<ReleaseCache>,
-    pub tracker: Arc<Tracker>,
-    pub metrics: Arc<Metrics>,
-    pub opening: Arc<OpenGate>,
-    pub rollouts_changed: Arc<tokio::sync::Notify>,
-    pub ping_interval: Duration,
-    pub cancel: tokio_util::sync::CancellationToken,
-    pub tasks: tokio_util::task::TaskTracker,
-}
-
-impl Deps {
-    pub fn of(s: &Shared) -> Self {
-        Deps {
-            store: s.store.clone(),
-            hub: s.hub.clone(),
-            peers: s.peers.clone(),
-            releases: s.releases.clone(),
-            tracker: s.tracker.clone(),
-            metrics: s.metrics.clone(),
-            opening: s.opening.clone(),
-            rollouts_changed: s.rollouts_changed.clone(),
-            ping_interval: s.ping_interval,
-            cancel: s.cancel.clone(),
-            tasks: s.tasks.clone(),
-        }
+crate::context::shared_view! {
+    /// What the `Connect` streams use: the store, the hub of open streams, the
+    /// peer-sharing settings and tracker, the admission gate, the rollout
+    /// controller's wake-up, and the tasks each stream runs in.
+    pub(super) struct Deps {
+        store: Arc<dyn Store>,
+        hub: Arc<Hub>,
+        peers: Arc<PeerCache>,
+        releases: Arc<ReleaseCache>,
+        tracker: Arc<Tracker>,
+        metrics: Arc<Metrics>,
+        opening: Arc<OpenGate>,
+        rollouts_changed: Arc<tokio::sync::Notify>,
+        ping_interval: Duration,
+        cancel: tokio_util::sync::CancellationToken,
+        tasks: tokio_util::task::TaskTracker,
     }
 }
 
@@ -520,16 +504,14 @@ impl Session {
                     self.s.tracker.blame(&self.caller.id.cluster, clip(&e.peer, 253));
                     self.s.metrics.bad_peer_reported();
                 }
-                record_event(
-                    &*self.s.store,
-                    &self.caller.id,
-                    &e.kind,
-                    &e.bundle,
-                    &e.version,
-                    e.message,
-                    at,
-                )
-                .await;
+                let event = NodeEvent {
+                    kind: &e.kind,
+                    bundle: &e.bundle,
+                    version: &e.version,
+                    message: e.message,
+                    at_ms: at,
+                };
+                event::record(&*self.s.store, &self.caller.id, event).await;
                 Ok(())
             }
         }

@@ -11,29 +11,12 @@ use tonic::{Response, Status};
 
 use crate::authz::store_status;
 use crate::clock::now_ms;
-use crate::context::Shared;
 use crate::ops::bundle::{self, held_blobs};
-use crate::store::{BundleRow, Store};
+use crate::store::BundleRow;
 
-/// What the bundle handlers use: the store, and what a publish uses
-/// besides (the blobs it uploads into, the metrics it counts them in).
-pub(super) struct Deps {
-    pub store: std::sync::Arc<dyn Store>,
-    pub publish: crate::ops::publish::Deps,
-}
-
-impl Deps {
-    pub fn of(s: &Shared) -> Self {
-        Deps {
-            store: s.store.clone(),
-            publish: crate::ops::publish::Deps {
-                store: s.store.clone(),
-                blobs: s.blobs.clone(),
-                metrics: s.metrics.clone(),
-            },
-        }
-    }
-}
+/// What the bundle handlers use is what a publish uses: the store, the
+/// blobs it uploads into, the metrics it counts them in.
+pub(super) use crate::ops::publish::Deps;
 
 /// `ListBundles`.
 pub(super) async fn list(

@@ -19,7 +19,7 @@ pub(in crate::api) async fn publish(
 ) -> Result<Response<pb::PublishBundleResponse>, Status> {
     let signed = read_header(&mut inbound).await?;
     let (name, version) = (signed.manifest.name.clone(), signed.manifest.version.clone());
-    let mut p = match Publish::begin(s.publish.clone(), signed).await? {
+    let mut p = match Publish::begin(s.clone(), signed).await? {
         Begun::Published => {
             // Identical: read the rest so the client sees a clean close.
             while inbound.message().await?.is_some() {}

@@ -137,8 +137,18 @@ pub async fn peer_settings_are_stored_per_cluster(s: &dyn Store) {
     );
 }
 
-#[allow(clippy::too_many_lines)]
+/// A cluster's CA and API server, and the certificates its CA issued:
+/// the steps below, in order, on one store.
 pub async fn cluster_cas_and_issued_certificates(s: &dyn Store) {
+    let ca = a_cluster_is_created_with_its_ca(s).await;
+    a_ca_is_set_once_on_a_cluster_made_without(s, &ca).await;
+    the_api_server_is_set_and_cleared(s, &ca).await;
+    issued_certificates_are_ordered_and_filtered(s).await;
+}
+
+/// Cluster `a`, created with a CA and an API server; a second create
+/// changes nothing. Returns the CA.
+async fn a_cluster_is_created_with_its_ca(s: &dyn Store) -> StoredCa {
     let ca = StoredCa {
         cert_pem: "-----BEGIN CERTIFICATE-----\nA\n-----END CERTIFICATE-----\n".into(),
         key: "sealed-or-pem".into(),
@@ -171,14 +181,12 @@ pub async fn cluster_cas_and_issued_certificates(s: &dyn Store) {
     assert_eq!(listed[0].api_server.as_deref(), Some("https://10.0.0.1:6443"));
     let got = s.get_cluster("a").await.unwrap().unwrap();
     assert_eq!(got.api_server.as_deref(), Some("https://10.0.0.1:6443"));
+    ca
+}
 
-    // A cluster made before CAs: none, until one is set, once.
-    s.create_cluster(NewCluster::new("old", 1)).await.unwrap();
-    let old = s.get_cluster("old").await.unwrap().unwrap();
-    assert_eq!((old.ca_cert_pem, old.api_server), (None, None));
-    assert_eq!(s.cluster_ca("old").await.unwrap(), None);
-    assert_eq!(s.cluster_ca("nope").await.unwrap(), None);
-    let ev = |kind: &str| EventRow {
+/// An event of cluster `old` of `kind`, as a change records it.
+fn old_event(kind: &str) -> EventRow {
+    EventRow {
         id: 0,
         at_ms: 5,
         cluster: "old".into(),
@@ -188,9 +196,18 @@ pub async fn cluster_cas_and_issued_certificates(s: &dyn Store) {
         bundle: String::new(),
         version: String::new(),
         message: kind.into(),
-    };
+    }
+}
+
+/// A cluster made before CAs: none, until one is set, once.
+async fn a_ca_is_set_once_on_a_cluster_made_without(s: &dyn Store, ca: &StoredCa) {
+    s.create_cluster(NewCluster::new("old", 1)).await.unwrap();
+    let old = s.get_cluster("old").await.unwrap().unwrap();
+    assert_eq!((old.ca_cert_pem, old.api_server), (None, None));
+    assert_eq!(s.cluster_ca("old").await.unwrap(), None);
+    assert_eq!(s.cluster_ca("nope").await.unwrap(), None);
     let set = s
-        .set_cluster_ca("old", ca.clone(), ev("cluster_ca"))
+        .set_cluster_ca("old", ca.clone(), old_event("cluster_ca"))
         .await
         .unwrap();
     assert_eq!(set.ca_cert_pem.as_deref(), Some(ca.cert_pem.as_str()));
@@ -200,35 +217,41 @@ pub async fn cluster_cas_and_issued_certificates(s: &dyn Store) {
         key: "y".into(),
     };
     assert!(matches!(
-        s.set_cluster_ca("old", again.clone(), ev("cluster_ca")).await,
+        s.set_cluster_ca("old", again.clone(), old_event("cluster_ca")).await,
         Err(StoreError::Conflict(m)) if m.contains("already has a CA")
     ));
     assert_eq!(s.cluster_ca("old").await.unwrap(), Some(ca.clone()));
     assert!(matches!(
-        s.set_cluster_ca("nope", again, ev("cluster_ca")).await,
+        s.set_cluster_ca("nope", again, old_event("cluster_ca")).await,
         Err(StoreError::NotFound {
             kind: Kind::Cluster,
             ..
         })
     ));
+}
 
-    // The API server is set and cleared; windows stay as they were.
+/// The API server is set and cleared; windows stay as they were.
+async fn the_api_server_is_set_and_cleared(s: &dyn Store, ca: &StoredCa) {
     s.set_cluster_windows(
         "old",
         vec!["Sat 02:00-06:00 UTC".into()],
-        ev("maintenance_windows"),
+        old_event("maintenance_windows"),
     )
     .await
     .unwrap();
     let set = s
-        .set_cluster_api_server("old", Some("https://k.example:6443".into()), ev("api_server"))
+        .set_cluster_api_server(
+            "old",
+            Some("https://k.example:6443".into()),
+            old_event("api_server"),
+        )
         .await
         .unwrap();
     assert_eq!(set.api_server.as_deref(), Some("https://k.example:6443"));
     assert_eq!(set.maintenance_windows, ["Sat 02:00-06:00 UTC"]);
     assert_eq!(set.ca_cert_pem.as_deref(), Some(ca.cert_pem.as_str()));
     let cleared = s
-        .set_cluster_api_server("old", None, ev("api_server"))
+        .set_cluster_api_server("old", None, old_event("api_server"))
         .await
         .unwrap();
     assert_eq!(cleared.api_server, None);
@@ -238,7 +261,8 @@ pub async fn cluster_cas_and_issued_certificates(s: &dyn Store) {
         "the CA survives"
     );
     assert!(matches!(
-        s.set_cluster_api_server("nope", None, ev("api_server")).await,
+        s.set_cluster_api_server("nope", None, old_event("api_server"))
+            .await,
         Err(StoreError::NotFound {
             kind: Kind::Cluster,
             ..
@@ -260,8 +284,10 @@ pub async fn cluster_cas_and_issued_certificates(s: &dyn Store) {
         2,
         "{kinds:?}"
     );
+}
 
-    // Issued certificates: ordered by node, path, issue time; filtered.
+/// Issued certificates: ordered by node, path, issue time; filtered.
+async fn issued_certificates_are_ordered_and_filtered(s: &dyn Store) {
     s.record_certificate(cert("a", "n2", "03", "/b", 30))
         .await
         .unwrap();

@@ -3,11 +3,23 @@
 use crate::conformance::{blob, bundle, commit, encoded, held, node, rollout, token};
 use crate::{
     DrainPolicy, DrainTimeout, EventFilter, EventRow, Hint, Kind, NewCluster, NodeState, OfflinePolicy,
-    RolloutPacing, RolloutPolicy, RolloutState, Store, StoreError, TargetChange,
+    RolloutPacing, RolloutPolicy, RolloutRow, RolloutState, Store, StoreError, TargetChange,
 };
 
-#[allow(clippy::too_many_lines)]
+/// What a rollout assigns is what the controller commits, nothing more:
+/// the steps below, in order, on one store.
 pub async fn rollouts_assign_only_what_the_controller_decides(s: &dyn Store) {
+    let g0 = a_rollout_starts_without_assigning(s).await;
+    let r = a_joiner_is_taken_into_a_running_rollout(s).await;
+    let r1 = a_commit_assigns_what_it_decides(s, &r, g0).await;
+    let done = completion_makes_the_version_the_target(s, &r1).await;
+    a_rollback_restores_the_previous_target(s, &done).await;
+}
+
+/// Clusters `a` (nodes a1 role=w, a2 role=db) and `b` (b1), bundle k@1;
+/// rollout r1 of k@1 to role=w in `a` (and rb in `b`) started, assigning
+/// nothing. Returns a1's generation before.
+async fn a_rollout_starts_without_assigning(s: &dyn Store) -> u64 {
     for c in ["a", "b"] {
         s.create_cluster(NewCluster::new(c, 1)).await.unwrap();
     }
@@ -54,8 +66,11 @@ pub async fn rollouts_assign_only_what_the_controller_decides(s: &dyn Store) {
     );
     // Another cluster is independent.
     s.start_rollout(rollout("rb", "b", "k", "1", &[])).await.unwrap();
+    g0
+}
 
-    // A joiner while r1 runs is taken into it, with nothing assigned yet.
+/// A joiner while r1 runs is taken into it, with nothing assigned yet.
+async fn a_joiner_is_taken_into_a_running_rollout(s: &dyn Store) -> RolloutRow {
     s.enroll_node(node("a3", "a", "toka00", &[("role", "w")]))
         .await
         .unwrap();
@@ -65,7 +80,12 @@ pub async fn rollouts_assign_only_what_the_controller_decides(s: &dyn Store) {
         ["a1", "a3"]
     );
     assert!(s.desired_state("a3").await.unwrap().bundles.is_empty());
+    r
+}
 
+/// A commit assigns what it names, at a new generation, and grants its
+/// blobs to those nodes only; a commit on an old revision is refused.
+async fn a_commit_assigns_what_it_decides(s: &dyn Store, r: &RolloutRow, g0: u64) -> RolloutRow {
     let mut next = r.clone();
     next.nodes[0].state = NodeState::Applying;
     next.nodes[0].touched = true;
@@ -103,8 +123,11 @@ pub async fn rollouts_assign_only_what_the_controller_decides(s: &dyn Store) {
     assert_eq!(views.len(), 2);
     assert_eq!(views["a1"].desired.as_deref(), Some("1"));
     assert_eq!(views["a3"].desired, None);
+    r1
+}
 
-    // Completion makes the version the cluster's target.
+/// Completion makes the version the cluster's target.
+async fn completion_makes_the_version_the_target(s: &dyn Store, r1: &RolloutRow) -> RolloutRow {
     let mut done = r1.clone();
     done.state = RolloutState::Completed;
     for n in &mut done.nodes {
@@ -127,9 +150,12 @@ pub async fn rollouts_assign_only_what_the_controller_decides(s: &dyn Store) {
         2,
         "ended: no joiners"
     );
+    done
+}
 
-    // Rolling back from an ended state is refused while another rollout
-    // of the bundle is active; restoring the target removes it.
+/// Rolling back from an ended state is refused while another rollout
+/// of the bundle is active; restoring the target removes it.
+async fn a_rollback_restores_the_previous_target(s: &dyn Store, done: &RolloutRow) {
     s.put_bundle(bundle("k", "2", "d2")).await.unwrap();
     s.start_rollout(rollout("r2", "a", "k", "2", &[])).await.unwrap();
     let mut back = done.clone();
@@ -165,9 +191,16 @@ pub async fn rollouts_assign_only_what_the_controller_decides(s: &dyn Store) {
 
 /// Windows, holds, and a rollout's policy, pacing, canaries and deferred
 /// nodes survive the store; a completed rollout with a deferred node is
-/// still driven.
-#[allow(clippy::too_many_lines)]
+/// still driven: the steps below, in order, on one store.
 pub async fn rollout_policies_are_stored(s: &dyn Store) {
+    maintenance_windows_are_stored(s).await;
+    a_hold_is_stored_and_survives_a_report(s).await;
+    let (r, policy) = a_rollouts_policy_is_stored(s).await;
+    a_completed_rollout_with_unsettled_nodes_is_still_driven(s, &r, &policy).await;
+}
+
+/// Cluster `a`'s maintenance windows are set, read back and cleared.
+async fn maintenance_windows_are_stored(s: &dyn Store) {
     s.create_cluster(NewCluster::new("a", 1)).await.unwrap();
     let w = vec![
         "Sat,Sun 02:00-06:00 Europe/Berlin".to_string(),
@@ -200,7 +233,11 @@ pub async fn rollout_policies_are_stored(s: &dyn Store) {
             .maintenance_windows
             .is_empty()
     );
+}
 
+/// Nodes a1 (held: "disk swap") and a2 of `a`; the hold survives a report
+/// and is recorded as an event.
+async fn a_hold_is_stored_and_survives_a_report(s: &dyn Store) {
     s.create_token(token("toka00", "a", None, 10_000)).await.unwrap();
     for n in ["a1", "a2"] {
         s.enroll_node(node(n, "a", "toka00", &[])).await.unwrap();
@@ -242,7 +279,11 @@ pub async fn rollout_policies_are_stored(s: &dyn Store) {
         (e.cluster.as_str(), e.message.as_str()),
         ("a", "held by admin: disk swap")
     );
+}
 
+/// Rollout r1 of k@1 to `a`, started with every policy option; returns it
+/// and its policy.
+async fn a_rollouts_policy_is_stored(s: &dyn Store) -> (RolloutRow, RolloutPolicy) {
     s.put_bundle(bundle("k", "1", "d1")).await.unwrap();
     let mut new = rollout("r1", "a", "k", "1", &[]);
     new.policy = RolloutPolicy {
@@ -270,9 +311,16 @@ pub async fn rollout_policies_are_stored(s: &dyn Store) {
     );
     let views = s.rollout_views("r1").await.unwrap();
     assert!(views["a1"].held && !views["a2"].held);
+    (r, new.policy)
+}
 
-    // a1 held, a2 deferred (offline): the rollout completes and is still
-    // driven for them.
+/// a1 held, a2 deferred (offline): the rollout completes and is still
+/// driven for them.
+async fn a_completed_rollout_with_unsettled_nodes_is_still_driven(
+    s: &dyn Store,
+    r: &RolloutRow,
+    policy: &RolloutPolicy,
+) {
     let mut next = r.clone();
     next.state = RolloutState::Completed;
     next.nodes[0].state = NodeState::Held;
@@ -291,7 +339,7 @@ pub async fn rollout_policies_are_stored(s: &dyn Store) {
         .unwrap();
     let got = s.get_rollout("r1").await.unwrap().unwrap();
     assert_eq!(got.pacing, next.pacing);
-    assert_eq!(got.policy, new.policy);
+    assert_eq!(&got.policy, policy);
     assert!(got.nodes[1].canary && !got.nodes[0].canary);
     assert_eq!(
         got.nodes.iter().map(|n| n.state).collect::<Vec<_>>(),
