@@ -118,6 +118,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    lksadmin_agent::node::memory::keep_freed_memory_for_reuse();
     // reqwest and tonic share rustls; one process-wide provider (ring).
     let _ = rustls::crypto::ring::default_provider().install_default();
     lksadmin_agent::logging::init(match cli.cmd {
