@@ -19,6 +19,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_transport(false)
         // prost's codec with 1 KiB stream buffers instead of 8 KiB (src/codec.rs).
         .codec_path("crate::codec::LeanCodec")
+        // A blob's bytes are a slice of the buffer they were decoded from
+        // (no copy into a new Vec per message) and go out as they were read.
+        .bytes(".lks.v1.BlobChunk.data")
         .file_descriptor_set_path(out.join("lks_v1_descriptor.bin"))
         .compile_protos(&protos, &[".."])?;
     Ok(())

@@ -395,7 +395,7 @@ async fn send_blob(
     let mut sent = 0u64;
     for piece in blob.bytes[start..].chunks(CHUNK) {
         let chunk = pb::BlobChunk {
-            data: piece.to_vec(),
+            data: prost::bytes::Bytes::copy_from_slice(piece),
             total_size,
         };
         if tx.send(Ok(chunk)).await.is_err() {
@@ -409,7 +409,7 @@ async fn send_blob(
     let more = crate::noise(CHUNK, total_size | 1);
     while sent < ENDLESS_CAP {
         let chunk = pb::BlobChunk {
-            data: more.clone(),
+            data: more.clone().into(),
             total_size,
         };
         if tx.send(Ok(chunk)).await.is_err() {

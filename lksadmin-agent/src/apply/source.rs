@@ -16,7 +16,7 @@ pub struct BlobStream {
     /// Where the stream really starts: the requested offset, or 0 if the
     /// source cannot resume.
     pub offset: u64,
-    pub chunks: BoxStream<'static, Result<Vec<u8>, SourceError>>,
+    pub chunks: BoxStream<'static, Result<prost::bytes::Bytes, SourceError>>,
 }
 
 /// The source could not deliver (now). Always worth retrying later; a bad

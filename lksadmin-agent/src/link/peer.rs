@@ -571,7 +571,7 @@ fn async_stream_chunks(
                     .uploaded_bytes
                     .fetch_add(data.len() as u64, Ordering::Relaxed);
                 Ok(pb::BlobChunk {
-                    data,
+                    data: data.into(),
                     total_size: total,
                 })
             }

@@ -63,10 +63,7 @@ impl NetSource {
         let url = url.to_string();
         let chunks = resp
             .bytes_stream()
-            .map(move |r| {
-                r.map(|b| b.to_vec())
-                    .map_err(|e| SourceError(format!("GET {url}: {}", error_chain(&e))))
-            })
+            .map(move |r| r.map_err(|e| SourceError(format!("GET {url}: {}", error_chain(&e)))))
             .boxed();
         Ok(BlobStream {
             offset: start,

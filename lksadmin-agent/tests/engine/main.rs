@@ -55,10 +55,10 @@ impl BlobSource for FakeSource {
                 None => self.by_digest.lock().unwrap().get(&file.digest).cloned(),
             }
             .ok_or_else(|| SourceError("offline".into()))?;
-            let rest = bytes[(offset as usize).min(bytes.len())..].to_vec();
+            let rest = prost::bytes::Bytes::copy_from_slice(&bytes[(offset as usize).min(bytes.len())..]);
             // Two chunks, to exercise streaming verification.
             let mid = rest.len() / 2;
-            let chunks = vec![Ok(rest[..mid].to_vec()), Ok(rest[mid..].to_vec())];
+            let chunks = vec![Ok(rest.slice(..mid)), Ok(rest.slice(mid..))];
             Ok(BlobStream {
                 offset,
                 chunks: futures::stream::iter(chunks).boxed(),

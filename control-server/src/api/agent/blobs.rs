@@ -249,7 +249,7 @@ pub(super) async fn fetch(
         if remaining == 0 {
             let _ = tx
                 .send(Ok(pb::BlobChunk {
-                    data: Vec::new(),
+                    data: Default::default(),
                     total_size: size,
                 }))
                 .await;
@@ -278,7 +278,7 @@ pub(super) async fn fetch(
             remaining -= n as u64;
             buf.truncate(n);
             let chunk = pb::BlobChunk {
-                data: buf,
+                data: buf.into(),
                 total_size: size,
             };
             tokio::select! {

@@ -13,7 +13,10 @@ impl BlobSource for Serve {
     fn open<'a>(&'a self, _: &'a FileSpec, offset: u64) -> BoxFuture<'a, Result<BlobStream, SourceError>> {
         let rest = self.0[offset as usize..].to_vec();
         Box::pin(async move {
-            let chunks: Vec<_> = rest.chunks(1000).map(|c| Ok(c.to_vec())).collect();
+            let chunks: Vec<_> = rest
+                .chunks(1000)
+                .map(|c| Ok(prost::bytes::Bytes::copy_from_slice(c)))
+                .collect();
             Ok(BlobStream {
                 offset,
                 chunks: futures::stream::iter(chunks).boxed(),
@@ -99,12 +102,12 @@ impl BlobSource for FlakyPatch {
                 asked.len() == 1
             };
             let rest = self.patch[offset as usize..].to_vec();
-            let mut chunks: Vec<Result<Vec<u8>, SourceError>> = Vec::new();
+            let mut chunks: Vec<Result<prost::bytes::Bytes, SourceError>> = Vec::new();
             if first {
-                chunks.push(Ok(rest[..self.cut].to_vec()));
+                chunks.push(Ok(prost::bytes::Bytes::copy_from_slice(&rest[..self.cut])));
                 chunks.push(Err(SourceError("connection reset".into())));
             } else {
-                chunks.push(Ok(rest));
+                chunks.push(Ok(rest.into()));
             }
             Ok(BlobStream {
                 offset,
