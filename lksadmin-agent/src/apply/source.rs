@@ -46,6 +46,17 @@ pub trait BlobSource: Send + Sync {
     /// `target`, and keeps it in its cache afterwards: peer sharing may
     /// serve it to other nodes (its verified pieces while it arrives).
     fn holding_patch(&self, _offer: &DeltaOffer, _target: &Digest) {}
+
+    /// Staging is about to move the verified download of `digest` out of
+    /// `cache/fetched/` beside its target; `file` is it, open. Peer
+    /// sharing may serve it from there until the engine has cached it
+    /// again ([`BlobSource::release_moved`]): a node that just finished its
+    /// download is the one its peers fetch from most.
+    fn keep_serving_moved(&self, _digest: Digest, _file: std::fs::File) {}
+
+    /// What staging moved is cached now, or will not be: serve it from the
+    /// cache only.
+    fn release_moved(&self) {}
 }
 
 /// One patch a source offers: it rebuilds a file from the bytes `base`.

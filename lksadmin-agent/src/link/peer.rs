@@ -98,6 +98,9 @@ pub struct Shared {
     partial: Mutex<HashMap<Digest, Arc<Partial>>>,
     /// Blobs this node's own downloads verified whole, and when.
     verified: Mutex<HashMap<Digest, Instant>>,
+    /// Verified downloads staging moved beside their targets, open, served
+    /// until the engine has cached them again.
+    moved: Mutex<HashMap<Digest, Arc<std::fs::File>>>,
     /// Bumped whenever what this node holds may have changed (a piece
     /// verified, a download started or ended, the served set replaced):
     /// the `WatchPieces` streams look again then.
@@ -112,6 +115,7 @@ impl Default for Shared {
             patches: Mutex::default(),
             partial: Mutex::default(),
             verified: Mutex::default(),
+            moved: Mutex::default(),
             changed: tokio::sync::watch::channel(0).0,
             stats: Stats::default(),
         }
@@ -230,6 +234,22 @@ impl Shared {
         let mut v = lock(&self.verified);
         v.retain(|_, at| at.elapsed() < FRESH);
         v.insert(d, Instant::now());
+    }
+
+    /// Serves `file`, the verified download of `d` that staging is about
+    /// to move out of `fetched/`, until [`Shared::release_moved`].
+    pub fn keep_moved(&self, d: Digest, file: std::fs::File) {
+        lock(&self.moved).insert(d, Arc::new(file));
+    }
+
+    /// Stops serving from moved downloads (the engine cached them, or will
+    /// not): their pieces come from the cache again.
+    pub fn release_moved(&self) {
+        lock(&self.moved).clear();
+    }
+
+    fn moved(&self, d: &Digest) -> Option<Arc<std::fs::File>> {
+        lock(&self.moved).get(d).cloned()
     }
 
     fn fresh(&self, d: &Digest) -> bool {
@@ -450,7 +470,7 @@ pub fn bit(have: &[u8], i: usize) -> bool {
 
 /// What this node holds of `digest` now, as a `PiecesHeld`.
 fn holding(cache: &std::path::Path, shared: &Shared, digest: &Digest, pieces: usize) -> pb::PiecesHeld {
-    let whole_here = whole_path(cache, digest).is_some();
+    let whole_here = whole(cache, shared, digest).is_some();
     let mut have = vec![0u8; pieces.div_ceil(8)];
     let partial = shared.partial(digest);
     for i in 0..pieces {
@@ -471,22 +491,34 @@ fn holding(cache: &std::path::Path, shared: &Shared, digest: &Digest, pieces: us
 
 /// Whether piece `i` of `digest` is here (whole, or verified in a download).
 fn held(cache: &std::path::Path, shared: &Shared, digest: &Digest, i: usize) -> bool {
-    whole_path(cache, digest).is_some()
+    whole(cache, shared, digest).is_some()
         || shared
             .partial(digest)
             .is_some_and(|p| lock(&p.have).get(i).copied().unwrap_or(false))
 }
 
-/// The whole blob `digest` on this node: in the cache, or a verified
-/// download an apply has not moved beside its target yet.
-fn whole_path(cache: &std::path::Path, digest: &Digest) -> Option<PathBuf> {
-    let whole = cache.join("sha256").join(digest.hex());
-    let fetched = cache.join("fetched").join(digest.hex());
-    [whole, fetched].into_iter().find(|p| p.is_file())
+/// Where this node holds the whole blob `digest`.
+enum Whole {
+    /// In the cache, or a verified download an apply has not moved beside
+    /// its target yet.
+    Path(PathBuf),
+    /// A verified download staging moved beside its target, open
+    /// ([`Shared::keep_moved`]).
+    Moved(Arc<std::fs::File>),
 }
 
-/// Reads piece `i` of `digest` from the cache or `fetched/` (whole blob),
-/// checked against its digest (a file kept for days may rot) unless this
+fn whole(cache: &std::path::Path, shared: &Shared, digest: &Digest) -> Option<Whole> {
+    let whole = cache.join("sha256").join(digest.hex());
+    let fetched = cache.join("fetched").join(digest.hex());
+    [whole, fetched]
+        .into_iter()
+        .find(|p| p.is_file())
+        .map(Whole::Path)
+        .or_else(|| shared.moved(digest).map(Whole::Moved))
+}
+
+/// Reads piece `i` of `digest` from the cache, `fetched/` or a moved
+/// download (whole blob), checked against its digest (a file kept for days may rot) unless this
 /// node's own download verified it whole less than [`FRESH`] ago, or from
 /// this node's own download in progress, where it was checked in memory as
 /// it arrived, moments before it was written. Not hashed a second time in
@@ -500,19 +532,23 @@ fn read_piece(
     len: u64,
     want: &Digest,
 ) -> Result<Vec<Vec<u8>>, Status> {
-    let (path, check) = if let Some(whole) = whole_path(cache, digest) {
-        (whole, !shared.fresh(digest))
-    } else {
-        match shared.partial(digest) {
-            Some(p) if lock(&p.have).get(i).copied().unwrap_or(false) => (p.path.clone(), false),
+    let open = |path: &std::path::Path| {
+        std::fs::File::open(path)
+            .map(Arc::new)
+            .map_err(|e| Status::not_found(format!("{digest}: {e}")))
+    };
+    let (f, check) = match whole(cache, shared, digest) {
+        Some(Whole::Path(p)) => (open(&p)?, !shared.fresh(digest)),
+        Some(Whole::Moved(f)) => (f, !shared.fresh(digest)),
+        None => match shared.partial(digest) {
+            Some(p) if lock(&p.have).get(i).copied().unwrap_or(false) => (open(&p.path)?, false),
             _ => {
                 return Err(Status::not_found(format!(
                     "this node does not hold piece {i} of {digest} yet"
                 )));
             }
-        }
+        },
     };
-    let f = std::fs::File::open(&path).map_err(|e| Status::not_found(format!("{digest}: {e}")))?;
     // Read straight into each message's own buffer: sent as they are, no
     // copy of the piece into messages.
     let mut hasher = check.then(lks_proto::digest::Hasher::new);
@@ -737,6 +773,29 @@ mod tests {
         assert_eq!(read(&shared).unwrap().concat(), b"blob bytEs");
         // Not another blob's.
         assert!(!shared.fresh(&Digest::of(b"other")));
+    }
+
+    /// A download staging moved beside its target is still served, from
+    /// the file kept open, until the engine releases it.
+    #[test]
+    fn a_moved_download_is_served_until_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let fetched = dir.path().join("fetched");
+        std::fs::create_dir_all(&fetched).unwrap();
+        let shared = Shared::default();
+        let d = Digest::of(b"blob bytes");
+        let path = fetched.join(d.hex());
+        std::fs::write(&path, b"blob bytes").unwrap();
+        shared.keep_moved(d, std::fs::File::open(&path).unwrap());
+        // Moved out of the cache's sight, as staging does.
+        std::fs::rename(&path, dir.path().join("target")).unwrap();
+        assert!(held(dir.path(), &shared, &d, 0));
+        assert!(holding(dir.path(), &shared, &d, 1).whole);
+        let read = || read_piece(dir.path(), &shared, &d, 0, 0, 10, &d);
+        assert_eq!(read().unwrap().concat(), b"blob bytes");
+        shared.release_moved();
+        assert!(!held(dir.path(), &shared, &d, 0));
+        assert_eq!(read().unwrap_err().code(), tonic::Code::NotFound);
     }
 
     /// A piece is read into messages of at most [`MESSAGE`] bytes, checked

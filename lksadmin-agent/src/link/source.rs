@@ -177,6 +177,18 @@ impl BlobSource for NetSource {
         }
     }
 
+    fn keep_serving_moved(&self, digest: Digest, file: std::fs::File) {
+        if let Some(s) = self.swarm.as_deref().filter(|s| s.is_on()) {
+            s.shared().keep_moved(digest, file);
+        }
+    }
+
+    fn release_moved(&self) {
+        if let Some(s) = &self.swarm {
+            s.shared().release_moved();
+        }
+    }
+
     fn swarm(&self) -> Option<&dyn PieceSource> {
         self.swarm
             .as_deref()

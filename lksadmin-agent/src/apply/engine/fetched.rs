@@ -54,6 +54,11 @@ impl Engine {
         })?;
         let parent = self.root.parent(&plan.path, true)?;
         let temp: std::ffi::OsString = plan.temp.clone().into();
+        // Peers may go on fetching these bytes from this node while they
+        // are out of the cache, between this move and the cache copy.
+        if let Ok(f) = File::open(&src) {
+            self.source.keep_serving_moved(digest, f);
+        }
         match nix::fcntl::renameat(nix::fcntl::AT_FDCWD, &src, parent.as_fd(), temp.as_os_str()) {
             Ok(()) => {}
             Err(nix::errno::Errno::EXDEV) => {
@@ -188,6 +193,7 @@ impl Engine {
                 Err(e) => tracing::warn!(path = %f.path, "copy into the cache: {e}"),
             }
         }
+        self.source.release_moved();
     }
 
     /// Before downloading `digest`: if an installed file holds those bytes
