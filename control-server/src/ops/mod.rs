@@ -7,7 +7,8 @@
 //! creating and changing a cluster (`cluster.rs`), issuing a bootstrap
 //! token (`token.rs`), deleting, retrying, holding and releasing a node
 //! (`node.rs`), reading and deleting a published bundle version
-//! (`bundle.rs`), publishing a cluster's signed releases and trust roots
+//! (`bundle.rs`), what a node may have of the server's blobs and from
+//! where (`blob.rs`), publishing a cluster's signed releases and trust roots
 //! (`release.rs`), and what requests share: the label rule (`labels.rs`)
 //! and a node's event record (`event.rs`). Each operation takes its
 //! request decoded into plain Rust and answers plain Rust or an
@@ -21,6 +22,7 @@
 //! in one place) and above the store, the blob store, the PKI, the
 //! metrics and the rollout modules it drives. It never names `api`.
 
+pub mod blob;
 pub mod bundle;
 pub mod cluster;
 pub mod desired;
@@ -40,6 +42,7 @@ use crate::blobs::BlobError;
 use crate::controller::CommandError;
 use crate::store::StoreError;
 
+pub use blob::FetchError;
 pub use bundle::BundleError;
 pub use cluster::ClusterError;
 pub use enrol::EnrolError;
@@ -65,6 +68,8 @@ pub enum Kind {
     /// The request is sound but the system is not in a state to carry it
     /// out; the message says what to change first.
     FailedPrecondition,
+    /// The request asks for more than there is (a range past the end).
+    OutOfRange,
     /// Try again later.
     Unavailable,
     /// The caller's credentials (a bootstrap token) are not accepted.
@@ -132,6 +137,7 @@ op_error! {
     Bundle(BundleError),
     Renew(RenewError),
     Issue(IssueError),
+    Fetch(FetchError),
 }
 
 impl From<CommandError> for OpError {
