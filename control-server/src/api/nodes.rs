@@ -46,7 +46,7 @@ pub(super) async fn list(
         .list_certificates((!cluster.is_empty()).then_some(cluster.as_str()), None)
         .await
         .map_err(store_status)?;
-    for c in clusters::newest_only(issued) {
+    for c in crate::ops::certs::newest_only(issued) {
         certs
             .entry(c.node.clone())
             .or_default()

@@ -24,6 +24,7 @@
 
 pub mod blob;
 pub mod bundle;
+pub mod certs;
 pub mod cluster;
 pub mod desired;
 pub mod enrol;
@@ -44,6 +45,7 @@ use crate::store::StoreError;
 
 pub use blob::FetchError;
 pub use bundle::BundleError;
+pub use certs::CertsError;
 pub use cluster::ClusterError;
 pub use enrol::EnrolError;
 pub use issue::IssueError;
@@ -138,6 +140,7 @@ op_error! {
     Renew(RenewError),
     Issue(IssueError),
     Fetch(FetchError),
+    Certs(CertsError),
 }
 
 impl From<CommandError> for OpError {
