@@ -3,7 +3,8 @@
 //! policy options in `start/policy.rs`), an operator verb on one
 //! (`verb.rs`), enrolling a node (`enrol.rs`), renewing its certificate
 //! (`renew.rs`) and issuing the certificates of its bundles (`issue.rs`),
-//! building the desired state a node's stream sends (`desired.rs`),
+//! building the desired state a node's stream sends (`desired.rs`) and
+//! checking and storing what its agent reports on it (`session.rs`),
 //! creating and changing a cluster (`cluster.rs`), issuing a bootstrap
 //! token (`token.rs`), deleting, retrying, holding and releasing a node
 //! (`node.rs`), reading and deleting a published bundle version
@@ -35,6 +36,7 @@ pub mod node;
 pub mod publish;
 pub mod release;
 pub mod renew;
+pub mod session;
 pub mod start;
 pub mod token;
 pub mod verb;
@@ -54,6 +56,7 @@ pub use node::NodeError;
 pub use publish::PublishError;
 pub use release::ReleaseError;
 pub use renew::RenewError;
+pub use session::ReportError;
 pub use start::StartError;
 pub use token::TokenError;
 pub use verb::VerbRefusal;
@@ -141,6 +144,7 @@ op_error! {
     Issue(IssueError),
     Fetch(FetchError),
     Certs(CertsError),
+    Report(ReportError),
 }
 
 impl From<CommandError> for OpError {
