@@ -6,7 +6,8 @@
 //! building the desired state a node's stream sends (`desired.rs`) and
 //! checking and storing what its agent reports on it (`session.rs`),
 //! creating and changing a cluster (`cluster.rs`), issuing a bootstrap
-//! token (`token.rs`), deleting, retrying, holding and releasing a node
+//! token (`token.rs`), reading the event log and the audit trail
+//! (`logs.rs`), deleting, retrying, holding and releasing a node
 //! (`node.rs`), reading and deleting a published bundle version
 //! (`bundle.rs`), what a node may have of the server's blobs and from
 //! where (`blob.rs`), publishing a cluster's signed releases and trust roots
@@ -32,6 +33,7 @@ pub mod enrol;
 pub mod event;
 pub mod issue;
 pub mod labels;
+pub mod logs;
 pub mod node;
 pub mod publish;
 pub mod release;
@@ -52,6 +54,7 @@ pub use cluster::ClusterError;
 pub use enrol::EnrolError;
 pub use issue::IssueError;
 pub use labels::LabelsError;
+pub use logs::LogsError;
 pub use node::NodeError;
 pub use publish::PublishError;
 pub use release::ReleaseError;
@@ -145,6 +148,7 @@ op_error! {
     Fetch(FetchError),
     Certs(CertsError),
     Report(ReportError),
+    Logs(LogsError),
 }
 
 impl From<CommandError> for OpError {
