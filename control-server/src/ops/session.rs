@@ -1,6 +1,7 @@
 //! What a node's agent reports on its `Connect` stream, checked and made
 //! into rows: its `Hello` (the facts kept, the bundles it holds, its
-//! release trust) and its status reports; and how they are stored — a
+//! release trust), its status reports and its events (a peer it reports
+//! for bad bytes named no more for a while); and how they are stored — a
 //! report the store cannot take while it is unavailable is deferred to
 //! the stream's next message rather than ending the stream. The stream
 //! itself (its task, the hub, pings, the desired states sent) is the
@@ -11,10 +12,14 @@ use lks_proto::manifest::ManifestError;
 use lks_proto::names::{NameError, validate_bundle_name, validate_version};
 use lks_proto::pb;
 
-use super::event::{MAX_TEXT, clip};
+use lks_proto::identity::NodeIdentity;
+
+use super::event::{self, MAX_TEXT, NodeEvent, clip};
 use super::{Kind, OpError};
 use crate::clock::now_ms;
-use crate::store::{BundleStatusRow, NodeStatusStore, NodeTrust, StoreError, TrustHealth};
+use crate::metrics::Metrics;
+use crate::store::{BundleStatusRow, EventStore, NodeStatusStore, NodeTrust, StoreError, TrustHealth};
+use crate::tracker::Tracker;
 
 /// Bundle statuses one message may report.
 pub const MAX_STATUSES: usize = 1024;
@@ -262,6 +267,36 @@ pub fn defer(kept: Option<Vec<BundleStatusRow>>, rows: Vec<BundleStatusRow>) -> 
     merged
 }
 
+/// Records an event `id` reported, at its time (or now, if it gave
+/// none), and counts it: bytes an apply fetched from peers; a peer that
+/// served bytes not matching their digest, which the tracker then names
+/// to the cluster's nodes no more for a while.
+pub async fn node_event(
+    store: &(impl EventStore + ?Sized),
+    tracker: &Tracker,
+    metrics: &Metrics,
+    id: &NodeIdentity,
+    e: pb::NodeEvent,
+) {
+    let at = if e.at_ms > 0 { e.at_ms } else { now_ms() };
+    if e.kind == "applied" && e.fetched_from_peers > 0 {
+        metrics.blob_bytes_from_peers(e.fetched_from_peers);
+    }
+    if e.kind == "bad_peer" && !e.peer.is_empty() {
+        tracing::warn!(peer = %clip(&e.peer, 253), "a node reports a peer that served bytes not matching their digest");
+        tracker.blame(&id.cluster, clip(&e.peer, 253));
+        metrics.bad_peer_reported();
+    }
+    let event = NodeEvent {
+        kind: &e.kind,
+        bundle: &e.bundle,
+        version: &e.version,
+        message: e.message,
+        at_ms: at,
+    };
+    event::record(store, id, event).await;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -438,5 +473,41 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(e, OpError::Store(_)), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_reported_bad_peer_is_recorded_and_counted() {
+        let store = store().await;
+        let (tracker, metrics) = (Tracker::new(None), Metrics::default());
+        let id = NodeIdentity::new("a", "n1").unwrap();
+        let e = pb::NodeEvent {
+            kind: "bad_peer".into(),
+            message: "piece 3 of sha256:00 did not match".into(),
+            at_ms: 42,
+            peer: "n2".into(),
+            ..Default::default()
+        };
+        node_event(&store, &tracker, &metrics, &id, e).await;
+        let filter = crate::store::EventFilter {
+            limit: 10,
+            ..Default::default()
+        };
+        let mut events = store.list_events(filter).await.unwrap();
+        events.retain(|e| e.kind != "enrolled");
+        let [row] = events.as_slice() else {
+            panic!("{events:?}")
+        };
+        assert_eq!(
+            (row.kind.as_str(), row.node.as_str(), row.at_ms),
+            ("bad_peer", "n1", 42)
+        );
+        assert!(
+            metrics
+                .render()
+                .lines()
+                .any(|l| l == "lks_bad_peers_reported_total 1"),
+            "{}",
+            metrics.render()
+        );
     }
 }

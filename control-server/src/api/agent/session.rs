@@ -27,7 +27,6 @@ use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::ops::OpError;
 use crate::ops::desired::Sent;
-use crate::ops::event::{self, NodeEvent, clip};
 use crate::ops::session::{self, Recorded};
 use crate::peers::PeerCache;
 use crate::releases::ReleaseCache;
@@ -380,23 +379,8 @@ impl Session {
                 self.record(rows).await
             }
             Some(AgentMsg::Event(e)) => {
-                let at = if e.at_ms > 0 { e.at_ms } else { now_ms() };
-                if e.kind == "applied" && e.fetched_from_peers > 0 {
-                    self.s.metrics.blob_bytes_from_peers(e.fetched_from_peers);
-                }
-                if e.kind == "bad_peer" && !e.peer.is_empty() {
-                    tracing::warn!(peer = %clip(&e.peer, 253), "a node reports a peer that served bytes not matching their digest");
-                    self.s.tracker.blame(&self.caller.id.cluster, clip(&e.peer, 253));
-                    self.s.metrics.bad_peer_reported();
-                }
-                let event = NodeEvent {
-                    kind: &e.kind,
-                    bundle: &e.bundle,
-                    version: &e.version,
-                    message: e.message,
-                    at_ms: at,
-                };
-                event::record(&*self.s.store, &self.caller.id, event).await;
+                let s = &self.s;
+                session::node_event(&*s.store, &s.tracker, &s.metrics, &self.caller.id, e).await;
                 Ok(())
             }
         }
