@@ -78,6 +78,8 @@ pub enum Kind {
     FailedPrecondition,
     /// The request asks for more than there is (a range past the end).
     OutOfRange,
+    /// The caller asked too often; it may ask again later.
+    ResourceExhausted,
     /// Try again later.
     Unavailable,
     /// The caller's credentials (a bootstrap token) are not accepted.
