@@ -103,6 +103,22 @@ pub async fn node_certs(
     ))
 }
 
+/// The newest certificate of each bundle and path of every node of
+/// `cluster` (empty: of every cluster), by node.
+pub async fn newest_by_node(
+    store: &(impl ClusterStore + ?Sized),
+    cluster: &str,
+) -> Result<HashMap<String, Vec<IssuedCertRow>>, OpError> {
+    let issued = store
+        .list_certificates((!cluster.is_empty()).then_some(cluster), None)
+        .await?;
+    let mut by_node: HashMap<String, Vec<IssuedCertRow>> = HashMap::new();
+    for c in newest_only(issued) {
+        by_node.entry(c.node.clone()).or_default().push(c);
+    }
+    Ok(by_node)
+}
+
 /// Only the newest record of each node, bundle and path, in the store's
 /// order.
 pub fn newest_only(rows: Vec<IssuedCertRow>) -> Vec<IssuedCertRow> {
@@ -205,5 +221,26 @@ mod tests {
         );
         assert!(list(&store, &q("a", "n1", 0), 0).await.unwrap().is_empty());
         assert!(list(&store, &q("", "", 5), 0).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn each_nodes_newest_certificates_are_read_by_node() {
+        let store = store().await;
+        for (node, path, serial, at) in [
+            ("n1", "/a", "01", 1),
+            ("n1", "/a", "02", 5),
+            ("n2", "/a", "03", 2),
+        ] {
+            let r = IssuedCertRow {
+                cluster: "a".into(),
+                ..row(node, path, serial, at)
+            };
+            store.record_certificate(r).await.unwrap();
+        }
+        let by_node = newest_by_node(&store, "a").await.unwrap();
+        let serials = |n: &str| -> Vec<&str> { by_node[n].iter().map(|r| r.serial.as_str()).collect() };
+        assert_eq!((serials("n1"), serials("n2")), (vec!["02"], vec!["03"]));
+        assert_eq!(by_node.len(), 2);
+        assert!(newest_by_node(&store, "b").await.unwrap().is_empty());
     }
 }
