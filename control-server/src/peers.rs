@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clustercache::{ClusterCache, Lookup, Slot};
 use crate::hub::Hub;
-use crate::store::{ClusterStore, PeerSettings, Result, Store};
+use crate::store::{ClusterStore, PeerSettings, Result};
 
 /// How long a cluster's settings are used before they are read again, and
 /// how often [`run`] re-reads them.
@@ -127,7 +127,12 @@ async fn read(
 
 /// Every [`TTL`], on every replica: reads again the settings of the
 /// clusters whose agents this replica serves ([`PeerCache::refresh`]).
-pub async fn run(peers: Arc<PeerCache>, store: Arc<dyn Store>, hub: Arc<Hub>, cancel: CancellationToken) {
+pub async fn run(
+    peers: Arc<PeerCache>,
+    store: Arc<dyn ClusterStore>,
+    hub: Arc<Hub>,
+    cancel: CancellationToken,
+) {
     let mut tick = tokio::time::interval(TTL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clustercache::{ClusterCache, Lookup, Slot};
 use crate::hub::Hub;
-use crate::store::{BundleStore, NodeStore, ReleaseStore, Result, Store, StoredRelease};
+use crate::store::{BundleStore, NodeStore, ReleaseStore, Result, StoredRelease};
 
 /// How long a cluster's releases are used before they are read again, and
 /// how often [`run`] re-reads them.
@@ -222,7 +222,12 @@ async fn read(
 
 /// Every [`TTL`], on every replica: reads again the releases of the
 /// clusters whose agents this replica serves ([`ReleaseCache::refresh`]).
-pub async fn run(cache: Arc<ReleaseCache>, store: Arc<dyn Store>, hub: Arc<Hub>, cancel: CancellationToken) {
+pub async fn run(
+    cache: Arc<ReleaseCache>,
+    store: Arc<impl ReleaseStore + NodeStore + ?Sized>,
+    hub: Arc<Hub>,
+    cancel: CancellationToken,
+) {
     let mut tick = tokio::time::interval(TTL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

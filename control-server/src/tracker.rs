@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 use lks_proto::arch::Arch;
 use lks_proto::{BundleState, Digest, Manifest};
 
-use crate::store::{EtcdStore, NodeStore, Store, StoreError};
+use crate::store::{BundleStore, DesiredStore, EtcdStore, NodeStore, StoreError};
 
 pub mod ledger;
 
@@ -173,7 +173,7 @@ impl Tracker {
     /// its holders are the nodes that fetched it ([`PATCH_HELD_TTL`]).
     pub async fn find(
         &self,
-        store: &dyn Store,
+        store: &(impl NodeStore + BundleStore + ?Sized),
         cluster: &str,
         node: &str,
         digest: Digest,
@@ -252,7 +252,7 @@ impl Tracker {
     /// The files of `bundle@version`, read once.
     pub async fn contents(
         &self,
-        store: &dyn Store,
+        store: &(impl BundleStore + ?Sized),
         bundle: &str,
         version: &str,
     ) -> Result<Arc<Contents>, StoreError> {
@@ -269,7 +269,7 @@ impl Tracker {
     }
 
     /// Whether `node` may have `digest`: it belongs to a bundle version
-    /// the node may hold ([`Store::blob_grants`]) as an arch-neutral file
+    /// the node may hold ([`DesiredStore::blob_grants`]) as an arch-neutral file
     /// or one for the node's architecture. Never another architecture's
     /// binary, whatever the node asks for.
     ///
@@ -279,7 +279,7 @@ impl Tracker {
     /// ago, or without an architecture there) is read from the store.
     pub async fn blob_allowed(
         &self,
-        store: &dyn Store,
+        store: &(impl DesiredStore + BundleStore + NodeStore + ?Sized),
         cluster: &str,
         node: &str,
         digest: &Digest,

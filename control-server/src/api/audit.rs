@@ -13,15 +13,13 @@ use lks_proto::pb;
 use serde_json::{Value, json};
 use tonic::{Response, Status};
 
-use super::invalid;
-use crate::authz::{AdminCaller, store_status};
+use crate::authz::AdminCaller;
 use crate::clock::now_ms;
 use crate::metrics::Metrics;
 use crate::ops::event::clip;
-use crate::store::{AuditFilter, AuditRow, AuditStore, MAX_AUDIT_LIMIT};
+use crate::ops::logs;
+use crate::store::{AuditRow, AuditStore};
 
-/// Longest verb name accepted in a `ListAudit` filter.
-const MAX_VERB: usize = 64;
 /// Longest target kept (names are far shorter; a hostile one is clipped).
 const MAX_TARGET: usize = 512;
 /// Longest arguments kept, as JSON; longer ones are replaced by their size.
@@ -79,31 +77,12 @@ impl Deps {
     }
 }
 
-/// `ListAudit`.
+/// `ListAudit` (`ops::logs::audit`).
 pub(super) async fn list(
     store: &(impl AuditStore + ?Sized),
     r: pb::ListAuditRequest,
 ) -> Result<Response<pb::ListAuditResponse>, Status> {
-    if r.limit > MAX_AUDIT_LIMIT {
-        return Err(invalid(format!(
-            "limit {} is over the maximum of {MAX_AUDIT_LIMIT}",
-            r.limit
-        )));
-    }
-    if r.verb.len() > MAX_VERB || !r.verb.chars().all(|c| c.is_ascii_alphanumeric()) {
-        return Err(invalid(format!(
-            "verb {:?}: a call name such as StartRollout",
-            clip(&r.verb, MAX_VERB)
-        )));
-    }
-    let rows = store
-        .list_audit(AuditFilter {
-            since_ms: r.since_ms,
-            verb: (!r.verb.is_empty()).then_some(r.verb),
-            limit: r.limit,
-        })
-        .await
-        .map_err(store_status)?;
+    let rows = logs::audit(store, r.since_ms, r.verb, r.limit).await?;
     Ok(Response::new(pb::ListAuditResponse {
         records: rows
             .into_iter()

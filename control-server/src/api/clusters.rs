@@ -1,10 +1,9 @@
 //! The admin API's clusters: creating and changing them (decoded here,
 //! done by `ops::cluster`), listing them, handing out the CA certificate,
-//! and the record of certificates issued with the CAs.
+//! and the record of certificates issued with the CAs (read by
+//! `ops::certs`).
 
-use std::collections::HashMap;
-
-use lks_proto::names::{validate_cluster_name, validate_node_name};
+use lks_proto::names::validate_cluster_name;
 use lks_proto::pb;
 use tonic::{Response, Status};
 
@@ -12,6 +11,7 @@ use super::{invalid, policy};
 use crate::authz::store_status;
 use crate::clock::now_ms;
 use crate::kube::tenant;
+use crate::ops::certs::{self, CertQuery};
 use crate::ops::cluster::{self, CreateCluster, SetCluster};
 use crate::store::{ClusterRow, ClusterStore, IssuedCertRow};
 
@@ -36,22 +36,13 @@ pub async fn create(
     Ok(cluster::create(s, asked, admin, now_ms).await?)
 }
 
-/// The CA certificate of a cluster.
+/// The CA certificate of a cluster (`ops::certs::ca_pem`).
 pub async fn ca_pem(s: &Deps, name: &str) -> Result<String, Status> {
-    validate_cluster_name(name).map_err(invalid)?;
-    let c = s
-        .store
-        .get_cluster(name)
-        .await
-        .map_err(store_status)?
-        .ok_or_else(|| Status::not_found(format!("cluster {name} does not exist")))?;
-    c.ca_cert_pem.ok_or_else(|| {
-        Status::failed_precondition(format!(
-            "cluster {name} has no CA; give it one with `lksctl cluster set {name} --generate-ca` or --ca-cert/--ca-key"
-        ))
-    })
+    Ok(certs::ca_pem(&*s.store, name).await?)
 }
 
+/// An issued certificate as the admin API shows it: expired or not at
+/// `now_ms`.
 pub fn cert_pb(r: IssuedCertRow, now_ms: i64) -> pb::IssuedCertificate {
     pb::IssuedCertificate {
         expired: r.not_after_ms <= now_ms,
@@ -68,60 +59,20 @@ pub fn cert_pb(r: IssuedCertRow, now_ms: i64) -> pb::IssuedCertificate {
     }
 }
 
-/// Only the newest record of each node, bundle and path, in the store's
-/// order.
-pub fn newest_only(rows: Vec<IssuedCertRow>) -> Vec<IssuedCertRow> {
-    let mut newest: HashMap<(String, String, String), (i64, String)> = HashMap::new();
-    for r in &rows {
-        let k = (r.node.clone(), r.bundle.clone(), r.path.clone());
-        let v = (r.issued_at_ms, r.serial.clone());
-        let e = newest.entry(k).or_insert_with(|| v.clone());
-        if v > *e {
-            *e = v;
-        }
-    }
-    rows.into_iter()
-        .filter(|r| {
-            newest
-                .get(&(r.node.clone(), r.bundle.clone(), r.path.clone()))
-                .is_some_and(|(_, serial)| *serial == r.serial)
-        })
-        .collect()
-}
-
-/// The certificates a `ListCertificates` request asks for.
+/// The certificates a `ListCertificates` request asks for (`ops::certs::list`).
 pub async fn list(
     s: &Deps,
     r: pb::ListCertificatesRequest,
     now_ms: i64,
 ) -> Result<Vec<pb::IssuedCertificate>, Status> {
-    if !r.cluster.is_empty() {
-        validate_cluster_name(&r.cluster).map_err(invalid)?;
-        if !s.store.cluster_exists(&r.cluster).await.map_err(store_status)? {
-            return Err(Status::not_found(format!("cluster {} does not exist", r.cluster)));
-        }
-    }
-    if !r.node.is_empty() {
-        validate_node_name(&r.node).map_err(invalid)?;
-    }
-    if r.expiring_within_ms < 0 {
-        return Err(invalid("expiring_within_ms must not be negative"));
-    }
-    let rows = s
-        .store
-        .list_certificates(
-            (!r.cluster.is_empty()).then_some(r.cluster.as_str()),
-            (!r.node.is_empty()).then_some(r.node.as_str()),
-        )
-        .await
-        .map_err(store_status)?;
-    let rows = if r.all { rows } else { newest_only(rows) };
-    let horizon = now_ms.saturating_add(r.expiring_within_ms);
-    Ok(rows
-        .into_iter()
-        .filter(|c| r.expiring_within_ms == 0 || c.not_after_ms <= horizon)
-        .map(|c| cert_pb(c, now_ms))
-        .collect())
+    let q = CertQuery {
+        cluster: r.cluster,
+        node: r.node,
+        all: r.all,
+        expiring_within_ms: r.expiring_within_ms,
+    };
+    let rows = certs::list(&*s.store, &q, now_ms).await?;
+    Ok(rows.into_iter().map(|c| cert_pb(c, now_ms)).collect())
 }
 
 /// The newest certificate of each bundle and path of one node.
@@ -131,14 +82,8 @@ pub async fn node_certs(
     node: &str,
     now_ms: i64,
 ) -> Result<Vec<pb::IssuedCertificate>, Status> {
-    let rows = store
-        .list_certificates(Some(cluster), Some(node))
-        .await
-        .map_err(store_status)?;
-    Ok(newest_only(rows)
-        .into_iter()
-        .map(|c| cert_pb(c, now_ms))
-        .collect())
+    let rows = certs::node_certs(store, cluster, node).await?;
+    Ok(rows.into_iter().map(|c| cert_pb(c, now_ms)).collect())
 }
 
 /// `SetCluster`: the request decoded, the change made by
@@ -187,32 +132,24 @@ pub(super) async fn list_clusters(s: &Deps) -> Result<Response<pb::ListClustersR
 mod tests {
     use super::*;
 
-    fn row(node: &str, path: &str, serial: &str, at: i64) -> IssuedCertRow {
+    fn row(not_after_ms: i64) -> IssuedCertRow {
         IssuedCertRow {
             cluster: "c".into(),
-            node: node.into(),
-            serial: serial.into(),
+            node: "n".into(),
+            serial: "1".into(),
             profile: "client".into(),
             bundle: "b".into(),
             version: "1".into(),
-            path: path.into(),
+            path: "/a".into(),
             not_before_ms: 0,
-            not_after_ms: at + 10,
-            issued_at_ms: at,
+            not_after_ms,
+            issued_at_ms: 5,
         }
     }
 
     #[test]
-    fn only_the_newest_of_each_node_bundle_and_path_is_shown() {
-        let rows = vec![
-            row("n1", "/a", "01", 1),
-            row("n1", "/a", "02", 5),
-            row("n1", "/b", "03", 2),
-            row("n2", "/a", "04", 1),
-        ];
-        let serials: Vec<String> = newest_only(rows).into_iter().map(|r| r.serial).collect();
-        assert_eq!(serials, ["02", "03", "04"]);
-        assert!(cert_pb(row("n", "/a", "1", 5), 15).expired);
-        assert!(!cert_pb(row("n", "/a", "1", 5), 14).expired);
+    fn a_certificate_is_expired_from_its_not_after() {
+        assert!(cert_pb(row(15), 15).expired);
+        assert!(!cert_pb(row(15), 14).expired);
     }
 }

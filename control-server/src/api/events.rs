@@ -4,26 +4,22 @@
 use lks_proto::pb;
 use tonic::{Response, Status};
 
-use crate::authz::store_status;
+use crate::ops::logs;
 use crate::store::{EventFilter, EventStore};
 
-const MAX_EVENT_LIMIT: u32 = 10_000;
-
-/// `ListEvents`: at most `MAX_EVENT_LIMIT` events matching the filter.
+/// `ListEvents`: at most `ops::logs::MAX_EVENT_LIMIT` events matching the filter.
 pub(super) async fn list(
     store: &(impl EventStore + ?Sized),
     r: pb::ListEventsRequest,
 ) -> Result<Response<pb::ListEventsResponse>, Status> {
     let opt = |s: String| (!s.is_empty()).then_some(s);
-    let rows = store
-        .list_events(EventFilter {
-            cluster: opt(r.cluster),
-            node: opt(r.node),
-            rollout_id: opt(r.rollout_id),
-            limit: r.limit.min(MAX_EVENT_LIMIT),
-        })
-        .await
-        .map_err(store_status)?;
+    let filter = EventFilter {
+        cluster: opt(r.cluster),
+        node: opt(r.node),
+        rollout_id: opt(r.rollout_id),
+        limit: r.limit,
+    };
+    let rows = logs::events(store, filter).await?;
     Ok(Response::new(pb::ListEventsResponse {
         events: rows
             .into_iter()

@@ -84,6 +84,8 @@ impl From<OpError> for Status {
             (Some(Kind::AlreadyExists), _) => Status::already_exists(msg),
             (Some(Kind::NotFound), _) => Status::not_found(msg),
             (Some(Kind::FailedPrecondition), _) => Status::failed_precondition(msg),
+            (Some(Kind::OutOfRange), _) => Status::out_of_range(msg),
+            (Some(Kind::ResourceExhausted), _) => Status::resource_exhausted(msg),
             (Some(Kind::Unavailable), _) => Status::unavailable(msg),
             (Some(Kind::Unauthenticated), _) => Status::unauthenticated(msg),
             (Some(Kind::PermissionDenied), _) => Status::permission_denied(msg),

@@ -9,12 +9,11 @@ use lks_proto::pb;
 use tonic::{Response, Status};
 
 use super::clusters;
-use crate::authz::store_status;
 use crate::clock::now_ms;
 use crate::hub::Hub;
 use crate::kube::nodes::{absent_pb, unreachable_pb};
 use crate::kube::tenant::TenantApis;
-use crate::ops::node;
+use crate::ops::{certs, node};
 use crate::store::{NodeRow, NodeTrust, Store};
 
 crate::context::shared_view! {
@@ -40,22 +39,12 @@ pub(super) async fn list(
     // Each node's newest certificate per bundle and path, so `node
     // list` can say which nodes hold expired ones.
     let now = now_ms();
-    let mut certs: HashMap<String, Vec<pb::IssuedCertificate>> = HashMap::new();
-    let issued = s
-        .store
-        .list_certificates((!cluster.is_empty()).then_some(cluster.as_str()), None)
-        .await
-        .map_err(store_status)?;
-    for c in clusters::newest_only(issued) {
-        certs
-            .entry(c.node.clone())
-            .or_default()
-            .push(clusters::cert_pb(c, now));
-    }
+    let mut certs = certs::newest_by_node(s.store.as_ref(), &cluster).await?;
     let mut nodes: Vec<pb::Node> = rows
         .into_iter()
         .map(|n| {
             let mine = certs.remove(&n.name).unwrap_or_default();
+            let mine = mine.into_iter().map(|c| clusters::cert_pb(c, now)).collect();
             pb::Node {
                 certificates: mine,
                 ..node_pb(s, n)

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use lks_proto::{Digest, FileSpec};
 
 use super::{BlobError, Blobs};
-use crate::store::{BundleRow, BundleStore, DeltaRow, DeltaStore, Store};
+use crate::store::{BlobRecords, BundleRow, BundleStore, DeltaRow, DeltaStore};
 
 /// Default for `--delta-max-file-size`: about 1.5 GiB of memory while one
 /// patch is made for a file this size (6× the file, BENCHMARKS.md).
@@ -196,13 +196,13 @@ async fn wanted(
 /// (a blob this replica cannot read now) is logged and tried next pass.
 pub async fn make_missing(
     blobs: &Arc<Blobs>,
-    store: &Arc<dyn Store>,
+    store: &(impl BundleStore + DeltaStore + BlobRecords + ?Sized),
     limits: Limits,
     settled: &mut Settled,
     now_ms: impl Fn() -> i64,
 ) -> Result<Pass, BlobError> {
     let mut pass = Pass::default();
-    for w in wanted(&**store, limits, settled).await? {
+    for w in wanted(store, limits, settled).await? {
         let mut row = DeltaRow {
             name: w.name.clone(),
             version: w.version.clone(),
@@ -219,7 +219,7 @@ pub async fn make_missing(
             made_at_ms: 0,
         };
         let started = std::time::Instant::now();
-        match make_one(blobs, &**store, &w, limits.algorithm, &now_ms).await {
+        match make_one(blobs, store, &w, limits.algorithm, &now_ms).await {
             Ok(Made::Patch(d, size)) => {
                 row.patch = Some(d);
                 row.patch_size = size;
@@ -269,7 +269,7 @@ enum Made {
 
 async fn make_one(
     blobs: &Arc<Blobs>,
-    store: &dyn Store,
+    store: &(impl BlobRecords + ?Sized),
     w: &Want,
     algorithm: &'static str,
     now_ms: &impl Fn() -> i64,

@@ -47,7 +47,7 @@ const DELETION_WAIT: Duration = Duration::from_secs(60);
 /// period, so the publish can rely on it and then record the bundle
 /// version that references it. `store` names the blob store in errors.
 pub async fn claim(
-    records: &dyn BlobRecords,
+    records: &(impl BlobRecords + ?Sized),
     store: &str,
     d: &Digest,
     size: u64,

@@ -23,7 +23,7 @@ use super::drain::{self, Cordon, DrainOutcome, ReadyCheck};
 use super::tenant::TenantApis;
 use crate::clock::now_ms;
 use crate::rollout::KubeFact;
-use crate::store::{DrainPolicy, EventRow, EventStore, KubeStep, Store};
+use crate::store::{DrainPolicy, EventRow, EventStore, KubeStep, RolloutStore};
 
 /// How often a Ready gate asks the tenant API.
 const READY_POLL: Duration = Duration::from_secs(1);
@@ -47,7 +47,10 @@ struct Task {
 /// The tasks of every draining rollout this replica drives.
 pub struct KubeWork {
     tenants: Arc<TenantApis>,
-    store: Arc<dyn Store>,
+    /// Whose cordon one is (the repair).
+    rollouts: Arc<dyn RolloutStore>,
+    /// Where a lifted cordon is recorded.
+    events: Arc<dyn EventStore>,
     /// Poked when a task has an answer: the controller steps again.
     poke: Arc<Notify>,
     tasks: Mutex<HashMap<Attempt, Task>>,
@@ -58,14 +61,16 @@ pub struct KubeWork {
 impl KubeWork {
     pub fn new(
         tenants: Arc<TenantApis>,
-        store: Arc<dyn Store>,
+        rollouts: Arc<dyn RolloutStore>,
+        events: Arc<dyn EventStore>,
         poke: Arc<Notify>,
         tracker: TaskTracker,
         cancel: CancellationToken,
     ) -> Self {
         KubeWork {
             tenants,
-            store,
+            rollouts,
+            events,
             poke,
             tasks: Mutex::default(),
             tracker,
@@ -144,7 +149,7 @@ impl KubeWork {
     /// made), in the background; the repair retries one that fails.
     pub fn release(&self, cluster: &str, rollout: &str, node: &str) {
         let tenants = self.tenants.clone();
-        let store = self.store.clone();
+        let events = self.events.clone();
         let (cluster, rollout, node) = (cluster.to_string(), rollout.to_string(), node.to_string());
         self.tracker.spawn(async move {
             let client = match tenants.client(&cluster).await {
@@ -158,7 +163,7 @@ impl KubeWork {
             match drain::uncordon(&client, &node, &rollout).await {
                 Ok(true) => {
                     tracing::info!(%cluster, %node, %rollout, "uncordoned");
-                    record(store.as_ref(), &cluster, &node, &rollout, "uncordoned", "cordon lifted".into()).await;
+                    record(events.as_ref(), &cluster, &node, &rollout, "uncordoned", "cordon lifted".into()).await;
                 }
                 Ok(false) => {}
                 Err(e) => tracing::warn!(%cluster, %node, %rollout, error = %e, "uncordon; the repair retries"),
@@ -183,7 +188,7 @@ impl KubeWork {
                 continue;
             }
             if !owners.contains_key(id) {
-                match self.store.get_rollout(id).await {
+                match self.rollouts.get_rollout(id).await {
                     Ok(r) => owners.insert(id.clone(), r),
                     Err(e) => {
                         tracing::warn!(%cluster, rollout = %id, error = %e, "cordon repair: read the rollout");
@@ -215,7 +220,7 @@ impl KubeWork {
             Ok(true) => {
                 tracing::warn!(%cluster, %node, rollout = %id, "stray cordon lifted");
                 let m = format!("stray cordon of rollout {id} lifted: no active rollout owns it");
-                record(self.store.as_ref(), cluster, node, id, "cordon_repaired", m).await;
+                record(self.events.as_ref(), cluster, node, id, "cordon_repaired", m).await;
                 true
             }
             // Not lksadmin's cordon (any more), or the node is gone.

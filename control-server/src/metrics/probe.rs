@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Metrics;
 use crate::blobs::Blobs;
-use crate::store::Store;
+use crate::store::NodeStore;
 
 /// How often the stores are probed.
 pub const EVERY: Duration = Duration::from_secs(15);
@@ -19,7 +19,12 @@ pub const EVERY: Duration = Duration::from_secs(15);
 pub const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Probes until `cancel` fires; the first probe runs at once.
-pub async fn run(store: Arc<dyn Store>, blobs: Arc<Blobs>, metrics: Arc<Metrics>, cancel: CancellationToken) {
+pub async fn run(
+    store: Arc<dyn NodeStore>,
+    blobs: Arc<Blobs>,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
+) {
     let empty = Digest::of(b"");
     let mut tick = tokio::time::interval(EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

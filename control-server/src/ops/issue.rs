@@ -24,6 +24,7 @@ use super::event::{self, NodeEvent};
 use super::{Kind, OpError};
 use crate::clock::now_ms;
 use crate::pki::clusterca::{CaError, CertTemplate, ClusterCas, KeyError, SignedCert, Usage};
+use crate::ratelimit::RateLimiter;
 use crate::store::{
     BundleStore, ClusterStore, EventStore, IssuedCertRow, Kind as RowKind, NodeRow, NodeStore, StoreError,
     StoredBundle,
@@ -101,6 +102,9 @@ pub enum IssueError {
     Sign { path: BundlePath, source: CaError },
     #[error("cluster {0} no longer exists")]
     ClusterGone(String),
+    /// The node asked for more certificates than its limit allows now.
+    #[error("node {0} asked for too many certificates; retry in a minute")]
+    TooMany(String),
 }
 
 impl IssueError {
@@ -109,9 +113,19 @@ impl IssueError {
             IssueError::NotAssigned { .. } | IssueError::CsrNames { .. } => Kind::PermissionDenied,
             IssueError::CaUnreadable { .. } => Kind::Internal,
             IssueError::NoCa(_) | IssueError::ClusterGone(_) => Kind::FailedPrecondition,
+            IssueError::TooMany(_) => Kind::ResourceExhausted,
             _ => Kind::Invalid,
         }
     }
+}
+
+/// Takes one of the certificates node `id` may have signed now
+/// (`limiter`: a burst for a bundle's worth, then one per ten seconds).
+pub fn admit(limiter: &RateLimiter<String>, id: &NodeIdentity) -> Result<(), IssueError> {
+    if !limiter.allow(id.node.clone()) {
+        return Err(IssueError::TooMany(id.node.clone()));
+    }
+    Ok(())
 }
 
 /// Signs `r` for the node `id`, records the certificate and the event.
@@ -266,6 +280,24 @@ fn reported_addresses(facts_json: &str) -> Vec<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_over_its_certificate_limit_is_told_to_retry_later() {
+        let limiter = RateLimiter::new(0.0, 2.0);
+        let (n1, n2) = (
+            NodeIdentity::new("a", "n1").unwrap(),
+            NodeIdentity::new("a", "n2").unwrap(),
+        );
+        admit(&limiter, &n1).unwrap();
+        admit(&limiter, &n1).unwrap();
+        let e = OpError::from(admit(&limiter, &n1).unwrap_err());
+        assert_eq!(e.kind(), Some(Kind::ResourceExhausted));
+        assert_eq!(
+            e.to_string(),
+            "node n1 asked for too many certificates; retry in a minute"
+        );
+        admit(&limiter, &n2).unwrap();
+    }
 
     #[test]
     fn addresses_come_from_the_facts_and_only_parse() {

@@ -3,11 +3,14 @@
 //! policy options in `start/policy.rs`), an operator verb on one
 //! (`verb.rs`), enrolling a node (`enrol.rs`), renewing its certificate
 //! (`renew.rs`) and issuing the certificates of its bundles (`issue.rs`),
-//! building the desired state a node's stream sends (`desired.rs`),
+//! building the desired state a node's stream sends (`desired.rs`) and
+//! checking and storing what its agent reports on it (`session.rs`),
 //! creating and changing a cluster (`cluster.rs`), issuing a bootstrap
-//! token (`token.rs`), deleting, retrying, holding and releasing a node
+//! token (`token.rs`), reading the event log and the audit trail
+//! (`logs.rs`), deleting, retrying, holding and releasing a node
 //! (`node.rs`), reading and deleting a published bundle version
-//! (`bundle.rs`), publishing a cluster's signed releases and trust roots
+//! (`bundle.rs`), what a node may have of the server's blobs and from
+//! where (`blob.rs`), publishing a cluster's signed releases and trust roots
 //! (`release.rs`), and what requests share: the label rule (`labels.rs`)
 //! and a node's event record (`event.rs`). Each operation takes its
 //! request decoded into plain Rust and answers plain Rust or an
@@ -21,17 +24,21 @@
 //! in one place) and above the store, the blob store, the PKI, the
 //! metrics and the rollout modules it drives. It never names `api`.
 
+pub mod blob;
 pub mod bundle;
+pub mod certs;
 pub mod cluster;
 pub mod desired;
 pub mod enrol;
 pub mod event;
 pub mod issue;
 pub mod labels;
+pub mod logs;
 pub mod node;
 pub mod publish;
 pub mod release;
 pub mod renew;
+pub mod session;
 pub mod start;
 pub mod token;
 pub mod verb;
@@ -40,15 +47,19 @@ use crate::blobs::BlobError;
 use crate::controller::CommandError;
 use crate::store::StoreError;
 
+pub use blob::FetchError;
 pub use bundle::BundleError;
+pub use certs::CertsError;
 pub use cluster::ClusterError;
 pub use enrol::EnrolError;
 pub use issue::IssueError;
 pub use labels::LabelsError;
+pub use logs::LogsError;
 pub use node::NodeError;
 pub use publish::PublishError;
 pub use release::ReleaseError;
 pub use renew::RenewError;
+pub use session::ReportError;
 pub use start::StartError;
 pub use token::TokenError;
 pub use verb::VerbRefusal;
@@ -65,6 +76,10 @@ pub enum Kind {
     /// The request is sound but the system is not in a state to carry it
     /// out; the message says what to change first.
     FailedPrecondition,
+    /// The request asks for more than there is (a range past the end).
+    OutOfRange,
+    /// The caller asked too often; it may ask again later.
+    ResourceExhausted,
     /// Try again later.
     Unavailable,
     /// The caller's credentials (a bootstrap token) are not accepted.
@@ -132,6 +147,10 @@ op_error! {
     Bundle(BundleError),
     Renew(RenewError),
     Issue(IssueError),
+    Fetch(FetchError),
+    Certs(CertsError),
+    Report(ReportError),
+    Logs(LogsError),
 }
 
 impl From<CommandError> for OpError {

@@ -106,6 +106,7 @@ pub(super) fn spawn_tasks(shared: &Arc<Shared>, cfg: &Config, etcd: Option<&Etcd
             kube: Arc::new(crate::kube::work::KubeWork::new(
                 shared.tenants.clone(),
                 shared.store.clone(),
+                shared.store.clone(),
                 shared.rollouts_changed.clone(),
                 shared.tasks.clone(),
                 cancel.clone(),
@@ -197,7 +198,7 @@ async fn make_deltas(s: Arc<Shared>, interval: Duration, limits: crate::blobs::d
         }
         let pass = tokio::select! {
             _ = s.cancel.cancelled() => return,
-            p = crate::blobs::delta::make_missing(&s.blobs, &s.store, limits, &mut settled, crate::clock::now_ms) => p,
+            p = crate::blobs::delta::make_missing(&s.blobs, &*s.store, limits, &mut settled, crate::clock::now_ms) => p,
         };
         match pass {
             Ok(p) => s.metrics.deltas_made(p.made, p.skipped),

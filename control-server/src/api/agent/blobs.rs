@@ -3,24 +3,26 @@
 //! (the bytes from this replica's copy, streamed in bounded messages),
 //! and `FindDeltas` (the patches that rebuild a blob, issue [delta]).
 //! A node gets only blobs of bundles assigned to it, and the patches that
-//! rebuild them.
+//! rebuild them (`ops::blob` decides; here the requests are decoded and
+//! the bytes streamed).
 
 use std::sync::Arc;
 
 use lks_proto::Digest;
 use lks_proto::pb;
-use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::BoxStream;
-use crate::authz::{blob_status, require_node, store_status};
+use crate::authz::require_node;
 use crate::blobs::Blobs;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
+use crate::ops::blob;
 use crate::peers::PeerCache;
-use crate::store::{PeerSettings, Store};
+use crate::store::Store;
 use crate::tracker::Tracker;
 
 crate::context::shared_view! {
@@ -39,9 +41,15 @@ crate::context::shared_view! {
 }
 
 impl Deps {
-    /// The peer-sharing settings of `cluster`, read through the cache.
-    async fn peer_settings(&self, cluster: &str) -> crate::store::Result<PeerSettings> {
-        self.peers.get(&*self.store, &self.hub, cluster).await
+    /// What the blob operations use, borrowed.
+    fn ops(&self) -> blob::Deps<'_> {
+        blob::Deps {
+            store: &*self.store,
+            tracker: &self.tracker,
+            blobs: &self.blobs,
+            peers: &self.peers,
+            hub: &self.hub,
+        }
     }
 }
 
@@ -63,36 +71,7 @@ pub(super) async fn find_peers(
 ) -> Result<Response<pb::FindPeersResponse>, Status> {
     let caller = require_node(&req, &*s.store).await?;
     let digest = request_digest(&req.into_inner().digest)?;
-    let settings = s.peer_settings(&caller.id.cluster).await.map_err(store_status)?;
-    // Sharing off, or a blob the caller may not have: nobody is named
-    // (FetchBlob then answers for the blob as it always did). A patch is
-    // shared like the blob it rebuilds.
-    let mut allowed = settings.enabled
-        && s.tracker
-            .blob_allowed(&*s.store, &caller.id.cluster, &caller.id.node, &digest)
-            .await
-            .map_err(store_status)?;
-    let patch = settings.enabled && !allowed && patch_for(s, &caller.id, &digest).await?.is_some();
-    allowed |= patch;
-    if !allowed {
-        return Ok(Response::new(pb::FindPeersResponse {
-            peers: Vec::new(),
-            server: true,
-        }));
-    }
-    let a = s
-        .tracker
-        .find(
-            &*s.store,
-            &caller.id.cluster,
-            &caller.id.node,
-            digest,
-            settings.port,
-            patch,
-        )
-        .await
-        .map_err(store_status)?;
-    tracing::debug!(%digest, peers = a.peers.len(), server = a.server, "peers named");
+    let a = blob::peers(&s.ops(), &caller.id, digest).await?;
     Ok(Response::new(pb::FindPeersResponse {
         peers: a
             .peers
@@ -114,72 +93,30 @@ pub(super) async fn find_deltas(
 ) -> Result<Response<pb::FindDeltasResponse>, Status> {
     let caller = require_node(&req, &*s.store).await?;
     let digest = request_digest(&req.into_inner().digest)?;
-    let allowed = s
-        .tracker
-        .blob_allowed(&*s.store, &caller.id.cluster, &caller.id.node, &digest)
-        .await
-        .map_err(store_status)?;
-    if !allowed {
-        return Ok(Response::new(pb::FindDeltasResponse::default()));
-    }
-    let mut best: std::collections::BTreeMap<Digest, crate::store::DeltaRow> = Default::default();
-    for row in s.store.deltas_to(&digest).await.map_err(store_status)? {
-        if best.get(&row.base).is_none_or(|b| row.patch_size < b.patch_size) {
-            best.insert(row.base, row);
-        }
-    }
-    let mut offers: Vec<pb::DeltaOffer> = Vec::new();
-    for r in best.into_values() {
-        let Some(patch) = r.patch else { continue };
-        // A patch of more than one piece gets its piece list, so peers can
-        // pass it on in checked pieces; without one (a blob this replica
-        // cannot read now) it is offered as one piece all the same.
-        let mut chunk_size = 0;
-        let mut chunk_digests = Vec::new();
-        if r.patch_size > u64::from(lks_proto::chunks::DEFAULT_CHUNK_SIZE) {
-            match s.blobs.pieces_of(&patch).await {
-                Ok(Some(c)) => {
-                    chunk_size = c.size;
-                    chunk_digests = c.digests.iter().map(|d| d.as_bytes().to_vec()).collect();
-                }
-                Ok(None) => {}
-                Err(e) => tracing::warn!(%patch, error = %e, "no piece list for a patch"),
-            }
-        }
-        offers.push(pb::DeltaOffer {
-            base_digest: r.base.to_string(),
-            patch_digest: patch.to_string(),
-            patch_size: r.patch_size,
-            algorithm: r.algorithm,
-            chunk_size,
-            chunk_digests,
-        });
-    }
-    offers.sort_by_key(|o| o.patch_size);
-    Ok(Response::new(pb::FindDeltasResponse { offers }))
+    let offers = blob::deltas(&s.ops(), &caller.id, digest).await?;
+    Ok(Response::new(pb::FindDeltasResponse {
+        offers: offers.into_iter().map(offer_pb).collect(),
+    }))
 }
 
-/// The patch record that lets `node` have the patch `digest`: one that
-/// rebuilds a blob the node may fetch. `None`: not a patch, or none of the
-/// node's.
-async fn patch_for(
-    s: &Deps,
-    node: &lks_proto::identity::NodeIdentity,
-    digest: &Digest,
-) -> Result<Option<crate::store::DeltaRow>, Status> {
-    for row in s.store.deltas_by_patch(digest).await.map_err(store_status)? {
-        if s.tracker
-            .blob_allowed(&*s.store, &node.cluster, &node.node, &row.target)
-            .await
-            .map_err(store_status)?
-        {
-            return Ok(Some(row));
-        }
+/// A patch offered, its piece list absent (0, empty) when it has none.
+fn offer_pb(o: blob::Offer) -> pb::DeltaOffer {
+    let (chunk_size, chunk_digests) = match o.pieces {
+        Some(c) => (c.size, c.digests.iter().map(|d| d.as_bytes().to_vec()).collect()),
+        None => (0, Vec::new()),
+    };
+    pb::DeltaOffer {
+        base_digest: o.base.to_string(),
+        patch_digest: o.patch.to_string(),
+        patch_size: o.patch_size,
+        algorithm: o.algorithm,
+        chunk_size,
+        chunk_digests,
     }
-    Ok(None)
 }
 
-/// `FetchBlob`: the blob from `offset`, `length` bytes (0: to the end).
+/// `FetchBlob`: the blob from `offset`, `length` bytes (0: to the end),
+/// once `ops::blob::open` found the caller may have it.
 pub(super) async fn fetch(
     s: &Deps,
     req: Request<pb::FetchBlobRequest>,
@@ -187,65 +124,21 @@ pub(super) async fn fetch(
     let caller = require_node(&req, &*s.store).await?;
     let r = req.into_inner();
     let digest = request_digest(&r.digest)?;
-    let allowed = s
-        .tracker
-        .blob_allowed(&*s.store, &caller.id.cluster, &caller.id.node, &digest)
-        .await
-        .map_err(store_status)?;
-    // A patch (binary delta) is served wherever the file it rebuilds is;
-    // `spared` is that file's size less the patch's, for the metrics.
-    let mut spared = None;
-    if !allowed {
-        spared = patch_for(s, &caller.id, &digest)
-            .await?
-            .map(|row| row.size.saturating_sub(row.patch_size));
-    }
-    if !allowed && spared.is_none() {
-        return Err(Status::permission_denied(format!(
-            "blob {digest} is not part of any bundle assigned to node {} (for its architecture)",
-            caller.id.node
-        )));
-    }
-    // Published through another replica: fetched once from the blob
-    // store, verified, then served from this replica's own copy.
-    s.blobs
-        .ensure_local(&digest)
-        .await
-        .map_err(|e| blob_status("", e))?;
-    let path = s.blobs.local.path(&digest);
-    let mut file = match tokio::fs::File::open(&path).await {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(Status::not_found(format!(
-                "blob {digest} is not in the control server's blob store (its bundle lists a mirror URL)"
-            )));
-        }
-        Err(e) => return Err(Status::internal(format!("open blob {digest}: {e}"))),
+    let range = blob::Range {
+        offset: r.offset,
+        length: r.length,
     };
-    let size = file
-        .metadata()
-        .await
-        .map_err(|e| Status::internal(format!("stat blob {digest}: {e}")))?
-        .len();
-    if r.offset > size {
-        return Err(Status::out_of_range(format!(
-            "offset {} is past the end of blob {digest} ({size} bytes)",
-            r.offset
-        )));
-    }
-    file.seek(std::io::SeekFrom::Start(r.offset))
-        .await
-        .map_err(|e| Status::internal(format!("seek blob {digest}: {e}")))?;
+    let blob::Opened {
+        mut file,
+        size,
+        length,
+        spared,
+    } = blob::open(&s.ops(), &caller.id, digest, range).await?;
     let (tx, rx) = mpsc::channel(4);
     let metrics = s.metrics.clone();
     let cancel = s.cancel.clone();
     s.tasks.spawn(async move {
-        // `length` 0: to the end (and what a client from before the
-        // field asks for).
-        let mut remaining = match r.length {
-            0 => size - r.offset,
-            n => n.min(size - r.offset),
-        };
+        let mut remaining = length;
         if remaining == 0 {
             let _ = tx
                 .send(Ok(pb::BlobChunk {

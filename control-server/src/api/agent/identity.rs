@@ -1,7 +1,7 @@
 //! The agent API's node identity: enrolment with a bootstrap token (rate
 //! limited per address here, then `ops::enrol`), certificate renewal
 //! (`ops::renew`), and the certificates a bundle's `[[certificate]]`
-//! entries ask for (rate limited per node here, then `ops::issue`).
+//! entries ask for (`ops::issue`: its per-node limit, then the certificate).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +12,7 @@ use tonic::{Request, Response, Status};
 
 use crate::authz::require_node;
 use crate::metrics::Metrics;
+use crate::ops::OpError;
 use crate::ops::enrol::{self, Enrolment};
 use crate::ops::issue::{self, CertRequest};
 use crate::ops::renew;
@@ -141,18 +142,14 @@ async fn renew_inner(
 }
 
 /// `IssueCertificate`: a certificate of a bundle's `[[certificate]]`
-/// (`ops::issue`), at most as many per node as `issue_limiter` allows.
+/// (`ops::issue`), at most as many per node as `issue_limiter` allows
+/// (`ops::issue::admit`).
 pub(super) async fn issue(
     s: &Deps,
     req: Request<pb::IssueCertificateRequest>,
 ) -> Result<Response<pb::IssueCertificateResponse>, Status> {
     let caller = require_node(&req, &*s.store).await?;
-    if !s.issue_limiter.allow(caller.id.node.clone()) {
-        return Err(Status::resource_exhausted(format!(
-            "node {} asked for too many certificates; retry in a minute",
-            caller.id.node
-        )));
-    }
+    issue::admit(&s.issue_limiter, &caller.id).map_err(OpError::from)?;
     let r = req.into_inner();
     let asked = CertRequest {
         bundle: r.bundle,

@@ -9,8 +9,6 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use lks_proto::backoff::with_retry_hint;
-use lks_proto::convert::bundle_state_from_i32;
-use lks_proto::names::{validate_bundle_name, validate_version};
 use lks_proto::pb::agent_message::Msg as AgentMsg;
 use lks_proto::pb::server_message::Msg as ServerMsg;
 use lks_proto::pb::{self, AgentMessage, ServerMessage};
@@ -23,15 +21,16 @@ mod push;
 
 use super::BoxStream;
 use crate::admission::OpenGate;
-use crate::authz::{NodeCaller, require_node, store_status};
+use crate::authz::{NodeCaller, require_node};
 use crate::clock::now_ms;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
+use crate::ops::OpError;
 use crate::ops::desired::Sent;
-use crate::ops::event::{self, MAX_TEXT, NodeEvent, clip};
+use crate::ops::session::{self, Recorded};
 use crate::peers::PeerCache;
 use crate::releases::ReleaseCache;
-use crate::store::{BundleStatusRow, NodeTrust, Store, StoreError, TrustHealth};
+use crate::store::{BundleStatusRow, NodeTrust, Store, TrustHealth};
 use crate::tracker::Tracker;
 
 crate::context::shared_view! {
@@ -58,7 +57,6 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
 /// Messages queued towards one agent; beyond this the agent is slow and
 /// pings are skipped while desired states wait (coalesced) for room.
 const OUTBOUND_QUEUE: usize = 8;
-const MAX_STATUSES: usize = 1024;
 
 /// `Connect`: admitted (or told when to retry), then served by a task of its own.
 pub(super) async fn connect(
@@ -113,112 +111,6 @@ pub(super) async fn connect(
         .instrument(span),
     );
     Ok(Response::new(Box::pin(ReceiverStream::new(rx).map(|m| *m))))
-}
-
-/// Validates reported bundle statuses; `generation` is the desired state
-/// they answer.
-fn statuses(list: Vec<pb::BundleStatus>, generation: u64) -> Result<Vec<BundleStatusRow>, Status> {
-    if list.len() > MAX_STATUSES {
-        return Err(Status::invalid_argument(format!(
-            "{} bundle statuses; the limit is {MAX_STATUSES}",
-            list.len()
-        )));
-    }
-    list.into_iter()
-        .enumerate()
-        .map(|(i, b)| {
-            let bad = |e: &dyn std::fmt::Display| Status::invalid_argument(format!("bundles[{i}]: {e}"));
-            validate_bundle_name(&b.name).map_err(|e| bad(&e))?;
-            validate_version(&b.version).map_err(|e| bad(&e))?;
-            let state = bundle_state_from_i32(b.state).map_err(|e| bad(&e))?;
-            Ok(BundleStatusRow {
-                name: b.name,
-                version: b.version,
-                state,
-                message: clip(&b.message, MAX_TEXT).to_string(),
-                updated_at_ms: if b.updated_at_ms > 0 {
-                    b.updated_at_ms
-                } else {
-                    now_ms()
-                },
-                generation,
-                // Reported by the node: kept within what the stores hold.
-                fetched_from_server: b.fetched_from_server.min(i64::MAX as u64),
-                fetched_from_peers: b.fetched_from_peers.min(i64::MAX as u64),
-                fetched_as_delta: b.fetched_as_delta.min(b.fetched_from_server).min(i64::MAX as u64),
-            })
-        })
-        .collect()
-}
-
-/// Longest trust message kept.
-const MAX_TRUST_MESSAGE: usize = 1024;
-
-/// Validates a reported `TrustStatus`: a known state while enabled.
-fn trust(t: pb::TrustStatus) -> Result<NodeTrust, Status> {
-    if !t.enabled {
-        return Ok(NodeTrust {
-            enabled: false,
-            state: None,
-            message: String::new(),
-            release_version: 0,
-            release_expires_at_ms: 0,
-            root_version: 0,
-        });
-    }
-    let state = TrustHealth::parse(&t.state).ok_or_else(|| {
-        let known: Vec<&str> = TrustHealth::ALL.iter().map(|h| h.as_str()).collect();
-        Status::invalid_argument(format!(
-            "trust.state {:?}: one of {}",
-            clip(&t.state, 64),
-            known.join(", ")
-        ))
-    })?;
-    Ok(NodeTrust {
-        enabled: true,
-        state: Some(state),
-        message: clip(&t.message, MAX_TRUST_MESSAGE).to_string(),
-        release_version: t.release_version,
-        release_expires_at_ms: t.release_expires_at_ms,
-        root_version: t.root_version,
-    })
-}
-
-fn facts_json(h: &pb::Hello) -> String {
-    let f = h.facts.clone().unwrap_or_default();
-    let agent_version = if h.agent_version.is_empty() {
-        f.agent_version.clone()
-    } else {
-        h.agent_version.clone()
-    };
-    serde_json::json!({
-        "hostname": clip(&f.hostname, 256),
-        "os": clip(&f.os, 256),
-        "kernel": clip(&f.kernel, 256),
-        "arch": clip(&f.arch, 64),
-        // Only a name the bundle rules know: it selects files.
-        "architecture": lks_proto::arch::Arch::parse(&f.architecture).map(|a| a.to_string()).unwrap_or_default(),
-        "cpus": f.cpus,
-        "memory_bytes": f.memory_bytes,
-        "agent_version": clip(&agent_version, 128),
-        "boot_id": clip(&f.boot_id, 128),
-        "features": h.features.iter().take(32).map(|x| clip(x, 64)).collect::<Vec<_>>(),
-        // Where it listens for peers if it said (the tracker names it).
-        "peer_listen": f.peer_listen.parse::<std::net::SocketAddr>().map(|a| a.to_string()).unwrap_or_default(),
-        // Only addresses that parse, at most as many as a serving
-        // certificate takes: they become its IP SANs.
-        "addresses": f.addresses.iter()
-            .filter_map(|a| a.parse::<std::net::IpAddr>().ok())
-            .take(lks_proto::certs::MAX_ADDRESSES)
-            .map(|a| a.to_string())
-            .collect::<Vec<_>>(),
-        "disks": f.disks.iter().take(64).map(|d| serde_json::json!({
-            "mount_point": clip(&d.mount_point, 1024),
-            "total_bytes": d.total_bytes,
-            "available_bytes": d.available_bytes,
-        })).collect::<Vec<_>>(),
-    })
-    .to_string()
 }
 
 /// What woke a `Connect` stream's task.
@@ -457,18 +349,10 @@ impl Session {
     }
 
     async fn hello(&mut self, h: pb::Hello) -> Result<(), Status> {
-        let held = statuses(h.bundles.clone(), h.desired_generation)?;
-        let reported = h.trust.clone().map(trust).transpose()?;
-        let facts = facts_json(&h);
+        let checked = session::hello(&h).map_err(OpError::from)?;
         let now = now_ms();
         self.s.hub.heard(&self.caller.id.node, now);
-        // The trust in the same write: a reconnect storm costs one write
-        // per node, and an agent that stopped reporting it shows none.
-        self.s
-            .store
-            .node_hello(&self.caller.id.node, &facts, held, reported.clone(), now)
-            .await
-            .map_err(store_status)?;
+        let reported = session::record_hello(&*self.s.store, &self.caller.id.node, checked, now).await?;
         self.s.rollouts_changed.notify_one();
         self.trust_recorded(reported);
         tracing::info!(agent_version = %h.agent_version, have_generation = h.desired_generation, "agent connected");
@@ -485,8 +369,8 @@ impl Session {
             None | Some(AgentMsg::Heartbeat(_)) | Some(AgentMsg::Pong(_)) => Ok(()),
             Some(AgentMsg::Hello(h)) => self.hello(h).await,
             Some(AgentMsg::Status(r)) => {
-                let rows = statuses(r.bundles, r.generation)?;
-                if let Some(t) = r.trust.map(trust).transpose()? {
+                let session::Report { rows, trust } = session::report(r).map_err(OpError::from)?;
+                if let Some(t) = trust {
                     self.record_trust(t).await?;
                 }
                 for row in &rows {
@@ -495,23 +379,8 @@ impl Session {
                 self.record(rows).await
             }
             Some(AgentMsg::Event(e)) => {
-                let at = if e.at_ms > 0 { e.at_ms } else { now_ms() };
-                if e.kind == "applied" && e.fetched_from_peers > 0 {
-                    self.s.metrics.blob_bytes_from_peers(e.fetched_from_peers);
-                }
-                if e.kind == "bad_peer" && !e.peer.is_empty() {
-                    tracing::warn!(peer = %clip(&e.peer, 253), "a node reports a peer that served bytes not matching their digest");
-                    self.s.tracker.blame(&self.caller.id.cluster, clip(&e.peer, 253));
-                    self.s.metrics.bad_peer_reported();
-                }
-                let event = NodeEvent {
-                    kind: &e.kind,
-                    bundle: &e.bundle,
-                    version: &e.version,
-                    message: e.message,
-                    at_ms: at,
-                };
-                event::record(&*self.s.store, &self.caller.id, event).await;
+                let s = &self.s;
+                session::node_event(&*s.store, &s.tracker, &s.metrics, &self.caller.id, e).await;
                 Ok(())
             }
         }
@@ -523,16 +392,9 @@ impl Session {
         if self.trust.as_deref() == Some(&t) {
             return Ok(());
         }
-        match self.s.store.record_trust(&self.caller.id.node, t.clone()).await {
-            Ok(()) => {}
-            // Reported again with the next report; nothing to keep.
-            Err(StoreError::Unavailable(e)) => {
-                tracing::warn!(error = %e, "release trust not stored; the store is unavailable");
-                return Ok(());
-            }
-            Err(e) => return Err(store_status(e)),
+        if session::record_trust(&*self.s.store, &self.caller.id.node, t.clone()).await? {
+            self.trust_recorded(Some(t));
         }
-        self.trust_recorded(Some(t));
         Ok(())
     }
 
@@ -551,103 +413,20 @@ impl Session {
         self.trust = t.map(Box::new);
     }
 
-    /// Stores a status report. While the store is unavailable (etcd down)
-    /// the stream stays up — the node keeps its desired state — and the
-    /// report is kept for the next message; a newer report replaces it.
+    /// Stores a status report (`ops::session::record_status`), or keeps
+    /// it for the next message while the store is unavailable.
     async fn record(&mut self, rows: Vec<BundleStatusRow>) -> Result<(), Status> {
-        match self
-            .s
-            .store
-            .record_status(&self.caller.id.node, rows.clone())
-            .await
-        {
-            Ok(()) => {
-                self.s.rollouts_changed.notify_one();
-                Ok(())
-            }
-            Err(StoreError::Unavailable(e)) => {
-                tracing::warn!(error = %e, "status report kept until the store is back");
-                let mut merged = self.unrecorded.take().unwrap_or_default();
-                merged.retain(|old| !rows.iter().any(|r| r.name == old.name));
-                merged.extend(rows);
-                self.unrecorded = Some(merged);
-                Ok(())
-            }
-            Err(e) => Err(store_status(e)),
+        match session::record_status(&*self.s.store, &self.caller.id.node, rows).await? {
+            Recorded::Stored => self.s.rollouts_changed.notify_one(),
+            Recorded::Deferred(rows) => self.unrecorded = Some(session::defer(self.unrecorded.take(), rows)),
         }
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn statuses_are_validated() {
-        let ok = pb::BundleStatus {
-            fetched_from_server: 0,
-            fetched_from_peers: 0,
-            fetched_as_delta: 0,
-            name: "kubelet".into(),
-            version: "1".into(),
-            state: pb::BundleState::Applied as i32,
-            message: String::new(),
-            updated_at_ms: 5,
-        };
-        assert_eq!(statuses(vec![ok.clone()], 3).unwrap()[0].updated_at_ms, 5);
-        let mut bad = ok.clone();
-        bad.state = 0;
-        assert_eq!(
-            statuses(vec![bad], 0).unwrap_err().code(),
-            tonic::Code::InvalidArgument
-        );
-        let mut bad = ok;
-        bad.name = "../x".into();
-        assert!(
-            statuses(vec![bad], 0)
-                .unwrap_err()
-                .message()
-                .contains("bundles[0]")
-        );
-    }
-
-    #[test]
-    fn reported_trust_is_validated_and_bounded() {
-        let off = trust(pb::TrustStatus {
-            enabled: false,
-            state: "ok".into(),
-            release_version: 3,
-            ..Default::default()
-        })
-        .unwrap();
-        assert_eq!(
-            (off.label(), off.release_version),
-            ("off", 0),
-            "off carries nothing"
-        );
-        let stale = trust(pb::TrustStatus {
-            enabled: true,
-            state: "stale-release".into(),
-            message: "x".repeat(5000),
-            release_version: 7,
-            release_expires_at_ms: 9,
-            root_version: 2,
-        })
-        .unwrap();
-        assert_eq!(stale.state, Some(TrustHealth::StaleRelease));
-        assert_eq!(stale.message.len(), MAX_TRUST_MESSAGE);
-        let e = trust(pb::TrustStatus {
-            enabled: true,
-            state: "fine".into(),
-            ..Default::default()
-        })
-        .unwrap_err();
-        assert_eq!(e.code(), tonic::Code::InvalidArgument);
-        assert_eq!(
-            e.message(),
-            "trust.state \"fine\": one of ok, stale-release, no-release, refused, clock"
-        );
-    }
 
     /// A stream the hub ends hears why, whether it is still waiting for
     /// its Hello (`open`) or serving (`serve`): both answer with this. A

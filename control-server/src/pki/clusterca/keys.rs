@@ -12,7 +12,7 @@ use time::OffsetDateTime;
 
 use super::{CaError, ClusterCa};
 use crate::pki::seal::{OpenTextError, SealKey, open_text, seal_text, sealed_envelope};
-use crate::store::{Store, StoreError, StoredCa};
+use crate::store::{ClusterStore, StoreError, StoredCa};
 
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
@@ -34,7 +34,7 @@ pub enum KeyError {
 /// their keys, and keeps each parsed CA (a CA is never replaced, so a
 /// cached one stays right).
 pub struct ClusterCas {
-    store: Arc<dyn Store>,
+    store: Arc<dyn ClusterStore>,
     seal: Option<Arc<SealKey>>,
     /// What sealed values are named after: the etcd key prefix.
     aad_prefix: String,
@@ -44,7 +44,7 @@ pub struct ClusterCas {
 impl ClusterCas {
     /// `seal`: the `--encryption-key-file` key (etcd only); `aad_prefix`:
     /// the etcd key prefix ("" on SQLite).
-    pub fn new(store: Arc<dyn Store>, seal: Option<Arc<SealKey>>, aad_prefix: &str) -> Self {
+    pub fn new(store: Arc<dyn ClusterStore>, seal: Option<Arc<SealKey>>, aad_prefix: &str) -> Self {
         ClusterCas {
             store,
             seal,
@@ -142,7 +142,7 @@ pub fn open_key(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{NewCluster, SqliteStore};
+    use crate::store::{NewCluster, SqliteStore, Store};
 
     #[tokio::test]
     async fn a_sealed_key_is_stored_without_its_pem_and_opens_only_for_its_cluster() {
