@@ -155,8 +155,8 @@ pub fn token_status(r: TokenRefusal) -> Status {
 mod tests {
     use super::*;
     use crate::pki::Pki;
-    use crate::store::{ClusterStore, NodeStore, TokenStore};
-    use crate::store::{NewNode, SqliteStore, TokenRow};
+    use crate::store::NodeStore;
+    use crate::store::SqliteStore;
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -181,22 +181,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pki = Pki::load_or_create(dir.path(), &["127.0.0.1".into()]).unwrap();
         let store = Arc::new(SqliteStore::open_in_memory().unwrap());
-        store
-            .create_cluster(crate::store::NewCluster::new("a", 0))
-            .await
-            .unwrap();
-        store
-            .create_token(TokenRow {
-                id: "abcdef".into(),
-                secret_hash: [0; 32],
-                cluster: "a".into(),
-                expires_at_ms: i64::MAX,
-                remaining_uses: None,
-                labels: Default::default(),
-                created_at_ms: 0,
-            })
-            .await
-            .unwrap();
+        crate::ops::fixture::cluster_a(&*store).await;
         let key = rcgen::KeyPair::generate().unwrap();
         let csr = rcgen::CertificateParams::default()
             .serialize_request(&key)
@@ -205,18 +190,7 @@ mod tests {
             .unwrap();
         let id = NodeIdentity::new("a", "n1").unwrap();
         let cert = pki.issue_node_cert(&csr, &id, Duration::from_secs(60)).unwrap();
-        store
-            .enroll_node(NewNode {
-                name: "n1".into(),
-                cluster: "a".into(),
-                labels: Default::default(),
-                cert_serial: cert.serial.clone(),
-                key_hash: cert.key_hash.clone(),
-                token_id: "abcdef".into(),
-                now_ms: 1,
-            })
-            .await
-            .unwrap();
+        crate::ops::fixture::enrol(&*store, "n1", &cert.serial, &cert.key_hash).await;
         assert_eq!(
             store.get_node("n1").await.unwrap().unwrap().cert_serial,
             cert.serial

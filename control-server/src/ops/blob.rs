@@ -269,7 +269,7 @@ mod tests {
     use super::*;
     use crate::blobs::{LocalBlobs, LocalDirStore};
     use crate::store::sqlite::SqliteStore;
-    use crate::store::{NewBundle, NewCluster, NewNode, TargetChange, TokenRow};
+    use crate::store::{NewBundle, TargetChange};
 
     const CONTENT: &[u8] = b"0123456789";
 
@@ -310,32 +310,9 @@ mod tests {
 
     async fn world() -> World {
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().unwrap());
-        store.create_cluster(NewCluster::new("a", 0)).await.unwrap();
-        store
-            .create_token(TokenRow {
-                id: "abcdef".into(),
-                secret_hash: [0; 32],
-                cluster: "a".into(),
-                expires_at_ms: i64::MAX,
-                remaining_uses: None,
-                labels: Default::default(),
-                created_at_ms: 0,
-            })
-            .await
-            .unwrap();
+        crate::ops::fixture::cluster_a(&*store).await;
         for (name, serial) in [("n1", "01"), ("n2", "02")] {
-            store
-                .enroll_node(NewNode {
-                    name: name.into(),
-                    cluster: "a".into(),
-                    labels: Default::default(),
-                    cert_serial: serial.into(),
-                    key_hash: "sha256:00".into(),
-                    token_id: "abcdef".into(),
-                    now_ms: 1,
-                })
-                .await
-                .unwrap();
+            crate::ops::fixture::enrol(&*store, name, serial, "sha256:00").await;
         }
         let file = FileSpec {
             path: lks_proto::BundlePath::new("/etc/a.conf").unwrap(),

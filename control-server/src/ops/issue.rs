@@ -324,9 +324,7 @@ mod store_tests {
     use super::*;
     use crate::pki::clusterca::ClusterCa;
     use crate::store::sqlite::SqliteStore;
-    use crate::store::{
-        EventFilter, EventRow, NewBundle, NewCluster, NewNode, Store, TargetChange, TokenRow,
-    };
+    use crate::store::{EventFilter, EventRow, NewBundle, Store, TargetChange};
 
     const BUNDLE_TOML: &str = "name = \"id\"\nversion = \"1\"\n\
         [[certificate]]\npath = \"/a.crt\"\nkey_path = \"/a.key\"\nprofile = \"kubelet-client\"\n";
@@ -335,31 +333,8 @@ mod store_tests {
     /// but not assigned; no CA.
     async fn store() -> (Arc<dyn Store>, ClusterCas, NodeIdentity) {
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().unwrap());
-        store.create_cluster(NewCluster::new("a", 0)).await.unwrap();
-        store
-            .create_token(TokenRow {
-                id: "abcdef".into(),
-                secret_hash: [0; 32],
-                cluster: "a".into(),
-                expires_at_ms: i64::MAX,
-                remaining_uses: None,
-                labels: Default::default(),
-                created_at_ms: 0,
-            })
-            .await
-            .unwrap();
-        store
-            .enroll_node(NewNode {
-                name: "n1".into(),
-                cluster: "a".into(),
-                labels: Default::default(),
-                cert_serial: "01".into(),
-                key_hash: "sha256:00".into(),
-                token_id: "abcdef".into(),
-                now_ms: 1,
-            })
-            .await
-            .unwrap();
+        crate::ops::fixture::cluster_a(&*store).await;
+        crate::ops::fixture::enrol(&*store, "n1", "01", "sha256:00").await;
         let manifest = lks_proto::authoring::parse_bundle_toml(
             BUNDLE_TOML,
             std::path::Path::new("/"),

@@ -31,6 +31,8 @@ pub mod cluster;
 pub mod desired;
 pub mod enrol;
 pub mod event;
+#[cfg(test)]
+pub(crate) mod fixture;
 pub mod issue;
 pub mod labels;
 pub mod logs;

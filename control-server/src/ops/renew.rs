@@ -64,9 +64,7 @@ pub async fn renew(
 mod tests {
     use super::*;
     use crate::store::sqlite::SqliteStore;
-    use crate::store::{
-        ClusterStore, EventFilter, EventRow, NewCluster, NewNode, StoreError, TokenRow, TokenStore,
-    };
+    use crate::store::{EventFilter, EventRow, StoreError};
 
     fn csr() -> String {
         let key = rcgen::KeyPair::generate().unwrap();
@@ -80,31 +78,8 @@ mod tests {
     /// Node `n1` of cluster `a`, enrolled with a certificate of serial `01`.
     async fn enrolled() -> (SqliteStore, NodeIdentity) {
         let store = SqliteStore::open_in_memory().unwrap();
-        store.create_cluster(NewCluster::new("a", 0)).await.unwrap();
-        store
-            .create_token(TokenRow {
-                id: "abcdef".into(),
-                secret_hash: [0; 32],
-                cluster: "a".into(),
-                expires_at_ms: i64::MAX,
-                remaining_uses: None,
-                labels: Default::default(),
-                created_at_ms: 0,
-            })
-            .await
-            .unwrap();
-        store
-            .enroll_node(NewNode {
-                name: "n1".into(),
-                cluster: "a".into(),
-                labels: Default::default(),
-                cert_serial: "01".into(),
-                key_hash: "sha256:00".into(),
-                token_id: "abcdef".into(),
-                now_ms: 1,
-            })
-            .await
-            .unwrap();
+        crate::ops::fixture::cluster_a(&store).await;
+        crate::ops::fixture::enrol(&store, "n1", "01", "sha256:00").await;
         (store, NodeIdentity::new("a", "n1").unwrap())
     }
 

@@ -300,8 +300,8 @@ pub async fn node_event(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::NodeStore;
     use crate::store::sqlite::SqliteStore;
-    use crate::store::{NewCluster, NewNode, NodeStore, TokenRow};
 
     fn applied(name: &str) -> pb::BundleStatus {
         pb::BundleStatus {
@@ -403,35 +403,8 @@ mod tests {
     /// Cluster `a` with node `n1` enrolled, never connected.
     async fn store() -> SqliteStore {
         let store = SqliteStore::open_in_memory().unwrap();
-        crate::store::ClusterStore::create_cluster(&store, NewCluster::new("a", 0))
-            .await
-            .unwrap();
-        crate::store::TokenStore::create_token(
-            &store,
-            TokenRow {
-                id: "abcdef".into(),
-                secret_hash: [0; 32],
-                cluster: "a".into(),
-                expires_at_ms: i64::MAX,
-                remaining_uses: None,
-                labels: Default::default(),
-                created_at_ms: 0,
-            },
-        )
-        .await
-        .unwrap();
-        store
-            .enroll_node(NewNode {
-                name: "n1".into(),
-                cluster: "a".into(),
-                labels: Default::default(),
-                cert_serial: "01".into(),
-                key_hash: "sha256:00".into(),
-                token_id: "abcdef".into(),
-                now_ms: 1,
-            })
-            .await
-            .unwrap();
+        crate::ops::fixture::cluster_a(&store).await;
+        crate::ops::fixture::enrol(&store, "n1", "01", "sha256:00").await;
         store
     }
 
