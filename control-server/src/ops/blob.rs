@@ -264,12 +264,11 @@ pub async fn deltas(d: &Deps<'_>, node: &NodeIdentity, digest: Digest) -> Result
 mod tests {
     use lks_proto::manifest::Manifest;
     use lks_proto::{FileSpec, SignedBundle};
-    use lks_store::conformance::{commit, rollout};
 
     use super::*;
     use crate::blobs::{LocalBlobs, LocalDirStore};
+    use crate::store::NewBundle;
     use crate::store::sqlite::SqliteStore;
-    use crate::store::{NewBundle, TargetChange};
 
     const CONTENT: &[u8] = b"0123456789";
 
@@ -337,14 +336,7 @@ mod tests {
             .put_bundle(NewBundle::new(signed, vec![Digest::of(CONTENT)], 1))
             .await
             .unwrap();
-        let r = store
-            .start_rollout(rollout("r1", "a", "kubelet", "1", &[]))
-            .await
-            .unwrap();
-        store
-            .commit_rollout(commit(&r, &[("n1", Some("1"))], TargetChange::Keep))
-            .await
-            .unwrap();
+        crate::ops::fixture::assign_n1(&*store, "kubelet").await;
         let dir = tempfile::tempdir().unwrap();
         let local = LocalBlobs::open(dir.path()).unwrap();
         let durable = Arc::new(LocalDirStore::new(local.clone()));

@@ -1,7 +1,11 @@
 //! What the operations' tests start from (tests only): cluster `a`, its
 //! enrolment token and enrolled nodes, in any store.
 
-use crate::store::{ClusterStore, NewCluster, NewNode, NodeStore, TokenRow, TokenStore};
+use lks_store::conformance::{commit, rollout};
+
+use crate::store::{
+    ClusterStore, NewCluster, NewNode, NodeStore, RolloutStore, TargetChange, TokenRow, TokenStore,
+};
 
 /// The id of cluster `a`'s token: no expiry, no use limit, no labels.
 pub const TOKEN: &str = "abcdef";
@@ -36,6 +40,19 @@ pub async fn enrol(store: &(impl NodeStore + ?Sized), name: &str, serial: &str, 
             token_id: TOKEN.into(),
             now_ms: 1,
         })
+        .await
+        .unwrap();
+}
+
+/// Puts `bundle@1` in node `n1`'s desired state, as a rollout's commit
+/// does (rollout `r1` of cluster `a`).
+pub async fn assign_n1(store: &(impl RolloutStore + ?Sized), bundle: &str) {
+    let r = store
+        .start_rollout(rollout("r1", "a", bundle, "1", &[]))
+        .await
+        .unwrap();
+    store
+        .commit_rollout(commit(&r, &[("n1", Some("1"))], TargetChange::Keep))
         .await
         .unwrap();
 }

@@ -319,12 +319,11 @@ mod store_tests {
     use std::sync::Arc;
 
     use lks_proto::SignedBundle;
-    use lks_store::conformance::{commit, rollout};
 
     use super::*;
     use crate::pki::clusterca::ClusterCa;
     use crate::store::sqlite::SqliteStore;
-    use crate::store::{EventFilter, EventRow, NewBundle, Store, TargetChange};
+    use crate::store::{EventFilter, EventRow, NewBundle, Store};
 
     const BUNDLE_TOML: &str = "name = \"id\"\nversion = \"1\"\n\
         [[certificate]]\npath = \"/a.crt\"\nkey_path = \"/a.key\"\nprofile = \"kubelet-client\"\n";
@@ -357,14 +356,7 @@ mod store_tests {
 
     /// Puts `id@1` in `n1`'s desired state, as a rollout's commit does.
     async fn assign(store: &dyn Store) {
-        let r = store
-            .start_rollout(rollout("r1", "a", "id", "1", &[]))
-            .await
-            .unwrap();
-        store
-            .commit_rollout(commit(&r, &[("n1", Some("1"))], TargetChange::Keep))
-            .await
-            .unwrap();
+        crate::ops::fixture::assign_n1(store, "id").await;
     }
 
     async fn give_ca(store: &dyn Store, cas: &ClusterCas) -> ClusterCa {
