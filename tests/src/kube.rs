@@ -116,53 +116,8 @@ impl KubeControlPlane {
         let dir = tempfile::tempdir().expect("temp dir");
         let pki = dir.path().join("pki");
         std::fs::create_dir_all(&pki).expect("create pki dir");
-
-        let ca_key = KeyPair::generate().expect("CA key");
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, "kubernetes");
-        let ca_pem = ca_params.self_signed(&ca_key).expect("self-sign CA").pem();
-        let issuer = Issuer::new(ca_params, ca_key);
-
+        let (ca_pem, issuer, files) = generate_pki(&pki);
         let api = free_addr();
-        let serving_key = KeyPair::generate().expect("serving key");
-        let mut serving = CertificateParams::new(
-            [
-                "127.0.0.1",
-                "localhost",
-                "10.96.0.1",
-                "kubernetes",
-                "kubernetes.default",
-                "kubernetes.default.svc",
-                "kubernetes.default.svc.cluster.local",
-            ]
-            .map(String::from)
-            .to_vec(),
-        )
-        .expect("serving params");
-        serving
-            .distinguished_name
-            .push(DnType::CommonName, "kube-apiserver");
-        serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        let serving_cert = serving
-            .signed_by(&serving_key, &issuer)
-            .expect("sign serving cert");
-        // Service-account tokens: an ECDSA P-256 key, its public half for
-        // verifying.
-        let sa_key = KeyPair::generate().expect("service-account key");
-
-        let write = |name: &str, text: &str| {
-            let p = pki.join(name);
-            std::fs::write(&p, text).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
-            p
-        };
-        let ca_file = write("ca.crt", &ca_pem);
-        let cert_file = write("apiserver.crt", &serving_cert.pem());
-        let key_file = write("apiserver.key", &serving_key.serialize_pem());
-        let sa_private = write("sa.key", &sa_key.serialize_pem());
-        let sa_public = write("sa.pub", &sa_key.public_key_pem());
 
         let mut cp = KubeControlPlane {
             api,
@@ -177,7 +132,25 @@ impl KubeControlPlane {
         };
         let admin = cp.client_cert("kubernetes-admin", &["system:masters"]);
         cp.write_kubeconfig(&cp.admin_kubeconfig.clone(), "kubernetes-admin", &admin);
-        let etcd_url = cp.etcd.as_ref().map(Etcd::url).expect("etcd started");
+        cp.start_apiserver(&files, &pki);
+        cp.start_controller_manager(&files);
+        cp
+    }
+
+    /// Starts kube-apiserver on etcd, with `files`, RBAC and the Node
+    /// authoriser (and an audit log when asked for one), and waits until
+    /// it is ready.
+    fn start_apiserver(&mut self, files: &PkiFiles, pki: &Path) {
+        let api = self.api;
+        let etcd_url = self.etcd.as_ref().map(Etcd::url).expect("etcd started");
+        let PkiFiles {
+            ca_file,
+            cert_file,
+            key_file,
+            sa_private,
+            sa_public,
+        } = files;
+        let write = |name: &str, text: &str| write_pki_file(pki, name, text);
 
         let mut apiserver = Command::new(kube_bin("kube-apiserver"));
         apiserver
@@ -186,7 +159,7 @@ impl KubeControlPlane {
             .arg(format!("--secure-port={}", api.port()))
             .arg(format!(
                 "--cert-dir={}",
-                cp.dir.path().join("apiserver").display()
+                self.dir.path().join("apiserver").display()
             ))
             .arg(format!("--tls-cert-file={}", cert_file.display()))
             .arg(format!("--tls-private-key-file={}", key_file.display()))
@@ -205,7 +178,7 @@ impl KubeControlPlane {
             .arg("--endpoint-reconciler-type=none")
             .arg("--profiling=false")
             .arg("--v=1");
-        if let Some(log) = &cp.audit_log {
+        if let Some(log) = &self.audit_log {
             let policy = write(
                 "audit-policy.yaml",
                 "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n",
@@ -219,9 +192,16 @@ impl KubeControlPlane {
                 .arg("--audit-log-mode=blocking")
                 .arg("--audit-log-maxsize=0");
         }
-        cp.apiserver = Some(Proc::spawn("kube-apiserver", apiserver, cp.dir.path()));
-        cp.wait_ready(Duration::from_secs(120));
+        self.apiserver = Some(Proc::spawn("kube-apiserver", apiserver, self.dir.path()));
+        self.wait_ready(Duration::from_secs(120));
+    }
 
+    /// Starts kube-controller-manager with the controllers the tests lean
+    /// on, and waits for the `default` ServiceAccount it makes.
+    fn start_controller_manager(&mut self, files: &PkiFiles) {
+        let PkiFiles {
+            ca_file, sa_private, ..
+        } = files;
         // The controller manager with the controllers the tests lean on:
         // `disruption` computes PodDisruptionBudget status, `serviceaccount`
         // makes each namespace's `default` ServiceAccount (pods need it),
@@ -229,9 +209,9 @@ impl KubeControlPlane {
         // tenant RBAC's `lksadmin-token`).
         // Not `nodelifecycle`: with no kubelet posting leases it would mark
         // every Node Unknown and taint it, on its own schedule.
-        let kcm_conf = cp.dir.path().join("controller-manager.conf");
-        let kcm_cert = cp.client_cert("system:kube-controller-manager", &[]);
-        cp.write_kubeconfig(&kcm_conf, "system:kube-controller-manager", &kcm_cert);
+        let kcm_conf = self.dir.path().join("controller-manager.conf");
+        let kcm_cert = self.client_cert("system:kube-controller-manager", &[]);
+        self.write_kubeconfig(&kcm_conf, "system:kube-controller-manager", &kcm_cert);
         let mut kcm = Command::new(kube_bin("kube-controller-manager"));
         kcm.arg(format!("--kubeconfig={}", kcm_conf.display()))
             .arg(format!("--authentication-kubeconfig={}", kcm_conf.display()))
@@ -248,19 +228,18 @@ impl KubeControlPlane {
             .arg("--use-service-account-credentials=true")
             .arg("--bind-address=127.0.0.1")
             .arg(format!("--secure-port={}", free_addr().port()))
-            .arg(format!("--cert-dir={}", cp.dir.path().join("kcm").display()))
+            .arg(format!("--cert-dir={}", self.dir.path().join("kcm").display()))
             .arg("--v=1");
-        cp.kcm = Some(Proc::spawn("kube-controller-manager", kcm, cp.dir.path()));
+        self.kcm = Some(Proc::spawn("kube-controller-manager", kcm, self.dir.path()));
         wait_until(
             Duration::from_secs(60),
             "the controller manager to create the default ServiceAccount",
             || {
-                cp.kubectl(&["get", "serviceaccount", "default", "-n", "default"])
+                self.kubectl(&["get", "serviceaccount", "default", "-n", "default"])
                     .status
                     .success()
             },
         );
-        cp
     }
 
     /// `https://127.0.0.1:PORT`
@@ -568,4 +547,79 @@ pub fn set_pod_ready(cp: &KubeControlPlane, ns: &str, pod: &str) -> bool {
     ])
     .status
     .success()
+}
+
+/// The control plane's files under `pki/`: the CA certificate, the API
+/// server's serving pair, the service-account key pair.
+struct PkiFiles {
+    ca_file: PathBuf,
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    sa_private: PathBuf,
+    sa_public: PathBuf,
+}
+
+/// Writes `text` to `pki/name`.
+fn write_pki_file(pki: &Path, name: &str, text: &str) -> PathBuf {
+    let p = pki.join(name);
+    std::fs::write(&p, text).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
+    p
+}
+
+/// Generates the cluster CA (its PEM and issuer), the API server's
+/// serving certificate and the service-account key, and writes them
+/// under `pki`.
+fn generate_pki(pki: &Path) -> (String, Issuer<'static, KeyPair>, PkiFiles) {
+    let ca_key = KeyPair::generate().expect("CA key");
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "kubernetes");
+    let ca_pem = ca_params.self_signed(&ca_key).expect("self-sign CA").pem();
+    let issuer = Issuer::new(ca_params, ca_key);
+
+    let serving_key = KeyPair::generate().expect("serving key");
+    let mut serving = CertificateParams::new(
+        [
+            "127.0.0.1",
+            "localhost",
+            "10.96.0.1",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ]
+        .map(String::from)
+        .to_vec(),
+    )
+    .expect("serving params");
+    serving
+        .distinguished_name
+        .push(DnType::CommonName, "kube-apiserver");
+    serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let serving_cert = serving
+        .signed_by(&serving_key, &issuer)
+        .expect("sign serving cert");
+    // Service-account tokens: an ECDSA P-256 key, its public half for
+    // verifying.
+    let sa_key = KeyPair::generate().expect("service-account key");
+
+    let write = |name: &str, text: &str| write_pki_file(pki, name, text);
+    let ca_file = write("ca.crt", &ca_pem);
+    let cert_file = write("apiserver.crt", &serving_cert.pem());
+    let key_file = write("apiserver.key", &serving_key.serialize_pem());
+    let sa_private = write("sa.key", &sa_key.serialize_pem());
+    let sa_public = write("sa.pub", &sa_key.public_key_pem());
+    (
+        ca_pem,
+        issuer,
+        PkiFiles {
+            ca_file,
+            cert_file,
+            key_file,
+            sa_private,
+            sa_public,
+        },
+    )
 }

@@ -86,8 +86,30 @@ async fn every_call_is_on_record(s: &Server, store: &str) -> usize {
     );
     let records = all.as_array().expect("array");
 
-    // Who: the admin certificate of admin.conf, by name and fingerprint;
-    // where: this server.
+    every_record_names_who_and_where_and_ids_increase(s, store, records);
+    what_targets_and_arguments_the_ca_key_never(
+        store,
+        records,
+        &all,
+        (&ca_cert, &ca_key),
+        &id,
+        paused,
+        &refused,
+    );
+    the_trail_filters_by_call_time_and_count(s);
+
+    // Reading the trail is not itself a change: nothing was added.
+    assert_eq!(s.lksctl_json(&["audit"]).as_array().map(Vec::len), Some(9));
+    println!(
+        "AUDIT store={store} records={} refused_recorded=1 key_redacted=1",
+        records.len()
+    );
+    records.len()
+}
+
+/// Who: the admin certificate of admin.conf, by name and fingerprint;
+/// where: this server; ids increase.
+fn every_record_names_who_and_where_and_ids_increase(s: &Server, store: &str, records: &[Value]) {
     let der =
         CertificateDer::from_pem_slice(s.admin_conf().client_cert.as_bytes()).expect("admin certificate PEM");
     let fingerprint = Digest::of(der.as_ref()).to_string();
@@ -102,8 +124,20 @@ async fn every_call_is_on_record(s: &Server, store: &str) -> usize {
         ids.windows(2).all(|w| w[0] < w[1]),
         "{store}: ids increase: {ids:?}"
     );
+}
 
-    // What: targets and arguments; the CA key never, the certificate by digest.
+/// What: targets and arguments; the CA key never, the certificate by
+/// digest; the pause's outcome as lksctl said; a refusal with its code
+/// and the server's reason.
+fn what_targets_and_arguments_the_ca_key_never(
+    store: &str,
+    records: &[Value],
+    all: &Value,
+    (ca_cert, ca_key): (&str, &str),
+    id: &str,
+    paused: bool,
+    refused: &str,
+) {
     let on = |i: usize| &records[i];
     assert_eq!(
         (on(0)["target"].as_str(), on(0)["outcome"].as_str()),
@@ -124,7 +158,7 @@ async fn every_call_is_on_record(s: &Server, store: &str) -> usize {
     assert_eq!(on(3)["target"], "app@1");
     assert_eq!(on(4)["target"], format!("{id} app@1").as_str());
     assert_eq!(on(4)["args"]["cluster"], "a");
-    assert_eq!(on(5)["target"], id.as_str());
+    assert_eq!(on(5)["target"], id);
     assert_eq!(
         on(5)["outcome"] == "ok",
         paused,
@@ -139,8 +173,11 @@ async fn every_call_is_on_record(s: &Server, store: &str) -> usize {
         refused.contains("ghost") && outcome.contains("ghost"),
         "{refused} / {outcome}"
     );
+}
 
-    // Filters: by call, by time (a duration back or an RFC 3339 time), newest N.
+/// Filters: by call, by time (a duration back or an RFC 3339 time),
+/// newest N; a bad filter is one line.
+fn the_trail_filters_by_call_time_and_count(s: &Server) {
     assert_eq!(
         verbs(&s.lksctl_json(&["audit", "--verb", "HoldNode"])),
         ["HoldNode", "HoldNode"]
@@ -176,14 +213,6 @@ async fn every_call_is_on_record(s: &Server, store: &str) -> usize {
         "audit --verb with a space",
     );
     assert!(bad.contains("verb"), "{bad}");
-
-    // Reading the trail is not itself a change: nothing was added.
-    assert_eq!(s.lksctl_json(&["audit"]).as_array().map(Vec::len), Some(9));
-    println!(
-        "AUDIT store={store} records={} refused_recorded=1 key_redacted=1",
-        records.len()
-    );
-    records.len()
 }
 
 #[tokio::test]

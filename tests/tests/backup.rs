@@ -121,21 +121,58 @@ fn a_backup_taken_under_load_restores_nodes_and_bundles() {
         "1",
     ]);
     let archive = work.join("backup.lksbak");
+    let (bytes, node4) = a_backup_under_load_prints_its_sha256_and_is_private(&server, &work, &archive);
+    agents.push(node4);
+    // Enrolled after the backup: unknown to the restored server.
+    let mut late = join_and_start(&server, "node-late");
+    late.wait_connected();
+    for a in &agents {
+        a.wait_connected();
+    }
+    server.stop();
+
+    truncated_altered_and_non_empty_target_restores_write_nothing(&work, &archive, &bytes);
+
+    // Restored into a new dir, on the old address.
+    let restored = Server::start_at_prepared(server.addr, &[], |dir| {
+        let out = restore(&archive, dir);
+        let text = ok_stdout(&out, "restore");
+        assert!(text.contains("restored the backup of"), "{text}");
+    });
+    the_restored_server_has_the_backups_nodes_and_rollout(&restored, &late, &rollout);
+
+    assert_every_bundle_served(&restored);
+
+    // The operator's way back for a node enrolled after the backup: join again.
+    late.stop();
+    std::fs::remove_dir_all(&late.state_dir).unwrap();
+    late.join(&restored, "c1", &[]);
+    late.start();
+    late.wait_connected();
+}
+
+/// A backup taken while extras are published and node-4 enrols: it
+/// prints the archive's SHA-256, holds the CA key and is 0600. Returns
+/// the archive's bytes and node-4.
+fn a_backup_under_load_prints_its_sha256_and_is_private(
+    server: &Server,
+    work: &Path,
+    archive: &Path,
+) -> (Vec<u8>, Agent) {
     let (taken, node4) = std::thread::scope(|s| {
         let publisher = s.spawn(|| {
             for k in 1..=4 {
-                publish(&server, &work, &format!("extra-{k}"), "1");
+                publish(server, work, &format!("extra-{k}"), "1");
             }
         });
-        let enrol = s.spawn(|| join_and_start(&server, "node-4"));
+        let enrol = s.spawn(|| join_and_start(server, "node-4"));
         std::thread::sleep(Duration::from_millis(300));
-        let taken = backup(&server.data_dir, &archive);
+        let taken = backup(&server.data_dir, archive);
         publisher.join().unwrap();
         (taken, enrol.join().unwrap())
     });
     let summary = ok_stdout(&taken, "backup");
     eprintln!("{summary}");
-    agents.push(node4);
     assert!(summary.contains("holds the CA private key"), "{summary}");
     let sha = summary
         .lines()
@@ -145,7 +182,7 @@ fn a_backup_taken_under_load_restores_nodes_and_bundles() {
         .next()
         .unwrap()
         .to_string();
-    let bytes = std::fs::read(&archive).unwrap();
+    let bytes = std::fs::read(archive).unwrap();
     assert_eq!(
         sha,
         lks_proto::Digest::of(&bytes).hex(),
@@ -153,19 +190,16 @@ fn a_backup_taken_under_load_restores_nodes_and_bundles() {
     );
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(
-        std::fs::metadata(&archive).unwrap().permissions().mode() & 0o777,
+        std::fs::metadata(archive).unwrap().permissions().mode() & 0o777,
         0o600,
         "the archive holds the CA key"
     );
-    // Enrolled after the backup: unknown to the restored server.
-    let mut late = join_and_start(&server, "node-late");
-    late.wait_connected();
-    for a in &agents {
-        a.wait_connected();
-    }
-    server.stop();
+    (bytes, node4)
+}
 
-    // Refusals leave the target untouched.
+/// Refusals leave the target untouched: a truncated archive, an altered
+/// one (at three places), a target that is not empty.
+fn truncated_altered_and_non_empty_target_restores_write_nothing(work: &Path, archive: &Path, bytes: &[u8]) {
     let bad = work.join("bad");
     let truncated = work.join("truncated.lksbak");
     std::fs::write(&truncated, &bytes[..bytes.len() - 100]).unwrap();
@@ -173,7 +207,7 @@ fn a_backup_taken_under_load_restores_nodes_and_bundles() {
     assert!(e.contains("truncated"), "{e}");
     assert!(!bad.exists(), "nothing written for a truncated archive");
     for at in [bytes.len() / 2, 40, bytes.len() - 5] {
-        let mut altered = bytes.clone();
+        let mut altered = bytes.to_vec();
         altered[at] ^= 0x01;
         let file = work.join(format!("altered-{at}.lksbak"));
         std::fs::write(&file, &altered).unwrap();
@@ -183,16 +217,15 @@ fn a_backup_taken_under_load_restores_nodes_and_bundles() {
     }
     std::fs::create_dir_all(&bad).unwrap();
     std::fs::write(bad.join("keep"), b"x").unwrap();
-    let e = one_line_error(&restore(&archive, &bad), "restore into a non-empty dir");
+    let e = one_line_error(&restore(archive, &bad), "restore into a non-empty dir");
     assert!(e.contains("is not empty"), "{e}");
     assert_eq!(std::fs::read_dir(&bad).unwrap().count(), 1);
+}
 
-    // Restored into a new dir, on the old address.
-    let restored = Server::start_at_prepared(server.addr, &[], |dir| {
-        let out = restore(&archive, dir);
-        let text = ok_stdout(&out, "restore");
-        assert!(text.contains("restored the backup of"), "{text}");
-    });
+/// The restored server knows the nodes enrolled before the backup (each
+/// reconnects with its identity), refuses node-late as not enrolled, and
+/// has the rollout that was under way.
+fn the_restored_server_has_the_backups_nodes_and_rollout(restored: &Server, late: &Agent, rollout: &str) {
     let nodes = restored.lksctl_json(&["node", "list"]);
     let in_backup = names(&nodes, "name");
     for n in ["node-1", "node-2", "node-3"] {
@@ -204,27 +237,18 @@ fn a_backup_taken_under_load_restores_nodes_and_bundles() {
     assert!(!in_backup.contains("node-late"), "{in_backup:?}");
     for n in &in_backup {
         wait_until(CONVERGE, &format!("{n} reconnects with its identity"), || {
-            lks_e2e::agent::node_connected(&restored, n)
+            lks_e2e::agent::node_connected(restored, n)
         });
     }
     wait_until(CONVERGE, "node-late is refused as not enrolled", || {
         late.log().contains("not enrolled")
     });
-    assert!(!lks_e2e::agent::node_connected(&restored, "node-late"));
+    assert!(!lks_e2e::agent::node_connected(restored, "node-late"));
     let rollouts = names(&restored.lksctl_json(&["rollout", "list"]), "id");
     assert!(
         rollouts.contains(rollout.trim()),
         "the rollout under way is in the backup: {rollouts:?}"
     );
-
-    assert_every_bundle_served(&restored);
-
-    // The operator's way back for a node enrolled after the backup: join again.
-    late.stop();
-    std::fs::remove_dir_all(&late.state_dir).unwrap();
-    late.join(&restored, "c1", &[]);
-    late.start();
-    late.wait_connected();
 }
 
 /// Every bundle the restored server lists is served byte-exact: a new node
@@ -307,12 +331,51 @@ fn an_etcd_backup_restores_into_an_empty_prefix() {
     // every generation a node holds is one the archive knows.
     server.lksctl_ok(&["rollout", "pause", rollout.trim()]);
     let archive = work.join("etcd.lksbak");
+    an_etcd_backup_taken_while_publishing_holds_both_nodes_and_the_ca_key(&server, &work, &url, &archive);
+    let mut late = join_and_start(&server, "node-late");
+    late.wait_connected();
+    server.stop();
+
+    // A new etcd, as after the loss of the old one: its revisions start
+    // low again, below the generations the nodes hold.
+    let new_etcd = Etcd::start();
+    let new_url = new_etcd.url();
+    altered_in_use_and_data_dir_restores_are_refused(&new_etcd, &archive, &url, &new_url, &work);
+    restored_into_the_new_etcds_empty_prefix(&new_etcd, &archive, &new_url);
+    let restored = Server::start_at(
+        server.addr,
+        &[
+            "--store",
+            "etcd",
+            "--etcd-endpoints",
+            &new_url,
+            "--etcd-prefix",
+            "/lks-b/",
+            "--lease-ttl",
+            "3s",
+        ],
+    );
+    the_restored_replica_has_the_backups_nodes_and_its_rollout_goes_on(&restored, &late, &rollout, &agents);
+    assert_every_bundle_served(&restored);
+    late.stop();
+    drop(agents);
+}
+
+/// `backup --store etcd --with-blobs` taken while extras are published:
+/// its summary names etcd and the prefix, both nodes and the CA key; a
+/// second backup to the same file is refused.
+fn an_etcd_backup_taken_while_publishing_holds_both_nodes_and_the_ca_key(
+    server: &Server,
+    work: &Path,
+    url: &str,
+    archive: &Path,
+) {
     let backup_args = [
         "backup",
         "--store",
         "etcd",
         "--etcd-endpoints",
-        &url,
+        url,
         "--etcd-prefix",
         "/lks-a/",
         "--with-blobs",
@@ -322,7 +385,7 @@ fn an_etcd_backup_restores_into_an_empty_prefix() {
     let taken = std::thread::scope(|s| {
         let publisher = s.spawn(|| {
             for k in 1..=3 {
-                publish(&server, &work, &format!("extra-{k}"), "1");
+                publish(server, work, &format!("extra-{k}"), "1");
             }
         });
         std::thread::sleep(Duration::from_millis(200));
@@ -343,35 +406,40 @@ fn an_etcd_backup_restores_into_an_empty_prefix() {
         "a second backup to the same file",
     );
     assert!(e.contains("exists already"), "{e}");
-    let mut late = join_and_start(&server, "node-late");
-    late.wait_connected();
-    server.stop();
+}
 
-    // A new etcd, as after the loss of the old one: its revisions start
-    // low again, below the generations the nodes hold.
-    let new_etcd = Etcd::start();
-    let new_url = new_etcd.url();
-    let restore_into = |from: &Path, url: &str, prefix: &str| {
-        lks_control_server(&[
-            "restore",
-            "--from",
-            from.to_str().unwrap(),
-            "--store",
-            "etcd",
-            "--etcd-endpoints",
-            url,
-            "--etcd-prefix",
-            prefix,
-        ])
-    };
-    let bytes = std::fs::read(&archive).unwrap();
+/// `restore --store etcd` of `from` into `prefix` of the etcd at `url`.
+fn restore_into(from: &Path, url: &str, prefix: &str) -> Output {
+    lks_control_server(&[
+        "restore",
+        "--from",
+        from.to_str().unwrap(),
+        "--store",
+        "etcd",
+        "--etcd-endpoints",
+        url,
+        "--etcd-prefix",
+        prefix,
+    ])
+}
+
+/// An altered archive (nothing written under /lks-b/), the prefix in use
+/// and a data dir as target are refused.
+fn altered_in_use_and_data_dir_restores_are_refused(
+    new_etcd: &Etcd,
+    archive: &Path,
+    url: &str,
+    new_url: &str,
+    work: &Path,
+) {
+    let bytes = std::fs::read(archive).unwrap();
     for at in [bytes.len() / 2, bytes.len() - 5] {
         let mut altered = bytes.clone();
         altered[at] ^= 0x01;
         let file = work.join(format!("altered-{at}.lksbak"));
         std::fs::write(&file, &altered).unwrap();
         let e = one_line_error(
-            &restore_into(&file, &new_url, "/lks-b/"),
+            &restore_into(&file, new_url, "/lks-b/"),
             "restore of an altered archive",
         );
         assert!(
@@ -385,21 +453,21 @@ fn an_etcd_backup_restores_into_an_empty_prefix() {
         );
     }
     let e = one_line_error(
-        &restore_into(&archive, &url, "/lks-a/"),
+        &restore_into(archive, url, "/lks-a/"),
         "restore into the prefix in use",
     );
     assert!(e.contains("is in use"), "{e}");
     let e = one_line_error(
-        &restore(&archive, &work.join("as-a-dir")),
+        &restore(archive, &work.join("as-a-dir")),
         "restore of an etcd archive into a data dir",
     );
     assert!(e.contains("etcd installation"), "{e}");
     assert!(!work.join("as-a-dir").exists());
+}
 
-    let text = ok_stdout(
-        &restore_into(&archive, &new_url, "/lks-b/"),
-        "restore --store etcd",
-    );
+/// Restored into the new etcd's empty prefix, blobs and all.
+fn restored_into_the_new_etcds_empty_prefix(new_etcd: &Etcd, archive: &Path, new_url: &str) {
+    let text = ok_stdout(&restore_into(archive, new_url, "/lks-b/"), "restore --store etcd");
     eprintln!("{text}");
     assert!(
         text.contains("restored the backup of") && text.contains("under /lks-b/"),
@@ -409,19 +477,18 @@ fn an_etcd_backup_restores_into_an_empty_prefix() {
         new_etcd.keys_under("/lks-b/blobs/") > 0,
         "the blobs went into etcd's chunks"
     );
-    let restored = Server::start_at(
-        server.addr,
-        &[
-            "--store",
-            "etcd",
-            "--etcd-endpoints",
-            &new_url,
-            "--etcd-prefix",
-            "/lks-b/",
-            "--lease-ttl",
-            "3s",
-        ],
-    );
+}
+
+/// The restored replica has the backup's nodes (each reconnects with its
+/// identity; node-late is refused); the rollout under way goes on: each
+/// node is given app@2 with a generation above the one it reports,
+/// applies it and is counted, and no node sees its generation go back.
+fn the_restored_replica_has_the_backups_nodes_and_its_rollout_goes_on(
+    restored: &Server,
+    late: &Agent,
+    rollout: &str,
+    agents: &[Agent],
+) {
     let in_backup = names(&restored.lksctl_json(&["node", "list"]), "name");
     assert!(
         in_backup.contains("node-1") && in_backup.contains("node-2") && !in_backup.contains("node-late"),
@@ -429,7 +496,7 @@ fn an_etcd_backup_restores_into_an_empty_prefix() {
     );
     for n in &in_backup {
         wait_until(CONVERGE, &format!("{n} reconnects with its identity"), || {
-            lks_e2e::agent::node_connected(&restored, n)
+            lks_e2e::agent::node_connected(restored, n)
         });
     }
     wait_until(CONVERGE, "node-late is refused as not enrolled", || {
@@ -444,18 +511,15 @@ fn an_etcd_backup_restores_into_an_empty_prefix() {
         restored.lksctl_json(&["rollout", "status", rollout.trim()])["state"] == "completed"
     });
     for n in ["node-1", "node-2"] {
-        lks_e2e::agent::wait_node_bundle(&restored, n, "app", "2", "applied");
+        lks_e2e::agent::wait_node_bundle(restored, n, "app", "2", "applied");
     }
-    for a in &agents {
+    for a in agents {
         assert!(
             !a.log().contains("went backwards"),
             "{}: the restored replicas handed out a generation below one the node held",
             a.name
         );
     }
-    assert_every_bundle_served(&restored);
-    late.stop();
-    drop(agents);
 }
 
 /// An installation whose private keys are sealed (`--encryption-key-file`):

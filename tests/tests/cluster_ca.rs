@@ -129,6 +129,40 @@ fn cluster<'a>(list: &'a serde_json::Value, name: &str) -> &'a serde_json::Value
 #[test]
 fn clusters_get_a_generated_or_imported_ca_and_refused_imports_store_nothing() {
     let server = Server::start();
+    let pem = a_created_cluster_gets_a_generated_ca_shown_as_pem(&server);
+
+    // One without the other: refused before any RPC.
+    let dir = server.work_dir().to_path_buf();
+    a_half_or_garbage_import_is_refused_before_any_rpc(&server, &dir);
+    the_api_server_is_set_checked_and_cleared_and_a_ca_never_replaced(&server, &pem);
+
+    if !have_openssl() {
+        eprintln!("openssl is not installed: imports of openssl-made CAs not tested here");
+        assert_eq!(cluster_names(&server), ["gen"]);
+        return;
+    }
+    the_generated_ca_is_a_ca(&pem);
+
+    let (rsa_crt, rsa_key) = make_ca(&dir, "rsa", "rsa");
+    let (ec_crt, ec_key) = make_ca(&dir, "ec", "ec");
+    let (leaf_crt, leaf_key) = make_ca(&dir, "leaf", "leaf");
+    rsa_and_ec_cas_are_imported_exactly(&server, (&rsa_crt, &rsa_key), (&ec_crt, &ec_key));
+    refused_imports_store_nothing(
+        &server,
+        (&rsa_crt, &rsa_key),
+        (&ec_crt, &ec_key),
+        (&leaf_crt, &leaf_key),
+    );
+
+    for key in [&rsa_key, &ec_key] {
+        let line = key_line(key);
+        assert!(!server.log().contains(&line), "CA key bytes in the server log");
+    }
+}
+
+/// `cluster create` generates a CA: listed with its hash, printed as PEM
+/// only; the list keeps its old fields. Returns the PEM.
+fn a_created_cluster_gets_a_generated_ca_shown_as_pem(server: &Server) -> String {
     let out = server.lksctl_ok(&["cluster", "create", "gen"]);
     assert!(
         out.starts_with("cluster gen created (CA generated, sha256:"),
@@ -161,8 +195,11 @@ fn clusters_get_a_generated_or_imported_ca_and_refused_imports_store_nothing() {
         "{table}"
     );
 
-    // One without the other: refused before any RPC.
-    let dir = server.work_dir().to_path_buf();
+    pem
+}
+
+/// A CA certificate without its key, and garbage for both.
+fn a_half_or_garbage_import_is_refused_before_any_rpc(server: &Server, dir: &Path) {
     let garbage = dir.join("garbage.pem");
     std::fs::write(&garbage, "garbage\n").unwrap();
     let err = one_line_error(
@@ -183,8 +220,11 @@ fn clusters_get_a_generated_or_imported_ca_and_refused_imports_store_nothing() {
         "garbage",
     );
     assert!(err.contains("CA key") || err.contains("CA certificate"), "{err}");
+}
 
-    // The API server: set, refused when not https, cleared.
+/// The API server: set, refused when not https, cleared. A CA is never
+/// replaced; maintenance windows and `cluster certs` work as before.
+fn the_api_server_is_set_checked_and_cleared_and_a_ca_never_replaced(server: &Server, pem: &str) {
     let out = server.lksctl_ok(&["cluster", "set", "gen", "--api-server", "https://10.0.0.1:6443"]);
     assert!(out.contains("API server https://10.0.0.1:6443"), "{out}");
     let list = server.lksctl_json(&["cluster", "list"]);
@@ -226,12 +266,10 @@ fn clusters_get_a_generated_or_imported_ca_and_refused_imports_store_nothing() {
         "certs of no cluster",
     );
     assert!(err.contains("does not exist"), "{err}");
+}
 
-    if !have_openssl() {
-        eprintln!("openssl is not installed: imports of openssl-made CAs not tested here");
-        assert_eq!(cluster_names(&server), ["gen"]);
-        return;
-    }
+/// openssl reads the generated CA as a CA named after its cluster.
+fn the_generated_ca_is_a_ca(pem: &str) {
     let info = Command::new("openssl")
         .args(["x509", "-noout", "-text"])
         .stdin(std::process::Stdio::piped())
@@ -245,18 +283,20 @@ fn clusters_get_a_generated_or_imported_ca_and_refused_imports_store_nothing() {
         .unwrap();
     let text = String::from_utf8_lossy(&info.stdout);
     assert!(text.contains("CA:TRUE") && text.contains("gen-ca"), "{text}");
+}
 
-    let (rsa_crt, rsa_key) = make_ca(&dir, "rsa", "rsa");
-    let (ec_crt, ec_key) = make_ca(&dir, "ec", "ec");
-    let (leaf_crt, leaf_key) = make_ca(&dir, "leaf", "leaf");
+/// An RSA CA (with its API server) and an ECDSA CA are imported: `cluster
+/// ca` prints exactly the imported certificate.
+fn rsa_and_ec_cas_are_imported_exactly(server: &Server, rsa: (&Path, &Path), ec: (&Path, &Path)) {
+    let ((rsa_crt, rsa_key), (ec_crt, ec_key)) = (rsa, ec);
     let out = server.lksctl_ok(&[
         "cluster",
         "create",
         "kube",
         "--ca-cert",
-        path(&rsa_crt),
+        path(rsa_crt),
         "--ca-key",
-        path(&rsa_key),
+        path(rsa_key),
         "--api-server",
         "https://kube.example:6443",
     ]);
@@ -266,7 +306,7 @@ fn clusters_get_a_generated_or_imported_ca_and_refused_imports_store_nothing() {
     );
     assert_eq!(
         server.lksctl_ok(&["cluster", "ca", "kube"]),
-        std::fs::read_to_string(&rsa_crt).unwrap(),
+        std::fs::read_to_string(rsa_crt).unwrap(),
         "exactly the imported certificate"
     );
     server.lksctl_ok(&[
@@ -274,17 +314,27 @@ fn clusters_get_a_generated_or_imported_ca_and_refused_imports_store_nothing() {
         "create",
         "ecc",
         "--ca-cert",
-        path(&ec_crt),
+        path(ec_crt),
         "--ca-key",
-        path(&ec_key),
+        path(ec_key),
     ]);
     assert_eq!(
         server.lksctl_ok(&["cluster", "ca", "ecc"]),
-        std::fs::read_to_string(&ec_crt).unwrap()
+        std::fs::read_to_string(ec_crt).unwrap()
     );
     let list = server.lksctl_json(&["cluster", "list"]);
     assert_eq!(cluster(&list, "kube")["api_server"], "https://kube.example:6443");
+}
 
+/// A key of another CA, a leaf certificate and a key as certificate are
+/// refused and store nothing; an imported CA is never replaced.
+fn refused_imports_store_nothing(
+    server: &Server,
+    rsa: (&Path, &Path),
+    ec: (&Path, &Path),
+    leaf: (&Path, &Path),
+) {
+    let ((rsa_crt, rsa_key), (ec_crt, ec_key), (leaf_crt, leaf_key)) = (rsa, ec, leaf);
     for (name, crt, key, want) in [
         ("mismatch", &rsa_crt, &ec_key, "does not belong"),
         ("notca", &leaf_crt, &leaf_key, "not a CA"),
@@ -305,7 +355,7 @@ fn clusters_get_a_generated_or_imported_ca_and_refused_imports_store_nothing() {
         assert!(err.contains(want), "{name}: {err}");
     }
     assert_eq!(
-        cluster_names(&server),
+        cluster_names(server),
         ["ecc", "gen", "kube"],
         "nothing stored for a refusal"
     );
@@ -317,18 +367,13 @@ fn clusters_get_a_generated_or_imported_ca_and_refused_imports_store_nothing() {
             "set",
             "kube",
             "--ca-cert",
-            path(&ec_crt),
+            path(ec_crt),
             "--ca-key",
-            path(&ec_key),
+            path(ec_key),
         ]),
         "replacing an imported CA",
     );
     assert!(err.contains("already has a CA"), "{err}");
-
-    for key in [&rsa_key, &ec_key] {
-        let line = key_line(key);
-        assert!(!server.log().contains(&line), "CA key bytes in the server log");
-    }
 }
 
 #[test]

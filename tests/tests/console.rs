@@ -12,10 +12,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use lks_e2e::agent::BundleFile;
-use lks_e2e::console::{Browser, Console, Http, page_token, screenshot_dir};
+use lks_e2e::console::{Browser, Console, Http, Reply, page_token, screenshot_dir};
 use lks_e2e::kube::{KubeControlPlane, SimulatedKubelet};
 use lks_e2e::rollout::Fleet;
 use lks_e2e::{free_addr, one_line_error, wait_until};
@@ -63,7 +64,41 @@ fn endpoints_mirror_lksctl_and_actions_need_the_token() {
     let mut console = Console::start(&f.server, None);
     let http = Http::new();
     let url = console.url();
+    the_json_endpoints_are_what_lksctl_prints(&f, &http, &console, &id);
 
+    let page = http.get(&url);
+    assert_eq!(page.status, 200);
+    let token = page_token(&page.text);
+    let origin = url.trim_end_matches('/').to_string();
+    without_the_token_or_from_elsewhere_nothing_changes(&f, &http, &url, &token, &origin, &id);
+
+    // With it, the verbs do what lksctl's do.
+    let actions = Actions {
+        http: &http,
+        url: &url,
+        token: &token,
+        origin: &origin,
+    };
+    the_rollout_verbs_do_what_lksctls_do(&f, &actions, &id);
+    the_start_form_refuses_what_lksctl_refuses_and_starts_the_rest(&f, &actions);
+
+    // Ctrl-C (SIGTERM) stops it cleanly.
+    assert_eq!(console.stop(), Some(0), "{}", console.log());
+
+    // Anything but loopback is served with a warning.
+    let port = free_addr().port();
+    let wide = Console::start(&f.server, Some(SocketAddr::from(([0, 0, 0, 0], port))));
+    wait_until(Duration::from_secs(5), "the warning", || {
+        wide.log().contains("warning:")
+    });
+    assert!(wide.log().contains("not a loopback address"), "{}", wide.log());
+    assert_eq!(http.get(&format!("{}api/clusters", wide.url())).status, 200);
+}
+
+/// Every JSON endpoint answers what `lksctl … -o json` prints; the
+/// bundle carries its manifest, the selector preview counts the nodes.
+fn the_json_endpoints_are_what_lksctl_prints(f: &Fleet, http: &Http, console: &Console, id: &str) {
+    let url = console.url();
     for (path, args) in [
         ("clusters", vec!["cluster", "list"]),
         ("nodes", vec!["node", "list"]),
@@ -72,37 +107,42 @@ fn endpoints_mirror_lksctl_and_actions_need_the_token() {
         ("bundles", vec!["bundle", "list"]),
         ("bundles/app/1", vec!["bundle", "get", "app@1"]),
         ("rollouts", vec!["rollout", "list"]),
-        (&format!("rollouts/{id}"), vec!["rollout", "status", &id]),
+        (&format!("rollouts/{id}"), vec!["rollout", "status", id]),
         (
             &format!("events?rollout={id}&limit=1000"),
-            vec!["event", "list", "--rollout", &id, "--limit", "1000"],
+            vec!["event", "list", "--rollout", id, "--limit", "1000"],
         ),
         ("audit?verb=StartRollout", vec!["audit", "--verb", "StartRollout"]),
         ("audit?limit=1000", vec!["audit", "--limit", "1000"]),
     ] {
-        same_as_lksctl(&f, &http, &console, path, &args);
+        same_as_lksctl(f, http, console, path, &args);
     }
     let bundle = http.get(&format!("{url}api/bundles/app/1")).json;
     assert_eq!(bundle["manifest"]["files"][0]["path"], CONF, "{bundle:#}");
     assert_eq!(bundle["manifest"]["steps"][0]["name"], "timed", "{bundle:#}");
     let m = http.get(&format!("{url}api/selector?cluster=c1&selector=")).json;
     assert_eq!((&m["matches"], &m["connected"]), (&json!(2), &json!(2)), "{m:#}");
+}
 
-    let page = http.get(&url);
-    assert_eq!(page.status, 200);
-    let token = page_token(&page.text);
-    let origin = url.trim_end_matches('/').to_string();
+/// Without the token, or from another origin, nothing changes; a
+/// rebound host name and a preflight from elsewhere are refused.
+fn without_the_token_or_from_elsewhere_nothing_changes(
+    f: &Fleet,
+    http: &Http,
+    url: &str,
+    token: &str,
+    origin: &str,
+    id: &str,
+) {
     let pause = format!("{url}api/rollouts/{id}/pause");
-
-    // Without the token, or from another origin, nothing changes.
-    let r = http.request("POST", &pause, &[("origin", &origin)], None);
+    let r = http.request("POST", &pause, &[("origin", origin)], None);
     assert_eq!(r.status, 403, "{}", r.text);
     let r = http.request("POST", &pause, &[("x-console-token", "0123")], None);
     assert_eq!(r.status, 403, "{}", r.text);
     let r = http.request(
         "POST",
         &pause,
-        &[("x-console-token", &token), ("origin", "http://evil.example")],
+        &[("x-console-token", token), ("origin", "http://evil.example")],
         None,
     );
     assert_eq!(r.status, 403, "{}", r.text);
@@ -113,19 +153,36 @@ fn endpoints_mirror_lksctl_and_actions_need_the_token() {
         None,
     );
     assert_eq!(r.status, 421, "a rebound host name is refused: {}", r.text);
-    assert_eq!(state(&f, &id), "running");
+    assert_eq!(state(f, id), "running");
     let r = http.request("OPTIONS", &pause, &[("origin", "http://evil.example")], None);
     assert!(r.status >= 400, "{}", r.text);
+}
 
-    // With it, the verbs do what lksctl's do.
-    let post = |path: &str, body: Option<&Value>| {
-        http.request(
+/// What the console's actions post with: its URL, the page's token and
+/// its own origin.
+struct Actions<'a> {
+    http: &'a Http,
+    url: &'a str,
+    token: &'a str,
+    origin: &'a str,
+}
+
+impl Actions<'_> {
+    /// POSTs to `api/{path}` with the token, from the console's origin.
+    fn post(&self, path: &str, body: Option<&Value>) -> Reply {
+        self.http.request(
             "POST",
-            &format!("{url}api/{path}"),
-            &[("x-console-token", &token), ("origin", &origin)],
+            &format!("{}api/{path}", self.url),
+            &[("x-console-token", self.token), ("origin", self.origin)],
             body,
         )
-    };
+    }
+}
+
+/// pause, resume and abort do what lksctl's do; a verb the state does
+/// not allow is lksctl's own error line; an unknown verb is 404.
+fn the_rollout_verbs_do_what_lksctls_do(f: &Fleet, actions: &Actions<'_>, id: &str) {
+    let post = |path: &str, body: Option<&Value>| actions.post(path, body);
     for (verb, want) in [("pause", "paused"), ("resume", "running"), ("abort", "aborted")] {
         let r = post(&format!("rollouts/{id}/{verb}"), None);
         assert_eq!(r.status, 200, "{verb}: {}", r.text);
@@ -136,20 +193,24 @@ fn endpoints_mirror_lksctl_and_actions_need_the_token() {
                 .unwrap()
                 .starts_with(&format!("rollout {id} "))
         );
-        assert_eq!(state(&f, &id), want, "after {verb}");
+        assert_eq!(state(f, id), want, "after {verb}");
     }
     // A verb the state does not allow: lksctl's own error line.
     let r = post(&format!("rollouts/{id}/pause"), None);
     assert_eq!(r.status, 409, "{}", r.text);
     let cli = one_line_error(
-        &f.server.lksctl(&["rollout", "pause", &id]),
+        &f.server.lksctl(&["rollout", "pause", id]),
         "pause an aborted rollout",
     );
     assert_eq!(format!("error: {}", r.json["error"].as_str().unwrap()), cli);
     let r = post(&format!("rollouts/{id}/explode"), None);
     assert_eq!(r.status, 404, "{}", r.text);
+}
 
-    // The start form: bad input is lksctl's error, on its field, and starts nothing.
+/// The start form: bad input is lksctl's error, on its field, and starts
+/// nothing; good input starts a rollout as asked.
+fn the_start_form_refuses_what_lksctl_refuses_and_starts_the_rest(f: &Fleet, actions: &Actions<'_>) {
+    let post = |path: &str, body: Option<&Value>| actions.post(path, body);
     let before = f
         .server
         .lksctl_json(&["rollout", "list"])
@@ -191,18 +252,6 @@ fn endpoints_mirror_lksctl_and_actions_need_the_token() {
     assert_eq!(r.status, 200, "{}", r.text);
     let started = r.json["rollout"]["id"].as_str().unwrap().to_string();
     assert_eq!(f.status(&started)["batch_size"], 2);
-
-    // Ctrl-C (SIGTERM) stops it cleanly.
-    assert_eq!(console.stop(), Some(0), "{}", console.log());
-
-    // Anything but loopback is served with a warning.
-    let port = free_addr().port();
-    let wide = Console::start(&f.server, Some(SocketAddr::from(([0, 0, 0, 0], port))));
-    wait_until(Duration::from_secs(5), "the warning", || {
-        wide.log().contains("warning:")
-    });
-    assert!(wide.log().contains("not a loopback address"), "{}", wide.log());
-    assert_eq!(http.get(&format!("{}api/clusters", wide.url())).status, 200);
 }
 
 #[test]
@@ -221,11 +270,37 @@ fn pages_in_a_real_browser() {
     let shots = screenshot_dir();
     let url = console.url();
 
+    the_fleet_and_nodes_pages_filter_and_keep_the_filter_in_the_url(&br, &shots, &url);
+    let id = a_rollout_started_from_the_form_shows_progress_by_itself(&br, &shots, &url, &b);
+    pause_resume_and_an_abort_that_asks_first_and_is_audited(&f, &br, &shots, &url, &id);
+    a_failing_bundles_message_shows_on_the_node_page(&f, &br, &shots, &url, &bad);
+
+    // The server goes away: the banner says so.
+    br.goto(&format!("{url}#/fleet"));
+    br.wait_text("#versions-table", "app@1");
+    br.wait_text("#failing-nodes-table", "kaboom-from-step");
+    br.screenshot(&shots, "fleet-busy");
+    f.server.stop();
+    br.wait("the unreachable banner", |b| {
+        b.js("return !document.getElementById('banner').hidden;", json!([])) == true
+    });
+    assert!(
+        br.text("#banner").contains("unreachable"),
+        "{}",
+        br.text("#banner")
+    );
+    br.screenshot(&shots, "unreachable");
+    f.agents.clear();
+}
+
+/// Fleet: the cluster and its connected nodes. Nodes: the filters work
+/// and stay in the URL; the Release column shows, no Kube column.
+fn the_fleet_and_nodes_pages_filter_and_keep_the_filter_in_the_url(br: &Browser, shots: &Path, url: &str) {
     // Fleet: the cluster and its connected nodes.
     br.goto(&format!("{url}#/fleet"));
     br.wait_text("#clusters-table", "c1");
     br.wait_text("#clusters-table", "3 / 3");
-    br.screenshot(&shots, "fleet");
+    br.screenshot(shots, "fleet");
 
     // Nodes: the filters work and stay in the URL.
     br.goto(&format!("{url}#/nodes"));
@@ -253,17 +328,25 @@ fn pages_in_a_real_browser() {
         "{}",
         br.text("#nodes-table thead")
     );
-    br.screenshot(&shots, "nodes");
+    br.screenshot(shots, "nodes");
+}
 
-    // A rollout started from the form shows progress by itself.
+/// A rollout started from the form shows progress by itself, and what
+/// its nodes fetched, without a reload. Returns its ID.
+fn a_rollout_started_from_the_form_shows_progress_by_itself(
+    br: &Browser,
+    shots: &Path,
+    url: &str,
+    b: &str,
+) -> String {
     br.goto(&format!("{url}#/rollouts"));
     br.click("#start-box summary");
     br.wait("the cluster choice", |b| b.text("#start-cluster").contains("c1"));
     br.type_into("#start-selector", "");
     br.wait_text("#start-matches", "matches 3 node(s)");
-    br.type_into("#start-bundle", &b);
+    br.type_into("#start-bundle", b);
     br.type_into("#start-batch_size", "1");
-    br.screenshot(&shots, "rollout-start");
+    br.screenshot(shots, "rollout-start");
     br.click("#start-submit");
     br.wait("the rollout page", |b| b.hash().starts_with("#/rollouts/"));
     let id = br.hash().trim_start_matches("#/rollouts/").to_string();
@@ -279,11 +362,22 @@ fn pages_in_a_real_browser() {
         true,
         "the page updated without a reload"
     );
-    br.screenshot(&shots, "rollout");
+    br.screenshot(shots, "rollout");
 
-    // Pause and Resume; Abort asks first, and Cancel keeps it running.
+    id
+}
+
+/// Pause and Resume; Abort asks first, and Cancel keeps it running. The
+/// audit trail names the abort the console made, and who made it.
+fn pause_resume_and_an_abort_that_asks_first_and_is_audited(
+    f: &Fleet,
+    br: &Browser,
+    shots: &Path,
+    url: &str,
+    id: &str,
+) {
     br.click("#act-pause");
-    wait_until(Duration::from_secs(5), "paused", || state(&f, &id) == "paused");
+    wait_until(Duration::from_secs(5), "paused", || state(f, id) == "paused");
     br.wait_text("#rollout-state", "paused");
     br.wait("Resume enabled", |b| {
         b.js(
@@ -292,7 +386,7 @@ fn pages_in_a_real_browser() {
         ) == true
     });
     br.click("#act-resume");
-    wait_until(Duration::from_secs(5), "running", || state(&f, &id) == "running");
+    wait_until(Duration::from_secs(5), "running", || state(f, id) == "running");
     br.wait_text("#rollout-state", "running");
     br.click("#act-abort");
     br.wait("the confirmation", |b| {
@@ -300,27 +394,36 @@ fn pages_in_a_real_browser() {
     });
     br.click("#confirm-no");
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(state(&f, &id), "running", "cancelled abort changed nothing");
+    assert_eq!(state(f, id), "running", "cancelled abort changed nothing");
     br.click("#act-abort");
     br.wait("the confirmation", |b| {
         b.js("return document.getElementById('confirm').open;", json!([])) == true
     });
     br.click("#confirm-yes");
-    wait_until(Duration::from_secs(5), "aborted", || state(&f, &id) == "aborted");
+    wait_until(Duration::from_secs(5), "aborted", || state(f, id) == "aborted");
     br.wait_text("#rollout-state", "aborted");
     br.wait_text("#action-result", "aborted");
     // The audit trail names the abort the console made, and who made it.
     br.goto(&format!("{url}#/audit?verb=AbortRollout"));
-    br.wait_text("#audit-table", &id);
+    br.wait_text("#audit-table", id);
     assert!(
         br.text("#audit-table").contains("ok"),
         "{}",
         br.text("#audit-table")
     );
-    br.screenshot(&shots, "audit");
+    br.screenshot(shots, "audit");
+}
 
-    // A failing bundle: its message on the node page.
-    let out = f.start_rollout(&bad, &["--selector", "", "--batch-size", "1"]);
+/// A failing bundle: its message and the rollback on the node page, the
+/// failure in the events; the bundle page lists its files.
+fn a_failing_bundles_message_shows_on_the_node_page(
+    f: &Fleet,
+    br: &Browser,
+    shots: &Path,
+    url: &str,
+    bad: &str,
+) {
+    let out = f.start_rollout(bad, &["--selector", "", "--batch-size", "1"]);
     lks_e2e::ok_stdout(&out, "roll out the failing bundle");
     br.goto(&format!("{url}#/nodes/node-1"));
     br.wait_text("#node-bundles-table", "kaboom-from-step");
@@ -328,30 +431,13 @@ fn pages_in_a_real_browser() {
     br.wait_text("#node-bundles-table", "rolled_back");
     br.wait_text("#node-events-table", "failed");
     br.wait_text("#node-facts-list", "Release");
-    br.screenshot(&shots, "node");
+    br.screenshot(shots, "node");
     br.goto(&format!("{url}#/bundles/app/1"));
     br.wait_text("#bundle-files-table", CONF);
-    br.screenshot(&shots, "bundle");
+    br.screenshot(shots, "bundle");
     br.goto(&format!("{url}#/events?kind=failed"));
     br.wait_text("#events-table", "kaboom-from-step");
-    br.screenshot(&shots, "events");
-
-    // The server goes away: the banner says so.
-    br.goto(&format!("{url}#/fleet"));
-    br.wait_text("#versions-table", "app@1");
-    br.wait_text("#failing-nodes-table", "kaboom-from-step");
-    br.screenshot(&shots, "fleet-busy");
-    f.server.stop();
-    br.wait("the unreachable banner", |b| {
-        b.js("return !document.getElementById('banner').hidden;", json!([])) == true
-    });
-    assert!(
-        br.text("#banner").contains("unreachable"),
-        "{}",
-        br.text("#banner")
-    );
-    br.screenshot(&shots, "unreachable");
-    f.agents.clear();
+    br.screenshot(shots, "events");
 }
 
 /// The column's cell of `node`'s row in `#nodes-table` under `header`.

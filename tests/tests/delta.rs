@@ -37,6 +37,12 @@ use lks_proto::Digest;
 const SIZE: usize = 6 << 20;
 const PATH: &str = "/opt/app/bin/app";
 
+/// The patch-release scenario, case by case.
+#[path = "delta/scenario.rs"]
+mod scenario;
+
+use scenario::scenario;
+
 /// A "patch release" of `old`: a few bytes changed across the file and a
 /// short insertion that shifts everything after it, as a rebuilt binary.
 fn next_release(old: &[u8], seed: usize) -> Vec<u8> {
@@ -91,159 +97,6 @@ fn local_copy(server: &Server, hex: &str) -> PathBuf {
 
 fn served(server: &Server, kind: &str) -> u64 {
     server.metric(&format!("lks_blob_bytes_served_by_kind_total{{kind=\"{kind}\"}}"))
-}
-
-/// The scenario: `publisher` publishes and starts rollouts, the agents
-/// join `other` (the same server, or another replica, which then serves
-/// patches another replica made through the shared blob store).
-/// `corrupt(hex)` damages a patch where `other` serves it from, or is
-/// `None` where that cannot be reached. `algorithm`: the patches' format
-/// the servers were told to make (`--delta-algorithm`).
-fn scenario(publisher: &Server, other: &Server, algorithm: &str, corrupt: Option<&dyn Fn(&str)>) {
-    publisher.create_cluster("c");
-    let work = tempfile::tempdir().unwrap();
-    let v1 = noise(SIZE, 7);
-    let v2 = next_release(&v1, 1);
-    let v3 = next_release(&v2, 2);
-    let v4 = next_release(&v3, 3);
-    let served = |kind: &str| {
-        served(publisher, kind)
-            + if std::ptr::eq(publisher, other) {
-                0
-            } else {
-                served(other, kind)
-            }
-    };
-
-    let mut a = Agent::new("n0");
-    // No heal pass copies a target back into the cache mid-test (case 3).
-    a.heal_interval = "1h".into();
-    a.join(other, "c", &[]);
-    a.start();
-    assert_eq!(publisher.publish(&version(work.path(), "1", &v1)), "app@1");
-    roll_out(publisher, "app@1");
-    wait_node_bundle(publisher, "n0", "app", "1", "applied");
-    let cached = |content: &[u8]| a.state_dir.join("cache/sha256").join(Digest::of(content).hex());
-    wait_until(Duration::from_secs(30), "app@1 in the node's cache", || {
-        cached(&v1).exists()
-    });
-    assert!(
-        publisher.lksctl_json(&["bundle", "get", "app@1"])["deltas"]
-            .as_array()
-            .unwrap()
-            .is_empty()
-    );
-
-    // 1. v2 through a patch made from v1's bytes.
-    assert_eq!(publisher.publish(&version(work.path(), "2", &v2)), "app@2");
-    let deltas = wait_deltas(publisher, "2", 1);
-    let d = &deltas[0];
-    assert_eq!(
-        (&d["path"], &d["from_version"]),
-        (&PATH.into(), &"1".into()),
-        "{d}"
-    );
-    assert_eq!(d["file_size"], v2.len() as u64);
-    assert_eq!(d["base_sha256"], Digest::of(&v1).hex());
-    assert_eq!(d["algorithm"], algorithm, "{d}");
-    let patch_size = d["size"].as_u64().unwrap();
-    assert!(patch_size * 20 < v2.len() as u64, "patch of {patch_size} bytes");
-    let (delta0, whole0) = (served("delta"), served("whole"));
-    let fetched = roll_out(publisher, "app@2");
-    wait_node_bundle(publisher, "n0", "app", "2", "applied");
-    // `rollout status -o json`: the rollout's bytes, patches against whole.
-    assert_eq!(fetched["from_server"], patch_size, "{fetched}");
-    assert_eq!(
-        (&fetched["as_delta"], &fetched["whole"]),
-        (&patch_size.into(), &0.into()),
-        "{fetched}"
-    );
-    assert_eq!(
-        std::fs::read(a.root.join(&PATH[1..])).unwrap(),
-        v2,
-        "rebuilt byte-exact"
-    );
-    let (delta1, whole1) = (served("delta"), served("whole"));
-    assert_eq!(delta1 - delta0, patch_size, "the patch, once");
-    assert_eq!(whole1, whole0, "no whole file");
-    let saved = served_saved(publisher)
-        + if std::ptr::eq(publisher, other) {
-            0
-        } else {
-            served_saved(other)
-        };
-    assert!(saved >= v2.len() as u64 - patch_size, "bytes saved counted");
-    assert!(a.log().contains("blob rebuilt from a delta and verified"));
-    // The node says what it fetched, and how much of it was patches.
-    let n = publisher.lksctl_json(&["node", "get", "n0"]);
-    let b = &n["bundles"][0];
-    assert_eq!((&b["name"], &b["version"]), (&"app".into(), &"2".into()), "{n}");
-    assert_eq!(b["fetched_from_server"], patch_size, "{n}");
-    assert_eq!(b["fetched_as_delta"], patch_size, "{n}");
-    println!(
-        "DELTA file={} patch={patch_size} ({:.2} %)",
-        v2.len(),
-        patch_size as f64 * 100.0 / v2.len() as f64
-    );
-
-    // 2. v3's patches corrupted where they are served from: the node
-    // refuses them and fetches the whole file.
-    wait_until(Duration::from_secs(30), "app@2 in the node's cache", || {
-        cached(&v2).exists()
-    });
-    assert_eq!(publisher.publish(&version(work.path(), "3", &v3)), "app@3");
-    let deltas3 = wait_deltas(publisher, "3", 2);
-    if let Some(corrupt) = corrupt {
-        for d in &deltas3 {
-            corrupt(d["sha256"].as_str().unwrap());
-        }
-    }
-    let (delta2, whole2) = (served("delta"), served("whole"));
-    roll_out(publisher, "app@3");
-    wait_node_bundle(publisher, "n0", "app", "3", "applied");
-    assert_eq!(std::fs::read(a.root.join(&PATH[1..])).unwrap(), v3);
-    if corrupt.is_some() {
-        assert!(
-            served("whole") - whole2 >= v3.len() as u64,
-            "the whole file after the bad patch"
-        );
-        assert!(
-            a.log().contains("delta not used, fetching the whole file"),
-            "one line says why"
-        );
-    } else {
-        assert!(served("delta") > delta2 && served("whole") == whole2);
-    }
-
-    // 3. The base gone from the node's cache: rebuilt from the installed
-    // file (hashed whole first), still a patch.
-    wait_until(Duration::from_secs(30), "app@3 in the node's cache", || {
-        cached(&v3).exists()
-    });
-    assert_eq!(publisher.publish(&version(work.path(), "4", &v4)), "app@4");
-    let deltas = wait_deltas(publisher, "4", 2);
-    std::fs::remove_file(cached(&v3)).unwrap();
-    let (delta3, whole3) = (served("delta"), served("whole"));
-    roll_out(publisher, "app@4");
-    wait_node_bundle(publisher, "n0", "app", "4", "applied");
-    assert_eq!(std::fs::read(a.root.join(&PATH[1..])).unwrap(), v4);
-    let from_v3 = deltas.iter().find(|d| d["from_version"] == "3").unwrap();
-    assert_eq!(served("delta") - delta3, from_v3["size"].as_u64().unwrap());
-    assert_eq!(served("whole"), whole3, "no whole file");
-    let rebuilt = a.log().matches("blob rebuilt from a delta and verified").count();
-    assert_eq!(rebuilt, if corrupt.is_some() { 2 } else { 3 });
-
-    // 4. A node without any base (it joins now and gets app@4 at once):
-    // the whole file.
-    let mut b = Agent::new("n1");
-    b.join(other, "c", &[]);
-    b.start();
-    wait_node_bundle(publisher, "n1", "app", "4", "applied");
-    assert_eq!(std::fs::read(b.root.join(&PATH[1..])).unwrap(), v4);
-    assert!(served("whole") - whole3 >= v4.len() as u64);
-    assert!(!b.log().contains("rebuilt from a delta"));
-    b.stop();
-    a.stop();
 }
 
 fn served_saved(server: &Server) -> u64 {
@@ -426,65 +279,96 @@ fn with_peer_sharing_a_patch_crosses_from_the_server_about_once() {
         })
         .collect();
     server.lksctl_ok(&["cluster", "set", "c", "--peer-sharing", "on"]);
-    let listening = |peer: &std::net::SocketAddr| {
-        wait_until(Duration::from_secs(20), "peer listener up", || {
-            std::net::TcpStream::connect_timeout(peer, Duration::from_millis(300)).is_ok()
-        });
-    };
     for (_, peer) in &agents {
-        listening(peer);
+        peer_listening(peer);
     }
-    let roll = |id: &str, selector: &str| {
-        let out = server.lksctl_ok(&[
-            "rollout",
-            "start",
-            "--cluster",
-            "c",
-            "--bundle",
-            id,
-            "--selector",
-            selector,
-            "--batch-size",
-            "2",
-            "--wait",
-        ]);
-        let rid = out.lines().next().unwrap_or_default().trim().to_string();
-        let fetched = server.lksctl_json(&["rollout", "status", &rid])["fetched"].clone();
-        (rid, fetched)
-    };
-    assert_eq!(server.publish(&version(work.path(), "1", &v1)), "app@1");
-    roll("app@1", "");
-    for (a, _) in &agents {
-        let cached = a.state_dir.join("cache/sha256").join(Digest::of(&v1).hex());
+    app_1_in_every_nodes_cache(&server, &work, &v1, &agents);
+    let patch_size = wave_1_takes_the_patch_from_the_server_once(&server, &work, &v2, &agents);
+    wave_2_does_not_wait_for_peers_that_forgot_the_patch(&server, &v2, patch_size, &mut agents);
+    for (a, _) in &mut agents {
+        a.stop();
+    }
+}
+
+/// Waits until a node's peer listener at `peer` accepts connections.
+fn peer_listening(peer: &std::net::SocketAddr) {
+    wait_until(Duration::from_secs(20), "peer listener up", || {
+        std::net::TcpStream::connect_timeout(peer, Duration::from_millis(300)).is_ok()
+    });
+}
+
+/// Rolls `id` out to `selector`'s nodes two at a time and waits; returns
+/// the rollout's ID and what its nodes fetched.
+fn roll_waves(server: &Server, id: &str, selector: &str) -> (String, serde_json::Value) {
+    let out = server.lksctl_ok(&[
+        "rollout",
+        "start",
+        "--cluster",
+        "c",
+        "--bundle",
+        id,
+        "--selector",
+        selector,
+        "--batch-size",
+        "2",
+        "--wait",
+    ]);
+    let rid = out.lines().next().unwrap_or_default().trim().to_string();
+    let fetched = server.lksctl_json(&["rollout", "status", &rid])["fetched"].clone();
+    (rid, fetched)
+}
+
+/// Each of `agents` holds app@2, rebuilt byte-exact from a patch.
+fn rebuilt_from_the_patch(server: &Server, v2: &[u8], agents: &[(Agent, std::net::SocketAddr)]) {
+    for (a, _) in agents {
+        wait_node_bundle(server, &a.name, "app", "2", "applied");
+        assert_eq!(
+            std::fs::read(a.root.join(&PATH[1..])).unwrap(),
+            v2,
+            "{}: rebuilt byte-exact",
+            a.name
+        );
+        assert!(
+            a.log().contains("blob rebuilt from a delta and verified"),
+            "{}",
+            a.name
+        );
+    }
+}
+
+/// app@1 rolled out to every node and in its cache.
+fn app_1_in_every_nodes_cache(
+    server: &Server,
+    work: &tempfile::TempDir,
+    v1: &[u8],
+    agents: &[(Agent, std::net::SocketAddr)],
+) {
+    assert_eq!(server.publish(&version(work.path(), "1", v1)), "app@1");
+    roll_waves(server, "app@1", "");
+    for (a, _) in agents {
+        let cached = a.state_dir.join("cache/sha256").join(Digest::of(v1).hex());
         wait_until(Duration::from_secs(30), "app@1 in the node's cache", || {
             cached.exists()
         });
     }
+}
 
-    assert_eq!(server.publish(&version(work.path(), "2", &v2)), "app@2");
-    let patch_size = wait_deltas(&server, "2", 1)[0]["size"].as_u64().unwrap();
-    let (delta0, whole0) = (served(&server, "delta"), served(&server, "whole"));
-    // Wave 1: a seed, and a node that takes the patch from it.
-    let (rid, fetched) = roll("app@2", "wave=1");
-    let check = |agents: &[(Agent, std::net::SocketAddr)]| {
-        for (a, _) in agents {
-            wait_node_bundle(&server, &a.name, "app", "2", "applied");
-            assert_eq!(
-                std::fs::read(a.root.join(&PATH[1..])).unwrap(),
-                v2,
-                "{}: rebuilt byte-exact",
-                a.name
-            );
-            assert!(
-                a.log().contains("blob rebuilt from a delta and verified"),
-                "{}",
-                a.name
-            );
-        }
-    };
-    check(&agents[..2]);
-    let from_server = served(&server, "delta") - delta0;
-    assert_eq!(served(&server, "whole"), whole0, "no whole file");
+/// Wave 1: a seed, and a node that takes the patch from it: the patch
+/// crosses from the server once, as `rollout status` (JSON and text) and
+/// `rollout list` say. Returns the patch's size.
+fn wave_1_takes_the_patch_from_the_server_once(
+    server: &Server,
+    work: &tempfile::TempDir,
+    v2: &[u8],
+    agents: &[(Agent, std::net::SocketAddr)],
+) -> u64 {
+    assert_eq!(server.publish(&version(work.path(), "2", v2)), "app@2");
+    let patch_size = wait_deltas(server, "2", 1)[0]["size"].as_u64().unwrap();
+    let (delta0, whole0) = (served(server, "delta"), served(server, "whole"));
+    let (rid, fetched) = roll_waves(server, "app@2", "wave=1");
+    rebuilt_from_the_patch(server, v2, &agents[..2]);
+    let from_server = served(server, "delta") - delta0;
+    assert_eq!(served(server, "whole"), whole0, "no whole file");
     assert_eq!(from_server, patch_size, "the patch crossed from the server once");
     assert_eq!(
         (&fetched["as_delta"], &fetched["from_peers"], &fetched["whole"]),
@@ -511,21 +395,30 @@ fn with_peer_sharing_a_patch_crosses_from_the_server_about_once() {
         "{list}"
     );
 
-    // Wave 2, after wave 1's agents restarted: they forgot the patch they
-    // held (the tracker still names them); the new nodes drop them at
-    // their first word and do not wait out the swarm's stall.
+    patch_size
+}
+
+/// Wave 2, after wave 1's agents restarted: they forgot the patch they
+/// held (the tracker still names them); the new nodes drop them at
+/// their first word and do not wait out the swarm's stall.
+fn wave_2_does_not_wait_for_peers_that_forgot_the_patch(
+    server: &Server,
+    v2: &[u8],
+    patch_size: u64,
+    agents: &mut [(Agent, std::net::SocketAddr)],
+) {
     for (a, peer) in &mut agents[..2] {
         a.stop();
         a.start();
-        listening(peer);
+        peer_listening(peer);
     }
     for (a, _) in &agents[..2] {
         a.wait_connected();
     }
     let started = std::time::Instant::now();
-    let (_, fetched) = roll("app@2", "wave=2");
+    let (_, fetched) = roll_waves(server, "app@2", "wave=2");
     let took = started.elapsed();
-    check(&agents[2..]);
+    rebuilt_from_the_patch(server, v2, &agents[2..]);
     assert!(
         took < Duration::from_secs(12),
         "wave 2 took {took:?}: waited for peers that do not hold the patch"
@@ -537,9 +430,6 @@ fn with_peer_sharing_a_patch_crosses_from_the_server_about_once() {
         "{fetched}"
     );
     println!("PEERS wave 2 took {took:?} fetched={fetched}");
-    for (a, _) in &mut agents {
-        a.stop();
-    }
 }
 
 /// A patch of several pieces (over the 8 MiB a blob without a piece list

@@ -39,7 +39,33 @@ async fn a_cluster_names_its_tenant_api_and_node_list_shows_kubernetes_state() {
     std::fs::write(&file, &kubeconfig).unwrap();
     let file = file.to_str().unwrap();
 
-    // Drain needs the tenant API: refused without a kubeconfig.
+    the_kubeconfig_is_accepted_and_tried_and_its_token_never_printed(&s, file, &token);
+    node_list_shows_each_node_as_its_tenant_cluster_sees_it(&cp, &s);
+    a_kubeconfig_a_server_must_not_run_read_or_skip_is_refused(&s, &kubeconfig, &token);
+
+    // Removing the kubeconfig while drain is on would strand rollouts.
+    let e = one_line_error(
+        &s.lksctl(&["cluster", "set", "t", "--kubeconfig", "none"]),
+        "remove while draining",
+    );
+    assert!(e.contains("--drain off"), "{e}");
+    let out = s.lksctl_ok(&["cluster", "set", "t", "--kubeconfig", "none", "--drain", "off"]);
+    assert!(out.contains("kubeconfig removed"), "{out}");
+    let list = s.lksctl_json(&["node", "list"]);
+    assert!(node_json(&list, "node-a")["kube"].is_null(), "{list}");
+    assert!(
+        !s.lksctl_ok(&["node", "list"])
+            .lines()
+            .next()
+            .unwrap()
+            .contains("KUBE")
+    );
+}
+
+/// Drain needs the tenant API: refused without a kubeconfig. With it the
+/// API is tried and drain turned on; the token shows nowhere (get, list,
+/// audit, events), the event and the audit name the server only.
+fn the_kubeconfig_is_accepted_and_tried_and_its_token_never_printed(s: &Server, file: &str, token: &str) {
     let e = one_line_error(
         &s.lksctl(&["cluster", "set", "t", "--drain", "on"]),
         "drain without a kubeconfig",
@@ -52,7 +78,7 @@ async fn a_cluster_names_its_tenant_api_and_node_list_shows_kubernetes_state() {
         "{out}"
     );
     assert!(out.contains("rollouts drain nodes by default"), "{out}");
-    assert!(!out.contains(&token), "the token is never printed back");
+    assert!(!out.contains(token), "the token is never printed back");
 
     let j = s.lksctl_json(&["cluster", "get", "t"]);
     assert_eq!(j["kubeconfig"], true, "{j}");
@@ -66,7 +92,7 @@ async fn a_cluster_names_its_tenant_api_and_node_list_shows_kubernetes_state() {
         &["event", "list", "--cluster", "t"],
     ] {
         let text = s.lksctl_ok(args);
-        assert!(!text.contains(&token), "lksctl {args:?} prints the token");
+        assert!(!text.contains(token), "lksctl {args:?} prints the token");
     }
 
     let events = s.lksctl_ok(&["event", "list", "--cluster", "t"]);
@@ -79,9 +105,13 @@ async fn a_cluster_names_its_tenant_api_and_node_list_shows_kubernetes_state() {
         audit.contains("credential") && audit.contains("<redacted>"),
         "the audit record names the kubeconfig's server, not its credential: {audit}"
     );
+}
 
-    // The simulated kubelet registers node-a, Ready; node-b has no Node.
-    let kubelet = SimulatedKubelet::new(&cp, "node-a");
+/// The simulated kubelet registers node-a, Ready; node-b has no Node. An
+/// operator's cordon shows, with no rollout named as its owner; NotReady
+/// shows.
+fn node_list_shows_each_node_as_its_tenant_cluster_sees_it(cp: &KubeControlPlane, s: &Server) {
+    let kubelet = SimulatedKubelet::new(cp, "node-a");
     kubelet.register(true, "v1.37.2");
     let mut list = serde_json::Value::Null;
     wait_until(Duration::from_secs(20), "node-a Ready in node list", || {
@@ -120,8 +150,11 @@ async fn a_cluster_names_its_tenant_api_and_node_list_shows_kubernetes_state() {
     wait_until(Duration::from_secs(20), "node-a NotReady", || {
         s.lksctl_json(&["node", "get", "node-a"])["kube"]["state"] == "NotReady"
     });
+}
 
-    // What a server must not run, read or skip: one line, nothing stored.
+/// What a server must not run, read or skip: one line, nothing stored;
+/// a missing file is named.
+fn a_kubeconfig_a_server_must_not_run_read_or_skip_is_refused(s: &Server, kubeconfig: &str, token: &str) {
     let bad = s.work_dir().join("bad.kubeconfig");
     for (text, says) in [
         (
@@ -157,22 +190,4 @@ async fn a_cluster_names_its_tenant_api_and_node_list_shows_kubernetes_state() {
         "missing file",
     );
     assert!(e.contains("/nonexistent/k.conf"), "{e}");
-
-    // Removing the kubeconfig while drain is on would strand rollouts.
-    let e = one_line_error(
-        &s.lksctl(&["cluster", "set", "t", "--kubeconfig", "none"]),
-        "remove while draining",
-    );
-    assert!(e.contains("--drain off"), "{e}");
-    let out = s.lksctl_ok(&["cluster", "set", "t", "--kubeconfig", "none", "--drain", "off"]);
-    assert!(out.contains("kubeconfig removed"), "{out}");
-    let list = s.lksctl_json(&["node", "list"]);
-    assert!(node_json(&list, "node-a")["kube"].is_null(), "{list}");
-    assert!(
-        !s.lksctl_ok(&["node", "list"])
-            .lines()
-            .next()
-            .unwrap()
-            .contains("KUBE")
-    );
 }

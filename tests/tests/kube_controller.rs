@@ -23,7 +23,7 @@
 // #[test] does (clippy.toml allows that only inside #[test] functions).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -200,6 +200,29 @@ fn rollout_state(s: &Server, id: &str) -> serde_json::Value {
 async fn clusters_and_rollouts_declared_in_kube0_are_carried_out_by_the_server() {
     let cp = KubeControlPlane::start();
     apply_crds(&cp);
+    let (sa_kubeconfig, tenant) = controller_service_account_and_tenant_secret(&cp);
+
+    let s = Server::start();
+    let _c = controller_as(&cp, &s, "c1", &sa_kubeconfig);
+
+    // --- LksCluster: created on the server, converged, idempotent --------
+    an_lkscluster_is_created_converged_and_drift_put_back(&cp, &s, &tenant);
+    a_refused_cluster_spec_is_ready_false_until_fixed(&cp, &s);
+
+    // --- LksRollout -------------------------------------------------------
+    let (_w1, _w2, id) = an_lksrollout_is_refused_until_published_then_started_once(&cp, &s).await;
+    paused_pauses_and_resumes_other_changes_are_refused_deletion_aborts(&cp, &s, &id);
+    a_rollback_is_a_new_lksrollout(&cp, &id);
+    an_lksctl_rollout_with_a_request_id_is_started_once_and_mirrored(&cp, &s);
+
+    // --- LksCluster deletion waits for its nodes --------------------------
+    cluster_deletion_waits_for_its_nodes(&cp, &s);
+}
+
+/// The controller's ServiceAccount with the shipped RBAC, and the tenant
+/// cluster's kubeconfig as a Secret. Returns the controller's kubeconfig
+/// file and the tenant kubeconfig.
+fn controller_service_account_and_tenant_secret(cp: &KubeControlPlane) -> (PathBuf, String) {
     cp.create_namespace("lksadmin");
     // The controller runs as its ServiceAccount, with the shipped RBAC.
     let rbac = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/kubernetes/controller/rbac.yaml");
@@ -227,11 +250,13 @@ async fn clusters_and_rollouts_declared_in_kube0_are_carried_out_by_the_server()
         "lksadmin",
         &format!("--from-file=kubeconfig={}", tenant_file.display()),
     ]);
+    (sa_kubeconfig, tenant)
+}
 
-    let s = Server::start();
-    let _c = controller_as(&cp, &s, "c1", &sa_kubeconfig);
-
-    // --- LksCluster: created on the server, converged, idempotent --------
+/// An LksCluster creates the server's cluster, with its probe and CA
+/// hash in the status; an unchanged spec sends nothing; drift made with
+/// lksctl is put back.
+fn an_lkscluster_is_created_converged_and_drift_put_back(cp: &KubeControlPlane, s: &Server, tenant: &str) {
     cp.apply(
         "apiVersion: lksadmin.io/v1alpha1\nkind: LksCluster\nmetadata:\n  name: a\nspec:\n  \
          apiServer: https://10.0.0.1:6443\n  drain: true\n  \
@@ -261,17 +286,19 @@ async fn clusters_and_rollouts_declared_in_kube0_are_carried_out_by_the_server()
     );
     assert_eq!(obj["metadata"]["finalizers"][0], "lksadmin.io/cluster", "{obj}");
     // Applying the same spec again, and the passes after, change nothing.
-    let sets = audited(&s, "SetCluster");
-    assert_eq!(audited(&s, "CreateCluster"), 1);
+    let sets = audited(s, "SetCluster");
+    assert_eq!(audited(s, "CreateCluster"), 1);
     std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(audited(&s, "SetCluster"), sets, "an unchanged spec sends nothing");
+    assert_eq!(audited(s, "SetCluster"), sets, "an unchanged spec sends nothing");
     // Drift made with lksctl is put back: the spec wins.
     s.lksctl_ok(&["cluster", "set", "a", "--drain", "off"]);
     wait_until(WAIT, "drain on again, as the spec says", || {
         s.lksctl_json(&["cluster", "get", "a"])["drain"] == true
     });
+}
 
-    // A spec the server refuses: Ready=False with its line, then fixed.
+/// A spec the server refuses: Ready=False with its line, then fixed.
+fn a_refused_cluster_spec_is_ready_false_until_fixed(cp: &KubeControlPlane, s: &Server) {
     cp.apply(
         "apiVersion: lksadmin.io/v1alpha1\nkind: LksCluster\nmetadata:\n  name: b\nspec:\n  \
          maintenanceWindows: [\"whenever\"]\n",
@@ -295,11 +322,18 @@ async fn clusters_and_rollouts_declared_in_kube0_are_carried_out_by_the_server()
         s.lksctl_json(&["cluster", "get", "b"])["maintenance_windows"][0],
         "Sat,Sun 02:00-06:00 UTC"
     );
+}
 
-    // --- LksRollout -------------------------------------------------------
+/// An LksRollout declared before its bundle is published is refused and
+/// retried, then started once, with no mirror beside it. Returns the
+/// enrolled nodes and the rollout's ID.
+async fn an_lksrollout_is_refused_until_published_then_started_once(
+    cp: &KubeControlPlane,
+    s: &Server,
+) -> (TestNode, TestNode, String) {
     let t = s.token("a", &["--uses", "2"]);
-    let _w1 = TestNode::enroll(&s, &t, "w1", &[]).await;
-    let _w2 = TestNode::enroll(&s, &t, "w2", &[]).await;
+    let _w1 = TestNode::enroll(s, &t, "w1", &[]).await;
+    let _w2 = TestNode::enroll(s, &t, "w2", &[]).await;
     s.publish(&s.write_bundle("b1", "app", "1", &[("/etc/app.conf", b"a=1\n", "0644")]));
     // Declared before its bundle is published: refused, retried.
     cp.apply(
@@ -317,7 +351,7 @@ async fn clusters_and_rollouts_declared_in_kube0_are_carried_out_by_the_server()
         id = o["status"]["id"].as_str().unwrap_or_default().to_string();
         !id.is_empty() && o["status"]["phase"] == "running" && ready(&o).0 == "True"
     });
-    let r = rollout_state(&s, &id);
+    let r = rollout_state(s, &id);
     assert_eq!(
         r["request_id"].as_str().map(|x| x.starts_with("kube:")),
         Some(true),
@@ -346,8 +380,16 @@ async fn clusters_and_rollouts_declared_in_kube0_are_carried_out_by_the_server()
         .filter(|o| o["status"]["id"] == id.as_str())
         .count();
     assert_eq!(with_id, 1, "{all}");
+    (_w1, _w2, id)
+}
 
-    // spec.paused pauses and resumes.
+/// spec.paused pauses and resumes; any other change is refused, not
+/// carried out; deleting the LksRollout aborts the rollout.
+fn paused_pauses_and_resumes_other_changes_are_refused_deletion_aborts(
+    cp: &KubeControlPlane,
+    s: &Server,
+    id: &str,
+) {
     let patch = |p: &str| {
         cp.kubectl_ok(&[
             "patch",
@@ -362,42 +404,46 @@ async fn clusters_and_rollouts_declared_in_kube0_are_carried_out_by_the_server()
     };
     patch(r#"{"spec":{"paused":true}}"#);
     wait_until(WAIT, "paused on the server", || {
-        rollout_state(&s, &id)["state"] == "paused"
+        rollout_state(s, id)["state"] == "paused"
     });
     wait_until(WAIT, "phase paused in kube0", || {
         cp.get_json(&["get", "lksrollout", "app-2", "-n", "lksadmin"])["status"]["phase"] == "paused"
     });
     patch(r#"{"spec":{"paused":false}}"#);
     wait_until(WAIT, "running again", || {
-        rollout_state(&s, &id)["state"] == "running"
+        rollout_state(s, id)["state"] == "running"
     });
     // Anything else is refused, not carried out.
     patch(r#"{"spec":{"batchSize":2}}"#);
     wait_until(WAIT, "SpecChanged", || {
         ready(&cp.get_json(&["get", "lksrollout", "app-2", "-n", "lksadmin"])).1 == "SpecChanged"
     });
-    assert_eq!(rollout_state(&s, &id)["batch_size"], 1);
+    assert_eq!(rollout_state(s, id)["batch_size"], 1);
     // Deleting it aborts the rollout.
     cp.kubectl_ok(&["delete", "lksrollout", "app-2", "-n", "lksadmin", "--timeout=40s"]);
-    assert_eq!(rollout_state(&s, &id)["state"], "aborted");
+    assert_eq!(rollout_state(s, id)["state"], "aborted");
+}
 
-    // A rollback is a new LksRollout.
+/// A rollback is a new LksRollout.
+fn a_rollback_is_a_new_lksrollout(cp: &KubeControlPlane, id: &str) {
     cp.apply(&format!(
         "apiVersion: lksadmin.io/v1alpha1\nkind: LksRollout\nmetadata:\n  name: app-2-back\n  namespace: lksadmin\n\
          spec:\n  cluster: a\n  bundle: app@2\n  rollbackOf: \"{id}\"\n"
     ));
     wait_until(WAIT, "rolling back (w1, offline, waits to return)", || {
         let o = cp.get_json(&["get", "lksrollout", "app-2-back", "-n", "lksadmin"]);
-        o["status"]["id"] == id.as_str()
+        o["status"]["id"] == id
             && matches!(
                 o["status"]["phase"].as_str(),
                 Some("rolling_back" | "rolled_back")
             )
             && ready(&o).0 == "True"
     });
+}
 
-    // lksctl with a request ID: started once, mirrored as outside Git (a
-    // bundle of its own: app is still rolling back).
+/// lksctl with a request ID: started once, mirrored as outside Git (a
+/// bundle of its own: app is still rolling back).
+fn an_lksctl_rollout_with_a_request_id_is_started_once_and_mirrored(cp: &KubeControlPlane, s: &Server) {
     s.publish(&s.write_bundle("t1", "tool", "1", &[("/etc/tool.conf", b"t=1\n", "0644")]));
     let start = |version: &str| {
         s.lksctl(&[
@@ -437,8 +483,10 @@ async fn clusters_and_rollouts_declared_in_kube0_are_carried_out_by_the_server()
                     && o["metadata"]["annotations"]["lksadmin.io/created-outside-git"] == "true"
             })
     });
+}
 
-    // --- LksCluster deletion waits for its nodes --------------------------
+/// Deleting an LksCluster waits for its nodes.
+fn cluster_deletion_waits_for_its_nodes(cp: &KubeControlPlane, s: &Server) {
     cp.kubectl_ok(&["delete", "lkscluster", "a", "--wait=false"]);
     wait_until(WAIT, "deletion refused while nodes are enrolled", || {
         ready(&cp.get_json(&["get", "lkscluster", "a"])).1 == "HasNodes"

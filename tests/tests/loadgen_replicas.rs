@@ -111,25 +111,8 @@ fn three_hundred_agents_ride_out_the_leader_and_an_etcd_member_dying_mid_rollout
     let r2 = etcd.replica(prefix, &[]);
     let r3 = etcd.replica(prefix, &[]);
     let servers = format!("{},{},{}", r1.url(), r2.url(), r3.url());
-    let loadgen = |agents: &str| {
-        let mut cmd = Command::new(bin("lks-loadgen"));
-        cmd.arg("--config")
-            .arg(r2.admin_conf_path())
-            .args([
-                "--cluster",
-                "region",
-                "--clusters",
-                "3",
-                "--agents",
-                agents,
-                "-o",
-                "json",
-            ])
-            .args(["--keep-nodes", "--servers", &servers]);
-        cmd
-    };
     // The second process: holds its agents until told to stop.
-    let mut other = loadgen("150");
+    let mut other = loadgen(&r2, &servers, "150");
     let mut other = KillOnDrop(Some(
         other
             .args(["--hold", "600"])
@@ -140,7 +123,43 @@ fn three_hundred_agents_ride_out_the_leader_and_an_etcd_member_dying_mid_rollout
     ));
     let other_pid = other.0.as_ref().unwrap().id();
     let victims = format!("{},{}", r1.pid(), etcd.pid(0));
-    let mut first = loadgen("150");
+    the_run_that_kills_the_leader_and_an_etcd_member_completes_the_rollout(
+        &r2, &servers, &victims, other_pid,
+    );
+    the_held_agents_move_to_the_survivors_and_end_cleanly(&r2, &r3, &mut other, other_pid);
+    every_node_has_the_version_applied_and_nothing_else(&r3);
+}
+
+/// An lks-loadgen of `agents` agents of clusters region-0..2 on `servers`,
+/// configured through `r2`.
+fn loadgen(r2: &Server, servers: &str, agents: &str) -> Command {
+    let mut cmd = Command::new(bin("lks-loadgen"));
+    cmd.arg("--config")
+        .arg(r2.admin_conf_path())
+        .args([
+            "--cluster",
+            "region",
+            "--clusters",
+            "3",
+            "--agents",
+            agents,
+            "-o",
+            "json",
+        ])
+        .args(["--keep-nodes", "--servers", servers]);
+    cmd
+}
+
+/// The first lks-loadgen rolls out to all 300 nodes and kills the leader
+/// and an etcd member 30 % of the way in: every agent of its own gets
+/// the version, and the rollout completes after the kill.
+fn the_run_that_kills_the_leader_and_an_etcd_member_completes_the_rollout(
+    r2: &Server,
+    servers: &str,
+    victims: &str,
+    other_pid: u32,
+) {
+    let mut first = loadgen(r2, servers, "150");
     first
         .args([
             "--rollout",
@@ -151,7 +170,7 @@ fn three_hundred_agents_ride_out_the_leader_and_an_etcd_member_dying_mid_rollout
             "--rollout-after-nodes",
             "300",
         ])
-        .args(["--kill-mid-rollout", &victims, "--kill-at", "0.3"])
+        .args(["--kill-mid-rollout", victims, "--kill-at", "0.3"])
         .args([
             "--notify-at-kill",
             &other_pid.to_string(),
@@ -170,9 +189,16 @@ fn three_hundred_agents_ride_out_the_leader_and_an_etcd_member_dying_mid_rollout
         "{report}"
     );
     check_failover(&report, 150, 0);
+}
 
-    // The first has ended its agents' streams; the second's are all on
-    // the survivors.
+/// The first has ended its agents' streams; the second's are all on the
+/// survivors, and it ends cleanly when told to, with no failover missed.
+fn the_held_agents_move_to_the_survivors_and_end_cleanly(
+    r2: &Server,
+    r3: &Server,
+    other: &mut KillOnDrop,
+    other_pid: u32,
+) {
     let mut held = (0, 0);
     let t = std::time::Instant::now();
     while held.0 + held.1 != 150 {
@@ -182,7 +208,7 @@ fn three_hundred_agents_ride_out_the_leader_and_an_etcd_member_dying_mid_rollout
             r2.http_get("/metrics")
         );
         std::thread::sleep(Duration::from_millis(200));
-        held = (connected(&r2), connected(&r3));
+        held = (connected(r2), connected(r3));
     }
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(other_pid as i32),
@@ -204,9 +230,11 @@ fn three_hundred_agents_ride_out_the_leader_and_an_etcd_member_dying_mid_rollout
         "{report}"
     );
     check_failover(&report, 150, 0);
+}
 
-    // A survivor says so too (the load generators have ended the streams):
-    // every node has the version applied and nothing else.
+/// A survivor says so too (the load generators have ended the streams):
+/// every node has the version applied and nothing else.
+fn every_node_has_the_version_applied_and_nothing_else(r3: &Server) {
     let nodes = r3.lksctl_json(&["node", "list"]);
     let nodes = nodes.as_array().expect("a JSON array");
     assert_eq!(nodes.len(), 300);

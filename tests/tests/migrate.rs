@@ -138,7 +138,79 @@ fn roll_out(server: &Server, bundle: &str) -> String {
 #[test]
 fn a_single_server_moves_onto_etcd_and_its_agents_follow_without_rejoining() {
     let etcd = Etcd::start();
-    let mut old = Server::start();
+    let (mut old, agents, cluster_ca, first, released) = a_sqlite_server_whose_two_agents_hold_app_1();
+    // A token made before the move, used after it.
+    let spare = join_info(&old, "c1", &["--uses", "1"]);
+    let pin = spare.ca_cert_hash.clone();
+
+    a_running_servers_data_dir_is_refused_and_nothing_written(&old, &etcd);
+
+    let identities: Vec<Vec<u8>> = agents
+        .iter()
+        .map(|a| std::fs::read(a.state_dir.join("pki/node.crt")).unwrap())
+        .collect();
+    // The audit trail of everything done so far, without the store's ids.
+    let trail = without_ids(old.lksctl_json(&["audit", "--limit", "10000"]));
+    assert!(trail.len() >= 4, "{trail:?}");
+    assert_eq!(old.stop(), Some(0));
+    migrated_with_every_count_in_its_summary_and_the_sqlite_dir_only_read(&old, &etcd, trail.len(), &pin);
+    a_second_migrate_into_the_same_prefix_writes_nothing(&old, &etcd);
+
+    // A replica on the address the agents have stored.
+    let replica = Server::start_at(
+        old.addr,
+        &[
+            "--store",
+            "etcd",
+            "--etcd-endpoints",
+            &etcd.url(),
+            "--etcd-prefix",
+            PREFIX,
+            "--lease-ttl",
+            "3s",
+        ],
+    );
+    the_replica_has_the_ca_audit_releases_pin_and_state(
+        &replica,
+        &old,
+        &Moved {
+            cluster_ca: &cluster_ca,
+            trail: &trail,
+            released: &released,
+            pin: &pin,
+            first: &first,
+        },
+        &agents,
+    );
+    the_agents_reconnect_with_the_certificates_they_had(&replica, &agents, &identities);
+
+    // A new version reaches the agents through the replica.
+    assert_eq!(replica.publish(&app(replica.work_dir(), "2")), "app@2");
+    roll_out(&replica, "app@2");
+    for a in &agents {
+        a.wait_bundle("app", "2", "applied");
+        assert_eq!(a.read("/etc/app.conf").unwrap().0, b"v=2\n");
+    }
+    // The operator's old admin.conf works against the replica too.
+    assert!(old.lksctl_ok(&["cluster", "list"]).contains("c1"));
+
+    // The token made before the move enrols a new node, which gets the
+    // cluster's target at once.
+    let mut late = Agent::new("n3");
+    ok_stdout(
+        &late.join_raw(&spare.server, &spare.token, &spare.ca_cert_hash, &[]),
+        "join with a migrated token",
+    );
+    late.start();
+    late.wait_bundle("app", "2", "applied");
+}
+
+/// A SQLite server with cluster c1 (API server set), agents n1 and n2
+/// holding app@1 through a rollout, and a signed release of app. Returns
+/// the server, the agents, c1's CA, the rollout's ID and the releases.
+fn a_sqlite_server_whose_two_agents_hold_app_1() -> (Server, Vec<Agent>, String, String, Vec<pb::ReleaseInfo>)
+{
+    let old = Server::start();
     old.lksctl_ok(&[
         "cluster",
         "create",
@@ -164,40 +236,44 @@ fn a_single_server_moves_onto_etcd_and_its_agents_follow_without_rejoining() {
     }
     let released = release_app(&old);
     assert_eq!(released.len(), 1);
-    // A token made before the move, used after it.
-    let spare = join_info(&old, "c1", &["--uses", "1"]);
-    let pin = spare.ca_cert_hash.clone();
+    (old, agents, cluster_ca, first, released)
+}
 
-    // While the server runs: refused, nothing written.
+/// While the server runs: refused, nothing written.
+fn a_running_servers_data_dir_is_refused_and_nothing_written(old: &Server, etcd: &Etcd) {
     let before = etcd.revision_and_keys();
     let err = one_line_error(
-        &migrate(&old.data_dir, &etcd, PREFIX),
+        &migrate(&old.data_dir, etcd, PREFIX),
         "migrate of a running server",
     );
     assert!(err.contains("stop the server first"), "{err}");
     assert_eq!(etcd.revision_and_keys(), before, "nothing written");
+}
 
-    let identities: Vec<Vec<u8>> = agents
+/// Audit records without the store's ids.
+fn without_ids(v: serde_json::Value) -> Vec<serde_json::Value> {
+    v.as_array()
+        .expect("audit records")
         .iter()
-        .map(|a| std::fs::read(a.state_dir.join("pki/node.crt")).unwrap())
-        .collect();
-    // The audit trail of everything done so far, without the store's ids.
-    let without_ids = |v: serde_json::Value| -> Vec<serde_json::Value> {
-        v.as_array()
-            .expect("audit records")
-            .iter()
-            .map(|r| {
-                let mut r = r.clone();
-                r.as_object_mut().expect("a record").remove("id");
-                r
-            })
-            .collect()
-    };
-    let trail = without_ids(old.lksctl_json(&["audit", "--limit", "10000"]));
-    assert!(trail.len() >= 4, "{trail:?}");
-    assert_eq!(old.stop(), Some(0));
+        .map(|r| {
+            let mut r = r.clone();
+            r.as_object_mut().expect("a record").remove("id");
+            r
+        })
+        .collect()
+}
+
+/// The stopped server migrated: the summary counts everything (the audit
+/// records, the release) and shows the CA pin; the SQLite data dir is only
+/// read.
+fn migrated_with_every_count_in_its_summary_and_the_sqlite_dir_only_read(
+    old: &Server,
+    etcd: &Etcd,
+    trail_len: usize,
+    pin: &str,
+) {
     let untouched = snapshot(&old.data_dir);
-    let out = migrate(&old.data_dir, &etcd, PREFIX);
+    let out = migrate(&old.data_dir, etcd, PREFIX);
     let summary = ok_stdout(&out, "migrate");
     eprintln!("{summary}\n{}", String::from_utf8_lossy(&out.stderr));
     for line in [
@@ -205,76 +281,93 @@ fn a_single_server_moves_onto_etcd_and_its_agents_follow_without_rejoining() {
         "nodes       2",
         "bundles     1 (1 blobs",
         "rollouts    1",
-        &format!("audit       {} records", trail.len()),
+        &format!("audit       {} records", trail_len),
         "releases    1 (0 trust-root rotations)",
     ] {
         assert!(summary.contains(line), "{line:?} in:\n{summary}");
     }
-    assert!(summary.contains(&pin), "{summary}");
+    assert!(summary.contains(pin), "{summary}");
     assert!(summary.contains("left untouched"), "{summary}");
     assert_eq!(
         snapshot(&old.data_dir),
         untouched,
         "the SQLite data dir is only read"
     );
+}
 
-    // A second migrate into the same prefix is refused and writes nothing.
+/// A second migrate into the same prefix is refused and writes nothing.
+fn a_second_migrate_into_the_same_prefix_writes_nothing(old: &Server, etcd: &Etcd) {
     let after = etcd.revision_and_keys();
-    let err = one_line_error(&migrate(&old.data_dir, &etcd, PREFIX), "second migrate");
+    let err = one_line_error(&migrate(&old.data_dir, etcd, PREFIX), "second migrate");
     assert!(err.contains(&format!("{PREFIX}identity")), "{err}");
     assert_eq!(etcd.revision_and_keys(), after, "nothing written");
+}
 
-    // A replica on the address the agents have stored.
-    let replica = Server::start_at(
-        old.addr,
-        &[
-            "--store",
-            "etcd",
-            "--etcd-endpoints",
-            &etcd.url(),
-            "--etcd-prefix",
-            PREFIX,
-            "--lease-ttl",
-            "3s",
-        ],
-    );
+/// What the move must carry along.
+struct Moved<'a> {
+    cluster_ca: &'a str,
+    trail: &'a [serde_json::Value],
+    released: &'a [pb::ReleaseInfo],
+    pin: &'a str,
+    /// The rollout completed before the move.
+    first: &'a str,
+}
+
+/// The replica has the server's CA, the cluster CA and API server, the
+/// audit trail in its order, the signed release as stored, the same CA
+/// pin, and the nodes' bundle states and the rollout before any agent is
+/// back.
+fn the_replica_has_the_ca_audit_releases_pin_and_state(
+    replica: &Server,
+    old: &Server,
+    m: &Moved<'_>,
+    agents: &[Agent],
+) {
     assert_eq!(replica.admin_conf().ca_cert, old.admin_conf().ca_cert);
     // The cluster CA and API server came along.
-    assert_eq!(replica.lksctl_ok(&["cluster", "ca", "c1"]), cluster_ca);
+    assert_eq!(replica.lksctl_ok(&["cluster", "ca", "c1"]), m.cluster_ca);
     let c1 = replica.lksctl_json(&["cluster", "list"]);
     assert_eq!(c1[0]["api_server"], "https://c1.example:6443", "{c1}");
     assert_eq!(c1[0]["has_ca"], true, "{c1}");
     // The audit trail came along, in its order.
     assert_eq!(
         without_ids(replica.lksctl_json(&["audit", "--limit", "10000"])),
-        trail,
+        m.trail,
         "the audit trail after the move"
     );
     // The signed release came along, as stored.
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     assert_eq!(
-        rt.block_on(releases_of(&replica)),
-        released,
+        rt.block_on(releases_of(replica)),
+        m.released,
         "releases after the move"
     );
     let tok = replica.lksctl_json(&["token", "create", "--cluster", "c1"]);
-    assert_eq!(tok["ca_cert_hash"], pin.as_str(), "the CA pin is unchanged");
+    assert_eq!(tok["ca_cert_hash"], m.pin, "the CA pin is unchanged");
     // The state came along, before any agent is back.
-    for a in &agents {
-        let (v, st, _) = node_bundle(&replica, &a.name, "app").expect("bundle state migrated");
+    for a in agents {
+        let (v, st, _) = node_bundle(replica, &a.name, "app").expect("bundle state migrated");
         assert_eq!((v.as_str(), st.as_str()), ("1", "applied"), "{}", a.name);
     }
-    let st = replica.lksctl_json(&["rollout", "status", &first]);
+    let st = replica.lksctl_json(&["rollout", "status", m.first]);
     assert_eq!(st["state"], "completed", "{st}");
     assert_eq!(st["updated"], 2, "{st}");
+}
 
+/// Both agents reconnect to the replica with the certificates they had,
+/// enrolled once (before the move), app@1 still applied.
+fn the_agents_reconnect_with_the_certificates_they_had(
+    replica: &Server,
+    agents: &[Agent],
+    identities: &[Vec<u8>],
+) {
     wait_until(Duration::from_secs(90), "both agents reconnected", || {
-        agents.iter().all(|a| node_connected(&replica, &a.name))
+        agents.iter().all(|a| node_connected(replica, &a.name))
     });
     let list = replica.lksctl_json(&["node", "list"]);
     assert_eq!(list.as_array().unwrap().len(), 2, "{list}");
-    for (a, cert) in agents.iter().zip(&identities) {
-        let enrolments = node_events(&replica, &a.name)
+    for (a, cert) in agents.iter().zip(identities) {
+        let enrolments = node_events(replica, &a.name)
             .iter()
             .filter(|(kind, _)| kind == "enrolled")
             .count();
@@ -283,26 +376,6 @@ fn a_single_server_moves_onto_etcd_and_its_agents_follow_without_rejoining() {
         assert_eq!(&now, cert, "{} kept its certificate", a.name);
         a.wait_bundle("app", "1", "applied");
     }
-
-    // A new version reaches the agents through the replica.
-    assert_eq!(replica.publish(&app(replica.work_dir(), "2")), "app@2");
-    roll_out(&replica, "app@2");
-    for a in &agents {
-        a.wait_bundle("app", "2", "applied");
-        assert_eq!(a.read("/etc/app.conf").unwrap().0, b"v=2\n");
-    }
-    // The operator's old admin.conf works against the replica too.
-    assert!(old.lksctl_ok(&["cluster", "list"]).contains("c1"));
-
-    // The token made before the move enrols a new node, which gets the
-    // cluster's target at once.
-    let mut late = Agent::new("n3");
-    ok_stdout(
-        &late.join_raw(&spare.server, &spare.token, &spare.ca_cert_hash, &[]),
-        "join with a migrated token",
-    );
-    late.start();
-    late.wait_bundle("app", "2", "applied");
 }
 
 #[test]

@@ -26,6 +26,8 @@ const CONF: &str = "/etc/app/app.conf";
 /// The store probe runs every 15 s and gives a store 10 s to answer.
 const PROBED: Duration = Duration::from_secs(45);
 const WAIT: Duration = Duration::from_secs(20);
+/// Where a sample's labels begin, after its name.
+const LABELS_OPEN: char = '{';
 
 fn monitoring_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../packaging/kubernetes/monitoring")
@@ -81,7 +83,7 @@ fn exported(metrics: &str) -> (BTreeSet<String>, BTreeSet<String>) {
                 histograms.insert(name.to_string());
             }
         } else if !l.starts_with('#') && !l.is_empty() {
-            let end = l.find(['{', ' ']).unwrap_or(l.len());
+            let end = l.find([LABELS_OPEN, ' ']).unwrap_or(l.len());
             names.insert(l[..end].to_string());
         }
     }
@@ -130,6 +132,38 @@ async fn renew(node: &TestNode, csr: &str) -> Result<pb::RenewCertificateRespons
 
 #[test]
 fn every_metric_the_alerts_and_the_dashboard_use_is_exported_and_says_what_happened() {
+    let used = names_the_rules_and_the_dashboard_use();
+
+    let mut etcd = Etcd::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (f, node2, failed, paused) = a_fleet_with_a_rollout_completed_one_failed_one_paused(&etcd, &rt);
+
+    // Renewals: a CSR that does not parse is refused; a good one renews;
+    // the certificate it replaced is refused from then on.
+    renewals_refused_renewed_and_refused(&rt, &node2);
+
+    let failed_series =
+        every_used_metric_is_exported_and_the_gauges_say_what_happened(&f, &used, &failed, &paused);
+
+    // A rollback of the failed rollout: no longer failed, rolling back or
+    // done, so its alert ends.
+    f.server.lksctl_ok(&["rollout", "rollback", &failed]);
+    wait_until(WAIT, "the failed rollout no longer listed as failed", || {
+        let m = f.server.http_get("/metrics");
+        sample(&m, &failed_series).is_none() && sample(&m, "lks_rollouts{state=\"failed\"}") == Some(0.0)
+    });
+
+    // etcd gone: both probes fail (the blobs are in etcd too).
+    etcd.kill9();
+    wait_until(PROBED, "the store probes to fail", || {
+        let m = f.server.http_get("/metrics");
+        sample(&m, "lks_store_up") == Some(0.0) && sample(&m, "lks_blob_store_up") == Some(0.0)
+    });
+}
+
+/// Every `lks_…` name rules.yaml and dashboard.json's queries use, the
+/// new families among them.
+fn names_the_rules_and_the_dashboard_use() -> BTreeSet<String> {
     let rules = std::fs::read_to_string(monitoring_dir().join("rules.yaml")).unwrap();
     let dashboard: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(monitoring_dir().join("dashboard.json")).unwrap())
@@ -152,8 +186,17 @@ fn every_metric_the_alerts_and_the_dashboard_use_is_exported_and_says_what_happe
     ] {
         assert!(used.contains(new), "{new} is used by the rules or the dashboard");
     }
+    used
+}
 
-    let mut etcd = Etcd::start();
+/// A replica on etcd with a cluster, a real agent (node-1) and node-2
+/// enrolled but never connected; a rollout that completes (node-2
+/// deferred), one that fails, one of another bundle paused. Returns the
+/// fleet, node-2 and the failed and paused rollouts' IDs.
+fn a_fleet_with_a_rollout_completed_one_failed_one_paused(
+    etcd: &Etcd,
+    rt: &tokio::runtime::Runtime,
+) -> (Fleet, TestNode, String, String) {
     // A collector pass every second: the blob store gauges appear.
     let server = etcd.replica("/lks-monitoring/", &["--blob-gc-interval", "1s"]);
     server.create_cluster("c1");
@@ -166,7 +209,6 @@ fn every_metric_the_alerts_and_the_dashboard_use_is_exported_and_says_what_happe
     };
     f.add("node-1").wait_connected();
     // node-2 is enrolled and never connects.
-    let rt = tokio::runtime::Runtime::new().unwrap();
     let token = join_info(&f.server, "c1", &[]).token;
     let node2 = rt.block_on(TestNode::enroll(&f.server, &token, "node-2", &[]));
 
@@ -192,14 +234,18 @@ fn every_metric_the_alerts_and_the_dashboard_use_is_exported_and_says_what_happe
         f.status(&paused)["state"] == "paused"
     });
 
-    // Renewals: a CSR that does not parse is refused; a good one renews;
-    // the certificate it replaced is refused from then on.
+    (f, node2, failed, paused)
+}
+
+/// A CSR that does not parse is refused; a good one renews; the
+/// certificate it replaced is refused from then on.
+fn renewals_refused_renewed_and_refused(rt: &tokio::runtime::Runtime, node2: &TestNode) {
     rt.block_on(async {
-        let bad = renew(&node2, "not a CSR").await.unwrap_err();
+        let bad = renew(node2, "not a CSR").await.unwrap_err();
         assert_eq!(bad.code(), tonic::Code::InvalidArgument, "{bad:?}");
         let (csr, _) = make_csr(&["node-2"]);
-        renew(&node2, &csr).await.unwrap();
-        let old = renew(&node2, &csr).await.unwrap_err();
+        renew(node2, &csr).await.unwrap();
+        let old = renew(node2, &csr).await.unwrap_err();
         assert!(
             matches!(
                 old.code(),
@@ -208,7 +254,17 @@ fn every_metric_the_alerts_and_the_dashboard_use_is_exported_and_says_what_happe
             "{old:?}"
         );
     });
+}
 
+/// Every metric the rules and the dashboard use is in /metrics, and the
+/// gauges the alerts rest on say what happened. Returns the failed
+/// rollout's series.
+fn every_used_metric_is_exported_and_the_gauges_say_what_happened(
+    f: &Fleet,
+    used: &BTreeSet<String>,
+    failed: &str,
+    paused: &str,
+) -> String {
     let failed_series = format!(
         "lks_rollout_state_seconds{{rollout=\"{failed}\",cluster=\"c1\",bundle=\"app\",state=\"failed\"}}"
     );
@@ -222,7 +278,7 @@ fn every_metric_the_alerts_and_the_dashboard_use_is_exported_and_says_what_happe
             && sample(&m, "lks_blob_store_blobs").is_some()
             && sample(&m, &paused_series).is_some()
     });
-    let missing = missing(&used, &m);
+    let missing = missing(used, &m);
     assert!(
         missing.is_empty(),
         "used by rules.yaml or dashboard.json but not in /metrics: {missing:?}\n{m}"
@@ -262,20 +318,7 @@ fn every_metric_the_alerts_and_the_dashboard_use_is_exported_and_says_what_happe
     );
     assert_eq!(sample(&m, "lks_kube_cordoned_nodes{state=\"stray\"}"), Some(0.0));
 
-    // A rollback of the failed rollout: no longer failed, rolling back or
-    // done, so its alert ends.
-    f.server.lksctl_ok(&["rollout", "rollback", &failed]);
-    wait_until(WAIT, "the failed rollout no longer listed as failed", || {
-        let m = f.server.http_get("/metrics");
-        sample(&m, &failed_series).is_none() && sample(&m, "lks_rollouts{state=\"failed\"}") == Some(0.0)
-    });
-
-    // etcd gone: both probes fail (the blobs are in etcd too).
-    etcd.kill9();
-    wait_until(PROBED, "the store probes to fail", || {
-        let m = f.server.http_get("/metrics");
-        sample(&m, "lks_store_up") == Some(0.0) && sample(&m, "lks_blob_store_up") == Some(0.0)
-    });
+    failed_series
 }
 
 #[test]

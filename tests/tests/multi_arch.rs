@@ -91,7 +91,23 @@ fn one_rollout_gives_each_architecture_its_variant_and_a_missing_one_fails_at_it
         ("arm-1", "arm64"),
         ("arm-2", "arm64"),
     ]);
-    // Each node reports its architecture, shown by node list.
+    each_node_reports_its_architecture(&f);
+    let amd = elf(62, "kubelet 1.31.2 for amd64\n");
+    let arm = elf(183, "kubelet 1.31.2 for arm64\n");
+    let b = one_signed_manifest_lists_every_variant(&f, &amd, &arm);
+    each_node_installs_its_own_variant(&f, &b, &amd, &arm);
+
+    // 1.31.3 exists for amd64 only.
+    let amd3 = elf(62, "kubelet 1.31.3 for amd64\n");
+    let dir = kubelet_bundle(f.server.work_dir(), "1.31.3", &[("amd64", &amd3)], "");
+    let b3 = f.server.publish(&dir);
+    let reason = "kubelet@1.31.3 has no files for architecture arm64 (it is for amd64)";
+    the_dry_run_lists_the_nodes_that_would_fail_first(&f, &b3, reason);
+    the_arm_nodes_fail_at_their_turn_and_keep_their_variant(&f, &b3, reason, &arm, &amd3);
+}
+
+/// Each node reports its architecture, shown by node list (JSON and table).
+fn each_node_reports_its_architecture(f: &Fleet) {
     wait_until(CONVERGE, "architectures reported", || {
         let list = f.server.lksctl_json(&["node", "list"]);
         list.as_array()
@@ -118,13 +134,15 @@ fn one_rollout_gives_each_architecture_its_variant_and_a_missing_one_fails_at_it
     }
     let table = ok_stdout(&f.server.lksctl(&["node", "list"]), "node list");
     assert!(table.lines().next().unwrap().contains("ARCH"), "{table}");
+}
 
-    let amd = elf(62, "kubelet 1.31.2 for amd64\n");
-    let arm = elf(183, "kubelet 1.31.2 for arm64\n");
+/// kubelet@1.31.2 with an amd64 and an arm64 variant: one signed manifest
+/// lists every variant. Returns its ID.
+fn one_signed_manifest_lists_every_variant(f: &Fleet, amd: &[u8], arm: &[u8]) -> String {
     let dir = kubelet_bundle(
         f.server.work_dir(),
         "1.31.2",
-        &[("amd64", &amd), ("arm64", &arm)],
+        &[("amd64", amd), ("arm64", arm)],
         "architectures = [\"amd64\", \"arm64\"]",
     );
     let b = f.server.publish(&dir);
@@ -140,10 +158,15 @@ fn one_rollout_gives_each_architecture_its_variant_and_a_missing_one_fails_at_it
     let text = ok_stdout(&f.server.lksctl(&["bundle", "get", &b]), "bundle get");
     assert!(text.contains("Arch:       amd64,arm64"), "{text}");
 
-    // Nothing would fail: the dry run starts nothing.
+    b
+}
+
+/// Nothing would fail: the dry run starts nothing; the rollout gives
+/// each node its own variant, byte for byte.
+fn each_node_installs_its_own_variant(f: &Fleet, b: &str, amd: &[u8], arm: &[u8]) {
     let plan = f
         .server
-        .lksctl_json(&["rollout", "start", "--cluster", "c1", "--bundle", &b, "--dry-run"]);
+        .lksctl_json(&["rollout", "start", "--cluster", "c1", "--bundle", b, "--dry-run"]);
     assert_eq!(
         (&plan["total"], &plan["fails"]),
         (&4.into(), &0.into()),
@@ -157,7 +180,7 @@ fn one_rollout_gives_each_architecture_its_variant_and_a_missing_one_fails_at_it
             .is_empty()
     );
 
-    let out = f.start_rollout(&b, &["--batch-size", "2", "--wait"]);
+    let out = f.start_rollout(b, &["--batch-size", "2", "--wait"]);
     let id = first_line(&ok_stdout(&out, "rollout of the multi-arch bundle"));
     let st = f.status(&id);
     assert_eq!(
@@ -166,25 +189,18 @@ fn one_rollout_gives_each_architecture_its_variant_and_a_missing_one_fails_at_it
         "{st:#}"
     );
     for a in &f.agents {
-        let want = if a.name.starts_with("arm") { &arm } else { &amd };
-        assert_eq!(a.read(KUBELET), Some((want.clone(), 0o755)), "{}", a.name);
+        let want = if a.name.starts_with("arm") { arm } else { amd };
+        assert_eq!(a.read(KUBELET), Some((want.to_vec(), 0o755)), "{}", a.name);
         assert_eq!(a.read(CONF).unwrap().0, b"conf 1.31.2\n");
     }
+}
 
-    // 1.31.3 exists for amd64 only.
-    let amd3 = elf(62, "kubelet 1.31.3 for amd64\n");
-    let dir = kubelet_bundle(f.server.work_dir(), "1.31.3", &[("amd64", &amd3)], "");
-    let b3 = f.server.publish(&dir);
-    let reason = "kubelet@1.31.3 has no files for architecture arm64 (it is for amd64)";
-    let plan = f.server.lksctl_json(&[
-        "rollout",
-        "start",
-        "--cluster",
-        "c1",
-        "--bundle",
-        &b3,
-        "--dry-run",
-    ]);
+/// A dry run of a version without arm64 says 2 would fail at their turn,
+/// and lists them first with the reason.
+fn the_dry_run_lists_the_nodes_that_would_fail_first(f: &Fleet, b3: &str, reason: &str) {
+    let plan = f
+        .server
+        .lksctl_json(&["rollout", "start", "--cluster", "c1", "--bundle", b3, "--dry-run"]);
     assert_eq!(plan["fails"], 2, "{plan:#}");
     let first: Vec<&serde_json::Value> = plan["nodes"].as_array().unwrap().iter().take(2).collect();
     for n in &first {
@@ -195,15 +211,8 @@ fn one_rollout_gives_each_architecture_its_variant_and_a_missing_one_fails_at_it
         assert_eq!((&n["outcome"], &n["reason"]), (&"fails".into(), &reason.into()));
     }
     let text = ok_stdout(
-        &f.server.lksctl(&[
-            "rollout",
-            "start",
-            "--cluster",
-            "c1",
-            "--bundle",
-            &b3,
-            "--dry-run",
-        ]),
+        &f.server
+            .lksctl(&["rollout", "start", "--cluster", "c1", "--bundle", b3, "--dry-run"]),
         "dry run",
     );
     let lines: Vec<&str> = text.lines().collect();
@@ -216,8 +225,18 @@ fn one_rollout_gives_each_architecture_its_variant_and_a_missing_one_fails_at_it
         "{text}"
     );
     assert!(lines[2].contains(reason), "{text}");
+}
 
-    let out = f.start_rollout(&b3, &["--batch-size", "2", "--failure-threshold", "3", "--wait"]);
+/// The rollout completes with the arm64 nodes failed at their turn with
+/// the reason: never assigned, they keep 1.31.2.
+fn the_arm_nodes_fail_at_their_turn_and_keep_their_variant(
+    f: &Fleet,
+    b3: &str,
+    reason: &str,
+    arm: &[u8],
+    amd3: &[u8],
+) {
+    let out = f.start_rollout(b3, &["--batch-size", "2", "--failure-threshold", "3", "--wait"]);
     let id = first_line(&ok_stdout(&out, "rollout without arm64"));
     let st = f.status(&id);
     assert_eq!(

@@ -138,70 +138,91 @@ fn each_node_gets_its_own_certificates_and_kubeconfig_and_they_rotate() {
     let work = f.server.work_dir().to_path_buf();
     let ca = work.join("tenant-a-ca.crt");
     std::fs::write(&ca, f.server.lksctl_ok(&["cluster", "ca", "tenant-a"])).unwrap();
-    let ca_arg = ca.display().to_string();
     for n in ["node-1", "node-2"] {
-        let a = f.agent(n);
-        // The CA the node was given is the cluster's.
-        assert_eq!(
-            a.read("/etc/kubernetes/pki/ca.crt").unwrap().0,
-            std::fs::read(&ca).unwrap()
-        );
-        let client = a
-            .path("/var/lib/kubelet/pki/kubelet-client.crt")
-            .display()
-            .to_string();
-        let serving = a.path("/var/lib/kubelet/pki/kubelet.crt").display().to_string();
-        for cert in [&client, &serving] {
-            let out = run("openssl", &["verify", "-CAfile", &ca_arg, cert]);
-            assert!(out.trim_end().ends_with(": OK"), "{out}");
-        }
-        let subject = run("openssl", &["x509", "-noout", "-subject", "-in", &client]);
-        assert!(
-            subject.contains(&format!("O = system:nodes, CN = system:node:{n}"))
-                || subject.contains(&format!("CN = system:node:{n}, O = system:nodes")),
-            "{subject}"
-        );
-        let text = run("openssl", &["x509", "-noout", "-text", "-in", &client]);
-        assert!(text.contains("TLS Web Client Authentication"), "{text}");
-        assert!(
-            !text.contains("Subject Alternative Name"),
-            "a kubelet client certificate has no SANs: {text}"
-        );
-        let text = run("openssl", &["x509", "-noout", "-text", "-in", &serving]);
-        assert!(text.contains("TLS Web Server Authentication"), "{text}");
-        assert!(text.contains(&format!("DNS:{n}")), "{text}");
-        // Key and certificate belong together, and the key is the node's own.
-        let key = a.read("/var/lib/kubelet/pki/kubelet-client.key").unwrap();
-        assert_eq!(key.1, 0o600);
-        let key_path = a
-            .path("/var/lib/kubelet/pki/kubelet-client.key")
-            .display()
-            .to_string();
-        assert_eq!(
-            run("openssl", &["pkey", "-pubout", "-in", &key_path]),
-            run("openssl", &["x509", "-noout", "-pubkey", "-in", &client])
-        );
-        // The key is nowhere on the server: not in its data dir, store or log.
-        for line in key_lines(&key.0) {
-            let hits = files_containing(&work, &line);
-            assert!(hits.is_empty(), "{n}'s key found in {hits:?}");
-            assert!(!f.server.log().contains(&line), "{n}'s key in the server log");
-        }
-        // A kubeconfig kubectl reads, with the cluster's server and CA, for this node.
-        let kc = a.path("/etc/kubernetes/kubelet.conf").display().to_string();
-        let view = run(
-            "kubectl",
-            &["config", "view", "--kubeconfig", &kc, "--raw", "-o", "json"],
-        );
-        let v: serde_json::Value = serde_json::from_str(&view).unwrap();
-        assert_eq!(v["clusters"][0]["cluster"]["server"], API);
-        assert_eq!(v["users"][0]["name"], format!("system:node:{n}"));
-        assert_eq!(
-            v["users"][0]["user"]["client-certificate"],
-            "/var/lib/kubelet/pki/kubelet-client.crt"
-        );
-        assert_eq!(a.read("/etc/kubernetes/kubelet.conf").unwrap().1, 0o600);
+        a_node_holds_its_own_pair_and_kubeconfig_and_the_server_not_its_key(&f, n, &ca, &work);
     }
+    let serial1 = the_keys_differ_and_what_was_issued_is_listed(&f);
+    node_1_renews_at_two_thirds_and_reruns_the_step(&f, &log, &serial1);
+    a_renewal_whose_health_check_fails_keeps_the_pair(&f, &kept);
+    a_deleted_node_gets_no_certificate_any_more(&mut f);
+}
+
+/// Node `n`'s CA is the cluster's; its client and serving certificates
+/// verify, name it and have the right usages; its key is its own (0600)
+/// and nowhere on the server; kubectl reads its kubeconfig.
+fn a_node_holds_its_own_pair_and_kubeconfig_and_the_server_not_its_key(
+    f: &Fleet,
+    n: &str,
+    ca: &Path,
+    work: &Path,
+) {
+    let ca_arg = ca.display().to_string();
+    let a = f.agent(n);
+    // The CA the node was given is the cluster's.
+    assert_eq!(
+        a.read("/etc/kubernetes/pki/ca.crt").unwrap().0,
+        std::fs::read(ca).unwrap()
+    );
+    let client = a
+        .path("/var/lib/kubelet/pki/kubelet-client.crt")
+        .display()
+        .to_string();
+    let serving = a.path("/var/lib/kubelet/pki/kubelet.crt").display().to_string();
+    for cert in [&client, &serving] {
+        let out = run("openssl", &["verify", "-CAfile", &ca_arg, cert]);
+        assert!(out.trim_end().ends_with(": OK"), "{out}");
+    }
+    let subject = run("openssl", &["x509", "-noout", "-subject", "-in", &client]);
+    assert!(
+        subject.contains(&format!("O = system:nodes, CN = system:node:{n}"))
+            || subject.contains(&format!("CN = system:node:{n}, O = system:nodes")),
+        "{subject}"
+    );
+    let text = run("openssl", &["x509", "-noout", "-text", "-in", &client]);
+    assert!(text.contains("TLS Web Client Authentication"), "{text}");
+    assert!(
+        !text.contains("Subject Alternative Name"),
+        "a kubelet client certificate has no SANs: {text}"
+    );
+    let text = run("openssl", &["x509", "-noout", "-text", "-in", &serving]);
+    assert!(text.contains("TLS Web Server Authentication"), "{text}");
+    assert!(text.contains(&format!("DNS:{n}")), "{text}");
+    // Key and certificate belong together, and the key is the node's own.
+    let key = a.read("/var/lib/kubelet/pki/kubelet-client.key").unwrap();
+    assert_eq!(key.1, 0o600);
+    let key_path = a
+        .path("/var/lib/kubelet/pki/kubelet-client.key")
+        .display()
+        .to_string();
+    assert_eq!(
+        run("openssl", &["pkey", "-pubout", "-in", &key_path]),
+        run("openssl", &["x509", "-noout", "-pubkey", "-in", &client])
+    );
+    // The key is nowhere on the server: not in its data dir, store or log.
+    for line in key_lines(&key.0) {
+        let hits = files_containing(work, &line);
+        assert!(hits.is_empty(), "{n}'s key found in {hits:?}");
+        assert!(!f.server.log().contains(&line), "{n}'s key in the server log");
+    }
+    // A kubeconfig kubectl reads, with the cluster's server and CA, for this node.
+    let kc = a.path("/etc/kubernetes/kubelet.conf").display().to_string();
+    let view = run(
+        "kubectl",
+        &["config", "view", "--kubeconfig", &kc, "--raw", "-o", "json"],
+    );
+    let v: serde_json::Value = serde_json::from_str(&view).unwrap();
+    assert_eq!(v["clusters"][0]["cluster"]["server"], API);
+    assert_eq!(v["users"][0]["name"], format!("system:node:{n}"));
+    assert_eq!(
+        v["users"][0]["user"]["client-certificate"],
+        "/var/lib/kubelet/pki/kubelet-client.crt"
+    );
+    assert_eq!(a.read("/etc/kubernetes/kubelet.conf").unwrap().1, 0o600);
+}
+
+/// The two nodes' keys differ; `node get` and `cluster certs` list what
+/// was issued. Returns node-1's client certificate serial.
+fn the_keys_differ_and_what_was_issued_is_listed(f: &Fleet) -> String {
     // The two nodes' keys differ: nothing is shared.
     assert_ne!(
         f.agent("node-1").read("/var/lib/kubelet/pki/kubelet-client.key"),
@@ -234,8 +255,12 @@ fn each_node_gets_its_own_certificates_and_kubeconfig_and_they_rotate() {
             .any(|(k, _)| k == "certificate_issued")
     );
 
-    // Rotation: a 45 s lifetime is renewed at about 2/3 of it, by the node,
-    // with the bundle's steps run again for the new pair.
+    serial1
+}
+
+/// Rotation: a 45 s lifetime is renewed at about 2/3 of it, by the node,
+/// with the bundle's steps run again for the new pair.
+fn node_1_renews_at_two_thirds_and_reruns_the_step(f: &Fleet, log: &Path, serial1: &str) {
     let before = f
         .agent("node-1")
         .read("/var/lib/kubelet/pki/kubelet-client.key")
@@ -251,7 +276,7 @@ fn each_node_gets_its_own_certificates_and_kubeconfig_and_they_rotate() {
             .as_array()
             .unwrap()
             .iter()
-            .any(|c| c["profile"] == "kubelet-client" && c["serial"] != serial1.as_str())
+            .any(|c| c["profile"] == "kubelet-client" && c["serial"] != serial1)
     });
     let a = f.agent("node-1");
     let client = a
@@ -267,18 +292,20 @@ fn each_node_gets_its_own_certificates_and_kubeconfig_and_they_rotate() {
             == run("openssl", &["x509", "-noout", "-pubkey", "-in", &client])
     });
     wait_until(CONVERGE, "the step ran for the new pair", || {
-        std::fs::read_to_string(&log)
+        std::fs::read_to_string(log)
             .unwrap_or_default()
             .lines()
             .filter(|l| l.starts_with("node-1 "))
             .count()
             >= 2
     });
+}
 
-    // A renewal whose health check fails keeps the pair in use (the
-    // marker was planted right after the first apply, and the pair read
-    // then: read later, it could be the new one of a renewal that is
-    // about to be rolled back).
+/// A renewal whose health check fails keeps the pair in use (the
+/// marker was planted right after the first apply, and the pair read
+/// then: read later, it could be the new one of a renewal that is
+/// about to be rolled back).
+fn a_renewal_whose_health_check_fails_keeps_the_pair(f: &Fleet, kept: &(Vec<u8>, u32)) {
     wait_until(
         CONVERGE + Duration::from_secs(30),
         "node-2's renewal is rolled back",
@@ -292,12 +319,14 @@ fn each_node_gets_its_own_certificates_and_kubeconfig_and_they_rotate() {
         f.agent("node-2")
             .read("/var/lib/kubelet/pki/kubelet-client.key")
             .unwrap(),
-        kept
+        *kept
     );
     let (_, state, msg) = f.agent("node-2").bundle("kubelet-identity").unwrap();
     assert_eq!(state, "applied", "{msg}");
+}
 
-    // A deleted node gets no certificate any more.
+/// A deleted node gets no certificate any more.
+fn a_deleted_node_gets_no_certificate_any_more(f: &mut Fleet) {
     f.agent_mut("node-1").stop();
     f.server.lksctl_ok(&["node", "delete", "node-1"]);
     let issued_before = f.server.lksctl_json(&["cluster", "certs", "tenant-a", "--all"]);
@@ -359,39 +388,55 @@ async fn a_node_cannot_have_another_nodes_name_or_extra_names_signed() {
     ]);
     let rollout = rollout.trim().to_string();
 
-    let issue = |node: &TestNode, bundle: &str, path: &str, csr: String| {
-        let node_url = node.url.clone();
-        let (ca, cert, key) = (node.ca_pem.clone(), node.cert_pem.clone(), node.key_pem.clone());
-        let (bundle, path) = (bundle.to_string(), path.to_string());
-        async move {
-            let ch = lks_e2e::server::channel(&node_url, &ca, Some((&cert, &key))).await;
-            pb::agent_service_client::AgentServiceClient::new(ch)
-                .issue_certificate(pb::IssueCertificateRequest {
-                    bundle,
-                    version: "1".into(),
-                    path,
-                    csr_pem: csr,
-                })
-                .await
-        }
-    };
-    let csr_for = |cn: &str, o: Option<&str>, sans: &[&str]| {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut p =
-            rcgen::CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
-        p.distinguished_name.push(rcgen::DnType::CommonName, cn);
-        if let Some(o) = o {
-            p.distinguished_name.push(rcgen::DnType::OrganizationName, o);
-        }
-        p.serialize_request(&key).unwrap().pem().unwrap()
-    };
     let client = "/var/lib/kubelet/pki/kubelet-client.crt";
-    // The right request is signed once the rollout assigned the bundle (so
-    // the refusals below are about names).
+    own_client_certificate_signed_once_assigned(&w1, client).await;
+    let before = s.lksctl_json(&["cluster", "certs", "tenant-a", "--all"]);
+    another_nodes_name_extra_names_and_bad_csrs_are_refused(&w1, client).await;
+    the_old_agent_failed_at_its_turn_and_got_nothing(&s, &w3, &rollout, client).await;
+
+    // Nothing refused was recorded.
+    assert_eq!(s.lksctl_json(&["cluster", "certs", "tenant-a", "--all"]), before);
+
+    publish_and_rollout_refusals_are_one_line(&s, &b);
+}
+
+/// `node` asks for the certificate at `path` of `bundle`, with `csr`.
+async fn issue(
+    node: &TestNode,
+    bundle: &str,
+    path: &str,
+    csr: String,
+) -> Result<tonic::Response<pb::IssueCertificateResponse>, tonic::Status> {
+    let ch = lks_e2e::server::channel(&node.url, &node.ca_pem, Some((&node.cert_pem, &node.key_pem))).await;
+    pb::agent_service_client::AgentServiceClient::new(ch)
+        .issue_certificate(pb::IssueCertificateRequest {
+            bundle: bundle.to_string(),
+            version: "1".into(),
+            path: path.to_string(),
+            csr_pem: csr,
+        })
+        .await
+}
+
+/// A CSR with common name `cn`, organisation `o` and DNS names `sans`.
+fn csr_for(cn: &str, o: Option<&str>, sans: &[&str]) -> String {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut p =
+        rcgen::CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+    p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+    if let Some(o) = o {
+        p.distinguished_name.push(rcgen::DnType::OrganizationName, o);
+    }
+    p.serialize_request(&key).unwrap().pem().unwrap()
+}
+
+/// The right request is signed once the rollout assigned the bundle (so
+/// the refusals that follow are about names).
+async fn own_client_certificate_signed_once_assigned(w1: &TestNode, client: &str) {
     let start = std::time::Instant::now();
     let ok = loop {
         match issue(
-            &w1,
+            w1,
             "kubelet-identity",
             client,
             csr_for("system:node:w1", Some("system:nodes"), &[]),
@@ -407,8 +452,12 @@ async fn a_node_cannot_have_another_nodes_name_or_extra_names_signed() {
     };
     assert!(ok.certificate_pem.contains("BEGIN CERTIFICATE"));
     assert_eq!(ok.api_server, API);
-    let before = s.lksctl_json(&["cluster", "certs", "tenant-a", "--all"]);
+}
 
+/// Another node's name, other organisations, extra DNS names, a path
+/// that is no [[certificate]], an unassigned bundle and a broken CSR:
+/// each refused with its reason, in one line.
+async fn another_nodes_name_extra_names_and_bad_csrs_are_refused(w1: &TestNode, client: &str) {
     let cases: Vec<(String, String, String, Code, &str)> = vec![
         (
             "kubelet-identity".into(),
@@ -460,13 +509,21 @@ async fn a_node_cannot_have_another_nodes_name_or_extra_names_signed() {
         ),
     ];
     for (bundle, path, csr, code, why) in cases {
-        let e = issue(&w1, &bundle, &path, csr).await.expect_err(why);
+        let e = issue(w1, &bundle, &path, csr).await.expect_err(why);
         assert_eq!(e.code(), code, "{why}: {}", e.message());
         assert!(e.message().contains(why), "expected {why:?} in {:?}", e.message());
         assert!(!e.message().contains('\n'), "one line: {:?}", e.message());
     }
-    // The old agent got nothing; it failed at its turn, saying why.
-    let status = s.lksctl_json(&["rollout", "status", &rollout]);
+}
+
+/// The old agent got nothing; it failed at its turn, saying why.
+async fn the_old_agent_failed_at_its_turn_and_got_nothing(
+    s: &Server,
+    w3: &TestNode,
+    rollout: &str,
+    client: &str,
+) {
+    let status = s.lksctl_json(&["rollout", "status", rollout]);
     let w3_state = status["nodes"]
         .as_array()
         .unwrap()
@@ -483,7 +540,7 @@ async fn a_node_cannot_have_another_nodes_name_or_extra_names_signed() {
         "{w3_state}"
     );
     let e = issue(
-        &w3,
+        w3,
         "kubelet-identity",
         client,
         csr_for("system:node:w3", Some("system:nodes"), &[]),
@@ -491,11 +548,10 @@ async fn a_node_cannot_have_another_nodes_name_or_extra_names_signed() {
     .await
     .expect_err("w3 was not assigned the bundle");
     assert_eq!(e.code(), Code::PermissionDenied);
+}
 
-    // Nothing refused was recorded.
-    assert_eq!(s.lksctl_json(&["cluster", "certs", "tenant-a", "--all"]), before);
-
-    // Publish and rollout refusals are one line each.
+/// Publish and rollout refusals are one line each.
+fn publish_and_rollout_refusals_are_one_line(s: &Server, b: &str) {
     let bad = write_bundle(
         s.work_dir(),
         "bad-identity",
@@ -509,7 +565,7 @@ async fn a_node_cannot_have_another_nodes_name_or_extra_names_signed() {
     );
     assert!(e.contains("the only placeholder is {node}"), "{e}");
     let e = one_line_error(
-        &s.lksctl(&["rollout", "start", "--cluster", "tenant-b", "--bundle", &b]),
+        &s.lksctl(&["rollout", "start", "--cluster", "tenant-b", "--bundle", b]),
         "kubeconfigs for a cluster without an API server",
     );
     assert!(e.contains("cluster tenant-b has no API server address"), "{e}");

@@ -24,7 +24,29 @@ async fn peer_sharing_is_set_shown_refused_and_pushed() {
     let d0 = next_desired(&mut stream).await;
     assert_eq!(d0.peer_sharing, None, "off for a new cluster");
 
-    // Off for every new cluster, shown as such.
+    turned_on_shown_and_pushed_at_once(&s, &mut stream, &d0).await;
+    refusals_are_one_line_and_change_nothing(&s).await;
+    off_is_pushed_and_the_settings_are_kept_while_off(&s, &mut stream).await;
+
+    // Recorded as events.
+    let events = s.lksctl_json(&["event", "list", "--cluster", "tenant-a"]);
+    let n = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "peer_sharing")
+        .count();
+    assert_eq!(n, 4, "{events}");
+}
+
+/// Off for every new cluster, shown as such; turned on, shown by get and
+/// list (other clusters stay off), and the connected agent hears of it at
+/// once, with the same generation.
+async fn turned_on_shown_and_pushed_at_once(
+    s: &Server,
+    stream: &mut tonic::Streaming<pb::ServerMessage>,
+    d0: &pb::DesiredState,
+) {
     let j = s.lksctl_json(&["cluster", "get", "tenant-a"]);
     assert!(j["peer_sharing"].is_null(), "{j}");
     let get = s.lksctl_ok(&["cluster", "get", "tenant-a"]);
@@ -52,7 +74,7 @@ async fn peer_sharing_is_set_shown_refused_and_pushed() {
         "{j}"
     );
     // The connected agent hears of it at once, with the same generation.
-    let d1 = next_desired(&mut stream).await;
+    let d1 = next_desired(stream).await;
     assert_eq!(
         d1.peer_sharing,
         Some(pb::PeerSharing {
@@ -75,8 +97,11 @@ async fn peer_sharing_is_set_shown_refused_and_pushed() {
     assert!(table.lines().next().unwrap().contains("PEER SHARING"), "{table}");
     let row = table.lines().find(|l| l.starts_with("tenant-a")).unwrap();
     assert!(row.ends_with("on :7555 4 uploads 10 MiB/s"), "{table}");
+}
 
-    // Refusals: one line, non-zero exit, nothing changed.
+/// Refusals: one line, non-zero exit, nothing changed; the server checks
+/// too (another client than lksctl).
+async fn refusals_are_one_line_and_change_nothing(s: &Server) {
     let e = one_line_error(
         &s.lksctl(&["cluster", "set", "tenant-a", "--peer-port", "0"]),
         "peer port 0",
@@ -119,14 +144,19 @@ async fn peer_sharing_is_set_shown_refused_and_pushed() {
     }
     let j = s.lksctl_json(&["cluster", "get", "tenant-a"]);
     assert_eq!(j["peer_sharing"]["port"], 7555, "refusals change nothing: {j}");
+}
 
-    // Off: absent from the agent's desired state; the settings are kept
-    // and can be changed while off.
+/// Off: absent from the agent's desired state; the settings are kept
+/// and can be changed while off, with nothing sent; on again, they are.
+async fn off_is_pushed_and_the_settings_are_kept_while_off(
+    s: &Server,
+    stream: &mut tonic::Streaming<pb::ServerMessage>,
+) {
     let out = s.lksctl_ok(&["cluster", "set", "tenant-a", "--peer-sharing", "off"]);
     assert_eq!(out.trim(), "cluster tenant-a: peer sharing off");
     let j = s.lksctl_json(&["cluster", "get", "tenant-a"]);
     assert!(j["peer_sharing"].is_null(), "{j}");
-    let d2 = next_desired(&mut stream).await;
+    let d2 = next_desired(stream).await;
     assert_eq!(d2.peer_sharing, None);
     s.lksctl_ok(&["cluster", "set", "tenant-a", "--peer-max-uploads", "8"]);
     let j = s.lksctl_json(&["cluster", "get", "tenant-a"]);
@@ -143,7 +173,7 @@ async fn peer_sharing_is_set_shown_refused_and_pushed() {
     .await;
     assert!(quiet.is_err(), "unexpected desired state: {quiet:?}");
     s.lksctl_ok(&["cluster", "set", "tenant-a", "--peer-sharing", "on"]);
-    let d3 = next_desired(&mut stream).await;
+    let d3 = next_desired(stream).await;
     assert_eq!(
         d3.peer_sharing,
         Some(pb::PeerSharing {
@@ -153,16 +183,6 @@ async fn peer_sharing_is_set_shown_refused_and_pushed() {
         }),
         "kept while off"
     );
-
-    // Recorded as events.
-    let events = s.lksctl_json(&["event", "list", "--cluster", "tenant-a"]);
-    let n = events
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["kind"] == "peer_sharing")
-        .count();
-    assert_eq!(n, 4, "{events}");
 }
 
 /// On etcd, a replica other than the one that took the change tells its

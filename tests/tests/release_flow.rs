@@ -95,105 +95,10 @@ fn a_node_follows_signed_releases_and_a_rollback_is_a_signed_act() {
     );
     agent.start();
 
-    // Release 1 names app@1; the rollout applies it.
-    let b1 = publish_app(&server, "1", &key);
-    let out = server.lksctl_ok(&[
-        "release",
-        "create",
-        "--cluster",
-        "c1",
-        "--bundle",
-        &b1,
-        "--key",
-        s(&key),
-        "--publish",
-    ]);
-    assert!(out.contains("published release 1 of c1"), "{out}");
-    server.lksctl_ok(&["rollout", "start", "--cluster", "c1", "--bundle", &b1]);
-    wait_node_bundle(&server, "n1", "app", "1", "applied");
-    assert_eq!(content(&agent), "app v1\n");
-    let t = wait_trust(&server, "n1", "trust ok at release 1", |t| {
-        t["state"] == "ok" && t["release_version"] == 1
-    });
-    assert_eq!(t["root_version"], 1, "{t:#}");
-
-    // Release 2 names app@2, drafted to a file, signed, checked, published.
-    let b2 = publish_app(&server, "2", &key);
-    let file = server.work_dir().join("release-2.json");
-    server.lksctl_ok(&[
-        "release",
-        "create",
-        "--cluster",
-        "c1",
-        "--bundle",
-        &b2,
-        "--out",
-        s(&file),
-    ]);
-    let unsigned = server.lksctl(&["release", "publish", s(&file)]);
-    let e = one_line_error(&unsigned, "publish an unsigned release");
-    assert!(e.contains("is not signed"), "{e}");
-    server.lksctl_ok(&["release", "sign", s(&file), "--key", s(&key)]);
-    let ok = server.lksctl_ok(&["release", "check", s(&file), "--trust-key", s(&public)]);
-    assert!(ok.contains("accepts release 2 of c1"), "{ok}");
-    server.lksctl_ok(&["release", "publish", s(&file)]);
-    let id2 = server
-        .lksctl_ok(&["rollout", "start", "--cluster", "c1", "--bundle", &b2])
-        .trim()
-        .to_string();
-    wait_node_bundle(&server, "n1", "app", "2", "applied");
-    assert_eq!(content(&agent), "app v2\n");
-
-    // A rollback to app@1 is refused by the node: release 2 does not name
-    // it and release 1 is older than what it accepted.
-    let rb = server.lksctl(&["rollout", "rollback", &id2]);
-    assert!(rb.status.success(), "{rb:?}");
-    let note = String::from_utf8_lossy(&rb.stderr);
-    assert!(
-        note.contains("release 2 of c1 names app@2; nodes of c1 that require signed releases"),
-        "{note}"
-    );
-    let msg = wait_node_bundle(&server, "n1", "app", "1", "failed");
-    assert!(msg.starts_with("not released: "), "{msg}");
-    assert_eq!(content(&agent), "app v2\n", "the node keeps its version");
-
-    // The publisher signs the rollback: release 3 names app@1 again.
-    server.lksctl_ok(&[
-        "release",
-        "create",
-        "--cluster",
-        "c1",
-        "--bundle",
-        &b1,
-        "--key",
-        s(&key),
-        "--publish",
-    ]);
-    wait_node_bundle(&server, "n1", "app", "1", "applied");
-    assert_eq!(content(&agent), "app v1\n");
-    wait_trust(&server, "n1", "trust ok at release 3", |t| {
-        t["state"] == "ok" && t["release_version"] == 3
-    });
-
-    // Freshness: a release that expires in 2 s leaves the node stale;
-    // re-signing is one command.
-    server.lksctl_ok(&[
-        "release",
-        "resign",
-        "--cluster",
-        "c1",
-        "--key",
-        s(&key),
-        "--expires",
-        "2s",
-    ]);
-    let t = wait_trust(&server, "n1", "stale-release", |t| t["state"] == "stale-release");
-    assert_eq!(t["release_version"], 4, "{t:#}");
-    assert_eq!(content(&agent), "app v1\n", "a stale node keeps what it has");
-    server.lksctl_ok(&["release", "resign", "--cluster", "c1", "--key", s(&key)]);
-    wait_trust(&server, "n1", "fresh again at release 5", |t| {
-        t["state"] == "ok" && t["release_version"] == 5
-    });
+    let b1 = release_1_names_app_1_and_the_rollout_applies_it(&server, &agent, &key);
+    let (file, id2) = release_2_is_drafted_signed_checked_and_published(&server, &agent, &key, &public);
+    a_rollback_is_refused_until_the_publisher_signs_it(&server, &agent, &key, &b1, &id2);
+    a_stale_release_is_reported_and_resigning_freshens_it(&server, &agent, &key);
 
     // Publishing a stored record again changes nothing; a different record
     // under a stored version is refused by the server.
@@ -219,6 +124,132 @@ fn a_node_follows_signed_releases_and_a_rollback_is_a_signed_act() {
     let audit = server.lksctl_ok(&["audit"]);
     assert!(audit.contains("PublishRelease"), "{audit}");
     assert_eq!(agent.stop(), Some(0));
+}
+
+/// Release 1 names app@1; the rollout applies it and the node's trust is
+/// ok at release 1, root 1. Returns app@1's ID.
+fn release_1_names_app_1_and_the_rollout_applies_it(server: &Server, agent: &Agent, key: &Path) -> String {
+    let b1 = publish_app(server, "1", key);
+    let out = server.lksctl_ok(&[
+        "release",
+        "create",
+        "--cluster",
+        "c1",
+        "--bundle",
+        &b1,
+        "--key",
+        s(key),
+        "--publish",
+    ]);
+    assert!(out.contains("published release 1 of c1"), "{out}");
+    server.lksctl_ok(&["rollout", "start", "--cluster", "c1", "--bundle", &b1]);
+    wait_node_bundle(server, "n1", "app", "1", "applied");
+    assert_eq!(content(agent), "app v1\n");
+    let t = wait_trust(server, "n1", "trust ok at release 1", |t| {
+        t["state"] == "ok" && t["release_version"] == 1
+    });
+    assert_eq!(t["root_version"], 1, "{t:#}");
+
+    b1
+}
+
+/// Release 2 names app@2, drafted to a file, refused unsigned, signed,
+/// checked, published and rolled out. Returns the file and the rollout.
+fn release_2_is_drafted_signed_checked_and_published(
+    server: &Server,
+    agent: &Agent,
+    key: &Path,
+    public: &Path,
+) -> (PathBuf, String) {
+    let b2 = publish_app(server, "2", key);
+    let file = server.work_dir().join("release-2.json");
+    server.lksctl_ok(&[
+        "release",
+        "create",
+        "--cluster",
+        "c1",
+        "--bundle",
+        &b2,
+        "--out",
+        s(&file),
+    ]);
+    let unsigned = server.lksctl(&["release", "publish", s(&file)]);
+    let e = one_line_error(&unsigned, "publish an unsigned release");
+    assert!(e.contains("is not signed"), "{e}");
+    server.lksctl_ok(&["release", "sign", s(&file), "--key", s(key)]);
+    let ok = server.lksctl_ok(&["release", "check", s(&file), "--trust-key", s(public)]);
+    assert!(ok.contains("accepts release 2 of c1"), "{ok}");
+    server.lksctl_ok(&["release", "publish", s(&file)]);
+    let id2 = server
+        .lksctl_ok(&["rollout", "start", "--cluster", "c1", "--bundle", &b2])
+        .trim()
+        .to_string();
+    wait_node_bundle(server, "n1", "app", "2", "applied");
+    assert_eq!(content(agent), "app v2\n");
+
+    (file, id2)
+}
+
+/// A rollback to app@1 is refused by the node: release 2 does not name
+/// it and release 1 is older than what it accepted. The publisher signs
+/// the rollback: release 3 names app@1 again, and the node takes it.
+fn a_rollback_is_refused_until_the_publisher_signs_it(
+    server: &Server,
+    agent: &Agent,
+    key: &Path,
+    b1: &str,
+    id2: &str,
+) {
+    let rb = server.lksctl(&["rollout", "rollback", id2]);
+    assert!(rb.status.success(), "{rb:?}");
+    let note = String::from_utf8_lossy(&rb.stderr);
+    assert!(
+        note.contains("release 2 of c1 names app@2; nodes of c1 that require signed releases"),
+        "{note}"
+    );
+    let msg = wait_node_bundle(server, "n1", "app", "1", "failed");
+    assert!(msg.starts_with("not released: "), "{msg}");
+    assert_eq!(content(agent), "app v2\n", "the node keeps its version");
+
+    // The publisher signs the rollback: release 3 names app@1 again.
+    server.lksctl_ok(&[
+        "release",
+        "create",
+        "--cluster",
+        "c1",
+        "--bundle",
+        b1,
+        "--key",
+        s(key),
+        "--publish",
+    ]);
+    wait_node_bundle(server, "n1", "app", "1", "applied");
+    assert_eq!(content(agent), "app v1\n");
+    wait_trust(server, "n1", "trust ok at release 3", |t| {
+        t["state"] == "ok" && t["release_version"] == 3
+    });
+}
+
+/// Freshness: a release that expires in 2 s leaves the node stale (it
+/// keeps what it has); re-signing is one command.
+fn a_stale_release_is_reported_and_resigning_freshens_it(server: &Server, agent: &Agent, key: &Path) {
+    server.lksctl_ok(&[
+        "release",
+        "resign",
+        "--cluster",
+        "c1",
+        "--key",
+        s(key),
+        "--expires",
+        "2s",
+    ]);
+    let t = wait_trust(server, "n1", "stale-release", |t| t["state"] == "stale-release");
+    assert_eq!(t["release_version"], 4, "{t:#}");
+    assert_eq!(content(agent), "app v1\n", "a stale node keeps what it has");
+    server.lksctl_ok(&["release", "resign", "--cluster", "c1", "--key", s(key)]);
+    wait_trust(server, "n1", "fresh again at release 5", |t| {
+        t["state"] == "ok" && t["release_version"] == 5
+    });
 }
 
 #[test]

@@ -130,10 +130,39 @@ async fn releases_are_checked_stored_and_sent_to_the_clusters_nodes() {
     assert_eq!(first.release, None, "the cluster has no release yet");
     assert!(first.roots.is_empty());
 
-    // Refusals, one line each, nothing stored.
-    let e = publish(&s, release("nope", 1, &[], &key)).await.unwrap_err();
+    refusals_are_one_line_each_and_store_nothing(&s, &key, d1, d2).await;
+    release_1_is_sent_at_once_and_a_version_keeps_its_record(&s, &mut stream, &first, &key, d1, d2).await;
+    a_node_is_sent_the_highest_release_that_admits_its_bundles(&s, &mut stream, &key, d1, d2).await;
+    a_root_rotation_is_checked_and_pushed_at_once(&s, &mut stream, &key).await;
+    the_trust_a_node_reports_is_listed_and_counted(&s, &tx).await;
+
+    // A state the protocol does not name ends the stream, invalid_argument.
+    tx.send(trust_report("fine", 2)).await.unwrap();
+    let end = tokio::time::timeout(WAIT, async {
+        loop {
+            match stream.message().await {
+                Ok(Some(_)) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("stream ends");
+    assert_eq!(end.unwrap_err().code(), Code::InvalidArgument);
+
+    // Both publishes are in the audit trail.
+    let audit = s.lksctl_ok(&["audit", "--since", "1h"]);
+    assert!(audit.contains("PublishRelease"), "{audit}");
+    assert!(audit.contains("release 2 of tenant-a"), "{audit}");
+    assert!(audit.contains("PublishRoot"), "{audit}");
+}
+
+/// Refusals, one line each, nothing stored: an unknown cluster, a bundle
+/// not published, another manifest digest, version 0.
+async fn refusals_are_one_line_each_and_store_nothing(s: &Server, key: &SigningKey, d1: Digest, d2: Digest) {
+    let e = publish(s, release("nope", 1, &[], key)).await.unwrap_err();
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
-    let e = publish(&s, release("tenant-a", 1, &[("demo", "3", d1)], &key))
+    let e = publish(s, release("tenant-a", 1, &[("demo", "3", d1)], key))
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition);
@@ -141,7 +170,7 @@ async fn releases_are_checked_stored_and_sent_to_the_clusters_nodes() {
         e.message(),
         "release 1 of tenant-a: bundle demo@3 is not published; publish it before releasing it"
     );
-    let e = publish(&s, release("tenant-a", 1, &[("demo", "1", d2)], &key))
+    let e = publish(s, release("tenant-a", 1, &[("demo", "1", d2)], key))
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition);
@@ -151,20 +180,31 @@ async fn releases_are_checked_stored_and_sent_to_the_clusters_nodes() {
         "{}",
         e.message()
     );
-    let mut no_version = release("tenant-a", 1, &[], &key);
+    let mut no_version = release("tenant-a", 1, &[], key);
     no_version.release.as_mut().unwrap().version = 0;
     assert_eq!(
-        publish(&s, no_version).await.unwrap_err().code(),
+        publish(s, no_version).await.unwrap_err().code(),
         Code::InvalidArgument
     );
+}
 
-    // Release 1 names demo@1; the node (on no bundle) is sent it at once.
-    let r1 = publish(&s, release("tenant-a", 1, &[("demo", "1", d1)], &key))
+/// Release 1 names demo@1; the node (on no bundle) is sent it at once.
+/// The same record again changes nothing; another record under version
+/// 1 is refused.
+async fn release_1_is_sent_at_once_and_a_version_keeps_its_record(
+    s: &Server,
+    stream: &mut tonic::Streaming<pb::ServerMessage>,
+    first: &pb::DesiredState,
+    key: &SigningKey,
+    d1: Digest,
+    d2: Digest,
+) {
+    let r1 = publish(s, release("tenant-a", 1, &[("demo", "1", d1)], key))
         .await
         .expect("publish release 1");
     assert!(r1.digest.starts_with("sha256:"), "{r1:?}");
     assert!(r1.published_at_ms > 0);
-    let d = next_desired(&mut stream).await;
+    let d = next_desired(stream).await;
     assert_eq!(version_of(&d), Some(1));
     assert_eq!(
         d.generation, first.generation,
@@ -178,34 +218,44 @@ async fn releases_are_checked_stored_and_sent_to_the_clusters_nodes() {
 
     // The same record again changes nothing; another record under version
     // 1, or an older version, is refused.
-    publish(&s, release("tenant-a", 1, &[("demo", "1", d1)], &key))
+    publish(s, release("tenant-a", 1, &[("demo", "1", d1)], key))
         .await
         .expect("identical record again");
-    let e = publish(&s, release("tenant-a", 1, &[("demo", "2", d2)], &key))
+    let e = publish(s, release("tenant-a", 1, &[("demo", "2", d2)], key))
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
+}
 
-    // Release 2 names demo@2: the node, holding nothing, gets the highest.
-    publish(&s, release("tenant-a", 2, &[("demo", "2", d2)], &key))
+/// Release 2 names demo@2: the node, holding nothing, gets the highest;
+/// on demo@1 it is sent release 1. Below the highest a publish is
+/// refused unless it is a stored record again; releases list newest first.
+async fn a_node_is_sent_the_highest_release_that_admits_its_bundles(
+    s: &Server,
+    stream: &mut tonic::Streaming<pb::ServerMessage>,
+    key: &SigningKey,
+    d1: Digest,
+    d2: Digest,
+) {
+    publish(s, release("tenant-a", 2, &[("demo", "2", d2)], key))
         .await
         .expect("publish release 2");
-    assert_eq!(version_of(&next_desired(&mut stream).await), Some(2));
+    assert_eq!(version_of(&next_desired(stream).await), Some(2));
 
     // On demo@1 the node is sent release 1, the highest that admits it.
     let id = s.lksctl_json(&["rollout", "start", "--cluster", "tenant-a", "--bundle", "demo@1"])["id"]
         .as_str()
         .unwrap()
         .to_string();
-    let d = next_desired(&mut stream).await;
+    let d = next_desired(stream).await;
     assert_eq!(lks_e2e::server::bundle_ids(&d), ["demo@1"]);
     assert_eq!(version_of(&d), Some(1), "the highest release naming demo@1");
     assert!(!id.is_empty());
 
     // Below the highest: refused, unless it is a stored record again.
-    let e = publish(&s, release("tenant-a", 1, &[], &key)).await.unwrap_err();
+    let e = publish(s, release("tenant-a", 1, &[], key)).await.unwrap_err();
     assert_eq!(e.code(), Code::AlreadyExists, "another record under version 1");
-    publish(&s, release("tenant-a", 1, &[("demo", "1", d1)], &key))
+    publish(s, release("tenant-a", 1, &[("demo", "1", d1)], key))
         .await
         .expect("stored release 1 again");
     let listed = s
@@ -227,14 +277,20 @@ async fn releases_are_checked_stored_and_sent_to_the_clusters_nodes() {
         [2, 1],
         "newest first"
     );
+}
 
-    // A root rotation: version 2 first, pushed at once; version 4 skips 3.
+/// A root rotation: version 2 first, pushed at once; version 4 skips 3.
+async fn a_root_rotation_is_checked_and_pushed_at_once(
+    s: &Server,
+    stream: &mut tonic::Streaming<pb::ServerMessage>,
+    key: &SigningKey,
+) {
     let next_key = SigningKey::generate();
     let mut admin = s.admin_client().await;
     let e = admin
         .publish_root(pb::PublishRootRequest {
             cluster: "tenant-a".into(),
-            root: Some(root(3, &[&key])),
+            root: Some(root(3, &[key])),
         })
         .await
         .unwrap_err();
@@ -242,13 +298,13 @@ async fn releases_are_checked_stored_and_sent_to_the_clusters_nodes() {
     let r2 = admin
         .publish_root(pb::PublishRootRequest {
             cluster: "tenant-a".into(),
-            root: Some(root(2, &[&key, &next_key])),
+            root: Some(root(2, &[key, &next_key])),
         })
         .await
         .expect("publish root 2")
         .into_inner();
     assert_eq!(r2.cluster, "tenant-a");
-    let d = next_desired(&mut stream).await;
+    let d = next_desired(stream).await;
     assert_eq!(d.roots, [r2.root.clone().unwrap()]);
     assert_eq!(version_of(&d), Some(1), "still the release that admits demo@1");
     let roots = admin
@@ -259,8 +315,13 @@ async fn releases_are_checked_stored_and_sent_to_the_clusters_nodes() {
         .unwrap()
         .into_inner();
     assert_eq!(roots.roots.len(), 1);
+}
 
-    // The trust the node reports: in node list (table and JSON) and metrics.
+/// The trust the node reports: in node list (table and JSON) and metrics.
+async fn the_trust_a_node_reports_is_listed_and_counted(
+    s: &Server,
+    tx: &tokio::sync::mpsc::Sender<AgentMessage>,
+) {
     wait_until(WAIT, "w1 listed with no trust", || {
         node_json(&s.lksctl_json(&["node", "list"]), "w1")["trust"].is_null()
     });
@@ -287,26 +348,6 @@ async fn releases_are_checked_stored_and_sent_to_the_clusters_nodes() {
     });
     assert_eq!(s.metric("lks_nodes_trust_state{state=\"stale-release\"}"), 0);
     assert_eq!(s.metric("lks_nodes_trust_state{state=\"ok\"}"), 1);
-
-    // A state the protocol does not name ends the stream, invalid_argument.
-    tx.send(trust_report("fine", 2)).await.unwrap();
-    let end = tokio::time::timeout(WAIT, async {
-        loop {
-            match stream.message().await {
-                Ok(Some(_)) => continue,
-                other => return other,
-            }
-        }
-    })
-    .await
-    .expect("stream ends");
-    assert_eq!(end.unwrap_err().code(), Code::InvalidArgument);
-
-    // Both publishes are in the audit trail.
-    let audit = s.lksctl_ok(&["audit", "--since", "1h"]);
-    assert!(audit.contains("PublishRelease"), "{audit}");
-    assert!(audit.contains("release 2 of tenant-a"), "{audit}");
-    assert!(audit.contains("PublishRoot"), "{audit}");
 }
 
 /// On etcd, a release published through one replica reaches a node whose

@@ -213,7 +213,15 @@ fn closed_windows_start_nothing_until_one_opens_even_across_a_restart() {
     let day = utc_weekday_in(3);
     let closed = format!("{day} 00:00-00:01 UTC");
 
-    // Bad windows: one error line each, nothing stored.
+    bad_windows_are_one_error_line_each_and_store_nothing(&f);
+    let id = a_rollout_waits_for_its_closed_window(&f, &closed);
+    ignore_windows_starts_anyway_and_says_who_did(&f);
+    a_server_restart_keeps_it_waiting(&mut f, &id);
+    the_window_opening_resumes_it_by_itself(&f, &closed, &id);
+}
+
+/// Bad windows: one error line each, nothing stored.
+fn bad_windows_are_one_error_line_each_and_store_nothing(f: &Fleet) {
     for bad in [
         "Sat 25:00-06:00 UTC",
         "Sax 02:00-06:00 UTC",
@@ -229,10 +237,14 @@ fn closed_windows_start_nothing_until_one_opens_even_across_a_restart() {
     }
     let cl = f.server.lksctl_json(&["cluster", "list"]);
     assert_eq!(cl[0]["maintenance_windows"], serde_json::json!([]), "{cl:#}");
+}
 
+/// With only a closed window, a rollout starts nothing and says it waits
+/// for its window (the next one named). Returns its ID.
+fn a_rollout_waits_for_its_closed_window(f: &Fleet, closed: &str) -> String {
     let out = f
         .server
-        .lksctl(&["cluster", "set", "c1", "--maintenance-window", &closed]);
+        .lksctl(&["cluster", "set", "c1", "--maintenance-window", closed]);
     let said = lks_e2e::ok_stdout(&out, "cluster set");
     assert!(said.contains("closed; next"), "{said}");
     let cl = f.server.lksctl_json(&["cluster", "list"]);
@@ -255,7 +267,11 @@ fn closed_windows_start_nothing_until_one_opens_even_across_a_restart() {
     let line = f.server.lksctl_ok(&["rollout", "status", &id]);
     assert!(line.contains("waiting for a maintenance window"), "{line}");
 
-    // --ignore-windows starts anyway and says who did.
+    id
+}
+
+/// --ignore-windows starts anyway and says who did.
+fn ignore_windows_starts_anyway_and_says_who_did(f: &Fleet) {
     let b2 = f.publish(
         "urgent",
         "1",
@@ -283,15 +299,18 @@ fn closed_windows_start_nothing_until_one_opens_even_across_a_restart() {
         m.contains("ignoring maintenance windows") && m.contains("started by "),
         "{m}"
     );
+}
 
-    // A server restart keeps it waiting.
+/// A server restart keeps it waiting: nothing installed, the wait
+/// recorded once.
+fn a_server_restart_keeps_it_waiting(f: &mut Fleet, id: &str) {
     f.server.kill9();
     f.server.start_again();
     for a in &f.agents {
         a.wait_connected();
     }
     std::thread::sleep(Duration::from_secs(2));
-    let st = f.status(&id);
+    let st = f.status(id);
     assert_eq!(
         (&st["state"], &st["updated"], &st["waiting_for_window"]),
         (&"running".into(), &0.into(), &true.into())
@@ -299,15 +318,18 @@ fn closed_windows_start_nothing_until_one_opens_even_across_a_restart() {
     for a in &f.agents {
         assert_eq!(a.read(CONF), None, "{} started outside its window", a.name);
     }
-    assert_eq!(count(&rollout_events(&f.server, &id), "waiting_for_window"), 1);
+    assert_eq!(count(&rollout_events(&f.server, id), "waiting_for_window"), 1);
+}
 
-    // The window opens (the operator widens it): the rollout resumes by itself.
+/// The window opens (the operator widens it): the rollout resumes by
+/// itself; the windows can be cleared.
+fn the_window_opening_resumes_it_by_itself(f: &Fleet, closed: &str, id: &str) {
     let out = f.server.lksctl(&[
         "cluster",
         "set",
         "c1",
         "--maintenance-window",
-        &closed,
+        closed,
         "--maintenance-window",
         "daily 00:00-24:00 UTC",
     ]);
@@ -319,10 +341,10 @@ fn closed_windows_start_nothing_until_one_opens_even_across_a_restart() {
         cl[0]["window_closes"].as_str().unwrap().ends_with("T00:00:00Z"),
         "{cl:#}"
     );
-    let st = f.wait_state(&id, "completed");
+    let st = f.wait_state(id, "completed");
     assert_eq!(st["updated"], 2, "{st:#}");
     assert_eq!(st["waiting_for_window"], false);
-    let ev = rollout_events(&f.server, &id);
+    let ev = rollout_events(&f.server, id);
     assert_eq!(count(&ev, "window_open"), 1, "{ev:?}");
     lks_e2e::ok_stdout(
         &f.server

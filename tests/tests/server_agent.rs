@@ -57,6 +57,27 @@ async fn desired_state_out_status_back_and_rollouts_follow() {
     assert_eq!(got["facts"]["hostname"], "w1.test");
     assert_eq!(got["facts"]["agent_version"], "test-agent/0");
 
+    a_selected_rollout_is_pushed_and_completes_on_the_nodes_status(&s, &tx, &mut stream, &d0).await;
+    let id2 = a_failing_bundle_ends_rollout_wait_with_one_line(&s, &w1, &tx, &mut stream).await;
+    a_rollback_ends_when_the_node_reports_it_applied(&s, &tx, &mut stream, &id2).await;
+    node_events_and_metrics_are_recorded(&s, &tx).await;
+
+    drop(tx);
+    drop(stream);
+    wait_until(WAIT, "w1 disconnected", || {
+        node_json(&s.lksctl_json(&["node", "list"]), "w1")["connected"] == false
+    });
+}
+
+/// A rollout of demo@1 to role=worker: pushed to w1 (not w2) with a new
+/// generation and the manifest, pending in `node list`, completed once
+/// w1 reports it applying, then applied.
+async fn a_selected_rollout_is_pushed_and_completes_on_the_nodes_status(
+    s: &Server,
+    tx: &tokio::sync::mpsc::Sender<pb::AgentMessage>,
+    stream: &mut tonic::Streaming<pb::ServerMessage>,
+    d0: &pb::DesiredState,
+) {
     let r = s.lksctl_json(&[
         "rollout",
         "start",
@@ -69,7 +90,7 @@ async fn desired_state_out_status_back_and_rollouts_follow() {
     ]);
     let id = r["id"].as_str().unwrap().to_string();
     assert_eq!(r["total"], 1);
-    let d1 = next_desired(&mut stream).await;
+    let d1 = next_desired(stream).await;
     assert!(d1.generation > d0.generation, "generations only grow");
     assert_eq!(bundle_ids(&d1), ["demo@1"]);
     let m = d1.bundles[0].manifest.as_ref().unwrap();
@@ -77,16 +98,16 @@ async fn desired_state_out_status_back_and_rollouts_follow() {
     assert_eq!(conf.digest, Digest::of(b"one").to_string());
     assert_eq!(conf.size, 3);
     assert_eq!(
-        node_bundles(&s, "w1"),
+        node_bundles(s, "w1"),
         serde_json::json!([{"name": "demo", "version": "1", "state": "pending", "message": "",
             "fetched_from_server": 0, "fetched_from_peers": 0, "fetched_as_delta": 0}])
     );
     assert_eq!(
-        node_bundles(&s, "w2"),
+        node_bundles(s, "w2"),
         serde_json::json!([]),
         "selector excluded w2"
     );
-    let st = rollout_state(&s, &id);
+    let st = rollout_state(s, &id);
     assert_eq!(
         (st["state"].as_str(), st["pending"].as_u64()),
         (Some("running"), Some(1))
@@ -96,15 +117,15 @@ async fn desired_state_out_status_back_and_rollouts_follow() {
         .await
         .unwrap();
     wait_until(WAIT, "applying shown", || {
-        node_bundles(&s, "w1")[0]["state"] == "applying"
+        node_bundles(s, "w1")[0]["state"] == "applying"
     });
     tx.send(status_msg(d1.generation, "demo", "1", BundleState::Applied, ""))
         .await
         .unwrap();
     wait_until(WAIT, "rollout completed", || {
-        rollout_state(&s, &id)["state"] == "completed"
+        rollout_state(s, &id)["state"] == "completed"
     });
-    let st = rollout_state(&s, &id);
+    let st = rollout_state(s, &id);
     assert_eq!(
         (
             st["total"].as_u64(),
@@ -114,9 +135,18 @@ async fn desired_state_out_status_back_and_rollouts_follow() {
         ),
         (Some(1), Some(1), Some(0), Some(0))
     );
-    assert_eq!(node_bundles(&s, "w1")[0]["state"], "applied");
+    assert_eq!(node_bundles(s, "w1")[0]["state"], "applied");
+}
 
-    // demo@2 fails on the node: `--wait` exits non-zero with one line.
+/// demo@2 fails on the node: `--wait` exits non-zero with one line, and
+/// the node may re-fetch the version it holds meanwhile. Returns the
+/// failed rollout's ID.
+async fn a_failing_bundle_ends_rollout_wait_with_one_line(
+    s: &Server,
+    w1: &TestNode,
+    tx: &tokio::sync::mpsc::Sender<pb::AgentMessage>,
+    stream: &mut tonic::Streaming<pb::ServerMessage>,
+) -> String {
     let s_url = s.admin_conf_path();
     let waiter = std::thread::spawn(move || {
         let mut cmd = std::process::Command::new(lks_e2e::bin("lksctl"));
@@ -131,7 +161,7 @@ async fn desired_state_out_status_back_and_rollouts_follow() {
         ]);
         lks_e2e::run(cmd)
     });
-    let d2 = next_desired(&mut stream).await;
+    let d2 = next_desired(stream).await;
     assert_eq!(bundle_ids(&d2), ["demo@2"]);
     // While moving to demo@2 the node still holds demo@1 and may re-fetch it.
     let (old, _) = w1
@@ -161,27 +191,38 @@ async fn desired_state_out_status_back_and_rollouts_follow() {
         .unwrap()
         .trim()
         .to_string();
-    let st = rollout_state(&s, &id2);
+    let st = rollout_state(s, &id2);
     assert_eq!(st["state"], "failed");
     assert_eq!(st["failed"], 1);
     assert_eq!(st["nodes"][0]["previous_version"], "1");
-    assert_eq!(node_bundles(&s, "w1")[0]["state"], "rolled_back");
+    assert_eq!(node_bundles(s, "w1")[0]["state"], "rolled_back");
+    id2
+}
 
-    // Rolling back returns the node to demo@1; the rollback ends when the
-    // node reports it applied.
-    let out = s.lksctl_ok(&["rollout", "rollback", &id2]);
+/// Rolling back returns the node to demo@1; the rollback ends when the
+/// node reports it applied.
+async fn a_rollback_ends_when_the_node_reports_it_applied(
+    s: &Server,
+    tx: &tokio::sync::mpsc::Sender<pb::AgentMessage>,
+    stream: &mut tonic::Streaming<pb::ServerMessage>,
+    id2: &str,
+) {
+    let out = s.lksctl_ok(&["rollout", "rollback", id2]);
     assert!(out.contains("rolling_back"), "{out}");
-    let d3 = next_desired(&mut stream).await;
+    let d3 = next_desired(stream).await;
     assert_eq!(bundle_ids(&d3), ["demo@1"]);
-    assert_eq!(rollout_state(&s, &id2)["state"], "rolling_back");
+    assert_eq!(rollout_state(s, id2)["state"], "rolling_back");
     tx.send(status_msg(d3.generation, "demo", "1", BundleState::Applied, ""))
         .await
         .unwrap();
     wait_until(WAIT, "rolled back", || {
-        rollout_state(&s, &id2)["state"] == "rolled_back"
+        rollout_state(s, id2)["state"] == "rolled_back"
     });
+}
 
-    // Node events are recorded.
+/// Node events are recorded, and the metrics count the connection,
+/// the pushes and the Connect RPC.
+async fn node_events_and_metrics_are_recorded(s: &Server, tx: &tokio::sync::mpsc::Sender<pb::AgentMessage>) {
     tx.send(pb::AgentMessage {
         msg: Some(pb::agent_message::Msg::Event(pb::NodeEvent {
             fetched_from_server: 0,
@@ -208,12 +249,6 @@ async fn desired_state_out_status_back_and_rollouts_follow() {
         m.contains("lks_rpc_duration_seconds_count{method=\"Connect\"}"),
         "{m}"
     );
-
-    drop(tx);
-    drop(stream);
-    wait_until(WAIT, "w1 disconnected", || {
-        node_json(&s.lksctl_json(&["node", "list"]), "w1")["connected"] == false
-    });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

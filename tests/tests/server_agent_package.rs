@@ -64,75 +64,12 @@ async fn the_server_serves_its_agent_packages_to_whoever_trusts_its_ca() {
     ]);
     server.create_cluster("tenant-a");
 
-    // token create reports the packages, sorted by architecture, and the CA.
-    let j = server.lksctl_json(&["token", "create", "--cluster", "tenant-a"]);
-    let pkgs = j["agent_packages"].as_array().unwrap();
-    assert_eq!(pkgs.len(), 2, "{j}");
-    let p = &pkgs[0];
-    assert_eq!(p["arch"], "amd64");
-    assert_eq!(p["version"], "1.0.0-1");
-    assert_eq!(p["file_name"], "lksadmin-agent_1.0.0-1_amd64.deb");
-    assert_eq!(p["digest"], Digest::of(&amd64_bytes).to_string());
-    assert_eq!(p["size"], amd64_bytes.len() as u64);
-    let url = format!("{}/v1/agent-package/amd64", server.url());
-    assert_eq!(p["url"], url.as_str());
-    assert_eq!(pkgs[1]["arch"], "arm64");
-    let ca = j["ca_cert_pem"].as_str().unwrap();
-    assert_eq!(ca, server.admin_conf().ca_cert);
+    let (url, ca) = token_create_reports_the_packages_and_the_ca(&server, &amd64_bytes);
 
     // Anyone who trusts the CA downloads it; no client certificate needed.
-    let http = https_client(ca);
-    let resp = http.get(&url).send().await.unwrap();
-    assert_eq!(resp.status(), 200);
-    assert_eq!(
-        resp.headers()["content-type"],
-        "application/vnd.debian.binary-package"
-    );
-    assert_eq!(
-        resp.headers()["etag"],
-        format!("\"{}\"", Digest::of(&amd64_bytes)).as_str()
-    );
-    assert_eq!(resp.bytes().await.unwrap().as_ref(), amd64_bytes.as_slice());
-    let head = http.head(&url).send().await.unwrap();
-    assert_eq!(head.status(), 200);
-    assert_eq!(
-        head.headers()["content-length"],
-        amd64_bytes.len().to_string().as_str()
-    );
-
-    // Only the packages: other architectures, other paths, other methods.
-    let resp = http
-        .get(format!("{}/v1/agent-package/riscv64", server.url()))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 404);
-    assert_eq!(
-        resp.text().await.unwrap(),
-        "no agent package for architecture \"riscv64\"; this server offers: amd64, arm64\n"
-    );
-    let digest = Digest::of(&amd64_bytes).hex();
-    // Paths outside the prefix reach the gRPC router, which knows no such
-    // method; the blob store is never reachable by path.
-    for (path, status) in [
-        (format!("/v1/agent-package/sha256:{digest}"), Some(404)),
-        ("/v1/agent-package/amd64/".to_string(), Some(404)),
-        (
-            format!("/v1/agent-package/../blobs/sha256/{}/{digest}", &digest[..2]),
-            None,
-        ),
-        (format!("/blobs/sha256/{}/{digest}", &digest[..2]), None),
-    ] {
-        let resp = http.get(format!("{}{path}", server.url())).send().await.unwrap();
-        if let Some(s) = status {
-            assert_eq!(resp.status(), s, "{path}");
-        }
-        let body = resp.bytes().await.unwrap();
-        assert!(body.len() < 1000, "{path}: {} bytes", body.len());
-    }
-    let resp = http.post(&url).body("x").send().await.unwrap();
-    assert_eq!(resp.status(), 405);
-    assert_eq!(resp.headers()["allow"], "GET, HEAD");
+    let http = https_client(&ca);
+    anyone_who_trusts_the_ca_downloads_it(&http, &url, &amd64_bytes).await;
+    only_the_packages_are_served(&http, &server, &url, &amd64_bytes).await;
 
     // A client that does not trust the CA gets no package.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -172,6 +109,90 @@ async fn the_server_serves_its_agent_packages_to_whoever_trusts_its_ca() {
     let j = server.lksctl_json(&["token", "create", "--cluster", "tenant-a"]);
     assert_eq!(j["agent_packages"][0]["version"], "1.1.0-1", "{j}");
     assert_eq!(j["agent_packages"].as_array().unwrap().len(), 1, "{j}");
+}
+
+/// token create reports the packages, sorted by architecture, and the CA.
+/// Returns the amd64 package's URL and the CA.
+fn token_create_reports_the_packages_and_the_ca(server: &Server, amd64_bytes: &[u8]) -> (String, String) {
+    let j = server.lksctl_json(&["token", "create", "--cluster", "tenant-a"]);
+    let pkgs = j["agent_packages"].as_array().unwrap();
+    assert_eq!(pkgs.len(), 2, "{j}");
+    let p = &pkgs[0];
+    assert_eq!(p["arch"], "amd64");
+    assert_eq!(p["version"], "1.0.0-1");
+    assert_eq!(p["file_name"], "lksadmin-agent_1.0.0-1_amd64.deb");
+    assert_eq!(p["digest"], Digest::of(amd64_bytes).to_string());
+    assert_eq!(p["size"], amd64_bytes.len() as u64);
+    let url = format!("{}/v1/agent-package/amd64", server.url());
+    assert_eq!(p["url"], url.as_str());
+    assert_eq!(pkgs[1]["arch"], "arm64");
+    let ca = j["ca_cert_pem"].as_str().unwrap();
+    assert_eq!(ca, server.admin_conf().ca_cert);
+
+    (url, ca.to_string())
+}
+
+/// The package, its type, ETag and length, with no client certificate.
+async fn anyone_who_trusts_the_ca_downloads_it(http: &reqwest::Client, url: &str, amd64_bytes: &[u8]) {
+    let resp = http.get(url).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["content-type"],
+        "application/vnd.debian.binary-package"
+    );
+    assert_eq!(
+        resp.headers()["etag"],
+        format!("\"{}\"", Digest::of(amd64_bytes)).as_str()
+    );
+    assert_eq!(resp.bytes().await.unwrap().as_ref(), amd64_bytes);
+    let head = http.head(url).send().await.unwrap();
+    assert_eq!(head.status(), 200);
+    assert_eq!(
+        head.headers()["content-length"],
+        amd64_bytes.len().to_string().as_str()
+    );
+}
+
+/// Only the packages: other architectures, other paths (the blob store is
+/// never reachable by path), other methods are refused.
+async fn only_the_packages_are_served(
+    http: &reqwest::Client,
+    server: &Server,
+    url: &str,
+    amd64_bytes: &[u8],
+) {
+    let resp = http
+        .get(format!("{}/v1/agent-package/riscv64", server.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    assert_eq!(
+        resp.text().await.unwrap(),
+        "no agent package for architecture \"riscv64\"; this server offers: amd64, arm64\n"
+    );
+    let digest = Digest::of(amd64_bytes).hex();
+    // Paths outside the prefix reach the gRPC router, which knows no such
+    // method; the blob store is never reachable by path.
+    for (path, status) in [
+        (format!("/v1/agent-package/sha256:{digest}"), Some(404)),
+        ("/v1/agent-package/amd64/".to_string(), Some(404)),
+        (
+            format!("/v1/agent-package/../blobs/sha256/{}/{digest}", &digest[..2]),
+            None,
+        ),
+        (format!("/blobs/sha256/{}/{digest}", &digest[..2]), None),
+    ] {
+        let resp = http.get(format!("{}{path}", server.url())).send().await.unwrap();
+        if let Some(s) = status {
+            assert_eq!(resp.status(), s, "{path}");
+        }
+        let body = resp.bytes().await.unwrap();
+        assert!(body.len() < 1000, "{path}: {} bytes", body.len());
+    }
+    let resp = http.post(url).body("x").send().await.unwrap();
+    assert_eq!(resp.status(), 405);
+    assert_eq!(resp.headers()["allow"], "GET, HEAD");
 }
 
 /// The user-data of `--cloud-init` downloads from the server with the CA

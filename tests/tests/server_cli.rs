@@ -13,6 +13,15 @@ use lks_e2e::{bin, one_line_error, run};
 #[test]
 fn clusters_and_tokens() {
     let s = Server::start();
+    clusters_are_created_checked_and_listed(&s);
+    a_token_prints_a_complete_join_line_and_json(&s);
+    cloud_init_installs_the_agent_and_trusts_the_publisher_keys(&s);
+    bad_token_options_are_one_line_errors(&s);
+}
+
+/// Clusters: created with a generated CA, a duplicate and a bad name
+/// refused, listed as a table and as JSON.
+fn clusters_are_created_checked_and_listed(s: &Server) {
     let out = s.lksctl_ok(&["cluster", "create", "tenant-a"]);
     assert!(
         out.trim()
@@ -29,8 +38,11 @@ fn clusters_and_tokens() {
     assert!(list.contains("tenant-a") && list.contains("tenant-b"));
     let j = s.lksctl_json(&["cluster", "list"]);
     assert_eq!(j.as_array().unwrap().len(), 2);
+}
 
-    // The join line is complete and copy-pasteable.
+/// The join line is complete and copy-pasteable; the JSON has every
+/// field, and the pin printed is the CA the server really serves.
+fn a_token_prints_a_complete_join_line_and_json(s: &Server) {
     let line = s.lksctl_ok(&["token", "create", "--cluster", "tenant-a"]);
     let words: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(&words[..3], ["lksadmin-agent", "join", "--server"]);
@@ -77,9 +89,12 @@ fn clusters_and_tokens() {
     );
 
     assert_eq!(j["agent_packages"], serde_json::json!([]), "no --agent-package");
+}
 
-    // A server without --agent-package: the package comes from apt, and
-    // lksctl says so on stderr.
+/// A server without --agent-package: the package comes from apt, and
+/// lksctl says so on stderr; or from --package-url. Trusted publisher
+/// keys and signed releases from the first boot.
+fn cloud_init_installs_the_agent_and_trusts_the_publisher_keys(s: &Server) {
     let out = s.lksctl(&["token", "create", "--cluster", "tenant-a", "--cloud-init"]);
     let ci = lks_e2e::ok_stdout(&out, "token create --cloud-init");
     let note = String::from_utf8_lossy(&out.stderr);
@@ -126,6 +141,15 @@ fn clusters_and_tokens() {
         ci.contains("--trust-key /run/lksadmin-trust-key-0.pub --trust-threshold 1\""),
         "{ci}"
     );
+}
+
+/// Bad --package-url, --trust-key and --trust-threshold combinations, an
+/// unknown cluster, bad labels and a bad TTL: one line each.
+fn bad_token_options_are_one_line_errors(s: &Server) {
+    let url = "http://127.0.0.1:8080/lksadmin-agent_0.1.0-1_amd64.deb";
+    let prefix = s.work_dir().join("publisher");
+    let public = prefix.with_extension("pub");
+    let public = public.to_str().unwrap();
     for (args, what) in [
         (
             vec!["--cloud-init", "--package-url", "ftp://x/a.deb"],

@@ -75,15 +75,61 @@ fn signed(r: Release, keys: &[&SigningKey]) -> SignedRelease {
     SignedRelease::sign(r, keys)
 }
 
+/// The publisher's keys, and the expiry of its honest releases.
+struct Keys {
+    k1: SigningKey,
+    k2: SigningKey,
+    forger: SigningKey,
+    future: i64,
+}
+
+/// Every bundle the rogue server can serve: app@0..5 and cfg@0..3, all
+/// signed with K1, and another app@5 (also K1's) that release 9 does not name.
+struct Bundles {
+    app: Vec<TestBundle>,
+    cfg: Vec<TestBundle>,
+    evil_app5: TestBundle,
+}
+
+/// The bundles the node must not report applied: the attacker's one.
+fn attacker(b: &TestBundle) -> Vec<String> {
+    vec![b.id()]
+}
+
 /// The scenarios, in order: see the module doc and RELIABILITY.md.
 #[test]
 fn a_rogue_server_gets_nothing_past_the_release_checks() {
     let started = Instant::now();
-    let k1 = SigningKey::generate();
-    let k2 = SigningKey::generate();
-    let forger = SigningKey::generate();
-    let future = now_ms() + 30 * 24 * HOUR_MS;
+    let keys = Keys {
+        k1: SigningKey::generate(),
+        k2: SigningKey::generate(),
+        forger: SigningKey::generate(),
+        future: now_ms() + 30 * 24 * HOUR_MS,
+    };
 
+    let (mut lab, b, r1, r2) = rogue_server_takes_over_a_node_that_holds_release_2(&keys);
+    let expired = replays_lower_mixed_and_expired_releases_are_refused(&mut lab, &keys, &b, &r1, &r2);
+    forged_foreign_equivocating_and_oversized_releases_are_refused(&mut lab, &keys, &b);
+    withheld_bundle(&mut lab, &r2, &b.cfg[2]);
+    lab.restore();
+    a_clock_set_back_does_not_revive_an_expired_release(&mut lab, &b, &expired);
+    an_endless_blob_is_hung_up_on(&mut lab, &keys, &b);
+    a_bundle_with_another_digest_is_refused(&mut lab, &keys, &b);
+    a_rotated_out_key_and_a_forged_root_are_refused(&mut lab, &keys, &b);
+
+    let r11 = lab.honest.release.clone();
+    freeze(&mut lab, 14, &keys.k2);
+    stale_server_freeze(&mut lab, 15, &keys.k2, &r11);
+    report_and_fail_if_any_was_accepted(lab, started);
+}
+
+/// A real server enrols the agent (trusting K1), then a rogue server takes
+/// over its address and TLS identity and publishes honestly: release 1,
+/// then release 2. Returns the lab, the bundles and releases 1 and 2.
+fn rogue_server_takes_over_a_node_that_holds_release_2(
+    keys: &Keys,
+) -> (Lab, Bundles, SignedRelease, SignedRelease) {
+    let (k1, future) = (&keys.k1, keys.future);
     let server = Server::start();
     server.create_cluster(CHANNEL);
     let agent = Agent::new("attacked");
@@ -105,9 +151,9 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
     server.stop();
     let rogue = RogueServer::start(server.addr, &ServerTls::from_data_dir(&server.data_dir));
 
-    let app: Vec<TestBundle> = (0..=5).map(|v| bundle(&k1, "app", &v.to_string())).collect();
-    let cfg: Vec<TestBundle> = (0..=3).map(|v| bundle(&k1, "cfg", &v.to_string())).collect();
-    let evil_app5 = TestBundle::new(&k1, "app", "5", &[(APP, b"app 5: not what release 9 names\n")]);
+    let app: Vec<TestBundle> = (0..=5).map(|v| bundle(k1, "app", &v.to_string())).collect();
+    let cfg: Vec<TestBundle> = (0..=3).map(|v| bundle(k1, "cfg", &v.to_string())).collect();
+    let evil_app5 = TestBundle::new(k1, "app", "5", &[(APP, b"app 5: not what release 9 names\n")]);
     for b in app.iter().chain(&cfg).chain([&evil_app5]) {
         if b.version() != "4" {
             for (_, bytes) in &b.files {
@@ -117,8 +163,8 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
     }
     rogue.add_endless_blob(&content("app", "4"));
 
-    let r1 = signed(release(CHANNEL, 1, future, &[&app[1], &cfg[1]]), &[&k1]);
-    let r2 = signed(release(CHANNEL, 2, future, &[&app[2], &cfg[2]]), &[&k1]);
+    let r1 = signed(release(CHANNEL, 1, future, &[&app[1], &cfg[1]]), &[k1]);
+    let r2 = signed(release(CHANNEL, 2, future, &[&app[2], &cfg[2]]), &[k1]);
     let mut lab = Lab {
         rogue,
         agent,
@@ -148,23 +194,34 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
         lab.rogue.connects() >= 1,
         "the agent connected to the rogue server"
     );
+    (lab, Bundles { app, cfg, evil_app5 }, r1, r2)
+}
 
+/// An old bundle replayed, a lower release, app@3 mixed into release 2 and
+/// an expired release 4: each refused. Returns the expired release.
+fn replays_lower_mixed_and_expired_releases_are_refused(
+    lab: &mut Lab,
+    keys: &Keys,
+    b: &Bundles,
+    r1: &SignedRelease,
+    r2: &SignedRelease,
+) -> SignedRelease {
+    let (k1, future, app, cfg) = (&keys.k1, keys.future, &b.app, &b.cfg);
     // The publisher's release 3 names app@3 with cfg@3; the server
     // withholds it, and mixes its app@3 with release 2 and cfg@2 below.
-    let r3 = signed(release(CHANNEL, 3, future, &[&app[3], &cfg[3]]), &[&k1]);
+    let r3 = signed(release(CHANNEL, 3, future, &[&app[3], &cfg[3]]), &[k1]);
     let (name, released) = app[3].released();
     r3.release
         .admits(&name, &released.version, &released.manifest_digest)
         .expect("release 3 names app@3");
     let expired = signed(
         release(CHANNEL, 4, now_ms() - HOUR_MS, &[&app[3], &cfg[2]]),
-        &[&k1],
+        &[k1],
     );
-    let attacker = |b: &TestBundle| vec![b.id()];
 
     lab.attack(Attack {
         name: "replay-old-bundle",
-        desired: desired(Some(&r2), &[], &[&app[1], &cfg[2]]),
+        desired: desired(Some(r2), &[], &[&app[1], &cfg[2]]),
         bundles: attacker(&app[1]),
         release: None,
         phrases: &["is not in release"],
@@ -174,7 +231,7 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
 
     lab.attack(Attack {
         name: "lower-release",
-        desired: desired(Some(&r1), &[], &[&app[1], &cfg[1]]),
+        desired: desired(Some(r1), &[], &[&app[1], &cfg[1]]),
         bundles: vec![app[1].id(), cfg[1].id()],
         release: Some(1),
         phrases: &["is older than release"],
@@ -184,7 +241,7 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
 
     lab.attack(Attack {
         name: "mix-and-match",
-        desired: desired(Some(&r2), &[], &[&app[3], &cfg[2]]),
+        desired: desired(Some(r2), &[], &[&app[3], &cfg[2]]),
         bundles: attacker(&app[3]),
         release: None,
         phrases: &["is not in release"],
@@ -201,8 +258,14 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
         states: &[],
     });
     lab.restore();
+    expired
+}
 
-    let forged = signed(release(CHANNEL, 5, future, &[&app[3], &cfg[2]]), &[&forger]);
+/// A release signed by a forger, another tenant's release, a second
+/// release 2 and a release over MAX_RELEASE_BYTES: each refused.
+fn forged_foreign_equivocating_and_oversized_releases_are_refused(lab: &mut Lab, keys: &Keys, b: &Bundles) {
+    let (k1, future, app, cfg) = (&keys.k1, keys.future, &b.app, &b.cfg);
+    let forged = signed(release(CHANNEL, 5, future, &[&app[3], &cfg[2]]), &[&keys.forger]);
     lab.attack(Attack {
         name: "forged-release",
         desired: desired(Some(&forged), &[], &[&app[3], &cfg[2]]),
@@ -214,7 +277,7 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
     lab.restore();
 
     // Tenant c2's release, honestly signed by the same publisher.
-    let other_tenant = signed(release("c2", 3, future, &[&app[3], &cfg[2]]), &[&k1]);
+    let other_tenant = signed(release("c2", 3, future, &[&app[3], &cfg[2]]), &[k1]);
     lab.attack(Attack {
         name: "other-channel",
         desired: desired(Some(&other_tenant), &[], &[&app[3], &cfg[2]]),
@@ -227,7 +290,7 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
 
     // Another release 2 (other bundles, another expiry: a report shows
     // which one the node follows).
-    let other2 = signed(release(CHANNEL, 2, future + HOUR_MS, &[&app[3], &cfg[2]]), &[&k1]);
+    let other2 = signed(release(CHANNEL, 2, future + HOUR_MS, &[&app[3], &cfg[2]]), &[k1]);
     lab.attack(Attack {
         name: "equivocation",
         desired: desired(Some(&other2), &[], &[&app[3], &cfg[2]]),
@@ -252,7 +315,7 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
             },
         );
     }
-    let big = signed(big, &[&k1]);
+    let big = signed(big, &[k1]);
     let size = prost::Message::encoded_len(&pb::SignedRelease::from(&big));
     assert!(size > MAX_RELEASE_BYTES, "the oversized release is {size} bytes");
     lab.attack(Attack {
@@ -264,16 +327,16 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
         states: &[],
     });
     lab.restore();
+}
 
-    withheld_bundle(&mut lab, &r2, &cfg[2]);
-    lab.restore();
-
-    // The clock set back two days makes the expired release 4 current
-    // again, unless the node remembers when it last accepted something.
+/// The clock set back two days makes the expired release 4 current
+/// again, unless the node remembers when it last accepted something.
+fn a_clock_set_back_does_not_revive_an_expired_release(lab: &mut Lab, b: &Bundles, expired: &SignedRelease) {
+    let (app, cfg) = (&b.app, &b.cfg);
     lab.restart_agent(CLOCK_BACK_MS);
     lab.attack(Attack {
         name: "clock-set-back",
-        desired: desired(Some(&expired), &[], &[&app[3], &cfg[2]]),
+        desired: desired(Some(expired), &[], &[&app[3], &cfg[2]]),
         bundles: attacker(&app[3]),
         release: Some(4),
         phrases: &["the clock went back"],
@@ -281,9 +344,13 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
     });
     lab.restart_agent(0);
     lab.restore();
+}
 
-    // An honest release 7 names app@4, whose blob never ends.
-    let r7 = signed(release(CHANNEL, 7, future, &[&app[4], &cfg[2]]), &[&k1]);
+/// An honest release 7 names app@4, whose blob never ends: the agent
+/// refuses it and hangs up the stream.
+fn an_endless_blob_is_hung_up_on(lab: &mut Lab, keys: &Keys, b: &Bundles) {
+    let (k1, future, app, cfg) = (&keys.k1, keys.future, &b.app, &b.cfg);
+    let r7 = signed(release(CHANNEL, 7, future, &[&app[4], &cfg[2]]), &[k1]);
     lab.honest.release = r7.clone();
     let mut v = lab.judge(Attack {
         name: "endless-blob",
@@ -312,29 +379,36 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
         };
     }
     lab.verdict("endless-blob", v);
-    lab.honest.release = signed(release(CHANNEL, 8, future, &[&app[2], &cfg[2]]), &[&k1]);
+    lab.honest.release = signed(release(CHANNEL, 8, future, &[&app[2], &cfg[2]]), &[k1]);
     lab.restore();
+}
 
-    // An honest release 9 names app@5; the server sends another app@5,
-    // signed by the same publisher key.
-    let r9 = signed(release(CHANNEL, 9, future, &[&app[5], &cfg[2]]), &[&k1]);
+/// An honest release 9 names app@5; the server sends another app@5,
+/// signed by the same publisher key.
+fn a_bundle_with_another_digest_is_refused(lab: &mut Lab, keys: &Keys, b: &Bundles) {
+    let (k1, future, app, cfg) = (&keys.k1, keys.future, &b.app, &b.cfg);
+    let r9 = signed(release(CHANNEL, 9, future, &[&app[5], &cfg[2]]), &[k1]);
     lab.honest.release = r9.clone();
     lab.attack(Attack {
         name: "digest-mismatch",
-        desired: desired(Some(&r9), &[], &[&evil_app5, &cfg[2]]),
-        bundles: attacker(&evil_app5),
+        desired: desired(Some(&r9), &[], &[&b.evil_app5, &cfg[2]]),
+        bundles: attacker(&b.evil_app5),
         release: None,
         phrases: &["has manifest digest"],
         states: &[],
     });
-    lab.honest.release = signed(release(CHANNEL, 10, future, &[&app[2], &cfg[2]]), &[&k1]);
+    lab.honest.release = signed(release(CHANNEL, 10, future, &[&app[2], &cfg[2]]), &[k1]);
     lab.restore();
+}
 
-    // Root 2 rotates K1 out for K2 (signed by both, as the rule wants);
-    // release 11 and the bundles from now on are K2's (an agent without
-    // release checks knows no root: it keeps trusting K1 alone). Then K1
-    // alone signs release 12.
-    let bundle_key = if lab.trust_on { &k2 } else { &k1 };
+/// Root 2 rotates K1 out for K2 (signed by both, as the rule wants);
+/// release 11 and the bundles from now on are K2's (an agent without
+/// release checks knows no root: it keeps trusting K1 alone). Then K1
+/// alone signs release 12, and the forger brings its own root 3: both
+/// refused.
+fn a_rotated_out_key_and_a_forged_root_are_refused(lab: &mut Lab, keys: &Keys, b: &Bundles) {
+    let (k1, k2, forger, future, app, cfg) = (&keys.k1, &keys.k2, &keys.forger, keys.future, &b.app, &b.cfg);
+    let bundle_key = if lab.trust_on { k2 } else { k1 };
     let root2 = TrustRoot {
         version: 2,
         keys: vec![k2.public()],
@@ -342,13 +416,13 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
         expires_at_ms: TrustRoot::NEVER_EXPIRES,
     };
     lab.honest = Honest {
-        release: signed(release(CHANNEL, 11, future, &[&app[2], &cfg[2]]), &[&k2]),
-        roots: vec![SignedRoot::sign(root2, &[&k1, &k2])],
+        release: signed(release(CHANNEL, 11, future, &[&app[2], &cfg[2]]), &[k2]),
+        roots: vec![SignedRoot::sign(root2, &[k1, k2])],
         app: bundle(bundle_key, "app", "2"),
         cfg: bundle(bundle_key, "cfg", "2"),
     };
     lab.restore();
-    let by_old_key = signed(release(CHANNEL, 12, future, &[&app[3], &cfg[2]]), &[&k1]);
+    let by_old_key = signed(release(CHANNEL, 12, future, &[&app[3], &cfg[2]]), &[k1]);
     lab.attack(Attack {
         name: "rotated-out-key",
         desired: desired(Some(&by_old_key), &lab.honest.roots, &[&app[3], &lab.honest.cfg]),
@@ -368,11 +442,11 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
         expires_at_ms: TrustRoot::NEVER_EXPIRES,
     };
     let mut roots = lab.honest.roots.clone();
-    roots.push(SignedRoot::sign(root3, &[&forger]));
-    let forged_app3 = bundle(&forger, "app", "3");
+    roots.push(SignedRoot::sign(root3, &[forger]));
+    let forged_app3 = bundle(forger, "app", "3");
     let by_forger = signed(
         release(CHANNEL, 13, future, &[&forged_app3, &lab.honest.cfg]),
-        &[&forger],
+        &[forger],
     );
     lab.attack(Attack {
         name: "forged-root",
@@ -383,11 +457,11 @@ fn a_rogue_server_gets_nothing_past_the_release_checks() {
         states: &[],
     });
     lab.restore();
+}
 
-    let r11 = lab.honest.release.clone();
-    freeze(&mut lab, 14, &k2);
-    stale_server_freeze(&mut lab, 15, &k2, &r11);
-
+/// Prints the summary lines, stops the agent and fails if any attack was
+/// accepted.
+fn report_and_fail_if_any_was_accepted(mut lab: Lab, started: Instant) {
     let accepted: Vec<&str> = lab
         .results
         .iter()

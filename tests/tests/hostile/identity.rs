@@ -23,104 +23,14 @@ async fn foreign_forged_expired_and_other_nodes_certificates_are_refused() {
     // The same cluster and node name enrolled on another control plane.
     let b_a1 = TestNode::enroll(&b, &b.token("tenant-a", &[]), "a1", &[]).await;
 
-    // A bundle only a2 holds.
-    let dir = a.write_bundle(
-        "db",
-        "dbsecret",
-        "1",
-        &[("/etc/db/password", b"hunter2-for-a2-only", "0600")],
-    );
-    a.publish(&dir);
-    let rollout = a.lksctl_ok(&[
-        "rollout",
-        "start",
-        "--cluster",
-        "tenant-a",
-        "--bundle",
-        "dbsecret@1",
-        "--selector",
-        "role=db",
-        "--offline",
-        "wait",
-    ]);
-    let rollout = rollout.trim().to_string();
-    let secret = Digest::of(b"hunter2-for-a2-only").to_string();
-    a2.fetch_blob(&secret, 0)
-        .await
-        .expect("a2 may fetch its own blob");
+    let (rollout, secret) = a_bundle_only_a2_holds(&a, &a2).await;
 
-    let ca = a.admin_conf().ca_cert;
-    let url = a.url();
     let mut outcomes: Vec<(&str, Result<(), String>)> = Vec::new();
     let left = Duration::from_millis(3500).saturating_sub(enrolled_at.elapsed());
     tokio::time::sleep(left).await;
-    outcomes.push((
-        "expired-node-cert",
-        try_node_calls(&url, &ca, &expiring.cert_pem, &expiring.key_pem, &secret).await,
-    ));
-    outcomes.push((
-        "other-control-plane-node-cert",
-        try_node_calls(&url, &ca, &b_a1.cert_pem, &b_a1.key_pem, &secret).await,
-    ));
-    let (fc, fk) = forged_node_cert("tenant-a", "a2", true);
-    outcomes.push((
-        "forged-ca-node-cert",
-        try_node_calls(&url, &ca, &fc, &fk, &secret).await,
-    ));
-    let (sc, sk) = forged_node_cert("tenant-a", "a2", false);
-    outcomes.push((
-        "self-signed-node-cert",
-        try_node_calls(&url, &ca, &sc, &sk, &secret).await,
-    ));
-    // The other control plane's admin certificate against this one.
-    let (_, bcert, bkey) = admin_identity(&b);
-    let b_admin = match try_channel(&url, &ca, Some((&bcert, &bkey))).await {
-        Err(e) => Err(e),
-        Ok(ch) => match pb::admin_service_client::AdminServiceClient::new(ch)
-            .list_nodes(pb::ListNodesRequest::default())
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(e) => Err(format!("{:?}", e.code())),
-        },
-    };
-    outcomes.push(("other-control-plane-admin-cert", b_admin));
-
-    // a1's own, valid certificate used for a2's blob and a2's bundle.
-    let e = a1
-        .fetch_blob(&secret, 0)
-        .await
-        .map(drop)
-        .map_err(|e| format!("{:?}", e.code()));
-    outcomes.push(("a1-fetches-a2-blob", e));
-    let claim = pb::BundleStatus {
-        fetched_from_server: 0,
-        fetched_from_peers: 0,
-        fetched_as_delta: 0,
-        name: "dbsecret".into(),
-        version: "1".into(),
-        state: pb::BundleState::Applied as i32,
-        message: "a1 says it holds a2's bundle".into(),
-        updated_at_ms: 0,
-    };
-    let (tx, mut st) = a1.connect(vec![claim.clone()]).await.expect("a1 connects");
-    let desired = next_desired(&mut st).await;
-    tx.send(pb::AgentMessage {
-        msg: Some(pb::agent_message::Msg::Status(pb::StatusReport {
-            generation: desired.generation,
-            bundles: vec![claim],
-            trust: None,
-        })),
-    })
-    .await
-    .unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let still_denied = a1
-        .fetch_blob(&secret, 0)
-        .await
-        .map(drop)
-        .map_err(|e| format!("{:?}", e.code()));
-    outcomes.push(("a1-claims-a2-bundle-then-fetches", still_denied));
+    foreign_forged_and_expired_certificates_are_refused(&a, &b, &expiring, &b_a1, &secret, &mut outcomes)
+        .await;
+    let (desired, tx, st) = a1_fetches_and_claims_a2s_bundle(&a1, &secret, &mut outcomes).await;
     drop((tx, st));
     let r = a.lksctl_json(&["rollout", "status", &rollout]);
     let list = a.lksctl_json(&["node", "list"]);
@@ -175,6 +85,131 @@ async fn foreign_forged_expired_and_other_nodes_certificates_are_refused() {
     assert!(serving);
 }
 
+/// A bundle only a2 holds (rolled out to role=db, offline nodes
+/// waited for), whose blob a2 may fetch. Returns the rollout ID and the
+/// blob's digest.
+async fn a_bundle_only_a2_holds(a: &Server, a2: &TestNode) -> (String, String) {
+    let dir = a.write_bundle(
+        "db",
+        "dbsecret",
+        "1",
+        &[("/etc/db/password", b"hunter2-for-a2-only", "0600")],
+    );
+    a.publish(&dir);
+    let rollout = a.lksctl_ok(&[
+        "rollout",
+        "start",
+        "--cluster",
+        "tenant-a",
+        "--bundle",
+        "dbsecret@1",
+        "--selector",
+        "role=db",
+        "--offline",
+        "wait",
+    ]);
+    let rollout = rollout.trim().to_string();
+    let secret = Digest::of(b"hunter2-for-a2-only").to_string();
+    a2.fetch_blob(&secret, 0)
+        .await
+        .expect("a2 may fetch its own blob");
+    (rollout, secret)
+}
+
+/// The expired certificate, another control plane's node certificate, a
+/// forged CA's and a self-signed one, and the other control plane's
+/// admin certificate, each against server A.
+async fn foreign_forged_and_expired_certificates_are_refused(
+    a: &Server,
+    b: &Server,
+    expiring: &TestNode,
+    b_a1: &TestNode,
+    secret: &str,
+    outcomes: &mut Vec<(&'static str, Result<(), String>)>,
+) {
+    let ca = a.admin_conf().ca_cert;
+    let url = a.url();
+    outcomes.push((
+        "expired-node-cert",
+        try_node_calls(&url, &ca, &expiring.cert_pem, &expiring.key_pem, secret).await,
+    ));
+    outcomes.push((
+        "other-control-plane-node-cert",
+        try_node_calls(&url, &ca, &b_a1.cert_pem, &b_a1.key_pem, secret).await,
+    ));
+    let (fc, fk) = forged_node_cert("tenant-a", "a2", true);
+    outcomes.push((
+        "forged-ca-node-cert",
+        try_node_calls(&url, &ca, &fc, &fk, secret).await,
+    ));
+    let (sc, sk) = forged_node_cert("tenant-a", "a2", false);
+    outcomes.push((
+        "self-signed-node-cert",
+        try_node_calls(&url, &ca, &sc, &sk, secret).await,
+    ));
+    // The other control plane's admin certificate against this one.
+    let (_, bcert, bkey) = admin_identity(b);
+    let b_admin = match try_channel(&url, &ca, Some((&bcert, &bkey))).await {
+        Err(e) => Err(e),
+        Ok(ch) => match pb::admin_service_client::AdminServiceClient::new(ch)
+            .list_nodes(pb::ListNodesRequest::default())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) => Err(format!("{:?}", e.code())),
+        },
+    };
+    outcomes.push(("other-control-plane-admin-cert", b_admin));
+}
+
+/// a1's own, valid certificate used for a2's blob, then a1 claims a2's
+/// bundle and fetches again. Returns what a1 was sent and its stream.
+async fn a1_fetches_and_claims_a2s_bundle(
+    a1: &TestNode,
+    secret: &str,
+    outcomes: &mut Vec<(&'static str, Result<(), String>)>,
+) -> (
+    pb::DesiredState,
+    tokio::sync::mpsc::Sender<pb::AgentMessage>,
+    tonic::Streaming<pb::ServerMessage>,
+) {
+    let e = a1
+        .fetch_blob(secret, 0)
+        .await
+        .map(drop)
+        .map_err(|e| format!("{:?}", e.code()));
+    outcomes.push(("a1-fetches-a2-blob", e));
+    let claim = pb::BundleStatus {
+        fetched_from_server: 0,
+        fetched_from_peers: 0,
+        fetched_as_delta: 0,
+        name: "dbsecret".into(),
+        version: "1".into(),
+        state: pb::BundleState::Applied as i32,
+        message: "a1 says it holds a2's bundle".into(),
+        updated_at_ms: 0,
+    };
+    let (tx, mut st) = a1.connect(vec![claim.clone()]).await.expect("a1 connects");
+    let desired = next_desired(&mut st).await;
+    tx.send(pb::AgentMessage {
+        msg: Some(pb::agent_message::Msg::Status(pb::StatusReport {
+            generation: desired.generation,
+            bundles: vec![claim],
+            trust: None,
+        })),
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let still_denied = a1
+        .fetch_blob(secret, 0)
+        .await
+        .map(drop)
+        .map_err(|e| format!("{:?}", e.code()));
+    outcomes.push(("a1-claims-a2-bundle-then-fetches", still_denied));
+    (desired, tx, st)
+}
+
 // ---- a flood of enrolments ------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,29 +235,7 @@ async fn an_enrolment_flood_is_rate_limited_and_stores_nothing() {
     next_desired(&mut steady_stream).await;
     let valid = s.token("tenant-a", &["--uses", "3"]);
 
-    // 400 attempts from 127.0.0.2: bad tokens, malformed ones and (1 in 10)
-    // the valid 3-use token with a fresh name each.
-    let flood = channel_from(&s, "127.0.0.2".parse().unwrap()).await;
-    let (csr, _) = make_csr(&["n"]);
-    let mut set = tokio::task::JoinSet::new();
-    for i in 0..400 {
-        let mut c = AgentServiceClient::new(flood.clone());
-        let token = match i % 10 {
-            0 => valid.clone(),
-            1 => "not-a-token".to_string(),
-            _ => format!("{:06}.0123456789abcdef", i),
-        };
-        let csr = csr.clone();
-        set.spawn(async move {
-            c.enroll(pb::EnrollRequest {
-                token,
-                node_name: format!("flood-{i}"),
-                csr_pem: csr,
-                labels: Default::default(),
-            })
-            .await
-        });
-    }
+    let mut set = a_flood_of_400_enrolments_from_one_address(&s, &valid).await;
     // Meanwhile: another peer enrols, the steady node downloads and keeps its stream.
     let elsewhere = channel_from(&s, "127.0.0.3".parse().unwrap()).await;
     let (csr3, _) = make_csr(&["n"]);
@@ -236,58 +249,20 @@ async fn an_enrolment_flood_is_rate_limited_and_stores_nothing() {
         .await;
     let fetched = steady.fetch_blob(&Digest::of(b"kept").to_string(), 0).await;
 
-    let (mut ok, mut limited, mut refused_token, mut hinted) = (0, 0, 0, 0);
-    let mut other_codes = Vec::new();
-    while let Some(r) = set.join_next().await {
-        match r.expect("task") {
-            Ok(_) => ok += 1,
-            Err(e) if e.code() == Code::ResourceExhausted => {
-                limited += 1;
-                if e.message().contains("retry in") {
-                    hinted += 1;
-                }
-            }
-            Err(e) if matches!(e.code(), Code::Unauthenticated | Code::InvalidArgument) => refused_token += 1,
-            Err(e) => other_codes.push(format!("{e:?}")),
-        }
-    }
-    // A real `lksadmin-agent join` from an address that keeps flooding, as
-    // the VMs of a tenant network behind one NAT address share it: it is
-    // rate-limited, waits and tries again once the flood is over.
-    let stop = Arc::new(AtomicBool::new(false));
-    let flooding = stop.clone();
-    let mut nat = AgentServiceClient::new(channel_from(&s, "127.0.0.1".parse().unwrap()).await);
-    let (csr_nat, _) = make_csr(&["n"]);
-    let flooder = tokio::spawn(async move {
-        let (mut tries, mut limited) = (0u32, 0u32);
-        while !flooding.load(Ordering::Relaxed) {
-            let r = nat
-                .enroll(pb::EnrollRequest {
-                    token: "abcdef.0123456789abcdef".into(),
-                    node_name: "nat-flood".into(),
-                    csr_pem: csr_nat.clone(),
-                    labels: Default::default(),
-                })
-                .await;
-            tries += 1;
-            limited += u32::from(r.is_err_and(|e| e.code() == Code::ResourceExhausted));
-        }
-        (tries, limited)
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let j = join_info(&s, "tenant-a", &[]);
-    let joining = tokio::task::spawn_blocking(move || {
-        let agent = Agent::new("behind-nat");
-        let out = agent.join_raw(&j.server, &j.token, &j.ca_cert_hash, &[]);
-        (agent, out)
-    });
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    stop.store(true, Ordering::Relaxed);
-    let (nat_tries, nat_limited) = flooder.await.expect("flooder");
-    let (nat_agent, nat_out) = joining.await.expect("join");
-    let nat_stderr = String::from_utf8_lossy(&nat_out.stderr).into_owned();
-    let nat_retried = nat_stderr.matches("too many enrolment attempts").count();
-    let nat_joined = nat_out.status.success() && nat_agent.has_identity();
+    let Flood {
+        ok,
+        limited,
+        refused_token,
+        hinted,
+        other_codes,
+    } = count_the_flood_answers(&mut set).await;
+    let Nat {
+        tries: nat_tries,
+        limited: nat_limited,
+        retried: nat_retried,
+        joined: nat_joined,
+        stderr: nat_stderr,
+    } = a_join_behind_a_flooding_nat_address(&s).await;
 
     let stream_alive = tokio::time::timeout(Duration::from_millis(200), steady_stream.message())
         .await
@@ -347,4 +322,127 @@ async fn an_enrolment_flood_is_rate_limited_and_stores_nothing() {
         metrics.contains("lks_enrollments_total{result=\"rate_limited\"}"),
         "{metrics}"
     );
+}
+
+/// The enrolment answers of the flood.
+type Answers = tokio::task::JoinSet<Result<tonic::Response<pb::EnrollResponse>, tonic::Status>>;
+
+/// 400 attempts from 127.0.0.2: bad tokens, malformed ones and (1 in 10)
+/// the valid 3-use token with a fresh name each.
+async fn a_flood_of_400_enrolments_from_one_address(s: &Server, valid: &str) -> Answers {
+    let flood = channel_from(s, "127.0.0.2".parse().unwrap()).await;
+    let (csr, _) = make_csr(&["n"]);
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..400 {
+        let mut c = AgentServiceClient::new(flood.clone());
+        let token = match i % 10 {
+            0 => valid.to_string(),
+            1 => "not-a-token".to_string(),
+            _ => format!("{:06}.0123456789abcdef", i),
+        };
+        let csr = csr.clone();
+        set.spawn(async move {
+            c.enroll(pb::EnrollRequest {
+                token,
+                node_name: format!("flood-{i}"),
+                csr_pem: csr,
+                labels: Default::default(),
+            })
+            .await
+        });
+    }
+    set
+}
+
+/// The flood's answers, counted.
+struct Flood {
+    ok: usize,
+    limited: usize,
+    refused_token: usize,
+    hinted: usize,
+    /// Answers other than OK, rate-limited or a refused token.
+    other_codes: Vec<String>,
+}
+
+/// Counts the flood's answers as they come in.
+async fn count_the_flood_answers(set: &mut Answers) -> Flood {
+    let (mut ok, mut limited, mut refused_token, mut hinted) = (0, 0, 0, 0);
+    let mut other_codes = Vec::new();
+    while let Some(r) = set.join_next().await {
+        match r.expect("task") {
+            Ok(_) => ok += 1,
+            Err(e) if e.code() == Code::ResourceExhausted => {
+                limited += 1;
+                if e.message().contains("retry in") {
+                    hinted += 1;
+                }
+            }
+            Err(e) if matches!(e.code(), Code::Unauthenticated | Code::InvalidArgument) => refused_token += 1,
+            Err(e) => other_codes.push(format!("{e:?}")),
+        }
+    }
+    Flood {
+        ok,
+        limited,
+        refused_token,
+        hinted,
+        other_codes,
+    }
+}
+
+/// What the join behind a flooding NAT address saw.
+struct Nat {
+    tries: u32,
+    limited: u32,
+    retried: usize,
+    joined: bool,
+    stderr: String,
+}
+
+/// A real `lksadmin-agent join` from an address that keeps flooding, as
+/// the VMs of a tenant network behind one NAT address share it: it is
+/// rate-limited, waits and tries again once the flood is over.
+async fn a_join_behind_a_flooding_nat_address(s: &Server) -> Nat {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flooding = stop.clone();
+    let mut nat = AgentServiceClient::new(channel_from(s, "127.0.0.1".parse().unwrap()).await);
+    let (csr_nat, _) = make_csr(&["n"]);
+    let flooder = tokio::spawn(async move {
+        let (mut tries, mut limited) = (0u32, 0u32);
+        while !flooding.load(Ordering::Relaxed) {
+            let r = nat
+                .enroll(pb::EnrollRequest {
+                    token: "abcdef.0123456789abcdef".into(),
+                    node_name: "nat-flood".into(),
+                    csr_pem: csr_nat.clone(),
+                    labels: Default::default(),
+                })
+                .await;
+            tries += 1;
+            limited += u32::from(r.is_err_and(|e| e.code() == Code::ResourceExhausted));
+        }
+        (tries, limited)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let j = join_info(s, "tenant-a", &[]);
+    let joining = tokio::task::spawn_blocking(move || {
+        let agent = Agent::new("behind-nat");
+        let out = agent.join_raw(&j.server, &j.token, &j.ca_cert_hash, &[]);
+        (agent, out)
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (nat_tries, nat_limited) = flooder.await.expect("flooder");
+    let (nat_agent, nat_out) = joining.await.expect("join");
+    let nat_stderr = String::from_utf8_lossy(&nat_out.stderr).into_owned();
+    let nat_retried = nat_stderr.matches("too many enrolment attempts").count();
+    let nat_joined = nat_out.status.success() && nat_agent.has_identity();
+
+    Nat {
+        tries: nat_tries,
+        limited: nat_limited,
+        retried: nat_retried,
+        joined: nat_joined,
+        stderr: nat_stderr,
+    }
 }

@@ -87,6 +87,10 @@ async fn malformed_and_truncated_protobuf_to_every_rpc_is_invalid_argument() {
 }
 
 // ---- oversized messages, fields and header lists -------------------------
+
+/// Each oversized request's name and what the server answered.
+type Results = Vec<(&'static str, Result<(), tonic::Status>)>;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_messages_fields_and_header_lists_are_refused() {
     let start = Instant::now();
@@ -95,11 +99,73 @@ async fn oversized_messages_fields_and_header_lists_are_refused() {
     s.create_cluster("tenant-a");
     let rogue = TestNode::enroll(&s, &s.token("tenant-a", &[]), "rogue", &[]).await;
     let other = TestNode::enroll(&s, &s.token("tenant-a", &[]), "other", &[]).await;
-    let mut results: Vec<(&str, Result<(), tonic::Status>)> = Vec::new();
+    let mut results: Results = Vec::new();
     let big = "x".repeat(5 << 20);
 
+    oversized_agent_stream_messages(&rogue, &big, &mut results).await;
+    oversized_enrolment_and_certificate_calls(&s, &rogue, &big, &mut results).await;
+    let d = Digest::of(b"x").to_string();
+    oversized_manifests(&s, &d, &mut results).await;
+    let (header_answers, fetched) = oversized_header_lists(&s, &rogue, &d).await;
+
+    let serving = serves_others(&mut s, pid, &other).await && fetched;
+    let rogue_back = match rogue.connect(vec![]).await {
+        Ok((_tx, mut st)) => {
+            next_desired(&mut st).await;
+            true
+        }
+        Err(_) => false,
+    };
+    let panics = panics_in(&s.log());
+    let t = tally(&results, &header_answers);
+    let (refused, internal, accepted, longest_message) =
+        (t.refused, t.internal, t.accepted, t.longest_message);
+    let (header_refused, bad) = (t.header_refused, t.bad);
+    let tried = results.len() + header_answers.len();
+    let written = stored_beyond(&s, 0, 1, 2);
+    println!(
+        "HOSTILE oversized: tried={tried} refused={} messages_refused={refused} header_lists_refused={header_refused} \
+         internal={internal} accepted={accepted} written={written} panics={panics} server_serving_others={} \
+         rogue_reconnects={} longest_error_message={longest_message} max_message=4MiB max_header_list=16KiB \
+         secs={:.1}",
+        refused + header_refused,
+        u8::from(serving),
+        u8::from(rogue_back),
+        start.elapsed().as_secs_f64()
+    );
+    for (what, r) in &results {
+        eprintln!(
+            "  {what}: {:?}",
+            r.as_ref()
+                .map_err(|e| (e.code(), e.message().chars().take(120).collect::<String>()))
+        );
+    }
+    for (what, a) in &header_answers {
+        eprintln!("  {what}: {a:?}");
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+    assert_eq!(refused + header_refused, tried);
+    assert_eq!((internal, accepted, panics), (0, 0, 0));
+    assert!(
+        longest_message <= 4096 + 64,
+        "error messages are bounded: {longest_message}"
+    );
+    assert!(serving && rogue_back);
+    assert_eq!(
+        written, 0,
+        "no manifest stored, no node enrolled by the huge requests"
+    );
+}
+
+/// On the agent stream: a Hello bigger than the message limit, more
+/// statuses than the server keeps (in a report and in a Hello), and a
+/// 1 MiB bundle name.
+async fn oversized_agent_stream_messages(rogue: &TestNode, big: &str, results: &mut Results) {
     // A Hello bigger than the message limit.
-    results.push(("hello-5MiB", connect_with(&rogue, vec![hello(big.clone())]).await));
+    results.push((
+        "hello-5MiB",
+        connect_with(rogue, vec![hello(big.to_string())]).await,
+    ));
     // More statuses than the server keeps.
     let statuses: Vec<pb::BundleStatus> = (0..1025)
         .map(|i| pb::BundleStatus {
@@ -118,13 +184,13 @@ async fn oversized_messages_fields_and_header_lists_are_refused() {
     };
     results.push((
         "status-1025-bundles",
-        connect_with(&rogue, vec![hello("h".into()), report]).await,
+        connect_with(rogue, vec![hello("h".into()), report]).await,
     ));
     let mut h = hello("h".into());
     if let Some(pb::agent_message::Msg::Hello(h)) = &mut h.msg {
         h.bundles = statuses;
     }
-    results.push(("hello-1025-bundles", connect_with(&rogue, vec![h]).await));
+    results.push(("hello-1025-bundles", connect_with(rogue, vec![h]).await));
     // A 1 MiB bundle name: refused, and not echoed back whole.
     let mut h = hello("h".into());
     if let Some(pb::agent_message::Msg::Hello(h)) = &mut h.msg {
@@ -135,9 +201,17 @@ async fn oversized_messages_fields_and_header_lists_are_refused() {
             ..Default::default()
         }];
     }
-    results.push(("hello-bundle-name-1MiB", connect_with(&rogue, vec![h]).await));
+    results.push(("hello-bundle-name-1MiB", connect_with(rogue, vec![h]).await));
+}
 
-    // Enrolment and certificate calls with oversized CSRs.
+/// Enrolment and certificate calls with oversized CSRs, too many labels,
+/// and a 1 MiB blob digest.
+async fn oversized_enrolment_and_certificate_calls(
+    s: &Server,
+    rogue: &TestNode,
+    big: &str,
+    results: &mut Results,
+) {
     let mut anon = AgentServiceClient::new(s.anonymous_channel().await);
     let token = s.token("tenant-a", &[]);
     let enroll = |csr: String| pb::EnrollRequest {
@@ -148,7 +222,7 @@ async fn oversized_messages_fields_and_header_lists_are_refused() {
     };
     results.push((
         "enroll-csr-5MiB",
-        anon.enroll(enroll(big.clone())).await.map(drop),
+        anon.enroll(enroll(big.to_string())).await.map(drop),
     ));
     results.push((
         "enroll-csr-2MiB",
@@ -171,9 +245,11 @@ async fn oversized_messages_fields_and_header_lists_are_refused() {
     let mut rc = rogue.client().await;
     results.push((
         "renew-csr-5MiB",
-        rc.renew_certificate(pb::RenewCertificateRequest { csr_pem: big.clone() })
-            .await
-            .map(drop),
+        rc.renew_certificate(pb::RenewCertificateRequest {
+            csr_pem: big.to_string(),
+        })
+        .await
+        .map(drop),
     ));
     results.push((
         "fetch-blob-digest-1MiB",
@@ -185,14 +261,15 @@ async fn oversized_messages_fields_and_header_lists_are_refused() {
         .await
         .map(drop),
     ));
+}
 
-    // Manifests: too many files, and a header over the message limit.
-    let mut admin = pb::admin_service_client::AdminServiceClient::new(admin_channel(&s).await);
-    let d = Digest::of(b"x").to_string();
+/// Manifests: too many files, and a header over the message limit.
+async fn oversized_manifests(s: &Server, d: &str, results: &mut Results) {
+    let mut admin = pb::admin_service_client::AdminServiceClient::new(admin_channel(s).await);
     let files: Vec<pb::FileEntry> = (0..=lks_proto::limits::MAX_FILES)
         .map(|i| pb::FileEntry {
             path: format!("/etc/many/{i}"),
-            digest: d.clone(),
+            digest: d.to_string(),
             size: 1,
             mode: 0o644,
             ..Default::default()
@@ -227,13 +304,21 @@ async fn oversized_messages_fields_and_header_lists_are_refused() {
             .await
             .map(drop),
     ));
+}
 
-    // Header lists: one 64 KiB value, 2000 small headers, a 20 KiB path.
+/// Header lists: one 64 KiB value, 2000 small headers, a 20 KiB path.
+/// Returns each answer, and whether the rogue's first channel still
+/// works after the refusals.
+async fn oversized_header_lists(
+    s: &Server,
+    rogue: &TestNode,
+    d: &str,
+) -> (Vec<(&'static str, Answer)>, bool) {
     let agent_ch = rogue.channel().await;
     let base = s.url();
     let fetch = pb::FetchBlobRequest {
         length: 0,
-        digest: d.clone(),
+        digest: d.to_string(),
         offset: 0,
     }
     .encode_to_vec();
@@ -269,20 +354,28 @@ async fn oversized_messages_fields_and_header_lists_are_refused() {
         .await,
         Answer::Grpc(Code::PermissionDenied, _)
     );
+    (header_answers, fetched)
+}
 
-    let serving = serves_others(&mut s, pid, &other).await && fetched;
-    let rogue_back = match rogue.connect(vec![]).await {
-        Ok((_tx, mut st)) => {
-            next_desired(&mut st).await;
-            true
-        }
-        Err(_) => false,
-    };
-    let panics = panics_in(&s.log());
+/// The oversized requests' answers, counted.
+struct Tally {
+    refused: usize,
+    internal: usize,
+    accepted: usize,
+    longest_message: usize,
+    header_refused: usize,
+    /// Every answer that was not a refusal.
+    bad: Vec<String>,
+}
+
+/// Counts the answers: a message is refused with invalid_argument or
+/// out_of_range, a header list with 431, resource_exhausted or a cut
+/// connection.
+fn tally(results: &Results, header_answers: &[(&str, Answer)]) -> Tally {
     let mut bad = Vec::new();
     let (mut refused, mut internal, mut accepted) = (0, 0, 0);
     let mut longest_message = 0;
-    for (what, r) in &results {
+    for (what, r) in results {
         match r {
             Err(e) if matches!(e.code(), Code::InvalidArgument | Code::OutOfRange) => {
                 refused += 1;
@@ -300,7 +393,7 @@ async fn oversized_messages_fields_and_header_lists_are_refused() {
         }
     }
     let mut header_refused = 0;
-    for (what, a) in &header_answers {
+    for (what, a) in header_answers {
         match a {
             Answer::Http(431) | Answer::Grpc(Code::ResourceExhausted, _) => header_refused += 1,
             // h2 answers a header block far over the limit by closing
@@ -313,40 +406,14 @@ async fn oversized_messages_fields_and_header_lists_are_refused() {
             a => bad.push(format!("{what}: {a:?}")),
         }
     }
-    let tried = results.len() + header_answers.len();
-    let written = stored_beyond(&s, 0, 1, 2);
-    println!(
-        "HOSTILE oversized: tried={tried} refused={} messages_refused={refused} header_lists_refused={header_refused} \
-         internal={internal} accepted={accepted} written={written} panics={panics} server_serving_others={} \
-         rogue_reconnects={} longest_error_message={longest_message} max_message=4MiB max_header_list=16KiB \
-         secs={:.1}",
-        refused + header_refused,
-        u8::from(serving),
-        u8::from(rogue_back),
-        start.elapsed().as_secs_f64()
-    );
-    for (what, r) in &results {
-        eprintln!(
-            "  {what}: {:?}",
-            r.as_ref()
-                .map_err(|e| (e.code(), e.message().chars().take(120).collect::<String>()))
-        );
+    Tally {
+        refused,
+        internal,
+        accepted,
+        longest_message,
+        header_refused,
+        bad,
     }
-    for (what, a) in &header_answers {
-        eprintln!("  {what}: {a:?}");
-    }
-    assert!(bad.is_empty(), "{}", bad.join("\n"));
-    assert_eq!(refused + header_refused, tried);
-    assert_eq!((internal, accepted, panics), (0, 0, 0));
-    assert!(
-        longest_message <= 4096 + 64,
-        "error messages are bounded: {longest_message}"
-    );
-    assert!(serving && rogue_back);
-    assert_eq!(
-        written, 0,
-        "no manifest stored, no node enrolled by the huge requests"
-    );
 }
 
 /// Whether a transport error says the server closed the connection: a
