@@ -47,12 +47,12 @@ pub trait BlobSource: Send + Sync {
     /// serve it to other nodes (its verified pieces while it arrives).
     fn holding_patch(&self, _offer: &DeltaOffer, _target: &Digest) {}
 
-    /// Staging is about to move the verified download of `digest` out of
-    /// `cache/fetched/` beside its target; `file` is it, open. Peer
-    /// sharing may serve it from there until the engine has cached it
-    /// again ([`BlobSource::release_moved`]): a node that just finished its
-    /// download is the one its peers fetch from most.
-    fn keep_serving_moved(&self, _digest: Digest, _file: std::fs::File) {}
+    /// Staging is about to move the verified download of `digest` at
+    /// `path` (in `cache/fetched/`) beside its target. While peer sharing
+    /// is on, it opens it to serve it from there until the engine has
+    /// cached it again ([`BlobSource::release_moved`]): a node that just
+    /// finished its download is the one its peers fetch from most.
+    fn keep_serving_moved(&self, _digest: Digest, _path: &Path) {}
 
     /// What staging moved is cached now, or will not be: serve it from the
     /// cache only.

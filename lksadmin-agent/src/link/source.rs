@@ -177,8 +177,10 @@ impl BlobSource for NetSource {
         }
     }
 
-    fn keep_serving_moved(&self, digest: Digest, file: std::fs::File) {
-        if let Some(s) = self.swarm.as_deref().filter(|s| s.is_on()) {
+    fn keep_serving_moved(&self, digest: Digest, path: &std::path::Path) {
+        if let Some(s) = self.swarm.as_deref().filter(|s| s.is_on())
+            && let Ok(file) = std::fs::File::open(path)
+        {
             s.shared().keep_moved(digest, file);
         }
     }

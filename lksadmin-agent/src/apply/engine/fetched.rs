@@ -56,9 +56,7 @@ impl Engine {
         let temp: std::ffi::OsString = plan.temp.clone().into();
         // Peers may go on fetching these bytes from this node while they
         // are out of the cache, between this move and the cache copy.
-        if let Ok(f) = File::open(&src) {
-            self.source.keep_serving_moved(digest, f);
-        }
+        self.source.keep_serving_moved(digest, &src);
         match nix::fcntl::renameat(nix::fcntl::AT_FDCWD, &src, parent.as_fd(), temp.as_os_str()) {
             Ok(()) => {}
             Err(nix::errno::Errno::EXDEV) => {
