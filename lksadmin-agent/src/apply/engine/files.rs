@@ -120,7 +120,7 @@ impl Engine {
             }
             self.backups_read += 1;
             let mut src = parent.open_target()?.ok_or_else(vanished)?;
-            let (digest, size) = hash_reader(&mut src).map_err(|error| ApplyError::BackupRead {
+            let (digest, size) = Digest::of_reader(&mut src).map_err(|error| ApplyError::BackupRead {
                 path: plan.path.clone(),
                 error,
             })?;
@@ -339,17 +339,4 @@ pub(super) fn write_entry(
     dst.finish(Some(fs::Permissions::from_mode(mode)))
         .map(drop)
         .map_err(WriteError::Finish)
-}
-
-/// SHA-256 and length of everything `r` yields.
-fn hash_reader(r: &mut impl Read) -> io::Result<(Digest, u64)> {
-    let mut h = Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = r.read(&mut buf)?;
-        if n == 0 {
-            return Ok(h.finish());
-        }
-        h.update(&buf[..n]);
-    }
 }
