@@ -1433,11 +1433,11 @@ if want swarm; then
   sw_bin=$work/swarm-bin
   mkdir -p "$sw_bin"
   ln -s "$PWD/$bin/lks-control-server" "$PWD/$bin/lksctl" "$PWD/$agent_bin" "$sw_bin/"
-  echo "## Peer sharing: one tenant network behind a link of ${SWARM_RATE:-200mbit} (none: uncapped), ${SWARM_REPLICAS:-1} replica(s), a ${SWARM_MIB:-64} MiB file to N nodes at once (one run each)"
+  echo "## Peer sharing: one tenant network behind a link of ${SWARM_RATE:-200mbit} (none: uncapped), ${SWARM_REPLICAS:-1} replica(s), a ${SWARM_MIB:-64} MiB file to N nodes at once (${SWARM_RUNS:-1} run(s) each)"
   echo
-  echo "Load average at the start: $(cut -d' ' -f1-3 /proc/loadavg). Server egress is the server's own lks_blob_bytes_served_total; link bytes the router's counter into the network (TLS, HTTP/2 and TCP/IP included); agents' CPU is user + system of all agent processes during the rollout; serving CPU is what sharing adds to it (on minus off), per file's worth of bytes served to peers."
+  echo "Load average at the start: $(cut -d' ' -f1-3 /proc/loadavg). Server egress is the server's own lks_blob_bytes_served_total; link bytes the router's counter into the network (TLS, HTTP/2 and TCP/IP included); agents' CPU is user + system of all agent processes during the rollout, the control plane's that of the server(s) and etcd."
   echo
-  LKS_BIN_DIR=$sw_bin SWARM_NODES=${SWARM_NODES:-8 16 32 64} SWARM_RATE=${SWARM_RATE:-200mbit} SWARM_MIB=${SWARM_MIB:-64} SWARM_OFF=${SWARM_OFF:-1} SWARM_REPLICAS=${SWARM_REPLICAS:-1} \
+  LKS_BIN_DIR=$sw_bin SWARM_NODES=${SWARM_NODES:-8 16 32 64} SWARM_RATE=${SWARM_RATE:-200mbit} SWARM_MIB=${SWARM_MIB:-64} SWARM_OFF=${SWARM_OFF:-1} SWARM_ON=${SWARM_ON:-1} SWARM_RUNS=${SWARM_RUNS:-1} SWARM_REPLICAS=${SWARM_REPLICAS:-1} \
     cargo nextest run -p lks-e2e --test peer_sharing_netns --run-ignored only --no-capture swarm_bench 2>/dev/null | grep '^|'
   echo
 fi

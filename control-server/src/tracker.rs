@@ -109,6 +109,17 @@ struct Inner {
     blamed: HashMap<(String, String), Instant>,
 }
 
+/// What [`Inner::candidates`] found for one caller.
+struct Candidates {
+    /// In the order they would be named.
+    peers: Vec<Peer>,
+    whole_holders: usize,
+    /// Connected nodes other than the caller fetching from the server.
+    seeds: usize,
+    /// The caller was told to fetch from the server last time.
+    was_seed: bool,
+}
+
 struct ClusterIndex {
     at: Instant,
     nodes: Vec<NodeInfo>,
@@ -200,17 +211,36 @@ impl Tracker {
 
         // Other replicas' fetchers (replicas on etcd); on an etcd error,
         // this replica's own view, as a single server has.
-        let others = match &self.ledger {
-            Some(l) => l.others(cluster, &digest).await.unwrap_or_else(|e| {
-                tracing::debug!("peer sharing: other replicas' fetchers: {e}");
-                Arc::default()
-            }),
-            None => Arc::default(),
+        let others_within = |max_age: Duration| async move {
+            match &self.ledger {
+                Some(l) => l
+                    .others_within(cluster, &digest, max_age)
+                    .await
+                    .unwrap_or_else(|e| {
+                        tracing::debug!("peer sharing: other replicas' fetchers: {e}");
+                        Arc::default()
+                    }),
+                None => Arc::default(),
+            }
         };
         let now = Instant::now();
+        let blob = (digest, patch);
+        let mut found = {
+            let others = others_within(ledger::REMOTE_TTL).await;
+            self.lock()
+                .candidates(&index, cluster, node, blob, port, &others, now)
+        };
+        if self.ledger.is_some() && found.peers.len() < MAX_PEERS {
+            // A short answer: at the start of a batch the other replicas'
+            // fetchers change by the moment, so they are read fresher.
+            let others = others_within(ledger::REMOTE_FRESH).await;
+            found = self
+                .lock()
+                .candidates(&index, cluster, node, blob, port, &others, now);
+        }
         let (peers, mut server, fetchers) = {
             let mut g = self.lock();
-            let (peers, server) = g.answer(&index, cluster, node, (digest, patch), port, &others, now);
+            let (peers, server) = g.pick(found, now);
             (peers, server, g.fetchers_of(cluster, digest))
         };
         let mut peers = peers;
@@ -392,11 +422,29 @@ impl Inner {
         index: &ClusterIndex,
         cluster: &str,
         node: &str,
-        (digest, patch): (Digest, bool),
+        blob: (Digest, bool),
         port: u16,
         others: &[(String, bool)],
         now: Instant,
     ) -> (Vec<Peer>, bool) {
+        let c = self.candidates(index, cluster, node, blob, port, others, now);
+        self.pick(c, now)
+    }
+
+    /// Every node `node` could be told of for `digest` (`patch`: a binary
+    /// delta's), nearest and least named first, and what decides whether
+    /// it may use the server; nothing is counted yet ([`Inner::pick`]).
+    #[allow(clippy::too_many_arguments)]
+    fn candidates(
+        &mut self,
+        index: &ClusterIndex,
+        cluster: &str,
+        node: &str,
+        (digest, patch): (Digest, bool),
+        port: u16,
+        others: &[(String, bool)],
+        now: Instant,
+    ) -> Candidates {
         self.blamed.retain(|_, at| now.duration_since(*at) < BLAME_TTL);
         let me = index.nodes.iter().find(|n| n.name == node);
         let my_nets: Vec<IpAddr> = me.map(|n| n.addresses.clone()).unwrap_or_default();
@@ -419,7 +467,7 @@ impl Inner {
                 .iter()
                 .any(|bv| g.contents.get(bv).is_some_and(|c| c.is_for(&digest, n.arch)))
         };
-        let mut candidates: Vec<(bool, f64, u64, Peer)> = Vec::new();
+        let mut list: Vec<(bool, f64, u64, Peer)> = Vec::new();
         let mut whole_holders = 0;
         for n in index.nodes.iter().filter(|n| n.name != node && n.connected) {
             if self.blamed.contains_key(&(cluster.to_string(), n.name.clone())) {
@@ -439,7 +487,7 @@ impl Inner {
             whole_holders += usize::from(whole);
             let near = my_nets.iter().any(|m| same_subnet(*m, address.ip()));
             let load = self.load_of(&n.name, now);
-            candidates.push((
+            list.push((
                 !near,
                 load,
                 random_u64(),
@@ -450,16 +498,12 @@ impl Inner {
                 },
             ));
         }
-        candidates.sort_by(|a, b| {
+        list.sort_by(|a, b| {
             (a.0, a.1)
                 .partial_cmp(&(b.0, b.1))
                 .unwrap_or(std::cmp::Ordering::Equal)
                 .then(a.2.cmp(&b.2))
         });
-        let peers: Vec<Peer> = candidates.into_iter().take(MAX_PEERS).map(|c| c.3).collect();
-        for p in &peers {
-            self.add_load(&p.node, now);
-        }
         // Seeds still connected, on this replica and the others: one that
         // went away frees its place.
         let connected = |n: &str| index.nodes.iter().any(|x| x.name == n && x.connected);
@@ -469,8 +513,22 @@ impl Inner {
             .chain(others.iter().map(|(n, s)| (n.as_str(), *s)))
             .filter(|(n, from_server)| *from_server && *n != node && connected(n))
             .count();
-        let was_seed = fetching.get(node).is_some_and(|(_, s)| *s);
-        let server = peers.is_empty() || was_seed || (whole_holders == 0 && seeds < MAX_SEEDS);
+        Candidates {
+            peers: list.into_iter().map(|c| c.3).collect(),
+            whole_holders,
+            seeds,
+            was_seed: fetching.get(node).is_some_and(|(_, s)| *s),
+        }
+    }
+
+    /// The first [`MAX_PEERS`] of `c`, each counted as named once more,
+    /// and whether the caller may use the server.
+    fn pick(&mut self, c: Candidates, now: Instant) -> (Vec<Peer>, bool) {
+        let peers: Vec<Peer> = c.peers.into_iter().take(MAX_PEERS).collect();
+        for p in &peers {
+            self.add_load(&p.node, now);
+        }
+        let server = peers.is_empty() || c.was_seed || (c.whole_holders == 0 && c.seeds < MAX_SEEDS);
         (peers, server)
     }
 

@@ -97,6 +97,11 @@ impl Etcd {
         replica_on(&self.url(), prefix, extra, env)
     }
 
+    /// Its process id (0 when it is not running).
+    pub fn pid(&self) -> u32 {
+        self.proc.as_ref().map_or(0, Proc::pid)
+    }
+
     /// SIGKILL: etcd lost without warning.
     pub fn kill9(&mut self) {
         if let Some(p) = self.proc.as_mut() {

@@ -34,6 +34,10 @@ use crate::store::{EtcdStore, StoreError};
 
 /// How stale another replica's fetchers may be when named.
 pub const REMOTE_TTL: Duration = Duration::from_secs(1);
+/// How stale they may be for an answer that would name fewer peers than it
+/// may (at the start of a batch, when every replica's fetchers grow by the
+/// moment): at most 4 reads a second per blob per replica.
+pub const REMOTE_FRESH: Duration = Duration::from_millis(250);
 /// How long a seed's claim lasts after its last ask (agents ask every 3 s
 /// while they fetch).
 pub const SEED_TTL_MS: i64 = 10_000;
@@ -87,18 +91,24 @@ impl Ledger {
     }
 
     /// The nodes other replicas say fetch `digest` (node, from the server),
-    /// read at most once a [`REMOTE_TTL`].
-    pub async fn others(&self, cluster: &str, digest: &Digest) -> Result<Fetchers, StoreError> {
+    /// read again if what was read is older than `max_age` ([`REMOTE_TTL`],
+    /// [`REMOTE_FRESH`]).
+    pub async fn others_within(
+        &self,
+        cluster: &str,
+        digest: &Digest,
+        max_age: Duration,
+    ) -> Result<Fetchers, StoreError> {
         let key = (cluster.to_string(), *digest);
         if let Some((at, v)) = lock(&self.remote).get(&key)
-            && at.elapsed() < REMOTE_TTL
+            && at.elapsed() < max_age
         {
             return Ok(v.clone());
         }
         self.others_now(cluster, digest).await
     }
 
-    /// Like [`Self::others`], read now.
+    /// Like [`Self::others_within`], read now.
     pub async fn others_now(&self, cluster: &str, digest: &Digest) -> Result<Fetchers, StoreError> {
         let key = (cluster.to_string(), *digest);
         let docs: Vec<(String, FetchersDoc)> =

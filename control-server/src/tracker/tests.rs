@@ -306,3 +306,52 @@ async fn a_patch_has_one_seed_and_its_askers_are_named_as_holders_once_they_stop
     held.sort();
     assert_eq!(held, [("n0", true), ("n1", true)]);
 }
+
+/// Two trackers on one etcd, as two replicas; both know the same 10 nodes.
+async fn two_replicas(etcd: &crate::store::etcd::testing::TestEtcd) -> (Tracker, Tracker) {
+    let nodes = || {
+        (0..10)
+            .map(|i| info(&format!("n{i}"), &format!("10.0.0.{i}"), &[]))
+            .collect::<Vec<_>>()
+    };
+    let mut out = Vec::new();
+    for r in ["r1", "r2"] {
+        let t = Tracker::new(Some(etcd.store(r).await));
+        let plain = tracker(nodes(), &[]);
+        let ix = plain.lock().clusters.get("c").cloned().unwrap();
+        t.lock().clusters.insert("c".into(), ix);
+        out.push(t);
+    }
+    let r2 = out.pop().unwrap();
+    (out.pop().unwrap(), r2)
+}
+
+#[tokio::test]
+async fn a_short_answer_reads_the_other_replicas_fetchers_fresher() {
+    let etcd = crate::store::test_etcd();
+    let (r1, r2) = two_replicas(&etcd).await;
+    let store = no_store();
+    let d = Digest::of(b"blob");
+    let names = |a: &Answer| {
+        let mut v: Vec<String> = a.peers.iter().map(|p| p.node.clone()).collect();
+        v.sort();
+        v
+    };
+    // n0 seeds through r1; n1 on r2 is told of it (the seed claim read).
+    assert!(r1.find(&store, "c", "n0", d, 7444, false).await.unwrap().server);
+    let a1 = r2.find(&store, "c", "n1", d, 7444, false).await.unwrap();
+    assert!(!a1.server);
+    assert_eq!(names(&a1), ["n0"]);
+    // Meanwhile n2 and n3 start through r1.
+    for n in ["n2", "n3"] {
+        r1.find(&store, "c", n, d, 7444, false).await.unwrap();
+    }
+    // Within a second of r2's last read, a full answer would have used
+    // what it read then; a short one reads again once that is older than
+    // REMOTE_FRESH, so n4 is told of n2 and n3 at once.
+    tokio::time::sleep(ledger::REMOTE_FRESH + Duration::from_millis(50)).await;
+    assert!(ledger::REMOTE_FRESH + Duration::from_millis(50) < ledger::REMOTE_TTL);
+    let a4 = r2.find(&store, "c", "n4", d, 7444, false).await.unwrap();
+    assert!(!a4.server);
+    assert_eq!(names(&a4), ["n0", "n1", "n2", "n3"]);
+}

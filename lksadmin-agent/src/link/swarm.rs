@@ -77,6 +77,13 @@ const ASK_EVERY: Duration = Duration::from_secs(3);
 /// How soon it is asked again while this node has nobody to fetch from and
 /// may not use the server (the seed is a node it has not been told of yet).
 const ASK_SOON: Duration = Duration::from_millis(250);
+/// How soon it is asked again while this node knows fewer peers than one
+/// answer may name ([`FEW_PEERS`]): at the start of a batch the first
+/// nodes to ask are told of the few that asked before them, and with
+/// replicas of those the other replicas had published by then.
+const ASK_FEW: Duration = Duration::from_secs(1);
+/// Fewer live peers than this is "few" (the tracker names up to 8).
+const FEW_PEERS: usize = 8;
 /// Failures in a row after which a peer is dropped for this fetch.
 const MAX_FAILURES: u32 = 3;
 /// Largest file fetched as one piece when it has no chunk list.
@@ -412,6 +419,7 @@ impl Swarm {
         }
         let creds = NodeCredentials::load(&self.dirs).map_err(DialError::Credentials)?;
         let ch = dial_peer(&creds, &self.cluster, node, addr).await?;
+        tracing::debug!(peer = %node, %addr, "peer sharing: connected to a peer");
         lock(&self.conns).insert(key, ch.clone());
         Ok(ch)
     }

@@ -13,10 +13,10 @@ use futures::StreamExt;
 use futures::stream::{FuturesUnordered, SelectAll};
 use lks_proto::{Digest, FileSpec};
 
-use super::plan::{Have, PeerState, Plan, ServerUse, ServerWindow, start_pieces};
+use super::plan::{Have, PeerState, Plan, ServerUse, ServerWindow, ask_interval, start_pieces};
 use super::{
-    ASK_EVERY, ASK_SOON, AskError, BLIND_RETRY, BUSY_BACKOFF, MAX_FAILURES, News, NewsStream, PieceError,
-    PieceJob, STALL, STARVED, Source, Swarm, lock,
+    AskError, BLIND_RETRY, BUSY_BACKOFF, MAX_FAILURES, News, NewsStream, PieceError, PieceJob, STALL,
+    STARVED, Source, Swarm, lock,
 };
 use crate::apply::source::SwarmError;
 use crate::link::peer::{BlobInfo, Partial};
@@ -34,6 +34,8 @@ struct Fetch<'p> {
     peers: Vec<PeerState>,
     server_ok: bool,
     last_ask: Option<Instant>,
+    /// The last answer named a peer this fetch did not know.
+    grew: bool,
     /// The last verified piece of this node's own, and the last piece a
     /// watched peer gained: while the swarm moves, waiting is right.
     last_progress: Instant,
@@ -105,9 +107,11 @@ impl Swarm {
         match self.ask(&f.digest).await {
             Ok((found, server)) => {
                 f.server_ok = server;
+                f.grew = false;
                 for p in found {
                     if !f.peers.iter().any(|s| s.node == p.node) {
                         f.peers.push(PeerState::new(p));
+                        f.grew = true;
                     }
                 }
             }
@@ -290,6 +294,7 @@ impl<'p> Fetch<'p> {
             peers: Vec::new(),
             server_ok: false,
             last_ask: None,
+            grew: false,
             last_progress: Instant::now(),
             last_swarm: Instant::now(),
             tried: HashMap::new(),
@@ -311,13 +316,10 @@ impl<'p> Fetch<'p> {
             .collect()
     }
 
-    /// Nobody to fetch from yet, and not the server: ask again soon.
+    /// When to ask the tracker again ([`ask_interval`]).
     fn ask_every(&self) -> Duration {
-        if !self.server_ok && self.peers.iter().all(|p| p.dropped) {
-            ASK_SOON
-        } else {
-            ASK_EVERY
-        }
+        let live = self.peers.iter().filter(|p| !p.dropped).count();
+        ask_interval(live, self.server_ok, self.grew)
     }
 
     /// Every peer named was dropped (one that does not serve the blob at

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use lks_proto::pb;
 
-use super::{PER_PEER, SERVER_WINDOW, Source, WINDOW};
+use super::{ASK_EVERY, ASK_FEW, ASK_SOON, FEW_PEERS, PER_PEER, SERVER_WINDOW, Source, WINDOW};
 
 /// Most pieces in flight from the server at once (4 MiB pieces: 24 MiB
 /// of buffers at most, beside [`WINDOW`]'s from peers).
@@ -76,6 +76,22 @@ pub(super) fn start_pieces(plan: &mut Plan<'_>, start: &mut dyn FnMut(Source, us
         plan.in_flight.insert(i);
         running += 1;
         start(source, i);
+    }
+}
+
+/// How soon to ask the tracker again, knowing `live` peers (not dropped),
+/// allowed the server or not, and whether the last answer named a peer
+/// this fetch did not know (`grew`): nobody to fetch from and not the
+/// server, soon; few peers and the last answer named new ones, within a
+/// second, for those that started since (an answer with nobody new means
+/// the cluster has nobody more to name now); else every few seconds.
+pub(super) fn ask_interval(live: usize, server_ok: bool, grew: bool) -> Duration {
+    if !server_ok && live == 0 {
+        ASK_SOON
+    } else if live < FEW_PEERS && grew {
+        ASK_FEW
+    } else {
+        ASK_EVERY
     }
 }
 
@@ -290,6 +306,21 @@ mod tests {
             plan(&[0], &mut peers, ServerUse::Any, 0, &mut HashMap::new()),
             vec![("server".into(), 0)]
         );
+    }
+
+    #[test]
+    fn the_tracker_is_asked_again_soon_only_while_that_can_name_more() {
+        // Nobody to fetch from, and not the server: the seed is a node
+        // this one has not been told of yet.
+        assert_eq!(ask_interval(0, false, false), ASK_SOON);
+        // The start of a batch: few known, and the last answer had news.
+        assert_eq!(ask_interval(1, true, true), ASK_FEW);
+        assert_eq!(ask_interval(FEW_PEERS - 1, false, true), ASK_FEW);
+        // The last answer named nobody new: the cluster has no more.
+        assert_eq!(ask_interval(3, true, false), ASK_EVERY);
+        // A seed alone in its cluster, and a node that knows enough.
+        assert_eq!(ask_interval(0, true, false), ASK_EVERY);
+        assert_eq!(ask_interval(FEW_PEERS, true, true), ASK_EVERY);
     }
 
     #[test]
