@@ -84,6 +84,8 @@ const ASK_SOON: Duration = Duration::from_millis(250);
 const ASK_FEW: Duration = Duration::from_secs(1);
 /// Fewer live peers than this is "few" (the tracker names up to 8).
 const FEW_PEERS: usize = 8;
+/// The tracker's answer: whom to fetch from, and whether the server too.
+type Answer = Result<(Vec<Found>, bool), AskError>;
 /// Failures in a row after which a peer is dropped for this fetch.
 const MAX_FAILURES: u32 = 3;
 /// Largest file fetched as one piece when it has no chunk list.
@@ -257,7 +259,7 @@ impl Swarm {
     }
 
     /// Asks the tracker.
-    async fn ask(&self, digest: &Digest) -> Result<(Vec<Found>, bool), AskError> {
+    async fn ask(&self, digest: Digest) -> Answer {
         let ch = self
             .server
             .get()

@@ -9,13 +9,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::future::{BoxFuture, OptionFuture};
 use futures::stream::{FuturesUnordered, SelectAll};
+use futures::{FutureExt, StreamExt};
 use lks_proto::{Digest, FileSpec};
 
 use super::plan::{Have, PeerState, Plan, ServerUse, ServerWindow, ask_interval, start_pieces};
 use super::{
-    AskError, BLIND_RETRY, BUSY_BACKOFF, MAX_FAILURES, News, NewsStream, PieceError, PieceJob, STALL,
+    Answer, AskError, BLIND_RETRY, BUSY_BACKOFF, MAX_FAILURES, News, NewsStream, PieceError, PieceJob, STALL,
     STARVED, Source, Swarm, lock,
 };
 use crate::apply::source::SwarmError;
@@ -60,14 +61,19 @@ impl Swarm {
         let digest = f.digest;
         let mut running = FuturesUnordered::new();
         let mut news: SelectAll<NewsStream<'_>> = SelectAll::new();
+        // The tracker's answer is awaited beside the pieces, not before
+        // them: a slow answer (replicas reading etcd on a busy machine)
+        // holds up no piece.
+        let mut asking: Option<BoxFuture<'_, Answer>> = None;
         loop {
             let missing = f.missing();
             if missing.is_empty() && running.is_empty() {
                 break;
             }
             let ask_every = f.ask_every();
-            if f.last_ask.is_none_or(|t| t.elapsed() >= ask_every) {
-                self.ask_tracker(&mut f, &mut news).await?;
+            if asking.is_none() && f.last_ask.is_none_or(|t| t.elapsed() >= ask_every) {
+                asking = Some(self.ask(digest).boxed());
+                f.last_ask = Some(Instant::now());
             }
             let now = Instant::now();
             let stalled = f.stalled(now);
@@ -86,6 +92,10 @@ impl Swarm {
             });
             let wake = f.wake(now, ask_every, stalled, running.is_empty());
             tokio::select! {
+                Some(answer) = OptionFuture::from(asking.as_mut()), if asking.is_some() => {
+                    asking = None;
+                    self.take_answer(&mut f, &mut news, answer)?;
+                }
                 Some((source, i, got, took)) = running.next(), if !running.is_empty() => {
                     self.piece_done(&mut f, source, i, got, took)?;
                 }
@@ -96,15 +106,16 @@ impl Swarm {
         f.finish()
     }
 
-    /// Asks the tracker who holds the blob, and watches what each peer
-    /// holds: new ones, and those whose watch ended before they held the
-    /// blob whole.
-    async fn ask_tracker<'s>(
+    /// Takes in the tracker's answer (who holds the blob), and watches
+    /// what each peer holds: new ones, and those whose watch ended before
+    /// they held the blob whole.
+    fn take_answer<'s>(
         &'s self,
         f: &mut Fetch<'_>,
         news: &mut SelectAll<NewsStream<'s>>,
+        answer: Answer,
     ) -> Result<(), SwarmError> {
-        match self.ask(&f.digest).await {
+        match answer {
             Ok((found, server)) => {
                 f.server_ok = server;
                 f.grew = false;
