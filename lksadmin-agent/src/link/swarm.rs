@@ -59,8 +59,10 @@ const PER_PEER: usize = 2;
 const SERVER_WINDOW: usize = 2;
 /// How long a request waits in line at a busy peer for an upload slot.
 const QUEUE: Duration = Duration::from_millis(1000);
-/// After a peer said it is busy even so, how long before asking it again.
+/// After a peer said it is busy even so, how long before asking it again
+/// (doubled each time in a row, up to [`MAX_BUSY_BACKOFF`]).
 const BUSY_BACKOFF: Duration = Duration::from_millis(200);
+const MAX_BUSY_BACKOFF: Duration = Duration::from_secs(3);
 /// How often an older peer (no `WatchPieces`) is asked again blindly.
 const BLIND_RETRY: Duration = Duration::from_millis(300);
 /// Longest one piece may take from one source.

@@ -192,6 +192,7 @@ impl Swarm {
                 let p = &mut f.peers[k];
                 p.in_flight -= 1;
                 p.failures = 0;
+                p.gave();
                 f.from_peers += n;
                 self.stats.from_peers.fetch_add(n, Ordering::Relaxed);
             }
@@ -222,7 +223,7 @@ impl Swarm {
                 let p = &mut f.peers[k];
                 tracing::debug!(peer = %p.node, piece = i, "peer sharing: peer busy: {why}");
                 p.in_flight -= 1;
-                p.busy_until = Some(Instant::now() + BUSY_BACKOFF);
+                p.said_busy(Instant::now());
             }
             (PieceError::NotYet(why), Some(k)) => {
                 let p = &mut f.peers[k];

@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 
 use lks_proto::pb;
 
-use super::{ASK_EVERY, ASK_FEW, ASK_SOON, FEW_PEERS, PER_PEER, SERVER_WINDOW, Source, WINDOW};
+use super::{
+    ASK_EVERY, ASK_FEW, ASK_SOON, BUSY_BACKOFF, FEW_PEERS, MAX_BUSY_BACKOFF, PER_PEER, SERVER_WINDOW, Source,
+    WINDOW,
+};
 
 /// Most pieces in flight from the server at once (4 MiB pieces: 24 MiB
 /// of buffers at most, beside [`WINDOW`]'s from peers).
@@ -49,7 +52,7 @@ pub(super) fn start_pieces(plan: &mut Plan<'_>, start: &mut dyn FnMut(Source, us
             .iter_mut()
             .filter(|p| {
                 !p.dropped
-                    && p.in_flight < PER_PEER
+                    && p.in_flight < p.per_peer()
                     && p.busy_until.is_none_or(|b| b <= plan.now)
                     && !t.contains(&p.node)
                     && (p.have.has(i) || matches!(p.have, Have::Blind))
@@ -141,6 +144,8 @@ pub(super) struct PeerState {
     pub(super) watching: bool,
     /// It said it was busy: not asked again before then.
     pub(super) busy_until: Option<Instant>,
+    /// How many times in a row it said so, since it last gave a piece.
+    pub(super) busy_streak: u32,
 }
 
 impl PeerState {
@@ -154,7 +159,30 @@ impl PeerState {
             have: Have::Unknown,
             watching: false,
             busy_until: None,
+            busy_streak: 0,
         }
+    }
+
+    /// How many pieces may be asked of it at once: [`PER_PEER`], one while
+    /// it says it is busy (a second request would only wait in its line,
+    /// holding a place of this node's window).
+    pub(super) fn per_peer(&self) -> usize {
+        if self.busy_streak > 0 { 1 } else { PER_PEER }
+    }
+
+    /// It said it is busy: not asked again for [`BUSY_BACKOFF`], doubled
+    /// each time in a row, up to [`MAX_BUSY_BACKOFF`].
+    pub(super) fn said_busy(&mut self, now: Instant) {
+        let wait = BUSY_BACKOFF
+            .saturating_mul(1 << self.busy_streak.min(8))
+            .min(MAX_BUSY_BACKOFF);
+        self.busy_streak += 1;
+        self.busy_until = Some(now + wait);
+    }
+
+    /// It gave a piece: as eager as any again.
+    pub(super) fn gave(&mut self) {
+        self.busy_streak = 0;
     }
 }
 
@@ -356,6 +384,29 @@ mod tests {
             plan(&[0, 1], &mut peers, ServerUse::No, 0, &mut tried),
             vec![("a".into(), 1)]
         );
+    }
+
+    #[test]
+    fn a_busy_peer_is_asked_one_piece_at_a_time_and_later_each_time_in_a_row() {
+        let now = Instant::now();
+        let mut p = peer("a", known(4, &[0, 1, 2, 3]));
+        assert_eq!(p.per_peer(), PER_PEER);
+        p.said_busy(now);
+        assert_eq!(p.busy_until, Some(now + BUSY_BACKOFF));
+        p.said_busy(now);
+        assert_eq!(p.busy_until, Some(now + BUSY_BACKOFF * 2));
+        for _ in 0..20 {
+            p.said_busy(now);
+        }
+        assert_eq!(p.busy_until, Some(now + MAX_BUSY_BACKOFF));
+        // Its wait over, one piece at a time, not PER_PEER.
+        p.busy_until = None;
+        let mut peers = vec![p];
+        let got = plan(&[0, 1, 2], &mut peers, ServerUse::No, 0, &mut HashMap::new());
+        assert_eq!(got, vec![("a".into(), 0)]);
+        // A piece from it: as eager as any again.
+        peers[0].gave();
+        assert_eq!(peers[0].per_peer(), PER_PEER);
     }
 
     #[test]
