@@ -100,14 +100,7 @@ fn status(b: pb::BundleStatus, generation: u64) -> Result<BundleStatusRow, BadSt
 /// Checks a reported `TrustStatus`: a known state while enabled.
 fn trust(t: pb::TrustStatus) -> Result<NodeTrust, ReportError> {
     if !t.enabled {
-        return Ok(NodeTrust {
-            enabled: false,
-            state: None,
-            message: String::new(),
-            release_version: 0,
-            release_expires_at_ms: 0,
-            root_version: 0,
-        });
+        return Ok(NodeTrust::off());
     }
     let state = TrustHealth::parse(&t.state).ok_or_else(|| ReportError::TrustState {
         state: clip(&t.state, 64).to_string(),

@@ -184,6 +184,18 @@ pub struct NodeTrust {
 }
 
 impl NodeTrust {
+    /// A node without a release requirement: nothing else to say.
+    pub fn off() -> NodeTrust {
+        NodeTrust {
+            enabled: false,
+            state: None,
+            message: String::new(),
+            release_version: 0,
+            release_expires_at_ms: 0,
+            root_version: 0,
+        }
+    }
+
     /// "off", or the state's wire name: how metrics and `node list` name it.
     pub fn label(&self) -> &'static str {
         match (self.enabled, self.state) {

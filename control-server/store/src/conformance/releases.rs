@@ -175,17 +175,5 @@ pub async fn a_nodes_reported_trust_is_kept_with_it(s: &dyn Store) {
         "an agent that no longer reports it shows none"
     );
     // A node that is gone is no error.
-    s.record_trust(
-        "gone",
-        NodeTrust {
-            enabled: false,
-            state: None,
-            message: String::new(),
-            release_version: 0,
-            release_expires_at_ms: 0,
-            root_version: 0,
-        },
-    )
-    .await
-    .unwrap();
+    s.record_trust("gone", NodeTrust::off()).await.unwrap();
 }
