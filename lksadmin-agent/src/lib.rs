@@ -17,8 +17,9 @@
 //! | [`link`] | the stream to the control server, its channels, blob sources and the certificate issuer over them, renewal, peer sharing, `status.json` |
 //! | top level | `status`, logging, `join`, `run` (the daemon), `settings` |
 
-// One module may call into libc (`node::memory`, `malloc_trim`), with its
-// reason beside the call; everything else is safe Rust.
+// Two modules may call into libc (`node::memory`: `mallopt`, `malloc_trim`;
+// `node::priority`: `setpriority`), with the reason beside each call;
+// everything else is safe Rust.
 #![deny(unsafe_code)]
 
 pub mod apply;

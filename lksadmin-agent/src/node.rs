@@ -1,9 +1,11 @@
 //! The node itself, below everything that applies or talks: the facts it
 //! reports, the keys and certificates it makes for a bundle's certificate
 //! entries (and the [`certs::CertIssuer`] port that gets them signed),
-//! systemd notification, and giving freed heap memory back to the kernel.
+//! systemd notification, giving freed heap memory back to the kernel, and
+//! background work at the lowest CPU priority.
 
 pub mod certs;
 pub mod facts;
 pub mod memory;
 pub mod notify;
+pub mod priority;

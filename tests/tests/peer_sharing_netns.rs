@@ -190,6 +190,8 @@ fn roll_out_to_tenant(n: usize, on: bool, rate: &str, size: usize, replicas: usi
                     || l.contains("blob fetched")
                     || l.contains("peer sharing:")
                     || l.contains("serving a piece")
+                    || l.contains("copied into the cache")
+                    || l.contains("kind=\"applied\"")
             }) {
                 eprintln!("{} {l}", a.name);
             }

@@ -572,7 +572,9 @@ impl Cache {
     /// its length is checked. Else it is hashed while copying and cached
     /// only if size and digest match: a source that changed since it was
     /// verified (a drifted target) is not cached, `Ok(false)`, nothing left
-    /// behind.
+    /// behind. The copy runs at the lowest CPU priority
+    /// ([`crate::node::priority`]): it is bookkeeping after the apply, and
+    /// yields to the node's workloads and to transfers still going on.
     pub fn copy_in(&self, src: File, digest: &Digest, size: u64, known: bool) -> Result<bool, FsError> {
         fsutil::create_dir(&self.blobs(), 0o700)?;
         fsutil::create_dir(&self.partials(), 0o700)?;
@@ -594,7 +596,7 @@ impl Cache {
             }
             Ok(copied)
         };
-        match copy() {
+        match crate::node::priority::in_background(copy).and_then(|r| r) {
             Ok(true) => {}
             Ok(false) => {
                 let _ = fs::remove_file(&part);
