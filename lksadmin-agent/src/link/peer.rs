@@ -50,8 +50,8 @@ pub const UPLOAD_DEADLINE: Duration = Duration::from_secs(60);
 const MESSAGE: usize = 256 << 10;
 /// Longest a TLS handshake with a peer may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long after this node's own download of a blob was verified whole
-/// its pieces are served without hashing them again: a rollout's span,
+/// How long after this node's own download of a blob was verified (every
+/// piece, as it arrived) its pieces are served without hashing them again: a rollout's span,
 /// after which a cached file (which may rot over days) is checked piece by
 /// piece again before a byte is sent.
 const FRESH: Duration = Duration::from_secs(600);
@@ -96,7 +96,7 @@ pub struct Shared {
     /// the blob it rebuilds). Served while that blob is.
     patches: Mutex<HashMap<Digest, (BlobInfo, Digest)>>,
     partial: Mutex<HashMap<Digest, Arc<Partial>>>,
-    /// Blobs this node's own downloads verified whole, and when.
+    /// Blobs this node's own downloads verified, and when.
     verified: Mutex<HashMap<Digest, Instant>>,
     /// Verified downloads staging moved beside their targets, open, served
     /// until the engine has cached them again.
@@ -228,9 +228,9 @@ impl Shared {
         lock(&self.partial).get(d).cloned()
     }
 
-    /// This node's download of `d` was just verified whole: for [`FRESH`]
+    /// This node's download of `d` was just verified: for [`FRESH`]
     /// its pieces are served from the file without hashing them again.
-    pub fn verified_whole(&self, d: Digest) {
+    pub fn download_verified(&self, d: Digest) {
         let mut v = lock(&self.verified);
         v.retain(|_, at| at.elapsed() < FRESH);
         v.insert(d, Instant::now());

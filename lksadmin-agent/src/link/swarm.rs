@@ -14,8 +14,11 @@
 //! - A peer is dialled over mTLS: it must present a node certificate of
 //!   this node's CA naming the node the tracker named, of this cluster.
 //! - Pieces land at their offsets in `cache/partial/HEX.pieces`; the pieces
-//!   verified so far are served to other peers meanwhile. At the end the
-//!   whole file is verified against the manifest's digest once more.
+//!   verified so far are served to other peers meanwhile.
+//! - Each byte is hashed once, as its piece arrives: a file whose every
+//!   piece matched is the file of the manifest's digest, not hashed whole
+//!   again (see [`Swarm::fetch`]; debug builds, and so every test, do hash
+//!   it whole as well, to catch a piece written at the wrong place).
 //! - A server without a tracker (older): [`SwarmError::Unsupported`], and
 //!   the caller fetches from the server as before.
 
@@ -42,6 +45,8 @@ use crate::link::client::NodeCredentials;
 
 mod fetch;
 mod plan;
+#[cfg(test)]
+mod tests;
 mod tls;
 
 use crate::link::channel::SharedChannel;
@@ -160,15 +165,32 @@ impl Swarm {
         &self.shared
     }
 
-    /// Fetches `file` into `part` (created or resumed there), verified
-    /// whole. Returns the bytes that came from the server and from peers.
+    /// Fetches `file` into `part` (created or resumed there), verified.
+    /// Returns the bytes that came from the server and from peers.
+    ///
+    /// Verified means every piece matched its digest as it arrived, one
+    /// SHA-256 pass per byte as a download from the server has (DESIGN §5,
+    /// "one durable write, one hash"). That is the whole file verified: the
+    /// pieces cover it exactly (the list has one digest per piece of
+    /// `file.size`, checked here and when the manifest was), and the list
+    /// is bound to the file's digest — the server recomputed it from the
+    /// very bytes it hashed to that digest at publish and refuses a publish
+    /// whose list differs, and a signed bundle's lists are used only under
+    /// `chunks_signature`, by the key that signed the digest. Without a
+    /// list the one piece's digest is the file's own.
     pub async fn fetch(&self, file: &FileSpec, part: &Path) -> Result<(u64, u64), SwarmError> {
         let info = BlobInfo {
             size: file.size,
             chunks: file.chunks.clone(),
         };
-        if info.chunks.is_none() && file.size > MAX_WHOLE_PIECE {
-            return Err(SwarmError::Unsupported("no chunk list".into()));
+        match &info.chunks {
+            None if file.size > MAX_WHOLE_PIECE => {
+                return Err(SwarmError::Unsupported("no chunk list".into()));
+            }
+            Some(c) => c
+                .validate(file.size, &file.digest)
+                .map_err(|e| SwarmError::Unsupported(format!("chunk list: {e}")))?,
+            None => {}
         }
         let digest = file.digest;
         let pieces = info.pieces();
@@ -179,12 +201,14 @@ impl Swarm {
         self.shared.start_partial(digest, partial.clone());
         let res = self.fetch_pieces(file, &info, &pieces, &partial).await;
         let res = match res {
-            // Its pieces stay served while the whole is checked: peers told
-            // it holds them would otherwise be refused meanwhile.
-            Ok(got) => check_whole(part, &digest, file.size).await.map(|()| {
-                self.shared.verified_whole(digest);
-                got
-            }),
+            // Its pieces stay served while it is checked: peers told it
+            // holds them would otherwise be refused meanwhile.
+            Ok(got) => check_complete(part, &partial, &digest, file.size)
+                .await
+                .map(|()| {
+                    self.shared.download_verified(digest);
+                    got
+                }),
             Err(e) => Err(e),
         };
         self.shared.end_partial(&digest);
@@ -429,7 +453,39 @@ impl Swarm {
     }
 }
 
-/// The pieces were each checked; the file is checked whole too.
+/// Every piece is held (each checked as it arrived) and the file is as
+/// long as the manifest says. Debug builds hash it whole as well: an
+/// assertion of the pieces' placement wherever tests run, which a release
+/// build leaves to the per-piece checks (see [`Swarm::fetch`]).
+async fn check_complete(
+    part: &Path,
+    partial: &Partial,
+    digest: &Digest,
+    size: u64,
+) -> Result<(), SwarmError> {
+    if let Some(i) = lock(&partial.have).iter().position(|&held| !held) {
+        return Err(SwarmError::Unavailable(format!(
+            "piece {i} of {digest} is missing"
+        )));
+    }
+    let len = std::fs::metadata(part)
+        .map_err(|e| SwarmError::Unavailable(format!("stat {}: {e}", part.display())))?
+        .len();
+    if len != size {
+        return Err(SwarmError::Corrupt(
+            lks_proto::digest::VerifyError::SizeMismatch {
+                expected: size,
+                got: len,
+            },
+        ));
+    }
+    if cfg!(debug_assertions) {
+        check_whole(part, digest, size).await?;
+    }
+    Ok(())
+}
+
+/// The file hashed whole against its digest.
 async fn check_whole(part: &Path, digest: &Digest, size: u64) -> Result<(), SwarmError> {
     let p = part.to_path_buf();
     let whole = tokio::task::spawn_blocking(move || Digest::of_file(&p))

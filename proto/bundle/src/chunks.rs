@@ -1,8 +1,13 @@
 //! A file's chunk list: the SHA-256 of each fixed-size piece, so a file can
 //! be fetched in pieces from several sources (peer sharing) and a source
 //! that sends one bad byte is caught at that piece, not after the whole
-//! file. The whole-file digest stays the final word: an agent verifies the
-//! assembled file against it before anything is staged.
+//! file. A list is bound to its file's digest: the server recomputes it
+//! from the bytes it hashes to that digest at publish and refuses a publish
+//! whose list differs, and a signed bundle's lists count only under
+//! `chunks_signature`, by the key that signed the digest. So a file whose
+//! every piece matched a list of one digest per piece ([`Chunks::validate`])
+//! is the file of that digest: an agent hashes each byte once, as its piece
+//! arrives, not the assembled file again.
 
 use std::io::{self, Read};
 

@@ -111,7 +111,7 @@ fn a_cached_piece_is_checked_before_it_is_sent_unless_just_verified() {
     assert_eq!(e.code(), tonic::Code::DataLoss, "{e}");
     // This node's own download was verified whole moments ago: served
     // as read (the receiver checks every piece).
-    shared.verified_whole(d);
+    shared.download_verified(d);
     assert_eq!(read(&shared).unwrap().concat(), b"blob bytEs");
     // Not another blob's.
     assert!(!shared.fresh(&Digest::of(b"other")));
