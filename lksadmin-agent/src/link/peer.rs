@@ -382,7 +382,7 @@ impl pb::peer_service_server::PeerService for PeerApi {
         let (cache, shared) = (self.cache.clone(), self.shared.clone());
         let want = info.piece_digest(piece, &digest);
         let (offset, len) = (r.offset, length);
-        let messages = tokio::task::spawn_blocking(move || {
+        let bytes = tokio::task::spawn_blocking(move || {
             read_piece(&cache, &shared, &digest, piece, offset, len, &want)
         })
         .await
@@ -392,7 +392,7 @@ impl pb::peer_service_server::PeerService for PeerApi {
         let shared = self.shared.clone();
         let deadline = tokio::time::Instant::now() + UPLOAD_DEADLINE;
         let total = info.size;
-        let stream = async_stream_chunks(messages, fault, rate, deadline, total, permit, shared);
+        let stream = async_stream_chunks(bytes, fault, rate, deadline, total, permit, shared);
         stats.uploads.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(peer = %caller.node, %digest, piece, "serving a piece to a peer");
         Ok(Response::new(stream))
@@ -517,12 +517,28 @@ fn whole(cache: &std::path::Path, shared: &Shared, digest: &Digest) -> Option<Wh
         .or_else(|| shared.moved(digest).map(Whole::Moved))
 }
 
+/// The bytes of one piece, as an upload sends them.
+#[derive(Debug)]
+enum PieceBytes {
+    /// Read whole and checked against the piece's digest before a byte is
+    /// sent.
+    Checked(Vec<Vec<u8>>),
+    /// Bytes this node verified moments ago: read a message at a time as
+    /// the upload goes, so that it holds one message, not the piece.
+    Verified {
+        file: Arc<std::fs::File>,
+        offset: u64,
+        len: u64,
+    },
+}
+
 /// Reads piece `i` of `digest` from the cache, `fetched/` or a moved
 /// download (whole blob), checked against its digest (a file kept for days may rot) unless this
-/// node's own download verified it whole less than [`FRESH`] ago, or from
+/// node's own download verified it less than [`FRESH`] ago, or from
 /// this node's own download in progress, where it was checked in memory as
 /// it arrived, moments before it was written. Not hashed a second time in
-/// those two cases: the receiver checks every piece anyway.
+/// those two cases, and read as it is sent: the receiver checks every
+/// piece anyway.
 fn read_piece(
     cache: &std::path::Path,
     shared: &Shared,
@@ -531,7 +547,7 @@ fn read_piece(
     offset: u64,
     len: u64,
     want: &Digest,
-) -> Result<Vec<Vec<u8>>, Status> {
+) -> Result<PieceBytes, Status> {
     let open = |path: &std::path::Path| {
         std::fs::File::open(path)
             .map(Arc::new)
@@ -549,9 +565,22 @@ fn read_piece(
             }
         },
     };
+    if !check {
+        let size = f
+            .metadata()
+            .map_err(|e| Status::not_found(format!("{digest}: {e}")))?
+            .len();
+        if size < offset + len {
+            return Err(Status::not_found(format!(
+                "{digest}: piece {i} ends at byte {}, the file at {size}",
+                offset + len
+            )));
+        }
+        return Ok(PieceBytes::Verified { file: f, offset, len });
+    }
     // Read straight into each message's own buffer: sent as they are, no
     // copy of the piece into messages.
-    let mut hasher = check.then(lks_proto::digest::Hasher::new);
+    let mut hasher = lks_proto::digest::Hasher::new();
     let mut messages = Vec::with_capacity(len.div_ceil(MESSAGE as u64).max(1) as usize);
     let mut at = 0u64;
     loop {
@@ -559,28 +588,57 @@ fn read_piece(
         let mut buf = vec![0u8; n];
         f.read_exact_at(&mut buf, offset + at)
             .map_err(|e| Status::not_found(format!("{digest}: read piece {i}: {e}")))?;
-        if let Some(h) = &mut hasher {
-            h.update(&buf);
-        }
+        hasher.update(&buf);
         messages.push(buf);
         at += n as u64;
         if at >= len {
             break;
         }
     }
-    if hasher.is_some_and(|h| h.finish().0 != *want) {
+    if hasher.finish().0 != *want {
         tracing::warn!(%digest, piece = i, "peer sharing: a cached piece does not match its digest; not served");
         return Err(Status::data_loss(format!(
             "piece {i} of {digest} is damaged on this node"
         )));
     }
-    Ok(messages)
+    Ok(PieceBytes::Checked(messages))
+}
+
+/// The messages of a piece, in order: those read and checked already, or
+/// each read when the upload is ready for it.
+fn piece_messages(bytes: PieceBytes) -> futures::stream::BoxStream<'static, Result<Vec<u8>, Status>> {
+    match bytes {
+        PieceBytes::Checked(messages) => futures::stream::iter(messages.into_iter().map(Ok)).boxed(),
+        PieceBytes::Verified { file, offset, len } => futures::stream::unfold(0u64, move |at| {
+            let file = file.clone();
+            async move {
+                if at >= len {
+                    return None;
+                }
+                let n = (len - at).min(MESSAGE as u64) as usize;
+                let read = tokio::task::spawn_blocking(move || {
+                    let mut buf = vec![0u8; n];
+                    file.read_exact_at(&mut buf, offset + at).map(|()| buf)
+                })
+                .await;
+                let msg = match read {
+                    Ok(Ok(buf)) => Ok(buf),
+                    Ok(Err(e)) => Err(Status::data_loss(format!("read at byte {}: {e}", offset + at))),
+                    Err(e) => Err(Status::internal(e.to_string())),
+                };
+                // After an error the stream ends with it.
+                let next = if msg.is_ok() { at + n as u64 } else { len };
+                Some((msg, next))
+            }
+        })
+        .boxed(),
+    }
 }
 
 /// The messages of one piece, each sent as it is once the node's upload
 /// rate allows.
 fn async_stream_chunks(
-    messages: Vec<Vec<u8>>,
+    bytes: PieceBytes,
     corrupt: bool,
     rate: Arc<RateLimit>,
     deadline: tokio::time::Instant,
@@ -588,11 +646,13 @@ fn async_stream_chunks(
     permit: tokio::sync::OwnedSemaphorePermit,
     shared: Arc<Shared>,
 ) -> ChunkStream {
-    futures::stream::iter(messages.into_iter().enumerate())
-        .then(move |(k, mut data)| {
+    piece_messages(bytes)
+        .enumerate()
+        .then(move |(k, data)| {
             let (rate, shared) = (rate.clone(), shared.clone());
             let _hold = &permit;
             async move {
+                let mut data = data?;
                 if corrupt && k == 0 && !data.is_empty() {
                     data[0] ^= 0x01;
                 }

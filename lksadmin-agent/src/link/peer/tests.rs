@@ -95,6 +95,12 @@ fn a_patch_is_served_while_the_blob_it_rebuilds_is() {
     assert!(lock(&shared.patches).is_empty());
 }
 
+/// The messages an upload of `bytes` sends, as sent.
+fn sent(bytes: PieceBytes) -> Vec<Vec<u8>> {
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    rt.block_on(piece_messages(bytes).map(Result::unwrap).collect())
+}
+
 #[test]
 fn a_cached_piece_is_checked_before_it_is_sent_unless_just_verified() {
     let dir = tempfile::tempdir().unwrap();
@@ -104,15 +110,20 @@ fn a_cached_piece_is_checked_before_it_is_sent_unless_just_verified() {
     let path = dir.path().join("sha256").join(d.hex());
     std::fs::write(&path, b"blob bytes").unwrap();
     let read = |shared: &Shared| read_piece(dir.path(), shared, &d, 0, 0, 10, &d);
-    assert_eq!(read(&shared).unwrap().concat(), b"blob bytes");
+    let checked = read(&shared).unwrap();
+    assert!(matches!(checked, PieceBytes::Checked(_)), "{checked:?}");
+    assert_eq!(sent(checked).concat(), b"blob bytes");
     // Rotted on disk: refused, not sent.
     std::fs::write(&path, b"blob bytEs").unwrap();
     let e = read(&shared).unwrap_err();
     assert_eq!(e.code(), tonic::Code::DataLoss, "{e}");
-    // This node's own download was verified whole moments ago: served
-    // as read (the receiver checks every piece).
+    // This node's own download was verified moments ago: served as read,
+    // a message at a time while it is sent (the receiver checks every
+    // piece).
     shared.download_verified(d);
-    assert_eq!(read(&shared).unwrap().concat(), b"blob bytEs");
+    let verified = read(&shared).unwrap();
+    assert!(matches!(verified, PieceBytes::Verified { .. }), "{verified:?}");
+    assert_eq!(sent(verified).concat(), b"blob bytEs");
     // Not another blob's.
     assert!(!shared.fresh(&Digest::of(b"other")));
 }
@@ -134,7 +145,7 @@ fn a_moved_download_is_served_until_released() {
     assert!(held(dir.path(), &shared, &d, 0));
     assert!(holding(dir.path(), &shared, &d, 1).whole);
     let read = || read_piece(dir.path(), &shared, &d, 0, 0, 10, &d);
-    assert_eq!(read().unwrap().concat(), b"blob bytes");
+    assert_eq!(sent(read().unwrap()).concat(), b"blob bytes");
     shared.release_moved();
     assert!(!held(dir.path(), &shared, &d, 0));
     assert_eq!(read().unwrap_err().code(), tonic::Code::NotFound);
@@ -155,7 +166,7 @@ fn a_piece_is_read_into_its_messages_and_checked_across_them() {
     let len = bytes.len() as u64 - 7;
     let want = Digest::of(&bytes[7..]);
     let read = || read_piece(dir.path(), &shared, &d, 1, 7, len, &want);
-    let m = read().unwrap();
+    let m = sent(read().unwrap());
     let sizes: Vec<usize> = m.iter().map(Vec::len).collect();
     assert_eq!(sizes, vec![MESSAGE, MESSAGE - 2]);
     assert_eq!(m.concat(), &bytes[7..]);
@@ -163,6 +174,40 @@ fn a_piece_is_read_into_its_messages_and_checked_across_them() {
     *bytes.last_mut().unwrap() ^= 1;
     std::fs::write(&path, &bytes).unwrap();
     assert_eq!(read().unwrap_err().code(), tonic::Code::DataLoss);
+}
+
+/// Bytes this node verified moments ago are read as they are sent, in
+/// messages of at most [`MESSAGE`] bytes; a file cut short since is an
+/// error, at the start when it cannot hold the piece, else where the read
+/// fails.
+#[test]
+fn a_just_verified_piece_is_read_as_it_is_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("sha256")).unwrap();
+    let shared = Shared::default();
+    let bytes: Vec<u8> = (0..2 * MESSAGE + 5).map(|i| (i % 251) as u8).collect();
+    let d = Digest::of(&bytes);
+    let path = dir.path().join("sha256").join(d.hex());
+    std::fs::write(&path, &bytes).unwrap();
+    shared.download_verified(d);
+    let len = bytes.len() as u64 - 7;
+    let read = || read_piece(dir.path(), &shared, &d, 1, 7, len, &Digest::of(&bytes[7..]));
+    let m = sent(read().unwrap());
+    let sizes: Vec<usize> = m.iter().map(Vec::len).collect();
+    assert_eq!(sizes, vec![MESSAGE, MESSAGE - 2]);
+    assert_eq!(m.concat(), &bytes[7..]);
+    // Cut short before the upload starts: refused at once.
+    std::fs::write(&path, &bytes[..MESSAGE]).unwrap();
+    assert_eq!(read().unwrap_err().code(), tonic::Code::NotFound);
+    // Cut short while it is sent: the first message goes, then the error.
+    std::fs::write(&path, &bytes).unwrap();
+    let upload = read().unwrap();
+    std::fs::write(&path, &bytes[..MESSAGE + 7]).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let got: Vec<Result<Vec<u8>, Status>> = rt.block_on(piece_messages(upload).collect());
+    assert_eq!(got.len(), 2, "one message, then the error ends the upload");
+    assert_eq!(got[0].as_ref().unwrap(), &bytes[7..7 + MESSAGE]);
+    assert_eq!(got[1].as_ref().unwrap_err().code(), tonic::Code::DataLoss);
 }
 
 #[test]
