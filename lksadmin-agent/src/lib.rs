@@ -17,9 +17,10 @@
 //! | [`link`] | the stream to the control server, its channels, blob sources and the certificate issuer over them, renewal, peer sharing, `status.json` |
 //! | top level | `status`, logging, `join`, `run` (the daemon), `settings` |
 
-// Two modules may call into libc (`node::memory`: `mallopt`, `malloc_trim`;
-// `node::priority`: `setpriority`), with the reason beside each call;
-// everything else is safe Rust.
+// Three modules may call into libc (`node::memory`: `mallopt`,
+// `malloc_trim`; `node::priority`: `setpriority`; `node::disk`:
+// `sync_file_range`), none of which nix wraps, with the reason beside each
+// call; everything else is safe Rust.
 #![deny(unsafe_code)]
 
 pub mod apply;

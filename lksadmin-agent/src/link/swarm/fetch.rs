@@ -186,6 +186,17 @@ impl Swarm {
     /// now on, counted.
     fn piece_arrived(&self, f: &mut Fetch<'_>, peer: Option<usize>, i: usize, n: u64) {
         self.shared.verified(f.partial, i);
+        // Its disk write starts now, beside the transfer: the fsync at the
+        // end then has little left (node::disk).
+        let (out, (offset, len)) = (f.out.clone(), f.pieces[i]);
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = crate::node::disk::start_writeback(&out, offset, len) {
+                tracing::debug!(
+                    piece = i,
+                    "peer sharing: cannot start writing the piece back: {e}"
+                );
+            }
+        });
         f.last_progress = Instant::now();
         match peer {
             Some(k) => {
