@@ -51,9 +51,9 @@ const MESSAGE: usize = 256 << 10;
 /// Longest a TLS handshake with a peer may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long after this node's own download of a blob was verified (every
-/// piece, as it arrived) its pieces are served without hashing them again: a rollout's span,
-/// after which a cached file (which may rot over days) is checked piece by
-/// piece again before a byte is sent.
+/// piece, as it arrived) its pieces are served without hashing them again:
+/// a rollout's span, after which a cached file (which may rot over days) is
+/// checked piece by piece again before a byte is sent.
 const FRESH: Duration = Duration::from_secs(600);
 
 /// What a blob of the desired bundles is: its size and pieces.
@@ -578,15 +578,12 @@ fn read_piece(
         }
         return Ok(PieceBytes::Verified { file: f, offset, len });
     }
-    // Read straight into each message's own buffer: sent as they are, no
-    // copy of the piece into messages.
     let mut hasher = lks_proto::digest::Hasher::new();
     let mut messages = Vec::with_capacity(len.div_ceil(MESSAGE as u64).max(1) as usize);
     let mut at = 0u64;
     loop {
         let n = (len - at).min(MESSAGE as u64) as usize;
-        let mut buf = vec![0u8; n];
-        f.read_exact_at(&mut buf, offset + at)
+        let buf = read_message(&f, offset + at, n)
             .map_err(|e| Status::not_found(format!("{digest}: read piece {i}: {e}")))?;
         hasher.update(&buf);
         messages.push(buf);
@@ -604,6 +601,14 @@ fn read_piece(
     Ok(PieceBytes::Checked(messages))
 }
 
+/// `n` bytes of `file` at `at`, read straight into the buffer a message
+/// is sent in (no copy of the piece into messages).
+fn read_message(file: &std::fs::File, at: u64, n: usize) -> std::io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; n];
+    file.read_exact_at(&mut buf, at)?;
+    Ok(buf)
+}
+
 /// The messages of a piece, in order: those read and checked already, or
 /// each read when the upload is ready for it.
 fn piece_messages(bytes: PieceBytes) -> futures::stream::BoxStream<'static, Result<Vec<u8>, Status>> {
@@ -616,11 +621,7 @@ fn piece_messages(bytes: PieceBytes) -> futures::stream::BoxStream<'static, Resu
                     return None;
                 }
                 let n = (len - at).min(MESSAGE as u64) as usize;
-                let read = tokio::task::spawn_blocking(move || {
-                    let mut buf = vec![0u8; n];
-                    file.read_exact_at(&mut buf, offset + at).map(|()| buf)
-                })
-                .await;
+                let read = tokio::task::spawn_blocking(move || read_message(&file, offset + at, n)).await;
                 let msg = match read {
                     Ok(Ok(buf)) => Ok(buf),
                     Ok(Err(e)) => Err(Status::data_loss(format!("read at byte {}: {e}", offset + at))),
