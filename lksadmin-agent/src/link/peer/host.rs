@@ -200,6 +200,12 @@ fn incoming(
                     }
                 },
             };
+            // As the control server's: an upload's last frames (the end
+            // of a piece's stream) go out at once instead of waiting for
+            // the ACK of what went before (Nagle's algorithm).
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(peer = %addr, "peer socket: TCP_NODELAY: {e}");
+            }
             let (acceptor, tx) = (acceptor.clone(), tx.clone());
             tokio::spawn(async move {
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
@@ -213,4 +219,59 @@ fn incoming(
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use futures::StreamExt;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio_rustls::{TlsAcceptor, TlsConnector};
+    use tokio_util::sync::CancellationToken;
+
+    use super::incoming;
+
+    #[tokio::test]
+    async fn accepted_connections_send_without_delay() {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let cert = CertificateDer::from(ck.cert.der().to_vec());
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(ck.signing_key.serialize_der()));
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.clone()], key)
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cancel = CancellationToken::new();
+        let mut accepted = Box::pin(incoming(
+            listener,
+            TlsAcceptor::from(Arc::new(server)),
+            cancel.clone(),
+        ));
+        let dial = tokio::spawn(async move {
+            let tcp = TcpStream::connect(addr).await.unwrap();
+            assert!(!tcp.nodelay().unwrap(), "a socket delays small sends by default");
+            TlsConnector::from(Arc::new(client))
+                .connect(ServerName::try_from("localhost").unwrap(), tcp)
+                .await
+                .unwrap()
+        });
+        let tls = accepted.next().await.unwrap().unwrap();
+        assert!(tls.get_ref().0.nodelay().unwrap());
+        drop(dial.await.unwrap());
+        cancel.cancel();
+    }
 }
