@@ -7,7 +7,8 @@
 //!   every node ends with the right bytes;
 //! - a peer that flips a byte in what it serves is caught at the piece,
 //!   reported (`bad_peer`) and not used again; no node applies a bad byte;
-//! - sharing off: no listener; a node of another cluster is refused.
+//! - sharing off: no listener; a node of another cluster is refused;
+//! - connections to peers close once the fetches are over.
 //!
 //! The same in network namespaces behind a rate-limited link, with the
 //! benchmark, is `bash scripts/bench.sh --only swarm` (BENCHMARKS.md).
@@ -155,6 +156,59 @@ fn a_batch_takes_at_most_two_copies_from_the_server_and_the_rest_from_peers() {
     wait_until(Duration::from_secs(10), "the applied events counted", || {
         s.metric("lks_blob_bytes_served_total{source=\"peer\"}") == from_peers
     });
+}
+
+/// Established TCP connections on IPv4 (`/proc/net/tcp`) from or to one
+/// of `ports`: (dialled, accepted).
+fn connections(ports: &[u16]) -> (usize, usize) {
+    let (mut dialled, mut accepted) = (0, 0);
+    let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    for l in tcp.lines().skip(1) {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let port = |a: &str| u16::from_str_radix(a.rsplit(':').next().unwrap(), 16).unwrap();
+        if f[3] != "01" {
+            continue; // not ESTABLISHED
+        }
+        dialled += usize::from(ports.contains(&port(f[2])));
+        accepted += usize::from(ports.contains(&port(f[1])));
+    }
+    (dialled, accepted)
+}
+
+#[test]
+fn connections_to_peers_close_once_the_fetches_are_over() {
+    let s = Server::start();
+    s.create_cluster("c1");
+    let nodes = start_nodes(&s, "c1", 3, None);
+    sharing(&s, "c1", "on");
+    for n in &nodes {
+        wait_until(Duration::from_secs(20), "peer listener up", || listening(n.peer));
+    }
+    let ports: Vec<u16> = nodes.iter().map(|n| n.peer.port()).collect();
+    let bytes = noise(SIZE, 11);
+    let id = publish(&s, "1", &bytes);
+    roll_out(&s, "c1", &id, "3");
+    let (dialled, accepted) = connections(&ports);
+    for n in &nodes {
+        assert_holds(n, &bytes);
+    }
+    let (_, from_peers) = nodes.iter().fold((0, 0), |(a, b), n| {
+        let (x, y) = n.agent.fetched_bytes();
+        (a + x, b + y)
+    });
+    assert!(from_peers > 0, "nodes took pieces from each other");
+    assert!(
+        dialled > 0 && accepted > 0,
+        "right after the rollout the nodes are still connected to their peers: {dialled} dialled, {accepted} accepted"
+    );
+    // 30 s after the last fetch ended (`swarm::conns::IDLE_CLOSE`), both
+    // ends are closed; the listeners stay up.
+    wait_until(Duration::from_secs(45), "connections to peers closed", || {
+        connections(&ports) == (0, 0)
+    });
+    for n in &nodes {
+        assert!(listening(n.peer), "{}: still listening", n.agent.name);
+    }
 }
 
 #[test]

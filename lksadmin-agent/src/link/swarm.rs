@@ -13,6 +13,9 @@
 //!   dropped, the server is used at once.
 //! - A peer is dialled over mTLS: it must present a node certificate of
 //!   this node's CA naming the node the tracker named, of this cluster.
+//!   One connection per peer serves every fetch running; they close
+//!   [`conns::IDLE_CLOSE`] after the last fetch ended (and when sharing is
+//!   turned off), so they do not pile up rollout after rollout.
 //! - Pieces land at their offsets in `cache/partial/HEX.pieces`; the pieces
 //!   verified so far are served to other peers meanwhile.
 //! - Each byte is hashed once, as its piece arrives: a file whose every
@@ -22,7 +25,6 @@
 //! - A server without a tracker (older): [`SwarmError::Unsupported`], and
 //!   the caller fetches from the server as before.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::os::unix::fs::FileExt;
@@ -43,6 +45,7 @@ use crate::apply::source::{PieceSource, SwarmError};
 use crate::config::StateDir;
 use crate::link::client::NodeCredentials;
 
+mod conns;
 mod fetch;
 mod plan;
 #[cfg(test)]
@@ -51,6 +54,7 @@ mod tls;
 
 use crate::link::channel::SharedChannel;
 use crate::link::peer::{BlobInfo, Partial, Shared};
+use conns::PeerConns;
 use plan::Found;
 pub use tls::{DialError, dial_peer};
 
@@ -115,7 +119,7 @@ pub struct Swarm {
     /// Peer sharing is on for this node's cluster.
     on: AtomicBool,
     events: mpsc::Sender<NodeEvent>,
-    conns: Mutex<HashMap<(String, SocketAddr), Channel>>,
+    conns: Arc<PeerConns>,
     pub stats: FetchStats,
 }
 
@@ -145,7 +149,7 @@ impl Swarm {
             cluster,
             on: AtomicBool::new(false),
             events,
-            conns: Mutex::default(),
+            conns: Arc::default(),
             stats: FetchStats::default(),
         }
     }
@@ -153,7 +157,7 @@ impl Swarm {
     pub fn set_on(&self, on: bool) {
         self.on.store(on, Ordering::Relaxed);
         if !on {
-            lock(&self.conns).clear();
+            self.conns.close_all();
         }
     }
 
@@ -192,6 +196,7 @@ impl Swarm {
                 .map_err(|e| SwarmError::Unsupported(format!("chunk list: {e}")))?,
             None => {}
         }
+        let _fetching = self.conns.fetching();
         let digest = file.digest;
         let pieces = info.pieces();
         let partial = Arc::new(Partial {
@@ -268,7 +273,7 @@ impl Swarm {
                 }
                 Ok(Err(s)) => {
                     if !matches!(s.code(), tonic::Code::NotFound | tonic::Code::ResourceExhausted) {
-                        lock(&self.conns).remove(&(node.clone(), address));
+                        self.conns.forget(&(node.clone(), address));
                     }
                     futures::stream::iter([News::Ended(Some(format!("node {node}: {}", s.message())))])
                         .boxed()
@@ -432,7 +437,7 @@ impl Swarm {
                         return Err(PieceError::NotYet(s.message().to_string()));
                     }
                     Err(s) => {
-                        lock(&self.conns).remove(&(node.clone(), *addr));
+                        self.conns.forget(&(node.clone(), *addr));
                         return Err(PieceError::Failed(format!("node {node}: {}", s.message())));
                     }
                 }
@@ -442,13 +447,13 @@ impl Swarm {
 
     async fn peer_channel(&self, node: &str, addr: SocketAddr) -> Result<Channel, DialError> {
         let key = (node.to_string(), addr);
-        if let Some(c) = lock(&self.conns).get(&key) {
-            return Ok(c.clone());
+        if let Some(c) = self.conns.get(&key) {
+            return Ok(c);
         }
         let creds = NodeCredentials::load(&self.dirs).map_err(DialError::Credentials)?;
         let ch = dial_peer(&creds, &self.cluster, node, addr).await?;
         tracing::debug!(peer = %node, %addr, "peer sharing: connected to a peer");
-        lock(&self.conns).insert(key, ch.clone());
+        self.conns.insert(key, ch.clone());
         Ok(ch)
     }
 }
