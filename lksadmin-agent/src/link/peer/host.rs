@@ -16,7 +16,9 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 
-use super::{HANDSHAKE_TIMEOUT, MAX_WATCHES, PeerApi, RateLimit, Shared};
+use super::{
+    HANDSHAKE_TIMEOUT, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, MAX_WATCHES, PeerApi, RateLimit, Shared,
+};
 use crate::config::StateDir;
 use crate::link::client::NodeCredentials;
 
@@ -146,6 +148,8 @@ impl PeerHost {
             // for a request that does not decode (lks_proto::wire).
             let res = tonic::transport::Server::builder()
                 .http2_max_header_list_size(lks_proto::wire::MAX_HEADER_LIST)
+                .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+                .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
                 .layer(lks_proto::wire::MalformedRequestLayer)
                 .add_service(
                     pb::peer_service_server::PeerServiceServer::new(svc)
