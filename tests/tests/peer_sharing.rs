@@ -58,6 +58,16 @@ fn start_nodes(s: &Server, cluster: &str, n: usize, fault_on: Option<usize>) -> 
         .collect()
 }
 
+/// `n` nodes of `cluster` with sharing on, each listening for peers.
+fn sharing_nodes(s: &Server, cluster: &str, n: usize, fault_on: Option<usize>) -> Vec<Node> {
+    let nodes = start_nodes(s, cluster, n, fault_on);
+    sharing(s, cluster, "on");
+    for n in &nodes {
+        wait_until(Duration::from_secs(20), "peer listener up", || listening(n.peer));
+    }
+    nodes
+}
+
 fn listening(a: SocketAddr) -> bool {
     std::net::TcpStream::connect_timeout(&a, Duration::from_millis(300)).is_ok()
 }
@@ -103,11 +113,7 @@ fn assert_holds(n: &Node, bytes: &[u8]) {
 fn a_batch_takes_at_most_two_copies_from_the_server_and_the_rest_from_peers() {
     let s = Server::start();
     s.create_cluster("c1");
-    let nodes = start_nodes(&s, "c1", 6, None);
-    sharing(&s, "c1", "on");
-    for n in &nodes {
-        wait_until(Duration::from_secs(20), "peer listener up", || listening(n.peer));
-    }
+    let nodes = sharing_nodes(&s, "c1", 6, None);
     let bytes = noise(SIZE, 7);
     let id = publish(&s, "1", &bytes);
     let before = served_bytes(&s);
@@ -179,11 +185,7 @@ fn connections(ports: &[u16]) -> (usize, usize) {
 fn connections_to_peers_close_once_the_fetches_are_over() {
     let s = Server::start();
     s.create_cluster("c1");
-    let nodes = start_nodes(&s, "c1", 3, None);
-    sharing(&s, "c1", "on");
-    for n in &nodes {
-        wait_until(Duration::from_secs(20), "peer listener up", || listening(n.peer));
-    }
+    let nodes = sharing_nodes(&s, "c1", 3, None);
     let ports: Vec<u16> = nodes.iter().map(|n| n.peer.port()).collect();
     let bytes = noise(SIZE, 11);
     let id = publish(&s, "1", &bytes);
@@ -222,11 +224,7 @@ fn a_lying_peer_is_caught_reported_and_never_used_again() {
     let s = Server::start();
     s.create_cluster("c1");
     // n1 flips a byte in every piece it serves.
-    let nodes = start_nodes(&s, "c1", 4, Some(1));
-    sharing(&s, "c1", "on");
-    for n in &nodes {
-        wait_until(Duration::from_secs(20), "peer listener up", || listening(n.peer));
-    }
+    let nodes = sharing_nodes(&s, "c1", 4, Some(1));
     let bytes = noise(SIZE, 11);
     let id = publish(&s, "1", &bytes);
     // One node at a time: n1 first (from the server), then each next node
