@@ -10,8 +10,12 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use crate::config::StateDir;
 
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// HTTP/2 keepalive of the agent's connections, to the control server and
+/// (the listener's side) from peers: a ping after this long without a
+/// frame, and the connection closed if it is not answered within
+/// [`KEEPALIVE_TIMEOUT`].
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {

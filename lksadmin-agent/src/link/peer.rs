@@ -50,13 +50,6 @@ pub const UPLOAD_DEADLINE: Duration = Duration::from_secs(60);
 const MESSAGE: usize = 256 << 10;
 /// Longest a TLS handshake with a peer may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// A connection is pinged after this long without a frame from its
-/// dialler, and closed if the ping is not answered within
-/// [`KEEPALIVE_TIMEOUT`]: a dialler whose VM went away without closing it
-/// does not hold a socket here for good (a live one closes its idle
-/// connections itself, `swarm::conns`).
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long after this node's own download of a blob was verified (every
 /// piece, as it arrived) its pieces are served without hashing them again:
 /// a rollout's span, after which a cached file (which may rot over days) is

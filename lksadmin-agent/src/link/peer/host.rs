@@ -16,11 +16,9 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 
-use super::{
-    HANDSHAKE_TIMEOUT, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, MAX_WATCHES, PeerApi, RateLimit, Shared,
-};
+use super::{HANDSHAKE_TIMEOUT, MAX_WATCHES, PeerApi, RateLimit, Shared};
 use crate::config::StateDir;
-use crate::link::client::NodeCredentials;
+use crate::link::client::{KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, NodeCredentials};
 
 /// The settings a listener runs with.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -146,6 +144,10 @@ impl PeerHost {
         tokio::spawn(async move {
             // The control server's transport limits, and invalid_argument
             // for a request that does not decode (lks_proto::wire).
+            // Keepalive as on the agent's own channel: a dialler whose VM
+            // went away without closing its connection does not hold a
+            // socket here for good (a live one closes its idle
+            // connections itself, `swarm::conns`).
             let res = tonic::transport::Server::builder()
                 .http2_max_header_list_size(lks_proto::wire::MAX_HEADER_LIST)
                 .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
