@@ -223,24 +223,28 @@ fn kubelet_node_identity_bundle_shape() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("not touching systemd"));
 }
 
-/// Installs the bundle's local files below `root` as the agent would, then
-/// runs the step exactly as bundle.toml states it, with the agent's
-/// environment.
-#[test]
-fn kubeadm_join_step_renders_the_join_configuration_under_a_sandbox_root() {
+/// Installs the bundle's local files below `root` as the agent would
+/// (`env_extra` appended to its env file), then runs the step exactly as
+/// bundle.toml states it, with the agent's environment.
+fn run_join_step(root: &Path, env_extra: &str) {
     let b = load("kubeadm-join");
-    let root = tempfile::tempdir().unwrap();
     for (f, src) in b.manifest.files.iter().zip(&b.sources) {
         let FileSource::Local(src) = src else { continue };
-        let dst = root.path().join(f.path.relative());
+        let dst = root.join(f.path.relative());
         std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
         std::fs::copy(src, &dst).unwrap();
         std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(f.mode)).unwrap();
     }
+    if !env_extra.is_empty() {
+        let env = root.join("etc/kubernetes/lks/kubeadm-join.env");
+        let mut text = std::fs::read_to_string(&env).unwrap();
+        text.push_str(env_extra);
+        std::fs::write(&env, text).unwrap();
+    }
     let step = &b.manifest.steps[0].run;
     let out = Command::new(&step[0])
         .args(&step[1..])
-        .env("LKS_ROOT", root.path())
+        .env("LKS_ROOT", root)
         .env("LKS_BUNDLE", &b.manifest.name)
         .env("LKS_VERSION", &b.manifest.version)
         .env("LKS_NODE", "Worker-7")
@@ -253,11 +257,18 @@ fn kubeadm_join_step_renders_the_join_configuration_under_a_sandbox_root() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("not running kubeadm join"));
+}
+
+#[test]
+fn kubeadm_join_step_renders_the_join_configuration_under_a_sandbox_root() {
+    let root = tempfile::tempdir().unwrap();
+    run_join_step(root.path(), "");
 
     let rendered = root.path().join("etc/kubernetes/kubeadm-join.yaml");
     let text = std::fs::read_to_string(&rendered).unwrap();
     for want in [
-        "apiVersion: kubeadm.k8s.io/v1beta3",
+        // kubeadm >= 1.37 reads only v1beta4 (v1beta3 is refused).
+        "apiVersion: kubeadm.k8s.io/v1beta4",
         "kind: JoinConfiguration",
         "apiServerEndpoint: \"tenant-a.kube0.example:6443\"",
         "token: \"abcdef.0123456789abcdef\"",
@@ -265,7 +276,8 @@ fn kubeadm_join_step_renders_the_join_configuration_under_a_sandbox_root() {
         // $LKS_NODE, lowercased as the kubelet requires.
         "name: \"worker-7\"",
         "criSocket: \"unix:///run/containerd/containerd.sock\"",
-        "node-labels: \"lksadmin.io/managed=true\"",
+        "- name: node-labels\n      value: \"lksadmin.io/managed=true\"",
+        "timeouts:\n  discovery: 5m0s",
     ] {
         assert!(text.contains(want), "{want:?} not in:\n{text}");
     }
@@ -277,4 +289,41 @@ fn kubeadm_join_step_renders_the_join_configuration_under_a_sandbox_root() {
         .filter(|n| n.to_string_lossy().contains(".tmp"))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// What the step renders with every optional value set is a configuration
+/// the kubeadm the tests build (tests/kube, the release the real-node VM
+/// test joins with) accepts: `kubeadm config validate`.
+#[test]
+fn kubeadm_accepts_the_rendered_join_configuration() {
+    let root = tempfile::tempdir().unwrap();
+    run_join_step(
+        root.path(),
+        "NODE_IP=\"10.0.0.7\"\nIGNORE_PREFLIGHT_ERRORS=\"SystemVerification,Swap\"\n",
+    );
+    let rendered = root.path().join("etc/kubernetes/kubeadm-join.yaml");
+    let text = std::fs::read_to_string(&rendered).unwrap();
+    for want in [
+        "- name: node-ip\n      value: \"10.0.0.7\"",
+        "ignorePreflightErrors:\n    - \"SystemVerification\"\n    - \"Swap\"",
+    ] {
+        assert!(text.contains(want), "{want:?} not in:\n{text}");
+    }
+    let kubeadm = lks_e2e::kube::kube_bin_dir().join("kubeadm");
+    assert!(
+        kubeadm.is_file(),
+        "{} not found: build it with `bash scripts/kube.sh` (scripts/setup.sh runs it)",
+        kubeadm.display()
+    );
+    let out = Command::new(&kubeadm)
+        .args(["config", "validate", "--config"])
+        .arg(&rendered)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kubeadm config validate refused:\n{text}\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
