@@ -17,7 +17,7 @@ set -euo pipefail
 
 # Bump when the recipe below changes: a cached root with another version is
 # rebuilt. (Not a hash of this file, so editing a comment costs no rebuild.)
-ROOT_VERSION=3
+ROOT_VERSION=4
 STAMP=.lksadmin-vm-root
 SUITE=bookworm
 
@@ -136,6 +136,21 @@ if ! in_root env DEBIAN_FRONTEND=noninteractive \
   tail -n 20 "$cache/cloud-init-install.log" >&2
   die "installing cloud-init failed (full log: $cache/cloud-init-install.log)"
 fi
+
+# What a Kubernetes node image carries besides kubelet and kubeadm (which
+# tests/vm/real-node.sh ships in bundles): a container runtime (Debian's
+# containerd and runc), the CNI plugins, and the tools kubeadm's preflight
+# checks ask for (conntrack, iptables, ethtool, socat, mount, nsenter).
+# containerd is disabled here: the other VM tests boot this root too and
+# need no runtime; real-node.sh enables it before boot, as a node image would.
+log "installing containerd, runc and the node tools"
+if ! in_root env DEBIAN_FRONTEND=noninteractive \
+  apt-get install -y -q --no-install-recommends containerd runc containernetworking-plugins \
+  conntrack iptables ethtool socat kmod util-linux >"$cache/node-install.log" 2>&1; then
+  tail -n 20 "$cache/node-install.log" >&2
+  die "installing containerd failed (full log: $cache/node-install.log)"
+fi
+rm -f "$tmp/etc/systemd/system/multi-user.target.wants/containerd.service"
 in_root apt-get clean
 rm -rf "$tmp"/var/lib/apt/lists/* "$tmp/usr/sbin/policy-rc.d"
 
