@@ -217,6 +217,7 @@ pub async fn make_missing(
             algorithm: limits.algorithm.into(),
             note: String::new(),
             made_at_ms: 0,
+            why: None,
         };
         let started = std::time::Instant::now();
         match make_one(blobs, store, &w, limits.algorithm, &now_ms).await {
@@ -486,6 +487,7 @@ mod tests {
                 algorithm: lks_proto::delta::ALGORITHM.into(),
                 note: String::new(),
                 made_at_ms: 1,
+                why: None,
             })
             .await
             .unwrap();
