@@ -168,8 +168,9 @@ struct Args {
     /// earlier version supplies skips pairs below it; 0 makes no estimate.
     #[arg(long, default_value_t = lks_control_server::blobs::delta::DEFAULT_MIN_SAVING, value_parser = clap::value_parser!(u8).range(0..=100), value_name = "PERCENT")]
     delta_min_saving: u8,
-    /// Memory one delta may need, in bytes (about 5× the earlier file plus
-    /// 2× the new one); a pair over it is skipped.
+    /// Memory the deltas made at once may need together, in bytes (each
+    /// about 5× the earlier file plus 2× the new one); a pair needing more
+    /// alone is skipped.
     #[arg(long, default_value_t = lks_control_server::blobs::delta::DEFAULT_MAX_MEMORY, value_parser = clap::value_parser!(u64).range(1..), value_name = "BYTES")]
     delta_max_memory: u64,
     /// Deltas made at once, each on a thread at the lowest CPU priority.

@@ -72,7 +72,8 @@ pub struct Limits {
     /// `--delta-min-saving`: the share of a file (percent, 0–100) the
     /// estimate must say the base supplies; 0 makes no estimate.
     pub min_saving: u8,
-    /// `--delta-max-memory`: bytes one make may need.
+    /// `--delta-max-memory`: bytes the diffs running at once may need
+    /// together (a pair needing more alone is skipped).
     pub max_memory: u64,
     /// `--delta-jobs`: makes at once (at least 1).
     pub jobs: usize,
@@ -285,11 +286,11 @@ pub async fn make_missing(
     report: impl Fn(Outcome),
 ) -> Result<Pass, BlobError> {
     let mut pass = Pass::default();
-    let now_ms = &now_ms;
+    let (now_ms, budget) = (&now_ms, &make::Budget::new(limits.max_memory));
     let mut attempts = futures::stream::iter(wanted(store, limits, settled).await?)
         .map(|w| async move {
             let started = std::time::Instant::now();
-            let attempt = make::make_one(blobs, store, &w, limits, now_ms).await;
+            let attempt = make::make_one(blobs, store, &w, (limits, budget), now_ms).await;
             (w, attempt, started.elapsed())
         })
         .buffer_unordered(limits.jobs.max(1));

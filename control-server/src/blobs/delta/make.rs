@@ -2,7 +2,8 @@
 //! bounded, cheapest first, then the diff and the patch blob.
 //!
 //! 1. Memory, from the two sizes alone: over `--delta-max-memory`, the
-//!    pair is skipped before a byte is read.
+//!    pair is skipped before a byte is read. The makes running at once
+//!    share that cap ([`Budget`]): a diff waits until its share is free.
 //! 2. The estimate ([`super::estimate`]): both files read once; a base
 //!    that supplies less than `--delta-min-saving` of the file is skipped.
 //! 3. The diff; a patch over half its file is abandoned.
@@ -29,6 +30,27 @@ pub fn memory_needed(base: u64, target: u64) -> u64 {
     base.saturating_mul(5).saturating_add(target.saturating_mul(2))
 }
 
+/// The memory the diffs running at once may need together
+/// (`--delta-max-memory`), counted in MiB: a diff holds its share from
+/// before it reads the files until its patch is written.
+pub struct Budget(tokio::sync::Semaphore);
+
+impl Budget {
+    pub fn new(cap: u64) -> Self {
+        Budget(tokio::sync::Semaphore::new(mib(cap) as usize))
+    }
+
+    /// Waits for `need` bytes of the cap (at most the cap: a pair needing
+    /// more is skipped before it asks).
+    async fn take(&self, need: u64) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        self.0.acquire_many(mib(need)).await.ok()
+    }
+}
+
+fn mib(bytes: u64) -> u32 {
+    u32::try_from(bytes.div_ceil(1 << 20)).unwrap_or(u32::MAX)
+}
+
 /// What became of a pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Made {
@@ -52,11 +74,11 @@ pub async fn make_one(
     blobs: &Arc<Blobs>,
     store: &(impl BlobRecords + ?Sized),
     w: &Want,
-    limits: Limits,
+    (limits, budget): (Limits, &Budget),
     now_ms: &impl Fn() -> i64,
 ) -> Attempt {
     let mut cpu = Duration::ZERO;
-    let made = try_make(blobs, store, w, limits, now_ms, &mut cpu).await;
+    let made = try_make(blobs, store, w, (limits, budget), now_ms, &mut cpu).await;
     Attempt { made, cpu }
 }
 
@@ -64,7 +86,7 @@ async fn try_make(
     blobs: &Arc<Blobs>,
     store: &(impl BlobRecords + ?Sized),
     w: &Want,
-    limits: Limits,
+    (limits, budget): (Limits, &Budget),
     now_ms: &impl Fn() -> i64,
     cpu: &mut Duration,
 ) -> Result<Made, BlobError> {
@@ -93,6 +115,7 @@ async fn try_make(
             }));
         }
     }
+    let _share = budget.take(need).await;
     let (algorithm, path) = (limits.algorithm, target_path.clone());
     let patch = in_background(&path, cpu, move || -> Result<Vec<u8>, BlobError> {
         let base = std::fs::read(&base_path).map_err(|e| io_error(&base_path, e))?;
@@ -163,5 +186,17 @@ mod tests {
         assert_eq!(memory_needed(256 * mib, 256 * mib), 1792 * mib);
         assert!(memory_needed(256 * mib, 256 * mib) <= super::super::DEFAULT_MAX_MEMORY);
         assert_eq!(memory_needed(u64::MAX, 1), u64::MAX, "saturates");
+    }
+
+    #[tokio::test]
+    async fn diffs_share_the_memory_cap() {
+        let budget = Budget::new(3 << 20);
+        let a = budget.take(2 << 20).await.unwrap();
+        // 2 MiB more must wait for the first share.
+        let b = tokio::time::timeout(Duration::from_millis(50), budget.take(2 << 20)).await;
+        assert!(b.is_err(), "waits");
+        drop(a);
+        assert!(budget.take(2 << 20).await.is_some());
+        assert_eq!(mib(1), 1, "a part of a MiB counts whole");
     }
 }

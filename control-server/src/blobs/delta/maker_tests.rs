@@ -207,3 +207,20 @@ async fn several_jobs_make_every_pair_once() {
     // 2 from 1; 3 from 2 and 1; 4 from 3 and 2.
     assert_eq!((pass.made, reported.len()), (5, 5), "{pass:?}");
 }
+
+#[tokio::test]
+async fn jobs_sharing_a_cap_that_fits_one_diff_take_turns() {
+    let f = Fixture::new();
+    let mut v = noise(SIZE, 5);
+    for (i, at) in [(1, 10), (2, 20), (3, 30)] {
+        v[i * 1000] ^= 0x5a;
+        f.publish(&i.to_string(), at, &v).await;
+    }
+    let one_at_a_time = Limits {
+        jobs: 3,
+        max_memory: make::memory_needed(SIZE as u64, SIZE as u64),
+        ..Limits::default()
+    };
+    let (pass, _) = f.pass(one_at_a_time, &mut Settled::default()).await;
+    assert_eq!((pass.made, pass.skipped), (3, 0), "{pass:?}");
+}
