@@ -344,7 +344,7 @@ async fn record(
                 saved: w.file.size.saturating_sub(size),
             }
         }
-        Ok(Made::None(why)) => {
+        Ok(Made::NoPatch(why)) => {
             row.why = Some(why);
             row.note = no_patch_text(&why);
             if why.abandoned() {

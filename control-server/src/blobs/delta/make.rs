@@ -57,7 +57,7 @@ pub enum Made {
     /// A patch of `size` bytes, kept as the blob `digest`.
     Patch { digest: Digest, size: u64 },
     /// No patch (recorded, not tried again while the reason holds).
-    None(NoPatch),
+    NoPatch(NoPatch),
     /// A blob neither this replica nor the blob store holds (now).
     NotHeld(Digest),
 }
@@ -92,7 +92,7 @@ async fn try_make(
 ) -> Result<Made, BlobError> {
     let need = memory_needed(w.base_size, w.file.size);
     if need > limits.max_memory {
-        return Ok(Made::None(NoPatch::Memory {
+        return Ok(Made::NoPatch(NoPatch::Memory {
             need,
             cap: limits.max_memory,
         }));
@@ -109,7 +109,7 @@ async fn try_make(
             .await?
             .map_err(|e| io_error(&target_path, e))?;
         if saving < limits.min_saving {
-            return Ok(Made::None(NoPatch::Estimate {
+            return Ok(Made::NoPatch(NoPatch::Estimate {
                 saving,
                 min: limits.min_saving,
             }));
@@ -126,7 +126,7 @@ async fn try_make(
     .await??;
     let size = patch.len() as u64;
     if size.saturating_mul(100) > w.file.size.saturating_mul(MAX_PATCH_PERCENT) {
-        return Ok(Made::None(NoPatch::TooLarge { patch_size: size }));
+        return Ok(Made::NoPatch(NoPatch::TooLarge { patch_size: size }));
     }
     let digest = keep(blobs, store, &patch, now_ms).await?;
     Ok(Made::Patch { digest, size })
