@@ -163,6 +163,19 @@ struct Args {
     /// files when offered the other).
     #[arg(long, default_value = lks_proto::delta::ZSTD_ALGORITHM, value_parser = clap::builder::PossibleValuesParser::new(lks_proto::delta::ALGORITHMS), value_name = "ALGORITHM")]
     delta_algorithm: String,
+    /// The share of a file (percent) a delta must be estimated to save: a
+    /// cheap estimate (both files read once) of how much of the file the
+    /// earlier version supplies skips pairs below it; 0 makes no estimate.
+    #[arg(long, default_value_t = lks_control_server::blobs::delta::DEFAULT_MIN_SAVING, value_parser = clap::value_parser!(u8).range(0..=100), value_name = "PERCENT")]
+    delta_min_saving: u8,
+    /// Memory the deltas made at once may need together, in bytes (each
+    /// about 5× the earlier file plus 2× the new one); a pair needing more
+    /// alone is skipped.
+    #[arg(long, default_value_t = lks_control_server::blobs::delta::DEFAULT_MAX_MEMORY, value_parser = clap::value_parser!(u64).range(1..), value_name = "BYTES")]
+    delta_max_memory: u64,
+    /// Deltas made at once, each on a thread at the lowest CPU priority.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64), value_name = "N")]
+    delta_jobs: u64,
     /// How long audit records (`lksctl audit`) are kept; `forever` keeps
     /// every record. The leading replica drops older ones hourly.
     #[arg(long, default_value = "365d", value_name = "DURATION|forever")]
@@ -598,7 +611,29 @@ fn summary_or_error<T: std::fmt::Display, E: std::fmt::Display>(r: Result<T, E>)
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // One line: clap's message without the usage and hints after it.
+            let text = e.to_string();
+            let msg: Vec<&str> = text
+                .lines()
+                .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            let msg = msg.join(" ");
+            eprintln!(
+                "error: {} (see `lks-control-server --help`)",
+                msg.trim_start_matches("error: ")
+            );
+            return ExitCode::from(2);
+        }
+    };
     match cli.command {
         Some(Command::Migrate(m)) => return migrate(m).await,
         Some(Command::Backup(b)) => return backup(b).await,
@@ -698,6 +733,9 @@ fn config(args: Args) -> Option<Config> {
             .into_iter()
             .find(|a| *a == args.delta_algorithm)
             .unwrap_or(lks_proto::delta::ZSTD_ALGORITHM),
+        min_saving: args.delta_min_saving,
+        max_memory: args.delta_max_memory,
+        jobs: usize::try_from(args.delta_jobs).unwrap_or(1),
     };
     cfg.rebalance_interval = rebalance_interval;
     cfg.join_urls = args.join_url;

@@ -2,6 +2,7 @@
 //! `/healthz` HTTP endpoint; `probe` checks the store and the blob store
 //! for them.
 
+mod delta;
 mod health;
 use health::Probed;
 pub mod probe;
@@ -46,6 +47,7 @@ pub struct Metrics {
     delta_saved: AtomicU64,
     deltas_made: AtomicU64,
     deltas_skipped: AtomicU64,
+    delta_maker: delta::MakerCounters,
     peer_bytes: AtomicU64,
     bad_peers: AtomicU64,
     audit_write_errors: AtomicU64,
@@ -164,7 +166,8 @@ impl Metrics {
         self.delta_saved.fetch_add(saved, Ordering::Relaxed);
     }
 
-    /// One delta-maker pass.
+    /// One delta-maker pass: patches kept, and patches made and not kept
+    /// (abandoned).
     pub fn deltas_made(&self, made: u64, skipped: u64) {
         self.deltas_made.fetch_add(made, Ordering::Relaxed);
         self.deltas_skipped.fetch_add(skipped, Ordering::Relaxed);
@@ -298,6 +301,7 @@ impl Metrics {
         let mut s = String::new();
         self.render_agents(&mut s);
         self.render_transfers(&mut s);
+        self.render_delta_maker(&mut s);
         self.render_upkeep(&mut s);
         self.render_blob_store(&mut s);
         self.render_rollout_counts(&mut s);

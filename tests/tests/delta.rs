@@ -19,7 +19,11 @@
 //!   leaves the old file whole, and converges when it runs again;
 //! - two real patch releases of kubectl (the official builds of 1.37.0 and
 //!   1.37.1, fetched once by `scripts/kubectl-releases.sh`): the upgrade
-//!   moves under 2 % of the binary and the rebuilt kubectl runs.
+//!   moves under 2 % of the binary and the rebuilt kubectl runs;
+//! - (issue [upgrade-cost]) a version unrelated to the one a node holds
+//!   gets no patch: the estimate skips it before any diff, `bundle get`
+//!   says why, the node fetches the whole file; the next version, a small
+//!   edit of it, still gets a patch, and the maker's metrics count both.
 
 // Test code: a helper that fails panics with what it was doing, as a
 // #[test] does (clippy.toml allows that only inside #[test] functions).
@@ -114,6 +118,105 @@ fn a_patch_release_moves_a_few_percent_and_any_failure_falls_back_to_the_whole_f
         std::fs::write(&p, bytes).unwrap();
     };
     scenario(&server, &server, "bsdiff4-zstd", Some(&corrupt));
+}
+
+/// Issue [upgrade-cost] item 2: app@2 is unrelated to app@1 (other random
+/// bytes): the maker's estimate skips the pair without a diff, records it,
+/// and `bundle get` says why in JSON (`no_deltas`) and text; the node
+/// fetches app@2 whole. app@3, a small edit of app@2, gets a patch from
+/// app@2 (and none from app@1, unrelated too), which the node fetches.
+#[test]
+fn an_unrelated_version_gets_no_patch_and_says_why_and_a_small_edit_still_does() {
+    let server = Server::start_with(&["--delta-interval", "1s"]);
+    server.create_cluster("c");
+    let work = tempfile::tempdir().unwrap();
+    let (v1, v2) = (noise(SIZE, 21), noise(SIZE, 22));
+    let v3 = next_release(&v2, 3);
+    let mut a = Agent::new("u0");
+    a.join(&server, "c", &[]);
+    a.start();
+    assert_eq!(server.publish(&version(work.path(), "1", &v1)), "app@1");
+    roll_out(&server, "app@1");
+    assert_eq!(server.publish(&version(work.path(), "2", &v2)), "app@2");
+    let no_delta = |v: &str, n: usize| {
+        let mut got = Vec::new();
+        wait_until(
+            Duration::from_secs(60),
+            &format!("{n} pairs of app@{v} without a patch"),
+            || {
+                let b = server.lksctl_json(&["bundle", "get", &format!("app@{v}")]);
+                got = b["no_deltas"].as_array().cloned().unwrap_or_default();
+                got.len() >= n
+            },
+        );
+        got
+    };
+    let skipped = no_delta("2", 1);
+    let s = &skipped[0];
+    assert_eq!(
+        (&s["path"], &s["from_version"], &s["reason"]),
+        (&PATH.into(), &"1".into(), &"estimate".into())
+    );
+    assert!(s["estimated_saving"].as_u64().unwrap() < 5, "{s}");
+    assert_eq!(s["min_saving"], 50);
+    let text = server.lksctl_ok(&["bundle", "get", "app@2"]);
+    assert!(
+        text.contains("No patch:") && text.contains("none (estimated saving "),
+        "{text}"
+    );
+    let b2 = server.lksctl_json(&["bundle", "get", "app@2"]);
+    assert_eq!(b2["deltas"], serde_json::json!([]), "no patch made");
+    // Counted once recorded (just after bundle get can see the record).
+    let counted = |result: &str, n: u64| {
+        let series = format!("lks_delta_patches_total{{result=\"{result}\"}}");
+        wait_until(Duration::from_secs(10), &format!("{series} {n}"), || {
+            server.metric(&series) == n
+        });
+    };
+    counted("skipped", 1);
+    assert_eq!(server.metric("lks_delta_patches_total{result=\"made\"}"), 0);
+    let fetched = roll_out(&server, "app@2");
+    assert_eq!(fetched["as_delta"], 0, "{fetched}");
+
+    assert_eq!(server.publish(&version(work.path(), "3", &v3)), "app@3");
+    let made = wait_deltas(&server, "3", 1);
+    assert_eq!(made[0]["from_version"], "2");
+    let none = no_delta("3", 1);
+    assert_eq!(
+        (&none[0]["from_version"], &none[0]["reason"]),
+        (&"1".into(), &"estimate".into())
+    );
+    counted("made", 1);
+    counted("skipped", 2);
+    let saved = server.metric("lks_delta_bytes_saved_total");
+    assert!(saved > SIZE as u64 / 2, "{saved}");
+    let fetched = roll_out(&server, "app@3");
+    assert!(fetched["as_delta"].as_u64().unwrap() > 0, "{fetched}");
+    assert!(std::fs::read(a.root.join(&PATH[1..])).unwrap() == v3);
+    a.stop();
+}
+
+/// The maker's limits (issue [upgrade-cost]): a bad value is one error
+/// line naming the flag, exit 2, before anything is started.
+#[test]
+fn bad_delta_limits_are_one_line_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    for (flag, value) in [
+        ("--delta-min-saving", "150"),
+        ("--delta-min-saving", "half"),
+        ("--delta-max-memory", "0"),
+        ("--delta-jobs", "0"),
+    ] {
+        let mut cmd = std::process::Command::new(lks_e2e::bin("lks-control-server"));
+        cmd.arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args([flag, value]);
+        let out = lks_e2e::run(cmd);
+        let e = lks_e2e::one_line_error(&out, &format!("{flag} {value}"));
+        assert!(e.starts_with("error: ") && e.contains(flag), "{e}");
+        assert_eq!(out.status.code(), Some(2));
+        assert!(!dir.path().join("data").exists(), "nothing started");
+    }
 }
 
 /// Issue [delta] item 6: the agent aborts (`LKS_AGENT_FAULT=

@@ -314,7 +314,51 @@ pub fn detail_json(b: &pb::Bundle) -> Value {
             }))
             .collect::<Vec<_>>()
     );
+    // The pairs tried without a patch, and why (issue [upgrade-cost]).
+    v["no_deltas"] = json!(b.no_deltas.iter().map(no_delta_json).collect::<Vec<_>>());
     v
+}
+
+/// One file and base without a patch: `reason` (`estimate`, `memory`,
+/// `too_large`, `unknown` for a record older than the reasons), the
+/// numbers behind it, and `message`, the reason in words.
+fn no_delta_json(d: &pb::NoDelta) -> Value {
+    use pb::NoDeltaReason as R;
+    let reason = d.reason();
+    let message = match reason {
+        R::Estimate => format!("estimated saving {}% < {}%", d.estimated_saving, d.min_saving),
+        R::Memory => format!(
+            "making it needs about {} of memory > --delta-max-memory {}",
+            output::bytes_text(d.memory_needed),
+            output::bytes_text(d.memory_cap)
+        ),
+        R::TooLarge => format!(
+            "the patch ({}) was over half the file",
+            output::bytes_text(d.patch_size)
+        ),
+        R::Unspecified if d.note.is_empty() => "tried, not kept".to_string(),
+        R::Unspecified => d.note.clone(),
+    };
+    let when = |r: R, v: Value| if reason == r { v } else { Value::Null };
+    json!({
+        "path": d.path,
+        "arch": (!d.arch.is_empty()).then_some(&d.arch),
+        "from_version": d.from_version,
+        "file_size": d.size,
+        "base_sha256": d.base_digest.strip_prefix("sha256:").unwrap_or(&d.base_digest),
+        "reason": match reason {
+            R::Estimate => "estimate",
+            R::Memory => "memory",
+            R::TooLarge => "too_large",
+            R::Unspecified => "unknown",
+        },
+        "message": message,
+        "estimated_saving": when(R::Estimate, json!(d.estimated_saving)),
+        "min_saving": when(R::Estimate, json!(d.min_saving)),
+        "memory_needed": when(R::Memory, json!(d.memory_needed)),
+        "memory_cap": when(R::Memory, json!(d.memory_cap)),
+        "patch_size": when(R::TooLarge, json!(d.patch_size)),
+    })
 }
 
 fn indented(s: &mut String, t: String) {
@@ -414,6 +458,20 @@ pub fn detail_text(b: &pb::Bundle) -> String {
             .collect();
         indented(&mut s, table(&["PATH", "FROM", "SIZE", "ALGORITHM"], &rows));
     }
+    if let Some(none) = v["no_deltas"].as_array().filter(|a| !a.is_empty()) {
+        s.push_str("No patch:\n");
+        let rows: Vec<Vec<String>> = none
+            .iter()
+            .map(|d| {
+                vec![
+                    str_of(&d["path"]),
+                    str_of(&d["from_version"]),
+                    format!("none ({})", str_of(&d["message"])),
+                ]
+            })
+            .collect();
+        indented(&mut s, table(&["PATH", "FROM", "PATCH"], &rows));
+    }
     if m["certificates"].as_array().is_some_and(|a| !a.is_empty()) {
         s.push_str("Certificates:\n");
         indented(
@@ -492,6 +550,17 @@ mod tests {
                 size: 3,
                 algorithm: "bsdiff4".into(),
             }],
+            no_deltas: vec![pb::NoDelta {
+                path: "/usr/bin/k".into(),
+                from_version: "0".into(),
+                base_digest: format!("sha256:{}", "cd".repeat(32)),
+                size: 1 << 20,
+                reason: pb::NoDeltaReason::Estimate.into(),
+                estimated_saving: 3,
+                min_saving: 50,
+                note: "estimated saving 3% < 50%".into(),
+                ..Default::default()
+            }],
         };
         let v = detail_json(&b);
         assert_eq!(v["name"], "k");
@@ -517,5 +586,40 @@ mod tests {
             t.contains("Deltas:") && t.contains("/etc/k.conf  0     2     bsdiff4"),
             "{t}"
         );
+        let n = &v["no_deltas"][0];
+        assert_eq!(
+            (
+                &n["reason"],
+                &n["estimated_saving"],
+                &n["min_saving"],
+                &n["memory_cap"]
+            ),
+            (&json!("estimate"), &json!(3), &json!(50), &Value::Null)
+        );
+        assert_eq!(n["message"], "estimated saving 3% < 50%");
+        assert!(
+            t.contains("No patch:") && t.contains("/usr/bin/k  0     none (estimated saving 3% < 50%)"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn each_reason_for_no_patch_says_its_numbers() {
+        let d = |reason: pb::NoDeltaReason| pb::NoDelta {
+            reason: reason.into(),
+            memory_needed: 3 << 30,
+            memory_cap: 2 << 30,
+            patch_size: 600 << 20,
+            note: "the patch (629145600 bytes) is over 50 % of the file".into(),
+            ..Default::default()
+        };
+        let m = |r| no_delta_json(&d(r))["message"].as_str().unwrap().to_string();
+        assert!(m(pb::NoDeltaReason::Memory).contains("3.0 GiB of memory > --delta-max-memory 2.0 GiB"));
+        assert!(m(pb::NoDeltaReason::TooLarge).contains("600.0 MiB"));
+        assert_eq!(
+            no_delta_json(&d(pb::NoDeltaReason::Unspecified))["reason"],
+            "unknown"
+        );
+        assert!(m(pb::NoDeltaReason::Unspecified).contains("over 50 %"));
     }
 }

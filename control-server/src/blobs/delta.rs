@@ -6,13 +6,17 @@
 //! blob and recorded in the store ([`crate::store::DeltaStore`]).
 //!
 //! Off the publish path: a task on the leading replica makes the missing
-//! ones every `--delta-interval`, one patch at a time on one core, so a
-//! publish never waits and a delta not made yet is simply not offered.
-//! Bounds: a file over `--delta-max-file-size` gets none (making a patch
-//! holds both files and the base's suffix array: about 6× the file,
-//! measured in BENCHMARKS.md, "Binary deltas"), and is not recorded, so a
-//! higher limit makes it later; a patch over half the file is not kept and
-//! is recorded as skipped, so it is not tried again.
+//! ones every `--delta-interval`, at most `--delta-jobs` at once, each on a
+//! thread of its own at the lowest CPU priority, so a publish never waits
+//! and a delta not made yet is simply not offered.
+//! Bounds: a file over `--delta-max-file-size` gets none, and is not
+//! recorded, so a higher limit makes it later. A pair costs what it is
+//! worth ([`make`], issue [upgrade-cost]): one whose diff would need more
+//! than `--delta-max-memory`, or whose base the estimate says supplies
+//! less than `--delta-min-saving` of the file, is skipped before any diff;
+//! a patch over half the file is abandoned. Either is recorded with its
+//! reason ([`NoPatch`]), and not tried again while the reason holds (a
+//! restart with other limits tries it again).
 //! The patch blob follows the publish protocol of `gc.rs`: verified in a
 //! temp file, claimed, then named, made durable, and recorded.
 //!
@@ -25,13 +29,22 @@
 //! read, and after a publish one read per new version. In memory, per
 //! replica: a new leader, or a restart, settles each version once again.
 
+mod background;
+pub mod estimate;
+pub mod make;
+#[cfg(test)]
+mod maker_tests;
+
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
+use std::time::Duration;
 
+use futures::StreamExt;
 use lks_proto::{Digest, FileSpec};
 
 use super::{BlobError, Blobs};
-use crate::store::{BlobRecords, BundleRow, BundleStore, DeltaRow, DeltaStore};
+use crate::store::{BlobRecords, BundleRow, BundleStore, DeltaRow, DeltaStore, NoPatch};
+use make::Made;
 
 /// Default for `--delta-max-file-size`: about 1.5 GiB of memory while one
 /// patch is made for a file this size (6× the file, BENCHMARKS.md).
@@ -42,6 +55,13 @@ pub const DEFAULT_BASES: usize = 2;
 pub const DEFAULT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
 /// A patch larger than this share of its file (percent) is not kept.
 pub const MAX_PATCH_PERCENT: u64 = 50;
+/// Default for `--delta-min-saving` (percent of the file).
+pub const DEFAULT_MIN_SAVING: u8 = 50;
+/// Default for `--delta-max-memory`: two versions of a file at the default
+/// `--delta-max-file-size` fit ([`make::memory_needed`]).
+pub const DEFAULT_MAX_MEMORY: u64 = 2 << 30;
+/// Default for `--delta-jobs`.
+pub const DEFAULT_JOBS: usize = 1;
 
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -49,6 +69,14 @@ pub struct Limits {
     pub bases: usize,
     /// `--delta-algorithm`: one of `lks_proto::delta::ALGORITHMS`.
     pub algorithm: &'static str,
+    /// `--delta-min-saving`: the share of a file (percent, 0–100) the
+    /// estimate must say the base supplies; 0 makes no estimate.
+    pub min_saving: u8,
+    /// `--delta-max-memory`: bytes the diffs running at once may need
+    /// together (a pair needing more alone is skipped).
+    pub max_memory: u64,
+    /// `--delta-jobs`: makes at once (at least 1).
+    pub jobs: usize,
 }
 
 impl Default for Limits {
@@ -57,6 +85,21 @@ impl Default for Limits {
             max_file_size: DEFAULT_MAX_FILE_SIZE,
             bases: DEFAULT_BASES,
             algorithm: lks_proto::delta::ZSTD_ALGORITHM,
+            min_saving: DEFAULT_MIN_SAVING,
+            max_memory: DEFAULT_MAX_MEMORY,
+            jobs: DEFAULT_JOBS,
+        }
+    }
+}
+
+impl Limits {
+    /// Whether a pair recorded without a patch stays so under these
+    /// limits; one skipped by a limit since raised is tried again.
+    fn still_holds(&self, why: Option<NoPatch>) -> bool {
+        match why {
+            Some(NoPatch::Estimate { saving, .. }) => saving < self.min_saving,
+            Some(NoPatch::Memory { need, .. }) => need > self.max_memory,
+            Some(NoPatch::TooLarge { .. }) | None => true,
         }
     }
 }
@@ -65,16 +108,51 @@ impl Default for Limits {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Pass {
     pub made: u64,
+    /// Skipped before a diff (estimate, memory).
     pub skipped: u64,
+    /// Diffed and thrown away (a patch over half its file).
+    pub abandoned: u64,
+}
+
+/// One pair's end, as the metrics count it: the CPU time its estimate and
+/// diff took, and what became of it (`None`: it failed and is tried again
+/// next pass, or its blob is not held yet).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Outcome {
+    pub cpu: Duration,
+    pub result: Option<PatchResult>,
+}
+
+/// What a pair came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PatchResult {
+    /// A patch kept, sparing this many bytes of its file per fetch.
+    Made {
+        saved: u64,
+    },
+    Skipped,
+    Abandoned,
+}
+
+impl PatchResult {
+    /// `made`, `skipped` or `abandoned`: the metrics' label and the log's.
+    pub fn label(&self) -> &'static str {
+        match self {
+            PatchResult::Made { .. } => "made",
+            PatchResult::Skipped => "skipped",
+            PatchResult::Abandoned => "abandoned",
+        }
+    }
 }
 
 /// One patch to consider: `target`'s file `file`, from `base`'s file.
-struct Want {
+pub struct Want {
     name: String,
     version: String,
     from_version: String,
     file: FileSpec,
     base: Digest,
+    base_size: u64,
 }
 
 /// Served files (no mirror URL) large enough to be worth a patch, by path
@@ -120,20 +198,21 @@ fn candidates(mut rows: Vec<BundleRow>, bases: usize, skip: &HashSet<(String, St
         for (key, f) in &files[i] {
             let mut seen = vec![f.digest];
             let bases_of = earlier.iter().rev().filter_map(|(r, fs)| {
-                let b = fs.get(key).map(|b| b.digest)?;
-                if seen.contains(&b) {
+                let b = fs.get(key)?;
+                if seen.contains(&b.digest) {
                     return None;
                 }
-                seen.push(b);
-                Some((r.version.clone(), b))
+                seen.push(b.digest);
+                Some((r.version.clone(), b.digest, b.size))
             });
-            for (from_version, base) in bases_of.take(bases) {
+            for (from_version, base, base_size) in bases_of.take(bases) {
                 out.push(Want {
                     name: row.name.clone(),
                     version: row.version.clone(),
                     from_version,
                     file: (*f).clone(),
                     base,
+                    base_size,
                 });
             }
         }
@@ -179,9 +258,12 @@ async fn wanted(
             .into_iter()
             .filter(|w| {
                 let arch = w.file.arch.map(|a| a.to_string()).unwrap_or_default();
-                !have
-                    .iter()
-                    .any(|h| h.path == w.file.path.to_string() && h.arch == arch && h.base == w.base)
+                !have.iter().any(|h| {
+                    h.path == w.file.path.to_string()
+                        && h.arch == arch
+                        && h.base == w.base
+                        && (h.patch.is_some() || limits.still_holds(h.why))
+                })
             })
             .collect();
         if missing.is_empty() {
@@ -192,127 +274,116 @@ async fn wanted(
     Ok(out)
 }
 
-/// One pass: makes every missing patch, one at a time. A failure of one
-/// (a blob this replica cannot read now) is logged and tried next pass.
+/// One pass: makes every missing patch, at most `limits.jobs` at once,
+/// and tells `report` how each ended. A failure of one (a blob this
+/// replica cannot read now) is logged and tried next pass.
 pub async fn make_missing(
     blobs: &Arc<Blobs>,
     store: &(impl BundleStore + DeltaStore + BlobRecords + ?Sized),
     limits: Limits,
     settled: &mut Settled,
     now_ms: impl Fn() -> i64,
+    report: impl Fn(Outcome),
 ) -> Result<Pass, BlobError> {
     let mut pass = Pass::default();
-    for w in wanted(store, limits, settled).await? {
-        let mut row = DeltaRow {
-            name: w.name.clone(),
-            version: w.version.clone(),
-            path: w.file.path.to_string(),
-            arch: w.file.arch.map(|a| a.to_string()).unwrap_or_default(),
-            from_version: w.from_version.clone(),
-            base: w.base,
-            target: w.file.digest,
-            size: w.file.size,
-            patch: None,
-            patch_size: 0,
-            algorithm: limits.algorithm.into(),
-            note: String::new(),
-            made_at_ms: 0,
-        };
-        let started = std::time::Instant::now();
-        match make_one(blobs, store, &w, limits.algorithm, &now_ms).await {
-            Ok(Made::Patch(d, size)) => {
-                row.patch = Some(d);
-                row.patch_size = size;
-                pass.made += 1;
-            }
-            Ok(Made::Skipped(why)) => {
-                row.note = why;
-                pass.skipped += 1;
-            }
-            Ok(Made::NotHeld(d)) => {
-                tracing::debug!(path = %w.file.path, digest = %d, "no delta yet: the blob is in no store");
-                continue;
-            }
-            Err(e) => {
-                tracing::warn!(bundle = %format!("{}@{}", w.name, w.version), path = %w.file.path,
-                    from = %w.from_version, error = %e, "delta not made; trying again next pass");
-                continue;
-            }
+    let (now_ms, budget) = (&now_ms, &make::Budget::new(limits.max_memory));
+    let mut attempts = futures::stream::iter(wanted(store, limits, settled).await?)
+        .map(|w| async move {
+            let started = std::time::Instant::now();
+            let attempt = make::make_one(blobs, store, &w, (limits, budget), now_ms).await;
+            (w, attempt, started.elapsed())
+        })
+        .buffer_unordered(limits.jobs.max(1));
+    while let Some((w, attempt, took)) = attempts.next().await {
+        let result = record(store, limits, &w, attempt.made, took, now_ms).await?;
+        match result {
+            Some(PatchResult::Made { .. }) => pass.made += 1,
+            Some(PatchResult::Skipped) => pass.skipped += 1,
+            Some(PatchResult::Abandoned) => pass.abandoned += 1,
+            None => {}
         }
-        row.made_at_ms = now_ms();
-        tracing::info!(
-            bundle = %format!("{}@{}", w.name, w.version),
-            path = %w.file.path,
-            from = %w.from_version,
-            size = w.file.size,
-            patch_size = row.patch_size,
-            note = %row.note,
-            ms = started.elapsed().as_millis() as u64,
-            "delta {}",
-            if row.patch.is_some() { "made" } else { "skipped" }
-        );
-        match store.put_delta(&row).await {
-            Ok(()) | Err(crate::store::StoreError::NotFound { .. }) => {}
-            Err(e) => return Err(e.into()),
-        }
+        report(Outcome {
+            cpu: attempt.cpu,
+            result,
+        });
     }
     Ok(pass)
 }
 
-enum Made {
-    Patch(Digest, u64),
-    /// Not worth keeping (recorded, never tried again).
-    Skipped(String),
-    /// A blob neither this replica nor the blob store holds (now).
-    NotHeld(Digest),
+/// Logs a pair's make and records it in the store; what it came to
+/// (`None`: nothing recorded, tried again next pass).
+async fn record(
+    store: &(impl DeltaStore + ?Sized),
+    limits: Limits,
+    w: &Want,
+    made: Result<Made, BlobError>,
+    took: Duration,
+    now_ms: &impl Fn() -> i64,
+) -> Result<Option<PatchResult>, BlobError> {
+    let bundle = format!("{}@{}", w.name, w.version);
+    let mut row = DeltaRow {
+        name: w.name.clone(),
+        version: w.version.clone(),
+        path: w.file.path.to_string(),
+        arch: w.file.arch.map(|a| a.to_string()).unwrap_or_default(),
+        from_version: w.from_version.clone(),
+        base: w.base,
+        target: w.file.digest,
+        size: w.file.size,
+        patch: None,
+        patch_size: 0,
+        algorithm: limits.algorithm.into(),
+        note: String::new(),
+        made_at_ms: now_ms(),
+        why: None,
+    };
+    let result = match made {
+        Ok(Made::Patch { digest, size }) => {
+            (row.patch, row.patch_size) = (Some(digest), size);
+            PatchResult::Made {
+                saved: w.file.size.saturating_sub(size),
+            }
+        }
+        Ok(Made::NoPatch(why)) => {
+            row.why = Some(why);
+            row.note = no_patch_text(&why);
+            if why.abandoned() {
+                PatchResult::Abandoned
+            } else {
+                PatchResult::Skipped
+            }
+        }
+        Ok(Made::NotHeld(d)) => {
+            tracing::debug!(path = %w.file.path, digest = %d, "no delta yet: the blob is in no store");
+            return Ok(None);
+        }
+        Err(e) => {
+            tracing::warn!(%bundle, path = %w.file.path, from = %w.from_version, error = %e,
+                "delta not made; trying again next pass");
+            return Ok(None);
+        }
+    };
+    tracing::info!(%bundle, path = %w.file.path, from = %w.from_version, size = w.file.size,
+        patch_size = row.patch_size, note = %row.note, ms = took.as_millis() as u64,
+        "delta {}", result.label());
+    match store.put_delta(&row).await {
+        Ok(()) | Err(crate::store::StoreError::NotFound { .. }) => Ok(Some(result)),
+        Err(e) => Err(e.into()),
+    }
 }
 
-async fn make_one(
-    blobs: &Arc<Blobs>,
-    store: &(impl BlobRecords + ?Sized),
-    w: &Want,
-    algorithm: &'static str,
-    now_ms: &impl Fn() -> i64,
-) -> Result<Made, BlobError> {
-    for d in [&w.base, &w.file.digest] {
-        if !blobs.ensure_local(d).await? {
-            return Ok(Made::NotHeld(*d));
+/// Why a pair has no patch, in words: the note a row keeps and the log
+/// says (`lksctl bundle get` says the same from the typed reason).
+pub fn no_patch_text(why: &NoPatch) -> String {
+    match why {
+        NoPatch::Estimate { saving, min } => format!("estimated saving {saving}% < {min}%"),
+        NoPatch::Memory { need, cap } => {
+            format!("making it needs about {need} bytes of memory, over --delta-max-memory {cap}")
+        }
+        NoPatch::TooLarge { patch_size } => {
+            format!("the patch ({patch_size} bytes) is over {MAX_PATCH_PERCENT} % of the file")
         }
     }
-    let (base_path, target_path) = (blobs.local.path(&w.base), blobs.local.path(&w.file.digest));
-    let io = |path: &std::path::Path, e: std::io::Error| BlobError::Io {
-        path: path.to_path_buf(),
-        source: e,
-    };
-    let made = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, BlobError> {
-        let base = std::fs::read(&base_path).map_err(|e| io(&base_path, e))?;
-        let target = std::fs::read(&target_path).map_err(|e| io(&target_path, e))?;
-        lks_proto::delta::make_as(algorithm, &base, &target)
-            .map_err(|e| io(&target_path, std::io::Error::other(e)))
-    })
-    .await
-    .map_err(|e| BlobError::Io {
-        path: blobs.local.path(&w.file.digest),
-        source: std::io::Error::other(e),
-    })??;
-    let size = made.len() as u64;
-    if size.saturating_mul(100) > w.file.size.saturating_mul(MAX_PATCH_PERCENT) {
-        return Ok(Made::Skipped(format!(
-            "the patch ({size} bytes) is over {MAX_PATCH_PERCENT} % of the file"
-        )));
-    }
-    let d = Digest::of(&made);
-    if !blobs.local.contains(&d) {
-        let mut writer = blobs.local.writer(d, size).await?;
-        writer.write(&made).await?;
-        let staged = writer.stage().await?;
-        super::gc::claim(store, &blobs.store().describe(), &d, size, now_ms).await?;
-        staged.commit().await?;
-    } else {
-        super::gc::claim(store, &blobs.store().describe(), &d, size, now_ms).await?;
-    }
-    blobs.persist(&d, size).await?;
-    Ok(Made::Patch(d, size))
 }
 
 #[cfg(test)]
@@ -486,6 +557,7 @@ mod tests {
                 algorithm: lks_proto::delta::ALGORITHM.into(),
                 note: String::new(),
                 made_at_ms: 1,
+                why: None,
             })
             .await
             .unwrap();

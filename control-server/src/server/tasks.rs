@@ -183,7 +183,8 @@ async fn collect_blobs(
 }
 
 /// Every `interval`, on the leading replica: the binary deltas not made
-/// yet (blobs/delta.rs), one at a time, off every request's path.
+/// yet (blobs/delta.rs), at most `limits.jobs` at once, off every
+/// request's path.
 async fn make_deltas(s: Arc<Shared>, interval: Duration, limits: crate::blobs::delta::Limits) {
     let mut next = tokio::time::Instant::now() + interval;
     let mut settled = crate::blobs::delta::Settled::default();
@@ -198,10 +199,11 @@ async fn make_deltas(s: Arc<Shared>, interval: Duration, limits: crate::blobs::d
         }
         let pass = tokio::select! {
             _ = s.cancel.cancelled() => return,
-            p = crate::blobs::delta::make_missing(&s.blobs, &*s.store, limits, &mut settled, crate::clock::now_ms) => p,
+            p = crate::blobs::delta::make_missing(&s.blobs, &*s.store, limits, &mut settled, crate::clock::now_ms,
+                |o| s.metrics.delta_outcome(&o)) => p,
         };
         match pass {
-            Ok(p) => s.metrics.deltas_made(p.made, p.skipped),
+            Ok(p) => s.metrics.deltas_made(p.made, p.abandoned),
             Err(e) => tracing::warn!(error = %e, "making binary deltas failed; retrying next pass"),
         }
     }

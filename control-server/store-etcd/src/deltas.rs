@@ -1,9 +1,10 @@
 //! [`DeltaStore`] on etcd: `deltas/<V>/<F>`, one JSON document per file and
 //! base of a bundle version, where V hashes NAME@VERSION and F the path,
 //! architecture and base (so one version's rows are one prefix, whatever
-//! its version string holds). A row is created once, only while its bundle
-//! version exists; deleting the version deletes the prefix in the same
-//! transaction (`blobrecs.rs`).
+//! its version string holds). A row is written only while its bundle
+//! version exists, once if it names a patch; a row without one (a skip) is
+//! replaced by a later record, guarded by its revision. Deleting the
+//! version deletes the prefix in the same transaction (`blobrecs.rs`).
 
 use lks_proto::Digest;
 
@@ -14,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use lks_store::{Kind, Result, StoreError};
 
 use crate::{EtcdStore, corrupt, json};
-use lks_store::deltas::{DeltaRow, DeltaStore};
+use lks_store::deltas::{DeltaRow, DeltaStore, NoPatch};
 
 #[derive(Serialize, Deserialize)]
 struct DeltaDoc {
@@ -35,6 +36,10 @@ struct DeltaDoc {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     note: String,
     made_at_ms: i64,
+    /// `NoPatch`'s stored form (issue [upgrade-cost]); absent for a patch
+    /// and in rows written before.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    why: String,
 }
 
 /// The prefix of NAME@VERSION's rows.
@@ -63,6 +68,7 @@ fn doc(r: &DeltaRow) -> DeltaDoc {
         algorithm: r.algorithm.clone(),
         note: r.note.clone(),
         made_at_ms: r.made_at_ms,
+        why: r.why.map(|w| w.encode()).unwrap_or_default(),
     }
 }
 
@@ -76,6 +82,7 @@ fn row(key: &str, d: DeltaDoc) -> Result<DeltaRow> {
         } else {
             Some(digest(&d.patch)?)
         },
+        why: NoPatch::decode(&d.why).map_err(|e| corrupt(&format!("deltas/{key}"), e))?,
         name: d.name,
         version: d.version,
         path: d.path,
@@ -112,15 +119,32 @@ impl DeltaStore for EtcdStore {
                     Compare::create_revision(bkey.clone(), CompareOp::Greater, 0),
                     Compare::create_revision(key.clone(), CompareOp::Equal, 0),
                 ],
-                vec![TxnOp::put(key, json(&doc(r))?, None)],
+                vec![TxnOp::put(key.clone(), json(&doc(r))?, None)],
             )
             .await?;
-        if !written && self.get_raw(&bkey).await?.is_none() {
+        if written {
+            return Ok(());
+        }
+        if self.get_raw(&bkey).await?.is_none() {
             return Err(StoreError::not_found(
                 Kind::Bundle,
                 format!("{}@{}", r.name, r.version),
             ));
         }
+        // A row is there: kept if it names a patch, else replaced unless
+        // another write came first (that one stands).
+        let held = self.get::<DeltaDoc>(&key).await?;
+        if held.value.is_none_or(|d| !d.patch.is_empty()) {
+            return Ok(());
+        }
+        self.txn(
+            vec![
+                Compare::create_revision(bkey, CompareOp::Greater, 0),
+                Compare::mod_revision(key.clone(), CompareOp::Equal, held.rev),
+            ],
+            vec![TxnOp::put(key, json(&doc(r))?, None)],
+        )
+        .await?;
         Ok(())
     }
 

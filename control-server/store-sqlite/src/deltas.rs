@@ -9,9 +9,9 @@ use rusqlite::params;
 use lks_store::{Kind, Result, StoreError};
 
 use crate::SqliteStore;
-use lks_store::deltas::{DeltaRow, DeltaStore};
+use lks_store::deltas::{DeltaRow, DeltaStore, NoPatch};
 
-const COLUMNS: &str = "name, version, path, arch, base, from_version, target, size, patch, patch_size, algorithm, note, made_at_ms";
+const COLUMNS: &str = "name, version, path, arch, base, from_version, target, size, patch, patch_size, algorithm, note, made_at_ms, why";
 
 fn digest(what: &str, d: &str) -> Result<Digest> {
     d.parse()
@@ -24,6 +24,7 @@ struct Raw {
     base: String,
     target: String,
     patch: String,
+    why: String,
 }
 
 fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<Raw> {
@@ -43,10 +44,12 @@ fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<Raw> {
             algorithm: r.get(10)?,
             note: r.get(11)?,
             made_at_ms: r.get(12)?,
+            why: None,
         },
         base: r.get(4)?,
         target: r.get(6)?,
         patch: r.get(8)?,
+        why: r.get(13)?,
     })
 }
 
@@ -57,6 +60,7 @@ fn typed(raw: Raw) -> Result<DeltaRow> {
     if !raw.patch.is_empty() {
         row.patch = Some(digest("patch", &raw.patch)?);
     }
+    row.why = NoPatch::decode(&raw.why).map_err(|e| StoreError::backend_at("read a delta row", e))?;
     Ok(row)
 }
 
@@ -83,8 +87,13 @@ impl DeltaStore for SqliteStore {
             }
             tx.execute(
                 &format!(
-                    "INSERT INTO deltas ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
-                     ON CONFLICT DO NOTHING"
+                    "INSERT INTO deltas ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
+                     ON CONFLICT (name, version, path, arch, base) DO UPDATE SET
+                         from_version = excluded.from_version, target = excluded.target,
+                         size = excluded.size, patch = excluded.patch,
+                         patch_size = excluded.patch_size, algorithm = excluded.algorithm,
+                         note = excluded.note, made_at_ms = excluded.made_at_ms, why = excluded.why
+                     WHERE deltas.patch = ''"
                 ),
                 params![
                     r.name,
@@ -100,6 +109,7 @@ impl DeltaStore for SqliteStore {
                     r.algorithm,
                     r.note,
                     r.made_at_ms,
+                    r.why.map(|w| w.encode()).unwrap_or_default(),
                 ],
             )?;
             Ok(())

@@ -263,4 +263,9 @@ CREATE INDEX deltas_target ON deltas (target);
 CREATE INDEX deltas_patch ON deltas (patch);
 ALTER TABLE actual ADD COLUMN fetched_delta INTEGER NOT NULL DEFAULT 0;
 "#,
+    // Why a file has no patch (issue [upgrade-cost]): `NoPatch`'s stored
+    // form ('' for a patch, and for rows recorded before).
+    r#"
+ALTER TABLE deltas ADD COLUMN why TEXT NOT NULL DEFAULT '';
+"#,
 ];

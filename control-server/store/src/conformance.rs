@@ -207,6 +207,7 @@ macro_rules! conformance_suite {
             a_nodes_reported_trust_is_kept_with_it,
             enrolled_nodes_are_counted,
             deltas_live_and_die_with_their_bundle_version,
+            a_skip_is_recorded_with_its_reason_and_replaced_by_a_later_record,
         );
     };
     (@cases $setup:block; $($name:ident),* $(,)?) => {$(

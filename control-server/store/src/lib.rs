@@ -36,7 +36,7 @@ pub use audit::*;
 pub use blobrecs::{BlobRecord, BlobRecords, BundleUsers, RecordAt};
 pub use bundles::*;
 pub use clusters::*;
-pub use deltas::{DeltaRow, DeltaStore};
+pub use deltas::{DeltaRow, DeltaStore, NoPatch};
 pub use dump::*;
 pub use events::*;
 pub use nodes::*;

@@ -38,11 +38,13 @@ pub(super) async fn list(
 pub(super) async fn get(s: &Deps, req: pb::GetBundleRequest) -> Result<Response<pb::Bundle>, Status> {
     let row = bundle::published(s.store.as_ref(), &req.name, &req.version).await?;
     let bundle = pb::SignedBundle::from(row.bundle.signed());
-    let deltas = s
+    let rows = s
         .store
         .deltas_of(&row.name, &row.version)
         .await
-        .map_err(store_status)?
+        .map_err(store_status)?;
+    let no_deltas = rows.iter().filter(|d| d.patch.is_none()).map(no_delta).collect();
+    let deltas = rows
         .into_iter()
         .filter_map(|d| {
             Some(pb::HeldDelta {
@@ -61,7 +63,38 @@ pub(super) async fn get(s: &Deps, req: pb::GetBundleRequest) -> Result<Response<
         info: Some(bundle_info(row)),
         bundle: Some(bundle),
         deltas,
+        no_deltas,
     }))
+}
+
+/// A pair recorded without a patch, and why (issue [upgrade-cost]).
+fn no_delta(d: &crate::store::DeltaRow) -> pb::NoDelta {
+    use crate::store::NoPatch;
+    let mut v = pb::NoDelta {
+        path: d.path.clone(),
+        arch: d.arch.clone(),
+        from_version: d.from_version.clone(),
+        base_digest: d.base.to_string(),
+        size: d.size,
+        note: d.note.clone(),
+        ..Default::default()
+    };
+    match d.why {
+        Some(NoPatch::Estimate { saving, min }) => {
+            v.set_reason(pb::NoDeltaReason::Estimate);
+            (v.estimated_saving, v.min_saving) = (saving.into(), min.into());
+        }
+        Some(NoPatch::Memory { need, cap }) => {
+            v.set_reason(pb::NoDeltaReason::Memory);
+            (v.memory_needed, v.memory_cap) = (need, cap);
+        }
+        Some(NoPatch::TooLarge { patch_size }) => {
+            v.set_reason(pb::NoDeltaReason::TooLarge);
+            v.patch_size = patch_size;
+        }
+        None => {}
+    }
+    v
 }
 
 /// `DeleteBundle`: answers the bytes its blobs no other version holds.

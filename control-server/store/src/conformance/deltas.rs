@@ -1,11 +1,13 @@
-//! Conformance cases for [`DeltaStore`]: rows kept once per file and base,
-//! found by target and by patch, gone with their bundle version, and their
-//! patches referenced (kept by the collector) while they are.
+//! Conformance cases for [`DeltaStore`]: rows kept once per file and base
+//! when they name a patch, a skip replaced by a later record, the reason
+//! for no patch read back as written, found by target and by patch, gone
+//! with their bundle version, and their patches referenced (kept by the
+//! collector) while they are.
 
 use lks_proto::Digest;
 
 use crate::conformance::bundle_with_blob;
-use crate::{BlobRecord, DeltaRow, Kind, Store, StoreError};
+use crate::{BlobRecord, DeltaRow, Kind, NoPatch, Store, StoreError};
 
 fn row(version: &str, from: &str, target: Digest, patch: Option<Digest>) -> DeltaRow {
     DeltaRow {
@@ -26,6 +28,7 @@ fn row(version: &str, from: &str, target: Digest, patch: Option<Digest>) -> Delt
             String::new()
         },
         made_at_ms: 7,
+        why: patch.is_none().then_some(NoPatch::TooLarge { patch_size: 600 }),
     }
 }
 
@@ -101,4 +104,43 @@ pub async fn deltas_live_and_die_with_their_bundle_version(s: &dyn Store) {
             .is_some()
     );
     assert_eq!(s.deltas_of("k", "3").await.unwrap().len(), 3);
+}
+
+pub async fn a_skip_is_recorded_with_its_reason_and_replaced_by_a_later_record(s: &dyn Store) {
+    let (d1, d2) = (Digest::of(b"v1"), Digest::of(b"v2"));
+    s.put_bundle(bundle_with_blob("k", "1", &d1)).await.unwrap();
+    s.put_bundle(bundle_with_blob("k", "2", &d2)).await.unwrap();
+    let mut skipped = row("2", "1", d2, None);
+    skipped.why = Some(NoPatch::Estimate { saving: 3, min: 50 });
+    skipped.note = String::new();
+    s.put_delta(&skipped).await.unwrap();
+    assert_eq!(s.deltas_of("k", "2").await.unwrap(), vec![skipped.clone()]);
+    assert!(
+        s.deltas_to(&d2).await.unwrap().is_empty(),
+        "a skip is not offered"
+    );
+
+    // The limits changed: the pair was tried again and skipped for another
+    // reason; the newer record replaces the older.
+    let mut memory = skipped.clone();
+    memory.why = Some(NoPatch::Memory {
+        need: 7 << 30,
+        cap: 2 << 30,
+    });
+    memory.made_at_ms = 8;
+    s.put_delta(&memory).await.unwrap();
+    assert_eq!(s.deltas_of("k", "2").await.unwrap(), vec![memory]);
+
+    // Then made: the patch replaces the skip, and stays.
+    let p = Digest::of(b"patch 1->2");
+    let made = row("2", "1", d2, Some(p));
+    s.put_delta(&made).await.unwrap();
+    assert_eq!(s.deltas_of("k", "2").await.unwrap(), vec![made.clone()]);
+    s.put_delta(&skipped).await.unwrap();
+    assert_eq!(
+        s.deltas_of("k", "2").await.unwrap(),
+        vec![made.clone()],
+        "a patch is never replaced by a skip"
+    );
+    assert_eq!(s.deltas_to(&d2).await.unwrap(), vec![made]);
 }
