@@ -69,7 +69,7 @@ CRATES = {
     """,
     # bottom: the clock, the store (re-exported from the store crates) and
     #         what it is built on
-    # middle: blobs, PKI, the hub, rollout decisions, the controller
+    # middle: blobs, the hub, rollout decisions, the controller
     # top:    `context` (what handlers and tasks share), the replica tasks
     #         that take it, `ops` (the use cases: no tonic, no `api`), the
     #         APIs that call them, and `server`, which wires them
@@ -77,7 +77,7 @@ CRATES = {
         clock ratelimit
         store
         clustercache
-        hub admission blobs pki tracker rollout
+        hub admission blobs tracker rollout
         metrics authz peers releases kube
         packages tlsaccept controller
         context
@@ -113,6 +113,12 @@ CRATES = {
         manifest served
         canonical sign release
         convert authoring
+    """,
+    # lks-pki: keys sealed at rest, the server's own CA, then the tenant
+    # cluster CAs (which seal their keys and share the serials).
+    "control-server/pki/src": """
+        seal server
+        clusterca
     """,
     # Beside the server, crates that link lks-proto and not the server.
     # lksctl: the admin API client and output, then the verbs, a release
@@ -155,6 +161,7 @@ MAPS = {
     "control-server/store-sqlite/src": "control-server/store-sqlite/README.md",
     "control-server/store-etcd/src": "control-server/store-etcd/README.md",
     "control-server/src": "control-server/README.md",
+    "control-server/pki/src": "control-server/pki/README.md",
     "lksadmin-agent/src": "lksadmin-agent/README.md",
     "proto/bundle/src": "proto/README.md",
     "proto/src": "proto/README.md",

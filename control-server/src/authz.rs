@@ -154,9 +154,9 @@ pub fn token_status(r: TokenRefusal) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pki::Pki;
     use crate::store::NodeStore;
     use crate::store::SqliteStore;
+    use lks_pki::Pki;
     use std::sync::Arc;
     use std::time::Duration;
 

@@ -29,12 +29,12 @@ use crate::kube::tenant::TenantApis;
 use crate::metrics::Metrics;
 use crate::packages::AgentPackages;
 use crate::peers::PeerCache;
-use crate::pki::Pki;
-use crate::pki::clusterca::ClusterCas;
 use crate::ratelimit::RateLimiter;
 use crate::releases::ReleaseCache;
 use crate::store::Store;
 use crate::tracker::Tracker;
+use lks_pki::Pki;
+use lks_pki::clusterca::ClusterCas;
 
 /// State shared by every handler and background task.
 pub struct Shared {

@@ -1,6 +1,8 @@
-//! lksadmin control server: the gRPC agent and admin APIs, its PKI, the
-//! SQLite and etcd stores, the blob store, and replication between
-//! replicas. `lksctl`, the operator CLI, and `lks-loadgen` are crates of
+//! lksadmin control server: the gRPC agent and admin APIs, the use cases
+//! behind them, the blob store, the rollout controller and replication
+//! between replicas, over crates of their own: the store (`lks-store` and
+//! its SQLite and etcd backends) and the PKI (`lks-pki`). `lksctl`, the
+//! operator CLI, and `lks-loadgen` are crates of
 //! their own beside it (`control-server/lksctl`, `control-server/loadgen`)
 //! that link `lks-proto`, not this crate.
 //!
@@ -25,7 +27,6 @@ pub mod migrate;
 pub mod ops;
 pub mod packages;
 pub mod peers;
-pub mod pki;
 pub mod ratelimit;
 pub mod rebalance;
 pub mod releases;

@@ -36,11 +36,11 @@ use std::sync::Arc;
 pub mod blobs;
 
 use crate::blobs::{BlobChoice, BlobError, BlobStore, EtcdChunks, LocalBlobs, S3Store};
-use crate::pki::clusterca;
-use crate::pki::seal::{SealError, SealKey};
-use crate::pki::{Pki, PkiError, SharedIdentity};
 use crate::replicas::{self, IdentityError};
 use crate::store::{DeltaRow, DeltaStore, Dump, EtcdConfig, EtcdStore, SqliteStore, StoreError};
+use lks_pki::clusterca;
+use lks_pki::seal::{SealError, SealKey};
+use lks_pki::{Pki, PkiError, SharedIdentity};
 
 /// What `migrate` is told.
 #[derive(Clone, Debug)]

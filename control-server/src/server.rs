@@ -25,12 +25,12 @@ use crate::controller;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::packages::{AgentPackages, PackageError, PackageLayer};
-use crate::pki::PkiError;
-use crate::pki::clusterca::ClusterCas;
-use crate::pki::seal::SealError;
 use crate::ratelimit::RateLimiter;
 use crate::replicas;
 use crate::store::{EtcdConfig, StoreError};
+use lks_pki::PkiError;
+use lks_pki::clusterca::ClusterCas;
+use lks_pki::seal::SealError;
 
 mod open;
 mod tasks;

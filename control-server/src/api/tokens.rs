@@ -10,8 +10,8 @@ use tonic::{Response, Status};
 use crate::clock::now_ms;
 use crate::ops::token::{self, Issued, NewToken};
 use crate::packages::AgentPackages;
-use crate::pki::Pki;
 use crate::store::TokenStore;
+use lks_pki::Pki;
 
 crate::context::shared_view! {
     /// What `CreateToken` uses: the store, the server CA (its hash goes into

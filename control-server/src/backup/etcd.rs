@@ -50,9 +50,9 @@ use super::output::{Source, Taken, blob_entry, file_entry, finish, parent_of, re
 use super::restore::{RestoreError, extract, unrestored_blobs};
 use super::{BackupError, BackupSummary, Counts, blob_manifest, write_counts};
 use crate::blobs::{BlobChoice, BlobStore, EtcdChunks, LocalBlobs, S3Store};
-use crate::pki::seal::SealKey;
 use crate::store::etcd::{dumped_bundle, kv_of};
 use crate::store::{Dump, EtcdConfig, EtcdStore};
+use lks_pki::seal::SealKey;
 
 /// Keys per range read of the snapshot.
 const PAGE: i64 = 256;

@@ -26,8 +26,8 @@ pub use restore::{RestoreConfig, RestoreError, RestoreSummary, restore};
 pub use sqlite::{BackupConfig, backup_sqlite};
 
 use crate::blobs::BlobError;
-use crate::pki::PkiError;
 use crate::store::{Dump, StoreError};
+use lks_pki::PkiError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackupError {

@@ -19,8 +19,8 @@ use lks_proto::Digest;
 
 use super::archive::{ArchiveError, ArchiveReader, EntryName, Manifest, StoreKind};
 use super::write_counts;
-use crate::pki::{Pki, SharedIdentity};
 use crate::store::SqliteStore;
+use lks_pki::{Pki, SharedIdentity};
 
 #[derive(Clone, Debug)]
 pub struct RestoreConfig {

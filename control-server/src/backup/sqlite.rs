@@ -16,8 +16,8 @@ use super::output::{
 };
 use super::{BackupError, BackupSummary, Counts, blob_manifest};
 use crate::blobs::{BlobChoice, LocalBlobs};
-use crate::pki::{Pki, SharedIdentity};
 use crate::store::SqliteStore;
+use lks_pki::{Pki, SharedIdentity};
 
 /// What `backup` is told.
 #[derive(Clone, Debug)]

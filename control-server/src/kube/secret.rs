@@ -3,9 +3,9 @@
 //! `<prefix>clusterkube/<cluster>#kubeconfig`, so a value copied to another
 //! cluster fails to open), else kept as the checked text (SQLite: in the
 //! 0700 data dir, like the cluster CA keys). The store sees only the opaque
-//! string, as for cluster CA keys (`pki::clusterca::keys`).
+//! string, as for cluster CA keys (`lks_pki::clusterca::keys`).
 
-use crate::pki::seal::{OpenTextError, SealKey, open_text, seal_text, sealed_envelope};
+use lks_pki::seal::{OpenTextError, SealKey, open_text, seal_text, sealed_envelope};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SecretError {

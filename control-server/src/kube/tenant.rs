@@ -15,8 +15,8 @@ use sha2::{Digest as _, Sha256};
 use super::config::{KubeconfigError, TenantKubeconfig};
 use super::nodes::NodeKubeState;
 use super::secret::{SecretError, open_kubeconfig};
-use crate::pki::seal::SealKey;
 use crate::store::{ClusterStore, StoreError};
+use lks_pki::seal::SealKey;
 
 /// How long a cluster's Node list is reused for `node list`: a view a few
 /// seconds old, and one tenant API request per cluster per 5 s however

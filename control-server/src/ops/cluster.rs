@@ -15,8 +15,8 @@ use crate::kube::config::{KubeconfigError, TenantKubeconfig};
 use crate::kube::secret::SecretError;
 use crate::kube::tenant::TenantApis;
 use crate::peers::PeerCache;
-use crate::pki::clusterca::{CaError, ClusterCa, ClusterCas, KeyError};
 use crate::store::{ClusterKube, ClusterRow, EventRow, NewCluster, PeerSettings, Store};
+use lks_pki::clusterca::{CaError, ClusterCa, ClusterCas, KeyError};
 
 /// Most concurrent uploads per node an operator may allow.
 pub const MAX_PEER_UPLOADS: u32 = 64;

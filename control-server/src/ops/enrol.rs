@@ -17,8 +17,8 @@ use subtle::ConstantTimeEq;
 
 use super::{Kind, OpError};
 use crate::clock::now_ms;
-use crate::pki::{Pki, PkiError};
 use crate::store::{NewNode, NodeStore, StoreError, TokenRefusal, TokenStore};
+use lks_pki::{Pki, PkiError};
 
 /// An enrolment as a node asks for it.
 #[derive(Clone, Debug, Default)]

@@ -23,12 +23,12 @@ use lks_proto::path::PathError;
 use super::event::{self, NodeEvent};
 use super::{Kind, OpError};
 use crate::clock::now_ms;
-use crate::pki::clusterca::{CaError, CertTemplate, ClusterCas, KeyError, SignedCert, Usage};
 use crate::ratelimit::RateLimiter;
 use crate::store::{
     BundleStore, ClusterStore, EventStore, IssuedCertRow, Kind as RowKind, NodeRow, NodeStore, StoreError,
     StoredBundle,
 };
+use lks_pki::clusterca::{CaError, CertTemplate, ClusterCas, KeyError, SignedCert, Usage};
 
 /// Largest CSR accepted (a P-256 CSR with 32 SANs is about 2 KiB).
 const MAX_CSR: usize = 16 * 1024;
@@ -321,9 +321,9 @@ mod store_tests {
     use lks_proto::SignedBundle;
 
     use super::*;
-    use crate::pki::clusterca::ClusterCa;
     use crate::store::sqlite::SqliteStore;
     use crate::store::{EventFilter, EventRow, NewBundle, Store};
+    use lks_pki::clusterca::ClusterCa;
 
     const BUNDLE_TOML: &str = "name = \"id\"\nversion = \"1\"\n\
         [[certificate]]\npath = \"/a.crt\"\nkey_path = \"/a.key\"\nprofile = \"kubelet-client\"\n";

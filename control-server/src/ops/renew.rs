@@ -10,8 +10,8 @@ use lks_proto::identity::NodeIdentity;
 use super::event::{self, NodeEvent};
 use super::{Kind, OpError};
 use crate::clock::now_ms;
-use crate::pki::{Pki, PkiError};
 use crate::store::{EventStore, NodeStore};
+use lks_pki::{Pki, PkiError};
 
 /// A renewed certificate.
 #[derive(Clone, Debug)]

@@ -16,10 +16,10 @@ use crate::ops::OpError;
 use crate::ops::enrol::{self, Enrolment};
 use crate::ops::issue::{self, CertRequest};
 use crate::ops::renew;
-use crate::pki::Pki;
-use crate::pki::clusterca::ClusterCas;
 use crate::ratelimit::RateLimiter;
 use crate::store::Store;
+use lks_pki::Pki;
+use lks_pki::clusterca::ClusterCas;
 
 crate::context::shared_view! {
     /// What the identity handlers use: the store, the server CA (node

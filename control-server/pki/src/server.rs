@@ -22,7 +22,7 @@ use time::OffsetDateTime;
 use x509_parser::extensions::GeneralName;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use crate::fsutil::write_atomic;
+use lks_proto::fsutil::write_atomic;
 
 const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 86400);
 const SERVER_VALIDITY: Duration = Duration::from_secs(365 * 86400);

@@ -27,7 +27,7 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 
 pub use keys::{ClusterCas, KeyError};
 
-use super::{BACKDATE, random_serial};
+use crate::server::{BACKDATE, random_serial};
 
 /// Validity of a generated cluster CA.
 pub const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 86400);
@@ -324,7 +324,7 @@ fn is_rsa(alg: &rcgen::SignatureAlgorithm) -> bool {
 }
 
 fn rfc3339(t: OffsetDateTime) -> String {
-    crate::clock::rfc3339(i64::try_from(t.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX))
+    lks_store::clock::rfc3339(i64::try_from(t.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX))
 }
 
 /// The DER of the one certificate in `pem`.

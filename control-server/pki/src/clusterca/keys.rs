@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use time::OffsetDateTime;
 
 use super::{CaError, ClusterCa};
-use crate::pki::seal::{OpenTextError, SealKey, open_text, seal_text, sealed_envelope};
-use crate::store::{ClusterStore, StoreError, StoredCa};
+use crate::seal::{OpenTextError, SealKey, open_text, seal_text, sealed_envelope};
+use lks_store::{ClusterStore, StoreError, StoredCa};
 
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
@@ -142,7 +142,8 @@ pub fn open_key(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{NewCluster, SqliteStore, Store};
+    use lks_store::{NewCluster, Store};
+    use lks_store_sqlite::SqliteStore;
 
     #[tokio::test]
     async fn a_sealed_key_is_stored_without_its_pem_and_opens_only_for_its_cluster() {
