@@ -87,7 +87,7 @@ CRATES = {
         store
         clustercache
         hub admission blobs tracker rollout
-        metrics authz peers releases kube
+        metrics authz peers releases
         packages tlsaccept controller
         context
         replicas migrate backup rebalance ops api
@@ -128,6 +128,14 @@ CRATES = {
     "control-server/pki/src": """
         seal server
         clusterca
+    """,
+    # lks-kube: the kubeconfig's checks, a Node's state and the sealing,
+    # then a client per tenant and the drain against it, then the
+    # controller's tasks that run them.
+    "control-server/kube/src": """
+        config nodes secret
+        tenant drain
+        work
     """,
     # Beside the server, crates that link lks-proto and not the server.
     # lksctl (a library; main.rs only parses and dispatches): the output,
@@ -183,6 +191,7 @@ MAPS = {
     "control-server/store-etcd/src": "control-server/store-etcd/README.md",
     "control-server/src": "control-server/README.md",
     "control-server/pki/src": "control-server/pki/README.md",
+    "control-server/kube/src": "control-server/kube/README.md",
     "lksadmin-agent/src": "lksadmin-agent/README.md",
     "proto/bundle/src": "proto/README.md",
     "proto/src": "proto/README.md",

@@ -153,10 +153,11 @@ pub fn token_status(r: TokenRefusal) -> Status {
 
 #[cfg(test)]
 mod tests {
+    use lks_pki::Pki;
+
     use super::*;
     use crate::store::NodeStore;
     use crate::store::SqliteStore;
-    use lks_pki::Pki;
     use std::sync::Arc;
     use std::time::Duration;
 

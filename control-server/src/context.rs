@@ -17,6 +17,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lks_kube::tenant::TenantApis;
+use lks_pki::Pki;
+use lks_pki::clusterca::ClusterCas;
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -25,7 +28,6 @@ use crate::admission::OpenGate;
 use crate::blobs::Blobs;
 use crate::controller;
 use crate::hub::Hub;
-use crate::kube::tenant::TenantApis;
 use crate::metrics::Metrics;
 use crate::packages::AgentPackages;
 use crate::peers::PeerCache;
@@ -33,8 +35,6 @@ use crate::ratelimit::RateLimiter;
 use crate::releases::ReleaseCache;
 use crate::store::Store;
 use crate::tracker::Tracker;
-use lks_pki::Pki;
-use lks_pki::clusterca::ClusterCas;
 
 /// State shared by every handler and background task.
 pub struct Shared {

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use lks_kube::work::{Attempt, KubeWork};
 use lks_proto::manifest::Needs;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::MissedTickBehavior;
@@ -23,7 +24,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_ms;
 use crate::hub::Hub;
-use crate::kube::work::{Attempt, KubeWork};
 use crate::metrics::Metrics;
 use crate::rollout::ages::StateAges;
 use crate::rollout::{self, Clock, Decision, NodeView, Verb};

@@ -1,7 +1,8 @@
 //! lksadmin control server: the gRPC agent and admin APIs, the use cases
 //! behind them, the blob store, the rollout controller and replication
 //! between replicas, over crates of their own: the store (`lks-store` and
-//! its SQLite and etcd backends) and the PKI (`lks-pki`). `lksctl`, the
+//! its SQLite and etcd backends), the PKI (`lks-pki`) and the tenant
+//! clusters' Kubernetes APIs (`lks-kube`). `lksctl`, the
 //! operator CLI, and `lks-loadgen` are crates of
 //! their own beside it (`control-server/lksctl`, `control-server/loadgen`)
 //! that link `lks-proto`, not this crate.
@@ -21,7 +22,6 @@ pub mod clustercache;
 pub mod context;
 pub mod controller;
 pub mod hub;
-pub mod kube;
 pub mod metrics;
 pub mod migrate;
 pub mod ops;

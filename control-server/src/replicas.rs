@@ -28,13 +28,13 @@ use std::time::Duration;
 use etcd_client::{
     Compare, CompareOp, GetOptions, LeaseClient, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp,
 };
+use lks_pki::SharedIdentity;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::context::Shared;
 use crate::store::etcd::Change;
 use crate::store::{EtcdStore, StoreError};
-use lks_pki::SharedIdentity;
 
 /// How often the election and the replica list are checked.
 const CHECK: Duration = Duration::from_secs(1);

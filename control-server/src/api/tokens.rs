@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use lks_pki::Pki;
 use lks_proto::pb;
 use tonic::{Response, Status};
 
@@ -11,7 +12,6 @@ use crate::clock::now_ms;
 use crate::ops::token::{self, Issued, NewToken};
 use crate::packages::AgentPackages;
 use crate::store::TokenStore;
-use lks_pki::Pki;
 
 crate::context::shared_view! {
     /// What `CreateToken` uses: the store, the server CA (its hash goes into

@@ -42,6 +42,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use etcd_client::GetOptions;
+use lks_pki::seal::SealKey;
 use lks_proto::Digest;
 use tempfile::TempDir;
 
@@ -52,7 +53,6 @@ use super::{BackupError, BackupSummary, Counts, blob_manifest, write_counts};
 use crate::blobs::{BlobChoice, BlobStore, EtcdChunks, LocalBlobs, S3Store};
 use crate::store::etcd::{dumped_bundle, kv_of};
 use crate::store::{Dump, EtcdConfig, EtcdStore};
-use lks_pki::seal::SealKey;
 
 /// Keys per range read of the snapshot.
 const PAGE: i64 = 256;

@@ -20,6 +20,8 @@ mod sqlite;
 use std::fmt;
 use std::path::PathBuf;
 
+use lks_pki::PkiError;
+
 pub use archive::{ArchiveError, Counts, Manifest, StoreKind};
 pub use etcd::{EtcdBackupConfig, EtcdRestoreConfig, EtcdRestoreSummary, backup_etcd, restore_etcd};
 pub use restore::{RestoreConfig, RestoreError, RestoreSummary, restore};
@@ -27,7 +29,6 @@ pub use sqlite::{BackupConfig, backup_sqlite};
 
 use crate::blobs::BlobError;
 use crate::store::{Dump, StoreError};
-use lks_pki::PkiError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackupError {

@@ -15,12 +15,12 @@ use std::io::{BufReader, BufWriter};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use lks_pki::{Pki, SharedIdentity};
 use lks_proto::Digest;
 
 use super::archive::{ArchiveError, ArchiveReader, EntryName, Manifest, StoreKind};
 use super::write_counts;
 use crate::store::SqliteStore;
-use lks_pki::{Pki, SharedIdentity};
 
 #[derive(Clone, Debug)]
 pub struct RestoreConfig {

@@ -10,6 +10,8 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use lks_pki::{Pki, SharedIdentity};
+
 use super::archive::{EntryName, FileEntry, StoreKind};
 use super::output::{
     Source, Taken, blob_entry, blob_path, bytes_entry, file_entry, finish, parent_of, remote_store,
@@ -17,7 +19,6 @@ use super::output::{
 use super::{BackupError, BackupSummary, Counts, blob_manifest};
 use crate::blobs::{BlobChoice, LocalBlobs};
 use crate::store::SqliteStore;
-use lks_pki::{Pki, SharedIdentity};
 
 /// What `backup` is told.
 #[derive(Clone, Debug)]

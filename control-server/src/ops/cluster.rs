@@ -6,17 +6,17 @@
 
 use std::sync::Arc;
 
+use lks_kube::config::{KubeconfigError, TenantKubeconfig};
+use lks_kube::secret::SecretError;
+use lks_kube::tenant::TenantApis;
+use lks_pki::clusterca::{CaError, ClusterCa, ClusterCas, KeyError};
 use lks_proto::windows::{self, WindowError};
 use time::OffsetDateTime;
 
 use super::{Kind, OpError};
 use crate::hub::Hub;
-use crate::kube::config::{KubeconfigError, TenantKubeconfig};
-use crate::kube::secret::SecretError;
-use crate::kube::tenant::TenantApis;
 use crate::peers::PeerCache;
 use crate::store::{ClusterKube, ClusterRow, EventRow, NewCluster, PeerSettings, Store};
-use lks_pki::clusterca::{CaError, ClusterCa, ClusterCas, KeyError};
 
 /// Most concurrent uploads per node an operator may allow.
 pub const MAX_PEER_UPLOADS: u32 = 64;

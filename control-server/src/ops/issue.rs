@@ -14,6 +14,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+use lks_pki::clusterca::{CaError, CertTemplate, ClusterCas, KeyError, SignedCert, Usage};
 use lks_proto::BundlePath;
 use lks_proto::certs::{CertNameError, CertNames, CsrError, check_csr};
 use lks_proto::identity::NodeIdentity;
@@ -28,7 +29,6 @@ use crate::store::{
     BundleStore, ClusterStore, EventStore, IssuedCertRow, Kind as RowKind, NodeRow, NodeStore, StoreError,
     StoredBundle,
 };
-use lks_pki::clusterca::{CaError, CertTemplate, ClusterCas, KeyError, SignedCert, Usage};
 
 /// Largest CSR accepted (a P-256 CSR with 32 SANs is about 2 KiB).
 const MAX_CSR: usize = 16 * 1024;
@@ -318,12 +318,12 @@ mod tests {
 mod store_tests {
     use std::sync::Arc;
 
+    use lks_pki::clusterca::ClusterCa;
     use lks_proto::SignedBundle;
 
     use super::*;
     use crate::store::sqlite::SqliteStore;
     use crate::store::{EventFilter, EventRow, NewBundle, Store};
-    use lks_pki::clusterca::ClusterCa;
 
     const BUNDLE_TOML: &str = "name = \"id\"\nversion = \"1\"\n\
         [[certificate]]\npath = \"/a.crt\"\nkey_path = \"/a.key\"\nprofile = \"kubelet-client\"\n";

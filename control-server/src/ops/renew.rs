@@ -5,13 +5,13 @@
 
 use std::time::Duration;
 
+use lks_pki::{Pki, PkiError};
 use lks_proto::identity::NodeIdentity;
 
 use super::event::{self, NodeEvent};
 use super::{Kind, OpError};
 use crate::clock::now_ms;
 use crate::store::{EventStore, NodeStore};
-use lks_pki::{Pki, PkiError};
 
 /// A renewed certificate.
 #[derive(Clone, Debug)]

@@ -2,7 +2,7 @@
 //! [kube-drain]). A node's turn takes it through [`KubeStep`]s:
 //!
 //! 1. `Draining`: the controller cordons the Node and evicts its pods
-//!    (`crate::kube::drain`); the node holds its slot, but its version is
+//!    (`lks_kube::drain`); the node holds its slot, but its version is
 //!    not assigned yet. Drained → its version is assigned (`Upgrading`).
 //!    The drain gave up (`--drain-timeout`, no Node, the tenant API
 //!    unusable) → the node is `failed` (or `skipped`, `--on-drain-timeout

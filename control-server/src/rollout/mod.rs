@@ -161,18 +161,9 @@ pub struct NodeView {
 }
 
 /// What the tenant cluster said of a draining node's current step, as the
-/// controller's kube work found it (module `drain` says what each does).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum KubeFact {
-    /// Cordoned and drained: what was evicted and left.
-    Drained(String),
-    /// The drain gave up and lifted its cordon: the one line saying why.
-    Blocked(String),
-    /// The Node is Ready (and runs the kubelet the bundle declares).
-    Ready,
-    /// Not Ready yet: the gate's last answer.
-    NotReady(String),
-}
+/// controller's kube work found it (module `drain` says what each does);
+/// `lks-kube` owns it, since its tasks make it.
+pub use lks_kube::work::KubeFact;
 
 /// The controller's clock: now, when it started (a node is never held
 /// offline for time the controller itself was not running), and the

@@ -5,14 +5,15 @@
 use std::os::unix::fs::DirBuilderExt;
 use std::sync::Arc;
 
+use lks_pki::Pki;
+use lks_pki::seal::SealKey;
+
 use super::{Config, ServerError, StoreChoice};
 use crate::adminconf::{AdminConf, AdminConfError, AdminConfFile};
 use crate::blobs::{BlobChoice, BlobStore, Blobs, EtcdChunks, LocalBlobs, LocalDirStore, S3Store};
 use crate::packages::AgentPackages;
 use crate::replicas;
 use crate::store::{EtcdStore, NodeStatusStore, SqliteStore, Store};
-use lks_pki::Pki;
-use lks_pki::seal::SealKey;
 
 /// What is checked before anything is created: the `--agent-package`
 /// files (their candidates returned), the blob bucket, and the data dir

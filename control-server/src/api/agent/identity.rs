@@ -6,6 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lks_pki::Pki;
+use lks_pki::clusterca::ClusterCas;
 use lks_proto::backoff::with_retry_hint;
 use lks_proto::pb;
 use tonic::{Request, Response, Status};
@@ -18,8 +20,6 @@ use crate::ops::issue::{self, CertRequest};
 use crate::ops::renew;
 use crate::ratelimit::RateLimiter;
 use crate::store::Store;
-use lks_pki::Pki;
-use lks_pki::clusterca::ClusterCas;
 
 crate::context::shared_view! {
     /// What the identity handlers use: the store, the server CA (node

@@ -31,7 +31,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, EvictParams, ListParams, Patch, PatchParams};
 use tokio_util::sync::CancellationToken;
 
-use super::nodes::{CORDONED_BY, NodeKubeState, Readiness};
+use crate::nodes::{CORDONED_BY, NodeKubeState, Readiness};
 
 /// First wait between eviction rounds; doubled up to [`MAX_ROUND_WAIT`].
 const FIRST_ROUND_WAIT: Duration = Duration::from_millis(500);

@@ -19,16 +19,30 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::drain::{self, Cordon, DrainOutcome, ReadyCheck};
-use super::tenant::TenantApis;
-use crate::clock::now_ms;
-use crate::rollout::KubeFact;
-use crate::store::{DrainPolicy, EventRow, EventStore, KubeStep, RolloutStore};
+use crate::drain::{self, Cordon, DrainOutcome, ReadyCheck};
+use crate::tenant::TenantApis;
+use lks_store::clock::now_ms;
+use lks_store::{DrainPolicy, EventRow, EventStore, KubeStep, RolloutStore};
 
 /// How often a Ready gate asks the tenant API.
 const READY_POLL: Duration = Duration::from_secs(1);
 /// Wait between tries while the tenant API cannot be reached.
 const RETRY: Duration = Duration::from_secs(2);
+
+/// What the tenant cluster said of a draining node's current step, as
+/// these tasks found it; the rollout's decisions (the server's
+/// `rollout::drain`) read it and say what each does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KubeFact {
+    /// Cordoned and drained: what was evicted and left.
+    Drained(String),
+    /// The drain gave up and lifted its cordon: the one line saying why.
+    Blocked(String),
+    /// The Node is Ready (and runs the kubelet the bundle declares).
+    Ready,
+    /// Not Ready yet: the gate's last answer.
+    NotReady(String),
+}
 
 /// One step of one node's turn.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -181,7 +195,7 @@ impl KubeWork {
             return None;
         };
         let mut left = Cordons::default();
-        let mut owners: HashMap<String, Option<crate::store::RolloutRow>> = HashMap::new();
+        let mut owners: HashMap<String, Option<lks_store::RolloutRow>> = HashMap::new();
         for (node, state) in nodes.iter() {
             let id = &state.cordoned_by;
             if id.is_empty() {

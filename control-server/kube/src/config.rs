@@ -149,7 +149,7 @@ fn check_cluster(n: &NamedCluster) -> Result<String, KubeconfigError> {
         .server
         .clone()
         .ok_or_else(|| refused(format!("cluster {name:?} has no server")))?;
-    let uri: tonic::codegen::http::Uri = server
+    let uri: http::Uri = server
         .parse()
         .map_err(|e| refused(format!("cluster {name:?}: server {server:?} is not a URL ({e})")))?;
     if uri.scheme_str() != Some("https") || uri.host().is_none_or(str::is_empty) {

@@ -12,11 +12,11 @@ use kube::api::{Api, ListParams};
 use kube::config::KubeConfigOptions;
 use sha2::{Digest as _, Sha256};
 
-use super::config::{KubeconfigError, TenantKubeconfig};
-use super::nodes::NodeKubeState;
-use super::secret::{SecretError, open_kubeconfig};
-use crate::store::{ClusterStore, StoreError};
+use crate::config::{KubeconfigError, TenantKubeconfig};
+use crate::nodes::NodeKubeState;
+use crate::secret::{SecretError, open_kubeconfig};
 use lks_pki::seal::SealKey;
+use lks_store::{ClusterStore, StoreError};
 
 /// How long a cluster's Node list is reused for `node list`: a view a few
 /// seconds old, and one tenant API request per cluster per 5 s however
@@ -98,7 +98,7 @@ impl TenantApis {
 
     /// The stored form of a checked kubeconfig for `cluster`.
     pub fn to_stored(&self, cluster: &str, k: &TenantKubeconfig) -> Result<String, SecretError> {
-        super::secret::seal_kubeconfig(self.seal.as_deref(), &self.aad_prefix, cluster, &k.to_text())
+        crate::secret::seal_kubeconfig(self.seal.as_deref(), &self.aad_prefix, cluster, &k.to_text())
     }
 
     /// A client of `cluster`'s tenant API and its URL; `None` when the
