@@ -78,7 +78,7 @@ CRATES = {
     """,
     # bottom: the clock, the store (re-exported from the store crates) and
     #         what it is built on
-    # middle: blobs, the hub, rollout decisions, the controller
+    # middle: blobs, the hub, the controller
     # top:    `context` (what handlers and tasks share), the replica tasks
     #         that take it, `ops` (the use cases: no tonic, no `api`), the
     #         APIs that call them, and `server`, which wires them
@@ -86,7 +86,7 @@ CRATES = {
         clock ratelimit
         store
         clustercache
-        hub admission blobs tracker rollout
+        hub admission blobs tracker
         metrics authz peers releases
         packages tlsaccept controller
         context
@@ -128,6 +128,15 @@ CRATES = {
     "control-server/pki/src": """
         seal server
         clusterca
+    """,
+    # lks-rollout: what a step decides over, how long rollouts are in
+    # their states; a draining node's turn; the phases of a step and the
+    # operator verbs (lib.rs runs the phases); the unit tests.
+    "control-server/rollout/src": """
+        decision ages
+        drain
+        settle canary batch complete verbs
+        tests
     """,
     # lks-kube: the kubeconfig's checks, a Node's state and the sealing,
     # then a client per tenant and the drain against it, then the
@@ -191,6 +200,7 @@ MAPS = {
     "control-server/store-etcd/src": "control-server/store-etcd/README.md",
     "control-server/src": "control-server/README.md",
     "control-server/pki/src": "control-server/pki/README.md",
+    "control-server/rollout/src": "control-server/rollout/README.md",
     "control-server/kube/src": "control-server/kube/README.md",
     "lksadmin-agent/src": "lksadmin-agent/README.md",
     "proto/bundle/src": "proto/README.md",

@@ -1,8 +1,9 @@
 //! lksadmin control server: the gRPC agent and admin APIs, the use cases
 //! behind them, the blob store, the rollout controller and replication
 //! between replicas, over crates of their own: the store (`lks-store` and
-//! its SQLite and etcd backends), the PKI (`lks-pki`) and the tenant
-//! clusters' Kubernetes APIs (`lks-kube`). `lksctl`, the
+//! its SQLite and etcd backends), the PKI (`lks-pki`), the rollout
+//! decisions (`lks-rollout`) and the tenant clusters' Kubernetes APIs
+//! (`lks-kube`). `lksctl`, the
 //! operator CLI, and `lks-loadgen` are crates of
 //! their own beside it (`control-server/lksctl`, `control-server/loadgen`)
 //! that link `lks-proto`, not this crate.
@@ -31,7 +32,6 @@ pub mod ratelimit;
 pub mod rebalance;
 pub mod releases;
 pub mod replicas;
-pub mod rollout;
 pub mod server;
 pub mod store;
 pub mod tlsaccept;

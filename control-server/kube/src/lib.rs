@@ -3,13 +3,13 @@
 //! ([`secret`]); a client of each tenant API ([`tenant`]); what the server
 //! reads there, the Node objects ([`nodes`]); a node's cordon, evictions,
 //! uncordon and Ready check ([`drain`]); and the rollout controller's tasks
-//! that run them, answering as a [`work::KubeFact`] ([`work`]).
+//! that run them, answering as an `lks_rollout::KubeFact` ([`work`]).
 //!
 //! kube0 hosts the tenant control planes, so the server reaches each
 //! tenant's API server directly, never through a node. This crate does the
-//! I/O; what a draining node's turn decides is the server's pure
-//! `rollout::drain`. It links the store's rows and traits and `lks-pki`'s
-//! sealing, never the server, a store backend or tonic.
+//! I/O; what a draining node's turn decides is `lks-rollout`'s pure
+//! `drain`. It links the store's rows and traits, `lks-pki`'s sealing and
+//! `lks-rollout`'s answer type, never the server, a store backend or tonic.
 
 #![forbid(unsafe_code)]
 

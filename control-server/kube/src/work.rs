@@ -1,6 +1,7 @@
 //! The rollout controller's work in the tenant clusters: one task per
 //! node step that needs the tenant API — a drain, a Ready gate — whose
-//! answer the controller reads as a [`KubeFact`] when it steps the
+//! answer the controller reads as a [`KubeFact`] (the rollout decisions'
+//! input, `lks-rollout`'s) when it steps the
 //! rollout; lifting a cordon once a turn is over; and the repair that lifts
 //! any cordon lksadmin made that no active rollout owns any more (a leader
 //! killed mid-drain, an abort while the tenant API was down).
@@ -21,6 +22,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::drain::{self, Cordon, DrainOutcome, ReadyCheck};
 use crate::tenant::TenantApis;
+use lks_rollout::KubeFact;
 use lks_store::clock::now_ms;
 use lks_store::{DrainPolicy, EventRow, EventStore, KubeStep, RolloutStore};
 
@@ -28,21 +30,6 @@ use lks_store::{DrainPolicy, EventRow, EventStore, KubeStep, RolloutStore};
 const READY_POLL: Duration = Duration::from_secs(1);
 /// Wait between tries while the tenant API cannot be reached.
 const RETRY: Duration = Duration::from_secs(2);
-
-/// What the tenant cluster said of a draining node's current step, as
-/// these tasks found it; the rollout's decisions (the server's
-/// `rollout::drain`) read it and say what each does.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum KubeFact {
-    /// Cordoned and drained: what was evicted and left.
-    Drained(String),
-    /// The drain gave up and lifted its cordon: the one line saying why.
-    Blocked(String),
-    /// The Node is Ready (and runs the kubelet the bundle declares).
-    Ready,
-    /// Not Ready yet: the gate's last answer.
-    NotReady(String),
-}
 
 /// One step of one node's turn.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -2,10 +2,10 @@
 //! drive a rollout the way the controller and the store do are here.
 
 use lks_proto::BundleState;
+use lks_proto::windows;
+use lks_store::{BundleStatusRow, NodeState, OfflinePolicy, RolloutNodeRow, RolloutPolicy, TargetChange};
 
 use super::*;
-use crate::store::{OfflinePolicy, RolloutNodeRow, RolloutPolicy};
-use crate::windows;
 
 mod batch;
 mod canary;

@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::store::{RolloutRow, RolloutState};
+use lks_store::{RolloutRow, RolloutState};
 
 /// How long a failed rollout stays listed without an operator acting on it.
 pub const FAILED_KEPT_MS: i64 = 24 * 3600 * 1000;

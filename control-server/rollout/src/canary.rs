@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use lks_proto::BundleState;
 use lks_proto::duration::format_duration;
+use lks_store::{NodeState, RolloutNodeRow, RolloutRow, RolloutState};
 use sha2::{Digest as _, Sha256};
 
-use super::{Decision, NodeView, skip_waiting};
-use crate::store::{NodeState, RolloutNodeRow, RolloutRow, RolloutState};
+use crate::decision::{Decision, NodeView, skip_waiting};
 
 /// What the canary phase lets the rest of the step do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

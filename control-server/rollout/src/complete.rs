@@ -5,8 +5,9 @@
 //! previous target. A completed rollout's outcome line follows nodes that
 //! catch up later.
 
-use super::{Decision, counts, skip_waiting, summary};
-use crate::store::{NodeState, RolloutNodeRow, RolloutRow, RolloutState, TargetChange};
+use lks_store::{NodeState, RolloutNodeRow, RolloutRow, RolloutState, TargetChange};
+
+use crate::decision::{Decision, counts, skip_waiting, summary};
 
 /// True if the rollout had already ended and no node is left to catch up:
 /// the step records only what the settle phase found. A node that caught
@@ -42,7 +43,7 @@ pub(super) fn fail_at_threshold(r: &RolloutRow, d: &mut Decision) -> bool {
     d.rollout.state = RolloutState::Failed;
     d.rollout.message = format!("{} node(s) failed, threshold {threshold}{first}", c.failed);
     skip_waiting(d, "not started: the rollout failed");
-    super::drain::stop_drains(
+    crate::drain::stop_drains(
         d,
         NodeState::Skipped,
         "not started: the rollout failed during its drain",

@@ -23,9 +23,9 @@
 use std::time::Duration;
 
 use lks_proto::duration::format_duration;
+use lks_store::{DrainPolicy, DrainTimeout, KubeStep, NodeState, RolloutNodeRow, RolloutRow};
 
-use super::{Clock, Decision, KubeFact, NodeView, version_or_none};
-use crate::store::{DrainPolicy, DrainTimeout, KubeStep, NodeState, RolloutNodeRow, RolloutRow};
+use crate::decision::{Clock, Decision, KubeFact, NodeView, version_or_none};
 
 /// Beyond the drain timeout, how long a drain may stay unanswered before
 /// the step gives up on it itself: the drain's own deadline should come

@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use lks_proto::BundleState;
 use lks_proto::duration::format_duration;
+use lks_store::{KubeStep, NodeState, RolloutNodeRow, RolloutRow};
 
-use super::{Clock, Decision, NodeView, drain, version_or_none};
-use crate::store::{KubeStep, NodeState, RolloutNodeRow, RolloutRow};
+use crate::decision::{Clock, Decision, NodeView, version_or_none};
+use crate::drain;
 
 /// An event to record for a node, gathered while the nodes are borrowed.
 type NodeNote = (String, &'static str, String);

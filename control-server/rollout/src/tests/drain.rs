@@ -3,7 +3,7 @@
 //! failed rollout stop drains; the answers come as `KubeFact`s.
 
 use super::*;
-use crate::store::{DrainPolicy, DrainTimeout, KubeStep};
+use lks_store::{DrainPolicy, DrainTimeout, KubeStep};
 
 fn draining(nodes: &[&str], batch: u32, threshold: u32) -> RolloutRow {
     let mut r = rollout(nodes, batch, threshold);

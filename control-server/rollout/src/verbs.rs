@@ -1,8 +1,10 @@
 //! The operator verbs on a rollout — pause, resume, abort, rollback — and
 //! the states each is allowed from.
 
-use super::{Decision, drain, skip_waiting};
-use crate::store::{NodeState, RolloutRow, RolloutState};
+use lks_store::{NodeState, RolloutRow, RolloutState};
+
+use crate::decision::{Decision, skip_waiting};
+use crate::drain;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verb {

@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use lks_proto::BundleState;
 use lks_proto::duration::format_duration;
+use lks_proto::windows;
+use lks_store::{NodeState, OfflinePolicy, RolloutNodeRow, RolloutRow};
 
-use super::{Clock, Decision, NodeView, counts, version_or_none};
-use crate::store::{NodeState, OfflinePolicy, RolloutNodeRow, RolloutRow};
-use crate::windows;
+use crate::decision::{Clock, Decision, NodeView, counts, version_or_none};
 
 /// What a node's turn comes to.
 enum Turn {
@@ -90,7 +90,7 @@ fn window_open(
             let m = if next > 0 {
                 format!(
                     "every maintenance window is closed; the next opens at {}",
-                    crate::clock::rfc3339(next)
+                    lks_store::clock::rfc3339(next)
                 )
             } else {
                 "every maintenance window is closed".to_string()
@@ -142,7 +142,7 @@ fn start_nodes(
         if r.policy.drain.is_some() {
             // Drained first: the version is assigned once its pods are gone.
             n.touched = n.reverting && n.touched;
-            super::drain::begin(n, now);
+            crate::drain::begin(n, now);
             continue;
         }
         assign.push((n.name.clone(), to));
