@@ -86,7 +86,7 @@ CRATES = {
         clock ratelimit
         store
         clustercache
-        hub admission blobs tracker
+        hub admission blobs
         metrics authz peers releases
         packages tlsaccept controller
         context
@@ -136,6 +136,12 @@ CRATES = {
         decision ages
         drain
         settle canary batch complete verbs
+        tests
+    """,
+    # lks-tracker: the ledger the replicas share, under the tracker
+    # (lib.rs); its unit tests.
+    "control-server/tracker/src": """
+        ledger
         tests
     """,
     # lks-kube: the kubeconfig's checks, a Node's state and the sealing,
@@ -202,6 +208,7 @@ MAPS = {
     "control-server/pki/src": "control-server/pki/README.md",
     "control-server/rollout/src": "control-server/rollout/README.md",
     "control-server/kube/src": "control-server/kube/README.md",
+    "control-server/tracker/src": "control-server/tracker/README.md",
     "lksadmin-agent/src": "lksadmin-agent/README.md",
     "proto/bundle/src": "proto/README.md",
     "proto/src": "proto/README.md",

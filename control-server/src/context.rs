@@ -20,6 +20,7 @@ use std::time::Duration;
 use lks_kube::tenant::TenantApis;
 use lks_pki::Pki;
 use lks_pki::clusterca::ClusterCas;
+use lks_tracker::Tracker;
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -34,7 +35,6 @@ use crate::peers::PeerCache;
 use crate::ratelimit::RateLimiter;
 use crate::releases::ReleaseCache;
 use crate::store::Store;
-use crate::tracker::Tracker;
 
 /// State shared by every handler and background task.
 pub struct Shared {

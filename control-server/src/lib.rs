@@ -2,8 +2,8 @@
 //! behind them, the blob store, the rollout controller and replication
 //! between replicas, over crates of their own: the store (`lks-store` and
 //! its SQLite and etcd backends), the PKI (`lks-pki`), the rollout
-//! decisions (`lks-rollout`) and the tenant clusters' Kubernetes APIs
-//! (`lks-kube`). `lksctl`, the
+//! decisions (`lks-rollout`), the tenant clusters' Kubernetes APIs
+//! (`lks-kube`) and peer sharing's tracker (`lks-tracker`). `lksctl`, the
 //! operator CLI, and `lks-loadgen` are crates of
 //! their own beside it (`control-server/lksctl`, `control-server/loadgen`)
 //! that link `lks-proto`, not this crate.
@@ -35,7 +35,6 @@ pub mod replicas;
 pub mod server;
 pub mod store;
 pub mod tlsaccept;
-pub mod tracker;
 
 // Shared with lksctl through lks-proto; kept at their old paths here.
 pub use lks_proto::{adminconf, fsutil, windows};

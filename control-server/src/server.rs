@@ -366,7 +366,7 @@ fn share(cfg: &Config, opened: Opened, o: Opening, cancel: CancellationToken) ->
         ping_interval: cfg.ping_interval,
         cancel,
         tasks: TaskTracker::new(),
-        tracker: Arc::new(crate::tracker::Tracker::new(etcd.clone())),
+        tracker: Arc::new(lks_tracker::Tracker::new(etcd.clone())),
     });
     let feeds = Feeds {
         leader_tx,

@@ -36,6 +36,11 @@
 //! through etcd ([`ledger`]): a node is named to nodes on any replica, and
 //! one node of a cluster fetches a blob from the server, not one per
 //! replica.
+//!
+//! A crate of its own (issue [shape-3]): it links the store's rows and
+//! traits and the etcd backend its ledger lives in, never the server.
+
+#![forbid(unsafe_code)]
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
@@ -44,8 +49,8 @@ use std::time::{Duration, Instant};
 
 use lks_proto::arch::Arch;
 use lks_proto::{BundleState, Digest, Manifest};
-
-use crate::store::{BundleStore, DesiredStore, EtcdStore, NodeStore, StoreError};
+use lks_store::{BundleStore, DesiredStore, NodeStore, StoreError};
+use lks_store_etcd::EtcdStore;
 
 pub mod ledger;
 
@@ -246,7 +251,10 @@ impl Tracker {
         let mut peers = peers;
         if server && let Some(l) = &self.ledger {
             // One seed for the fleet, whichever replica its node is on.
-            match l.claim_seed(cluster, &digest, node, crate::clock::now_ms()).await {
+            match l
+                .claim_seed(cluster, &digest, node, lks_store::clock::now_ms())
+                .await
+            {
                 Ok(true) => {}
                 Ok(false) => {
                     server = false;
@@ -338,7 +346,7 @@ impl Tracker {
                         None => store
                             .get_node(node)
                             .await?
-                            .and_then(|n| crate::store::facts_architecture(&n.facts_json)),
+                            .and_then(|n| lks_store::facts_architecture(&n.facts_json)),
                     };
                     *arch.insert(a)
                 }
@@ -386,7 +394,7 @@ impl Tracker {
             .map(|r| {
                 let facts: serde_json::Value = serde_json::from_str(&r.facts_json).unwrap_or_default();
                 NodeInfo {
-                    arch: crate::store::facts_architecture(&r.facts_json),
+                    arch: lks_store::facts_architecture(&r.facts_json),
                     connected: r.connected,
                     listen: facts["peer_listen"].as_str().and_then(|s| s.parse().ok()),
                     addresses: facts["addresses"]

@@ -170,8 +170,8 @@ async fn a_node_holds_and_is_named_for_its_own_architectures_files_only() {
     assert_eq!(both, ["arm-1", "x86"]);
 }
 
-fn no_store() -> crate::store::sqlite::SqliteStore {
-    crate::store::sqlite::SqliteStore::open_in_memory().unwrap()
+fn no_store() -> lks_store_sqlite::SqliteStore {
+    lks_store_sqlite::SqliteStore::open_in_memory().unwrap()
 }
 
 #[tokio::test]
@@ -308,7 +308,7 @@ async fn a_patch_has_one_seed_and_its_askers_are_named_as_holders_once_they_stop
 }
 
 /// Two trackers on one etcd, as two replicas; both know the same 10 nodes.
-async fn two_replicas(etcd: &crate::store::etcd::testing::TestEtcd) -> (Tracker, Tracker) {
+async fn two_replicas(etcd: &lks_store_etcd::testing::TestEtcd) -> (Tracker, Tracker) {
     let nodes = || {
         (0..10)
             .map(|i| info(&format!("n{i}"), &format!("10.0.0.{i}"), &[]))
@@ -328,7 +328,7 @@ async fn two_replicas(etcd: &crate::store::etcd::testing::TestEtcd) -> (Tracker,
 
 #[tokio::test]
 async fn a_short_answer_reads_the_other_replicas_fetchers_fresher() {
-    let etcd = crate::store::test_etcd();
+    let etcd = lks_store_etcd::testing::TestEtcd::start_with(|| lks_e2e::free_addr().port());
     let (r1, r2) = two_replicas(&etcd).await;
     let store = no_store();
     let d = Digest::of(b"blob");

@@ -10,7 +10,7 @@
 //!   nodes on each replica would only know each other, and each replica's
 //!   group would need its own seed.
 //! - **Seeds.** A node may fetch from the server as a seed only while it
-//!   holds the claim `swarm/seed/CLUSTER/HEX` ([`MAX_SEEDS`](super::MAX_SEEDS)
+//!   holds the claim `swarm/seed/CLUSTER/HEX` ([`MAX_SEEDS`](crate::MAX_SEEDS)
 //!   = 1 for the whole fleet): created or taken over (when expired) with a
 //!   compare on its revision, so two replicas never both grant it; renewed
 //!   by the seed's own asks, it lapses [`SEED_TTL_MS`] after the last one
@@ -29,8 +29,8 @@ use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use lks_proto::Digest;
 use serde::{Deserialize, Serialize};
 
-use crate::store::etcd::kv_of;
-use crate::store::{EtcdStore, StoreError};
+use lks_store::StoreError;
+use lks_store_etcd::{EtcdStore, kv_of};
 
 /// How stale another replica's fetchers may be when named.
 pub const REMOTE_TTL: Duration = Duration::from_secs(1);
