@@ -7,6 +7,15 @@
 # arrow it drew. The crates share the checking code below and differ only
 # in their LAYERS lists.
 #
+# The crate root counts too. `crate::X` for an item X that lib.rs or
+# main.rs re-exports from a module (`pub use m::X`, `use m::*`) is an arrow
+# to that module; for one the root itself defines it is an arrow to the
+# root, which declares every module and so sits above them all: it fails
+# (move X into a module below its users), except in the store crates of
+# ROOT_BASE, whose lib.rs holds the base every module builds on. In a
+# top-level module's file `super::X` is `crate::X`, and a glob of the root
+# (`use super::*`) fails.
+#
 # It also checks that the code maps say what the code is:
 # - each crate's module map, the table in its README (MAPS below) after a
 #   line `<!-- module map of SRC ... -->`, with the columns
@@ -69,7 +78,7 @@ CRATES = {
     """,
     # bottom: the clock, the store (re-exported from the store crates) and
     #         what it is built on
-    # middle: blobs, PKI, the hub, rollout decisions, the controller
+    # middle: blobs, the hub, the controller
     # top:    `context` (what handlers and tasks share), the replica tasks
     #         that take it, `ops` (the use cases: no tonic, no `api`), the
     #         APIs that call them, and `server`, which wires them
@@ -77,8 +86,8 @@ CRATES = {
         clock ratelimit
         store
         clustercache
-        hub admission blobs pki tracker rollout
-        metrics authz peers releases kube
+        hub admission blobs
+        metrics authz peers releases
         packages tlsaccept controller
         context
         replicas migrate backup rebalance ops api
@@ -114,20 +123,51 @@ CRATES = {
         canonical sign release
         convert authoring
     """,
+    # lks-pki: keys sealed at rest, the server's own CA, then the tenant
+    # cluster CAs (which seal their keys and share the serials).
+    "control-server/pki/src": """
+        seal server
+        clusterca
+    """,
+    # lks-rollout: what a step decides over, how long rollouts are in
+    # their states; a draining node's turn; the phases of a step and the
+    # operator verbs (lib.rs runs the phases); the unit tests.
+    "control-server/rollout/src": """
+        decision ages
+        drain
+        settle canary batch complete verbs
+        tests
+    """,
+    # lks-tracker: the ledger the replicas share, under the tracker
+    # (lib.rs); its unit tests.
+    "control-server/tracker/src": """
+        ledger
+        tests
+    """,
+    # lks-kube: the kubeconfig's checks, a Node's state and the sealing,
+    # then a client per tenant and the drain against it, then the
+    # controller's tasks that run them.
+    "control-server/kube/src": """
+        config nodes secret
+        tenant drain
+        work
+    """,
     # Beside the server, crates that link lks-proto and not the server.
-    # lksctl: the admin API client and output, then the verbs, a release
-    # before the rollout that may name one; the console over the verbs.
+    # lksctl (a library; main.rs only parses and dispatches): the output,
+    # the shared flag checks and the admin API client, then the verbs, a
+    # release before the rollout that may name one; the console over the
+    # verbs.
     "control-server/lksctl/src": """
-        output client mirror cloudinit
-        audit bundle cluster
+        output flags client mirror cloudinit
+        audit bundle cluster event node token
         release
         rollout
         console
     """,
-    # lks-loadgen: the report, one simulated agent, then the modes that
-    # run many.
+    # lks-loadgen: the command line, the report, one simulated agent, then
+    # the modes that run many.
     "control-server/loadgen/src": """
-        report sim
+        args report sim
         baseline rollout storm
     """,
     # lks-kube-controller: the custom resources and the pieces under the
@@ -149,12 +189,26 @@ CRATES = {
 }
 
 
+# The crates whose lib.rs holds the base every module builds on (the
+# store type, its error, the helpers its aggregates share), so a module may
+# name the root's own items; in every other crate the root is the top.
+ROOT_BASE = {
+    "control-server/store/src",
+    "control-server/store-sqlite/src",
+    "control-server/store-etcd/src",
+}
+
+
 # Where each crate's module map is: the README holding its table.
 MAPS = {
     "control-server/store/src": "control-server/store/README.md",
     "control-server/store-sqlite/src": "control-server/store-sqlite/README.md",
     "control-server/store-etcd/src": "control-server/store-etcd/README.md",
     "control-server/src": "control-server/README.md",
+    "control-server/pki/src": "control-server/pki/README.md",
+    "control-server/rollout/src": "control-server/rollout/README.md",
+    "control-server/kube/src": "control-server/kube/README.md",
+    "control-server/tracker/src": "control-server/tracker/README.md",
     "lksadmin-agent/src": "lksadmin-agent/README.md",
     "proto/bundle/src": "proto/README.md",
     "proto/src": "proto/README.md",
@@ -201,6 +255,41 @@ def named(text):
     return used
 
 
+def strip(text):
+    """A file without its unit tests at the end and its comments."""
+    text = re.sub(r"#\[cfg\(test\)\]\s*(pub(\([a-z]+\))? )?mod tests \{.*", "", text, flags=re.S)
+    return "\n".join(l for l in text.split("\n") if not l.lstrip().startswith("//"))
+
+
+def root_names(src, mods):
+    """The names the crate root holds: name -> ("mod", m) for an item it
+    re-exports from module m, ("ext", c) for one from crate c, ("item",
+    root) for one it defines itself (lib.rs, or main.rs without a lib.rs)."""
+    root = "lib.rs" if os.path.exists(os.path.join(src, "lib.rs")) else "main.rs"
+    path = os.path.join(src, root)
+    names = {}
+    if not os.path.exists(path):
+        return names
+    text = strip(open(path).read())
+    item = r"(?:async\s+)?(?:fn|struct|enum|const|static|type|trait|union)\s+(\w+)"
+    for m in re.finditer(rf"^(?:pub(?:\([a-z]+\))?\s+)?{item}|^\s*macro_rules!\s*(\w+)", text, re.M):
+        names[m.group(1) or m.group(2)] = ("item", root)
+    for u in re.finditer(r"^\s*(?:pub(?:\([a-z]+\))?\s+)?use\s+([^;]+);", text, re.M):
+        body = re.sub(r"^(?:::)?(?:crate|self)::", "", re.sub(r"\s+", " ", u.group(1)).strip())
+        first = re.match(r"(?:::)?(\w+)", body).group(1)
+        kind = ("mod", first) if first in mods else ("ext", first)
+        if body.endswith("::*"):
+            for f in mods.get(first, []) if kind[0] == "mod" else []:
+                for n in re.findall(rf"^\s*pub(?:\([a-z]+\))?\s+{item}", open(f).read(), re.M):
+                    names.setdefault(n, kind)
+            continue
+        for leaf in re.split(r"[{},]", body):
+            name = leaf.strip().rstrip(":").split(" as ")[-1].split("::")[-1].strip()
+            if name and name != "self":
+                names.setdefault(name, kind)
+    return names
+
+
 def check(src, layers):
     layers = layers.split()
     mods = modules(src)
@@ -209,19 +298,34 @@ def check(src, layers):
         if m not in layers:
             problems.append(f"{src}: module {m} has no place in LAYERS (scripts/check-layers.sh): add it where it belongs")
     rank = {m: i for i, m in enumerate(layers)}
+    roots = root_names(src, mods)
     for m, files in sorted(mods.items()):
         for f in files:
             if re.search(r"(^|/)tests(/|\.rs$)", f) or "/conformance" in f:
                 continue
-            text = open(f).read()
             # Unit tests at the end of a file, and comments, do not count.
-            text = re.sub(r"#\[cfg\(test\)\]\s*(pub(\([a-z]+\))? )?mod tests \{.*", "", text, flags=re.S)
-            text = "\n".join(l for l in text.split("\n") if not l.lstrip().startswith("//"))
+            text = strip(open(f).read())
+            # In a top-level module's own file, `super` is the crate root.
+            # (Not followed in ROOT_BASE: lks-store's `events` and the
+            # aggregates it records name each other through `super::`.)
+            top = os.path.dirname(f) == src or f == os.path.join(src, m, "mod.rs")
+            if top and src not in ROOT_BASE:
+                text = re.sub(r"\bsuper::", "crate::", text)
+            if re.search(r"\bcrate::\*", text):
+                problems.append(f"{f}: {m} imports every name of the crate root (`use super::*`, `crate::*`), which sits above every module: import what it uses from the modules that own it")
             for used in sorted(named(text)):
-                if used == m or used not in mods or m not in rank or used not in rank:
+                via = ""
+                if used not in mods:
+                    kind, where = roots.get(used, ("ext", ""))
+                    if kind == "item" and not (where == "lib.rs" and src in ROOT_BASE):
+                        problems.append(f"{f}: {m} uses crate::{used}, an item of the crate root {where}, which sits above every module: move it into a module below {m}")
+                    if kind != "mod":
+                        continue
+                    used, via = where, f" (crate::{used}, re-exported by the crate root)"
+                if used == m or m not in rank or used not in rank:
                     continue
                 if rank[used] > rank[m]:
-                    problems.append(f"{f}: {m} uses crate::{used}, a module above it")
+                    problems.append(f"{f}: {m} uses crate::{used}{via}, a module above it")
     return len(mods), problems
 
 

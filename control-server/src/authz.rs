@@ -153,8 +153,9 @@ pub fn token_status(r: TokenRefusal) -> Status {
 
 #[cfg(test)]
 mod tests {
+    use lks_pki::Pki;
+
     use super::*;
-    use crate::pki::Pki;
     use crate::store::NodeStore;
     use crate::store::SqliteStore;
     use std::sync::Arc;

@@ -17,6 +17,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lks_kube::tenant::TenantApis;
+use lks_pki::Pki;
+use lks_pki::clusterca::ClusterCas;
+use lks_tracker::Tracker;
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -25,16 +29,12 @@ use crate::admission::OpenGate;
 use crate::blobs::Blobs;
 use crate::controller;
 use crate::hub::Hub;
-use crate::kube::tenant::TenantApis;
 use crate::metrics::Metrics;
 use crate::packages::AgentPackages;
 use crate::peers::PeerCache;
-use crate::pki::Pki;
-use crate::pki::clusterca::ClusterCas;
 use crate::ratelimit::RateLimiter;
 use crate::releases::ReleaseCache;
 use crate::store::Store;
-use crate::tracker::Tracker;
 
 /// State shared by every handler and background task.
 pub struct Shared {

@@ -16,17 +16,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use lks_kube::work::{Attempt, KubeWork};
 use lks_proto::manifest::Needs;
+use lks_rollout::ages::StateAges;
+use lks_rollout::{self as rollout, Clock, Decision, NodeView, Verb};
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_ms;
 use crate::hub::Hub;
-use crate::kube::work::{Attempt, KubeWork};
 use crate::metrics::Metrics;
-use crate::rollout::ages::StateAges;
-use crate::rollout::{self, Clock, Decision, NodeView, Verb};
 use crate::store::{
     KubeStep, NewRollout, NodeState, RolloutCommit, RolloutRow, RolloutState, Store, StoreError,
 };

@@ -1,6 +1,10 @@
-//! lksadmin control server: the gRPC agent and admin APIs, its PKI, the
-//! SQLite and etcd stores, the blob store, and replication between
-//! replicas. `lksctl`, the operator CLI, and `lks-loadgen` are crates of
+//! lksadmin control server: the gRPC agent and admin APIs, the use cases
+//! behind them, the blob store, the rollout controller and replication
+//! between replicas, over crates of their own: the store (`lks-store` and
+//! its SQLite and etcd backends), the PKI (`lks-pki`), the rollout
+//! decisions (`lks-rollout`), the tenant clusters' Kubernetes APIs
+//! (`lks-kube`) and peer sharing's tracker (`lks-tracker`). `lksctl`, the
+//! operator CLI, and `lks-loadgen` are crates of
 //! their own beside it (`control-server/lksctl`, `control-server/loadgen`)
 //! that link `lks-proto`, not this crate.
 //!
@@ -19,22 +23,18 @@ pub mod clustercache;
 pub mod context;
 pub mod controller;
 pub mod hub;
-pub mod kube;
 pub mod metrics;
 pub mod migrate;
 pub mod ops;
 pub mod packages;
 pub mod peers;
-pub mod pki;
 pub mod ratelimit;
 pub mod rebalance;
 pub mod releases;
 pub mod replicas;
-pub mod rollout;
 pub mod server;
 pub mod store;
 pub mod tlsaccept;
-pub mod tracker;
 
 // Shared with lksctl through lks-proto; kept at their old paths here.
 pub use lks_proto::{adminconf, fsutil, windows};

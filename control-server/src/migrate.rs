@@ -35,10 +35,11 @@ use std::sync::Arc;
 
 pub mod blobs;
 
+use lks_pki::clusterca;
+use lks_pki::seal::{SealError, SealKey};
+use lks_pki::{Pki, PkiError, SharedIdentity};
+
 use crate::blobs::{BlobChoice, BlobError, BlobStore, EtcdChunks, LocalBlobs, S3Store};
-use crate::pki::clusterca;
-use crate::pki::seal::{SealError, SealKey};
-use crate::pki::{Pki, PkiError, SharedIdentity};
 use crate::replicas::{self, IdentityError};
 use crate::store::{DeltaRow, DeltaStore, Dump, EtcdConfig, EtcdStore, SqliteStore, StoreError};
 
@@ -362,10 +363,10 @@ fn reseal_kubeconfigs(dump: &mut Dump, seal: Option<&SealKey>, prefix: &str) -> 
     for (name, k) in &mut dump.cluster_kube {
         if let Some(stored) = &k.kubeconfig {
             let fail = |e: String| MigrateError::Kubeconfig(format!("cluster {name}: kubeconfig: {e}"));
-            let text = crate::kube::secret::open_kubeconfig(None, "", name, stored)
-                .map_err(|e| fail(e.to_string()))?;
+            let text =
+                lks_kube::secret::open_kubeconfig(None, "", name, stored).map_err(|e| fail(e.to_string()))?;
             k.kubeconfig = Some(
-                crate::kube::secret::seal_kubeconfig(seal, prefix, name, &text)
+                lks_kube::secret::seal_kubeconfig(seal, prefix, name, &text)
                     .map_err(|e| fail(e.to_string()))?,
             );
         }

@@ -28,11 +28,11 @@ use std::time::Duration;
 use etcd_client::{
     Compare, CompareOp, GetOptions, LeaseClient, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp,
 };
+use lks_pki::SharedIdentity;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::context::Shared;
-use crate::pki::SharedIdentity;
 use crate::store::etcd::Change;
 use crate::store::{EtcdStore, StoreError};
 
@@ -61,7 +61,7 @@ pub enum IdentityError {
     #[error("{0}")]
     Store(#[from] StoreError),
     #[error("{0}")]
-    Pki(#[from] crate::pki::PkiError),
+    Pki(#[from] lks_pki::PkiError),
     #[error("stored identity is unreadable: {0}")]
     Corrupt(String),
     #[error("{0}")]
@@ -75,7 +75,7 @@ pub enum IdentityError {
 /// one identity wins and both use it).
 pub async fn load_or_create_identity(
     store: &EtcdStore,
-    seal: Option<&crate::pki::seal::SealKey>,
+    seal: Option<&lks_pki::seal::SealKey>,
 ) -> Result<SharedIdentity, IdentityError> {
     // Read first: a new identity is made (and sent to etcd) only when there
     // is none, so no unused key material ever reaches etcd's log.
@@ -123,7 +123,7 @@ pub async fn load_or_create_identity(
 pub async fn store_identity(
     store: &EtcdStore,
     id: &SharedIdentity,
-    seal: Option<&crate::pki::seal::SealKey>,
+    seal: Option<&lks_pki::seal::SealKey>,
 ) -> Result<(), IdentityError> {
     let doc = seal_identity(store, id, seal)?;
     let bytes = serde_json::to_vec(&doc).map_err(|e| IdentityError::Corrupt(e.to_string()))?;
@@ -141,7 +141,7 @@ pub async fn store_identity(
 pub fn read_stored_identity(
     store: &EtcdStore,
     stored: &[u8],
-    seal: Option<&crate::pki::seal::SealKey>,
+    seal: Option<&lks_pki::seal::SealKey>,
 ) -> Result<(Option<String>, Option<SharedIdentity>), IdentityError> {
     let doc: IdentityDoc =
         serde_json::from_slice(stored).map_err(|e| IdentityError::Corrupt(e.to_string()))?;
@@ -149,7 +149,7 @@ pub fn read_stored_identity(
         return Ok((doc.sealed_with, None));
     }
     let id = open_identity(store, &doc, seal)?;
-    crate::pki::Pki::from_shared(&id, &["localhost".to_string()])?;
+    lks_pki::Pki::from_shared(&id, &["localhost".to_string()])?;
     Ok((doc.sealed_with, Some(id)))
 }
 
@@ -160,7 +160,7 @@ fn aad(store: &EtcdStore, which: &str) -> Vec<u8> {
 fn seal_identity(
     store: &EtcdStore,
     id: &SharedIdentity,
-    seal: Option<&crate::pki::seal::SealKey>,
+    seal: Option<&lks_pki::seal::SealKey>,
 ) -> Result<IdentityDoc, IdentityError> {
     Ok(match seal {
         None => IdentityDoc {
@@ -189,7 +189,7 @@ fn seal_identity(
 fn open_identity(
     store: &EtcdStore,
     doc: &IdentityDoc,
-    seal: Option<&crate::pki::seal::SealKey>,
+    seal: Option<&lks_pki::seal::SealKey>,
 ) -> Result<SharedIdentity, IdentityError> {
     let open = |which: &str, v: &str| -> Result<String, IdentityError> {
         let Some(key_id) = &doc.sealed_with else {

@@ -7,6 +7,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lks_pki::PkiError;
+use lks_pki::clusterca::ClusterCas;
+use lks_pki::seal::SealError;
 use lks_proto::pb;
 use lks_proto::pb::admin_service_server::AdminServiceServer;
 use lks_proto::pb::agent_service_server::AgentServiceServer;
@@ -25,9 +28,6 @@ use crate::controller;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::packages::{AgentPackages, PackageError, PackageLayer};
-use crate::pki::PkiError;
-use crate::pki::clusterca::ClusterCas;
-use crate::pki::seal::SealError;
 use crate::ratelimit::RateLimiter;
 use crate::replicas;
 use crate::store::{EtcdConfig, StoreError};
@@ -337,7 +337,7 @@ fn share(cfg: &Config, opened: Opened, o: Opening, cancel: CancellationToken) ->
     let seal = seal.map(Arc::new);
     let aad_prefix = etcd.as_ref().map_or("", |e| e.prefix());
     let cluster_cas = ClusterCas::new(store.clone(), seal.clone(), aad_prefix);
-    let tenants = crate::kube::tenant::TenantApis::new(store.clone(), seal, aad_prefix);
+    let tenants = lks_kube::tenant::TenantApis::new(store.clone(), seal, aad_prefix);
     let shared = Arc::new(Shared {
         cluster_cas: Arc::new(cluster_cas),
         tenants: Arc::new(tenants),
@@ -366,7 +366,7 @@ fn share(cfg: &Config, opened: Opened, o: Opening, cancel: CancellationToken) ->
         ping_interval: cfg.ping_interval,
         cancel,
         tasks: TaskTracker::new(),
-        tracker: Arc::new(crate::tracker::Tracker::new(etcd.clone())),
+        tracker: Arc::new(lks_tracker::Tracker::new(etcd.clone())),
     });
     let feeds = Feeds {
         leader_tx,

@@ -10,8 +10,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::client::{Client, status};
-use crate::output::{self, Format, now_ms, rfc3339_ms, table};
-use crate::print_json;
+use crate::output::{self, Format, now_ms, print_json, rfc3339_ms, table};
 
 /// The arguments of `lksctl audit`.
 #[derive(clap::Args)]

@@ -20,8 +20,7 @@ use tokio::io::AsyncReadExt;
 
 use crate::client::{Client, status};
 use crate::mirror;
-use crate::output::{self, Format, table};
-use crate::print_json;
+use crate::output::{self, Format, print_json, table};
 
 /// Upload chunk size for bundle files.
 const CHUNK: usize = 1 << 20;

@@ -12,8 +12,7 @@ use lks_proto::duration::parse_duration;
 use lks_proto::pb;
 
 use crate::client::{Client, status};
-use crate::output::{self, Format};
-use crate::print_json;
+use crate::output::{self, Format, print_json};
 
 #[derive(Subcommand)]
 pub enum ClusterCmd {

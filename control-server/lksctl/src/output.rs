@@ -1,4 +1,5 @@
-//! Human output (aligned tables, timestamps) and JSON views.
+//! Human output (aligned tables, timestamps) and JSON views, and the one
+//! writer of stdout (`out!`, `outln!`, [`print_json`]).
 
 use lks_proto::convert::bundle_state_from_i32;
 use lks_proto::pb;
@@ -101,6 +102,27 @@ pub fn labels_text(l: &std::collections::HashMap<String, String>) -> String {
         .collect::<Vec<_>>()
         .join(",");
     if s.is_empty() { "-".into() } else { s }
+}
+
+/// `-o json`: the value, pretty-printed on stdout.
+pub fn print_json(v: &Value) -> anyhow::Result<()> {
+    outln!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+/// Writes lksctl's output (what `out!` and `outln!` expand to). A closed
+/// pipe means the reader has what it wanted: exit 0 at once. Any other
+/// write error is one line and status 1.
+pub fn write_stdout(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(args).and_then(|()| out.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("lksctl: cannot write the output: {e}");
+        std::process::exit(1);
+    }
 }
 
 /// Wall clock in Unix milliseconds (0 if the clock is before 1970), as

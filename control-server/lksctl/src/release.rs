@@ -29,8 +29,7 @@ use lks_proto::sign::{PublisherKey, SigningKey};
 use serde_json::{Value, json};
 
 use crate::client::{Client, status};
-use crate::output::{Format, now_ms, rfc3339_ms, table};
-use crate::print_json;
+use crate::output::{Format, now_ms, print_json, rfc3339_ms, table};
 
 #[derive(Subcommand)]
 pub enum ReleaseCmd {

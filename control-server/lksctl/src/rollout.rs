@@ -12,8 +12,8 @@ use lks_proto::pb::{self, RolloutState};
 use tokio_stream::StreamExt;
 
 use crate::client::{Client, status};
-use crate::output::{self, Format};
-use crate::{labels, print_json};
+use crate::flags::labels;
+use crate::output::{self, Format, print_json};
 
 /// `--offline`: what a node offline at its turn does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

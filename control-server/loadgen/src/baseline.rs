@@ -1,7 +1,17 @@
 //! The baseline the benchmarks compare against: the same connection
 //! pattern against an idle tonic server.
 
-use super::*;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use tokio::sync::{Semaphore, mpsc};
+use tonic::transport::{Certificate, Identity};
+
+use crate::args::Args;
+use crate::report::{Report, Summary, summarise};
+use crate::sim::{source_ip, spread, tls_channel};
 
 /// The same connection pattern against an idle tonic server: mTLS, one
 /// server stream per client (tonic-health `Watch`), first message timed.

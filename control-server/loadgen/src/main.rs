@@ -55,18 +55,20 @@
 
 #![forbid(unsafe_code)]
 
+mod args;
 mod baseline;
 mod report;
 mod rollout;
 mod sim;
 mod storm;
 
+use args::{Args, SETTLE, cluster_names};
 use baseline::baseline;
 use report::*;
 use rollout::{Tracker, Watch, rollout};
+use sim::{source_ip, spread, tls_channel};
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -80,119 +82,10 @@ use lks_proto::pb;
 use lks_proto::pb::admin_service_client::AdminServiceClient;
 use lks_proto::pb::agent_service_client::AgentServiceClient;
 use tokio::sync::{Semaphore, mpsc};
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::Channel;
 
 /// Attempts per agent at an enrolment refused with "try again".
 const ENROL_ATTEMPTS: u32 = 20;
-/// How long the final count waits for agents still moving between
-/// replicas after a failover, and the end of a rollout for the last agents
-/// to hold its version.
-const SETTLE: Duration = Duration::from_secs(10);
-
-#[derive(Parser, Debug)]
-#[command(
-    version,
-    about = "Simulate many lksadmin agents against a running control server"
-)]
-struct Args {
-    /// admin.conf of the server under test.
-    #[arg(long, env = "LKSCTL_CONFIG", default_value = "admin.conf")]
-    config: PathBuf,
-    /// Cluster to enrol the simulated agents into (created if missing).
-    #[arg(long)]
-    cluster: String,
-    /// Spread the agents over this many clusters, CLUSTER-0 … CLUSTER-(K-1)
-    /// (agent i in the (i mod K)-th, numbered from --first-agent), as a
-    /// region holds many tenant clusters; --rollout then starts one rollout
-    /// per cluster at once.
-    #[arg(long, default_value_t = 1)]
-    clusters: usize,
-    /// Number of simulated agents.
-    #[arg(long)]
-    agents: usize,
-    /// Replicas to spread the agents over, comma-separated (agent i uses
-    /// the (i mod n)-th); default: admin.conf's server.
-    #[arg(long, value_delimiter = ',', value_name = "URL")]
-    servers: Vec<String>,
-    /// Number this process's agents from here: their source addresses and
-    /// first servers follow on from another process's (which had this
-    /// many).
-    #[arg(long, default_value_t = 0)]
-    first_agent: usize,
-    /// Seconds to keep every stream open after all agents connected.
-    #[arg(long, default_value_t = 0)]
-    hold: u64,
-    /// Agents enrolling or connecting at the same time.
-    #[arg(long, default_value_t = 64)]
-    concurrency: usize,
-    /// Give each agent its own 127.x.y.z source address (the default when
-    /// the server is on IPv4 loopback).
-    #[arg(long)]
-    spread_source_ips: bool,
-    /// Connect every agent from the one default source address.
-    #[arg(long, conflicts_with = "spread_source_ips")]
-    no_spread_source_ips: bool,
-    /// Reconnect storm: start the server from the command after `--`,
-    /// connect the agents, restart the server and measure until every agent
-    /// has its desired state again.
-    #[arg(long)]
-    storm: bool,
-    /// Stop the server with SIGKILL instead of SIGTERM.
-    #[arg(long, requires = "storm")]
-    storm_kill: bool,
-    /// Seconds to wait for every agent to be back after the restart.
-    #[arg(long, default_value_t = 300, requires = "storm")]
-    storm_timeout: u64,
-    /// Append the started server's output to this file (default: discard).
-    #[arg(long, requires = "storm")]
-    server_log: Option<PathBuf>,
-    /// The server command line (storm mode).
-    #[arg(last = true, value_name = "SERVER_CMD")]
-    server_cmd: Vec<String>,
-    /// Publish a bundle and roll it out to all simulated agents.
-    #[arg(long)]
-    rollout: bool,
-    /// Files in that bundle (small, distinct; the simulated agents
-    /// acknowledge without downloading them).
-    #[arg(long, default_value_t = 0, requires = "rollout")]
-    files: usize,
-    /// Failover under load: SIGKILL these processes mid-rollout (once
-    /// --kill-at of the agents have the new desired state).
-    #[arg(long, value_delimiter = ',', value_name = "PID", requires = "rollout")]
-    kill_mid_rollout: Vec<i32>,
-    /// Fraction of the agents (0–1] holding the new desired state when
-    /// --kill-mid-rollout kills.
-    #[arg(long, default_value_t = 0.3)]
-    kill_at: f64,
-    /// Start the rollout once the cluster has this many connected nodes
-    /// (the agents of other load generator processes too).
-    #[arg(long, requires = "rollout")]
-    rollout_after_nodes: Option<usize>,
-    /// Other load generator processes to send SIGUSR1 at the kill.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        value_name = "PID",
-        requires = "kill_mid_rollout"
-    )]
-    notify_at_kill: Vec<i32>,
-    /// Seconds the rollout may take, and (with --kill-mid-rollout) every
-    /// dropped agent to be back.
-    #[arg(long, default_value_t = 300)]
-    rollout_timeout: u64,
-    /// Batch size of that rollout (default: all agents at once).
-    #[arg(long)]
-    batch_size: Option<u32>,
-    /// Measure an idle in-process tonic server instead (no control server needed).
-    #[arg(long)]
-    baseline: bool,
-    /// Keep the enrolled nodes instead of deleting them at the end.
-    #[arg(long)]
-    keep_nodes: bool,
-    /// Output format: text or json.
-    #[arg(short = 'o', long, default_value = "text")]
-    output: String,
-}
 
 fn main() {
     let args = Args::parse();
@@ -216,70 +109,9 @@ struct Creds {
     key_pem: String,
 }
 
-/// The clusters the agents are enrolled in: `--cluster`, or with
-/// `--clusters K` CLUSTER-0 … CLUSTER-(K-1).
-fn cluster_names(args: &Args) -> Vec<String> {
-    if args.clusters <= 1 {
-        vec![args.cluster.clone()]
-    } else {
-        (0..args.clusters)
-            .map(|k| format!("{}-{k}", args.cluster))
-            .collect()
-    }
-}
-
 /// The server agent `i` enrols with and connects to.
 fn server_for(servers: &[String], i: usize) -> &str {
     &servers[i % servers.len()]
-}
-
-/// True for a URL whose host is IPv4 loopback (or `localhost`): the only
-/// servers the 127.x.y.z source addresses can reach.
-fn on_loopback(url: &str) -> bool {
-    let host = url
-        .split_once("://")
-        .map_or(url, |(_, rest)| rest)
-        .split(['/', ':'])
-        .next()
-        .unwrap_or_default();
-    host == "localhost" || host.parse::<Ipv4Addr>().is_ok_and(|ip| ip.is_loopback())
-}
-
-fn spread(args: &Args, servers: &[String]) -> bool {
-    !args.no_spread_source_ips && (args.spread_source_ips || servers.iter().all(|u| on_loopback(u)))
-}
-
-fn source_ip(spread: bool, i: usize) -> Option<IpAddr> {
-    // 127.1.0.0/16 upwards: avoids 127.0.0.1, which the server itself uses.
-    spread.then(|| {
-        IpAddr::V4(Ipv4Addr::new(
-            127,
-            1 + (i / 65_000) as u8,
-            ((i / 250) % 260) as u8,
-            (i % 250 + 2) as u8,
-        ))
-    })
-}
-
-async fn tls_channel(
-    url: &str,
-    ca_pem: &str,
-    id: Option<(&str, &str)>,
-    local: Option<IpAddr>,
-) -> Result<Channel> {
-    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem));
-    if let Some((cert, key)) = id {
-        tls = tls.identity(Identity::from_pem(cert, key));
-    }
-    Endpoint::from_shared(url.to_string())?
-        .tls_config(tls)?
-        .local_address(local)
-        // lksadmin-agent's CONNECT_TIMEOUT (client.rs).
-        .connect_timeout(Duration::from_secs(20))
-        .http2_keep_alive_interval(Duration::from_secs(30))
-        .connect()
-        .await
-        .with_context(|| format!("connect to {url}"))
 }
 
 fn csr() -> Result<(String, String)> {
@@ -704,11 +536,6 @@ async fn delete_nodes(admin: &AdminServiceClient<Channel>, creds: &[Creds]) -> u
         .collect()
         .await;
     deletes.iter().filter(|r| r.is_err()).count()
-}
-
-/// unauthenticated + permission_denied in these counts.
-fn auth(m: &std::collections::BTreeMap<&str, u64>) -> u64 {
-    m.get("unauthenticated").copied().unwrap_or(0) + m.get("permission_denied").copied().unwrap_or(0)
 }
 
 fn auth_total(stats: &sim::Stats) -> u64 {

@@ -205,3 +205,8 @@ pub(crate) fn print_text(r: &Report) {
         );
     }
 }
+
+/// unauthenticated + permission_denied in these counts.
+pub fn auth(m: &std::collections::BTreeMap<&str, u64>) -> u64 {
+    m.get("unauthenticated").copied().unwrap_or(0) + m.get("permission_denied").copied().unwrap_or(0)
+}

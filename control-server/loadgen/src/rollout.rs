@@ -14,7 +14,9 @@ use lks_proto::pb::admin_service_client::AdminServiceClient;
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 
-use crate::{Args, FailoverReport, Summary, auth, cluster_names, sim, summarise, tls_channel};
+use crate::args::{Args, SETTLE, cluster_names};
+use crate::report::{FailoverReport, Summary, auth, summarise};
+use crate::sim::{self, tls_channel};
 
 /// How long before its mark a kill may have happened (another process's,
 /// told by SIGUSR1): see [`Tracker::mark_kill`].
@@ -316,7 +318,7 @@ pub async fn rollout(
         // that last part is waited for up to SETTLE after the end.
         if let Some(done) = tracker.rollout_done
             && (!failing_over || tracker.all_back(w))
-            && (tracker.have >= n || done.elapsed() >= crate::SETTLE)
+            && (tracker.have >= n || done.elapsed() >= SETTLE)
         {
             break;
         }

@@ -7,19 +7,21 @@
 //! ±20 %, reset after a 30 s session) and at least the server's retry
 //! hint. Every failed attempt and dropped stream is counted by error class.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use anyhow::{Context as _, Result};
 use lks_proto::backoff::{Backoff, Rotation, reconnect_hint, retry_hint};
 use lks_proto::pb::agent_service_client::AgentServiceClient;
 use lks_proto::pb::{self, agent_message, server_message};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use crate::tls_channel;
+use crate::args::Args;
 
 /// `lksadmin-agent`'s `HEALTHY_SESSION` (connection.rs): a session that
 /// lasted this long resets the backoff.
@@ -464,6 +466,61 @@ impl Agent {
             }
         }
     }
+}
+
+/// True for a URL whose host is IPv4 loopback (or `localhost`): the only
+/// servers the 127.x.y.z source addresses can reach.
+fn on_loopback(url: &str) -> bool {
+    let host = url
+        .split_once("://")
+        .map_or(url, |(_, rest)| rest)
+        .split(['/', ':'])
+        .next()
+        .unwrap_or_default();
+    host == "localhost" || host.parse::<Ipv4Addr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Whether each agent gets its own 127.x.y.z source address: on by default
+/// when every server is on loopback (`--spread-source-ips`,
+/// `--no-spread-source-ips`).
+pub fn spread(args: &Args, servers: &[String]) -> bool {
+    !args.no_spread_source_ips && (args.spread_source_ips || servers.iter().all(|u| on_loopback(u)))
+}
+
+/// Agent `i`'s source address when `spread`.
+pub fn source_ip(spread: bool, i: usize) -> Option<IpAddr> {
+    // 127.1.0.0/16 upwards: avoids 127.0.0.1, which the server itself uses.
+    spread.then(|| {
+        IpAddr::V4(Ipv4Addr::new(
+            127,
+            1 + (i / 65_000) as u8,
+            ((i / 250) % 260) as u8,
+            (i % 250 + 2) as u8,
+        ))
+    })
+}
+
+/// An mTLS channel (TLS only with `id` `None`) to `url`, as
+/// `lksadmin-agent` dials it, from `local` when given.
+pub async fn tls_channel(
+    url: &str,
+    ca_pem: &str,
+    id: Option<(&str, &str)>,
+    local: Option<IpAddr>,
+) -> Result<Channel> {
+    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem));
+    if let Some((cert, key)) = id {
+        tls = tls.identity(Identity::from_pem(cert, key));
+    }
+    Endpoint::from_shared(url.to_string())?
+        .tls_config(tls)?
+        .local_address(local)
+        // lksadmin-agent's CONNECT_TIMEOUT (client.rs).
+        .connect_timeout(Duration::from_secs(20))
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .connect()
+        .await
+        .with_context(|| format!("connect to {url}"))
 }
 
 #[cfg(test)]

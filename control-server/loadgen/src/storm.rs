@@ -17,8 +17,8 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
-use crate::Args;
-use crate::report::{StormReport, summarise};
+use crate::args::Args;
+use crate::report::{StormReport, auth, summarise};
 use crate::sim;
 
 /// How long a (re)started server may take to write admin.conf and listen.
@@ -196,9 +196,6 @@ pub async fn restart(
     let first = ms.iter().copied().min_by(f64::total_cmp);
     let last = ms.iter().copied().max_by(f64::total_cmp);
     let (dropped, errors) = (stats.counts(1, true), stats.counts(1, false));
-    let auth = |m: &std::collections::BTreeMap<&str, u64>| {
-        m.get("unauthenticated").copied().unwrap_or(0) + m.get("permission_denied").copied().unwrap_or(0)
-    };
     Ok(StormReport {
         signal: if args.storm_kill { "SIGKILL" } else { "SIGTERM" },
         exit_seconds,

@@ -124,7 +124,7 @@ fn cert(given: &str) -> Value {
 fn kubeconfig(given: Option<&str>) -> Value {
     match given {
         None => Value::Null,
-        Some(text) => match crate::kube::config::TenantKubeconfig::check(text) {
+        Some(text) => match lks_kube::config::TenantKubeconfig::check(text) {
             Ok(k) => json!({"server": k.server, "user": k.user, "credential": "<redacted>"}),
             Err(_) => json!("<redacted>"),
         },

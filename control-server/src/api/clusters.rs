@@ -3,6 +3,7 @@
 //! and the record of certificates issued with the CAs (read by
 //! `ops::certs`).
 
+use lks_kube::tenant;
 use lks_proto::names::validate_cluster_name;
 use lks_proto::pb;
 use tonic::{Response, Status};
@@ -10,7 +11,6 @@ use tonic::{Response, Status};
 use super::{invalid, policy};
 use crate::authz::store_status;
 use crate::clock::now_ms;
-use crate::kube::tenant;
 use crate::ops::certs::{self, CertQuery};
 use crate::ops::cluster::{self, CreateCluster, SetCluster};
 use crate::store::{ClusterRow, ClusterStore, IssuedCertRow};

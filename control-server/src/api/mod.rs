@@ -27,6 +27,7 @@ use std::sync::Arc;
 use futures::Stream;
 use lks_proto::pb::admin_service_server::AdminService;
 use lks_proto::pb::{self};
+use lks_rollout::Verb;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::authz::{blob_status, require_admin, require_admin_caller, store_status};
@@ -34,7 +35,6 @@ use crate::clock::now_ms;
 use crate::context::Shared;
 use crate::controller::CommandError;
 use crate::ops::{Kind, OpError};
-use crate::rollout::Verb;
 
 /// The admin API: each resource's handlers get only what they use.
 pub struct AdminApi {

@@ -5,14 +5,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use lks_kube::nodes::{absent_pb, unreachable_pb};
+use lks_kube::tenant::TenantApis;
 use lks_proto::pb;
 use tonic::{Response, Status};
 
 use super::clusters;
 use crate::clock::now_ms;
 use crate::hub::Hub;
-use crate::kube::nodes::{absent_pb, unreachable_pb};
-use crate::kube::tenant::TenantApis;
 use crate::ops::{certs, node};
 use crate::store::{NodeRow, NodeTrust, Store};
 

@@ -5,9 +5,9 @@
 
 use lks_proto::pb;
 
-use crate::rollout::counts;
 use crate::store::{ClusterRow, NodeState, RolloutRow, RolloutState};
 use crate::windows;
+use lks_rollout::counts;
 
 /// A cluster as the API shows it, with whether a window is open at `now_ms`.
 pub fn cluster_pb(c: ClusterRow, now_ms: i64) -> pb::Cluster {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use lks_proto::labels::Labels;
 use lks_proto::pb;
+use lks_rollout::{Verb, counts};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Response, Status};
@@ -17,7 +18,6 @@ use crate::controller;
 use crate::ops::OpError;
 use crate::ops::start::{self, DrainRequest, PolicyRequest, StartRollout};
 use crate::ops::verb;
-use crate::rollout::{Verb, counts};
 use crate::store::{RolloutRow, Store};
 
 crate::context::shared_view! {

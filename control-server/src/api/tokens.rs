@@ -4,13 +4,13 @@
 
 use std::sync::Arc;
 
+use lks_pki::Pki;
 use lks_proto::pb;
 use tonic::{Response, Status};
 
 use crate::clock::now_ms;
 use crate::ops::token::{self, Issued, NewToken};
 use crate::packages::AgentPackages;
-use crate::pki::Pki;
 use crate::store::TokenStore;
 
 crate::context::shared_view! {

@@ -42,6 +42,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use etcd_client::GetOptions;
+use lks_pki::seal::SealKey;
 use lks_proto::Digest;
 use tempfile::TempDir;
 
@@ -50,7 +51,6 @@ use super::output::{Source, Taken, blob_entry, file_entry, finish, parent_of, re
 use super::restore::{RestoreError, extract, unrestored_blobs};
 use super::{BackupError, BackupSummary, Counts, blob_manifest, write_counts};
 use crate::blobs::{BlobChoice, BlobStore, EtcdChunks, LocalBlobs, S3Store};
-use crate::pki::seal::SealKey;
 use crate::store::etcd::{dumped_bundle, kv_of};
 use crate::store::{Dump, EtcdConfig, EtcdStore};
 

@@ -20,13 +20,14 @@ mod sqlite;
 use std::fmt;
 use std::path::PathBuf;
 
+use lks_pki::PkiError;
+
 pub use archive::{ArchiveError, Counts, Manifest, StoreKind};
 pub use etcd::{EtcdBackupConfig, EtcdRestoreConfig, EtcdRestoreSummary, backup_etcd, restore_etcd};
 pub use restore::{RestoreConfig, RestoreError, RestoreSummary, restore};
 pub use sqlite::{BackupConfig, backup_sqlite};
 
 use crate::blobs::BlobError;
-use crate::pki::PkiError;
 use crate::store::{Dump, StoreError};
 
 #[derive(Debug, thiserror::Error)]

@@ -15,11 +15,11 @@ use std::io::{BufReader, BufWriter};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use lks_pki::{Pki, SharedIdentity};
 use lks_proto::Digest;
 
 use super::archive::{ArchiveError, ArchiveReader, EntryName, Manifest, StoreKind};
 use super::write_counts;
-use crate::pki::{Pki, SharedIdentity};
 use crate::store::SqliteStore;
 
 #[derive(Clone, Debug)]

@@ -10,13 +10,14 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use lks_pki::{Pki, SharedIdentity};
+
 use super::archive::{EntryName, FileEntry, StoreKind};
 use super::output::{
     Source, Taken, blob_entry, blob_path, bytes_entry, file_entry, finish, parent_of, remote_store,
 };
 use super::{BackupError, BackupSummary, Counts, blob_manifest};
 use crate::blobs::{BlobChoice, LocalBlobs};
-use crate::pki::{Pki, SharedIdentity};
 use crate::store::SqliteStore;
 
 /// What `backup` is told.

@@ -6,9 +6,10 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, Ordering};
 
+use lks_rollout::ages::AGED_STATES;
+
 use super::{Metrics, RENEWAL_OUTCOMES, scalar};
 use crate::clock::now_ms;
-use crate::rollout::ages::AGED_STATES;
 
 /// A gauge set by a probe, not rendered before the first one.
 pub(super) struct Probed(AtomicI64);
@@ -120,8 +121,8 @@ fn escape(v: &str) -> String {
 #[cfg(test)]
 mod tests {
     use crate::metrics::Metrics;
-    use crate::rollout::ages::RolloutAge;
     use crate::store::RolloutState;
+    use lks_rollout::ages::RolloutAge;
 
     #[test]
     fn rollouts_by_state_and_their_age() {

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use lks_proto::Digest;
 use lks_proto::chunks::Chunks;
 use lks_proto::identity::NodeIdentity;
+use lks_tracker::{Answer, Tracker};
 use tokio::io::AsyncSeekExt;
 
 use super::{Kind, OpError};
@@ -19,7 +20,6 @@ use crate::blobs::Blobs;
 use crate::hub::Hub;
 use crate::peers::PeerCache;
 use crate::store::{DeltaRow, Store, StoreError};
-use crate::tracker::{Answer, Tracker};
 
 /// What the blob operations use.
 pub struct Deps<'a> {

@@ -6,16 +6,16 @@
 
 use std::sync::Arc;
 
+use lks_kube::config::{KubeconfigError, TenantKubeconfig};
+use lks_kube::secret::SecretError;
+use lks_kube::tenant::TenantApis;
+use lks_pki::clusterca::{CaError, ClusterCa, ClusterCas, KeyError};
 use lks_proto::windows::{self, WindowError};
 use time::OffsetDateTime;
 
 use super::{Kind, OpError};
 use crate::hub::Hub;
-use crate::kube::config::{KubeconfigError, TenantKubeconfig};
-use crate::kube::secret::SecretError;
-use crate::kube::tenant::TenantApis;
 use crate::peers::PeerCache;
-use crate::pki::clusterca::{CaError, ClusterCa, ClusterCas, KeyError};
 use crate::store::{ClusterKube, ClusterRow, EventRow, NewCluster, PeerSettings, Store};
 
 /// Most concurrent uploads per node an operator may allow.

@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use lks_pki::{Pki, PkiError};
 use lks_proto::identity::NodeIdentity;
 use lks_proto::labels::{LabelError, Labels, validate_label};
 use lks_proto::limits::MAX_LABELS;
@@ -17,7 +18,6 @@ use subtle::ConstantTimeEq;
 
 use super::{Kind, OpError};
 use crate::clock::now_ms;
-use crate::pki::{Pki, PkiError};
 use crate::store::{NewNode, NodeStore, StoreError, TokenRefusal, TokenStore};
 
 /// An enrolment as a node asks for it.

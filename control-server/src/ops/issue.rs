@@ -14,6 +14,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+use lks_pki::clusterca::{CaError, CertTemplate, ClusterCas, KeyError, SignedCert, Usage};
 use lks_proto::BundlePath;
 use lks_proto::certs::{CertNameError, CertNames, CsrError, check_csr};
 use lks_proto::identity::NodeIdentity;
@@ -23,7 +24,6 @@ use lks_proto::path::PathError;
 use super::event::{self, NodeEvent};
 use super::{Kind, OpError};
 use crate::clock::now_ms;
-use crate::pki::clusterca::{CaError, CertTemplate, ClusterCas, KeyError, SignedCert, Usage};
 use crate::ratelimit::RateLimiter;
 use crate::store::{
     BundleStore, ClusterStore, EventStore, IssuedCertRow, Kind as RowKind, NodeRow, NodeStore, StoreError,
@@ -318,10 +318,10 @@ mod tests {
 mod store_tests {
     use std::sync::Arc;
 
+    use lks_pki::clusterca::ClusterCa;
     use lks_proto::SignedBundle;
 
     use super::*;
-    use crate::pki::clusterca::ClusterCa;
     use crate::store::sqlite::SqliteStore;
     use crate::store::{EventFilter, EventRow, NewBundle, Store};
 

@@ -5,12 +5,12 @@
 
 use std::time::Duration;
 
+use lks_pki::{Pki, PkiError};
 use lks_proto::identity::NodeIdentity;
 
 use super::event::{self, NodeEvent};
 use super::{Kind, OpError};
 use crate::clock::now_ms;
-use crate::pki::{Pki, PkiError};
 use crate::store::{EventStore, NodeStore};
 
 /// A renewed certificate.

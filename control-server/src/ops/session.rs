@@ -13,13 +13,13 @@ use lks_proto::names::{NameError, validate_bundle_name, validate_version};
 use lks_proto::pb;
 
 use lks_proto::identity::NodeIdentity;
+use lks_tracker::Tracker;
 
 use super::event::{self, MAX_TEXT, NodeEvent, clip};
 use super::{Kind, OpError};
 use crate::clock::now_ms;
 use crate::metrics::Metrics;
 use crate::store::{BundleStatusRow, EventStore, NodeStatusStore, NodeTrust, StoreError, TrustHealth};
-use crate::tracker::Tracker;
 
 /// Bundle statuses one message may report.
 pub const MAX_STATUSES: usize = 1024;

@@ -15,12 +15,12 @@ use lks_proto::Manifest;
 use lks_proto::labels::{Labels, selector_matches};
 use lks_proto::manifest::check_paths_disjoint;
 use lks_proto::names::{NameError, validate_bundle_name, validate_cluster_name, validate_version};
+use lks_rollout as rollout;
 
 pub use self::policy::{DrainRequest, PolicyRequest};
 use super::{Kind, OpError};
 use crate::clock::now_ms;
 use crate::controller;
-use crate::rollout;
 use crate::store::{
     BundleRow, BundleStore, ClusterRow, ClusterStore, NewRollout, NodeStore, RolloutRow, RolloutState,
     RolloutStore, StoredBundle,

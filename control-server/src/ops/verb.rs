@@ -5,9 +5,10 @@
 
 use std::collections::HashSet;
 
+use lks_rollout::Verb;
+
 use super::{Kind, OpError};
 use crate::controller;
-use crate::rollout::Verb;
 use crate::store::{BundleStore, RolloutRow, RolloutStore};
 
 /// Longest rollout ID (a random or derived one is 12 hex digits).

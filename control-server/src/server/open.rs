@@ -5,12 +5,13 @@
 use std::os::unix::fs::DirBuilderExt;
 use std::sync::Arc;
 
+use lks_pki::Pki;
+use lks_pki::seal::SealKey;
+
 use super::{Config, ServerError, StoreChoice};
 use crate::adminconf::{AdminConf, AdminConfError, AdminConfFile};
 use crate::blobs::{BlobChoice, BlobStore, Blobs, EtcdChunks, LocalBlobs, LocalDirStore, S3Store};
 use crate::packages::AgentPackages;
-use crate::pki::Pki;
-use crate::pki::seal::SealKey;
 use crate::replicas;
 use crate::store::{EtcdStore, NodeStatusStore, SqliteStore, Store};
 

@@ -103,7 +103,7 @@ pub(super) fn spawn_tasks(shared: &Arc<Shared>, cfg: &Config, etcd: Option<&Etcd
             leader: shared.leader.clone(),
             rollouts_changed: shared.rollouts_changed.clone(),
             rollout_updates: shared.rollout_updates.clone(),
-            kube: Arc::new(crate::kube::work::KubeWork::new(
+            kube: Arc::new(lks_kube::work::KubeWork::new(
                 shared.tenants.clone(),
                 shared.store.clone(),
                 shared.store.clone(),

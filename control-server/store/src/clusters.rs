@@ -109,7 +109,7 @@ impl Default for PeerSettings {
 }
 
 /// A cluster CA as the store keeps it. `key` is opaque to the store: PEM, or
-/// a sealed envelope in hex (the server seals it, see `crate::pki::clusterca`).
+/// a sealed envelope in hex (the server seals it, see `lks_pki::clusterca`).
 #[derive(Clone, PartialEq, Eq)]
 pub struct StoredCa {
     pub cert_pem: String,

@@ -30,8 +30,9 @@ use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 use crate::client::{self, Client, RpcError, status};
+use crate::flags::labels;
 use crate::rollout::{self, Offline, Verb};
-use crate::{bundle, labels, output};
+use crate::{bundle, output};
 
 /// How long one endpoint may take before the server counts as unreachable.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use lks_proto::Digest;
 use lks_proto::pb;
+use lks_tracker::Tracker;
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -23,7 +24,6 @@ use crate::metrics::Metrics;
 use crate::ops::blob;
 use crate::peers::PeerCache;
 use crate::store::Store;
-use crate::tracker::Tracker;
 
 crate::context::shared_view! {
     /// What the blob handlers use: the store (who may have what), the blobs,

@@ -6,6 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lks_pki::Pki;
+use lks_pki::clusterca::ClusterCas;
 use lks_proto::backoff::with_retry_hint;
 use lks_proto::pb;
 use tonic::{Request, Response, Status};
@@ -16,8 +18,6 @@ use crate::ops::OpError;
 use crate::ops::enrol::{self, Enrolment};
 use crate::ops::issue::{self, CertRequest};
 use crate::ops::renew;
-use crate::pki::Pki;
-use crate::pki::clusterca::ClusterCas;
 use crate::ratelimit::RateLimiter;
 use crate::store::Store;
 

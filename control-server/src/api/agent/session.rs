@@ -19,6 +19,8 @@ use tracing::Instrument;
 
 mod push;
 
+use lks_tracker::Tracker;
+
 use super::BoxStream;
 use crate::admission::OpenGate;
 use crate::authz::{NodeCaller, require_node};
@@ -31,7 +33,6 @@ use crate::ops::session::{self, Recorded};
 use crate::peers::PeerCache;
 use crate::releases::ReleaseCache;
 use crate::store::{BundleStatusRow, NodeTrust, Store, TrustHealth};
-use crate::tracker::Tracker;
 
 crate::context::shared_view! {
     /// What the `Connect` streams use: the store, the hub of open streams, the

@@ -1,0 +1,260 @@
+//! The server's way to each tenant cluster's API: the cluster's stored
+//! kubeconfig opened, a `kube::Client` built from it and kept (built again
+//! when the stored kubeconfig changes), and the tenant's Node objects read
+//! for the operator's view, each cluster's at most once per [`NODES_TTL`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ListParams};
+use kube::config::KubeConfigOptions;
+use sha2::{Digest as _, Sha256};
+
+use crate::config::{KubeconfigError, TenantKubeconfig};
+use crate::nodes::NodeKubeState;
+use crate::secret::{SecretError, open_kubeconfig};
+use lks_pki::seal::SealKey;
+use lks_store::{ClusterStore, StoreError};
+
+/// How long a cluster's Node list is reused for `node list`: a view a few
+/// seconds old, and one tenant API request per cluster per 5 s however
+/// often operators and consoles ask.
+pub const NODES_TTL: Duration = Duration::from_secs(5);
+/// How long a failed read is reused: a tenant API that is down costs a
+/// `node list` the connect timeout once per 30 s, not every 5 s.
+pub const NODES_ERROR_TTL: Duration = Duration::from_secs(30);
+/// How long a built client is used without looking at the stored
+/// kubeconfig again: drain and Ready tasks ask for a client every second
+/// per node, and a kubeconfig changes rarely (a change on this replica is
+/// seen at once, `forget`; on another, within this).
+const CLIENT_TTL: Duration = Duration::from_secs(10);
+/// Dialling a tenant API gives up after this.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A tenant API request gives up after this.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
+
+#[derive(Debug, thiserror::Error)]
+pub enum TenantError {
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Secret(#[from] SecretError),
+    #[error("cluster {cluster}: stored kubeconfig: {source}")]
+    Stored {
+        cluster: String,
+        source: KubeconfigError,
+    },
+    #[error("cluster {cluster}: tenant API client: {message}")]
+    Client { cluster: String, message: String },
+    #[error("cluster {cluster}: tenant API {server}: {message}")]
+    Api {
+        cluster: String,
+        server: String,
+        message: String,
+    },
+}
+
+/// A built client and what it was built from.
+#[derive(Clone)]
+struct Entry {
+    /// SHA-256 of the stored kubeconfig: a change builds a new client.
+    stored: [u8; 32],
+    /// When the stored kubeconfig was last read for it.
+    checked: Instant,
+    client: kube::Client,
+    server: String,
+}
+
+/// What `node list` last read of a cluster's Nodes.
+#[derive(Clone)]
+struct NodesRead {
+    at: Instant,
+    nodes: Result<Arc<HashMap<String, NodeKubeState>>, String>,
+}
+
+/// Clients of the tenant APIs, by cluster.
+pub struct TenantApis {
+    store: Arc<dyn ClusterStore>,
+    seal: Option<Arc<SealKey>>,
+    aad_prefix: String,
+    clients: Mutex<HashMap<String, Entry>>,
+    nodes: tokio::sync::Mutex<HashMap<String, NodesRead>>,
+}
+
+impl TenantApis {
+    /// `seal`: the `--encryption-key-file` key; `aad_prefix`: the etcd key
+    /// prefix ("" on SQLite), as for cluster CA keys.
+    pub fn new(store: Arc<dyn ClusterStore>, seal: Option<Arc<SealKey>>, aad_prefix: &str) -> Self {
+        TenantApis {
+            store,
+            seal,
+            aad_prefix: aad_prefix.to_string(),
+            clients: Mutex::default(),
+            nodes: tokio::sync::Mutex::default(),
+        }
+    }
+
+    /// The stored form of a checked kubeconfig for `cluster`.
+    pub fn to_stored(&self, cluster: &str, k: &TenantKubeconfig) -> Result<String, SecretError> {
+        crate::secret::seal_kubeconfig(self.seal.as_deref(), &self.aad_prefix, cluster, &k.to_text())
+    }
+
+    /// A client of `cluster`'s tenant API and its URL; `None` when the
+    /// cluster has no kubeconfig (or does not exist).
+    pub async fn client(&self, cluster: &str) -> Result<Option<(kube::Client, String)>, TenantError> {
+        if let Some(e) = self.clients.lock().ok().and_then(|c| c.get(cluster).cloned())
+            && e.checked.elapsed() < CLIENT_TTL
+        {
+            return Ok(Some((e.client, e.server)));
+        }
+        let Some(stored) = self.store.cluster_kube(cluster).await?.and_then(|k| k.kubeconfig) else {
+            self.forget(cluster);
+            return Ok(None);
+        };
+        let hash: [u8; 32] = Sha256::digest(stored.as_bytes()).into();
+        if let Ok(mut c) = self.clients.lock()
+            && let Some(e) = c.get_mut(cluster)
+            && e.stored == hash
+        {
+            e.checked = Instant::now();
+            return Ok(Some((e.client.clone(), e.server.clone())));
+        }
+        let text = open_kubeconfig(self.seal.as_deref(), &self.aad_prefix, cluster, &stored)?;
+        let checked = TenantKubeconfig::check(&text).map_err(|source| TenantError::Stored {
+            cluster: cluster.to_string(),
+            source,
+        })?;
+        let client = build_client(&checked)
+            .await
+            .map_err(|message| TenantError::Client {
+                cluster: cluster.to_string(),
+                message,
+            })?;
+        if let Ok(mut c) = self.clients.lock() {
+            c.insert(
+                cluster.to_string(),
+                Entry {
+                    stored: hash,
+                    checked: Instant::now(),
+                    client: client.clone(),
+                    server: checked.server.clone(),
+                },
+            );
+        }
+        Ok(Some((client, checked.server)))
+    }
+
+    /// Drops what is kept of `cluster` (its kubeconfig changed or went).
+    pub fn forget(&self, cluster: &str) {
+        if let Ok(mut c) = self.clients.lock() {
+            c.remove(cluster);
+        }
+        if let Ok(mut n) = self.nodes.try_lock() {
+            n.remove(cluster);
+        }
+    }
+
+    /// `cluster`'s Nodes by name as its tenant API last listed them, read
+    /// again when older than [`NODES_TTL`]; `None` when the cluster has no
+    /// kubeconfig; `Some(Err(why))` when the tenant API could not be read.
+    /// One read per cluster at a time: concurrent callers wait for it.
+    pub async fn nodes(&self, cluster: &str) -> Option<Result<Arc<HashMap<String, NodeKubeState>>, String>> {
+        let mut cache = self.nodes.lock().await;
+        if let Some(r) = cache.get(cluster)
+            && r.at.elapsed()
+                < if r.nodes.is_ok() {
+                    NODES_TTL
+                } else {
+                    NODES_ERROR_TTL
+                }
+        {
+            return Some(r.nodes.clone());
+        }
+        let nodes = match self.client(cluster).await {
+            Ok(None) => {
+                cache.remove(cluster);
+                return None;
+            }
+            Ok(Some((client, server))) => list_nodes(client)
+                .await
+                .map(Arc::new)
+                .map_err(|e| format!("tenant API {server}: {e}")),
+            Err(e) => Err(e.to_string()),
+        };
+        cache.insert(
+            cluster.to_string(),
+            NodesRead {
+                at: Instant::now(),
+                nodes: nodes.clone(),
+            },
+        );
+        Some(nodes)
+    }
+}
+
+/// A client for a checked kubeconfig, with the timeouts above.
+pub async fn build_client(k: &TenantKubeconfig) -> Result<kube::Client, String> {
+    let mut config =
+        kube::Config::from_custom_kubeconfig(k.kubeconfig().clone(), &KubeConfigOptions::default())
+            .await
+            .map_err(|e| e.to_string())?;
+    config.connect_timeout = Some(CONNECT_TIMEOUT);
+    config.read_timeout = Some(REQUEST_TIMEOUT);
+    config.write_timeout = Some(REQUEST_TIMEOUT);
+    // kube retries 429 and 503 itself (15 times, backing off to minutes)
+    // unless told not to: an eviction a budget refuses is a 429, and the
+    // drain must see it at once, retry it on its own schedule (one request
+    // per pod per round) and keep to its deadline.
+    config.default_retry = false;
+    kube::Client::try_from(config).map_err(|e| e.to_string())
+}
+
+/// Every Node of a tenant cluster, by name.
+pub async fn list_nodes(client: kube::Client) -> Result<HashMap<String, NodeKubeState>, kube::Error> {
+    let api: Api<Node> = Api::all(client);
+    let list = api.list(&ListParams::default()).await?;
+    Ok(list
+        .items
+        .iter()
+        .filter_map(|n| Some((n.metadata.name.clone()?, NodeKubeState::of(n))))
+        .collect())
+}
+
+/// How long `cluster set --kubeconfig` waits for the tenant API's answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(8);
+
+/// What a `cluster set --kubeconfig` answer says of the tenant API: its
+/// version and Node count, or why it could not be read, within
+/// [`PROBE_TIMEOUT`]. Never fails: the kubeconfig is stored either way (the
+/// tenant API may not be up yet).
+pub async fn probe(k: &TenantKubeconfig) -> String {
+    match tokio::time::timeout(PROBE_TIMEOUT, probe_now(k)).await {
+        Ok(answer) => answer,
+        Err(_) => format!("{}: no answer within {}s", k.server, PROBE_TIMEOUT.as_secs()),
+    }
+}
+
+async fn probe_now(k: &TenantKubeconfig) -> String {
+    let client = match build_client(k).await {
+        Ok(c) => c,
+        Err(e) => return format!("{}: not usable: {e}", k.server),
+    };
+    let version = match client.apiserver_version().await {
+        Ok(v) => v.git_version,
+        Err(e) => return format!("{}: not reachable now: {}", k.server, one_line(&e.to_string())),
+    };
+    match list_nodes(client).await {
+        Ok(n) => format!("{}: reachable, Kubernetes {version}, {} nodes", k.server, n.len()),
+        Err(e) => format!(
+            "{}: reachable (Kubernetes {version}), but listing nodes failed: {} (packaging/kubernetes/tenant/rbac.yaml grants what the server needs)",
+            k.server,
+            one_line(&e.to_string())
+        ),
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
