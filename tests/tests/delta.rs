@@ -158,7 +158,7 @@ fn an_unrelated_version_gets_no_patch_and_says_why_and_a_small_edit_still_does()
         (&PATH.into(), &"1".into(), &"estimate".into())
     );
     assert!(s["estimated_saving"].as_u64().unwrap() < 5, "{s}");
-    assert_eq!(s["min_saving"], 50);
+    assert_eq!(s["min_saving"], 20, "--delta-min-saving's default");
     let text = server.lksctl_ok(&["bundle", "get", "app@2"]);
     assert!(
         text.contains("No patch:") && text.contains("none (estimated saving "),

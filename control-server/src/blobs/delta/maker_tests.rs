@@ -135,12 +135,15 @@ async fn unrelated_pairs_are_skipped_before_a_diff_and_related_ones_patched() {
         f.why("2", "1").await,
         Some(NoPatch::Estimate {
             saving: 0..=2,
-            min: 50
+            min: crate::blobs::delta::DEFAULT_MIN_SAVING
         })
     ));
     assert!(matches!(
         f.why("3", "1").await,
-        Some(NoPatch::Estimate { min: 50, .. })
+        Some(NoPatch::Estimate {
+            min: crate::blobs::delta::DEFAULT_MIN_SAVING,
+            ..
+        })
     ));
     let made = f.store.deltas_of("app", "3").await.unwrap();
     assert!(made.iter().any(|r| r.from_version == "2" && r.patch.is_some()));
