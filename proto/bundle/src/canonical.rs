@@ -229,6 +229,39 @@ mod tests {
         );
     }
 
+    /// Manifests that use every section but `on_heal`, pinned before
+    /// `on_heal` existed: their signatures must keep verifying.
+    #[test]
+    fn manifests_without_heal_steps_keep_their_bytes() {
+        let mut all = multi_arch();
+        let identity = crate::manifest::tests::sample_with_identity();
+        all.certificates = identity.certificates.clone();
+        all.kubeconfigs = identity.kubeconfigs.clone();
+        all.self_update = true;
+        all.steps.push(crate::manifest::tests::sample().steps[0].clone());
+        let pinned = [
+            (
+                sample(),
+                "sha256:f88e9353c8bea42043baf34c1074661cc489f7b46a238922925413ac128a5c06",
+            ),
+            (
+                identity,
+                "sha256:4f72271e2a3def79ba1e5024e015d8f9135a8c2a7f4af08a69c6ce1d567ad7e7",
+            ),
+            (
+                multi_arch(),
+                "sha256:0449857bf01517cf57039a2893ebcf2675afde71d5665d8144622aeff0da5118",
+            ),
+            (
+                all,
+                "sha256:ae35e7ce3412b3313bd8cf077cbe83c8f2c32da8a419ec0ddc25085869c81934",
+            ),
+        ];
+        for (i, (m, digest)) in pinned.into_iter().enumerate() {
+            assert_eq!(manifest_digest(&m).to_string(), digest, "manifest {i}");
+        }
+    }
+
     #[test]
     fn every_certificate_field_changes_the_encoding() {
         let base = encode(&crate::manifest::tests::sample_with_identity());
