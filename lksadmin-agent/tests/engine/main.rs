@@ -295,4 +295,5 @@ mod arch;
 mod desired;
 mod fetched;
 mod heal;
+mod heal_steps;
 mod trust;
