@@ -1,8 +1,8 @@
 //! Drift: a heal pass re-verifies every managed file (by its inode's
 //! metadata, by hash when that changed or once every [`FULL_REHASH_MS`]),
 //! restores the drifted ones from the cache and re-runs the bundle's
-//! `on_heal` steps and health check; and housekeeping drops cached blobs and originals nothing
-//! refers to any more.
+//! `on_heal` steps and health check; and housekeeping drops cached blobs
+//! and originals nothing refers to any more.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -20,10 +20,10 @@ impl Engine {
     /// Re-verifies every managed file by size, mode and hash; restores the
     /// drifted ones from the cache (fetching again if needed), re-runs the
     /// `on_heal` steps and the health check of each bundle a file of which
-    /// was restored, and reports. A file
-    /// whose inode is unchanged since its bytes last matched is not read
-    /// again, except once every [`FULL_REHASH_MS`]: an idle node's pass
-    /// costs a `stat` per file, not a read of every byte it manages.
+    /// was restored, and reports. A file whose inode is unchanged since its
+    /// bytes last matched is not read again, except once every
+    /// [`FULL_REHASH_MS`]: an idle node's pass costs a `stat` per file, not
+    /// a read of every byte it manages.
     pub async fn heal(&mut self) -> Result<HealReport, EngineError> {
         self.recover().await?;
         // A kill between a commit and its cache copy left blobs uncached.
