@@ -229,6 +229,7 @@ impl Fixture {
                 format!("echo restarted >> {}", self.log.display()),
             ],
             timeout: Duration::from_secs(10),
+            on_heal: false,
         }];
         m.health = Some(HealthCheck {
             run: vec![

@@ -161,6 +161,10 @@ fn kubelet_bundle_mirrors_each_architectures_binary_and_restarts_the_kubelet() {
             vec!["systemctl", "restart", "kubelet"]
         ]
     );
+    assert!(
+        b.manifest.steps.iter().all(|s| s.on_heal),
+        "a restored drop-in or binary restarts the kubelet"
+    );
     let probe = std::fs::read_to_string(examples().join("kubelet-upgrade/lks-kubelet-healthy")).unwrap();
     assert!(probe.contains("curl -sf") && probe.contains("http://127.0.0.1:10248/healthz"));
 }

@@ -235,7 +235,13 @@ fn the_keys_differ_and_what_was_issued_is_listed(f: &Fleet) -> String {
     assert_eq!(certs.len(), 2, "{node}");
     assert_eq!(
         node["facts"]["features"],
-        serde_json::json!(["certificates", "self-update", "multi-arch", "deltas"]),
+        serde_json::json!([
+            "certificates",
+            "self-update",
+            "multi-arch",
+            "deltas",
+            "heal-steps"
+        ]),
         "{node}"
     );
     let profiles: Vec<&str> = certs.iter().map(|c| c["profile"].as_str().unwrap()).collect();

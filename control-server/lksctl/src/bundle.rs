@@ -273,6 +273,8 @@ pub fn detail_json(b: &pb::Bundle) -> Value {
             "name": s.name,
             "run": s.run,
             "timeout": ms(s.timeout_ms),
+            // Also run after a heal pass restored a file of the bundle.
+            "on_heal": s.on_heal,
         })).collect::<Vec<_>>(),
         "health": m.health.as_ref().map(|h| json!({
             "run": h.run,
@@ -425,9 +427,16 @@ pub fn detail_text(b: &pb::Bundle) -> String {
         s.push_str("Steps:\n");
         let rows: Vec<Vec<String>> = steps
             .iter()
-            .map(|st| vec![str_of(&st["name"]), run_text(&st["run"]), str_of(&st["timeout"])])
+            .map(|st| {
+                vec![
+                    str_of(&st["name"]),
+                    run_text(&st["run"]),
+                    str_of(&st["timeout"]),
+                    if st["on_heal"] == true { "yes" } else { "no" }.into(),
+                ]
+            })
             .collect();
-        indented(&mut s, table(&["NAME", "RUN", "TIMEOUT"], &rows));
+        indented(&mut s, table(&["NAME", "RUN", "TIMEOUT", "ON HEAL"], &rows));
     }
     if let Some(h) = m["health"].as_object() {
         kv(
@@ -533,6 +542,7 @@ mod tests {
                         name: "restart".into(),
                         run: vec!["systemctl".into(), "restart".into(), "k".into()],
                         timeout_ms: 30_000,
+                        on_heal: true,
                     }],
                     ..Default::default()
                 }),
@@ -571,10 +581,12 @@ mod tests {
             (&json!("0640"), &json!("ab".repeat(32)))
         );
         assert_eq!(v["manifest"]["steps"][0]["timeout"], "30s");
+        assert_eq!(v["manifest"]["steps"][0]["on_heal"], true);
         assert!(v["manifest"]["health"].is_null());
         let t = detail_text(&b);
         assert!(t.contains("/etc/k.conf  3     0640"), "{t}");
         assert!(t.contains("systemctl restart k"), "{t}");
+        assert!(t.contains("ON HEAL") && t.contains("30s      yes"), "{t}");
         let d = &v["deltas"][0];
         assert_eq!(
             (&d["from_version"], &d["size"], &d["arch"]),

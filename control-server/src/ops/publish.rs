@@ -486,6 +486,7 @@ mod tests {
                     name: "restart".into(),
                     run: vec!["true".into()],
                     timeout: std::time::Duration::from_secs(5),
+                    on_heal: false,
                 }],
                 ..Default::default()
             },

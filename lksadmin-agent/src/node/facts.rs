@@ -18,6 +18,7 @@ pub const FEATURES: &[&str] = &[
     lks_proto::manifest::FEATURE_SELF_UPDATE,
     lks_proto::manifest::FEATURE_MULTI_ARCH,
     lks_proto::manifest::FEATURE_DELTAS,
+    lks_proto::manifest::FEATURE_HEAL_STEPS,
 ];
 
 /// Tests only: the architecture this agent reports and installs files of
@@ -100,6 +101,7 @@ mod tests {
                 .as_str()
         );
         assert!(super::FEATURES.contains(&"multi-arch"));
+        assert!(super::FEATURES.contains(&"heal-steps"));
         assert_eq!(f.agent_version, super::AGENT_VERSION);
     }
 }

@@ -90,6 +90,7 @@ fn manifest(version: &str, files: &Files, fail_health: bool) -> Manifest {
                 "echo \"$LKS_VERSION\" >> \"$LKS_ROOT/steps.log\"".into(),
             ],
             timeout: Duration::from_secs(10),
+            on_heal: false,
         }],
         health: Some(HealthCheck {
             run: vec![

@@ -159,6 +159,7 @@ fn sh(name: &str, script: &str) -> Step {
         name: name.into(),
         run: vec!["sh".into(), "-c".into(), script.into()],
         timeout: Duration::from_secs(10),
+        on_heal: false,
     }
 }
 
@@ -294,4 +295,5 @@ mod arch;
 mod desired;
 mod fetched;
 mod heal;
+mod heal_steps;
 mod trust;

@@ -93,6 +93,8 @@ struct RawStep {
     name: String,
     run: Vec<String>,
     timeout: Option<String>,
+    #[serde(default)]
+    on_heal: bool,
 }
 
 #[derive(Deserialize)]
@@ -367,6 +369,7 @@ fn parse_steps(raw: Vec<RawStep>) -> Result<Vec<Step>, BundleTomlError> {
                         source,
                     }
                 })?,
+                on_heal: s.on_heal,
             })
         })
         .collect()

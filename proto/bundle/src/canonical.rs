@@ -96,6 +96,13 @@ pub fn encode(m: &Manifest) -> Vec<u8> {
             put_str(&mut out, f.arch.map_or("", |a| a.as_str()));
         }
     }
+    // Added with `on_heal` steps, the same way: one byte per step, in the
+    // order the steps were encoded above.
+    if m.has_heal_steps() {
+        out.push(b'H');
+        put_u32(&mut out, m.steps.len() as u32);
+        out.extend(m.steps.iter().map(|s| u8::from(s.on_heal)));
+    }
     out
 }
 
@@ -184,6 +191,7 @@ mod tests {
             name: "second".into(),
             run: vec!["true".into()],
             timeout: Duration::from_secs(1),
+            on_heal: false,
         });
         let mut b = a.clone();
         b.steps.reverse();
@@ -206,6 +214,7 @@ mod tests {
             |m| m.health = None,
             |m| m.health.as_mut().unwrap().retries += 1,
             |m| m.self_update = true,
+            |m| m.steps[0].on_heal = true,
             // Moving a character between adjacent strings must not collide.
             |m| {
                 m.steps[0].run[0] = "systemctlr".into();
@@ -227,6 +236,64 @@ mod tests {
             manifest_digest(&sample()).to_string(),
             "sha256:f88e9353c8bea42043baf34c1074661cc489f7b46a238922925413ac128a5c06",
         );
+    }
+
+    /// Manifests that use every section but `on_heal`, pinned before
+    /// `on_heal` existed: their signatures must keep verifying.
+    #[test]
+    fn manifests_without_heal_steps_keep_their_bytes() {
+        let mut all = multi_arch();
+        let identity = crate::manifest::tests::sample_with_identity();
+        all.certificates = identity.certificates.clone();
+        all.kubeconfigs = identity.kubeconfigs.clone();
+        all.self_update = true;
+        all.steps.push(crate::manifest::tests::sample().steps[0].clone());
+        let pinned = [
+            (
+                sample(),
+                "sha256:f88e9353c8bea42043baf34c1074661cc489f7b46a238922925413ac128a5c06",
+            ),
+            (
+                identity,
+                "sha256:4f72271e2a3def79ba1e5024e015d8f9135a8c2a7f4af08a69c6ce1d567ad7e7",
+            ),
+            (
+                multi_arch(),
+                "sha256:0449857bf01517cf57039a2893ebcf2675afde71d5665d8144622aeff0da5118",
+            ),
+            (
+                all,
+                "sha256:ae35e7ce3412b3313bd8cf077cbe83c8f2c32da8a419ec0ddc25085869c81934",
+            ),
+        ];
+        for (i, (m, digest)) in pinned.into_iter().enumerate() {
+            assert_eq!(manifest_digest(&m).to_string(), digest, "manifest {i}");
+        }
+    }
+
+    /// Which steps run on heal is signed: not only whether any does.
+    #[test]
+    fn which_step_runs_on_heal_is_signed() {
+        let two = |first: bool, second: bool| {
+            let mut m = sample();
+            let mut s = m.steps[0].clone();
+            s.name = "reload".into();
+            m.steps[0].on_heal = first;
+            s.on_heal = second;
+            m.steps.push(s);
+            encode(&m)
+        };
+        let encodings = [
+            two(false, false),
+            two(true, false),
+            two(false, true),
+            two(true, true),
+        ];
+        for (i, a) in encodings.iter().enumerate() {
+            for b in &encodings[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
     }
 
     #[test]

@@ -36,6 +36,7 @@ impl TryFrom<pb::Manifest> for Manifest {
                 name: s.name,
                 run: s.run,
                 timeout: ms_or(s.timeout_ms, DEFAULT_STEP_TIMEOUT),
+                on_heal: s.on_heal,
             })
             .collect();
         let health = m.health.map(|h| HealthCheck {
@@ -188,6 +189,7 @@ impl From<&Manifest> for pb::Manifest {
                     name: s.name.clone(),
                     run: s.run.clone(),
                     timeout_ms: s.timeout.as_millis() as u64,
+                    on_heal: s.on_heal,
                 })
                 .collect(),
             health: m.health.as_ref().map(|h| pb::HealthCheck {
@@ -364,6 +366,20 @@ mod tests {
             .try_into()
             .unwrap();
         assert_eq!(back, m);
+    }
+
+    #[test]
+    fn on_heal_crosses_the_wire_both_ways() {
+        let mut m = sample();
+        m.steps[0].on_heal = true;
+        let p = pb::Manifest::from(&m);
+        assert!(p.steps[0].on_heal);
+        let back: Manifest = pb::Manifest::decode(p.encode_to_vec().as_slice())
+            .unwrap()
+            .try_into()
+            .unwrap();
+        assert_eq!(back, m);
+        assert!(!pb::Manifest::from(&sample()).steps[0].on_heal);
     }
 
     #[test]

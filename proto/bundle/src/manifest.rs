@@ -34,6 +34,9 @@ pub const FEATURE_MULTI_ARCH: &str = "multi-arch";
 /// (`FindDeltas`) and rebuilds files from them (issue [delta]). Transport
 /// only: no bundle needs it.
 pub const FEATURE_DELTAS: &str = "deltas";
+/// `Hello.features` of an agent that runs a bundle's `on_heal` steps after
+/// a heal pass restored one of its files.
+pub const FEATURE_HEAL_STEPS: &str = "heal-steps";
 /// At most this many entries in `architectures`.
 pub const MAX_ARCHITECTURES: usize = 16;
 
@@ -81,6 +84,11 @@ pub struct Step {
     pub run: Vec<String>,
     #[serde(rename = "timeout_ms", with = "crate::duration::millis")]
     pub timeout: Duration,
+    /// `on_heal = true`: also run after a heal pass restored a file of the
+    /// bundle (before its health check), e.g. to restart the service that
+    /// read the drifted file. Absent from records an older agent wrote.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub on_heal: bool,
 }
 
 /// The check that must pass before a bundle version is committed.
@@ -385,7 +393,22 @@ impl Manifest {
         if self.is_multi_arch() {
             f.push(FEATURE_MULTI_ARCH);
         }
+        if self.has_heal_steps() {
+            f.push(FEATURE_HEAL_STEPS);
+        }
         f
+    }
+
+    /// The steps a heal pass runs after restoring a file of this bundle,
+    /// in their order.
+    pub fn heal_steps(&self) -> impl Iterator<Item = &Step> {
+        self.steps.iter().filter(|s| s.on_heal)
+    }
+
+    /// Whether a step has `on_heal`: only agents with
+    /// [`FEATURE_HEAL_STEPS`] may hold the bundle.
+    pub fn has_heal_steps(&self) -> bool {
+        self.heal_steps().next().is_some()
     }
 
     /// The certificate entry whose certificate is at `path`.

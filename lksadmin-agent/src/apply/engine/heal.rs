@@ -1,8 +1,8 @@
 //! Drift: a heal pass re-verifies every managed file (by its inode's
 //! metadata, by hash when that changed or once every [`FULL_REHASH_MS`]),
 //! restores the drifted ones from the cache and re-runs the bundle's
-//! health check; and housekeeping drops cached blobs and originals nothing
-//! refers to any more.
+//! `on_heal` steps and health check; and housekeeping drops cached blobs
+//! and originals nothing refers to any more.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -19,10 +19,11 @@ use crate::apply::state::{Activity, Content};
 impl Engine {
     /// Re-verifies every managed file by size, mode and hash; restores the
     /// drifted ones from the cache (fetching again if needed), re-runs the
-    /// health check of each bundle that needed repair, and reports. A file
-    /// whose inode is unchanged since its bytes last matched is not read
-    /// again, except once every [`FULL_REHASH_MS`]: an idle node's pass
-    /// costs a `stat` per file, not a read of every byte it manages.
+    /// `on_heal` steps and the health check of each bundle a file of which
+    /// was restored, and reports. A file whose inode is unchanged since its
+    /// bytes last matched is not read again, except once every
+    /// [`FULL_REHASH_MS`]: an idle node's pass costs a `stat` per file, not
+    /// a read of every byte it manages.
     pub async fn heal(&mut self) -> Result<HealReport, EngineError> {
         self.recover().await?;
         // A kill between a commit and its cache copy left blobs uncached.
@@ -61,12 +62,7 @@ impl Engine {
             }
             let mut message = String::new();
             if !repaired.is_empty() {
-                message = format!("restored {}", repaired.join(", "));
-                match self.health_check(&m).await {
-                    Ok(()) if m.health.is_some() => message.push_str("; health check passed"),
-                    Ok(()) => {}
-                    Err(e) => message.push_str(&format!("; {e}")),
-                }
+                message = format!("restored {}{}", repaired.join(", "), self.after_repair(&m).await);
                 self.event("repaired", &name, &m.version, &message);
             }
             if !failed.is_empty() {
@@ -95,6 +91,28 @@ impl Engine {
             report.failed.extend(failed);
         }
         Ok(report)
+    }
+
+    /// What a bundle does once a file of it was restored: its `on_heal`
+    /// steps, then its health check, each outcome as "; …" for the
+    /// report. A failed step stops the steps after it, but the health
+    /// check still runs: the files are the committed version, so there is
+    /// nothing to roll back to — the report is the remedy.
+    async fn after_repair(&self, m: &Manifest) -> String {
+        let mut out = String::new();
+        let steps: Vec<String> = m.heal_steps().map(|s| format!("{:?}", s.name)).collect();
+        match self.run_heal_steps(m).await {
+            Ok(()) if steps.is_empty() => {}
+            Ok(()) if steps.len() == 1 => out.push_str(&format!("; ran step {}", steps[0])),
+            Ok(()) => out.push_str(&format!("; ran steps {}", steps.join(", "))),
+            Err(e) => out.push_str(&format!("; {e}")),
+        }
+        match self.health_check(m).await {
+            Ok(()) if m.health.is_some() => out.push_str("; health check passed"),
+            Ok(()) => {}
+            Err(e) => out.push_str(&format!("; {e}")),
+        }
+        out
     }
 
     /// Whether `path`'s inode is as it was when its bytes were last found

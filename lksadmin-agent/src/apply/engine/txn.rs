@@ -9,6 +9,7 @@ use std::fs;
 use std::path::Path;
 
 use lks_proto::fsutil::{self, FsError};
+use lks_proto::manifest::Step;
 use lks_proto::{BundleState, Digest, Manifest};
 
 use super::{
@@ -496,7 +497,22 @@ impl Engine {
     }
 
     async fn run_steps(&self, m: &Manifest) -> Result<(), ApplyError> {
-        for s in &m.steps {
+        self.run_these_steps(m, &m.steps).await
+    }
+
+    /// The steps a heal pass runs after restoring a file of `m`
+    /// (`on_heal`), in order, as apply runs them; the first failure stops
+    /// them.
+    pub(super) async fn run_heal_steps(&self, m: &Manifest) -> Result<(), ApplyError> {
+        self.run_these_steps(m, m.heal_steps()).await
+    }
+
+    async fn run_these_steps<'a>(
+        &self,
+        m: &Manifest,
+        steps: impl IntoIterator<Item = &'a Step>,
+    ) -> Result<(), ApplyError> {
+        for s in steps {
             let out = self
                 .runner
                 .run(&CommandSpec {

@@ -60,6 +60,46 @@ fn loads_the_design_example() {
 }
 
 #[test]
+fn on_heal_steps() {
+    let d = dir_with(&[("kubelet.conf", b"conf")]);
+    let text = GOOD.replace(
+        "timeout = \"60s\"\n",
+        "timeout = \"60s\"\non_heal = true\n\n[[step]]\nname = \"log\"\nrun = [\"true\"]\non_heal = false\n",
+    );
+    let m = parse_bundle_toml(&text, d.path(), &mut RequireSize)
+        .unwrap()
+        .manifest;
+    assert_eq!(
+        m.steps.iter().map(|s| s.on_heal).collect::<Vec<_>>(),
+        vec![true, false]
+    );
+    assert_eq!(m.required_features(), vec![crate::manifest::FEATURE_HEAL_STEPS]);
+    let plain = parse_bundle_toml(GOOD, d.path(), &mut RequireSize)
+        .unwrap()
+        .manifest;
+    assert!(!plain.steps[0].on_heal, "the default");
+    let err = parse_bundle_toml(
+        &GOOD.replace("timeout = \"60s\"\n", "timeout = \"60s\"\non_heal = \"yes\"\n"),
+        d.path(),
+        &mut RequireSize,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("line 21") && err.contains("expected a boolean"),
+        "{err}"
+    );
+    let err = parse_bundle_toml(
+        &GOOD.replace("timeout = \"60s\"\n", "timeout = \"60s\"\non_heals = true\n"),
+        d.path(),
+        &mut RequireSize,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("on_heals"), "{err}");
+}
+
+#[test]
 fn toml_to_manifest_to_protobuf_and_back() {
     let d = dir_with(&[("kubelet.conf", b"conf")]);
     let b = parse_bundle_toml(GOOD, d.path(), &mut RequireSize).unwrap();
@@ -480,7 +520,7 @@ proptest! {
                 url: (i % 2 == 1).then(|| format!("https://m/{i}")),
             }).collect(),
             steps: steps.into_iter().enumerate().map(|(i, run)| Step {
-                name: format!("s{i}"), run, timeout: Duration::from_millis(1 + i as u64),
+                name: format!("s{i}"), run, timeout: Duration::from_millis(1 + i as u64), on_heal: i % 2 == 1,
             }).collect(),
             health: None,
             ..Default::default()

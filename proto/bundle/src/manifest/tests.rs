@@ -30,6 +30,7 @@ pub fn sample() -> Manifest {
             name: "restart kubelet".into(),
             run: vec!["systemctl".into(), "restart".into(), "kubelet".into()],
             timeout: Duration::from_secs(60),
+            on_heal: false,
         }],
         health: Some(HealthCheck {
             run: vec!["/usr/local/bin/kubelet-healthy".into()],
@@ -353,6 +354,49 @@ fn serde_round_trip_validates_on_the_way_in() {
     let bad = text.replace("name = \"kubelet\"", "name = \"Kubelet\"");
     let err = toml::from_str::<Manifest>(&bad).unwrap_err().to_string();
     assert!(err.contains("name"), "{err}");
+}
+
+/// A step's `on_heal` needs the agent feature, and agent records written
+/// before the field existed still load (as `false`).
+#[test]
+fn heal_steps_need_their_feature_and_old_records_load() {
+    let mut m = sample();
+    assert!(!m.has_heal_steps());
+    assert!(!m.required_features().contains(&FEATURE_HEAL_STEPS));
+    let old_json = serde_json::to_string(&m).unwrap();
+    assert!(!old_json.contains("on_heal"), "{old_json}");
+    assert_eq!(serde_json::from_str::<Manifest>(&old_json).unwrap(), m);
+
+    m.steps.push(Step {
+        name: "reload".into(),
+        run: vec!["systemctl".into(), "daemon-reload".into()],
+        timeout: Duration::from_secs(30),
+        on_heal: true,
+    });
+    m.validate().unwrap();
+    assert_eq!(m.required_features(), vec![FEATURE_HEAL_STEPS]);
+    assert_eq!(
+        m.heal_steps().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+        vec!["reload"]
+    );
+    let json = serde_json::to_string(&m).unwrap();
+    assert!(json.contains("\"on_heal\":true"), "{json}");
+    assert_eq!(serde_json::from_str::<Manifest>(&json).unwrap(), m);
+    let text = toml::to_string(&m).unwrap();
+    assert_eq!(toml::from_str::<Manifest>(&text).unwrap(), m);
+
+    let refusal = Needs::of(&m)
+        .node_refusal(&[FEATURE_MULTI_ARCH.to_string()], None)
+        .unwrap();
+    assert!(
+        refusal.starts_with("its agent does not announce the \"heal-steps\" feature kubelet@1.29.3-1 needs"),
+        "{refusal}"
+    );
+    assert!(refusal.ends_with("update the agent first"), "{refusal}");
+    assert_eq!(
+        Needs::of(&m).node_refusal(&[FEATURE_HEAL_STEPS.to_string()], None),
+        None
+    );
 }
 
 #[test]
