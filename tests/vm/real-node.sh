@@ -29,8 +29,11 @@
 #   6. a broken kubelet (a drop-in with a flag the kubelet refuses) → the
 #      health check fails → rollback restores v1.37.2's files and re-runs its
 #      steps → the Node is Ready again at v1.37.2;
-#   7. drift: the kubelet's drop-in deleted on the node → restored by the
-#      agent (inotify, then a heal pass), the Node stays Ready.
+#   7. drift: the kubelet's drop-in deleted on the node, then edited by hand
+#      to run the image's old kubelet (and that kubelet started) → restored
+#      by the agent (inotify, then a heal pass), whose on_heal steps reload
+#      systemd and restart the kubelet → the bundle's kubelet runs again and
+#      the Node is Ready at v1.37.2.
 #
 #   tests/vm/real-node.sh [--profile release|dev] [--no-lint] [--no-build]
 #
@@ -427,12 +430,45 @@ check "the Node is Ready" node_ready
 check "the Node reports $NEW" test "$(kubelet_version)" = "$NEW"
 check "kubelet.service runs /usr/local/bin/kubelet" test "$(kubelet_exe)" = /usr/local/bin/kubelet
 
-# --- 7. drift --------------------------------------------------------------------
+# --- 7. drift ----------------------------------------------------------------------
+# kubelet-upgrade's steps (daemon-reload, restart kubelet) run on heal too
+# (`on_heal = true`): a restored drop-in is what the kubelet then runs.
+repaired_events() {
+  lksctl event list --node "$NODE" -o json |
+    jq '[.[] | select(.kind == "repaired" and .bundle == "kubelet")] | length'
+}
+# Deleted: restored, the kubelet restarted on it.
+events0=$(repaired_events)
 vm_exec rm -f "$dropin"
 dropin_back() { [ "$(vm_exec sha256sum "$dropin" 2>/dev/null | cut -d' ' -f1)" = "$good_dropin" ]; }
 wait_for "the agent restored the deleted drop-in $dropin" 30 dropin_back
-check "the Node stays Ready" node_ready
-check "kubelet.service still runs /usr/local/bin/kubelet" test "$(kubelet_exe)" = /usr/local/bin/kubelet
+one_more_repair() { [ "$(repaired_events)" -gt "$1" ]; }
+wait_for "the server got the node's repaired event" 30 one_more_repair "$events0"
+lksctl event list --node "$NODE" -o json |
+  jq -r '[.[] | select(.kind == "repaired" and .bundle == "kubelet")] | last | .message' >"$work/repaired.txt"
+vm_log "repaired: $(cat "$work/repaired.txt")"
+check "the heal ran the bundle's on_heal steps (daemon-reload, restart kubelet)" \
+  grep -q 'ran steps "systemctl daemon-reload", "systemctl restart kubelet"' "$work/repaired.txt"
+wait_for "the Node is Ready" 60 node_ready
+
+# Edited by hand, while the agent was stopped, to run the image's old
+# kubelet, and that kubelet started: the agent, back, restores the drop-in
+# and its on_heal steps restart the kubelet the bundle installed, so the
+# Node reports NEW again.
+events0=$(repaired_events)
+vm_exec systemctl stop lksadmin-agent || vm_die "could not stop the agent in the VM"
+vm_exec sh -c "sed -i 's|^ExecStart=/usr/local/bin/kubelet |ExecStart=/usr/bin/kubelet |' $dropin &&
+  systemctl daemon-reload && systemctl restart kubelet" || vm_die "could not edit the drop-in in the VM"
+check "the edit took: kubelet.service runs the image's /usr/bin/kubelet" test "$(kubelet_exe)" = /usr/bin/kubelet
+edited_at=$(date +%s)
+vm_exec systemctl start lksadmin-agent || vm_die "could not start the agent in the VM"
+wait_for "the agent, started again, restored the edited drop-in" 90 dropin_back
+wait_for "the server got the node's repaired event" 30 one_more_repair "$events0"
+runs_bundle_kubelet() { [ "$(kubelet_exe)" = /usr/local/bin/kubelet ]; }
+wait_for "kubelet.service runs /usr/local/bin/kubelet again (restarted by the heal's steps)" 60 runs_bundle_kubelet
+wait_for "the restarted kubelet renewed its Lease" 60 lease_renewed_since "$edited_at"
+reports_new() { [ "$(kubelet_version)" = "$NEW" ] && node_ready; }
+wait_for "the Node is Ready and reports $NEW" 60 reports_new
 
 section "PASS"
 lksctl node list --cluster "$CLUSTER" >&2
