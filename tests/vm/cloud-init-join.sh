@@ -60,8 +60,7 @@ repo=$(cd "$here/../.." && pwd)
 
 usage="usage: tests/vm/cloud-init-join.sh [--profile release|dev] [--no-lint] [--no-build]"
 vm_parse_args "$usage" "$@"
-profile=$VM_PROFILE build=$VM_BUILD bin=$VM_BIN
-build_args=("${VM_BUILD_ARGS[@]}")
+bin=$VM_BIN
 
 CLUSTER=vm-test
 # Seconds instead of the shipped 30 s and 5 s, so that "no restart over more
@@ -70,12 +69,10 @@ CLUSTER=vm-test
 WATCHDOG_SEC=3
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/lks-cloud-init-join.XXXXXX")
-SERVER_PID=""
 HTTP_PID=""
 
 
 on_exit() {
-  stop_pid "$SERVER_PID"
   stop_pid "$HTTP_PID"
   if [ "${LKS_VM_KEEP:-0}" = 1 ]; then
     vm_log "kept $work (LKS_VM_KEEP=1)"
@@ -137,16 +134,8 @@ else
 fi
 
 # --- 1. packages ------------------------------------------------------------
-if [ "$build" = 1 ]; then
-  vm_log "building the packages ($profile profile): packaging/deb/build.sh"
-  bash "$repo/packaging/deb/build.sh" --profile "$profile" "${build_args[@]}" >"$work/debs.txt" ||
-    vm_die "packaging/deb/build.sh failed (output above)"
-fi
-agent_deb=$(find "$repo/target/debian" -maxdepth 1 -name 'lksadmin-agent_*.deb' 2>/dev/null | sort -V | tail -n 1)
-[ -n "$agent_deb" ] || vm_die "no target/debian/lksadmin-agent_*.deb: run without --no-build"
-for b in lks-control-server lksctl; do
-  [ -x "$bin/$b" ] || vm_die "$bin/$b missing: run without --no-build"
-done
+vm_packages "$work"
+agent_deb=$VM_AGENT_DEB
 deb_name=$(basename "$agent_deb")
 vm_log "package: $deb_name ($(du -h "$agent_deb" | cut -f1))"
 
@@ -171,17 +160,7 @@ http_up() {
 wait_for "serving $package_url ($httpd)" 20 http_up
 
 # --- 2. control server, cluster, token ---------------------------------------
-grpc_port=$(free_port) || vm_die "no free port for the control server"
-metrics_port=$(free_port) || vm_die "no free port for the metrics endpoint"
-"$bin/lks-control-server" --data-dir "$work/server" --listen "127.0.0.1:$grpc_port" \
-  --metrics-listen "127.0.0.1:$metrics_port" --advertise-address 127.0.0.1 \
-  --agent-package "$agent_deb" >"$work/server.log" 2>&1 &
-SERVER_PID=$!
-server_up() {
-  kill -0 "$SERVER_PID" 2>/dev/null || vm_die "lks-control-server exited at start"
-  [ -f "$work/server/admin.conf" ] && ! port_free "$grpc_port"
-}
-wait_for "lks-control-server listening on 127.0.0.1:$grpc_port" 30 server_up
+vm_server "$work" --agent-package "$agent_deb"
 lksctl() { "$bin/lksctl" --config "$work/server/admin.conf" "$@"; }
 
 lksctl cluster create "$CLUSTER" >/dev/null || vm_die "lksctl cluster create failed"
@@ -405,7 +384,7 @@ check "the user-data writes the cluster CA for curl (write_files)" grep -q '^wri
 section "user-data from lksctl token create --cloud-init (no --package-url)"
 cat "$work/user-data-server" >&2
 package_requests() {
-  curl -fsS "http://127.0.0.1:$metrics_port/metrics" |
+  curl -fsS "http://127.0.0.1:$VM_METRICS_PORT/metrics" |
     sed -n 's/^lks_agent_package_requests_total{result="ok"} //p'
 }
 served_before=$(package_requests)

@@ -10,6 +10,11 @@
 #                                       the EXIT trap this file sets calls it)
 #   vm_die MESSAGE                      fail: diagnostics, console tail, cleanup,
 #                                       one FAIL line
+#   vm_packages WORK                    the .debs (built unless --no-build):
+#                                       VM_AGENT_DEB
+#   vm_server WORK [ARG...]             lks-control-server on loopback, data
+#                                       in WORK/server (VM_SERVER_PID; stopped
+#                                       at exit)
 #
 # Hooks (function names, set before vm_start):
 #   VM_PREBOOT_HOOK   called with the VM's root after the seed is written and
@@ -99,6 +104,10 @@ vm__on_exit() {
   # A command that failed under `set -e` did not go through vm_die.
   [ "$status" -eq 0 ] || vm__diagnose
   vm_stop
+  if [ -n "${VM_SERVER_PID:-}" ]; then
+    stop_pid "$VM_SERVER_PID"
+    VM_SERVER_PID=""
+  fi
   if [ -n "${VM_EXIT_HOOK:-}" ]; then
     "$VM_EXIT_HOOK" || true
   fi
@@ -253,6 +262,49 @@ vm_stop() {
 }
 
 # --- helpers of the test scripts ---------------------------------------------
+
+# vm_packages WORK: the packages a VM test installs. Builds the .debs of the
+# profile (vm_parse_args) unless --no-build, then sets VM_AGENT_DEB (the
+# newest target/debian/lksadmin-agent_*.deb) and checks that the profile's
+# server and lksctl exist. build.sh's output goes to WORK/debs.txt.
+# shellcheck disable=SC2034 # VM_AGENT_DEB is the output, read by the caller
+vm_packages() {
+  local work=$1 repo b
+  repo=$(cd "$VM_LIB_DIR/../.." && pwd)
+  if [ "$VM_BUILD" = 1 ]; then
+    vm_log "building the packages ($VM_PROFILE profile): packaging/deb/build.sh"
+    bash "$repo/packaging/deb/build.sh" --profile "$VM_PROFILE" "${VM_BUILD_ARGS[@]}" >"$work/debs.txt" ||
+      vm_die "packaging/deb/build.sh failed (output above)"
+  fi
+  VM_AGENT_DEB=$(find "$repo/target/debian" -maxdepth 1 -name 'lksadmin-agent_*.deb' 2>/dev/null | sort -V | tail -n 1)
+  [ -n "$VM_AGENT_DEB" ] || vm_die "no target/debian/lksadmin-agent_*.deb: run without --no-build"
+  for b in lks-control-server lksctl; do
+    [ -x "$VM_BIN/$b" ] || vm_die "$VM_BIN/$b missing: run without --no-build"
+  done
+}
+
+# vm_server WORK [ARG...]: starts the profile's lks-control-server on
+# loopback (free ports, data dir WORK/server, log WORK/server.log, ARGs
+# added) and waits until it listens and has written admin.conf. Sets
+# VM_SERVER_PID (the EXIT trap stops it) and VM_METRICS_PORT (/metrics).
+# shellcheck disable=SC2034 # VM_METRICS_PORT is an output, read by the caller
+vm_server() {
+  local work=$1 grpc_port metrics_port
+  shift
+  grpc_port=$(free_port) || vm_die "no free port for the control server"
+  metrics_port=$(free_port) || vm_die "no free port for the metrics endpoint"
+  "$VM_BIN/lks-control-server" --data-dir "$work/server" --listen "127.0.0.1:$grpc_port" \
+    --metrics-listen "127.0.0.1:$metrics_port" --advertise-address 127.0.0.1 "$@" >"$work/server.log" 2>&1 &
+  VM_SERVER_PID=$!
+  VM_SERVER_WORK=$work VM_SERVER_PORT=$grpc_port VM_METRICS_PORT=$metrics_port
+  wait_for "lks-control-server listening on 127.0.0.1:$grpc_port" 30 vm__server_up
+}
+
+vm__server_up() {
+  kill -0 "$VM_SERVER_PID" 2>/dev/null || vm_die "lks-control-server exited at start"
+  [ -f "$VM_SERVER_WORK/server/admin.conf" ] && ! port_free "$VM_SERVER_PORT"
+}
+
 
 # check DESCRIPTION COMMAND...: one progress line, or fail with DESCRIPTION.
 check() {

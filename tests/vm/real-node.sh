@@ -66,8 +66,7 @@ repo=$(cd "$here/../.." && pwd)
 
 usage="usage: tests/vm/real-node.sh [--profile release|dev] [--no-lint] [--no-build]"
 vm_parse_args "$usage" "$@"
-profile=$VM_PROFILE build=$VM_BUILD bin=$VM_BIN
-build_args=("${VM_BUILD_ARGS[@]}")
+bin=$VM_BIN
 
 CLUSTER=real-node
 OLD=v1.36.3
@@ -75,7 +74,6 @@ NEW=v1.37.2
 # containerd's state must be on a real file system (its overlayfs snapshots
 # cannot sit on the VM's overlay root): not tmpfs either.
 work=$(mktemp -d "${LKS_REAL_NODE_TMP:-/var/tmp}/lks-real-node.XXXXXX")
-SERVER_PID=""
 HTTP_PID=""
 ROLLOUT_PID=""
 SYSCTLS=(kernel.panic=10 kernel.panic_on_oops=1 vm.overcommit_memory=1 net.ipv4.ip_forward=1)
@@ -83,7 +81,6 @@ SAVED_SYSCTLS=()
 
 on_exit() {
   stop_pid "$ROLLOUT_PID"
-  stop_pid "$SERVER_PID"
   stop_pid "$HTTP_PID"
   tenant_stop
   local kv
@@ -144,16 +141,8 @@ old_bin=$(bash "$repo/scripts/kube.sh" tests/kubelet-1.36 --print-dir)/bin
 check "kubelet $OLD built" test "$("$old_bin/kubelet" --version)" = "Kubernetes $OLD"
 check "kubelet $NEW built" test "$("$new_bin/kubelet" --version)" = "Kubernetes $NEW"
 
-if [ "$build" = 1 ]; then
-  vm_log "building the packages ($profile profile): packaging/deb/build.sh"
-  bash "$repo/packaging/deb/build.sh" --profile "$profile" "${build_args[@]}" >"$work/debs.txt" ||
-    vm_die "packaging/deb/build.sh failed (output above)"
-fi
-agent_deb=$(find "$repo/target/debian" -maxdepth 1 -name 'lksadmin-agent_*.deb' 2>/dev/null | sort -V | tail -n 1)
-[ -n "$agent_deb" ] || vm_die "no target/debian/lksadmin-agent_*.deb: run without --no-build"
-for b in lks-control-server lksctl; do
-  [ -x "$bin/$b" ] || vm_die "$bin/$b missing: run without --no-build"
-done
+vm_packages "$work"
+agent_deb=$VM_AGENT_DEB
 "$here/build-root.sh" >/dev/null || vm_die "could not build the VM root (see above)"
 
 # The pause image: a static pause process in a one-layer image.
@@ -208,16 +197,7 @@ imageGCLowThresholdPercent: 99
 serializeImagePulls: false'
 tenant_start "$work/tenant"
 
-grpc_port=$(free_port) || vm_die "no free port for the control server"
-metrics_port=$(free_port) || vm_die "no free port for the metrics endpoint"
-"$bin/lks-control-server" --data-dir "$work/server" --listen "127.0.0.1:$grpc_port" \
-  --metrics-listen "127.0.0.1:$metrics_port" --advertise-address 127.0.0.1 >"$work/server.log" 2>&1 &
-SERVER_PID=$!
-server_up() {
-  kill -0 "$SERVER_PID" 2>/dev/null || vm_die "lks-control-server exited at start"
-  [ -f "$work/server/admin.conf" ] && ! port_free "$grpc_port"
-}
-wait_for "lks-control-server listening on 127.0.0.1:$grpc_port" 30 server_up
+vm_server "$work"
 lksctl() { "$bin/lksctl" --config "$work/server/admin.conf" "$@"; }
 lksctl cluster create "$CLUSTER" >/dev/null || vm_die "lksctl cluster create failed"
 lksctl cluster set "$CLUSTER" --kubeconfig "$TENANT_ADMIN_CONF" >"$work/cluster-set.out" 2>&1 ||

@@ -55,8 +55,7 @@ repo=$(cd "$here/../.." && pwd)
 
 usage="usage: tests/vm/self-update.sh [--profile release|dev] [--no-lint] [--no-build]"
 vm_parse_args "$usage" "$@"
-profile=$VM_PROFILE build=$VM_BUILD bin=$VM_BIN
-build_args=("${VM_BUILD_ARGS[@]}")
+bin=$VM_BIN
 
 CLUSTER=vm-self-update
 AGENT=/usr/bin/lksadmin-agent
@@ -67,11 +66,9 @@ START_TIMEOUT=10
 DEADLINE=15
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/lks-self-update.XXXXXX")
-SERVER_PID=""
 
 
 on_exit() {
-  stop_pid "$SERVER_PID"
   if [ "${LKS_VM_KEEP:-0}" = 1 ]; then
     vm_log "kept $work (LKS_VM_KEEP=1)"
   else
@@ -122,21 +119,15 @@ mkdir -p "$work/agent-vm2"
 strip --strip-debug -o "$work/agent-vm2/lksadmin-agent" "$VM_AGENT_BIN/lksadmin-agent"
 check "the second agent says it is $v2" \
   test "$("$work/agent-vm2/lksadmin-agent" version)" = "lksadmin-agent $v2"
-# And back: target/ holds the agent without LKS_AGENT_VERSION again.
-if [ "$build" = 1 ]; then
-  vm_log "building the packages ($profile profile): packaging/deb/build.sh"
-  bash "$repo/packaging/deb/build.sh" --profile "$profile" "${build_args[@]}" >"$work/debs.txt" ||
-    vm_die "packaging/deb/build.sh failed (output above)"
-else
+# And back: target/ holds the agent without LKS_AGENT_VERSION again
+# (build.sh rebuilds it; with --no-build, cargo does).
+if [ "$VM_BUILD" = 0 ]; then
   (cd "$repo" && cargo build --quiet --profile "$VM_AGENT_PROFILE" -p lksadmin-agent --bin lksadmin-agent) ||
     vm_die "cargo build of the agent failed (output above)"
 fi
+vm_packages "$work"
 check "target/ holds agent $base again" test "$("$VM_AGENT_BIN/lksadmin-agent" version)" = "lksadmin-agent $base"
-agent_deb=$(find "$repo/target/debian" -maxdepth 1 -name 'lksadmin-agent_*.deb' 2>/dev/null | sort -V | tail -n 1)
-[ -n "$agent_deb" ] || vm_die "no target/debian/lksadmin-agent_*.deb: run without --no-build"
-for b in lks-control-server lksctl; do
-  [ -x "$bin/$b" ] || vm_die "$bin/$b missing: run without --no-build"
-done
+agent_deb=$VM_AGENT_DEB
 
 for how in exit hang no-connect; do
   mkdir -p "$work/agent-$how"
@@ -149,16 +140,7 @@ vm_log "ok: compiled fake agents (exit, hang, no-connect) from fake-agent.c"
 "$here/build-root.sh" >/dev/null || vm_die "could not build the VM root (see above)"
 
 # --- server, VM, join -------------------------------------------------------------
-grpc_port=$(free_port) || vm_die "no free port for the control server"
-metrics_port=$(free_port) || vm_die "no free port for the metrics endpoint"
-"$bin/lks-control-server" --data-dir "$work/server" --listen "127.0.0.1:$grpc_port" \
-  --metrics-listen "127.0.0.1:$metrics_port" --advertise-address 127.0.0.1 >"$work/server.log" 2>&1 &
-SERVER_PID=$!
-server_up() {
-  kill -0 "$SERVER_PID" 2>/dev/null || vm_die "lks-control-server exited at start"
-  [ -f "$work/server/admin.conf" ] && ! port_free "$grpc_port"
-}
-wait_for "lks-control-server listening on 127.0.0.1:$grpc_port" 30 server_up
+vm_server "$work"
 lksctl() { "$bin/lksctl" --config "$work/server/admin.conf" "$@"; }
 lksctl cluster create "$CLUSTER" >/dev/null || vm_die "lksctl cluster create failed"
 join_line=$(lksctl token create --cluster "$CLUSTER" --ttl 1h --uses 1) || vm_die "lksctl token create failed"
