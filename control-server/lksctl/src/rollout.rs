@@ -152,7 +152,7 @@ pub async fn run(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
                 }
                 return Ok(());
             }
-            let r = start(
+            let (r, warnings) = start(
                 c,
                 url,
                 &Start {
@@ -172,6 +172,9 @@ pub async fn run(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
                 },
             )
             .await?;
+            for w in &warnings {
+                eprintln!("warning: {w}");
+            }
             follow_started(c, url, &r, wait, output).await
         }
         RolloutCmd::Status { id, watch: w, output } => status_of(c, url, &id, w, output).await,
@@ -356,7 +359,10 @@ pub fn check_start(cluster: &str, bundle: &str, selector: &str) -> anyhow::Resul
 }
 
 /// `rollout start` (the CLI and the console): checks, then starts.
-pub async fn start(c: &mut Client, url: &str, s: &Start<'_>) -> anyhow::Result<pb::Rollout> {
+/// Starts a rollout; the rollout as it started and the server's warnings
+/// about it (one line each, e.g. a kubelet version far behind the tenant
+/// API server's), which the caller shows.
+pub async fn start(c: &mut Client, url: &str, s: &Start<'_>) -> anyhow::Result<(pb::Rollout, Vec<String>)> {
     check_start(s.cluster, s.bundle, s.selector)?;
     let (name, version) = parse_bundle_ref(s.bundle).context("--bundle")?;
     let offline_deadline_seconds = match s.offline_deadline {
@@ -388,8 +394,20 @@ pub async fn start(c: &mut Client, url: &str, s: &Start<'_>) -> anyhow::Result<p
     .await
     .map_err(|e| status(url, e))
     .with_context(|| format!("start rollout of {} on cluster {}", s.bundle, s.cluster))
-    .map(tonic::Response::into_inner)
+    .map(|r| {
+        let warnings = r
+            .metadata()
+            .get_all(WARNING_HEADER)
+            .iter()
+            .filter_map(|v| v.to_str().ok().map(str::to_string))
+            .collect();
+        (r.into_inner(), warnings)
+    })
 }
+
+/// The response metadata a started rollout's warnings come in (the
+/// server's `api::rollouts::WARNING_HEADER`).
+const WARNING_HEADER: &str = "lks-warning";
 
 /// `rollout start --dry-run`: the nodes the selector matches, in the order a
 /// rollout starts them (name order), those that would fail at their turn

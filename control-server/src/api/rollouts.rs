@@ -26,6 +26,9 @@ crate::context::shared_view! {
     /// stream a watch.
     pub(super) struct Deps {
         store: Arc<dyn Store>,
+        /// The tenant APIs, for the API server's version a start's
+        /// `--kubelet-version` is checked against.
+        tenants: Arc<lks_kube::tenant::TenantApis>,
         /// The rollout controller's command queue.
         rollouts: controller::Handle,
         rollout_updates: tokio::sync::watch::Sender<u64>,
@@ -43,8 +46,66 @@ pub(super) async fn start(
 ) -> Result<Response<pb::Rollout>, Status> {
     let selector =
         start::check_names(&r.cluster, &r.bundle, &r.version, &r.selector).map_err(OpError::from)?;
-    let row = start::start(s.store.as_ref(), &s.rollouts, start_request(r, selector, who)).await?;
-    Ok(Response::new(rollout_pb(&row)))
+    let mut warnings = Vec::new();
+    let api_version = if r.kubelet_version.is_empty() {
+        None
+    } else {
+        match tenant_api_version(&s.tenants, &r.cluster).await {
+            Ok(v) => v,
+            Err(w) => {
+                warnings.push(w);
+                None
+            }
+        }
+    };
+    let mut request = start_request(r, selector, who);
+    request.tenant_api_version = api_version;
+    let started = start::start(s.store.as_ref(), &s.rollouts, request).await?;
+    warnings.extend(started.warnings);
+    let mut answer = Response::new(rollout_pb(&started.row));
+    for w in warnings {
+        tracing::warn!(rollout = %started.row.id, "{w}");
+        // As kube-apiserver's `Warning` header: lksctl prints each one.
+        if let Ok(v) = tonic::metadata::MetadataValue::try_from(w.as_str()) {
+            answer.metadata_mut().append(WARNING_HEADER, v);
+        }
+    }
+    Ok(answer)
+}
+
+/// The response metadata a start's warnings travel in, one value each.
+pub const WARNING_HEADER: &str = "lks-warning";
+
+/// How long a start waits for the tenant API server's version.
+const VERSION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The version of `cluster`'s tenant API server; `Ok(None)` when the
+/// cluster has no kubeconfig (the start is refused for that later, if it
+/// drains), `Err` with the warning when it cannot be read now.
+async fn tenant_api_version(
+    tenants: &lks_kube::tenant::TenantApis,
+    cluster: &str,
+) -> Result<Option<String>, String> {
+    let not_checked = |why: String| {
+        format!(
+            "cluster {cluster}'s API server version could not be read ({why}): the kubelet version skew was not checked"
+        )
+    };
+    let client = match tenants.client(cluster).await {
+        Ok(Some((client, _))) => client,
+        Ok(None) => return Ok(None),
+        Err(e) => return Err(not_checked(e.to_string())),
+    };
+    match tokio::time::timeout(VERSION_TIMEOUT, client.apiserver_version()).await {
+        Ok(Ok(v)) => Ok(Some(v.git_version)),
+        Ok(Err(e)) => Err(not_checked(
+            e.to_string().split_whitespace().collect::<Vec<_>>().join(" "),
+        )),
+        Err(_) => Err(not_checked(format!(
+            "no answer within {}s",
+            VERSION_TIMEOUT.as_secs()
+        ))),
+    }
 }
 
 /// A start as `ops::start` takes it.
@@ -73,6 +134,7 @@ fn start_request(r: pb::StartRolloutRequest, selector: Labels, who: String) -> S
             on_drain_timeout: r.on_drain_timeout,
             kubelet_version: r.kubelet_version,
         },
+        tenant_api_version: None,
         started_by: who,
     }
 }

@@ -2,11 +2,13 @@
 //! stored — a retried start (same request ID) gets its rollout back, the
 //! bundle must be published and the cluster exist, an identity bundle
 //! needs the cluster's CA and API server, the limits, no path conflict on
-//! any target node, the policy (`start/policy.rs`), and a rollout that
+//! any target node, the policy (`start/policy.rs`), the kubelet version
+//! against the tenant API server's (`start/skew.rs`), and a rollout that
 //! drains waits until every replica reads its fields. Then the rollout
 //! controller records it and starts its first batch.
 
 mod policy;
+pub mod skew;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -54,8 +56,20 @@ pub struct StartRollout {
     pub offline_deadline_seconds: u64,
     pub policy: PolicyRequest,
     pub drain: DrainRequest,
+    /// The tenant API server's version (`v1.37.2`) when the cluster has a
+    /// kubeconfig and its API answered; the kubelet version a draining
+    /// start names is checked against it (`start/skew.rs`).
+    pub tenant_api_version: Option<String>,
     /// The admin who asked.
     pub started_by: String,
+}
+
+/// A rollout as it stands after its start, and what the operator should be
+/// told about it (one line each; nothing stops the start).
+#[derive(Debug)]
+pub struct Started {
+    pub row: RolloutRow,
+    pub warnings: Vec<String>,
 }
 
 /// Why a rollout is not started.
@@ -109,6 +123,8 @@ pub enum StartError {
     },
     #[error(transparent)]
     Policy(#[from] policy::PolicyError),
+    #[error(transparent)]
+    Skew(#[from] skew::NewerThanApi),
     #[error(
         "{what} waits until every replica is upgraded: replica {replica} runs {release} (store format {format}, this needs {needs}); \
          finish the rolling upgrade, or start it without --drain"
@@ -131,7 +147,8 @@ impl StartError {
             StartError::NoClusterCa { .. }
             | StartError::NoApiServer { .. }
             | StartError::PathConflict { .. }
-            | StartError::OlderReplica { .. } => Kind::FailedPrecondition,
+            | StartError::OlderReplica { .. }
+            | StartError::Skew(_) => Kind::FailedPrecondition,
             StartError::AssignedMissing { .. } => Kind::Internal,
             StartError::Policy(e) => e.kind(),
             StartError::Name(_)
@@ -165,14 +182,17 @@ pub async fn start(
     store: &(impl RolloutStore + BundleStore + ClusterStore + NodeStore + ?Sized),
     controller: &controller::Handle,
     r: StartRollout,
-) -> Result<RolloutRow, OpError> {
+) -> Result<Started, OpError> {
     check_request_id(&r.request_id)?;
     let id = if r.request_id.is_empty() {
         random_id()
     } else {
         let id = request_rollout_id(&r.request_id);
         if let Some(done) = store.get_rollout(&id).await? {
-            return Ok(same_request(&r, done)?);
+            return Ok(Started {
+                row: same_request(&r, done)?,
+                warnings: Vec::new(),
+            });
         }
         id
     };
@@ -205,6 +225,12 @@ pub async fn start(
     let matched = matched_nodes(store, &r.cluster, &r.selector).await?;
     let mut policy = r.policy.check(&r.request_id, matched).map_err(StartError::from)?;
     policy.drain = r.drain.check(&cluster).map_err(StartError::from)?;
+    let mut warnings = Vec::new();
+    if let Some(d) = policy.drain.as_ref().filter(|d| !d.kubelet_version.is_empty())
+        && let Some(api) = &r.tenant_api_version
+    {
+        warnings.extend(skew::check(&r.cluster, &d.kubelet_version, api).map_err(StartError::from)?);
+    }
     if policy.drain.is_some() {
         every_replica_reads(store, DRAIN_FORMAT, "a rollout that drains").await?;
     }
@@ -230,7 +256,7 @@ pub async fn start(
             now_ms: now_ms(),
         })
         .await?;
-    Ok(row)
+    Ok(Started { row, warnings })
 }
 
 /// Nodes of `cluster` the selector matches now.

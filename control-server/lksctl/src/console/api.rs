@@ -255,7 +255,7 @@ impl Api {
                 rollout::check_start(&form.cluster, &form.bundle, &form.selector)?;
                 self.timed(async {
                     let (mut c, url) = self.client().await?;
-                    let r = rollout::start(
+                    let (r, warnings) = rollout::start(
                         &mut c,
                         &url,
                         &rollout::Start {
@@ -275,7 +275,11 @@ impl Api {
                         },
                     )
                     .await?;
-                    Ok(json!({ "message": output::rollout_line(&r), "rollout": output::rollout_json(&r) }))
+                    Ok(json!({
+                        "message": output::rollout_line(&r),
+                        "rollout": output::rollout_json(&r),
+                        "warnings": warnings,
+                    }))
                 })
                 .await
             }
