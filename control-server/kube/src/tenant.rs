@@ -146,6 +146,28 @@ impl TenantApis {
         Ok(Some((client, checked.server)))
     }
 
+    /// The version `cluster`'s tenant API server reports (`v1.37.2`);
+    /// `None` when the cluster has no kubeconfig. Waits at most `timeout`.
+    pub async fn server_version(
+        &self,
+        cluster: &str,
+        timeout: std::time::Duration,
+    ) -> Result<Option<String>, TenantError> {
+        let Some((client, server)) = self.client(cluster).await? else {
+            return Ok(None);
+        };
+        let api = |message: String| TenantError::Api {
+            cluster: cluster.to_string(),
+            server: server.clone(),
+            message,
+        };
+        match tokio::time::timeout(timeout, client.apiserver_version()).await {
+            Ok(Ok(v)) => Ok(Some(v.git_version)),
+            Ok(Err(e)) => Err(api(one_line(&e.to_string()))),
+            Err(_) => Err(api(format!("no answer within {}s", timeout.as_secs()))),
+        }
+    }
+
     /// Drops what is kept of `cluster` (its kubeconfig changed or went).
     pub fn forget(&self, cluster: &str) {
         if let Ok(mut c) = self.clients.lock() {

@@ -50,10 +50,12 @@ pub(super) async fn start(
     let api_version = if r.kubelet_version.is_empty() {
         None
     } else {
-        match tenant_api_version(&s.tenants, &r.cluster).await {
+        match s.tenants.server_version(&r.cluster, VERSION_TIMEOUT).await {
             Ok(v) => v,
-            Err(w) => {
-                warnings.push(w);
+            Err(e) => {
+                warnings.push(format!(
+                    "the tenant API server's version could not be read ({e}): the kubelet version skew was not checked"
+                ));
                 None
             }
         }
@@ -78,35 +80,6 @@ pub const WARNING_HEADER: &str = "lks-warning";
 
 /// How long a start waits for the tenant API server's version.
 const VERSION_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The version of `cluster`'s tenant API server; `Ok(None)` when the
-/// cluster has no kubeconfig (the start is refused for that later, if it
-/// drains), `Err` with the warning when it cannot be read now.
-async fn tenant_api_version(
-    tenants: &lks_kube::tenant::TenantApis,
-    cluster: &str,
-) -> Result<Option<String>, String> {
-    let not_checked = |why: String| {
-        format!(
-            "cluster {cluster}'s API server version could not be read ({why}): the kubelet version skew was not checked"
-        )
-    };
-    let client = match tenants.client(cluster).await {
-        Ok(Some((client, _))) => client,
-        Ok(None) => return Ok(None),
-        Err(e) => return Err(not_checked(e.to_string())),
-    };
-    match tokio::time::timeout(VERSION_TIMEOUT, client.apiserver_version()).await {
-        Ok(Ok(v)) => Ok(Some(v.git_version)),
-        Ok(Err(e)) => Err(not_checked(
-            e.to_string().split_whitespace().collect::<Vec<_>>().join(" "),
-        )),
-        Err(_) => Err(not_checked(format!(
-            "no answer within {}s",
-            VERSION_TIMEOUT.as_secs()
-        ))),
-    }
-}
 
 /// A start as `ops::start` takes it.
 fn start_request(r: pb::StartRolloutRequest, selector: Labels, who: String) -> StartRollout {
