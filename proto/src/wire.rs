@@ -35,6 +35,11 @@ pub const MAX_HEADER_LIST: u32 = 16 << 10;
 /// Longest status message sent to a client, in bytes.
 pub const MAX_STATUS_MESSAGE: usize = 4096;
 
+/// The response metadata key a server's warnings about an accepted request
+/// travel in, one value each (as kube-apiserver's `Warning` header): the
+/// control server sets it on a rollout start, lksctl prints each value.
+pub const WARNING_METADATA: &str = "lks-warning";
+
 /// The beginnings of the messages tonic gives a request it could not
 /// decode (tonic 0.14: `codec/decode.rs`, and tonic-prost's codec).
 const DECODE_ERRORS: &[&str] = &[

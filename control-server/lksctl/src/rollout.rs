@@ -397,17 +397,13 @@ pub async fn start(c: &mut Client, url: &str, s: &Start<'_>) -> anyhow::Result<(
     .map(|r| {
         let warnings = r
             .metadata()
-            .get_all(WARNING_HEADER)
+            .get_all(lks_proto::wire::WARNING_METADATA)
             .iter()
             .filter_map(|v| v.to_str().ok().map(str::to_string))
             .collect();
         (r.into_inner(), warnings)
     })
 }
-
-/// The response metadata a started rollout's warnings come in (the
-/// server's `api::rollouts::WARNING_HEADER`).
-const WARNING_HEADER: &str = "lks-warning";
 
 /// `rollout start --dry-run`: the nodes the selector matches, in the order a
 /// rollout starts them (name order), those that would fail at their turn

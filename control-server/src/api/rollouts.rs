@@ -69,14 +69,11 @@ pub(super) async fn start(
         tracing::warn!(rollout = %started.row.id, "{w}");
         // As kube-apiserver's `Warning` header: lksctl prints each one.
         if let Ok(v) = tonic::metadata::MetadataValue::try_from(w.as_str()) {
-            answer.metadata_mut().append(WARNING_HEADER, v);
+            answer.metadata_mut().append(lks_proto::wire::WARNING_METADATA, v);
         }
     }
     Ok(answer)
 }
-
-/// The response metadata a start's warnings travel in, one value each.
-pub const WARNING_HEADER: &str = "lks-warning";
 
 /// How long a start waits for the tenant API server's version.
 const VERSION_TIMEOUT: Duration = Duration::from_secs(5);
