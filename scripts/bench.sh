@@ -14,9 +14,10 @@
 #     from python3's http.server (plain HTTP, the simplest static server).
 #   - one agent installing a 256 MiB file (fresh) and replacing it with
 #     another 256 MiB version (upgrade), each a `rollout start --wait`;
-#     baseline: curl over HTTPS (the server's own agent-package endpoint,
-#     pinned CA) + openssl dgst -sha256 of the same size, which is the
-#     transfer and hashing floor. The server's data dir is on tmpfs
+#     each paired with a floor measured right after it: curl over HTTPS
+#     (the server's own agent-package endpoint, pinned CA) + openssl dgst
+#     -sha256 + one fdatasync of the same size, which is the transfer,
+#     hashing and durable-write floor. The server's data dir is on tmpfs
 #     (UPGRADE_SERVER_DIR, default /dev/shm; "same" for the agent's disk),
 #     standing in for kube0's own disk.
 #   - blob download and verify: one agent fetching a 256 MiB blob through
@@ -60,7 +61,7 @@
 #     release, on the same API server (tests/tests/kube_drain_bench.rs;
 #     RUNS_KUBE runs, default 5; PODS, UNAVAILABLE, POD_START_MS,
 #     POD_STOP_MS).
-# Usage: bash scripts/bench.sh [--only agents|sha|packages|upgrade|blob|s3|ha|footprint|storm|scale-out|swarm|kube-drain] [AGENTS...]
+# Usage: bash scripts/bench.sh [--only agents|sha|packages|upgrade|blob|s3|ha|footprint|storm|scale-out|swarm|delta-cost|kube-drain] [AGENTS...]
 #        (default: every section, agents 1000 2000; HA_AGENTS=1000,
 #        IDLE_SECONDS=60, FOOTPRINT_SECONDS=IDLE_SECONDS)
 # The issue's whole set in one run (BENCHMARKS.md, "Every figure in one run"):
@@ -73,7 +74,7 @@ cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
 only=""
 if [ "${1:-}" = --only ]; then
-  only=${2:?--only needs agents, sha, packages, upgrade, blob, s3, ha, footprint, storm, scale-out, swarm or kube-drain}
+  only=${2:?--only needs agents, sha, packages, upgrade, blob, s3, ha, footprint, storm, scale-out, swarm, delta-cost or kube-drain}
   shift 2
 fi
 want() { [ -z "$only" ] || [ "$only" = "$1" ]; }
@@ -138,6 +139,8 @@ print("%.2f %.2f %.2f %.2f %.1f %.1f" % (
 PY
 }
 median() { python3 -c 'import sys,statistics; print(round(statistics.median(float(x) for x in sys.argv[1:]), 1))' "$@"; }
+# The median of ratios, to two decimals.
+median2() { python3 -c 'import sys,statistics; print(round(statistics.median(float(x) for x in sys.argv[1:]), 2))' "$@"; }
 field() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); v=d
 for k in sys.argv[2].split("."): v=v[k]
 print(v)' "$1" "$2"; }
@@ -162,9 +165,9 @@ ca_pem() {
 start_server() {
   local dir=$1
   shift
-  srv_port=$(free_port)
+  srv_port=$(free_port) srv_metrics_port=$(free_port)
   "$bin/lks-control-server" --data-dir "$dir/server" --listen "127.0.0.1:$srv_port" \
-    --metrics-listen "127.0.0.1:$(free_port)" --advertise-address 127.0.0.1 "$@" \
+    --metrics-listen "127.0.0.1:$srv_metrics_port" --advertise-address 127.0.0.1 "$@" \
     >"$dir/server.log" 2>&1 &
   up_pids+=($!)
   for _ in $(seq 100); do [ -f "$dir/server/admin.conf" ] && break; sleep 0.1; done
@@ -337,7 +340,10 @@ if want upgrade; then
     elsewhere+=("$(mktemp -d "$srv_on/lks-bench-server.XXXXXX")")
     ln -s "${elsewhere[-1]}" "$up/server"
   fi
-  start_server "$up" --agent-package "$deb"
+  # UPGRADE_SERVER_ARGS: more server flags (e.g. "--delta-interval off").
+  read -r -a up_args <<<"${UPGRADE_SERVER_ARGS:-}"
+  start_server "$up" --agent-package "$deb" "${up_args[@]}"
+  up_server=${up_pids[-1]}
   up_port=$srv_port
   lk() { "$bin/lksctl" --config "$up/server/admin.conf" "$@"; }
   lk cluster create up >/dev/null
@@ -360,15 +366,48 @@ if want upgrade; then
   # Publishing just wrote 256 MiB on the server's side: flush it first, so
   # its writeback does not land inside the measured apply.
   # The agent's peak RSS (KiB) during each roll goes into $up/rss.
+  # The agent's CPU time (ms: utime + stime) and the bytes it passed
+  # through read and write calls (MiB; /proc/PID/io rchar and wchar,
+  # sockets and the page cache included), to tell what a rollout made the
+  # agent do apart from how long it took on a machine that may be busy.
+  cpu_ms_of() { awk -v hz="$(getconf CLK_TCK)" '{ print int(($14 + $15) * 1000 / hz) }' "/proc/$1/stat"; }
+  agent_cpu_ms() { cpu_ms_of "$up_agent"; }
+  agent_io() { awk '$1 == "rchar:" { r = $2 } $1 == "wchar:" { w = $2 } END { print r, w }' "/proc/$up_agent/io"; }
+  # Waits until the agent has used no CPU for half a second (its work
+  # after the report: the cache copy, the collection of old blobs).
+  settle() {
+    local a b
+    b=$(agent_cpu_ms)
+    for _ in $(seq 100); do
+      sleep 0.5
+      a=$b b=$(agent_cpu_ms)
+      [ "$a" != "$b" ] || return 0
+    done
+  }
+  # One rollout: prints its wall time (ms); appends the agent's peak RSS
+  # to $up/rss and "cpu_ms read_MiB written_MiB" during the rollout, then
+  # the same for its work after the report, to $up/work.
   roll() {
-    local s
+    local s c0 c1 io0 io1 io2 s0 s1
     sync
     # Reset the agent's peak RSS (VmHWM), to read the apply's own peak.
     echo 5 >"/proc/$up_agent/clear_refs" 2>/dev/null || true
+    c0=$(agent_cpu_ms) io0=$(agent_io) s0=$(cpu_ms_of "$up_server")
     s=$(date +%s%N)
     lk rollout start --cluster up --bundle "$1" --wait >/dev/null
     echo $(( ($(date +%s%N) - s) / 1000000 ))
+    c1=$(agent_cpu_ms) io1=$(agent_io) s1=$(cpu_ms_of "$up_server")
     awk '/^VmHWM/ {print $2}' "/proc/$up_agent/status" >>"$up/rss"
+    settle
+    io2=$(agent_io)
+    python3 - "$c0" "$c1" "$(agent_cpu_ms)" "$io0" "$io1" "$io2" "$s0" "$s1" >>"$up/work" <<'PY'
+import sys
+c0, c1, c2 = map(int, sys.argv[1:4])
+(r0, w0), (r1, w1), (r2, w2) = (map(int, a.split()) for a in sys.argv[4:7])
+s0, s1 = map(int, sys.argv[7:9])
+m = lambda b: round(b / 2**20)
+print(c1 - c0, m(r1 - r0), m(w1 - w0), c2 - c1, m(r2 - r1), m(w2 - w1), s1 - s0)
+PY
   }
   # shellcheck disable=SC2120 # "durable" comes through ms below
   fetch_and_hash() {
@@ -382,29 +421,52 @@ if want upgrade; then
   }
   ms() { local s; s=$(date +%s%N); "$@" >/dev/null; echo $(( ($(date +%s%N) - s) / 1000000 )); }
   fetch_and_hash
-  base=() durable=() fresh=() upgr=()
+  # The agent's own figure for the last fetch: stream_ms of its latest
+  # "blob fetched and verified" line (request to last byte verified and
+  # written, before the fsync).
+  last_stream_ms() { grep 'blob fetched and verified' "$up/agent.log" | tail -1 | sed -n 's/.*stream_ms=\([0-9]*\).*/\1/p'; }
+  # Each rollout is paired with a floor measured right after it (issue
+  # [upgrade-cost]): curl over HTTPS + openssl dgst + one fdatasync of the
+  # same size, so that a slower disk or a busier core moves both sides of
+  # a pair alike. A pair's speed is floor / rollout (1.00: as fast as the
+  # floor; above: faster).
+  fresh=() upgr=() ffloor=() ufloor=() fspeed=() uspeed=() ratio=() fstream=() ustream=()
+  pairs=() works=()
   for r in $(seq "$RUNS"); do
-    sync
-    base+=("$(ms fetch_and_hash)")
-    sync
-    durable+=("$(ms fetch_and_hash durable)")
     mkbundle "fresh$r" 1 "/opt/fresh$r/kubelet"
-    fresh+=("$(roll "fresh$r@1")")
+    f=$(roll "fresh$r@1") fs=$(last_stream_ms) fw=$(tail -1 "$up/work")
+    sync
+    ff=$(ms fetch_and_hash durable)
     mkbundle fresh1 $((r + 1)) /opt/fresh1/kubelet
-    upgr+=("$(roll "fresh1@$((r + 1))")")
+    u=$(roll "fresh1@$((r + 1))") us=$(last_stream_ms) uw=$(tail -1 "$up/work")
+    sync
+    uf=$(ms fetch_and_hash durable)
+    fresh+=("$f") ffloor+=("$ff") upgr+=("$u") ufloor+=("$uf") fstream+=("$fs") ustream+=("$us")
+    fspeed+=("$(python3 -c "print($ff/$f)")") uspeed+=("$(python3 -c "print($uf/$u)")")
+    ratio+=("$(python3 -c "print($u/$f)")")
+    works+=("| $r | fresh install | $(echo "$fw" | awk '{ printf "%d | %d | %d | %d | %d | %d | %d", $1, $2, $3, $4, $5, $6, $7 }') |"
+      "| $r | upgrade | $(echo "$uw" | awk '{ printf "%d | %d | %d | %d | %d | %d | %d", $1, $2, $3, $4, $5, $6, $7 }') |")
+    pairs+=("| $r | $f | $ff | $(python3 -c "print(round($ff/$f, 2))") | $fs | $u | $uf | $(python3 -c "print(round($uf/$u, 2))") | $us | $(python3 -c "print(round($u/$f, 2))") |")
   done
-  b=$(median "${base[@]}") d=$(median "${durable[@]}") f=$(median "${fresh[@]}") u=$(median "${upgr[@]}")
   peak=$(sort -n "$up/rss" | tail -1)
-  echo "## One $((big >> 20)) MiB file on one agent (median of $RUNS runs, \`rollout start --wait\`)"
+  # UPGRADE_KEEP_LOG=FILE keeps the agent's log (its timings) there.
+  [ -z "${UPGRADE_KEEP_LOG:-}" ] || cp "$up/agent.log" "$UPGRADE_KEEP_LOG"
+  echo "## One $((big >> 20)) MiB file on one agent, each rollout paired with its floor ($RUNS pairs, \`rollout start --wait\`)"
   echo
-  echo "Server data dir: $srv_on ($(stat -f -c %T "$(readlink -f "$up/server")")); agent state and root: $(stat -f -c %T "$up") $(findmnt -n -o OPTIONS -T "$up" | grep -o discard || true)"
+  echo "Server flags: ${UPGRADE_SERVER_ARGS:-(defaults)}. Server data dir: $srv_on ($(stat -f -c %T "$(readlink -f "$up/server")")); agent state and root: $(stat -f -c %T "$up") $(findmnt -n -o OPTIONS -T "$up" | grep -o discard || true)"
   echo
-  echo "| what | time (ms) | vs baseline | speed vs the durable baseline | vs fresh install |"
-  echo "| --- | --- | --- | --- | --- |"
-  echo "| curl HTTPS + openssl dgst -sha256 (baseline) | $b | 1.00 | – | – |"
-  echo "| the same + \`sync --data\` of the file (one durable write) | $d | $(python3 -c "print(round($d/$b, 2))") | 1.00 | – |"
-  echo "| fresh install (empty target) | $f | $(python3 -c "print(round($f/$b, 2))") | $(python3 -c "print(round($d/$f, 2))") | 1.00 |"
-  echo "| upgrade (replace the previous version) | $u | $(python3 -c "print(round($u/$b, 2))") | $(python3 -c "print(round($d/$u, 2))") | $(python3 -c "print(round($u/$f, 2))") |"
+  echo "Floor: curl HTTPS (the same server's agent-package endpoint, pinned CA) + openssl dgst -sha256 + sync --data of the file, measured right after the rollout it is paired with. Speed: floor / rollout. stream: the agent's stream_ms (request to last byte verified and written)."
+  echo
+  echo "| pair | fresh install (ms) | its floor (ms) | speed | stream (ms) | upgrade (ms) | its floor (ms) | speed | stream (ms) | upgrade / fresh |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  printf '%s\n' "${pairs[@]}"
+  echo "| median | $(median "${fresh[@]}") | $(median "${ffloor[@]}") | **$(median2 "${fspeed[@]}")** | $(median "${fstream[@]}") | $(median "${upgr[@]}") | $(median "${ufloor[@]}") | **$(median2 "${uspeed[@]}")** | $(median "${ustream[@]}") | **$(median2 "${ratio[@]}")** |"
+  echo
+  echo "What the agent did (its CPU time, utime + stime; the bytes it read and wrote through system calls, sockets and page cache included: /proc/PID/io rchar and wchar), during the rollout and after the report until it was idle for 0.5 s:"
+  echo
+  echo "| pair | rollout | CPU during (ms) | read during (MiB) | written during (MiB) | CPU after (ms) | read after (MiB) | written after (MiB) | server CPU during (ms) |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  printf '%s\n' "${works[@]}"
   echo
   echo "The agent's peak RSS during an install or upgrade (VmHWM, reset before each): $((peak / 1024)) MiB."
   echo
@@ -1439,6 +1501,95 @@ if want swarm; then
   echo
   LKS_BIN_DIR=$sw_bin SWARM_NODES=${SWARM_NODES:-8 16 32 64} SWARM_RATE=${SWARM_RATE:-200mbit} SWARM_MIB=${SWARM_MIB:-64} SWARM_OFF=${SWARM_OFF:-1} SWARM_ON=${SWARM_ON:-1} SWARM_RUNS=${SWARM_RUNS:-1} SWARM_REPLICAS=${SWARM_REPLICAS:-1} \
     cargo nextest run -p lks-e2e --test peer_sharing_netns --run-ignored only --no-capture swarm_bench 2>/dev/null | grep '^|'
+  echo
+fi
+
+if want delta-cost; then
+  # Issue [upgrade-cost] item 3: what the server's delta maker costs per
+  # pair (a file and its earlier version), against the two tools that make
+  # such patches, in the same run: bsdiff 4.3 (Debian's bsdiff, the
+  # algorithm the maker runs) and zstd --patch-from (-19, a window as large
+  # as the file). The maker is the release server's own, timed by its
+  # metrics (lks_delta_make_seconds_total: CPU seconds of the maker's
+  # thread; lks_delta_patches_total{result}) and its peak RSS (VmHWM,
+  # reset before each publish; the first version's publish, with no patch
+  # to make, is the server's own peak). Pairs: kubectl 1.37.0 -> 1.37.1
+  # (the official builds, scripts/kubectl-releases.sh) and two unrelated
+  # files of DELTA_RANDOM_MIB (256) MiB from /dev/urandom. A tool still
+  # running after DELTA_BASELINE_TIMEOUT (900) seconds is stopped and shown
+  # as "> N s".
+  command -v bsdiff >/dev/null || { echo "the delta-cost section needs bsdiff (apt-get install bsdiff)" >&2; exit 1; }
+  bash scripts/kubectl-releases.sh >&2
+  kr=$(bash scripts/kubectl-releases.sh --print-dir)
+  dc=$work/dc
+  mkdir -p "$dc/pairs/kubectl" "$dc/pairs/random"
+  ln -s "$kr/1.37.0/kubectl" "$dc/pairs/kubectl/old"
+  ln -s "$kr/1.37.1/kubectl" "$dc/pairs/kubectl/new"
+  head -c $(( ${DELTA_RANDOM_MIB:-256} << 20 )) /dev/urandom >"$dc/pairs/random/old"
+  head -c $(( ${DELTA_RANDOM_MIB:-256} << 20 )) /dev/urandom >"$dc/pairs/random/new"
+  limit=${DELTA_BASELINE_TIMEOUT:-900}
+  # "wall_s peak_MiB" of a command under /usr/bin/time, or "> limit" when
+  # it ran out of time.
+  timed() {
+    local tout=$dc/time.out
+    # time outside timeout: a stopped tool is reaped by timeout, and the
+    # peak RSS of a waited-for child includes its own children's.
+    if /usr/bin/time -f "%e %M" -o "$tout" timeout "$limit" "$@" >/dev/null 2>&1; then
+      awk '{ printf "%.1f s, %d MiB", $1, $2 / 1024 }' "$tout"
+    else
+      echo "> $limit s"
+    fi
+  }
+  size_of() { [ -f "$1" ] && python3 -c "import os,sys; a=os.path.getsize(sys.argv[1]); b=os.path.getsize(sys.argv[2]); print(f'{a/1e3:,.0f} KB ({100*a/b:.2f} %)')" "$1" "$2" || echo "–"; }
+  metric() { curl -fsS "http://127.0.0.1:$srv_metrics_port/metrics" | awk -v k="$1" '$1 == k { print $2 }'; }
+  made_total() { curl -fsS "http://127.0.0.1:$srv_metrics_port/metrics" | awk '/^lks_delta_patches_total/ { n += $2 } END { print n + 0 }'; }
+  echo "## The delta maker's cost against bsdiff and zstd --patch-from (issue [upgrade-cost] item 3)"
+  echo
+  echo "Load average at the start: $(cut -d' ' -f1-3 /proc/loadavg). Maker: the release server (\`--delta-interval 1s\`, defaults otherwise: \`--delta-min-saving\` 20, \`--delta-max-memory\` 2 GiB), data dir on tmpfs. bsdiff $(dpkg-query -W -f '${Version}' bsdiff 2>/dev/null), $(zstd --version | head -1)."
+  echo
+  echo "| pair (new file) | maker: result | maker: CPU | CPU per MiB | server peak RSS: publish only → publish + maker | bsdiff: wall, peak RSS | bsdiff patch | zstd -19 --patch-from: wall, peak RSS | zstd patch | sha256sum |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  for pair in kubectl random; do
+    d=$dc/pairs/$pair
+    mib=$(python3 -c "import os; print(round(os.path.getsize('$d/new') / 2**20, 1))")
+    srv=$(mktemp -d /dev/shm/lks-bench-dc.XXXXXX)
+    elsewhere+=("$srv")
+    mkdir -p "$dc/$pair"
+    ln -s "$srv" "$dc/$pair/server"
+    start_server "$dc/$pair" --delta-interval 1s
+    dc_pid=${up_pids[-1]}
+    lk() { "$bin/lksctl" --config "$dc/$pair/server/admin.conf" "$@"; }
+    peaks=()
+    for v in 1 2; do
+      b=$dc/$pair/src-$v
+      mkdir -p "$b"
+      if [ "$v" = 1 ]; then cp "$d/old" "$b/blob"; else cp "$d/new" "$b/blob"; fi
+      printf 'name = "%s"\nversion = "%s"\n\n[[file]]\npath = "/usr/local/bin/%s"\nsource = "blob"\nmode = "0755"\n' \
+        "$pair" "$v" "$pair" >"$b/bundle.toml"
+      sync
+      before=$(made_total) cpu0=$(metric lks_delta_make_seconds_total)
+      echo 5 >"/proc/$dc_pid/clear_refs"
+      lk bundle publish "$b" >/dev/null
+      if [ "$v" = 2 ]; then
+        for _ in $(seq $((limit * 5))); do [ "$(made_total)" -gt "$before" ] && break; sleep 0.2; done
+        result=$(curl -fsS "http://127.0.0.1:$srv_metrics_port/metrics" | awk '/^lks_delta_patches_total/ && $2 > 0 { sub(/.*result="/, ""); sub(/".*/, ""); print }' | head -1)
+        cpu=$(python3 -c "print(round($(metric lks_delta_make_seconds_total) - $cpu0, 2))")
+      else
+        sleep 3
+      fi
+      peaks+=("$(awk '/^VmHWM/ { print int($2 / 1024) }' "/proc/$dc_pid/status")")
+      rm -rf "$b"
+    done
+    kill "$dc_pid"
+    wait "$dc_pid" 2>/dev/null || true
+    bs=$(timed bsdiff "$d/old" "$d/new" "$dc/$pair.bsdiff")
+    zs=$(timed zstd -q -f -19 --long=28 --patch-from="$d/old" "$d/new" -o "$dc/$pair.zst")
+    sh=$(timed sha256sum "$d/new")
+    echo "| $pair ($mib MiB) | ${result:-none} | $cpu s | $(python3 -c "print(round($cpu / $mib * 1000, 1))") ms | ${peaks[0]} → ${peaks[1]} MiB | $bs | $(size_of "$dc/$pair.bsdiff" "$d/new") | $zs | $(size_of "$dc/$pair.zst" "$d/new") | $sh |"
+    rm -f "$dc/$pair.bsdiff" "$dc/$pair.zst"
+  done
+  echo
+  echo "Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
   echo
 fi
 

@@ -15,6 +15,7 @@ pub mod inode;
 pub mod journal;
 pub mod rebuild;
 pub mod report;
+pub mod retired;
 pub mod root;
 pub mod runner;
 pub mod selfupdate;

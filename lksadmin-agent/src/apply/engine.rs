@@ -51,6 +51,7 @@ use crate::apply::cache::Cache;
 use crate::apply::inode::{INODE_TRUST, InodeMeta};
 use crate::apply::journal::{IllegalTransition, Journal};
 use crate::apply::report::{BundleStatus, NodeEvent, TrustReport};
+use crate::apply::retired::Retired;
 use crate::apply::root::{NodeRoot, RootError};
 use crate::apply::runner::CommandRunner;
 use crate::apply::source::BlobSource;
@@ -204,6 +205,10 @@ pub struct Engine {
     cache_copies: u64,
     /// Signed release records ([`crate::apply::trust`]); off by default.
     trust: Trust,
+    /// The large files the transactions since the last report replaced,
+    /// held open so that freeing them happens after the report
+    /// ([`crate::apply::retired`]).
+    retired: Retired,
 }
 
 /// How an attempt ended, before it is written into the bundle's record.
@@ -253,8 +258,15 @@ impl Engine {
             backups_checked: false,
             uncacheable: BTreeMap::new(),
             cache_copies: 0,
+            retired: Retired::default(),
             trust: Trust::off(),
         })
+    }
+
+    /// Replaced files held open through a transaction and released after
+    /// its report ([`crate::apply::retired`]), so far (tests).
+    pub fn files_retired(&self) -> u64 {
+        self.retired.released()
     }
 
     /// How many old files this engine read and hashed to back them up
@@ -460,6 +472,6 @@ pub fn bundle_key(sb: &SignedBundle) -> String {
     key
 }
 
-fn is_regular(st: &nix::sys::stat::FileStat) -> bool {
+pub(crate) fn is_regular(st: &nix::sys::stat::FileStat) -> bool {
     st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFREG
 }

@@ -197,3 +197,41 @@ async fn a_second_bundle_with_the_same_bytes_takes_them_from_the_first_not_the_n
     assert_eq!(*f.source.offsets.lock().unwrap(), vec![0], "downloaded once");
     assert_eq!(f.engine.cache_copies(), 1, "copied once, from a's target");
 }
+
+/// Issue [upgrade-cost]: a large file an upgrade replaces is held open
+/// through the switch and closed after the report (so the rename does not
+/// free it on the rollout's path); a small one, a fresh install and a
+/// rollback's restore are as before, and every outcome is the same.
+#[tokio::test]
+async fn a_large_replaced_file_is_released_after_the_report() {
+    let mut f = fixture();
+    let big = |b: u8| -> &'static [u8] { Box::leak(vec![b; 2 << 20].into_boxed_slice()) };
+    let v = |f: &Fixture, version: &str, bytes: &'static [u8]| {
+        f.manifest(
+            "big",
+            version,
+            &[("/usr/bin/big", bytes, 0o755), ("/etc/big.conf", b"small", 0o644)],
+        )
+    };
+    f.desire(vec![unsigned(v(&f, "1", big(1)))]).await;
+    assert_eq!(f.status("big").1, BundleState::Applied);
+    assert_eq!(f.engine.files_retired(), 0, "a fresh install replaces nothing");
+
+    f.desire(vec![unsigned(v(&f, "2", big(2)))]).await;
+    assert_eq!(f.status("big").1, BundleState::Applied);
+    assert_eq!(f.read("/usr/bin/big").unwrap().0, big(2));
+    assert_eq!(
+        f.engine.files_retired(),
+        1,
+        "the large file only, not the unchanged small one"
+    );
+
+    // A failed step rolls back: the file the switch replaced was held
+    // through it, and the old version is restored as before.
+    let mut v3 = v(&f, "3", big(3));
+    v3.steps = vec![sh("fail", "exit 1")];
+    f.desire(vec![unsigned(v3)]).await;
+    assert_eq!(f.status("big").1, BundleState::RolledBack);
+    assert_eq!(f.read("/usr/bin/big").unwrap().0, big(2));
+    assert_eq!(f.engine.files_retired(), 2);
+}

@@ -190,9 +190,12 @@ impl Engine {
     }
 
     /// Puts the staged entry in place (or removes the target), durably.
-    pub(super) fn switch(&self, plan: &PathPlan) -> Result<(), ApplyError> {
+    /// A large file it replaces is kept open until the report
+    /// ([`crate::apply::retired`]), so that the rename does not free it.
+    pub(super) fn switch(&mut self, plan: &PathPlan) -> Result<(), ApplyError> {
         let switched = match self.root.parent(&plan.path, false) {
             Ok(parent) => {
+                self.retired.hold(&parent);
                 let name = parent.name().clone();
                 match plan.want {
                     Want::Absent => parent.remove_entry(&name),

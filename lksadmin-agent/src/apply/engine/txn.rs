@@ -204,6 +204,8 @@ impl Engine {
         let _ = fsutil::remove_dir_all(&backup_dir);
         self.event(kind, &txn.bundle.clone(), &version, &message);
         self.publish();
+        // Reported: what the switches replaced may be freed now.
+        self.retired.release();
         Ok(())
     }
 
@@ -470,6 +472,8 @@ impl Engine {
         };
         self.event_with(kind, &bundle, &version, &message, fetched);
         self.publish();
+        // Reported: what the switches replaced may be freed now.
+        self.retired.release();
         Ok(())
     }
 
