@@ -124,15 +124,6 @@ impl fmt::Display for EtcdRestoreSummary {
     }
 }
 
-/// The prefix as the store normalizes it (a trailing `/`).
-fn normalized(prefix: &str) -> String {
-    if prefix.ends_with('/') {
-        prefix.to_string()
-    } else {
-        format!("{prefix}/")
-    }
-}
-
 fn write_pair(w: &mut impl Write, key: &[u8], value: &[u8]) -> std::io::Result<()> {
     for part in [key, value] {
         let len = u32::try_from(part.len()).map_err(std::io::Error::other)?;
@@ -430,7 +421,7 @@ fn check_target(
     manifest: &Manifest,
     origin: &EtcdOrigin,
 ) -> Result<(), RestoreError> {
-    let prefix = normalized(&cfg.etcd.prefix);
+    let prefix = cfg.etcd.normalized_prefix();
     if let Some(key) = &origin.sealed_with
         && prefix != origin.prefix
     {

@@ -158,6 +158,17 @@ pub struct EtcdConfig {
     pub client_cert_pem: Option<(String, String)>,
 }
 
+impl EtcdConfig {
+    /// The key prefix as the store uses it: ending with `/`.
+    pub fn normalized_prefix(&self) -> String {
+        let mut prefix = self.prefix.clone();
+        if !prefix.ends_with('/') {
+            prefix.push('/');
+        }
+        prefix
+    }
+}
+
 /// The etcd [`Store`].
 #[derive(Clone)]
 pub struct EtcdStore {
@@ -369,10 +380,7 @@ impl EtcdStore {
         let client = Client::connect(&cfg.endpoints, Some(opts))
             .await
             .map_err(|e| StoreError::Unavailable(format!("etcd at {}: {e}", cfg.endpoints.join(","))))?;
-        let mut prefix = cfg.prefix.clone();
-        if !prefix.ends_with('/') {
-            prefix.push('/');
-        }
+        let prefix = cfg.normalized_prefix();
         let store = EtcdStore {
             client,
             prefix,

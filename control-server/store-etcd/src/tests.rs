@@ -43,6 +43,16 @@ impl conformance::WriteStored for EtcdStore {
     }
 }
 
+#[test]
+fn the_prefix_ends_with_a_slash() {
+    let cfg = |p: &str| EtcdConfig {
+        prefix: p.into(),
+        ..Default::default()
+    };
+    assert_eq!(cfg("/lks").normalized_prefix(), "/lks/");
+    assert_eq!(cfg("/lks/").normalized_prefix(), "/lks/");
+}
+
 /// A bundle document whose bundle is not hex reads as corrupt too.
 #[tokio::test]
 async fn a_bundle_document_that_is_not_hex_is_corrupt() {

@@ -19,9 +19,3 @@ fn keys_round_trip_through_the_entry_format() {
     let e = read_pairs(&path).unwrap_err();
     assert!(e.contains("ends inside a value"), "{e}");
 }
-
-#[test]
-fn prefixes_are_normalized_as_the_store_does() {
-    assert_eq!(normalized("/lks"), "/lks/");
-    assert_eq!(normalized("/lks/"), "/lks/");
-}
