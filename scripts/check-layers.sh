@@ -513,9 +513,14 @@ def check_etcd_layout():
     `"identity"`, `"leader"`). The code that needs etcd itself does not
     exist outside the store: the server and the tracker call its handles
     (`replicas()`, `load_board()`, `blob_chunks()`, `swarm()`,
-    `identity()`, `archive()`); the end-to-end harness (tests/src/etcd.rs)
-    reads etcd over its HTTP gateway, not through the client, to count
-    what a replica read."""
+    `identity()`, `archive()`). Not scanned: tests/, whose end-to-end
+    tests check the stored layout from outside (tests/src/etcd.rs counts
+    keys over etcd's HTTP gateway, not through the client) — that is the
+    contract they prove unchanged. Not a key: the associated data sealed
+    CA keys and kubeconfigs are bound to (lks-pki's
+    `clusterca::keys`, lks-kube's `secret`: `{prefix}clusters/NAME#ca_key`,
+    `{prefix}clusterkube/NAME#kubeconfig`, with the prefix "" on SQLite);
+    it names the key but is never read or written as one."""
     problems = []
     for member, _ in workspace().items():
         deps = re.search(r"^\[dependencies\]\n(.*?)(?=^\[|\Z)", open(os.path.join(member, "Cargo.toml")).read(), re.M | re.S)
