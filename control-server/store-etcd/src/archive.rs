@@ -12,8 +12,8 @@
 //!   by the restored replicas' maker).
 //!
 //! A restore writes `identity` first (the caller's claim on the prefix,
-//! [`crate::identity`]), then every other key with a create-only compare,
-//! at most [`MAX_OPS`] keys and [`MAX_BYTES`] per transaction; audit
+//! `identity()`), then every other key with a create-only compare,
+//! at most `MAX_OPS` keys and `MAX_BYTES` per transaction; audit
 //! records and event documents take their ids from the revision that
 //! created them, so each goes alone, in key (time) order.
 
@@ -167,7 +167,7 @@ fn restored_floor(pairs: &[(String, Vec<u8>)], revision: i64) -> u64 {
 }
 
 /// Sets `meta/generation` of archived `pairs` (read at `revision`) to the
-/// floor a restore must write ([`restored_floor`]).
+/// floor a restore must write (`restored_floor`).
 pub fn raise_generation_floor(pairs: &mut Vec<(String, Vec<u8>)>, revision: i64) {
     let floor = restored_floor(pairs, revision);
     pairs.retain(|(k, _)| k != GENERATION);
@@ -233,7 +233,7 @@ impl Archive<'_> {
 
     /// Writes every archived key of `pairs` but the identity (written
     /// first, by the claim on the prefix), in transactions of at most
-    /// [`MAX_OPS`] keys and [`MAX_BYTES`], a key of [`ONE_PER_TXN`] alone
+    /// `MAX_OPS` keys and `MAX_BYTES`, a key of `ONE_PER_TXN` alone
     /// in its own; refused (`Conflict`) if any exists.
     pub async fn restore(&self, pairs: &[(String, Vec<u8>)]) -> Result<()> {
         let mut batch: Vec<(String, Vec<u8>)> = Vec::new();

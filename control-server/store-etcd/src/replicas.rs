@@ -143,7 +143,7 @@ impl ReplicaLease {
         Ok(())
     }
 
-    /// Renews the lease; false if etcd did not within [`RENEW_ACK`] (the
+    /// Renews the lease; false if etcd did not within `RENEW_ACK` (the
     /// lease is lost), or it was never kept alive.
     pub async fn renew(&mut self) -> bool {
         let Some((keeper, acks)) = self.keeper.as_mut() else {
