@@ -64,15 +64,19 @@ CRATES = {
         dump snapshot
     """,
     # etcd: key limits, names and reads; the documents (a rollout's in
-    # `rolloutdocs`); the aggregates on them; the watch-fed view copy
-    # (`cache`); what reads rollouts through it; a rollout's start.
+    # `rolloutdocs`); the aggregates on them, and the handles of what the
+    # replicas share (identity, registry and election, load board, blob
+    # chunks, peer ledger); the watch-fed view copy (`cache`); what reads
+    # rollouts through it, and the prefix as keys (`import`, `archive`); a
+    # rollout's start.
     "control-server/store-etcd/src": """
         limits name smallmap reads
         docs rolloutdocs
         tokens audit deltas events releases
+        identity replicas load chunks swarm
         clusters bundles bundledocs blobrecs seen status
         cache
-        desired nodes import rollouts
+        desired nodes import archive rollouts
         start
         testing tests
     """,
@@ -492,6 +496,64 @@ def check_crates(readme, write):
     return problems, rewritten
 
 
+ETCD_STORE = "control-server/store-etcd"
+# Raw access to etcd, crate-private in the store: a public method that takes
+# a key as text (`rest: &str`, the store's name for a key below the prefix)
+# or a fn that hands out an etcd client or lease id.
+RAW = (r"^\s*pub\s+(?:async\s+)?fn\s+(\w+)[^{;]*?(?:\(&self,\s*rest\s*:\s*&str|->\s*(?:etcd_client::)?(?:Client|KvClient|WatchClient|LeaseClient)\b)"
+       r"|^\s*pub\s+fn\s+(lease_id|set_lease|kv_of|watch_of)\b")
+
+
+def check_etcd_layout():
+    """The etcd layout is lks-store-etcd's: no other crate links etcd-client
+    or names `etcd_client::`, the store's raw access (a key from text, the
+    client, bytes at a key) is not public, and no code that holds an
+    `EtcdStore` outside the store spells a key of the layout (a family of
+    the table in store-etcd's lib.rs, `"nodes/…"`, or the single keys
+    `"identity"`, `"leader"`). The code that needs etcd itself does not
+    exist outside the store: the server and the tracker call its handles
+    (`replicas()`, `load_board()`, `blob_chunks()`, `swarm()`,
+    `identity()`, `archive()`). Not scanned: tests/, whose end-to-end
+    tests check the stored layout from outside (tests/src/etcd.rs counts
+    keys over etcd's HTTP gateway, not through the client) — that is the
+    contract they prove unchanged. Not a key: the associated data sealed
+    CA keys and kubeconfigs are bound to (lks-pki's
+    `clusterca::keys`, lks-kube's `secret`: `{prefix}clusters/NAME#ca_key`,
+    `{prefix}clusterkube/NAME#kubeconfig`, with the prefix "" on SQLite);
+    it names the key but is never read or written as one."""
+    problems = []
+    for member, _ in workspace().items():
+        deps = re.search(r"^\[dependencies\]\n(.*?)(?=^\[|\Z)", open(os.path.join(member, "Cargo.toml")).read(), re.M | re.S)
+        if member != ETCD_STORE and deps and re.search(r"^etcd-client\s*[.=]", deps.group(1), re.M):
+            problems.append(f"{member}/Cargo.toml: links etcd-client; only {ETCD_STORE} talks to etcd (add a typed method there)")
+    lib = open(os.path.join(ETCD_STORE, "src/lib.rs")).read()
+    families = set(re.findall(r"^//! \| `([a-z]+)", lib, re.M))
+    if len(families) < 10:
+        problems.append(f"{ETCD_STORE}/src/lib.rs: the key table in the crate doc (`//! | `family/...` | what |`) lists {len(families)} families")
+    literal = re.compile(r'"(?:(?:' + "|".join(sorted(families)) + r')[/#]|identity"|leader")')
+    for top in ("control-server", "lksadmin-agent", "proto"):
+        for d, _, files in os.walk(top):
+            for f in files:
+                path = os.path.join(d, f)
+                if not f.endswith(".rs") or path.startswith(ETCD_STORE + "/") or "/target/" in path:
+                    continue
+                # Comments blanked, not dropped: the line numbers stay.
+                raw = re.sub(r"#\[cfg\(test\)\]\s*(pub(\([a-z]+\))? )?mod tests \{.*", "", open(path).read(), flags=re.S)
+                text = "\n".join("" if l.lstrip().startswith("//") else l for l in raw.split("\n"))
+                if "etcd_client::" in text or re.search(r"\buse\s+etcd_client\b", text):
+                    problems.append(f"{path}: names etcd_client; only {ETCD_STORE} talks to etcd (add a typed method there)")
+                if re.search(r"\b(EtcdStore|lks_store_etcd|store::etcd)\b", text):
+                    for m in literal.finditer(text):
+                        line = text[: m.start()].count("\n") + 1
+                        problems.append(f"{path}:{line}: spells the etcd key {m.group(0)}…; the layout is {ETCD_STORE}'s (add a typed method there)")
+    for d, _, files in os.walk(os.path.join(ETCD_STORE, "src")):
+        for f in files:
+            path = os.path.join(d, f)
+            for m in re.finditer(RAW, strip(open(path).read()), re.M):
+                problems.append(f"{path}: `pub fn {m.group(1) or m.group(2)}` gives raw access to etcd outside the store: make it pub(crate)")
+    return problems, 0
+
+
 write = sys.argv[1:] == ["--write"]
 if sys.argv[1:] not in ([], ["--write"]):
     sys.exit("usage: bash scripts/check-layers.sh [--write]")
@@ -524,5 +586,6 @@ for src, layers in CRATES.items():
 failed |= report(check_crates("README.md", write),
                  "README.md: rewrote \"what it may import\" in {} rows of the crate map",
                  "README.md: the crate map has a row per workspace member, each under the crates it links")
+failed |= report(check_etcd_layout(), "", f"{ETCD_STORE}: the only crate that links etcd-client, names a key or reaches the client")
 sys.exit(1 if failed else 0)
 EOF

@@ -261,12 +261,13 @@ pub async fn migrate(cfg: &MigrateConfig) -> Result<Summary, MigrateError> {
         prefix: store.prefix().to_string(),
     };
     if store
-        .get_bytes("identity")
+        .identity()
+        .get()
         .await
         .map_err(MigrateError::Etcd)?
         .is_some()
     {
-        return Err(not_empty(store.key("identity")));
+        return Err(not_empty(store.identity().key()));
     }
     if let Some(key) = store.first_key().await.map_err(MigrateError::Etcd)? {
         return Err(not_empty(key));

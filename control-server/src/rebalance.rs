@@ -1,5 +1,6 @@
 //! Load spread over replicas (`--store etcd`): each replica publishes how
-//! many agents it holds (`load/ID`, under its lease), and one that holds
+//! many agents it holds (on the store's load board, `load/ID` under its
+//! lease, [`EtcdStore::load_board`]), and one that holds
 //! clearly more than its share asks some of its agents to reconnect to the
 //! least loaded replica, a few per round, until it is back at its share. A
 //! replica that restarts (or joins) does not sit empty while the others
@@ -14,23 +15,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use crate::context::Shared;
 use crate::store::EtcdStore;
+/// What one replica holds, as it publishes it.
+pub use crate::store::etcd::Load;
 
 /// Default for `--rebalance-interval`.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
 
 /// An unchanged load is published again this often.
 const REPUBLISH: Duration = Duration::from_secs(60);
-
-/// What one replica holds, as it publishes it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Load {
-    pub url: String,
-    pub connected: usize,
-}
 
 /// What a replica decides in one round.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -99,10 +93,7 @@ pub async fn run(s: Arc<Shared>, store: EtcdStore, interval: Duration) {
         };
         let fresh = published.is_some_and(|(n, at)| n == own && at.elapsed() < REPUBLISH);
         if !fresh {
-            let Ok(doc) = serde_json::to_vec(&me) else {
-                continue;
-            };
-            match store.put_leased(&format!("load/{}", store.replica()), doc).await {
+            match store.load_board().publish(&me).await {
                 Ok(true) => published = Some((own, tokio::time::Instant::now())),
                 Ok(false) => continue,
                 Err(e) => {
@@ -111,12 +102,8 @@ pub async fn run(s: Arc<Shared>, store: EtcdStore, interval: Duration) {
                 }
             }
         }
-        let others: Vec<Load> = match store.range_docs::<Load>("load/").await {
-            Ok(v) => v
-                .into_iter()
-                .filter(|(id, _)| id != store.replica())
-                .map(|(_, l)| l)
-                .collect(),
+        let others: Vec<Load> = match store.load_board().others().await {
+            Ok(v) => v,
             Err(e) => {
                 tracing::debug!(error = %e, "read the replicas' loads");
                 continue;

@@ -3,6 +3,10 @@
 //! of the one replica that drives rollouts, and the watch that carries
 //! changes made by any replica to the agents connected to this one.
 //!
+//! What is written where — `replicas/ID`, `leader`, `identity`, under
+//! which lease and on which compare — is `lks-store-etcd`'s
+//! ([`EtcdStore::replicas`], [`EtcdStore::identity`]); when is decided here.
+//!
 //! - **Lease**: each replica holds an etcd lease (`--lease-ttl`, 10 s by
 //!   default) and keeps it alive; `replicas/ID` (its URL) is bound to it.
 //!   If the replica dies, etcd deletes it when the lease runs out, so its
@@ -25,15 +29,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{
-    Compare, CompareOp, GetOptions, LeaseClient, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp,
-};
 use lks_pki::SharedIdentity;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::context::Shared;
-use crate::store::etcd::Change;
+use crate::store::etcd::{Change, ReplicaLease};
 use crate::store::{EtcdStore, StoreError};
 
 /// How often the election and the replica list are checked.
@@ -79,13 +80,13 @@ pub async fn load_or_create_identity(
 ) -> Result<SharedIdentity, IdentityError> {
     // Read first: a new identity is made (and sent to etcd) only when there
     // is none, so no unused key material ever reaches etcd's log.
-    let (stored, created) = match store.get_bytes("identity").await? {
+    let (stored, created) = match store.identity().get().await? {
         Some((v, _)) => (v, false),
         None => {
             let fresh = SharedIdentity::generate()?;
             let doc = seal_identity(store, &fresh, seal)?;
             let bytes = serde_json::to_vec(&doc).map_err(|e| IdentityError::Corrupt(e.to_string()))?;
-            let stored = store.create_once("identity", bytes.clone()).await?;
+            let stored = store.identity().create(bytes.clone()).await?;
             let created = stored == bytes;
             (stored, created)
         }
@@ -101,8 +102,8 @@ pub async fn load_or_create_identity(
         // Stored before an encryption key was given: seal it now.
         let resealed = serde_json::to_vec(&seal_identity(store, &id, Some(key))?)
             .map_err(|e| IdentityError::Corrupt(e.to_string()))?;
-        if let Some((_, rev)) = store.get_bytes("identity").await?
-            && store.replace("identity", rev, resealed).await?
+        if let Some((_, rev)) = store.identity().get().await?
+            && store.identity().replace(rev, resealed).await?
         {
             tracing::info!(key = %key.key_id(), "sealed the private keys stored in etcd with the encryption key");
         }
@@ -127,9 +128,9 @@ pub async fn store_identity(
 ) -> Result<(), IdentityError> {
     let doc = seal_identity(store, id, seal)?;
     let bytes = serde_json::to_vec(&doc).map_err(|e| IdentityError::Corrupt(e.to_string()))?;
-    let stored = store.create_once("identity", bytes.clone()).await?;
+    let stored = store.identity().create(bytes.clone()).await?;
     if stored != bytes {
-        return Err(IdentityError::Exists(store.key("identity")));
+        return Err(IdentityError::Exists(store.identity().key()));
     }
     Ok(())
 }
@@ -154,7 +155,7 @@ pub fn read_stored_identity(
 }
 
 fn aad(store: &EtcdStore, which: &str) -> Vec<u8> {
-    store.key(&format!("identity#{which}")).into_bytes()
+    store.identity().aad(which)
 }
 
 fn seal_identity(
@@ -216,24 +217,7 @@ fn open_identity(
 
 /// Replica URLs (this replica's first) as the watch last saw them.
 pub async fn replica_urls(store: &EtcdStore, own: &str) -> Result<Vec<String>, StoreError> {
-    let prefix = store.key("replicas/");
-    let mut kv = crate::store::etcd::kv_of(&store.client());
-    let resp = kv
-        .get(prefix, Some(GetOptions::new().with_prefix()))
-        .await
-        .map_err(|e| StoreError::Unavailable(format!("etcd: {e}")))?;
-    let mut urls = vec![own.to_string()];
-    let mut others: Vec<String> = resp
-        .kvs()
-        .iter()
-        .filter_map(|kv| serde_json::from_slice::<ReplicaInfo>(kv.value()).ok())
-        .map(|r| r.url)
-        .filter(|u| u != own)
-        .collect();
-    others.sort();
-    others.dedup();
-    urls.extend(others);
-    Ok(urls)
+    store.replicas().urls(own).await
 }
 
 /// Holds this replica's lease, its registration and (when elected) the
@@ -248,15 +232,14 @@ pub async fn run_lease(
 ) {
     let ttl_s = ttl.as_secs().max(2) as i64;
     let info = replica_info(&s, url);
-    let mut lease_client = store.client().lease_client();
     let mut logged_down = false;
     loop {
         if s.cancel.is_cancelled() {
             return;
         }
         leader.send_if_modified(|l| std::mem::replace(l, false));
-        let lease = match lease_client.grant(ttl_s, None).await {
-            Ok(r) => r.id(),
+        let lease = match store.replicas().grant(ttl_s).await {
+            Ok(l) => l,
             Err(e) => {
                 if !logged_down {
                     tracing::warn!(error = %e, "etcd: cannot take a lease; retrying");
@@ -268,15 +251,20 @@ pub async fn run_lease(
                 }
             }
         };
-        let Some(held) = register(&store, &mut lease_client, lease, &info).await else {
+        let Some(held) = register(&store, lease, &info).await else {
             continue;
         };
         if logged_down {
             tracing::info!("etcd: reachable again; lease renewed");
             logged_down = false;
         }
-        tracing::info!(replica = store.replica(), lease, ttl_s, "registered this replica");
-        match hold(&s, &store, &mut lease_client, held, ttl_s, &leader).await {
+        tracing::info!(
+            replica = store.replica(),
+            lease = held.id(),
+            ttl_s,
+            "registered this replica"
+        );
+        match hold(&s, &store, held, ttl_s, &leader).await {
             LeaseEnd::Shutdown => return,
             LeaseEnd::Lost => {}
         }
@@ -284,34 +272,13 @@ pub async fn run_lease(
 }
 
 /// This replica's registration (`replicas/ID`).
-fn replica_info(s: &Shared, url: String) -> Vec<u8> {
-    serde_json::to_vec(&ReplicaInfo {
+fn replica_info(s: &Shared, url: String) -> ReplicaInfo {
+    ReplicaInfo {
         url,
         started_at_ms: crate::clock::now_ms(),
         blob_store: s.blobs.store().describe(),
         release: env!("CARGO_PKG_VERSION").to_string(),
         store_format: crate::store::STORE_FORMAT,
-    })
-    .unwrap_or_default()
-}
-
-/// A granted lease this replica keeps alive.
-struct HeldLease {
-    id: i64,
-    keeper: LeaseKeeper,
-    acks: LeaseKeepAliveStream,
-}
-
-impl HeldLease {
-    /// Renews the lease; false if etcd did not (the lease is lost).
-    async fn renew(&mut self) -> bool {
-        match self.keeper.keep_alive().await {
-            Ok(()) => matches!(
-                tokio::time::timeout(Duration::from_secs(3), self.acks.message()).await,
-                Ok(Ok(Some(r))) if r.ttl() > 0
-            ),
-            Err(_) => false,
-        }
     }
 }
 
@@ -325,31 +292,13 @@ enum LeaseEnd {
 
 /// Registers this replica under `lease` and starts keeping it alive;
 /// `None` (the warning logged) to take a new lease.
-async fn register(
-    store: &EtcdStore,
-    lease_client: &mut LeaseClient,
-    lease: i64,
-    info: &[u8],
-) -> Option<HeldLease> {
-    let mut kv = crate::store::etcd::kv_of(&store.client());
-    let reg = kv
-        .put(
-            store.key(&format!("replicas/{}", store.replica())),
-            info.to_vec(),
-            Some(PutOptions::new().with_lease(lease)),
-        )
-        .await;
-    if let Err(e) = reg {
+async fn register(store: &EtcdStore, mut lease: ReplicaLease, info: &ReplicaInfo) -> Option<ReplicaLease> {
+    if let Err(e) = store.replicas().register(&lease, info).await {
         tracing::warn!(error = %e, "etcd: cannot register this replica; retrying");
         return None;
     }
-    store.set_lease(lease);
-    match lease_client.keep_alive(lease).await {
-        Ok((keeper, acks)) => Some(HeldLease {
-            id: lease,
-            keeper,
-            acks,
-        }),
+    match lease.keep_alive().await {
+        Ok(()) => Some(lease),
         Err(e) => {
             tracing::warn!(error = %e, "etcd: cannot keep the lease alive; retrying");
             None
@@ -362,8 +311,7 @@ async fn register(
 async fn hold(
     s: &Shared,
     store: &EtcdStore,
-    lease_client: &mut LeaseClient,
-    mut lease: HeldLease,
+    mut lease: ReplicaLease,
     ttl_s: i64,
     leader: &watch::Sender<bool>,
 ) -> LeaseEnd {
@@ -377,7 +325,7 @@ async fn hold(
                 leader.send_if_modified(|l| std::mem::replace(l, false));
                 // Give the leader key and the connection state up now
                 // instead of letting them time out.
-                let _ = tokio::time::timeout(Duration::from_secs(2), lease_client.revoke(lease.id)).await;
+                let _ = tokio::time::timeout(Duration::from_secs(2), lease.revoke()).await;
                 return LeaseEnd::Shutdown;
             }
             _ = tick.tick() => {}
@@ -392,7 +340,7 @@ async fn hold(
             }
             last_kept = tokio::time::Instant::now();
         }
-        follow_election(s, store, lease.id, leader, &mut last_prune).await;
+        follow_election(s, store, &lease, leader, &mut last_prune).await;
     }
 }
 
@@ -401,11 +349,11 @@ async fn hold(
 async fn follow_election(
     s: &Shared,
     store: &EtcdStore,
-    lease: i64,
+    lease: &ReplicaLease,
     leader: &watch::Sender<bool>,
     last_prune: &mut tokio::time::Instant,
 ) {
-    match campaign(store, lease).await {
+    match store.replicas().campaign(lease).await {
         Ok(is_leader) => {
             // The leader keeps the event log bounded.
             if is_leader && last_prune.elapsed() >= PRUNE_EVERY {
@@ -441,36 +389,6 @@ async fn prune(store: &EtcdStore) {
     if let Err(e) = store.prune_seen().await {
         tracing::warn!(error = %e, "settle the last-seen times of replicas that are gone");
     }
-}
-
-/// Becomes leader if nobody is; true if this replica leads now.
-async fn campaign(store: &EtcdStore, lease: i64) -> Result<bool, etcd_client::Error> {
-    let key = store.key("leader");
-    let me = store.replica().as_bytes().to_vec();
-    let mut kv = crate::store::etcd::kv_of(&store.client());
-    let resp = kv
-        .txn(
-            Txn::new()
-                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                .and_then([TxnOp::put(
-                    key.clone(),
-                    me.clone(),
-                    Some(PutOptions::new().with_lease(lease)),
-                )])
-                .or_else([TxnOp::get(key.clone(), None)]),
-        )
-        .await?;
-    if resp.succeeded() {
-        return Ok(true);
-    }
-    for r in resp.op_responses() {
-        if let etcd_client::TxnOpResponse::Get(g) = r
-            && let Some(kv) = g.kvs().first()
-        {
-            return Ok(kv.value() == me.as_slice() && kv.lease() == lease);
-        }
-    }
-    Ok(false)
 }
 
 /// Carries changes made through any replica to this one: agents' desired

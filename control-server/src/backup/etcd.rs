@@ -5,14 +5,11 @@
 //! the first read's — in pages (`GetOptions::with_revision`), so the
 //! archive is one consistent snapshot while the replicas go on writing
 //! (as `etcdctl snapshot save` is for the whole etcd). The keys go as they
-//! are stored into the entry `etcd/keys`, except:
-//! - keys under a lease (`replicas/ID`, `load/ID`, `leader`, a collector's
-//!   `deleting` mark): they belong to live replicas and end with them;
-//! - `blobs/` (blob bytes in etcd's chunks): the manifest lists every blob
-//!   a bundle serves by digest, and `--with-blobs` adds their bytes as
-//!   blob entries, as a data dir's backup does;
-//! - `deltas/` (patch records): derived data; the restored replicas'
-//!   maker makes them again from the bundles' bytes.
+//! are stored into the entry `etcd/keys`, except those of live replicas
+//! (under a lease), blob chunks and patch records: which keys are taken,
+//! and what each is, is `lks-store-etcd`'s ([`EtcdStore::archive`]). The
+//! manifest lists every blob a bundle serves by digest, and `--with-blobs`
+//! adds their bytes as blob entries, as a data dir's backup does.
 //!
 //! The identity document (CA and admin credential) is among the keys, as
 //! stored: sealed if the replicas run with `--encryption-key-file`. Given
@@ -24,11 +21,10 @@
 //! prefix proven empty, the identity is created first (create-only, so a
 //! second restore or a replica starting meanwhile is refused), then the
 //! blobs go into the blob store (`--blob-store etcd`, the default, or a
-//! bucket), then every key with a create-only compare, at most 100 per
-//! transaction. Audit records and event documents take their ids from the
-//! revision that created them, so each is written in its own transaction,
-//! in key (time) order: ids are new, their order is kept. A failure after
-//! the identity removes what was written under the prefix.
+//! bucket), then every key with a create-only compare, batched as the store
+//! says ([`crate::store::etcd::Archive::restore`]): ids of audit records
+//! and events are new, their order is kept. A failure after the identity
+//! removes what was written under the prefix.
 //!
 //! `etcd/keys` format: for each key, in key order, `u32` big-endian length
 //! of the key (relative to the prefix, UTF-8), the key, `u32` big-endian
@@ -41,7 +37,6 @@ use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use etcd_client::GetOptions;
 use lks_pki::seal::SealKey;
 use lks_proto::Digest;
 use tempfile::TempDir;
@@ -51,20 +46,8 @@ use super::output::{Source, Taken, blob_entry, file_entry, finish, parent_of, re
 use super::restore::{RestoreError, extract, unrestored_blobs};
 use super::{BackupError, BackupSummary, Counts, blob_manifest, write_counts};
 use crate::blobs::{BlobChoice, BlobStore, EtcdChunks, LocalBlobs, S3Store};
-use crate::store::etcd::{dumped_bundle, kv_of};
+use crate::store::etcd::archive::{self, ArchivedKey, ReadError};
 use crate::store::{Dump, EtcdConfig, EtcdStore};
-
-/// Keys per range read of the snapshot.
-const PAGE: i64 = 256;
-/// Keys written per restore transaction (etcd allows 128 by default).
-const MAX_OPS: usize = 100;
-/// Bytes of values per restore transaction, below etcd's 1.5 MiB limit.
-const MAX_BYTES: usize = 1 << 20;
-/// Families whose ids come from the revision that created each key: one
-/// key per transaction.
-const ONE_PER_TXN: &[&str] = &["audit/", "timeline/", "events/"];
-/// Families not archived (see the module doc).
-const NOT_ARCHIVED: &[&str] = &["blobs/", "deltas/"];
 
 /// What `backup --store etcd` is told.
 #[derive(Clone, Debug)]
@@ -141,50 +124,6 @@ impl fmt::Display for EtcdRestoreSummary {
     }
 }
 
-/// The prefix as the store normalizes it (a trailing `/`).
-fn normalized(prefix: &str) -> String {
-    if prefix.ends_with('/') {
-        prefix.to_string()
-    } else {
-        format!("{prefix}/")
-    }
-}
-
-/// The first key after every key starting with `prefix`.
-fn range_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
-}
-
-/// The generation floor stored in `meta/generation` (0 if unreadable).
-fn floor_of(value: &[u8]) -> u64 {
-    std::str::from_utf8(value)
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-/// `meta/generation` for the restored prefix. Replicas hand out
-/// generations as that floor plus etcd's revision (`EtcdStore::
-/// next_generation`), so every generation in the archive is at most its
-/// floor plus the revision it was read at. A new etcd starts at a lower
-/// revision: with this floor every generation handed out after the restore
-/// is above every one in the archive, as `migrate` sets it from a data dir
-/// (a node's own desired state also never goes below its last one plus 1).
-fn restored_floor(pairs: &[(String, Vec<u8>)], revision: i64) -> u64 {
-    let old = pairs
-        .iter()
-        .find(|(k, _)| k == "meta/generation")
-        .map_or(0, |(_, v)| floor_of(v));
-    old + revision.max(0) as u64 + 1
-}
-
 fn write_pair(w: &mut impl Write, key: &[u8], value: &[u8]) -> std::io::Result<()> {
     for part in [key, value] {
         let len = u32::try_from(part.len()).map_err(std::io::Error::other)?;
@@ -231,46 +170,32 @@ struct Snapshot {
 }
 
 impl Snapshot {
-    /// Counts `rest` for the summary (the same kinds a dump counts).
+    /// Counts the key `rest` for the summary (the same kinds a dump counts).
     fn tally(&mut self, rest: &str, value: &[u8]) -> Result<(), BackupError> {
-        let family = rest.split('/').next().unwrap_or("");
         let c = &mut self.counts;
-        match family {
-            "clusters" => {
+        match archive::archived_key(rest, value).map_err(|e| BackupError::Etcd(e.to_string()))? {
+            ArchivedKey::Cluster { with_ca } => {
                 c.clusters += 1;
-                let doc: serde_json::Value = serde_json::from_slice(value).unwrap_or_default();
-                if doc.get("ca_cert_pem").is_some_and(|v| !v.is_null()) {
-                    c.cluster_cas += 1;
-                }
+                c.cluster_cas += usize::from(with_ca);
             }
-            "certs" => c.certificates += 1,
-            "tokens" => c.tokens += 1,
-            "nodes" => c.nodes += 1,
-            "targets" => c.targets += 1,
-            "rollouts" => c.rollouts += 1,
-            "audit" => c.audit += 1,
-            "releases" => c.releases += 1,
-            "roots" => c.roots += 1,
-            "timeline" | "events" => {
-                let docs: serde_json::Value = serde_json::from_slice(value).unwrap_or_default();
-                c.events += docs.as_array().map_or(0, Vec::len);
+            ArchivedKey::Cert => c.certificates += 1,
+            ArchivedKey::Token => c.tokens += 1,
+            ArchivedKey::Node => c.nodes += 1,
+            ArchivedKey::Target => c.targets += 1,
+            ArchivedKey::Rollout => c.rollouts += 1,
+            ArchivedKey::Audit => c.audit += 1,
+            ArchivedKey::Release => c.releases += 1,
+            ArchivedKey::Root => c.roots += 1,
+            ArchivedKey::Events(n) => c.events += n,
+            ArchivedKey::GenerationFloor(g) | ArchivedKey::Desired { generation: g } => {
+                c.generation = c.generation.max(g)
             }
-            "meta" if rest == "meta/generation" => c.generation = c.generation.max(floor_of(value)),
-            "desired" => {
-                let doc: serde_json::Value = serde_json::from_slice(value).unwrap_or_default();
-                let g = doc
-                    .get("generation")
-                    .and_then(serde_json::Value::as_u64)
-                    .unwrap_or(0);
-                c.generation = c.generation.max(g);
-            }
-            "identity" if rest == "identity" => self.identity = Some(value.to_vec()),
-            "bundles" => {
+            ArchivedKey::Identity => self.identity = Some(value.to_vec()),
+            ArchivedKey::Bundle(b) => {
                 c.bundles += 1;
-                let b = dumped_bundle(rest, value).map_err(|e| BackupError::Etcd(e.to_string()))?;
-                self.dump.bundles.push(b);
+                self.dump.bundles.push(*b);
             }
-            _ => {}
+            ArchivedKey::Other => {}
         }
         Ok(())
     }
@@ -279,27 +204,6 @@ impl Snapshot {
 /// Reads every archived key under the store's prefix at one revision into
 /// `out` (the `etcd/keys` format).
 async fn read_snapshot(store: &EtcdStore, out: &Path) -> Result<Snapshot, BackupError> {
-    let prefix = store.prefix().as_bytes().to_vec();
-    let etcd = |what: &str, e: etcd_client::Error| {
-        BackupError::Etcd(format!(
-            "{what} {}: {e}{}",
-            store.prefix(),
-            if e.to_string().contains("compacted") {
-                " (etcd compacted the revision the backup reads at while it read: run the backup again)"
-            } else {
-                ""
-            }
-        ))
-    };
-    let mut kv = kv_of(&store.client());
-    let first = kv
-        .get(prefix.clone(), Some(GetOptions::new().with_limit(1)))
-        .await
-        .map_err(|e| etcd("read", e))?;
-    let mut snap = Snapshot {
-        revision: first.header().map_or(0, |h| h.revision()),
-        ..Snapshot::default()
-    };
     let file = File::create(out).map_err(|source| BackupError::Io {
         what: "create",
         path: out.to_path_buf(),
@@ -311,42 +215,21 @@ async fn read_snapshot(store: &EtcdStore, out: &Path) -> Result<Snapshot, Backup
         path: out.to_path_buf(),
         source,
     };
-    // Two ranges around `blobs/`, whose chunks are never read here.
-    let blobs = [&prefix[..], b"blobs/"].concat();
-    let ranges = [
-        (prefix.clone(), blobs.clone()),
-        (range_end(&blobs), range_end(&prefix)),
-    ];
-    for (from, end) in ranges {
-        let mut start = from;
-        loop {
-            let resp = kv
-                .get(
-                    start.clone(),
-                    Some(
-                        GetOptions::new()
-                            .with_range(end.clone())
-                            .with_revision(snap.revision)
-                            .with_limit(PAGE),
-                    ),
-                )
-                .await
-                .map_err(|e| etcd("read", e))?;
-            for item in resp.kvs() {
-                let rest = String::from_utf8_lossy(&item.key()[prefix.len()..]).into_owned();
-                if item.lease() != 0 || NOT_ARCHIVED.iter().any(|p| rest.starts_with(p)) {
-                    continue;
-                }
-                snap.tally(&rest, item.value())?;
-                write_pair(&mut w, rest.as_bytes(), item.value()).map_err(write_err)?;
-                snap.keys += 1;
-            }
-            match resp.kvs().last() {
-                Some(last) if resp.more() => start = [last.key(), &[0][..]].concat(),
-                _ => break,
-            }
-        }
-    }
+    let mut snap = Snapshot::default();
+    let revision = store
+        .archive()
+        .read(|rest, value| {
+            snap.tally(rest, value)?;
+            write_pair(&mut w, rest.as_bytes(), value).map_err(write_err)?;
+            snap.keys += 1;
+            Ok(())
+        })
+        .await
+        .map_err(|e| match e {
+            ReadError::Each(e) => e,
+            e @ ReadError::Etcd { .. } => BackupError::Etcd(e.to_string()),
+        })?;
+    snap.revision = revision;
     let f = w.into_inner().map_err(|e| write_err(e.into_error()))?;
     f.sync_all().map_err(write_err)?;
     Ok(snap)
@@ -538,7 +421,7 @@ fn check_target(
     manifest: &Manifest,
     origin: &EtcdOrigin,
 ) -> Result<(), RestoreError> {
-    let prefix = normalized(&cfg.etcd.prefix);
+    let prefix = cfg.etcd.normalized_prefix();
     if let Some(key) = &origin.sealed_with
         && prefix != origin.prefix
     {
@@ -611,20 +494,14 @@ fn verify(
             origin.keys
         ));
     }
-    let Some(identity) = pairs
-        .iter()
-        .find(|(k, _)| k == "identity")
-        .map(|(_, v)| v.clone())
-    else {
+    let Some(identity) = archive::archived_identity(&pairs).map(<[u8]>::to_vec) else {
         problems.push("the archive holds no identity (CA and admin credential)".into());
         return Err(RestoreError::Problems(problems));
     };
     if !problems.is_empty() {
         return Err(RestoreError::Problems(problems));
     }
-    let floor = restored_floor(&pairs, origin.revision);
-    pairs.retain(|(k, _)| k != "meta/generation");
-    pairs.push(("meta/generation".into(), floor.to_string().into_bytes()));
+    archive::raise_generation_floor(&mut pairs, origin.revision);
     Ok(Verified {
         pairs,
         identity,
@@ -665,11 +542,12 @@ async fn claim_prefix(store: &EtcdStore, identity: Vec<u8>) -> Result<(), Restor
         return Err(in_use(key));
     }
     let stored = store
-        .create_once("identity", identity.clone())
+        .identity()
+        .create(identity.clone())
         .await
         .map_err(|e| RestoreError::Etcd(format!("store the identity: {e}")))?;
     if stored != identity {
-        return Err(in_use(store.key("identity")));
+        return Err(in_use(store.identity().key()));
     }
     Ok(())
 }
@@ -740,31 +618,14 @@ impl Restoring<'_> {
         Ok(put)
     }
 
-    /// Every key but the identity, in transactions of at most `MAX_OPS`
-    /// keys and `MAX_BYTES`, a key of `ONE_PER_TXN` alone in its own.
+    /// Every key but the identity (written first), as the store batches
+    /// a restore.
     async fn create_keys(&self) -> Result<(), String> {
-        let create = |batch: Vec<(String, Vec<u8>)>| async move {
-            self.store.create_all(batch).await.map_err(|e| e.to_string())
-        };
-        let mut batch: Vec<(String, Vec<u8>)> = Vec::new();
-        let mut bytes = 0;
-        for pair in self.pairs.iter().filter(|(k, _)| k != "identity") {
-            let alone = ONE_PER_TXN.iter().any(|p| pair.0.starts_with(p));
-            if !batch.is_empty() && (alone || batch.len() == MAX_OPS || bytes + pair.1.len() > MAX_BYTES) {
-                create(std::mem::take(&mut batch)).await?;
-                bytes = 0;
-            }
-            bytes += pair.1.len();
-            batch.push(pair.clone());
-            if alone {
-                create(std::mem::take(&mut batch)).await?;
-                bytes = 0;
-            }
-        }
-        if !batch.is_empty() {
-            create(batch).await?;
-        }
-        Ok(())
+        self.store
+            .archive()
+            .restore(self.pairs)
+            .await
+            .map_err(|e| e.to_string())
     }
 }
 

@@ -11,44 +11,24 @@
 //! belong in an object store (`--blob-store s3://…`, [`super::S3Store`]),
 //! and `migrate` moves an installation's blobs there.
 //!
-//! Layout: `blobs/sha256:HEX/c/NNNNNNNN` holds the chunks (1 MiB, below
-//! etcd's request limit), `blobs/sha256:HEX/meta` the size and chunk count.
-//! The meta key is written last and deleted first, so a blob is complete in
-//! etcd exactly when its meta key exists. Both are content-addressed: writes
-//! need no compare.
+//! The keys (chunks of 1 MiB, below etcd's request limit, and a meta key
+//! with the size and chunk count) are `lks-store-etcd`'s
+//! ([`EtcdStore::blob_chunks`]). The meta key is written last and deleted
+//! first, so a blob is complete in etcd exactly when its meta key exists.
 
 use std::path::Path;
 
-use etcd_client::{DeleteOptions, GetOptions};
 use lks_proto::Digest;
-use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 
 use super::{BlobError, BlobStore, LocalBlobs, StoredBlob};
-use crate::store::{EtcdStore, StoreError};
+use crate::store::EtcdStore;
+use crate::store::etcd::{ChunkError, ChunkMeta};
 
 /// Bytes per chunk value in etcd.
 pub const CHUNK: usize = 1 << 20;
 /// Default for `--etcd-max-blob-size`.
 pub const DEFAULT_MAX_BLOB: u64 = 32 << 20;
-
-#[derive(Serialize, Deserialize)]
-struct Meta {
-    size: u64,
-    chunks: u64,
-}
-
-fn meta_key(d: &Digest) -> String {
-    format!("blobs/{d}/meta")
-}
-
-fn chunk_key(d: &Digest, i: u64) -> String {
-    format!("blobs/{d}/c/{i:08}")
-}
-
-fn unavailable(e: etcd_client::Error) -> BlobError {
-    BlobError::Meta(StoreError::Unavailable(e.to_string()))
-}
 
 /// Blobs in etcd, at most `max` bytes each.
 #[derive(Clone)]
@@ -62,16 +42,16 @@ impl EtcdChunks {
         EtcdChunks { store, max }
     }
 
-    async fn meta(&self, d: &Digest) -> Result<Option<Meta>, BlobError> {
-        let Some((meta, _)) = self.store.get_bytes(&meta_key(d)).await? else {
-            return Ok(None);
-        };
-        let meta = serde_json::from_slice(&meta).map_err(|e| BlobError::Corrupt {
-            store: self.describe(),
-            digest: *d,
-            message: format!("stored chunk list: {e}"),
-        })?;
-        Ok(Some(meta))
+    async fn meta(&self, d: &Digest) -> Result<Option<ChunkMeta>, BlobError> {
+        match self.store.blob_chunks().meta(d).await {
+            Ok(meta) => Ok(meta),
+            Err(ChunkError::Store(e)) => Err(e.into()),
+            Err(e @ ChunkError::Corrupt(_)) => Err(BlobError::Corrupt {
+                store: self.describe(),
+                digest: *d,
+                message: e.to_string(),
+            }),
+        }
     }
 }
 
@@ -91,7 +71,7 @@ impl BlobStore for EtcdChunks {
     }
 
     async fn contains(&self, d: &Digest) -> Result<bool, BlobError> {
-        Ok(self.store.get_bytes(&meta_key(d)).await?.is_some())
+        Ok(self.store.blob_chunks().contains(d).await?)
     }
 
     async fn put(&self, d: &Digest, size: u64, from: &Path) -> Result<(), BlobError> {
@@ -126,7 +106,8 @@ impl BlobStore for EtcdChunks {
                 .update(&buf[..filled])
                 .map_err(|source| BlobError::Verify { digest: *d, source })?;
             self.store
-                .put_bytes(&chunk_key(d, i), buf[..filled].to_vec())
+                .blob_chunks()
+                .put_chunk(d, i, buf[..filled].to_vec())
                 .await?;
             i += 1;
             if filled < CHUNK {
@@ -138,12 +119,10 @@ impl BlobStore for EtcdChunks {
         verifier
             .finish()
             .map_err(|source| BlobError::Verify { digest: *d, source })?;
-        let meta = serde_json::to_vec(&Meta { size, chunks: i }).map_err(|e| BlobError::Corrupt {
-            store: self.describe(),
-            digest: *d,
-            message: e.to_string(),
-        })?;
-        self.store.put_bytes(&meta_key(d), meta).await?;
+        self.store
+            .blob_chunks()
+            .put_meta(d, &ChunkMeta { size, chunks: i })
+            .await?;
         Ok(())
     }
 
@@ -153,7 +132,7 @@ impl BlobStore for EtcdChunks {
         };
         let mut w = into.writer(*d, meta.size).await?;
         for i in 0..meta.chunks {
-            let Some((bytes, _)) = self.store.get_bytes(&chunk_key(d, i)).await? else {
+            let Some(bytes) = self.store.blob_chunks().chunk(d, i).await? else {
                 return Err(BlobError::Corrupt {
                     store: self.describe(),
                     digest: *d,
@@ -168,44 +147,13 @@ impl BlobStore for EtcdChunks {
     }
 
     async fn delete(&self, d: &Digest) -> Result<(), BlobError> {
-        let mut kv = crate::store::etcd::kv_of(&self.store.client());
         // The meta key first: the blob stops being complete before any
         // chunk goes.
-        kv.delete(self.store.key(&meta_key(d)), None)
-            .await
-            .map_err(unavailable)?;
-        kv.delete(
-            self.store.key(&format!("blobs/{d}/c/")),
-            Some(DeleteOptions::new().with_prefix()),
-        )
-        .await
-        .map_err(unavailable)?;
-        Ok(())
+        Ok(self.store.blob_chunks().delete(d).await?)
     }
 
     async fn list(&self) -> Result<Vec<StoredBlob>, BlobError> {
-        // Keys only: the values under `blobs/` are every blob's bytes.
-        let mut kv = crate::store::etcd::kv_of(&self.store.client());
-        let prefix = self.store.key("blobs/");
-        let resp = kv
-            .get(
-                prefix.clone(),
-                Some(GetOptions::new().with_prefix().with_keys_only()),
-            )
-            .await
-            .map_err(unavailable)?;
-        let digests: Vec<Digest> = resp
-            .kvs()
-            .iter()
-            .filter_map(|kv| {
-                kv.key_str()
-                    .ok()?
-                    .strip_prefix(&prefix)?
-                    .strip_suffix("/meta")?
-                    .parse()
-                    .ok()
-            })
-            .collect();
+        let digests = self.store.blob_chunks().digests().await?;
         let mut out = Vec::new();
         for d in digests {
             if let Some(m) = self.meta(&d).await? {

@@ -14,7 +14,6 @@
 use std::fmt;
 
 use crate::blobs::{BlobError, BlobStore, EtcdChunks, LocalBlobs, S3Config, S3Store};
-use crate::replicas::ReplicaInfo;
 use crate::store::{BlobRecord, BlobRecords, EtcdConfig, EtcdStore, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -81,11 +80,7 @@ pub async fn migrate_blobs(
         ..Default::default()
     };
     if delete {
-        for (_, info) in store
-            .range_docs::<ReplicaInfo>("replicas/")
-            .await
-            .map_err(BlobMigrateError::Etcd)?
-        {
+        for (_, info) in store.replicas().list().await.map_err(BlobMigrateError::Etcd)? {
             if !info.blob_store.starts_with("s3://") {
                 return Err(BlobMigrateError::ReplicaOnEtcd {
                     url: info.url,

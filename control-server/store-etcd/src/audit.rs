@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use lks_store::Result;
 
+use crate::limits::prefix_end;
 use crate::{EtcdStore, corrupt, json, kv_of, nonce, unavailable};
 use lks_store::{AuditFilter, AuditRow, AuditStore};
 
@@ -143,16 +144,4 @@ impl AuditStore for EtcdStore {
             .map_err(unavailable)?;
         Ok(resp.deleted() as usize)
     }
-}
-
-/// The smallest key after every key that starts with `prefix`.
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
 }

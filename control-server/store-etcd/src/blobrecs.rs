@@ -24,7 +24,7 @@ fn rec_key(d: &Digest) -> String {
 impl EtcdStore {
     /// Every document under `rest` (a prefix below the store's own), by key
     /// suffix.
-    pub async fn range_docs<T: DeserializeOwned>(&self, rest: &str) -> Result<Vec<(String, T)>> {
+    pub(crate) async fn range_docs<T: DeserializeOwned>(&self, rest: &str) -> Result<Vec<(String, T)>> {
         Ok(self
             .range::<T>(&self.key(rest))
             .await?
@@ -34,13 +34,13 @@ impl EtcdStore {
     }
 
     /// This replica's lease (0: none yet).
-    pub fn lease_id(&self) -> i64 {
+    pub(crate) fn lease_id(&self) -> i64 {
         self.lease.lock().map(|l| *l).unwrap_or(0)
     }
 
     /// Puts `value` at `rest` under this replica's lease, so it vanishes
     /// with the replica; false (nothing written) while it has no lease.
-    pub async fn put_leased(&self, rest: &str, value: Vec<u8>) -> Result<bool> {
+    pub(crate) async fn put_leased(&self, rest: &str, value: Vec<u8>) -> Result<bool> {
         let lease = self.lease_id();
         if lease == 0 {
             return Ok(false);

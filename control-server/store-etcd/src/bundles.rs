@@ -100,7 +100,7 @@ pub(super) fn bundle_row(name: &str, version: &str, d: BundleDoc) -> Result<Bund
 /// The document stored at `bundles/NAME/VERSION` (`rest`) read as a dump
 /// reads it: its row and the blobs the server serves for it
 /// (`lks-control-server backup --store etcd` builds its blob manifest so).
-pub fn dumped_bundle(rest: &str, value: &[u8]) -> Result<lks_store::DumpedBundle> {
+pub(crate) fn dumped_bundle(rest: &str, value: &[u8]) -> Result<lks_store::DumpedBundle> {
     let (name, version) = rest
         .strip_prefix("bundles/")
         .and_then(|r| r.split_once('/'))

@@ -102,7 +102,7 @@ impl EtcdStore {
 
     /// Creates every key in one transaction, or none if any exists (also
     /// `lks-control-server restore --store etcd`).
-    pub async fn create_all(&self, docs: Vec<(String, Vec<u8>)>) -> Result<()> {
+    pub(crate) async fn create_all(&self, docs: Vec<(String, Vec<u8>)>) -> Result<()> {
         let mut compares = Vec::with_capacity(docs.len());
         let mut ops = Vec::with_capacity(docs.len());
         for (rest, value) in &docs {

@@ -2,34 +2,53 @@
 //! key prefix (`--etcd-prefix`, default `/lksadmin/v1/`), so several
 //! `lks-control-server` replicas share it.
 //!
-//! Each record is one JSON document under its own key:
+//! This crate is the only code that knows the layout: every key below is
+//! written and read here, behind the `Store` traits and the handles of what
+//! the replicas share ([`EtcdStore::identity`], [`EtcdStore::replicas`],
+//! [`EtcdStore::load_board`], [`EtcdStore::blob_chunks`],
+//! [`EtcdStore::swarm`], [`EtcdStore::archive`]); no other crate links
+//! etcd-client or spells a key (`scripts/check-layers.sh` checks it, with
+//! the families of this table). Each record is one document (JSON unless
+//! said) under its own key:
 //!
-//! | key (after the prefix)            | what                                          |
-//! |-----------------------------------|-----------------------------------------------|
-//! | `meta/generation`                 | the last desired-state generation handed out  |
-//! | `clusters/NAME`                   | a cluster, with its CA (key sealed if asked)  |
-//! | `certs/CLUSTER/NODE/SERIAL`       | a certificate issued with the cluster's CA    |
-//! | `tokens/ID`                       | a bootstrap token (secret hashed)             |
-//! | `nodes/NAME`                      | a node: labels, serial, facts, reports, replica |
-//! | `desired/NAME`                    | a node's desired bundles and generation       |
-//! | `bundles/NAME/VERSION`            | a published bundle version                    |
-//! | `targets/CLUSTER/BUNDLE`          | what joining nodes of a cluster receive       |
-//! | `rollouts/ID`                     | a rollout's header (`rnodes/` holds its rows) |
-//! | `rnodes/ID/NODE`                  | one node's row of rollout ID ([`rollouts`])   |
-//! | `active/CLUSTER/BUNDLE`           | the id of the one active rollout, if any      |
-//! | `drive/ID`                        | present while the rollout needs driving       |
-//! | `timeline/MS-NONCE`               | the events one change recorded (`events/` before 2026-11-26; read and pruned) |
-//! | `releases/CLUSTER/VERSION`        | a signed release (version as 20 digits)       |
-//! | `relhead/CLUSTER`                 | the highest release's version and digest      |
-//! | `roots/CLUSTER/VERSION`           | a signed trust-root rotation (20 digits)      |
-//! | `blobs/DIGEST/meta`, `…/c/N`      | blob bytes in chunks (`--blob-store etcd`, [`crate::blobs::EtcdChunks`]) |
-//! | `blobrecs/DIGEST`                 | a blob in the blob store: size, last claim, a collector's `deleting` mark (under its lease) |
-//! | `identity`                        | CA and admin credential (keys sealed if asked) |
-//! | `replicas/ID`, `load/ID`, `leader`| per-replica state under the replica's lease (`load/ID`: agents held, [`crate::rebalance`]) |
-//! | `heard/ID`                        | when replica ID last heard one of its agents   |
-//! | `swarm/fetching/CLUSTER/HEX/ID`   | nodes fetching a blob through replica ID (under its lease; `crate::tracker::ledger`) |
-//! | `swarm/seed/CLUSTER/HEX`          | the one node of a cluster that may fetch a blob from the server now |
-//! | `seen/ID`                         | (before `heard/`, read and folded away) last-seen time per node heard on replica ID |
+//! | key (after the prefix)            | what                                          | module |
+//! |-----------------------------------|-----------------------------------------------|--------|
+//! | `meta/generation`                 | the generation floor (decimal text; `migrate` and `restore` set it) | lib.rs |
+//! | `clusters/NAME`                   | a cluster, with its CA (key sealed if asked)  | `clusters` |
+//! | `clusterkube/NAME`                | a cluster's tenant Kubernetes access (kubeconfig sealed if asked) | `clusters` |
+//! | `certs/CLUSTER/NODE/SERIAL`       | a certificate issued with the cluster's CA    | `clusters` |
+//! | `tokens/ID`                       | a bootstrap token (secret hashed)             | `tokens` |
+//! | `nodes/NAME`                      | a node: labels, serial, facts, reports, replica | `nodes` |
+//! | `desired/NAME`                    | a node's desired bundles and generation       | `desired` |
+//! | `bundles/NAME/VERSION`            | a published bundle version                    | `bundles` |
+//! | `targets/CLUSTER/BUNDLE`          | what joining nodes of a cluster receive       | `bundles` |
+//! | `rollouts/ID`                     | a rollout's header (`rnodes/` holds its rows) | `rolloutdocs` |
+//! | `rnodes/ID/NODE`                  | one node's row of rollout ID                  | `rolloutdocs` |
+//! | `active/CLUSTER/BUNDLE`           | the id of the one active rollout, if any      | `rollouts` |
+//! | `drive/ID`                        | present while the rollout needs driving       | `rollouts` |
+//! | `timeline/MS-NONCE`               | the events one change recorded                | `events` |
+//! | `events/MS-NONCE`                 | the events before 2026-11-26 (read and pruned) | `events` |
+//! | `audit/MS-NONCE`                  | one audit record                              | `audit` |
+//! | `releases/CLUSTER/VERSION`        | a signed release (version as 20 digits)       | `releases` |
+//! | `relhead/CLUSTER`                 | the highest release's version and digest      | `releases` |
+//! | `roots/CLUSTER/VERSION`           | a signed trust-root rotation (20 digits)      | `releases` |
+//! | `deltas/HEX/FILE`                 | a patch record of a bundle version's file     | `deltas` |
+//! | `blobs/DIGEST/c/N`                | a blob's bytes in chunks of 1 MiB (raw; `--blob-store etcd`) | `chunks` |
+//! | `blobs/DIGEST/meta`               | a blob's size and chunk count, written last, deleted first | `chunks` |
+//! | `blobrecs/DIGEST`                 | a blob in the blob store: size, last claim, a collector's `deleting` mark (under its lease) | `blobrecs` |
+//! | `identity`                        | CA and admin credential (keys sealed if asked; its format is the server's) | `identity` |
+//! | `replicas/ID`                     | a live replica (URL, release, store format), under its lease | `replicas` |
+//! | `leader`                          | the id of the replica that drives rollouts (raw), under its lease | `replicas` |
+//! | `load/ID`                         | how many agents replica ID holds, under its lease | `load` |
+//! | `heard/ID`                        | when replica ID last heard one of its agents   | `seen` |
+//! | `seen/ID`                         | (before `heard/`, read and folded away) last-seen time per node heard on replica ID | `seen` |
+//! | `swarm/fetching/CLUSTER/HEX/ID`   | nodes fetching a blob through replica ID (under its lease) | `swarm` |
+//! | `swarm/seed/CLUSTER/HEX`          | the one node of a cluster that may fetch a blob from the server now | `swarm` |
+//!
+//! Backup and restore (`lks-control-server backup|restore --store etcd`)
+//! take every key but those under a lease, `blobs/` and `deltas/`
+//! ([`archive`]); `migrate` writes a `Dump` into an empty prefix
+//! (`import`).
 //!
 //! Every change is one etcd transaction whose compares name the
 //! `mod_revision` of each document it was computed from (absent documents:
@@ -68,34 +87,46 @@ use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, T
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+pub mod archive;
 mod audit;
 mod blobrecs;
 mod bundledocs;
 mod bundles;
 mod cache;
+mod chunks;
 mod clusters;
 mod deltas;
 mod desired;
 mod docs;
 mod events;
+mod identity;
 mod import;
 mod limits;
+mod load;
 mod name;
 mod nodes;
 pub mod reads;
 mod releases;
+mod replicas;
 mod rolloutdocs;
 mod rollouts;
 mod seen;
 mod smallmap;
 mod start;
 mod status;
+mod swarm;
 mod tokens;
 
-pub use bundles::dumped_bundle;
-pub use limits::{MAX_RESPONSE_BYTES, kv_of, watch_of};
+pub use archive::Archive;
+pub use chunks::{BlobChunks, ChunkError, ChunkMeta};
+pub use identity::Identity;
+pub use limits::MAX_RESPONSE_BYTES;
+use limits::{kv_of, watch_of};
+pub use load::{Load, LoadBoard};
+pub use replicas::{ReplicaLease, Replicas};
 use seen::Liveness;
 pub use seen::SETTLE_AFTER;
+pub use swarm::Swarm;
 
 pub use cache::Change;
 pub use docs::ReplicaInfo;
@@ -125,6 +156,17 @@ pub struct EtcdConfig {
     pub ca_pem: Option<String>,
     /// Client certificate and key (PEM) for etcd's client-certificate auth.
     pub client_cert_pem: Option<(String, String)>,
+}
+
+impl EtcdConfig {
+    /// The key prefix as the store uses it: ending with `/`.
+    pub fn normalized_prefix(&self) -> String {
+        let mut prefix = self.prefix.clone();
+        if !prefix.ends_with('/') {
+            prefix.push('/');
+        }
+        prefix
+    }
 }
 
 /// The etcd [`Store`].
@@ -338,10 +380,7 @@ impl EtcdStore {
         let client = Client::connect(&cfg.endpoints, Some(opts))
             .await
             .map_err(|e| StoreError::Unavailable(format!("etcd at {}: {e}", cfg.endpoints.join(","))))?;
-        let mut prefix = cfg.prefix.clone();
-        if !prefix.ends_with('/') {
-            prefix.push('/');
-        }
+        let prefix = cfg.normalized_prefix();
         let store = EtcdStore {
             client,
             prefix,
@@ -376,10 +415,6 @@ impl EtcdStore {
         Ok(store)
     }
 
-    pub fn client(&self) -> Client {
-        self.client.clone()
-    }
-
     pub fn prefix(&self) -> &str {
         &self.prefix
     }
@@ -389,14 +424,15 @@ impl EtcdStore {
     }
 
     /// The lease this replica registered under (0: not registered; no
-    /// `heard/ID` is written before); set by the replica's lease keeper.
-    pub fn set_lease(&self, lease: i64) {
+    /// `heard/ID` is written before); set by [`Replicas::register`].
+    pub(crate) fn set_lease(&self, lease: i64) {
         if let Ok(mut l) = self.lease.lock() {
             *l = lease;
         }
     }
 
-    pub fn key(&self, rest: &str) -> String {
+    /// The full key of `rest`: only this crate writes the layout.
+    pub(crate) fn key(&self, rest: &str) -> String {
         format!("{}{rest}", self.prefix)
     }
 
@@ -580,13 +616,13 @@ impl EtcdStore {
     }
 
     /// Reads a value stored by [`Self::create_once`] or anything else.
-    pub async fn get_bytes(&self, rest: &str) -> Result<Option<(Vec<u8>, i64)>> {
+    pub(crate) async fn get_bytes(&self, rest: &str) -> Result<Option<(Vec<u8>, i64)>> {
         self.get_raw(&self.key(rest)).await
     }
 
     /// Stores `value` at `rest` if the key does not exist; returns what is
     /// stored afterwards (ours, or the one another replica stored first).
-    pub async fn create_once(&self, rest: &str, value: Vec<u8>) -> Result<Vec<u8>> {
+    pub(crate) async fn create_once(&self, rest: &str, value: Vec<u8>) -> Result<Vec<u8>> {
         let key = self.key(rest);
         let mut kv = crate::kv_of(&self.client);
         let resp = kv
@@ -612,7 +648,7 @@ impl EtcdStore {
     }
 
     /// Replaces `rest` if it still has revision `rev`.
-    pub async fn replace(&self, rest: &str, rev: i64, value: Vec<u8>) -> Result<bool> {
+    pub(crate) async fn replace(&self, rest: &str, rev: i64, value: Vec<u8>) -> Result<bool> {
         let key = self.key(rest);
         self.txn(
             vec![Compare::mod_revision(key.clone(), CompareOp::Equal, rev)],
@@ -622,7 +658,7 @@ impl EtcdStore {
     }
 
     /// Puts raw bytes (content-addressed data that needs no compare).
-    pub async fn put_bytes(&self, rest: &str, value: Vec<u8>) -> Result<()> {
+    pub(crate) async fn put_bytes(&self, rest: &str, value: Vec<u8>) -> Result<()> {
         let mut kv = crate::kv_of(&self.client);
         kv.put(self.key(rest), value, None).await.map_err(unavailable)?;
         Ok(())

@@ -14,14 +14,40 @@ pub const MAX_RESPONSE_BYTES: usize = 1 << 30;
 
 /// A KV client of `client` that takes responses up to
 /// [`MAX_RESPONSE_BYTES`].
-pub fn kv_of(client: &Client) -> etcd_client::KvClient {
+pub(crate) fn kv_of(client: &Client) -> etcd_client::KvClient {
     client.kv_client().max_decoding_message_size(MAX_RESPONSE_BYTES)
 }
 
 /// A watch client of `client` that takes responses up to
 /// [`MAX_RESPONSE_BYTES`].
-pub fn watch_of(client: &Client) -> etcd_client::WatchClient {
+pub(crate) fn watch_of(client: &Client) -> etcd_client::WatchClient {
     client
         .watch_client()
         .max_decoding_message_size(MAX_RESPONSE_BYTES)
+}
+
+/// The smallest key after every key that starts with `prefix`: the end of
+/// a range over that prefix.
+pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_ends_at_the_next_key() {
+        assert_eq!(prefix_end(b"/lks/"), b"/lks0".to_vec());
+        assert_eq!(prefix_end(b"/lks/blobs/"), b"/lks/blobs0".to_vec());
+        assert_eq!(prefix_end(&[b'a', 0xff]), b"b".to_vec());
+        assert_eq!(prefix_end(&[0xff]), vec![0]);
+    }
 }

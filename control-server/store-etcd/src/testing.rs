@@ -53,6 +53,11 @@ impl TestEtcd {
         }
     }
 
+    /// The client URL etcd listens on.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
     /// A store for `replica`, registered as a live replica (as
     /// `replicas::run_lease` does) so that its streams count as connected.
     pub async fn store(&self, replica: &str) -> EtcdStore {
@@ -62,8 +67,8 @@ impl TestEtcd {
             ..Default::default()
         };
         let s = EtcdStore::connect(&cfg, replica).await.unwrap();
-        let id = s.client().lease_client().grant(60, None).await.unwrap().id();
-        s.client()
+        let id = s.client.lease_client().grant(60, None).await.unwrap().id();
+        s.client
             .kv_client()
             .put(
                 s.key(&format!("replicas/{replica}")),

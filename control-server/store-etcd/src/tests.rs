@@ -43,6 +43,16 @@ impl conformance::WriteStored for EtcdStore {
     }
 }
 
+#[test]
+fn the_prefix_ends_with_a_slash() {
+    let cfg = |p: &str| EtcdConfig {
+        prefix: p.into(),
+        ..Default::default()
+    };
+    assert_eq!(cfg("/lks").normalized_prefix(), "/lks/");
+    assert_eq!(cfg("/lks/").normalized_prefix(), "/lks/");
+}
+
 /// A bundle document whose bundle is not hex reads as corrupt too.
 #[tokio::test]
 async fn a_bundle_document_that_is_not_hex_is_corrupt() {
@@ -194,7 +204,7 @@ async fn connection_state_follows_the_replica_lease() {
     a.enroll_node(new_node("n2", "tok000")).await.unwrap();
     // Replica ra (registered under its lease) holds n1's and n2's streams.
     let id = *a.lease.lock().unwrap();
-    let mut lease = a.client().lease_client();
+    let mut lease = a.client.lease_client();
     a.node_connected("n1", "{}", Vec::new(), 500).await.unwrap();
     a.node_connected("n2", "{}", Vec::new(), 500).await.unwrap();
     a.touch_nodes(vec![("n1".into(), 900)]).await.unwrap();
@@ -260,7 +270,7 @@ async fn last_seen_documents_of_the_version_before_are_read_then_folded_away() {
     s.enroll_node(new_node("n2", "tok000")).await.unwrap();
     // A replica of the version before wrote one time per node, then died
     // hard; its document names a node deleted since as well.
-    let mut kv = s.client().kv_client();
+    let mut kv = s.client.kv_client();
     kv.put(
         s.key("seen/old"),
         br#"{"n1":5000,"n2":100,"gone":7000}"#.to_vec(),
@@ -326,7 +336,7 @@ async fn events_stored_under_the_old_prefix_are_listed_and_pruned_first() {
     let s = etcd.store("r1").await;
     let ev = numbered_event;
     // Two documents of the version before, under `events/`.
-    let mut kv = s.client().kv_client();
+    let mut kv = s.client.kv_client();
     for i in 0..2 {
         let doc = serde_json::to_vec(&[super::events::EventDoc::from_row(&ev(i))]).unwrap();
         kv.put(s.key(&format!("events/{:016}-x", 1000 + i)), doc, None)
@@ -540,7 +550,7 @@ async fn an_older_replica_is_named_until_it_is_gone() {
         let s = s.clone();
         let id = id.to_string();
         async move {
-            s.client()
+            s.client
                 .kv_client()
                 .put(s.key(&format!("replicas/{id}")), doc.to_string(), None)
                 .await
@@ -554,7 +564,7 @@ async fn an_older_replica_is_named_until_it_is_gone() {
     put("r3", serde_json::json!({"url": "https://y", "started_at_ms": 1})).await;
     let o = s.older_replica(lks_store::STORE_FORMAT).await.unwrap().unwrap();
     assert_eq!(o.replica, "r3");
-    s.client()
+    s.client
         .kv_client()
         .delete(s.key("replicas/r3"), None)
         .await

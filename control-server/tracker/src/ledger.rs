@@ -17,6 +17,10 @@
 //!   (a seed that died frees its place after that, or its replica's
 //!   lease).
 //!
+//! The keys, documents, leases and compares are `lks-store-etcd`'s
+//! ([`EtcdStore::swarm`]); what is cached, and when it is read again, is
+//! here.
+//!
 //! A replica that cannot reach etcd answers from what it knows itself (as a
 //! single server would): a wrong answer costs bytes or time, never a
 //! rollout (agents fall back to the server on their own).
@@ -25,12 +29,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use lks_proto::Digest;
-use serde::{Deserialize, Serialize};
 
 use lks_store::StoreError;
-use lks_store_etcd::{EtcdStore, kv_of};
+use lks_store_etcd::EtcdStore;
 
 /// How stale another replica's fetchers may be when named.
 pub const REMOTE_TTL: Duration = Duration::from_secs(1);
@@ -41,20 +43,6 @@ pub const REMOTE_FRESH: Duration = Duration::from_millis(250);
 /// How long a seed's claim lasts after its last ask (agents ask every 3 s
 /// while they fetch).
 pub const SEED_TTL_MS: i64 = 10_000;
-
-/// The nodes fetching one blob through one replica: node → fetches from
-/// the server.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-struct FetchersDoc {
-    nodes: BTreeMap<String, bool>,
-}
-
-/// Who may fetch one blob from the server now.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-struct SeedDoc {
-    node: String,
-    until_ms: i64,
-}
 
 type Key = (String, Digest);
 /// Nodes fetching a blob: (node, from the server).
@@ -69,14 +57,6 @@ pub struct Ledger {
     written: Mutex<HashMap<Key, BTreeMap<String, bool>>>,
 }
 
-fn fetching_prefix(cluster: &str, digest: &Digest) -> String {
-    format!("swarm/fetching/{cluster}/{}/", digest.hex())
-}
-
-fn seed_key(cluster: &str, digest: &Digest) -> String {
-    format!("swarm/seed/{cluster}/{}", digest.hex())
-}
-
 impl Ledger {
     pub fn new(store: EtcdStore) -> Ledger {
         Ledger {
@@ -84,10 +64,6 @@ impl Ledger {
             remote: Mutex::default(),
             written: Mutex::default(),
         }
-    }
-
-    fn own_key(&self, cluster: &str, digest: &Digest) -> String {
-        format!("{}{}", fetching_prefix(cluster, digest), self.store.replica())
     }
 
     /// The nodes other replicas say fetch `digest` (node, from the server),
@@ -111,16 +87,7 @@ impl Ledger {
     /// Like [`Self::others_within`], read now.
     pub async fn others_now(&self, cluster: &str, digest: &Digest) -> Result<Fetchers, StoreError> {
         let key = (cluster.to_string(), *digest);
-        let docs: Vec<(String, FetchersDoc)> =
-            self.store.range_docs(&fetching_prefix(cluster, digest)).await?;
-        let mut out = Vec::new();
-        for (replica, doc) in docs {
-            if replica == self.store.replica() {
-                continue;
-            }
-            out.extend(doc.nodes);
-        }
-        let v = Arc::new(out);
+        let v = Arc::new(self.store.swarm().others_fetching(cluster, digest).await?);
         let mut remote = lock(&self.remote);
         // Blobs asked about no more are forgotten.
         remote.retain(|_, (at, _)| at.elapsed() < Duration::from_secs(60));
@@ -140,19 +107,10 @@ impl Ledger {
         if lock(&self.written).get(&key) == Some(&nodes) {
             return Ok(());
         }
-        let rest = self.own_key(cluster, digest);
-        let mut kv = kv_of(&self.store.client());
-        if nodes.is_empty() {
-            kv.delete(self.store.key(&rest), None)
-                .await
-                .map_err(|e| StoreError::backend_at("delete a fetchers document", e))?;
-        } else {
-            let doc = serde_json::to_vec(&FetchersDoc { nodes: nodes.clone() })
-                .map_err(|e| StoreError::backend_at("encode a fetchers document", e))?;
-            kv.put(self.store.key(&rest), doc, lease_opts(&self.store))
-                .await
-                .map_err(|e| StoreError::backend_at("write a fetchers document", e))?;
-        }
+        self.store
+            .swarm()
+            .publish_fetching(cluster, digest, &nodes)
+            .await?;
         let mut written = lock(&self.written);
         if nodes.is_empty() {
             written.remove(&key);
@@ -171,53 +129,11 @@ impl Ledger {
         node: &str,
         now_ms: i64,
     ) -> Result<bool, StoreError> {
-        let key = self.store.key(&seed_key(cluster, digest));
-        let mine = serde_json::to_vec(&SeedDoc {
-            node: node.to_string(),
-            until_ms: now_ms + SEED_TTL_MS,
-        })
-        .map_err(|e| StoreError::backend_at("encode a seed claim", e))?;
-        let mut kv = kv_of(&self.store.client());
-        for _ in 0..3 {
-            let resp = kv
-                .get(key.clone(), Some(GetOptions::new()))
-                .await
-                .map_err(|e| StoreError::backend_at("read a seed claim", e))?;
-            let compare = match resp.kvs().first() {
-                None => Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-                Some(item) => {
-                    let held: Option<SeedDoc> = serde_json::from_slice(item.value()).ok();
-                    match held {
-                        Some(h) if h.node == node && h.until_ms - now_ms > SEED_TTL_MS / 2 => {
-                            return Ok(true);
-                        }
-                        Some(h) if h.node != node && h.until_ms > now_ms => return Ok(false),
-                        _ => Compare::mod_revision(key.clone(), CompareOp::Equal, item.mod_revision()),
-                    }
-                }
-            };
-            let txn = Txn::new().when([compare]).and_then([TxnOp::put(
-                key.clone(),
-                mine.clone(),
-                lease_opts(&self.store),
-            )]);
-            let done = kv
-                .txn(txn)
-                .await
-                .map_err(|e| StoreError::backend_at("write a seed claim", e))?;
-            if done.succeeded() {
-                return Ok(true);
-            }
-        }
-        // Other replicas kept changing it: someone else holds it.
-        Ok(false)
+        self.store
+            .swarm()
+            .claim_seed(cluster, digest, node, now_ms, SEED_TTL_MS)
+            .await
     }
-}
-
-/// Under this replica's lease once it has one: gone with the replica.
-fn lease_opts(store: &EtcdStore) -> Option<PutOptions> {
-    let lease = store.lease_id();
-    (lease != 0).then(|| PutOptions::new().with_lease(lease))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -19,19 +19,3 @@ fn keys_round_trip_through_the_entry_format() {
     let e = read_pairs(&path).unwrap_err();
     assert!(e.contains("ends inside a value"), "{e}");
 }
-
-#[test]
-fn range_ends_and_prefixes() {
-    assert_eq!(range_end(b"/lks/"), b"/lks0".to_vec());
-    assert_eq!(range_end(b"/lks/blobs/"), b"/lks/blobs0".to_vec());
-    assert_eq!(range_end(&[b'a', 0xff]), b"b".to_vec());
-    assert_eq!(normalized("/lks"), "/lks/");
-    let pairs = vec![("meta/generation".to_string(), b"5000".to_vec())];
-    assert_eq!(
-        restored_floor(&pairs, 70),
-        5071,
-        "above every generation read at revision 70"
-    );
-    assert_eq!(restored_floor(&[], 70), 71);
-    assert_eq!(normalized("/lks/"), "/lks/");
-}

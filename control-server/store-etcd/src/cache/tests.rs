@@ -58,7 +58,7 @@ async fn wait_rev(s: &EtcdStore, at_least: i64) {
 }
 
 async fn current_rev(s: &EtcdStore) -> i64 {
-    let mut kv = crate::kv_of(&s.client());
+    let mut kv = crate::kv_of(&s.client);
     kv.get("x", None).await.unwrap().header().unwrap().revision()
 }
 
@@ -160,7 +160,7 @@ async fn the_copy_follows_etcd_through_a_compaction_and_mends_a_missed_event() {
     }
     other.delete_node("n0").await.unwrap();
     let now = current_rev(&s).await;
-    crate::kv_of(&s.client()).compact(now, None).await.unwrap();
+    crate::kv_of(&s.client).compact(now, None).await.unwrap();
     // A copy that missed events (its watch was gone) and is behind.
     assert!(s.cache.state.read().unwrap().node("n0").is_some(), "stale");
     s.node_connected("n1", "{}", Vec::new(), 40).await.unwrap();

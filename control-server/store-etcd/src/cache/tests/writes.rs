@@ -35,7 +35,7 @@ async fn last_seen_comes_from_the_replicas_heard_times_in_the_copy_and_a_gone_on
     );
     // r2 dies hard; SETTLE_AFTER later the leader settles its nodes from
     // the copy (no range of the region's nodes) and its document goes.
-    r2.client().lease_client().revoke(r2_lease).await.unwrap();
+    r2.client.lease_client().revoke(r2_lease).await.unwrap();
     wait_rev(&s, current_rev(&s).await).await;
     assert_eq!(seen(&s.cache.state.read().unwrap(), "n1"), (false, 900));
     let ranges = || reads_of("range", "nodes");
