@@ -3,9 +3,9 @@
 //! the Kubernetes object name each gets. Pure, so the mapping is tested on
 //! plain values.
 
-use lks_proto::convert::{bundle_state_from_i32, rollout_state_str};
 use std::time::Duration;
 
+use lks_proto::convert::{bundle_state_from_i32, rollout_state_str};
 use lks_proto::pb;
 use lks_rollout::policy::{DrainOptions, DrainTimeout, OfflinePolicy, Policy};
 use sha2::{Digest as _, Sha256};

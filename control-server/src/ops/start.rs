@@ -11,6 +11,12 @@ pub mod skew;
 
 use std::collections::HashMap;
 
+use lks_proto::Manifest;
+use lks_proto::labels::{Labels, selector_matches};
+use lks_proto::manifest::check_paths_disjoint;
+use lks_proto::names::{NameError, validate_bundle_name, validate_cluster_name, validate_version};
+use lks_rollout::{Policy, PolicyError};
+
 use super::{Kind, OpError};
 use crate::clock::now_ms;
 use crate::controller;
@@ -18,11 +24,6 @@ use crate::store::{
     BundleRow, BundleStore, ClusterRow, ClusterStore, NewRollout, NodeStore, RolloutRow, RolloutState,
     RolloutStore, StoredBundle,
 };
-use lks_proto::Manifest;
-use lks_proto::labels::{Labels, selector_matches};
-use lks_proto::manifest::check_paths_disjoint;
-use lks_proto::names::{NameError, validate_bundle_name, validate_cluster_name, validate_version};
-use lks_rollout::{Policy, PolicyError};
 
 /// Longest request ID.
 const MAX_REQUEST_ID: usize = 128;
