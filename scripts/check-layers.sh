@@ -133,10 +133,12 @@ CRATES = {
         seal server
         clusterca
     """,
-    # lks-rollout: what a step decides over, how long rollouts are in
+    # lks-rollout: the policy a start asks for (typed once, with its
+    # defaults and checks); what a step decides over, how long rollouts are in
     # their states; a draining node's turn; the phases of a step and the
     # operator verbs (lib.rs runs the phases); the unit tests.
     "control-server/rollout/src": """
+        policy
         decision ages
         drain
         settle canary batch complete verbs
@@ -177,7 +179,7 @@ CRATES = {
     # lks-kube-controller: the custom resources and the pieces under the
     # reconcilers, the server-to-resource mapping, the reconcilers, the loop.
     "control-server/kube-controller/src": """
-        crd object conditions lease admin
+        crd policy object conditions lease admin
         mirror
         clusters rollouts
         run

@@ -360,6 +360,33 @@ fn rollouts_nodes_and_events_without_agents() {
         "bad ref",
     );
     assert!(e.contains("NAME@VERSION"), "{e}");
+    // A choice that is none of its words is refused by lksctl's parser,
+    // which lists them; the policy's other checks are the server's lines.
+    let start = |extra: &[&str]| {
+        let mut a = vec!["rollout", "start", "--cluster", "tenant-a", "--bundle", "demo@1"];
+        a.extend_from_slice(extra);
+        s.lksctl(&a)
+    };
+    let out = start(&["--drain", "--on-drain-timeout", "bogus"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("invalid value 'bogus' for '--on-drain-timeout")
+            && err.contains("[possible values: fail, skip]"),
+        "{err}"
+    );
+    let e = one_line_error(&start(&["--drain-timeout", "5m"]), "tuned without drain");
+    assert!(e.ends_with("need --drain"), "{e}");
+    let e = one_line_error(&start(&["--batch-interval", "8d"]), "pause too long");
+    assert!(
+        e.ends_with("batch interval is longer than the limit of 7 days"),
+        "{e}"
+    );
+    assert_eq!(
+        s.lksctl_json(&["rollout", "list"]),
+        serde_json::json!([]),
+        "nothing started"
+    );
 
     // No node matches: the rollout completes at once; --wait exits 0.
     let id = s.lksctl_ok(&[

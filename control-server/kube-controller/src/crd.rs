@@ -9,18 +9,163 @@
 //! only `LksNode.spec.hold` is the user's.
 //!
 //! Field names follow Kubernetes conventions (camelCase); durations are
-//! strings as lksctl takes them ("10m", "90s").
+//! strings as lksctl takes them ("10m", "90s"), and a choice is one of its
+//! words ("defer", "wait"), which the schema lists: both are [`SpecValue`]s.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::marker::PhantomData;
+use std::time::Duration;
 
 use kube::CustomResource;
-use schemars::JsonSchema;
+use lks_proto::duration::{DurationError, format_duration, parse_duration};
+use lks_rollout::policy::{DrainTimeout, OfflinePolicy};
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
 /// The API group of every lksadmin resource.
 pub const GROUP: &str = "lksadmin.io";
 /// Its only version so far.
 pub const VERSION: &str = "v1alpha1";
+
+/// What a [`SpecValue`] holds: a duration or one of the policy's choices,
+/// read from and written as its text.
+pub trait SpecText: Sized {
+    /// What the value is, for the schema's name.
+    const WHAT: &'static str;
+    fn parse_text(text: &str) -> Option<Self>;
+    fn to_text(&self) -> String;
+    /// The words a choice is one of; empty: any text that parses.
+    fn words() -> Vec<&'static str> {
+        Vec::new()
+    }
+}
+
+impl SpecText for Duration {
+    const WHAT: &'static str = "Duration";
+    fn parse_text(text: &str) -> Option<Self> {
+        parse_duration(text).ok()
+    }
+    fn to_text(&self) -> String {
+        format_duration(*self)
+    }
+}
+
+impl SpecText for OfflinePolicy {
+    const WHAT: &'static str = "OfflinePolicy";
+    fn parse_text(text: &str) -> Option<Self> {
+        OfflinePolicy::parse(text)
+    }
+    fn to_text(&self) -> String {
+        self.as_str().to_string()
+    }
+    fn words() -> Vec<&'static str> {
+        [OfflinePolicy::Defer, OfflinePolicy::Wait]
+            .map(OfflinePolicy::as_str)
+            .to_vec()
+    }
+}
+
+impl SpecText for DrainTimeout {
+    const WHAT: &'static str = "DrainTimeout";
+    fn parse_text(text: &str) -> Option<Self> {
+        DrainTimeout::parse(text)
+    }
+    fn to_text(&self) -> String {
+        self.as_str().to_string()
+    }
+    fn words() -> Vec<&'static str> {
+        [DrainTimeout::Fail, DrainTimeout::Skip]
+            .map(DrainTimeout::as_str)
+            .to_vec()
+    }
+}
+
+/// A typed spec field, kept as written: serialized back as the same text
+/// (so a stored object, and the digest of a started spec, stay as they
+/// were), a choice's schema lists its words (`enum:`). Text that does not
+/// parse — stored before the schema refused it, or a duration, which the
+/// schema does not check — still reads, so one such object never stops
+/// the controller from reading the others; [`SpecValue::get`] refuses it,
+/// and the controller reports it on that object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpecValue<T> {
+    text: String,
+    _of: PhantomData<T>,
+}
+
+impl<T: SpecText> SpecValue<T> {
+    /// The value as written.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// What it says; `None`: the text names nothing.
+    pub fn get(&self) -> Option<T> {
+        T::parse_text(&self.text)
+    }
+}
+
+impl SpecValue<Duration> {
+    /// The duration, or why the text is none.
+    pub fn duration(&self) -> Result<Duration, DurationError> {
+        parse_duration(&self.text)
+    }
+}
+
+impl<T: SpecText> From<T> for SpecValue<T> {
+    fn from(v: T) -> Self {
+        SpecValue {
+            text: v.to_text(),
+            _of: PhantomData,
+        }
+    }
+}
+
+impl<T: SpecText> From<&str> for SpecValue<T> {
+    /// Any text, as a user may write it (what [`Self::get`] makes of it is
+    /// decided when it is read).
+    fn from(text: &str) -> Self {
+        SpecValue {
+            text: text.to_string(),
+            _of: PhantomData,
+        }
+    }
+}
+
+impl<T> Serialize for SpecValue<T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+impl<'de, T> Deserialize<'de> for SpecValue<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(|text| SpecValue {
+            text,
+            _of: PhantomData,
+        })
+    }
+}
+
+impl<T: SpecText> JsonSchema for SpecValue<T> {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> Cow<'static, str> {
+        T::WHAT.into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        let words = T::words();
+        if words.is_empty() {
+            json_schema!({"type": "string"})
+        } else {
+            json_schema!({"type": "string", "enum": words})
+        }
+    }
+}
 
 /// A reference to a key of a Secret in kube0 (what the controller reads,
 /// never copies into a spec or status).
@@ -284,12 +429,12 @@ pub struct LksRolloutSpec {
     pub failure_threshold: Option<u32>,
     /// "defer" (default) or "wait".
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub offline: Option<String>,
+    pub offline: Option<SpecValue<OfflinePolicy>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canary: Option<Canary>,
     /// Pause between batches, e.g. "5m".
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub batch_interval: Option<String>,
+    pub batch_interval: Option<SpecValue<Duration>>,
     #[serde(default)]
     pub ignore_windows: bool,
     /// Drain each node around its turn; absent: the cluster's default.
@@ -307,9 +452,9 @@ pub struct LksRolloutSpec {
 #[serde(rename_all = "camelCase")]
 pub struct Canary {
     pub count: u32,
-    /// How long canaries must stay committed, e.g. "10m".
+    /// How long canaries must stay committed, e.g. "10m"; absent: 10m.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub soak: Option<String>,
+    pub soak: Option<SpecValue<Duration>>,
 }
 
 /// `rollout start --drain …`.
@@ -319,13 +464,13 @@ pub struct Drain {
     pub enabled: bool,
     /// e.g. "10m".
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeout: Option<String>,
+    pub timeout: Option<SpecValue<Duration>>,
     /// e.g. "5m".
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ready_timeout: Option<String>,
+    pub ready_timeout: Option<SpecValue<Duration>>,
     /// "fail" (default) or "skip".
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub on_timeout: Option<String>,
+    pub on_timeout: Option<SpecValue<DrainTimeout>>,
     #[serde(default)]
     pub delete_local_data: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,6 +1,7 @@
 //! lks-kube-controller (issue [kube-front]): kube0 drives lksadmin the
 //! Kubernetes way. The custom resources ([`crd`]) and their manifests; the
-//! mapping of server state to them ([`mirror`]); the reconcilers of what
+//! mapping of server state to them ([`mirror`]); an `LksRollout`'s spec
+//! as the rollout policy ([`policy`]); the reconcilers of what
 //! users declare ([`clusters`], [`rollouts`], with [`conditions`]); the
 //! admin API client ([`admin`]), leader election ([`lease`]) and the loop
 //! ([`run`]).
@@ -14,20 +15,83 @@ pub mod crd;
 pub mod lease;
 pub mod mirror;
 pub mod object;
+pub mod policy;
 pub mod rollouts;
 pub mod run;
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrArray, JSONSchemaPropsOrBool,
+};
 use kube::CustomResourceExt;
 
 /// Every CRD, in the order they are applied.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![
+    let mut crds = vec![
         crd::LksCluster::crd(),
         crd::LksNode::crd(),
         crd::LksRollout::crd(),
         crd::LksBundleVersion::crd(),
-    ]
+    ];
+    for c in &mut crds {
+        for v in &mut c.spec.versions {
+            if let Some(s) = v.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut()) {
+                kube_formats(s);
+            }
+        }
+    }
+    crds
+}
+
+/// The integer formats Kubernetes knows; schemars writes Rust's own
+/// (`uint32`, `uint64`, …), on which `kubectl apply` warns
+/// `unrecognized format`.
+pub const KUBE_INTEGER_FORMATS: [&str; 2] = ["int32", "int64"];
+
+/// Every integer format of `s` and the schemas in it made one Kubernetes
+/// knows: the smallest of `int32` and `int64` that holds the Rust type's
+/// values (a `u64` is read as `int64`, as Kubernetes reads every integer).
+fn kube_formats(s: &mut JSONSchemaProps) {
+    if s.type_.as_deref() == Some("integer")
+        && let Some(f) = s.format.as_mut()
+    {
+        match f.as_str() {
+            "int8" | "int16" | "uint8" | "uint16" => *f = "int32".into(),
+            "uint32" | "uint64" | "uint" | "int" => *f = "int64".into(),
+            _ => {}
+        }
+    }
+    let children = s
+        .properties
+        .iter_mut()
+        .chain(s.pattern_properties.iter_mut())
+        .chain(s.definitions.iter_mut())
+        .flat_map(|m| m.values_mut())
+        .chain(
+            [&mut s.all_of, &mut s.any_of, &mut s.one_of]
+                .into_iter()
+                .flatten()
+                .flatten(),
+        );
+    let mut nested: Vec<&mut JSONSchemaProps> = children.collect();
+    match s.items.as_mut() {
+        Some(JSONSchemaPropsOrArray::Schema(b)) => nested.push(b),
+        Some(JSONSchemaPropsOrArray::Schemas(v)) => nested.extend(v.iter_mut()),
+        None => {}
+    }
+    for b in [s.additional_properties.as_mut(), s.additional_items.as_mut()]
+        .into_iter()
+        .flatten()
+    {
+        if let JSONSchemaPropsOrBool::Schema(b) = b {
+            nested.push(b);
+        }
+    }
+    if let Some(n) = s.not.as_mut() {
+        nested.push(n);
+    }
+    for n in nested {
+        kube_formats(n);
+    }
 }
 
 /// A CRD's file under `packaging/kubernetes/crds/`: `PLURAL.GROUP.yaml`.
@@ -75,6 +139,97 @@ mod tests {
             committed, names,
             "a CRD file without a type, or the other way round"
         );
+    }
+
+    /// Every `format` in `v` (a schema as JSON, walked whole) with the
+    /// type it is on.
+    fn formats(v: &serde_json::Value, out: &mut Vec<(String, String)>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let (Some(f), Some(t)) = (m.get("format"), m.get("type")) {
+                    out.push((t.as_str().unwrap_or("").into(), f.as_str().unwrap_or("").into()));
+                }
+                m.values().for_each(|c| formats(c, out));
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|c| formats(c, out)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn every_format_in_the_crds_is_one_kubernetes_recognises() {
+        // kube-apiserver's list (apiextensions-apiserver, validation/formats.go):
+        // `kubectl apply` warns on any other.
+        let strings = [
+            "bsonobjectid",
+            "uri",
+            "email",
+            "hostname",
+            "ipv4",
+            "ipv6",
+            "cidr",
+            "mac",
+            "uuid",
+            "uuid3",
+            "uuid4",
+            "uuid5",
+            "isbn",
+            "isbn10",
+            "isbn13",
+            "creditcard",
+            "ssn",
+            "hexcolor",
+            "rgbcolor",
+            "byte",
+            "password",
+            "date",
+            "duration",
+            "datetime",
+            "date-time",
+        ];
+        let mut seen = Vec::new();
+        for c in crds() {
+            let mut found = Vec::new();
+            formats(&serde_json::to_value(&c.spec.versions).unwrap(), &mut found);
+            for (t, f) in &found {
+                let known = match t.as_str() {
+                    "integer" => KUBE_INTEGER_FORMATS.contains(&f.as_str()),
+                    "number" => ["float", "double"].contains(&f.as_str()),
+                    "string" => strings.contains(&f.as_str()),
+                    _ => false,
+                };
+                assert!(known, "{}: format {f:?} on type {t:?}", file_name(&c));
+            }
+            seen.extend(found);
+        }
+        assert!(
+            seen.iter().any(|(_, f)| f == "int64") && seen.iter().any(|(_, f)| f == "int32"),
+            "the u64 and u32 fields were found and mapped: {seen:?}"
+        );
+    }
+
+    #[test]
+    fn a_choice_lists_its_words_in_the_schema() {
+        let c = crds()
+            .into_iter()
+            .find(|c| c.spec.names.kind == "LksRollout")
+            .unwrap();
+        let v = serde_json::to_value(&c.spec.versions[0].schema).unwrap();
+        let spec = &v["openAPIV3Schema"]["properties"]["spec"]["properties"];
+        // The words, and null for an absent field (nullable).
+        let words = |e: &serde_json::Value| -> Vec<String> {
+            e.as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|w| w.as_str().map(str::to_string))
+                .collect()
+        };
+        assert_eq!(words(&spec["offline"]["enum"]), ["defer", "wait"], "{spec}");
+        assert_eq!(
+            words(&spec["drain"]["properties"]["onTimeout"]["enum"]),
+            ["fail", "skip"]
+        );
+        assert_eq!(spec["batchInterval"]["type"], "string");
     }
 
     #[test]

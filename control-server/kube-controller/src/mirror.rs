@@ -3,14 +3,18 @@
 //! the Kubernetes object name each gets. Pure, so the mapping is tested on
 //! plain values.
 
+use std::time::Duration;
+
 use lks_proto::convert::{bundle_state_from_i32, rollout_state_str};
 use lks_proto::pb;
+use lks_rollout::policy::{DrainOptions, DrainTimeout, OfflinePolicy, Policy};
 use sha2::{Digest as _, Sha256};
 
 use crate::crd::{
-    Canary, Condition, Drain, LksBundleVersionSpec, LksNodeStatus, LksRolloutSpec, LksRolloutStatus,
-    NodeBundle, NodeKube, NodeTrust,
+    Condition, LksBundleVersionSpec, LksNodeStatus, LksRolloutSpec, LksRolloutStatus, NodeBundle, NodeKube,
+    NodeTrust,
 };
+use crate::policy;
 
 /// Longest object name Kubernetes takes for these kinds (DNS subdomain).
 const MAX_NAME: usize = 253;
@@ -113,37 +117,47 @@ pub fn rollout_name(r: &pb::Rollout) -> String {
     object_name(&format!("{}-{}-{}", r.bundle, r.version, r.id))
 }
 
-fn secs(s: u64) -> Option<String> {
-    (s > 0).then(|| lks_proto::duration::format_duration(std::time::Duration::from_secs(s)))
+/// The policy a started rollout was started with, as the server shows it.
+fn rollout_policy(r: &pb::Rollout) -> Policy {
+    let given = |s: u64| (s > 0).then(|| Duration::from_secs(s));
+    Policy {
+        batch_size: Some(r.batch_size),
+        failure_threshold: Some(r.failure_threshold),
+        offline: OfflinePolicy::parse(&r.offline),
+        offline_deadline: None,
+        canary: r.canary,
+        canary_soak: given(r.canary_soak_seconds),
+        batch_interval: given(r.batch_interval_seconds),
+        ignore_windows: r.ignore_windows,
+        drain: r
+            .drain
+            .as_ref()
+            .map(|d| DrainOptions {
+                enabled: Some(true),
+                timeout: given(d.timeout_seconds),
+                ready_timeout: given(d.ready_timeout_seconds),
+                delete_local_data: d.delete_local_data,
+                on_timeout: DrainTimeout::parse(&d.on_timeout),
+                kubelet_version: (!d.kubelet_version.is_empty()).then(|| d.kubelet_version.clone()),
+            })
+            .unwrap_or_default(),
+    }
 }
 
 /// The spec of a mirror of a rollout started outside Git (`lksctl rollout
 /// start`), as it was started.
 pub fn rollout_spec(r: &pb::Rollout) -> LksRolloutSpec {
-    LksRolloutSpec {
-        cluster: r.cluster.clone(),
-        bundle: format!("{}@{}", r.bundle, r.version),
-        selector: r.selector.clone().into_iter().collect(),
-        batch_size: Some(r.batch_size),
-        failure_threshold: Some(r.failure_threshold),
-        offline: (!r.offline.is_empty()).then(|| r.offline.clone()),
-        canary: (r.canary > 0).then(|| Canary {
-            count: r.canary,
-            soak: secs(r.canary_soak_seconds),
-        }),
-        batch_interval: secs(r.batch_interval_seconds),
-        ignore_windows: r.ignore_windows,
-        drain: r.drain.as_ref().map(|d| Drain {
-            enabled: true,
-            timeout: secs(d.timeout_seconds),
-            ready_timeout: secs(d.ready_timeout_seconds),
-            on_timeout: Some(d.on_timeout.clone()),
-            delete_local_data: d.delete_local_data,
-            kubelet_version: (!d.kubelet_version.is_empty()).then(|| d.kubelet_version.clone()),
-        }),
-        paused: pb::RolloutState::try_from(r.state) == Ok(pb::RolloutState::Paused),
-        rollback_of: None,
-    }
+    policy::with_policy(
+        LksRolloutSpec {
+            cluster: r.cluster.clone(),
+            bundle: format!("{}@{}", r.bundle, r.version),
+            selector: r.selector.clone().into_iter().collect(),
+            paused: pb::RolloutState::try_from(r.state) == Ok(pb::RolloutState::Paused),
+            rollback_of: None,
+            ..Default::default()
+        },
+        &rollout_policy(r),
+    )
 }
 
 /// A rollout's status with the conditions GitOps tools read: `Progressing`

@@ -23,7 +23,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use lks_proto::duration::parse_duration;
 use lks_proto::pb;
 use tonic::Code;
 
@@ -33,6 +32,7 @@ use crate::conditions::{self, condition};
 use crate::crd::{Condition, LksRollout, LksRolloutSpec, LksRolloutStatus};
 use crate::mirror;
 use crate::object::{set_finalizer, write_status};
+use crate::policy::{self, SpecError};
 
 /// The finalizer of a declared `LksRollout`.
 pub const FINALIZER: &str = "lksadmin.io/rollout";
@@ -44,34 +44,6 @@ pub fn request_id(uid: &str) -> String {
     format!("{REQUEST_PREFIX}{uid}")
 }
 
-/// A spec that cannot be sent as written (one line).
-#[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub enum SpecError {
-    #[error("spec.bundle {0:?} is not NAME@VERSION")]
-    Bundle(String),
-    #[error("{field}: {source}")]
-    Duration {
-        field: &'static str,
-        #[source]
-        source: lks_proto::duration::DurationError,
-    },
-    #[error("spec.{field} {value:?} is unknown; use {allowed}")]
-    Choice {
-        field: &'static str,
-        value: String,
-        allowed: &'static str,
-    },
-}
-
-fn secs(field: &'static str, v: &Option<String>) -> Result<u64, SpecError> {
-    match v {
-        None => Ok(0),
-        Some(t) => parse_duration(t)
-            .map(|d| d.as_secs().max(1))
-            .map_err(|source| SpecError::Duration { field, source }),
-    }
-}
-
 /// The `StartRolloutRequest` a spec stands for.
 pub fn start_request(spec: &LksRolloutSpec, uid: &str) -> Result<pb::StartRolloutRequest, SpecError> {
     let (bundle, version) = spec
@@ -79,51 +51,13 @@ pub fn start_request(spec: &LksRolloutSpec, uid: &str) -> Result<pb::StartRollou
         .split_once('@')
         .filter(|(n, v)| !n.is_empty() && !v.is_empty())
         .ok_or_else(|| SpecError::Bundle(spec.bundle.clone()))?;
-    if let Some(o) = &spec.offline
-        && !matches!(o.as_str(), "defer" | "wait")
-    {
-        return Err(SpecError::Choice {
-            field: "offline",
-            value: o.clone(),
-            allowed: "defer or wait",
-        });
-    }
-    let drain = spec.drain.clone().unwrap_or_default();
-    if let Some(o) = &drain.on_timeout
-        && !matches!(o.as_str(), "fail" | "skip")
-    {
-        return Err(SpecError::Choice {
-            field: "drain.onTimeout",
-            value: o.clone(),
-            allowed: "fail or skip",
-        });
-    }
-    let canary = spec.canary.clone().unwrap_or_default();
     Ok(pb::StartRolloutRequest {
         cluster: spec.cluster.clone(),
         bundle: bundle.to_string(),
         version: version.to_string(),
         selector: spec.selector.clone().into_iter().collect(),
-        batch_size: spec.batch_size.unwrap_or(0),
-        failure_threshold: spec.failure_threshold.unwrap_or(0),
-        offline_deadline_seconds: 0,
-        offline: spec.offline.clone().unwrap_or_default(),
-        canary: canary.count,
-        // `lksctl rollout start --canary-soak`'s default: 10m.
-        canary_soak_seconds: match (canary.count, &canary.soak) {
-            (0, _) => 0,
-            (_, None) => 600,
-            (_, soak) => secs("spec.canary.soak", soak)?,
-        },
-        batch_interval_seconds: secs("spec.batchInterval", &spec.batch_interval)?,
-        ignore_windows: spec.ignore_windows,
-        drain: spec.drain.as_ref().map(|d| d.enabled),
-        drain_timeout_seconds: secs("spec.drain.timeout", &drain.timeout)?,
-        ready_timeout_seconds: secs("spec.drain.readyTimeout", &drain.ready_timeout)?,
-        drain_delete_local_data: drain.delete_local_data,
-        on_drain_timeout: drain.on_timeout.clone().unwrap_or_default(),
-        kubelet_version: drain.kubelet_version.clone().unwrap_or_default(),
         request_id: request_id(uid),
+        ..policy::policy(spec)?.to_request()
     })
 }
 
@@ -466,6 +400,7 @@ mod tests {
         assert_eq!(r.drain, Some(true));
         assert_eq!(r.drain_timeout_seconds, 300);
         assert_eq!(r.on_drain_timeout, "skip");
+        assert_eq!(r.drain_timeout_action, pb::DrainTimeoutAction::Skip as i32);
         assert_eq!(r.request_id, "kube:u-1");
         let plain = start_request(&spec(), "u").unwrap();
         assert_eq!(plain.drain, None, "absent: the cluster's default");
@@ -498,6 +433,16 @@ mod tests {
                 .to_string()
                 .contains("use defer or wait")
         );
+    }
+
+    #[test]
+    fn a_stored_spec_reads_and_digests_as_before_its_fields_were_typed() {
+        // As an LksRollout stored by an earlier controller serializes: the
+        // digest of a started spec must not move when the controller is upgraded.
+        let stored = r#"{"cluster":"a","bundle":"k@1","offline":"wait","canary":{"count":1,"soak":"90s"},"batchInterval":"1800s","ignoreWindows":false,"drain":{"enabled":true,"timeout":"10m","onTimeout":"skip","deleteLocalData":false},"paused":false}"#;
+        let s: LksRolloutSpec = serde_json::from_str(stored).unwrap();
+        assert_eq!(serde_json::to_string(&s).unwrap(), stored);
+        assert_eq!(spec_digest(&s), digest16(stored.as_bytes()));
     }
 
     #[test]

@@ -9,24 +9,43 @@ use clap::{Subcommand, ValueEnum};
 use lks_proto::duration::parse_duration;
 use lks_proto::names::{parse_bundle_ref, validate_cluster_name};
 use lks_proto::pb::{self, RolloutState};
+use lks_rollout::policy::{DEFAULT_CANARY_SOAK_TEXT, DrainOptions, DrainTimeout, OfflinePolicy, Policy};
 use tokio_stream::StreamExt;
 
 use crate::client::{Client, status};
 use crate::flags::labels;
 use crate::output::{self, Format, print_json};
 
-/// `--offline`: what a node offline at its turn does.
+/// `--offline`: what a node offline at its turn does
+/// ([`OfflinePolicy`]'s words).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Offline {
     Defer,
     Wait,
 }
 
-impl Offline {
-    fn as_str(self) -> &'static str {
-        match self {
-            Offline::Defer => "defer",
-            Offline::Wait => "wait",
+impl From<Offline> for OfflinePolicy {
+    fn from(o: Offline) -> Self {
+        match o {
+            Offline::Defer => OfflinePolicy::Defer,
+            Offline::Wait => OfflinePolicy::Wait,
+        }
+    }
+}
+
+/// `--on-drain-timeout`: what a node whose drain timed out becomes
+/// ([`DrainTimeout`]'s words).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OnDrainTimeout {
+    Fail,
+    Skip,
+}
+
+impl From<OnDrainTimeout> for DrainTimeout {
+    fn from(o: OnDrainTimeout) -> Self {
+        match o {
+            OnDrainTimeout::Fail => DrainTimeout::Fail,
+            OnDrainTimeout::Skip => DrainTimeout::Skip,
         }
     }
 }
@@ -46,36 +65,8 @@ pub enum RolloutCmd {
         /// Only nodes with these labels (k=v,…).
         #[arg(long, default_value = "")]
         selector: String,
-        /// Most nodes applying at once (0: server default, 10% of the target nodes rounded up).
-        #[arg(long, default_value_t = 0)]
-        batch_size: u32,
-        /// Failed nodes that stop the rollout (0: server default, 1).
-        #[arg(long, default_value_t = 0)]
-        failure_threshold: u32,
-        /// What a node offline at its turn does: `defer` (no slot, no failure; it applies
-        /// the version when it is back) or `wait` (it holds its slot up to --offline-deadline).
-        #[arg(long, value_enum, default_value_t = Offline::Defer)]
-        offline: Offline,
-        /// How long a node offline at its turn (--offline wait) or gone mid-apply is
-        /// waited for before it counts as failed [server default: 10m].
-        #[arg(long, value_parser = parse_duration)]
-        offline_deadline: Option<Duration>,
-        /// Nodes picked at random that go first; no other node starts until they all
-        /// stayed committed for --canary-soak. A canary failure fails the rollout.
-        #[arg(long, default_value_t = 0)]
-        canary: u32,
-        /// How long every canary must stay committed and healthy.
-        #[arg(long, value_parser = parse_duration, default_value = "10m", requires = "canary")]
-        canary_soak: Duration,
-        /// Pause between batches: the next batch starts this long after the last one settled.
-        #[arg(long, value_parser = parse_duration)]
-        batch_interval: Option<Duration>,
-        /// Start nodes even while every maintenance window of the cluster is closed
-        /// (recorded in the event log with your admin credential).
-        #[arg(long)]
-        ignore_windows: bool,
         #[command(flatten)]
-        drain: DrainArgs,
+        policy: PolicyArgs,
         /// Make the start idempotent: run again with the same ID (e.g. a CI
         /// job's ID), it prints the rollout the first run started and starts
         /// nothing; refused if that rollout was for another bundle or cluster.
@@ -129,15 +120,7 @@ pub async fn run(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
             cluster,
             bundle,
             selector,
-            batch_size,
-            failure_threshold,
-            offline,
-            offline_deadline,
-            canary,
-            canary_soak,
-            batch_interval,
-            ignore_windows,
-            drain,
+            policy,
             request_id,
             wait,
             dry_run,
@@ -152,6 +135,8 @@ pub async fn run(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
                 }
                 return Ok(());
             }
+            check_start(&cluster, &bundle, &selector)?;
+            let policy = Policy::try_from(&policy)?;
             let (r, warnings) = start(
                 c,
                 url,
@@ -159,15 +144,7 @@ pub async fn run(c: &mut Client, url: &str, cmd: RolloutCmd) -> anyhow::Result<(
                     cluster: &cluster,
                     bundle: &bundle,
                     selector: &selector,
-                    batch_size,
-                    failure_threshold,
-                    offline,
-                    offline_deadline,
-                    canary,
-                    canary_soak,
-                    batch_interval,
-                    ignore_windows,
-                    drain,
+                    policy,
                     request_id: request_id.as_deref().unwrap_or_default(),
                 },
             )
@@ -282,22 +259,49 @@ async fn verb_line(c: &mut Client, url: &str, verb: Verb, id: &str) -> anyhow::R
     Ok(())
 }
 
-/// What `rollout start` sends, flags as given.
+/// What `rollout start` sends.
 pub struct Start<'a> {
     pub cluster: &'a str,
     pub bundle: &'a str,
     pub selector: &'a str,
-    pub batch_size: u32,
-    pub failure_threshold: u32,
-    pub offline: Offline,
-    pub offline_deadline: Option<Duration>,
-    pub canary: u32,
-    pub canary_soak: Duration,
-    pub batch_interval: Option<Duration>,
-    pub ignore_windows: bool,
-    pub drain: DrainArgs,
+    pub policy: Policy,
     /// `--request-id`; empty: none.
     pub request_id: &'a str,
+}
+
+/// `rollout start`'s policy flags ([`Policy`]).
+#[derive(clap::Args, Clone, Debug)]
+pub struct PolicyArgs {
+    /// Most nodes applying at once (0: server default, 10% of the target nodes rounded up).
+    #[arg(long, default_value_t = 0)]
+    pub batch_size: u32,
+    /// Failed nodes that stop the rollout (0: server default, 1).
+    #[arg(long, default_value_t = 0)]
+    pub failure_threshold: u32,
+    /// What a node offline at its turn does: `defer` (no slot, no failure; it applies
+    /// the version when it is back) or `wait` (it holds its slot up to --offline-deadline).
+    #[arg(long, value_enum, default_value_t = Offline::Defer)]
+    pub offline: Offline,
+    /// How long a node offline at its turn (--offline wait) or gone mid-apply is
+    /// waited for before it counts as failed [server default: 10m].
+    #[arg(long, value_parser = parse_duration)]
+    pub offline_deadline: Option<Duration>,
+    /// Nodes picked at random that go first; no other node starts until they all
+    /// stayed committed for --canary-soak. A canary failure fails the rollout.
+    #[arg(long, default_value_t = 0)]
+    pub canary: u32,
+    /// How long every canary must stay committed and healthy.
+    #[arg(long, value_parser = parse_duration, default_value = DEFAULT_CANARY_SOAK_TEXT, requires = "canary")]
+    pub canary_soak: Duration,
+    /// Pause between batches: the next batch starts this long after the last one settled.
+    #[arg(long, value_parser = parse_duration)]
+    pub batch_interval: Option<Duration>,
+    /// Start nodes even while every maintenance window of the cluster is closed
+    /// (recorded in the event log with your admin credential).
+    #[arg(long)]
+    pub ignore_windows: bool,
+    #[command(flatten)]
+    pub drain: DrainArgs,
 }
 
 /// `rollout start`'s drain options: each node is cordoned and drained
@@ -325,8 +329,8 @@ pub struct DrainArgs {
     pub drain_delete_local_data: bool,
     /// A node whose drain timed out: `fail` (counted against
     /// --failure-threshold) or `skip` (reported, no failure).
-    #[arg(long, value_name = "fail|skip")]
-    pub on_drain_timeout: Option<String>,
+    #[arg(long, value_enum, value_name = "fail|skip")]
+    pub on_drain_timeout: Option<OnDrainTimeout>,
     /// The kubelet version the bundle installs, e.g. v1.37.2: the Ready
     /// gate also wants the Node to report it.
     #[arg(long, value_name = "VERSION")]
@@ -343,11 +347,38 @@ impl DrainArgs {
     }
 }
 
-fn secs(flag: &str, d: Option<Duration>) -> anyhow::Result<u64> {
+/// A duration flag the wire carries in whole seconds, where 0 is "not
+/// given": under a second is refused.
+fn whole_secs(flag: &str, d: Option<Duration>) -> anyhow::Result<Option<Duration>> {
     match d {
-        None => Ok(0),
         Some(d) if d.as_secs() == 0 => bail!("{flag} must be at least 1s"),
-        Some(d) => Ok(d.as_secs()),
+        d => Ok(d),
+    }
+}
+
+impl TryFrom<&PolicyArgs> for Policy {
+    type Error = anyhow::Error;
+
+    /// The flags as a policy; the server checks it ([`Policy::validate`]).
+    fn try_from(a: &PolicyArgs) -> anyhow::Result<Policy> {
+        Ok(Policy {
+            batch_size: (a.batch_size > 0).then_some(a.batch_size),
+            failure_threshold: (a.failure_threshold > 0).then_some(a.failure_threshold),
+            offline: Some(a.offline.into()),
+            offline_deadline: whole_secs("--offline-deadline", a.offline_deadline)?,
+            canary: a.canary,
+            canary_soak: (a.canary > 0).then_some(a.canary_soak),
+            batch_interval: a.batch_interval.filter(|d| d.as_secs() > 0),
+            ignore_windows: a.ignore_windows,
+            drain: DrainOptions {
+                enabled: a.drain.drain(),
+                timeout: whole_secs("--drain-timeout", a.drain.drain_timeout)?,
+                ready_timeout: whole_secs("--ready-timeout", a.drain.ready_timeout)?,
+                delete_local_data: a.drain.drain_delete_local_data,
+                on_timeout: a.drain.on_drain_timeout.map(Into::into),
+                kubelet_version: a.drain.kubelet_version.clone(),
+            },
+        })
     }
 }
 
@@ -365,31 +396,13 @@ pub fn check_start(cluster: &str, bundle: &str, selector: &str) -> anyhow::Resul
 pub async fn start(c: &mut Client, url: &str, s: &Start<'_>) -> anyhow::Result<(pb::Rollout, Vec<String>)> {
     check_start(s.cluster, s.bundle, s.selector)?;
     let (name, version) = parse_bundle_ref(s.bundle).context("--bundle")?;
-    let offline_deadline_seconds = match s.offline_deadline {
-        None => 0,
-        Some(d) if d.as_secs() == 0 => bail!("--offline-deadline must be at least 1s"),
-        Some(d) => d.as_secs(),
-    };
     c.start_rollout(pb::StartRolloutRequest {
         cluster: s.cluster.to_string(),
         bundle: name,
         version,
         selector: labels("--selector", s.selector)?.into_iter().collect(),
-        batch_size: s.batch_size,
-        failure_threshold: s.failure_threshold,
-        offline_deadline_seconds,
-        offline: s.offline.as_str().to_string(),
-        canary: s.canary,
-        canary_soak_seconds: if s.canary > 0 { s.canary_soak.as_secs() } else { 0 },
-        batch_interval_seconds: s.batch_interval.map_or(0, |d| d.as_secs()),
-        ignore_windows: s.ignore_windows,
-        drain: s.drain.drain(),
-        drain_timeout_seconds: secs("--drain-timeout", s.drain.drain_timeout)?,
-        ready_timeout_seconds: secs("--ready-timeout", s.drain.ready_timeout)?,
-        drain_delete_local_data: s.drain.drain_delete_local_data,
-        on_drain_timeout: s.drain.on_drain_timeout.clone().unwrap_or_default(),
-        kubelet_version: s.drain.kubelet_version.clone().unwrap_or_default(),
         request_id: s.request_id.to_string(),
+        ..s.policy.to_request()
     })
     .await
     .map_err(|e| status(url, e))
@@ -641,3 +654,6 @@ fn ended_ok(r: &pb::Rollout) -> anyhow::Result<()> {
         r.failed
     )
 }
+
+#[cfg(test)]
+mod tests;

@@ -57,7 +57,6 @@
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use lks_store::{RolloutRow, RolloutState};
 
@@ -67,6 +66,7 @@ mod canary;
 mod complete;
 mod decision;
 mod drain;
+pub mod policy;
 mod settle;
 #[cfg(test)]
 mod tests;
@@ -76,10 +76,7 @@ use canary::Gate;
 pub use decision::{Clock, Counts, Decision, KubeFact, NodeView, Note, counts};
 pub use verbs::{Verb, VerbError, apply_verb};
 
-/// Failures tolerated before a rollout fails, when the operator gives none.
-pub const DEFAULT_FAILURE_THRESHOLD: u32 = 1;
-/// How long a node may be offline at its turn, when the operator gives none.
-pub const DEFAULT_OFFLINE_DEADLINE: Duration = Duration::from_secs(600);
+pub use policy::{DEFAULT_FAILURE_THRESHOLD, DEFAULT_OFFLINE_DEADLINE, Policy, PolicyError};
 // The default batch is decided where a rollout's start is recorded.
 pub use lks_store::{DEFAULT_BATCH_PERCENT, default_batch_size};
 

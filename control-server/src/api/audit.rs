@@ -198,6 +198,15 @@ pub(super) fn bundle(r: &pb::GetBundleRequest) -> Entry {
     }
 }
 
+/// A policy choice for the record: its word, "" when not given, or the
+/// string as sent when it names nothing (the start is refused).
+fn choice<E>(read: Result<Option<&'static str>, E>, sent: &str) -> String {
+    match read {
+        Ok(word) => word.unwrap_or_default().to_string(),
+        Err(_) => sent.to_string(),
+    }
+}
+
 pub(super) fn start_rollout(r: &pb::StartRolloutRequest) -> Entry {
     Entry {
         target: format!("{}@{}", r.bundle, r.version),
@@ -207,7 +216,8 @@ pub(super) fn start_rollout(r: &pb::StartRolloutRequest) -> Entry {
             "batch_size": r.batch_size,
             "failure_threshold": r.failure_threshold,
             "offline_deadline_seconds": r.offline_deadline_seconds,
-            "offline": r.offline,
+            // The choice as the server reads it (typed field or string).
+            "offline": choice(lks_rollout::policy::wire::offline_of(r).map(|o| o.map(|o| o.as_str())), &r.offline),
             "canary": r.canary,
             "canary_soak_seconds": r.canary_soak_seconds,
             "batch_interval_seconds": r.batch_interval_seconds,
@@ -216,7 +226,10 @@ pub(super) fn start_rollout(r: &pb::StartRolloutRequest) -> Entry {
             "drain_timeout_seconds": r.drain_timeout_seconds,
             "ready_timeout_seconds": r.ready_timeout_seconds,
             "drain_delete_local_data": r.drain_delete_local_data,
-            "on_drain_timeout": r.on_drain_timeout,
+            "on_drain_timeout": choice(
+                lks_rollout::policy::wire::on_drain_timeout_of(r).map(|o| o.map(|o| o.as_str())),
+                &r.on_drain_timeout
+            ),
             "kubelet_version": r.kubelet_version,
             "request_id": r.request_id,
         }),

@@ -16,7 +16,7 @@ use super::{BoxStream, policy, rollout_pb};
 use crate::authz::store_status;
 use crate::controller;
 use crate::ops::OpError;
-use crate::ops::start::{self, DrainRequest, PolicyRequest, StartRollout};
+use crate::ops::start::{self, StartError, StartRollout};
 use crate::ops::verb;
 use crate::store::{RolloutRow, Store};
 
@@ -46,6 +46,7 @@ pub(super) async fn start(
 ) -> Result<Response<pb::Rollout>, Status> {
     let selector =
         start::check_names(&r.cluster, &r.bundle, &r.version, &r.selector).map_err(OpError::from)?;
+    let policy = lks_rollout::Policy::try_from(&r).map_err(|e| OpError::from(StartError::from(e)))?;
     let mut warnings = Vec::new();
     let api_version = if r.kubelet_version.is_empty() {
         None
@@ -60,7 +61,7 @@ pub(super) async fn start(
             }
         }
     };
-    let mut request = start_request(r, selector, who);
+    let mut request = start_request(r, selector, policy, who);
     request.tenant_api_version = api_version;
     let started = start::start(s.store.as_ref(), &s.rollouts, request).await?;
     warnings.extend(started.warnings);
@@ -79,31 +80,19 @@ pub(super) async fn start(
 const VERSION_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A start as `ops::start` takes it.
-fn start_request(r: pb::StartRolloutRequest, selector: Labels, who: String) -> StartRollout {
+fn start_request(
+    r: pb::StartRolloutRequest,
+    selector: Labels,
+    policy: lks_rollout::Policy,
+    who: String,
+) -> StartRollout {
     StartRollout {
         cluster: r.cluster,
         bundle: r.bundle,
         version: r.version,
         selector,
         request_id: r.request_id,
-        batch_size: r.batch_size,
-        failure_threshold: r.failure_threshold,
-        offline_deadline_seconds: r.offline_deadline_seconds,
-        policy: PolicyRequest {
-            offline: r.offline,
-            canary: r.canary,
-            canary_soak_seconds: r.canary_soak_seconds,
-            batch_interval_seconds: r.batch_interval_seconds,
-            ignore_windows: r.ignore_windows,
-        },
-        drain: DrainRequest {
-            drain: r.drain,
-            drain_timeout_seconds: r.drain_timeout_seconds,
-            ready_timeout_seconds: r.ready_timeout_seconds,
-            delete_local_data: r.drain_delete_local_data,
-            on_drain_timeout: r.on_drain_timeout,
-            kubelet_version: r.kubelet_version,
-        },
+        policy,
         tenant_api_version: None,
         started_by: who,
     }

@@ -1,6 +1,6 @@
 //! The server's use cases, between the gRPC handlers and what they drive:
 //! publishing a bundle (`publish.rs`), starting a rollout (`start.rs`, its
-//! policy options in `start/policy.rs`), an operator verb on one
+//! policy checked and resolved by `lks_rollout::Policy`), an operator verb on one
 //! (`verb.rs`), enrolling a node (`enrol.rs`), renewing its certificate
 //! (`renew.rs`) and issuing the certificates of its bundles (`issue.rs`),
 //! building the desired state a node's stream sends (`desired.rs`) and

@@ -2,24 +2,21 @@
 //! stored — a retried start (same request ID) gets its rollout back, the
 //! bundle must be published and the cluster exist, an identity bundle
 //! needs the cluster's CA and API server, the limits, no path conflict on
-//! any target node, the policy (`start/policy.rs`), the kubelet version
+//! any target node, the policy (`lks_rollout::policy`), the kubelet version
 //! against the tenant API server's (`start/skew.rs`), and a rollout that
 //! drains waits until every replica reads its fields. Then the rollout
 //! controller records it and starts its first batch.
 
-mod policy;
 pub mod skew;
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use lks_proto::Manifest;
 use lks_proto::labels::{Labels, selector_matches};
 use lks_proto::manifest::check_paths_disjoint;
 use lks_proto::names::{NameError, validate_bundle_name, validate_cluster_name, validate_version};
-use lks_rollout as rollout;
+use lks_rollout::{Policy, PolicyError};
 
-pub use self::policy::{DrainRequest, PolicyRequest};
 use super::{Kind, OpError};
 use crate::clock::now_ms;
 use crate::controller;
@@ -28,8 +25,6 @@ use crate::store::{
     RolloutStore, StoredBundle,
 };
 
-const MAX_BATCH_SIZE: u32 = 100_000;
-const MAX_OFFLINE_DEADLINE: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Longest request ID.
 const MAX_REQUEST_ID: usize = 128;
 /// The store format whose fields a rollout that drains keeps (its policy's
@@ -49,13 +44,8 @@ pub struct StartRollout {
     /// Empty: a random rollout ID. Otherwise the rollout ID derives from
     /// it, so a retried start finds the rollout it started.
     pub request_id: String,
-    pub batch_size: u32,
-    /// 0: the default.
-    pub failure_threshold: u32,
-    /// 0: the default.
-    pub offline_deadline_seconds: u64,
-    pub policy: PolicyRequest,
-    pub drain: DrainRequest,
+    /// Batch size, threshold, offline nodes, canaries, pacing, draining.
+    pub policy: Policy,
     /// The tenant API server's version (`v1.37.2`) when the cluster has a
     /// kubeconfig and its API answered; the kubelet version a draining
     /// start names is checked against it (`start/skew.rs`).
@@ -108,10 +98,6 @@ pub enum StartError {
          set one with `lksctl cluster set {cluster} --api-server URL`"
     )]
     NoApiServer { bundle: String, cluster: String },
-    #[error("batch size {size} is larger than the limit of {MAX_BATCH_SIZE}")]
-    BatchTooLarge { size: u32 },
-    #[error("offline deadline is longer than the limit of 7 days")]
-    DeadlineTooLong,
     #[error("assigned bundle {bundle}@{version} is missing")]
     AssignedMissing { bundle: String, version: String },
     #[error("node {node}: bundle {bundle} conflicts with bundle {other}: {why}")]
@@ -122,7 +108,7 @@ pub enum StartError {
         why: String,
     },
     #[error(transparent)]
-    Policy(#[from] policy::PolicyError),
+    Policy(#[from] PolicyError),
     #[error(transparent)]
     Skew(#[from] skew::NewerThanApi),
     #[error(
@@ -150,13 +136,12 @@ impl StartError {
             | StartError::OlderReplica { .. }
             | StartError::Skew(_) => Kind::FailedPrecondition,
             StartError::AssignedMissing { .. } => Kind::Internal,
-            StartError::Policy(e) => e.kind(),
+            StartError::Policy(e) if e.is_precondition() => Kind::FailedPrecondition,
+            StartError::Policy(_) => Kind::Invalid,
             StartError::Name(_)
             | StartError::Selector(_)
             | StartError::RequestIdTooLong { .. }
-            | StartError::RequestIdChar { .. }
-            | StartError::BatchTooLarge { .. }
-            | StartError::DeadlineTooLong => Kind::Invalid,
+            | StartError::RequestIdChar { .. } => Kind::Invalid,
         }
     }
 }
@@ -210,21 +195,16 @@ pub async fn start(
             cluster: r.cluster.clone(),
         })?;
     identity_preconditions(&cluster, bundle.bundle.manifest())?;
-    if r.batch_size > MAX_BATCH_SIZE {
-        return Err(StartError::BatchTooLarge { size: r.batch_size }.into());
-    }
-    let offline_deadline = if r.offline_deadline_seconds == 0 {
-        rollout::DEFAULT_OFFLINE_DEADLINE
-    } else {
-        Duration::from_secs(r.offline_deadline_seconds)
-    };
-    if offline_deadline > MAX_OFFLINE_DEADLINE {
-        return Err(StartError::DeadlineTooLong.into());
-    }
+    r.policy.validate().map_err(StartError::from)?;
     check_path_conflicts(store, &r.cluster, &r.selector, &bundle).await?;
     let matched = matched_nodes(store, &r.cluster, &r.selector).await?;
-    let mut policy = r.policy.check(&r.request_id, matched).map_err(StartError::from)?;
-    policy.drain = r.drain.check(&cluster).map_err(StartError::from)?;
+    let mut seed = [0u8; 8];
+    let _ = getrandom::getrandom(&mut seed);
+    let resolved = r
+        .policy
+        .resolve(&cluster, matched, &r.request_id, u64::from_le_bytes(seed))
+        .map_err(StartError::from)?;
+    let policy = resolved.policy;
     let mut warnings = Vec::new();
     if let Some(d) = policy.drain.as_ref().filter(|d| !d.kubelet_version.is_empty())
         && let Some(api) = &r.tenant_api_version
@@ -244,13 +224,9 @@ pub async fn start(
             bundle: r.bundle,
             version: r.version,
             selector: r.selector,
-            batch_size: r.batch_size,
-            failure_threshold: if r.failure_threshold == 0 {
-                rollout::DEFAULT_FAILURE_THRESHOLD
-            } else {
-                r.failure_threshold
-            },
-            offline_deadline_ms: offline_deadline.as_millis() as u64,
+            batch_size: resolved.batch_size,
+            failure_threshold: resolved.failure_threshold,
+            offline_deadline_ms: resolved.offline_deadline.as_millis() as u64,
             policy,
             started_by: r.started_by,
             now_ms: now_ms(),
@@ -562,6 +538,8 @@ mod tests {
 mod store_tests {
     use std::sync::Arc;
 
+    use std::time::Duration;
+
     use lks_proto::SignedBundle;
 
     use super::*;
@@ -573,7 +551,10 @@ mod store_tests {
             cluster: "tenant-a".into(),
             bundle: "kubelet".into(),
             version: "1".into(),
-            batch_size: 1,
+            policy: Policy {
+                batch_size: Some(1),
+                ..Default::default()
+            },
             started_by: "admin".into(),
             ..Default::default()
         }
@@ -622,27 +603,37 @@ mod store_tests {
             })
             .await
             .unwrap();
+        let late = Duration::from_secs(8 * 24 * 3600);
         let big = StartRollout {
-            batch_size: MAX_BATCH_SIZE + 1,
-            offline_deadline_seconds: 8 * 24 * 3600,
+            policy: Policy {
+                batch_size: Some(lks_rollout::policy::MAX_BATCH_SIZE + 1),
+                offline_deadline: Some(late),
+                ..Default::default()
+            },
             ..asked()
         };
         let e = refused(big).await;
         assert!(
-            matches!(e, OpError::Start(StartError::BatchTooLarge { .. })),
+            matches!(
+                e,
+                OpError::Start(StartError::Policy(PolicyError::BatchTooLarge { .. }))
+            ),
             "{e}"
         );
         let late = StartRollout {
-            offline_deadline_seconds: 8 * 24 * 3600,
+            policy: Policy {
+                offline_deadline: Some(late),
+                ..Default::default()
+            },
             ..asked()
         };
         assert!(matches!(
             refused(late).await,
-            OpError::Start(StartError::DeadlineTooLong)
+            OpError::Start(StartError::Policy(PolicyError::DeadlineTooLong))
         ));
         // No node matches: a canary of one is more than the rollout has.
         let canary = StartRollout {
-            policy: PolicyRequest {
+            policy: Policy {
                 canary: 1,
                 ..Default::default()
             },

@@ -26,12 +26,13 @@ use lks_proto::labels::selector_matches;
 use lks_proto::names::{validate_cluster_name, validate_node_name};
 use lks_proto::pb;
 use lks_proto::report::one_line;
+use lks_rollout::policy::{OfflinePolicy, Policy};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 use crate::client::{self, Client, RpcError, status};
 use crate::flags::labels;
-use crate::rollout::{self, Offline, Verb};
+use crate::rollout::{self, Verb};
 use crate::{bundle, output};
 
 /// How long one endpoint may take before the server counts as unreachable.
@@ -262,15 +263,13 @@ impl Api {
                             cluster: &form.cluster,
                             bundle: &form.bundle,
                             selector: &form.selector,
-                            batch_size: form.batch_size,
-                            failure_threshold: form.failure_threshold,
-                            offline: Offline::Defer,
-                            offline_deadline: None,
-                            canary: 0,
-                            canary_soak: Duration::ZERO,
-                            batch_interval: None,
-                            ignore_windows: false,
-                            drain: rollout::DrainArgs::default(),
+                            policy: Policy {
+                                batch_size: (form.batch_size > 0).then_some(form.batch_size),
+                                failure_threshold: (form.failure_threshold > 0)
+                                    .then_some(form.failure_threshold),
+                                offline: Some(OfflinePolicy::Defer),
+                                ..Default::default()
+                            },
                             request_id: "",
                         },
                     )

@@ -10,6 +10,7 @@ use super::*;
 mod batch;
 mod canary;
 mod drain;
+mod policy;
 mod props;
 mod settle;
 mod verbs;
