@@ -88,7 +88,9 @@ cargo build --profile agent -p lksadmin-agent --bins >&2
 cargo build --release -p lks-proto --example sha256_file >&2
 cargo build --profile agent -p lks-proto --example sha256_file >&2
 bin=target/release
-agent_bin=target/agent/lksadmin-agent
+# BENCH_AGENT: another agent binary to measure (e.g. an earlier build,
+# for a before/after pair in one session).
+agent_bin=${BENCH_AGENT:-target/agent/lksadmin-agent}
 # Agents run with the environment their systemd unit gives them.
 mapfile -t agent_env < <(sed -n 's/^Environment=//p' packaging/systemd/lksadmin-agent.service)
 
@@ -1528,14 +1530,16 @@ if want delta-cost; then
   head -c $(( ${DELTA_RANDOM_MIB:-256} << 20 )) /dev/urandom >"$dc/pairs/random/old"
   head -c $(( ${DELTA_RANDOM_MIB:-256} << 20 )) /dev/urandom >"$dc/pairs/random/new"
   limit=${DELTA_BASELINE_TIMEOUT:-900}
-  # "wall_s peak_MiB" of a command under /usr/bin/time, or "> limit" when
-  # it ran out of time.
+  # "CPU s (user + sys), peak MiB" of a command under /usr/bin/time (CPU,
+  # not wall time: the maker's figure is its thread's CPU time, and CPU
+  # time is what a busy machine inflates least), or "> limit" when it ran
+  # out of (wall) time.
   timed() {
     local tout=$dc/time.out
     # time outside timeout: a stopped tool is reaped by timeout, and the
     # peak RSS of a waited-for child includes its own children's.
-    if /usr/bin/time -f "%e %M" -o "$tout" timeout "$limit" "$@" >/dev/null 2>&1; then
-      awk '{ printf "%.1f s, %d MiB", $1, $2 / 1024 }' "$tout"
+    if /usr/bin/time -f "%U %S %M" -o "$tout" timeout "$limit" "$@" >/dev/null 2>&1; then
+      awk '{ printf "%.1f s, %d MiB", $1 + $2, $3 / 1024 }' "$tout"
     else
       echo "> $limit s"
     fi
@@ -1547,7 +1551,7 @@ if want delta-cost; then
   echo
   echo "Load average at the start: $(cut -d' ' -f1-3 /proc/loadavg). Maker: the release server (\`--delta-interval 1s\`, defaults otherwise: \`--delta-min-saving\` 20, \`--delta-max-memory\` 2 GiB), data dir on tmpfs. bsdiff $(dpkg-query -W -f '${Version}' bsdiff 2>/dev/null), $(zstd --version | head -1)."
   echo
-  echo "| pair (new file) | maker: result | maker: CPU | CPU per MiB | server peak RSS: publish only → publish + maker | bsdiff: wall, peak RSS | bsdiff patch | zstd -19 --patch-from: wall, peak RSS | zstd patch | sha256sum |"
+  echo "| pair (new file) | maker: result | maker: CPU | CPU per MiB | server peak RSS: publish only → publish + maker | bsdiff: CPU, peak RSS | bsdiff patch | zstd -19 --patch-from: CPU, peak RSS | zstd patch | sha256sum: CPU, peak RSS |"
   echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   for pair in kubectl random; do
     d=$dc/pairs/$pair
