@@ -105,6 +105,7 @@ fn trust_report(state: &str, version: u64) -> AgentMessage {
                 release_expires_at_ms: 1_900_000_000_000,
                 root_version: 2,
             }),
+            reboot: None,
         })),
     }
 }

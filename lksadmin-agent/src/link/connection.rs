@@ -185,6 +185,7 @@ impl Connection {
             desired_generation: snap.generation,
             features: facts::FEATURES.iter().map(|f| f.to_string()).collect(),
             trust: Some(wire_trust(snap.trust)),
+            reboot: None,
         };
         tx.send(out(Out::Hello(hello)))
             .await
@@ -278,6 +279,7 @@ fn report(snap: StatusSnapshot) -> pb::AgentMessage {
         generation: snap.generation,
         bundles: wire_statuses(snap.bundles),
         trust: Some(wire_trust(snap.trust)),
+        reboot: None,
     }))
 }
 
