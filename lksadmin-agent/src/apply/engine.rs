@@ -204,6 +204,9 @@ pub struct Engine {
     cache_copies: u64,
     /// Signed release records ([`crate::apply::trust`]); off by default.
     trust: Trust,
+    /// Where an applied `reboot = "required"` version is recorded; none in
+    /// engines without a reboot state (tests).
+    reboots: Option<Arc<crate::node::reboot::Reboots>>,
 }
 
 /// How an attempt ended, before it is written into the bundle's record.
@@ -254,6 +257,7 @@ impl Engine {
             uncacheable: BTreeMap::new(),
             cache_copies: 0,
             trust: Trust::off(),
+            reboots: None,
         })
     }
 
@@ -287,6 +291,12 @@ impl Engine {
     /// release names ([`Trust::open`] reads the journal).
     pub fn with_trust(mut self, trust: Trust) -> Self {
         self.trust = trust;
+        self
+    }
+
+    /// Records applied versions that need a reboot there.
+    pub fn with_reboots(mut self, reboots: Arc<crate::node::reboot::Reboots>) -> Self {
+        self.reboots = Some(reboots);
         self
     }
 
