@@ -432,6 +432,33 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_check_command_sets_and_clears_its_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let flag = dir.path().join("needed");
+        let settings = RebootSettings {
+            check: Some(format!("test -e {0} && cat {0}", flag.display())),
+            ..RebootSettings::default()
+        };
+        let r = Reboots::open(&StateDir::new(dir.path()), root.path(), settings).unwrap();
+        r.run_check().await;
+        assert_eq!(r.report().state, Stance::None);
+        std::fs::write(&flag, "kernel 6.2 installed\n").unwrap();
+        r.run_check().await;
+        let rep = r.report();
+        assert_eq!(
+            (rep.state, rep.reason.as_str()),
+            (Stance::Required, "kernel 6.2 installed")
+        );
+        let since = rep.since_ms;
+        r.run_check().await;
+        assert_eq!(r.report().since_ms, since, "since the first time it said so");
+        std::fs::remove_file(&flag).unwrap();
+        r.run_check().await;
+        assert_eq!(r.report().state, Stance::None);
+    }
+
+    #[tokio::test]
     async fn a_request_runs_the_command_once_and_a_failing_command_is_reported() {
         let dir = tempfile::tempdir().unwrap();
         let root = tempfile::tempdir().unwrap();
