@@ -37,6 +37,21 @@ fn reboot_bundle(parent: &Path, name: &str, version: &str) -> std::path::PathBuf
     dir
 }
 
+/// `lksadmin-agent status -o json` in the agent's boot (its boot-ID file).
+fn local_status(agent: &Agent, boot_id_file: &Path) -> serde_json::Value {
+    let mut cmd = std::process::Command::new(lks_e2e::bin("lksadmin-agent"));
+    cmd.args([
+        "status",
+        "--state-dir",
+        agent.state_dir.to_str().unwrap(),
+        "-o",
+        "json",
+    ])
+    .env("LKS_AGENT_BOOT_ID_FILE", boot_id_file);
+    let out = lks_e2e::ok_stdout(&lks_e2e::run(cmd), "lksadmin-agent status");
+    serde_json::from_str(&out).unwrap()
+}
+
 /// The node as `node list -o json` shows it.
 fn listed(server: &Server, node: &str) -> serde_json::Value {
     server
@@ -97,6 +112,20 @@ fn a_required_reboot_is_reported_and_a_reboot_request_runs_once() {
         let r = &listed(&server, "worker-r")["reboot"];
         r["state"] == "required" && r["reason"] == "bundle kernel@1" && r["since"].is_string()
     });
+    let local = local_status(&agent, &boot_id_file);
+    assert_eq!(
+        (
+            &local["reboot"]["state"],
+            &local["reboot"]["reason"],
+            &local["reboot"]["boot_id"]
+        ),
+        (
+            &serde_json::json!("required"),
+            &serde_json::json!("bundle kernel@1"),
+            &serde_json::json!("boot-1")
+        ),
+        "{local}"
+    );
 
     // The OS sentinel, with Debian's package list.
     std::fs::create_dir_all(agent.path("/var/run")).unwrap();
@@ -145,6 +174,12 @@ fn a_required_reboot_is_reported_and_a_reboot_request_runs_once() {
         std::fs::read_to_string(&marker).unwrap(),
         "rebooted\n",
         "exactly once"
+    );
+    let local = local_status(&agent, &boot_id_file);
+    assert_eq!(
+        (&local["reboot"]["state"], &local["reboot"]["request"]),
+        (&serde_json::json!("none"), &serde_json::json!(requested)),
+        "{local}"
     );
     assert!(
         node_events(&server, "worker-r")
