@@ -15,7 +15,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use lks_e2e::agent::{Agent, BundleFile, CONVERGE, node_events, publish_and_roll_out, write_bundle};
-use lks_e2e::server::{Server, TestNode};
+use lks_e2e::server::{Server, TestNode, next_desired};
 use lks_e2e::wait_until;
 
 /// A bundle `name@version` of one file that requires a reboot.
@@ -195,9 +195,27 @@ fn a_required_reboot_is_reported_and_a_reboot_request_runs_once() {
 async fn an_agent_without_the_reboot_feature_is_refused_the_bundle_and_the_request() {
     let s = Server::start();
     s.create_cluster("c1");
-    let t = s.token("c1", &["--uses", "2"]);
+    let t = s.token("c1", &["--uses", "3"]);
     let old = TestNode::enroll(&s, &t, "old", &[]).await;
     let offline = TestNode::enroll(&s, &t, "offline", &[]).await;
+    let mut downgraded = TestNode::enroll(&s, &t, "downgraded", &[]).await;
+
+    // A request reaches an agent with the feature in its desired state, and
+    // never one without it (the same node on an older agent).
+    downgraded.features = vec!["reboot".into()];
+    let (tx, mut rx) = downgraded.connect(vec![]).await.expect("connect");
+    assert_eq!(next_desired(&mut rx).await.reboot, None);
+    wait_until(CONVERGE, "connected", || {
+        listed(&s, "downgraded")["connected"] == true
+    });
+    let out = s.lksctl_ok(&["node", "reboot", "downgraded"]);
+    assert!(out.starts_with("node downgraded: reboot requested"), "{out}");
+    let id = next_desired(&mut rx).await.reboot.expect("a reboot request").id;
+    assert!(id > 0);
+    drop((tx, rx));
+    downgraded.features.clear();
+    let (_tx, mut rx) = downgraded.connect(vec![]).await.expect("reconnect");
+    assert_eq!(next_desired(&mut rx).await.reboot, None, "not to an older agent");
     let (_tx, _rx) = old.connect(vec![]).await.expect("connect old");
     wait_until(CONVERGE, "connected", || listed(&s, "old")["connected"] == true);
 

@@ -97,6 +97,7 @@ pub(super) async fn connect(
                 sent: Sent::default(),
                 trust: None,
                 reboot: None,
+                reboot_feature: false,
                 unrecorded: None,
             };
             let ended = session.run(&mut inbound, &mut reg, opening).await;
@@ -163,6 +164,9 @@ struct Session {
     trust: Option<Box<NodeTrust>>,
     /// The reboot state the agent last reported (and was stored).
     reboot: Option<Box<NodeReboot>>,
+    /// Its Hello announced the "reboot" feature: only then does its desired
+    /// state carry a reboot request (an older agent would drop it).
+    reboot_feature: bool,
     /// A status report the store could not take (etcd unreachable), kept
     /// and stored with the next message instead of ending the stream.
     unrecorded: Option<Vec<BundleStatusRow>>,
@@ -354,6 +358,10 @@ impl Session {
 
     async fn hello(&mut self, h: pb::Hello) -> Result<(), Status> {
         let mut checked = session::hello(&h).map_err(OpError::from)?;
+        self.reboot_feature = h
+            .features
+            .iter()
+            .any(|f| f == lks_proto::manifest::FEATURE_REBOOT);
         let reboot = checked.reboot.take();
         let now = now_ms();
         self.s.hub.heard(&self.caller.id.node, now);
