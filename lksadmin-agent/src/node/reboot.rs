@@ -33,8 +33,9 @@ pub const DEFAULT_REBOOT_COMMAND: &str = "systemctl reboot";
 pub const CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest the reboot command may run before it counts as failed.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
-/// After the reboot command returned, how long the node may take to go
-/// down before the reboot counts as failed (boot ID unchanged).
+/// From the moment the reboot command is run, how long the node may take
+/// to go down before the reboot counts as failed (boot ID unchanged); the
+/// command itself has [`COMMAND_TIMEOUT`] of it.
 pub const REBOOT_WAIT: Duration = Duration::from_secs(300);
 /// Longest reason kept from a check command or a package list.
 const MAX_REASON: usize = 512;
