@@ -14,6 +14,7 @@
 //! STATE_DIR/originals/<hex>     files that existed before a bundle took them over
 //! STATE_DIR/cache/sha256/<hex>  content-addressed blob cache (+ cache/partial)
 //! STATE_DIR/status.json         connection status, written by `run`
+//! STATE_DIR/reboot.json         what the node owes a reboot, the reboot in progress (node/reboot/state.rs)
 //! ```
 //!
 //! `trust.json` (JSON, 0600, written temp → fsync → rename → fsync of the
@@ -151,6 +152,9 @@ impl StateDir {
     }
     pub fn trust(&self) -> PathBuf {
         self.dir.join("trust.json")
+    }
+    pub fn reboot(&self) -> PathBuf {
+        self.dir.join("reboot.json")
     }
 
     /// True once `join` has committed (`join.toml`, or the legacy

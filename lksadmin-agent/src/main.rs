@@ -11,7 +11,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use lksadmin_agent::config::{DEFAULT_ROOT, DEFAULT_STATE_DIR, StateDir};
 use lksadmin_agent::join::{JoinOutcome, JoinRequest};
-use lksadmin_agent::settings::{DEFAULT_SETTINGS_FILE, RunFlags, Settings, parse_heal_interval};
+use lksadmin_agent::settings::{DEFAULT_SETTINGS_FILE, RebootKeys, RunFlags, Settings, parse_heal_interval};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -63,8 +63,9 @@ enum Cmd {
     ///
     /// Settings come from the flags, then the settings file, then the defaults.
     Run {
-        /// Settings file (keys: state_dir, root, heal_interval, peer_listen); a missing
-        /// default file is fine [default: /etc/lksadmin/agent.toml]
+        /// Settings file (keys: state_dir, root, heal_interval, peer_listen,
+        /// reboot_sentinel, reboot_check, reboot_command); a missing default
+        /// file is fine [default: /etc/lksadmin/agent.toml]
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
         /// State dir written by join [default: /var/lib/lksadmin]
@@ -81,6 +82,18 @@ enum Cmd {
         /// [default: all addresses, the cluster's --peer-port]
         #[arg(long, value_name = "IP:PORT")]
         peer_listen: Option<std::net::SocketAddr>,
+        /// The OS's reboot-required file, a path on the node (inside --root);
+        /// `PATH.pkgs` lists the packages [default: /var/run/reboot-required]
+        #[arg(long, value_name = "PATH")]
+        reboot_sentinel: Option<PathBuf>,
+        /// Command (run by /bin/sh -c every heal interval) whose exit status 0
+        /// means a reboot is required; its first output line is the reason
+        #[arg(long, value_name = "CMD")]
+        reboot_check: Option<String>,
+        /// How the node reboots when the server asks it to (run by /bin/sh -c)
+        /// [default: systemctl reboot]
+        #[arg(long, value_name = "CMD")]
+        reboot_command: Option<String>,
     },
     /// Print `lksadmin-agent VERSION` (what a self-update checks a new
     /// binary with before handing over to it).
@@ -190,6 +203,9 @@ async fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
             root,
             heal_interval,
             peer_listen,
+            reboot_sentinel,
+            reboot_check,
+            reboot_command,
         } => {
             // Read before anything starts, so a bad file stops the agent with
             // one line instead of running it on the wrong settings.
@@ -198,11 +214,18 @@ async fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 None => Settings::load(DEFAULT_SETTINGS_FILE.as_ref(), false),
             }
             .context("load the agent settings")?;
+            let reboot = RebootKeys {
+                sentinel: reboot_sentinel,
+                check: reboot_check,
+                command: reboot_command,
+            };
+            reboot.check().context("check the reboot flags")?;
             let opts = settings.resolve(RunFlags {
                 state_dir,
                 root,
                 heal_interval,
                 peer_listen,
+                reboot,
             });
             let cancel = CancellationToken::new();
             let on_signal = cancel.clone();

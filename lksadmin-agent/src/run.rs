@@ -33,6 +33,7 @@ use crate::link::renew;
 use crate::link::source::NetSource;
 use crate::link::status_file::ConnStatusFile;
 use crate::node::notify;
+use crate::node::reboot::Reboots;
 
 pub const DEFAULT_HEAL_INTERVAL: Duration = Duration::from_secs(60);
 const HEARTBEAT: Duration = Duration::from_secs(10);
@@ -56,6 +57,8 @@ pub struct RunOptions {
     /// `--peer-listen`: where to listen for peers (and what to tell the
     /// server) instead of all addresses on the cluster's peer port.
     pub peer_listen: Option<std::net::SocketAddr>,
+    /// How the node learns it needs a reboot, and reboots.
+    pub reboot: crate::node::reboot::RebootSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +71,8 @@ pub enum RunError {
     Source(#[from] SourceError),
     #[error("start the engine: {0}")]
     Thread(String),
+    #[error(transparent)]
+    Reboot(#[from] crate::node::reboot::RebootError),
 }
 
 /// Why `run` returned.
@@ -102,6 +107,7 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<RunEnd, 
     let source = Arc::new(NetSource::new(channel.clone())?.with_swarm(swarm.clone()));
     let (desired_tx, desired_rx) = watch::channel(None);
     let (cmd_tx, cmd_rx) = mpsc::channel(16);
+    let reboots = Reboots::open(&dirs, &root, opts.reboot.clone())?;
     let engine = Engine::open(
         EngineConfig {
             state_dir: dirs.clone(),
@@ -116,7 +122,8 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<RunEnd, 
         Reporter::new(status_tx, events_tx),
     )?
     .with_issuer(crate::link::issuer::NetIssuer::new(channel.clone()))
-    .with_trust(trust);
+    .with_trust(trust)
+    .with_reboots(reboots.clone());
 
     let handover = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop = Stop {
@@ -141,6 +148,13 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<RunEnd, 
     let conn_file = Arc::new(ConnStatusFile::new(dirs.clone()));
     conn_file.update(|c| c.connected = false);
     let mut tasks = JoinSet::new();
+    let (reboot_requests, requests_rx) = watch::channel(0u64);
+    tasks.spawn(crate::node::reboot::follow(
+        reboots.clone(),
+        requests_rx,
+        opts.heal_interval,
+        cancel.clone(),
+    ));
     tasks.spawn(follow_peer_sharing(
         crate::link::peer::PeerHost::new(dirs.clone(), cfg.cluster.clone(), peers, opts.peer_listen),
         swarm,
@@ -159,6 +173,8 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> Result<RunEnd, 
             conn_file: conn_file.clone(),
             heartbeat: HEARTBEAT,
             peer_listen: opts.peer_listen,
+            reboot: Some(reboots.subscribe()),
+            reboot_requests,
         }
         .run(cancel.clone()),
     );

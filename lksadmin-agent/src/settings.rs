@@ -15,6 +15,7 @@ use lks_proto::authoring::toml_error;
 use serde::Deserialize;
 
 use crate::config::DEFAULT_STATE_DIR;
+use crate::node::reboot::RebootSettings;
 use crate::run::{DEFAULT_HEAL_INTERVAL, RunOptions};
 
 /// Where `run` looks for its settings unless `--config` says otherwise.
@@ -31,6 +32,56 @@ pub struct Settings {
     pub root: Option<PathBuf>,
     pub heal_interval: Option<Duration>,
     pub peer_listen: Option<std::net::SocketAddr>,
+    pub reboot: RebootKeys,
+}
+
+/// `reboot_sentinel`, `reboot_check`, `reboot_command` (file) and
+/// `--reboot-sentinel`, `--reboot-check`, `--reboot-command` (flags).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RebootKeys {
+    pub sentinel: Option<PathBuf>,
+    pub check: Option<String>,
+    pub command: Option<String>,
+}
+
+impl RebootKeys {
+    /// Each one given here, else `other`'s.
+    fn or(self, other: RebootKeys) -> RebootKeys {
+        RebootKeys {
+            sentinel: self.sentinel.or(other.sentinel),
+            check: self.check.or(other.check),
+            command: self.command.or(other.command),
+        }
+    }
+
+    /// With the defaults for what neither gave.
+    fn resolve(self) -> RebootSettings {
+        let d = RebootSettings::default();
+        RebootSettings {
+            sentinel: self.sentinel.unwrap_or(d.sentinel),
+            check: self.check,
+            command: self.command.unwrap_or(d.command),
+        }
+    }
+
+    /// Checks values from the file or a flag: an absolute sentinel path,
+    /// commands that are not blank.
+    pub fn check(&self) -> Result<(), InvalidSetting> {
+        if let Some(p) = &self.sentinel
+            && !p.is_absolute()
+        {
+            return Err(InvalidSetting::NotAbsolute {
+                key: "reboot_sentinel",
+                path: p.display().to_string(),
+            });
+        }
+        for (key, v) in [("reboot_check", &self.check), ("reboot_command", &self.command)] {
+            if v.as_deref().is_some_and(|c| c.trim().is_empty()) {
+                return Err(InvalidSetting::EmptyCommand { key });
+            }
+        }
+        Ok(())
+    }
 }
 
 /// What `run` was given on the command line. `None`: flag not given.
@@ -40,6 +91,7 @@ pub struct RunFlags {
     pub root: Option<PathBuf>,
     pub heal_interval: Option<Duration>,
     pub peer_listen: Option<std::net::SocketAddr>,
+    pub reboot: RebootKeys,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +118,8 @@ pub enum InvalidSetting {
     HealInterval(BadHealInterval),
     #[error("peer_listen: {0:?} is not IP:PORT")]
     PeerListen(String),
+    #[error("{key}: an empty command")]
+    EmptyCommand { key: &'static str },
 }
 
 /// Why a heal interval (flag or file) was not accepted.
@@ -85,6 +139,9 @@ struct RawSettings {
     root: Option<PathBuf>,
     heal_interval: Option<String>,
     peer_listen: Option<String>,
+    reboot_sentinel: Option<PathBuf>,
+    reboot_check: Option<String>,
+    reboot_command: Option<String>,
 }
 
 /// Parses a heal interval (`60s`, `5m`, …) as the flag and the file accept it.
@@ -142,11 +199,18 @@ impl Settings {
                     .map_err(|_| InvalidSetting::PeerListen(s.to_string()))
             })
             .transpose()?;
+        let reboot = RebootKeys {
+            sentinel: raw.reboot_sentinel,
+            check: raw.reboot_check,
+            command: raw.reboot_command,
+        };
+        reboot.check()?;
         Ok(Settings {
             state_dir: raw.state_dir,
             root: raw.root,
             heal_interval,
             peer_listen,
+            reboot,
         })
     }
 
@@ -164,6 +228,7 @@ impl Settings {
                 .or(self.heal_interval)
                 .unwrap_or(DEFAULT_HEAL_INTERVAL),
             peer_listen: flags.peer_listen.or(self.peer_listen),
+            reboot: flags.reboot.or(self.reboot).resolve(),
         }
     }
 }
@@ -182,6 +247,8 @@ mod tests {
         assert_eq!(opts.state_dir, PathBuf::from(DEFAULT_STATE_DIR));
         assert_eq!(opts.root, None);
         assert_eq!(opts.heal_interval, DEFAULT_HEAL_INTERVAL);
+        assert_eq!(opts.reboot, RebootSettings::default());
+        assert_eq!(opts.reboot.command, "systemctl reboot");
     }
 
     #[test]
@@ -200,6 +267,43 @@ mod tests {
         assert_eq!(s.root, Some(PathBuf::from("/")));
         assert_eq!(s.heal_interval, Some(Duration::from_secs(60)));
         assert_eq!(s.peer_listen, Some("10.0.0.5:7444".parse().unwrap()));
+        assert_eq!(s.reboot.sentinel, Some(PathBuf::from("/var/run/reboot-required")));
+        assert_eq!(s.reboot.check.as_deref(), Some("/usr/local/bin/needs-reboot"));
+        assert_eq!(s.reboot.command.as_deref(), Some("systemctl reboot"));
+    }
+
+    #[test]
+    fn reboot_keys_flow_flag_over_file_over_default() {
+        let s = Settings::parse(
+            "reboot_sentinel = \"/run/need-reboot\"\nreboot_command = \"/sbin/shutdown -r now\"\n",
+        )
+        .unwrap();
+        let from_file = s.clone().resolve(RunFlags::default()).reboot;
+        assert_eq!(from_file.sentinel, PathBuf::from("/run/need-reboot"));
+        assert_eq!(from_file.command, "/sbin/shutdown -r now");
+        assert_eq!(from_file.check, None);
+        let flags = RunFlags {
+            reboot: RebootKeys {
+                command: Some("/bin/true".into()),
+                check: Some("test -e /x".into()),
+                sentinel: None,
+            },
+            ..RunFlags::default()
+        };
+        let both = s.resolve(flags).reboot;
+        assert_eq!(both.command, "/bin/true");
+        assert_eq!(both.check.as_deref(), Some("test -e /x"));
+        assert_eq!(both.sentinel, PathBuf::from("/run/need-reboot"));
+        for (text, want) in [
+            (
+                "reboot_sentinel = \"run/x\"",
+                "reboot_sentinel: \"run/x\" must be an absolute path",
+            ),
+            ("reboot_command = \" \"", "reboot_command: an empty command"),
+            ("reboot_check = \"\"", "reboot_check: an empty command"),
+        ] {
+            assert_eq!(Settings::parse(text).unwrap_err().to_string(), want);
+        }
     }
 
     #[test]
@@ -216,6 +320,7 @@ mod tests {
             root: Some("/tmp/root".into()),
             heal_interval: Some(Duration::from_secs(2)),
             peer_listen: Some("127.0.0.1:9".parse().unwrap()),
+            reboot: RebootKeys::default(),
         };
         let from_flags = s.clone().resolve(flags.clone());
         assert_eq!(from_flags.state_dir, PathBuf::from("/tmp/state"));

@@ -12,6 +12,7 @@ use crate::apply::trust::Trust;
 use crate::clock::{now_ms, when};
 use crate::config::{ConfigError, StateDir};
 use crate::link::status_file::ConnStatus;
+use crate::node::reboot::{RebootFile, Stance};
 
 /// A `run` that has not refreshed the status file for this long is
 /// considered gone (heartbeats refresh it every few seconds).
@@ -79,6 +80,37 @@ struct StatusView {
     connection: ConnectionView,
     /// Release trust as the journal (`trust.json`) says at this moment.
     trust: TrustReport,
+    /// What `reboot.json` records (bundles that need a reboot, the reboot
+    /// in progress or its failure), in this boot; the sentinel and the
+    /// check command are `run`'s to read.
+    reboot: RebootView,
+}
+
+#[derive(serde::Serialize)]
+struct RebootView {
+    /// "none", "required", "rebooting", "failed".
+    state: &'static str,
+    reason: String,
+    since_ms: i64,
+    boot_id: String,
+    request: u64,
+}
+
+/// `reboot.json` as of this boot (not written: `run` owns it).
+fn reboot_view(dirs: &StateDir) -> Result<RebootView, StatusError> {
+    let mut file: RebootFile = fsutil::read_json(&dirs.reboot())?.unwrap_or_default();
+    file.on_boot(&crate::node::reboot::boot_id());
+    let r = file.report(&[]);
+    Ok(RebootView {
+        state: match r.state {
+            Stance::None => "none",
+            s => s.as_str(),
+        },
+        reason: r.reason,
+        since_ms: r.since_ms,
+        boot_id: r.boot_id,
+        request: r.request,
+    })
 }
 
 fn gather(dirs: &StateDir) -> Result<StatusView, StatusError> {
@@ -135,6 +167,7 @@ fn gather(dirs: &StateDir) -> Result<StatusView, StatusError> {
         t.report(now)
     };
     Ok(StatusView {
+        reboot: reboot_view(dirs)?,
         trust,
         certificates,
         node: cfg.node_name,
@@ -208,6 +241,13 @@ pub fn render(dirs: &StateDir, json: bool) -> Result<String, StatusError> {
         None => "never".into(),
     };
     line(&mut out, "trust:", &trust_line(&v.trust));
+    let r = &v.reboot;
+    let reboot = match (r.state, r.reason.as_str()) {
+        ("none", _) => "not required".to_string(),
+        (s, "") => format!("{s} since {}", when(r.since_ms)),
+        (s, why) => format!("{s} since {}: {why}", when(r.since_ms)),
+    };
+    line(&mut out, "reboot:", &reboot);
     line(&mut out, "last apply:", &activity(&v.last_apply));
     line(&mut out, "last repair:", &activity(&v.last_repair));
     if v.bundles.is_empty() {

@@ -609,6 +609,7 @@ impl TestNode {
                 desired_generation: 0,
                 features: self.features.clone(),
                 trust: self.trust.clone(),
+                reboot: None,
             })),
         })
         .await
@@ -681,6 +682,7 @@ pub fn status_msg(
                 updated_at_ms: 0,
             }],
             trust: None,
+            reboot: None,
         })),
     }
 }

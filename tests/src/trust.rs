@@ -99,6 +99,7 @@ pub fn desired(
         peer_sharing: None,
         release: release.map(pb::SignedRelease::from),
         roots: roots.iter().map(pb::SignedRoot::from).collect(),
+        reboot: None,
     }
 }
 

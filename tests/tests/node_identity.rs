@@ -240,7 +240,8 @@ fn the_keys_differ_and_what_was_issued_is_listed(f: &Fleet) -> String {
             "self-update",
             "multi-arch",
             "deltas",
-            "heal-steps"
+            "heal-steps",
+            "reboot"
         ]),
         "{node}"
     );

@@ -105,6 +105,7 @@ fn trust_report(state: &str, version: u64) -> AgentMessage {
                 release_expires_at_ms: 1_900_000_000_000,
                 root_version: 2,
             }),
+            reboot: None,
         })),
     }
 }
@@ -336,7 +337,8 @@ async fn the_trust_a_node_reports_is_listed_and_counted(
     let table = s.lksctl_ok(&["node", "list"]);
     assert!(table.lines().next().unwrap().contains("RELEASE"), "{table}");
     let row = table.lines().find(|l| l.starts_with("w1")).unwrap();
-    assert!(row.trim_end().ends_with("2 stale-release"), "{table}");
+    // RELEASE, then REBOOT (`-`: an agent that reports no reboot state).
+    assert!(row.trim_end().ends_with("2 stale-release  -"), "{table}");
     assert!(
         s.lksctl_ok(&["node", "get", "w1"])
             .contains("Release:      2 stale-release")
@@ -377,7 +379,7 @@ async fn a_release_published_on_one_replica_reaches_nodes_on_another() {
     });
     let table = r1.lksctl_ok(&["node", "list"]);
     let row = table.lines().find(|l| l.starts_with("w1")).unwrap();
-    assert!(row.trim_end().ends_with("- no-release"), "{table}");
+    assert!(row.trim_end().ends_with("- no-release  -"), "{table}");
     assert_eq!(r2.metric("lks_nodes_trust_state{state=\"no-release\"}"), 1);
     assert_eq!(
         r1.metric("lks_nodes_trust_state{state=\"no-release\"}"),

@@ -257,6 +257,8 @@ pub fn detail_json(b: &pb::Bundle) -> Value {
     let sb = b.bundle.clone().unwrap_or_default();
     let m = sb.manifest.clone().unwrap_or_default();
     v["signer"] = json!(signer(&sb));
+    // `reboot = "required"`: nodes need a reboot once it is applied; null: not.
+    v["reboot"] = json!(m.reboot_required.then_some("required"));
     v["manifest"] = json!({
         "files": m.files.iter().map(|f| json!({
             "path": f.path,
@@ -396,6 +398,11 @@ pub fn detail_text(b: &pb::Bundle) -> String {
         .map(|a| a.iter().filter_map(|x| x.as_str().map(String::from)).collect())
         .unwrap_or_default();
     kv(&mut s, "Arch:", output::arches_text(&arches));
+    kv(
+        &mut s,
+        "Reboot:",
+        v["reboot"].as_str().unwrap_or("not required").to_string(),
+    );
     let m = &v["manifest"];
     let rows = |key: &str, cols: &[&str]| -> Vec<Vec<String>> {
         m[key]
@@ -583,7 +590,15 @@ mod tests {
         assert_eq!(v["manifest"]["steps"][0]["timeout"], "30s");
         assert_eq!(v["manifest"]["steps"][0]["on_heal"], true);
         assert!(v["manifest"]["health"].is_null());
+        assert!(v["reboot"].is_null());
         let t = detail_text(&b);
+        assert!(t.contains("Reboot:     not required\n"), "{t}");
+        let mut rebooting = b.clone();
+        if let Some(m) = rebooting.bundle.as_mut().and_then(|sb| sb.manifest.as_mut()) {
+            m.reboot_required = true;
+        }
+        assert_eq!(detail_json(&rebooting)["reboot"], "required");
+        assert!(detail_text(&rebooting).contains("Reboot:     required\n"));
         assert!(t.contains("/etc/k.conf  3     0640"), "{t}");
         assert!(t.contains("systemctl restart k"), "{t}");
         assert!(t.contains("ON HEAL") && t.contains("30s      yes"), "{t}");

@@ -1,5 +1,5 @@
 //! `lksctl node …`: list and show nodes, delete one (its certificate
-//! revoked), hold and release one, and ask one to retry a version.
+//! revoked), hold and release one, ask one to retry a version or to reboot.
 
 use anyhow::Context;
 use clap::Subcommand;
@@ -45,6 +45,10 @@ pub enum NodeCmd {
         #[arg(long)]
         bundle: Option<String>,
     },
+    /// Reboot a node now with its agent's reboot command (`systemctl reboot`
+    /// by default). The node must be connected and its agent announce the
+    /// "reboot" feature; `node list` shows it `rebooting`, then its new boot ID.
+    Reboot { name: String },
 }
 
 /// `lksctl node …`.
@@ -107,6 +111,18 @@ pub async fn run(c: &mut Client, url: &str, cmd: NodeCmd) -> anyhow::Result<()> 
                 .with_context(|| format!("retry node {name}"))?
                 .into_inner();
             outln!("node {name}: retry of {} requested", r.bundles.join(", "));
+        }
+        NodeCmd::Reboot { name } => {
+            let r = c
+                .reboot_node(pb::RebootNodeRequest { name: name.clone() })
+                .await
+                .map_err(st)
+                .with_context(|| format!("reboot node {name}"))?
+                .into_inner();
+            outln!(
+                "node {name}: reboot requested (request {}); `lksctl node get {name}` shows it rebooting, then its new boot ID",
+                r.request
+            );
         }
         NodeCmd::Unhold { name } => {
             c.unhold_node(pb::UnholdNodeRequest { name: name.clone() })

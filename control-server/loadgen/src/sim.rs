@@ -453,7 +453,7 @@ impl Agent {
                                 ..Default::default()
                             }).collect();
                             let _ = self.desired.try_send(Desired { agent: self.i, at, generation: d.generation, bundles });
-                            if tx.send(send(agent_message::Msg::Status(pb::StatusReport { generation: d.generation, bundles: statuses, trust: None }))).await.is_err() {
+                            if tx.send(send(agent_message::Msg::Status(pb::StatusReport { generation: d.generation, bundles: statuses, trust: None, reboot: None }))).await.is_err() {
                                 return closed();
                             }
                         }

@@ -351,6 +351,19 @@ impl AdminService for AdminApi {
         answer
     }
 
+    async fn reboot_node(
+        &self,
+        req: Request<pb::RebootNodeRequest>,
+    ) -> Result<Response<pb::RebootNodeResponse>, Status> {
+        let _t = self.metrics.timer("RebootNode");
+        let who = require_admin_caller(&req)?;
+        let r = req.into_inner();
+        let entry = audit::node(&r.name, serde_json::json!({}));
+        let answer = nodes::reboot(&self.nodes, r, who.name.clone()).await;
+        self.audit.record(&who, "RebootNode", entry, &answer).await;
+        answer
+    }
+
     async fn unhold_node(&self, req: Request<pb::UnholdNodeRequest>) -> Result<Response<pb::Node>, Status> {
         let _t = self.metrics.timer("UnholdNode");
         let who = require_admin_caller(&req)?;

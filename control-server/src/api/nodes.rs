@@ -1,6 +1,7 @@
 //! The admin API's nodes: listing them (with each node's newest
 //! certificates), one node, deleting one, holding and releasing it, and
-//! asking it to retry a failed bundle; `node_pb` is the view `lksctl` shows.
+//! asking it to retry a failed bundle or to reboot; `node_pb` is the view
+//! `lksctl` shows.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use super::clusters;
 use crate::clock::now_ms;
 use crate::hub::Hub;
 use crate::ops::{certs, node};
-use crate::store::{NodeRow, NodeTrust, Store};
+use crate::store::{NodeReboot, NodeRow, NodeTrust, RebootState, Store};
 
 crate::context::shared_view! {
     /// What the node handlers use: the store, and whom to tell when a node
@@ -114,6 +115,20 @@ pub(super) async fn retry(
     Ok(Response::new(pb::RetryNodeResponse { bundles }))
 }
 
+/// `RebootNode`: the node is asked to reboot (its desired state carries the
+/// request).
+pub(super) async fn reboot(
+    s: &Deps,
+    r: pb::RebootNodeRequest,
+    who: String,
+) -> Result<Response<pb::RebootNodeResponse>, Status> {
+    let connected = |n: &NodeRow| n.connected || s.hub.is_connected(&n.name);
+    let request = node::reboot(s.store.as_ref(), &r.name, connected, &who, now_ms()).await?;
+    s.hub.notify(&r.name);
+    tracing::info!(node = %r.name, admin = %who, request, "reboot requested");
+    Ok(Response::new(pb::RebootNodeResponse { request }))
+}
+
 /// Holds (`Some(reason)`) or releases a node; answers the node as it is now.
 pub(super) async fn set_hold(
     s: &Deps,
@@ -209,6 +224,7 @@ pub(super) fn node_pb(s: &Deps, n: NodeRow) -> pb::Node {
             agent_version: text("agent_version"),
             addresses: strings("addresses"),
             features: strings("features"),
+            boot_id: text("boot_id"),
         }),
         certificate_serial: n.cert_serial,
         enrolled_at_ms: n.enrolled_at_ms,
@@ -217,7 +233,32 @@ pub(super) fn node_pb(s: &Deps, n: NodeRow) -> pb::Node {
         certificates: Vec::new(),
         trust: n.trust.map(|t| trust_pb(&t)),
         kube: None,
+        reboot: reboot_pb(n.reboot.as_ref(), n.reboot_request),
+        reboot_request: n.reboot_request,
     }
+}
+
+/// A node's reported reboot state as `ListNodes` shows it: a request it has
+/// not taken on yet (above the one it reported) is "rebooting" already.
+pub(super) fn reboot_pb(r: Option<&NodeReboot>, request: u64) -> Option<pb::RebootStatus> {
+    let r = r?;
+    let pending = request > r.request && r.state != RebootState::Rebooting;
+    Some(pb::RebootStatus {
+        state: if pending {
+            RebootState::Rebooting.as_str()
+        } else {
+            r.state.as_str()
+        }
+        .into(),
+        reason: if pending {
+            format!("request {request} sent")
+        } else {
+            r.reason.clone()
+        },
+        since_ms: r.since_ms,
+        boot_id: r.boot_id.clone(),
+        request: r.request,
+    })
 }
 
 /// A node's reported release trust as `ListNodes` shows it.

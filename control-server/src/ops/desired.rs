@@ -128,6 +128,7 @@ pub async fn next(
             retry: d.retry.into_iter().collect(),
             release,
             roots: channel.roots.clone(),
+            reboot: (d.reboot > 0).then_some(pb::RebootRequest { id: d.reboot }),
         },
         sent: Sent {
             generation: Some(d.generation),
@@ -150,6 +151,7 @@ mod tests {
             generation,
             bundles: Vec::new(),
             retry: BTreeMap::from([("kubelet".to_string(), 2)]),
+            reboot: 0,
         })
     }
 

@@ -1,6 +1,6 @@
 //! What an operator reads of nodes (a cluster's, or one) and does to one
 //! node: delete it (its certificate stops
-//! working), ask it to retry a failed bundle (or every one), hold it out of
+//! working), ask it to retry a failed bundle (or every one) or to reboot, hold it out of
 //! rollouts with a reason, or release it. Each names the node first, then
 //! what it asks, and answers what the store did; the caller tells the
 //! node's stream and the rollout controller.
@@ -8,7 +8,9 @@
 use lks_proto::names::{NameError, validate_bundle_name, validate_node_name};
 
 use super::{Kind, OpError};
-use crate::store::{ClusterStore, EventRow, NodeRow, NodeStore};
+use lks_proto::manifest::FEATURE_REBOOT;
+
+use crate::store::{ClusterStore, EventRow, NodeRow, NodeStore, facts_needed};
 
 /// The longest hold reason, in bytes.
 const MAX_REASON: usize = 512;
@@ -29,6 +31,12 @@ pub enum NodeError {
     ReasonTooLong { len: usize },
     #[error("hold reason must be one line of printable text")]
     ReasonNotOneLine,
+    #[error("node {name} is not connected; a reboot is asked of a connected agent only")]
+    Offline { name: String },
+    #[error(
+        "the agent of node {name} ({version}) does not announce the \"reboot\" feature; update the agent first"
+    )]
+    NoRebootFeature { name: String, version: String },
 }
 
 impl NodeError {
@@ -38,7 +46,9 @@ impl NodeError {
                 Kind::Invalid
             }
             NodeError::NotFound { .. } | NodeError::NoCluster { .. } => Kind::NotFound,
-            NodeError::NothingToRetry { .. } => Kind::FailedPrecondition,
+            NodeError::NothingToRetry { .. }
+            | NodeError::Offline { .. }
+            | NodeError::NoRebootFeature { .. } => Kind::FailedPrecondition,
         }
     }
 }
@@ -98,6 +108,40 @@ pub async fn retry(
         return Err(NodeError::NothingToRetry { name: name.into() }.into());
     }
     Ok(bundles)
+}
+
+/// Asks node `name` to reboot (`connected`: its stream is open, here or
+/// on another replica); answers the request's id. Refused for a node that
+/// is not connected, or whose agent does not announce the "reboot" feature
+/// (an older agent would drop the request).
+pub async fn reboot(
+    store: &(impl NodeStore + ?Sized),
+    name: &str,
+    connected: impl FnOnce(&NodeRow) -> bool,
+    who: &str,
+    now_ms: i64,
+) -> Result<u64, OpError> {
+    let n = get(store, name).await?;
+    if !connected(&n) {
+        return Err(NodeError::Offline { name: name.into() }.into());
+    }
+    let features = facts_needed(&n.facts_json).map(|(f, _)| f).unwrap_or_default();
+    if !features.iter().any(|f| f == FEATURE_REBOOT) {
+        let version = serde_json::from_str::<serde_json::Value>(&n.facts_json)
+            .ok()
+            .and_then(|v| v["agent_version"].as_str().map(String::from))
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| "version unknown".into());
+        return Err(NodeError::NoRebootFeature {
+            name: name.into(),
+            version,
+        }
+        .into());
+    }
+    store
+        .request_reboot(name, who, now_ms)
+        .await?
+        .ok_or_else(|| not_found(name))
 }
 
 /// Holds node `name` (`Some(reason)`) or releases it (`None`); answers the

@@ -19,12 +19,16 @@ use super::event::{self, MAX_TEXT, NodeEvent, clip};
 use super::{Kind, OpError};
 use crate::clock::now_ms;
 use crate::metrics::Metrics;
-use crate::store::{BundleStatusRow, EventStore, NodeStatusStore, NodeTrust, StoreError, TrustHealth};
+use crate::store::{
+    BundleStatusRow, EventStore, NodeReboot, NodeStatusStore, NodeTrust, RebootState, StoreError, TrustHealth,
+};
 
 /// Bundle statuses one message may report.
 pub const MAX_STATUSES: usize = 1024;
 /// Longest trust message kept.
 pub const MAX_TRUST_MESSAGE: usize = 1024;
+/// Longest reboot reason kept.
+pub const MAX_REBOOT_REASON: usize = 1024;
 
 /// Why a report is refused (the stream ends with it).
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +44,9 @@ pub enum ReportError {
     /// `state` clipped to 64 bytes.
     #[error("trust.state {state:?}: one of {}", trust_states())]
     TrustState { state: String },
+    /// `state` clipped to 64 bytes.
+    #[error("reboot.state {state:?}: one of \"\", required, rebooting, failed")]
+    RebootState { state: String },
 }
 
 impl ReportError {
@@ -115,6 +122,20 @@ fn trust(t: pb::TrustStatus) -> Result<NodeTrust, ReportError> {
     })
 }
 
+/// Checks a reported `RebootStatus`: a known state; text clipped.
+fn reboot(r: pb::RebootStatus) -> Result<NodeReboot, ReportError> {
+    let state = RebootState::parse(&r.state).ok_or_else(|| ReportError::RebootState {
+        state: clip(&r.state, 64).to_string(),
+    })?;
+    Ok(NodeReboot {
+        state,
+        reason: clip(&r.reason, MAX_REBOOT_REASON).to_string(),
+        since_ms: r.since_ms.max(0),
+        boot_id: clip(&r.boot_id, 128).to_string(),
+        request: r.request,
+    })
+}
+
 /// The facts of a `Hello` as stored: each clipped, and only the values
 /// the server uses that parse.
 fn facts_json(h: &pb::Hello) -> String {
@@ -162,16 +183,20 @@ pub struct Hello {
     /// `None`: not reported.
     pub trust: Option<NodeTrust>,
     pub facts_json: String,
+    /// `None`: not reported (an agent without the "reboot" feature).
+    pub reboot: Option<NodeReboot>,
 }
 
-/// Checks a `Hello`: its bundles, then its trust.
+/// Checks a `Hello`: its bundles, then its trust, then its reboot state.
 pub fn hello(h: &pb::Hello) -> Result<Hello, ReportError> {
     let held = statuses(h.bundles.clone(), h.desired_generation)?;
     let trust = h.trust.clone().map(trust).transpose()?;
+    let reboot = h.reboot.clone().map(reboot).transpose()?;
     Ok(Hello {
         held,
         trust,
         facts_json: facts_json(h),
+        reboot,
     })
 }
 
@@ -197,13 +222,33 @@ pub struct Report {
     pub rows: Vec<BundleStatusRow>,
     /// `None`: not reported.
     pub trust: Option<NodeTrust>,
+    /// `None`: not reported.
+    pub reboot: Option<NodeReboot>,
 }
 
-/// Checks a status report: its bundles, then its trust.
+/// Checks a status report: its bundles, then its trust, then its reboot state.
 pub fn report(r: pb::StatusReport) -> Result<Report, ReportError> {
     let rows = statuses(r.bundles, r.generation)?;
     let trust = r.trust.map(trust).transpose()?;
-    Ok(Report { rows, trust })
+    let reboot = r.reboot.map(reboot).transpose()?;
+    Ok(Report { rows, trust, reboot })
+}
+
+/// Stores `node`'s reboot state; false if not stored because the store is
+/// unavailable (reported again with the next change or connect).
+pub async fn record_reboot(
+    store: &(impl NodeStatusStore + ?Sized),
+    node: &str,
+    r: NodeReboot,
+) -> Result<bool, OpError> {
+    match store.record_reboot(node, r).await {
+        Ok(()) => Ok(true),
+        Err(StoreError::Unavailable(e)) => {
+            tracing::warn!(error = %e, "reboot state not stored; the store is unavailable");
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Stores `node`'s release trust; false if not stored because the store
@@ -369,6 +414,34 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "trust.state \"fine\": one of ok, stale-release, no-release, refused, clock"
+        );
+    }
+
+    #[test]
+    fn a_reported_reboot_state_is_validated_and_bounded() {
+        let r = reboot(pb::RebootStatus {
+            state: "required".into(),
+            reason: "r".repeat(5000),
+            since_ms: -4,
+            boot_id: "b".repeat(500),
+            request: 7,
+        })
+        .unwrap();
+        assert_eq!(r.state, RebootState::Required);
+        assert_eq!((r.reason.len(), r.boot_id.len()), (MAX_REBOOT_REASON, 128));
+        assert_eq!((r.since_ms, r.request), (0, 7));
+        assert_eq!(
+            reboot(pb::RebootStatus::default()).unwrap().state,
+            RebootState::None
+        );
+        let e = reboot(pb::RebootStatus {
+            state: "soon".into(),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "reboot.state \"soon\": one of \"\", required, rebooting, failed"
         );
     }
 

@@ -6,7 +6,7 @@ use lks_proto::BundleState;
 use lks_proto::labels::Labels;
 use serde::{Deserialize, Serialize};
 
-use lks_store::{BundleStatusRow, ClusterRow, KubeFlags, NewCluster, NodeTrust, PeerSettings};
+use lks_store::{BundleStatusRow, ClusterRow, KubeFlags, NewCluster, NodeReboot, NodeTrust, PeerSettings};
 
 use crate::name::Name;
 
@@ -104,6 +104,10 @@ pub(super) struct NodeDoc {
     /// Boxed: most nodes report none, and the watch-fed copy holds every
     /// node document of the region.
     pub(super) trust: Option<Box<NodeTrust>>,
+    /// The node's reboot state as last reported (issue [reboots]); boxed
+    /// like `trust`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) reboot: Option<Box<NodeReboot>>,
 }
 
 /// `heard/ID`: when replica ID last heard one of the agents whose streams
@@ -124,6 +128,10 @@ pub(super) struct DesiredDoc {
     /// Bundle → generation of the operator's last retry request.
     #[serde(default, skip_serializing_if = "SmallMap::is_empty")]
     pub(super) retry: SmallMap<u64>,
+    /// The node's last reboot request (`lksctl node reboot`; issue
+    /// [reboots]), a generation; absent (0): none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(super) reboot: u64,
 }
 
 #[derive(Serialize, Deserialize, Clone)]

@@ -213,6 +213,7 @@ fn node_docs(d: &Dump, docs: &mut Vec<(String, Vec<u8>)>) -> Result<()> {
                 hold: n.hold.as_deref().map(Box::from),
                 key_hash: n.key_hash.as_str().into(),
                 trust: n.trust.clone().map(Box::new),
+                reboot: n.reboot.clone().map(Box::new),
             })?,
         ));
         docs.push((
@@ -223,6 +224,8 @@ fn node_docs(d: &Dump, docs: &mut Vec<(String, Vec<u8>)>) -> Result<()> {
                 // A pending retry request is not moved: the operator
                 // can ask again.
                 retry: SmallMap::new(),
+                // Moved, so request ids keep growing for the node.
+                reboot: n.reboot_request,
             })?,
         ));
     }

@@ -578,6 +578,7 @@ impl EtcdStore {
             generation: d.generation,
             bundles,
             retry: d.retry.into(),
+            reboot: d.reboot,
         })
     }
 
@@ -612,6 +613,8 @@ impl EtcdStore {
             hold: doc.hold.map(String::from),
             key_hash: doc.key_hash.into(),
             trust: doc.trust.map(|t| *t),
+            reboot: doc.reboot.map(|r| *r),
+            reboot_request: desired.reboot,
         }
     }
 

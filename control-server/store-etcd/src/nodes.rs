@@ -125,6 +125,32 @@ impl NodeStore for EtcdStore {
         Err(busy("retry node"))
     }
 
+    async fn request_reboot(&self, name: &str, admin: &str, now_ms: i64) -> Result<Option<u64>> {
+        let nkey = self.key(&format!("nodes/{name}"));
+        let dkey = self.key(&format!("desired/{name}"));
+        for _ in 0..MAX_ATTEMPTS {
+            let node: Doc<NodeDoc> = self.get(&nkey).await?;
+            let desired: Doc<DesiredDoc> = self.get(&dkey).await?;
+            let (Some(n), Some(mut d)) = (node.value.as_ref(), desired.value.clone()) else {
+                return Ok(None);
+            };
+            let g = self.next_generation().await?.max(d.generation + 1);
+            d.generation = g;
+            d.reboot = g;
+            let mut ops = vec![TxnOp::put(dkey.clone(), json(&d)?, None)];
+            if let Some(op) = self.event_op(&[EventRow::reboot_requested(&n.cluster, name, admin, now_ms)])? {
+                ops.push(op);
+            }
+            if self
+                .txn(vec![node.compare(&nkey), desired.compare(&dkey)], ops)
+                .await?
+            {
+                return Ok(Some(g));
+            }
+        }
+        Err(busy("request a reboot"))
+    }
+
     async fn set_node_hold(&self, name: &str, hold: Option<String>, mut event: EventRow) -> Result<bool> {
         let nkey = self.key(&format!("nodes/{name}"));
         for _ in 0..MAX_ATTEMPTS {
@@ -264,6 +290,7 @@ impl EtcdStore {
                 generation: g,
                 bundles: given.into(),
                 retry: SmallMap::new(),
+                reboot: 0,
             })?,
         ));
         if let Some(op) = self.event_op(&[EventRow::enrolled(n)])? {
@@ -360,5 +387,6 @@ fn new_node_doc(n: &NewNode) -> NodeDoc {
         hold: None,
         key_hash: n.key_hash.as_str().into(),
         trust: None,
+        reboot: None,
     }
 }

@@ -36,7 +36,7 @@ use tokio::sync::{Semaphore, oneshot};
 
 use super::{Doc, EtcdStore, MAX_ATTEMPTS, backoff, busy, json, read_answers, typed};
 use crate::docs::{DesiredDoc, NodeDoc, actual_doc};
-use lks_store::{BundleStatusRow, NodeStatusStore, Result, StoreError};
+use lks_store::{BundleStatusRow, NodeReboot, NodeStatusStore, Result, StoreError};
 
 /// Reports in one batch: two compares and one write each, under etcd's
 /// default `--max-txn-ops` of 128.
@@ -514,6 +514,17 @@ impl NodeStatusStore for EtcdStore {
                 return false;
             }
             d.trust = Some(Box::new(trust.clone()));
+            true
+        })
+        .await
+    }
+
+    async fn record_reboot(&self, name: &str, reboot: NodeReboot) -> Result<()> {
+        self.update_node(name, |d| {
+            if d.reboot.as_deref() == Some(&reboot) {
+                return false;
+            }
+            d.reboot = Some(Box::new(reboot.clone()));
             true
         })
         .await

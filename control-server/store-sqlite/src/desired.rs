@@ -13,12 +13,14 @@ impl DesiredStore for SqliteStore {
     async fn desired_state(&self, node: &str) -> Result<DesiredState> {
         let node = node.to_string();
         self.call(move |c| {
-            let generation: Option<i64> = c
-                .query_row("SELECT generation FROM nodes WHERE name = ?1", [&node], |r| {
-                    r.get(0)
-                })
+            let row: Option<(i64, i64)> = c
+                .query_row(
+                    "SELECT generation, reboot_request FROM nodes WHERE name = ?1",
+                    [&node],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
                 .optional()?;
-            let Some(generation) = generation else {
+            let Some((generation, reboot)) = row else {
                 return Err(StoreError::not_found(Kind::Node, node.to_string()));
             };
             let mut stmt = c.prepare_cached(
@@ -37,6 +39,7 @@ impl DesiredStore for SqliteStore {
                 .collect::<Result<Vec<_>, _>>()?;
             let mut out = DesiredState {
                 generation: generation as u64,
+                reboot: reboot.max(0) as u64,
                 ..Default::default()
             };
             for (bytes, bundle, retry) in rows {

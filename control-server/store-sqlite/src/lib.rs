@@ -32,8 +32,8 @@ mod status;
 mod tokens;
 
 use lks_store::{
-    BundleStatusRow, ClusterRow, EventRow, KubeFlags, KubeStep, NodeRow, NodeState, NodeTrust, PeerSettings,
-    RawBundleRow, Result, RolloutNodeRow, RolloutRow, RolloutState, StoreError, Target,
+    BundleStatusRow, ClusterRow, EventRow, KubeFlags, KubeStep, NodeReboot, NodeRow, NodeState, NodeTrust,
+    PeerSettings, RawBundleRow, Result, RolloutNodeRow, RolloutRow, RolloutState, StoreError, Target,
 };
 use schema::MIGRATIONS;
 
@@ -207,7 +207,7 @@ fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
     let row = tx
         .query_row(
             "SELECT name, cluster, labels, cert_serial, facts, last_seen_ms, connected, enrolled_at_ms, generation,
-                    hold_reason, key_hash, trust
+                    hold_reason, key_hash, trust, reboot, reboot_request
              FROM nodes WHERE name = ?1",
             [name],
             |r| {
@@ -224,6 +224,7 @@ fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
                     r.get::<_, Option<String>>(9)?,
                     r.get::<_, String>(10)?,
                     r.get::<_, Option<String>>(11)?,
+                    (r.get::<_, Option<String>>(12)?, r.get::<_, i64>(13)?),
                 ))
             },
         )
@@ -241,11 +242,15 @@ fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
         hold,
         key_hash,
         trust,
+        (reboot, reboot_request),
     )) = row
     else {
         return Ok(None);
     };
     let trust = trust.map(|t| serde_json::from_str::<NodeTrust>(&t)).transpose()?;
+    let reboot = reboot
+        .map(|t| serde_json::from_str::<NodeReboot>(&t))
+        .transpose()?;
     let mut desired = BTreeMap::new();
     let mut stmt = tx.prepare_cached("SELECT bundle, version FROM desired WHERE node = ?1")?;
     for r in stmt.query_map([&name], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))? {
@@ -301,6 +306,8 @@ fn read_node(tx: &Connection, name: &str) -> Result<Option<NodeRow>> {
         hold,
         key_hash,
         trust,
+        reboot,
+        reboot_request: reboot_request.max(0) as u64,
     }))
 }
 

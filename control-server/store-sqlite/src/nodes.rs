@@ -219,6 +219,26 @@ impl NodeStore for SqliteStore {
         .await
     }
 
+    async fn request_reboot(&self, name: &str, admin: &str, now_ms: i64) -> Result<Option<u64>> {
+        let (name, admin) = (name.to_string(), admin.to_string());
+        self.tx(move |tx| {
+            let cluster: Option<String> = tx
+                .query_row("SELECT cluster FROM nodes WHERE name = ?1", [&name], |r| r.get(0))
+                .optional()?;
+            let Some(cluster) = cluster else {
+                return Ok(None);
+            };
+            let g = next_generation(tx)?;
+            tx.execute(
+                "UPDATE nodes SET generation = ?1, reboot_request = ?1 WHERE name = ?2",
+                params![g as i64, name],
+            )?;
+            insert_event(tx, &EventRow::reboot_requested(&cluster, &name, &admin, now_ms))?;
+            Ok(Some(g))
+        })
+        .await
+    }
+
     async fn set_node_hold(&self, name: &str, hold: Option<String>, mut event: EventRow) -> Result<bool> {
         let name = name.to_string();
         self.tx(move |tx| {

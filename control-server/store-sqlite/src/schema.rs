@@ -268,4 +268,11 @@ ALTER TABLE actual ADD COLUMN fetched_delta INTEGER NOT NULL DEFAULT 0;
     r#"
 ALTER TABLE deltas ADD COLUMN why TEXT NOT NULL DEFAULT '';
 "#,
+    // Reboots (issue [reboots]): each node's reboot state as its agent
+    // last reported it (JSON, NULL: never reported) and its last reboot
+    // request (`lksctl node reboot`; 0: none), which its desired state carries.
+    r#"
+ALTER TABLE nodes ADD COLUMN reboot TEXT;
+ALTER TABLE nodes ADD COLUMN reboot_request INTEGER NOT NULL DEFAULT 0;
+"#,
 ];

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use rusqlite::{OptionalExtension, params};
 
-use lks_store::{BundleStatusRow, NodeStatusStore, NodeTrust, Result};
+use lks_store::{BundleStatusRow, NodeReboot, NodeStatusStore, NodeTrust, Result};
 
 use crate::{SqliteStore, upsert_actual};
 
@@ -52,6 +52,19 @@ impl NodeStatusStore for SqliteStore {
         let json = serde_json::to_string(&trust)?;
         self.tx(move |tx| {
             tx.execute("UPDATE nodes SET trust = ?2 WHERE name = ?1", params![name, json])?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn record_reboot(&self, name: &str, reboot: NodeReboot) -> Result<()> {
+        let name = name.to_string();
+        let json = serde_json::to_string(&reboot)?;
+        self.tx(move |tx| {
+            tx.execute(
+                "UPDATE nodes SET reboot = ?2 WHERE name = ?1",
+                params![name, json],
+            )?;
             Ok(())
         })
         .await

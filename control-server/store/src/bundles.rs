@@ -215,6 +215,8 @@ pub struct DesiredState {
     /// Bundle name → the generation of the operator's last retry request
     /// (`lksctl node retry`); absent: none.
     pub retry: BTreeMap<String, u64>,
+    /// The node's last reboot request (`lksctl node reboot`); 0: none.
+    pub reboot: u64,
 }
 
 /// Published bundle versions (signed, write-once).

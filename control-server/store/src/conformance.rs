@@ -205,6 +205,7 @@ macro_rules! conformance_suite {
             one_release_version_is_stored_once_under_a_race,
             roots_follow_one_another,
             a_nodes_reported_trust_is_kept_with_it,
+            a_nodes_reboot_state_and_requests_are_kept,
             enrolled_nodes_are_counted,
             deltas_live_and_die_with_their_bundle_version,
             a_skip_is_recorded_with_its_reason_and_replaced_by_a_later_record,

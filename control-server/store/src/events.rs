@@ -100,6 +100,17 @@ impl EventRow {
         e
     }
 
+    /// What every store records when a node is asked to reboot.
+    pub fn reboot_requested(cluster: &str, node: &str, admin: &str, at_ms: i64) -> EventRow {
+        Self::about(
+            cluster,
+            node,
+            "reboot_requested",
+            at_ms,
+            format!("reboot requested by {admin}"),
+        )
+    }
+
     /// What every store records when a node is held or released.
     pub fn hold(cluster: &str, node: &str, hold: Option<&str>, admin: &str, at_ms: i64) -> EventRow {
         let (kind, message) = match hold {

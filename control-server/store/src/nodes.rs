@@ -205,6 +205,63 @@ impl NodeTrust {
     }
 }
 
+/// Where a node stands with rebooting, as its agent reported it
+/// (`RebootStatus.state`; issue [reboots]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RebootState {
+    /// Nothing to do.
+    None,
+    /// A bundle, the OS sentinel or the check command says so.
+    Required,
+    /// Carrying out a reboot request.
+    Rebooting,
+    /// The reboot command ran and the node did not reboot.
+    Failed,
+}
+
+impl RebootState {
+    pub const ALL: [RebootState; 4] = [
+        RebootState::None,
+        RebootState::Required,
+        RebootState::Rebooting,
+        RebootState::Failed,
+    ];
+
+    /// The wire name ("" for none).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RebootState::None => "",
+            RebootState::Required => "required",
+            RebootState::Rebooting => "rebooting",
+            RebootState::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|h| h.as_str() == s)
+    }
+}
+
+/// A node's reboot state as it last reported it; `None` in a [`NodeRow`]
+/// from agents that never reported one (older than the "reboot" feature).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NodeReboot {
+    pub state: RebootState,
+    /// Why ("bundle kernel@6.1", the sentinel's packages, the check's line).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    /// Unix ms since when it is in `state` (0: unknown).
+    #[serde(default)]
+    pub since_ms: i64,
+    /// The boot ID it reported with it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub boot_id: String,
+    /// The last reboot request it took on (0: none).
+    #[serde(default)]
+    pub request: u64,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeRow {
     pub name: String,
@@ -231,6 +288,10 @@ pub struct NodeRow {
     pub key_hash: String,
     /// Its release trust as last reported (issue [trust]).
     pub trust: Option<NodeTrust>,
+    /// Its reboot state as last reported (issue [reboots]).
+    pub reboot: Option<NodeReboot>,
+    /// The last reboot request made for it (`lksctl node reboot`; 0: none).
+    pub reboot_request: u64,
 }
 
 /// The `features` and `architecture` of a node's facts JSON (what a
@@ -303,6 +364,11 @@ pub trait NodeStore: Send + Sync {
     async fn delete_node(&self, name: &str) -> Result<bool>;
     /// Replaces the node's certificate serial if it is still `old`.
     async fn replace_cert_serial(&self, name: &str, old: &str, new: &str) -> Result<()>;
+    /// Asks the node to reboot (`lksctl node reboot`): a new request id
+    /// (a new generation, so its desired state is pushed with the request)
+    /// and the event [`EventRow::reboot_requested`]. Returns the id, or
+    /// `None` if the node does not exist.
+    async fn request_reboot(&self, name: &str, admin: &str, now_ms: i64) -> Result<Option<u64>>;
 }
 
 /// What agents report: connects, disconnects, bundle states and
@@ -333,6 +399,9 @@ pub trait NodeStatusStore: Send + Sync {
     /// Records the node's release trust as it reported it (callers write
     /// only changes: it moves rarely).
     async fn record_trust(&self, name: &str, trust: NodeTrust) -> Result<()>;
+    /// Records the node's reboot state as it reported it (callers write
+    /// only changes).
+    async fn record_reboot(&self, name: &str, reboot: NodeReboot) -> Result<()>;
     /// Upserts reported bundle states. A bundle the report leaves out that
     /// is no longer desired for the node is forgotten: the node removed it.
     async fn record_status(&self, name: &str, statuses: Vec<BundleStatusRow>) -> Result<()>;

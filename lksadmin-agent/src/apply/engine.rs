@@ -209,6 +209,9 @@ pub struct Engine {
     /// held open so that freeing them happens after the report
     /// ([`crate::apply::retired`]).
     retired: Retired,
+    /// Where an applied `reboot = "required"` version is recorded; none in
+    /// engines without a reboot state (tests).
+    reboots: Option<Arc<crate::node::reboot::Reboots>>,
 }
 
 /// How an attempt ended, before it is written into the bundle's record.
@@ -260,6 +263,7 @@ impl Engine {
             cache_copies: 0,
             retired: Retired::default(),
             trust: Trust::off(),
+            reboots: None,
         })
     }
 
@@ -299,6 +303,12 @@ impl Engine {
     /// release names ([`Trust::open`] reads the journal).
     pub fn with_trust(mut self, trust: Trust) -> Self {
         self.trust = trust;
+        self
+    }
+
+    /// Records applied versions that need a reboot there.
+    pub fn with_reboots(mut self, reboots: Arc<crate::node::reboot::Reboots>) -> Self {
+        self.reboots = Some(reboots);
         self
     }
 

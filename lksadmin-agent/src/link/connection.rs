@@ -26,6 +26,7 @@ use crate::link::client::{NodeCredentials, connect_node};
 use crate::link::status_file::ConnStatusFile;
 use crate::node::facts;
 use crate::node::notify;
+use crate::node::reboot::RebootReport;
 
 /// What the connection asks of the engine besides desired state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +67,12 @@ pub struct Connection {
     pub conn_file: Arc<ConnStatusFile>,
     pub heartbeat: Duration,
     pub peer_listen: Option<std::net::SocketAddr>,
+    /// The node's reboot state, reported with every status report and on
+    /// its own when it changes; `None`: not reported.
+    pub reboot: Option<watch::Receiver<RebootReport>>,
+    /// Where the reboot request of each desired state goes (its id, 0
+    /// for none).
+    pub reboot_requests: watch::Sender<u64>,
 }
 
 enum End {
@@ -185,6 +192,7 @@ impl Connection {
             desired_generation: snap.generation,
             features: facts::FEATURES.iter().map(|f| f.to_string()).collect(),
             trust: Some(wire_trust(snap.trust)),
+            reboot: self.reboot_now(),
         };
         tx.send(out(Out::Hello(hello)))
             .await
@@ -233,7 +241,15 @@ impl Connection {
                         return Ok(End::Cancelled);
                     }
                     let snap = self.status.borrow_and_update().clone();
-                    tx.send(report(snap)).await.map_err(closed)?;
+                    tx.send(report(snap, self.reboot_now())).await.map_err(closed)?;
+                }
+                r = reboot_changed(&mut self.reboot) => {
+                    if r.is_err() {
+                        self.reboot = None;
+                        continue;
+                    }
+                    let snap = self.status.borrow().clone();
+                    tx.send(report(snap, self.reboot_now())).await.map_err(closed)?;
                 }
                 Some(ev) = self.events.recv() => {
                     tx.send(out(Out::Event(wire_event(ev)))).await.map_err(closed)?;
@@ -254,6 +270,9 @@ impl Connection {
                     bundles = d.bundles.len(),
                     "desired state received"
                 );
+                let request = d.reboot.as_ref().map_or(0, |r| r.id);
+                self.reboot_requests
+                    .send_if_modified(|r| std::mem::replace(r, request) != request);
                 self.desired.send_replace(Some(Received::from(d)));
             }
             Some(In::Ping(p)) => tx.send(out(Out::Pong(pb::Pong { nonce: p.nonce }))).await?,
@@ -263,7 +282,7 @@ impl Connection {
                 }
                 Some(pb::command::Cmd::ReportStatus(_)) => {
                     let snap = self.status.borrow().clone();
-                    tx.send(report(snap)).await?;
+                    tx.send(report(snap, self.reboot_now())).await?;
                 }
                 None => {}
             },
@@ -273,12 +292,43 @@ impl Connection {
     }
 }
 
-fn report(snap: StatusSnapshot) -> pb::AgentMessage {
+impl Connection {
+    /// The reboot state now, as the wire carries it (marked seen).
+    fn reboot_now(&mut self) -> Option<pb::RebootStatus> {
+        self.reboot
+            .as_mut()
+            .map(|r| wire_reboot(r.borrow_and_update().clone()))
+    }
+}
+
+/// Never resolves without a reboot state.
+async fn reboot_changed(
+    r: &mut Option<watch::Receiver<RebootReport>>,
+) -> Result<(), watch::error::RecvError> {
+    match r {
+        Some(r) => r.changed().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn report(snap: StatusSnapshot, reboot: Option<pb::RebootStatus>) -> pb::AgentMessage {
     out(Out::Status(pb::StatusReport {
         generation: snap.generation,
         bundles: wire_statuses(snap.bundles),
         trust: Some(wire_trust(snap.trust)),
+        reboot,
     }))
+}
+
+/// The node's reboot state as the wire carries it.
+fn wire_reboot(r: RebootReport) -> pb::RebootStatus {
+    pb::RebootStatus {
+        state: r.state.as_str().into(),
+        reason: r.reason,
+        since_ms: r.since_ms,
+        boot_id: r.boot_id,
+        request: r.request,
+    }
 }
 
 /// The node's release trust as the wire carries it (also when off:
@@ -373,6 +423,23 @@ mod tests {
                 release_version: 3,
                 release_expires_at_ms: 12,
                 root_version: 2,
+            }
+        );
+        let r = RebootReport {
+            state: crate::node::reboot::Stance::Required,
+            reason: "bundle kernel@6.1".into(),
+            since_ms: 4,
+            boot_id: "b-1".into(),
+            request: 2,
+        };
+        assert_eq!(
+            wire_reboot(r),
+            pb::RebootStatus {
+                state: "required".into(),
+                reason: "bundle kernel@6.1".into(),
+                since_ms: 4,
+                boot_id: "b-1".into(),
+                request: 2,
             }
         );
         let e = NodeEvent {

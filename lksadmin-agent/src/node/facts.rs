@@ -19,6 +19,7 @@ pub const FEATURES: &[&str] = &[
     lks_proto::manifest::FEATURE_MULTI_ARCH,
     lks_proto::manifest::FEATURE_DELTAS,
     lks_proto::manifest::FEATURE_HEAL_STEPS,
+    lks_proto::manifest::FEATURE_REBOOT,
 ];
 
 /// Tests only: the architecture this agent reports and installs files of
@@ -76,9 +77,7 @@ pub fn collect() -> pb::NodeFacts {
         memory_bytes,
         disks,
         agent_version: AGENT_VERSION.into(),
-        boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default(),
+        boot_id: crate::node::reboot::boot_id(),
         addresses: crate::node::certs::addresses()
             .iter()
             .map(ToString::to_string)
@@ -102,6 +101,7 @@ mod tests {
         );
         assert!(super::FEATURES.contains(&"multi-arch"));
         assert!(super::FEATURES.contains(&"heal-steps"));
+        assert!(super::FEATURES.contains(&"reboot"));
         assert_eq!(f.agent_version, super::AGENT_VERSION);
     }
 }

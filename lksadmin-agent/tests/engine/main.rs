@@ -296,4 +296,5 @@ mod desired;
 mod fetched;
 mod heal;
 mod heal_steps;
+mod reboot;
 mod trust;

@@ -17,7 +17,7 @@ use crate::digest::Digest;
 use crate::duration::{DurationError, parse_duration};
 use crate::elf::ElfError;
 use crate::limits::*;
-use crate::manifest::{HealthCheck, Manifest, ManifestError, Step};
+use crate::manifest::{HealthCheck, Manifest, ManifestError, Reboot, Step, UnknownReboot};
 use crate::path::{BundlePath, PathError};
 
 /// Name of the manifest file in a bundle directory.
@@ -41,6 +41,7 @@ struct RawBundle {
     self_update: bool,
     #[serde(default)]
     architectures: Vec<String>,
+    reboot: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -173,6 +174,8 @@ pub enum BundleTomlError {
     Duration { field: String, source: DurationError },
     #[error("{field}: {source}")]
     Profile { field: String, source: UnknownProfile },
+    #[error("reboot: {source}")]
+    Reboot { source: UnknownReboot },
     #[error("{field}: {source}")]
     SourcePath { field: String, source: SourcePathError },
     /// A local source that could not be read (or hashed).
@@ -348,6 +351,13 @@ pub fn parse_bundle_toml(
         kubeconfigs,
         issued: Vec::new(),
         self_update: raw.self_update,
+        reboot: raw
+            .reboot
+            .as_deref()
+            .map(str::parse::<Reboot>)
+            .transpose()
+            .map_err(|source| E::Reboot { source })?
+            .unwrap_or_default(),
     };
     manifest.validate()?;
     check_elf_arches(&manifest, &sources)?;

@@ -103,6 +103,10 @@ pub fn encode(m: &Manifest) -> Vec<u8> {
         put_u32(&mut out, m.steps.len() as u32);
         out.extend(m.steps.iter().map(|s| u8::from(s.on_heal)));
     }
+    // Added with `reboot = "required"`, the same way.
+    if m.reboot.is_required() {
+        out.push(b'R');
+    }
     out
 }
 
@@ -215,6 +219,7 @@ mod tests {
             |m| m.health.as_mut().unwrap().retries += 1,
             |m| m.self_update = true,
             |m| m.steps[0].on_heal = true,
+            |m| m.reboot = crate::manifest::Reboot::Required,
             // Moving a character between adjacent strings must not collide.
             |m| {
                 m.steps[0].run[0] = "systemctlr".into();

@@ -14,7 +14,7 @@ use crate::limits::{
     DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_RETRIES, DEFAULT_HEALTH_TIMEOUT, DEFAULT_STEP_TIMEOUT,
 };
 use crate::manifest::{
-    BundleState, FileSpec, HealthCheck, Manifest, ManifestError, Signature, SignedBundle, Step,
+    BundleState, FileSpec, HealthCheck, Manifest, ManifestError, Reboot, Signature, SignedBundle, Step,
 };
 use crate::path::BundlePath;
 use lks_wire::pb;
@@ -86,6 +86,11 @@ impl TryFrom<pb::Manifest> for Manifest {
             kubeconfigs,
             issued: Vec::new(),
             self_update: m.self_update,
+            reboot: if m.reboot_required {
+                Reboot::Required
+            } else {
+                Reboot::NotRequired
+            },
         };
         manifest.validate()?;
         Ok(manifest)
@@ -223,6 +228,7 @@ impl From<&Manifest> for pb::Manifest {
                 .collect(),
             self_update: m.self_update,
             architectures: m.architectures.iter().map(ToString::to_string).collect(),
+            reboot_required: m.reboot.is_required(),
         }
     }
 }
@@ -362,6 +368,20 @@ mod tests {
         let m = sample();
         let bytes = pb::Manifest::from(&m).encode_to_vec();
         let back: Manifest = pb::Manifest::decode(bytes.as_slice())
+            .unwrap()
+            .try_into()
+            .unwrap();
+        assert_eq!(back, m);
+    }
+
+    #[test]
+    fn reboot_crosses_the_wire_both_ways() {
+        let mut m = sample();
+        assert!(!pb::Manifest::from(&m).reboot_required);
+        m.reboot = crate::manifest::Reboot::Required;
+        let p = pb::Manifest::from(&m);
+        assert!(p.reboot_required);
+        let back: Manifest = pb::Manifest::decode(p.encode_to_vec().as_slice())
             .unwrap()
             .try_into()
             .unwrap();

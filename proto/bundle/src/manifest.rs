@@ -37,6 +37,10 @@ pub const FEATURE_DELTAS: &str = "deltas";
 /// `Hello.features` of an agent that runs a bundle's `on_heal` steps after
 /// a heal pass restored one of its files.
 pub const FEATURE_HEAL_STEPS: &str = "heal-steps";
+/// `Hello.features` of an agent that records a bundle's `reboot =
+/// "required"` and reports it, and carries out the server's reboot
+/// requests (`DesiredState.reboot`).
+pub const FEATURE_REBOOT: &str = "reboot";
 /// At most this many entries in `architectures`.
 pub const MAX_ARCHITECTURES: usize = 16;
 
@@ -91,6 +95,52 @@ pub struct Step {
     pub on_heal: bool,
 }
 
+/// Whether applying a bundle version takes a reboot to take effect
+/// (`reboot = "required"` in `bundle.toml`; a kernel, a containerd
+/// shim). Absent: it does not.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reboot {
+    #[default]
+    NotRequired,
+    Required,
+}
+
+impl Reboot {
+    pub fn is_required(self) -> bool {
+        self == Reboot::Required
+    }
+
+    fn is_not_required(&self) -> bool {
+        !self.is_required()
+    }
+}
+
+/// A `reboot` value other than `"required"`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a reboot policy; the one value is \"required\" (leave `reboot` out otherwise)")]
+pub struct UnknownReboot(pub String);
+
+impl FromStr for Reboot {
+    type Err = UnknownReboot;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "required" => Ok(Reboot::Required),
+            _ => Err(UnknownReboot(s.to_string())),
+        }
+    }
+}
+
+impl fmt::Display for Reboot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Reboot::NotRequired => "not-required",
+            Reboot::Required => "required",
+        })
+    }
+}
+
 /// The check that must pass before a bundle version is committed.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HealthCheck {
@@ -136,6 +186,10 @@ pub struct Manifest {
     /// hold this bundle. Empty: those its files name, or any if none does.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub architectures: Vec<Arch>,
+    /// `reboot = "required"`: the node needs a reboot once this version is
+    /// applied; only agents with [`FEATURE_REBOOT`] may hold it.
+    #[serde(default, skip_serializing_if = "Reboot::is_not_required")]
+    pub reboot: Reboot,
 }
 
 /// The serde form of a [`Manifest`] before validation.
@@ -158,6 +212,8 @@ struct UncheckedManifest {
     self_update: bool,
     #[serde(default)]
     architectures: Vec<Arch>,
+    #[serde(default)]
+    reboot: Reboot,
 }
 
 impl TryFrom<UncheckedManifest> for Manifest {
@@ -175,6 +231,7 @@ impl TryFrom<UncheckedManifest> for Manifest {
             issued: u.issued,
             self_update: u.self_update,
             architectures: u.architectures,
+            reboot: u.reboot,
         };
         m.validate()?;
         Ok(m)
@@ -318,6 +375,7 @@ impl Manifest {
             && self.kubeconfigs == published.kubeconfigs
             && self.self_update == published.self_update
             && self.architectures == published.architectures
+            && self.reboot == published.reboot
     }
 
     /// Whether files differ by architecture or the bundle is limited to
@@ -395,6 +453,9 @@ impl Manifest {
         }
         if self.has_heal_steps() {
             f.push(FEATURE_HEAL_STEPS);
+        }
+        if self.reboot.is_required() {
+            f.push(FEATURE_REBOOT);
         }
         f
     }

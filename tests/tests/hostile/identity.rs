@@ -196,6 +196,7 @@ async fn a1_fetches_and_claims_a2s_bundle(
             generation: desired.generation,
             bundles: vec![claim],
             trust: None,
+            reboot: None,
         })),
     })
     .await

@@ -180,6 +180,7 @@ async fn oversized_agent_stream_messages(rogue: &TestNode, big: &str, results: &
             generation: 1,
             bundles: statuses.clone(),
             trust: None,
+            reboot: None,
         })),
     };
     results.push((

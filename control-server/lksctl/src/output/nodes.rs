@@ -62,7 +62,62 @@ pub fn node_json(n: &pb::Node) -> Value {
             "version": c.version,
             "state": cert_state(c, now_ms(), std::time::Duration::ZERO),
         })).collect::<Vec<_>>(),
+        // The boot the node last reported; null: not reported.
+        "boot_id": boot_id(n),
+        // Whether it needs a reboot or is rebooting (issue [reboots]);
+        // null: its agent never reported it (older than the feature).
+        "reboot": n.reboot.as_ref().map(|r| reboot_json(r, n.reboot_request)),
     })
+}
+
+/// `node list -o json`'s `reboot` object: `state` one of `none`,
+/// `required`, `rebooting`, `failed`.
+pub fn reboot_json(r: &pb::RebootStatus, requested: u64) -> Value {
+    json!({
+        "state": if r.state.is_empty() { "none" } else { r.state.as_str() },
+        "reason": (!r.reason.is_empty()).then_some(&r.reason),
+        "since": rfc3339_ms(r.since_ms),
+        "since_ms": r.since_ms,
+        // The last request the node took on, and the last one made.
+        "request": r.request,
+        "requested": requested,
+    })
+}
+
+/// The node's boot ID: from its reboot report, else its facts.
+fn boot_id(n: &pb::Node) -> Option<&str> {
+    n.reboot
+        .as_ref()
+        .map(|r| r.boot_id.as_str())
+        .filter(|b| !b.is_empty())
+        .or_else(|| {
+            n.facts
+                .as_ref()
+                .map(|f| f.boot_id.as_str())
+                .filter(|b| !b.is_empty())
+        })
+}
+
+/// Longest reason the REBOOT column shows.
+const REBOOT_COLUMN_REASON: usize = 40;
+
+/// The REBOOT column: `required: <why>` (the reason cut short),
+/// `rebooting`, `failed: <why>`, `-`.
+pub fn reboot_text(r: Option<&pb::RebootStatus>) -> String {
+    let Some(r) = r else { return "-".into() };
+    let why = || {
+        let mut w: String = r.reason.chars().take(REBOOT_COLUMN_REASON).collect();
+        if r.reason.chars().count() > REBOOT_COLUMN_REASON {
+            w.push('…');
+        }
+        w
+    };
+    match r.state.as_str() {
+        "" => "-".into(),
+        "rebooting" => "rebooting".into(),
+        s if r.reason.is_empty() => s.to_string(),
+        s => format!("{s}: {}", why()),
+    }
 }
 
 /// The architecture the node's agent reported (`amd64`), if any.
@@ -155,6 +210,7 @@ pub fn nodes_table(nodes: &[pb::Node]) -> String {
                 bundles_text(&n.bundles),
                 certs_text(&n.certificates),
                 trust_text(n.trust.as_ref()),
+                reboot_text(n.reboot.as_ref()),
             ];
             if kube {
                 row.insert(3, kube_text(n.kube.as_ref()));
@@ -173,6 +229,7 @@ pub fn nodes_table(nodes: &[pb::Node]) -> String {
         "BUNDLES",
         "CERTS",
         "RELEASE",
+        "REBOOT",
     ];
     if kube {
         headers.insert(3, "KUBE");
@@ -299,6 +356,20 @@ pub fn node_text(n: &pb::Node) -> String {
         }
         kv(&mut s, "Release:", line);
     }
+    if let Some(r) = n.reboot.as_ref().filter(|r| !r.state.is_empty()) {
+        let mut line = if r.reason.is_empty() {
+            r.state.clone()
+        } else {
+            format!("{}: {}", r.state, r.reason)
+        };
+        if r.since_ms > 0 {
+            line.push_str(&format!(" (since {})", or_dash(rfc3339_ms(r.since_ms))));
+        }
+        kv(&mut s, "Reboot:", line);
+    }
+    if let Some(b) = boot_id(n) {
+        kv(&mut s, "Boot ID:", b.to_string());
+    }
     if let Some(f) = &n.facts {
         kv(
             &mut s,
@@ -375,5 +446,52 @@ mod tests {
         assert_eq!(trust_text(Some(&t(true, "ok", 7))), "7");
         assert_eq!(trust_text(Some(&t(true, "stale-release", 7))), "7 stale-release");
         assert_eq!(trust_text(Some(&t(true, "no-release", 0))), "- no-release");
+    }
+
+    #[test]
+    fn the_reboot_column_is_short_and_the_json_complete() {
+        let r = |state: &str, reason: &str| pb::RebootStatus {
+            state: state.into(),
+            reason: reason.into(),
+            since_ms: 1_700_000_000_000,
+            boot_id: "b-2".into(),
+            request: 3,
+        };
+        assert_eq!(reboot_text(None), "-");
+        assert_eq!(reboot_text(Some(&r("", ""))), "-");
+        assert_eq!(reboot_text(Some(&r("rebooting", "request 4 sent"))), "rebooting");
+        assert_eq!(
+            reboot_text(Some(&r("required", "bundle kernel@6.1"))),
+            "required: bundle kernel@6.1"
+        );
+        let long = reboot_text(Some(&r("required", &"p".repeat(100))));
+        assert_eq!(long, format!("required: {}…", "p".repeat(40)));
+        let n = pb::Node {
+            name: "w1".into(),
+            reboot: Some(r("required", "bundle kernel@6.1")),
+            reboot_request: 3,
+            ..Default::default()
+        };
+        let v = node_json(&n);
+        assert_eq!(v["boot_id"], "b-2");
+        assert_eq!(
+            v["reboot"],
+            json!({
+                "state": "required",
+                "reason": "bundle kernel@6.1",
+                "since": rfc3339_ms(1_700_000_000_000),
+                "since_ms": 1_700_000_000_000i64,
+                "request": 3,
+                "requested": 3,
+            })
+        );
+        assert_eq!(node_json(&pb::Node::default())["reboot"], Value::Null);
+        assert_eq!(reboot_json(&r("", ""), 0)["state"], "none");
+        let t = node_text(&n);
+        assert!(
+            t.contains("Reboot:       required: bundle kernel@6.1 (since "),
+            "{t}"
+        );
+        assert!(nodes_table(&[n]).lines().next().unwrap().ends_with("REBOOT"));
     }
 }

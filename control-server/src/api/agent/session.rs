@@ -32,7 +32,7 @@ use crate::ops::desired::Sent;
 use crate::ops::session::{self, Recorded};
 use crate::peers::PeerCache;
 use crate::releases::ReleaseCache;
-use crate::store::{BundleStatusRow, NodeTrust, Store, TrustHealth};
+use crate::store::{BundleStatusRow, NodeReboot, NodeTrust, Store, TrustHealth};
 
 crate::context::shared_view! {
     /// What the `Connect` streams use: the store, the hub of open streams, the
@@ -96,6 +96,8 @@ pub(super) async fn connect(
                 tx,
                 sent: Sent::default(),
                 trust: None,
+                reboot: None,
+                reboot_feature: false,
                 unrecorded: None,
             };
             let ended = session.run(&mut inbound, &mut reg, opening).await;
@@ -160,6 +162,11 @@ struct Session {
     sent: Sent,
     /// The release trust the agent last reported (and was stored).
     trust: Option<Box<NodeTrust>>,
+    /// The reboot state the agent last reported (and was stored).
+    reboot: Option<Box<NodeReboot>>,
+    /// Its Hello announced the "reboot" feature: only then does its desired
+    /// state carry a reboot request (an older agent would drop it).
+    reboot_feature: bool,
     /// A status report the store could not take (etcd unreachable), kept
     /// and stored with the next message instead of ending the stream.
     unrecorded: Option<Vec<BundleStatusRow>>,
@@ -350,12 +357,23 @@ impl Session {
     }
 
     async fn hello(&mut self, h: pb::Hello) -> Result<(), Status> {
-        let checked = session::hello(&h).map_err(OpError::from)?;
+        let mut checked = session::hello(&h).map_err(OpError::from)?;
+        self.reboot_feature = h
+            .features
+            .iter()
+            .any(|f| f == lks_proto::manifest::FEATURE_REBOOT);
+        let reboot = checked.reboot.take();
         let now = now_ms();
         self.s.hub.heard(&self.caller.id.node, now);
         let reported = session::record_hello(&*self.s.store, &self.caller.id.node, checked, now).await?;
         self.s.rollouts_changed.notify_one();
         self.trust_recorded(reported);
+        // A reconnect may be the end of a reboot: stored whatever this
+        // stream stored before.
+        self.reboot = None;
+        if let Some(r) = reboot {
+            self.record_reboot(r).await?;
+        }
         tracing::info!(agent_version = %h.agent_version, have_generation = h.desired_generation, "agent connected");
         Ok(())
     }
@@ -370,9 +388,12 @@ impl Session {
             None | Some(AgentMsg::Heartbeat(_)) | Some(AgentMsg::Pong(_)) => Ok(()),
             Some(AgentMsg::Hello(h)) => self.hello(h).await,
             Some(AgentMsg::Status(r)) => {
-                let session::Report { rows, trust } = session::report(r).map_err(OpError::from)?;
+                let session::Report { rows, trust, reboot } = session::report(r).map_err(OpError::from)?;
                 if let Some(t) = trust {
                     self.record_trust(t).await?;
+                }
+                if let Some(r) = reboot {
+                    self.record_reboot(r).await?;
                 }
                 for row in &rows {
                     tracing::debug!(bundle = %row.name, version = %row.version, state = %row.state, "status");
@@ -395,6 +416,21 @@ impl Session {
         }
         if session::record_trust(&*self.s.store, &self.caller.id.node, t.clone()).await? {
             self.trust_recorded(Some(t));
+        }
+        Ok(())
+    }
+
+    /// Stores the node's reboot state if it changed since it was last
+    /// stored from this stream.
+    async fn record_reboot(&mut self, r: NodeReboot) -> Result<(), Status> {
+        if self.reboot.as_deref() == Some(&r) {
+            return Ok(());
+        }
+        if r.state != crate::store::RebootState::None {
+            tracing::info!(state = r.state.as_str(), reason = %r.reason, "reboot state");
+        }
+        if session::record_reboot(&*self.s.store, &self.caller.id.node, r.clone()).await? {
+            self.reboot = Some(Box::new(r));
         }
         Ok(())
     }

@@ -111,12 +111,14 @@ async fn region(s: &EtcdStore, n: usize) -> Vec<String> {
                 hold: None,
                 key_hash: Box::default(),
                 trust: None,
+                reboot: None,
             };
             ops.push(s.put(&format!("nodes/{name}"), json(&doc).unwrap()));
             let d = DesiredDoc {
                 generation: 1,
                 bundles: [("b".to_string(), Name::from("1"))].into(),
                 retry: SmallMap::new(),
+                reboot: 0,
             };
             ops.push(s.put(&format!("desired/{name}"), json(&d).unwrap()));
         }

@@ -259,3 +259,68 @@ pub async fn a_joiner_starts_on_its_targets_and_joins_live_rollouts(s: &dyn Stor
         "its selector does not match"
     );
 }
+
+/// A node's reported reboot state is kept with it, and a reboot request
+/// is a new generation whose desired state carries the request, with an
+/// event; a node that does not exist gets none.
+pub async fn a_nodes_reboot_state_and_requests_are_kept(s: &dyn Store) {
+    use crate::{NodeReboot, RebootState};
+    s.create_cluster(NewCluster::new("a", 1)).await.unwrap();
+    s.create_token(token("tokr00", "a", None, 10_000)).await.unwrap();
+    s.enroll_node(node("r1", "a", "tokr00", &[])).await.unwrap();
+    s.node_connected("r1", "{}", Vec::new(), 1_000).await.unwrap();
+    let fresh = s.get_node("r1").await.unwrap().unwrap();
+    assert_eq!((fresh.reboot.clone(), fresh.reboot_request), (None, 0));
+    let required = NodeReboot {
+        state: RebootState::Required,
+        reason: "bundle kernel@6.1".into(),
+        since_ms: 1_500,
+        boot_id: "b-1".into(),
+        request: 0,
+    };
+    s.record_reboot("r1", required.clone()).await.unwrap();
+    assert_eq!(
+        s.get_node("r1").await.unwrap().unwrap().reboot,
+        Some(required.clone())
+    );
+    let listed = s.list_nodes(Some("a")).await.unwrap();
+    assert_eq!(listed[0].reboot, Some(required));
+
+    let before = s.desired_state("r1").await.unwrap();
+    assert_eq!(before.reboot, 0);
+    let id = s.request_reboot("r1", "alice", 2_000).await.unwrap().unwrap();
+    let after = s.desired_state("r1").await.unwrap();
+    assert!(
+        after.generation > before.generation,
+        "pushed with a new generation"
+    );
+    assert_eq!(after.reboot, id);
+    let n = s.get_node("r1").await.unwrap().unwrap();
+    assert_eq!(n.reboot_request, id);
+    let again = s.request_reboot("r1", "alice", 3_000).await.unwrap().unwrap();
+    assert!(again > id, "each request is a new id");
+    let events = s
+        .list_events(EventFilter {
+            node: Some("r1".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.kind == "reboot_requested" && e.message == "reboot requested by alice"),
+        "{events:?}"
+    );
+    assert_eq!(s.request_reboot("gone", "alice", 2_000).await.unwrap(), None);
+
+    let rebooting = NodeReboot {
+        state: RebootState::Rebooting,
+        reason: String::new(),
+        since_ms: 3_100,
+        boot_id: "b-1".into(),
+        request: again,
+    };
+    s.record_reboot("r1", rebooting.clone()).await.unwrap();
+    assert_eq!(s.get_node("r1").await.unwrap().unwrap().reboot, Some(rebooting));
+}

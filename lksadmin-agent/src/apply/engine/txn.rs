@@ -453,6 +453,14 @@ impl Engine {
         self.record_apply(&txn.bundle, &version, kind, "");
         self.save_state()?;
         fault::point("state-saved");
+        // Before the journal closes: a restart here commits again, and
+        // recording the same version twice is one record.
+        if kind == "applied"
+            && let (Some(to), Some(r)) = (&txn.to, &self.reboots)
+            && to.reboot.is_required()
+        {
+            r.bundle_applied(&to.id(), now);
+        }
         self.advance(&mut txn, Event::Finished)?;
         let _ = fsutil::remove_dir_all(&backup_dir);
         let bundle = txn.bundle.clone();

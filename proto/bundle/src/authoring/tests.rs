@@ -60,6 +60,32 @@ fn loads_the_design_example() {
 }
 
 #[test]
+fn reboot_required_or_one_clear_error() {
+    let d = dir_with(&[("kubelet.conf", b"conf")]);
+    let with = |v: &str| format!("reboot = {v}\n{GOOD}");
+    let m = parse_bundle_toml(&with("\"required\""), d.path(), &mut RequireSize)
+        .unwrap()
+        .manifest;
+    assert_eq!(m.reboot, crate::manifest::Reboot::Required);
+    assert_eq!(m.required_features(), vec![crate::manifest::FEATURE_REBOOT]);
+    let plain = parse_bundle_toml(GOOD, d.path(), &mut RequireSize)
+        .unwrap()
+        .manifest;
+    assert_eq!(plain.reboot, crate::manifest::Reboot::NotRequired);
+    let err = parse_bundle_toml(&with("\"always\""), d.path(), &mut RequireSize)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "reboot: \"always\" is not a reboot policy; the one value is \"required\" (leave `reboot` out otherwise)"
+    );
+    let err = parse_bundle_toml(&with("true"), d.path(), &mut RequireSize)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("line 1") && !err.contains('\n'), "{err}");
+}
+
+#[test]
 fn on_heal_steps() {
     let d = dir_with(&[("kubelet.conf", b"conf")]);
     let text = GOOD.replace(

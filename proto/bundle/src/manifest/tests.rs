@@ -434,3 +434,36 @@ fn serde_json_like(s: BundleState) -> String {
         .trim_start_matches("s = ")
         .to_string()
 }
+
+/// `reboot = "required"` needs the agent feature; records from before the
+/// field load as not required, and it is left out of them when unset.
+#[test]
+fn a_reboot_needs_its_feature_and_old_records_load() {
+    let mut m = sample();
+    assert_eq!(m.reboot, Reboot::NotRequired);
+    let old_json = serde_json::to_string(&m).unwrap();
+    assert!(!old_json.contains("reboot"), "{old_json}");
+    m.reboot = Reboot::Required;
+    assert_eq!(m.required_features(), vec![FEATURE_REBOOT]);
+    let json = serde_json::to_string(&m).unwrap();
+    assert!(json.contains("\"reboot\":\"required\""), "{json}");
+    assert_eq!(serde_json::from_str::<Manifest>(&json).unwrap(), m);
+    assert!(!m.same_request(&sample()));
+    let refusal = Needs::of(&m)
+        .node_refusal(&[FEATURE_HEAL_STEPS.to_string()], None)
+        .unwrap();
+    assert!(
+        refusal.starts_with("its agent does not announce the \"reboot\" feature kubelet@1.29.3-1 needs"),
+        "{refusal}"
+    );
+    assert_eq!(
+        Needs::of(&m).node_refusal(&[FEATURE_REBOOT.to_string()], None),
+        None
+    );
+    assert_eq!("required".parse::<Reboot>(), Ok(Reboot::Required));
+    let err = "yes".parse::<Reboot>().unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "\"yes\" is not a reboot policy; the one value is \"required\" (leave `reboot` out otherwise)"
+    );
+}

@@ -36,8 +36,12 @@ impl Session {
         };
         let release_version = next.release_version();
         let generation = next.state.generation;
+        let mut state = next.state;
+        if !self.reboot_feature {
+            state.reboot = None;
+        }
         let msg = ServerMessage {
-            msg: Some(ServerMsg::Desired(next.state)),
+            msg: Some(ServerMsg::Desired(state)),
         };
         tokio::select! {
             _ = reg.cancel.cancelled() => return Err(PushError::Cancelled),
