@@ -82,11 +82,15 @@ agents=("$@")
 [ ${#agents[@]} -gt 0 ] || agents=(1000 2000)
 
 bash scripts/setup.sh
+# BENCH_NO_BUILD=1: measure the binaries already built (e.g. a server built
+# earlier in the same session, with BENCH_AGENT naming each agent).
+if [ -z "${BENCH_NO_BUILD:-}" ]; then
 cargo build --release -p lks-control-server -p lksctl -p lks-loadgen --bins >&2
 # The agent as it is shipped: its own profile (Cargo.toml, [profile.agent]).
 cargo build --profile agent -p lksadmin-agent --bins >&2
 cargo build --release -p lks-proto --example sha256_file >&2
 cargo build --profile agent -p lks-proto --example sha256_file >&2
+fi
 bin=target/release
 # BENCH_AGENT: another agent binary to measure (e.g. an earlier build,
 # for a before/after pair in one session).

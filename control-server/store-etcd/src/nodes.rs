@@ -111,14 +111,8 @@ impl NodeStore for EtcdStore {
             for b in &bundles {
                 d.retry.insert(b.clone(), g);
             }
-            let mut ops = vec![TxnOp::put(dkey.clone(), json(&d)?, None)];
-            if let Some(op) = self.event_op(&[EventRow::retry(&n.cluster, name, &bundles, admin, now_ms)])? {
-                ops.push(op);
-            }
-            if self
-                .txn(vec![node.compare(&nkey), desired.compare(&dkey)], ops)
-                .await?
-            {
+            let event = EventRow::retry(&n.cluster, name, &bundles, admin, now_ms);
+            if self.put_desired_if_unchanged((&node, &nkey), (&desired, &dkey), &d, event).await? {
                 return Ok(Some(bundles));
             }
         }
@@ -137,14 +131,8 @@ impl NodeStore for EtcdStore {
             let g = self.next_generation().await?.max(d.generation + 1);
             d.generation = g;
             d.reboot = g;
-            let mut ops = vec![TxnOp::put(dkey.clone(), json(&d)?, None)];
-            if let Some(op) = self.event_op(&[EventRow::reboot_requested(&n.cluster, name, admin, now_ms)])? {
-                ops.push(op);
-            }
-            if self
-                .txn(vec![node.compare(&nkey), desired.compare(&dkey)], ops)
-                .await?
-            {
+            let event = EventRow::reboot_requested(&n.cluster, name, admin, now_ms);
+            if self.put_desired_if_unchanged((&node, &nkey), (&desired, &dkey), &d, event).await? {
                 return Ok(Some(g));
             }
         }
@@ -235,6 +223,23 @@ impl EtcdStore {
             }
         }
         Err(busy("update node"))
+    }
+
+    /// Writes node `name`'s desired document `d` and `event` in one
+    /// transaction, if neither the node's nor the desired document changed
+    /// since they were read; false if one did (read again and retry).
+    async fn put_desired_if_unchanged(
+        &self,
+        (node, nkey): (&Doc<NodeDoc>, &str),
+        (desired, dkey): (&Doc<DesiredDoc>, &str),
+        d: &DesiredDoc,
+        event: EventRow,
+    ) -> Result<bool> {
+        let mut ops = vec![TxnOp::put(dkey, json(d)?, None)];
+        if let Some(op) = self.event_op(&[event])? {
+            ops.push(op);
+        }
+        self.txn(vec![node.compare(nkey), desired.compare(dkey)], ops).await
     }
 }
 

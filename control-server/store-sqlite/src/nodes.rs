@@ -187,10 +187,7 @@ impl NodeStore for SqliteStore {
     ) -> Result<Option<Vec<String>>> {
         let (name, bundle, admin) = (name.to_string(), bundle.map(str::to_string), admin.to_string());
         self.tx(move |tx| {
-            let cluster: Option<String> = tx
-                .query_row("SELECT cluster FROM nodes WHERE name = ?1", [&name], |r| r.get(0))
-                .optional()?;
-            let Some(cluster) = cluster else {
+            let Some(cluster) = cluster_of(tx, &name)? else {
                 return Ok(None);
             };
             let desired = {
@@ -222,10 +219,7 @@ impl NodeStore for SqliteStore {
     async fn request_reboot(&self, name: &str, admin: &str, now_ms: i64) -> Result<Option<u64>> {
         let (name, admin) = (name.to_string(), admin.to_string());
         self.tx(move |tx| {
-            let cluster: Option<String> = tx
-                .query_row("SELECT cluster FROM nodes WHERE name = ?1", [&name], |r| r.get(0))
-                .optional()?;
-            let Some(cluster) = cluster else {
+            let Some(cluster) = cluster_of(tx, &name)? else {
                 return Ok(None);
             };
             let g = next_generation(tx)?;
@@ -242,10 +236,7 @@ impl NodeStore for SqliteStore {
     async fn set_node_hold(&self, name: &str, hold: Option<String>, mut event: EventRow) -> Result<bool> {
         let name = name.to_string();
         self.tx(move |tx| {
-            let cluster: Option<String> = tx
-                .query_row("SELECT cluster FROM nodes WHERE name = ?1", [&name], |r| r.get(0))
-                .optional()?;
-            let Some(cluster) = cluster else {
+            let Some(cluster) = cluster_of(tx, &name)? else {
                 return Ok(false);
             };
             tx.execute(
@@ -262,10 +253,7 @@ impl NodeStore for SqliteStore {
     async fn delete_node(&self, name: &str) -> Result<bool> {
         let name = name.to_string();
         self.tx(move |tx| {
-            let cluster: Option<String> = tx
-                .query_row("SELECT cluster FROM nodes WHERE name = ?1", [&name], |r| r.get(0))
-                .optional()?;
-            let Some(cluster) = cluster else {
+            let Some(cluster) = cluster_of(tx, &name)? else {
                 return Ok(false);
             };
             tx.execute("DELETE FROM nodes WHERE name = ?1", [&name])?;
@@ -289,4 +277,10 @@ impl NodeStore for SqliteStore {
         })
         .await
     }
+}
+
+/// The cluster of node `name`, `None` if there is no such node.
+fn cluster_of(tx: &rusqlite::Transaction<'_>, name: &str) -> rusqlite::Result<Option<String>> {
+    tx.query_row("SELECT cluster FROM nodes WHERE name = ?1", [name], |r| r.get(0))
+        .optional()
 }
