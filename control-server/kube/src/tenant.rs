@@ -46,14 +46,27 @@ pub enum TenantError {
         cluster: String,
         source: KubeconfigError,
     },
-    #[error("cluster {cluster}: tenant API client: {message}")]
-    Client { cluster: String, message: String },
+    #[error("cluster {cluster}: tenant API client: {source}")]
+    Client {
+        cluster: String,
+        #[source]
+        source: ClientError,
+    },
     #[error("cluster {cluster}: tenant API {server}: {message}")]
     Api {
         cluster: String,
         server: String,
         message: String,
     },
+}
+
+/// Why a client for a checked kubeconfig could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("{0}")]
+    Config(#[from] kube::config::KubeconfigError),
+    #[error("{0}")]
+    Build(#[from] kube::Error),
 }
 
 /// A built client and what it was built from.
@@ -128,9 +141,9 @@ impl TenantApis {
         })?;
         let client = build_client(&checked)
             .await
-            .map_err(|message| TenantError::Client {
+            .map_err(|source| TenantError::Client {
                 cluster: cluster.to_string(),
-                message,
+                source,
             })?;
         if let Ok(mut c) = self.clients.lock() {
             c.insert(
@@ -217,11 +230,9 @@ impl TenantApis {
 }
 
 /// A client for a checked kubeconfig, with the timeouts above.
-pub async fn build_client(k: &TenantKubeconfig) -> Result<kube::Client, String> {
+pub async fn build_client(k: &TenantKubeconfig) -> Result<kube::Client, ClientError> {
     let mut config =
-        kube::Config::from_custom_kubeconfig(k.kubeconfig().clone(), &KubeConfigOptions::default())
-            .await
-            .map_err(|e| e.to_string())?;
+        kube::Config::from_custom_kubeconfig(k.kubeconfig().clone(), &KubeConfigOptions::default()).await?;
     config.connect_timeout = Some(CONNECT_TIMEOUT);
     config.read_timeout = Some(REQUEST_TIMEOUT);
     config.write_timeout = Some(REQUEST_TIMEOUT);
@@ -230,7 +241,7 @@ pub async fn build_client(k: &TenantKubeconfig) -> Result<kube::Client, String> 
     // drain must see it at once, retry it on its own schedule (one request
     // per pod per round) and keep to its deadline.
     config.default_retry = false;
-    kube::Client::try_from(config).map_err(|e| e.to_string())
+    Ok(kube::Client::try_from(config)?)
 }
 
 /// Every Node of a tenant cluster, by name.

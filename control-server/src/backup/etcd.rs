@@ -45,9 +45,9 @@ use super::archive::{ArchiveReader, BlobEntry, EntryName, EtcdOrigin, FileEntry,
 use super::output::{Source, Taken, blob_entry, file_entry, finish, parent_of, remote_store};
 use super::restore::{RestoreError, extract, unrestored_blobs};
 use super::{BackupError, BackupSummary, Counts, blob_manifest, write_counts};
-use crate::blobs::{BlobChoice, BlobStore, EtcdChunks, LocalBlobs, S3Store};
+use crate::blobs::{BlobChoice, BlobError, BlobStore, EtcdChunks, LocalBlobs, S3Store};
 use crate::store::etcd::archive::{self, ArchivedKey, ReadError};
-use crate::store::{Dump, EtcdConfig, EtcdStore};
+use crate::store::{Dump, EtcdConfig, EtcdStore, StoreError};
 
 /// What `backup --store etcd` is told.
 #[derive(Clone, Debug)]
@@ -578,14 +578,17 @@ impl Restoring<'_> {
                         self.store.prefix()
                     ),
                 };
-                Err(RestoreError::Write { cause, cleanup })
+                Err(RestoreError::Write {
+                    cause: Box::new(cause),
+                    cleanup,
+                })
             }
         }
     }
 
     /// The blobs into the blob store, then every key but the identity
     /// (written first); returns how many blobs were put.
-    async fn write(&self) -> Result<usize, String> {
+    async fn write(&self) -> Result<usize, WriteError> {
         let put = self.put_blobs().await?;
         self.create_keys().await?;
         Ok(put)
@@ -593,7 +596,7 @@ impl Restoring<'_> {
 
     /// The restored blobs the blob store does not hold yet; returns how
     /// many were put.
-    async fn put_blobs(&self) -> Result<usize, String> {
+    async fn put_blobs(&self) -> Result<usize, WriteError> {
         let durable = self.durable;
         let blobs = LocalBlobs::read_only(&self.staging.join("blobs"));
         let mut put = 0;
@@ -606,12 +609,20 @@ impl Restoring<'_> {
             let held = durable
                 .contains(&b.digest)
                 .await
-                .map_err(|e| format!("blob {} in {}: {e}", b.digest, durable.describe()))?;
+                .map_err(|source| WriteError::Look {
+                    digest: b.digest,
+                    store: durable.describe(),
+                    source,
+                })?;
             if !held {
                 durable
                     .put(&b.digest, b.size, &blobs.path(&b.digest))
                     .await
-                    .map_err(|e| format!("copy blob {} to {}: {e}", b.digest, durable.describe()))?;
+                    .map_err(|source| WriteError::Copy {
+                        digest: b.digest,
+                        store: durable.describe(),
+                        source,
+                    })?;
                 put += 1;
             }
         }
@@ -620,13 +631,35 @@ impl Restoring<'_> {
 
     /// Every key but the identity (written first), as the store batches
     /// a restore.
-    async fn create_keys(&self) -> Result<(), String> {
+    async fn create_keys(&self) -> Result<(), WriteError> {
         self.store
             .archive()
             .restore(self.pairs)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(WriteError::Keys)
     }
+}
+
+/// Why writing a verified archive into etcd and its blob store failed
+/// (what was written is then removed: [`RestoreError::Write`]).
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("blob {digest} in {store}: {source}")]
+    Look {
+        digest: Digest,
+        store: String,
+        #[source]
+        source: BlobError,
+    },
+    #[error("copy blob {digest} to {store}: {source}")]
+    Copy {
+        digest: Digest,
+        store: String,
+        #[source]
+        source: BlobError,
+    },
+    #[error("{0}")]
+    Keys(#[source] StoreError),
 }
 
 #[cfg(test)]

@@ -71,7 +71,11 @@ pub enum RestoreError {
     #[error("{0}")]
     Etcd(String),
     #[error("{cause}; {cleanup}")]
-    Write { cause: String, cleanup: String },
+    Write {
+        #[source]
+        cause: Box<super::etcd::WriteError>,
+        cleanup: String,
+    },
     /// Each line one problem; nothing was restored.
     #[error("{}", .0.join("\n"))]
     Problems(Vec<String>),
