@@ -4,7 +4,7 @@
 //! for the operator's view, each cluster's at most once per [`NODES_TTL`].
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
@@ -117,7 +117,8 @@ impl TenantApis {
     /// A client of `cluster`'s tenant API and its URL; `None` when the
     /// cluster has no kubeconfig (or does not exist).
     pub async fn client(&self, cluster: &str) -> Result<Option<(kube::Client, String)>, TenantError> {
-        if let Some(e) = self.clients.lock().ok().and_then(|c| c.get(cluster).cloned())
+        let cached = lock(&self.clients).get(cluster).cloned();
+        if let Some(e) = cached
             && e.checked.elapsed() < CLIENT_TTL
         {
             return Ok(Some((e.client, e.server)));
@@ -127,8 +128,7 @@ impl TenantApis {
             return Ok(None);
         };
         let hash: [u8; 32] = Sha256::digest(stored.as_bytes()).into();
-        if let Ok(mut c) = self.clients.lock()
-            && let Some(e) = c.get_mut(cluster)
+        if let Some(e) = lock(&self.clients).get_mut(cluster)
             && e.stored == hash
         {
             e.checked = Instant::now();
@@ -145,17 +145,15 @@ impl TenantApis {
                 cluster: cluster.to_string(),
                 source,
             })?;
-        if let Ok(mut c) = self.clients.lock() {
-            c.insert(
-                cluster.to_string(),
-                Entry {
-                    stored: hash,
-                    checked: Instant::now(),
-                    client: client.clone(),
-                    server: checked.server.clone(),
-                },
-            );
-        }
+        lock(&self.clients).insert(
+            cluster.to_string(),
+            Entry {
+                stored: hash,
+                checked: Instant::now(),
+                client: client.clone(),
+                server: checked.server.clone(),
+            },
+        );
         Ok(Some((client, checked.server)))
     }
 
@@ -183,9 +181,7 @@ impl TenantApis {
 
     /// Drops what is kept of `cluster` (its kubeconfig changed or went).
     pub fn forget(&self, cluster: &str) {
-        if let Ok(mut c) = self.clients.lock() {
-            c.remove(cluster);
-        }
+        lock(&self.clients).remove(cluster);
         if let Ok(mut n) = self.nodes.try_lock() {
             n.remove(cluster);
         }
@@ -290,4 +286,15 @@ async fn probe_now(k: &TenantKubeconfig) -> String {
 
 fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Locks `m` even when a thread panicked holding it. Every section holding
+/// these locks (the tenant clients' here, the drain tasks' in `work`) is
+/// one map update (insert, retain, remove, clear) or one slot write, none
+/// of which a panic leaves half done: the worst a panic leaves is a task
+/// or client not yet recorded, made again on the next pass. So the data is
+/// whole and is kept; turning the poison into an empty map would forget
+/// the tasks (and leave them running, uncancelled).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
