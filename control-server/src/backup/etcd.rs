@@ -42,8 +42,8 @@ use lks_proto::Digest;
 use tempfile::TempDir;
 
 use super::archive::{ArchiveReader, BlobEntry, EntryName, EtcdOrigin, FileEntry, Manifest, StoreKind};
+use super::common::{RestoreError, extract, unrestored_blobs};
 use super::output::{Source, Taken, blob_entry, file_entry, finish, parent_of, remote_store};
-use super::restore::{RestoreError, extract, unrestored_blobs};
 use super::{BackupError, BackupSummary, Counts, blob_manifest, write_counts};
 use crate::blobs::{BlobChoice, BlobError, BlobStore, EtcdChunks, LocalBlobs, S3Store};
 use crate::store::etcd::archive::{self, ArchivedKey, ReadError};
