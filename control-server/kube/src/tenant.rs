@@ -4,12 +4,13 @@
 //! for the operator's view, each cluster's at most once per [`NODES_TTL`].
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use kube::config::KubeConfigOptions;
+use lks_proto::sync::lock;
 use sha2::{Digest as _, Sha256};
 
 use crate::config::{KubeconfigError, TenantKubeconfig};
@@ -92,6 +93,9 @@ pub struct TenantApis {
     store: Arc<dyn ClusterStore>,
     seal: Option<Arc<SealKey>>,
     aad_prefix: String,
+    /// One map insert, remove or lookup at a time, whole after a panic:
+    /// locked with [`lock`] (a poisoned map once made every client be
+    /// built again, uncached).
     clients: Mutex<HashMap<String, Entry>>,
     nodes: tokio::sync::Mutex<HashMap<String, NodesRead>>,
 }
@@ -286,15 +290,4 @@ async fn probe_now(k: &TenantKubeconfig) -> String {
 
 fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// Locks `m` even when a thread panicked holding it. Every section holding
-/// these locks (the tenant clients' here, the drain tasks' in `work`) is
-/// one map update (insert, retain, remove, clear) or one slot write, none
-/// of which a panic leaves half done: the worst a panic leaves is a task
-/// or client not yet recorded, made again on the next pass. So the data is
-/// whole and is kept; turning the poison into an empty map would forget
-/// the tasks (and leave them running, uncancelled).
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -21,7 +21,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::drain::{self, Cordon, DrainOutcome, ReadyCheck};
-use crate::tenant::{TenantApis, lock};
+use crate::tenant::TenantApis;
+use lks_proto::sync::lock;
 use lks_rollout::KubeFact;
 use lks_store::clock::now_ms;
 use lks_store::{DrainPolicy, EventRow, EventStore, KubeStep, RolloutStore};
@@ -54,6 +55,10 @@ pub struct KubeWork {
     events: Arc<dyn EventStore>,
     /// Poked when a task has an answer: the controller steps again.
     poke: Arc<Notify>,
+    /// Every section under it (and under a task's `fact`) is one map
+    /// update (insert, retain, clear) or one slot write, none of which a
+    /// panic leaves half done: locked with [`lock`], which keeps the tasks
+    /// (an empty map in their place would leave them running, uncancelled).
     tasks: Mutex<HashMap<Attempt, Task>>,
     tracker: TaskTracker,
     cancel: CancellationToken,
