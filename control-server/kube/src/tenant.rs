@@ -61,6 +61,20 @@ pub enum TenantError {
     },
 }
 
+/// Why a cluster's Nodes could not be read (kept for a while, shared by
+/// the callers that wait for one read).
+#[derive(Debug, thiserror::Error)]
+pub enum NodesError {
+    #[error("{0}")]
+    Client(#[from] TenantError),
+    #[error("tenant API {server}: {source}")]
+    List {
+        server: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
 /// Why a client for a checked kubeconfig could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -85,7 +99,7 @@ struct Entry {
 #[derive(Clone)]
 struct NodesRead {
     at: Instant,
-    nodes: Result<Arc<HashMap<String, NodeKubeState>>, String>,
+    nodes: Result<Arc<HashMap<String, NodeKubeState>>, Arc<NodesError>>,
 }
 
 /// Clients of the tenant APIs, by cluster.
@@ -195,7 +209,10 @@ impl TenantApis {
     /// again when older than [`NODES_TTL`]; `None` when the cluster has no
     /// kubeconfig; `Some(Err(why))` when the tenant API could not be read.
     /// One read per cluster at a time: concurrent callers wait for it.
-    pub async fn nodes(&self, cluster: &str) -> Option<Result<Arc<HashMap<String, NodeKubeState>>, String>> {
+    pub async fn nodes(
+        &self,
+        cluster: &str,
+    ) -> Option<Result<Arc<HashMap<String, NodeKubeState>>, Arc<NodesError>>> {
         let mut cache = self.nodes.lock().await;
         if let Some(r) = cache.get(cluster)
             && r.at.elapsed()
@@ -215,8 +232,8 @@ impl TenantApis {
             Ok(Some((client, server))) => list_nodes(client)
                 .await
                 .map(Arc::new)
-                .map_err(|e| format!("tenant API {server}: {e}")),
-            Err(e) => Err(e.to_string()),
+                .map_err(|source| Arc::new(NodesError::List { server, source })),
+            Err(e) => Err(Arc::new(NodesError::Client(e))),
         };
         cache.insert(
             cluster.to_string(),

@@ -69,6 +69,9 @@ impl RestoreError {
     pub fn lines(&self) -> Vec<String> {
         match self {
             RestoreError::Problems(p) => p.clone(),
+            // The cause's text already holds its causes, and the cleanup
+            // (what to do next) ends the line: no deeper cause after it.
+            RestoreError::Write { .. } => vec![self.to_string()],
             e => vec![lks_proto::report::one_line(e)],
         }
     }

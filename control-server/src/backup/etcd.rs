@@ -133,28 +133,57 @@ fn write_pair(w: &mut impl Write, key: &[u8], value: &[u8]) -> std::io::Result<(
     Ok(())
 }
 
+/// Why an `etcd/keys` file could not be read as pairs.
+#[derive(Debug, thiserror::Error)]
+enum PairsError {
+    #[error("open {}: {source}", path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("etcd/keys ends inside a key: {0}")]
+    InKey(#[source] std::io::Error),
+    #[error("etcd/keys ends inside a value: {0}")]
+    InValue(#[source] std::io::Error),
+    #[error("etcd/keys holds a key that is not UTF-8: {0}")]
+    NotUtf8(#[source] std::string::FromUtf8Error),
+}
+
 /// The pairs of an `etcd/keys` file (already verified by its SHA-256).
-fn read_pairs(path: &Path) -> Result<Vec<(String, Vec<u8>)>, String> {
-    let mut r = BufReader::new(File::open(path).map_err(|e| format!("open {}: {e}", path.display()))?);
+fn read_pairs(path: &Path) -> Result<Vec<(String, Vec<u8>)>, PairsError> {
+    let file = File::open(path).map_err(|source| PairsError::Open {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut r = BufReader::new(file);
     let mut out = Vec::new();
     let mut len = [0u8; 4];
     loop {
         match r.read_exact(&mut len) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(out),
-            Err(e) => return Err(format!("read {}: {e}", path.display())),
+            Err(source) => {
+                return Err(PairsError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
         }
         let mut key = vec![0u8; u32::from_be_bytes(len) as usize];
         let mut vlen = [0u8; 4];
         r.read_exact(&mut key)
             .and_then(|()| r.read_exact(&mut vlen))
-            .map_err(|e| format!("etcd/keys ends inside a key: {e}"))?;
+            .map_err(PairsError::InKey)?;
         let mut value = vec![0u8; u32::from_be_bytes(vlen) as usize];
-        r.read_exact(&mut value)
-            .map_err(|e| format!("etcd/keys ends inside a value: {e}"))?;
-        let key =
-            String::from_utf8(key).map_err(|e| format!("etcd/keys holds a key that is not UTF-8: {e}"))?;
-        out.push((key, value));
+        r.read_exact(&mut value).map_err(PairsError::InValue)?;
+        out.push((String::from_utf8(key).map_err(PairsError::NotUtf8)?, value));
     }
 }
 
