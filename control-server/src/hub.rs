@@ -177,10 +177,8 @@ impl Hub {
 
     /// Ends every stream (shutdown).
     pub fn close_all(&self) {
-        if let Ok(mut c) = self.conns.lock() {
-            for (_, conn) in c.drain() {
-                conn.cancel.cancel();
-            }
+        for (_, conn) in lock(&self.conns).drain() {
+            conn.cancel.cancel();
         }
     }
 }
