@@ -188,7 +188,7 @@ CRATES = {
     # re-exported): plumbing; identities, tokens, labels and windows;
     # admin.conf, written with fsutil.
     "proto/src": """
-        report backoff fsutil delta tls wire
+        report sync backoff fsutil delta tls wire
         identity token labels windows
         adminconf
     """,

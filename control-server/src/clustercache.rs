@@ -17,9 +17,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use lks_proto::sync::lock;
+
 /// One cluster's entry.
 pub struct Slot<V> {
-    /// The value and when it was read.
+    /// The value and when it was read (one slot written at a time, whole
+    /// after a panic: locked with [`lock`]).
     value: Mutex<Option<(V, Instant)>>,
     /// Held while the value is read, so that streams needing it at once
     /// wait for one read instead of each making its own.
@@ -60,31 +63,27 @@ pub enum Lookup<V> {
 impl<V: Clone> Slot<V> {
     /// The value held, however old.
     pub fn current(&self) -> Option<V> {
-        self.value
-            .lock()
-            .ok()
-            .and_then(|v| v.as_ref().map(|(v, _)| v.clone()))
+        lock(&self.value).as_ref().map(|(v, _)| v.clone())
     }
 
     /// Puts `v` in the slot, read now.
     pub fn set(&self, v: V) {
-        if let Ok(mut slot) = self.value.lock() {
-            *slot = Some((v, Instant::now()));
-        }
+        *lock(&self.value) = Some((v, Instant::now()));
     }
 
     fn fresh(&self, ttl: Duration) -> Option<V> {
-        self.value.lock().ok().and_then(|v| {
-            v.as_ref()
-                .filter(|(_, at)| at.elapsed() < ttl)
-                .map(|(v, _)| v.clone())
-        })
+        lock(&self.value)
+            .as_ref()
+            .filter(|(_, at)| at.elapsed() < ttl)
+            .map(|(v, _)| v.clone())
     }
 }
 
 /// Values by cluster, each read at most once per TTL.
 pub struct ClusterCache<V> {
     ttl: Duration,
+    /// One map insert, remove or walk at a time, whole after a panic:
+    /// locked with [`lock`] (a poisoned map once made every read uncached).
     slots: Mutex<HashMap<String, Arc<Slot<V>>>>,
 }
 
@@ -97,14 +96,11 @@ impl<V: Clone> ClusterCache<V> {
     }
 
     fn slot(&self, cluster: &str) -> Arc<Slot<V>> {
-        match self.slots.lock() {
-            // Looked up before an owned key is made: this runs per push.
-            Ok(mut s) => match s.get(cluster) {
-                Some(slot) => slot.clone(),
-                None => s.entry(cluster.to_string()).or_default().clone(),
-            },
-            // A poisoned map: work uncached rather than fail.
-            Err(_) => Arc::default(),
+        let mut s = lock(&self.slots);
+        // Looked up before an owned key is made: this runs per push.
+        match s.get(cluster) {
+            Some(slot) => slot.clone(),
+            None => s.entry(cluster.to_string()).or_default().clone(),
         }
     }
 
@@ -127,18 +123,16 @@ impl<V: Clone> ClusterCache<V> {
     /// [`ClusterCache::get`] reads it. A read under way fills the entry
     /// dropped, not the next one.
     pub fn invalidate(&self, cluster: &str) {
-        if let Ok(mut s) = self.slots.lock() {
-            s.remove(cluster);
-        }
+        lock(&self.slots).remove(cluster);
     }
 
     /// Every cluster held, to read again one after another (what other
     /// replicas wrote); each slot's lock is taken as it comes.
     pub fn held(&self) -> Vec<(String, Arc<Slot<V>>)> {
-        match self.slots.lock() {
-            Ok(s) => s.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-            Err(_) => Vec::new(),
-        }
+        lock(&self.slots)
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     }
 }
 

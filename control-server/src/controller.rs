@@ -18,6 +18,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use lks_kube::work::{Attempt, KubeWork};
 use lks_proto::manifest::Needs;
+use lks_proto::sync::lock;
 use lks_rollout::ages::StateAges;
 use lks_rollout::{self as rollout, Clock, Decision, NodeView, Verb};
 use tokio::sync::{Notify, mpsc, oneshot, watch};
@@ -144,9 +145,12 @@ struct Controller {
     s: Deps,
     since_ms: i64,
     /// `bundle@version` → the agent features it needs (bundles are
-    /// immutable, so this never goes stale).
+    /// immutable, so this never goes stale). One insert or lookup at a
+    /// time, whole after a panic: locked with [`lock`].
     needs: std::sync::Mutex<HashMap<String, Needs>>,
-    /// How long rollouts have been in their states (`/metrics`).
+    /// How long rollouts have been in their states (`/metrics`); what a
+    /// panic mid-pass could leave is an age the next pass sets again, so
+    /// it is locked with [`lock`] too, not left unwritten from then on.
     ages: std::sync::Mutex<StateAges>,
 }
 
@@ -316,16 +320,15 @@ impl Controller {
     /// The agent features `r`'s bundle needs.
     async fn needs(&self, r: &RolloutRow) -> Result<Needs, StoreError> {
         let id = format!("{}@{}", r.bundle, r.version);
-        if let Some(n) = self.needs.lock().ok().and_then(|m| m.get(&id).cloned()) {
+        let cached = lock(&self.needs).get(&id).cloned();
+        if let Some(n) = cached {
             return Ok(n);
         }
         let Some(row) = self.s.store.get_bundle(&r.bundle, &r.version).await? else {
             return Ok(Needs::default());
         };
         let needs = Needs::of(row.bundle.manifest());
-        if let Ok(mut m) = self.needs.lock() {
-            m.insert(id, needs.clone());
-        }
+        lock(&self.needs).insert(id, needs.clone());
         Ok(needs)
     }
 
@@ -411,9 +414,7 @@ impl Controller {
         for k in &kinds {
             self.s.metrics.rollout_event(k);
         }
-        if let Ok(mut a) = self.ages.lock() {
-            a.saw(&row, now_ms());
-        }
+        lock(&self.ages).saw(&row, now_ms());
         if row.state != before.state {
             tracing::info!(rollout = %row.id, state = row.state.as_str(), message = %row.message, "rollout state changed");
         }
@@ -483,9 +484,7 @@ impl Controller {
     /// Hands `/metrics` the rollouts worth watching after a pass over
     /// `driven`; `None`: this replica does not drive rollouts, so none.
     fn publish_ages(&self, driven: Option<&[RolloutRow]>) {
-        let Ok(mut a) = self.ages.lock() else {
-            return;
-        };
+        let mut a = lock(&self.ages);
         match driven {
             Some(rows) => a.pass(rows, now_ms()),
             None => a.clear(),

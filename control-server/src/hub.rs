@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use lks_proto::sync::lock;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -24,7 +25,8 @@ struct Conn {
 /// What the hub and the stream's task both see of one stream.
 #[derive(Default)]
 struct ConnState {
-    /// Set when the replica asks the stream to move.
+    /// Set when the replica asks the stream to move (one slot written:
+    /// whole after a panic, locked with [`lock`]).
     moved: Mutex<Option<String>>,
     /// The stream had its Hello and first desired state: it may be asked
     /// to move. One still opening is not (it would count the move as a
@@ -46,7 +48,7 @@ impl Registration {
     /// The replica URL this stream was asked to move to ("" if none was
     /// named), when its cancellation was a move.
     pub fn moved_to(&self) -> Option<String> {
-        self.state.moved.lock().ok().and_then(|m| m.clone())
+        lock(&self.state.moved).clone()
     }
 
     /// The stream is open (Hello taken, first desired state sent): from now
@@ -56,6 +58,9 @@ impl Registration {
     }
 }
 
+/// Every section under `conns` and `seen` is one map insert, remove,
+/// lookup or drain, whole after a panic: they are locked with
+/// [`lock`], which keeps their data rather than losing every stream.
 #[derive(Default)]
 pub struct Hub {
     next_id: AtomicU64,
@@ -70,17 +75,16 @@ impl Hub {
         let (tx, rx) = watch::channel(0);
         let cancel = CancellationToken::new();
         let state = Arc::new(ConnState::default());
-        if let Ok(mut c) = self.conns.lock()
-            && let Some(old) = c.insert(
-                node.to_string(),
-                Conn {
-                    id,
-                    changed: tx,
-                    cancel: cancel.clone(),
-                    state: state.clone(),
-                },
-            )
-        {
+        let old = lock(&self.conns).insert(
+            node.to_string(),
+            Conn {
+                id,
+                changed: tx,
+                cancel: cancel.clone(),
+                state: state.clone(),
+            },
+        );
+        if let Some(old) = old {
             old.cancel.cancel();
         }
         Registration {
@@ -93,9 +97,7 @@ impl Hub {
 
     /// Removes the stream `id` of `node`; true if it was still the current one.
     pub fn unregister(&self, node: &str, id: u64) -> bool {
-        let Ok(mut c) = self.conns.lock() else {
-            return false;
-        };
+        let mut c = lock(&self.conns);
         if c.get(node).is_some_and(|conn| conn.id == id) {
             c.remove(node);
             true
@@ -106,9 +108,7 @@ impl Hub {
 
     /// Tells `node`'s stream (if any) that its desired state changed.
     pub fn notify(&self, node: &str) {
-        if let Ok(c) = self.conns.lock()
-            && let Some(conn) = c.get(node)
-        {
+        if let Some(conn) = lock(&self.conns).get(node) {
             conn.changed.send_modify(|v| *v += 1);
         }
     }
@@ -116,18 +116,15 @@ impl Hub {
     /// Tells every stream to re-read its desired state (after a gap in the
     /// etcd watch); each sends only if its generation moved.
     pub fn notify_all(&self) {
-        if let Ok(c) = self.conns.lock() {
-            for conn in c.values() {
-                conn.changed.send_modify(|v| *v += 1);
-            }
+        for conn in lock(&self.conns).values() {
+            conn.changed.send_modify(|v| *v += 1);
         }
     }
 
     /// Ends `node`'s stream (if any), e.g. because the node was deleted.
     pub fn kick(&self, node: &str) {
-        if let Ok(mut c) = self.conns.lock()
-            && let Some(conn) = c.remove(node)
-        {
+        let removed = lock(&self.conns).remove(node);
+        if let Some(conn) = removed {
             conn.cancel.cancel();
         }
     }
@@ -136,15 +133,10 @@ impl Hub {
     /// replica URL; "" lets it pick): this replica holds more than its
     /// share. False if it has no stream here.
     pub fn ask_to_move(&self, node: &str, to: &str) -> bool {
-        let Ok(mut c) = self.conns.lock() else {
+        let Some(conn) = lock(&self.conns).remove(node) else {
             return false;
         };
-        let Some(conn) = c.remove(node) else {
-            return false;
-        };
-        if let Ok(mut m) = conn.state.moved.lock() {
-            *m = Some(to.to_string());
-        }
+        *lock(&conn.state.moved) = Some(to.to_string());
         conn.cancel.cancel();
         true
     }
@@ -152,52 +144,41 @@ impl Hub {
     /// Up to `n` nodes whose streams are open ([`Registration::serving`]),
     /// in no particular order.
     pub fn some_serving(&self, n: usize) -> Vec<String> {
-        self.conns
-            .lock()
-            .map(|c| {
-                c.iter()
-                    .filter(|(_, conn)| conn.state.serving.load(Ordering::Relaxed))
-                    .map(|(node, _)| node.clone())
-                    .take(n)
-                    .collect()
-            })
-            .unwrap_or_default()
+        lock(&self.conns)
+            .iter()
+            .filter(|(_, conn)| conn.state.serving.load(Ordering::Relaxed))
+            .map(|(node, _)| node.clone())
+            .take(n)
+            .collect()
     }
 
     pub fn is_connected(&self, node: &str) -> bool {
-        self.conns.lock().is_ok_and(|c| c.contains_key(node))
+        lock(&self.conns).contains_key(node)
     }
 
     pub fn connected(&self) -> usize {
-        self.conns.lock().map_or(0, |c| c.len())
+        lock(&self.conns).len()
     }
 
     /// Notes that `node` was heard from at `now_ms`.
     pub fn heard(&self, node: &str, now_ms: i64) {
-        if let Ok(mut s) = self.seen.lock() {
-            s.insert(node.to_string(), now_ms);
-        }
+        lock(&self.seen).insert(node.to_string(), now_ms);
     }
 
     /// Last time `node` was heard from that is not flushed yet.
     pub fn last_heard(&self, node: &str) -> Option<i64> {
-        self.seen.lock().ok().and_then(|s| s.get(node).copied())
+        lock(&self.seen).get(node).copied()
     }
 
     /// Takes the heartbeats gathered since the last flush.
     pub fn take_heard(&self) -> Vec<(String, i64)> {
-        self.seen
-            .lock()
-            .map(|mut s| s.drain().collect())
-            .unwrap_or_default()
+        lock(&self.seen).drain().collect()
     }
 
     /// Ends every stream (shutdown).
     pub fn close_all(&self) {
-        if let Ok(mut c) = self.conns.lock() {
-            for (_, conn) in c.drain() {
-                conn.cancel.cancel();
-            }
+        for (_, conn) in lock(&self.conns).drain() {
+            conn.cancel.cancel();
         }
     }
 }

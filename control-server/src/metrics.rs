@@ -20,6 +20,7 @@ use hyper::body::Bytes;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use lks_proto::sync::lock;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -55,6 +56,10 @@ pub struct Metrics {
     enrollments: Labelled,
     package_requests: Labelled,
     package_bytes: AtomicU64,
+    /// The locks here (`rpc`, `gauges`, `rollouts`, `blob_store_held`,
+    /// [`Labelled`]) each guard one push, one slot or one histogram's
+    /// counts: whole after a panic (at worst one observation half
+    /// counted), so they are locked with [`lock`], never dropped from then on.
     rpc: Mutex<BTreeMap<&'static str, Histogram>>,
     rollout_events: Labelled,
     active_rollouts: AtomicI64,
@@ -103,9 +108,7 @@ pub const RENEWAL_OUTCOMES: [&str; 3] = ["ok", "refused", "error"];
 impl Metrics {
     /// The rollouts worth watching now (the controller, each pass).
     pub fn set_rollouts(&self, ages: Vec<RolloutAge>) {
-        if let Ok(mut r) = self.rollouts.lock() {
-            *r = ages;
-        }
+        *lock(&self.rollouts) = ages;
     }
 
     /// What the store answered a probe: the enrolled nodes, or nothing.
@@ -207,9 +210,7 @@ impl Metrics {
         self.blob_reclaimed.fetch_add(pass.reclaimed, Ordering::Relaxed);
         self.blob_reclaimed_bytes
             .fetch_add(pass.reclaimed_bytes, Ordering::Relaxed);
-        if let Ok(mut h) = self.blob_store_held.lock() {
-            *h = Some((pass.held, pass.held_bytes));
-        }
+        *lock(&self.blob_store_held) = Some((pass.held, pass.held_bytes));
     }
 
     /// Counts one enrolment attempt by outcome (`ok`, `invalid_token`, …).
@@ -269,13 +270,12 @@ impl Metrics {
         help: &'static str,
         read: impl Fn() -> i64 + Send + Sync + 'static,
     ) {
-        if let Ok(mut g) = self.gauges.lock() {
-            g.push((name, help, Box::new(read)));
-        }
+        lock(&self.gauges).push((name, help, Box::new(read)));
     }
 
     pub fn observe_rpc(&self, method: &'static str, secs: f64) {
-        if let Ok(mut m) = self.rpc.lock() {
+        {
+            let mut m = lock(&self.rpc);
             let h = m.entry(method).or_default();
             for (i, b) in BUCKETS.iter().enumerate() {
                 if secs <= *b {
@@ -473,7 +473,8 @@ impl Metrics {
             "Bytes the garbage collector deleted.",
             load(&self.blob_reclaimed_bytes),
         );
-        if let Some((blobs, bytes)) = self.blob_store_held.lock().ok().and_then(|h| *h) {
+        let held = *lock(&self.blob_store_held);
+        if let Some((blobs, bytes)) = held {
             scalar(
                 s,
                 "lks_blob_store_blobs",
@@ -527,10 +528,8 @@ impl Metrics {
             "Connect calls refused with unavailable and a retry hint: too many streams being opened.",
             load(&self.connect_shed),
         );
-        if let Ok(g) = self.gauges.lock() {
-            for (name, help, read) in g.iter() {
-                scalar(s, name, "gauge", help, read());
-            }
+        for (name, help, read) in lock(&self.gauges).iter() {
+            scalar(s, name, "gauge", help, read());
         }
     }
 
@@ -541,7 +540,8 @@ impl Metrics {
             "# HELP lks_rpc_duration_seconds gRPC handler duration by method."
         );
         let _ = writeln!(s, "# TYPE lks_rpc_duration_seconds histogram");
-        if let Ok(m) = self.rpc.lock() {
+        {
+            let m = lock(&self.rpc);
             for (method, h) in m.iter() {
                 for (i, b) in BUCKETS.iter().enumerate() {
                     let _ = writeln!(
@@ -601,22 +601,18 @@ struct Labelled(Mutex<BTreeMap<String, u64>>);
 
 impl Labelled {
     fn inc(&self, value: &str) {
-        if let Ok(mut m) = self.0.lock() {
-            *m.entry(value.to_string()).or_default() += 1;
-        }
+        *lock(&self.0).entry(value.to_string()).or_default() += 1;
     }
 
     fn get(&self, value: &str) -> u64 {
-        self.0.lock().map_or(0, |m| m.get(value).copied().unwrap_or(0))
+        lock(&self.0).get(value).copied().unwrap_or(0)
     }
 
     fn render(&self, out: &mut String, name: &str, help: &str, label: &str) {
         let _ = writeln!(out, "# HELP {name} {help}");
         let _ = writeln!(out, "# TYPE {name} counter");
-        if let Ok(m) = self.0.lock() {
-            for (value, n) in m.iter() {
-                let _ = writeln!(out, "{name}{{{label}=\"{value}\"}} {n}");
-            }
+        for (value, n) in lock(&self.0).iter() {
+            let _ = writeln!(out, "{name}{{{label}=\"{value}\"}} {n}");
         }
     }
 }

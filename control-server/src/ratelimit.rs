@@ -37,9 +37,9 @@ impl<K: Eq + Hash> RateLimiter<K> {
     }
 
     fn allow_at(&self, ip: K, now: Instant) -> Result<(), Duration> {
-        let Ok(mut b) = self.buckets.lock() else {
-            return Ok(());
-        };
+        // One map update per call, whole after a panic; a poisoned map
+        // let every request through before (a limiter that failed open).
+        let mut b = lks_proto::sync::lock(&self.buckets);
         if b.len() >= SWEEP_AT {
             let (rate, burst) = (self.rate, self.burst);
             b.retain(|_, (tokens, at)| *tokens + now.duration_since(*at).as_secs_f64() * rate < burst);

@@ -26,6 +26,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use lks_proto::sync::lock;
 use lks_proto::{Digest, pb};
 use tokio_util::sync::CancellationToken;
 
@@ -83,7 +84,8 @@ pub struct ReleaseCache {
     cache: ClusterCache<Arc<Channel>>,
     /// (name, version, size of the encoded bundle) → manifest digest.
     /// name@version is immutable; the size guards against a version
-    /// deleted and published again with other content.
+    /// deleted and published again with other content. One insert or
+    /// lookup at a time, whole after a panic: locked with [`lock`].
     digests: Mutex<HashMap<(String, String, usize), Digest>>,
 }
 
@@ -142,16 +144,15 @@ impl ReleaseCache {
         size: usize,
     ) -> Result<Option<Digest>> {
         let key = (name.to_string(), version.to_string(), size);
-        if let Some(d) = self.digests.lock().ok().and_then(|m| m.get(&key).copied()) {
+        let cached = lock(&self.digests).get(&key).copied();
+        if let Some(d) = cached {
             return Ok(Some(d));
         }
         let Some(row) = store.get_bundle(name, version).await? else {
             return Ok(None);
         };
         let key = (name.to_string(), version.to_string(), row.bundle.encoded().len());
-        if let Ok(mut m) = self.digests.lock() {
-            m.insert(key.clone(), row.manifest_digest);
-        }
+        lock(&self.digests).insert(key.clone(), row.manifest_digest);
         Ok((key.2 == size).then_some(row.manifest_digest))
     }
 }

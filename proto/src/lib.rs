@@ -29,6 +29,7 @@ pub mod fsutil;
 pub mod identity;
 pub mod labels;
 pub mod report;
+pub mod sync;
 pub mod tls;
 pub mod token;
 #[cfg(feature = "windows")]

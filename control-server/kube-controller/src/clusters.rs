@@ -195,14 +195,40 @@ pub fn plan(
     Ok(plan)
 }
 
-/// Reads a key of a Secret as text; a one-line error names what is missing.
-async fn secret_text(kube: &kube::Client, ns: &str, name: &str, key: &str) -> Result<String, String> {
+/// Why a Secret a spec names could not be read as text: one line that
+/// names what is missing.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    #[error("Secret {ns}/{name}: {}", one_line(.source))]
+    Read {
+        ns: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("Secret {ns}/{name} does not exist")]
+    Missing { ns: String, name: String },
+    #[error("Secret {ns}/{name} has no key {key:?}")]
+    NoKey { ns: String, name: String, key: String },
+    #[error("Secret {ns}/{name} key {key:?} is not UTF-8 text")]
+    NotText {
+        ns: String,
+        name: String,
+        key: String,
+        #[source]
+        source: std::string::FromUtf8Error,
+    },
+}
+
+/// Reads a key of a Secret as text.
+async fn secret_text(kube: &kube::Client, ns: &str, name: &str, key: &str) -> Result<String, SecretError> {
     let api: Api<Secret> = Api::namespaced(kube.clone(), ns);
-    let s = api
-        .get_opt(name)
-        .await
-        .map_err(|e| format!("Secret {ns}/{name}: {}", one_line(&e)))?
-        .ok_or_else(|| format!("Secret {ns}/{name} does not exist"))?;
+    let (ns, name) = (ns.to_string(), name.to_string());
+    let s = match api.get_opt(&name).await {
+        Ok(Some(s)) => s,
+        Ok(None) => return Err(SecretError::Missing { ns, name }),
+        Err(source) => return Err(SecretError::Read { ns, name, source }),
+    };
     let bytes = s
         .data
         .as_ref()
@@ -214,11 +240,20 @@ async fn secret_text(kube: &kube::Client, ns: &str, name: &str, key: &str) -> Re
                 .and_then(|d| d.get(key))
                 .map(|t| t.clone().into_bytes())
         })
-        .ok_or_else(|| format!("Secret {ns}/{name} has no key {key:?}"))?;
-    String::from_utf8(bytes).map_err(|_| format!("Secret {ns}/{name} key {key:?} is not UTF-8 text"))
+        .ok_or_else(|| SecretError::NoKey {
+            ns: ns.clone(),
+            name: name.clone(),
+            key: key.to_string(),
+        })?;
+    String::from_utf8(bytes).map_err(|source| SecretError::NotText {
+        ns,
+        name,
+        key: key.to_string(),
+        source,
+    })
 }
 
-async fn read_secrets(kube: &kube::Client, spec: &LksClusterSpec) -> Result<Secrets, String> {
+async fn read_secrets(kube: &kube::Client, spec: &LksClusterSpec) -> Result<Secrets, SecretError> {
     let mut out = Secrets::default();
     if let Some(SecretName { name, namespace }) = &spec.ca_secret {
         out.ca = Some((
@@ -327,8 +362,8 @@ async fn reconcile(
     };
     let secrets = match read_secrets(kube, &obj.spec).await {
         Ok(s) => s,
-        Err(msg) => {
-            refuse(&mut status, "SecretMissing", msg);
+        Err(e) => {
+            refuse(&mut status, "SecretMissing", e.to_string());
             write_status(api, &name, &old, &status).await?;
             return Ok(0);
         }

@@ -194,7 +194,9 @@ async fn reconcile(
                 changed += 1;
                 started_now = Some(r);
             }
-            Err(msg) => {
+            Err(e) => {
+                // The status carries the line: the error ends here.
+                let msg = e.to_string();
                 tracing::warn!(lksrollout = %name, message = %msg, "LksRollout not started");
                 status.observed_generation = generation;
                 status.message = msg.clone();
@@ -268,21 +270,41 @@ async fn start(
     obj: &LksRollout,
     uid: &str,
     rollouts: &[pb::Rollout],
-) -> Result<pb::Rollout, String> {
+) -> Result<pb::Rollout, StartError> {
     match &obj.spec.rollback_of {
         Some(id) => rollback(admin, &obj.spec, id, rollouts).await,
-        None => match start_request(&obj.spec, uid) {
-            Ok(req) => admin
+        None => {
+            let req = start_request(&obj.spec, uid)?;
+            Ok(admin
                 .start_rollout(req)
                 .await
-                .map(|r| r.into_inner())
-                .map_err(|e| {
-                    // The server's line, without gRPC's framing.
-                    e.message().to_string()
-                }),
-            Err(e) => Err(e.to_string()),
-        },
+                .map_err(StartError::Refused)?
+                .into_inner())
+        }
     }
+}
+
+/// Why an LksRollout's rollout was not started: the one line its status
+/// shows.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Spec(#[from] SpecError),
+    /// The server's line, without gRPC's framing.
+    #[error("{}", .0.message())]
+    Refused(#[source] tonic::Status),
+    #[error("spec.rollbackOf: rollout {0} does not exist")]
+    NoSuchRollout(String),
+    #[error(
+        "spec.rollbackOf: rollout {id} is {named} on cluster {cluster}, not {bundle} on cluster {wanted}"
+    )]
+    NotThatRollout {
+        id: String,
+        named: String,
+        cluster: String,
+        bundle: String,
+        wanted: String,
+    },
 }
 
 /// `Ready`: started, or refusing a spec changed since (only `spec.paused`
@@ -340,17 +362,20 @@ async fn rollback(
     spec: &LksRolloutSpec,
     id: &str,
     rollouts: &[pb::Rollout],
-) -> Result<pb::Rollout, String> {
+) -> Result<pb::Rollout, StartError> {
     let r = rollouts
         .iter()
         .find(|r| r.id == id)
-        .ok_or_else(|| format!("spec.rollbackOf: rollout {id} does not exist"))?;
+        .ok_or_else(|| StartError::NoSuchRollout(id.to_string()))?;
     let named = format!("{}@{}", r.bundle, r.version);
     if spec.cluster != r.cluster || spec.bundle != named {
-        return Err(format!(
-            "spec.rollbackOf: rollout {id} is {named} on cluster {}, not {} on cluster {}",
-            r.cluster, spec.bundle, spec.cluster
-        ));
+        return Err(StartError::NotThatRollout {
+            id: id.to_string(),
+            named,
+            cluster: r.cluster.clone(),
+            bundle: spec.bundle.clone(),
+            wanted: spec.cluster.clone(),
+        });
     }
     if matches!(
         pb::RolloutState::try_from(r.state),
@@ -362,7 +387,7 @@ async fn rollback(
         .rollback_rollout(pb::RolloutRef { id: id.to_string() })
         .await
         .map(|a| a.into_inner())
-        .map_err(|e| e.message().to_string())
+        .map_err(StartError::Refused)
 }
 
 #[cfg(test)]

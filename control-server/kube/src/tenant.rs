@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use kube::config::KubeConfigOptions;
+use lks_proto::sync::lock;
 use sha2::{Digest as _, Sha256};
 
 use crate::config::{KubeconfigError, TenantKubeconfig};
@@ -46,14 +47,41 @@ pub enum TenantError {
         cluster: String,
         source: KubeconfigError,
     },
-    #[error("cluster {cluster}: tenant API client: {message}")]
-    Client { cluster: String, message: String },
+    #[error("cluster {cluster}: tenant API client: {source}")]
+    Client {
+        cluster: String,
+        #[source]
+        source: ClientError,
+    },
     #[error("cluster {cluster}: tenant API {server}: {message}")]
     Api {
         cluster: String,
         server: String,
         message: String,
     },
+}
+
+/// Why a cluster's Nodes could not be read (kept for a while, shared by
+/// the callers that wait for one read).
+#[derive(Debug, thiserror::Error)]
+pub enum NodesError {
+    #[error("{0}")]
+    Client(#[from] TenantError),
+    #[error("tenant API {server}: {source}")]
+    List {
+        server: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// Why a client for a checked kubeconfig could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("{0}")]
+    Config(#[from] kube::config::KubeconfigError),
+    #[error("{0}")]
+    Build(#[from] kube::Error),
 }
 
 /// A built client and what it was built from.
@@ -71,7 +99,7 @@ struct Entry {
 #[derive(Clone)]
 struct NodesRead {
     at: Instant,
-    nodes: Result<Arc<HashMap<String, NodeKubeState>>, String>,
+    nodes: Result<Arc<HashMap<String, NodeKubeState>>, Arc<NodesError>>,
 }
 
 /// Clients of the tenant APIs, by cluster.
@@ -79,6 +107,9 @@ pub struct TenantApis {
     store: Arc<dyn ClusterStore>,
     seal: Option<Arc<SealKey>>,
     aad_prefix: String,
+    /// One map insert, remove or lookup at a time, whole after a panic:
+    /// locked with [`lock`] (a poisoned map once made every client be
+    /// built again, uncached).
     clients: Mutex<HashMap<String, Entry>>,
     nodes: tokio::sync::Mutex<HashMap<String, NodesRead>>,
 }
@@ -104,7 +135,8 @@ impl TenantApis {
     /// A client of `cluster`'s tenant API and its URL; `None` when the
     /// cluster has no kubeconfig (or does not exist).
     pub async fn client(&self, cluster: &str) -> Result<Option<(kube::Client, String)>, TenantError> {
-        if let Some(e) = self.clients.lock().ok().and_then(|c| c.get(cluster).cloned())
+        let cached = lock(&self.clients).get(cluster).cloned();
+        if let Some(e) = cached
             && e.checked.elapsed() < CLIENT_TTL
         {
             return Ok(Some((e.client, e.server)));
@@ -114,8 +146,7 @@ impl TenantApis {
             return Ok(None);
         };
         let hash: [u8; 32] = Sha256::digest(stored.as_bytes()).into();
-        if let Ok(mut c) = self.clients.lock()
-            && let Some(e) = c.get_mut(cluster)
+        if let Some(e) = lock(&self.clients).get_mut(cluster)
             && e.stored == hash
         {
             e.checked = Instant::now();
@@ -128,21 +159,19 @@ impl TenantApis {
         })?;
         let client = build_client(&checked)
             .await
-            .map_err(|message| TenantError::Client {
+            .map_err(|source| TenantError::Client {
                 cluster: cluster.to_string(),
-                message,
+                source,
             })?;
-        if let Ok(mut c) = self.clients.lock() {
-            c.insert(
-                cluster.to_string(),
-                Entry {
-                    stored: hash,
-                    checked: Instant::now(),
-                    client: client.clone(),
-                    server: checked.server.clone(),
-                },
-            );
-        }
+        lock(&self.clients).insert(
+            cluster.to_string(),
+            Entry {
+                stored: hash,
+                checked: Instant::now(),
+                client: client.clone(),
+                server: checked.server.clone(),
+            },
+        );
         Ok(Some((client, checked.server)))
     }
 
@@ -170,9 +199,7 @@ impl TenantApis {
 
     /// Drops what is kept of `cluster` (its kubeconfig changed or went).
     pub fn forget(&self, cluster: &str) {
-        if let Ok(mut c) = self.clients.lock() {
-            c.remove(cluster);
-        }
+        lock(&self.clients).remove(cluster);
         if let Ok(mut n) = self.nodes.try_lock() {
             n.remove(cluster);
         }
@@ -182,7 +209,10 @@ impl TenantApis {
     /// again when older than [`NODES_TTL`]; `None` when the cluster has no
     /// kubeconfig; `Some(Err(why))` when the tenant API could not be read.
     /// One read per cluster at a time: concurrent callers wait for it.
-    pub async fn nodes(&self, cluster: &str) -> Option<Result<Arc<HashMap<String, NodeKubeState>>, String>> {
+    pub async fn nodes(
+        &self,
+        cluster: &str,
+    ) -> Option<Result<Arc<HashMap<String, NodeKubeState>>, Arc<NodesError>>> {
         let mut cache = self.nodes.lock().await;
         if let Some(r) = cache.get(cluster)
             && r.at.elapsed()
@@ -202,8 +232,8 @@ impl TenantApis {
             Ok(Some((client, server))) => list_nodes(client)
                 .await
                 .map(Arc::new)
-                .map_err(|e| format!("tenant API {server}: {e}")),
-            Err(e) => Err(e.to_string()),
+                .map_err(|source| Arc::new(NodesError::List { server, source })),
+            Err(e) => Err(Arc::new(NodesError::Client(e))),
         };
         cache.insert(
             cluster.to_string(),
@@ -217,11 +247,9 @@ impl TenantApis {
 }
 
 /// A client for a checked kubeconfig, with the timeouts above.
-pub async fn build_client(k: &TenantKubeconfig) -> Result<kube::Client, String> {
+pub async fn build_client(k: &TenantKubeconfig) -> Result<kube::Client, ClientError> {
     let mut config =
-        kube::Config::from_custom_kubeconfig(k.kubeconfig().clone(), &KubeConfigOptions::default())
-            .await
-            .map_err(|e| e.to_string())?;
+        kube::Config::from_custom_kubeconfig(k.kubeconfig().clone(), &KubeConfigOptions::default()).await?;
     config.connect_timeout = Some(CONNECT_TIMEOUT);
     config.read_timeout = Some(REQUEST_TIMEOUT);
     config.write_timeout = Some(REQUEST_TIMEOUT);
@@ -230,7 +258,7 @@ pub async fn build_client(k: &TenantKubeconfig) -> Result<kube::Client, String> 
     // drain must see it at once, retry it on its own schedule (one request
     // per pod per round) and keep to its deadline.
     config.default_retry = false;
-    kube::Client::try_from(config).map_err(|e| e.to_string())
+    Ok(kube::Client::try_from(config)?)
 }
 
 /// Every Node of a tenant cluster, by name.

@@ -22,6 +22,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::drain::{self, Cordon, DrainOutcome, ReadyCheck};
 use crate::tenant::TenantApis;
+use lks_proto::sync::lock;
 use lks_rollout::KubeFact;
 use lks_store::clock::now_ms;
 use lks_store::{DrainPolicy, EventRow, EventStore, KubeStep, RolloutStore};
@@ -54,6 +55,10 @@ pub struct KubeWork {
     events: Arc<dyn EventStore>,
     /// Poked when a task has an answer: the controller steps again.
     poke: Arc<Notify>,
+    /// Every section under it (and under a task's `fact`) is one map
+    /// update (insert, retain, clear) or one slot write, none of which a
+    /// panic leaves half done: locked with [`lock`], which keeps the tasks
+    /// (an empty map in their place would leave them running, uncancelled).
     tasks: Mutex<HashMap<Attempt, Task>>,
     tracker: TaskTracker,
     cancel: CancellationToken,
@@ -89,9 +94,7 @@ impl KubeWork {
         policy: &DrainPolicy,
         wanted: Vec<Attempt>,
     ) -> HashMap<String, KubeFact> {
-        let Ok(mut tasks) = self.tasks.lock() else {
-            return HashMap::new();
-        };
+        let mut tasks = lock(&self.tasks);
         tasks.retain(|a, t| {
             let keep = a.rollout != rollout || wanted.contains(a);
             if !keep {
@@ -104,7 +107,7 @@ impl KubeWork {
             let t = tasks
                 .entry(a.clone())
                 .or_insert_with(|| self.spawn(cluster, policy, &a));
-            if let Some(f) = t.fact.lock().ok().and_then(|f| f.clone()) {
+            if let Some(f) = lock(&t.fact).clone() {
                 out.insert(a.node.clone(), f);
             }
         }
@@ -138,12 +141,11 @@ impl KubeWork {
     /// Stops every task, lifting no cordon: this replica no longer leads,
     /// and the next leader carries each turn on from the store.
     pub fn drop_all(&self) {
-        if let Ok(mut tasks) = self.tasks.lock() {
-            for t in tasks.values() {
-                t.cancel.cancel();
-            }
-            tasks.clear();
+        let mut tasks = lock(&self.tasks);
+        for t in tasks.values() {
+            t.cancel.cancel();
         }
+        tasks.clear();
     }
 
     /// `rollout`'s turn of `node` is over: lifts its cordon (only one it
@@ -270,12 +272,13 @@ struct Job {
 
 impl Job {
     fn answer(&self, f: KubeFact) {
-        let changed = match self.fact.lock() {
-            Ok(mut g) if g.as_ref() != Some(&f) => {
+        let changed = {
+            let mut g = lock(&self.fact);
+            let changed = g.as_ref() != Some(&f);
+            if changed {
                 *g = Some(f);
-                true
             }
-            _ => false,
+            changed
         };
         if changed {
             self.poke.notify_one();

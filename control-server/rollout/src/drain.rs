@@ -54,6 +54,7 @@ fn took(since_ms: i64, now_ms: i64) -> String {
 pub(super) fn begin(n: &mut RolloutNodeRow, now_ms: i64) {
     n.kube = KubeStep::Draining;
     n.kube_since_ms = now_ms;
+    n.drain_started_ms = now_ms;
     n.message = "cordoned; draining its pods".into();
 }
 
@@ -82,7 +83,10 @@ pub(super) fn settle_draining(
     match &v.kube {
         Some(KubeFact::Drained(what)) => {
             let to = target(r, n);
-            let drained = format!("drained in {}", took(n.kube_since_ms, now));
+            // The same instant `begin` kept, or the start of a drain a
+            // previous release began (it kept none).
+            n.drain_started_ms = n.kube_since_ms;
+            let drained = format!("drained in {}", took(n.drain_started_ms, now));
             notes.push((n.name.clone(), "drained", format!("{drained}: {what}")));
             n.kube = KubeStep::Upgrading;
             n.kube_since_ms = now;
@@ -122,20 +126,19 @@ fn blocked(policy: &DrainPolicy, n: &mut RolloutNodeRow, why: String, notes: &mu
     notes.push((n.name.clone(), "drain_blocked", n.message.clone()));
 }
 
-/// "drained in 3.2s" from a node's message, kept through its turn so its
-/// outcome says how long each phase took.
-fn drained_in(message: &str) -> Option<&str> {
-    message
-        .split([';', '(', ')'])
-        .map(str::trim)
-        .find(|p| p.starts_with("drained in "))
+/// "drained in 3.2s": from when the turn's drain began to when it drained
+/// (and the version was assigned), so its outcome says how long each
+/// phase took. `None` for a row stored before the start was kept.
+fn drained_in(n: &RolloutNodeRow) -> Option<String> {
+    (n.drain_started_ms > 0 && n.turn_at_ms >= n.drain_started_ms)
+        .then(|| format!("drained in {}", took(n.drain_started_ms, n.turn_at_ms)))
 }
 
 /// The agent applied: the Node must now be `Ready`.
 pub(super) fn applied(n: &mut RolloutNodeRow, to: &str, now_ms: i64) {
     n.kube = KubeStep::Readying;
     n.kube_since_ms = now_ms;
-    n.message = match drained_in(&n.message) {
+    n.message = match drained_in(n) {
         Some(d) => format!("applied {to} ({d}); waiting for the Node to be Ready"),
         None => format!("applied {to}; waiting for the Node to be Ready"),
     };
@@ -169,7 +172,7 @@ pub(super) fn settle_readying(
         ));
         n.state = state;
         n.kube = KubeStep::None;
-        n.message = match drained_in(&n.message) {
+        n.message = match drained_in(n) {
             Some(d) => format!("at {to}; {d}, Ready {after} after it applied"),
             None => format!("at {to}; Ready {after} after it applied"),
         };

@@ -72,7 +72,7 @@ async fn add_kube(s: &Deps, nodes: &mut [pb::Node]) {
         n.kube = match seen.get(&n.cluster) {
             None => None,
             Some(Ok(objs)) => Some(objs.get(&n.name).map_or_else(absent_pb, |k| k.to_pb())),
-            Some(Err(why)) => Some(unreachable_pb(why)),
+            Some(Err(why)) => Some(unreachable_pb(&why.to_string())),
         };
     }
 }

@@ -42,12 +42,12 @@ use lks_proto::Digest;
 use tempfile::TempDir;
 
 use super::archive::{ArchiveReader, BlobEntry, EntryName, EtcdOrigin, FileEntry, Manifest, StoreKind};
+use super::common::{RestoreError, extract, unrestored_blobs};
 use super::output::{Source, Taken, blob_entry, file_entry, finish, parent_of, remote_store};
-use super::restore::{RestoreError, extract, unrestored_blobs};
 use super::{BackupError, BackupSummary, Counts, blob_manifest, write_counts};
-use crate::blobs::{BlobChoice, BlobStore, EtcdChunks, LocalBlobs, S3Store};
+use crate::blobs::{BlobChoice, BlobError, BlobStore, EtcdChunks, LocalBlobs, S3Store};
 use crate::store::etcd::archive::{self, ArchivedKey, ReadError};
-use crate::store::{Dump, EtcdConfig, EtcdStore};
+use crate::store::{Dump, EtcdConfig, EtcdStore, StoreError};
 
 /// What `backup --store etcd` is told.
 #[derive(Clone, Debug)]
@@ -133,28 +133,57 @@ fn write_pair(w: &mut impl Write, key: &[u8], value: &[u8]) -> std::io::Result<(
     Ok(())
 }
 
+/// Why an `etcd/keys` file could not be read as pairs.
+#[derive(Debug, thiserror::Error)]
+enum PairsError {
+    #[error("open {}: {source}", path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("etcd/keys ends inside a key: {0}")]
+    InKey(#[source] std::io::Error),
+    #[error("etcd/keys ends inside a value: {0}")]
+    InValue(#[source] std::io::Error),
+    #[error("etcd/keys holds a key that is not UTF-8: {0}")]
+    NotUtf8(#[source] std::string::FromUtf8Error),
+}
+
 /// The pairs of an `etcd/keys` file (already verified by its SHA-256).
-fn read_pairs(path: &Path) -> Result<Vec<(String, Vec<u8>)>, String> {
-    let mut r = BufReader::new(File::open(path).map_err(|e| format!("open {}: {e}", path.display()))?);
+fn read_pairs(path: &Path) -> Result<Vec<(String, Vec<u8>)>, PairsError> {
+    let file = File::open(path).map_err(|source| PairsError::Open {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut r = BufReader::new(file);
     let mut out = Vec::new();
     let mut len = [0u8; 4];
     loop {
         match r.read_exact(&mut len) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(out),
-            Err(e) => return Err(format!("read {}: {e}", path.display())),
+            Err(source) => {
+                return Err(PairsError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
         }
         let mut key = vec![0u8; u32::from_be_bytes(len) as usize];
         let mut vlen = [0u8; 4];
         r.read_exact(&mut key)
             .and_then(|()| r.read_exact(&mut vlen))
-            .map_err(|e| format!("etcd/keys ends inside a key: {e}"))?;
+            .map_err(PairsError::InKey)?;
         let mut value = vec![0u8; u32::from_be_bytes(vlen) as usize];
-        r.read_exact(&mut value)
-            .map_err(|e| format!("etcd/keys ends inside a value: {e}"))?;
-        let key =
-            String::from_utf8(key).map_err(|e| format!("etcd/keys holds a key that is not UTF-8: {e}"))?;
-        out.push((key, value));
+        r.read_exact(&mut value).map_err(PairsError::InValue)?;
+        out.push((String::from_utf8(key).map_err(PairsError::NotUtf8)?, value));
     }
 }
 
@@ -578,14 +607,17 @@ impl Restoring<'_> {
                         self.store.prefix()
                     ),
                 };
-                Err(RestoreError::Write { cause, cleanup })
+                Err(RestoreError::Write {
+                    cause: Box::new(cause),
+                    cleanup,
+                })
             }
         }
     }
 
     /// The blobs into the blob store, then every key but the identity
     /// (written first); returns how many blobs were put.
-    async fn write(&self) -> Result<usize, String> {
+    async fn write(&self) -> Result<usize, WriteError> {
         let put = self.put_blobs().await?;
         self.create_keys().await?;
         Ok(put)
@@ -593,7 +625,7 @@ impl Restoring<'_> {
 
     /// The restored blobs the blob store does not hold yet; returns how
     /// many were put.
-    async fn put_blobs(&self) -> Result<usize, String> {
+    async fn put_blobs(&self) -> Result<usize, WriteError> {
         let durable = self.durable;
         let blobs = LocalBlobs::read_only(&self.staging.join("blobs"));
         let mut put = 0;
@@ -606,12 +638,20 @@ impl Restoring<'_> {
             let held = durable
                 .contains(&b.digest)
                 .await
-                .map_err(|e| format!("blob {} in {}: {e}", b.digest, durable.describe()))?;
+                .map_err(|source| WriteError::Look {
+                    digest: b.digest,
+                    store: durable.describe(),
+                    source,
+                })?;
             if !held {
                 durable
                     .put(&b.digest, b.size, &blobs.path(&b.digest))
                     .await
-                    .map_err(|e| format!("copy blob {} to {}: {e}", b.digest, durable.describe()))?;
+                    .map_err(|source| WriteError::Copy {
+                        digest: b.digest,
+                        store: durable.describe(),
+                        source,
+                    })?;
                 put += 1;
             }
         }
@@ -620,13 +660,35 @@ impl Restoring<'_> {
 
     /// Every key but the identity (written first), as the store batches
     /// a restore.
-    async fn create_keys(&self) -> Result<(), String> {
+    async fn create_keys(&self) -> Result<(), WriteError> {
         self.store
             .archive()
             .restore(self.pairs)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(WriteError::Keys)
     }
+}
+
+/// Why writing a verified archive into etcd and its blob store failed
+/// (what was written is then removed: [`RestoreError::Write`]).
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("blob {digest} in {store}: {source}")]
+    Look {
+        digest: Digest,
+        store: String,
+        #[source]
+        source: BlobError,
+    },
+    #[error("copy blob {digest} to {store}: {source}")]
+    Copy {
+        digest: Digest,
+        store: String,
+        #[source]
+        source: BlobError,
+    },
+    #[error("{0}")]
+    Keys(#[source] StoreError),
 }
 
 #[cfg(test)]

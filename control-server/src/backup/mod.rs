@@ -12,9 +12,9 @@
 //! database in one read transaction while the server goes on writing.
 
 pub mod archive;
+mod common;
 mod etcd;
 mod output;
-mod restore;
 mod sqlite;
 
 use std::fmt;
@@ -23,9 +23,9 @@ use std::path::PathBuf;
 use lks_pki::PkiError;
 
 pub use archive::{ArchiveError, Counts, Manifest, StoreKind};
+pub use common::RestoreError;
 pub use etcd::{EtcdBackupConfig, EtcdRestoreConfig, EtcdRestoreSummary, backup_etcd, restore_etcd};
-pub use restore::{RestoreConfig, RestoreError, RestoreSummary, restore};
-pub use sqlite::{BackupConfig, backup_sqlite};
+pub use sqlite::{BackupConfig, RestoreConfig, RestoreSummary, backup_sqlite, restore};
 
 use crate::blobs::BlobError;
 use crate::store::{Dump, StoreError};

@@ -33,7 +33,7 @@ impl Probed {
 
 impl Metrics {
     pub(super) fn render_rollouts(&self, s: &mut String) {
-        let ages = self.rollouts.lock().map(|r| r.clone()).unwrap_or_default();
+        let ages = lks_proto::sync::lock(&self.rollouts).clone();
         let _ = writeln!(
             s,
             "# HELP lks_rollouts Rollouts by state on the replica that drives them: running, paused, rolling_back, and failed within the last 24 h and not yet rolled back or superseded."

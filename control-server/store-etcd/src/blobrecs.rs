@@ -35,7 +35,9 @@ impl EtcdStore {
 
     /// This replica's lease (0: none yet).
     pub(crate) fn lease_id(&self) -> i64 {
-        self.lease.lock().map(|l| *l).unwrap_or(0)
+        // One slot written: whole after a panic, kept rather than read as
+        // "no lease".
+        *lks_proto::sync::lock(&self.lease)
     }
 
     /// Puts `value` at `rest` under this replica's lease, so it vanishes

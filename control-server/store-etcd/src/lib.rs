@@ -426,9 +426,7 @@ impl EtcdStore {
     /// The lease this replica registered under (0: not registered; no
     /// `heard/ID` is written before); set by [`Replicas::register`].
     pub(crate) fn set_lease(&self, lease: i64) {
-        if let Ok(mut l) = self.lease.lock() {
-            *l = lease;
-        }
+        *lks_proto::sync::lock(&self.lease) = lease;
     }
 
     /// The full key of `rest`: only this crate writes the layout.

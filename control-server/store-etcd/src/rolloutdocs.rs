@@ -33,6 +33,11 @@ pub(crate) struct RolloutNodeDoc {
     pub kube: String,
     #[serde(rename = "ks", default, skip_serializing_if = "is_zero")]
     pub kube_since_ms: i64,
+    /// When the turn's drain began; absent when it did not drain (and in
+    /// rows written before it was kept), which the previous release
+    /// ignores.
+    #[serde(rename = "ds", default, skip_serializing_if = "is_zero")]
+    pub drain_started_ms: i64,
 }
 
 fn is_zero(v: &i64) -> bool {
@@ -59,6 +64,7 @@ impl RolloutNodeDoc {
                 | (if n.canary { CANARY } else { 0 }),
             kube: n.kube.as_str().to_string(),
             kube_since_ms: n.kube_since_ms,
+            drain_started_ms: n.drain_started_ms,
         }
     }
 
@@ -78,6 +84,7 @@ impl RolloutNodeDoc {
             canary: self.flags & CANARY != 0,
             kube: KubeStep::parse(&self.kube),
             kube_since_ms: self.kube_since_ms,
+            drain_started_ms: self.drain_started_ms,
         })
     }
 }

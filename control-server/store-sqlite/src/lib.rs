@@ -401,7 +401,7 @@ fn read_rollout(c: &Connection, id: &str) -> Result<Option<RolloutRow>> {
 fn read_rollout_nodes(c: &Connection, id: &str) -> Result<Vec<RolloutNodeRow>> {
     let mut stmt = c.prepare_cached(
         "SELECT node, previous_version, state, message, generation, turn_at_ms, touched, reverting, unreached,
-                canary, kube_step, kube_since_ms
+                canary, kube_step, kube_since_ms, drain_started_ms
          FROM rollout_nodes WHERE rollout_id = ?1 ORDER BY node",
     )?;
     let raw = stmt
@@ -417,7 +417,11 @@ fn read_rollout_nodes(c: &Connection, id: &str) -> Result<Vec<RolloutNodeRow>> {
                 r.get::<_, bool>(7)?,
                 r.get::<_, bool>(8)?,
                 r.get::<_, bool>(9)?,
-                (r.get::<_, String>(10)?, r.get::<_, i64>(11)?),
+                (
+                    r.get::<_, String>(10)?,
+                    r.get::<_, i64>(11)?,
+                    r.get::<_, i64>(12)?,
+                ),
             ))
         })?
         .collect::<Result<Vec<_>, _>>()?;
@@ -433,7 +437,7 @@ fn read_rollout_nodes(c: &Connection, id: &str) -> Result<Vec<RolloutNodeRow>> {
         reverting,
         unreached,
         canary,
-        (kube_step, kube_since_ms),
+        (kube_step, kube_since_ms, drain_started_ms),
     ) in raw
     {
         let state = NodeState::parse(&st)
@@ -451,6 +455,7 @@ fn read_rollout_nodes(c: &Connection, id: &str) -> Result<Vec<RolloutNodeRow>> {
             canary,
             kube: KubeStep::parse(&kube_step),
             kube_since_ms,
+            drain_started_ms,
         });
     }
     Ok(nodes)

@@ -335,7 +335,7 @@ fn write_rollout(tx: &Transaction<'_>, r: &RolloutRow) -> Result<()> {
     let mut stmt = tx.prepare_cached(
         "UPDATE rollout_nodes SET previous_version = ?3, state = ?4, message = ?5, generation = ?6,
              turn_at_ms = ?7, touched = ?8, reverting = ?9, unreached = ?10, canary = ?11,
-             kube_step = ?12, kube_since_ms = ?13
+             kube_step = ?12, kube_since_ms = ?13, drain_started_ms = ?14
          WHERE rollout_id = ?1 AND node = ?2",
     )?;
     for n in &r.nodes {
@@ -352,7 +352,8 @@ fn write_rollout(tx: &Transaction<'_>, r: &RolloutRow) -> Result<()> {
             n.unreached,
             n.canary,
             n.kube.as_str(),
-            n.kube_since_ms
+            n.kube_since_ms,
+            n.drain_started_ms
         ])?;
     }
     Ok(())

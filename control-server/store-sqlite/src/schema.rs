@@ -275,4 +275,10 @@ ALTER TABLE deltas ADD COLUMN why TEXT NOT NULL DEFAULT '';
 ALTER TABLE nodes ADD COLUMN reboot TEXT;
 ALTER TABLE nodes ADD COLUMN reboot_request INTEGER NOT NULL DEFAULT 0;
 "#,
+    // When a rollout node's drain began (issue [shape-3]), so its outcome
+    // says how long the drain took without reading it back from the
+    // message (0: it did not drain, or the row is older).
+    r#"
+ALTER TABLE rollout_nodes ADD COLUMN drain_started_ms INTEGER NOT NULL DEFAULT 0;
+"#,
 ];

@@ -143,6 +143,10 @@ pub struct RolloutNodeRow {
     /// When `kube` last changed (Unix ms); the drain and Ready timeouts
     /// run from here.
     pub kube_since_ms: i64,
+    /// When this turn's drain began (Unix ms; 0: it did not drain, or the
+    /// row was stored before this was kept); with `turn_at_ms` (when it
+    /// drained) it says how long the drain took.
+    pub drain_started_ms: i64,
 }
 
 /// A draining rollout's step of one node's turn: cordoned and being
@@ -202,6 +206,7 @@ impl RolloutNodeRow {
             canary: false,
             kube: KubeStep::None,
             kube_since_ms: 0,
+            drain_started_ms: 0,
         }
     }
 

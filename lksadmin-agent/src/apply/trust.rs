@@ -201,7 +201,7 @@ impl Trust {
         } else {
             match read(path, keys, threshold) {
                 Ok(on) => Mode::On(Box::new(on)),
-                Err(why) => Mode::Broken(why),
+                Err(why) => Mode::Broken(why.to_string()),
             }
         };
         Trust {
@@ -505,11 +505,52 @@ fn write(path: &Path, file: &TrustFile) -> Result<(), FsError> {
     fsutil::write_json(path, file, 0o600)
 }
 
-/// Reads `trust.json` into the "on" state; the one line why it cannot be.
-fn read(path: &Path, keys: Vec<PublisherKey>, threshold: u32) -> Result<On, String> {
-    let bytes = fsutil::read_optional(path).map_err(|e| e.to_string())?;
-    let Some(bytes) = bytes else {
-        let root = TrustRoot::initial(keys, threshold).map_err(|e| format!("the configured trust: {e}"))?;
+/// Why `trust.json` cannot be taken as the "on" state: the one line
+/// `status` shows.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("{0}")]
+    File(#[from] FsError),
+    #[error("the configured trust: {0}")]
+    Configured(#[source] Box<TrustError>),
+    #[error("{}: release: {source}", path.display())]
+    Release {
+        path: PathBuf,
+        #[source]
+        source: ReleaseError,
+    },
+    #[error("{}: {source}", path.display())]
+    Root {
+        path: PathBuf,
+        #[source]
+        source: Box<TrustError>,
+    },
+    #[error("{}: the stored release does not match release {version} it records", path.display())]
+    Mismatch { path: PathBuf, version: u64 },
+}
+
+/// Why the release `trust.json` keeps could not be read back.
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    #[error("{0}")]
+    Base64(#[from] base64::DecodeError),
+    #[error("{0}")]
+    Decode(#[from] prost::DecodeError),
+    #[error("{0}")]
+    Trust(#[from] Box<TrustError>),
+}
+
+/// The release `trust.json` keeps (base64 of a `SignedRelease`).
+fn decode_release(b64: &str) -> Result<Release, ReleaseError> {
+    let raw = base64::engine::general_purpose::STANDARD.decode(b64)?;
+    let msg = pb::SignedRelease::decode(raw.as_slice())?;
+    Ok(SignedRelease::try_from(msg).map_err(Box::new)?.release)
+}
+
+/// Reads `trust.json` into the "on" state.
+fn read(path: &Path, keys: Vec<PublisherKey>, threshold: u32) -> Result<On, ReadError> {
+    let Some(bytes) = fsutil::read_optional(path)? else {
+        let root = TrustRoot::initial(keys, threshold).map_err(|e| ReadError::Configured(Box::new(e)))?;
         return Ok(On {
             file: TrustFile {
                 state: TrustState::new(root),
@@ -520,30 +561,28 @@ fn read(path: &Path, keys: Vec<PublisherKey>, threshold: u32) -> Result<On, Stri
             clock: None,
         });
     };
-    let file: TrustFile = fsutil::parse_json(path, &bytes).map_err(|e| e.to_string())?;
-    let bad = |why: String| format!("{}: {why}", path.display());
+    let file: TrustFile = fsutil::parse_json(path, &bytes)?;
     let release = match &file.release {
         None => None,
-        Some(b64) => {
-            let raw = base64::engine::general_purpose::STANDARD
-                .decode(b64)
-                .map_err(|e| bad(format!("release: {e}")))?;
-            let msg = pb::SignedRelease::decode(raw.as_slice()).map_err(|e| bad(format!("release: {e}")))?;
-            let signed = SignedRelease::try_from(msg).map_err(|e| bad(format!("release: {e}")))?;
-            Some(signed.release)
-        }
+        Some(b64) => Some(decode_release(b64).map_err(|source| ReadError::Release {
+            path: path.to_path_buf(),
+            source,
+        })?),
     };
     let s = &file.state;
-    file.state.root.validate().map_err(|e| bad(e.to_string()))?;
+    file.state.root.validate().map_err(|e| ReadError::Root {
+        path: path.to_path_buf(),
+        source: Box::new(e),
+    })?;
     let holds = match &release {
         None => s.release_version == 0,
         Some(r) => r.version == s.release_version && Some(r.digest()) == s.release_digest,
     };
     if !holds {
-        return Err(bad(format!(
-            "the stored release does not match release {} it records",
-            s.release_version
-        )));
+        return Err(ReadError::Mismatch {
+            path: path.to_path_buf(),
+            version: s.release_version,
+        });
     }
     Ok(On {
         file,

@@ -4,22 +4,22 @@
 
 use std::sync::{Arc, Mutex};
 
+use lks_proto::sync::lock;
 use tonic::transport::Channel;
 
 /// The channel of the current server connection, shared with blob fetches,
-/// certificate requests and renewal.
+/// certificate requests and renewal. One slot written, whole after a
+/// panic: locked with [`lock`].
 #[derive(Clone, Default)]
 pub struct SharedChannel(Arc<Mutex<Option<Channel>>>);
 
 impl SharedChannel {
     pub fn set(&self, ch: Option<Channel>) {
-        if let Ok(mut g) = self.0.lock() {
-            *g = ch;
-        }
+        *lock(&self.0) = ch;
     }
 
     pub fn get(&self) -> Option<Channel> {
-        self.0.lock().ok().and_then(|g| g.clone())
+        lock(&self.0).clone()
     }
 }
 

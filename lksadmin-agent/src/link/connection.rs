@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lks_proto::fsutil::FsError;
 use lks_proto::pb;
 use lks_proto::pb::agent_message::Msg as Out;
 use lks_proto::pb::server_message::Msg as In;
@@ -22,7 +23,7 @@ use crate::clock::now_ms;
 use crate::config::StateDir;
 use crate::link::backoff::{self, Backoff, Rotation, retry_hint};
 use crate::link::channel::SharedChannel;
-use crate::link::client::{NodeCredentials, connect_node};
+use crate::link::client::{ClientError, NodeCredentials, connect_node};
 use crate::link::status_file::ConnStatusFile;
 use crate::node::facts;
 use crate::node::notify;
@@ -96,6 +97,20 @@ impl From<String> for Failed {
             retry_after: None,
             reconnect_to: None,
         }
+    }
+}
+
+/// The line `conn.json`'s `last_error` and the log show: the error ends
+/// here.
+impl From<FsError> for Failed {
+    fn from(e: FsError) -> Self {
+        Failed::from(e.to_string())
+    }
+}
+
+impl From<ClientError> for Failed {
+    fn from(e: ClientError) -> Self {
+        Failed::from(e.to_string())
     }
 }
 
@@ -174,10 +189,10 @@ impl Connection {
         cancel: &CancellationToken,
         connected: &mut bool,
     ) -> Result<End, Failed> {
-        let creds = NodeCredentials::load(&self.dirs).map_err(|e| e.to_string())?;
+        let creds = NodeCredentials::load(&self.dirs)?;
         let channel = tokio::select! {
             _ = cancel.cancelled() => return Ok(End::Cancelled),
-            r = connect_node(url, &creds) => r.map_err(|e| e.to_string())?,
+            r = connect_node(url, &creds) => r?,
         };
         let mut client = pb::agent_service_client::AgentServiceClient::new(channel.clone());
         let (tx, rx) = mpsc::channel::<pb::AgentMessage>(64);

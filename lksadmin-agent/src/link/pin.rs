@@ -109,14 +109,14 @@ enum Finding {
 struct PinVerifier {
     pin: Digest,
     provider: Arc<CryptoProvider>,
+    /// One slot written, whole after a panic (locked with
+    /// `lks_proto::sync::lock`).
     finding: Mutex<Option<Finding>>,
 }
 
 impl PinVerifier {
     fn record(&self, f: Finding) {
-        if let Ok(mut g) = self.finding.lock() {
-            *g = Some(f);
-        }
+        *lks_proto::sync::lock(&self.finding) = Some(f);
     }
 }
 
@@ -234,7 +234,7 @@ pub async fn fetch_pinned_ca(url: &str, pin: &Digest, timeout: Duration) -> Resu
             url: url.into(),
             reason: format!("timed out after {timeout:?}"),
         })?;
-    let finding = verifier.finding.lock().ok().and_then(|mut g| g.take());
+    let finding = lks_proto::sync::lock(&verifier.finding).take();
     match (handshake, finding) {
         (Ok(_stream), Some(Finding::Found(ca))) => Ok(ca),
         (_, Some(Finding::Mismatch(presented))) => Err(PinError::Mismatch {

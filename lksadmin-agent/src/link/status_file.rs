@@ -52,7 +52,10 @@ impl ConnStatusFile {
 
     /// Applies `f` and writes the file.
     pub fn update(&self, f: impl FnOnce(&mut ConnStatus)) {
-        let Ok(mut cur) = self.cur.lock() else { return };
+        // A status each update rewrites fields of and writes whole: what a
+        // panic in `f` left is written over by the next update, so the
+        // lock is taken as it is rather than every update dropped.
+        let mut cur = lks_proto::sync::lock(&self.cur);
         f(&mut cur);
         cur.updated_at_ms = now_ms();
         if let Err(e) = fsutil::write_json(&self.dirs.status(), &*cur, 0o644) {
@@ -61,6 +64,6 @@ impl ConnStatusFile {
     }
 
     pub fn get(&self) -> ConnStatus {
-        self.cur.lock().map(|c| c.clone()).unwrap_or_default()
+        lks_proto::sync::lock(&self.cur).clone()
     }
 }

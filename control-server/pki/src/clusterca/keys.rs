@@ -56,7 +56,9 @@ impl ClusterCas {
     /// The CA of `cluster`, ready to sign; `None` if the cluster does not
     /// exist or has no CA.
     pub async fn load(&self, cluster: &str) -> Result<Option<Arc<ClusterCa>>, KeyError> {
-        if let Some(ca) = self.cache.lock().ok().and_then(|c| c.get(cluster).cloned()) {
+        // One insert or lookup at a time, whole after a panic.
+        let cached = lks_proto::sync::lock(&self.cache).get(cluster).cloned();
+        if let Some(ca) = cached {
             return Ok(Some(ca));
         }
         let Some(stored) = self.store.cluster_ca(cluster).await? else {
@@ -69,9 +71,7 @@ impl ClusterCas {
                 source,
             })?,
         );
-        if let Ok(mut c) = self.cache.lock() {
-            c.insert(cluster.to_string(), ca.clone());
-        }
+        lks_proto::sync::lock(&self.cache).insert(cluster.to_string(), ca.clone());
         Ok(Some(ca))
     }
 

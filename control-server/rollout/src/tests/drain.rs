@@ -222,3 +222,28 @@ fn a_rollback_drains_each_node_it_returns() {
     let d = step(&r, &v, at(6_000)).unwrap();
     assert_eq!(d.assign, [("a".to_string(), Some("1".to_string()))]);
 }
+
+#[test]
+fn the_drain_time_comes_from_the_row_not_its_message() {
+    let mut r = draining(&["a"], 1, 1);
+    let mut v = views(&["a"]);
+    let mut g = 0;
+    r = commit(step(&r, &v, at(1_000)).unwrap(), &mut v, &mut g);
+    assert_eq!(node(&r, "a").drain_started_ms, 1_000, "kept when the drain began");
+    fact(&mut v, "a", Some(KubeFact::Drained("0 pods evicted".into())));
+    r = commit(step(&r, &v, at(4_500)).unwrap(), &mut v, &mut g);
+    fact(&mut v, "a", None);
+    // Whatever the message says now, the outcome is computed.
+    r.nodes[0].message = "drained in 99s; something else".into();
+    reply(&mut v, &r, "a", V, BundleState::Applied);
+    r = commit(step(&r, &v, at(5_000)).unwrap(), &mut v, &mut g);
+    assert_eq!(
+        node(&r, "a").message,
+        "applied 2 (drained in 3.5s); waiting for the Node to be Ready"
+    );
+    // A row a previous release stored has no start: no drain time, no guess.
+    r.nodes[0].drain_started_ms = 0;
+    fact(&mut v, "a", Some(KubeFact::Ready));
+    r = commit(step(&r, &v, at(6_000)).unwrap(), &mut v, &mut g);
+    assert_eq!(node(&r, "a").message, "at 2; Ready 1.0s after it applied");
+}

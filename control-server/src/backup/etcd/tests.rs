@@ -16,6 +16,6 @@ fn keys_round_trip_through_the_entry_format() {
     std::fs::write(&path, &w).unwrap();
     assert_eq!(read_pairs(&path).unwrap(), pairs);
     std::fs::write(&path, &w[..w.len() - 1]).unwrap();
-    let e = read_pairs(&path).unwrap_err();
+    let e = read_pairs(&path).unwrap_err().to_string();
     assert!(e.contains("ends inside a value"), "{e}");
 }

@@ -3,7 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use lks_proto::{BundleState, Digest, Manifest};
+use lks_proto::elf::ElfError;
+use lks_proto::{BundlePath, BundleState, Digest, Manifest};
 
 use super::{Engine, EngineError, Verdict};
 use crate::apply::selfupdate::{self, HANDING_OVER, Paths, Pending, ROLLED_BACK, TRYING};
@@ -32,7 +33,7 @@ impl Engine {
         let f = &m.files[0];
         let own = match self.self_update_refusal(m) {
             Ok(own) => own,
-            Err(why) => return self.fail_once(name, version, why, Some(key)),
+            Err(why) => return self.fail_once(name, version, why.to_string(), Some(key)),
         };
         let paths = self.su_paths();
         lks_proto::fsutil::create_dir(&paths.dir, 0o700)?;
@@ -91,28 +92,32 @@ impl Engine {
     /// Why this agent will not take the self-update `m`: its own binary
     /// cannot be found, `m` would replace another file, or the new binary
     /// is not for this host. Otherwise the path this agent runs from.
-    fn self_update_refusal(&self, m: &Manifest) -> Result<PathBuf, String> {
+    fn self_update_refusal(&self, m: &Manifest) -> Result<PathBuf, Refusal> {
         let f = &m.files[0];
         let target = self.root_path.join(f.path.relative());
-        let own = selfupdate::own_exe().map_err(|e| format!("self-update: find this agent's binary: {e}"))?;
+        let own = selfupdate::own_exe().map_err(Refusal::OwnExe)?;
         match target.canonicalize() {
             Ok(t) if t == own => {}
             _ => {
-                return Err(format!(
-                    "self-update refused: it would replace {} but this agent runs from {}",
-                    f.path,
-                    own.display()
-                ));
+                return Err(Refusal::OtherFile {
+                    path: f.path.clone(),
+                    own,
+                });
             }
         }
         let blob = self.cache.blob_path(&f.digest);
-        let refused = match selfupdate::head(&blob, 64) {
-            Ok(h) => lks_proto::elf::check_for_host(&h).err().map(|e| e.to_string()),
-            Err(e) => Some(e.to_string()),
-        };
-        match refused {
-            Some(e) => Err(format!("self-update refused: {} is {e}", f.path)),
-            None => Ok(own),
+        match selfupdate::head(&blob, 64) {
+            Ok(h) => match lks_proto::elf::check_for_host(&h) {
+                Ok(_) => Ok(own),
+                Err(source) => Err(Refusal::NotForHost {
+                    path: f.path.clone(),
+                    source,
+                }),
+            },
+            Err(source) => Err(Refusal::Unreadable {
+                path: f.path.clone(),
+                source,
+            }),
         }
     }
 
@@ -241,10 +246,7 @@ impl Engine {
             return Ok(());
         };
         let paths = self.su_paths();
-        let m: Manifest = match std::fs::read(paths.manifest())
-            .map_err(|e| e.to_string())
-            .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
-        {
+        let m: Manifest = match read_record(&paths.manifest()) {
             Ok(m) => m,
             Err(e) => {
                 tracing::error!("self-update record unreadable ({e}); keeping this agent");
@@ -294,16 +296,59 @@ impl Engine {
     }
 }
 
+/// Why this agent will not take a self-update: the one line its status
+/// shows.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("self-update: find this agent's binary: {0}")]
+    OwnExe(#[source] std::io::Error),
+    #[error("self-update refused: it would replace {path} but this agent runs from {}", own.display())]
+    OtherFile { path: BundlePath, own: PathBuf },
+    #[error("self-update refused: {path} is {source}")]
+    NotForHost {
+        path: BundlePath,
+        #[source]
+        source: ElfError,
+    },
+    #[error("self-update refused: {path} is {source}")]
+    Unreadable {
+        path: BundlePath,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Why the new binary could not be staged for the guard.
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("staged copy has digest {got}, expected {want}")]
+    Digest { got: Digest, want: Digest },
+}
+
+/// Why the hand-over's manifest could not be read back.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("{0}")]
+    Read(#[from] std::io::Error),
+    #[error("{0}")]
+    Parse(#[from] serde_json::Error),
+}
+
+/// The manifest `save_hand_over` wrote.
+fn read_record(path: &Path) -> Result<Manifest, RecordError> {
+    Ok(serde_json::from_slice(&std::fs::read(path)?)?)
+}
+
 /// A verified copy of `blob` at `staged`, executable, synced: what the
 /// guard installs.
-fn stage_binary(blob: &Path, staged: &Path, digest: &Digest) -> Result<(), String> {
-    std::fs::copy(blob, staged)
-        .and_then(|_| std::fs::set_permissions(staged, std::os::unix::fs::PermissionsExt::from_mode(0o755)))
-        .and_then(|()| std::fs::File::open(staged)?.sync_all())
-        .map_err(|e| e.to_string())
-        .and_then(|()| match selfupdate::file_digest(staged) {
-            Ok(d) if d == *digest => Ok(()),
-            Ok(d) => Err(format!("staged copy has digest {d}, expected {digest}")),
-            Err(e) => Err(e.to_string()),
-        })
+fn stage_binary(blob: &Path, staged: &Path, digest: &Digest) -> Result<(), StageError> {
+    std::fs::copy(blob, staged)?;
+    std::fs::set_permissions(staged, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    std::fs::File::open(staged)?.sync_all()?;
+    match selfupdate::file_digest(staged)? {
+        d if d == *digest => Ok(()),
+        got => Err(StageError::Digest { got, want: *digest }),
+    }
 }
