@@ -112,7 +112,10 @@ impl NodeStore for EtcdStore {
                 d.retry.insert(b.clone(), g);
             }
             let event = EventRow::retry(&n.cluster, name, &bundles, admin, now_ms);
-            if self.put_desired_if_unchanged((&node, &nkey), (&desired, &dkey), &d, event).await? {
+            if self
+                .put_desired_if_unchanged((&node, &nkey), (&desired, &dkey), &d, event)
+                .await?
+            {
                 return Ok(Some(bundles));
             }
         }
@@ -132,7 +135,10 @@ impl NodeStore for EtcdStore {
             d.generation = g;
             d.reboot = g;
             let event = EventRow::reboot_requested(&n.cluster, name, admin, now_ms);
-            if self.put_desired_if_unchanged((&node, &nkey), (&desired, &dkey), &d, event).await? {
+            if self
+                .put_desired_if_unchanged((&node, &nkey), (&desired, &dkey), &d, event)
+                .await?
+            {
                 return Ok(Some(g));
             }
         }
@@ -239,7 +245,8 @@ impl EtcdStore {
         if let Some(op) = self.event_op(&[event])? {
             ops.push(op);
         }
-        self.txn(vec![node.compare(nkey), desired.compare(dkey)], ops).await
+        self.txn(vec![node.compare(nkey), desired.compare(dkey)], ops)
+            .await
     }
 }
 
