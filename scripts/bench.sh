@@ -1553,7 +1553,7 @@ if want delta-cost; then
   made_total() { curl -fsS "http://127.0.0.1:$srv_metrics_port/metrics" | awk '/^lks_delta_patches_total/ { n += $2 } END { print n + 0 }'; }
   echo "## The delta maker's cost against bsdiff and zstd --patch-from (issue [upgrade-cost] item 3)"
   echo
-  echo "Load average at the start: $(cut -d' ' -f1-3 /proc/loadavg). Maker: the release server (\`--delta-interval 1s\`, defaults otherwise: \`--delta-min-saving\` 20, \`--delta-max-memory\` 2 GiB), data dir on tmpfs. bsdiff $(dpkg-query -W -f '${Version}' bsdiff 2>/dev/null), $(zstd --version | head -1)."
+  echo "Load average at the start: $(cut -d' ' -f1-3 /proc/loadavg). Maker: the release server (\`--delta-interval 1s\`, defaults otherwise: \`--delta-min-saving\` 20, \`--delta-max-memory\` 2 GiB), data dir on tmpfs. bsdiff $(dpkg-query -W -f '${Version}' bsdiff 2>/dev/null), zstd $(zstd --version | grep -o "v[0-9.]*" | head -1)."
   echo
   echo "| pair (new file) | maker: result | maker: CPU | CPU per MiB | server peak RSS: publish only → publish + maker | bsdiff: CPU, peak RSS | bsdiff patch | zstd -19 --patch-from: CPU, peak RSS | zstd patch | sha256sum: CPU, peak RSS |"
   echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
@@ -1593,6 +1593,9 @@ if want delta-cost; then
     bs=$(timed bsdiff "$d/old" "$d/new" "$dc/$pair.bsdiff")
     zs=$(timed zstd -q -f -19 --long=28 --patch-from="$d/old" "$d/new" -o "$dc/$pair.zst")
     sh=$(timed sha256sum "$d/new")
+    # A tool stopped by the time limit left a partial patch: not a size.
+    [[ $bs != ">"* ]] || rm -f "$dc/$pair.bsdiff"
+    [[ $zs != ">"* ]] || rm -f "$dc/$pair.zst"
     echo "| $pair ($mib MiB) | ${result:-none} | $cpu s | $(python3 -c "print(round($cpu / $mib * 1000, 1))") ms | ${peaks[0]} → ${peaks[1]} MiB | $bs | $(size_of "$dc/$pair.bsdiff" "$d/new") | $zs | $(size_of "$dc/$pair.zst" "$d/new") | $sh |"
     rm -f "$dc/$pair.bsdiff" "$dc/$pair.zst"
   done
