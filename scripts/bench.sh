@@ -53,6 +53,10 @@
 #     size, RSS per replica and per agent), then a fresh region again with
 #     the leading replica killed mid-rollout; baseline: one SQLite server
 #     with 10,000 agents and the same rollout.
+#   - delta-cost: the server's delta maker on kubectl 1.37.0 -> 1.37.1 and
+#     on two unrelated 256 MiB files (CPU seconds by its metrics, peak RSS),
+#     baseline: bsdiff 4.3 and zstd -19 --patch-from of the same pairs and
+#     sha256sum of the new file (issue [upgrade-cost] item 3).
 #   - kube-drain: what a drained node's turn adds to a rollout (cordon,
 #     evictions under a PodDisruptionBudget, Ready gate, uncordon) on a
 #     real kube-apiserver and controller manager (tests/src/kube.rs), with
@@ -68,7 +72,9 @@
 #        FOOTPRINT_SECONDS=600 bash scripts/bench.sh 1000 10000
 # Needs python3 (medians), curl, openssl (the upgrade baseline), for the HA
 # section etcd, for the s3 section s3s-fs (scripts/setup.sh installs it),
-# python3-venv and PyPI (boto3, into a throwaway venv). Not run by CI.
+# python3-venv and PyPI (boto3, into a throwaway venv), for the delta-cost
+# section bsdiff and zstd (apt-get install bsdiff zstd) and PyPI (the
+# kubectl releases). Not run by CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
