@@ -200,20 +200,27 @@ pub fn hello(h: &pb::Hello) -> Result<Hello, ReportError> {
     })
 }
 
-/// Records `node`'s `Hello` at `now_ms`: facts, what it holds and its
-/// trust in one write (a reconnect storm costs one write per node, and an
-/// agent that stopped reporting its trust shows none). Returns the trust
-/// now stored.
+/// Records `node`'s `Hello` at `now_ms`: facts, what it holds, its trust
+/// and its reboot state in one write (a reconnect storm costs one write per
+/// node, and an agent that stopped reporting either shows none). Returns
+/// the trust and reboot state now stored.
 pub async fn record_hello(
     store: &(impl NodeStatusStore + ?Sized),
     node: &str,
     h: Hello,
     now_ms: i64,
-) -> Result<Option<NodeTrust>, OpError> {
+) -> Result<(Option<NodeTrust>, Option<NodeReboot>), OpError> {
     store
-        .node_hello(node, &h.facts_json, h.held, h.trust.clone(), now_ms)
+        .node_hello(
+            node,
+            &h.facts_json,
+            h.held,
+            h.trust.clone(),
+            h.reboot.clone(),
+            now_ms,
+        )
         .await?;
-    Ok(h.trust)
+    Ok((h.trust, h.reboot))
 }
 
 /// A status report, checked.
@@ -501,7 +508,10 @@ mod tests {
 
         h.trust = None;
         let checked = hello(&h).unwrap();
-        assert_eq!(record_hello(&store, "n1", checked, 7).await.unwrap(), None);
+        assert_eq!(
+            record_hello(&store, "n1", checked, 7).await.unwrap(),
+            (None, None)
+        );
         let n = store.get_node("n1").await.unwrap().unwrap();
         assert!(n.connected);
         let facts: serde_json::Value = serde_json::from_str(&n.facts_json).unwrap();

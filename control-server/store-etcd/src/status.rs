@@ -64,6 +64,7 @@ pub(super) enum Update {
         facts_json: String,
         held: Vec<BundleStatusRow>,
         trust: Option<NodeTrust>,
+        reboot: Option<NodeReboot>,
         now_ms: i64,
     },
 }
@@ -199,10 +200,12 @@ pub(super) fn node_update(
             facts_json,
             held,
             trust,
+            reboot,
             now_ms,
         } => {
             d.facts_json = facts_json.as_str().into();
             d.trust = trust.clone().map(Box::new);
+            d.reboot = reboot.clone().map(Box::new);
             d.replica = store.replica.clone();
             d.last_seen_ms = d.last_seen_ms.max(*now_ms);
             // The Hello lists everything the node holds.
@@ -475,6 +478,7 @@ impl NodeStatusStore for EtcdStore {
         facts_json: &str,
         held: Vec<BundleStatusRow>,
         trust: Option<NodeTrust>,
+        reboot: Option<NodeReboot>,
         now_ms: i64,
     ) -> Result<()> {
         self.heard_at
@@ -486,6 +490,7 @@ impl NodeStatusStore for EtcdStore {
             facts_json: facts_json.to_string(),
             held,
             trust,
+            reboot,
             now_ms,
         };
         self.update_node_batched(name, update).await

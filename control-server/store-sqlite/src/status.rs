@@ -15,14 +15,17 @@ impl NodeStatusStore for SqliteStore {
         facts_json: &str,
         held: Vec<BundleStatusRow>,
         trust: Option<NodeTrust>,
+        reboot: Option<NodeReboot>,
         now_ms: i64,
     ) -> Result<()> {
         let (name, facts) = (name.to_string(), facts_json.to_string());
         let trust = trust.map(|t| serde_json::to_string(&t)).transpose()?;
+        let reboot = reboot.map(|r| serde_json::to_string(&r)).transpose()?;
         self.tx(move |tx| {
             tx.execute(
-                "UPDATE nodes SET facts = ?2, connected = 1, last_seen_ms = ?3, trust = ?4 WHERE name = ?1",
-                params![name, facts, now_ms, trust],
+                "UPDATE nodes SET facts = ?2, connected = 1, last_seen_ms = ?3, trust = ?4, reboot = ?5 \
+                 WHERE name = ?1",
+                params![name, facts, now_ms, trust, reboot],
             )?;
             // The Hello lists everything the node holds; anything else it
             // reported earlier is gone.

@@ -376,13 +376,15 @@ pub trait NodeStore: Send + Sync {
 #[async_trait]
 pub trait NodeStatusStore: Send + Sync {
     /// Records a `Hello`: facts, what the node holds, its release trust
-    /// (`None`: not reported, so none is shown), connected. One write.
+    /// and its reboot state (each `None`: not reported, so none is shown),
+    /// connected. One write.
     async fn node_hello(
         &self,
         name: &str,
         facts_json: &str,
         held: Vec<BundleStatusRow>,
         trust: Option<NodeTrust>,
+        reboot: Option<NodeReboot>,
         now_ms: i64,
     ) -> Result<()>;
     /// [`NodeStatusStore::node_hello`] of an agent that reports no trust.
@@ -393,7 +395,7 @@ pub trait NodeStatusStore: Send + Sync {
         held: Vec<BundleStatusRow>,
         now_ms: i64,
     ) -> Result<()> {
-        self.node_hello(name, facts_json, held, None, now_ms).await
+        self.node_hello(name, facts_json, held, None, None, now_ms).await
     }
     async fn node_disconnected(&self, name: &str, now_ms: i64) -> Result<()>;
     /// Records the node's release trust as it reported it (callers write

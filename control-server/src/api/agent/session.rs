@@ -357,23 +357,26 @@ impl Session {
     }
 
     async fn hello(&mut self, h: pb::Hello) -> Result<(), Status> {
-        let mut checked = session::hello(&h).map_err(OpError::from)?;
+        let checked = session::hello(&h).map_err(OpError::from)?;
         self.reboot_feature = h
             .features
             .iter()
             .any(|f| f == lks_proto::manifest::FEATURE_REBOOT);
-        let reboot = checked.reboot.take();
         let now = now_ms();
         self.s.hub.heard(&self.caller.id.node, now);
-        let reported = session::record_hello(&*self.s.store, &self.caller.id.node, checked, now).await?;
+        let (trust, reboot) =
+            session::record_hello(&*self.s.store, &self.caller.id.node, checked, now).await?;
         self.s.rollouts_changed.notify_one();
-        self.trust_recorded(reported);
-        // A reconnect may be the end of a reboot: stored whatever this
-        // stream stored before.
-        self.reboot = None;
-        if let Some(r) = reboot {
-            self.record_reboot(r).await?;
+        self.trust_recorded(trust);
+        // With the Hello's own write (a reconnect may be the end of a
+        // reboot), not one more per connect.
+        if let Some(r) = reboot
+            .as_ref()
+            .filter(|r| r.state != crate::store::RebootState::None)
+        {
+            tracing::info!(state = r.state.as_str(), reason = %r.reason, "reboot state");
         }
+        self.reboot = reboot.map(Box::new);
         tracing::info!(agent_version = %h.agent_version, have_generation = h.desired_generation, "agent connected");
         Ok(())
     }

@@ -323,4 +323,22 @@ pub async fn a_nodes_reboot_state_and_requests_are_kept(s: &dyn Store) {
     };
     s.record_reboot("r1", rebooting.clone()).await.unwrap();
     assert_eq!(s.get_node("r1").await.unwrap().unwrap().reboot, Some(rebooting));
+
+    // A Hello carries the state in its own write (a new boot: none owed);
+    // one without it (an older agent) leaves none shown.
+    let back = NodeReboot {
+        state: RebootState::None,
+        reason: String::new(),
+        since_ms: 0,
+        boot_id: "b-2".into(),
+        request: again,
+    };
+    s.node_hello("r1", "{}", Vec::new(), None, Some(back.clone()), 4_000)
+        .await
+        .unwrap();
+    assert_eq!(s.get_node("r1").await.unwrap().unwrap().reboot, Some(back));
+    s.node_hello("r1", "{}", Vec::new(), None, None, 5_000)
+        .await
+        .unwrap();
+    assert_eq!(s.get_node("r1").await.unwrap().unwrap().reboot, None);
 }

@@ -149,7 +149,7 @@ pub async fn a_nodes_reported_trust_is_kept_with_it(s: &dyn Store) {
         release_expires_at_ms: 1_000,
         root_version: 2,
     };
-    s.node_hello("w1", "{}", Vec::new(), Some(stale.clone()), 2_000)
+    s.node_hello("w1", "{}", Vec::new(), Some(stale.clone()), None, 2_000)
         .await
         .unwrap();
     s.record_status("w1", vec![held("1", 1)]).await.unwrap();
