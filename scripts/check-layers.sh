@@ -54,13 +54,13 @@ CRATES = {
     "control-server/store/src": """
         clock
         tokens audit deltas
-        clusters nodes bundles releases rollouts events blobrecs
+        clusters nodes bundles releases rollouts events blobrecs plans
         dump
         conformance
     """,
     "control-server/store-sqlite/src": """
         schema
-        tokens audit deltas clusters nodes bundles desired releases rollouts status events blobrecs
+        tokens audit deltas clusters nodes bundles desired releases rollouts status events blobrecs plans
         dump snapshot
     """,
     # etcd: key limits, names and reads; the documents (a rollout's in
@@ -76,7 +76,7 @@ CRATES = {
         identity replicas load chunks swarm
         clusters bundles bundledocs blobrecs seen status
         cache
-        desired nodes import archive rollouts
+        desired nodes import archive rollouts plans
         start
         testing tests
     """,
@@ -142,6 +142,7 @@ CRATES = {
         decision ages
         drain
         settle canary batch complete verbs
+        plan
         tests
     """,
     # lks-tracker: the ledger the replicas share, under the tracker

@@ -27,6 +27,9 @@ pub(super) struct ClusterDoc {
     /// Documents written before peer sharing read as the defaults (off).
     #[serde(default)]
     pub(super) peer: PeerSettings,
+    /// The cluster's labels (issue [fleet-plans]); none in older documents.
+    #[serde(default, skip_serializing_if = "Labels::is_empty")]
+    pub(super) labels: Labels,
 }
 
 impl ClusterDoc {
@@ -38,6 +41,7 @@ impl ClusterDoc {
             ca_key: c.ca.as_ref().map(|a| a.key.clone()),
             api_server: c.api_server.clone(),
             peer: PeerSettings::default(),
+            labels: Labels::new(),
         }
     }
 
@@ -51,6 +55,7 @@ impl ClusterDoc {
             api_server: self.api_server,
             peer: self.peer,
             kube: KubeFlags::default(),
+            labels: self.labels,
         }
     }
 }

@@ -281,4 +281,15 @@ ALTER TABLE nodes ADD COLUMN reboot_request INTEGER NOT NULL DEFAULT 0;
     r#"
 ALTER TABLE rollout_nodes ADD COLUMN drain_started_ms INTEGER NOT NULL DEFAULT 0;
 "#,
+    // Release plans (issue [fleet-plans]): each plan one JSON record
+    // (`lks_store::PlanRow`) with the revision its next write compares;
+    // and each cluster's labels, which plans select clusters by.
+    r#"
+CREATE TABLE plans (
+    name     TEXT PRIMARY KEY,
+    doc      TEXT NOT NULL,
+    revision INTEGER NOT NULL
+);
+ALTER TABLE clusters ADD COLUMN labels TEXT NOT NULL DEFAULT '{}';
+"#,
 ];

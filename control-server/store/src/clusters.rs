@@ -4,6 +4,8 @@
 
 use async_trait::async_trait;
 
+use lks_proto::labels::Labels;
+
 use super::{EventRow, Result, StoreError};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,6 +28,9 @@ pub struct ClusterRow {
     pub peer: PeerSettings,
     /// Whether the cluster has a tenant kubeconfig, and drains by default.
     pub kube: KubeFlags,
+    /// The cluster's labels (`cluster set NAME --labels k=v,…`), which
+    /// release plans select clusters by.
+    pub labels: Labels,
 }
 
 /// What a [`ClusterRow`] shows of a cluster's tenant Kubernetes access:
@@ -157,6 +162,7 @@ impl NewCluster {
             api_server: self.api_server.clone(),
             peer: PeerSettings::default(),
             kube: KubeFlags::default(),
+            labels: Labels::new(),
         }
     }
 }
@@ -241,6 +247,9 @@ pub trait ClusterStore: Send + Sync {
     /// Replaces the cluster's peer-sharing settings and records `event`.
     /// `NotFound` if the cluster does not exist.
     async fn set_cluster_peer(&self, name: &str, peer: PeerSettings, event: EventRow) -> Result<ClusterRow>;
+    /// Replaces the cluster's labels and records `event`. `NotFound` if
+    /// the cluster does not exist.
+    async fn set_cluster_labels(&self, name: &str, labels: Labels, event: EventRow) -> Result<ClusterRow>;
     /// The cluster's tenant Kubernetes access, its kubeconfig as stored;
     /// `None` if the cluster does not exist.
     async fn cluster_kube(&self, name: &str) -> Result<Option<ClusterKube>>;

@@ -28,6 +28,7 @@ pub mod deltas;
 mod dump;
 mod events;
 mod nodes;
+mod plans;
 mod releases;
 mod rollouts;
 mod tokens;
@@ -40,6 +41,7 @@ pub use deltas::{DeltaRow, DeltaStore, NoPatch};
 pub use dump::*;
 pub use events::*;
 pub use nodes::*;
+pub use plans::*;
 pub use releases::*;
 pub use rollouts::*;
 pub use tokens::*;
@@ -124,6 +126,8 @@ pub enum Kind {
     Release,
     /// A trust-root rotation (`VERSION of CLUSTER`).
     Root,
+    /// A release plan.
+    Plan,
 }
 
 impl Kind {
@@ -131,7 +135,7 @@ impl Kind {
         match self {
             Kind::Node => "is not enrolled",
             Kind::Bundle => "is not published",
-            Kind::Cluster | Kind::Rollout | Kind::Release | Kind::Root => "does not exist",
+            Kind::Cluster | Kind::Rollout | Kind::Release | Kind::Root | Kind::Plan => "does not exist",
         }
     }
 }
@@ -145,6 +149,7 @@ impl std::fmt::Display for Kind {
             Kind::Rollout => "rollout",
             Kind::Release => "release",
             Kind::Root => "trust root",
+            Kind::Plan => "plan",
         })
     }
 }
@@ -279,6 +284,7 @@ pub trait Store:
     + ReleaseStore
     + BlobRecords
     + DeltaStore
+    + PlanStore
     + Send
     + Sync
     + 'static
@@ -298,6 +304,7 @@ impl<T> Store for T where
         + ReleaseStore
         + BlobRecords
         + DeltaStore
+        + PlanStore
         + Send
         + Sync
         + 'static
