@@ -94,7 +94,7 @@ CRATES = {
         metrics authz peers releases
         packages tlsaccept controller
         context
-        replicas migrate backup rebalance ops api
+        replicas migrate backup rebalance ops plans api
         server
     """,
     # bottom: time, fault points, the state dir and agent.toml
@@ -169,6 +169,7 @@ CRATES = {
         audit bundle cluster event node token
         release
         rollout
+        plan
         console
     """,
     # lks-loadgen: the command line, the report, one simulated agent, then

@@ -12,6 +12,7 @@ use lks_proto::duration::parse_duration;
 use lks_proto::pb;
 
 use crate::client::{Client, status};
+use crate::flags::labels;
 use crate::output::{self, Format, print_json};
 
 #[derive(Subcommand)]
@@ -280,7 +281,7 @@ pub struct SetFlags {
         required_unless_present_any = [
             "no_maintenance_window", "api_server", "no_api_server", "ca_cert", "ca_key", "generate_ca",
             "peer_sharing", "peer_port", "peer_upload_rate", "peer_max_uploads",
-            "kubeconfig", "drain"
+            "kubeconfig", "drain", "labels", "no_labels"
         ]
     )]
     pub maintenance_window: Vec<String>,
@@ -327,6 +328,17 @@ pub struct SetFlags {
     /// unless `rollout start` says otherwise; needs a kubeconfig.
     #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
     drain: Option<bool>,
+    /// The cluster's labels, k=v,… (replaces them all); release plans
+    /// select clusters by them (`plan create --group NAME=k=v`).
+    #[arg(long, value_name = "k=v,…", value_parser = parse_cluster_labels)]
+    labels: Option<lks_proto::labels::Labels>,
+    /// Remove every label of the cluster.
+    #[arg(long, conflicts_with = "labels")]
+    no_labels: bool,
+}
+
+fn parse_cluster_labels(s: &str) -> anyhow::Result<lks_proto::labels::Labels> {
+    labels("--labels", s)
 }
 
 /// `cluster set`: reads the files it names, sends the change, and says
@@ -348,7 +360,10 @@ async fn set(c: &mut Client, url: &str, f: SetFlags) -> anyhow::Result<()> {
         peer_max_uploads,
         kubeconfig,
         drain,
+        labels: cluster_labels,
+        no_labels,
     } = f;
+    let labelled = cluster_labels.is_some() || no_labels;
     let windows = no_maintenance_window || !maintenance_window.is_empty();
     let clear_kubeconfig = kubeconfig.as_deref() == Some(Path::new("none"));
     let kubeconfig_text = match &kubeconfig {
@@ -378,6 +393,8 @@ async fn set(c: &mut Client, url: &str, f: SetFlags) -> anyhow::Result<()> {
             kubeconfig: kubeconfig_text,
             clear_kubeconfig,
             drain,
+            labels: cluster_labels.unwrap_or_default().into_iter().collect(),
+            clear_labels: no_labels,
         })
         .await
         .map_err(st)
@@ -408,6 +425,9 @@ async fn set(c: &mut Client, url: &str, f: SetFlags) -> anyhow::Result<()> {
         let how = if d { "drain" } else { "do not drain" };
         outln!("cluster {name}: rollouts {how} nodes by default");
     }
+    if labelled {
+        outln!("cluster {name}: labels {}", output::labels_text(&r.labels));
+    }
     Ok(())
 }
 
@@ -432,6 +452,7 @@ fn clusters_table(clusters: &[pb::Cluster]) -> String {
                 },
                 output::windows_text(c),
                 output::peer_text(c),
+                output::labels_text(&c.labels),
             ]
         })
         .collect();
@@ -444,6 +465,7 @@ fn clusters_table(clusters: &[pb::Cluster]) -> String {
             "CA",
             "MAINTENANCE WINDOWS",
             "PEER SHARING",
+            "LABELS",
         ],
         &rows,
     )

@@ -285,7 +285,7 @@ fn settle(c: &mut PlanClusterRow, r: &RolloutSeen, now_ms: i64) -> Option<(&'sta
             C::RolledBack,
             "plan_cluster_rolled_back",
             false,
-            format!("rolled back ({} node(s) returned)", r.updated),
+            format!("rollout {} rolled back", c.rollout_id),
         ),
         _ => return None,
     };

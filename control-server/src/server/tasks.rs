@@ -95,6 +95,13 @@ pub(super) fn spawn_tasks(shared: &Arc<Shared>, cfg: &Config, etcd: Option<&Etcd
             .tasks
             .spawn(make_deltas(shared.clone(), interval, cfg.delta_limits));
     }
+    shared.tasks.spawn(crate::plans::run(crate::plans::Deps {
+        store: shared.store.clone(),
+        rollouts: shared.rollouts.clone(),
+        metrics: shared.metrics.clone(),
+        leader: shared.leader.clone(),
+        cancel: cancel.clone(),
+    }));
     shared.tasks.spawn(controller::run(
         controller::Deps {
             store: shared.store.clone(),
