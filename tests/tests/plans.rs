@@ -7,7 +7,9 @@
 //! cluster halts the plan at its budget, `plan resume` carries on to the
 //! end, and `plan rollback` rolls back every cluster rollout the plan
 //! started. `--dry-run` first shows the plan and stores nothing; a cluster
-//! without nodes is skipped and listed.
+//! without nodes is skipped and listed. On etcd replicas, the leader killed
+//! mid-plan (kill -9): the next one carries the plan on from the store, and
+//! every cluster's rollout is started once.
 
 // Test code: a helper that fails panics with what it was doing, as a
 // #[test] does (clippy.toml allows that only inside #[test] functions).
@@ -18,6 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use lks_e2e::etcd::Etcd;
 use lks_e2e::server::{Server, TestNode};
 use lks_e2e::{one_line_error, wait_until};
 use lks_proto::pb;
@@ -26,18 +29,22 @@ use serde_json::Value;
 /// Groups: canary = c1 (by name), early = tier=early (c2, c3), rest = *
 /// (c4, c5, c6 and c7, which has no node).
 const CLUSTERS: [&str; 7] = ["c1", "c2", "c3", "c4", "c5", "c6", "c7"];
-/// The cluster whose nodes fail the version.
-const BAD: &str = "c5";
+/// The cluster whose nodes fail the version, first of the last group.
+const BAD: &str = "c4";
+/// The cluster beside it, whose nodes take 2 s to apply: still running
+/// when BAD fails, so the halt pauses its rollout and c6 is never started.
+const SLOW: &str = "c5";
 const IN_FLIGHT: usize = 2;
 
 /// A test agent: reports every bundle of each desired state applied (or
 /// failed while `fail` is set), and an empty report when nothing is desired.
-async fn agent(node: TestNode, fail: Arc<AtomicBool>) {
+async fn agent(node: TestNode, fail: Arc<AtomicBool>, delay: Duration) {
     let (tx, mut stream) = node.connect(Vec::new()).await.expect("connect");
     while let Ok(Some(m)) = stream.message().await {
         let Some(pb::server_message::Msg::Desired(d)) = m.msg else {
             continue;
         };
+        tokio::time::sleep(delay).await;
         let state = if fail.load(Ordering::Relaxed) {
             pb::BundleState::Failed
         } else {
@@ -159,7 +166,8 @@ async fn fleet(s: &Server) -> HashMap<String, Arc<AtomicBool>> {
         let t = s.token(c, &["--uses", "2"]);
         for i in 0..2 {
             let node = TestNode::enroll(s, &t, &format!("{c}-n{i}"), &[("role", "worker")]).await;
-            tokio::spawn(agent(node, f.clone()));
+            let delay = Duration::from_millis(if c == SLOW { 2000 } else { 0 });
+            tokio::spawn(agent(node, f.clone(), delay));
         }
     }
     for c in ["c2", "c3"] {
@@ -260,6 +268,11 @@ async fn a_plan_goes_group_by_group_halts_at_its_budget_resumes_and_rolls_back()
     let p = sample_until(&s, "completion", &mut max_seen, |p| p["state"] == "completed");
     assert_eq!(state_of(&p, "c6")["state"], "completed", "{p:#}");
     assert_eq!(
+        state_of(&p, SLOW)["state"],
+        "completed",
+        "its rollout resumed: {p:#}"
+    );
+    assert_eq!(
         state_of(&p, BAD)["state"],
         "failed",
         "a failed cluster stays failed: {p:#}"
@@ -268,7 +281,10 @@ async fn a_plan_goes_group_by_group_halts_at_its_budget_resumes_and_rolls_back()
         p["skipped"].as_array().unwrap().iter().any(|c| c == "c7"),
         "{p:#}"
     );
-    assert!((1..=IN_FLIGHT).contains(&max_seen), "{max_seen} clusters in flight at most");
+    assert!(
+        (1..=IN_FLIGHT).contains(&max_seen),
+        "{max_seen} clusters in flight at most"
+    );
     let ids: Vec<String> = CLUSTERS[..6]
         .iter()
         .map(|c| state_of(&p, c)["rollout_id"].as_str().unwrap().to_string())
@@ -291,4 +307,87 @@ async fn a_plan_goes_group_by_group_halts_at_its_budget_resumes_and_rolls_back()
         one_line_error(&again, "resume of a rolled-back plan"),
         "error: resume plan fleet: cannot resume plan fleet: it is rolled_back"
     );
+}
+
+fn is_leader(s: &Server) -> bool {
+    s.log().contains("elected: this replica drives rollouts")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_leader_killed_mid_plan_is_replaced_by_one_that_finishes_it() {
+    let etcd = Etcd::start();
+    let prefix = "/lks-plans-ha/";
+    let mut r1 = etcd.replica(prefix, &[]);
+    wait_until(Duration::from_secs(15), "r1 elected", || is_leader(&r1));
+    let r2 = etcd.replica(prefix, &[]);
+    let clusters = ["h1", "h2", "h3", "h4"];
+    let never_fail = Arc::new(AtomicBool::new(false));
+    for c in clusters {
+        r2.create_cluster(c);
+        let t = r2.token(c, &["--uses", "2"]);
+        for i in 0..2 {
+            // Agents on r2, which survives.
+            let node = TestNode::enroll(&r2, &t, &format!("{c}-n{i}"), &[]).await;
+            tokio::spawn(agent(node, never_fail.clone(), Duration::ZERO));
+        }
+    }
+    let dir = r2.write_bundle("app-1", "app", "1", &[("/etc/app.conf", b"v1\n", "0644")]);
+    assert_eq!(r2.publish(&dir), "app@1");
+    r2.lksctl_ok(&[
+        "plan",
+        "create",
+        "ha",
+        "--bundle",
+        "app@1",
+        "--group",
+        "first=h1,h2",
+        "--group",
+        "rest=*",
+        "--soak",
+        "4s",
+        "--max-clusters-in-flight",
+        "1",
+    ]);
+    let plan = |s: &Server| s.lksctl_json(&["plan", "status", "ha"]);
+    // Mid-plan: the first group done, the second soaking.
+    let start = Instant::now();
+    loop {
+        let p = plan(&r2);
+        if p["groups"][0]["state"] == "soaking" {
+            assert_eq!(p["groups"][1]["clusters"][0]["state"], "waiting", "{p:#}");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "first group never done: {p:#}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    r1.kill9();
+    wait_until(Duration::from_secs(30), "r2 elected", || is_leader(&r2));
+    let start = Instant::now();
+    let p = loop {
+        let p = plan(&r2);
+        if p["state"] == "completed" {
+            break p;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the plan never completed: {p:#}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    for c in clusters {
+        assert_eq!(state_of(&p, c)["state"], "completed", "{c}: {p:#}");
+    }
+    // One rollout per cluster, each started once (its request ID the plan's).
+    let rollouts = r2.lksctl_json(&["rollout", "list"]);
+    let rows = rollouts.as_array().unwrap();
+    assert_eq!(rows.len(), 4, "{rollouts:#}");
+    for c in clusters {
+        let r: Vec<&Value> = rows.iter().filter(|r| r["cluster"] == c).collect();
+        assert_eq!(r.len(), 1, "{c}: {rollouts:#}");
+        assert_eq!(r[0]["state"], "completed", "{c}: {rollouts:#}");
+        assert_eq!(r[0]["request_id"], format!("plan:ha:{c}"), "{c}: {rollouts:#}");
+    }
 }
