@@ -27,6 +27,21 @@ fn read_plan(c: &Connection, name: &str) -> Result<Option<PlanRow>> {
     row.map(|(doc, rev)| decode(name, &doc, rev)).transpose()
 }
 
+/// Every plan, by name.
+pub(crate) fn read_all(c: &Connection) -> Result<Vec<PlanRow>> {
+    let mut stmt = c.prepare("SELECT name, doc, revision FROM plans ORDER BY name")?;
+    let rows = stmt
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    rows.iter().map(|(n, d, rev)| decode(n, d, *rev)).collect()
+}
+
 #[async_trait]
 impl PlanStore for SqliteStore {
     async fn create_plan(&self, plan: PlanRow, event: EventRow) -> Result<PlanRow> {
