@@ -450,9 +450,9 @@ fn clusters_table(clusters: &[pb::Cluster]) -> String {
                 } else {
                     "none".into()
                 },
+                output::labels_text(&c.labels),
                 output::windows_text(c),
                 output::peer_text(c),
-                output::labels_text(&c.labels),
             ]
         })
         .collect();
@@ -463,9 +463,9 @@ fn clusters_table(clusters: &[pb::Cluster]) -> String {
             "CREATED",
             "API-SERVER",
             "CA",
+            "LABELS",
             "MAINTENANCE WINDOWS",
             "PEER SHARING",
-            "LABELS",
         ],
         &rows,
     )

@@ -83,7 +83,7 @@ pub enum ClusterError {
         "nothing to set: give --maintenance-window (repeatable), --no-maintenance-window, \
          --api-server, --no-api-server, --ca-cert with --ca-key, --generate-ca, \
          --peer-sharing, --peer-port, --peer-upload-rate, --peer-max-uploads, \
-         --kubeconfig or --drain"
+         --kubeconfig, --drain, --labels or --no-labels"
     )]
     NothingToSet,
     #[error("give maintenance windows or clear them, not both")]
