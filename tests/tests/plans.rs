@@ -211,6 +211,8 @@ async fn a_plan_goes_group_by_group_halts_at_its_budget_resumes_and_rolls_back()
         "role=worker",
         "--batch-size",
         "2",
+        "--alert-after",
+        "1s",
     ];
     // A dry run shows every group and cluster, and stores nothing.
     let dry = s.lksctl_json(&[&create[..], &["--dry-run"]].concat());
@@ -259,7 +261,10 @@ async fn a_plan_goes_group_by_group_halts_at_its_budget_resumes_and_rolls_back()
         assert_eq!(state_of(&p, c)["state"], "completed", "{c}: {p:#}");
     }
     assert!(p["message"].as_str().unwrap().contains("failure budget"), "{p:#}");
-    assert!(s.metric("lks_plans{state=\"halted\"}") == 1);
+    assert_eq!(s.metric("lks_plans{state=\"halted\"}"), 1);
+    // Under way for longer than --alert-after 1s.
+    assert_eq!(p["overdue"], true, "{p:#}");
+    assert_eq!(s.metric("lks_plans_overdue"), 1);
 
     // Resume: the rest of the last group runs and the plan completes.
     fail[BAD].store(false, Ordering::Relaxed);
