@@ -276,9 +276,11 @@ fn settle(c: &mut PlanClusterRow, r: &RolloutSeen, now_ms: i64) -> Option<(&'sta
         (C::Running, RolloutState::Failed | RolloutState::Aborted | RolloutState::RolledBack) => {
             (C::Failed, "plan_cluster_failed", true, why(r))
         }
+        // Progress is read from the rollout when the plan is shown, not
+        // written into the plan: the plan is written only when a cluster
+        // changes state.
         (C::Running, RolloutState::Running | RolloutState::Paused | RolloutState::RollingBack) => {
             c.paused_by_plan &= r.state == RolloutState::Paused;
-            c.message = format!("{progress}{}", paused_note(r.state));
             return None;
         }
         (C::RollingBack, RolloutState::RolledBack) => (
@@ -294,14 +296,6 @@ fn settle(c: &mut PlanClusterRow, r: &RolloutSeen, now_ms: i64) -> Option<(&'sta
     c.ended_at_ms = now_ms;
     c.paused_by_plan = false;
     Some((kind, failed))
-}
-
-fn paused_note(s: RolloutState) -> &'static str {
-    match s {
-        RolloutState::Paused => " (rollout paused)",
-        RolloutState::RollingBack => " (rollout rolling back)",
-        _ => "",
-    }
 }
 
 /// A cluster stored as started whose rollout does not exist: the driver

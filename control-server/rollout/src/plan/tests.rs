@@ -173,8 +173,10 @@ fn a_failure_at_the_budget_halts_and_pauses_the_running_rollouts() {
     assert!(p.groups[0].clusters[1].paused_by_plan);
     assert!(d.notes.iter().any(|n| n.kind == "plan_halted"));
     saw(&mut seen, "b", RolloutState::Paused);
-    go(&mut p, &seen, 3);
-    assert!(step(&p, &seen, 3).is_none(), "paused once");
+    assert!(
+        step(&p, &seen, 3).is_none(),
+        "paused once, and progress alone writes nothing"
+    );
 
     // Resume: the plan's pause is lifted, the budget counts afresh, c starts.
     let mut p = apply_verb(&p, PlanVerb::Resume, 4).unwrap();
