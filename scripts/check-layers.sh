@@ -177,11 +177,15 @@ CRATES = {
         baseline rollout storm
     """,
     # lks-kube-controller: the custom resources and the pieces under the
-    # reconcilers, the server-to-resource mapping, the reconcilers, the loop.
+    # reconcilers, what the reconcilers share, the server-to-resource
+    # mapping, the reconcilers, the poll of the server, what runs while
+    # this copy leads.
     "control-server/kube-controller/src": """
-        crd policy object conditions lease admin
+        crd policy conditions lease admin
+        context object
         mirror
-        clusters rollouts
+        clusters rollouts nodes
+        poll
         run
     """,
     # lks-proto's own modules (the rest is lks-wire and lks-bundle,
