@@ -27,7 +27,7 @@ use crate::admin::{self, CallError};
 /// that far, and the object is tried again.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{what}: {}", one_line(.source))]
+    #[error("{what}: {}", kube_line(.source))]
     Kube {
         what: String,
         #[source]
@@ -48,6 +48,15 @@ pub enum Error {
     Waiting(String),
     #[error(transparent)]
     Finalizer(Box<finalizer::Error<Error>>),
+}
+
+/// A kube error as one line: the API server's message and code, without
+/// kube-rs' dump of the whole Status.
+fn kube_line(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("{} ({} {})", s.message, s.code, s.reason),
+        e => one_line(e),
+    }
 }
 
 impl Error {
@@ -341,6 +350,13 @@ mod tests {
         )));
         assert!(!f.waiting());
         assert!(Error::NotRead.waiting());
+        let refused =
+            kube::core::Status::failure("lksclusters \"b\" is forbidden: no", "Invalid").with_code(422);
+        let e = Error::kube("write LksCluster b status", kube::Error::Api(Box::new(refused)));
+        assert_eq!(
+            e.to_string(),
+            "write LksCluster b status: lksclusters \"b\" is forbidden: no (422 Invalid)"
+        );
     }
 
     #[tokio::test]

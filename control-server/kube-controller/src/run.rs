@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use crate::admin;
 use crate::context::{Ctx, Error, error_policy};
 use crate::crd::{LksCluster, LksNode, LksRollout};
-use crate::lease::{DURATION, Elector, RENEW};
+use crate::lease::{DURATION, Elector, LeaseError, RENEW};
 use crate::mirror::{MANAGED_BY, ME};
 use crate::{clusters, nodes, poll, rollouts};
 
@@ -58,7 +58,7 @@ pub async fn run(opts: Options, kube: kube::Client, cancel: CancellationToken) -
             _ = cancel.cancelled() => break,
             _ = tick.tick() => {}
         }
-        let leading = leadership.after(elector.lead().await, Instant::now());
+        let leading = leadership.after(elector.lead_in_time().await, Instant::now());
         if leading == session.is_some() {
             continue;
         }
@@ -96,7 +96,7 @@ struct Leadership {
 }
 
 impl Leadership {
-    fn after(&mut self, attempt: Result<bool, kube::Error>, now: Instant) -> bool {
+    fn after(&mut self, attempt: Result<bool, LeaseError>, now: Instant) -> bool {
         match attempt {
             Ok(true) => self.renewed = Some(now),
             Ok(false) => self.renewed = None,
@@ -213,10 +213,8 @@ async fn lead(ctx: Arc<Ctx>, stop: CancellationToken) {
 mod tests {
     use super::*;
 
-    fn unreachable() -> kube::Error {
-        kube::Error::Api(Box::new(
-            kube::core::Status::failure("timeout", "Timeout").with_code(504),
-        ))
+    fn unreachable() -> LeaseError {
+        LeaseError::Timeout("lks-kube-controller".into())
     }
 
     #[test]
