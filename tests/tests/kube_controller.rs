@@ -22,7 +22,8 @@
 //! And (issue [shape-3], item 4): one object the controller cannot finish
 //! (kube0 refuses its status writes) holds up no other: the valid ones
 //! are carried out and the mirrors written meanwhile, and the broken one
-//! is tried again until it goes through, started once.
+//! is tried again until it goes through, started once. A copy that loses
+//! the Lease stops reconciling until it holds it again.
 
 // Test code: a helper that fails panics with what it was doing, as a
 // #[test] does (clippy.toml allows that only inside #[test] functions).
@@ -628,4 +629,61 @@ async fn one_object_that_cannot_be_finished_holds_up_no_other() {
 
     // SIGTERM stops the controllers and the poll, and the process exits.
     assert_eq!(c.terminate(Duration::from_secs(20)), Some(0), "{}", c.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_that_loses_the_lease_stops_reconciling_until_it_holds_it_again() {
+    let cp = KubeControlPlane::start();
+    apply_crds(&cp);
+    cp.create_namespace("lksadmin");
+    let s = Server::start();
+    s.create_cluster("a");
+    let t = s.token("a", &[]);
+    let _w1 = TestNode::enroll(&s, &t, "w1", &[]).await;
+    let c = controller(&cp, &s, "c1");
+    wait_until(WAIT, "w1 mirrored", || {
+        lksnodes(&cp).iter().any(|o| o["status"]["cluster"] == "a")
+    });
+    let give_lease_to = |holder: &str| {
+        cp.kubectl_ok(&[
+            "patch",
+            "lease",
+            "lks-kube-controller",
+            "-n",
+            "lksadmin",
+            "--type=merge",
+            "-p",
+            &format!(r#"{{"spec":{{"holderIdentity":"{holder}","leaseDurationSeconds":3600}}}}"#),
+        ])
+    };
+    let changes = |c: &Proc, to: &str| {
+        c.log_text()
+            .lines()
+            // `leading=false`, with the log's colours between the words.
+            .filter(|l| l.contains("leadership changed") && l.contains(to))
+            .count()
+    };
+
+    // Another copy holds the Lease (as one would after this copy missed
+    // its renewals): this copy stops, and a hold declared meanwhile is not
+    // carried out.
+    give_lease_to("c2");
+    wait_until(WAIT, "c1 stopped leading", || changes(&c, "false") == 1);
+    cp.kubectl_ok(&[
+        "patch",
+        "lksnode",
+        "w1",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"hold":{"reason":"disk check"}}}"#,
+    ]);
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(!held(&s, "w1").0, "a copy without the Lease changes nothing");
+
+    // The Lease back: the controllers run again and catch up.
+    give_lease_to("c1");
+    wait_until(WAIT, "c1 leads again", || changes(&c, "true") == 2);
+    wait_until(WAIT, "w1 held, as its spec says", || {
+        held(&s, "w1") == (true, "disk check".into())
+    });
 }
