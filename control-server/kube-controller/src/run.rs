@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
 use kube::api::Api;
-use kube::runtime::controller::{Action, Controller, Error as ControllerError};
+use kube::runtime::controller::{self, Action, Controller, Error as ControllerError};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{Predicate as _, WatchStreamExt as _, predicates, watcher};
 use tokio::task::JoinHandle;
@@ -139,6 +139,11 @@ impl Session {
     }
 }
 
+/// How many objects of one kind are reconciled at once: enough to keep
+/// up with thousands of `LksNode`s each poll, few enough that kube0 and the
+/// server see a bounded number of requests from this copy.
+pub const CONCURRENCY: u16 = 16;
+
 /// A `Controller` of `K` that wakes on a change of an object's spec
 /// (generation: a new object, a spec change, deletion begun) or
 /// finalizers; status writes wake nothing.
@@ -161,7 +166,9 @@ where
             predicates::generation.combine(predicates::finalizers),
             Default::default(),
         );
-    Controller::for_stream(changes, reader).graceful_shutdown_on(stop.clone().cancelled_owned())
+    Controller::for_stream(changes, reader)
+        .with_config(controller::Config::default().concurrency(CONCURRENCY))
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
 }
 
 /// Logs what a controller's stream reports besides reconciles (those log
