@@ -104,7 +104,8 @@ fn main() -> anyhow::Result<()> {
                     interval,
                     retry_interval,
                 };
-                lks_kube_controller::run::run(opts, kube, cancel).await
+                lks_kube_controller::run::run(opts, kube, cancel).await;
+                anyhow::Ok(())
             })?;
         }
         Cmd::Crds { out } => {

@@ -46,7 +46,7 @@ pub struct Options {
 }
 
 /// Runs until `cancel`: leads when it can, and reconciles while it leads.
-pub async fn run(opts: Options, kube: kube::Client, cancel: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(opts: Options, kube: kube::Client, cancel: CancellationToken) {
     let elector = Elector::new(kube.clone(), &opts.namespace, &opts.lease, &opts.identity);
     let admin = Arc::new(admin::Pool::new(opts.admin_conf.clone()));
     let mut leadership = Leadership::default();
@@ -83,7 +83,6 @@ pub async fn run(opts: Options, kube: kube::Client, cancel: CancellationToken) -
     if let Some(s) = session {
         s.stop().await;
     }
-    Ok(())
 }
 
 /// Whether this copy leads, from its attempts to take or renew the Lease.
