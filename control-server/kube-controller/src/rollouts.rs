@@ -350,7 +350,7 @@ async fn follow_paused(ctx: &Ctx, obj: &LksRollout, r: &mut pb::Rollout) -> Resu
             Ok(())
         }
         // The rollout moved on (ended, or paused/resumed meanwhile):
-        // the next pass sees it as it is.
+        // the next reconcile sees it as it is.
         Err(CallError::Status(s)) if s.code() == Code::FailedPrecondition => Ok(()),
         Err(e) => Err(Error::admin(format!("{v:?} rollout {}", r.id), e)),
     }
