@@ -17,7 +17,6 @@ pub mod admission;
 pub mod api;
 pub mod authz;
 pub mod backup;
-pub mod blobs;
 pub mod clock;
 pub mod clustercache;
 pub mod context;

@@ -27,8 +27,8 @@ pub use common::RestoreError;
 pub use etcd::{EtcdBackupConfig, EtcdRestoreConfig, EtcdRestoreSummary, backup_etcd, restore_etcd};
 pub use sqlite::{BackupConfig, RestoreConfig, RestoreSummary, backup_sqlite, restore};
 
-use crate::blobs::BlobError;
 use crate::store::{Dump, StoreError};
+use lks_blobs::BlobError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackupError {

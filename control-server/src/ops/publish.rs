@@ -18,10 +18,10 @@ use lks_proto::sign::{self, SignError};
 use lks_proto::{Digest, Manifest, SignedBundle, canonical};
 
 use super::{Kind, OpError};
-use crate::blobs::{BlobError, BlobWriter, Blobs, StagedBlob, Upload};
 use crate::clock::now_ms;
 use crate::metrics::Metrics;
 use crate::store::{EventRow, NewBundle, PutOutcome, Store};
+use lks_blobs::{BlobError, BlobWriter, Blobs, StagedBlob, Upload};
 
 /// Why a publish is refused (or failed on the server's side).
 #[derive(Debug, thiserror::Error)]
@@ -314,7 +314,7 @@ async fn prepare(
     // garbage collector deletes them (blobs/gc.rs).
     let store_name = s.blobs.store().describe();
     for (d, size) in expected {
-        crate::blobs::gc::claim(&*s.store, &store_name, d, *size, now_ms)
+        lks_blobs::gc::claim(&*s.store, &store_name, d, *size, now_ms)
             .await
             .map_err(|e| OpError::blob(path_of(m, d), e))?;
     }
@@ -451,8 +451,8 @@ mod tests {
     use lks_proto::manifest::Step;
 
     use super::*;
-    use crate::blobs::{LocalBlobs, LocalDirStore};
     use crate::store::sqlite::SqliteStore;
+    use lks_blobs::{LocalBlobs, LocalDirStore};
 
     fn deps(dir: &std::path::Path) -> Deps {
         let local = LocalBlobs::open(dir).unwrap();
