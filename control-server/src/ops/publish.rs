@@ -311,7 +311,7 @@ async fn prepare(
     }
 
     // Claimed before they take their local names: from here on no
-    // garbage collector deletes them (blobs/gc.rs).
+    // garbage collector deletes them (lks_blobs::gc).
     let store_name = s.blobs.store().describe();
     for (d, size) in expected {
         lks_blobs::gc::claim(&*s.store, &store_name, d, *size, now_ms)
@@ -361,7 +361,7 @@ async fn finish_uploads(
 }
 
 /// The rest into the blob store before the bundle is recorded, so any
-/// replica can serve them once publish answers (blobs/mod.rs).
+/// replica can serve them once publish answers (lks_blobs::Blobs).
 async fn persist_rest(
     s: &Deps,
     m: &Manifest,

@@ -137,7 +137,7 @@ pub(super) fn spawn_tasks(shared: &Arc<Shared>, cfg: &Config, etcd: Option<&Etcd
 }
 
 /// Every `interval`: on the leading replica, one garbage-collector pass
-/// over the blob store (blobs/gc.rs); on every replica, its local copies
+/// over the blob store (lks_blobs::gc); on every replica, its local copies
 /// that nothing references. The first pass runs soon after start, so a
 /// pass a crash interrupted is finished.
 async fn collect_blobs(
@@ -183,7 +183,7 @@ async fn collect_blobs(
 }
 
 /// Every `interval`, on the leading replica: the binary deltas not made
-/// yet (blobs/delta.rs), at most `limits.jobs` at once, off every
+/// yet (lks_blobs::delta), at most `limits.jobs` at once, off every
 /// request's path.
 async fn make_deltas(s: Arc<Shared>, interval: Duration, limits: lks_blobs::delta::Limits) {
     let mut next = tokio::time::Instant::now() + interval;
