@@ -607,7 +607,7 @@ def check_shares():
         share = n / total if total else 0
         print(f"check-layers: {crates[m][0]:<22} {n:>6} of {total} library lines ({share:.1%})")
         if share > MAX_SHARE:
-            problems.append(f"{m}: {crates[m][0]} holds {n} of the workspace's {total} library lines ({share:.1%}), more than a quarter: move a concern into a crate of its own (issue [shape-3])")
+            problems.append(f"{m}: {crates[m][0]} holds {n} of the workspace's {total} library lines ({share:.1%}), more than {MAX_SHARE:.0%}: move a concern into a crate of its own (issue [shape-3])")
     return problems, 0
 
 
