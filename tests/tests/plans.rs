@@ -179,6 +179,56 @@ async fn fleet(s: &Server) -> HashMap<String, Arc<AtomicBool>> {
     fail
 }
 
+/// `plan create --dry-run` shows every group and cluster (JSON and text),
+/// and stores nothing.
+fn dry_run_shows_every_group_and_stores_nothing(s: &Server, create: &[&str]) {
+    let dry = s.lksctl_json(&[create, &["--dry-run"]].concat());
+    assert_eq!(dry["dry_run"], true);
+    let names: Vec<Vec<&str>> = dry["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            g["clusters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["name"].as_str().unwrap())
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [vec!["c1"], vec!["c2", "c3"], vec!["c4", "c5", "c6", "c7"]],
+        "{dry:#}"
+    );
+    assert_eq!(state_of(&dry, "c1")["nodes"], 2);
+    assert_eq!(state_of(&dry, "c7")["nodes"], 0);
+    let text = s.lksctl_ok(&[create, &["--dry-run"]].concat());
+    assert!(text.contains("group early (tier=early): waiting"), "{text}");
+    let none = s.lksctl(&["plan", "status", "fleet"]);
+    assert!(one_line_error(&none, "status of a dry run").contains("plan fleet does not exist"));
+}
+
+/// `plan rollback`: every cluster rollout the plan started goes back, and
+/// the plan ends `rolled_back`.
+fn rollback_returns_every_cluster(s: &Server, ids: &[String], max_seen: &mut usize) {
+    s.lksctl_ok(&["plan", "rollback", "fleet"]);
+    let p = sample_until(s, "the rollback", max_seen, |p| p["state"] == "rolled_back");
+    for (c, id) in CLUSTERS[..6].iter().zip(ids) {
+        assert_eq!(state_of(&p, c)["state"], "rolled_back", "{c}: {p:#}");
+        let r = s.lksctl_json(&["rollout", "status", id]);
+        assert_eq!(r["state"], "rolled_back", "{c}: {r:#}");
+    }
+    let list = s.lksctl_json(&["plan", "list"]);
+    assert_eq!(list[0]["state"], "rolled_back");
+    let again = s.lksctl(&["plan", "resume", "fleet"]);
+    assert_eq!(
+        one_line_error(&again, "resume of a rolled-back plan"),
+        "error: resume plan fleet: cannot resume plan fleet: it is rolled_back"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_plan_goes_group_by_group_halts_at_its_budget_resumes_and_rolls_back() {
     let s = Server::start();
@@ -214,33 +264,7 @@ async fn a_plan_goes_group_by_group_halts_at_its_budget_resumes_and_rolls_back()
         "--alert-after",
         "1s",
     ];
-    // A dry run shows every group and cluster, and stores nothing.
-    let dry = s.lksctl_json(&[&create[..], &["--dry-run"]].concat());
-    assert_eq!(dry["dry_run"], true);
-    let names: Vec<Vec<&str>> = dry["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|g| {
-            g["clusters"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|c| c["name"].as_str().unwrap())
-                .collect()
-        })
-        .collect();
-    assert_eq!(
-        names,
-        [vec!["c1"], vec!["c2", "c3"], vec!["c4", "c5", "c6", "c7"]],
-        "{dry:#}"
-    );
-    assert_eq!(state_of(&dry, "c1")["nodes"], 2);
-    assert_eq!(state_of(&dry, "c7")["nodes"], 0);
-    let text = s.lksctl_ok(&[&create[..], &["--dry-run"]].concat());
-    assert!(text.contains("group early (tier=early): waiting"), "{text}");
-    let none = s.lksctl(&["plan", "status", "fleet"]);
-    assert!(one_line_error(&none, "status of a dry run").contains("plan fleet does not exist"));
+    dry_run_shows_every_group_and_stores_nothing(&s, &create);
 
     // A group naming an unknown cluster: one line, nothing stored.
     let bad = s.lksctl(&["plan", "create", "x", "--bundle", "app@1", "--group", "g=nope"]);
@@ -297,21 +321,7 @@ async fn a_plan_goes_group_by_group_halts_at_its_budget_resumes_and_rolls_back()
     let r = s.lksctl_json(&["rollout", "status", &ids[0]]);
     assert_eq!(r["request_id"], "plan:fleet:c1", "{r:#}");
 
-    // Rollback: every cluster rollout the plan started goes back.
-    s.lksctl_ok(&["plan", "rollback", "fleet"]);
-    let p = sample_until(&s, "the rollback", &mut max_seen, |p| p["state"] == "rolled_back");
-    for (c, id) in CLUSTERS[..6].iter().zip(&ids) {
-        assert_eq!(state_of(&p, c)["state"], "rolled_back", "{c}: {p:#}");
-        let r = s.lksctl_json(&["rollout", "status", id]);
-        assert_eq!(r["state"], "rolled_back", "{c}: {r:#}");
-    }
-    let list = s.lksctl_json(&["plan", "list"]);
-    assert_eq!(list[0]["state"], "rolled_back");
-    let again = s.lksctl(&["plan", "resume", "fleet"]);
-    assert_eq!(
-        one_line_error(&again, "resume of a rolled-back plan"),
-        "error: resume plan fleet: cannot resume plan fleet: it is rolled_back"
-    );
+    rollback_returns_every_cluster(&s, &ids, &mut max_seen);
 }
 
 fn is_leader(s: &Server) -> bool {
