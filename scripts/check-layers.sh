@@ -54,13 +54,14 @@ CRATES = {
     "control-server/store/src": """
         clock
         tokens audit deltas
+        reboots
         clusters nodes bundles releases rollouts events blobrecs
         dump
         conformance
     """,
     "control-server/store-sqlite/src": """
         schema
-        tokens audit deltas clusters nodes bundles desired releases rollouts status events blobrecs
+        tokens audit deltas reboots clusters nodes bundles desired releases rollouts status events blobrecs
         dump snapshot
     """,
     # etcd: key limits, names and reads; the documents (a rollout's in
@@ -74,7 +75,7 @@ CRATES = {
         docs rolloutdocs
         tokens audit deltas events releases
         identity replicas load chunks swarm
-        clusters bundles bundledocs blobrecs seen status
+        clusters bundles bundledocs blobrecs seen status reboots
         cache
         desired nodes import archive rollouts
         start
@@ -92,6 +93,7 @@ CRATES = {
         clustercache
         hub admission blobs
         metrics authz peers releases
+        reboots
         packages tlsaccept controller
         context
         replicas migrate backup rebalance ops api
@@ -140,7 +142,7 @@ CRATES = {
     "control-server/rollout/src": """
         policy
         decision ages
-        drain
+        drain reboot
         settle canary batch complete verbs
         tests
     """,
@@ -165,7 +167,7 @@ CRATES = {
     # verbs.
     "control-server/lksctl/src": """
         output flags client mirror cloudinit
-        audit bundle cluster event node token
+        audit bundle cluster event node reboot token
         release
         rollout
         console

@@ -30,6 +30,7 @@ pub mod packages;
 pub mod peers;
 pub mod ratelimit;
 pub mod rebalance;
+pub mod reboots;
 pub mod releases;
 pub mod replicas;
 pub mod server;

@@ -19,8 +19,9 @@ use lksctl::client::{self, Client};
 use lksctl::event::EventCmd;
 use lksctl::flags::labels;
 use lksctl::node::{self, NodeCmd};
+use lksctl::reboot::RebootCmd;
 use lksctl::token::{self, TokenCmd};
-use lksctl::{audit, cluster, console, event, release, rollout};
+use lksctl::{audit, cluster, console, event, reboot, release, rollout};
 
 /// Operator CLI for the lksadmin control server.
 #[derive(Parser)]
@@ -59,6 +60,12 @@ enum Cmd {
     Node {
         #[command(subcommand)]
         cmd: NodeCmd,
+    },
+    /// Coordinated reboots of a cluster's nodes: at most N at a time,
+    /// inside the maintenance windows, drained first, Ready after boot.
+    Reboot {
+        #[command(subcommand)]
+        cmd: RebootCmd,
     },
     /// What happened: enrolments, rollouts, node reports.
     Event {
@@ -204,6 +211,7 @@ fn precheck(cmd: &Cmd) -> anyhow::Result<()> {
         } => validate_node_name(name).map_err(anyhow::Error::from),
         Cmd::Release { cmd } => cmd.check(),
         Cmd::Root { cmd } => cmd.check(),
+        Cmd::Reboot { cmd } => cmd.check(),
         _ => Ok(()),
     }
 }
@@ -220,6 +228,7 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Rollout { cmd } => rollout::run(c, url, cmd).await,
         Cmd::Audit(a) => audit::run(c, url, a).await,
         Cmd::Node { cmd } => node::run(c, url, cmd).await,
+        Cmd::Reboot { cmd } => reboot::run(c, url, cmd).await,
         Cmd::Event { cmd } => event::run(c, url, cmd).await,
     }
 }

@@ -67,6 +67,7 @@ mod complete;
 mod decision;
 mod drain;
 pub mod policy;
+pub mod reboot;
 mod settle;
 #[cfg(test)]
 mod tests;

@@ -11,7 +11,8 @@
 //! (`node.rs`), reading and deleting a published bundle version
 //! (`bundle.rs`), what a node may have of the server's blobs and from
 //! where (`blob.rs`), publishing a cluster's signed releases and trust roots
-//! (`release.rs`), and what requests share: the label rule (`labels.rs`)
+//! (`release.rs`), coordinated reboots' policy, runs and status
+//! (`reboot.rs`), and what requests share: the label rule (`labels.rs`)
 //! and a node's event record (`event.rs`). Each operation takes its
 //! request decoded into plain Rust and answers plain Rust or an
 //! [`OpError`]; none names tonic (the one generated type here is the
@@ -38,6 +39,7 @@ pub mod labels;
 pub mod logs;
 pub mod node;
 pub mod publish;
+pub mod reboot;
 pub mod release;
 pub mod renew;
 pub mod session;
@@ -59,6 +61,7 @@ pub use labels::LabelsError;
 pub use logs::LogsError;
 pub use node::NodeError;
 pub use publish::PublishError;
+pub use reboot::RebootError;
 pub use release::ReleaseError;
 pub use renew::RenewError;
 pub use session::ReportError;
@@ -153,6 +156,7 @@ op_error! {
     Certs(CertsError),
     Report(ReportError),
     Logs(LogsError),
+    Reboot(RebootError),
 }
 
 impl From<CommandError> for OpError {

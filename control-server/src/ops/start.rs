@@ -435,6 +435,7 @@ mod tests {
             api_server: api.then(|| "https://api:6443".into()),
             peer: crate::store::PeerSettings::default(),
             kube: Default::default(),
+            reboots: Default::default(),
         }
     }
 

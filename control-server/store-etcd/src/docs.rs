@@ -27,6 +27,9 @@ pub(super) struct ClusterDoc {
     /// Documents written before peer sharing read as the defaults (off).
     #[serde(default)]
     pub(super) peer: PeerSettings,
+    /// The reboot policy (issue [reboots]); absent: the default (off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) reboots: Option<lks_store::RebootPolicy>,
 }
 
 impl ClusterDoc {
@@ -38,6 +41,7 @@ impl ClusterDoc {
             ca_key: c.ca.as_ref().map(|a| a.key.clone()),
             api_server: c.api_server.clone(),
             peer: PeerSettings::default(),
+            reboots: None,
         }
     }
 
@@ -51,6 +55,7 @@ impl ClusterDoc {
             api_server: self.api_server,
             peer: self.peer,
             kube: KubeFlags::default(),
+            reboots: self.reboots.unwrap_or_default(),
         }
     }
 }

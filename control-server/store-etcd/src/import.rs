@@ -158,6 +158,7 @@ fn cluster_docs(d: &Dump, docs: &mut Vec<(String, Vec<u8>)>) -> Result<()> {
                 ca_key: ca.map(|a| a.key.clone()),
                 api_server: c.api_server.clone(),
                 peer: c.peer,
+                reboots: (c.reboots != Default::default()).then_some(c.reboots),
             })?,
         ));
     }

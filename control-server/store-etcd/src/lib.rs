@@ -106,6 +106,7 @@ mod load;
 mod name;
 mod nodes;
 pub mod reads;
+mod reboots;
 mod releases;
 mod replicas;
 mod rolloutdocs;

@@ -24,6 +24,7 @@ mod desired;
 mod dump;
 mod events;
 mod nodes;
+mod reboots;
 mod releases;
 mod rollouts;
 mod schema;
@@ -188,6 +189,7 @@ fn read_cluster(c: &Connection, name: &str) -> Result<Option<ClusterRow>> {
         .optional()?;
     row.map(
         |((name, created_at_ms, node_count, windows, ca_cert_pem, api_server), peer, kube)| {
+            let reboots = reboots::read_policy(c, &name)?;
             Ok(ClusterRow {
                 name,
                 created_at_ms,
@@ -197,6 +199,7 @@ fn read_cluster(c: &Connection, name: &str) -> Result<Option<ClusterRow>> {
                 api_server,
                 peer,
                 kube,
+                reboots,
             })
         },
     )

@@ -26,6 +26,8 @@ pub struct ClusterRow {
     pub peer: PeerSettings,
     /// Whether the cluster has a tenant kubeconfig, and drains by default.
     pub kube: KubeFlags,
+    /// Its reboot policy (issue [reboots]; off until set).
+    pub reboots: crate::RebootPolicy,
 }
 
 /// What a [`ClusterRow`] shows of a cluster's tenant Kubernetes access:
@@ -157,6 +159,7 @@ impl NewCluster {
             api_server: self.api_server.clone(),
             peer: PeerSettings::default(),
             kube: KubeFlags::default(),
+            reboots: crate::RebootPolicy::default(),
         }
     }
 }
@@ -241,6 +244,14 @@ pub trait ClusterStore: Send + Sync {
     /// Replaces the cluster's peer-sharing settings and records `event`.
     /// `NotFound` if the cluster does not exist.
     async fn set_cluster_peer(&self, name: &str, peer: PeerSettings, event: EventRow) -> Result<ClusterRow>;
+    /// Replaces the cluster's reboot policy (issue [reboots]) and records
+    /// `event`. `NotFound` if the cluster does not exist.
+    async fn set_cluster_reboots(
+        &self,
+        name: &str,
+        policy: crate::RebootPolicy,
+        event: EventRow,
+    ) -> Result<ClusterRow>;
     /// The cluster's tenant Kubernetes access, its kubeconfig as stored;
     /// `None` if the cluster does not exist.
     async fn cluster_kube(&self, name: &str) -> Result<Option<ClusterKube>>;

@@ -28,6 +28,7 @@ pub mod deltas;
 mod dump;
 mod events;
 mod nodes;
+mod reboots;
 mod releases;
 mod rollouts;
 mod tokens;
@@ -40,6 +41,7 @@ pub use deltas::{DeltaRow, DeltaStore, NoPatch};
 pub use dump::*;
 pub use events::*;
 pub use nodes::*;
+pub use reboots::*;
 pub use releases::*;
 pub use rollouts::*;
 pub use tokens::*;
@@ -277,6 +279,7 @@ pub trait Store:
     + EventStore
     + AuditStore
     + ReleaseStore
+    + RebootStore
     + BlobRecords
     + DeltaStore
     + Send
@@ -296,6 +299,7 @@ impl<T> Store for T where
         + EventStore
         + AuditStore
         + ReleaseStore
+        + RebootStore
         + BlobRecords
         + DeltaStore
         + Send
