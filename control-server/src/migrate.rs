@@ -41,7 +41,9 @@ use lks_pki::{Pki, PkiError, SharedIdentity};
 
 use crate::blobs::{BlobChoice, BlobError, BlobStore, EtcdChunks, LocalBlobs, S3Store};
 use crate::replicas::{self, IdentityError};
-use crate::store::{DeltaRow, DeltaStore, Dump, EtcdConfig, EtcdStore, SqliteStore, StoreError};
+use crate::store::{
+    ClusterStore, DeltaRow, DeltaStore, Dump, EtcdConfig, EtcdStore, SealedField, SqliteStore, StoreError,
+};
 
 /// What `migrate` is told.
 #[derive(Clone, Debug)]
@@ -70,9 +72,15 @@ pub enum MigrateError {
     #[error("{0}")]
     ServerRunning(String),
     #[error("{0}")]
-    ClusterCa(String),
+    ClusterCaKey(#[from] lks_pki::clusterca::keys::KeyError),
+    #[error("cluster {cluster}: stored CA: {source}")]
+    ClusterCa {
+        cluster: String,
+        #[source]
+        source: lks_pki::clusterca::CaError,
+    },
     #[error("{0}")]
-    Kubeconfig(String),
+    Kubeconfig(#[from] lks_kube::secret::SecretError),
     #[error("read {path}: {source}")]
     ReadState { path: PathBuf, source: StoreError },
     #[error(
@@ -272,8 +280,8 @@ pub async fn migrate(cfg: &MigrateConfig) -> Result<Summary, MigrateError> {
     if let Some(key) = store.first_key().await.map_err(MigrateError::Etcd)? {
         return Err(not_empty(key));
     }
-    reseal_cluster_cas(&mut dump, seal.as_ref(), store.prefix())?;
-    reseal_kubeconfigs(&mut dump, seal.as_ref(), store.prefix())?;
+    reseal_cluster_cas(&mut dump, seal.as_ref(), &store)?;
+    reseal_kubeconfigs(&mut dump, seal.as_ref(), &store)?;
     match replicas::store_identity(&store, &identity, seal.as_ref()).await {
         Ok(()) => {}
         Err(IdentityError::Exists(key)) => return Err(not_empty(key)),
@@ -348,28 +356,37 @@ async fn deltas_to_move(
 
 /// Checks each cluster CA of the dump loads, and seals its key for its
 /// etcd name when an encryption key is given (as the server would).
-fn reseal_cluster_cas(dump: &mut Dump, seal: Option<&SealKey>, prefix: &str) -> Result<(), MigrateError> {
+fn reseal_cluster_cas(
+    dump: &mut Dump,
+    seal: Option<&SealKey>,
+    store: &EtcdStore,
+) -> Result<(), MigrateError> {
     for (name, ca) in &mut dump.cluster_cas {
-        let fail = |e: String| MigrateError::ClusterCa(format!("cluster {name}: {e}"));
-        let pem = clusterca::keys::open_key(None, "", name, &ca.key).map_err(|e| fail(e.to_string()))?;
-        clusterca::ClusterCa::load(&ca.cert_pem, &pem).map_err(|e| fail(format!("stored CA: {e}")))?;
-        ca.key = clusterca::keys::seal_key(seal, prefix, name, &pem).map_err(|e| fail(e.to_string()))?;
+        // A SQLite data dir keeps CA keys as PEM: nothing to open.
+        let pem = clusterca::keys::open_key(None, &[], name, &ca.key)?;
+        clusterca::ClusterCa::load(&ca.cert_pem, &pem).map_err(|source| MigrateError::ClusterCa {
+            cluster: name.clone(),
+            source,
+        })?;
+        let aad = store.sealed_aad(name, SealedField::CaKey);
+        ca.key = clusterca::keys::seal_key(seal, &aad, name, &pem)?;
     }
     Ok(())
 }
 
 /// Seals each cluster's tenant kubeconfig for its etcd name when an
 /// encryption key is given, as the server would.
-fn reseal_kubeconfigs(dump: &mut Dump, seal: Option<&SealKey>, prefix: &str) -> Result<(), MigrateError> {
+fn reseal_kubeconfigs(
+    dump: &mut Dump,
+    seal: Option<&SealKey>,
+    store: &EtcdStore,
+) -> Result<(), MigrateError> {
     for (name, k) in &mut dump.cluster_kube {
         if let Some(stored) = &k.kubeconfig {
-            let fail = |e: String| MigrateError::Kubeconfig(format!("cluster {name}: kubeconfig: {e}"));
-            let text =
-                lks_kube::secret::open_kubeconfig(None, "", name, stored).map_err(|e| fail(e.to_string()))?;
-            k.kubeconfig = Some(
-                lks_kube::secret::seal_kubeconfig(seal, prefix, name, &text)
-                    .map_err(|e| fail(e.to_string()))?,
-            );
+            // A SQLite data dir keeps kubeconfigs as text: nothing to open.
+            let text = lks_kube::secret::open_kubeconfig(None, &[], name, stored)?;
+            let aad = store.sealed_aad(name, SealedField::Kubeconfig);
+            k.kubeconfig = Some(lks_kube::secret::seal_kubeconfig(seal, &aad, name, &text)?);
         }
     }
     Ok(())

@@ -64,9 +64,29 @@ pub enum IdentityError {
     #[error("{0}")]
     Pki(#[from] lks_pki::PkiError),
     #[error("stored identity is unreadable: {0}")]
-    Corrupt(String),
-    #[error("{0}")]
-    Seal(String),
+    Corrupt(#[source] serde_json::Error),
+    #[error("stored identity is unreadable: {which}: {source}")]
+    NotHex {
+        which: &'static str,
+        #[source]
+        source: hex::FromHexError,
+    },
+    #[error("stored identity is unreadable: {which}: {source}")]
+    NotUtf8 {
+        which: &'static str,
+        #[source]
+        source: std::string::FromUtf8Error,
+    },
+    #[error(
+        "the private keys in etcd are encrypted (key {key_id}); give --encryption-key-file with that key"
+    )]
+    Sealed { key_id: String },
+    #[error("{which}: {source}")]
+    Seal {
+        which: &'static str,
+        #[source]
+        source: lks_pki::seal::SealError,
+    },
     #[error("{0} already holds a control plane's identity")]
     Exists(String),
 }
@@ -85,14 +105,13 @@ pub async fn load_or_create_identity(
         None => {
             let fresh = SharedIdentity::generate()?;
             let doc = seal_identity(store, &fresh, seal)?;
-            let bytes = serde_json::to_vec(&doc).map_err(|e| IdentityError::Corrupt(e.to_string()))?;
+            let bytes = serde_json::to_vec(&doc).map_err(IdentityError::Corrupt)?;
             let stored = store.identity().create(bytes.clone()).await?;
             let created = stored == bytes;
             (stored, created)
         }
     };
-    let doc: IdentityDoc =
-        serde_json::from_slice(&stored).map_err(|e| IdentityError::Corrupt(e.to_string()))?;
+    let doc: IdentityDoc = serde_json::from_slice(&stored).map_err(IdentityError::Corrupt)?;
     let id = open_identity(store, &doc, seal)?;
     if created {
         tracing::info!("created the control plane's CA and admin credential in etcd");
@@ -100,8 +119,8 @@ pub async fn load_or_create_identity(
         && let Some(key) = seal
     {
         // Stored before an encryption key was given: seal it now.
-        let resealed = serde_json::to_vec(&seal_identity(store, &id, Some(key))?)
-            .map_err(|e| IdentityError::Corrupt(e.to_string()))?;
+        let resealed =
+            serde_json::to_vec(&seal_identity(store, &id, Some(key))?).map_err(IdentityError::Corrupt)?;
         if let Some((_, rev)) = store.identity().get().await?
             && store.identity().replace(rev, resealed).await?
         {
@@ -127,7 +146,7 @@ pub async fn store_identity(
     seal: Option<&lks_pki::seal::SealKey>,
 ) -> Result<(), IdentityError> {
     let doc = seal_identity(store, id, seal)?;
-    let bytes = serde_json::to_vec(&doc).map_err(|e| IdentityError::Corrupt(e.to_string()))?;
+    let bytes = serde_json::to_vec(&doc).map_err(IdentityError::Corrupt)?;
     let stored = store.identity().create(bytes.clone()).await?;
     if stored != bytes {
         return Err(IdentityError::Exists(store.identity().key()));
@@ -144,8 +163,7 @@ pub fn read_stored_identity(
     stored: &[u8],
     seal: Option<&lks_pki::seal::SealKey>,
 ) -> Result<(Option<String>, Option<SharedIdentity>), IdentityError> {
-    let doc: IdentityDoc =
-        serde_json::from_slice(stored).map_err(|e| IdentityError::Corrupt(e.to_string()))?;
+    let doc: IdentityDoc = serde_json::from_slice(stored).map_err(IdentityError::Corrupt)?;
     if doc.sealed_with.is_some() && seal.is_none() {
         return Ok((doc.sealed_with, None));
     }
@@ -176,11 +194,17 @@ fn seal_identity(
             admin_cert: id.admin_cert.clone(),
             ca_key: hex::encode(
                 k.seal(id.ca_key.as_bytes(), &aad(store, "ca_key"))
-                    .map_err(|e| IdentityError::Seal(e.to_string()))?,
+                    .map_err(|source| IdentityError::Seal {
+                        which: "ca_key",
+                        source,
+                    })?,
             ),
             admin_key: hex::encode(
                 k.seal(id.admin_key.as_bytes(), &aad(store, "admin_key"))
-                    .map_err(|e| IdentityError::Seal(e.to_string()))?,
+                    .map_err(|source| IdentityError::Seal {
+                        which: "admin_key",
+                        source,
+                    })?,
             ),
             sealed_with: Some(k.key_id()),
         },
@@ -192,20 +216,20 @@ fn open_identity(
     doc: &IdentityDoc,
     seal: Option<&lks_pki::seal::SealKey>,
 ) -> Result<SharedIdentity, IdentityError> {
-    let open = |which: &str, v: &str| -> Result<String, IdentityError> {
+    let open = |which: &'static str, v: &str| -> Result<String, IdentityError> {
         let Some(key_id) = &doc.sealed_with else {
             return Ok(v.to_string());
         };
         let Some(k) = seal else {
-            return Err(IdentityError::Seal(format!(
-                "the private keys in etcd are encrypted (key {key_id}); give --encryption-key-file with that key"
-            )));
+            return Err(IdentityError::Sealed {
+                key_id: key_id.clone(),
+            });
         };
-        let sealed = hex::decode(v).map_err(|e| IdentityError::Corrupt(format!("{which}: {e}")))?;
+        let sealed = hex::decode(v).map_err(|source| IdentityError::NotHex { which, source })?;
         let plain = k
             .open(&sealed, &aad(store, which))
-            .map_err(|e| IdentityError::Seal(format!("{which}: {e}")))?;
-        String::from_utf8(plain).map_err(|e| IdentityError::Corrupt(format!("{which}: {e}")))
+            .map_err(|source| IdentityError::Seal { which, source })?;
+        String::from_utf8(plain).map_err(|source| IdentityError::NotUtf8 { which, source })
     };
     Ok(SharedIdentity {
         ca_cert: doc.ca_cert.clone(),

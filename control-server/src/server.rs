@@ -335,9 +335,8 @@ fn share(cfg: &Config, opened: Opened, o: Opening, cancel: CancellationToken) ->
     let (leader_tx, leader) = watch::channel(etcd.is_none());
     let (servers_tx, servers) = watch::channel(o.known);
     let seal = seal.map(Arc::new);
-    let aad_prefix = etcd.as_ref().map_or("", |e| e.prefix());
-    let cluster_cas = ClusterCas::new(store.clone(), seal.clone(), aad_prefix);
-    let tenants = lks_kube::tenant::TenantApis::new(store.clone(), seal, aad_prefix);
+    let cluster_cas = ClusterCas::new(store.clone(), seal.clone());
+    let tenants = lks_kube::tenant::TenantApis::new(store.clone(), seal);
     let shared = Arc::new(Shared {
         cluster_cas: Arc::new(cluster_cas),
         tenants: Arc::new(tenants),

@@ -158,11 +158,19 @@ vm_start() {
   fi
 
   vm_log "booting $VM_NAME from $base"
+  VM_NSPAWN_ARGS=("$@")
+  vm__power_on
+}
+
+# Starts systemd-nspawn on the VM's root (the arguments vm_start was given)
+# and finds the VM's init: the power button, used at the first boot and
+# again after a reboot.
+vm__power_on() {
   # --register=no --keep-unit: no machined or host systemd needed.
   # --console=read-only: the VM's console goes to the log, nothing reads stdin.
   systemd-nspawn --boot --register=no --keep-unit --machine="$VM_NAME" \
-    --directory="$VM_ROOT" --console=read-only "$@" \
-    >"$VM_CONSOLE" 2>&1 </dev/null &
+    --directory="$VM_ROOT" --console=read-only "${VM_NSPAWN_ARGS[@]}" \
+    >>"$VM_CONSOLE" 2>&1 </dev/null &
   VM_PID=$!
 
   # The VM's init: the child of systemd-nspawn that is PID 1 in its namespace.
@@ -179,6 +187,25 @@ vm_start() {
     sleep 0.1
   done
   [ -n "$VM_LEADER" ] || vm_die "systemd-nspawn started no init within 10s"
+}
+
+# Waits until the VM rebooted itself (its systemd ran `systemctl reboot`:
+# systemd-nspawn then exits with status 133, as a VM's firmware would reset)
+# and boots it again from the same root, as a hypervisor does; fails if the
+# VM powered off or died instead, or did not go down within TIMEOUT
+# seconds. The caller then waits for the boot (vm_wait_boot).
+vm_reboot_wait() {
+  local timeout=${1:-120} i status=0
+  for ((i = 0; i < timeout * 10; i++)); do
+    kill -0 "$VM_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -0 "$VM_PID" 2>/dev/null && vm_die "the VM did not go down to reboot within ${timeout}s"
+  wait "$VM_PID" || status=$?
+  VM_PID=""
+  [ "$status" -eq 133 ] || vm_die "systemd-nspawn exited with status $status, not 133 (a reboot)"
+  vm_log "$VM_NAME rebooted (systemd-nspawn exited 133); booting it again"
+  vm__power_on
 }
 
 # Runs a command inside the VM (its mount, UTS, IPC and PID namespaces; the

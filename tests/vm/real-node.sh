@@ -33,7 +33,12 @@
 #      to run the image's old kubelet (and that kubelet started) → restored
 #      by the agent (inotify, then a heal pass), whose on_heal steps reload
 #      systemd and restart the kubelet → the bundle's kubelet runs again and
-#      the Node is Ready at v1.37.2.
+#      the Node is Ready at v1.37.2;
+#   8. a reboot: `lksctl node reboot` → the agent runs `systemctl reboot` in
+#      the VM → systemd-nspawn exits 133 and the harness boots the VM again
+#      (vm_reboot_wait, as a hypervisor would) → the agent is back with a new
+#      boot ID and reports the reboot done, the kubelet runs again and the
+#      Node is Ready at v1.37.2.
 #
 #   tests/vm/real-node.sh [--profile release|dev] [--no-lint] [--no-build]
 #
@@ -217,10 +222,13 @@ image() {
   install -D -m 0644 "$ni/containerd.toml" "$r/etc/containerd/config.toml"
   install -D -m 0644 "$ni/10-lks-loopback.conflist" "$r/etc/cni/net.d/10-lks-loopback.conflist"
   install -D -m 0644 "$work/pause.tar" "$r/usr/share/lks-vm/pause.tar"
-  install -m 0644 "$ni/lks-vm-cgroups.service" "$ni/lks-vm-images.service" "$r/etc/systemd/system/"
+  install -m 0644 "$ni/lks-vm-cgroups.service" "$ni/lks-vm-images.service" "$ni/lks-vm-boot-id.service" \
+    "$r/etc/systemd/system/"
+  install -D -m 0644 "$ni/10-lks-vm-boot-id.conf" "$r/etc/systemd/system/lksadmin-agent.service.d/10-lks-vm-boot-id.conf"
   local wants=$r/etc/systemd/system/multi-user.target.wants u
   for u in /lib/systemd/system/containerd.service /lib/systemd/system/kubelet.service \
-    /etc/systemd/system/lks-vm-cgroups.service /etc/systemd/system/lks-vm-images.service; do
+    /etc/systemd/system/lks-vm-cgroups.service /etc/systemd/system/lks-vm-images.service \
+    /etc/systemd/system/lks-vm-boot-id.service; do
     ln -sf "$u" "$wants/$(basename "$u")"
   done
 }
@@ -450,6 +458,35 @@ wait_for "the restarted kubelet renewed its Lease" 60 lease_renewed_since "$edit
 reports_new() { [ "$(kubelet_version)" = "$NEW" ] && node_ready; }
 wait_for "the Node is Ready and reports $NEW" 60 reports_new
 
+# --- 8. a reboot --------------------------------------------------------------------
+# `lksctl node reboot`: the agent runs its reboot command (systemctl reboot,
+# the default) in the VM; the VM goes down (systemd-nspawn exits 133) and
+# the harness boots it again from the same disk, as a hypervisor would; the
+# agent comes back with a new boot ID, the node reports the reboot done, and
+# the kubelet the bundle installed runs again: the Node is Ready at $NEW.
+boot_id=$(node_json | jq -r .boot_id)
+check "the node reports its boot ID" test -n "$boot_id" -a "$boot_id" != null
+bundles_before=$(node_json | jq -c '[.bundles[] | {name, version, state}]')
+lksctl node reboot "$NODE" >"$work/reboot.out" 2>&1 || vm_die "lksctl node reboot failed: $(cat "$work/reboot.out")"
+vm_log "ok: $(cat "$work/reboot.out")"
+vm_reboot_wait 120
+# The old boot's kubelet is gone: a Lease renewed from now on is the new one's.
+reboot_at=$(date +%s)
+vm_wait_boot "${LKS_VM_TIMEOUT:-300}"
+new_boot() {
+  local j
+  j=$(node_json) || return 1
+  [ "$(jq -r .connected <<<"$j")" = true ] && [ "$(jq -r .boot_id <<<"$j")" != "$boot_id" ] &&
+    [ "$(jq -r '.reboot.state' <<<"$j")" = none ] && [ "$(jq -r '.reboot.request == .reboot.requested' <<<"$j")" = true ]
+}
+wait_for "the agent is back with a new boot ID and reports the reboot done" 120 new_boot
+vm_log "node after the reboot: boot_id $(node_json | jq -r .boot_id), reboot $(node_json | jq -c .reboot)"
+wait_for "the kubelet renewed its Lease after the reboot" 120 lease_renewed_since "$reboot_at"
+wait_for "the Node is Ready and reports $NEW after the reboot" 120 reports_new
+check "kubelet.service runs /usr/local/bin/kubelet after the reboot" test "$(kubelet_exe)" = /usr/local/bin/kubelet
+check "the node's bundles and their states are as before the reboot" \
+  test "$(node_json | jq -c '[.bundles[] | {name, version, state}]')" = "$bundles_before"
+
 section "PASS"
 lksctl node list --cluster "$CLUSTER" >&2
-vm_log "PASS: $NODE joined with kubelet $OLD, upgraded to $NEW with drain, a broken kubelet rolled back, drift healed"
+vm_log "PASS: $NODE joined with kubelet $OLD, upgraded to $NEW with drain, a broken kubelet rolled back, drift healed, rebooted"

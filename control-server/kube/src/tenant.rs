@@ -17,7 +17,7 @@ use crate::config::{KubeconfigError, TenantKubeconfig};
 use crate::nodes::NodeKubeState;
 use crate::secret::{SecretError, open_kubeconfig};
 use lks_pki::seal::SealKey;
-use lks_store::{ClusterStore, StoreError};
+use lks_store::{ClusterStore, SealedField, StoreError};
 
 /// How long a cluster's Node list is reused for `node list`: a view a few
 /// seconds old, and one tenant API request per cluster per 5 s however
@@ -106,7 +106,6 @@ struct NodesRead {
 pub struct TenantApis {
     store: Arc<dyn ClusterStore>,
     seal: Option<Arc<SealKey>>,
-    aad_prefix: String,
     /// One map insert, remove or lookup at a time, whole after a panic:
     /// locked with [`lock`] (a poisoned map once made every client be
     /// built again, uncached).
@@ -115,13 +114,12 @@ pub struct TenantApis {
 }
 
 impl TenantApis {
-    /// `seal`: the `--encryption-key-file` key; `aad_prefix`: the etcd key
-    /// prefix ("" on SQLite), as for cluster CA keys.
-    pub fn new(store: Arc<dyn ClusterStore>, seal: Option<Arc<SealKey>>, aad_prefix: &str) -> Self {
+    /// `seal`: the `--encryption-key-file` key; a sealed kubeconfig is
+    /// bound to where `store` keeps it, as cluster CA keys are.
+    pub fn new(store: Arc<dyn ClusterStore>, seal: Option<Arc<SealKey>>) -> Self {
         TenantApis {
             store,
             seal,
-            aad_prefix: aad_prefix.to_string(),
             clients: Mutex::default(),
             nodes: tokio::sync::Mutex::default(),
         }
@@ -129,7 +127,8 @@ impl TenantApis {
 
     /// The stored form of a checked kubeconfig for `cluster`.
     pub fn to_stored(&self, cluster: &str, k: &TenantKubeconfig) -> Result<String, SecretError> {
-        crate::secret::seal_kubeconfig(self.seal.as_deref(), &self.aad_prefix, cluster, &k.to_text())
+        let aad = self.store.sealed_aad(cluster, SealedField::Kubeconfig);
+        crate::secret::seal_kubeconfig(self.seal.as_deref(), &aad, cluster, &k.to_text())
     }
 
     /// A client of `cluster`'s tenant API and its URL; `None` when the
@@ -152,7 +151,8 @@ impl TenantApis {
             e.checked = Instant::now();
             return Ok(Some((e.client.clone(), e.server.clone())));
         }
-        let text = open_kubeconfig(self.seal.as_deref(), &self.aad_prefix, cluster, &stored)?;
+        let aad = self.store.sealed_aad(cluster, SealedField::Kubeconfig);
+        let text = open_kubeconfig(self.seal.as_deref(), &aad, cluster, &stored)?;
         let checked = TenantKubeconfig::check(&text).map_err(|source| TenantError::Stored {
             cluster: cluster.to_string(),
             source,

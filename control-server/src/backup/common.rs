@@ -51,8 +51,20 @@ pub enum RestoreError {
          --etcd-max-blob-size {size} (and the same to every replica), or --blob-store s3://BUCKET/PREFIX"
     )]
     BlobTooLarge { digest: Digest, size: u64, max: u64 },
+    #[error("--blob-store local is no blob store of replicas: give etcd (the default) or s3://BUCKET/PREFIX")]
+    LocalBlobStore,
+    #[error("cannot reach etcd: {0}; check --etcd-endpoints and that etcd is up")]
+    EtcdUnreachable(#[source] lks_store::StoreError),
+    #[error("{what}: {source}")]
+    Store {
+        what: &'static str,
+        #[source]
+        source: lks_store::StoreError,
+    },
     #[error("{0}")]
-    Etcd(String),
+    BlobStore(#[source] Box<crate::blobs::BlobError>),
+    #[error("the extraction task: {0}")]
+    Extract(#[from] tokio::task::JoinError),
     #[error("{cause}; {cleanup}")]
     Write {
         #[source]

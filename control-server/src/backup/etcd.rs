@@ -202,7 +202,10 @@ impl Snapshot {
     /// Counts the key `rest` for the summary (the same kinds a dump counts).
     fn tally(&mut self, rest: &str, value: &[u8]) -> Result<(), BackupError> {
         let c = &mut self.counts;
-        match archive::archived_key(rest, value).map_err(|e| BackupError::Etcd(e.to_string()))? {
+        match archive::archived_key(rest, value).map_err(|source| BackupError::Store {
+            what: "read an archived key",
+            source,
+        })? {
             ArchivedKey::Cluster { with_ca } => {
                 c.clusters += 1;
                 c.cluster_cas += usize::from(with_ca);
@@ -256,7 +259,15 @@ async fn read_snapshot(store: &EtcdStore, out: &Path) -> Result<Snapshot, Backup
         .await
         .map_err(|e| match e {
             ReadError::Each(e) => e,
-            e @ ReadError::Etcd { .. } => BackupError::Etcd(e.to_string()),
+            ReadError::Etcd {
+                prefix,
+                message,
+                compacted,
+            } => BackupError::EtcdRead(ReadError::Etcd {
+                prefix,
+                message,
+                compacted,
+            }),
         })?;
     snap.revision = revision;
     let f = w.into_inner().map_err(|e| write_err(e.into_error()))?;
@@ -271,22 +282,16 @@ pub async fn backup_etcd(cfg: &EtcdBackupConfig) -> Result<BackupSummary, Backup
         return Err(BackupError::OutExists(cfg.out.clone()));
     }
     if matches!(cfg.blob_store, BlobChoice::Local) {
-        return Err(BackupError::Etcd(
-            "--blob-store local is no blob store of replicas: give etcd (the default) or s3://BUCKET/PREFIX"
-                .into(),
-        ));
+        return Err(BackupError::LocalBlobStore);
     }
     let seal = cfg
         .encryption_key_file
         .as_deref()
         .map(SealKey::load)
-        .transpose()
-        .map_err(|e| BackupError::Etcd(e.to_string()))?;
-    let store = EtcdStore::connect(&cfg.etcd, "backup").await.map_err(|e| {
-        BackupError::Etcd(format!(
-            "cannot reach etcd: {e}; check --etcd-endpoints and that etcd is up"
-        ))
-    })?;
+        .transpose()?;
+    let store = EtcdStore::connect(&cfg.etcd, "backup")
+        .await
+        .map_err(BackupError::EtcdUnreachable)?;
     let out_dir = parent_of(&cfg.out);
     let tmp = tempfile::Builder::new()
         .prefix(".lks-backup-")
@@ -300,13 +305,12 @@ pub async fn backup_etcd(cfg: &EtcdBackupConfig) -> Result<BackupSummary, Backup
     let keys_path = tmp.path().join("keys");
     let snap = read_snapshot(&store, &keys_path).await?;
     let Some(identity) = &snap.identity else {
-        return Err(BackupError::Etcd(format!(
-            "etcd holds no control plane under {} (no identity key): check --etcd-prefix",
-            store.prefix()
-        )));
+        return Err(BackupError::NoControlPlane {
+            prefix: store.prefix().to_string(),
+        });
     };
     let (sealed_with, _) = crate::replicas::read_stored_identity(&store, identity, seal.as_ref())
-        .map_err(|e| BackupError::Etcd(format!("the stored CA and admin credential: {e}")))?;
+        .map_err(BackupError::StoredIdentity)?;
 
     // file_entry: mode 0600, the keys hold the CA key.
     let mut entries: Vec<(FileEntry, Source)> = vec![(
@@ -353,7 +357,7 @@ async fn fetch_blob(
     into: &LocalBlobs,
 ) -> Result<PathBuf, BackupError> {
     let Some(store) = store else {
-        return Err(BackupError::Etcd("no blob store to read the blobs from".into()));
+        return Err(BackupError::NoBlobStore);
     };
     let found = store
         .fetch(&b.digest, into)
@@ -364,17 +368,16 @@ async fn fetch_blob(
             source: Box::new(source),
         })?;
     if !found {
-        return Err(BackupError::Etcd(format!(
-            "bundle {}: blob {} is not in {}{}",
-            b.bundles.join(", "),
-            b.digest,
-            store.describe(),
-            if store.describe() == "etcd" {
+        return Err(BackupError::BlobNotInStore {
+            bundles: b.bundles.join(", "),
+            digest: b.digest,
+            store: store.describe(),
+            hint: if store.describe() == "etcd" {
                 "; if the replicas keep blobs in a bucket, give their --blob-store s3://… and --s3-* flags"
             } else {
                 " (deleted meanwhile?); run the backup again"
-            }
-        )));
+            },
+        });
     }
     Ok(into.path(&b.digest))
 }
@@ -460,10 +463,7 @@ fn check_target(
         });
     }
     if matches!(cfg.blob_store, BlobChoice::Local) {
-        return Err(RestoreError::Etcd(
-            "--blob-store local is no blob store of replicas: give etcd (the default) or s3://BUCKET/PREFIX"
-                .into(),
-        ));
+        return Err(RestoreError::LocalBlobStore);
     }
     if matches!(cfg.blob_store, BlobChoice::Default | BlobChoice::Etcd)
         && let Some(b) = manifest.blobs.iter().find(|b| b.size > cfg.max_blob)
@@ -489,9 +489,7 @@ async fn stage(reader: ArchiveReader<BufReader<File>>) -> Result<(TempDir, HashS
             source,
         })?;
     let dir = staging.path().to_path_buf();
-    let restored = tokio::task::spawn_blocking(move || extract(reader, &dir))
-        .await
-        .map_err(|e| RestoreError::Etcd(e.to_string()))??;
+    let restored = tokio::task::spawn_blocking(move || extract(reader, &dir)).await??;
     Ok((staging, restored))
 }
 
@@ -540,15 +538,14 @@ fn verify(
 
 /// Connects to etcd and to the blob store the replicas keep blobs in.
 async fn open_target(cfg: &EtcdRestoreConfig) -> Result<(EtcdStore, Arc<dyn BlobStore>), RestoreError> {
-    let store = EtcdStore::connect(&cfg.etcd, "restore").await.map_err(|e| {
-        RestoreError::Etcd(format!(
-            "cannot reach etcd: {e}; check --etcd-endpoints and that etcd is up"
-        ))
-    })?;
+    let store = EtcdStore::connect(&cfg.etcd, "restore")
+        .await
+        .map_err(RestoreError::EtcdUnreachable)?;
     let durable: Arc<dyn BlobStore> = match &cfg.blob_store {
         BlobChoice::S3(c) => {
-            let s = S3Store::new(c).map_err(|e| RestoreError::Etcd(e.to_string()))?;
-            s.check().await.map_err(|e| RestoreError::Etcd(e.to_string()))?;
+            let blob_err = |e| RestoreError::BlobStore(Box::new(e));
+            let s = S3Store::new(c).map_err(blob_err)?;
+            s.check().await.map_err(blob_err)?;
             Arc::new(s)
         }
         _ => Arc::new(EtcdChunks::new(store.clone(), cfg.max_blob)),
@@ -563,18 +560,20 @@ async fn claim_prefix(store: &EtcdStore, identity: Vec<u8>) -> Result<(), Restor
         key,
         prefix: store.prefix().to_string(),
     };
-    if let Some(key) = store
-        .first_key()
-        .await
-        .map_err(|e| RestoreError::Etcd(e.to_string()))?
-    {
+    if let Some(key) = store.first_key().await.map_err(|source| RestoreError::Store {
+        what: "read the prefix",
+        source,
+    })? {
         return Err(in_use(key));
     }
     let stored = store
         .identity()
         .create(identity.clone())
         .await
-        .map_err(|e| RestoreError::Etcd(format!("store the identity: {e}")))?;
+        .map_err(|source| RestoreError::Store {
+            what: "store the identity",
+            source,
+        })?;
     if stored != identity {
         return Err(in_use(store.identity().key()));
     }

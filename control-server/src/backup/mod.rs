@@ -28,6 +28,7 @@ pub use etcd::{EtcdBackupConfig, EtcdRestoreConfig, EtcdRestoreSummary, backup_e
 pub use sqlite::{BackupConfig, RestoreConfig, RestoreSummary, backup_sqlite, restore};
 
 use crate::blobs::BlobError;
+use crate::store::etcd::archive::ReadError;
 use crate::store::{Dump, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -77,8 +78,33 @@ pub enum BackupError {
     },
     #[error("{0}")]
     Archive(#[from] ArchiveError),
+    #[error("{what}: {source}")]
+    Store {
+        what: &'static str,
+        #[source]
+        source: StoreError,
+    },
     #[error("{0}")]
-    Etcd(String),
+    EtcdRead(#[source] ReadError<std::convert::Infallible>),
+    #[error("cannot reach etcd: {0}; check --etcd-endpoints and that etcd is up")]
+    EtcdUnreachable(#[source] StoreError),
+    #[error("--blob-store local is no blob store of replicas: give etcd (the default) or s3://BUCKET/PREFIX")]
+    LocalBlobStore,
+    #[error("{0}")]
+    SealKey(#[from] lks_pki::seal::SealError),
+    #[error("etcd holds no control plane under {prefix} (no identity key): check --etcd-prefix")]
+    NoControlPlane { prefix: String },
+    #[error("the stored CA and admin credential: {0}")]
+    StoredIdentity(#[source] crate::replicas::IdentityError),
+    #[error("no blob store to read the blobs from")]
+    NoBlobStore,
+    #[error("bundle {bundles}: blob {digest} is not in {store}{hint}")]
+    BlobNotInStore {
+        bundles: String,
+        digest: lks_proto::Digest,
+        store: String,
+        hint: &'static str,
+    },
 }
 
 /// What a backup wrote.

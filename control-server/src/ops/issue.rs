@@ -350,7 +350,7 @@ mod store_tests {
             .put_bundle(NewBundle::new(signed, Vec::new(), 1))
             .await
             .unwrap();
-        let cas = ClusterCas::new(store.clone(), None, "");
+        let cas = ClusterCas::new(store.clone(), None);
         (store, cas, NodeIdentity::new("a", "n1").unwrap())
     }
 

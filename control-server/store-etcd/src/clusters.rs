@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use lks_store::{
     CERT_RECORD_RETENTION_MS, ClusterKube, ClusterRow, ClusterStore, EventRow, IssuedCertRow, Kind,
-    KubeFlags, NewCluster, PeerSettings, Result, StoreError, StoredCa, ca_already_set, cluster_exists,
-    sort_certificates,
+    KubeFlags, NewCluster, PeerSettings, Result, SealedField, StoreError, StoredCa, ca_already_set,
+    cluster_exists, sort_certificates,
 };
 
 use crate::docs::{ClusterDoc, NodeDoc};
@@ -135,6 +135,16 @@ impl EtcdStore {
 
 #[async_trait]
 impl ClusterStore for EtcdStore {
+    /// The key the value lives under and the field: `<prefix>clusters/<cluster>#ca_key`,
+    /// `<prefix>clusterkube/<cluster>#kubeconfig`.
+    fn sealed_aad(&self, cluster: &str, field: SealedField) -> Vec<u8> {
+        match field {
+            SealedField::CaKey => self.key(&format!("clusters/{cluster}#ca_key")),
+            SealedField::Kubeconfig => self.key(&format!("clusterkube/{cluster}#kubeconfig")),
+        }
+        .into_bytes()
+    }
+
     async fn create_cluster(&self, c: NewCluster) -> Result<ClusterRow> {
         let key = self.key(&format!("clusters/{}", c.name));
         let ok = self

@@ -45,6 +45,10 @@
 //! | `swarm/fetching/CLUSTER/HEX/ID`   | nodes fetching a blob through replica ID (under its lease) | `swarm` |
 //! | `swarm/seed/CLUSTER/HEX`          | the one node of a cluster that may fetch a blob from the server now | `swarm` |
 //!
+//! A sealed CA key or kubeconfig is bound to its full key and field
+//! (`<prefix>clusters/NAME#ca_key`, `<prefix>clusterkube/NAME#kubeconfig`):
+//! the sealing code asks `ClusterStore::sealed_aad` for these bytes.
+//!
 //! Backup and restore (`lks-control-server backup|restore --store etcd`)
 //! take every key but those under a lease, `blobs/` and `deltas/`
 //! ([`archive`]); `migrate` writes a `Dump` into an empty prefix

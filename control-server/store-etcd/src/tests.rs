@@ -53,6 +53,23 @@ fn the_prefix_ends_with_a_slash() {
     assert_eq!(cfg("/lks/").normalized_prefix(), "/lks/");
 }
 
+/// Sealed values stay bound to the same bytes as before the store owned
+/// them (the key and the field): a key sealed by an older server opens.
+#[tokio::test]
+async fn sealed_values_are_bound_to_their_key_and_field() {
+    let etcd = TestEtcd::start();
+    let s = etcd.store("r1").await;
+    let p = s.prefix().to_string();
+    assert_eq!(
+        s.sealed_aad("a", lks_store::SealedField::CaKey),
+        format!("{p}clusters/a#ca_key").into_bytes()
+    );
+    assert_eq!(
+        s.sealed_aad("a", lks_store::SealedField::Kubeconfig),
+        format!("{p}clusterkube/a#kubeconfig").into_bytes()
+    );
+}
+
 /// A bundle document whose bundle is not hex reads as corrupt too.
 #[tokio::test]
 async fn a_bundle_document_that_is_not_hex_is_corrupt() {

@@ -215,9 +215,24 @@ pub fn sort_certificates(rows: &mut [IssuedCertRow]) {
     });
 }
 
+/// A cluster secret the server may keep sealed with its
+/// `--encryption-key-file` key (etcd only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SealedField {
+    /// The cluster CA's private key.
+    CaKey,
+    /// The tenant kubeconfig.
+    Kubeconfig,
+}
+
 /// Clusters and the certificates issued with their CAs.
 #[async_trait]
 pub trait ClusterStore: Send + Sync {
+    /// What a sealed `field` of `cluster` is bound to (the AEAD's
+    /// associated data): where this store keeps it, so that a sealed value
+    /// copied to another cluster, field or store does not open. Only the
+    /// store knows its layout; the sealing code asks it.
+    fn sealed_aad(&self, cluster: &str, field: SealedField) -> Vec<u8>;
     /// Creates the cluster with its CA and API server in one write;
     /// `AlreadyExists` if the name is taken.
     async fn create_cluster(&self, cluster: NewCluster) -> Result<ClusterRow>;

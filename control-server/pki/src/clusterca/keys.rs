@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use time::OffsetDateTime;
 
 use super::{CaError, ClusterCa};
-use crate::seal::{OpenTextError, SealKey, open_text, seal_text, sealed_envelope};
-use lks_store::{ClusterStore, StoreError, StoredCa};
+use crate::seal::{OpenTextError, SealError, SealKey, open_text, seal_text, sealed_envelope};
+use lks_store::{ClusterStore, SealedField, StoreError, StoredCa};
 
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
@@ -24,10 +24,20 @@ pub enum KeyError {
         "cluster {cluster}: the CA key is encrypted; give lks-control-server --encryption-key-file with the key it was sealed with"
     )]
     NoSealKey { cluster: String },
-    #[error("cluster {cluster}: open the CA key: {message}")]
-    Open { cluster: String, message: String },
-    #[error("cluster {cluster}: seal the CA key: {message}")]
-    Seal { cluster: String, message: String },
+    #[error("cluster {cluster}: open the CA key: neither PEM nor a sealed value")]
+    Unreadable { cluster: String },
+    #[error("cluster {cluster}: open the CA key: {source}")]
+    Open {
+        cluster: String,
+        #[source]
+        source: OpenTextError,
+    },
+    #[error("cluster {cluster}: seal the CA key: {source}")]
+    Seal {
+        cluster: String,
+        #[source]
+        source: SealError,
+    },
 }
 
 /// The server's access to cluster CAs: reads them from the store, opens
@@ -36,19 +46,16 @@ pub enum KeyError {
 pub struct ClusterCas {
     store: Arc<dyn ClusterStore>,
     seal: Option<Arc<SealKey>>,
-    /// What sealed values are named after: the etcd key prefix.
-    aad_prefix: String,
     cache: Mutex<HashMap<String, Arc<ClusterCa>>>,
 }
 
 impl ClusterCas {
-    /// `seal`: the `--encryption-key-file` key (etcd only); `aad_prefix`:
-    /// the etcd key prefix ("" on SQLite).
-    pub fn new(store: Arc<dyn ClusterStore>, seal: Option<Arc<SealKey>>, aad_prefix: &str) -> Self {
+    /// `seal`: the `--encryption-key-file` key (etcd only); a sealed key
+    /// is bound to where `store` keeps it ([`ClusterStore::sealed_aad`]).
+    pub fn new(store: Arc<dyn ClusterStore>, seal: Option<Arc<SealKey>>) -> Self {
         ClusterCas {
             store,
             seal,
-            aad_prefix: aad_prefix.to_string(),
             cache: Mutex::default(),
         }
     }
@@ -64,7 +71,8 @@ impl ClusterCas {
         let Some(stored) = self.store.cluster_ca(cluster).await? else {
             return Ok(None);
         };
-        let key = open_key(self.seal.as_deref(), &self.aad_prefix, cluster, &stored.key)?;
+        let aad = self.store.sealed_aad(cluster, SealedField::CaKey);
+        let key = open_key(self.seal.as_deref(), &aad, cluster, &stored.key)?;
         let ca = Arc::new(
             ClusterCa::load(&stored.cert_pem, &key).map_err(|source| KeyError::Stored {
                 cluster: cluster.to_string(),
@@ -80,7 +88,12 @@ impl ClusterCas {
     pub fn to_stored(&self, ca: &ClusterCa, cluster: &str) -> Result<StoredCa, KeyError> {
         Ok(StoredCa {
             cert_pem: ca.cert_pem().to_string(),
-            key: seal_key(self.seal.as_deref(), &self.aad_prefix, cluster, ca.key_pem())?,
+            key: seal_key(
+                self.seal.as_deref(),
+                &self.store.sealed_aad(cluster, SealedField::CaKey),
+                cluster,
+                ca.key_pem(),
+            )?,
         })
     }
 
@@ -98,44 +111,37 @@ impl ClusterCas {
     }
 }
 
-fn aad(prefix: &str, cluster: &str) -> Vec<u8> {
-    format!("{prefix}clusters/{cluster}#ca_key").into_bytes()
-}
-
-/// The stored form of a CA key: sealed (hex) with `seal`, else the PEM.
+/// The stored form of a CA key: sealed (hex) with `seal` for `aad` (the
+/// store's [`ClusterStore::sealed_aad`]), else the PEM.
 pub fn seal_key(
     seal: Option<&SealKey>,
-    aad_prefix: &str,
+    aad: &[u8],
     cluster: &str,
     key_pem: &str,
 ) -> Result<String, KeyError> {
-    seal_text(seal, &aad(aad_prefix, cluster), key_pem).map_err(|e| KeyError::Seal {
+    seal_text(seal, aad, key_pem).map_err(|source| KeyError::Seal {
         cluster: cluster.to_string(),
-        message: e.to_string(),
+        source,
     })
 }
 
 /// The PEM of a stored CA key. A PEM stored before the server had an
 /// encryption key is read as it is.
-pub fn open_key(
-    seal: Option<&SealKey>,
-    aad_prefix: &str,
-    cluster: &str,
-    stored: &str,
-) -> Result<String, KeyError> {
+pub fn open_key(seal: Option<&SealKey>, aad: &[u8], cluster: &str, stored: &str) -> Result<String, KeyError> {
     if stored.trim_start().starts_with("-----BEGIN") {
         return Ok(stored.to_string());
     }
-    let open = |message: String| KeyError::Open {
+    let envelope = sealed_envelope(stored).ok_or_else(|| KeyError::Unreadable {
         cluster: cluster.to_string(),
-        message,
-    };
-    let envelope = sealed_envelope(stored).ok_or_else(|| open("neither PEM nor a sealed value".into()))?;
-    open_text(seal, &aad(aad_prefix, cluster), &envelope).map_err(|e| match e {
+    })?;
+    open_text(seal, aad, &envelope).map_err(|e| match e {
         OpenTextError::NoKey => KeyError::NoSealKey {
             cluster: cluster.to_string(),
         },
-        e => open(e.to_string()),
+        source => KeyError::Open {
+            cluster: cluster.to_string(),
+            source,
+        },
     })
 }
 
@@ -149,7 +155,8 @@ mod tests {
     async fn a_sealed_key_is_stored_without_its_pem_and_opens_only_for_its_cluster() {
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().unwrap());
         let seal = Arc::new(SealKey::from_bytes(&[9; 32]));
-        let cas = ClusterCas::new(store.clone(), Some(seal.clone()), "/lks/");
+        let cas = ClusterCas::new(store.clone(), Some(seal.clone()));
+        let aad = |c: &str| store.sealed_aad(c, SealedField::CaKey);
         let ca = ClusterCa::generate("a", OffsetDateTime::now_utc()).unwrap();
         let stored = cas.to_stored(&ca, "a").unwrap();
         let body = ca.key_pem().lines().nth(1).unwrap();
@@ -168,26 +175,26 @@ mod tests {
         assert!(cas.load("b").await.unwrap().is_none());
 
         // Copied to another cluster's name, it does not open.
-        let e = open_key(Some(&seal), "/lks/", "b", &stored.key).unwrap_err();
+        let e = open_key(Some(&seal), &aad("b"), "b", &stored.key).unwrap_err();
         assert!(matches!(e, KeyError::Open { .. }), "{e}");
         // Without the encryption key: one clear line.
-        let e = open_key(None, "/lks/", "a", &stored.key).unwrap_err();
+        let e = open_key(None, &aad("a"), "a", &stored.key).unwrap_err();
         assert!(e.to_string().contains("--encryption-key-file"), "{e}");
         // Another key is named as such.
         let other = SealKey::from_bytes(&[8; 32]);
-        assert!(open_key(Some(&other), "/lks/", "a", &stored.key).is_err());
+        assert!(open_key(Some(&other), &aad("a"), "a", &stored.key).is_err());
         // Stored before there was an encryption key: read as PEM.
         assert_eq!(
-            open_key(Some(&seal), "/lks/", "a", ca.key_pem()).unwrap(),
+            open_key(Some(&seal), &aad("a"), "a", ca.key_pem()).unwrap(),
             ca.key_pem()
         );
-        assert!(open_key(None, "", "a", "zz").is_err());
+        assert!(open_key(None, &aad("a"), "a", "zz").is_err());
     }
 
     #[test]
     fn without_an_encryption_key_the_pem_is_stored() {
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().unwrap());
-        let cas = ClusterCas::new(store, None, "");
+        let cas = ClusterCas::new(store, None);
         let ca = ClusterCa::generate("a", OffsetDateTime::now_utc()).unwrap();
         assert_eq!(cas.to_stored(&ca, "a").unwrap().key, ca.key_pem());
     }

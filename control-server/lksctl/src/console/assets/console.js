@@ -323,10 +323,18 @@ function fleetPage(main) {
         }
       }
       const failedEvents = events.filter((e) => e.kind === "failed" || e.kind === "rollout_failed").reverse().slice(0, 10);
+      // Two different questions, each answered under its own title: which
+      // nodes hold a bundle that failed now (the bundle's own state), and
+      // what failed lately (the event log, which also holds failures that
+      // leave a bundle applied, such as a node failed by the Ready gate).
       fill(failures, el("h2", {}, "Recent failures"),
-        table("failing-nodes-table", ["Node", "Cluster", "Bundle", "State", "Message"], recent.slice(0, 50), "No node reports a failed bundle."),
+        el("h3", {}, "Bundles failed or rolled back on a node"),
+        el("p", { class: "hint" }, "Each node's bundles in state failed or rolled_back, now. A node failed by the Ready gate keeps its bundle applied and shows under the failure events below."),
+        table("failing-nodes-table", ["Node", "Cluster", "Bundle", "State", "Message"], recent.slice(0, 50), "No node holds a bundle in state failed or rolled_back."),
+        el("h3", {}, "Latest failure events"),
+        el("p", { class: "hint" }, "The last 10 events of kind failed or rollout_failed, newest first, whatever the bundle's state is now."),
         table("failure-events-table", ["Time", "Kind", "Node", "Rollout", "Message"],
-          failedEvents.map((e) => [time(e.at), e.kind, nodeLink(e.node), rolloutLink(e.rollout_id), e.message]), "No failure events recently."));
+          failedEvents.map((e) => [time(e.at), e.kind, nodeLink(e.node), rolloutLink(e.rollout_id), e.message]), "No failure event recently."));
     },
   };
 }
