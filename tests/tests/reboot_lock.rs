@@ -204,6 +204,21 @@ fn auto_reboots_required_nodes_at_most_n_at_a_time_inside_windows() {
         sims.iter().all(|s| s.reboots() == 0),
         "nothing outside the window"
     );
+    // `node get` says why it waits.
+    let got = server.lksctl_json(&["node", "get", "w1"]);
+    assert_eq!(got["reboot_lock"]["state"], "waiting", "{got}");
+    assert!(
+        got["reboot_lock"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("every maintenance window is closed; the next opens at "),
+        "{got}"
+    );
+    let text = server.lksctl_ok(&["node", "get", "w1"]);
+    assert!(
+        text.contains("Reboot lock:  waiting: every maintenance window"),
+        "{text}"
+    );
     let json = server.lksctl_json(&["cluster", "get", "c1"]);
     assert_eq!(
         json["reboots"],
