@@ -301,3 +301,60 @@ fn a_node_that_never_comes_back_is_reboot_lost_and_its_slot_freed() {
         s.agent.stop();
     }
 }
+
+fn is_leader(s: &Server) -> bool {
+    s.log().contains("elected: this replica drives rollouts")
+}
+
+#[test]
+fn a_leader_killed_mid_reboot_is_replaced_by_one_that_knows_who_holds_what() {
+    let etcd = lks_e2e::etcd::Etcd::start();
+    let prefix = "/lks-reboot-ha/";
+    let mut r1 = etcd.replica(prefix, &[]);
+    wait_until(Duration::from_secs(15), "r1 elected", || is_leader(&r1));
+    let r2 = etcd.replica(prefix, &[]);
+    r2.lksctl_ok(&["cluster", "create", "c1"]);
+    let mut sims: Vec<Sim> = ["a", "b"].iter().map(|n| Sim::new(&r2, "c1", n)).collect();
+    // a stays down until the leader is gone.
+    sims[0].comes_back = false;
+    r2.lksctl_ok(&[
+        "cluster",
+        "set",
+        "c1",
+        "--reboots",
+        "manual",
+        "--reboot-timeout",
+        "2m",
+    ]);
+    r2.lksctl_ok(&["reboot", "start", "--cluster", "c1"]);
+    wait_until(CONVERGE, "a's reboot command ran", || sims[0].reboots() == 1);
+    wait_until(CONVERGE, "the lock records a's request", || {
+        let st = status(&r2, "c1");
+        node_state(&st, "a").0 == "rebooting" && st["slots_taken"] == 1
+    });
+
+    // The leader dies mid-reboot; r2 takes over from the stored lock.
+    r1.kill9();
+    wait_until(Duration::from_secs(30), "r2 elected", || is_leader(&r2));
+    let st = status(&r2, "c1");
+    assert_eq!(node_state(&st, "a").0, "rebooting", "{st}");
+    assert_eq!(node_state(&st, "b").0, "waiting", "b waits for a's slot: {st}");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(sims[1].reboots(), 0, "no second slot under the new leader");
+
+    // a boots; the new leader releases its slot and reboots b.
+    sims[0].comes_back = true;
+    drive(&r2, "c1", &mut sims, 1, |st| {
+        node_state(st, "a").0 == "done" && node_state(st, "b").0 == "done"
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        (sims[0].reboots(), sims[1].reboots()),
+        (1, 1),
+        "each node rebooted once: the new leader sent no second request"
+    );
+    assert_eq!(status(&r2, "c1")["run"]["state"], "completed");
+    for s in &mut sims {
+        s.agent.stop();
+    }
+}
