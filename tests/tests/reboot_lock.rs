@@ -4,8 +4,9 @@
 //! empties the sentinel and leaves a mark; the test then restarts the
 //! agent, as the boot would. The cluster's reboot lock gives at most N
 //! slots at once (sampled all along), nothing starts outside the
-//! maintenance windows, and a node that never comes back is `reboot-lost`
-//! and its slot freed for the next.
+//! maintenance windows, a node that never comes back is `reboot-lost`
+//! and its slot freed for the next, and on etcd replicas a leader killed
+//! mid-reboot is replaced by one that reads who holds what from the store.
 
 // Test code: a helper that fails panics with what it was doing, as a
 // #[test] does (clippy.toml allows that only inside #[test] functions).

@@ -325,3 +325,95 @@ pub async fn status(
         nodes,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::fixture::{cluster_a, enrol};
+    use crate::store::SqliteStore;
+
+    fn text(e: OpError) -> String {
+        e.to_string()
+    }
+
+    #[test]
+    fn the_policy_flags_are_checked_and_merged() {
+        let none = RebootChange::default();
+        assert_eq!(none.check().unwrap(), None);
+        let bad = RebootChange {
+            max_concurrent: Some(0),
+            ..none
+        };
+        assert_eq!(
+            bad.check().unwrap_err().to_string(),
+            "--max-concurrent-reboots 0 is out of range: give 1 to 10000"
+        );
+        let short = RebootChange {
+            timeout_ms: Some(1000),
+            ..none
+        };
+        assert_eq!(
+            short.check().unwrap_err().to_string(),
+            "--reboot-timeout 1s is out of range: give 5s to 7d"
+        );
+        let auto = RebootChange {
+            mode: Some(RebootMode::Auto),
+            max_concurrent: Some(3),
+            ..none
+        };
+        let p = auto.check().unwrap().unwrap().merge(RebootPolicy {
+            on_timeout: RebootTimeout::Keep,
+            ..Default::default()
+        });
+        assert_eq!(
+            describe(&p),
+            "reboots auto, at most 3 at once, 30m to be back, then the slot is kept"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_run_starts_once_and_moves_only_by_its_verbs() {
+        let s = SqliteStore::open_in_memory().unwrap();
+        cluster_a(&s).await;
+        enrol(&s, "n2", "s2", "k2").await;
+        enrol(&s, "n1", "s1", "k1").await;
+        let off = start(&s, "a", Labels::new(), "alice", 5).await.unwrap_err();
+        assert_eq!(
+            text(off),
+            "cluster a has reboots off; first: lksctl cluster set a --reboots manual (or auto)"
+        );
+        let manual = RebootChange {
+            mode: Some(RebootMode::Manual),
+            ..Default::default()
+        };
+        set_policy(&s, "a", manual, "alice", 5).await.unwrap();
+        let none = run_verb(&s, "a", RunVerb::Pause, "alice", 6).await.unwrap_err();
+        assert_eq!(text(none), "cluster a has no rolling reboot to pause");
+        let picky: Labels = [("pool".to_string(), "gpu".to_string())].into();
+        let e = start(&s, "a", picky, "alice", 6).await.unwrap_err();
+        assert_eq!(text(e), "no node of cluster a matches the selector");
+
+        let at = start(&s, "a", Labels::new(), "alice", 7).await.unwrap();
+        let run = at.lock.run.as_ref().unwrap();
+        assert_eq!(
+            (run.state, run.waiting.clone()),
+            (RunState::Running, vec!["n1".to_string(), "n2".to_string()])
+        );
+        let again = start(&s, "a", Labels::new(), "bob", 8).await.unwrap_err();
+        assert!(text(again).starts_with("cluster a has a rolling reboot running already"));
+        let paused = run_verb(&s, "a", RunVerb::Pause, "alice", 9).await.unwrap();
+        assert_eq!(paused.lock.run.unwrap().state, RunState::Paused);
+        let e = run_verb(&s, "a", RunVerb::Pause, "alice", 9).await.unwrap_err();
+        assert_eq!(
+            text(e),
+            "the rolling reboot of cluster a is paused; it cannot be paused"
+        );
+        run_verb(&s, "a", RunVerb::Resume, "alice", 10).await.unwrap();
+        let aborted = run_verb(&s, "a", RunVerb::Abort, "alice", 11).await.unwrap();
+        assert_eq!(aborted.lock.run.unwrap().state, RunState::Aborted);
+        // A new run may start once the last ended.
+        start(&s, "a", Labels::new(), "bob", 12).await.unwrap();
+        let e = start(&s, "nope", Labels::new(), "bob", 12).await.unwrap_err();
+        assert_eq!(text(e), "cluster nope does not exist");
+    }
+}
