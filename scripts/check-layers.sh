@@ -11,8 +11,8 @@
 # main.rs re-exports from a module (`pub use m::X`, `use m::*`) is an arrow
 # to that module; for one the root itself defines it is an arrow to the
 # root, which declares every module and so sits above them all: it fails
-# (move X into a module below its users), except in the store crates of
-# ROOT_BASE, whose lib.rs holds the base every module builds on. In a
+# (move X into a module below its users), except in the store crates and
+# lks-blobs (ROOT_BASE), whose lib.rs holds the base every module builds on. In a
 # top-level module's file `super::X` is `crate::X`, and a glob of the root
 # (`use super::*`) fails.
 #
@@ -32,6 +32,12 @@
 #   workspace ... -->`): a row per workspace member, `PATH/` and package
 #   name, below the crates it links, whose "what it may import" is the
 #   workspace crates in its Cargo.toml's [dependencies].
+#
+# And that the workspace stays in crates by concern (issue [shape-3]): no
+# crate holds more than a quarter of the workspace's library lines — the
+# lines of the .rs files under each member's src/, tests aside (the
+# end-to-end crate lks-e2e, `tests/` directories, `tests.rs` and
+# `*_tests.rs` files). It prints each crate's share, largest first.
 # Adding a module is one LAYERS entry and one row: write the row's module
 # and what it owns, and `--write` fills in what it may import.
 #
@@ -83,7 +89,7 @@ CRATES = {
     """,
     # bottom: the clock, the store (re-exported from the store crates) and
     #         what it is built on
-    # middle: blobs, the hub, the controller
+    # middle: the hub, the controller (blobs are lks-blobs')
     # top:    `context` (what handlers and tasks share), the replica tasks
     #         that take it, `ops` (the use cases: no tonic, no `api`), the
     #         APIs that call them, and `server`, which wires them
@@ -91,7 +97,7 @@ CRATES = {
         clock ratelimit
         store
         clustercache
-        hub admission blobs
+        hub admission
         metrics authz peers releases
         reboots
         packages tlsaccept controller
@@ -146,6 +152,17 @@ CRATES = {
         settle canary batch complete verbs
         tests
     """,
+    # lks-blobs: lib.rs holds the base (BlobStore, BlobError, Blobs); the
+    # local copies, then the stores that fetch into them (etcd chunks, S3);
+    # the collector and its claim, the delta maker that claims its patches;
+    # the conformance suite over all of them.
+    "control-server/blobs/src": """
+        local
+        etcd s3
+        gc
+        delta
+        conformance
+    """,
     # lks-tracker: the ledger the replicas share, under the tracker
     # (lib.rs); its unit tests.
     "control-server/tracker/src": """
@@ -179,11 +196,15 @@ CRATES = {
         baseline rollout storm
     """,
     # lks-kube-controller: the custom resources and the pieces under the
-    # reconcilers, the server-to-resource mapping, the reconcilers, the loop.
+    # reconcilers, what the reconcilers share, the server-to-resource
+    # mapping, the reconcilers, the poll of the server, what runs while
+    # this copy leads.
     "control-server/kube-controller/src": """
-        crd policy object conditions lease admin
+        crd policy conditions lease admin
+        context object
         mirror
-        clusters rollouts
+        clusters rollouts nodes
+        poll
         run
     """,
     # lks-proto's own modules (the rest is lks-wire and lks-bundle,
@@ -204,6 +225,10 @@ ROOT_BASE = {
     "control-server/store/src",
     "control-server/store-sqlite/src",
     "control-server/store-etcd/src",
+    # lks-blobs: the BlobStore trait, BlobError and Blobs (the local copies
+    # joined to the store) are what every backend, the collector and the
+    # delta maker build on.
+    "control-server/blobs/src",
 }
 
 
@@ -217,6 +242,7 @@ MAPS = {
     "control-server/rollout/src": "control-server/rollout/README.md",
     "control-server/kube/src": "control-server/kube/README.md",
     "control-server/tracker/src": "control-server/tracker/README.md",
+    "control-server/blobs/src": "control-server/blobs/README.md",
     "lksadmin-agent/src": "lksadmin-agent/README.md",
     "proto/bundle/src": "proto/README.md",
     "proto/src": "proto/README.md",
@@ -558,6 +584,39 @@ def check_etcd_layout():
     return problems, 0
 
 
+# The end-to-end tests' crate: all of it is tests.
+TESTS_CRATE = "tests"
+MAX_SHARE = 0.25
+
+
+def library_lines(member):
+    """Lines of the .rs files under `member`/src, tests aside: none in a
+    `tests/` directory, no `tests.rs` or `*_tests.rs`."""
+    n = 0
+    for d, _, files in os.walk(os.path.join(member, "src")):
+        if "tests" in os.path.relpath(d, member).split(os.sep):
+            continue
+        for f in files:
+            if f.endswith(".rs") and f != "tests.rs" and not f.endswith("_tests.rs"):
+                with open(os.path.join(d, f), "rb") as fh:
+                    n += fh.read().count(b"\n")
+    return n
+
+
+def check_shares():
+    """No workspace member holds more than MAX_SHARE of the library lines."""
+    crates = workspace()
+    lines = {m: library_lines(m) for m in crates if m != TESTS_CRATE}
+    total = sum(lines.values())
+    problems = []
+    for m, n in sorted(lines.items(), key=lambda kv: -kv[1]):
+        share = n / total if total else 0
+        print(f"check-layers: {crates[m][0]:<22} {n:>6} of {total} library lines ({share:.1%})")
+        if share > MAX_SHARE:
+            problems.append(f"{m}: {crates[m][0]} holds {n} of the workspace's {total} library lines ({share:.1%}), more than {MAX_SHARE:.0%}: move a concern into a crate of its own (issue [shape-3])")
+    return problems, 0
+
+
 write = sys.argv[1:] == ["--write"]
 if sys.argv[1:] not in ([], ["--write"]):
     sys.exit("usage: bash scripts/check-layers.sh [--write]")
@@ -591,5 +650,6 @@ failed |= report(check_crates("README.md", write),
                  "README.md: rewrote \"what it may import\" in {} rows of the crate map",
                  "README.md: the crate map has a row per workspace member, each under the crates it links")
 failed |= report(check_etcd_layout(), "", f"{ETCD_STORE}: the only crate that links etcd-client, names a key or reaches the client")
+failed |= report(check_shares(), "", f"no crate holds more than {MAX_SHARE:.0%} of the workspace's library lines")
 sys.exit(1 if failed else 0)
 EOF

@@ -10,8 +10,8 @@
 use lks_proto::identity::{Identity, NodeIdentity, cert_info};
 use tonic::{Request, Status};
 
-use crate::blobs::BlobError;
 use crate::store::{NodeStore, StoreError, TokenRefusal};
+use lks_blobs::BlobError;
 
 /// The identity and serial of the caller's certificate, if it sent one.
 pub fn peer_identity<T>(req: &Request<T>) -> Result<(Identity, String), Status> {

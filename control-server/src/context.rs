@@ -26,7 +26,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admission::OpenGate;
-use crate::blobs::Blobs;
 use crate::controller;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
@@ -35,6 +34,7 @@ use crate::peers::PeerCache;
 use crate::ratelimit::RateLimiter;
 use crate::releases::ReleaseCache;
 use crate::store::Store;
+use lks_blobs::Blobs;
 
 /// State shared by every handler and background task.
 pub struct Shared {

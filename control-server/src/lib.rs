@@ -1,9 +1,10 @@
 //! lksadmin control server: the gRPC agent and admin APIs, the use cases
-//! behind them, the blob store, the rollout controller and replication
-//! between replicas, over crates of their own: the store (`lks-store` and
-//! its SQLite and etcd backends), the PKI (`lks-pki`), the rollout
-//! decisions (`lks-rollout`), the tenant clusters' Kubernetes APIs
-//! (`lks-kube`) and peer sharing's tracker (`lks-tracker`). `lksctl`, the
+//! behind them, the rollout controller and replication between replicas,
+//! over crates of their own: the store (`lks-store` and its SQLite and
+//! etcd backends), the PKI (`lks-pki`), the rollout decisions
+//! (`lks-rollout`), the tenant clusters' Kubernetes APIs (`lks-kube`),
+//! peer sharing's tracker (`lks-tracker`) and the blobs — blob store,
+//! collector, delta maker — (`lks-blobs`). `lksctl`, the
 //! operator CLI, and `lks-loadgen` are crates of
 //! their own beside it (`control-server/lksctl`, `control-server/loadgen`)
 //! that link `lks-proto`, not this crate.
@@ -17,7 +18,6 @@ pub mod admission;
 pub mod api;
 pub mod authz;
 pub mod backup;
-pub mod blobs;
 pub mod clock;
 pub mod clustercache;
 pub mod context;

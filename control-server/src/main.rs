@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use lks_control_server::blobs::{BlobChoice, S3Config, s3};
+use lks_blobs::{BlobChoice, S3Config, s3};
 use lks_control_server::migrate::MigrateConfig;
 use lks_control_server::server::{StoreChoice, raise_nofile_limit};
 use lks_control_server::store::EtcdConfig;
@@ -76,7 +76,7 @@ struct BackupArgs {
     #[command(flatten)]
     blobs: BlobFlags,
     /// With --store etcd: the replicas' --etcd-max-blob-size.
-    #[arg(long, default_value_t = lks_control_server::blobs::DEFAULT_MAX_BLOB)]
+    #[arg(long, default_value_t = lks_blobs::DEFAULT_MAX_BLOB)]
     etcd_max_blob_size: u64,
 }
 
@@ -101,7 +101,7 @@ struct RestoreArgs {
     #[command(flatten)]
     blobs: BlobFlags,
     /// With --store etcd: the replicas' --etcd-max-blob-size.
-    #[arg(long, default_value_t = lks_control_server::blobs::DEFAULT_MAX_BLOB)]
+    #[arg(long, default_value_t = lks_blobs::DEFAULT_MAX_BLOB)]
     etcd_max_blob_size: u64,
 }
 
@@ -151,11 +151,11 @@ struct Args {
     delta_interval: String,
     /// Largest file a delta is made for, in bytes (making one holds about
     /// 6× the file in memory, on one core).
-    #[arg(long, default_value_t = lks_control_server::blobs::delta::DEFAULT_MAX_FILE_SIZE, value_name = "BYTES")]
+    #[arg(long, default_value_t = lks_blobs::delta::DEFAULT_MAX_FILE_SIZE, value_name = "BYTES")]
     delta_max_file_size: u64,
     /// How many earlier contents of a file (the latest first) a delta is
     /// made from; 0 makes none.
-    #[arg(long, default_value_t = lks_control_server::blobs::delta::DEFAULT_BASES, value_name = "N")]
+    #[arg(long, default_value_t = lks_blobs::delta::DEFAULT_BASES, value_name = "N")]
     delta_bases: usize,
     /// The patches' format: `bsdiff4-zstd` (bsdiff 4's sections in zstd
     /// frames: a node applies one several times faster) or `bsdiff4` (the
@@ -166,12 +166,12 @@ struct Args {
     /// The share of a file (percent) a delta must be estimated to save: a
     /// cheap estimate (both files read once) of how much of the file the
     /// earlier version supplies skips pairs below it; 0 makes no estimate.
-    #[arg(long, default_value_t = lks_control_server::blobs::delta::DEFAULT_MIN_SAVING, value_parser = clap::value_parser!(u8).range(0..=100), value_name = "PERCENT")]
+    #[arg(long, default_value_t = lks_blobs::delta::DEFAULT_MIN_SAVING, value_parser = clap::value_parser!(u8).range(0..=100), value_name = "PERCENT")]
     delta_min_saving: u8,
     /// Memory the deltas made at once may need together, in bytes (each
     /// about 5× the earlier file plus 2× the new one); a pair needing more
     /// alone is skipped.
-    #[arg(long, default_value_t = lks_control_server::blobs::delta::DEFAULT_MAX_MEMORY, value_parser = clap::value_parser!(u64).range(1..), value_name = "BYTES")]
+    #[arg(long, default_value_t = lks_blobs::delta::DEFAULT_MAX_MEMORY, value_parser = clap::value_parser!(u64).range(1..), value_name = "BYTES")]
     delta_max_memory: u64,
     /// Deltas made at once, each on a thread at the lowest CPU priority.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64), value_name = "N")]
@@ -191,7 +191,7 @@ struct Args {
     blob_gc_grace: Duration,
     /// Largest file a bundle may carry without a mirror URL when its bytes
     /// are kept in etcd (--blob-store etcd), in bytes.
-    #[arg(long, default_value_t = lks_control_server::blobs::DEFAULT_MAX_BLOB)]
+    #[arg(long, default_value_t = lks_blobs::DEFAULT_MAX_BLOB)]
     etcd_max_blob_size: u64,
     /// Extra DNS name or IP address for the serving certificate (a load
     /// balancer or Service name in front of the replicas); repeatable.
@@ -286,7 +286,7 @@ struct MigrateArgs {
     blobs: BlobFlags,
     /// Largest served file copied into etcd (--blob-store etcd), in bytes;
     /// give the replicas the same value. No limit with s3://….
-    #[arg(long, default_value_t = lks_control_server::blobs::DEFAULT_MAX_BLOB)]
+    #[arg(long, default_value_t = lks_blobs::DEFAULT_MAX_BLOB)]
     etcd_max_blob_size: u64,
 }
 
@@ -726,7 +726,7 @@ fn config(args: Args) -> Option<Config> {
     cfg.blob_gc_grace = args.blob_gc_grace;
     cfg.audit_retention = audit_retention;
     cfg.delta_interval = delta_interval;
-    cfg.delta_limits = lks_control_server::blobs::delta::Limits {
+    cfg.delta_limits = lks_blobs::delta::Limits {
         max_file_size: args.delta_max_file_size,
         bases: args.delta_bases,
         algorithm: lks_proto::delta::ALGORITHMS

@@ -216,7 +216,7 @@ impl Metrics {
     }
 
     /// One collector pass: what it reclaimed and what the store holds.
-    pub fn blob_collected(&self, pass: &crate::blobs::gc::Pass) {
+    pub fn blob_collected(&self, pass: &lks_blobs::gc::Pass) {
         self.blob_reclaimed.fetch_add(pass.reclaimed, Ordering::Relaxed);
         self.blob_reclaimed_bytes
             .fetch_add(pass.reclaimed_bytes, Ordering::Relaxed);

@@ -39,11 +39,11 @@ use lks_pki::clusterca;
 use lks_pki::seal::{SealError, SealKey};
 use lks_pki::{Pki, PkiError, SharedIdentity};
 
-use crate::blobs::{BlobChoice, BlobError, BlobStore, EtcdChunks, LocalBlobs, S3Store};
 use crate::replicas::{self, IdentityError};
 use crate::store::{
     ClusterStore, DeltaRow, DeltaStore, Dump, EtcdConfig, EtcdStore, SealedField, SqliteStore, StoreError,
 };
+use lks_blobs::{BlobChoice, BlobError, BlobStore, EtcdChunks, LocalBlobs, S3Store};
 
 /// What `migrate` is told.
 #[derive(Clone, Debug)]
@@ -548,7 +548,7 @@ mod tests {
                 "{e}"
             );
         }
-        let s3 = BlobChoice::S3(crate::blobs::S3Config {
+        let s3 = BlobChoice::S3(lks_blobs::S3Config {
             bucket: "lks-blobs".into(),
             prefix: String::new(),
             endpoint: None,

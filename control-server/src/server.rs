@@ -22,7 +22,6 @@ use tonic::transport::Server;
 use crate::adminconf::AdminConfError;
 use crate::admission::{HandshakeLimits, Handshakes, OpenGate};
 use crate::api::{AdminApi, AgentApi};
-use crate::blobs::{BlobChoice, BlobError, Blobs};
 use crate::context::Shared;
 use crate::controller;
 use crate::hub::Hub;
@@ -31,6 +30,7 @@ use crate::packages::{AgentPackages, PackageError, PackageLayer};
 use crate::ratelimit::RateLimiter;
 use crate::replicas;
 use crate::store::{EtcdConfig, StoreError};
+use lks_blobs::{BlobChoice, BlobError, Blobs};
 
 mod open;
 mod tasks;
@@ -85,7 +85,7 @@ pub struct Config {
     /// never; none are offered then).
     pub delta_interval: Option<Duration>,
     /// Bounds of the delta maker.
-    pub delta_limits: crate::blobs::delta::Limits,
+    pub delta_limits: lks_blobs::delta::Limits,
     /// How often a replica compares its load with the others' and moves
     /// agents if it holds clearly more than its share (`None`: never).
     pub rebalance_interval: Option<Duration>,
@@ -125,12 +125,12 @@ impl Config {
             tls_sans: Vec::new(),
             lease_ttl: Duration::from_secs(10),
             blob_store: BlobChoice::Default,
-            etcd_max_blob: crate::blobs::DEFAULT_MAX_BLOB,
-            blob_gc_interval: Some(crate::blobs::gc::DEFAULT_INTERVAL),
-            blob_gc_grace: crate::blobs::gc::DEFAULT_GRACE,
+            etcd_max_blob: lks_blobs::DEFAULT_MAX_BLOB,
+            blob_gc_interval: Some(lks_blobs::gc::DEFAULT_INTERVAL),
+            blob_gc_grace: lks_blobs::gc::DEFAULT_GRACE,
             audit_retention: Some(DEFAULT_AUDIT_RETENTION),
-            delta_interval: Some(crate::blobs::delta::DEFAULT_INTERVAL),
-            delta_limits: crate::blobs::delta::Limits::default(),
+            delta_interval: Some(lks_blobs::delta::DEFAULT_INTERVAL),
+            delta_limits: lks_blobs::delta::Limits::default(),
             rebalance_interval: Some(crate::rebalance::DEFAULT_INTERVAL),
             join_urls: Vec::new(),
             handshakes: HandshakeLimits::default(),

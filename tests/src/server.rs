@@ -218,7 +218,7 @@ impl Server {
             .arg(self.metrics_addr.to_string())
             .args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .env("RUST_LOG", "info,lks_control_server=debug");
+            .env("RUST_LOG", "info,lks_control_server=debug,lks_blobs=debug");
         let name = format!("lks-control-server-{}", self.starts);
         let p = Proc::spawn(&name, cmd, self.dir.path());
         self.proc = Some(p);

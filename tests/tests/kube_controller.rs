@@ -18,6 +18,12 @@
 //!   pauses and resumes with spec.paused, refuses other changes, aborts on
 //!   deletion; spec.rollbackOf rolls back; a rollout started with lksctl
 //!   (idempotent with --request-id) is mirrored, marked outside Git.
+//!
+//! And (issue [shape-3], item 4): one object the controller cannot finish
+//! (kube0 refuses its status writes) holds up no other: the valid ones
+//! are carried out and the mirrors written meanwhile, and the broken one
+//! is tried again until it goes through, started once. A copy that loses
+//! the Lease stops reconciling until it holds it again.
 
 // Test code: a helper that fails panics with what it was doing, as a
 // #[test] does (clippy.toml allows that only inside #[test] functions).
@@ -495,5 +501,189 @@ fn cluster_deletion_waits_for_its_nodes(cp: &KubeControlPlane, s: &Server) {
     s.lksctl_ok(&["node", "delete", "w2"]);
     wait_until(WAIT, "LksCluster a gone once its nodes are", || {
         !cp.kubectl(&["get", "lkscluster", "a"]).status.success()
+    });
+}
+
+/// Refuses every status write of an LksCluster or LksRollout named
+/// `broken` (a ValidatingAdmissionPolicy): an object the controller
+/// cannot finish, however often it tries.
+const REFUSE_BROKEN: &str = r#"
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: refuse-broken-status
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - apiGroups: [lksadmin.io]
+        apiVersions: ["*"]
+        operations: [UPDATE]
+        resources: [lksclusters/status, lksrollouts/status]
+  validations:
+    - expression: "object.metadata.name != 'broken'"
+      message: refused by the test
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: refuse-broken-status
+spec:
+  policyName: refuse-broken-status
+  validationActions: [Deny]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_object_that_cannot_be_finished_holds_up_no_other() {
+    let cp = KubeControlPlane::start();
+    apply_crds(&cp);
+    cp.create_namespace("lksadmin");
+    let s = Server::start();
+    s.publish(&s.write_bundle("b1", "app", "1", &[("/etc/app.conf", b"a=1\n", "0644")]));
+
+    // kube0 refuses the status writes of the objects named broken (the
+    // policy takes effect a moment after it is applied).
+    cp.apply(REFUSE_BROKEN);
+    cp.apply("apiVersion: lksadmin.io/v1alpha1\nkind: LksCluster\nmetadata:\n  name: broken\nspec:\n  apiServer: https://10.0.0.9:6443\n");
+    wait_until(WAIT, "the policy refuses a status write", || {
+        let out = cp.kubectl(&[
+            "patch",
+            "lkscluster",
+            "broken",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"nodes":0}}"#,
+        ]);
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("refused by the test")
+    });
+    // Each broken object sorts before its valid peer.
+    cp.apply(
+        "apiVersion: lksadmin.io/v1alpha1\nkind: LksCluster\nmetadata:\n  name: good\nspec:\n  apiServer: https://10.0.0.9:6443\n",
+    );
+    for (name, cluster) in [("broken", "broken"), ("good", "good")] {
+        cp.apply(&format!(
+            "apiVersion: lksadmin.io/v1alpha1\nkind: LksRollout\nmetadata:\n  name: {name}\n  namespace: lksadmin\n\
+             spec:\n  cluster: {cluster}\n  bundle: app@1\n  drain: {{enabled: false}}\n"
+        ));
+    }
+
+    let mut c = controller(&cp, &s, "c1");
+    wait_until(WAIT, "the valid LksCluster carried out", || {
+        ready(&cp.get_json(&["get", "lkscluster", "good"])).0 == "True"
+    });
+    assert_eq!(
+        s.lksctl_json(&["cluster", "get", "good"])["api_server"],
+        "https://10.0.0.9:6443"
+    );
+    wait_until(WAIT, "the valid LksRollout started", || {
+        let o = cp.get_json(&["get", "lksrollout", "good", "-n", "lksadmin"]);
+        o["status"]["id"].as_str().is_some_and(|id| !id.is_empty()) && ready(&o).0 == "True"
+    });
+    wait_until(WAIT, "the bundle version mirrored", || {
+        cp.get_json(&["get", "lksbundleversions"])["items"]
+            .as_array()
+            .is_some_and(|i| i.iter().any(|o| o["spec"]["bundle"] == "app"))
+    });
+    // The broken ones were carried out on the server, but their status
+    // could not be written: tried again, not given up.
+    wait_until(WAIT, "the broken objects tried again", || {
+        let log = c.log_text();
+        log.matches("reconcile failed").count() >= 4 && log.contains("refused by the test")
+    });
+    for kind in ["lkscluster", "lksrollout"] {
+        let o = cp.get_json(&["get", kind, "broken", "-n", "lksadmin"]);
+        // (The probe above may have written a status before the policy
+        // took effect; the controller's has conditions.)
+        assert!(o["status"]["conditions"].is_null(), "{o}");
+    }
+    assert!(
+        !c.log_text().contains("connection lost"),
+        "refusals in kube0 drop no admin connection: {}",
+        c.log_text()
+    );
+
+    // Once kube0 takes the writes, the broken objects go through; the
+    // rollout was started once however often it was tried.
+    cp.kubectl_ok(&[
+        "delete",
+        "validatingadmissionpolicybinding",
+        "refuse-broken-status",
+    ]);
+    wait_until(WAIT, "the LksCluster once broken is Ready", || {
+        ready(&cp.get_json(&["get", "lkscluster", "broken"])).0 == "True"
+    });
+    wait_until(WAIT, "the LksRollout once broken shows its rollout", || {
+        let o = cp.get_json(&["get", "lksrollout", "broken", "-n", "lksadmin"]);
+        o["status"]["id"].as_str().is_some_and(|id| !id.is_empty()) && ready(&o).0 == "True"
+    });
+    let started: Vec<serde_json::Value> = s
+        .lksctl_json(&["rollout", "list"])
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r["cluster"] == "broken")
+        .collect();
+    assert_eq!(started.len(), 1, "{started:?}");
+
+    // SIGTERM stops the controllers and the poll, and the process exits.
+    assert_eq!(c.terminate(Duration::from_secs(20)), Some(0), "{}", c.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_that_loses_the_lease_stops_reconciling_until_it_holds_it_again() {
+    let cp = KubeControlPlane::start();
+    apply_crds(&cp);
+    cp.create_namespace("lksadmin");
+    let s = Server::start();
+    s.create_cluster("a");
+    let t = s.token("a", &[]);
+    let _w1 = TestNode::enroll(&s, &t, "w1", &[]).await;
+    let c = controller(&cp, &s, "c1");
+    wait_until(WAIT, "w1 mirrored", || {
+        lksnodes(&cp).iter().any(|o| o["status"]["cluster"] == "a")
+    });
+    let give_lease_to = |holder: &str| {
+        cp.kubectl_ok(&[
+            "patch",
+            "lease",
+            "lks-kube-controller",
+            "-n",
+            "lksadmin",
+            "--type=merge",
+            "-p",
+            &format!(r#"{{"spec":{{"holderIdentity":"{holder}","leaseDurationSeconds":3600}}}}"#),
+        ])
+    };
+    let changes = |c: &Proc, to: &str| {
+        c.log_text()
+            .lines()
+            // `leading=false`, with the log's colours between the words.
+            .filter(|l| l.contains("leadership changed") && l.contains(to))
+            .count()
+    };
+
+    // Another copy holds the Lease (as one would after this copy missed
+    // its renewals): this copy stops, and a hold declared meanwhile is not
+    // carried out.
+    give_lease_to("c2");
+    wait_until(WAIT, "c1 stopped leading", || changes(&c, "false") == 1);
+    cp.kubectl_ok(&[
+        "patch",
+        "lksnode",
+        "w1",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"hold":{"reason":"disk check"}}}"#,
+    ]);
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(!held(&s, "w1").0, "a copy without the Lease changes nothing");
+
+    // The Lease back: the controllers run again and catch up.
+    give_lease_to("c1");
+    wait_until(WAIT, "c1 leads again", || changes(&c, "true") == 2);
+    wait_until(WAIT, "w1 held, as its spec says", || {
+        held(&s, "w1") == (true, "disk check".into())
     });
 }

@@ -7,26 +7,29 @@
 //! tenant API answered, `Ready`).
 //!
 //! A spec the server refuses, or a Secret that is missing, becomes
-//! `Ready=False` with one line saying why; the controller goes on with the
-//! next object and tries again on its next pass. Deleting an `LksCluster`
+//! `Ready=False` with one line saying why, and is tried again every
+//! interval. Deleting an `LksCluster`
 //! is refused (its finalizer stays, `Ready=False`, reason `HasNodes`)
 //! while nodes are enrolled in the cluster; without nodes the finalizer is
 //! removed and the server keeps the cluster's record and CA (the admin API
 //! has no cluster deletion), so a new `LksCluster` of that name adopts it.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use anyhow::Context;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Event, finalizer};
 use lks_proto::pb;
 use sha2::{Digest as _, Sha256};
 
-use crate::admin::Admin;
+use crate::admin::{CallError, connection_lost};
 use crate::conditions::{self, condition};
+use crate::context::{Ctx, Error, Read};
 use crate::crd::{LksCluster, LksClusterSpec, LksClusterStatus, SecretKeyRef, SecretName};
-use crate::object::{set_finalizer, write_status};
+use crate::object::write_status;
 use lks_proto::report::one_line;
 
 /// The finalizer every `LksCluster` carries while the controller runs.
@@ -268,7 +271,7 @@ async fn read_secrets(kube: &kube::Client, spec: &LksClusterSpec) -> Result<Secr
 }
 
 /// Nodes and connected nodes per cluster.
-pub fn counts(nodes: &[pb::Node]) -> BTreeMap<String, (u32, u32)> {
+pub fn counts<'a>(nodes: impl IntoIterator<Item = &'a pb::Node>) -> BTreeMap<String, (u32, u32)> {
     let mut m: BTreeMap<String, (u32, u32)> = BTreeMap::new();
     for n in nodes {
         let e = m.entry(n.cluster.clone()).or_default();
@@ -278,51 +281,81 @@ pub fn counts(nodes: &[pb::Node]) -> BTreeMap<String, (u32, u32)> {
     m
 }
 
-/// Reconciles every `LksCluster`; returns how many it changed on the
-/// server. One object's failure is written to its status and does not stop
-/// the others.
-pub async fn sync(
-    kube: &kube::Client,
-    admin: &mut Admin,
-    servers: &[pb::Cluster],
-    nodes: &[pb::Node],
-) -> anyhow::Result<usize> {
-    let api: Api<LksCluster> = Api::all(kube.clone());
-    let objs = api
-        .list(&ListParams::default())
-        .await
-        .context("list LksClusters")?
-        .items;
-    let counts = counts(nodes);
-    let mut changed = 0;
-    for obj in objs {
-        let name = obj.name_any();
-        let server = servers.iter().find(|c| c.name == name);
-        changed += reconcile(
-            kube,
-            &api,
-            admin,
-            &obj,
-            server,
-            counts.get(&name).copied().unwrap_or_default(),
-        )
-        .await
-        .with_context(|| format!("LksCluster {name}"))?;
-    }
-    Ok(changed)
+/// Reconciles one `LksCluster` (kube-rs' `Controller` calls it for each
+/// object on its own, so one that fails holds up no other): its finalizer
+/// ([`kube::runtime::finalizer`]), then the spec carried out, or the
+/// deletion. Looked at again every interval, so drift made with lksctl is
+/// put back and the status follows the server's nodes.
+pub async fn reconcile(obj: Arc<LksCluster>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let api: Api<LksCluster> = Api::all(ctx.kube.clone());
+    let r = finalizer(&api, FINALIZER, obj.clone(), |event| async {
+        match event {
+            Event::Apply(o) => apply(&ctx, &api, &o).await,
+            Event::Cleanup(o) => cleanup(&ctx, &api, &o).await,
+        }
+    })
+    .await
+    .map_err(Error::from);
+    ctx.done(obj.as_ref(), r)
 }
 
-async fn reconcile(
-    kube: &kube::Client,
-    api: &Api<LksCluster>,
-    admin: &mut Admin,
-    obj: &LksCluster,
-    server: Option<&pb::Cluster>,
-    (nodes, connected): (u32, u32),
-) -> anyhow::Result<usize> {
+/// The nodes and connected nodes of cluster `name`, as the last poll read
+/// them.
+fn counts_of(nodes: &Read<pb::Node>, name: &str) -> (u32, u32) {
+    counts(nodes.items.values().filter(|n| n.cluster == name))
+        .get(name)
+        .copied()
+        .unwrap_or_default()
+}
+
+/// A deleted `LksCluster`: refused (`Ready=False`, reason `HasNodes`, the
+/// finalizer kept) while nodes are enrolled in the cluster; without nodes
+/// the finalizer goes, and the server keeps the cluster's record and CA.
+async fn cleanup(ctx: &Ctx, api: &Api<LksCluster>, obj: &LksCluster) -> Result<Action, Error> {
+    let name = obj.name_any();
+    let generation = obj.metadata.generation.unwrap_or(0);
+    let (nodes, connected) = counts_of(&*ctx.nodes.get(ctx.interval).await?, &name);
+    if nodes == 0 {
+        tracing::info!(cluster = %name, "LksCluster deleted; the server keeps its record and CA");
+        return Ok(Action::await_change());
+    }
+    let old = obj.status.clone().unwrap_or_default();
+    let mut status = LksClusterStatus {
+        nodes,
+        connected,
+        observed_generation: generation,
+        ..old.clone()
+    };
+    let msg = format!(
+        "cluster {name} has {nodes} enrolled node(s): delete them first (lksctl node delete NAME, \
+         after draining them from the tenant cluster); the LksCluster stays until then"
+    );
+    conditions::set(
+        &mut status.conditions,
+        condition("Ready", false, "HasNodes", &msg, generation),
+        &conditions::now(),
+    );
+    write_status(api, &name, &old, &status).await?;
+    Err(Error::Waiting(msg))
+}
+
+async fn apply(ctx: &Ctx, api: &Api<LksCluster>, obj: &LksCluster) -> Result<Action, Error> {
     let name = obj.name_any();
     let generation = obj.metadata.generation.unwrap_or(0);
     let old = obj.status.clone().unwrap_or_default();
+    let servers = ctx
+        .admin
+        .call(|mut a| async move { a.list_clusters(pb::ListClustersRequest::default()).await })
+        .await
+        .map_err(|e| Error::admin("list clusters", e))?
+        .clusters;
+    let server = servers.iter().find(|c| c.name == name);
+    // The counts are the status's only use of the nodes: kept as they
+    // were until the server's nodes are read.
+    let (nodes, connected) = match ctx.nodes.get(ctx.interval).await {
+        Ok(n) => counts_of(&n, &name),
+        Err(_) => (old.nodes, old.connected),
+    };
     let mut status = LksClusterStatus {
         nodes,
         connected,
@@ -331,27 +364,6 @@ async fn reconcile(
         ..old.clone()
     };
     let now = conditions::now();
-    if obj.metadata.deletion_timestamp.is_some() {
-        if nodes > 0 {
-            let msg = format!(
-                "cluster {name} has {nodes} enrolled node(s): delete them first (lksctl node delete NAME, \
-                 after draining them from the tenant cluster); the LksCluster stays until then"
-            );
-            conditions::set(
-                &mut status.conditions,
-                condition("Ready", false, "HasNodes", &msg, generation),
-                &now,
-            );
-            write_status(api, &name, &old, &status).await?;
-        } else {
-            set_finalizer(api, obj, FINALIZER, false).await?;
-            tracing::info!(cluster = %name, "LksCluster deleted; the server keeps its record and CA");
-        }
-        return Ok(0);
-    }
-    if !obj.finalizers().iter().any(|f| f == FINALIZER) {
-        set_finalizer(api, obj, FINALIZER, true).await?;
-    }
     let refuse = |status: &mut LksClusterStatus, reason: &str, msg: String| {
         tracing::warn!(cluster = %name, reason, message = %msg, "LksCluster not carried out");
         conditions::set(
@@ -360,15 +372,16 @@ async fn reconcile(
             &now,
         );
     };
-    let secrets = match read_secrets(kube, &obj.spec).await {
+    let again = Action::requeue(ctx.interval);
+    let secrets = match read_secrets(&ctx.kube, &obj.spec).await {
         Ok(s) => s,
         Err(e) => {
             refuse(&mut status, "SecretMissing", e.to_string());
             write_status(api, &name, &old, &status).await?;
-            return Ok(0);
+            return Ok(again);
         }
     };
-    let server_ca = server_ca(admin, &name, server, &secrets).await?;
+    let server_ca = server_ca(ctx, &name, server, &secrets).await?;
     let plan = match plan(
         &name,
         &obj.spec,
@@ -381,17 +394,14 @@ async fn reconcile(
         Err(e) => {
             refuse(&mut status, "Invalid", e.to_string());
             write_status(api, &name, &old, &status).await?;
-            return Ok(0);
+            return Ok(again);
         }
     };
-    let changed = match apply_plan(admin, &name, plan, &mut status).await {
-        Ok(n) => n,
-        Err(Refused { changed, message }) => {
-            refuse(&mut status, "Refused", message);
-            write_status(api, &name, &old, &status).await?;
-            return Ok(changed);
-        }
-    };
+    if let Err(Refused(message)) = apply_plan(ctx, &name, plan, &mut status).await? {
+        refuse(&mut status, "Refused", message);
+        write_status(api, &name, &old, &status).await?;
+        return Ok(again);
+    }
     conditions::set(
         &mut status.conditions,
         condition(
@@ -404,69 +414,76 @@ async fn reconcile(
         &now,
     );
     write_status(api, &name, &old, &status).await?;
-    Ok(changed)
+    Ok(again)
 }
 
 /// The CA the server holds for the cluster, when both it and the spec
 /// have one (to compare with `caSecret`).
 async fn server_ca(
-    admin: &mut Admin,
+    ctx: &Ctx,
     name: &str,
     server: Option<&pb::Cluster>,
     secrets: &Secrets,
-) -> anyhow::Result<Option<String>> {
+) -> Result<Option<String>, Error> {
     Ok(match (server, &secrets.ca) {
-        (Some(s), Some(_)) if s.has_ca => Some(
-            admin
-                .get_cluster_ca(pb::GetClusterCaRequest {
-                    name: name.to_string(),
-                })
-                .await
-                .with_context(|| format!("read the CA of cluster {name}"))?
-                .into_inner()
-                .ca_cert_pem,
-        ),
+        (Some(s), Some(_)) if s.has_ca => {
+            let req = pb::GetClusterCaRequest {
+                name: name.to_string(),
+            };
+            Some(
+                ctx.admin
+                    .call(|mut a| async move { a.get_cluster_ca(req).await })
+                    .await
+                    .map_err(|e| Error::admin(format!("read the CA of cluster {name}"), e))?
+                    .ca_cert_pem,
+            )
+        }
         _ => None,
     })
 }
 
-/// A call of the plan the server refused, after `changed` calls it took.
-struct Refused {
-    changed: usize,
-    message: String,
+/// A call of the plan the server refused: its line.
+struct Refused(String);
+
+/// The server's answer to a call of the plan: a refusal is the spec's
+/// (it goes into the status); no answer at all is an error (tried again).
+fn refused_or_error(name: &str, e: CallError) -> Result<Refused, Error> {
+    match e {
+        CallError::Status(s) if !connection_lost(s.code()) => Ok(Refused(s.message().to_string())),
+        e => Err(Error::admin(format!("cluster {name}"), e)),
+    }
 }
 
 /// Carries the plan out: creates the cluster, then sets what differs,
-/// recording in `status` what the server answered. Returns the calls made.
+/// recording in `status` what the server answered.
 async fn apply_plan(
-    admin: &mut Admin,
+    ctx: &Ctx,
     name: &str,
     plan: Plan,
     status: &mut LksClusterStatus,
-) -> Result<usize, Refused> {
-    let mut changed = 0;
+) -> Result<Result<(), Refused>, Error> {
     if let Some(c) = plan.create {
-        match admin.create_cluster(c).await {
+        match ctx
+            .admin
+            .call(|mut a| async move { a.create_cluster(c).await })
+            .await
+        {
             Ok(r) => {
-                let r = r.into_inner();
                 status.ca_cert_hash = r.ca_cert_hash;
-                changed += 1;
                 tracing::info!(cluster = %name, "cluster created on the server");
             }
-            Err(e) => {
-                return Err(Refused {
-                    changed,
-                    message: e.message().to_string(),
-                });
-            }
+            Err(e) => return refused_or_error(name, e).map(Err),
         }
     }
     if let Some(set) = plan.set {
         let kubeconfig = set.kubeconfig.as_deref().map(|k| digest16(k.as_bytes()));
         let clear = set.clear_kubeconfig;
-        match admin.set_cluster(set).await {
+        match ctx
+            .admin
+            .call(|mut a| async move { a.set_cluster(set).await })
+            .await
+        {
             Ok(r) => {
-                let r = r.into_inner();
                 status.ca_cert_hash = r.ca_cert_hash;
                 if let Some(d) = kubeconfig {
                     status.kubeconfig_digest = d;
@@ -475,18 +492,12 @@ async fn apply_plan(
                     status.kubeconfig_digest.clear();
                     status.kube_probe.clear();
                 }
-                changed += 1;
                 tracing::info!(cluster = %name, "cluster settings converged to the LksCluster spec");
             }
-            Err(e) => {
-                return Err(Refused {
-                    changed,
-                    message: e.message().to_string(),
-                });
-            }
+            Err(e) => return refused_or_error(name, e).map(Err),
         }
     }
-    Ok(changed)
+    Ok(Ok(()))
 }
 
 #[cfg(test)]

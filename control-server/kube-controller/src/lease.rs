@@ -16,6 +16,19 @@ pub const DURATION: Duration = Duration::from_secs(15);
 /// How often the holder renews it.
 pub const RENEW: Duration = Duration::from_secs(5);
 
+/// Why the Lease could not be taken or renewed.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error("lease {name}: {source}")]
+    Kube {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("lease {0}: kube0 did not answer within {RENEW:?}")]
+    Timeout(String),
+}
+
 pub struct Elector {
     api: Api<Lease>,
     name: String,
@@ -28,6 +41,20 @@ impl Elector {
             api: Api::namespaced(client, namespace),
             name: name.to_string(),
             identity: identity.to_string(),
+        }
+    }
+
+    /// [`Elector::lead`], given at most [`RENEW`]: a kube0 that does not
+    /// answer is an error, so the caller can stop leading before another
+    /// copy may take the Lease over.
+    pub async fn lead_in_time(&self) -> Result<bool, LeaseError> {
+        match tokio::time::timeout(RENEW, self.lead()).await {
+            Ok(Ok(l)) => Ok(l),
+            Ok(Err(source)) => Err(LeaseError::Kube {
+                name: self.name.clone(),
+                source,
+            }),
+            Err(_) => Err(LeaseError::Timeout(self.name.clone())),
         }
     }
 

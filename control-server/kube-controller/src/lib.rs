@@ -1,21 +1,26 @@
 //! lks-kube-controller (issue [kube-front]): kube0 drives lksadmin the
 //! Kubernetes way. The custom resources ([`crd`]) and their manifests; the
 //! mapping of server state to them ([`mirror`]); an `LksRollout`'s spec
-//! as the rollout policy ([`policy`]); the reconcilers of what
-//! users declare ([`clusters`], [`rollouts`], with [`conditions`]); the
-//! admin API client ([`admin`]), leader election ([`lease`]) and the loop
-//! ([`run`]).
+//! as the rollout policy ([`policy`]); the reconcilers, one object at a
+//! time under kube-rs' `Controller` ([`clusters`], [`rollouts`],
+//! [`nodes`], with [`conditions`], [`object`] and their shared
+//! [`context`]); the poll of the server that mirrors it ([`poll`]); the
+//! admin API client ([`admin`]), leader election ([`lease`]) and what runs
+//! while this copy leads ([`run`]).
 
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod clusters;
 pub mod conditions;
+pub mod context;
 pub mod crd;
 pub mod lease;
 pub mod mirror;
+pub mod nodes;
 pub mod object;
 pub mod policy;
+pub mod poll;
 pub mod rollouts;
 pub mod run;
 

@@ -28,8 +28,9 @@ enum Cmd {
     },
     /// While holding the Lease: reconcile LksClusters and LksRollouts to the
     /// server, mirror its nodes, bundle versions and lksctl-started rollouts
-    /// into kube0, and apply LksNode holds. kube0 is reached in-cluster or
-    /// through $KUBECONFIG.
+    /// into kube0, and apply LksNode holds, one object at a time (one that
+    /// fails holds up no other). kube0 is reached in-cluster or through
+    /// $KUBECONFIG.
     Run {
         /// The admin credential of lks-control-server (a mounted Secret).
         #[arg(long, value_name = "FILE", env = "LKS_ADMIN_CONF")]
@@ -43,12 +44,14 @@ enum Cmd {
         /// This copy's name in the Lease [default: $POD_NAME or the hostname].
         #[arg(long, env = "POD_NAME")]
         identity: Option<String>,
-        /// How often the server is read.
+        /// How often the server is read (and each object looked at again).
         #[arg(long, value_parser = lks_proto::duration::parse_duration, default_value = "5s")]
         interval: Duration,
         /// How often a start the server refused (an LksRollout whose bundle
         /// is not published yet, say) is tried again; a changed spec is
-        /// tried at once.
+        /// tried at once. Also the longest an object whose reconcile failed
+        /// (kube0 or the server unreachable, a write refused) waits before
+        /// it is tried again (1 s, then ×1.6 per failure).
         #[arg(long, value_parser = lks_proto::duration::parse_duration, default_value = "30s")]
         retry_interval: Duration,
     },
@@ -101,7 +104,8 @@ fn main() -> anyhow::Result<()> {
                     interval,
                     retry_interval,
                 };
-                lks_kube_controller::run::run(opts, kube, cancel).await
+                lks_kube_controller::run::run(opts, kube, cancel).await;
+                anyhow::Ok(())
             })?;
         }
         Cmd::Crds { out } => {

@@ -16,6 +16,14 @@ use crate::crd::{
 };
 use crate::policy;
 
+/// The label on every object the controller mirrors ...
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// ... and its value.
+pub const ME: &str = "lks-kube-controller";
+/// On an LksRollout that mirrors a rollout started with lksctl (or the
+/// console), not declared in Git.
+pub const OUTSIDE_GIT: &str = "lksadmin.io/created-outside-git";
+
 /// Longest object name Kubernetes takes for these kinds (DNS subdomain).
 const MAX_NAME: usize = 253;
 

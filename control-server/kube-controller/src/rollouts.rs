@@ -17,21 +17,22 @@
 //! Its status is the server's rollout (phase, counts, `Progressing`,
 //! `Completed`, `Failed`) plus `Ready`.
 
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
-use anyhow::Context;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Event, finalizer};
 use lks_proto::pb;
 use tonic::Code;
 
-use crate::admin::Admin;
+use crate::admin::{CallError, connection_lost};
 use crate::clusters::digest16;
 use crate::conditions::{self, condition};
+use crate::context::{Ctx, Error};
 use crate::crd::{Condition, LksRollout, LksRolloutSpec, LksRolloutStatus};
 use crate::mirror;
-use crate::object::{set_finalizer, write_status};
+use crate::object::write_status;
 use crate::policy::{self, SpecError};
 
 /// The finalizer of a declared `LksRollout`.
@@ -91,85 +92,61 @@ pub enum PauseVerb {
     Resume,
 }
 
-/// Refused starts: when each object (by UID) was last tried, and at which
-/// generation; one is tried again after `retry`, or at once when its spec
-/// changed.
-pub struct Attempts {
-    retry: Duration,
-    tried: HashMap<String, (Instant, i64)>,
-}
-
-impl Attempts {
-    pub fn new(retry: Duration) -> Self {
-        Attempts {
-            retry,
-            tried: HashMap::new(),
+/// Reconciles one declared `LksRollout` (kube-rs' `Controller` calls it
+/// for each object on its own, so one that fails holds up no other): its
+/// finalizer ([`kube::runtime::finalizer`]), then the start, the pause
+/// and the status; on deletion, the abort.
+pub async fn reconcile(obj: Arc<LksRollout>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let ns = obj.namespace().unwrap_or_default();
+    let api: Api<LksRollout> = Api::namespaced(ctx.kube.clone(), &ns);
+    let r = finalizer(&api, FINALIZER, obj.clone(), |event| async {
+        match event {
+            Event::Apply(o) => apply(&ctx, &api, &o).await,
+            Event::Cleanup(o) => cleanup(&ctx, &o).await,
         }
-    }
-
-    fn due(&self, uid: &str, generation: i64) -> bool {
-        self.tried
-            .get(uid)
-            .is_none_or(|(at, g)| *g != generation || at.elapsed() >= self.retry)
-    }
+    })
+    .await
+    .map_err(Error::from);
+    ctx.done(obj.as_ref(), r)
 }
 
-/// Reconciles every declared LksRollout (those the controller did not
-/// create as mirrors); returns how many it changed on the server.
-pub async fn sync(
-    kube: &kube::Client,
-    admin: &mut Admin,
-    rollouts: &[pb::Rollout],
-    attempts: &mut Attempts,
-    mirror_label: (&str, &str),
-) -> anyhow::Result<usize> {
-    let all: Api<LksRollout> = Api::all(kube.clone());
-    let objs = all
-        .list(&ListParams::default())
-        .await
-        .context("list LksRollouts")?
-        .items;
-    let mut changed = 0;
-    for obj in objs
-        .iter()
-        .filter(|o| o.labels().get(mirror_label.0).map(String::as_str) != Some(mirror_label.1))
+/// The rollout `id` as the server has it: from the last poll's read,
+/// unless this copy changed it since that read began (or the read does not
+/// have it yet), then asked for. `None`: the server has no such rollout.
+async fn rollout(ctx: &Ctx, id: &str) -> Result<Option<pb::Rollout>, Error> {
+    let key = format!("rollout/{id}");
+    if let Ok(read) = ctx.rollouts.get(ctx.interval).await
+        && ctx.current(&key, read.at)
+        && let Some(r) = read.items.get(id)
     {
-        let ns = obj.namespace().unwrap_or_default();
-        let api: Api<LksRollout> = Api::namespaced(kube.clone(), &ns);
-        changed += reconcile(&api, admin, obj, rollouts, attempts)
-            .await
-            .with_context(|| format!("LksRollout {ns}/{}", obj.name_any()))?;
+        return Ok(Some(r.clone()));
     }
-    let live: std::collections::HashSet<String> = objs.iter().filter_map(|o| o.uid()).collect();
-    attempts.tried.retain(|uid, _| live.contains(uid));
-    Ok(changed)
+    let req = pb::RolloutRef { id: id.to_string() };
+    match ctx
+        .admin
+        .call(|mut a| async move { a.get_rollout(req).await })
+        .await
+    {
+        Ok(r) => Ok(Some(r)),
+        Err(CallError::Status(s)) if s.code() == Code::NotFound => Ok(None),
+        Err(e) => Err(Error::admin(format!("read rollout {id}"), e)),
+    }
 }
 
-async fn reconcile(
-    api: &Api<LksRollout>,
-    admin: &mut Admin,
-    obj: &LksRollout,
-    rollouts: &[pb::Rollout],
-    attempts: &mut Attempts,
-) -> anyhow::Result<usize> {
+async fn apply(ctx: &Ctx, api: &Api<LksRollout>, obj: &LksRollout) -> Result<Action, Error> {
     let name = obj.name_any();
     let uid = obj.uid().unwrap_or_default();
     let generation = obj.metadata.generation.unwrap_or(0);
     let old = obj.status.clone().unwrap_or_default();
     let now = conditions::now();
-    let current = (!old.id.is_empty())
-        .then(|| rollouts.iter().find(|r| r.id == old.id))
-        .flatten();
-
-    if obj.metadata.deletion_timestamp.is_some() {
-        return on_deletion(api, admin, obj, current, &name).await;
-    }
-    if !obj.finalizers().iter().any(|f| f == FINALIZER) {
-        set_finalizer(api, obj, FINALIZER, true).await?;
-    }
+    // The next poll looks again; this is the fallback for a missed one.
+    let again = Action::requeue(ctx.retry.max(ctx.interval));
+    let current = match old.id.as_str() {
+        "" => None,
+        id => rollout(ctx, id).await?,
+    };
 
     let mut status = old.clone();
-    let mut changed = 0;
     let mut started_now = None;
     if current.is_none() {
         if !old.id.is_empty() {
@@ -180,18 +157,19 @@ async fn reconcile(
                 condition("Ready", false, "Gone", &msg, generation),
                 &now,
             );
-            return write_status(api, &name, &old, &status).await.map(|_| 0);
+            write_status(api, &name, &old, &status).await?;
+            return Ok(again);
         }
-        if !attempts.due(&uid, generation) {
-            return Ok(0);
+        if !ctx.attempts().due(&uid, generation) {
+            return Ok(again);
         }
-        attempts.tried.insert(uid.clone(), (Instant::now(), generation));
-        match start(admin, obj, &uid, rollouts).await {
+        ctx.attempts().tried(&uid, generation);
+        match start(ctx, obj, &uid).await? {
             Ok(r) => {
                 tracing::info!(rollout = %r.id, lksrollout = %name, "rollout started for LksRollout");
-                attempts.tried.remove(&uid);
+                ctx.attempts().forget(&uid);
+                ctx.acted(&format!("rollout/{}", r.id));
                 status.started_spec_digest = spec_digest(&obj.spec);
-                changed += 1;
                 started_now = Some(r);
             }
             Err(e) => {
@@ -205,16 +183,16 @@ async fn reconcile(
                     condition("Ready", false, "Refused", &msg, generation),
                     &now,
                 );
-                return write_status(api, &name, &old, &status).await.map(|_| 0);
+                write_status(api, &name, &old, &status).await?;
+                return Ok(again);
             }
         }
     }
-    let mut r = match started_now.as_ref().or(current) {
-        Some(r) => r.clone(),
-        None => return Ok(changed),
+    let Some(mut r) = started_now.or(current) else {
+        return Ok(again);
     };
     let ready = ready_condition(obj, &status, &r, generation);
-    changed += follow_paused(admin, obj, &mut r).await?;
+    follow_paused(ctx, obj, &mut r).await?;
     let mirrored = mirror::rollout_status(&r, generation);
     let mut conds = status.conditions.clone();
     for c in mirrored.conditions.iter().cloned() {
@@ -228,19 +206,18 @@ async fn reconcile(
         ..mirrored
     };
     write_status(api, &name, &old, &status).await?;
-    Ok(changed)
+    Ok(again)
 }
 
 /// A deleted LksRollout: aborts its rollout while it runs or is paused
-/// (a rollback is left to finish), then lets the object go. Counts the
-/// rollout as changed when there was one.
-async fn on_deletion(
-    api: &Api<LksRollout>,
-    admin: &mut Admin,
-    obj: &LksRollout,
-    current: Option<&pb::Rollout>,
-    name: &str,
-) -> anyhow::Result<usize> {
+/// (a rollback is left to finish); then the finalizer lets the object go.
+async fn cleanup(ctx: &Ctx, obj: &LksRollout) -> Result<Action, Error> {
+    let name = obj.name_any();
+    let id = obj.status.as_ref().map(|s| s.id.clone()).unwrap_or_default();
+    let current = match id.as_str() {
+        "" => None,
+        id => rollout(ctx, id).await?,
+    };
     if let Some(r) = current.filter(|r| {
         obj.spec.rollback_of.is_none()
             && matches!(
@@ -248,38 +225,53 @@ async fn on_deletion(
                 Ok(pb::RolloutState::Running | pb::RolloutState::Paused)
             )
     }) {
-        match admin.abort_rollout(pb::RolloutRef { id: r.id.clone() }).await {
+        let req = pb::RolloutRef { id: r.id.clone() };
+        match ctx
+            .admin
+            .call(|mut a| async move { a.abort_rollout(req).await })
+            .await
+        {
             Ok(_) => {
+                ctx.acted(&format!("rollout/{}", r.id));
                 tracing::info!(rollout = %r.id, lksrollout = %name, "LksRollout deleted: rollout aborted")
             }
             // Ended meanwhile: nothing to abort.
-            Err(e) if e.code() == Code::FailedPrecondition => {}
-            Err(e) => return Err(e).with_context(|| format!("abort rollout {}", r.id)),
+            Err(CallError::Status(s)) if s.code() == Code::FailedPrecondition => {}
+            Err(e) => return Err(Error::admin(format!("abort rollout {}", r.id), e)),
         }
     }
-    if obj.finalizers().iter().any(|f| f == FINALIZER) {
-        set_finalizer(api, obj, FINALIZER, false).await?;
+    ctx.attempts().forget(&obj.uid().unwrap_or_default());
+    Ok(Action::await_change())
+}
+
+/// A call that did not start the rollout: the server's refusal (the
+/// spec's: it goes into the status), or no answer at all (an error: the
+/// object is tried again).
+fn refusal(e: CallError) -> Result<StartError, Error> {
+    match e {
+        CallError::Status(s) if !connection_lost(s.code()) => Ok(StartError::Refused(s)),
+        e => Err(Error::admin("start the rollout", e)),
     }
-    Ok(usize::from(current.is_some()))
 }
 
 /// Asks the server for the LksRollout's rollout: a rollback of
 /// `spec.rollbackOf`, or a new rollout; the refusal as one line.
-async fn start(
-    admin: &mut Admin,
-    obj: &LksRollout,
-    uid: &str,
-    rollouts: &[pb::Rollout],
-) -> Result<pb::Rollout, StartError> {
+async fn start(ctx: &Ctx, obj: &LksRollout, uid: &str) -> Result<Result<pb::Rollout, StartError>, Error> {
     match &obj.spec.rollback_of {
-        Some(id) => rollback(admin, &obj.spec, id, rollouts).await,
+        Some(id) => rollback(ctx, &obj.spec, id).await,
         None => {
-            let req = start_request(&obj.spec, uid)?;
-            Ok(admin
-                .start_rollout(req)
+            let req = match start_request(&obj.spec, uid) {
+                Ok(r) => r,
+                Err(e) => return Ok(Err(e.into())),
+            };
+            match ctx
+                .admin
+                .call(|mut a| async move { a.start_rollout(req).await })
                 .await
-                .map_err(StartError::Refused)?
-                .into_inner())
+            {
+                Ok(r) => Ok(Ok(r)),
+                Err(e) => refusal(e).map(Err),
+            }
         }
     }
 }
@@ -332,62 +324,73 @@ fn ready_condition(
 }
 
 /// Pauses or resumes the rollout as `spec.paused` says, `r` as the
-/// server then has it; 1 if it did.
-async fn follow_paused(admin: &mut Admin, obj: &LksRollout, r: &mut pb::Rollout) -> anyhow::Result<usize> {
+/// server then has it.
+async fn follow_paused(ctx: &Ctx, obj: &LksRollout, r: &mut pb::Rollout) -> Result<(), Error> {
     let Some(v) = pause_verb(&obj.spec, r) else {
-        return Ok(0);
+        return Ok(());
     };
     let id = pb::RolloutRef { id: r.id.clone() };
     let answer = match v {
-        PauseVerb::Pause => admin.pause_rollout(id).await,
-        PauseVerb::Resume => admin.resume_rollout(id).await,
+        PauseVerb::Pause => {
+            ctx.admin
+                .call(|mut a| async move { a.pause_rollout(id).await })
+                .await
+        }
+        PauseVerb::Resume => {
+            ctx.admin
+                .call(|mut a| async move { a.resume_rollout(id).await })
+                .await
+        }
     };
     match answer {
         Ok(a) => {
-            *r = a.into_inner();
+            *r = a;
+            ctx.acted(&format!("rollout/{}", r.id));
             tracing::info!(rollout = %r.id, ?v, "rollout paused/resumed as its LksRollout says");
-            Ok(1)
+            Ok(())
         }
         // The rollout moved on (ended, or paused/resumed meanwhile):
-        // the next pass sees it as it is.
-        Err(e) if e.code() == Code::FailedPrecondition => Ok(0),
-        Err(e) => Err(e).with_context(|| format!("{v:?} rollout {}", r.id)),
+        // the next reconcile sees it as it is.
+        Err(CallError::Status(s)) if s.code() == Code::FailedPrecondition => Ok(()),
+        Err(e) => Err(Error::admin(format!("{v:?} rollout {}", r.id), e)),
     }
 }
 
 /// `spec.rollbackOf`: the rollout rolled back (or already rolling back);
 /// the spec's cluster and bundle must name that rollout's.
 async fn rollback(
-    admin: &mut Admin,
+    ctx: &Ctx,
     spec: &LksRolloutSpec,
     id: &str,
-    rollouts: &[pb::Rollout],
-) -> Result<pb::Rollout, StartError> {
-    let r = rollouts
-        .iter()
-        .find(|r| r.id == id)
-        .ok_or_else(|| StartError::NoSuchRollout(id.to_string()))?;
+) -> Result<Result<pb::Rollout, StartError>, Error> {
+    let Some(r) = rollout(ctx, id).await? else {
+        return Ok(Err(StartError::NoSuchRollout(id.to_string())));
+    };
     let named = format!("{}@{}", r.bundle, r.version);
     if spec.cluster != r.cluster || spec.bundle != named {
-        return Err(StartError::NotThatRollout {
+        return Ok(Err(StartError::NotThatRollout {
             id: id.to_string(),
             named,
             cluster: r.cluster.clone(),
             bundle: spec.bundle.clone(),
             wanted: spec.cluster.clone(),
-        });
+        }));
     }
     if matches!(
         pb::RolloutState::try_from(r.state),
         Ok(pb::RolloutState::RollingBack | pb::RolloutState::RolledBack)
     ) {
-        return Ok(r.clone());
+        return Ok(Ok(r));
     }
-    admin
-        .rollback_rollout(pb::RolloutRef { id: id.to_string() })
+    let req = pb::RolloutRef { id: id.to_string() };
+    match ctx
+        .admin
+        .call(|mut a| async move { a.rollback_rollout(req).await })
         .await
-        .map(|a| a.into_inner())
-        .map_err(StartError::Refused)
+    {
+        Ok(r) => Ok(Ok(r)),
+        Err(e) => refusal(e).map(Err),
+    }
 }
 
 #[cfg(test)]
@@ -496,17 +499,5 @@ mod tests {
         assert_eq!(pause_verb(&s, &r), Some(PauseVerb::Resume));
         r.state = pb::RolloutState::Completed as i32;
         assert_eq!(pause_verb(&s, &r), None, "an ended rollout is left alone");
-    }
-
-    #[test]
-    fn a_refused_start_is_retried_later_or_when_the_spec_changes() {
-        let retry = Duration::from_secs(30);
-        let mut a = Attempts::new(retry);
-        assert!(a.due("u", 1));
-        a.tried.insert("u".into(), (Instant::now(), 1));
-        assert!(!a.due("u", 1));
-        assert!(a.due("u", 2));
-        a.tried.insert("u".into(), (Instant::now() - retry, 1));
-        assert!(a.due("u", 1));
     }
 }

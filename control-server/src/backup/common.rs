@@ -62,7 +62,7 @@ pub enum RestoreError {
         source: lks_store::StoreError,
     },
     #[error("{0}")]
-    BlobStore(#[source] Box<crate::blobs::BlobError>),
+    BlobStore(#[source] Box<lks_blobs::BlobError>),
     #[error("the extraction task: {0}")]
     Extract(#[from] tokio::task::JoinError),
     #[error("{cause}; {cleanup}")]

@@ -45,9 +45,9 @@ use super::archive::{ArchiveReader, BlobEntry, EntryName, EtcdOrigin, FileEntry,
 use super::common::{RestoreError, extract, unrestored_blobs};
 use super::output::{Source, Taken, blob_entry, file_entry, finish, parent_of, remote_store};
 use super::{BackupError, BackupSummary, Counts, blob_manifest, write_counts};
-use crate::blobs::{BlobChoice, BlobError, BlobStore, EtcdChunks, LocalBlobs, S3Store};
 use crate::store::etcd::archive::{self, ArchivedKey, ReadError};
 use crate::store::{Dump, EtcdConfig, EtcdStore, StoreError};
+use lks_blobs::{BlobChoice, BlobError, BlobStore, EtcdChunks, LocalBlobs, S3Store};
 
 /// What `backup --store etcd` is told.
 #[derive(Clone, Debug)]

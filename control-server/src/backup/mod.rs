@@ -27,9 +27,9 @@ pub use common::RestoreError;
 pub use etcd::{EtcdBackupConfig, EtcdRestoreConfig, EtcdRestoreSummary, backup_etcd, restore_etcd};
 pub use sqlite::{BackupConfig, RestoreConfig, RestoreSummary, backup_sqlite, restore};
 
-use crate::blobs::BlobError;
 use crate::store::etcd::archive::ReadError;
 use crate::store::{Dump, StoreError};
+use lks_blobs::BlobError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackupError {

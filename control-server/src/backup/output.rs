@@ -12,8 +12,8 @@ use super::archive::{
     ArchiveWriter, BlobEntry, EntryName, EtcdOrigin, FORMAT, FileEntry, Manifest, StoreKind,
 };
 use super::{BackupError, BackupSummary, Counts};
-use crate::blobs::{BlobChoice, BlobStore, EtcdChunks, LocalBlobs, S3Store};
 use crate::store::EtcdStore;
+use lks_blobs::{BlobChoice, BlobStore, EtcdChunks, LocalBlobs, S3Store};
 
 /// An entry and where its bytes come from.
 pub(super) enum Source {

@@ -31,8 +31,8 @@ use super::output::{
     Source, Taken, blob_entry, blob_path, bytes_entry, file_entry, finish, parent_of, remote_store,
 };
 use super::{BackupError, BackupSummary, Counts, blob_manifest, write_counts};
-use crate::blobs::{BlobChoice, LocalBlobs};
 use crate::store::SqliteStore;
+use lks_blobs::{BlobChoice, LocalBlobs};
 
 /// What `backup` is told.
 #[derive(Clone, Debug)]

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{Metrics, scalar};
-use crate::blobs::delta::{Outcome, PatchResult};
+use lks_blobs::delta::{Outcome, PatchResult};
 
 /// The values of `lks_delta_patches_total{result}`, each shown from the
 /// start.

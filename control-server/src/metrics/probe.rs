@@ -10,8 +10,8 @@ use lks_proto::Digest;
 use tokio_util::sync::CancellationToken;
 
 use super::Metrics;
-use crate::blobs::Blobs;
 use crate::store::NodeStore;
+use lks_blobs::Blobs;
 
 /// How often the stores are probed.
 pub const EVERY: Duration = Duration::from_secs(15);

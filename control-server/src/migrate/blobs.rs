@@ -13,8 +13,8 @@
 
 use std::fmt;
 
-use crate::blobs::{BlobError, BlobStore, EtcdChunks, LocalBlobs, S3Config, S3Store};
 use crate::store::{BlobRecord, BlobRecords, EtcdConfig, EtcdStore, StoreError};
+use lks_blobs::{BlobError, BlobStore, EtcdChunks, LocalBlobs, S3Config, S3Store};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BlobMigrateError {

@@ -16,10 +16,10 @@ use lks_tracker::{Answer, Tracker};
 use tokio::io::AsyncSeekExt;
 
 use super::{Kind, OpError};
-use crate::blobs::Blobs;
 use crate::hub::Hub;
 use crate::peers::PeerCache;
 use crate::store::{DeltaRow, Store, StoreError};
+use lks_blobs::Blobs;
 
 /// What the blob operations use.
 pub struct Deps<'a> {
@@ -266,9 +266,9 @@ mod tests {
     use lks_proto::{FileSpec, SignedBundle};
 
     use super::*;
-    use crate::blobs::{LocalBlobs, LocalDirStore};
     use crate::store::NewBundle;
     use crate::store::sqlite::SqliteStore;
+    use lks_blobs::{LocalBlobs, LocalDirStore};
 
     const CONTENT: &[u8] = b"0123456789";
 

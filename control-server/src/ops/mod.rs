@@ -47,9 +47,9 @@ pub mod start;
 pub mod token;
 pub mod verb;
 
-use crate::blobs::BlobError;
 use crate::controller::CommandError;
 use crate::store::StoreError;
+use lks_blobs::BlobError;
 
 pub use blob::FetchError;
 pub use bundle::BundleError;

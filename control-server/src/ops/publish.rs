@@ -18,10 +18,10 @@ use lks_proto::sign::{self, SignError};
 use lks_proto::{Digest, Manifest, SignedBundle, canonical};
 
 use super::{Kind, OpError};
-use crate::blobs::{BlobError, BlobWriter, Blobs, StagedBlob, Upload};
 use crate::clock::now_ms;
 use crate::metrics::Metrics;
 use crate::store::{EventRow, NewBundle, PutOutcome, Store};
+use lks_blobs::{BlobError, BlobWriter, Blobs, StagedBlob, Upload};
 
 /// Why a publish is refused (or failed on the server's side).
 #[derive(Debug, thiserror::Error)]
@@ -311,10 +311,10 @@ async fn prepare(
     }
 
     // Claimed before they take their local names: from here on no
-    // garbage collector deletes them (blobs/gc.rs).
+    // garbage collector deletes them (lks_blobs::gc).
     let store_name = s.blobs.store().describe();
     for (d, size) in expected {
-        crate::blobs::gc::claim(&*s.store, &store_name, d, *size, now_ms)
+        lks_blobs::gc::claim(&*s.store, &store_name, d, *size, now_ms)
             .await
             .map_err(|e| OpError::blob(path_of(m, d), e))?;
     }
@@ -361,7 +361,7 @@ async fn finish_uploads(
 }
 
 /// The rest into the blob store before the bundle is recorded, so any
-/// replica can serve them once publish answers (blobs/mod.rs).
+/// replica can serve them once publish answers (lks_blobs::Blobs).
 async fn persist_rest(
     s: &Deps,
     m: &Manifest,
@@ -451,8 +451,8 @@ mod tests {
     use lks_proto::manifest::Step;
 
     use super::*;
-    use crate::blobs::{LocalBlobs, LocalDirStore};
     use crate::store::sqlite::SqliteStore;
+    use lks_blobs::{LocalBlobs, LocalDirStore};
 
     fn deps(dir: &std::path::Path) -> Deps {
         let local = LocalBlobs::open(dir).unwrap();

@@ -43,7 +43,7 @@ use std::time::Duration;
 use lks_proto::{Digest, pb};
 use tokio::io::AsyncReadExt as _;
 
-use crate::blobs::{BlobError, LocalBlobs};
+use lks_blobs::{BlobError, LocalBlobs};
 
 /// The path prefix; the rest of the path is a Debian architecture.
 pub const PATH_PREFIX: &str = lks_proto::AGENT_PACKAGE_PATH;

@@ -300,9 +300,9 @@ fn retry_later(status: StatusCode, secs: u32) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::blobs::LocalBlobs;
     use crate::packages::tests::deb;
     use crate::packages::{DOWNLOAD_DEADLINE, inspect_all};
+    use lks_blobs::LocalBlobs;
 
     #[test]
     fn only_the_package_prefix_is_routed_here() {

@@ -10,10 +10,10 @@ use lks_pki::seal::SealKey;
 
 use super::{Config, ServerError, StoreChoice};
 use crate::adminconf::{AdminConf, AdminConfError, AdminConfFile};
-use crate::blobs::{BlobChoice, BlobStore, Blobs, EtcdChunks, LocalBlobs, LocalDirStore, S3Store};
 use crate::packages::AgentPackages;
 use crate::replicas;
 use crate::store::{EtcdStore, NodeStatusStore, SqliteStore, Store};
+use lks_blobs::{BlobChoice, BlobStore, Blobs, EtcdChunks, LocalBlobs, LocalDirStore, S3Store};
 
 /// What is checked before anything is created: the `--agent-package`
 /// files (their candidates returned), the blob bucket, and the data dir

@@ -8,12 +8,12 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::{Config, ServerError};
-use crate::blobs::BlobChoice;
 use crate::context::Shared;
 use crate::controller;
 use crate::metrics;
 use crate::replicas;
 use crate::store::EtcdStore;
+use lks_blobs::BlobChoice;
 
 /// How often the leader drops audit records past their retention.
 const AUDIT_SWEEP: Duration = Duration::from_secs(3600);
@@ -141,7 +141,7 @@ pub(super) fn spawn_tasks(shared: &Arc<Shared>, cfg: &Config, etcd: Option<&Etcd
 }
 
 /// Every `interval`: on the leading replica, one garbage-collector pass
-/// over the blob store (blobs/gc.rs); on every replica, its local copies
+/// over the blob store (lks_blobs::gc); on every replica, its local copies
 /// that nothing references. The first pass runs soon after start, so a
 /// pass a crash interrupted is finished.
 async fn collect_blobs(
@@ -160,7 +160,7 @@ async fn collect_blobs(
         next = tokio::time::Instant::now() + interval;
         let keep = s.agent_packages.list().iter().map(|p| p.digest).collect();
         if *s.leader.borrow() {
-            match crate::blobs::gc::collect(&s.blobs, &*s.store, &owner, grace, crate::clock::now_ms(), &keep)
+            match lks_blobs::gc::collect(&s.blobs, &*s.store, &owner, grace, crate::clock::now_ms(), &keep)
                 .await
             {
                 Ok(pass) => {
@@ -179,7 +179,7 @@ async fn collect_blobs(
             }
         }
         if !local_is_store {
-            if let Err(e) = crate::blobs::gc::sweep_local(&s.blobs, &*s.store, &keep, grace).await {
+            if let Err(e) = lks_blobs::gc::sweep_local(&s.blobs, &*s.store, &keep, grace).await {
                 tracing::warn!(error = %e, "sweep of local blob copies failed");
             }
         }
@@ -187,11 +187,11 @@ async fn collect_blobs(
 }
 
 /// Every `interval`, on the leading replica: the binary deltas not made
-/// yet (blobs/delta.rs), at most `limits.jobs` at once, off every
+/// yet (lks_blobs::delta), at most `limits.jobs` at once, off every
 /// request's path.
-async fn make_deltas(s: Arc<Shared>, interval: Duration, limits: crate::blobs::delta::Limits) {
+async fn make_deltas(s: Arc<Shared>, interval: Duration, limits: lks_blobs::delta::Limits) {
     let mut next = tokio::time::Instant::now() + interval;
-    let mut settled = crate::blobs::delta::Settled::default();
+    let mut settled = lks_blobs::delta::Settled::default();
     loop {
         tokio::select! {
             _ = s.cancel.cancelled() => return,
@@ -203,7 +203,7 @@ async fn make_deltas(s: Arc<Shared>, interval: Duration, limits: crate::blobs::d
         }
         let pass = tokio::select! {
             _ = s.cancel.cancelled() => return,
-            p = crate::blobs::delta::make_missing(&s.blobs, &*s.store, limits, &mut settled, crate::clock::now_ms,
+            p = lks_blobs::delta::make_missing(&s.blobs, &*s.store, limits, &mut settled, crate::clock::now_ms,
                 |o| s.metrics.delta_outcome(&o)) => p,
         };
         match pass {

@@ -137,7 +137,7 @@ impl BlobRecords for EtcdStore {
             }
         }
         // A patch is referenced while its bundle version is. One made after
-        // `rev` was claimed before its upload (blobs/gc.rs), so the
+        // `rev` was claimed before its upload (lks_blobs::gc), so the
         // collector's grace keeps it until its row is read.
         for r in self.all_deltas().await? {
             if let Some(p) = r.patch

@@ -2,7 +2,7 @@
 //! per blob in the blob store, and the deletion of a bundle version.
 //!
 //! The record is how a publish and the collector agree without racing
-//! (`crate::blobs::gc` holds the protocol): a publish *claims* a blob by
+//! (`lks_blobs::gc` holds the protocol): a publish *claims* a blob by
 //! rewriting its record (a new revision) before it relies on the blob, and
 //! the collector marks a record `deleting` only if it is still at the
 //! revision the collector read and no bundle version was recorded since.

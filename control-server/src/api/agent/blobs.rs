@@ -18,12 +18,12 @@ use tonic::{Request, Response, Status};
 
 use super::BoxStream;
 use crate::authz::require_node;
-use crate::blobs::Blobs;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::ops::blob;
 use crate::peers::PeerCache;
 use crate::store::Store;
+use lks_blobs::Blobs;
 
 crate::context::shared_view! {
     /// What the blob handlers use: the store (who may have what), the blobs,

@@ -30,8 +30,8 @@ use std::time::Duration;
 
 use lks_proto::Digest;
 
-use super::{BlobError, Blobs};
-use crate::store::{BlobRecord, BlobRecords, StoreError};
+use crate::{BlobError, Blobs};
+use lks_store::{BlobRecord, BlobRecords, StoreError};
 
 /// Default for `--blob-gc-grace`: how long a claimed or fresh blob is kept
 /// even if no bundle references it.
@@ -219,14 +219,15 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::blobs::conformance::{TestS3, pattern};
-    use crate::blobs::{BlobStore, LocalBlobs, LocalDirStore};
-    use crate::store::{NewBundle, SqliteStore, Store};
+    use crate::conformance::{TestS3, pattern};
+    use crate::{BlobStore, LocalBlobs, LocalDirStore};
+    use lks_store::{NewBundle, Store};
+    use lks_store_sqlite::SqliteStore;
 
     fn bundle(name: &str, version: &str, d: &Digest) -> NewBundle {
         NewBundle {
             blob_digests: vec![*d],
-            ..crate::store::conformance::bundle(name, version, "gc")
+            ..lks_store::conformance::bundle(name, version, "gc")
         }
     }
 
@@ -239,7 +240,7 @@ mod tests {
     }
 
     fn now() -> i64 {
-        crate::clock::now_ms()
+        lks_store::clock::now_ms()
     }
 
     /// Deleted versions' blobs are reclaimed; referenced and freshly
@@ -413,7 +414,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn etcd_and_s3() {
-        let etcd = crate::store::test_etcd();
+        let etcd = crate::conformance::test_etcd();
         let s3 = TestS3::start("lks-blobs");
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn Store> = Arc::new(etcd.store("r1").await);
@@ -425,9 +426,9 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn etcd_and_etcd_chunks() {
-        let etcd = crate::store::test_etcd();
+        let etcd = crate::conformance::test_etcd();
         let store = etcd.store("r1").await;
-        let chunks = Arc::new(crate::blobs::EtcdChunks::new(store.clone(), 32 << 20));
+        let chunks = Arc::new(crate::EtcdChunks::new(store.clone(), 32 << 20));
         let store: Arc<dyn Store> = Arc::new(store);
         let dir = tempfile::tempdir().unwrap();
         reclaims_only_what_nothing_uses(store.clone(), chunks.clone(), dir.path()).await;

@@ -5,9 +5,9 @@
 use lks_proto::{BundlePath, Manifest, SignedBundle};
 
 use super::*;
-use crate::blobs::{LocalBlobs, LocalDirStore};
-use crate::store::sqlite::SqliteStore;
-use crate::store::{NewBundle, StoredBundle};
+use crate::{LocalBlobs, LocalDirStore};
+use lks_store::{NewBundle, StoredBundle};
+use lks_store_sqlite::SqliteStore;
 
 const PATH: &str = "/usr/bin/app";
 const SIZE: usize = 256 << 10;
@@ -135,13 +135,13 @@ async fn unrelated_pairs_are_skipped_before_a_diff_and_related_ones_patched() {
         f.why("2", "1").await,
         Some(NoPatch::Estimate {
             saving: 0..=2,
-            min: crate::blobs::delta::DEFAULT_MIN_SAVING
+            min: crate::delta::DEFAULT_MIN_SAVING
         })
     ));
     assert!(matches!(
         f.why("3", "1").await,
         Some(NoPatch::Estimate {
-            min: crate::blobs::delta::DEFAULT_MIN_SAVING,
+            min: crate::delta::DEFAULT_MIN_SAVING,
             ..
         })
     ));

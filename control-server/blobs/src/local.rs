@@ -12,8 +12,8 @@ use lks_proto::Digest;
 use lks_proto::digest::Verifier;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{BlobError, BlobStore, StoredBlob};
-use crate::fsutil::fsync_dir;
+use crate::{BlobError, BlobStore, StoredBlob};
+use lks_proto::fsutil::fsync_dir;
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BlobError + '_ {
     move |source| BlobError::Io {

@@ -3,7 +3,7 @@
 //! before it also had, with other bytes, a patch from each of the last
 //! `bases` such contents (`lks_proto::delta`; bsdiff 4's search, its
 //! sections in zstd frames unless `--delta-algorithm bsdiff4`), kept as a
-//! blob and recorded in the store ([`crate::store::DeltaStore`]).
+//! blob and recorded in the store ([`lks_store::DeltaStore`]).
 //!
 //! Off the publish path: a task on the leading replica makes the missing
 //! ones every `--delta-interval`, at most `--delta-jobs` at once, each on a
@@ -42,8 +42,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use lks_proto::{Digest, FileSpec};
 
-use super::{BlobError, Blobs};
-use crate::store::{BlobRecords, BundleRow, BundleStore, DeltaRow, DeltaStore, NoPatch};
+use crate::{BlobError, Blobs};
+use lks_store::{BlobRecords, BundleRow, BundleStore, DeltaRow, DeltaStore, NoPatch};
 use make::Made;
 
 /// Default for `--delta-max-file-size`: about 1.5 GiB of memory while one
@@ -371,7 +371,7 @@ async fn record(
         patch_size = row.patch_size, note = %row.note, ms = took.as_millis() as u64,
         "delta {}", result.label());
     match store.put_delta(&row).await {
-        Ok(()) | Err(crate::store::StoreError::NotFound { .. }) => Ok(Some(result)),
+        Ok(()) | Err(lks_store::StoreError::NotFound { .. }) => Ok(Some(result)),
         Err(e) => Err(e.into()),
     }
 }
@@ -395,7 +395,7 @@ mod tests {
     use lks_proto::{BundlePath, Manifest, SignedBundle};
 
     use super::*;
-    use crate::store::StoredBundle;
+    use lks_store::StoredBundle;
 
     fn file(path: &str, tag: &str, size: u64, arch: Option<&str>, url: bool) -> FileSpec {
         FileSpec {
@@ -502,8 +502,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_version_whose_patches_all_have_rows_is_settled_and_not_looked_at_again() {
-        use crate::store::{BlobRecords, BundleStore, DeltaStore};
-        let store = crate::store::sqlite::SqliteStore::open_in_memory().unwrap();
+        use lks_store::{BlobRecords, BundleStore, DeltaStore};
+        let store = lks_store_sqlite::SqliteStore::open_in_memory().unwrap();
         let bin = |tag: &str| file("/usr/bin/kubelet", tag, BIG, None, false);
         let huge = file("/usr/bin/huge", "h2", 1 << 30, None, false);
         let versions = [
@@ -516,7 +516,7 @@ mod tests {
             row("k", "2", 20, vec![bin("b"), huge]),
         ];
         for r in &versions {
-            let put = crate::store::NewBundle {
+            let put = lks_store::NewBundle {
                 name: r.name.clone(),
                 version: r.version.clone(),
                 bundle: r.bundle.clone(),

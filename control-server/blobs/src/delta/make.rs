@@ -18,8 +18,8 @@ use std::time::Duration;
 use lks_proto::Digest;
 
 use super::{Limits, MAX_PATCH_PERCENT, Want, background, estimate};
-use crate::blobs::{BlobError, Blobs};
-use crate::store::{BlobRecords, NoPatch};
+use crate::{BlobError, Blobs};
+use lks_store::{BlobRecords, NoPatch};
 
 /// What making a patch from a `base`-byte file to a `target`-byte one
 /// holds in memory, about: both files, the base's suffix array (4 bytes a
@@ -166,10 +166,10 @@ async fn keep(
         let mut writer = blobs.local.writer(d, size).await?;
         writer.write(patch).await?;
         let staged = writer.stage().await?;
-        crate::blobs::gc::claim(store, &blobs.store().describe(), &d, size, now_ms).await?;
+        crate::gc::claim(store, &blobs.store().describe(), &d, size, now_ms).await?;
         staged.commit().await?;
     } else {
-        crate::blobs::gc::claim(store, &blobs.store().describe(), &d, size, now_ms).await?;
+        crate::gc::claim(store, &blobs.store().describe(), &d, size, now_ms).await?;
     }
     blobs.persist(&d, size).await?;
     Ok(d)

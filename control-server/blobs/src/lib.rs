@@ -14,6 +14,15 @@
 //! only then records the bundle. A replica asked for a blob it lacks fetches
 //! it from the store once, verifying it before it gets its local name.
 //! Handlers see only [`Blobs`]; none branches on the backend.
+//!
+//! Beside them, what works on the blobs alone: the collector and the claim
+//! a publish makes ([`gc`]) and the binary-delta maker ([`delta`]). The
+//! crate links the store's rows and traits (`lks-store`) and its etcd
+//! backend for the chunks' handle (`lks-store-etcd`), never the server or
+//! tonic: the server (`lks-control-server`) opens a [`Blobs`] from its
+//! flags, serves it and runs the collector and the maker as its tasks.
+
+#![forbid(unsafe_code)]
 
 pub mod delta;
 mod etcd;
@@ -32,7 +41,7 @@ pub use etcd::{DEFAULT_MAX_BLOB, EtcdChunks};
 pub use local::{BlobWriter, LocalBlobs, LocalDirStore, StagedBlob};
 pub use s3::{S3Config, S3Store};
 
-use crate::store::StoreError;
+use lks_store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BlobError {

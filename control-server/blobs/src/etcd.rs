@@ -21,9 +21,9 @@ use std::path::Path;
 use lks_proto::Digest;
 use tokio::io::AsyncReadExt;
 
-use super::{BlobError, BlobStore, LocalBlobs, StoredBlob};
-use crate::store::EtcdStore;
-use crate::store::etcd::{ChunkError, ChunkMeta};
+use crate::{BlobError, BlobStore, LocalBlobs, StoredBlob};
+use lks_store_etcd::EtcdStore;
+use lks_store_etcd::{ChunkError, ChunkMeta};
 
 /// Bytes per chunk value in etcd.
 pub const CHUNK: usize = 1 << 20;

@@ -4,7 +4,7 @@
 
 use lks_proto::Digest;
 
-use super::{BlobError, BlobStore, Blobs, LocalBlobs, S3Config, S3Store};
+use crate::{BlobError, BlobStore, Blobs, LocalBlobs, S3Config, S3Store};
 
 /// Writes `data` as a verified local blob and returns its digest.
 async fn local_blob(local: &LocalBlobs, data: &[u8]) -> Digest {
@@ -146,9 +146,14 @@ impl TestS3 {
     }
 }
 
+/// A throwaway etcd, on a port the end-to-end harness picks.
+pub fn test_etcd() -> lks_store_etcd::testing::TestEtcd {
+    lks_store_etcd::testing::TestEtcd::start_with(|| lks_e2e::free_addr().port())
+}
+
 mod on_local_dir {
     use super::*;
-    use crate::blobs::LocalDirStore;
+    use crate::LocalDirStore;
 
     fn store(dir: &std::path::Path) -> LocalDirStore {
         LocalDirStore::new(LocalBlobs::open(dir).unwrap())
@@ -175,11 +180,11 @@ mod on_local_dir {
 
 mod on_etcd {
     use super::*;
-    use crate::blobs::EtcdChunks;
+    use crate::EtcdChunks;
 
     #[tokio::test]
     async fn round_trip() {
-        let etcd = crate::store::test_etcd();
+        let etcd = crate::conformance::test_etcd();
         let store = EtcdChunks::new(etcd.store("r1").await, 32 << 20);
         // Sizes around the chunk size: empty, one byte, one chunk and a half.
         blobs_round_trip(&store, &[0, 1, (1 << 20) + (1 << 19)]).await;
@@ -187,14 +192,14 @@ mod on_etcd {
 
     #[tokio::test]
     async fn wrong_file() {
-        let etcd = crate::store::test_etcd();
+        let etcd = crate::conformance::test_etcd();
         let store = EtcdChunks::new(etcd.store("r1").await, 32 << 20);
         a_wrong_file_is_never_stored(&store, (2 << 20) + 5).await;
     }
 
     #[tokio::test]
     async fn replicas_fetch_and_the_cap() {
-        let etcd = crate::store::test_etcd();
+        let etcd = crate::conformance::test_etcd();
         let store = std::sync::Arc::new(EtcdChunks::new(etcd.store("r1").await, 4 << 20));
         replicas_fetch_what_another_published(store.clone()).await;
         let dir = tempfile::tempdir().unwrap();
@@ -208,7 +213,7 @@ mod on_etcd {
 
 mod on_s3 {
     use super::*;
-    use crate::blobs::s3::PART;
+    use crate::s3::PART;
 
     #[tokio::test]
     async fn round_trip() {

@@ -28,7 +28,7 @@ use object_store::{
 };
 use tokio::io::AsyncReadExt;
 
-use super::{BlobError, BlobStore, LocalBlobs, StoredBlob};
+use crate::{BlobError, BlobStore, LocalBlobs, StoredBlob};
 
 /// Part size of a multipart upload; smaller blobs go in one `PUT`.
 pub const PART: usize = 16 << 20;
@@ -419,7 +419,7 @@ struct S3Upload {
 }
 
 #[async_trait::async_trait]
-impl super::Upload for S3Upload {
+impl crate::Upload for S3Upload {
     async fn write(&mut self, bytes: &[u8]) -> Result<(), BlobError> {
         self.w
             .wait_for_capacity(PARTS_IN_FLIGHT)
@@ -461,7 +461,7 @@ impl BlobStore for S3Store {
         }
     }
 
-    async fn start_upload(&self, d: &Digest, size: u64) -> Result<Option<Box<dyn super::Upload>>, BlobError> {
+    async fn start_upload(&self, d: &Digest, size: u64) -> Result<Option<Box<dyn crate::Upload>>, BlobError> {
         // Small blobs go in one PUT from the file; a blob the bucket holds
         // is not sent again.
         if size <= PART as u64 || self.contains(d).await? {
