@@ -60,13 +60,14 @@ CRATES = {
     "control-server/store/src": """
         clock
         tokens audit deltas
+        reboots
         clusters nodes bundles releases rollouts events blobrecs plans
         dump
         conformance
     """,
     "control-server/store-sqlite/src": """
         schema
-        tokens audit deltas clusters nodes bundles desired releases rollouts status events blobrecs plans
+        tokens audit deltas reboots clusters nodes bundles desired releases rollouts status events blobrecs plans
         dump snapshot
     """,
     # etcd: key limits, names and reads; the documents (a rollout's in
@@ -80,7 +81,7 @@ CRATES = {
         docs rolloutdocs
         tokens audit deltas events releases
         identity replicas load chunks swarm
-        clusters bundles bundledocs blobrecs seen status
+        clusters bundles bundledocs blobrecs seen status reboots
         cache
         desired nodes import archive rollouts plans
         start
@@ -98,6 +99,7 @@ CRATES = {
         clustercache
         hub admission
         metrics authz peers releases
+        reboots
         packages tlsaccept controller
         context
         replicas migrate backup rebalance ops plans api
@@ -146,7 +148,7 @@ CRATES = {
     "control-server/rollout/src": """
         policy
         decision ages
-        drain
+        drain reboot
         settle canary batch complete verbs
         plan
         tests
@@ -183,7 +185,7 @@ CRATES = {
     # verbs.
     "control-server/lksctl/src": """
         output flags client mirror cloudinit
-        audit bundle cluster event node token
+        audit bundle cluster event node reboot token
         release
         rollout
         plan

@@ -510,7 +510,17 @@ impl Controller {
         };
         let (mut owned, mut stray) = (0, 0);
         for c in clusters.iter().filter(|c| c.kube.kubeconfig) {
-            if let Some(left) = self.s.kube.repair(&c.name).await {
+            // The reboot lock's cordons are the lock's business.
+            let rebooting = match crate::reboots::cordons(&*self.s.store, &c.name).await {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!(cluster = %c.name, error = %e, "cordon repair: read the reboot lock");
+                    continue;
+                }
+            };
+            let owner = lks_rollout::reboot::owner(&c.name);
+            let reboot_owned = |node: &str, id: &str| id == owner && rebooting.iter().any(|n| n == node);
+            if let Some(left) = self.s.kube.repair(&c.name, &reboot_owned).await {
                 owned += left.owned;
                 stray += left.stray;
             }

@@ -31,6 +31,7 @@ pub mod peers;
 pub mod plans;
 pub mod ratelimit;
 pub mod rebalance;
+pub mod reboots;
 pub mod releases;
 pub mod replicas;
 pub mod server;

@@ -87,6 +87,8 @@ pub struct Metrics {
     /// Nodes enrolled, at the last probe the store answered.
     enrolled_nodes: Probed,
     cert_renewals: Labelled,
+    /// Reboot-lock holders not back within the reboot timeout, by cluster.
+    reboots_lost: Labelled,
     /// Nodes of the tenant clusters cordoned by lksadmin at the last cordon
     /// repair: owned by an active rollout's turn, and stray (owned by none,
     /// and the repair could not lift them).
@@ -125,6 +127,14 @@ impl Metrics {
     /// Whether the blob store answered a probe.
     pub fn blob_store_probed(&self, up: bool) {
         self.blob_store_up.set(u64::from(up));
+    }
+
+    /// Counts `n` holders of `cluster`'s reboot lock that became
+    /// `reboot-lost`.
+    pub fn reboots_lost(&self, cluster: &str, n: u64) {
+        for _ in 0..n {
+            self.reboots_lost.inc(cluster);
+        }
     }
 
     /// Counts one `RenewCertificate` by outcome ([`RENEWAL_OUTCOMES`]).
@@ -507,6 +517,12 @@ impl Metrics {
         );
         self.rollout_events
             .render(s, "lks_rollout_events_total", "Rollout events by kind.", "kind");
+        self.reboots_lost.render(
+            s,
+            "lks_reboot_lost_total",
+            "Nodes of a cluster's reboot lock not back Ready within the reboot timeout (reboot-lost), by cluster.",
+            "cluster",
+        );
         self.render_rollouts(s);
     }
 

@@ -96,7 +96,8 @@ async fn turned_on_shown_and_pushed_at_once(
     let table = s.lksctl_ok(&["cluster", "list"]);
     assert!(table.lines().next().unwrap().contains("PEER SHARING"), "{table}");
     let row = table.lines().find(|l| l.starts_with("tenant-a")).unwrap();
-    assert!(row.ends_with("on :7555 4 uploads 10 MiB/s"), "{table}");
+    // PEER SHARING, then REBOOTS (issue [reboots]).
+    assert!(row.ends_with("on :7555 4 uploads 10 MiB/s  off"), "{table}");
 }
 
 /// Refusals: one line, non-zero exit, nothing changed; the server checks

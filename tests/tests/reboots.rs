@@ -3,7 +3,9 @@
 //! bundle with `reboot = "required"` and the OS sentinel make the node
 //! report that it needs a reboot, with the reason; `lksctl node reboot`
 //! runs the agent's reboot command exactly once, and the node, back with a
-//! new boot ID, reports the reboot done. An agent without the "reboot"
+//! new boot ID, reports the reboot done, and the server takes the request
+//! out of its desired state (no second reboot for an agent whose
+//! `reboot.json` is lost). An agent without the "reboot"
 //! feature is refused such a bundle and a reboot request.
 
 // Test code: a helper that fails panics with what it was doing, as a
@@ -180,6 +182,21 @@ fn a_required_reboot_is_reported_and_a_reboot_request_runs_once() {
         (&local["reboot"]["state"], &local["reboot"]["request"]),
         (&serde_json::json!("none"), &serde_json::json!(requested)),
         "{local}"
+    );
+    // Carried out, the request leaves the desired state: an agent whose
+    // reboot.json is deleted by hand does not reboot again.
+    wait_until(CONVERGE, "the request is cleared", || {
+        listed(&server, "worker-r")["reboot"]["requested"] == 0
+    });
+    assert_eq!(agent.stop(), Some(0));
+    std::fs::remove_file(agent.state_dir.join("reboot.json")).unwrap();
+    agent.start();
+    agent.wait_connected();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        std::fs::read_to_string(&marker).unwrap(),
+        "rebooted\n",
+        "not again without its record"
     );
     assert!(
         node_events(&server, "worker-r")

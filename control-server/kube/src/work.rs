@@ -175,11 +175,15 @@ impl KubeWork {
     }
 
     /// Lifts every cordon lksadmin made in `cluster` that no active
-    /// rollout owns now (the rollout ended, or the node's turn is over),
+    /// rollout (nor `also_owned`: node, owner — the reboot lock's) owns now (the rollout ended, or the node's turn is over),
     /// and records each. The tenant's Nodes as `node list` last read them.
     /// Returns the cordons left: owned by an active rollout, and stray ones
     /// it could not lift; `None` if the tenant's Nodes could not be read.
-    pub async fn repair(&self, cluster: &str) -> Option<Cordons> {
+    pub async fn repair(
+        &self,
+        cluster: &str,
+        also_owned: &(dyn Fn(&str, &str) -> bool + Sync),
+    ) -> Option<Cordons> {
         let Some(Ok(nodes)) = self.tenants.nodes(cluster).await else {
             return None;
         };
@@ -188,6 +192,10 @@ impl KubeWork {
         for (node, state) in nodes.iter() {
             let id = &state.cordoned_by;
             if id.is_empty() {
+                continue;
+            }
+            if also_owned(node, id) {
+                left.owned += 1;
                 continue;
             }
             if !owners.contains_key(id) {

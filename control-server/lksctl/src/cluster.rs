@@ -281,7 +281,8 @@ pub struct SetFlags {
         required_unless_present_any = [
             "no_maintenance_window", "api_server", "no_api_server", "ca_cert", "ca_key", "generate_ca",
             "peer_sharing", "peer_port", "peer_upload_rate", "peer_max_uploads",
-            "kubeconfig", "drain", "labels", "no_labels"
+            "kubeconfig", "drain", "reboots", "max_concurrent_reboots", "reboot_timeout",
+            "on_reboot_timeout", "labels", "no_labels"
         ]
     )]
     pub maintenance_window: Vec<String>,
@@ -335,6 +336,21 @@ pub struct SetFlags {
     /// Remove every label of the cluster.
     #[arg(long, conflicts_with = "labels")]
     no_labels: bool,
+    /// Coordinated reboots: auto (nodes that report a reboot required, and
+    /// `lksctl reboot start`), manual (only `reboot start`), off [default].
+    #[arg(long, value_name = "auto|manual|off", value_parser = ["auto", "manual", "off"])]
+    reboots: Option<String>,
+    /// Nodes rebooting at once, from their drain until back Ready [default: 1].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    max_concurrent_reboots: Option<u32>,
+    /// How long a node has, from taking its slot, to be back Ready; past
+    /// it the node is reboot-lost [default: 30m].
+    #[arg(long, value_name = "DUR", value_parser = lks_proto::duration::parse_duration)]
+    reboot_timeout: Option<Duration>,
+    /// What a reboot-lost node's slot becomes: free (given to the next
+    /// node) or keep (until it is back, or `reboot abort`) [default: free].
+    #[arg(long, value_name = "free|keep", value_parser = ["free", "keep"])]
+    on_reboot_timeout: Option<String>,
 }
 
 fn parse_cluster_labels(s: &str) -> anyhow::Result<lks_proto::labels::Labels> {
@@ -362,7 +378,15 @@ async fn set(c: &mut Client, url: &str, f: SetFlags) -> anyhow::Result<()> {
         drain,
         labels: cluster_labels,
         no_labels,
+        reboots,
+        max_concurrent_reboots,
+        reboot_timeout,
+        on_reboot_timeout,
     } = f;
+    let reboot_change = reboots.is_some()
+        || max_concurrent_reboots.is_some()
+        || reboot_timeout.is_some()
+        || on_reboot_timeout.is_some();
     let labelled = cluster_labels.is_some() || no_labels;
     let windows = no_maintenance_window || !maintenance_window.is_empty();
     let clear_kubeconfig = kubeconfig.as_deref() == Some(Path::new("none"));
@@ -395,6 +419,17 @@ async fn set(c: &mut Client, url: &str, f: SetFlags) -> anyhow::Result<()> {
             drain,
             labels: cluster_labels.unwrap_or_default().into_iter().collect(),
             clear_labels: no_labels,
+            reboots: reboots.as_deref().map(|m| match m {
+                "auto" => pb::RebootMode::Auto as i32,
+                "manual" => pb::RebootMode::Manual as i32,
+                _ => pb::RebootMode::Off as i32,
+            }),
+            max_concurrent_reboots,
+            reboot_timeout_ms: reboot_timeout.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            on_reboot_timeout: on_reboot_timeout.as_deref().map(|m| match m {
+                "keep" => pb::RebootTimeoutPolicy::Keep as i32,
+                _ => pb::RebootTimeoutPolicy::Free as i32,
+            }),
         })
         .await
         .map_err(st)
@@ -425,6 +460,12 @@ async fn set(c: &mut Client, url: &str, f: SetFlags) -> anyhow::Result<()> {
         let how = if d { "drain" } else { "do not drain" };
         outln!("cluster {name}: rollouts {how} nodes by default");
     }
+    if reboot_change {
+        outln!(
+            "cluster {name}: {}",
+            output::reboot_policy_sentence(r.reboots.as_ref())
+        );
+    }
     if labelled {
         outln!("cluster {name}: labels {}", output::labels_text(&r.labels));
     }
@@ -453,6 +494,7 @@ fn clusters_table(clusters: &[pb::Cluster]) -> String {
                 output::labels_text(&c.labels),
                 output::windows_text(c),
                 output::peer_text(c),
+                output::reboot_policy_text(c.reboots.as_ref()),
             ]
         })
         .collect();
@@ -466,6 +508,7 @@ fn clusters_table(clusters: &[pb::Cluster]) -> String {
             "LABELS",
             "MAINTENANCE WINDOWS",
             "PEER SHARING",
+            "REBOOTS",
         ],
         &rows,
     )

@@ -35,6 +35,7 @@ pub mod mirror;
 pub mod node;
 pub mod output;
 pub mod plan;
+pub mod reboot;
 pub mod release;
 pub mod rollout;
 pub mod token;

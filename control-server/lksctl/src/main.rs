@@ -19,8 +19,9 @@ use lksctl::client::{self, Client};
 use lksctl::event::EventCmd;
 use lksctl::flags::labels;
 use lksctl::node::{self, NodeCmd};
+use lksctl::reboot::RebootCmd;
 use lksctl::token::{self, TokenCmd};
-use lksctl::{audit, cluster, console, event, plan, release, rollout};
+use lksctl::{audit, cluster, console, event, plan, reboot, release, rollout};
 
 /// Operator CLI for the lksadmin control server.
 #[derive(Parser)]
@@ -65,6 +66,12 @@ enum Cmd {
     Node {
         #[command(subcommand)]
         cmd: NodeCmd,
+    },
+    /// Coordinated reboots of a cluster's nodes: at most N at a time,
+    /// inside the maintenance windows, drained first, Ready after boot.
+    Reboot {
+        #[command(subcommand)]
+        cmd: RebootCmd,
     },
     /// What happened: enrolments, rollouts, node reports.
     Event {
@@ -213,6 +220,7 @@ fn precheck(cmd: &Cmd) -> anyhow::Result<()> {
         Cmd::Plan {
             cmd: plan::PlanCmd::Create(a),
         } => plan::check_create(a),
+        Cmd::Reboot { cmd } => cmd.check(),
         _ => Ok(()),
     }
 }
@@ -230,6 +238,7 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Plan { cmd } => plan::run(c, url, cmd).await,
         Cmd::Audit(a) => audit::run(c, url, a).await,
         Cmd::Node { cmd } => node::run(c, url, cmd).await,
+        Cmd::Reboot { cmd } => reboot::run(c, url, cmd).await,
         Cmd::Event { cmd } => event::run(c, url, cmd).await,
     }
 }

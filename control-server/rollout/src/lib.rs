@@ -68,6 +68,7 @@ mod decision;
 mod drain;
 pub mod plan;
 pub mod policy;
+pub mod reboot;
 mod settle;
 #[cfg(test)]
 mod tests;

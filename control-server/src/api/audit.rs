@@ -160,6 +160,10 @@ pub(super) fn set_cluster(r: &pb::SetClusterRequest) -> Entry {
             "kubeconfig": kubeconfig(r.kubeconfig.as_deref()),
             "clear_kubeconfig": r.clear_kubeconfig,
             "drain": r.drain,
+            "reboots": r.reboots,
+            "max_concurrent_reboots": r.max_concurrent_reboots,
+            "reboot_timeout_ms": r.reboot_timeout_ms,
+            "on_reboot_timeout": r.on_reboot_timeout,
         }),
     }
 }
@@ -272,6 +276,14 @@ pub(super) fn root(r: &pb::PublishRootRequest) -> Entry {
             "expires_at_ms": root.map_or(0, |x| x.expires_at_ms),
             "signatures": r.root.as_ref().map_or(0, |s| s.signatures.len()),
         }),
+    }
+}
+
+/// A cluster's coordinated reboots (`StartReboots`, `SetRebootRun`).
+pub(super) fn reboots(cluster: &str, args: Value) -> Entry {
+    Entry {
+        target: cluster.to_string(),
+        args,
     }
 }
 

@@ -119,6 +119,12 @@ pub(super) async fn set(
         kubeconfig: r.kubeconfig,
         clear_kubeconfig: r.clear_kubeconfig,
         drain: r.drain,
+        reboots: crate::ops::reboot::RebootChange {
+            mode: r.reboots.and_then(super::reboots::mode_of),
+            max_concurrent: r.max_concurrent_reboots,
+            timeout_ms: r.reboot_timeout_ms,
+            on_timeout: r.on_reboot_timeout.and_then(super::reboots::on_timeout_of),
+        },
     };
     let changed = cluster::set(s, asked, &who, now_ms).await?;
     let mut answer = policy::cluster_pb(changed.row, now_ms());

@@ -15,6 +15,7 @@ mod events;
 mod nodes;
 mod plans;
 mod policy;
+mod reboots;
 mod releases;
 mod rollouts;
 mod tokens;
@@ -48,6 +49,7 @@ pub struct AdminApi {
     bundles: bundles::Deps,
     rollouts: Arc<rollouts::Deps>,
     releases: releases::Deps,
+    reboots: reboots::Deps,
     audit: audit::Deps,
     plans: plans::Deps,
 }
@@ -63,6 +65,7 @@ impl AdminApi {
             bundles: bundles::Deps::of(s),
             rollouts: Arc::new(rollouts::Deps::of(s)),
             releases: releases::Deps::of(s),
+            reboots: reboots::Deps::of(s),
             audit: audit::Deps::of(s),
             plans: plans::Deps::of(s),
         }
@@ -365,6 +368,42 @@ impl AdminService for AdminApi {
         let entry = audit::node(&r.name, serde_json::json!({}));
         let answer = nodes::reboot(&self.nodes, r, who.name.clone()).await;
         self.audit.record(&who, "RebootNode", entry, &answer).await;
+        answer
+    }
+
+    async fn start_reboots(
+        &self,
+        req: Request<pb::StartRebootsRequest>,
+    ) -> Result<Response<pb::RebootsStatus>, Status> {
+        let _t = self.metrics.timer("StartReboots");
+        let who = require_admin_caller(&req)?;
+        let r = req.into_inner();
+        let entry = audit::reboots(&r.cluster, serde_json::json!({"selector": r.selector}));
+        let answer = reboots::start(&self.reboots, r, who.name.clone()).await;
+        self.audit.record(&who, "StartReboots", entry, &answer).await;
+        answer
+    }
+
+    async fn get_reboots(
+        &self,
+        req: Request<pb::GetRebootsRequest>,
+    ) -> Result<Response<pb::RebootsStatus>, Status> {
+        let _t = self.metrics.timer("GetReboots");
+        require_admin(&req)?;
+        reboots::get(&self.reboots, req.into_inner()).await
+    }
+
+    async fn set_reboot_run(
+        &self,
+        req: Request<pb::SetRebootRunRequest>,
+    ) -> Result<Response<pb::RebootsStatus>, Status> {
+        let _t = self.metrics.timer("SetRebootRun");
+        let who = require_admin_caller(&req)?;
+        let r = req.into_inner();
+        let verb = pb::RebootRunVerb::try_from(r.verb).map_or("unknown", |v| v.as_str_name());
+        let entry = audit::reboots(&r.cluster, serde_json::json!({"verb": verb}));
+        let answer = reboots::set_run(&self.reboots, r, who.name.clone()).await;
+        self.audit.record(&who, "SetRebootRun", entry, &answer).await;
         answer
     }
 

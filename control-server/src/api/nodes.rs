@@ -86,8 +86,32 @@ pub(super) async fn get(s: &Deps, req: pb::GetNodeRequest) -> Result<Response<pb
         ..node_pb(s, row)
     }];
     add_kube(s, &mut node).await;
-    let [node] = node;
+    let [mut node] = node;
+    node.reboot_lock = reboot_lock(s, &node.cluster, &node.name).await;
     Ok(Response::new(node))
+}
+
+/// Where `name` stands with its cluster's reboot lock, if the lock is
+/// about it; `None` too when it cannot be read (the rest of `node get`
+/// stands).
+async fn reboot_lock(s: &Deps, cluster: &str, name: &str) -> Option<pb::RebootNodeState> {
+    let connected = |n: &NodeRow| n.connected || s.hub.is_connected(&n.name);
+    let st = match crate::ops::reboot::status(s.store.as_ref(), cluster, connected, now_ms()).await {
+        Ok(st) => st,
+        Err(e) => {
+            tracing::warn!(%cluster, node = %name, error = %e, "node get: the reboot lock");
+            return None;
+        }
+    };
+    st.nodes
+        .into_iter()
+        .find(|l| l.name == name)
+        .map(|l| pb::RebootNodeState {
+            name: l.name,
+            state: l.state.to_string(),
+            message: l.message,
+            since_ms: l.since_ms,
+        })
 }
 
 /// `DeleteNode`: its certificate stops working and its stream is closed.
@@ -235,6 +259,7 @@ pub(super) fn node_pb(s: &Deps, n: NodeRow) -> pb::Node {
         kube: None,
         reboot: reboot_pb(n.reboot.as_ref(), n.reboot_request),
         reboot_request: n.reboot_request,
+        reboot_lock: None,
     }
 }
 

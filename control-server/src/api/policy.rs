@@ -40,6 +40,7 @@ pub fn cluster_pb(c: ClusterRow, now_ms: i64) -> pb::Cluster {
         drain: c.kube.drain,
         kube_probe: String::new(),
         labels: c.labels.into_iter().collect(),
+        reboots: Some(super::reboots::policy_pb(&c.reboots)),
     }
 }
 

@@ -83,7 +83,8 @@ pub enum ClusterError {
         "nothing to set: give --maintenance-window (repeatable), --no-maintenance-window, \
          --api-server, --no-api-server, --ca-cert with --ca-key, --generate-ca, \
          --peer-sharing, --peer-port, --peer-upload-rate, --peer-max-uploads, \
-         --kubeconfig, --drain, --labels or --no-labels"
+         --kubeconfig, --drain, --reboots, --max-concurrent-reboots, --reboot-timeout, \
+         --on-reboot-timeout, --labels or --no-labels"
     )]
     NothingToSet,
     #[error("give maintenance windows or clear them, not both")]
@@ -144,6 +145,9 @@ pub struct SetCluster {
     pub drain: Option<bool>,
     /// Replaces the cluster's labels (checked); `Some` empty clears them.
     pub labels: Option<lks_proto::labels::Labels>,
+    /// `--reboots`, `--max-concurrent-reboots`, `--reboot-timeout`,
+    /// `--on-reboot-timeout` (issue [reboots]).
+    pub reboots: super::reboot::RebootChange,
 }
 
 /// A cluster changed: as stored now, and the kubeconfig the change gave
@@ -414,11 +418,16 @@ struct ClusterChange {
     ca_imported: bool,
     peer: Option<PeerChange>,
     kube: Option<KubeChange>,
+    reboots: Option<super::reboot::RebootChange>,
 }
 
 impl ClusterChange {
     fn is_empty(&self) -> bool {
-        self.api_server.is_none() && self.ca.is_none() && self.peer.is_none() && self.kube.is_none()
+        self.api_server.is_none()
+            && self.ca.is_none()
+            && self.peer.is_none()
+            && self.kube.is_none()
+            && self.reboots.is_none()
     }
 }
 
@@ -428,6 +437,7 @@ impl ClusterChange {
 async fn check_change(s: &Deps, r: &SetCluster) -> Result<ClusterChange, OpError> {
     let peer = PeerChange::check(r)?;
     let kube = KubeChange::check(r)?;
+    let reboots = r.reboots.check()?;
     if let Some(k) = &kube {
         let old = s
             .store
@@ -464,6 +474,7 @@ async fn check_change(s: &Deps, r: &SetCluster) -> Result<ClusterChange, OpError
         ca_imported: import.is_some(),
         peer,
         kube,
+        reboots,
     })
 }
 
@@ -494,6 +505,9 @@ async fn apply_change(
     }
     if let Some(change) = c.kube {
         row = Some(set_kube(s, name, change, admin, now_ms).await?);
+    }
+    if let Some(change) = c.reboots {
+        row = Some(super::reboot::set_policy(&*s.store, name, change, admin, now_ms).await?);
     }
     Ok(row)
 }

@@ -11,9 +11,10 @@
 //! (`node.rs`), reading and deleting a published bundle version
 //! (`bundle.rs`), what a node may have of the server's blobs and from
 //! where (`blob.rs`), publishing a cluster's signed releases and trust roots
-//! (`release.rs`), and what requests share: the label rule (`labels.rs`)
-//! and a node's event record (`event.rs`), and release plans: creating
-//! one, its groups expanded, and the verbs on it (`plan.rs`). Each operation takes its
+//! (`release.rs`), coordinated reboots' policy, runs and status
+//! (`reboot.rs`), release plans: creating one, its groups expanded, and
+//! the verbs on it (`plan.rs`), and what requests share: the label rule
+//! (`labels.rs`) and a node's event record (`event.rs`). Each operation takes its
 //! request decoded into plain Rust and answers plain Rust or an
 //! [`OpError`]; none names tonic (the one generated type here is the
 //! desired state, built in its wire form because it goes out as stored),
@@ -40,6 +41,7 @@ pub mod logs;
 pub mod node;
 pub mod plan;
 pub mod publish;
+pub mod reboot;
 pub mod release;
 pub mod renew;
 pub mod session;
@@ -62,6 +64,7 @@ pub use logs::LogsError;
 pub use node::NodeError;
 pub use plan::PlanError;
 pub use publish::PublishError;
+pub use reboot::RebootError;
 pub use release::ReleaseError;
 pub use renew::RenewError;
 pub use session::ReportError;
@@ -157,6 +160,7 @@ op_error! {
     Report(ReportError),
     Logs(LogsError),
     Plan(PlanError),
+    Reboot(RebootError),
 }
 
 impl From<CommandError> for OpError {

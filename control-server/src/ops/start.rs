@@ -433,6 +433,7 @@ mod tests {
             peer: crate::store::PeerSettings::default(),
             kube: Default::default(),
             labels: Default::default(),
+            reboots: Default::default(),
         }
     }
 

@@ -102,6 +102,16 @@ pub(super) fn spawn_tasks(shared: &Arc<Shared>, cfg: &Config, etcd: Option<&Etcd
         leader: shared.leader.clone(),
         cancel: cancel.clone(),
     }));
+    // One set of tenant-API tasks for rollouts and reboots: the leader's
+    // cordon repair sees both owners, and losing the lead stops both.
+    let kube = Arc::new(lks_kube::work::KubeWork::new(
+        shared.tenants.clone(),
+        shared.store.clone(),
+        shared.store.clone(),
+        shared.rollouts_changed.clone(),
+        shared.tasks.clone(),
+        cancel.clone(),
+    ));
     shared.tasks.spawn(controller::run(
         controller::Deps {
             store: shared.store.clone(),
@@ -110,18 +120,12 @@ pub(super) fn spawn_tasks(shared: &Arc<Shared>, cfg: &Config, etcd: Option<&Etcd
             leader: shared.leader.clone(),
             rollouts_changed: shared.rollouts_changed.clone(),
             rollout_updates: shared.rollout_updates.clone(),
-            kube: Arc::new(lks_kube::work::KubeWork::new(
-                shared.tenants.clone(),
-                shared.store.clone(),
-                shared.store.clone(),
-                shared.rollouts_changed.clone(),
-                shared.tasks.clone(),
-                cancel.clone(),
-            )),
+            kube: kube.clone(),
             cancel: cancel.clone(),
         },
         rollout_inbox,
     ));
+    spawn_reboots(shared, kube);
     if let Some(e) = etcd {
         shared.tasks.spawn(replicas::run_lease(
             shared.clone(),
@@ -255,4 +259,33 @@ async fn flush_heartbeats(s: Arc<Shared>) {
             tracing::warn!(error = %e, "flush heartbeats");
         }
     }
+}
+
+/// The reboot controller (issue [reboots]), and its gauges on `/metrics`.
+fn spawn_reboots(shared: &Arc<Shared>, kube: Arc<lks_kube::work::KubeWork>) {
+    let gauges = Arc::new(crate::reboots::Gauges::default());
+    let g = gauges.clone();
+    shared.metrics.gauge(
+        "lks_reboot_slots_held",
+        "Slots of the clusters' reboot locks held (lost holders kept by the policy included).",
+        move || g.held.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    let g = gauges.clone();
+    shared.metrics.gauge(
+        "lks_reboot_lost_held",
+        "Reboot-lost holders whose slot is kept (--on-reboot-timeout keep).",
+        move || g.lost.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    shared.tasks.spawn(crate::reboots::run(
+        crate::reboots::Deps {
+            store: shared.store.clone(),
+            hub: shared.hub.clone(),
+            metrics: shared.metrics.clone(),
+            leader: shared.leader.clone(),
+            poke: Arc::new(tokio::sync::Notify::new()),
+            kube,
+            cancel: shared.cancel.clone(),
+        },
+        gauges,
+    ));
 }

@@ -189,6 +189,19 @@ impl ClusterStore for EtcdStore {
         .await
     }
 
+    async fn set_cluster_reboots(
+        &self,
+        name: &str,
+        policy: lks_store::RebootPolicy,
+        event: EventRow,
+    ) -> Result<ClusterRow> {
+        self.update_cluster(name, "set the reboot policy", event, |c| {
+            c.reboots = Some(policy);
+            Ok(())
+        })
+        .await
+    }
+
     async fn set_cluster_ca(&self, name: &str, ca: StoredCa, event: EventRow) -> Result<ClusterRow> {
         self.update_cluster(name, "set the cluster CA", event, |c| {
             if c.ca_cert_pem.is_some() {

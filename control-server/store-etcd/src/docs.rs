@@ -30,6 +30,9 @@ pub(super) struct ClusterDoc {
     /// The cluster's labels (issue [fleet-plans]); none in older documents.
     #[serde(default, skip_serializing_if = "Labels::is_empty")]
     pub(super) labels: Labels,
+    /// The reboot policy (issue [reboots]); absent: the default (off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) reboots: Option<lks_store::RebootPolicy>,
 }
 
 impl ClusterDoc {
@@ -42,6 +45,7 @@ impl ClusterDoc {
             api_server: c.api_server.clone(),
             peer: PeerSettings::default(),
             labels: Labels::new(),
+            reboots: None,
         }
     }
 
@@ -56,6 +60,7 @@ impl ClusterDoc {
             peer: self.peer,
             kube: KubeFlags::default(),
             labels: self.labels,
+            reboots: self.reboots.unwrap_or_default(),
         }
     }
 }

@@ -112,6 +112,7 @@ mod name;
 mod nodes;
 mod plans;
 pub mod reads;
+mod reboots;
 mod releases;
 mod replicas;
 mod rolloutdocs;

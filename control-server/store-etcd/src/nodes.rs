@@ -145,6 +145,26 @@ impl NodeStore for EtcdStore {
         Err(busy("request a reboot"))
     }
 
+    async fn clear_reboot_request(&self, name: &str, id: u64) -> Result<bool> {
+        let dkey = self.key(&format!("desired/{name}"));
+        for _ in 0..MAX_ATTEMPTS {
+            let desired: Doc<DesiredDoc> = self.get(&dkey).await?;
+            let Some(mut d) = desired.value.clone() else {
+                return Ok(false);
+            };
+            if id == 0 || d.reboot != id {
+                return Ok(false);
+            }
+            d.generation = self.next_generation().await?.max(d.generation + 1);
+            d.reboot = 0;
+            let ops = vec![TxnOp::put(dkey.clone(), json(&d)?, None)];
+            if self.txn(vec![desired.compare(&dkey)], ops).await? {
+                return Ok(true);
+            }
+        }
+        Err(busy("clear a reboot request"))
+    }
+
     async fn set_node_hold(&self, name: &str, hold: Option<String>, mut event: EventRow) -> Result<bool> {
         let nkey = self.key(&format!("nodes/{name}"));
         for _ in 0..MAX_ATTEMPTS {

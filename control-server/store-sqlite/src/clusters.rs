@@ -164,6 +164,24 @@ impl ClusterStore for SqliteStore {
         .await
     }
 
+    async fn set_cluster_reboots(
+        &self,
+        name: &str,
+        policy: lks_store::RebootPolicy,
+        event: EventRow,
+    ) -> Result<ClusterRow> {
+        let name = name.to_string();
+        let json = serde_json::to_string(&policy)?;
+        self.tx(move |tx| {
+            let n = tx.execute(
+                "UPDATE clusters SET reboots = ?2 WHERE name = ?1",
+                params![name, json],
+            )?;
+            changed(tx, &name, n, &event)
+        })
+        .await
+    }
+
     async fn cluster_kube(&self, name: &str) -> Result<Option<ClusterKube>> {
         let name = name.to_string();
         self.call(move |c| read_kube(c, &name)).await

@@ -25,6 +25,7 @@ mod dump;
 mod events;
 mod nodes;
 mod plans;
+mod reboots;
 mod releases;
 mod rollouts;
 mod schema;
@@ -190,6 +191,7 @@ fn read_cluster(c: &Connection, name: &str) -> Result<Option<ClusterRow>> {
         .optional()?;
     row.map(
         |((name, created_at_ms, node_count, windows, ca_cert_pem, api_server), peer, kube, labels)| {
+            let reboots = reboots::read_policy(c, &name)?;
             Ok(ClusterRow {
                 name,
                 created_at_ms,
@@ -200,6 +202,7 @@ fn read_cluster(c: &Connection, name: &str) -> Result<Option<ClusterRow>> {
                 peer,
                 kube,
                 labels: serde_json::from_str(&labels)?,
+                reboots,
             })
         },
     )

@@ -233,6 +233,27 @@ impl NodeStore for SqliteStore {
         .await
     }
 
+    async fn clear_reboot_request(&self, name: &str, id: u64) -> Result<bool> {
+        let name = name.to_string();
+        self.tx(move |tx| {
+            let stored: Option<i64> = tx
+                .query_row("SELECT reboot_request FROM nodes WHERE name = ?1", [&name], |r| {
+                    r.get(0)
+                })
+                .optional()?;
+            if id == 0 || stored != Some(id as i64) {
+                return Ok(false);
+            }
+            let g = next_generation(tx)?;
+            tx.execute(
+                "UPDATE nodes SET generation = ?1, reboot_request = 0 WHERE name = ?2",
+                params![g as i64, name],
+            )?;
+            Ok(true)
+        })
+        .await
+    }
+
     async fn set_node_hold(&self, name: &str, hold: Option<String>, mut event: EventRow) -> Result<bool> {
         let name = name.to_string();
         self.tx(move |tx| {

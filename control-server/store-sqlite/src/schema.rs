@@ -281,6 +281,17 @@ ALTER TABLE nodes ADD COLUMN reboot_request INTEGER NOT NULL DEFAULT 0;
     r#"
 ALTER TABLE rollout_nodes ADD COLUMN drain_started_ms INTEGER NOT NULL DEFAULT 0;
 "#,
+    // Coordinated reboots (issue [reboots]): each cluster's reboot policy
+    // (JSON, NULL: off) and its reboot lock (the slots, the rolling reboot,
+    // as JSON) with the revision each write bumps.
+    r#"
+ALTER TABLE clusters ADD COLUMN reboots TEXT;
+CREATE TABLE reboot_locks (
+    cluster TEXT PRIMARY KEY REFERENCES clusters(name),
+    doc TEXT NOT NULL,
+    revision INTEGER NOT NULL
+);
+"#,
     // Release plans (issue [fleet-plans]): each plan one JSON record
     // (`lks_store::PlanRow`) with the revision its next write compares;
     // and each cluster's labels, which plans select clusters by.

@@ -31,6 +31,8 @@ pub struct ClusterRow {
     /// The cluster's labels (`cluster set NAME --labels k=v,…`), which
     /// release plans select clusters by.
     pub labels: Labels,
+    /// Its reboot policy (issue [reboots]; off until set).
+    pub reboots: crate::RebootPolicy,
 }
 
 /// What a [`ClusterRow`] shows of a cluster's tenant Kubernetes access:
@@ -163,6 +165,7 @@ impl NewCluster {
             peer: PeerSettings::default(),
             kube: KubeFlags::default(),
             labels: Labels::new(),
+            reboots: crate::RebootPolicy::default(),
         }
     }
 }
@@ -265,6 +268,14 @@ pub trait ClusterStore: Send + Sync {
     /// Replaces the cluster's labels and records `event`. `NotFound` if
     /// the cluster does not exist.
     async fn set_cluster_labels(&self, name: &str, labels: Labels, event: EventRow) -> Result<ClusterRow>;
+    /// Replaces the cluster's reboot policy (issue [reboots]) and records
+    /// `event`. `NotFound` if the cluster does not exist.
+    async fn set_cluster_reboots(
+        &self,
+        name: &str,
+        policy: crate::RebootPolicy,
+        event: EventRow,
+    ) -> Result<ClusterRow>;
     /// The cluster's tenant Kubernetes access, its kubeconfig as stored;
     /// `None` if the cluster does not exist.
     async fn cluster_kube(&self, name: &str) -> Result<Option<ClusterKube>>;

@@ -18,6 +18,7 @@ mod clusters;
 mod deltas;
 mod nodes;
 mod plans;
+mod reboots;
 mod releases;
 mod rollouts;
 
@@ -27,6 +28,7 @@ pub use clusters::*;
 pub use deltas::*;
 pub use nodes::*;
 pub use plans::*;
+pub use reboots::*;
 pub use releases::*;
 pub use rollouts::*;
 
@@ -208,6 +210,7 @@ macro_rules! conformance_suite {
             roots_follow_one_another,
             a_nodes_reported_trust_is_kept_with_it,
             a_nodes_reboot_state_and_requests_are_kept,
+            reboot_policies_and_locks_are_kept_and_written_on_revisions,
             enrolled_nodes_are_counted,
             deltas_live_and_die_with_their_bundle_version,
             a_skip_is_recorded_with_its_reason_and_replaced_by_a_later_record,

@@ -29,6 +29,7 @@ mod dump;
 mod events;
 mod nodes;
 mod plans;
+mod reboots;
 mod releases;
 mod rollouts;
 mod tokens;
@@ -42,6 +43,7 @@ pub use dump::*;
 pub use events::*;
 pub use nodes::*;
 pub use plans::*;
+pub use reboots::*;
 pub use releases::*;
 pub use rollouts::*;
 pub use tokens::*;
@@ -282,6 +284,7 @@ pub trait Store:
     + EventStore
     + AuditStore
     + ReleaseStore
+    + RebootStore
     + BlobRecords
     + DeltaStore
     + PlanStore
@@ -302,6 +305,7 @@ impl<T> Store for T where
         + EventStore
         + AuditStore
         + ReleaseStore
+        + RebootStore
         + BlobRecords
         + DeltaStore
         + PlanStore

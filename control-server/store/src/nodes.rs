@@ -369,6 +369,12 @@ pub trait NodeStore: Send + Sync {
     /// and the event [`EventRow::reboot_requested`]. Returns the id, or
     /// `None` if the node does not exist.
     async fn request_reboot(&self, name: &str, admin: &str, now_ms: i64) -> Result<Option<u64>>;
+    /// Takes reboot request `id` out of the node's desired state once its
+    /// agent reported it carried out (a new generation, so the state
+    /// without it is pushed): an agent whose `reboot.json` is lost does
+    /// not take it on again. Only while `id` is still the node's request;
+    /// answers whether it was.
+    async fn clear_reboot_request(&self, name: &str, id: u64) -> Result<bool>;
 }
 
 /// What agents report: connects, disconnects, bundle states and

@@ -1,4 +1,4 @@
-//! Clusters: `cluster list`, `cluster get`, peer sharing and maintenance windows.
+//! Clusters: `cluster list`, `cluster get`, peer sharing, maintenance windows and the reboot policy.
 
 use super::*;
 
@@ -19,6 +19,7 @@ pub fn cluster_json(c: &pb::Cluster) -> Value {
         "kubeconfig": c.has_kubeconfig,
         "drain": c.drain,
         "labels": c.labels.iter().collect::<std::collections::BTreeMap<_, _>>(),
+        "reboots": reboot_policy_json(c.reboots.as_ref()),
         "peer_sharing": c.peer_sharing.map(|p| json!({
             "port": p.port,
             "upload_rate": p.upload_rate,
@@ -95,6 +96,7 @@ pub fn cluster_detail(c: &pb::Cluster) -> String {
     kv(&mut s, "Maintenance windows:", windows_text(c));
     kv(&mut s, "Peer sharing:", peer_text(c));
     kv(&mut s, "Tenant API:", kube_access_text(c));
+    kv(&mut s, "Reboots:", reboot_policy_text(c.reboots.as_ref()));
     s
 }
 
@@ -131,4 +133,63 @@ pub fn cluster_windows_line(c: &pb::Cluster) -> String {
     } else {
         format!("cluster {}: maintenance windows {}", c.name, windows_text(c))
     }
+}
+
+fn mode_name(m: i32) -> &'static str {
+    match pb::RebootMode::try_from(m).unwrap_or(pb::RebootMode::Unspecified) {
+        pb::RebootMode::Manual => "manual",
+        pb::RebootMode::Auto => "auto",
+        pb::RebootMode::Off | pb::RebootMode::Unspecified => "off",
+    }
+}
+
+fn timeout_name(m: i32) -> &'static str {
+    match pb::RebootTimeoutPolicy::try_from(m).unwrap_or(pb::RebootTimeoutPolicy::Unspecified) {
+        pb::RebootTimeoutPolicy::Keep => "keep",
+        pb::RebootTimeoutPolicy::Free | pb::RebootTimeoutPolicy::Unspecified => "free",
+    }
+}
+
+/// A cluster's reboot policy as `cluster get/list -o json` and `reboot
+/// status -o json` show it (issue [reboots]).
+pub fn reboot_policy_json(p: Option<&pb::RebootPolicy>) -> Value {
+    let p = p.copied().unwrap_or_default();
+    json!({
+        "mode": mode_name(p.mode),
+        "max_concurrent": p.max_concurrent,
+        "timeout": lks_proto::duration::format_duration(std::time::Duration::from_millis(p.timeout_ms)),
+        "timeout_ms": p.timeout_ms,
+        "on_timeout": timeout_name(p.on_timeout),
+    })
+}
+
+/// "auto, 2 at once, 30m, free" for a table cell; "off" when off.
+pub fn reboot_policy_text(p: Option<&pb::RebootPolicy>) -> String {
+    let p = p.copied().unwrap_or_default();
+    match mode_name(p.mode) {
+        "off" => "off".into(),
+        m => format!(
+            "{m}, {} at once, {}, {}",
+            p.max_concurrent,
+            lks_proto::duration::format_duration(std::time::Duration::from_millis(p.timeout_ms)),
+            timeout_name(p.on_timeout)
+        ),
+    }
+}
+
+/// "reboots auto, at most 2 at once, 30m to be back, then the slot is
+/// freed": what `cluster set` says it set.
+pub fn reboot_policy_sentence(p: Option<&pb::RebootPolicy>) -> String {
+    let p = p.copied().unwrap_or_default();
+    format!(
+        "reboots {}, at most {} at once, {} to be back, then the slot is {}",
+        mode_name(p.mode),
+        p.max_concurrent,
+        lks_proto::duration::format_duration(std::time::Duration::from_millis(p.timeout_ms)),
+        if timeout_name(p.on_timeout) == "keep" {
+            "kept"
+        } else {
+            "freed"
+        }
+    )
 }

@@ -67,6 +67,12 @@ pub fn node_json(n: &pb::Node) -> Value {
         // Whether it needs a reboot or is rebooting (issue [reboots]);
         // null: its agent never reported it (older than the feature).
         "reboot": n.reboot.as_ref().map(|r| reboot_json(r, n.reboot_request)),
+        // Where it stands with its cluster's reboot lock (`node get` only);
+        // null: the lock is not about it.
+        "reboot_lock": n.reboot_lock.as_ref().map(|l| json!({
+            "state": l.state,
+            "message": l.message,
+        })),
     })
 }
 
@@ -366,6 +372,14 @@ pub fn node_text(n: &pb::Node) -> String {
             line.push_str(&format!(" (since {})", or_dash(rfc3339_ms(r.since_ms))));
         }
         kv(&mut s, "Reboot:", line);
+    }
+    if let Some(l) = &n.reboot_lock {
+        let line = if l.message.is_empty() {
+            l.state.clone()
+        } else {
+            format!("{}: {}", l.state, l.message)
+        };
+        kv(&mut s, "Reboot lock:", line);
     }
     if let Some(b) = boot_id(n) {
         kv(&mut s, "Boot ID:", b.to_string());

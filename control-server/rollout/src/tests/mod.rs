@@ -12,6 +12,7 @@ mod canary;
 mod drain;
 mod policy;
 mod props;
+mod reboot;
 mod settle;
 mod verbs;
 mod window;

@@ -20,6 +20,7 @@ fn cluster(drain: bool, kubeconfig: bool) -> ClusterRow {
         peer: Default::default(),
         kube: KubeFlags { kubeconfig, drain },
         labels: Default::default(),
+        reboots: Default::default(),
     }
 }
 

@@ -98,6 +98,7 @@ pub(super) async fn connect(
                 trust: None,
                 reboot: None,
                 reboot_feature: false,
+                pushed_reboot: 0,
                 unrecorded: None,
             };
             let ended = session.run(&mut inbound, &mut reg, opening).await;
@@ -167,6 +168,9 @@ struct Session {
     /// Its Hello announced the "reboot" feature: only then does its desired
     /// state carry a reboot request (an older agent would drop it).
     reboot_feature: bool,
+    /// The reboot request in the desired state last sent (0: none), taken
+    /// out of the store once the agent reports it carried out.
+    pushed_reboot: u64,
     /// A status report the store could not take (etcd unreachable), kept
     /// and stored with the next message instead of ending the stream.
     unrecorded: Option<Vec<BundleStatusRow>>,
@@ -434,8 +438,36 @@ impl Session {
         }
         if session::record_reboot(&*self.s.store, &self.caller.id.node, r.clone()).await? {
             self.reboot = Some(Box::new(r));
+            self.settle_reboot_request().await;
         }
         Ok(())
+    }
+
+    /// Takes the reboot request this stream sent out of the node's desired
+    /// state once the agent reports it carried out (it took it on and is
+    /// no longer rebooting: back in a new boot, or failed), so an agent
+    /// that lost its `reboot.json` does not take it on again. A store
+    /// failure is tried again with the next report.
+    async fn settle_reboot_request(&mut self) {
+        let id = self.pushed_reboot;
+        let done = self
+            .reboot
+            .as_deref()
+            .is_some_and(|r| r.request >= id && r.state != crate::store::RebootState::Rebooting);
+        if id == 0 || !done {
+            return;
+        }
+        let node = &self.caller.id.node;
+        match self.s.store.clear_reboot_request(node, id).await {
+            Ok(cleared) => {
+                self.pushed_reboot = 0;
+                if cleared {
+                    tracing::info!(request = id, "reboot request carried out; cleared");
+                    self.s.hub.notify(node);
+                }
+            }
+            Err(e) => tracing::warn!(request = id, error = %e, "clear the reboot request"),
+        }
     }
 
     /// The trust now stored for the node: kept to compare the next report

@@ -341,4 +341,23 @@ pub async fn a_nodes_reboot_state_and_requests_are_kept(s: &dyn Store) {
         .await
         .unwrap();
     assert_eq!(s.get_node("r1").await.unwrap().unwrap().reboot, None);
+
+    // Carried out: the request leaves the desired state (a new generation),
+    // but only the request still standing.
+    assert!(
+        !s.clear_reboot_request("r1", id).await.unwrap(),
+        "not the standing request"
+    );
+    assert!(!s.clear_reboot_request("r1", 0).await.unwrap());
+    let standing = s.desired_state("r1").await.unwrap();
+    assert_eq!(standing.reboot, again);
+    assert!(s.clear_reboot_request("r1", again).await.unwrap());
+    let cleared = s.desired_state("r1").await.unwrap();
+    assert_eq!(cleared.reboot, 0);
+    assert!(cleared.generation > standing.generation, "pushed again");
+    assert_eq!(s.get_node("r1").await.unwrap().unwrap().reboot_request, 0);
+    assert!(!s.clear_reboot_request("r1", again).await.unwrap(), "once");
+    assert!(!s.clear_reboot_request("gone", again).await.unwrap());
+    let next = s.request_reboot("r1", "alice", 6_000).await.unwrap().unwrap();
+    assert!(next > again, "a later request is above the cleared one");
 }

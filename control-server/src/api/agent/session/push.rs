@@ -40,6 +40,7 @@ impl Session {
         if !self.reboot_feature {
             state.reboot = None;
         }
+        let reboot = state.reboot.as_ref().map_or(0, |r| r.id);
         let msg = ServerMessage {
             msg: Some(ServerMsg::Desired(state)),
         };
@@ -49,8 +50,12 @@ impl Session {
             r = self.tx.send(Box::new(Ok(msg))) => r.map_err(|_| PushError::AgentGone)?,
         }
         self.sent = next.sent;
+        self.pushed_reboot = reboot;
         self.s.metrics.desired_state_pushed();
         tracing::debug!(generation, release = ?release_version, "desired state sent");
+        // The agent may have reported the request carried out already (its
+        // Hello, back from the reboot).
+        self.settle_reboot_request().await;
         Ok(())
     }
 }

@@ -1,0 +1,279 @@
+//! The reboot lock's step: slots given at most N at a time, only inside a
+//! window, to connected, unheld nodes whose agent can reboot; a slot's way
+//! through drain, reboot and Ready; a holder never back is lost, its slot
+//! freed or kept; runs.
+
+use std::collections::BTreeMap;
+
+use lks_store::{
+    RebootLock, RebootMode, RebootPolicy, RebootRun, RebootState, RebootTimeout, RunOutcome, RunState,
+    SlotPhase,
+};
+
+use crate::KubeFact;
+use crate::reboot::{RebootClock, RebootView, status, step};
+
+fn policy(mode: RebootMode, n: u32) -> RebootPolicy {
+    RebootPolicy {
+        mode,
+        max_concurrent: n,
+        ..Default::default()
+    }
+}
+
+fn view(required: bool) -> RebootView {
+    RebootView {
+        connected: true,
+        feature: true,
+        boot_id: "b1".into(),
+        state: Some(if required {
+            RebootState::Required
+        } else {
+            RebootState::None
+        }),
+        reason: "bundle kernel@1".into(),
+        ..Default::default()
+    }
+}
+
+fn views(names: &[(&str, bool)]) -> BTreeMap<String, RebootView> {
+    names.iter().map(|(n, r)| (n.to_string(), view(*r))).collect()
+}
+
+fn clock(now_ms: i64, tenant_api: bool) -> RebootClock {
+    RebootClock {
+        now_ms,
+        window_open: true,
+        next_window_ms: 0,
+        tenant_api,
+    }
+}
+
+#[test]
+fn auto_gives_at_most_n_slots_to_required_nodes_and_off_none() {
+    let v = views(&[("a", true), ("b", true), ("c", false), ("d", true)]);
+    let d = step(
+        &policy(RebootMode::Auto, 2),
+        &RebootLock::default(),
+        &v,
+        &clock(10, false),
+    )
+    .unwrap();
+    let held: Vec<&str> = d.lock.slots.iter().map(|s| s.node.as_str()).collect();
+    assert_eq!(held, ["a", "b"]);
+    assert_eq!(d.request, ["a", "b"], "without a tenant API: asked at once");
+    assert!(d.lock.slots.iter().all(|s| s.phase == SlotPhase::Rebooting));
+    // Nothing more while both are taken.
+    let again = step(&policy(RebootMode::Auto, 2), &d.lock, &v, &clock(20, false));
+    assert!(
+        again.as_ref().is_none_or(|a| a.lock.slots.len() == 2),
+        "{again:?}"
+    );
+    for mode in [RebootMode::Off, RebootMode::Manual] {
+        assert_eq!(
+            step(&policy(mode, 2), &RebootLock::default(), &v, &clock(10, false)),
+            None
+        );
+    }
+}
+
+#[test]
+fn nothing_starts_outside_a_window_or_on_a_held_offline_or_old_node() {
+    let mut v = views(&[("a", true), ("b", true), ("c", true)]);
+    let mut closed = clock(10, false);
+    closed.window_open = false;
+    assert_eq!(
+        step(&policy(RebootMode::Auto, 3), &RebootLock::default(), &v, &closed),
+        None
+    );
+    v.get_mut("a").unwrap().held = true;
+    v.get_mut("b").unwrap().connected = false;
+    v.get_mut("c").unwrap().feature = false;
+    assert_eq!(
+        step(
+            &policy(RebootMode::Auto, 3),
+            &RebootLock::default(),
+            &v,
+            &clock(10, false)
+        ),
+        None
+    );
+    let lines = status(
+        &policy(RebootMode::Auto, 3),
+        &RebootLock::default(),
+        &v,
+        &clock(10, false),
+    );
+    let why: Vec<(&str, &str)> = lines
+        .iter()
+        .map(|l| (l.name.as_str(), l.message.as_str()))
+        .collect();
+    assert_eq!(
+        why,
+        [
+            ("a", "the node is held (node unhold)"),
+            ("b", "the node is not connected"),
+            ("c", "its agent does not announce the \"reboot\" feature"),
+        ]
+    );
+}
+
+#[test]
+fn a_slot_drains_reboots_comes_back_ready_and_is_released() {
+    let p = policy(RebootMode::Auto, 1);
+    let mut v = views(&[("a", true)]);
+    let d = step(&p, &RebootLock::default(), &v, &clock(10, true)).unwrap();
+    assert_eq!(d.lock.slots[0].phase, SlotPhase::Draining);
+    assert!(d.request.is_empty(), "not before it is drained");
+    v.get_mut("a").unwrap().kube = Some(KubeFact::Drained("1 pod evicted".into()));
+    let d = step(&p, &d.lock, &v, &clock(20, true)).unwrap();
+    assert_eq!(
+        (d.lock.slots[0].phase, d.request.clone()),
+        (SlotPhase::Rebooting, vec!["a".to_string()])
+    );
+    let mut lock = d.lock;
+    lock.slots[0].request = 7;
+    // Same boot: still rebooting.
+    v.get_mut("a").unwrap().kube = None;
+    assert_eq!(step(&p, &lock, &v, &clock(30, true)), None);
+    v.get_mut("a").unwrap().boot_id = "b2".into();
+    let d = step(&p, &lock, &v, &clock(40, true)).unwrap();
+    assert_eq!(d.lock.slots[0].phase, SlotPhase::Readying);
+    v.get_mut("a").unwrap().kube = Some(KubeFact::Ready);
+    v.get_mut("a").unwrap().state = Some(RebootState::None);
+    let d = step(&p, &d.lock, &v, &clock(50, true)).unwrap();
+    assert!(d.lock.slots.is_empty());
+    assert_eq!(d.uncordon, ["a"]);
+    assert_eq!(
+        d.lock.last.get("a").map(|l| (l.at_ms, l.outcome)),
+        Some((50, RunOutcome::Done))
+    );
+    assert!(d.notes.iter().any(|n| n.1 == "reboot_done"), "{:?}", d.notes);
+}
+
+#[test]
+fn a_blocked_drain_releases_the_slot_without_a_reboot() {
+    let p = policy(RebootMode::Auto, 1);
+    let mut v = views(&[("a", true)]);
+    let d = step(&p, &RebootLock::default(), &v, &clock(10, true)).unwrap();
+    v.get_mut("a").unwrap().kube = Some(KubeFact::Blocked("drain-blocked after 10m".into()));
+    let d = step(&p, &d.lock, &v, &clock(20, true)).unwrap();
+    assert!(d.request.is_empty());
+    assert_eq!(d.uncordon, ["a"]);
+    assert!(d.notes.iter().any(|n| n.1 == "drain_blocked"));
+}
+
+#[test]
+fn a_holder_never_back_is_lost_and_its_slot_freed_or_kept() {
+    let mut v = views(&[("a", true), ("b", true)]);
+    for (on_timeout, kept) in [(RebootTimeout::Free, false), (RebootTimeout::Keep, true)] {
+        let p = RebootPolicy {
+            on_timeout,
+            timeout_ms: 1000,
+            ..policy(RebootMode::Auto, 1)
+        };
+        let mut lock = step(&p, &RebootLock::default(), &v, &clock(10, false))
+            .unwrap()
+            .lock;
+        lock.slots[0].request = 3;
+        v.get_mut("a").unwrap().connected = false;
+        assert_eq!(step(&p, &lock, &v, &clock(1000, false)), None, "not yet");
+        let d = step(&p, &lock, &v, &clock(1011, false)).unwrap();
+        assert_eq!(d.lost, 1);
+        let lost = d.notes.iter().find(|n| n.1 == "reboot_lost").unwrap();
+        assert!(
+            lost.2.starts_with("reboot-lost: not back Ready within 1s"),
+            "{}",
+            lost.2
+        );
+        let holders: Vec<(&str, SlotPhase)> =
+            d.lock.slots.iter().map(|s| (s.node.as_str(), s.phase)).collect();
+        if kept {
+            assert_eq!(holders, [("a", SlotPhase::Lost)], "kept: b waits");
+            // Back at last: released.
+            v.get_mut("a").unwrap().connected = true;
+            v.get_mut("a").unwrap().boot_id = "b9".into();
+            let back = step(&p, &d.lock, &v, &clock(2000, false)).unwrap();
+            assert_eq!(
+                back.lock
+                    .slots
+                    .iter()
+                    .map(|s| s.node.as_str())
+                    .collect::<Vec<_>>(),
+                ["b"]
+            );
+        } else {
+            assert_eq!(holders, [("b", SlotPhase::Rebooting)], "freed: b takes it");
+        }
+        v.get_mut("a").unwrap().connected = true;
+        v.get_mut("a").unwrap().boot_id = "b1".into();
+    }
+}
+
+#[test]
+fn a_run_reboots_every_selected_node_in_manual_mode_and_completes() {
+    let p = policy(RebootMode::Manual, 1);
+    let mut v = views(&[("a", false), ("b", false)]);
+    let lock = RebootLock {
+        run: Some(RebootRun {
+            state: RunState::Running,
+            selector: Default::default(),
+            started_ms: 1,
+            started_by: "alice".into(),
+            waiting: vec!["a".into(), "b".into()],
+            ended: Default::default(),
+        }),
+        ..Default::default()
+    };
+    let d = step(&p, &lock, &v, &clock(10, false)).unwrap();
+    assert_eq!(d.request, ["a"]);
+    let mut lock = d.lock;
+    lock.slots[0].request = 4;
+    // Paused: the holder finishes, nobody else starts.
+    lock.run.as_mut().unwrap().state = RunState::Paused;
+    v.get_mut("a").unwrap().boot_id = "b2".into();
+    let d = step(&p, &lock, &v, &clock(20, false)).unwrap();
+    assert!(d.lock.slots.is_empty() && d.request.is_empty());
+    let mut lock = d.lock;
+    lock.run.as_mut().unwrap().state = RunState::Running;
+    let d = step(&p, &lock, &v, &clock(30, false)).unwrap();
+    assert_eq!(d.request, ["b"]);
+    let mut lock = d.lock;
+    lock.slots[0].request = 5;
+    v.get_mut("b").unwrap().boot_id = "b2".into();
+    let d = step(&p, &lock, &v, &clock(40, false)).unwrap();
+    let run = d.lock.run.as_ref().unwrap();
+    assert_eq!(run.state, RunState::Completed);
+    assert_eq!(run.ended.get("a"), Some(&RunOutcome::Done));
+    assert!(d.notes.iter().any(|n| n.1 == "reboot_run_completed"));
+}
+
+#[test]
+fn a_request_sent_before_a_leader_change_is_adopted_not_sent_again() {
+    let p = policy(RebootMode::Auto, 1);
+    let mut v = views(&[("a", true)]);
+    let lock = step(&p, &RebootLock::default(), &v, &clock(10, false))
+        .unwrap()
+        .lock;
+    v.get_mut("a").unwrap().pending = 9;
+    let d = step(&p, &lock, &v, &clock(20, false)).unwrap();
+    assert!(d.request.is_empty());
+    assert_eq!(d.lock.slots[0].request, 9);
+}
+
+#[test]
+fn a_node_rebooted_lately_is_not_taken_again_for_required() {
+    let p = policy(RebootMode::Auto, 1);
+    let v = views(&[("a", true)]);
+    let mut lock = RebootLock::default();
+    lock.last.insert(
+        "a".into(),
+        lks_store::LastReboot {
+            at_ms: 1000,
+            outcome: RunOutcome::Done,
+        },
+    );
+    assert_eq!(step(&p, &lock, &v, &clock(2000, false)), None);
+    let later = 1000 + crate::reboot::COOL_DOWN_MS + 1;
+    assert_eq!(step(&p, &lock, &v, &clock(later, false)).unwrap().request, ["a"]);
+}

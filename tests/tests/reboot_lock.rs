@@ -1,0 +1,361 @@
+//! Coordinated reboots (issue [reboots]) with the real server, lksctl and
+//! several sandboxed agents whose reboot command simulates a reboot: it
+//! writes a new boot ID into the file `LKS_AGENT_BOOT_ID_FILE` names,
+//! empties the sentinel and leaves a mark; the test then restarts the
+//! agent, as the boot would. The cluster's reboot lock gives at most N
+//! slots at once (sampled all along), nothing starts outside the
+//! maintenance windows, a node that never comes back is `reboot-lost`
+//! and its slot freed for the next, and on etcd replicas a leader killed
+//! mid-reboot is replaced by one that reads who holds what from the store.
+
+// Test code: a helper that fails panics with what it was doing, as a
+// #[test] does (clippy.toml allows that only inside #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use lks_e2e::agent::{Agent, CONVERGE, node_events};
+use lks_e2e::server::Server;
+use lks_e2e::wait_until;
+
+/// An agent whose reboot command simulates a reboot, with the OS sentinel
+/// set (it needs one).
+struct Sim {
+    agent: Agent,
+    marker: PathBuf,
+    /// Reboots the test carried out (restarts after the command ran).
+    restarts: usize,
+    /// Whether the test restarts it after its reboot command (false: the
+    /// node never comes back).
+    comes_back: bool,
+}
+
+impl Sim {
+    fn new(server: &Server, cluster: &str, name: &str) -> Sim {
+        let mut agent = Agent::new(name);
+        agent.heal_interval = "500ms".into();
+        let boot_id_file = agent.work_dir().join("boot_id");
+        std::fs::write(&boot_id_file, format!("{name}-boot-0\n")).unwrap();
+        let marker = agent.work_dir().join("rebooted");
+        let script = agent.work_dir().join("reboot.sh");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\necho rebooted >> '{m}'\necho \"{name}-boot-$(wc -l < '{m}')\" > '{b}'\nrm -f '{r}'/var/run/reboot-required*\n",
+                m = marker.display(),
+                b = boot_id_file.display(),
+                r = agent.root.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        agent.run_env.push((
+            "LKS_AGENT_BOOT_ID_FILE".into(),
+            boot_id_file.display().to_string(),
+        ));
+        agent.run_args = vec!["--reboot-command".into(), script.display().to_string()];
+        std::fs::create_dir_all(agent.path("/var/run")).unwrap();
+        std::fs::write(
+            agent.path("/var/run/reboot-required"),
+            "*** System restart required ***\n",
+        )
+        .unwrap();
+        agent.join(server, cluster, &[]);
+        agent.start();
+        agent.wait_connected();
+        Sim {
+            agent,
+            marker,
+            restarts: 0,
+            comes_back: true,
+        }
+    }
+
+    /// Times its reboot command ran.
+    fn reboots(&self) -> usize {
+        std::fs::read_to_string(&self.marker)
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    }
+
+    /// Down: its reboot command ran and the test has not restarted it.
+    fn down(&self) -> bool {
+        self.reboots() > self.restarts
+    }
+
+    /// Restarts it once its reboot command ran ("the boot"); true if it did.
+    fn boot_if_rebooted(&mut self) -> bool {
+        if !self.comes_back || !self.down() {
+            return false;
+        }
+        assert_eq!(self.agent.stop(), Some(0));
+        self.restarts = self.reboots();
+        self.agent.start();
+        true
+    }
+}
+
+fn status(server: &Server, cluster: &str) -> serde_json::Value {
+    server.lksctl_json(&["reboot", "status", "--cluster", cluster])
+}
+
+/// Slots held in `status`.
+fn holders(st: &serde_json::Value) -> usize {
+    st["slots_taken"].as_u64().unwrap() as usize
+}
+
+fn node_state(st: &serde_json::Value, node: &str) -> (String, String) {
+    st["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == node)
+        .map(|n| {
+            (
+                n["state"].as_str().unwrap().to_string(),
+                n["message"].as_str().unwrap().to_string(),
+            )
+        })
+        .unwrap_or_default()
+}
+
+/// Runs the simulated boots until `done`, sampling that at most `n` nodes
+/// hold a slot and at most `n` are down at any time.
+fn drive(
+    server: &Server,
+    cluster: &str,
+    sims: &mut [Sim],
+    n: usize,
+    mut done: impl FnMut(&serde_json::Value) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (mut most_held, mut most_down) = (0, 0);
+    loop {
+        let st = status(server, cluster);
+        // A node that never comes back stays down; its slot is freed.
+        let down = sims.iter().filter(|s| s.comes_back && s.down()).count();
+        most_held = most_held.max(holders(&st));
+        most_down = most_down.max(down);
+        assert!(holders(&st) <= n, "more than {n} slots held: {st}");
+        assert!(down <= n, "more than {n} nodes down at once");
+        if done(&st) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not done in time: {st}");
+        for s in sims.iter_mut() {
+            s.boot_if_rebooted();
+        }
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    assert!(most_held >= 1 && most_down >= 1, "something was rebooted");
+}
+
+#[test]
+fn auto_reboots_required_nodes_at_most_n_at_a_time_inside_windows() {
+    let server = Server::start();
+    server.create_cluster("c1");
+    let mut sims: Vec<Sim> = (0..4)
+        .map(|i| Sim::new(&server, "c1", &format!("w{i}")))
+        .collect();
+    wait_until(CONVERGE, "every node says it needs a reboot", || {
+        let list = server.lksctl_json(&["node", "list"]);
+        list.as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n["reboot"]["state"] == "required")
+    });
+    // Off by default: nothing happens.
+    let c = server.lksctl_json(&["cluster", "get", "c1"]);
+    assert_eq!(c["reboots"]["mode"], "off", "{c}");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(sims.iter().all(|s| s.reboots() == 0));
+
+    // A window closed now: the slots wait for it.
+    let hour = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / 3600
+        % 24;
+    let from = (hour + 2) % 24;
+    let window = format!("daily {from:02}:00-{:02}:00 UTC", (from + 1) % 24);
+    server.lksctl_ok(&["cluster", "set", "c1", "--maintenance-window", &window]);
+    let out = server.lksctl_ok(&[
+        "cluster",
+        "set",
+        "c1",
+        "--reboots",
+        "auto",
+        "--max-concurrent-reboots",
+        "2",
+    ]);
+    assert!(
+        out.contains("cluster c1: reboots auto, at most 2 at once, 30m to be back, then the slot is freed"),
+        "{out}"
+    );
+    wait_until(CONVERGE, "the nodes wait for the window", || {
+        node_state(&status(&server, "c1"), "w0")
+            .1
+            .starts_with("every maintenance window is closed")
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        sims.iter().all(|s| s.reboots() == 0),
+        "nothing outside the window"
+    );
+    // `node get` says why it waits.
+    let got = server.lksctl_json(&["node", "get", "w1"]);
+    assert_eq!(got["reboot_lock"]["state"], "waiting", "{got}");
+    assert!(
+        got["reboot_lock"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("every maintenance window is closed; the next opens at "),
+        "{got}"
+    );
+    let text = server.lksctl_ok(&["node", "get", "w1"]);
+    assert!(
+        text.contains("Reboot lock:  waiting: every maintenance window"),
+        "{text}"
+    );
+    let json = server.lksctl_json(&["cluster", "get", "c1"]);
+    assert_eq!(
+        json["reboots"],
+        serde_json::json!({"mode": "auto", "max_concurrent": 2, "timeout": "30m", "timeout_ms": 1_800_000, "on_timeout": "free"})
+    );
+
+    // The window opens (removed): every node once, two at most at a time.
+    server.lksctl_ok(&["cluster", "set", "c1", "--no-maintenance-window"]);
+    drive(&server, "c1", &mut sims, 2, |st| {
+        ["w0", "w1", "w2", "w3"]
+            .iter()
+            .all(|n| node_state(st, n).0 == "done")
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    for s in &sims {
+        assert_eq!(s.reboots(), 1, "{} rebooted once", s.agent.name);
+    }
+    let events = node_events(&server, "w0");
+    for kind in ["reboot_slot_taken", "reboot_requested", "rebooted", "reboot_done"] {
+        assert!(events.iter().any(|(k, _)| k == kind), "{kind}: {events:?}");
+    }
+    let list = server.lksctl_json(&["node", "list"]);
+    for n in list.as_array().unwrap() {
+        assert_eq!(n["reboot"]["state"], "none", "{n}");
+        assert!(n["boot_id"].as_str().unwrap().ends_with("-boot-1"), "{n}");
+    }
+    for s in &mut sims {
+        assert_eq!(s.agent.stop(), Some(0));
+    }
+}
+
+#[test]
+fn a_node_that_never_comes_back_is_reboot_lost_and_its_slot_freed() {
+    let server = Server::start();
+    server.create_cluster("c1");
+    let mut sims: Vec<Sim> = ["a", "b"].iter().map(|n| Sim::new(&server, "c1", n)).collect();
+    sims[0].comes_back = false;
+    // Manual: only a run reboots, every node it picks, in name order.
+    server.lksctl_ok(&[
+        "cluster",
+        "set",
+        "c1",
+        "--reboots",
+        "manual",
+        "--reboot-timeout",
+        "5s",
+        "--on-reboot-timeout",
+        "free",
+    ]);
+    let refused = server.lksctl(&["reboot", "pause", "--cluster", "c1"]);
+    assert!(!refused.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&refused.stderr).trim(),
+        "error: pause the rolling reboot of c1: cluster c1 has no rolling reboot to pause"
+    );
+    let out = server.lksctl_ok(&["reboot", "start", "--cluster", "c1"]);
+    assert!(
+        out.starts_with("cluster c1: rolling reboot started (2 node(s) waiting)"),
+        "{out}"
+    );
+    drive(&server, "c1", &mut sims, 1, |st| node_state(st, "b").0 == "done");
+    let st = status(&server, "c1");
+    assert_eq!(node_state(&st, "a").0, "lost", "{st}");
+    assert_eq!(st["run"]["state"], "completed", "{st}");
+    let events = node_events(&server, "a");
+    let lost = events
+        .iter()
+        .find(|(k, _)| k == "reboot_lost")
+        .expect("reboot_lost event");
+    assert!(
+        lost.1
+            .starts_with("reboot-lost: not back Ready within 5s of taking its slot (")
+            && lost.1.ends_with("; its slot is freed"),
+        "{}",
+        lost.1
+    );
+    assert!(server.metric("lks_reboot_lost_total{cluster=\"c1\"}") >= 1);
+    assert_eq!(sims[1].reboots(), 1);
+    for s in &mut sims {
+        s.agent.stop();
+    }
+}
+
+fn is_leader(s: &Server) -> bool {
+    s.log().contains("elected: this replica drives rollouts")
+}
+
+#[test]
+fn a_leader_killed_mid_reboot_is_replaced_by_one_that_knows_who_holds_what() {
+    let etcd = lks_e2e::etcd::Etcd::start();
+    let prefix = "/lks-reboot-ha/";
+    let mut r1 = etcd.replica(prefix, &[]);
+    wait_until(Duration::from_secs(15), "r1 elected", || is_leader(&r1));
+    let r2 = etcd.replica(prefix, &[]);
+    r2.lksctl_ok(&["cluster", "create", "c1"]);
+    let mut sims: Vec<Sim> = ["a", "b"].iter().map(|n| Sim::new(&r2, "c1", n)).collect();
+    // a stays down until the leader is gone.
+    sims[0].comes_back = false;
+    r2.lksctl_ok(&[
+        "cluster",
+        "set",
+        "c1",
+        "--reboots",
+        "manual",
+        "--reboot-timeout",
+        "2m",
+    ]);
+    r2.lksctl_ok(&["reboot", "start", "--cluster", "c1"]);
+    wait_until(CONVERGE, "a's reboot command ran", || sims[0].reboots() == 1);
+    wait_until(CONVERGE, "the lock records a's request", || {
+        let st = status(&r2, "c1");
+        node_state(&st, "a").0 == "rebooting" && st["slots_taken"] == 1
+    });
+
+    // The leader dies mid-reboot; r2 takes over from the stored lock.
+    r1.kill9();
+    wait_until(Duration::from_secs(30), "r2 elected", || is_leader(&r2));
+    let st = status(&r2, "c1");
+    assert_eq!(node_state(&st, "a").0, "rebooting", "{st}");
+    assert_eq!(node_state(&st, "b").0, "waiting", "b waits for a's slot: {st}");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(sims[1].reboots(), 0, "no second slot under the new leader");
+
+    // a boots; the new leader releases its slot and reboots b.
+    sims[0].comes_back = true;
+    drive(&r2, "c1", &mut sims, 1, |st| {
+        node_state(st, "a").0 == "done" && node_state(st, "b").0 == "done"
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        (sims[0].reboots(), sims[1].reboots()),
+        (1, 1),
+        "each node rebooted once: the new leader sent no second request"
+    );
+    assert_eq!(status(&r2, "c1")["run"]["state"], "completed");
+    for s in &mut sims {
+        s.agent.stop();
+    }
+}
