@@ -204,7 +204,7 @@ CRATES = {
     "control-server/kube-controller/src": """
         crd policy conditions lease admin
         context object
-        mirror
+        mirror settings
         clusters rollouts nodes
         poll
         run

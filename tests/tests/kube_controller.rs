@@ -11,9 +11,10 @@
 //!
 //! And (item 2, reconciling; the controller as its ServiceAccount with the
 //! shipped RBAC):
-//! - an LksCluster creates and converges the server's cluster (drift is
-//!   put back, a second pass changes nothing, a refused spec is
-//!   Ready=False with the server's line, deletion waits for its nodes);
+//! - an LksCluster creates and converges the server's cluster, its
+//!   reboot policy and labels too (drift is put back, a second pass
+//!   changes nothing, a refused spec is Ready=False with the server's
+//!   line, deletion waits for its nodes);
 //! - an LksRollout starts once (refused until its bundle is published),
 //!   pauses and resumes with spec.paused, refuses other changes, aborts on
 //!   deletion; spec.rollbackOf rolls back; a rollout started with lksctl
@@ -267,7 +268,9 @@ fn an_lkscluster_is_created_converged_and_drift_put_back(cp: &KubeControlPlane, 
         "apiVersion: lksadmin.io/v1alpha1\nkind: LksCluster\nmetadata:\n  name: a\nspec:\n  \
          apiServer: https://10.0.0.1:6443\n  drain: true\n  \
          kubeconfig: {name: tenant-a-kube, namespace: lksadmin, key: kubeconfig}\n  \
-         peerSharing: {uploadRate: 200Mbit}\n",
+         peerSharing: {uploadRate: 200Mbit}\n  \
+         reboots: {mode: auto, maxConcurrent: 2, timeout: 45m, onTimeout: keep}\n  \
+         labels: {env: prod}\n",
     );
     wait_until(WAIT, "LksCluster a Ready", || {
         ready(&cp.get_json(&["get", "lkscluster", "a"])).0 == "True"
@@ -277,6 +280,17 @@ fn an_lkscluster_is_created_converged_and_drift_put_back(cp: &KubeControlPlane, 
     assert_eq!(c["drain"], true, "{c}");
     assert_eq!(c["kubeconfig"], true, "{c}");
     assert_eq!(c["peer_sharing"]["upload_rate"], 25_000_000, "{c}");
+    assert_eq!(
+        (
+            &c["reboots"]["mode"],
+            &c["reboots"]["max_concurrent"],
+            &c["reboots"]["timeout"],
+            &c["reboots"]["on_timeout"]
+        ),
+        (&"auto".into(), &2.into(), &"45m".into(), &"keep".into()),
+        "spec.reboots reached the server: {c}"
+    );
+    assert_eq!(c["labels"]["env"], "prod", "{c}");
     let obj = cp.get_json(&["get", "lkscluster", "a"]);
     assert!(
         obj["status"]["kubeProbe"]
@@ -297,9 +311,19 @@ fn an_lkscluster_is_created_converged_and_drift_put_back(cp: &KubeControlPlane, 
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(audited(s, "SetCluster"), sets, "an unchanged spec sends nothing");
     // Drift made with lksctl is put back: the spec wins.
-    s.lksctl_ok(&["cluster", "set", "a", "--drain", "off"]);
-    wait_until(WAIT, "drain on again, as the spec says", || {
-        s.lksctl_json(&["cluster", "get", "a"])["drain"] == true
+    s.lksctl_ok(&[
+        "cluster",
+        "set",
+        "a",
+        "--drain",
+        "off",
+        "--reboots",
+        "off",
+        "--no-labels",
+    ]);
+    wait_until(WAIT, "drain, reboots and labels again as the spec says", || {
+        let c = s.lksctl_json(&["cluster", "get", "a"]);
+        c["drain"] == true && c["reboots"]["mode"] == "auto" && c["labels"]["env"] == "prod"
     });
 }
 

@@ -3,8 +3,9 @@
 //! server has none of that name (adopting one that exists), then sends
 //! what differs — maintenance windows, API server, CA (only to a cluster
 //! without one: a CA is never replaced), peer sharing, kubeconfig, drain
-//! default — and writes the status (nodes, connected, CA hash, what the
-//! tenant API answered, `Ready`).
+//! default, reboot policy and labels ([`crate::settings`]) — and writes
+//! the status (nodes, connected, CA hash, what the tenant API answered,
+//! `Ready`).
 //!
 //! A spec the server refuses, or a Secret that is missing, becomes
 //! `Ready=False` with one line saying why, and is tried again every
@@ -67,6 +68,8 @@ pub struct Plan {
 pub enum SpecError {
     #[error("spec.peerSharing.uploadRate: {0}")]
     Rate(#[from] lks_proto::rate::RateError),
+    #[error(transparent)]
+    Settings(#[from] crate::policy::SpecError),
     #[error(
         "the server's CA of cluster {0} is not the one in spec.caSecret: a cluster's CA is never replaced \
          (remove spec.caSecret, or name the Secret of the CA the cluster has)"
@@ -194,6 +197,7 @@ pub fn plan(
         set.drain = Some(spec.drain);
         any = true;
     }
+    any |= crate::settings::reboots_and_labels(spec, server, &mut set)?;
     plan.set = any.then_some(set);
     Ok(plan)
 }

@@ -81,6 +81,59 @@ impl SpecText for DrainTimeout {
     }
 }
 
+impl SpecText for lks_proto::pb::RebootMode {
+    const WHAT: &'static str = "RebootMode";
+    fn parse_text(text: &str) -> Option<Self> {
+        use lks_proto::pb::RebootMode as M;
+        [M::Auto, M::Manual, M::Off]
+            .into_iter()
+            .find(|m| reboot_mode_word(*m) == text)
+    }
+    fn to_text(&self) -> String {
+        reboot_mode_word(*self).to_string()
+    }
+    fn words() -> Vec<&'static str> {
+        vec!["auto", "manual", "off"]
+    }
+}
+
+/// `cluster set --reboots`' word for a mode (unspecified reads as off,
+/// the server's default).
+pub fn reboot_mode_word(m: lks_proto::pb::RebootMode) -> &'static str {
+    use lks_proto::pb::RebootMode as M;
+    match m {
+        M::Auto => "auto",
+        M::Manual => "manual",
+        M::Off | M::Unspecified => "off",
+    }
+}
+
+impl SpecText for lks_proto::pb::RebootTimeoutPolicy {
+    const WHAT: &'static str = "RebootTimeoutPolicy";
+    fn parse_text(text: &str) -> Option<Self> {
+        use lks_proto::pb::RebootTimeoutPolicy as P;
+        [P::Free, P::Keep]
+            .into_iter()
+            .find(|p| reboot_timeout_word(*p) == text)
+    }
+    fn to_text(&self) -> String {
+        reboot_timeout_word(*self).to_string()
+    }
+    fn words() -> Vec<&'static str> {
+        vec!["free", "keep"]
+    }
+}
+
+/// `cluster set --on-reboot-timeout`' word (unspecified reads as free,
+/// the server's default).
+pub fn reboot_timeout_word(p: lks_proto::pb::RebootTimeoutPolicy) -> &'static str {
+    use lks_proto::pb::RebootTimeoutPolicy as P;
+    match p {
+        P::Keep => "keep",
+        P::Free | P::Unspecified => "free",
+    }
+}
+
 /// A typed spec field, kept as written: serialized back as the same text
 /// (so a stored object, and the digest of a started spec, stay as they
 /// were), a choice's schema lists its words (`enum:`). Text that does not
@@ -239,6 +292,37 @@ pub struct LksClusterSpec {
     /// Peer sharing between the cluster's nodes; absent: off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer_sharing: Option<PeerSharing>,
+    /// Coordinated reboots (`cluster set --reboots …`, issue [reboots]);
+    /// absent, and each field absent: left as the server has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reboots: Option<Reboots>,
+    /// The cluster's labels (`cluster set --labels k=v,…`), which release
+    /// plans select clusters by; replaces them all, `{}` removes them;
+    /// absent: left as the server has them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
+}
+
+/// `cluster set --reboots … --max-concurrent-reboots …
+/// --reboot-timeout … --on-reboot-timeout …`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Reboots {
+    /// "auto" (nodes that report a reboot required, and `lksctl reboot
+    /// start`), "manual" (only `reboot start`) or "off".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<SpecValue<lks_proto::pb::RebootMode>>,
+    /// Nodes rebooting at once, from their drain until back Ready (≥ 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_concurrent: Option<u32>,
+    /// How long a node has, from taking its slot, to be back Ready, e.g.
+    /// "30m".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<SpecValue<Duration>>,
+    /// What a reboot-lost node's slot becomes: "free" or "keep".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_timeout: Option<SpecValue<lks_proto::pb::RebootTimeoutPolicy>>,
 }
 
 /// A Secret in kube0 by name.

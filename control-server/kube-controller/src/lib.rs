@@ -23,6 +23,7 @@ pub mod policy;
 pub mod poll;
 pub mod rollouts;
 pub mod run;
+pub mod settings;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrArray, JSONSchemaPropsOrBool,

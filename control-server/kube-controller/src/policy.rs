@@ -33,7 +33,7 @@ pub enum SpecError {
 
 /// A duration of the spec in whole seconds, at least one (the wire's
 /// unit, where 0 is "not given").
-fn secs(field: &'static str, v: &Option<SpecValue<Duration>>) -> Result<Option<Duration>, SpecError> {
+pub fn secs(field: &'static str, v: &Option<SpecValue<Duration>>) -> Result<Option<Duration>, SpecError> {
     v.as_ref()
         .map(|v| {
             v.duration()
@@ -43,7 +43,7 @@ fn secs(field: &'static str, v: &Option<SpecValue<Duration>>) -> Result<Option<D
         .transpose()
 }
 
-fn choice<T: SpecText>(field: &'static str, v: &Option<SpecValue<T>>) -> Result<Option<T>, SpecError> {
+pub fn choice<T: SpecText>(field: &'static str, v: &Option<SpecValue<T>>) -> Result<Option<T>, SpecError> {
     v.as_ref()
         .map(|v| {
             v.get().ok_or_else(|| SpecError::Choice {
