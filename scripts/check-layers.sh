@@ -205,7 +205,7 @@ CRATES = {
         crd policy conditions lease admin
         context object
         mirror settings
-        clusters rollouts nodes
+        clusters rollouts plans nodes
         poll
         run
     """,

@@ -134,6 +134,24 @@ pub fn reboot_timeout_word(p: lks_proto::pb::RebootTimeoutPolicy) -> &'static st
     }
 }
 
+impl SpecText for lks_proto::pb::PlanOnHalt {
+    const WHAT: &'static str = "PlanOnHalt";
+    fn parse_text(text: &str) -> Option<Self> {
+        use lks_proto::pb::PlanOnHalt as H;
+        [H::Pause, H::Finish].into_iter().find(|h| h.to_text() == text)
+    }
+    fn to_text(&self) -> String {
+        match self {
+            lks_proto::pb::PlanOnHalt::Pause => "pause",
+            lks_proto::pb::PlanOnHalt::Finish => "finish",
+        }
+        .to_string()
+    }
+    fn words() -> Vec<&'static str> {
+        vec!["pause", "finish"]
+    }
+}
+
 /// A typed spec field, kept as written: serialized back as the same text
 /// (so a stored object, and the digest of a started spec, stay as they
 /// were), a choice's schema lists its words (`enum:`). Text that does not
@@ -634,4 +652,145 @@ pub struct LksBundleVersionSpec {
     /// RFC 3339.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub published_at: String,
+}
+
+/// A release plan (`lksctl plan create`, issue [fleet-plans]): one bundle
+/// version to the clusters of its groups, in order. Created once, named
+/// as the object; `spec.paused` pauses and resumes it; deleting a plan
+/// still going aborts it (a finalizer).
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "lksadmin.io",
+    version = "v1alpha1",
+    kind = "LksPlan",
+    plural = "lksplans",
+    shortname = "lkspl",
+    status = "LksPlanStatus",
+    printcolumn = r#"{"name":"Bundle","type":"string","jsonPath":".spec.bundle"}"#,
+    printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.state"}"#,
+    printcolumn = r#"{"name":"In Flight","type":"integer","jsonPath":".status.inFlight"}"#,
+    printcolumn = r#"{"name":"Failures","type":"integer","jsonPath":".status.failures"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct LksPlanSpec {
+    /// `NAME@VERSION` of a published bundle.
+    pub bundle: String,
+    /// In order (`--group NAME=SELECTOR`): cluster names ("a,b"), cluster
+    /// labels ("k=v[,k2=v2]"), or "*" (every cluster not in an earlier
+    /// group).
+    pub groups: Vec<PlanGroupSpec>,
+    /// Between one group's end and the next group's start, e.g. "1h".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub soak: Option<SpecValue<Duration>>,
+    /// Most clusters with a running rollout at once; absent: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_clusters_in_flight: Option<u32>,
+    /// Failed cluster rollouts that halt the plan; absent: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_budget: Option<u32>,
+    /// What a halted plan does with its running rollouts: "pause"
+    /// (default) or "finish".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_halt: Option<SpecValue<lks_proto::pb::PlanOnHalt>>,
+    /// A plan running longer than this raises an alert, e.g. "12h".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alert_after: Option<SpecValue<Duration>>,
+    /// Each cluster's rollout: its node selector and policy, as an
+    /// `LksRollout` spec says them.
+    #[serde(default)]
+    pub rollout: PlanRollout,
+    /// Pause (true) and resume (false) the plan.
+    #[serde(default)]
+    pub paused: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanGroupSpec {
+    pub name: String,
+    pub selector: String,
+}
+
+/// The rollout policy of an `LksRollout` spec, for each cluster of a plan.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanRollout {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub selector: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_size: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_threshold: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offline: Option<SpecValue<OfflinePolicy>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<Canary>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_interval: Option<SpecValue<Duration>>,
+    #[serde(default)]
+    pub ignore_windows: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<Drain>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LksPlanStatus {
+    /// "running", "paused", "halted", "completed", "aborted",
+    /// "rolling_back", "rolled_back".
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub state: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    #[serde(default)]
+    pub in_flight: u32,
+    #[serde(default)]
+    pub failures: u32,
+    #[serde(default)]
+    pub budget_used: u32,
+    #[serde(default)]
+    pub overdue: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<PlanGroupStatus>,
+    /// As `LksRolloutStatus.startedSpecDigest`: after the create only
+    /// `paused` may change.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub started_spec_digest: String,
+    #[serde(default)]
+    pub observed_generation: i64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanGroupStatus {
+    pub name: String,
+    /// "waiting", "running", "soaking", "done".
+    pub state: String,
+    /// RFC 3339, while soaking.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub soak_until: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clusters: Vec<PlanClusterStatus>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanClusterStatus {
+    pub name: String,
+    /// "waiting", "soaking", "running", "completed", "failed", "skipped",
+    /// "rolling_back", "rolled_back".
+    pub state: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub rollout_id: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    #[serde(default)]
+    pub total: u32,
+    #[serde(default)]
+    pub updated: u32,
+    #[serde(default)]
+    pub failed: u32,
 }

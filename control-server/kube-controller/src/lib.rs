@@ -19,6 +19,7 @@ pub mod lease;
 pub mod mirror;
 pub mod nodes;
 pub mod object;
+pub mod plans;
 pub mod policy;
 pub mod poll;
 pub mod rollouts;
@@ -37,6 +38,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         crd::LksNode::crd(),
         crd::LksRollout::crd(),
         crd::LksBundleVersion::crd(),
+        crd::LksPlan::crd(),
     ];
     for c in &mut crds {
         for v in &mut c.spec.versions {

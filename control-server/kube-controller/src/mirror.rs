@@ -67,7 +67,7 @@ pub fn bundle_version_name(b: &pb::BundleInfo) -> String {
     object_name(&format!("{}-{}", b.name, b.version))
 }
 
-fn rfc3339_ms(ms: i64) -> Option<String> {
+pub fn rfc3339_ms(ms: i64) -> Option<String> {
     if ms <= 0 {
         return None;
     }

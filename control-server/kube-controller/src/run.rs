@@ -28,10 +28,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin;
 use crate::context::{Ctx, Error, error_policy};
-use crate::crd::{LksCluster, LksNode, LksRollout};
+use crate::crd::{LksCluster, LksNode, LksPlan, LksRollout};
 use crate::lease::{DURATION, Elector, LeaseError, RENEW};
 use crate::mirror::{MANAGED_BY, ME};
-use crate::{clusters, nodes, poll, rollouts};
+use crate::{clusters, nodes, plans, poll, rollouts};
 
 pub struct Options {
     pub admin_conf: PathBuf,
@@ -204,6 +204,13 @@ async fn lead(ctx: Arc<Ctx>, stop: CancellationToken) {
     .reconcile_all_on(ctx.rollouts.polled())
     .run(rollouts::reconcile, error_policy, ctx.clone())
     .for_each(outcome);
+    let plans = controller(
+        Api::<LksPlan>::all(kube.clone()),
+        watcher::Config::default(),
+        &stop,
+    )
+    .run(plans::reconcile, error_policy, ctx.clone())
+    .for_each(outcome);
     let nodes = controller(
         Api::<LksNode>::all(kube),
         watcher::Config::default().labels(&mine),
@@ -212,7 +219,13 @@ async fn lead(ctx: Arc<Ctx>, stop: CancellationToken) {
     .reconcile_all_on(ctx.nodes.polled())
     .run(nodes::reconcile, error_policy, ctx.clone())
     .for_each(outcome);
-    tokio::join!(poll::run(ctx.clone(), stop.clone()), clusters, rollouts, nodes);
+    tokio::join!(
+        poll::run(ctx.clone(), stop.clone()),
+        clusters,
+        rollouts,
+        plans,
+        nodes
+    );
 }
 
 #[cfg(test)]
