@@ -3,7 +3,7 @@
 //! against a real kube-apiserver and a real lks-control-server: the plan
 //! is created once, named as the object, and shows in `lksctl plan
 //! status`; its status mirrors the plan's groups and clusters (with the
-//! cluster's rollout ID); `spec.paused` pauses and resumes it; deleting
+//! cluster's rollout ID, and conditions); `spec.paused` pauses and resumes it; deleting
 //! the object aborts the plan.
 
 // Test code: a helper that fails panics with what it was doing, as a
@@ -134,7 +134,10 @@ async fn an_lksplan_is_created_once_mirrored_paused_and_aborted_on_deletion() {
         r#"{"spec":{"paused":true}}"#,
     ]);
     wait_until(WAIT, "plan paused", || {
-        plan(&s)["state"] == "paused" && lksplan(&cp)["status"]["state"] == "paused"
+        let o = lksplan(&cp);
+        plan(&s)["state"] == "paused"
+            && o["status"]["state"] == "paused"
+            && condition(&o, "Progressing") == ("False".into(), "Paused".into())
     });
     cp.kubectl_ok(&[
         "patch",

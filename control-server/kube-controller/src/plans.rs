@@ -12,7 +12,8 @@
 //!   (finalizer).
 //!
 //! Its status mirrors `lksctl plan status`: the state, each group's and
-//! cluster's state and rollout ID, plus `Ready` and `Completed`.
+//! cluster's state and rollout ID, plus `Ready` and, as an `LksRollout`'s,
+//! `Progressing`, `Completed` and `Failed`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,7 +29,9 @@ use crate::admin::{CallError, connection_lost};
 use crate::clusters::digest16;
 use crate::conditions::{self, condition};
 use crate::context::{Ctx, Error};
-use crate::crd::{LksPlan, LksPlanSpec, LksPlanStatus, LksRolloutSpec, PlanClusterStatus, PlanGroupStatus};
+use crate::crd::{
+    Condition, LksPlan, LksPlanSpec, LksPlanStatus, LksRolloutSpec, PlanClusterStatus, PlanGroupStatus,
+};
 use crate::mirror::rfc3339_ms;
 use crate::object::write_status;
 use crate::policy::{self, SpecError, choice, secs};
@@ -138,6 +141,44 @@ pub fn mirror(p: &pb::Plan, status: &LksPlanStatus) -> LksPlanStatus {
             .collect(),
         ..status.clone()
     }
+}
+
+/// `Progressing`, `Completed` and `Failed` for a plan's state, as an
+/// `LksRollout` has them for its rollout's (so one health check reads
+/// both): progressing while running or rolling back, `Paused` while
+/// paused; failed when halted, aborted or rolled back.
+pub fn state_conditions(state: &str, generation: i64) -> [Condition; 3] {
+    let (progressing, why) = match state {
+        "running" => (true, "Running"),
+        "rolling_back" => (true, "RollingBack"),
+        "paused" => (false, "Paused"),
+        _ => (false, "Ended"),
+    };
+    let failed = match state {
+        "halted" => Some("Halted"),
+        "aborted" => Some("Aborted"),
+        "rolled_back" => Some("RolledBack"),
+        _ => None,
+    };
+    let done = state == "completed";
+    let msg = format!("plan {state}");
+    [
+        condition("Progressing", progressing, why, &msg, generation),
+        condition(
+            "Completed",
+            done,
+            if done { "Completed" } else { "NotCompleted" },
+            &msg,
+            generation,
+        ),
+        condition(
+            "Failed",
+            failed.is_some(),
+            failed.unwrap_or("NotFailed"),
+            &msg,
+            generation,
+        ),
+    ]
 }
 
 /// Reconciles one `LksPlan`: its finalizer, the create, the pause and the
@@ -251,15 +292,9 @@ async fn apply(ctx: &Ctx, api: &Api<LksPlan>, obj: &LksPlan) -> Result<Action, E
     follow_paused(ctx, obj, &mut p).await?;
     status = mirror(&p, &status);
     conditions::set(&mut status.conditions, ready, &now);
-    let done = p.state == "completed";
-    let c = condition(
-        "Completed",
-        done,
-        if done { "Completed" } else { "NotYet" },
-        &p.state,
-        generation,
-    );
-    conditions::set(&mut status.conditions, c, &now);
+    for c in state_conditions(&p.state, generation) {
+        conditions::set(&mut status.conditions, c, &now);
+    }
     write_status(api, &name, &old, &status).await?;
     Ok(again)
 }
@@ -431,6 +466,23 @@ mod tests {
         );
         s.failure_budget = Some(5);
         assert_ne!(spec_digest(&s), spec_digest(&spec()));
+    }
+
+    #[test]
+    fn the_plans_state_is_the_conditions_an_lksrollout_has() {
+        let on = |state: &str| -> Vec<(String, String)> {
+            state_conditions(state, 1)
+                .iter()
+                .map(|c| (c.status.clone(), c.reason.clone()))
+                .collect()
+        };
+        let t = |r: &str| ("True".to_string(), r.to_string());
+        let f = |r: &str| ("False".to_string(), r.to_string());
+        assert_eq!(on("running"), [t("Running"), f("NotCompleted"), f("NotFailed")]);
+        assert_eq!(on("paused")[0], f("Paused"));
+        assert_eq!(on("completed"), [f("Ended"), t("Completed"), f("NotFailed")]);
+        assert_eq!(on("halted")[2], t("Halted"));
+        assert_eq!(on("aborted")[2], t("Aborted"));
     }
 
     #[test]
