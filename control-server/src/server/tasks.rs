@@ -50,6 +50,20 @@ pub(super) async fn serve_metrics(shared: &Arc<Shared>, addr: SocketAddr) -> Res
     Ok(())
 }
 
+/// Binds the FleetLock listener (a bad address fails start-up) and serves it.
+pub(super) async fn serve_fleetlock(shared: &Arc<Shared>, addr: SocketAddr) -> Result<(), ServerError> {
+    let l = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind { addr, source })?;
+    tracing::info!(addr = %l.local_addr().unwrap_or(addr), "serving FleetLock (plain HTTP) at /c/CLUSTER/");
+    shared.tasks.spawn(crate::fleetlock::serve(
+        l,
+        shared.store.clone(),
+        shared.cancel.clone(),
+    ));
+    Ok(())
+}
+
 /// The server's background tasks: heartbeats, peers, releases,
 /// blob GC, audit retention, deltas, the rollout controller, and with etcd
 /// the lease, the watch and the rebalance.
