@@ -61,13 +61,13 @@ CRATES = {
         clock
         tokens audit deltas
         reboots
-        clusters nodes bundles releases rollouts events blobrecs
+        clusters nodes bundles releases rollouts events blobrecs plans
         dump
         conformance
     """,
     "control-server/store-sqlite/src": """
         schema
-        tokens audit deltas reboots clusters nodes bundles desired releases rollouts status events blobrecs
+        tokens audit deltas reboots clusters nodes bundles desired releases rollouts status events blobrecs plans
         dump snapshot
     """,
     # etcd: key limits, names and reads; the documents (a rollout's in
@@ -83,7 +83,7 @@ CRATES = {
         identity replicas load chunks swarm
         clusters bundles bundledocs blobrecs seen status reboots
         cache
-        desired nodes import archive rollouts
+        desired nodes import archive rollouts plans
         start
         testing tests
     """,
@@ -102,7 +102,7 @@ CRATES = {
         reboots
         packages tlsaccept controller fleetlock
         context
-        replicas migrate backup rebalance ops api
+        replicas migrate backup rebalance ops plans api
         server
     """,
     # bottom: time, fault points, the state dir and agent.toml
@@ -150,6 +150,7 @@ CRATES = {
         decision ages
         drain reboot
         settle canary batch complete verbs fleetlock
+        plan
         tests
     """,
     # lks-blobs: lib.rs holds the base (BlobStore, BlobError, Blobs); the
@@ -187,6 +188,7 @@ CRATES = {
         audit bundle cluster event node reboot token
         release
         rollout
+        plan
         console
     """,
     # lks-loadgen: the command line, the report, one simulated agent, then

@@ -29,6 +29,7 @@ pub mod migrate;
 pub mod ops;
 pub mod packages;
 pub mod peers;
+pub mod plans;
 pub mod ratelimit;
 pub mod rebalance;
 pub mod reboots;

@@ -4,6 +4,7 @@
 
 mod delta;
 mod health;
+mod plans;
 use health::Probed;
 pub mod probe;
 
@@ -92,6 +93,8 @@ pub struct Metrics {
     /// repair: owned by an active rollout's turn, and stray (owned by none,
     /// and the repair could not lift them).
     cordoned: [AtomicI64; 2],
+    /// Release plans by state, as the plan driver last saw them.
+    plans: Mutex<plans::PlanCounts>,
     /// Gauges read when rendered (`name`, help, read).
     gauges: Mutex<Vec<(&'static str, &'static str, Gauge)>>,
 }
@@ -315,6 +318,7 @@ impl Metrics {
         self.render_upkeep(&mut s);
         self.render_blob_store(&mut s);
         self.render_rollout_counts(&mut s);
+        self.render_plans(&mut s);
         self.render_health(&mut s);
         self.render_admission(&mut s);
         self.render_rpc(&mut s);

@@ -12,6 +12,7 @@ use lks_proto::duration::parse_duration;
 use lks_proto::pb;
 
 use crate::client::{Client, status};
+use crate::flags::labels;
 use crate::output::{self, Format, print_json};
 
 #[derive(Subcommand)]
@@ -281,7 +282,7 @@ pub struct SetFlags {
             "no_maintenance_window", "api_server", "no_api_server", "ca_cert", "ca_key", "generate_ca",
             "peer_sharing", "peer_port", "peer_upload_rate", "peer_max_uploads",
             "kubeconfig", "drain", "reboots", "max_concurrent_reboots", "reboot_timeout",
-            "on_reboot_timeout"
+            "on_reboot_timeout", "labels", "no_labels"
         ]
     )]
     pub maintenance_window: Vec<String>,
@@ -328,6 +329,13 @@ pub struct SetFlags {
     /// unless `rollout start` says otherwise; needs a kubeconfig.
     #[arg(long, value_name = "on|off", value_parser = parse_on_off)]
     drain: Option<bool>,
+    /// The cluster's labels, k=v,… (replaces them all); release plans
+    /// select clusters by them (`plan create --group NAME=k=v`).
+    #[arg(long, value_name = "k=v,…", value_parser = parse_cluster_labels)]
+    labels: Option<lks_proto::labels::Labels>,
+    /// Remove every label of the cluster.
+    #[arg(long, conflicts_with = "labels")]
+    no_labels: bool,
     /// Coordinated reboots: auto (nodes that report a reboot required, and
     /// `lksctl reboot start`), manual (only `reboot start`), off [default].
     #[arg(long, value_name = "auto|manual|off", value_parser = ["auto", "manual", "off"])]
@@ -343,6 +351,10 @@ pub struct SetFlags {
     /// node) or keep (until it is back, or `reboot abort`) [default: free].
     #[arg(long, value_name = "free|keep", value_parser = ["free", "keep"])]
     on_reboot_timeout: Option<String>,
+}
+
+fn parse_cluster_labels(s: &str) -> anyhow::Result<lks_proto::labels::Labels> {
+    labels("--labels", s)
 }
 
 /// `cluster set`: reads the files it names, sends the change, and says
@@ -364,6 +376,8 @@ async fn set(c: &mut Client, url: &str, f: SetFlags) -> anyhow::Result<()> {
         peer_max_uploads,
         kubeconfig,
         drain,
+        labels: cluster_labels,
+        no_labels,
         reboots,
         max_concurrent_reboots,
         reboot_timeout,
@@ -373,6 +387,7 @@ async fn set(c: &mut Client, url: &str, f: SetFlags) -> anyhow::Result<()> {
         || max_concurrent_reboots.is_some()
         || reboot_timeout.is_some()
         || on_reboot_timeout.is_some();
+    let labelled = cluster_labels.is_some() || no_labels;
     let windows = no_maintenance_window || !maintenance_window.is_empty();
     let clear_kubeconfig = kubeconfig.as_deref() == Some(Path::new("none"));
     let kubeconfig_text = match &kubeconfig {
@@ -402,6 +417,8 @@ async fn set(c: &mut Client, url: &str, f: SetFlags) -> anyhow::Result<()> {
             kubeconfig: kubeconfig_text,
             clear_kubeconfig,
             drain,
+            labels: cluster_labels.unwrap_or_default().into_iter().collect(),
+            clear_labels: no_labels,
             reboots: reboots.as_deref().map(|m| match m {
                 "auto" => pb::RebootMode::Auto as i32,
                 "manual" => pb::RebootMode::Manual as i32,
@@ -449,6 +466,9 @@ async fn set(c: &mut Client, url: &str, f: SetFlags) -> anyhow::Result<()> {
             output::reboot_policy_sentence(r.reboots.as_ref())
         );
     }
+    if labelled {
+        outln!("cluster {name}: labels {}", output::labels_text(&r.labels));
+    }
     Ok(())
 }
 
@@ -471,6 +491,7 @@ fn clusters_table(clusters: &[pb::Cluster]) -> String {
                 } else {
                     "none".into()
                 },
+                output::labels_text(&c.labels),
                 output::windows_text(c),
                 output::peer_text(c),
                 output::reboot_policy_text(c.reboots.as_ref()),
@@ -484,6 +505,7 @@ fn clusters_table(clusters: &[pb::Cluster]) -> String {
             "CREATED",
             "API-SERVER",
             "CA",
+            "LABELS",
             "MAINTENANCE WINDOWS",
             "PEER SHARING",
             "REBOOTS",

@@ -34,6 +34,7 @@ pub mod flags;
 pub mod mirror;
 pub mod node;
 pub mod output;
+pub mod plan;
 pub mod reboot;
 pub mod release;
 pub mod rollout;

@@ -21,7 +21,7 @@ use lksctl::flags::labels;
 use lksctl::node::{self, NodeCmd};
 use lksctl::reboot::RebootCmd;
 use lksctl::token::{self, TokenCmd};
-use lksctl::{audit, cluster, console, event, reboot, release, rollout};
+use lksctl::{audit, cluster, console, event, plan, reboot, release, rollout};
 
 /// Operator CLI for the lksadmin control server.
 #[derive(Parser)]
@@ -55,6 +55,12 @@ enum Cmd {
     Rollout {
         #[command(subcommand)]
         cmd: rollout::RolloutCmd,
+    },
+    /// Release plans: one bundle version to many clusters, in ordered
+    /// groups, with soak, an in-flight limit and a failure budget.
+    Plan {
+        #[command(subcommand)]
+        cmd: plan::PlanCmd,
     },
     /// Enrolled nodes.
     Node {
@@ -211,6 +217,9 @@ fn precheck(cmd: &Cmd) -> anyhow::Result<()> {
         } => validate_node_name(name).map_err(anyhow::Error::from),
         Cmd::Release { cmd } => cmd.check(),
         Cmd::Root { cmd } => cmd.check(),
+        Cmd::Plan {
+            cmd: plan::PlanCmd::Create(a),
+        } => plan::check_create(a),
         Cmd::Reboot { cmd } => cmd.check(),
         _ => Ok(()),
     }
@@ -226,6 +235,7 @@ async fn dispatch(c: &mut Client, url: &str, cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Token { cmd } => token::run(c, url, cmd).await,
         Cmd::Bundle { cmd } => bundle::run(c, url, cmd).await,
         Cmd::Rollout { cmd } => rollout::run(c, url, cmd).await,
+        Cmd::Plan { cmd } => plan::run(c, url, cmd).await,
         Cmd::Audit(a) => audit::run(c, url, a).await,
         Cmd::Node { cmd } => node::run(c, url, cmd).await,
         Cmd::Reboot { cmd } => reboot::run(c, url, cmd).await,

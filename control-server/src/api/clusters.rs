@@ -94,7 +94,16 @@ pub(super) async fn set(
     who: String,
 ) -> Result<Response<pb::Cluster>, Status> {
     validate_cluster_name(&r.name).map_err(invalid)?;
+    let labels = if r.clear_labels || !r.labels.is_empty() {
+        if r.clear_labels && !r.labels.is_empty() {
+            return Err(Status::invalid_argument("give --labels or --no-labels, not both"));
+        }
+        Some(crate::ops::labels::check("labels", &r.labels).map_err(crate::ops::OpError::from)?)
+    } else {
+        None
+    };
     let asked = SetCluster {
+        labels,
         name: r.name,
         maintenance_windows: r.maintenance_windows,
         clear_maintenance_windows: r.clear_maintenance_windows,

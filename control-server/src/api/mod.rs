@@ -13,6 +13,7 @@ mod bundles;
 mod clusters;
 mod events;
 mod nodes;
+mod plans;
 mod policy;
 mod reboots;
 mod releases;
@@ -29,6 +30,7 @@ use futures::Stream;
 use lks_proto::pb::admin_service_server::AdminService;
 use lks_proto::pb::{self};
 use lks_rollout::Verb;
+use lks_rollout::plan::PlanVerb;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::authz::{blob_status, require_admin, require_admin_caller, store_status};
@@ -49,6 +51,7 @@ pub struct AdminApi {
     releases: releases::Deps,
     reboots: reboots::Deps,
     audit: audit::Deps,
+    plans: plans::Deps,
 }
 
 impl AdminApi {
@@ -64,6 +67,7 @@ impl AdminApi {
             releases: releases::Deps::of(s),
             reboots: reboots::Deps::of(s),
             audit: audit::Deps::of(s),
+            plans: plans::Deps::of(s),
         }
     }
 }
@@ -473,5 +477,67 @@ impl AdminService for AdminApi {
         let _t = self.metrics.timer("ListRoots");
         require_admin(&req)?;
         releases::list_roots(&self.releases, req.into_inner()).await
+    }
+
+    async fn create_plan(&self, req: Request<pb::CreatePlanRequest>) -> Result<Response<pb::Plan>, Status> {
+        let _t = self.metrics.timer("CreatePlan");
+        let who = require_admin_caller(&req)?;
+        let r = req.into_inner();
+        let entry = plans::audit_create(&r);
+        let dry_run = r.dry_run;
+        let answer = plans::create(&self.plans, r, who.name.clone()).await;
+        if !dry_run {
+            self.audit.record(&who, "CreatePlan", entry, &answer).await;
+        }
+        answer
+    }
+
+    async fn get_plan(&self, req: Request<pb::PlanRef>) -> Result<Response<pb::Plan>, Status> {
+        let _t = self.metrics.timer("GetPlan");
+        require_admin(&req)?;
+        plans::get(&self.plans, req.into_inner()).await
+    }
+
+    async fn list_plans(
+        &self,
+        req: Request<pb::ListPlansRequest>,
+    ) -> Result<Response<pb::ListPlansResponse>, Status> {
+        let _t = self.metrics.timer("ListPlans");
+        require_admin(&req)?;
+        plans::list(&self.plans).await
+    }
+
+    async fn pause_plan(&self, req: Request<pb::PlanRef>) -> Result<Response<pb::Plan>, Status> {
+        self.plan_verb(req, PlanVerb::Pause, "PausePlan").await
+    }
+
+    async fn resume_plan(&self, req: Request<pb::PlanRef>) -> Result<Response<pb::Plan>, Status> {
+        self.plan_verb(req, PlanVerb::Resume, "ResumePlan").await
+    }
+
+    async fn abort_plan(&self, req: Request<pb::PlanRef>) -> Result<Response<pb::Plan>, Status> {
+        self.plan_verb(req, PlanVerb::Abort, "AbortPlan").await
+    }
+
+    async fn rollback_plan(&self, req: Request<pb::PlanRef>) -> Result<Response<pb::Plan>, Status> {
+        self.plan_verb(req, PlanVerb::Rollback, "RollbackPlan").await
+    }
+}
+
+impl AdminApi {
+    /// A plan verb, timed and audited like every state-changing call.
+    async fn plan_verb(
+        &self,
+        req: Request<pb::PlanRef>,
+        verb: PlanVerb,
+        call: &'static str,
+    ) -> Result<Response<pb::Plan>, Status> {
+        let _t = self.metrics.timer(call);
+        let who = require_admin_caller(&req)?;
+        let r = req.into_inner();
+        let entry = plans::audit_ref(&r);
+        let answer = plans::verb(&self.plans, r, verb, &who.name).await;
+        self.audit.record(&who, call, entry, &answer).await;
+        answer
     }
 }

@@ -39,6 +39,7 @@ pub fn cluster_pb(c: ClusterRow, now_ms: i64) -> pb::Cluster {
         has_kubeconfig: c.kube.kubeconfig,
         drain: c.kube.drain,
         kube_probe: String::new(),
+        labels: c.labels.into_iter().collect(),
         reboots: Some(super::reboots::policy_pb(&c.reboots)),
     }
 }

@@ -83,8 +83,8 @@ pub enum ClusterError {
         "nothing to set: give --maintenance-window (repeatable), --no-maintenance-window, \
          --api-server, --no-api-server, --ca-cert with --ca-key, --generate-ca, \
          --peer-sharing, --peer-port, --peer-upload-rate, --peer-max-uploads, \
-         --kubeconfig, --drain, --reboots, --max-concurrent-reboots, --reboot-timeout \
-         or --on-reboot-timeout"
+         --kubeconfig, --drain, --reboots, --max-concurrent-reboots, --reboot-timeout, \
+         --on-reboot-timeout, --labels or --no-labels"
     )]
     NothingToSet,
     #[error("give maintenance windows or clear them, not both")]
@@ -143,6 +143,8 @@ pub struct SetCluster {
     pub kubeconfig: Option<String>,
     pub clear_kubeconfig: bool,
     pub drain: Option<bool>,
+    /// Replaces the cluster's labels (checked); `Some` empty clears them.
+    pub labels: Option<lks_proto::labels::Labels>,
     /// `--reboots`, `--max-concurrent-reboots`, `--reboot-timeout`,
     /// `--on-reboot-timeout` (issue [reboots]).
     pub reboots: super::reboot::RebootChange,
@@ -252,7 +254,7 @@ pub async fn set(s: &Deps, r: SetCluster, admin: &str, now_ms: impl Fn() -> i64)
     let name = r.name.clone();
     let wants_windows = r.clear_maintenance_windows || !r.maintenance_windows.is_empty();
     let change = check_change(s, &r).await?;
-    if !wants_windows && change.is_empty() {
+    if !wants_windows && r.labels.is_none() && change.is_empty() {
         return Err(ClusterError::NothingToSet.into());
     }
     let windows = if wants_windows {
@@ -269,6 +271,12 @@ pub async fn set(s: &Deps, r: SetCluster, admin: &str, now_ms: impl Fn() -> i64)
         tracing::info!(cluster = %name, admin = %admin, windows = ?c.maintenance_windows, "maintenance windows set");
         // Rollouts waiting for a window may start at once, or must stop starting.
         s.rollouts_changed.notify_one();
+        row = Some(c);
+    }
+    if let Some(labels) = r.labels {
+        let event = EventRow::cluster_labels_set(&name, &labels, admin, now_ms());
+        let c = s.store.set_cluster_labels(&name, labels, event).await?;
+        tracing::info!(cluster = %name, admin = %admin, labels = ?c.labels, "cluster labels set");
         row = Some(c);
     }
     let row = row.ok_or(ClusterError::NothingChanged)?;

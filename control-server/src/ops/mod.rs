@@ -12,8 +12,9 @@
 //! (`bundle.rs`), what a node may have of the server's blobs and from
 //! where (`blob.rs`), publishing a cluster's signed releases and trust roots
 //! (`release.rs`), coordinated reboots' policy, runs and status
-//! (`reboot.rs`), and what requests share: the label rule (`labels.rs`)
-//! and a node's event record (`event.rs`). Each operation takes its
+//! (`reboot.rs`), release plans: creating one, its groups expanded, and
+//! the verbs on it (`plan.rs`), and what requests share: the label rule
+//! (`labels.rs`) and a node's event record (`event.rs`). Each operation takes its
 //! request decoded into plain Rust and answers plain Rust or an
 //! [`OpError`]; none names tonic (the one generated type here is the
 //! desired state, built in its wire form because it goes out as stored),
@@ -38,6 +39,7 @@ pub mod issue;
 pub mod labels;
 pub mod logs;
 pub mod node;
+pub mod plan;
 pub mod publish;
 pub mod reboot;
 pub mod release;
@@ -60,6 +62,7 @@ pub use issue::IssueError;
 pub use labels::LabelsError;
 pub use logs::LogsError;
 pub use node::NodeError;
+pub use plan::PlanError;
 pub use publish::PublishError;
 pub use reboot::RebootError;
 pub use release::ReleaseError;
@@ -156,6 +159,7 @@ op_error! {
     Certs(CertsError),
     Report(ReportError),
     Logs(LogsError),
+    Plan(PlanError),
     Reboot(RebootError),
 }
 

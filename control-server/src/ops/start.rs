@@ -386,14 +386,11 @@ fn check_request_id(id: &str) -> Result<(), StartError> {
     Ok(())
 }
 
-/// The ID of the rollout a request ID starts: derived from it (12 hex
-/// digits of its SHA-256, like a random ID), so that a retried start finds
-/// the rollout in one read, and two starts with one ID cannot both be
-/// stored (each store refuses a second rollout under an existing ID).
+/// The ID of the rollout a request ID starts
+/// ([`lks_rollout::plan::request_rollout_id`], which a release plan knows
+/// its rollouts by before it starts them).
 fn request_rollout_id(request_id: &str) -> String {
-    use sha2::Digest as _;
-    let d = sha2::Sha256::digest(format!("lksadmin rollout request {request_id}").as_bytes());
-    d[..6].iter().map(|x| format!("{x:02x}")).collect()
+    lks_rollout::plan::request_rollout_id(request_id)
 }
 
 /// A start sent again: the rollout its request ID started, when it is for
@@ -435,6 +432,7 @@ mod tests {
             api_server: api.then(|| "https://api:6443".into()),
             peer: crate::store::PeerSettings::default(),
             kube: Default::default(),
+            labels: Default::default(),
             reboots: Default::default(),
         }
     }

@@ -109,6 +109,13 @@ pub(super) fn spawn_tasks(shared: &Arc<Shared>, cfg: &Config, etcd: Option<&Etcd
             .tasks
             .spawn(make_deltas(shared.clone(), interval, cfg.delta_limits));
     }
+    shared.tasks.spawn(crate::plans::run(crate::plans::Deps {
+        store: shared.store.clone(),
+        rollouts: shared.rollouts.clone(),
+        metrics: shared.metrics.clone(),
+        leader: shared.leader.clone(),
+        cancel: cancel.clone(),
+    }));
     // One set of tenant-API tasks for rollouts and reboots: the leader's
     // cordon repair sees both owners, and losing the lead stops both.
     let kube = Arc::new(lks_kube::work::KubeWork::new(

@@ -14,6 +14,7 @@ use lks_store::{
 
 use crate::docs::{ClusterDoc, NodeDoc};
 use crate::{Doc, EtcdStore, MAX_ATTEMPTS, busy, corrupt, json};
+use lks_proto::labels::Labels;
 use std::collections::HashMap;
 
 /// An issued certificate as stored under `certs/CLUSTER/NODE/SERIAL`.
@@ -167,6 +168,14 @@ impl ClusterStore for EtcdStore {
     ) -> Result<ClusterRow> {
         self.update_cluster(name, "set the API server", event, |c| {
             c.api_server = api_server.clone();
+            Ok(())
+        })
+        .await
+    }
+
+    async fn set_cluster_labels(&self, name: &str, labels: Labels, event: EventRow) -> Result<ClusterRow> {
+        self.update_cluster(name, "set cluster labels", event, |c| {
+            c.labels = labels.clone();
             Ok(())
         })
         .await

@@ -27,6 +27,9 @@ pub(super) struct ClusterDoc {
     /// Documents written before peer sharing read as the defaults (off).
     #[serde(default)]
     pub(super) peer: PeerSettings,
+    /// The cluster's labels (issue [fleet-plans]); none in older documents.
+    #[serde(default, skip_serializing_if = "Labels::is_empty")]
+    pub(super) labels: Labels,
     /// The reboot policy (issue [reboots]); absent: the default (off).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) reboots: Option<lks_store::RebootPolicy>,
@@ -41,6 +44,7 @@ impl ClusterDoc {
             ca_key: c.ca.as_ref().map(|a| a.key.clone()),
             api_server: c.api_server.clone(),
             peer: PeerSettings::default(),
+            labels: Labels::new(),
             reboots: None,
         }
     }
@@ -55,6 +59,7 @@ impl ClusterDoc {
             api_server: self.api_server,
             peer: self.peer,
             kube: KubeFlags::default(),
+            labels: self.labels,
             reboots: self.reboots.unwrap_or_default(),
         }
     }

@@ -131,7 +131,7 @@ impl EtcdStore {
 
 /// Every document of `d` but the events, audit and releases, in the order
 /// they are created: the generation counter, clusters, bundles, nodes,
-/// rollouts.
+/// rollouts, plans.
 fn documents(d: &Dump) -> Result<Vec<(String, Vec<u8>)>> {
     let mut docs: Vec<(String, Vec<u8>)> = Vec::new();
     docs.push((
@@ -142,6 +142,9 @@ fn documents(d: &Dump) -> Result<Vec<(String, Vec<u8>)>> {
     bundle_docs(d, &mut docs)?;
     node_docs(d, &mut docs)?;
     rollout_docs(d, &mut docs)?;
+    for p in &d.plans {
+        docs.push((format!("plans/{}", p.name), json(p)?));
+    }
     Ok(docs)
 }
 
@@ -158,6 +161,7 @@ fn cluster_docs(d: &Dump, docs: &mut Vec<(String, Vec<u8>)>) -> Result<()> {
                 ca_key: ca.map(|a| a.key.clone()),
                 api_server: c.api_server.clone(),
                 peer: c.peer,
+                labels: c.labels.clone(),
                 reboots: (c.reboots != Default::default()).then_some(c.reboots),
             })?,
         ));

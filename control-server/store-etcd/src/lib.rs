@@ -30,6 +30,7 @@
 //! | `events/MS-NONCE`                 | the events before 2026-11-26 (read and pruned) | `events` |
 //! | `audit/MS-NONCE`                  | one audit record                              | `audit` |
 //! | `releases/CLUSTER/VERSION`        | a signed release (version as 20 digits)       | `releases` |
+//! | `plans/NAME`                      | a release plan: its groups, clusters and progress | `plans` |
 //! | `relhead/CLUSTER`                 | the highest release's version and digest      | `releases` |
 //! | `roots/CLUSTER/VERSION`           | a signed trust-root rotation (20 digits)      | `releases` |
 //! | `deltas/HEX/FILE`                 | a patch record of a bundle version's file     | `deltas` |
@@ -109,6 +110,7 @@ mod limits;
 mod load;
 mod name;
 mod nodes;
+mod plans;
 pub mod reads;
 mod reboots;
 mod releases;

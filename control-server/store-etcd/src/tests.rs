@@ -556,6 +556,43 @@ async fn a_migrated_dump_carries_releases_and_roots() {
 }
 
 #[tokio::test]
+async fn a_migrated_dump_carries_plans_and_cluster_labels() {
+    use lks_store::{EventRow, PlanStore};
+
+    let sqlite = lks_store_sqlite::SqliteStore::open_in_memory().unwrap();
+    sqlite.create_cluster(NewCluster::new("a", 1)).await.unwrap();
+    let labels: lks_proto::labels::Labels = [("tier".to_string(), "early".to_string())].into();
+    let event = |kind: &str| EventRow::bundle(kind, "k", "2", String::new(), 1);
+    sqlite
+        .set_cluster_labels("a", labels.clone(), event("cluster_labels"))
+        .await
+        .unwrap();
+    let plan = sqlite
+        .create_plan(lks_store::conformance::plan("p"), event("plan_created"))
+        .await
+        .unwrap();
+    let d = sqlite.dump().await.unwrap();
+    assert_eq!(d.plans.len(), 1);
+
+    let etcd = TestEtcd::start();
+    let s = etcd.store("r1").await;
+    s.import(&d).await.unwrap();
+    assert_eq!(s.get_cluster("a").await.unwrap().unwrap().labels, labels);
+    let moved = s.get_plan("p").await.unwrap().unwrap();
+    assert_eq!(
+        lks_store::PlanRow {
+            revision: 0,
+            ..moved.clone()
+        },
+        lks_store::PlanRow { revision: 0, ..plan },
+        "the plan as it was, its revision etcd's"
+    );
+    assert!(moved.revision > 0);
+    // The moved plan is written on its new revision.
+    s.update_plan(moved, Vec::new()).await.unwrap();
+}
+
+#[tokio::test]
 async fn an_older_replica_is_named_until_it_is_gone() {
     let etcd = TestEtcd::start();
     let s = etcd.store("r1").await;

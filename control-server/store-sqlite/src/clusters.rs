@@ -2,6 +2,7 @@
 //! issued certificates in the SQLite store.
 
 use async_trait::async_trait;
+use lks_proto::labels::Labels;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use lks_store::{
@@ -124,6 +125,19 @@ impl ClusterStore for SqliteStore {
             let n = tx.execute(
                 "UPDATE clusters SET api_server = ?2 WHERE name = ?1",
                 params![name, api_server],
+            )?;
+            changed(tx, &name, n, &event)
+        })
+        .await
+    }
+
+    async fn set_cluster_labels(&self, name: &str, labels: Labels, event: EventRow) -> Result<ClusterRow> {
+        let name = name.to_string();
+        let text = serde_json::to_string(&labels)?;
+        self.tx(move |tx| {
+            let n = tx.execute(
+                "UPDATE clusters SET labels = ?2 WHERE name = ?1",
+                params![name, text],
             )?;
             changed(tx, &name, n, &event)
         })

@@ -92,6 +92,7 @@ fn read_dump(c: &Connection) -> Result<Dump> {
     let events = read_events(c)?;
     let audit = read_audit(c)?;
     let (releases, roots) = read_releases(c, &clusters)?;
+    let plans = crate::plans::read_all(c)?;
     Ok(Dump {
         generation: generation.max(0) as u64,
         clusters,
@@ -107,6 +108,7 @@ fn read_dump(c: &Connection) -> Result<Dump> {
         audit,
         releases,
         roots,
+        plans,
     })
 }
 

@@ -24,6 +24,7 @@ mod desired;
 mod dump;
 mod events;
 mod nodes;
+mod plans;
 mod reboots;
 mod releases;
 mod rollouts;
@@ -160,7 +161,7 @@ fn read_cluster(c: &Connection, name: &str) -> Result<Option<ClusterRow>> {
             "SELECT c.name, c.created_at_ms, (SELECT COUNT(*) FROM nodes n WHERE n.cluster = c.name),
                     c.maintenance_windows, c.ca_cert_pem, c.api_server,
                     c.peer_enabled, c.peer_port, c.peer_upload_rate, c.peer_max_uploads,
-                    c.kubeconfig IS NOT NULL, c.kube_drain
+                    c.kubeconfig IS NOT NULL, c.kube_drain, c.labels
              FROM clusters c WHERE c.name = ?1",
             [name],
             |r| {
@@ -183,12 +184,13 @@ fn read_cluster(c: &Connection, name: &str) -> Result<Option<ClusterRow>> {
                         kubeconfig: r.get(10)?,
                         drain: r.get(11)?,
                     },
+                    r.get::<_, String>(12)?,
                 ))
             },
         )
         .optional()?;
     row.map(
-        |((name, created_at_ms, node_count, windows, ca_cert_pem, api_server), peer, kube)| {
+        |((name, created_at_ms, node_count, windows, ca_cert_pem, api_server), peer, kube, labels)| {
             let reboots = reboots::read_policy(c, &name)?;
             Ok(ClusterRow {
                 name,
@@ -199,6 +201,7 @@ fn read_cluster(c: &Connection, name: &str) -> Result<Option<ClusterRow>> {
                 api_server,
                 peer,
                 kube,
+                labels: serde_json::from_str(&labels)?,
                 reboots,
             })
         },

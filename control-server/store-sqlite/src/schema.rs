@@ -292,4 +292,15 @@ CREATE TABLE reboot_locks (
     revision INTEGER NOT NULL
 );
 "#,
+    // Release plans (issue [fleet-plans]): each plan one JSON record
+    // (`lks_store::PlanRow`) with the revision its next write compares;
+    // and each cluster's labels, which plans select clusters by.
+    r#"
+CREATE TABLE plans (
+    name     TEXT PRIMARY KEY,
+    doc      TEXT NOT NULL,
+    revision INTEGER NOT NULL
+);
+ALTER TABLE clusters ADD COLUMN labels TEXT NOT NULL DEFAULT '{}';
+"#,
 ];

@@ -4,6 +4,8 @@
 
 use async_trait::async_trait;
 
+use lks_proto::labels::Labels;
+
 use super::{EventRow, Result, StoreError};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,6 +28,9 @@ pub struct ClusterRow {
     pub peer: PeerSettings,
     /// Whether the cluster has a tenant kubeconfig, and drains by default.
     pub kube: KubeFlags,
+    /// The cluster's labels (`cluster set NAME --labels k=v,…`), which
+    /// release plans select clusters by.
+    pub labels: Labels,
     /// Its reboot policy (issue [reboots]; off until set).
     pub reboots: crate::RebootPolicy,
 }
@@ -159,6 +164,7 @@ impl NewCluster {
             api_server: self.api_server.clone(),
             peer: PeerSettings::default(),
             kube: KubeFlags::default(),
+            labels: Labels::new(),
             reboots: crate::RebootPolicy::default(),
         }
     }
@@ -259,6 +265,9 @@ pub trait ClusterStore: Send + Sync {
     /// Replaces the cluster's peer-sharing settings and records `event`.
     /// `NotFound` if the cluster does not exist.
     async fn set_cluster_peer(&self, name: &str, peer: PeerSettings, event: EventRow) -> Result<ClusterRow>;
+    /// Replaces the cluster's labels and records `event`. `NotFound` if
+    /// the cluster does not exist.
+    async fn set_cluster_labels(&self, name: &str, labels: Labels, event: EventRow) -> Result<ClusterRow>;
     /// Replaces the cluster's reboot policy (issue [reboots]) and records
     /// `event`. `NotFound` if the cluster does not exist.
     async fn set_cluster_reboots(

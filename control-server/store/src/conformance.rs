@@ -17,6 +17,7 @@ mod bundles;
 mod clusters;
 mod deltas;
 mod nodes;
+mod plans;
 mod reboots;
 mod releases;
 mod rollouts;
@@ -26,6 +27,7 @@ pub use bundles::*;
 pub use clusters::*;
 pub use deltas::*;
 pub use nodes::*;
+pub use plans::*;
 pub use reboots::*;
 pub use releases::*;
 pub use rollouts::*;
@@ -212,6 +214,8 @@ macro_rules! conformance_suite {
             enrolled_nodes_are_counted,
             deltas_live_and_die_with_their_bundle_version,
             a_skip_is_recorded_with_its_reason_and_replaced_by_a_later_record,
+            plans_are_stored_whole_and_compared_on_their_revision,
+            clusters_carry_labels,
         );
     };
     (@cases $setup:block; $($name:ident),* $(,)?) => {$(

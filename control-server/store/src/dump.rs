@@ -54,6 +54,8 @@ pub struct Dump {
     pub releases: Vec<ReleaseRow>,
     /// Every cluster's trust-root rotations, by cluster, in version order.
     pub roots: Vec<RootRow>,
+    /// Release plans, by name (their revisions are the source store's).
+    pub plans: Vec<crate::PlanRow>,
 }
 
 impl Dump {

@@ -2,6 +2,7 @@
 //! rollouts, newest kept.
 
 use async_trait::async_trait;
+use lks_proto::labels::Labels;
 
 use super::{NewNode, NewRollout, OfflinePolicy, PeerSettings, Result};
 
@@ -151,6 +152,17 @@ impl EventRow {
     /// its credential).
     pub fn kube_set(cluster: &str, what: &str, admin: &str, at_ms: i64) -> EventRow {
         Self::about(cluster, "", "kube_access", at_ms, format!("{what} by {admin}"))
+    }
+
+    /// A cluster's labels replaced (`cluster set NAME --labels`).
+    pub fn cluster_labels_set(cluster: &str, labels: &Labels, admin: &str, at_ms: i64) -> EventRow {
+        let text: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let message = if text.is_empty() {
+            format!("labels cleared by {admin}")
+        } else {
+            format!("labels set by {admin}: {}", text.join(","))
+        };
+        Self::about(cluster, "", "cluster_labels", at_ms, message)
     }
 
     /// What every store records when a cluster's peer-sharing settings

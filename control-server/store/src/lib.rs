@@ -28,6 +28,7 @@ pub mod deltas;
 mod dump;
 mod events;
 mod nodes;
+mod plans;
 mod reboots;
 mod releases;
 mod rollouts;
@@ -41,6 +42,7 @@ pub use deltas::{DeltaRow, DeltaStore, NoPatch};
 pub use dump::*;
 pub use events::*;
 pub use nodes::*;
+pub use plans::*;
 pub use reboots::*;
 pub use releases::*;
 pub use rollouts::*;
@@ -126,6 +128,8 @@ pub enum Kind {
     Release,
     /// A trust-root rotation (`VERSION of CLUSTER`).
     Root,
+    /// A release plan.
+    Plan,
 }
 
 impl Kind {
@@ -133,7 +137,7 @@ impl Kind {
         match self {
             Kind::Node => "is not enrolled",
             Kind::Bundle => "is not published",
-            Kind::Cluster | Kind::Rollout | Kind::Release | Kind::Root => "does not exist",
+            Kind::Cluster | Kind::Rollout | Kind::Release | Kind::Root | Kind::Plan => "does not exist",
         }
     }
 }
@@ -147,6 +151,7 @@ impl std::fmt::Display for Kind {
             Kind::Rollout => "rollout",
             Kind::Release => "release",
             Kind::Root => "trust root",
+            Kind::Plan => "plan",
         })
     }
 }
@@ -282,6 +287,7 @@ pub trait Store:
     + RebootStore
     + BlobRecords
     + DeltaStore
+    + PlanStore
     + Send
     + Sync
     + 'static
@@ -302,6 +308,7 @@ impl<T> Store for T where
         + RebootStore
         + BlobRecords
         + DeltaStore
+        + PlanStore
         + Send
         + Sync
         + 'static

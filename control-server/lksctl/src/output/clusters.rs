@@ -18,6 +18,7 @@ pub fn cluster_json(c: &pb::Cluster) -> Value {
         // the kubeconfig), and whether rollouts drain by default.
         "kubeconfig": c.has_kubeconfig,
         "drain": c.drain,
+        "labels": c.labels.iter().collect::<std::collections::BTreeMap<_, _>>(),
         "reboots": reboot_policy_json(c.reboots.as_ref()),
         "peer_sharing": c.peer_sharing.map(|p| json!({
             "port": p.port,
@@ -91,6 +92,7 @@ pub fn cluster_detail(c: &pb::Cluster) -> String {
             "none".into()
         },
     );
+    kv(&mut s, "Labels:", labels_text(&c.labels));
     kv(&mut s, "Maintenance windows:", windows_text(c));
     kv(&mut s, "Peer sharing:", peer_text(c));
     kv(&mut s, "Tenant API:", kube_access_text(c));

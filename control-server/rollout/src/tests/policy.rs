@@ -19,6 +19,7 @@ fn cluster(drain: bool, kubeconfig: bool) -> ClusterRow {
         api_server: None,
         peer: Default::default(),
         kube: KubeFlags { kubeconfig, drain },
+        labels: Default::default(),
         reboots: Default::default(),
     }
 }
