@@ -5,8 +5,10 @@
 //! `fleet-lock-protocol: true`, the body `{"client_params": {"id", "group"}}`;
 //! 200 on success, else a 4xx/5xx with `{"kind", "value"}`. The decision is
 //! `lks_rollout::fleetlock`'s; the lock is written only if it is still the
-//! revision read, so any replica answers. Plain HTTP: Zincati sends no
-//! credential, so what protects it is the network it is reachable from.
+//! revision read, so any replica answers. Plain HTTP, or TLS with the
+//! server's own certificate (`--fleetlock-tls`); Zincati sends no
+//! credential either way, so what protects it is the network it is
+//! reachable from.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -29,6 +31,8 @@ use crate::store::{EventRow, Store, StoreError};
 pub const MAX_BODY: usize = 16 * 1024;
 /// How long one connection may take, from accept to its last answer.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a TLS handshake may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Tries of a lock write that lost a race.
 const ATTEMPTS: usize = 5;
 /// The longest client id accepted.
@@ -277,8 +281,51 @@ async fn handle(store: Arc<dyn Store>, req: Request<hyper::body::Incoming>) -> R
     reply(r)
 }
 
-/// Serves FleetLock on `listener` until `cancel` fires.
-pub async fn serve(listener: TcpListener, store: Arc<dyn Store>, cancel: CancellationToken) {
+/// The TLS configuration of `--fleetlock-tls`: the server's own serving
+/// certificate (the one agents pin), HTTP/1.1, no client certificate asked
+/// (Zincati sends none; one sent must chain to the CA).
+pub fn tls_config(
+    chain_pem: &str,
+    key_pem: &str,
+    ca_pem: &str,
+) -> Result<Arc<rustls::ServerConfig>, lks_proto::tls::TlsSetupError> {
+    let base =
+        lks_proto::tls::server_config(chain_pem, key_pem, ca_pem, lks_proto::tls::ClientCerts::Optional)?;
+    let mut cfg = (*base).clone();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// Serves one connection (plain or TLS) until it ends, `cancel` fires or
+/// [`CONNECTION_TIMEOUT`] passes.
+async fn serve_conn<IO>(io: IO, store: Arc<dyn Store>, cancel: CancellationToken)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = service_fn(move |req| {
+        let store = store.clone();
+        async move { Ok::<_, Infallible>(handle(store, req).await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(io), svc);
+    tokio::select! {
+        _ = cancel.cancelled() => {}
+        _ = tokio::time::sleep(CONNECTION_TIMEOUT) => {
+            tracing::debug!("fleetlock connection cut after {CONNECTION_TIMEOUT:?}");
+        }
+        r = conn => if let Err(e) = r {
+            tracing::debug!(error = %e, "fleetlock connection ended");
+        },
+    }
+}
+
+/// Serves FleetLock on `listener` (over TLS with `tls`) until `cancel` fires.
+pub async fn serve(
+    listener: TcpListener,
+    store: Arc<dyn Store>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    cancel: CancellationToken,
+) {
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     loop {
         let (stream, _) = tokio::select! {
             _ = cancel.cancelled() => return,
@@ -293,20 +340,15 @@ pub async fn serve(listener: TcpListener, store: Arc<dyn Store>, cancel: Cancell
         };
         let store = store.clone();
         let cancel = cancel.clone();
+        let acceptor = acceptor.clone();
         tokio::spawn(async move {
-            let svc = service_fn(move |req| {
-                let store = store.clone();
-                async move { Ok::<_, Infallible>(handle(store, req).await) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
-            tokio::select! {
-                _ = cancel.cancelled() => {}
-                _ = tokio::time::sleep(CONNECTION_TIMEOUT) => {
-                    tracing::debug!("fleetlock connection cut after {CONNECTION_TIMEOUT:?}");
-                }
-                r = conn => if let Err(e) = r {
-                    tracing::debug!(error = %e, "fleetlock connection ended");
-                },
+            let Some(acceptor) = acceptor else {
+                return serve_conn(stream, store, cancel).await;
+            };
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => serve_conn(tls, store, cancel).await,
+                Ok(Err(e)) => tracing::debug!(error = %e, "fleetlock TLS handshake failed"),
+                Err(_) => tracing::debug!("fleetlock TLS handshake timed out"),
             }
         });
     }

@@ -121,6 +121,9 @@ struct Args {
     /// credential: reach it only from the tenant network); off if not given.
     #[arg(long)]
     fleetlock_listen: Option<SocketAddr>,
+    /// Serve --fleetlock-listen over TLS with the server's certificate.
+    #[arg(long, requires = "fleetlock_listen")]
+    fleetlock_tls: bool,
     /// Host name or IP address agents dial; goes into the serving
     /// certificate, admin.conf and join commands.
     #[arg(long)]
@@ -716,6 +719,7 @@ fn config(args: Args) -> Option<Config> {
     let mut cfg = Config::new(data_dir, args.listen);
     cfg.metrics_listen = args.metrics_listen;
     cfg.fleetlock_listen = args.fleetlock_listen;
+    cfg.fleetlock_tls = args.fleetlock_tls;
     cfg.advertise_address = args.advertise_address;
     cfg.node_cert_ttl = args.node_cert_ttl;
     cfg.ping_interval = args.ping_interval;

@@ -52,6 +52,8 @@ pub struct Config {
     pub metrics_listen: Option<SocketAddr>,
     /// Address of the FleetLock listener (plain HTTP); off if not given.
     pub fleetlock_listen: Option<SocketAddr>,
+    /// Serve FleetLock over TLS with the server's own certificate.
+    pub fleetlock_tls: bool,
     pub advertise_address: Option<String>,
     pub node_cert_ttl: Duration,
     /// How long shutdown waits for streams and tasks to finish.
@@ -117,6 +119,7 @@ impl Config {
             listen,
             metrics_listen: None,
             fleetlock_listen: None,
+            fleetlock_tls: false,
             advertise_address: None,
             node_cert_ttl: Duration::from_secs(24 * 3600),
             shutdown_grace: Duration::from_secs(10),
@@ -294,7 +297,7 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
         serve_metrics(&shared, addr).await?;
     }
     if let Some(addr) = cfg.fleetlock_listen {
-        serve_fleetlock(&shared, addr).await?;
+        serve_fleetlock(&shared, addr, cfg.fleetlock_tls).await?;
     }
     spawn_tasks(&shared, &cfg, etcd.as_ref(), feeds);
 

@@ -17,8 +17,12 @@ use lks_e2e::{free_addr, wait_for_port};
 
 /// One FleetLock call with curl: the HTTP status and the body.
 fn call(addr: SocketAddr, cluster: &str, op: &str, id: &str, header: bool) -> (u16, String) {
+    curl(&format!("http://{addr}/c/{cluster}/v1/{op}"), id, header, &[])
+}
+
+/// POSTs client `id`'s body to `url` (with `extra` curl flags).
+fn curl(url: &str, id: &str, header: bool, extra: &[&str]) -> (u16, String) {
     let body = format!(r#"{{"client_params": {{"id": "{id}", "group": "default"}}}}"#);
-    let url = format!("http://{addr}/c/{cluster}/v1/{op}");
     let mut cmd = Command::new("curl");
     cmd.args([
         "-sS",
@@ -31,10 +35,11 @@ fn call(addr: SocketAddr, cluster: &str, op: &str, id: &str, header: bool) -> (u
         "-X",
         "POST",
     ]);
+    cmd.args(extra);
     if header {
         cmd.args(["-H", "fleet-lock-protocol: true"]);
     }
-    let out = cmd.args(["-d", &body, &url]).output().expect("run curl");
+    let out = cmd.args(["-d", &body, url]).output().expect("run curl");
     assert!(
         out.status.success(),
         "curl {url}: {}",
@@ -152,4 +157,40 @@ fn two_fleetlock_clients_share_one_slot_and_the_gates_refuse() {
     );
     assert!(body.contains("the next opens at"), "{body}");
     assert!(holders(&server, "c1").is_empty());
+}
+
+#[test]
+fn fleetlock_over_tls_with_the_servers_certificate() {
+    let fl = free_addr();
+    let fl_arg = fl.to_string();
+    let server = Server::start_with(&["--fleetlock-listen", &fl_arg, "--fleetlock-tls"]);
+    wait_for_port(fl, Duration::from_secs(10));
+    server.create_cluster("c1");
+    server.lksctl_ok(&["cluster", "set", "c1", "--reboots", "auto"]);
+    let ca = server.work_dir().join("fleetlock-ca.pem");
+    std::fs::write(&ca, server.admin_conf().ca_cert).unwrap();
+    let ca = ca.display().to_string();
+    let url = format!("https://127.0.0.1:{}/c/c1/v1/pre-reboot", fl.port());
+    let (code, body) = curl(&url, "a", true, &["--cacert", &ca]);
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = curl(&url, "b", true, &["--cacert", &ca]);
+    assert_eq!(
+        (code, kind(&body).as_str()),
+        (409, "failed_lock_semaphore_full"),
+        "{body}"
+    );
+    // Plain HTTP on the TLS port gets no answer.
+    let plain = Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "5",
+            "-X",
+            "POST",
+            &url.replace("https", "http"),
+        ])
+        .output()
+        .unwrap();
+    assert!(!plain.status.success(), "plain HTTP was answered on the TLS port");
+    std::fs::remove_file(&ca).unwrap();
 }
