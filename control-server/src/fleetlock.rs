@@ -24,6 +24,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_ms;
+use crate::metrics::Metrics;
 use crate::reboots::{clock_of, view_of};
 use crate::store::{EventRow, Store, StoreError};
 
@@ -179,8 +180,9 @@ fn event(ask: &Ask, kind: &str, message: String, at_ms: i64) -> EventRow {
     }
 }
 
-/// Carries out `ask` on its cluster's lock.
-pub async fn answer(store: &dyn Store, ask: &Ask) -> Result<(), Failure> {
+/// Carries out `ask` on its cluster's lock: `granted`, `held` (a slot
+/// already) or `released` (also when there was none).
+pub async fn answer(store: &dyn Store, ask: &Ask) -> Result<&'static str, Failure> {
     let Some(c) = store.get_cluster(&ask.cluster).await.map_err(store_failure)? else {
         return Err(fail(
             StatusCode::NOT_FOUND,
@@ -219,13 +221,21 @@ pub async fn answer(store: &dyn Store, ask: &Ask) -> Result<(), Failure> {
             }
         };
         let Some(next) = next else {
-            return Ok(());
+            return Ok(if ask.op == Op::PreReboot {
+                "held"
+            } else {
+                "released"
+            });
         };
         let ev = vec![event(ask, kind, message.clone(), clock.now_ms)];
         match store.put_reboot_lock(&c.name, &next, at.revision, ev).await {
             Ok(Some(_)) => {
                 tracing::info!(cluster = %c.name, id = %ask.id, kind, message = %message, "fleetlock");
-                return Ok(());
+                return Ok(if ask.op == Op::PreReboot {
+                    "granted"
+                } else {
+                    "released"
+                });
             }
             Ok(None) => continue,
             Err(e) => return Err(store_failure(e)),
@@ -238,9 +248,20 @@ pub async fn answer(store: &dyn Store, ask: &Ask) -> Result<(), Failure> {
     ))
 }
 
-fn reply(r: Result<(), Failure>) -> Response<Full<Bytes>> {
+/// The result `lks_fleetlock_requests_total` counts a failure as.
+fn result_of(f: &Failure) -> &'static str {
+    if f.status == StatusCode::CONFLICT {
+        "refused"
+    } else if f.status.is_client_error() {
+        "bad_request"
+    } else {
+        "error"
+    }
+}
+
+fn reply(r: Result<&'static str, Failure>) -> Response<Full<Bytes>> {
     let (status, body) = match r {
-        Ok(()) => (StatusCode::OK, Bytes::new()),
+        Ok(_) => (StatusCode::OK, Bytes::new()),
         Err(f) => {
             let body = serde_json::json!({"kind": f.kind, "value": f.value}).to_string();
             (f.status, Bytes::from(body))
@@ -257,7 +278,11 @@ fn reply(r: Result<(), Failure>) -> Response<Full<Bytes>> {
     resp
 }
 
-async fn handle(store: Arc<dyn Store>, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+async fn handle(
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+    req: Request<hyper::body::Incoming>,
+) -> Response<Full<Bytes>> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let header = req
@@ -267,6 +292,7 @@ async fn handle(store: Arc<dyn Store>, req: Request<hyper::body::Incoming>) -> R
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(_) => {
+            metrics.fleetlock_request("other", "bad_request");
             return reply(Err(fail(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "bad_request",
@@ -274,10 +300,17 @@ async fn handle(store: Arc<dyn Store>, req: Request<hyper::body::Incoming>) -> R
             )));
         }
     };
-    let r = match parse(&method, &path, header.as_deref(), &body) {
-        Ok(ask) => answer(store.as_ref(), &ask).await,
-        Err(f) => Err(f),
+    let (op, r) = match parse(&method, &path, header.as_deref(), &body) {
+        Ok(ask) => {
+            let op = match ask.op {
+                Op::PreReboot => "pre-reboot",
+                Op::SteadyState => "steady-state",
+            };
+            (op, answer(store.as_ref(), &ask).await)
+        }
+        Err(f) => ("other", Err(f)),
     };
+    metrics.fleetlock_request(op, r.as_ref().map_or_else(result_of, |ok| *ok));
     reply(r)
 }
 
@@ -298,13 +331,14 @@ pub fn tls_config(
 
 /// Serves one connection (plain or TLS) until it ends, `cancel` fires or
 /// [`CONNECTION_TIMEOUT`] passes.
-async fn serve_conn<IO>(io: IO, store: Arc<dyn Store>, cancel: CancellationToken)
+async fn serve_conn<IO>(io: IO, store: Arc<dyn Store>, metrics: Arc<Metrics>, cancel: CancellationToken)
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let svc = service_fn(move |req| {
         let store = store.clone();
-        async move { Ok::<_, Infallible>(handle(store, req).await) }
+        let metrics = metrics.clone();
+        async move { Ok::<_, Infallible>(handle(store, metrics, req).await) }
     });
     let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(io), svc);
     tokio::select! {
@@ -322,6 +356,7 @@ where
 pub async fn serve(
     listener: TcpListener,
     store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
     tls: Option<Arc<rustls::ServerConfig>>,
     cancel: CancellationToken,
 ) {
@@ -339,14 +374,15 @@ pub async fn serve(
             },
         };
         let store = store.clone();
+        let metrics = metrics.clone();
         let cancel = cancel.clone();
         let acceptor = acceptor.clone();
         tokio::spawn(async move {
             let Some(acceptor) = acceptor else {
-                return serve_conn(stream, store, cancel).await;
+                return serve_conn(stream, store, metrics, cancel).await;
             };
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => serve_conn(tls, store, cancel).await,
+                Ok(Ok(tls)) => serve_conn(tls, store, metrics, cancel).await,
                 Ok(Err(e)) => tracing::debug!(error = %e, "fleetlock TLS handshake failed"),
                 Err(_) => tracing::debug!("fleetlock TLS handshake timed out"),
             }
@@ -414,6 +450,6 @@ mod tests {
             "full",
         )));
         assert_eq!(r.status(), StatusCode::CONFLICT);
-        assert_eq!(reply(Ok(())).status(), StatusCode::OK);
+        assert_eq!(reply(Ok("granted")).status(), StatusCode::OK);
     }
 }

@@ -138,6 +138,12 @@ fn two_fleetlock_clients_share_one_slot_and_the_gates_refuse() {
         "{events}"
     );
     call(fl, "c1", "steady-state", "b", true);
+    let series =
+        |op: &str, result: &str| format!("lks_fleetlock_requests_total{{op=\"{op}\",result=\"{result}\"}}");
+    assert_eq!(server.metric(&series("pre-reboot", "granted")), 2);
+    assert_eq!(server.metric(&series("pre-reboot", "held")), 1);
+    assert_eq!(server.metric(&series("pre-reboot", "refused")), 2, "off and full");
+    assert_eq!(server.metric(&series("steady-state", "released")), 3);
 
     // A window that is closed now: refused, and the next opening named.
     let hour = std::time::SystemTime::now()

@@ -76,6 +76,7 @@ pub(super) async fn serve_fleetlock(
     shared.tasks.spawn(crate::fleetlock::serve(
         l,
         shared.store.clone(),
+        shared.metrics.clone(),
         tls,
         shared.cancel.clone(),
     ));
