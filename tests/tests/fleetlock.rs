@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::Duration;
 
+use lks_e2e::agent::Agent;
 use lks_e2e::server::Server;
 use lks_e2e::{free_addr, wait_for_port};
 
@@ -117,6 +118,13 @@ fn two_fleetlock_clients_share_one_slot_and_the_gates_refuse() {
     assert_eq!(held.len(), 1, "{held:?}");
     assert_eq!(held[0].0, "a");
     assert!(held[0].1.contains("FleetLock"), "{held:?}");
+    let table = server.lksctl_ok(&["reboot", "status", "--cluster", "c1"]);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("a ") && l.contains("fleetlock")),
+        "{table}"
+    );
 
     let (code, body) = call(fl, "c1", "steady-state", "a", true);
     assert_eq!(code, 200, "{body}");
@@ -138,12 +146,34 @@ fn two_fleetlock_clients_share_one_slot_and_the_gates_refuse() {
         "{events}"
     );
     call(fl, "c1", "steady-state", "b", true);
+
+    // An id that names an enrolled node is that node: held, it is refused.
+    let mut agent = Agent::new("w1");
+    agent.join(&server, "c1", &[]);
+    agent.start();
+    agent.wait_connected();
+    server.lksctl_ok(&["node", "hold", "w1", "--reason", "tenant migrates"]);
+    let (code, body) = call(fl, "c1", "pre-reboot", "w1", true);
+    assert_eq!((code, kind(&body).as_str()), (409, "node_held"), "{body}");
+    server.lksctl_ok(&["node", "unhold", "w1"]);
+    let (code, body) = call(fl, "c1", "pre-reboot", "w1", true);
+    assert_eq!(code, 200, "{body}");
+    call(fl, "c1", "steady-state", "w1", true);
     let series =
         |op: &str, result: &str| format!("lks_fleetlock_requests_total{{op=\"{op}\",result=\"{result}\"}}");
-    assert_eq!(server.metric(&series("pre-reboot", "granted")), 2);
+    assert_eq!(server.metric(&series("pre-reboot", "granted")), 3);
     assert_eq!(server.metric(&series("pre-reboot", "held")), 1);
-    assert_eq!(server.metric(&series("pre-reboot", "refused")), 2, "off and full");
-    assert_eq!(server.metric(&series("steady-state", "released")), 3);
+    assert_eq!(
+        server.metric(&series("pre-reboot", "refused")),
+        3,
+        "off, full, held"
+    );
+    assert_eq!(server.metric(&series("steady-state", "released")), 4);
+    assert_eq!(
+        server.metric(&series("other", "bad_request")),
+        1,
+        "the missing header"
+    );
 
     // A window that is closed now: refused, and the next opening named.
     let hour = std::time::SystemTime::now()
