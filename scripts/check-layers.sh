@@ -100,7 +100,7 @@ CRATES = {
         hub admission
         metrics authz peers releases
         reboots
-        packages tlsaccept controller
+        packages tlsaccept controller fleetlock
         context
         replicas migrate backup rebalance ops plans api
         server
@@ -149,7 +149,7 @@ CRATES = {
         policy
         decision ages
         drain reboot
-        settle canary batch complete verbs
+        settle canary batch complete verbs fleetlock
         plan
         tests
     """,

@@ -22,6 +22,7 @@ pub mod clock;
 pub mod clustercache;
 pub mod context;
 pub mod controller;
+pub mod fleetlock;
 pub mod hub;
 pub mod metrics;
 pub mod migrate;

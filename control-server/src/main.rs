@@ -117,6 +117,13 @@ struct Args {
     /// Address for /metrics and /healthz (plain HTTP); off if not given.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
+    /// Address for FleetLock (Zincati's reboot slots, plain HTTP, no
+    /// credential: reach it only from the tenant network); off if not given.
+    #[arg(long)]
+    fleetlock_listen: Option<SocketAddr>,
+    /// Serve --fleetlock-listen over TLS with the server's certificate.
+    #[arg(long, requires = "fleetlock_listen")]
+    fleetlock_tls: bool,
     /// Host name or IP address agents dial; goes into the serving
     /// certificate, admin.conf and join commands.
     #[arg(long)]
@@ -711,6 +718,8 @@ fn config(args: Args) -> Option<Config> {
     }
     let mut cfg = Config::new(data_dir, args.listen);
     cfg.metrics_listen = args.metrics_listen;
+    cfg.fleetlock_listen = args.fleetlock_listen;
+    cfg.fleetlock_tls = args.fleetlock_tls;
     cfg.advertise_address = args.advertise_address;
     cfg.node_cert_ttl = args.node_cert_ttl;
     cfg.ping_interval = args.ping_interval;

@@ -3,6 +3,7 @@
 //! for them.
 
 mod delta;
+mod fleetlock;
 mod health;
 mod plans;
 use health::Probed;
@@ -95,6 +96,7 @@ pub struct Metrics {
     cordoned: [AtomicI64; 2],
     /// Release plans by state, as the plan driver last saw them.
     plans: Mutex<plans::PlanCounts>,
+    fleetlock: fleetlock::FleetlockCounts,
     /// Gauges read when rendered (`name`, help, read).
     gauges: Mutex<Vec<(&'static str, &'static str, Gauge)>>,
 }
@@ -319,6 +321,7 @@ impl Metrics {
         self.render_blob_store(&mut s);
         self.render_rollout_counts(&mut s);
         self.render_plans(&mut s);
+        self.render_fleetlock(&mut s);
         self.render_health(&mut s);
         self.render_admission(&mut s);
         self.render_rpc(&mut s);

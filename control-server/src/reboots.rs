@@ -142,12 +142,7 @@ async fn pass(d: &Deps, gauges: &Gauges) -> Result<(), StoreError> {
         match drive(d, &c, at).await {
             Ok(after) => {
                 held += after.lock.slots.len() as i64;
-                lost += after
-                    .lock
-                    .slots
-                    .iter()
-                    .filter(|s| s.phase == SlotPhase::Lost)
-                    .count() as i64;
+                lost += after.lock.slots.iter().filter(|s| s.phase.is_lost()).count() as i64;
             }
             Err(e) => tracing::warn!(cluster = %c.name, error = %e, "reboot lock"),
         }

@@ -36,7 +36,7 @@ mod open;
 mod tasks;
 
 use open::{Opened, certificate_names, open_blobs, open_store, preflight, write_first_admin_conf};
-use tasks::{Feeds, serve_metrics, spawn_tasks};
+use tasks::{Feeds, serve_fleetlock, serve_metrics, spawn_tasks};
 
 /// How long audit records are kept unless `--audit-retention` says.
 pub const DEFAULT_AUDIT_RETENTION: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -50,6 +50,10 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub listen: SocketAddr,
     pub metrics_listen: Option<SocketAddr>,
+    /// Address of the FleetLock listener (plain HTTP); off if not given.
+    pub fleetlock_listen: Option<SocketAddr>,
+    /// Serve FleetLock over TLS with the server's own certificate.
+    pub fleetlock_tls: bool,
     pub advertise_address: Option<String>,
     pub node_cert_ttl: Duration,
     /// How long shutdown waits for streams and tasks to finish.
@@ -114,6 +118,8 @@ impl Config {
             data_dir,
             listen,
             metrics_listen: None,
+            fleetlock_listen: None,
+            fleetlock_tls: false,
             advertise_address: None,
             node_cert_ttl: Duration::from_secs(24 * 3600),
             shutdown_grace: Duration::from_secs(10),
@@ -289,6 +295,9 @@ pub async fn run(cfg: Config, shutdown: CancellationToken) -> Result<(), ServerE
     );
     if let Some(addr) = cfg.metrics_listen {
         serve_metrics(&shared, addr).await?;
+    }
+    if let Some(addr) = cfg.fleetlock_listen {
+        serve_fleetlock(&shared, addr, cfg.fleetlock_tls).await?;
     }
     spawn_tasks(&shared, &cfg, etcd.as_ref(), feeds);
 

@@ -66,6 +66,7 @@ mod canary;
 mod complete;
 mod decision;
 mod drain;
+pub mod fleetlock;
 pub mod plan;
 pub mod policy;
 pub mod reboot;

@@ -158,6 +158,7 @@ fn end(d: &mut RebootDecision, slot: &RebootSlot, outcome: RunOutcome, now_ms: i
         },
     );
     if let Some(run) = d.lock.run.as_mut()
+        && !slot.phase.is_fleetlock()
         && run.waiting.iter().all(|n| *n != slot.node)
         && !run.ended.contains_key(&slot.node)
         && run.state != RunState::Completed
@@ -175,6 +176,9 @@ fn settle(
     d: &mut RebootDecision,
 ) -> Option<RebootSlot> {
     let now = clock.now_ms;
+    if slot.phase.is_fleetlock() {
+        return settle_fleetlock(policy, slot, clock, d);
+    }
     let Some(v) = views.get(&slot.node) else {
         d.note(
             &slot.node,
@@ -250,6 +254,7 @@ fn settle(
                 return released(d, slot, now, format!("rebooted; Ready {after} after boot"));
             }
         }
+        SlotPhase::Fleetlock | SlotPhase::FleetlockLost => return Some(slot),
         SlotPhase::Lost => {
             if back(&slot, v) {
                 d.note(
@@ -272,6 +277,22 @@ fn settle(
             _ => "no new boot reported".into(),
         };
         return lost(policy, slot, d, now, why);
+    }
+    Some(slot)
+}
+
+/// A FleetLock holder: the client reboots itself and gives its slot back
+/// (`steady-state`); the lock only ends it past the timeout.
+fn settle_fleetlock(
+    policy: &RebootPolicy,
+    slot: RebootSlot,
+    clock: &RebootClock,
+    d: &mut RebootDecision,
+) -> Option<RebootSlot> {
+    let timeout = i64::try_from(policy.timeout_ms).unwrap_or(i64::MAX);
+    if slot.phase == SlotPhase::Fleetlock && clock.now_ms.saturating_sub(slot.taken_ms) > timeout {
+        let why = "its FleetLock client sent no steady-state".to_string();
+        return lost(policy, slot, d, clock.now_ms, why);
     }
     Some(slot)
 }
@@ -305,10 +326,14 @@ fn lost(
             None
         }
         RebootTimeout::Keep => {
-            if let Some(run) = d.lock.run.as_mut() {
+            if let Some(run) = d.lock.run.as_mut().filter(|_| !slot.phase.is_fleetlock()) {
                 run.ended.insert(slot.node.clone(), RunOutcome::Lost);
             }
-            slot.phase = SlotPhase::Lost;
+            slot.phase = if slot.phase.is_fleetlock() {
+                SlotPhase::FleetlockLost
+            } else {
+                SlotPhase::Lost
+            };
             slot.since_ms = now_ms;
             slot.message = message;
             Some(slot)
@@ -322,7 +347,7 @@ fn end_run(d: &mut RebootDecision, views: &BTreeMap<String, RebootView>) {
         .lock
         .slots
         .iter()
-        .filter(|s| s.phase != SlotPhase::Lost)
+        .filter(|s| !s.phase.is_lost() && !s.phase.is_fleetlock())
         .map(|s| s.node.clone())
         .collect();
     let Some(run) = d.lock.run.as_mut() else {

@@ -265,7 +265,7 @@ pub async fn run_verb(
         };
         run.state = next;
         if verb == RunVerb::Abort {
-            lock.slots.retain(|s| s.phase != crate::store::SlotPhase::Lost);
+            lock.slots.retain(|s| !s.phase.is_lost());
         }
         let m = format!("rolling reboot {} by {admin}", verb.as_str());
         Ok(event(

@@ -50,6 +50,39 @@ pub(super) async fn serve_metrics(shared: &Arc<Shared>, addr: SocketAddr) -> Res
     Ok(())
 }
 
+/// Binds the FleetLock listener (a bad address fails start-up) and serves it.
+pub(super) async fn serve_fleetlock(
+    shared: &Arc<Shared>,
+    addr: SocketAddr,
+    tls: bool,
+) -> Result<(), ServerError> {
+    let l = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind { addr, source })?;
+    let tls = if tls {
+        let pki = &shared.pki;
+        let c = crate::fleetlock::tls_config(&pki.server_chain_pem, &pki.server_key_pem, pki.ca_pem())
+            .map_err(ServerError::Tls)?;
+        Some(c)
+    } else {
+        None
+    };
+    let what = if tls.is_some() {
+        "TLS, the server's certificate"
+    } else {
+        "plain HTTP"
+    };
+    tracing::info!(addr = %l.local_addr().unwrap_or(addr), "serving FleetLock ({what}) at /c/CLUSTER/");
+    shared.tasks.spawn(crate::fleetlock::serve(
+        l,
+        shared.store.clone(),
+        shared.metrics.clone(),
+        tls,
+        shared.cancel.clone(),
+    ));
+    Ok(())
+}
+
 /// The server's background tasks: heartbeats, peers, releases,
 /// blob GC, audit retention, deltas, the rollout controller, and with etcd
 /// the lease, the watch and the rebalance.

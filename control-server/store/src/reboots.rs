@@ -115,6 +115,13 @@ pub enum SlotPhase {
     /// Not back within the timeout, its slot kept (`--on-reboot-timeout
     /// keep`) until it is back or the operator aborts.
     Lost,
+    /// Held by a FleetLock client (Zincati) under its id, from its
+    /// `pre-reboot` to its `steady-state`: the client reboots itself; the
+    /// lock neither drains nor asks it to reboot.
+    Fleetlock,
+    /// A FleetLock holder not released within the timeout, its slot kept
+    /// (`--on-reboot-timeout keep`) until its `steady-state` or an abort.
+    FleetlockLost,
 }
 
 impl SlotPhase {
@@ -123,14 +130,27 @@ impl SlotPhase {
             SlotPhase::Draining => "draining",
             SlotPhase::Rebooting => "rebooting",
             SlotPhase::Readying => "back",
-            SlotPhase::Lost => "lost",
+            SlotPhase::Lost | SlotPhase::FleetlockLost => "lost",
+            SlotPhase::Fleetlock => "fleetlock",
         }
+    }
+
+    /// Held by a FleetLock client (its `node` is the client's id).
+    pub fn is_fleetlock(self) -> bool {
+        matches!(self, SlotPhase::Fleetlock | SlotPhase::FleetlockLost)
+    }
+
+    /// Lost, its slot kept by the policy.
+    pub fn is_lost(self) -> bool {
+        matches!(self, SlotPhase::Lost | SlotPhase::FleetlockLost)
     }
 }
 
 /// One node's slot in its cluster's reboot lock.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RebootSlot {
+    /// The node; for a FleetLock holder, the client's id (the node, when
+    /// it names one of the cluster).
     pub node: String,
     pub phase: SlotPhase,
     /// When the node took the slot (Unix ms): the timeout counts from it.
