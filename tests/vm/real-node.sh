@@ -34,11 +34,13 @@
 #      by the agent (inotify, then a heal pass), whose on_heal steps reload
 #      systemd and restart the kubelet → the bundle's kubelet runs again and
 #      the Node is Ready at v1.37.2;
-#   8. a reboot: `lksctl node reboot` → the agent runs `systemctl reboot` in
-#      the VM → systemd-nspawn exits 133 and the harness boots the VM again
-#      (vm_reboot_wait, as a hypervisor would) → the agent is back with a new
-#      boot ID and reports the reboot done, the kubelet runs again and the
-#      Node is Ready at v1.37.2.
+#   8. a rolling reboot: `cluster set --reboots manual`, `lksctl reboot
+#      start` → the reboot lock cordons and drains the node → the agent runs
+#      `systemctl reboot` in the VM → systemd-nspawn exits 133 and the
+#      harness boots the VM again (vm_reboot_wait, as a hypervisor would) →
+#      the agent is back with a new boot ID and reports the reboot done →
+#      the Ready gate → uncordoned, `reboot status` done, the kubelet runs
+#      again and the Node is Ready at v1.37.2.
 #
 #   tests/vm/real-node.sh [--profile release|dev] [--no-lint] [--no-build]
 #
@@ -458,18 +460,27 @@ wait_for "the restarted kubelet renewed its Lease" 60 lease_renewed_since "$edit
 reports_new() { [ "$(kubelet_version)" = "$NEW" ] && node_ready; }
 wait_for "the Node is Ready and reports $NEW" 60 reports_new
 
-# --- 8. a reboot --------------------------------------------------------------------
-# `lksctl node reboot`: the agent runs its reboot command (systemctl reboot,
-# the default) in the VM; the VM goes down (systemd-nspawn exits 133) and
-# the harness boots it again from the same disk, as a hypervisor would; the
-# agent comes back with a new boot ID, the node reports the reboot done, and
-# the kubelet the bundle installed runs again: the Node is Ready at $NEW.
+# --- 8. a rolling reboot through the cluster's reboot lock ---------------------------
+# `cluster set --reboots manual` and `lksctl reboot start`: the lock gives
+# the node its slot, cordons and drains it as a rollout's turn, then asks
+# it to reboot; the agent runs its reboot command (systemctl reboot, the
+# default) in the VM; the VM goes down (systemd-nspawn exits 133) and the
+# harness boots it again from the same disk, as a hypervisor would; the
+# agent comes back with a new boot ID, the Ready gate sees the Node Ready,
+# the lock lifts its cordon and frees the slot.
 boot_id=$(node_json | jq -r .boot_id)
 check "the node reports its boot ID" test -n "$boot_id" -a "$boot_id" != null
 bundles_before=$(node_json | jq -c '[.bundles[] | {name, version, state}]')
-lksctl node reboot "$NODE" >"$work/reboot.out" 2>&1 || vm_die "lksctl node reboot failed: $(cat "$work/reboot.out")"
-vm_log "ok: $(cat "$work/reboot.out")"
-vm_reboot_wait 120
+lksctl cluster set "$CLUSTER" --reboots manual >"$work/reboots-set.out" 2>&1 ||
+  vm_die "lksctl cluster set --reboots manual failed: $(cat "$work/reboots-set.out")"
+lksctl reboot start --cluster "$CLUSTER" >"$work/reboot.out" 2>&1 ||
+  vm_die "lksctl reboot start failed: $(cat "$work/reboot.out")"
+vm_log "ok: $(head -n 1 "$work/reboot.out")"
+reboot_node_state() {
+  lksctl reboot status --cluster "$CLUSTER" -o json | jq -r --arg n "$NODE" '.nodes[] | select(.name == $n) | .state'
+}
+wait_for "the reboot lock cordoned $NODE before its reboot" 60 cordoned
+vm_reboot_wait 180
 # The old boot's kubelet is gone: a Lease renewed from now on is the new one's.
 reboot_at=$(date +%s)
 vm_wait_boot "${LKS_VM_TIMEOUT:-300}"
@@ -477,10 +488,15 @@ new_boot() {
   local j
   j=$(node_json) || return 1
   [ "$(jq -r .connected <<<"$j")" = true ] && [ "$(jq -r .boot_id <<<"$j")" != "$boot_id" ] &&
-    [ "$(jq -r '.reboot.state' <<<"$j")" = none ] && [ "$(jq -r '.reboot.request == .reboot.requested' <<<"$j")" = true ]
+    [ "$(jq -r '.reboot.state' <<<"$j")" = none ]
 }
 wait_for "the agent is back with a new boot ID and reports the reboot done" 120 new_boot
 vm_log "node after the reboot: boot_id $(node_json | jq -r .boot_id), reboot $(node_json | jq -c .reboot)"
+reboot_done() { [ "$(reboot_node_state)" = "done" ]; }
+wait_for "the reboot lock saw the Node Ready and released $NODE (reboot status: done)" 180 reboot_done
+check "the rolling reboot completed" test "$(lksctl reboot status --cluster "$CLUSTER" -o json | jq -r .run.state)" = completed
+check "the Node is uncordoned" test "$(kube_node | jq -r '.spec.unschedulable // false')" = false
+check "the reboot request was taken out of the desired state" test "$(node_json | jq -r .reboot.requested)" = 0
 wait_for "the kubelet renewed its Lease after the reboot" 120 lease_renewed_since "$reboot_at"
 wait_for "the Node is Ready and reports $NEW after the reboot" 120 reports_new
 check "kubelet.service runs /usr/local/bin/kubelet after the reboot" test "$(kubelet_exe)" = /usr/local/bin/kubelet
