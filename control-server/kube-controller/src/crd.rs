@@ -523,25 +523,9 @@ pub struct LksRolloutSpec {
     /// Only nodes with these labels.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub selector: BTreeMap<String, String>,
-    /// Most nodes applying at once; absent: the server's default (10 %).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub batch_size: Option<u32>,
-    /// Failed nodes that stop the rollout; absent: 1.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub failure_threshold: Option<u32>,
-    /// "defer" (default) or "wait".
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub offline: Option<SpecValue<OfflinePolicy>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub canary: Option<Canary>,
-    /// Pause between batches, e.g. "5m".
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub batch_interval: Option<SpecValue<Duration>>,
-    #[serde(default)]
-    pub ignore_windows: bool,
-    /// Drain each node around its turn; absent: the cluster's default.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub drain: Option<Drain>,
+    /// The rollout policy (its fields sit in the spec itself).
+    #[serde(flatten)]
+    pub policy: RolloutPolicySpec,
     /// Pause (true) and resume (false) the rollout.
     #[serde(default)]
     pub paused: bool,
@@ -712,24 +696,40 @@ pub struct PlanGroupSpec {
     pub selector: String,
 }
 
-/// The rollout policy of an `LksRollout` spec, for each cluster of a plan.
+/// The rollout of each cluster of a plan: an `LksRollout` spec's selector
+/// and policy.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PlanRollout {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub selector: BTreeMap<String, String>,
+    #[serde(flatten)]
+    pub policy: RolloutPolicySpec,
+}
+
+/// A rollout's policy as a spec says it, written once for `LksRollout`
+/// and `LksPlan` (its fields sit in the spec that holds it); converted to
+/// and from the one `lks_rollout::Policy` by `policy.rs`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutPolicySpec {
+    /// Most nodes applying at once; absent: the server's default (10 %).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_size: Option<u32>,
+    /// Failed nodes that stop the rollout; absent: 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_threshold: Option<u32>,
+    /// "defer" (default) or "wait".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offline: Option<SpecValue<OfflinePolicy>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canary: Option<Canary>,
+    /// Pause between batches, e.g. "5m".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_interval: Option<SpecValue<Duration>>,
     #[serde(default)]
     pub ignore_windows: bool,
+    /// Drain each node around its turn; absent: the cluster's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<Drain>,
 }

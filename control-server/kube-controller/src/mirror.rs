@@ -155,17 +155,14 @@ fn rollout_policy(r: &pb::Rollout) -> Policy {
 /// The spec of a mirror of a rollout started outside Git (`lksctl rollout
 /// start`), as it was started.
 pub fn rollout_spec(r: &pb::Rollout) -> LksRolloutSpec {
-    policy::with_policy(
-        LksRolloutSpec {
-            cluster: r.cluster.clone(),
-            bundle: format!("{}@{}", r.bundle, r.version),
-            selector: r.selector.clone().into_iter().collect(),
-            paused: pb::RolloutState::try_from(r.state) == Ok(pb::RolloutState::Paused),
-            rollback_of: None,
-            ..Default::default()
-        },
-        &rollout_policy(r),
-    )
+    LksRolloutSpec {
+        cluster: r.cluster.clone(),
+        bundle: format!("{}@{}", r.bundle, r.version),
+        selector: r.selector.clone().into_iter().collect(),
+        policy: policy::with_policy(&rollout_policy(r)),
+        paused: pb::RolloutState::try_from(r.state) == Ok(pb::RolloutState::Paused),
+        rollback_of: None,
+    }
 }
 
 /// A rollout's status with the conditions GitOps tools read: `Progressing`

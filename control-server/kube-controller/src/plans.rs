@@ -29,9 +29,7 @@ use crate::admin::{CallError, connection_lost};
 use crate::clusters::digest16;
 use crate::conditions::{self, condition};
 use crate::context::{Ctx, Error};
-use crate::crd::{
-    Condition, LksPlan, LksPlanSpec, LksPlanStatus, LksRolloutSpec, PlanClusterStatus, PlanGroupStatus,
-};
+use crate::crd::{Condition, LksPlan, LksPlanSpec, LksPlanStatus, PlanClusterStatus, PlanGroupStatus};
 use crate::mirror::rfc3339_ms;
 use crate::object::write_status;
 use crate::policy::{self, SpecError, choice, secs};
@@ -51,21 +49,9 @@ pub fn create_request(name: &str, spec: &LksPlanSpec) -> Result<pb::CreatePlanRe
         .filter(|(n, v)| !n.is_empty() && !v.is_empty())
         .ok_or_else(|| SpecError::Bundle(spec.bundle.clone()))?;
     let r = &spec.rollout;
-    let as_rollout = LksRolloutSpec {
-        bundle: spec.bundle.clone(),
-        selector: r.selector.clone(),
-        batch_size: r.batch_size,
-        failure_threshold: r.failure_threshold,
-        offline: r.offline.clone(),
-        canary: r.canary.clone(),
-        batch_interval: r.batch_interval.clone(),
-        ignore_windows: r.ignore_windows,
-        drain: r.drain.clone(),
-        ..Default::default()
-    };
     let rollout = pb::StartRolloutRequest {
         selector: r.selector.clone().into_iter().collect(),
-        ..policy::policy(&as_rollout)?.to_request()
+        ..policy::policy(&r.policy)?.to_request()
     };
     Ok(pb::CreatePlanRequest {
         name: name.to_string(),
@@ -352,7 +338,7 @@ async fn cleanup(ctx: &Ctx, obj: &LksPlan) -> Result<Action, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::{Canary, PlanGroupSpec, PlanRollout, SpecValue};
+    use crate::crd::{Canary, PlanGroupSpec, PlanRollout, RolloutPolicySpec, SpecValue};
 
     fn spec() -> LksPlanSpec {
         LksPlanSpec {
@@ -381,12 +367,14 @@ mod tests {
         s.alert_after = Some(SpecValue::from("12h"));
         s.rollout = PlanRollout {
             selector: [("role".to_string(), "worker".to_string())].into(),
-            batch_size: Some(2),
-            canary: Some(Canary {
-                count: 1,
-                soak: Some("90s".into()),
-            }),
-            ..Default::default()
+            policy: RolloutPolicySpec {
+                batch_size: Some(2),
+                canary: Some(Canary {
+                    count: 1,
+                    soak: Some("90s".into()),
+                }),
+                ..Default::default()
+            },
         };
         let r = create_request("fleet", &s).unwrap();
         assert_eq!(

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use lks_rollout::policy::{DrainOptions, Policy};
 
-use crate::crd::{Canary, Drain, LksRolloutSpec, SpecText, SpecValue};
+use crate::crd::{Canary, Drain, RolloutPolicySpec, SpecText, SpecValue};
 
 /// A spec that cannot be sent as written (one line).
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -57,7 +57,7 @@ pub fn choice<T: SpecText>(field: &'static str, v: &Option<SpecValue<T>>) -> Res
 
 /// The policy a spec asks for (`spec.drain` absent: the cluster's
 /// default; a canary count of 0 ignores the soak).
-pub fn policy(spec: &LksRolloutSpec) -> Result<Policy, SpecError> {
+pub fn policy(spec: &RolloutPolicySpec) -> Result<Policy, SpecError> {
     let canary = spec.canary.clone().unwrap_or_default();
     let drain = spec.drain.clone().unwrap_or_default();
     Ok(Policy {
@@ -86,9 +86,9 @@ pub fn policy(spec: &LksRolloutSpec) -> Result<Policy, SpecError> {
 /// `spec` with its policy fields saying `p` (the inverse of [`policy`]
 /// for what a spec can say: drain options need `enabled`, and the spec
 /// has no offline deadline).
-pub fn with_policy(spec: LksRolloutSpec, p: &Policy) -> LksRolloutSpec {
+pub fn with_policy(p: &Policy) -> RolloutPolicySpec {
     let d = &p.drain;
-    LksRolloutSpec {
+    RolloutPolicySpec {
         batch_size: p.batch_size,
         failure_threshold: p.failure_threshold,
         offline: p.offline.map(SpecValue::from),
@@ -106,7 +106,6 @@ pub fn with_policy(spec: LksRolloutSpec, p: &Policy) -> LksRolloutSpec {
             delete_local_data: d.delete_local_data,
             kubelet_version: d.kubelet_version.clone(),
         }),
-        ..spec
     }
 }
 
@@ -116,16 +115,12 @@ mod tests {
 
     use super::*;
 
-    fn spec() -> LksRolloutSpec {
-        LksRolloutSpec {
-            cluster: "a".into(),
-            bundle: "kubelet@1.37.2".into(),
-            ..Default::default()
-        }
+    fn spec() -> RolloutPolicySpec {
+        RolloutPolicySpec::default()
     }
 
-    fn full() -> LksRolloutSpec {
-        LksRolloutSpec {
+    fn full() -> RolloutPolicySpec {
+        RolloutPolicySpec {
             batch_size: Some(2),
             failure_threshold: Some(3),
             offline: Some(SpecValue::from("wait")),
@@ -143,7 +138,6 @@ mod tests {
                 delete_local_data: true,
                 kubelet_version: Some("v1.37.2".into()),
             }),
-            ..spec()
         }
     }
 
@@ -154,12 +148,12 @@ mod tests {
         assert_eq!(p.canary_soak, Some(Duration::from_secs(90)));
         assert_eq!(p.drain.on_timeout, Some(DrainTimeout::Skip));
         assert_eq!(p.drain.timeout, Some(Duration::from_secs(600)));
-        assert_eq!(with_policy(spec(), &p), full());
+        assert_eq!(with_policy(&p), full());
         assert_eq!(policy(&spec()).unwrap(), Policy::default());
-        assert_eq!(with_policy(spec(), &Policy::default()), spec());
+        assert_eq!(with_policy(&Policy::default()), spec());
         // ... and through the wire: spec → policy → request → policy → spec.
         let wire = Policy::try_from(&p.to_request()).unwrap();
-        assert_eq!(with_policy(spec(), &wire), full());
+        assert_eq!(with_policy(&wire), full());
     }
 
     #[test]
@@ -209,17 +203,17 @@ mod tests {
 
     #[test]
     fn spec_values_read_and_write_the_text_as_written() {
-        let s: LksRolloutSpec = serde_json::from_value(serde_json::json!({
+        let s: crate::crd::LksRolloutSpec = serde_json::from_value(serde_json::json!({
             "cluster": "a", "bundle": "k@1", "offline": "later",
             "canary": {"count": 1, "soak": "90s"},
         }))
         .unwrap();
         assert_eq!(
-            s.offline.as_ref().map(SpecValue::get),
+            s.policy.offline.as_ref().map(SpecValue::get),
             Some(None),
             "read, refused later"
         );
-        let soak = s.canary.as_ref().and_then(|c| c.soak.clone()).unwrap();
+        let soak = s.policy.canary.as_ref().and_then(|c| c.soak.clone()).unwrap();
         assert_eq!((soak.text(), soak.get()), ("90s", Some(Duration::from_secs(90))));
         let back = serde_json::to_value(&s).unwrap();
         assert_eq!(back["canary"]["soak"], "90s", "not rewritten as 1m30s");

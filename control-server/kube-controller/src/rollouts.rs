@@ -58,7 +58,7 @@ pub fn start_request(spec: &LksRolloutSpec, uid: &str) -> Result<pb::StartRollou
         version: version.to_string(),
         selector: spec.selector.clone().into_iter().collect(),
         request_id: request_id(uid),
-        ..policy::policy(spec)?.to_request()
+        ..policy::policy(&spec.policy)?.to_request()
     })
 }
 
@@ -409,12 +409,12 @@ mod tests {
     #[test]
     fn a_spec_is_the_start_request_lksctl_would_send() {
         let mut s = spec();
-        s.batch_size = Some(2);
-        s.canary = Some(Canary {
+        s.policy.batch_size = Some(2);
+        s.policy.canary = Some(Canary {
             count: 1,
             soak: Some("90s".into()),
         });
-        s.drain = Some(Drain {
+        s.policy.drain = Some(Drain {
             enabled: true,
             timeout: Some("5m".into()),
             on_timeout: Some("skip".into()),
@@ -433,7 +433,7 @@ mod tests {
         let plain = start_request(&spec(), "u").unwrap();
         assert_eq!(plain.drain, None, "absent: the cluster's default");
         assert_eq!(plain.canary_soak_seconds, 0);
-        s.canary.as_mut().unwrap().soak = None;
+        s.policy.canary.as_mut().unwrap().soak = None;
         assert_eq!(
             start_request(&s, "u").unwrap().canary_soak_seconds,
             600,
@@ -450,11 +450,11 @@ mod tests {
             "spec.bundle \"kubelet\" is not NAME@VERSION"
         );
         let mut s = spec();
-        s.batch_interval = Some("soon".into());
+        s.policy.batch_interval = Some("soon".into());
         let e = start_request(&s, "u").unwrap_err().to_string();
         assert!(e.starts_with("spec.batchInterval: "), "{e}");
         let mut s = spec();
-        s.offline = Some("later".into());
+        s.policy.offline = Some("later".into());
         assert!(
             start_request(&s, "u")
                 .unwrap_err()
@@ -479,7 +479,7 @@ mod tests {
         let d = spec_digest(&s);
         s.paused = true;
         assert_eq!(spec_digest(&s), d);
-        s.batch_size = Some(3);
+        s.policy.batch_size = Some(3);
         assert_ne!(spec_digest(&s), d);
     }
 
