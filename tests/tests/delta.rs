@@ -83,11 +83,17 @@ fn roll_out(server: &Server, id: &str) -> serde_json::Value {
 /// The deltas `bundle get -o json` lists for app@`v`, once there are `n`.
 fn wait_deltas(server: &Server, v: &str, n: usize) -> Vec<serde_json::Value> {
     let mut got = Vec::new();
-    wait_until(Duration::from_secs(60), &format!("{n} deltas of app@{v}"), || {
-        let b = server.lksctl_json(&["bundle", "get", &format!("app@{v}")]);
-        got = b["deltas"].as_array().cloned().unwrap_or_default();
-        got.len() >= n
-    });
+    // The maker is CPU-bound and built in debug here: 20 s alone on 2
+    // cores, past 60 s when the suite shares them with builds.
+    wait_until(
+        Duration::from_secs(120),
+        &format!("{n} deltas of app@{v}"),
+        || {
+            let b = server.lksctl_json(&["bundle", "get", &format!("app@{v}")]);
+            got = b["deltas"].as_array().cloned().unwrap_or_default();
+            got.len() >= n
+        },
+    );
     got
 }
 
