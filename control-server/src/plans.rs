@@ -194,10 +194,23 @@ async fn act(d: &Deps, p: &PlanRow, a: &PlanAction) -> Result<(), Refusal> {
     }
 }
 
+/// Why a plan's stored rollout policy does not read back.
+#[derive(Debug, thiserror::Error)]
+enum PolicyReadError {
+    #[error("{0}")]
+    Decode(#[from] prost::DecodeError),
+    #[error("{0}")]
+    Policy(#[from] lks_rollout::policy::PolicyError),
+}
+
+/// The rollout policy a plan stored (a `StartRolloutRequest`'s bytes).
+fn read_policy(bytes: &[u8]) -> Result<Policy, PolicyReadError> {
+    let req = lks_proto::pb::StartRolloutRequest::decode(bytes)?;
+    Ok(Policy::try_from(&req)?)
+}
+
 async fn start_cluster(d: &Deps, p: &PlanRow, cluster: &str) -> Result<(), Refusal> {
-    let policy = lks_proto::pb::StartRolloutRequest::decode(p.policy.as_slice())
-        .map_err(|e| e.to_string())
-        .and_then(|req| Policy::try_from(&req).map_err(|e| e.to_string()))
+    let policy = read_policy(&p.policy)
         .map_err(|e| Refusal::Final(format!("the plan's rollout policy does not read back: {e}")))?;
     let r = StartRollout {
         cluster: cluster.to_string(),
