@@ -167,17 +167,7 @@ fn store_failure(e: StoreError) -> Failure {
 }
 
 fn event(ask: &Ask, kind: &str, message: String, at_ms: i64) -> EventRow {
-    EventRow {
-        id: 0,
-        at_ms,
-        cluster: ask.cluster.clone(),
-        node: ask.id.clone(),
-        rollout_id: String::new(),
-        kind: kind.to_string(),
-        bundle: String::new(),
-        version: String::new(),
-        message,
-    }
+    EventRow::about(&ask.cluster, &ask.id, kind, at_ms, message)
 }
 
 /// Carries out `ask` on its cluster's lock: `granted`, `held` (a slot

@@ -93,17 +93,7 @@ impl RebootDecision {
     pub fn events(&self, cluster: &str, at_ms: i64) -> Vec<EventRow> {
         self.notes
             .iter()
-            .map(|(node, kind, message)| EventRow {
-                id: 0,
-                at_ms,
-                cluster: cluster.to_string(),
-                node: node.clone(),
-                rollout_id: String::new(),
-                kind: kind.to_string(),
-                bundle: String::new(),
-                version: String::new(),
-                message: message.clone(),
-            })
+            .map(|(node, kind, message)| EventRow::about(cluster, node, kind, at_ms, message.clone()))
             .collect()
     }
 }

@@ -141,17 +141,7 @@ pub async fn set_policy(
 }
 
 fn event(cluster: &str, kind: &str, message: String, at_ms: i64) -> EventRow {
-    EventRow {
-        id: 0,
-        at_ms,
-        cluster: cluster.to_string(),
-        node: String::new(),
-        rollout_id: String::new(),
-        kind: kind.to_string(),
-        bundle: String::new(),
-        version: String::new(),
-        message,
-    }
+    EventRow::about(cluster, "", kind, at_ms, message)
 }
 
 /// Reads the lock, changes it with `f` and writes it if it is still the

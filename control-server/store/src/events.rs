@@ -76,8 +76,9 @@ impl EventRow {
         )
     }
 
-    /// An event about a cluster or one of its nodes, outside any rollout.
-    fn about(cluster: &str, node: &str, kind: &str, at_ms: i64, message: String) -> EventRow {
+    /// An event about a cluster or one of its nodes (`node` may be
+    /// empty), outside any rollout.
+    pub fn about(cluster: &str, node: &str, kind: &str, at_ms: i64, message: String) -> EventRow {
         EventRow {
             id: 0,
             at_ms,
