@@ -42,6 +42,9 @@ if [ "$for_what" = tests ]; then
   # The console tests drive headless Chromium over WebDriver (tests/tests/console.rs).
   command -v chromium >/dev/null || need+=(chromium)
   command -v chromedriver >/dev/null || need+=(chromium-driver)
+  # The FleetLock tests (tests/tests/fleetlock.rs) are a Zincati stand-in:
+  # curl speaks the protocol to the server.
+  command -v curl >/dev/null || need+=(curl)
   # The dependency and module-layer checks (scripts/check-deps.sh,
   # scripts/check-layers.sh) are Python.
   command -v python3 >/dev/null || need+=(python3)
