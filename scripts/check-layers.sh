@@ -195,7 +195,7 @@ CRATES = {
     # the modes that run many.
     "control-server/loadgen/src": """
         args report sim
-        baseline rollout storm
+        baseline plan rollout storm
     """,
     # lks-kube-controller: the custom resources and the pieces under the
     # reconcilers, what the reconcilers share, the server-to-resource

@@ -105,6 +105,30 @@ pub struct Args {
     /// Batch size of that rollout (default: all agents at once).
     #[arg(long)]
     pub batch_size: Option<u32>,
+    /// Start the rollouts through one release plan over the clusters
+    /// (`CreatePlan`) instead of one `StartRollout` each; the report's
+    /// `rollouts_started_seconds` is then the plan's create → its last
+    /// cluster rollout stored.
+    #[arg(long, requires = "rollout", conflicts_with = "kill_mid_rollout")]
+    pub plan: bool,
+    /// The plan's groups: the clusters in this many consecutive slices, by
+    /// name, in order.
+    #[arg(long, default_value_t = 1, requires = "plan")]
+    pub plan_groups: usize,
+    /// The plan's --max-clusters-in-flight (default: every cluster).
+    #[arg(long, requires = "plan")]
+    pub plan_in_flight: Option<u32>,
+    /// The agents enrolled in these clusters report every bundle of each
+    /// desired state failed ("lks-loadgen --fail-in"), as a node whose
+    /// health check fails: failure injection for rollouts and plans.
+    #[arg(long, value_delimiter = ',', value_name = "CLUSTER")]
+    pub fail_in: Vec<String>,
+    /// The agents enrolled in these clusters take --slow-ms to apply a
+    /// desired state that has bundles (a slow node).
+    #[arg(long, value_delimiter = ',', value_name = "CLUSTER")]
+    pub slow_in: Vec<String>,
+    #[arg(long, default_value_t = 5000)]
+    pub slow_ms: u64,
     /// Measure an idle in-process tonic server instead (no control server needed).
     #[arg(long)]
     pub baseline: bool,

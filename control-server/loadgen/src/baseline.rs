@@ -108,6 +108,7 @@ pub(crate) async fn baseline(args: &Args) -> Result<Report> {
         connect_seconds,
         first_message: summarise(first_ms),
         rollout_seconds: None,
+        rollouts_started_seconds: None,
         fanout: None,
         errors,
         assigned_twice: 0,

@@ -57,6 +57,7 @@
 
 mod args;
 mod baseline;
+mod plan;
 mod report;
 mod rollout;
 mod sim;
@@ -105,6 +106,8 @@ fn main() {
 /// One simulated agent's credentials.
 struct Creds {
     name: String,
+    /// The cluster it enrolled in.
+    cluster: String,
     cert_pem: String,
     key_pem: String,
 }
@@ -131,6 +134,15 @@ async fn run(args: Args) -> Result<()> {
     }
     if args.storm && !args.kill_mid_rollout.is_empty() {
         bail!("--storm and --kill-mid-rollout do not go together");
+    }
+    let ours = cluster_names(&args);
+    for (flag, named) in [("--fail-in", &args.fail_in), ("--slow-in", &args.slow_in)] {
+        if let Some(c) = named.iter().find(|c| !ours.contains(c)) {
+            bail!("{flag} {c}: not one of the load generator's clusters");
+        }
+    }
+    if args.plan && !(1..=ours.len()).contains(&args.plan_groups) {
+        bail!("--plan-groups must be 1 to {} (the clusters)", ours.len());
     }
     // Before anything else: SIGUSR1 must never find the default action
     // (terminate) in place.
@@ -209,6 +221,12 @@ async fn against_server(args: &Args, sig: &mut Signals) -> Result<Report> {
             back: back_tx.clone(),
             desired: desired_tx.clone(),
             stop: stop.clone(),
+            fail: args.fail_in.contains(&c.cluster),
+            slow: if args.slow_in.contains(&c.cluster) {
+                Duration::from_millis(args.slow_ms)
+            } else {
+                Duration::ZERO
+            },
         };
         let sem = sem.clone();
         tasks.spawn(async move {
@@ -240,11 +258,12 @@ async fn against_server(args: &Args, sig: &mut Signals) -> Result<Report> {
         desired_rx: &mut desired_rx,
         back_rx: &mut back_rx,
     };
-    let (mut rollout_seconds, mut fanout) = (None, None);
+    let (mut rollout_seconds, mut fanout, mut rollouts_started_seconds) = (None, None, None);
     if args.rollout {
         let r = rollout(args, &conf, &servers, &mut admin, run_id, &mut w, &mut tracker).await?;
         rollout_seconds = r.seconds;
         fanout = Some(r.fanout);
+        rollouts_started_seconds = r.started_seconds;
     }
     hold(args, sig, &mut tracker, &mut w, creds.len()).await;
     let failover = tracker.killed_at.map(|k| tracker.failover(k, args, &w));
@@ -266,6 +285,7 @@ async fn against_server(args: &Args, sig: &mut Signals) -> Result<Report> {
         connect_seconds,
         first_message: summarise(first_ms),
         rollout_seconds,
+        rollouts_started_seconds,
         fanout,
         errors,
         assigned_twice: tracker.twice.iter().filter(|t| **t).count(),
@@ -357,11 +377,14 @@ async fn enrol_all(
             move || retries.load(Ordering::Relaxed)
         },
     );
+    let clusters = cluster_names(args);
     let results: Vec<Result<(Creds, f64)>> = futures::stream::iter(0..args.agents)
         .map(|i| {
-            let (sem, token, url, ca, retries, enrolled) = (
+            let k = (args.first_agent + i) % tokens.len();
+            let (sem, token, cluster, url, ca, retries, enrolled) = (
                 sem.clone(),
-                tokens[(args.first_agent + i) % tokens.len()].clone(),
+                tokens[k].clone(),
+                clusters[k].clone(),
                 server_for(servers, args.first_agent + i).to_string(),
                 conf.ca_cert.clone(),
                 retries.clone(),
@@ -372,7 +395,8 @@ async fn enrol_all(
             async move {
                 let _permit = sem.acquire_owned().await?;
                 let t = Instant::now();
-                let creds = enrol_one(i, name, token, &url, &ca, local, &retries).await?;
+                let mut creds = enrol_one(i, name, token, &url, &ca, local, &retries).await?;
+                creds.cluster = cluster;
                 enrolled.fetch_add(1, Ordering::Relaxed);
                 Ok((creds, t.elapsed().as_secs_f64() * 1e3))
             }
@@ -453,6 +477,7 @@ async fn enrol_one(
     };
     Ok(Creds {
         name,
+        cluster: String::new(),
         cert_pem: resp.certificate_pem,
         key_pem,
     })

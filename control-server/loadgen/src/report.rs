@@ -39,6 +39,10 @@ pub(crate) struct Report {
     /// Connection start → first desired state (baseline: first Watch message).
     pub(crate) first_message: Summary,
     pub(crate) rollout_seconds: Option<f64>,
+    /// The first admin call that starts the rollouts (the first
+    /// `StartRollout`, or with `--plan` the `CreatePlan`) → the last
+    /// cluster's rollout stored (its `created_at`, the server's clock).
+    pub(crate) rollouts_started_seconds: Option<f64>,
     /// Rollout start → agent holds the new desired state.
     pub(crate) fanout: Option<Summary>,
     pub(crate) errors: usize,
@@ -148,6 +152,9 @@ pub(crate) fn print_text(r: &Report) {
     println!("first message:   {}", s(&r.first_message));
     if let (Some(t), Some(f)) = (r.rollout_seconds, &r.fanout) {
         println!("rollout:         completed in {t:.2} s; fan-out {}", s(f));
+    }
+    if let Some(t) = r.rollouts_started_seconds {
+        println!("rollouts started: the last {t:.2} s after the first admin call");
     }
     println!(
         "errors:          {}; auth errors {}; assigned twice {}",

@@ -4,7 +4,7 @@
 //! `--kill-mid-rollout` the kill and the agents' way back.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -33,6 +33,8 @@ pub struct Watch<'a> {
 pub struct RolloutResult {
     pub seconds: Option<f64>,
     pub fanout: Summary,
+    /// The first admin call → the last rollout stored.
+    pub started_seconds: Option<f64>,
 }
 
 /// Follows what the simulated agents received: the rollout's fan-out, each
@@ -252,9 +254,14 @@ pub async fn rollout(
         .map_err(|s| anyhow!("publish {bundle}@1: {}", s.message()))?;
     tracker.drain(w);
     let t0 = Instant::now();
+    let t0_ms = wall_ms();
     let clusters = cluster_names(args);
     // The benchmark marks the start of its cost window at this line.
-    note(&format!("starting {} rollouts of {bundle}@1", clusters.len()));
+    note(&format!(
+        "starting {} rollouts of {bundle}@1{}",
+        clusters.len(),
+        if args.plan { " through one plan" } else { "" }
+    ));
     // A cluster's share of the nodes (rounded up): its batch size and
     // failure threshold, so each rollout starts all its nodes at once.
     let per_cluster = nodes.div_ceil(clusters.len()) as u32;
@@ -277,20 +284,37 @@ pub async fn rollout(
     // every node) never hold up the kill.
     let killed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let retries = Arc::new(AtomicU64::new(0));
+    let last_start_ms = Arc::new(AtomicI64::new(0));
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
-    let follower = tokio::spawn(follow_rollouts(
-        Follow {
+    let follower = if args.plan {
+        let run = crate::plan::PlanRun {
             admin: admin.clone(),
-            starts,
-            ids: Vec::new(),
-            servers: servers.to_vec(),
-            conf: conf.clone(),
-            killed: killed.clone(),
-            retries: retries.clone(),
-            failing_over,
-        },
-        done_tx,
-    ));
+            name: bundle.clone(),
+            in_flight: args
+                .plan_in_flight
+                .unwrap_or(u32::try_from(clusters.len()).unwrap_or(u32::MAX)),
+            groups: args.plan_groups,
+            rollout: starts.first().cloned().unwrap_or_default(),
+            clusters,
+            last_start_ms: last_start_ms.clone(),
+        };
+        tokio::spawn(crate::plan::follow(run, done_tx))
+    } else {
+        tokio::spawn(follow_rollouts(
+            Follow {
+                admin: admin.clone(),
+                starts,
+                ids: Vec::new(),
+                servers: servers.to_vec(),
+                conf: conf.clone(),
+                killed: killed.clone(),
+                retries: retries.clone(),
+                failing_over,
+                last_start_ms: last_start_ms.clone(),
+            },
+            done_tx,
+        ))
+    };
     let limit = Instant::now() + Duration::from_secs(args.rollout_timeout);
     loop {
         tracker.drain(w);
@@ -333,9 +357,11 @@ pub async fn rollout(
     }
     tracker.drain(w);
     tracker.fo.admin_retries = retries.load(Ordering::Relaxed);
+    let last = last_start_ms.load(Ordering::Relaxed);
     Ok(RolloutResult {
         seconds: tracker.rollout_done.map(|d| d.duration_since(t0).as_secs_f64()),
         fanout: summarise(tracker.seen.iter().flatten().copied().collect()),
+        started_seconds: (last > 0).then(|| (last - t0_ms) as f64 / 1e3),
     })
 }
 
@@ -381,6 +407,8 @@ struct Follow {
     killed: Arc<std::sync::atomic::AtomicBool>,
     retries: Arc<AtomicU64>,
     failing_over: bool,
+    /// The newest `created_at` of the rollouts started (ms).
+    last_start_ms: Arc<AtomicI64>,
 }
 
 impl Follow {
@@ -415,7 +443,9 @@ async fn follow_rollouts(
         loop {
             match f.admin.start_rollout(req.clone()).await {
                 Ok(r) => {
-                    f.ids.push(r.into_inner().id);
+                    let r = r.into_inner();
+                    f.last_start_ms.fetch_max(r.created_at_ms, Ordering::Relaxed);
+                    f.ids.push(r.id);
                     break;
                 }
                 // Killed meanwhile: the server, or its etcd member, may be
@@ -491,6 +521,14 @@ async fn running_rollouts(
     }
     *ids = still;
     Ok(())
+}
+
+/// Now on the wall clock, in ms since the Unix epoch: the server's clock
+/// on the same machine.
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// A progress note on stderr (the load generator has no tracing).

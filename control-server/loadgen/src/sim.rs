@@ -278,6 +278,11 @@ pub struct Agent {
     pub back: mpsc::UnboundedSender<Back>,
     pub desired: mpsc::Sender<Desired>,
     pub stop: CancellationToken,
+    /// Report every bundle failed (`--fail-in`).
+    pub fail: bool,
+    /// Wait this long before reporting a desired state with bundles
+    /// (`--slow-in`).
+    pub slow: Duration,
 }
 
 enum End {
@@ -446,12 +451,13 @@ impl Agent {
                                 let _ = self.back.send(Back { agent: self.i, session_started: started, at, attempts, after_move });
                             }
                             let bundles = d.bundles.iter().filter_map(|b| b.manifest.as_ref().map(|m| format!("{}@{}", m.name, m.version))).collect();
-                            let statuses = d.bundles.iter().filter_map(|b| b.manifest.as_ref()).map(|m| pb::BundleStatus {
-                                name: m.name.clone(),
-                                version: m.version.clone(),
-                                state: pb::BundleState::Applied as i32,
-                                ..Default::default()
-                            }).collect();
+                            if !self.slow.is_zero() && !d.bundles.is_empty() {
+                                tokio::select! {
+                                    _ = self.stop.cancelled() => return End::Stopped,
+                                    _ = tokio::time::sleep(self.slow) => {}
+                                }
+                            }
+                            let statuses = d.bundles.iter().filter_map(|b| b.manifest.as_ref()).map(|m| self.status_of(m)).collect();
                             let _ = self.desired.try_send(Desired { agent: self.i, at, generation: d.generation, bundles });
                             if tx.send(send(agent_message::Msg::Status(pb::StatusReport { generation: d.generation, bundles: statuses, trust: None, reboot: None }))).await.is_err() {
                                 return closed();
@@ -464,6 +470,28 @@ impl Agent {
                     },
                 },
             }
+        }
+    }
+}
+
+impl Agent {
+    /// What this agent reports of a bundle of its desired state: applied,
+    /// or failed with `--fail-in`.
+    fn status_of(&self, m: &pb::Manifest) -> pb::BundleStatus {
+        let (state, message) = if self.fail {
+            (
+                pb::BundleState::Failed,
+                "lks-loadgen --fail-in: health check failed",
+            )
+        } else {
+            (pb::BundleState::Applied, "")
+        };
+        pb::BundleStatus {
+            name: m.name.clone(),
+            version: m.version.clone(),
+            state: state as i32,
+            message: message.into(),
+            ..Default::default()
         }
     }
 }
