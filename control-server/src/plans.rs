@@ -100,13 +100,15 @@ pub fn overdue(p: &PlanRow, now_ms: i64) -> bool {
         && now_ms.saturating_sub(p.created_at_ms) > i64::try_from(p.alert_after_ms).unwrap_or(i64::MAX)
 }
 
-/// How the plan's rollouts stand, by ID (a rollout not stored is absent).
+/// How the rollouts `ids` stand, by ID (a rollout not stored is absent):
+/// the driver reads those it follows (`plan::rollouts_to_follow`), `plan
+/// status` every one the plan started (`plan::rollout_ids`).
 pub async fn rollouts_seen(
     store: &dyn Store,
-    p: &PlanRow,
+    ids: Vec<String>,
 ) -> Result<BTreeMap<String, RolloutSeen>, StoreError> {
     let mut out = BTreeMap::new();
-    for id in plan::rollout_ids(p) {
+    for id in ids {
         if let Some(r) = store.get_rollout(&id).await? {
             let c = counts(&r);
             out.insert(
@@ -127,7 +129,7 @@ pub async fn rollouts_seen(
 /// Steps `p` until nothing changes; returns it as stored last.
 async fn drive(d: &Deps, mut p: PlanRow) -> Result<PlanRow, StoreError> {
     for _ in 0..MAX_STEPS {
-        let seen = rollouts_seen(d.store.as_ref(), &p).await?;
+        let seen = rollouts_seen(d.store.as_ref(), plan::rollouts_to_follow(&p)).await?;
         let now = now_ms();
         let Some(decision) = plan::step(&p, &seen, now) else {
             break;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use lks_proto::labels::selector_matches;
 use lks_proto::pb;
 use lks_rollout::Policy;
-use lks_rollout::plan::{PlanVerb, RolloutSeen, cluster_state_at, group_state_at};
+use lks_rollout::plan::{PlanVerb, RolloutSeen, cluster_state_at, group_state_at, rollout_ids};
 use serde_json::json;
 use tonic::{Response, Status};
 
@@ -195,7 +195,7 @@ pub(super) async fn create(
 /// `GetPlan`: the plan with its rollouts' progress and its clusters' facts.
 pub(super) async fn get(s: &Deps, r: pb::PlanRef) -> Result<Response<pb::Plan>, Status> {
     let row = ops_plan::get(s.store.as_ref(), &r.name).await?;
-    let seen = rollouts_seen(s.store.as_ref(), &row)
+    let seen = rollouts_seen(s.store.as_ref(), rollout_ids(&row))
         .await
         .map_err(OpError::from)?;
     let facts = facts(s, &row).await?;
@@ -223,7 +223,7 @@ pub(super) async fn verb(
     who: &str,
 ) -> Result<Response<pb::Plan>, Status> {
     let row = ops_plan::verb(s.store.as_ref(), &r.name, verb, who, now_ms()).await?;
-    let seen = rollouts_seen(s.store.as_ref(), &row)
+    let seen = rollouts_seen(s.store.as_ref(), rollout_ids(&row))
         .await
         .map_err(OpError::from)?;
     Ok(Response::new(plan_pb(&row, &seen, &BTreeMap::new(), now_ms())))

@@ -77,11 +77,38 @@ fn started(d: &PlanDecision) -> Vec<String> {
         .collect()
 }
 
-/// Steps `p` once; the decision's plan becomes `p`.
+/// Steps `p` once, as the driver does: over the rollouts it follows
+/// ([`rollouts_to_follow`]) and no other; the decision's plan becomes `p`.
+/// Every test below thus checks that those are all a step needs.
 fn go(p: &mut PlanRow, seen: &Seen, now: i64) -> PlanDecision {
-    let d = step(p, seen, now).expect("a decision");
+    let follow = rollouts_to_follow(p);
+    let read: Seen = seen
+        .iter()
+        .filter(|(id, _)| follow.contains(id))
+        .map(|(id, r)| (id.clone(), r.clone()))
+        .collect();
+    let d = step(p, &read, now).expect("a decision");
     *p = d.plan.clone();
     d
+}
+
+#[test]
+fn the_driver_follows_only_the_rollouts_that_run_until_a_rollback() {
+    let mut p = plan(&[("g", &[("a", 3), ("b", 3)]), ("h", &[("c", 3)])]);
+    p.soak_ms = 60_000;
+    let mut seen = Seen::new();
+    go(&mut p, &seen, 1);
+    assert_eq!(rollouts_to_follow(&p), [rid("a"), rid("b")]);
+    saw(&mut seen, "a", RolloutState::Completed);
+    saw(&mut seen, "b", RolloutState::Failed);
+    p.failure_budget = 2;
+    go(&mut p, &seen, 2);
+    // Group g done, soaking: nothing runs, nothing is read.
+    assert_eq!(state_of(&p, "b"), C::Failed);
+    assert!(rollouts_to_follow(&p).is_empty());
+    assert_eq!(step(&p, &Seen::new(), 3), None, "nothing to do while soaking");
+    let p = apply_verb(&p, PlanVerb::Rollback, 4).unwrap();
+    assert_eq!(rollouts_to_follow(&p), [rid("a"), rid("b")]);
 }
 
 #[test]
