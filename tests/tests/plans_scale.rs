@@ -39,7 +39,7 @@ const SOAK_MS: i64 = 3000;
 /// The cluster whose agents fail the version: in the last group, which is
 /// running when it fails.
 const BAD: &str = "sc-25";
-/// The cluster started just before it, whose agents take 6 s to apply:
+/// The cluster started just before it, whose agents take 10 s to apply:
 /// still running at the halt, so the halt pauses its rollout.
 const SLOW: &str = "sc-24";
 const PLAN: &str = "scale";
@@ -65,7 +65,7 @@ fn loadgen(s: &Server) -> Proc {
         .arg(s.admin_conf_path())
         .args(["--cluster", "sc", "--clusters", &CLUSTERS.to_string()])
         .args(["--agents", &(CLUSTERS * PER_CLUSTER).to_string()])
-        .args(["--fail-in", BAD, "--slow-in", SLOW, "--slow-ms", "6000"])
+        .args(["--fail-in", BAD, "--slow-in", SLOW, "--slow-ms", "10000"])
         .args(["--hold", "900", "--keep-nodes", "-o", "json"]);
     Proc::spawn("lks-loadgen", cmd, s.work_dir())
 }
