@@ -142,70 +142,89 @@ fn state_from_str(s: &str) -> Result<BundleState> {
         .map_err(|e: lks_proto::manifest::UnknownBundleState| StoreError::backend_source(e))
 }
 
-/// Every cluster, by name, with its node count.
-fn read_clusters(c: &Connection) -> Result<Vec<ClusterRow>> {
-    let names = c
-        .prepare("SELECT name FROM clusters ORDER BY name")?
-        .query_map([], |r| r.get::<_, String>(0))?
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut out = Vec::with_capacity(names.len());
-    for n in names {
-        out.extend(read_cluster(c, &n)?);
+/// The columns a cluster is read from: its row, its node count and its
+/// reboot policy (`c` is the clusters table).
+const CLUSTER_COLUMNS: &str =
+    "c.name, c.created_at_ms, (SELECT COUNT(*) FROM nodes n WHERE n.cluster = c.name),
+    c.maintenance_windows, c.ca_cert_pem, c.api_server,
+    c.peer_enabled, c.peer_port, c.peer_upload_rate, c.peer_max_uploads,
+    c.kubeconfig IS NOT NULL, c.kube_drain, c.labels, c.reboots";
+
+/// A cluster as read by [`CLUSTER_COLUMNS`], its JSON columns still text.
+struct RawCluster {
+    name: String,
+    created_at_ms: i64,
+    node_count: u32,
+    windows: String,
+    ca_cert_pem: Option<String>,
+    api_server: Option<String>,
+    peer: PeerSettings,
+    kube: KubeFlags,
+    labels: String,
+    reboots: Option<String>,
+}
+
+fn raw_cluster(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawCluster> {
+    Ok(RawCluster {
+        name: r.get(0)?,
+        created_at_ms: r.get(1)?,
+        node_count: r.get(2)?,
+        windows: r.get(3)?,
+        ca_cert_pem: r.get(4)?,
+        api_server: r.get(5)?,
+        peer: PeerSettings {
+            enabled: r.get(6)?,
+            port: r.get(7)?,
+            upload_rate: r.get::<_, i64>(8)? as u64,
+            max_uploads: r.get(9)?,
+        },
+        kube: KubeFlags {
+            kubeconfig: r.get(10)?,
+            drain: r.get(11)?,
+        },
+        labels: r.get(12)?,
+        reboots: r.get(13)?,
+    })
+}
+
+impl RawCluster {
+    fn decode(self) -> Result<ClusterRow> {
+        Ok(ClusterRow {
+            name: self.name,
+            created_at_ms: self.created_at_ms,
+            node_count: self.node_count,
+            maintenance_windows: serde_json::from_str(&self.windows)?,
+            ca_cert_pem: self.ca_cert_pem,
+            api_server: self.api_server,
+            peer: self.peer,
+            kube: self.kube,
+            labels: serde_json::from_str(&self.labels)?,
+            reboots: reboots::decode_policy(self.reboots.as_deref())?,
+        })
     }
-    Ok(out)
+}
+
+/// Every cluster, by name, with its node count: one query (the reboot
+/// leader lists every cluster every 2 s; a query per cluster made that
+/// most of an idle server's CPU at 1,000 clusters, BENCHMARKS.md).
+fn read_clusters(c: &Connection) -> Result<Vec<ClusterRow>> {
+    let raw = c
+        .prepare(&format!(
+            "SELECT {CLUSTER_COLUMNS} FROM clusters c ORDER BY c.name"
+        ))?
+        .query_map([], raw_cluster)?
+        .collect::<Result<Vec<_>, _>>()?;
+    raw.into_iter().map(RawCluster::decode).collect()
 }
 
 fn read_cluster(c: &Connection, name: &str) -> Result<Option<ClusterRow>> {
-    let row = c
-        .query_row(
-            "SELECT c.name, c.created_at_ms, (SELECT COUNT(*) FROM nodes n WHERE n.cluster = c.name),
-                    c.maintenance_windows, c.ca_cert_pem, c.api_server,
-                    c.peer_enabled, c.peer_port, c.peer_upload_rate, c.peer_max_uploads,
-                    c.kubeconfig IS NOT NULL, c.kube_drain, c.labels
-             FROM clusters c WHERE c.name = ?1",
-            [name],
-            |r| {
-                Ok((
-                    (
-                        r.get::<_, String>(0)?,
-                        r.get::<_, i64>(1)?,
-                        r.get::<_, u32>(2)?,
-                        r.get::<_, String>(3)?,
-                        r.get::<_, Option<String>>(4)?,
-                        r.get::<_, Option<String>>(5)?,
-                    ),
-                    PeerSettings {
-                        enabled: r.get(6)?,
-                        port: r.get(7)?,
-                        upload_rate: r.get::<_, i64>(8)? as u64,
-                        max_uploads: r.get(9)?,
-                    },
-                    KubeFlags {
-                        kubeconfig: r.get(10)?,
-                        drain: r.get(11)?,
-                    },
-                    r.get::<_, String>(12)?,
-                ))
-            },
-        )
-        .optional()?;
-    row.map(
-        |((name, created_at_ms, node_count, windows, ca_cert_pem, api_server), peer, kube, labels)| {
-            let reboots = reboots::read_policy(c, &name)?;
-            Ok(ClusterRow {
-                name,
-                created_at_ms,
-                node_count,
-                maintenance_windows: serde_json::from_str(&windows)?,
-                ca_cert_pem,
-                api_server,
-                peer,
-                kube,
-                labels: serde_json::from_str(&labels)?,
-                reboots,
-            })
-        },
+    c.query_row(
+        &format!("SELECT {CLUSTER_COLUMNS} FROM clusters c WHERE c.name = ?1"),
+        [name],
+        raw_cluster,
     )
+    .optional()?
+    .map(RawCluster::decode)
     .transpose()
 }
 

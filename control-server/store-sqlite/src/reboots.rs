@@ -9,16 +9,10 @@ use lks_store::{EventRow, Kind, LockAt, RebootLock, RebootPolicy, RebootStore, R
 
 use crate::{SqliteStore, insert_event};
 
-/// The cluster's reboot policy; the default (off) when none was set.
-pub(crate) fn read_policy(c: &Connection, name: &str) -> Result<RebootPolicy> {
-    let json: Option<String> = c
-        .query_row("SELECT reboots FROM clusters WHERE name = ?1", [name], |r| {
-            r.get(0)
-        })
-        .optional()?
-        .flatten();
+/// A reboot policy from its column: the default (off) when none was set.
+pub(crate) fn decode_policy(json: Option<&str>) -> Result<RebootPolicy> {
     Ok(match json {
-        Some(j) => serde_json::from_str(&j)?,
+        Some(j) => serde_json::from_str(j)?,
         None => RebootPolicy::default(),
     })
 }
