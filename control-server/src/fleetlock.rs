@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_ms;
 use crate::metrics::Metrics;
+use crate::rebootgates::Gates;
 use crate::reboots::{clock_of, view_of};
 use crate::store::{EventRow, Store, StoreError};
 
@@ -172,7 +173,7 @@ fn event(ask: &Ask, kind: &str, message: String, at_ms: i64) -> EventRow {
 
 /// Carries out `ask` on its cluster's lock: `granted`, `held` (a slot
 /// already) or `released` (also when there was none).
-pub async fn answer(store: &dyn Store, ask: &Ask) -> Result<&'static str, Failure> {
+pub async fn answer(store: &dyn Store, gates: &Gates, ask: &Ask) -> Result<&'static str, Failure> {
     let Some(c) = store.get_cluster(&ask.cluster).await.map_err(store_failure)? else {
         return Err(fail(
             StatusCode::NOT_FOUND,
@@ -180,15 +181,20 @@ pub async fn answer(store: &dyn Store, ask: &Ask) -> Result<&'static str, Failur
             format!("cluster {} does not exist", ask.cluster),
         ));
     };
-    let node = match store.get_node(&ask.id).await.map_err(store_failure)? {
+    let mut node = match store.get_node(&ask.id).await.map_err(store_failure)? {
         Some(n) if n.cluster == c.name => Some(view_of(&n, n.connected)),
         _ => None,
     };
     for _ in 0..ATTEMPTS {
         let at = store.reboot_lock(&c.name).await.map_err(store_failure)?;
-        let clock = clock_of(&c, now_ms());
+        let mut clock = clock_of(&c, now_ms());
         let (next, kind, message) = match ask.op {
             Op::PreReboot => {
+                // The gates' answers (kept a few seconds, shared with the lock).
+                let id = ask.id.as_str();
+                gates
+                    .fill_one(&c, node.as_mut().map(|v| (id, v)), &mut clock)
+                    .await;
                 let next = fleetlock::take(&c.reboots, &at.lock, &ask.id, &ask.group, node.as_ref(), &clock)
                     .map_err(|r| fail(StatusCode::CONFLICT, r.kind(), r.message(&c.name, &ask.id)))?;
                 let n = at.lock.slots.len() + 1;
@@ -271,6 +277,7 @@ fn reply(r: Result<&'static str, Failure>) -> Response<Full<Bytes>> {
 async fn handle(
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
+    gates: Arc<Gates>,
     req: Request<hyper::body::Incoming>,
 ) -> Response<Full<Bytes>> {
     let method = req.method().clone();
@@ -296,7 +303,7 @@ async fn handle(
                 Op::PreReboot => "pre-reboot",
                 Op::SteadyState => "steady-state",
             };
-            (op, answer(store.as_ref(), &ask).await)
+            (op, answer(store.as_ref(), &gates, &ask).await)
         }
         Err(f) => ("other", Err(f)),
     };
@@ -321,14 +328,20 @@ pub fn tls_config(
 
 /// Serves one connection (plain or TLS) until it ends, `cancel` fires or
 /// [`CONNECTION_TIMEOUT`] passes.
-async fn serve_conn<IO>(io: IO, store: Arc<dyn Store>, metrics: Arc<Metrics>, cancel: CancellationToken)
-where
+async fn serve_conn<IO>(
+    io: IO,
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+    gates: Arc<Gates>,
+    cancel: CancellationToken,
+) where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let svc = service_fn(move |req| {
         let store = store.clone();
         let metrics = metrics.clone();
-        async move { Ok::<_, Infallible>(handle(store, metrics, req).await) }
+        let gates = gates.clone();
+        async move { Ok::<_, Infallible>(handle(store, metrics, gates, req).await) }
     });
     let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(io), svc);
     tokio::select! {
@@ -347,6 +360,7 @@ pub async fn serve(
     listener: TcpListener,
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
+    gates: Arc<Gates>,
     tls: Option<Arc<rustls::ServerConfig>>,
     cancel: CancellationToken,
 ) {
@@ -365,14 +379,15 @@ pub async fn serve(
         };
         let store = store.clone();
         let metrics = metrics.clone();
+        let gates = gates.clone();
         let cancel = cancel.clone();
         let acceptor = acceptor.clone();
         tokio::spawn(async move {
             let Some(acceptor) = acceptor else {
-                return serve_conn(stream, store, metrics, cancel).await;
+                return serve_conn(stream, store, metrics, gates, cancel).await;
             };
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => serve_conn(tls, store, metrics, cancel).await,
+                Ok(Ok(tls)) => serve_conn(tls, store, metrics, gates, cancel).await,
                 Ok(Err(e)) => tracing::debug!(error = %e, "fleetlock TLS handshake failed"),
                 Err(_) => tracing::debug!("fleetlock TLS handshake timed out"),
             }

@@ -27,6 +27,8 @@ crate::context::shared_view! {
         rollouts_changed: Arc<tokio::sync::Notify>,
         /// For each node's Node object in its tenant cluster.
         tenants: Arc<TenantApis>,
+        /// The reboot gates' answers, for the reason a node waits.
+        reboot_gates: Arc<crate::rebootgates::Gates>,
     }
 }
 
@@ -96,7 +98,9 @@ pub(super) async fn get(s: &Deps, req: pb::GetNodeRequest) -> Result<Response<pb
 /// stands).
 async fn reboot_lock(s: &Deps, cluster: &str, name: &str) -> Option<pb::RebootNodeState> {
     let connected = |n: &NodeRow| n.connected || s.hub.is_connected(&n.name);
-    let st = match crate::ops::reboot::status(s.store.as_ref(), cluster, connected, now_ms()).await {
+    let st = match crate::ops::reboot::status(s.store.as_ref(), cluster, connected, &s.reboot_gates, now_ms())
+        .await
+    {
         Ok(st) => st,
         Err(e) => {
             tracing::warn!(%cluster, node = %name, error = %e, "node get: the reboot lock");
