@@ -258,6 +258,8 @@ pub mod etcd;
 pub mod hostile;
 pub mod kube;
 pub mod netns;
+pub mod prometheus;
+pub mod reboot;
 pub mod rogue;
 pub mod rollout;
 pub mod s3;
