@@ -269,7 +269,9 @@ fn an_lkscluster_is_created_converged_and_drift_put_back(cp: &KubeControlPlane, 
          apiServer: https://10.0.0.1:6443\n  drain: true\n  \
          kubeconfig: {name: tenant-a-kube, namespace: lksadmin, key: kubeconfig}\n  \
          peerSharing: {uploadRate: 200Mbit}\n  \
-         reboots: {mode: auto, maxConcurrent: 2, timeout: 45m, onTimeout: keep}\n  \
+         reboots: {mode: auto, maxConcurrent: 2, timeout: 45m, onTimeout: keep, \
+         alertGate: {url: \"http://prometheus.monitoring:9090\", filter: ^Kube}, \
+         blockingPodSelector: \"app in (db, cache)\"}\n  \
          labels: {env: prod}\n",
     );
     wait_until(WAIT, "LksCluster a Ready", || {
@@ -290,6 +292,12 @@ fn an_lkscluster_is_created_converged_and_drift_put_back(cp: &KubeControlPlane, 
         (&"auto".into(), &2.into(), &"45m".into(), &"keep".into()),
         "spec.reboots reached the server: {c}"
     );
+    assert_eq!(
+        c["reboots"]["alert_gate"],
+        serde_json::json!({"url": "http://prometheus.monitoring:9090", "filter": "^Kube"}),
+        "{c}"
+    );
+    assert_eq!(c["reboots"]["blocking_pod_selector"], "app in (db,cache)", "{c}");
     assert_eq!(c["labels"]["env"], "prod", "{c}");
     let obj = cp.get_json(&["get", "lkscluster", "a"]);
     assert!(
@@ -319,11 +327,15 @@ fn an_lkscluster_is_created_converged_and_drift_put_back(cp: &KubeControlPlane, 
         "off",
         "--reboots",
         "off",
+        "--no-reboot-alert-gate",
         "--no-labels",
     ]);
     wait_until(WAIT, "drain, reboots and labels again as the spec says", || {
         let c = s.lksctl_json(&["cluster", "get", "a"]);
-        c["drain"] == true && c["reboots"]["mode"] == "auto" && c["labels"]["env"] == "prod"
+        c["drain"] == true
+            && c["reboots"]["mode"] == "auto"
+            && c["reboots"]["alert_gate"]["filter"] == "^Kube"
+            && c["labels"]["env"] == "prod"
     });
 }
 
