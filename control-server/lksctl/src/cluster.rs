@@ -47,8 +47,9 @@ pub enum ClusterCmd {
         output: Format,
     },
     /// Change a cluster: its maintenance windows (outside every window no
-    /// rollout starts a node), its API server, a CA if it has none, or
-    /// whether and how its nodes share blobs with each other.
+    /// rollout starts a node), its API server, a CA if it has none,
+    /// whether and how its nodes share blobs with each other, its tenant
+    /// API, or its coordinated reboots and their gates.
     Set(Box<SetFlags>),
     /// Show one cluster.
     Get {
