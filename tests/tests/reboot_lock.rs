@@ -7,6 +7,8 @@
 //! maintenance windows, a node that never comes back is `reboot-lost`
 //! and its slot freed for the next, and on etcd replicas a leader killed
 //! mid-reboot is replaced by one that reads who holds what from the store.
+//! Why a node waits for a slot shows in `node get`, `node list` (table and
+//! JSON) and the console's node table and page (headless Chromium).
 
 // Test code: a helper that fails panics with what it was doing, as a
 // #[test] does (clippy.toml allows that only inside #[test] functions).
@@ -17,6 +19,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use lks_e2e::agent::{Agent, CONVERGE, node_events};
+use lks_e2e::console::{Browser, Console, screenshot_dir};
 use lks_e2e::server::Server;
 use lks_e2e::wait_until;
 
@@ -220,6 +223,7 @@ fn auto_reboots_required_nodes_at_most_n_at_a_time_inside_windows() {
         text.contains("Reboot lock:  waiting: every maintenance window"),
         "{text}"
     );
+    the_reason_shows_in_node_list_and_the_console(&server, &got);
     let json = server.lksctl_json(&["cluster", "get", "c1"]);
     assert_eq!(
         json["reboots"],
@@ -249,6 +253,57 @@ fn auto_reboots_required_nodes_at_most_n_at_a_time_inside_windows() {
     for s in &mut sims {
         assert_eq!(s.agent.stop(), Some(0));
     }
+}
+
+/// Why the nodes wait for a slot (`got`: `node get w1 -o json`) shows in
+/// `node list` — the REBOOT column, and in the JSON the same `reboot_lock`
+/// as `node get`, beside the `reboot` object it always had — and in the
+/// console's node table and node page.
+fn the_reason_shows_in_node_list_and_the_console(server: &Server, got: &serde_json::Value) {
+    let list = server.lksctl_json(&["node", "list"]);
+    for n in list.as_array().unwrap() {
+        assert_eq!(n["reboot"]["state"], "required", "{n}");
+        assert_eq!(n["reboot_lock"]["state"], "waiting", "{n}");
+        assert!(
+            n["reboot_lock"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("every maintenance window is closed; the next opens at "),
+            "{n}"
+        );
+        if n["name"] == "w1" {
+            assert_eq!(n["reboot_lock"], got["reboot_lock"], "as node get says it");
+        }
+    }
+    let want = "required: /var/run/reboot-required (waiting: every maintenance window is closed)";
+    let table = server.lksctl_ok(&["node", "list", "--cluster", "c1"]);
+    assert!(table.lines().next().unwrap().ends_with("REBOOT"), "{table}");
+    let rows: Vec<&str> = table.lines().skip(1).collect();
+    assert_eq!(rows.len(), 4, "{table}");
+    assert!(rows.iter().all(|r| r.ends_with(want)), "{table}");
+
+    let console = Console::start(server, None);
+    let br = Browser::start();
+    let shots = screenshot_dir();
+    let url = console.url();
+    br.goto(&format!("{url}#/nodes"));
+    br.wait("w1's reboot reason", |b| {
+        b.js(
+            "const t = document.getElementById('nodes-table'); if (!t) return '';
+             const i = Array.from(t.tHead.rows[0].cells).findIndex((c) => c.textContent === 'Reboot');
+             const row = Array.from(t.tBodies[0].rows).find((r) => r.cells[0].textContent === 'w1');
+             return i < 0 || !row ? '' : row.cells[i].textContent;",
+            serde_json::json!([]),
+        ) == want
+    });
+    br.screenshot(&shots, "nodes-reboot");
+    br.goto(&format!("{url}#/nodes/w1"));
+    br.wait_text(
+        "#node-reboot-lock",
+        "waiting: every maintenance window is closed; the next opens at ",
+    );
+    br.wait_text("#node-reboot", "required: /var/run/reboot-required");
+    br.screenshot(&shots, "node-reboot");
 }
 
 #[test]

@@ -41,13 +41,16 @@ pub(super) async fn list(
     // list` can say which nodes hold expired ones.
     let now = now_ms();
     let mut certs = certs::newest_by_node(s.store.as_ref(), &cluster).await?;
+    let mut locks = reboot_locks(s, &cluster, &rows, now).await;
     let mut nodes: Vec<pb::Node> = rows
         .into_iter()
         .map(|n| {
             let mine = certs.remove(&n.name).unwrap_or_default();
             let mine = mine.into_iter().map(|c| clusters::cert_pb(c, now)).collect();
+            let reboot_lock = locks.remove(&n.name);
             pb::Node {
                 certificates: mine,
+                reboot_lock,
                 ..node_pb(s, n)
             }
         })
@@ -103,15 +106,35 @@ async fn reboot_lock(s: &Deps, cluster: &str, name: &str) -> Option<pb::RebootNo
             return None;
         }
     };
-    st.nodes
-        .into_iter()
-        .find(|l| l.name == name)
-        .map(|l| pb::RebootNodeState {
-            name: l.name,
-            state: l.state.to_string(),
-            message: l.message,
-            since_ms: l.since_ms,
-        })
+    st.nodes.into_iter().find(|l| l.name == name).map(lock_pb)
+}
+
+/// Where each node of `rows` stands with its cluster's reboot lock, as
+/// `node get` says it: each cluster's lock read once. Empty when the
+/// locks cannot be read (the rest of `node list` stands).
+async fn reboot_locks(
+    s: &Deps,
+    cluster: &str,
+    rows: &[NodeRow],
+    now: i64,
+) -> HashMap<String, pb::RebootNodeState> {
+    let connected = |n: &NodeRow| n.connected || s.hub.is_connected(&n.name);
+    match crate::ops::reboot::lines_by_node(s.store.as_ref(), cluster, rows, connected, now).await {
+        Ok(lines) => lines.into_iter().map(|(n, l)| (n, lock_pb(l))).collect(),
+        Err(e) => {
+            tracing::warn!(%cluster, error = %e, "node list: the reboot locks");
+            HashMap::new()
+        }
+    }
+}
+
+fn lock_pb(l: lks_rollout::reboot::NodeLine) -> pb::RebootNodeState {
+    pb::RebootNodeState {
+        name: l.name,
+        state: l.state.to_string(),
+        message: l.message,
+        since_ms: l.since_ms,
+    }
 }
 
 /// `DeleteNode`: its certificate stops working and its stream is closed.

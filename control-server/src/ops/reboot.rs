@@ -297,23 +297,73 @@ pub async fn status(
         .await?
         .ok_or_else(|| RebootError::NoCluster(cluster.into()))?;
     let at = store.reboot_lock(cluster).await?;
-    let views = store
-        .list_nodes(Some(cluster))
-        .await?
-        .into_iter()
-        .map(|n| {
-            let v = crate::reboots::view_of(&n, connected(&n));
-            (n.name, v)
-        })
-        .collect();
+    let rows = store.list_nodes(Some(cluster)).await?;
     let clock = crate::reboots::clock_of(&c, now_ms);
-    let nodes = reboot::status(&c.reboots, &at.lock, &views, &clock);
+    let nodes = lines_of(&c, &at.lock, &rows, &connected, &clock);
     Ok(Status {
         cluster: c,
         lock: at.lock,
         clock,
         nodes,
     })
+}
+
+/// The lines of `reboot status` for cluster `c` whose nodes are `rows`.
+fn lines_of(
+    c: &ClusterRow,
+    lock: &RebootLock,
+    rows: &[crate::store::NodeRow],
+    connected: &impl Fn(&crate::store::NodeRow) -> bool,
+    clock: &RebootClock,
+) -> Vec<NodeLine> {
+    let views = rows
+        .iter()
+        .filter(|n| n.cluster == c.name)
+        .map(|n| (n.name.clone(), crate::reboots::view_of(n, connected(n))))
+        .collect();
+    reboot::status(&c.reboots, lock, &views, clock)
+}
+
+/// Where each node of `rows` stands with its cluster's reboot lock (its
+/// line of `reboot status`, as `node get` shows it), by node name; nodes
+/// the lock is not about are left out. For `node list`: the clusters and
+/// their locks are read once (`cluster` given: that one), never once a
+/// node.
+pub async fn lines_by_node(
+    store: &(impl Store + ?Sized),
+    cluster: &str,
+    rows: &[crate::store::NodeRow],
+    connected: impl Fn(&crate::store::NodeRow) -> bool,
+    now_ms: i64,
+) -> Result<BTreeMap<String, NodeLine>, OpError> {
+    let mut out = BTreeMap::new();
+    if rows.is_empty() {
+        return Ok(out);
+    }
+    let (clusters, mut locks): (Vec<ClusterRow>, BTreeMap<String, LockAt>) = if cluster.is_empty() {
+        (
+            store.list_clusters().await?,
+            store.reboot_locks().await?.into_iter().collect(),
+        )
+    } else {
+        let Some(c) = store.get_cluster(cluster).await? else {
+            return Ok(out);
+        };
+        let at = store.reboot_lock(cluster).await?;
+        (vec![c], BTreeMap::from([(cluster.to_string(), at)]))
+    };
+    for c in clusters {
+        if !rows.iter().any(|n| n.cluster == c.name) {
+            continue;
+        }
+        let lock = locks.remove(&c.name).map(|at| at.lock).unwrap_or_default();
+        let clock = crate::reboots::clock_of(&c, now_ms);
+        // The first line of a node is the one `node get` shows.
+        for l in lines_of(&c, &lock, rows, &connected, &clock) {
+            out.entry(l.name.clone()).or_insert(l);
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
