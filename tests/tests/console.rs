@@ -597,7 +597,7 @@ fn plan_cluster(p: &Value, name: &str) -> Value {
 #[test]
 fn a_plans_page_shows_its_groups_progress_and_states() {
     // Real agents: node-1 and node-2 in c1, bad-1 in c2 (the bundle's step
-    // fails there), node-3 in c3; c4 has no node.
+    // fails there, saying so in markup), node-3 in c3; c4 has no node.
     let mut f = Fleet::start("c1", 2);
     for (cluster, node) in [("c2", "bad-1"), ("c3", "node-3")] {
         f.server.create_cluster(cluster);
@@ -608,7 +608,7 @@ fn a_plans_page_shows_its_groups_progress_and_states() {
         f.agents.push(a);
     }
     f.server.create_cluster("c4");
-    let picky = "[[step]]\nname = \"picky\"\nrun = [\"sh\", \"-c\", \"case $LKS_NODE in bad-*) echo refused-on-$LKS_NODE >&2; exit 3;; esac\"]\n";
+    let picky = "[[step]]\nname = \"picky\"\nrun = [\"sh\", \"-c\", \"case $LKS_NODE in bad-*) echo '<i>refused</i>' on $LKS_NODE >&2; exit 3;; esac\"]\n";
     let b = f.publish("app", "1", &files(), "0", picky);
     let console = Console::start(&f.server, None);
     let br = Browser::start();
@@ -668,7 +668,18 @@ fn a_plans_page_shows_its_groups_progress_and_states() {
     let c2 = plan_row(&br, "plan-group-1-table", "c2");
     assert!(c2.starts_with("c2 | failed | "), "{c2}");
     let why = failed["message"].as_str().unwrap();
-    assert!(!why.is_empty() && c2.contains(why), "the why {why:?} in {c2}");
+    assert!(
+        why.contains("<i>refused</i> on bad-1") && c2.contains(why),
+        "the why {why:?} in {c2}"
+    );
+    // The step's words are text, never markup.
+    assert_eq!(
+        br.js(
+            "return document.querySelectorAll('#plan-groups-list i').length;",
+            json!([])
+        ),
+        0
+    );
     assert!(c2.contains(&id[..8]), "its rollout in {c2}");
     let href = br.js(
         "const t = document.getElementById('plan-group-1-table');

@@ -23,6 +23,9 @@ use lks_e2e::console::{Browser, Console, screenshot_dir};
 use lks_e2e::server::Server;
 use lks_e2e::wait_until;
 
+/// A package list in markup (the console must show it as text).
+const MARKUP: &str = "<img src=x onerror=alert(1)>";
+
 /// An agent whose reboot command simulates a reboot, with the OS sentinel
 /// set (it needs one).
 struct Sim {
@@ -162,12 +165,19 @@ fn auto_reboots_required_nodes_at_most_n_at_a_time_inside_windows() {
     let mut sims: Vec<Sim> = (0..4)
         .map(|i| Sim::new(&server, "c1", &format!("w{i}")))
         .collect();
+    // w3's OS names the packages, in markup the console must show as text.
+    std::fs::write(
+        sims[3].agent.path("/var/run/reboot-required.pkgs"),
+        format!("{MARKUP}\n"),
+    )
+    .unwrap();
     wait_until(CONVERGE, "every node says it needs a reboot", || {
         let list = server.lksctl_json(&["node", "list"]);
         list.as_array()
             .unwrap()
             .iter()
             .all(|n| n["reboot"]["state"] == "required")
+            && lks_e2e::server::node_json(&list, "w3")["reboot"]["reason"] == format!("packages: {MARKUP}")
     });
     // Off by default: nothing happens.
     let c = server.lksctl_json(&["cluster", "get", "c1"]);
@@ -275,27 +285,42 @@ fn the_reason_shows_in_node_list_and_the_console(server: &Server, got: &serde_js
             assert_eq!(n["reboot_lock"], got["reboot_lock"], "as node get says it");
         }
     }
-    let want = "required: /var/run/reboot-required (waiting: every maintenance window is closed)";
+    let waiting = "(waiting: every maintenance window is closed)";
+    let want = format!("required: /var/run/reboot-required {waiting}");
+    let markup = format!("required: packages: {MARKUP} {waiting}");
     let table = server.lksctl_ok(&["node", "list", "--cluster", "c1"]);
     assert!(table.lines().next().unwrap().ends_with("REBOOT"), "{table}");
     let rows: Vec<&str> = table.lines().skip(1).collect();
     assert_eq!(rows.len(), 4, "{table}");
-    assert!(rows.iter().all(|r| r.ends_with(want)), "{table}");
+    for r in rows {
+        let end = if r.starts_with("w3 ") { &markup } else { &want };
+        assert!(r.ends_with(end.as_str()), "{r:?} should end with {end:?}");
+    }
 
     let console = Console::start(server, None);
     let br = Browser::start();
     let shots = screenshot_dir();
     let url = console.url();
-    br.goto(&format!("{url}#/nodes"));
-    br.wait("w1's reboot reason", |b| {
+    let reboot_cell = |b: &Browser, node: &str| {
         b.js(
             "const t = document.getElementById('nodes-table'); if (!t) return '';
              const i = Array.from(t.tHead.rows[0].cells).findIndex((c) => c.textContent === 'Reboot');
-             const row = Array.from(t.tBodies[0].rows).find((r) => r.cells[0].textContent === 'w1');
+             const row = Array.from(t.tBodies[0].rows).find((r) => r.cells[0].textContent === arguments[0]);
              return i < 0 || !row ? '' : row.cells[i].textContent;",
-            serde_json::json!([]),
-        ) == want
-    });
+            serde_json::json!([node]),
+        )
+    };
+    br.goto(&format!("{url}#/nodes"));
+    br.wait("w1's reboot reason", |b| reboot_cell(b, "w1") == want);
+    // The node's words are text, never markup.
+    assert_eq!(reboot_cell(&br, "w3"), markup);
+    assert_eq!(
+        br.js(
+            "return document.querySelectorAll('#nodes-table img').length;",
+            serde_json::json!([])
+        ),
+        0
+    );
     br.screenshot(&shots, "nodes-reboot");
     br.goto(&format!("{url}#/nodes/w1"));
     br.wait_text(
