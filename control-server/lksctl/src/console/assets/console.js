@@ -443,7 +443,7 @@ function nodesPage(main, r) {
           el("span", { class: n.connected ? "yes" : "no" }, n.connected ? "yes" : "no"),
           kube ? kubeCell(n.kube) : false,
           el("span", { title: n.last_seen || "never" }, ago(n.last_seen)),
-          n.agent_version || "-", n.architecture || "-", labelsText(n.labels),
+          n.agent_version || "-", el("span", { class: "nowrap" }, n.architecture || "-"), labelsText(n.labels),
           el("span", {}, n.bundles.map((b) => el("span", { class: "pair", title: b.message || "" }, b.name + "@" + b.version + " ", chip(b.state))), n.held ? chip("held") : null),
           String(n.certificates.length || "-"), trustCell(n.trust), rebootCell(n)].filter((c) => c !== false)),
         "No node matches."), p.nav);
