@@ -109,9 +109,10 @@ async fn reboot_lock(s: &Deps, cluster: &str, name: &str) -> Option<pb::RebootNo
     st.nodes.into_iter().find(|l| l.name == name).map(lock_pb)
 }
 
-/// Where each node of `rows` stands with its cluster's reboot lock, as
-/// `node get` says it: each cluster's lock read once. Empty when the
-/// locks cannot be read (the rest of `node list` stands).
+/// Where each node of `rows` (of `cluster`, or every one) stands with its
+/// cluster's reboot lock, as `node get` says it: each cluster and its lock
+/// read once. Empty when they cannot be read (the rest of `node list`
+/// stands).
 async fn reboot_locks(
     s: &Deps,
     cluster: &str,
@@ -119,7 +120,7 @@ async fn reboot_locks(
     now: i64,
 ) -> HashMap<String, pb::RebootNodeState> {
     let connected = |n: &NodeRow| n.connected || s.hub.is_connected(&n.name);
-    match crate::ops::reboot::lines_by_node(s.store.as_ref(), cluster, rows, connected, now).await {
+    match crate::ops::reboot::lines_by_node(s.store.as_ref(), rows, connected, now).await {
         Ok(lines) => lines.into_iter().map(|(n, l)| (n, lock_pb(l))).collect(),
         Err(e) => {
             tracing::warn!(%cluster, error = %e, "node list: the reboot locks");

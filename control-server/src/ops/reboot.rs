@@ -326,36 +326,34 @@ fn lines_of(
 
 /// Where each node of `rows` stands with its cluster's reboot lock (its
 /// line of `reboot status`, as `node get` shows it), by node name; nodes
-/// the lock is not about are left out. For `node list`: the clusters and
-/// their locks are read once (`cluster` given: that one), never once a
-/// node.
+/// the lock is not about are left out. For `node list`: each cluster of
+/// `rows` is read once (a point read, a few at a time) and the locks in
+/// one read, never once a node — and never `list_clusters`, which on etcd
+/// ranges every node document again.
 pub async fn lines_by_node(
     store: &(impl Store + ?Sized),
-    cluster: &str,
     rows: &[crate::store::NodeRow],
     connected: impl Fn(&crate::store::NodeRow) -> bool,
     now_ms: i64,
 ) -> Result<BTreeMap<String, NodeLine>, OpError> {
-    let mut out = BTreeMap::new();
-    if rows.is_empty() {
-        return Ok(out);
-    }
-    let (clusters, mut locks): (Vec<ClusterRow>, BTreeMap<String, LockAt>) = if cluster.is_empty() {
-        (
-            store.list_clusters().await?,
-            store.reboot_locks().await?.into_iter().collect(),
-        )
-    } else {
-        let Some(c) = store.get_cluster(cluster).await? else {
-            return Ok(out);
-        };
-        let at = store.reboot_lock(cluster).await?;
-        (vec![c], BTreeMap::from([(cluster.to_string(), at)]))
+    use futures::{StreamExt, TryStreamExt};
+    /// Cluster reads in flight at once.
+    const READS_AT_ONCE: usize = 16;
+    let mut names: Vec<&str> = rows.iter().map(|n| n.cluster.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    let mut locks: BTreeMap<String, LockAt> = match names.as_slice() {
+        [] => return Ok(BTreeMap::new()),
+        [one] => BTreeMap::from([(one.to_string(), store.reboot_lock(one).await?)]),
+        _ => store.reboot_locks().await?.into_iter().collect(),
     };
-    for c in clusters {
-        if !rows.iter().any(|n| n.cluster == c.name) {
-            continue;
-        }
+    let reads: Vec<_> = names.iter().map(|c| store.get_cluster(c)).collect();
+    let clusters: Vec<Option<ClusterRow>> = futures::stream::iter(reads)
+        .buffered(READS_AT_ONCE)
+        .try_collect()
+        .await?;
+    let mut out = BTreeMap::new();
+    for c in clusters.into_iter().flatten() {
         let lock = locks.remove(&c.name).map(|at| at.lock).unwrap_or_default();
         let clock = crate::reboots::clock_of(&c, now_ms);
         // The first line of a node is the one `node get` shows.
@@ -409,6 +407,77 @@ mod tests {
             describe(&p),
             "reboots auto, at most 3 at once, 30m to be back, then the slot is kept"
         );
+    }
+
+    #[tokio::test]
+    async fn node_list_gets_each_nodes_lock_line_as_node_get_does() {
+        use crate::store::{
+            ClusterStore, NewCluster, NewNode, NodeReboot, NodeStatusStore, NodeStore, RebootState, TokenRow,
+            TokenStore,
+        };
+        let s = SqliteStore::open_in_memory().unwrap();
+        cluster_a(&s).await;
+        enrol(&s, "n1", "s1", "k1").await;
+        enrol(&s, "n2", "s2", "k2").await;
+        // Cluster b, reboots off, one node that needs a reboot too.
+        s.create_cluster(NewCluster::new("b", 0)).await.unwrap();
+        let token = TokenRow {
+            id: "bbbbbb".into(),
+            secret_hash: [0; 32],
+            cluster: "b".into(),
+            expires_at_ms: i64::MAX,
+            remaining_uses: None,
+            labels: Default::default(),
+            created_at_ms: 0,
+        };
+        s.create_token(token).await.unwrap();
+        s.enroll_node(NewNode {
+            name: "m1".into(),
+            cluster: "b".into(),
+            labels: Default::default(),
+            cert_serial: "s3".into(),
+            key_hash: "k3".into(),
+            token_id: "bbbbbb".into(),
+            now_ms: 1,
+        })
+        .await
+        .unwrap();
+        for n in ["n1", "m1"] {
+            let need = NodeReboot {
+                state: RebootState::Required,
+                reason: "kernel".into(),
+                since_ms: 2,
+                boot_id: "b0".into(),
+                request: 0,
+            };
+            s.record_reboot(n, need).await.unwrap();
+        }
+        let auto = RebootChange {
+            mode: Some(RebootMode::Auto),
+            ..Default::default()
+        };
+        set_policy(&s, "a", auto, "alice", 5).await.unwrap();
+        // 2026-11-29 12:00 UTC: the window of 01:00-02:00 is closed.
+        let now = 1_795_953_600_000;
+        let w = vec!["daily 01:00-02:00 UTC".to_string()];
+        s.set_cluster_windows("a", w, event("a", "cluster_windows", "w".into(), 5))
+            .await
+            .unwrap();
+        let rows = s.list_nodes(None).await.unwrap();
+        let lines = lines_by_node(&s, &rows, |_| true, now).await.unwrap();
+        let n1 = &lines["n1"];
+        assert_eq!(n1.state, "waiting");
+        assert_eq!(
+            n1.message,
+            "every maintenance window is closed; the next opens at 2026-11-30T01:00:00Z"
+        );
+        // n2 needs nothing; b's reboots are off: the lock is about neither.
+        assert_eq!(lines.keys().collect::<Vec<_>>(), ["n1"]);
+        // What `node get` (the cluster's status) says of n1, and one cluster alone.
+        let st = status(&s, "a", |_| true, now).await.unwrap();
+        assert_eq!(st.nodes.iter().find(|l| l.name == "n1"), Some(n1));
+        let a: Vec<_> = rows.into_iter().filter(|n| n.cluster == "a").collect();
+        assert_eq!(lines_by_node(&s, &a, |_| true, now).await.unwrap(), lines);
     }
 
     #[tokio::test]
