@@ -19,12 +19,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use lks_e2e::agent::{Agent, CONVERGE, node_events};
-use lks_e2e::console::{Browser, Console, screenshot_dir};
 use lks_e2e::server::Server;
 use lks_e2e::wait_until;
-
-/// A package list in markup (the console must show it as text).
-const MARKUP: &str = "<img src=x onerror=alert(1)>";
 
 /// An agent whose reboot command simulates a reboot, with the OS sentinel
 /// set (it needs one).
@@ -184,6 +180,11 @@ fn auto_reboots_required_nodes_at_most_n_at_a_time_inside_windows() {
     assert_eq!(c["reboots"]["mode"], "off", "{c}");
     std::thread::sleep(Duration::from_secs(3));
     assert!(sims.iter().all(|s| s.reboots() == 0));
+    // … and the lock is about no node.
+    let list = server.lksctl_json(&["node", "list"]);
+    for n in list.as_array().unwrap() {
+        assert_eq!(n["reboot_lock"], serde_json::Value::Null, "{n}");
+    }
 
     // A window closed now: the slots wait for it.
     let hour = std::time::SystemTime::now()
@@ -265,6 +266,9 @@ fn auto_reboots_required_nodes_at_most_n_at_a_time_inside_windows() {
     }
 }
 
+/// A package list in markup (the console must show it as text).
+const MARKUP: &str = "<img src=x onerror=alert(1)>";
+
 /// Why the nodes wait for a slot (`got`: `node get w1 -o json`) shows in
 /// `node list` — the REBOOT column, and in the JSON the same `reboot_lock`
 /// as `node get`, beside the `reboot` object it always had — and in the
@@ -297,6 +301,7 @@ fn the_reason_shows_in_node_list_and_the_console(server: &Server, got: &serde_js
         assert!(r.ends_with(end.as_str()), "{r:?} should end with {end:?}");
     }
 
+    use lks_e2e::console::{Browser, Console, screenshot_dir};
     let console = Console::start(server, None);
     let br = Browser::start();
     let shots = screenshot_dir();

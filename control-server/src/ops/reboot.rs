@@ -297,71 +297,23 @@ pub async fn status(
         .await?
         .ok_or_else(|| RebootError::NoCluster(cluster.into()))?;
     let at = store.reboot_lock(cluster).await?;
-    let rows = store.list_nodes(Some(cluster)).await?;
+    let views = store
+        .list_nodes(Some(cluster))
+        .await?
+        .into_iter()
+        .map(|n| {
+            let v = crate::reboots::view_of(&n, connected(&n));
+            (n.name, v)
+        })
+        .collect();
     let clock = crate::reboots::clock_of(&c, now_ms);
-    let nodes = lines_of(&c, &at.lock, &rows, &connected, &clock);
+    let nodes = reboot::status(&c.reboots, &at.lock, &views, &clock);
     Ok(Status {
         cluster: c,
         lock: at.lock,
         clock,
         nodes,
     })
-}
-
-/// The lines of `reboot status` for cluster `c` whose nodes are `rows`.
-fn lines_of(
-    c: &ClusterRow,
-    lock: &RebootLock,
-    rows: &[crate::store::NodeRow],
-    connected: &impl Fn(&crate::store::NodeRow) -> bool,
-    clock: &RebootClock,
-) -> Vec<NodeLine> {
-    let views = rows
-        .iter()
-        .filter(|n| n.cluster == c.name)
-        .map(|n| (n.name.clone(), crate::reboots::view_of(n, connected(n))))
-        .collect();
-    reboot::status(&c.reboots, lock, &views, clock)
-}
-
-/// Where each node of `rows` stands with its cluster's reboot lock (its
-/// line of `reboot status`, as `node get` shows it), by node name; nodes
-/// the lock is not about are left out. For `node list`: each cluster of
-/// `rows` is read once (a point read, a few at a time) and the locks in
-/// one read, never once a node — and never `list_clusters`, which on etcd
-/// ranges every node document again.
-pub async fn lines_by_node(
-    store: &(impl Store + ?Sized),
-    rows: &[crate::store::NodeRow],
-    connected: impl Fn(&crate::store::NodeRow) -> bool,
-    now_ms: i64,
-) -> Result<BTreeMap<String, NodeLine>, OpError> {
-    use futures::{StreamExt, TryStreamExt};
-    /// Cluster reads in flight at once.
-    const READS_AT_ONCE: usize = 16;
-    let mut names: Vec<&str> = rows.iter().map(|n| n.cluster.as_str()).collect();
-    names.sort_unstable();
-    names.dedup();
-    let mut locks: BTreeMap<String, LockAt> = match names.as_slice() {
-        [] => return Ok(BTreeMap::new()),
-        [one] => BTreeMap::from([(one.to_string(), store.reboot_lock(one).await?)]),
-        _ => store.reboot_locks().await?.into_iter().collect(),
-    };
-    let reads: Vec<_> = names.iter().map(|c| store.get_cluster(c)).collect();
-    let clusters: Vec<Option<ClusterRow>> = futures::stream::iter(reads)
-        .buffered(READS_AT_ONCE)
-        .try_collect()
-        .await?;
-    let mut out = BTreeMap::new();
-    for c in clusters.into_iter().flatten() {
-        let lock = locks.remove(&c.name).map(|at| at.lock).unwrap_or_default();
-        let clock = crate::reboots::clock_of(&c, now_ms);
-        // The first line of a node is the one `node get` shows.
-        for l in lines_of(&c, &lock, rows, &connected, &clock) {
-            out.entry(l.name.clone()).or_insert(l);
-        }
-    }
-    Ok(out)
 }
 
 #[cfg(test)]
@@ -407,77 +359,6 @@ mod tests {
             describe(&p),
             "reboots auto, at most 3 at once, 30m to be back, then the slot is kept"
         );
-    }
-
-    #[tokio::test]
-    async fn node_list_gets_each_nodes_lock_line_as_node_get_does() {
-        use crate::store::{
-            ClusterStore, NewCluster, NewNode, NodeReboot, NodeStatusStore, NodeStore, RebootState, TokenRow,
-            TokenStore,
-        };
-        let s = SqliteStore::open_in_memory().unwrap();
-        cluster_a(&s).await;
-        enrol(&s, "n1", "s1", "k1").await;
-        enrol(&s, "n2", "s2", "k2").await;
-        // Cluster b, reboots off, one node that needs a reboot too.
-        s.create_cluster(NewCluster::new("b", 0)).await.unwrap();
-        let token = TokenRow {
-            id: "bbbbbb".into(),
-            secret_hash: [0; 32],
-            cluster: "b".into(),
-            expires_at_ms: i64::MAX,
-            remaining_uses: None,
-            labels: Default::default(),
-            created_at_ms: 0,
-        };
-        s.create_token(token).await.unwrap();
-        s.enroll_node(NewNode {
-            name: "m1".into(),
-            cluster: "b".into(),
-            labels: Default::default(),
-            cert_serial: "s3".into(),
-            key_hash: "k3".into(),
-            token_id: "bbbbbb".into(),
-            now_ms: 1,
-        })
-        .await
-        .unwrap();
-        for n in ["n1", "m1"] {
-            let need = NodeReboot {
-                state: RebootState::Required,
-                reason: "kernel".into(),
-                since_ms: 2,
-                boot_id: "b0".into(),
-                request: 0,
-            };
-            s.record_reboot(n, need).await.unwrap();
-        }
-        let auto = RebootChange {
-            mode: Some(RebootMode::Auto),
-            ..Default::default()
-        };
-        set_policy(&s, "a", auto, "alice", 5).await.unwrap();
-        // 2026-11-29 12:00 UTC: the window of 01:00-02:00 is closed.
-        let now = 1_795_953_600_000;
-        let w = vec!["daily 01:00-02:00 UTC".to_string()];
-        s.set_cluster_windows("a", w, event("a", "cluster_windows", "w".into(), 5))
-            .await
-            .unwrap();
-        let rows = s.list_nodes(None).await.unwrap();
-        let lines = lines_by_node(&s, &rows, |_| true, now).await.unwrap();
-        let n1 = &lines["n1"];
-        assert_eq!(n1.state, "waiting");
-        assert_eq!(
-            n1.message,
-            "every maintenance window is closed; the next opens at 2026-11-30T01:00:00Z"
-        );
-        // n2 needs nothing; b's reboots are off: the lock is about neither.
-        assert_eq!(lines.keys().collect::<Vec<_>>(), ["n1"]);
-        // What `node get` (the cluster's status) says of n1, and one cluster alone.
-        let st = status(&s, "a", |_| true, now).await.unwrap();
-        assert_eq!(st.nodes.iter().find(|l| l.name == "n1"), Some(n1));
-        let a: Vec<_> = rows.into_iter().filter(|n| n.cluster == "a").collect();
-        assert_eq!(lines_by_node(&s, &a, |_| true, now).await.unwrap(), lines);
     }
 
     #[tokio::test]
