@@ -35,6 +35,11 @@ pub const MAX_BODY: usize = 16 * 1024;
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most connections served at once; more wait in the kernel's
+/// backlog until one ends (each ends within [`CONNECTION_TIMEOUT`]), so
+/// clients that open connections and send nothing cost a bounded number
+/// of tasks and sockets, never the server's descriptors.
+pub const MAX_CONNECTIONS: usize = 256;
 /// Tries of a lock write that lost a race.
 const ATTEMPTS: usize = 5;
 /// The longest client id accepted.
@@ -355,7 +360,8 @@ async fn serve_conn<IO>(
     }
 }
 
-/// Serves FleetLock on `listener` (over TLS with `tls`) until `cancel` fires.
+/// Serves FleetLock on `listener` (over TLS with `tls`) until `cancel`
+/// fires, at most [`MAX_CONNECTIONS`] connections at once.
 pub async fn serve(
     listener: TcpListener,
     store: Arc<dyn Store>,
@@ -364,8 +370,29 @@ pub async fn serve(
     tls: Option<Arc<rustls::ServerConfig>>,
     cancel: CancellationToken,
 ) {
+    serve_at_most(listener, store, metrics, gates, tls, cancel, MAX_CONNECTIONS).await;
+}
+
+async fn serve_at_most(
+    listener: TcpListener,
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+    gates: Arc<Gates>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    cancel: CancellationToken,
+    max_connections: usize,
+) {
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     loop {
+        // A slot first: while every one is taken, nothing is accepted.
+        let permit = tokio::select! {
+            _ = cancel.cancelled() => return,
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+        };
         let (stream, _) = tokio::select! {
             _ = cancel.cancelled() => return,
             r = listener.accept() => match r {
@@ -383,6 +410,7 @@ pub async fn serve(
         let cancel = cancel.clone();
         let acceptor = acceptor.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let Some(acceptor) = acceptor else {
                 return serve_conn(stream, store, metrics, gates, cancel).await;
             };
@@ -456,5 +484,50 @@ mod tests {
         )));
         assert_eq!(r.status(), StatusCode::CONFLICT);
         assert_eq!(reply(Ok("granted")).status(), StatusCode::OK);
+    }
+
+    /// Writes one request on a new connection and reads the status line
+    /// of its answer, or `None` if none comes within `wait`.
+    async fn ask(addr: std::net::SocketAddr, wait: Duration) -> Option<String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"POST /nowhere HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = Vec::new();
+        match tokio::time::timeout(wait, c.read_to_end(&mut buf)).await {
+            Ok(Ok(_)) => String::from_utf8_lossy(&buf).lines().next().map(str::to_string),
+            _ => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_cap_wait_until_one_ends() {
+        let store: Arc<dyn Store> = Arc::new(lks_store_sqlite::SqliteStore::open_in_memory().unwrap());
+        let tenants = Arc::new(lks_kube::tenant::TenantApis::new(store.clone(), None));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(serve_at_most(
+            listener,
+            store,
+            Arc::new(Metrics::default()),
+            Arc::new(Gates::new(tenants)),
+            None,
+            cancel.clone(),
+            1,
+        ));
+        let answered = ask(addr, Duration::from_secs(5)).await.unwrap();
+        assert!(answered.starts_with("HTTP/1.1 404"), "{answered}");
+        // One idle connection takes the only slot: the next is not served...
+        let idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(ask(addr, Duration::from_millis(500)).await, None);
+        // ...until it ends.
+        drop(idle);
+        let answered = ask(addr, Duration::from_secs(5)).await.unwrap();
+        assert!(answered.starts_with("HTTP/1.1 404"), "{answered}");
+        cancel.cancel();
+        task.await.unwrap();
     }
 }

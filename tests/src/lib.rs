@@ -257,6 +257,7 @@ pub mod console;
 pub mod etcd;
 pub mod hostile;
 pub mod kube;
+pub mod kube_controller;
 pub mod netns;
 pub mod prometheus;
 pub mod reboot;

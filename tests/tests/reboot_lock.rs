@@ -7,6 +7,8 @@
 //! maintenance windows, a node that never comes back is `reboot-lost`
 //! and its slot freed for the next, and on etcd replicas a leader killed
 //! mid-reboot is replaced by one that reads who holds what from the store.
+//! Why a node waits for a slot shows in `node get`, `node list` (table and
+//! JSON) and the console's node table and page (headless Chromium).
 
 // Test code: a helper that fails panics with what it was doing, as a
 // #[test] does (clippy.toml allows that only inside #[test] functions).
@@ -26,18 +28,30 @@ fn auto_reboots_required_nodes_at_most_n_at_a_time_inside_windows() {
     let mut sims: Vec<Sim> = (0..4)
         .map(|i| Sim::new(&server, "c1", &format!("w{i}")))
         .collect();
+    // w3's OS names the packages, in markup the console must show as text.
+    std::fs::write(
+        sims[3].agent.path("/var/run/reboot-required.pkgs"),
+        format!("{MARKUP}\n"),
+    )
+    .unwrap();
     wait_until(CONVERGE, "every node says it needs a reboot", || {
         let list = server.lksctl_json(&["node", "list"]);
         list.as_array()
             .unwrap()
             .iter()
             .all(|n| n["reboot"]["state"] == "required")
+            && lks_e2e::server::node_json(&list, "w3")["reboot"]["reason"] == format!("packages: {MARKUP}")
     });
     // Off by default: nothing happens.
     let c = server.lksctl_json(&["cluster", "get", "c1"]);
     assert_eq!(c["reboots"]["mode"], "off", "{c}");
     std::thread::sleep(Duration::from_secs(3));
     assert!(sims.iter().all(|s| s.reboots() == 0));
+    // … and the lock is about no node.
+    let list = server.lksctl_json(&["node", "list"]);
+    for n in list.as_array().unwrap() {
+        assert_eq!(n["reboot_lock"], serde_json::Value::Null, "{n}");
+    }
 
     // A window closed now: the slots wait for it.
     let hour = std::time::SystemTime::now()
@@ -87,6 +101,7 @@ fn auto_reboots_required_nodes_at_most_n_at_a_time_inside_windows() {
         text.contains("Reboot lock:  waiting: every maintenance window"),
         "{text}"
     );
+    the_reason_shows_in_node_list_and_the_console(&server, &got);
     let json = server.lksctl_json(&["cluster", "get", "c1"]);
     assert_eq!(
         json["reboots"],
@@ -116,6 +131,76 @@ fn auto_reboots_required_nodes_at_most_n_at_a_time_inside_windows() {
     for s in &mut sims {
         assert_eq!(s.agent.stop(), Some(0));
     }
+}
+
+/// A package list in markup (the console must show it as text).
+const MARKUP: &str = "<img src=x onerror=alert(1)>";
+
+/// Why the nodes wait for a slot (`got`: `node get w1 -o json`) shows in
+/// `node list` — the REBOOT column, and in the JSON the same `reboot_lock`
+/// as `node get`, beside the `reboot` object it always had — and in the
+/// console's node table and node page.
+fn the_reason_shows_in_node_list_and_the_console(server: &Server, got: &serde_json::Value) {
+    let list = server.lksctl_json(&["node", "list"]);
+    for n in list.as_array().unwrap() {
+        assert_eq!(n["reboot"]["state"], "required", "{n}");
+        assert_eq!(n["reboot_lock"]["state"], "waiting", "{n}");
+        assert!(
+            n["reboot_lock"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("every maintenance window is closed; the next opens at "),
+            "{n}"
+        );
+        if n["name"] == "w1" {
+            assert_eq!(n["reboot_lock"], got["reboot_lock"], "as node get says it");
+        }
+    }
+    let waiting = "(waiting: every maintenance window is closed)";
+    let want = format!("required: /var/run/reboot-required {waiting}");
+    let markup = format!("required: packages: {MARKUP} {waiting}");
+    let table = server.lksctl_ok(&["node", "list", "--cluster", "c1"]);
+    assert!(table.lines().next().unwrap().ends_with("REBOOT"), "{table}");
+    let rows: Vec<&str> = table.lines().skip(1).collect();
+    assert_eq!(rows.len(), 4, "{table}");
+    for r in rows {
+        let end = if r.starts_with("w3 ") { &markup } else { &want };
+        assert!(r.ends_with(end.as_str()), "{r:?} should end with {end:?}");
+    }
+
+    use lks_e2e::console::{Browser, Console, screenshot_dir};
+    let console = Console::start(server, None);
+    let br = Browser::start();
+    let shots = screenshot_dir();
+    let url = console.url();
+    let reboot_cell = |b: &Browser, node: &str| {
+        b.js(
+            "const t = document.getElementById('nodes-table'); if (!t) return '';
+             const i = Array.from(t.tHead.rows[0].cells).findIndex((c) => c.textContent === 'Reboot');
+             const row = Array.from(t.tBodies[0].rows).find((r) => r.cells[0].textContent === arguments[0]);
+             return i < 0 || !row ? '' : row.cells[i].textContent;",
+            serde_json::json!([node]),
+        )
+    };
+    br.goto(&format!("{url}#/nodes"));
+    br.wait("w1's reboot reason", |b| reboot_cell(b, "w1") == want);
+    // The node's words are text, never markup.
+    assert_eq!(reboot_cell(&br, "w3"), markup);
+    assert_eq!(
+        br.js(
+            "return document.querySelectorAll('#nodes-table img').length;",
+            serde_json::json!([])
+        ),
+        0
+    );
+    br.screenshot(&shots, "nodes-reboot");
+    br.goto(&format!("{url}#/nodes/w1"));
+    br.wait_text(
+        "#node-reboot-lock",
+        "waiting: every maintenance window is closed; the next opens at ",
+    );
+    br.wait_text("#node-reboot", "required: /var/run/reboot-required");
+    br.screenshot(&shots, "node-reboot");
 }
 
 #[test]
