@@ -503,6 +503,8 @@ mod tests {
 
     #[tokio::test]
     async fn connections_beyond_the_cap_wait_until_one_ends() {
+        // As the server does first thing (the gates' HTTP client needs it).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let store: Arc<dyn Store> = Arc::new(lks_store_sqlite::SqliteStore::open_in_memory().unwrap());
         let tenants = Arc::new(lks_kube::tenant::TenantApis::new(store.clone(), None));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
