@@ -40,7 +40,7 @@ cargo metadata --format-version 1 --locked --all-features >"${TMPDIR:-/tmp}/lks-
 trap 'rm -f "${TMPDIR:-/tmp}/lks-deps.$$.json"' EXIT
 
 python3 - "${TMPDIR:-/tmp}/lks-deps.$$.json" "$PWD" "$offline" <<'EOF'
-import concurrent.futures, json, os, re, sys, urllib.error, urllib.request
+import concurrent.futures, json, os, re, sys, time, urllib.error, urllib.request
 
 meta = json.load(open(sys.argv[1]))
 root = os.path.realpath(sys.argv[2]) + "/"
@@ -146,12 +146,25 @@ def yanked(name, version):
     index cannot be read or does not know the version."""
     url = f"https://index.crates.io/{index_path(name)}"
     req = urllib.request.Request(url, headers={"User-Agent": "lksadmin check-deps"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        for line in r.read().decode().splitlines():
-            if line.strip():
-                e = json.loads(line)
-                if e.get("vers") == version:
-                    return bool(e.get("yanked"))
+    # A failed lookup or connection is tried again (4 tries, 1 s, 2 s, 4 s
+    # apart): 16 requests at once now and then meet a resolver that
+    # briefly answers "temporary failure"; an answer is never retried.
+    for attempt in range(4):
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                body = r.read().decode()
+            break
+        except urllib.error.HTTPError:
+            raise
+        except (urllib.error.URLError, OSError):
+            if attempt == 3:
+                raise
+            time.sleep(2 ** attempt)
+    for line in body.splitlines():
+        if line.strip():
+            e = json.loads(line)
+            if e.get("vers") == version:
+                return bool(e.get("yanked"))
     raise LookupError(f"{url} does not list version {version}")
 
 from_index = sorted({(p["name"], p["version"]) for p in meta["packages"] if p["source"] == CRATES_IO})

@@ -99,6 +99,7 @@ CRATES = {
         clustercache
         hub admission
         metrics authz peers releases
+        rebootgates
         reboots
         packages tlsaccept controller fleetlock
         context
@@ -148,6 +149,7 @@ CRATES = {
     "control-server/rollout/src": """
         policy
         decision ages
+        gates
         drain reboot
         settle canary batch complete verbs fleetlock
         plan

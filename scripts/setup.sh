@@ -35,6 +35,8 @@ if [ "$for_what" = tests ]; then
   # The replicated-store tests start a throwaway etcd (tests/src/etcd.rs);
   # so does the tenant control plane (tests/src/kube.rs).
   command -v etcd >/dev/null || need+=(etcd-server)
+  # The reboot alert gate's tests start a real Prometheus (tests/src/prometheus.rs).
+  command -v prometheus >/dev/null || need+=(prometheus)
   # The node-identity tests check issued certificates with openssl and the
   # kubeconfigs with kubectl.
   command -v openssl >/dev/null || need+=(openssl)

@@ -50,6 +50,9 @@ pub struct Shared {
     /// Tenant cluster APIs: a client of each cluster's, from the
     /// kubeconfig it was given (`cluster set --kubeconfig`).
     pub tenants: Arc<TenantApis>,
+    /// The reboot gates' answers (Prometheus alerts, blocking pods),
+    /// shared by the reboot lock, `node get` and FleetLock.
+    pub reboot_gates: Arc<crate::rebootgates::Gates>,
     pub hub: Arc<Hub>,
     /// Peer-sharing settings by cluster, for the desired states sent.
     pub peers: Arc<PeerCache>,

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_ms;
 use crate::metrics::Metrics;
+use crate::rebootgates::Gates;
 use crate::reboots::{clock_of, view_of};
 use crate::store::{EventRow, Store, StoreError};
 
@@ -34,6 +35,11 @@ pub const MAX_BODY: usize = 16 * 1024;
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most connections served at once; more wait in the kernel's
+/// backlog until one ends (each ends within [`CONNECTION_TIMEOUT`]), so
+/// clients that open connections and send nothing cost a bounded number
+/// of tasks and sockets, never the server's descriptors.
+pub const MAX_CONNECTIONS: usize = 256;
 /// Tries of a lock write that lost a race.
 const ATTEMPTS: usize = 5;
 /// The longest client id accepted.
@@ -172,7 +178,7 @@ fn event(ask: &Ask, kind: &str, message: String, at_ms: i64) -> EventRow {
 
 /// Carries out `ask` on its cluster's lock: `granted`, `held` (a slot
 /// already) or `released` (also when there was none).
-pub async fn answer(store: &dyn Store, ask: &Ask) -> Result<&'static str, Failure> {
+pub async fn answer(store: &dyn Store, gates: &Gates, ask: &Ask) -> Result<&'static str, Failure> {
     let Some(c) = store.get_cluster(&ask.cluster).await.map_err(store_failure)? else {
         return Err(fail(
             StatusCode::NOT_FOUND,
@@ -180,15 +186,20 @@ pub async fn answer(store: &dyn Store, ask: &Ask) -> Result<&'static str, Failur
             format!("cluster {} does not exist", ask.cluster),
         ));
     };
-    let node = match store.get_node(&ask.id).await.map_err(store_failure)? {
+    let mut node = match store.get_node(&ask.id).await.map_err(store_failure)? {
         Some(n) if n.cluster == c.name => Some(view_of(&n, n.connected)),
         _ => None,
     };
     for _ in 0..ATTEMPTS {
         let at = store.reboot_lock(&c.name).await.map_err(store_failure)?;
-        let clock = clock_of(&c, now_ms());
+        let mut clock = clock_of(&c, now_ms());
         let (next, kind, message) = match ask.op {
             Op::PreReboot => {
+                // The gates' answers (kept a few seconds, shared with the lock).
+                let id = ask.id.as_str();
+                gates
+                    .fill_one(&c, node.as_mut().map(|v| (id, v)), &mut clock)
+                    .await;
                 let next = fleetlock::take(&c.reboots, &at.lock, &ask.id, &ask.group, node.as_ref(), &clock)
                     .map_err(|r| fail(StatusCode::CONFLICT, r.kind(), r.message(&c.name, &ask.id)))?;
                 let n = at.lock.slots.len() + 1;
@@ -271,6 +282,7 @@ fn reply(r: Result<&'static str, Failure>) -> Response<Full<Bytes>> {
 async fn handle(
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
+    gates: Arc<Gates>,
     req: Request<hyper::body::Incoming>,
 ) -> Response<Full<Bytes>> {
     let method = req.method().clone();
@@ -296,7 +308,7 @@ async fn handle(
                 Op::PreReboot => "pre-reboot",
                 Op::SteadyState => "steady-state",
             };
-            (op, answer(store.as_ref(), &ask).await)
+            (op, answer(store.as_ref(), &gates, &ask).await)
         }
         Err(f) => ("other", Err(f)),
     };
@@ -321,14 +333,20 @@ pub fn tls_config(
 
 /// Serves one connection (plain or TLS) until it ends, `cancel` fires or
 /// [`CONNECTION_TIMEOUT`] passes.
-async fn serve_conn<IO>(io: IO, store: Arc<dyn Store>, metrics: Arc<Metrics>, cancel: CancellationToken)
-where
+async fn serve_conn<IO>(
+    io: IO,
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+    gates: Arc<Gates>,
+    cancel: CancellationToken,
+) where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let svc = service_fn(move |req| {
         let store = store.clone();
         let metrics = metrics.clone();
-        async move { Ok::<_, Infallible>(handle(store, metrics, req).await) }
+        let gates = gates.clone();
+        async move { Ok::<_, Infallible>(handle(store, metrics, gates, req).await) }
     });
     let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(io), svc);
     tokio::select! {
@@ -342,16 +360,39 @@ where
     }
 }
 
-/// Serves FleetLock on `listener` (over TLS with `tls`) until `cancel` fires.
+/// Serves FleetLock on `listener` (over TLS with `tls`) until `cancel`
+/// fires, at most [`MAX_CONNECTIONS`] connections at once.
 pub async fn serve(
     listener: TcpListener,
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
+    gates: Arc<Gates>,
     tls: Option<Arc<rustls::ServerConfig>>,
     cancel: CancellationToken,
 ) {
+    serve_at_most(listener, store, metrics, gates, tls, cancel, MAX_CONNECTIONS).await;
+}
+
+async fn serve_at_most(
+    listener: TcpListener,
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+    gates: Arc<Gates>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    cancel: CancellationToken,
+    max_connections: usize,
+) {
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     loop {
+        // A slot first: while every one is taken, nothing is accepted.
+        let permit = tokio::select! {
+            _ = cancel.cancelled() => return,
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+        };
         let (stream, _) = tokio::select! {
             _ = cancel.cancelled() => return,
             r = listener.accept() => match r {
@@ -365,14 +406,16 @@ pub async fn serve(
         };
         let store = store.clone();
         let metrics = metrics.clone();
+        let gates = gates.clone();
         let cancel = cancel.clone();
         let acceptor = acceptor.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let Some(acceptor) = acceptor else {
-                return serve_conn(stream, store, metrics, cancel).await;
+                return serve_conn(stream, store, metrics, gates, cancel).await;
             };
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => serve_conn(tls, store, metrics, cancel).await,
+                Ok(Ok(tls)) => serve_conn(tls, store, metrics, gates, cancel).await,
                 Ok(Err(e)) => tracing::debug!(error = %e, "fleetlock TLS handshake failed"),
                 Err(_) => tracing::debug!("fleetlock TLS handshake timed out"),
             }
@@ -441,5 +484,52 @@ mod tests {
         )));
         assert_eq!(r.status(), StatusCode::CONFLICT);
         assert_eq!(reply(Ok("granted")).status(), StatusCode::OK);
+    }
+
+    /// Writes one request on a new connection and reads the status line
+    /// of its answer, or `None` if none comes within `wait`.
+    async fn ask(addr: std::net::SocketAddr, wait: Duration) -> Option<String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"POST /nowhere HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = Vec::new();
+        match tokio::time::timeout(wait, c.read_to_end(&mut buf)).await {
+            Ok(Ok(_)) => String::from_utf8_lossy(&buf).lines().next().map(str::to_string),
+            _ => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_cap_wait_until_one_ends() {
+        // As the server does first thing (the gates' HTTP client needs it).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let store: Arc<dyn Store> = Arc::new(lks_store_sqlite::SqliteStore::open_in_memory().unwrap());
+        let tenants = Arc::new(lks_kube::tenant::TenantApis::new(store.clone(), None));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(serve_at_most(
+            listener,
+            store,
+            Arc::new(Metrics::default()),
+            Arc::new(Gates::new(tenants)),
+            None,
+            cancel.clone(),
+            1,
+        ));
+        let answered = ask(addr, Duration::from_secs(5)).await.unwrap();
+        assert!(answered.starts_with("HTTP/1.1 404"), "{answered}");
+        // One idle connection takes the only slot: the next is not served...
+        let idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(ask(addr, Duration::from_millis(500)).await, None);
+        // ...until it ends.
+        drop(idle);
+        let answered = ask(addr, Duration::from_secs(5)).await.unwrap();
+        assert!(answered.starts_with("HTTP/1.1 404"), "{answered}");
+        cancel.cancel();
+        task.await.unwrap();
     }
 }

@@ -32,6 +32,7 @@ pub mod peers;
 pub mod plans;
 pub mod ratelimit;
 pub mod rebalance;
+pub mod rebootgates;
 pub mod reboots;
 pub mod releases;
 pub mod replicas;

@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::now_ms;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
+use crate::rebootgates::Gates;
 use crate::store::{
     ClusterRow, DrainPolicy, DrainTimeout, KubeStep, LockAt, NodeRow, RebootMode, RebootPolicy, RebootStore,
     SlotPhase, Store, StoreError, facts_needed,
@@ -45,6 +46,8 @@ pub struct Deps {
     /// Poked when a node reports or connects, or a drain answers.
     pub poke: Arc<Notify>,
     pub kube: Arc<KubeWork>,
+    /// The reboot gates' answers.
+    pub gates: Arc<Gates>,
     pub cancel: CancellationToken,
 }
 
@@ -75,6 +78,7 @@ pub fn view_of(n: &NodeRow, connected: bool) -> RebootView {
         pending: n.reboot_request,
         labels: n.labels.clone(),
         kube: None,
+        blocking_pods: None,
     }
 }
 
@@ -93,6 +97,7 @@ pub fn clock_of(c: &ClusterRow, now_ms: i64) -> RebootClock {
         window_open: open,
         next_window_ms: if open { 0 } else { next },
         tenant_api: c.kube.kubeconfig,
+        alerts: None,
     }
 }
 
@@ -194,8 +199,9 @@ async fn views(d: &Deps, c: &ClusterRow, at: &LockAt) -> Result<BTreeMap<String,
 /// Steps `c`'s lock once, stores the decision and carries it out; the lock
 /// as it stands after.
 async fn drive(d: &Deps, c: &ClusterRow, at: LockAt) -> Result<LockAt, StoreError> {
-    let views = views(d, c, &at).await?;
-    let clock = clock_of(c, now_ms());
+    let mut views = views(d, c, &at).await?;
+    let mut clock = clock_of(c, now_ms());
+    d.gates.fill(c, &at.lock, &mut views, &mut clock).await;
     let Some(decision) = reboot::step(&c.reboots, &at.lock, &views, &clock) else {
         return Ok(at);
     };

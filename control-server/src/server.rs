@@ -345,10 +345,11 @@ fn share(cfg: &Config, opened: Opened, o: Opening, cancel: CancellationToken) ->
     let (servers_tx, servers) = watch::channel(o.known);
     let seal = seal.map(Arc::new);
     let cluster_cas = ClusterCas::new(store.clone(), seal.clone());
-    let tenants = lks_kube::tenant::TenantApis::new(store.clone(), seal);
+    let tenants = Arc::new(lks_kube::tenant::TenantApis::new(store.clone(), seal));
     let shared = Arc::new(Shared {
         cluster_cas: Arc::new(cluster_cas),
-        tenants: Arc::new(tenants),
+        reboot_gates: Arc::new(crate::rebootgates::Gates::new(tenants.clone())),
+        tenants,
         store,
         leader,
         servers,

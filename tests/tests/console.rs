@@ -5,7 +5,10 @@
 //! buttons, the node page of a failed bundle and the unreachable banner;
 //! and with a cluster that has a kubeconfig of a real tenant control plane
 //! (tests/src/kube.rs), each node's Kubernetes state and a draining node's
-//! step. Screenshots of each page go to `target/console-screenshots/`.
+//! step; and a release plan's page (issue [fleet-plans]): its groups in
+//! order, each with its progress, every cluster's state and why, its
+//! rollout, the failure budget and the soak. Screenshots of each page go to
+//! `target/console-screenshots/`.
 
 // Test code: a helper that fails panics with what it was doing, as a
 // #[test] does (clippy.toml allows that only inside #[test] functions).
@@ -15,7 +18,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use lks_e2e::agent::BundleFile;
+use lks_e2e::agent::{Agent, BundleFile};
 use lks_e2e::console::{Browser, Console, Http, Reply, page_token, screenshot_dir};
 use lks_e2e::kube::{KubeControlPlane, SimulatedKubelet};
 use lks_e2e::rollout::Fleet;
@@ -563,4 +566,197 @@ fn kube_state_and_drain_steps_in_a_real_browser() {
     br.wait("node-1 Ready again", |b| {
         cell(b, "node-1", "Kube") == "Ready v1.37.2"
     });
+}
+
+/// The cells of `cluster`'s row in the table `#id`, joined by " | "
+/// ("" while there is no such row).
+fn plan_row(br: &Browser, id: &str, cluster: &str) -> String {
+    br.js(
+        "const t = document.getElementById(arguments[0]); if (!t) return '';
+         const row = Array.from(t.tBodies[0].rows).find((r) => r.cells[0].textContent === arguments[1]);
+         return row ? Array.from(row.cells).map((c) => c.textContent).join(' | ') : '';",
+        json!([id, cluster]),
+    )
+    .as_str()
+    .unwrap_or_default()
+    .to_string()
+}
+
+/// The plan's cluster `name` in `plan status -o json`.
+fn plan_cluster(p: &Value, name: &str) -> Value {
+    p["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["clusters"].as_array().unwrap())
+        .find(|c| c["name"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no cluster {name} in {p:#}"))
+}
+
+#[test]
+fn a_plans_page_shows_its_groups_progress_and_states() {
+    // Real agents: node-1 and node-2 in c1, bad-1 in c2 (the bundle's step
+    // fails there, saying so in markup), node-3 in c3; c4 has no node.
+    let mut f = Fleet::start("c1", 2);
+    for (cluster, node) in [("c2", "bad-1"), ("c3", "node-3")] {
+        f.server.create_cluster(cluster);
+        let mut a = Agent::new(node);
+        a.join(&f.server, cluster, &[]);
+        a.start();
+        a.wait_connected();
+        f.agents.push(a);
+    }
+    f.server.create_cluster("c4");
+    let picky = "[[step]]\nname = \"picky\"\nrun = [\"sh\", \"-c\", \"case $LKS_NODE in bad-*) echo '<i>refused</i>' on $LKS_NODE >&2; exit 3;; esac\"]\n";
+    let b = f.publish("app", "1", &files(), "0", picky);
+    let console = Console::start(&f.server, None);
+    let br = Browser::start();
+    let shots = screenshot_dir();
+    let url = console.url();
+    let http = Http::new();
+
+    let out = f.server.lksctl_ok(&[
+        "plan",
+        "create",
+        "fleet",
+        "--bundle",
+        &b,
+        "--group",
+        "canary=c1",
+        "--group",
+        "rest=*",
+        "--soak",
+        "8s",
+        "--max-clusters-in-flight",
+        "1",
+        "--failure-budget",
+        "1",
+    ]);
+    assert_eq!(out.trim(), "fleet");
+    br.goto(&format!("{url}#/plans/fleet"));
+    br.wait_text("#plan-state", "running");
+    // The canary group done, the next one waits out the soak: the page
+    // says how long is left.
+    br.wait_text("#plan-group-0", "soaking");
+    assert!(
+        br.text("#plan-group-0").contains("1/1 completed"),
+        "{}",
+        br.text("#plan-group-0")
+    );
+    assert!(
+        br.text("#plan-soak").contains("group canary soaking until"),
+        "{}",
+        br.text("#plan-soak")
+    );
+    assert!(
+        br.text("#plan-soak").contains("left"),
+        "{}",
+        br.text("#plan-soak")
+    );
+    let c2 = plan_row(&br, "plan-group-1-table", "c2");
+    assert!(c2.starts_with("c2 | waiting"), "{c2}");
+    br.screenshot(&shots, "plan-soaking");
+
+    // c2 fails: the budget is used up, the plan halts, c3 never starts.
+    br.wait_text("#plan-state", "halted");
+    let p = f.server.lksctl_json(&["plan", "status", "fleet"]);
+    let failed = plan_cluster(&p, "c2");
+    assert_eq!(failed["state"], "failed", "{p:#}");
+    let id = failed["rollout_id"].as_str().unwrap();
+    br.wait_text("#plan-budget", "1 of 1 used");
+    let c2 = plan_row(&br, "plan-group-1-table", "c2");
+    assert!(c2.starts_with("c2 | failed | "), "{c2}");
+    let why = failed["message"].as_str().unwrap();
+    assert!(
+        why.contains("<i>refused</i> on bad-1") && c2.contains(why),
+        "the why {why:?} in {c2}"
+    );
+    // The step's words are text, never markup.
+    assert_eq!(
+        br.js(
+            "return document.querySelectorAll('#plan-groups-list i').length;",
+            json!([])
+        ),
+        0
+    );
+    assert!(c2.contains(&id[..8]), "its rollout in {c2}");
+    let href = br.js(
+        "const t = document.getElementById('plan-group-1-table');
+         const row = Array.from(t.tBodies[0].rows).find((r) => r.cells[0].textContent === 'c2');
+         return row.querySelector('a[href^=\"#/rollouts/\"]').getAttribute('href');",
+        json!([]),
+    );
+    assert_eq!(href, format!("#/rollouts/{id}"), "the rollout links its page");
+    assert!(
+        plan_row(&br, "plan-group-1-table", "c3").starts_with("c3 | waiting"),
+        "nothing new starts: {}",
+        br.text("#plan-group-1")
+    );
+    assert!(
+        br.text("#plan-group-1").contains("0/3 completed, 1 failed"),
+        "{}",
+        br.text("#plan-group-1")
+    );
+    assert!(
+        br.text("#plan-message").contains("failure budget"),
+        "{}",
+        br.text("#plan-message")
+    );
+    br.screenshot(&shots, "plan-halted");
+
+    // The JSON the page reads is what `lksctl plan … -o json` prints.
+    same_as_lksctl(&f, &http, &console, "plans", &["plan", "list"]);
+    same_as_lksctl(&f, &http, &console, "plans/fleet", &["plan", "status", "fleet"]);
+    // A verb without the page's token changes nothing.
+    let r = http.request("POST", &format!("{url}api/plans/fleet/resume"), &[], None);
+    assert_eq!(r.status, 403, "{}", r.text);
+    assert_eq!(
+        f.server.lksctl_json(&["plan", "status", "fleet"])["state"],
+        "halted"
+    );
+
+    // Resume, from the page: c3 completes, c4 (no node) is skipped, c2
+    // stays failed, and the plan completes.
+    br.wait("Resume enabled", |b| {
+        b.js(
+            "return !document.getElementById('plan-act-resume').disabled;",
+            json!([]),
+        ) == true
+    });
+    br.click("#plan-act-resume");
+    br.wait_text("#plan-action-result", "plan fleet running");
+    br.wait_text("#plan-state", "completed");
+    assert!(
+        plan_row(&br, "plan-group-1-table", "c3").starts_with("c3 | completed"),
+        "{}",
+        br.text("#plan-group-1")
+    );
+    assert!(
+        plan_row(&br, "plan-group-1-table", "c4").starts_with("c4 | skipped"),
+        "{}",
+        br.text("#plan-group-1")
+    );
+    assert!(
+        plan_row(&br, "plan-group-1-table", "c2").starts_with("c2 | failed"),
+        "{}",
+        br.text("#plan-group-1")
+    );
+    assert!(
+        br.text("#plan-group-1")
+            .contains("1/3 completed, 1 failed, 1 skipped"),
+        "{}",
+        br.text("#plan-group-1")
+    );
+    br.screenshot(&shots, "plan");
+
+    // The list: the plan, its state and progress.
+    br.goto(&format!("{url}#/plans"));
+    br.wait_text("#plans-table", "fleet");
+    let row = plan_row(&br, "plans-table", "fleet");
+    assert!(
+        row.contains("completed") && row.contains("2/4 completed, 1 failed, 1 skipped"),
+        "{row}"
+    );
+    br.screenshot(&shots, "plans");
 }

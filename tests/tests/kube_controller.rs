@@ -30,51 +30,18 @@
 // #[test] does (clippy.toml allows that only inside #[test] functions).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use lks_e2e::kube::KubeControlPlane;
+use lks_e2e::kube_controller;
 use lks_e2e::server::{Server, TestNode, node_json};
-use lks_e2e::{Proc, bin, wait_until};
+use lks_e2e::{Proc, wait_until};
 
 const WAIT: Duration = Duration::from_secs(40);
 
 fn controller(cp: &KubeControlPlane, s: &Server, identity: &str) -> Proc {
-    controller_as(cp, s, identity, &cp.admin_kubeconfig)
-}
-
-/// A copy that reaches kube0 with `kubeconfig`.
-fn controller_as(cp: &KubeControlPlane, s: &Server, identity: &str, kubeconfig: &Path) -> Proc {
-    let mut c = Command::new(bin("lks-kube-controller"));
-    c.args([
-        "run",
-        "--namespace",
-        "lksadmin",
-        "--interval",
-        "1s",
-        "--identity",
-        identity,
-        "--retry-interval",
-        "2s",
-    ])
-    .arg("--admin-conf")
-    .arg(s.admin_conf_path())
-    .env("KUBECONFIG", kubeconfig)
-    .env("RUST_LOG", "info");
-    Proc::spawn(&format!("controller-{identity}"), c, cp.dir())
-}
-
-fn apply_crds(cp: &KubeControlPlane) {
-    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/kubernetes/crds");
-    cp.kubectl_ok(&["apply", "-f", crds.to_str().unwrap()]);
-    cp.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        "crd",
-        "--all",
-        "--timeout=30s",
-    ]);
+    kube_controller::spawn(cp, s, identity, &cp.admin_kubeconfig)
 }
 
 fn lksnodes(cp: &KubeControlPlane) -> Vec<serde_json::Value> {
@@ -96,7 +63,7 @@ fn held(s: &Server, node: &str) -> (bool, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_and_bundle_versions_are_mirrored_holds_converge_and_a_second_copy_takes_over() {
     let cp = KubeControlPlane::start();
-    apply_crds(&cp);
+    kube_controller::apply_crds(&cp);
     cp.kubectl_ok(&["create", "namespace", "lksadmin"]);
 
     let s = Server::start();
@@ -182,14 +149,7 @@ async fn nodes_and_bundle_versions_are_mirrored_holds_converge_and_a_second_copy
 
 /// The `Ready` condition of a status: (status, reason, message).
 fn ready(obj: &serde_json::Value) -> (String, String, String) {
-    obj["status"]["conditions"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
-        .map(|c| {
-            let f = |k: &str| c[k].as_str().unwrap_or_default().to_string();
-            (f("status"), f("reason"), f("message"))
-        })
-        .unwrap_or_default()
+    kube_controller::condition(obj, "Ready")
 }
 
 /// Server audit records of `verb` so far.
@@ -206,11 +166,11 @@ fn rollout_state(s: &Server, id: &str) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clusters_and_rollouts_declared_in_kube0_are_carried_out_by_the_server() {
     let cp = KubeControlPlane::start();
-    apply_crds(&cp);
+    kube_controller::apply_crds(&cp);
     let (sa_kubeconfig, tenant) = controller_service_account_and_tenant_secret(&cp);
 
     let s = Server::start();
-    let _c = controller_as(&cp, &s, "c1", &sa_kubeconfig);
+    let _c = kube_controller::spawn(&cp, &s, "c1", &sa_kubeconfig);
 
     // --- LksCluster: created on the server, converged, idempotent --------
     an_lkscluster_is_created_converged_and_drift_put_back(&cp, &s, &tenant);
@@ -230,18 +190,8 @@ async fn clusters_and_rollouts_declared_in_kube0_are_carried_out_by_the_server()
 /// cluster's kubeconfig as a Secret. Returns the controller's kubeconfig
 /// file and the tenant kubeconfig.
 fn controller_service_account_and_tenant_secret(cp: &KubeControlPlane) -> (PathBuf, String) {
-    cp.create_namespace("lksadmin");
     // The controller runs as its ServiceAccount, with the shipped RBAC.
-    let rbac = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/kubernetes/controller/rbac.yaml");
-    cp.kubectl_ok(&["apply", "-f", rbac.to_str().unwrap()]);
-    cp.apply(
-        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: lks-kube-controller-token\n  namespace: lksadmin\n  \
-         annotations:\n    kubernetes.io/service-account.name: lks-kube-controller\n\
-         type: kubernetes.io/service-account-token\n",
-    );
-    let token = cp.service_account_token("lksadmin", "lks-kube-controller-token");
-    let sa_kubeconfig = cp.dir().join("controller.kubeconfig");
-    std::fs::write(&sa_kubeconfig, cp.token_kubeconfig("lks-kube-controller", &token)).unwrap();
+    let sa_kubeconfig = kube_controller::service_account_kubeconfig(cp);
 
     // The tenant cluster's API (the same test API server) for draining,
     // as a Secret beside the controller.
@@ -269,7 +219,9 @@ fn an_lkscluster_is_created_converged_and_drift_put_back(cp: &KubeControlPlane, 
          apiServer: https://10.0.0.1:6443\n  drain: true\n  \
          kubeconfig: {name: tenant-a-kube, namespace: lksadmin, key: kubeconfig}\n  \
          peerSharing: {uploadRate: 200Mbit}\n  \
-         reboots: {mode: auto, maxConcurrent: 2, timeout: 45m, onTimeout: keep}\n  \
+         reboots: {mode: auto, maxConcurrent: 2, timeout: 45m, onTimeout: keep, \
+         alertGate: {url: \"http://prometheus.monitoring:9090\", filter: ^Kube}, \
+         blockingPodSelector: \"app in (db, cache)\"}\n  \
          labels: {env: prod}\n",
     );
     wait_until(WAIT, "LksCluster a Ready", || {
@@ -290,6 +242,12 @@ fn an_lkscluster_is_created_converged_and_drift_put_back(cp: &KubeControlPlane, 
         (&"auto".into(), &2.into(), &"45m".into(), &"keep".into()),
         "spec.reboots reached the server: {c}"
     );
+    assert_eq!(
+        c["reboots"]["alert_gate"],
+        serde_json::json!({"url": "http://prometheus.monitoring:9090", "filter": "^Kube"}),
+        "{c}"
+    );
+    assert_eq!(c["reboots"]["blocking_pod_selector"], "app in (db,cache)", "{c}");
     assert_eq!(c["labels"]["env"], "prod", "{c}");
     let obj = cp.get_json(&["get", "lkscluster", "a"]);
     assert!(
@@ -319,11 +277,15 @@ fn an_lkscluster_is_created_converged_and_drift_put_back(cp: &KubeControlPlane, 
         "off",
         "--reboots",
         "off",
+        "--no-reboot-alert-gate",
         "--no-labels",
     ]);
     wait_until(WAIT, "drain, reboots and labels again as the spec says", || {
         let c = s.lksctl_json(&["cluster", "get", "a"]);
-        c["drain"] == true && c["reboots"]["mode"] == "auto" && c["labels"]["env"] == "prod"
+        c["drain"] == true
+            && c["reboots"]["mode"] == "auto"
+            && c["reboots"]["alert_gate"]["filter"] == "^Kube"
+            && c["labels"]["env"] == "prod"
     });
 }
 
@@ -560,7 +522,7 @@ spec:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_object_that_cannot_be_finished_holds_up_no_other() {
     let cp = KubeControlPlane::start();
-    apply_crds(&cp);
+    kube_controller::apply_crds(&cp);
     cp.create_namespace("lksadmin");
     let s = Server::start();
     s.publish(&s.write_bundle("b1", "app", "1", &[("/etc/app.conf", b"a=1\n", "0644")]));
@@ -658,7 +620,7 @@ async fn one_object_that_cannot_be_finished_holds_up_no_other() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_that_loses_the_lease_stops_reconciling_until_it_holds_it_again() {
     let cp = KubeControlPlane::start();
-    apply_crds(&cp);
+    kube_controller::apply_crds(&cp);
     cp.create_namespace("lksadmin");
     let s = Server::start();
     s.create_cluster("a");

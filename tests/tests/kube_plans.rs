@@ -10,54 +10,20 @@
 // #[test] does (clippy.toml allows that only inside #[test] functions).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use lks_e2e::kube::KubeControlPlane;
+use lks_e2e::kube_controller;
 use lks_e2e::server::{Server, TestNode};
-use lks_e2e::{Proc, bin, wait_until};
+use lks_e2e::{Proc, wait_until};
 
 const WAIT: Duration = Duration::from_secs(40);
 
 /// The controller as its ServiceAccount with the shipped RBAC.
 fn controller(cp: &KubeControlPlane, s: &Server) -> Proc {
-    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/kubernetes/crds");
-    cp.kubectl_ok(&["apply", "-f", crds.to_str().unwrap()]);
-    cp.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        "crd",
-        "--all",
-        "--timeout=30s",
-    ]);
-    cp.create_namespace("lksadmin");
-    let rbac = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/kubernetes/controller/rbac.yaml");
-    cp.kubectl_ok(&["apply", "-f", rbac.to_str().unwrap()]);
-    cp.apply(
-        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: lks-kube-controller-token\n  namespace: lksadmin\n  \
-         annotations:\n    kubernetes.io/service-account.name: lks-kube-controller\n\
-         type: kubernetes.io/service-account-token\n",
-    );
-    let token = cp.service_account_token("lksadmin", "lks-kube-controller-token");
-    let kubeconfig = cp.dir().join("controller.kubeconfig");
-    std::fs::write(&kubeconfig, cp.token_kubeconfig("lks-kube-controller", &token)).unwrap();
-    let mut c = Command::new(bin("lks-kube-controller"));
-    c.args([
-        "run",
-        "--namespace",
-        "lksadmin",
-        "--interval",
-        "1s",
-        "--identity",
-        "c1",
-    ])
-    .args(["--retry-interval", "2s"])
-    .arg("--admin-conf")
-    .arg(s.admin_conf_path())
-    .env("KUBECONFIG", &kubeconfig)
-    .env("RUST_LOG", "info");
-    Proc::spawn("controller-c1", c, cp.dir())
+    kube_controller::apply_crds(cp);
+    let kubeconfig = kube_controller::service_account_kubeconfig(cp);
+    kube_controller::spawn(cp, s, "c1", &kubeconfig)
 }
 
 fn plan(s: &Server) -> serde_json::Value {
@@ -68,17 +34,10 @@ fn lksplan(cp: &KubeControlPlane) -> serde_json::Value {
     cp.get_json(&["get", "lksplan", "fleet"])
 }
 
+/// The condition `type_` of an object's status: (status, reason).
 fn condition(obj: &serde_json::Value, type_: &str) -> (String, String) {
-    obj["status"]["conditions"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
-        .map(|c| {
-            (
-                c["status"].as_str().unwrap_or_default().to_string(),
-                c["reason"].as_str().unwrap_or_default().to_string(),
-            )
-        })
-        .unwrap_or_default()
+    let (status, reason, _) = kube_controller::condition(obj, type_);
+    (status, reason)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,150 +7,19 @@
 //! maintenance windows, a node that never comes back is `reboot-lost`
 //! and its slot freed for the next, and on etcd replicas a leader killed
 //! mid-reboot is replaced by one that reads who holds what from the store.
+//! Why a node waits for a slot shows in `node get`, `node list` (table and
+//! JSON) and the console's node table and page (headless Chromium).
 
 // Test code: a helper that fails panics with what it was doing, as a
 // #[test] does (clippy.toml allows that only inside #[test] functions).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use lks_e2e::agent::{Agent, CONVERGE, node_events};
+use lks_e2e::agent::{CONVERGE, node_events};
+use lks_e2e::reboot::{Sim, drive, node_state, status};
 use lks_e2e::server::Server;
 use lks_e2e::wait_until;
-
-/// An agent whose reboot command simulates a reboot, with the OS sentinel
-/// set (it needs one).
-struct Sim {
-    agent: Agent,
-    marker: PathBuf,
-    /// Reboots the test carried out (restarts after the command ran).
-    restarts: usize,
-    /// Whether the test restarts it after its reboot command (false: the
-    /// node never comes back).
-    comes_back: bool,
-}
-
-impl Sim {
-    fn new(server: &Server, cluster: &str, name: &str) -> Sim {
-        let mut agent = Agent::new(name);
-        agent.heal_interval = "500ms".into();
-        let boot_id_file = agent.work_dir().join("boot_id");
-        std::fs::write(&boot_id_file, format!("{name}-boot-0\n")).unwrap();
-        let marker = agent.work_dir().join("rebooted");
-        let script = agent.work_dir().join("reboot.sh");
-        std::fs::write(
-            &script,
-            format!(
-                "#!/bin/sh\necho rebooted >> '{m}'\necho \"{name}-boot-$(wc -l < '{m}')\" > '{b}'\nrm -f '{r}'/var/run/reboot-required*\n",
-                m = marker.display(),
-                b = boot_id_file.display(),
-                r = agent.root.display()
-            ),
-        )
-        .unwrap();
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-        agent.run_env.push((
-            "LKS_AGENT_BOOT_ID_FILE".into(),
-            boot_id_file.display().to_string(),
-        ));
-        agent.run_args = vec!["--reboot-command".into(), script.display().to_string()];
-        std::fs::create_dir_all(agent.path("/var/run")).unwrap();
-        std::fs::write(
-            agent.path("/var/run/reboot-required"),
-            "*** System restart required ***\n",
-        )
-        .unwrap();
-        agent.join(server, cluster, &[]);
-        agent.start();
-        agent.wait_connected();
-        Sim {
-            agent,
-            marker,
-            restarts: 0,
-            comes_back: true,
-        }
-    }
-
-    /// Times its reboot command ran.
-    fn reboots(&self) -> usize {
-        std::fs::read_to_string(&self.marker)
-            .map(|s| s.lines().count())
-            .unwrap_or(0)
-    }
-
-    /// Down: its reboot command ran and the test has not restarted it.
-    fn down(&self) -> bool {
-        self.reboots() > self.restarts
-    }
-
-    /// Restarts it once its reboot command ran ("the boot"); true if it did.
-    fn boot_if_rebooted(&mut self) -> bool {
-        if !self.comes_back || !self.down() {
-            return false;
-        }
-        assert_eq!(self.agent.stop(), Some(0));
-        self.restarts = self.reboots();
-        self.agent.start();
-        true
-    }
-}
-
-fn status(server: &Server, cluster: &str) -> serde_json::Value {
-    server.lksctl_json(&["reboot", "status", "--cluster", cluster])
-}
-
-/// Slots held in `status`.
-fn holders(st: &serde_json::Value) -> usize {
-    st["slots_taken"].as_u64().unwrap() as usize
-}
-
-fn node_state(st: &serde_json::Value, node: &str) -> (String, String) {
-    st["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|n| n["name"] == node)
-        .map(|n| {
-            (
-                n["state"].as_str().unwrap().to_string(),
-                n["message"].as_str().unwrap().to_string(),
-            )
-        })
-        .unwrap_or_default()
-}
-
-/// Runs the simulated boots until `done`, sampling that at most `n` nodes
-/// hold a slot and at most `n` are down at any time.
-fn drive(
-    server: &Server,
-    cluster: &str,
-    sims: &mut [Sim],
-    n: usize,
-    mut done: impl FnMut(&serde_json::Value) -> bool,
-) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let (mut most_held, mut most_down) = (0, 0);
-    loop {
-        let st = status(server, cluster);
-        // A node that never comes back stays down; its slot is freed.
-        let down = sims.iter().filter(|s| s.comes_back && s.down()).count();
-        most_held = most_held.max(holders(&st));
-        most_down = most_down.max(down);
-        assert!(holders(&st) <= n, "more than {n} slots held: {st}");
-        assert!(down <= n, "more than {n} nodes down at once");
-        if done(&st) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "not done in time: {st}");
-        for s in sims.iter_mut() {
-            s.boot_if_rebooted();
-        }
-        std::thread::sleep(Duration::from_millis(150));
-    }
-    assert!(most_held >= 1 && most_down >= 1, "something was rebooted");
-}
 
 #[test]
 fn auto_reboots_required_nodes_at_most_n_at_a_time_inside_windows() {
@@ -159,18 +28,30 @@ fn auto_reboots_required_nodes_at_most_n_at_a_time_inside_windows() {
     let mut sims: Vec<Sim> = (0..4)
         .map(|i| Sim::new(&server, "c1", &format!("w{i}")))
         .collect();
+    // w3's OS names the packages, in markup the console must show as text.
+    std::fs::write(
+        sims[3].agent.path("/var/run/reboot-required.pkgs"),
+        format!("{MARKUP}\n"),
+    )
+    .unwrap();
     wait_until(CONVERGE, "every node says it needs a reboot", || {
         let list = server.lksctl_json(&["node", "list"]);
         list.as_array()
             .unwrap()
             .iter()
             .all(|n| n["reboot"]["state"] == "required")
+            && lks_e2e::server::node_json(&list, "w3")["reboot"]["reason"] == format!("packages: {MARKUP}")
     });
     // Off by default: nothing happens.
     let c = server.lksctl_json(&["cluster", "get", "c1"]);
     assert_eq!(c["reboots"]["mode"], "off", "{c}");
     std::thread::sleep(Duration::from_secs(3));
     assert!(sims.iter().all(|s| s.reboots() == 0));
+    // … and the lock is about no node.
+    let list = server.lksctl_json(&["node", "list"]);
+    for n in list.as_array().unwrap() {
+        assert_eq!(n["reboot_lock"], serde_json::Value::Null, "{n}");
+    }
 
     // A window closed now: the slots wait for it.
     let hour = std::time::SystemTime::now()
@@ -220,10 +101,11 @@ fn auto_reboots_required_nodes_at_most_n_at_a_time_inside_windows() {
         text.contains("Reboot lock:  waiting: every maintenance window"),
         "{text}"
     );
+    the_reason_shows_in_node_list_and_the_console(&server, &got);
     let json = server.lksctl_json(&["cluster", "get", "c1"]);
     assert_eq!(
         json["reboots"],
-        serde_json::json!({"mode": "auto", "max_concurrent": 2, "timeout": "30m", "timeout_ms": 1_800_000, "on_timeout": "free"})
+        serde_json::json!({"mode": "auto", "max_concurrent": 2, "timeout": "30m", "timeout_ms": 1_800_000, "on_timeout": "free", "alert_gate": null, "blocking_pod_selector": null})
     );
 
     // The window opens (removed): every node once, two at most at a time.
@@ -249,6 +131,76 @@ fn auto_reboots_required_nodes_at_most_n_at_a_time_inside_windows() {
     for s in &mut sims {
         assert_eq!(s.agent.stop(), Some(0));
     }
+}
+
+/// A package list in markup (the console must show it as text).
+const MARKUP: &str = "<img src=x onerror=alert(1)>";
+
+/// Why the nodes wait for a slot (`got`: `node get w1 -o json`) shows in
+/// `node list` — the REBOOT column, and in the JSON the same `reboot_lock`
+/// as `node get`, beside the `reboot` object it always had — and in the
+/// console's node table and node page.
+fn the_reason_shows_in_node_list_and_the_console(server: &Server, got: &serde_json::Value) {
+    let list = server.lksctl_json(&["node", "list"]);
+    for n in list.as_array().unwrap() {
+        assert_eq!(n["reboot"]["state"], "required", "{n}");
+        assert_eq!(n["reboot_lock"]["state"], "waiting", "{n}");
+        assert!(
+            n["reboot_lock"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("every maintenance window is closed; the next opens at "),
+            "{n}"
+        );
+        if n["name"] == "w1" {
+            assert_eq!(n["reboot_lock"], got["reboot_lock"], "as node get says it");
+        }
+    }
+    let waiting = "(waiting: every maintenance window is closed)";
+    let want = format!("required: /var/run/reboot-required {waiting}");
+    let markup = format!("required: packages: {MARKUP} {waiting}");
+    let table = server.lksctl_ok(&["node", "list", "--cluster", "c1"]);
+    assert!(table.lines().next().unwrap().ends_with("REBOOT"), "{table}");
+    let rows: Vec<&str> = table.lines().skip(1).collect();
+    assert_eq!(rows.len(), 4, "{table}");
+    for r in rows {
+        let end = if r.starts_with("w3 ") { &markup } else { &want };
+        assert!(r.ends_with(end.as_str()), "{r:?} should end with {end:?}");
+    }
+
+    use lks_e2e::console::{Browser, Console, screenshot_dir};
+    let console = Console::start(server, None);
+    let br = Browser::start();
+    let shots = screenshot_dir();
+    let url = console.url();
+    let reboot_cell = |b: &Browser, node: &str| {
+        b.js(
+            "const t = document.getElementById('nodes-table'); if (!t) return '';
+             const i = Array.from(t.tHead.rows[0].cells).findIndex((c) => c.textContent === 'Reboot');
+             const row = Array.from(t.tBodies[0].rows).find((r) => r.cells[0].textContent === arguments[0]);
+             return i < 0 || !row ? '' : row.cells[i].textContent;",
+            serde_json::json!([node]),
+        )
+    };
+    br.goto(&format!("{url}#/nodes"));
+    br.wait("w1's reboot reason", |b| reboot_cell(b, "w1") == want);
+    // The node's words are text, never markup.
+    assert_eq!(reboot_cell(&br, "w3"), markup);
+    assert_eq!(
+        br.js(
+            "return document.querySelectorAll('#nodes-table img').length;",
+            serde_json::json!([])
+        ),
+        0
+    );
+    br.screenshot(&shots, "nodes-reboot");
+    br.goto(&format!("{url}#/nodes/w1"));
+    br.wait_text(
+        "#node-reboot-lock",
+        "waiting: every maintenance window is closed; the next opens at ",
+    );
+    br.wait_text("#node-reboot", "required: /var/run/reboot-required");
+    br.screenshot(&shots, "node-reboot");
 }
 
 #[test]

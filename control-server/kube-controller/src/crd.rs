@@ -23,6 +23,9 @@ use lks_rollout::policy::{DrainTimeout, OfflinePolicy};
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
+mod reboots;
+pub use reboots::{AlertGateSpec, Reboots};
+
 /// The API group of every lksadmin resource.
 pub const GROUP: &str = "lksadmin.io";
 /// Its only version so far.
@@ -319,28 +322,6 @@ pub struct LksClusterSpec {
     /// absent: left as the server has them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub labels: Option<BTreeMap<String, String>>,
-}
-
-/// `cluster set --reboots … --max-concurrent-reboots …
-/// --reboot-timeout … --on-reboot-timeout …`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Reboots {
-    /// "auto" (nodes that report a reboot required, and `lksctl reboot
-    /// start`), "manual" (only `reboot start`) or "off".
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mode: Option<SpecValue<lks_proto::pb::RebootMode>>,
-    /// Nodes rebooting at once, from their drain until back Ready (≥ 1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
-    pub max_concurrent: Option<u32>,
-    /// How long a node has, from taking its slot, to be back Ready, e.g.
-    /// "30m".
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeout: Option<SpecValue<Duration>>,
-    /// What a reboot-lost node's slot becomes: "free" or "keep".
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub on_timeout: Option<SpecValue<lks_proto::pb::RebootTimeoutPolicy>>,
 }
 
 /// A Secret in kube0 by name.

@@ -19,7 +19,7 @@ pub fn reboots_and_labels(
 ) -> Result<bool, SpecError> {
     let mut any = false;
     if let Some(r) = &spec.reboots {
-        let have = server.reboots.unwrap_or_default();
+        let have = server.reboots.clone().unwrap_or_default();
         let mode = choice("reboots.mode", &r.mode)?;
         if let Some(m) = mode
             && pb::RebootMode::try_from(have.mode).unwrap_or(pb::RebootMode::Off) != m
@@ -52,6 +52,7 @@ pub fn reboots_and_labels(
             set.on_reboot_timeout = Some(p as i32);
             any = true;
         }
+        any |= gates(r, &have, set);
     }
     if let Some(labels) = &spec.labels {
         let have: std::collections::BTreeMap<&String, &String> = server.labels.iter().collect();
@@ -63,6 +64,45 @@ pub fn reboots_and_labels(
         }
     }
     Ok(any)
+}
+
+/// The reboot gates of `r` that differ from `have` (the server stores a
+/// URL without a trailing `/` and a selector in its canonical form).
+fn gates(r: &crate::crd::Reboots, have: &pb::RebootPolicy, set: &mut pb::SetClusterRequest) -> bool {
+    let mut any = false;
+    if let Some(g) = &r.alert_gate {
+        let had = have
+            .alert_gate
+            .as_ref()
+            .map(|h| (h.url.as_str(), h.filter.as_str()));
+        if g.url.is_empty() {
+            if had.is_some() {
+                set.clear_reboot_alert_gate = true;
+                any = true;
+            }
+        } else if had != Some((g.url.trim_end_matches('/'), g.filter.as_str())) {
+            set.reboot_alert_gate = Some(g.url.clone());
+            set.alert_filter = Some(g.filter.clone());
+            any = true;
+        }
+    }
+    if let Some(sel) = &r.blocking_pod_selector {
+        if sel.is_empty() {
+            if !have.blocking_pod_selector.is_empty() {
+                set.clear_blocking_pod_selector = true;
+                any = true;
+            }
+        } else {
+            // One that does not parse is sent: the server's refusal names it.
+            let canonical =
+                lks_proto::labels::parse_selector(sel).map_or_else(|_| sel.clone(), |s| s.to_string());
+            if canonical != have.blocking_pod_selector {
+                set.blocking_pod_selector = Some(sel.clone());
+                any = true;
+            }
+        }
+    }
+    any
 }
 
 #[cfg(test)]
@@ -80,6 +120,7 @@ mod tests {
                 max_concurrent: 1,
                 timeout_ms: 30 * 60_000,
                 on_timeout: pb::RebootTimeoutPolicy::Free as i32,
+                ..Default::default()
             }),
             labels: [("env".to_string(), "prod".to_string())].into(),
             ..Default::default()
@@ -113,6 +154,7 @@ mod tests {
                 max_concurrent: Some(2),
                 timeout: Some(SpecValue::from("45m")),
                 on_timeout: Some(SpecValue::from("keep")),
+                ..Default::default()
             }),
             labels: Some(BTreeMap::from([("env".to_string(), "staging".to_string())])),
             ..Default::default()
@@ -132,6 +174,7 @@ mod tests {
             max_concurrent: 2,
             timeout_ms: 45 * 60_000,
             on_timeout: pb::RebootTimeoutPolicy::Keep as i32,
+            ..Default::default()
         });
         s.labels = [("env".to_string(), "staging".to_string())].into();
         assert_eq!(run(&spec, &s), Ok(None));
@@ -143,6 +186,48 @@ mod tests {
         };
         let set = run(&clear, &server()).unwrap().unwrap();
         assert!(set.clear_labels && set.labels.is_empty());
+    }
+
+    #[test]
+    fn the_gates_are_sent_when_they_differ_and_removed_when_emptied() {
+        let spec = |gate: Option<(&str, &str)>, sel: Option<&str>| LksClusterSpec {
+            reboots: Some(Reboots {
+                alert_gate: gate.map(|(url, filter)| crate::crd::AlertGateSpec {
+                    url: url.into(),
+                    filter: filter.into(),
+                }),
+                blocking_pod_selector: sel.map(String::from),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let set = run(
+            &spec(Some(("http://prom:9090/", "^Kube")), Some("app = db")),
+            &server(),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(set.reboot_alert_gate.as_deref(), Some("http://prom:9090/"));
+        assert_eq!(set.alert_filter.as_deref(), Some("^Kube"));
+        assert_eq!(set.blocking_pod_selector.as_deref(), Some("app = db"));
+        // As the server stored them: nothing to send.
+        let mut s = server();
+        s.reboots = Some(pb::RebootPolicy {
+            alert_gate: Some(pb::RebootAlertGate {
+                url: "http://prom:9090".into(),
+                filter: "^Kube".into(),
+            }),
+            blocking_pod_selector: "app=db".into(),
+            ..s.reboots.clone().unwrap()
+        });
+        assert_eq!(
+            run(&spec(Some(("http://prom:9090/", "^Kube")), Some("app = db")), &s),
+            Ok(None)
+        );
+        // Emptied: removed.
+        let set = run(&spec(Some(("", "")), Some("")), &s).unwrap().unwrap();
+        assert!(set.clear_reboot_alert_gate && set.clear_blocking_pod_selector);
+        assert_eq!(run(&spec(Some(("", "")), Some("")), &server()), Ok(None));
     }
 
     #[test]

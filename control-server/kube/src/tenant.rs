@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
 use kube::config::KubeConfigOptions;
 use lks_proto::sync::lock;
@@ -195,6 +195,47 @@ impl TenantApis {
             Ok(Err(e)) => Err(api(one_line(&e.to_string()))),
             Err(_) => Err(api(format!("no answer within {}s", timeout.as_secs()))),
         }
+    }
+
+    /// The pods of `cluster` that the label `selector` matches, in every
+    /// namespace, that are not Succeeded or Failed: `namespace/name` by
+    /// the node they are bound to (`spec.nodeName`; unbound ones left
+    /// out), for the reboot lock's blocking-pod gate. One list per call,
+    /// however many nodes wait. `None` when the cluster has no kubeconfig.
+    pub async fn blocking_pods(
+        &self,
+        cluster: &str,
+        selector: &str,
+    ) -> Result<Option<HashMap<String, Vec<String>>>, TenantError> {
+        let Some((client, server)) = self.client(cluster).await? else {
+            return Ok(None);
+        };
+        let api: Api<Pod> = Api::all(client);
+        let lp = ListParams::default()
+            .labels(selector)
+            .fields("status.phase!=Succeeded,status.phase!=Failed");
+        let list = api.list(&lp).await.map_err(|e| TenantError::Api {
+            cluster: cluster.to_string(),
+            server,
+            message: one_line(&e.to_string()),
+        })?;
+        let mut by_node: HashMap<String, Vec<String>> = HashMap::new();
+        for p in list.items {
+            let Some(node) = p.spec.and_then(|s| s.node_name).filter(|n| !n.is_empty()) else {
+                continue;
+            };
+            let phase = p.status.and_then(|s| s.phase).unwrap_or_default();
+            if phase == "Succeeded" || phase == "Failed" {
+                continue;
+            }
+            let ns = p.metadata.namespace.unwrap_or_default();
+            let name = p.metadata.name.unwrap_or_default();
+            by_node.entry(node).or_default().push(format!("{ns}/{name}"));
+        }
+        for pods in by_node.values_mut() {
+            pods.sort();
+        }
+        Ok(Some(by_node))
     }
 
     /// Drops what is kept of `cluster` (its kubeconfig changed or went).

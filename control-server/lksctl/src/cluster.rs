@@ -47,9 +47,10 @@ pub enum ClusterCmd {
         output: Format,
     },
     /// Change a cluster: its maintenance windows (outside every window no
-    /// rollout starts a node), its API server, a CA if it has none, or
-    /// whether and how its nodes share blobs with each other.
-    Set(SetFlags),
+    /// rollout starts a node), its API server, a CA if it has none,
+    /// whether and how its nodes share blobs with each other, its tenant
+    /// API, or its coordinated reboots and their gates.
+    Set(Box<SetFlags>),
     /// Show one cluster.
     Get {
         name: String,
@@ -87,8 +88,8 @@ impl ClusterCmd {
             ClusterCmd::Create { name, .. }
             | ClusterCmd::Ca { name }
             | ClusterCmd::Certs { name, .. }
-            | ClusterCmd::Set(SetFlags { name, .. })
             | ClusterCmd::Get { name, .. } => Some(name),
+            ClusterCmd::Set(f) => Some(&f.name),
             ClusterCmd::List { .. } => None,
         }
     }
@@ -97,10 +98,10 @@ impl ClusterCmd {
     /// as a pair and readable.
     pub fn check(&self) -> anyhow::Result<()> {
         match self {
-            ClusterCmd::Create { ca_cert, ca_key, .. }
-            | ClusterCmd::Set(SetFlags { ca_cert, ca_key, .. }) => {
+            ClusterCmd::Create { ca_cert, ca_key, .. } => {
                 read_pair(ca_cert.as_deref(), ca_key.as_deref()).map(|_| ())
             }
+            ClusterCmd::Set(f) => read_pair(f.ca_cert.as_deref(), f.ca_key.as_deref()).map(|_| ()),
             _ => Ok(()),
         }
     }
@@ -162,7 +163,7 @@ pub async fn run(c: &mut Client, url: &str, cmd: ClusterCmd) -> anyhow::Result<(
             all,
             output,
         } => certs(c, url, name, expiring, all, output).await?,
-        ClusterCmd::Set(flags) => set(c, url, flags).await?,
+        ClusterCmd::Set(flags) => set(c, url, *flags).await?,
         ClusterCmd::Get { name, output } => {
             // No call reads one cluster: the list has it.
             let r = c
@@ -282,7 +283,8 @@ pub struct SetFlags {
             "no_maintenance_window", "api_server", "no_api_server", "ca_cert", "ca_key", "generate_ca",
             "peer_sharing", "peer_port", "peer_upload_rate", "peer_max_uploads",
             "kubeconfig", "drain", "reboots", "max_concurrent_reboots", "reboot_timeout",
-            "on_reboot_timeout", "labels", "no_labels"
+            "on_reboot_timeout", "reboot_alert_gate", "alert_filter", "no_reboot_alert_gate",
+            "blocking_pod_selector", "no_blocking_pod_selector", "labels", "no_labels"
         ]
     )]
     pub maintenance_window: Vec<String>,
@@ -351,6 +353,31 @@ pub struct SetFlags {
     /// node) or keep (until it is back, or `reboot abort`) [default: free].
     #[arg(long, value_name = "free|keep", value_parser = ["free", "keep"])]
     on_reboot_timeout: Option<String>,
+    /// Reboot gate: give no node a reboot slot while an alert is firing in
+    /// this Prometheus (http[s]://HOST:PORT[/PATH], asked at
+    /// URL/api/v1/alerts, answers kept 3 s, 5 s timeout). Only firing
+    /// alerts count, not pending ones; a Prometheus that cannot be asked
+    /// closes the gate. Slots already held are not taken back.
+    #[arg(long, value_name = "URL")]
+    reboot_alert_gate: Option<String>,
+    /// Only alerts whose name this regular expression matches (searched
+    /// anywhere in the name; ^Name$ for one) hold reboots; '' (the
+    /// default): every firing alert does. Needs an alert gate.
+    #[arg(long, value_name = "REGEX")]
+    alert_filter: Option<String>,
+    /// Remove the alert gate.
+    #[arg(long, conflicts_with_all = ["reboot_alert_gate", "alert_filter"])]
+    no_reboot_alert_gate: bool,
+    /// Reboot gate: a node running a pod this Kubernetes label selector
+    /// matches (k=v, k!=v, k in (a,b), k notin (a), k, !k; not Succeeded
+    /// or Failed) gets no reboot slot until the pod is gone. Asked of the
+    /// tenant API, so it needs --kubeconfig: without one, or when the
+    /// tenant API cannot be asked, nodes wait.
+    #[arg(long, value_name = "SELECTOR")]
+    blocking_pod_selector: Option<String>,
+    /// Remove the blocking-pod selector.
+    #[arg(long, conflicts_with = "blocking_pod_selector")]
+    no_blocking_pod_selector: bool,
 }
 
 fn parse_cluster_labels(s: &str) -> anyhow::Result<lks_proto::labels::Labels> {
@@ -382,11 +409,21 @@ async fn set(c: &mut Client, url: &str, f: SetFlags) -> anyhow::Result<()> {
         max_concurrent_reboots,
         reboot_timeout,
         on_reboot_timeout,
+        reboot_alert_gate,
+        alert_filter,
+        no_reboot_alert_gate,
+        blocking_pod_selector,
+        no_blocking_pod_selector,
     } = f;
     let reboot_change = reboots.is_some()
         || max_concurrent_reboots.is_some()
         || reboot_timeout.is_some()
-        || on_reboot_timeout.is_some();
+        || on_reboot_timeout.is_some()
+        || reboot_alert_gate.is_some()
+        || alert_filter.is_some()
+        || no_reboot_alert_gate
+        || blocking_pod_selector.is_some()
+        || no_blocking_pod_selector;
     let labelled = cluster_labels.is_some() || no_labels;
     let windows = no_maintenance_window || !maintenance_window.is_empty();
     let clear_kubeconfig = kubeconfig.as_deref() == Some(Path::new("none"));
@@ -430,6 +467,11 @@ async fn set(c: &mut Client, url: &str, f: SetFlags) -> anyhow::Result<()> {
                 "keep" => pb::RebootTimeoutPolicy::Keep as i32,
                 _ => pb::RebootTimeoutPolicy::Free as i32,
             }),
+            reboot_alert_gate,
+            alert_filter,
+            clear_reboot_alert_gate: no_reboot_alert_gate,
+            blocking_pod_selector,
+            clear_blocking_pod_selector: no_blocking_pod_selector,
         })
         .await
         .map_err(st)

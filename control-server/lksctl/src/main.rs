@@ -179,11 +179,8 @@ fn precheck(cmd: &Cmd) -> anyhow::Result<()> {
             if let Some(name) = cmd.name() {
                 validate_cluster_name(name)?;
             }
-            if let cluster::ClusterCmd::Set(cluster::SetFlags {
-                maintenance_window, ..
-            }) = cmd
-            {
-                windows::parse_all(maintenance_window).context("--maintenance-window")?;
+            if let cluster::ClusterCmd::Set(f) = cmd {
+                windows::parse_all(&f.maintenance_window).context("--maintenance-window")?;
             }
             cmd.check()
         }

@@ -147,10 +147,41 @@ pub async fn run(c: &mut Client, url: &str, cmd: PlanCmd) -> anyhow::Result<()> 
                 Ok(())
             }
         }
-        PlanCmd::Pause { name } => verb(c, url, "pause", &name).await,
-        PlanCmd::Resume { name } => verb(c, url, "resume", &name).await,
-        PlanCmd::Abort { name } => verb(c, url, "abort", &name).await,
-        PlanCmd::Rollback { name } => verb(c, url, "roll back", &name).await,
+        PlanCmd::Pause { name } => verb(c, url, Verb::Pause, &name).await,
+        PlanCmd::Resume { name } => verb(c, url, Verb::Resume, &name).await,
+        PlanCmd::Abort { name } => verb(c, url, Verb::Abort, &name).await,
+        PlanCmd::Rollback { name } => verb(c, url, Verb::Rollback, &name).await,
+    }
+}
+
+/// A verb on a plan (`plan pause|resume|abort|rollback`; the console's buttons).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verb {
+    Pause,
+    Resume,
+    Abort,
+    Rollback,
+}
+
+impl Verb {
+    /// As the console's URLs name it.
+    pub fn parse(s: &str) -> Option<Verb> {
+        match s {
+            "pause" => Some(Verb::Pause),
+            "resume" => Some(Verb::Resume),
+            "abort" => Some(Verb::Abort),
+            "rollback" => Some(Verb::Rollback),
+            _ => None,
+        }
+    }
+
+    fn words(self) -> &'static str {
+        match self {
+            Verb::Pause => "pause",
+            Verb::Resume => "resume",
+            Verb::Abort => "abort",
+            Verb::Rollback => "roll back",
+        }
     }
 }
 
@@ -202,7 +233,8 @@ async fn create(c: &mut Client, url: &str, a: CreateArgs) -> anyhow::Result<()> 
     Ok(())
 }
 
-async fn get(c: &mut Client, url: &str, name: &str) -> anyhow::Result<pb::Plan> {
+/// `plan status NAME`'s read: the plan as the server has it.
+pub async fn get(c: &mut Client, url: &str, name: &str) -> anyhow::Result<pb::Plan> {
     c.get_plan(pb::PlanRef {
         name: name.to_string(),
     })
@@ -241,21 +273,26 @@ async fn follow(c: &mut Client, url: &str, name: &str, output: Format) -> anyhow
     }
 }
 
-async fn verb(c: &mut Client, url: &str, verb: &str, name: &str) -> anyhow::Result<()> {
+async fn verb(c: &mut Client, url: &str, verb: Verb, name: &str) -> anyhow::Result<()> {
+    let p = act(c, url, verb, name).await?;
+    outln!("{}", plan_line(&p));
+    Ok(())
+}
+
+/// Runs `verb` on plan `name`; the plan as it is after.
+pub async fn act(c: &mut Client, url: &str, verb: Verb, name: &str) -> anyhow::Result<pb::Plan> {
     let r = pb::PlanRef {
         name: name.to_string(),
     };
-    let p = match verb {
-        "pause" => c.pause_plan(r).await,
-        "resume" => c.resume_plan(r).await,
-        "abort" => c.abort_plan(r).await,
-        _ => c.rollback_plan(r).await,
+    Ok(match verb {
+        Verb::Pause => c.pause_plan(r).await,
+        Verb::Resume => c.resume_plan(r).await,
+        Verb::Abort => c.abort_plan(r).await,
+        Verb::Rollback => c.rollback_plan(r).await,
     }
     .map_err(|e| status(url, e))
-    .with_context(|| format!("{verb} plan {name}"))?
-    .into_inner();
-    outln!("{}", plan_line(&p));
-    Ok(())
+    .with_context(|| format!("{} plan {name}", verb.words()))?
+    .into_inner())
 }
 
 /// One line: where the plan stands.

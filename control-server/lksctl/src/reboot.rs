@@ -182,11 +182,12 @@ fn reboots_json(r: &pb::RebootsStatus) -> Value {
 }
 
 fn reboots_text(r: &pb::RebootsStatus) -> String {
-    let p = r.policy.unwrap_or_default();
+    let p = r.policy.clone().unwrap_or_default();
     let mut s = format!(
-        "Cluster:   {}\nReboots:   {}\nSlots:     {} of {} taken\nWindow:    {}\n",
+        "Cluster:   {}\nReboots:   {}\nGates:     {}\nSlots:     {} of {} taken\nWindow:    {}\n",
         r.cluster,
         output::reboot_policy_text(r.policy.as_ref()),
+        output::reboot_gates_text(r.policy.as_ref()),
         r.slots_taken,
         p.max_concurrent,
         if r.window_open {

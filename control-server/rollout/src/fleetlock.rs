@@ -26,6 +26,9 @@ pub enum Refusal {
     RunPaused,
     /// Every slot is taken.
     Full { max: u32 },
+    /// A reboot gate is closed: an alert fires, a blocking pod runs on the
+    /// node, or a gate could not be asked (the reason).
+    GateClosed(String),
 }
 
 impl Refusal {
@@ -38,6 +41,7 @@ impl Refusal {
             Refusal::NodeBusy { .. } => "node_rebooting",
             Refusal::RunPaused => "reboots_paused",
             Refusal::Full { .. } => "failed_lock_semaphore_full",
+            Refusal::GateClosed(_) => "reboot_gate_closed",
         }
     }
 
@@ -62,6 +66,7 @@ impl Refusal {
                 format!("the rolling reboot of cluster {cluster} is paused (lksctl reboot resume)")
             }
             Refusal::Full { max } => format!("all {max} reboot slot(s) of cluster {cluster} are taken"),
+            Refusal::GateClosed(why) => format!("a reboot gate of cluster {cluster} is closed: {why}"),
         }
     }
 }
@@ -104,6 +109,10 @@ pub fn take(
         return Err(Refusal::Full {
             max: policy.max_concurrent,
         });
+    }
+    let pods = node.map(|v| &v.blocking_pods);
+    if let Some(why) = crate::gates::closed(policy, &clock.alerts, pods, clock.tenant_api) {
+        return Err(Refusal::GateClosed(why));
     }
     let mut next = lock.clone();
     next.slots.push(RebootSlot {
@@ -207,6 +216,47 @@ mod tests {
     }
 
     #[test]
+    fn a_closed_gate_refuses_a_pre_reboot() {
+        let lock = RebootLock::default();
+        let mut p = policy(RebootMode::Manual, 1);
+        p.alert_gate = Some(lks_store::AlertGate {
+            url: "http://prom:9090".into(),
+            filter: String::new(),
+        });
+        p.blocking_pod_selector = "app=db".into();
+        let firing = RebootClock {
+            alerts: Some(Ok(vec!["KubeNodeNotReady".into()])),
+            tenant_api: true,
+            ..open()
+        };
+        let r = take(&p, &lock, "zincati-1", "default", None, &firing).unwrap_err();
+        assert_eq!(r.kind(), "reboot_gate_closed");
+        assert_eq!(
+            r.message("c1", "zincati-1"),
+            "a reboot gate of cluster c1 is closed: alert firing in http://prom:9090: KubeNodeNotReady"
+        );
+        let quiet = RebootClock {
+            alerts: Some(Ok(vec![])),
+            ..firing
+        };
+        let node = RebootView {
+            blocking_pods: Some(Ok(vec!["db/pg-0".into()])),
+            ..RebootView::default()
+        };
+        let r = take(&p, &lock, "w1", "default", Some(&node), &quiet).unwrap_err();
+        assert_eq!(
+            r,
+            Refusal::GateClosed("blocking pod(s) on the node: db/pg-0".into())
+        );
+        // An id that names no node: no pod can run on it.
+        assert!(
+            take(&p, &lock, "zincati-1", "default", None, &quiet)
+                .unwrap()
+                .is_some()
+        );
+    }
+
+    #[test]
     fn a_node_the_lock_reboots_is_not_taken_twice_and_not_released_by_fleetlock() {
         let mut lock = RebootLock::default();
         lock.slots.push(RebootSlot {
@@ -249,7 +299,7 @@ mod tests {
         assert_eq!(d.lost, 1);
         let keep = RebootPolicy {
             on_timeout: lks_store::RebootTimeout::Keep,
-            ..p
+            ..p.clone()
         };
         let d = crate::reboot::step(&keep, &lock, &views, &late).unwrap();
         assert_eq!(d.lock.slots[0].phase, SlotPhase::FleetlockLost);

@@ -67,6 +67,7 @@ mod complete;
 mod decision;
 mod drain;
 pub mod fleetlock;
+pub mod gates;
 pub mod plan;
 pub mod policy;
 pub mod reboot;

@@ -24,6 +24,7 @@ use lks_store::{
 };
 
 use crate::decision::KubeFact;
+use crate::gates::{self, GateAnswer};
 
 /// A node rebooted through the lock is not taken again for `required`
 /// within this (a node that says `required` after every boot would loop).
@@ -55,6 +56,8 @@ pub struct RebootView {
     pub labels: Labels,
     /// The tenant cluster's answer for its slot's drain or Ready gate.
     pub kube: Option<KubeFact>,
+    /// The blocking-pod gate's answer for it (`--blocking-pod-selector`).
+    pub blocking_pods: GateAnswer,
 }
 
 /// The cluster as the step sees it.
@@ -68,6 +71,9 @@ pub struct RebootClock {
     /// The cluster has a kubeconfig: slots drain first and wait for the
     /// Node to be `Ready` after boot.
     pub tenant_api: bool,
+    /// The alert gate's answer: the firing alerts its filter matches
+    /// (`--reboot-alert-gate`).
+    pub alerts: GateAnswer,
 }
 
 /// What one step decided: the lock to store, and what to do once stored.
@@ -395,7 +401,35 @@ pub fn why_waiting(
         return Some(format!("all {} reboot slot(s) are taken", policy.max_concurrent));
     }
     let _ = name;
-    None
+    gates::closed(policy, &clock.alerts, Some(&v.blocking_pods), clock.tenant_api)
+}
+
+/// The nodes that want a slot and that only the gates could keep from it
+/// now (every other reason to wait aside), in order: whom the server asks
+/// the gates for, so a cluster with nobody to reboot asks nothing.
+pub fn gated(
+    policy: &RebootPolicy,
+    lock: &RebootLock,
+    views: &BTreeMap<String, RebootView>,
+    clock: &RebootClock,
+) -> Vec<String> {
+    if policy.alert_gate.is_none() && policy.blocking_pod_selector.is_empty() {
+        return Vec::new();
+    }
+    let open = RebootPolicy {
+        alert_gate: None,
+        blocking_pod_selector: String::new(),
+        ..policy.clone()
+    };
+    candidates(policy, lock, views, clock.now_ms)
+        .into_iter()
+        .filter(|(n, _)| {
+            views
+                .get(n)
+                .is_some_and(|v| why_waiting(&open, lock, n, v, clock).is_none())
+        })
+        .map(|(n, _)| n)
+        .collect()
 }
 
 /// The nodes that want a slot, in order: the run's waiting ones (while it

@@ -164,6 +164,11 @@ pub(super) fn set_cluster(r: &pb::SetClusterRequest) -> Entry {
             "max_concurrent_reboots": r.max_concurrent_reboots,
             "reboot_timeout_ms": r.reboot_timeout_ms,
             "on_reboot_timeout": r.on_reboot_timeout,
+            "reboot_alert_gate": r.reboot_alert_gate,
+            "alert_filter": r.alert_filter,
+            "clear_reboot_alert_gate": r.clear_reboot_alert_gate,
+            "blocking_pod_selector": r.blocking_pod_selector,
+            "clear_blocking_pod_selector": r.clear_blocking_pod_selector,
         }),
     }
 }

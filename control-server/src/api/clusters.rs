@@ -124,6 +124,11 @@ pub(super) async fn set(
             max_concurrent: r.max_concurrent_reboots,
             timeout_ms: r.reboot_timeout_ms,
             on_timeout: r.on_reboot_timeout.and_then(super::reboots::on_timeout_of),
+            alert_gate: r.reboot_alert_gate,
+            alert_filter: r.alert_filter,
+            clear_alert_gate: r.clear_reboot_alert_gate,
+            blocking_pod_selector: r.blocking_pod_selector,
+            clear_blocking_pod_selector: r.clear_blocking_pod_selector,
         },
     };
     let changed = cluster::set(s, asked, &who, now_ms).await?;

@@ -15,7 +15,7 @@ use super::clusters;
 use crate::clock::now_ms;
 use crate::hub::Hub;
 use crate::ops::{certs, node};
-use crate::store::{NodeReboot, NodeRow, NodeTrust, RebootState, Store};
+use crate::store::{LockAt, NodeReboot, NodeRow, NodeTrust, RebootMode, RebootState, Store};
 
 crate::context::shared_view! {
     /// What the node handlers use: the store, and whom to tell when a node
@@ -27,6 +27,8 @@ crate::context::shared_view! {
         rollouts_changed: Arc<tokio::sync::Notify>,
         /// For each node's Node object in its tenant cluster.
         tenants: Arc<TenantApis>,
+        /// The reboot gates' answers, for the reason a node waits.
+        reboot_gates: Arc<crate::rebootgates::Gates>,
     }
 }
 
@@ -41,13 +43,16 @@ pub(super) async fn list(
     // list` can say which nodes hold expired ones.
     let now = now_ms();
     let mut certs = certs::newest_by_node(s.store.as_ref(), &cluster).await?;
+    let mut locks = reboot_locks(s, &rows).await;
     let mut nodes: Vec<pb::Node> = rows
         .into_iter()
         .map(|n| {
             let mine = certs.remove(&n.name).unwrap_or_default();
             let mine = mine.into_iter().map(|c| clusters::cert_pb(c, now)).collect();
+            let reboot_lock = locks.remove(&n.name);
             pb::Node {
                 certificates: mine,
+                reboot_lock,
                 ..node_pb(s, n)
             }
         })
@@ -95,23 +100,86 @@ pub(super) async fn get(s: &Deps, req: pb::GetNodeRequest) -> Result<Response<pb
 /// about it; `None` too when it cannot be read (the rest of `node get`
 /// stands).
 async fn reboot_lock(s: &Deps, cluster: &str, name: &str) -> Option<pb::RebootNodeState> {
-    let connected = |n: &NodeRow| n.connected || s.hub.is_connected(&n.name);
-    let st = match crate::ops::reboot::status(s.store.as_ref(), cluster, connected, now_ms()).await {
-        Ok(st) => st,
-        Err(e) => {
-            tracing::warn!(%cluster, node = %name, error = %e, "node get: the reboot lock");
-            return None;
-        }
-    };
-    st.nodes
+    lock_lines(s, cluster)
+        .await
         .into_iter()
         .find(|l| l.name == name)
-        .map(|l| pb::RebootNodeState {
-            name: l.name,
-            state: l.state.to_string(),
-            message: l.message,
-            since_ms: l.since_ms,
+        .map(lock_pb)
+}
+
+/// Where each node of `rows` stands with its cluster's reboot lock, as
+/// `node get` says it: each cluster's lock read once (a few clusters at a
+/// time), never once a node. A cluster whose lock can say nothing (reboots
+/// off, no slot, run or past reboot: the default) costs a point read.
+async fn reboot_locks(s: &Deps, rows: &[NodeRow]) -> HashMap<String, pb::RebootNodeState> {
+    use futures::StreamExt;
+    /// Clusters read at once.
+    const AT_ONCE: usize = 8;
+    let mut clusters: Vec<&str> = rows.iter().map(|n| n.cluster.as_str()).collect();
+    clusters.sort_unstable();
+    clusters.dedup();
+    let store = s.store.as_ref();
+    let locks: Result<HashMap<String, LockAt>, _> = match clusters.as_slice() {
+        [] => return HashMap::new(),
+        [one] => store
+            .reboot_lock(one)
+            .await
+            .map(|at| HashMap::from([(one.to_string(), at)])),
+        _ => store.reboot_locks().await.map(|l| l.into_iter().collect()),
+    };
+    let locks = locks.unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "node list: the reboot locks");
+        HashMap::new()
+    });
+    let reads: Vec<_> = clusters
+        .into_iter()
+        .map(|c| {
+            let quiet = locks.get(c).is_none_or(|at| {
+                at.lock.slots.is_empty() && at.lock.run.is_none() && at.lock.last.is_empty()
+            });
+            async move {
+                if quiet
+                    && let Ok(Some(row)) = store.get_cluster(c).await
+                    && row.reboots.mode == RebootMode::Off
+                {
+                    return Vec::new();
+                }
+                lock_lines(s, c).await
+            }
         })
+        .collect();
+    let mut out = HashMap::new();
+    let mut lines = futures::stream::iter(reads).buffered(AT_ONCE);
+    while let Some(lines) = lines.next().await {
+        for l in lines {
+            // A node's first line is the one `node get` shows.
+            out.entry(l.name.clone()).or_insert_with(|| lock_pb(l));
+        }
+    }
+    out
+}
+
+/// The lines of `cluster`'s `reboot status` (every node its lock is
+/// about): what `node get` and `node list` show of each node. Empty when
+/// they cannot be read.
+async fn lock_lines(s: &Deps, cluster: &str) -> Vec<lks_rollout::reboot::NodeLine> {
+    let connected = |n: &NodeRow| n.connected || s.hub.is_connected(&n.name);
+    match crate::ops::reboot::status(s.store.as_ref(), cluster, connected, &s.reboot_gates, now_ms()).await {
+        Ok(st) => st.nodes,
+        Err(e) => {
+            tracing::warn!(%cluster, error = %e, "the reboot lock");
+            Vec::new()
+        }
+    }
+}
+
+fn lock_pb(l: lks_rollout::reboot::NodeLine) -> pb::RebootNodeState {
+    pb::RebootNodeState {
+        name: l.name,
+        state: l.state.to_string(),
+        message: l.message,
+        since_ms: l.since_ms,
+    }
 }
 
 /// `DeleteNode`: its certificate stops working and its stream is closed.

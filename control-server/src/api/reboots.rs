@@ -18,6 +18,8 @@ crate::context::shared_view! {
     pub(super) struct Deps {
         store: Arc<dyn Store>,
         hub: Arc<Hub>,
+        /// The reboot gates' answers, for the reason a node waits.
+        reboot_gates: Arc<crate::rebootgates::Gates>,
     }
 }
 
@@ -57,12 +59,17 @@ pub fn policy_pb(p: &RebootPolicy) -> pb::RebootPolicy {
             RebootTimeout::Free => pb::RebootTimeoutPolicy::Free,
             RebootTimeout::Keep => pb::RebootTimeoutPolicy::Keep,
         } as i32,
+        alert_gate: p.alert_gate.as_ref().map(|g| pb::RebootAlertGate {
+            url: g.url.clone(),
+            filter: g.filter.clone(),
+        }),
+        blocking_pod_selector: p.blocking_pod_selector.clone(),
     }
 }
 
 async fn answer(s: &Deps, cluster: &str) -> Result<Response<pb::RebootsStatus>, Status> {
     let connected = |n: &crate::store::NodeRow| n.connected || s.hub.is_connected(&n.name);
-    let st = reboot::status(s.store.as_ref(), cluster, connected, now_ms()).await?;
+    let st = reboot::status(s.store.as_ref(), cluster, connected, &s.reboot_gates, now_ms()).await?;
     let run = st.lock.run.as_ref();
     Ok(Response::new(pb::RebootsStatus {
         cluster: st.cluster.name.clone(),

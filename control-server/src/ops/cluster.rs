@@ -84,7 +84,8 @@ pub enum ClusterError {
          --api-server, --no-api-server, --ca-cert with --ca-key, --generate-ca, \
          --peer-sharing, --peer-port, --peer-upload-rate, --peer-max-uploads, \
          --kubeconfig, --drain, --reboots, --max-concurrent-reboots, --reboot-timeout, \
-         --on-reboot-timeout, --labels or --no-labels"
+         --on-reboot-timeout, --reboot-alert-gate, --alert-filter, --no-reboot-alert-gate, \
+         --blocking-pod-selector, --no-blocking-pod-selector, --labels or --no-labels"
     )]
     NothingToSet,
     #[error("give maintenance windows or clear them, not both")]
@@ -437,7 +438,7 @@ impl ClusterChange {
 async fn check_change(s: &Deps, r: &SetCluster) -> Result<ClusterChange, OpError> {
     let peer = PeerChange::check(r)?;
     let kube = KubeChange::check(r)?;
-    let reboots = r.reboots.check()?;
+    let reboots = r.reboots.clone().check()?;
     if let Some(k) = &kube {
         let old = s
             .store

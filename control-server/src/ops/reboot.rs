@@ -13,7 +13,7 @@ use lks_rollout::reboot::{self, NodeLine, RebootClock};
 
 use super::{Kind, OpError};
 use crate::store::{
-    ClusterRow, EventRow, LockAt, RebootLock, RebootMode, RebootPolicy, RebootRun, RebootStore,
+    AlertGate, ClusterRow, EventRow, LockAt, RebootLock, RebootMode, RebootPolicy, RebootRun, RebootStore,
     RebootTimeout, RunState, Store, StoreError,
 };
 
@@ -50,12 +50,34 @@ pub enum RebootError {
     },
     #[error("the reboot lock of cluster {0} kept changing; try again")]
     Busy(String),
+    #[error("--reboot-alert-gate {url:?}: {why}")]
+    GateUrl { url: String, why: &'static str },
+    #[error("{0}")]
+    Filter(#[from] lks_rollout::gates::FilterError),
+    #[error("give --reboot-alert-gate or --no-reboot-alert-gate, not both")]
+    GateBoth,
+    #[error("--alert-filter needs an alert gate: give --reboot-alert-gate URL too")]
+    FilterWithoutGate,
+    #[error("--blocking-pod-selector {selector:?}: {source}")]
+    Selector {
+        selector: String,
+        source: lks_proto::labels::SelectorError,
+    },
+    #[error("give --blocking-pod-selector or --no-blocking-pod-selector, not both")]
+    SelectorBoth,
 }
 
 impl RebootError {
     pub fn kind(&self) -> Kind {
         match self {
-            RebootError::MaxConcurrent(_) | RebootError::Timeout(_) => Kind::Invalid,
+            RebootError::MaxConcurrent(_)
+            | RebootError::Timeout(_)
+            | RebootError::GateUrl { .. }
+            | RebootError::Filter(_)
+            | RebootError::GateBoth
+            | RebootError::FilterWithoutGate
+            | RebootError::Selector { .. }
+            | RebootError::SelectorBoth => Kind::Invalid,
             RebootError::NoCluster(_) => Kind::NotFound,
             RebootError::Busy(_) => Kind::Unavailable,
             _ => Kind::FailedPrecondition,
@@ -65,53 +87,161 @@ impl RebootError {
 
 /// The reboot part of a `SetCluster` request: each field replaces the
 /// stored one only when given.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RebootChange {
     pub mode: Option<RebootMode>,
     pub max_concurrent: Option<u32>,
     pub timeout_ms: Option<u64>,
     pub on_timeout: Option<RebootTimeout>,
+    /// `--reboot-alert-gate URL` (checked: the URL as stored).
+    pub alert_gate: Option<String>,
+    /// `--alert-filter REGEX` (empty: every firing alert blocks).
+    pub alert_filter: Option<String>,
+    /// `--no-reboot-alert-gate`.
+    pub clear_alert_gate: bool,
+    /// `--blocking-pod-selector` (checked: its canonical form).
+    pub blocking_pod_selector: Option<String>,
+    /// `--no-blocking-pod-selector`.
+    pub clear_blocking_pod_selector: bool,
+}
+
+/// The longest alert gate URL accepted.
+const MAX_URL: usize = 2048;
+
+/// A Prometheus base URL: http or https, a host, no credentials, no query;
+/// stored without a trailing `/`.
+fn check_gate_url(url: &str) -> Result<String, RebootError> {
+    let bad = |why| RebootError::GateUrl {
+        url: url.to_string(),
+        why,
+    };
+    if url.len() > MAX_URL {
+        return Err(bad("over 2048 characters"));
+    }
+    let u = reqwest::Url::parse(url).map_err(|_| bad("not a URL; give http[s]://HOST:PORT[/PATH]"))?;
+    if !matches!(u.scheme(), "http" | "https") || u.host_str().is_none_or(str::is_empty) {
+        return Err(bad("give http[s]://HOST:PORT[/PATH]"));
+    }
+    if !u.username().is_empty() || u.password().is_some() {
+        return Err(bad("credentials in the URL are not supported"));
+    }
+    if u.query().is_some() || u.fragment().is_some() {
+        return Err(bad("give the base URL, without ?query or #fragment"));
+    }
+    Ok(u.as_str().trim_end_matches('/').to_string())
 }
 
 impl RebootChange {
-    /// Checks the fields given; `None` if none is.
+    /// Checks the fields given (the URL and selector in the form stored);
+    /// `None` if none is.
     pub fn check(self) -> Result<Option<Self>, RebootError> {
-        if let Some(n) = self.max_concurrent
+        let mut c = self;
+        if let Some(n) = c.max_concurrent
             && !(1..=MAX_CONCURRENT).contains(&n)
         {
             return Err(RebootError::MaxConcurrent(n));
         }
-        if let Some(ms) = self.timeout_ms {
+        if let Some(ms) = c.timeout_ms {
             let d = Duration::from_millis(ms);
             if !(MIN_TIMEOUT..=MAX_TIMEOUT).contains(&d) {
                 return Err(RebootError::Timeout(lks_proto::duration::format_duration(d)));
             }
         }
-        Ok((self != RebootChange::default()).then_some(self))
+        if c.clear_alert_gate && (c.alert_gate.is_some() || c.alert_filter.is_some()) {
+            return Err(RebootError::GateBoth);
+        }
+        if let Some(u) = &c.alert_gate {
+            c.alert_gate = Some(check_gate_url(u)?);
+        }
+        if let Some(f) = &c.alert_filter {
+            lks_rollout::gates::compile_filter(f)?;
+        }
+        if c.clear_blocking_pod_selector && c.blocking_pod_selector.is_some() {
+            return Err(RebootError::SelectorBoth);
+        }
+        if let Some(sel) = &c.blocking_pod_selector {
+            let parsed = lks_proto::labels::parse_selector(sel).map_err(|source| RebootError::Selector {
+                selector: sel.clone(),
+                source,
+            })?;
+            c.blocking_pod_selector = Some(parsed.to_string());
+        }
+        Ok((c != RebootChange::default()).then_some(c))
     }
 
-    pub fn merge(self, old: RebootPolicy) -> RebootPolicy {
-        RebootPolicy {
+    /// The policy `old` with this change; an alert filter needs a gate
+    /// (given now, or kept).
+    pub fn merge(self, old: RebootPolicy) -> Result<RebootPolicy, RebootError> {
+        let alert_gate = if self.clear_alert_gate {
+            None
+        } else {
+            match (self.alert_gate, old.alert_gate) {
+                (Some(url), old) => Some(AlertGate {
+                    url,
+                    filter: self
+                        .alert_filter
+                        .clone()
+                        .or(old.map(|g| g.filter))
+                        .unwrap_or_default(),
+                }),
+                (None, Some(g)) => Some(AlertGate {
+                    filter: self.alert_filter.clone().unwrap_or(g.filter),
+                    url: g.url,
+                }),
+                (None, None) if self.alert_filter.is_some() => return Err(RebootError::FilterWithoutGate),
+                (None, None) => None,
+            }
+        };
+        let blocking_pod_selector = if self.clear_blocking_pod_selector {
+            String::new()
+        } else {
+            self.blocking_pod_selector.unwrap_or(old.blocking_pod_selector)
+        };
+        Ok(RebootPolicy {
             mode: self.mode.unwrap_or(old.mode),
             max_concurrent: self.max_concurrent.unwrap_or(old.max_concurrent),
             timeout_ms: self.timeout_ms.unwrap_or(old.timeout_ms),
             on_timeout: self.on_timeout.unwrap_or(old.on_timeout),
-        }
+            alert_gate,
+            blocking_pod_selector,
+        })
     }
 }
 
 /// "reboots auto, at most 2 at once, 30m to be back, then the slot is freed".
 pub fn describe(p: &RebootPolicy) -> String {
     format!(
-        "reboots {}, at most {} at once, {} to be back, then the slot is {}",
+        "reboots {}, at most {} at once, {} to be back, then the slot is {}{}",
         p.mode.as_str(),
         p.max_concurrent,
         lks_proto::duration::format_duration(Duration::from_millis(p.timeout_ms)),
         match p.on_timeout {
             RebootTimeout::Free => "freed",
             RebootTimeout::Keep => "kept",
-        }
+        },
+        gates(p)
     )
+}
+
+/// "; no slot while an alert matching ^Kube fires in http://…, nor on a
+/// node running a pod matching app=db".
+fn gates(p: &RebootPolicy) -> String {
+    let mut out = String::new();
+    if let Some(g) = &p.alert_gate {
+        let which = if g.filter.is_empty() {
+            "an alert".to_string()
+        } else {
+            format!("an alert matching {}", g.filter)
+        };
+        out.push_str(&format!("; no slot while {which} fires in {}", g.url));
+    }
+    if !p.blocking_pod_selector.is_empty() {
+        out.push_str(&format!(
+            "; none for a node running a pod matching {}",
+            p.blocking_pod_selector
+        ));
+    }
+    out
 }
 
 /// Stores `name`'s reboot policy merged with `change`; the cluster as it
@@ -128,14 +258,14 @@ pub async fn set_policy(
         .await?
         .ok_or_else(|| RebootError::NoCluster(name.into()))?
         .reboots;
-    let policy = change.merge(old);
+    let policy = change.merge(old)?;
     let event = event(
         name,
         "reboot_policy",
         format!("{} (by {admin})", describe(&policy)),
         now_ms,
     );
-    let row = store.set_cluster_reboots(name, policy, event).await?;
+    let row = store.set_cluster_reboots(name, policy.clone(), event).await?;
     tracing::info!(cluster = %name, admin = %admin, policy = %describe(&policy), "reboot policy set");
     Ok(row)
 }
@@ -290,6 +420,7 @@ pub async fn status(
     store: &(impl Store + ?Sized),
     cluster: &str,
     connected: impl Fn(&crate::store::NodeRow) -> bool,
+    gates: &crate::rebootgates::Gates,
     now_ms: i64,
 ) -> Result<Status, OpError> {
     let c = store
@@ -297,7 +428,7 @@ pub async fn status(
         .await?
         .ok_or_else(|| RebootError::NoCluster(cluster.into()))?;
     let at = store.reboot_lock(cluster).await?;
-    let views = store
+    let mut views = store
         .list_nodes(Some(cluster))
         .await?
         .into_iter()
@@ -306,7 +437,8 @@ pub async fn status(
             (n.name, v)
         })
         .collect();
-    let clock = crate::reboots::clock_of(&c, now_ms);
+    let mut clock = crate::reboots::clock_of(&c, now_ms);
+    gates.fill(&c, &at.lock, &mut views, &mut clock).await;
     let nodes = reboot::status(&c.reboots, &at.lock, &views, &clock);
     Ok(Status {
         cluster: c,
@@ -329,10 +461,10 @@ mod tests {
     #[test]
     fn the_policy_flags_are_checked_and_merged() {
         let none = RebootChange::default();
-        assert_eq!(none.check().unwrap(), None);
+        assert_eq!(none.clone().check().unwrap(), None);
         let bad = RebootChange {
             max_concurrent: Some(0),
-            ..none
+            ..none.clone()
         };
         assert_eq!(
             bad.check().unwrap_err().to_string(),
@@ -340,7 +472,7 @@ mod tests {
         );
         let short = RebootChange {
             timeout_ms: Some(1000),
-            ..none
+            ..none.clone()
         };
         assert_eq!(
             short.check().unwrap_err().to_string(),
@@ -351,13 +483,116 @@ mod tests {
             max_concurrent: Some(3),
             ..none
         };
-        let p = auto.check().unwrap().unwrap().merge(RebootPolicy {
-            on_timeout: RebootTimeout::Keep,
-            ..Default::default()
-        });
+        let p = auto
+            .check()
+            .unwrap()
+            .unwrap()
+            .merge(RebootPolicy {
+                on_timeout: RebootTimeout::Keep,
+                ..Default::default()
+            })
+            .unwrap();
         assert_eq!(
             describe(&p),
             "reboots auto, at most 3 at once, 30m to be back, then the slot is kept"
+        );
+    }
+
+    #[test]
+    fn the_gates_are_checked_stored_canonical_and_merged() {
+        let change = |f: fn(&mut RebootChange)| {
+            let mut c = RebootChange::default();
+            f(&mut c);
+            c.check()
+        };
+        for (f, want) in [
+            (
+                (|c: &mut RebootChange| c.alert_gate = Some("ftp://x".into())) as fn(&mut RebootChange),
+                "--reboot-alert-gate \"ftp://x\": give http[s]://HOST:PORT[/PATH]",
+            ),
+            (
+                |c| c.alert_gate = Some("prometheus:9090".into()),
+                "--reboot-alert-gate \"prometheus:9090\": give http[s]://HOST:PORT[/PATH]",
+            ),
+            (
+                |c| c.alert_gate = Some("http://u:p@prom:9090".into()),
+                "--reboot-alert-gate \"http://u:p@prom:9090\": credentials in the URL are not supported",
+            ),
+            (
+                |c| c.alert_filter = Some("(Kube".into()),
+                "--alert-filter \"(Kube\" is not a regular expression: unclosed group",
+            ),
+            (
+                |c| {
+                    c.alert_gate = Some("http://p".into());
+                    c.clear_alert_gate = true;
+                },
+                "give --reboot-alert-gate or --no-reboot-alert-gate, not both",
+            ),
+            (
+                |c| c.blocking_pod_selector = Some("app in db".into()),
+                "--blocking-pod-selector \"app in db\": at \"db\": expected ( after in or notin",
+            ),
+            (
+                |c| {
+                    c.blocking_pod_selector = Some("a=b".into());
+                    c.clear_blocking_pod_selector = true;
+                },
+                "give --blocking-pod-selector or --no-blocking-pod-selector, not both",
+            ),
+        ] {
+            assert_eq!(change(f).unwrap_err().to_string(), want);
+        }
+        let set = change(|c| {
+            c.alert_gate = Some("http://prom:9090/".into());
+            c.alert_filter = Some("^Kube".into());
+            c.blocking_pod_selector = Some("app = db, tier in (a, b)".into());
+        })
+        .unwrap()
+        .unwrap();
+        let p = set.merge(RebootPolicy::default()).unwrap();
+        assert_eq!(
+            p.alert_gate,
+            Some(AlertGate {
+                url: "http://prom:9090".into(),
+                filter: "^Kube".into()
+            })
+        );
+        assert_eq!(p.blocking_pod_selector, "app=db,tier in (a,b)");
+        assert_eq!(
+            describe(&p),
+            "reboots off, at most 1 at once, 30m to be back, then the slot is freed; no slot while an alert matching ^Kube fires in http://prom:9090; none for a node running a pod matching app=db,tier in (a,b)"
+        );
+        // A new URL keeps the filter; a filter alone changes it.
+        let url = change(|c| c.alert_gate = Some("https://prom2".into()))
+            .unwrap()
+            .unwrap();
+        let p = url.merge(p).unwrap();
+        assert_eq!(p.alert_gate.as_ref().unwrap().filter, "^Kube");
+        let filter = change(|c| c.alert_filter = Some(String::new())).unwrap().unwrap();
+        let p = filter.merge(p).unwrap();
+        assert_eq!(
+            p.alert_gate.clone().unwrap(),
+            AlertGate {
+                url: "https://prom2".into(),
+                filter: String::new()
+            }
+        );
+        let clear = change(|c| {
+            c.clear_alert_gate = true;
+            c.clear_blocking_pod_selector = true;
+        })
+        .unwrap()
+        .unwrap();
+        let p = clear.merge(p).unwrap();
+        assert_eq!(
+            (p.alert_gate.clone(), p.blocking_pod_selector.as_str()),
+            (None, "")
+        );
+        let filter = change(|c| c.alert_filter = Some("x".into())).unwrap().unwrap();
+        assert_eq!(
+            filter.merge(p).unwrap_err().to_string(),
+            "--alert-filter needs an alert gate: give --reboot-alert-gate URL too"
         );
     }
 

@@ -77,6 +77,7 @@ pub(super) async fn serve_fleetlock(
         l,
         shared.store.clone(),
         shared.metrics.clone(),
+        shared.reboot_gates.clone(),
         tls,
         shared.cancel.clone(),
     ));
@@ -317,6 +318,7 @@ fn spawn_reboots(shared: &Arc<Shared>, kube: Arc<lks_kube::work::KubeWork>) {
             leader: shared.leader.clone(),
             poke: Arc::new(tokio::sync::Notify::new()),
             kube,
+            gates: shared.reboot_gates.clone(),
             cancel: shared.cancel.clone(),
         },
         gauges,

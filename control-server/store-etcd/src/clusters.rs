@@ -196,7 +196,7 @@ impl ClusterStore for EtcdStore {
         event: EventRow,
     ) -> Result<ClusterRow> {
         self.update_cluster(name, "set the reboot policy", event, |c| {
-            c.reboots = Some(policy);
+            c.reboots = Some(policy.clone());
             Ok(())
         })
         .await

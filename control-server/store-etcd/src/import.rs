@@ -162,7 +162,7 @@ fn cluster_docs(d: &Dump, docs: &mut Vec<(String, Vec<u8>)>) -> Result<()> {
                 api_server: c.api_server.clone(),
                 peer: c.peer,
                 labels: c.labels.clone(),
-                reboots: (c.reboots != Default::default()).then_some(c.reboots),
+                reboots: (c.reboots != Default::default()).then_some(c.reboots.clone()),
             })?,
         ));
     }

@@ -66,20 +66,7 @@ impl PlanStore for SqliteStore {
     }
 
     async fn list_plans(&self) -> Result<Vec<PlanRow>> {
-        self.call(|c| {
-            let mut stmt = c.prepare("SELECT name, doc, revision FROM plans ORDER BY name")?;
-            let rows = stmt
-                .query_map([], |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, String>(1)?,
-                        r.get::<_, i64>(2)?,
-                    ))
-                })?
-                .collect::<Result<Vec<_>, _>>()?;
-            rows.iter().map(|(n, d, rev)| decode(n, d, *rev)).collect()
-        })
-        .await
+        self.call(|c| read_all(c)).await
     }
 
     async fn update_plan(&self, plan: PlanRow, events: Vec<EventRow>) -> Result<PlanRow> {

@@ -72,8 +72,23 @@ impl RebootTimeout {
     }
 }
 
+/// A reboot gate on a Prometheus server's alerts (`cluster set
+/// --reboot-alert-gate URL --alert-filter REGEX`): no slot is given while
+/// an alert of that Prometheus whose name the filter matches is firing.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct AlertGate {
+    /// The Prometheus base URL (`http[s]://HOST:PORT[/PATH]`), asked at
+    /// `URL/api/v1/alerts`.
+    pub url: String,
+    /// A regular expression searched in each firing alert's name (as
+    /// kured's); empty: every firing alert blocks.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub filter: String,
+}
+
 /// A cluster's reboot policy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct RebootPolicy {
     pub mode: RebootMode,
@@ -82,6 +97,13 @@ pub struct RebootPolicy {
     /// From taking its slot, how long a node has to be back `Ready`.
     pub timeout_ms: u64,
     pub on_timeout: RebootTimeout,
+    /// No slot while an alert the filter matches fires there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alert_gate: Option<AlertGate>,
+    /// A Kubernetes label selector: a node running a pod it matches (not
+    /// Succeeded or Failed) in the tenant cluster gets no slot; empty: none.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub blocking_pod_selector: String,
 }
 
 impl RebootPolicy {
@@ -98,6 +120,8 @@ impl Default for RebootPolicy {
             max_concurrent: Self::DEFAULT_MAX_CONCURRENT,
             timeout_ms: Self::DEFAULT_TIMEOUT_MS,
             on_timeout: RebootTimeout::Free,
+            alert_gate: None,
+            blocking_pod_selector: String::new(),
         }
     }
 }

@@ -9,6 +9,8 @@
 //! GET  bundles/NAME/VERSION          bundle get NAME@VERSION -o json
 //! GET  rollouts?cluster=C            rollout list [--cluster C] -o json
 //! GET  rollouts/ID                   rollout status ID -o json
+//! GET  plans                         plan list -o json
+//! GET  plans/NAME                    plan status NAME -o json
 //! GET  events?cluster=&node=&rollout=&limit=   event list … -o json
 //! GET  audit?verb=&since=MS&limit=   audit [--verb V] [--limit N] -o json
 //! GET  selector?cluster=C&selector=S the nodes a rollout start would target
@@ -16,6 +18,7 @@
 //! POST rollouts                      rollout start (JSON body: cluster, bundle,
 //!                                    selector, batch_size, failure_threshold)
 //! POST rollouts/ID/VERB              rollout pause|resume|abort|rollback ID
+//! POST plans/NAME/VERB               plan pause|resume|abort|rollback NAME
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -33,7 +36,7 @@ use tokio::sync::Mutex;
 use crate::client::{self, Client, RpcError, status};
 use crate::flags::labels;
 use crate::rollout::{self, Verb};
-use crate::{bundle, output};
+use crate::{bundle, output, plan};
 
 /// How long one endpoint may take before the server counts as unreachable.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -232,6 +235,12 @@ impl Api {
                     let r = r.map_err(st).with_context(|| format!("get rollout {id}"))?;
                     Ok(output::rollout_json(r.get_ref()))
                 }
+                ["plans"] => {
+                    let r = c.list_plans(pb::ListPlansRequest {}).await;
+                    let r = r.map_err(st).context("list plans")?.into_inner();
+                    Ok(json!(r.plans.iter().map(plan::plan_json).collect::<Vec<_>>()))
+                }
+                ["plans", name] => Ok(plan::plan_json(&plan::get(c, &url, name).await?)),
                 ["events"] => events(c, &url, &q).await,
                 ["audit"] => audit(c, &url, &q).await,
                 ["selector"] => selector(c, &url, &q).await,
@@ -293,6 +302,20 @@ impl Api {
                     let (mut c, url) = self.client().await?;
                     let r = rollout::act(&mut c, &url, verb, id).await?;
                     Ok(json!({ "message": output::rollout_line(&r), "rollout": output::rollout_json(&r) }))
+                })
+                .await
+            }
+            ["plans", name, verb] => {
+                let verb = plan::Verb::parse(verb).ok_or_else(|| {
+                    ApiError::new(
+                        StatusCode::NOT_FOUND,
+                        format!("no plan action {verb:?} (pause, resume, abort, rollback)"),
+                    )
+                })?;
+                self.timed(async {
+                    let (mut c, url) = self.client().await?;
+                    let p = plan::act(&mut c, &url, verb, name).await?;
+                    Ok(json!({ "message": plan::plan_line(&p), "plan": plan::plan_json(&p) }))
                 })
                 .await
             }

@@ -22,6 +22,7 @@ const MAX_BODY: usize = 64 * 1024;
 
 const INDEX_HTML: &str = include_str!("assets/index.html");
 const CONSOLE_JS: &str = include_str!("assets/console.js");
+const PLANS_JS: &str = include_str!("assets/plans.js");
 const CONSOLE_CSS: &str = include_str!("assets/console.css");
 const FAVICON_SVG: &str = include_str!("assets/favicon.svg");
 
@@ -94,6 +95,9 @@ impl Console {
             }
             (&Method::GET | &Method::HEAD, "/assets/console.js") => {
                 asset("text/javascript; charset=utf-8", CONSOLE_JS)
+            }
+            (&Method::GET | &Method::HEAD, "/assets/plans.js") => {
+                asset("text/javascript; charset=utf-8", PLANS_JS)
             }
             (&Method::GET | &Method::HEAD, "/assets/console.css") => {
                 asset("text/css; charset=utf-8", CONSOLE_CSS)

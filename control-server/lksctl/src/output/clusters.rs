@@ -97,6 +97,7 @@ pub fn cluster_detail(c: &pb::Cluster) -> String {
     kv(&mut s, "Peer sharing:", peer_text(c));
     kv(&mut s, "Tenant API:", kube_access_text(c));
     kv(&mut s, "Reboots:", reboot_policy_text(c.reboots.as_ref()));
+    kv(&mut s, "Reboot gates:", reboot_gates_text(c.reboots.as_ref()));
     s
 }
 
@@ -153,19 +154,43 @@ fn timeout_name(m: i32) -> &'static str {
 /// A cluster's reboot policy as `cluster get/list -o json` and `reboot
 /// status -o json` show it (issue [reboots]).
 pub fn reboot_policy_json(p: Option<&pb::RebootPolicy>) -> Value {
-    let p = p.copied().unwrap_or_default();
+    let p = p.cloned().unwrap_or_default();
     json!({
         "mode": mode_name(p.mode),
         "max_concurrent": p.max_concurrent,
         "timeout": lks_proto::duration::format_duration(std::time::Duration::from_millis(p.timeout_ms)),
         "timeout_ms": p.timeout_ms,
         "on_timeout": timeout_name(p.on_timeout),
+        "alert_gate": p.alert_gate.as_ref().map(|g| json!({"url": g.url, "filter": g.filter})),
+        "blocking_pod_selector": (!p.blocking_pod_selector.is_empty()).then_some(&p.blocking_pod_selector),
     })
+}
+
+/// The reboot gates as `cluster get` shows them: "alerts in URL matching
+/// F; blocking pods app=db", "-" for none.
+pub fn reboot_gates_text(p: Option<&pb::RebootPolicy>) -> String {
+    let p = p.cloned().unwrap_or_default();
+    let mut parts = Vec::new();
+    if let Some(g) = &p.alert_gate {
+        parts.push(if g.filter.is_empty() {
+            format!("any alert firing in {}", g.url)
+        } else {
+            format!("alerts matching {} firing in {}", g.filter, g.url)
+        });
+    }
+    if !p.blocking_pod_selector.is_empty() {
+        parts.push(format!("blocking pods {}", p.blocking_pod_selector));
+    }
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join("; ")
+    }
 }
 
 /// "auto, 2 at once, 30m, free" for a table cell; "off" when off.
 pub fn reboot_policy_text(p: Option<&pb::RebootPolicy>) -> String {
-    let p = p.copied().unwrap_or_default();
+    let p = p.cloned().unwrap_or_default();
     match mode_name(p.mode) {
         "off" => "off".into(),
         m => format!(
@@ -180,9 +205,13 @@ pub fn reboot_policy_text(p: Option<&pb::RebootPolicy>) -> String {
 /// "reboots auto, at most 2 at once, 30m to be back, then the slot is
 /// freed": what `cluster set` says it set.
 pub fn reboot_policy_sentence(p: Option<&pb::RebootPolicy>) -> String {
-    let p = p.copied().unwrap_or_default();
+    let p = p.cloned().unwrap_or_default();
+    let gates = match reboot_gates_text(Some(&p)).as_str() {
+        "-" => String::new(),
+        g => format!("; gated on {g}"),
+    };
     format!(
-        "reboots {}, at most {} at once, {} to be back, then the slot is {}",
+        "reboots {}, at most {} at once, {} to be back, then the slot is {}{gates}",
         mode_name(p.mode),
         p.max_concurrent,
         lks_proto::duration::format_duration(std::time::Duration::from_millis(p.timeout_ms)),

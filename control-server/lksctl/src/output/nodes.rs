@@ -67,8 +67,10 @@ pub fn node_json(n: &pb::Node) -> Value {
         // Whether it needs a reboot or is rebooting (issue [reboots]);
         // null: its agent never reported it (older than the feature).
         "reboot": n.reboot.as_ref().map(|r| reboot_json(r, n.reboot_request)),
-        // Where it stands with its cluster's reboot lock (`node get` only);
-        // null: the lock is not about it.
+        // Where it stands with its cluster's reboot lock (`node get` and
+        // `node list`): `state` waiting, draining, rebooting, back, lost,
+        // done, blocked or aborted; `message` why (a waiting node: why it
+        // has no slot yet). Null: the lock is not about it.
         "reboot_lock": n.reboot_lock.as_ref().map(|l| json!({
             "state": l.state,
             "message": l.message,
@@ -123,6 +125,47 @@ pub fn reboot_text(r: Option<&pb::RebootStatus>) -> String {
         "rebooting" => "rebooting".into(),
         s if r.reason.is_empty() => s.to_string(),
         s => format!("{s}: {}", why()),
+    }
+}
+
+/// Longest reason the REBOOT column gives from the reboot lock.
+const REBOOT_COLUMN_LOCK: usize = 40;
+
+/// The REBOOT column: [`reboot_text`], then where the node stands with its
+/// cluster's reboot lock while that says something the state does not
+/// (`required: kernel (waiting: every maintenance window is closed)`):
+/// the lock's reason up to its first `;` or ` (`, cut short. A lock line
+/// of a reboot that ended (`done`) is left out; `node get` and `-o json`
+/// give the whole line.
+pub fn reboot_cell(n: &pb::Node) -> String {
+    let base = reboot_text(n.reboot.as_ref());
+    let Some(l) = n.reboot_lock.as_ref() else {
+        return base;
+    };
+    if l.state.is_empty() || l.state == "done" || l.state == base {
+        return base;
+    }
+    let why = l
+        .message
+        .split("; ")
+        .next()
+        .unwrap_or_default()
+        .split(" (")
+        .next()
+        .unwrap_or_default();
+    let mut short: String = why.chars().take(REBOOT_COLUMN_LOCK).collect();
+    if why.chars().count() > REBOOT_COLUMN_LOCK {
+        short.push('…');
+    }
+    let lock = if short.is_empty() {
+        l.state.clone()
+    } else {
+        format!("{}: {short}", l.state)
+    };
+    if base == "-" {
+        lock
+    } else {
+        format!("{base} ({lock})")
     }
 }
 
@@ -216,7 +259,7 @@ pub fn nodes_table(nodes: &[pb::Node]) -> String {
                 bundles_text(&n.bundles),
                 certs_text(&n.certificates),
                 trust_text(n.trust.as_ref()),
-                reboot_text(n.reboot.as_ref()),
+                reboot_cell(n),
             ];
             if kube {
                 row.insert(3, kube_text(n.kube.as_ref()));
@@ -507,5 +550,56 @@ mod tests {
             "{t}"
         );
         assert!(nodes_table(&[n]).lines().next().unwrap().ends_with("REBOOT"));
+    }
+
+    #[test]
+    fn the_reboot_column_says_why_the_lock_keeps_a_node_waiting() {
+        let lock = |state: &str, message: &str| pb::RebootNodeState {
+            name: "w1".into(),
+            state: state.into(),
+            message: message.into(),
+            since_ms: 0,
+        };
+        let mut n = pb::Node {
+            name: "w1".into(),
+            reboot: Some(pb::RebootStatus {
+                state: "required".into(),
+                reason: "bundle kernel@6.1".into(),
+                ..Default::default()
+            }),
+            reboot_lock: Some(lock(
+                "waiting",
+                "every maintenance window is closed; the next opens at 2026-11-29T16:00:00Z",
+            )),
+            ..Default::default()
+        };
+        assert_eq!(
+            reboot_cell(&n),
+            "required: bundle kernel@6.1 (waiting: every maintenance window is closed)"
+        );
+        n.reboot_lock = Some(lock("waiting", "the node is held (node unhold)"));
+        assert_eq!(
+            reboot_cell(&n),
+            "required: bundle kernel@6.1 (waiting: the node is held)"
+        );
+        n.reboot_lock = Some(lock("waiting", &"x".repeat(60)));
+        assert_eq!(
+            reboot_cell(&n),
+            format!("required: bundle kernel@6.1 (waiting: {}…)", "x".repeat(40))
+        );
+        // What the state says already, or a reboot that ended: left out.
+        n.reboot_lock = Some(lock("done", ""));
+        assert_eq!(reboot_cell(&n), "required: bundle kernel@6.1");
+        n.reboot = None;
+        n.reboot_lock = Some(lock("draining", "cordoned; draining its pods"));
+        assert_eq!(reboot_cell(&n), "draining: cordoned");
+        n.reboot_lock = None;
+        assert_eq!(reboot_cell(&n), "-");
+        // The JSON gives the whole line.
+        n.reboot_lock = Some(lock("waiting", "the node is held (node unhold)"));
+        assert_eq!(
+            node_json(&n)["reboot_lock"],
+            json!({"state": "waiting", "message": "the node is held (node unhold)"})
+        );
     }
 }

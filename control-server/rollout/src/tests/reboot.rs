@@ -6,12 +6,12 @@
 use std::collections::BTreeMap;
 
 use lks_store::{
-    RebootLock, RebootMode, RebootPolicy, RebootRun, RebootState, RebootTimeout, RunOutcome, RunState,
-    SlotPhase,
+    AlertGate, RebootLock, RebootMode, RebootPolicy, RebootRun, RebootState, RebootTimeout, RunOutcome,
+    RunState, SlotPhase,
 };
 
 use crate::KubeFact;
-use crate::reboot::{RebootClock, RebootView, status, step};
+use crate::reboot::{RebootClock, RebootView, gated, status, step, why_waiting};
 
 fn policy(mode: RebootMode, n: u32) -> RebootPolicy {
     RebootPolicy {
@@ -46,6 +46,7 @@ fn clock(now_ms: i64, tenant_api: bool) -> RebootClock {
         window_open: true,
         next_window_ms: 0,
         tenant_api,
+        alerts: None,
     }
 }
 
@@ -276,4 +277,87 @@ fn a_node_rebooted_lately_is_not_taken_again_for_required() {
     assert_eq!(step(&p, &lock, &v, &clock(2000, false)), None);
     let later = 1000 + crate::reboot::COOL_DOWN_MS + 1;
     assert_eq!(step(&p, &lock, &v, &clock(later, false)).unwrap().request, ["a"]);
+}
+
+#[test]
+fn a_firing_alert_gives_no_slot_but_takes_none_back() {
+    let mut p = policy(RebootMode::Auto, 2);
+    p.alert_gate = Some(AlertGate {
+        url: "http://prom:9090".into(),
+        filter: "^Kube".into(),
+    });
+    let v = views(&[("a", true), ("b", true), ("c", false)]);
+    let lock = RebootLock::default();
+    assert_eq!(
+        gated(&p, &lock, &v, &clock(10, false)),
+        ["a", "b"],
+        "whom to ask for"
+    );
+    // Not asked yet, or Prometheus cannot be asked: closed.
+    assert_eq!(step(&p, &lock, &v, &clock(10, false)), None);
+    let down = RebootClock {
+        alerts: Some(Err("connection refused".into())),
+        ..clock(10, false)
+    };
+    assert_eq!(step(&p, &lock, &v, &down), None);
+    assert_eq!(
+        why_waiting(&p, &lock, "a", &v["a"], &down).unwrap(),
+        "the alert gate is closed: Prometheus at http://prom:9090 cannot be asked (connection refused)"
+    );
+    let firing = RebootClock {
+        alerts: Some(Ok(vec!["KubeNodeNotReady".into()])),
+        ..clock(10, false)
+    };
+    assert_eq!(step(&p, &lock, &v, &firing), None);
+    assert_eq!(
+        why_waiting(&p, &lock, "a", &v["a"], &firing).unwrap(),
+        "alert firing in http://prom:9090: KubeNodeNotReady"
+    );
+    let lines = status(&p, &lock, &v, &firing);
+    assert!(
+        lines.iter().all(|l| l.message.starts_with("alert firing")),
+        "{lines:?}"
+    );
+    // Resolved: both go.
+    let quiet = RebootClock {
+        alerts: Some(Ok(vec![])),
+        ..clock(10, false)
+    };
+    let d = step(&p, &lock, &v, &quiet).unwrap();
+    assert_eq!(d.request, ["a", "b"]);
+    // Firing again: the slots held stay held.
+    let after = RebootClock { now_ms: 20, ..firing };
+    let kept = step(&p, &d.lock, &v, &after);
+    assert!(kept.is_none_or(|k| k.lock.slots.len() == 2));
+    // Every slot taken: the gates are not asked.
+    assert!(gated(&p, &d.lock, &v, &after).is_empty());
+}
+
+#[test]
+fn a_blocking_pod_holds_its_node_while_another_reboots() {
+    let mut p = policy(RebootMode::Auto, 1);
+    p.blocking_pod_selector = "app=db".into();
+    let mut v = views(&[("a", true), ("b", true)]);
+    let lock = RebootLock::default();
+    assert_eq!(step(&p, &lock, &v, &clock(10, true)), None, "not asked yet");
+    v.get_mut("a").unwrap().blocking_pods = Some(Ok(vec!["db/pg-0".into()]));
+    v.get_mut("b").unwrap().blocking_pods = Some(Ok(vec![]));
+    let d = step(&p, &lock, &v, &clock(10, true)).unwrap();
+    let held: Vec<&str> = d.lock.slots.iter().map(|s| s.node.as_str()).collect();
+    assert_eq!(held, ["b"], "a waits, b drains");
+    assert_eq!(
+        why_waiting(&p, &RebootLock::default(), "a", &v["a"], &clock(10, true)).unwrap(),
+        "blocking pod(s) on the node: db/pg-0"
+    );
+    // An error of the tenant API closes the gate.
+    v.get_mut("b").unwrap().blocking_pods = Some(Err("403 Forbidden".into()));
+    assert_eq!(step(&p, &lock, &v, &clock(10, true)), None);
+    // Without a kubeconfig the selector cannot be checked: nobody goes.
+    v.get_mut("b").unwrap().blocking_pods = Some(Ok(vec![]));
+    assert_eq!(step(&p, &lock, &v, &clock(10, false)), None);
+    assert!(
+        why_waiting(&p, &lock, "b", &v["b"], &clock(10, false))
+            .unwrap()
+            .contains("the cluster has no kubeconfig")
+    );
 }

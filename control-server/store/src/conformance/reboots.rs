@@ -1,8 +1,8 @@
 //! Conformance cases: reboot policies and reboot locks (issue [reboots]).
 
 use crate::{
-    EventFilter, EventRow, Kind, NewCluster, RebootLock, RebootMode, RebootPolicy, RebootSlot, RebootTimeout,
-    SlotPhase, Store, StoreError,
+    AlertGate, EventFilter, EventRow, Kind, NewCluster, RebootLock, RebootMode, RebootPolicy, RebootSlot,
+    RebootTimeout, SlotPhase, Store, StoreError,
 };
 
 fn event(cluster: &str, kind: &str) -> EventRow {
@@ -31,9 +31,14 @@ pub async fn reboot_policies_and_locks_are_kept_and_written_on_revisions(s: &dyn
         max_concurrent: 3,
         timeout_ms: 60_000,
         on_timeout: RebootTimeout::Keep,
+        alert_gate: Some(AlertGate {
+            url: "http://prometheus.example:9090".into(),
+            filter: "^(KubeNodeNotReady|Etcd.*)$".into(),
+        }),
+        blocking_pod_selector: "app=db,tier in (a,b)".into(),
     };
     let row = s
-        .set_cluster_reboots("a", policy, event("a", "reboot_policy"))
+        .set_cluster_reboots("a", policy.clone(), event("a", "reboot_policy"))
         .await
         .unwrap();
     assert_eq!(row.reboots, policy);
@@ -55,7 +60,7 @@ pub async fn reboot_policies_and_locks_are_kept_and_written_on_revisions(s: &dyn
         .unwrap();
     assert_eq!(row.reboots, policy);
     assert!(matches!(
-        s.set_cluster_reboots("nope", policy, event("nope", "reboot_policy"))
+        s.set_cluster_reboots("nope", policy.clone(), event("nope", "reboot_policy"))
             .await,
         Err(StoreError::NotFound {
             kind: Kind::Cluster,

@@ -361,6 +361,26 @@ function kubeCell(k) {
     k.cordoned_by ? [" cordoned by ", rolloutLink(k.cordoned_by)] : null);
 }
 
+// The REBOOT column of `lksctl node list`: whether the node needs a
+// reboot (`required: <why>`, `rebooting`, `-`), and where it stands with
+// its cluster's reboot lock unless that ended ("done"): why it waits for a
+// slot, up to the first "; " or " (" (the whole reason in the title and on
+// the node's page).
+function rebootText(r) {
+  if (!r || !r.state || r.state === "none") return "-";
+  if (r.state === "rebooting") return "rebooting";
+  return r.reason ? r.state + ": " + r.reason : r.state;
+}
+
+function rebootCell(n) {
+  const base = rebootText(n.reboot);
+  const l = n.reboot_lock;
+  if (!l || !l.state || l.state === "done" || l.state === base) return el("span", { class: "reboot" }, base);
+  const why = (l.message || "").split("; ")[0].split(" (")[0];
+  return el("span", { class: "reboot", title: l.message || "" }, base === "-" ? null : base + " (",
+    chip(l.state), why ? ": " + why : null, base === "-" ? null : ")");
+}
+
 // A rollout node's step while the rollout owns its cordon (draining,
 // upgrading, readying), as `rollout status` shows it.
 function kubeStep(n) {
@@ -418,14 +438,14 @@ function nodesPage(main, r) {
     const kube = last.nodes.some((n) => n.kube);
     fill(out, 
       el("p", { class: "summary", id: "nodes-summary" }, `${matching.length} of ${last.nodes.length} node(s), ${matching.filter((n) => n.connected).length} connected`),
-      table("nodes-table", ["Name", "Cluster", "Connected", kube && "Kube", "Last seen", "Agent", "Arch", "Labels", "Bundles", "Certificates", "Release"].filter(Boolean),
+      table("nodes-table", ["Name", "Cluster", "Connected", kube && "Kube", "Last seen", "Agent", "Arch", "Labels", "Bundles", "Certificates", "Release", "Reboot"].filter(Boolean),
         p.shown.map((n) => [nodeLink(n.name), n.cluster,
           el("span", { class: n.connected ? "yes" : "no" }, n.connected ? "yes" : "no"),
           kube ? kubeCell(n.kube) : false,
           el("span", { title: n.last_seen || "never" }, ago(n.last_seen)),
-          n.agent_version || "-", n.architecture || "-", labelsText(n.labels),
+          n.agent_version || "-", el("span", { class: "nowrap" }, n.architecture || "-"), labelsText(n.labels),
           el("span", {}, n.bundles.map((b) => el("span", { class: "pair", title: b.message || "" }, b.name + "@" + b.version + " ", chip(b.state))), n.held ? chip("held") : null),
-          String(n.certificates.length || "-"), trustCell(n.trust)].filter((c) => c !== false)),
+          String(n.certificates.length || "-"), trustCell(n.trust), rebootCell(n)].filter((c) => c !== false)),
         "No node matches."), p.nav);
   };
   return {
@@ -470,6 +490,8 @@ function nodePage(main, r) {
         ["Release", n.trust && n.trust.enabled
           ? [trustCell(n.trust), n.trust.release_expires_at ? ", expires " + time(n.trust.release_expires_at) : "", ", root " + n.trust.root_version, n.trust.message ? ": " + n.trust.message : ""]
           : "- (no release trust reported)"],
+        ["Reboot", el("span", { id: "node-reboot" }, rebootText(n.reboot), n.reboot && n.reboot.since ? [" (since ", time(n.reboot.since), ")"] : null)],
+        n.reboot_lock && ["Reboot lock", el("span", { id: "node-reboot-lock" }, chip(n.reboot_lock.state), n.reboot_lock.message ? ": " + n.reboot_lock.message : "")],
         ["Hostname", f.hostname || "-"],
         ["OS", [f.os, f.kernel, f.arch].filter(Boolean).join(", ") || "-"],
         ["CPUs / memory", f.cpus ? f.cpus + " / " + bytes(f.memory_bytes) : "-"],

@@ -1,0 +1,247 @@
+//! The reboot gates (issue [reboots] item 3), pure: what the answers of a
+//! cluster's Prometheus (`--reboot-alert-gate URL --alert-filter REGEX`)
+//! and of its tenant API (`--blocking-pod-selector`) mean for a node that
+//! wants a reboot slot. The server asks them (only while a node could
+//! otherwise take a slot) and hands the answers in: the clock's `alerts`,
+//! each view's `blocking_pods`. A gate that was not asked, or could not be
+//! asked, is closed: no slot is given on a guess. A slot already held is
+//! never taken back by a gate.
+
+use lks_store::RebootPolicy;
+use regex::Regex;
+
+/// The longest alert filter accepted.
+pub const MAX_FILTER: usize = 1024;
+/// Most names a wait reason lists before "and N more".
+const LISTED: usize = 5;
+
+/// A gate's answer: `None` not asked; `Some(Err(why))` it could not be
+/// asked; `Some(Ok(names))` what blocks (the firing alerts the filter
+/// matches; the blocking pods on the node, `namespace/name`), empty: open.
+pub type GateAnswer = Option<Result<Vec<String>, String>>;
+
+/// One alert as Prometheus lists it (`GET /api/v1/alerts`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PromAlert {
+    /// Its `alertname` label.
+    pub name: String,
+    /// `firing` or `pending` (or whatever else Prometheus says).
+    pub state: String,
+}
+
+/// Why an alert filter was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum FilterError {
+    #[error("--alert-filter is over {MAX_FILTER} characters")]
+    TooLong,
+    #[error("--alert-filter {filter:?} is not a regular expression: {why}")]
+    Regex { filter: String, why: String },
+}
+
+/// The filter compiled; `None` for the empty one (every alert matches).
+pub fn compile_filter(filter: &str) -> Result<Option<Regex>, FilterError> {
+    if filter.is_empty() {
+        return Ok(None);
+    }
+    if filter.len() > MAX_FILTER {
+        return Err(FilterError::TooLong);
+    }
+    Regex::new(filter).map(Some).map_err(|e| FilterError::Regex {
+        filter: filter.to_string(),
+        // The engine's message spans lines (the pattern, a caret, the
+        // error); its last line says what is wrong.
+        why: e
+            .to_string()
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("invalid")
+            .trim()
+            .trim_start_matches("error: ")
+            .to_string(),
+    })
+}
+
+/// The alerts that hold reboots: firing ones (pending ones do not count:
+/// their rule's `for` has not passed) whose name the filter matches
+/// anywhere (as kured's `--alert-filter-regexp` with
+/// `--alert-filter-match-only`; anchor it, `^Name$`, for one name), by
+/// name, each once.
+pub fn blocking_alerts(alerts: &[PromAlert], filter: Option<&Regex>) -> Vec<String> {
+    let mut out: Vec<String> = alerts
+        .iter()
+        .filter(|a| a.state == "firing")
+        .filter(|a| filter.is_none_or(|f| f.is_match(&a.name)))
+        .map(|a| a.name.clone())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// "a, b, c, d, e and 2 more".
+pub fn listed(names: &[String]) -> String {
+    let shown = names.iter().take(LISTED).cloned().collect::<Vec<_>>().join(", ");
+    match names.len().saturating_sub(LISTED) {
+        0 => shown,
+        more => format!("{shown} and {more} more"),
+    }
+}
+
+/// Why the gates keep a node (`pods`: its blocking-pod answer; `None` for
+/// a FleetLock id that names no node, which no pod can run on) from a
+/// slot; `None`: they are open. `tenant_api`: the cluster has a
+/// kubeconfig.
+pub fn closed(
+    policy: &RebootPolicy,
+    alerts: &GateAnswer,
+    pods: Option<&GateAnswer>,
+    tenant_api: bool,
+) -> Option<String> {
+    if let Some(g) = &policy.alert_gate {
+        match alerts {
+            None => return Some(format!("the alert gate has not asked {} yet", g.url)),
+            Some(Err(why)) => {
+                return Some(format!(
+                    "the alert gate is closed: Prometheus at {} cannot be asked ({why})",
+                    g.url
+                ));
+            }
+            Some(Ok(firing)) if !firing.is_empty() => {
+                return Some(format!("alert firing in {}: {}", g.url, listed(firing)));
+            }
+            Some(Ok(_)) => {}
+        }
+    }
+    let selector = &policy.blocking_pod_selector;
+    if selector.is_empty() {
+        return None;
+    }
+    if !tenant_api {
+        return Some(format!(
+            "the blocking-pod selector {selector:?} cannot be checked: the cluster has no kubeconfig (cluster set --kubeconfig, or --no-blocking-pod-selector)"
+        ));
+    }
+    match pods? {
+        None => Some("the blocking-pod gate has not asked the tenant API yet".into()),
+        Some(Err(why)) => Some(format!(
+            "the blocking-pod gate is closed: the tenant API cannot be asked ({why})"
+        )),
+        Some(Ok(p)) if !p.is_empty() => Some(format!("blocking pod(s) on the node: {}", listed(p))),
+        Some(Ok(_)) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lks_store::AlertGate;
+
+    use super::*;
+
+    fn alert(name: &str, state: &str) -> PromAlert {
+        PromAlert {
+            name: name.into(),
+            state: state.into(),
+        }
+    }
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn only_firing_alerts_the_filter_matches_block() {
+        let alerts = [
+            alert("KubeNodeNotReady", "firing"),
+            alert("EtcdNoLeader", "pending"),
+            alert("Watchdog", "firing"),
+            alert("KubeNodeNotReady", "firing"),
+        ];
+        assert_eq!(
+            blocking_alerts(&alerts, None),
+            names(&["KubeNodeNotReady", "Watchdog"])
+        );
+        let f = compile_filter("^Kube").unwrap();
+        assert_eq!(blocking_alerts(&alerts, f.as_ref()), names(&["KubeNodeNotReady"]));
+        // Searched anywhere in the name, as kured's.
+        let f = compile_filter("Ready").unwrap();
+        assert_eq!(blocking_alerts(&alerts, f.as_ref()), names(&["KubeNodeNotReady"]));
+        let f = compile_filter("^Etcd").unwrap();
+        assert!(
+            blocking_alerts(&alerts, f.as_ref()).is_empty(),
+            "pending does not count"
+        );
+        assert!(compile_filter("").unwrap().is_none());
+    }
+
+    #[test]
+    fn a_bad_filter_is_one_line() {
+        let e = compile_filter("(Kube").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "--alert-filter \"(Kube\" is not a regular expression: unclosed group"
+        );
+        assert!(matches!(
+            compile_filter(&"a".repeat(MAX_FILTER + 1)),
+            Err(FilterError::TooLong)
+        ));
+    }
+
+    #[test]
+    fn the_gates_close_on_firing_alerts_blocking_pods_and_silence() {
+        let mut p = RebootPolicy::default();
+        assert_eq!(closed(&p, &None, Some(&None), false), None, "no gate set");
+        p.alert_gate = Some(AlertGate {
+            url: "http://prom:9090".into(),
+            filter: String::new(),
+        });
+        let open: GateAnswer = Some(Ok(vec![]));
+        assert_eq!(
+            closed(&p, &None, None, true).unwrap(),
+            "the alert gate has not asked http://prom:9090 yet"
+        );
+        assert_eq!(
+            closed(&p, &Some(Err("connection refused".into())), None, true).unwrap(),
+            "the alert gate is closed: Prometheus at http://prom:9090 cannot be asked (connection refused)"
+        );
+        let many: Vec<String> = (1..=7).map(|i| format!("A{i}")).collect();
+        assert_eq!(
+            closed(&p, &Some(Ok(many)), None, true).unwrap(),
+            "alert firing in http://prom:9090: A1, A2, A3, A4, A5 and 2 more"
+        );
+        assert_eq!(closed(&p, &open, None, true), None);
+
+        p.blocking_pod_selector = "app=db".into();
+        assert_eq!(
+            closed(&p, &open, None, true),
+            None,
+            "a FleetLock id that is no node"
+        );
+        assert!(
+            closed(&p, &open, Some(&open), false)
+                .unwrap()
+                .contains("cannot be checked: the cluster has no kubeconfig")
+        );
+        assert_eq!(
+            closed(&p, &open, Some(&None), true).unwrap(),
+            "the blocking-pod gate has not asked the tenant API yet"
+        );
+        assert_eq!(
+            closed(&p, &open, Some(&Some(Err("403".into()))), true).unwrap(),
+            "the blocking-pod gate is closed: the tenant API cannot be asked (403)"
+        );
+        let pods = Some(Ok(names(&["db/pg-0", "db/pg-1"])));
+        assert_eq!(
+            closed(&p, &open, Some(&pods), true).unwrap(),
+            "blocking pod(s) on the node: db/pg-0, db/pg-1"
+        );
+        assert_eq!(closed(&p, &open, Some(&open), true), None);
+        // The alert gate speaks first.
+        let firing = Some(Ok(names(&["X"])));
+        assert!(
+            closed(&p, &firing, Some(&pods), true)
+                .unwrap()
+                .starts_with("alert firing")
+        );
+    }
+}

@@ -1,0 +1,259 @@
+//! The reboot gates' I/O (issue [reboots] item 3): a cluster's Prometheus
+//! (`--reboot-alert-gate URL`, `GET URL/api/v1/alerts`) and its tenant
+//! API (`--blocking-pod-selector`, one pod list per cluster) asked for the
+//! answers `lks_rollout::gates` decides on. They are asked only while a
+//! node wants a slot that nothing but the gates keeps from it
+//! (`reboot::gated`), each answer kept [`TTL`] (the leader's lock, `node
+//! get`, `reboot status` and FleetLock share it), each ask bounded by
+//! [`ASK_TIMEOUT`]. An ask that fails is an answer too: the gate is closed
+//! and the reason says why.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lks_kube::tenant::TenantApis;
+use lks_proto::sync::lock;
+use lks_rollout::gates::{self, GateAnswer, PromAlert};
+use lks_rollout::reboot::{self, RebootClock, RebootView};
+
+use crate::store::{AlertGate, ClusterRow, RebootLock};
+
+/// How long an answer is reused.
+pub const TTL: Duration = Duration::from_secs(3);
+/// An ask of Prometheus gives up after this (connect and answer).
+pub const ASK_TIMEOUT: Duration = Duration::from_secs(5);
+/// The largest `/api/v1/alerts` answer read.
+const MAX_ANSWER: usize = 8 << 20;
+
+type Pods = Result<Arc<HashMap<String, Vec<String>>>, String>;
+type Alerts = Result<Arc<Vec<PromAlert>>, String>;
+
+/// The gates' clients and their last answers.
+pub struct Gates {
+    http: Result<reqwest::Client, String>,
+    tenants: Arc<TenantApis>,
+    /// By Prometheus URL: when asked, and its alerts (or why not).
+    alerts: Mutex<HashMap<String, (Instant, Alerts)>>,
+    /// By (cluster, selector): when asked, and the blocking pods by node.
+    pods: Mutex<HashMap<(String, String), (Instant, Pods)>>,
+}
+
+impl Gates {
+    pub fn new(tenants: Arc<TenantApis>) -> Self {
+        let http = reqwest::Client::builder()
+            .connect_timeout(ASK_TIMEOUT)
+            .timeout(ASK_TIMEOUT)
+            .build()
+            .map_err(|e| lks_proto::report::one_line(&e));
+        Gates {
+            http,
+            tenants,
+            alerts: Mutex::default(),
+            pods: Mutex::default(),
+        }
+    }
+
+    /// Fills in the gates' answers for the nodes of `c` that only the
+    /// gates could keep from a slot now; asks nothing when there are none.
+    pub async fn fill(
+        &self,
+        c: &ClusterRow,
+        lock: &RebootLock,
+        views: &mut BTreeMap<String, RebootView>,
+        clock: &mut RebootClock,
+    ) {
+        let wanted = reboot::gated(&c.reboots, lock, views, clock);
+        if wanted.is_empty() {
+            return;
+        }
+        if let Some(g) = &c.reboots.alert_gate {
+            clock.alerts = self.alerts(g).await;
+        }
+        if !c.reboots.blocking_pod_selector.is_empty() && clock.tenant_api {
+            let pods = self.pods(&c.name, &c.reboots.blocking_pod_selector).await;
+            for n in wanted {
+                if let Some(v) = views.get_mut(&n) {
+                    v.blocking_pods = on_node(&pods, &n);
+                }
+            }
+        }
+    }
+
+    /// The answers for one FleetLock `pre-reboot`: the alert gate's, and
+    /// the blocking-pod gate's for `node` (the id's node, if it names one).
+    pub async fn fill_one(
+        &self,
+        c: &ClusterRow,
+        node: Option<(&str, &mut RebootView)>,
+        clock: &mut RebootClock,
+    ) {
+        if let Some(g) = &c.reboots.alert_gate {
+            clock.alerts = self.alerts(g).await;
+        }
+        if let Some((name, v)) = node
+            && !c.reboots.blocking_pod_selector.is_empty()
+            && clock.tenant_api
+        {
+            let pods = self.pods(&c.name, &c.reboots.blocking_pod_selector).await;
+            v.blocking_pods = on_node(&pods, name);
+        }
+    }
+
+    /// The firing alerts of `g`'s Prometheus its filter matches, or why
+    /// they could not be read.
+    async fn alerts(&self, g: &AlertGate) -> GateAnswer {
+        let cached = lock(&self.alerts)
+            .get(&g.url)
+            .filter(|(at, _)| at.elapsed() < TTL)
+            .map(|(_, a)| a.clone());
+        let all = match cached {
+            Some(a) => a,
+            None => {
+                let a = self.ask_prometheus(&g.url).await.map(Arc::new);
+                if let Err(why) = &a {
+                    tracing::warn!(url = %g.url, error = %why, "reboot alert gate: Prometheus cannot be asked; the gate is closed");
+                }
+                lock(&self.alerts).insert(g.url.clone(), (Instant::now(), a.clone()));
+                a
+            }
+        };
+        // Checked when set; a filter that no longer compiles closes the gate.
+        let filter = match gates::compile_filter(&g.filter) {
+            Ok(f) => f,
+            Err(e) => return Some(Err(e.to_string())),
+        };
+        Some(all.map(|a| gates::blocking_alerts(&a, filter.as_ref())))
+    }
+
+    async fn ask_prometheus(&self, url: &str) -> Result<Vec<PromAlert>, String> {
+        let http = self.http.as_ref().map_err(Clone::clone)?;
+        let ask = async {
+            let resp = http
+                .get(format!("{url}/api/v1/alerts"))
+                .send()
+                .await
+                .map_err(|e| lks_proto::report::one_line(&e))?;
+            let status = resp.status();
+            if resp.content_length().is_some_and(|n| n > MAX_ANSWER as u64) {
+                return Err(format!("an answer over {MAX_ANSWER} bytes"));
+            }
+            let body = resp.bytes().await.map_err(|e| lks_proto::report::one_line(&e))?;
+            if body.len() > MAX_ANSWER {
+                return Err(format!("an answer over {MAX_ANSWER} bytes"));
+            }
+            if !status.is_success() {
+                return Err(format!("HTTP {}", status.as_u16()));
+            }
+            parse_alerts(&body)
+        };
+        match tokio::time::timeout(ASK_TIMEOUT, ask).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("no answer within {}s", ASK_TIMEOUT.as_secs())),
+        }
+    }
+
+    /// The blocking pods of `cluster` by node, or why they could not be read.
+    async fn pods(&self, cluster: &str, selector: &str) -> Pods {
+        let key = (cluster.to_string(), selector.to_string());
+        if let Some((_, p)) = lock(&self.pods).get(&key).filter(|(at, _)| at.elapsed() < TTL) {
+            return p.clone();
+        }
+        let p = match self.tenants.blocking_pods(cluster, selector).await {
+            Ok(Some(by_node)) => Ok(Arc::new(by_node)),
+            Ok(None) => Err(format!("cluster {cluster} has no kubeconfig")),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(why) = &p {
+            tracing::warn!(%cluster, error = %why, "reboot blocking-pod gate: the tenant API cannot be asked; the gate is closed");
+        }
+        lock(&self.pods).insert(key, (Instant::now(), p.clone()));
+        p
+    }
+}
+
+fn on_node(pods: &Pods, node: &str) -> GateAnswer {
+    Some(
+        pods.as_ref()
+            .map(|by_node| by_node.get(node).cloned().unwrap_or_default())
+            .map_err(Clone::clone),
+    )
+}
+
+#[derive(serde::Deserialize)]
+struct Answer {
+    status: String,
+    #[serde(default)]
+    error: String,
+    #[serde(default)]
+    data: Option<Data>,
+}
+
+#[derive(serde::Deserialize)]
+struct Data {
+    alerts: Vec<Alert>,
+}
+
+#[derive(serde::Deserialize)]
+struct Alert {
+    #[serde(default)]
+    labels: HashMap<String, String>,
+    #[serde(default)]
+    state: String,
+}
+
+/// Prometheus' `/api/v1/alerts` answer: every active alert, its name (the
+/// `alertname` label) and state.
+pub fn parse_alerts(body: &[u8]) -> Result<Vec<PromAlert>, String> {
+    let a: Answer =
+        serde_json::from_slice(body).map_err(|e| format!("not a Prometheus /api/v1/alerts answer: {e}"))?;
+    if a.status != "success" {
+        return Err(format!("Prometheus answered {}: {}", a.status, a.error));
+    }
+    let data = a
+        .data
+        .ok_or_else(|| "not a Prometheus /api/v1/alerts answer: no data".to_string())?;
+    Ok(data
+        .alerts
+        .into_iter()
+        .map(|mut al| PromAlert {
+            name: al.labels.remove("alertname").unwrap_or_default(),
+            state: al.state,
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_alerts_answer_is_read() {
+        let body = br#"{"status":"success","data":{"alerts":[
+            {"labels":{"alertname":"KubeNodeNotReady","severity":"warning"},"annotations":{},"state":"firing","activeAt":"2026-01-01T00:00:00Z","value":"1e+00"},
+            {"labels":{"alertname":"Slow"},"state":"pending"}]}}"#;
+        let a = parse_alerts(body).unwrap();
+        assert_eq!(
+            a,
+            vec![
+                PromAlert {
+                    name: "KubeNodeNotReady".into(),
+                    state: "firing".into()
+                },
+                PromAlert {
+                    name: "Slow".into(),
+                    state: "pending".into()
+                },
+            ]
+        );
+        assert_eq!(
+            parse_alerts(br#"{"status":"error","errorType":"internal","error":"boom"}"#).unwrap_err(),
+            "Prometheus answered error: boom"
+        );
+        assert!(
+            parse_alerts(b"<html>")
+                .unwrap_err()
+                .starts_with("not a Prometheus")
+        );
+    }
+}
