@@ -154,36 +154,9 @@ pub async fn run(c: &mut Client, url: &str, cmd: PlanCmd) -> anyhow::Result<()> 
     }
 }
 
-/// A verb on a plan (`plan pause|resume|abort|rollback`; the console's buttons).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verb {
-    Pause,
-    Resume,
-    Abort,
-    Rollback,
-}
-
-impl Verb {
-    /// As the console's URLs name it.
-    pub fn parse(s: &str) -> Option<Verb> {
-        match s {
-            "pause" => Some(Verb::Pause),
-            "resume" => Some(Verb::Resume),
-            "abort" => Some(Verb::Abort),
-            "rollback" => Some(Verb::Rollback),
-            _ => None,
-        }
-    }
-
-    fn words(self) -> &'static str {
-        match self {
-            Verb::Pause => "pause",
-            Verb::Resume => "resume",
-            Verb::Abort => "abort",
-            Verb::Rollback => "roll back",
-        }
-    }
-}
+/// A verb on a plan (`plan pause|resume|abort|rollback`; the console's
+/// buttons): the rollouts' four.
+pub use crate::rollout::Verb;
 
 async fn create(c: &mut Client, url: &str, a: CreateArgs) -> anyhow::Result<()> {
     check_create(&a)?;

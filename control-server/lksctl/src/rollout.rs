@@ -525,7 +525,7 @@ pub fn dry_run_text(plan: &serde_json::Value) -> String {
     out
 }
 
-/// The operator verbs on a rollout.
+/// The operator verbs on a rollout (and on a plan).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verb {
     Pause,
@@ -535,6 +535,7 @@ pub enum Verb {
 }
 
 impl Verb {
+    /// As the console's URLs name it.
     pub fn parse(s: &str) -> Option<Verb> {
         Some(match s {
             "pause" => Verb::Pause,
@@ -544,19 +545,29 @@ impl Verb {
             _ => return None,
         })
     }
+
+    /// As an error's context says it ("roll back rollout …").
+    pub fn words(self) -> &'static str {
+        match self {
+            Verb::Pause => "pause",
+            Verb::Resume => "resume",
+            Verb::Abort => "abort",
+            Verb::Rollback => "roll back",
+        }
+    }
 }
 
 /// `rollout pause|resume|abort|rollback ID` (the CLI and the console).
 pub async fn act(c: &mut Client, url: &str, verb: Verb, id: &str) -> anyhow::Result<pb::Rollout> {
     let r = pb::RolloutRef { id: id.to_string() };
-    let (r, what) = match verb {
-        Verb::Pause => (c.pause_rollout(r).await, "pause"),
-        Verb::Resume => (c.resume_rollout(r).await, "resume"),
-        Verb::Abort => (c.abort_rollout(r).await, "abort"),
-        Verb::Rollback => (c.rollback_rollout(r).await, "roll back"),
+    let r = match verb {
+        Verb::Pause => c.pause_rollout(r).await,
+        Verb::Resume => c.resume_rollout(r).await,
+        Verb::Abort => c.abort_rollout(r).await,
+        Verb::Rollback => c.rollback_rollout(r).await,
     };
     r.map_err(|s| status(url, s))
-        .with_context(|| format!("{what} rollout {id}"))
+        .with_context(|| format!("{} rollout {id}", verb.words()))
         .map(tonic::Response::into_inner)
 }
 

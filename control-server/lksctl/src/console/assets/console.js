@@ -704,22 +704,23 @@ function confirmDialog(text) {
   });
 }
 
-function rolloutPage(main, r) {
-  const id = r.parts[1];
-  main.append(el("p", { class: "crumbs" }, link("#/rollouts", "Rollouts"), " / "), el("h1", {}, "Rollout " + id.slice(0, 8)));
-  const head = slot(main, "rollout-head");
-  const result = el("p", { id: "action-result", role: "status" });
-  const err = el("p", { class: "error", id: "action-error", role: "alert", hidden: true });
+// A row of verb buttons (`verbs`: verb -> {label, confirm?, when}) that
+// POST `path/VERB`, say the answer's message or error under them and then
+// call `refresh`; `ids` prefixes the elements' ids. `.enable(state)` turns
+// on the verbs allowed in `state`.
+function actionBar(main, verbs, path, ids, label, refresh) {
+  const result = el("p", { id: ids + "action-result", role: "status" });
+  const err = el("p", { class: "error", id: ids + "action-error", role: "alert", hidden: true });
   const buttons = {};
-  for (const [verb, v] of Object.entries(VERBS)) {
+  for (const [verb, v] of Object.entries(verbs)) {
     buttons[verb] = el("button", {
-      type: "button", id: "act-" + verb, class: v.confirm ? "danger" : "",
+      type: "button", id: ids + "act-" + verb, class: v.confirm ? "danger" : "", disabled: true,
       async onclick() {
         if (v.confirm && !(await confirmDialog(v.confirm))) return;
         err.hidden = true;
         result.textContent = "";
         try {
-          const x = await post("rollouts/" + enc(id) + "/" + verb);
+          const x = await post(path + "/" + verb);
           result.textContent = x.message;
         } catch (e) {
           err.textContent = e.message;
@@ -729,7 +730,19 @@ function rolloutPage(main, r) {
       },
     }, v.label);
   }
-  main.append(el("div", { class: "buttons actions", role: "group", "aria-label": "Rollout actions" }, Object.values(buttons)), result, err);
+  main.append(el("div", { class: "buttons actions", role: "group", "aria-label": label }, Object.values(buttons)), result, err);
+  return {
+    enable(state) {
+      for (const [verb, v] of Object.entries(verbs)) buttons[verb].disabled = !v.when.includes(state);
+    },
+  };
+}
+
+function rolloutPage(main, r) {
+  const id = r.parts[1];
+  main.append(el("p", { class: "crumbs" }, link("#/rollouts", "Rollouts"), " / "), el("h1", {}, "Rollout " + id.slice(0, 8)));
+  const head = slot(main, "rollout-head");
+  const actions = actionBar(main, VERBS, "rollouts/" + enc(id), "", "Rollout actions", () => refresh());
   const batchesOut = slot(main, "rollout-batches");
   const nodesOut = slot(main, "rollout-nodes");
   let page = 1;
@@ -747,7 +760,7 @@ function rolloutPage(main, r) {
       const x = await get("rollouts/" + enc(id));
       loadErr.set(null);
       last = x;
-      for (const [verb, v] of Object.entries(VERBS)) buttons[verb].disabled = !v.when.includes(x.state);
+      actions.enable(x.state);
       const counts = ["total", "updated", "failed", "pending", "applying", "deferred", "held", "skipped", "rolled_back"];
       fill(head, 
         kv("rollout-facts", [["State", el("span", { id: "rollout-state" }, chip(x.state))], ["Cluster", link("#/nodes?cluster=" + enc(x.cluster), x.cluster)],

@@ -67,28 +67,7 @@ function planPage(main, r) {
   const name = r.parts[1];
   main.append(el("p", { class: "crumbs" }, link("#/plans", "Plans"), " / "), el("h1", {}, "Plan " + name));
   const head = slot(main, "plan-head");
-  const result = el("p", { id: "plan-action-result", role: "status" });
-  const err = el("p", { class: "error", id: "plan-action-error", role: "alert", hidden: true });
-  const buttons = {};
-  for (const [verb, v] of Object.entries(PLAN_VERBS)) {
-    buttons[verb] = el("button", {
-      type: "button", id: "plan-act-" + verb, class: v.confirm ? "danger" : "", disabled: true,
-      async onclick() {
-        if (v.confirm && !(await confirmDialog(v.confirm))) return;
-        err.hidden = true;
-        result.textContent = "";
-        try {
-          const x = await post("plans/" + enc(name) + "/" + verb);
-          result.textContent = x.message;
-        } catch (e) {
-          err.textContent = e.message;
-          err.hidden = false;
-        }
-        await refresh();
-      },
-    }, v.label);
-  }
-  main.append(el("div", { class: "buttons actions", role: "group", "aria-label": "Plan actions" }, Object.values(buttons)), result, err);
+  const actions = actionBar(main, PLAN_VERBS, "plans/" + enc(name), "plan-", "Plan actions", () => refresh());
   const groups = slot(main, "plan-groups");
   const loadErr = errorBox(main);
   return {
@@ -96,7 +75,7 @@ function planPage(main, r) {
     async refresh() {
       const p = await get("plans/" + enc(name));
       loadErr.set(null);
-      for (const [verb, v] of Object.entries(PLAN_VERBS)) buttons[verb].disabled = !v.when.includes(p.state);
+      actions.enable(p.state);
       const soaking = p.groups.find((g) => g.state === "soaking" && g.soak_until);
       fill(head,
         kv("plan-facts", [["State", el("span", { id: "plan-state" }, chip(p.state))],
