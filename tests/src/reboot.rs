@@ -142,3 +142,35 @@ pub fn drive(
     }
     assert!(most_held >= 1 && most_down >= 1, "something was rebooted");
 }
+
+/// One FleetLock call as Zincati makes it, with curl: client `id`'s body
+/// POSTed to `url` (with the protocol's header if `header`, and `extra`
+/// curl flags). The HTTP status and the body.
+pub fn fleetlock_curl(url: &str, id: &str, header: bool, extra: &[&str]) -> (u16, String) {
+    let body = format!(r#"{{"client_params": {{"id": "{id}", "group": "default"}}}}"#);
+    let mut cmd = std::process::Command::new("curl");
+    cmd.args([
+        "-sS",
+        "--max-time",
+        "10",
+        "-o",
+        "-",
+        "-w",
+        "\n%{http_code}",
+        "-X",
+        "POST",
+    ]);
+    cmd.args(extra);
+    if header {
+        cmd.args(["-H", "fleet-lock-protocol: true"]);
+    }
+    let out = cmd.args(["-d", &body, url]).output().expect("run curl");
+    assert!(
+        out.status.success(),
+        "curl {url}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let (body, code) = text.rsplit_once('\n').unwrap();
+    (code.trim().parse().unwrap(), body.to_string())
+}

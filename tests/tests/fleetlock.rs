@@ -13,42 +13,13 @@ use std::process::Command;
 use std::time::Duration;
 
 use lks_e2e::agent::Agent;
+use lks_e2e::reboot::fleetlock_curl;
 use lks_e2e::server::Server;
 use lks_e2e::{free_addr, wait_for_port};
 
 /// One FleetLock call with curl: the HTTP status and the body.
 fn call(addr: SocketAddr, cluster: &str, op: &str, id: &str, header: bool) -> (u16, String) {
-    curl(&format!("http://{addr}/c/{cluster}/v1/{op}"), id, header, &[])
-}
-
-/// POSTs client `id`'s body to `url` (with `extra` curl flags).
-fn curl(url: &str, id: &str, header: bool, extra: &[&str]) -> (u16, String) {
-    let body = format!(r#"{{"client_params": {{"id": "{id}", "group": "default"}}}}"#);
-    let mut cmd = Command::new("curl");
-    cmd.args([
-        "-sS",
-        "--max-time",
-        "10",
-        "-o",
-        "-",
-        "-w",
-        "\n%{http_code}",
-        "-X",
-        "POST",
-    ]);
-    cmd.args(extra);
-    if header {
-        cmd.args(["-H", "fleet-lock-protocol: true"]);
-    }
-    let out = cmd.args(["-d", &body, url]).output().expect("run curl");
-    assert!(
-        out.status.success(),
-        "curl {url}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    let (body, code) = text.rsplit_once('\n').unwrap();
-    (code.trim().parse().unwrap(), body.to_string())
+    fleetlock_curl(&format!("http://{addr}/c/{cluster}/v1/{op}"), id, header, &[])
 }
 
 /// The error `kind` of a refusal (and that its `value` is a line).
@@ -207,9 +178,9 @@ fn fleetlock_over_tls_with_the_servers_certificate() {
     std::fs::write(&ca, server.admin_conf().ca_cert).unwrap();
     let ca = ca.display().to_string();
     let url = format!("https://127.0.0.1:{}/c/c1/v1/pre-reboot", fl.port());
-    let (code, body) = curl(&url, "a", true, &["--cacert", &ca]);
+    let (code, body) = fleetlock_curl(&url, "a", true, &["--cacert", &ca]);
     assert_eq!(code, 200, "{body}");
-    let (code, body) = curl(&url, "b", true, &["--cacert", &ca]);
+    let (code, body) = fleetlock_curl(&url, "b", true, &["--cacert", &ca]);
     assert_eq!(
         (code, kind(&body).as_str()),
         (409, "failed_lock_semaphore_full"),
