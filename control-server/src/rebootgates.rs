@@ -26,12 +26,43 @@ pub const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 /// The largest `/api/v1/alerts` answer read.
 const MAX_ANSWER: usize = 8 << 20;
 
-type Pods = Result<Arc<HashMap<String, Vec<String>>>, String>;
-type Alerts = Result<Arc<Vec<PromAlert>>, String>;
+type Pods = Result<Arc<HashMap<String, Vec<String>>>, Arc<AskError>>;
+type Alerts = Result<Arc<Vec<PromAlert>>, Arc<AskError>>;
+
+/// Why a gate's question got no answer (the gate is then closed, and the
+/// node's wait reason says this, on one line).
+#[derive(Debug, thiserror::Error)]
+pub enum AskError {
+    #[error("the HTTP client cannot be made")]
+    Client(#[source] reqwest::Error),
+    #[error("{0}")]
+    Http(#[source] reqwest::Error),
+    #[error("an answer over {MAX_ANSWER} bytes")]
+    TooLarge,
+    #[error("HTTP {0}")]
+    Status(u16),
+    #[error("no answer within {}s", ASK_TIMEOUT.as_secs())]
+    Timeout,
+    #[error("not a Prometheus /api/v1/alerts answer")]
+    NotAlerts(#[source] serde_json::Error),
+    #[error("not a Prometheus /api/v1/alerts answer: no data")]
+    NoData,
+    #[error("Prometheus answered {status}: {error}")]
+    Refused { status: String, error: String },
+    #[error("cluster {0} has no kubeconfig")]
+    NoKubeconfig(String),
+    #[error(transparent)]
+    Tenant(#[from] lks_kube::tenant::TenantError),
+}
+
+/// A failed ask as the pure gates take it: its one line.
+fn reason(e: &Arc<AskError>) -> String {
+    lks_proto::report::one_line(e.as_ref())
+}
 
 /// The gates' clients and their last answers.
 pub struct Gates {
-    http: Result<reqwest::Client, String>,
+    http: Result<reqwest::Client, Arc<AskError>>,
     tenants: Arc<TenantApis>,
     /// By Prometheus URL: when asked, and its alerts (or why not).
     alerts: Mutex<HashMap<String, (Instant, Alerts)>>,
@@ -45,7 +76,7 @@ impl Gates {
             .connect_timeout(ASK_TIMEOUT)
             .timeout(ASK_TIMEOUT)
             .build()
-            .map_err(|e| lks_proto::report::one_line(&e));
+            .map_err(|e| Arc::new(AskError::Client(e)));
         Gates {
             http,
             tenants,
@@ -112,7 +143,7 @@ impl Gates {
             None => {
                 let a = self.ask_prometheus(&g.url).await.map(Arc::new);
                 if let Err(why) = &a {
-                    tracing::warn!(url = %g.url, error = %why, "reboot alert gate: Prometheus cannot be asked; the gate is closed");
+                    tracing::warn!(url = %g.url, error = %reason(why), "reboot alert gate: Prometheus cannot be asked; the gate is closed");
                 }
                 lock(&self.alerts).insert(g.url.clone(), (Instant::now(), a.clone()));
                 a
@@ -123,34 +154,38 @@ impl Gates {
             Ok(f) => f,
             Err(e) => return Some(Err(e.to_string())),
         };
-        Some(all.map(|a| gates::blocking_alerts(&a, filter.as_ref())))
+        Some(
+            all.map(|a| gates::blocking_alerts(&a, filter.as_ref()))
+                .map_err(|e| reason(&e)),
+        )
     }
 
-    async fn ask_prometheus(&self, url: &str) -> Result<Vec<PromAlert>, String> {
-        let http = self.http.as_ref().map_err(Clone::clone)?;
+    async fn ask_prometheus(&self, url: &str) -> Result<Vec<PromAlert>, Arc<AskError>> {
+        let http = self.http.as_ref().map_err(Arc::clone)?;
         let ask = async {
             let resp = http
                 .get(format!("{url}/api/v1/alerts"))
                 .send()
                 .await
-                .map_err(|e| lks_proto::report::one_line(&e))?;
+                .map_err(AskError::Http)?;
             let status = resp.status();
             if resp.content_length().is_some_and(|n| n > MAX_ANSWER as u64) {
-                return Err(format!("an answer over {MAX_ANSWER} bytes"));
+                return Err(AskError::TooLarge);
             }
-            let body = resp.bytes().await.map_err(|e| lks_proto::report::one_line(&e))?;
+            let body = resp.bytes().await.map_err(AskError::Http)?;
             if body.len() > MAX_ANSWER {
-                return Err(format!("an answer over {MAX_ANSWER} bytes"));
+                return Err(AskError::TooLarge);
             }
             if !status.is_success() {
-                return Err(format!("HTTP {}", status.as_u16()));
+                return Err(AskError::Status(status.as_u16()));
             }
             parse_alerts(&body)
         };
         match tokio::time::timeout(ASK_TIMEOUT, ask).await {
             Ok(r) => r,
-            Err(_) => Err(format!("no answer within {}s", ASK_TIMEOUT.as_secs())),
+            Err(_) => Err(AskError::Timeout),
         }
+        .map_err(Arc::new)
     }
 
     /// The blocking pods of `cluster` by node, or why they could not be read.
@@ -161,11 +196,11 @@ impl Gates {
         }
         let p = match self.tenants.blocking_pods(cluster, selector).await {
             Ok(Some(by_node)) => Ok(Arc::new(by_node)),
-            Ok(None) => Err(format!("cluster {cluster} has no kubeconfig")),
-            Err(e) => Err(e.to_string()),
+            Ok(None) => Err(Arc::new(AskError::NoKubeconfig(cluster.to_string()))),
+            Err(e) => Err(Arc::new(AskError::Tenant(e))),
         };
         if let Err(why) = &p {
-            tracing::warn!(%cluster, error = %why, "reboot blocking-pod gate: the tenant API cannot be asked; the gate is closed");
+            tracing::warn!(%cluster, error = %reason(why), "reboot blocking-pod gate: the tenant API cannot be asked; the gate is closed");
         }
         lock(&self.pods).insert(key, (Instant::now(), p.clone()));
         p
@@ -176,7 +211,7 @@ fn on_node(pods: &Pods, node: &str) -> GateAnswer {
     Some(
         pods.as_ref()
             .map(|by_node| by_node.get(node).cloned().unwrap_or_default())
-            .map_err(Clone::clone),
+            .map_err(reason),
     )
 }
 
@@ -204,15 +239,15 @@ struct Alert {
 
 /// Prometheus' `/api/v1/alerts` answer: every active alert, its name (the
 /// `alertname` label) and state.
-pub fn parse_alerts(body: &[u8]) -> Result<Vec<PromAlert>, String> {
-    let a: Answer =
-        serde_json::from_slice(body).map_err(|e| format!("not a Prometheus /api/v1/alerts answer: {e}"))?;
+pub fn parse_alerts(body: &[u8]) -> Result<Vec<PromAlert>, AskError> {
+    let a: Answer = serde_json::from_slice(body).map_err(AskError::NotAlerts)?;
     if a.status != "success" {
-        return Err(format!("Prometheus answered {}: {}", a.status, a.error));
+        return Err(AskError::Refused {
+            status: a.status,
+            error: a.error,
+        });
     }
-    let data = a
-        .data
-        .ok_or_else(|| "not a Prometheus /api/v1/alerts answer: no data".to_string())?;
+    let data = a.data.ok_or(AskError::NoData)?;
     Ok(data
         .alerts
         .into_iter()
@@ -247,13 +282,14 @@ mod tests {
             ]
         );
         assert_eq!(
-            parse_alerts(br#"{"status":"error","errorType":"internal","error":"boom"}"#).unwrap_err(),
+            parse_alerts(br#"{"status":"error","errorType":"internal","error":"boom"}"#)
+                .unwrap_err()
+                .to_string(),
             "Prometheus answered error: boom"
         );
         assert!(
-            parse_alerts(b"<html>")
-                .unwrap_err()
-                .starts_with("not a Prometheus")
+            lks_proto::report::one_line(&parse_alerts(b"<html>").unwrap_err())
+                .starts_with("not a Prometheus /api/v1/alerts answer: ")
         );
     }
 }
