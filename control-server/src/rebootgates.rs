@@ -163,7 +163,7 @@ impl Gates {
     async fn ask_prometheus(&self, url: &str) -> Result<Vec<PromAlert>, Arc<AskError>> {
         let http = self.http.as_ref().map_err(Arc::clone)?;
         let ask = async {
-            let resp = http
+            let mut resp = http
                 .get(format!("{url}/api/v1/alerts"))
                 .send()
                 .await
@@ -172,9 +172,14 @@ impl Gates {
             if resp.content_length().is_some_and(|n| n > MAX_ANSWER as u64) {
                 return Err(AskError::TooLarge);
             }
-            let body = resp.bytes().await.map_err(AskError::Http)?;
-            if body.len() > MAX_ANSWER {
-                return Err(AskError::TooLarge);
+            // Read piece by piece: an answer without a length is cut at
+            // the limit, not read whole first.
+            let mut body = Vec::new();
+            while let Some(piece) = resp.chunk().await.map_err(AskError::Http)? {
+                if body.len() + piece.len() > MAX_ANSWER {
+                    return Err(AskError::TooLarge);
+                }
+                body.extend_from_slice(&piece);
             }
             if !status.is_success() {
                 return Err(AskError::Status(status.as_u16()));
