@@ -361,19 +361,9 @@ async fn serve_conn<IO>(
 }
 
 /// Serves FleetLock on `listener` (over TLS with `tls`) until `cancel`
-/// fires, at most [`MAX_CONNECTIONS`] connections at once.
+/// fires, at most `max_connections` ([`MAX_CONNECTIONS`] in the server)
+/// at once.
 pub async fn serve(
-    listener: TcpListener,
-    store: Arc<dyn Store>,
-    metrics: Arc<Metrics>,
-    gates: Arc<Gates>,
-    tls: Option<Arc<rustls::ServerConfig>>,
-    cancel: CancellationToken,
-) {
-    serve_at_most(listener, store, metrics, gates, tls, cancel, MAX_CONNECTIONS).await;
-}
-
-async fn serve_at_most(
     listener: TcpListener,
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
@@ -510,7 +500,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(serve_at_most(
+        let task = tokio::spawn(serve(
             listener,
             store,
             Arc::new(Metrics::default()),

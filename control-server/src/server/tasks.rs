@@ -80,6 +80,7 @@ pub(super) async fn serve_fleetlock(
         shared.reboot_gates.clone(),
         tls,
         shared.cancel.clone(),
+        crate::fleetlock::MAX_CONNECTIONS,
     ));
     Ok(())
 }
