@@ -7,7 +7,16 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # End-to-end tests start the real binaries, so build them first.
 cargo build --workspace --bins
-cargo nextest run --workspace --no-fail-fast "$@"
+rm -f target/nextest/default/junit.xml
+rc=0
+cargo nextest run --workspace --no-fail-fast "$@" || rc=$?
+# The tail of the log names each failed test and its panic (a failing
+# end-to-end test prints every log of what it started above it), and each
+# failover test that passed only on its retry.
+if [ -f target/nextest/default/junit.xml ]; then
+  python3 scripts/test-failures.py target/nextest/default/junit.xml
+fi
+[ "$rc" -eq 0 ] || exit "$rc"
 # The vendored h2 (third_party/h2/LKSADMIN-PATCH.md): its own unit tests and
 # the patch's. The HPACK fixture tests need files crates.io does not ship.
 cargo test --manifest-path third_party/h2/Cargo.toml --target-dir target/h2-tests \
