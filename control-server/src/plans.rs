@@ -33,6 +33,9 @@ use crate::store::{PlanClusterState, PlanRow, PlanState, Store, StoreError};
 const TICK: Duration = Duration::from_secs(1);
 /// Steps of one plan per pass; one normally reaches a fixed point.
 const MAX_STEPS: usize = 3;
+/// How often a pass that starts many clusters reads the plan again, to stop
+/// at an operator's pause or abort.
+const RECHECK: Duration = Duration::from_millis(250);
 
 /// What the driver uses of the server.
 #[derive(Clone)]
@@ -144,7 +147,12 @@ async fn drive(d: &Deps, mut p: PlanRow) -> Result<PlanRow, StoreError> {
     Ok(p)
 }
 
-/// Stores a decision, then carries out its actions.
+/// Stores a decision, then carries out its actions. A pass that starts
+/// many clusters (`--max-clusters-in-flight` in the hundreds) takes seconds:
+/// the plan is read again every [`RECHECK`] between its starts, and once an
+/// operator paused or aborted it, the starts not yet made are left. They are
+/// stored as running with no rollout, which the next pass puts back to
+/// waiting (`plan::step`), as after a crash of the driver.
 async fn commit(d: &Deps, dec: PlanDecision, now: i64) -> Result<PlanRow, StoreError> {
     let events = dec
         .notes
@@ -156,12 +164,43 @@ async fn commit(d: &Deps, dec: PlanDecision, now: i64) -> Result<PlanRow, StoreE
     if p.state != before {
         tracing::info!(plan = %p.name, state = p.state.as_str(), "plan state changed");
     }
+    let starts = dec
+        .actions
+        .iter()
+        .filter(|a| matches!(a, PlanAction::Start { .. }))
+        .count();
+    let (mut made, mut checked) = (0, tokio::time::Instant::now());
     for a in dec.actions {
+        if matches!(a, PlanAction::Start { .. }) {
+            if checked.elapsed() >= RECHECK {
+                checked = tokio::time::Instant::now();
+                if let Some(now) = stopped(d, &p).await? {
+                    tracing::info!(
+                        plan = %p.name,
+                        state = now.state.as_str(),
+                        started = made,
+                        left = starts - made,
+                        "plan: stopped mid-pass by the operator; the starts left go back to waiting"
+                    );
+                    return Ok(now);
+                }
+            }
+            made += 1;
+        }
         if let Err(why) = act(d, &p, &a).await {
             p = refused(d, p, &a, why).await?;
         }
     }
     Ok(p)
+}
+
+/// The plan as stored now, if it no longer runs (an operator's pause or
+/// abort since `p` was stored).
+async fn stopped(d: &Deps, p: &PlanRow) -> Result<Option<PlanRow>, StoreError> {
+    Ok(d.store
+        .get_plan(&p.name)
+        .await?
+        .filter(|now| now.state != PlanState::Running))
 }
 
 /// Why an action was not carried out: for good (the cluster records it),

@@ -19,6 +19,10 @@
 //! budget afresh and carries the plan to the end (the failed cluster stays
 //! `failed`, as the design has it); `plan rollback` rolls back every one of
 //! the 40 rollouts.
+//!
+//! A second test pauses a plan of 120 clusters, all allowed in flight, in
+//! the middle of the driver's pass that starts them: the starts left are
+//! not made.
 
 // Test code: a helper that fails panics with what it was doing, as a
 // #[test] does (clippy.toml allows that only inside #[test] functions).
@@ -60,14 +64,34 @@ fn ms(v: &Value) -> i64 {
 /// it), held until the test ends; BAD's report every bundle failed, SLOW's
 /// apply slowly.
 fn loadgen(s: &Server) -> Proc {
+    loadgen_of(
+        s,
+        "sc",
+        CLUSTERS,
+        CLUSTERS * PER_CLUSTER,
+        &["--fail-in", BAD, "--slow-in", SLOW, "--slow-ms", "10000"],
+    )
+}
+
+/// An lks-loadgen of `agents` agents spread over clusters PREFIX-0 …
+/// PREFIX-(clusters-1), held until the test ends; `extra` is appended.
+fn loadgen_of(s: &Server, prefix: &str, clusters: usize, agents: usize, extra: &[&str]) -> Proc {
     let mut cmd = Command::new(bin("lks-loadgen"));
     cmd.arg("--config")
         .arg(s.admin_conf_path())
-        .args(["--cluster", "sc", "--clusters", &CLUSTERS.to_string()])
-        .args(["--agents", &(CLUSTERS * PER_CLUSTER).to_string()])
-        .args(["--fail-in", BAD, "--slow-in", SLOW, "--slow-ms", "10000"])
+        .args(["--cluster", prefix, "--clusters", &clusters.to_string()])
+        .args(["--agents", &agents.to_string()])
+        .args(extra)
         .args(["--hold", "900", "--keep-nodes", "-o", "json"]);
     Proc::spawn("lks-loadgen", cmd, s.work_dir())
+}
+
+/// Waits for `n` agents on `s` while `lg` runs.
+fn connected(s: &Server, lg: &mut Proc, n: u64) {
+    wait_until(Duration::from_secs(300), "the simulated agents connected", || {
+        s.connected_agents() == n || !lg.running()
+    });
+    assert!(lg.running(), "lks-loadgen ended: {}", lg.log_text());
 }
 
 /// Every cluster of a plan's JSON: (group index, name, state, rollout state).
@@ -167,15 +191,17 @@ impl Sampler {
 
 /// The plan's rollouts (`rollout list`), by cluster: (ID, created_at ms, state).
 fn rollouts(s: &Server) -> HashMap<String, (String, i64, String)> {
+    rollouts_of(s, PLAN)
+}
+
+/// Plan `plan`'s rollouts (their request IDs are `plan:PLAN:CLUSTER`).
+fn rollouts_of(s: &Server, plan: &str) -> HashMap<String, (String, i64, String)> {
     let list = s.lksctl_json(&["rollout", "list"]);
+    let prefix = format!("plan:{plan}:");
     list.as_array()
         .unwrap()
         .iter()
-        .filter(|r| {
-            r["request_id"]
-                .as_str()
-                .is_some_and(|id| id.starts_with("plan:scale:"))
-        })
+        .filter(|r| r["request_id"].as_str().is_some_and(|id| id.starts_with(&prefix)))
         .map(|r| {
             (
                 r["cluster"].as_str().unwrap().to_string(),
@@ -255,13 +281,7 @@ fn rolled_back_newest_first(s: &Server, rs: &HashMap<String, (String, i64, Strin
 fn a_plan_over_forty_clusters_of_simulated_agents_keeps_order_and_limit_halts_resumes_and_rolls_back() {
     let s = Server::start();
     let mut lg = loadgen(&s);
-    let n = (CLUSTERS * PER_CLUSTER) as u64;
-    wait_until(
-        Duration::from_secs(300),
-        "1,000 simulated agents connected",
-        || s.connected_agents() == n || !lg.running(),
-    );
-    assert!(lg.running(), "lks-loadgen ended: {}", lg.log_text());
+    connected(&s, &mut lg, (CLUSTERS * PER_CLUSTER) as u64);
     for k in 2..10 {
         s.lksctl_ok(&["cluster", "set", &cluster(k), "--labels", "tier=early"]);
     }
@@ -390,5 +410,73 @@ fn a_plan_over_forty_clusters_of_simulated_agents_keeps_order_and_limit_halts_re
         smp.max_in_flight
     );
     assert!(lg.running(), "lks-loadgen ended: {}", lg.log_text());
+    lg.terminate(Duration::from_secs(20));
+}
+
+/// A plan that may start 120 clusters at once starts them in one driver
+/// pass, which takes seconds: `plan pause` in the middle of it stops the
+/// starts not yet made within a fraction of a second (the driver reads the
+/// plan again between starts), those clusters go back to `waiting`, the
+/// rollouts already started are paused, and `plan resume` finishes all 120
+/// with one rollout each.
+#[test]
+fn a_pause_in_the_middle_of_a_pass_of_many_starts_stops_the_starts_left() {
+    const N: usize = 120;
+    const NAME: &str = "wide";
+    let s = Server::start();
+    let mut lg = loadgen_of(&s, "wd", N, N, &[]);
+    connected(&s, &mut lg, N as u64);
+    let dir = s.write_bundle("app-1", "app", "1", &[("/etc/app.conf", b"v1\n", "0644")]);
+    assert_eq!(s.publish(&dir), "app@1");
+    let n = N.to_string();
+    let create = ["plan", "create", NAME, "--bundle", "app@1", "--group", "all=*"];
+    s.lksctl_ok(&[&create[..], &["--max-clusters-in-flight", &n]].concat());
+    wait_until(Duration::from_secs(60), "the first starts", || {
+        rollouts_of(&s, NAME).len() >= 5
+    });
+    let line = s.lksctl_ok(&["plan", "pause", NAME]);
+    assert!(line.starts_with("plan wide paused"), "{line}");
+    let at_pause = rollouts_of(&s, NAME).len();
+    // Three driver passes: what was left of the pass never starts.
+    std::thread::sleep(Duration::from_secs(3));
+    let rs = rollouts_of(&s, NAME);
+    let p = s.lksctl_json(&["plan", "status", NAME]);
+    eprintln!(
+        "{at_pause} rollouts at the pause, {} three seconds later",
+        rs.len()
+    );
+    assert!(
+        rs.len() <= at_pause + 20 && rs.len() < N / 2,
+        "the pass went on after the pause: {at_pause} rollouts at the pause, {} after",
+        rs.len()
+    );
+    assert_eq!(p["state"], "paused", "{p:#}");
+    let cs = clusters(&p);
+    let waiting = cs.iter().filter(|c| c.2 == "waiting").count();
+    assert_eq!(
+        waiting,
+        N - rs.len(),
+        "the clusters not started wait again: {p:#}"
+    );
+    for (_, name, st, rst) in &cs {
+        if st == "running" {
+            assert!(rs.contains_key(name), "{name} is running with no rollout: {p:#}");
+            assert!(
+                rst == "paused" || rst == "completed",
+                "{name}'s rollout runs on in a paused plan ({rst}): {p:#}"
+            );
+        }
+    }
+
+    let line = s.lksctl_ok(&["plan", "resume", NAME]);
+    assert!(line.starts_with("plan wide running"), "{line}");
+    wait_until(Duration::from_secs(180), "the plan completed", || {
+        s.lksctl_json(&["plan", "status", NAME])["state"] == "completed"
+    });
+    let p = s.lksctl_json(&["plan", "status", NAME]);
+    assert!(clusters(&p).iter().all(|c| c.2 == "completed"), "{p:#}");
+    let rs = rollouts_of(&s, NAME);
+    assert_eq!(rs.len(), N, "one rollout per cluster: {rs:?}");
+    assert!(rs.values().all(|r| r.2 == "completed"), "{rs:?}");
     lg.terminate(Duration::from_secs(20));
 }
