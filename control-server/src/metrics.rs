@@ -6,6 +6,7 @@ mod delta;
 mod fleetlock;
 mod health;
 mod plans;
+mod reboots;
 use health::Probed;
 pub mod probe;
 
@@ -97,6 +98,8 @@ pub struct Metrics {
     /// Release plans by state, as the plan driver last saw them.
     plans: Mutex<plans::PlanCounts>,
     fleetlock: fleetlock::FleetlockCounts,
+    /// Nodes waiting for a reboot slot, by cluster and why.
+    reboot_waits: Mutex<reboots::RebootWaits>,
     /// Gauges read when rendered (`name`, help, read).
     gauges: Mutex<Vec<(&'static str, &'static str, Gauge)>>,
 }
@@ -322,6 +325,7 @@ impl Metrics {
         self.render_rollout_counts(&mut s);
         self.render_plans(&mut s);
         self.render_fleetlock(&mut s);
+        self.render_reboot_waits(&mut s);
         self.render_health(&mut s);
         self.render_admission(&mut s);
         self.render_rpc(&mut s);

@@ -17,6 +17,7 @@ use std::time::Duration;
 use lks_kube::work::{Attempt, KubeWork};
 use lks_proto::manifest::FEATURE_REBOOT;
 use lks_rollout::KubeFact;
+use lks_rollout::gates::WaitKind;
 use lks_rollout::reboot::{self, RebootClock, RebootDecision, RebootView};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
@@ -126,6 +127,7 @@ pub async fn run(d: Deps, gauges: Arc<Gauges>) {
         if !*d.leader.borrow() {
             gauges.held.store(0, Ordering::Relaxed);
             gauges.lost.store(0, Ordering::Relaxed);
+            d.metrics.set_reboot_waits(BTreeMap::new());
             continue;
         }
         if let Err(e) = pass(&d, &gauges).await {
@@ -138,6 +140,7 @@ pub async fn run(d: Deps, gauges: Arc<Gauges>) {
 async fn pass(d: &Deps, gauges: &Gauges) -> Result<(), StoreError> {
     let locks: HashMap<String, LockAt> = d.store.reboot_locks().await?.into_iter().collect();
     let (mut held, mut lost) = (0, 0);
+    let mut waits = BTreeMap::new();
     for c in d.store.list_clusters().await? {
         let at = locks.get(&c.name).cloned().unwrap_or_default();
         let busy = !at.lock.slots.is_empty() || at.lock.run.as_ref().is_some_and(|r| r.state.is_active());
@@ -145,15 +148,17 @@ async fn pass(d: &Deps, gauges: &Gauges) -> Result<(), StoreError> {
             continue;
         }
         match drive(d, &c, at).await {
-            Ok(after) => {
+            Ok((after, waiting)) => {
                 held += after.lock.slots.len() as i64;
                 lost += after.lock.slots.iter().filter(|s| s.phase.is_lost()).count() as i64;
+                waits.insert(c.name.clone(), waiting);
             }
             Err(e) => tracing::warn!(cluster = %c.name, error = %e, "reboot lock"),
         }
     }
     gauges.held.store(held, Ordering::Relaxed);
     gauges.lost.store(lost, Ordering::Relaxed);
+    d.metrics.set_reboot_waits(waits);
     Ok(())
 }
 
@@ -197,15 +202,35 @@ async fn views(d: &Deps, c: &ClusterRow, at: &LockAt) -> Result<BTreeMap<String,
 }
 
 /// Steps `c`'s lock once, stores the decision and carries it out; the lock
-/// as it stands after.
-async fn drive(d: &Deps, c: &ClusterRow, at: LockAt) -> Result<LockAt, StoreError> {
+/// as it stands after, and how many nodes wait for a slot by why (after
+/// the decision, on the answers it was made on).
+async fn drive(
+    d: &Deps,
+    c: &ClusterRow,
+    at: LockAt,
+) -> Result<(LockAt, BTreeMap<WaitKind, u64>), StoreError> {
     let mut views = views(d, c, &at).await?;
     let mut clock = clock_of(c, now_ms());
     d.gates.fill(c, &at.lock, &mut views, &mut clock).await;
     let Some(decision) = reboot::step(&c.reboots, &at.lock, &views, &clock) else {
-        return Ok(at);
+        let waiting = reboot::waiting(&c.reboots, &at.lock, &views, &clock);
+        return Ok((at, waiting));
     };
-    let events = decision.events(&c.name, clock.now_ms);
+    let waiting = reboot::waiting(&c.reboots, &decision.lock, &views, &clock);
+    step_taken(d, c, at, decision, clock.now_ms)
+        .await
+        .map(|at| (at, waiting))
+}
+
+/// Stores `decision` on `at`'s revision and carries it out.
+async fn step_taken(
+    d: &Deps,
+    c: &ClusterRow,
+    at: LockAt,
+    decision: RebootDecision,
+    now: i64,
+) -> Result<LockAt, StoreError> {
+    let events = decision.events(&c.name, now);
     let Some(revision) = d
         .store
         .put_reboot_lock(&c.name, &decision.lock, at.revision, events)

@@ -7,12 +7,14 @@
 //!   the reboots proceed while an alert the filter does not match keeps
 //!   firing; FleetLock's `pre-reboot` (curl as Zincati) is refused while
 //!   it fires and granted once it resolved; Prometheus killed closes the
-//!   gate, and the reason says so; a
+//!   gate, and the reason says so (and `lks_reboot_waiting_nodes` counts
+//!   the nodes waiting by why: `alert`, then `gate_unanswered`); a
 //!   blocking-pod selector on a cluster without a kubeconfig keeps nodes
 //!   waiting, with the reason;
 //! - a real kube-apiserver (tests/src/kube.rs): a pod the
 //!   blocking-pod selector matches, bound to node-a, keeps node-a waiting
-//!   while node-b reboots; once the pod is deleted node-a reboots too.
+//!   while node-b reboots (`lks_reboot_waiting_nodes{reason="blocking_pod"}`
+//!   counts it); once the pod is deleted node-a reboots too.
 
 // Test code: a helper that fails panics with what it was doing, as a
 // #[test] does (clippy.toml allows that only inside #[test] functions).
@@ -49,6 +51,17 @@ fn lock_message(server: &Server, node: &str) -> String {
         .as_str()
         .unwrap_or_default()
         .to_string()
+}
+
+/// `lks_reboot_waiting_nodes{cluster="c1",reason}` on `/metrics`: nodes of
+/// c1 waiting for a slot for that reason.
+fn waiting_for(server: &Server, reason: &str) -> u64 {
+    let series = format!("lks_reboot_waiting_nodes{{cluster=\"c1\",reason=\"{reason}\"}} ");
+    server
+        .http_get("/metrics")
+        .lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .map_or(0, |v| v.trim().parse().expect("a number"))
 }
 
 /// For `d`, every `status` of the cluster shows no slot held and no node
@@ -138,7 +151,12 @@ fn a_firing_alert_holds_every_reboot_until_it_resolves() {
         lock_message(&server, "a") == firing
     });
     assert_eq!(lock_message(&server, "b"), firing);
+    wait_until(CONVERGE, "/metrics counts both as waiting for the alert", || {
+        waiting_for(&server, "alert") == 2
+    });
     nothing_starts_for(&server, &sims, 0, Duration::from_secs(5));
+    assert_eq!(waiting_for(&server, "alert"), 2);
+    assert_eq!(waiting_for(&server, "slots"), 0);
     // Zincati is refused too, with the reason.
     let (code, body) = fleetlock(fl, "pre-reboot", "zincati-1");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -181,6 +199,14 @@ fn a_firing_alert_holds_every_reboot_until_it_resolves() {
         lock_message(&server, "a").starts_with(&closed)
     });
     nothing_starts_for(&server, &sims, 1, Duration::from_secs(4));
+    assert_eq!(
+        (
+            waiting_for(&server, "gate_unanswered"),
+            waiting_for(&server, "alert")
+        ),
+        (2, 0),
+        "both wait for a gate that cannot be asked"
+    );
 
     // A blocking-pod selector on a cluster without a kubeconfig cannot be
     // checked: the nodes wait, and say why.
@@ -257,6 +283,9 @@ fn a_blocking_pod_holds_its_node_while_another_reboots() {
     assert_eq!(sims[0].reboots(), 0, "node-a held by its pod");
     assert_eq!(sims[1].reboots(), 1);
     assert_eq!(lock_message(&server, "node-a"), blocked);
+    wait_until(CONVERGE, "/metrics counts node-a as held by a pod", || {
+        waiting_for(&server, "blocking_pod") == 1
+    });
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(sims[0].reboots(), 0, "node-a still held");
 

@@ -112,7 +112,7 @@ pub fn take(
     }
     let pods = node.map(|v| &v.blocking_pods);
     if let Some(why) = crate::gates::closed(policy, &clock.alerts, pods, clock.tenant_api) {
-        return Err(Refusal::GateClosed(why));
+        return Err(Refusal::GateClosed(why.message));
     }
     let mut next = lock.clone();
     next.slots.push(RebootSlot {

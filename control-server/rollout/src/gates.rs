@@ -20,6 +20,83 @@ const LISTED: usize = 5;
 /// matches; the blocking pods on the node, `namespace/name`), empty: open.
 pub type GateAnswer = Option<Result<Vec<String>, String>>;
 
+/// Why a node that wants a reboot slot waits, as a class: the `reason`
+/// label of `lks_reboot_waiting_nodes` (each [`Wait`] also says it in
+/// words). The order is the order the conditions are checked in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum WaitKind {
+    /// Reboots are off for the cluster.
+    Off,
+    /// Every maintenance window of the cluster is closed.
+    Window,
+    /// The node is held (`node hold`).
+    Held,
+    /// The node is not connected.
+    Offline,
+    /// Its agent does not announce the `reboot` feature.
+    NoFeature,
+    /// Every slot of the lock is taken.
+    Slots,
+    /// An alert the filter matches fires.
+    Alert,
+    /// A pod the selector matches runs on the node.
+    BlockingPod,
+    /// A gate could not be asked, or not yet (Prometheus or the tenant API
+    /// down, no kubeconfig): closed, failing safe.
+    GateUnanswered,
+}
+
+impl WaitKind {
+    pub const ALL: [WaitKind; 9] = [
+        WaitKind::Off,
+        WaitKind::Window,
+        WaitKind::Held,
+        WaitKind::Offline,
+        WaitKind::NoFeature,
+        WaitKind::Slots,
+        WaitKind::Alert,
+        WaitKind::BlockingPod,
+        WaitKind::GateUnanswered,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitKind::Off => "off",
+            WaitKind::Window => "window",
+            WaitKind::Held => "held",
+            WaitKind::Offline => "offline",
+            WaitKind::NoFeature => "no_feature",
+            WaitKind::Slots => "slots",
+            WaitKind::Alert => "alert",
+            WaitKind::BlockingPod => "blocking_pod",
+            WaitKind::GateUnanswered => "gate_unanswered",
+        }
+    }
+}
+
+/// Why a node waits for a reboot slot: its class and the line `node get`,
+/// `reboot status` and the console show.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Wait {
+    pub kind: WaitKind,
+    pub message: String,
+}
+
+impl Wait {
+    pub fn new(kind: WaitKind, message: impl Into<String>) -> Wait {
+        Wait {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Wait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
 /// One alert as Prometheus lists it (`GET /api/v1/alerts`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PromAlert {
@@ -97,18 +174,30 @@ pub fn closed(
     alerts: &GateAnswer,
     pods: Option<&GateAnswer>,
     tenant_api: bool,
-) -> Option<String> {
+) -> Option<Wait> {
+    use WaitKind::{Alert, BlockingPod, GateUnanswered};
     if let Some(g) = &policy.alert_gate {
         match alerts {
-            None => return Some(format!("the alert gate has not asked {} yet", g.url)),
+            None => {
+                return Some(Wait::new(
+                    GateUnanswered,
+                    format!("the alert gate has not asked {} yet", g.url),
+                ));
+            }
             Some(Err(why)) => {
-                return Some(format!(
-                    "the alert gate is closed: Prometheus at {} cannot be asked ({why})",
-                    g.url
+                return Some(Wait::new(
+                    GateUnanswered,
+                    format!(
+                        "the alert gate is closed: Prometheus at {} cannot be asked ({why})",
+                        g.url
+                    ),
                 ));
             }
             Some(Ok(firing)) if !firing.is_empty() => {
-                return Some(format!("alert firing in {}: {}", g.url, listed(firing)));
+                return Some(Wait::new(
+                    Alert,
+                    format!("alert firing in {}: {}", g.url, listed(firing)),
+                ));
             }
             Some(Ok(_)) => {}
         }
@@ -118,16 +207,26 @@ pub fn closed(
         return None;
     }
     if !tenant_api {
-        return Some(format!(
-            "the blocking-pod selector {selector:?} cannot be checked: the cluster has no kubeconfig (cluster set --kubeconfig, or --no-blocking-pod-selector)"
+        return Some(Wait::new(
+            GateUnanswered,
+            format!(
+                "the blocking-pod selector {selector:?} cannot be checked: the cluster has no kubeconfig (cluster set --kubeconfig, or --no-blocking-pod-selector)"
+            ),
         ));
     }
     match pods? {
-        None => Some("the blocking-pod gate has not asked the tenant API yet".into()),
-        Some(Err(why)) => Some(format!(
-            "the blocking-pod gate is closed: the tenant API cannot be asked ({why})"
+        None => Some(Wait::new(
+            GateUnanswered,
+            "the blocking-pod gate has not asked the tenant API yet",
         )),
-        Some(Ok(p)) if !p.is_empty() => Some(format!("blocking pod(s) on the node: {}", listed(p))),
+        Some(Err(why)) => Some(Wait::new(
+            GateUnanswered,
+            format!("the blocking-pod gate is closed: the tenant API cannot be asked ({why})"),
+        )),
+        Some(Ok(p)) if !p.is_empty() => Some(Wait::new(
+            BlockingPod,
+            format!("blocking pod(s) on the node: {}", listed(p)),
+        )),
         Some(Ok(_)) => None,
     }
 }
@@ -196,18 +295,28 @@ mod tests {
             filter: String::new(),
         });
         let open: GateAnswer = Some(Ok(vec![]));
+        use WaitKind::{Alert, BlockingPod, GateUnanswered};
         assert_eq!(
             closed(&p, &None, None, true).unwrap(),
-            "the alert gate has not asked http://prom:9090 yet"
+            Wait::new(
+                GateUnanswered,
+                "the alert gate has not asked http://prom:9090 yet"
+            )
         );
         assert_eq!(
             closed(&p, &Some(Err("connection refused".into())), None, true).unwrap(),
-            "the alert gate is closed: Prometheus at http://prom:9090 cannot be asked (connection refused)"
+            Wait::new(
+                GateUnanswered,
+                "the alert gate is closed: Prometheus at http://prom:9090 cannot be asked (connection refused)"
+            )
         );
         let many: Vec<String> = (1..=7).map(|i| format!("A{i}")).collect();
         assert_eq!(
             closed(&p, &Some(Ok(many)), None, true).unwrap(),
-            "alert firing in http://prom:9090: A1, A2, A3, A4, A5 and 2 more"
+            Wait::new(
+                Alert,
+                "alert firing in http://prom:9090: A1, A2, A3, A4, A5 and 2 more"
+            )
         );
         assert_eq!(closed(&p, &open, None, true), None);
 
@@ -217,31 +326,35 @@ mod tests {
             None,
             "a FleetLock id that is no node"
         );
+        let no_api = closed(&p, &open, Some(&open), false).unwrap();
+        assert_eq!(no_api.kind, GateUnanswered);
         assert!(
-            closed(&p, &open, Some(&open), false)
-                .unwrap()
+            no_api
+                .message
                 .contains("cannot be checked: the cluster has no kubeconfig")
         );
         assert_eq!(
             closed(&p, &open, Some(&None), true).unwrap(),
-            "the blocking-pod gate has not asked the tenant API yet"
+            Wait::new(
+                GateUnanswered,
+                "the blocking-pod gate has not asked the tenant API yet"
+            )
         );
         assert_eq!(
             closed(&p, &open, Some(&Some(Err("403".into()))), true).unwrap(),
-            "the blocking-pod gate is closed: the tenant API cannot be asked (403)"
+            Wait::new(
+                GateUnanswered,
+                "the blocking-pod gate is closed: the tenant API cannot be asked (403)"
+            )
         );
         let pods = Some(Ok(names(&["db/pg-0", "db/pg-1"])));
         assert_eq!(
             closed(&p, &open, Some(&pods), true).unwrap(),
-            "blocking pod(s) on the node: db/pg-0, db/pg-1"
+            Wait::new(BlockingPod, "blocking pod(s) on the node: db/pg-0, db/pg-1")
         );
         assert_eq!(closed(&p, &open, Some(&open), true), None);
         // The alert gate speaks first.
         let firing = Some(Ok(names(&["X"])));
-        assert!(
-            closed(&p, &firing, Some(&pods), true)
-                .unwrap()
-                .starts_with("alert firing")
-        );
+        assert_eq!(closed(&p, &firing, Some(&pods), true).unwrap().kind, Alert);
     }
 }

@@ -24,7 +24,7 @@ use lks_store::{
 };
 
 use crate::decision::KubeFact;
-use crate::gates::{self, GateAnswer};
+use crate::gates::{self, GateAnswer, Wait, WaitKind};
 
 /// A node rebooted through the lock is not taken again for `required`
 /// within this (a node that says `required` after every boot would loop).
@@ -373,35 +373,69 @@ pub fn why_waiting(
     name: &str,
     v: &RebootView,
     clock: &RebootClock,
-) -> Option<String> {
+) -> Option<Wait> {
+    use WaitKind as K;
     if policy.mode == RebootMode::Off {
-        return Some("reboots are off for the cluster (cluster set --reboots)".into());
+        return Some(Wait::new(
+            K::Off,
+            "reboots are off for the cluster (cluster set --reboots)",
+        ));
     }
     if !clock.window_open {
-        return Some(if clock.next_window_ms > 0 {
-            format!(
-                "every maintenance window is closed; the next opens at {}",
-                lks_store::clock::rfc3339(clock.next_window_ms)
-            )
-        } else {
-            "every maintenance window is closed".into()
-        });
+        return Some(Wait::new(
+            K::Window,
+            if clock.next_window_ms > 0 {
+                format!(
+                    "every maintenance window is closed; the next opens at {}",
+                    lks_store::clock::rfc3339(clock.next_window_ms)
+                )
+            } else {
+                "every maintenance window is closed".into()
+            },
+        ));
     }
     if v.held {
-        return Some("the node is held (node unhold)".into());
+        return Some(Wait::new(K::Held, "the node is held (node unhold)"));
     }
     if !v.connected {
-        return Some("the node is not connected".into());
+        return Some(Wait::new(K::Offline, "the node is not connected"));
     }
     if !v.feature {
-        return Some("its agent does not announce the \"reboot\" feature".into());
+        return Some(Wait::new(
+            K::NoFeature,
+            "its agent does not announce the \"reboot\" feature",
+        ));
     }
     let taken = lock.slots.len();
     if taken >= policy.max_concurrent as usize {
-        return Some(format!("all {} reboot slot(s) are taken", policy.max_concurrent));
+        return Some(Wait::new(
+            K::Slots,
+            format!("all {} reboot slot(s) are taken", policy.max_concurrent),
+        ));
     }
     let _ = name;
     gates::closed(policy, &clock.alerts, Some(&v.blocking_pods), clock.tenant_api)
+}
+
+/// How many nodes that want a slot wait, by why (`lks_reboot_waiting_nodes`):
+/// the [`candidates`] that [`why_waiting`] keeps from one. A node the next
+/// step gives a slot is not counted, nor one of a paused run.
+pub fn waiting(
+    policy: &RebootPolicy,
+    lock: &RebootLock,
+    views: &BTreeMap<String, RebootView>,
+    clock: &RebootClock,
+) -> BTreeMap<WaitKind, u64> {
+    let mut out = BTreeMap::new();
+    for (name, _) in candidates(policy, lock, views, clock.now_ms) {
+        if let Some(w) = views
+            .get(&name)
+            .and_then(|v| why_waiting(policy, lock, &name, v, clock))
+        {
+            *out.entry(w.kind).or_default() += 1;
+        }
+    }
+    out
 }
 
 /// The nodes that want a slot and that only the gates could keep from it
@@ -552,7 +586,7 @@ pub fn status(
         let message = views
             .get(&name)
             .and_then(|v| why_waiting(policy, lock, &name, v, clock))
-            .unwrap_or_else(|| "next".into());
+            .map_or_else(|| "next".into(), |w| w.message);
         out.push(NodeLine {
             name,
             state: "waiting",

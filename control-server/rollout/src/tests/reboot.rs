@@ -11,7 +11,8 @@ use lks_store::{
 };
 
 use crate::KubeFact;
-use crate::reboot::{RebootClock, RebootView, gated, status, step, why_waiting};
+use crate::gates::{Wait, WaitKind};
+use crate::reboot::{RebootClock, RebootView, gated, status, step, waiting, why_waiting};
 
 fn policy(mode: RebootMode, n: u32) -> RebootPolicy {
     RebootPolicy {
@@ -302,7 +303,15 @@ fn a_firing_alert_gives_no_slot_but_takes_none_back() {
     assert_eq!(step(&p, &lock, &v, &down), None);
     assert_eq!(
         why_waiting(&p, &lock, "a", &v["a"], &down).unwrap(),
-        "the alert gate is closed: Prometheus at http://prom:9090 cannot be asked (connection refused)"
+        Wait::new(
+            WaitKind::GateUnanswered,
+            "the alert gate is closed: Prometheus at http://prom:9090 cannot be asked (connection refused)"
+        )
+    );
+    assert_eq!(
+        waiting(&p, &lock, &v, &down),
+        BTreeMap::from([(WaitKind::GateUnanswered, 2)]),
+        "c reports no reboot required: not counted"
     );
     let firing = RebootClock {
         alerts: Some(Ok(vec!["KubeNodeNotReady".into()])),
@@ -311,7 +320,14 @@ fn a_firing_alert_gives_no_slot_but_takes_none_back() {
     assert_eq!(step(&p, &lock, &v, &firing), None);
     assert_eq!(
         why_waiting(&p, &lock, "a", &v["a"], &firing).unwrap(),
-        "alert firing in http://prom:9090: KubeNodeNotReady"
+        Wait::new(
+            WaitKind::Alert,
+            "alert firing in http://prom:9090: KubeNodeNotReady"
+        )
+    );
+    assert_eq!(
+        waiting(&p, &lock, &v, &firing),
+        BTreeMap::from([(WaitKind::Alert, 2)])
     );
     let lines = status(&p, &lock, &v, &firing);
     assert!(
@@ -325,6 +341,16 @@ fn a_firing_alert_gives_no_slot_but_takes_none_back() {
     };
     let d = step(&p, &lock, &v, &quiet).unwrap();
     assert_eq!(d.request, ["a", "b"]);
+    assert_eq!(
+        waiting(&p, &lock, &v, &quiet),
+        BTreeMap::new(),
+        "both go: none waits"
+    );
+    assert_eq!(
+        waiting(&p, &d.lock, &v, &quiet),
+        BTreeMap::new(),
+        "slot holders do not wait"
+    );
     // Firing again: the slots held stay held.
     let after = RebootClock { now_ms: 20, ..firing };
     let kept = step(&p, &d.lock, &v, &after);
@@ -347,7 +373,17 @@ fn a_blocking_pod_holds_its_node_while_another_reboots() {
     assert_eq!(held, ["b"], "a waits, b drains");
     assert_eq!(
         why_waiting(&p, &RebootLock::default(), "a", &v["a"], &clock(10, true)).unwrap(),
-        "blocking pod(s) on the node: db/pg-0"
+        Wait::new(WaitKind::BlockingPod, "blocking pod(s) on the node: db/pg-0")
+    );
+    assert_eq!(
+        waiting(&p, &lock, &v, &clock(10, true)),
+        BTreeMap::from([(WaitKind::BlockingPod, 1)]),
+        "b would take the slot: not counted"
+    );
+    assert_eq!(
+        waiting(&p, &d.lock, &v, &clock(10, true)),
+        BTreeMap::from([(WaitKind::Slots, 1)]),
+        "with b holding the only slot, a waits for it first"
     );
     // An error of the tenant API closes the gate.
     v.get_mut("b").unwrap().blocking_pods = Some(Err("403 Forbidden".into()));
@@ -355,9 +391,7 @@ fn a_blocking_pod_holds_its_node_while_another_reboots() {
     // Without a kubeconfig the selector cannot be checked: nobody goes.
     v.get_mut("b").unwrap().blocking_pods = Some(Ok(vec![]));
     assert_eq!(step(&p, &lock, &v, &clock(10, false)), None);
-    assert!(
-        why_waiting(&p, &lock, "b", &v["b"], &clock(10, false))
-            .unwrap()
-            .contains("the cluster has no kubeconfig")
-    );
+    let w = why_waiting(&p, &lock, "b", &v["b"], &clock(10, false)).unwrap();
+    assert_eq!(w.kind, WaitKind::GateUnanswered);
+    assert!(w.message.contains("the cluster has no kubeconfig"), "{w}");
 }
