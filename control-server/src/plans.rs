@@ -53,20 +53,27 @@ pub struct Deps {
 pub async fn run(d: Deps) {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut known = Known::new();
     loop {
         tokio::select! {
             _ = d.cancel.cancelled() => return,
-            _ = tick.tick() => drive_all(&d).await,
+            _ = tick.tick() => drive_all(&d, &mut known).await,
         }
     }
 }
 
-async fn drive_all(d: &Deps) {
+/// The plans as the last pass left them, by name, each at its revision: a
+/// plan whose revision did not change is not read again (a finished plan
+/// of a thousand clusters is a 200 KiB record).
+type Known = BTreeMap<String, PlanRow>;
+
+async fn drive_all(d: &Deps, known: &mut Known) {
     if !*d.leader.borrow() {
         d.metrics.set_plans(None);
+        known.clear();
         return;
     }
-    let plans = match d.store.list_plans().await {
+    let plans = match plans_now(d.store.as_ref(), known).await {
         Ok(p) => p,
         Err(e) => {
             tracing::warn!(error = %e, "list plans");
@@ -88,8 +95,30 @@ async fn drive_all(d: &Deps) {
             p
         };
         seen.push((p.state, overdue(&p, now_ms())));
+        known.insert(p.name.clone(), p);
     }
     d.metrics.set_plans(Some(&seen));
+}
+
+/// Every plan as stored now, by name: the revisions are listed, and only
+/// the plans `known` does not hold at their revision are read (`known` is
+/// emptied; the caller puts back what it drove).
+async fn plans_now(store: &dyn Store, known: &mut Known) -> Result<Vec<PlanRow>, StoreError> {
+    let revisions = store.plan_revisions().await?;
+    let mut was = std::mem::take(known);
+    let mut out = Vec::with_capacity(revisions.len());
+    for (name, revision) in revisions {
+        match was.remove(&name) {
+            Some(p) if p.revision == revision => out.push(p),
+            _ => {
+                // Deleted since it was listed: gone from this pass too.
+                if let Some(p) = store.get_plan(&name).await? {
+                    out.push(p);
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Whether `p` has been under way (running, paused or halted) longer than
@@ -316,4 +345,49 @@ async fn refused(d: &Deps, p: PlanRow, a: &PlanAction, why: Refusal) -> Result<P
     tracing::warn!(plan = %p.name, cluster = %cluster, "{text}");
     let event = plan_event(&next, kind, &cluster, text, now);
     d.store.update_plan(next, vec![event]).await
+}
+
+#[cfg(test)]
+mod tests {
+    use lks_store::conformance::plan;
+    use lks_store::{EventRow, PlanStore as _};
+    use lks_store_sqlite::SqliteStore;
+
+    use super::*;
+
+    fn created() -> EventRow {
+        plan_event(&plan("x"), "plan_created", "", String::new(), 5)
+    }
+
+    #[tokio::test]
+    async fn a_plan_is_read_again_only_once_its_revision_moved() {
+        let s = SqliteStore::open_in_memory().unwrap();
+        let a = s.create_plan(plan("a"), created()).await.unwrap();
+        s.create_plan(plan("b"), created()).await.unwrap();
+        let mut known = Known::new();
+        let first = plans_now(&s, &mut known).await.unwrap();
+        assert_eq!(
+            first.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        assert!(known.is_empty(), "taken: the caller puts back what it drove");
+
+        // What the driver kept is used as long as the revision stands: a
+        // mark put on the copy shows it was not read again.
+        for mut p in first {
+            p.message = "the copy".into();
+            known.insert(p.name.clone(), p);
+        }
+        let again = plans_now(&s, &mut known).await.unwrap();
+        assert!(again.iter().all(|p| p.message == "the copy"), "{again:?}");
+
+        // A write moves a's revision: a is read again, b is not.
+        let mut next = a.clone();
+        next.message = "changed".into();
+        let stored = s.update_plan(next, Vec::new()).await.unwrap();
+        known.extend(again.into_iter().map(|p| (p.name.clone(), p)));
+        let third = plans_now(&s, &mut known).await.unwrap();
+        assert_eq!(third[0], stored);
+        assert_eq!(third[1].message, "the copy");
+    }
 }

@@ -511,7 +511,9 @@ impl EtcdStore {
         Ok(u64::try_from(resp.count()).unwrap_or(0))
     }
 
-    async fn keys(&self, prefix: &str) -> Result<Vec<String>> {
+    /// The keys under `prefix` (a full key prefix), without it, each with
+    /// its `mod_revision`; etcd sends no value.
+    async fn key_revisions(&self, prefix: &str) -> Result<Vec<(String, i64)>> {
         let mut kv = crate::kv_of(&self.client);
         let resp = kv
             .get(prefix, Some(GetOptions::new().with_prefix().with_keys_only()))
@@ -520,7 +522,21 @@ impl EtcdStore {
         Ok(resp
             .kvs()
             .iter()
-            .map(|kv| String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned())
+            .map(|kv| {
+                (
+                    String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned(),
+                    kv.mod_revision(),
+                )
+            })
+            .collect())
+    }
+
+    async fn keys(&self, prefix: &str) -> Result<Vec<String>> {
+        Ok(self
+            .key_revisions(prefix)
+            .await?
+            .into_iter()
+            .map(|(k, _)| k)
             .collect())
     }
 

@@ -60,6 +60,12 @@ impl PlanStore for EtcdStore {
         Ok(rows)
     }
 
+    async fn plan_revisions(&self) -> Result<Vec<(String, i64)>> {
+        let mut out = self.key_revisions(&self.key("plans/")).await?;
+        out.sort();
+        Ok(out)
+    }
+
     async fn update_plan(&self, plan: PlanRow, events: Vec<EventRow>) -> Result<PlanRow> {
         if plan.revision == 0 {
             return Err(StoreError::not_found(Kind::Plan, plan.name.clone()));

@@ -69,6 +69,17 @@ impl PlanStore for SqliteStore {
         self.call(|c| read_all(c)).await
     }
 
+    async fn plan_revisions(&self) -> Result<Vec<(String, i64)>> {
+        self.call(|c| {
+            let mut stmt = c.prepare("SELECT name, revision FROM plans ORDER BY name")?;
+            let rows = stmt
+                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        })
+        .await
+    }
+
     async fn update_plan(&self, plan: PlanRow, events: Vec<EventRow>) -> Result<PlanRow> {
         let doc = serde_json::to_string(&plan)?;
         self.tx(move |tx| {

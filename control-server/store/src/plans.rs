@@ -277,6 +277,9 @@ pub trait PlanStore: Send + Sync {
     async fn get_plan(&self, name: &str) -> Result<Option<PlanRow>>;
     /// Every plan, by name.
     async fn list_plans(&self) -> Result<Vec<PlanRow>>;
+    /// Every plan's name and revision, by name, without reading the plans:
+    /// the plan driver reads again only the plans that changed.
+    async fn plan_revisions(&self) -> Result<Vec<(String, i64)>>;
     /// Replaces the plan if it is still at `plan.revision` and records
     /// `events`; `Conflict` ([`plan_changed`]) if it changed since, `NotFound`
     /// if it is gone. Returns it with its new revision.

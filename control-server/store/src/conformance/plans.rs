@@ -107,6 +107,22 @@ pub async fn plans_are_stored_whole_and_compared_on_their_revision(s: &dyn Store
     assert_eq!(names, ["a-first", "p"]);
     let listed = s.list_plans().await.unwrap();
     assert_eq!(listed[1], stored, "a listed plan carries its revision");
+    let revisions = s.plan_revisions().await.unwrap();
+    assert_eq!(
+        revisions,
+        listed
+            .iter()
+            .map(|p| (p.name.clone(), p.revision))
+            .collect::<Vec<_>>(),
+        "the revisions alone, by name, are those the plans carry"
+    );
+    let again = s.update_plan(stored.clone(), Vec::new()).await.unwrap();
+    assert_eq!(
+        s.plan_revisions().await.unwrap()[1],
+        ("p".to_string(), again.revision),
+        "a write moves the listed revision"
+    );
+    assert_ne!(again.revision, stored.revision);
 
     let events = s.list_events(EventFilter::default()).await.unwrap();
     let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
