@@ -84,9 +84,10 @@ fn roll_out(server: &Server, id: &str) -> serde_json::Value {
 fn wait_deltas(server: &Server, v: &str, n: usize) -> Vec<serde_json::Value> {
     let mut got = Vec::new();
     // The maker is CPU-bound and built in debug here: 20 s alone on 2
-    // cores, past 60 s when the suite shares them with builds.
+    // cores, past 60 s when the suite shares them with builds, past 120 s
+    // with two busy loops beside the suite (seen once).
     wait_until(
-        Duration::from_secs(120),
+        Duration::from_secs(300),
         &format!("{n} deltas of app@{v}"),
         || {
             let b = server.lksctl_json(&["bundle", "get", &format!("app@{v}")]);
