@@ -13,8 +13,9 @@ cargo nextest run --workspace --no-fail-fast "$@" || rc=$?
 # The tail of the log names each failed test and its panic (a failing
 # end-to-end test prints every log of what it started above it), and each
 # failover test that passed only on its retry.
+# The summary only reports: a report it cannot read never fails the run.
 if [ -f target/nextest/default/junit.xml ]; then
-  python3 scripts/test-failures.py target/nextest/default/junit.xml
+  python3 scripts/test-failures.py target/nextest/default/junit.xml || true
 fi
 [ "$rc" -eq 0 ] || exit "$rc"
 # The vendored h2 (third_party/h2/LKSADMIN-PATCH.md): its own unit tests and
