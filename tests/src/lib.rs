@@ -259,6 +259,7 @@ pub mod hostile;
 pub mod kube;
 pub mod kube_controller;
 pub mod netns;
+pub mod plan;
 pub mod prometheus;
 pub mod reboot;
 pub mod rogue;

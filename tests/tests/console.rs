@@ -582,18 +582,6 @@ fn plan_row(br: &Browser, id: &str, cluster: &str) -> String {
     .to_string()
 }
 
-/// The plan's cluster `name` in `plan status -o json`.
-fn plan_cluster(p: &Value, name: &str) -> Value {
-    p["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|g| g["clusters"].as_array().unwrap())
-        .find(|c| c["name"] == name)
-        .cloned()
-        .unwrap_or_else(|| panic!("no cluster {name} in {p:#}"))
-}
-
 #[test]
 fn a_plans_page_shows_its_groups_progress_and_states() {
     // Real agents: node-1 and node-2 in c1, bad-1 in c2 (the bundle's step
@@ -661,7 +649,7 @@ fn a_plans_page_shows_its_groups_progress_and_states() {
     // c2 fails: the budget is used up, the plan halts, c3 never starts.
     br.wait_text("#plan-state", "halted");
     let p = f.server.lksctl_json(&["plan", "status", "fleet"]);
-    let failed = plan_cluster(&p, "c2");
+    let failed = lks_e2e::plan::cluster(&p, "c2").clone();
     assert_eq!(failed["state"], "failed", "{p:#}");
     let id = failed["rollout_id"].as_str().unwrap();
     br.wait_text("#plan-budget", "1 of 1 used");

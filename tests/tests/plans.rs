@@ -86,17 +86,10 @@ fn status(s: &Server) -> Value {
 
 /// Every cluster of the plan's JSON with its group index and state.
 fn cluster_states(p: &Value) -> Vec<(usize, String, String)> {
-    let mut out = Vec::new();
-    for (gi, g) in p["groups"].as_array().unwrap().iter().enumerate() {
-        for c in g["clusters"].as_array().unwrap() {
-            out.push((
-                gi,
-                c["name"].as_str().unwrap().to_string(),
-                c["state"].as_str().unwrap().to_string(),
-            ));
-        }
-    }
-    out
+    lks_e2e::plan::clusters(p)
+        .into_iter()
+        .map(|c| (c.group, c.name, c.state))
+        .collect()
 }
 
 /// The invariants every sample must hold: no more than IN_FLIGHT clusters
@@ -145,13 +138,7 @@ fn sample_until(s: &Server, what: &str, max_seen: &mut usize, done: impl Fn(&Val
 }
 
 fn state_of<'a>(p: &'a Value, cluster: &str) -> &'a Value {
-    p["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|g| g["clusters"].as_array().unwrap())
-        .find(|c| c["name"] == cluster)
-        .unwrap()
+    lks_e2e::plan::cluster(p, cluster)
 }
 
 async fn fleet(s: &Server) -> HashMap<String, Arc<AtomicBool>> {

@@ -96,29 +96,16 @@ fn connected(s: &Server, lg: &mut Proc, n: u64) {
 
 /// Every cluster of a plan's JSON: (group index, name, state, rollout state).
 fn clusters(p: &Value) -> Vec<(usize, String, String, String)> {
-    let mut out = Vec::new();
-    for (gi, g) in p["groups"].as_array().unwrap().iter().enumerate() {
-        for c in g["clusters"].as_array().unwrap() {
-            out.push((
-                gi,
-                c["name"].as_str().unwrap().to_string(),
-                c["state"].as_str().unwrap().to_string(),
-                c["rollout_state"].as_str().unwrap_or_default().to_string(),
-            ));
-        }
-    }
-    out
+    lks_e2e::plan::clusters(p)
+        .into_iter()
+        .map(|c| (c.group, c.name, c.state, c.rollout_state))
+        .collect()
 }
 
 fn state_of<'a>(p: &'a Value, name: &str) -> &'a str {
-    p["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|g| g["clusters"].as_array().unwrap())
-        .find(|c| c["name"] == name)
-        .and_then(|c| c["state"].as_str())
-        .unwrap_or_else(|| panic!("{name} is not in the plan: {p:#}"))
+    lks_e2e::plan::cluster(p, name)["state"]
+        .as_str()
+        .unwrap_or_default()
 }
 
 /// What every sample must hold, and what the samples saw.
