@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use lks_kube::tenant::TenantApis;
 use lks_proto::sync::lock;
-use lks_rollout::gates::{self, GateAnswer, PromAlert};
+use lks_rollout::gates::{self, GateAnswer, PromAlert, Unanswered};
 use lks_rollout::reboot::{self, RebootClock, RebootView};
 
 use crate::store::{AlertGate, ClusterRow, RebootLock};
@@ -55,9 +55,9 @@ pub enum AskError {
     Tenant(#[from] lks_kube::tenant::TenantError),
 }
 
-/// A failed ask as the pure gates take it: its one line.
-fn reason(e: &Arc<AskError>) -> String {
-    lks_proto::report::one_line(e.as_ref())
+/// A failed ask as the pure gates take it: the shared error itself.
+fn unanswered(e: &Arc<AskError>) -> Unanswered {
+    Unanswered::shared(e.clone())
 }
 
 /// The gates' clients and their last answers.
@@ -143,7 +143,7 @@ impl Gates {
             None => {
                 let a = self.ask_prometheus(&g.url).await.map(Arc::new);
                 if let Err(why) = &a {
-                    tracing::warn!(url = %g.url, error = %reason(why), "reboot alert gate: Prometheus cannot be asked; the gate is closed");
+                    tracing::warn!(url = %g.url, error = %unanswered(why), "reboot alert gate: Prometheus cannot be asked; the gate is closed");
                 }
                 lock(&self.alerts).insert(g.url.clone(), (Instant::now(), a.clone()));
                 a
@@ -152,11 +152,11 @@ impl Gates {
         // Checked when set; a filter that no longer compiles closes the gate.
         let filter = match gates::compile_filter(&g.filter) {
             Ok(f) => f,
-            Err(e) => return Some(Err(e.to_string())),
+            Err(e) => return Some(Err(Unanswered::new(e))),
         };
         Some(
             all.map(|a| gates::blocking_alerts(&a, filter.as_ref()))
-                .map_err(|e| reason(&e)),
+                .map_err(|e| unanswered(&e)),
         )
     }
 
@@ -205,7 +205,7 @@ impl Gates {
             Err(e) => Err(Arc::new(AskError::Tenant(e))),
         };
         if let Err(why) = &p {
-            tracing::warn!(%cluster, error = %reason(why), "reboot blocking-pod gate: the tenant API cannot be asked; the gate is closed");
+            tracing::warn!(%cluster, error = %unanswered(why), "reboot blocking-pod gate: the tenant API cannot be asked; the gate is closed");
         }
         lock(&self.pods).insert(key, (Instant::now(), p.clone()));
         p
@@ -216,7 +216,7 @@ fn on_node(pods: &Pods, node: &str) -> GateAnswer {
     Some(
         pods.as_ref()
             .map(|by_node| by_node.get(node).cloned().unwrap_or_default())
-            .map_err(reason),
+            .map_err(unanswered),
     )
 }
 

@@ -7,6 +7,8 @@
 //! asked, is closed: no slot is given on a guess. A slot already held is
 //! never taken back by a gate.
 
+use std::sync::Arc;
+
 use lks_store::RebootPolicy;
 use regex::Regex;
 
@@ -18,7 +20,54 @@ const LISTED: usize = 5;
 /// A gate's answer: `None` not asked; `Some(Err(why))` it could not be
 /// asked; `Some(Ok(names))` what blocks (the firing alerts the filter
 /// matches; the blocking pods on the node, `namespace/name`), empty: open.
-pub type GateAnswer = Option<Result<Vec<String>, String>>;
+pub type GateAnswer = Option<Result<Vec<String>, Unanswered>>;
+
+/// Why a gate could not be asked: the asker's own error, kept whole with
+/// its sources (the server's `AskError`: HTTP, timeout, tenant API, …;
+/// this crate links neither reqwest nor kube, so it holds it as a trait
+/// object). Shown as one line, its sources included, where a node's wait
+/// reason is made. Shared, as one answer serves every waiting node.
+#[derive(Clone, Debug)]
+pub struct Unanswered(Arc<dyn std::error::Error + Send + Sync + 'static>);
+
+impl Unanswered {
+    pub fn new(e: impl std::error::Error + Send + Sync + 'static) -> Unanswered {
+        Unanswered(Arc::new(e))
+    }
+
+    /// An error already shared (a cached answer): not copied.
+    pub fn shared(e: Arc<dyn std::error::Error + Send + Sync + 'static>) -> Unanswered {
+        Unanswered(e)
+    }
+}
+
+impl std::fmt::Display for Unanswered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&lks_proto::report::one_line(self.0.as_ref()))
+    }
+}
+
+impl std::error::Error for Unanswered {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.0.as_ref())
+    }
+}
+
+/// Two answers are alike when they read alike (the views are compared
+/// between passes; an error has no identity of its own).
+impl PartialEq for Unanswered {
+    fn eq(&self, other: &Unanswered) -> bool {
+        self.to_string() == other.to_string()
+    }
+}
+
+impl Eq for Unanswered {}
+
+/// An answer that failed with `why` (tests).
+#[cfg(test)]
+pub(crate) fn unanswered(why: &str) -> Unanswered {
+    Unanswered::new(std::io::Error::other(why.to_string()))
+}
 
 /// Why a node that wants a reboot slot waits, as a class: the `reason`
 /// label of `lks_reboot_waiting_nodes` (each [`Wait`] also says it in
@@ -244,6 +293,19 @@ mod tests {
         }
     }
 
+    #[test]
+    fn an_unanswered_gate_keeps_its_error_and_reads_as_one_line() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("ask Prometheus")]
+        struct Ask(#[source] std::io::Error);
+        let u = Unanswered::new(Ask(std::io::Error::other("connection refused")));
+        assert_eq!(u.to_string(), "ask Prometheus: connection refused");
+        let source = std::error::Error::source(&u).expect("the asker's error");
+        assert_eq!(source.to_string(), "ask Prometheus");
+        assert!(source.source().is_some(), "with its own source");
+        assert_eq!(u.clone(), u, "a shared answer equals itself");
+    }
+
     fn names(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
     }
@@ -304,7 +366,7 @@ mod tests {
             )
         );
         assert_eq!(
-            closed(&p, &Some(Err("connection refused".into())), None, true).unwrap(),
+            closed(&p, &Some(Err(unanswered("connection refused"))), None, true).unwrap(),
             Wait::new(
                 GateUnanswered,
                 "the alert gate is closed: Prometheus at http://prom:9090 cannot be asked (connection refused)"
@@ -341,7 +403,7 @@ mod tests {
             )
         );
         assert_eq!(
-            closed(&p, &open, Some(&Some(Err("403".into()))), true).unwrap(),
+            closed(&p, &open, Some(&Some(Err(unanswered("403")))), true).unwrap(),
             Wait::new(
                 GateUnanswered,
                 "the blocking-pod gate is closed: the tenant API cannot be asked (403)"

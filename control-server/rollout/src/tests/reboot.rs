@@ -11,7 +11,7 @@ use lks_store::{
 };
 
 use crate::KubeFact;
-use crate::gates::{Wait, WaitKind};
+use crate::gates::{Wait, WaitKind, unanswered};
 use crate::reboot::{RebootClock, RebootView, gated, status, step, waiting, why_waiting};
 
 fn policy(mode: RebootMode, n: u32) -> RebootPolicy {
@@ -297,7 +297,7 @@ fn a_firing_alert_gives_no_slot_but_takes_none_back() {
     // Not asked yet, or Prometheus cannot be asked: closed.
     assert_eq!(step(&p, &lock, &v, &clock(10, false)), None);
     let down = RebootClock {
-        alerts: Some(Err("connection refused".into())),
+        alerts: Some(Err(unanswered("connection refused"))),
         ..clock(10, false)
     };
     assert_eq!(step(&p, &lock, &v, &down), None);
@@ -386,7 +386,7 @@ fn a_blocking_pod_holds_its_node_while_another_reboots() {
         "with b holding the only slot, a waits for it first"
     );
     // An error of the tenant API closes the gate.
-    v.get_mut("b").unwrap().blocking_pods = Some(Err("403 Forbidden".into()));
+    v.get_mut("b").unwrap().blocking_pods = Some(Err(unanswered("403 Forbidden")));
     assert_eq!(step(&p, &lock, &v, &clock(10, true)), None);
     // Without a kubeconfig the selector cannot be checked: nobody goes.
     v.get_mut("b").unwrap().blocking_pods = Some(Ok(vec![]));
